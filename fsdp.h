@@ -1,0 +1,4764 @@
+/* fsdp.h - v0.1.0 - Fully Sharded Data Parallel for C11 training engines
+
+   Do this:
+       #define FSDP_IMPLEMENTATION
+   before you include this file in *one* C file to create the implementation.
+   Every other file includes it without the define. The implementation is C11
+   (it uses POSIX threads); the declarations are valid C11 and C++.
+
+   Options (define before the implementing include):
+       FSDP_STATIC            make every public function static to that file
+       FSDP_ASSERT(c)         internal invariants only (default: assert.h);
+                              never used on user, file or peer input
+       FSDP_MALLOC(sz)        \
+       FSDP_REALLOC(p, sz)     > all three or none (default: stdlib)
+       FSDP_FREE(p)           /
+   Per object, fsdp_hooks overrides allocation and logging at run time.
+
+   CONTENTS (grep ">>tag"):
+       >>errors     results, last-error messages, allocation and log hooks
+       >>dtypes     f32 f64 f16 bf16 and byte types, round-to-nearest-even
+       >>device     the device vtable; the built-in CPU device (streams are
+                    worker threads, events order them)
+       >>comm       the collectives vtable; the built-in `local` backend
+                    (N ranks as N threads, timeouts, mismatch detection)
+       >>model      modules, parameters, shared parameters, ignored items
+       >>flatparam  units' flat parameters and PyTorch-exact shard metadata
+       >>wrap       wrap policies and PyTorch's recursive walk
+
+   fsdp.h DOES NOT: launch processes, do autograd, choose your GPU.
+
+   Thread safety: an object is used by one thread at a time unless its
+   functions say otherwise. The local backend's ranks are threads; each rank
+   owns its comm, device and everything built on them.
+
+   Collective calls: every rank of a communicator calls the same collectives
+   in the same order. The local backend checks this and returns
+   FSDP_COMM_MISMATCH naming both calls instead of hanging.
+
+   Revision history:
+       0.1.0  core: errors, dtypes, CPU device, local backend, model,
+              flat parameters, wrap policies
+*/
+#ifndef FSDP_H_INCLUDED
+#define FSDP_H_INCLUDED
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define FSDP_VERSION_MAJOR 0
+#define FSDP_VERSION_MINOR 1
+#define FSDP_VERSION_PATCH 0
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__UNUSED __attribute__((unused))
+#else
+#define FSDP__UNUSED
+#endif
+
+#ifndef FSDP_API
+#ifdef FSDP_STATIC
+#define FSDP_API static FSDP__UNUSED
+#else
+#define FSDP_API extern
+#endif
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ======================================================================== */
+/* >>errors                                                                  */
+/* ======================================================================== */
+
+/* Results. 0 is success; errors are negative, in bands of a hundred by area. */
+typedef enum fsdp_result {
+    FSDP_SUCCESS = 0,
+    /* arguments */
+    FSDP_ERROR = -1,             /* unclassified */
+    FSDP_INVALID_ARGS = -2,      /* NULL, zero or out-of-range argument */
+    FSDP_INVALID_DTYPE = -3,     /* dtype unknown or not allowed here */
+    FSDP_DUPLICATE_NAME = -4,    /* a module, parameter or type named twice */
+    FSDP_NOT_FOUND = -5,         /* a name that does not exist */
+    FSDP_NOT_SUPPORTED = -6,     /* a feature this build does not have */
+    FSDP_INVALID_MODEL = -7,     /* the description is inconsistent */
+    /* state */
+    FSDP_INVALID_STATE = -100,   /* a call in the wrong state */
+    /* memory */
+    FSDP_OUT_OF_MEMORY = -200,
+    FSDP_POOL_EXHAUSTED = -201,  /* the planned pool is too small */
+    /* comm */
+    FSDP_COMM_ERROR = -300,
+    FSDP_COMM_TIMEOUT = -301,    /* a peer did not arrive in time */
+    FSDP_COMM_MISMATCH = -302,   /* ranks issued different collectives */
+    FSDP_COMM_ABORTED = -303,    /* the communicator failed earlier */
+    /* device */
+    FSDP_DEVICE_ERROR = -400,
+    /* checkpoint */
+    FSDP_CKPT_IO = -500,
+    FSDP_CKPT_FORMAT = -501,
+    FSDP_CKPT_MISMATCH = -502
+} fsdp_result;
+
+/* A short constant description of a result ("invalid arguments"). */
+FSDP_API const char *fsdp_result_string(fsdp_result r);
+
+#define FSDP_ERROR_MAX 512
+
+/* The detail of an error: its code and a message that says what was wrong and
+   where ("unit 3 'layers.2': ..."). Every object keeps the last one. */
+typedef struct fsdp_error {
+    fsdp_result code;
+    char message[FSDP_ERROR_MAX];
+} fsdp_error;
+
+typedef enum fsdp_log_level {
+    FSDP_LOG_NONE = 0,
+    FSDP_LOG_ERROR = 1,
+    FSDP_LOG_WARN = 2,
+    FSDP_LOG_INFO = 3,
+    FSDP_LOG_DEBUG = 4
+} fsdp_log_level;
+
+/* Log callback: must be reentrant (ranks and stream workers call it from
+   their own threads). msg is valid during the call only. */
+typedef void (*fsdp_log_fn)(void *user, fsdp_log_level level, const char *msg);
+
+/* Allocation callbacks: all three or none (NULL alloc: FSDP_MALLOC & co). */
+typedef struct fsdp_allocator {
+    void *user;
+    void *(*alloc)(void *user, size_t bytes);
+    void *(*realloc)(void *user, void *ptr, size_t bytes);
+    void (*free)(void *user, void *ptr);
+} fsdp_allocator;
+
+/* Per-object hooks, given in every create descriptor; zero means default.
+   `error`, when set, receives the detail of a failed create (there is no
+   object yet to ask). */
+typedef struct fsdp_hooks {
+    fsdp_allocator allocator;
+    fsdp_log_fn log;
+    void *log_user;
+    fsdp_log_level log_level; /* 0: FSDP_LOG_WARN */
+    fsdp_error *error;
+} fsdp_hooks;
+
+/* ======================================================================== */
+/* >>dtypes                                                                  */
+/* ======================================================================== */
+
+typedef enum fsdp_dtype {
+    FSDP_DTYPE_DEFAULT = 0, /* f32 where a dtype is optional */
+    FSDP_F32 = 1,
+    FSDP_F64 = 2,
+    FSDP_F16 = 3,
+    FSDP_BF16 = 4,
+    FSDP_U8 = 5,
+    FSDP_I8 = 6,
+    FSDP_I32 = 7,
+    FSDP_I64 = 8,
+    FSDP_DTYPE_COUNT = 9
+} fsdp_dtype;
+
+/* Bytes per element; 0 for an unknown dtype. */
+FSDP_API size_t fsdp_dtype_size(fsdp_dtype dt);
+/* "f32", "bf16", ...; "invalid" for an unknown dtype. */
+FSDP_API const char *fsdp_dtype_name(fsdp_dtype dt);
+/* 1 for f32, f64, f16, bf16. */
+FSDP_API int fsdp_dtype_is_float(fsdp_dtype dt);
+
+/* Conversions round to nearest even; NaN stays NaN (f32 -> 16 bits makes it
+   quiet and keeps the sign), Inf stays Inf, overflow goes to Inf, f16
+   subnormals are exact. 16 bits -> f32 is exact. */
+FSDP_API uint16_t fsdp_f32_to_bf16(float f);
+FSDP_API float fsdp_bf16_to_f32(uint16_t h);
+FSDP_API uint16_t fsdp_f32_to_f16(float f);
+FSDP_API float fsdp_f16_to_f32(uint16_t h);
+
+/* Host conversion of n elements between float dtypes (the same dtype copies).
+   Returns FSDP_INVALID_DTYPE for byte types of different kinds. dst and src
+   must not overlap unless they are equal and the dtypes have one size. */
+FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
+                                  fsdp_dtype src_dt, size_t n);
+
+/* ======================================================================== */
+/* >>device                                                                  */
+/* ======================================================================== */
+
+typedef struct fsdp_stream fsdp_stream; /* backend-defined */
+typedef struct fsdp_event fsdp_event;   /* backend-defined */
+typedef struct fsdp_device fsdp_device; /* counts every byte it allocates */
+
+typedef enum fsdp_copy_kind {
+    FSDP_COPY_DEFAULT = 0, /* let the backend infer */
+    FSDP_COPY_H2D = 1,
+    FSDP_COPY_D2H = 2,
+    FSDP_COPY_D2D = 3,
+    FSDP_COPY_H2H = 4
+} fsdp_copy_kind;
+
+/* Work queued on a stream. It returns a result; the first failure on a stream
+   sticks and fsdp_stream_synchronize returns it with err's message. */
+typedef fsdp_result (*fsdp_task_fn)(void *arg, fsdp_error *err);
+
+/* A device backend. Every function receives `self`; stream NULL means "run
+   now on the calling thread, synchronously". Kernels work on device memory.
+   `size` is sizeof(fsdp_device_vtable) as the backend was compiled, so a
+   separately built backend is checked. Optional slots may be NULL. */
+typedef struct fsdp_device_vtable {
+    uint32_t size;
+    const char *name;
+    int host_accessible; /* device memory is ordinary host memory (CPU) */
+    fsdp_result (*alloc)(void *self, size_t bytes, void **out, fsdp_error *err);
+    void (*free)(void *self, void *ptr, size_t bytes);
+    fsdp_result (*host_alloc)(void *self, size_t bytes, void **out, fsdp_error *err);
+    void (*host_free)(void *self, void *ptr, size_t bytes);
+    fsdp_result (*stream_create)(void *self, fsdp_stream **out, fsdp_error *err);
+    void (*stream_destroy)(void *self, fsdp_stream *s);
+    fsdp_result (*stream_synchronize)(void *self, fsdp_stream *s, fsdp_error *err);
+    fsdp_result (*event_create)(void *self, fsdp_event **out, fsdp_error *err);
+    void (*event_destroy)(void *self, fsdp_event *e);
+    fsdp_result (*event_record)(void *self, fsdp_event *e, fsdp_stream *s, fsdp_error *err);
+    fsdp_result (*stream_wait_event)(void *self, fsdp_stream *s, fsdp_event *e, fsdp_error *err);
+    fsdp_result (*event_synchronize)(void *self, fsdp_event *e, fsdp_error *err);
+    fsdp_result (*launch)(void *self, fsdp_stream *s, fsdp_task_fn fn, void *arg, fsdp_error *err);
+    fsdp_result (*copy)(void *self, void *dst, const void *src, size_t bytes,
+                        fsdp_copy_kind kind, fsdp_stream *s, fsdp_error *err);
+    fsdp_result (*memset)(void *self, void *dst, int value, size_t bytes, fsdp_stream *s,
+                          fsdp_error *err);
+    fsdp_result (*cast)(void *self, void *dst, fsdp_dtype dst_dt, const void *src,
+                        fsdp_dtype src_dt, size_t n, fsdp_stream *s, fsdp_error *err);
+    /* x *= alpha */
+    fsdp_result (*scale)(void *self, void *x, fsdp_dtype dt, double alpha, size_t n,
+                         fsdp_stream *s, fsdp_error *err);
+    /* dst += alpha * src (computed in f32, or f64 for f64) */
+    fsdp_result (*accumulate)(void *self, void *dst, fsdp_dtype dst_dt, const void *src,
+                              fsdp_dtype src_dt, double alpha, size_t n, fsdp_stream *s,
+                              fsdp_error *err);
+    /* *out (host memory) = sum of x[i]^2 in f64; valid once the stream ran it */
+    fsdp_result (*sum_squares)(void *self, const void *x, fsdp_dtype dt, size_t n,
+                               double *out, fsdp_stream *s, fsdp_error *err);
+    /* self is destroyed with the device */
+    void (*destroy)(void *self);
+} fsdp_device_vtable;
+
+typedef struct fsdp_memory_stats {
+    size_t device_in_use, device_peak; /* bytes, through fsdp_device_alloc */
+    size_t host_in_use, host_peak;     /* pinned host bytes */
+    size_t device_allocs;              /* live device allocations */
+} fsdp_memory_stats;
+
+/* Wraps a backend. The device owns `self` from then on (vt->destroy). */
+FSDP_API fsdp_result fsdp_device_create(const fsdp_device_vtable *vt, void *self,
+                                        const fsdp_hooks *hooks, fsdp_device **out);
+
+typedef struct fsdp_cpu_device_desc {
+    fsdp_hooks hooks;
+} fsdp_cpu_device_desc;
+
+/* The built-in CPU device: memory from the allocator hooks (64-byte aligned),
+   streams are worker threads running queued work in order. desc may be NULL. */
+FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc,
+                                            fsdp_device **out);
+/* Destroys the device; streams and events must be destroyed first. */
+FSDP_API void fsdp_device_destroy(fsdp_device *dev);
+FSDP_API const char *fsdp_device_name(const fsdp_device *dev);
+FSDP_API int fsdp_device_host_accessible(const fsdp_device *dev);
+FSDP_API const char *fsdp_device_last_error(const fsdp_device *dev);
+
+/* Counted allocation. Frees take the size that was allocated. */
+FSDP_API fsdp_result fsdp_device_alloc(fsdp_device *dev, size_t bytes, void **out);
+FSDP_API void fsdp_device_free(fsdp_device *dev, void *ptr, size_t bytes);
+FSDP_API fsdp_result fsdp_device_host_alloc(fsdp_device *dev, size_t bytes, void **out);
+FSDP_API void fsdp_device_host_free(fsdp_device *dev, void *ptr, size_t bytes);
+FSDP_API void fsdp_device_memory(const fsdp_device *dev, fsdp_memory_stats *out);
+FSDP_API void fsdp_device_reset_peak(fsdp_device *dev);
+
+FSDP_API fsdp_result fsdp_stream_create(fsdp_device *dev, fsdp_stream **out);
+FSDP_API void fsdp_stream_destroy(fsdp_device *dev, fsdp_stream *s);
+/* Waits until everything queued so far ran; returns the stream's first error
+   (which then stays: a failed stream is like a failed CUDA context). */
+FSDP_API fsdp_result fsdp_stream_synchronize(fsdp_device *dev, fsdp_stream *s);
+FSDP_API fsdp_result fsdp_event_create(fsdp_device *dev, fsdp_event **out);
+FSDP_API void fsdp_event_destroy(fsdp_device *dev, fsdp_event *e);
+/* Marks the point in s's queue; s == NULL marks "now". */
+FSDP_API fsdp_result fsdp_event_record(fsdp_device *dev, fsdp_event *e, fsdp_stream *s);
+/* Work queued on s after this waits for the last record of e. */
+FSDP_API fsdp_result fsdp_stream_wait_event(fsdp_device *dev, fsdp_stream *s, fsdp_event *e);
+FSDP_API fsdp_result fsdp_event_synchronize(fsdp_device *dev, fsdp_event *e);
+FSDP_API fsdp_result fsdp_device_launch(fsdp_device *dev, fsdp_stream *s, fsdp_task_fn fn,
+                                        void *arg);
+FSDP_API fsdp_result fsdp_device_copy(fsdp_device *dev, void *dst, const void *src,
+                                      size_t bytes, fsdp_copy_kind kind, fsdp_stream *s);
+FSDP_API fsdp_result fsdp_device_memset(fsdp_device *dev, void *dst, int value, size_t bytes,
+                                        fsdp_stream *s);
+FSDP_API fsdp_result fsdp_device_cast(fsdp_device *dev, void *dst, fsdp_dtype dst_dt,
+                                      const void *src, fsdp_dtype src_dt, size_t n,
+                                      fsdp_stream *s);
+FSDP_API fsdp_result fsdp_device_scale(fsdp_device *dev, void *x, fsdp_dtype dt, double alpha,
+                                       size_t n, fsdp_stream *s);
+FSDP_API fsdp_result fsdp_device_accumulate(fsdp_device *dev, void *dst, fsdp_dtype dst_dt,
+                                            const void *src, fsdp_dtype src_dt, double alpha,
+                                            size_t n, fsdp_stream *s);
+FSDP_API fsdp_result fsdp_device_sum_squares(fsdp_device *dev, const void *x, fsdp_dtype dt,
+                                             size_t n, double *out, fsdp_stream *s);
+
+/* ======================================================================== */
+/* >>comm                                                                    */
+/* ======================================================================== */
+
+typedef struct fsdp_comm fsdp_comm;
+
+typedef enum fsdp_reduce_op {
+    FSDP_REDUCE_SUM = 0,
+    FSDP_REDUCE_AVG = 1
+} fsdp_reduce_op;
+
+/* color for fsdp_comm_split: this rank joins no group (*out = NULL) */
+#define FSDP_COMM_NO_COLOR (-1)
+
+/* A collectives backend, in NCCL's argument order. Calls are issued in
+   program order and may complete asynchronously on stream s (NULL: complete
+   before returning). Counts are elements. In-place rules, as in NCCL:
+     all_gather:     send == recv + rank * count      (recv holds size * count)
+     reduce_scatter: recv == send + rank * count      (send holds size * count)
+     all_reduce, broadcast: send == recv
+   Floating-point sums are accumulated in f32 (f64 for f64) and rounded once,
+   in rank order, so every rank gets bitwise the same result. */
+typedef struct fsdp_comm_vtable {
+    uint32_t size; /* sizeof(fsdp_comm_vtable) as the backend was compiled */
+    const char *name;
+    fsdp_result (*all_gather)(void *self, const void *send, void *recv, size_t count,
+                              fsdp_dtype dt, fsdp_stream *s, fsdp_error *err);
+    fsdp_result (*reduce_scatter)(void *self, const void *send, void *recv, size_t count,
+                                  fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream *s,
+                                  fsdp_error *err);
+    fsdp_result (*all_reduce)(void *self, const void *send, void *recv, size_t count,
+                              fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream *s,
+                              fsdp_error *err);
+    fsdp_result (*broadcast)(void *self, const void *send, void *recv, size_t count,
+                             fsdp_dtype dt, int root, fsdp_stream *s, fsdp_error *err);
+    fsdp_result (*barrier)(void *self, fsdp_stream *s, fsdp_error *err);
+    /* Collective. A new backend object for the sub-group, or *out_self = NULL
+       for FSDP_COMM_NO_COLOR. Ranks of a group are ordered by (key, rank). */
+    fsdp_result (*split)(void *self, int color, int key, void **out_self, int *out_rank,
+                         int *out_size, fsdp_error *err);
+    /* The first asynchronous failure, or FSDP_SUCCESS (optional). */
+    fsdp_result (*async_error)(void *self, fsdp_error *err);
+    void (*destroy)(void *self);
+} fsdp_comm_vtable;
+
+/* Wraps a backend; the comm owns `self` from then on (vt->destroy). */
+FSDP_API fsdp_result fsdp_comm_create(const fsdp_comm_vtable *vt, void *self, int rank,
+                                      int size, const fsdp_hooks *hooks, fsdp_comm **out);
+FSDP_API void fsdp_comm_destroy(fsdp_comm *comm);
+FSDP_API int fsdp_comm_rank(const fsdp_comm *comm);
+FSDP_API int fsdp_comm_size(const fsdp_comm *comm);
+FSDP_API const char *fsdp_comm_name(const fsdp_comm *comm);
+FSDP_API const char *fsdp_comm_last_error(const fsdp_comm *comm);
+
+/* Collectives: Collective yes. Thread safety: one thread per comm. */
+FSDP_API fsdp_result fsdp_all_gather(fsdp_comm *comm, const void *send, void *recv,
+                                     size_t count, fsdp_dtype dt, fsdp_stream *s);
+FSDP_API fsdp_result fsdp_reduce_scatter(fsdp_comm *comm, const void *send, void *recv,
+                                         size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                         fsdp_stream *s);
+FSDP_API fsdp_result fsdp_all_reduce(fsdp_comm *comm, const void *send, void *recv,
+                                     size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                     fsdp_stream *s);
+FSDP_API fsdp_result fsdp_broadcast(fsdp_comm *comm, const void *send, void *recv,
+                                    size_t count, fsdp_dtype dt, int root, fsdp_stream *s);
+FSDP_API fsdp_result fsdp_barrier(fsdp_comm *comm, fsdp_stream *s);
+FSDP_API fsdp_result fsdp_comm_split(fsdp_comm *comm, int color, int key, fsdp_comm **out);
+/* The first failure of an asynchronous collective on this comm (timeout,
+   mismatch, ...), with its message in fsdp_comm_last_error. */
+FSDP_API fsdp_result fsdp_comm_async_error(fsdp_comm *comm);
+
+/* --- the built-in local backend: N ranks as N threads of one process --- */
+typedef struct fsdp_local_world fsdp_local_world;
+
+typedef struct fsdp_local_desc {
+    fsdp_hooks hooks;
+    int nranks;
+    int timeout_ms;          /* 0: 60000. A collective waiting longer fails on
+                                every waiting rank with FSDP_COMM_TIMEOUT */
+    int disable_mismatch_check;
+} fsdp_local_desc;
+
+FSDP_API fsdp_result fsdp_local_world_create(const fsdp_local_desc *desc,
+                                             fsdp_local_world **out);
+/* After every comm of the world (and its splits) is destroyed. */
+FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world);
+/* Rank `rank`'s communicator. dev runs its asynchronous collectives (streams
+   of that device); NULL allows only stream-less (synchronous) calls. */
+FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank,
+                                            fsdp_device *dev, fsdp_comm **out);
+
+/* Runs fn(rank, nranks, world, user) on nranks threads and joins them;
+   results[r] (optional, nranks long) receives each rank's return value. */
+typedef int (*fsdp_rank_fn)(int rank, int nranks, fsdp_local_world *world, void *user);
+FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn, void *user,
+                                    int *results);
+
+/* ======================================================================== */
+/* >>model                                                                   */
+/* ======================================================================== */
+
+#define FSDP_MAX_DIMS 8
+
+typedef struct fsdp_model fsdp_model;
+
+typedef enum fsdp_sharding_strategy {
+    FSDP_SHARDING_DEFAULT = 0, /* FULL_SHARD */
+    FSDP_FULL_SHARD = 1,
+    FSDP_SHARD_GRAD_OP = 2,
+    FSDP_NO_SHARD = 3,
+    FSDP_HYBRID_SHARD = 4
+} fsdp_sharding_strategy;
+
+/* Per-unit configuration; `set` says which fields an override replaces. */
+enum {
+    FSDP_OPT_SHARDING = 1u << 0,
+    FSDP_OPT_PARAM_DTYPE = 1u << 1,
+    FSDP_OPT_REDUCE_DTYPE = 1u << 2
+};
+typedef struct fsdp_unit_options {
+    uint32_t set;
+    fsdp_sharding_strategy sharding;
+    fsdp_dtype param_dtype;  /* dtype parameters are gathered in; 0: storage */
+    fsdp_dtype reduce_dtype; /* dtype gradients are reduced in; 0: param dtype */
+} fsdp_unit_options;
+
+typedef struct fsdp_model_desc {
+    fsdp_hooks hooks;
+    const char *root_type; /* type name of the root module; NULL: "Module" */
+} fsdp_model_desc;
+
+typedef struct fsdp_param_desc {
+    const char *module;  /* FQN of the owning module ("" for the root) */
+    const char *name;    /* local name, no dots */
+    fsdp_dtype dtype;    /* 0: f32 */
+    int ndim;            /* 0: scalar (one element) */
+    int64_t shape[FSDP_MAX_DIMS];
+    int frozen;          /* 1: requires_grad = False */
+} fsdp_param_desc;
+
+typedef struct fsdp_module_info {
+    const char *fqn;   /* "" for the root */
+    const char *name;  /* last component */
+    const char *type;
+    int parent;        /* -1 for the root */
+    int ignored;       /* 1 when it or an ancestor is ignored */
+} fsdp_module_info;
+
+/* One occurrence of a parameter on a module: what state_dict() lists. */
+typedef struct fsdp_param_info {
+    const char *fqn;     /* module.name */
+    const char *name;
+    int module;
+    int primary;         /* occurrence index of the primary (itself if not shared) */
+    fsdp_dtype dtype;
+    int ndim;
+    const int64_t *shape;
+    int64_t numel;
+    int requires_grad;
+    int ignored;         /* ignored itself or through its module's subtree */
+} fsdp_param_info;
+
+FSDP_API fsdp_result fsdp_model_create(const fsdp_model_desc *desc, fsdp_model **out);
+FSDP_API void fsdp_model_destroy(fsdp_model *m);
+FSDP_API const char *fsdp_model_last_error(const fsdp_model *m);
+
+/* Adds a module. Its parent is fqn without its last ".name" (the root for a
+   name without dots) and must exist; names are unique. Children keep the
+   order they were added in (named_children()). */
+FSDP_API fsdp_result fsdp_model_add_module(fsdp_model *m, const char *fqn, const char *type);
+/* Declares that `type` is a subclass of `base` (isinstance checks of the
+   policies walk these; every type is a "Module"). */
+FSDP_API fsdp_result fsdp_model_add_type_base(fsdp_model *m, const char *type,
+                                              const char *base);
+FSDP_API fsdp_result fsdp_model_add_param(fsdp_model *m, const fsdp_param_desc *p);
+/* Registers module.name as the same parameter as primary_fqn (a tied
+   weight); it takes the primary's dtype, shape and requires_grad. */
+FSDP_API fsdp_result fsdp_model_add_shared_param(fsdp_model *m, const char *module,
+                                                 const char *name, const char *primary_fqn);
+/* Ignores a module (its whole subtree and the parameters in it) or one
+   parameter: FSDP's ignored_modules / ignored parameters. */
+FSDP_API fsdp_result fsdp_model_ignore(fsdp_model *m, const char *fqn);
+/* The C form of enable_wrap()/wrap(): the module becomes a unit under the
+   FSDP_WRAP_ANNOTATED policy, with these overrides (NULL: root config). */
+FSDP_API fsdp_result fsdp_model_annotate(fsdp_model *m, const char *module,
+                                         const fsdp_unit_options *overrides);
+
+/* Modules in named_modules() order (pre-order; the root is 0). */
+FSDP_API int fsdp_model_num_modules(const fsdp_model *m);
+FSDP_API fsdp_result fsdp_model_module(const fsdp_model *m, int i, fsdp_module_info *out);
+FSDP_API int fsdp_model_find_module(const fsdp_model *m, const char *fqn);
+/* 1 if the module's type is `type` or derives from it. */
+FSDP_API int fsdp_model_isinstance(const fsdp_model *m, int module, const char *type);
+/* Parameter occurrences in state_dict() order: modules in named_modules()
+   order, each module's parameters in the order they were added. */
+FSDP_API int fsdp_model_num_params(const fsdp_model *m);
+FSDP_API fsdp_result fsdp_model_param(const fsdp_model *m, int i, fsdp_param_info *out);
+FSDP_API int fsdp_model_find_param(const fsdp_model *m, const char *fqn);
+
+/* ======================================================================== */
+/* >>flatparam                                                               */
+/* ======================================================================== */
+
+typedef struct fsdp_units fsdp_units;
+
+/* A parameter flattened into a unit's flat parameter. */
+typedef struct fsdp_flat_entry {
+    const char *fqn;           /* clean FQN of this occurrence */
+    const char *prefixed_name; /* relative to the unit's module (PyTorch's) */
+    int param;                 /* occurrence index in the model */
+    int64_t offset;            /* element offset in the unpadded flat buffer */
+    int64_t numel;
+    int ndim;
+    const int64_t *shape;
+} fsdp_flat_entry;
+
+/* A further occurrence of a parameter already in the unit (a tie). */
+typedef struct fsdp_shared_entry {
+    const char *fqn;
+    const char *module_name;      /* relative to the unit's module */
+    const char *param_name;
+    const char *prim_module_name; /* relative to the unit's module */
+    const char *prim_param_name;
+    int param;                    /* occurrence index in the model */
+    int entry;                    /* the primary's fsdp_flat_entry index */
+} fsdp_shared_entry;
+
+typedef struct fsdp_unit_info {
+    int index;
+    const char *fqn;          /* the unit's module */
+    int module;
+    int by_policy;            /* 1: wrapped by the policy; 0: the root added */
+    int64_t wrap_num_params;  /* the walk's num_params for this module */
+    int nentries;
+    const fsdp_flat_entry *entries;
+    int nshared;
+    const fsdp_shared_entry *shared;
+    int64_t numel;            /* unpadded flat numel */
+    fsdp_dtype dtype;         /* f32 when the unit is empty */
+    int requires_grad;
+    fsdp_unit_options options;/* the root's options with the overrides applied */
+} fsdp_unit_info;
+
+/* Shard metadata of one rank, exactly as FlatParamHandle.shard() computes it:
+   shard_numel = ceil(numel / world) (0 when numel is 0); rank r holds flat
+   elements [r*S, min((r+1)*S, numel)) then zero padding. */
+typedef struct fsdp_shard_piece {
+    int entry;        /* fsdp_flat_entry index */
+    int64_t start;    /* inclusive intra-parameter offsets; (0,-1) for an */
+    int64_t end;      /* empty parameter */
+} fsdp_shard_piece;
+
+typedef struct fsdp_shard_layout {
+    int64_t shard_numel;   /* S, the same on every rank */
+    int64_t flat_begin;    /* r * S */
+    int64_t valid_numel;   /* elements of real data in this shard */
+    int64_t numel_padded;  /* S - valid_numel */
+    int first, last;       /* _shard_indices: (0,0) with npieces 0 when empty */
+    int npieces;
+} fsdp_shard_layout;
+
+/* Fills out and pieces (capacity unit->nentries, may be NULL when 0). */
+FSDP_API fsdp_result fsdp_unit_shard(const fsdp_unit_info *unit, int rank, int world,
+                                     fsdp_shard_layout *out, fsdp_shard_piece *pieces);
+/* Shard metadata from a list of numels (the same rules, no model needed). */
+FSDP_API fsdp_result fsdp_flat_shard(const int64_t *numels, int n, int rank, int world,
+                                     fsdp_shard_layout *out, fsdp_shard_piece *pieces);
+/* The view of entry e inside an unsharded flat buffer of dtype dt. */
+FSDP_API void *fsdp_unit_param_view(const fsdp_unit_info *unit, int entry, void *flat,
+                                    fsdp_dtype dt);
+
+/* ======================================================================== */
+/* >>wrap                                                                    */
+/* ======================================================================== */
+
+typedef enum fsdp_wrap_kind {
+    FSDP_WRAP_ROOT_ONLY = 0,   /* no auto wrap: one unit, the root */
+    FSDP_WRAP_ALWAYS = 1,
+    FSDP_WRAP_SIZE_BASED = 2,
+    FSDP_WRAP_MODULE_TYPE = 3, /* transformer_auto_wrap_policy */
+    FSDP_WRAP_LAMBDA = 4,
+    FSDP_WRAP_CUSTOM = 5,
+    FSDP_WRAP_OR = 6,
+    FSDP_WRAP_ANNOTATED = 7    /* modules marked with fsdp_model_annotate */
+} fsdp_wrap_kind;
+
+typedef enum fsdp_wrap_decision {
+    FSDP_WRAP_NO = 0,
+    FSDP_WRAP_YES = 1,         /* with the root's options */
+    FSDP_WRAP_YES_OVERRIDE = 2 /* with the overrides the callback filled */
+} fsdp_wrap_decision;
+
+typedef int (*fsdp_wrap_lambda_fn)(void *user, const fsdp_model *m, int module);
+typedef fsdp_wrap_decision (*fsdp_wrap_custom_fn)(void *user, const fsdp_model *m, int module,
+                                                  fsdp_unit_options *overrides);
+
+typedef struct fsdp_wrap_policy {
+    fsdp_wrap_kind kind;
+    /* size based: wrap when the unwrapped numel >= min_num_params
+       (0 here means PyTorch's default 1e8; use min_num_params_zero for 0) */
+    int64_t min_num_params;
+    int min_num_params_zero;
+    /* size based: NULL lists mean PyTorch's defaults (force leaf:
+       MultiheadAttention; exclude: ModuleList, ModuleDict) unless
+       explicit_sets is 1, in which case the lists (possibly empty) are used */
+    const char *const *force_leaf_types;
+    int n_force_leaf_types;
+    const char *const *exclude_types;
+    int n_exclude_types;
+    int explicit_sets;
+    /* module type: isinstance of any of these */
+    const char *const *module_types;
+    int n_module_types;
+    /* lambda / custom */
+    fsdp_wrap_lambda_fn lambda_fn;
+    fsdp_wrap_custom_fn custom_fn;
+    void *user;
+    /* or */
+    const struct fsdp_wrap_policy *policies;
+    int n_policies;
+} fsdp_wrap_policy;
+
+/* Called for every policy call of the walk, as PyTorch calls the policy. */
+typedef void (*fsdp_wrap_trace_fn)(void *user, const char *fqn, int recurse,
+                                   int64_t unwrapped_params, int result);
+
+typedef struct fsdp_wrap_desc {
+    const fsdp_wrap_policy *policy; /* NULL: root only */
+    fsdp_unit_options root;         /* configuration of every unit */
+    /* 0 (FSDP's constructor): only the root's children are offered to the
+       policy and the root is always a unit. 1: the policy is asked about the
+       root too (_recursive_wrap with only_wrap_children=False); the root is
+       still added last if the policy declines it. */
+    int policy_wraps_root;
+    fsdp_wrap_trace_fn trace;
+    void *trace_user;
+} fsdp_wrap_desc;
+
+/* Applies the policy to the model and builds the units in wrap order
+   (post-order, the root last), each with its flat parameter. Errors (mixed
+   dtypes or requires_grad in one unit, ...) go to fsdp_model_last_error. */
+FSDP_API fsdp_result fsdp_wrap(fsdp_model *m, const fsdp_wrap_desc *desc, fsdp_units **out);
+FSDP_API void fsdp_units_destroy(fsdp_units *u);
+FSDP_API int fsdp_units_count(const fsdp_units *u);
+FSDP_API const fsdp_unit_info *fsdp_units_get(const fsdp_units *u, int i);
+/* The walk's second return value (total wrapped numel). */
+FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u);
+/* PyTorch FSDP 1.x names of what named_parameters() lists on the wrapped
+   model ("_fsdp_wrapped_module.flat_param", ignored parameters under their
+   wrapper path), in its order: for interop with PyTorch's local names. */
+typedef void (*fsdp_name_fn)(void *user, const char *name, int64_t numel);
+FSDP_API fsdp_result fsdp_units_torch_names(const fsdp_units *u, fsdp_name_fn fn, void *user);
+
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FSDP_H_INCLUDED */
+
+/* ======================================================================== */
+/*                           IMPLEMENTATION                                  */
+/* ======================================================================== */
+#ifdef FSDP_IMPLEMENTATION
+#ifndef FSDP_IMPLEMENTATION_DONE
+#define FSDP_IMPLEMENTATION_DONE
+
+#ifdef __cplusplus
+#error "compile the fsdp.h implementation as C11 (the declarations are valid C++)"
+#endif
+
+#if defined(FSDP_MALLOC) && defined(FSDP_FREE) && defined(FSDP_REALLOC)
+/* ok */
+#elif !defined(FSDP_MALLOC) && !defined(FSDP_FREE) && !defined(FSDP_REALLOC)
+/* ok */
+#else
+#error "define all of FSDP_MALLOC, FSDP_REALLOC and FSDP_FREE, or none"
+#endif
+
+#ifndef FSDP_MALLOC
+#include <stdlib.h>
+#define FSDP_MALLOC(sz) malloc(sz)
+#define FSDP_REALLOC(p, sz) realloc(p, sz)
+#define FSDP_FREE(p) free(p)
+#endif
+
+#ifndef FSDP_ASSERT
+#include <assert.h>
+#define FSDP_ASSERT(c) assert(c)
+#endif
+
+#include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#define FSDP__DEF static FSDP__UNUSED
+
+/* ------------------------------------------------------------------------ */
+/* >>errors (implementation)                                                 */
+/* ------------------------------------------------------------------------ */
+
+FSDP_API const char *fsdp_result_string(fsdp_result r)
+{
+    switch (r) {
+    case FSDP_SUCCESS: return "success";
+    case FSDP_ERROR: return "error";
+    case FSDP_INVALID_ARGS: return "invalid arguments";
+    case FSDP_INVALID_DTYPE: return "invalid dtype";
+    case FSDP_DUPLICATE_NAME: return "duplicate name";
+    case FSDP_NOT_FOUND: return "not found";
+    case FSDP_NOT_SUPPORTED: return "not supported";
+    case FSDP_INVALID_MODEL: return "invalid model description";
+    case FSDP_INVALID_STATE: return "invalid state";
+    case FSDP_OUT_OF_MEMORY: return "out of memory";
+    case FSDP_POOL_EXHAUSTED: return "planned pool exhausted";
+    case FSDP_COMM_ERROR: return "communication error";
+    case FSDP_COMM_TIMEOUT: return "collective timed out";
+    case FSDP_COMM_MISMATCH: return "mismatched collectives";
+    case FSDP_COMM_ABORTED: return "communicator aborted";
+    case FSDP_DEVICE_ERROR: return "device error";
+    case FSDP_CKPT_IO: return "checkpoint I/O error";
+    case FSDP_CKPT_FORMAT: return "checkpoint format error";
+    case FSDP_CKPT_MISMATCH: return "checkpoint does not match";
+    }
+    return "unknown result";
+}
+
+FSDP__DEF void *fsdp__alloc(const fsdp_hooks *h, size_t bytes)
+{
+    if (bytes == 0) bytes = 1;
+    if (h && h->allocator.alloc) return h->allocator.alloc(h->allocator.user, bytes);
+    return FSDP_MALLOC(bytes);
+}
+
+FSDP__DEF void *fsdp__calloc(const fsdp_hooks *h, size_t n, size_t size)
+{
+    void *p;
+    size_t bytes;
+    if (size && n > (size_t)-1 / size) return NULL;
+    bytes = n * size;
+    p = fsdp__alloc(h, bytes);
+    if (p) memset(p, 0, bytes > 0 ? bytes : 1);
+    return p;
+}
+
+FSDP__DEF void *fsdp__realloc(const fsdp_hooks *h, void *p, size_t bytes)
+{
+    if (bytes == 0) bytes = 1;
+    if (h && h->allocator.alloc) return h->allocator.realloc(h->allocator.user, p, bytes);
+    return FSDP_REALLOC(p, bytes);
+}
+
+FSDP__DEF void fsdp__free(const fsdp_hooks *h, void *p)
+{
+    if (!p) return;
+    if (h && h->allocator.alloc) h->allocator.free(h->allocator.user, p);
+    else FSDP_FREE(p);
+}
+
+FSDP__DEF char *fsdp__strdup(const fsdp_hooks *h, const char *s)
+{
+    size_t n = strlen(s);
+    char *d = (char *)fsdp__alloc(h, n + 1);
+    if (d) memcpy(d, s, n + 1);
+    return d;
+}
+
+/* Grows *arr (of elem-sized items) so that index `need - 1` fits. */
+FSDP__DEF int fsdp__grow(const fsdp_hooks *h, void **arr, int *cap, int need, size_t elem)
+{
+    int ncap;
+    void *p;
+    if (need <= *cap) return 1;
+    ncap = *cap ? *cap : 8;
+    while (ncap < need) ncap *= 2;
+    p = fsdp__realloc(h, *arr, (size_t)ncap * elem);
+    if (!p) return 0;
+    *arr = p;
+    *cap = ncap;
+    return 1;
+}
+
+FSDP__DEF void fsdp__log(const fsdp_hooks *h, fsdp_log_level level, const char *fmt, ...)
+{
+    char buf[FSDP_ERROR_MAX];
+    va_list ap;
+    fsdp_log_level max;
+    if (!h || !h->log) return;
+    max = h->log_level ? h->log_level : FSDP_LOG_WARN;
+    if (level > max) return;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    h->log(h->log_user, level, buf);
+}
+
+/* Records an error; returns code so callers can `return fsdp__fail(...)`. */
+FSDP__DEF fsdp_result fsdp__vfail(fsdp_error *e, const fsdp_hooks *h, fsdp_result code,
+                                  const char *fmt, va_list ap)
+{
+    fsdp_error local;
+    if (!e) e = &local;
+    e->code = code;
+    vsnprintf(e->message, sizeof e->message, fmt, ap);
+    fsdp__log(h, FSDP_LOG_DEBUG, "%s: %s", fsdp_result_string(code), e->message);
+    return code;
+}
+
+FSDP__DEF fsdp_result fsdp__fail(fsdp_error *e, const fsdp_hooks *h, fsdp_result code,
+                                 const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp__vfail(e, h, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* For creates: the error goes to hooks->error when the user asked for it. */
+FSDP__DEF fsdp_result fsdp__fail_create(const fsdp_hooks *h, fsdp_result code,
+                                        const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp__vfail(h ? h->error : NULL, h, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+FSDP__DEF void fsdp__clear(fsdp_error *e)
+{
+    e->code = FSDP_SUCCESS;
+    e->message[0] = 0;
+}
+
+FSDP__DEF fsdp_hooks fsdp__hooks_copy(const fsdp_hooks *h)
+{
+    fsdp_hooks c;
+    memset(&c, 0, sizeof c);
+    if (h) c = *h;
+    c.error = NULL;
+    if (c.allocator.alloc && (!c.allocator.realloc || !c.allocator.free))
+        c.allocator.alloc = NULL; /* all or none; checked by fsdp__hooks_valid */
+    return c;
+}
+
+FSDP__DEF int fsdp__hooks_valid(const fsdp_hooks *h)
+{
+    if (!h) return 1;
+    if (!h->allocator.alloc && !h->allocator.realloc && !h->allocator.free) return 1;
+    return h->allocator.alloc && h->allocator.realloc && h->allocator.free;
+}
+
+/* Wall clock in milliseconds. C11's timespec_get (TIME_UTC) is the clock
+   pthread_cond_timedwait measures deadlines against, and it needs no POSIX
+   feature macro, so the header works under -std=c11 whatever the user
+   included first. */
+FSDP__DEF double fsdp__now_ms(void)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* An absolute deadline ms from now, for pthread_cond_timedwait. */
+FSDP__DEF struct timespec fsdp__deadline(int ms)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+/* >>errors end */
+
+/* ------------------------------------------------------------------------ */
+/* >>dtypes (implementation)                                                 */
+/* ------------------------------------------------------------------------ */
+
+FSDP_API size_t fsdp_dtype_size(fsdp_dtype dt)
+{
+    switch (dt) {
+    case FSDP_F32: case FSDP_I32: return 4;
+    case FSDP_F64: case FSDP_I64: return 8;
+    case FSDP_F16: case FSDP_BF16: return 2;
+    case FSDP_U8: case FSDP_I8: return 1;
+    default: return 0;
+    }
+}
+
+FSDP_API const char *fsdp_dtype_name(fsdp_dtype dt)
+{
+    switch (dt) {
+    case FSDP_F32: return "f32";
+    case FSDP_F64: return "f64";
+    case FSDP_F16: return "f16";
+    case FSDP_BF16: return "bf16";
+    case FSDP_U8: return "u8";
+    case FSDP_I8: return "i8";
+    case FSDP_I32: return "i32";
+    case FSDP_I64: return "i64";
+    default: return "invalid";
+    }
+}
+
+FSDP_API int fsdp_dtype_is_float(fsdp_dtype dt)
+{
+    return dt == FSDP_F32 || dt == FSDP_F64 || dt == FSDP_F16 || dt == FSDP_BF16;
+}
+
+FSDP__DEF uint32_t fsdp__f32_bits(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+FSDP__DEF float fsdp__bits_f32(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+FSDP_API uint16_t fsdp_f32_to_bf16(float f)
+{
+    uint32_t u = fsdp__f32_bits(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and top payload, force quiet */
+        return (uint16_t)((u >> 16) | 0x0040u);
+    /* round to nearest even: add 0x7fff plus the lowest kept bit; carries
+       into the exponent give the right rounding up to Inf */
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+FSDP_API float fsdp_bf16_to_f32(uint16_t h)
+{
+    return fsdp__bits_f32((uint32_t)h << 16);
+}
+
+FSDP_API uint16_t fsdp_f32_to_f16(float f)
+{
+    uint32_t u = fsdp__f32_bits(f);
+    uint32_t sign = (u >> 16) & 0x8000u;
+    uint32_t absu = u & 0x7fffffffu;
+    uint32_t exp, mant, shift, half, rest, out;
+    if (absu > 0x7f800000u) /* NaN: quiet, keep the top payload bits */
+        return (uint16_t)(sign | 0x7e00u | ((absu >> 13) & 0x3ffu));
+    if (absu >= 0x477ff000u) /* >= 65520 rounds to Inf (and Inf stays Inf) */
+        return (uint16_t)(sign | 0x7c00u);
+    exp = absu >> 23;
+    mant = absu & 0x7fffffu;
+    if (exp >= 113) { /* normal f16: exponent 113..142 maps to 1..30 */
+        out = ((exp - 112) << 10) | (mant >> 13);
+        rest = mant & 0x1fffu;
+        half = 0x1000u;
+        if (rest > half || (rest == half && (out & 1u))) out++;
+        return (uint16_t)(sign | out);
+    }
+    if (exp < 102) /* below half of the smallest subnormal (2^-25): zero */
+        return (uint16_t)sign;
+    /* subnormal f16: value = m * 2^-24 with m = (1.mant) * 2^(exp-127+24) */
+    mant |= 0x800000u;
+    shift = 126 - exp; /* 14..24 bits dropped from the 24-bit significand */
+    out = mant >> shift;
+    rest = mant & ((1u << shift) - 1u);
+    half = 1u << (shift - 1);
+    if (rest > half || (rest == half && (out & 1u))) out++;
+    return (uint16_t)(sign | out);
+}
+
+FSDP_API float fsdp_f16_to_f32(uint16_t h)
+{
+    uint32_t sign = ((uint32_t)h & 0x8000u) << 16;
+    uint32_t exp = ((uint32_t)h >> 10) & 0x1fu;
+    uint32_t mant = (uint32_t)h & 0x3ffu;
+    if (exp == 0x1f) return fsdp__bits_f32(sign | 0x7f800000u | (mant << 13));
+    if (exp == 0) {
+        /* zero or subnormal: exact as mant * 2^-24 */
+        float v = (float)mant * 5.9604644775390625e-8f;
+        return sign ? -v : v;
+    }
+    return fsdp__bits_f32(sign | ((exp + 112) << 23) | (mant << 13));
+}
+
+/* Element i of a float array as double (the widest of our floats). */
+FSDP__DEF double fsdp__load(const void *p, fsdp_dtype dt, size_t i)
+{
+    switch (dt) {
+    case FSDP_F32: return ((const float *)p)[i];
+    case FSDP_F64: return ((const double *)p)[i];
+    case FSDP_F16: return fsdp_f16_to_f32(((const uint16_t *)p)[i]);
+    case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return 0.0;
+    }
+}
+
+FSDP__DEF float fsdp__loadf(const void *p, fsdp_dtype dt, size_t i)
+{
+    switch (dt) {
+    case FSDP_F32: return ((const float *)p)[i];
+    case FSDP_F64: return (float)((const double *)p)[i];
+    case FSDP_F16: return fsdp_f16_to_f32(((const uint16_t *)p)[i]);
+    case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)p)[i]);
+    default: return 0.0f;
+    }
+}
+
+/* Stores a value computed in f32 (f64 for f64) with one rounding. */
+FSDP__DEF void fsdp__store(void *p, fsdp_dtype dt, size_t i, double v)
+{
+    switch (dt) {
+    case FSDP_F32: ((float *)p)[i] = (float)v; break;
+    case FSDP_F64: ((double *)p)[i] = v; break;
+    case FSDP_F16: ((uint16_t *)p)[i] = fsdp_f32_to_f16((float)v); break;
+    case FSDP_BF16: ((uint16_t *)p)[i] = fsdp_f32_to_bf16((float)v); break;
+    default: break;
+    }
+}
+
+FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
+                                  fsdp_dtype src_dt, size_t n)
+{
+    size_t i;
+    if (n == 0) return FSDP_SUCCESS;
+    if (!dst || !src) return FSDP_INVALID_ARGS;
+    if (!fsdp_dtype_size(dst_dt) || !fsdp_dtype_size(src_dt)) return FSDP_INVALID_DTYPE;
+    if (dst_dt == src_dt) {
+        if (dst != src) memmove(dst, src, n * fsdp_dtype_size(dst_dt));
+        return FSDP_SUCCESS;
+    }
+    if (!fsdp_dtype_is_float(dst_dt) || !fsdp_dtype_is_float(src_dt)) return FSDP_INVALID_DTYPE;
+    if (src_dt == FSDP_F32 && dst_dt == FSDP_BF16) {
+        const float *s = (const float *)src;
+        uint16_t *d = (uint16_t *)dst;
+        for (i = 0; i < n; i++) d[i] = fsdp_f32_to_bf16(s[i]);
+    } else if (src_dt == FSDP_BF16 && dst_dt == FSDP_F32) {
+        const uint16_t *s = (const uint16_t *)src;
+        float *d = (float *)dst;
+        for (i = 0; i < n; i++) d[i] = fsdp_bf16_to_f32(s[i]);
+    } else if (src_dt == FSDP_F32 && dst_dt == FSDP_F16) {
+        const float *s = (const float *)src;
+        uint16_t *d = (uint16_t *)dst;
+        for (i = 0; i < n; i++) d[i] = fsdp_f32_to_f16(s[i]);
+    } else if (src_dt == FSDP_F16 && dst_dt == FSDP_F32) {
+        const uint16_t *s = (const uint16_t *)src;
+        float *d = (float *)dst;
+        for (i = 0; i < n; i++) d[i] = fsdp_f16_to_f32(s[i]);
+    } else if (dst_dt == FSDP_F64) {
+        for (i = 0; i < n; i++) ((double *)dst)[i] = fsdp__load(src, src_dt, i);
+    } else if (src_dt == FSDP_F64 && dst_dt != FSDP_F32) {
+        /* f64 -> 16 bits: going through f32 with round-to-nearest would round
+           twice; round to odd into f32 first, which makes the second rounding
+           exact (f32 keeps more than two extra bits) */
+        for (i = 0; i < n; i++) {
+            double v = ((const double *)src)[i];
+            float f = (float)v;
+            if ((double)f != v && v == v) {
+                if (fabs((double)f) > fabs(v)) f = nextafterf(f, 0.0f);
+                f = fsdp__bits_f32(fsdp__f32_bits(f) | 1u);
+            }
+            fsdp__store(dst, dst_dt, i, f);
+        }
+    } else {
+        for (i = 0; i < n; i++) fsdp__store(dst, dst_dt, i, fsdp__loadf(src, src_dt, i));
+    }
+    return FSDP_SUCCESS;
+}
+
+/* >>dtypes end */
+
+/* ------------------------------------------------------------------------ */
+/* >>device (implementation)                                                 */
+/* ------------------------------------------------------------------------ */
+
+struct fsdp_device {
+    fsdp_device_vtable vt; /* a copy: the caller's table may be a local */
+    void *self;
+    fsdp_hooks hooks;
+    pthread_mutex_t mu;    /* the counters, which a shared device may see from two threads */
+    fsdp_memory_stats stats;
+    int live_streams, live_events;
+    fsdp_error err;
+};
+
+FSDP__DEF int fsdp__sync_init(pthread_mutex_t *mu, pthread_cond_t *cv)
+{
+    if (pthread_mutex_init(mu, NULL) != 0) return 0;
+    if (cv && pthread_cond_init(cv, NULL) != 0) {
+        pthread_mutex_destroy(mu);
+        return 0;
+    }
+    return 1;
+}
+
+FSDP__DEF void fsdp__sync_destroy(pthread_mutex_t *mu, pthread_cond_t *cv)
+{
+    if (cv) pthread_cond_destroy(cv);
+    pthread_mutex_destroy(mu);
+}
+
+FSDP__DEF void fsdp__error_set(fsdp_error *dst, fsdp_result code, const char *msg)
+{
+    size_t n = strlen(msg);
+    if (n >= sizeof dst->message) n = sizeof dst->message - 1;
+    dst->code = code;
+    memcpy(dst->message, msg, n);
+    dst->message[n] = 0;
+}
+
+/* Moves a backend's error into the device's last error; backends built
+   elsewhere may leave the message empty, so there is a default. */
+FSDP__DEF fsdp_result fsdp__device_done(fsdp_device *dev, fsdp_result r, const fsdp_error *e,
+                                        const char *fn)
+{
+    if (r == FSDP_SUCCESS) return r;
+    if (e->message[0]) return fsdp__fail(&dev->err, &dev->hooks, r, "%s", e->message);
+    return fsdp__fail(&dev->err, &dev->hooks, r, "%s: device '%s' failed: %s", fn,
+                      dev->vt.name ? dev->vt.name : "?", fsdp_result_string(r));
+}
+
+/* Checks an array argument of n elements of dt. */
+FSDP__DEF fsdp_result fsdp__device_check(fsdp_device *dev, const char *fn, const char *what,
+                                         const void *p, fsdp_dtype dt, size_t n, int need_float)
+{
+    size_t es = fsdp_dtype_size(dt);
+    if (!es)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_DTYPE,
+                          "%s: %s has an invalid dtype (%d)", fn, what, (int)dt);
+    if (need_float && !fsdp_dtype_is_float(dt))
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_DTYPE,
+                          "%s: %s must have a float dtype, got %s", fn, what, fsdp_dtype_name(dt));
+    if (n > (size_t)-1 / es)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "%s: %zu elements of %s overflow size_t", fn, n, fsdp_dtype_name(dt));
+    if (n && !p)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "%s: %s is NULL with %zu elements", fn, what, n);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_device_create(const fsdp_device_vtable *vt, void *self,
+                                        const fsdp_hooks *hooks, fsdp_device **out)
+{
+    const char *missing = NULL;
+    fsdp_hooks h;
+    fsdp_device *dev;
+    if (!out) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_device_create: out is NULL");
+    *out = NULL;
+    if (!vt) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_device_create: vt is NULL");
+    if (vt->size != sizeof(fsdp_device_vtable))
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_device_create: vtable size is %u but "
+                                 "sizeof(fsdp_device_vtable) is %u here (the backend was "
+                                 "built against another fsdp.h)",
+                                 (unsigned)vt->size, (unsigned)sizeof(fsdp_device_vtable));
+    if (!fsdp__hooks_valid(hooks))
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_device_create: set all of allocator alloc, realloc "
+                                 "and free, or none");
+    if (!vt->alloc) missing = "alloc";
+    else if (!vt->free) missing = "free";
+    else if (!vt->host_alloc) missing = "host_alloc";
+    else if (!vt->host_free) missing = "host_free";
+    else if (!vt->stream_create) missing = "stream_create";
+    else if (!vt->stream_destroy) missing = "stream_destroy";
+    else if (!vt->stream_synchronize) missing = "stream_synchronize";
+    else if (!vt->event_create) missing = "event_create";
+    else if (!vt->event_destroy) missing = "event_destroy";
+    else if (!vt->event_record) missing = "event_record";
+    else if (!vt->stream_wait_event) missing = "stream_wait_event";
+    else if (!vt->event_synchronize) missing = "event_synchronize";
+    else if (!vt->launch) missing = "launch";
+    else if (!vt->copy) missing = "copy";
+    else if (!vt->memset) missing = "memset";
+    if (missing)
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_device_create: vtable '%s' has no %s (required)",
+                                 vt->name ? vt->name : "?", missing);
+    h = fsdp__hooks_copy(hooks);
+    dev = (fsdp_device *)fsdp__calloc(&h, 1, sizeof *dev);
+    if (!dev) return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_device_create: out of memory");
+    if (!fsdp__sync_init(&dev->mu, NULL)) {
+        fsdp__free(&h, dev);
+        return fsdp__fail_create(hooks, FSDP_ERROR, "fsdp_device_create: cannot create a mutex");
+    }
+    dev->vt = *vt;
+    dev->self = self;
+    dev->hooks = h;
+    *out = dev;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_device_destroy(fsdp_device *dev)
+{
+    fsdp_hooks h;
+    if (!dev) return;
+    if (dev->live_streams || dev->live_events)
+        fsdp__log(&dev->hooks, FSDP_LOG_WARN,
+                  "fsdp_device_destroy: %d streams and %d events are still alive",
+                  dev->live_streams, dev->live_events);
+    if (dev->stats.device_allocs)
+        fsdp__log(&dev->hooks, FSDP_LOG_WARN,
+                  "fsdp_device_destroy: %zu allocations (%zu bytes) were not freed",
+                  dev->stats.device_allocs, dev->stats.device_in_use);
+    if (dev->vt.destroy) dev->vt.destroy(dev->self);
+    fsdp__sync_destroy(&dev->mu, NULL);
+    h = dev->hooks;
+    fsdp__free(&h, dev);
+}
+
+FSDP_API const char *fsdp_device_name(const fsdp_device *dev)
+{
+    return dev && dev->vt.name ? dev->vt.name : "";
+}
+
+FSDP_API int fsdp_device_host_accessible(const fsdp_device *dev)
+{
+    return dev ? dev->vt.host_accessible : 0;
+}
+
+FSDP_API const char *fsdp_device_last_error(const fsdp_device *dev)
+{
+    return dev ? dev->err.message : "device is NULL";
+}
+
+FSDP_API fsdp_result fsdp_device_alloc(fsdp_device *dev, size_t bytes, void **out)
+{
+    fsdp_error e;
+    fsdp_result r;
+    void *p = NULL;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!out)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_alloc: out is NULL");
+    *out = NULL;
+    fsdp__clear(&e);
+    r = dev->vt.alloc(dev->self, bytes, &p, &e);
+    if (r != FSDP_SUCCESS) return fsdp__device_done(dev, r, &e, "fsdp_device_alloc");
+    pthread_mutex_lock(&dev->mu);
+    dev->stats.device_in_use += bytes;
+    if (dev->stats.device_in_use > dev->stats.device_peak)
+        dev->stats.device_peak = dev->stats.device_in_use;
+    dev->stats.device_allocs++;
+    pthread_mutex_unlock(&dev->mu);
+    *out = p;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_device_free(fsdp_device *dev, void *ptr, size_t bytes)
+{
+    int bad = 0;
+    size_t in_use;
+    if (!dev || !ptr) return;
+    dev->vt.free(dev->self, ptr, bytes);
+    pthread_mutex_lock(&dev->mu);
+    in_use = dev->stats.device_in_use;
+    if (bytes > in_use || !dev->stats.device_allocs) bad = 1;
+    dev->stats.device_in_use -= bytes > in_use ? in_use : bytes;
+    if (dev->stats.device_allocs) dev->stats.device_allocs--;
+    pthread_mutex_unlock(&dev->mu);
+    if (bad)
+        fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                   "fsdp_device_free: freeing %zu bytes but %zu are counted in use "
+                   "(the size must be the allocated size)", bytes, in_use);
+}
+
+FSDP_API fsdp_result fsdp_device_host_alloc(fsdp_device *dev, size_t bytes, void **out)
+{
+    fsdp_error e;
+    fsdp_result r;
+    void *p = NULL;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!out)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_device_host_alloc: out is NULL");
+    *out = NULL;
+    fsdp__clear(&e);
+    r = dev->vt.host_alloc(dev->self, bytes, &p, &e);
+    if (r != FSDP_SUCCESS) return fsdp__device_done(dev, r, &e, "fsdp_device_host_alloc");
+    pthread_mutex_lock(&dev->mu);
+    dev->stats.host_in_use += bytes;
+    if (dev->stats.host_in_use > dev->stats.host_peak) dev->stats.host_peak = dev->stats.host_in_use;
+    pthread_mutex_unlock(&dev->mu);
+    *out = p;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_device_host_free(fsdp_device *dev, void *ptr, size_t bytes)
+{
+    size_t in_use;
+    if (!dev || !ptr) return;
+    dev->vt.host_free(dev->self, ptr, bytes);
+    pthread_mutex_lock(&dev->mu);
+    in_use = dev->stats.host_in_use;
+    dev->stats.host_in_use -= bytes > in_use ? in_use : bytes;
+    pthread_mutex_unlock(&dev->mu);
+    if (bytes > in_use)
+        fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                   "fsdp_device_host_free: freeing %zu bytes but %zu are counted in use",
+                   bytes, in_use);
+}
+
+FSDP_API void fsdp_device_memory(const fsdp_device *dev, fsdp_memory_stats *out)
+{
+    fsdp_device *d = (fsdp_device *)dev; /* the object itself is never const */
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    if (!d) return;
+    pthread_mutex_lock(&d->mu);
+    *out = d->stats;
+    pthread_mutex_unlock(&d->mu);
+}
+
+FSDP_API void fsdp_device_reset_peak(fsdp_device *dev)
+{
+    if (!dev) return;
+    pthread_mutex_lock(&dev->mu);
+    dev->stats.device_peak = dev->stats.device_in_use;
+    dev->stats.host_peak = dev->stats.host_in_use;
+    pthread_mutex_unlock(&dev->mu);
+}
+
+FSDP_API fsdp_result fsdp_stream_create(fsdp_device *dev, fsdp_stream **out)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!out)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_stream_create: out is NULL");
+    *out = NULL;
+    fsdp__clear(&e);
+    r = dev->vt.stream_create(dev->self, out, &e);
+    if (r != FSDP_SUCCESS) {
+        *out = NULL;
+        return fsdp__device_done(dev, r, &e, "fsdp_stream_create");
+    }
+    dev->live_streams++;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_stream_destroy(fsdp_device *dev, fsdp_stream *s)
+{
+    if (!dev || !s) return;
+    dev->vt.stream_destroy(dev->self, s);
+    dev->live_streams--;
+}
+
+FSDP_API fsdp_result fsdp_stream_synchronize(fsdp_device *dev, fsdp_stream *s)
+{
+    fsdp_error e;
+    if (!dev) return FSDP_INVALID_ARGS;
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.stream_synchronize(dev->self, s, &e), &e,
+                             "fsdp_stream_synchronize");
+}
+
+FSDP_API fsdp_result fsdp_event_create(fsdp_device *dev, fsdp_event **out)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!out)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_event_create: out is NULL");
+    *out = NULL;
+    fsdp__clear(&e);
+    r = dev->vt.event_create(dev->self, out, &e);
+    if (r != FSDP_SUCCESS) {
+        *out = NULL;
+        return fsdp__device_done(dev, r, &e, "fsdp_event_create");
+    }
+    dev->live_events++;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_event_destroy(fsdp_device *dev, fsdp_event *ev)
+{
+    if (!dev || !ev) return;
+    dev->vt.event_destroy(dev->self, ev);
+    dev->live_events--;
+}
+
+FSDP_API fsdp_result fsdp_event_record(fsdp_device *dev, fsdp_event *ev, fsdp_stream *s)
+{
+    fsdp_error e;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!ev)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_event_record: event is NULL");
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.event_record(dev->self, ev, s, &e), &e,
+                             "fsdp_event_record");
+}
+
+FSDP_API fsdp_result fsdp_stream_wait_event(fsdp_device *dev, fsdp_stream *s, fsdp_event *ev)
+{
+    fsdp_error e;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!ev)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_stream_wait_event: event is NULL");
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.stream_wait_event(dev->self, s, ev, &e), &e,
+                             "fsdp_stream_wait_event");
+}
+
+FSDP_API fsdp_result fsdp_event_synchronize(fsdp_device *dev, fsdp_event *ev)
+{
+    fsdp_error e;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!ev)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_event_synchronize: event is NULL");
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.event_synchronize(dev->self, ev, &e), &e,
+                             "fsdp_event_synchronize");
+}
+
+FSDP_API fsdp_result fsdp_device_launch(fsdp_device *dev, fsdp_stream *s, fsdp_task_fn fn,
+                                        void *arg)
+{
+    fsdp_error e;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!fn)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_launch: fn is NULL");
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.launch(dev->self, s, fn, arg, &e), &e,
+                             "fsdp_device_launch");
+}
+
+FSDP_API fsdp_result fsdp_device_copy(fsdp_device *dev, void *dst, const void *src,
+                                      size_t bytes, fsdp_copy_kind kind, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__device_check(dev, "fsdp_device_copy", "dst", dst, FSDP_U8, bytes, 0)) ||
+        (r = fsdp__device_check(dev, "fsdp_device_copy", "src", src, FSDP_U8, bytes, 0)))
+        return r;
+    if ((int)kind < (int)FSDP_COPY_DEFAULT || (int)kind > (int)FSDP_COPY_H2H)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_device_copy: unknown copy kind %d", (int)kind);
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.copy(dev->self, dst, src, bytes, kind, s, &e), &e,
+                             "fsdp_device_copy");
+}
+
+FSDP_API fsdp_result fsdp_device_memset(fsdp_device *dev, void *dst, int value, size_t bytes,
+                                        fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__device_check(dev, "fsdp_device_memset", "dst", dst, FSDP_U8, bytes, 0))) return r;
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.memset(dev->self, dst, value, bytes, s, &e), &e,
+                             "fsdp_device_memset");
+}
+
+FSDP_API fsdp_result fsdp_device_cast(fsdp_device *dev, void *dst, fsdp_dtype dst_dt,
+                                      const void *src, fsdp_dtype src_dt, size_t n,
+                                      fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__device_check(dev, "fsdp_device_cast", "dst", dst, dst_dt, n, 0)) ||
+        (r = fsdp__device_check(dev, "fsdp_device_cast", "src", src, src_dt, n, 0)))
+        return r;
+    if (dst_dt != src_dt && (!fsdp_dtype_is_float(dst_dt) || !fsdp_dtype_is_float(src_dt)))
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_DTYPE,
+                          "fsdp_device_cast: cannot convert %s to %s (only between float dtypes)",
+                          fsdp_dtype_name(src_dt), fsdp_dtype_name(dst_dt));
+    if (!dev->vt.cast)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_device_cast: device '%s' has no cast", fsdp_device_name(dev));
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.cast(dev->self, dst, dst_dt, src, src_dt, n, s, &e), &e,
+                             "fsdp_device_cast");
+}
+
+FSDP_API fsdp_result fsdp_device_scale(fsdp_device *dev, void *x, fsdp_dtype dt, double alpha,
+                                       size_t n, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__device_check(dev, "fsdp_device_scale", "x", x, dt, n, 1))) return r;
+    if (!dev->vt.scale)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_device_scale: device '%s' has no scale", fsdp_device_name(dev));
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.scale(dev->self, x, dt, alpha, n, s, &e), &e,
+                             "fsdp_device_scale");
+}
+
+FSDP_API fsdp_result fsdp_device_accumulate(fsdp_device *dev, void *dst, fsdp_dtype dst_dt,
+                                            const void *src, fsdp_dtype src_dt, double alpha,
+                                            size_t n, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__device_check(dev, "fsdp_device_accumulate", "dst", dst, dst_dt, n, 1)) ||
+        (r = fsdp__device_check(dev, "fsdp_device_accumulate", "src", src, src_dt, n, 1)))
+        return r;
+    if (!dev->vt.accumulate)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_device_accumulate: device '%s' has no accumulate",
+                          fsdp_device_name(dev));
+    fsdp__clear(&e);
+    return fsdp__device_done(dev,
+                             dev->vt.accumulate(dev->self, dst, dst_dt, src, src_dt, alpha, n, s, &e),
+                             &e, "fsdp_device_accumulate");
+}
+
+FSDP_API fsdp_result fsdp_device_sum_squares(fsdp_device *dev, const void *x, fsdp_dtype dt,
+                                             size_t n, double *out, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__device_check(dev, "fsdp_device_sum_squares", "x", x, dt, n, 1))) return r;
+    if (!out)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_device_sum_squares: out is NULL");
+    if (!dev->vt.sum_squares)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_device_sum_squares: device '%s' has no sum_squares",
+                          fsdp_device_name(dev));
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.sum_squares(dev->self, x, dt, n, out, s, &e), &e,
+                             "fsdp_device_sum_squares");
+}
+
+/* --- the CPU device ------------------------------------------------------ */
+
+/* The kernels, as data so that a queued one needs no allocation of its own. */
+enum {
+    FSDP__K_COPY = 1,
+    FSDP__K_MEMSET,
+    FSDP__K_CAST,
+    FSDP__K_SCALE,
+    FSDP__K_ACCUMULATE,
+    FSDP__K_SUM_SQUARES
+};
+
+typedef struct fsdp__kernel {
+    int kind;
+    void *dst;
+    const void *src;
+    fsdp_dtype dst_dt, src_dt;
+    double alpha;
+    size_t n; /* elements; bytes for copy and memset */
+    int value;
+    double *out;
+} fsdp__kernel;
+
+FSDP__DEF void fsdp__k_scale(void *x, fsdp_dtype dt, double alpha, size_t n)
+{
+    size_t i;
+    float a = (float)alpha;
+    if (dt == FSDP_F32) {
+        float *p = (float *)x;
+        for (i = 0; i < n; i++) p[i] = p[i] * a;
+    } else if (dt == FSDP_F64) {
+        double *p = (double *)x;
+        for (i = 0; i < n; i++) p[i] = p[i] * alpha;
+    } else if (dt == FSDP_BF16) {
+        uint16_t *p = (uint16_t *)x;
+        for (i = 0; i < n; i++) p[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(p[i]) * a);
+    } else if (dt == FSDP_F16) {
+        uint16_t *p = (uint16_t *)x;
+        for (i = 0; i < n; i++) p[i] = fsdp_f32_to_f16(fsdp_f16_to_f32(p[i]) * a);
+    }
+}
+
+/* dst += alpha * src in f32, or in f64 when either side is f64 (as torch's
+   type promotion computes it), rounded once to dst's dtype. */
+FSDP__DEF void fsdp__k_accumulate(void *dst, fsdp_dtype ddt, const void *src, fsdp_dtype sdt,
+                                  double alpha, size_t n)
+{
+    size_t i;
+    float a = (float)alpha;
+    if (ddt == FSDP_F32 && sdt == FSDP_F32) {
+        float *d = (float *)dst;
+        const float *s = (const float *)src;
+        for (i = 0; i < n; i++) d[i] = d[i] + a * s[i];
+    } else if (ddt == FSDP_F64 && sdt == FSDP_F64) {
+        double *d = (double *)dst;
+        const double *s = (const double *)src;
+        for (i = 0; i < n; i++) d[i] = d[i] + alpha * s[i];
+    } else if (ddt == FSDP_F64 || sdt == FSDP_F64) {
+        for (i = 0; i < n; i++)
+            fsdp__store(dst, ddt, i, fsdp__load(dst, ddt, i) + alpha * fsdp__load(src, sdt, i));
+    } else if (ddt == FSDP_F32 && sdt == FSDP_BF16) {
+        float *d = (float *)dst;
+        const uint16_t *s = (const uint16_t *)src;
+        for (i = 0; i < n; i++) d[i] = d[i] + a * fsdp_bf16_to_f32(s[i]);
+    } else {
+        for (i = 0; i < n; i++) {
+            float v = fsdp__loadf(dst, ddt, i) + a * fsdp__loadf(src, sdt, i);
+            fsdp__store(dst, ddt, i, v);
+        }
+    }
+}
+
+FSDP__DEF double fsdp__k_sum_squares(const void *x, fsdp_dtype dt, size_t n)
+{
+    size_t i;
+    double acc = 0.0;
+    if (dt == FSDP_F32) {
+        const float *p = (const float *)x;
+        for (i = 0; i < n; i++) acc += (double)p[i] * (double)p[i];
+    } else if (dt == FSDP_F64) {
+        const double *p = (const double *)x;
+        for (i = 0; i < n; i++) acc += p[i] * p[i];
+    } else {
+        for (i = 0; i < n; i++) {
+            double v = fsdp__load(x, dt, i);
+            acc += v * v;
+        }
+    }
+    return acc;
+}
+
+/* A fsdp_task_fn, so kernels run the same way now or on a stream. */
+FSDP__DEF fsdp_result fsdp__kernel_run(void *arg, fsdp_error *err)
+{
+    const fsdp__kernel *k = (const fsdp__kernel *)arg;
+    fsdp_result r;
+    switch (k->kind) {
+    case FSDP__K_COPY:
+        if (k->n && k->dst != k->src) memmove(k->dst, k->src, k->n);
+        return FSDP_SUCCESS;
+    case FSDP__K_MEMSET:
+        if (k->n) memset(k->dst, k->value, k->n);
+        return FSDP_SUCCESS;
+    case FSDP__K_CAST:
+        r = fsdp_convert(k->dst, k->dst_dt, k->src, k->src_dt, k->n);
+        if (r != FSDP_SUCCESS)
+            return fsdp__fail(err, NULL, r, "cpu cast %s -> %s of %zu elements failed: %s",
+                              fsdp_dtype_name(k->src_dt), fsdp_dtype_name(k->dst_dt), k->n,
+                              fsdp_result_string(r));
+        return FSDP_SUCCESS;
+    case FSDP__K_SCALE:
+        if (!fsdp_dtype_is_float(k->dst_dt)) break;
+        fsdp__k_scale(k->dst, k->dst_dt, k->alpha, k->n);
+        return FSDP_SUCCESS;
+    case FSDP__K_ACCUMULATE:
+        if (!fsdp_dtype_is_float(k->dst_dt) || !fsdp_dtype_is_float(k->src_dt)) break;
+        fsdp__k_accumulate(k->dst, k->dst_dt, k->src, k->src_dt, k->alpha, k->n);
+        return FSDP_SUCCESS;
+    case FSDP__K_SUM_SQUARES:
+        if (!fsdp_dtype_is_float(k->src_dt)) break;
+        *k->out = fsdp__k_sum_squares(k->src, k->src_dt, k->n);
+        return FSDP_SUCCESS;
+    default:
+        FSDP_ASSERT(0 && "unknown kernel");
+        return fsdp__fail(err, NULL, FSDP_ERROR, "cpu device: unknown kernel %d", k->kind);
+    }
+    return fsdp__fail(err, NULL, FSDP_INVALID_DTYPE, "cpu kernel %d: dtypes %s, %s not allowed",
+                      k->kind, fsdp_dtype_name(k->dst_dt), fsdp_dtype_name(k->src_dt));
+}
+
+typedef struct fsdp__cpu {
+    fsdp_hooks hooks;
+} fsdp__cpu;
+
+enum { FSDP__T_TASK = 1, FSDP__T_RECORD, FSDP__T_WAIT };
+
+typedef struct fsdp__cpu_event {
+    fsdp__cpu *cpu;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t recorded;  /* generation of the last record */
+    uint64_t completed; /* highest generation reached */
+    int refs;           /* queued records and waits that point here */
+} fsdp__cpu_event;
+
+typedef struct fsdp__cpu_node {
+    struct fsdp__cpu_node *next;
+    int kind;
+    fsdp_task_fn fn;
+    void *arg;
+    fsdp__cpu_event *ev;
+    uint64_t gen;
+    fsdp__kernel k;
+} fsdp__cpu_node;
+
+/* Nodes go back to `spare` after they ran, so the worker never calls the
+   allocator hooks (which need not be thread-safe) and queueing rarely does. */
+typedef struct fsdp__cpu_stream {
+    fsdp__cpu *cpu;
+    pthread_t thread;
+    pthread_mutex_t mu;
+    pthread_cond_t work; /* the worker: a node or stop */
+    pthread_cond_t idle; /* synchronize: progress */
+    fsdp__cpu_node *head, *tail, *spare;
+    uint64_t pushed, done;
+    int stop, sync_waiters;
+    fsdp_error sticky;
+} fsdp__cpu_stream;
+
+/* Generations complete as a maximum: exact when an event is always recorded
+   on one stream, as the runtime does; an event re-recorded on a second stream
+   before its first record ran releases the first record's waiters early. */
+FSDP__DEF void fsdp__event_reach__cpu(fsdp__cpu_event *e, uint64_t gen, int drop_ref)
+{
+    pthread_mutex_lock(&e->mu);
+    if (e->completed < gen) e->completed = gen;
+    if (drop_ref) e->refs--;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+FSDP__DEF void fsdp__event_wait__cpu(fsdp__cpu_event *e, uint64_t gen, int drop_ref)
+{
+    pthread_mutex_lock(&e->mu);
+    while (e->completed < gen) pthread_cond_wait(&e->cv, &e->mu);
+    if (drop_ref) {
+        e->refs--;
+        if (!e->refs) pthread_cond_broadcast(&e->cv);
+    }
+    pthread_mutex_unlock(&e->mu);
+}
+
+FSDP__DEF void *fsdp__worker__cpu(void *arg)
+{
+    fsdp__cpu_stream *s = (fsdp__cpu_stream *)arg;
+    fsdp_error terr;
+    pthread_mutex_lock(&s->mu);
+    for (;;) {
+        fsdp__cpu_node *n;
+        fsdp_result r = FSDP_SUCCESS;
+        while (!s->head && !s->stop) pthread_cond_wait(&s->work, &s->mu);
+        if (!s->head) break; /* stopped and drained */
+        n = s->head;
+        s->head = n->next;
+        if (!s->head) s->tail = NULL;
+        pthread_mutex_unlock(&s->mu);
+        /* tasks after a failure still run, so events complete and peers
+           waiting in a collective are not left hanging */
+        switch (n->kind) {
+        case FSDP__T_TASK:
+            fsdp__clear(&terr);
+            r = n->fn(n->arg, &terr);
+            break;
+        case FSDP__T_RECORD: fsdp__event_reach__cpu(n->ev, n->gen, 1); break;
+        case FSDP__T_WAIT: fsdp__event_wait__cpu(n->ev, n->gen, 1); break;
+        default: FSDP_ASSERT(0 && "unknown stream node"); break;
+        }
+        pthread_mutex_lock(&s->mu);
+        if (r != FSDP_SUCCESS && s->sticky.code == FSDP_SUCCESS) {
+            if (terr.message[0]) fsdp__error_set(&s->sticky, r, terr.message);
+            else fsdp__fail(&s->sticky, NULL, r, "a task on a cpu stream failed: %s",
+                            fsdp_result_string(r));
+        }
+        n->next = s->spare;
+        s->spare = n;
+        s->done++;
+        if (s->sync_waiters) pthread_cond_broadcast(&s->idle);
+    }
+    pthread_mutex_unlock(&s->mu);
+    return NULL;
+}
+
+FSDP__DEF fsdp__cpu_node *fsdp__node_get__cpu(fsdp__cpu_stream *s, fsdp_error *err)
+{
+    fsdp__cpu_node *n;
+    pthread_mutex_lock(&s->mu);
+    n = s->spare;
+    if (n) s->spare = n->next;
+    pthread_mutex_unlock(&s->mu);
+    if (!n) n = (fsdp__cpu_node *)fsdp__alloc(&s->cpu->hooks, sizeof *n);
+    if (!n) {
+        fsdp__fail(err, &s->cpu->hooks, FSDP_OUT_OF_MEMORY, "cpu stream: out of memory queueing work");
+        return NULL;
+    }
+    memset(n, 0, sizeof *n);
+    return n;
+}
+
+FSDP__DEF void fsdp__node_unget__cpu(fsdp__cpu_stream *s, fsdp__cpu_node *n)
+{
+    pthread_mutex_lock(&s->mu);
+    n->next = s->spare;
+    s->spare = n;
+    pthread_mutex_unlock(&s->mu);
+}
+
+FSDP__DEF void fsdp__push__cpu(fsdp__cpu_stream *s, fsdp__cpu_node *n)
+{
+    n->next = NULL;
+    pthread_mutex_lock(&s->mu);
+    if (s->tail) s->tail->next = n;
+    else s->head = n;
+    s->tail = n;
+    s->pushed++;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+}
+
+FSDP__DEF fsdp_result fsdp__submit__cpu(fsdp_stream *stream, fsdp__kernel *k, fsdp_error *err)
+{
+    fsdp__cpu_stream *s = (fsdp__cpu_stream *)(void *)stream;
+    fsdp__cpu_node *n;
+    if (!s) return fsdp__kernel_run(k, err);
+    n = fsdp__node_get__cpu(s, err);
+    if (!n) return FSDP_OUT_OF_MEMORY;
+    n->kind = FSDP__T_TASK;
+    n->k = *k;
+    n->fn = fsdp__kernel_run;
+    n->arg = &n->k;
+    fsdp__push__cpu(s, n);
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__alloc__cpu(void *self, size_t bytes, void **out, fsdp_error *err)
+{
+    fsdp__cpu *cpu = (fsdp__cpu *)self;
+    unsigned char *raw, *p;
+    size_t extra = 64 + sizeof(void *);
+    if (bytes > (size_t)-1 - extra)
+        return fsdp__fail(err, &cpu->hooks, FSDP_OUT_OF_MEMORY, "cpu device: cannot allocate %zu bytes",
+                          bytes);
+    raw = (unsigned char *)fsdp__alloc(&cpu->hooks, bytes + extra);
+    if (!raw)
+        return fsdp__fail(err, &cpu->hooks, FSDP_OUT_OF_MEMORY,
+                          "cpu device: out of memory allocating %zu bytes", bytes);
+    /* the hooks give malloc alignment; the allocator's pointer sits just
+       below the aligned block so free can find it */
+    p = raw + sizeof(void *);
+    p += (64 - ((uintptr_t)p & 63u)) & 63u;
+    memcpy(p - sizeof(void *), &raw, sizeof raw);
+    *out = p;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF void fsdp__free__cpu(void *self, void *ptr, size_t bytes)
+{
+    fsdp__cpu *cpu = (fsdp__cpu *)self;
+    unsigned char *raw;
+    (void)bytes;
+    if (!ptr) return;
+    memcpy(&raw, (unsigned char *)ptr - sizeof(void *), sizeof raw);
+    fsdp__free(&cpu->hooks, raw);
+}
+
+FSDP__DEF fsdp_result fsdp__host_alloc__cpu(void *self, size_t bytes, void **out, fsdp_error *err)
+{
+    fsdp__cpu *cpu = (fsdp__cpu *)self;
+    *out = fsdp__alloc(&cpu->hooks, bytes);
+    if (!*out)
+        return fsdp__fail(err, &cpu->hooks, FSDP_OUT_OF_MEMORY,
+                          "cpu device: out of memory allocating %zu host bytes", bytes);
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF void fsdp__host_free__cpu(void *self, void *ptr, size_t bytes)
+{
+    (void)bytes;
+    fsdp__free(&((fsdp__cpu *)self)->hooks, ptr);
+}
+
+FSDP__DEF fsdp_result fsdp__stream_create__cpu(void *self, fsdp_stream **out, fsdp_error *err)
+{
+    fsdp__cpu *cpu = (fsdp__cpu *)self;
+    fsdp__cpu_stream *s = (fsdp__cpu_stream *)fsdp__calloc(&cpu->hooks, 1, sizeof *s);
+    if (!s) return fsdp__fail(err, &cpu->hooks, FSDP_OUT_OF_MEMORY, "cpu stream: out of memory");
+    s->cpu = cpu;
+    if (!fsdp__sync_init(&s->mu, &s->work)) goto fail_free;
+    if (pthread_cond_init(&s->idle, NULL) != 0) goto fail_sync;
+    if (pthread_create(&s->thread, NULL, fsdp__worker__cpu, s) != 0) goto fail_idle;
+    *out = (fsdp_stream *)(void *)s;
+    return FSDP_SUCCESS;
+fail_idle:
+    pthread_cond_destroy(&s->idle);
+fail_sync:
+    fsdp__sync_destroy(&s->mu, &s->work);
+fail_free:
+    fsdp__free(&cpu->hooks, s);
+    return fsdp__fail(err, &cpu->hooks, FSDP_DEVICE_ERROR,
+                      "cpu stream: cannot start its worker thread");
+}
+
+FSDP__DEF void fsdp__stream_destroy__cpu(void *self, fsdp_stream *stream)
+{
+    fsdp__cpu_stream *s = (fsdp__cpu_stream *)(void *)stream;
+    fsdp__cpu_node *n;
+    (void)self;
+    if (!s) return;
+    pthread_mutex_lock(&s->mu);
+    s->stop = 1;
+    pthread_cond_signal(&s->work);
+    pthread_mutex_unlock(&s->mu);
+    pthread_join(s->thread, NULL); /* the worker drains the queue first */
+    while ((n = s->spare)) {
+        s->spare = n->next;
+        fsdp__free(&s->cpu->hooks, n);
+    }
+    pthread_cond_destroy(&s->idle);
+    fsdp__sync_destroy(&s->mu, &s->work);
+    fsdp__free(&s->cpu->hooks, s);
+}
+
+FSDP__DEF fsdp_result fsdp__stream_synchronize__cpu(void *self, fsdp_stream *stream, fsdp_error *err)
+{
+    fsdp__cpu_stream *s = (fsdp__cpu_stream *)(void *)stream;
+    fsdp_result r;
+    (void)self;
+    if (!s) return FSDP_SUCCESS; /* stream-less work already ran */
+    pthread_mutex_lock(&s->mu);
+    {
+        uint64_t target = s->pushed;
+        s->sync_waiters++;
+        while (s->done < target) pthread_cond_wait(&s->idle, &s->mu);
+        s->sync_waiters--;
+    }
+    r = s->sticky.code;
+    if (r != FSDP_SUCCESS) fsdp__error_set(err, r, s->sticky.message);
+    pthread_mutex_unlock(&s->mu);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__event_create__cpu(void *self, fsdp_event **out, fsdp_error *err)
+{
+    fsdp__cpu *cpu = (fsdp__cpu *)self;
+    fsdp__cpu_event *e = (fsdp__cpu_event *)fsdp__calloc(&cpu->hooks, 1, sizeof *e);
+    if (!e) return fsdp__fail(err, &cpu->hooks, FSDP_OUT_OF_MEMORY, "cpu event: out of memory");
+    if (!fsdp__sync_init(&e->mu, &e->cv)) {
+        fsdp__free(&cpu->hooks, e);
+        return fsdp__fail(err, &cpu->hooks, FSDP_DEVICE_ERROR, "cpu event: cannot create a mutex");
+    }
+    e->cpu = cpu;
+    *out = (fsdp_event *)(void *)e;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF void fsdp__event_destroy__cpu(void *self, fsdp_event *event)
+{
+    fsdp__cpu_event *e = (fsdp__cpu_event *)(void *)event;
+    (void)self;
+    if (!e) return;
+    /* queued records and waits still point here; they always finish, and
+       waiting keeps the free on this thread */
+    pthread_mutex_lock(&e->mu);
+    while (e->refs > 0) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    fsdp__sync_destroy(&e->mu, &e->cv);
+    fsdp__free(&e->cpu->hooks, e);
+}
+
+FSDP__DEF fsdp_result fsdp__event_record__cpu(void *self, fsdp_event *event, fsdp_stream *stream,
+                                              fsdp_error *err)
+{
+    fsdp__cpu_event *e = (fsdp__cpu_event *)(void *)event;
+    fsdp__cpu_stream *s = (fsdp__cpu_stream *)(void *)stream;
+    fsdp__cpu_node *n;
+    uint64_t gen;
+    (void)self;
+    if (!s) {
+        pthread_mutex_lock(&e->mu);
+        gen = ++e->recorded;
+        pthread_mutex_unlock(&e->mu);
+        fsdp__event_reach__cpu(e, gen, 0);
+        return FSDP_SUCCESS;
+    }
+    n = fsdp__node_get__cpu(s, err);
+    if (!n) return FSDP_OUT_OF_MEMORY;
+    pthread_mutex_lock(&e->mu);
+    gen = ++e->recorded;
+    e->refs++;
+    pthread_mutex_unlock(&e->mu);
+    n->kind = FSDP__T_RECORD;
+    n->ev = e;
+    n->gen = gen;
+    fsdp__push__cpu(s, n);
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__stream_wait_event__cpu(void *self, fsdp_stream *stream, fsdp_event *event,
+                                                   fsdp_error *err)
+{
+    fsdp__cpu_event *e = (fsdp__cpu_event *)(void *)event;
+    fsdp__cpu_stream *s = (fsdp__cpu_stream *)(void *)stream;
+    fsdp__cpu_node *n;
+    uint64_t gen;
+    (void)self;
+    if (!s) {
+        pthread_mutex_lock(&e->mu);
+        gen = e->recorded;
+        pthread_mutex_unlock(&e->mu);
+        fsdp__event_wait__cpu(e, gen, 0);
+        return FSDP_SUCCESS;
+    }
+    n = fsdp__node_get__cpu(s, err);
+    if (!n) return FSDP_OUT_OF_MEMORY;
+    pthread_mutex_lock(&e->mu);
+    gen = e->recorded; /* the record to wait for is fixed now, as in CUDA */
+    if (gen) e->refs++;
+    pthread_mutex_unlock(&e->mu);
+    if (!gen) { /* never recorded: nothing to wait for */
+        fsdp__node_unget__cpu(s, n);
+        return FSDP_SUCCESS;
+    }
+    n->kind = FSDP__T_WAIT;
+    n->ev = e;
+    n->gen = gen;
+    fsdp__push__cpu(s, n);
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__event_synchronize__cpu(void *self, fsdp_event *event, fsdp_error *err)
+{
+    fsdp__cpu_event *e = (fsdp__cpu_event *)(void *)event;
+    uint64_t gen;
+    (void)self;
+    (void)err;
+    pthread_mutex_lock(&e->mu);
+    gen = e->recorded;
+    while (e->completed < gen) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__launch__cpu(void *self, fsdp_stream *stream, fsdp_task_fn fn, void *arg,
+                                        fsdp_error *err)
+{
+    fsdp__cpu_stream *s = (fsdp__cpu_stream *)(void *)stream;
+    fsdp__cpu_node *n;
+    fsdp_result r;
+    (void)self;
+    if (!s) {
+        r = fn(arg, err);
+        if (r != FSDP_SUCCESS && !err->message[0])
+            fsdp__fail(err, NULL, r, "a task failed: %s", fsdp_result_string(r));
+        return r;
+    }
+    n = fsdp__node_get__cpu(s, err);
+    if (!n) return FSDP_OUT_OF_MEMORY;
+    n->kind = FSDP__T_TASK;
+    n->fn = fn;
+    n->arg = arg;
+    fsdp__push__cpu(s, n);
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__copy__cpu(void *self, void *dst, const void *src, size_t bytes,
+                                      fsdp_copy_kind kind, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    (void)self;
+    (void)kind; /* one address space */
+    memset(&k, 0, sizeof k);
+    k.kind = FSDP__K_COPY;
+    k.dst = dst;
+    k.src = src;
+    k.n = bytes;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
+FSDP__DEF fsdp_result fsdp__memset__cpu(void *self, void *dst, int value, size_t bytes,
+                                        fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    (void)self;
+    memset(&k, 0, sizeof k);
+    k.kind = FSDP__K_MEMSET;
+    k.dst = dst;
+    k.value = value;
+    k.n = bytes;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
+FSDP__DEF fsdp_result fsdp__cast__cpu(void *self, void *dst, fsdp_dtype dst_dt, const void *src,
+                                      fsdp_dtype src_dt, size_t n, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    (void)self;
+    memset(&k, 0, sizeof k);
+    k.kind = FSDP__K_CAST;
+    k.dst = dst;
+    k.dst_dt = dst_dt;
+    k.src = src;
+    k.src_dt = src_dt;
+    k.n = n;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
+FSDP__DEF fsdp_result fsdp__scale__cpu(void *self, void *x, fsdp_dtype dt, double alpha, size_t n,
+                                       fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    (void)self;
+    memset(&k, 0, sizeof k);
+    k.kind = FSDP__K_SCALE;
+    k.dst = x;
+    k.dst_dt = dt;
+    k.alpha = alpha;
+    k.n = n;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
+FSDP__DEF fsdp_result fsdp__accumulate__cpu(void *self, void *dst, fsdp_dtype dst_dt,
+                                            const void *src, fsdp_dtype src_dt, double alpha,
+                                            size_t n, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    (void)self;
+    memset(&k, 0, sizeof k);
+    k.kind = FSDP__K_ACCUMULATE;
+    k.dst = dst;
+    k.dst_dt = dst_dt;
+    k.src = src;
+    k.src_dt = src_dt;
+    k.alpha = alpha;
+    k.n = n;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
+FSDP__DEF fsdp_result fsdp__sum_squares__cpu(void *self, const void *x, fsdp_dtype dt, size_t n,
+                                             double *out, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    (void)self;
+    memset(&k, 0, sizeof k);
+    k.kind = FSDP__K_SUM_SQUARES;
+    k.src = x;
+    k.src_dt = dt;
+    k.n = n;
+    k.out = out;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
+FSDP__DEF void fsdp__destroy__cpu(void *self)
+{
+    fsdp__cpu *cpu = (fsdp__cpu *)self;
+    fsdp_hooks h = cpu->hooks;
+    fsdp__free(&h, cpu);
+}
+
+FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fsdp_device **out)
+{
+    const fsdp_hooks *hooks = desc ? &desc->hooks : NULL;
+    fsdp_device_vtable vt;
+    fsdp_hooks h;
+    fsdp__cpu *cpu;
+    fsdp_result r;
+    if (!out) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_device_cpu_create: out is NULL");
+    *out = NULL;
+    if (!fsdp__hooks_valid(hooks))
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_device_cpu_create: set all of allocator alloc, realloc "
+                                 "and free, or none");
+    h = fsdp__hooks_copy(hooks);
+    cpu = (fsdp__cpu *)fsdp__calloc(&h, 1, sizeof *cpu);
+    if (!cpu) return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_device_cpu_create: out of memory");
+    cpu->hooks = h;
+    memset(&vt, 0, sizeof vt);
+    vt.size = (uint32_t)sizeof vt;
+    vt.name = "cpu";
+    vt.host_accessible = 1;
+    vt.alloc = fsdp__alloc__cpu;
+    vt.free = fsdp__free__cpu;
+    vt.host_alloc = fsdp__host_alloc__cpu;
+    vt.host_free = fsdp__host_free__cpu;
+    vt.stream_create = fsdp__stream_create__cpu;
+    vt.stream_destroy = fsdp__stream_destroy__cpu;
+    vt.stream_synchronize = fsdp__stream_synchronize__cpu;
+    vt.event_create = fsdp__event_create__cpu;
+    vt.event_destroy = fsdp__event_destroy__cpu;
+    vt.event_record = fsdp__event_record__cpu;
+    vt.stream_wait_event = fsdp__stream_wait_event__cpu;
+    vt.event_synchronize = fsdp__event_synchronize__cpu;
+    vt.launch = fsdp__launch__cpu;
+    vt.copy = fsdp__copy__cpu;
+    vt.memset = fsdp__memset__cpu;
+    vt.cast = fsdp__cast__cpu;
+    vt.scale = fsdp__scale__cpu;
+    vt.accumulate = fsdp__accumulate__cpu;
+    vt.sum_squares = fsdp__sum_squares__cpu;
+    vt.destroy = fsdp__destroy__cpu;
+    r = fsdp_device_create(&vt, cpu, hooks, out);
+    if (r != FSDP_SUCCESS) fsdp__free(&h, cpu);
+    return r;
+}
+
+/* >>device end */
+
+/* ------------------------------------------------------------------------ */
+/* >>comm (implementation)                                                   */
+/* ------------------------------------------------------------------------ */
+
+struct fsdp_comm {
+    fsdp_comm_vtable vt; /* a copy: the caller's table may be a local */
+    void *self;
+    int rank, size;
+    fsdp_hooks hooks;
+    fsdp_error err;
+};
+
+FSDP_API fsdp_result fsdp_comm_create(const fsdp_comm_vtable *vt, void *self, int rank,
+                                      int size, const fsdp_hooks *hooks, fsdp_comm **out)
+{
+    const char *missing = NULL;
+    fsdp_hooks h;
+    fsdp_comm *c;
+    if (!out) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_comm_create: out is NULL");
+    *out = NULL;
+    if (!vt) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_comm_create: vt is NULL");
+    if (vt->size != sizeof(fsdp_comm_vtable))
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_comm_create: vtable size is %u but sizeof(fsdp_comm_vtable) "
+                                 "is %u here (the backend was built against another fsdp.h)",
+                                 (unsigned)vt->size, (unsigned)sizeof(fsdp_comm_vtable));
+    if (!fsdp__hooks_valid(hooks))
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_comm_create: set all of allocator alloc, realloc and free, "
+                                 "or none");
+    if (size < 1 || rank < 0 || rank >= size)
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_comm_create: rank %d is not in [0, %d)", rank, size);
+    if (!vt->all_gather) missing = "all_gather";
+    else if (!vt->reduce_scatter) missing = "reduce_scatter";
+    else if (!vt->all_reduce) missing = "all_reduce";
+    else if (!vt->broadcast) missing = "broadcast";
+    else if (!vt->barrier) missing = "barrier";
+    if (missing)
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_comm_create: vtable '%s' has no %s (required)",
+                                 vt->name ? vt->name : "?", missing);
+    h = fsdp__hooks_copy(hooks);
+    c = (fsdp_comm *)fsdp__calloc(&h, 1, sizeof *c);
+    if (!c) return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_comm_create: out of memory");
+    c->vt = *vt;
+    c->self = self;
+    c->rank = rank;
+    c->size = size;
+    c->hooks = h;
+    *out = c;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_comm_destroy(fsdp_comm *comm)
+{
+    fsdp_hooks h;
+    if (!comm) return;
+    if (comm->vt.destroy) comm->vt.destroy(comm->self);
+    h = comm->hooks;
+    fsdp__free(&h, comm);
+}
+
+FSDP_API int fsdp_comm_rank(const fsdp_comm *comm) { return comm ? comm->rank : -1; }
+FSDP_API int fsdp_comm_size(const fsdp_comm *comm) { return comm ? comm->size : 0; }
+
+FSDP_API const char *fsdp_comm_name(const fsdp_comm *comm)
+{
+    return comm && comm->vt.name ? comm->vt.name : "";
+}
+
+FSDP_API const char *fsdp_comm_last_error(const fsdp_comm *comm)
+{
+    return comm ? comm->err.message : "comm is NULL";
+}
+
+FSDP__DEF fsdp_result fsdp__comm_done(fsdp_comm *comm, fsdp_result r, const fsdp_error *e,
+                                      const char *fn)
+{
+    if (r == FSDP_SUCCESS) return r;
+    if (e->message[0]) return fsdp__fail(&comm->err, &comm->hooks, r, "%s", e->message);
+    return fsdp__fail(&comm->err, &comm->hooks, r, "%s on rank %d: comm '%s' failed: %s", fn,
+                      comm->rank, fsdp_comm_name(comm), fsdp_result_string(r));
+}
+
+/* The checks every collective shares; sendn and recvn are the buffers'
+   lengths in units of count (0: that buffer is not used here). */
+FSDP__DEF fsdp_result fsdp__comm_check(fsdp_comm *comm, const char *fn, const void *send,
+                                       size_t sendn, const void *recv, size_t recvn,
+                                       size_t count, fsdp_dtype dt, int reduce, fsdp_reduce_op op)
+{
+    size_t es = fsdp_dtype_size(dt);
+    size_t most = sendn > recvn ? sendn : recvn;
+    if (!es)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_DTYPE, "%s: invalid dtype %d",
+                          fn, (int)dt);
+    if (reduce && op != FSDP_REDUCE_SUM && op != FSDP_REDUCE_AVG)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS, "%s: unknown reduce op %d",
+                          fn, (int)op);
+    if (reduce && !fsdp_dtype_is_float(dt))
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_DTYPE,
+                          "%s: reduce op %s needs a float dtype, got %s", fn,
+                          op == FSDP_REDUCE_AVG ? "avg" : "sum", fsdp_dtype_name(dt));
+    if (count && most && count > (size_t)-1 / es / most)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS,
+                          "%s: count %zu of %s on %d ranks overflows size_t", fn, count,
+                          fsdp_dtype_name(dt), comm->size);
+    if (count && sendn && !send)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS,
+                          "%s: send is NULL with count %zu", fn, count);
+    if (count && recvn && !recv)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS,
+                          "%s: recv is NULL with count %zu", fn, count);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_all_gather(fsdp_comm *comm, const void *send, void *recv,
+                                     size_t count, fsdp_dtype dt, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!comm) return FSDP_INVALID_ARGS;
+    r = fsdp__comm_check(comm, "fsdp_all_gather", send, 1, recv, (size_t)comm->size, count, dt, 0,
+                         FSDP_REDUCE_SUM);
+    if (r != FSDP_SUCCESS) return r;
+    fsdp__clear(&e);
+    return fsdp__comm_done(comm, comm->vt.all_gather(comm->self, send, recv, count, dt, s, &e), &e,
+                           "fsdp_all_gather");
+}
+
+FSDP_API fsdp_result fsdp_reduce_scatter(fsdp_comm *comm, const void *send, void *recv,
+                                         size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                         fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!comm) return FSDP_INVALID_ARGS;
+    r = fsdp__comm_check(comm, "fsdp_reduce_scatter", send, (size_t)comm->size, recv, 1, count, dt,
+                         1, op);
+    if (r != FSDP_SUCCESS) return r;
+    fsdp__clear(&e);
+    return fsdp__comm_done(comm,
+                           comm->vt.reduce_scatter(comm->self, send, recv, count, dt, op, s, &e),
+                           &e, "fsdp_reduce_scatter");
+}
+
+FSDP_API fsdp_result fsdp_all_reduce(fsdp_comm *comm, const void *send, void *recv,
+                                     size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                     fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!comm) return FSDP_INVALID_ARGS;
+    r = fsdp__comm_check(comm, "fsdp_all_reduce", send, 1, recv, 1, count, dt, 1, op);
+    if (r != FSDP_SUCCESS) return r;
+    fsdp__clear(&e);
+    return fsdp__comm_done(comm, comm->vt.all_reduce(comm->self, send, recv, count, dt, op, s, &e),
+                           &e, "fsdp_all_reduce");
+}
+
+FSDP_API fsdp_result fsdp_broadcast(fsdp_comm *comm, const void *send, void *recv,
+                                    size_t count, fsdp_dtype dt, int root, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!comm) return FSDP_INVALID_ARGS;
+    if (root < 0 || root >= comm->size)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_broadcast: root %d is not in [0, %d)", root, comm->size);
+    /* as in NCCL, send matters on the root only */
+    r = fsdp__comm_check(comm, "fsdp_broadcast", send, root == comm->rank ? 1u : 0u, recv, 1, count,
+                         dt, 0, FSDP_REDUCE_SUM);
+    if (r != FSDP_SUCCESS) return r;
+    fsdp__clear(&e);
+    return fsdp__comm_done(comm, comm->vt.broadcast(comm->self, send, recv, count, dt, root, s, &e),
+                           &e, "fsdp_broadcast");
+}
+
+FSDP_API fsdp_result fsdp_barrier(fsdp_comm *comm, fsdp_stream *s)
+{
+    fsdp_error e;
+    if (!comm) return FSDP_INVALID_ARGS;
+    fsdp__clear(&e);
+    return fsdp__comm_done(comm, comm->vt.barrier(comm->self, s, &e), &e, "fsdp_barrier");
+}
+
+FSDP_API fsdp_result fsdp_comm_split(fsdp_comm *comm, int color, int key, fsdp_comm **out)
+{
+    fsdp_error e;
+    fsdp_result r;
+    void *ns = NULL;
+    int nrank = -1, nsize = 0;
+    if (!comm) return FSDP_INVALID_ARGS;
+    if (!out)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS, "fsdp_comm_split: out is NULL");
+    *out = NULL;
+    if (color < 0 && color != FSDP_COMM_NO_COLOR)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_comm_split: color %d is negative (use FSDP_COMM_NO_COLOR)", color);
+    if (!comm->vt.split)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_comm_split: comm '%s' cannot split", fsdp_comm_name(comm));
+    fsdp__clear(&e);
+    r = comm->vt.split(comm->self, color, key, &ns, &nrank, &nsize, &e);
+    if (r != FSDP_SUCCESS) return fsdp__comm_done(comm, r, &e, "fsdp_comm_split");
+    if (!ns) return FSDP_SUCCESS;
+    r = fsdp_comm_create(&comm->vt, ns, nrank, nsize, &comm->hooks, out);
+    if (r != FSDP_SUCCESS) {
+        if (comm->vt.destroy) comm->vt.destroy(ns);
+        return fsdp__fail(&comm->err, &comm->hooks, r,
+                          "fsdp_comm_split: cannot wrap the new communicator: %s",
+                          fsdp_result_string(r));
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_comm_async_error(fsdp_comm *comm)
+{
+    fsdp_error e;
+    if (!comm) return FSDP_INVALID_ARGS;
+    if (!comm->vt.async_error) return FSDP_SUCCESS;
+    fsdp__clear(&e);
+    return fsdp__comm_done(comm, comm->vt.async_error(comm->self, &e), &e, "fsdp_comm_async_error");
+}
+
+/* --- the local backend --------------------------------------------------- */
+
+enum {
+    FSDP__C_ALL_GATHER = 1,
+    FSDP__C_REDUCE_SCATTER,
+    FSDP__C_ALL_REDUCE,
+    FSDP__C_BROADCAST,
+    FSDP__C_BARRIER,
+    FSDP__C_SPLIT
+};
+
+/* What a rank says it is calling; ranks must agree on all but color and key. */
+typedef struct fsdp__coll {
+    int kind;
+    size_t count;
+    fsdp_dtype dt;
+    fsdp_reduce_op op; /* reductions only */
+    int root;          /* broadcast only */
+    uint64_t seq;      /* 1 for a comm's first collective */
+    int color, key;    /* split only, not compared */
+} fsdp__coll;
+
+typedef struct fsdp__local_slot {
+    fsdp__coll c;
+    const void *send;
+    void *recv;
+    int present;     /* arrived in the current phase */
+    int ok;          /* split: the rank could allocate its new comm */
+    void *published; /* split: the group its leader created */
+} fsdp__local_slot;
+
+/* The state one group of ranks shares. Every step of a collective is a
+   phase: ranks arrive, the last one completes the phase and wakes the rest. */
+typedef struct fsdp__local_group {
+    int size, timeout_ms, check;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int refs; /* member comms of a split group; the world owns its own */
+    uint64_t phase;
+    int arrived;
+    int turn_waiters;
+    fsdp__local_slot *slots;
+    fsdp_result outcome; /* of the last completed arrival, for every rank */
+    char outcome_msg[FSDP_ERROR_MAX];
+    int broken;
+    fsdp_result broken_code;
+    char broken_msg[FSDP_ERROR_MAX];
+    char missing[FSDP_ERROR_MAX / 2];
+} fsdp__local_group;
+
+struct fsdp_local_world {
+    fsdp_hooks hooks;
+    int nranks, timeout_ms, check;
+    pthread_mutex_t mu;
+    int refs; /* the world handle and every comm, split ones included */
+    unsigned char *taken;
+    fsdp__local_group *group;
+};
+
+typedef struct fsdp__local_op fsdp__local_op;
+
+typedef struct fsdp__local_comm {
+    fsdp_local_world *world;
+    fsdp__local_group *group;
+    int rank, size;
+    fsdp_device *dev;
+    uint64_t issued;   /* the issuing thread's count */
+    uint64_t finished; /* under group->mu: collectives done, to run in program order */
+    pthread_mutex_t mu; /* the op pool and the async error */
+    pthread_cond_t cv;
+    fsdp__local_op *spare;
+    int inflight;
+    fsdp_error async;
+} fsdp__local_comm;
+
+/* A collective queued on a stream: its arguments outlive the call. Ops are
+   recycled per comm so the stream worker never calls the allocator. */
+struct fsdp__local_op {
+    fsdp__local_op *next;
+    fsdp__local_comm *comm;
+    fsdp__coll c;
+    const void *send;
+    void *recv;
+};
+
+FSDP__DEF const char *fsdp__coll_name(int kind)
+{
+    switch (kind) {
+    case FSDP__C_ALL_GATHER: return "all_gather";
+    case FSDP__C_REDUCE_SCATTER: return "reduce_scatter";
+    case FSDP__C_ALL_REDUCE: return "all_reduce";
+    case FSDP__C_BROADCAST: return "broadcast";
+    case FSDP__C_BARRIER: return "barrier";
+    case FSDP__C_SPLIT: return "split";
+    default: return "unknown";
+    }
+}
+
+/* "all_gather(count=10, dtype=f32)", or "all_gather #7 (count=...)". */
+FSDP__DEF void fsdp__coll_str(char *buf, size_t cap, const fsdp__coll *c, int with_seq)
+{
+    char seq[32] = "";
+    const char *name = fsdp__coll_name(c->kind);
+    const char *op = c->op == FSDP_REDUCE_AVG ? "avg" : "sum";
+    if (with_seq) snprintf(seq, sizeof seq, " #%llu ", (unsigned long long)c->seq);
+    switch (c->kind) {
+    case FSDP__C_ALL_GATHER:
+        snprintf(buf, cap, "%s%s(count=%zu, dtype=%s)", name, seq, c->count, fsdp_dtype_name(c->dt));
+        break;
+    case FSDP__C_REDUCE_SCATTER:
+    case FSDP__C_ALL_REDUCE:
+        snprintf(buf, cap, "%s%s(count=%zu, dtype=%s, op=%s)", name, seq, c->count,
+                 fsdp_dtype_name(c->dt), op);
+        break;
+    case FSDP__C_BROADCAST:
+        snprintf(buf, cap, "%s%s(count=%zu, dtype=%s, root=%d)", name, seq, c->count,
+                 fsdp_dtype_name(c->dt), c->root);
+        break;
+    case FSDP__C_SPLIT:
+        snprintf(buf, cap, "%s%s(color=%d, key=%d)", name, seq, c->color, c->key);
+        break;
+    default: snprintf(buf, cap, "%s%s()", name, seq); break;
+    }
+}
+
+FSDP__DEF int fsdp__coll_same(const fsdp__coll *a, const fsdp__coll *b)
+{
+    return a->kind == b->kind && a->count == b->count && a->dt == b->dt && a->op == b->op &&
+           a->root == b->root && a->seq == b->seq;
+}
+
+FSDP__DEF fsdp__local_group *fsdp__local_group_new(const fsdp_hooks *h, int size, int timeout_ms,
+                                                   int check)
+{
+    fsdp__local_group *g = (fsdp__local_group *)fsdp__calloc(h, 1, sizeof *g);
+    if (!g) return NULL;
+    g->slots = (fsdp__local_slot *)fsdp__calloc(h, (size_t)size, sizeof *g->slots);
+    if (!g->slots || !fsdp__sync_init(&g->mu, &g->cv)) {
+        fsdp__free(h, g->slots);
+        fsdp__free(h, g);
+        return NULL;
+    }
+    g->size = size;
+    g->timeout_ms = timeout_ms;
+    g->check = check;
+    return g;
+}
+
+FSDP__DEF void fsdp__local_group_free(const fsdp_hooks *h, fsdp__local_group *g)
+{
+    if (!g) return;
+    fsdp__sync_destroy(&g->mu, &g->cv);
+    fsdp__free(h, g->slots);
+    fsdp__free(h, g);
+}
+
+FSDP__DEF void fsdp__local_world_unref(fsdp_local_world *w)
+{
+    int last;
+    fsdp_hooks h;
+    pthread_mutex_lock(&w->mu);
+    last = --w->refs == 0;
+    pthread_mutex_unlock(&w->mu);
+    if (!last) return;
+    h = w->hooks;
+    fsdp__local_group_free(&h, w->group);
+    fsdp__free(&h, w->taken);
+    fsdp__sync_destroy(&w->mu, NULL);
+    fsdp__free(&h, w);
+}
+
+/* Under g->mu, by the last rank to arrive: compares what everyone called. */
+FSDP__DEF void fsdp__local_complete_arrival(fsdp__local_group *g)
+{
+    char a[160], b[160];
+    int j, first = -1, ndiff = 0;
+    g->outcome = FSDP_SUCCESS;
+    g->outcome_msg[0] = 0;
+    if (g->check) {
+        for (j = 1; j < g->size; j++) {
+            if (fsdp__coll_same(&g->slots[0].c, &g->slots[j].c)) continue;
+            if (first < 0) first = j;
+            ndiff++;
+        }
+    }
+    if (first >= 0) {
+        const fsdp__coll *c0 = &g->slots[0].c, *cj = &g->slots[first].c;
+        int seqs = c0->seq != cj->seq;
+        size_t len;
+        fsdp__coll_str(a, sizeof a, c0, seqs);
+        fsdp__coll_str(b, sizeof b, cj, seqs);
+        if (seqs)
+            snprintf(g->outcome_msg, sizeof g->outcome_msg,
+                     "collective mismatch: rank 0 called %s but rank %d called %s", a, first, b);
+        else
+            snprintf(g->outcome_msg, sizeof g->outcome_msg,
+                     "collective #%llu mismatch: rank 0 called %s but rank %d called %s",
+                     (unsigned long long)c0->seq, a, first, b);
+        if (ndiff > 1) {
+            len = strlen(g->outcome_msg);
+            snprintf(g->outcome_msg + len, sizeof g->outcome_msg - len,
+                     " (%d ranks differ from rank 0: ", ndiff);
+            for (j = first; j < g->size; j++) {
+                if (fsdp__coll_same(&g->slots[0].c, &g->slots[j].c)) continue;
+                len = strlen(g->outcome_msg);
+                snprintf(g->outcome_msg + len, sizeof g->outcome_msg - len, "%s%d",
+                         j == first ? "" : ", ", j);
+            }
+            len = strlen(g->outcome_msg);
+            snprintf(g->outcome_msg + len, sizeof g->outcome_msg - len, ")");
+        }
+        g->outcome = FSDP_COMM_MISMATCH;
+        g->broken = 1;
+        g->broken_code = FSDP_COMM_MISMATCH;
+        memcpy(g->broken_msg, g->outcome_msg, sizeof g->broken_msg);
+    } else if (g->slots[0].c.kind == FSDP__C_SPLIT) {
+        for (j = 0; j < g->size; j++) {
+            if (g->slots[j].ok) continue;
+            g->outcome = FSDP_OUT_OF_MEMORY;
+            snprintf(g->outcome_msg, sizeof g->outcome_msg,
+                     "split #%llu: rank %d could not allocate its new communicator",
+                     (unsigned long long)g->slots[j].c.seq, j);
+            break;
+        }
+    }
+    for (j = 0; j < g->size; j++) g->slots[j].present = 0;
+    g->arrived = 0;
+    g->phase++;
+    pthread_cond_broadcast(&g->cv);
+}
+
+/* Under g->mu, by the first rank whose wait expired. */
+FSDP__DEF void fsdp__local_break_timeout(fsdp__local_group *g, const fsdp__coll *c, int rank)
+{
+    char call[160];
+    size_t len = 0;
+    int j, n = 0;
+    for (j = 0; j < g->size; j++) n += !g->slots[j].present;
+    len = (size_t)snprintf(g->missing, sizeof g->missing, n == 1 ? "rank" : "ranks");
+    for (j = 0; j < g->size && len < sizeof g->missing; j++) {
+        if (g->slots[j].present) continue;
+        len += (size_t)snprintf(g->missing + len, sizeof g->missing - len, "%s %d",
+                                len > 5 ? "," : "", j);
+    }
+    fsdp__coll_str(call, sizeof call, c, 1);
+    snprintf(g->broken_msg, sizeof g->broken_msg,
+             "%s timed out after %d ms on rank %d: %s did not arrive", call, g->timeout_ms, rank,
+             g->missing);
+    g->broken = 1;
+    g->broken_code = FSDP_COMM_TIMEOUT;
+    pthread_cond_broadcast(&g->cv);
+}
+
+FSDP__DEF fsdp_result fsdp__local_aborted(fsdp__local_comm *lc, const fsdp__coll *c, fsdp_error *err)
+{
+    char call[160];
+    fsdp__coll_str(call, sizeof call, c, 1);
+    return fsdp__fail(err, &lc->world->hooks, FSDP_COMM_ABORTED,
+                      "%s on rank %d: the communicator failed earlier: %s", call, lc->rank,
+                      lc->group->broken_msg);
+}
+
+/* Waits for this comm's earlier collectives, posts the call and waits for
+   every rank of the group, which then agree on one outcome. */
+FSDP__DEF fsdp_result fsdp__local_arrive(fsdp__local_comm *lc, const fsdp__coll *c, const void *send,
+                                         void *recv, int ok, fsdp_error *err)
+{
+    fsdp__local_group *g = lc->group;
+    fsdp__local_slot *slot = &g->slots[lc->rank];
+    fsdp_result r = FSDP_SUCCESS;
+    uint64_t my;
+    pthread_mutex_lock(&g->mu);
+    while (lc->finished + 1 < c->seq && !g->broken) {
+        g->turn_waiters++;
+        pthread_cond_wait(&g->cv, &g->mu);
+        g->turn_waiters--;
+    }
+    if (g->broken) {
+        r = fsdp__local_aborted(lc, c, err);
+        pthread_mutex_unlock(&g->mu);
+        return r;
+    }
+    slot->c = *c;
+    slot->send = send;
+    slot->recv = recv;
+    slot->ok = ok;
+    slot->published = NULL;
+    slot->present = 1;
+    my = g->phase;
+    if (++g->arrived == g->size) {
+        fsdp__local_complete_arrival(g);
+    } else {
+        struct timespec deadline = fsdp__deadline(g->timeout_ms);
+        while (g->phase == my && !g->broken) {
+            int rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+            if (rc == ETIMEDOUT && g->phase == my && !g->broken)
+                fsdp__local_break_timeout(g, c, lc->rank);
+        }
+    }
+    if (g->phase == my) { /* the group broke while this rank waited */
+        if (g->broken_code == FSDP_COMM_TIMEOUT) {
+            char call[160];
+            fsdp__coll_str(call, sizeof call, c, 1);
+            r = fsdp__fail(err, &lc->world->hooks, FSDP_COMM_TIMEOUT,
+                           "%s timed out after %d ms on rank %d: %s did not arrive", call,
+                           g->timeout_ms, lc->rank, g->missing);
+        } else {
+            r = fsdp__local_aborted(lc, c, err);
+        }
+    } else if (g->outcome != FSDP_SUCCESS) {
+        r = fsdp__fail(err, &lc->world->hooks, g->outcome, "%s", g->outcome_msg);
+    }
+    pthread_mutex_unlock(&g->mu);
+    return r;
+}
+
+/* A barrier between steps of one collective: every rank is inside it, so
+   it needs no timeout, and a timeout could free buffers peers still read. */
+FSDP__DEF void fsdp__local_step(fsdp__local_group *g)
+{
+    uint64_t my;
+    if (g->size == 1) return;
+    pthread_mutex_lock(&g->mu);
+    my = g->phase;
+    if (++g->arrived == g->size) {
+        g->arrived = 0;
+        g->phase++;
+        pthread_cond_broadcast(&g->cv);
+    } else {
+        while (g->phase == my) pthread_cond_wait(&g->cv, &g->mu);
+    }
+    pthread_mutex_unlock(&g->mu);
+}
+
+FSDP__DEF void fsdp__local_finish(fsdp__local_comm *lc)
+{
+    fsdp__local_group *g = lc->group;
+    pthread_mutex_lock(&g->mu);
+    lc->finished++;
+    if (g->turn_waiters) pthread_cond_broadcast(&g->cv);
+    pthread_mutex_unlock(&g->mu);
+}
+
+#define FSDP__RBLOCK 256
+
+/* dst[i] = sum over ranks j (in order 0..n-1) of send_j[off + i], in f32
+   (f64 for f64), divided by n for avg, rounded once to dt. */
+FSDP__DEF void fsdp__local_reduce(void *dst, const fsdp__local_slot *slots, int n, size_t off,
+                                  size_t count, fsdp_dtype dt, int avg)
+{
+    size_t b, i, m;
+    int j;
+    if (dt == FSDP_F64) {
+        double acc[FSDP__RBLOCK];
+        double *d = (double *)dst;
+        for (b = 0; b < count; b += m) {
+            m = count - b < FSDP__RBLOCK ? count - b : FSDP__RBLOCK;
+            for (j = 0; j < n; j++) {
+                const double *s = (const double *)slots[j].send + off + b;
+                if (j == 0) for (i = 0; i < m; i++) acc[i] = s[i];
+                else for (i = 0; i < m; i++) acc[i] += s[i];
+            }
+            if (avg) for (i = 0; i < m; i++) acc[i] /= (double)n;
+            for (i = 0; i < m; i++) d[b + i] = acc[i];
+        }
+        return;
+    }
+    for (b = 0; b < count; b += m) {
+        float acc[FSDP__RBLOCK];
+        m = count - b < FSDP__RBLOCK ? count - b : FSDP__RBLOCK;
+        for (j = 0; j < n; j++) {
+            const void *sv = slots[j].send;
+            if (dt == FSDP_F32) {
+                const float *s = (const float *)sv + off + b;
+                if (j == 0) for (i = 0; i < m; i++) acc[i] = s[i];
+                else for (i = 0; i < m; i++) acc[i] += s[i];
+            } else if (dt == FSDP_BF16) {
+                const uint16_t *s = (const uint16_t *)sv + off + b;
+                if (j == 0) for (i = 0; i < m; i++) acc[i] = fsdp_bf16_to_f32(s[i]);
+                else for (i = 0; i < m; i++) acc[i] += fsdp_bf16_to_f32(s[i]);
+            } else {
+                const uint16_t *s = (const uint16_t *)sv + off + b;
+                if (j == 0) for (i = 0; i < m; i++) acc[i] = fsdp_f16_to_f32(s[i]);
+                else for (i = 0; i < m; i++) acc[i] += fsdp_f16_to_f32(s[i]);
+            }
+        }
+        if (avg) {
+            float fn = (float)n;
+            for (i = 0; i < m; i++) acc[i] = acc[i] / fn;
+        }
+        if (dt == FSDP_F32) {
+            memcpy((float *)dst + b, acc, m * sizeof(float));
+        } else if (dt == FSDP_BF16) {
+            uint16_t *d = (uint16_t *)dst + b;
+            for (i = 0; i < m; i++) d[i] = fsdp_f32_to_bf16(acc[i]);
+        } else {
+            uint16_t *d = (uint16_t *)dst + b;
+            for (i = 0; i < m; i++) d[i] = fsdp_f32_to_f16(acc[i]);
+        }
+    }
+}
+
+/* The data movement of an arrived, agreed collective: peers' buffers are
+   read directly, and the last step keeps every send buffer alive until no
+   peer reads it any more. */
+FSDP__DEF void fsdp__local_move(fsdp__local_comm *lc, const fsdp__coll *c, const void *send,
+                                void *recv)
+{
+    fsdp__local_group *g = lc->group;
+    const fsdp__local_slot *slots = g->slots;
+    int n = g->size, r = lc->rank, i;
+    size_t es = fsdp_dtype_size(c->dt), bytes = c->count * es;
+    int avg = c->op == FSDP_REDUCE_AVG;
+    if (c->kind == FSDP__C_BARRIER || c->count == 0) return;
+    switch (c->kind) {
+    case FSDP__C_ALL_GATHER:
+        /* start at our own slot so ranks do not all read rank 0 at once */
+        for (i = 0; i < n; i++) {
+            int j = (r + i) % n;
+            unsigned char *dst = (unsigned char *)recv + (size_t)j * bytes;
+            if (dst != (const unsigned char *)slots[j].send) memmove(dst, slots[j].send, bytes);
+        }
+        break;
+    case FSDP__C_REDUCE_SCATTER:
+        /* only this rank reads slice r of the sends, so in place is safe */
+        fsdp__local_reduce(recv, slots, n, (size_t)r * c->count, c->count, c->dt, avg);
+        break;
+    case FSDP__C_ALL_REDUCE: {
+        /* rank r reduces slice r (read by no one else) into its own recv,
+           then everyone copies the finished slices: in place works, and all
+           ranks hold the bits that one rank computed */
+        size_t chunk = (c->count + (size_t)n - 1) / (size_t)n, lo, hi;
+        lo = (size_t)r * chunk < c->count ? (size_t)r * chunk : c->count;
+        hi = lo + chunk < c->count ? lo + chunk : c->count;
+        if (hi > lo)
+            fsdp__local_reduce((unsigned char *)recv + lo * es, slots, n, lo, hi - lo, c->dt, avg);
+        fsdp__local_step(g);
+        for (i = 1; i < n; i++) {
+            int j = (r + i) % n;
+            lo = (size_t)j * chunk < c->count ? (size_t)j * chunk : c->count;
+            hi = lo + chunk < c->count ? lo + chunk : c->count;
+            if (hi > lo)
+                memcpy((unsigned char *)recv + lo * es, (const unsigned char *)slots[j].recv + lo * es,
+                       (hi - lo) * es);
+        }
+        break;
+    }
+    case FSDP__C_BROADCAST:
+        if (recv != slots[c->root].send) memmove(recv, slots[c->root].send, bytes);
+        break;
+    default: FSDP_ASSERT(0 && "unknown collective"); break;
+    }
+    (void)send;
+    fsdp__local_step(g);
+}
+
+FSDP__DEF fsdp_result fsdp__local_run_coll(fsdp__local_comm *lc, const fsdp__coll *c,
+                                           const void *send, void *recv, fsdp_error *err)
+{
+    fsdp_result r = fsdp__local_arrive(lc, c, send, recv, 1, err);
+    if (r == FSDP_SUCCESS) fsdp__local_move(lc, c, send, recv);
+    fsdp__local_finish(lc);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__local_task(void *arg, fsdp_error *err)
+{
+    fsdp__local_op *op = (fsdp__local_op *)arg;
+    fsdp__local_comm *lc = op->comm;
+    fsdp_result r = fsdp__local_run_coll(lc, &op->c, op->send, op->recv, err);
+    pthread_mutex_lock(&lc->mu);
+    if (r != FSDP_SUCCESS && lc->async.code == FSDP_SUCCESS) fsdp__error_set(&lc->async, r, err->message);
+    op->next = lc->spare;
+    lc->spare = op;
+    lc->inflight--;
+    pthread_cond_broadcast(&lc->cv);
+    pthread_mutex_unlock(&lc->mu);
+    return r; /* lc may be gone from here on */
+}
+
+/* Runs a collective now (s NULL) or queues it on s. */
+FSDP__DEF fsdp_result fsdp__local_issue(fsdp__local_comm *lc, fsdp__coll *c, const void *send,
+                                        void *recv, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__local_op *op;
+    fsdp_result r;
+    const fsdp_hooks *h = &lc->world->hooks;
+    if (s && !lc->dev)
+        return fsdp__fail(err, h, FSDP_INVALID_ARGS,
+                          "%s on rank %d: a stream needs the device given to fsdp_local_comm_create",
+                          fsdp__coll_name(c->kind), lc->rank);
+    if ((c->kind == FSDP__C_REDUCE_SCATTER || c->kind == FSDP__C_ALL_REDUCE) &&
+        !fsdp_dtype_is_float(c->dt))
+        return fsdp__fail(err, h, FSDP_INVALID_DTYPE, "%s on rank %d: %s cannot be reduced",
+                          fsdp__coll_name(c->kind), lc->rank, fsdp_dtype_name(c->dt));
+    if (!s) {
+        c->seq = ++lc->issued;
+        return fsdp__local_run_coll(lc, c, send, recv, err);
+    }
+    pthread_mutex_lock(&lc->mu);
+    op = lc->spare;
+    if (op) lc->spare = op->next;
+    pthread_mutex_unlock(&lc->mu);
+    if (!op) op = (fsdp__local_op *)fsdp__alloc(h, sizeof *op);
+    if (!op)
+        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory",
+                          fsdp__coll_name(c->kind), lc->rank);
+    c->seq = ++lc->issued;
+    op->comm = lc;
+    op->c = *c;
+    op->send = send;
+    op->recv = recv;
+    pthread_mutex_lock(&lc->mu);
+    lc->inflight++;
+    pthread_mutex_unlock(&lc->mu);
+    r = fsdp_device_launch(lc->dev, s, fsdp__local_task, op);
+    if (r != FSDP_SUCCESS) {
+        lc->issued--; /* it never ran and no peer saw the number */
+        pthread_mutex_lock(&lc->mu);
+        op->next = lc->spare;
+        lc->spare = op;
+        lc->inflight--;
+        pthread_mutex_unlock(&lc->mu);
+        return fsdp__fail(err, h, r, "%s on rank %d: cannot queue on the stream: %s",
+                          fsdp__coll_name(c->kind), lc->rank, fsdp_device_last_error(lc->dev));
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp__coll fsdp__coll_make(int kind, size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                     int root)
+{
+    fsdp__coll c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind;
+    c.count = count;
+    c.dt = dt;
+    c.op = op;
+    c.root = root;
+    return c;
+}
+
+FSDP__DEF fsdp_result fsdp__all_gather__local(void *self, const void *send, void *recv, size_t count,
+                                              fsdp_dtype dt, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__coll c = fsdp__coll_make(FSDP__C_ALL_GATHER, count, dt, FSDP_REDUCE_SUM, 0);
+    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__reduce_scatter__local(void *self, const void *send, void *recv,
+                                                  size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                                  fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__coll c = fsdp__coll_make(FSDP__C_REDUCE_SCATTER, count, dt, op, 0);
+    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__all_reduce__local(void *self, const void *send, void *recv, size_t count,
+                                              fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream *s,
+                                              fsdp_error *err)
+{
+    fsdp__coll c = fsdp__coll_make(FSDP__C_ALL_REDUCE, count, dt, op, 0);
+    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__broadcast__local(void *self, const void *send, void *recv, size_t count,
+                                             fsdp_dtype dt, int root, fsdp_stream *s,
+                                             fsdp_error *err)
+{
+    fsdp__coll c = fsdp__coll_make(FSDP__C_BROADCAST, count, dt, FSDP_REDUCE_SUM, root);
+    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__barrier__local(void *self, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__coll c = fsdp__coll_make(FSDP__C_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    return fsdp__local_issue((fsdp__local_comm *)self, &c, NULL, NULL, s, err);
+}
+
+FSDP__DEF fsdp__local_comm *fsdp__local_comm_new(fsdp_local_world *w, fsdp_device *dev)
+{
+    fsdp__local_comm *lc = (fsdp__local_comm *)fsdp__calloc(&w->hooks, 1, sizeof *lc);
+    if (!lc) return NULL;
+    if (!fsdp__sync_init(&lc->mu, &lc->cv)) {
+        fsdp__free(&w->hooks, lc);
+        return NULL;
+    }
+    lc->world = w;
+    lc->dev = dev;
+    lc->rank = -1;
+    pthread_mutex_lock(&w->mu);
+    w->refs++;
+    pthread_mutex_unlock(&w->mu);
+    return lc;
+}
+
+FSDP__DEF void fsdp__destroy__local(void *self)
+{
+    fsdp__local_comm *lc = (fsdp__local_comm *)self;
+    fsdp_local_world *w;
+    fsdp__local_group *g;
+    fsdp__local_op *op;
+    if (!lc) return;
+    w = lc->world;
+    g = lc->group;
+    /* queued collectives still use this comm; they always finish (at worst
+       by timing out) */
+    pthread_mutex_lock(&lc->mu);
+    while (lc->inflight > 0) pthread_cond_wait(&lc->cv, &lc->mu);
+    pthread_mutex_unlock(&lc->mu);
+    while ((op = lc->spare)) {
+        lc->spare = op->next;
+        fsdp__free(&w->hooks, op);
+    }
+    if (g && g == w->group) {
+        pthread_mutex_lock(&w->mu);
+        w->taken[lc->rank] = 0;
+        pthread_mutex_unlock(&w->mu);
+    } else if (g) {
+        int last;
+        pthread_mutex_lock(&g->mu);
+        last = --g->refs == 0;
+        pthread_mutex_unlock(&g->mu);
+        if (last) fsdp__local_group_free(&w->hooks, g);
+    }
+    fsdp__sync_destroy(&lc->mu, &lc->cv);
+    fsdp__free(&w->hooks, lc);
+    fsdp__local_world_unref(w);
+}
+
+/* Ranks of one color form a group ordered by (key, old rank); its first
+   member creates the shared state and the others find it in its slot. */
+FSDP__DEF fsdp_result fsdp__split__local(void *self, int color, int key, void **out_self,
+                                         int *out_rank, int *out_size, fsdp_error *err)
+{
+    fsdp__local_comm *lc = (fsdp__local_comm *)self, *nlc = NULL;
+    fsdp__local_group *g = lc->group, *ng = NULL;
+    fsdp__coll c = fsdp__coll_make(FSDP__C_SPLIT, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    fsdp_result r;
+    int j, m = 0, newrank = 0, leader = -1;
+    *out_self = NULL;
+    *out_rank = -1;
+    *out_size = 0;
+    if (color != FSDP_COMM_NO_COLOR) nlc = fsdp__local_comm_new(lc->world, lc->dev);
+    c.color = color;
+    c.key = key;
+    c.seq = ++lc->issued;
+    r = fsdp__local_arrive(lc, &c, NULL, NULL, color == FSDP_COMM_NO_COLOR || nlc != NULL, err);
+    if (r == FSDP_SUCCESS) {
+        for (j = 0; j < g->size; j++) {
+            const fsdp__coll *o = &g->slots[j].c;
+            if (o->color != color) continue;
+            m++;
+            if (o->key < key || (o->key == key && j < lc->rank)) newrank++;
+            if (leader < 0 || o->key < g->slots[leader].c.key) leader = j;
+        }
+        if (color != FSDP_COMM_NO_COLOR && leader == lc->rank) {
+            ng = fsdp__local_group_new(&lc->world->hooks, m, g->timeout_ms, g->check);
+            if (ng) ng->refs = m;
+            pthread_mutex_lock(&g->mu);
+            g->slots[lc->rank].published = ng;
+            pthread_mutex_unlock(&g->mu);
+        }
+        fsdp__local_step(g);
+        if (color != FSDP_COMM_NO_COLOR && leader != lc->rank) {
+            pthread_mutex_lock(&g->mu);
+            ng = (fsdp__local_group *)g->slots[leader].published;
+            pthread_mutex_unlock(&g->mu);
+        }
+        fsdp__local_step(g); /* the leader's slot is read before it is reused */
+        if (color != FSDP_COMM_NO_COLOR && !ng)
+            r = fsdp__fail(err, &lc->world->hooks, FSDP_OUT_OF_MEMORY,
+                           "split #%llu on rank %d: out of memory creating the group of color %d",
+                           (unsigned long long)c.seq, lc->rank, color);
+    }
+    fsdp__local_finish(lc);
+    if (r != FSDP_SUCCESS) {
+        if (nlc) fsdp__destroy__local(nlc);
+        return r;
+    }
+    if (!nlc) return FSDP_SUCCESS;
+    nlc->group = ng;
+    nlc->rank = newrank;
+    nlc->size = m;
+    *out_self = nlc;
+    *out_rank = newrank;
+    *out_size = m;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__async_error__local(void *self, fsdp_error *err)
+{
+    fsdp__local_comm *lc = (fsdp__local_comm *)self;
+    fsdp_result r;
+    pthread_mutex_lock(&lc->mu);
+    r = lc->async.code;
+    if (r != FSDP_SUCCESS) fsdp__error_set(err, r, lc->async.message);
+    pthread_mutex_unlock(&lc->mu);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_local_world_create(const fsdp_local_desc *desc, fsdp_local_world **out)
+{
+    const fsdp_hooks *hooks = desc ? &desc->hooks : NULL;
+    fsdp_local_world *w;
+    fsdp_hooks h;
+    if (!out) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_local_world_create: out is NULL");
+    *out = NULL;
+    if (!desc) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_local_world_create: desc is NULL");
+    if (desc->nranks < 1)
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_local_world_create: nranks is %d (at least 1)", desc->nranks);
+    if (desc->timeout_ms < 0)
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_local_world_create: timeout_ms is %d (0 means 60000)",
+                                 desc->timeout_ms);
+    if (!fsdp__hooks_valid(hooks))
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_local_world_create: set all of allocator alloc, realloc and "
+                                 "free, or none");
+    h = fsdp__hooks_copy(hooks);
+    w = (fsdp_local_world *)fsdp__calloc(&h, 1, sizeof *w);
+    if (!w) goto oom;
+    w->hooks = h;
+    w->nranks = desc->nranks;
+    w->timeout_ms = desc->timeout_ms ? desc->timeout_ms : 60000;
+    w->check = !desc->disable_mismatch_check;
+    w->refs = 1;
+    w->taken = (unsigned char *)fsdp__calloc(&h, (size_t)w->nranks, 1);
+    w->group = fsdp__local_group_new(&h, w->nranks, w->timeout_ms, w->check);
+    if (!w->taken || !w->group || !fsdp__sync_init(&w->mu, NULL)) {
+        fsdp__local_group_free(&h, w->group);
+        fsdp__free(&h, w->taken);
+        fsdp__free(&h, w);
+        goto oom;
+    }
+    *out = w;
+    return FSDP_SUCCESS;
+oom:
+    return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_local_world_create: out of memory");
+}
+
+FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world)
+{
+    /* comms keep the world alive, so a late destroy order cannot crash */
+    if (world) fsdp__local_world_unref(world);
+}
+
+FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, fsdp_device *dev,
+                                            fsdp_comm **out)
+{
+    fsdp_comm_vtable vt;
+    fsdp__local_comm *lc;
+    fsdp_result r;
+    int taken;
+    if (!out) {
+        if (world) fsdp__log(&world->hooks, FSDP_LOG_ERROR, "fsdp_local_comm_create: out is NULL");
+        return FSDP_INVALID_ARGS;
+    }
+    *out = NULL;
+    if (!world) return FSDP_INVALID_ARGS;
+    if (rank < 0 || rank >= world->nranks)
+        return fsdp__fail(NULL, &world->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_local_comm_create: rank %d is not in [0, %d)", rank, world->nranks);
+    lc = fsdp__local_comm_new(world, dev);
+    if (!lc) return fsdp__fail(NULL, &world->hooks, FSDP_OUT_OF_MEMORY, "fsdp_local_comm_create: out of memory");
+    pthread_mutex_lock(&world->mu);
+    taken = world->taken[rank];
+    world->taken[rank] = 1;
+    pthread_mutex_unlock(&world->mu);
+    if (taken) {
+        fsdp__destroy__local(lc); /* its group is still NULL: leaves the flag alone */
+        fsdp__log(&world->hooks, FSDP_LOG_ERROR,
+                  "fsdp_local_comm_create: rank %d already has a communicator", rank);
+        return FSDP_INVALID_STATE;
+    }
+    lc->group = world->group;
+    lc->rank = rank;
+    lc->size = world->nranks;
+    memset(&vt, 0, sizeof vt);
+    vt.size = (uint32_t)sizeof vt;
+    vt.name = "local";
+    vt.all_gather = fsdp__all_gather__local;
+    vt.reduce_scatter = fsdp__reduce_scatter__local;
+    vt.all_reduce = fsdp__all_reduce__local;
+    vt.broadcast = fsdp__broadcast__local;
+    vt.barrier = fsdp__barrier__local;
+    vt.split = fsdp__split__local;
+    vt.async_error = fsdp__async_error__local;
+    vt.destroy = fsdp__destroy__local;
+    r = fsdp_comm_create(&vt, lc, rank, world->nranks, &world->hooks, out);
+    if (r != FSDP_SUCCESS) fsdp__destroy__local(lc);
+    return r;
+}
+
+typedef struct fsdp__local_thread {
+    fsdp_rank_fn fn;
+    void *user;
+    fsdp_local_world *world;
+    int rank, nranks, result;
+    pthread_t thread;
+    int started;
+} fsdp__local_thread;
+
+FSDP__DEF void *fsdp__local_thread_main(void *arg)
+{
+    fsdp__local_thread *t = (fsdp__local_thread *)arg;
+    t->result = t->fn(t->rank, t->nranks, t->world, t->user);
+    return NULL;
+}
+
+FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn, void *user,
+                                    int *results)
+{
+    fsdp_local_world *world;
+    fsdp__local_thread *t;
+    fsdp_result r;
+    fsdp_hooks h;
+    int i, n, failed = 0;
+    if (!fn) return fsdp__fail_create(desc ? &desc->hooks : NULL, FSDP_INVALID_ARGS,
+                                      "fsdp_local_run: fn is NULL");
+    r = fsdp_local_world_create(desc, &world);
+    if (r != FSDP_SUCCESS) return r;
+    n = world->nranks;
+    h = world->hooks;
+    t = (fsdp__local_thread *)fsdp__calloc(&h, (size_t)n, sizeof *t);
+    if (!t) {
+        fsdp_local_world_destroy(world);
+        return fsdp__fail_create(&desc->hooks, FSDP_OUT_OF_MEMORY, "fsdp_local_run: out of memory");
+    }
+    for (i = 0; i < n; i++) {
+        t[i].fn = fn;
+        t[i].user = user;
+        t[i].world = world;
+        t[i].rank = i;
+        t[i].nranks = n;
+        t[i].result = -1;
+        t[i].started = pthread_create(&t[i].thread, NULL, fsdp__local_thread_main, &t[i]) == 0;
+        if (!t[i].started) failed = i + 1; /* the others time out waiting for it */
+    }
+    for (i = 0; i < n; i++)
+        if (t[i].started) pthread_join(t[i].thread, NULL);
+    if (results)
+        for (i = 0; i < n; i++) results[i] = t[i].result;
+    fsdp__free(&h, t);
+    fsdp_local_world_destroy(world);
+    if (failed)
+        return fsdp__fail_create(&desc->hooks, FSDP_ERROR, "fsdp_local_run: cannot start the thread of rank %d",
+                                 failed - 1);
+    return FSDP_SUCCESS;
+}
+
+/* >>comm end */
+
+/* ------------------------------------------------------------------------ */
+/* >>model (implementation)                                                  */
+/* ------------------------------------------------------------------------ */
+
+/* String -> index map (open addressing, FNV-1a), so descriptions of
+   thousands of modules build in linear time. Keys are owned elsewhere. */
+typedef struct fsdp__map {
+    int *slots; /* index + 1; 0 = empty */
+    int cap;    /* power of two */
+    int count;
+} fsdp__map;
+
+FSDP__DEF uint32_t fsdp__hash(const char *s)
+{
+    uint32_t h = 2166136261u;
+    while (*s) h = (h ^ (uint8_t)*s++) * 16777619u;
+    return h;
+}
+
+typedef const char *(*fsdp__key_fn)(const void *ctx, int index);
+
+FSDP__DEF int fsdp__map_find(const fsdp__map *mp, const char *key, fsdp__key_fn kf,
+                             const void *ctx)
+{
+    uint32_t i;
+    if (!mp->cap) return -1;
+    for (i = fsdp__hash(key) & (uint32_t)(mp->cap - 1);; i = (i + 1) & (uint32_t)(mp->cap - 1)) {
+        int s = mp->slots[i];
+        if (!s) return -1;
+        if (!strcmp(kf(ctx, s - 1), key)) return s - 1;
+    }
+}
+
+FSDP__DEF int fsdp__map_put(const fsdp_hooks *h, fsdp__map *mp, int index, fsdp__key_fn kf,
+                            const void *ctx)
+{
+    uint32_t i;
+    if ((mp->count + 1) * 2 > mp->cap) {
+        int ncap = mp->cap ? mp->cap * 2 : 64, k;
+        int *ns = (int *)fsdp__calloc(h, (size_t)ncap, sizeof(int));
+        if (!ns) return 0;
+        for (k = 0; k < mp->cap; k++) {
+            int s = mp->slots[k];
+            if (!s) continue;
+            for (i = fsdp__hash(kf(ctx, s - 1)) & (uint32_t)(ncap - 1); ns[i];
+                 i = (i + 1) & (uint32_t)(ncap - 1)) {
+            }
+            ns[i] = s;
+        }
+        fsdp__free(h, mp->slots);
+        mp->slots = ns;
+        mp->cap = ncap;
+    }
+    for (i = fsdp__hash(kf(ctx, index)) & (uint32_t)(mp->cap - 1); mp->slots[i];
+         i = (i + 1) & (uint32_t)(mp->cap - 1)) {
+    }
+    mp->slots[i] = index + 1;
+    mp->count++;
+    return 1;
+}
+
+typedef struct fsdp__module {
+    char *fqn, *name, *type;
+    int parent;
+    int *children, nchildren, cap_children;
+    int *params, nparams, cap_params; /* raw param indices, in add order */
+    int ignored_self;
+    int annotated;
+    fsdp_unit_options annotation;
+    int order; /* public (named_modules) index */
+} fsdp__module;
+
+typedef struct fsdp__param {
+    char *fqn, *name;
+    int module;
+    int object; /* raw index of the declared parameter this occurrence is */
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t numel;
+    int requires_grad;
+    int ignored_self; /* fsdp_model_ignore named this parameter */
+    int order;        /* public (state_dict) index */
+} fsdp__param;
+
+typedef struct fsdp__type {
+    char *name;
+    char **bases;
+    int nbases, cap_bases;
+} fsdp__type;
+
+struct fsdp_model {
+    fsdp_hooks hooks;
+    fsdp_error err;
+    fsdp__module *mods;
+    int nmods, cap_mods;
+    fsdp__param *params;
+    int nparams, cap_params;
+    fsdp__type *types;
+    int ntypes, cap_types;
+    fsdp__map mod_map, param_map, type_map;
+    int *mod_order;   /* public index -> raw */
+    int *param_order; /* public index -> raw */
+    int *first_occ;   /* raw object -> public index of its first occurrence */
+    unsigned char *obj_ignored; /* raw object -> ignored */
+    unsigned char *mod_ignored; /* raw module -> in an ignored subtree */
+    int *stack;                 /* reindex scratch */
+    int cap_order_mods, cap_order_params;
+    int dirty;                  /* orders are stale; the next query refreshes */
+};
+
+FSDP__DEF const char *fsdp__mod_key(const void *ctx, int i)
+{
+    return ((const fsdp_model *)ctx)->mods[i].fqn;
+}
+
+FSDP__DEF const char *fsdp__param_key(const void *ctx, int i)
+{
+    return ((const fsdp_model *)ctx)->params[i].fqn;
+}
+
+FSDP__DEF const char *fsdp__type_key(const void *ctx, int i)
+{
+    return ((const fsdp_model *)ctx)->types[i].name;
+}
+
+FSDP__DEF int fsdp__find_mod(const fsdp_model *m, const char *fqn)
+{
+    return fsdp__map_find(&m->mod_map, fqn, fsdp__mod_key, m);
+}
+
+FSDP__DEF int fsdp__find_param(const fsdp_model *m, const char *fqn)
+{
+    return fsdp__map_find(&m->param_map, fqn, fsdp__param_key, m);
+}
+
+FSDP__DEF int fsdp__find_type(const fsdp_model *m, const char *name)
+{
+    return fsdp__map_find(&m->type_map, name, fsdp__type_key, m);
+}
+
+FSDP__DEF fsdp_result fsdp__model_fail(fsdp_model *m, fsdp_result code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp__vfail(&m->err, &m->hooks, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* Recomputes the public orders and the ignored flags. Called after every
+   change, so queries stay O(1) and const. */
+/* Makes room for the orders of nm modules and np parameters, before any
+   change, so that reindexing never fails half-way. */
+FSDP__DEF fsdp_result fsdp__model_reserve(fsdp_model *m, int nm, int np)
+{
+    const fsdp_hooks *h = &m->hooks;
+    if (nm > m->cap_order_mods) {
+        int cap = nm * 2;
+        int *mo = (int *)fsdp__realloc(h, m->mod_order, (size_t)cap * sizeof(int));
+        if (!mo) return FSDP_OUT_OF_MEMORY;
+        m->mod_order = mo;
+        mo = (int *)fsdp__realloc(h, m->stack, (size_t)cap * sizeof(int));
+        if (!mo) return FSDP_OUT_OF_MEMORY;
+        m->stack = mo;
+        {
+            unsigned char *mi = (unsigned char *)fsdp__realloc(h, m->mod_ignored, (size_t)cap);
+            if (!mi) return FSDP_OUT_OF_MEMORY;
+            m->mod_ignored = mi;
+        }
+        m->cap_order_mods = cap;
+    }
+    if (np > m->cap_order_params) {
+        int cap = np * 2 + 8;
+        int *po = (int *)fsdp__realloc(h, m->param_order, (size_t)cap * sizeof(int));
+        unsigned char *oi;
+        if (!po) return FSDP_OUT_OF_MEMORY;
+        m->param_order = po;
+        po = (int *)fsdp__realloc(h, m->first_occ, (size_t)cap * sizeof(int));
+        if (!po) return FSDP_OUT_OF_MEMORY;
+        m->first_occ = po;
+        oi = (unsigned char *)fsdp__realloc(h, m->obj_ignored, (size_t)cap);
+        if (!oi) return FSDP_OUT_OF_MEMORY;
+        m->obj_ignored = oi;
+        m->cap_order_params = cap;
+    }
+    return FSDP_SUCCESS;
+}
+
+/* Recomputes the public orders and the ignored flags; allocates nothing
+   (fsdp__model_reserve ran before the change). */
+FSDP__DEF fsdp_result fsdp__model_reindex(fsdp_model *m)
+{
+    int *stack = m->stack, sp = 0, nm = 0, np = 0, i, k;
+    FSDP_ASSERT(m->nmods <= m->cap_order_mods && m->nparams <= m->cap_order_params);
+    /* pre-order, children in insertion order: push them reversed */
+    stack[sp++] = 0;
+    m->mod_ignored[0] = (unsigned char)m->mods[0].ignored_self;
+    while (sp) {
+        int mod = stack[--sp];
+        fsdp__module *md = &m->mods[mod];
+        md->order = nm;
+        m->mod_order[nm++] = mod;
+        for (k = md->nchildren - 1; k >= 0; k--) {
+            int c = md->children[k];
+            m->mod_ignored[c] = (unsigned char)(m->mod_ignored[mod] || m->mods[c].ignored_self);
+            stack[sp++] = c;
+        }
+    }
+    FSDP_ASSERT(nm == m->nmods);
+    for (i = 0; i < m->nparams; i++) {
+        m->first_occ[i] = -1;
+        m->obj_ignored[i] = 0;
+    }
+    for (i = 0; i < nm; i++) {
+        fsdp__module *md = &m->mods[m->mod_order[i]];
+        for (k = 0; k < md->nparams; k++) {
+            fsdp__param *p = &m->params[md->params[k]];
+            p->order = np;
+            m->param_order[np] = md->params[k];
+            if (m->first_occ[p->object] < 0) m->first_occ[p->object] = np;
+            if (p->ignored_self || m->mod_ignored[p->module]) m->obj_ignored[p->object] = 1;
+            np++;
+        }
+    }
+    FSDP_ASSERT(np == m->nparams);
+    return FSDP_SUCCESS;
+}
+
+/* Refreshes stale orders. Building a model is then linear: each change only
+   marks the orders stale. Queries are const for the caller; the refresh
+   writes only caches, and the model is heap memory, never a const object.
+   (A model is built by one thread; finish it, then share it read-only.) */
+FSDP__DEF const fsdp_model *fsdp__fresh(const fsdp_model *m)
+{
+    if (m && m->dirty) {
+        fsdp_model *w = (fsdp_model *)(uintptr_t)m;
+        fsdp__model_reindex(w);
+        w->dirty = 0;
+    }
+    return m;
+}
+
+FSDP__DEF int fsdp__name_ok(const char *s)
+{
+    return s && *s && !strchr(s, '.') && !strchr(s, ' ');
+}
+
+/* Registers a type name; returns its index or -1 on allocation failure. */
+FSDP__DEF int fsdp__intern_type(fsdp_model *m, const char *name)
+{
+    int t = fsdp__find_type(m, name);
+    fsdp__type *ty;
+    if (t >= 0) return t;
+    if (!fsdp__grow(&m->hooks, (void **)&m->types, &m->cap_types, m->ntypes + 1,
+                    sizeof(fsdp__type)))
+        return -1;
+    ty = &m->types[m->ntypes];
+    memset(ty, 0, sizeof *ty);
+    ty->name = fsdp__strdup(&m->hooks, name);
+    if (!ty->name) return -1;
+    if (!fsdp__map_put(&m->hooks, &m->type_map, m->ntypes, fsdp__type_key, m)) {
+        fsdp__free(&m->hooks, ty->name);
+        return -1;
+    }
+    return m->ntypes++;
+}
+
+FSDP__DEF fsdp_result fsdp__add_module_raw(fsdp_model *m, const char *fqn, const char *name,
+                                           const char *type, int parent)
+{
+    fsdp__module *md;
+    if (fsdp__intern_type(m, type) < 0) return FSDP_OUT_OF_MEMORY;
+    if (!fsdp__grow(&m->hooks, (void **)&m->mods, &m->cap_mods, m->nmods + 1,
+                    sizeof(fsdp__module)))
+        return FSDP_OUT_OF_MEMORY;
+    if (parent >= 0 &&
+        !fsdp__grow(&m->hooks, (void **)&m->mods[parent].children,
+                    &m->mods[parent].cap_children, m->mods[parent].nchildren + 1, sizeof(int)))
+        return FSDP_OUT_OF_MEMORY;
+    md = &m->mods[m->nmods];
+    memset(md, 0, sizeof *md);
+    md->fqn = fsdp__strdup(&m->hooks, fqn);
+    md->name = fsdp__strdup(&m->hooks, name);
+    md->type = fsdp__strdup(&m->hooks, type);
+    md->parent = parent;
+    if (!md->fqn || !md->name || !md->type ||
+        !fsdp__map_put(&m->hooks, &m->mod_map, m->nmods, fsdp__mod_key, m)) {
+        fsdp__free(&m->hooks, md->fqn);
+        fsdp__free(&m->hooks, md->name);
+        fsdp__free(&m->hooks, md->type);
+        return FSDP_OUT_OF_MEMORY;
+    }
+    if (parent >= 0) m->mods[parent].children[m->mods[parent].nchildren++] = m->nmods;
+    m->nmods++;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_model_create(const fsdp_model_desc *desc, fsdp_model **out)
+{
+    const fsdp_hooks *uh = desc ? &desc->hooks : NULL;
+    fsdp_model *m;
+    const char *root_type = desc && desc->root_type ? desc->root_type : "Module";
+    if (!out) return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_model_create: out is NULL");
+    *out = NULL;
+    if (!fsdp__hooks_valid(uh))
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_model_create: allocator needs alloc, realloc and free");
+    if (!*root_type || strchr(root_type, ' '))
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_model_create: root_type '%s' is not a type name",
+                                 root_type);
+    {
+        fsdp_hooks h = fsdp__hooks_copy(uh);
+        m = (fsdp_model *)fsdp__calloc(&h, 1, sizeof *m);
+        if (!m) return fsdp__fail_create(uh, FSDP_OUT_OF_MEMORY, "fsdp_model_create: out of memory");
+        m->hooks = h;
+    }
+    if (fsdp__model_reserve(m, 1, 1) != FSDP_SUCCESS ||
+        fsdp__add_module_raw(m, "", "", root_type, -1) != FSDP_SUCCESS ||
+        fsdp__intern_type(m, "Module") < 0 || fsdp__model_reindex(m) != FSDP_SUCCESS) {
+        fsdp_model_destroy(m);
+        return fsdp__fail_create(uh, FSDP_OUT_OF_MEMORY, "fsdp_model_create: out of memory");
+    }
+    *out = m;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_model_destroy(fsdp_model *m)
+{
+    const fsdp_hooks *h;
+    int i, k;
+    if (!m) return;
+    h = &m->hooks;
+    for (i = 0; i < m->nmods; i++) {
+        fsdp__free(h, m->mods[i].fqn);
+        fsdp__free(h, m->mods[i].name);
+        fsdp__free(h, m->mods[i].type);
+        fsdp__free(h, m->mods[i].children);
+        fsdp__free(h, m->mods[i].params);
+    }
+    for (i = 0; i < m->nparams; i++) {
+        fsdp__free(h, m->params[i].fqn);
+        fsdp__free(h, m->params[i].name);
+    }
+    for (i = 0; i < m->ntypes; i++) {
+        for (k = 0; k < m->types[i].nbases; k++) fsdp__free(h, m->types[i].bases[k]);
+        fsdp__free(h, m->types[i].bases);
+        fsdp__free(h, m->types[i].name);
+    }
+    fsdp__free(h, m->mods);
+    fsdp__free(h, m->params);
+    fsdp__free(h, m->types);
+    fsdp__free(h, m->mod_map.slots);
+    fsdp__free(h, m->param_map.slots);
+    fsdp__free(h, m->type_map.slots);
+    fsdp__free(h, m->mod_order);
+    fsdp__free(h, m->param_order);
+    fsdp__free(h, m->first_occ);
+    fsdp__free(h, m->obj_ignored);
+    fsdp__free(h, m->mod_ignored);
+    fsdp__free(h, m->stack);
+    {
+        fsdp_hooks copy = m->hooks;
+        fsdp__free(&copy, m);
+    }
+}
+
+FSDP_API const char *fsdp_model_last_error(const fsdp_model *m)
+{
+    return m ? m->err.message : "fsdp_model_last_error: model is NULL";
+}
+
+FSDP_API fsdp_result fsdp_model_add_module(fsdp_model *m, const char *fqn, const char *type)
+{
+    const char *dot;
+    char *parent_fqn;
+    int parent;
+    fsdp_result r;
+    if (!m) return FSDP_INVALID_ARGS;
+    if (!fqn || !*fqn)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "fsdp_model_add_module: fqn is %s (the root exists already)",
+                                fqn ? "empty" : "NULL");
+    if (!type || !*type || strchr(type, ' '))
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "fsdp_model_add_module: module '%s' needs a type name", fqn);
+    if (strchr(fqn, ' ') || fqn[0] == '.' || fqn[strlen(fqn) - 1] == '.' || strstr(fqn, ".."))
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "fsdp_model_add_module: '%s' is not a valid FQN "
+                                "(dot-separated non-empty names)", fqn);
+    if (fsdp__find_mod(m, fqn) >= 0)
+        return fsdp__model_fail(m, FSDP_DUPLICATE_NAME,
+                                "fsdp_model_add_module: module '%s' already exists", fqn);
+    if (fsdp__find_param(m, fqn) >= 0)
+        return fsdp__model_fail(m, FSDP_DUPLICATE_NAME,
+                                "fsdp_model_add_module: '%s' is already a parameter", fqn);
+    dot = strrchr(fqn, '.');
+    if (dot) {
+        size_t n = (size_t)(dot - fqn);
+        parent_fqn = (char *)fsdp__alloc(&m->hooks, n + 1);
+        if (!parent_fqn) return fsdp__model_fail(m, FSDP_OUT_OF_MEMORY, "out of memory");
+        memcpy(parent_fqn, fqn, n);
+        parent_fqn[n] = 0;
+        parent = fsdp__find_mod(m, parent_fqn);
+        if (parent < 0) {
+            r = fsdp__model_fail(m, FSDP_NOT_FOUND,
+                                 "fsdp_model_add_module: parent '%s' of module '%s' does not "
+                                 "exist (add parents before children)", parent_fqn, fqn);
+            fsdp__free(&m->hooks, parent_fqn);
+            return r;
+        }
+        fsdp__free(&m->hooks, parent_fqn);
+    } else {
+        parent = 0;
+    }
+    r = fsdp__model_reserve(m, m->nmods + 1, m->nparams);
+    if (r == FSDP_SUCCESS) r = fsdp__add_module_raw(m, fqn, dot ? dot + 1 : fqn, type, parent);
+    if (r != FSDP_SUCCESS)
+        return fsdp__model_fail(m, r, "fsdp_model_add_module: out of memory adding '%s'", fqn);
+    m->dirty = 1;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_model_add_type_base(fsdp_model *m, const char *type, const char *base)
+{
+    int t, b, k;
+    fsdp__type *ty;
+    char *copy;
+    if (!m) return FSDP_INVALID_ARGS;
+    if (!type || !*type || !base || !*base)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "fsdp_model_add_type_base: type and base must be names");
+    if (!strcmp(type, base))
+        return fsdp__model_fail(m, FSDP_INVALID_MODEL,
+                                "fsdp_model_add_type_base: type '%s' cannot derive from itself",
+                                type);
+    t = fsdp__intern_type(m, type);
+    b = fsdp__intern_type(m, base);
+    if (t < 0 || b < 0) return fsdp__model_fail(m, FSDP_OUT_OF_MEMORY, "out of memory");
+    /* a base that already derives from type would make a cycle */
+    {
+        int *stack, sp = 0, cap = m->ntypes + 1, cyc = 0;
+        unsigned char *seen = (unsigned char *)fsdp__calloc(&m->hooks, (size_t)cap, 1);
+        stack = (int *)fsdp__alloc(&m->hooks, (size_t)cap * sizeof(int));
+        if (!seen || !stack) {
+            fsdp__free(&m->hooks, seen);
+            fsdp__free(&m->hooks, stack);
+            return fsdp__model_fail(m, FSDP_OUT_OF_MEMORY, "out of memory");
+        }
+        stack[sp++] = b;
+        seen[b] = 1;
+        while (sp && !cyc) {
+            fsdp__type *x = &m->types[stack[--sp]];
+            for (k = 0; k < x->nbases; k++) {
+                int y = fsdp__find_type(m, x->bases[k]);
+                if (y == t) cyc = 1;
+                if (y >= 0 && !seen[y]) {
+                    seen[y] = 1;
+                    stack[sp++] = y;
+                }
+            }
+        }
+        fsdp__free(&m->hooks, seen);
+        fsdp__free(&m->hooks, stack);
+        if (cyc)
+            return fsdp__model_fail(m, FSDP_INVALID_MODEL,
+                                    "fsdp_model_add_type_base: '%s' already derives from '%s'; "
+                                    "types cannot form a cycle", base, type);
+    }
+    ty = &m->types[t];
+    for (k = 0; k < ty->nbases; k++)
+        if (!strcmp(ty->bases[k], base)) return FSDP_SUCCESS;
+    copy = fsdp__strdup(&m->hooks, base);
+    if (!copy || !fsdp__grow(&m->hooks, (void **)&ty->bases, &ty->cap_bases, ty->nbases + 1,
+                             sizeof(char *))) {
+        fsdp__free(&m->hooks, copy);
+        return fsdp__model_fail(m, FSDP_OUT_OF_MEMORY, "out of memory");
+    }
+    ty->bases[ty->nbases++] = copy;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF char *fsdp__join(const fsdp_hooks *h, const char *a, const char *b)
+{
+    size_t na = strlen(a), nb = strlen(b);
+    char *s = (char *)fsdp__alloc(h, na + nb + 2);
+    if (!s) return NULL;
+    if (na) {
+        memcpy(s, a, na);
+        s[na] = '.';
+        memcpy(s + na + 1, b, nb + 1);
+    } else {
+        memcpy(s, b, nb + 1);
+    }
+    return s;
+}
+
+/* Adds an occurrence; object < 0 declares a new parameter object. */
+FSDP__DEF fsdp_result fsdp__add_param_raw(fsdp_model *m, int mod, const char *name,
+                                          const fsdp__param *proto_in, int object)
+{
+    fsdp__module *md = &m->mods[mod];
+    fsdp__param *p, proto = *proto_in; /* proto_in may live in m->params, which moves */
+    char *fqn = fsdp__join(&m->hooks, md->fqn, name);
+    if (!fqn) return FSDP_OUT_OF_MEMORY;
+    if (fsdp__find_param(m, fqn) >= 0 || fsdp__find_mod(m, fqn) >= 0) {
+        fsdp__model_fail(m, FSDP_DUPLICATE_NAME,
+                         "parameter '%s': the name is already taken by a %s", fqn,
+                         fsdp__find_param(m, fqn) >= 0 ? "parameter" : "module");
+        fsdp__free(&m->hooks, fqn);
+        return FSDP_DUPLICATE_NAME;
+    }
+    if (fsdp__model_reserve(m, m->nmods, m->nparams + 1) != FSDP_SUCCESS ||
+        !fsdp__grow(&m->hooks, (void **)&m->params, &m->cap_params, m->nparams + 1,
+                    sizeof(fsdp__param)) ||
+        !fsdp__grow(&m->hooks, (void **)&md->params, &md->cap_params, md->nparams + 1,
+                    sizeof(int))) {
+        fsdp__free(&m->hooks, fqn);
+        return fsdp__model_fail(m, FSDP_OUT_OF_MEMORY, "out of memory");
+    }
+    p = &m->params[m->nparams];
+    *p = proto;
+    p->fqn = fqn;
+    p->name = fsdp__strdup(&m->hooks, name);
+    p->module = mod;
+    p->object = object >= 0 ? object : m->nparams;
+    p->ignored_self = 0;
+    if (!p->name || !fsdp__map_put(&m->hooks, &m->param_map, m->nparams, fsdp__param_key, m)) {
+        fsdp__free(&m->hooks, p->name);
+        fsdp__free(&m->hooks, fqn);
+        return fsdp__model_fail(m, FSDP_OUT_OF_MEMORY, "out of memory");
+    }
+    md->params[md->nparams++] = m->nparams;
+    m->nparams++;
+    m->dirty = 1;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_model_add_param(fsdp_model *m, const fsdp_param_desc *pd)
+{
+    fsdp__param proto;
+    int mod, d;
+    const char *mname;
+    if (!m) return FSDP_INVALID_ARGS;
+    if (!pd) return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_model_add_param: desc is NULL");
+    mname = pd->module ? pd->module : "";
+    if (!fsdp__name_ok(pd->name))
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "fsdp_model_add_param: parameter name '%s' on module '%s' must "
+                                "be non-empty, without dots or spaces",
+                                pd->name ? pd->name : "(NULL)", mname);
+    mod = fsdp__find_mod(m, mname);
+    if (mod < 0)
+        return fsdp__model_fail(m, FSDP_NOT_FOUND,
+                                "fsdp_model_add_param: module '%s' of parameter '%s' does not "
+                                "exist", mname, pd->name);
+    memset(&proto, 0, sizeof proto);
+    proto.dtype = pd->dtype ? pd->dtype : FSDP_F32;
+    if (!fsdp_dtype_is_float(proto.dtype))
+        return fsdp__model_fail(m, FSDP_INVALID_DTYPE,
+                                "fsdp_model_add_param: parameter '%s%s%s' has dtype %s; "
+                                "parameters are f32, f64, f16 or bf16",
+                                mname, *mname ? "." : "", pd->name, fsdp_dtype_name(proto.dtype));
+    if (pd->ndim < 0 || pd->ndim > FSDP_MAX_DIMS)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "fsdp_model_add_param: parameter '%s%s%s' has ndim %d "
+                                "(0..%d)", mname, *mname ? "." : "", pd->name, pd->ndim,
+                                FSDP_MAX_DIMS);
+    proto.ndim = pd->ndim;
+    proto.numel = 1;
+    for (d = 0; d < pd->ndim; d++) {
+        if (pd->shape[d] < 0)
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_model_add_param: parameter '%s%s%s' has negative "
+                                    "dimension %d (%lld)", mname, *mname ? "." : "", pd->name, d,
+                                    (long long)pd->shape[d]);
+        if (pd->shape[d] && proto.numel > INT64_MAX / pd->shape[d])
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_model_add_param: parameter '%s%s%s' is too large",
+                                    mname, *mname ? "." : "", pd->name);
+        proto.shape[d] = pd->shape[d];
+        proto.numel *= pd->shape[d];
+    }
+    proto.requires_grad = !pd->frozen;
+    return fsdp__add_param_raw(m, mod, pd->name, &proto, -1);
+}
+
+FSDP_API fsdp_result fsdp_model_add_shared_param(fsdp_model *m, const char *module,
+                                                 const char *name, const char *primary_fqn)
+{
+    int mod, prim;
+    const char *mname = module ? module : "";
+    if (!m) return FSDP_INVALID_ARGS;
+    if (!fsdp__name_ok(name))
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "fsdp_model_add_shared_param: name '%s' on module '%s' must be "
+                                "non-empty, without dots or spaces", name ? name : "(NULL)",
+                                mname);
+    if (!primary_fqn)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "fsdp_model_add_shared_param: primary of '%s' is NULL", name);
+    mod = fsdp__find_mod(m, mname);
+    if (mod < 0)
+        return fsdp__model_fail(m, FSDP_NOT_FOUND,
+                                "fsdp_model_add_shared_param: module '%s' does not exist", mname);
+    prim = fsdp__find_param(m, primary_fqn);
+    if (prim < 0)
+        return fsdp__model_fail(m, FSDP_NOT_FOUND,
+                                "fsdp_model_add_shared_param: primary parameter '%s' of "
+                                "'%s%s%s' does not exist", primary_fqn, mname, *mname ? "." : "",
+                                name);
+    if (m->params[prim].object != prim)
+        return fsdp__model_fail(m, FSDP_INVALID_MODEL,
+                                "fsdp_model_add_shared_param: '%s' is itself shared with '%s'; "
+                                "name the primary '%s'", primary_fqn,
+                                m->params[m->params[prim].object].fqn,
+                                m->params[m->params[prim].object].fqn);
+    return fsdp__add_param_raw(m, mod, name, &m->params[prim], prim);
+}
+
+FSDP_API fsdp_result fsdp_model_ignore(fsdp_model *m, const char *fqn)
+{
+    int i;
+    if (!m) return FSDP_INVALID_ARGS;
+    if (!fqn) return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_model_ignore: fqn is NULL");
+    if (!*fqn)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "fsdp_model_ignore: the root module cannot be ignored");
+    if ((i = fsdp__find_mod(m, fqn)) >= 0) {
+        m->mods[i].ignored_self = 1;
+    } else if ((i = fsdp__find_param(m, fqn)) >= 0) {
+        m->params[i].ignored_self = 1;
+    } else {
+        return fsdp__model_fail(m, FSDP_NOT_FOUND,
+                                "fsdp_model_ignore: no module or parameter is named '%s'", fqn);
+    }
+    m->dirty = 1;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_model_annotate(fsdp_model *m, const char *module,
+                                         const fsdp_unit_options *overrides)
+{
+    int i;
+    if (!m) return FSDP_INVALID_ARGS;
+    if (!module)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_model_annotate: module is NULL");
+    i = fsdp__find_mod(m, module);
+    if (i < 0)
+        return fsdp__model_fail(m, FSDP_NOT_FOUND, "fsdp_model_annotate: module '%s' does not "
+                                "exist", module);
+    m->mods[i].annotated = 1;
+    if (overrides) m->mods[i].annotation = *overrides;
+    else memset(&m->mods[i].annotation, 0, sizeof m->mods[i].annotation);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API int fsdp_model_num_modules(const fsdp_model *m)
+{
+    return m ? m->nmods : 0;
+}
+
+FSDP_API fsdp_result fsdp_model_module(const fsdp_model *m, int i, fsdp_module_info *out)
+{
+    const fsdp__module *md;
+    int raw;
+    fsdp__fresh(m);
+    if (!m || !out) return FSDP_INVALID_ARGS;
+    if (i < 0 || i >= m->nmods) {
+        fsdp__model_fail((fsdp_model *)m, FSDP_INVALID_ARGS,
+                         "fsdp_model_module: index %d out of range (the model has %d modules)",
+                         i, m->nmods);
+        return FSDP_INVALID_ARGS;
+    }
+    raw = m->mod_order[i];
+    md = &m->mods[raw];
+    out->fqn = md->fqn;
+    out->name = md->name;
+    out->type = md->type;
+    out->parent = md->parent >= 0 ? m->mods[md->parent].order : -1;
+    out->ignored = m->mod_ignored[raw];
+    return FSDP_SUCCESS;
+}
+
+FSDP_API int fsdp_model_find_module(const fsdp_model *m, const char *fqn)
+{
+    int raw;
+    fsdp__fresh(m);
+    if (!m || !fqn) return -1;
+    raw = fsdp__find_mod(m, fqn);
+    return raw < 0 ? -1 : m->mods[raw].order;
+}
+
+FSDP__DEF int fsdp__isinstance_type(const fsdp_model *m, const char *type, const char *target,
+                                    int depth)
+{
+    int t, k;
+    if (!strcmp(type, target) || !strcmp(target, "Module")) return 1;
+    if (depth > m->ntypes) return 0; /* cycles are rejected; this is a guard */
+    t = fsdp__find_type(m, type);
+    if (t < 0) return 0;
+    for (k = 0; k < m->types[t].nbases; k++)
+        if (fsdp__isinstance_type(m, m->types[t].bases[k], target, depth + 1)) return 1;
+    return 0;
+}
+
+FSDP_API int fsdp_model_isinstance(const fsdp_model *m, int module, const char *type)
+{
+    fsdp__fresh(m);
+    if (!m || !type || module < 0 || module >= m->nmods) return 0;
+    return fsdp__isinstance_type(m, m->mods[m->mod_order[module]].type, type, 0);
+}
+
+FSDP_API int fsdp_model_num_params(const fsdp_model *m)
+{
+    return m ? m->nparams : 0;
+}
+
+FSDP_API fsdp_result fsdp_model_param(const fsdp_model *m, int i, fsdp_param_info *out)
+{
+    const fsdp__param *p;
+    fsdp__fresh(m);
+    if (!m || !out) return FSDP_INVALID_ARGS;
+    if (i < 0 || i >= m->nparams) {
+        fsdp__model_fail((fsdp_model *)m, FSDP_INVALID_ARGS,
+                         "fsdp_model_param: index %d out of range (the model has %d parameter "
+                         "occurrences)", i, m->nparams);
+        return FSDP_INVALID_ARGS;
+    }
+    p = &m->params[m->param_order[i]];
+    out->fqn = p->fqn;
+    out->name = p->name;
+    out->module = m->mods[p->module].order;
+    out->primary = m->first_occ[p->object];
+    out->dtype = p->dtype;
+    out->ndim = p->ndim;
+    out->shape = p->shape;
+    out->numel = p->numel;
+    out->requires_grad = p->requires_grad;
+    out->ignored = m->obj_ignored[p->object];
+    return FSDP_SUCCESS;
+}
+
+FSDP_API int fsdp_model_find_param(const fsdp_model *m, const char *fqn)
+{
+    int raw;
+    fsdp__fresh(m);
+    if (!m || !fqn) return -1;
+    raw = fsdp__find_param(m, fqn);
+    return raw < 0 ? -1 : m->params[raw].order;
+}
+
+/* >>model end */
+
+/* ------------------------------------------------------------------------ */
+/* >>flatparam (implementation)                                              */
+/* ------------------------------------------------------------------------ */
+
+/* FlatParamHandle.shard() and _get_shard_metadata(), from offsets/numels. */
+FSDP__DEF fsdp_result fsdp__shard(const int64_t *offsets, const int64_t *numels, int n,
+                                  int64_t total, int rank, int world, fsdp_shard_layout *out,
+                                  fsdp_shard_piece *pieces)
+{
+    int64_t S, start, end, valid;
+    int i;
+    if (!out || world < 1 || rank < 0 || rank >= world || n < 0 || (n > 0 && !pieces))
+        return FSDP_INVALID_ARGS;
+    S = total == 0 ? 0 : (total + world - 1) / world;
+    start = S * rank;
+    end = start + S - 1; /* inclusive, may run into the padding */
+    valid = total - start;
+    if (valid < 0) valid = 0;
+    if (valid > S) valid = S;
+    memset(out, 0, sizeof *out);
+    out->shard_numel = S;
+    out->flat_begin = start;
+    out->valid_numel = valid;
+    out->numel_padded = S - valid;
+    for (i = 0; i < n; i++) {
+        int64_t ps = offsets[i], pe = offsets[i] + numels[i] - 1;
+        fsdp_shard_piece *pc;
+        /* an empty parameter at p is [p, p-1]: listed only strictly inside */
+        if (start > pe || end < ps) continue;
+        pc = &pieces[out->npieces++];
+        pc->entry = i;
+        pc->start = start <= ps ? 0 : start - ps;
+        pc->end = (pe < end ? pe : end) - ps;
+    }
+    if (out->npieces) {
+        out->first = pieces[0].entry;
+        out->last = pieces[out->npieces - 1].entry;
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_flat_shard(const int64_t *numels, int n, int rank, int world,
+                                     fsdp_shard_layout *out, fsdp_shard_piece *pieces)
+{
+    int64_t *offsets, total = 0;
+    fsdp_result r;
+    int i;
+    if (n < 0 || (n > 0 && !numels)) return FSDP_INVALID_ARGS;
+    for (i = 0; i < n; i++)
+        if (numels[i] < 0) return FSDP_INVALID_ARGS;
+    offsets = (int64_t *)FSDP_MALLOC((size_t)(n ? n : 1) * sizeof(int64_t));
+    if (!offsets) return FSDP_OUT_OF_MEMORY;
+    for (i = 0; i < n; i++) {
+        offsets[i] = total;
+        total += numels[i];
+    }
+    r = fsdp__shard(offsets, numels, n, total, rank, world, out, pieces);
+    FSDP_FREE(offsets);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_unit_shard(const fsdp_unit_info *unit, int rank, int world,
+                                     fsdp_shard_layout *out, fsdp_shard_piece *pieces)
+{
+    int64_t *buf;
+    fsdp_result r;
+    int i, n;
+    if (!unit) return FSDP_INVALID_ARGS;
+    n = unit->nentries;
+    buf = (int64_t *)FSDP_MALLOC((size_t)(n ? 2 * n : 1) * sizeof(int64_t));
+    if (!buf) return FSDP_OUT_OF_MEMORY;
+    for (i = 0; i < n; i++) {
+        buf[i] = unit->entries[i].offset;
+        buf[n + i] = unit->entries[i].numel;
+    }
+    r = fsdp__shard(buf, buf + n, n, unit->numel, rank, world, out, pieces);
+    FSDP_FREE(buf);
+    return r;
+}
+
+FSDP_API void *fsdp_unit_param_view(const fsdp_unit_info *unit, int entry, void *flat,
+                                    fsdp_dtype dt)
+{
+    if (!unit || !flat || entry < 0 || entry >= unit->nentries || !fsdp_dtype_size(dt))
+        return NULL;
+    return (char *)flat + (size_t)unit->entries[entry].offset * fsdp_dtype_size(dt);
+}
+
+/* >>flatparam end */
+
+/* ------------------------------------------------------------------------ */
+/* >>wrap (implementation)                                                   */
+/* ------------------------------------------------------------------------ */
+
+typedef struct fsdp__unit {
+    fsdp_unit_info info;
+    char *fqn;
+    fsdp_flat_entry *entries;
+    fsdp_shared_entry *shared;
+    int64_t *shapes; /* FSDP_MAX_DIMS per entry */
+    char **strings;  /* everything the infos point to */
+    int nstrings, cap_strings;
+    int cap_entries, cap_shared;
+} fsdp__unit;
+
+struct fsdp_units {
+    fsdp_hooks hooks;
+    fsdp__unit *units;
+    int count, cap;
+    int64_t total_wrapped;
+    /* what fsdp_units_torch_names needs: the tree and who owns what */
+    int nmods;
+    char **mod_names;       /* raw module -> local name */
+    int **mod_children;     /* raw module -> children */
+    int *mod_nchildren;
+    int *mod_unit;          /* raw module -> unit index or -1 */
+    int nparams;
+    char **param_names;     /* raw param -> local name */
+    int **mod_params;       /* raw module -> raw params */
+    int *mod_nparams;
+    int *param_object;
+    int64_t *param_numel;
+    unsigned char *param_left; /* occurrence still a plain parameter */
+};
+
+typedef struct fsdp__walk {
+    fsdp_model *m;
+    const fsdp_wrap_desc *desc;
+    fsdp_units *u;
+    int *stamp;       /* raw object -> last count that saw it */
+    int gen;
+    int *mod_unit;    /* raw module -> unit index, -1 */
+    fsdp_result err;
+} fsdp__walk;
+
+/* module.parameters() deduplicated, minus ignored parameters. */
+FSDP__DEF int64_t fsdp__num_params(fsdp__walk *w, int mod)
+{
+    fsdp_model *m = w->m;
+    int64_t total = 0;
+    int *stack = (int *)fsdp__alloc(&m->hooks, (size_t)m->nmods * sizeof(int));
+    int sp = 0, k;
+    if (!stack) {
+        w->err = FSDP_OUT_OF_MEMORY;
+        return 0;
+    }
+    w->gen++;
+    stack[sp++] = mod;
+    while (sp) {
+        fsdp__module *md = &m->mods[stack[--sp]];
+        for (k = 0; k < md->nparams; k++) {
+            fsdp__param *p = &m->params[md->params[k]];
+            if (w->stamp[p->object] == w->gen) continue;
+            w->stamp[p->object] = w->gen;
+            if (!m->obj_ignored[p->object]) total += p->numel;
+        }
+        for (k = 0; k < md->nchildren; k++) stack[sp++] = md->children[k];
+    }
+    fsdp__free(&m->hooks, stack);
+    return total;
+}
+
+/* One policy call; returns the decision, fills *ov when it overrides. */
+FSDP__DEF int fsdp__policy(fsdp__walk *w, const fsdp_wrap_policy *p, int mod, int recurse,
+                           int64_t unwrapped, fsdp_unit_options *ov, int *has_ov)
+{
+    fsdp_model *m = w->m;
+    int pub = m->mods[mod].order;
+    int k;
+    switch (p->kind) {
+    case FSDP_WRAP_ALWAYS:
+        return 1;
+    case FSDP_WRAP_SIZE_BASED: {
+        static const char *const leaf_default[] = {"MultiheadAttention"};
+        static const char *const excl_default[] = {"ModuleList", "ModuleDict"};
+        const char *const *set;
+        int nset;
+        int64_t min = p->min_num_params ? p->min_num_params
+                                        : (p->min_num_params_zero ? 0 : (int64_t)100000000);
+        if (unwrapped < min) return 0;
+        if (recurse) {
+            set = p->explicit_sets || p->force_leaf_types ? p->force_leaf_types : leaf_default;
+            nset = p->explicit_sets || p->force_leaf_types ? p->n_force_leaf_types : 1;
+        } else {
+            set = p->explicit_sets || p->exclude_types ? p->exclude_types : excl_default;
+            nset = p->explicit_sets || p->exclude_types ? p->n_exclude_types : 2;
+        }
+        for (k = 0; k < nset; k++)
+            if (fsdp_model_isinstance(m, pub, set[k])) return 0;
+        return 1;
+    }
+    case FSDP_WRAP_MODULE_TYPE:
+        if (recurse) return 1;
+        for (k = 0; k < p->n_module_types; k++)
+            if (fsdp_model_isinstance(m, pub, p->module_types[k])) return 1;
+        return 0;
+    case FSDP_WRAP_LAMBDA:
+        return recurse ? 1 : p->lambda_fn(p->user, m, pub) != 0;
+    case FSDP_WRAP_CUSTOM: {
+        fsdp_unit_options o;
+        fsdp_wrap_decision d;
+        if (recurse) return 1;
+        memset(&o, 0, sizeof o);
+        d = p->custom_fn(p->user, m, pub, &o);
+        if (d == FSDP_WRAP_YES_OVERRIDE) {
+            *ov = o;
+            *has_ov = 1;
+        }
+        return d != FSDP_WRAP_NO;
+    }
+    case FSDP_WRAP_ANNOTATED:
+        if (recurse) return 1;
+        if (m->mods[mod].annotated) {
+            *ov = m->mods[mod].annotation;
+            *has_ov = 1;
+            return 1;
+        }
+        return 0;
+    case FSDP_WRAP_OR:
+        /* any(): the first policy that says yes decides, and its overrides win */
+        for (k = 0; k < p->n_policies; k++)
+            if (fsdp__policy(w, &p->policies[k], mod, recurse, unwrapped, ov, has_ov)) return 1;
+        return 0;
+    default:
+        return 0;
+    }
+}
+
+FSDP__DEF fsdp_result fsdp__check_policy(fsdp_model *m, const fsdp_wrap_policy *p, int depth)
+{
+    int k;
+    if (depth > 64)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_wrap: policies nest deeper than 64");
+    switch (p->kind) {
+    case FSDP_WRAP_ROOT_ONLY:
+        if (depth)
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_wrap: FSDP_WRAP_ROOT_ONLY inside an OR policy");
+        return FSDP_SUCCESS;
+    case FSDP_WRAP_ALWAYS:
+    case FSDP_WRAP_ANNOTATED:
+        return FSDP_SUCCESS;
+    case FSDP_WRAP_SIZE_BASED:
+        if (p->min_num_params < 0)
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_wrap: size-based min_num_params is negative");
+        if ((p->n_force_leaf_types > 0 && !p->force_leaf_types) || p->n_force_leaf_types < 0 ||
+            (p->n_exclude_types > 0 && !p->exclude_types) || p->n_exclude_types < 0)
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_wrap: size-based type lists and counts disagree");
+        return FSDP_SUCCESS;
+    case FSDP_WRAP_MODULE_TYPE:
+        if (p->n_module_types <= 0 || !p->module_types)
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_wrap: the module-type policy needs module_types");
+        for (k = 0; k < p->n_module_types; k++)
+            if (!p->module_types[k] || !*p->module_types[k])
+                return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                        "fsdp_wrap: module_types[%d] is not a type name", k);
+        return FSDP_SUCCESS;
+    case FSDP_WRAP_LAMBDA:
+        if (!p->lambda_fn)
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_wrap: the lambda policy needs lambda_fn");
+        return FSDP_SUCCESS;
+    case FSDP_WRAP_CUSTOM:
+        if (!p->custom_fn)
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_wrap: the custom policy needs custom_fn");
+        return FSDP_SUCCESS;
+    case FSDP_WRAP_OR:
+        if (p->n_policies <= 0 || !p->policies)
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_wrap: the OR policy needs at least one policy");
+        for (k = 0; k < p->n_policies; k++) {
+            fsdp_result r = fsdp__check_policy(m, &p->policies[k], depth + 1);
+            if (r != FSDP_SUCCESS) return r;
+        }
+        return FSDP_SUCCESS;
+    }
+    return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_wrap: unknown policy kind %d",
+                            (int)p->kind);
+}
+
+FSDP__DEF fsdp_unit_options fsdp__apply_overrides(fsdp_unit_options base,
+                                                  const fsdp_unit_options *ov)
+{
+    if (ov->set & FSDP_OPT_SHARDING) base.sharding = ov->sharding;
+    if (ov->set & FSDP_OPT_PARAM_DTYPE) base.param_dtype = ov->param_dtype;
+    if (ov->set & FSDP_OPT_REDUCE_DTYPE) base.reduce_dtype = ov->reduce_dtype;
+    base.set |= ov->set;
+    return base;
+}
+
+FSDP__DEF char *fsdp__unit_str(fsdp_units *u, fsdp__unit *un, const char *s)
+{
+    char *c;
+    if (!fsdp__grow(&u->hooks, (void **)&un->strings, &un->cap_strings, un->nstrings + 1,
+                    sizeof(char *)))
+        return NULL;
+    c = fsdp__strdup(&u->hooks, s);
+    if (c) un->strings[un->nstrings++] = c;
+    return c;
+}
+
+/* name relative to the unit's module */
+FSDP__DEF const char *fsdp__relative(const char *fqn, const char *unit_fqn)
+{
+    size_t n = strlen(unit_fqn);
+    if (!n) return fqn;
+    if (!strncmp(fqn, unit_fqn, n) && fqn[n] == '.') return fqn + n + 1;
+    if (!strcmp(fqn, unit_fqn)) return "";
+    return fqn;
+}
+
+/* Builds unit `mod`'s flat parameter: the module walk of its subtree minus
+   nested units, deduplicated by parameter object (first occurrence wins,
+   later ones become shared entries). Only the root honours ignored
+   parameters: PyTorch 1.13 does not forward ignored_modules to nested units. */
+FSDP__DEF fsdp_result fsdp__make_unit(fsdp__walk *w, int mod, int by_policy, int64_t np,
+                                      const fsdp_unit_options *ov, int has_ov)
+{
+    fsdp_model *m = w->m;
+    fsdp_units *u = w->u;
+    fsdp__unit *un;
+    int idx = u->count, sp = 0, k, first_entry_of_obj_cap = m->nparams ? m->nparams : 1;
+    int *stack, *entry_of;
+    int64_t off = 0;
+    const char *ufqn = m->mods[mod].fqn;
+    if (!fsdp__grow(&u->hooks, (void **)&u->units, &u->cap, u->count + 1, sizeof(fsdp__unit)))
+        return FSDP_OUT_OF_MEMORY;
+    un = &u->units[idx];
+    memset(un, 0, sizeof *un);
+    u->count++;
+    w->mod_unit[mod] = idx;
+    un->fqn = fsdp__unit_str(u, un, ufqn);
+    if (!un->fqn) return FSDP_OUT_OF_MEMORY;
+    un->info.index = idx;
+    un->info.fqn = un->fqn;
+    un->info.module = m->mods[mod].order;
+    un->info.by_policy = by_policy;
+    un->info.wrap_num_params = np;
+    un->info.options = w->desc->root;
+    if (has_ov) un->info.options = fsdp__apply_overrides(w->desc->root, ov);
+    un->info.dtype = FSDP_F32;
+    un->info.requires_grad = 1;
+    stack = (int *)fsdp__alloc(&m->hooks, (size_t)m->nmods * sizeof(int));
+    entry_of = (int *)fsdp__alloc(&m->hooks, (size_t)first_entry_of_obj_cap * sizeof(int));
+    if (!stack || !entry_of) {
+        fsdp__free(&m->hooks, stack);
+        fsdp__free(&m->hooks, entry_of);
+        return FSDP_OUT_OF_MEMORY;
+    }
+    for (k = 0; k < m->nparams; k++) entry_of[k] = -1;
+    stack[sp++] = mod;
+    while (sp) {
+        int cur = stack[--sp];
+        fsdp__module *md = &m->mods[cur];
+        for (k = 0; k < md->nparams; k++) {
+            int pi = md->params[k];
+            fsdp__param *p = &m->params[pi];
+            if (mod == 0 && m->obj_ignored[p->object]) continue;
+            u->param_left[pi] = 0;
+            if (entry_of[p->object] >= 0) {
+                fsdp_shared_entry *se;
+                const fsdp_flat_entry *pe;
+                const char *pmod;
+                if (!fsdp__grow(&u->hooks, (void **)&un->shared, &un->cap_shared,
+                                un->info.nshared + 1, sizeof(fsdp_shared_entry)))
+                    goto oom;
+                se = &un->shared[un->info.nshared++];
+                memset(se, 0, sizeof *se);
+                pe = &un->entries[entry_of[p->object]];
+                pmod = m->mods[m->params[pe->param].module].fqn;
+                se->fqn = fsdp__unit_str(u, un, p->fqn);
+                se->module_name = fsdp__unit_str(u, un, fsdp__relative(md->fqn, ufqn));
+                se->param_name = fsdp__unit_str(u, un, p->name);
+                se->prim_module_name = fsdp__unit_str(u, un, fsdp__relative(pmod, ufqn));
+                se->prim_param_name = fsdp__unit_str(u, un, m->params[pe->param].name);
+                se->param = pi; /* raw for now; made public below */
+                se->entry = entry_of[p->object];
+                if (!se->fqn || !se->module_name || !se->param_name || !se->prim_module_name ||
+                    !se->prim_param_name)
+                    goto oom;
+            } else {
+                fsdp_flat_entry *fe;
+                if (!fsdp__grow(&u->hooks, (void **)&un->entries, &un->cap_entries,
+                                un->info.nentries + 1, sizeof(fsdp_flat_entry)))
+                    goto oom;
+                entry_of[p->object] = un->info.nentries;
+                fe = &un->entries[un->info.nentries++];
+                memset(fe, 0, sizeof *fe);
+                fe->fqn = fsdp__unit_str(u, un, p->fqn);
+                fe->prefixed_name = fsdp__unit_str(u, un, fsdp__relative(p->fqn, ufqn));
+                if (!fe->fqn || !fe->prefixed_name) goto oom;
+                fe->param = pi;
+                fe->offset = off;
+                fe->numel = p->numel;
+                fe->ndim = p->ndim;
+                off += p->numel;
+            }
+        }
+        /* a nested unit already owns its subtree (post-order made it first) */
+        for (k = md->nchildren - 1; k >= 0; k--)
+            if (w->mod_unit[md->children[k]] < 0) stack[sp++] = md->children[k];
+    }
+    fsdp__free(&m->hooks, stack);
+    fsdp__free(&m->hooks, entry_of);
+    stack = entry_of = NULL;
+    un->info.numel = off;
+    /* shapes, dtype and requires_grad: one dtype and one requires_grad per flat parameter */
+    un->shapes = (int64_t *)fsdp__calloc(&u->hooks, (size_t)(un->info.nentries ? un->info.nentries : 1),
+                                         FSDP_MAX_DIMS * sizeof(int64_t));
+    if (!un->shapes) return FSDP_OUT_OF_MEMORY;
+    for (k = 0; k < un->info.nentries; k++) {
+        fsdp_flat_entry *fe = &un->entries[k];
+        const fsdp__param *p = &m->params[fe->param];
+        const fsdp__param *p0 = &m->params[un->entries[0].param];
+        memcpy(un->shapes + (size_t)k * FSDP_MAX_DIMS, p->shape, sizeof p->shape);
+        fe->shape = un->shapes + (size_t)k * FSDP_MAX_DIMS;
+        if (p->dtype != p0->dtype)
+            return fsdp__model_fail(m, FSDP_INVALID_MODEL,
+                                    "unit %d '%s': parameters '%s' (%s) and '%s' (%s) have "
+                                    "different dtypes; a flat parameter holds one dtype (wrap "
+                                    "them in different units)", idx, ufqn, p0->fqn,
+                                    fsdp_dtype_name(p0->dtype), p->fqn,
+                                    fsdp_dtype_name(p->dtype));
+        if (p->requires_grad != p0->requires_grad)
+            return fsdp__model_fail(m, FSDP_INVALID_MODEL,
+                                    "unit %d '%s': parameter '%s' is %s but '%s' is %s; a flat "
+                                    "parameter has one requires_grad (wrap them in different "
+                                    "units)", idx, ufqn, p0->fqn,
+                                    p0->requires_grad ? "trainable" : "frozen", p->fqn,
+                                    p->requires_grad ? "trainable" : "frozen");
+    }
+    if (un->info.nentries) {
+        un->info.dtype = m->params[un->entries[0].param].dtype;
+        un->info.requires_grad = m->params[un->entries[0].param].requires_grad;
+    }
+    /* from raw indices to the public (state_dict) ones */
+    for (k = 0; k < un->info.nentries; k++) un->entries[k].param = m->params[un->entries[k].param].order;
+    for (k = 0; k < un->info.nshared; k++) un->shared[k].param = m->params[un->shared[k].param].order;
+    un->info.entries = un->entries;
+    un->info.shared = un->shared;
+    return FSDP_SUCCESS;
+oom:
+    fsdp__free(&m->hooks, stack);
+    fsdp__free(&m->hooks, entry_of);
+    return FSDP_OUT_OF_MEMORY;
+}
+
+/* _recursive_wrap: returns the wrapped numel of the subtree. */
+FSDP__DEF int64_t fsdp__recursive_wrap(fsdp__walk *w, int mod, int only_children, int depth)
+{
+    fsdp_model *m = w->m;
+    const fsdp_wrap_policy *p = w->desc->policy;
+    fsdp_unit_options ov;
+    int has_ov = 0, k, r;
+    int64_t np, total = 0, rem;
+    if (w->err != FSDP_SUCCESS) return 0;
+    np = fsdp__num_params(w, mod);
+    memset(&ov, 0, sizeof ov);
+    r = fsdp__policy(w, p, mod, 1, np, &ov, &has_ov);
+    if (w->desc->trace) w->desc->trace(w->desc->trace_user, m->mods[mod].fqn, 1, np, r);
+    if (!r) return 0;
+    for (k = 0; k < m->mods[mod].nchildren; k++) {
+        int c = m->mods[mod].children[k];
+        if (m->mod_ignored[c]) continue;
+        total += fsdp__recursive_wrap(w, c, 0, depth + 1);
+        if (w->err != FSDP_SUCCESS) return 0;
+    }
+    rem = np - total;
+    if (!only_children) {
+        has_ov = 0;
+        memset(&ov, 0, sizeof ov);
+        r = fsdp__policy(w, p, mod, 0, rem, &ov, &has_ov);
+        if (w->desc->trace) w->desc->trace(w->desc->trace_user, m->mods[mod].fqn, 0, rem, r);
+        if (r) {
+            w->err = fsdp__make_unit(w, mod, 1, np, &ov, has_ov);
+            return np;
+        }
+    }
+    return total;
+}
+
+FSDP_API void fsdp_units_destroy(fsdp_units *u)
+{
+    int i, k;
+    fsdp_hooks h;
+    if (!u) return;
+    h = u->hooks;
+    for (i = 0; i < u->count; i++) {
+        fsdp__unit *un = &u->units[i];
+        for (k = 0; k < un->nstrings; k++) fsdp__free(&h, un->strings[k]);
+        fsdp__free(&h, un->strings);
+        fsdp__free(&h, un->entries);
+        fsdp__free(&h, un->shared);
+        fsdp__free(&h, un->shapes);
+    }
+    fsdp__free(&h, u->units);
+    for (i = 0; i < u->nmods; i++) {
+        if (u->mod_names) fsdp__free(&h, u->mod_names[i]);
+        if (u->mod_children) fsdp__free(&h, u->mod_children[i]);
+        if (u->mod_params) fsdp__free(&h, u->mod_params[i]);
+    }
+    for (i = 0; i < u->nparams; i++)
+        if (u->param_names) fsdp__free(&h, u->param_names[i]);
+    fsdp__free(&h, u->mod_names);
+    fsdp__free(&h, u->mod_children);
+    fsdp__free(&h, u->mod_nchildren);
+    fsdp__free(&h, u->mod_unit);
+    fsdp__free(&h, u->mod_params);
+    fsdp__free(&h, u->mod_nparams);
+    fsdp__free(&h, u->param_names);
+    fsdp__free(&h, u->param_object);
+    fsdp__free(&h, u->param_numel);
+    fsdp__free(&h, u->param_left);
+    fsdp__free(&h, u);
+}
+
+/* Copies the tree into the units so fsdp_units_torch_names works after the
+   model changes or is destroyed. */
+FSDP__DEF fsdp_result fsdp__units_copy_tree(fsdp_units *u, const fsdp_model *m,
+                                            const int *mod_unit)
+{
+    const fsdp_hooks *h = &u->hooks;
+    int i;
+    u->nmods = m->nmods;
+    u->nparams = m->nparams;
+    u->mod_names = (char **)fsdp__calloc(h, (size_t)m->nmods, sizeof(char *));
+    u->mod_children = (int **)fsdp__calloc(h, (size_t)m->nmods, sizeof(int *));
+    u->mod_nchildren = (int *)fsdp__calloc(h, (size_t)m->nmods, sizeof(int));
+    u->mod_unit = (int *)fsdp__calloc(h, (size_t)m->nmods, sizeof(int));
+    u->mod_params = (int **)fsdp__calloc(h, (size_t)m->nmods, sizeof(int *));
+    u->mod_nparams = (int *)fsdp__calloc(h, (size_t)m->nmods, sizeof(int));
+    u->param_names = (char **)fsdp__calloc(h, (size_t)(m->nparams + 1), sizeof(char *));
+    u->param_object = (int *)fsdp__calloc(h, (size_t)(m->nparams + 1), sizeof(int));
+    u->param_numel = (int64_t *)fsdp__calloc(h, (size_t)(m->nparams + 1), sizeof(int64_t));
+    if (!u->mod_names || !u->mod_children || !u->mod_nchildren || !u->mod_unit ||
+        !u->mod_params || !u->mod_nparams || !u->param_names || !u->param_object ||
+        !u->param_numel)
+        return FSDP_OUT_OF_MEMORY;
+    for (i = 0; i < m->nmods; i++) {
+        const fsdp__module *md = &m->mods[i];
+        u->mod_unit[i] = mod_unit[i];
+        u->mod_names[i] = fsdp__strdup(h, md->name);
+        u->mod_children[i] = (int *)fsdp__alloc(h, (size_t)(md->nchildren + 1) * sizeof(int));
+        u->mod_params[i] = (int *)fsdp__alloc(h, (size_t)(md->nparams + 1) * sizeof(int));
+        if (!u->mod_names[i] || !u->mod_children[i] || !u->mod_params[i])
+            return FSDP_OUT_OF_MEMORY;
+        if (md->nchildren) memcpy(u->mod_children[i], md->children, (size_t)md->nchildren * sizeof(int));
+        if (md->nparams) memcpy(u->mod_params[i], md->params, (size_t)md->nparams * sizeof(int));
+        u->mod_nchildren[i] = md->nchildren;
+        u->mod_nparams[i] = md->nparams;
+    }
+    for (i = 0; i < m->nparams; i++) {
+        u->param_names[i] = fsdp__strdup(h, m->params[i].name);
+        if (!u->param_names[i]) return FSDP_OUT_OF_MEMORY;
+        u->param_object[i] = m->params[i].object;
+        u->param_numel[i] = m->params[i].numel;
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_wrap(fsdp_model *m, const fsdp_wrap_desc *desc, fsdp_units **out)
+{
+    fsdp__walk w;
+    fsdp_units *u;
+    fsdp_result r = FSDP_SUCCESS;
+    int i;
+    if (!m) return FSDP_INVALID_ARGS;
+    if (!desc || !out)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_wrap: %s is NULL",
+                                desc ? "out" : "desc");
+    *out = NULL;
+    fsdp__fresh(m);
+    if (desc->policy) {
+        r = fsdp__check_policy(m, desc->policy, 0);
+        if (r != FSDP_SUCCESS) return r;
+    }
+    if (desc->root.sharding < FSDP_SHARDING_DEFAULT || desc->root.sharding > FSDP_HYBRID_SHARD)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_wrap: unknown sharding strategy %d",
+                                (int)desc->root.sharding);
+    u = (fsdp_units *)fsdp__calloc(&m->hooks, 1, sizeof *u);
+    if (!u) return fsdp__model_fail(m, FSDP_OUT_OF_MEMORY, "fsdp_wrap: out of memory");
+    u->hooks = m->hooks;
+    memset(&w, 0, sizeof w);
+    w.m = m;
+    w.desc = desc;
+    w.u = u;
+    w.stamp = (int *)fsdp__calloc(&m->hooks, (size_t)(m->nparams + 1), sizeof(int));
+    w.mod_unit = (int *)fsdp__alloc(&m->hooks, (size_t)m->nmods * sizeof(int));
+    u->param_left = (unsigned char *)fsdp__alloc(&m->hooks, (size_t)m->nparams + 1);
+    if (!w.stamp || !w.mod_unit || !u->param_left) {
+        r = FSDP_OUT_OF_MEMORY;
+        goto done;
+    }
+    memset(u->param_left, 1, (size_t)m->nparams + 1);
+    for (i = 0; i < m->nmods; i++) w.mod_unit[i] = -1;
+    if (desc->policy && desc->policy->kind != FSDP_WRAP_ROOT_ONLY) {
+        u->total_wrapped = fsdp__recursive_wrap(&w, 0, !desc->policy_wraps_root, 0);
+        r = w.err;
+        if (r != FSDP_SUCCESS) goto done;
+    }
+    if (w.mod_unit[0] < 0) {
+        fsdp_unit_options none;
+        int64_t np = fsdp__num_params(&w, 0);
+        memset(&none, 0, sizeof none);
+        if (w.err != FSDP_SUCCESS) {
+            r = w.err;
+            goto done;
+        }
+        r = fsdp__make_unit(&w, 0, 0, np, &none, 0);
+        if (r != FSDP_SUCCESS) goto done;
+    }
+    r = fsdp__units_copy_tree(u, m, w.mod_unit);
+done:
+    fsdp__free(&m->hooks, w.stamp);
+    fsdp__free(&m->hooks, w.mod_unit);
+    if (r != FSDP_SUCCESS) {
+        fsdp_units_destroy(u);
+        if (r == FSDP_OUT_OF_MEMORY) fsdp__model_fail(m, r, "fsdp_wrap: out of memory");
+        return r;
+    }
+    {
+        for (i = 0; i < m->nmods; i++)
+            if (m->mods[i].ignored_self && m->mod_ignored[i]) {
+                int a = m->mods[i].parent;
+                while (a > 0 && u->mod_unit[a] < 0) a = m->mods[a].parent;
+                if (a > 0)
+                    fsdp__log(&m->hooks, FSDP_LOG_WARN,
+                              "ignored module '%s' is inside unit '%s', which flattens it "
+                              "anyway (PyTorch FSDP 1.x semantics: nested units do not "
+                              "receive ignored_modules)", m->mods[i].fqn, m->mods[a].fqn);
+            }
+    }
+    *out = u;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API int fsdp_units_count(const fsdp_units *u)
+{
+    return u ? u->count : 0;
+}
+
+FSDP_API const fsdp_unit_info *fsdp_units_get(const fsdp_units *u, int i)
+{
+    if (!u || i < 0 || i >= u->count) return NULL;
+    return &u->units[i].info;
+}
+
+FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u)
+{
+    return u ? u->total_wrapped : 0;
+}
+
+FSDP__DEF fsdp_result fsdp__torch_names(const fsdp_units *u, int mod, const char *prefix,
+                                        unsigned char *seen, fsdp_name_fn fn, void *user,
+                                        int depth)
+{
+    const fsdp_hooks *h = &u->hooks;
+    char *inner;
+    size_t np = strlen(prefix);
+    int k;
+    fsdp_result r = FSDP_SUCCESS;
+    if (u->mod_unit[mod] >= 0) {
+        const fsdp_unit_info *ui = &u->units[u->mod_unit[mod]].info;
+        static const char wrapped[] = "_fsdp_wrapped_module.";
+        char *name = (char *)fsdp__alloc(h, np + sizeof wrapped + 16);
+        if (!name) return FSDP_OUT_OF_MEMORY;
+        if (ui->nentries) {
+            sprintf(name, "%s%sflat_param", prefix, wrapped);
+            fn(user, name, ui->numel);
+        }
+        fsdp__free(h, name);
+        inner = (char *)fsdp__alloc(h, np + 64);
+        if (!inner) return FSDP_OUT_OF_MEMORY;
+        sprintf(inner, "%s%s_fpw_module.", prefix, wrapped);
+    } else {
+        inner = fsdp__strdup(h, prefix);
+        if (!inner) return FSDP_OUT_OF_MEMORY;
+    }
+    for (k = 0; k < u->mod_nparams[mod]; k++) {
+        int pi = u->mod_params[mod][k];
+        if (!u->param_left[pi] || seen[u->param_object[pi]]) continue;
+        seen[u->param_object[pi]] = 1;
+        {
+            char *name = (char *)fsdp__alloc(h, strlen(inner) + strlen(u->param_names[pi]) + 1);
+            if (!name) {
+                fsdp__free(h, inner);
+                return FSDP_OUT_OF_MEMORY;
+            }
+            sprintf(name, "%s%s", inner, u->param_names[pi]);
+            fn(user, name, u->param_numel[pi]);
+            fsdp__free(h, name);
+        }
+    }
+    for (k = 0; k < u->mod_nchildren[mod] && r == FSDP_SUCCESS; k++) {
+        int c = u->mod_children[mod][k];
+        char *cp = (char *)fsdp__alloc(h, strlen(inner) + strlen(u->mod_names[c]) + 2);
+        if (!cp) {
+            r = FSDP_OUT_OF_MEMORY;
+            break;
+        }
+        sprintf(cp, "%s%s.", inner, u->mod_names[c]);
+        r = fsdp__torch_names(u, c, cp, seen, fn, user, depth + 1);
+        fsdp__free(h, cp);
+    }
+    fsdp__free(h, inner);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_units_torch_names(const fsdp_units *u, fsdp_name_fn fn, void *user)
+{
+    unsigned char *seen;
+    fsdp_result r;
+    if (!u || !fn) return FSDP_INVALID_ARGS;
+    seen = (unsigned char *)fsdp__calloc(&u->hooks, (size_t)u->nparams + 1, 1);
+    if (!seen) return FSDP_OUT_OF_MEMORY;
+    r = fsdp__torch_names(u, 0, "", seen, fn, user, 0);
+    fsdp__free(&u->hooks, seen);
+    return r;
+}
+
+/* >>wrap end */
+
+#endif /* FSDP_IMPLEMENTATION_DONE */
+#endif /* FSDP_IMPLEMENTATION */

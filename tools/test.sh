@@ -1,0 +1,51 @@
+#!/bin/sh
+# The README's second command (and CI's): builds and runs every test with gcc,
+# with clang, under AddressSanitizer+UBSan and under ThreadSanitizer, then
+# prints one closing line "N passed, M failed" over all of them.
+set -u
+cd "$(dirname "$0")/.."
+sh tools/deps.sh || exit 1
+total_ok=0
+total_fail=0
+status=0
+
+run_suite() { # name, build dir, env for setup, meson setup options...
+    name=$1 dir=$2 env_setup=$3
+    shift 3
+    echo "=== $name ($dir)"
+    if [ ! -f "$dir/build.ninja" ]; then
+        env $env_setup meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || {
+            cat "$dir.setup.log"; echo "$name: meson setup failed"
+            total_fail=$((total_fail + 1)); status=1; return; }
+    fi
+    if ! meson compile -C "$dir" >"$dir.compile.log" 2>&1; then
+        tail -n 60 "$dir.compile.log"; echo "$name: build failed"
+        total_fail=$((total_fail + 1)); status=1; return
+    fi
+    meson test -C "$dir" --print-errorlogs --num-processes 2 >"$dir.test.log" 2>&1
+    rc=$?
+    grep -E '^ *[0-9]+/[0-9]+ ' "$dir.test.log"
+    ok=$(sed -n 's/^Ok: *\([0-9]*\).*/\1/p' "$dir.test.log" | tail -n 1)
+    fail=$(sed -n 's/^Fail: *\([0-9]*\).*/\1/p' "$dir.test.log" | tail -n 1)
+    to=$(sed -n 's/^Timeout: *\([0-9]*\).*/\1/p' "$dir.test.log" | tail -n 1)
+    ok=${ok:-0} fail=${fail:-0} to=${to:-0}
+    if [ "$rc" != 0 ]; then
+        sed -n '/^=* *[0-9]*\/[0-9]* .*FAIL\|TIMEOUT/,/^-------/p' "$dir.test.log" | tail -n 80
+        [ "$fail" = 0 ] && [ "$to" = 0 ] && fail=1
+        status=1
+    fi
+    total_ok=$((total_ok + ok))
+    total_fail=$((total_fail + fail + to))
+}
+
+export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+run_suite gcc build "" 
+run_suite clang build-clang "CC=clang CXX=clang++"
+run_suite asan+ubsan build-asan "" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+run_suite tsan build-tsan "" -Db_sanitize=thread -Db_lundef=false -Dbuildtype=debug
+
+echo "$total_ok passed, $total_fail failed"
+exit $status
