@@ -1,4 +1,4 @@
-/* fsdp.h - v0.1.0 - Fully Sharded Data Parallel for C11 training engines
+/* fsdp.h - v0.2.0 - Fully Sharded Data Parallel for C11 training engines
 
    Do this:
        #define FSDP_IMPLEMENTATION
@@ -25,6 +25,9 @@
        >>model      modules, parameters, shared parameters, ignored items
        >>flatparam  units' flat parameters and PyTorch-exact shard metadata
        >>wrap       wrap policies and PyTorch's recursive walk
+       >>optim      AdamW, Adam, SGD with torch.optim's exact arithmetic
+       >>runtime    per-rank FSDP context: gather, reduce, prefetch, planned
+                    memory, init, clipping, summon, the sharded step
 
    fsdp.h DOES NOT: launch processes, do autograd, choose your GPU.
 
@@ -37,6 +40,8 @@
    FSDP_COMM_MISMATCH naming both calls instead of hanging.
 
    Revision history:
+       0.2.0  the runtime (all sharding strategies, mixed precision,
+              prefetch, planned memory) and the sharded optimizers
        0.1.0  core: errors, dtypes, CPU device, local backend, model,
               flat parameters, wrap policies
 */
@@ -47,7 +52,7 @@
 #include <stdint.h>
 
 #define FSDP_VERSION_MAJOR 0
-#define FSDP_VERSION_MINOR 1
+#define FSDP_VERSION_MINOR 2
 #define FSDP_VERSION_PATCH 0
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -657,6 +662,250 @@ FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u);
 typedef void (*fsdp_name_fn)(void *user, const char *name, int64_t numel);
 FSDP_API fsdp_result fsdp_units_torch_names(const fsdp_units *u, fsdp_name_fn fn, void *user);
 
+/* ======================================================================== */
+/* >>optim                                                                   */
+/* ======================================================================== */
+
+typedef enum fsdp_optim_kind {
+    FSDP_OPTIM_DEFAULT = 0, /* AdamW */
+    FSDP_ADAMW = 1,
+    FSDP_ADAM = 2,          /* weight_decay is L2 added to the gradient */
+    FSDP_SGD = 3
+} fsdp_optim_kind;
+
+/* torch.optim hyper-parameters. Start from fsdp_optim_defaults(kind), which
+   gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+   weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
+   everything else 0). */
+typedef struct fsdp_optim_config {
+    fsdp_optim_kind kind;
+    double lr;
+    double beta1, beta2, eps;   /* Adam family */
+    double weight_decay;
+    int amsgrad;                /* Adam family */
+    double momentum, dampening; /* SGD */
+    int nesterov;               /* SGD; needs momentum > 0 and dampening 0 */
+    /* 1: c + a*b steps are fused multiply-adds, as torch's AVX2 kernels (and
+       GPUs) compute them; 0: every operation rounds separately, as torch's
+       default-capability kernels do. Both reproduce torch bit-for-bit. */
+    int fused_multiply_add;
+} fsdp_optim_config;
+
+FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
+/* Checks a configuration as torch's constructors do (lr >= 0, eps >= 0,
+   betas in [0, 1), momentum >= 0, weight_decay >= 0, nesterov needs
+   momentum > 0 and dampening 0). msg (optional, FSDP_ERROR_MAX bytes)
+   receives the reason. */
+FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg);
+/* Which state buffers a configuration keeps, as torch names them:
+   bit 0 exp_avg, bit 1 exp_avg_sq, bit 2 max_exp_avg_sq, bit 3 momentum_buffer. */
+FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c);
+
+/* The optimizer state of one flat f32 range; NULL buffers the configuration
+   does not use. */
+typedef struct fsdp_optim_state {
+    float *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *momentum_buffer;
+} fsdp_optim_state;
+
+/* One torch.optim step over n f32 elements on the host. step is 1 for the
+   first step (torch's state['step'] after its increment). The arithmetic is
+   the recipe of tests/vectors/README.md, element by element, so splitting a
+   tensor into shards changes no bit. */
+FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
+                                          const float *grad, const fsdp_optim_state *state,
+                                          size_t n);
+/* ======================================================================== */
+/* >>runtime                                                                 */
+/* ======================================================================== */
+
+/* The FSDP runtime of one rank. C has no autograd, so PyTorch's hooks become
+   calls the engine makes around each unit:
+
+       fsdp_begin_forward(ctx, u);   read fsdp_param(ctx, ...) views
+       fsdp_end_forward(ctx, u);
+       ...
+       fsdp_begin_backward(ctx, u);  read params, ACCUMULATE (+=) into
+       fsdp_end_backward(ctx, u);    fsdp_grad(ctx, ...) views
+       ...
+       fsdp_clip_grad_norm(ctx, 1.0, 2.0, &norm);   (optional)
+       fsdp_step(ctx);               optimizer on the local shard
+
+   Units are fsdp_units indices. Every call except the views is collective
+   over the context's communicator (every rank, same order), because it may
+   all-gather or reduce-scatter. */
+
+typedef struct fsdp_ctx fsdp_ctx;
+
+typedef enum fsdp_unit_state {
+    FSDP_UNIT_IDLE = 0,         /* sharded (or resident and unused) */
+    FSDP_UNIT_FORWARD = 1,      /* between begin_forward and end_forward */
+    FSDP_UNIT_BACKWARD_PRE = 2, /* between begin_backward and end_backward */
+    FSDP_UNIT_BACKWARD_POST = 3,/* gradient reduction issued, not yet done */
+    FSDP_UNIT_SUMMON_FULL_PARAMS = 4
+} fsdp_unit_state;
+
+typedef enum fsdp_training_state {
+    FSDP_CTX_IDLE = 0,
+    FSDP_CTX_FORWARD_BACKWARD = 1,
+    FSDP_CTX_SUMMON_FULL_PARAMS = 2
+} fsdp_training_state;
+
+FSDP_API const char *fsdp_unit_state_name(fsdp_unit_state s);
+
+/* Chooses a parameter group (0..ngroups-1) for a parameter: for instance no
+   weight decay on biases and norms. */
+typedef int (*fsdp_group_fn)(void *user, const char *fqn, int ndim, const char *module_type);
+
+typedef struct fsdp_ctx_desc {
+    fsdp_hooks hooks;
+    const fsdp_model *model;   /* borrowed; must outlive the context */
+    const fsdp_units *units;   /* borrowed; must outlive the context */
+    fsdp_device *device;
+    fsdp_comm *comm;           /* all ranks; the context splits it for HYBRID_SHARD */
+    fsdp_stream *compute_stream; /* the engine's stream; NULL: the engine computes
+                                    on the calling thread (CPU engines) */
+    int hybrid_shard_size;     /* HYBRID_SHARD: ranks per shard group (divides
+                                  the world size); 0: the whole world */
+    int max_unsharded;         /* shared unsharded buffers (limit_all_gathers);
+                                  0: 2 */
+    int disable_forward_prefetch;
+    int disable_backward_prefetch;
+    int plan_no_sync;          /* reserve unsharded gradients of every unit, so
+                                  fsdp_set_no_sync(ctx, 1) can accumulate
+                                  without communication */
+    /* optimizer: groups[0..ngroups-1]; ngroups 0 uses one group of `optim`
+       (kind 0 and lr 0 mean fsdp_optim_defaults(FSDP_ADAMW)) */
+    fsdp_optim_config optim;
+    const fsdp_optim_config *groups;
+    int ngroups;
+    fsdp_group_fn group_fn;
+    void *group_user;
+} fsdp_ctx_desc;
+
+/* Creates the context and allocates everything the plan holds: sharded f32
+   parameters, their low-precision copies, sharded gradients, optimizer
+   state and the unsharded pool. Parameters start at zero; initialise them
+   with fsdp_init_params or fsdp_set_full_param. Collective: yes. */
+FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *desc, fsdp_ctx **out);
+/* Waits for outstanding work and frees everything. */
+FSDP_API void fsdp_ctx_destroy(fsdp_ctx *ctx);
+FSDP_API const char *fsdp_ctx_last_error(const fsdp_ctx *ctx);
+FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *ctx);
+FSDP_API fsdp_unit_state fsdp_ctx_unit_state(const fsdp_ctx *ctx, int unit);
+
+/* Per-rank memory, planned when the context is created: every byte the
+   context allocates is in one of these, through the device's allocator. */
+typedef struct fsdp_memory_plan {
+    size_t sharded_params;   /* f32 master shards */
+    size_t low_precision;    /* shards in the gathered dtype, when it differs */
+    size_t sharded_grads;    /* f32 */
+    size_t optimizer_state;  /* exp_avg, exp_avg_sq, ... */
+    size_t pool;             /* unsharded parameters and gradients */
+    size_t scratch;          /* reduction staging in the reduce dtype */
+    size_t total;
+    int pool_slots;          /* shared unsharded buffers */
+    int resident_units;      /* units with their own unsharded buffers */
+} fsdp_memory_plan;
+FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *ctx, fsdp_memory_plan *out);
+
+/* --- initialisation without materialising the model --- */
+typedef enum fsdp_init_kind {
+    FSDP_INIT_ZEROS = 0,
+    FSDP_INIT_ONES = 1,
+    FSDP_INIT_CONSTANT = 2,   /* a */
+    FSDP_INIT_UNIFORM = 3,    /* U[a, b) */
+    FSDP_INIT_NORMAL = 4,     /* mean a, std b */
+    FSDP_INIT_TRUNC_NORMAL = 5, /* mean a, std b, redrawn outside [lo, hi] */
+    FSDP_INIT_USER = 6
+} fsdp_init_kind;
+
+/* Fills out[0..count) with elements first..first+count-1 of parameter fqn.
+   Must depend only on (fqn, element index), so every world size gives the
+   same model. */
+typedef void (*fsdp_init_user_fn)(void *user, const char *fqn, int64_t first, int64_t count,
+                                  float *out);
+
+typedef struct fsdp_init_spec {
+    fsdp_init_kind kind;
+    double a, b, lo, hi;
+    fsdp_init_user_fn fn;
+    void *user;
+} fsdp_init_spec;
+
+/* Chooses the initialisation of each parameter. */
+typedef fsdp_init_spec (*fsdp_init_choose_fn)(void *user, const char *fqn, int ndim,
+                                              const int64_t *shape, const char *module_type);
+
+/* Each rank fills only its own shard, element k of parameter fqn from a
+   counter-based generator keyed by (seed, fqn, k): the model is bitwise the
+   same at every world size and no rank ever holds it whole. Collective: no. */
+FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *ctx, uint64_t seed, fsdp_init_choose_fn choose,
+                                      void *user);
+/* The value the generator gives element k of fqn (normal(0,1) draw). */
+FSDP_API float fsdp_random_normal(uint64_t seed, const char *fqn, int64_t k);
+FSDP_API float fsdp_random_uniform(uint64_t seed, const char *fqn, int64_t k); /* [0,1) */
+
+/* The plain path: every rank passes the full tensor (host memory, any float
+   dtype) and keeps its slice. Collective: no. */
+FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *ctx, const char *fqn, const void *data,
+                                         fsdp_dtype dt);
+
+/* --- the training calls --- */
+FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *ctx, int unit);
+FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *ctx, int unit);
+FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *ctx, int unit);
+FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *ctx, int unit);
+
+/* The unsharded view of a parameter in the gathered dtype (fsdp_param_dtype),
+   valid between begin and end of its unit (or while summoned); NULL
+   otherwise, with the reason in fsdp_ctx_last_error. Tied names give the
+   same view. Collective: no. */
+FSDP_API void *fsdp_param(fsdp_ctx *ctx, const char *fqn);
+/* The unsharded gradient view (same dtype as the parameter view) between
+   begin_backward and end_backward; zero at begin_backward unless no_sync
+   accumulation is on. The engine adds into it. */
+FSDP_API void *fsdp_grad(fsdp_ctx *ctx, const char *fqn);
+FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *ctx, int unit);
+
+/* Gradient accumulation without communication (FSDP's no_sync): while on,
+   end_backward keeps unsharded gradients (needs plan_no_sync). Turning it
+   off makes the next end_backward reduce everything accumulated. */
+FSDP_API fsdp_result fsdp_set_no_sync(fsdp_ctx *ctx, int on);
+
+/* Global-norm clipping of the sharded gradients (clip_grad_norm_): norm_type
+   2.0 (any p >= 1) or INFINITY; returns the total norm before clipping.
+   Collective: yes. */
+FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *ctx, double max_norm, double norm_type,
+                                         double *total_norm);
+/* Optimizer step on the local shards, then zeroes the sharded gradients.
+   Collective: no (but waits for this rank's reductions). */
+FSDP_API fsdp_result fsdp_step(fsdp_ctx *ctx);
+FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *ctx);
+FSDP_API fsdp_result fsdp_set_lr(fsdp_ctx *ctx, int group, double lr);
+FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *ctx);
+
+/* --- full parameters --- */
+enum {
+    FSDP_SUMMON_WRITEBACK = 1u << 0, /* copy changes back into the shards */
+    FSDP_SUMMON_RANK0_ONLY = 1u << 1,/* only rank 0 gets the values */
+    FSDP_SUMMON_OFFLOAD = 1u << 2    /* into host memory the caller gives */
+};
+/* Gathers one unit's full f32 parameters (summon_full_params). With
+   FSDP_SUMMON_OFFLOAD, host (unit numel f32) receives them, else the views
+   fsdp_param(ctx, fqn) (f32 while summoned) point into device memory.
+   Collective: yes. */
+FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *ctx, int unit, unsigned flags, float *host);
+FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *ctx, int unit);
+
+/* PyTorch's gradient pre- and post-divide factors for a world size
+   (DefaultState): pre * post == world. */
+FSDP_API void fsdp_divide_factors(int world, double *pre, double *post);
+
+/* The local shard of a unit: f32 master parameters and gradients, S elements
+   (fsdp_unit_shard's shard_numel); device memory. For tests and tools. */
+FSDP_API float *fsdp_shard_params(fsdp_ctx *ctx, int unit);
+FSDP_API float *fsdp_shard_grads(fsdp_ctx *ctx, int unit);
+FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *ctx, int unit, fsdp_shard_layout *out);
 
 #ifdef __cplusplus
 }
@@ -4759,6 +5008,1716 @@ FSDP_API fsdp_result fsdp_units_torch_names(const fsdp_units *u, fsdp_name_fn fn
 }
 
 /* >>wrap end */
+
+/* ------------------------------------------------------------------------ */
+/* >>optim (implementation)                                                  */
+/* ------------------------------------------------------------------------ */
+
+FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind)
+{
+    fsdp_optim_config c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind == FSDP_OPTIM_DEFAULT ? FSDP_ADAMW : kind;
+    c.lr = 1e-3;
+    if (c.kind != FSDP_SGD) {
+        c.beta1 = 0.9;
+        c.beta2 = 0.999;
+        c.eps = 1e-8;
+        c.weight_decay = c.kind == FSDP_ADAMW ? 1e-2 : 0.0;
+    }
+    return c;
+}
+
+FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
+{
+    const char *why = NULL;
+    char buf[FSDP_ERROR_MAX];
+    if (!c) why = "configuration is NULL";
+    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_SGD) why = "unknown optimizer kind";
+    else if (!(c->lr >= 0.0)) why = "lr must be >= 0";
+    else if (!(c->weight_decay >= 0.0)) why = "weight_decay must be >= 0";
+    else if (c->kind != FSDP_SGD && !(c->eps >= 0.0)) why = "eps must be >= 0";
+    else if (c->kind != FSDP_SGD && !(c->beta1 >= 0.0 && c->beta1 < 1.0))
+        why = "beta1 must be in [0, 1)";
+    else if (c->kind != FSDP_SGD && !(c->beta2 >= 0.0 && c->beta2 < 1.0))
+        why = "beta2 must be in [0, 1)";
+    else if (c->kind == FSDP_SGD && !(c->momentum >= 0.0)) why = "momentum must be >= 0";
+    else if (c->kind == FSDP_SGD && c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
+        why = "nesterov momentum requires a momentum and zero dampening";
+    if (!why) return FSDP_SUCCESS;
+    if (msg) {
+        snprintf(buf, sizeof buf, "optimizer: %s", why);
+        memcpy(msg, buf, strlen(buf) + 1);
+    }
+    return FSDP_INVALID_ARGS;
+}
+
+FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
+{
+    if (!c) return 0;
+    if (c->kind == FSDP_SGD) return c->momentum != 0.0 ? 8u : 0u;
+    return 3u | (c->amsgrad ? 4u : 0u);
+}
+
+/* torch's arithmetic must not be re-associated or contracted by the
+   compiler, whatever flags the user builds with: GCC ignores the standard
+   FP_CONTRACT pragma, so it gets the optimize attribute; clang the pragma. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FSDP__NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+#else
+#define FSDP__NO_CONTRACT
+#endif
+
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, int64_t step,
+                                                  float *p, const float *g,
+                                                  const fsdp_optim_state *st, size_t n)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const int adamw = c->kind == FSDP_ADAMW, ams = c->amsgrad;
+    const float decay = (float)(1.0 - c->lr * c->weight_decay);
+    const float wd = (float)c->weight_decay, b1 = (float)c->beta1, b2 = (float)c->beta2;
+    const float omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);
+    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
+    const float sbc2 = (float)sqrt(bc2), eps = (float)c->eps;
+    const float neg_step = (float)(-(c->lr / bc1));
+    float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float pi = p[i], gi = g[i], mi, vi, denom;
+        if (adamw) pi = pi * decay;
+        else if (wd != 0.0f) gi = pi * wd + gi;
+        mi = gi * omb1 + m[i] * b1;
+        vi = (omb2 * gi) * gi + v[i] * b2;
+        m[i] = mi;
+        v[i] = vi;
+        if (ams) {
+            if (vm[i] > vi) vi = vm[i];
+            vm[i] = vi;
+        }
+        denom = sqrtf(vi) / sbc2 + eps;
+        p[i] = pi + (neg_step * mi) / denom;
+    }
+}
+
+FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p,
+                              const float *g, const fsdp_optim_state *st, size_t n)
+{
+    const int adamw = c->kind == FSDP_ADAMW, ams = c->amsgrad;
+    const float decay = (float)(1.0 - c->lr * c->weight_decay);
+    const float wd = (float)c->weight_decay, b1 = (float)c->beta1, b2 = (float)c->beta2;
+    const float omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);
+    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
+    const float sbc2 = (float)sqrt(bc2), eps = (float)c->eps;
+    const float neg_step = (float)(-(c->lr / bc1));
+    float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float pi = p[i], gi = g[i], mi, vi, denom, t;
+        if (adamw) pi = pi * decay;
+        else if (wd != 0.0f) gi = fmaf(pi, wd, gi);
+        t = m[i] * b1;
+        mi = fmaf(gi, omb1, t);
+        t = v[i] * b2;
+        vi = fmaf(omb2 * gi, gi, t);
+        m[i] = mi;
+        v[i] = vi;
+        if (ams) {
+            if (vm[i] > vi) vi = vm[i];
+            vm[i] = vi;
+        }
+        t = sqrtf(vi) / sbc2;
+        denom = t + eps;
+        t = neg_step * mi;
+        t = t / denom;
+        p[i] = pi + t;
+    }
+}
+
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int64_t step,
+                                                float *p, const float *g,
+                                                const fsdp_optim_state *st, size_t n, int fma)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const float wd = (float)c->weight_decay, mom = (float)c->momentum;
+    const float omd = (float)(1.0 - c->dampening), neg_lr = (float)(-c->lr);
+    float *buf = st->momentum_buffer;
+    const int use_mom = c->momentum != 0.0, nest = c->nesterov;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float gi = g[i], t;
+        if (wd != 0.0f) gi = fma ? fmaf(p[i], wd, gi) : p[i] * wd + gi;
+        if (use_mom) {
+            float b;
+            if (step == 1) {
+                b = gi; /* torch clones the gradient: no dampening on the first step */
+            } else {
+                t = buf[i] * mom;
+                b = fma ? fmaf(gi, omd, t) : gi * omd + t;
+            }
+            buf[i] = b;
+            gi = nest ? (fma ? fmaf(b, mom, gi) : b * mom + gi) : b;
+        }
+        p[i] = fma ? fmaf(gi, neg_lr, p[i]) : gi * neg_lr + p[i];
+    }
+}
+
+FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
+                                          const float *grad, const fsdp_optim_state *state,
+                                          size_t n)
+{
+    unsigned mask;
+    fsdp_result r = fsdp_optim_check(c, NULL);
+    if (r != FSDP_SUCCESS) return r;
+    if (step < 1 || !state) return FSDP_INVALID_ARGS;
+    if (n == 0) return FSDP_SUCCESS;
+    if (!param || !grad) return FSDP_INVALID_ARGS;
+    mask = fsdp_optim_state_mask(c);
+    if (((mask & 1u) && !state->exp_avg) || ((mask & 2u) && !state->exp_avg_sq) ||
+        ((mask & 4u) && !state->max_exp_avg_sq) || ((mask & 8u) && !state->momentum_buffer))
+        return FSDP_INVALID_ARGS;
+    if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, c->fused_multiply_add);
+    else if (c->fused_multiply_add) fsdp__adam_fma(c, step, param, grad, state, n);
+    else fsdp__adam_plain(c, step, param, grad, state, n);
+    return FSDP_SUCCESS;
+}
+
+/* >>optim end */
+
+/* ------------------------------------------------------------------------ */
+/* >>runtime (implementation)                                                */
+/* ------------------------------------------------------------------------ */
+
+#define FSDP__MAX_GROUPS 64
+
+typedef struct fsdp__slot {
+    void *base;
+    size_t bytes;
+    int owner;           /* unit holding it, or -1 */
+    fsdp_event *done;    /* compute finished with it (compute-stream engines) */
+    int done_recorded;
+} fsdp__slot;
+
+typedef struct fsdp__cunit {
+    const fsdp_unit_info *info;
+    fsdp_unit_state state;
+    fsdp_sharding_strategy strat; /* resolved: NO_SHARD when the group has one rank */
+    fsdp_dtype pdt, rdt;          /* gathered and reduced dtypes */
+    fsdp_comm *comm;              /* where it shards (world or the shard group) */
+    int W, r;
+    fsdp_shard_layout lay;
+    fsdp_shard_piece *pieces;
+    int64_t S;                    /* local shard numel (numel for NO_SHARD) */
+    float *master, *grad;
+    void *lp;                     /* shard in pdt when pdt != f32 */
+    float *ostate[4];             /* optimizer state, by fsdp_optim_state_mask bit */
+    int *groups;                  /* entry -> parameter group */
+    int resident;                 /* has its own unsharded buffers */
+    void *res_base;               /* resident block: params then grads */
+    size_t res_bytes;
+    int slot;                     /* shared slot held, -1 */
+    void *uparam, *ugrad;         /* current unsharded buffers */
+    int gathered;                 /* uparam holds the current parameters */
+    int summon_f32;               /* uparam holds f32 master values (summon) */
+    float *summon_host;
+    unsigned summon_flags;
+    int summon_keep;              /* this rank sees the summoned values */
+    fsdp_event *ag_ev;
+    int ag_pending;
+    fsdp_event *rs_ev;            /* the unit's last reduction finished */
+    int rs_pending;
+    int accum;                    /* unsharded grads hold no_sync accumulation */
+} fsdp__cunit;
+
+typedef struct fsdp__pref { /* fqn -> (unit, entry) */
+    const char *fqn;
+    int unit, entry;
+} fsdp__pref;
+
+struct fsdp_ctx {
+    fsdp_hooks hooks;
+    fsdp_error err;
+    const fsdp_model *model;
+    const fsdp_units *units;
+    fsdp_device *dev;
+    fsdp_comm *world;
+    fsdp_comm *shard_comm, *rep_comm; /* HYBRID_SHARD */
+    fsdp_stream *compute, *cs;
+    fsdp_event *compute_ev;
+    int rank, nranks;
+    int nunits;
+    fsdp__cunit *u;
+    fsdp__slot *slots;
+    int nslots;
+    void *red_in, *red_out;
+    size_t red_in_bytes, red_out_bytes;
+    fsdp_memory_plan plan;
+    fsdp_training_state state;
+    fsdp_optim_config groups[FSDP__MAX_GROUPS];
+    int64_t group_steps[FSDP__MAX_GROUPS];
+    int ngroups;
+    int64_t steps;
+    int no_sync, plan_no_sync;
+    int prefetch_fwd, prefetch_bwd;
+    /* execution order, recorded in the first iteration */
+    int *fwd_order, *bwd_order;
+    int nfwd, nbwd, fpos, bpos, order_cap;
+    int fwd_done, bwd_done; /* an iteration's order is recorded */
+    int rerecord;           /* it changed: record again next iteration */
+    int phase;              /* 0 none, 1 forward, 2 backward */
+    fsdp__pref *prefs;
+    int nprefs;
+    fsdp__map pmap;
+};
+
+FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu);
+FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn);
+
+/* The context's state follows its units: forward/backward while any unit is
+   between begin and end, summon while any is summoned, else idle. */
+FSDP__DEF void fsdp__update_state(fsdp_ctx *c)
+{
+    int i, fb = 0, sm = 0;
+    for (i = 0; i < c->nunits; i++) {
+        fsdp_unit_state s = c->u[i].state;
+        if (s == FSDP_UNIT_FORWARD || s == FSDP_UNIT_BACKWARD_PRE) fb = 1;
+        if (s == FSDP_UNIT_SUMMON_FULL_PARAMS) sm = 1;
+    }
+    c->state = sm ? FSDP_CTX_SUMMON_FULL_PARAMS : fb ? FSDP_CTX_FORWARD_BACKWARD : FSDP_CTX_IDLE;
+}
+
+FSDP_API const char *fsdp_unit_state_name(fsdp_unit_state s)
+{
+    switch (s) {
+    case FSDP_UNIT_IDLE: return "IDLE";
+    case FSDP_UNIT_FORWARD: return "FORWARD";
+    case FSDP_UNIT_BACKWARD_PRE: return "BACKWARD_PRE";
+    case FSDP_UNIT_BACKWARD_POST: return "BACKWARD_POST";
+    case FSDP_UNIT_SUMMON_FULL_PARAMS: return "SUMMON_FULL_PARAMS";
+    }
+    return "UNKNOWN";
+}
+
+FSDP_API void fsdp_divide_factors(int world, double *pre, double *post)
+{
+    double f = 1.0;
+    if (world < 1) world = 1;
+    /* DefaultState: double while it divides the world and stays below the rest */
+    while (world % (int)f == 0 && (double)world / f > f) f *= 2.0;
+    if (pre) *pre = f;
+    if (post) *post = (double)world / f;
+}
+
+FSDP__DEF fsdp_result fsdp__ctx_fail(fsdp_ctx *c, fsdp_result code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp__vfail(&c->err, &c->hooks, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* A failure of a device or comm call: keep its message, say where. */
+FSDP__DEF fsdp_result fsdp__ctx_dev(fsdp_ctx *c, fsdp_result r, const char *what)
+{
+    if (r == FSDP_SUCCESS) return r;
+    return fsdp__ctx_fail(c, r, "rank %d: %s: %s", c->rank, what,
+                          r <= FSDP_COMM_ERROR && r > FSDP_DEVICE_ERROR
+                              ? fsdp_comm_last_error(c->world)
+                              : fsdp_device_last_error(c->dev));
+}
+
+FSDP__DEF fsdp_result fsdp__ctx_comm(fsdp_ctx *c, fsdp_comm *comm, fsdp_result r,
+                                     const char *what)
+{
+    if (r == FSDP_SUCCESS) return r;
+    return fsdp__ctx_fail(c, r, "rank %d: %s: %s", c->rank, what, fsdp_comm_last_error(comm));
+}
+
+FSDP__DEF const char *fsdp__pref_key(const void *ctx, int i)
+{
+    return ((const fsdp_ctx *)ctx)->prefs[i].fqn;
+}
+
+FSDP__DEF fsdp_result fsdp__check_unit(fsdp_ctx *c, int unit, const char *fn)
+{
+    if (unit < 0 || unit >= c->nunits)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: unit %d out of range (%d units)", fn,
+                              unit, c->nunits);
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__expect(fsdp_ctx *c, int unit, fsdp_unit_state want, const char *fn)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    if (cu->state == want) return FSDP_SUCCESS;
+    return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                          "%s: unit %d '%s': expected state %s, got %s", fn, unit,
+                          cu->info->fqn, fsdp_unit_state_name(want),
+                          fsdp_unit_state_name(cu->state));
+}
+
+/* Bytes of a unit's unsharded block: parameters then gradients. */
+FSDP__DEF size_t fsdp__block_bytes(const fsdp__cunit *cu)
+{
+    size_t n = (size_t)cu->lay.shard_numel * (size_t)cu->W;
+    size_t b = 2 * n * fsdp_dtype_size(cu->pdt);
+    if (b < n * 4) b = n * 4; /* a summon gathers f32 into the same block */
+    return (b + 63) & ~(size_t)63;
+}
+
+FSDP__DEF fsdp_result fsdp__alloc_dev(fsdp_ctx *c, size_t bytes, void **out, size_t *counter)
+{
+    fsdp_result r;
+    *out = NULL;
+    if (!bytes) return FSDP_SUCCESS;
+    r = fsdp_device_alloc(c->dev, bytes, out);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "allocating the planned memory");
+    *counter += bytes;
+    r = fsdp_device_memset(c->dev, *out, 0, bytes, NULL);
+    return fsdp__ctx_dev(c, r, "zeroing the planned memory");
+}
+
+FSDP__DEF void fsdp__free_dev(fsdp_ctx *c, void *p, size_t bytes)
+{
+    if (p) fsdp_device_free(c->dev, p, bytes);
+}
+
+FSDP__DEF size_t fsdp__shard_bytes(const fsdp__cunit *cu, size_t elem)
+{
+    return (size_t)cu->S * elem;
+}
+
+FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
+{
+    int i, k;
+    fsdp_hooks h;
+    if (!c) return;
+    if (c->cs) fsdp_stream_synchronize(c->dev, c->cs);
+    for (i = 0; i < c->nunits && c->u; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        fsdp__free_dev(c, cu->master, fsdp__shard_bytes(cu, 4));
+        fsdp__free_dev(c, cu->grad, fsdp__shard_bytes(cu, 4));
+        fsdp__free_dev(c, cu->lp, fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt)));
+        for (k = 0; k < 4; k++) fsdp__free_dev(c, cu->ostate[k], fsdp__shard_bytes(cu, 4));
+        fsdp__free_dev(c, cu->res_base, cu->res_bytes);
+        if (cu->ag_ev) fsdp_event_destroy(c->dev, cu->ag_ev);
+        if (cu->rs_ev) fsdp_event_destroy(c->dev, cu->rs_ev);
+        fsdp__free(&c->hooks, cu->pieces);
+        fsdp__free(&c->hooks, cu->groups);
+    }
+    for (i = 0; i < c->nslots && c->slots; i++) {
+        fsdp__free_dev(c, c->slots[i].base, c->slots[i].bytes);
+        if (c->slots[i].done) fsdp_event_destroy(c->dev, c->slots[i].done);
+    }
+    fsdp__free_dev(c, c->red_in, c->red_in_bytes);
+    fsdp__free_dev(c, c->red_out, c->red_out_bytes);
+    if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
+    if (c->cs) fsdp_stream_destroy(c->dev, c->cs);
+    if (c->shard_comm) fsdp_comm_destroy(c->shard_comm);
+    if (c->rep_comm) fsdp_comm_destroy(c->rep_comm);
+    fsdp__free(&c->hooks, c->u);
+    fsdp__free(&c->hooks, c->slots);
+    fsdp__free(&c->hooks, c->fwd_order);
+    fsdp__free(&c->hooks, c->bwd_order);
+    fsdp__free(&c->hooks, c->prefs);
+    fsdp__free(&c->hooks, c->pmap.slots);
+    h = c->hooks;
+    fsdp__free(&h, c);
+}
+
+FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_flat_entry *fe)
+{
+    fsdp_param_info pi;
+    fsdp_module_info mi;
+    int g;
+    if (!d->group_fn || c->ngroups <= 1) return 0;
+    if (fsdp_model_param(c->model, fe->param, &pi) != FSDP_SUCCESS ||
+        fsdp_model_module(c->model, pi.module, &mi) != FSDP_SUCCESS)
+        return -1;
+    g = d->group_fn(d->group_user, fe->fqn, fe->ndim, mi.type);
+    return g;
+}
+
+FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
+{
+    const fsdp_hooks *uh = d ? &d->hooks : NULL;
+    fsdp_ctx *c;
+    fsdp_result r;
+    int i, k, hs, any_hybrid = 0, nres = 0, nshared = 0;
+    size_t slot_bytes = 0, red_in = 0, red_out = 0;
+    if (!out) return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: out is NULL");
+    *out = NULL;
+    if (!d) return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: desc is NULL");
+    if (!fsdp__hooks_valid(uh))
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: allocator needs alloc, realloc and free");
+    if (!d->model || !d->units || !d->device || !d->comm)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: model, units, device and comm are required "
+                                 "(%s is NULL)", !d->model ? "model" : !d->units ? "units"
+                                 : !d->device ? "device" : "comm");
+    if (d->ngroups < 0 || d->ngroups > FSDP__MAX_GROUPS || (d->ngroups > 0 && !d->groups))
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: ngroups must be 0..%d with groups given",
+                                 FSDP__MAX_GROUPS);
+    if (d->max_unsharded < 0 || d->hybrid_shard_size < 0)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: max_unsharded and hybrid_shard_size must "
+                                 "be >= 0");
+    {
+        fsdp_hooks h = fsdp__hooks_copy(uh);
+        c = (fsdp_ctx *)fsdp__calloc(&h, 1, sizeof *c);
+        if (!c) return fsdp__fail_create(uh, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of memory");
+        c->hooks = h;
+    }
+    c->model = d->model;
+    c->units = d->units;
+    c->dev = d->device;
+    c->world = d->comm;
+    c->compute = d->compute_stream;
+    c->rank = fsdp_comm_rank(d->comm);
+    c->nranks = fsdp_comm_size(d->comm);
+    c->nunits = fsdp_units_count(d->units);
+    c->prefetch_fwd = !d->disable_forward_prefetch;
+    c->prefetch_bwd = !d->disable_backward_prefetch;
+    c->plan_no_sync = d->plan_no_sync;
+    if (d->ngroups) {
+        c->ngroups = d->ngroups;
+        for (i = 0; i < d->ngroups; i++) c->groups[i] = d->groups[i];
+    } else {
+        c->ngroups = 1;
+        c->groups[0] = d->optim;
+        if (c->groups[0].kind == FSDP_OPTIM_DEFAULT && c->groups[0].lr == 0.0)
+            c->groups[0] = fsdp_optim_defaults(FSDP_ADAMW);
+        if (c->groups[0].kind == FSDP_OPTIM_DEFAULT) c->groups[0].kind = FSDP_ADAMW;
+    }
+    for (i = 0; i < c->ngroups; i++) {
+        char msg[FSDP_ERROR_MAX];
+        if (c->groups[i].kind == FSDP_OPTIM_DEFAULT) c->groups[i].kind = FSDP_ADAMW;
+        if (fsdp_optim_check(&c->groups[i], msg) != FSDP_SUCCESS) {
+            fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: parameter group %d: %s",
+                              i, msg);
+            fsdp_ctx_destroy(c);
+            return FSDP_INVALID_ARGS;
+        }
+    }
+    hs = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
+    if (hs < 1 || c->nranks % hs) {
+        fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                          "fsdp_ctx_create: hybrid_shard_size %d does not divide the world "
+                          "size %d", hs, c->nranks);
+        fsdp_ctx_destroy(c);
+        return FSDP_INVALID_ARGS;
+    }
+    c->u = (fsdp__cunit *)fsdp__calloc(&c->hooks, (size_t)(c->nunits ? c->nunits : 1),
+                                       sizeof(fsdp__cunit));
+    if (!c->u) goto oom;
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp_unit_info *ui = fsdp_units_get(d->units, i);
+        fsdp__cunit *cu = &c->u[i];
+        fsdp_sharding_strategy s = ui->options.sharding ? ui->options.sharding : FSDP_FULL_SHARD;
+        cu->info = ui;
+        cu->slot = -1;
+        cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
+        cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
+        if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt)) {
+            fsdp__fail_create(uh, FSDP_INVALID_DTYPE,
+                              "fsdp_ctx_create: unit %d '%s': param dtype %s and reduce dtype "
+                              "%s must be float dtypes", i, ui->fqn, fsdp_dtype_name(cu->pdt),
+                              fsdp_dtype_name(cu->rdt));
+            fsdp_ctx_destroy(c);
+            return FSDP_INVALID_DTYPE;
+        }
+        if (s == FSDP_HYBRID_SHARD) {
+            if (hs == c->nranks) s = FSDP_FULL_SHARD; /* one replica: plain sharding */
+            else any_hybrid = 1;
+        }
+        cu->strat = s;
+    }
+    if (any_hybrid) {
+        r = fsdp_comm_split(c->world, c->rank / hs, c->rank, &c->shard_comm);
+        if (r == FSDP_SUCCESS) r = fsdp_comm_split(c->world, c->rank % hs, c->rank, &c->rep_comm);
+        if (r != FSDP_SUCCESS) {
+            fsdp__fail_create(uh, r, "fsdp_ctx_create: splitting for HYBRID_SHARD: %s",
+                              fsdp_comm_last_error(c->world));
+            fsdp_ctx_destroy(c);
+            return r;
+        }
+    }
+    r = fsdp_stream_create(c->dev, &c->cs);
+    if (r == FSDP_SUCCESS && c->compute) r = fsdp_event_create(c->dev, &c->compute_ev);
+    if (r != FSDP_SUCCESS) {
+        fsdp__fail_create(uh, r, "fsdp_ctx_create: stream: %s", fsdp_device_last_error(c->dev));
+        fsdp_ctx_destroy(c);
+        return r;
+    }
+    /* shard layouts, groups, residency */
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        const fsdp_unit_info *ui = cu->info;
+        int shard_size = cu->strat == FSDP_HYBRID_SHARD ? hs : c->nranks;
+        if (shard_size == 1 || cu->strat == FSDP_NO_SHARD) cu->strat = FSDP_NO_SHARD;
+        cu->comm = cu->strat == FSDP_HYBRID_SHARD ? c->shard_comm : c->world;
+        cu->W = cu->strat == FSDP_NO_SHARD ? 1 : shard_size;
+        cu->r = cu->strat == FSDP_NO_SHARD ? 0 : fsdp_comm_rank(cu->comm);
+        cu->pieces = (fsdp_shard_piece *)fsdp__alloc(
+            &c->hooks, (size_t)(ui->nentries + 1) * sizeof(fsdp_shard_piece));
+        cu->groups = (int *)fsdp__alloc(&c->hooks, (size_t)(ui->nentries + 1) * sizeof(int));
+        if (!cu->pieces || !cu->groups) goto oom;
+        fsdp_unit_shard(ui, cu->r, cu->W, &cu->lay, cu->pieces);
+        cu->S = cu->lay.shard_numel;
+        for (k = 0; k < ui->nentries; k++) {
+            int g = fsdp__entry_group(c, d, &ui->entries[k]);
+            if (g < 0 || g >= c->ngroups) {
+                fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                  "fsdp_ctx_create: group_fn put parameter '%s' in group %d "
+                                  "(there are %d groups)", ui->entries[k].fqn, g, c->ngroups);
+                fsdp_ctx_destroy(c);
+                return FSDP_INVALID_ARGS;
+            }
+            cu->groups[k] = g;
+        }
+        /* the root stays unsharded through forward and backward, as in
+           PyTorch; SHARD_GRAD_OP keeps every unit unsharded in between */
+        cu->resident = cu->strat == FSDP_NO_SHARD || cu->strat == FSDP_SHARD_GRAD_OP ||
+                       ui->module == 0 || c->plan_no_sync;
+        if (cu->resident) nres++;
+        else {
+            nshared++;
+            if (fsdp__block_bytes(cu) > slot_bytes) slot_bytes = fsdp__block_bytes(cu);
+        }
+        if (cu->strat != FSDP_NO_SHARD && cu->rdt != cu->pdt) {
+            size_t b = (size_t)cu->S * (size_t)cu->W * fsdp_dtype_size(cu->rdt);
+            if (b > red_in) red_in = b;
+        }
+        if (cu->strat == FSDP_NO_SHARD && cu->rdt != cu->pdt) {
+            size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
+            if (b > red_in) red_in = b;
+        }
+        if (cu->strat != FSDP_NO_SHARD) {
+            size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
+            if (b > red_out) red_out = b;
+        }
+    }
+    /* allocate the plan */
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        unsigned mask = fsdp_optim_state_mask(&c->groups[0]);
+        for (k = 1; k < c->ngroups; k++) mask |= fsdp_optim_state_mask(&c->groups[k]);
+        if ((r = fsdp__alloc_dev(c, fsdp__shard_bytes(cu, 4), (void **)&cu->master,
+                                 &c->plan.sharded_params)) != FSDP_SUCCESS)
+            goto fail;
+        if (cu->pdt != FSDP_F32 &&
+            (r = fsdp__alloc_dev(c, fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt)), &cu->lp,
+                                 &c->plan.low_precision)) != FSDP_SUCCESS)
+            goto fail;
+        if (cu->info->requires_grad) {
+            if ((r = fsdp__alloc_dev(c, fsdp__shard_bytes(cu, 4), (void **)&cu->grad,
+                                     &c->plan.sharded_grads)) != FSDP_SUCCESS)
+                goto fail;
+            for (k = 0; k < 4; k++)
+                if ((mask >> k) & 1u)
+                    if ((r = fsdp__alloc_dev(c, fsdp__shard_bytes(cu, 4), (void **)&cu->ostate[k],
+                                             &c->plan.optimizer_state)) != FSDP_SUCCESS)
+                        goto fail;
+        }
+        if (cu->resident) {
+            if (cu->strat == FSDP_NO_SHARD) {
+                /* parameters are the shard itself; the block holds the
+                   gradient, or an f32 copy while summoned (so a summon
+                   without writeback cannot change the master) */
+                size_t g = (size_t)cu->S * fsdp_dtype_size(cu->pdt), f = (size_t)cu->S * 4;
+                cu->res_bytes = ((g > f ? g : f) + 63) & ~(size_t)63;
+            } else {
+                cu->res_bytes = fsdp__block_bytes(cu);
+            }
+            if ((r = fsdp__alloc_dev(c, cu->res_bytes, &cu->res_base, &c->plan.pool)) !=
+                FSDP_SUCCESS)
+                goto fail;
+        }
+        r = fsdp_event_create(c->dev, &cu->ag_ev);
+        if (r == FSDP_SUCCESS) r = fsdp_event_create(c->dev, &cu->rs_ev);
+        if (r != FSDP_SUCCESS) {
+            fsdp__ctx_dev(c, r, "creating an event");
+            goto fail;
+        }
+    }
+    c->nslots = nshared ? (d->max_unsharded ? d->max_unsharded : 2) : 0;
+    if (c->nslots > nshared) c->nslots = nshared;
+    if (c->nslots) {
+        c->slots = (fsdp__slot *)fsdp__calloc(&c->hooks, (size_t)c->nslots, sizeof(fsdp__slot));
+        if (!c->slots) goto oom;
+        for (i = 0; i < c->nslots; i++) {
+            c->slots[i].owner = -1;
+            c->slots[i].bytes = slot_bytes;
+            if ((r = fsdp__alloc_dev(c, slot_bytes, &c->slots[i].base, &c->plan.pool)) !=
+                FSDP_SUCCESS)
+                goto fail;
+            if (c->compute && (r = fsdp_event_create(c->dev, &c->slots[i].done)) != FSDP_SUCCESS) {
+                fsdp__ctx_dev(c, r, "creating an event");
+                goto fail;
+            }
+        }
+    }
+    c->red_in_bytes = red_in;
+    c->red_out_bytes = red_out;
+    if ((r = fsdp__alloc_dev(c, red_in, &c->red_in, &c->plan.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, red_out, &c->red_out, &c->plan.scratch)) != FSDP_SUCCESS)
+        goto fail;
+    c->plan.pool_slots = c->nslots;
+    c->plan.resident_units = nres;
+    c->plan.total = c->plan.sharded_params + c->plan.low_precision + c->plan.sharded_grads +
+                    c->plan.optimizer_state + c->plan.pool + c->plan.scratch;
+    /* fqn -> (unit, entry), tied names included */
+    {
+        int n = 0;
+        for (i = 0; i < c->nunits; i++) n += c->u[i].info->nentries + c->u[i].info->nshared;
+        c->prefs = (fsdp__pref *)fsdp__alloc(&c->hooks, (size_t)(n + 1) * sizeof(fsdp__pref));
+        /* a unit may run more than once per iteration (a reused module) */
+        c->order_cap = 4 * c->nunits + 16;
+        c->fwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
+        c->bwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
+        if (!c->prefs || !c->fwd_order || !c->bwd_order) goto oom;
+        for (i = 0; i < c->nunits; i++) {
+            const fsdp_unit_info *ui = c->u[i].info;
+            for (k = 0; k < ui->nentries + ui->nshared; k++) {
+                fsdp__pref *p = &c->prefs[c->nprefs];
+                p->unit = i;
+                if (k < ui->nentries) {
+                    p->fqn = ui->entries[k].fqn;
+                    p->entry = k;
+                } else {
+                    p->fqn = ui->shared[k - ui->nentries].fqn;
+                    p->entry = ui->shared[k - ui->nentries].entry;
+                }
+                if (!fsdp__map_put(&c->hooks, &c->pmap, c->nprefs, fsdp__pref_key, c)) goto oom;
+                c->nprefs++;
+            }
+        }
+    }
+    *out = c;
+    return FSDP_SUCCESS;
+oom:
+    fsdp__fail_create(uh, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of host memory");
+    fsdp_ctx_destroy(c);
+    return FSDP_OUT_OF_MEMORY;
+fail:
+    fsdp__fail_create(uh, r, "fsdp_ctx_create: %s", c->err.message);
+    fsdp_ctx_destroy(c);
+    return r;
+}
+
+FSDP_API const char *fsdp_ctx_last_error(const fsdp_ctx *c)
+{
+    return c ? c->err.message : "fsdp_ctx_last_error: ctx is NULL";
+}
+
+FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *c)
+{
+    return c ? c->state : FSDP_CTX_IDLE;
+}
+
+FSDP_API fsdp_unit_state fsdp_ctx_unit_state(const fsdp_ctx *c, int unit)
+{
+    if (!c || unit < 0 || unit >= c->nunits) return FSDP_UNIT_IDLE;
+    return c->u[unit].state;
+}
+
+FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
+{
+    if (!c || !out) return FSDP_INVALID_ARGS;
+    *out = c->plan;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *c, int unit)
+{
+    if (!c || unit < 0 || unit >= c->nunits) return FSDP_DTYPE_DEFAULT;
+    return c->u[unit].pdt;
+}
+
+FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *c)
+{
+    return c ? c->steps : 0;
+}
+
+FSDP_API float *fsdp_shard_params(fsdp_ctx *c, int unit)
+{
+    if (!c || unit < 0 || unit >= c->nunits) return NULL;
+    return c->u[unit].master;
+}
+
+FSDP_API float *fsdp_shard_grads(fsdp_ctx *c, int unit)
+{
+    if (!c || unit < 0 || unit >= c->nunits) return NULL;
+    return c->u[unit].grad;
+}
+
+FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *c, int unit, fsdp_shard_layout *out)
+{
+    if (!c || !out || unit < 0 || unit >= c->nunits) return FSDP_INVALID_ARGS;
+    *out = c->u[unit].lay;
+    return FSDP_SUCCESS;
+}
+
+/* Refreshes the low-precision shard from the master (after init or step). */
+FSDP__DEF fsdp_result fsdp__refresh_lp(fsdp_ctx *c, fsdp__cunit *cu)
+{
+    fsdp_result r;
+    if (!cu->lp || !cu->S) return FSDP_SUCCESS;
+    r = fsdp_device_cast(c->dev, cu->lp, cu->pdt, cu->master, FSDP_F32, (size_t)cu->S, c->cs);
+    return fsdp__ctx_dev(c, r, "refreshing the low-precision shard");
+}
+
+/* --- the counter-based generator --- */
+
+FSDP__DEF uint64_t fsdp__mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+FSDP__DEF uint64_t fsdp__name_key(uint64_t seed, const char *fqn)
+{
+    uint64_t h = 1469598103934665603ULL ^ fsdp__mix64(seed + 0x9E3779B97F4A7C15ULL);
+    while (*fqn) h = (h ^ (uint8_t)*fqn++) * 1099511628211ULL;
+    return fsdp__mix64(h);
+}
+
+/* 24 random bits of draw `stream` of element k, as a float in [0, 1). */
+FSDP__DEF double fsdp__u01(uint64_t key, int64_t k, uint64_t stream)
+{
+    uint64_t z = fsdp__mix64(key ^ fsdp__mix64((uint64_t)k * 0x9E3779B97F4A7C15ULL + stream));
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+FSDP__DEF double fsdp__normal(uint64_t key, int64_t k, uint64_t attempt)
+{
+    double u1 = 1.0 - fsdp__u01(key, k, 2 * attempt); /* (0, 1] */
+    double u2 = fsdp__u01(key, k, 2 * attempt + 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
+}
+
+FSDP_API float fsdp_random_normal(uint64_t seed, const char *fqn, int64_t k)
+{
+    return fqn ? (float)fsdp__normal(fsdp__name_key(seed, fqn), k, 0) : 0.0f;
+}
+
+FSDP_API float fsdp_random_uniform(uint64_t seed, const char *fqn, int64_t k)
+{
+    return fqn ? (float)fsdp__u01(fsdp__name_key(seed, fqn), k, 0) : 0.0f;
+}
+
+/* The name the model's initial values are keyed by: the first occurrence of
+   the parameter object, so a weight PyTorch unties across units starts equal. */
+FSDP__DEF const char *fsdp__object_name(fsdp_ctx *c, const fsdp_flat_entry *fe)
+{
+    fsdp_param_info pi, pp;
+    if (fsdp_model_param(c->model, fe->param, &pi) != FSDP_SUCCESS) return fe->fqn;
+    if (fsdp_model_param(c->model, pi.primary, &pp) != FSDP_SUCCESS) return fe->fqn;
+    return pp.fqn;
+}
+
+FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *c, uint64_t seed, fsdp_init_choose_fn choose,
+                                      void *user)
+{
+    int i, p;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!choose) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_init_params: choose is NULL");
+    if ((r = fsdp__sync_all(c, "fsdp_init_params")) != FSDP_SUCCESS) return r;
+    if (!fsdp_device_host_accessible(c->dev))
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
+                              "fsdp_init_params: device '%s' memory is not host-accessible; "
+                              "initialise through fsdp_set_full_param",
+                              fsdp_device_name(c->dev));
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_init_params");
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        const fsdp_unit_info *ui = cu->info;
+        fsdp_shard_layout *lay = &cu->lay;
+        for (p = 0; p < lay->npieces; p++) {
+            const fsdp_flat_entry *fe = &ui->entries[cu->pieces[p].entry];
+            const char *key_name = fsdp__object_name(c, fe);
+            fsdp_param_info pi;
+            fsdp_module_info mi;
+            fsdp_init_spec sp;
+            uint64_t key = fsdp__name_key(seed, key_name);
+            int64_t k, start = cu->pieces[p].start, end = cu->pieces[p].end;
+            float *dst = cu->master + (fe->offset + start - lay->flat_begin);
+            if (end < start) continue;
+            fsdp_model_param(c->model, fe->param, &pi);
+            fsdp_model_module(c->model, pi.module, &mi);
+            sp = choose(user, fe->fqn, fe->ndim, fe->shape, mi.type);
+            switch (sp.kind) {
+            case FSDP_INIT_ZEROS:
+            case FSDP_INIT_ONES:
+            case FSDP_INIT_CONSTANT: {
+                float v = sp.kind == FSDP_INIT_ZEROS ? 0.0f
+                          : sp.kind == FSDP_INIT_ONES ? 1.0f : (float)sp.a;
+                for (k = start; k <= end; k++) dst[k - start] = v;
+                break;
+            }
+            case FSDP_INIT_UNIFORM:
+                for (k = start; k <= end; k++)
+                    dst[k - start] = (float)(sp.a + (sp.b - sp.a) * fsdp__u01(key, k, 0));
+                break;
+            case FSDP_INIT_NORMAL:
+                for (k = start; k <= end; k++)
+                    dst[k - start] = (float)(sp.a + sp.b * fsdp__normal(key, k, 0));
+                break;
+            case FSDP_INIT_TRUNC_NORMAL:
+                if (!(sp.lo <= sp.hi))
+                    return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                                          "fsdp_init_params: '%s': truncated normal needs lo <= "
+                                          "hi", fe->fqn);
+                for (k = start; k <= end; k++) {
+                    double v = sp.a + sp.b * fsdp__normal(key, k, 0);
+                    uint64_t at;
+                    for (at = 1; (v < sp.lo || v > sp.hi) && at < 64; at++)
+                        v = sp.a + sp.b * fsdp__normal(key, k, at);
+                    if (v < sp.lo) v = sp.lo; /* 64 misses: only for absurd bounds */
+                    if (v > sp.hi) v = sp.hi;
+                    dst[k - start] = (float)v;
+                }
+                break;
+            case FSDP_INIT_USER:
+                if (!sp.fn)
+                    return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                                          "fsdp_init_params: '%s': FSDP_INIT_USER without fn",
+                                          fe->fqn);
+                sp.fn(sp.user, key_name, start, end - start + 1, dst);
+                break;
+            default:
+                return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                                      "fsdp_init_params: '%s': unknown init kind %d", fe->fqn,
+                                      (int)sp.kind);
+            }
+        }
+        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+        fsdp__invalidate(c, cu);
+    }
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    return fsdp__ctx_dev(c, r, "fsdp_init_params");
+}
+
+FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *c, const char *fqn, const void *data,
+                                         fsdp_dtype dt)
+{
+    int i, e, p, found = 0, target;
+    fsdp_param_info pi;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!fqn || !data)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_full_param: %s is NULL",
+                              fqn ? "data" : "fqn");
+    if (!fsdp_dtype_is_float(dt))
+        return fsdp__ctx_fail(c, FSDP_INVALID_DTYPE, "fsdp_set_full_param: '%s': dtype %s is "
+                              "not a float dtype", fqn, fsdp_dtype_name(dt));
+    if ((r = fsdp__sync_all(c, "fsdp_set_full_param")) != FSDP_SUCCESS) return r;
+    target = fsdp_model_find_param(c->model, fqn);
+    if (target < 0)
+        return fsdp__ctx_fail(c, FSDP_NOT_FOUND, "fsdp_set_full_param: no parameter '%s'", fqn);
+    fsdp_model_param(c->model, target, &pi);
+    target = pi.primary;
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        for (e = 0; e < cu->info->nentries; e++) {
+            fsdp_param_info ei;
+            fsdp_model_param(c->model, cu->info->entries[e].param, &ei);
+            if (ei.primary != target) continue;
+            found = 1;
+            for (p = 0; p < cu->lay.npieces; p++) {
+                const fsdp_shard_piece *pc = &cu->pieces[p];
+                int64_t n = pc->end - pc->start + 1;
+                float *dst;
+                if (pc->entry != e || n <= 0) continue;
+                dst = cu->master + (cu->info->entries[e].offset + pc->start - cu->lay.flat_begin);
+                r = fsdp_device_cast(c->dev, dst, FSDP_F32,
+                                     (const char *)data + (size_t)pc->start * fsdp_dtype_size(dt),
+                                     dt, (size_t)n, NULL);
+                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
+            }
+            if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+            fsdp__invalidate(c, cu);
+        }
+    }
+    if (!found)
+        return fsdp__ctx_fail(c, FSDP_NOT_FOUND,
+                              "fsdp_set_full_param: parameter '%s' is ignored (FSDP does not "
+                              "manage it)", fqn);
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
+}
+
+/* --- unsharded buffers --- */
+
+/* Waits for the compute stream to be done with what is queued so far, on
+   the comm stream (compute-stream engines only). */
+FSDP__DEF fsdp_result fsdp__cs_after_compute(fsdp_ctx *c)
+{
+    fsdp_result r;
+    if (!c->compute) return FSDP_SUCCESS;
+    r = fsdp_event_record(c->dev, c->compute_ev, c->compute);
+    if (r == FSDP_SUCCESS) r = fsdp_stream_wait_event(c->dev, c->cs, c->compute_ev);
+    return fsdp__ctx_dev(c, r, "ordering the comm stream after compute");
+}
+
+FSDP__DEF void fsdp__release_slot(fsdp_ctx *c, fsdp__cunit *cu)
+{
+    if (cu->slot >= 0) {
+        fsdp__slot *s = &c->slots[cu->slot];
+        if (c->compute && s->done &&
+            fsdp_event_record(c->dev, s->done, c->compute) == FSDP_SUCCESS)
+            s->done_recorded = 1;
+        s->owner = -1;
+        cu->slot = -1;
+        cu->uparam = cu->ugrad = NULL;
+    }
+    cu->gathered = cu->strat == FSDP_NO_SHARD;
+    cu->summon_f32 = 0;
+}
+
+/* The shard changed outside training (init, set_full_param, writeback):
+   whatever is gathered is stale. */
+FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu)
+{
+    if (cu->slot >= 0) fsdp__release_slot(c, cu);
+    cu->gathered = cu->strat == FSDP_NO_SHARD;
+    cu->summon_f32 = 0;
+}
+
+/* Points uparam/ugrad at the unit's unsharded block, taking a shared slot if
+   needed (evicting an idle prefetched unit). Returns FSDP_POOL_EXHAUSTED
+   (with the holders named) when every slot is in use; with `try_only`,
+   returns that code silently. */
+FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    size_t n = (size_t)cu->lay.shard_numel * (size_t)cu->W;
+    int i, pick = -1;
+    if (cu->resident) {
+        if (cu->strat == FSDP_NO_SHARD) {
+            cu->uparam = cu->lp ? cu->lp : (void *)cu->master;
+            cu->ugrad = cu->res_base;
+        } else {
+            cu->uparam = cu->res_base;
+            cu->ugrad = (char *)cu->res_base + n * fsdp_dtype_size(cu->pdt);
+        }
+        return FSDP_SUCCESS;
+    }
+    if (cu->slot >= 0) return FSDP_SUCCESS;
+    for (i = 0; i < c->nslots && pick < 0; i++)
+        if (c->slots[i].owner < 0) pick = i;
+    for (i = 0; i < c->nslots && pick < 0; i++) {
+        fsdp__cunit *o = &c->u[c->slots[i].owner];
+        if (o->state == FSDP_UNIT_IDLE || o->state == FSDP_UNIT_BACKWARD_POST) {
+            fsdp__release_slot(c, o); /* an unused prefetch, or a finished reduction */
+            pick = i;
+        }
+    }
+    if (pick < 0) {
+        char held[256];
+        size_t len = 0;
+        if (try_only) return FSDP_POOL_EXHAUSTED;
+        held[0] = 0;
+        for (i = 0; i < c->nslots && len + 40 < sizeof held; i++)
+            len += (size_t)snprintf(held + len, sizeof held - len, "%s%d '%s'", i ? ", " : "",
+                                    c->slots[i].owner, c->u[c->slots[i].owner].info->fqn);
+        return fsdp__ctx_fail(c, FSDP_POOL_EXHAUSTED,
+                              "unit %d '%s' needs an unsharded buffer but all %d are held (by "
+                              "units %s); end those units first or raise max_unsharded",
+                              unit, cu->info->fqn, c->nslots, held);
+    }
+    c->slots[pick].owner = unit;
+    cu->slot = pick;
+    cu->uparam = c->slots[pick].base;
+    cu->ugrad = (char *)c->slots[pick].base + n * fsdp_dtype_size(cu->pdt);
+    if (c->slots[pick].done_recorded) {
+        fsdp_result r = fsdp_stream_wait_event(c->dev, c->cs, c->slots[pick].done);
+        c->slots[pick].done_recorded = 0;
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "waiting for compute to free a buffer");
+    }
+    return FSDP_SUCCESS;
+}
+
+/* Issues the all-gather of a unit's parameters on the comm stream. */
+FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    fsdp_result r;
+    if (cu->strat == FSDP_NO_SHARD) { /* the shard is the whole parameter */
+        cu->summon_f32 = 0;
+        cu->gathered = 1;
+        return fsdp__acquire(c, unit, try_only);
+    }
+    if (cu->gathered && !cu->summon_f32) return FSDP_SUCCESS;
+    r = fsdp__acquire(c, unit, try_only);
+    if (r != FSDP_SUCCESS) return r;
+    if (cu->strat == FSDP_NO_SHARD) {
+        cu->gathered = 1;
+        cu->summon_f32 = 0;
+        return FSDP_SUCCESS;
+    }
+    r = fsdp_all_gather(cu->comm, cu->lp ? cu->lp : (void *)cu->master, cu->uparam,
+                        (size_t)cu->S, cu->pdt, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "all-gather of parameters");
+    r = fsdp_event_record(c->dev, cu->ag_ev, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "recording the all-gather");
+    cu->gathered = 1;
+    cu->summon_f32 = 0;
+    cu->ag_pending = 1;
+    return FSDP_SUCCESS;
+}
+
+/* Makes the unit's gathered parameters visible to the engine. */
+FSDP__DEF fsdp_result fsdp__wait_gather(fsdp_ctx *c, int unit)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    fsdp_result r = FSDP_SUCCESS;
+    if (!cu->ag_pending) return FSDP_SUCCESS;
+    cu->ag_pending = 0;
+    if (c->compute) r = fsdp_stream_wait_event(c->dev, c->compute, cu->ag_ev);
+    else r = fsdp_event_synchronize(c->dev, cu->ag_ev);
+    if (r != FSDP_SUCCESS) {
+        fsdp_result cr = fsdp_comm_async_error(cu->comm);
+        if (cr != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, cr, "all-gather");
+        return fsdp__ctx_dev(c, r, "waiting for the all-gather");
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF void fsdp__prefetch(fsdp_ctx *c, const int *order, int n, int pos, int cur)
+{
+    int v;
+    if (pos + 1 >= n) return;
+    v = order[pos + 1];
+    if (v == cur || v < 0 || v >= c->nunits) return;
+    if (c->u[v].state != FSDP_UNIT_IDLE || (c->u[v].gathered && !c->u[v].summon_f32)) return;
+    /* only into a free buffer: prefetch never blocks or fails the step */
+    if (fsdp__gather(c, v, 1) != FSDP_SUCCESS) {
+        c->err.code = FSDP_SUCCESS;
+        c->err.message[0] = 0;
+    }
+}
+
+/* Execution-order bookkeeping; returns the position of this call. Each
+   direction is recorded in the first iteration that runs it; afterwards a
+   different unit at a position is reported and recording starts again. */
+FSDP__DEF int fsdp__order(fsdp_ctx *c, int unit, int backward)
+{
+    int *order = backward ? c->bwd_order : c->fwd_order;
+    int *n = backward ? &c->nbwd : &c->nfwd;
+    int *pos = backward ? &c->bpos : &c->fpos;
+    int done = backward ? c->bwd_done : c->fwd_done;
+    int here = *pos;
+    (*pos)++;
+    if (c->rerecord) return here;
+    if (!done) {
+        if (*n < c->order_cap) order[(*n)++] = unit;
+    } else if (here >= *n || order[here] != unit) {
+        fsdp__log(&c->hooks, FSDP_LOG_WARN,
+                  "rank %d: execution order changed: %s call %d was unit %d '%s' in the "
+                  "recorded iteration, now unit %d '%s'; prefetching follows the new order "
+                  "from the next iteration", c->rank, backward ? "backward" : "forward", here,
+                  here < *n ? order[here] : -1,
+                  here < *n ? c->u[order[here]].info->fqn : "(none)", unit,
+                  c->u[unit].info->fqn);
+        c->rerecord = 1;
+    }
+    return here;
+}
+
+FSDP__DEF int fsdp__can_prefetch(const fsdp_ctx *c, int backward)
+{
+    return !c->rerecord && (backward ? c->prefetch_bwd && c->bwd_done
+                                     : c->prefetch_fwd && c->fwd_done);
+}
+
+/* A forward after backward starts an iteration (so does a forward-only pass
+   coming back to its first unit). */
+FSDP__DEF void fsdp__maybe_new_iteration(fsdp_ctx *c, int unit)
+{
+    int again = c->phase == 1 && c->fpos > 0 && c->nfwd > 0 && unit == c->fwd_order[0] &&
+                (!c->fwd_done || c->fpos >= c->nfwd);
+    if (c->phase != 2 && !again) return;
+    if (c->rerecord) {
+        c->rerecord = 0;
+        c->nfwd = c->nbwd = 0;
+        c->fwd_done = c->bwd_done = 0;
+    } else {
+        if (c->nfwd) c->fwd_done = 1;
+        if (c->nbwd) c->bwd_done = 1;
+    }
+    c->fpos = c->bpos = 0;
+}
+
+FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int pos;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_forward")) != FSDP_SUCCESS) return r;
+    if (c->state == FSDP_CTX_SUMMON_FULL_PARAMS)
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                              "fsdp_begin_forward: unit %d '%s': parameters are summoned; call "
+                              "fsdp_summon_end first", unit, c->u[unit].info->fqn);
+    if (c->u[unit].state == FSDP_UNIT_BACKWARD_POST) /* accumulating with communication */
+        c->u[unit].state = FSDP_UNIT_IDLE;
+    if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_begin_forward")) != FSDP_SUCCESS)
+        return r;
+    fsdp__maybe_new_iteration(c, unit);
+    c->phase = 1;
+    pos = fsdp__order(c, unit, 0);
+    if ((r = fsdp__cs_after_compute(c)) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__gather(c, unit, 0)) != FSDP_SUCCESS) return r;
+    /* in use from here: a prefetch must not take its buffer */
+    c->u[unit].state = FSDP_UNIT_FORWARD;
+    c->state = FSDP_CTX_FORWARD_BACKWARD;
+    if (fsdp__can_prefetch(c, 0)) fsdp__prefetch(c, c->fwd_order, c->nfwd, pos, unit);
+    if ((r = fsdp__wait_gather(c, unit)) != FSDP_SUCCESS) {
+        c->u[unit].state = FSDP_UNIT_IDLE;
+        return r;
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *c, int unit)
+{
+    fsdp__cunit *cu;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_end_forward")) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__expect(c, unit, FSDP_UNIT_FORWARD, "fsdp_end_forward")) != FSDP_SUCCESS)
+        return r;
+    cu = &c->u[unit];
+    cu->state = FSDP_UNIT_IDLE;
+    /* FULL_SHARD frees after forward; the root and SHARD_GRAD_OP keep
+       their parameters for backward */
+    if (!cu->resident) fsdp__release_slot(c, cu);
+    fsdp__update_state(c);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
+{
+    fsdp__cunit *cu;
+    fsdp_result r;
+    int pos;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_backward")) != FSDP_SUCCESS) return r;
+    cu = &c->u[unit];
+    if (cu->state == FSDP_UNIT_BACKWARD_POST) cu->state = FSDP_UNIT_IDLE; /* accumulation */
+    if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_begin_backward")) != FSDP_SUCCESS)
+        return r;
+    if (c->state == FSDP_CTX_SUMMON_FULL_PARAMS)
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                              "fsdp_begin_backward: unit %d '%s': parameters are summoned",
+                              unit, cu->info->fqn);
+    if (!cu->info->requires_grad && cu->info->nentries)
+        fsdp__log(&c->hooks, FSDP_LOG_DEBUG, "unit '%s' is frozen: no gradient reduction",
+                  cu->info->fqn);
+    c->phase = 2;
+    pos = fsdp__order(c, unit, 1);
+    if ((r = fsdp__cs_after_compute(c)) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__gather(c, unit, 0)) != FSDP_SUCCESS) return r;
+    cu->state = FSDP_UNIT_BACKWARD_PRE; /* in use: a prefetch must not take it */
+    if (fsdp__can_prefetch(c, 1)) fsdp__prefetch(c, c->bwd_order, c->nbwd, pos, unit);
+    if ((r = fsdp__wait_gather(c, unit)) != FSDP_SUCCESS) {
+        cu->state = FSDP_UNIT_IDLE;
+        return r;
+    }
+    if (!cu->accum && cu->info->requires_grad) {
+        /* Zeroed on the compute side, not queued on the comm stream behind the
+           previous unit's reduction: backward compute starts as soon as the
+           parameters are there. A gathered buffer's earlier reader was ordered
+           before the all-gather; a resident one waits for its own last
+           reduction. */
+        size_t gb = (size_t)cu->lay.shard_numel * (size_t)cu->W * fsdp_dtype_size(cu->pdt);
+        if (cu->strat == FSDP_NO_SHARD) gb = (size_t)cu->S * fsdp_dtype_size(cu->pdt);
+        if (cu->rs_pending) {
+            cu->rs_pending = 0;
+            r = c->compute ? fsdp_stream_wait_event(c->dev, c->compute, cu->rs_ev)
+                           : fsdp_event_synchronize(c->dev, cu->rs_ev);
+            if (r != FSDP_SUCCESS) {
+                cu->state = FSDP_UNIT_IDLE;
+                return fsdp__ctx_dev(c, r, "waiting for the last reduction");
+            }
+        }
+        r = fsdp_device_memset(c->dev, cu->ugrad, 0, gb, c->compute);
+        if (r != FSDP_SUCCESS) {
+            cu->state = FSDP_UNIT_IDLE;
+            return fsdp__ctx_dev(c, r, "zeroing the unsharded gradient");
+        }
+    }
+    cu->state = FSDP_UNIT_BACKWARD_PRE;
+    c->state = FSDP_CTX_FORWARD_BACKWARD;
+    return FSDP_SUCCESS;
+}
+
+/* Reduces the unit's unsharded gradient into its f32 sharded gradient, on
+   the comm stream: cast to the reduce dtype, divide by the pre factor,
+   reduce-scatter (all-reduce for NO_SHARD), divide by the post factor,
+   all-reduce across replicas (HYBRID), accumulate. */
+FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu);
+
+FSDP__DEF fsdp_result fsdp__reduce(fsdp_ctx *c, fsdp__cunit *cu)
+{
+    fsdp_result r = fsdp__reduce_chain(c, cu);
+    if (r != FSDP_SUCCESS) return r;
+    r = fsdp_event_record(c->dev, cu->rs_ev, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "recording the reduction");
+    cu->rs_pending = 1;
+    return FSDP_SUCCESS;
+}
+
+/* f32 and f64 sums do not overflow where PyTorch's pre-divide guards 16-bit
+   ones, and the pre factor is a power of two, so dividing after the sum is
+   the same division: fold both factors into the final accumulate and save a
+   pass over the unsharded gradient. 16-bit reductions pre-divide first. */
+FSDP__DEF int fsdp__wide(fsdp_dtype dt)
+{
+    return dt == FSDP_F32 || dt == FSDP_F64;
+}
+
+FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
+{
+    fsdp_result r;
+    double pre, post;
+    size_t S = (size_t)cu->S, n = S * (size_t)cu->W;
+    void *in = cu->ugrad, *outb;
+    if (!S || !cu->info->requires_grad) return FSDP_SUCCESS;
+    if (cu->strat == FSDP_NO_SHARD) {
+        fsdp_divide_factors(c->nranks, &pre, &post);
+        if (cu->rdt != cu->pdt) {
+            r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, S, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "casting the gradient");
+            in = c->red_in;
+        }
+        if (c->nranks > 1) {
+            if (!fsdp__wide(cu->rdt) && pre != 1.0 &&
+                (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, S, c->cs)))
+                return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
+            r = fsdp_all_reduce(c->world, in, in, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, "all-reduce of gradients");
+            if (!fsdp__wide(cu->rdt) && post != 1.0 &&
+                (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / post, S, c->cs)))
+                return fsdp__ctx_dev(c, r, "post-dividing the gradient");
+        }
+        r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, in, cu->rdt,
+                                   fsdp__wide(cu->rdt) ? 1.0 / (double)c->nranks : 1.0, S, c->cs);
+        return fsdp__ctx_dev(c, r, "accumulating the gradient");
+    }
+    fsdp_divide_factors(cu->W, &pre, &post);
+    if (cu->rdt != cu->pdt) {
+        r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, n, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "casting the gradient");
+        in = c->red_in;
+    }
+    if (!fsdp__wide(cu->rdt) && pre != 1.0 &&
+        (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, n, c->cs)))
+        return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
+    outb = c->red_out;
+    r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
+    if (!fsdp__wide(cu->rdt) && post != 1.0 &&
+        (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
+        return fsdp__ctx_dev(c, r, "post-dividing the gradient");
+    if (cu->strat == FSDP_HYBRID_SHARD) {
+        int reps = fsdp_comm_size(c->rep_comm);
+        fsdp_divide_factors(reps, &pre, &post);
+        if (!fsdp__wide(cu->rdt) && pre != 1.0 &&
+            (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / pre, S, c->cs)))
+            return fsdp__ctx_dev(c, r, "pre-dividing across replicas");
+        r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+        if (r != FSDP_SUCCESS)
+            return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
+        if (!fsdp__wide(cu->rdt) && post != 1.0 &&
+            (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
+            return fsdp__ctx_dev(c, r, "post-dividing across replicas");
+    }
+    /* wide dtypes: the whole division by the data-parallel size, once */
+    r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, outb, cu->rdt,
+                               fsdp__wide(cu->rdt) ? 1.0 / (double)c->nranks : 1.0, S, c->cs);
+    return fsdp__ctx_dev(c, r, "accumulating the gradient");
+}
+
+FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *c, int unit)
+{
+    fsdp__cunit *cu;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_end_backward")) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__expect(c, unit, FSDP_UNIT_BACKWARD_PRE, "fsdp_end_backward")) != FSDP_SUCCESS)
+        return r;
+    cu = &c->u[unit];
+    if ((r = fsdp__cs_after_compute(c)) != FSDP_SUCCESS) return r;
+    if (c->no_sync) {
+        cu->accum = 1; /* keep the unsharded gradient for the next backward */
+        cu->state = FSDP_UNIT_IDLE;
+        fsdp__update_state(c);
+        return FSDP_SUCCESS;
+    }
+    if ((r = fsdp__reduce(c, cu)) != FSDP_SUCCESS) return r;
+    cu->accum = 0;
+    cu->state = FSDP_UNIT_BACKWARD_POST;
+    /* resharding after backward: later work on the comm stream is ordered
+       after this reduction, so the buffer can be handed out at once */
+    if (!cu->resident) fsdp__release_slot(c, cu);
+    else cu->gathered = cu->strat == FSDP_NO_SHARD;
+    fsdp__update_state(c);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void *fsdp_param(fsdp_ctx *c, const char *fqn)
+{
+    int i;
+    fsdp__cunit *cu;
+    if (!c) return NULL;
+    if (!fqn) {
+        fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_param: fqn is NULL");
+        return NULL;
+    }
+    i = fsdp__map_find(&c->pmap, fqn, fsdp__pref_key, c);
+    if (i < 0) {
+        fsdp__ctx_fail(c, FSDP_NOT_FOUND, "fsdp_param: no managed parameter '%s'%s", fqn,
+                       fsdp_model_find_param(c->model, fqn) >= 0 ? " (it is ignored)" : "");
+        return NULL;
+    }
+    cu = &c->u[c->prefs[i].unit];
+    if (cu->state != FSDP_UNIT_FORWARD && cu->state != FSDP_UNIT_BACKWARD_PRE &&
+        cu->state != FSDP_UNIT_SUMMON_FULL_PARAMS) {
+        fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                       "fsdp_param: '%s' belongs to unit %d '%s' in state %s; views exist "
+                       "between begin and end of its unit", fqn, c->prefs[i].unit,
+                       cu->info->fqn, fsdp_unit_state_name(cu->state));
+        return NULL;
+    }
+    if (cu->state == FSDP_UNIT_SUMMON_FULL_PARAMS && !cu->summon_keep) {
+        fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_param: '%s' is summoned to rank 0 only",
+                       fqn);
+        return NULL;
+    }
+    if (cu->state == FSDP_UNIT_SUMMON_FULL_PARAMS && cu->summon_host)
+        return cu->summon_host + cu->info->entries[c->prefs[i].entry].offset;
+    return fsdp_unit_param_view(cu->info, c->prefs[i].entry, cu->uparam,
+                                cu->summon_f32 ? FSDP_F32 : cu->pdt);
+}
+
+FSDP_API void *fsdp_grad(fsdp_ctx *c, const char *fqn)
+{
+    int i;
+    fsdp__cunit *cu;
+    if (!c) return NULL;
+    if (!fqn) {
+        fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_grad: fqn is NULL");
+        return NULL;
+    }
+    i = fsdp__map_find(&c->pmap, fqn, fsdp__pref_key, c);
+    if (i < 0) {
+        fsdp__ctx_fail(c, FSDP_NOT_FOUND, "fsdp_grad: no managed parameter '%s'", fqn);
+        return NULL;
+    }
+    cu = &c->u[c->prefs[i].unit];
+    if (cu->state != FSDP_UNIT_BACKWARD_PRE) {
+        fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                       "fsdp_grad: '%s' belongs to unit %d '%s' in state %s; gradient views "
+                       "exist between begin_backward and end_backward", fqn, c->prefs[i].unit,
+                       cu->info->fqn, fsdp_unit_state_name(cu->state));
+        return NULL;
+    }
+    if (!cu->info->requires_grad) {
+        fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_grad: '%s' is frozen (requires_grad off)",
+                       fqn);
+        return NULL;
+    }
+    return fsdp_unit_param_view(cu->info, c->prefs[i].entry, cu->ugrad, cu->pdt);
+}
+
+FSDP_API fsdp_result fsdp_set_no_sync(fsdp_ctx *c, int on)
+{
+    if (!c) return FSDP_INVALID_ARGS;
+    if (on && !c->plan_no_sync)
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                              "fsdp_set_no_sync: the plan has no room for unsharded gradients "
+                              "of every unit; create the context with plan_no_sync = 1");
+    c->no_sync = on != 0;
+    return FSDP_SUCCESS;
+}
+
+/* Waits for every reduction; the context must be between iterations. */
+FSDP__DEF fsdp_result fsdp__sync_units(fsdp_ctx *c, const char *fn, int allow_summoned)
+{
+    fsdp_result r;
+    int i;
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].state == FSDP_UNIT_FORWARD || c->u[i].state == FSDP_UNIT_BACKWARD_PRE ||
+            (c->u[i].state == FSDP_UNIT_SUMMON_FULL_PARAMS && !allow_summoned))
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                                  "%s: unit %d '%s' is in state %s; end it first", fn, i,
+                                  c->u[i].info->fqn, fsdp_unit_state_name(c->u[i].state));
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    if (r != FSDP_SUCCESS) {
+        fsdp_result cr = fsdp_comm_async_error(c->world);
+        if (cr != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, cr, fn);
+        return fsdp__ctx_dev(c, r, fn);
+    }
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].state == FSDP_UNIT_BACKWARD_POST) c->u[i].state = FSDP_UNIT_IDLE;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn)
+{
+    return fsdp__sync_units(c, fn, 0);
+}
+
+FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double norm_type,
+                                         double *total_norm)
+{
+    fsdp_result r;
+    double local = 0.0, total = 0.0, *all;
+    int i, p, inf = isinf(norm_type) && norm_type > 0;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!(norm_type >= 1.0) && !inf)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                              "fsdp_clip_grad_norm: norm_type %g must be >= 1 or INFINITY",
+                              norm_type);
+    if (!(max_norm > 0.0))
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                              "fsdp_clip_grad_norm: max_norm %g must be > 0", max_norm);
+    if (!fsdp_device_host_accessible(c->dev))
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
+                              "fsdp_clip_grad_norm: device '%s' memory is not host-accessible",
+                              fsdp_device_name(c->dev));
+    if ((r = fsdp__sync_all(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        /* replicated gradients count once: NO_SHARD on world rank 0, HYBRID
+           on the first replica */
+        if (!cu->grad) continue;
+        if (cu->strat == FSDP_NO_SHARD && c->rank != 0) continue;
+        if (cu->strat == FSDP_HYBRID_SHARD && fsdp_comm_rank(c->rep_comm) != 0) continue;
+        for (p = 0; p < cu->lay.npieces; p++) {
+            const fsdp_shard_piece *pc = &cu->pieces[p];
+            const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -
+                                         cu->lay.flat_begin);
+            int64_t k, n = pc->end - pc->start + 1;
+            for (k = 0; k < n; k++) {
+                double a = fabs((double)g[k]);
+                if (inf) local = a > local ? a : local;
+                else if (norm_type == 2.0) local += a * a;
+                else local += pow(a, norm_type);
+            }
+        }
+    }
+    all = (double *)fsdp__alloc(&c->hooks, (size_t)c->nranks * sizeof(double));
+    if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_clip_grad_norm: out of memory");
+    /* gathered, then summed in rank order: every rank gets the same bits */
+    r = fsdp_all_gather(c->world, &local, all, 1, FSDP_F64, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__free(&c->hooks, all);
+        return fsdp__ctx_comm(c, c->world, r, "fsdp_clip_grad_norm");
+    }
+    for (i = 0; i < c->nranks; i++) {
+        if (inf) total = all[i] > total ? all[i] : total;
+        else total += all[i];
+    }
+    fsdp__free(&c->hooks, all);
+    if (!inf) total = norm_type == 2.0 ? sqrt(total) : pow(total, 1.0 / norm_type);
+    if (total_norm) *total_norm = total;
+    {
+        double coef = max_norm / (total + 1e-6);
+        if (coef < 1.0)
+            for (i = 0; i < c->nunits; i++)
+                if (c->u[i].grad && c->u[i].S) {
+                    r = fsdp_device_scale(c->dev, c->u[i].grad, FSDP_F32, (float)coef,
+                                          (size_t)c->u[i].S, NULL);
+                    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "clipping");
+                }
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
+{
+    fsdp_result r;
+    int i, p, g;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!fsdp_device_host_accessible(c->dev))
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
+                              "fsdp_step: device '%s' has no optimizer kernel yet",
+                              fsdp_device_name(c->dev));
+    if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
+    for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        if (!cu->grad) continue;
+        for (p = 0; p < cu->lay.npieces; p++) {
+            const fsdp_shard_piece *pc = &cu->pieces[p];
+            int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin;
+            int64_t n = pc->end - pc->start + 1;
+            fsdp_optim_state st;
+            int grp = cu->groups[pc->entry];
+            if (n <= 0) continue;
+            st.exp_avg = cu->ostate[0] ? cu->ostate[0] + off : NULL;
+            st.exp_avg_sq = cu->ostate[1] ? cu->ostate[1] + off : NULL;
+            st.max_exp_avg_sq = cu->ostate[2] ? cu->ostate[2] + off : NULL;
+            st.momentum_buffer = cu->ostate[3] ? cu->ostate[3] + off : NULL;
+            r = fsdp_optim_step_host(&c->groups[grp], c->group_steps[grp], cu->master + off,
+                                     cu->grad + off, &st, (size_t)n);
+            if (r != FSDP_SUCCESS)
+                return fsdp__ctx_fail(c, r, "fsdp_step: unit %d '%s' parameter '%s': optimizer "
+                                      "failed", i, cu->info->fqn,
+                                      cu->info->entries[pc->entry].fqn);
+        }
+        r = fsdp_device_memset(c->dev, cu->grad, 0, (size_t)cu->S * 4, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "zeroing gradients");
+        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+        if (cu->slot >= 0) fsdp__release_slot(c, cu); /* stale prefetch */
+        cu->gathered = cu->strat == FSDP_NO_SHARD;
+    }
+    c->steps++;
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_step");
+    c->state = FSDP_CTX_IDLE;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *c)
+{
+    fsdp_result r;
+    int i;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__sync_all(c, "fsdp_zero_grad")) != FSDP_SUCCESS) return r;
+    for (i = 0; i < c->nunits; i++) {
+        if (c->u[i].grad) {
+            r = fsdp_device_memset(c->dev, c->u[i].grad, 0, (size_t)c->u[i].S * 4, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_zero_grad");
+        }
+        c->u[i].accum = 0;
+    }
+    c->state = FSDP_CTX_IDLE;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_set_lr(fsdp_ctx *c, int group, double lr)
+{
+    if (!c) return FSDP_INVALID_ARGS;
+    if (group < 0 || group >= c->ngroups)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_lr: group %d out of range (%d "
+                              "groups)", group, c->ngroups);
+    if (!(lr >= 0.0))
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_lr: lr %g must be >= 0", lr);
+    c->groups[group].lr = lr;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, float *host)
+{
+    fsdp__cunit *cu;
+    fsdp_result r;
+    int keep;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_begin")) != FSDP_SUCCESS) return r;
+    cu = &c->u[unit];
+    if ((flags & FSDP_SUMMON_WRITEBACK) && (flags & FSDP_SUMMON_RANK0_ONLY))
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                              "fsdp_summon_begin: writeback with rank0_only is not supported "
+                              "(as in PyTorch): the other ranks would write back nothing");
+    if ((flags & FSDP_SUMMON_OFFLOAD) && !host && cu->info->numel)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                              "fsdp_summon_begin: FSDP_SUMMON_OFFLOAD needs a host buffer of "
+                              "%lld floats", (long long)cu->info->numel);
+    /* several units may be summoned at once, as far as the pool allows */
+    if ((r = fsdp__sync_units(c, "fsdp_summon_begin", 1)) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_summon_begin")) != FSDP_SUCCESS)
+        return r;
+    keep = !(flags & FSDP_SUMMON_RANK0_ONLY) || c->rank == 0;
+    if (cu->strat == FSDP_NO_SHARD) {
+        /* a copy, so that changes without writeback are discarded */
+        cu->uparam = cu->res_base;
+        if (cu->S) {
+            r = fsdp_device_copy(c->dev, cu->uparam, cu->master, (size_t)cu->S * 4,
+                                 FSDP_COPY_D2D, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
+        }
+        cu->summon_f32 = 1;
+    } else {
+        if ((r = fsdp__acquire(c, unit, 0)) != FSDP_SUCCESS) return r;
+        r = fsdp_all_gather(cu->comm, cu->master, cu->uparam, (size_t)cu->S, FSDP_F32, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "fsdp_summon_begin");
+        r = fsdp_stream_synchronize(c->dev, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
+        cu->gathered = 0;
+        cu->summon_f32 = 1;
+    }
+    cu->summon_flags = flags;
+    cu->summon_host = NULL;
+    if (flags & FSDP_SUMMON_OFFLOAD) {
+        if (keep && cu->info->numel) {
+            r = fsdp_device_copy(c->dev, host, cu->uparam, (size_t)cu->info->numel * 4,
+                                 FSDP_COPY_D2H, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
+            cu->summon_host = host;
+        }
+    }
+    cu->summon_keep = keep;
+    cu->state = FSDP_UNIT_SUMMON_FULL_PARAMS;
+    fsdp__update_state(c);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
+{
+    fsdp__cunit *cu;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_end")) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__expect(c, unit, FSDP_UNIT_SUMMON_FULL_PARAMS, "fsdp_summon_end")) !=
+        FSDP_SUCCESS)
+        return r;
+    cu = &c->u[unit];
+    if ((cu->summon_flags & FSDP_SUMMON_WRITEBACK) && cu->summon_keep) {
+        /* each rank copies its own range of the full values back */
+        const float *full = cu->summon_host ? cu->summon_host : (const float *)cu->uparam;
+        int64_t valid = cu->lay.valid_numel;
+        if (valid > 0 && full != cu->master) {
+            r = fsdp_device_copy(c->dev, cu->master, full + cu->lay.flat_begin,
+                                 (size_t)valid * 4,
+                                 cu->summon_host ? FSDP_COPY_H2D : FSDP_COPY_D2D, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_end");
+        }
+        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+        r = fsdp_stream_synchronize(c->dev, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_end");
+    }
+    if (cu->strat != FSDP_NO_SHARD) {
+        if (!cu->resident) fsdp__release_slot(c, cu);
+        else {
+            cu->gathered = 0;
+            cu->summon_f32 = 0;
+        }
+    } else {
+        cu->uparam = NULL; /* the next gather points it at the shard again */
+        cu->summon_f32 = 0;
+    }
+    cu->summon_host = NULL;
+    cu->summon_keep = 0;
+    cu->state = FSDP_UNIT_IDLE;
+    fsdp__update_state(c);
+    return FSDP_SUCCESS;
+}
+
+/* >>runtime end */
 
 #endif /* FSDP_IMPLEMENTATION_DONE */
 #endif /* FSDP_IMPLEMENTATION */

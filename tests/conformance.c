@@ -1585,6 +1585,8 @@ static int check_state_dict_names(const char *path, famstats *st, char *err, siz
 /* Driver                                                                    */
 /* ======================================================================== */
 
+#include "conformance_runtime.h"
+
 /* Returns 0 when every case passed, 1 when some failed, -1 when the file is
    malformed (err says where). */
 typedef int (*family_fn)(const char *path, famstats *st, char *err, size_t nerr);
@@ -1597,8 +1599,8 @@ static const struct family {
     {"flat_param_shard", check_flat_param_shard, NULL},
     {"zero_partition", NULL, "lands with the ZeRO optimizer issue"},
     {"wrap_policy", check_wrap_policy, NULL},
-    {"optim", NULL, "lands with the runtime issue"},
-    {"fsdp_cpu", NULL, "lands with the runtime issue"},
+    {"optim", check_optim, NULL},
+    {"fsdp_cpu", check_fsdp_cpu, NULL},
     {"state_dict_names", check_state_dict_names, NULL},
 };
 

@@ -6,5 +6,5 @@ set -e
 cd "$(dirname "$0")/.."
 sh tools/deps.sh
 [ -f build/build.ninja ] || meson setup build >/dev/null
-meson compile -C build shard_layout >/dev/null
-exec ./build/examples/shard_layout "$@"
+meson compile -C build train_mlp >/dev/null
+exec ./build/examples/train_mlp "$@"

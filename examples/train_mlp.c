@@ -1,0 +1,891 @@
+/* train_mlp: train a small MLP with fully sharded data parallelism on N ranks.
+
+   This is what fsdp.h is for: a training engine written in plain C (the
+   forward and backward passes below are hand-written loops, fp32 arithmetic)
+   gets PyTorch FSDP's semantics by calling the runtime around each unit. The
+   model is 32 -> Linear(128) -> GELU -> Linear(128) -> LayerNorm -> GELU ->
+   Linear(10), trained with softmax cross-entropy to imitate a fixed random
+   "teacher" network on Gaussian inputs, all generated here from --seed. Each
+   Linear is an FSDP unit (module-type policy on "Linear"); the root unit holds
+   the LayerNorm. Parameters are initialised shard by shard by fsdp_init_params
+   (weights normal with std 1/sqrt(fan_in), biases zero, the norm's scale
+   one), so no rank ever holds the whole model. Each step, every rank takes
+   its slice of one fixed global batch: --ranks changes speed and memory,
+   never the mathematics, so the same --seed gives the same losses at any
+   --ranks (up to float rounding). The
+   optimizer is AdamW with two parameter groups (no weight decay on biases and
+   the norm), a warm-up + cosine learning rate set with fsdp_set_lr, and
+   global-norm clipping at 1.0. The N ranks are N threads of this process on
+   the built-in `local` backend; every rank has its own CPU "device" whose
+   allocations are counted, so rank 0 can print the measured peak device
+   memory next to the context's plan (activations are ordinary host memory,
+   outside the device). --bf16 gathers parameters and reduces gradients in
+   bf16 (the engine still computes in fp32; master weights stay fp32). At the
+   end the ranks evaluate held-out data with a forward-only pass, and the
+   last line is machine-readable:
+       final_loss=<x> peak_bytes=<n> plan_bytes=<n>
+
+   Usage: train_mlp [--ranks N] [--steps K] [--batch B] [--lr X] [--seed S]
+                    [--strategy full|grad_op|no_shard|hybrid] [--hybrid-size G]
+                    [--bf16] [--no-prefetch] [--quiet]                          */
+#include "fsdp.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define IN 32      /* input features */
+#define HID 128    /* hidden width */
+#define OUT 10     /* classes */
+#define TEACH 64   /* the teacher's hidden width */
+#define NTEST 2048 /* held-out samples */
+#define MAX_RANKS 64
+
+typedef struct config {
+    int ranks, steps, batch, quiet, bf16, no_prefetch, hybrid_size;
+    double lr;
+    unsigned long long seed;
+    fsdp_sharding_strategy strategy;
+    const char *strategy_name;
+} config;
+
+/* ---------------------------------------------------------------------- */
+/* Data: a counter-based generator, so sample i of step t is the same      */
+/* whichever rank draws it.                                                 */
+/* ---------------------------------------------------------------------- */
+
+static uint64_t mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+/* A uniform double in (0, 1] from (seed, stream, index, j). */
+static double uniform(uint64_t seed, uint64_t stream, uint64_t index, uint64_t j)
+{
+    uint64_t z = mix64(mix64(mix64(seed ^ (stream * 0x9E3779B97F4A7C15ULL)) ^ index) + j);
+    return ((double)(z >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+}
+
+static float gaussian(uint64_t seed, uint64_t stream, uint64_t index, uint64_t j)
+{
+    double u1 = uniform(seed, stream, index, 2 * j), u2 = uniform(seed, stream, index, 2 * j + 1);
+    return (float)(sqrt(-2.0 * log(u1)) * cos(6.283185307179586 * u2));
+}
+
+enum { STREAM_TEACHER = 1, STREAM_TRAIN = 2, STREAM_TEST = 3 };
+
+/* The teacher: logits = V tanh(U x); the label is their argmax. */
+typedef struct teacher {
+    float u[TEACH * IN], v[OUT * TEACH];
+} teacher;
+
+static void teacher_init(teacher *t, uint64_t seed)
+{
+    int k;
+    for (k = 0; k < TEACH * IN; k++)
+        t->u[k] = gaussian(seed, STREAM_TEACHER, 0, (uint64_t)k) / sqrtf((float)IN);
+    for (k = 0; k < OUT * TEACH; k++)
+        t->v[k] = gaussian(seed, STREAM_TEACHER, 1, (uint64_t)k) / sqrtf((float)TEACH);
+}
+
+/* Fills x (IN floats) and returns the label of sample `index` of `stream`. */
+static int sample(const teacher *t, uint64_t seed, uint64_t stream, uint64_t index, float *x)
+{
+    float h[TEACH];
+    int j, k, best = 0;
+    float best_v = -INFINITY;
+    for (k = 0; k < IN; k++) x[k] = gaussian(seed, stream, index, (uint64_t)k);
+    for (j = 0; j < TEACH; j++) {
+        float a = 0.0f;
+        for (k = 0; k < IN; k++) a += t->u[j * IN + k] * x[k];
+        h[j] = tanhf(a);
+    }
+    for (j = 0; j < OUT; j++) {
+        float a = 0.0f;
+        for (k = 0; k < TEACH; k++) a += t->v[j * TEACH + k] * h[k];
+        if (a > best_v) {
+            best_v = a;
+            best = j;
+        }
+    }
+    return best;
+}
+
+/* ---------------------------------------------------------------------- */
+/* The model description and the engine's kernels                          */
+/* ---------------------------------------------------------------------- */
+
+static int add_param(fsdp_model *m, const char *module, const char *name, int64_t d0, int64_t d1)
+{
+    fsdp_param_desc p;
+    memset(&p, 0, sizeof p);
+    p.module = module;
+    p.name = name;
+    p.ndim = d1 ? 2 : 1;
+    p.shape[0] = d0;
+    p.shape[1] = d1;
+    return fsdp_model_add_param(m, &p) == FSDP_SUCCESS;
+}
+
+static int add_linear(fsdp_model *m, const char *fqn, int64_t out, int64_t in)
+{
+    return fsdp_model_add_module(m, fqn, "Linear") == FSDP_SUCCESS &&
+           add_param(m, fqn, "weight", out, in) && add_param(m, fqn, "bias", out, 0);
+}
+
+static fsdp_model *build_model(void)
+{
+    fsdp_model *m = NULL;
+    fsdp_model_desc desc;
+    int ok;
+    memset(&desc, 0, sizeof desc);
+    desc.root_type = "MLP";
+    if (fsdp_model_create(&desc, &m) != FSDP_SUCCESS) {
+        fprintf(stderr, "train_mlp: fsdp_model_create failed\n");
+        return NULL;
+    }
+    ok = add_linear(m, "fc1", HID, IN) && fsdp_model_add_module(m, "act1", "GELU") == 0 &&
+         add_linear(m, "fc2", HID, HID) && fsdp_model_add_module(m, "norm", "LayerNorm") == 0 &&
+         add_param(m, "norm", "weight", HID, 0) && add_param(m, "norm", "bias", HID, 0) &&
+         fsdp_model_add_module(m, "act2", "GELU") == 0 && add_linear(m, "head", OUT, HID);
+    if (!ok) {
+        fprintf(stderr, "train_mlp: building the model failed: %s\n", fsdp_model_last_error(m));
+        fsdp_model_destroy(m);
+        return NULL;
+    }
+    return m;
+}
+
+/* y[b][o] = bias[o] + sum_i w[o][i] x[b][i] */
+static void linear_forward(const float *x, const float *w, const float *bias, float *y, int nb,
+                           int in, int out)
+{
+    int b, o, i;
+    for (b = 0; b < nb; b++)
+        for (o = 0; o < out; o++) {
+            const float *wr = w + (size_t)o * (size_t)in, *xr = x + (size_t)b * (size_t)in;
+            float a = 0.0f;
+            for (i = 0; i < in; i++) a += wr[i] * xr[i];
+            y[(size_t)b * (size_t)out + (size_t)o] = a + bias[o];
+        }
+}
+
+/* gw += dy^T x, gb += sum_b dy, and dx = dy w when dx is given. */
+static void linear_backward(const float *x, const float *w, const float *dy, float *gw, float *gb,
+                            float *dx, int nb, int in, int out)
+{
+    int b, o, i;
+    for (o = 0; o < out; o++) {
+        float *gr = gw + (size_t)o * (size_t)in, s = 0.0f;
+        for (b = 0; b < nb; b++) {
+            float d = dy[(size_t)b * (size_t)out + (size_t)o];
+            const float *xr = x + (size_t)b * (size_t)in;
+            s += d;
+            for (i = 0; i < in; i++) gr[i] += d * xr[i];
+        }
+        gb[o] += s;
+    }
+    if (!dx) return;
+    for (b = 0; b < nb; b++) {
+        float *dr = dx + (size_t)b * (size_t)in;
+        for (i = 0; i < in; i++) dr[i] = 0.0f;
+        for (o = 0; o < out; o++) {
+            float d = dy[(size_t)b * (size_t)out + (size_t)o];
+            const float *wr = w + (size_t)o * (size_t)in;
+            for (i = 0; i < in; i++) dr[i] += d * wr[i];
+        }
+    }
+}
+
+/* GELU (exact, erf form) and its derivative. */
+static float gelu(float x)
+{
+    return 0.5f * x * (1.0f + erff(x * 0.70710678f));
+}
+
+static float gelu_grad(float x)
+{
+    return 0.5f * (1.0f + erff(x * 0.70710678f)) + x * 0.39894228f * expf(-0.5f * x * x);
+}
+
+#define LN_EPS 1e-5f
+
+/* y = (x - mean) * rstd * g + beta per row; keeps xhat and rstd for backward. */
+static void layernorm_forward(const float *x, const float *g, const float *beta, float *xhat,
+                              float *rstd, float *y, int nb, int n)
+{
+    int b, i;
+    for (b = 0; b < nb; b++) {
+        const float *xr = x + (size_t)b * (size_t)n;
+        float mean = 0.0f, var = 0.0f, r;
+        for (i = 0; i < n; i++) mean += xr[i];
+        mean /= (float)n;
+        for (i = 0; i < n; i++) var += (xr[i] - mean) * (xr[i] - mean);
+        r = 1.0f / sqrtf(var / (float)n + LN_EPS);
+        rstd[b] = r;
+        for (i = 0; i < n; i++) {
+            float h = (xr[i] - mean) * r;
+            xhat[(size_t)b * (size_t)n + (size_t)i] = h;
+            y[(size_t)b * (size_t)n + (size_t)i] = h * g[i] + beta[i];
+        }
+    }
+}
+
+static void layernorm_backward(const float *xhat, const float *rstd, const float *g,
+                               const float *dy, float *gg, float *gbeta, float *dx, int nb, int n)
+{
+    int b, i;
+    for (b = 0; b < nb; b++) {
+        const float *hr = xhat + (size_t)b * (size_t)n, *dr = dy + (size_t)b * (size_t)n;
+        float m1 = 0.0f, m2 = 0.0f;
+        for (i = 0; i < n; i++) {
+            float dh = dr[i] * g[i];
+            gg[i] += dr[i] * hr[i];
+            gbeta[i] += dr[i];
+            m1 += dh;
+            m2 += dh * hr[i];
+        }
+        m1 /= (float)n;
+        m2 /= (float)n;
+        for (i = 0; i < n; i++)
+            dx[(size_t)b * (size_t)n + (size_t)i] = rstd[b] * (dr[i] * g[i] - m1 - hr[i] * m2);
+    }
+}
+
+/* Softmax cross-entropy over rows; dlogits = (p - onehot) * scale. Returns
+   the summed loss; counts correct argmaxes in *correct. */
+static double softmax_xent(const float *logits, const int *labels, float *dlogits, float scale,
+                           int nb, int *correct)
+{
+    double total = 0.0;
+    int b, j;
+    for (b = 0; b < nb; b++) {
+        const float *z = logits + (size_t)b * OUT;
+        float mx = z[0], sum = 0.0f;
+        int arg = 0;
+        for (j = 1; j < OUT; j++)
+            if (z[j] > mx) {
+                mx = z[j];
+                arg = j;
+            }
+        for (j = 0; j < OUT; j++) sum += expf(z[j] - mx);
+        total += (double)(logf(sum) + mx - z[labels[b]]);
+        if (correct) *correct += arg == labels[b];
+        if (dlogits)
+            for (j = 0; j < OUT; j++)
+                dlogits[(size_t)b * OUT + (size_t)j] =
+                    (expf(z[j] - mx) / sum - (j == labels[b] ? 1.0f : 0.0f)) * scale;
+    }
+    return total;
+}
+
+/* ---------------------------------------------------------------------- */
+/* One rank                                                                 */
+/* ---------------------------------------------------------------------- */
+
+typedef struct shared {
+    const config *cfg;
+    const fsdp_model *model;
+    const fsdp_units *units;
+    const teacher *teach;
+    int unit_fc1, unit_fc2, unit_head, unit_root;
+    /* written by the ranks, read after they joined */
+    double initial_loss, final_loss, accuracy;
+    int test_correct;
+    size_t peak[MAX_RANKS], plan[MAX_RANKS];
+    char msg[MAX_RANKS][FSDP_ERROR_MAX + 64];
+} shared;
+
+/* A parameter as the engine sees it: the runtime's view when it is f32, or
+   an f32 copy of it (and an f32 gradient buffer) under mixed precision. */
+typedef struct tensor {
+    const char *fqn;
+    int unit;
+    size_t n;
+    float *p32, *g32; /* host scratch (bf16 only) */
+    void *gview;
+} tensor;
+
+enum { T_FC1W, T_FC1B, T_FC2W, T_FC2B, T_NORMW, T_NORMB, T_HEADW, T_HEADB, NT };
+
+typedef struct rank_state {
+    fsdp_ctx *ctx;
+    tensor t[NT];
+    int bf16;
+    char *msg;
+    size_t msg_cap;
+} rank_state;
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int fail_ctx(rank_state *rs, int rank, const char *what)
+{
+    snprintf(rs->msg, rs->msg_cap, "rank %d: %s: %s", rank, what, fsdp_ctx_last_error(rs->ctx));
+    return 0;
+}
+
+/* The parameter's values in f32 (valid until the unit ends), or NULL. */
+static float *param(rank_state *rs, int k)
+{
+    tensor *t = &rs->t[k];
+    void *v = fsdp_param(rs->ctx, t->fqn);
+    if (!v || !rs->bf16) return (float *)v;
+    fsdp_convert(t->p32, FSDP_F32, v, FSDP_BF16, t->n);
+    return t->p32;
+}
+
+/* Where the engine accumulates the parameter's gradient, or NULL. */
+static float *grad(rank_state *rs, int k)
+{
+    tensor *t = &rs->t[k];
+    t->gview = fsdp_grad(rs->ctx, t->fqn);
+    if (!t->gview || !rs->bf16) return (float *)t->gview;
+    memset(t->g32, 0, t->n * sizeof(float));
+    return t->g32;
+}
+
+/* Under mixed precision, adds the f32 gradient into the bf16 view. */
+static void grad_done(rank_state *rs, int k)
+{
+    tensor *t = &rs->t[k];
+    uint16_t *h = (uint16_t *)t->gview;
+    size_t i;
+    if (!rs->bf16 || !h) return;
+    for (i = 0; i < t->n; i++) h[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(h[i]) + t->g32[i]);
+}
+
+/* No weight decay on biases and the norm's parameters (1-d). */
+static int group_of(void *user, const char *fqn, int ndim, const char *module_type)
+{
+    (void)user;
+    (void)fqn;
+    (void)module_type;
+    return ndim >= 2 ? 0 : 1;
+}
+
+/* Linear weights: normal, std 1/sqrt(fan_in); LayerNorm weight: ones; biases: zeros. */
+static fsdp_init_spec init_choose(void *user, const char *fqn, int ndim, const int64_t *shape,
+                                  const char *module_type)
+{
+    fsdp_init_spec s;
+    size_t len = strlen(fqn);
+    (void)user;
+    memset(&s, 0, sizeof s);
+    if (ndim == 2) {
+        s.kind = FSDP_INIT_NORMAL;
+        s.a = 0.0;
+        s.b = 1.0 / sqrt((double)shape[1]);
+    } else if (!strcmp(module_type, "LayerNorm") && len >= 6 && !strcmp(fqn + len - 6, "weight")) {
+        s.kind = FSDP_INIT_ONES;
+    } else {
+        s.kind = FSDP_INIT_ZEROS;
+    }
+    return s;
+}
+
+static double lr_at(const config *c, int step) /* step 1..steps */
+{
+    int warm = c->steps / 10 > 0 ? c->steps / 10 : 1;
+    double min_lr = 0.1 * c->lr, prog;
+    if (step <= warm) return c->lr * (double)step / (double)warm;
+    if (c->steps == warm) return c->lr;
+    prog = (double)(step - warm) / (double)(c->steps - warm);
+    return min_lr + 0.5 * (c->lr - min_lr) * (1.0 + cos(3.141592653589793 * prog));
+}
+
+/* Activations of one forward pass over nb rows (host memory). */
+typedef struct acts {
+    float *x, *z1, *a1, *z2, *xhat, *rstd, *n2, *a2, *logits;
+    float *d_logits, *d_a2, *d_n2, *d_z2, *d_a1;
+    int *labels;
+} acts;
+
+static int acts_alloc(acts *a, int nb)
+{
+    size_t h = (size_t)nb * HID;
+    memset(a, 0, sizeof *a);
+    a->x = (float *)malloc((size_t)nb * IN * sizeof(float));
+    a->z1 = (float *)malloc(h * sizeof(float));
+    a->a1 = (float *)malloc(h * sizeof(float));
+    a->z2 = (float *)malloc(h * sizeof(float));
+    a->xhat = (float *)malloc(h * sizeof(float));
+    a->rstd = (float *)malloc((size_t)nb * sizeof(float));
+    a->n2 = (float *)malloc(h * sizeof(float));
+    a->a2 = (float *)malloc(h * sizeof(float));
+    a->logits = (float *)malloc((size_t)nb * OUT * sizeof(float));
+    a->d_logits = (float *)malloc((size_t)nb * OUT * sizeof(float));
+    a->d_a2 = (float *)malloc(h * sizeof(float));
+    a->d_n2 = (float *)malloc(h * sizeof(float));
+    a->d_z2 = (float *)malloc(h * sizeof(float));
+    a->d_a1 = (float *)malloc(h * sizeof(float));
+    a->labels = (int *)malloc((size_t)nb * sizeof(int));
+    return a->x && a->z1 && a->a1 && a->z2 && a->xhat && a->rstd && a->n2 && a->a2 &&
+           a->logits && a->d_logits && a->d_a2 && a->d_n2 && a->d_z2 && a->d_a1 && a->labels;
+}
+
+static void acts_free(acts *a)
+{
+    free(a->x); free(a->z1); free(a->a1); free(a->z2); free(a->xhat); free(a->rstd);
+    free(a->n2); free(a->a2); free(a->logits); free(a->d_logits); free(a->d_a2);
+    free(a->d_n2); free(a->d_z2); free(a->d_a1); free(a->labels);
+}
+
+/* The forward pass over a->x; FSDP calls around each unit. */
+static int forward(rank_state *rs, const shared *sh, acts *a, int nb, int rank)
+{
+    fsdp_ctx *ctx = rs->ctx;
+    const float *w, *b, *g, *be;
+    size_t i, h = (size_t)nb * HID;
+    if (fsdp_begin_forward(ctx, sh->unit_root) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (fsdp_begin_forward(ctx, sh->unit_fc1) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (!(w = param(rs, T_FC1W)) || !(b = param(rs, T_FC1B))) return fail_ctx(rs, rank, "fc1");
+    linear_forward(a->x, w, b, a->z1, nb, IN, HID);
+    for (i = 0; i < h; i++) a->a1[i] = gelu(a->z1[i]);
+    if (fsdp_end_forward(ctx, sh->unit_fc1) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (fsdp_begin_forward(ctx, sh->unit_fc2) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (!(w = param(rs, T_FC2W)) || !(b = param(rs, T_FC2B))) return fail_ctx(rs, rank, "fc2");
+    linear_forward(a->a1, w, b, a->z2, nb, HID, HID);
+    if (fsdp_end_forward(ctx, sh->unit_fc2) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    /* the norm belongs to the root unit, gathered since its begin_forward */
+    if (!(g = param(rs, T_NORMW)) || !(be = param(rs, T_NORMB))) return fail_ctx(rs, rank, "norm");
+    layernorm_forward(a->z2, g, be, a->xhat, a->rstd, a->n2, nb, HID);
+    for (i = 0; i < h; i++) a->a2[i] = gelu(a->n2[i]);
+    if (fsdp_begin_forward(ctx, sh->unit_head) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (!(w = param(rs, T_HEADW)) || !(b = param(rs, T_HEADB))) return fail_ctx(rs, rank, "head");
+    linear_forward(a->a2, w, b, a->logits, nb, HID, OUT);
+    if (fsdp_end_forward(ctx, sh->unit_head) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (fsdp_end_forward(ctx, sh->unit_root) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    return 1;
+}
+
+/* The backward pass from a->d_logits, units in reverse order. */
+static int backward(rank_state *rs, const shared *sh, acts *a, int nb, int rank)
+{
+    fsdp_ctx *ctx = rs->ctx;
+    const float *w, *g;
+    float *gw, *gb;
+    size_t i, h = (size_t)nb * HID;
+    if (fsdp_begin_backward(ctx, sh->unit_root) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    if (fsdp_begin_backward(ctx, sh->unit_head) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    if (!(w = param(rs, T_HEADW)) || !(gw = grad(rs, T_HEADW)) || !(gb = grad(rs, T_HEADB)))
+        return fail_ctx(rs, rank, "head");
+    linear_backward(a->a2, w, a->d_logits, gw, gb, a->d_a2, nb, HID, OUT);
+    grad_done(rs, T_HEADW);
+    grad_done(rs, T_HEADB);
+    if (fsdp_end_backward(ctx, sh->unit_head) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    for (i = 0; i < h; i++) a->d_n2[i] = a->d_a2[i] * gelu_grad(a->n2[i]);
+    if (!(g = param(rs, T_NORMW)) || !(gw = grad(rs, T_NORMW)) || !(gb = grad(rs, T_NORMB)))
+        return fail_ctx(rs, rank, "norm");
+    layernorm_backward(a->xhat, a->rstd, g, a->d_n2, gw, gb, a->d_z2, nb, HID);
+    grad_done(rs, T_NORMW);
+    grad_done(rs, T_NORMB);
+    if (fsdp_begin_backward(ctx, sh->unit_fc2) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    if (!(w = param(rs, T_FC2W)) || !(gw = grad(rs, T_FC2W)) || !(gb = grad(rs, T_FC2B)))
+        return fail_ctx(rs, rank, "fc2");
+    linear_backward(a->a1, w, a->d_z2, gw, gb, a->d_a1, nb, HID, HID);
+    grad_done(rs, T_FC2W);
+    grad_done(rs, T_FC2B);
+    if (fsdp_end_backward(ctx, sh->unit_fc2) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    for (i = 0; i < h; i++) a->d_a1[i] *= gelu_grad(a->z1[i]);
+    if (fsdp_begin_backward(ctx, sh->unit_fc1) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    if (!(gw = grad(rs, T_FC1W)) || !(gb = grad(rs, T_FC1B))) return fail_ctx(rs, rank, "fc1");
+    linear_backward(a->x, NULL, a->d_a1, gw, gb, NULL, nb, IN, HID);
+    grad_done(rs, T_FC1W);
+    grad_done(rs, T_FC1B);
+    if (fsdp_end_backward(ctx, sh->unit_fc1) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    if (fsdp_end_backward(ctx, sh->unit_root) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    return 1;
+}
+
+/* The mean over ranks of a local value (every rank gets the same bits). */
+static int global_mean(rank_state *rs, fsdp_comm *comm, float *v, int rank)
+{
+    if (fsdp_all_reduce(comm, v, v, 1, FSDP_F32, FSDP_REDUCE_AVG, NULL) == FSDP_SUCCESS) return 1;
+    snprintf(rs->msg, rs->msg_cap, "rank %d: all_reduce of the loss: %s", rank,
+             fsdp_comm_last_error(comm));
+    return 0;
+}
+
+static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    shared *sh = (shared *)user;
+    const config *cfg = sh->cfg;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx_desc d;
+    fsdp_optim_config groups[2];
+    fsdp_memory_plan plan;
+    fsdp_memory_stats ms;
+    fsdp_result r;
+    rank_state rs;
+    acts a;
+    int local = cfg->batch / nranks, t0 = rank * NTEST / nranks, t1 = (rank + 1) * NTEST / nranks;
+    int nb_max = local > t1 - t0 ? local : t1 - t0, ok = 0, step, k, i;
+    int print_every = cfg->steps / 20 > 0 ? cfg->steps / 20 : 1;
+    double t_last = 0.0;
+    static const char *const names[NT] = {"fc1.weight", "fc1.bias",  "fc2.weight", "fc2.bias",
+                                          "norm.weight", "norm.bias", "head.weight", "head.bias"};
+    static const size_t sizes[NT] = {HID * IN, HID, HID * HID, HID, HID, HID, OUT * HID, OUT};
+    memset(&rs, 0, sizeof rs);
+    rs.msg = sh->msg[rank];
+    rs.msg_cap = sizeof sh->msg[rank];
+    rs.bf16 = cfg->bf16;
+    if (!acts_alloc(&a, nb_max)) {
+        snprintf(rs.msg, rs.msg_cap, "rank %d: out of host memory", rank);
+        goto done;
+    }
+    for (k = 0; k < NT; k++) {
+        rs.t[k].fqn = names[k];
+        rs.t[k].n = sizes[k];
+        if (rs.bf16) {
+            rs.t[k].p32 = (float *)malloc(sizes[k] * sizeof(float));
+            rs.t[k].g32 = (float *)malloc(sizes[k] * sizeof(float));
+            if (!rs.t[k].p32 || !rs.t[k].g32) {
+                snprintf(rs.msg, rs.msg_cap, "rank %d: out of host memory", rank);
+                goto done;
+            }
+        }
+    }
+    if ((r = fsdp_device_cpu_create(NULL, &dev)) != FSDP_SUCCESS ||
+        (r = fsdp_local_comm_create(world, rank, dev, &comm)) != FSDP_SUCCESS) {
+        snprintf(rs.msg, rs.msg_cap, "rank %d: cannot create the device or communicator: %s",
+                 rank, fsdp_result_string(r));
+        goto done;
+    }
+    /* AdamW; group 0 (weights) decays, group 1 (biases, norm) does not */
+    groups[0] = fsdp_optim_defaults(FSDP_ADAMW);
+    groups[0].lr = cfg->lr;
+    groups[0].weight_decay = 0.01;
+    groups[1] = groups[0];
+    groups[1].weight_decay = 0.0;
+    memset(&d, 0, sizeof d);
+    d.model = sh->model;
+    d.units = sh->units;
+    d.device = dev;
+    d.comm = comm;
+    d.hybrid_shard_size = cfg->strategy == FSDP_HYBRID_SHARD ? cfg->hybrid_size : 0;
+    d.disable_forward_prefetch = cfg->no_prefetch;
+    d.disable_backward_prefetch = cfg->no_prefetch;
+    d.groups = groups;
+    d.ngroups = 2;
+    d.group_fn = group_of;
+    {
+        fsdp_error err;
+        memset(&err, 0, sizeof err);
+        d.hooks.error = &err;
+        fsdp_device_reset_peak(dev); /* everything from here on is the context's */
+        if ((r = fsdp_ctx_create(&d, &rs.ctx)) != FSDP_SUCCESS) {
+            snprintf(rs.msg, rs.msg_cap, "rank %d: fsdp_ctx_create: %s", rank,
+                     err.message[0] ? err.message : fsdp_result_string(r));
+            goto done;
+        }
+    }
+    fsdp_ctx_plan(rs.ctx, &plan);
+    if (fsdp_init_params(rs.ctx, cfg->seed, init_choose, NULL) != FSDP_SUCCESS) {
+        fail_ctx(&rs, rank, "fsdp_init_params");
+        goto done;
+    }
+    t_last = now_ms();
+    for (step = 1; step <= cfg->steps; step++) {
+        float loss;
+        double norm, lr = lr_at(cfg, step);
+        /* this rank's rows of the global batch */
+        for (i = 0; i < local; i++) {
+            uint64_t idx = (uint64_t)(step - 1) * (uint64_t)cfg->batch + (uint64_t)(rank * local + i);
+            a.labels[i] = sample(sh->teach, cfg->seed, STREAM_TRAIN, idx, a.x + (size_t)i * IN);
+        }
+        if (!forward(&rs, sh, &a, local, rank)) goto done;
+        /* the gradient of this rank's mean loss; FSDP averages over ranks */
+        loss = (float)(softmax_xent(a.logits, a.labels, a.d_logits, 1.0f / (float)local, local,
+                                    NULL) / (double)local);
+        if (!backward(&rs, sh, &a, local, rank)) goto done;
+        if (fsdp_clip_grad_norm(rs.ctx, 1.0, 2.0, &norm) != FSDP_SUCCESS) {
+            fail_ctx(&rs, rank, "fsdp_clip_grad_norm");
+            goto done;
+        }
+        if (fsdp_set_lr(rs.ctx, 0, lr) != FSDP_SUCCESS || fsdp_set_lr(rs.ctx, 1, lr) != FSDP_SUCCESS ||
+            fsdp_step(rs.ctx) != FSDP_SUCCESS) {
+            fail_ctx(&rs, rank, "fsdp_step");
+            goto done;
+        }
+        if (!global_mean(&rs, comm, &loss, rank)) goto done;
+        if (rank == 0 && step == 1) sh->initial_loss = loss;
+        if (rank == 0) sh->final_loss = loss;
+        if (rank == 0 && !cfg->quiet && (step % print_every == 0 || step == 1 || step == cfg->steps)) {
+            double t = now_ms();
+            int n = step == 1 ? 1 : (step % print_every == 0 ? print_every : step % print_every);
+            fsdp_device_memory(dev, &ms);
+            printf("step %4d/%d  loss %.6f  lr %.2e  grad norm %7.4f  %7.2f ms/step  "
+                   "peak %.1f KiB/rank (plan %.1f KiB)\n",
+                   step, cfg->steps, (double)loss, lr, norm, (t - t_last) / n,
+                   (double)ms.device_peak / 1024.0, (double)plan.total / 1024.0);
+            fflush(stdout);
+            t_last = t;
+        }
+    }
+    /* held-out accuracy: a forward-only pass over this rank's slice */
+    {
+        int correct = 0, nt = t1 - t0;
+        float c;
+        for (i = 0; i < nt; i++)
+            a.labels[i] = sample(sh->teach, cfg->seed, STREAM_TEST, (uint64_t)(t0 + i),
+                                 a.x + (size_t)i * IN);
+        if (!forward(&rs, sh, &a, nt, rank)) goto done;
+        softmax_xent(a.logits, a.labels, NULL, 1.0f, nt, &correct);
+        c = (float)correct; /* exact: counts stay far below 2^24 */
+        if (fsdp_all_reduce(comm, &c, &c, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL) != FSDP_SUCCESS) {
+            snprintf(rs.msg, rs.msg_cap, "rank %d: all_reduce of the accuracy: %s", rank,
+                     fsdp_comm_last_error(comm));
+            goto done;
+        }
+        if (rank == 0) sh->test_correct = (int)c;
+    }
+    fsdp_device_memory(dev, &ms);
+    sh->peak[rank] = ms.device_peak;
+    sh->plan[rank] = plan.total;
+    ok = 1;
+done:
+    fsdp_ctx_destroy(rs.ctx);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    acts_free(&a);
+    for (k = 0; k < NT; k++) {
+        free(rs.t[k].p32);
+        free(rs.t[k].g32);
+    }
+    if (!ok && !rs.msg[0]) snprintf(rs.msg, rs.msg_cap, "rank %d failed", rank);
+    return ok ? 0 : 1;
+}
+
+/* ---------------------------------------------------------------------- */
+
+static void usage(const char *argv0)
+{
+    fprintf(stderr,
+            "usage: %s [--ranks N] [--steps K] [--batch B] [--lr X] [--seed S]\n"
+            "          [--strategy full|grad_op|no_shard|hybrid] [--hybrid-size G]\n"
+            "          [--bf16] [--no-prefetch] [--quiet]\n",
+            argv0);
+}
+
+static int parse_int(const char *s, int *out)
+{
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (!*s || *end || v < -2147483647L || v > 2147483647L) return 0;
+    *out = (int)v;
+    return 1;
+}
+
+static int parse_args(int argc, char **argv, config *c)
+{
+    int i;
+    for (i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--quiet")) c->quiet = 1;
+        else if (!strcmp(a, "--bf16")) c->bf16 = 1;
+        else if (!strcmp(a, "--no-prefetch")) c->no_prefetch = 1;
+        else if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+            usage(argv[0]);
+            exit(0);
+        } else if (!v) {
+            fprintf(stderr, "train_mlp: unknown option or missing value: %s\n", a);
+            return 0;
+        } else {
+            i++;
+            if (!strcmp(a, "--ranks")) {
+                if (!parse_int(v, &c->ranks)) goto bad;
+            } else if (!strcmp(a, "--steps")) {
+                if (!parse_int(v, &c->steps)) goto bad;
+            } else if (!strcmp(a, "--batch")) {
+                if (!parse_int(v, &c->batch)) goto bad;
+            } else if (!strcmp(a, "--hybrid-size")) {
+                if (!parse_int(v, &c->hybrid_size)) goto bad;
+            } else if (!strcmp(a, "--lr")) {
+                char *end;
+                c->lr = strtod(v, &end);
+                if (!*v || *end) goto bad;
+            } else if (!strcmp(a, "--seed")) {
+                char *end;
+                c->seed = strtoull(v, &end, 0);
+                if (!*v || *end) goto bad;
+            } else if (!strcmp(a, "--strategy")) {
+                c->strategy_name = v;
+                if (!strcmp(v, "full")) c->strategy = FSDP_FULL_SHARD;
+                else if (!strcmp(v, "grad_op")) c->strategy = FSDP_SHARD_GRAD_OP;
+                else if (!strcmp(v, "no_shard")) c->strategy = FSDP_NO_SHARD;
+                else if (!strcmp(v, "hybrid")) c->strategy = FSDP_HYBRID_SHARD;
+                else goto bad;
+            } else {
+                fprintf(stderr, "train_mlp: unknown option: %s\n", a);
+                return 0;
+            }
+            continue;
+        bad:
+            fprintf(stderr, "train_mlp: bad value for %s: '%s'\n", a, v);
+            return 0;
+        }
+    }
+    if (c->ranks < 1 || c->ranks > MAX_RANKS) {
+        fprintf(stderr, "train_mlp: --ranks must be 1..%d\n", MAX_RANKS);
+        return 0;
+    }
+    if (c->steps < 1 || c->batch < 1 || !(c->lr > 0.0) || !(c->lr < 10.0)) {
+        fprintf(stderr, "train_mlp: --steps and --batch must be >= 1 and --lr in (0, 10)\n");
+        return 0;
+    }
+    if (c->batch % c->ranks) {
+        fprintf(stderr,
+                "train_mlp: the global batch %d does not split evenly across %d ranks; pick "
+                "--batch as a multiple of --ranks\n", c->batch, c->ranks);
+        return 0;
+    }
+    if (c->batch > 1 << 20) {
+        fprintf(stderr, "train_mlp: --batch must be at most %d\n", 1 << 20);
+        return 0;
+    }
+    if (c->strategy == FSDP_HYBRID_SHARD) {
+        if (!c->hybrid_size) { /* the largest proper divisor: two or more replicas */
+            int g;
+            c->hybrid_size = c->ranks;
+            for (g = c->ranks / 2; g >= 2; g--)
+                if (c->ranks % g == 0) {
+                    c->hybrid_size = g;
+                    break;
+                }
+        }
+        if (c->hybrid_size < 1 || c->ranks % c->hybrid_size) {
+            fprintf(stderr, "train_mlp: --hybrid-size %d must divide --ranks %d\n",
+                    c->hybrid_size, c->ranks);
+            return 0;
+        }
+    } else if (c->hybrid_size) {
+        fprintf(stderr, "train_mlp: --hybrid-size needs --strategy hybrid\n");
+        return 0;
+    }
+    return 1;
+}
+
+static int find_unit(const fsdp_units *units, const char *fqn)
+{
+    int i;
+    for (i = 0; i < fsdp_units_count(units); i++)
+        if (!strcmp(fsdp_units_get(units, i)->fqn, fqn)) return i;
+    return -1;
+}
+
+int main(int argc, char **argv)
+{
+    static config cfg;
+    static shared sh;
+    static teacher teach;
+    static const char *const linear_types[] = {"Linear"};
+    fsdp_model *model = NULL;
+    fsdp_units *units = NULL;
+    fsdp_wrap_policy policy;
+    fsdp_wrap_desc wd;
+    fsdp_local_desc ld;
+    int results[MAX_RANKS], i, failed = 0;
+    fsdp_result r;
+    cfg.ranks = 4;
+    cfg.steps = 200;
+    cfg.batch = 240;
+    cfg.lr = 1e-2;
+    cfg.seed = 1;
+    cfg.strategy = FSDP_FULL_SHARD;
+    cfg.strategy_name = "full";
+    if (!parse_args(argc, argv, &cfg)) {
+        usage(argv[0]);
+        return 2;
+    }
+    model = build_model();
+    if (!model) return 1;
+    memset(&policy, 0, sizeof policy);
+    policy.kind = FSDP_WRAP_MODULE_TYPE; /* every Linear is a unit */
+    policy.module_types = linear_types;
+    policy.n_module_types = 1;
+    memset(&wd, 0, sizeof wd);
+    wd.policy = &policy;
+    wd.root.sharding = cfg.strategy;
+    if (cfg.bf16) wd.root.param_dtype = FSDP_BF16; /* gathered and reduced in bf16 */
+    if (fsdp_wrap(model, &wd, &units) != FSDP_SUCCESS) {
+        fprintf(stderr, "train_mlp: fsdp_wrap failed: %s\n", fsdp_model_last_error(model));
+        fsdp_model_destroy(model);
+        return 1;
+    }
+    teacher_init(&teach, cfg.seed);
+    sh.cfg = &cfg;
+    sh.model = model;
+    sh.units = units;
+    sh.teach = &teach;
+    sh.unit_fc1 = find_unit(units, "fc1");
+    sh.unit_fc2 = find_unit(units, "fc2");
+    sh.unit_head = find_unit(units, "head");
+    sh.unit_root = find_unit(units, "");
+    if (sh.unit_fc1 < 0 || sh.unit_fc2 < 0 || sh.unit_head < 0 || sh.unit_root < 0) {
+        fprintf(stderr, "train_mlp: the wrap did not give the expected units\n");
+        fsdp_units_destroy(units);
+        fsdp_model_destroy(model);
+        return 1;
+    }
+    if (!cfg.quiet) {
+        int64_t total = 0;
+        printf("train_mlp: %d rank%s on the local backend, strategy %s, %s, prefetch %s\n",
+               cfg.ranks, cfg.ranks == 1 ? "" : "s", cfg.strategy_name, cfg.bf16 ? "params bf16 (master f32)" : "f32", cfg.no_prefetch ? "off" : "on");
+        if (cfg.strategy == FSDP_HYBRID_SHARD)
+            printf("  hybrid: shard groups of %d ranks, %d replicas\n", cfg.hybrid_size,
+                   cfg.ranks / cfg.hybrid_size);
+        for (i = 0; i < fsdp_units_count(units); i++) {
+            const fsdp_unit_info *ui = fsdp_units_get(units, i);
+            total += ui->numel;
+            printf("  unit %d %-6s %6lld parameters, %lld per rank\n", i,
+                   *ui->fqn ? ui->fqn : "(root)", (long long)ui->numel,
+                   (long long)((ui->numel + cfg.ranks - 1) / cfg.ranks));
+        }
+        printf("  %lld parameters; global batch %d (%d per rank), %d steps, AdamW lr %g, seed "
+               "%llu\n", (long long)total, cfg.batch, cfg.batch / cfg.ranks, cfg.steps, cfg.lr,
+               cfg.seed);
+        fflush(stdout);
+    }
+    memset(&ld, 0, sizeof ld);
+    ld.nranks = cfg.ranks;
+    ld.timeout_ms = 60000;
+    r = fsdp_local_run(&ld, run_rank, &sh, results);
+    if (r != FSDP_SUCCESS) {
+        fprintf(stderr, "train_mlp: fsdp_local_run: %s\n", fsdp_result_string(r));
+        failed = 1;
+    } else {
+        for (i = 0; i < cfg.ranks; i++)
+            if (results[i]) {
+                fprintf(stderr, "train_mlp: %s\n", sh.msg[i]);
+                failed = 1;
+            }
+    }
+    if (!failed) {
+        if (!cfg.quiet) {
+            for (i = 0; i < cfg.ranks; i++)
+                printf("rank %d: peak device memory %zu bytes, plan %zu bytes (peak/plan %.3f)\n",
+                       i, sh.peak[i], sh.plan[i],
+                       sh.plan[i] ? (double)sh.peak[i] / (double)sh.plan[i] : 0.0);
+        }
+        printf("loss %.6f -> %.9f over %d steps; held-out accuracy %.2f%% (%d/%d)\n",
+               sh.initial_loss, sh.final_loss, cfg.steps, 100.0 * sh.test_correct / NTEST,
+               sh.test_correct, NTEST);
+        printf("initial_loss=%.6f test_accuracy=%.4f\n", sh.initial_loss,
+               (double)sh.test_correct / NTEST);
+        printf("final_loss=%.6f peak_bytes=%zu plan_bytes=%zu\n", sh.final_loss, sh.peak[0],
+               sh.plan[0]);
+    }
+    fsdp_units_destroy(units);
+    fsdp_model_destroy(model);
+    return failed ? 1 : 0;
+}

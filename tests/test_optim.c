@@ -1,0 +1,144 @@
+/* test_optim: the sharded optimizers' arithmetic. torch.optim's results in
+   tests/vectors/optim.txt are reproduced bit for bit in both variants (fused
+   multiply-adds as torch's AVX2 kernels, separate roundings as its default
+   kernels); splitting a tensor into shards changes no bit; configurations are
+   checked as torch's constructors check them. Argument: the vectors dir. */
+#include "optim_vectors.h"
+
+#include <math.h>
+
+static int passed, failed;
+
+#define CHECK(c)                                                              \
+    do {                                                                      \
+        if (c) passed++;                                                      \
+        else {                                                                \
+            failed++;                                                         \
+            printf("%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);      \
+        }                                                                     \
+    } while (0)
+
+static uint64_t sm_state;
+static float next_f32(void)
+{
+    uint64_t z = (sm_state += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (float)((int32_t)(z >> 40) - 8388608) / 8388608.0f;
+}
+
+/* Stepping a tensor whole or in uneven shards gives the same bits. */
+static void test_shard_invariance(void)
+{
+    enum { N = 1003, STEPS = 4 };
+    static float p1[N], p2[N], g[STEPS][N], st1[4][N], st2[4][N];
+    static const size_t cuts[] = {0, 1, 250, 251, 777, N};
+    fsdp_optim_config cfgs[4];
+    int c, s, k, v;
+    size_t i;
+    cfgs[0] = fsdp_optim_defaults(FSDP_ADAMW);
+    cfgs[1] = fsdp_optim_defaults(FSDP_ADAM);
+    cfgs[1].amsgrad = 1;
+    cfgs[1].weight_decay = 0.1;
+    cfgs[2] = fsdp_optim_defaults(FSDP_SGD);
+    cfgs[2].momentum = 0.9;
+    cfgs[2].nesterov = 1;
+    cfgs[3] = fsdp_optim_defaults(FSDP_SGD);
+    cfgs[3].momentum = 0.5;
+    cfgs[3].dampening = 0.25;
+    cfgs[3].weight_decay = 0.01;
+    for (v = 0; v < 2; v++)
+        for (c = 0; c < 4; c++) {
+            fsdp_optim_state a, b;
+            int same = 1;
+            cfgs[c].fused_multiply_add = v;
+            sm_state = 42;
+            for (i = 0; i < N; i++) p1[i] = p2[i] = next_f32();
+            for (s = 0; s < STEPS; s++)
+                for (i = 0; i < N; i++) g[s][i] = next_f32();
+            memset(st1, 0, sizeof st1);
+            memset(st2, 0, sizeof st2);
+            a.exp_avg = st1[0];
+            a.exp_avg_sq = st1[1];
+            a.max_exp_avg_sq = st1[2];
+            a.momentum_buffer = st1[3];
+            for (s = 0; s < STEPS; s++) {
+                CHECK(fsdp_optim_step_host(&cfgs[c], s + 1, p1, g[s], &a, N) == FSDP_SUCCESS);
+                for (k = 0; k + 1 < (int)(sizeof cuts / sizeof cuts[0]); k++) {
+                    size_t o = cuts[k];
+                    b.exp_avg = st2[0] + o;
+                    b.exp_avg_sq = st2[1] + o;
+                    b.max_exp_avg_sq = st2[2] + o;
+                    b.momentum_buffer = st2[3] + o;
+                    CHECK(fsdp_optim_step_host(&cfgs[c], s + 1, p2 + o, g[s] + o, &b,
+                                               cuts[k + 1] - o) == FSDP_SUCCESS);
+                }
+            }
+            same = memcmp(p1, p2, sizeof p1) == 0 && memcmp(st1, st2, sizeof st1) == 0;
+            CHECK(same);
+        }
+}
+
+static void test_config_checks(void)
+{
+    fsdp_optim_config c;
+    char msg[FSDP_ERROR_MAX];
+    float p = 1.0f, g = 0.5f;
+    fsdp_optim_state st;
+    memset(&st, 0, sizeof st);
+    c = fsdp_optim_defaults(FSDP_OPTIM_DEFAULT);
+    CHECK(c.kind == FSDP_ADAMW && c.lr == 1e-3 && c.beta1 == 0.9 && c.beta2 == 0.999 &&
+          c.eps == 1e-8 && c.weight_decay == 1e-2);
+    CHECK(fsdp_optim_check(&c, msg) == FSDP_SUCCESS);
+    CHECK(fsdp_optim_state_mask(&c) == 3u);
+    c.amsgrad = 1;
+    CHECK(fsdp_optim_state_mask(&c) == 7u);
+    c = fsdp_optim_defaults(FSDP_ADAM);
+    CHECK(c.weight_decay == 0.0);
+    c = fsdp_optim_defaults(FSDP_SGD);
+    CHECK(fsdp_optim_state_mask(&c) == 0u);
+    c.momentum = 0.9;
+    CHECK(fsdp_optim_state_mask(&c) == 8u);
+    c.lr = -1.0;
+    msg[0] = 0;
+    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "lr"));
+    c = fsdp_optim_defaults(FSDP_SGD);
+    c.nesterov = 1;
+    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "nesterov"));
+    c.momentum = 0.9;
+    c.dampening = 0.1;
+    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
+    c = fsdp_optim_defaults(FSDP_ADAMW);
+    c.beta1 = 1.0;
+    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "beta1"));
+    c = fsdp_optim_defaults(FSDP_ADAMW);
+    c.eps = NAN;
+    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
+    c.kind = (fsdp_optim_kind)9;
+    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
+    CHECK(fsdp_optim_check(NULL, NULL) == FSDP_INVALID_ARGS);
+    /* missing state buffers, step 0, NULL tensors */
+    c = fsdp_optim_defaults(FSDP_ADAMW);
+    CHECK(fsdp_optim_step_host(&c, 1, &p, &g, &st, 1) == FSDP_INVALID_ARGS);
+    CHECK(fsdp_optim_step_host(&c, 0, &p, &g, &st, 1) == FSDP_INVALID_ARGS);
+    c = fsdp_optim_defaults(FSDP_SGD);
+    CHECK(fsdp_optim_step_host(&c, 1, NULL, &g, &st, 1) == FSDP_INVALID_ARGS);
+    CHECK(fsdp_optim_step_host(&c, 1, NULL, NULL, &st, 0) == FSDP_SUCCESS);
+    CHECK(fsdp_optim_step_host(&c, 1, &p, &g, &st, 1) == FSDP_SUCCESS);
+    CHECK(p == 1.0f - 0.5f * 1e-3f || fabsf(p - (1.0f - 0.5e-3f)) < 1e-7f);
+}
+
+int main(int argc, char **argv)
+{
+    char path[4096];
+    int checked = 0, bad;
+    snprintf(path, sizeof path, "%s/optim.txt", argc > 1 ? argv[1] : "tests/vectors");
+    bad = ov_check_file(path, &checked);
+    CHECK(bad == 0);
+    CHECK(checked >= 104);
+    test_shard_invariance();
+    test_config_checks();
+    printf("%d passed, %d failed\n", passed, failed);
+    return failed ? 1 : 0;
+}
