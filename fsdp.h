@@ -192,6 +192,8 @@ FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
 /* ======================================================================== */
 
 typedef struct fsdp_stream fsdp_stream; /* backend-defined */
+struct fsdp_optim_config;               /* >>optim */
+struct fsdp_optim_state;
 typedef struct fsdp_event fsdp_event;   /* backend-defined */
 typedef struct fsdp_device fsdp_device; /* counts every byte it allocates */
 
@@ -244,6 +246,14 @@ typedef struct fsdp_device_vtable {
     /* *out (host memory) = sum of x[i]^2 in f64; valid once the stream ran it */
     fsdp_result (*sum_squares)(void *self, const void *x, fsdp_dtype dt, size_t n,
                                double *out, fsdp_stream *s, fsdp_error *err);
+    /* One torch.optim step over n f32 elements, element by element with the
+       arithmetic of fsdp_optim_step_host (>>optim); c and st are copied
+       before the call returns. Optional: without it the runtime's step
+       needs host-accessible memory. */
+    fsdp_result (*optim_step)(void *self, const struct fsdp_optim_config *c, int64_t step,
+                              float *param, const float *grad,
+                              const struct fsdp_optim_state *st, size_t n, fsdp_stream *s,
+                              fsdp_error *err);
     /* self is destroyed with the device */
     void (*destroy)(void *self);
 } fsdp_device_vtable;
@@ -308,6 +318,11 @@ FSDP_API fsdp_result fsdp_device_accumulate(fsdp_device *dev, void *dst, fsdp_dt
                                             size_t n, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_sum_squares(fsdp_device *dev, const void *x, fsdp_dtype dt,
                                              size_t n, double *out, fsdp_stream *s);
+/* The optimizer kernel (see the vtable's optim_step). */
+FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_optim_config *c,
+                                            int64_t step, float *param, const float *grad,
+                                            const struct fsdp_optim_state *st, size_t n,
+                                            fsdp_stream *s);
 
 /* ======================================================================== */
 /* >>comm                                                                    */
@@ -1281,6 +1296,81 @@ FSDP__DEF void fsdp__store(void *p, fsdp_dtype dt, size_t i, double v)
     }
 }
 
+/* Array conversions: the same results as the scalar functions above, bit
+   for bit, written without branches so that compilers vectorise them. Bits
+   are moved with memcpy, which compilers turn into plain loads. */
+#if defined(__GNUC__) && !defined(__clang__)
+#define FSDP__VECTORISE __attribute__((optimize("fp-contract=off", "tree-loop-vectorize")))
+#else
+#define FSDP__VECTORISE
+#endif
+
+FSDP__DEF FSDP__VECTORISE void fsdp__f32_to_bf16_n(uint16_t *d, const float *s, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t u, r, q;
+        memcpy(&u, s + i, 4);
+        r = (u + 0x7fffu + ((u >> 16) & 1u)) >> 16;
+        q = (u >> 16) | 0x40u;
+        d[i] = (uint16_t)(((u & 0x7fffffffu) > 0x7f800000u) ? q : r);
+    }
+}
+
+FSDP__DEF FSDP__VECTORISE void fsdp__bf16_to_f32_n(float *d, const uint16_t *s, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t u = (uint32_t)s[i] << 16;
+        memcpy(d + i, &u, 4);
+    }
+}
+
+FSDP__DEF FSDP__VECTORISE void fsdp__f16_to_f32_n(float *d, const uint16_t *s, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t h = s[i], em = h & 0x7fffu, e = em >> 10, sub, out;
+        float sf = (float)(int32_t)(h & 0x3ffu) * 5.9604644775390625e-8f; /* exact */
+        uint32_t is_max = 0u - (uint32_t)(e == 0x1fu), is_zero = 0u - (uint32_t)(e == 0u);
+        memcpy(&sub, &sf, 4);
+        /* masks rather than branches, so the loop stays vectorisable */
+        out = (((em << 13) | 0x7f800000u) & is_max) | (sub & is_zero) |
+              (((em << 13) + (112u << 23)) & ~(is_max | is_zero));
+        out |= (h & 0x8000u) << 16;
+        memcpy(d + i, &out, 4);
+    }
+}
+
+FSDP__DEF FSDP__VECTORISE void fsdp__f32_to_f16_n(uint16_t *d, const float *s, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t u, a, nrm, sub, nan, out;
+        float fa;
+        memcpy(&u, s + i, 4);
+        a = u & 0x7fffffffu;
+        /* normal: rebias the exponent by -112 and round to nearest even;
+           a carry out of the mantissa lands in the exponent, as it must */
+        nrm = (a + 0xc8000fffu + ((a >> 13) & 1u)) >> 13;
+        /* subnormal: adding 0.5 aligns the bits so that the FPU's own
+           round-to-nearest-even leaves the f16 subnormal in the low bits */
+        memcpy(&fa, &a, 4);
+        fa = fa + 0.5f;
+        memcpy(&sub, &fa, 4);
+        sub -= 0x3f000000u;
+        nan = 0x7e00u | ((a >> 13) & 0x3ffu);
+        {
+            uint32_t is_nan = 0u - (uint32_t)(a > 0x7f800000u);
+            uint32_t is_inf = ~is_nan & (0u - (uint32_t)(a >= 0x477ff000u));
+            uint32_t is_sub = 0u - (uint32_t)(a < 0x38800000u);
+            uint32_t is_nrm = ~(is_nan | is_inf | is_sub);
+            out = (nan & is_nan) | (0x7c00u & is_inf) | (sub & is_sub) | (nrm & is_nrm);
+        }
+        d[i] = (uint16_t)(((u >> 16) & 0x8000u) | out);
+    }
+}
+
 FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
                                   fsdp_dtype src_dt, size_t n)
 {
@@ -1294,21 +1384,13 @@ FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
     }
     if (!fsdp_dtype_is_float(dst_dt) || !fsdp_dtype_is_float(src_dt)) return FSDP_INVALID_DTYPE;
     if (src_dt == FSDP_F32 && dst_dt == FSDP_BF16) {
-        const float *s = (const float *)src;
-        uint16_t *d = (uint16_t *)dst;
-        for (i = 0; i < n; i++) d[i] = fsdp_f32_to_bf16(s[i]);
+        fsdp__f32_to_bf16_n((uint16_t *)dst, (const float *)src, n);
     } else if (src_dt == FSDP_BF16 && dst_dt == FSDP_F32) {
-        const uint16_t *s = (const uint16_t *)src;
-        float *d = (float *)dst;
-        for (i = 0; i < n; i++) d[i] = fsdp_bf16_to_f32(s[i]);
+        fsdp__bf16_to_f32_n((float *)dst, (const uint16_t *)src, n);
     } else if (src_dt == FSDP_F32 && dst_dt == FSDP_F16) {
-        const float *s = (const float *)src;
-        uint16_t *d = (uint16_t *)dst;
-        for (i = 0; i < n; i++) d[i] = fsdp_f32_to_f16(s[i]);
+        fsdp__f32_to_f16_n((uint16_t *)dst, (const float *)src, n);
     } else if (src_dt == FSDP_F16 && dst_dt == FSDP_F32) {
-        const uint16_t *s = (const uint16_t *)src;
-        float *d = (float *)dst;
-        for (i = 0; i < n; i++) d[i] = fsdp_f16_to_f32(s[i]);
+        fsdp__f16_to_f32_n((float *)dst, (const uint16_t *)src, n);
     } else if (dst_dt == FSDP_F64) {
         for (i = 0; i < n; i++) ((double *)dst)[i] = fsdp__load(src, src_dt, i);
     } else if (src_dt == FSDP_F64 && dst_dt != FSDP_F32) {
@@ -1792,6 +1874,26 @@ FSDP_API fsdp_result fsdp_device_sum_squares(fsdp_device *dev, const void *x, fs
     fsdp__clear(&e);
     return fsdp__device_done(dev, dev->vt.sum_squares(dev->self, x, dt, n, out, s, &e), &e,
                              "fsdp_device_sum_squares");
+}
+
+FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_optim_config *c,
+                                            int64_t step, float *param, const float *grad,
+                                            const struct fsdp_optim_state *st, size_t n,
+                                            fsdp_stream *s)
+{
+    fsdp_error e;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!c || !st || (n && (!param || !grad)))
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_device_optim_step: %s is NULL",
+                          !c ? "config" : !st ? "state" : !param ? "param" : "grad");
+    if (!dev->vt.optim_step)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_device_optim_step: device '%s' has no optimizer kernel",
+                          fsdp_device_name(dev));
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.optim_step(dev->self, c, step, param, grad, st, n, s, &e),
+                             &e, "fsdp_device_optim_step");
 }
 
 /* --- the CPU device ------------------------------------------------------ */
@@ -2394,6 +2496,72 @@ FSDP__DEF fsdp_result fsdp__sum_squares__cpu(void *self, const void *x, fsdp_dty
     return fsdp__submit__cpu(s, &k, err);
 }
 
+/* The optimizer as a queued task: its argument owns copies of c and st. */
+typedef struct fsdp__optim_task {
+    fsdp_hooks hooks;
+    struct fsdp_optim_config *c;
+    int64_t step;
+    float *param;
+    const float *grad;
+    struct fsdp_optim_state *st;
+    size_t n;
+} fsdp__optim_task;
+
+FSDP__DEF fsdp_result fsdp__optim_run__cpu(void *arg, fsdp_error *err)
+{
+    fsdp__optim_task *t = (fsdp__optim_task *)arg;
+    fsdp_hooks h = t->hooks;
+    fsdp_result r = fsdp_optim_step_host(t->c, t->step, t->param, t->grad, t->st, t->n);
+    if (r != FSDP_SUCCESS)
+        fsdp__fail(err, &h, r, "optimizer step over %zu elements: invalid configuration or "
+                   "state", t->n);
+    fsdp__free(&h, t->c);
+    fsdp__free(&h, t->st);
+    fsdp__free(&h, t);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__optim_step__cpu(void *self, const struct fsdp_optim_config *c,
+                                            int64_t step, float *param, const float *grad,
+                                            const struct fsdp_optim_state *st, size_t n,
+                                            fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__cpu *cpu = (fsdp__cpu *)self;
+    fsdp__optim_task *t;
+    fsdp_result r;
+    if (!s) {
+        r = fsdp_optim_step_host(c, step, param, grad, st, n);
+        if (r != FSDP_SUCCESS)
+            return fsdp__fail(err, &cpu->hooks, r, "optimizer step over %zu elements: invalid "
+                              "configuration or state", n);
+        return r;
+    }
+    t = (fsdp__optim_task *)fsdp__calloc(&cpu->hooks, 1, sizeof *t);
+    if (!t) return fsdp__fail(err, &cpu->hooks, FSDP_OUT_OF_MEMORY, "optimizer: out of memory");
+    t->hooks = cpu->hooks;
+    t->c = (struct fsdp_optim_config *)fsdp__alloc(&cpu->hooks, sizeof *t->c);
+    t->st = (struct fsdp_optim_state *)fsdp__alloc(&cpu->hooks, sizeof *t->st);
+    if (!t->c || !t->st) {
+        fsdp__free(&cpu->hooks, t->c);
+        fsdp__free(&cpu->hooks, t->st);
+        fsdp__free(&cpu->hooks, t);
+        return fsdp__fail(err, &cpu->hooks, FSDP_OUT_OF_MEMORY, "optimizer: out of memory");
+    }
+    *t->c = *c;
+    *t->st = *st;
+    t->step = step;
+    t->param = param;
+    t->grad = grad;
+    t->n = n;
+    r = fsdp__launch__cpu(self, s, fsdp__optim_run__cpu, t, err);
+    if (r != FSDP_SUCCESS) {
+        fsdp__free(&cpu->hooks, t->c);
+        fsdp__free(&cpu->hooks, t->st);
+        fsdp__free(&cpu->hooks, t);
+    }
+    return r;
+}
+
 FSDP__DEF void fsdp__destroy__cpu(void *self)
 {
     fsdp__cpu *cpu = (fsdp__cpu *)self;
@@ -2441,6 +2609,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     vt.scale = fsdp__scale__cpu;
     vt.accumulate = fsdp__accumulate__cpu;
     vt.sum_squares = fsdp__sum_squares__cpu;
+    vt.optim_step = fsdp__optim_step__cpu;
     vt.destroy = fsdp__destroy__cpu;
     r = fsdp_device_create(&vt, cpu, hooks, out);
     if (r != FSDP_SUCCESS) fsdp__free(&h, cpu);
@@ -5063,41 +5232,131 @@ FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
    compiler, whatever flags the user builds with: GCC ignores the standard
    FP_CONTRACT pragma, so it gets the optimize attribute; clang the pragma. */
 #if defined(__GNUC__) && !defined(__clang__)
-#define FSDP__NO_CONTRACT __attribute__((optimize("fp-contract=off")))
+/* no-math-errno lets sqrtf become one instruction, so the loop vectorises
+   (sqrt is correctly rounded either way); the vectoriser only reorders
+   independent elements, never the arithmetic of one element */
+#define FSDP__NO_CONTRACT                                                     \
+    __attribute__((optimize("fp-contract=off", "no-math-errno", "tree-loop-vectorize", \
+                            "vect-cost-model=dynamic")))
 #else
 #define FSDP__NO_CONTRACT
 #endif
 
-FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, int64_t step,
-                                                  float *p, const float *g,
-                                                  const fsdp_optim_state *st, size_t n)
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__INLINE static inline __attribute__((always_inline))
+#else
+#define FSDP__INLINE static inline
+#endif
+
+/* The plain-rounding Adam family, one element at a time; the flags are
+   compile-time constants in each caller below, so every variant is a
+   branch-free loop that the compiler vectorises. */
+typedef struct fsdp__adam_k {
+    float decay, wd, b1, b2, omb1, omb2, sbc2, eps, neg_step;
+} fsdp__adam_k;
+
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k, float *p, const float *g,
+                                        float *m, float *v, float *vm, size_t n, int adamw,
+                                        int l2, int ams)
 {
 #ifdef __clang__
 #pragma clang fp contract(off)
 #endif
-    const int adamw = c->kind == FSDP_ADAMW, ams = c->amsgrad;
-    const float decay = (float)(1.0 - c->lr * c->weight_decay);
-    const float wd = (float)c->weight_decay, b1 = (float)c->beta1, b2 = (float)c->beta2;
-    const float omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);
-    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
-    const float sbc2 = (float)sqrt(bc2), eps = (float)c->eps;
-    const float neg_step = (float)(-(c->lr / bc1));
-    float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
+    const float decay = k->decay, wd = k->wd, b1 = k->b1, b2 = k->b2, omb1 = k->omb1;
+    const float omb2 = k->omb2, sbc2 = k->sbc2, eps = k->eps, neg_step = k->neg_step;
     size_t i;
     for (i = 0; i < n; i++) {
         float pi = p[i], gi = g[i], mi, vi, denom;
         if (adamw) pi = pi * decay;
-        else if (wd != 0.0f) gi = pi * wd + gi;
+        if (l2) gi = pi * wd + gi;
         mi = gi * omb1 + m[i] * b1;
         vi = (omb2 * gi) * gi + v[i] * b2;
         m[i] = mi;
         v[i] = vi;
         if (ams) {
-            if (vm[i] > vi) vi = vm[i];
+            vi = vm[i] > vi ? vm[i] : vi;
             vm[i] = vi;
         }
         denom = sqrtf(vi) / sbc2 + eps;
         p[i] = pi + (neg_step * mi) / denom;
+    }
+}
+
+#if defined(__SSE__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define FSDP__HAVE_SSE 1
+/* Four elements at a time with the same IEEE operations in the same order
+   as fsdp__adam_plain_loop (so the same bits): an explicit vector loop,
+   because compilers keep sqrtf scalar while errno semantics are on, the
+   default of every C compiler. max(vm, v) keeps the scalar's NaN rule. */
+FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k, float *p,
+                                                           const float *g, float *m, float *v,
+                                                           float *vm, size_t n, int adamw,
+                                                           int l2, int ams)
+{
+    const __m128 decay = _mm_set1_ps(k->decay), wd = _mm_set1_ps(k->wd);
+    const __m128 b1 = _mm_set1_ps(k->b1), b2 = _mm_set1_ps(k->b2);
+    const __m128 omb1 = _mm_set1_ps(k->omb1), omb2 = _mm_set1_ps(k->omb2);
+    const __m128 sbc2 = _mm_set1_ps(k->sbc2), eps = _mm_set1_ps(k->eps);
+    const __m128 neg_step = _mm_set1_ps(k->neg_step);
+    size_t i;
+    for (i = 0; i + 4 <= n; i += 4) {
+        __m128 pi = _mm_loadu_ps(p + i), gi = _mm_loadu_ps(g + i), mi, vi, denom;
+        if (adamw) pi = _mm_mul_ps(pi, decay);
+        if (l2) gi = _mm_add_ps(_mm_mul_ps(pi, wd), gi);
+        mi = _mm_add_ps(_mm_mul_ps(gi, omb1), _mm_mul_ps(_mm_loadu_ps(m + i), b1));
+        vi = _mm_add_ps(_mm_mul_ps(_mm_mul_ps(omb2, gi), gi), _mm_mul_ps(_mm_loadu_ps(v + i), b2));
+        _mm_storeu_ps(m + i, mi);
+        _mm_storeu_ps(v + i, vi);
+        if (ams) {
+            vi = _mm_max_ps(_mm_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
+            _mm_storeu_ps(vm + i, vi);
+        }
+        denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
+        _mm_storeu_ps(p + i, _mm_add_ps(pi, _mm_div_ps(_mm_mul_ps(neg_step, mi), denom)));
+    }
+    return i;
+}
+#endif
+
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_any(const fsdp__adam_k *k, float *p,
+                                                         const float *g, float *m, float *v,
+                                                         float *vm, size_t n, int adamw, int l2,
+                                                         int ams)
+{
+    size_t done = 0;
+#ifdef FSDP__HAVE_SSE
+    done = fsdp__adam_plain_sse(k, p, g, m, v, vm, n, adamw, l2, ams);
+#endif
+    fsdp__adam_plain_loop(k, p + done, g + done, m + done, v + done, ams ? vm + done : vm,
+                          n - done, adamw, l2, ams);
+}
+
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, int64_t step,
+                                                  float *p, const float *g,
+                                                  const fsdp_optim_state *st, size_t n)
+{
+    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
+    fsdp__adam_k k;
+    float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
+    const int adamw = c->kind == FSDP_ADAMW, l2 = !adamw && c->weight_decay != 0.0;
+    k.decay = (float)(1.0 - c->lr * c->weight_decay);
+    k.wd = (float)c->weight_decay;
+    k.b1 = (float)c->beta1;
+    k.b2 = (float)c->beta2;
+    k.omb1 = (float)(1.0 - c->beta1);
+    k.omb2 = (float)(1.0 - c->beta2);
+    k.sbc2 = (float)sqrt(bc2);
+    k.eps = (float)c->eps;
+    k.neg_step = (float)(-(c->lr / bc1));
+    if (c->amsgrad) {
+        if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1);
+        else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1);
+        else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1);
+    } else {
+        if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0);
+        else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0);
+        else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0);
     }
 }
 
@@ -5135,24 +5394,20 @@ FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p
     }
 }
 
-FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int64_t step,
-                                                float *p, const float *g,
-                                                const fsdp_optim_state *st, size_t n, int fma)
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__sgd_loop(float *p, const float *g, float *buf, size_t n, float wd,
+                                 float mom, float omd, float neg_lr, int fma, int use_wd,
+                                 int use_mom, int first, int nest)
 {
 #ifdef __clang__
 #pragma clang fp contract(off)
 #endif
-    const float wd = (float)c->weight_decay, mom = (float)c->momentum;
-    const float omd = (float)(1.0 - c->dampening), neg_lr = (float)(-c->lr);
-    float *buf = st->momentum_buffer;
-    const int use_mom = c->momentum != 0.0, nest = c->nesterov;
     size_t i;
     for (i = 0; i < n; i++) {
         float gi = g[i], t;
-        if (wd != 0.0f) gi = fma ? fmaf(p[i], wd, gi) : p[i] * wd + gi;
+        if (use_wd) gi = fma ? fmaf(p[i], wd, gi) : p[i] * wd + gi;
         if (use_mom) {
             float b;
-            if (step == 1) {
+            if (first) {
                 b = gi; /* torch clones the gradient: no dampening on the first step */
             } else {
                 t = buf[i] * mom;
@@ -5162,6 +5417,34 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int6
             gi = nest ? (fma ? fmaf(b, mom, gi) : b * mom + gi) : b;
         }
         p[i] = fma ? fmaf(gi, neg_lr, p[i]) : gi * neg_lr + p[i];
+    }
+}
+
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int64_t step,
+                                                float *p, const float *g,
+                                                const fsdp_optim_state *st, size_t n, int fma)
+{
+    const float wd = (float)c->weight_decay, mom = (float)c->momentum;
+    const float omd = (float)(1.0 - c->dampening), neg_lr = (float)(-c->lr);
+    float *buf = st->momentum_buffer;
+    const int use_wd = wd != 0.0f, use_mom = c->momentum != 0.0, nest = c->nesterov;
+    const int first = step == 1;
+    if (fma) {
+        fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 1, use_wd, use_mom, first, nest);
+        return;
+    }
+    /* the common plain variants get constant flags, hence vectorised loops */
+    if (!use_mom) {
+        if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 0, 0, 0);
+        else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 0, 0, 0);
+    } else if (first) {
+        fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, use_wd, 1, 1, nest);
+    } else if (nest) {
+        if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 1, 0, 1);
+        else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 1, 0, 1);
+    } else {
+        if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 1, 0, 0);
+        else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 1, 0, 0);
     }
 }
 
@@ -5230,6 +5513,7 @@ typedef struct fsdp__cunit {
     fsdp_event *rs_ev;            /* the unit's last reduction finished */
     int rs_pending;
     int accum;                    /* unsharded grads hold no_sync accumulation */
+    int grad_zero;                /* the sharded gradient is all zeros */
 } fsdp__cunit;
 
 typedef struct fsdp__pref { /* fqn -> (unit, entry) */
@@ -5522,6 +5806,7 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
         fsdp_sharding_strategy s = ui->options.sharding ? ui->options.sharding : FSDP_FULL_SHARD;
         cu->info = ui;
         cu->slot = -1;
+        cu->grad_zero = 1;
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
         if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt)) {
@@ -6280,9 +6565,9 @@ FSDP__DEF fsdp_result fsdp__reduce(fsdp_ctx *c, fsdp__cunit *cu)
 }
 
 /* f32 and f64 sums do not overflow where PyTorch's pre-divide guards 16-bit
-   ones, and the pre factor is a power of two, so dividing after the sum is
-   the same division: fold both factors into the final accumulate and save a
-   pass over the unsharded gradient. 16-bit reductions pre-divide first. */
+   ones, and the pre factor is a power of two, so one averaged reduction is
+   the same division and saves a pass over the unsharded gradient. 16-bit
+   reductions pre-divide first, as PyTorch does. */
 FSDP__DEF int fsdp__wide(fsdp_dtype dt)
 {
     return dt == FSDP_F32 || dt == FSDP_F64;
@@ -6294,60 +6579,81 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
     double pre, post;
     size_t S = (size_t)cu->S, n = S * (size_t)cu->W;
     void *in = cu->ugrad, *outb;
+    /* A zero f32 gradient takes an averaged reduction directly: avg rounds
+       sum/W once, which is PyTorch's (sum/pre)/post since pre is a power of
+       two; otherwise the reduction lands in scratch and is added. */
+    int direct = cu->grad_zero && cu->rdt == FSDP_F32;
     if (!S || !cu->info->requires_grad) return FSDP_SUCCESS;
-    if (cu->strat == FSDP_NO_SHARD) {
-        fsdp_divide_factors(c->nranks, &pre, &post);
-        if (cu->rdt != cu->pdt) {
-            r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, S, c->cs);
-            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "casting the gradient");
-            in = c->red_in;
-        }
-        if (c->nranks > 1) {
-            if (!fsdp__wide(cu->rdt) && pre != 1.0 &&
-                (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, S, c->cs)))
-                return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
-            r = fsdp_all_reduce(c->world, in, in, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
-            if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, "all-reduce of gradients");
-            if (!fsdp__wide(cu->rdt) && post != 1.0 &&
-                (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / post, S, c->cs)))
-                return fsdp__ctx_dev(c, r, "post-dividing the gradient");
-        }
-        r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, in, cu->rdt,
-                                   fsdp__wide(cu->rdt) ? 1.0 / (double)c->nranks : 1.0, S, c->cs);
-        return fsdp__ctx_dev(c, r, "accumulating the gradient");
-    }
-    fsdp_divide_factors(cu->W, &pre, &post);
     if (cu->rdt != cu->pdt) {
-        r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, n, c->cs);
+        size_t m = cu->strat == FSDP_NO_SHARD ? S : n;
+        r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, m, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "casting the gradient");
         in = c->red_in;
     }
-    if (!fsdp__wide(cu->rdt) && pre != 1.0 &&
-        (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, n, c->cs)))
-        return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
-    outb = c->red_out;
-    r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
-    if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
-    if (!fsdp__wide(cu->rdt) && post != 1.0 &&
-        (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
-        return fsdp__ctx_dev(c, r, "post-dividing the gradient");
-    if (cu->strat == FSDP_HYBRID_SHARD) {
-        int reps = fsdp_comm_size(c->rep_comm);
-        fsdp_divide_factors(reps, &pre, &post);
-        if (!fsdp__wide(cu->rdt) && pre != 1.0 &&
-            (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / pre, S, c->cs)))
-            return fsdp__ctx_dev(c, r, "pre-dividing across replicas");
-        r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
-        if (r != FSDP_SUCCESS)
-            return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
-        if (!fsdp__wide(cu->rdt) && post != 1.0 &&
-            (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
-            return fsdp__ctx_dev(c, r, "post-dividing across replicas");
+    if (cu->strat == FSDP_NO_SHARD) {
+        if (c->nranks == 1) {
+            r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, in, cu->rdt, 1.0, S, c->cs);
+            cu->grad_zero = 0;
+            return fsdp__ctx_dev(c, r, "accumulating the gradient");
+        }
+        if (fsdp__wide(cu->rdt)) {
+            void *dst = direct ? (void *)cu->grad : in;
+            r = fsdp_all_reduce(c->world, in, dst, S, cu->rdt, FSDP_REDUCE_AVG, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, "all-reduce of gradients");
+        } else {
+            fsdp_divide_factors(c->nranks, &pre, &post);
+            if (pre != 1.0 && (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, S, c->cs)))
+                return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
+            r = fsdp_all_reduce(c->world, in, in, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, "all-reduce of gradients");
+            if (post != 1.0 && (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / post, S, c->cs)))
+                return fsdp__ctx_dev(c, r, "post-dividing the gradient");
+            direct = 0;
+        }
+        if (!direct) {
+            r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, in, cu->rdt, 1.0, S, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "accumulating the gradient");
+        }
+        cu->grad_zero = 0;
+        return FSDP_SUCCESS;
     }
-    /* wide dtypes: the whole division by the data-parallel size, once */
-    r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, outb, cu->rdt,
-                               fsdp__wide(cu->rdt) ? 1.0 / (double)c->nranks : 1.0, S, c->cs);
-    return fsdp__ctx_dev(c, r, "accumulating the gradient");
+    outb = direct ? (void *)cu->grad : c->red_out;
+    if (fsdp__wide(cu->rdt)) {
+        r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_AVG, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
+        if (cu->strat == FSDP_HYBRID_SHARD) {
+            r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_AVG, c->cs);
+            if (r != FSDP_SUCCESS)
+                return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
+        }
+    } else {
+        /* 16-bit sums: PyTorch's pre-divide keeps them from overflowing */
+        direct = 0;
+        outb = c->red_out;
+        fsdp_divide_factors(cu->W, &pre, &post);
+        if (pre != 1.0 && (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, n, c->cs)))
+            return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
+        r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
+        if (post != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
+            return fsdp__ctx_dev(c, r, "post-dividing the gradient");
+        if (cu->strat == FSDP_HYBRID_SHARD) {
+            fsdp_divide_factors(fsdp_comm_size(c->rep_comm), &pre, &post);
+            if (pre != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / pre, S, c->cs)))
+                return fsdp__ctx_dev(c, r, "pre-dividing across replicas");
+            r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+            if (r != FSDP_SUCCESS)
+                return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
+            if (post != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
+                return fsdp__ctx_dev(c, r, "post-dividing across replicas");
+        }
+    }
+    if (!direct) {
+        r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, outb, cu->rdt, 1.0, S, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "accumulating the gradient");
+    }
+    cu->grad_zero = 0;
+    return FSDP_SUCCESS;
 }
 
 FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *c, int unit)
@@ -6552,10 +6858,6 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
     fsdp_result r;
     int i, p, g;
     if (!c) return FSDP_INVALID_ARGS;
-    if (!fsdp_device_host_accessible(c->dev))
-        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
-                              "fsdp_step: device '%s' has no optimizer kernel yet",
-                              fsdp_device_name(c->dev));
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     for (i = 0; i < c->nunits; i++) {
@@ -6572,15 +6874,17 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
             st.exp_avg_sq = cu->ostate[1] ? cu->ostate[1] + off : NULL;
             st.max_exp_avg_sq = cu->ostate[2] ? cu->ostate[2] + off : NULL;
             st.momentum_buffer = cu->ostate[3] ? cu->ostate[3] + off : NULL;
-            r = fsdp_optim_step_host(&c->groups[grp], c->group_steps[grp], cu->master + off,
-                                     cu->grad + off, &st, (size_t)n);
+            /* on the device's stream: the kernel copies c and st */
+            r = fsdp_device_optim_step(c->dev, &c->groups[grp], c->group_steps[grp],
+                                       cu->master + off, cu->grad + off, &st, (size_t)n, c->cs);
             if (r != FSDP_SUCCESS)
-                return fsdp__ctx_fail(c, r, "fsdp_step: unit %d '%s' parameter '%s': optimizer "
-                                      "failed", i, cu->info->fqn,
-                                      cu->info->entries[pc->entry].fqn);
+                return fsdp__ctx_fail(c, r, "fsdp_step: unit %d '%s' parameter '%s': %s", i,
+                                      cu->info->fqn, cu->info->entries[pc->entry].fqn,
+                                      fsdp_device_last_error(c->dev));
         }
         r = fsdp_device_memset(c->dev, cu->grad, 0, (size_t)cu->S * 4, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "zeroing gradients");
+        cu->grad_zero = 1;
         if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
         if (cu->slot >= 0) fsdp__release_slot(c, cu); /* stale prefetch */
         cu->gathered = cu->strat == FSDP_NO_SHARD;
@@ -6602,6 +6906,7 @@ FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *c)
         if (c->u[i].grad) {
             r = fsdp_device_memset(c->dev, c->u[i].grad, 0, (size_t)c->u[i].S * 4, NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_zero_grad");
+            c->u[i].grad_zero = 1;
         }
         c->u[i].accum = 0;
     }
