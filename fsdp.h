@@ -1,4 +1,4 @@
-/* fsdp.h - v0.2.0 - Fully Sharded Data Parallel for C11 training engines
+/* fsdp.h - v0.3.0 - Fully Sharded Data Parallel for C11 training engines
 
    Do this:
        #define FSDP_IMPLEMENTATION
@@ -28,6 +28,8 @@
        >>optim      AdamW, Adam, SGD with torch.optim's exact arithmetic
        >>runtime    per-rank FSDP context: gather, reduce, prefetch, planned
                     memory, init, clipping, summon, the sharded step
+       >>zero       the ZeRO optimizer (ZeroRedundancyOptimizer): partition,
+                    sharded step, bucket views, stage 1/2, state dicts
 
    fsdp.h DOES NOT: launch processes, do autograd, choose your GPU.
 
@@ -40,6 +42,7 @@
    FSDP_COMM_MISMATCH naming both calls instead of hanging.
 
    Revision history:
+       0.3.0  the ZeRO optimizer
        0.2.0  the runtime (all sharding strategies, mixed precision,
               prefetch, planned memory) and the sharded optimizers
        0.1.0  core: errors, dtypes, CPU device, local backend, model,
@@ -52,7 +55,7 @@
 #include <stdint.h>
 
 #define FSDP_VERSION_MAJOR 0
-#define FSDP_VERSION_MINOR 2
+#define FSDP_VERSION_MINOR 3
 #define FSDP_VERSION_PATCH 0
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -921,6 +924,204 @@ FSDP_API void fsdp_divide_factors(int world, double *pre, double *post);
 FSDP_API float *fsdp_shard_params(fsdp_ctx *ctx, int unit);
 FSDP_API float *fsdp_shard_grads(fsdp_ctx *ctx, int unit);
 FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *ctx, int unit, fsdp_shard_layout *out);
+
+/* ======================================================================== */
+/* >>zero                                                                    */
+/* ======================================================================== */
+
+/* The ZeRO optimizer (torch.distributed.optim.ZeroRedundancyOptimizer) for
+   engines that keep the full parameters on every rank, DDP style. Each
+   parameter is owned by one rank (PyTorch's greedy partition); a rank keeps
+   optimizer state only for what it owns, steps only that, and the updated
+   parameters are broadcast from their owners. Per step:
+
+       engine: forward, backward into its gradient buffers (full size)
+       fsdp_zero_step(z);   reduce gradients (stage 1: all-reduce average,
+                            stage 2: reduce-scatter to the owners), step the
+                            owned parameters, broadcast from the owners
+       engine: zero its gradients
+
+   Parameters are f32 in the zero's device memory. Global parameter indices
+   are PyTorch's: the position in the concatenation of the groups, which is
+   the order of fsdp_zero_desc.params (listed group by group).
+
+   Returns: FSDP_SUCCESS or a negative fsdp_result, the detail in
+   fsdp_zero_last_error. Thread safety: one thread per fsdp_zero (ranks of
+   the local backend each own theirs). Collective calls are marked; every
+   rank makes them in the same order. */
+
+typedef struct fsdp_zero fsdp_zero;
+
+typedef struct fsdp_zero_param {
+    const char *name;   /* FQN, for messages and state dicts; unique */
+    float *data;        /* the full parameter (device memory). With bucket
+                           views its value is copied into the buckets and
+                           fsdp_zero_param_data gives the storage to use */
+    float *grad;        /* the engine's full gradient (device memory); NULL
+                           only for a parameter that never requires grad */
+    int64_t numel;      /* 0 is allowed: it never raises a rank's load */
+    int frozen;         /* 1: requires_grad = False (fsdp_zero_set_requires_grad
+                           changes it later) */
+    int group;          /* parameter group; non-decreasing along the list */
+    fsdp_dtype dtype;   /* 0: f32, the only dtype the optimizers step */
+    fsdp_device *device;/* NULL: the zero's device */
+} fsdp_zero_param;
+
+typedef enum fsdp_zero_stage {
+    FSDP_ZERO_STAGE_DEFAULT = 0, /* stage 1 */
+    FSDP_ZERO_STAGE_1 = 1,       /* gradients all-reduced (mean over ranks) in
+                                    the engine's buffers; the owner reads its own */
+    FSDP_ZERO_STAGE_2 = 2        /* gradients reduce-scattered (mean) over the
+                                    bucket layout: a rank keeps gradient memory
+                                    only for the parameters it owns */
+} fsdp_zero_stage;
+
+typedef struct fsdp_zero_desc {
+    fsdp_hooks hooks;
+    fsdp_comm *comm;            /* every rank of the data-parallel group */
+    fsdp_device *device;
+    const fsdp_zero_param *params; /* copied; the pointers are borrowed */
+    int nparams;
+    /* parameter groups: groups[0..ngroups-1]; ngroups 0 uses one group of
+       `optim` (kind 0 and lr 0 mean fsdp_optim_defaults(FSDP_ADAMW)). Every
+       group uses the same optimizer kind (one wrapped optimizer class). */
+    fsdp_optim_config optim;
+    const fsdp_optim_config *groups;
+    int ngroups;
+    int parameters_as_bucket_view; /* 1: one flat buffer per rank whose slices
+                                      are that rank's trainable parameters,
+                                      broadcast once per rank per step */
+    fsdp_zero_stage stage;
+    int grads_already_reduced;  /* stage 1: the engine averaged the gradients
+                                   itself; fsdp_zero_step does not reduce */
+    int64_t stage2_chunk_numel; /* stage 2 staging per rank, elements; 0: 1<<20 */
+} fsdp_zero_desc;
+
+/* Checks the parameters (f32, one device, unique names, non-decreasing
+   groups, not empty), partitions them and, with bucket views, allocates the
+   buckets and copies the parameters' values into them. The optimizer state
+   is created at each parameter's first step, as torch.optim does.
+   Returns: FSDP_INVALID_ARGS, FSDP_INVALID_DTYPE, FSDP_DUPLICATE_NAME,
+   FSDP_OUT_OF_MEMORY; the detail in hooks.error. Collective: no (the
+   partition is computed identically on every rank). */
+FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **out);
+FSDP_API void fsdp_zero_destroy(fsdp_zero *z);
+FSDP_API const char *fsdp_zero_last_error(const fsdp_zero *z);
+
+/* PyTorch's partition (_partition_parameters) of parameters given by numel,
+   group by group (group g holds group_nparams[g] consecutive parameters):
+   one load per rank carried across groups; within a group, parameters by
+   numel descending (stable); each to the rank with the smallest load
+   (lowest rank on ties). owner[i] (nparams) receives parameter i's rank;
+   order (nparams, optional) the global indices rank by rank, each rank's in
+   assignment order (its groups in order); rank_begin (world + 1, optional)
+   where each rank's run starts in order. Collective: no. */
+FSDP_API fsdp_result fsdp_zero_partition(const int64_t *numels, const int *group_nparams,
+                                         int ngroups, int world, int *owner, int *order,
+                                         int *rank_begin);
+
+/* The partition of a zero: counts, and rank `rank`'s global indices in
+   assignment order (valid until the next add_param_group). */
+FSDP_API int fsdp_zero_num_params(const fsdp_zero *z);
+FSDP_API int fsdp_zero_num_groups(const fsdp_zero *z);
+FSDP_API int fsdp_zero_owner(const fsdp_zero *z, int index);      /* -1: out of range */
+FSDP_API const int *fsdp_zero_rank_params(const fsdp_zero *z, int rank, int *count);
+FSDP_API int fsdp_zero_find_param(const fsdp_zero *z, const char *name); /* -1: none */
+
+/* The storage parameter `index` lives in now: the engine's pointer, or its
+   slice of a bucket with bucket views (or a library copy of a parameter
+   that left a bucket). Re-read it after a step that rebuilt the buckets
+   (the log says so) and after fsdp_zero_add_param_group. */
+FSDP_API float *fsdp_zero_param_data(fsdp_zero *z, int index);
+/* Stage 2: the reduced (averaged) gradient of an owned trainable parameter
+   after fsdp_zero_step; NULL for other parameters or stages. */
+FSDP_API float *fsdp_zero_owned_grad(fsdp_zero *z, int index);
+/* Bucket views: rank's bucket and its numel (NULL when it holds nothing). */
+FSDP_API float *fsdp_zero_bucket(fsdp_zero *z, int rank, int64_t *numel);
+
+/* Reduces the gradients (unless grads_already_reduced), runs the optimizer
+   on the owned trainable parameters (torch.optim's arithmetic through
+   fsdp_device_optim_step) and broadcasts the parameters from their owners:
+   bucket by bucket with bucket views, else parameter by parameter (every
+   parameter of each rank's partition, frozen ones included, in order, as
+   PyTorch). When trainability changed since the last step, the buckets
+   (and stage 2's gradient layout) are rebuilt first and the log says so at
+   WARN; the partition stays, since PyTorch's depends on sizes alone (frozen
+   parameters are owned too, and simply not stepped).
+   Collective: yes. */
+FSDP_API fsdp_result fsdp_zero_step(fsdp_zero *z);
+FSDP_API int64_t fsdp_zero_steps(const fsdp_zero *z);
+
+/* requires_grad of one parameter; takes effect at the next step (PyTorch's
+   trainable mask check). Collective: no, but call it on every rank. */
+FSDP_API fsdp_result fsdp_zero_set_requires_grad(fsdp_zero *z, int index, int requires_grad);
+/* Appends a group (add_param_group; the params' group fields are ignored):
+   its parameters get the next global indices, the partition is recomputed (the earlier groups keep their ranks,
+   since loads are carried in group order) and buckets are rebuilt.
+   Nothing changes on error. Collective: no, but call it on every rank. */
+FSDP_API fsdp_result fsdp_zero_add_param_group(fsdp_zero *z, const fsdp_optim_config *config,
+                                               const fsdp_zero_param *params, int nparams);
+
+/* Hyper-parameters of the user-visible groups; the wrapped optimizer uses
+   them from the next step (PyTorch syncs them at step()). */
+FSDP_API fsdp_result fsdp_zero_set_lr(fsdp_zero *z, int group, double lr);
+FSDP_API fsdp_result fsdp_zero_group_config(const fsdp_zero *z, int group,
+                                            fsdp_optim_config *out);
+
+/* Bytes of optimizer state this rank holds now (device memory). */
+FSDP_API size_t fsdp_zero_state_bytes(const fsdp_zero *z);
+
+/* --- optimizer state --- */
+
+/* The state of one parameter, torch's state[index] (host memory, numel
+   floats each; NULL for a buffer the configuration does not keep). */
+typedef struct fsdp_zero_state_entry {
+    int index;          /* global parameter index: PyTorch's key */
+    const char *name;   /* NULL in a loaded dict: not checked */
+    int64_t numel;
+    int64_t step;       /* state['step'], >= 1 */
+    float *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *momentum_buffer;
+} fsdp_zero_state_entry;
+
+/* param_groups[g]: hyper-parameters and its parameters' global indices. */
+typedef struct fsdp_zero_group_state {
+    fsdp_optim_config config;
+    int nparams;
+    int *params;
+} fsdp_zero_group_state;
+
+/* A state dict. Full (consolidated): groups list every parameter and
+   entries are the parameters with state, by increasing index. Local: groups
+   list this rank's parameters (their position is PyTorch's local index) and
+   entries its parameters with state. A dict the library filled is freed
+   with fsdp_zero_state_dict_free; one the caller builds for loading is the
+   caller's (storage NULL). */
+typedef struct fsdp_zero_state_dict {
+    int nparams;        /* parameters of all groups */
+    int ngroups;
+    fsdp_zero_group_state *groups;
+    int nentries;
+    fsdp_zero_state_entry *entries;
+    void *storage;      /* the library's allocation, or NULL */
+    fsdp_allocator allocator;
+} fsdp_zero_state_dict;
+
+/* This rank's state (the wrapped optimizer's state_dict()). Collective: no. */
+FSDP_API fsdp_result fsdp_zero_local_state_dict(fsdp_zero *z, fsdp_zero_state_dict *out);
+/* consolidate_state_dict(to) followed by state_dict() on `to`: the owners
+   broadcast their state, rank `to` receives the full state dict in global
+   indexing; on the other ranks *out is zeroed (out may be NULL there).
+   Collective: yes. */
+FSDP_API fsdp_result fsdp_zero_consolidate_state_dict(fsdp_zero *z, int to,
+                                                      fsdp_zero_state_dict *out);
+/* Loads a full state dict (every rank passes the same one): the groups'
+   hyper-parameters are replaced, every rank keeps the state of the
+   parameters it owns and drops the rest. Group counts and sizes, entry
+   indices, numels, names (when given) and the buffers each group's
+   configuration needs are checked first; the first mismatch is named and
+   nothing changes. Collective: no. */
+FSDP_API fsdp_result fsdp_zero_load_state_dict(fsdp_zero *z, const fsdp_zero_state_dict *sd);
+FSDP_API void fsdp_zero_state_dict_free(fsdp_zero_state_dict *sd);
 
 #ifdef __cplusplus
 }
@@ -5364,6 +5565,7 @@ FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p
                               const float *g, const fsdp_optim_state *st, size_t n)
 {
     const int adamw = c->kind == FSDP_ADAMW, ams = c->amsgrad;
+    const int l2 = !adamw && c->weight_decay != 0.0; /* torch tests the Python float */
     const float decay = (float)(1.0 - c->lr * c->weight_decay);
     const float wd = (float)c->weight_decay, b1 = (float)c->beta1, b2 = (float)c->beta2;
     const float omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);
@@ -5375,7 +5577,7 @@ FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p
     for (i = 0; i < n; i++) {
         float pi = p[i], gi = g[i], mi, vi, denom, t;
         if (adamw) pi = pi * decay;
-        else if (wd != 0.0f) gi = fmaf(pi, wd, gi);
+        else if (l2) gi = fmaf(pi, wd, gi);
         t = m[i] * b1;
         mi = fmaf(gi, omb1, t);
         t = v[i] * b2;
@@ -5427,7 +5629,7 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int6
     const float wd = (float)c->weight_decay, mom = (float)c->momentum;
     const float omd = (float)(1.0 - c->dampening), neg_lr = (float)(-c->lr);
     float *buf = st->momentum_buffer;
-    const int use_wd = wd != 0.0f, use_mom = c->momentum != 0.0, nest = c->nesterov;
+    const int use_wd = c->weight_decay != 0.0, use_mom = c->momentum != 0.0, nest = c->nesterov;
     const int first = step == 1;
     if (fma) {
         fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 1, use_wd, use_mom, first, nest);
@@ -5453,8 +5655,14 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
                                           size_t n)
 {
     unsigned mask;
+    fsdp_optim_config cc;
     fsdp_result r = fsdp_optim_check(c, NULL);
     if (r != FSDP_SUCCESS) return r;
+    if (c->kind == FSDP_OPTIM_DEFAULT) { /* documented as AdamW */
+        cc = *c;
+        cc.kind = FSDP_ADAMW;
+        c = &cc;
+    }
     if (step < 1 || !state) return FSDP_INVALID_ARGS;
     if (n == 0) return FSDP_SUCCESS;
     if (!param || !grad) return FSDP_INVALID_ARGS;
@@ -6116,11 +6324,6 @@ FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *c, uint64_t seed, fsdp_init_choo
     if (!c) return FSDP_INVALID_ARGS;
     if (!choose) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_init_params: choose is NULL");
     if ((r = fsdp__sync_all(c, "fsdp_init_params")) != FSDP_SUCCESS) return r;
-    if (!fsdp_device_host_accessible(c->dev))
-        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
-                              "fsdp_init_params: device '%s' memory is not host-accessible; "
-                              "initialise through fsdp_set_full_param",
-                              fsdp_device_name(c->dev));
     r = fsdp_stream_synchronize(c->dev, c->cs);
     if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_init_params");
     for (i = 0; i < c->nunits; i++) {
@@ -6135,8 +6338,16 @@ FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *c, uint64_t seed, fsdp_init_choo
             fsdp_init_spec sp;
             uint64_t key = fsdp__name_key(seed, key_name);
             int64_t k, start = cu->pieces[p].start, end = cu->pieces[p].end;
-            float *dst = cu->master + (fe->offset + start - lay->flat_begin);
+            float *shard_dst = cu->master + (fe->offset + start - lay->flat_begin), *dst;
+            int staged = !fsdp_device_host_accessible(c->dev);
             if (end < start) continue;
+            /* memory the host cannot write is filled through a host buffer */
+            dst = staged ? (float *)fsdp__alloc(&c->hooks, (size_t)(end - start + 1) * 4)
+                         : shard_dst;
+            if (!dst)
+                return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY,
+                                      "fsdp_init_params: out of host memory staging '%s'",
+                                      fe->fqn);
             fsdp_model_param(c->model, fe->param, &pi);
             fsdp_model_module(c->model, pi.module, &mi);
             sp = choose(user, fe->fqn, fe->ndim, fe->shape, mi.type);
@@ -6158,10 +6369,12 @@ FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *c, uint64_t seed, fsdp_init_choo
                     dst[k - start] = (float)(sp.a + sp.b * fsdp__normal(key, k, 0));
                 break;
             case FSDP_INIT_TRUNC_NORMAL:
-                if (!(sp.lo <= sp.hi))
+                if (!(sp.lo <= sp.hi)) {
+                    if (staged) fsdp__free(&c->hooks, dst);
                     return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
                                           "fsdp_init_params: '%s': truncated normal needs lo <= "
                                           "hi", fe->fqn);
+                }
                 for (k = start; k <= end; k++) {
                     double v = sp.a + sp.b * fsdp__normal(key, k, 0);
                     uint64_t at;
@@ -6173,16 +6386,25 @@ FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *c, uint64_t seed, fsdp_init_choo
                 }
                 break;
             case FSDP_INIT_USER:
-                if (!sp.fn)
+                if (!sp.fn) {
+                    if (staged) fsdp__free(&c->hooks, dst);
                     return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
                                           "fsdp_init_params: '%s': FSDP_INIT_USER without fn",
                                           fe->fqn);
+                }
                 sp.fn(sp.user, key_name, start, end - start + 1, dst);
                 break;
             default:
+                if (staged) fsdp__free(&c->hooks, dst);
                 return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
                                       "fsdp_init_params: '%s': unknown init kind %d", fe->fqn,
                                       (int)sp.kind);
+            }
+            if (staged) {
+                r = fsdp_device_copy(c->dev, shard_dst, dst, (size_t)(end - start + 1) * 4,
+                                     FSDP_COPY_H2D, NULL);
+                fsdp__free(&c->hooks, dst);
+                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_init_params");
             }
         }
         if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
@@ -6800,10 +7022,11 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
     if (!(max_norm > 0.0))
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
                               "fsdp_clip_grad_norm: max_norm %g must be > 0", max_norm);
-    if (!fsdp_device_host_accessible(c->dev))
+    if (!fsdp_device_host_accessible(c->dev) && norm_type != 2.0)
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
-                              "fsdp_clip_grad_norm: device '%s' memory is not host-accessible",
-                              fsdp_device_name(c->dev));
+                              "fsdp_clip_grad_norm: on device '%s' (memory the host cannot "
+                              "read) only the 2-norm is supported, through its sum_squares "
+                              "kernel", fsdp_device_name(c->dev));
     if ((r = fsdp__sync_all(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
@@ -6817,6 +7040,14 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
             const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -
                                          cu->lay.flat_begin);
             int64_t k, n = pc->end - pc->start + 1;
+            if (!fsdp_device_host_accessible(c->dev)) {
+                double ss = 0.0;
+                if (n <= 0) continue;
+                r = fsdp_device_sum_squares(c->dev, g, FSDP_F32, (size_t)n, &ss, NULL);
+                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_clip_grad_norm");
+                local += ss;
+                continue;
+            }
             for (k = 0; k < n; k++) {
                 double a = fabs((double)g[k]);
                 if (inf) local = a > local ? a : local;
@@ -7023,6 +7254,1342 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
 }
 
 /* >>runtime end */
+
+/* ------------------------------------------------------------------------ */
+/* >>zero (implementation)                                                   */
+/* ------------------------------------------------------------------------ */
+
+/* One parameter as the ZeRO optimizer sees it. Every rank keeps the
+   bookkeeping of every parameter (owner, step, whether it has state), so
+   consolidation needs no metadata exchange; only the owner holds the state
+   buffers. */
+typedef struct fsdp__zparam {
+    char *name;
+    float *user;       /* the engine's storage */
+    float *data;       /* where the parameter lives now */
+    float *clone;      /* library storage of a parameter that left a bucket */
+    float *grad;       /* the engine's gradient */
+    int64_t numel;
+    int group;
+    int owner;
+    int trainable;     /* requires_grad now */
+    int built;         /* requires_grad when the layout was built */
+    int64_t off;       /* offset in its owner's bucket (and stage 2 gradient
+                          layout); -1 when frozen */
+    int64_t step;      /* torch's state['step'] */
+    int has_state;
+    float *st[4];      /* exp_avg, exp_avg_sq, max_exp_avg_sq, momentum_buffer */
+    int64_t st_numel;  /* numel the buffers were allocated with */
+} fsdp__zparam;
+
+struct fsdp_zero {
+    fsdp_hooks hooks;
+    fsdp_comm *comm;
+    fsdp_device *dev;
+    int rank, world;
+    fsdp__zparam *p;
+    int np, cap;
+    fsdp_optim_config *groups;
+    int ngroups, capg;
+    fsdp__map map;
+    /* the partition */
+    int *order, *rank_begin;
+    /* the layout */
+    int bucket_views;
+    fsdp_zero_stage stage;
+    int grads_reduced;
+    int64_t chunk;
+    int64_t *bucket_numel; /* world: trainable numel per rank */
+    float **buckets;       /* world, bucket views only */
+    float *owned_grad;     /* stage 2: bucket_numel[rank] */
+    float *staging;        /* stage 2: (world + 1) * min(chunk, max bucket) */
+    int64_t staging_numel;
+    int64_t steps;
+    fsdp_error err;
+};
+
+#define FSDP__ZERO_CHUNK ((int64_t)1 << 20)
+
+FSDP__DEF const char *fsdp__zparam_key(const void *ctx, int index)
+{
+    return ((const fsdp_zero *)ctx)->p[index].name;
+}
+
+/* Stable merge sort of idx[0..n) by key descending (Python's sorted with
+   reverse=True keeps equal keys in their original order). */
+FSDP__DEF void fsdp__zero_sort(int *idx, int *tmp, int n, const int64_t *key)
+{
+    int width, i;
+    for (width = 1; width < n; width *= 2) {
+        for (i = 0; i < n; i += 2 * width) {
+            int lo = i, mid = i + width < n ? i + width : n;
+            int hi = i + 2 * width < n ? i + 2 * width : n;
+            int a = lo, b = mid, k = lo;
+            while (a < mid && b < hi) tmp[k++] = key[idx[b]] > key[idx[a]] ? idx[b++] : idx[a++];
+            while (a < mid) tmp[k++] = idx[a++];
+            while (b < hi) tmp[k++] = idx[b++];
+        }
+        memcpy(idx, tmp, (size_t)n * sizeof *idx);
+    }
+}
+
+FSDP__DEF fsdp_result fsdp__zero_partition(const fsdp_hooks *h, const int64_t *numels,
+                                           const int *group_nparams, int ngroups, int world,
+                                           int *owner, int *order, int *rank_begin)
+{
+    int64_t *loads;
+    int *seq, *tmp, *cursor;
+    int g, k, r, total = 0, nseq = 0;
+    for (g = 0; g < ngroups; g++) total += group_nparams[g];
+    loads = (int64_t *)fsdp__calloc(h, (size_t)world, sizeof *loads);
+    cursor = (int *)fsdp__calloc(h, (size_t)world + 1, sizeof *cursor);
+    seq = (int *)fsdp__calloc(h, (size_t)total + 1, sizeof *seq);
+    tmp = (int *)fsdp__calloc(h, (size_t)total + 1, sizeof *tmp);
+    if (!loads || !cursor || !seq || !tmp) {
+        fsdp__free(h, loads);
+        fsdp__free(h, cursor);
+        fsdp__free(h, seq);
+        fsdp__free(h, tmp);
+        return FSDP_OUT_OF_MEMORY;
+    }
+    for (g = 0; g < ngroups; g++) {
+        int n = group_nparams[g];
+        for (k = 0; k < n; k++) seq[nseq + k] = nseq + k;
+        fsdp__zero_sort(seq + nseq, tmp, n, numels);
+        for (k = 0; k < n; k++) {
+            int i = seq[nseq + k], best = 0;
+            /* strict <: the lowest rank wins ties (PyTorch's _get_min_index) */
+            for (r = 1; r < world; r++)
+                if (loads[r] < loads[best]) best = r;
+            owner[i] = best;
+            loads[best] += numels[i];
+        }
+        nseq += n;
+    }
+    /* rank-major, each rank's parameters in assignment order */
+    for (k = 0; k < total; k++) cursor[owner[seq[k]] + 1]++;
+    for (r = 0; r < world; r++) cursor[r + 1] += cursor[r];
+    if (rank_begin) memcpy(rank_begin, cursor, ((size_t)world + 1) * sizeof *cursor);
+    if (order)
+        for (k = 0; k < total; k++) order[cursor[owner[seq[k]]]++] = seq[k];
+    fsdp__free(h, loads);
+    fsdp__free(h, cursor);
+    fsdp__free(h, seq);
+    fsdp__free(h, tmp);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_zero_partition(const int64_t *numels, const int *group_nparams,
+                                         int ngroups, int world, int *owner, int *order,
+                                         int *rank_begin)
+{
+    int g, total = 0;
+    if (ngroups < 0 || world < 1 || (ngroups > 0 && !group_nparams)) return FSDP_INVALID_ARGS;
+    for (g = 0; g < ngroups; g++) {
+        if (group_nparams[g] < 0 || total > INT32_MAX - group_nparams[g]) return FSDP_INVALID_ARGS;
+        total += group_nparams[g];
+    }
+    if (total > 0 && (!numels || !owner)) return FSDP_INVALID_ARGS;
+    for (g = 0; g < total; g++)
+        if (numels[g] < 0) return FSDP_INVALID_ARGS;
+    return fsdp__zero_partition(NULL, numels, group_nparams, ngroups, world, owner, order,
+                                rank_begin);
+}
+
+FSDP__DEF int fsdp__zero_nbufs(unsigned mask)
+{
+    return (int)((mask & 1u) + ((mask >> 1) & 1u) + ((mask >> 2) & 1u) + ((mask >> 3) & 1u));
+}
+
+FSDP__DEF void fsdp__zero_free_state(fsdp_zero *z, fsdp__zparam *p)
+{
+    int b;
+    for (b = 0; b < 4; b++) {
+        if (p->st[b]) fsdp_device_free(z->dev, p->st[b], (size_t)p->st_numel * 4);
+        p->st[b] = NULL;
+    }
+    p->st_numel = 0;
+}
+
+/* Checks one parameter description; msg gets what is wrong. */
+FSDP__DEF fsdp_result fsdp__zero_check_param(const fsdp_zero_param *q, int i, fsdp_device *dev,
+                                             char *msg, size_t nmsg)
+{
+    const char *nm = q->name ? q->name : "(null)";
+    if (!q->name || !q->name[0]) {
+        snprintf(msg, nmsg, "parameter %d has no name", i);
+        return FSDP_INVALID_ARGS;
+    }
+    if (q->numel < 0) {
+        snprintf(msg, nmsg, "parameter %d '%s': numel %lld is negative", i, nm,
+                 (long long)q->numel);
+        return FSDP_INVALID_ARGS;
+    }
+    if (q->dtype != FSDP_DTYPE_DEFAULT && q->dtype != FSDP_F32) {
+        snprintf(msg, nmsg, "parameter %d '%s' is %s but parameter 0 is f32: the ZeRO optimizer "
+                 "needs one dtype (f32) for all parameters of a bucket",
+                 i, nm, fsdp_dtype_name(q->dtype));
+        return FSDP_INVALID_DTYPE;
+    }
+    if (q->device && q->device != dev) {
+        snprintf(msg, nmsg, "parameter %d '%s' is on device '%s', not on the optimizer's device "
+                 "'%s': all parameters of a bucket must be on one device", i, nm,
+                 fsdp_device_name(q->device), fsdp_device_name(dev));
+        return FSDP_INVALID_ARGS;
+    }
+    if (q->numel > 0 && !q->data) {
+        snprintf(msg, nmsg, "parameter %d '%s': data is NULL", i, nm);
+        return FSDP_INVALID_ARGS;
+    }
+    if (q->numel > 0 && !q->frozen && !q->grad) {
+        snprintf(msg, nmsg, "parameter %d '%s' requires grad but grad is NULL", i, nm);
+        return FSDP_INVALID_ARGS;
+    }
+    return FSDP_SUCCESS;
+}
+
+/* Recomputes the partition of z's parameters into fresh arrays. */
+FSDP__DEF fsdp_result fsdp__zero_repartition(fsdp_zero *z, int **order_out, int **begin_out,
+                                             int *owner_out)
+{
+    int64_t *numels = (int64_t *)fsdp__calloc(&z->hooks, (size_t)z->np, sizeof *numels);
+    int *gn = (int *)fsdp__calloc(&z->hooks, (size_t)z->ngroups, sizeof *gn);
+    int *order = (int *)fsdp__calloc(&z->hooks, (size_t)z->np, sizeof *order);
+    int *begin = (int *)fsdp__calloc(&z->hooks, (size_t)z->world + 1, sizeof *begin);
+    fsdp_result r = FSDP_OUT_OF_MEMORY;
+    int i;
+    if (numels && gn && order && begin) {
+        for (i = 0; i < z->np; i++) {
+            numels[i] = z->p[i].numel;
+            gn[z->p[i].group]++;
+        }
+        r = fsdp__zero_partition(&z->hooks, numels, gn, z->ngroups, z->world, owner_out, order,
+                                 begin);
+    }
+    fsdp__free(&z->hooks, numels);
+    fsdp__free(&z->hooks, gn);
+    if (r != FSDP_SUCCESS) {
+        fsdp__free(&z->hooks, order);
+        fsdp__free(&z->hooks, begin);
+        return r;
+    }
+    *order_out = order;
+    *begin_out = begin;
+    return FSDP_SUCCESS;
+}
+
+/* Builds the layout for the current trainability: bucket offsets, and
+   (bucket views) new buckets holding the current values, a private copy of
+   each frozen parameter that sat in a bucket (PyTorch clones it so the old
+   bucket's data is not destroyed), (stage 2) the owned gradient buffer and
+   the staging. Everything is allocated before anything is swapped, so a
+   failure changes nothing. */
+FSDP__DEF fsdp_result fsdp__zero_build(fsdp_zero *z, const char *where)
+{
+    int64_t *bn = NULL, *off = NULL, maxb = 0;
+    float **nb = NULL, **clones = NULL, *og = NULL, *stg = NULL;
+    int64_t stg_numel = 0;
+    int i, r, k;
+    fsdp_result res = FSDP_OUT_OF_MEMORY;
+    bn = (int64_t *)fsdp__calloc(&z->hooks, (size_t)z->world, sizeof *bn);
+    off = (int64_t *)fsdp__calloc(&z->hooks, (size_t)z->np + 1, sizeof *off);
+    nb = (float **)fsdp__calloc(&z->hooks, (size_t)z->world, sizeof *nb);
+    clones = (float **)fsdp__calloc(&z->hooks, (size_t)z->np + 1, sizeof *clones);
+    if (!bn || !off || !nb || !clones) goto fail_oom;
+    for (r = 0; r < z->world; r++)
+        for (k = z->rank_begin[r]; k < z->rank_begin[r + 1]; k++) {
+            fsdp__zparam *p = &z->p[z->order[k]];
+            if (p->trainable) {
+                off[z->order[k]] = bn[r];
+                bn[r] += p->numel;
+            } else {
+                off[z->order[k]] = -1;
+            }
+        }
+    for (r = 0; r < z->world; r++)
+        if (bn[r] > maxb) maxb = bn[r];
+    if (z->bucket_views) {
+        for (r = 0; r < z->world; r++)
+            if (bn[r] > 0 && (res = fsdp_device_alloc(z->dev, (size_t)bn[r] * 4, (void **)&nb[r])) !=
+                                 FSDP_SUCCESS)
+                goto fail_dev;
+        for (i = 0; i < z->np; i++) {
+            fsdp__zparam *p = &z->p[i];
+            int in_bucket = p->data != p->user && p->data != p->clone;
+            if (!p->trainable && in_bucket && p->numel > 0 &&
+                (res = fsdp_device_alloc(z->dev, (size_t)p->numel * 4, (void **)&clones[i])) !=
+                    FSDP_SUCCESS)
+                goto fail_dev;
+        }
+        for (i = 0; i < z->np; i++) {
+            fsdp__zparam *p = &z->p[i];
+            float *dst;
+            if (p->numel == 0) continue;
+            dst = off[i] >= 0 ? nb[p->owner] + off[i] : clones[i];
+            if (!dst) continue;
+            if ((res = fsdp_device_copy(z->dev, dst, p->data, (size_t)p->numel * 4, FSDP_COPY_D2D,
+                                        NULL)) != FSDP_SUCCESS)
+                goto fail_dev;
+        }
+    }
+    if (z->stage == FSDP_ZERO_STAGE_2 && maxb > 0) {
+        stg_numel = maxb < z->chunk ? maxb : z->chunk;
+        if (bn[z->rank] > 0 &&
+            (res = fsdp_device_alloc(z->dev, (size_t)bn[z->rank] * 4, (void **)&og)) != FSDP_SUCCESS)
+            goto fail_dev;
+        if ((res = fsdp_device_alloc(z->dev, ((size_t)z->world + 1) * (size_t)stg_numel * 4,
+                                     (void **)&stg)) != FSDP_SUCCESS)
+            goto fail_dev;
+    }
+    /* commit */
+    for (i = 0; i < z->np; i++) {
+        fsdp__zparam *p = &z->p[i];
+        p->off = off[i];
+        p->built = p->trainable;
+        if (!z->bucket_views) continue;
+        if (off[i] >= 0) {
+            if (p->clone) fsdp_device_free(z->dev, p->clone, (size_t)p->numel * 4);
+            p->clone = NULL;
+            p->data = p->numel > 0 ? nb[p->owner] + off[i] : p->user;
+        } else if (clones[i]) {
+            p->clone = clones[i];
+            p->data = clones[i];
+        } else if (p->data != p->user && p->data != p->clone) {
+            p->data = p->user; /* a 0-numel parameter leaving a bucket */
+        }
+    }
+    if (z->buckets)
+        for (r = 0; r < z->world; r++)
+            if (z->buckets[r])
+                fsdp_device_free(z->dev, z->buckets[r], (size_t)z->bucket_numel[r] * 4);
+    if (z->owned_grad)
+        fsdp_device_free(z->dev, z->owned_grad, (size_t)z->bucket_numel[z->rank] * 4);
+    if (z->staging)
+        fsdp_device_free(z->dev, z->staging,
+                         ((size_t)z->world + 1) * (size_t)z->staging_numel * 4);
+    fsdp__free(&z->hooks, z->bucket_numel);
+    fsdp__free(&z->hooks, z->buckets);
+    z->bucket_numel = bn;
+    z->buckets = nb;
+    z->owned_grad = og;
+    z->staging = stg;
+    z->staging_numel = stg_numel;
+    fsdp__free(&z->hooks, off);
+    fsdp__free(&z->hooks, clones);
+    return FSDP_SUCCESS;
+
+fail_dev:
+    fsdp__fail(&z->err, &z->hooks, res, "%s: building the buckets: %s", where,
+               fsdp_device_last_error(z->dev));
+    goto cleanup;
+fail_oom:
+    fsdp__fail(&z->err, &z->hooks, res, "%s: out of memory building the buckets", where);
+cleanup:
+    if (nb)
+        for (r = 0; r < z->world; r++)
+            if (nb[r]) fsdp_device_free(z->dev, nb[r], (size_t)bn[r] * 4);
+    if (clones)
+        for (i = 0; i < z->np; i++)
+            if (clones[i]) fsdp_device_free(z->dev, clones[i], (size_t)z->p[i].numel * 4);
+    if (og) fsdp_device_free(z->dev, og, (size_t)bn[z->rank] * 4);
+    fsdp__free(&z->hooks, bn);
+    fsdp__free(&z->hooks, off);
+    fsdp__free(&z->hooks, nb);
+    fsdp__free(&z->hooks, clones);
+    return res;
+}
+
+FSDP__DEF fsdp_result fsdp__zero_check_group(const fsdp_optim_config *c, fsdp_optim_kind kind,
+                                             int g, char *msg, size_t nmsg)
+{
+    char why[FSDP_ERROR_MAX];
+    if (fsdp_optim_check(c, why) != FSDP_SUCCESS) {
+        snprintf(msg, nmsg, "group %d: %.400s", g, why);
+        return FSDP_INVALID_ARGS;
+    }
+    if (kind != FSDP_OPTIM_DEFAULT && c->kind != kind) {
+        snprintf(msg, nmsg, "group %d: optimizer kind %d differs from group 0's %d (one wrapped "
+                 "optimizer class)", g, (int)c->kind, (int)kind);
+        return FSDP_INVALID_ARGS;
+    }
+    return FSDP_SUCCESS;
+}
+
+/* Appends parameters (names copied, unique) as group `group`; on failure
+   z->np is restored and the copies freed. */
+FSDP__DEF fsdp_result fsdp__zero_append(fsdp_zero *z, const fsdp_zero_param *ps, int n,
+                                        int fixed_group, char *msg, size_t nmsg)
+{
+    int i, np0 = z->np;
+    fsdp_result r = FSDP_SUCCESS;
+    if (!fsdp__grow(&z->hooks, (void **)&z->p, &z->cap, z->np + n, sizeof *z->p)) {
+        snprintf(msg, nmsg, "out of memory");
+        return FSDP_OUT_OF_MEMORY;
+    }
+    for (i = 0; i < n; i++) {
+        const fsdp_zero_param *q = &ps[i];
+        fsdp__zparam *p = &z->p[z->np];
+        if ((r = fsdp__zero_check_param(q, np0 + i, z->dev, msg, nmsg)) != FSDP_SUCCESS) break;
+        if (fsdp__map_find(&z->map, q->name, fsdp__zparam_key, z) >= 0) {
+            snprintf(msg, nmsg, "parameter %d '%s' is listed twice (a parameter in more than "
+                     "one place)", np0 + i, q->name);
+            r = FSDP_DUPLICATE_NAME;
+            break;
+        }
+        memset(p, 0, sizeof *p);
+        p->name = fsdp__strdup(&z->hooks, q->name);
+        if (!p->name) {
+            snprintf(msg, nmsg, "out of memory");
+            r = FSDP_OUT_OF_MEMORY;
+            break;
+        }
+        p->user = p->data = q->data;
+        p->grad = q->grad;
+        p->numel = q->numel;
+        p->group = fixed_group >= 0 ? fixed_group : q->group;
+        p->trainable = p->built = !q->frozen;
+        p->off = -1;
+        if (!fsdp__map_put(&z->hooks, &z->map, z->np, fsdp__zparam_key, z)) {
+            fsdp__free(&z->hooks, p->name);
+            snprintf(msg, nmsg, "out of memory");
+            r = FSDP_OUT_OF_MEMORY;
+            break;
+        }
+        z->np++;
+    }
+    if (r == FSDP_SUCCESS) return r;
+    /* undo: rebuild the name map over the kept parameters */
+    for (i = np0; i < z->np; i++) fsdp__free(&z->hooks, z->p[i].name);
+    z->np = np0;
+    fsdp__free(&z->hooks, z->map.slots);
+    memset(&z->map, 0, sizeof z->map);
+    for (i = 0; i < z->np; i++)
+        if (!fsdp__map_put(&z->hooks, &z->map, i, fsdp__zparam_key, z)) break;
+    return r;
+}
+
+FSDP_API void fsdp_zero_destroy(fsdp_zero *z)
+{
+    int i, r;
+    fsdp_hooks h;
+    if (!z) return;
+    h = z->hooks;
+    for (i = 0; i < z->np; i++) {
+        fsdp__zparam *p = &z->p[i];
+        fsdp__zero_free_state(z, p);
+        if (p->clone) fsdp_device_free(z->dev, p->clone, (size_t)p->numel * 4);
+        fsdp__free(&h, p->name);
+    }
+    if (z->buckets)
+        for (r = 0; r < z->world; r++)
+            if (z->buckets[r])
+                fsdp_device_free(z->dev, z->buckets[r], (size_t)z->bucket_numel[r] * 4);
+    if (z->owned_grad)
+        fsdp_device_free(z->dev, z->owned_grad, (size_t)z->bucket_numel[z->rank] * 4);
+    if (z->staging)
+        fsdp_device_free(z->dev, z->staging, ((size_t)z->world + 1) * (size_t)z->staging_numel * 4);
+    fsdp__free(&h, z->buckets);
+    fsdp__free(&h, z->bucket_numel);
+    fsdp__free(&h, z->order);
+    fsdp__free(&h, z->rank_begin);
+    fsdp__free(&h, z->groups);
+    fsdp__free(&h, z->map.slots);
+    fsdp__free(&h, z->p);
+    fsdp__free(&h, z);
+}
+
+FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **out)
+{
+    const fsdp_hooks *dh = desc ? &desc->hooks : NULL;
+    fsdp_zero *z;
+    fsdp_optim_config one;
+    const fsdp_optim_config *gs;
+    char msg[FSDP_ERROR_MAX];
+    int ng, i, prev = 0;
+    int *owner = NULL;
+    fsdp_result r;
+    if (!out) return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: out is NULL");
+    *out = NULL;
+    if (!desc) return fsdp__fail_create(NULL, FSDP_INVALID_ARGS, "fsdp_zero_create: desc is NULL");
+    if (!fsdp__hooks_valid(dh))
+        return fsdp__fail_create(dh, FSDP_INVALID_ARGS,
+                                 "fsdp_zero_create: allocator needs alloc, realloc and free");
+    if (!desc->comm || !desc->device)
+        return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: %s is NULL",
+                                 !desc->comm ? "comm" : "device");
+    if (desc->nparams <= 0 || !desc->params)
+        return fsdp__fail_create(dh, FSDP_INVALID_ARGS,
+                                 "fsdp_zero_create: the optimizer got an empty parameter list");
+    if (desc->stage < FSDP_ZERO_STAGE_DEFAULT || desc->stage > FSDP_ZERO_STAGE_2)
+        return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: unknown stage %d",
+                                 (int)desc->stage);
+    if (desc->stage2_chunk_numel < 0)
+        return fsdp__fail_create(dh, FSDP_INVALID_ARGS,
+                                 "fsdp_zero_create: stage2_chunk_numel %lld is negative",
+                                 (long long)desc->stage2_chunk_numel);
+    if (desc->stage == FSDP_ZERO_STAGE_2 && desc->grads_already_reduced)
+        return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: stage 2 reduces the "
+                                 "gradients itself (grads_already_reduced is for stage 1)");
+    if (desc->ngroups < 0 || (desc->ngroups > 0 && !desc->groups))
+        return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: ngroups %d with "
+                                 "groups %s", desc->ngroups, desc->groups ? "set" : "NULL");
+    if (desc->ngroups == 0) {
+        one = desc->optim;
+        if (one.kind == FSDP_OPTIM_DEFAULT && one.lr == 0.0) {
+            int fma = one.fused_multiply_add;
+            one = fsdp_optim_defaults(FSDP_ADAMW);
+            one.fused_multiply_add = fma;
+        }
+        gs = &one;
+        ng = 1;
+    } else {
+        gs = desc->groups;
+        ng = desc->ngroups;
+    }
+    for (i = 0; i < ng; i++)
+        if ((r = fsdp__zero_check_group(&gs[i], gs[0].kind, i, msg, sizeof msg)) != FSDP_SUCCESS)
+            return fsdp__fail_create(dh, r, "fsdp_zero_create: %s", msg);
+    for (i = 0; i < desc->nparams; i++) {
+        int g = desc->params[i].group;
+        if (g < 0 || g >= ng)
+            return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: parameter %d "
+                                     "'%s': group %d out of range (%d groups)", i,
+                                     desc->params[i].name ? desc->params[i].name : "(null)", g, ng);
+        if (g < prev)
+            return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: parameter %d "
+                                     "'%s': group %d after group %d (list the parameters group "
+                                     "by group: their position is PyTorch's global index)", i,
+                                     desc->params[i].name ? desc->params[i].name : "(null)", g,
+                                     prev);
+        prev = g;
+    }
+    z = (fsdp_zero *)fsdp__calloc(dh, 1, sizeof *z);
+    if (!z) return fsdp__fail_create(dh, FSDP_OUT_OF_MEMORY, "fsdp_zero_create: out of memory");
+    z->hooks = fsdp__hooks_copy(dh);
+    z->comm = desc->comm;
+    z->dev = desc->device;
+    z->rank = fsdp_comm_rank(desc->comm);
+    z->world = fsdp_comm_size(desc->comm);
+    z->bucket_views = desc->parameters_as_bucket_view != 0;
+    z->stage = desc->stage == FSDP_ZERO_STAGE_2 ? FSDP_ZERO_STAGE_2 : FSDP_ZERO_STAGE_1;
+    z->grads_reduced = desc->grads_already_reduced != 0;
+    z->chunk = desc->stage2_chunk_numel ? desc->stage2_chunk_numel : FSDP__ZERO_CHUNK;
+    z->groups = (fsdp_optim_config *)fsdp__calloc(dh, (size_t)ng, sizeof *z->groups);
+    if (!z->groups) goto oom;
+    memcpy(z->groups, gs, (size_t)ng * sizeof *gs);
+    z->ngroups = z->capg = ng;
+    if ((r = fsdp__zero_append(z, desc->params, desc->nparams, -1, msg, sizeof msg)) !=
+        FSDP_SUCCESS) {
+        fsdp_zero_destroy(z);
+        return fsdp__fail_create(dh, r, "fsdp_zero_create: %s", msg);
+    }
+    owner = (int *)fsdp__calloc(dh, (size_t)z->np, sizeof *owner);
+    if (!owner || fsdp__zero_repartition(z, &z->order, &z->rank_begin, owner) != FSDP_SUCCESS)
+        goto oom;
+    for (i = 0; i < z->np; i++) z->p[i].owner = owner[i];
+    fsdp__free(dh, owner);
+    owner = NULL;
+    if ((r = fsdp__zero_build(z, "fsdp_zero_create")) != FSDP_SUCCESS) {
+        snprintf(msg, sizeof msg, "%s", z->err.message);
+        fsdp_zero_destroy(z);
+        return fsdp__fail_create(dh, r, "%s", msg);
+    }
+    fsdp__log(&z->hooks, FSDP_LOG_DEBUG, "zero: rank %d of %d owns %d of %d parameters",
+              z->rank, z->world, z->rank_begin[z->rank + 1] - z->rank_begin[z->rank], z->np);
+    *out = z;
+    return FSDP_SUCCESS;
+oom:
+    fsdp__free(dh, owner);
+    fsdp_zero_destroy(z);
+    return fsdp__fail_create(dh, FSDP_OUT_OF_MEMORY, "fsdp_zero_create: out of memory");
+}
+
+FSDP_API const char *fsdp_zero_last_error(const fsdp_zero *z)
+{
+    return z ? z->err.message : "fsdp_zero_last_error: z is NULL";
+}
+
+FSDP_API int fsdp_zero_num_params(const fsdp_zero *z)
+{
+    return z ? z->np : 0;
+}
+
+FSDP_API int fsdp_zero_num_groups(const fsdp_zero *z)
+{
+    return z ? z->ngroups : 0;
+}
+
+FSDP_API int fsdp_zero_owner(const fsdp_zero *z, int index)
+{
+    if (!z || index < 0 || index >= z->np) return -1;
+    return z->p[index].owner;
+}
+
+FSDP_API const int *fsdp_zero_rank_params(const fsdp_zero *z, int rank, int *count)
+{
+    if (count) *count = 0;
+    if (!z || rank < 0 || rank >= z->world) return NULL;
+    if (count) *count = z->rank_begin[rank + 1] - z->rank_begin[rank];
+    return z->order + z->rank_begin[rank];
+}
+
+FSDP_API int fsdp_zero_find_param(const fsdp_zero *z, const char *name)
+{
+    if (!z || !name) return -1;
+    return fsdp__map_find(&z->map, name, fsdp__zparam_key, z);
+}
+
+FSDP_API float *fsdp_zero_param_data(fsdp_zero *z, int index)
+{
+    if (!z) return NULL;
+    if (index < 0 || index >= z->np) {
+        fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                   "fsdp_zero_param_data: index %d out of range (%d parameters)", index, z->np);
+        return NULL;
+    }
+    return z->p[index].data;
+}
+
+FSDP_API float *fsdp_zero_owned_grad(fsdp_zero *z, int index)
+{
+    fsdp__zparam *p;
+    if (!z || index < 0 || index >= z->np) return NULL;
+    p = &z->p[index];
+    if (z->stage != FSDP_ZERO_STAGE_2 || p->owner != z->rank || p->off < 0 || !z->owned_grad)
+        return NULL;
+    return z->owned_grad + p->off;
+}
+
+FSDP_API float *fsdp_zero_bucket(fsdp_zero *z, int rank, int64_t *numel)
+{
+    if (numel) *numel = 0;
+    if (!z || rank < 0 || rank >= z->world || !z->buckets) return NULL;
+    if (numel) *numel = z->bucket_numel[rank];
+    return z->buckets[rank];
+}
+
+FSDP_API int64_t fsdp_zero_steps(const fsdp_zero *z)
+{
+    return z ? z->steps : 0;
+}
+
+FSDP_API size_t fsdp_zero_state_bytes(const fsdp_zero *z)
+{
+    size_t total = 0;
+    int i, b;
+    if (!z) return 0;
+    for (i = 0; i < z->np; i++)
+        for (b = 0; b < 4; b++)
+            if (z->p[i].st[b]) total += (size_t)z->p[i].st_numel * 4;
+    return total;
+}
+
+FSDP_API fsdp_result fsdp_zero_set_requires_grad(fsdp_zero *z, int index, int requires_grad)
+{
+    fsdp__zparam *p;
+    if (!z) return FSDP_INVALID_ARGS;
+    if (index < 0 || index >= z->np)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_set_requires_grad: index %d out of range (%d parameters)",
+                          index, z->np);
+    p = &z->p[index];
+    if (requires_grad && p->numel > 0 && !p->grad)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_set_requires_grad: parameter %d '%s' has no gradient "
+                          "buffer (grad was NULL)", index, p->name);
+    p->trainable = requires_grad != 0;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_zero_set_lr(fsdp_zero *z, int group, double lr)
+{
+    if (!z) return FSDP_INVALID_ARGS;
+    if (group < 0 || group >= z->ngroups)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_set_lr: group %d out of range (%d groups)", group, z->ngroups);
+    if (!(lr >= 0.0))
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_set_lr: group %d: lr %g must be >= 0", group, lr);
+    z->groups[group].lr = lr;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_zero_group_config(const fsdp_zero *z, int group, fsdp_optim_config *out)
+{
+    if (!z || !out || group < 0 || group >= z->ngroups) return FSDP_INVALID_ARGS;
+    *out = z->groups[group];
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_zero_add_param_group(fsdp_zero *z, const fsdp_optim_config *config,
+                                               const fsdp_zero_param *params, int nparams)
+{
+    char msg[FSDP_ERROR_MAX];
+    int np0, i, *owner = NULL, *order = NULL, *begin = NULL, *old_owner = NULL;
+    int *old_order, *old_begin;
+    fsdp_result r;
+    if (!z) return FSDP_INVALID_ARGS;
+    np0 = z->np;
+    if (!config)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_add_param_group: config is NULL");
+    if (nparams < 0 || (nparams > 0 && !params))
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_add_param_group: %d parameters with params %s", nparams,
+                          params ? "set" : "NULL");
+    if ((r = fsdp__zero_check_group(config, z->groups[0].kind, z->ngroups, msg, sizeof msg)) !=
+        FSDP_SUCCESS)
+        return fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_add_param_group: %s", msg);
+    if (!fsdp__grow(&z->hooks, (void **)&z->groups, &z->capg, z->ngroups + 1, sizeof *z->groups))
+        return fsdp__fail(&z->err, &z->hooks, FSDP_OUT_OF_MEMORY,
+                          "fsdp_zero_add_param_group: out of memory");
+    if ((r = fsdp__zero_append(z, params, nparams, z->ngroups, msg, sizeof msg)) != FSDP_SUCCESS)
+        return fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_add_param_group: %s", msg);
+    z->groups[z->ngroups++] = *config;
+    owner = (int *)fsdp__calloc(&z->hooks, (size_t)z->np + 1, sizeof *owner);
+    old_owner = (int *)fsdp__calloc(&z->hooks, (size_t)z->np + 1, sizeof *old_owner);
+    if (!owner || !old_owner || fsdp__zero_repartition(z, &order, &begin, owner) != FSDP_SUCCESS) {
+        r = fsdp__fail(&z->err, &z->hooks, FSDP_OUT_OF_MEMORY,
+                       "fsdp_zero_add_param_group: out of memory");
+        goto undo;
+    }
+    for (i = 0; i < z->np; i++) {
+        old_owner[i] = z->p[i].owner;
+        z->p[i].owner = owner[i];
+    }
+    old_order = z->order;
+    old_begin = z->rank_begin;
+    z->order = order;
+    z->rank_begin = begin;
+    if ((r = fsdp__zero_build(z, "fsdp_zero_add_param_group")) != FSDP_SUCCESS) {
+        for (i = 0; i < z->np; i++) z->p[i].owner = old_owner[i];
+        z->order = old_order;
+        z->rank_begin = old_begin;
+        goto undo;
+    }
+    fsdp__free(&z->hooks, old_order);
+    fsdp__free(&z->hooks, old_begin);
+    /* The loads carry over in group order, so earlier groups keep their
+       ranks and no state moves; a rank that lost a parameter anyway (it
+       cannot happen with PyTorch's algorithm) drops its state. */
+    for (i = 0; i < np0; i++)
+        if (z->p[i].owner != z->rank) fsdp__zero_free_state(z, &z->p[i]);
+    fsdp__free(&z->hooks, owner);
+    fsdp__free(&z->hooks, old_owner);
+    fsdp__log(&z->hooks, FSDP_LOG_INFO, "zero: added parameter group %d (%d parameters); "
+              "re-partitioned and rebuilt the buckets", z->ngroups - 1, nparams);
+    return FSDP_SUCCESS;
+undo:
+    fsdp__free(&z->hooks, owner);
+    fsdp__free(&z->hooks, old_owner);
+    fsdp__free(&z->hooks, order);
+    fsdp__free(&z->hooks, begin);
+    z->ngroups--;
+    for (i = np0; i < z->np; i++) fsdp__free(&z->hooks, z->p[i].name);
+    z->np = np0;
+    fsdp__free(&z->hooks, z->map.slots);
+    memset(&z->map, 0, sizeof z->map);
+    for (i = 0; i < z->np; i++)
+        if (!fsdp__map_put(&z->hooks, &z->map, i, fsdp__zparam_key, z)) break;
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__zero_dev(fsdp_zero *z, fsdp_result r, const char *what)
+{
+    return fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_step: %s: %s", what,
+                      fsdp_device_last_error(z->dev));
+}
+
+FSDP__DEF fsdp_result fsdp__zero_comm(fsdp_zero *z, fsdp_result r, const char *what, int index)
+{
+    if (index >= 0)
+        return fsdp__fail(&z->err, &z->hooks, r, "%s: parameter %d '%s': %s", what, index,
+                          z->p[index].name, fsdp_comm_last_error(z->comm));
+    return fsdp__fail(&z->err, &z->hooks, r, "%s: %s", what, fsdp_comm_last_error(z->comm));
+}
+
+/* Stage 2: the gradients of every rank's bucket layout, padded to the
+   largest bucket and cut into chunks of staging_numel elements per rank,
+   are reduce-scattered (mean), so rank r receives only the averaged
+   gradients of what it owns. Each chunk packs rank r's slice at r * len. */
+FSDP__DEF fsdp_result fsdp__zero_reduce_stage2(fsdp_zero *z)
+{
+    int64_t maxb = 0, base, len;
+    int r, k;
+    fsdp_result res;
+    float *send = z->staging, *recv;
+    for (r = 0; r < z->world; r++)
+        if (z->bucket_numel[r] > maxb) maxb = z->bucket_numel[r];
+    if (maxb == 0) return FSDP_SUCCESS;
+    recv = z->staging + (size_t)z->world * (size_t)z->staging_numel;
+    for (base = 0; base < maxb; base += len) {
+        int64_t mine;
+        len = maxb - base < z->staging_numel ? maxb - base : z->staging_numel;
+        /* a bucket is contiguous, so only the part of a rank's slice past
+           its bucket's end is padding to zero */
+        for (r = 0; r < z->world; r++) {
+            int64_t filled = z->bucket_numel[r] - base;
+            if (filled < 0) filled = 0;
+            if (filled >= len) continue;
+            res = fsdp_device_memset(z->dev, send + (size_t)r * (size_t)len + (size_t)filled, 0,
+                                     (size_t)(len - filled) * 4, NULL);
+            if (res != FSDP_SUCCESS) return fsdp__zero_dev(z, res, "stage 2 staging");
+        }
+        for (r = 0; r < z->world; r++)
+            for (k = z->rank_begin[r]; k < z->rank_begin[r + 1]; k++) {
+                fsdp__zparam *p = &z->p[z->order[k]];
+                int64_t lo, hi;
+                if (p->off < 0 || p->numel == 0) continue;
+                lo = p->off > base ? p->off : base;
+                hi = p->off + p->numel < base + len ? p->off + p->numel : base + len;
+                if (hi <= lo) continue;
+                res = fsdp_device_copy(z->dev, send + (size_t)r * (size_t)len + (size_t)(lo - base),
+                                       p->grad + (lo - p->off), (size_t)(hi - lo) * 4,
+                                       FSDP_COPY_D2D, NULL);
+                if (res != FSDP_SUCCESS) return fsdp__zero_dev(z, res, "stage 2 packing");
+            }
+        mine = z->bucket_numel[z->rank] - base;
+        if (mine > len) mine = len;
+        /* a full slice of our own lands in place; a partial one (the end of
+           our bucket, or none) goes through the staging */
+        res = fsdp_reduce_scatter(z->comm, send, mine == len ? z->owned_grad + base : recv,
+                                  (size_t)len, FSDP_F32, FSDP_REDUCE_AVG, NULL);
+        if (res != FSDP_SUCCESS)
+            return fsdp__zero_comm(z, res, "fsdp_zero_step: stage 2 reduce-scatter", -1);
+        if (mine > 0 && mine < len) {
+            res = fsdp_device_copy(z->dev, z->owned_grad + base, recv, (size_t)mine * 4,
+                                   FSDP_COPY_D2D, NULL);
+            if (res != FSDP_SUCCESS) return fsdp__zero_dev(z, res, "stage 2 gradients");
+        }
+    }
+    return FSDP_SUCCESS;
+}
+
+/* Allocates zeroed state buffers (torch's zeros_like at the first step). */
+FSDP__DEF fsdp_result fsdp__zero_alloc_state(fsdp_zero *z, fsdp__zparam *p, float *bufs[4])
+{
+    unsigned mask = fsdp_optim_state_mask(&z->groups[p->group]);
+    int b;
+    fsdp_result r;
+    for (b = 0; b < 4; b++) bufs[b] = NULL;
+    if (p->numel == 0) return FSDP_SUCCESS;
+    for (b = 0; b < 4; b++) {
+        if (!(mask & (1u << b))) continue;
+        r = fsdp_device_alloc(z->dev, (size_t)p->numel * 4, (void **)&bufs[b]);
+        if (r == FSDP_SUCCESS) r = fsdp_device_memset(z->dev, bufs[b], 0, (size_t)p->numel * 4, NULL);
+        if (r != FSDP_SUCCESS) {
+            for (b = 0; b < 4; b++)
+                if (bufs[b]) fsdp_device_free(z->dev, bufs[b], (size_t)p->numel * 4);
+            return r;
+        }
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_zero_step(fsdp_zero *z)
+{
+    fsdp_result r;
+    int i, k, changed = 0;
+    if (!z) return FSDP_INVALID_ARGS;
+    for (i = 0; i < z->np; i++)
+        if (z->p[i].trainable != z->p[i].built) changed = 1;
+    if (changed) {
+        /* PyTorch warns here too and rebuilds only the buckets: the
+           partition depends on sizes alone, frozen parameters included */
+        if ((r = fsdp__zero_build(z, "fsdp_zero_step")) != FSDP_SUCCESS) return r;
+        fsdp__log(&z->hooks, FSDP_LOG_WARN,
+                  "zero: rank %d: the trainable parameters changed; rebuilt the layout%s%s "
+                  "over the unchanged partition (re-read fsdp_zero_param_data)", z->rank,
+                  z->bucket_views ? ": parameter buckets" : "",
+                  z->stage == FSDP_ZERO_STAGE_2 ? ", stage 2 gradient layout" : "");
+    }
+    /* state first, so running out of memory changes nothing */
+    for (k = z->rank_begin[z->rank]; k < z->rank_begin[z->rank + 1]; k++) {
+        fsdp__zparam *p = &z->p[z->order[k]];
+        float *bufs[4];
+        if (!p->trainable || p->has_state) continue;
+        if ((r = fsdp__zero_alloc_state(z, p, bufs)) != FSDP_SUCCESS)
+            return fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_step: parameter %d '%s': "
+                              "allocating optimizer state: %s", z->order[k], p->name,
+                              fsdp_device_last_error(z->dev));
+        memcpy(p->st, bufs, sizeof bufs);
+        p->st_numel = p->numel;
+        p->has_state = 1;
+    }
+    /* gradients: the mean over ranks, as DDP */
+    if (z->stage == FSDP_ZERO_STAGE_2) {
+        if ((r = fsdp__zero_reduce_stage2(z)) != FSDP_SUCCESS) return r;
+    } else if (!z->grads_reduced) {
+        for (i = 0; i < z->np; i++) {
+            fsdp__zparam *p = &z->p[i];
+            if (!p->trainable || p->numel == 0) continue;
+            r = fsdp_all_reduce(z->comm, p->grad, p->grad, (size_t)p->numel, FSDP_F32,
+                                FSDP_REDUCE_AVG, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__zero_comm(z, r, "fsdp_zero_step: all-reduce", i);
+        }
+    }
+    /* every rank counts every trainable parameter's steps; the owner steps */
+    for (i = 0; i < z->np; i++) {
+        fsdp__zparam *p = &z->p[i];
+        fsdp_optim_state st;
+        const float *g;
+        if (!p->trainable) continue;
+        p->step++;
+        p->has_state = 1;
+        if (p->owner != z->rank || p->numel == 0) continue;
+        g = z->stage == FSDP_ZERO_STAGE_2 ? z->owned_grad + p->off : p->grad;
+        st.exp_avg = p->st[0];
+        st.exp_avg_sq = p->st[1];
+        st.max_exp_avg_sq = p->st[2];
+        st.momentum_buffer = p->st[3];
+        r = fsdp_device_optim_step(z->dev, &z->groups[p->group], p->step, p->data, g, &st,
+                                   (size_t)p->numel, NULL);
+        if (r != FSDP_SUCCESS) return fsdp__zero_dev(z, r, "optimizer step");
+    }
+    /* the owners' updated parameters to every rank */
+    if (z->bucket_views) {
+        int rr;
+        for (rr = 0; rr < z->world; rr++) {
+            if (!z->bucket_numel[rr]) continue;
+            r = fsdp_broadcast(z->comm, z->buckets[rr], z->buckets[rr],
+                               (size_t)z->bucket_numel[rr], FSDP_F32, rr, NULL);
+            if (r != FSDP_SUCCESS)
+                return fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_step: broadcasting rank "
+                                  "%d's bucket: %s", rr, fsdp_comm_last_error(z->comm));
+        }
+    } else {
+        for (k = 0; k < z->np; k++) {
+            fsdp__zparam *p = &z->p[z->order[k]];
+            if (p->numel == 0) continue;
+            r = fsdp_broadcast(z->comm, p->data, p->data, (size_t)p->numel, FSDP_F32, p->owner,
+                               NULL);
+            if (r != FSDP_SUCCESS)
+                return fsdp__zero_comm(z, r, "fsdp_zero_step: broadcast", z->order[k]);
+        }
+    }
+    z->steps++;
+    return FSDP_SUCCESS;
+}
+
+/* --- state dicts --- */
+
+FSDP_API void fsdp_zero_state_dict_free(fsdp_zero_state_dict *sd)
+{
+    fsdp_hooks h;
+    if (!sd) return;
+    if (sd->storage) {
+        memset(&h, 0, sizeof h);
+        h.allocator = sd->allocator;
+        fsdp__free(&h, sd->storage);
+    }
+    memset(sd, 0, sizeof *sd);
+}
+
+/* Lays out a dict in one allocation: groups, their index lists, entries,
+   names, then the floats. sel[i] says which parameters get an entry; the
+   groups list the parameters gsel[i] selects. */
+FSDP__DEF fsdp_result fsdp__zero_sd_alloc(fsdp_zero *z, const unsigned char *sel,
+                                          const unsigned char *gsel, const int *list, int nlist,
+                                          fsdp_zero_state_dict *out)
+{
+    size_t bytes, nfloat = 0, nnames = 0, o;
+    int i, g, nent = 0, nidx = 0, e = 0, k;
+    unsigned char *base;
+    int *gcount;
+    for (k = 0; k < nlist; k++) {
+        fsdp__zparam *p = &z->p[list[k]];
+        if (gsel[list[k]]) nidx++;
+        if (!sel[list[k]]) continue;
+        nent++;
+        nnames += strlen(p->name) + 1;
+        nfloat += (size_t)p->numel *
+                  (size_t)fsdp__zero_nbufs(fsdp_optim_state_mask(&z->groups[p->group]));
+    }
+    bytes = (size_t)z->ngroups * sizeof(fsdp_zero_group_state) +
+            (size_t)nent * sizeof(fsdp_zero_state_entry) + (size_t)nidx * sizeof(int) +
+            (size_t)z->ngroups * sizeof(int);
+    bytes = (bytes + 63) & ~(size_t)63;
+    o = bytes;
+    bytes += nfloat * sizeof(float) + nnames;
+    memset(out, 0, sizeof *out);
+    base = (unsigned char *)fsdp__calloc(&z->hooks, 1, bytes);
+    if (!base) return FSDP_OUT_OF_MEMORY;
+    out->storage = base;
+    out->allocator = z->hooks.allocator;
+    out->nparams = z->np;
+    out->ngroups = z->ngroups;
+    out->groups = (fsdp_zero_group_state *)(void *)base;
+    out->entries = (fsdp_zero_state_entry *)(void *)(base + (size_t)z->ngroups *
+                                                                 sizeof(fsdp_zero_group_state));
+    gcount = (int *)(void *)(out->entries + nent);
+    {
+        int *idx = gcount + z->ngroups;
+        float *fl = (float *)(void *)(base + o);
+        char *names = (char *)(fl + nfloat);
+        for (g = 0; g < z->ngroups; g++) {
+            out->groups[g].config = z->groups[g];
+            out->groups[g].params = idx;
+            out->groups[g].nparams = 0;
+            /* the list is grouped: each group's selected params are contiguous */
+            for (k = 0; k < nlist; k++)
+                if (gsel[list[k]] && z->p[list[k]].group == g)
+                    idx[out->groups[g].nparams++] = list[k];
+            idx += out->groups[g].nparams;
+        }
+        for (k = 0; k < nlist; k++) {
+            fsdp__zparam *p;
+            fsdp_zero_state_entry *en;
+            unsigned mask;
+            i = list[k];
+            if (!sel[i]) continue;
+            p = &z->p[i];
+            en = &out->entries[e++];
+            mask = fsdp_optim_state_mask(&z->groups[p->group]);
+            en->index = i;
+            en->numel = p->numel;
+            en->step = p->step;
+            en->name = names;
+            memcpy(names, p->name, strlen(p->name) + 1);
+            names += strlen(p->name) + 1;
+            if (mask & 1u) { en->exp_avg = fl; fl += p->numel; }
+            if (mask & 2u) { en->exp_avg_sq = fl; fl += p->numel; }
+            if (mask & 4u) { en->max_exp_avg_sq = fl; fl += p->numel; }
+            if (mask & 8u) { en->momentum_buffer = fl; fl += p->numel; }
+        }
+    }
+    out->nentries = nent;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF float **fsdp__zero_entry_buf(fsdp_zero_state_entry *en, int b)
+{
+    switch (b) {
+    case 0: return &en->exp_avg;
+    case 1: return &en->exp_avg_sq;
+    case 2: return &en->max_exp_avg_sq;
+    default: return &en->momentum_buffer;
+    }
+}
+
+FSDP__DEF const float *fsdp__zero_entry_cbuf(const fsdp_zero_state_entry *en, int b)
+{
+    switch (b) {
+    case 0: return en->exp_avg;
+    case 1: return en->exp_avg_sq;
+    case 2: return en->max_exp_avg_sq;
+    default: return en->momentum_buffer;
+    }
+}
+
+FSDP_API fsdp_result fsdp_zero_local_state_dict(fsdp_zero *z, fsdp_zero_state_dict *out)
+{
+    unsigned char *sel, *gsel;
+    const int *list;
+    int n, k, e, b;
+    fsdp_result r;
+    if (!z) return FSDP_INVALID_ARGS;
+    if (!out)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_local_state_dict: out is NULL");
+    memset(out, 0, sizeof *out);
+    sel = (unsigned char *)fsdp__calloc(&z->hooks, (size_t)z->np, 1);
+    gsel = (unsigned char *)fsdp__calloc(&z->hooks, (size_t)z->np, 1);
+    if (!sel || !gsel) {
+        fsdp__free(&z->hooks, sel);
+        fsdp__free(&z->hooks, gsel);
+        return fsdp__fail(&z->err, &z->hooks, FSDP_OUT_OF_MEMORY,
+                          "fsdp_zero_local_state_dict: out of memory");
+    }
+    list = fsdp_zero_rank_params(z, z->rank, &n);
+    for (k = 0; k < n; k++) {
+        gsel[list[k]] = 1;
+        sel[list[k]] = (unsigned char)z->p[list[k]].has_state;
+    }
+    r = fsdp__zero_sd_alloc(z, sel, gsel, list, n, out);
+    fsdp__free(&z->hooks, sel);
+    fsdp__free(&z->hooks, gsel);
+    if (r != FSDP_SUCCESS)
+        return fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_local_state_dict: out of memory");
+    for (e = 0; e < out->nentries; e++) {
+        fsdp_zero_state_entry *en = &out->entries[e];
+        fsdp__zparam *p = &z->p[en->index];
+        for (b = 0; b < 4; b++) {
+            float *dst = *fsdp__zero_entry_buf(en, b);
+            if (!dst || !p->st[b] || p->numel == 0) continue;
+            r = fsdp_device_copy(z->dev, dst, p->st[b], (size_t)p->numel * 4, FSDP_COPY_D2H, NULL);
+            if (r != FSDP_SUCCESS) {
+                fsdp_zero_state_dict_free(out);
+                return fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_local_state_dict: parameter "
+                                  "%d '%s': %s", en->index, p->name, fsdp_device_last_error(z->dev));
+            }
+        }
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_zero_consolidate_state_dict(fsdp_zero *z, int to,
+                                                      fsdp_zero_state_dict *out)
+{
+    unsigned char *sel = NULL, *gsel = NULL;
+    int *list = NULL;
+    int i, b, e = 0;
+    int64_t maxn = 0;
+    float *stage = NULL;
+    fsdp_result r = FSDP_SUCCESS;
+    fsdp_zero_state_dict sd;
+    if (!z) return FSDP_INVALID_ARGS;
+    if (out) memset(out, 0, sizeof *out);
+    if (to < 0 || to >= z->world)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_consolidate_state_dict: to = %d out of range (world %d)", to,
+                          z->world);
+    if (z->rank == to && !out)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_consolidate_state_dict: out is NULL on rank to = %d", to);
+    memset(&sd, 0, sizeof sd);
+    for (i = 0; i < z->np; i++)
+        if (z->p[i].has_state && z->p[i].owner != z->rank && z->p[i].numel > maxn)
+            maxn = z->p[i].numel;
+    /* Everything is allocated before the first collective: a rank that
+       fails here returns before any, and its peers' first broadcast then
+       fails (timeout) instead of a half-filled dict being returned. */
+    if (maxn > 0 && fsdp_device_alloc(z->dev, (size_t)maxn * 4, (void **)&stage) != FSDP_SUCCESS)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_OUT_OF_MEMORY,
+                          "fsdp_zero_consolidate_state_dict: staging of %lld floats: %s",
+                          (long long)maxn, fsdp_device_last_error(z->dev));
+    if (z->rank == to) {
+        sel = (unsigned char *)fsdp__calloc(&z->hooks, (size_t)z->np, 1);
+        gsel = (unsigned char *)fsdp__calloc(&z->hooks, (size_t)z->np, 1);
+        list = (int *)fsdp__calloc(&z->hooks, (size_t)z->np, sizeof *list);
+        if (sel && gsel && list) {
+            for (i = 0; i < z->np; i++) {
+                list[i] = i;
+                gsel[i] = 1;
+                sel[i] = (unsigned char)z->p[i].has_state;
+            }
+            r = fsdp__zero_sd_alloc(z, sel, gsel, list, z->np, &sd);
+        } else {
+            r = FSDP_OUT_OF_MEMORY;
+        }
+        fsdp__free(&z->hooks, sel);
+        fsdp__free(&z->hooks, gsel);
+        fsdp__free(&z->hooks, list);
+        if (r != FSDP_SUCCESS) {
+            if (stage) fsdp_device_free(z->dev, stage, (size_t)maxn * 4);
+            return fsdp__fail(&z->err, &z->hooks, r,
+                              "fsdp_zero_consolidate_state_dict: out of memory");
+        }
+    }
+    for (i = 0; i < z->np && r == FSDP_SUCCESS; i++) {
+        fsdp__zparam *p = &z->p[i];
+        unsigned mask;
+        fsdp_zero_state_entry *en = NULL;
+        if (!p->has_state) continue;
+        if (z->rank == to) en = &sd.entries[e++];
+        if (p->numel == 0) continue;
+        mask = fsdp_optim_state_mask(&z->groups[p->group]);
+        for (b = 0; b < 4 && r == FSDP_SUCCESS; b++) {
+            float *buf;
+            if (!(mask & (1u << b))) continue;
+            buf = p->owner == z->rank ? p->st[b] : stage;
+            r = fsdp_broadcast(z->comm, buf, buf, (size_t)p->numel, FSDP_F32, p->owner, NULL);
+            if (r != FSDP_SUCCESS) {
+                fsdp__zero_comm(z, r, "fsdp_zero_consolidate_state_dict", i);
+                break;
+            }
+            if (en) {
+                r = fsdp_device_copy(z->dev, *fsdp__zero_entry_buf(en, b), buf,
+                                     (size_t)p->numel * 4, FSDP_COPY_D2H, NULL);
+                if (r != FSDP_SUCCESS)
+                    fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_consolidate_state_dict: "
+                               "parameter %d '%s': %s", i, p->name, fsdp_device_last_error(z->dev));
+            }
+        }
+    }
+    if (stage) fsdp_device_free(z->dev, stage, (size_t)maxn * 4);
+    if (r != FSDP_SUCCESS) {
+        fsdp_zero_state_dict_free(&sd);
+        return r;
+    }
+    if (z->rank == to) *out = sd;
+    return FSDP_SUCCESS;
+}
+
+/* Checks a full state dict against the parameters; msg names the first
+   mismatch. Saved ids map to parameters as torch maps them, by position in
+   the chained groups; entry_of[i] receives parameter i's entry (-1: none). */
+FSDP__DEF fsdp_result fsdp__zero_check_sd(fsdp_zero *z, const fsdp_zero_state_dict *sd,
+                                          int *entry_of, char *msg, size_t nmsg)
+{
+    int g, k, e;
+    for (k = 0; k < z->np; k++) entry_of[k] = -1;
+    if (sd->ngroups != z->ngroups) {
+        snprintf(msg, nmsg, "the state dict has %d parameter groups, the optimizer %d",
+                 sd->ngroups, z->ngroups);
+        return FSDP_CKPT_MISMATCH;
+    }
+    if (sd->nparams != z->np) {
+        snprintf(msg, nmsg, "the state dict has %d parameters, the optimizer %d", sd->nparams,
+                 z->np);
+        return FSDP_CKPT_MISMATCH;
+    }
+    if (sd->ngroups > 0 && !sd->groups) {
+        snprintf(msg, nmsg, "groups is NULL");
+        return FSDP_INVALID_ARGS;
+    }
+    if (sd->nentries < 0 || (sd->nentries > 0 && !sd->entries)) {
+        snprintf(msg, nmsg, "%d entries with entries %s", sd->nentries,
+                 sd->entries ? "set" : "NULL");
+        return FSDP_INVALID_ARGS;
+    }
+    for (g = 0; g < sd->ngroups; g++) {
+        const fsdp_zero_group_state *gs = &sd->groups[g];
+        int n = 0;
+        char why[FSDP_ERROR_MAX];
+        for (k = 0; k < z->np; k++) n += z->p[k].group == g;
+        if (gs->nparams != n) {
+            snprintf(msg, nmsg, "group %d has %d parameters in the state dict, %d in the "
+                     "optimizer", g, gs->nparams, n);
+            return FSDP_CKPT_MISMATCH;
+        }
+        if (n > 0 && !gs->params) {
+            snprintf(msg, nmsg, "group %d: params is NULL", g);
+            return FSDP_INVALID_ARGS;
+        }
+        if (fsdp_optim_check(&gs->config, why) != FSDP_SUCCESS) {
+            snprintf(msg, nmsg, "group %d: %.400s", g, why);
+            return FSDP_CKPT_MISMATCH;
+        }
+        if (gs->config.kind != z->groups[g].kind) {
+            snprintf(msg, nmsg, "group %d: optimizer kind %d in the state dict, %d in the "
+                     "optimizer", g, (int)gs->config.kind, (int)z->groups[g].kind);
+            return FSDP_CKPT_MISMATCH;
+        }
+    }
+    for (e = 0; e < sd->nentries; e++) {
+        const fsdp_zero_state_entry *en = &sd->entries[e];
+        const fsdp__zparam *p;
+        int i = -1, pos = 0;
+        unsigned mask;
+        /* the saved id's position in the chained groups is the parameter */
+        for (g = 0; g < sd->ngroups && i < 0; g++)
+            for (k = 0; k < sd->groups[g].nparams; k++, pos++)
+                if (sd->groups[g].params[k] == en->index) {
+                    i = pos;
+                    break;
+                }
+        if (i < 0) {
+            snprintf(msg, nmsg, "entry %d: index %d is in no parameter group", e, en->index);
+            return FSDP_CKPT_MISMATCH;
+        }
+        p = &z->p[i];
+        if (entry_of[i] >= 0) {
+            snprintf(msg, nmsg, "entry %d: parameter %d '%s' already has entry %d", e, i,
+                     p->name, entry_of[i]);
+            return FSDP_CKPT_MISMATCH;
+        }
+        if (en->name && strcmp(en->name, p->name) != 0) {
+            snprintf(msg, nmsg, "entry %d: name '%s', but parameter %d is '%s'", e, en->name, i,
+                     p->name);
+            return FSDP_CKPT_MISMATCH;
+        }
+        if (en->numel != p->numel) {
+            snprintf(msg, nmsg, "entry %d: parameter %d '%s' has numel %lld in the state dict, "
+                     "%lld in the optimizer", e, i, p->name, (long long)en->numel,
+                     (long long)p->numel);
+            return FSDP_CKPT_MISMATCH;
+        }
+        if (en->step < 1) {
+            snprintf(msg, nmsg, "entry %d: parameter %d '%s': step %lld must be >= 1", e, i,
+                     p->name, (long long)en->step);
+            return FSDP_CKPT_MISMATCH;
+        }
+        mask = fsdp_optim_state_mask(&sd->groups[p->group].config);
+        if (p->numel > 0) {
+            static const char *const bn[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                              "momentum_buffer"};
+            int b;
+            for (b = 0; b < 4; b++)
+                if ((mask & (1u << b)) &&
+                    !fsdp__zero_entry_cbuf(en, b)) {
+                    snprintf(msg, nmsg, "entry %d: parameter %d '%s' has no %s", e, i, p->name,
+                             bn[b]);
+                    return FSDP_CKPT_MISMATCH;
+                }
+        }
+        entry_of[i] = e;
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_zero_load_state_dict(fsdp_zero *z, const fsdp_zero_state_dict *sd)
+{
+    char msg[FSDP_ERROR_MAX];
+    int *entry_of;
+    float *(*nst)[4];
+    int i, b, g;
+    fsdp_result r;
+    if (!z) return FSDP_INVALID_ARGS;
+    if (!sd)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_load_state_dict: sd is NULL");
+    entry_of = (int *)fsdp__calloc(&z->hooks, (size_t)z->np, sizeof *entry_of);
+    nst = (float *(*)[4])fsdp__calloc(&z->hooks, (size_t)z->np, sizeof *nst);
+    if (!entry_of || !nst) {
+        fsdp__free(&z->hooks, entry_of);
+        fsdp__free(&z->hooks, nst);
+        return fsdp__fail(&z->err, &z->hooks, FSDP_OUT_OF_MEMORY,
+                          "fsdp_zero_load_state_dict: out of memory");
+    }
+    if ((r = fsdp__zero_check_sd(z, sd, entry_of, msg, sizeof msg)) != FSDP_SUCCESS) {
+        fsdp__free(&z->hooks, entry_of);
+        fsdp__free(&z->hooks, nst);
+        return fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_load_state_dict: %s", msg);
+    }
+    /* the owned parameters' new state, allocated and filled before anything
+       is replaced */
+    for (i = 0; i < z->np && r == FSDP_SUCCESS; i++) {
+        fsdp__zparam *p = &z->p[i];
+        const fsdp_zero_state_entry *en;
+        unsigned mask;
+        if (entry_of[i] < 0 || p->owner != z->rank || p->numel == 0) continue;
+        en = &sd->entries[entry_of[i]];
+        mask = fsdp_optim_state_mask(&sd->groups[p->group].config);
+        for (b = 0; b < 4 && r == FSDP_SUCCESS; b++) {
+            if (!(mask & (1u << b))) continue;
+            r = fsdp_device_alloc(z->dev, (size_t)p->numel * 4, (void **)&nst[i][b]);
+            if (r == FSDP_SUCCESS)
+                r = fsdp_device_copy(z->dev, nst[i][b],
+                                     fsdp__zero_entry_cbuf(en, b),
+                                     (size_t)p->numel * 4, FSDP_COPY_H2D, NULL);
+            if (r != FSDP_SUCCESS)
+                fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_load_state_dict: parameter %d "
+                           "'%s': %s", i, p->name, fsdp_device_last_error(z->dev));
+        }
+    }
+    if (r != FSDP_SUCCESS) {
+        for (i = 0; i < z->np; i++)
+            for (b = 0; b < 4; b++)
+                if (nst[i][b]) fsdp_device_free(z->dev, nst[i][b], (size_t)z->p[i].numel * 4);
+        fsdp__free(&z->hooks, entry_of);
+        fsdp__free(&z->hooks, nst);
+        return r;
+    }
+    for (i = 0; i < z->np; i++) {
+        fsdp__zparam *p = &z->p[i];
+        fsdp__zero_free_state(z, p);
+        memcpy(p->st, nst[i], sizeof p->st);
+        p->st_numel = p->numel;
+        p->has_state = entry_of[i] >= 0;
+        p->step = p->has_state ? sd->entries[entry_of[i]].step : 0;
+    }
+    for (g = 0; g < z->ngroups; g++) z->groups[g] = sd->groups[g].config;
+    fsdp__free(&z->hooks, entry_of);
+    fsdp__free(&z->hooks, nst);
+    return FSDP_SUCCESS;
+}
+
+/* >>zero end */
 
 #endif /* FSDP_IMPLEMENTATION_DONE */
 #endif /* FSDP_IMPLEMENTATION */

@@ -1586,6 +1586,7 @@ static int check_state_dict_names(const char *path, famstats *st, char *err, siz
 /* ======================================================================== */
 
 #include "conformance_runtime.h"
+#include "conformance_zero.h"
 
 /* Returns 0 when every case passed, 1 when some failed, -1 when the file is
    malformed (err says where). */
@@ -1597,7 +1598,7 @@ static const struct family {
     const char *pending; /* why not, for NULL check */
 } families[] = {
     {"flat_param_shard", check_flat_param_shard, NULL},
-    {"zero_partition", NULL, "lands with the ZeRO optimizer issue"},
+    {"zero_partition", check_zero_partition, NULL},
     {"wrap_policy", check_wrap_policy, NULL},
     {"optim", check_optim, NULL},
     {"fsdp_cpu", check_fsdp_cpu, NULL},
