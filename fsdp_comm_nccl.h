@@ -1,0 +1,905 @@
+/* fsdp_comm_nccl.h - the NCCL backend for fsdp.h (collectives on CUDA streams)
+
+   Do this:
+       #include "fsdp.h"
+       #include "fsdp_comm_nccl.h"      (it includes fsdp_cuda.cuh)
+   anywhere, and in exactly one C11 (or C++) file:
+       #define FSDP_COMM_NCCL_IMPLEMENTATION   (or FSDP_IMPLEMENTATION)
+   before including it. The implementation is plain C over <nccl.h> and
+   <cuda_runtime_api.h>: build it with -I/usr/local/cuda/include and link
+   -L/usr/local/cuda/lib64 -lnccl -lcudart. Streams come from the CUDA device
+   (fsdp_cuda.cuh), whose implementation lives in one .cu file.
+
+   What it gives (fsdp_comm_vtable):
+       all_gather, reduce_scatter, all_reduce, broadcast   ncclAllGather, ...
+                     in NCCL's in-place rules (the same as fsdp.h's);
+                     f32 f64 f16 bf16 (native) and the byte types;
+                     FSDP_REDUCE_AVG is ncclAvg
+       barrier       an all-reduce of one element
+       split         ncclCommSplit (FSDP_COMM_NO_COLOR: NCCL_SPLIT_NOCOLOR)
+       async_error   the first failure seen by the watchdog
+   A collective with a stream is enqueued on that stream's cudaStream_t
+   (fsdp_cuda_stream_handle) and returns; with stream NULL it runs on the
+   backend's own stream and returns when done (host buffers are staged
+   through device memory then, so fsdp_clip_grad_norm's host all-gather
+   works).
+
+   Errors, not hangs: the communicator is non-blocking. A watchdog thread
+   per communicator checks every collective's completion event and
+   ncclCommGetAsyncError; a collective not complete after timeout_ms (from
+   when it was issued), or an asynchronous NCCL error, aborts the
+   communicator (ncclCommAbort) and every later call returns
+   FSDP_COMM_TIMEOUT or FSDP_COMM_ERROR / FSDP_COMM_ABORTED with the reason
+   (fsdp_comm_last_error). Initialisation and finalisation time out too.
+
+   Differences from the local backend: NCCL sums floating point in its own
+   order (ring or tree), so a sum is bitwise the same on every rank of one
+   run but not in rank order; NCCL refuses two ranks on one GPU.
+
+   Bootstrap: NCCL ranks need rank 0's ncclUniqueId. Give a callback that
+   broadcasts it (desc.bootstrap), or one of the helpers:
+       fsdp_nccl_bootstrap_file  through a file on a shared file system
+       fsdp_nccl_bootstrap_mpi   MPI_Bcast (declared when <mpi.h> is included
+                                 before this header, or FSDP_NCCL_MPI is set)
+   or the id itself (desc.unique_id, e.g. from your launcher).
+
+   Thread safety: one thread per communicator (the watchdog is internal). */
+#ifndef FSDP_COMM_NCCL_H_INCLUDED
+#define FSDP_COMM_NCCL_H_INCLUDED
+
+#ifndef FSDP_H_INCLUDED
+#error "include fsdp.h before fsdp_comm_nccl.h"
+#endif
+#include "fsdp_cuda.cuh"
+
+#ifndef FSDP_NCCL_API
+#define FSDP_NCCL_API extern
+#endif
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Bytes of an NCCL unique id (NCCL_UNIQUE_ID_BYTES). */
+#define FSDP_NCCL_ID_BYTES 128
+
+/* Makes every rank's id equal to rank 0's (a broadcast from rank 0; rank 0's
+   id is filled before the call). Returns 0 on success, else non-zero with
+   the reason in msg (FSDP_ERROR_MAX bytes). Collective: yes. */
+typedef int (*fsdp_nccl_bootstrap_fn)(void *user, int rank, int nranks, void *id,
+                                      size_t bytes, char *msg);
+
+/* Zero means default. */
+typedef struct fsdp_nccl_desc {
+    fsdp_hooks hooks;
+    int rank, nranks;
+    int device;                     /* CUDA ordinal of this rank's GPU */
+    int timeout_ms;                 /* 0: 600000 (PyTorch's default) */
+    fsdp_nccl_bootstrap_fn bootstrap;
+    void *bootstrap_user;
+    const void *unique_id;          /* instead of bootstrap: the shared id
+                                       (FSDP_NCCL_ID_BYTES), same on every rank */
+} fsdp_nccl_desc;
+
+FSDP_NCCL_API fsdp_nccl_desc fsdp_nccl_desc_default(void);
+
+/* Creates this rank's NCCL communicator. Collective: yes (every rank).
+   Returns FSDP_COMM_ERROR with NCCL's or CUDA's message (no GPU, ...),
+   FSDP_COMM_TIMEOUT if the peers do not arrive within timeout_ms. */
+FSDP_NCCL_API fsdp_result fsdp_comm_nccl_create(const fsdp_nccl_desc *desc, fsdp_comm **out);
+
+/* fsdp_nccl_bootstrap_file's user data. */
+typedef struct fsdp_nccl_file {
+    const char *path;  /* on a file system every rank sees; unique per job */
+    int timeout_ms;    /* 0: 600000 */
+} fsdp_nccl_file;
+
+/* Rank 0 writes the id to path (atomically: a temporary file renamed), the
+   others poll for it and acknowledge (path.ack.<rank>); rank 0 waits for
+   every acknowledgement and removes the files, so the path can be used
+   again. Needs no GPU. */
+FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, void *id,
+                                           size_t bytes, char *msg);
+
+#if defined(FSDP_NCCL_MPI) || defined(MPI_VERSION)
+/* user: a pointer to an MPI_Comm whose ranks are the NCCL ranks, in order. */
+FSDP_NCCL_API int fsdp_nccl_bootstrap_mpi(void *user, int rank, int nranks, void *id,
+                                          size_t bytes, char *msg);
+#endif
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FSDP_COMM_NCCL_H_INCLUDED */
+
+/* ======================================================================== */
+/*                           IMPLEMENTATION                                  */
+/* ======================================================================== */
+#if defined(FSDP_COMM_NCCL_IMPLEMENTATION) || defined(FSDP_IMPLEMENTATION)
+#ifndef FSDP_COMM_NCCL_IMPLEMENTATION_DONE
+#define FSDP_COMM_NCCL_IMPLEMENTATION_DONE
+
+#include <cuda_runtime_api.h>
+#include <nccl.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#if defined(FSDP_NCCL_MPI)
+#include <mpi.h>
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__NCCL_DEF static __attribute__((unused))
+#else
+#define FSDP__NCCL_DEF static
+#endif
+
+#define FSDP__NCCL_RING 512 /* collectives in flight per communicator */
+
+typedef struct fsdp__nccl {
+    fsdp_hooks hooks;
+    ncclComm_t comm;
+    int rank, nranks, device, timeout_ms;
+    cudaStream_t own;  /* stream NULL */
+    void *scratch;     /* barrier: one float on the device */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    pthread_t watchdog;
+    int watching, stop, aborted;
+    cudaEvent_t ev[FSDP__NCCL_RING];
+    double t0[FSDP__NCCL_RING];
+    const char *what[FSDP__NCCL_RING];
+    unsigned head, tail; /* pending: [head, tail) */
+    fsdp_error broken;   /* first failure; sticks */
+} fsdp__nccl;
+
+FSDP__NCCL_DEF double fsdp__nccl_now_ms(void)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+/* Sleeps about us microseconds (C11 and pthreads only: no POSIX macros). */
+FSDP__NCCL_DEF void fsdp__nccl_sleep_us(long us)
+{
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    ts.tv_nsec += us * 1000L;
+    while (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&cv, NULL);
+    pthread_mutex_lock(&mu);
+    while (pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
+    }
+    pthread_mutex_unlock(&mu);
+    pthread_cond_destroy(&cv);
+    pthread_mutex_destroy(&mu);
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_fail(fsdp_error *err, fsdp_result code, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err) return code;
+    err->code = code;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_cuda(fsdp_error *err, cudaError_t e, const char *what)
+{
+    if (e == cudaSuccess) return FSDP_SUCCESS;
+    return fsdp__nccl_fail(err, FSDP_COMM_ERROR, "nccl: %s: %s (%s)", what, cudaGetErrorString(e),
+                           cudaGetErrorName(e));
+}
+
+FSDP__NCCL_DEF void *fsdp__nccl_alloc(const fsdp_hooks *h, size_t n)
+{
+    if (h && h->allocator.alloc) return h->allocator.alloc(h->allocator.user, n);
+    return malloc(n);
+}
+
+FSDP__NCCL_DEF void fsdp__nccl_free(const fsdp_hooks *h, void *p)
+{
+    if (!p) return;
+    if (h && h->allocator.free) h->allocator.free(h->allocator.user, p);
+    else free(p);
+}
+
+/* Marks the communicator broken (first reason wins) and aborts it. Called
+   with mu held. */
+FSDP__NCCL_DEF void fsdp__nccl_break(fsdp__nccl *n, fsdp_result code, const char *msg)
+{
+    if (n->broken.code == FSDP_SUCCESS) {
+        n->broken.code = code;
+        snprintf(n->broken.message, sizeof n->broken.message, "%s", msg);
+    }
+    if (!n->aborted && n->comm) {
+        n->aborted = 1;
+        ncclCommAbort(n->comm);
+    }
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_check_broken(fsdp__nccl *n, fsdp_error *err)
+{
+    fsdp_result r;
+    pthread_mutex_lock(&n->mu);
+    r = n->broken.code;
+    if (r != FSDP_SUCCESS && err) {
+        *err = n->broken;
+        if (r != FSDP_COMM_TIMEOUT) err->code = r = FSDP_COMM_ABORTED;
+    }
+    pthread_mutex_unlock(&n->mu);
+    return r;
+}
+
+/* Waits while an NCCL call of this non-blocking communicator is in
+   progress; aborts after the timeout. */
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_settle(fsdp__nccl *n, ncclComm_t comm, ncclResult_t r,
+                                             const char *what, fsdp_error *err)
+{
+    double t0 = fsdp__nccl_now_ms();
+    char msg[FSDP_ERROR_MAX];
+    while (r == ncclInProgress) {
+        if (fsdp__nccl_now_ms() - t0 > (double)n->timeout_ms) {
+            snprintf(msg, sizeof msg, "nccl: %s on rank %d did not complete in %d ms; "
+                     "communicator aborted", what, n->rank, n->timeout_ms);
+            pthread_mutex_lock(&n->mu);
+            if (comm == n->comm) fsdp__nccl_break(n, FSDP_COMM_TIMEOUT, msg);
+            else ncclCommAbort(comm);
+            pthread_mutex_unlock(&n->mu);
+            return fsdp__nccl_fail(err, FSDP_COMM_TIMEOUT, "%s", msg);
+        }
+        fsdp__nccl_sleep_us(100);
+        if (comm == n->comm) { /* the watchdog may have aborted it meanwhile */
+            int gone;
+            pthread_mutex_lock(&n->mu);
+            gone = n->aborted;
+            pthread_mutex_unlock(&n->mu);
+            if (gone) return fsdp__nccl_check_broken(n, err);
+        }
+        if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+    }
+    if (r == ncclSuccess) return FSDP_SUCCESS;
+    return fsdp__nccl_fail(err, FSDP_COMM_ERROR, "nccl: %s on rank %d: %s (%s)", what, n->rank,
+                           ncclGetErrorString(r), comm ? ncclGetLastError(comm) : "");
+}
+
+/* The watchdog: completion of the collectives in flight, asynchronous
+   errors, timeouts. */
+FSDP__NCCL_DEF void *fsdp__nccl_watch(void *arg)
+{
+    fsdp__nccl *n = (fsdp__nccl *)arg;
+    char msg[FSDP_ERROR_MAX];
+    cudaSetDevice(n->device);
+    pthread_mutex_lock(&n->mu);
+    while (!n->stop) {
+        ncclResult_t ar = ncclSuccess;
+        while (n->head != n->tail && !n->aborted) {
+            unsigned k = n->head % FSDP__NCCL_RING;
+            cudaError_t q = cudaEventQuery(n->ev[k]);
+            if (q == cudaSuccess) {
+                n->head++;
+                pthread_cond_broadcast(&n->cv);
+                continue;
+            }
+            if (q != cudaErrorNotReady) {
+                snprintf(msg, sizeof msg, "nccl: %s on rank %d failed on the GPU: %s; "
+                         "communicator aborted", n->what[k], n->rank, cudaGetErrorString(q));
+                fsdp__nccl_break(n, FSDP_COMM_ERROR, msg);
+            } else if (fsdp__nccl_now_ms() - n->t0[k] > (double)n->timeout_ms) {
+                snprintf(msg, sizeof msg, "nccl: %s on rank %d did not complete in %d ms (a "
+                         "peer is missing or issued another collective); communicator aborted",
+                         n->what[k], n->rank, n->timeout_ms);
+                fsdp__nccl_break(n, FSDP_COMM_TIMEOUT, msg);
+            }
+            break;
+        }
+        if (!n->aborted && n->comm && ncclCommGetAsyncError(n->comm, &ar) == ncclSuccess &&
+            ar != ncclSuccess && ar != ncclInProgress) {
+            snprintf(msg, sizeof msg, "nccl: asynchronous error on rank %d: %s (%s); "
+                     "communicator aborted", n->rank, ncclGetErrorString(ar),
+                     ncclGetLastError(n->comm));
+            fsdp__nccl_break(n, FSDP_COMM_ERROR, msg);
+        }
+        if (n->aborted) { /* nothing will complete: release waiters */
+            n->head = n->tail;
+            pthread_cond_broadcast(&n->cv);
+        }
+        {
+            struct timespec ts;
+            timespec_get(&ts, TIME_UTC);
+            ts.tv_nsec += n->head != n->tail ? 1000000L : 20000000L;
+            if (ts.tv_nsec >= 1000000000L) {
+                ts.tv_sec += 1;
+                ts.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&n->cv, &n->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&n->mu);
+    return NULL;
+}
+
+static const char *const fsdp__nccl_dtype_names[] = {"", "f32", "f64", "f16", "bf16",
+                                                    "u8", "i8", "i32", "i64"};
+
+FSDP__NCCL_DEF int fsdp__nccl_dtype(fsdp_dtype dt, ncclDataType_t *out)
+{
+    switch (dt) {
+    case FSDP_F32: *out = ncclFloat32; return 1;
+    case FSDP_F64: *out = ncclFloat64; return 1;
+    case FSDP_F16: *out = ncclFloat16; return 1;
+    case FSDP_BF16: *out = ncclBfloat16; return 1;
+    case FSDP_U8: *out = ncclUint8; return 1;
+    case FSDP_I8: *out = ncclInt8; return 1;
+    case FSDP_I32: *out = ncclInt32; return 1;
+    case FSDP_I64: *out = ncclInt64; return 1;
+    default: return 0;
+    }
+}
+
+enum { FSDP__NCCL_AG, FSDP__NCCL_RS, FSDP__NCCL_AR, FSDP__NCCL_BC };
+
+/* One collective, enqueued on h. */
+FSDP__NCCL_DEF ncclResult_t fsdp__nccl_call(fsdp__nccl *n, int op, const void *send, void *recv,
+                                            size_t count, ncclDataType_t t, ncclRedOp_t rop,
+                                            int root, cudaStream_t h)
+{
+    switch (op) {
+    case FSDP__NCCL_AG: return ncclAllGather(send, recv, count, t, n->comm, h);
+    case FSDP__NCCL_RS: return ncclReduceScatter(send, recv, count, t, rop, n->comm, h);
+    case FSDP__NCCL_AR: return ncclAllReduce(send, recv, count, t, rop, n->comm, h);
+    default: return ncclBroadcast(send, recv, count, t, root, n->comm, h);
+    }
+}
+
+FSDP__NCCL_DEF int fsdp__nccl_on_device(const void *p)
+{
+    struct cudaPointerAttributes a;
+    if (!p) return 1;
+    if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return a.type == cudaMemoryTypeDevice || a.type == cudaMemoryTypeManaged ||
+           (a.type == cudaMemoryTypeHost && a.devicePointer == p);
+}
+
+static const char *const fsdp__nccl_op_names[] = {"all_gather", "reduce_scatter", "all_reduce",
+                                                  "broadcast"};
+
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *send, void *recv,
+                                           size_t count, fsdp_dtype dt, fsdp_reduce_op rop,
+                                           int root, fsdp_stream *s, fsdp_error *err)
+{
+    ncclDataType_t t;
+    ncclRedOp_t ro = rop == FSDP_REDUCE_AVG ? ncclAvg : ncclSum;
+    const char *name = fsdp__nccl_op_names[op];
+    size_t es = fsdp_dtype_size(dt), sbytes, rbytes;
+    cudaStream_t h;
+    void *dsend = NULL, *drecv = NULL;
+    const void *use_send = send;
+    void *use_recv = recv;
+    fsdp_result r;
+    unsigned k;
+    if (!fsdp__nccl_dtype(dt, &t))
+        return fsdp__nccl_fail(err, FSDP_INVALID_DTYPE, "nccl %s: invalid dtype %d", name, (int)dt);
+    if ((rop != FSDP_REDUCE_SUM && rop != FSDP_REDUCE_AVG) ||
+        (ro == ncclAvg && !fsdp_dtype_is_float(dt) && (op == FSDP__NCCL_RS || op == FSDP__NCCL_AR)))
+        return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl %s: reduce op %d not allowed for %s",
+                               name, (int)rop, fsdp__nccl_dtype_names[dt]);
+    if (op == FSDP__NCCL_BC && (root < 0 || root >= n->nranks))
+        return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl broadcast: root %d not in [0, %d)",
+                               root, n->nranks);
+    if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
+    if (cudaSetDevice(n->device) != cudaSuccess)
+        return fsdp__nccl_cuda(err, cudaGetLastError(), "cudaSetDevice");
+    sbytes = count * es * (op == FSDP__NCCL_RS ? (size_t)n->nranks : 1u);
+    rbytes = count * es * (op == FSDP__NCCL_AG ? (size_t)n->nranks : 1u);
+    if (s) {
+        h = (cudaStream_t)fsdp_cuda_stream_handle(s);
+        if (!h)
+            return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl %s: the stream is not a stream "
+                                   "of a CUDA device (fsdp_device_cuda_create)", name);
+        if (fsdp_cuda_stream_device(s) != n->device)
+            return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl %s: the stream is on GPU %d, the "
+                                   "communicator on GPU %d", name, fsdp_cuda_stream_device(s),
+                                   n->device);
+        if (!fsdp__nccl_on_device(send) || !fsdp__nccl_on_device(recv))
+            return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl %s: buffers must be device, "
+                                   "managed or pinned memory on a stream (stream NULL stages host "
+                                   "buffers)", name);
+    } else {
+        h = n->own;
+        /* host buffers: staged through device memory (out of place) */
+        if (count && (!fsdp__nccl_on_device(send) || !fsdp__nccl_on_device(recv))) {
+            if (cudaMalloc(&dsend, sbytes) != cudaSuccess || cudaMalloc(&drecv, rbytes) != cudaSuccess ||
+                cudaMemcpy(dsend, send, sbytes, cudaMemcpyDefault) != cudaSuccess) {
+                r = fsdp__nccl_cuda(err, cudaGetLastError(), "staging host buffers");
+                goto done;
+            }
+            use_send = dsend;
+            use_recv = drecv;
+        }
+    }
+    pthread_mutex_lock(&n->mu);
+    {
+        double t0 = fsdp__nccl_now_ms();
+        while (n->tail - n->head >= FSDP__NCCL_RING && !n->aborted) {
+            struct timespec ts;
+            if (fsdp__nccl_now_ms() - t0 > (double)n->timeout_ms) break;
+            timespec_get(&ts, TIME_UTC);
+            ts.tv_sec += 1;
+            pthread_cond_timedwait(&n->cv, &n->mu, &ts);
+        }
+    }
+    pthread_mutex_unlock(&n->mu);
+    if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) goto done;
+    r = fsdp__nccl_settle(n, n->comm, fsdp__nccl_call(n, op, use_send, use_recv, count, t, ro, root, h),
+                          name, err);
+    if (r != FSDP_SUCCESS) goto done;
+    pthread_mutex_lock(&n->mu);
+    k = n->tail % FSDP__NCCL_RING;
+    if (n->tail - n->head < FSDP__NCCL_RING && cudaEventRecord(n->ev[k], h) == cudaSuccess) {
+        n->t0[k] = fsdp__nccl_now_ms();
+        n->what[k] = name;
+        n->tail++;
+        pthread_cond_broadcast(&n->cv);
+    }
+    pthread_mutex_unlock(&n->mu);
+    if (!s) {
+        cudaError_t q;
+        while ((q = cudaStreamQuery(h)) == cudaErrorNotReady) {
+            if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) goto done;
+            fsdp__nccl_sleep_us(20);
+        }
+        if (q != cudaSuccess) {
+            r = fsdp__nccl_cuda(err, q, name);
+            goto done;
+        }
+        if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) goto done;
+        if (use_recv != recv && cudaMemcpy(recv, use_recv, rbytes, cudaMemcpyDefault) != cudaSuccess)
+            r = fsdp__nccl_cuda(err, cudaGetLastError(), "cudaMemcpy (staging)");
+    }
+done:
+    if (dsend) cudaFree(dsend);
+    if (drecv) cudaFree(drecv);
+    return r;
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__all_gather__nccl(void *self, const void *send, void *recv,
+                                                  size_t count, fsdp_dtype dt, fsdp_stream *s,
+                                                  fsdp_error *err)
+{
+    return fsdp__nccl_coll((fsdp__nccl *)self, FSDP__NCCL_AG, send, recv, count, dt,
+                           FSDP_REDUCE_SUM, 0, s, err);
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__reduce_scatter__nccl(void *self, const void *send, void *recv,
+                                                      size_t count, fsdp_dtype dt,
+                                                      fsdp_reduce_op op, fsdp_stream *s,
+                                                      fsdp_error *err)
+{
+    return fsdp__nccl_coll((fsdp__nccl *)self, FSDP__NCCL_RS, send, recv, count, dt, op, 0, s, err);
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__all_reduce__nccl(void *self, const void *send, void *recv,
+                                                  size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                                  fsdp_stream *s, fsdp_error *err)
+{
+    return fsdp__nccl_coll((fsdp__nccl *)self, FSDP__NCCL_AR, send, recv, count, dt, op, 0, s, err);
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__broadcast__nccl(void *self, const void *send, void *recv,
+                                                 size_t count, fsdp_dtype dt, int root,
+                                                 fsdp_stream *s, fsdp_error *err)
+{
+    return fsdp__nccl_coll((fsdp__nccl *)self, FSDP__NCCL_BC, send, recv, count, dt,
+                           FSDP_REDUCE_SUM, root, s, err);
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__barrier__nccl(void *self, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__nccl *n = (fsdp__nccl *)self;
+    return fsdp__nccl_coll(n, FSDP__NCCL_AR, n->scratch, n->scratch, 1, FSDP_F32, FSDP_REDUCE_SUM,
+                           0, s, err);
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__async_error__nccl(void *self, fsdp_error *err)
+{
+    return fsdp__nccl_check_broken((fsdp__nccl *)self, err);
+}
+
+FSDP__NCCL_DEF void fsdp__destroy__nccl(void *self)
+{
+    fsdp__nccl *n = (fsdp__nccl *)self;
+    fsdp_hooks h = n->hooks;
+    int i;
+    cudaSetDevice(n->device);
+    if (n->watching) {
+        pthread_mutex_lock(&n->mu);
+        n->stop = 1;
+        pthread_cond_broadcast(&n->cv);
+        pthread_mutex_unlock(&n->mu);
+        pthread_join(n->watchdog, NULL);
+    }
+    if (n->comm) {
+        if (!n->aborted) {
+            fsdp_error e;
+            memset(&e, 0, sizeof e);
+            if (fsdp__nccl_settle(n, n->comm, ncclCommFinalize(n->comm), "ncclCommFinalize", &e) ==
+                FSDP_SUCCESS)
+                ncclCommDestroy(n->comm);
+            else if (!n->aborted)
+                ncclCommAbort(n->comm);
+        }
+    }
+    for (i = 0; i < FSDP__NCCL_RING; i++)
+        if (n->ev[i]) cudaEventDestroy(n->ev[i]);
+    if (n->scratch) cudaFree(n->scratch);
+    if (n->own) cudaStreamDestroy(n->own);
+    pthread_cond_destroy(&n->cv);
+    pthread_mutex_destroy(&n->mu);
+    fsdp__nccl_free(&h, n);
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_wrap(fsdp__nccl *n, fsdp_comm **out, fsdp_error *err);
+
+/* A new backend object around an existing ncclComm_t (created or split). */
+FSDP__NCCL_DEF fsdp__nccl *fsdp__nccl_new(const fsdp_hooks *hooks, int device, int timeout_ms,
+                                          fsdp_error *err)
+{
+    fsdp__nccl *n = (fsdp__nccl *)fsdp__nccl_alloc(hooks, sizeof *n);
+    int i;
+    if (!n) {
+        fsdp__nccl_fail(err, FSDP_OUT_OF_MEMORY, "nccl: out of memory");
+        return NULL;
+    }
+    memset(n, 0, sizeof *n);
+    if (hooks) n->hooks = *hooks;
+    n->hooks.error = NULL;
+    n->device = device;
+    n->timeout_ms = timeout_ms;
+    if (pthread_mutex_init(&n->mu, NULL) != 0) {
+        fsdp__nccl_free(hooks, n);
+        fsdp__nccl_fail(err, FSDP_ERROR, "nccl: cannot create a mutex");
+        return NULL;
+    }
+    pthread_cond_init(&n->cv, NULL);
+    if (fsdp__nccl_cuda(err, cudaSetDevice(device), "cudaSetDevice") != FSDP_SUCCESS) goto fail;
+    if (fsdp__nccl_cuda(err, cudaStreamCreateWithFlags(&n->own, cudaStreamNonBlocking),
+                        "cudaStreamCreateWithFlags") != FSDP_SUCCESS)
+        goto fail;
+    if (fsdp__nccl_cuda(err, cudaMalloc(&n->scratch, 16), "cudaMalloc") != FSDP_SUCCESS) goto fail;
+    if (fsdp__nccl_cuda(err, cudaMemset(n->scratch, 0, 16), "cudaMemset") != FSDP_SUCCESS) goto fail;
+    for (i = 0; i < FSDP__NCCL_RING; i++)
+        if (fsdp__nccl_cuda(err, cudaEventCreateWithFlags(&n->ev[i], cudaEventDisableTiming),
+                            "cudaEventCreateWithFlags") != FSDP_SUCCESS)
+            goto fail;
+    return n;
+fail:
+    fsdp__destroy__nccl(n);
+    return NULL;
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__split__nccl(void *self, int color, int key, void **out_self,
+                                             int *out_rank, int *out_size, fsdp_error *err)
+{
+    fsdp__nccl *n = (fsdp__nccl *)self, *c;
+    ncclComm_t nc = NULL;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    fsdp_result r;
+    *out_self = NULL;
+    if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
+    c = fsdp__nccl_new(&n->hooks, n->device, n->timeout_ms, err);
+    if (!c) return err->code;
+    cfg.blocking = 0;
+    r = fsdp__nccl_settle(n, n->comm,
+                          ncclCommSplit(n->comm, color == FSDP_COMM_NO_COLOR ? NCCL_SPLIT_NOCOLOR : color,
+                                        key, &nc, &cfg),
+                          "ncclCommSplit", err);
+    if (r == FSDP_SUCCESS && nc) {
+        ncclResult_t st = ncclInProgress;
+        ncclCommGetAsyncError(nc, &st);
+        r = fsdp__nccl_settle(c, nc, st, "ncclCommSplit (new communicator)", err);
+    }
+    if (r != FSDP_SUCCESS || !nc) {
+        if (nc) ncclCommAbort(nc);
+        fsdp__destroy__nccl(c);
+        return r;
+    }
+    c->comm = nc;
+    ncclCommUserRank(nc, &c->rank);
+    ncclCommCount(nc, &c->nranks);
+    if (pthread_create(&c->watchdog, NULL, fsdp__nccl_watch, c) != 0) {
+        fsdp__destroy__nccl(c);
+        return fsdp__nccl_fail(err, FSDP_ERROR, "nccl: cannot start the watchdog thread");
+    }
+    c->watching = 1;
+    *out_self = c;
+    *out_rank = c->rank;
+    *out_size = c->nranks;
+    return FSDP_SUCCESS;
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_wrap(fsdp__nccl *n, fsdp_comm **out, fsdp_error *err)
+{
+    fsdp_comm_vtable vt;
+    fsdp_hooks h = n->hooks;
+    fsdp_result r;
+    memset(&vt, 0, sizeof vt);
+    vt.size = (uint32_t)sizeof vt;
+    vt.name = "nccl";
+    vt.all_gather = fsdp__all_gather__nccl;
+    vt.reduce_scatter = fsdp__reduce_scatter__nccl;
+    vt.all_reduce = fsdp__all_reduce__nccl;
+    vt.broadcast = fsdp__broadcast__nccl;
+    vt.barrier = fsdp__barrier__nccl;
+    vt.split = fsdp__split__nccl;
+    vt.async_error = fsdp__async_error__nccl;
+    vt.destroy = fsdp__destroy__nccl;
+    h.error = err;
+    r = fsdp_comm_create(&vt, n, n->rank, n->nranks, &h, out);
+    return r;
+}
+
+FSDP_NCCL_API fsdp_nccl_desc fsdp_nccl_desc_default(void)
+{
+    fsdp_nccl_desc d;
+    memset(&d, 0, sizeof d);
+    return d;
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_create_fail(const fsdp_hooks *hooks, const fsdp_error *e)
+{
+    if (hooks && hooks->error) *hooks->error = *e;
+    if (hooks && hooks->log && (hooks->log_level ? hooks->log_level : FSDP_LOG_WARN) >= FSDP_LOG_ERROR)
+        hooks->log(hooks->log_user, FSDP_LOG_ERROR, e->message);
+    return e->code;
+}
+
+FSDP_NCCL_API fsdp_result fsdp_comm_nccl_create(const fsdp_nccl_desc *desc, fsdp_comm **out)
+{
+    const fsdp_hooks *hooks = desc ? &desc->hooks : NULL;
+    fsdp_error e;
+    ncclUniqueId id;
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    fsdp__nccl *n;
+    fsdp_result r;
+    int timeout;
+    char msg[FSDP_ERROR_MAX];
+    memset(&e, 0, sizeof e);
+    memset(&id, 0, sizeof id);
+    if (!out || !desc) {
+        fsdp__nccl_fail(&e, FSDP_INVALID_ARGS, "fsdp_comm_nccl_create: %s is NULL",
+                        out ? "desc" : "out");
+        return fsdp__nccl_create_fail(hooks, &e);
+    }
+    *out = NULL;
+    if (desc->nranks < 1 || desc->rank < 0 || desc->rank >= desc->nranks ||
+        (!desc->bootstrap && !desc->unique_id) || desc->timeout_ms < 0) {
+        fsdp__nccl_fail(&e, FSDP_INVALID_ARGS,
+                        "fsdp_comm_nccl_create: rank %d of %d, bootstrap or unique_id, "
+                        "timeout_ms >= 0 are required", desc->rank, desc->nranks);
+        return fsdp__nccl_create_fail(hooks, &e);
+    }
+    timeout = desc->timeout_ms ? desc->timeout_ms : 600000;
+    {
+        int count = 0;
+        cudaError_t ce = cudaGetDeviceCount(&count);
+        if (ce != cudaSuccess || desc->device < 0 || desc->device >= count) {
+            if (ce != cudaSuccess) fsdp__nccl_cuda(&e, ce, "cudaGetDeviceCount");
+            else fsdp__nccl_fail(&e, FSDP_COMM_ERROR, "nccl: GPU %d does not exist (%d GPUs)",
+                                 desc->device, count);
+            cudaGetLastError();
+            return fsdp__nccl_create_fail(hooks, &e);
+        }
+    }
+    if (desc->unique_id) {
+        memcpy(&id, desc->unique_id, sizeof id);
+    } else {
+        ncclResult_t nr = ncclSuccess;
+        if (desc->rank == 0 && (nr = ncclGetUniqueId(&id)) != ncclSuccess) {
+            fsdp__nccl_fail(&e, FSDP_COMM_ERROR, "nccl: ncclGetUniqueId: %s",
+                            ncclGetErrorString(nr));
+            return fsdp__nccl_create_fail(hooks, &e);
+        }
+        msg[0] = 0;
+        if (desc->bootstrap(desc->bootstrap_user, desc->rank, desc->nranks, &id, sizeof id, msg) !=
+            0) {
+            fsdp__nccl_fail(&e, FSDP_COMM_ERROR, "nccl: bootstrap of the unique id failed on rank "
+                            "%d: %s", desc->rank, msg[0] ? msg : "(no reason given)");
+            return fsdp__nccl_create_fail(hooks, &e);
+        }
+    }
+    n = fsdp__nccl_new(hooks, desc->device, timeout, &e);
+    if (!n) return fsdp__nccl_create_fail(hooks, &e);
+    n->rank = desc->rank;
+    n->nranks = desc->nranks;
+    cfg.blocking = 0;
+    {
+        ncclResult_t nr = ncclCommInitRankConfig(&n->comm, desc->nranks, id, desc->rank, &cfg);
+        if (nr != ncclSuccess && nr != ncclInProgress) {
+            fsdp__nccl_fail(&e, FSDP_COMM_ERROR, "nccl: ncclCommInitRankConfig on rank %d: %s (%s)",
+                            desc->rank, ncclGetErrorString(nr),
+                            n->comm ? ncclGetLastError(n->comm) : ncclGetLastError(NULL));
+            if (n->comm) {
+                ncclCommAbort(n->comm);
+                n->aborted = 1;
+            }
+            fsdp__destroy__nccl(n);
+            return fsdp__nccl_create_fail(hooks, &e);
+        }
+        r = fsdp__nccl_settle(n, n->comm, nr, "ncclCommInitRankConfig", &e);
+        if (r != FSDP_SUCCESS) {
+            if (!n->aborted) {
+                ncclCommAbort(n->comm);
+                n->aborted = 1;
+            }
+            fsdp__destroy__nccl(n);
+            return fsdp__nccl_create_fail(hooks, &e);
+        }
+    }
+    if (pthread_create(&n->watchdog, NULL, fsdp__nccl_watch, n) != 0) {
+        fsdp__destroy__nccl(n);
+        fsdp__nccl_fail(&e, FSDP_ERROR, "nccl: cannot start the watchdog thread");
+        return fsdp__nccl_create_fail(hooks, &e);
+    }
+    n->watching = 1;
+    r = fsdp__nccl_wrap(n, out, &e);
+    if (r != FSDP_SUCCESS) {
+        fsdp__destroy__nccl(n);
+        return fsdp__nccl_create_fail(hooks, &e);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* --- bootstrap helpers --------------------------------------------------- */
+
+FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, void *id,
+                                           size_t bytes, char *msg)
+{
+    const fsdp_nccl_file *f = (const fsdp_nccl_file *)user;
+    char tmp[4096], ack[4096];
+    int timeout, r;
+    double t0 = fsdp__nccl_now_ms();
+    static const char magic[8] = {'F', 'S', 'D', 'P', 'N', 'C', 'C', 'L'};
+    if (!f || !f->path || !id || !bytes || bytes > 4096 || nranks < 1 || rank < 0 ||
+        rank >= nranks) {
+        if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: invalid arguments");
+        return 1;
+    }
+    timeout = f->timeout_ms > 0 ? f->timeout_ms : 600000;
+    if (strlen(f->path) + 32 > sizeof tmp) {
+        if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: path too long");
+        return 1;
+    }
+    if (rank == 0) {
+        FILE *fp;
+        int k, left;
+        snprintf(tmp, sizeof tmp, "%s.tmp", f->path);
+        fp = fopen(tmp, "wb");
+        if (!fp) {
+            if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: cannot write '%.400s'", tmp);
+            return 1;
+        }
+        {
+            unsigned char hdr[16];
+            memcpy(hdr, magic, 8);
+            for (k = 0; k < 4; k++) hdr[8 + k] = (unsigned char)((unsigned)nranks >> (8 * k));
+            for (k = 0; k < 4; k++) hdr[12 + k] = (unsigned char)((unsigned)bytes >> (8 * k));
+            r = fwrite(hdr, 1, 16, fp) == 16 && fwrite(id, 1, bytes, fp) == bytes;
+        }
+        r = fclose(fp) == 0 && r;
+        if (!r || rename(tmp, f->path) != 0) {
+            remove(tmp);
+            if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: cannot publish '%s'", f->path);
+            return 1;
+        }
+        /* wait for every acknowledgement, then clean up */
+        left = nranks - 1;
+        while (left > 0) {
+            left = 0;
+            for (k = 1; k < nranks; k++) {
+                FILE *a;
+                snprintf(ack, sizeof ack, "%s.ack.%d", f->path, k);
+                a = fopen(ack, "rb");
+                if (a) fclose(a);
+                else left++;
+            }
+            if (!left) break;
+            if (fsdp__nccl_now_ms() - t0 > (double)timeout) {
+                if (msg)
+                    snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: %d of %d ranks did not read "
+                             "'%s' within %d ms", left, nranks - 1, f->path, timeout);
+                for (k = 1; k < nranks; k++) {
+                    snprintf(ack, sizeof ack, "%s.ack.%d", f->path, k);
+                    remove(ack);
+                }
+                remove(f->path);
+                return 1;
+            }
+            fsdp__nccl_sleep_us(2000);
+        }
+        for (k = 1; k < nranks; k++) {
+            snprintf(ack, sizeof ack, "%s.ack.%d", f->path, k);
+            remove(ack);
+        }
+        remove(f->path);
+        return 0;
+    }
+    for (;;) {
+        FILE *fp = fopen(f->path, "rb");
+        if (fp) {
+            unsigned char hdr[16];
+            unsigned nr = 0, nb = 0;
+            int k, ok = fread(hdr, 1, 16, fp) == 16 && memcmp(hdr, magic, 8) == 0;
+            for (k = 0; ok && k < 4; k++) nr |= (unsigned)hdr[8 + k] << (8 * k);
+            for (k = 0; ok && k < 4; k++) nb |= (unsigned)hdr[12 + k] << (8 * k);
+            if (ok && (nr != (unsigned)nranks || nb != (unsigned)bytes)) {
+                fclose(fp);
+                if (msg)
+                    snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: '%s' is for %u ranks and %u "
+                             "bytes, not %d and %zu (a stale file of another job?)", f->path, nr,
+                             nb, nranks, bytes);
+                return 1;
+            }
+            ok = ok && fread(id, 1, bytes, fp) == bytes;
+            fclose(fp);
+            if (ok) {
+                FILE *a;
+                snprintf(ack, sizeof ack, "%s.ack.%d", f->path, rank);
+                a = fopen(ack, "wb");
+                if (!a || fclose(a) != 0) {
+                    if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: cannot write '%.400s'", ack);
+                    return 1;
+                }
+                return 0;
+            }
+        }
+        if (fsdp__nccl_now_ms() - t0 > (double)timeout) {
+            if (msg)
+                snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: rank %d found no id in '%s' "
+                         "within %d ms", rank, f->path, timeout);
+            return 1;
+        }
+        fsdp__nccl_sleep_us(2000);
+    }
+}
+
+#if defined(FSDP_NCCL_MPI) || defined(MPI_VERSION)
+FSDP_NCCL_API int fsdp_nccl_bootstrap_mpi(void *user, int rank, int nranks, void *id,
+                                          size_t bytes, char *msg)
+{
+    MPI_Comm comm = user ? *(MPI_Comm *)user : MPI_COMM_WORLD;
+    int r, mr = -1, ms = -1;
+    MPI_Comm_rank(comm, &mr);
+    MPI_Comm_size(comm, &ms);
+    if (mr != rank || ms != nranks) {
+        if (msg)
+            snprintf(msg, FSDP_ERROR_MAX, "bootstrap_mpi: MPI rank %d of %d, NCCL rank %d of %d",
+                     mr, ms, rank, nranks);
+        return 1;
+    }
+    r = MPI_Bcast(id, (int)bytes, MPI_BYTE, 0, comm);
+    if (r != MPI_SUCCESS) {
+        if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_mpi: MPI_Bcast failed (%d)", r);
+        return 1;
+    }
+    return 0;
+}
+#endif
+
+#endif /* FSDP_COMM_NCCL_IMPLEMENTATION_DONE */
+#endif /* FSDP_COMM_NCCL_IMPLEMENTATION || FSDP_IMPLEMENTATION */

@@ -1,0 +1,893 @@
+/* The CUDA suite: the CUDA device (fsdp_cuda.cuh) and the NCCL backend
+   (fsdp_comm_nccl.h) on a real GPU. Exits 77 (meson's skip) when there is no
+   usable GPU. Argument: the vectors directory.
+
+   Covered on a GPU:
+   - the optim vectors bit-exact through fsdp_device_optim_step on the GPU
+     (both arithmetic variants: the FMA `step` lines and `final_nofma`), with
+     aligned and misaligned buffers, on a stream and synchronously: the whole
+     checker of tests/optim_vectors.h runs with the GPU step in place of
+     fsdp_optim_step_host;
+   - casts between f32, f64, f16 and bf16 against fsdp_convert: all 65536
+     16-bit patterns, random f32/f64 bits (NaN payloads included), halfway
+     cases, every alignment of head and tail;
+   - scale and accumulate (every dtype pair) against the CPU device, bitwise;
+     sum_squares against the CPU (relative 1e-12) and run-to-run identical;
+   - copies, memset, events across streams, host tasks in order with a sticky
+     failure, pageable host memory refused with a message;
+   - the runtime: a two-layer network trained 3 steps, the same on the CPU
+     device and on the CUDA device bit for bit: the local backend with ranks
+     as threads on one GPU (managed memory) at world sizes 1, 2, 3, and NCCL
+     at world size 1 (device memory, compute on a CUDA stream);
+   - NCCL collectives at world size 1 (all_gather, reduce_scatter avg,
+     all_reduce, broadcast, barrier, split, host buffers staged).
+   Prints failures as file:line, then "N passed, M failed". */
+#include "fsdp.h"
+#define FSDP_COMM_NCCL_IMPLEMENTATION
+#include "fsdp_comm_nccl.h"
+
+#include <math.h>
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static long g_pass, g_fail;
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+
+static void report(int ok, const char *file, int line, const char *fmt, ...)
+{
+    va_list ap;
+    pthread_mutex_lock(&g_mu);
+    if (ok) {
+        g_pass++;
+    } else {
+        g_fail++;
+        printf("%s:%d: FAIL: ", file, line);
+        va_start(ap, fmt);
+        vprintf(fmt, ap);
+        va_end(ap);
+        printf("\n");
+        fflush(stdout);
+    }
+    pthread_mutex_unlock(&g_mu);
+}
+#define CHECK(cond, ...) report((cond) ? 1 : 0, __FILE__, __LINE__, __VA_ARGS__)
+
+static fsdp_device *g_dev; /* the CUDA device (device memory) */
+static fsdp_device *g_cpu;
+
+static uint64_t g_rng = 0x243f6a8885a308d3ULL;
+static uint64_t rnd64(void)
+{
+    g_rng ^= g_rng << 13;
+    g_rng ^= g_rng >> 7;
+    g_rng ^= g_rng << 17;
+    return g_rng;
+}
+
+/* device copies of host arrays at an element offset from a 256-byte base */
+typedef struct dbuf {
+    void *base, *p;
+    size_t bytes;
+} dbuf;
+
+static int dput(dbuf *b, const void *host, size_t bytes, size_t off)
+{
+    b->bytes = bytes + off + 64;
+    b->base = NULL;
+    if (fsdp_device_alloc(g_dev, b->bytes, &b->base) != FSDP_SUCCESS) return 0;
+    b->p = (char *)b->base + off;
+    if (host && fsdp_device_copy(g_dev, b->p, host, bytes, FSDP_COPY_H2D, NULL) != FSDP_SUCCESS)
+        return 0;
+    return 1;
+}
+
+static int dget(void *host, const dbuf *b, size_t bytes)
+{
+    return fsdp_device_copy(g_dev, host, b->p, bytes, FSDP_COPY_D2H, NULL) == FSDP_SUCCESS;
+}
+
+static void dfree(dbuf *b)
+{
+    if (b->base) fsdp_device_free(g_dev, b->base, b->bytes);
+    b->base = b->p = NULL;
+}
+
+/* ------------------------------------------------------------------------ */
+/* the optim vectors through the GPU                                         */
+/* ------------------------------------------------------------------------ */
+
+static size_t g_ov_off;        /* element offset of every buffer */
+static fsdp_stream *g_ov_stream; /* NULL: synchronous */
+
+/* fsdp_optim_step_host's signature, run by the GPU: upload, one step,
+   download (parameters and state). */
+static fsdp_result gpu_optim_step(const fsdp_optim_config *c, int64_t step, float *param,
+                                  const float *grad, const fsdp_optim_state *st, size_t n)
+{
+    dbuf p, g, s[4];
+    float *hs[4];
+    fsdp_optim_state ds;
+    fsdp_result r = FSDP_DEVICE_ERROR;
+    int k, ok = 1;
+    size_t bytes = n * sizeof(float);
+    if (!st) return FSDP_INVALID_ARGS;
+    hs[0] = st->exp_avg;
+    hs[1] = st->exp_avg_sq;
+    hs[2] = st->max_exp_avg_sq;
+    hs[3] = st->momentum_buffer;
+    memset(&p, 0, sizeof p);
+    memset(&g, 0, sizeof g);
+    memset(s, 0, sizeof s);
+    ok = dput(&p, param, bytes, g_ov_off * 4) && dput(&g, grad, bytes, g_ov_off * 4);
+    for (k = 0; k < 4 && ok; k++)
+        if (hs[k]) ok = dput(&s[k], hs[k], bytes, g_ov_off * 4);
+    if (ok) {
+        ds.exp_avg = (float *)s[0].p;
+        ds.exp_avg_sq = (float *)s[1].p;
+        ds.max_exp_avg_sq = (float *)s[2].p;
+        ds.momentum_buffer = (float *)s[3].p;
+        r = fsdp_device_optim_step(g_dev, c, step, (float *)p.p, (const float *)g.p, &ds, n,
+                                   g_ov_stream);
+        if (r == FSDP_SUCCESS && g_ov_stream) r = fsdp_stream_synchronize(g_dev, g_ov_stream);
+        if (r != FSDP_SUCCESS) printf("  gpu optim step: %s\n", fsdp_device_last_error(g_dev));
+        if (r == FSDP_SUCCESS) ok = dget(param, &p, bytes);
+        for (k = 0; k < 4 && ok && r == FSDP_SUCCESS; k++)
+            if (hs[k]) ok = dget(hs[k], &s[k], bytes);
+        if (!ok && r == FSDP_SUCCESS) r = FSDP_DEVICE_ERROR;
+    }
+    dfree(&p);
+    dfree(&g);
+    for (k = 0; k < 4; k++) dfree(&s[k]);
+    return r;
+}
+
+#define fsdp_optim_step_host gpu_optim_step
+#include "optim_vectors.h"
+#undef fsdp_optim_step_host
+
+static void test_optim_vectors(const char *dir)
+{
+    char path[1024];
+    int variant;
+    snprintf(path, sizeof path, "%s/optim.txt", dir);
+    for (variant = 0; variant < 3; variant++) {
+        int checked = 0, bad;
+        g_ov_off = variant == 1 ? 1 : variant == 2 ? 3 : 0;
+        g_ov_stream = NULL;
+        if (variant == 2 && fsdp_stream_create(g_dev, &g_ov_stream) != FSDP_SUCCESS) {
+            CHECK(0, "stream: %s", fsdp_device_last_error(g_dev));
+            continue;
+        }
+        bad = ov_check_file(path, &checked);
+        CHECK(bad == 0 && checked > 0, "optim vectors on the GPU (offset %zu, %s): %d of %d failed",
+              g_ov_off, g_ov_stream ? "stream" : "sync", bad, checked);
+        if (g_ov_stream) fsdp_stream_destroy(g_dev, g_ov_stream);
+        g_ov_stream = NULL;
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* kernels against the CPU                                                   */
+/* ------------------------------------------------------------------------ */
+
+static const fsdp_dtype FLOATS[4] = {FSDP_F32, FSDP_F64, FSDP_F16, FSDP_BF16};
+
+/* n elements of dt: every 16-bit pattern for 16-bit types, else random bits
+   mixed with the widened 16-bit patterns and their halfway neighbours */
+static void fill(void *p, fsdp_dtype dt, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint64_t r = rnd64();
+        if (dt == FSDP_F16 || dt == FSDP_BF16) {
+            ((uint16_t *)p)[i] = (uint16_t)i;
+        } else if (dt == FSDP_F32) {
+            uint32_t u = (uint32_t)(r >> 32);
+            if (i % 3 == 1) u = ((uint32_t)(i & 0xffff) << 16) | (i % 2 ? 0x8000u : 0x1000u);
+            memcpy((float *)p + i, &u, 4);
+        } else {
+            if (i % 3 == 1) {
+                double d = (double)((float)(int64_t)(r % 2000001) - 1e6f) / 4096.0;
+                ((double *)p)[i] = d;
+            } else {
+                memcpy((double *)p + i, &r, 8);
+            }
+        }
+    }
+}
+
+/* a gentle mix for arithmetic: finite values of moderate size, a few
+   specials */
+static void fill_values(void *p, fsdp_dtype dt, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        double v = ((double)(rnd64() >> 11) / 9007199254740992.0 - 0.5) * 8.0;
+        if (i % 97 == 5) v = INFINITY;
+        if (i % 101 == 7) v = NAN;
+        if (i % 89 == 3) v = 1e-40;
+        if (dt == FSDP_F64) ((double *)p)[i] = v;
+        else if (dt == FSDP_F32) ((float *)p)[i] = (float)v;
+        else {
+            float f = (float)v;
+            fsdp_convert((char *)p + 2 * i, dt, &f, FSDP_F32, 1);
+        }
+    }
+}
+
+static void test_casts(void)
+{
+    size_t n = 65536 + 37, offs[3] = {0, 1, 3};
+    int a, b, o;
+    for (a = 0; a < 4; a++)
+        for (b = 0; b < 4; b++)
+            for (o = 0; o < 3; o++) {
+                fsdp_dtype sdt = FLOATS[a], ddt = FLOATS[b];
+                size_t ss = fsdp_dtype_size(sdt), ds = fsdp_dtype_size(ddt);
+                void *src = malloc(n * ss), *want = malloc(n * ds), *got = malloc(n * ds);
+                dbuf S, D;
+                fsdp_result r;
+                memset(&S, 0, sizeof S);
+                memset(&D, 0, sizeof D);
+                if (!src || !want || !got) {
+                    CHECK(0, "out of memory");
+                    free(src), free(want), free(got);
+                    return;
+                }
+                fill(src, sdt, n);
+                fsdp_convert(want, ddt, src, sdt, n);
+                if (!dput(&S, src, n * ss, offs[o] * ss) || !dput(&D, NULL, n * ds, offs[(o + 1) % 3] * ds)) {
+                    CHECK(0, "device buffers: %s", fsdp_device_last_error(g_dev));
+                } else {
+                    r = fsdp_device_cast(g_dev, D.p, ddt, S.p, sdt, n, NULL);
+                    CHECK(r == FSDP_SUCCESS, "cast %s -> %s: %s", fsdp_dtype_name(sdt),
+                          fsdp_dtype_name(ddt), fsdp_device_last_error(g_dev));
+                    if (r == FSDP_SUCCESS && dget(got, &D, n * ds)) {
+                        size_t i, first = (size_t)-1;
+                        for (i = 0; i < n && first == (size_t)-1; i++)
+                            if (memcmp((char *)got + i * ds, (char *)want + i * ds, ds) != 0) first = i;
+                        CHECK(first == (size_t)-1, "cast %s -> %s (offsets %zu, %zu): element %zu "
+                              "differs from fsdp_convert", fsdp_dtype_name(sdt), fsdp_dtype_name(ddt),
+                              offs[o], offs[(o + 1) % 3], first);
+                    }
+                }
+                dfree(&S);
+                dfree(&D);
+                free(src);
+                free(want);
+                free(got);
+            }
+    /* host data, stream NULL: fsdp_set_full_param's path */
+    {
+        float h[5] = {1.0f, -2.5f, 3.25f, 1e-3f, 65504.0f};
+        uint16_t want[5], got[5];
+        dbuf D;
+        memset(&D, 0, sizeof D);
+        fsdp_convert(want, FSDP_BF16, h, FSDP_F32, 5);
+        if (dput(&D, NULL, 10, 0)) {
+            CHECK(fsdp_device_cast(g_dev, D.p, FSDP_BF16, h, FSDP_F32, 5, NULL) == FSDP_SUCCESS,
+                  "cast from pageable host memory: %s", fsdp_device_last_error(g_dev));
+            CHECK(dget(got, &D, 10) && !memcmp(got, want, 10), "host -> device cast values");
+            {
+                float back[5];
+                CHECK(fsdp_device_cast(g_dev, back, FSDP_F32, D.p, FSDP_BF16, 5, NULL) == FSDP_SUCCESS,
+                      "cast to pageable host memory");
+            }
+        }
+        dfree(&D);
+    }
+}
+
+static void test_arith(void)
+{
+    size_t n = 10007, i;
+    double alphas[2] = {0.37, -1.0 / 3.0};
+    int a, b, k;
+    fsdp_stream *s = NULL;
+    CHECK(fsdp_stream_create(g_dev, &s) == FSDP_SUCCESS, "stream");
+    for (a = 0; a < 4; a++)
+        for (k = 0; k < 2; k++) {
+            fsdp_dtype dt = FLOATS[a];
+            size_t es = fsdp_dtype_size(dt);
+            void *x = malloc(n * es), *got = malloc(n * es);
+            dbuf X;
+            memset(&X, 0, sizeof X);
+            fill_values(x, dt, n);
+            if (dput(&X, x, n * es, (size_t)k * es)) {
+                fsdp_device_scale(g_cpu, x, dt, alphas[k], n, NULL);
+                CHECK(fsdp_device_scale(g_dev, X.p, dt, alphas[k], n, k ? s : NULL) == FSDP_SUCCESS &&
+                          (!k || fsdp_stream_synchronize(g_dev, s) == FSDP_SUCCESS),
+                      "scale %s: %s", fsdp_dtype_name(dt), fsdp_device_last_error(g_dev));
+                CHECK(dget(got, &X, n * es) && !memcmp(got, x, n * es), "scale %s (alpha %g) is "
+                      "bitwise the CPU's", fsdp_dtype_name(dt), alphas[k]);
+            }
+            dfree(&X);
+            free(x);
+            free(got);
+        }
+    for (a = 0; a < 4; a++)
+        for (b = 0; b < 4; b++) {
+            fsdp_dtype ddt = FLOATS[a], sdt = FLOATS[b];
+            size_t ds = fsdp_dtype_size(ddt), ss = fsdp_dtype_size(sdt);
+            void *d = malloc(n * ds), *sv = malloc(n * ss), *got = malloc(n * ds);
+            dbuf D, S;
+            memset(&D, 0, sizeof D);
+            memset(&S, 0, sizeof S);
+            fill_values(d, ddt, n);
+            fill_values(sv, sdt, n);
+            if (dput(&D, d, n * ds, 2 * ds) && dput(&S, sv, n * ss, 2 * ss)) {
+                fsdp_device_accumulate(g_cpu, d, ddt, sv, sdt, -0.7, n, NULL);
+                CHECK(fsdp_device_accumulate(g_dev, D.p, ddt, S.p, sdt, -0.7, n, s) == FSDP_SUCCESS &&
+                          fsdp_stream_synchronize(g_dev, s) == FSDP_SUCCESS,
+                      "accumulate: %s", fsdp_device_last_error(g_dev));
+                CHECK(dget(got, &D, n * ds) && !memcmp(got, d, n * ds),
+                      "accumulate %s += %s is bitwise the CPU's", fsdp_dtype_name(ddt),
+                      fsdp_dtype_name(sdt));
+            }
+            dfree(&D);
+            dfree(&S);
+            free(d);
+            free(sv);
+            free(got);
+        }
+    for (a = 0; a < 4; a++) {
+        fsdp_dtype dt = FLOATS[a];
+        size_t es = fsdp_dtype_size(dt), m = 3000001;
+        void *x = malloc(m * es);
+        double want = 0, got1 = -1, got2 = -2, got0 = -3;
+        dbuf X;
+        memset(&X, 0, sizeof X);
+        for (i = 0; i < m; i++) {
+            double v = ((double)(rnd64() >> 11) / 9007199254740992.0 - 0.5) * 4.0;
+            if (dt == FSDP_F64) ((double *)x)[i] = v;
+            else {
+                float f = (float)v;
+                fsdp_convert((char *)x + es * i, dt, &f, FSDP_F32, 1);
+            }
+        }
+        fsdp_device_sum_squares(g_cpu, x, dt, m, &want, NULL);
+        if (dput(&X, x, m * es, es)) {
+            CHECK(fsdp_device_sum_squares(g_dev, X.p, dt, m, &got1, NULL) == FSDP_SUCCESS,
+                  "sum_squares: %s", fsdp_device_last_error(g_dev));
+            CHECK(fsdp_device_sum_squares(g_dev, X.p, dt, m, &got2, s) == FSDP_SUCCESS &&
+                      fsdp_device_sum_squares(g_dev, X.p, dt, 0, &got0, s) == FSDP_SUCCESS &&
+                      fsdp_stream_synchronize(g_dev, s) == FSDP_SUCCESS,
+                  "sum_squares on a stream");
+            CHECK(fabs(got1 - want) <= 1e-12 * want, "sum_squares %s: %.17g vs CPU %.17g",
+                  fsdp_dtype_name(dt), got1, want);
+            CHECK(!memcmp(&got1, &got2, 8), "sum_squares is the same bits run to run");
+            CHECK(got0 == 0.0, "sum_squares of nothing is 0");
+        }
+        dfree(&X);
+        free(x);
+    }
+    /* more results in flight than the stream's pinned slots */
+    {
+        double outs[200];
+        float one = 2.0f;
+        dbuf X;
+        int ok = 1;
+        memset(&X, 0, sizeof X);
+        if (dput(&X, &one, 4, 0)) {
+            for (k = 0; k < 200; k++)
+                ok = ok && fsdp_device_sum_squares(g_dev, X.p, FSDP_F32, 1, &outs[k], s) == FSDP_SUCCESS;
+            ok = ok && fsdp_stream_synchronize(g_dev, s) == FSDP_SUCCESS;
+            for (k = 0; k < 200; k++) ok = ok && outs[k] == 4.0;
+            CHECK(ok, "200 sum_squares in flight");
+        }
+        dfree(&X);
+    }
+    /* pageable host memory in a kernel: a clear error, not a crash */
+    {
+        float h[8] = {0};
+        fsdp_result r = fsdp_device_scale(g_dev, h, FSDP_F32, 2.0, 8, s);
+        int pageable_ok = 0;
+        cudaDeviceGetAttribute(&pageable_ok, cudaDevAttrPageableMemoryAccess, 0);
+        if (!pageable_ok)
+            CHECK(r == FSDP_INVALID_ARGS && strstr(fsdp_device_last_error(g_dev), "pageable"),
+                  "pageable memory refused: %s", fsdp_device_last_error(g_dev));
+        fsdp_stream_synchronize(g_dev, s);
+    }
+    fsdp_stream_destroy(g_dev, s);
+}
+
+typedef struct task_log {
+    int order[16];
+    int n;
+    int fail_at;
+} task_log;
+
+typedef struct task_arg {
+    task_log *log;
+    int id;
+} task_arg;
+
+static fsdp_result task_fn(void *arg, fsdp_error *err)
+{
+    task_arg *t = (task_arg *)arg;
+    t->log->order[t->log->n++] = t->id;
+    if (t->id == t->log->fail_at) {
+        err->code = FSDP_COMM_ERROR;
+        snprintf(err->message, sizeof err->message, "task %d failed on purpose", t->id);
+        return FSDP_COMM_ERROR;
+    }
+    return FSDP_SUCCESS;
+}
+
+static void test_streams(void)
+{
+    fsdp_stream *s1 = NULL, *s2 = NULL;
+    fsdp_event *e = NULL;
+    size_t n = 1 << 22;
+    dbuf A, B;
+    float *h = (float *)malloc(n * 4), *back = (float *)malloc(n * 4);
+    task_log log;
+    task_arg ta[6];
+    int i, ok = 1;
+    memset(&A, 0, sizeof A);
+    memset(&B, 0, sizeof B);
+    memset(&log, 0, sizeof log);
+    CHECK(fsdp_stream_create(g_dev, &s1) == FSDP_SUCCESS && fsdp_stream_create(g_dev, &s2) == FSDP_SUCCESS &&
+              fsdp_event_create(g_dev, &e) == FSDP_SUCCESS,
+          "streams and events");
+    CHECK(fsdp_cuda_stream_handle(s1) != NULL && fsdp_cuda_stream_device(s1) == 0, "cudaStream_t");
+    for (i = 0; i < (int)n; i++) h[i] = (float)i;
+    if (dput(&A, NULL, n * 4, 0) && dput(&B, NULL, n * 4, 0)) {
+        /* s1: H2D then record; s2: waits, copies D2D; the host waits on s2 */
+        fsdp_device_copy(g_dev, A.p, h, n * 4, FSDP_COPY_H2D, s1);
+        fsdp_event_record(g_dev, e, s1);
+        fsdp_stream_wait_event(g_dev, s2, e);
+        fsdp_device_copy(g_dev, B.p, A.p, n * 4, FSDP_COPY_D2D, s2);
+        CHECK(fsdp_stream_synchronize(g_dev, s2) == FSDP_SUCCESS, "sync");
+        CHECK(dget(back, &B, n * 4) && !memcmp(back, h, n * 4), "event orders streams");
+        fsdp_device_memset(g_dev, B.p, 0, n * 4, s2);
+        fsdp_stream_synchronize(g_dev, s2);
+        dget(back, &B, n * 4);
+        for (i = 0; i < (int)n; i++) ok = ok && back[i] == 0.0f;
+        CHECK(ok, "memset");
+    }
+    dfree(&A);
+    dfree(&B);
+    /* host tasks: in order, interleaved with GPU work; the first failure sticks */
+    log.fail_at = 2;
+    for (i = 0; i < 6; i++) {
+        ta[i].log = &log;
+        ta[i].id = i;
+        CHECK(fsdp_device_launch(g_dev, s1, task_fn, &ta[i]) == FSDP_SUCCESS, "launch");
+    }
+    CHECK(fsdp_stream_synchronize(g_dev, s1) == FSDP_COMM_ERROR, "the failed task's code");
+    CHECK(strstr(fsdp_device_last_error(g_dev), "on purpose") != NULL, "its message: %s",
+          fsdp_device_last_error(g_dev));
+    CHECK(log.n == 6, "tasks after a failure still run");
+    for (i = 0; i < log.n; i++) ok = ok && log.order[i] == i;
+    CHECK(ok, "tasks run in order");
+    fsdp_event_destroy(g_dev, e);
+    fsdp_stream_destroy(g_dev, s1);
+    fsdp_stream_destroy(g_dev, s2);
+    free(h);
+    free(back);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the runtime: CPU device vs CUDA device                                    */
+/* ------------------------------------------------------------------------ */
+
+enum { IN = 5, HID = 7, OUT = 3, BATCH = 6, STEPS = 3 };
+enum { DEV_CPU, DEV_MANAGED_LOCAL, DEV_NCCL };
+
+typedef struct run_cfg {
+    int kind;        /* DEV_* */
+    int nranks;
+    fsdp_optim_kind optim;
+    fsdp_dtype param_dtype;
+    float result[IN * HID + HID + HID * OUT + OUT]; /* rank 0's final parameters */
+    int ok;
+} run_cfg;
+
+static float g_X[BATCH * IN], g_T[BATCH * OUT], g_init[IN * HID + HID + HID * OUT + OUT];
+static const char *const PNAMES[4] = {"l0.weight", "l0.bias", "l1.weight", "l1.bias"};
+static const int PSIZE[4] = {HID * IN, HID, OUT * HID, OUT};
+
+static fsdp_model *toy_model(void)
+{
+    fsdp_model_desc md;
+    fsdp_model *m = NULL;
+    fsdp_param_desc p;
+    int k;
+    memset(&md, 0, sizeof md);
+    md.root_type = "Net";
+    if (fsdp_model_create(&md, &m) != FSDP_SUCCESS) return NULL;
+    fsdp_model_add_module(m, "l0", "Linear");
+    fsdp_model_add_module(m, "l1", "Linear");
+    for (k = 0; k < 4; k++) {
+        memset(&p, 0, sizeof p);
+        p.module = k < 2 ? "l0" : "l1";
+        p.name = k % 2 ? "bias" : "weight";
+        p.ndim = k % 2 ? 1 : 2;
+        p.shape[0] = k < 2 ? HID : OUT;
+        p.shape[1] = k < 2 ? IN : HID;
+        if (fsdp_model_add_param(m, &p) != FSDP_SUCCESS) {
+            fsdp_model_destroy(m);
+            return NULL;
+        }
+    }
+    return m;
+}
+
+typedef struct rank_ctx {
+    fsdp_ctx *ctx;
+    fsdp_device *dev;
+    fsdp_stream *cs; /* the engine's compute stream (NCCL run) */
+    fsdp_dtype pdt;
+} rank_ctx;
+
+/* a view (device or host memory, any float dtype) as host f32 */
+static int view_get(rank_ctx *rc, float *out, const void *view, int n)
+{
+    size_t es = fsdp_dtype_size(rc->pdt);
+    void *tmp = malloc((size_t)n * es);
+    int ok = tmp && fsdp_device_copy(rc->dev, tmp, view, (size_t)n * es, FSDP_COPY_D2H, rc->cs) ==
+                        FSDP_SUCCESS &&
+             (!rc->cs || fsdp_stream_synchronize(rc->dev, rc->cs) == FSDP_SUCCESS);
+    if (ok) fsdp_convert(out, FSDP_F32, tmp, rc->pdt, (size_t)n);
+    free(tmp);
+    return ok;
+}
+
+/* grad view += g (read, add in f32 on the host, write back) */
+static int grad_add(rank_ctx *rc, void *view, const float *g, int n)
+{
+    size_t es = fsdp_dtype_size(rc->pdt);
+    float *cur = (float *)malloc((size_t)n * 4);
+    void *tmp = malloc((size_t)n * es);
+    int i, ok = cur && tmp && view_get(rc, cur, view, n);
+    if (ok) {
+        for (i = 0; i < n; i++) cur[i] = cur[i] + g[i];
+        fsdp_convert(tmp, rc->pdt, cur, FSDP_F32, (size_t)n);
+        ok = fsdp_device_copy(rc->dev, view, tmp, (size_t)n * es, FSDP_COPY_H2D, rc->cs) ==
+                 FSDP_SUCCESS &&
+             (!rc->cs || fsdp_stream_synchronize(rc->dev, rc->cs) == FSDP_SUCCESS);
+    }
+    free(cur);
+    free(tmp);
+    return ok;
+}
+
+/* One training step on samples [r0, r0+nb): forward, backward, step. */
+static int train_step(rank_ctx *rc, int u0, int u1, int ur, int r0, int nb)
+{
+    fsdp_ctx *c = rc->ctx;
+    float W0[HID * IN], b0[HID], W1[OUT * HID], b1[OUT];
+    float h[BATCH * HID], y[BATCH * OUT], dy[BATCH * OUT], dh[BATCH * HID];
+    float gW0[HID * IN], gb0[HID], gW1[OUT * HID], gb1[OUT];
+    int i, j, k;
+#define TRY(x)                                                                             \
+    do {                                                                                   \
+        if ((x) != FSDP_SUCCESS) {                                                         \
+            printf("  %s: %s\n", #x, fsdp_ctx_last_error(c));                             \
+            return 0;                                                                      \
+        }                                                                                  \
+    } while (0)
+    TRY(fsdp_begin_forward(c, ur));
+    TRY(fsdp_begin_forward(c, u0));
+    if (!view_get(rc, W0, fsdp_param(c, "l0.weight"), HID * IN) ||
+        !view_get(rc, b0, fsdp_param(c, "l0.bias"), HID))
+        return 0;
+    for (i = 0; i < nb; i++)
+        for (j = 0; j < HID; j++) {
+            float a = b0[j];
+            for (k = 0; k < IN; k++) a = a + W0[j * IN + k] * g_X[(r0 + i) * IN + k];
+            h[i * HID + j] = tanhf(a);
+        }
+    TRY(fsdp_end_forward(c, u0));
+    TRY(fsdp_begin_forward(c, u1));
+    if (!view_get(rc, W1, fsdp_param(c, "l1.weight"), OUT * HID) ||
+        !view_get(rc, b1, fsdp_param(c, "l1.bias"), OUT))
+        return 0;
+    for (i = 0; i < nb; i++)
+        for (j = 0; j < OUT; j++) {
+            float a = b1[j];
+            for (k = 0; k < HID; k++) a = a + W1[j * HID + k] * h[i * HID + k];
+            y[i * OUT + j] = a;
+            dy[i * OUT + j] = (a - g_T[(r0 + i) * OUT + j]) / (float)nb; /* local mean */
+        }
+    TRY(fsdp_end_forward(c, u1));
+    TRY(fsdp_end_forward(c, ur));
+    TRY(fsdp_begin_backward(c, ur));
+    TRY(fsdp_begin_backward(c, u1));
+    if (!view_get(rc, W1, fsdp_param(c, "l1.weight"), OUT * HID)) return 0;
+    memset(gW1, 0, sizeof gW1);
+    memset(gb1, 0, sizeof gb1);
+    memset(dh, 0, sizeof dh);
+    for (i = 0; i < nb; i++)
+        for (j = 0; j < OUT; j++) {
+            gb1[j] = gb1[j] + dy[i * OUT + j];
+            for (k = 0; k < HID; k++) {
+                gW1[j * HID + k] = gW1[j * HID + k] + dy[i * OUT + j] * h[i * HID + k];
+                dh[i * HID + k] = dh[i * HID + k] + dy[i * OUT + j] * W1[j * HID + k];
+            }
+        }
+    if (!grad_add(rc, fsdp_grad(c, "l1.weight"), gW1, OUT * HID) ||
+        !grad_add(rc, fsdp_grad(c, "l1.bias"), gb1, OUT))
+        return 0;
+    TRY(fsdp_end_backward(c, u1));
+    TRY(fsdp_begin_backward(c, u0));
+    memset(gW0, 0, sizeof gW0);
+    memset(gb0, 0, sizeof gb0);
+    for (i = 0; i < nb; i++)
+        for (j = 0; j < HID; j++) {
+            float d = dh[i * HID + j] * (1.0f - h[i * HID + j] * h[i * HID + j]);
+            gb0[j] = gb0[j] + d;
+            for (k = 0; k < IN; k++) gW0[j * IN + k] = gW0[j * IN + k] + d * g_X[(r0 + i) * IN + k];
+        }
+    if (!grad_add(rc, fsdp_grad(c, "l0.weight"), gW0, HID * IN) ||
+        !grad_add(rc, fsdp_grad(c, "l0.bias"), gb0, HID))
+        return 0;
+    TRY(fsdp_end_backward(c, u0));
+    TRY(fsdp_end_backward(c, ur));
+    TRY(fsdp_step(c));
+    (void)y;
+    return 1;
+#undef TRY
+}
+
+static int find_unit(const fsdp_units *u, const char *fqn)
+{
+    int i;
+    for (i = 0; i < fsdp_units_count(u); i++)
+        if (!strcmp(fsdp_units_get(u, i)->fqn, fqn)) return i;
+    return -1;
+}
+
+static int nccl_boot_none(void *user, int rank, int nranks, void *id, size_t bytes, char *msg)
+{
+    (void)user, (void)rank, (void)nranks, (void)id, (void)bytes, (void)msg;
+    return 0; /* a world of one: rank 0 already holds the id */
+}
+
+/* One rank of a run: returns 1 when it trained and (rank 0) stored the
+   parameters. */
+static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    run_cfg *cfg = (run_cfg *)user;
+    fsdp_model *m = toy_model();
+    fsdp_units *units = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_wrap_desc wd;
+    fsdp_wrap_policy pol;
+    static const char *const lin[1] = {"Linear"};
+    rank_ctx rc;
+    int ok = 0, k, s, u0, u1, ur, per = BATCH / nranks;
+    memset(&rc, 0, sizeof rc);
+    memset(&wd, 0, sizeof wd);
+    memset(&pol, 0, sizeof pol);
+    if (!m) return 0;
+    pol.kind = FSDP_WRAP_MODULE_TYPE;
+    pol.module_types = lin;
+    pol.n_module_types = 1;
+    wd.policy = &pol;
+    wd.root.param_dtype = cfg->param_dtype;
+    if (fsdp_wrap(m, &wd, &units) != FSDP_SUCCESS) goto out;
+    if (cfg->kind == DEV_CPU) {
+        if (fsdp_device_cpu_create(NULL, &rc.dev) != FSDP_SUCCESS) goto out;
+    } else {
+        fsdp_cuda_device_desc dd = fsdp_cuda_device_desc_default();
+        dd.memory = cfg->kind == DEV_MANAGED_LOCAL ? FSDP_CUDA_MEMORY_MANAGED : FSDP_CUDA_MEMORY_DEVICE;
+        if (fsdp_device_cuda_create(&dd, &rc.dev) != FSDP_SUCCESS) goto out;
+    }
+    if (cfg->kind == DEV_NCCL) {
+        fsdp_nccl_desc nd = fsdp_nccl_desc_default();
+        nd.nranks = 1;
+        nd.bootstrap = nccl_boot_none;
+        nd.timeout_ms = 60000;
+        if (fsdp_comm_nccl_create(&nd, &comm) != FSDP_SUCCESS) goto out;
+        if (fsdp_stream_create(rc.dev, &rc.cs) != FSDP_SUCCESS) goto out;
+    } else if (fsdp_local_comm_create(world, rank, rc.dev, &comm) != FSDP_SUCCESS) {
+        goto out;
+    }
+    memset(&cd, 0, sizeof cd);
+    cd.model = m;
+    cd.units = units;
+    cd.device = rc.dev;
+    cd.comm = comm;
+    cd.compute_stream = rc.cs;
+    cd.optim = fsdp_optim_defaults(cfg->optim);
+    cd.optim.lr = 0.05;
+    if (cfg->optim == FSDP_SGD) cd.optim.momentum = 0.9;
+    cd.optim.fused_multiply_add = cfg->optim != FSDP_SGD;
+    if (fsdp_ctx_create(&cd, &rc.ctx) != FSDP_SUCCESS) goto out;
+    rc.pdt = fsdp_param_dtype(rc.ctx, 0);
+    for (k = 0, s = 0; k < 4; s += PSIZE[k], k++)
+        if (fsdp_set_full_param(rc.ctx, PNAMES[k], g_init + s, FSDP_F32) != FSDP_SUCCESS) {
+            printf("  set_full_param: %s\n", fsdp_ctx_last_error(rc.ctx));
+            goto out;
+        }
+    u0 = find_unit(units, "l0");
+    u1 = find_unit(units, "l1");
+    ur = find_unit(units, "");
+    for (s = 0; s < STEPS; s++)
+        if (!train_step(&rc, u0, u1, ur, rank * per, per)) goto out;
+    /* the full parameters, offloaded to the host */
+    {
+        float full[IN * HID + HID + HID * OUT + OUT];
+        int units_in[2] = {u0, u1}, off = 0, q;
+        for (q = 0; q < 2; q++) {
+            int64_t numel = fsdp_units_get(units, units_in[q])->numel;
+            if (fsdp_summon_begin(rc.ctx, units_in[q], FSDP_SUMMON_OFFLOAD, full + off) != FSDP_SUCCESS ||
+                fsdp_summon_end(rc.ctx, units_in[q]) != FSDP_SUCCESS) {
+                printf("  summon: %s\n", fsdp_ctx_last_error(rc.ctx));
+                goto out;
+            }
+            off += (int)numel;
+        }
+        if (rank == 0) memcpy(cfg->result, full, sizeof full);
+    }
+    ok = 1;
+out:
+    if (!ok && rc.ctx) printf("  rank %d: %s\n", rank, fsdp_ctx_last_error(rc.ctx));
+    if (!ok && rc.dev) printf("  rank %d device: %s\n", rank, fsdp_device_last_error(rc.dev));
+    fsdp_ctx_destroy(rc.ctx);
+    if (rc.cs) fsdp_stream_destroy(rc.dev, rc.cs);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(rc.dev);
+    fsdp_units_destroy(units);
+    fsdp_model_destroy(m);
+    return ok;
+}
+
+static int run(run_cfg *cfg)
+{
+    fsdp_local_desc ld;
+    int results[8] = {0}, r, ok = 1;
+    memset(&ld, 0, sizeof ld);
+    ld.nranks = cfg->nranks;
+    ld.timeout_ms = 60000;
+    if (cfg->kind == DEV_NCCL) return cfg->ok = run_rank(0, 1, NULL, cfg);
+    if (fsdp_local_run(&ld, run_rank, cfg, results) != FSDP_SUCCESS) return cfg->ok = 0;
+    for (r = 0; r < cfg->nranks; r++) ok = ok && results[r] == 1;
+    return cfg->ok = ok;
+}
+
+static void test_runtime(void)
+{
+    int i, w, o, p;
+    static const fsdp_optim_kind optims[2] = {FSDP_ADAMW, FSDP_SGD};
+    static const fsdp_dtype pdts[2] = {FSDP_DTYPE_DEFAULT, FSDP_BF16};
+    for (i = 0; i < BATCH * IN; i++) g_X[i] = (float)((int)(rnd64() % 2001) - 1000) / 1000.0f;
+    for (i = 0; i < BATCH * OUT; i++) g_T[i] = (float)((int)(rnd64() % 2001) - 1000) / 1000.0f;
+    for (i = 0; i < (int)(sizeof g_init / 4); i++)
+        g_init[i] = (float)((int)(rnd64() % 2001) - 1000) / 2000.0f;
+    for (o = 0; o < 2; o++)
+        for (p = 0; p < 2; p++)
+            for (w = 1; w <= 3; w++) {
+                run_cfg ref, gpu;
+                memset(&ref, 0, sizeof ref);
+                ref.kind = DEV_CPU;
+                ref.nranks = w;
+                ref.optim = optims[o];
+                ref.param_dtype = pdts[p];
+                gpu = ref;
+                gpu.kind = DEV_MANAGED_LOCAL;
+                CHECK(run(&ref), "CPU run (world %d)", w);
+                CHECK(run(&gpu), "CUDA managed + local run (world %d)", w);
+                CHECK(ref.ok && gpu.ok && !memcmp(ref.result, gpu.result, sizeof ref.result),
+                      "CUDA device + local backend, world %d, %s, params %s: bitwise the CPU's", w,
+                      optims[o] == FSDP_SGD ? "SGD" : "AdamW", fsdp_dtype_name(pdts[p] ? pdts[p] : FSDP_F32));
+                if (w == 1) {
+                    run_cfg nc = ref;
+                    nc.kind = DEV_NCCL;
+                    CHECK(run(&nc), "CUDA + NCCL run (world 1)");
+                    CHECK(ref.ok && nc.ok && !memcmp(ref.result, nc.result, sizeof ref.result),
+                          "CUDA device + NCCL world 1, %s, params %s: bitwise the CPU's",
+                          optims[o] == FSDP_SGD ? "SGD" : "AdamW",
+                          fsdp_dtype_name(pdts[p] ? pdts[p] : FSDP_F32));
+                }
+            }
+}
+
+/* ------------------------------------------------------------------------ */
+/* NCCL collectives at world size 1                                          */
+/* ------------------------------------------------------------------------ */
+
+static void test_nccl(void)
+{
+    fsdp_nccl_desc nd = fsdp_nccl_desc_default();
+    fsdp_nccl_file nf;
+    fsdp_comm *c = NULL, *sub = NULL, *none = NULL;
+    fsdp_stream *s = NULL;
+    char path[128];
+    float h[64], got[64];
+    uint16_t hb[64], gb[64];
+    double hd = 3.0, gd = 0;
+    dbuf A, B;
+    int i;
+    memset(&A, 0, sizeof A);
+    memset(&B, 0, sizeof B);
+    snprintf(path, sizeof path, "fsdp_test_cuda_nccl.id");
+    nf.path = path;
+    nf.timeout_ms = 10000;
+    nd.nranks = 1;
+    nd.bootstrap = fsdp_nccl_bootstrap_file;
+    nd.bootstrap_user = &nf;
+    nd.timeout_ms = 30000;
+    if (fsdp_comm_nccl_create(&nd, &c) != FSDP_SUCCESS) {
+        CHECK(0, "NCCL comm (file bootstrap)");
+        return;
+    }
+    CHECK(fsdp_comm_rank(c) == 0 && fsdp_comm_size(c) == 1 && !strcmp(fsdp_comm_name(c), "nccl"),
+          "rank, size, name");
+    fsdp_stream_create(g_dev, &s);
+    for (i = 0; i < 64; i++) h[i] = (float)i - 20.5f;
+    fsdp_convert(hb, FSDP_BF16, h, FSDP_F32, 64);
+    if (dput(&A, h, 256, 0) && dput(&B, NULL, 256, 0)) {
+        CHECK(fsdp_all_gather(c, A.p, B.p, 64, FSDP_F32, s) == FSDP_SUCCESS, "all_gather");
+        CHECK(fsdp_reduce_scatter(c, B.p, A.p, 64, FSDP_F32, FSDP_REDUCE_AVG, s) == FSDP_SUCCESS,
+              "reduce_scatter avg");
+        CHECK(fsdp_all_reduce(c, A.p, A.p, 64, FSDP_F32, FSDP_REDUCE_SUM, s) == FSDP_SUCCESS,
+              "all_reduce in place");
+        CHECK(fsdp_broadcast(c, A.p, B.p, 64, FSDP_F32, 0, s) == FSDP_SUCCESS, "broadcast");
+        CHECK(fsdp_barrier(c, s) == FSDP_SUCCESS, "barrier on a stream");
+        CHECK(fsdp_stream_synchronize(g_dev, s) == FSDP_SUCCESS, "sync");
+        CHECK(dget(got, &B, 256) && !memcmp(got, h, 256), "world of one keeps the values");
+        fsdp_device_copy(g_dev, A.p, hb, 128, FSDP_COPY_H2D, NULL);
+        CHECK(fsdp_all_reduce(c, A.p, B.p, 64, FSDP_BF16, FSDP_REDUCE_AVG, NULL) == FSDP_SUCCESS,
+              "bf16 all_reduce, synchronous");
+        CHECK(dget(gb, &B, 128) && !memcmp(gb, hb, 128), "bf16 values");
+    }
+    CHECK(fsdp_all_gather(c, &hd, &gd, 1, FSDP_F64, NULL) == FSDP_SUCCESS && gd == 3.0,
+          "host buffers staged (stream NULL)");
+    CHECK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, "barrier");
+    CHECK(fsdp_comm_async_error(c) == FSDP_SUCCESS, "no async error");
+    CHECK(fsdp_comm_split(c, 0, 0, &sub) == FSDP_SUCCESS && sub && fsdp_comm_size(sub) == 1,
+          "split: %s", fsdp_comm_last_error(c));
+    if (sub) CHECK(fsdp_barrier(sub, NULL) == FSDP_SUCCESS, "barrier on the split");
+    CHECK(fsdp_comm_split(c, FSDP_COMM_NO_COLOR, 0, &none) == FSDP_SUCCESS && none == NULL,
+          "split with no color");
+    {
+        fsdp_stream *cpu_s = NULL;
+        if (fsdp_stream_create(g_cpu, &cpu_s) == FSDP_SUCCESS) {
+            CHECK(fsdp_all_reduce(c, A.p, A.p, 1, FSDP_F32, FSDP_REDUCE_SUM, cpu_s) == FSDP_INVALID_ARGS,
+                  "a CPU stream is refused: %s", fsdp_comm_last_error(c));
+            fsdp_stream_destroy(g_cpu, cpu_s);
+        }
+    }
+    fsdp_comm_destroy(sub);
+    fsdp_comm_destroy(c);
+    fsdp_stream_destroy(g_dev, s);
+    dfree(&A);
+    dfree(&B);
+}
+
+int main(int argc, char **argv)
+{
+    char why[FSDP_ERROR_MAX];
+    fsdp_cuda_device_desc dd = fsdp_cuda_device_desc_default();
+    const char *dir = argc > 1 ? argv[1] : "tests/vectors";
+    fsdp_memory_stats ms;
+    if (fsdp_cuda_device_count(why) < 1) {
+        printf("SKIP: no usable GPU (%s)\n", why);
+        return 77;
+    }
+    if (fsdp_device_cuda_create(&dd, &g_dev) != FSDP_SUCCESS ||
+        fsdp_device_cpu_create(NULL, &g_cpu) != FSDP_SUCCESS) {
+        printf("FAIL: cannot create the devices\n");
+        return 1;
+    }
+    test_optim_vectors(dir);
+    test_casts();
+    test_arith();
+    test_streams();
+    test_nccl();
+    test_runtime();
+    fsdp_device_memory(g_dev, &ms);
+    CHECK(ms.device_allocs == 0 && ms.device_in_use == 0, "every device byte freed (%zu left)",
+          ms.device_in_use);
+    fsdp_device_destroy(g_dev);
+    fsdp_device_destroy(g_cpu);
+    printf("%ld passed, %ld failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
