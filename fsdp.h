@@ -1,4 +1,4 @@
-/* fsdp.h - v0.3.0 - Fully Sharded Data Parallel for C11 training engines
+/* fsdp.h - v0.4.0 - Fully Sharded Data Parallel for C11 training engines
 
    Do this:
        #define FSDP_IMPLEMENTATION
@@ -30,6 +30,10 @@
                     memory, init, clipping, summon, the sharded step
        >>zero       the ZeRO optimizer (ZeroRedundancyOptimizer): partition,
                     sharded step, bucket views, stage 1/2, state dicts
+       >>statedict  full, sharded and local state dicts, rank-0 broadcast
+                    load, host copies
+       >>ckpt       safetensors checkpoints, resharding on load, atomic
+                    saves, the async writer with cached pinned staging
 
    fsdp.h DOES NOT: launch processes, do autograd, choose your GPU.
 
@@ -42,6 +46,7 @@
    FSDP_COMM_MISMATCH naming both calls instead of hanging.
 
    Revision history:
+       0.4.0  state dicts and safetensors checkpoints
        0.3.0  the ZeRO optimizer
        0.2.0  the runtime (all sharding strategies, mixed precision,
               prefetch, planned memory) and the sharded optimizers
@@ -55,7 +60,7 @@
 #include <stdint.h>
 
 #define FSDP_VERSION_MAJOR 0
-#define FSDP_VERSION_MINOR 3
+#define FSDP_VERSION_MINOR 4
 #define FSDP_VERSION_PATCH 0
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -1122,6 +1127,217 @@ FSDP_API fsdp_result fsdp_zero_consolidate_state_dict(fsdp_zero *z, int to,
    nothing changes. Collective: no. */
 FSDP_API fsdp_result fsdp_zero_load_state_dict(fsdp_zero *z, const fsdp_zero_state_dict *sd);
 FSDP_API void fsdp_zero_state_dict_free(fsdp_zero_state_dict *sd);
+
+/* ======================================================================== */
+/* >>statedict                                                               */
+/* ======================================================================== */
+
+/* State dicts: named tensors taken from a context or loaded into one.
+
+   Keys are clean FQNs, never wrapper names. The model's parameters come
+   first, in state_dict() order (fsdp_model_param occurrence order: a tied
+   parameter appears under every name); with FSDP_SD_OPTIM the optimizer
+   state follows, per trainable parameter under its first name (the name
+   named_parameters() gives it), in that order:
+       optim.<fqn>.exp_avg, optim.<fqn>.exp_avg_sq, optim.<fqn>.max_exp_avg_sq,
+       optim.<fqn>.momentum_buffer   (those the configuration keeps, f32)
+       optim.<fqn>.step              (i64 scalar: torch's state['step'])
+   Ignored parameters belong to the engine and never appear.
+
+   Kinds:
+     FULL     every tensor whole (gathered from the shards).
+     SHARDED  this rank's pieces, no communication: a piece is a contiguous
+              range of the row-major flattened tensor (FSDP cuts mid-row), so
+              it carries the global shape, the element offset of its first
+              element and its element count. A tied parameter appears once,
+              under its first name.
+     LOCAL    the raw flat shards, one tensor per unit named
+              "<unit fqn>.flat_param" ("flat_param" for the root), shape the
+              unit's unpadded flat numel, offset the rank's flat_begin,
+              numel its valid elements (padding dropped).  */
+
+typedef enum fsdp_sd_kind {
+    FSDP_SD_FULL = 0,
+    FSDP_SD_SHARDED = 1,
+    FSDP_SD_LOCAL = 2
+} fsdp_sd_kind;
+
+/* Where a tensor's data lives. */
+typedef enum fsdp_memory_kind {
+    FSDP_MEM_HOST = 0,   /* ordinary host memory (the allocator hooks) */
+    FSDP_MEM_PINNED = 1, /* fsdp_device_host_alloc of the dict's device */
+    FSDP_MEM_DEVICE = 2  /* fsdp_device_alloc of the dict's device */
+} fsdp_memory_kind;
+
+typedef struct fsdp_tensor {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;                      /* 0: scalar */
+    int64_t shape[FSDP_MAX_DIMS];  /* the global shape */
+    int64_t offset;                /* first element in the flattened tensor */
+    int64_t numel;                 /* elements in data (all of them: offset 0) */
+    void *data;
+    fsdp_memory_kind mem;
+} fsdp_tensor;
+
+typedef struct fsdp_state_dict fsdp_state_dict;
+
+/* Flags of the state-dict and checkpoint calls. */
+enum {
+    FSDP_SD_OPTIM = 1u << 0,      /* with the optimizer state (get and load) */
+    FSDP_SD_RANK0_ONLY = 1u << 1, /* get: only rank 0 receives tensors (the
+                                     others get an empty dict); load: only
+                                     rank 0's dict is read and broadcast */
+    FSDP_SD_OFFLOAD = 1u << 2,    /* get: tensors in host memory (else in
+                                     device memory, like tensors on the GPU) */
+    FSDP_SD_PINNED = 1u << 3,     /* with OFFLOAD: pinned host memory */
+    FSDP_SD_NOT_STRICT = 1u << 4  /* load: missing and unexpected keys are
+                                     allowed (missing ones keep their values) */
+};
+
+/* An empty dict of the given kind, to fill with fsdp_state_dict_add. dev
+   (may be NULL) frees the tensors' pinned and device memory. */
+FSDP_API fsdp_result fsdp_state_dict_create(fsdp_sd_kind kind, fsdp_device *dev,
+                                            const fsdp_hooks *hooks, fsdp_state_dict **out);
+/* Adds a tensor; the name is copied. copy = 1 copies the data (host or
+   pinned memory) into host memory the dict owns; copy = 0 borrows t->data
+   (any t->mem), which must outlive the dict. numel 0 with offset 0 means
+   the whole tensor. Shape, piece and dtype are checked. */
+FSDP_API fsdp_result fsdp_state_dict_add(fsdp_state_dict *sd, const fsdp_tensor *t, int copy);
+/* Frees the dict and the memory it owns (a dict holding pinned or device
+   memory needs its device alive). */
+FSDP_API void fsdp_state_dict_destroy(fsdp_state_dict *sd);
+FSDP_API fsdp_sd_kind fsdp_state_dict_kind(const fsdp_state_dict *sd);
+FSDP_API int fsdp_state_dict_count(const fsdp_state_dict *sd);
+/* Tensor i (0..count-1), or NULL. */
+FSDP_API const fsdp_tensor *fsdp_state_dict_tensor(const fsdp_state_dict *sd, int i);
+/* The index of the first tensor named `name`, or -1. */
+FSDP_API int fsdp_state_dict_find(const fsdp_state_dict *sd, const char *name);
+FSDP_API const char *fsdp_state_dict_last_error(const fsdp_state_dict *sd);
+/* Bytes of tensor data the dict holds. */
+FSDP_API size_t fsdp_state_dict_bytes(const fsdp_state_dict *sd);
+
+/* Takes the full state dict (FULL_STATE_DICT): each unit's shards are
+   all-gathered, even with FSDP_SD_RANK0_ONLY (there is no gather
+   collective). Values are the f32 master values whatever the parameter's
+   declared dtype. The context must be between iterations (no unit in
+   forward, backward or summoned). Collective: yes. */
+FSDP_API fsdp_result fsdp_get_full_state_dict(fsdp_ctx *ctx, unsigned flags,
+                                              fsdp_state_dict **out);
+/* This rank's pieces (SHARDED_STATE_DICT). Collective: no. */
+FSDP_API fsdp_result fsdp_get_sharded_state_dict(fsdp_ctx *ctx, unsigned flags,
+                                                 fsdp_state_dict **out);
+/* The raw flat shards (LOCAL_STATE_DICT). Collective: no. */
+FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *ctx, unsigned flags,
+                                               fsdp_state_dict **out);
+
+/* Loads a dict into the context's shards (and with FSDP_SD_OPTIM the
+   optimizer state and step counters). FULL and SHARDED dicts: each rank
+   takes the ranges of its shards from whatever tensors cover them, so a
+   SHARDED dict may come from any world size (pieces may overlap); a
+   FULL dict under every tied name (the first present is used). LOCAL
+   dicts: the same world size and wrapping only.
+   With FSDP_SD_RANK0_ONLY only rank 0's sd is read (the others pass NULL):
+   rank 0 broadcasts the metadata (names, dtypes, shapes), then each tensor,
+   and every rank slices its shards out of it. This is also "sync module
+   states": rank 0's parameters become everyone's.
+   Everything is validated before anything is changed: strict mode reports
+   missing and unexpected keys by name, every tensor's shape and dtype is
+   checked (float tensors of any float dtype are converted), and the ranks
+   agree, so either every rank loads or none changes anything. Needs one
+   extra copy of the rank's shards while it runs. Collective: yes. */
+FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *sd,
+                                          unsigned flags);
+
+/* The similarity check: same keys in the same order, shapes, dtypes and
+   pieces. FSDP_SUCCESS, or FSDP_CKPT_MISMATCH with the first difference in
+   msg (FSDP_ERROR_MAX bytes, optional). Collective: no. */
+FSDP_API fsdp_result fsdp_state_dict_compare(const fsdp_state_dict *a, const fsdp_state_dict *b,
+                                             char *msg);
+
+/* A dict with src's structure in host memory (pinned through dev when
+   pinned is 1), data zeroed: the destination for fsdp_state_dict_copy. */
+FSDP_API fsdp_result fsdp_state_dict_host_like(const fsdp_state_dict *src, fsdp_device *dev,
+                                               int pinned, fsdp_state_dict **out);
+/* Copies src's data into dst (same structure, else FSDP_CKPT_MISMATCH
+   naming the first difference). stream non-NULL: the device copies are
+   queued on it (non-blocking; synchronize it before reading dst), dev is
+   src's device. Collective: no. */
+FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state_dict *src,
+                                          fsdp_stream *stream);
+
+/* >>statedict end (declarations) */
+
+/* ======================================================================== */
+/* >>ckpt                                                                    */
+/* ======================================================================== */
+
+/* Checkpoints on disk, in safetensors format (8-byte little-endian header
+   length, a JSON header {name: {dtype, shape, data_offsets}, __metadata__},
+   raw little-endian data), so Python's safetensors reads them.
+
+   A FULL checkpoint is one file (written by rank 0) holding the full state
+   dict with its keys. A SHARDED checkpoint (FSDP_CKPT_SHARDED) is a
+   directory: one file per writing rank, "model-<gen>-rank<r>-of-<W>.safetensors",
+   holding that rank's pieces as 1-D tensors under their names, and
+   "index.json", written last, which lists every tensor's dtype, global
+   shape and pieces (file, key, offset, numel). It loads at any world size.
+   Every tensor's CRC-32 is in its file's __metadata__ ("fsdp.crc32.<name>")
+   and is checked on load.
+
+   Writes are atomic: a file goes to "<name>.tmp.<pid>", is fsynced and
+   renamed; a sharded save writes its rank files under a new generation
+   name and replaces the index last, then removes the files of the previous
+   generation, so a failed save leaves the previous checkpoint intact. */
+
+/* Save flags (with FSDP_SD_OPTIM to include the optimizer state). */
+enum {
+    FSDP_CKPT_SHARDED = 1u << 8 /* a directory of rank files plus an index */
+};
+
+/* Saves the context (parameters, and with FSDP_SD_OPTIM the optimizer
+   state and steps). Collective: yes; every rank returns the same result. */
+FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *ctx, const char *path, unsigned flags);
+/* Loads a checkpoint written at any world size (a file: full; a directory:
+   sharded). flags: FSDP_SD_OPTIM, FSDP_SD_NOT_STRICT. Everything is read
+   and verified before the context changes. Collective: yes. */
+FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *ctx, const char *path, unsigned flags);
+
+/* Asynchronous saves (the StateDictStager): staging copies the shards into
+   pinned host buffers, cached per source buffer and reused by later saves
+   (freed by fsdp_ckpt_writer_destroy, or when a source changes size), then
+   a background thread writes the files. The writer belongs to one context
+   and is destroyed before it. */
+typedef struct fsdp_ckpt_writer fsdp_ckpt_writer;
+
+FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *ctx, fsdp_ckpt_writer **out);
+/* Waits for a write in flight (its files are not committed: a sharded
+   checkpoint's index is written by fsdp_ckpt_wait), frees the staging. */
+FSDP_API void fsdp_ckpt_writer_destroy(fsdp_ckpt_writer *w);
+/* Returns once the data is staged: the next optimizer step may run while
+   the files are written. A second save before fsdp_ckpt_wait is refused
+   (FSDP_INVALID_STATE), never interleaved. Collective: yes. */
+FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
+                                          unsigned flags);
+/* Waits for the write, commits it (the index of a sharded checkpoint) and
+   returns its result, I/O errors included, the same on every rank.
+   FSDP_SUCCESS when no save is pending. Collective: yes. */
+FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w);
+/* Pinned host bytes the staging cache holds. */
+FSDP_API size_t fsdp_ckpt_writer_staging_bytes(const fsdp_ckpt_writer *w);
+FSDP_API const char *fsdp_ckpt_writer_last_error(const fsdp_ckpt_writer *w);
+
+/* Plain safetensors files. save: writes sd's tensors (a piece of a larger
+   tensor as a 1-D tensor of its numel) with checksums, atomically. load:
+   reads a whole file into a FULL dict in host memory, validating the header
+   (length, JSON, dtypes, shapes, offsets: inside the data, no overlap, no
+   gap) and the checksums when present. Errors name the file. */
+FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_dict *sd,
+                                           fsdp_error *err);
+FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
+                                           fsdp_state_dict **out, fsdp_error *err);
+
+/* >>ckpt end (declarations) */
 
 #ifdef __cplusplus
 }
@@ -8590,6 +8806,3334 @@ FSDP_API fsdp_result fsdp_zero_load_state_dict(fsdp_zero *z, const fsdp_zero_sta
 }
 
 /* >>zero end */
+
+/* ------------------------------------------------------------------------ */
+/* >>statedict (implementation)                                              */
+/* ------------------------------------------------------------------------ */
+
+/* The POSIX file calls checkpoints need. They are declared by these headers
+   even under -std=c11 (open, read, write, lseek, fsync, close, rename,
+   unlink, mkdir, opendir); pread and fileno are not, so they are not used. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+typedef struct fsdp__block {
+    void *p;
+    size_t bytes;
+    fsdp_memory_kind mem;
+} fsdp__block;
+
+struct fsdp_state_dict {
+    fsdp_hooks hooks;
+    fsdp_error err;
+    fsdp_sd_kind kind;
+    fsdp_device *dev;
+    fsdp_tensor *t;
+    int n, cap;
+    fsdp__block *b; /* memory the dict owns; tensors point into it */
+    int nb, capb;
+    size_t bytes;
+};
+
+static const char *const fsdp__ostate_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                                  "momentum_buffer"};
+
+/* Element count of a shape; -1 when it overflows or a dim is negative. */
+FSDP__DEF int64_t fsdp__shape_numel(int ndim, const int64_t *shape)
+{
+    int64_t n = 1;
+    int i;
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return -1;
+        if (shape[i] && n > INT64_MAX / shape[i]) return -1;
+        n *= shape[i];
+    }
+    return n;
+}
+
+FSDP__DEF void fsdp__shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
+{
+    size_t k = 0;
+    int i;
+    k += (size_t)snprintf(buf, n, "[");
+    for (i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
+}
+
+FSDP__DEF int fsdp__host_little_endian(void)
+{
+    uint16_t x = 1;
+    unsigned char b;
+    memcpy(&b, &x, 1);
+    return b == 1;
+}
+
+/* --- the dict object --- */
+
+FSDP__DEF void fsdp__block_free(fsdp_state_dict *sd, fsdp__block *b)
+{
+    if (!b->p) return;
+    if (b->mem == FSDP_MEM_DEVICE && sd->dev) fsdp_device_free(sd->dev, b->p, b->bytes);
+    else if (b->mem == FSDP_MEM_PINNED && sd->dev) fsdp_device_host_free(sd->dev, b->p, b->bytes);
+    else fsdp__free(&sd->hooks, b->p);
+    b->p = NULL;
+}
+
+/* Allocates memory the dict owns (zeroed). */
+FSDP__DEF fsdp_result fsdp__sd_block(fsdp_state_dict *sd, size_t bytes, fsdp_memory_kind mem,
+                                     void **out)
+{
+    fsdp__block *b;
+    fsdp_result r = FSDP_SUCCESS;
+    *out = NULL;
+    if (!fsdp__grow(&sd->hooks, (void **)&sd->b, &sd->capb, sd->nb + 1, sizeof *sd->b))
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+    b = &sd->b[sd->nb];
+    b->p = NULL;
+    b->bytes = bytes ? bytes : 1;
+    b->mem = mem;
+    if ((mem == FSDP_MEM_DEVICE || mem == FSDP_MEM_PINNED) && !sd->dev)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "state dict: pinned or device memory needs a device");
+    if (mem == FSDP_MEM_DEVICE) {
+        r = fsdp_device_alloc(sd->dev, b->bytes, &b->p);
+        if (r == FSDP_SUCCESS) r = fsdp_device_memset(sd->dev, b->p, 0, b->bytes, NULL);
+    } else if (mem == FSDP_MEM_PINNED) {
+        r = fsdp_device_host_alloc(sd->dev, b->bytes, &b->p);
+        if (r == FSDP_SUCCESS) memset(b->p, 0, b->bytes);
+    } else {
+        b->p = fsdp__calloc(&sd->hooks, 1, b->bytes);
+        if (!b->p) r = FSDP_OUT_OF_MEMORY;
+    }
+    if (r != FSDP_SUCCESS) {
+        if (b->p) fsdp__block_free(sd, b);
+        return fsdp__fail(&sd->err, &sd->hooks, r, "state dict: allocating %zu bytes: %s",
+                          bytes, sd->dev && mem != FSDP_MEM_HOST ? fsdp_device_last_error(sd->dev)
+                                                                 : "out of memory");
+    }
+    sd->nb++;
+    *out = b->p;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__sd_new(const fsdp_hooks *h, fsdp_sd_kind kind, fsdp_device *dev,
+                                   fsdp_state_dict **out)
+{
+    fsdp_hooks hc = fsdp__hooks_copy(h);
+    fsdp_state_dict *sd = (fsdp_state_dict *)fsdp__calloc(&hc, 1, sizeof *sd);
+    *out = NULL;
+    if (!sd) return FSDP_OUT_OF_MEMORY;
+    sd->hooks = hc;
+    sd->kind = kind;
+    sd->dev = dev;
+    *out = sd;
+    return FSDP_SUCCESS;
+}
+
+/* Appends a tensor record (name copied, data as given). */
+FSDP__DEF fsdp_result fsdp__sd_push(fsdp_state_dict *sd, const char *name, fsdp_dtype dt, int ndim,
+                                    const int64_t *shape, int64_t offset, int64_t numel,
+                                    void *data, fsdp_memory_kind mem)
+{
+    fsdp_tensor *t;
+    char *nm;
+    int i;
+    if (!fsdp__grow(&sd->hooks, (void **)&sd->t, &sd->cap, sd->n + 1, sizeof *sd->t) ||
+        !(nm = fsdp__strdup(&sd->hooks, name)))
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+    t = &sd->t[sd->n++];
+    memset(t, 0, sizeof *t);
+    t->name = nm;
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->offset = offset;
+    t->numel = numel;
+    t->data = data;
+    t->mem = mem;
+    sd->bytes += (size_t)numel * fsdp_dtype_size(dt);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_create(fsdp_sd_kind kind, fsdp_device *dev,
+                                            const fsdp_hooks *hooks, fsdp_state_dict **out)
+{
+    if (!out) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_state_dict_create: out is NULL");
+    *out = NULL;
+    if (kind != FSDP_SD_FULL && kind != FSDP_SD_SHARDED && kind != FSDP_SD_LOCAL)
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_state_dict_create: unknown kind %d", (int)kind);
+    if (!fsdp__hooks_valid(hooks))
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_state_dict_create: allocator needs alloc, realloc and free");
+    if (fsdp__sd_new(hooks, kind, dev, out) != FSDP_SUCCESS)
+        return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_state_dict_create: out of memory");
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_add(fsdp_state_dict *sd, const fsdp_tensor *t, int copy)
+{
+    int64_t total, numel;
+    size_t es;
+    void *data;
+    fsdp_result r;
+    if (!sd) return FSDP_INVALID_ARGS;
+    if (!t || !t->name || !t->name[0])
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: %s", t ? "the tensor has no name" : "t is NULL");
+    es = fsdp_dtype_size(t->dtype);
+    if (!es)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_DTYPE,
+                          "fsdp_state_dict_add: '%s': invalid dtype %d", t->name, (int)t->dtype);
+    if (t->ndim < 0 || t->ndim > FSDP_MAX_DIMS ||
+        (total = fsdp__shape_numel(t->ndim, t->shape)) < 0)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: '%s': bad shape (ndim %d)", t->name, t->ndim);
+    numel = (t->numel == 0 && t->offset == 0) ? total : t->numel;
+    if (t->offset < 0 || numel < 0 || t->offset > total - numel)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: '%s': elements [%lld, %lld) outside the tensor "
+                          "(%lld elements)", t->name, (long long)t->offset,
+                          (long long)(t->offset + numel), (long long)total);
+    if ((uint64_t)numel > (uint64_t)((size_t)-1 / es))
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: '%s' is too large", t->name);
+    if (numel && !t->data)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: '%s': data is NULL", t->name);
+    data = t->data;
+    if (copy) {
+        if (t->mem != FSDP_MEM_HOST && t->mem != FSDP_MEM_PINNED)
+            return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                              "fsdp_state_dict_add: '%s': copy = 1 needs host data", t->name);
+        if ((r = fsdp__sd_block(sd, (size_t)numel * es, FSDP_MEM_HOST, &data)) != FSDP_SUCCESS)
+            return r;
+        if (numel) memcpy(data, t->data, (size_t)numel * es);
+    }
+    return fsdp__sd_push(sd, t->name, t->dtype, t->ndim, t->shape, t->offset, numel, data,
+                         copy ? FSDP_MEM_HOST : t->mem);
+}
+
+FSDP_API void fsdp_state_dict_destroy(fsdp_state_dict *sd)
+{
+    int i;
+    fsdp_hooks h;
+    if (!sd) return;
+    for (i = 0; i < sd->nb; i++) fsdp__block_free(sd, &sd->b[i]);
+    for (i = 0; i < sd->n; i++) fsdp__free(&sd->hooks, (void *)(uintptr_t)sd->t[i].name);
+    fsdp__free(&sd->hooks, sd->b);
+    fsdp__free(&sd->hooks, sd->t);
+    h = sd->hooks;
+    fsdp__free(&h, sd);
+}
+
+FSDP_API fsdp_sd_kind fsdp_state_dict_kind(const fsdp_state_dict *sd)
+{
+    return sd ? sd->kind : FSDP_SD_FULL;
+}
+
+FSDP_API int fsdp_state_dict_count(const fsdp_state_dict *sd)
+{
+    return sd ? sd->n : 0;
+}
+
+FSDP_API const fsdp_tensor *fsdp_state_dict_tensor(const fsdp_state_dict *sd, int i)
+{
+    if (!sd || i < 0 || i >= sd->n) return NULL;
+    return &sd->t[i];
+}
+
+FSDP_API int fsdp_state_dict_find(const fsdp_state_dict *sd, const char *name)
+{
+    int i;
+    if (!sd || !name) return -1;
+    for (i = 0; i < sd->n; i++)
+        if (!strcmp(sd->t[i].name, name)) return i;
+    return -1;
+}
+
+FSDP_API const char *fsdp_state_dict_last_error(const fsdp_state_dict *sd)
+{
+    return sd ? sd->err.message : "fsdp_state_dict_last_error: sd is NULL";
+}
+
+FSDP_API size_t fsdp_state_dict_bytes(const fsdp_state_dict *sd)
+{
+    return sd ? sd->bytes : 0;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_compare(const fsdp_state_dict *a, const fsdp_state_dict *b,
+                                             char *msg)
+{
+    char local[FSDP_ERROR_MAX], sa[128], sb[128];
+    int i, d;
+    if (!msg) msg = local;
+    msg[0] = 0;
+    if (!a || !b) {
+        snprintf(msg, FSDP_ERROR_MAX, "a state dict is NULL");
+        return FSDP_INVALID_ARGS;
+    }
+    if (a->kind != b->kind) {
+        snprintf(msg, FSDP_ERROR_MAX, "kinds differ (%d vs %d)", (int)a->kind, (int)b->kind);
+        return FSDP_CKPT_MISMATCH;
+    }
+    for (i = 0; i < a->n && i < b->n; i++) {
+        const fsdp_tensor *x = &a->t[i], *y = &b->t[i];
+        if (strcmp(x->name, y->name)) {
+            snprintf(msg, FSDP_ERROR_MAX, "key %d: '%s' vs '%s'", i, x->name, y->name);
+            return FSDP_CKPT_MISMATCH;
+        }
+        if (x->dtype != y->dtype) {
+            snprintf(msg, FSDP_ERROR_MAX, "'%s': dtype %s vs %s", x->name,
+                     fsdp_dtype_name(x->dtype), fsdp_dtype_name(y->dtype));
+            return FSDP_CKPT_MISMATCH;
+        }
+        for (d = 0; d < x->ndim && x->ndim == y->ndim; d++)
+            if (x->shape[d] != y->shape[d]) break;
+        if (x->ndim != y->ndim || d < x->ndim) {
+            fsdp__shape_str(sa, sizeof sa, x->ndim, x->shape);
+            fsdp__shape_str(sb, sizeof sb, y->ndim, y->shape);
+            snprintf(msg, FSDP_ERROR_MAX, "'%s': shape %s vs %s", x->name, sa, sb);
+            return FSDP_CKPT_MISMATCH;
+        }
+        if (x->offset != y->offset || x->numel != y->numel) {
+            snprintf(msg, FSDP_ERROR_MAX, "'%s': piece [%lld, +%lld) vs [%lld, +%lld)", x->name,
+                     (long long)x->offset, (long long)x->numel, (long long)y->offset,
+                     (long long)y->numel);
+            return FSDP_CKPT_MISMATCH;
+        }
+    }
+    if (a->n != b->n) {
+        snprintf(msg, FSDP_ERROR_MAX, "%d vs %d keys; first extra key '%s'", a->n, b->n,
+                 a->n > b->n ? a->t[b->n].name : b->t[a->n].name);
+        return FSDP_CKPT_MISMATCH;
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_host_like(const fsdp_state_dict *src, fsdp_device *dev,
+                                               int pinned, fsdp_state_dict **out)
+{
+    fsdp_state_dict *sd;
+    fsdp_result r;
+    size_t total = 0, off = 0;
+    char *base = NULL;
+    int i;
+    if (!out) return FSDP_INVALID_ARGS;
+    *out = NULL;
+    if (!src) return FSDP_INVALID_ARGS;
+    if (pinned && !dev)
+        return fsdp__fail(&((fsdp_state_dict *)(uintptr_t)src)->err, &src->hooks,
+                          FSDP_INVALID_ARGS, "fsdp_state_dict_host_like: pinned needs a device");
+    if (fsdp__sd_new(&src->hooks, src->kind, dev, &sd) != FSDP_SUCCESS) return FSDP_OUT_OF_MEMORY;
+    /* one block, each tensor 64-byte aligned inside it */
+    for (i = 0; i < src->n; i++)
+        total += ((size_t)src->t[i].numel * fsdp_dtype_size(src->t[i].dtype) + 63) & ~(size_t)63;
+    r = fsdp__sd_block(sd, total, pinned ? FSDP_MEM_PINNED : FSDP_MEM_HOST, (void **)&base);
+    for (i = 0; r == FSDP_SUCCESS && i < src->n; i++) {
+        const fsdp_tensor *t = &src->t[i];
+        r = fsdp__sd_push(sd, t->name, t->dtype, t->ndim, t->shape, t->offset, t->numel,
+                          base + off, pinned ? FSDP_MEM_PINNED : FSDP_MEM_HOST);
+        off += ((size_t)t->numel * fsdp_dtype_size(t->dtype) + 63) & ~(size_t)63;
+    }
+    if (r != FSDP_SUCCESS) {
+        fsdp__fail(&((fsdp_state_dict *)(uintptr_t)src)->err, &src->hooks, r,
+                   "fsdp_state_dict_host_like: %s", sd->err.message);
+        fsdp_state_dict_destroy(sd);
+        return r;
+    }
+    *out = sd;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state_dict *src,
+                                          fsdp_stream *stream)
+{
+    char msg[FSDP_ERROR_MAX];
+    fsdp_result r;
+    int i;
+    if (!dst) return FSDP_INVALID_ARGS;
+    if (!src) return fsdp__fail(&dst->err, &dst->hooks, FSDP_INVALID_ARGS,
+                                "fsdp_state_dict_copy: src is NULL");
+    if ((r = fsdp_state_dict_compare(dst, src, msg)) != FSDP_SUCCESS)
+        return fsdp__fail(&dst->err, &dst->hooks, r,
+                          "fsdp_state_dict_copy: the dicts differ: %s", msg);
+    for (i = 0; i < src->n; i++) {
+        const fsdp_tensor *s = &src->t[i];
+        fsdp_tensor *d = &dst->t[i];
+        size_t bytes = (size_t)s->numel * fsdp_dtype_size(s->dtype);
+        fsdp_device *dev = src->dev ? src->dev : dst->dev;
+        if (!bytes || d->data == s->data) continue;
+        if (s->mem != FSDP_MEM_DEVICE && d->mem != FSDP_MEM_DEVICE) {
+            memcpy(d->data, s->data, bytes);
+            continue;
+        }
+        if (!dev)
+            return fsdp__fail(&dst->err, &dst->hooks, FSDP_INVALID_ARGS,
+                              "fsdp_state_dict_copy: '%s' is in device memory and neither dict "
+                              "has a device", s->name);
+        r = fsdp_device_copy(dev, d->data, s->data, bytes,
+                             s->mem == FSDP_MEM_DEVICE
+                                 ? (d->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D : FSDP_COPY_D2H)
+                                 : FSDP_COPY_H2D,
+                             stream);
+        if (r != FSDP_SUCCESS)
+            return fsdp__fail(&dst->err, &dst->hooks, r, "fsdp_state_dict_copy: '%s': %s",
+                              s->name, fsdp_device_last_error(dev));
+    }
+    return FSDP_SUCCESS;
+}
+
+/* --- CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
+   caller, so there is no global state --- */
+
+typedef struct fsdp__crc {
+    uint32_t t[8][256];
+} fsdp__crc;
+
+FSDP__DEF void fsdp__crc_init(fsdp__crc *c)
+{
+    uint32_t i, k;
+    for (i = 0; i < 256; i++) {
+        uint32_t v = i;
+        for (k = 0; k < 8; k++) v = (v & 1u) ? (v >> 1) ^ 0xEDB88320u : v >> 1;
+        c->t[0][i] = v;
+    }
+    for (i = 0; i < 256; i++)
+        for (k = 1; k < 8; k++) c->t[k][i] = (c->t[k - 1][i] >> 8) ^ c->t[0][c->t[k - 1][i] & 0xffu];
+}
+
+/* crc of the previous bytes (0 to start) extended by p[0..n) */
+FSDP__DEF uint32_t fsdp__crc_update(const fsdp__crc *c, uint32_t crc, const void *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                             (uint32_t)b[3] << 24);
+        uint32_t hi = (uint32_t)b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 |
+                      (uint32_t)b[7] << 24;
+        crc = c->t[7][lo & 0xff] ^ c->t[6][(lo >> 8) & 0xff] ^ c->t[5][(lo >> 16) & 0xff] ^
+              c->t[4][lo >> 24] ^ c->t[3][hi & 0xff] ^ c->t[2][(hi >> 8) & 0xff] ^
+              c->t[1][(hi >> 16) & 0xff] ^ c->t[0][hi >> 24];
+        b += 8;
+        n -= 8;
+    }
+    while (n--) crc = (crc >> 8) ^ c->t[0][(crc ^ *b++) & 0xffu];
+    return ~crc;
+}
+
+/* --- a growable string --- */
+
+typedef struct fsdp__sb {
+    const fsdp_hooks *h;
+    char *s;
+    size_t len, cap;
+    int oom;
+} fsdp__sb;
+
+FSDP__DEF void fsdp__sb_put(fsdp__sb *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        char *p;
+        while (nc < b->len + n + 1) nc *= 2;
+        p = (char *)fsdp__realloc(b->h, b->s, nc);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->s = p;
+        b->cap = nc;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+FSDP__DEF void fsdp__sb_str(fsdp__sb *b, const char *s)
+{
+    fsdp__sb_put(b, s, strlen(s));
+}
+
+FSDP__DEF void fsdp__sb_printf(fsdp__sb *b, const char *fmt, ...)
+{
+    char buf[256];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n > 0) fsdp__sb_put(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+/* A JSON string literal. */
+FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
+{
+    fsdp__sb_put(b, "\"", 1);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"') fsdp__sb_put(b, "\\\"", 2);
+        else if (ch == '\\') fsdp__sb_put(b, "\\\\", 2);
+        else if (ch < 0x20) fsdp__sb_printf(b, "\\u%04x", ch);
+        else fsdp__sb_put(b, s, 1);
+    }
+    fsdp__sb_put(b, "\"", 1);
+}
+
+/* --- a small strict JSON reader (RFC 8259): the whole text is one value,
+   strings are valid escapes without NUL, numbers follow the grammar, object
+   keys are unique, nesting is at most 64 deep --- */
+
+enum { FSDP__J_OBJ = 1, FSDP__J_ARR, FSDP__J_STR, FSDP__J_NUM, FSDP__J_TRUE, FSDP__J_FALSE,
+       FSDP__J_NULL };
+
+typedef struct fsdp__jn {
+    int type;
+    int first, next, count; /* children (objects: values with keys) */
+    const char *key;        /* in an object: the member's name */
+    const char *str;        /* decoded string (NUL-terminated) */
+    int64_t i;              /* numbers: the integer, when is_int */
+    int is_int;
+} fsdp__jn;
+
+typedef struct fsdp__json {
+    const fsdp_hooks *h;
+    const char *p, *end, *start;
+    fsdp__jn *n;
+    int nn, cap;
+    char *pool; /* decoded strings */
+    size_t plen, pcap;
+    char err[160];
+} fsdp__json;
+
+FSDP__DEF int fsdp__j_fail(fsdp__json *j, const char *what)
+{
+    if (!j->err[0])
+        snprintf(j->err, sizeof j->err, "%s at byte %lld", what, (long long)(j->p - j->start));
+    return -1;
+}
+
+FSDP__DEF void fsdp__j_ws(fsdp__json *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+        j->p++;
+}
+
+FSDP__DEF int fsdp__j_node(fsdp__json *j, int type)
+{
+    fsdp__jn *n;
+    if (!fsdp__grow(j->h, (void **)&j->n, &j->cap, j->nn + 1, sizeof *j->n))
+        return fsdp__j_fail(j, "out of memory");
+    n = &j->n[j->nn];
+    memset(n, 0, sizeof *n);
+    n->type = type;
+    n->first = n->next = -1;
+    return j->nn++;
+}
+
+FSDP__DEF int fsdp__j_hex(const char *p)
+{
+    int v = 0, k;
+    for (k = 0; k < 4; k++) {
+        char ch = p[k];
+        v <<= 4;
+        if (ch >= '0' && ch <= '9') v |= ch - '0';
+        else if (ch >= 'a' && ch <= 'f') v |= ch - 'a' + 10;
+        else if (ch >= 'A' && ch <= 'F') v |= ch - 'A' + 10;
+        else return -1;
+    }
+    return v;
+}
+
+/* Decodes the string at j->p (at the quote) into the pool; returns the
+   pool offset of its first byte or -1. The pool holds at most as many
+   bytes as the text, so it never moves: it was sized up front. */
+FSDP__DEF long fsdp__j_string(fsdp__json *j)
+{
+    size_t start = j->plen;
+    j->p++;
+    for (;;) {
+        unsigned char ch;
+        if (j->p >= j->end) return fsdp__j_fail(j, "unterminated string");
+        ch = (unsigned char)*j->p;
+        if (ch == '"') {
+            j->p++;
+            break;
+        }
+        if (ch < 0x20) return fsdp__j_fail(j, "control character in a string");
+        if (ch != '\\') {
+            j->pool[j->plen++] = (char)ch;
+            j->p++;
+            continue;
+        }
+        if (j->end - j->p < 2) return fsdp__j_fail(j, "unterminated escape");
+        ch = (unsigned char)j->p[1];
+        j->p += 2;
+        switch (ch) {
+        case '"': j->pool[j->plen++] = '"'; break;
+        case '\\': j->pool[j->plen++] = '\\'; break;
+        case '/': j->pool[j->plen++] = '/'; break;
+        case 'b': j->pool[j->plen++] = '\b'; break;
+        case 'f': j->pool[j->plen++] = '\f'; break;
+        case 'n': j->pool[j->plen++] = '\n'; break;
+        case 'r': j->pool[j->plen++] = '\r'; break;
+        case 't': j->pool[j->plen++] = '\t'; break;
+        case 'u': {
+            long cp;
+            int v;
+            if (j->end - j->p < 4 || (v = fsdp__j_hex(j->p)) < 0)
+                return fsdp__j_fail(j, "bad \\u escape");
+            j->p += 4;
+            cp = v;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                int lo;
+                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' ||
+                    (lo = fsdp__j_hex(j->p + 2)) < 0xDC00 || lo > 0xDFFF)
+                    return fsdp__j_fail(j, "unpaired surrogate");
+                j->p += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                return fsdp__j_fail(j, "unpaired surrogate");
+            }
+            if (cp == 0) return fsdp__j_fail(j, "NUL in a string");
+            /* UTF-8 is never longer than the escape it came from */
+            if (cp < 0x80) j->pool[j->plen++] = (char)cp;
+            else if (cp < 0x800) {
+                j->pool[j->plen++] = (char)(0xC0 | (cp >> 6));
+                j->pool[j->plen++] = (char)(0x80 | (cp & 0x3F));
+            } else if (cp < 0x10000) {
+                j->pool[j->plen++] = (char)(0xE0 | (cp >> 12));
+                j->pool[j->plen++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                j->pool[j->plen++] = (char)(0x80 | (cp & 0x3F));
+            } else {
+                j->pool[j->plen++] = (char)(0xF0 | (cp >> 18));
+                j->pool[j->plen++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+                j->pool[j->plen++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                j->pool[j->plen++] = (char)(0x80 | (cp & 0x3F));
+            }
+            break;
+        }
+        default: return fsdp__j_fail(j, "bad escape");
+        }
+    }
+    j->pool[j->plen++] = 0;
+    return (long)start;
+}
+
+FSDP__DEF int fsdp__j_keycmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth);
+
+/* Children are linked in order; pool offsets become pointers at the end
+   (the pool is fixed, but keeping offsets is simpler to reason about). */
+FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth)
+{
+    int id, last = -1;
+    fsdp__j_ws(j);
+    if (j->p >= j->end) return fsdp__j_fail(j, "unexpected end of JSON");
+    if (depth > 64) return fsdp__j_fail(j, "nesting deeper than 64");
+    if (*j->p == '{' || *j->p == '[') {
+        int obj = *j->p == '{';
+        char close = obj ? '}' : ']';
+        if ((id = fsdp__j_node(j, obj ? FSDP__J_OBJ : FSDP__J_ARR)) < 0) return -1;
+        j->p++;
+        fsdp__j_ws(j);
+        if (j->p < j->end && *j->p == close) {
+            j->p++;
+            return id;
+        }
+        for (;;) {
+            long key = -1;
+            int child;
+            fsdp__j_ws(j);
+            if (obj) {
+                if (j->p >= j->end || *j->p != '"') return fsdp__j_fail(j, "expected a key");
+                if ((key = fsdp__j_string(j)) < 0) return -1;
+                fsdp__j_ws(j);
+                if (j->p >= j->end || *j->p != ':') return fsdp__j_fail(j, "expected ':'");
+                j->p++;
+            }
+            if ((child = fsdp__j_value(j, depth + 1)) < 0) return -1;
+            if (obj) j->n[child].key = (const char *)(intptr_t)(key + 1); /* fixed up later */
+            if (last < 0) j->n[id].first = child;
+            else j->n[last].next = child;
+            last = child;
+            j->n[id].count++;
+            fsdp__j_ws(j);
+            if (j->p >= j->end) return fsdp__j_fail(j, "unexpected end of JSON");
+            if (*j->p == ',') {
+                j->p++;
+                continue;
+            }
+            if (*j->p == close) {
+                j->p++;
+                return id;
+            }
+            return fsdp__j_fail(j, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+        }
+    }
+    if (*j->p == '"') {
+        long s;
+        if ((id = fsdp__j_node(j, FSDP__J_STR)) < 0) return -1;
+        if ((s = fsdp__j_string(j)) < 0) return -1;
+        j->n[id].str = (const char *)(intptr_t)(s + 1);
+        return id;
+    }
+    if (*j->p == '-' || (*j->p >= '0' && *j->p <= '9')) {
+        const char *q = j->p;
+        int neg = 0, is_int = 1, ovf = 0;
+        uint64_t v = 0;
+        if ((id = fsdp__j_node(j, FSDP__J_NUM)) < 0) return -1;
+        if (*q == '-') {
+            neg = 1;
+            q++;
+        }
+        if (q >= j->end || *q < '0' || *q > '9') return fsdp__j_fail(j, "bad number");
+        if (*q == '0' && q + 1 < j->end && q[1] >= '0' && q[1] <= '9')
+            return fsdp__j_fail(j, "leading zero in a number");
+        while (q < j->end && *q >= '0' && *q <= '9') {
+            if (v > (UINT64_MAX - 9) / 10) ovf = 1;
+            else v = v * 10 + (uint64_t)(*q - '0');
+            q++;
+        }
+        if (q < j->end && *q == '.') {
+            is_int = 0;
+            q++;
+            if (q >= j->end || *q < '0' || *q > '9') return fsdp__j_fail(j, "bad fraction");
+            while (q < j->end && *q >= '0' && *q <= '9') q++;
+        }
+        if (q < j->end && (*q == 'e' || *q == 'E')) {
+            is_int = 0;
+            q++;
+            if (q < j->end && (*q == '+' || *q == '-')) q++;
+            if (q >= j->end || *q < '0' || *q > '9') return fsdp__j_fail(j, "bad exponent");
+            while (q < j->end && *q >= '0' && *q <= '9') q++;
+        }
+        if (is_int && !ovf && v <= (uint64_t)INT64_MAX) {
+            j->n[id].is_int = 1;
+            j->n[id].i = neg ? -(int64_t)v : (int64_t)v;
+        }
+        j->p = q;
+        return id;
+    }
+    if (j->end - j->p >= 4 && !memcmp(j->p, "true", 4)) {
+        j->p += 4;
+        return fsdp__j_node(j, FSDP__J_TRUE);
+    }
+    if (j->end - j->p >= 5 && !memcmp(j->p, "false", 5)) {
+        j->p += 5;
+        return fsdp__j_node(j, FSDP__J_FALSE);
+    }
+    if (j->end - j->p >= 4 && !memcmp(j->p, "null", 4)) {
+        j->p += 4;
+        return fsdp__j_node(j, FSDP__J_NULL);
+    }
+    return fsdp__j_fail(j, "unexpected character");
+}
+
+FSDP__DEF void fsdp__json_free(fsdp__json *j)
+{
+    fsdp__free(j->h, j->n);
+    fsdp__free(j->h, j->pool);
+    j->n = NULL;
+    j->pool = NULL;
+}
+
+/* Parses text[0..len); 0 on success (root is node 0), else -1 with j->err. */
+FSDP__DEF int fsdp__json_parse(fsdp__json *j, const fsdp_hooks *h, const char *text, size_t len)
+{
+    int i;
+    memset(j, 0, sizeof *j);
+    j->h = h;
+    j->p = j->start = text;
+    j->end = text + len;
+    j->pool = (char *)fsdp__alloc(h, len + 1);
+    if (!j->pool) return fsdp__j_fail(j, "out of memory");
+    if (fsdp__j_value(j, 0) < 0) return -1;
+    fsdp__j_ws(j);
+    if (j->p != j->end) return fsdp__j_fail(j, "trailing characters after the JSON value");
+    for (i = 0; i < j->nn; i++) {
+        if (j->n[i].key) j->n[i].key = j->pool + ((intptr_t)j->n[i].key - 1);
+        if (j->n[i].str) j->n[i].str = j->pool + ((intptr_t)j->n[i].str - 1);
+    }
+    /* unique keys: sort each object's key pointers */
+    for (i = 0; i < j->nn; i++) {
+        const char **keys;
+        int c, k;
+        if (j->n[i].type != FSDP__J_OBJ || j->n[i].count < 2) continue;
+        keys = (const char **)fsdp__alloc(h, (size_t)j->n[i].count * sizeof *keys);
+        if (!keys) return fsdp__j_fail(j, "out of memory");
+        for (c = j->n[i].first, k = 0; c >= 0; c = j->n[c].next) keys[k++] = j->n[c].key;
+        qsort(keys, (size_t)k, sizeof *keys, fsdp__j_keycmp);
+        for (c = 1; c < k; c++)
+            if (!strcmp(keys[c - 1], keys[c])) {
+                snprintf(j->err, sizeof j->err, "duplicate key '%.80s'", keys[c]);
+                fsdp__free(h, (void *)keys);
+                return -1;
+            }
+        fsdp__free(h, (void *)keys);
+    }
+    return 0;
+}
+
+FSDP__DEF int fsdp__j_get(const fsdp__json *j, int obj, const char *key)
+{
+    int c;
+    if (obj < 0 || j->n[obj].type != FSDP__J_OBJ) return -1;
+    for (c = j->n[obj].first; c >= 0; c = j->n[c].next)
+        if (!strcmp(j->n[c].key, key)) return c;
+    return -1;
+}
+
+/* An integer node in [lo, hi]. */
+FSDP__DEF int fsdp__j_int(const fsdp__json *j, int node, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (node < 0 || j->n[node].type != FSDP__J_NUM || !j->n[node].is_int) return 0;
+    if (j->n[node].i < lo || j->n[node].i > hi) return 0;
+    *out = j->n[node].i;
+    return 1;
+}
+
+/* --- safetensors dtypes --- */
+
+FSDP__DEF const char *fsdp__st_dtype_name(fsdp_dtype dt)
+{
+    switch (dt) {
+    case FSDP_F32: return "F32";
+    case FSDP_F64: return "F64";
+    case FSDP_F16: return "F16";
+    case FSDP_BF16: return "BF16";
+    case FSDP_U8: return "U8";
+    case FSDP_I8: return "I8";
+    case FSDP_I32: return "I32";
+    case FSDP_I64: return "I64";
+    default: return NULL;
+    }
+}
+
+FSDP__DEF fsdp_dtype fsdp__st_dtype(const char *s)
+{
+    int d;
+    for (d = 1; d < FSDP_DTYPE_COUNT; d++) {
+        const char *n = fsdp__st_dtype_name((fsdp_dtype)d);
+        if (n && !strcmp(n, s)) return (fsdp_dtype)d;
+    }
+    return FSDP_DTYPE_DEFAULT;
+}
+
+/* --- file helpers: whole reads and writes over file descriptors --- */
+
+FSDP__DEF int fsdp__write_all(int fd, const void *p, size_t n)
+{
+    const char *b = (const char *)p;
+    while (n) {
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t w = write(fd, b, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Reads exactly n bytes at offset off; -1 with errno, or -2 at end of file. */
+FSDP__DEF int fsdp__read_at(int fd, int64_t off, void *p, size_t n)
+{
+    char *b = (char *)p;
+    if (lseek(fd, (off_t)off, SEEK_SET) < 0) return -1;
+    while (n) {
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t r = read(fd, b, chunk);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) return -2;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* The directory part of path ("." when none), for fsyncing a rename. */
+FSDP__DEF void fsdp__dirname(const char *path, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == path) snprintf(out, n, "/");
+    else snprintf(out, n, "%.*s", (int)(slash - path), path);
+}
+
+FSDP__DEF void fsdp__fsync_dir(const char *path)
+{
+    char dir[4096];
+    int fd;
+    fsdp__dirname(path, dir, sizeof dir);
+    fd = open(dir, O_RDONLY);
+    if (fd >= 0) {
+        fsync(fd); /* best effort: some file systems refuse it on directories */
+        close(fd);
+    }
+}
+
+/* --- safetensors files --- */
+
+#define FSDP__ST_MAX_HEADER ((int64_t)100 << 20) /* the official reader's limit */
+
+typedef struct fsdp__st_entry {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t numel;
+    int64_t begin, end; /* byte offsets in the data section */
+    uint32_t crc;
+    int has_crc;
+} fsdp__st_entry;
+
+typedef struct fsdp__st_file {
+    const fsdp_hooks *h;
+    const char *path;
+    int fd;
+    int64_t size, data_start;
+    char *header;
+    fsdp__json j;
+    fsdp__st_entry *e;
+    int ne;
+    int *sorted; /* entry indices sorted by name, for lookups */
+    int meta;    /* node of __metadata__, or -1 */
+} fsdp__st_file;
+
+FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
+{
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    fsdp__json_free(&f->j);
+    fsdp__free(f->h, f->header);
+    fsdp__free(f->h, f->e);
+    fsdp__free(f->h, f->sorted);
+    f->header = NULL;
+    f->e = NULL;
+    f->sorted = NULL;
+    f->ne = 0;
+}
+
+FSDP__DEF const char *fsdp__st_meta(const fsdp__st_file *f, const char *key)
+{
+    int n = fsdp__j_get(&f->j, f->meta, key);
+    return n >= 0 ? f->j.n[n].str : NULL;
+}
+
+typedef struct fsdp__sort_ctx_e {
+    const fsdp__st_entry *e;
+    int idx;
+} fsdp__sort_ctx_e;
+
+FSDP__DEF int fsdp__st_cmp_begin(const void *a, const void *b)
+{
+    const fsdp__sort_ctx_e *x = (const fsdp__sort_ctx_e *)a, *y = (const fsdp__sort_ctx_e *)b;
+    if (x->e->begin != y->e->begin) return x->e->begin < y->e->begin ? -1 : 1;
+    if (x->e->end != y->e->end) return x->e->end < y->e->end ? -1 : 1;
+    return x->idx - y->idx;
+}
+
+FSDP__DEF int fsdp__st_cmp_name(const void *a, const void *b)
+{
+    const fsdp__sort_ctx_e *x = (const fsdp__sort_ctx_e *)a, *y = (const fsdp__sort_ctx_e *)b;
+    return strcmp(x->e->name, y->e->name);
+}
+
+FSDP__DEF int fsdp__st_find(const fsdp__st_file *f, const char *name)
+{
+    int lo = 0, hi = f->ne - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2, c = strcmp(f->e[f->sorted[mid]].name, name);
+        if (!c) return f->sorted[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+FSDP__DEF int fsdp__parse_hex32(const char *s, uint32_t *out)
+{
+    uint32_t v = 0;
+    int k;
+    if (!s || strlen(s) != 8) return 0;
+    for (k = 0; k < 8; k++) {
+        char ch = s[k];
+        v <<= 4;
+        if (ch >= '0' && ch <= '9') v |= (uint32_t)(ch - '0');
+        else if (ch >= 'a' && ch <= 'f') v |= (uint32_t)(ch - 'a' + 10);
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+#define FSDP__STF(code, ...) fsdp__fail(err, h, code, __VA_ARGS__)
+
+/* Opens and validates a safetensors file: everything the header says is
+   checked against the file before any data is trusted. */
+FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const char *path,
+                                    fsdp_error *err)
+{
+    unsigned char len8[8];
+    uint64_t hlen = 0;
+    int64_t data_len;
+    int k, rc, node, ne = 0;
+    fsdp__sort_ctx_e *ord = NULL;
+    fsdp_result r = FSDP_CKPT_FORMAT;
+    memset(f, 0, sizeof *f);
+    f->h = h;
+    f->path = path;
+    f->meta = -1;
+    f->fd = open(path, O_RDONLY);
+    if (f->fd < 0)
+        return FSDP__STF(FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
+    {
+        off_t end = lseek(f->fd, 0, SEEK_END);
+        if (end < 0) {
+            FSDP__STF(FSDP_CKPT_IO, "'%s': cannot seek: %s", path, strerror(errno));
+            r = FSDP_CKPT_IO;
+            goto fail;
+        }
+        f->size = (int64_t)end;
+    }
+    if (f->size < 8) {
+        FSDP__STF(r, "'%s': truncated: %lld bytes, less than the 8-byte header length", path,
+                  (long long)f->size);
+        goto fail;
+    }
+    if ((rc = fsdp__read_at(f->fd, 0, len8, 8)) != 0) {
+        FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header length: %s", path,
+                  rc == -2 ? "unexpected end of file" : strerror(errno));
+        r = FSDP_CKPT_IO;
+        goto fail;
+    }
+    for (k = 7; k >= 0; k--) hlen = hlen << 8 | len8[k];
+    if (hlen < 2 || hlen > (uint64_t)FSDP__ST_MAX_HEADER || (int64_t)hlen > f->size - 8) {
+        FSDP__STF(r, "'%s': header length %llu is impossible (file of %lld bytes, limit %lld)",
+                  path, (unsigned long long)hlen, (long long)f->size,
+                  (long long)FSDP__ST_MAX_HEADER);
+        goto fail;
+    }
+    f->data_start = 8 + (int64_t)hlen;
+    data_len = f->size - f->data_start;
+    f->header = (char *)fsdp__alloc(h, (size_t)hlen + 1);
+    if (!f->header) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", path);
+        goto fail;
+    }
+    if ((rc = fsdp__read_at(f->fd, 8, f->header, (size_t)hlen)) != 0) {
+        r = FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header: %s", path,
+                      rc == -2 ? "unexpected end of file" : strerror(errno));
+        goto fail;
+    }
+    f->header[hlen] = 0;
+    if (fsdp__json_parse(&f->j, h, f->header, (size_t)hlen) != 0) {
+        FSDP__STF(r, "'%s': bad JSON header: %s", path, f->j.err);
+        goto fail;
+    }
+    if (f->j.n[0].type != FSDP__J_OBJ) {
+        FSDP__STF(r, "'%s': the header is not a JSON object", path);
+        goto fail;
+    }
+    f->e = (fsdp__st_entry *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof *f->e);
+    f->sorted = (int *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof(int));
+    ord = (fsdp__sort_ctx_e *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof *ord);
+    if (!f->e || !f->sorted || !ord) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+        goto fail;
+    }
+    for (node = f->j.n[0].first; node >= 0; node = f->j.n[node].next) {
+        const fsdp__jn *n = &f->j.n[node];
+        fsdp__st_entry *e;
+        int c, dt = -1, sh = -1, off = -1, d;
+        int64_t b, en;
+        if (!strcmp(n->key, "__metadata__")) {
+            if (n->type != FSDP__J_OBJ) {
+                FSDP__STF(r, "'%s': __metadata__ is not an object", path);
+                goto fail;
+            }
+            for (c = n->first; c >= 0; c = f->j.n[c].next)
+                if (f->j.n[c].type != FSDP__J_STR) {
+                    FSDP__STF(r, "'%s': __metadata__ value '%.80s' is not a string", path,
+                              f->j.n[c].key);
+                    goto fail;
+                }
+            f->meta = node;
+            continue;
+        }
+        e = &f->e[ne];
+        e->name = n->key;
+        if (!n->key[0]) {
+            FSDP__STF(r, "'%s': a tensor has an empty name", path);
+            goto fail;
+        }
+        if (n->type != FSDP__J_OBJ) {
+            FSDP__STF(r, "'%s': tensor '%.80s': not an object", path, n->key);
+            goto fail;
+        }
+        for (c = n->first; c >= 0; c = f->j.n[c].next) {
+            const char *k2 = f->j.n[c].key;
+            if (!strcmp(k2, "dtype")) dt = c;
+            else if (!strcmp(k2, "shape")) sh = c;
+            else if (!strcmp(k2, "data_offsets")) off = c;
+            else {
+                FSDP__STF(r, "'%s': tensor '%.80s': unknown field '%.40s'", path, n->key, k2);
+                goto fail;
+            }
+        }
+        if (dt < 0 || sh < 0 || off < 0) {
+            FSDP__STF(r, "'%s': tensor '%.80s': missing '%s'", path, n->key,
+                      dt < 0 ? "dtype" : sh < 0 ? "shape" : "data_offsets");
+            goto fail;
+        }
+        if (f->j.n[dt].type != FSDP__J_STR ||
+            (e->dtype = fsdp__st_dtype(f->j.n[dt].str)) == FSDP_DTYPE_DEFAULT) {
+            FSDP__STF(r, "'%s': tensor '%.80s': unknown dtype '%.20s'", path, n->key,
+                      f->j.n[dt].type == FSDP__J_STR ? f->j.n[dt].str : "(not a string)");
+            goto fail;
+        }
+        if (f->j.n[sh].type != FSDP__J_ARR || f->j.n[sh].count > FSDP_MAX_DIMS) {
+            FSDP__STF(r, "'%s': tensor '%.80s': shape is not an array of at most %d dims", path,
+                      n->key, FSDP_MAX_DIMS);
+            goto fail;
+        }
+        for (c = f->j.n[sh].first, d = 0; c >= 0; c = f->j.n[c].next, d++)
+            if (!fsdp__j_int(&f->j, c, 0, INT64_MAX, &e->shape[d])) {
+                FSDP__STF(r, "'%s': tensor '%.80s': shape[%d] is not a non-negative integer",
+                          path, n->key, d);
+                goto fail;
+            }
+        e->ndim = d;
+        if ((e->numel = fsdp__shape_numel(e->ndim, e->shape)) < 0 ||
+            e->numel > INT64_MAX / (int64_t)fsdp_dtype_size(e->dtype)) {
+            FSDP__STF(r, "'%s': tensor '%.80s': the shape's size overflows", path, n->key);
+            goto fail;
+        }
+        if (f->j.n[off].type != FSDP__J_ARR || f->j.n[off].count != 2 ||
+            !fsdp__j_int(&f->j, f->j.n[off].first, 0, INT64_MAX, &b) ||
+            !fsdp__j_int(&f->j, f->j.n[f->j.n[off].first].next, 0, INT64_MAX, &en) || en < b) {
+            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets is not [begin, end] with 0 <= "
+                      "begin <= end", path, n->key);
+            goto fail;
+        }
+        if (en > data_len) {
+            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets [%lld, %lld] past the end of the "
+                      "data (%lld bytes; the file is truncated?)", path, n->key, (long long)b,
+                      (long long)en, (long long)data_len);
+            goto fail;
+        }
+        if (en - b != e->numel * (int64_t)fsdp_dtype_size(e->dtype)) {
+            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets span %lld bytes, the shape needs "
+                      "%lld", path, n->key, (long long)(en - b),
+                      (long long)(e->numel * (int64_t)fsdp_dtype_size(e->dtype)));
+            goto fail;
+        }
+        e->begin = b;
+        e->end = en;
+        ord[ne].e = e;
+        ord[ne].idx = ne;
+        ne++;
+    }
+    f->ne = ne;
+    /* the data section is exactly the tensors, back to back */
+    qsort(ord, (size_t)ne, sizeof *ord, fsdp__st_cmp_begin);
+    {
+        int64_t pos = 0;
+        for (k = 0; k < ne; k++) {
+            if (ord[k].e->begin < pos) {
+                FSDP__STF(r, "'%s': tensor '%.80s' data_offsets [%lld, %lld] overlap tensor "
+                          "'%.80s'", path, ord[k].e->name, (long long)ord[k].e->begin,
+                          (long long)ord[k].e->end, ord[k - 1].e->name);
+                goto fail;
+            }
+            if (ord[k].e->begin > pos) {
+                FSDP__STF(r, "'%s': a gap of %lld bytes before tensor '%.80s'", path,
+                          (long long)(ord[k].e->begin - pos), ord[k].e->name);
+                goto fail;
+            }
+            pos = ord[k].e->end;
+        }
+        if (pos != data_len) {
+            FSDP__STF(r, "'%s': %lld bytes of data after the last tensor (the header covers %lld "
+                      "of %lld)", path, (long long)(data_len - pos), (long long)pos,
+                      (long long)pos, (long long)data_len);
+            goto fail;
+        }
+    }
+    qsort(ord, (size_t)ne, sizeof *ord, fsdp__st_cmp_name);
+    for (k = 0; k < ne; k++) f->sorted[k] = (int)(ord[k].e - f->e);
+    for (k = 0; k < ne; k++) {
+        fsdp__st_entry *e = &f->e[k];
+        char key[600];
+        const char *v;
+        snprintf(key, sizeof key, "fsdp.crc32.%s", e->name);
+        v = fsdp__st_meta(f, key);
+        if (v) {
+            if (!fsdp__parse_hex32(v, &e->crc)) {
+                FSDP__STF(r, "'%s': tensor '%.80s': bad checksum '%.20s' in __metadata__", path,
+                          e->name, v);
+                goto fail;
+            }
+            e->has_crc = 1;
+        }
+    }
+    fsdp__free(h, ord);
+    return FSDP_SUCCESS;
+fail:
+    fsdp__free(h, ord);
+    fsdp__st_close(f);
+    return r;
+}
+
+/* Reads entry k's bytes into buf and checks its checksum. */
+FSDP__DEF fsdp_result fsdp__st_read(fsdp__st_file *f, int k, void *buf, const fsdp__crc *crc,
+                                    fsdp_error *err)
+{
+    const fsdp__st_entry *e = &f->e[k];
+    const fsdp_hooks *h = f->h;
+    size_t n = (size_t)(e->end - e->begin);
+    int rc;
+    if (n && (rc = fsdp__read_at(f->fd, f->data_start + e->begin, buf, n)) != 0)
+        return FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
+                         rc == -2 ? "unexpected end of file (truncated)" : strerror(errno));
+    if (e->has_crc) {
+        uint32_t got = fsdp__crc_update(crc, 0, buf, n);
+        if (got != e->crc)
+            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': checksum mismatch (stored "
+                             "%08x, data %08x): the file is corrupt", f->path, e->name,
+                             (unsigned)e->crc, (unsigned)got);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* A tensor to write: host data, or device data copied through a bounce
+   buffer of the device. */
+typedef struct fsdp__wt {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t numel;
+    const void *data;
+    fsdp_memory_kind mem;
+} fsdp__wt;
+
+typedef struct fsdp__kv {
+    const char *key, *value;
+} fsdp__kv;
+
+/* Writes a safetensors file atomically: "<path>.tmp.<pid>", data, then the
+   header with the checksums (their width is fixed, so the header's length
+   is known before the data is written), fsync, rename, fsync of the
+   directory. A failure removes the temporary and leaves path as it was. */
+FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n, const fsdp__kv *kv,
+                                     int nkv, fsdp_device *dev, const fsdp_hooks *h,
+                                     fsdp_error *err)
+{
+    fsdp__sb sb;
+    fsdp__crc *crc = NULL;
+    size_t *crcpos = NULL, hlen;
+    char *tmp = NULL;
+    void *bounce = NULL;
+    size_t bounce_bytes = 0;
+    int64_t off = 0;
+    int fd = -1, i;
+    unsigned char len8[8];
+    fsdp_result r = FSDP_SUCCESS;
+    memset(&sb, 0, sizeof sb);
+    sb.h = h;
+    if (!fsdp__host_little_endian())
+        return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
+                         "is not", path);
+    crc = (fsdp__crc *)fsdp__alloc(h, sizeof *crc);
+    crcpos = (size_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *crcpos);
+    tmp = (char *)fsdp__alloc(h, strlen(path) + 32);
+    if (!crc || !crcpos || !tmp) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+        goto done;
+    }
+    fsdp__crc_init(crc);
+    sprintf(tmp, "%s.tmp.%ld", path, (long)getpid());
+    /* header: metadata first (so Python sees it), then tensors in order */
+    fsdp__sb_str(&sb, "{\"__metadata__\":{");
+    for (i = 0; i < nkv; i++) {
+        if (i) fsdp__sb_str(&sb, ",");
+        fsdp__sb_json(&sb, kv[i].key);
+        fsdp__sb_str(&sb, ":");
+        fsdp__sb_json(&sb, kv[i].value);
+    }
+    for (i = 0; i < n; i++) {
+        char key[600];
+        snprintf(key, sizeof key, "fsdp.crc32.%s", t[i].name);
+        if (nkv || i) fsdp__sb_str(&sb, ",");
+        fsdp__sb_json(&sb, key);
+        fsdp__sb_str(&sb, ":\"");
+        crcpos[i] = sb.len;
+        fsdp__sb_str(&sb, "00000000\"");
+    }
+    fsdp__sb_str(&sb, "}");
+    for (i = 0; i < n; i++) {
+        int64_t bytes = t[i].numel * (int64_t)fsdp_dtype_size(t[i].dtype);
+        int d;
+        const char *dn = fsdp__st_dtype_name(t[i].dtype);
+        if (!dn) {
+            r = FSDP__STF(FSDP_INVALID_DTYPE, "'%s': tensor '%s': dtype %s has no safetensors "
+                          "name", path, t[i].name, fsdp_dtype_name(t[i].dtype));
+            goto done;
+        }
+        fsdp__sb_str(&sb, ",");
+        fsdp__sb_json(&sb, t[i].name);
+        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", dn);
+        for (d = 0; d < t[i].ndim; d++)
+            fsdp__sb_printf(&sb, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+        fsdp__sb_printf(&sb, "],\"data_offsets\":[%lld,%lld]}", (long long)off,
+                        (long long)(off + bytes));
+        off += bytes;
+    }
+    fsdp__sb_str(&sb, "}");
+    while ((sb.len + 8) % 8) fsdp__sb_str(&sb, " "); /* data 8-byte aligned, as Python pads */
+    if (sb.oom) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", path);
+        goto done;
+    }
+    hlen = sb.len;
+    for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        r = FSDP__STF(FSDP_CKPT_IO, "'%s': cannot create: %s", tmp, strerror(errno));
+        goto done;
+    }
+    if (lseek(fd, (off_t)(8 + hlen), SEEK_SET) < 0) goto io;
+    for (i = 0; i < n; i++) {
+        size_t bytes = (size_t)t[i].numel * fsdp_dtype_size(t[i].dtype);
+        const void *src = t[i].data;
+        uint32_t c;
+        char hex[9];
+        if (bytes && t[i].mem == FSDP_MEM_DEVICE) {
+            if (!dev) {
+                r = FSDP__STF(FSDP_INVALID_ARGS, "'%s': tensor '%s' is in device memory and "
+                              "there is no device", path, t[i].name);
+                goto done;
+            }
+            if (bytes > bounce_bytes) {
+                fsdp__free(h, bounce);
+                bounce_bytes = 0;
+                if (!(bounce = fsdp__alloc(h, bytes))) {
+                    r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+                    goto done;
+                }
+                bounce_bytes = bytes;
+            }
+            if ((r = fsdp_device_copy(dev, bounce, src, bytes, FSDP_COPY_D2H, NULL)) !=
+                FSDP_SUCCESS) {
+                FSDP__STF(r, "'%s': tensor '%s': %s", path, t[i].name,
+                          fsdp_device_last_error(dev));
+                goto done;
+            }
+            src = bounce;
+        }
+        c = fsdp__crc_update(crc, 0, src, bytes);
+        snprintf(hex, sizeof hex, "%08x", (unsigned)c);
+        memcpy(sb.s + crcpos[i], hex, 8);
+        if (bytes && fsdp__write_all(fd, src, bytes) != 0) goto io;
+    }
+    if (lseek(fd, 0, SEEK_SET) < 0 || fsdp__write_all(fd, len8, 8) != 0 ||
+        fsdp__write_all(fd, sb.s, hlen) != 0)
+        goto io;
+    if (fsync(fd) != 0) goto io;
+    if (close(fd) != 0) {
+        fd = -1;
+        goto io;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        r = FSDP__STF(FSDP_CKPT_IO, "'%s': renaming the temporary '%s' into place: %s", path,
+                      tmp, strerror(errno));
+        unlink(tmp);
+        goto done;
+    }
+    fsdp__fsync_dir(path);
+    goto done;
+io:
+    r = FSDP__STF(FSDP_CKPT_IO, "'%s': writing '%s': %s", path, tmp, strerror(errno));
+    if (fd >= 0) close(fd);
+    fd = -1;
+    unlink(tmp);
+done:
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    }
+    fsdp__free(h, sb.s);
+    fsdp__free(h, crc);
+    fsdp__free(h, crcpos);
+    fsdp__free(h, tmp);
+    fsdp__free(h, bounce);
+    return r;
+}
+
+/* Writes a dict's tensors to one file; pieces become 1-D tensors. */
+FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd,
+                                     const fsdp__kv *kvs, int nkv, fsdp_error *err)
+{
+    fsdp__wt *t;
+    fsdp_result r;
+    const fsdp_hooks *h = &sd->hooks;
+    int i;
+    t = (fsdp__wt *)fsdp__calloc(h, (size_t)sd->n + 1, sizeof *t);
+    if (!t) return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+    for (i = 0; i < sd->n; i++) {
+        const fsdp_tensor *s = &sd->t[i];
+        int d;
+        int whole = s->offset == 0 && s->numel == fsdp__shape_numel(s->ndim, s->shape);
+        for (d = i + 1; d < sd->n; d++)
+            if (!strcmp(sd->t[d].name, s->name)) {
+                fsdp__free(h, t);
+                return FSDP__STF(FSDP_DUPLICATE_NAME, "'%s': tensor '%s' appears twice (a file "
+                                 "holds one tensor per name)", path, s->name);
+            }
+        t[i].name = s->name;
+        t[i].dtype = s->dtype;
+        if (whole) {
+            t[i].ndim = s->ndim;
+            for (d = 0; d < s->ndim; d++) t[i].shape[d] = s->shape[d];
+        } else {
+            t[i].ndim = 1;
+            t[i].shape[0] = s->numel;
+        }
+        t[i].numel = s->numel;
+        t[i].data = s->data;
+        t[i].mem = s->mem;
+    }
+    r = fsdp__st_write(path, t, sd->n, kvs, nkv, sd->dev, h, err);
+    fsdp__free(h, t);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_dict *sd,
+                                           fsdp_error *err)
+{
+    fsdp__kv kv = {"format", "pt"}; /* what Python's loaders expect */
+    const fsdp_hooks *h = sd ? &sd->hooks : NULL;
+    if (!path || !sd) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_save: %s is NULL",
+                                       path ? "sd" : "path");
+    return fsdp__sd_write(path, sd, &kv, 1, err);
+}
+
+FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
+                                           fsdp_state_dict **out, fsdp_error *err)
+{
+    fsdp__st_file f;
+    fsdp_state_dict *sd = NULL;
+    fsdp__crc *crc = NULL;
+    fsdp_result r;
+    const fsdp_hooks *h = hooks;
+    char *base = NULL;
+    size_t total;
+    int i;
+    if (!out) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: out is NULL");
+    *out = NULL;
+    if (!path) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: path is NULL");
+    if (!fsdp__hooks_valid(hooks))
+        return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: allocator needs alloc, "
+                         "realloc and free");
+    if (!fsdp__host_little_endian())
+        return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
+                         "is not", path);
+    if ((r = fsdp__st_open(&f, hooks, path, err)) != FSDP_SUCCESS) return r;
+    total = (size_t)(f.size - f.data_start);
+    if ((r = fsdp__sd_new(hooks, FSDP_SD_FULL, NULL, &sd)) != FSDP_SUCCESS ||
+        !(crc = (fsdp__crc *)fsdp__alloc(hooks, sizeof *crc))) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+        goto done;
+    }
+    fsdp__crc_init(crc);
+    if ((r = fsdp__sd_block(sd, total, FSDP_MEM_HOST, (void **)&base)) != FSDP_SUCCESS) {
+        FSDP__STF(r, "'%s': %s", path, sd->err.message);
+        goto done;
+    }
+    /* in file order of the header (the order the writer chose) */
+    for (i = 0; i < f.ne; i++) {
+        const fsdp__st_entry *e = &f.e[i];
+        if ((r = fsdp__st_read(&f, i, base + e->begin, crc, err)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__sd_push(sd, e->name, e->dtype, e->ndim, e->shape, 0, e->numel,
+                               base + e->begin, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
+            FSDP__STF(r, "'%s': out of memory", path);
+            goto done;
+        }
+    }
+done:
+    fsdp__st_close(&f);
+    fsdp__free(hooks, crc);
+    if (r != FSDP_SUCCESS) fsdp_state_dict_destroy(sd);
+    else *out = sd;
+    return r;
+}
+
+/* --- from a context to a state dict --- */
+
+/* The async writer's staging cache: one pinned buffer per source buffer
+   (a shard, an optimizer-state shard, the step counters), kept across
+   saves and reallocated only when the source changes size. */
+typedef struct fsdp__stage_buf {
+    const void *key;
+    void *p;
+    size_t bytes;
+    int used; /* by the current save */
+} fsdp__stage_buf;
+
+typedef struct fsdp__stage {
+    fsdp_device *dev;
+    const fsdp_hooks *h;
+    fsdp__stage_buf *b;
+    int n, cap;
+    size_t bytes;
+} fsdp__stage;
+
+FSDP__DEF void fsdp__stage_free(fsdp__stage *st)
+{
+    int i;
+    for (i = 0; i < st->n; i++)
+        if (st->b[i].p) fsdp_device_host_free(st->dev, st->b[i].p, st->b[i].bytes);
+    fsdp__free(st->h, st->b);
+    st->b = NULL;
+    st->n = st->cap = 0;
+    st->bytes = 0;
+}
+
+FSDP__DEF fsdp_result fsdp__stage_get(fsdp__stage *st, const void *key, size_t bytes, void **out)
+{
+    int i;
+    fsdp_result r;
+    if (!bytes) bytes = 1;
+    for (i = 0; i < st->n; i++)
+        if (st->b[i].key == key) break;
+    if (i == st->n) {
+        if (!fsdp__grow(st->h, (void **)&st->b, &st->cap, st->n + 1, sizeof *st->b))
+            return FSDP_OUT_OF_MEMORY;
+        memset(&st->b[i], 0, sizeof st->b[i]);
+        st->b[i].key = key;
+        st->n++;
+    }
+    if (st->b[i].p && st->b[i].bytes != bytes) { /* the source changed size */
+        fsdp_device_host_free(st->dev, st->b[i].p, st->b[i].bytes);
+        st->bytes -= st->b[i].bytes;
+        st->b[i].p = NULL;
+    }
+    if (!st->b[i].p) {
+        if ((r = fsdp_device_host_alloc(st->dev, bytes, &st->b[i].p)) != FSDP_SUCCESS) {
+            st->b[i].p = NULL;
+            return r;
+        }
+        st->b[i].bytes = bytes;
+        st->bytes += bytes;
+    }
+    st->b[i].used = 1;
+    *out = st->b[i].p;
+    return FSDP_SUCCESS;
+}
+
+typedef struct fsdp__bopts {
+    fsdp_sd_kind kind;
+    unsigned flags;
+    int for_ckpt;       /* sharded: only units this rank writes; steps on rank 0 */
+    fsdp__stage *stage; /* pinned blocks from the writer's cache (not owned) */
+} fsdp__bopts;
+
+/* Per occurrence: the first occurrence of the same parameter (its
+   named_parameters() name) and the (unit, entry) holding it. */
+typedef struct fsdp__ploc {
+    int first;
+    int unit, entry; /* -1 when FSDP does not manage it (ignored) */
+} fsdp__ploc;
+
+/* fsdp_model_param that always fills *pi (indices come from the model, so
+   the fallback is never used; it keeps the compiler's analysis simple). */
+FSDP__DEF void fsdp__pinfo(fsdp_ctx *c, int j, fsdp_param_info *pi)
+{
+    if (fsdp_model_param(c->model, j, pi) != FSDP_SUCCESS) {
+        memset(pi, 0, sizeof *pi);
+        pi->fqn = pi->name = "?";
+        pi->primary = j;
+    }
+}
+
+FSDP__DEF fsdp_result fsdp__plocs(fsdp_ctx *c, fsdp__ploc **out)
+{
+    int np = fsdp_model_num_params(c->model), j, u, e;
+    fsdp__ploc *pl = (fsdp__ploc *)fsdp__calloc(&c->hooks, (size_t)np + 1, sizeof *pl);
+    *out = NULL;
+    if (!pl) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+    for (j = 0; j < np; j++) {
+        pl[j].first = -1;
+        pl[j].unit = pl[j].entry = -1;
+    }
+    for (j = 0; j < np; j++) {
+        fsdp_param_info pi;
+        fsdp__pinfo(c, j, &pi);
+        if (pl[pi.primary].first < 0) pl[pi.primary].first = j;
+        pl[j].first = pl[pi.primary].first;
+    }
+    for (u = 0; u < c->nunits; u++)
+        for (e = 0; e < c->u[u].info->nentries; e++) {
+            fsdp_param_info pi;
+            fsdp__pinfo(c, c->u[u].info->entries[e].param, &pi);
+            pl[pi.primary].unit = u;
+            pl[pi.primary].entry = e;
+        }
+    for (j = 0; j < np; j++) {
+        fsdp_param_info pi;
+        fsdp__pinfo(c, j, &pi);
+        pl[j].unit = pl[pi.primary].unit;
+        pl[j].entry = pl[pi.primary].entry;
+    }
+    *out = pl;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF const char *fsdp__pname(fsdp_ctx *c, int j)
+{
+    fsdp_param_info pi;
+    fsdp__pinfo(c, j, &pi);
+    return pi.fqn;
+}
+
+FSDP__DEF fsdp_result fsdp__bblock(fsdp_ctx *c, fsdp_state_dict *sd, const fsdp__bopts *o,
+                                   const void *key, size_t bytes, fsdp_memory_kind mem,
+                                   void **out)
+{
+    fsdp_result r;
+    if (o->stage) {
+        r = fsdp__stage_get(o->stage, key, bytes, out);
+        if (r != FSDP_SUCCESS)
+            return fsdp__ctx_fail(c, r, "rank %d: staging %zu bytes in pinned memory: %s",
+                                  c->rank, bytes, fsdp_device_last_error(c->dev));
+        return r;
+    }
+    r = fsdp__sd_block(sd, bytes, mem, out);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "rank %d: %s", c->rank, sd->err.message);
+    return r;
+}
+
+FSDP__DEF float *fsdp__src_buf(fsdp__cunit *cu, int what)
+{
+    return what == 0 ? cu->master : cu->ostate[what - 1];
+}
+
+/* The step value of a group as an i64 scalar placed in a block. */
+FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const fsdp__bopts *o,
+                                       const fsdp__ploc *pl, fsdp_memory_kind mem)
+{
+    int np = fsdp_model_num_params(c->model), j, n = 0, k = 0;
+    int64_t *host = NULL;
+    void *blk = NULL;
+    fsdp_result r = FSDP_SUCCESS;
+    char name[600];
+    for (j = 0; j < np; j++)
+        if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad) n++;
+    if (!n) return FSDP_SUCCESS;
+    host = (int64_t *)fsdp__calloc(&c->hooks, (size_t)n, sizeof *host);
+    if (!host) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+    for (j = 0; j < np; j++)
+        if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)
+            host[k++] = c->group_steps[c->u[pl[j].unit].groups[pl[j].entry]];
+    if ((r = fsdp__bblock(c, sd, o, (const void *)c->group_steps, (size_t)n * 8, mem, &blk)) !=
+        FSDP_SUCCESS)
+        goto done;
+    if (mem == FSDP_MEM_DEVICE) {
+        r = fsdp_device_copy(c->dev, blk, host, (size_t)n * 8, FSDP_COPY_H2D, NULL);
+        if (r != FSDP_SUCCESS) {
+            fsdp__ctx_dev(c, r, "copying step counters");
+            goto done;
+        }
+    } else {
+        memcpy(blk, host, (size_t)n * 8);
+    }
+    for (j = 0, k = 0; j < np; j++) {
+        if (!(pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)) continue;
+        snprintf(name, sizeof name, "optim.%s.step", fsdp__pname(c, j));
+        if ((r = fsdp__sd_push(sd, name, FSDP_I64, 0, NULL, 0, 1, (int64_t *)blk + k, mem)) !=
+            FSDP_SUCCESS) {
+            fsdp__ctx_fail(c, r, "state dict: out of memory");
+            goto done;
+        }
+        k++;
+    }
+done:
+    fsdp__free(&c->hooks, host);
+    return r;
+}
+
+/* Builds a state dict of o->kind from the context (see the declarations).
+   Collective for FULL (all-gathers), local otherwise. */
+FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_dict **out,
+                                  const char *fn)
+{
+    fsdp_state_dict *sd = NULL;
+    fsdp__ploc *pl = NULL;
+    void **blocks = NULL; /* [unit * 5 + what] */
+    void *scratch = NULL;
+    size_t scratch_bytes = 0;
+    fsdp_result r;
+    fsdp_memory_kind mem = (o->flags & FSDP_SD_OFFLOAD)
+                               ? ((o->flags & FSDP_SD_PINNED) ? FSDP_MEM_PINNED : FSDP_MEM_HOST)
+                               : FSDP_MEM_DEVICE;
+    int keep = !(o->flags & FSDP_SD_RANK0_ONLY) || c->rank == 0;
+    int nwhat = (o->flags & FSDP_SD_OPTIM) ? 5 : 1;
+    int np = fsdp_model_num_params(c->model), u, w, j, p;
+    char name[600];
+    *out = NULL;
+    if (o->stage) mem = FSDP_MEM_PINNED;
+    if (o->kind == FSDP_SD_LOCAL && (o->flags & FSDP_SD_OPTIM))
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds parameters "
+                              "only (use a sharded one for the optimizer state)", fn);
+    if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__sd_new(&c->hooks, o->kind, c->dev, &sd)) != FSDP_SUCCESS)
+        return fsdp__ctx_fail(c, r, "%s: out of memory", fn);
+    if ((r = fsdp__plocs(c, &pl)) != FSDP_SUCCESS) goto fail;
+    blocks = (void **)fsdp__calloc(&c->hooks, (size_t)c->nunits * 5 + 1, sizeof *blocks);
+    if (!blocks) {
+        r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+        goto fail;
+    }
+    /* 1. copy (FULL: gather) each unit's buffers */
+    for (u = 0; u < c->nunits; u++) {
+        fsdp__cunit *cu = &c->u[u];
+        if (o->kind == FSDP_SD_FULL && cu->W > 1 && (size_t)cu->S * (size_t)cu->W * 4 > scratch_bytes)
+            scratch_bytes = (size_t)cu->S * (size_t)cu->W * 4;
+    }
+    if (o->kind == FSDP_SD_FULL && scratch_bytes) {
+        r = fsdp_device_alloc(c->dev, scratch_bytes, &scratch);
+        if (r != FSDP_SUCCESS) {
+            fsdp__ctx_dev(c, r, "allocating the gather buffer of the full state dict");
+            goto fail;
+        }
+    }
+    for (u = 0; u < c->nunits; u++) {
+        fsdp__cunit *cu = &c->u[u];
+        if (o->kind == FSDP_SD_SHARDED && o->for_ckpt && c->rank >= cu->W) continue;
+        for (w = 0; w < nwhat; w++) {
+            const float *src = fsdp__src_buf(cu, w);
+            size_t n = o->kind == FSDP_SD_FULL ? (size_t)cu->info->numel : (size_t)cu->S;
+            const float *from = src;
+            if (!src || !cu->S) continue;
+            if (o->kind == FSDP_SD_FULL && cu->W > 1) {
+                r = fsdp_all_gather(cu->comm, src, scratch, (size_t)cu->S, FSDP_F32, NULL);
+                if (r != FSDP_SUCCESS) {
+                    fsdp__ctx_comm(c, cu->comm, r, fn);
+                    goto fail;
+                }
+                from = (const float *)scratch;
+            }
+            if (!keep) continue;
+            if ((r = fsdp__bblock(c, sd, o, src, n * 4, mem, &blocks[u * 5 + w])) != FSDP_SUCCESS)
+                goto fail;
+            r = fsdp_device_copy(c->dev, blocks[u * 5 + w], from, n * 4,
+                                 mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D : FSDP_COPY_D2H, NULL);
+            if (r != FSDP_SUCCESS) {
+                fsdp__ctx_dev(c, r, fn);
+                goto fail;
+            }
+        }
+    }
+    if (!keep) goto done;
+    /* 2. the tensors */
+    if (o->kind == FSDP_SD_FULL) {
+        for (j = 0; j < np; j++) {
+            fsdp_param_info pi;
+            const fsdp_flat_entry *fe;
+            if (pl[j].unit < 0) continue;
+            fsdp__pinfo(c, j, &pi);
+            fe = &c->u[pl[j].unit].info->entries[pl[j].entry];
+            r = fsdp__sd_push(sd, pi.fqn, FSDP_F32, pi.ndim, pi.shape, 0, pi.numel,
+                              blocks[pl[j].unit * 5] ? (float *)blocks[pl[j].unit * 5] + fe->offset
+                                                     : NULL, mem);
+            if (r != FSDP_SUCCESS) goto oom;
+        }
+        for (j = 0; nwhat > 1 && j < np; j++) {
+            fsdp__cunit *cu;
+            const fsdp_flat_entry *fe;
+            if (pl[j].first != j || pl[j].unit < 0 || !c->u[pl[j].unit].grad) continue;
+            cu = &c->u[pl[j].unit];
+            fe = &cu->info->entries[pl[j].entry];
+            for (w = 1; w < 5; w++) {
+                if (!cu->ostate[w - 1]) continue;
+                snprintf(name, sizeof name, "optim.%s.%s", fsdp__pname(c, j),
+                         fsdp__ostate_names[w - 1]);
+                r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
+                                  blocks[pl[j].unit * 5 + w]
+                                      ? (float *)blocks[pl[j].unit * 5 + w] + fe->offset
+                                      : NULL, mem);
+                if (r != FSDP_SUCCESS) goto oom;
+            }
+        }
+    } else if (o->kind == FSDP_SD_SHARDED) {
+        for (w = 0; w < nwhat; w++)
+            for (u = 0; u < c->nunits; u++) {
+                fsdp__cunit *cu = &c->u[u];
+                if (o->for_ckpt && c->rank >= cu->W) continue;
+                if (!blocks[u * 5 + w]) continue;
+                for (p = 0; p < cu->lay.npieces; p++) {
+                    const fsdp_shard_piece *pc = &cu->pieces[p];
+                    const fsdp_flat_entry *fe = &cu->info->entries[pc->entry];
+                    int64_t n = pc->end - pc->start + 1;
+                    fsdp_param_info pi;
+                    if (n <= 0) continue;
+                    fsdp__pinfo(c, fe->param, &pi);
+                    if (w == 0) snprintf(name, sizeof name, "%s", fsdp__pname(c, pl[pi.primary].first));
+                    else snprintf(name, sizeof name, "optim.%s.%s",
+                                  fsdp__pname(c, pl[pi.primary].first), fsdp__ostate_names[w - 1]);
+                    r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
+                                      (float *)blocks[u * 5 + w] +
+                                          (fe->offset + pc->start - cu->lay.flat_begin), mem);
+                    if (r != FSDP_SUCCESS) goto oom;
+                }
+            }
+    } else {
+        for (u = 0; u < c->nunits; u++) {
+            fsdp__cunit *cu = &c->u[u];
+            int64_t shape = cu->info->numel;
+            snprintf(name, sizeof name, "%s%sflat_param", cu->info->fqn,
+                     cu->info->fqn[0] ? "." : "");
+            r = fsdp__sd_push(sd, name, FSDP_F32, 1, &shape, cu->lay.flat_begin,
+                              cu->lay.valid_numel, blocks[u * 5], mem);
+            if (r != FSDP_SUCCESS) goto oom;
+        }
+    }
+    if (nwhat > 1 && (o->kind == FSDP_SD_FULL || !o->for_ckpt || c->rank == 0))
+        if ((r = fsdp__push_steps(c, sd, o, pl, mem)) != FSDP_SUCCESS) goto fail;
+done:
+    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
+    fsdp__free(&c->hooks, blocks);
+    fsdp__free(&c->hooks, pl);
+    *out = sd;
+    return FSDP_SUCCESS;
+oom:
+    r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+fail:
+    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
+    fsdp__free(&c->hooks, blocks);
+    fsdp__free(&c->hooks, pl);
+    fsdp_state_dict_destroy(sd);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__get_sd(fsdp_ctx *c, fsdp_sd_kind kind, unsigned flags,
+                                   fsdp_state_dict **out, const char *fn)
+{
+    fsdp__bopts o;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!out) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: out is NULL", fn);
+    *out = NULL;
+    if (kind != FSDP_SD_FULL && (flags & FSDP_SD_RANK0_ONLY))
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: FSDP_SD_RANK0_ONLY is for full state "
+                              "dicts", fn);
+    memset(&o, 0, sizeof o);
+    o.kind = kind;
+    o.flags = flags;
+    return fsdp__build(c, &o, out, fn);
+}
+
+FSDP_API fsdp_result fsdp_get_full_state_dict(fsdp_ctx *c, unsigned flags, fsdp_state_dict **out)
+{
+    return fsdp__get_sd(c, FSDP_SD_FULL, flags, out, "fsdp_get_full_state_dict");
+}
+
+FSDP_API fsdp_result fsdp_get_sharded_state_dict(fsdp_ctx *c, unsigned flags,
+                                                 fsdp_state_dict **out)
+{
+    return fsdp__get_sd(c, FSDP_SD_SHARDED, flags, out, "fsdp_get_sharded_state_dict");
+}
+
+FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *c, unsigned flags, fsdp_state_dict **out)
+{
+    return fsdp__get_sd(c, FSDP_SD_LOCAL, flags, out, "fsdp_get_local_state_dict");
+}
+
+/* --- from a state dict (or a checkpoint) into the context --- */
+
+/* The ranks agree on a result: each contributes its code and message;
+   every rank returns the first failure in rank order (its own message if
+   it failed itself). Buffers are device memory, as comm backends need. */
+typedef struct fsdp__vote {
+    int32_t code;
+    int32_t rank;
+    char msg[FSDP_ERROR_MAX];
+} fsdp__vote;
+
+FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
+{
+    fsdp__vote v, *all = NULL;
+    void *dbuf = NULL;
+    size_t one = sizeof(fsdp__vote), bytes = one * (size_t)c->nranks;
+    fsdp_result r;
+    int i;
+    if (c->nranks == 1) return mine;
+    memset(&v, 0, sizeof v);
+    v.code = (int32_t)mine;
+    v.rank = c->rank;
+    if (mine != FSDP_SUCCESS) snprintf(v.msg, sizeof v.msg, "%s", c->err.message);
+    all = (fsdp__vote *)fsdp__alloc(&c->hooks, bytes);
+    if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+    r = fsdp_device_alloc(c->dev, bytes, &dbuf);
+    if (r == FSDP_SUCCESS)
+        r = fsdp_device_copy(c->dev, (char *)dbuf + one * (size_t)c->rank, &v, one,
+                             FSDP_COPY_H2D, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__ctx_dev(c, r, fn);
+        goto done;
+    }
+    r = fsdp_all_gather(c->world, (char *)dbuf + one * (size_t)c->rank, dbuf, one, FSDP_U8, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__ctx_comm(c, c->world, r, fn);
+        goto done;
+    }
+    r = fsdp_device_copy(c->dev, all, dbuf, bytes, FSDP_COPY_D2H, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__ctx_dev(c, r, fn);
+        goto done;
+    }
+    r = FSDP_SUCCESS;
+    if (mine != FSDP_SUCCESS) {
+        r = mine;
+        goto done;
+    }
+    for (i = 0; i < c->nranks; i++)
+        if (all[i].code != 0) {
+            all[i].msg[FSDP_ERROR_MAX - 1] = 0;
+            r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "rank %d failed: %s", i, all[i].msg);
+            break;
+        }
+done:
+    if (dbuf) fsdp_device_free(c->dev, dbuf, bytes);
+    fsdp__free(&c->hooks, all);
+    return r;
+}
+
+/* A tensor (or piece) offered to the loader. */
+typedef struct fsdp__src {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t offset, numel;
+    const void *data; /* memory sources */
+    fsdp_memory_kind mem;
+    int file, entry;  /* file sources (file -1: memory) */
+    int tgt, what, occ;
+} fsdp__src;
+
+/* A target: a managed parameter (one flat entry), or a unit (LOCAL). */
+typedef struct fsdp__tgt {
+    int unit, entry, first;
+    int64_t need_off, need_n, dst; /* this rank's range and its shard offset */
+    int chosen[6];                 /* per what: occurrence whose name is used */
+    int present[6];
+} fsdp__tgt;
+
+typedef struct fsdp__ld {
+    fsdp_ctx *c;
+    unsigned flags;
+    fsdp_sd_kind kind;
+    char where[300]; /* prefix of messages */
+    fsdp__ploc *pl;
+    fsdp__tgt *t;
+    int nt;
+    int *tgt_of; /* occurrence -> target */
+    fsdp__src *s;
+    int ns, scap;
+    int *order; /* sources sorted by (tgt, what, offset) */
+    float **stage; /* [unit * 5 + what] */
+    int64_t new_step[FSDP__MAX_GROUPS];
+    int step_set[FSDP__MAX_GROUPS];
+    fsdp__st_file *files;
+    int nfiles;
+    fsdp__crc *crc;
+    void *hbuf, *hbuf2;
+    size_t hbuf_bytes, hbuf2_bytes;
+    void *dbuf;
+    size_t dbuf_bytes;
+    char *names; /* owned names of broadcast metadata */
+} fsdp__ld;
+
+FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
+{
+    fsdp_ctx *c = L->c;
+    int i;
+    if (L->stage)
+        for (i = 0; i < c->nunits * 5; i++)
+            if (L->stage[i]) fsdp_device_free(c->dev, L->stage[i], (size_t)c->u[i / 5].S * 4);
+    for (i = 0; i < L->nfiles; i++) fsdp__st_close(&L->files[i]);
+    if (L->dbuf) fsdp_device_free(c->dev, L->dbuf, L->dbuf_bytes);
+    fsdp__free(&c->hooks, L->files);
+    fsdp__free(&c->hooks, L->stage);
+    fsdp__free(&c->hooks, L->pl);
+    fsdp__free(&c->hooks, L->t);
+    fsdp__free(&c->hooks, L->tgt_of);
+    fsdp__free(&c->hooks, L->s);
+    fsdp__free(&c->hooks, L->order);
+    fsdp__free(&c->hooks, L->crc);
+    fsdp__free(&c->hooks, L->hbuf);
+    fsdp__free(&c->hooks, L->hbuf2);
+    fsdp__free(&c->hooks, L->names);
+}
+
+FSDP__DEF fsdp_result fsdp__ld_init(fsdp__ld *L, fsdp_ctx *c, fsdp_sd_kind kind, unsigned flags,
+                                    const char *where)
+{
+    int np = fsdp_model_num_params(c->model), u, e, j;
+    fsdp_result r;
+    memset(L, 0, sizeof *L);
+    L->c = c;
+    L->kind = kind;
+    L->flags = flags;
+    snprintf(L->where, sizeof L->where, "%s", where);
+    if ((r = fsdp__plocs(c, &L->pl)) != FSDP_SUCCESS) return r;
+    L->tgt_of = (int *)fsdp__alloc(&c->hooks, ((size_t)np + 1) * sizeof(int));
+    for (u = 0; u < c->nunits; u++) L->nt += kind == FSDP_SD_LOCAL ? 1 : c->u[u].info->nentries;
+    L->t = (fsdp__tgt *)fsdp__calloc(&c->hooks, (size_t)L->nt + 1, sizeof *L->t);
+    L->crc = (fsdp__crc *)fsdp__alloc(&c->hooks, sizeof *L->crc);
+    if (!L->tgt_of || !L->t || !L->crc)
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", where);
+    fsdp__crc_init(L->crc);
+    for (j = 0; j < np; j++) L->tgt_of[j] = -1;
+    L->nt = 0;
+    for (u = 0; u < c->nunits; u++) {
+        fsdp__cunit *cu = &c->u[u];
+        if (kind == FSDP_SD_LOCAL) {
+            fsdp__tgt *t = &L->t[L->nt++];
+            t->unit = u;
+            t->entry = -1;
+            t->first = -1;
+            t->need_off = cu->lay.flat_begin;
+            t->need_n = cu->lay.valid_numel;
+            t->dst = 0;
+            continue;
+        }
+        for (e = 0; e < cu->info->nentries; e++) {
+            fsdp__tgt *t = &L->t[L->nt];
+            fsdp_param_info pi;
+            int p;
+            fsdp__pinfo(c, cu->info->entries[e].param, &pi);
+            t->unit = u;
+            t->entry = e;
+            t->first = L->pl[pi.primary].first;
+            for (p = 0; p < cu->lay.npieces; p++)
+                if (cu->pieces[p].entry == e && cu->pieces[p].end >= cu->pieces[p].start) {
+                    t->need_off = cu->pieces[p].start;
+                    t->need_n = cu->pieces[p].end - cu->pieces[p].start + 1;
+                    t->dst = cu->info->entries[e].offset + cu->pieces[p].start - cu->lay.flat_begin;
+                }
+            for (j = 0; j < np; j++)
+                if (L->pl[j].unit == u && L->pl[j].entry == e) L->tgt_of[j] = L->nt;
+            L->nt++;
+        }
+    }
+    for (j = 0; j < L->nt; j++)
+        for (e = 0; e < 6; e++) L->t[j].chosen[e] = -1;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp__src *fsdp__ld_add(fsdp__ld *L)
+{
+    fsdp__src *s;
+    if (!fsdp__grow(&L->c->hooks, (void **)&L->s, &L->scap, L->ns + 1, sizeof *L->s)) return NULL;
+    s = &L->s[L->ns++];
+    memset(s, 0, sizeof *s);
+    s->file = -1;
+    s->tgt = -1;
+    return s;
+}
+
+/* Appends to a bounded list of names for a message. */
+FSDP__DEF void fsdp__namelist(char *buf, size_t cap, int *count, const char *name)
+{
+    size_t len = strlen(buf);
+    (*count)++;
+    if (*count > 6 || len + strlen(name) + 8 > cap) return;
+    snprintf(buf + len, cap - len, "%s'%s'", len ? ", " : "", name);
+}
+
+typedef struct fsdp__okey {
+    int tgt, what, idx;
+    int64_t offset;
+} fsdp__okey;
+
+FSDP__DEF int fsdp__okey_cmp(const void *a, const void *b)
+{
+    const fsdp__okey *x = (const fsdp__okey *)a, *y = (const fsdp__okey *)b;
+    if (x->tgt != y->tgt) return x->tgt < y->tgt ? -1 : 1;
+    if (x->what != y->what) return x->what < y->what ? -1 : 1;
+    if (x->offset != y->offset) return x->offset < y->offset ? -1 : 1;
+    return x->idx - y->idx;
+}
+
+/* Resolves every source's name and checks shapes, dtypes, coverage and
+   strictness. Touches nothing of the context. */
+FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
+{
+    fsdp_ctx *c = L->c;
+    char unexpected[320] = "", missing[320] = "", sa[128], sb[128];
+    int nunexp = 0, nmiss = 0, i, k, w;
+    int np = fsdp_model_num_params(c->model);
+    int strict = !(L->flags & FSDP_SD_NOT_STRICT), optim = (L->flags & FSDP_SD_OPTIM) != 0;
+    for (i = 0; i < L->ns; i++) {
+        fsdp__src *s = &L->s[i];
+        int occ = -1, what = 0, t = -1;
+        s->tgt = -1;
+        if (L->kind == FSDP_SD_LOCAL) {
+            int u;
+            for (u = 0; u < c->nunits; u++) {
+                char nm[600];
+                snprintf(nm, sizeof nm, "%s%sflat_param", c->u[u].info->fqn,
+                         c->u[u].info->fqn[0] ? "." : "");
+                if (!strcmp(nm, s->name)) break;
+            }
+            if (u == c->nunits) {
+                fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
+                continue;
+            }
+            t = u;
+            occ = 0;
+        } else if ((occ = fsdp_model_find_param(c->model, s->name)) >= 0) {
+            t = L->tgt_of[occ];
+            if (t < 0) continue; /* an ignored parameter: the engine's own */
+        } else if (!strncmp(s->name, "optim.", 6)) {
+            const char *dot = strrchr(s->name, '.');
+            char fqn[600];
+            size_t len = (size_t)(dot - s->name) - 6;
+            if (!optim) continue; /* the optimizer state is not asked for */
+            what = -1;
+            if (dot > s->name + 6 && len < sizeof fqn) {
+                memcpy(fqn, s->name + 6, len);
+                fqn[len] = 0;
+                for (k = 0; k < 4; k++)
+                    if (!strcmp(dot + 1, fsdp__ostate_names[k])) what = k + 1;
+                if (!strcmp(dot + 1, "step")) what = 5;
+                occ = what > 0 ? fsdp_model_find_param(c->model, fqn) : -1;
+                t = occ >= 0 ? L->tgt_of[occ] : -1;
+            }
+            if (t < 0 || !c->u[L->t[t].unit].grad ||
+                (what >= 1 && what <= 4 && !c->u[L->t[t].unit].ostate[what - 1])) {
+                fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
+                continue;
+            }
+        } else {
+            fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
+            continue;
+        }
+        /* shape and dtype */
+        if (what == 5) {
+            if (s->numel != 1 || s->offset != 0 || fsdp__shape_numel(s->ndim, s->shape) != 1 ||
+                !fsdp_dtype_size(s->dtype) || s->dtype == FSDP_F16 || s->dtype == FSDP_BF16)
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' must be a scalar step "
+                                      "(i64, i32 or f32), got %s of shape %s", L->where, s->name,
+                                      fsdp_dtype_name(s->dtype),
+                                      (fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape), sa));
+        } else {
+            int ndim;
+            const int64_t *shape;
+            int64_t gl;
+            fsdp__cunit *cu = &c->u[L->t[t].unit];
+            if (L->kind == FSDP_SD_LOCAL) {
+                ndim = 1;
+                shape = &cu->info->numel;
+            } else {
+                ndim = cu->info->entries[L->t[t].entry].ndim;
+                shape = cu->info->entries[L->t[t].entry].shape;
+            }
+            if (!fsdp_dtype_is_float(s->dtype))
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has dtype %s, a float "
+                                      "dtype is needed", L->where, s->name,
+                                      fsdp_dtype_name(s->dtype));
+            for (k = 0; k < ndim && ndim == s->ndim; k++)
+                if (shape[k] != s->shape[k]) break;
+            if (ndim != s->ndim || k < ndim) {
+                fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape);
+                fsdp__shape_str(sb, sizeof sb, ndim, shape);
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has shape %s, the model "
+                                      "has %s (a checkpoint of a different model?)", L->where,
+                                      s->name, sa, sb);
+            }
+            gl = fsdp__shape_numel(ndim, shape);
+            if (s->offset < 0 || s->numel < 0 || s->offset > gl - s->numel)
+                return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: '%s': piece [%lld, +%lld) is "
+                                      "outside the tensor (%lld elements)", L->where, s->name,
+                                      (long long)s->offset, (long long)s->numel, (long long)gl);
+        }
+        s->tgt = t;
+        s->what = what;
+        s->occ = occ;
+        L->t[t].present[what] = 1;
+        if (L->t[t].chosen[what] < 0 || occ < L->t[t].chosen[what]) L->t[t].chosen[what] = occ;
+    }
+    /* sources by (target, what, offset), for the coverage walks */
+    {
+        fsdp__okey *keys = (fsdp__okey *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof *keys);
+        int *seen = (int *)fsdp__calloc(&c->hooks, (size_t)np + 1, sizeof(int));
+        L->order = (int *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof(int));
+        if (!keys || !seen || !L->order) {
+            fsdp__free(&c->hooks, keys);
+            fsdp__free(&c->hooks, seen);
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+        }
+        for (i = 0; i < L->ns; i++) {
+            keys[i].tgt = L->s[i].tgt;
+            keys[i].what = L->s[i].what;
+            keys[i].offset = L->s[i].offset;
+            keys[i].idx = i;
+            if (L->s[i].tgt >= 0 && L->s[i].what == 0 && L->kind != FSDP_SD_LOCAL)
+                seen[L->s[i].occ] = 1;
+        }
+        qsort(keys, (size_t)L->ns, sizeof *keys, fsdp__okey_cmp);
+        for (i = 0; i < L->ns; i++) L->order[i] = keys[i].idx;
+        /* missing names (a FULL dict lists every name) */
+        if (L->kind == FSDP_SD_FULL && strict)
+            for (i = 0; i < np; i++)
+                if (L->tgt_of[i] >= 0 && !seen[i])
+                    fsdp__namelist(missing, sizeof missing, &nmiss, fsdp__pname(c, i));
+        fsdp__free(&c->hooks, keys);
+        fsdp__free(&c->hooks, seen);
+    }
+    /* coverage of this rank's ranges, optimizer state and steps */
+    for (i = 0; i < L->nt; i++) {
+        fsdp__tgt *t = &L->t[i];
+        fsdp__cunit *cu = &c->u[t->unit];
+        for (w = 0; w < 6; w++) {
+            int64_t cur;
+            char nm[700];
+            if (w > 0 && (!optim || L->kind == FSDP_SD_LOCAL || !cu->grad)) break;
+            if (w >= 1 && w <= 4 && !cu->ostate[w - 1]) continue;
+            if (L->kind == FSDP_SD_LOCAL) snprintf(nm, sizeof nm, "%s%sflat_param",
+                                                   cu->info->fqn, cu->info->fqn[0] ? "." : "");
+            else if (w == 0) snprintf(nm, sizeof nm, "%s", fsdp__pname(c, t->first));
+            else snprintf(nm, sizeof nm, "optim.%s.%s", fsdp__pname(c, t->first),
+                          w == 5 ? "step" : fsdp__ostate_names[w - 1]);
+            if (!t->present[w]) {
+                if (strict && (L->kind != FSDP_SD_FULL || w > 0) && (w == 5 || t->need_n > 0))
+                    fsdp__namelist(missing, sizeof missing, &nmiss, nm);
+                continue;
+            }
+            if (w == 5 || t->need_n <= 0) continue;
+            /* sources of (t, w, chosen) by offset: the order array is sorted */
+            cur = t->need_off;
+            for (k = 0; k < L->ns; k++) {
+                const fsdp__src *s = &L->s[L->order[k]];
+                if (s->tgt != i || s->what != w || s->occ != t->chosen[w]) continue;
+                if (s->offset > cur) break;
+                if (s->offset + s->numel > cur) cur = s->offset + s->numel;
+                if (cur >= t->need_off + t->need_n) break;
+            }
+            if (cur < t->need_off + t->need_n) {
+                char piece[760];
+                snprintf(piece, sizeof piece, "%s[%lld:%lld]", nm, (long long)cur,
+                         (long long)(t->need_off + t->need_n));
+                fsdp__namelist(missing, sizeof missing, &nmiss, piece);
+            }
+        }
+    }
+    if ((nunexp && strict) || nmiss) {
+        char a[40] = "", b[40] = "";
+        if (nunexp > 6) snprintf(a, sizeof a, " (+%d more)", nunexp - 6);
+        if (nmiss > 6) snprintf(b, sizeof b, " (+%d more)", nmiss - 6);
+        return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: %s%s%s%s%s%s%s%s", L->where,
+                              nmiss ? "missing keys: " : "", missing, b,
+                              nmiss && nunexp && strict ? "; " : "",
+                              nunexp && strict ? "unexpected keys: " : "",
+                              nunexp && strict ? unexpected : "", nunexp && strict ? a : "",
+                              "");
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
+{
+    fsdp_ctx *c = L->c;
+    int u, w, nwhat = (L->flags & FSDP_SD_OPTIM) && L->kind != FSDP_SD_LOCAL ? 5 : 1;
+    fsdp_result r;
+    L->stage = (float **)fsdp__calloc(&c->hooks, (size_t)c->nunits * 5 + 1, sizeof(float *));
+    if (!L->stage) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    for (u = 0; u < c->nunits; u++)
+        for (w = 0; w < nwhat; w++) {
+            fsdp__cunit *cu = &c->u[u];
+            float *src = fsdp__src_buf(cu, w);
+            void *p = NULL;
+            if (!src || !cu->S) continue;
+            r = fsdp_device_alloc(c->dev, (size_t)cu->S * 4, &p);
+            if (r == FSDP_SUCCESS) {
+                L->stage[u * 5 + w] = (float *)p;
+                r = fsdp_device_copy(c->dev, p, src, (size_t)cu->S * 4, FSDP_COPY_D2D, NULL);
+            }
+            if (r != FSDP_SUCCESS)
+                return fsdp__ctx_fail(c, r, "%s: rank %d: staging the new shards (one extra "
+                                      "copy of this rank's shards is needed while loading): %s",
+                                      L->where, c->rank, fsdp_device_last_error(c->dev));
+        }
+    return FSDP_SUCCESS;
+}
+
+/* Does source s contribute to this rank? */
+FSDP__DEF int fsdp__ld_wanted(const fsdp__ld *L, const fsdp__src *s)
+{
+    const fsdp__tgt *t;
+    if (s->tgt < 0) return 0;
+    t = &L->t[s->tgt];
+    if (s->occ != t->chosen[s->what]) return 0;
+    if (s->what == 5) return 1;
+    return t->need_n > 0 && s->offset < t->need_off + t->need_n &&
+           s->offset + s->numel > t->need_off;
+}
+
+FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void *data,
+                                     fsdp_memory_kind mem)
+{
+    fsdp_ctx *c = L->c;
+    const fsdp__tgt *t;
+    size_t es = fsdp_dtype_size(s->dtype);
+    fsdp_result r;
+    if (!fsdp__ld_wanted(L, s)) return FSDP_SUCCESS;
+    t = &L->t[s->tgt];
+    if (s->what == 5) {
+        unsigned char raw[8];
+        int64_t v = 0;
+        int g = c->u[t->unit].groups[t->entry];
+        if (mem == FSDP_MEM_DEVICE) {
+            r = fsdp_device_copy(c->dev, raw, data, es, FSDP_COPY_D2H, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
+        } else {
+            memcpy(raw, data, es);
+        }
+        switch (s->dtype) {
+        case FSDP_I64: memcpy(&v, raw, 8); break;
+        case FSDP_I32: { int32_t x; memcpy(&x, raw, 4); v = x; break; }
+        case FSDP_I8: { int8_t x; memcpy(&x, raw, 1); v = x; break; }
+        case FSDP_U8: v = raw[0]; break;
+        case FSDP_F32: case FSDP_F64: {
+            double d;
+            if (s->dtype == FSDP_F32) {
+                float f;
+                memcpy(&f, raw, 4);
+                d = f;
+            } else {
+                memcpy(&d, raw, 8);
+            }
+            if (!(d >= 0 && d < 9.2e18) || d != floor(d))
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %g is not a step count",
+                                      L->where, s->name, d);
+            v = (int64_t)d;
+            break;
+        }
+        default: break;
+        }
+        if (v < 0)
+            return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld is negative", L->where,
+                                  s->name, (long long)v);
+        if (L->step_set[g] && L->new_step[g] != v)
+            return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld, but another parameter "
+                                  "of parameter group %d has step %lld", L->where, s->name,
+                                  (long long)v, g, (long long)L->new_step[g]);
+        L->step_set[g] = 1;
+        L->new_step[g] = v;
+        return FSDP_SUCCESS;
+    }
+    {
+        int64_t lo = s->offset > t->need_off ? s->offset : t->need_off;
+        int64_t hi = s->offset + s->numel < t->need_off + t->need_n ? s->offset + s->numel
+                                                                      : t->need_off + t->need_n;
+        float *dst = L->stage[t->unit * 5 + s->what];
+        size_t n = (size_t)(hi - lo);
+        const char *src = (const char *)data + (size_t)(lo - s->offset) * es;
+        if (!dst) return FSDP_SUCCESS;
+        dst += t->dst + (lo - t->need_off);
+        if (mem == FSDP_MEM_DEVICE) {
+            r = fsdp_device_cast(c->dev, dst, FSDP_F32, src, s->dtype, n, NULL);
+        } else if (s->dtype == FSDP_F32) {
+            r = fsdp_device_copy(c->dev, dst, src, n * 4, FSDP_COPY_H2D, NULL);
+        } else {
+            if (n * 4 > L->hbuf2_bytes) {
+                fsdp__free(&c->hooks, L->hbuf2);
+                L->hbuf2_bytes = 0;
+                if (!(L->hbuf2 = fsdp__alloc(&c->hooks, n * 4)))
+                    return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+                L->hbuf2_bytes = n * 4;
+            }
+            r = fsdp_convert(L->hbuf2, FSDP_F32, src, s->dtype, n);
+            if (r == FSDP_SUCCESS)
+                r = fsdp_device_copy(c->dev, dst, L->hbuf2, n * 4, FSDP_COPY_H2D, NULL);
+        }
+        if (r != FSDP_SUCCESS)
+            return fsdp__ctx_fail(c, r, "%s: '%s': %s", L->where, s->name,
+                                  fsdp_device_last_error(c->dev));
+    }
+    return FSDP_SUCCESS;
+}
+
+/* Everything was validated and staged on every rank: make it current. */
+FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
+{
+    fsdp_ctx *c = L->c;
+    int u, w, g, any = 0;
+    int64_t mx = 0;
+    fsdp_result r;
+    for (u = 0; u < c->nunits; u++) {
+        fsdp__cunit *cu = &c->u[u];
+        for (w = 0; w < 5; w++) {
+            if (!L->stage[u * 5 + w]) continue;
+            r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[u * 5 + w],
+                                 (size_t)cu->S * 4, FSDP_COPY_D2D, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
+        }
+        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+        fsdp__invalidate(c, cu);
+    }
+    for (g = 0; g < c->ngroups; g++)
+        if (L->step_set[g]) {
+            c->group_steps[g] = L->new_step[g];
+            if (!any || L->new_step[g] > mx) mx = L->new_step[g];
+            any = 1;
+        }
+    if (any) c->steps = mx;
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    return fsdp__ctx_dev(c, r, L->where);
+}
+
+/* --- the metadata rank 0 broadcasts --- */
+
+FSDP__DEF void fsdp__put64(fsdp__sb *b, int64_t v)
+{
+    unsigned char x[8];
+    int i;
+    for (i = 0; i < 8; i++) x[i] = (unsigned char)((uint64_t)v >> (8 * i));
+    fsdp__sb_put(b, (const char *)x, 8);
+}
+
+FSDP__DEF int fsdp__get64(const unsigned char **p, const unsigned char *end, int64_t *v)
+{
+    uint64_t x = 0;
+    int i;
+    if (end - *p < 8) return 0;
+    for (i = 7; i >= 0; i--) x = x << 8 | (*p)[i];
+    *p += 8;
+    *v = (int64_t)x;
+    return 1;
+}
+
+/* One broadcast of `bytes` bytes from rank 0 through device memory. */
+FSDP__DEF fsdp_result fsdp__bcast_bytes(fsdp_ctx *c, void *host, size_t bytes, const char *fn)
+{
+    void *d = NULL;
+    fsdp_result r;
+    if (!bytes) return FSDP_SUCCESS;
+    r = fsdp_device_alloc(c->dev, bytes, &d);
+    if (r == FSDP_SUCCESS && c->rank == 0)
+        r = fsdp_device_copy(c->dev, d, host, bytes, FSDP_COPY_H2D, NULL);
+    if (r != FSDP_SUCCESS) {
+        if (d) fsdp_device_free(c->dev, d, bytes);
+        return fsdp__ctx_dev(c, r, fn);
+    }
+    r = fsdp_broadcast(c->world, d, d, bytes, FSDP_U8, 0, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp_device_free(c->dev, d, bytes);
+        return fsdp__ctx_comm(c, c->world, r, fn);
+    }
+    r = fsdp_device_copy(c->dev, host, d, bytes, FSDP_COPY_D2H, NULL);
+    fsdp_device_free(c->dev, d, bytes);
+    return fsdp__ctx_dev(c, r, fn);
+}
+
+/* Rank 0 serializes its dict's metadata; every rank ends with the same
+   sources (data pointers only on rank 0). Peer bytes are validated. */
+FSDP__DEF fsdp_result fsdp__ld_bcast_meta(fsdp__ld *L, const fsdp_state_dict *sd, int *kind)
+{
+    fsdp_ctx *c = L->c;
+    fsdp__sb b;
+    int64_t hdr[2] = {-1, 0}; /* bytes (-1: rank 0 has no dict), kind */
+    unsigned char *buf = NULL;
+    const unsigned char *p, *end;
+    fsdp_result r;
+    int64_t n, i;
+    memset(&b, 0, sizeof b);
+    b.h = &c->hooks;
+    if (c->rank == 0 && sd) {
+        fsdp__put64(&b, sd->n);
+        for (i = 0; i < sd->n; i++) {
+            const fsdp_tensor *t = &sd->t[i];
+            int d;
+            fsdp__put64(&b, (int64_t)strlen(t->name));
+            fsdp__sb_str(&b, t->name);
+            fsdp__put64(&b, t->dtype);
+            fsdp__put64(&b, t->ndim);
+            for (d = 0; d < t->ndim; d++) fsdp__put64(&b, t->shape[d]);
+            fsdp__put64(&b, t->offset);
+            fsdp__put64(&b, t->numel);
+        }
+        if (b.oom) {
+            fsdp__free(&c->hooks, b.s);
+            b.s = NULL;
+            b.len = 0;
+        } else {
+            hdr[0] = (int64_t)b.len;
+            hdr[1] = sd->kind;
+        }
+    }
+    if ((r = fsdp__bcast_bytes(c, hdr, sizeof hdr, L->where)) != FSDP_SUCCESS) goto done;
+    if (hdr[0] < 0) {
+        r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: rank 0 has no state dict (%s)", L->where,
+                           c->rank == 0 ? (sd ? "out of memory" : "sd is NULL") : "see rank 0");
+        goto done;
+    }
+    if (hdr[0] > ((int64_t)1 << 40) || hdr[1] < 0 || hdr[1] > 2) {
+        r = fsdp__ctx_fail(c, FSDP_COMM_ERROR, "%s: rank 0 sent impossible metadata", L->where);
+        goto done;
+    }
+    *kind = (int)hdr[1];
+    if (c->rank == 0) {
+        buf = (unsigned char *)b.s;
+        b.s = NULL;
+    } else if (!(buf = (unsigned char *)fsdp__alloc(&c->hooks, (size_t)hdr[0] + 1))) {
+        r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+        goto done; /* the peers hang until their timeout: nothing better to do */
+    }
+    if ((r = fsdp__bcast_bytes(c, buf, (size_t)hdr[0], L->where)) != FSDP_SUCCESS) goto done;
+    /* names go into one owned buffer: name bytes plus NULs fit in hdr[0] */
+    L->names = (char *)fsdp__alloc(&c->hooks, (size_t)hdr[0] + 1);
+    if (!L->names) {
+        r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+        goto done;
+    }
+    p = buf;
+    end = buf + hdr[0];
+    {
+        char *np = L->names;
+        if (!fsdp__get64(&p, end, &n) || n < 0 || n > hdr[0]) goto bad;
+        for (i = 0; i < n; i++) {
+            int64_t len, dt, nd, d;
+            fsdp__src *s = fsdp__ld_add(L);
+            if (!s) {
+                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+                goto done;
+            }
+            if (!fsdp__get64(&p, end, &len) || len <= 0 || len > end - p) goto bad;
+            memcpy(np, p, (size_t)len);
+            np[len] = 0;
+            if (strlen(np) != (size_t)len) goto bad;
+            s->name = np;
+            np += len + 1;
+            p += len;
+            if (!fsdp__get64(&p, end, &dt) || !fsdp__get64(&p, end, &nd) || dt <= 0 ||
+                dt >= FSDP_DTYPE_COUNT || nd < 0 || nd > FSDP_MAX_DIMS)
+                goto bad;
+            s->dtype = (fsdp_dtype)dt;
+            s->ndim = (int)nd;
+            for (d = 0; d < nd; d++)
+                if (!fsdp__get64(&p, end, &s->shape[d]) || s->shape[d] < 0) goto bad;
+            if (!fsdp__get64(&p, end, &s->offset) || !fsdp__get64(&p, end, &s->numel) ||
+                fsdp__shape_numel(s->ndim, s->shape) < 0 || s->numel < 0 ||
+                s->numel > INT64_MAX / 8)
+                goto bad;
+            if (c->rank == 0) {
+                s->data = sd->t[i].data;
+                s->mem = sd->t[i].mem;
+            }
+        }
+        if (p != end) goto bad;
+    }
+    r = FSDP_SUCCESS;
+    goto done;
+bad:
+    r = fsdp__ctx_fail(c, FSDP_COMM_ERROR, "%s: the metadata rank 0 sent is malformed", L->where);
+done:
+    fsdp__free(&c->hooks, b.s);
+    fsdp__free(&c->hooks, buf);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *c, const fsdp_state_dict *sd, unsigned flags)
+{
+    fsdp__ld L;
+    fsdp_result r;
+    int i, kind;
+    const char *fn = "fsdp_load_state_dict";
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
+    if (!(flags & FSDP_SD_RANK0_ONLY)) {
+        if (!sd) r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: sd is NULL", fn);
+        else if (sd->kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
+            r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no optimizer "
+                               "state", fn);
+        kind = sd ? (int)sd->kind : 0;
+        memset(&L, 0, sizeof L);
+        L.c = c;
+        if (r == FSDP_SUCCESS) r = fsdp__ld_init(&L, c, (fsdp_sd_kind)kind, flags, fn);
+        for (i = 0; r == FSDP_SUCCESS && i < sd->n; i++) {
+            fsdp__src *s = fsdp__ld_add(&L);
+            const fsdp_tensor *t = &sd->t[i];
+            int d;
+            if (!s) {
+                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+                break;
+            }
+            s->name = t->name;
+            s->dtype = t->dtype;
+            s->ndim = t->ndim;
+            for (d = 0; d < t->ndim; d++) s->shape[d] = t->shape[d];
+            s->offset = t->offset;
+            s->numel = t->numel;
+            s->data = t->data;
+            s->mem = t->mem;
+        }
+        if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
+            for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++)
+                r = fsdp__ld_apply(&L, &L.s[i], L.s[i].data, L.s[i].mem);
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        r = fsdp__ld_commit(&L);
+        goto done;
+    }
+    /* rank 0's dict, broadcast */
+    kind = 0;
+    memset(&L, 0, sizeof L);
+    L.c = c;
+    {
+        fsdp_result mine = FSDP_SUCCESS;
+        if ((r = fsdp__ld_init(&L, c, FSDP_SD_FULL, flags, fn)) != FSDP_SUCCESS) mine = r;
+        /* every rank takes part in the broadcast even after a local failure */
+        r = fsdp__ld_bcast_meta(&L, sd, &kind);
+        if (r != FSDP_SUCCESS) goto done;
+        if (mine != FSDP_SUCCESS) r = mine;
+        if (r == FSDP_SUCCESS && kind != FSDP_SD_FULL) {
+            /* the targets depend on the kind: rebuild them */
+            fsdp__src *keep = L.s;
+            int ns = L.ns, scap = L.scap;
+            char *names = L.names;
+            L.s = NULL;
+            L.names = NULL;
+            fsdp__ld_free(&L);
+            r = fsdp__ld_init(&L, c, (fsdp_sd_kind)kind, flags, fn);
+            L.s = keep;
+            L.ns = ns;
+            L.scap = scap;
+            L.names = names;
+            if (r == FSDP_SUCCESS && kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
+                r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no "
+                                   "optimizer state", fn);
+        }
+        if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    }
+    {
+        fsdp_result local = fsdp__ld_stage(&L);
+        size_t maxb = 0;
+        for (i = 0; i < L.ns; i++) {
+            const fsdp__src *s = &L.s[i];
+            size_t b = (size_t)s->numel * fsdp_dtype_size(s->dtype);
+            if (s->tgt >= 0 && s->occ == L.t[s->tgt].chosen[s->what] && b > maxb) maxb = b;
+        }
+        if (maxb) {
+            r = fsdp_device_alloc(c->dev, maxb, &L.dbuf);
+            if (r != FSDP_SUCCESS) {
+                /* the peers would hang in the first broadcast: agree first */
+                fsdp__ctx_dev(c, r, "allocating the broadcast buffer");
+                L.dbuf = NULL;
+            } else {
+                L.dbuf_bytes = maxb;
+            }
+            if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        }
+        for (i = 0; i < L.ns; i++) {
+            const fsdp__src *s = &L.s[i];
+            size_t b = (size_t)s->numel * fsdp_dtype_size(s->dtype);
+            if (s->tgt < 0 || s->occ != L.t[s->tgt].chosen[s->what] || !b) continue;
+            if (c->rank == 0) {
+                fsdp_result cr = FSDP_SUCCESS;
+                if (!s->data) cr = FSDP_INVALID_ARGS;
+                else cr = fsdp_device_copy(c->dev, L.dbuf, s->data, b,
+                                           s->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D
+                                                                     : FSDP_COPY_H2D, NULL);
+                if (cr != FSDP_SUCCESS && local == FSDP_SUCCESS)
+                    local = fsdp__ctx_fail(c, cr, "%s: '%s': cannot read rank 0's data", fn,
+                                           s->name);
+            }
+            r = fsdp_broadcast(c->world, L.dbuf, L.dbuf, b, FSDP_U8, 0, NULL);
+            if (r != FSDP_SUCCESS) {
+                fsdp__ctx_comm(c, c->world, r, fn);
+                goto done;
+            }
+            if (local == FSDP_SUCCESS) local = fsdp__ld_apply(&L, s, L.dbuf, FSDP_MEM_DEVICE);
+        }
+        if ((r = fsdp__agree(c, local, fn)) != FSDP_SUCCESS) goto done;
+        r = fsdp__ld_commit(&L);
+    }
+done:
+    fsdp__ld_free(&L);
+    return r;
+}
+
+/* >>statedict end */
+
+/* ------------------------------------------------------------------------ */
+/* >>ckpt (implementation)                                                   */
+/* ------------------------------------------------------------------------ */
+
+#define FSDP__INDEX_NAME "index.json"
+
+struct fsdp_ckpt_writer {
+    fsdp_ctx *c;
+    fsdp_error err;
+    fsdp__stage stage;
+    /* the save in flight */
+    int pending, thread_started;
+    pthread_t th;
+    unsigned flags;
+    char *path;          /* the checkpoint: a file, or a directory */
+    char *file;          /* what this rank writes, or NULL */
+    fsdp_state_dict *sd; /* the staged tensors (in the cache) */
+    uint64_t gen;
+    int64_t steps;
+    char kvtext[5][64];
+    fsdp__kv kv[5];
+    int nkv;
+    fsdp_result result; /* of the thread */
+    fsdp_error werr;
+};
+
+FSDP__DEF void fsdp__rank_file(char *out, size_t n, uint64_t gen, int rank, int world)
+{
+    snprintf(out, n, "model-%016llx-rank%05d-of-%05d.safetensors", (unsigned long long)gen, rank,
+             world);
+}
+
+FSDP__DEF char *fsdp__path_join(const fsdp_hooks *h, const char *dir, const char *name)
+{
+    size_t a = strlen(dir), b = strlen(name);
+    char *p = (char *)fsdp__alloc(h, a + b + 2);
+    if (!p) return NULL;
+    memcpy(p, dir, a);
+    p[a] = '/';
+    memcpy(p + a + 1, name, b + 1);
+    return p;
+}
+
+FSDP__DEF void *fsdp__writer_main(void *arg)
+{
+    fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)arg;
+    w->result = fsdp__sd_write(w->file, w->sd, w->kv, w->nkv, &w->werr);
+    return NULL;
+}
+
+FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *c, fsdp_ckpt_writer **out)
+{
+    fsdp_ckpt_writer *w;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!out) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_ckpt_writer_create: out is NULL");
+    *out = NULL;
+    w = (fsdp_ckpt_writer *)fsdp__calloc(&c->hooks, 1, sizeof *w);
+    if (!w) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_ckpt_writer_create: out of memory");
+    w->c = c;
+    w->stage.dev = c->dev;
+    w->stage.h = &c->hooks;
+    *out = w;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
+{
+    fsdp_ctx *c = w->c;
+    if (w->thread_started) pthread_join(w->th, NULL);
+    w->thread_started = 0;
+    fsdp_state_dict_destroy(w->sd);
+    w->sd = NULL;
+    fsdp__free(&c->hooks, w->path);
+    fsdp__free(&c->hooks, w->file);
+    w->path = w->file = NULL;
+    w->pending = 0;
+}
+
+FSDP_API void fsdp_ckpt_writer_destroy(fsdp_ckpt_writer *w)
+{
+    fsdp_ctx *c;
+    if (!w) return;
+    c = w->c;
+    if (w->pending && w->file && (w->flags & FSDP_CKPT_SHARDED)) {
+        /* never committed: the rank file is an orphan */
+        if (w->thread_started) pthread_join(w->th, NULL);
+        w->thread_started = 0;
+        unlink(w->file);
+    }
+    fsdp__writer_reset(w);
+    fsdp__stage_free(&w->stage);
+    fsdp__free(&c->hooks, w);
+}
+
+FSDP_API size_t fsdp_ckpt_writer_staging_bytes(const fsdp_ckpt_writer *w)
+{
+    return w ? w->stage.bytes : 0;
+}
+
+FSDP_API const char *fsdp_ckpt_writer_last_error(const fsdp_ckpt_writer *w)
+{
+    return w ? w->err.message : "fsdp_ckpt_writer_last_error: w is NULL";
+}
+
+FSDP__DEF fsdp_result fsdp__wfail(fsdp_ckpt_writer *w, fsdp_result r)
+{
+    if (r != FSDP_SUCCESS) w->err = w->c->err;
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path, unsigned flags)
+{
+    fsdp_ctx *c;
+    fsdp__bopts o;
+    fsdp_result r;
+    const char *fn = "fsdp_ckpt_save_async";
+    int sharded = (flags & FSDP_CKPT_SHARDED) != 0;
+    if (!w) return FSDP_INVALID_ARGS;
+    c = w->c;
+    /* the same on every rank: each called wait the same number of times */
+    if (w->pending)
+        return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                                             "%s: a save to '%s' is still in flight; call "
+                                             "fsdp_ckpt_wait before the next save", fn, w->path));
+    if (!path || !path[0])
+        return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: path is empty", fn));
+    if (flags & ~(unsigned)(FSDP_SD_OPTIM | FSDP_CKPT_SHARDED))
+        return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: flags 0x%x: only "
+                                             "FSDP_SD_OPTIM and FSDP_CKPT_SHARDED apply", fn,
+                                             flags));
+    if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return fsdp__wfail(w, r);
+    w->flags = flags;
+    w->steps = c->steps;
+    w->path = fsdp__strdup(&c->hooks, path);
+    if (!w->path) return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn));
+    r = FSDP_SUCCESS;
+    if (sharded) {
+        /* a fresh generation name, the same on every rank */
+        uint64_t gen = 0;
+        if (c->rank == 0) {
+            struct timespec ts;
+            timespec_get(&ts, TIME_UTC);
+            gen = fsdp__mix64((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^
+                  fsdp__mix64((uint64_t)getpid() + (uint64_t)(uintptr_t)w);
+        }
+        if ((r = fsdp__bcast_bytes(c, &gen, sizeof gen, fn)) != FSDP_SUCCESS) goto fail;
+        w->gen = gen;
+        if (mkdir(path, 0777) != 0 && errno != EEXIST)
+            r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': cannot create the "
+                               "directory: %s", fn, path, strerror(errno));
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto fail;
+    }
+    /* stage: the caller may change the parameters once this returns */
+    memset(&o, 0, sizeof o);
+    o.kind = sharded ? FSDP_SD_SHARDED : FSDP_SD_FULL;
+    o.flags = (flags & FSDP_SD_OPTIM) | FSDP_SD_OFFLOAD | FSDP_SD_PINNED |
+              (sharded ? 0u : (unsigned)FSDP_SD_RANK0_ONLY);
+    o.for_ckpt = 1;
+    o.stage = &w->stage;
+    r = fsdp__build(c, &o, &w->sd, fn);
+    if (r == FSDP_SUCCESS && (sharded || c->rank == 0)) {
+        char name[128];
+        if (sharded) {
+            fsdp__rank_file(name, sizeof name, w->gen, c->rank, c->nranks);
+            w->file = fsdp__path_join(&c->hooks, path, name);
+        } else {
+            w->file = fsdp__strdup(&c->hooks, path);
+        }
+        if (!w->file) r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto fail;
+    w->pending = 1;
+    if (w->file) {
+        snprintf(w->kvtext[0], 64, "%s", sharded ? "sharded" : "full");
+        snprintf(w->kvtext[1], 64, "%d", c->nranks);
+        snprintf(w->kvtext[2], 64, "%d", c->rank);
+        snprintf(w->kvtext[3], 64, "%lld", (long long)w->steps);
+        snprintf(w->kvtext[4], 64, "%016llx", (unsigned long long)w->gen);
+        w->kv[0].key = "format";
+        w->kv[0].value = "pt";
+        w->kv[1].key = "fsdp.kind";
+        w->kv[1].value = w->kvtext[0];
+        w->kv[2].key = "fsdp.world_size";
+        w->kv[2].value = w->kvtext[1];
+        w->kv[3].key = "fsdp.rank";
+        w->kv[3].value = w->kvtext[2];
+        w->kv[4].key = "fsdp.steps";
+        w->kv[4].value = w->kvtext[3];
+        w->nkv = 5;
+        fsdp__clear(&w->werr);
+        w->result = FSDP_SUCCESS;
+        if (pthread_create(&w->th, NULL, fsdp__writer_main, w) == 0) w->thread_started = 1;
+        else fsdp__writer_main(w); /* no thread: write now, report at wait */
+    }
+    return FSDP_SUCCESS;
+fail:
+    fsdp__writer_reset(w);
+    return fsdp__wfail(w, r);
+}
+
+/* Rank 0's index of a sharded checkpoint: every tensor's pieces, computed
+   from the layouts (the rank files hold exactly these). */
+FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
+{
+    fsdp_ctx *c = w->c;
+    fsdp__sb b;
+    fsdp__ploc *pl = NULL;
+    fsdp_shard_piece **pcs = NULL; /* [unit * nranks + rank] */
+    fsdp_shard_layout *lays = NULL;
+    char *path = NULL, *tmp = NULL, name[128];
+    int u, q, j, w5, first = 1, optim = (w->flags & FSDP_SD_OPTIM) != 0, fd = -1;
+    int np = fsdp_model_num_params(c->model);
+    fsdp_result r = FSDP_SUCCESS;
+    memset(&b, 0, sizeof b);
+    b.h = &c->hooks;
+    if ((r = fsdp__plocs(c, &pl)) != FSDP_SUCCESS) return r;
+    pcs = (fsdp_shard_piece **)fsdp__calloc(&c->hooks, (size_t)c->nunits * (size_t)c->nranks + 1,
+                                            sizeof *pcs);
+    lays = (fsdp_shard_layout *)fsdp__calloc(&c->hooks, (size_t)c->nunits * (size_t)c->nranks + 1,
+                                             sizeof *lays);
+    if (!pcs || !lays) goto oom;
+    for (u = 0; u < c->nunits; u++)
+        for (q = 0; q < c->u[u].W && q < c->nranks; q++) {
+            size_t k = (size_t)u * (size_t)c->nranks + (size_t)q;
+            pcs[k] = (fsdp_shard_piece *)fsdp__alloc(
+                &c->hooks, ((size_t)c->u[u].info->nentries + 1) * sizeof(fsdp_shard_piece));
+            if (!pcs[k]) goto oom;
+            fsdp_unit_shard(c->u[u].info, q, c->u[u].W, &lays[k], pcs[k]);
+        }
+    fsdp__sb_printf(&b, "{\n\"format\": \"fsdp.h sharded checkpoint\",\n\"version\": 1,\n"
+                        "\"world_size\": %d,\n\"generation\": \"%016llx\",\n\"steps\": %lld,\n"
+                        "\"optim\": %s,\n\"files\": [", c->nranks, (unsigned long long)w->gen,
+                    (long long)w->steps, optim ? "true" : "false");
+    for (q = 0; q < c->nranks; q++) {
+        fsdp__rank_file(name, sizeof name, w->gen, q, c->nranks);
+        fsdp__sb_str(&b, q ? ", " : "");
+        fsdp__sb_json(&b, name);
+    }
+    fsdp__sb_str(&b, "],\n\"tensors\": [");
+    for (w5 = 0; w5 < (optim ? 6 : 1); w5++)
+        for (j = 0; j < np; j++) {
+            fsdp__cunit *cu;
+            const fsdp_flat_entry *fe;
+            int d, nfirst = 1;
+            char tname[700];
+            if (pl[j].first != j || pl[j].unit < 0) continue;
+            cu = &c->u[pl[j].unit];
+            if (w5 > 0 && (!cu->grad || (w5 <= 4 && !cu->ostate[w5 - 1]))) continue;
+            fe = &cu->info->entries[pl[j].entry];
+            if (w5 == 0) snprintf(tname, sizeof tname, "%s", fsdp__pname(c, j));
+            else snprintf(tname, sizeof tname, "optim.%s.%s", fsdp__pname(c, j),
+                          w5 == 5 ? "step" : fsdp__ostate_names[w5 - 1]);
+            fsdp__sb_str(&b, first ? "\n  {\"name\": " : ",\n  {\"name\": ");
+            first = 0;
+            fsdp__sb_json(&b, tname);
+            if (w5 == 5) {
+                fsdp__sb_str(&b, ", \"dtype\": \"I64\", \"shape\": [], \"pieces\": [[0, 0, 1]]}");
+                continue;
+            }
+            fsdp__sb_str(&b, ", \"dtype\": \"F32\", \"shape\": [");
+            for (d = 0; d < fe->ndim; d++)
+                fsdp__sb_printf(&b, "%s%lld", d ? ", " : "", (long long)fe->shape[d]);
+            fsdp__sb_str(&b, "], \"pieces\": [");
+            for (q = 0; q < cu->W && q < c->nranks; q++) {
+                size_t k = (size_t)pl[j].unit * (size_t)c->nranks + (size_t)q;
+                int p;
+                for (p = 0; p < lays[k].npieces; p++) {
+                    const fsdp_shard_piece *pc = &pcs[k][p];
+                    if (pc->entry != pl[j].entry || pc->end < pc->start) continue;
+                    fsdp__sb_printf(&b, "%s[%d, %lld, %lld]", nfirst ? "" : ", ", q,
+                                    (long long)pc->start, (long long)(pc->end - pc->start + 1));
+                    nfirst = 0;
+                }
+            }
+            fsdp__sb_str(&b, "]}");
+        }
+    fsdp__sb_str(&b, "\n]\n}\n");
+    if (b.oom) goto oom;
+    path = fsdp__path_join(&c->hooks, w->path, FSDP__INDEX_NAME);
+    tmp = fsdp__path_join(&c->hooks, w->path, FSDP__INDEX_NAME ".tmp");
+    if (!path || !tmp) goto oom;
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || fsdp__write_all(fd, b.s, b.len) != 0 || fsync(fd) != 0) {
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "checkpoint '%s': writing the index '%s': %s",
+                           w->path, tmp, strerror(errno));
+        if (fd >= 0) close(fd);
+        unlink(tmp);
+        goto done;
+    }
+    if (close(fd) != 0 || rename(tmp, path) != 0) {
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "checkpoint '%s': committing the index '%s': %s",
+                           w->path, path, strerror(errno));
+        unlink(tmp);
+        goto done;
+    }
+    fsdp__fsync_dir(path);
+    /* the previous generations' files are no longer referenced */
+    {
+        DIR *dir = opendir(w->path);
+        char genstr[32];
+        struct dirent *de;
+        snprintf(genstr, sizeof genstr, "model-%016llx-", (unsigned long long)w->gen);
+        while (dir && (de = readdir(dir)) != NULL) {
+            size_t len = strlen(de->d_name);
+            char *old;
+            if (strncmp(de->d_name, "model-", 6) || len < 12 ||
+                strcmp(de->d_name + len - 12, ".safetensors") ||
+                !strncmp(de->d_name, genstr, strlen(genstr)))
+                continue;
+            if ((old = fsdp__path_join(&c->hooks, w->path, de->d_name)) != NULL) unlink(old);
+            fsdp__free(&c->hooks, old);
+        }
+        if (dir) closedir(dir);
+    }
+    goto done;
+oom:
+    r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "checkpoint '%s': out of memory for the index",
+                       w->path);
+done:
+    if (pcs)
+        for (u = 0; u < c->nunits * c->nranks; u++) fsdp__free(&c->hooks, pcs[u]);
+    fsdp__free(&c->hooks, pcs);
+    fsdp__free(&c->hooks, lays);
+    fsdp__free(&c->hooks, pl);
+    fsdp__free(&c->hooks, b.s);
+    fsdp__free(&c->hooks, path);
+    fsdp__free(&c->hooks, tmp);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w)
+{
+    fsdp_ctx *c;
+    fsdp_result r = FSDP_SUCCESS;
+    const char *fn = "fsdp_ckpt_wait";
+    if (!w) return FSDP_INVALID_ARGS;
+    c = w->c;
+    if (!w->pending) return FSDP_SUCCESS;
+    if (w->thread_started) pthread_join(w->th, NULL);
+    w->thread_started = 0;
+    if (w->file && w->result != FSDP_SUCCESS)
+        r = fsdp__ctx_fail(c, w->result, "%s: rank %d: %s", fn, c->rank, w->werr.message);
+    r = fsdp__agree(c, r, fn);
+    if (w->flags & FSDP_CKPT_SHARDED) {
+        if (r == FSDP_SUCCESS) {
+            fsdp_result r0 = c->rank == 0 ? fsdp__write_index(w) : FSDP_SUCCESS;
+            r = fsdp__agree(c, r0, fn);
+        }
+        /* not committed: this generation's files are orphans */
+        if (r != FSDP_SUCCESS && w->file) unlink(w->file);
+    }
+    fsdp__writer_reset(w);
+    return fsdp__wfail(w, r);
+}
+
+FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *c, const char *path, unsigned flags)
+{
+    fsdp_ckpt_writer *w = NULL;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp_ckpt_writer_create(c, &w)) != FSDP_SUCCESS) return r;
+    r = fsdp_ckpt_save_async(w, path, flags);
+    if (r == FSDP_SUCCESS) r = fsdp_ckpt_wait(w);
+    fsdp_ckpt_writer_destroy(w);
+    return r;
+}
+
+/* --- loading --- */
+
+FSDP__DEF fsdp_result fsdp__read_small_file(fsdp_ctx *c, const char *path, int64_t limit,
+                                            char **out, size_t *len)
+{
+    int fd = open(path, O_RDONLY), rc;
+    off_t end;
+    char *buf;
+    *out = NULL;
+    if (fd < 0) return fsdp__ctx_fail(c, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
+    end = lseek(fd, 0, SEEK_END);
+    if (end < 0 || (int64_t)end > limit) {
+        close(fd);
+        return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "'%s': %s", path,
+                              end < 0 ? strerror(errno) : "too large for an index");
+    }
+    buf = (char *)fsdp__alloc(&c->hooks, (size_t)end + 1);
+    if (!buf) {
+        close(fd);
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+    }
+    rc = fsdp__read_at(fd, 0, buf, (size_t)end);
+    close(fd);
+    if (rc != 0) {
+        fsdp__free(&c->hooks, buf);
+        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "'%s': %s", path,
+                              rc == -2 ? "unexpected end of file" : strerror(errno));
+    }
+    buf[end] = 0;
+    *out = buf;
+    *len = (size_t)end;
+    return FSDP_SUCCESS;
+}
+
+/* A file name from an index: a plain name inside the directory. */
+FSDP__DEF int fsdp__plain_name(const char *s)
+{
+    return s[0] && strlen(s) < 256 && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+/* Reads and validates a sharded checkpoint's index and every rank file's
+   header; fills the loader's sources. */
+FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json *j, char **text)
+{
+    fsdp_ctx *c = L->c;
+    char *ipath = fsdp__path_join(&c->hooks, dir, FSDP__INDEX_NAME);
+    size_t len = 0;
+    int files, tensors, n, k;
+    int64_t world = 0;
+    fsdp_result r;
+    if (!ipath) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    r = fsdp__read_small_file(c, ipath, (int64_t)1 << 30, text, &len);
+    if (r != FSDP_SUCCESS) {
+        if (r == FSDP_CKPT_IO && errno == ENOENT)
+            fsdp__ctx_fail(c, r, "%s: no index '%s' (not a checkpoint, or a save never "
+                           "completed)", L->where, ipath);
+        else
+        {
+            char msg[FSDP_ERROR_MAX];
+            snprintf(msg, sizeof msg, "%s", c->err.message);
+            fsdp__ctx_fail(c, r, "%s: %s", L->where, msg);
+        }
+        fsdp__free(&c->hooks, ipath);
+        return r;
+    }
+#define FSDP__IDX(...) do { r = fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, __VA_ARGS__); goto done; } while (0)
+    if (fsdp__json_parse(j, &c->hooks, *text, len) != 0)
+        FSDP__IDX("%s: index '%s': bad JSON: %s", L->where, ipath, j->err);
+    if (j->n[0].type != FSDP__J_OBJ)
+        FSDP__IDX("%s: index '%s': not a JSON object", L->where, ipath);
+    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "version"), 1, 1, &world))
+        FSDP__IDX("%s: index '%s': missing or unsupported \"version\" (1 is supported)", L->where,
+                  ipath);
+    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "world_size"), 1, 1 << 20, &world))
+        FSDP__IDX("%s: index '%s': bad \"world_size\"", L->where, ipath);
+    files = fsdp__j_get(j, 0, "files");
+    tensors = fsdp__j_get(j, 0, "tensors");
+    if (files < 0 || j->n[files].type != FSDP__J_ARR || j->n[files].count != world)
+        FSDP__IDX("%s: index '%s': \"files\" must list %lld file names", L->where, ipath,
+                  (long long)world);
+    if (tensors < 0 || j->n[tensors].type != FSDP__J_ARR)
+        FSDP__IDX("%s: index '%s': \"tensors\" is not an array", L->where, ipath);
+    L->files = (fsdp__st_file *)fsdp__calloc(&c->hooks, (size_t)world, sizeof *L->files);
+    if (!L->files) {
+        r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+        goto done;
+    }
+    for (k = 0, n = j->n[files].first; n >= 0; n = j->n[n].next, k++) {
+        char *fp;
+        fsdp_error e;
+        if (j->n[n].type != FSDP__J_STR || !fsdp__plain_name(j->n[n].str))
+            FSDP__IDX("%s: index '%s': files[%d] is not a file name", L->where, ipath, k);
+        if (!(fp = fsdp__path_join(&c->hooks, dir, j->n[n].str))) {
+            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+            goto done;
+        }
+        /* the st_file keeps the path pointer: the names live in the JSON pool */
+        r = fsdp__st_open(&L->files[k], &c->hooks, fp, &e);
+        L->files[k].path = j->n[n].str;
+        fsdp__free(&c->hooks, fp);
+        if (r != FSDP_SUCCESS) {
+            fsdp__ctx_fail(c, r, "%s: rank file %d of %lld: %s", L->where, k, (long long)world,
+                           e.message);
+            goto done;
+        }
+        L->nfiles = k + 1;
+    }
+    for (k = 0, n = j->n[tensors].first; n >= 0; n = j->n[n].next, k++) {
+        int nm = fsdp__j_get(j, n, "name"), dt = fsdp__j_get(j, n, "dtype");
+        int sh = fsdp__j_get(j, n, "shape"), pcs = fsdp__j_get(j, n, "pieces"), c2, d;
+        fsdp_dtype dtype;
+        int64_t shape[FSDP_MAX_DIMS], total;
+        if (nm < 0 || j->n[nm].type != FSDP__J_STR || !j->n[nm].str[0])
+            FSDP__IDX("%s: index '%s': tensors[%d] has no name", L->where, ipath, k);
+        if (dt < 0 || j->n[dt].type != FSDP__J_STR ||
+            (dtype = fsdp__st_dtype(j->n[dt].str)) == FSDP_DTYPE_DEFAULT)
+            FSDP__IDX("%s: index '%s': tensor '%.80s': unknown dtype", L->where, ipath,
+                      j->n[nm].str);
+        if (sh < 0 || j->n[sh].type != FSDP__J_ARR || j->n[sh].count > FSDP_MAX_DIMS)
+            FSDP__IDX("%s: index '%s': tensor '%.80s': bad shape", L->where, ipath, j->n[nm].str);
+        for (c2 = j->n[sh].first, d = 0; c2 >= 0; c2 = j->n[c2].next, d++)
+            if (!fsdp__j_int(j, c2, 0, INT64_MAX, &shape[d]))
+                FSDP__IDX("%s: index '%s': tensor '%.80s': bad shape", L->where, ipath,
+                          j->n[nm].str);
+        if ((total = fsdp__shape_numel(d, shape)) < 0)
+            FSDP__IDX("%s: index '%s': tensor '%.80s': the shape overflows", L->where, ipath,
+                      j->n[nm].str);
+        if (pcs < 0 || j->n[pcs].type != FSDP__J_ARR)
+            FSDP__IDX("%s: index '%s': tensor '%.80s': no pieces", L->where, ipath, j->n[nm].str);
+        for (c2 = j->n[pcs].first; c2 >= 0; c2 = j->n[c2].next) {
+            int a = j->n[c2].first, e;
+            int64_t f, off, cnt;
+            fsdp__src *s;
+            const fsdp__st_entry *en;
+            if (j->n[c2].type != FSDP__J_ARR || j->n[c2].count != 3 ||
+                !fsdp__j_int(j, a, 0, world - 1, &f) ||
+                !fsdp__j_int(j, j->n[a].next, 0, INT64_MAX, &off) ||
+                !fsdp__j_int(j, j->n[j->n[a].next].next, 0, INT64_MAX, &cnt) ||
+                off > total - cnt || cnt > total)
+                FSDP__IDX("%s: index '%s': tensor '%.80s': a piece is not [file, offset, numel] "
+                          "inside the tensor", L->where, ipath, j->n[nm].str);
+            e = fsdp__st_find(&L->files[f], j->n[nm].str);
+            if (e < 0)
+                FSDP__IDX("%s: rank file '%s': no tensor '%.80s' (the index lists it)", L->where,
+                          L->files[f].path, j->n[nm].str);
+            en = &L->files[f].e[e];
+            if (en->dtype != dtype || en->numel != cnt)
+                FSDP__IDX("%s: rank file '%s': tensor '%.80s' is %lld elements of %s, the index "
+                          "says %lld of %s", L->where, L->files[f].path, j->n[nm].str,
+                          (long long)en->numel, fsdp_dtype_name(en->dtype), (long long)cnt,
+                          fsdp_dtype_name(dtype));
+            if (!(s = fsdp__ld_add(L))) {
+                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+                goto done;
+            }
+            s->name = j->n[nm].str;
+            s->dtype = dtype;
+            s->ndim = d;
+            memcpy(s->shape, shape, sizeof shape);
+            s->offset = off;
+            s->numel = cnt;
+            s->file = (int)f;
+            s->entry = e;
+        }
+    }
+    r = FSDP_SUCCESS;
+done:
+#undef FSDP__IDX
+    fsdp__free(&c->hooks, ipath);
+    return r;
+}
+
+/* Reads source s's bytes (whole piece, checksum checked) into L->hbuf. */
+FSDP__DEF fsdp_result fsdp__ld_read(fsdp__ld *L, const fsdp__src *s)
+{
+    fsdp_ctx *c = L->c;
+    fsdp__st_file *f = &L->files[s->file];
+    size_t bytes = (size_t)(f->e[s->entry].end - f->e[s->entry].begin);
+    fsdp_error e;
+    fsdp_result r;
+    if (bytes > L->hbuf_bytes) {
+        fsdp__free(&c->hooks, L->hbuf);
+        L->hbuf_bytes = 0;
+        if (!(L->hbuf = fsdp__alloc(&c->hooks, bytes)))
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory reading '%s'",
+                                  L->where, s->name);
+        L->hbuf_bytes = bytes;
+    }
+    r = fsdp__st_read(f, s->entry, L->hbuf, L->crc, &e);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flags)
+{
+    fsdp__ld L;
+    fsdp__json j;
+    char *text = NULL, where[300];
+    struct stat st;
+    fsdp_result r;
+    int i, sharded;
+    const char *fn = "fsdp_ckpt_load";
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!path) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: path is NULL", fn);
+    if (flags & ~(unsigned)(FSDP_SD_OPTIM | FSDP_SD_NOT_STRICT))
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: flags 0x%x: only FSDP_SD_OPTIM and "
+                              "FSDP_SD_NOT_STRICT apply", fn, flags);
+    if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
+    memset(&j, 0, sizeof j);
+    memset(&L, 0, sizeof L);
+    L.c = c;
+    snprintf(where, sizeof where, "checkpoint '%s'", path);
+    if (!fsdp__host_little_endian()) {
+        r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: safetensors are little-endian; this host "
+                           "is not", where);
+        goto agree1;
+    }
+    if (stat(path, &st) != 0) {
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: %s", where, strerror(errno));
+        goto agree1;
+    }
+    sharded = S_ISDIR(st.st_mode);
+    r = fsdp__ld_init(&L, c, sharded ? FSDP_SD_SHARDED : FSDP_SD_FULL, flags, where);
+    if (r != FSDP_SUCCESS) goto agree1;
+    if (sharded) {
+        r = fsdp__ld_sharded(&L, path, &j, &text);
+    } else {
+        fsdp_error e;
+        L.files = (fsdp__st_file *)fsdp__calloc(&c->hooks, 1, sizeof *L.files);
+        if (!L.files) {
+            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", where);
+            goto agree1;
+        }
+        r = fsdp__st_open(&L.files[0], &c->hooks, path, &e);
+        if (r != FSDP_SUCCESS) {
+            fsdp__ctx_fail(c, r, "%s", e.message);
+            goto agree1;
+        }
+        L.nfiles = 1;
+        for (i = 0; i < L.files[0].ne; i++) {
+            const fsdp__st_entry *en = &L.files[0].e[i];
+            fsdp__src *s = fsdp__ld_add(&L);
+            if (!s) {
+                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", where);
+                goto agree1;
+            }
+            s->name = en->name;
+            s->dtype = en->dtype;
+            s->ndim = en->ndim;
+            memcpy(s->shape, en->shape, sizeof s->shape);
+            s->numel = en->numel;
+            s->file = 0;
+            s->entry = i;
+        }
+    }
+    if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
+agree1:
+    if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
+        for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
+            const fsdp__src *s = &L.s[i];
+            if (!fsdp__ld_wanted(&L, s)) continue;
+            if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS)
+                r = fsdp__ld_apply(&L, s, L.hbuf, FSDP_MEM_HOST);
+        }
+    if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    r = fsdp__ld_commit(&L);
+done:
+    fsdp__ld_free(&L);
+    fsdp__json_free(&j);
+    fsdp__free(&c->hooks, text);
+    return r;
+}
+
+/* >>ckpt end */
 
 #endif /* FSDP_IMPLEMENTATION_DONE */
 #endif /* FSDP_IMPLEMENTATION */

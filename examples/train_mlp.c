@@ -27,8 +27,33 @@
 
    Usage: train_mlp [--ranks N] [--steps K] [--batch B] [--lr X] [--seed S]
                     [--strategy full|grad_op|no_shard|hybrid] [--hybrid-size G]
-                    [--bf16] [--no-prefetch] [--quiet]                          */
+                    [--bf16] [--no-prefetch] [--quiet]
+                    [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
+                    [--backend local|mpi|gloo]  (mpi: mpirun -np N train_mlp ...;
+                    gloo: forks --ranks processes over loopback TCP, or runs one
+                    rank: --rank R --store-dir DIR [--host ADDR])
+
+   Checkpoints: --save DIR writes a sharded checkpoint (parameters, AdamW
+   state, step) every --save-every K steps and at the end, asynchronously;
+   --resume DIR continues from it at any --ranks, exactly where it stopped
+   (--steps is the whole run's length, which the lr schedule follows;
+   --stop-after N ends the run after step N, as an interruption would). */
+#define _XOPEN_SOURCE 700 /* fork, mkdtemp, nftw: --backend gloo launches its ranks */
 #include "fsdp.h"
+/* The distributed backends, when the build has them (meson's mpi and gloo
+   features define FSDP_HAVE_MPI / FSDP_HAVE_GLOO); their implementations
+   compile here, fsdp.h's in example_impl.c. */
+#ifdef FSDP_HAVE_MPI
+#define FSDP_COMM_MPI_IMPLEMENTATION
+#include "fsdp_comm_mpi.h"
+#endif
+#ifdef FSDP_HAVE_GLOO
+#define FSDP_COMM_GLOO_IMPLEMENTATION
+#include "fsdp_comm_gloo.h"
+#include <ftw.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
 
 #include <math.h>
 #include <stdio.h>
@@ -45,10 +70,19 @@
 
 typedef struct config {
     int ranks, steps, batch, quiet, bf16, no_prefetch, hybrid_size;
+    /* --backend: 0 local (threads), 1 mpi (one process per rank), 2 gloo;
+       rank is this process's rank (-1: local, or gloo's launcher) */
+    int backend, rank;
+    const char *store_dir, *host;
     double lr;
     unsigned long long seed;
     fsdp_sharding_strategy strategy;
     const char *strategy_name;
+    /* checkpoints: --save DIR (sharded, with the optimizer; every
+       --save-every K steps and at the end), --resume DIR, and --stop-after N
+       (stop after step N of --steps, as an interrupted run would) */
+    const char *save_dir, *resume_dir;
+    int save_every, stop_after;
 } config;
 
 /* ---------------------------------------------------------------------- */
@@ -515,6 +549,45 @@ static int global_mean(rank_state *rs, fsdp_comm *comm, float *v, int rank)
     return 0;
 }
 
+/* This rank's communicator on the chosen backend; errors go to stderr. */
+static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int rank, int nranks,
+                             fsdp_device *dev, fsdp_comm **comm)
+{
+    fsdp_result r = FSDP_NOT_SUPPORTED;
+    fsdp_error err;
+    memset(&err, 0, sizeof err);
+    (void)nranks;
+    if (cfg->backend == 0) return fsdp_local_comm_create(world, rank, dev, comm);
+#ifdef FSDP_HAVE_MPI
+    if (cfg->backend == 1) {
+        fsdp_mpi_desc d;
+        memset(&d, 0, sizeof d);
+        d.hooks.error = &err;
+        d.dev = dev;
+        d.expected_size = nranks;
+        r = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, comm);
+    }
+#endif
+#ifdef FSDP_HAVE_GLOO
+    if (cfg->backend == 2) {
+        fsdp_gloo_desc d;
+        memset(&d, 0, sizeof d);
+        d.hooks.error = &err;
+        d.dev = dev;
+        d.store_dir = cfg->store_dir;
+        d.prefix = "train_mlp";
+        d.host = cfg->host;
+        d.rank = rank;
+        d.size = nranks;
+        r = fsdp_gloo_comm_create(&d, comm);
+    }
+#endif
+    if (r != FSDP_SUCCESS)
+        fprintf(stderr, "train_mlp: rank %d: %s\n", rank,
+                err.message[0] ? err.message : "this build has no such backend");
+    return r;
+}
+
 static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
 {
     shared *sh = (shared *)user;
@@ -529,7 +602,8 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     rank_state rs;
     acts a;
     int local = cfg->batch / nranks, t0 = rank * NTEST / nranks, t1 = (rank + 1) * NTEST / nranks;
-    int nb_max = local > t1 - t0 ? local : t1 - t0, ok = 0, step, k, i;
+    int nb_max = local > t1 - t0 ? local : t1 - t0, ok = 0, step, k, i, first_step, last_step;
+    fsdp_ckpt_writer *writer = NULL;
     int print_every = cfg->steps / 20 > 0 ? cfg->steps / 20 : 1;
     double t_last = 0.0;
     static const char *const names[NT] = {"fc1.weight", "fc1.bias",  "fc2.weight", "fc2.bias",
@@ -556,7 +630,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         }
     }
     if ((r = fsdp_device_cpu_create(NULL, &dev)) != FSDP_SUCCESS ||
-        (r = fsdp_local_comm_create(world, rank, dev, &comm)) != FSDP_SUCCESS) {
+        (r = make_comm(cfg, world, rank, nranks, dev, &comm)) != FSDP_SUCCESS) {
         snprintf(rs.msg, rs.msg_cap, "rank %d: cannot create the device or communicator: %s",
                  rank, fsdp_result_string(r));
         goto done;
@@ -594,8 +668,19 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         fail_ctx(&rs, rank, "fsdp_init_params");
         goto done;
     }
+    /* a resumed run continues from the checkpoint's step, at any --ranks */
+    if (cfg->resume_dir && fsdp_ckpt_load(rs.ctx, cfg->resume_dir, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
+        fail_ctx(&rs, rank, "fsdp_ckpt_load");
+        goto done;
+    }
+    first_step = (int)fsdp_ctx_steps(rs.ctx) + 1;
+    last_step = cfg->stop_after > 0 && cfg->stop_after < cfg->steps ? cfg->stop_after : cfg->steps;
+    if (cfg->save_dir && fsdp_ckpt_writer_create(rs.ctx, &writer) != FSDP_SUCCESS) {
+        fail_ctx(&rs, rank, "fsdp_ckpt_writer_create");
+        goto done;
+    }
     t_last = now_ms();
-    for (step = 1; step <= cfg->steps; step++) {
+    for (step = first_step; step <= last_step; step++) {
         float loss;
         double norm, lr = lr_at(cfg, step);
         /* this rank's rows of the global batch */
@@ -618,7 +703,18 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
             goto done;
         }
         if (!global_mean(&rs, comm, &loss, rank)) goto done;
-        if (rank == 0 && step == 1) sh->initial_loss = loss;
+        if (rank == 0 && step == first_step) sh->initial_loss = loss;
+        /* async save: only the staging copy blocks; the files are written
+           while the next steps run, and committed by the next wait */
+        if (writer && (step == last_step || (cfg->save_every > 0 && step % cfg->save_every == 0))) {
+            if (fsdp_ckpt_wait(writer) != FSDP_SUCCESS ||
+                fsdp_ckpt_save_async(writer, cfg->save_dir, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM) !=
+                    FSDP_SUCCESS) {
+                snprintf(rs.msg, rs.msg_cap, "rank %d: checkpoint '%s': %s", rank, cfg->save_dir,
+                         fsdp_ckpt_writer_last_error(writer));
+                goto done;
+            }
+        }
         if (rank == 0) sh->final_loss = loss;
         if (rank == 0 && !cfg->quiet && (step % print_every == 0 || step == 1 || step == cfg->steps)) {
             double t = now_ms();
@@ -649,11 +745,17 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         }
         if (rank == 0) sh->test_correct = (int)c;
     }
+    if (writer && fsdp_ckpt_wait(writer) != FSDP_SUCCESS) {
+        snprintf(rs.msg, rs.msg_cap, "rank %d: checkpoint '%s': %s", rank, cfg->save_dir,
+                 fsdp_ckpt_writer_last_error(writer));
+        goto done;
+    }
     fsdp_device_memory(dev, &ms);
     sh->peak[rank] = ms.device_peak;
     sh->plan[rank] = plan.total;
     ok = 1;
 done:
+    fsdp_ckpt_writer_destroy(writer); /* before its context */
     fsdp_ctx_destroy(rs.ctx);
     fsdp_comm_destroy(comm);
     fsdp_device_destroy(dev);
@@ -673,7 +775,11 @@ static void usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--ranks N] [--steps K] [--batch B] [--lr X] [--seed S]\n"
             "          [--strategy full|grad_op|no_shard|hybrid] [--hybrid-size G]\n"
-            "          [--bf16] [--no-prefetch] [--quiet]\n",
+            "          [--bf16] [--no-prefetch] [--quiet]\n"
+            "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
+            "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
+            "           gloo: forks --ranks processes, or one rank: --rank R --store-dir D\n"
+            "           [--host ADDR])\n",
             argv0);
 }
 
@@ -702,8 +808,27 @@ static int parse_args(int argc, char **argv, config *c)
             return 0;
         } else {
             i++;
-            if (!strcmp(a, "--ranks")) {
+            if (!strcmp(a, "--backend")) {
+                if (!strcmp(v, "local")) c->backend = 0;
+                else if (!strcmp(v, "mpi")) c->backend = 1;
+                else if (!strcmp(v, "gloo")) c->backend = 2;
+                else goto bad;
+            } else if (!strcmp(a, "--rank")) {
+                if (!parse_int(v, &c->rank) || c->rank < 0) goto bad;
+            } else if (!strcmp(a, "--store-dir")) {
+                c->store_dir = v;
+            } else if (!strcmp(a, "--host")) {
+                c->host = v;
+            } else if (!strcmp(a, "--ranks")) {
                 if (!parse_int(v, &c->ranks)) goto bad;
+            } else if (!strcmp(a, "--save")) {
+                c->save_dir = v;
+            } else if (!strcmp(a, "--resume")) {
+                c->resume_dir = v;
+            } else if (!strcmp(a, "--save-every")) {
+                if (!parse_int(v, &c->save_every) || c->save_every < 1) goto bad;
+            } else if (!strcmp(a, "--stop-after")) {
+                if (!parse_int(v, &c->stop_after) || c->stop_after < 1) goto bad;
             } else if (!strcmp(a, "--steps")) {
                 if (!parse_int(v, &c->steps)) goto bad;
             } else if (!strcmp(a, "--batch")) {
@@ -783,6 +908,96 @@ static int find_unit(const fsdp_units *units, const char *fqn)
     return -1;
 }
 
+#ifdef FSDP_HAVE_GLOO
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+#endif
+
+/* Starts the chosen backend. Returns -1 when this process goes on as a rank
+   (cfg->rank set, cfg->ranks the world size), else an exit status: the Gloo
+   launcher's (it forks --ranks processes with a fresh store directory and
+   waits for them) or a failure's. Ranks other than 0 print nothing on
+   stdout, so the output is the same as with the local backend. */
+static int backend_start(config *c, int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    if (c->backend == 0) return -1;
+    if (c->backend == 1) {
+#ifdef FSDP_HAVE_MPI
+        int provided = 0, size = 1;
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+            fprintf(stderr, "train_mlp: MPI_Init_thread failed\n");
+            return 1;
+        }
+        MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        c->ranks = size;
+        if (size > MAX_RANKS || c->batch % size) {
+            if (c->rank == 0)
+                fprintf(stderr, "train_mlp: %d MPI ranks: at most %d, and the global batch %d must "
+                        "split evenly\n", size, MAX_RANKS, c->batch);
+            MPI_Finalize();
+            return 2;
+        }
+        if (c->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
+        return -1;
+#else
+        fprintf(stderr, "train_mlp: this build has no MPI backend (meson -Dmpi=enabled)\n");
+        return 2;
+#endif
+    }
+#ifdef FSDP_HAVE_GLOO
+    {
+        char dir[512];
+        const char *tmp = getenv("TMPDIR");
+        pid_t pids[MAX_RANKS];
+        int j, failed = 0, st;
+        if (c->rank >= 0) { /* one rank, started by the user */
+            if (!c->store_dir || c->rank >= c->ranks) {
+                fprintf(stderr, "train_mlp: --backend gloo --rank R needs --store-dir and R < "
+                        "--ranks\n");
+                return 2;
+            }
+            if (c->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
+            return -1;
+        }
+        snprintf(dir, sizeof dir, "%s/train_mlp_gloo_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "train_mlp: cannot create a store directory %s\n", dir);
+            return 1;
+        }
+        fflush(NULL);
+        for (j = 0; j < c->ranks; j++) {
+            pids[j] = fork();
+            if (pids[j] == 0) {
+                static char store[512];
+                memcpy(store, dir, sizeof store);
+                c->rank = j;
+                c->store_dir = store;
+                if (j > 0 && !freopen("/dev/null", "w", stdout)) _exit(1);
+                return -1;
+            }
+            if (pids[j] < 0) {
+                fprintf(stderr, "train_mlp: fork failed\n");
+                failed = 1;
+                break;
+            }
+        }
+        while (j-- > 0)
+            if (waitpid(pids[j], &st, 0) != pids[j] || !WIFEXITED(st) || WEXITSTATUS(st))
+                failed = 1;
+        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        return failed;
+    }
+#else
+    fprintf(stderr, "train_mlp: this build has no Gloo backend (meson -Dgloo=enabled)\n");
+    return 2;
+#endif
+}
+
 int main(int argc, char **argv)
 {
     static config cfg;
@@ -803,10 +1018,13 @@ int main(int argc, char **argv)
     cfg.seed = 1;
     cfg.strategy = FSDP_FULL_SHARD;
     cfg.strategy_name = "full";
+    cfg.rank = -1;
     if (!parse_args(argc, argv, &cfg)) {
         usage(argv[0]);
         return 2;
     }
+    i = backend_start(&cfg, &argc, &argv);
+    if (i >= 0) return i; /* a Gloo launcher, or a failed start */
     model = build_model();
     if (!model) return 1;
     memset(&policy, 0, sizeof policy);
@@ -839,8 +1057,9 @@ int main(int argc, char **argv)
     }
     if (!cfg.quiet) {
         int64_t total = 0;
-        printf("train_mlp: %d rank%s on the local backend, strategy %s, %s, prefetch %s\n",
-               cfg.ranks, cfg.ranks == 1 ? "" : "s", cfg.strategy_name, cfg.bf16 ? "params bf16 (master f32)" : "f32", cfg.no_prefetch ? "off" : "on");
+        printf("train_mlp: %d rank%s on the %s backend, strategy %s, %s, prefetch %s\n",
+               cfg.ranks, cfg.ranks == 1 ? "" : "s",
+               cfg.backend == 0 ? "local" : cfg.backend == 1 ? "mpi" : "gloo", cfg.strategy_name, cfg.bf16 ? "params bf16 (master f32)" : "f32", cfg.no_prefetch ? "off" : "on");
         if (cfg.strategy == FSDP_HYBRID_SHARD)
             printf("  hybrid: shard groups of %d ranks, %d replicas\n", cfg.hybrid_size,
                    cfg.ranks / cfg.hybrid_size);
@@ -859,7 +1078,13 @@ int main(int argc, char **argv)
     memset(&ld, 0, sizeof ld);
     ld.nranks = cfg.ranks;
     ld.timeout_ms = 60000;
-    r = fsdp_local_run(&ld, run_rank, &sh, results);
+    if (cfg.backend == 0) {
+        r = fsdp_local_run(&ld, run_rank, &sh, results);
+    } else { /* this process is one rank */
+        memset(results, 0, sizeof results);
+        results[cfg.rank] = run_rank(cfg.rank, cfg.ranks, NULL, &sh);
+        r = FSDP_SUCCESS;
+    }
     if (r != FSDP_SUCCESS) {
         fprintf(stderr, "train_mlp: fsdp_local_run: %s\n", fsdp_result_string(r));
         failed = 1;
@@ -872,7 +1097,8 @@ int main(int argc, char **argv)
     }
     if (!failed) {
         if (!cfg.quiet) {
-            for (i = 0; i < cfg.ranks; i++)
+            /* a process of a distributed backend knows only its own rank's */
+            for (i = 0; i < (cfg.backend == 0 ? cfg.ranks : 1); i++)
                 printf("rank %d: peak device memory %zu bytes, plan %zu bytes (peak/plan %.3f)\n",
                        i, sh.peak[i], sh.plan[i],
                        sh.plan[i] ? (double)sh.peak[i] / (double)sh.plan[i] : 0.0);
@@ -887,5 +1113,8 @@ int main(int argc, char **argv)
     }
     fsdp_units_destroy(units);
     fsdp_model_destroy(model);
+#ifdef FSDP_HAVE_MPI
+    if (cfg.backend == 1) MPI_Finalize();
+#endif
     return failed ? 1 : 0;
 }

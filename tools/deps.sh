@@ -1,7 +1,8 @@
 #!/bin/sh
 # Installs what building and testing fsdp.h needs, only when it is missing:
-# meson, ninja, a C and a C++ compiler, clang (the tests build with both).
-# Safe to run any number of times.
+# meson, ninja, a C and a C++ compiler, clang (the tests build with both),
+# and the optional backends' dependencies: Open MPI (libopenmpi-dev,
+# openmpi-bin) and Gloo (libgloo-dev). Safe to run any number of times.
 set -e
 need=""
 command -v meson >/dev/null 2>&1 || need="$need meson"
@@ -16,4 +17,19 @@ if [ -n "$need" ]; then
     [ "$(id -u)" = 0 ] || SUDO=sudo
     $SUDO apt-get update -qq
     DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $need >/dev/null
+fi
+
+# The MPI and Gloo backends are optional (meson turns them off when their
+# dependency is missing), so failing to install them is a warning, not an error.
+opt=""
+command -v mpicc >/dev/null 2>&1 || opt="$opt libopenmpi-dev"
+command -v mpiexec >/dev/null 2>&1 || opt="$opt openmpi-bin"
+[ -f /usr/include/gloo/allgather.h ] || opt="$opt libgloo-dev"
+if [ -n "$opt" ]; then
+    echo "deps: installing$opt"
+    SUDO=""
+    [ "$(id -u)" = 0 ] || SUDO=sudo
+    { $SUDO apt-get update -qq &&
+      DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq $opt >/dev/null; } ||
+        echo "deps: could not install$opt; the MPI/Gloo backends and their tests are skipped"
 fi

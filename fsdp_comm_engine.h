@@ -1,0 +1,787 @@
+/* fsdp_comm_engine.h - the part the MPI and Gloo backends share (internal)
+
+   Not for users to include: fsdp_comm_mpi.h and fsdp_comm_gloo.h include it
+   inside their implementation, and it compiles once per translation unit
+   however many backends that unit implements. Keep it next to them.
+
+   Why one engine: what makes a backend behave like the built-in local one
+   (program order across streams, asynchronous completion on a device stream,
+   rank-order f32 sums, mismatch fingerprints, deadlines, a sticky failure)
+   does not depend on the transport. A transport supplies five blocking
+   primitives on bytes, each honouring a deadline; the engine builds the
+   fsdp_comm_vtable on them.
+
+   Numerics: reduce_scatter is an all-to-all of the send buffer followed by a
+   local sum over ranks 0..n-1 in f32 (f64 for f64), divided by n for avg and
+   rounded once; all_reduce is that reduce_scatter over padded chunks plus an
+   all_gather. Every element is therefore computed with exactly the
+   arithmetic of the local backend, so local, MPI and Gloo agree bitwise. */
+#ifndef FSDP_COMM_ENGINE_DONE
+#define FSDP_COMM_ENGINE_DONE
+
+#ifndef FSDP_H_INCLUDED
+#error "include fsdp.h before fsdp_comm_engine.h"
+#endif
+
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define FSDP__ENG static FSDP__UNUSED
+
+#if !defined(FSDP_MALLOC)
+#define FSDP__ENG_MALLOC(sz) malloc(sz)
+#define FSDP__ENG_FREE(p) free(p)
+#else
+#define FSDP__ENG_MALLOC(sz) FSDP_MALLOC(sz)
+#define FSDP__ENG_FREE(p) FSDP_FREE(p)
+#endif
+
+/* Transport primitives. Each blocks until done or `deadline_ms` (monotonic
+   clock, <0: none) passes; on failure it fills err (its own words: the
+   engine adds the call and the rank) and returns FSDP_COMM_TIMEOUT or
+   FSDP_COMM_ERROR. `send` NULL in all_gather means "in place": this rank's
+   block is already at recv + rank * bytes. */
+typedef struct fsdp__xport {
+    fsdp_result (*all_gather)(void *t, const void *send, void *recv, size_t bytes,
+                              double deadline_ms, fsdp_error *err);
+    fsdp_result (*all_to_all)(void *t, const void *send, void *recv, size_t bytes_per_rank,
+                              double deadline_ms, fsdp_error *err);
+    fsdp_result (*broadcast)(void *t, void *buf, size_t bytes, int root, double deadline_ms,
+                             fsdp_error *err);
+    fsdp_result (*barrier)(void *t, double deadline_ms, fsdp_error *err);
+    /* Optional native reductions on f32/f64 (NULL: all-to-all + local sum). */
+    fsdp_result (*reduce_scatter)(void *t, const void *send, void *recv, size_t count,
+                                  fsdp_dtype dt, double deadline_ms, fsdp_error *err);
+    fsdp_result (*all_reduce)(void *t, const void *send, void *recv, size_t count,
+                              fsdp_dtype dt, double deadline_ms, fsdp_error *err);
+    /* Optional: all_to_all calling done(user, off, len) as soon as bytes
+       [off, off + len) of every block arrived (in order), so the local sum
+       of a reduce-scatter overlaps the transfer of later chunks. */
+    fsdp_result (*all_to_all_chunked)(void *t, const void *send, void *recv,
+                                      size_t bytes_per_rank, size_t chunk_bytes,
+                                      void (*done)(void *user, size_t off, size_t len),
+                                      void *user, double deadline_ms, fsdp_error *err);
+    /* Collective: *out NULL when color is FSDP_COMM_NO_COLOR. */
+    fsdp_result (*split)(void *t, int color, int key, double deadline_ms, void **out,
+                         int *out_rank, int *out_size, fsdp_error *err);
+    void (*destroy)(void *t);
+} fsdp__xport;
+
+enum {
+    FSDP__E_ALL_GATHER = 1,
+    FSDP__E_REDUCE_SCATTER,
+    FSDP__E_ALL_REDUCE,
+    FSDP__E_BROADCAST,
+    FSDP__E_BARRIER,
+    FSDP__E_SPLIT
+};
+
+/* A call's fingerprint, exchanged before the data when checking is on. */
+typedef struct fsdp__ecall {
+    uint64_t kind, count, dt, op, root, seq;
+} fsdp__ecall;
+
+typedef struct fsdp__eop fsdp__eop;
+
+typedef struct fsdp__eng {
+    const fsdp__xport *xp;
+    void *t;
+    const char *name;
+    int rank, size;
+    fsdp_device *dev;
+    fsdp_hooks hooks;
+    int timeout_ms; /* <0: none */
+    int check;
+    uint64_t issued; /* issuing thread only */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t finished; /* under mu: collectives done, run in program order */
+    int inflight;
+    fsdp__eop *spare;
+    fsdp_error async;  /* first asynchronous failure */
+    int broken;        /* under mu: a failure that desynchronised the ranks */
+    fsdp_error broken_err;
+    fsdp__ecall *fps;  /* size fingerprints, used by the running call only */
+} fsdp__eng;
+
+/* A collective queued on a stream. Ops are recycled and keep their scratch
+   buffer, grown on the issuing thread, so the stream worker never allocates. */
+struct fsdp__eop {
+    fsdp__eop *next;
+    fsdp__eng *e;
+    fsdp__ecall c;
+    const void *send;
+    void *recv;
+    void *scratch;
+    size_t scratch_cap;
+};
+
+FSDP__ENG void *fsdp__eng_alloc(const fsdp_hooks *h, size_t n)
+{
+    if (h->allocator.alloc) return h->allocator.alloc(h->allocator.user, n ? n : 1);
+    return FSDP__ENG_MALLOC(n ? n : 1);
+}
+
+FSDP__ENG void fsdp__eng_free(const fsdp_hooks *h, void *p)
+{
+    if (!p) return;
+    if (h->allocator.free) h->allocator.free(h->allocator.user, p);
+    else FSDP__ENG_FREE(p);
+}
+
+FSDP__ENG fsdp_result fsdp__eng_fail(fsdp_error *err, fsdp_result code, const char *fmt, ...)
+{
+    va_list ap;
+    if (!err) return code;
+    err->code = code;
+    va_start(ap, fmt);
+    vsnprintf(err->message, sizeof err->message, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+/* The failure of a create, for hooks.error (there is no comm to ask yet). */
+FSDP__ENG fsdp_result fsdp__eng_fail_create(const fsdp_hooks *h, fsdp_result code, const char *fmt,
+                                            ...)
+{
+    va_list ap;
+    char msg[FSDP_ERROR_MAX];
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    if (h && h->error) {
+        h->error->code = code;
+        snprintf(h->error->message, sizeof h->error->message, "%s", msg);
+    }
+    if (h && h->log && (h->log_level ? h->log_level : FSDP_LOG_WARN) >= FSDP_LOG_ERROR)
+        h->log(h->log_user, FSDP_LOG_ERROR, msg);
+    return code;
+}
+
+/* Deadlines use the monotonic clock when <time.h> offers it (POSIX feature
+   macros); plain C11 gets timespec_get's wall clock, which a clock step can
+   move. */
+FSDP__ENG double fsdp__eng_now_ms(void)
+{
+    struct timespec ts;
+#ifdef CLOCK_MONOTONIC
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#else
+    timespec_get(&ts, TIME_UTC);
+#endif
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+FSDP__ENG double fsdp__eng_deadline(int timeout_ms)
+{
+    return timeout_ms < 0 ? -1.0 : fsdp__eng_now_ms() + (double)timeout_ms;
+}
+
+FSDP__ENG const char *fsdp__eng_kind_name(uint64_t kind)
+{
+    switch (kind) {
+    case FSDP__E_ALL_GATHER: return "all_gather";
+    case FSDP__E_REDUCE_SCATTER: return "reduce_scatter";
+    case FSDP__E_ALL_REDUCE: return "all_reduce";
+    case FSDP__E_BROADCAST: return "broadcast";
+    case FSDP__E_BARRIER: return "barrier";
+    case FSDP__E_SPLIT: return "split";
+    default: return "unknown";
+    }
+}
+
+/* "all_gather #7 (count=10, dtype=f32)": the local backend's wording. */
+FSDP__ENG void fsdp__eng_call_str(char *buf, size_t cap, const fsdp__ecall *c)
+{
+    const char *name = fsdp__eng_kind_name(c->kind);
+    const char *op = c->op == FSDP_REDUCE_AVG ? "avg" : "sum";
+    unsigned long long seq = (unsigned long long)c->seq, n = (unsigned long long)c->count;
+    const char *dt = fsdp_dtype_name((fsdp_dtype)c->dt);
+    switch (c->kind) {
+    case FSDP__E_ALL_GATHER:
+        snprintf(buf, cap, "%s #%llu (count=%llu, dtype=%s)", name, seq, n, dt);
+        break;
+    case FSDP__E_REDUCE_SCATTER:
+    case FSDP__E_ALL_REDUCE:
+        snprintf(buf, cap, "%s #%llu (count=%llu, dtype=%s, op=%s)", name, seq, n, dt, op);
+        break;
+    case FSDP__E_BROADCAST:
+        snprintf(buf, cap, "%s #%llu (count=%llu, dtype=%s, root=%d)", name, seq, n, dt,
+                 (int)c->root);
+        break;
+    default: snprintf(buf, cap, "%s #%llu ()", name, seq); break;
+    }
+}
+
+/* dst[i] = sum over j = 0..n-1 of src[j * stride + i], in f32 (f64 for f64),
+   divided by n for avg, rounded once to dt: fsdp__local_reduce's arithmetic,
+   so results match the local backend bit for bit. */
+#define FSDP__EBLOCK 256
+FSDP__ENG void fsdp__eng_rank_sum(void *dst, const void *src, size_t stride, int n, size_t count,
+                                  fsdp_dtype dt, int avg)
+{
+    size_t b, i, m;
+    int j;
+    if (dt == FSDP_F64) {
+        const double *s0 = (const double *)src;
+        double *d = (double *)dst;
+        double acc[FSDP__EBLOCK];
+        for (b = 0; b < count; b += m) {
+            m = count - b < FSDP__EBLOCK ? count - b : FSDP__EBLOCK;
+            for (j = 0; j < n; j++) {
+                const double *s = s0 + (size_t)j * stride + b;
+                if (j == 0) for (i = 0; i < m; i++) acc[i] = s[i];
+                else for (i = 0; i < m; i++) acc[i] += s[i];
+            }
+            if (avg) for (i = 0; i < m; i++) acc[i] /= (double)n;
+            memcpy(d + b, acc, m * sizeof(double));
+        }
+        return;
+    }
+    for (b = 0; b < count; b += m) {
+        float acc[FSDP__EBLOCK];
+        m = count - b < FSDP__EBLOCK ? count - b : FSDP__EBLOCK;
+        for (j = 0; j < n; j++) {
+            if (dt == FSDP_F32) {
+                const float *s = (const float *)src + (size_t)j * stride + b;
+                if (j == 0) for (i = 0; i < m; i++) acc[i] = s[i];
+                else for (i = 0; i < m; i++) acc[i] += s[i];
+            } else if (dt == FSDP_BF16) {
+                const uint16_t *s = (const uint16_t *)src + (size_t)j * stride + b;
+                if (j == 0) for (i = 0; i < m; i++) acc[i] = fsdp_bf16_to_f32(s[i]);
+                else for (i = 0; i < m; i++) acc[i] += fsdp_bf16_to_f32(s[i]);
+            } else {
+                const uint16_t *s = (const uint16_t *)src + (size_t)j * stride + b;
+                if (j == 0) for (i = 0; i < m; i++) acc[i] = fsdp_f16_to_f32(s[i]);
+                else for (i = 0; i < m; i++) acc[i] += fsdp_f16_to_f32(s[i]);
+            }
+        }
+        if (avg) {
+            float fn = (float)n;
+            for (i = 0; i < m; i++) acc[i] = acc[i] / fn;
+        }
+        if (dt == FSDP_F32) {
+            memcpy((float *)dst + b, acc, m * sizeof(float));
+        } else if (dt == FSDP_BF16) {
+            uint16_t *d = (uint16_t *)dst + b;
+            for (i = 0; i < m; i++) d[i] = fsdp_f32_to_bf16(acc[i]);
+        } else {
+            uint16_t *d = (uint16_t *)dst + b;
+            for (i = 0; i < m; i++) d[i] = fsdp_f32_to_f16(acc[i]);
+        }
+    }
+}
+
+/* Scratch bytes a call needs (reductions only). */
+FSDP__ENG size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp__ecall *c)
+{
+    size_t es = fsdp_dtype_size((fsdp_dtype)c->dt), n = (size_t)e->size, chunk;
+    if (c->kind == FSDP__E_REDUCE_SCATTER) return n * c->count * es;
+    if (c->kind == FSDP__E_ALL_REDUCE) {
+        /* padded send, all-to-all result, this rank's reduced chunk */
+        chunk = (c->count + n - 1) / n;
+        return (2 * n * chunk + chunk) * es;
+    }
+    return 0;
+}
+
+/* Marks the engine broken (the ranks no longer agree on what runs next). */
+FSDP__ENG void fsdp__eng_break(fsdp__eng *e, const fsdp_error *err)
+{
+    pthread_mutex_lock(&e->mu);
+    if (!e->broken) {
+        e->broken = 1;
+        e->broken_err = *err;
+    }
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Compares every rank's fingerprint with rank 0's. */
+FSDP__ENG fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp__ecall *c, double deadline,
+                                      fsdp_error *err)
+{
+    char a[160], b[160], call[160];
+    fsdp_error xe;
+    fsdp_result r;
+    int j, first = -1, ndiff = 0;
+    size_t len;
+    memset(&xe, 0, sizeof xe);
+    r = e->xp->all_gather(e->t, c, e->fps, sizeof *c, deadline, &xe);
+    if (r != FSDP_SUCCESS) {
+        fsdp__eng_call_str(call, sizeof call, c);
+        return fsdp__eng_fail(err, r, "%s on rank %d (comm '%s'): %s%s", call, e->rank, e->name,
+                              r == FSDP_COMM_TIMEOUT ? "timed out exchanging call fingerprints: "
+                                                     : "",
+                              xe.message);
+    }
+    for (j = 1; j < e->size; j++) {
+        if (!memcmp(&e->fps[0], &e->fps[j], sizeof *c)) continue;
+        if (first < 0) first = j;
+        ndiff++;
+    }
+    if (first < 0) return FSDP_SUCCESS;
+    fsdp__eng_call_str(a, sizeof a, &e->fps[0]);
+    fsdp__eng_call_str(b, sizeof b, &e->fps[first]);
+    fsdp__eng_fail(err, FSDP_COMM_MISMATCH, "collective mismatch seen on rank %d (comm '%s'): "
+                   "rank 0 called %s but rank %d called %s", e->rank, e->name, a, first, b);
+    if (ndiff > 1) {
+        len = strlen(err->message);
+        snprintf(err->message + len, sizeof err->message - len, " (%d ranks differ from rank 0:",
+                 ndiff);
+        for (j = first; j < e->size; j++) {
+            if (!memcmp(&e->fps[0], &e->fps[j], sizeof *c)) continue;
+            len = strlen(err->message);
+            snprintf(err->message + len, sizeof err->message - len, " %d", j);
+        }
+        len = strlen(err->message);
+        snprintf(err->message + len, sizeof err->message - len, ")");
+    }
+    return FSDP_COMM_MISMATCH;
+}
+
+/* A reduce-scatter's chunk that arrived from every rank: sum it. */
+typedef struct fsdp__eng_rs {
+    void *recv;
+    const unsigned char *parts;
+    size_t count, es;
+    int n, avg;
+    fsdp_dtype dt;
+} fsdp__eng_rs;
+
+FSDP__ENG void fsdp__eng_rs_chunk(void *user, size_t off, size_t len)
+{
+    const fsdp__eng_rs *rs = (const fsdp__eng_rs *)user;
+    fsdp__eng_rank_sum((unsigned char *)rs->recv + off, rs->parts + off, rs->count, rs->n,
+                       len / rs->es, rs->dt, rs->avg);
+}
+
+/* Chunks of a pipelined reduce-scatter: small enough to overlap, large
+   enough that per-message costs stay negligible. */
+#define FSDP__ENG_CHUNK ((size_t)256 << 10)
+
+/* The data movement of one collective. */
+FSDP__ENG fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp__ecall *c, const void *send,
+                                     void *recv, void *scratch, double deadline, fsdp_error *err)
+{
+    size_t es = fsdp_dtype_size((fsdp_dtype)c->dt), n = (size_t)e->size;
+    size_t bytes = c->count * es;
+    int avg = c->op == FSDP_REDUCE_AVG;
+    fsdp_dtype dt = (fsdp_dtype)c->dt;
+    fsdp_result r;
+    switch (c->kind) {
+    case FSDP__E_BARRIER: return e->xp->barrier(e->t, deadline, err);
+    case FSDP__E_ALL_GATHER:
+        if (!bytes) return e->xp->barrier(e->t, deadline, err);
+        return e->xp->all_gather(e->t,
+                                 send == (unsigned char *)recv + (size_t)e->rank * bytes ? NULL : send,
+                                 recv, bytes, deadline, err);
+    case FSDP__E_BROADCAST:
+        if (!bytes) return e->xp->barrier(e->t, deadline, err);
+        if (e->rank == (int)c->root && send != recv) memmove(recv, send, bytes);
+        return e->xp->broadcast(e->t, recv, bytes, (int)c->root, deadline, err);
+    case FSDP__E_REDUCE_SCATTER:
+        if (!bytes) return e->xp->barrier(e->t, deadline, err);
+        if (e->xp->reduce_scatter && (dt == FSDP_F32 || dt == FSDP_F64)) {
+            /* the native call cannot put the result in place at our slice */
+            int inplace = recv == (const unsigned char *)send + (size_t)e->rank * bytes;
+            r = e->xp->reduce_scatter(e->t, send, inplace ? scratch : recv, c->count, dt, deadline,
+                                      err);
+            if (r == FSDP_SUCCESS && inplace) memcpy(recv, scratch, bytes);
+            if (r == FSDP_SUCCESS && avg) {
+                size_t i;
+                if (dt == FSDP_F32) {
+                    float *d = (float *)recv, fn = (float)n;
+                    for (i = 0; i < c->count; i++) d[i] = d[i] / fn;
+                } else {
+                    double *d = (double *)recv;
+                    for (i = 0; i < c->count; i++) d[i] /= (double)n;
+                }
+            }
+            return r;
+        }
+        if (e->xp->all_to_all_chunked && bytes > FSDP__ENG_CHUNK) {
+            fsdp__eng_rs rs;
+            rs.recv = recv;
+            rs.parts = (const unsigned char *)scratch;
+            rs.count = c->count;
+            rs.es = es;
+            rs.n = e->size;
+            rs.avg = avg;
+            rs.dt = dt;
+            return e->xp->all_to_all_chunked(e->t, send, scratch, bytes, FSDP__ENG_CHUNK / es * es,
+                                             fsdp__eng_rs_chunk, &rs, deadline, err);
+        }
+        /* all-to-all: scratch block j holds rank j's slice for this rank */
+        r = e->xp->all_to_all(e->t, send, scratch, bytes, deadline, err);
+        if (r != FSDP_SUCCESS) return r;
+        fsdp__eng_rank_sum(recv, scratch, c->count, e->size, c->count, dt, avg);
+        return FSDP_SUCCESS;
+    case FSDP__E_ALL_REDUCE: {
+        size_t chunk = (c->count + n - 1) / n, cb = chunk * es;
+        unsigned char *padded = (unsigned char *)scratch, *parts = padded + n * cb,
+                      *mine = parts + n * cb;
+        const void *src = send;
+        if (!bytes) return e->xp->barrier(e->t, deadline, err);
+        if (e->xp->all_reduce && (dt == FSDP_F32 || dt == FSDP_F64) && !avg) {
+            if (send == recv) {
+                memcpy(padded, send, bytes);
+                src = padded;
+            }
+            return e->xp->all_reduce(e->t, src, recv, c->count, dt, deadline, err);
+        }
+        if (chunk * n != c->count) {
+            /* all-to-all needs equal blocks: pad with zeros to n * chunk */
+            memcpy(padded, send, bytes);
+            memset(padded + bytes, 0, n * cb - bytes);
+            src = padded;
+        }
+        r = e->xp->all_to_all(e->t, src, parts, cb, deadline, err);
+        if (r != FSDP_SUCCESS) return r;
+        fsdp__eng_rank_sum(mine, parts, chunk, e->size, chunk, dt, avg);
+        if (chunk * n == c->count)
+            return e->xp->all_gather(e->t, mine, recv, cb, deadline, err);
+        r = e->xp->all_gather(e->t, mine, padded, cb, deadline, err);
+        if (r == FSDP_SUCCESS) memcpy(recv, padded, bytes);
+        return r;
+    }
+    default: return fsdp__eng_fail(err, FSDP_ERROR, "unknown collective kind %d", (int)c->kind);
+    }
+}
+
+/* Waits for this engine's earlier collectives (program order across
+   streams), runs one, and records a failure that desynchronised the ranks. */
+FSDP__ENG fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp__ecall *c, const void *send,
+                                    void *recv, void *scratch, fsdp_error *err)
+{
+    char call[160];
+    fsdp_error xe;
+    fsdp_result r = FSDP_SUCCESS;
+    double deadline;
+    pthread_mutex_lock(&e->mu);
+    while (e->finished + 1 < c->seq && !e->broken) pthread_cond_wait(&e->cv, &e->mu);
+    if (e->broken) {
+        fsdp__eng_call_str(call, sizeof call, c);
+        r = fsdp__eng_fail(err, FSDP_COMM_ABORTED,
+                           "%s on rank %d (comm '%s'): the communicator failed earlier: %s", call,
+                           e->rank, e->name, e->broken_err.message);
+    }
+    pthread_mutex_unlock(&e->mu);
+    if (r != FSDP_SUCCESS) goto done;
+    deadline = fsdp__eng_deadline(e->timeout_ms);
+    if (e->check && e->size > 1) {
+        r = fsdp__eng_check(e, c, deadline, err);
+        if (r != FSDP_SUCCESS) {
+            fsdp__eng_break(e, err);
+            goto done;
+        }
+    }
+    memset(&xe, 0, sizeof xe);
+    r = fsdp__eng_move(e, c, send, recv, scratch, deadline, &xe);
+    if (r != FSDP_SUCCESS) {
+        fsdp__eng_call_str(call, sizeof call, c);
+        if (r == FSDP_COMM_TIMEOUT)
+            fsdp__eng_fail(err, r, "%s timed out after %d ms on rank %d (comm '%s'): %s", call,
+                           e->timeout_ms, e->rank, e->name, xe.message);
+        else
+            fsdp__eng_fail(err, r, "%s failed on rank %d (comm '%s'): %s", call, e->rank, e->name,
+                           xe.message);
+        fsdp__eng_break(e, err);
+    }
+done:
+    pthread_mutex_lock(&e->mu);
+    e->finished++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+FSDP__ENG fsdp_result fsdp__eng_task(void *arg, fsdp_error *err)
+{
+    fsdp__eop *op = (fsdp__eop *)arg;
+    fsdp__eng *e = op->e;
+    fsdp_result r = fsdp__eng_run(e, &op->c, op->send, op->recv, op->scratch, err);
+    pthread_mutex_lock(&e->mu);
+    if (r != FSDP_SUCCESS && e->async.code == FSDP_SUCCESS) e->async = *err;
+    op->next = e->spare;
+    e->spare = op;
+    e->inflight--;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return r; /* e may be gone from here on */
+}
+
+/* Runs a collective now (s NULL) or queues it on s. */
+FSDP__ENG fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp__ecall *c, const void *send, void *recv,
+                                      fsdp_stream *s, fsdp_error *err)
+{
+    size_t need = fsdp__eng_scratch_bytes(e, c);
+    fsdp__eop *op;
+    fsdp_result r;
+    if (s && !e->dev)
+        return fsdp__eng_fail(err, FSDP_INVALID_ARGS,
+                              "%s on rank %d (comm '%s'): a stream needs the device given when "
+                              "the comm was created", fsdp__eng_kind_name(c->kind), e->rank,
+                              e->name);
+    if ((c->kind == FSDP__E_REDUCE_SCATTER || c->kind == FSDP__E_ALL_REDUCE) &&
+        !fsdp_dtype_is_float((fsdp_dtype)c->dt))
+        return fsdp__eng_fail(err, FSDP_INVALID_DTYPE, "%s on rank %d: %s cannot be reduced",
+                              fsdp__eng_kind_name(c->kind), e->rank,
+                              fsdp_dtype_name((fsdp_dtype)c->dt));
+    pthread_mutex_lock(&e->mu);
+    op = e->spare;
+    if (op) e->spare = op->next;
+    pthread_mutex_unlock(&e->mu);
+    if (!op) {
+        op = (fsdp__eop *)fsdp__eng_alloc(&e->hooks, sizeof *op);
+        if (op) memset(op, 0, sizeof *op);
+    }
+    if (op && op->scratch_cap < need) {
+        fsdp__eng_free(&e->hooks, op->scratch);
+        op->scratch = fsdp__eng_alloc(&e->hooks, need);
+        op->scratch_cap = op->scratch ? need : 0;
+    }
+    if (!op || op->scratch_cap < need) {
+        if (op) {
+            pthread_mutex_lock(&e->mu);
+            op->next = e->spare;
+            e->spare = op;
+            pthread_mutex_unlock(&e->mu);
+        }
+        return fsdp__eng_fail(err, FSDP_OUT_OF_MEMORY,
+                              "%s on rank %d: out of memory for %zu bytes of scratch",
+                              fsdp__eng_kind_name(c->kind), e->rank, need);
+    }
+    c->seq = ++e->issued;
+    op->e = e;
+    op->c = *c;
+    op->send = send;
+    op->recv = recv;
+    if (!s) {
+        r = fsdp__eng_run(e, &op->c, send, recv, op->scratch, err);
+        pthread_mutex_lock(&e->mu);
+        op->next = e->spare;
+        e->spare = op;
+        pthread_mutex_unlock(&e->mu);
+        return r;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->inflight++;
+    pthread_mutex_unlock(&e->mu);
+    r = fsdp_device_launch(e->dev, s, fsdp__eng_task, op);
+    if (r != FSDP_SUCCESS) {
+        e->issued--; /* it never ran and no peer saw the number */
+        pthread_mutex_lock(&e->mu);
+        op->next = e->spare;
+        e->spare = op;
+        e->inflight--;
+        pthread_mutex_unlock(&e->mu);
+        return fsdp__eng_fail(err, r, "%s on rank %d: cannot queue on the stream: %s",
+                              fsdp__eng_kind_name(c->kind), e->rank,
+                              fsdp_device_last_error(e->dev));
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP__ENG fsdp__ecall fsdp__eng_call(int kind, size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                     int root)
+{
+    fsdp__ecall c;
+    memset(&c, 0, sizeof c);
+    c.kind = (uint64_t)kind;
+    c.count = count;
+    c.dt = (uint64_t)dt;
+    c.op = (uint64_t)op;
+    c.root = (uint64_t)root;
+    return c;
+}
+
+FSDP__ENG fsdp_result fsdp__all_gather__eng(void *self, const void *send, void *recv, size_t count,
+                                            fsdp_dtype dt, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__ecall c = fsdp__eng_call(FSDP__E_ALL_GATHER, count, dt, FSDP_REDUCE_SUM, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__ENG fsdp_result fsdp__reduce_scatter__eng(void *self, const void *send, void *recv,
+                                                size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                                fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__ecall c = fsdp__eng_call(FSDP__E_REDUCE_SCATTER, count, dt, op, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__ENG fsdp_result fsdp__all_reduce__eng(void *self, const void *send, void *recv, size_t count,
+                                            fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream *s,
+                                            fsdp_error *err)
+{
+    fsdp__ecall c = fsdp__eng_call(FSDP__E_ALL_REDUCE, count, dt, op, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__ENG fsdp_result fsdp__broadcast__eng(void *self, const void *send, void *recv, size_t count,
+                                           fsdp_dtype dt, int root, fsdp_stream *s,
+                                           fsdp_error *err)
+{
+    fsdp__ecall c = fsdp__eng_call(FSDP__E_BROADCAST, count, dt, FSDP_REDUCE_SUM, root);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__ENG fsdp_result fsdp__barrier__eng(void *self, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__ecall c = fsdp__eng_call(FSDP__E_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, NULL, NULL, s, err);
+}
+
+FSDP__ENG fsdp_result fsdp__async_error__eng(void *self, fsdp_error *err)
+{
+    fsdp__eng *e = (fsdp__eng *)self;
+    fsdp_result r;
+    pthread_mutex_lock(&e->mu);
+    r = e->async.code;
+    if (r != FSDP_SUCCESS) *err = e->async;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+/* Takes ownership of the transport t (destroyed on failure too). */
+FSDP__ENG fsdp__eng *fsdp__eng_new(const fsdp__xport *xp, void *t, const char *name, int rank,
+                                   int size, fsdp_device *dev, const fsdp_hooks *hooks,
+                                   int timeout_ms, int check)
+{
+    fsdp_hooks h;
+    fsdp__eng *e;
+    memset(&h, 0, sizeof h);
+    if (hooks) h = *hooks;
+    h.error = NULL;
+    e = (fsdp__eng *)fsdp__eng_alloc(&h, sizeof *e);
+    if (!e) {
+        xp->destroy(t);
+        return NULL;
+    }
+    memset(e, 0, sizeof *e);
+    e->fps = (fsdp__ecall *)fsdp__eng_alloc(&h, (size_t)size * sizeof *e->fps);
+    if (!e->fps || pthread_mutex_init(&e->mu, NULL) != 0) {
+        fsdp__eng_free(&h, e->fps);
+        fsdp__eng_free(&h, e);
+        xp->destroy(t);
+        return NULL;
+    }
+    if (pthread_cond_init(&e->cv, NULL) != 0) {
+        pthread_mutex_destroy(&e->mu);
+        fsdp__eng_free(&h, e->fps);
+        fsdp__eng_free(&h, e);
+        xp->destroy(t);
+        return NULL;
+    }
+    e->xp = xp;
+    e->t = t;
+    e->name = name;
+    e->rank = rank;
+    e->size = size;
+    e->dev = dev;
+    e->hooks = h;
+    e->timeout_ms = timeout_ms;
+    e->check = check;
+    return e;
+}
+
+FSDP__ENG void fsdp__destroy__eng(void *self)
+{
+    fsdp__eng *e = (fsdp__eng *)self;
+    fsdp__eop *op;
+    fsdp_hooks h;
+    if (!e) return;
+    /* queued collectives still use this engine; they always finish (at worst
+       at their deadline) */
+    pthread_mutex_lock(&e->mu);
+    while (e->inflight > 0) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    h = e->hooks;
+    while ((op = e->spare)) {
+        e->spare = op->next;
+        fsdp__eng_free(&h, op->scratch);
+        fsdp__eng_free(&h, op);
+    }
+    e->xp->destroy(e->t);
+    pthread_cond_destroy(&e->cv);
+    pthread_mutex_destroy(&e->mu);
+    fsdp__eng_free(&h, e->fps);
+    fsdp__eng_free(&h, e);
+}
+
+/* Split is collective and ordered like any other call: it runs on the
+   calling thread after every earlier collective of this engine. */
+FSDP__ENG fsdp_result fsdp__split__eng(void *self, int color, int key, void **out_self,
+                                       int *out_rank, int *out_size, fsdp_error *err)
+{
+    fsdp__eng *e = (fsdp__eng *)self, *ne;
+    fsdp__ecall c = fsdp__eng_call(FSDP__E_SPLIT, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    fsdp_error xe;
+    fsdp_result r = FSDP_SUCCESS;
+    char call[160];
+    void *nt = NULL;
+    double deadline;
+    *out_self = NULL;
+    c.seq = ++e->issued;
+    fsdp__eng_call_str(call, sizeof call, &c);
+    pthread_mutex_lock(&e->mu);
+    while (e->finished + 1 < c.seq && !e->broken) pthread_cond_wait(&e->cv, &e->mu);
+    if (e->broken)
+        r = fsdp__eng_fail(err, FSDP_COMM_ABORTED,
+                           "%s on rank %d (comm '%s'): the communicator failed earlier: %s", call,
+                           e->rank, e->name, e->broken_err.message);
+    pthread_mutex_unlock(&e->mu);
+    if (r != FSDP_SUCCESS) goto done;
+    deadline = fsdp__eng_deadline(e->timeout_ms);
+    if (e->check && e->size > 1 && (r = fsdp__eng_check(e, &c, deadline, err)) != FSDP_SUCCESS) {
+        fsdp__eng_break(e, err);
+        goto done;
+    }
+    memset(&xe, 0, sizeof xe);
+    r = e->xp->split(e->t, color, key, deadline, &nt, out_rank, out_size, &xe);
+    if (r != FSDP_SUCCESS) {
+        fsdp__eng_fail(err, r, "%s(color=%d, key=%d) failed on rank %d (comm '%s'): %s", call,
+                       color, key, e->rank, e->name, xe.message);
+        if (r == FSDP_COMM_TIMEOUT) fsdp__eng_break(e, err);
+        goto done;
+    }
+    if (nt) {
+        ne = fsdp__eng_new(e->xp, nt, e->name, *out_rank, *out_size, e->dev, &e->hooks,
+                           e->timeout_ms, e->check);
+        if (!ne) {
+            r = fsdp__eng_fail(err, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory", call,
+                               e->rank);
+            goto done;
+        }
+        *out_self = ne;
+    }
+done:
+    pthread_mutex_lock(&e->mu);
+    e->finished++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+FSDP__ENG void fsdp__eng_vtable(fsdp_comm_vtable *vt, const char *name)
+{
+    memset(vt, 0, sizeof *vt);
+    vt->size = (uint32_t)sizeof *vt;
+    vt->name = name;
+    vt->all_gather = fsdp__all_gather__eng;
+    vt->reduce_scatter = fsdp__reduce_scatter__eng;
+    vt->all_reduce = fsdp__all_reduce__eng;
+    vt->broadcast = fsdp__broadcast__eng;
+    vt->barrier = fsdp__barrier__eng;
+    vt->split = fsdp__split__eng;
+    vt->async_error = fsdp__async_error__eng;
+    vt->destroy = fsdp__destroy__eng;
+}
+
+#endif /* FSDP_COMM_ENGINE_DONE */

@@ -1,0 +1,538 @@
+/* fsdp_comm_mpi.h - the fsdp.h comm backend over MPI (CPU buffers)
+
+   Do this:
+       #include "fsdp.h"
+       #define FSDP_COMM_MPI_IMPLEMENTATION   (or FSDP_IMPLEMENTATION)
+       #include "fsdp_comm_mpi.h"
+   in *one* C file; elsewhere include it without the define. Needs <mpi.h>
+   (build with mpicc, or pkg-config ompi-c) and fsdp_comm_engine.h next to it.
+
+   Usage:
+       int provided;
+       MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+       fsdp_mpi_desc d = {0};
+       d.dev = dev;                       (streams of dev run the collectives)
+       fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);   (collective)
+       ... fsdp_ctx / fsdp_all_gather ... on comm
+       fsdp_comm_destroy(comm);           (before MPI_Finalize)
+   Launch one process per rank:
+       mpirun -np 4 ./train            (as root on a small box also
+                                        --allow-run-as-root --oversubscribe)
+
+   Semantics: those of the comm vtable in fsdp.h. The backend duplicates the
+   MPI_Comm you pass (your own traffic never meets ours; you keep ownership
+   of yours), sets MPI_ERRORS_RETURN on the duplicate, and split is
+   MPI_Comm_split. Collectives are issued in program order; with a stream
+   they run on that stream's worker (fsdp_device_launch), without one on the
+   calling thread before returning. reduce_scatter and all_reduce sum in f32
+   (f64 for f64) in rank order and round once, so every dtype, bf16 and f16
+   included, gives bitwise the local backend's result (desc.native_reduce
+   trades that for MPI's own f32/f64 reductions).
+
+   Why no user-defined MPI_Op for bf16/f16: MPI has no such types, and a
+   user operation combines two operands at a time in an order MPI picks, so
+   a 16-bit carrier rounds after every partial sum. The all-to-all plus a
+   local f32 sum rounds once, matches the other backends bit for bit, and
+   measured faster than MPI_Reduce_scatter_block on f32 here (bench_comm).
+
+   Thread levels (checked with MPI_Query_thread at create):
+       no device (synchronous only)  any level; call from the thread that
+                                     may call MPI
+       a device, MPI_THREAD_MULTIPLE  recommended
+       a device, MPI_THREAD_SERIALIZED  works: the backend takes a lock
+                                     around each of its MPI calls, shared by
+                                     the comm and its splits; you must not
+                                     call MPI yourself while collectives are
+                                     queued (synchronize the streams first)
+       a device, FUNNELED or SINGLE   refused with FSDP_INVALID_ARGS
+
+   What MPI lets the backend detect (and what it does not):
+   - Mismatched collectives (different kind, count, dtype, op, root, or one
+     rank a call ahead): detected when checking is on (the default). Before
+     each call the ranks all-gather a 48-byte fingerprint; every rank then
+     returns FSDP_COMM_MISMATCH naming rank 0's call, the first differing
+     rank and its call, and the data call is not made.
+   - A hang (a rank never reaches a collective, or is stuck): every call is
+     nonblocking MPI (MPI_Iallgather, MPI_Ialltoall, ...) polled with
+     MPI_Test until a deadline (desc.timeout_ms, default 60 s), then
+     FSDP_COMM_TIMEOUT. timeout_ms < 0 switches to the blocking calls
+     (MPI_Allgather, ...: Open MPI's tuned algorithms, a little faster than
+     its nonblocking schedules) and a hang stays a hang. MPI cannot cancel a collective, so the request is
+     abandoned: the comm is broken from then on (FSDP_COMM_ABORTED), the
+     buffers of that call must stay allocated, and the only clean exit is to
+     report the error and MPI_Abort. MPI does not say which rank is missing.
+   - A rank that exits or crashes: Open MPI's runtime normally kills the
+     whole job (mpirun reports the dead rank); a survivor cannot get an
+     error it could handle. A rank that calls MPI_Finalize early looks like
+     a hang to the others: timeout.
+   - Wrong world size: desc.expected_size is compared with MPI_Comm_size.
+*/
+#ifndef FSDP_H_INCLUDED
+#error "include fsdp.h before fsdp_comm_mpi.h"
+#endif
+
+#ifndef FSDP_COMM_MPI_H_INCLUDED
+#define FSDP_COMM_MPI_H_INCLUDED
+
+/* only MPI's C API is used: skip the deprecated C++ bindings, whose headers
+   are not warning-free in C++ builds */
+#ifndef OMPI_SKIP_MPICXX
+#define OMPI_SKIP_MPICXX 1
+#endif
+#ifndef MPICH_SKIP_MPICXX
+#define MPICH_SKIP_MPICXX 1
+#endif
+#include <mpi.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct fsdp_mpi_desc {
+    fsdp_hooks hooks;
+    /* runs asynchronous collectives on its streams; NULL: stream-less only */
+    fsdp_device *dev;
+    int timeout_ms;              /* 0: 60000; negative: wait forever */
+    int disable_mismatch_check;  /* every rank must pass the same value */
+    int expected_size;           /* 0: any; else the comm must have this many ranks */
+    int native_reduce;           /* 1: MPI_Reduce_scatter_block/MPI_Allreduce for f32 and
+                                    f64 sums (not bitwise the local backend's for > 2 ranks) */
+} fsdp_mpi_desc;
+
+/* Builds a comm over a duplicate of `mpi_comm` (MPI_COMM_WORLD, or one you
+   own; it stays yours). desc may be NULL.
+   Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS (MPI not initialised or already
+   finalised, thread level too low for a device, size != expected_size,
+   ranks disagreeing on the options); FSDP_COMM_ERROR (an MPI call failed);
+   FSDP_COMM_TIMEOUT; FSDP_OUT_OF_MEMORY. Details in desc->hooks.error.
+   Collective: yes (over mpi_comm). Thread safety: one thread per call.
+   Destroy the comm (fsdp_comm_destroy) before MPI_Finalize. */
+FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+                                          fsdp_comm **out);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* FSDP_COMM_MPI_H_INCLUDED */
+
+/* ======================================================================== */
+/* >>mpi (implementation)                                                    */
+/* ======================================================================== */
+#if defined(FSDP_COMM_MPI_IMPLEMENTATION) || defined(FSDP_IMPLEMENTATION)
+#ifndef FSDP_COMM_MPI_IMPLEMENTATION_DONE
+#define FSDP_COMM_MPI_IMPLEMENTATION_DONE
+
+#include "fsdp_comm_engine.h"
+
+#include <limits.h>
+
+/* State the comm and its splits share: the lock that serialises MPI calls
+   under MPI_THREAD_SERIALIZED (no globals: it lives here, refcounted). */
+typedef struct fsdp__mpi_shared {
+    pthread_mutex_t mu;
+    pthread_mutex_t ref_mu;
+    int refs;
+    int serialize;
+    fsdp_hooks hooks;
+} fsdp__mpi_shared;
+
+typedef struct fsdp__mpi {
+    fsdp__mpi_shared *sh;
+    MPI_Comm comm;
+    int rank, size;
+} fsdp__mpi;
+
+FSDP__ENG void fsdp__lock__mpi(fsdp__mpi *m)
+{
+    if (m->sh->serialize) pthread_mutex_lock(&m->sh->mu);
+}
+
+FSDP__ENG void fsdp__unlock__mpi(fsdp__mpi *m)
+{
+    if (m->sh->serialize) pthread_mutex_unlock(&m->sh->mu);
+}
+
+FSDP__ENG fsdp_result fsdp__err__mpi(fsdp_error *err, int rc, const char *what)
+{
+    char s[MPI_MAX_ERROR_STRING];
+    int len = 0;
+    if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
+    return fsdp__eng_fail(err, FSDP_COMM_ERROR, "%s returned %d: %s", what, rc, s);
+}
+
+/* Polls a started request until it completes or the deadline passes. Why
+   not MPI_Wait: it cannot time out, and under SERIALIZED it would hold the
+   lock while peers need another comm's progress. */
+FSDP__ENG fsdp_result fsdp__wait__mpi(fsdp__mpi *m, MPI_Request *req, double deadline,
+                                      const char *what, fsdp_error *err)
+{
+    int flag = 0, rc, spins = 0;
+    if (deadline < 0 && !m->sh->serialize) {
+        rc = MPI_Wait(req, MPI_STATUS_IGNORE);
+        return rc == MPI_SUCCESS ? FSDP_SUCCESS : fsdp__err__mpi(err, rc, what);
+    }
+    for (;;) {
+        fsdp__lock__mpi(m);
+        rc = MPI_Test(req, &flag, MPI_STATUS_IGNORE);
+        fsdp__unlock__mpi(m);
+        if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, what);
+        if (flag) return FSDP_SUCCESS;
+        if (++spins < 64) continue;
+        /* past the first spins, give the core away: on an oversubscribed
+           node the peer we wait for may need it */
+        sched_yield();
+        if ((spins & 63) == 0 && deadline >= 0 && fsdp__eng_now_ms() > deadline)
+            return fsdp__eng_fail(err, FSDP_COMM_TIMEOUT,
+                                  "%s did not complete: not every rank reached it (MPI does not "
+                                  "say which); the comm is unusable from now on", what);
+    }
+}
+
+/* MPI counts are int: bytes travel as MPI_BYTE up to INT_MAX, beyond that
+   as larger contiguous units when the size allows. */
+FSDP__ENG fsdp_result fsdp__type__mpi(size_t bytes, int *count, MPI_Datatype *type, int *owned,
+                                      fsdp_error *err)
+{
+    size_t unit = 1;
+    *owned = 0;
+    while (bytes / unit > (size_t)INT_MAX && unit < ((size_t)1 << 30) && bytes % (unit * 2) == 0)
+        unit *= 2;
+    if (bytes / unit > (size_t)INT_MAX)
+        return fsdp__eng_fail(err, FSDP_NOT_SUPPORTED,
+                              "%zu bytes per rank cannot be described to MPI (int counts); use "
+                              "a size that is a multiple of a power of two", bytes);
+    *count = (int)(bytes / unit);
+    if (unit == 1) {
+        *type = MPI_BYTE;
+        return FSDP_SUCCESS;
+    }
+    if (MPI_Type_contiguous((int)unit, MPI_BYTE, type) != MPI_SUCCESS ||
+        MPI_Type_commit(type) != MPI_SUCCESS)
+        return fsdp__eng_fail(err, FSDP_COMM_ERROR, "MPI_Type_contiguous(%zu) failed", unit);
+    *owned = 1;
+    return FSDP_SUCCESS;
+}
+
+/* Without a deadline (timeout_ms < 0) and without the SERIALIZED lock, the
+   blocking collectives are used: Open MPI runs its nonblocking ones through
+   libnbc schedules, measurably slower than the tuned blocking algorithms. */
+#define FSDP__BLOCKING__MPI(m, deadline) ((deadline) < 0 && !(m)->sh->serialize)
+
+FSDP__ENG fsdp_result fsdp__all_gather__mpi(void *t, const void *send, void *recv, size_t bytes,
+                                            double deadline, fsdp_error *err)
+{
+    fsdp__mpi *m = (fsdp__mpi *)t;
+    MPI_Request req;
+    MPI_Datatype ty;
+    int n, owned, rc;
+    fsdp_result r = fsdp__type__mpi(bytes, &n, &ty, &owned, err);
+    if (r != FSDP_SUCCESS) return r;
+    if (FSDP__BLOCKING__MPI(m, deadline)) {
+        rc = MPI_Allgather(send ? send : MPI_IN_PLACE, n, ty, recv, n, ty, m->comm);
+        if (owned) MPI_Type_free(&ty);
+        return rc == MPI_SUCCESS ? FSDP_SUCCESS : fsdp__err__mpi(err, rc, "MPI_Allgather");
+    }
+    fsdp__lock__mpi(m);
+    /* in place is MPI_IN_PLACE: MPI forbids aliased send and recv buffers */
+    rc = MPI_Iallgather(send ? send : MPI_IN_PLACE, n, ty, recv, n, ty, m->comm, &req);
+    fsdp__unlock__mpi(m);
+    r = rc == MPI_SUCCESS ? fsdp__wait__mpi(m, &req, deadline, "MPI_Iallgather", err)
+                          : fsdp__err__mpi(err, rc, "MPI_Iallgather");
+    if (owned) MPI_Type_free(&ty);
+    return r;
+}
+
+FSDP__ENG fsdp_result fsdp__all_to_all__mpi(void *t, const void *send, void *recv, size_t bytes,
+                                            double deadline, fsdp_error *err)
+{
+    fsdp__mpi *m = (fsdp__mpi *)t;
+    MPI_Request req;
+    MPI_Datatype ty;
+    int n, owned, rc;
+    fsdp_result r = fsdp__type__mpi(bytes, &n, &ty, &owned, err);
+    if (r != FSDP_SUCCESS) return r;
+    if (FSDP__BLOCKING__MPI(m, deadline)) {
+        rc = MPI_Alltoall(send, n, ty, recv, n, ty, m->comm);
+        if (owned) MPI_Type_free(&ty);
+        return rc == MPI_SUCCESS ? FSDP_SUCCESS : fsdp__err__mpi(err, rc, "MPI_Alltoall");
+    }
+    fsdp__lock__mpi(m);
+    rc = MPI_Ialltoall(send, n, ty, recv, n, ty, m->comm, &req);
+    fsdp__unlock__mpi(m);
+    r = rc == MPI_SUCCESS ? fsdp__wait__mpi(m, &req, deadline, "MPI_Ialltoall", err)
+                          : fsdp__err__mpi(err, rc, "MPI_Ialltoall");
+    if (owned) MPI_Type_free(&ty);
+    return r;
+}
+
+FSDP__ENG fsdp_result fsdp__broadcast__mpi(void *t, void *buf, size_t bytes, int root,
+                                           double deadline, fsdp_error *err)
+{
+    fsdp__mpi *m = (fsdp__mpi *)t;
+    MPI_Request req;
+    MPI_Datatype ty;
+    int n, owned, rc;
+    fsdp_result r = fsdp__type__mpi(bytes, &n, &ty, &owned, err);
+    if (r != FSDP_SUCCESS) return r;
+    if (FSDP__BLOCKING__MPI(m, deadline)) {
+        rc = MPI_Bcast(buf, n, ty, root, m->comm);
+        if (owned) MPI_Type_free(&ty);
+        return rc == MPI_SUCCESS ? FSDP_SUCCESS : fsdp__err__mpi(err, rc, "MPI_Bcast");
+    }
+    fsdp__lock__mpi(m);
+    rc = MPI_Ibcast(buf, n, ty, root, m->comm, &req);
+    fsdp__unlock__mpi(m);
+    r = rc == MPI_SUCCESS ? fsdp__wait__mpi(m, &req, deadline, "MPI_Ibcast", err)
+                          : fsdp__err__mpi(err, rc, "MPI_Ibcast");
+    if (owned) MPI_Type_free(&ty);
+    return r;
+}
+
+FSDP__ENG fsdp_result fsdp__barrier__mpi(void *t, double deadline, fsdp_error *err)
+{
+    fsdp__mpi *m = (fsdp__mpi *)t;
+    MPI_Request req;
+    int rc;
+    if (FSDP__BLOCKING__MPI(m, deadline)) {
+        rc = MPI_Barrier(m->comm);
+        return rc == MPI_SUCCESS ? FSDP_SUCCESS : fsdp__err__mpi(err, rc, "MPI_Barrier");
+    }
+    fsdp__lock__mpi(m);
+    rc = MPI_Ibarrier(m->comm, &req);
+    fsdp__unlock__mpi(m);
+    if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, "MPI_Ibarrier");
+    return fsdp__wait__mpi(m, &req, deadline, "MPI_Ibarrier", err);
+}
+
+FSDP__ENG fsdp_result fsdp__reduce_scatter__mpi(void *t, const void *send, void *recv, size_t count,
+                                                fsdp_dtype dt, double deadline, fsdp_error *err)
+{
+    fsdp__mpi *m = (fsdp__mpi *)t;
+    MPI_Request req;
+    int rc;
+    if (count > (size_t)INT_MAX)
+        return fsdp__eng_fail(err, FSDP_NOT_SUPPORTED, "native reduce_scatter of %zu elements "
+                              "exceeds MPI's int count", count);
+    fsdp__lock__mpi(m);
+    rc = MPI_Ireduce_scatter_block(send, recv, (int)count, dt == FSDP_F64 ? MPI_DOUBLE : MPI_FLOAT,
+                                   MPI_SUM, m->comm, &req);
+    fsdp__unlock__mpi(m);
+    if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, "MPI_Ireduce_scatter_block");
+    return fsdp__wait__mpi(m, &req, deadline, "MPI_Ireduce_scatter_block", err);
+}
+
+FSDP__ENG fsdp_result fsdp__all_reduce__mpi(void *t, const void *send, void *recv, size_t count,
+                                            fsdp_dtype dt, double deadline, fsdp_error *err)
+{
+    fsdp__mpi *m = (fsdp__mpi *)t;
+    MPI_Request req;
+    int rc;
+    if (count > (size_t)INT_MAX)
+        return fsdp__eng_fail(err, FSDP_NOT_SUPPORTED, "native all_reduce of %zu elements "
+                              "exceeds MPI's int count", count);
+    fsdp__lock__mpi(m);
+    rc = MPI_Iallreduce(send, recv, (int)count, dt == FSDP_F64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
+                        m->comm, &req);
+    fsdp__unlock__mpi(m);
+    if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, "MPI_Iallreduce");
+    return fsdp__wait__mpi(m, &req, deadline, "MPI_Iallreduce", err);
+}
+
+FSDP__ENG void fsdp__shared_unref__mpi(fsdp__mpi_shared *sh)
+{
+    int last;
+    fsdp_hooks h;
+    pthread_mutex_lock(&sh->ref_mu);
+    last = --sh->refs == 0;
+    pthread_mutex_unlock(&sh->ref_mu);
+    if (!last) return;
+    h = sh->hooks;
+    pthread_mutex_destroy(&sh->mu);
+    pthread_mutex_destroy(&sh->ref_mu);
+    fsdp__eng_free(&h, sh);
+}
+
+FSDP__ENG void fsdp__xdestroy__mpi(void *t)
+{
+    fsdp__mpi *m = (fsdp__mpi *)t;
+    fsdp__mpi_shared *sh;
+    int fin = 0;
+    fsdp_hooks h;
+    if (!m) return;
+    sh = m->sh;
+    h = sh->hooks;
+    /* after MPI_Finalize nothing may be freed; the OS reclaims it */
+    MPI_Finalized(&fin);
+    if (!fin && m->comm != MPI_COMM_NULL) {
+        fsdp__lock__mpi(m);
+        MPI_Comm_free(&m->comm);
+        fsdp__unlock__mpi(m);
+    }
+    fsdp__eng_free(&h, m);
+    fsdp__shared_unref__mpi(sh);
+}
+
+FSDP__ENG fsdp_result fsdp__split__mpi(void *t, int color, int key, double deadline, void **out,
+                                       int *out_rank, int *out_size, fsdp_error *err)
+{
+    fsdp__mpi *m = (fsdp__mpi *)t, *nm;
+    MPI_Comm nc = MPI_COMM_NULL;
+    int rc;
+    (void)deadline; /* MPI_Comm_split has no nonblocking form in MPI 3 */
+    *out = NULL;
+    fsdp__lock__mpi(m);
+    rc = MPI_Comm_split(m->comm, color == FSDP_COMM_NO_COLOR ? MPI_UNDEFINED : color, key, &nc);
+    fsdp__unlock__mpi(m);
+    if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, "MPI_Comm_split");
+    if (nc == MPI_COMM_NULL) return FSDP_SUCCESS;
+    nm = (fsdp__mpi *)fsdp__eng_alloc(&m->sh->hooks, sizeof *nm);
+    if (!nm) {
+        MPI_Comm_free(&nc);
+        return fsdp__eng_fail(err, FSDP_OUT_OF_MEMORY, "out of memory");
+    }
+    nm->sh = m->sh;
+    nm->comm = nc;
+    MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(nc, &nm->rank);
+    MPI_Comm_size(nc, &nm->size);
+    pthread_mutex_lock(&m->sh->ref_mu);
+    m->sh->refs++;
+    pthread_mutex_unlock(&m->sh->ref_mu);
+    *out = nm;
+    *out_rank = nm->rank;
+    *out_size = nm->size;
+    return FSDP_SUCCESS;
+}
+
+static const fsdp__xport fsdp__xport__mpi = {
+    fsdp__all_gather__mpi, fsdp__all_to_all__mpi, fsdp__broadcast__mpi, fsdp__barrier__mpi,
+    NULL, NULL, NULL, fsdp__split__mpi, fsdp__xdestroy__mpi};
+
+static const fsdp__xport fsdp__xport_native__mpi = {
+    fsdp__all_gather__mpi, fsdp__all_to_all__mpi, fsdp__broadcast__mpi, fsdp__barrier__mpi,
+    fsdp__reduce_scatter__mpi, fsdp__all_reduce__mpi, NULL, fsdp__split__mpi,
+    fsdp__xdestroy__mpi};
+
+FSDP__ENG const char *fsdp__level_name__mpi(int level)
+{
+    switch (level) {
+    case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
+    case MPI_THREAD_FUNNELED: return "MPI_THREAD_FUNNELED";
+    case MPI_THREAD_SERIALIZED: return "MPI_THREAD_SERIALIZED";
+    case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
+    default: return "an unknown level";
+    }
+}
+
+FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+                                          fsdp_comm **out)
+{
+    fsdp_mpi_desc d;
+    fsdp__mpi_shared *sh;
+    fsdp__mpi *m;
+    fsdp__eng *e;
+    fsdp_comm_vtable vt;
+    fsdp_error xe;
+    fsdp_result r;
+    MPI_Request req;
+    int inited = 0, fin = 0, level = 0, rc, opts[4], all[4], timeout;
+    const fsdp_hooks *h;
+    memset(&d, 0, sizeof d);
+    if (desc) d = *desc;
+    h = &d.hooks;
+    if (!out) return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: out is NULL");
+    *out = NULL;
+    if ((d.hooks.allocator.alloc != NULL) != (d.hooks.allocator.free != NULL) ||
+        (d.hooks.allocator.alloc != NULL) != (d.hooks.allocator.realloc != NULL))
+        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: set all of "
+                                     "allocator alloc, realloc and free, or none");
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (!inited || fin)
+        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: MPI is %s; "
+                                     "call MPI_Init_thread first and destroy comms before "
+                                     "MPI_Finalize", fin ? "already finalized" : "not initialized");
+    if (mpi_comm == MPI_COMM_NULL)
+        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: mpi_comm is "
+                                     "MPI_COMM_NULL");
+    MPI_Query_thread(&level);
+    if (d.dev && level < MPI_THREAD_SERIALIZED)
+        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS,
+                                     "fsdp_mpi_comm_create: asynchronous collectives (desc.dev "
+                                     "is set) run on stream threads and need "
+                                     "MPI_THREAD_MULTIPLE (or SERIALIZED), but MPI provided %s; "
+                                     "initialise with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, "
+                                     "...) or leave desc.dev NULL for synchronous collectives",
+                                     fsdp__level_name__mpi(level));
+    timeout = d.timeout_ms == 0 ? 60000 : d.timeout_ms < 0 ? -1 : d.timeout_ms;
+    sh = (fsdp__mpi_shared *)fsdp__eng_alloc(h, sizeof *sh);
+    m = (fsdp__mpi *)fsdp__eng_alloc(h, sizeof *m);
+    if (!sh || !m) {
+        fsdp__eng_free(h, sh);
+        fsdp__eng_free(h, m);
+        return fsdp__eng_fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_mpi_comm_create: out of memory");
+    }
+    memset(sh, 0, sizeof *sh);
+    pthread_mutex_init(&sh->mu, NULL);
+    pthread_mutex_init(&sh->ref_mu, NULL);
+    sh->refs = 1;
+    sh->serialize = d.dev && level < MPI_THREAD_MULTIPLE;
+    sh->hooks = d.hooks;
+    sh->hooks.error = NULL;
+    m->sh = sh;
+    m->comm = MPI_COMM_NULL;
+    rc = MPI_Comm_dup(mpi_comm, &m->comm);
+    if (rc != MPI_SUCCESS) {
+        fsdp__xdestroy__mpi(m);
+        memset(&xe, 0, sizeof xe);
+        fsdp__err__mpi(&xe, rc, "MPI_Comm_dup");
+        return fsdp__eng_fail_create(h, FSDP_COMM_ERROR, "fsdp_mpi_comm_create: %s", xe.message);
+    }
+    /* errors come back as codes we turn into messages, never an abort */
+    MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(m->comm, &m->rank);
+    MPI_Comm_size(m->comm, &m->size);
+    if (d.expected_size > 0 && d.expected_size != m->size) {
+        int rank = m->rank, size = m->size;
+        fsdp__xdestroy__mpi(m);
+        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS,
+                                     "fsdp_mpi_comm_create on rank %d: the MPI communicator has "
+                                     "%d ranks but expected_size is %d (check mpirun -np)",
+                                     rank, size, d.expected_size);
+    }
+    /* the ranks must agree on the options that change what goes on the wire:
+       the maximum of x and of -x tells whether everyone passed the same x */
+    opts[0] = !d.disable_mismatch_check;
+    opts[1] = -opts[0];
+    opts[2] = !!d.native_reduce;
+    opts[3] = -opts[2];
+    memset(&xe, 0, sizeof xe);
+    rc = MPI_Iallreduce(opts, all, 4, MPI_INT, MPI_MAX, m->comm, &req);
+    r = rc == MPI_SUCCESS ? fsdp__wait__mpi(m, &req, fsdp__eng_deadline(timeout), "MPI_Iallreduce",
+                                            &xe)
+                          : fsdp__err__mpi(&xe, rc, "MPI_Iallreduce");
+    if (r != FSDP_SUCCESS) {
+        int rank = m->rank;
+        if (r != FSDP_COMM_TIMEOUT) fsdp__xdestroy__mpi(m); /* else the request still uses it */
+        return fsdp__eng_fail_create(h, r, "fsdp_mpi_comm_create on rank %d: %s", rank, xe.message);
+    }
+    if (all[0] != -all[1] || all[2] != -all[3]) {
+        int rank = m->rank;
+        fsdp__xdestroy__mpi(m);
+        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS,
+                                     "fsdp_mpi_comm_create on rank %d: ranks passed different "
+                                     "%s; every rank must pass the same value", rank,
+                                     all[0] != -all[1] ? "disable_mismatch_check"
+                                                       : "native_reduce");
+    }
+    e = fsdp__eng_new(d.native_reduce ? &fsdp__xport_native__mpi : &fsdp__xport__mpi, m, "mpi",
+                      m->rank, m->size, d.dev, &d.hooks, timeout, opts[0]);
+    if (!e) return fsdp__eng_fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_mpi_comm_create: out of memory");
+    fsdp__eng_vtable(&vt, "mpi");
+    r = fsdp_comm_create(&vt, e, e->rank, e->size, &d.hooks, out);
+    if (r != FSDP_SUCCESS) fsdp__destroy__eng(e);
+    return r;
+}
+
+#endif /* FSDP_COMM_MPI_IMPLEMENTATION_DONE */
+#endif /* FSDP_COMM_MPI_IMPLEMENTATION || FSDP_IMPLEMENTATION */

@@ -1,0 +1,959 @@
+/* test_backend.c - the multi-rank tests of every comm backend
+
+   One program, the backend as its first argument:
+       test_backend local --ranks N            N threads of this process
+       mpirun -np N test_backend mpi           one rank per process
+       mpirun -np N test_backend mpi --scenario serialized|funneled
+                                               thread levels
+       test_backend gloo --launch N            forks N ranks (a fresh store
+                                               directory, loopback TCP)
+       test_backend gloo --launch N --scenario missing|worldsize|exit
+   and every rank checks itself: every collective (all dtypes, uneven and
+   zero counts, in place, asynchronous on two streams), bitwise agreement of
+   reductions with the local backend's arithmetic, split, mismatch
+   detection, a timeout, a tiny model trained with fsdp_ctx compared with
+   the same training on the local backend (bitwise, same rank count) and on
+   one rank (1e-5), and the error cases (wrong world size; for Gloo a peer
+   that never arrives, a different world size and a peer that exits, each
+   an error within the timeout). Exit 0 when every check passed. */
+#define _XOPEN_SOURCE 700
+#include "fsdp.h"
+/* the backends' implementations live in this file (fsdp.h's own is in
+   the shared fsdp_impl library): they need only fsdp.h's public API */
+#ifdef FSDP_HAVE_MPI
+#define FSDP_COMM_MPI_IMPLEMENTATION
+#include "fsdp_comm_mpi.h"
+#endif
+#ifdef FSDP_HAVE_GLOO
+#define FSDP_COMM_GLOO_IMPLEMENTATION
+#include "fsdp_comm_gloo.h"
+#endif
+
+#include <math.h>
+#include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#ifdef FSDP_HAVE_GLOO
+#include <ftw.h>
+#include <signal.h>
+#include <sys/wait.h>
+#endif
+
+static atomic_int g_pass, g_fail;
+
+#define CHECK(c, rank, ...)                                                         \
+    do {                                                                            \
+        if (c) atomic_fetch_add(&g_pass, 1);                                        \
+        else {                                                                      \
+            atomic_fetch_add(&g_fail, 1);                                           \
+            fprintf(stderr, "%s:%d: rank %d: CHECK failed: %s: ", __FILE__, __LINE__, \
+                    (rank), #c);                                                    \
+            fprintf(stderr, __VA_ARGS__);                                           \
+            fputc('\n', stderr);                                                    \
+        }                                                                           \
+    } while (0)
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&ts, NULL);
+}
+
+/* ---------------------------------------------------------------------- */
+/* values and the reference arithmetic                                     */
+
+/* Element i of rank j's buffer: many mantissa bits, so the order and width
+   of the accumulation show in the result. */
+static double gen(int rank, size_t i, unsigned salt)
+{
+    uint64_t z = (uint64_t)(rank + 1) * 0x9E3779B97F4A7C15ull + (uint64_t)i * 0xBF58476D1CE4E5B9ull +
+                 salt * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    z *= 0xD6E8FEB86969B4D9ull;
+    z ^= z >> 29;
+    return (double)(z >> 11) / 9007199254740992.0 * 8.0 - 4.0;
+}
+
+static void put(void *buf, fsdp_dtype dt, size_t i, double v)
+{
+    switch (dt) {
+    case FSDP_F32: ((float *)buf)[i] = (float)v; break;
+    case FSDP_F64: ((double *)buf)[i] = v; break;
+    case FSDP_F16: ((uint16_t *)buf)[i] = fsdp_f32_to_f16((float)v); break;
+    case FSDP_BF16: ((uint16_t *)buf)[i] = fsdp_f32_to_bf16((float)v); break;
+    case FSDP_U8: ((uint8_t *)buf)[i] = (uint8_t)((int)(v * 100) & 0xff); break;
+    case FSDP_I8: ((int8_t *)buf)[i] = (int8_t)((int)(v * 30)); break;
+    case FSDP_I32: ((int32_t *)buf)[i] = (int32_t)(v * 1e6); break;
+    case FSDP_I64: ((int64_t *)buf)[i] = (int64_t)(v * 1e12); break;
+    default: break;
+    }
+}
+
+static double get(const void *buf, fsdp_dtype dt, size_t i)
+{
+    switch (dt) {
+    case FSDP_F32: return ((const float *)buf)[i];
+    case FSDP_F64: return ((const double *)buf)[i];
+    case FSDP_F16: return fsdp_f16_to_f32(((const uint16_t *)buf)[i]);
+    case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)buf)[i]);
+    default: return 0;
+    }
+}
+
+/* Fills buf[0..n) with rank's elements first..first+n-1. */
+static void fill(void *buf, fsdp_dtype dt, int rank, size_t first, size_t n, unsigned salt)
+{
+    size_t i;
+    for (i = 0; i < n; i++) put(buf, dt, i, gen(rank, first + i, salt));
+}
+
+/* The documented result of a reduction of element `at` of every rank's
+   buffer: a sum in rank order in f32 (f64 for f64), /n for avg, one
+   rounding; returned in dt's storage. */
+static void expect_reduced(void *out, fsdp_dtype dt, int n, size_t at, unsigned salt, int avg)
+{
+    unsigned char tmp[8];
+    int j;
+    if (dt == FSDP_F64) {
+        double acc = 0;
+        for (j = 0; j < n; j++) {
+            put(tmp, dt, 0, gen(j, at, salt));
+            acc = j ? acc + ((double *)tmp)[0] : ((double *)tmp)[0];
+        }
+        if (avg) acc /= (double)n;
+        memcpy(out, &acc, 8);
+    } else {
+        float acc = 0;
+        for (j = 0; j < n; j++) {
+            put(tmp, dt, 0, gen(j, at, salt));
+            acc = j ? acc + (float)get(tmp, dt, 0) : (float)get(tmp, dt, 0);
+        }
+        if (avg) acc = acc / (float)n;
+        if (dt == FSDP_F32) memcpy(out, &acc, 4);
+        else put(out, dt, 0, acc);
+    }
+}
+
+/* ---------------------------------------------------------------------- */
+/* the collectives                                                         */
+
+static const fsdp_dtype all_dtypes[] = {FSDP_F32, FSDP_F64, FSDP_F16, FSDP_BF16,
+                                        FSDP_U8,  FSDP_I8,  FSDP_I32, FSDP_I64};
+static const fsdp_dtype float_dtypes[] = {FSDP_F32, FSDP_F64, FSDP_F16, FSDP_BF16};
+static const size_t counts[] = {0, 1, 5, 1031};
+/* reductions also at a size whose per-rank block exceeds the engine's
+   256 KiB chunk (Gloo's pipelined reduce-scatter), with a partial chunk */
+static const size_t rcounts[] = {0, 1, 5, 1031, 150001};
+
+static void test_all_gather(fsdp_comm *c, fsdp_stream *s, fsdp_device *dev, unsigned *salt)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c);
+    size_t di, ci, i;
+    int inplace, j;
+    for (di = 0; di < sizeof all_dtypes / sizeof *all_dtypes; di++)
+        for (ci = 0; ci < sizeof counts / sizeof *counts; ci++)
+            for (inplace = 0; inplace < 2; inplace++) {
+                fsdp_dtype dt = all_dtypes[di];
+                size_t es = fsdp_dtype_size(dt), cnt = counts[ci];
+                unsigned char *send = (unsigned char *)malloc(cnt * es + 1);
+                unsigned char *recv = (unsigned char *)malloc((size_t)n * cnt * es + 1);
+                unsigned char *want = (unsigned char *)malloc(cnt * es + 1);
+                unsigned sl = ++*salt;
+                fsdp_result res;
+                memset(recv, 0xAB, (size_t)n * cnt * es);
+                fill(send, dt, r, 0, cnt, sl);
+                if (inplace) memcpy(recv + (size_t)r * cnt * es, send, cnt * es);
+                res = fsdp_all_gather(c, inplace ? recv + (size_t)r * cnt * es : send, recv, cnt,
+                                      dt, s);
+                if (res == FSDP_SUCCESS && s) res = fsdp_stream_synchronize(dev, s);
+                CHECK(res == FSDP_SUCCESS, r, "all_gather %s count %zu%s: %s", fsdp_dtype_name(dt),
+                      cnt, inplace ? " in place" : "", fsdp_comm_last_error(c));
+                for (j = 0; j < n; j++) {
+                    fill(want, dt, j, 0, cnt, sl);
+                    i = (size_t)j;
+                    CHECK(!memcmp(want, recv + i * cnt * es, cnt * es), r,
+                          "all_gather %s count %zu%s: block of rank %d differs",
+                          fsdp_dtype_name(dt), cnt, inplace ? " in place" : "", j);
+                }
+                free(send);
+                free(recv);
+                free(want);
+            }
+}
+
+static void test_reductions(fsdp_comm *c, fsdp_stream *s, fsdp_device *dev, unsigned *salt)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c);
+    size_t di, ci, i;
+    int inplace, avg, kind;
+    for (kind = 0; kind < 2; kind++) /* 0 reduce_scatter, 1 all_reduce */
+        for (di = 0; di < sizeof float_dtypes / sizeof *float_dtypes; di++)
+            for (ci = 0; ci < sizeof rcounts / sizeof *rcounts; ci++)
+                for (inplace = 0; inplace < 2; inplace++)
+                    for (avg = 0; avg < 2; avg++) {
+                        fsdp_dtype dt = float_dtypes[di];
+                        size_t es = fsdp_dtype_size(dt), cnt = rcounts[ci];
+                        /* the large size matters to the pipelined
+                           reduce-scatter only; f32 and bf16 keep it short */
+                        if (cnt > 100000 && (kind || (dt != FSDP_F32 && dt != FSDP_BF16)))
+                            continue;
+                        size_t in_n = kind == 0 ? (size_t)n * cnt : cnt;
+                        unsigned char *send = (unsigned char *)malloc(in_n * es + 1);
+                        unsigned char *recv = (unsigned char *)malloc(cnt * es + 1);
+                        unsigned char want[8];
+                        unsigned sl = ++*salt;
+                        size_t off = kind == 0 ? (size_t)r * cnt : 0, bad = (size_t)-1;
+                        fsdp_reduce_op op = avg ? FSDP_REDUCE_AVG : FSDP_REDUCE_SUM;
+                        void *out;
+                        fsdp_result res;
+                        fill(send, dt, r, 0, in_n, sl);
+                        out = inplace ? (void *)(send + off * es) : (void *)recv;
+                        if (kind == 0)
+                            res = fsdp_reduce_scatter(c, send, out, cnt, dt, op, s);
+                        else
+                            res = fsdp_all_reduce(c, send, out, cnt, dt, op, s);
+                        if (res == FSDP_SUCCESS && s) res = fsdp_stream_synchronize(dev, s);
+                        CHECK(res == FSDP_SUCCESS, r, "%s %s count %zu%s%s: %s",
+                              kind ? "all_reduce" : "reduce_scatter", fsdp_dtype_name(dt), cnt,
+                              inplace ? " in place" : "", avg ? " avg" : "",
+                              fsdp_comm_last_error(c));
+                        /* every element; at the large size every 13th and
+                           the last (sanitizer builds stay fast) */
+                        for (i = 0; i < cnt && bad == (size_t)-1; i += cnt > 100000 ? 13 : 1) {
+                            expect_reduced(want, dt, n, off + i, sl, avg);
+                            if (memcmp(want, (unsigned char *)out + i * es, es)) bad = i;
+                        }
+                        if (cnt && bad == (size_t)-1) {
+                            expect_reduced(want, dt, n, off + cnt - 1, sl, avg);
+                            if (memcmp(want, (unsigned char *)out + (cnt - 1) * es, es))
+                                bad = cnt - 1;
+                        }
+                        CHECK(bad == (size_t)-1, r,
+                              "%s %s count %zu%s%s: element %zu is not the rank-order f32 "
+                              "result", kind ? "all_reduce" : "reduce_scatter",
+                              fsdp_dtype_name(dt), cnt, inplace ? " in place" : "",
+                              avg ? " avg" : "", bad);
+                        free(send);
+                        free(recv);
+                    }
+}
+
+static void test_broadcast(fsdp_comm *c, fsdp_stream *s, fsdp_device *dev, unsigned *salt)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c), root, inplace;
+    size_t di, cnt = 333;
+    for (di = 0; di < sizeof all_dtypes / sizeof *all_dtypes; di++)
+        for (root = 0; root < n; root++)
+            for (inplace = 0; inplace < 2; inplace++) {
+                fsdp_dtype dt = all_dtypes[di];
+                size_t es = fsdp_dtype_size(dt);
+                unsigned char *send = (unsigned char *)malloc(cnt * es);
+                unsigned char *recv = (unsigned char *)malloc(cnt * es);
+                unsigned char *want = (unsigned char *)malloc(cnt * es);
+                unsigned sl = ++*salt;
+                fsdp_result res;
+                fill(send, dt, r, 0, cnt, sl);
+                fill(want, dt, root, 0, cnt, sl);
+                if (inplace) memcpy(recv, send, cnt * es);
+                else memset(recv, 0, cnt * es);
+                res = fsdp_broadcast(c, inplace ? recv : send, recv, cnt, dt, root, s);
+                if (res == FSDP_SUCCESS && s) res = fsdp_stream_synchronize(dev, s);
+                CHECK(res == FSDP_SUCCESS, r, "broadcast %s root %d: %s", fsdp_dtype_name(dt),
+                      root, fsdp_comm_last_error(c));
+                CHECK(!memcmp(want, recv, cnt * es), r, "broadcast %s root %d%s: wrong data",
+                      fsdp_dtype_name(dt), root, inplace ? " in place" : "");
+                free(send);
+                free(recv);
+                free(want);
+            }
+    CHECK(fsdp_barrier(c, s) == FSDP_SUCCESS, r, "barrier: %s", fsdp_comm_last_error(c));
+    if (s) CHECK(fsdp_stream_synchronize(dev, s) == FSDP_SUCCESS, r, "barrier on a stream");
+}
+
+/* Collectives queued on two streams complete in program order. */
+static void test_async(fsdp_comm *c, fsdp_device *dev, unsigned *salt)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c), k, j;
+    fsdp_stream *s1 = NULL, *s2 = NULL;
+    enum { K = 6, CNT = 4099 };
+    float *ag_in[K], *ag_out[K];
+    uint16_t *rs_in[K], *rs_out[K];
+    unsigned sl0 = *salt + 1;
+    size_t i, bad = 0;
+    *salt += 2 * K;
+    if (fsdp_stream_create(dev, &s1) != FSDP_SUCCESS || fsdp_stream_create(dev, &s2) != FSDP_SUCCESS) {
+        CHECK(0, r, "cannot create streams");
+        return;
+    }
+    for (k = 0; k < K; k++) {
+        ag_in[k] = (float *)malloc(CNT * sizeof(float));
+        ag_out[k] = (float *)malloc((size_t)n * CNT * sizeof(float));
+        rs_in[k] = (uint16_t *)malloc((size_t)n * CNT * 2);
+        rs_out[k] = (uint16_t *)malloc(CNT * 2);
+        fill(ag_in[k], FSDP_F32, r, 0, CNT, sl0 + 2 * (unsigned)k);
+        fill(rs_in[k], FSDP_BF16, r, 0, (size_t)n * CNT, sl0 + 2 * (unsigned)k + 1);
+        CHECK(fsdp_all_gather(c, ag_in[k], ag_out[k], CNT, FSDP_F32, s1) == FSDP_SUCCESS, r,
+              "queue all_gather: %s", fsdp_comm_last_error(c));
+        CHECK(fsdp_reduce_scatter(c, rs_in[k], rs_out[k], CNT, FSDP_BF16, FSDP_REDUCE_AVG, s2) ==
+                  FSDP_SUCCESS, r, "queue reduce_scatter: %s", fsdp_comm_last_error(c));
+    }
+    CHECK(fsdp_stream_synchronize(dev, s1) == FSDP_SUCCESS, r, "stream 1: %s",
+          fsdp_device_last_error(dev));
+    CHECK(fsdp_stream_synchronize(dev, s2) == FSDP_SUCCESS, r, "stream 2: %s",
+          fsdp_device_last_error(dev));
+    CHECK(fsdp_comm_async_error(c) == FSDP_SUCCESS, r, "async error: %s", fsdp_comm_last_error(c));
+    for (k = 0; k < K; k++) {
+        float *want = (float *)malloc(CNT * sizeof(float));
+        for (j = 0; j < n; j++) {
+            fill(want, FSDP_F32, j, 0, CNT, sl0 + 2 * (unsigned)k);
+            bad += memcmp(want, ag_out[k] + (size_t)j * CNT, CNT * sizeof(float)) != 0;
+        }
+        for (i = 0; i < CNT; i++) {
+            uint16_t w;
+            expect_reduced(&w, FSDP_BF16, n, (size_t)r * CNT + i, sl0 + 2 * (unsigned)k + 1, 1);
+            bad += w != rs_out[k][i];
+        }
+        free(want);
+        free(ag_in[k]);
+        free(ag_out[k]);
+        free(rs_in[k]);
+        free(rs_out[k]);
+    }
+    CHECK(bad == 0, r, "%zu wrong results from collectives queued on two streams", bad);
+    fsdp_stream_destroy(dev, s1);
+    fsdp_stream_destroy(dev, s2);
+}
+
+static void test_split(fsdp_comm *c)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c);
+    /* two groups by parity, ranks reversed by key; with 3+ ranks the last
+       rank joins none */
+    int none = n >= 3 && r == n - 1;
+    int color = none ? FSDP_COMM_NO_COLOR : r % 2;
+    int members = 0, pos = 0, j;
+    fsdp_comm *sub = NULL;
+    fsdp_result res = fsdp_comm_split(c, color, -r, &sub);
+    CHECK(res == FSDP_SUCCESS, r, "split: %s", fsdp_comm_last_error(c));
+    if (none) {
+        CHECK(sub == NULL, r, "split with FSDP_COMM_NO_COLOR gave a comm");
+        return;
+    }
+    for (j = 0; j < n; j++) {
+        if (j % 2 != r % 2 || (n >= 3 && j == n - 1)) continue;
+        members++;
+        if (j > r) pos++; /* key -j: higher ranks come first */
+    }
+    CHECK(sub && fsdp_comm_size(sub) == members, r, "split size %d, want %d",
+          sub ? fsdp_comm_size(sub) : -1, members);
+    CHECK(sub && fsdp_comm_rank(sub) == pos, r, "split rank %d, want %d",
+          sub ? fsdp_comm_rank(sub) : -1, pos);
+    if (sub) {
+        float v = (float)(r + 1), want = 0;
+        for (j = 0; j < n; j++)
+            if (j % 2 == r % 2 && !(n >= 3 && j == n - 1)) want += (float)(j + 1);
+        CHECK(fsdp_all_reduce(sub, &v, &v, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL) == FSDP_SUCCESS, r,
+              "all_reduce in the split group: %s", fsdp_comm_last_error(sub));
+        CHECK(v == want, r, "split group sum %g, want %g", (double)v, (double)want);
+    }
+    fsdp_comm_destroy(sub);
+}
+
+/* A rank calling something else is an error on every rank, not a hang. */
+static void test_mismatch(fsdp_comm *c)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c);
+    fsdp_comm *dup = NULL;
+    float send[8] = {0}, recv[64];
+    fsdp_result res;
+    if (n < 2) return;
+    CHECK(fsdp_comm_split(c, 0, r, &dup) == FSDP_SUCCESS && dup, r, "split for a duplicate: %s",
+          fsdp_comm_last_error(c));
+    if (!dup) return;
+    res = fsdp_all_gather(dup, send, recv, r == 1 ? 5 : 4, FSDP_F32, NULL);
+    CHECK(res == FSDP_COMM_MISMATCH, r, "mismatched all_gather gave %s: %s",
+          fsdp_result_string(res), fsdp_comm_last_error(dup));
+    CHECK(strstr(fsdp_comm_last_error(dup), "rank 1") && strstr(fsdp_comm_last_error(dup), "count=5"),
+          r, "the message does not name rank 1 and its call: %s", fsdp_comm_last_error(dup));
+    res = fsdp_barrier(dup, NULL);
+    CHECK(res == FSDP_COMM_ABORTED || res == FSDP_COMM_MISMATCH, r,
+          "a call after the mismatch gave %s", fsdp_result_string(res));
+    fsdp_comm_destroy(dup);
+}
+
+/* ---------------------------------------------------------------------- */
+/* a tiny model trained with fsdp_ctx                                      */
+
+enum { IN = 5, HID = 6, OUT = 3, BATCH = 12, STEPS = 3 };
+
+static fsdp_init_spec init_choose(void *user, const char *fqn, int ndim, const int64_t *shape,
+                                  const char *module_type)
+{
+    fsdp_init_spec s;
+    (void)user, (void)fqn, (void)ndim, (void)shape, (void)module_type;
+    memset(&s, 0, sizeof s);
+    s.kind = FSDP_INIT_NORMAL;
+    s.a = 0.0;
+    s.b = 0.4;
+    return s;
+}
+
+typedef struct tiny {
+    fsdp_model *model;
+    fsdp_units *units;
+    int ua, ub, uroot;
+    int64_t numel[3];
+} tiny;
+
+static int tiny_build(tiny *t)
+{
+    static const char *const lin[] = {"Linear"};
+    fsdp_param_desc p;
+    fsdp_wrap_policy pol;
+    fsdp_wrap_desc wd;
+    int i;
+    memset(t, 0, sizeof *t);
+    if (fsdp_model_create(NULL, &t->model) != FSDP_SUCCESS) return 0;
+    fsdp_model_add_module(t->model, "a", "Linear");
+    fsdp_model_add_module(t->model, "b", "Linear");
+    memset(&p, 0, sizeof p);
+    p.module = "a", p.name = "weight", p.ndim = 2, p.shape[0] = HID, p.shape[1] = IN;
+    fsdp_model_add_param(t->model, &p);
+    p.name = "bias", p.ndim = 1, p.shape[0] = HID;
+    fsdp_model_add_param(t->model, &p);
+    p.module = "b", p.name = "weight", p.ndim = 2, p.shape[0] = OUT, p.shape[1] = HID;
+    fsdp_model_add_param(t->model, &p);
+    p.module = "", p.name = "scale", p.ndim = 1, p.shape[0] = OUT;
+    fsdp_model_add_param(t->model, &p);
+    memset(&pol, 0, sizeof pol);
+    pol.kind = FSDP_WRAP_MODULE_TYPE;
+    pol.module_types = lin;
+    pol.n_module_types = 1;
+    memset(&wd, 0, sizeof wd);
+    wd.policy = &pol;
+    if (fsdp_wrap(t->model, &wd, &t->units) != FSDP_SUCCESS || fsdp_units_count(t->units) != 3)
+        return 0;
+    t->ua = t->ub = t->uroot = -1;
+    for (i = 0; i < 3; i++) {
+        const fsdp_unit_info *ui = fsdp_units_get(t->units, i);
+        if (!strcmp(ui->fqn, "a")) t->ua = i;
+        if (!strcmp(ui->fqn, "b")) t->ub = i;
+        if (!strcmp(ui->fqn, "")) t->uroot = i;
+    }
+    t->numel[0] = HID * IN + HID;
+    t->numel[1] = OUT * HID;
+    t->numel[2] = OUT;
+    return t->ua >= 0 && t->ub >= 0 && t->uroot >= 0;
+}
+
+static void tiny_free(tiny *t)
+{
+    fsdp_units_destroy(t->units);
+    fsdp_model_destroy(t->model);
+}
+
+/* Trains STEPS steps of y = scale * (Wb (Wa x + ba)) on this rank's rows of
+   a fixed batch with SGD, then gathers every parameter into out (units a,
+   b, root, flat order). Returns 1 on success, msg says why not. */
+static int tiny_train(const tiny *t, fsdp_comm *comm, fsdp_device *dev, float *out, char *msg,
+                      size_t cap)
+{
+    int rank = fsdp_comm_rank(comm), n = fsdp_comm_size(comm), step, i, o, k;
+    int local = BATCH / n, row0 = rank * local, ok = 0;
+    fsdp_ctx_desc d;
+    fsdp_ctx *ctx = NULL;
+    fsdp_error err;
+    float x[BATCH][IN], h[BATCH][HID], z[BATCH][OUT], dy[BATCH][OUT], dz[BATCH][OUT],
+        dh[BATCH][HID];
+    memset(&d, 0, sizeof d);
+    memset(&err, 0, sizeof err);
+    d.hooks.error = &err;
+    d.model = t->model;
+    d.units = t->units;
+    d.device = dev;
+    d.comm = comm;
+    d.optim = fsdp_optim_defaults(FSDP_SGD);
+    d.optim.lr = 0.05;
+    d.optim.momentum = 0.9;
+    if (fsdp_ctx_create(&d, &ctx) != FSDP_SUCCESS) {
+        snprintf(msg, cap, "fsdp_ctx_create: %s", err.message);
+        return 0;
+    }
+    if (fsdp_init_params(ctx, 11, init_choose, NULL) != FSDP_SUCCESS) goto fail;
+    for (step = 0; step < STEPS; step++) {
+        const float *wa, *ba, *wb, *sc;
+        float *gwa, *gba, *gwb, *gsc;
+        for (i = 0; i < local; i++)
+            for (k = 0; k < IN; k++) x[i][k] = (float)gen(row0 + i, (size_t)k, 1000u + (unsigned)step);
+        if (fsdp_begin_forward(ctx, t->uroot) || !(sc = (const float *)fsdp_param(ctx, "scale")))
+            goto fail;
+        if (fsdp_begin_forward(ctx, t->ua) || !(wa = (const float *)fsdp_param(ctx, "a.weight")) ||
+            !(ba = (const float *)fsdp_param(ctx, "a.bias")))
+            goto fail;
+        for (i = 0; i < local; i++)
+            for (o = 0; o < HID; o++) {
+                float acc = ba[o];
+                for (k = 0; k < IN; k++) acc += wa[o * IN + k] * x[i][k];
+                h[i][o] = acc;
+            }
+        if (fsdp_end_forward(ctx, t->ua)) goto fail;
+        if (fsdp_begin_forward(ctx, t->ub) || !(wb = (const float *)fsdp_param(ctx, "b.weight")))
+            goto fail;
+        for (i = 0; i < local; i++)
+            for (o = 0; o < OUT; o++) {
+                float acc = 0;
+                for (k = 0; k < HID; k++) acc += wb[o * HID + k] * h[i][k];
+                z[i][o] = acc;
+                /* loss 0.5 * (scale * z - target)^2, mean over the global batch */
+                dy[i][o] = (sc[o] * acc - (float)gen(row0 + i, (size_t)o, 2000u)) / (float)local;
+            }
+        if (fsdp_end_forward(ctx, t->ub) || fsdp_end_forward(ctx, t->uroot)) goto fail;
+        if (fsdp_begin_backward(ctx, t->uroot) || !(gsc = (float *)fsdp_grad(ctx, "scale")) ||
+            !(sc = (const float *)fsdp_param(ctx, "scale")))
+            goto fail;
+        for (i = 0; i < local; i++)
+            for (o = 0; o < OUT; o++) {
+                gsc[o] += dy[i][o] * z[i][o];
+                dz[i][o] = dy[i][o] * sc[o];
+            }
+        if (fsdp_begin_backward(ctx, t->ub) || !(gwb = (float *)fsdp_grad(ctx, "b.weight")) ||
+            !(wb = (const float *)fsdp_param(ctx, "b.weight")))
+            goto fail;
+        for (i = 0; i < local; i++)
+            for (k = 0; k < HID; k++) {
+                float acc = 0;
+                for (o = 0; o < OUT; o++) {
+                    gwb[o * HID + k] += dz[i][o] * h[i][k];
+                    acc += wb[o * HID + k] * dz[i][o];
+                }
+                dh[i][k] = acc;
+            }
+        if (fsdp_end_backward(ctx, t->ub)) goto fail;
+        if (fsdp_begin_backward(ctx, t->ua) || !(gwa = (float *)fsdp_grad(ctx, "a.weight")) ||
+            !(gba = (float *)fsdp_grad(ctx, "a.bias")))
+            goto fail;
+        for (i = 0; i < local; i++)
+            for (o = 0; o < HID; o++) {
+                gba[o] += dh[i][o];
+                for (k = 0; k < IN; k++) gwa[o * IN + k] += dh[i][o] * x[i][k];
+            }
+        if (fsdp_end_backward(ctx, t->ua) || fsdp_end_backward(ctx, t->uroot) || fsdp_step(ctx))
+            goto fail;
+    }
+    if (fsdp_summon_begin(ctx, t->ua, FSDP_SUMMON_OFFLOAD, out) ||
+        fsdp_summon_end(ctx, t->ua) ||
+        fsdp_summon_begin(ctx, t->ub, FSDP_SUMMON_OFFLOAD, out + t->numel[0]) ||
+        fsdp_summon_end(ctx, t->ub) ||
+        fsdp_summon_begin(ctx, t->uroot, FSDP_SUMMON_OFFLOAD, out + t->numel[0] + t->numel[1]) ||
+        fsdp_summon_end(ctx, t->uroot))
+        goto fail;
+    ok = 1;
+fail:
+    if (!ok) snprintf(msg, cap, "rank %d of %d: %s", rank, n, fsdp_ctx_last_error(ctx));
+    fsdp_ctx_destroy(ctx);
+    return ok;
+}
+
+#define TINY_N (HID * IN + HID + OUT * HID + OUT)
+
+typedef struct ref_job {
+    const tiny *t;
+    float *out; /* rank 0's result */
+    int failed;
+} ref_job;
+
+static int ref_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    ref_job *job = (ref_job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    float got[TINY_N];
+    char msg[FSDP_ERROR_MAX + 64] = "";
+    int ok = 0;
+    (void)nranks;
+    if (fsdp_device_cpu_create(NULL, &dev) == FSDP_SUCCESS &&
+        fsdp_local_comm_create(world, rank, dev, &comm) == FSDP_SUCCESS)
+        ok = tiny_train(job->t, comm, dev, got, msg, sizeof msg);
+    if (ok && rank == 0) memcpy(job->out, got, sizeof got);
+    if (!ok) fprintf(stderr, "reference run: %s\n", msg);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return ok ? 0 : 1;
+}
+
+/* The same training on the local backend with nranks threads. */
+static int tiny_reference(const tiny *t, int nranks, float *out)
+{
+    fsdp_local_desc ld;
+    ref_job job;
+    int res[8] = {0}, j;
+    memset(&ld, 0, sizeof ld);
+    ld.nranks = nranks;
+    job.t = t;
+    job.out = out;
+    job.failed = 0;
+    if (fsdp_local_run(&ld, ref_rank, &job, res) != FSDP_SUCCESS) return 0;
+    for (j = 0; j < nranks; j++)
+        if (res[j]) return 0;
+    return 1;
+}
+
+static void test_runtime(fsdp_comm *c, fsdp_device *dev)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c), i, bad = 0;
+    tiny t;
+    float got[TINY_N], same_n[TINY_N], one[TINY_N];
+    char msg[FSDP_ERROR_MAX + 64] = "";
+    double worst = 0;
+    if (BATCH % n) return; /* the batch splits evenly at 1..4 and 6 ranks */
+    if (!tiny_build(&t)) {
+        CHECK(0, r, "cannot build the tiny model");
+        return;
+    }
+    CHECK(tiny_train(&t, c, dev, got, msg, sizeof msg), r, "training: %s", msg);
+    CHECK(tiny_reference(&t, n, same_n), r, "the local reference with %d ranks failed", n);
+    CHECK(tiny_reference(&t, 1, one), r, "the local reference with 1 rank failed");
+    for (i = 0; i < TINY_N; i++) {
+        double d = fabs((double)got[i] - (double)one[i]);
+        bad += memcmp(&got[i], &same_n[i], sizeof(float)) != 0;
+        if (d > worst) worst = d;
+    }
+    CHECK(bad == 0, r, "%d parameters differ from the local backend's at %d ranks (bitwise)", bad,
+          n);
+    CHECK(worst <= 1e-5, r, "parameters differ from the 1-rank run by %g > 1e-5", worst);
+    tiny_free(&t);
+}
+
+/* ---------------------------------------------------------------------- */
+/* per rank                                                                */
+
+static void run_common(fsdp_comm *c, fsdp_device *dev)
+{
+    unsigned salt = 0;
+    fsdp_stream *s = NULL;
+    int r = fsdp_comm_rank(c);
+    test_all_gather(c, NULL, dev, &salt);
+    test_reductions(c, NULL, dev, &salt);
+    test_broadcast(c, NULL, dev, &salt);
+    CHECK(fsdp_stream_create(dev, &s) == FSDP_SUCCESS, r, "stream_create");
+    if (s) {
+        /* the same again, every call queued on a stream */
+        test_all_gather(c, s, dev, &salt);
+        test_reductions(c, s, dev, &salt);
+        test_broadcast(c, s, dev, &salt);
+        fsdp_stream_destroy(dev, s);
+    }
+    test_async(c, dev, &salt);
+    test_split(c);
+    test_runtime(c, dev);
+    test_mismatch(c);
+}
+
+static int local_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    (void)nranks, (void)user;
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
+        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        CHECK(0, rank, "cannot create the device or comm");
+    } else {
+        run_common(comm, dev);
+    }
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 0;
+}
+
+static int run_local(int nranks)
+{
+    fsdp_local_desc ld;
+    fsdp_local_world *w = NULL;
+    fsdp_comm *bad = NULL;
+    memset(&ld, 0, sizeof ld);
+    ld.nranks = nranks;
+    fsdp_local_run(&ld, local_rank, NULL, NULL);
+    /* wrong world size: a rank outside the world */
+    if (fsdp_local_world_create(&ld, &w) == FSDP_SUCCESS) {
+        CHECK(fsdp_local_comm_create(w, nranks, NULL, &bad) != FSDP_SUCCESS, 0,
+              "rank %d of a %d-rank world was accepted", nranks, nranks);
+        fsdp_comm_destroy(bad);
+        fsdp_local_world_destroy(w);
+    }
+    return 0;
+}
+
+#ifdef FSDP_HAVE_MPI
+/* level: the thread level to ask MPI_Init_thread for. SERIALIZED runs
+   everything through the backend's lock; FUNNELED must be refused for a
+   comm with a device (asynchronous collectives run on stream threads). */
+static int run_mpi(int argc, char **argv, const char *level)
+{
+    int provided = 0, rank = 0, size = 1;
+    int want = !strcmp(level, "serialized") ? MPI_THREAD_SERIALIZED
+             : !strcmp(level, "funneled")   ? MPI_THREAD_FUNNELED
+                                            : MPI_THREAD_MULTIPLE;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL, *t = NULL;
+    fsdp_mpi_desc d;
+    fsdp_error err;
+    fsdp_result res;
+    double t0;
+    if (MPI_Init_thread(&argc, &argv, want, &provided) != MPI_SUCCESS) {
+        fprintf(stderr, "MPI_Init_thread failed\n");
+        return 1;
+    }
+    MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    MPI_Comm_size(MPI_COMM_WORLD, &size);
+    memset(&d, 0, sizeof d);
+    memset(&err, 0, sizeof err);
+    d.hooks.error = &err;
+    /* wrong world size first: it must fail on every rank, cleanly */
+    d.expected_size = size + 1;
+    res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
+    CHECK(res == FSDP_INVALID_ARGS && strstr(err.message, "expected_size"), rank,
+          "expected_size %d with %d ranks gave %s: %s", size + 1, size, fsdp_result_string(res),
+          err.message);
+    d.expected_size = size;
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
+    d.dev = dev;
+    res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
+    if (provided < MPI_THREAD_SERIALIZED) {
+        CHECK(res == FSDP_INVALID_ARGS && strstr(err.message, "MPI_THREAD_MULTIPLE"), rank,
+              "thread level %d with a device gave %s: %s", provided, fsdp_result_string(res),
+              err.message);
+        /* without a device the comm is synchronous and works at any level */
+        d.dev = NULL;
+        res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
+        CHECK(res == FSDP_SUCCESS, rank, "synchronous comm: %s", err.message);
+        if (comm) {
+            unsigned salt = 0;
+            test_reductions(comm, NULL, NULL, &salt);
+        }
+        fsdp_comm_destroy(comm);
+        fsdp_device_destroy(dev);
+        MPI_Finalize();
+        return 0;
+    }
+    CHECK(res == FSDP_SUCCESS, rank, "fsdp_mpi_comm_create: %s", err.message);
+    if (comm) {
+        run_common(comm, dev);
+        /* a rank that is late past the timeout: the others get
+           FSDP_COMM_TIMEOUT, then FSDP_COMM_ABORTED; the late one still
+           completes because the others' barrier was posted */
+        if (size > 1) {
+            d.timeout_ms = 300;
+            d.disable_mismatch_check = 1;
+            res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &t);
+            CHECK(res == FSDP_SUCCESS, rank, "comm with a timeout: %s", err.message);
+            if (t && rank != size - 1) {
+                t0 = now_ms();
+                res = fsdp_barrier(t, NULL);
+                CHECK(res == FSDP_COMM_TIMEOUT, rank, "late peer gave %s: %s",
+                      fsdp_result_string(res), fsdp_comm_last_error(t));
+                CHECK(now_ms() - t0 < 5000, rank, "the timeout took %.0f ms", now_ms() - t0);
+                CHECK(strstr(fsdp_comm_last_error(t), "barrier") != NULL, rank,
+                      "the message does not name the call: %s", fsdp_comm_last_error(t));
+                res = fsdp_barrier(t, NULL);
+                CHECK(res == FSDP_COMM_ABORTED, rank, "after the timeout: %s",
+                      fsdp_result_string(res));
+            } else if (t) {
+                sleep_ms(700);
+                res = fsdp_barrier(t, NULL);
+                CHECK(res == FSDP_SUCCESS || res == FSDP_COMM_TIMEOUT, rank, "late rank: %s",
+                      fsdp_comm_last_error(t));
+            }
+            MPI_Barrier(MPI_COMM_WORLD);
+            fsdp_comm_destroy(t);
+        }
+    }
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    MPI_Finalize();
+    return 0;
+}
+#endif
+
+#ifdef FSDP_HAVE_GLOO
+/* One Gloo rank; scenario "" runs every test. */
+static int gloo_rank(const char *dir, int rank, int size, const char *scenario)
+{
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_gloo_desc d;
+    fsdp_error err;
+    fsdp_result res;
+    double t0;
+    char want[64];
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
+    memset(&d, 0, sizeof d);
+    memset(&err, 0, sizeof err);
+    d.hooks.error = &err;
+    d.dev = dev;
+    d.store_dir = dir;
+    d.prefix = "main";
+    d.rank = rank;
+    d.size = size;
+    t0 = now_ms();
+    if (!strcmp(scenario, "missing")) {
+        /* the launcher started every rank but the last */
+        d.timeout_ms = 1500;
+        res = fsdp_gloo_comm_create(&d, &comm);
+        snprintf(want, sizeof want, "rank %d of %d did not arrive", size - 1, size);
+        CHECK(res == FSDP_COMM_TIMEOUT && strstr(err.message, want), rank,
+              "a peer that never arrives gave %s: %s", fsdp_result_string(res), err.message);
+        CHECK(now_ms() - t0 < 6000, rank, "the error took %.0f ms (timeout 1500)", now_ms() - t0);
+    } else if (!strcmp(scenario, "worldsize")) {
+        /* rank 0 believes in one more rank than the launcher started */
+        d.timeout_ms = 1500;
+        if (rank == 0) d.size = size + 1;
+        res = fsdp_gloo_comm_create(&d, &comm);
+        CHECK(res != FSDP_SUCCESS, rank, "a different world size was accepted");
+        CHECK(rank == 0 ? res == FSDP_COMM_TIMEOUT : res == FSDP_INVALID_ARGS, rank, "got %s: %s",
+              fsdp_result_string(res), err.message);
+        CHECK(now_ms() - t0 < 6000, rank, "the error took %.0f ms (timeout 1500)", now_ms() - t0);
+    } else if (!strcmp(scenario, "exit")) {
+        /* the last rank leaves after connecting; the others' next
+           collective fails within the timeout */
+        d.timeout_ms = 2000;
+        res = fsdp_gloo_comm_create(&d, &comm);
+        CHECK(res == FSDP_SUCCESS, rank, "create: %s", err.message);
+        if (comm && rank != size - 1) {
+            float v[64] = {0}, out[256];
+            sleep_ms(200);
+            t0 = now_ms();
+            res = fsdp_all_gather(comm, v, out, 64, FSDP_F32, NULL);
+            CHECK(res == FSDP_COMM_ERROR || res == FSDP_COMM_TIMEOUT, rank,
+                  "a peer that exited gave %s: %s", fsdp_result_string(res),
+                  fsdp_comm_last_error(comm));
+            CHECK(now_ms() - t0 < 6000, rank, "the error took %.0f ms", now_ms() - t0);
+        }
+    } else {
+        d.timeout_ms = 30000;
+        res = fsdp_gloo_comm_create(&d, &comm);
+        CHECK(res == FSDP_SUCCESS, rank, "fsdp_gloo_comm_create: %s", err.message);
+        if (comm) run_common(comm, dev);
+    }
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 0;
+}
+
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+
+/* Forks the ranks with a fresh store directory and waits for them all. */
+static int gloo_launch(const char *self_dir, int n, const char *scenario)
+{
+    char dir[512];
+    const char *tmp = getenv("TMPDIR");
+    pid_t pids[16];
+    int started = !strcmp(scenario, "missing") ? n - 1 : n, j, failed = 0;
+    double deadline = now_ms() + 120000;
+    (void)self_dir;
+    snprintf(dir, sizeof dir, "%s/fsdp_gloo_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (n < 1 || n > 16 || !mkdtemp(dir)) {
+        fprintf(stderr, "gloo launcher: bad rank count %d or cannot create a store directory\n", n);
+        return 1;
+    }
+    fflush(NULL);
+    for (j = 0; j < started; j++) {
+        pids[j] = fork();
+        if (pids[j] == 0) {
+            gloo_rank(dir, j, n, scenario);
+            /* exit, not _exit: LeakSanitizer checks each rank at exit */
+            exit(atomic_load(&g_fail) ? 1 : 0);
+        }
+        if (pids[j] < 0) {
+            fprintf(stderr, "gloo launcher: fork failed\n");
+            started = j;
+            failed = 1;
+            break;
+        }
+    }
+    for (j = 0; j < started; j++) {
+        int st = 0;
+        pid_t got;
+        /* a hung rank is a failure, not a hung test */
+        while ((got = waitpid(pids[j], &st, WNOHANG)) == 0 && now_ms() < deadline) sleep_ms(20);
+        if (got == 0) {
+            kill(pids[j], SIGKILL);
+            waitpid(pids[j], &st, 0);
+            fprintf(stderr, "gloo launcher: rank %d hung; killed\n", j);
+            failed = 1;
+        } else if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) {
+            fprintf(stderr, "gloo launcher: rank %d failed (status %d)\n", j, st);
+            failed = 1;
+        }
+    }
+    nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (failed) atomic_fetch_add(&g_fail, 1);
+    else atomic_fetch_add(&g_pass, n);
+    return 0;
+}
+#endif
+
+int main(int argc, char **argv)
+{
+    const char *backend = argc > 1 ? argv[1] : "";
+    const char *scenario = "";
+    int ranks = 2, launch = 0, i, rank = -1, world = 0;
+    const char *store = NULL;
+    int mpi_rank = 0;
+    for (i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--ranks") && i + 1 < argc) ranks = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--launch") && i + 1 < argc) launch = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--scenario") && i + 1 < argc) scenario = argv[++i];
+        else if (!strcmp(argv[i], "--rank") && i + 1 < argc) rank = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--world") && i + 1 < argc) world = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--store-dir") && i + 1 < argc) store = argv[++i];
+    }
+    if (!strcmp(backend, "local")) {
+        run_local(ranks);
+    } else if (!strcmp(backend, "mpi")) {
+#ifdef FSDP_HAVE_MPI
+        run_mpi(argc, argv, scenario);
+        mpi_rank = -2; /* every process reports */
+#else
+        fprintf(stderr, "test_backend: built without MPI\n");
+        return 77;
+#endif
+    } else if (!strcmp(backend, "gloo")) {
+#ifdef FSDP_HAVE_GLOO
+        if (launch) gloo_launch(argv[0], launch, scenario);
+        else if (store && rank >= 0 && world > 0) gloo_rank(store, rank, world, scenario);
+        else {
+            fprintf(stderr, "usage: test_backend gloo --launch N [--scenario S] | --rank R "
+                            "--world N --store-dir DIR\n");
+            return 2;
+        }
+#else
+        (void)rank, (void)world, (void)store, (void)launch;
+        fprintf(stderr, "test_backend: built without Gloo\n");
+        return 77;
+#endif
+    } else {
+        fprintf(stderr, "usage: test_backend local|mpi|gloo [options]\n");
+        return 2;
+    }
+    (void)mpi_rank;
+    printf("test_backend %s%s%s: %d passed, %d failed\n", backend, *scenario ? " " : "", scenario,
+           atomic_load(&g_pass), atomic_load(&g_fail));
+    return atomic_load(&g_fail) ? 1 : 0;
+}

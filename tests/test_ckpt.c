@@ -1,0 +1,910 @@
+/* Tests of fsdp.h's checkpoints (>>ckpt) on the local backend: sharded
+   checkpoints resharded on load (W = 4 -> 3, 2 -> 5, 3 -> 1) and a full
+   checkpoint (2 -> 3) continue training bitwise like an uninterrupted run,
+   parameters and optimizer state; generations replace each other; a
+   truncated file, a flipped data byte, a missing rank file, a missing or
+   broken index and a checkpoint of a different model are errors naming the
+   file and the problem, with the model untouched; a save that fails (file
+   size limit) reports FSDP_CKPT_IO and leaves the previous checkpoint
+   loadable; the safetensors reader survives thousands of mutated headers;
+   every dtype round-trips; async saves stage, let training go on, refuse a
+   second save in flight, reuse their pinned staging, and report I/O errors
+   at wait.
+
+   Usage: test_ckpt [VECTORS_DIR]          the tests
+          test_ckpt --interop OUT_DIR      writes OUT_DIR/full.safetensors and
+                                           OUT_DIR/full.safetensors.expected.txt
+                                           for check_safetensors.sh
+          test_ckpt --read FILE            prints a safetensors file's tensors
+                                           (check_safetensors.sh's other way)
+   Prints failures as file:line, then "N passed, M failed". */
+#define _POSIX_C_SOURCE 200809L
+#include "sd_common.h"
+
+#include <dirent.h>
+#include <signal.h>
+#include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+static fsdp_model *g_model, *g_wide;
+static fsdp_units *g_units, *g_wide_units;
+static char g_tmp[256];
+
+#define MAXV 4096
+
+typedef struct job {
+    int (*fn)(struct job *j, int rank, int nranks, rank_env *e);
+    const fsdp_model *model;
+    const fsdp_units *units;
+    int steps, optim_kind, seed;
+    char path[1024];
+    unsigned flags;
+    int expect; /* expected result of the job's main call */
+    const char *expect_msg, *expect_msg2;
+    float vals[MAXV];
+    int nvals;
+    size_t staged[4];
+} job;
+
+static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    job *j = (job *)user;
+    rank_env e;
+    const fsdp_model *m = j->model ? j->model : g_model;
+    const fsdp_units *u = j->units ? j->units : g_units;
+    int ok = env_open(&e, rank, world, m, u, j->optim_kind, 0);
+    if (ok) ok = fsdp_init_params(e.ctx, j->seed ? (uint64_t)j->seed : 1234, choose_init, NULL) ==
+                 FSDP_SUCCESS;
+    if (!ok) report(__FILE__, __LINE__, "rank %d: setup failed", rank);
+    else ok = j->fn(j, rank, nranks, &e);
+    env_close(&e);
+    return ok ? 0 : 1;
+}
+
+static void run(job *j, int nranks)
+{
+    fsdp_local_desc d;
+    int res[8], r;
+    memset(&d, 0, sizeof d);
+    d.nranks = nranks;
+    d.timeout_ms = 20000;
+    CHECK(fsdp_local_run(&d, rank_main, j, res) == FSDP_SUCCESS, "fsdp_local_run");
+    for (r = 0; r < nranks; r++) CHECK(res[r] == 0, "rank %d of %d failed", r, nranks);
+}
+
+static int train(rank_env *e, int steps)
+{
+    int s;
+    for (s = 0; s < steps; s++)
+        if (!train_step(e->ctx, g_model, g_units)) {
+            report(__FILE__, __LINE__, "train: %s", fsdp_ctx_last_error(e->ctx));
+            return 0;
+        }
+    return 1;
+}
+
+static int record(job *j, rank_env *e, int rank)
+{
+    int n = 0;
+    if (!full_values(e->ctx, j->vals, MAXV, &n, rank)) return 0;
+    if (rank == 0) j->nvals = n;
+    return 1;
+}
+
+/* --- jobs --- */
+
+static int job_ref(job *j, int rank, int nranks, rank_env *e)
+{
+    (void)nranks;
+    return train(e, j->steps) && record(j, e, rank);
+}
+
+static int job_save(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_result r;
+    (void)nranks;
+    if (!train(e, j->steps)) return 0;
+    r = fsdp_ckpt_save(e->ctx, j->path, j->flags);
+    CHECK(r == j->expect, "rank %d: save '%s': %d %s", rank, j->path, r,
+          fsdp_ctx_last_error(e->ctx));
+    if (j->expect_msg)
+        CHECK(contains(fsdp_ctx_last_error(e->ctx), j->expect_msg), "save message: %s",
+              fsdp_ctx_last_error(e->ctx));
+    return record(j, e, rank);
+}
+
+/* loads (into a model initialised differently), then trains j->steps */
+static int job_load(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_result r;
+    float before[MAXV];
+    int nb = 0;
+    (void)nranks;
+    record(j, e, rank);
+    if (rank == 0) {
+        memcpy(before, j->vals, sizeof before);
+        nb = j->nvals;
+    }
+    r = fsdp_ckpt_load(e->ctx, j->path, j->flags);
+    CHECK(r == j->expect, "rank %d: load '%s': %d %s", rank, j->path, r,
+          fsdp_ctx_last_error(e->ctx));
+    if (j->expect_msg)
+        CHECK(contains(fsdp_ctx_last_error(e->ctx), j->expect_msg), "load message lacks '%s': %s",
+              j->expect_msg, fsdp_ctx_last_error(e->ctx));
+    if (j->expect_msg2)
+        CHECK(contains(fsdp_ctx_last_error(e->ctx), j->expect_msg2),
+              "load message lacks '%s': %s", j->expect_msg2, fsdp_ctx_last_error(e->ctx));
+    if (r != FSDP_SUCCESS) {
+        /* untouched */
+        record(j, e, rank);
+        if (rank == 0)
+            CHECK(j->nvals == nb && bits_equal(before, j->vals, nb), "a failed load changed "
+                  "the model");
+        return 1;
+    }
+    return train(e, j->steps) && record(j, e, rank);
+}
+
+/* --- helpers on files --- */
+
+static int count_files(const char *dir, const char *suffix)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    while (d && (de = readdir(d)) != NULL) {
+        size_t a = strlen(de->d_name), b = strlen(suffix);
+        if (a >= b && !strcmp(de->d_name + a - b, suffix)) n++;
+    }
+    if (d) closedir(d);
+    return n;
+}
+
+/* the first file of dir ending in suffix */
+static int find_file(const char *dir, const char *suffix, char *out, size_t n)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int found = 0;
+    while (!found && d && (de = readdir(d)) != NULL) {
+        size_t a = strlen(de->d_name), b = strlen(suffix);
+        if (a >= b && !strcmp(de->d_name + a - b, suffix)) {
+            snprintf(out, n, "%s/%s", dir, de->d_name);
+            found = 1;
+        }
+    }
+    if (d) closedir(d);
+    return found;
+}
+
+static long read_file(const char *path, unsigned char **out)
+{
+    FILE *f = fopen(path, "rb");
+    long n;
+    *out = NULL;
+    if (!f) return -1;
+    fseek(f, 0, SEEK_END);
+    n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *out = (unsigned char *)malloc((size_t)n + 1);
+    if (fread(*out, 1, (size_t)n, f) != (size_t)n) n = -1;
+    fclose(f);
+    return n;
+}
+
+static int write_file(const char *path, const void *p, size_t n)
+{
+    FILE *f = fopen(path, "wb");
+    int ok;
+    if (!f) return 0;
+    ok = fwrite(p, 1, n, f) == n;
+    return fclose(f) == 0 && ok;
+}
+
+static void rm_rf(const char *path)
+{
+    DIR *d = opendir(path);
+    struct dirent *de;
+    char sub[1200];
+    if (!d) {
+        unlink(path);
+        return;
+    }
+    while ((de = readdir(d)) != NULL) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        snprintf(sub, sizeof sub, "%s/%s", path, de->d_name);
+        rm_rf(sub);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+/* --- resharding --- */
+
+static void reshard(int wa, int wb, int optim_kind, int sharded, const float *ref, int nref)
+{
+    static job j;
+    char name[64];
+    snprintf(name, sizeof name, "%s_%d_%d_%d", sharded ? "dir" : "file", wa, wb, optim_kind);
+    memset(&j, 0, sizeof j);
+    j.fn = job_save;
+    j.steps = 3;
+    j.optim_kind = optim_kind;
+    snprintf(j.path, sizeof j.path, "%s/%s%s", g_tmp, name, sharded ? "" : ".safetensors");
+    j.flags = FSDP_SD_OPTIM | (sharded ? FSDP_CKPT_SHARDED : 0u);
+    run(&j, wa);
+    if (sharded) {
+        char idx[1100];
+        struct stat st;
+        snprintf(idx, sizeof idx, "%s/index.json", j.path);
+        CHECK(stat(idx, &st) == 0, "%s exists", idx);
+        CHECK(count_files(j.path, ".safetensors") == wa, "%d rank files in %s", wa, j.path);
+    }
+    j.fn = job_load;
+    j.seed = 99;
+    j.flags = FSDP_SD_OPTIM;
+    run(&j, wb);
+    CHECK(j.nvals == nref && bits_equal(j.vals, ref, nref),
+          "%s checkpoint W=%d -> W=%d continues bitwise like an uninterrupted run", 
+          sharded ? "sharded" : "full", wa, wb);
+}
+
+/* A sharded checkpoint of other strategies: NO_SHARD (only rank 0 writes
+   each unit) and HYBRID_SHARD (the first replica group writes), loaded
+   into FULL_SHARD at another world size. */
+static void reshard_strategy(fsdp_sharding_strategy strat, int wa, int hybrid, int wb,
+                             const float *ref, int nref)
+{
+    static job j;
+    fsdp_units *u = make_units(g_model, strat);
+    memset(&j, 0, sizeof j);
+    j.fn = job_save;
+    j.steps = 3;
+    j.units = u;
+    snprintf(j.path, sizeof j.path, "%s/strategy_%d_%d", g_tmp, (int)strat, wa);
+    j.flags = FSDP_SD_OPTIM | FSDP_CKPT_SHARDED;
+    g_hybrid = hybrid;
+    run(&j, wa);
+    g_hybrid = 0;
+    CHECK(j.nvals == nref, "strategy %d ran", (int)strat);
+    j.fn = job_load;
+    j.units = NULL;
+    j.seed = 99;
+    j.flags = FSDP_SD_OPTIM;
+    run(&j, wb);
+    CHECK(j.nvals == nref && bits_equal(j.vals, ref, nref),
+          "strategy %d at W=%d (hybrid %d) -> FULL_SHARD at W=%d continues bitwise", (int)strat,
+          wa, hybrid, wb);
+    fsdp_units_destroy(u);
+}
+
+/* --- failures --- */
+
+static void failures(void)
+{
+    static job j, saved;
+    char full[512], dir[512], path[1024], bad[512];
+    unsigned char *buf = NULL;
+    long n;
+    struct rlimit old, lim;
+    /* a full and a sharded checkpoint after 3 steps at W = 2 */
+    memset(&saved, 0, sizeof saved);
+    saved.fn = job_save;
+    saved.steps = 3;
+    snprintf(full, sizeof full, "%s/fail.safetensors", g_tmp);
+    snprintf(saved.path, sizeof saved.path, "%s", full);
+    saved.flags = FSDP_SD_OPTIM;
+    run(&saved, 2);
+    snprintf(dir, sizeof dir, "%s/faildir", g_tmp);
+    snprintf(saved.path, sizeof saved.path, "%s", dir);
+    saved.flags = FSDP_SD_OPTIM | FSDP_CKPT_SHARDED;
+    run(&saved, 2);
+    /* a second save to the same directory replaces the generation */
+    run(&saved, 2);
+    CHECK(count_files(dir, ".safetensors") == 2, "the previous generation's files are gone "
+          "(%d files)", count_files(dir, ".safetensors"));
+
+    /* truncated */
+    n = read_file(full, &buf);
+    CHECK(n > 200, "read %s", full);
+    snprintf(bad, sizeof bad, "%s/truncated.safetensors", g_tmp);
+    write_file(bad, buf, (size_t)n - 100);
+    memset(&j, 0, sizeof j);
+    j.fn = job_load;
+    j.seed = 99;
+    snprintf(j.path, sizeof j.path, "%s", bad);
+    j.flags = FSDP_SD_OPTIM;
+    j.expect = FSDP_CKPT_FORMAT;
+    j.expect_msg = bad;
+    j.expect_msg2 = "past the end";
+    run(&j, 2);
+    /* truncated inside the header */
+    write_file(bad, buf, 20);
+    j.expect_msg2 = "header length";
+    run(&j, 2);
+    /* one flipped data byte */
+    buf[n - 5] ^= 0x40;
+    snprintf(bad, sizeof bad, "%s/flipped.safetensors", g_tmp);
+    write_file(bad, buf, (size_t)n);
+    snprintf(j.path, sizeof j.path, "%s", bad);
+    j.expect_msg = bad;
+    j.expect_msg2 = "checksum mismatch";
+    run(&j, 2);
+    free(buf);
+    /* a checkpoint of a different model */
+    memset(&j, 0, sizeof j);
+    j.fn = job_load;
+    j.model = g_wide;
+    j.units = g_wide_units;
+    snprintf(j.path, sizeof j.path, "%s", full);
+    j.expect = FSDP_CKPT_MISMATCH;
+    j.expect_msg = full;
+    j.expect_msg2 = "'blocks.1.fc.weight' has shape [6, 6], the model has [6, 7]";
+    run(&j, 2);
+    snprintf(j.path, sizeof j.path, "%s", dir);
+    j.expect_msg = dir;
+    run(&j, 3);
+    /* model only in the file, optimizer asked for: missing keys */
+    memset(&j, 0, sizeof j);
+    j.fn = job_save;
+    j.steps = 1;
+    snprintf(j.path, sizeof j.path, "%s/modelonly.safetensors", g_tmp);
+    run(&j, 1);
+    j.fn = job_load;
+    j.flags = FSDP_SD_OPTIM;
+    j.expect = FSDP_CKPT_MISMATCH;
+    j.expect_msg = "missing keys";
+    j.expect_msg2 = "optim.";
+    run(&j, 2);
+    j.flags = 0; /* parameters only: fine */
+    j.expect = FSDP_SUCCESS;
+    j.expect_msg = j.expect_msg2 = NULL;
+    run(&j, 2);
+    /* a missing rank file */
+    {
+        char copy[512], cmd[1200];
+        snprintf(copy, sizeof copy, "%s/faildir_copy", g_tmp);
+        snprintf(cmd, sizeof cmd, "cp -r '%s' '%s'", dir, copy);
+        CHECK(system(cmd) == 0, "%s", cmd);
+        CHECK(find_file(copy, "rank00001-of-00002.safetensors", path, sizeof path), "rank file");
+        unlink(path);
+        memset(&j, 0, sizeof j);
+        j.fn = job_load;
+        snprintf(j.path, sizeof j.path, "%s", copy);
+        j.flags = FSDP_SD_OPTIM;
+        j.expect = FSDP_CKPT_IO;
+        j.expect_msg = "rank00001-of-00002.safetensors";
+        j.expect_msg2 = "cannot open";
+        run(&j, 3);
+        /* no index */
+        snprintf(path, sizeof path, "%s/index.json", copy);
+        unlink(path);
+        j.expect_msg = "no index";
+        j.expect_msg2 = copy;
+        run(&j, 2);
+        /* a broken index */
+        {
+            static const char idx[] = "{\"version\": 1, \"world_size\": 2, \"files\": [";
+            write_file(path, idx, strlen(idx));
+        }
+        j.expect = FSDP_CKPT_FORMAT;
+        j.expect_msg = "bad JSON";
+        j.expect_msg2 = "index.json";
+        run(&j, 2);
+        {
+            static const char idx[] = "{\"version\": 1, \"world_size\": 2, \"files\": "
+                                      "[\"../x\", \"y\"], \"tensors\": []}";
+            write_file(path, idx, strlen(idx));
+        }
+        j.expect_msg = "files[0] is not a file name";
+        j.expect_msg2 = NULL;
+        run(&j, 2);
+    }
+    /* a save that fails leaves the previous checkpoint loadable */
+    getrlimit(RLIMIT_FSIZE, &old);
+    signal(SIGXFSZ, SIG_IGN);
+    lim = old;
+    lim.rlim_cur = 1000;
+    setrlimit(RLIMIT_FSIZE, &lim);
+    memset(&j, 0, sizeof j);
+    j.fn = job_save;
+    j.steps = 5;
+    j.expect = FSDP_CKPT_IO;
+    j.expect_msg = "File too large";
+    snprintf(j.path, sizeof j.path, "%s", dir);
+    j.flags = FSDP_SD_OPTIM | FSDP_CKPT_SHARDED;
+    run(&j, 2);
+    snprintf(j.path, sizeof j.path, "%s", full);
+    j.flags = FSDP_SD_OPTIM;
+    run(&j, 2);
+    setrlimit(RLIMIT_FSIZE, &old);
+    CHECK(count_files(dir, ".safetensors") == 2 && count_files(dir, ".tmp") == 0,
+          "a failed save leaves no files behind");
+    {
+        int wsz;
+        for (wsz = 0; wsz < 2; wsz++) {
+            memset(&j, 0, sizeof j);
+            j.fn = job_load;
+            j.seed = 99;
+            snprintf(j.path, sizeof j.path, "%s", wsz ? dir : full);
+            j.flags = FSDP_SD_OPTIM;
+            run(&j, 3);
+            CHECK(j.nvals == saved.nvals && bits_equal(j.vals, saved.vals, saved.nvals),
+                  "the previous %s checkpoint is intact after a failed save",
+                  wsz ? "sharded" : "full");
+        }
+    }
+    /* not a checkpoint at all */
+    memset(&j, 0, sizeof j);
+    j.fn = job_load;
+    snprintf(j.path, sizeof j.path, "%s/does-not-exist", g_tmp);
+    j.expect = FSDP_CKPT_IO;
+    j.expect_msg = "does-not-exist";
+    run(&j, 2);
+}
+
+/* --- the safetensors reader under fuzzing --- */
+
+static uint64_t g_rng = 0x9E3779B97F4A7C15ull;
+static uint32_t rnd(void)
+{
+    g_rng = g_rng * 6364136223846793005ull + 1442695040888963407ull;
+    return (uint32_t)(g_rng >> 33);
+}
+
+static int try_load(const char *path, const void *bytes, size_t n, fsdp_result *r,
+                    char *msg)
+{
+    fsdp_state_dict *sd = NULL;
+    fsdp_error err;
+    memset(&err, 0, sizeof err);
+    if (!write_file(path, bytes, n)) return 0;
+    *r = fsdp_safetensors_load(path, NULL, &sd, &err);
+    snprintf(msg, FSDP_ERROR_MAX, "%s", err.message);
+    if (*r == FSDP_SUCCESS) {
+        int i;
+        /* touch every byte, so the sanitizers see any bad pointer */
+        volatile unsigned char x = 0;
+        for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+            const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+            size_t b = (size_t)t->numel * fsdp_dtype_size(t->dtype), k;
+            for (k = 0; k < b; k++) x ^= ((const unsigned char *)t->data)[k];
+        }
+        (void)x;
+    }
+    fsdp_state_dict_destroy(sd);
+    return 1;
+}
+
+static void with_header(unsigned char *out, size_t *n, const char *json, const void *data,
+                        size_t dn)
+{
+    size_t h = strlen(json);
+    int i;
+    for (i = 0; i < 8; i++) out[i] = (unsigned char)((uint64_t)h >> (8 * i));
+    memcpy(out + 8, json, h);
+    memcpy(out + 8 + h, data, dn);
+    *n = 8 + h + dn;
+}
+
+static void fuzz(void)
+{
+    static const struct {
+        const char *json;
+        size_t data;
+        const char *msg;
+    } cases[] = {
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 12, "overlap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 4, "past the end"},
+        {"{\"a\":{\"dtype\":\"F8_E4M3\",\"shape\":[2],\"data_offsets\":[0,2]}}", 2,
+         "unknown dtype 'F8_E4M3'"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 8, "the shape needs"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}", 8, "bad JSON"},
+        {"[1,2]", 0, "not a JSON object"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+         "\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]}}", 8, "duplicate key"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,4],\"data_offsets\":[0,8]}}",
+         8, "overflows"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 8,
+         "not a non-negative integer"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2.5],\"data_offsets\":[0,8]}}", 8,
+         "not a non-negative integer"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,0]}}", 8, "begin <= end"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8],\"x\":1}}", 8,
+         "unknown field"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[2]}}", 8, "missing 'data_offsets'"},
+        {"{\"__metadata__\":{\"k\":1}}", 0, "not a string"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[4,8]}}", 8, "gap"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 8, "after the last"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}} x", 4, "trailing"},
+        {"{\"a\":{\"dtype\":\"F32\",\"shape\":[1],\"data_offsets\":[0,4]}}", 4, NULL},
+        {"{\"__metadata__\":{\"fsdp.crc32.a\":\"zz\"},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+         "\"data_offsets\":[0,4]}}", 4, "bad checksum"},
+        {"{\"__metadata__\":{\"fsdp.crc32.a\":\"00000000\"},\"a\":{\"dtype\":\"F32\",\"shape\":[1],"
+         "\"data_offsets\":[0,4]}}", 4, "checksum mismatch"},
+        {"{\"\\ud800\":1}", 0, "surrogate"},
+        {"{\"a\\u0000b\":1}", 0, "NUL"},
+        {"{\"a\":01}", 0, "leading zero"},
+    };
+    char path[600], msg[FSDP_ERROR_MAX], deep[400];
+    unsigned char *good = NULL, buf[8192];
+    long gn;
+    size_t n;
+    fsdp_result r;
+    int i, ok_count = 0, err_count = 0, named = 1;
+    float data[16];
+    snprintf(path, sizeof path, "%s/fuzz.safetensors", g_tmp);
+    memset(data, 0, sizeof data);
+    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        with_header(buf, &n, cases[i].json, data, cases[i].data);
+        CHECK(try_load(path, buf, n, &r, msg), "write");
+        if (cases[i].msg)
+            CHECK(r != FSDP_SUCCESS && contains(msg, cases[i].msg) && contains(msg, path),
+                  "case %d: %d '%s' (want '%s')", i, r, msg, cases[i].msg);
+        else
+            CHECK(r == FSDP_SUCCESS, "case %d: %s", i, msg);
+    }
+    /* nesting */
+    for (i = 0; i < 100; i++) deep[i] = '[';
+    deep[100] = 0;
+    with_header(buf, &n, deep, data, 0);
+    try_load(path, buf, n, &r, msg);
+    CHECK(r == FSDP_CKPT_FORMAT && contains(msg, "deeper"), "deep nesting: %s", msg);
+    /* huge header lengths */
+    {
+        uint64_t lens[] = {0, 1, 7, (uint64_t)1 << 62, ~(uint64_t)0, (uint64_t)200 << 20};
+        for (i = 0; i < (int)(sizeof lens / sizeof lens[0]); i++) {
+            int k;
+            with_header(buf, &n, "{}", data, 0);
+            for (k = 0; k < 8; k++) buf[k] = (unsigned char)(lens[i] >> (8 * k));
+            try_load(path, buf, n, &r, msg);
+            CHECK(r == FSDP_CKPT_FORMAT && contains(msg, "impossible"), "length %llu: %s",
+                  (unsigned long long)lens[i], msg);
+        }
+    }
+    /* mutations of a real file */
+    {
+        fsdp_state_dict *sd = NULL;
+        fsdp_tensor t;
+        fsdp_error err;
+        float v[12];
+        char good_path[600];
+        for (i = 0; i < 12; i++) v[i] = (float)i * 0.5f;
+        fsdp_state_dict_create(FSDP_SD_FULL, NULL, NULL, &sd);
+        memset(&t, 0, sizeof t);
+        t.name = "layer.weight";
+        t.dtype = FSDP_F32;
+        t.ndim = 2;
+        t.shape[0] = 3;
+        t.shape[1] = 4;
+        t.data = v;
+        fsdp_state_dict_add(sd, &t, 1);
+        t.name = "layer.bias";
+        t.ndim = 1;
+        t.shape[0] = 3;
+        fsdp_state_dict_add(sd, &t, 1);
+        snprintf(good_path, sizeof good_path, "%s/good.safetensors", g_tmp);
+        CHECK(fsdp_safetensors_save(good_path, sd, &err) == FSDP_SUCCESS, "save: %s",
+              err.message);
+        fsdp_state_dict_destroy(sd);
+        gn = read_file(good_path, &good);
+        CHECK(gn > 0 && gn < (long)sizeof buf, "good file");
+    }
+    for (i = 0; i < 4000 && good; i++) {
+        uint64_t hl = 0;
+        int k, kind = (int)(rnd() % 6);
+        memcpy(buf, good, (size_t)gn);
+        n = (size_t)gn;
+        for (k = 7; k >= 0; k--) hl = hl << 8 | buf[k];
+        if (kind == 0) { /* flip bytes of the header */
+            int f, nf = 1 + (int)(rnd() % 4);
+            for (f = 0; f < nf; f++) buf[8 + rnd() % hl] ^= (unsigned char)(1u << (rnd() % 8));
+        } else if (kind == 1) { /* replace a header byte by a JSON-ish character */
+            static const char set[] = "{}[]\":,0123456789-eE.\\ atfn";
+            buf[8 + rnd() % hl] = (unsigned char)set[rnd() % (sizeof set - 1)];
+        } else if (kind == 2) { /* truncate */
+            n = rnd() % (size_t)gn;
+        } else if (kind == 3) { /* another length */
+            uint64_t nl = rnd() % 2 ? (uint64_t)rnd() : hl + (uint64_t)(rnd() % 16) - 8;
+            for (k = 0; k < 8; k++) buf[k] = (unsigned char)(nl >> (8 * k));
+        } else if (kind == 4) { /* a digit of data_offsets or shape */
+            char *p = strstr((char *)buf + 8, "data_offsets");
+            if (p && (size_t)(p - (char *)buf) < n - 20) p[15 + rnd() % 3] = (char)('0' + rnd() % 10);
+        } else { /* flip data bytes */
+            buf[8 + hl + rnd() % ((size_t)gn - 8 - hl)] ^= 0xff;
+        }
+        if (!try_load(path, buf, n, &r, msg)) continue;
+        if (r == FSDP_SUCCESS) ok_count++;
+        else {
+            err_count++;
+            if (!contains(msg, path) && named) {
+                named = 0;
+                CHECK(0, "fuzz error without the file name: %s", msg);
+            }
+        }
+    }
+    CHECK(err_count > 2000, "fuzz: %d errors, %d loads", err_count, ok_count);
+    CHECK(named, "every fuzz error names the file");
+    free(good);
+}
+
+/* --- every dtype round-trips --- */
+
+static void dtypes(void)
+{
+    fsdp_state_dict *sd = NULL, *back = NULL;
+    fsdp_error err;
+    char path[600], msg[FSDP_ERROR_MAX];
+    unsigned char raw[64];
+    int d, i;
+    for (i = 0; i < 64; i++) raw[i] = (unsigned char)(i * 37 + 11);
+    fsdp_state_dict_create(FSDP_SD_FULL, NULL, NULL, &sd);
+    for (d = FSDP_F32; d < FSDP_DTYPE_COUNT; d++) {
+        fsdp_tensor t;
+        char name[32];
+        memset(&t, 0, sizeof t);
+        snprintf(name, sizeof name, "t.%s", fsdp_dtype_name((fsdp_dtype)d));
+        t.name = name;
+        t.dtype = (fsdp_dtype)d;
+        t.ndim = 2;
+        t.shape[0] = 2;
+        t.shape[1] = 3;
+        t.data = raw;
+        CHECK(fsdp_state_dict_add(sd, &t, 1) == FSDP_SUCCESS, "add %s", name);
+    }
+    {
+        fsdp_tensor t;
+        memset(&t, 0, sizeof t);
+        t.name = "scalar";
+        t.dtype = FSDP_I64;
+        t.data = raw;
+        fsdp_state_dict_add(sd, &t, 1);
+        t.name = "empty";
+        t.dtype = FSDP_F32;
+        t.ndim = 1;
+        t.shape[0] = 0;
+        fsdp_state_dict_add(sd, &t, 1);
+        t.name = "weird \"name\"\\\n";
+        t.ndim = 0;
+        t.data = raw;
+        fsdp_state_dict_add(sd, &t, 1);
+    }
+    snprintf(path, sizeof path, "%s/dtypes.safetensors", g_tmp);
+    CHECK(fsdp_safetensors_save(path, sd, &err) == FSDP_SUCCESS, "save: %s", err.message);
+    CHECK(fsdp_safetensors_load(path, NULL, &back, &err) == FSDP_SUCCESS, "load: %s", err.message);
+    CHECK(fsdp_state_dict_compare(sd, back, msg) == FSDP_SUCCESS, "round trip: %s", msg);
+    for (i = 0; back && i < fsdp_state_dict_count(back); i++) {
+        const fsdp_tensor *a = fsdp_state_dict_tensor(sd, i), *b = fsdp_state_dict_tensor(back, i);
+        CHECK(!memcmp(a->data, b->data, (size_t)a->numel * fsdp_dtype_size(a->dtype)),
+              "'%s' bytes", a->name);
+    }
+    fsdp_state_dict_destroy(back);
+    /* a name twice cannot be saved */
+    {
+        fsdp_tensor t;
+        memset(&t, 0, sizeof t);
+        t.name = "scalar";
+        t.dtype = FSDP_I64;
+        t.data = raw;
+        fsdp_state_dict_add(sd, &t, 1);
+        CHECK(fsdp_safetensors_save(path, sd, &err) == FSDP_DUPLICATE_NAME &&
+                  contains(err.message, "'scalar' appears twice"), "duplicate: %s", err.message);
+    }
+    fsdp_state_dict_destroy(sd);
+}
+
+/* --- async saves --- */
+
+static int job_async(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_ckpt_writer *w = NULL;
+    fsdp_result r;
+    int s;
+    char later[1100], nodir[512];
+    (void)nranks;
+    if (!train(e, 3)) return 0;
+    CHECK(fsdp_ckpt_writer_create(e->ctx, &w) == FSDP_SUCCESS, "writer");
+    r = fsdp_ckpt_save_async(w, j->path, j->flags);
+    CHECK(r == FSDP_SUCCESS, "save_async: %s", fsdp_ckpt_writer_last_error(w));
+    /* a second save while the first is in flight is refused, on every rank */
+    r = fsdp_ckpt_save_async(w, j->path, j->flags);
+    CHECK(r == FSDP_INVALID_STATE && contains(fsdp_ckpt_writer_last_error(w), "in flight"),
+          "second save: %d %s", r, fsdp_ckpt_writer_last_error(w));
+    if (rank == 0) j->staged[0] = fsdp_ckpt_writer_staging_bytes(w);
+    /* training goes on while the files are written */
+    if (!train(e, 1)) return 0;
+    r = fsdp_ckpt_wait(w);
+    CHECK(r == FSDP_SUCCESS, "wait: %s", fsdp_ckpt_writer_last_error(w));
+    CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "wait without a save in flight");
+    /* later saves reuse the staging buffers */
+    snprintf(later, sizeof later, "%s.later", j->path);
+    for (s = 0; s < 2; s++) {
+        r = fsdp_ckpt_save_async(w, later, j->flags);
+        CHECK(r == FSDP_SUCCESS, "save_async %d: %s", s, fsdp_ckpt_writer_last_error(w));
+        CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "wait %d: %s", s, fsdp_ckpt_writer_last_error(w));
+    }
+    if (rank == 0) j->staged[1] = fsdp_ckpt_writer_staging_bytes(w);
+    /* an I/O error comes back from wait, on every rank */
+    snprintf(nodir, sizeof nodir, "%s/no/such/dir/x.safetensors", g_tmp);
+    r = fsdp_ckpt_save_async(w, nodir, j->flags & ~(unsigned)FSDP_CKPT_SHARDED);
+    CHECK(r == FSDP_SUCCESS, "save_async to a bad path stages fine: %s",
+          fsdp_ckpt_writer_last_error(w));
+    r = fsdp_ckpt_wait(w);
+    CHECK(r == FSDP_CKPT_IO && contains(fsdp_ckpt_writer_last_error(w), "no/such/dir"),
+          "rank %d: wait reports the I/O error: %d %s", rank, r, fsdp_ckpt_writer_last_error(w));
+    /* a sharded save into a path that cannot be a directory */
+    if (j->flags & FSDP_CKPT_SHARDED) {
+        r = fsdp_ckpt_save_async(w, nodir, j->flags);
+        CHECK(r == FSDP_CKPT_IO && contains(fsdp_ckpt_writer_last_error(w), "cannot create the "
+              "directory"), "sharded save into a missing parent: %d %s", r,
+              fsdp_ckpt_writer_last_error(w));
+    }
+    fsdp_ckpt_writer_destroy(w);
+    return 1;
+}
+
+static void async_tests(void)
+{
+    static job j, ref;
+    int sharded;
+    memset(&ref, 0, sizeof ref);
+    ref.fn = job_ref;
+    ref.steps = 3;
+    run(&ref, 1);
+    for (sharded = 0; sharded < 2; sharded++) {
+        memset(&j, 0, sizeof j);
+        j.fn = job_async;
+        snprintf(j.path, sizeof j.path, "%s/async%d%s", g_tmp, sharded,
+                 sharded ? "" : ".safetensors");
+        j.flags = FSDP_SD_OPTIM | (sharded ? FSDP_CKPT_SHARDED : 0u);
+        run(&j, 2);
+        CHECK(j.staged[0] > 0 && j.staged[0] == j.staged[1],
+              "staging is allocated once and reused (%zu, %zu bytes)", j.staged[0], j.staged[1]);
+        /* what was saved is the state at the save, not after the next step */
+        j.fn = job_load;
+        j.steps = 0;
+        j.seed = 99;
+        j.flags = FSDP_SD_OPTIM;
+        run(&j, 3);
+        CHECK(j.nvals == ref.nvals && bits_equal(j.vals, ref.vals, ref.nvals),
+              "the %s async checkpoint holds the state when save_async returned",
+              sharded ? "sharded" : "full");
+    }
+}
+
+/* --- the file check_safetensors.sh reads --- */
+
+static int job_interop(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_state_dict *sd = NULL;
+    (void)nranks;
+    if (!train(e, 2)) return 0;
+    if (fsdp_ckpt_save(e->ctx, j->path, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
+        report(__FILE__, __LINE__, "save: %s", fsdp_ctx_last_error(e->ctx));
+        return 0;
+    }
+    if (fsdp_get_full_state_dict(e->ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD | FSDP_SD_RANK0_ONLY,
+                                 &sd) != FSDP_SUCCESS)
+        return 0;
+    if (rank == 0) {
+        char txt[1100];
+        FILE *f;
+        int i, d;
+        snprintf(txt, sizeof txt, "%s.expected.txt", j->path);
+        f = fopen(txt, "w");
+        if (!f) return 0;
+        fprintf(f, "%d\n", fsdp_state_dict_count(sd));
+        for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+            const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+            int64_t k;
+            fprintf(f, "%s %s %d", t->name, t->dtype == FSDP_F32 ? "F32" : "I64", t->ndim);
+            for (d = 0; d < t->ndim; d++) fprintf(f, " %lld", (long long)t->shape[d]);
+            fprintf(f, "\n");
+            for (k = 0; k < t->numel; k++) {
+                if (t->dtype == FSDP_F32) fprintf(f, " %.9g", (double)((const float *)t->data)[k]);
+                else fprintf(f, " %lld", (long long)((const int64_t *)t->data)[k]);
+            }
+            fprintf(f, "\n");
+        }
+        fclose(f);
+    }
+    fsdp_state_dict_destroy(sd);
+    return 1;
+}
+
+int main(int argc, char **argv)
+{
+    static job ref;
+    const char *base = getenv("TMPDIR");
+    snprintf(g_tmp, sizeof g_tmp, "%s/fsdp_ckpt_XXXXXX", base && base[0] ? base : "/tmp");
+    g_model = build_model(0);
+    g_wide = build_model(1);
+    g_units = g_model ? make_units(g_model, FSDP_FULL_SHARD) : NULL;
+    g_wide_units = g_wide ? make_units(g_wide, FSDP_FULL_SHARD) : NULL;
+    if (!g_units || !g_wide_units) {
+        printf("setup failed\n");
+        return 1;
+    }
+    if (argc > 2 && !strcmp(argv[1], "--read")) { /* prints a file Python wrote */
+        fsdp_state_dict *sd = NULL;
+        fsdp_error err;
+        int i, d;
+        if (fsdp_safetensors_load(argv[2], NULL, &sd, &err) != FSDP_SUCCESS) {
+            printf("error: %s\n", err.message);
+            return 1;
+        }
+        for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+            const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+            int64_t k;
+            printf("%s %s %d", t->name, fsdp_dtype_name(t->dtype), t->ndim);
+            for (d = 0; d < t->ndim; d++) printf(" %lld", (long long)t->shape[d]);
+            printf(" :");
+            for (k = 0; k < t->numel; k++) {
+                double v = 0.0;
+                const void *p = t->data;
+                switch (t->dtype) {
+                case FSDP_F32: v = ((const float *)p)[k]; break;
+                case FSDP_F64: v = ((const double *)p)[k]; break;
+                case FSDP_F16: v = fsdp_f16_to_f32(((const uint16_t *)p)[k]); break;
+                case FSDP_BF16: v = fsdp_bf16_to_f32(((const uint16_t *)p)[k]); break;
+                case FSDP_I64: v = (double)((const int64_t *)p)[k]; break;
+                case FSDP_I32: v = ((const int32_t *)p)[k]; break;
+                case FSDP_I8: v = ((const int8_t *)p)[k]; break;
+                case FSDP_U8: v = ((const uint8_t *)p)[k]; break;
+                default: break;
+                }
+                printf(" %.17g", v);
+            }
+            printf("\n");
+        }
+        fsdp_state_dict_destroy(sd);
+        return 0;
+    }
+    if (argc > 2 && !strcmp(argv[1], "--interop")) {
+        static job j;
+        memset(&j, 0, sizeof j);
+        j.fn = job_interop;
+        snprintf(j.path, sizeof j.path, "%s/full.safetensors", argv[2]);
+        run(&j, 2);
+        printf("%ld passed, %ld failed\n", g_pass, g_fail);
+        return g_fail ? 1 : 0;
+    }
+    if (!mkdtemp(g_tmp)) {
+        printf("mkdtemp %s failed\n", g_tmp);
+        return 1;
+    }
+    /* the uninterrupted reference: 6 steps at W = 1 */
+    memset(&ref, 0, sizeof ref);
+    ref.fn = job_ref;
+    ref.steps = 6;
+    run(&ref, 1);
+    reshard(4, 3, 0, 1, ref.vals, ref.nvals);
+    reshard(2, 5, 0, 1, ref.vals, ref.nvals);
+    reshard(3, 1, 0, 1, ref.vals, ref.nvals);
+    reshard(2, 3, 0, 0, ref.vals, ref.nvals);
+    reshard_strategy(FSDP_NO_SHARD, 2, 0, 3, ref.vals, ref.nvals);
+    reshard_strategy(FSDP_HYBRID_SHARD, 4, 2, 3, ref.vals, ref.nvals);
+    reshard_strategy(FSDP_SHARD_GRAD_OP, 3, 0, 2, ref.vals, ref.nvals);
+    {
+        static job sgd;
+        memset(&sgd, 0, sizeof sgd);
+        sgd.fn = job_ref;
+        sgd.steps = 6;
+        sgd.optim_kind = 1;
+        run(&sgd, 1);
+        reshard(4, 2, 1, 1, sgd.vals, sgd.nvals);
+    }
+    failures();
+    fuzz();
+    dtypes();
+    async_tests();
+    rm_rf(g_tmp);
+    fsdp_units_destroy(g_units);
+    fsdp_units_destroy(g_wide_units);
+    fsdp_model_destroy(g_model);
+    fsdp_model_destroy(g_wide);
+    printf("%ld passed, %ld failed\n", g_pass, g_fail);
+    return g_fail ? 1 : 0;
+}
