@@ -34,6 +34,13 @@ typedef struct gpt_config {
     int eval_every;  /* > 0: held-out accuracy (256 problems) every so many steps */
     double lr, weight_decay, clip;
     unsigned long long seed;
+    /* checkpoints (NULL / 0: off): save_dir gets a sharded checkpoint with
+       the optimizer every save_every steps and at the end, asynchronously;
+       resume_dir continues from one at any ranks (steps stays the whole
+       run's length, which the lr schedule follows); stop_after N ends the
+       run after step N, as an interruption would */
+    const char *save_dir, *resume_dir;
+    int save_every, stop_after;
 } gpt_config;
 
 /* The defaults of train_gpt: ~100k parameters, learns 3-digit addition to
@@ -1051,6 +1058,8 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     fsdp_memory_stats ms;
     fsdp_result r;
     int K = cfg->accum, mb = cfg->batch / (nranks * K), ok = 0, step, m, i, k;
+    int first_step, last_step;
+    fsdp_ckpt_writer *writer = NULL;
     int chunk = mb > 64 ? mb : 64, *tok = NULL;
     int print_every = cfg->print_every > 0 ? cfg->print_every
                                            : (cfg->steps / 20 > 0 ? cfg->steps / 20 : 1);
@@ -1124,10 +1133,22 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         gpt__fail(&e, "fsdp_init_params");
         goto done;
     }
+    /* a resumed run continues from the checkpoint's step (which also places
+       the lr schedule and the data stream), at any number of ranks */
+    if (cfg->resume_dir && fsdp_ckpt_load(e.ctx, cfg->resume_dir, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
+        gpt__fail(&e, "fsdp_ckpt_load");
+        goto done;
+    }
+    first_step = (int)fsdp_ctx_steps(e.ctx) + 1;
+    last_step = cfg->stop_after > 0 && cfg->stop_after < cfg->steps ? cfg->stop_after : cfg->steps;
+    if (cfg->save_dir && fsdp_ckpt_writer_create(e.ctx, &writer) != FSDP_SUCCESS) {
+        gpt__fail(&e, "fsdp_ckpt_writer_create");
+        goto done;
+    }
     tokens_per_step = (double)cfg->batch * (double)e.d.L;
     t_start = t_last = gpt_now_ms();
     e.cpu_mark = gpt_thread_cpu_ms();
-    for (step = 1; step <= cfg->steps; step++) {
+    for (step = first_step; step <= last_step; step++) {
         double lr = gpt_lr_at(cfg, step), norm = 0.0, wall;
         float loss = 0.0f;
         for (m = 0; m < K; m++) {
@@ -1162,8 +1183,19 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
             gpt__fail(&e, "clip/step");
             goto done;
         }
+        /* async save: only the staging copy blocks; the files are written
+           while the next steps run, and committed by the next wait */
+        if (writer && (step == last_step || (cfg->save_every > 0 && step % cfg->save_every == 0))) {
+            if (fsdp_ckpt_wait(writer) != FSDP_SUCCESS ||
+                fsdp_ckpt_save_async(writer, cfg->save_dir, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM) !=
+                    FSDP_SUCCESS) {
+                snprintf(e.msg, e.msg_cap, "rank %d: checkpoint '%s': %s", rank, cfg->save_dir,
+                         fsdp_ckpt_writer_last_error(writer));
+                goto done;
+            }
+        }
         if (rank == 0) {
-            if (step == 1) res->initial_loss = loss;
+            if (step == first_step) res->initial_loss = loss;
             res->final_loss = loss;
             if (res->losses) res->losses[step - 1] = loss;
         }
@@ -1212,12 +1244,18 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
             res->accuracy = (double)correct / (double)cfg->ntest;
         }
     }
+    if (writer && fsdp_ckpt_wait(writer) != FSDP_SUCCESS) {
+        snprintf(e.msg, e.msg_cap, "rank %d: checkpoint '%s': %s", rank, cfg->save_dir,
+                 fsdp_ckpt_writer_last_error(writer));
+        goto done;
+    }
     fsdp_device_memory(dev, &ms);
     res->peak[rank] = ms.device_peak;
     res->plan[rank] = plan.total;
     if (rank == 0) res->plan0 = plan;
     ok = 1;
 done:
+    fsdp_ckpt_writer_destroy(writer); /* before its context */
     fsdp_ctx_destroy(e.ctx);
     gpt_acts_free(&a);
     if (e.t)

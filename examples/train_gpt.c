@@ -38,19 +38,55 @@
    Usage: train_gpt [--ranks N] [--steps K] [--layers L] [--dim C] [--heads H]
                     [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]
                     [--ntest N] [--eval-every K] [--clip X] [--bf16] [--quiet]
+                    [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
+                    [--backend local|mpi|gloo]  (mpi: mpirun -np N train_gpt ...;
+                    gloo: forks --ranks processes over loopback TCP, or runs one
+                    rank: --rank R --store-dir DIR [--host ADDR])
+
+   Checkpoints: --save DIR writes a sharded checkpoint (parameters, AdamW
+   state, step) every --save-every K steps and at the end, asynchronously;
+   --resume DIR continues from it at any --ranks, exactly where it stopped
+   (--steps is the whole run's length, which the lr schedule follows, and
+   the data stream resumes at the checkpoint's step; --stop-after N ends the
+   run after step N, as an interruption would).
 
    --eval-every K (default 100; 0: off) decodes 256 held-out problems every K
    steps and reports the training time until accuracy first reached 90%. */
-#define _POSIX_C_SOURCE 200809L /* clock_gettime(CLOCK_THREAD_CPUTIME_ID) */
+#define _XOPEN_SOURCE 700 /* clock_gettime(CLOCK_THREAD_CPUTIME_ID); fork, mkdtemp, nftw */
 #include "fsdp.h"
 #include "gpt.h"
+/* The distributed backends, when the build has them (meson's mpi and gloo
+   features define FSDP_HAVE_MPI / FSDP_HAVE_GLOO); their implementations
+   compile here, fsdp.h's in example_impl.c. */
+#ifdef FSDP_HAVE_MPI
+#define FSDP_COMM_MPI_IMPLEMENTATION
+#include "fsdp_comm_mpi.h"
+#endif
+#ifdef FSDP_HAVE_GLOO
+#define FSDP_COMM_GLOO_IMPLEMENTATION
+#include "fsdp_comm_gloo.h"
+#include <ftw.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
+
+/* --backend: 0 local (threads), 1 mpi (one process per rank), 2 gloo; rank
+   is this process's rank (-1: local, or gloo's launcher) */
+typedef struct backend_opts {
+    int backend, rank;
+    const char *store_dir, *host;
+} backend_opts;
 
 static void usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--ranks N] [--steps K] [--layers L] [--dim C] [--heads H]\n"
             "          [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]\n"
-            "          [--ntest N] [--eval-every K] [--clip X] [--bf16] [--quiet]\n",
+            "          [--ntest N] [--eval-every K] [--clip X] [--bf16] [--quiet]\n"
+            "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
+            "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
+            "           gloo: forks --ranks processes, or one rank: --rank R --store-dir D\n"
+            "           [--host ADDR])\n",
             argv0);
 }
 
@@ -71,7 +107,7 @@ static int parse_double(const char *s, double *out)
 }
 
 /* Options of the run; 1 on success, 0 on a bad option, -1 for --help. */
-static int parse_args(int argc, char **argv, gpt_config *c)
+static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
 {
     int i;
     for (i = 1; i < argc; i++) {
@@ -85,7 +121,21 @@ static int parse_args(int argc, char **argv, gpt_config *c)
             return 0;
         } else {
             i++;
-            if (!strcmp(a, "--ranks")) good = parse_int(v, &c->ranks);
+            if (!strcmp(a, "--backend")) {
+                if (!strcmp(v, "local")) b->backend = 0;
+                else if (!strcmp(v, "mpi")) b->backend = 1;
+                else if (!strcmp(v, "gloo")) b->backend = 2;
+                else good = 0;
+            } else if (!strcmp(a, "--rank")) good = parse_int(v, &b->rank) && b->rank >= 0;
+            else if (!strcmp(a, "--store-dir")) b->store_dir = v;
+            else if (!strcmp(a, "--host")) b->host = v;
+            else if (!strcmp(a, "--save")) c->save_dir = v;
+            else if (!strcmp(a, "--resume")) c->resume_dir = v;
+            else if (!strcmp(a, "--save-every"))
+                good = parse_int(v, &c->save_every) && c->save_every >= 1;
+            else if (!strcmp(a, "--stop-after"))
+                good = parse_int(v, &c->stop_after) && c->stop_after >= 1;
+            else if (!strcmp(a, "--ranks")) good = parse_int(v, &c->ranks);
             else if (!strcmp(a, "--steps")) good = parse_int(v, &c->steps);
             else if (!strcmp(a, "--layers")) good = parse_int(v, &c->layers);
             else if (!strcmp(a, "--dim")) good = parse_int(v, &c->dim);
@@ -114,12 +164,13 @@ static int parse_args(int argc, char **argv, gpt_config *c)
     return 1;
 }
 
-static void print_header(const gpt_config *c, const fsdp_units *units)
+static void print_header(const gpt_config *c, const backend_opts *b, const fsdp_units *units)
 {
     int i;
     int64_t total = 0;
-    printf("train_gpt: %d rank%s on the local backend, %s, matmul kernel %s\n", c->ranks,
-           c->ranks == 1 ? "" : "s", c->bf16 ? "params bf16 (master f32)" : "f32",
+    printf("train_gpt: %d rank%s on the %s backend, %s, matmul kernel %s\n", c->ranks,
+           c->ranks == 1 ? "" : "s",
+           b->backend == 0 ? "local" : b->backend == 1 ? "mpi" : "gloo", c->bf16 ? "params bf16 (master f32)" : "f32",
            gpt_gemm_isa());
     for (i = 0; i < fsdp_units_count(units); i++) {
         const fsdp_unit_info *ui = fsdp_units_get(units, i);
@@ -138,12 +189,156 @@ static void print_header(const gpt_config *c, const fsdp_units *units)
     fflush(stdout);
 }
 
+#ifdef FSDP_HAVE_GLOO
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+#endif
+
+/* Starts the chosen backend. Returns -1 when this process goes on as a rank
+   (b->rank set, c->ranks the world size), else an exit status: the Gloo
+   launcher's (it forks --ranks processes with a fresh store directory and
+   waits for them) or a failure's. Ranks other than 0 print nothing on
+   stdout, so the output is the same as with the local backend. */
+static int backend_start(gpt_config *c, backend_opts *b, int *argc, char ***argv)
+{
+    (void)c, (void)argc, (void)argv;
+    if (b->backend == 0) return -1;
+    if (b->backend == 1) {
+#ifdef FSDP_HAVE_MPI
+        int provided = 0, size = 1;
+        char err[256];
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+            fprintf(stderr, "train_gpt: MPI_Init_thread failed\n");
+            return 1;
+        }
+        MPI_Comm_rank(MPI_COMM_WORLD, &b->rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        c->ranks = size;
+        if (!gpt_check_config(c, err, sizeof err)) {
+            if (b->rank == 0) fprintf(stderr, "train_gpt: %d MPI ranks: %s\n", size, err);
+            MPI_Finalize();
+            return 2;
+        }
+        if (b->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
+        return -1;
+#else
+        fprintf(stderr, "train_gpt: this build has no MPI backend (meson -Dmpi=enabled)\n");
+        return 2;
+#endif
+    }
+#ifdef FSDP_HAVE_GLOO
+    {
+        char dir[512];
+        const char *tmp = getenv("TMPDIR");
+        pid_t pids[GPT_MAX_RANKS];
+        int j, failed = 0, st;
+        if (b->rank >= 0) { /* one rank, started by the user */
+            if (!b->store_dir || b->rank >= c->ranks) {
+                fprintf(stderr, "train_gpt: --backend gloo --rank R needs --store-dir and R < "
+                        "--ranks\n");
+                return 2;
+            }
+            if (b->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
+            return -1;
+        }
+        snprintf(dir, sizeof dir, "%s/train_gpt_gloo_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "train_gpt: cannot create a store directory %s\n", dir);
+            return 1;
+        }
+        fflush(NULL);
+        for (j = 0; j < c->ranks; j++) {
+            pids[j] = fork();
+            if (pids[j] == 0) {
+                static char store[512];
+                memcpy(store, dir, sizeof store);
+                b->rank = j;
+                b->store_dir = store;
+                if (j > 0 && !freopen("/dev/null", "w", stdout)) _exit(1);
+                return -1;
+            }
+            if (pids[j] < 0) {
+                fprintf(stderr, "train_gpt: fork failed\n");
+                failed = 1;
+                break;
+            }
+        }
+        while (j-- > 0)
+            if (waitpid(pids[j], &st, 0) != pids[j] || !WIFEXITED(st) || WEXITSTATUS(st))
+                failed = 1;
+        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        return failed;
+    }
+#else
+    fprintf(stderr, "train_gpt: this build has no Gloo backend (meson -Dgloo=enabled)\n");
+    return 2;
+#endif
+}
+
+/* This process's rank on a distributed backend: its own CPU device and
+   communicator, then gpt_rank_train. Returns 1 on success. */
+static int run_one_rank(const gpt_config *cfg, const backend_opts *b, const fsdp_model *model,
+                        const fsdp_units *units, gpt_result *res)
+{
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_result r = FSDP_NOT_SUPPORTED;
+    fsdp_error err;
+    gpt_shared sh;
+    int ok = 0, rank = b->rank, nranks = cfg->ranks;
+    memset(&err, 0, sizeof err);
+    sh.cfg = cfg;
+    sh.model = model;
+    sh.units = units;
+    sh.res = res;
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) {
+        fprintf(stderr, "train_gpt: rank %d: cannot create the device\n", rank);
+        return 0;
+    }
+#ifdef FSDP_HAVE_MPI
+    if (b->backend == 1) {
+        fsdp_mpi_desc d;
+        memset(&d, 0, sizeof d);
+        d.hooks.error = &err;
+        d.dev = dev;
+        d.expected_size = nranks;
+        r = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
+    }
+#endif
+#ifdef FSDP_HAVE_GLOO
+    if (b->backend == 2) {
+        fsdp_gloo_desc d;
+        memset(&d, 0, sizeof d);
+        d.hooks.error = &err;
+        d.dev = dev;
+        d.store_dir = b->store_dir;
+        d.prefix = "train_gpt";
+        d.host = b->host;
+        d.rank = rank;
+        d.size = nranks;
+        r = fsdp_gloo_comm_create(&d, &comm);
+    }
+#endif
+    if (r != FSDP_SUCCESS)
+        fprintf(stderr, "train_gpt: rank %d: %s\n", rank,
+                err.message[0] ? err.message : "this build has no such backend");
+    else if (!(ok = gpt_rank_train(&sh, rank, nranks, comm, dev)))
+        fprintf(stderr, "train_gpt: %s\n", res->msg[rank]);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return ok;
+}
+
 int main(int argc, char **argv)
 {
     static gpt_result res;
     static char err[FSDP_ERROR_MAX + 128];
     gpt_config cfg = gpt_default_config();
-    int i, pa = parse_args(argc, argv, &cfg);
+    backend_opts bo = {0, -1, NULL, NULL};
+    int i, pa = parse_args(argc, argv, &cfg, &bo);
     if (pa <= 0) {
         usage(argv[0]);
         return pa < 0 ? 0 : 2;
@@ -153,22 +348,42 @@ int main(int argc, char **argv)
         usage(argv[0]);
         return 2;
     }
-    if (!cfg.quiet) { /* the same model and wrap gpt_train builds */
-        fsdp_model *m = gpt_build_model(&cfg, err, sizeof err);
-        fsdp_units *u = m ? gpt_wrap(m, &cfg, err, sizeof err) : NULL;
-        gpt_gemm_init();
-        if (!u) {
-            fprintf(stderr, "train_gpt: %s\n", err);
+    i = backend_start(&cfg, &bo, &argc, &argv);
+    if (i >= 0) return i; /* a Gloo launcher, or a failed start */
+    if (bo.backend == 0) {
+        if (!cfg.quiet) { /* the same model and wrap gpt_train builds */
+            fsdp_model *m = gpt_build_model(&cfg, err, sizeof err);
+            fsdp_units *u = m ? gpt_wrap(m, &cfg, err, sizeof err) : NULL;
+            gpt_gemm_init();
+            if (!u) {
+                fprintf(stderr, "train_gpt: %s\n", err);
+                fsdp_model_destroy(m);
+                return 1;
+            }
+            print_header(&cfg, &bo, u);
+            fsdp_units_destroy(u);
             fsdp_model_destroy(m);
+        }
+        if (!gpt_train(&cfg, &res, err, sizeof err)) {
+            fprintf(stderr, "train_gpt: %s\n", err);
             return 1;
         }
-        print_header(&cfg, u);
+    } else { /* this process is one rank */
+        fsdp_model *m = gpt_build_model(&cfg, err, sizeof err);
+        fsdp_units *u = m ? gpt_wrap(m, &cfg, err, sizeof err) : NULL;
+        int ok = 0;
+        gpt_gemm_init();
+        if (!u) fprintf(stderr, "train_gpt: %s\n", err);
+        else {
+            if (!cfg.quiet) print_header(&cfg, &bo, u);
+            ok = run_one_rank(&cfg, &bo, m, u, &res);
+        }
         fsdp_units_destroy(u);
         fsdp_model_destroy(m);
-    }
-    if (!gpt_train(&cfg, &res, err, sizeof err)) {
-        fprintf(stderr, "train_gpt: %s\n", err);
-        return 1;
+#ifdef FSDP_HAVE_MPI
+        if (bo.backend == 1) MPI_Finalize();
+#endif
+        if (!ok) return 1;
     }
     if (!cfg.quiet) {
         const fsdp_memory_plan *p = &res.plan0;
@@ -177,8 +392,8 @@ int main(int argc, char **argv)
                p->sharded_params, p->low_precision, p->sharded_grads, p->optimizer_state, p->pool,
                p->pool_slots, p->resident_units, p->scratch, p->total);
     }
-    if (!cfg.quiet)
-        for (i = 0; i < cfg.ranks; i++)
+    if (!cfg.quiet) /* a process of a distributed backend knows only its own rank's */
+        for (i = 0; i < (bo.backend == 0 ? cfg.ranks : 1); i++)
             printf("rank %d: peak device memory %zu bytes, plan %zu bytes (peak/plan %.3f)\n", i,
                    res.peak[i], res.plan[i],
                    res.plan[i] ? (double)res.peak[i] / (double)res.plan[i] : 0.0);
