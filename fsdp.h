@@ -1128,6 +1128,26 @@ FSDP_API fsdp_result fsdp_zero_consolidate_state_dict(fsdp_zero *z, int to,
 FSDP_API fsdp_result fsdp_zero_load_state_dict(fsdp_zero *z, const fsdp_zero_state_dict *sd);
 FSDP_API void fsdp_zero_state_dict_free(fsdp_zero_state_dict *sd);
 
+/* Bridges to the generic state dicts (>>statedict), e.g. to save ZeRO's
+   state with fsdp_safetensors_save. Keys follow FSDP_SD_OPTIM's convention,
+   per parameter with state, in index order: optim.<name>.exp_avg,
+   .exp_avg_sq, .max_exp_avg_sq, .momentum_buffer (those its group's
+   configuration keeps; f32, 1-D [numel]; none for a parameter of numel 0)
+   and optim.<name>.step (i64 scalar). The hyper-parameters (param_groups)
+   are not stored: they stay with the caller's configuration.
+   to_state_dict: consolidates (fsdp_zero_consolidate_state_dict) and gives
+   rank `to` a new FULL dict in host memory (free it with
+   fsdp_state_dict_destroy); *out is NULL on the other ranks (out may be NULL
+   there). Collective: yes.
+   from_state_dict: every rank passes the same full dict (other keys are
+   ignored); a parameter without optim.<name>.step gets no state; the
+   groups keep the optimizer's current configuration; the world size may
+   differ from the one that saved. Errors name the first missing or
+   mismatched key (FSDP_CKPT_MISMATCH) and nothing changes. Collective: no. */
+typedef struct fsdp_state_dict fsdp_state_dict;
+FSDP_API fsdp_result fsdp_zero_state_to_state_dict(fsdp_zero *z, int to, fsdp_state_dict **out);
+FSDP_API fsdp_result fsdp_zero_state_from_state_dict(fsdp_zero *z, const fsdp_state_dict *sd);
+
 /* ======================================================================== */
 /* >>statedict                                                               */
 /* ======================================================================== */
@@ -8803,6 +8823,195 @@ FSDP_API fsdp_result fsdp_zero_load_state_dict(fsdp_zero *z, const fsdp_zero_sta
     fsdp__free(&z->hooks, entry_of);
     fsdp__free(&z->hooks, nst);
     return FSDP_SUCCESS;
+}
+
+static const char *const fsdp__zero_sd_bufname[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                                     "momentum_buffer"};
+
+FSDP_API fsdp_result fsdp_zero_state_to_state_dict(fsdp_zero *z, int to, fsdp_state_dict **out)
+{
+    fsdp_zero_state_dict zsd;
+    fsdp_state_dict *sd = NULL;
+    fsdp_result r;
+    int e, b;
+    if (!z) return FSDP_INVALID_ARGS;
+    if (out) *out = NULL;
+    if (z->rank == to && !out)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_state_to_state_dict: out is NULL on rank to = %d", to);
+    memset(&zsd, 0, sizeof zsd);
+    if ((r = fsdp_zero_consolidate_state_dict(z, to, z->rank == to ? &zsd : NULL)) !=
+        FSDP_SUCCESS)
+        return r;
+    if (z->rank != to) return FSDP_SUCCESS;
+    if ((r = fsdp_state_dict_create(FSDP_SD_FULL, NULL, &z->hooks, &sd)) != FSDP_SUCCESS) {
+        fsdp_zero_state_dict_free(&zsd);
+        return fsdp__fail(&z->err, &z->hooks, r,
+                          "fsdp_zero_state_to_state_dict: state dict creation failed");
+    }
+    for (e = 0; e < zsd.nentries && r == FSDP_SUCCESS; e++) {
+        const fsdp_zero_state_entry *en = &zsd.entries[e];
+        const char *pname = z->p[en->index].name;
+        size_t len = strlen(pname) + 32;
+        char *key = (char *)fsdp__calloc(&z->hooks, len, 1);
+        fsdp_tensor t;
+        int64_t step = en->step;
+        if (!key) {
+            r = FSDP_OUT_OF_MEMORY;
+            fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_state_to_state_dict: out of memory");
+            break;
+        }
+        for (b = 0; b < 4 && r == FSDP_SUCCESS && en->numel > 0; b++) {
+            const float *buf = fsdp__zero_entry_cbuf(en, b);
+            if (!buf) continue;
+            snprintf(key, len, "optim.%s.%s", pname, fsdp__zero_sd_bufname[b]);
+            memset(&t, 0, sizeof t);
+            t.name = key;
+            t.dtype = FSDP_F32;
+            t.ndim = 1;
+            t.shape[0] = en->numel;
+            t.data = (void *)(uintptr_t)buf;
+            t.mem = FSDP_MEM_HOST;
+            if ((r = fsdp_state_dict_add(sd, &t, 1)) != FSDP_SUCCESS)
+                fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_state_to_state_dict: %s",
+                           fsdp_state_dict_last_error(sd));
+        }
+        if (r == FSDP_SUCCESS) {
+            snprintf(key, len, "optim.%s.step", pname);
+            memset(&t, 0, sizeof t);
+            t.name = key;
+            t.dtype = FSDP_I64;
+            t.ndim = 0;
+            t.data = &step;
+            t.mem = FSDP_MEM_HOST;
+            if ((r = fsdp_state_dict_add(sd, &t, 1)) != FSDP_SUCCESS)
+                fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_state_to_state_dict: %s",
+                           fsdp_state_dict_last_error(sd));
+        }
+        fsdp__free(&z->hooks, key);
+    }
+    fsdp_zero_state_dict_free(&zsd);
+    if (r != FSDP_SUCCESS) {
+        fsdp_state_dict_destroy(sd);
+        return r;
+    }
+    *out = sd;
+    return FSDP_SUCCESS;
+}
+
+/* The tensor named key: whole, host memory, dtype dt, want elements (-1:
+   a scalar). NULL and msg set otherwise ("" when simply missing). */
+FSDP__DEF const fsdp_tensor *fsdp__zero_sd_get(const fsdp_state_dict *sd, const char *key,
+                                               fsdp_dtype dt, int64_t want, char *msg,
+                                               size_t nmsg)
+{
+    const fsdp_tensor *t = fsdp_state_dict_tensor(sd, fsdp_state_dict_find(sd, key));
+    int64_t total = 1;
+    int d;
+    if (!t) {
+        snprintf(msg, nmsg, "missing key '%.200s'", key);
+        return NULL;
+    }
+    for (d = 0; d < t->ndim; d++) total *= t->shape[d];
+    if (t->dtype != dt) {
+        snprintf(msg, nmsg, "'%.200s' has dtype %s, expected %s", key, fsdp_dtype_name(t->dtype),
+                 fsdp_dtype_name(dt));
+        return NULL;
+    }
+    if (t->offset != 0 || t->numel != total || (want < 0 ? t->ndim != 0 : total != want)) {
+        snprintf(msg, nmsg, "'%.200s' has %lld elements (ndim %d, offset %lld), expected %s%lld",
+                 key, (long long)t->numel, t->ndim, (long long)t->offset,
+                 want < 0 ? "a scalar, " : "", (long long)(want < 0 ? 1 : want));
+        return NULL;
+    }
+    if (t->numel > 0 && (!t->data || t->mem == FSDP_MEM_DEVICE)) {
+        snprintf(msg, nmsg, "'%.200s' is not in host memory", key);
+        return NULL;
+    }
+    return t;
+}
+
+FSDP_API fsdp_result fsdp_zero_state_from_state_dict(fsdp_zero *z, const fsdp_state_dict *sd)
+{
+    fsdp_zero_state_dict zsd;
+    fsdp_zero_group_state *groups;
+    fsdp_zero_state_entry *entries;
+    int *idx;
+    char *key = NULL, msg[FSDP_ERROR_MAX];
+    size_t len = 32;
+    int i, g, b, k;
+    fsdp_result r = FSDP_SUCCESS;
+    if (!z) return FSDP_INVALID_ARGS;
+    if (!sd)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_zero_state_from_state_dict: sd is NULL");
+    for (i = 0; i < z->np; i++)
+        if (strlen(z->p[i].name) + 32 > len) len = strlen(z->p[i].name) + 32;
+    groups = (fsdp_zero_group_state *)fsdp__calloc(&z->hooks, (size_t)z->ngroups + 1,
+                                                   sizeof *groups);
+    entries = (fsdp_zero_state_entry *)fsdp__calloc(&z->hooks, (size_t)z->np + 1,
+                                                    sizeof *entries);
+    idx = (int *)fsdp__calloc(&z->hooks, (size_t)z->np + 1, sizeof *idx);
+    key = (char *)fsdp__calloc(&z->hooks, len, 1);
+    if (!groups || !entries || !idx || !key) {
+        r = fsdp__fail(&z->err, &z->hooks, FSDP_OUT_OF_MEMORY,
+                       "fsdp_zero_state_from_state_dict: out of memory");
+        goto done;
+    }
+    memset(&zsd, 0, sizeof zsd);
+    zsd.nparams = z->np;
+    zsd.ngroups = z->ngroups;
+    zsd.groups = groups;
+    zsd.entries = entries;
+    /* global indices are group by group: parameter i is index i */
+    for (i = 0; i < z->np; i++) idx[i] = i;
+    for (g = 0, k = 0; g < z->ngroups; g++) {
+        groups[g].config = z->groups[g];
+        groups[g].params = idx + k;
+        for (i = 0; i < z->np; i++) groups[g].nparams += z->p[i].group == g;
+        k += groups[g].nparams;
+    }
+    for (i = 0; i < z->np; i++) {
+        const fsdp__zparam *p = &z->p[i];
+        fsdp_zero_state_entry *en = &entries[zsd.nentries];
+        const fsdp_tensor *t;
+        unsigned mask = fsdp_optim_state_mask(&z->groups[p->group]);
+        snprintf(key, len, "optim.%s.step", p->name);
+        if (fsdp_state_dict_find(sd, key) < 0) continue; /* no state */
+        if (!(t = fsdp__zero_sd_get(sd, key, FSDP_I64, -1, msg, sizeof msg))) {
+            r = FSDP_CKPT_MISMATCH;
+            break;
+        }
+        en->index = i;
+        en->name = p->name;
+        en->numel = p->numel;
+        memcpy(&en->step, t->data, sizeof en->step);
+        for (b = 0; b < 4 && p->numel > 0; b++) {
+            if (!(mask & (1u << b))) continue;
+            snprintf(key, len, "optim.%s.%s", p->name, fsdp__zero_sd_bufname[b]);
+            if (!(t = fsdp__zero_sd_get(sd, key, FSDP_F32, p->numel, msg, sizeof msg))) {
+                r = FSDP_CKPT_MISMATCH;
+                break;
+            }
+            *fsdp__zero_entry_buf(en, b) = (float *)t->data;
+        }
+        if (r != FSDP_SUCCESS) break;
+        zsd.nentries++;
+    }
+    if (r != FSDP_SUCCESS) {
+        fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_state_from_state_dict: %s", msg);
+        goto done;
+    }
+    if ((r = fsdp_zero_load_state_dict(z, &zsd)) != FSDP_SUCCESS) {
+        snprintf(msg, sizeof msg, "%s", fsdp_zero_last_error(z));
+        fsdp__fail(&z->err, &z->hooks, r, "fsdp_zero_state_from_state_dict: %.900s", msg);
+    }
+done:
+    fsdp__free(&z->hooks, groups);
+    fsdp__free(&z->hooks, entries);
+    fsdp__free(&z->hooks, idx);
+    fsdp__free(&z->hooks, key);
+    return r;
 }
 
 /* >>zero end */

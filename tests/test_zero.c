@@ -14,6 +14,7 @@
    partition on hand cases, and every error path (with nothing applied,
    allocation failures included).
    Prints failures as file:line, then "N passed, M failed". */
+#define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 
 #include <pthread.h>
@@ -22,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 /* ------------------------------------------------------------------------ */
 /* check counting (ranks are threads: the counters are locked)               */
@@ -926,6 +928,176 @@ static void test_oom(void)
     CHECK(fsdp_local_run(&ld, oom_rank, NULL, NULL) == FSDP_SUCCESS, "fsdp_local_run");
 }
 
+/* ------------------------------------------------------------------------ */
+/* the generic state-dict bridge: save at one world size through a
+   safetensors file, load at another, keep training identically            */
+/* ------------------------------------------------------------------------ */
+
+static char g_bridge_path[512];
+static refopt g_bridge_ref; /* the reference after the first run */
+static const cfg *g_bridge_cfg;
+
+static void ref_copy(refopt *dst, const refopt *src)
+{
+    int i, b;
+    ref_init(dst, src->groups[0].kind, src->groups[0].fused_multiply_add);
+    for (i = 0; i < NP; i++) {
+        int64_t n = P_NUMEL[i];
+        memcpy(dst->data[i], src->data[i], (size_t)n * 4);
+        for (b = 0; b < 4; b++) memcpy(dst->st[i][b], src->st[i][b], (size_t)n * 4);
+        dst->step[i] = src->step[i];
+        dst->trainable[i] = src->trainable[i];
+    }
+    memcpy(dst->groups, src->groups, sizeof dst->groups);
+    dst->np = src->np;
+    dst->ngroups = src->ngroups;
+}
+
+static int bridge_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    int phase = *(const int *)user, step;
+    (void)nranks;
+    const cfg *c = g_bridge_cfg;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_zero *z = NULL;
+    fsdp_state_dict *sd = NULL, *bad = NULL;
+    fsdp_error err;
+    refopt r;
+    engine e;
+    rank_log lg;
+    memset(&lg, 0, sizeof lg);
+    memset(&err, 0, sizeof err);
+    if (phase == 0) {
+        ref_init(&r, c->kind, c->fma);
+        r.np = NP;
+        r.ngroups = 3;
+    } else {
+        ref_copy(&r, &g_bridge_ref);
+    }
+    engine_init(&e, &r);
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
+        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS ||
+        make_zero(c, comm, dev, &e, NP, &r, &lg, &z) != FSDP_SUCCESS) {
+        report(__FILE__, __LINE__, "rank %d: creation failed", rank);
+        goto done;
+    }
+    if (phase == 0) {
+        for (step = 1; step <= STEPS; step++) {
+            backward(rank, step, z, &e, &r);
+            if (fsdp_zero_step(z) != FSDP_SUCCESS || !ref_step(&r, comm)) {
+                report(__FILE__, __LINE__, "rank %d step %d: %s", rank, step,
+                       fsdp_zero_last_error(z));
+                goto done;
+            }
+            compare_params("bridge before save", c, rank, step, z, &r);
+        }
+        CHECK(fsdp_zero_state_to_state_dict(z, 0, rank == 0 ? &sd : NULL) == FSDP_SUCCESS,
+              "to_state_dict: %s", fsdp_zero_last_error(z));
+        if (rank == 0 && sd) {
+            const fsdp_tensor *t =
+                fsdp_state_dict_tensor(sd, fsdp_state_dict_find(sd, "optim.l1.weight.step"));
+            CHECK(t && t->dtype == FSDP_I64 && t->ndim == 0 && *(int64_t *)t->data == STEPS,
+                  "optim.l1.weight.step");
+            CHECK(fsdp_state_dict_find(sd, c->kind == FSDP_SGD ? "optim.l0.weight.momentum_buffer"
+                                                               : "optim.l0.weight.exp_avg") >= 0,
+                  "buffer key");
+            CHECK(fsdp_safetensors_save(g_bridge_path, sd, &err) == FSDP_SUCCESS, "save: %s",
+                  err.message);
+            ref_copy(&g_bridge_ref, &r);
+        }
+        if (rank != 0) {
+            fsdp_state_dict *none = (fsdp_state_dict *)&lg; /* overwritten with NULL */
+            CHECK(fsdp_zero_state_to_state_dict(z, 0, &none) == FSDP_SUCCESS && !none,
+                  "to_state_dict off rank 0");
+        } else {
+            fsdp_state_dict *again = NULL;
+            CHECK(fsdp_zero_state_to_state_dict(z, 0, &again) == FSDP_SUCCESS && again &&
+                      fsdp_state_dict_count(again) == fsdp_state_dict_count(sd),
+                  "to_state_dict again");
+            fsdp_state_dict_destroy(again);
+        }
+        goto done;
+    }
+    /* phase 1: every rank loads the file into a zero of another world size */
+    if (fsdp_safetensors_load(g_bridge_path, NULL, &sd, &err) != FSDP_SUCCESS) {
+        report(__FILE__, __LINE__, "rank %d: load: %s", rank, err.message);
+        goto done;
+    }
+    /* a dict missing one key is refused, naming it, and changes nothing */
+    {
+        int i, n = fsdp_state_dict_count(sd);
+        const char *drop = c->kind == FSDP_SGD ? "optim.l1.weight.momentum_buffer"
+                                               : "optim.l1.weight.exp_avg_sq";
+        CHECK(fsdp_state_dict_create(FSDP_SD_FULL, NULL, NULL, &bad) == FSDP_SUCCESS, "create");
+        for (i = 0; bad && i < n; i++) {
+            const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+            if (strcmp(t->name, drop) != 0)
+                CHECK(fsdp_state_dict_add(bad, t, 0) == FSDP_SUCCESS, "add");
+        }
+        CHECK(bad && fsdp_zero_state_from_state_dict(z, bad) == FSDP_CKPT_MISMATCH &&
+                  strstr(fsdp_zero_last_error(z), drop) != NULL,
+              "missing key refused: %s", fsdp_zero_last_error(z));
+        CHECK(fsdp_zero_state_bytes(z) == 0, "nothing loaded after the error");
+        CHECK(fsdp_zero_state_from_state_dict(z, NULL) == FSDP_INVALID_ARGS, "NULL dict");
+    }
+    CHECK(fsdp_zero_state_from_state_dict(z, sd) == FSDP_SUCCESS, "from_state_dict: %s",
+          fsdp_zero_last_error(z));
+    for (step = STEPS + 1; step <= STEPS + 3; step++) {
+        backward(rank, step, z, &e, &r);
+        if (fsdp_zero_step(z) != FSDP_SUCCESS || !ref_step(&r, comm)) {
+            report(__FILE__, __LINE__, "rank %d step %d: %s", rank, step, fsdp_zero_last_error(z));
+            goto done;
+        }
+        compare_params("bridge after load", c, rank, step, z, &r);
+    }
+    CHECK(lg.warns == 0, "no rebuild after the bridge load");
+done:
+    if (comm) fsdp_barrier(comm, NULL);
+    fsdp_state_dict_destroy(bad);
+    fsdp_state_dict_destroy(sd);
+    fsdp_zero_destroy(z);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    engine_free(&e);
+    ref_free(&r);
+    return 0;
+}
+
+static void test_state_dict_bridge(void)
+{
+    static const fsdp_optim_kind kinds[3] = {FSDP_ADAM, FSDP_SGD, FSDP_ADAMW};
+    const char *base = getenv("TMPDIR");
+    int k, fd;
+    snprintf(g_bridge_path, sizeof g_bridge_path, "%s/fsdp_zero_sd_XXXXXX",
+             base && base[0] ? base : "/tmp");
+    fd = mkstemp(g_bridge_path);
+    CHECK(fd >= 0, "mkstemp");
+    if (fd < 0) return;
+    close(fd);
+    for (k = 0; k < 3; k++) {
+        cfg c;
+        fsdp_local_desc ld;
+        int phase;
+        memset(&c, 0, sizeof c);
+        c.kind = kinds[k];
+        c.bucket = k != 1;
+        c.stage = k == 2 ? FSDP_ZERO_STAGE_2 : FSDP_ZERO_STAGE_1;
+        g_bridge_cfg = &c;
+        memset(&g_bridge_ref, 0, sizeof g_bridge_ref);
+        for (phase = 0; phase < 2; phase++) {
+            memset(&ld, 0, sizeof ld);
+            ld.nranks = phase == 0 ? 3 : (k == 1 ? 1 : 2);
+            ld.timeout_ms = 20000;
+            CHECK(fsdp_local_run(&ld, bridge_rank, &phase, NULL) == FSDP_SUCCESS,
+                  "fsdp_local_run");
+            if (phase == 0 && !g_bridge_ref.data[0]) break;
+        }
+        if (g_bridge_ref.data[0]) ref_free(&g_bridge_ref);
+    }
+    unlink(g_bridge_path);
+}
+
 int main(int argc, char **argv)
 {
     double t0 = now_s(), t;
@@ -943,6 +1115,7 @@ int main(int argc, char **argv)
     SECTION(test_errors);
     SECTION(test_oom);
     SECTION(test_equivalence);
+    SECTION(test_state_dict_bridge);
     printf("%d training runs in %.2f s\n", g_runs, now_s() - t0);
     printf("%ld passed, %ld failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
