@@ -65,10 +65,8 @@
 #ifdef FSDP_HAVE_GLOO
 #define FSDP_COMM_GLOO_IMPLEMENTATION
 #include "fsdp_comm_gloo.h"
-#include <ftw.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #endif
+#include "example_backend.h"
 
 /* --backend: 0 local (threads), 1 mpi (one process per rank), 2 gloo; rank
    is this process's rank (-1: local, or gloo's launcher) */
@@ -189,93 +187,35 @@ static void print_header(const gpt_config *c, const backend_opts *b, const fsdp_
     fflush(stdout);
 }
 
-#ifdef FSDP_HAVE_GLOO
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+/* Whether `size` MPI ranks can run this configuration. */
+static int gpt_check_world(void *user, int size, char *err, size_t nerr)
 {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
+    gpt_config *c = (gpt_config *)user;
+    c->ranks = size;
+    return gpt_check_config(c, err, nerr);
 }
-#endif
 
-/* Starts the chosen backend. Returns -1 when this process goes on as a rank
-   (b->rank set, c->ranks the world size), else an exit status: the Gloo
-   launcher's (it forks --ranks processes with a fresh store directory and
-   waits for them) or a failure's. Ranks other than 0 print nothing on
-   stdout, so the output is the same as with the local backend. */
-static int backend_start(gpt_config *c, backend_opts *b, int *argc, char ***argv)
+/* Starts the chosen backend (examples/example_backend.h): -1 when this
+   process goes on as a rank (b->rank set, c->ranks the world size), else an
+   exit status. */
+static int backend_start(gpt_config *c, backend_opts *bo, int *argc, char ***argv)
 {
-    (void)c, (void)argc, (void)argv;
-    if (b->backend == 0) return -1;
-    if (b->backend == 1) {
-#ifdef FSDP_HAVE_MPI
-        int provided = 0, size = 1;
-        char err[256];
-        if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
-            fprintf(stderr, "train_gpt: MPI_Init_thread failed\n");
-            return 1;
-        }
-        MPI_Comm_rank(MPI_COMM_WORLD, &b->rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        c->ranks = size;
-        if (!gpt_check_config(c, err, sizeof err)) {
-            if (b->rank == 0) fprintf(stderr, "train_gpt: %d MPI ranks: %s\n", size, err);
-            MPI_Finalize();
-            return 2;
-        }
-        if (b->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
-        return -1;
-#else
-        fprintf(stderr, "train_gpt: this build has no MPI backend (meson -Dmpi=enabled)\n");
-        return 2;
-#endif
-    }
-#ifdef FSDP_HAVE_GLOO
-    {
-        char dir[512];
-        const char *tmp = getenv("TMPDIR");
-        pid_t pids[GPT_MAX_RANKS];
-        int j, failed = 0, st;
-        if (b->rank >= 0) { /* one rank, started by the user */
-            if (!b->store_dir || b->rank >= c->ranks) {
-                fprintf(stderr, "train_gpt: --backend gloo --rank R needs --store-dir and R < "
-                        "--ranks\n");
-                return 2;
-            }
-            if (b->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
-            return -1;
-        }
-        snprintf(dir, sizeof dir, "%s/train_gpt_gloo_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(dir)) {
-            fprintf(stderr, "train_gpt: cannot create a store directory %s\n", dir);
-            return 1;
-        }
-        fflush(NULL);
-        for (j = 0; j < c->ranks; j++) {
-            pids[j] = fork();
-            if (pids[j] == 0) {
-                static char store[512];
-                memcpy(store, dir, sizeof store);
-                b->rank = j;
-                b->store_dir = store;
-                if (j > 0 && !freopen("/dev/null", "w", stdout)) _exit(1);
-                return -1;
-            }
-            if (pids[j] < 0) {
-                fprintf(stderr, "train_gpt: fork failed\n");
-                failed = 1;
-                break;
-            }
-        }
-        while (j-- > 0)
-            if (waitpid(pids[j], &st, 0) != pids[j] || !WIFEXITED(st) || WEXITSTATUS(st))
-                failed = 1;
-        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-        return failed;
-    }
-#else
-    fprintf(stderr, "train_gpt: this build has no Gloo backend (meson -Dgloo=enabled)\n");
-    return 2;
-#endif
+    example_backend b;
+    int r;
+    memset(&b, 0, sizeof b);
+    b.prog = "train_gpt";
+    b.backend = bo->backend;
+    b.rank = bo->rank;
+    b.ranks = c->ranks;
+    b.max_ranks = GPT_MAX_RANKS;
+    b.store_dir = bo->store_dir;
+    b.check = gpt_check_world;
+    b.user = c;
+    r = example_backend_start(&b, argc, argv);
+    bo->rank = b.rank;
+    c->ranks = b.ranks;
+    bo->store_dir = b.store_dir;
+    return r;
 }
 
 /* This process's rank on a distributed backend: its own CPU device and

@@ -50,10 +50,8 @@
 #ifdef FSDP_HAVE_GLOO
 #define FSDP_COMM_GLOO_IMPLEMENTATION
 #include "fsdp_comm_gloo.h"
-#include <ftw.h>
-#include <sys/wait.h>
-#include <unistd.h>
 #endif
+#include "example_backend.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -908,94 +906,36 @@ static int find_unit(const fsdp_units *units, const char *fqn)
     return -1;
 }
 
-#ifdef FSDP_HAVE_GLOO
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+/* Whether `size` MPI ranks can split the run. */
+static int mlp_check_world(void *user, int size, char *err, size_t nerr)
 {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
+    const config *c = (const config *)user;
+    if (size <= MAX_RANKS && c->batch % size == 0) return 1;
+    snprintf(err, nerr, "at most %d, and the global batch %d must split evenly", MAX_RANKS,
+             c->batch);
+    return 0;
 }
-#endif
 
-/* Starts the chosen backend. Returns -1 when this process goes on as a rank
-   (cfg->rank set, cfg->ranks the world size), else an exit status: the Gloo
-   launcher's (it forks --ranks processes with a fresh store directory and
-   waits for them) or a failure's. Ranks other than 0 print nothing on
-   stdout, so the output is the same as with the local backend. */
+/* Starts the chosen backend (examples/example_backend.h): -1 when this
+   process goes on as a rank, else an exit status. */
 static int backend_start(config *c, int *argc, char ***argv)
 {
-    (void)argc, (void)argv;
-    if (c->backend == 0) return -1;
-    if (c->backend == 1) {
-#ifdef FSDP_HAVE_MPI
-        int provided = 0, size = 1;
-        if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
-            fprintf(stderr, "train_mlp: MPI_Init_thread failed\n");
-            return 1;
-        }
-        MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
-        MPI_Comm_size(MPI_COMM_WORLD, &size);
-        c->ranks = size;
-        if (size > MAX_RANKS || c->batch % size) {
-            if (c->rank == 0)
-                fprintf(stderr, "train_mlp: %d MPI ranks: at most %d, and the global batch %d must "
-                        "split evenly\n", size, MAX_RANKS, c->batch);
-            MPI_Finalize();
-            return 2;
-        }
-        if (c->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
-        return -1;
-#else
-        fprintf(stderr, "train_mlp: this build has no MPI backend (meson -Dmpi=enabled)\n");
-        return 2;
-#endif
-    }
-#ifdef FSDP_HAVE_GLOO
-    {
-        char dir[512];
-        const char *tmp = getenv("TMPDIR");
-        pid_t pids[MAX_RANKS];
-        int j, failed = 0, st;
-        if (c->rank >= 0) { /* one rank, started by the user */
-            if (!c->store_dir || c->rank >= c->ranks) {
-                fprintf(stderr, "train_mlp: --backend gloo --rank R needs --store-dir and R < "
-                        "--ranks\n");
-                return 2;
-            }
-            if (c->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
-            return -1;
-        }
-        snprintf(dir, sizeof dir, "%s/train_mlp_gloo_XXXXXX", tmp && *tmp ? tmp : "/tmp");
-        if (!mkdtemp(dir)) {
-            fprintf(stderr, "train_mlp: cannot create a store directory %s\n", dir);
-            return 1;
-        }
-        fflush(NULL);
-        for (j = 0; j < c->ranks; j++) {
-            pids[j] = fork();
-            if (pids[j] == 0) {
-                static char store[512];
-                memcpy(store, dir, sizeof store);
-                c->rank = j;
-                c->store_dir = store;
-                if (j > 0 && !freopen("/dev/null", "w", stdout)) _exit(1);
-                return -1;
-            }
-            if (pids[j] < 0) {
-                fprintf(stderr, "train_mlp: fork failed\n");
-                failed = 1;
-                break;
-            }
-        }
-        while (j-- > 0)
-            if (waitpid(pids[j], &st, 0) != pids[j] || !WIFEXITED(st) || WEXITSTATUS(st))
-                failed = 1;
-        nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-        return failed;
-    }
-#else
-    fprintf(stderr, "train_mlp: this build has no Gloo backend (meson -Dgloo=enabled)\n");
-    return 2;
-#endif
+    example_backend b;
+    int r;
+    memset(&b, 0, sizeof b);
+    b.prog = "train_mlp";
+    b.backend = c->backend;
+    b.rank = c->rank;
+    b.ranks = c->ranks;
+    b.max_ranks = MAX_RANKS;
+    b.store_dir = c->store_dir;
+    b.check = mlp_check_world;
+    b.user = c;
+    r = example_backend_start(&b, argc, argv);
+    c->rank = b.rank;
+    c->ranks = b.ranks;
+    c->store_dir = b.store_dir;
+    return r;
 }
 
 int main(int argc, char **argv)

@@ -1,0 +1,122 @@
+/* The examples' process launcher for --backend local|mpi|gloo, shared by
+   train_mlp and train_gpt (include it after fsdp.h and, when built with them,
+   fsdp_comm_mpi.h / fsdp_comm_gloo.h). Ranks other than 0 print nothing on
+   stdout, so the output is the same as with the local backend. */
+#ifndef EXAMPLE_BACKEND_H
+#define EXAMPLE_BACKEND_H
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#ifdef FSDP_HAVE_GLOO
+#include <ftw.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#endif
+
+typedef struct example_backend {
+    const char *prog; /* for messages */
+    int backend;      /* 0 local (threads), 1 mpi (one process per rank), 2 gloo */
+    int rank;         /* this process's rank; -1: local, or gloo's launcher */
+    int ranks;        /* the world size (set from MPI under mpirun) */
+    int max_ranks;
+    const char *store_dir;
+    /* whether `size` MPI ranks can run; fills err when not */
+    int (*check)(void *user, int size, char *err, size_t nerr);
+    void *user;
+} example_backend;
+
+#ifdef FSDP_HAVE_GLOO
+static int example_rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
+#endif
+
+/* Returns -1 when this process goes on as a rank (b->rank set, b->ranks the
+   world size), else an exit status: the Gloo launcher's (it forks b->ranks
+   processes with a fresh store directory and waits for them) or a
+   failure's. */
+static int example_backend_start(example_backend *b, int *argc, char ***argv)
+{
+    (void)argc, (void)argv;
+    if (b->backend == 0) return -1;
+    if (b->backend == 1) {
+#ifdef FSDP_HAVE_MPI
+        int provided = 0, size = 1;
+        char err[256];
+        if (MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided) != MPI_SUCCESS) {
+            fprintf(stderr, "%s: MPI_Init_thread failed\n", b->prog);
+            return 1;
+        }
+        MPI_Comm_rank(MPI_COMM_WORLD, &b->rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        b->ranks = size;
+        if (!b->check(b->user, size, err, sizeof err)) {
+            if (b->rank == 0) fprintf(stderr, "%s: %d MPI ranks: %s\n", b->prog, size, err);
+            MPI_Finalize();
+            return 2;
+        }
+        if (b->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
+        return -1;
+#else
+        fprintf(stderr, "%s: this build has no MPI backend (meson -Dmpi=enabled)\n", b->prog);
+        return 2;
+#endif
+    }
+#ifdef FSDP_HAVE_GLOO
+    {
+        char dir[512];
+        const char *tmp = getenv("TMPDIR");
+        pid_t *pids;
+        int j, failed = 0, st;
+        if (b->rank >= 0) { /* one rank, started by the user */
+            if (!b->store_dir || b->rank >= b->ranks) {
+                fprintf(stderr, "%s: --backend gloo --rank R needs --store-dir and R < "
+                        "--ranks\n", b->prog);
+                return 2;
+            }
+            if (b->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
+            return -1;
+        }
+        if (b->ranks < 1 || b->ranks > b->max_ranks) return 2;
+        snprintf(dir, sizeof dir, "%s/%s_gloo_XXXXXX", tmp && *tmp ? tmp : "/tmp", b->prog);
+        if (!mkdtemp(dir)) {
+            fprintf(stderr, "%s: cannot create a store directory %s\n", b->prog, dir);
+            return 1;
+        }
+        pids = (pid_t *)calloc((size_t)b->ranks, sizeof *pids);
+        if (!pids) return 1;
+        fflush(NULL);
+        for (j = 0; j < b->ranks; j++) {
+            pids[j] = fork();
+            if (pids[j] == 0) {
+                static char store[512];
+                memcpy(store, dir, sizeof store);
+                free(pids);
+                b->rank = j;
+                b->store_dir = store;
+                if (j > 0 && !freopen("/dev/null", "w", stdout)) _exit(1);
+                return -1;
+            }
+            if (pids[j] < 0) {
+                fprintf(stderr, "%s: fork failed\n", b->prog);
+                failed = 1;
+                break;
+            }
+        }
+        while (j-- > 0)
+            if (waitpid(pids[j], &st, 0) != pids[j] || !WIFEXITED(st) || WEXITSTATUS(st))
+                failed = 1;
+        free(pids);
+        nftw(dir, example_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        return failed;
+    }
+#else
+    fprintf(stderr, "%s: this build has no Gloo backend (meson -Dgloo=enabled)\n", b->prog);
+    return 2;
+#endif
+}
+
+#endif
