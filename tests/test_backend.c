@@ -13,9 +13,16 @@
    reductions with the local backend's arithmetic, split, mismatch
    detection, a timeout, a tiny model trained with fsdp_ctx compared with
    the same training on the local backend (bitwise, same rank count) and on
-   one rank (1e-5), and the error cases (wrong world size; for Gloo a peer
-   that never arrives, a different world size and a peer that exits, each
-   an error within the timeout). Exit 0 when every check passed. */
+   one rank (1e-5), ZeRO (stages 1 and 2, with and without bucket views:
+   AdamW steps bitwise equal to the local backend's at the same rank count
+   and on every rank, the consolidated optimizer state, and a fresh
+   optimizer loaded from it stepping like the original), checkpoints of the
+   tiny model (a sharded one with optimizer state resumes bitwise like
+   uninterrupted training, a full one loads, and sharded ones reshard both
+   ways between the backend and the local backend at another world size),
+   and the error cases (wrong world size; for Gloo a peer that never
+   arrives, a different world size and a peer that exits, each an error
+   within the timeout). Exit 0 when every check passed. */
 #define _XOPEN_SOURCE 700
 #include "fsdp.h"
 /* the backends' implementations live in this file (fsdp.h's own is in
@@ -37,8 +44,8 @@
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-#ifdef FSDP_HAVE_GLOO
 #include <ftw.h>
+#ifdef FSDP_HAVE_GLOO
 #include <signal.h>
 #include <sys/wait.h>
 #endif
@@ -56,6 +63,13 @@ static atomic_int g_pass, g_fail;
             fputc('\n', stderr);                                                    \
         }                                                                           \
     } while (0)
+
+/* nftw's callback that removes a temporary directory tree, depth first */
+static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
+{
+    (void)sb, (void)flag, (void)ftw;
+    return remove(path);
+}
 
 static double now_ms(void)
 {
@@ -465,14 +479,29 @@ static void tiny_free(tiny *t)
     fsdp_model_destroy(t->model);
 }
 
-/* Trains STEPS steps of y = scale * (Wb (Wa x + ba)) on this rank's rows of
-   a fixed batch with SGD, then gathers every parameter into out (units a,
-   b, root, flat order). Returns 1 on success, msg says why not. */
-static int tiny_train(const tiny *t, fsdp_comm *comm, fsdp_device *dev, float *out, char *msg,
-                      size_t cap)
+/* Where a run of the tiny model starts, which steps' batches it trains on
+   (the batch depends on the step, so a resumed run continues where the
+   saved one stopped) and what it saves afterwards. */
+typedef struct tiny_plan {
+    const char *load;    /* a checkpoint (file: full, directory: sharded) with
+                            optimizer state to start from; NULL: init */
+    int first, steps;    /* the steps first .. first + steps - 1 */
+    const char *sharded; /* saves a sharded checkpoint with optimizer state */
+    const char *full;    /* saves a full checkpoint file with optimizer state */
+} tiny_plan;
+
+static const tiny_plan tiny_from_init = {NULL, 0, STEPS, NULL, NULL};
+
+/* Trains y = scale * (Wb (Wa x + ba)) on this rank's rows of each step's
+   batch with SGD (momentum, so a resume without the optimizer state shows),
+   as the plan says, then gathers every parameter into out (units a, b,
+   root, flat order). Returns 1 on success, msg says why not. */
+static int tiny_train_plan(const tiny *t, const tiny_plan *plan, fsdp_comm *comm,
+                           fsdp_device *dev, float *out, char *msg, size_t cap)
 {
     int rank = fsdp_comm_rank(comm), n = fsdp_comm_size(comm), step, i, o, k;
     int local = BATCH / n, row0 = rank * local, ok = 0;
+    const char *what = "training";
     fsdp_ctx_desc d;
     fsdp_ctx *ctx = NULL;
     fsdp_error err;
@@ -492,8 +521,15 @@ static int tiny_train(const tiny *t, fsdp_comm *comm, fsdp_device *dev, float *o
         snprintf(msg, cap, "fsdp_ctx_create: %s", err.message);
         return 0;
     }
-    if (fsdp_init_params(ctx, 11, init_choose, NULL) != FSDP_SUCCESS) goto fail;
-    for (step = 0; step < STEPS; step++) {
+    if (plan->load) {
+        what = "loading the checkpoint";
+        if (fsdp_ckpt_load(ctx, plan->load, FSDP_SD_OPTIM) != FSDP_SUCCESS) goto fail;
+    } else {
+        what = "initialising the parameters";
+        if (fsdp_init_params(ctx, 11, init_choose, NULL) != FSDP_SUCCESS) goto fail;
+    }
+    what = "training";
+    for (step = plan->first; step < plan->first + plan->steps; step++) {
         const float *wa, *ba, *wb, *sc;
         float *gwa, *gba, *gwb, *gsc;
         for (i = 0; i < local; i++)
@@ -553,6 +589,13 @@ static int tiny_train(const tiny *t, fsdp_comm *comm, fsdp_device *dev, float *o
         if (fsdp_end_backward(ctx, t->ua) || fsdp_end_backward(ctx, t->uroot) || fsdp_step(ctx))
             goto fail;
     }
+    what = "saving the sharded checkpoint";
+    if (plan->sharded &&
+        fsdp_ckpt_save(ctx, plan->sharded, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM) != FSDP_SUCCESS)
+        goto fail;
+    what = "saving the full checkpoint";
+    if (plan->full && fsdp_ckpt_save(ctx, plan->full, FSDP_SD_OPTIM) != FSDP_SUCCESS) goto fail;
+    what = "gathering the parameters";
     if (fsdp_summon_begin(ctx, t->ua, FSDP_SUMMON_OFFLOAD, out) ||
         fsdp_summon_end(ctx, t->ua) ||
         fsdp_summon_begin(ctx, t->ub, FSDP_SUMMON_OFFLOAD, out + t->numel[0]) ||
@@ -562,15 +605,22 @@ static int tiny_train(const tiny *t, fsdp_comm *comm, fsdp_device *dev, float *o
         goto fail;
     ok = 1;
 fail:
-    if (!ok) snprintf(msg, cap, "rank %d of %d: %s", rank, n, fsdp_ctx_last_error(ctx));
+    if (!ok) snprintf(msg, cap, "rank %d of %d, %s: %s", rank, n, what, fsdp_ctx_last_error(ctx));
     fsdp_ctx_destroy(ctx);
     return ok;
+}
+
+static int tiny_train(const tiny *t, fsdp_comm *comm, fsdp_device *dev, float *out, char *msg,
+                      size_t cap)
+{
+    return tiny_train_plan(t, &tiny_from_init, comm, dev, out, msg, cap);
 }
 
 #define TINY_N (HID * IN + HID + OUT * HID + OUT)
 
 typedef struct ref_job {
     const tiny *t;
+    const tiny_plan *plan;
     float *out; /* rank 0's result */
     int failed;
 } ref_job;
@@ -586,7 +636,7 @@ static int ref_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     (void)nranks;
     if (fsdp_device_cpu_create(NULL, &dev) == FSDP_SUCCESS &&
         fsdp_local_comm_create(world, rank, dev, &comm) == FSDP_SUCCESS)
-        ok = tiny_train(job->t, comm, dev, got, msg, sizeof msg);
+        ok = tiny_train_plan(job->t, job->plan, comm, dev, got, msg, sizeof msg);
     if (ok && rank == 0) memcpy(job->out, got, sizeof got);
     if (!ok) fprintf(stderr, "reference run: %s\n", msg);
     fsdp_comm_destroy(comm);
@@ -594,8 +644,8 @@ static int ref_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     return ok ? 0 : 1;
 }
 
-/* The same training on the local backend with nranks threads. */
-static int tiny_reference(const tiny *t, int nranks, float *out)
+/* The same run on the local backend with nranks threads. */
+static int tiny_reference_plan(const tiny *t, const tiny_plan *plan, int nranks, float *out)
 {
     fsdp_local_desc ld;
     ref_job job;
@@ -603,12 +653,18 @@ static int tiny_reference(const tiny *t, int nranks, float *out)
     memset(&ld, 0, sizeof ld);
     ld.nranks = nranks;
     job.t = t;
+    job.plan = plan;
     job.out = out;
     job.failed = 0;
     if (fsdp_local_run(&ld, ref_rank, &job, res) != FSDP_SUCCESS) return 0;
     for (j = 0; j < nranks; j++)
         if (res[j]) return 0;
     return 1;
+}
+
+static int tiny_reference(const tiny *t, int nranks, float *out)
+{
+    return tiny_reference_plan(t, &tiny_from_init, nranks, out);
 }
 
 static void test_runtime(fsdp_comm *c, fsdp_device *dev)
@@ -637,6 +693,461 @@ static void test_runtime(fsdp_comm *c, fsdp_device *dev)
     tiny_free(&t);
 }
 
+/* Elements of a and b (n floats) that differ bitwise; *first receives the
+   first one's index (-1: none). */
+static int count_diff(const float *a, const float *b, int n, int *first)
+{
+    int i, bad = 0;
+    *first = -1;
+    for (i = 0; i < n; i++)
+        if (memcmp(&a[i], &b[i], sizeof(float))) {
+            if (!bad++) *first = i;
+        }
+    return bad;
+}
+
+/* ---------------------------------------------------------------------- */
+/* ZeRO                                                                    */
+
+/* An uneven size (no rank count divides it), one that does, a small and a
+   one-element parameter: the greedy partition gives ranks several
+   parameters of mixed sizes, and at 4 ranks every rank owns something. */
+enum { ZP = 5, ZSTEPS = 3, ZERO_N = 1031 + 256 + 64 + 3 + 1 };
+static const int64_t zero_numel[ZP] = {1031, 256, 64, 3, 1};
+static const char *const zero_name[ZP] = {"l0.weight", "l1.weight", "l2.weight", "l0.bias",
+                                          "scale"};
+
+typedef struct zero_run {
+    fsdp_zero_stage stage;
+    int bucket;
+    float *out;                 /* ZERO_N: the parameters after ZSTEPS steps */
+    fsdp_state_dict *sd;        /* rank 0: the consolidated optimizer state */
+    /* optional (load non-NULL): a fresh zero with out's values loads this
+       full dict (the same on every rank); one more step of the original
+       goes to continued, of the fresh one to resumed (ZERO_N each) */
+    const fsdp_state_dict *load;
+    float *continued, *resumed;
+} zero_run;
+
+/* The initial values: the same on every rank. */
+static void zero_init(float *data)
+{
+    int i;
+    for (i = 0; i < ZERO_N; i++) data[i] = (float)(0.5 * gen(0, (size_t)i, 2900u));
+}
+
+static fsdp_result zero_make(const zero_run *zr, fsdp_comm *comm, fsdp_device *dev, float *data,
+                             float *grad, fsdp_error *err, fsdp_zero **out)
+{
+    fsdp_zero_param p[ZP];
+    fsdp_zero_desc d;
+    int64_t off = 0;
+    int i;
+    memset(p, 0, sizeof p);
+    for (i = 0; i < ZP; i++) {
+        p[i].name = zero_name[i];
+        p[i].data = data + off;
+        p[i].grad = grad + off;
+        p[i].numel = zero_numel[i];
+        off += zero_numel[i];
+    }
+    memset(&d, 0, sizeof d);
+    d.hooks.error = err;
+    d.comm = comm;
+    d.device = dev;
+    d.params = p;
+    d.nparams = ZP;
+    d.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    d.optim.lr = 0.01;
+    d.parameters_as_bucket_view = zr->bucket;
+    d.stage = zr->stage;
+    return fsdp_zero_create(&d, out);
+}
+
+/* One step. The gradients depend on the rank and on the parameters this
+   rank holds, so a parameter that was not broadcast to every rank changes
+   the next step's result. */
+static int zero_step(fsdp_zero *z, float *grad, int rank, int step)
+{
+    int p;
+    int64_t k, off = 0;
+    for (p = 0; p < ZP; off += zero_numel[p], p++) {
+        const float *w = fsdp_zero_param_data(z, p);
+        if (!w) return 0;
+        for (k = 0; k < zero_numel[p]; k++)
+            grad[off + k] = (float)(0.25 * gen(rank, (size_t)k, 3000u + 8u * (unsigned)step +
+                                                                   (unsigned)p)) + 0.5f * w[k];
+    }
+    return fsdp_zero_step(z) == FSDP_SUCCESS;
+}
+
+static int zero_params(fsdp_zero *z, float *out)
+{
+    int p;
+    int64_t off = 0;
+    for (p = 0; p < ZP; off += zero_numel[p], p++) {
+        const float *w = fsdp_zero_param_data(z, p);
+        if (!w) return 0;
+        memcpy(out + off, w, (size_t)zero_numel[p] * sizeof(float));
+    }
+    return 1;
+}
+
+/* Runs the steps (and the optional round trip) on this rank. Returns 1 on
+   success, msg says why not. */
+static int zero_train(zero_run *zr, fsdp_comm *comm, fsdp_device *dev, char *msg, size_t cap)
+{
+    int rank = fsdp_comm_rank(comm), step, ok = 0;
+    float *data = (float *)calloc(4 * (size_t)ZERO_N, sizeof(float));
+    float *grad = data + ZERO_N, *data2 = grad + ZERO_N, *grad2 = data2 + ZERO_N;
+    fsdp_zero *z = NULL, *z2 = NULL;
+    fsdp_error err;
+    const char *what = "fsdp_zero_create";
+    memset(&err, 0, sizeof err);
+    if (!data) {
+        snprintf(msg, cap, "out of memory");
+        return 0;
+    }
+    zero_init(data);
+    if (zero_make(zr, comm, dev, data, grad, &err, &z) != FSDP_SUCCESS) goto fail;
+    what = "step";
+    for (step = 0; step < ZSTEPS; step++)
+        if (!zero_step(z, grad, rank, step)) goto fail;
+    what = "reading the parameters";
+    if (!zero_params(z, zr->out)) goto fail;
+    what = "fsdp_zero_state_to_state_dict";
+    if (fsdp_zero_state_to_state_dict(z, 0, rank == 0 ? &zr->sd : NULL) != FSDP_SUCCESS) goto fail;
+    if (zr->load) {
+        memcpy(data2, zr->out, (size_t)ZERO_N * sizeof(float));
+        what = "creating the zero to load into";
+        if (zero_make(zr, comm, dev, data2, grad2, &err, &z2) != FSDP_SUCCESS) goto fail;
+        what = "fsdp_zero_state_from_state_dict";
+        if (fsdp_zero_state_from_state_dict(z2, zr->load) != FSDP_SUCCESS) goto fail;
+        what = "the step after the round trip";
+        if (!zero_step(z, grad, rank, ZSTEPS) || !zero_step(z2, grad2, rank, ZSTEPS) ||
+            !zero_params(z, zr->continued) || !zero_params(z2, zr->resumed))
+            goto fail;
+    }
+    ok = 1;
+fail:
+    if (!ok)
+        snprintf(msg, cap, "rank %d, %s: %s", rank, what,
+                 z2 ? fsdp_zero_last_error(z2) : z ? fsdp_zero_last_error(z) : err.message);
+    fsdp_zero_destroy(z2);
+    fsdp_zero_destroy(z);
+    free(data);
+    return ok;
+}
+
+typedef struct zero_ref {
+    const zero_run *cfg; /* stage and bucket views */
+    float *out;          /* rank 0's parameters */
+    fsdp_state_dict *sd; /* rank 0's consolidated state */
+} zero_ref;
+
+static int zero_ref_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    zero_ref *job = (zero_ref *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    zero_run zr;
+    char msg[FSDP_ERROR_MAX + 64] = "";
+    int ok = 0;
+    (void)nranks;
+    memset(&zr, 0, sizeof zr);
+    zr.stage = job->cfg->stage;
+    zr.bucket = job->cfg->bucket;
+    zr.out = (float *)malloc((size_t)ZERO_N * sizeof(float));
+    if (zr.out && fsdp_device_cpu_create(NULL, &dev) == FSDP_SUCCESS &&
+        fsdp_local_comm_create(world, rank, dev, &comm) == FSDP_SUCCESS)
+        ok = zero_train(&zr, comm, dev, msg, sizeof msg);
+    if (ok && rank == 0) {
+        memcpy(job->out, zr.out, (size_t)ZERO_N * sizeof(float));
+        job->sd = zr.sd;
+    } else {
+        fsdp_state_dict_destroy(zr.sd);
+    }
+    if (!ok) fprintf(stderr, "ZeRO reference run: %s\n", msg);
+    free(zr.out);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return ok ? 0 : 1;
+}
+
+/* The same ZeRO run on the local backend with nranks threads: rank 0's
+   parameters into out, its consolidated state into *sd. */
+static int zero_reference(const zero_run *cfg, int nranks, float *out, fsdp_state_dict **sd)
+{
+    fsdp_local_desc ld;
+    zero_ref job;
+    int res[8] = {0}, j;
+    memset(&ld, 0, sizeof ld);
+    ld.nranks = nranks;
+    job.cfg = cfg;
+    job.out = out;
+    job.sd = NULL;
+    if (fsdp_local_run(&ld, zero_ref_rank, &job, res) != FSDP_SUCCESS) return 0;
+    *sd = job.sd;
+    for (j = 0; j < nranks; j++)
+        if (res[j]) return 0;
+    return job.sd != NULL;
+}
+
+/* Bitwise equal state dicts (same keys, shapes and data); msg names the
+   first difference. */
+static int sd_equal(const fsdp_state_dict *a, const fsdp_state_dict *b, char *msg)
+{
+    int i, n;
+    if (!a || !b) {
+        snprintf(msg, FSDP_ERROR_MAX, "%s dict is missing", a ? "the reference's" : "this");
+        return 0;
+    }
+    if (fsdp_state_dict_compare(a, b, msg) != FSDP_SUCCESS) return 0;
+    n = fsdp_state_dict_count(a);
+    for (i = 0; i < n; i++) {
+        const fsdp_tensor *ta = fsdp_state_dict_tensor(a, i), *tb = fsdp_state_dict_tensor(b, i);
+        size_t bytes = (size_t)ta->numel * fsdp_dtype_size(ta->dtype);
+        if (ta->numel != tb->numel || memcmp(ta->data, tb->data, bytes)) {
+            snprintf(msg, FSDP_ERROR_MAX, "the data of '%s' differs", ta->name);
+            return 0;
+        }
+    }
+    return 1;
+}
+
+static void test_zero(fsdp_comm *c, fsdp_device *dev)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c), stage, bucket, p, bad, first;
+    float *buf = (float *)malloc(6 * (size_t)ZERO_N * sizeof(float));
+    float *init = buf, *ref = init + ZERO_N, *mine = ref + ZERO_N, *root = mine + ZERO_N;
+    float *cont = root + ZERO_N, *res = cont + ZERO_N;
+    char msg[FSDP_ERROR_MAX + 64];
+    if (!buf) {
+        CHECK(0, r, "ZeRO: out of memory");
+        return;
+    }
+    zero_init(init);
+    for (stage = 1; stage <= 2; stage++)
+        for (bucket = 0; bucket < 2; bucket++) {
+            zero_run zr;
+            fsdp_state_dict *ref_sd = NULL;
+            int trained, ref_ok;
+            int64_t off = 0;
+            memset(&zr, 0, sizeof zr);
+            zr.stage = stage == 1 ? FSDP_ZERO_STAGE_1 : FSDP_ZERO_STAGE_2;
+            zr.bucket = bucket;
+            ref_ok = zero_reference(&zr, n, ref, &ref_sd);
+            CHECK(ref_ok, r, "ZeRO stage %d bucket view %d: the local reference with %d ranks "
+                  "failed", stage, bucket, n);
+            zr.out = mine;
+            zr.load = ref_sd;
+            zr.continued = cont;
+            zr.resumed = res;
+            msg[0] = 0;
+            trained = zero_train(&zr, c, dev, msg, sizeof msg);
+            CHECK(trained, r, "ZeRO stage %d bucket view %d: %s", stage, bucket, msg);
+            /* every rank takes part in the broadcast, whatever happened here */
+            memcpy(root, mine, (size_t)ZERO_N * sizeof(float));
+            CHECK(fsdp_broadcast(c, root, root, ZERO_N, FSDP_F32, 0, NULL) == FSDP_SUCCESS, r,
+                  "ZeRO: broadcast of rank 0's parameters: %s", fsdp_comm_last_error(c));
+            if (trained) {
+                for (p = 0; p < ZP; off += zero_numel[p], p++) {
+                    bad = count_diff(mine + off, init + off, (int)zero_numel[p], &first);
+                    CHECK(bad > 0, r, "ZeRO stage %d bucket view %d: '%s' did not change in %d "
+                          "steps", stage, bucket, zero_name[p], ZSTEPS);
+                }
+                bad = count_diff(mine, root, ZERO_N, &first);
+                CHECK(bad == 0, r, "ZeRO stage %d bucket view %d: %d parameter elements differ "
+                      "from rank 0's (first at %d)", stage, bucket, bad, first);
+            }
+            if (trained && ref_ok) {
+                bad = count_diff(mine, ref, ZERO_N, &first);
+                CHECK(bad == 0, r, "ZeRO stage %d bucket view %d: %d parameter elements differ "
+                      "from the local backend's at %d ranks (bitwise; first at %d)", stage,
+                      bucket, bad, n, first);
+                if (r == 0) {
+                    /* AdamW keeps exp_avg, exp_avg_sq and step per parameter */
+                    CHECK(zr.sd && fsdp_state_dict_count(zr.sd) == 3 * ZP, r,
+                          "ZeRO stage %d bucket view %d: the consolidated state has %d tensors, "
+                          "want %d", stage, bucket, zr.sd ? fsdp_state_dict_count(zr.sd) : -1,
+                          3 * ZP);
+                    CHECK(sd_equal(zr.sd, ref_sd, msg), r,
+                          "ZeRO stage %d bucket view %d: the consolidated optimizer state "
+                          "differs from the local backend's: %s", stage, bucket, msg);
+                }
+                bad = count_diff(res, cont, ZERO_N, &first);
+                CHECK(bad == 0, r, "ZeRO stage %d bucket view %d: after "
+                      "fsdp_zero_state_from_state_dict a step gives %d parameter elements that "
+                      "differ from the original's step (first at %d)", stage, bucket, bad, first);
+            }
+            fsdp_state_dict_destroy(zr.sd);
+            fsdp_state_dict_destroy(ref_sd);
+        }
+    free(buf);
+}
+
+/* ---------------------------------------------------------------------- */
+/* checkpoints of the tiny model                                           */
+
+/* The unit of a flat index of tiny_train's output, for messages. */
+static const char *tiny_unit_of(const tiny *t, int i)
+{
+    return i < 0 ? "-" : i < t->numel[0] ? "a" : i < t->numel[0] + t->numel[1] ? "b" : "root";
+}
+
+/* Checks got against want bitwise; what names the comparison. */
+static void check_same(const tiny *t, int r, const float *got, const float *want,
+                       const char *what)
+{
+    int first, bad = count_diff(got, want, TINY_N, &first);
+    CHECK(bad == 0, r, "%s: %d of %d parameters differ bitwise (first: element %d of unit %s)",
+          what, bad, TINY_N, first, tiny_unit_of(t, first));
+}
+
+static void test_ckpt(fsdp_comm *c, fsdp_device *dev)
+{
+    static const int worlds[] = {1, 2, 3, 4, 6};
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c), j, ok, saved_ok, done;
+    /* the local world size of (b): another than n, more ranks than the
+       backend at 4 */
+    int m = n == 4 ? 6 : n + 1;
+    int32_t status;
+    tiny t;
+    tiny_plan plan;
+    char dir[256], sharded[320], full[320], other[320], what[128];
+    char msg[FSDP_ERROR_MAX + 64] = "";
+    const char *tmp = getenv("TMPDIR");
+    float saved[TINY_N], straight[TINY_N], got[TINY_N], want[TINY_N];
+    if (BATCH % n) return;
+    if (!tiny_build(&t)) {
+        CHECK(0, r, "cannot build the tiny model");
+        return;
+    }
+    /* one directory for every rank: rank 0's name, broadcast (an empty
+       name tells every rank that it could not be created) */
+    memset(dir, 0, sizeof dir);
+    if (r == 0) {
+        snprintf(dir, sizeof dir, "%s/fsdp_ckpt_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+        if (!mkdtemp(dir)) {
+            CHECK(0, r, "checkpoints: mkdtemp %s failed", dir);
+            dir[0] = 0;
+        }
+    }
+    CHECK(fsdp_broadcast(c, dir, dir, sizeof dir, FSDP_U8, 0, NULL) == FSDP_SUCCESS, r,
+          "checkpoints: broadcast of the directory: %s", fsdp_comm_last_error(c));
+    dir[sizeof dir - 1] = 0;
+    if (!dir[0]) {
+        tiny_free(&t);
+        return;
+    }
+    snprintf(sharded, sizeof sharded, "%s/sharded_%d", dir, n);
+    snprintf(full, sizeof full, "%s/full.safetensors", dir);
+    snprintf(other, sizeof other, "%s/local_%d", dir, m);
+
+    /* saves on the backend after STEPS: sharded with optimizer state, full */
+    memset(&plan, 0, sizeof plan);
+    plan.steps = STEPS;
+    plan.sharded = sharded;
+    plan.full = full;
+    saved_ok = tiny_train_plan(&t, &plan, c, dev, saved, msg, sizeof msg);
+    CHECK(saved_ok, r, "checkpoints: training and saving: %s", msg);
+    CHECK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, r, "checkpoints: barrier after saving: %s",
+          fsdp_comm_last_error(c));
+
+    /* resume: STEPS, save, load, 2 more == STEPS + 2 straight */
+    memset(&plan, 0, sizeof plan);
+    plan.steps = STEPS + 2;
+    ok = tiny_train_plan(&t, &plan, c, dev, straight, msg, sizeof msg);
+    CHECK(ok, r, "checkpoints: %d steps straight: %s", STEPS + 2, msg);
+    plan.load = sharded;
+    plan.first = STEPS;
+    plan.steps = 2;
+    done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
+    CHECK(done, r, "checkpoints: resuming from the sharded checkpoint: %s", msg);
+    if (done && ok && saved_ok)
+        check_same(&t, r, got, straight,
+                   "resumed from the sharded checkpoint vs trained straight");
+
+    /* the full file: the saved parameters, and it resumes as well */
+    plan.load = full;
+    plan.first = 0;
+    plan.steps = 0;
+    done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
+    CHECK(done, r, "checkpoints: loading the full checkpoint: %s", msg);
+    if (done && saved_ok) check_same(&t, r, got, saved, "loaded from the full checkpoint vs saved");
+    plan.first = STEPS;
+    plan.steps = 2;
+    done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
+    CHECK(done, r, "checkpoints: resuming from the full checkpoint: %s", msg);
+    if (done && ok && saved_ok)
+        check_same(&t, r, got, straight, "resumed from the full checkpoint vs trained straight");
+
+    /* (a) the backend's sharded checkpoint at other world sizes, on the
+       local backend (rank 0 alone: the others have nothing to add) */
+    if (r == 0 && saved_ok)
+        for (j = 0; j < (int)(sizeof worlds / sizeof *worlds); j++) {
+            if (worlds[j] == n) continue;
+            memset(&plan, 0, sizeof plan);
+            plan.load = sharded;
+            done = tiny_reference_plan(&t, &plan, worlds[j], got);
+            CHECK(done, r, "checkpoints: loading the %d-rank sharded checkpoint on the local "
+                  "backend at %d ranks failed", n, worlds[j]);
+            snprintf(what, sizeof what, "saved at %d ranks, loaded at %d on the local backend", n,
+                     worlds[j]);
+            if (done) check_same(&t, r, got, saved, what);
+        }
+
+    /* (b) the other way: rank 0 saves at m ranks of the local backend,
+       every rank loads it on the backend */
+    status = 0;
+    if (r == 0) {
+        memset(&plan, 0, sizeof plan);
+        plan.steps = STEPS;
+        plan.sharded = other;
+        status = tiny_reference_plan(&t, &plan, m, got);
+        CHECK(status, r, "checkpoints: training and saving at %d ranks on the local backend "
+              "failed", m);
+    }
+    CHECK(fsdp_broadcast(c, &status, &status, 1, FSDP_I32, 0, NULL) == FSDP_SUCCESS, r,
+          "checkpoints: broadcast of rank 0's status: %s", fsdp_comm_last_error(c));
+    CHECK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, r, "checkpoints: barrier after the local save: %s",
+          fsdp_comm_last_error(c));
+    if (status) {
+        memset(&plan, 0, sizeof plan);
+        plan.steps = STEPS;
+        ok = tiny_reference_plan(&t, &plan, m, want);
+        CHECK(ok, r, "checkpoints: the local reference at %d ranks failed", m);
+        plan.load = other;
+        plan.steps = 0;
+        done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
+        CHECK(done, r, "checkpoints: loading the %d-rank sharded checkpoint: %s", m, msg);
+        snprintf(what, sizeof what, "saved at %d ranks on the local backend, loaded at %d", m, n);
+        if (done && ok) check_same(&t, r, got, want, what);
+        /* the resharded optimizer state: 2 more steps here equal the
+           same resume on the local backend at n ranks */
+        plan.first = STEPS;
+        plan.steps = 2;
+        done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
+        CHECK(done, r, "checkpoints: resuming from the %d-rank sharded checkpoint: %s", m, msg);
+        ok = tiny_reference_plan(&t, &plan, n, want);
+        CHECK(ok, r, "checkpoints: the local resume from the %d-rank checkpoint at %d ranks "
+              "failed", m, n);
+        snprintf(what, sizeof what, "resumed from the %d-rank checkpoint vs the same on the local "
+                 "backend at %d ranks", m, n);
+        if (done && ok) check_same(&t, r, got, want, what);
+    } else if (r != 0) {
+        CHECK(0, r, "checkpoints: rank 0 could not save at %d ranks", m);
+    }
+
+    /* everyone is done reading before rank 0 removes the directory */
+    CHECK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, r, "checkpoints: final barrier: %s",
+          fsdp_comm_last_error(c));
+    if (r == 0)
+        CHECK(nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) == 0, r,
+              "checkpoints: cannot remove %s", dir);
+    tiny_free(&t);
+}
+
 /* ---------------------------------------------------------------------- */
 /* per rank                                                                */
 
@@ -659,6 +1170,8 @@ static void run_common(fsdp_comm *c, fsdp_device *dev)
     test_async(c, dev, &salt);
     test_split(c);
     test_runtime(c, dev);
+    test_zero(c, dev);
+    test_ckpt(c, dev);
     test_mismatch(c);
 }
 
@@ -850,12 +1363,6 @@ static int gloo_rank(const char *dir, int rank, int size, const char *scenario)
     fsdp_comm_destroy(comm);
     fsdp_device_destroy(dev);
     return 0;
-}
-
-static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
 }
 
 /* Forks the ranks with a fresh store directory and waits for them all. */
