@@ -60,7 +60,7 @@
 #include <stdint.h>
 
 #define FSDP_VERSION_MAJOR 0
-#define FSDP_VERSION_MINOR 4
+#define FSDP_VERSION_MINOR 5
 #define FSDP_VERSION_PATCH 0
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -803,6 +803,16 @@ typedef struct fsdp_ctx_desc {
     int ngroups;
     fsdp_group_fn group_fn;
     void *group_user;
+    /* FSDP's CPUOffload(offload_params=True): the f32 master shards, their
+       low-precision copies, the sharded gradients and the optimizer state
+       live in pinned host memory (fsdp_device_host_alloc) and the optimizer
+       step runs on the host. Each gather copies the shard to the device on
+       the comm stream, so prefetching overlaps the copy with compute; each
+       reduced gradient shard is copied back on the same stream. The device
+       keeps only the unsharded pool and the reduction scratch. */
+    int cpu_offload;
+    int offload_threads;       /* host threads of the offloaded optimizer step
+                                  (the caller's thread is one); 0: 2 */
 } fsdp_ctx_desc;
 
 /* Creates the context and allocates everything the plan holds: sharded f32
@@ -817,7 +827,8 @@ FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *ctx);
 FSDP_API fsdp_unit_state fsdp_ctx_unit_state(const fsdp_ctx *ctx, int unit);
 
 /* Per-rank memory, planned when the context is created: every byte the
-   context allocates is in one of these, through the device's allocator. */
+   context allocates is in one of these, through the device's allocator
+   (device memory, and with cpu_offload pinned host memory). */
 typedef struct fsdp_memory_plan {
     size_t sharded_params;   /* f32 master shards */
     size_t low_precision;    /* shards in the gathered dtype, when it differs */
@@ -825,7 +836,13 @@ typedef struct fsdp_memory_plan {
     size_t optimizer_state;  /* exp_avg, exp_avg_sq, ... */
     size_t pool;             /* unsharded parameters and gradients */
     size_t scratch;          /* reduction staging in the reduce dtype */
-    size_t total;
+    size_t host_staging;     /* cpu_offload: pinned staging of reduced
+                                gradients that are added on the host */
+    size_t total;            /* device bytes: the fields above, except those
+                                cpu_offload keeps in pinned host memory */
+    size_t host_total;       /* pinned host bytes: with cpu_offload the
+                                sharded params, low precision, sharded grads,
+                                optimizer state and host staging; else 0 */
     int pool_slots;          /* shared unsharded buffers */
     int resident_units;      /* units with their own unsharded buffers */
 } fsdp_memory_plan;
@@ -925,7 +942,8 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *ctx, int unit);
 FSDP_API void fsdp_divide_factors(int world, double *pre, double *post);
 
 /* The local shard of a unit: f32 master parameters and gradients, S elements
-   (fsdp_unit_shard's shard_numel); device memory. For tests and tools. */
+   (fsdp_unit_shard's shard_numel); device memory, or pinned host memory with
+   cpu_offload. For tests and tools. */
 FSDP_API float *fsdp_shard_params(fsdp_ctx *ctx, int unit);
 FSDP_API float *fsdp_shard_grads(fsdp_ctx *ctx, int unit);
 FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *ctx, int unit, fsdp_shard_layout *out);
@@ -5982,6 +6000,12 @@ struct fsdp_ctx {
     int nslots;
     void *red_in, *red_out;
     size_t red_in_bytes, red_out_bytes;
+    /* cpu_offload */
+    int offload, othreads, othreads_set;
+    void *off_f32;       /* device: a 16-bit reduced gradient widened to f32 */
+    size_t off_f32_bytes;
+    void *hstage;        /* pinned: a reduced gradient added on the host */
+    size_t hstage_bytes;
     fsdp_memory_plan plan;
     fsdp_training_state state;
     fsdp_optim_config groups[FSDP__MAX_GROUPS];
@@ -6114,6 +6138,48 @@ FSDP__DEF void fsdp__free_dev(fsdp_ctx *c, void *p, size_t bytes)
     if (p) fsdp_device_free(c->dev, p, bytes);
 }
 
+/* The shard-sized buffers (master, low precision, gradient, optimizer
+   state): device memory, or pinned host memory with cpu_offload. */
+FSDP__DEF fsdp_result fsdp__alloc_shard(fsdp_ctx *c, size_t bytes, void **out, size_t *counter)
+{
+    fsdp_result r;
+    if (!c->offload) return fsdp__alloc_dev(c, bytes, out, counter);
+    *out = NULL;
+    if (!bytes) return FSDP_SUCCESS;
+    r = fsdp_device_host_alloc(c->dev, bytes, out);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "allocating the offloaded shards (pinned)");
+    *counter += bytes;
+    c->plan.host_total += bytes;
+    memset(*out, 0, bytes);
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF void fsdp__free_shard(fsdp_ctx *c, void *p, size_t bytes)
+{
+    if (!p) return;
+    if (c->offload) fsdp_device_host_free(c->dev, p, bytes);
+    else fsdp_device_free(c->dev, p, bytes);
+}
+
+/* NO_SHARD without offload computes on the shard itself: its parameters are
+   always "gathered". */
+FSDP__DEF int fsdp__shard_is_view(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    return cu->strat == FSDP_NO_SHARD && !c->offload;
+}
+
+/* The copy direction between a buffer of the context's shards and one in
+   device memory. */
+FSDP__DEF fsdp_copy_kind fsdp__to_shard(const fsdp_ctx *c)
+{
+    return c->offload ? FSDP_COPY_D2H : FSDP_COPY_D2D;
+}
+
+FSDP__DEF fsdp_copy_kind fsdp__from_shard(const fsdp_ctx *c)
+{
+    return c->offload ? FSDP_COPY_H2D : FSDP_COPY_D2D;
+}
+
 FSDP__DEF size_t fsdp__shard_bytes(const fsdp__cunit *cu, size_t elem)
 {
     return (size_t)cu->S * elem;
@@ -6127,10 +6193,10 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     if (c->cs) fsdp_stream_synchronize(c->dev, c->cs);
     for (i = 0; i < c->nunits && c->u; i++) {
         fsdp__cunit *cu = &c->u[i];
-        fsdp__free_dev(c, cu->master, fsdp__shard_bytes(cu, 4));
-        fsdp__free_dev(c, cu->grad, fsdp__shard_bytes(cu, 4));
-        fsdp__free_dev(c, cu->lp, fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt)));
-        for (k = 0; k < 4; k++) fsdp__free_dev(c, cu->ostate[k], fsdp__shard_bytes(cu, 4));
+        fsdp__free_shard(c, cu->master, fsdp__shard_bytes(cu, 4));
+        fsdp__free_shard(c, cu->grad, fsdp__shard_bytes(cu, 4));
+        fsdp__free_shard(c, cu->lp, fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt)));
+        for (k = 0; k < 4; k++) fsdp__free_shard(c, cu->ostate[k], fsdp__shard_bytes(cu, 4));
         fsdp__free_dev(c, cu->res_base, cu->res_bytes);
         if (cu->ag_ev) fsdp_event_destroy(c->dev, cu->ag_ev);
         if (cu->rs_ev) fsdp_event_destroy(c->dev, cu->rs_ev);
@@ -6143,6 +6209,8 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     }
     fsdp__free_dev(c, c->red_in, c->red_in_bytes);
     fsdp__free_dev(c, c->red_out, c->red_out_bytes);
+    fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
+    if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
     if (c->cs) fsdp_stream_destroy(c->dev, c->cs);
     if (c->shard_comm) fsdp_comm_destroy(c->shard_comm);
@@ -6213,6 +6281,16 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
     c->prefetch_fwd = !d->disable_forward_prefetch;
     c->prefetch_bwd = !d->disable_backward_prefetch;
     c->plan_no_sync = d->plan_no_sync;
+    c->offload = d->cpu_offload != 0;
+    c->othreads = d->offload_threads > 0 ? d->offload_threads : 2;
+    c->othreads_set = d->offload_threads > 0;
+    if (d->offload_threads < 0 || d->offload_threads > 256) {
+        fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                          "fsdp_ctx_create: offload_threads %d must be 0..256",
+                          d->offload_threads);
+        fsdp_ctx_destroy(c);
+        return FSDP_INVALID_ARGS;
+    }
     if (d->ngroups) {
         c->ngroups = d->ngroups;
         for (i = 0; i < d->ngroups; i++) c->groups[i] = d->groups[i];
@@ -6331,31 +6409,38 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
             size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
             if (b > red_out) red_out = b;
         }
+        if (c->offload && ui->requires_grad) {
+            size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
+            if (b > c->hstage_bytes) c->hstage_bytes = b;
+            if (cu->rdt != FSDP_F32 && (size_t)cu->S * 4 > c->off_f32_bytes)
+                c->off_f32_bytes = (size_t)cu->S * 4;
+        }
     }
     /* allocate the plan */
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
         unsigned mask = fsdp_optim_state_mask(&c->groups[0]);
         for (k = 1; k < c->ngroups; k++) mask |= fsdp_optim_state_mask(&c->groups[k]);
-        if ((r = fsdp__alloc_dev(c, fsdp__shard_bytes(cu, 4), (void **)&cu->master,
-                                 &c->plan.sharded_params)) != FSDP_SUCCESS)
+        if ((r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, 4), (void **)&cu->master,
+                                   &c->plan.sharded_params)) != FSDP_SUCCESS)
             goto fail;
         if (cu->pdt != FSDP_F32 &&
-            (r = fsdp__alloc_dev(c, fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt)), &cu->lp,
-                                 &c->plan.low_precision)) != FSDP_SUCCESS)
+            (r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt)), &cu->lp,
+                                   &c->plan.low_precision)) != FSDP_SUCCESS)
             goto fail;
         if (cu->info->requires_grad) {
-            if ((r = fsdp__alloc_dev(c, fsdp__shard_bytes(cu, 4), (void **)&cu->grad,
-                                     &c->plan.sharded_grads)) != FSDP_SUCCESS)
+            if ((r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, 4), (void **)&cu->grad,
+                                       &c->plan.sharded_grads)) != FSDP_SUCCESS)
                 goto fail;
             for (k = 0; k < 4; k++)
                 if ((mask >> k) & 1u)
-                    if ((r = fsdp__alloc_dev(c, fsdp__shard_bytes(cu, 4), (void **)&cu->ostate[k],
-                                             &c->plan.optimizer_state)) != FSDP_SUCCESS)
+                    if ((r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, 4),
+                                               (void **)&cu->ostate[k],
+                                               &c->plan.optimizer_state)) != FSDP_SUCCESS)
                         goto fail;
         }
         if (cu->resident) {
-            if (cu->strat == FSDP_NO_SHARD) {
+            if (cu->strat == FSDP_NO_SHARD && !c->offload) {
                 /* parameters are the shard itself; the block holds the
                    gradient, or an f32 copy while summoned (so a summon
                    without writeback cannot change the master) */
@@ -6395,12 +6480,23 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
     c->red_in_bytes = red_in;
     c->red_out_bytes = red_out;
     if ((r = fsdp__alloc_dev(c, red_in, &c->red_in, &c->plan.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, red_out, &c->red_out, &c->plan.scratch)) != FSDP_SUCCESS)
+        (r = fsdp__alloc_dev(c, red_out, &c->red_out, &c->plan.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, c->off_f32_bytes, &c->off_f32, &c->plan.scratch)) !=
+            FSDP_SUCCESS)
         goto fail;
+    if (c->hstage_bytes) {
+        size_t hb = c->hstage_bytes;
+        c->hstage_bytes = 0;
+        if ((r = fsdp__alloc_shard(c, hb, &c->hstage, &c->plan.host_staging)) != FSDP_SUCCESS)
+            goto fail;
+        c->hstage_bytes = hb;
+    }
     c->plan.pool_slots = c->nslots;
     c->plan.resident_units = nres;
-    c->plan.total = c->plan.sharded_params + c->plan.low_precision + c->plan.sharded_grads +
-                    c->plan.optimizer_state + c->plan.pool + c->plan.scratch;
+    c->plan.total = c->plan.pool + c->plan.scratch;
+    if (!c->offload)
+        c->plan.total += c->plan.sharded_params + c->plan.low_precision +
+                         c->plan.sharded_grads + c->plan.optimizer_state;
     /* fqn -> (unit, entry), tied names included */
     {
         int n = 0;
@@ -6498,6 +6594,11 @@ FSDP__DEF fsdp_result fsdp__refresh_lp(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r;
     if (!cu->lp || !cu->S) return FSDP_SUCCESS;
+    if (c->offload) { /* host memory; nothing queued reads it now */
+        r = fsdp_convert(cu->lp, cu->pdt, cu->master, FSDP_F32, (size_t)cu->S);
+        return r == FSDP_SUCCESS ? r : fsdp__ctx_fail(c, r, "refreshing the low-precision "
+                                                      "shard: %s", fsdp_result_string(r));
+    }
     r = fsdp_device_cast(c->dev, cu->lp, cu->pdt, cu->master, FSDP_F32, (size_t)cu->S, c->cs);
     return fsdp__ctx_dev(c, r, "refreshing the low-precision shard");
 }
@@ -6575,7 +6676,7 @@ FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *c, uint64_t seed, fsdp_init_choo
             uint64_t key = fsdp__name_key(seed, key_name);
             int64_t k, start = cu->pieces[p].start, end = cu->pieces[p].end;
             float *shard_dst = cu->master + (fe->offset + start - lay->flat_begin), *dst;
-            int staged = !fsdp_device_host_accessible(c->dev);
+            int staged = !c->offload && !fsdp_device_host_accessible(c->dev);
             if (end < start) continue;
             /* memory the host cannot write is filled through a host buffer */
             dst = staged ? (float *)fsdp__alloc(&c->hooks, (size_t)(end - start + 1) * 4)
@@ -6684,9 +6785,15 @@ FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *c, const char *fqn, const voi
                 float *dst;
                 if (pc->entry != e || n <= 0) continue;
                 dst = cu->master + (cu->info->entries[e].offset + pc->start - cu->lay.flat_begin);
-                r = fsdp_device_cast(c->dev, dst, FSDP_F32,
+                if (c->offload)
+                    r = fsdp_convert(dst, FSDP_F32,
                                      (const char *)data + (size_t)pc->start * fsdp_dtype_size(dt),
-                                     dt, (size_t)n, NULL);
+                                     dt, (size_t)n);
+                else
+                    r = fsdp_device_cast(c->dev, dst, FSDP_F32,
+                                         (const char *)data + (size_t)pc->start *
+                                                                  fsdp_dtype_size(dt),
+                                         dt, (size_t)n, NULL);
                 if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
             }
             if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
@@ -6725,7 +6832,7 @@ FSDP__DEF void fsdp__release_slot(fsdp_ctx *c, fsdp__cunit *cu)
         cu->slot = -1;
         cu->uparam = cu->ugrad = NULL;
     }
-    cu->gathered = cu->strat == FSDP_NO_SHARD;
+    cu->gathered = fsdp__shard_is_view(c, cu);
     cu->summon_f32 = 0;
 }
 
@@ -6734,7 +6841,7 @@ FSDP__DEF void fsdp__release_slot(fsdp_ctx *c, fsdp__cunit *cu)
 FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu)
 {
     if (cu->slot >= 0) fsdp__release_slot(c, cu);
-    cu->gathered = cu->strat == FSDP_NO_SHARD;
+    cu->gathered = fsdp__shard_is_view(c, cu);
     cu->summon_f32 = 0;
 }
 
@@ -6748,7 +6855,7 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
     size_t n = (size_t)cu->lay.shard_numel * (size_t)cu->W;
     int i, pick = -1;
     if (cu->resident) {
-        if (cu->strat == FSDP_NO_SHARD) {
+        if (fsdp__shard_is_view(c, cu)) {
             cu->uparam = cu->lp ? cu->lp : (void *)cu->master;
             cu->ugrad = cu->res_base;
         } else {
@@ -6797,7 +6904,8 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only)
 {
     fsdp__cunit *cu = &c->u[unit];
     fsdp_result r;
-    if (cu->strat == FSDP_NO_SHARD) { /* the shard is the whole parameter */
+    const void *shard = cu->lp ? cu->lp : (const void *)cu->master;
+    if (fsdp__shard_is_view(c, cu)) { /* the shard is the whole parameter */
         cu->summon_f32 = 0;
         cu->gathered = 1;
         return fsdp__acquire(c, unit, try_only);
@@ -6805,14 +6913,22 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only)
     if (cu->gathered && !cu->summon_f32) return FSDP_SUCCESS;
     r = fsdp__acquire(c, unit, try_only);
     if (r != FSDP_SUCCESS) return r;
-    if (cu->strat == FSDP_NO_SHARD) {
-        cu->gathered = 1;
-        cu->summon_f32 = 0;
-        return FSDP_SUCCESS;
+    if (c->offload) {
+        /* the host shard goes to this rank's slice of the unsharded buffer
+           on the comm stream, ahead of an in-place all-gather: a prefetch
+           overlaps the copy with compute too */
+        size_t es = fsdp_dtype_size(cu->pdt);
+        void *slice = (char *)cu->uparam + (size_t)cu->r * (size_t)cu->S * es;
+        if (cu->S) {
+            r = fsdp_device_copy(c->dev, slice, shard, (size_t)cu->S * es, FSDP_COPY_H2D, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "copying the offloaded shard in");
+        }
+        shard = slice;
     }
-    r = fsdp_all_gather(cu->comm, cu->lp ? cu->lp : (void *)cu->master, cu->uparam,
-                        (size_t)cu->S, cu->pdt, c->cs);
-    if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "all-gather of parameters");
+    if (cu->strat != FSDP_NO_SHARD) {
+        r = fsdp_all_gather(cu->comm, shard, cu->uparam, (size_t)cu->S, cu->pdt, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "all-gather of parameters");
+    }
     r = fsdp_event_record(c->dev, cu->ag_ev, c->cs);
     if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "recording the all-gather");
     cu->gathered = 1;
@@ -7031,6 +7147,41 @@ FSDP__DEF int fsdp__wide(fsdp_dtype dt)
     return dt == FSDP_F32 || dt == FSDP_F64;
 }
 
+/* cpu_offload: the reduced gradient shard (device memory, S elements of dt)
+   into the f32 sharded gradient in pinned host memory, with the device
+   path's arithmetic. Onto a zero gradient it is a copy on the comm stream
+   (a 16-bit one widened on the device first, as 0 + x); otherwise it is
+   added on the host once the copy arrived, which waits for the stream. */
+FSDP__DEF fsdp_result fsdp__land_grad(fsdp_ctx *c, fsdp__cunit *cu, const void *src,
+                                      fsdp_dtype dt)
+{
+    fsdp_result r;
+    size_t S = (size_t)cu->S;
+    if (cu->grad_zero) {
+        if (dt != FSDP_F32) {
+            r = fsdp_device_memset(c->dev, c->off_f32, 0, S * 4, c->cs);
+            if (r == FSDP_SUCCESS)
+                r = fsdp_device_accumulate(c->dev, c->off_f32, FSDP_F32, src, dt, 1.0, S, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "widening the gradient");
+            src = c->off_f32;
+        }
+        r = fsdp_device_copy(c->dev, cu->grad, src, S * 4, FSDP_COPY_D2H, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "copying the gradient out");
+    } else {
+        r = fsdp_device_copy(c->dev, c->hstage, src, S * fsdp_dtype_size(dt), FSDP_COPY_D2H,
+                             c->cs);
+        if (r == FSDP_SUCCESS) r = fsdp_stream_synchronize(c->dev, c->cs);
+        if (r != FSDP_SUCCESS) {
+            fsdp_result cr = fsdp_comm_async_error(cu->comm);
+            if (cr != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, cr, "gradient reduction");
+            return fsdp__ctx_dev(c, r, "copying the gradient out");
+        }
+        fsdp__k_accumulate(cu->grad, FSDP_F32, c->hstage, dt, 1.0, S);
+    }
+    cu->grad_zero = 0;
+    return FSDP_SUCCESS;
+}
+
 FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r;
@@ -7039,8 +7190,9 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
     void *in = cu->ugrad, *outb;
     /* A zero f32 gradient takes an averaged reduction directly: avg rounds
        sum/W once, which is PyTorch's (sum/pre)/post since pre is a power of
-       two; otherwise the reduction lands in scratch and is added. */
-    int direct = cu->grad_zero && cu->rdt == FSDP_F32;
+       two; otherwise the reduction lands in scratch and is added. With
+       cpu_offload the gradient is in host memory: always scratch. */
+    int direct = cu->grad_zero && cu->rdt == FSDP_F32 && !c->offload;
     if (!S || !cu->info->requires_grad) return FSDP_SUCCESS;
     if (cu->rdt != cu->pdt) {
         size_t m = cu->strat == FSDP_NO_SHARD ? S : n;
@@ -7050,6 +7202,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
     }
     if (cu->strat == FSDP_NO_SHARD) {
         if (c->nranks == 1) {
+            if (c->offload) return fsdp__land_grad(c, cu, in, cu->rdt);
             r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, in, cu->rdt, 1.0, S, c->cs);
             cu->grad_zero = 0;
             return fsdp__ctx_dev(c, r, "accumulating the gradient");
@@ -7068,6 +7221,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
                 return fsdp__ctx_dev(c, r, "post-dividing the gradient");
             direct = 0;
         }
+        if (c->offload) return fsdp__land_grad(c, cu, in, cu->rdt);
         if (!direct) {
             r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, in, cu->rdt, 1.0, S, c->cs);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "accumulating the gradient");
@@ -7106,6 +7260,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
                 return fsdp__ctx_dev(c, r, "post-dividing across replicas");
         }
     }
+    if (c->offload) return fsdp__land_grad(c, cu, outb, cu->rdt);
     if (!direct) {
         r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, outb, cu->rdt, 1.0, S, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "accumulating the gradient");
@@ -7136,7 +7291,7 @@ FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *c, int unit)
     /* resharding after backward: later work on the comm stream is ordered
        after this reduction, so the buffer can be handed out at once */
     if (!cu->resident) fsdp__release_slot(c, cu);
-    else cu->gathered = cu->strat == FSDP_NO_SHARD;
+    else cu->gathered = fsdp__shard_is_view(c, cu);
     fsdp__update_state(c);
     return FSDP_SUCCESS;
 }
@@ -7249,8 +7404,9 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
 {
     fsdp_result r;
     double local = 0.0, total = 0.0, *all;
-    int i, p, inf = isinf(norm_type) && norm_type > 0;
+    int i, p, host, inf = isinf(norm_type) && norm_type > 0;
     if (!c) return FSDP_INVALID_ARGS;
+    host = c->offload || fsdp_device_host_accessible(c->dev);
     if (!(norm_type >= 1.0) && !inf)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
                               "fsdp_clip_grad_norm: norm_type %g must be >= 1 or INFINITY",
@@ -7258,7 +7414,7 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
     if (!(max_norm > 0.0))
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
                               "fsdp_clip_grad_norm: max_norm %g must be > 0", max_norm);
-    if (!fsdp_device_host_accessible(c->dev) && norm_type != 2.0)
+    if (!host && norm_type != 2.0)
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
                               "fsdp_clip_grad_norm: on device '%s' (memory the host cannot "
                               "read) only the 2-norm is supported, through its sum_squares "
@@ -7276,7 +7432,7 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
             const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -
                                          cu->lay.flat_begin);
             int64_t k, n = pc->end - pc->start + 1;
-            if (!fsdp_device_host_accessible(c->dev)) {
+            if (!host) {
                 double ss = 0.0;
                 if (n <= 0) continue;
                 r = fsdp_device_sum_squares(c->dev, g, FSDP_F32, (size_t)n, &ss, NULL);
@@ -7312,12 +7468,146 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
         if (coef < 1.0)
             for (i = 0; i < c->nunits; i++)
                 if (c->u[i].grad && c->u[i].S) {
+                    if (c->offload) {
+                        fsdp__k_scale(c->u[i].grad, FSDP_F32, (float)coef, (size_t)c->u[i].S);
+                        continue;
+                    }
                     r = fsdp_device_scale(c->dev, c->u[i].grad, FSDP_F32, (float)coef,
                                           (size_t)c->u[i].S, NULL);
                     if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "clipping");
                 }
     }
     return FSDP_SUCCESS;
+}
+
+/* A unit's optimizer state from shard element off on. */
+FSDP__DEF fsdp_optim_state fsdp__state_at(const fsdp__cunit *cu, int64_t off)
+{
+    fsdp_optim_state st;
+    st.exp_avg = cu->ostate[0] ? cu->ostate[0] + off : NULL;
+    st.exp_avg_sq = cu->ostate[1] ? cu->ostate[1] + off : NULL;
+    st.max_exp_avg_sq = cu->ostate[2] ? cu->ostate[2] + off : NULL;
+    st.momentum_buffer = cu->ostate[3] ? cu->ostate[3] + off : NULL;
+    return st;
+}
+
+/* cpu_offload's optimizer step: every piece of every unit, split evenly
+   between host threads by element (the arithmetic is element by element, so
+   the split changes no bit). */
+typedef struct fsdp__hstep {
+    const fsdp_optim_config *cfg;
+    int64_t step;
+    float *p;
+    const float *g;
+    fsdp_optim_state st;
+    size_t n;
+    int unit, entry;
+} fsdp__hstep;
+
+typedef struct fsdp__hjob {
+    const fsdp__hstep *items;
+    int nitems;
+    size_t begin, end; /* elements of the pieces laid end to end */
+    int failed;        /* item index, or -1 */
+    fsdp_result r;
+} fsdp__hjob;
+
+FSDP__DEF void *fsdp__hjob_run(void *arg)
+{
+    fsdp__hjob *j = (fsdp__hjob *)arg;
+    size_t at = 0;
+    int i;
+    j->failed = -1;
+    j->r = FSDP_SUCCESS;
+    for (i = 0; i < j->nitems && at < j->end; i++) {
+        const fsdp__hstep *it = &j->items[i];
+        size_t lo = j->begin > at ? j->begin - at : 0;
+        size_t hi = j->end - at < it->n ? j->end - at : it->n;
+        at += it->n;
+        if (lo < hi) {
+            fsdp_optim_state st = it->st;
+            fsdp_result r;
+            if (st.exp_avg) st.exp_avg += lo;
+            if (st.exp_avg_sq) st.exp_avg_sq += lo;
+            if (st.max_exp_avg_sq) st.max_exp_avg_sq += lo;
+            if (st.momentum_buffer) st.momentum_buffer += lo;
+            r = fsdp_optim_step_host(it->cfg, it->step, it->p + lo, it->g + lo, &st, hi - lo);
+            if (r != FSDP_SUCCESS) {
+                j->r = r;
+                j->failed = i;
+                return NULL;
+            }
+        }
+    }
+    return NULL;
+}
+
+FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c)
+{
+    fsdp__hstep *items;
+    fsdp__hjob jobs[256];
+    pthread_t th[256];
+    int started[256];
+    int i, p, n = 0, cap = 0, t, T = c->othreads;
+    size_t total = 0;
+    fsdp_result r = FSDP_SUCCESS;
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].grad) cap += c->u[i].lay.npieces;
+    items = (fsdp__hstep *)fsdp__alloc(&c->hooks, (size_t)(cap + 1) * sizeof *items);
+    if (!items) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_step: out of host memory");
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        if (!cu->grad) continue;
+        for (p = 0; p < cu->lay.npieces; p++) {
+            const fsdp_shard_piece *pc = &cu->pieces[p];
+            int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin;
+            int grp = cu->groups[pc->entry];
+            fsdp__hstep *it = &items[n];
+            if (pc->end < pc->start) continue;
+            it->cfg = &c->groups[grp];
+            it->step = c->group_steps[grp];
+            it->p = cu->master + off;
+            it->g = cu->grad + off;
+            it->st = fsdp__state_at(cu, off);
+            it->n = (size_t)(pc->end - pc->start + 1);
+            it->unit = i;
+            it->entry = pc->entry;
+            total += it->n;
+            n++;
+        }
+    }
+    /* by default a thread is worth its start only with some thousands of
+       elements; a count the caller chose is kept down to 16 per thread */
+    {
+        size_t per = c->othreads_set ? 16 : 4096;
+        if ((size_t)T > total / per + 1) T = (int)(total / per + 1);
+    }
+    for (t = 0; t < T; t++) {
+        /* boundaries on 16 elements: threads never share a cache line */
+        jobs[t].items = items;
+        jobs[t].nitems = n;
+        jobs[t].begin = t ? jobs[t - 1].end : 0;
+        jobs[t].end = t == T - 1 ? total : ((total * (size_t)(t + 1) / (size_t)T) & ~(size_t)15);
+        if (jobs[t].end < jobs[t].begin) jobs[t].end = jobs[t].begin;
+        started[t] = 0;
+    }
+    for (t = 1; t < T; t++)
+        started[t] = pthread_create(&th[t], NULL, fsdp__hjob_run, &jobs[t]) == 0;
+    fsdp__hjob_run(&jobs[0]);
+    for (t = 1; t < T; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else fsdp__hjob_run(&jobs[t]); /* no thread: the work is still done */
+    }
+    for (t = 0; t < T && r == FSDP_SUCCESS; t++)
+        if (jobs[t].r != FSDP_SUCCESS) {
+            const fsdp__hstep *it = &items[jobs[t].failed];
+            const fsdp__cunit *cu = &c->u[it->unit];
+            r = fsdp__ctx_fail(c, jobs[t].r, "fsdp_step: unit %d '%s' parameter '%s': the "
+                               "host optimizer refused its configuration or state",
+                               it->unit, cu->info->fqn, cu->info->entries[it->entry].fqn);
+        }
+    fsdp__free(&c->hooks, items);
+    return r;
 }
 
 FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
@@ -7327,6 +7617,21 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
+    if (c->offload) {
+        if ((r = fsdp__host_step(c)) != FSDP_SUCCESS) return r;
+        for (i = 0; i < c->nunits; i++) {
+            fsdp__cunit *cu = &c->u[i];
+            if (!cu->grad) continue;
+            memset(cu->grad, 0, (size_t)cu->S * 4);
+            cu->grad_zero = 1;
+            if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+            if (cu->slot >= 0) fsdp__release_slot(c, cu); /* stale prefetch */
+            cu->gathered = fsdp__shard_is_view(c, cu);
+        }
+        c->steps++;
+        c->state = FSDP_CTX_IDLE;
+        return FSDP_SUCCESS;
+    }
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
         if (!cu->grad) continue;
@@ -7337,10 +7642,7 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
             fsdp_optim_state st;
             int grp = cu->groups[pc->entry];
             if (n <= 0) continue;
-            st.exp_avg = cu->ostate[0] ? cu->ostate[0] + off : NULL;
-            st.exp_avg_sq = cu->ostate[1] ? cu->ostate[1] + off : NULL;
-            st.max_exp_avg_sq = cu->ostate[2] ? cu->ostate[2] + off : NULL;
-            st.momentum_buffer = cu->ostate[3] ? cu->ostate[3] + off : NULL;
+            st = fsdp__state_at(cu, off);
             /* on the device's stream: the kernel copies c and st */
             r = fsdp_device_optim_step(c->dev, &c->groups[grp], c->group_steps[grp],
                                        cu->master + off, cu->grad + off, &st, (size_t)n, c->cs);
@@ -7354,7 +7656,7 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
         cu->grad_zero = 1;
         if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
         if (cu->slot >= 0) fsdp__release_slot(c, cu); /* stale prefetch */
-        cu->gathered = cu->strat == FSDP_NO_SHARD;
+        cu->gathered = fsdp__shard_is_view(c, cu);
     }
     c->steps++;
     r = fsdp_stream_synchronize(c->dev, c->cs);
@@ -7371,7 +7673,8 @@ FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *c)
     if ((r = fsdp__sync_all(c, "fsdp_zero_grad")) != FSDP_SUCCESS) return r;
     for (i = 0; i < c->nunits; i++) {
         if (c->u[i].grad) {
-            r = fsdp_device_memset(c->dev, c->u[i].grad, 0, (size_t)c->u[i].S * 4, NULL);
+            if (c->offload) memset(c->u[i].grad, 0, (size_t)c->u[i].S * 4);
+            else r = fsdp_device_memset(c->dev, c->u[i].grad, 0, (size_t)c->u[i].S * 4, NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_zero_grad");
             c->u[i].grad_zero = 1;
         }
@@ -7419,13 +7722,21 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
         cu->uparam = cu->res_base;
         if (cu->S) {
             r = fsdp_device_copy(c->dev, cu->uparam, cu->master, (size_t)cu->S * 4,
-                                 FSDP_COPY_D2D, NULL);
+                                 fsdp__from_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
         }
+        if (c->offload) cu->gathered = 0;
         cu->summon_f32 = 1;
     } else {
+        const float *src = cu->master;
         if ((r = fsdp__acquire(c, unit, 0)) != FSDP_SUCCESS) return r;
-        r = fsdp_all_gather(cu->comm, cu->master, cu->uparam, (size_t)cu->S, FSDP_F32, c->cs);
+        if (c->offload && cu->S) { /* in place, from this rank's slice */
+            float *slice = (float *)cu->uparam + (size_t)cu->r * (size_t)cu->S;
+            r = fsdp_device_copy(c->dev, slice, src, (size_t)cu->S * 4, FSDP_COPY_H2D, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
+            src = slice;
+        }
+        r = fsdp_all_gather(cu->comm, src, cu->uparam, (size_t)cu->S, FSDP_F32, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "fsdp_summon_begin");
         r = fsdp_stream_synchronize(c->dev, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
@@ -7465,7 +7776,8 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
         if (valid > 0 && full != cu->master) {
             r = fsdp_device_copy(c->dev, cu->master, full + cu->lay.flat_begin,
                                  (size_t)valid * 4,
-                                 cu->summon_host ? FSDP_COPY_H2D : FSDP_COPY_D2D, NULL);
+                                 cu->summon_host ? (c->offload ? FSDP_COPY_H2H : FSDP_COPY_H2D)
+                                                 : fsdp__to_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_end");
         }
         if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
@@ -7481,6 +7793,7 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
     } else {
         cu->uparam = NULL; /* the next gather points it at the shard again */
         cu->summon_f32 = 0;
+        cu->gathered = fsdp__shard_is_view(c, cu); /* offload: the block held f32 */
     }
     cu->summon_host = NULL;
     cu->summon_keep = 0;
@@ -10747,7 +11060,18 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
             const float *from = src;
             if (!src || !cu->S) continue;
             if (o->kind == FSDP_SD_FULL && cu->W > 1) {
-                r = fsdp_all_gather(cu->comm, src, scratch, (size_t)cu->S, FSDP_F32, NULL);
+                const float *send = src;
+                if (c->offload) { /* collectives take device memory: in place */
+                    float *slice = (float *)scratch + (size_t)cu->r * (size_t)cu->S;
+                    r = fsdp_device_copy(c->dev, slice, src, (size_t)cu->S * 4, FSDP_COPY_H2D,
+                                         NULL);
+                    if (r != FSDP_SUCCESS) {
+                        fsdp__ctx_dev(c, r, fn);
+                        goto fail;
+                    }
+                    send = slice;
+                }
+                r = fsdp_all_gather(cu->comm, send, scratch, (size_t)cu->S, FSDP_F32, NULL);
                 if (r != FSDP_SUCCESS) {
                     fsdp__ctx_comm(c, cu->comm, r, fn);
                     goto fail;
@@ -10757,8 +11081,13 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
             if (!keep) continue;
             if ((r = fsdp__bblock(c, sd, o, src, n * 4, mem, &blocks[u * 5 + w])) != FSDP_SUCCESS)
                 goto fail;
-            r = fsdp_device_copy(c->dev, blocks[u * 5 + w], from, n * 4,
-                                 mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D : FSDP_COPY_D2H, NULL);
+            {
+                int from_host = c->offload && from == src;
+                fsdp_copy_kind kind = mem == FSDP_MEM_DEVICE
+                                          ? (from_host ? FSDP_COPY_H2D : FSDP_COPY_D2D)
+                                          : (from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H);
+                r = fsdp_device_copy(c->dev, blocks[u * 5 + w], from, n * 4, kind, NULL);
+            }
             if (r != FSDP_SUCCESS) {
                 fsdp__ctx_dev(c, r, fn);
                 goto fail;

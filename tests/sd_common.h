@@ -172,6 +172,8 @@ static fsdp_optim_config optim_cfg(int kind)
 
 /* hybrid_shard_size of the contexts env_open creates (0: the world) */
 static int g_hybrid;
+/* cpu_offload of the contexts env_open creates */
+static int g_offload;
 
 /* optim_kind: 0 AdamW (amsgrad), 1 SGD with momentum */
 static int env_open(rank_env *e, int rank, fsdp_local_world *world, const fsdp_model *m,
@@ -188,6 +190,7 @@ static int env_open(rank_env *e, int rank, fsdp_local_world *world, const fsdp_m
     d.comm = e->comm;
     d.optim = optim_cfg(optim_kind);
     d.hybrid_shard_size = g_hybrid;
+    d.cpu_offload = g_offload;
     if (fsdp_ctx_create(&d, &e->ctx) != FSDP_SUCCESS) return 0;
     if (init && fsdp_init_params(e->ctx, 1234, choose_init, NULL) != FSDP_SUCCESS) return 0;
     return 1;

@@ -488,9 +488,10 @@ typedef struct tiny_plan {
     int first, steps;    /* the steps first .. first + steps - 1 */
     const char *sharded; /* saves a sharded checkpoint with optimizer state */
     const char *full;    /* saves a full checkpoint file with optimizer state */
+    int offload;         /* cpu_offload: in-place all-gathers from the copied shard */
 } tiny_plan;
 
-static const tiny_plan tiny_from_init = {NULL, 0, STEPS, NULL, NULL};
+static const tiny_plan tiny_from_init = {NULL, 0, STEPS, NULL, NULL, 0};
 
 /* Trains y = scale * (Wb (Wa x + ba)) on this rank's rows of each step's
    batch with SGD (momentum, so a resume without the optimizer state shows),
@@ -517,6 +518,7 @@ static int tiny_train_plan(const tiny *t, const tiny_plan *plan, fsdp_comm *comm
     d.optim = fsdp_optim_defaults(FSDP_SGD);
     d.optim.lr = 0.05;
     d.optim.momentum = 0.9;
+    d.cpu_offload = plan->offload;
     if (fsdp_ctx_create(&d, &ctx) != FSDP_SUCCESS) {
         snprintf(msg, cap, "fsdp_ctx_create: %s", err.message);
         return 0;
@@ -690,6 +692,16 @@ static void test_runtime(fsdp_comm *c, fsdp_device *dev)
     CHECK(bad == 0, r, "%d parameters differ from the local backend's at %d ranks (bitwise)", bad,
           n);
     CHECK(worst <= 1e-5, r, "parameters differ from the 1-rank run by %g > 1e-5", worst);
+    {   /* cpu_offload on this backend: the same bits */
+        tiny_plan off = tiny_from_init;
+        float got_off[TINY_N];
+        off.offload = 1;
+        CHECK(tiny_train_plan(&t, &off, c, dev, got_off, msg, sizeof msg), r,
+              "training with cpu_offload: %s", msg);
+        for (i = 0, bad = 0; i < TINY_N; i++) bad += memcmp(&got[i], &got_off[i], sizeof(float)) != 0;
+        CHECK(bad == 0, r, "%d parameters trained with cpu_offload differ (bitwise) from training "
+              "without it", bad);
+    }
     tiny_free(&t);
 }
 

@@ -209,6 +209,8 @@ typedef struct run_cfg {
     int stale_test;         /* eval forward, set_full_param, forward again */
     int eval_first;         /* a forward-only pass before training */
     int capture;            /* record local gradients and reduced shards of step 1 */
+    int offload;            /* cpu_offload */
+    int offload_threads;
 } run_cfg;
 
 typedef struct logcap {
@@ -1454,6 +1456,8 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     d.max_unsharded = c->max_unsharded;
     d.disable_forward_prefetch = d.disable_backward_prefetch = c->no_prefetch;
     d.plan_no_sync = c->accum == 2 || c->plan_no_sync;
+    d.cpu_offload = c->offload;
+    d.offload_threads = c->offload_threads;
     d.optim = optim_of(c);
     if (c->create_lr > 0) d.optim.lr = c->create_lr;
     if (c->groups) {
@@ -2523,6 +2527,13 @@ static int bad_create_rank(int rank, int nranks, fsdp_local_world *world, void *
     d.max_unsharded = -2;
     expect_create_fail(&d, FSDP_INVALID_ARGS, "max_unsharded", "max_unsharded -2", __LINE__);
     d = good;
+    d.cpu_offload = 1;
+    d.offload_threads = -1;
+    expect_create_fail(&d, FSDP_INVALID_ARGS, "offload_threads", "offload_threads -1", __LINE__);
+    d.offload_threads = 1000;
+    expect_create_fail(&d, FSDP_INVALID_ARGS, "offload_threads", "offload_threads 1000",
+                       __LINE__);
+    d = good;
     d.optim = fsdp_optim_defaults(FSDP_ADAMW);
     d.optim.lr = -1e-3;
     expect_create_fail(&d, FSDP_INVALID_ARGS, "lr", "AdamW lr < 0", __LINE__);
@@ -2646,6 +2657,92 @@ static void test_bad_create(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* 13. CPU offload                                                           */
+/* ------------------------------------------------------------------------ */
+
+/* cpu_offload moves the shards, gradients and optimizer state to pinned host
+   memory and the step to host threads; nothing of the arithmetic changes,
+   so every run must give the bits of the same run on the device. */
+static void test_offload(void)
+{
+    static run_out on_dev, off;
+    static const struct {
+        int W;
+        fsdp_sharding_strategy st;
+        int hs;
+        fsdp_dtype p, r;
+        int accum, groups, summon, stale, threads;
+        double clip;
+    } cases[] = {
+        {1, FSDP_FULL_SHARD, 0, 0, 0, 0, 0, 0, 0, 0, 0.0},
+        {2, FSDP_FULL_SHARD, 0, 0, 0, 0, 1, 0, 0, 1, 0.5},
+        {3, FSDP_FULL_SHARD, 0, FSDP_BF16, FSDP_F32, 0, 0, 1, 0, 3, 0.0},
+        {4, FSDP_FULL_SHARD, 0, FSDP_BF16, FSDP_BF16, 1, 0, 0, 0, 0, 0.0},
+        {2, FSDP_SHARD_GRAD_OP, 0, 0, 0, 2, 0, 0, 1, 0, 0.0},
+        {3, FSDP_NO_SHARD, 0, FSDP_BF16, FSDP_BF16, 0, 0, 1, 0, 0, 0.2},
+        {1, FSDP_NO_SHARD, 0, FSDP_BF16, FSDP_F32, 1, 1, 0, 1, 2, 0.0},
+        {4, FSDP_HYBRID_SHARD, 2, 0, 0, 1, 0, 0, 0, 0, 0.3},
+        {2, FSDP_FULL_SHARD, 0, FSDP_F16, FSDP_F32, 2, 0, 0, 0, 0, 0.0}};
+    int i, r;
+    char n1[128], n2[128];
+    for (i = 0; i < (int)(sizeof cases / sizeof cases[0]); i++) {
+        run_cfg c = base_cfg(n1, cases[i].W, cases[i].st), co;
+        c.hybrid = cases[i].hs;
+        c.pdt = cases[i].p;
+        c.rdt = cases[i].r;
+        c.accum = cases[i].accum;
+        c.groups = cases[i].groups;
+        c.summon_test = cases[i].summon;
+        c.stale_test = cases[i].stale;
+        c.clip_max = cases[i].clip;
+        c.clip_type = 2.0;
+        c.optim = i % 3 == 2 ? FSDP_SGD : FSDP_ADAMW;
+        c.check_plan = 1;
+        c.final_offload = i % 2;
+        snprintf(n1, sizeof n1, "offload case %d on the device: %s W=%d", i,
+                 strat_name(c.strat), c.world);
+        co = c;
+        co.name = n2;
+        co.offload = 1;
+        co.offload_threads = cases[i].threads;
+        snprintf(n2, sizeof n2, "offload case %d: %s W=%d %s/%s accum %d threads %d", i,
+                 strat_name(c.strat), c.world, fsdp_dtype_name(c.pdt ? c.pdt : FSDP_F32),
+                 fsdp_dtype_name(c.rdt ? c.rdt : c.pdt ? c.pdt : FSDP_F32), c.accum,
+                 cases[i].threads);
+        if (!run(&c, &on_dev) || !run(&co, &off)) continue;
+        check_bitwise(&co, &off, &c, &on_dev, __LINE__);
+        check_replicas(&co, &off, __LINE__);
+        check_no_warnings(&co, &off, __LINE__);
+        for (r = 0; r < c.world; r++) {
+            const fsdp_memory_plan *p = &off.plan[r], *d = &on_dev.plan[r];
+            const fsdp_memory_stats *m = &off.mem[r];
+            size_t shards = p->sharded_params + p->low_precision + p->sharded_grads +
+                            p->optimizer_state;
+            double diff = fabs((double)m->device_peak - (double)p->total);
+            CHECK(p->total == p->pool + p->scratch && p->host_total == shards + p->host_staging,
+                  "%s rank %d: device plan %zu (pool %zu scratch %zu), host plan %zu (shards "
+                  "%zu staging %zu)", co.name, r, p->total, p->pool, p->scratch, p->host_total,
+                  shards, p->host_staging);
+            CHECK(shards == d->sharded_params + d->low_precision + d->sharded_grads +
+                               d->optimizer_state &&
+                      /* NO_SHARD's block gains the parameters the device run
+                         computed on in place */
+                      (c.strat == FSDP_NO_SHARD || c.world == 1 ? p->pool >= d->pool
+                                                                 : p->pool == d->pool) &&
+                      p->total < d->total && d->host_total == 0,
+                  "%s rank %d: offload moved %zu shard bytes (device run %zu), device plan %zu "
+                  "vs %zu", co.name, r, shards, d->total - d->pool - d->scratch, p->total,
+                  d->total);
+            CHECK(m->device_in_use == p->total && diff <= 0.02 * (double)p->total &&
+                      m->host_in_use == p->host_total && m->host_peak == p->host_total,
+                  "%s rank %d: device in use %zu peak %zu (plan %zu); pinned in use %zu peak "
+                  "%zu (plan %zu)", co.name, r, m->device_in_use, m->device_peak, p->total,
+                  m->host_in_use, m->host_peak, p->host_total);
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------ */
 
 int main(void)
 {
@@ -2682,6 +2779,7 @@ int main(void)
     SECTION(test_groups);
     SECTION(test_override);
     SECTION(test_equivalence);
+    SECTION(test_offload);
     fsdp_model_destroy(g_model);
     printf("%d runs in %.2f s\n", g_runs, now_s() - t0);
     printf("%ld passed, %ld failed\n", g_pass, g_fail);
