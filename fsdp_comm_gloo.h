@@ -20,7 +20,8 @@
    fsdp_comm_mpi.h: program order, asynchronous on d.dev's streams (NULL
    stream: synchronous), rank-order f32 sums (bitwise the local backend's),
    mismatch fingerprints (disable_mismatch_check), split. reduce_scatter is
-   gloo::alltoall plus a local sum; all_reduce pads to a multiple of the
+   a chunked point-to-point all-to-all plus a local sum of each chunk while
+   the next one travels; all_reduce pads to a multiple of the
    world size for the alltoall, then all-gathers.
 
    Failures, each an error within the timeout (d.timeout_ms, default 30 s),
@@ -110,14 +111,15 @@ FSDP__ENG fsdp_result fsdp__all_to_all__gloo(void *t, const void *send, void *re
     return fsdp__result__gloo(rc, err, msg);
 }
 
-FSDP__ENG fsdp_result fsdp__all_to_all_chunked__gloo(void *t, const void *send, void *recv,
-                                                     size_t bytes, size_t chunk,
+FSDP__ENG fsdp_result fsdp__all_to_all_chunked__gloo(void *t, const void *send,
+                                                     void *const *recv_blocks, size_t bytes,
+                                                     size_t chunk,
                                                      void (*done)(void *, size_t, size_t),
                                                      void *user, double deadline, fsdp_error *err)
 {
     char msg[FSDP_ERROR_MAX];
-    int rc = fsdp_gloo_all_to_all_chunked((fsdp_gloo_ctx *)t, send, recv, bytes, chunk, done, user,
-                                          fsdp__left__gloo(deadline), msg, sizeof msg);
+    int rc = fsdp_gloo_all_to_all_chunked((fsdp_gloo_ctx *)t, send, recv_blocks, bytes, chunk,
+                                          done, user, fsdp__left__gloo(deadline), msg, sizeof msg);
     return fsdp__result__gloo(rc, err, msg);
 }
 

@@ -6,7 +6,8 @@
    measured in the same run, alternating, median of several rounds:
        MPI:  MPI_Allgather, MPI_Reduce_scatter_block (f32 sum)
        Gloo: gloo::allgather, gloo::alltoall (the shim's thin calls; the
-             library's reduce-scatter is that all-to-all plus a local sum)
+             library's reduce-scatter moves the same bytes point to point
+             in chunks and sums each chunk while the next one travels)
    Three library columns: the defaults (mismatch check: a 48-byte
    fingerprint all-gather before each call; MPI: nonblocking calls polled
    against the timeout), without the check, and without check or timeout

@@ -195,19 +195,16 @@ extern "C" int fsdp_gloo_all_to_all(fsdp_gloo_ctx *c, const void *send, void *re
     }
 }
 
-extern "C" int fsdp_gloo_all_to_all_chunked(fsdp_gloo_ctx *c, const void *send, void *recv,
-                                            size_t bytes, size_t chunk,
+extern "C" int fsdp_gloo_all_to_all_chunked(fsdp_gloo_ctx *c, const void *send,
+                                            void *const *recv_blocks, size_t bytes, size_t chunk,
                                             void (*done)(void *user, size_t off, size_t len),
                                             void *user, int timeout_ms, char *err, size_t cap)
 {
     const char *in = static_cast<const char *>(send);
-    char *out = static_cast<char *>(recv);
     size_t n = (size_t)c->size, r = (size_t)c->rank, nch, k, j;
     if (!chunk || chunk > bytes) chunk = bytes;
     nch = bytes ? (bytes + chunk - 1) / chunk : 0;
     try {
-        // this rank's own block never travels
-        if (in + r * bytes != out + r * bytes) std::memmove(out + r * bytes, in + r * bytes, bytes);
         if (n == 1) {
             for (k = 0; k < nch; k++) done(user, k * chunk, std::min(chunk, bytes - k * chunk));
             return FSDP_GLOO_OK;
@@ -218,7 +215,7 @@ extern "C" int fsdp_gloo_all_to_all_chunked(fsdp_gloo_ctx *c, const void *send, 
         auto sbuf = c->ctx->createUnboundBuffer(const_cast<char *>(in), bytes * n);
         std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> rbuf(n);
         for (j = 0; j < n; j++)
-            if (j != r) rbuf[j] = c->ctx->createUnboundBuffer(out + j * bytes, bytes);
+            if (j != r) rbuf[j] = c->ctx->createUnboundBuffer(recv_blocks[j], bytes);
         for (k = 0; k < nch; k++)
             for (j = 0; j < n; j++)
                 if (j != r) rbuf[j]->recv((int)j, slot, k * chunk, std::min(chunk, bytes - k * chunk));

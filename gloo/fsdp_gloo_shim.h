@@ -38,11 +38,15 @@ int fsdp_gloo_all_gather(fsdp_gloo_ctx *ctx, const void *send, void *recv, size_
 /* send and recv hold size * bytes_per_rank; block j goes to / comes from rank j */
 int fsdp_gloo_all_to_all(fsdp_gloo_ctx *ctx, const void *send, void *recv,
                          size_t bytes_per_rank, int timeout_ms, char *err, size_t cap);
-/* The same all-to-all in chunks of chunk_bytes per block, for overlap:
+/* The same all-to-all in chunks of chunk_bytes per block, for overlap, with
+   each arriving block where the caller wants it: rank j's block lands at
+   recv_blocks[j] (size pointers). This rank's own block never travels
+   (recv_blocks[rank] is ignored; it stays at send + rank * bytes_per_rank),
+   so a reduction reads it in place instead of paying for a copy.
    done(user, off, len) runs on the calling thread as soon as bytes
-   [off, off + len) of every rank's block have arrived, while later chunks
+   [off, off + len) of every peer's block have arrived, while later chunks
    are still in flight (chunks in order). */
-int fsdp_gloo_all_to_all_chunked(fsdp_gloo_ctx *ctx, const void *send, void *recv,
+int fsdp_gloo_all_to_all_chunked(fsdp_gloo_ctx *ctx, const void *send, void *const *recv_blocks,
                                  size_t bytes_per_rank, size_t chunk_bytes,
                                  void (*done)(void *user, size_t off, size_t len), void *user,
                                  int timeout_ms, char *err, size_t cap);
