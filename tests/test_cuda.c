@@ -483,6 +483,7 @@ typedef struct run_cfg {
     int nranks;
     fsdp_optim_kind optim;
     fsdp_dtype param_dtype;
+    int offload;     /* cpu_offload */
     float result[IN * HID + HID + HID * OUT + OUT]; /* rank 0's final parameters */
     int ok;
 } run_cfg;
@@ -695,6 +696,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     cd.device = rc.dev;
     cd.comm = comm;
     cd.compute_stream = rc.cs;
+    cd.cpu_offload = cfg->offload;
     cd.optim = fsdp_optim_defaults(cfg->optim);
     cd.optim.lr = 0.05;
     if (cfg->optim == FSDP_SGD) cd.optim.momentum = 0.9;
@@ -777,6 +779,23 @@ static void test_runtime(void)
                 CHECK(ref.ok && gpu.ok && !memcmp(ref.result, gpu.result, sizeof ref.result),
                       "CUDA device + local backend, world %d, %s, params %s: bitwise the CPU's", w,
                       optims[o] == FSDP_SGD ? "SGD" : "AdamW", fsdp_dtype_name(pdts[p] ? pdts[p] : FSDP_F32));
+                {   /* cpu_offload: pinned shards, host optimizer, the same bits */
+                    run_cfg off = gpu;
+                    off.offload = 1;
+                    CHECK(run(&off), "CUDA managed + local run with cpu_offload (world %d)", w);
+                    CHECK(ref.ok && off.ok && !memcmp(ref.result, off.result, sizeof ref.result),
+                          "CUDA device + cpu_offload, world %d, %s, params %s: bitwise the CPU's",
+                          w, optims[o] == FSDP_SGD ? "SGD" : "AdamW",
+                          fsdp_dtype_name(pdts[p] ? pdts[p] : FSDP_F32));
+                    if (w == 1) {
+                        off.kind = DEV_NCCL;
+                        CHECK(run(&off), "CUDA + NCCL run with cpu_offload (world 1)");
+                        CHECK(ref.ok && off.ok && !memcmp(ref.result, off.result, sizeof ref.result),
+                              "CUDA device + NCCL + cpu_offload, %s, params %s: bitwise the CPU's",
+                              optims[o] == FSDP_SGD ? "SGD" : "AdamW",
+                              fsdp_dtype_name(pdts[p] ? pdts[p] : FSDP_F32));
+                    }
+                }
                 if (w == 1) {
                     run_cfg nc = ref;
                     nc.kind = DEV_NCCL;
