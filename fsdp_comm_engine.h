@@ -12,10 +12,13 @@
    fsdp_comm_vtable on them.
 
    Numerics: reduce_scatter is an all-to-all of the send buffer followed by a
-   local sum over ranks 0..n-1 in f32 (f64 for f64), divided by n for avg and
-   rounded once; all_reduce is that reduce_scatter over padded chunks plus an
-   all_gather. Every element is therefore computed with exactly the
-   arithmetic of the local backend, so local, MPI and Gloo agree bitwise. */
+   local sum over ranks 0..n-1 (fsdp_reduce_blocks, fsdp.h: f32, f64 for
+   f64, divided by n for avg and rounded once); all_reduce is that
+   reduce_scatter over padded chunks plus an all_gather. Every element is
+   therefore computed by the local backend's own code, so local, MPI and
+   Gloo agree bitwise. Calls are fsdp_coll_desc, exchanged as bytes for the
+   mismatch check and worded by fsdp_coll_describe / fsdp_coll_mismatch, so
+   the messages are the local backend's too. */
 #ifndef FSDP_COMM_ENGINE_DONE
 #define FSDP_COMM_ENGINE_DONE
 
@@ -32,17 +35,6 @@
 #include <time.h>
 
 #define FSDP__ENG static FSDP__UNUSED
-
-/* restrict is C99 and C11, but this header also compiles as C++ */
-#if defined(__cplusplus)
-#if defined(__GNUC__) || defined(_MSC_VER)
-#define FSDP__RESTRICT __restrict
-#else
-#define FSDP__RESTRICT
-#endif
-#else
-#define FSDP__RESTRICT restrict
-#endif
 
 #if !defined(FSDP_MALLOC)
 #define FSDP__ENG_MALLOC(sz) malloc(sz)
@@ -85,20 +77,6 @@ typedef struct fsdp__xport {
     void (*destroy)(void *t);
 } fsdp__xport;
 
-enum {
-    FSDP__E_ALL_GATHER = 1,
-    FSDP__E_REDUCE_SCATTER,
-    FSDP__E_ALL_REDUCE,
-    FSDP__E_BROADCAST,
-    FSDP__E_BARRIER,
-    FSDP__E_SPLIT
-};
-
-/* A call's fingerprint, exchanged before the data when checking is on. */
-typedef struct fsdp__ecall {
-    uint64_t kind, count, dt, op, root, seq;
-} fsdp__ecall;
-
 typedef struct fsdp__eop fsdp__eop;
 
 typedef struct fsdp__eng {
@@ -119,7 +97,7 @@ typedef struct fsdp__eng {
     fsdp_error async;  /* first asynchronous failure */
     int broken;        /* under mu: a failure that desynchronised the ranks */
     fsdp_error broken_err;
-    fsdp__ecall *fps;  /* size fingerprints, used by the running call only */
+    fsdp_coll_desc *fps; /* size fingerprints, used by the running call only */
     const void **blocks; /* size block pointers for a sum, same owner as fps */
 } fsdp__eng;
 
@@ -128,7 +106,7 @@ typedef struct fsdp__eng {
 struct fsdp__eop {
     fsdp__eop *next;
     fsdp__eng *e;
-    fsdp__ecall c;
+    fsdp_coll_desc c;
     const void *send;
     void *recv;
     void *scratch;
@@ -196,165 +174,6 @@ FSDP__ENG double fsdp__eng_deadline(int timeout_ms)
     return timeout_ms < 0 ? -1.0 : fsdp__eng_now_ms() + (double)timeout_ms;
 }
 
-FSDP__ENG const char *fsdp__eng_kind_name(uint64_t kind)
-{
-    switch (kind) {
-    case FSDP__E_ALL_GATHER: return "all_gather";
-    case FSDP__E_REDUCE_SCATTER: return "reduce_scatter";
-    case FSDP__E_ALL_REDUCE: return "all_reduce";
-    case FSDP__E_BROADCAST: return "broadcast";
-    case FSDP__E_BARRIER: return "barrier";
-    case FSDP__E_SPLIT: return "split";
-    default: return "unknown";
-    }
-}
-
-/* "all_gather #7 (count=10, dtype=f32)": the local backend's wording. */
-FSDP__ENG void fsdp__eng_call_str(char *buf, size_t cap, const fsdp__ecall *c)
-{
-    const char *name = fsdp__eng_kind_name(c->kind);
-    const char *op = c->op == FSDP_REDUCE_AVG ? "avg" : "sum";
-    unsigned long long seq = (unsigned long long)c->seq, n = (unsigned long long)c->count;
-    const char *dt = fsdp_dtype_name((fsdp_dtype)c->dt);
-    switch (c->kind) {
-    case FSDP__E_ALL_GATHER:
-        snprintf(buf, cap, "%s #%llu (count=%llu, dtype=%s)", name, seq, n, dt);
-        break;
-    case FSDP__E_REDUCE_SCATTER:
-    case FSDP__E_ALL_REDUCE:
-        snprintf(buf, cap, "%s #%llu (count=%llu, dtype=%s, op=%s)", name, seq, n, dt, op);
-        break;
-    case FSDP__E_BROADCAST:
-        snprintf(buf, cap, "%s #%llu (count=%llu, dtype=%s, root=%d)", name, seq, n, dt,
-                 (int)c->root);
-        break;
-    default: snprintf(buf, cap, "%s #%llu ()", name, seq); break;
-    }
-}
-
-/* dst[i] = sum over j = 0..n-1 of src[j][off + i], in f32 (f64 for f64),
-   divided by n for avg, rounded once to dt: fsdp__local_reduce's arithmetic,
-   so results match the local backend bit for bit. dst may be one of the
-   sources (in place, same offset): each block is read whole into acc before
-   it is written. Full blocks run loops of a constant length so that even -O2
-   vectorises them; the sum is memory-bound and must not fall behind the
-   transfer it hides behind. */
-#define FSDP__EBLOCK 512
-
-/* f32 sums without a copy through acc: d[i] = a[i] + d[i] (a_first) or
-   d[i] + a[i], and d[i] = a[i] + c[i]. The callers keep d apart from the
-   other operands, so restrict holds; loops over whole blocks have a constant
-   length, which even -O2 vectorises. Cache-hot, these run about twice as
-   fast as the copies through acc, and the sum must keep up with the
-   transfer it hides behind. */
-FSDP__ENG void fsdp__eng_add_into(float *FSDP__RESTRICT d, const float *FSDP__RESTRICT a,
-                                  size_t count, int a_first)
-{
-    size_t b = 0, i;
-    if (a_first) {
-        for (; b + FSDP__EBLOCK <= count; b += FSDP__EBLOCK)
-            for (i = 0; i < FSDP__EBLOCK; i++) d[b + i] = a[b + i] + d[b + i];
-        for (i = b; i < count; i++) d[i] = a[i] + d[i];
-    } else {
-        for (; b + FSDP__EBLOCK <= count; b += FSDP__EBLOCK)
-            for (i = 0; i < FSDP__EBLOCK; i++) d[b + i] = d[b + i] + a[b + i];
-        for (i = b; i < count; i++) d[i] = d[i] + a[i];
-    }
-}
-
-FSDP__ENG void fsdp__eng_add_to(float *FSDP__RESTRICT d, const float *FSDP__RESTRICT a,
-                                const float *FSDP__RESTRICT c, size_t count)
-{
-    size_t b = 0, i;
-    for (; b + FSDP__EBLOCK <= count; b += FSDP__EBLOCK)
-        for (i = 0; i < FSDP__EBLOCK; i++) d[b + i] = a[b + i] + c[b + i];
-    for (i = b; i < count; i++) d[i] = a[i] + c[i];
-}
-
-/* The f32 rank sum (n >= 2), block by block so that d stays in L1 between
-   the passes over the sources. When dst is source 0 or 1 it is summed in
-   place (the other ranks' values come after it, as rank order wants); when
-   it is a later source, through acc, whose copy is then the cost of reading
-   that source before it is overwritten. */
-FSDP__ENG void fsdp__eng_rank_sum_f32(float *dst, const void *const *src, int n, size_t off,
-                                      size_t count, int avg)
-{
-    float acc[FSDP__EBLOCK], fn = (float)n;
-    size_t b, i, m;
-    int j, alias = -1;
-    for (j = 0; j < n; j++)
-        if (dst == (const float *)src[j] + off) alias = j;
-    for (b = 0; b < count; b += m) {
-        const float *s0 = (const float *)src[0] + off + b, *s1 = (const float *)src[1] + off + b;
-        float *d = alias > 1 ? acc : dst + b;
-        m = count - b < FSDP__EBLOCK ? count - b : FSDP__EBLOCK;
-        if (alias == 0) fsdp__eng_add_into(d, s1, m, 0);
-        else if (alias == 1) fsdp__eng_add_into(d, s0, m, 1);
-        else fsdp__eng_add_to(d, s0, s1, m);
-        for (j = 2; j < n; j++) fsdp__eng_add_into(d, (const float *)src[j] + off + b, m, 0);
-        if (avg)
-            for (i = 0; i < m; i++) d[i] = d[i] / fn;
-        if (d == acc) memcpy(dst + b, acc, m * sizeof(float));
-    }
-}
-
-FSDP__ENG void fsdp__eng_rank_sum(void *dst, const void *const *src, int n, size_t off,
-                                  size_t count, fsdp_dtype dt, int avg)
-{
-    size_t b, i, m;
-    int j;
-    if (dt == FSDP_F64) {
-        double *d = (double *)dst;
-        double acc[FSDP__EBLOCK];
-        for (b = 0; b < count; b += m) {
-            m = count - b < FSDP__EBLOCK ? count - b : FSDP__EBLOCK;
-            for (j = 0; j < n; j++) {
-                const double *s = (const double *)src[j] + off + b;
-                if (j == 0) for (i = 0; i < m; i++) acc[i] = s[i];
-                else for (i = 0; i < m; i++) acc[i] += s[i];
-            }
-            if (avg) for (i = 0; i < m; i++) acc[i] /= (double)n;
-            memcpy(d + b, acc, m * sizeof(double));
-        }
-        return;
-    }
-    if (dt == FSDP_F32 && n >= 2) {
-        fsdp__eng_rank_sum_f32((float *)dst, src, n, off, count, avg);
-        return;
-    }
-    if (dt == FSDP_F32) { /* one rank: a copy, possibly onto itself */
-        float *d = (float *)dst;
-        if (count) memmove(d, (const float *)src[0] + off, count * sizeof(float));
-        if (avg) for (i = 0; i < count; i++) d[i] = d[i] / 1.0f;
-        return;
-    }
-    for (b = 0; b < count; b += m) {
-        float acc[FSDP__EBLOCK];
-        m = count - b < FSDP__EBLOCK ? count - b : FSDP__EBLOCK;
-        for (j = 0; j < n; j++) {
-            const uint16_t *s = (const uint16_t *)src[j] + off + b;
-            if (dt == FSDP_BF16) {
-                if (j == 0) for (i = 0; i < m; i++) acc[i] = fsdp_bf16_to_f32(s[i]);
-                else for (i = 0; i < m; i++) acc[i] += fsdp_bf16_to_f32(s[i]);
-            } else {
-                if (j == 0) for (i = 0; i < m; i++) acc[i] = fsdp_f16_to_f32(s[i]);
-                else for (i = 0; i < m; i++) acc[i] += fsdp_f16_to_f32(s[i]);
-            }
-        }
-        if (avg) {
-            float fn = (float)n;
-            for (i = 0; i < m; i++) acc[i] = acc[i] / fn;
-        }
-        if (dt == FSDP_BF16) {
-            uint16_t *d = (uint16_t *)dst + b;
-            for (i = 0; i < m; i++) d[i] = fsdp_f32_to_bf16(acc[i]);
-        } else {
-            uint16_t *d = (uint16_t *)dst + b;
-            for (i = 0; i < m; i++) d[i] = fsdp_f32_to_f16(acc[i]);
-        }
-    }
-}
-
 /* e->blocks for n blocks of `stride` bytes, one after another from base. */
 FSDP__ENG const void *const *fsdp__eng_strided(fsdp__eng *e, const void *base, size_t stride)
 {
@@ -364,11 +183,11 @@ FSDP__ENG const void *const *fsdp__eng_strided(fsdp__eng *e, const void *base, s
 }
 
 /* Scratch bytes a call needs (reductions only). */
-FSDP__ENG size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp__ecall *c)
+FSDP__ENG size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp_coll_desc *c)
 {
-    size_t es = fsdp_dtype_size((fsdp_dtype)c->dt), n = (size_t)e->size, chunk;
-    if (c->kind == FSDP__E_REDUCE_SCATTER) return n * c->count * es;
-    if (c->kind == FSDP__E_ALL_REDUCE) {
+    size_t es = fsdp_dtype_size(c->dt), n = (size_t)e->size, chunk;
+    if (c->kind == FSDP_COLL_REDUCE_SCATTER) return n * c->count * es;
+    if (c->kind == FSDP_COLL_ALL_REDUCE) {
         /* padded send, all-to-all result, this rank's reduced chunk */
         chunk = (c->count + n - 1) / n;
         return (2 * n * chunk + chunk) * es;
@@ -389,46 +208,24 @@ FSDP__ENG void fsdp__eng_break(fsdp__eng *e, const fsdp_error *err)
 }
 
 /* Compares every rank's fingerprint with rank 0's. */
-FSDP__ENG fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp__ecall *c, double deadline,
+FSDP__ENG fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
                                       fsdp_error *err)
 {
-    char a[160], b[160], call[160];
+    char call[160], msg[FSDP_ERROR_MAX];
     fsdp_error xe;
     fsdp_result r;
-    int j, first = -1, ndiff = 0;
-    size_t len;
     memset(&xe, 0, sizeof xe);
     r = e->xp->all_gather(e->t, c, e->fps, sizeof *c, deadline, &xe);
     if (r != FSDP_SUCCESS) {
-        fsdp__eng_call_str(call, sizeof call, c);
+        fsdp_coll_describe(call, sizeof call, c);
         return fsdp__eng_fail(err, r, "%s on rank %d (comm '%s'): %s%s", call, e->rank, e->name,
                               r == FSDP_COMM_TIMEOUT ? "timed out exchanging call fingerprints: "
                                                      : "",
                               xe.message);
     }
-    for (j = 1; j < e->size; j++) {
-        if (!memcmp(&e->fps[0], &e->fps[j], sizeof *c)) continue;
-        if (first < 0) first = j;
-        ndiff++;
-    }
-    if (first < 0) return FSDP_SUCCESS;
-    fsdp__eng_call_str(a, sizeof a, &e->fps[0]);
-    fsdp__eng_call_str(b, sizeof b, &e->fps[first]);
-    fsdp__eng_fail(err, FSDP_COMM_MISMATCH, "collective mismatch seen on rank %d (comm '%s'): "
-                   "rank 0 called %s but rank %d called %s", e->rank, e->name, a, first, b);
-    if (ndiff > 1) {
-        len = strlen(err->message);
-        snprintf(err->message + len, sizeof err->message - len, " (%d ranks differ from rank 0:",
-                 ndiff);
-        for (j = first; j < e->size; j++) {
-            if (!memcmp(&e->fps[0], &e->fps[j], sizeof *c)) continue;
-            len = strlen(err->message);
-            snprintf(err->message + len, sizeof err->message - len, " %d", j);
-        }
-        len = strlen(err->message);
-        snprintf(err->message + len, sizeof err->message - len, ")");
-    }
-    return FSDP_COMM_MISMATCH;
+    if (!fsdp_coll_mismatch(msg, sizeof msg, e->fps, e->size)) return FSDP_SUCCESS;
+    return fsdp__eng_fail(err, FSDP_COMM_MISMATCH, "%s; seen on rank %d (comm '%s')", msg, e->rank,
+                          e->name);
 }
 
 /* A reduce-scatter's chunk that arrived from every rank: sum it. */
@@ -436,15 +233,16 @@ typedef struct fsdp__eng_rs {
     void *recv;
     const void *const *blocks;
     size_t es;
-    int n, avg;
+    int n;
+    fsdp_reduce_op op;
     fsdp_dtype dt;
 } fsdp__eng_rs;
 
 FSDP__ENG void fsdp__eng_rs_chunk(void *user, size_t off, size_t len)
 {
     const fsdp__eng_rs *rs = (const fsdp__eng_rs *)user;
-    fsdp__eng_rank_sum((unsigned char *)rs->recv + off, rs->blocks, rs->n, off / rs->es,
-                       len / rs->es, rs->dt, rs->avg);
+    fsdp_reduce_blocks((unsigned char *)rs->recv + off, rs->dt, rs->blocks, rs->n, off / rs->es,
+                       len / rs->es, rs->op);
 }
 
 /* Chunks of a pipelined reduce-scatter: the sum of chunk k runs while chunk
@@ -454,26 +252,26 @@ FSDP__ENG void fsdp__eng_rs_chunk(void *user, size_t off, size_t len)
 #define FSDP__ENG_CHUNK ((size_t)512 << 10)
 
 /* The data movement of one collective. */
-FSDP__ENG fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp__ecall *c, const void *send,
+FSDP__ENG fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
                                      void *recv, void *scratch, double deadline, fsdp_error *err)
 {
-    size_t es = fsdp_dtype_size((fsdp_dtype)c->dt), n = (size_t)e->size;
+    size_t es = fsdp_dtype_size(c->dt), n = (size_t)e->size;
     size_t bytes = c->count * es;
     int avg = c->op == FSDP_REDUCE_AVG;
-    fsdp_dtype dt = (fsdp_dtype)c->dt;
+    fsdp_dtype dt = c->dt;
     fsdp_result r;
     switch (c->kind) {
-    case FSDP__E_BARRIER: return e->xp->barrier(e->t, deadline, err);
-    case FSDP__E_ALL_GATHER:
+    case FSDP_COLL_BARRIER: return e->xp->barrier(e->t, deadline, err);
+    case FSDP_COLL_ALL_GATHER:
         if (!bytes) return e->xp->barrier(e->t, deadline, err);
         return e->xp->all_gather(e->t,
                                  send == (unsigned char *)recv + (size_t)e->rank * bytes ? NULL : send,
                                  recv, bytes, deadline, err);
-    case FSDP__E_BROADCAST:
+    case FSDP_COLL_BROADCAST:
         if (!bytes) return e->xp->barrier(e->t, deadline, err);
-        if (e->rank == (int)c->root && send != recv) memmove(recv, send, bytes);
-        return e->xp->broadcast(e->t, recv, bytes, (int)c->root, deadline, err);
-    case FSDP__E_REDUCE_SCATTER:
+        if (e->rank == c->root && send != recv) memmove(recv, send, bytes);
+        return e->xp->broadcast(e->t, recv, bytes, c->root, deadline, err);
+    case FSDP_COLL_REDUCE_SCATTER:
         if (!bytes) return e->xp->barrier(e->t, deadline, err);
         if (e->xp->reduce_scatter && (dt == FSDP_F32 || dt == FSDP_F64)) {
             /* the native call cannot put the result in place at our slice */
@@ -513,7 +311,7 @@ FSDP__ENG fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp__ecall *c, const v
             rs.blocks = e->blocks;
             rs.es = es;
             rs.n = e->size;
-            rs.avg = avg;
+            rs.op = c->op;
             rs.dt = dt;
             /* const only towards the sum: the transport writes the peers' */
             return e->xp->all_to_all_chunked(e->t, send, (void *const *)e->blocks, bytes,
@@ -523,10 +321,10 @@ FSDP__ENG fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp__ecall *c, const v
         /* all-to-all: scratch block j holds rank j's slice for this rank */
         r = e->xp->all_to_all(e->t, send, scratch, bytes, deadline, err);
         if (r != FSDP_SUCCESS) return r;
-        fsdp__eng_rank_sum(recv, fsdp__eng_strided(e, scratch, bytes), e->size, 0, c->count, dt,
-                           avg);
+        fsdp_reduce_blocks(recv, dt, fsdp__eng_strided(e, scratch, bytes), e->size, 0, c->count,
+                           c->op);
         return FSDP_SUCCESS;
-    case FSDP__E_ALL_REDUCE: {
+    case FSDP_COLL_ALL_REDUCE: {
         size_t chunk = (c->count + n - 1) / n, cb = chunk * es;
         unsigned char *padded = (unsigned char *)scratch, *parts = padded + n * cb,
                       *mine = parts + n * cb;
@@ -547,7 +345,7 @@ FSDP__ENG fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp__ecall *c, const v
         }
         r = e->xp->all_to_all(e->t, src, parts, cb, deadline, err);
         if (r != FSDP_SUCCESS) return r;
-        fsdp__eng_rank_sum(mine, fsdp__eng_strided(e, parts, cb), e->size, 0, chunk, dt, avg);
+        fsdp_reduce_blocks(mine, dt, fsdp__eng_strided(e, parts, cb), e->size, 0, chunk, c->op);
         if (chunk * n == c->count)
             return e->xp->all_gather(e->t, mine, recv, cb, deadline, err);
         r = e->xp->all_gather(e->t, mine, padded, cb, deadline, err);
@@ -560,7 +358,7 @@ FSDP__ENG fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp__ecall *c, const v
 
 /* Waits for this engine's earlier collectives (program order across
    streams), runs one, and records a failure that desynchronised the ranks. */
-FSDP__ENG fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp__ecall *c, const void *send,
+FSDP__ENG fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
                                     void *recv, void *scratch, fsdp_error *err)
 {
     char call[160];
@@ -570,7 +368,7 @@ FSDP__ENG fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp__ecall *c, const vo
     pthread_mutex_lock(&e->mu);
     while (e->finished + 1 < c->seq && !e->broken) pthread_cond_wait(&e->cv, &e->mu);
     if (e->broken) {
-        fsdp__eng_call_str(call, sizeof call, c);
+        fsdp_coll_describe(call, sizeof call, c);
         r = fsdp__eng_fail(err, FSDP_COMM_ABORTED,
                            "%s on rank %d (comm '%s'): the communicator failed earlier: %s", call,
                            e->rank, e->name, e->broken_err.message);
@@ -588,7 +386,7 @@ FSDP__ENG fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp__ecall *c, const vo
     memset(&xe, 0, sizeof xe);
     r = fsdp__eng_move(e, c, send, recv, scratch, deadline, &xe);
     if (r != FSDP_SUCCESS) {
-        fsdp__eng_call_str(call, sizeof call, c);
+        fsdp_coll_describe(call, sizeof call, c);
         if (r == FSDP_COMM_TIMEOUT)
             fsdp__eng_fail(err, r, "%s timed out after %d ms on rank %d (comm '%s'): %s", call,
                            e->timeout_ms, e->rank, e->name, xe.message);
@@ -621,7 +419,7 @@ FSDP__ENG fsdp_result fsdp__eng_task(void *arg, fsdp_error *err)
 }
 
 /* Runs a collective now (s NULL) or queues it on s. */
-FSDP__ENG fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp__ecall *c, const void *send, void *recv,
+FSDP__ENG fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const void *send, void *recv,
                                       fsdp_stream *s, fsdp_error *err)
 {
     size_t need = fsdp__eng_scratch_bytes(e, c);
@@ -630,13 +428,12 @@ FSDP__ENG fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp__ecall *c, const void *
     if (s && !e->dev)
         return fsdp__eng_fail(err, FSDP_INVALID_ARGS,
                               "%s on rank %d (comm '%s'): a stream needs the device given when "
-                              "the comm was created", fsdp__eng_kind_name(c->kind), e->rank,
+                              "the comm was created", fsdp_coll_kind_name(c->kind), e->rank,
                               e->name);
-    if ((c->kind == FSDP__E_REDUCE_SCATTER || c->kind == FSDP__E_ALL_REDUCE) &&
-        !fsdp_dtype_is_float((fsdp_dtype)c->dt))
+    if ((c->kind == FSDP_COLL_REDUCE_SCATTER || c->kind == FSDP_COLL_ALL_REDUCE) &&
+        !fsdp_dtype_is_float(c->dt))
         return fsdp__eng_fail(err, FSDP_INVALID_DTYPE, "%s on rank %d: %s cannot be reduced",
-                              fsdp__eng_kind_name(c->kind), e->rank,
-                              fsdp_dtype_name((fsdp_dtype)c->dt));
+                              fsdp_coll_kind_name(c->kind), e->rank, fsdp_dtype_name(c->dt));
     pthread_mutex_lock(&e->mu);
     op = e->spare;
     if (op) e->spare = op->next;
@@ -659,7 +456,7 @@ FSDP__ENG fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp__ecall *c, const void *
         }
         return fsdp__eng_fail(err, FSDP_OUT_OF_MEMORY,
                               "%s on rank %d: out of memory for %zu bytes of scratch",
-                              fsdp__eng_kind_name(c->kind), e->rank, need);
+                              fsdp_coll_kind_name(c->kind), e->rank, need);
     }
     c->seq = ++e->issued;
     op->e = e;
@@ -686,29 +483,16 @@ FSDP__ENG fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp__ecall *c, const void *
         e->inflight--;
         pthread_mutex_unlock(&e->mu);
         return fsdp__eng_fail(err, r, "%s on rank %d: cannot queue on the stream: %s",
-                              fsdp__eng_kind_name(c->kind), e->rank,
+                              fsdp_coll_kind_name(c->kind), e->rank,
                               fsdp_device_last_error(e->dev));
     }
     return FSDP_SUCCESS;
 }
 
-FSDP__ENG fsdp__ecall fsdp__eng_call(int kind, size_t count, fsdp_dtype dt, fsdp_reduce_op op,
-                                     int root)
-{
-    fsdp__ecall c;
-    memset(&c, 0, sizeof c);
-    c.kind = (uint64_t)kind;
-    c.count = count;
-    c.dt = (uint64_t)dt;
-    c.op = (uint64_t)op;
-    c.root = (uint64_t)root;
-    return c;
-}
-
 FSDP__ENG fsdp_result fsdp__all_gather__eng(void *self, const void *send, void *recv, size_t count,
                                             fsdp_dtype dt, fsdp_stream *s, fsdp_error *err)
 {
-    fsdp__ecall c = fsdp__eng_call(FSDP__E_ALL_GATHER, count, dt, FSDP_REDUCE_SUM, 0);
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_GATHER, count, dt, FSDP_REDUCE_SUM, 0);
     return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
 }
 
@@ -716,7 +500,7 @@ FSDP__ENG fsdp_result fsdp__reduce_scatter__eng(void *self, const void *send, vo
                                                 size_t count, fsdp_dtype dt, fsdp_reduce_op op,
                                                 fsdp_stream *s, fsdp_error *err)
 {
-    fsdp__ecall c = fsdp__eng_call(FSDP__E_REDUCE_SCATTER, count, dt, op, 0);
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_REDUCE_SCATTER, count, dt, op, 0);
     return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
 }
 
@@ -724,7 +508,7 @@ FSDP__ENG fsdp_result fsdp__all_reduce__eng(void *self, const void *send, void *
                                             fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream *s,
                                             fsdp_error *err)
 {
-    fsdp__ecall c = fsdp__eng_call(FSDP__E_ALL_REDUCE, count, dt, op, 0);
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_REDUCE, count, dt, op, 0);
     return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
 }
 
@@ -732,13 +516,13 @@ FSDP__ENG fsdp_result fsdp__broadcast__eng(void *self, const void *send, void *r
                                            fsdp_dtype dt, int root, fsdp_stream *s,
                                            fsdp_error *err)
 {
-    fsdp__ecall c = fsdp__eng_call(FSDP__E_BROADCAST, count, dt, FSDP_REDUCE_SUM, root);
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BROADCAST, count, dt, FSDP_REDUCE_SUM, root);
     return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
 }
 
 FSDP__ENG fsdp_result fsdp__barrier__eng(void *self, fsdp_stream *s, fsdp_error *err)
 {
-    fsdp__ecall c = fsdp__eng_call(FSDP__E_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
     return fsdp__eng_issue((fsdp__eng *)self, &c, NULL, NULL, s, err);
 }
 
@@ -769,7 +553,7 @@ FSDP__ENG fsdp__eng *fsdp__eng_new(const fsdp__xport *xp, void *t, const char *n
         return NULL;
     }
     memset(e, 0, sizeof *e);
-    e->fps = (fsdp__ecall *)fsdp__eng_alloc(&h, (size_t)size * sizeof *e->fps);
+    e->fps = (fsdp_coll_desc *)fsdp__eng_alloc(&h, (size_t)size * sizeof *e->fps);
     e->blocks = (const void **)fsdp__eng_alloc(&h, (size_t)size * sizeof *e->blocks);
     if (!e->fps || !e->blocks || pthread_mutex_init(&e->mu, NULL) != 0) {
         fsdp__eng_free(&h, e->blocks);
@@ -829,15 +613,17 @@ FSDP__ENG fsdp_result fsdp__split__eng(void *self, int color, int key, void **ou
                                        int *out_rank, int *out_size, fsdp_error *err)
 {
     fsdp__eng *e = (fsdp__eng *)self, *ne;
-    fsdp__ecall c = fsdp__eng_call(FSDP__E_SPLIT, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_SPLIT, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
     fsdp_error xe;
     fsdp_result r = FSDP_SUCCESS;
     char call[160];
     void *nt = NULL;
     double deadline;
     *out_self = NULL;
+    c.color = color;
+    c.key = key;
     c.seq = ++e->issued;
-    fsdp__eng_call_str(call, sizeof call, &c);
+    fsdp_coll_describe(call, sizeof call, &c);
     pthread_mutex_lock(&e->mu);
     while (e->finished + 1 < c.seq && !e->broken) pthread_cond_wait(&e->cv, &e->mu);
     if (e->broken)
@@ -854,8 +640,8 @@ FSDP__ENG fsdp_result fsdp__split__eng(void *self, int color, int key, void **ou
     memset(&xe, 0, sizeof xe);
     r = e->xp->split(e->t, color, key, deadline, &nt, out_rank, out_size, &xe);
     if (r != FSDP_SUCCESS) {
-        fsdp__eng_fail(err, r, "%s(color=%d, key=%d) failed on rank %d (comm '%s'): %s", call,
-                       color, key, e->rank, e->name, xe.message);
+        fsdp__eng_fail(err, r, "%s failed on rank %d (comm '%s'): %s", call, e->rank, e->name,
+                       xe.message);
         if (r == FSDP_COMM_TIMEOUT) fsdp__eng_break(e, err);
         goto done;
     }
