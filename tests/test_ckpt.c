@@ -780,18 +780,21 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
 static void async_tests(void)
 {
     static job j, ref;
-    int sharded;
+    int sharded, off;
     memset(&ref, 0, sizeof ref);
     ref.fn = job_ref;
     ref.steps = 3;
     run(&ref, 1);
+    for (off = 0; off < 2; off++)
     for (sharded = 0; sharded < 2; sharded++) {
         memset(&j, 0, sizeof j);
         j.fn = job_async;
-        snprintf(j.path, sizeof j.path, "%s/async%d%s", g_tmp, sharded,
+        snprintf(j.path, sizeof j.path, "%s/async%d%d%s", g_tmp, off, sharded,
                  sharded ? "" : ".safetensors");
         j.flags = FSDP_SD_OPTIM | (sharded ? FSDP_CKPT_SHARDED : 0u);
+        g_offload = off; /* staging from pinned shards too */
         run(&j, 2);
+        g_offload = 0;
         CHECK(j.staged[0] > 0 && j.staged[0] == j.staged[1],
               "staging is allocated once and reused (%zu, %zu bytes)", j.staged[0], j.staged[1]);
         /* what was saved is the state at the save, not after the next step */
@@ -801,8 +804,8 @@ static void async_tests(void)
         j.flags = FSDP_SD_OPTIM;
         run(&j, 3);
         CHECK(j.nvals == ref.nvals && bits_equal(j.vals, ref.vals, ref.nvals),
-              "the %s async checkpoint holds the state when save_async returned",
-              sharded ? "sharded" : "full");
+              "the %s async checkpoint%s holds the state when save_async returned",
+              sharded ? "sharded" : "full", off ? " (cpu_offload)" : "");
     }
 }
 
