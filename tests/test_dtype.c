@@ -593,6 +593,102 @@ static void test_convert_pairs(void)
     }
 }
 
+/* The array conversions (fsdp_convert between f32 and f16/bf16, vector
+   paths and their tails) against the scalar functions, bit for bit, NaN
+   payloads included: 1 M f32 inputs (specials, the f16 range, random bit
+   patterns) and every 16-bit value, at offsets 0..3 of src and dst, and
+   every length 0..40 with a guard after the end. */
+static void test_convert_arrays_match_scalar(void)
+{
+    static const uint32_t special[] = {
+        0x00000000u, 0x80000000u, 0x00000001u, 0x807fffffu, 0x00800000u, 0x7f7fffffu,
+        0xff7fffffu, 0x7f7f7fffu, 0x7f7f8000u, 0x7f800000u, 0xff800000u, 0x7f800001u,
+        0xff800001u, 0x7f801fffu, 0x7f802000u, 0x7fbfffffu, 0x7fc00000u, 0xffc00000u,
+        0x7fffffffu, 0xffffffffu, 0x7fa00000u, 0x7f80ffffu, 0x477fefffu, 0x477ff000u,
+        0xc77ff000u, 0x477fe000u, 0x33000000u, 0x33000001u, 0xb3000001u, 0x32ffffffu,
+        0x387fe000u, 0x387ff000u, 0x38800000u, 0x387fc000u, 0x3f801000u, 0x3f803000u,
+        0x3f808000u, 0x3f818000u, 0x00008000u, 0x00018000u, 0x3f7fffffu, 0xbf800000u};
+    const size_t nf = (size_t)1 << 20, nh = 65536, pad = 64;
+    uint32_t *f = (uint32_t *)malloc((nf + pad) * 4), *w = (uint32_t *)malloc((nf + pad) * 4);
+    uint16_t *h = (uint16_t *)malloc((nf + pad) * 2), *hs = (uint16_t *)malloc((nh + pad) * 2);
+    size_t i, off, len, bad;
+    int k;
+    if (!f || !w || !h || !hs) {
+        CHECK(0, "test_convert_arrays_match_scalar: %s", "out of memory");
+        return;
+    }
+    for (i = 0; i < nf + pad; i++) {
+        uint64_t r = next64();
+        if (i < sizeof special / sizeof special[0]) f[i] = special[i];
+        else if (i % 3 == 0) /* exponent 100..146, any sign and mantissa */
+            f[i] = (uint32_t)(r & 0x807fffffu) | ((uint32_t)(100 + (r >> 32) % 47) << 23);
+        else if (i % 3 == 1 && (r >> 40) % 8 == 0) /* NaN payloads */
+            f[i] = (uint32_t)(r & 0x807fffffu) | 0x7f800001u;
+        else f[i] = (uint32_t)r;
+    }
+    /* specials again at the end, in the tails of the vector blocks */
+    memcpy(f + nf - sizeof special / 4, special, sizeof special);
+    for (i = 0; i < nh + pad; i++) hs[i] = (uint16_t)(i - 2 * pad);
+    for (k = 0; k < 2; k++) {
+        fsdp_dtype hdt = k ? FSDP_F16 : FSDP_BF16;
+        const char *hn = fsdp_dtype_name(hdt);
+        for (off = 0; off < 4; off++) {
+            size_t od = (off * 3) % 4;
+            /* f32 -> 16 bits */
+            bad = 0;
+            CHECK(fsdp_convert(h + od, hdt, f + off, FSDP_F32, nf - off) == FSDP_SUCCESS,
+                  "convert f32->%s failed", hn);
+            for (i = 0; i < nf - off; i++) {
+                float x = u2f(f[off + i]);
+                uint16_t want = k ? fsdp_f32_to_f16(x) : fsdp_f32_to_bf16(x);
+                if (h[od + i] != want && bad++ < 5)
+                    CHECK(0, "array f32->%s (offsets %zu/%zu) [%zu] 0x%08x -> 0x%04x, scalar 0x%04x",
+                          hn, off, od, i, (unsigned)f[off + i], (unsigned)h[od + i],
+                          (unsigned)want);
+            }
+            CHECK(bad == 0, "array f32->%s offset %zu: %zu mismatches", hn, off, bad);
+            /* 16 bits -> f32: every value */
+            bad = 0;
+            CHECK(fsdp_convert(w + od, FSDP_F32, hs + off, hdt, nh) == FSDP_SUCCESS,
+                  "convert %s->f32 failed", hn);
+            for (i = 0; i < nh; i++) {
+                uint16_t x = hs[off + i];
+                uint32_t want = f2u(k ? fsdp_f16_to_f32(x) : fsdp_bf16_to_f32(x));
+                if (w[od + i] != want && bad++ < 5)
+                    CHECK(0, "array %s->f32 (offsets %zu/%zu) 0x%04x -> 0x%08x, scalar 0x%08x",
+                          hn, off, od, (unsigned)x, (unsigned)w[od + i], (unsigned)want);
+            }
+            CHECK(bad == 0, "array %s->f32 offset %zu: %zu mismatches", hn, off, bad);
+            /* every short length, nothing written past it */
+            for (len = 0; len <= 40; len++) {
+                size_t at = (len * 7919 + off) % (nf - pad), hat = (len * 1021 + off) % nh;
+                bad = 0;
+                memset(h, 0xA5, pad * 2);
+                memset(w, 0xA5, pad * 4);
+                fsdp_convert(h + od, hdt, f + at, FSDP_F32, len);
+                fsdp_convert(w + od, FSDP_F32, hs + hat, hdt, len);
+                for (i = 0; i < od + len + 8; i++) {
+                    uint16_t wh = 0xA5A5;
+                    uint32_t ww = 0xA5A5A5A5u;
+                    if (i >= od && i < od + len) {
+                        float x = u2f(f[at + i - od]);
+                        uint16_t y = hs[hat + i - od];
+                        wh = k ? fsdp_f32_to_f16(x) : fsdp_f32_to_bf16(x);
+                        ww = f2u(k ? fsdp_f16_to_f32(y) : fsdp_bf16_to_f32(y));
+                    }
+                    if (h[i] != wh || w[i] != ww) bad++;
+                }
+                CHECK(bad == 0, "array %s<->f32 length %zu offset %zu: %zu wrong elements", hn,
+                      len, od, bad);
+            }
+        }
+    }
+    free(f);
+    free(w);
+    free(h);
+    free(hs);
+}
+
 /* f64 -> f16/bf16 rounds once from the double: cases where rounding through
    f32 first would give a different (double-rounded) result. */
 static void test_convert_f64_single_rounding(void)
@@ -772,6 +868,7 @@ int main(void)
     test_narrow_random();
     test_convert_f64_single_rounding();
     test_convert_pairs();
+    test_convert_arrays_match_scalar();
     test_convert_copies_and_errors();
     printf("%lld passed, %lld failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
