@@ -32,8 +32,13 @@
    overlap is bounded by the machine, not the runtime; compare --ranks 2 and
    4, and the sleep mode.
 
+   With --offload 1 every context runs with cpu_offload: each gather first
+   copies the shard from pinned host memory (a memcpy on the CPU device), so
+   the prefetch has to hide that copy too.
+
    Usage: bench_step [--ranks N] [--units U] [--params P] [--compute-ms C]
-                     [--compute spin|sleep|both] [--iters K] [--warmup W]    */
+                     [--compute spin|sleep|both] [--iters K] [--warmup W]
+                     [--offload 0|1]                                         */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 
@@ -65,6 +70,7 @@ enum {
 
 typedef struct config {
     int ranks, units, iters, warmup, mode_mask;
+    int offload; /* cpu_offload in every context */
     long params;
     double compute_ms;
 } config;
@@ -359,6 +365,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         d.device = dev;
         d.comm = comm;
         d.disable_forward_prefetch = d.disable_backward_prefetch = k == RUN_OFF;
+        d.cpu_offload = sh->cfg->offload;
         if (fsdp_ctx_create(&d, &ctx[k]) != FSDP_SUCCESS)
             FAIL("rank %d: fsdp_ctx_create: %s", rank, err.message);
         fsdp_ctx_plan(ctx[k], &plan);
@@ -453,7 +460,7 @@ static void usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--ranks N] [--units U] [--params P] [--compute-ms C]\n"
-            "          [--compute spin|sleep|both] [--iters K] [--warmup W]\n",
+            "          [--compute spin|sleep|both] [--iters K] [--warmup W] [--offload 0|1]\n",
             argv0);
 }
 
@@ -552,6 +559,7 @@ int main(int argc, char **argv)
         else if (!strcmp(a, "--params") && parse_long(val, 64, 1L << 28, &v)) cfg.params = v;
         else if (!strcmp(a, "--iters") && parse_long(val, 1, MAX_ITERS, &v)) cfg.iters = (int)v;
         else if (!strcmp(a, "--warmup") && parse_long(val, 2, 100, &v)) cfg.warmup = (int)v;
+        else if (!strcmp(a, "--offload") && parse_long(val, 0, 1, &v)) cfg.offload = (int)v;
         else if (!strcmp(a, "--compute-ms")) {
             char *end;
             cfg.compute_ms = strtod(val, &end);
