@@ -2040,9 +2040,7 @@ FSDP__DEF size_t fsdp__f32_to_f16_sse2(uint16_t *d, const float *s, size_t n)
     (defined(__x86_64__) || defined(__i386__)) && !defined(__INTEL_COMPILER) &&           \
     ((defined(__clang__) && __clang_major__ >= 6) || (!defined(__clang__) && __GNUC__ >= 6))
 #include <immintrin.h>
-#if !(defined(__AVX2__) && defined(__F16C__))
 #include <cpuid.h>
-#endif
 #define FSDP__HAVE_AVX2_CVT 1
 #define FSDP__AVX2_F16C __attribute__((target("avx2,f16c")))
 
@@ -2069,6 +2067,98 @@ FSDP__DEF int fsdp__cpu_avx2_f16c(void)
 #endif
 }
 
+/* Non-temporal (streaming) stores for large conversions. An ordinary store
+   reads its destination line first (a conversion writing 2 or 4 bytes per
+   element then moves 8 instead of 6, or 10 instead of 6, from DRAM); at the
+   sizes where glibc's memcpy streams past the cache, the AVX2 loops stream
+   too: a scalar head up to the first 32-byte aligned destination element,
+   aligned streaming stores for the body, _mm_sfence() before returning, the
+   tail as usual. The threshold, in destination bytes, is like glibc's: a
+   quarter of the L3 (CPUID leaf 4, read once), at least 4 MiB and at most
+   64 MiB (4 MiB where the leaf says nothing), so that a conversion whose
+   output fits in the cache comfortably keeps it there for the next kernel.
+   Defining FSDP_CVT_STREAM_BYTES (a number of bytes) fixes it instead. */
+#ifndef FSDP__CVT_AHEAD_NT
+#define FSDP__CVT_AHEAD_NT FSDP__CVT_AHEAD
+#endif
+#define FSDP__CVT_STREAM_MIN ((size_t)4 << 20)
+#define FSDP__CVT_STREAM_MAX ((size_t)64 << 20)
+FSDP__DEF size_t fsdp__cvt_stream_bytes(void)
+{
+#if defined(FSDP_CVT_STREAM_BYTES)
+    return (size_t)(FSDP_CVT_STREAM_BYTES);
+#else
+    static size_t cached; /* 0 unknown */
+    size_t c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (!c) {
+        unsigned a, b, cx, dx, k, l3 = 0;
+        /* deterministic cache parameters: one subleaf per cache, type 0 ends */
+        if (__get_cpuid_max(0, NULL) >= 4) {
+            for (k = 0; k < 16; k++) {
+                __cpuid_count(4, k, a, b, cx, dx);
+                if (!(a & 31)) break;
+                if (((a >> 5) & 7) == 3)
+                    l3 = ((b >> 22) + 1) * (((b >> 12) & 1023) + 1) * ((b & 4095) + 1) * (cx + 1);
+            }
+        }
+        c = (size_t)l3 / 4;
+        if (c < FSDP__CVT_STREAM_MIN) c = FSDP__CVT_STREAM_MIN;
+        if (c > FSDP__CVT_STREAM_MAX) c = FSDP__CVT_STREAM_MAX;
+        __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
+    }
+    return c;
+#endif
+}
+
+/* how many elements (of esize bytes) to convert before d is 32-byte
+   aligned, or (size_t)-1 for ordinary stores: n * esize below the
+   threshold, or d not aligned to its element */
+static inline size_t fsdp__cvt_stream_head(const void *d, size_t esize, size_t n)
+{
+    uintptr_t a = (uintptr_t)d;
+    size_t h;
+    if (n < FSDP__CVT_STREAM_MIN / esize || n < fsdp__cvt_stream_bytes() / esize || a % esize)
+        return (size_t)-1;
+    h = (size_t)((32 - (a & 31)) & 31) / esize;
+    return h;
+}
+
+/* a 32-byte store: streaming (d 32-byte aligned) or ordinary */
+static inline __attribute__((always_inline)) FSDP__AVX2_F16C void
+fsdp__store256(void *d, __m256i v, int nt)
+{
+    if (nt)
+        _mm256_stream_si256((__m256i *)d, v);
+    else
+        _mm256_storeu_si256((__m256i *)d, v);
+}
+
+/* the loops prefetch the source always, the destination when not streaming */
+#define FSDP__CVT_PREFETCH_NT(d, s, i, n, nt)                                                \
+    do {                                                                                     \
+        if (nt) {                                                                            \
+            if ((i) + FSDP__CVT_AHEAD_NT + 32 <= (n)) {                                      \
+                _mm_prefetch((const char *)((s) + (i) + FSDP__CVT_AHEAD_NT), _MM_HINT_T0);   \
+                _mm_prefetch((const char *)((s) + (i) + FSDP__CVT_AHEAD_NT + 16), _MM_HINT_T0); \
+            }                                                                                \
+        } else {                                                                             \
+            FSDP__CVT_PREFETCH(d, s, i, n);                                                  \
+        }                                                                                    \
+    } while (0)
+
+/* each AVX2 kernel: its loop from element i0 (inlined twice, with nt a
+   constant), behind the choice between ordinary and streaming stores */
+#define FSDP__CVT_AVX2_KERNEL(name, dt, st, esize, scalar)                                   \
+    FSDP__DEF FSDP__AVX2_F16C size_t fsdp__##name##_avx2(dt *d, const st *s, size_t n)       \
+    {                                                                                        \
+        size_t h = fsdp__cvt_stream_head(d, esize, n), i;                                    \
+        if (h == (size_t)-1) return fsdp__##name##_avx2_loop(d, s, 0, n, 0);                 \
+        scalar(d, s, h);                                                                     \
+        i = fsdp__##name##_avx2_loop(d, s, h, n, 1);                                         \
+        _mm_sfence();                                                                        \
+        return i;                                                                            \
+    }
+
 /* round to nearest even, for lanes that are not NaN; the upper half
    sign-extended */
 static inline FSDP__AVX2_F16C __m256i fsdp__bf16_round_avx2(__m256i u)
@@ -2092,45 +2182,48 @@ static inline FSDP__AVX2_F16C __m256i fsdp__bf16_round_nan_avx2(__m256i u)
 
 /* 16 results from two vectors of 8: the pack interleaves 128-bit halves
    (a0-3 b0-3 a4-7 b4-7), the permutation puts them in order */
-static inline FSDP__AVX2_F16C void fsdp__store_packed_avx2(uint16_t *d, __m256i a, __m256i b)
+static inline __attribute__((always_inline)) FSDP__AVX2_F16C void
+fsdp__store_packed_avx2(uint16_t *d, __m256i a, __m256i b, int nt)
 {
-    _mm256_storeu_si256((__m256i *)d, _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8));
+    fsdp__store256(d, _mm256_permute4x64_epi64(_mm256_packs_epi32(a, b), 0xd8), nt);
 }
 
 /* 32 elements per iteration; a block with a NaN (rare: the compare is one
    instruction for two vectors) takes the version that handles them */
-FSDP__DEF FSDP__AVX2_F16C size_t fsdp__f32_to_bf16_avx2(uint16_t *d, const float *s, size_t n)
+static inline __attribute__((always_inline)) FSDP__AVX2_F16C size_t
+fsdp__f32_to_bf16_avx2_loop(uint16_t *d, const float *s, size_t i0, size_t n, int nt)
 {
     size_t i;
-    for (i = 0; i + 32 <= n; i += 32) {
+    for (i = i0; i + 32 <= n; i += 32) {
         __m256 a = _mm256_loadu_ps(s + i), b = _mm256_loadu_ps(s + i + 8);
         __m256 c = _mm256_loadu_ps(s + i + 16), e = _mm256_loadu_ps(s + i + 24);
         __m256 nan;
-        FSDP__CVT_PREFETCH(d, s, i, n);
+        FSDP__CVT_PREFETCH_NT(d, s, i, n, nt);
         nan = _mm256_or_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q), _mm256_cmp_ps(c, e, _CMP_UNORD_Q));
         if (!_mm256_movemask_ps(nan)) {
             fsdp__store_packed_avx2(d + i, fsdp__bf16_round_avx2(_mm256_castps_si256(a)),
-                                    fsdp__bf16_round_avx2(_mm256_castps_si256(b)));
+                                    fsdp__bf16_round_avx2(_mm256_castps_si256(b)), nt);
             fsdp__store_packed_avx2(d + i + 16, fsdp__bf16_round_avx2(_mm256_castps_si256(c)),
-                                    fsdp__bf16_round_avx2(_mm256_castps_si256(e)));
+                                    fsdp__bf16_round_avx2(_mm256_castps_si256(e)), nt);
         } else {
             fsdp__store_packed_avx2(d + i, fsdp__bf16_round_nan_avx2(_mm256_castps_si256(a)),
-                                    fsdp__bf16_round_nan_avx2(_mm256_castps_si256(b)));
+                                    fsdp__bf16_round_nan_avx2(_mm256_castps_si256(b)), nt);
             fsdp__store_packed_avx2(d + i + 16, fsdp__bf16_round_nan_avx2(_mm256_castps_si256(c)),
-                                    fsdp__bf16_round_nan_avx2(_mm256_castps_si256(e)));
+                                    fsdp__bf16_round_nan_avx2(_mm256_castps_si256(e)), nt);
         }
     }
     return i;
 }
 
-FSDP__DEF FSDP__AVX2_F16C size_t fsdp__bf16_to_f32_avx2(float *d, const uint16_t *s, size_t n)
+static inline __attribute__((always_inline)) FSDP__AVX2_F16C size_t
+fsdp__bf16_to_f32_avx2_loop(float *d, const uint16_t *s, size_t i0, size_t n, int nt)
 {
     size_t i, j;
-    for (i = 0; i + 32 <= n; i += 32) {
-        FSDP__CVT_PREFETCH(d, s, i, n);
+    for (i = i0; i + 32 <= n; i += 32) {
+        FSDP__CVT_PREFETCH_NT(d, s, i, n, nt);
         for (j = i; j < i + 32; j += 8) {
             __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(s + j)));
-            _mm256_storeu_si256((__m256i *)(d + j), _mm256_slli_epi32(a, 16));
+            fsdp__store256(d + j, _mm256_slli_epi32(a, 16), nt);
         }
     }
     return i;
@@ -2149,43 +2242,51 @@ static inline FSDP__AVX2_F16C __m256i fsdp__f16_widen_nan_avx2(__m128i h)
 
 /* 32 elements per iteration; a block with an Inf or NaN (exponent 31) takes
    the version that keeps signalling NaNs signalling */
-FSDP__DEF FSDP__AVX2_F16C size_t fsdp__f16_to_f32_avx2(float *d, const uint16_t *s, size_t n)
+static inline __attribute__((always_inline)) FSDP__AVX2_F16C size_t
+fsdp__f16_to_f32_avx2_loop(float *d, const uint16_t *s, size_t i0, size_t n, int nt)
 {
     const __m256i emax = _mm256_set1_epi16(0x7c00);
     size_t i, j;
-    for (i = 0; i + 32 <= n; i += 32) {
+    for (i = i0; i + 32 <= n; i += 32) {
         __m256i h = _mm256_loadu_si256((const __m256i *)(s + i));
         __m256i g = _mm256_loadu_si256((const __m256i *)(s + i + 16));
         __m256i top = _mm256_or_si256(_mm256_cmpeq_epi16(_mm256_and_si256(h, emax), emax),
                                       _mm256_cmpeq_epi16(_mm256_and_si256(g, emax), emax));
-        FSDP__CVT_PREFETCH(d, s, i, n);
+        FSDP__CVT_PREFETCH_NT(d, s, i, n, nt);
         if (_mm256_testz_si256(top, top)) {
             for (j = i; j < i + 32; j += 8)
-                _mm256_storeu_ps(d + j, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + j))));
+                fsdp__store256(d + j,
+                               _mm256_castps_si256(_mm256_cvtph_ps(
+                                   _mm_loadu_si128((const __m128i *)(s + j)))),
+                               nt);
         } else {
             for (j = i; j < i + 32; j += 8)
-                _mm256_storeu_si256((__m256i *)(d + j),
-                                    fsdp__f16_widen_nan_avx2(
-                                        _mm_loadu_si128((const __m128i *)(s + j))));
+                fsdp__store256(d + j,
+                               fsdp__f16_widen_nan_avx2(_mm_loadu_si128((const __m128i *)(s + j))),
+                               nt);
         }
     }
     return i;
 }
 
-FSDP__DEF FSDP__AVX2_F16C size_t fsdp__f32_to_f16_avx2(uint16_t *d, const float *s, size_t n)
+static inline __attribute__((always_inline)) FSDP__AVX2_F16C size_t
+fsdp__f32_to_f16_avx2_loop(uint16_t *d, const float *s, size_t i0, size_t n, int nt)
 {
     size_t i, j;
-    for (i = 0; i + 32 <= n; i += 32) {
-        FSDP__CVT_PREFETCH(d, s, i, n);
+    for (i = i0; i + 32 <= n; i += 32) {
+        FSDP__CVT_PREFETCH_NT(d, s, i, n, nt);
         for (j = i; j < i + 32; j += 16) {
             __m128i a = _mm256_cvtps_ph(_mm256_loadu_ps(s + j), _MM_FROUND_TO_NEAREST_INT);
             __m128i b = _mm256_cvtps_ph(_mm256_loadu_ps(s + j + 8), _MM_FROUND_TO_NEAREST_INT);
-            _mm256_storeu_si256((__m256i *)(d + j),
-                                _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1));
+            fsdp__store256(d + j, _mm256_inserti128_si256(_mm256_castsi128_si256(a), b, 1), nt);
         }
     }
     return i;
 }
+FSDP__CVT_AVX2_KERNEL(f32_to_bf16, uint16_t, float, 2, fsdp__f32_to_bf16_c)
+FSDP__CVT_AVX2_KERNEL(bf16_to_f32, float, uint16_t, 4, fsdp__bf16_to_f32_c)
+FSDP__CVT_AVX2_KERNEL(f16_to_f32, float, uint16_t, 4, fsdp__f16_to_f32_c)
+FSDP__CVT_AVX2_KERNEL(f32_to_f16, uint16_t, float, 2, fsdp__f32_to_f16_c)
 #endif /* AVX2 + F16C */
 
 /* The array conversions: the widest path the CPU runs, then the portable

@@ -689,6 +689,69 @@ static void test_convert_arrays_match_scalar(void)
     free(hs);
 }
 
+/* Large conversions stream their stores (non-temporal, from the first
+   32-byte aligned destination element, above a threshold of at most 64 MiB
+   of destination): each direction once with a destination just over 64 MiB
+   at an unaligned start, against the scalar functions, with a guard after
+   the end. */
+static void test_convert_arrays_streaming(void)
+{
+    const size_t n16 = ((size_t)64 << 20) / 2 + 77, n32 = ((size_t)64 << 20) / 4 + 77, pad = 16;
+    uint32_t *f = (uint32_t *)malloc((n16 + pad) * 4);
+    uint16_t *h = (uint16_t *)malloc((n16 + pad) * 2);
+    size_t i, bad;
+    int k;
+    if (!f || !h) {
+        CHECK(0, "test_convert_arrays_streaming: %s", "out of memory");
+        free(f);
+        free(h);
+        return;
+    }
+    for (k = 0; k < 2; k++) {
+        fsdp_dtype hdt = k ? FSDP_F16 : FSDP_BF16;
+        const char *hn = fsdp_dtype_name(hdt);
+        /* f32 -> 16 bits: source at +1, destination at +3 elements */
+        for (i = 0; i < n16 + pad; i++) {
+            uint64_t r = next64();
+            f[i] = (r >> 40) % 64 == 0 ? (uint32_t)(r & 0x807fffffu) | 0x7f800001u : (uint32_t)r;
+        }
+        for (i = 0; i < n16 + pad; i++) h[i] = 0xA5A5;
+        CHECK(fsdp_convert(h + 3, hdt, f + 1, FSDP_F32, n16) == FSDP_SUCCESS,
+              "convert f32->%s (large) failed", hn);
+        bad = 0;
+        for (i = 0; i < n16 + pad; i++) {
+            uint16_t want = 0xA5A5;
+            if (i >= 3 && i < n16 + 3) {
+                float x = u2f(f[i - 2]);
+                want = k ? fsdp_f32_to_f16(x) : fsdp_f32_to_bf16(x);
+            }
+            if (h[i] != want && bad++ < 5)
+                CHECK(0, "large f32->%s [%zu] -> 0x%04x, want 0x%04x", hn, i, (unsigned)h[i],
+                      (unsigned)want);
+        }
+        CHECK(bad == 0, "large f32->%s: %zu wrong elements", hn, bad);
+        /* 16 bits -> f32: source at +1, destination at +5 elements */
+        for (i = 0; i < n32 + pad; i++) h[i] = (uint16_t)next64();
+        for (i = 0; i < n32 + pad; i++) f[i] = 0xA5A5A5A5u;
+        CHECK(fsdp_convert(f + 5, FSDP_F32, h + 1, hdt, n32) == FSDP_SUCCESS,
+              "convert %s->f32 (large) failed", hn);
+        bad = 0;
+        for (i = 0; i < n32 + pad; i++) {
+            uint32_t want = 0xA5A5A5A5u;
+            if (i >= 5 && i < n32 + 5) {
+                uint16_t x = h[i - 4];
+                want = f2u(k ? fsdp_f16_to_f32(x) : fsdp_bf16_to_f32(x));
+            }
+            if (f[i] != want && bad++ < 5)
+                CHECK(0, "large %s->f32 [%zu] -> 0x%08x, want 0x%08x", hn, i, (unsigned)f[i],
+                      (unsigned)want);
+        }
+        CHECK(bad == 0, "large %s->f32: %zu wrong elements", hn, bad);
+    }
+    free(f);
+    free(h);
+}
+
 /* f64 -> f16/bf16 rounds once from the double: cases where rounding through
    f32 first would give a different (double-rounded) result. */
 static void test_convert_f64_single_rounding(void)
@@ -869,6 +932,7 @@ int main(void)
     test_convert_f64_single_rounding();
     test_convert_pairs();
     test_convert_arrays_match_scalar();
+    test_convert_arrays_streaming();
     test_convert_copies_and_errors();
     printf("%lld passed, %lld failed\n", g_pass, g_fail);
     return g_fail ? 1 : 0;
