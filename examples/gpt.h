@@ -41,6 +41,7 @@ typedef struct gpt_config {
        run after step N, as an interruption would */
     const char *save_dir, *resume_dir;
     int save_every, stop_after;
+    int cpu_offload; /* shards, gradients and optimizer state in pinned host memory */
 } gpt_config;
 
 /* The defaults of train_gpt: ~100k parameters, learns 3-digit addition to
@@ -1117,6 +1118,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     cd.groups = groups;
     cd.ngroups = 2;
     cd.group_fn = gpt_group_of;
+    cd.cpu_offload = cfg->cpu_offload;
     {
         fsdp_error err;
         memset(&err, 0, sizeof err);

@@ -15,7 +15,9 @@
    global-norm clipping at --clip, and --accum micro-batches per step
    (several forward/backward passes accumulate into the sharded gradients,
    then one fsdp_step). --bf16 gathers parameters and reduces gradients in
-   bf16 while the master weights and the optimizer stay fp32.
+   bf16 while the master weights and the optimizer stay fp32. --cpu-offload
+   keeps the shards, gradients and optimizer state in pinned host memory and
+   steps on the host (FSDP's CPUOffload); the run is bitwise the same.
 
    The task is generated from --seed: "123+456=" followed by the sum's
    digits written backwards ("9750" for 579), so the model writes the least
@@ -37,7 +39,7 @@
 
    Usage: train_gpt [--ranks N] [--steps K] [--layers L] [--dim C] [--heads H]
                     [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]
-                    [--ntest N] [--eval-every K] [--clip X] [--bf16] [--quiet]
+                    [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload] [--quiet]
                     [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
                     [--backend local|mpi|gloo]  (mpi: mpirun -np N train_gpt ...;
                     gloo: forks --ranks processes over loopback TCP, or runs one
@@ -80,7 +82,8 @@ static void usage(const char *argv0)
     fprintf(stderr,
             "usage: %s [--ranks N] [--steps K] [--layers L] [--dim C] [--heads H]\n"
             "          [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]\n"
-            "          [--ntest N] [--eval-every K] [--clip X] [--bf16] [--quiet]\n"
+            "          [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload]\n"
+            "          [--quiet]\n"
             "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
             "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
             "           gloo: forks --ranks processes, or one rank: --rank R --store-dir D\n"
@@ -113,6 +116,7 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
         int good = 1;
         if (!strcmp(a, "--quiet")) c->quiet = 1;
         else if (!strcmp(a, "--bf16")) c->bf16 = 1;
+        else if (!strcmp(a, "--cpu-offload")) c->cpu_offload = 1;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         else if (!v) {
             fprintf(stderr, "train_gpt: unknown option or missing value: %s\n", a);

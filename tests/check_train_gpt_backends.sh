@@ -1,7 +1,8 @@
 #!/bin/sh
 # Trains examples/train_gpt with the same seed on every backend this build
 # has (local threads; MPI under mpiexec, one process per rank; Gloo, forked
-# processes over loopback TCP) and checks the final losses agree to 1e-6.
+# processes over loopback TCP), and locally with --cpu-offload, and checks
+# the final losses agree to 1e-6.
 # Usage: check_train_gpt_backends.sh path/to/train_gpt [path/to/mpiexec|''] [gloo|'']
 set -u
 exe=${1:?usage: check_train_gpt_backends.sh path/to/train_gpt [mpiexec] [gloo]}
@@ -19,6 +20,7 @@ run() { # name, command...
 }
 losses=""
 run local "$exe" $args --backend local
+run local-cpu-offload "$exe" $args --backend local --cpu-offload
 [ -n "$mpiexec" ] && run mpi "$mpiexec" -n 2 "$exe" $args --backend mpi
 [ -n "$gloo" ] && run gloo "$exe" $args --backend gloo
 echo "$losses" | awk '{

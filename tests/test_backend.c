@@ -71,6 +71,8 @@ static int rm_entry(const char *path, const struct stat *sb, int flag, struct FT
     return remove(path);
 }
 
+/* timing of the MPI and Gloo error cases */
+#if defined(FSDP_HAVE_MPI) || defined(FSDP_HAVE_GLOO)
 static double now_ms(void)
 {
     struct timespec ts;
@@ -85,6 +87,7 @@ static void sleep_ms(int ms)
     ts.tv_nsec = (long)(ms % 1000) * 1000000L;
     nanosleep(&ts, NULL);
 }
+#endif
 
 /* ---------------------------------------------------------------------- */
 /* values and the reference arithmetic                                     */
