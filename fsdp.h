@@ -449,10 +449,11 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
 /* The reduction of every backend: dst[i] = the sum over j = 0..nsrc-1, in
    that order, of element offset + i of src[j], accumulated in f32 (f64 for
    f64; bf16 and f16 are widened), divided by nsrc for FSDP_REDUCE_AVG and
-   rounded once to dt (a float type). dst may be the very elements it sums
-   of one source
-   (dst == src[j] + offset elements); otherwise it must not overlap them. */
-FSDP_API void fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src, int nsrc,
+   rounded once to dt. dst may be the very elements it sums of one source
+   (dst == src[j] + offset elements); otherwise it must not overlap them.
+   Returns FSDP_INVALID_DTYPE (and touches nothing) unless dt is a float
+   type, FSDP_INVALID_ARGS for nsrc < 1 with count > 0. */
+FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src, int nsrc,
                                  size_t offset, size_t count, fsdp_reduce_op op);
 
 /* --- the built-in local backend: N ranks as N threads of one process --- */
@@ -2038,6 +2039,7 @@ FSDP__DEF size_t fsdp__f32_to_f16_sse2(uint16_t *d, const float *s, size_t n)
 
 #if defined(FSDP__HAVE_SSE2_CVT) && !defined(FSDP_NO_SIMD_DISPATCH) &&                   \
     (defined(__x86_64__) || defined(__i386__)) && !defined(__INTEL_COMPILER) &&           \
+    !defined(_MSC_VER) /* clang-cl: no __cpu_model to link */ &&                           \
     ((defined(__clang__) && __clang_major__ >= 6) || (!defined(__clang__) && __GNUC__ >= 6))
 #include <immintrin.h>
 #include <cpuid.h>
@@ -3966,12 +3968,14 @@ FSDP__DEF void fsdp__reduce_f32(float *dst, const void *const *src, int n, size_
     }
 }
 
-FSDP_API void fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src, int nsrc,
-                                 size_t offset, size_t count, fsdp_reduce_op op)
+FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src,
+                                        int nsrc, size_t offset, size_t count, fsdp_reduce_op op)
 {
     size_t b, i, m;
     int j, n = nsrc, avg = op == FSDP_REDUCE_AVG;
-    if (n < 1 || !count) return;
+    if (!fsdp_dtype_is_float(dt)) return FSDP_INVALID_DTYPE;
+    if (!count) return FSDP_SUCCESS;
+    if (n < 1) return FSDP_INVALID_ARGS;
     if (dt == FSDP_F64) {
         double *d = (double *)dst;
         double acc[FSDP__RBLOCK];
@@ -3985,17 +3989,17 @@ FSDP_API void fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *sr
             if (avg) for (i = 0; i < m; i++) acc[i] /= (double)n;
             memcpy(d + b, acc, m * sizeof(double));
         }
-        return;
+        return FSDP_SUCCESS;
     }
     if (dt == FSDP_F32 && n >= 2) {
         fsdp__reduce_f32((float *)dst, src, n, offset, count, avg);
-        return;
+        return FSDP_SUCCESS;
     }
     if (dt == FSDP_F32) { /* one rank: a copy, possibly onto itself */
         float *d = (float *)dst;
         memmove(d, (const float *)src[0] + offset, count * sizeof(float));
         if (avg) for (i = 0; i < count; i++) d[i] = d[i] / 1.0f;
-        return;
+        return FSDP_SUCCESS;
     }
     for (b = 0; b < count; b += m) {
         float acc[FSDP__RBLOCK];
@@ -4022,6 +4026,7 @@ FSDP_API void fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *sr
             for (i = 0; i < m; i++) d[i] = fsdp_f32_to_f16(acc[i]);
         }
     }
+    return FSDP_SUCCESS;
 }
 
 /* --- the local backend --------------------------------------------------- */
@@ -8148,7 +8153,9 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c)
         if ((size_t)T > total / per + 1) T = (int)(total / per + 1);
     }
     for (t = 0; t < T; t++) {
-        /* boundaries on 16 elements: threads never share a cache line */
+        /* boundaries on multiples of 16 elements of the concatenated
+           pieces: mostly distinct cache lines (pieces start anywhere, so
+           a line may still be shared at a boundary; only false sharing) */
         jobs[t].items = items;
         jobs[t].nitems = n;
         jobs[t].begin = t ? jobs[t - 1].end : 0;
@@ -12185,7 +12192,7 @@ FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
             r = fsdp_device_alloc(c->dev, (size_t)cu->S * 4, &p);
             if (r == FSDP_SUCCESS) {
                 L->stage[u * 5 + w] = (float *)p;
-                r = fsdp_device_copy(c->dev, p, src, (size_t)cu->S * 4, FSDP_COPY_D2D, NULL);
+                r = fsdp_device_copy(c->dev, p, src, (size_t)cu->S * 4, fsdp__from_shard(c), NULL);
             }
             if (r != FSDP_SUCCESS)
                 return fsdp__ctx_fail(c, r, "%s: rank %d: staging the new shards (one extra "
@@ -12303,7 +12310,7 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
         for (w = 0; w < 5; w++) {
             if (!L->stage[u * 5 + w]) continue;
             r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[u * 5 + w],
-                                 (size_t)cu->S * 4, FSDP_COPY_D2D, NULL);
+                                 (size_t)cu->S * 4, fsdp__to_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
         }
         if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;

@@ -928,9 +928,25 @@ static void test_bad_input(void)
     fsdp_device_destroy(dev);
 }
 
+/* fsdp_reduce_blocks, the backend authors' sum: refuses what it cannot add */
+static void test_reduce_blocks_input(void)
+{
+    int32_t a[3] = {1, 2, 3}, b[3] = {4, 5, 6}, out[3] = {7, 7, 7};
+    float x[2] = {1.5f, 2.0f}, y[2] = {0.25f, -1.0f}, z[2] = {0};
+    const void *src[2];
+    src[0] = a, src[1] = b;
+    CHECK(fsdp_reduce_blocks(out, FSDP_I32, src, 2, 0, 3, FSDP_REDUCE_SUM) == FSDP_INVALID_DTYPE);
+    CHECK(out[0] == 7 && out[1] == 7 && out[2] == 7);
+    src[0] = x, src[1] = y;
+    CHECK(fsdp_reduce_blocks(z, FSDP_F32, src, 0, 0, 2, FSDP_REDUCE_SUM) == FSDP_INVALID_ARGS);
+    CHECK(fsdp_reduce_blocks(z, FSDP_F32, src, 2, 0, 2, FSDP_REDUCE_AVG) == FSDP_SUCCESS);
+    CHECK(z[0] == 0.875f && z[1] == 0.5f);
+}
+
 int main(void)
 {
     double t0 = now_ms();
+    test_reduce_blocks_input();
     test_bad_input();
     test_custom_comm();
     test_world_sizes();
