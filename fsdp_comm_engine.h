@@ -356,15 +356,12 @@ FSDP__ENG fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp_coll_desc *c, cons
     }
 }
 
-/* Waits for this engine's earlier collectives (program order across
-   streams), runs one, and records a failure that desynchronised the ranks. */
-FSDP__ENG fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
-                                    void *recv, void *scratch, fsdp_error *err)
+/* Waits until the collectives issued before c finished (program order
+   across streams); FSDP_COMM_ABORTED once the communicator broke. */
+FSDP__ENG fsdp_result fsdp__eng_turn(fsdp__eng *e, const fsdp_coll_desc *c, fsdp_error *err)
 {
-    char call[160];
-    fsdp_error xe;
     fsdp_result r = FSDP_SUCCESS;
-    double deadline;
+    char call[160];
     pthread_mutex_lock(&e->mu);
     while (e->finished + 1 < c->seq && !e->broken) pthread_cond_wait(&e->cv, &e->mu);
     if (e->broken) {
@@ -374,7 +371,19 @@ FSDP__ENG fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp_coll_desc *c, const
                            e->rank, e->name, e->broken_err.message);
     }
     pthread_mutex_unlock(&e->mu);
-    if (r != FSDP_SUCCESS) goto done;
+    return r;
+}
+
+/* Waits for this engine's earlier collectives (program order across
+   streams), runs one, and records a failure that desynchronised the ranks. */
+FSDP__ENG fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                    void *recv, void *scratch, fsdp_error *err)
+{
+    char call[160];
+    fsdp_error xe;
+    fsdp_result r = FSDP_SUCCESS;
+    double deadline;
+    if ((r = fsdp__eng_turn(e, c, err)) != FSDP_SUCCESS) goto done;
     deadline = fsdp__eng_deadline(e->timeout_ms);
     if (e->check && e->size > 1) {
         r = fsdp__eng_check(e, c, deadline, err);
@@ -624,14 +633,7 @@ FSDP__ENG fsdp_result fsdp__split__eng(void *self, int color, int key, void **ou
     c.key = key;
     c.seq = ++e->issued;
     fsdp_coll_describe(call, sizeof call, &c);
-    pthread_mutex_lock(&e->mu);
-    while (e->finished + 1 < c.seq && !e->broken) pthread_cond_wait(&e->cv, &e->mu);
-    if (e->broken)
-        r = fsdp__eng_fail(err, FSDP_COMM_ABORTED,
-                           "%s on rank %d (comm '%s'): the communicator failed earlier: %s", call,
-                           e->rank, e->name, e->broken_err.message);
-    pthread_mutex_unlock(&e->mu);
-    if (r != FSDP_SUCCESS) goto done;
+    if ((r = fsdp__eng_turn(e, &c, err)) != FSDP_SUCCESS) goto done;
     deadline = fsdp__eng_deadline(e->timeout_ms);
     if (e->check && e->size > 1 && (r = fsdp__eng_check(e, &c, deadline, err)) != FSDP_SUCCESS) {
         fsdp__eng_break(e, err);
