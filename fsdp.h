@@ -196,6 +196,58 @@ FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
                                   fsdp_dtype src_dt, size_t n);
 
 /* ======================================================================== */
+/* >>optim                                                                   */
+/* ======================================================================== */
+
+typedef enum fsdp_optim_kind {
+    FSDP_OPTIM_DEFAULT = 0, /* AdamW */
+    FSDP_ADAMW = 1,
+    FSDP_ADAM = 2,          /* weight_decay is L2 added to the gradient */
+    FSDP_SGD = 3
+} fsdp_optim_kind;
+
+/* torch.optim hyper-parameters. Start from fsdp_optim_defaults(kind), which
+   gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+   weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
+   everything else 0). */
+typedef struct fsdp_optim_config {
+    fsdp_optim_kind kind;
+    double lr;
+    double beta1, beta2, eps;   /* Adam family */
+    double weight_decay;
+    int amsgrad;                /* Adam family */
+    double momentum, dampening; /* SGD */
+    int nesterov;               /* SGD; needs momentum > 0 and dampening 0 */
+    /* 1: c + a*b steps are fused multiply-adds, as torch's AVX2 kernels (and
+       GPUs) compute them; 0: every operation rounds separately, as torch's
+       default-capability kernels do. Both reproduce torch bit-for-bit. */
+    int fused_multiply_add;
+} fsdp_optim_config;
+
+FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
+/* Checks a configuration as torch's constructors do (lr >= 0, eps >= 0,
+   betas in [0, 1), momentum >= 0, weight_decay >= 0, nesterov needs
+   momentum > 0 and dampening 0). msg (optional, FSDP_ERROR_MAX bytes)
+   receives the reason. */
+FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg);
+/* Which state buffers a configuration keeps, as torch names them:
+   bit 0 exp_avg, bit 1 exp_avg_sq, bit 2 max_exp_avg_sq, bit 3 momentum_buffer. */
+FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c);
+
+/* The optimizer state of one flat f32 range; NULL buffers the configuration
+   does not use. */
+typedef struct fsdp_optim_state {
+    float *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *momentum_buffer;
+} fsdp_optim_state;
+
+/* One torch.optim step over n f32 elements on the host. step is 1 for the
+   first step (torch's state['step'] after its increment). The arithmetic is
+   the recipe of tests/vectors/README.md, element by element, so splitting a
+   tensor into shards changes no bit. */
+FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
+                                          const float *grad, const fsdp_optim_state *state,
+                                          size_t n);
+/* ======================================================================== */
 /* >>device                                                                  */
 /* ======================================================================== */
 
@@ -739,57 +791,129 @@ typedef void (*fsdp_name_fn)(void *user, const char *name, int64_t numel);
 FSDP_API fsdp_result fsdp_units_torch_names(const fsdp_units *u, fsdp_name_fn fn, void *user);
 
 /* ======================================================================== */
-/* >>optim                                                                   */
+/* >>statedict                                                               */
 /* ======================================================================== */
 
-typedef enum fsdp_optim_kind {
-    FSDP_OPTIM_DEFAULT = 0, /* AdamW */
-    FSDP_ADAMW = 1,
-    FSDP_ADAM = 2,          /* weight_decay is L2 added to the gradient */
-    FSDP_SGD = 3
-} fsdp_optim_kind;
+/* State dicts: named tensors taken from a context or loaded into one.
 
-/* torch.optim hyper-parameters. Start from fsdp_optim_defaults(kind), which
-   gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
-   weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
-   everything else 0). */
-typedef struct fsdp_optim_config {
-    fsdp_optim_kind kind;
-    double lr;
-    double beta1, beta2, eps;   /* Adam family */
-    double weight_decay;
-    int amsgrad;                /* Adam family */
-    double momentum, dampening; /* SGD */
-    int nesterov;               /* SGD; needs momentum > 0 and dampening 0 */
-    /* 1: c + a*b steps are fused multiply-adds, as torch's AVX2 kernels (and
-       GPUs) compute them; 0: every operation rounds separately, as torch's
-       default-capability kernels do. Both reproduce torch bit-for-bit. */
-    int fused_multiply_add;
-} fsdp_optim_config;
+   Keys are clean FQNs, never wrapper names. The model's parameters come
+   first, in state_dict() order (fsdp_model_param occurrence order: a tied
+   parameter appears under every name); with FSDP_SD_OPTIM the optimizer
+   state follows, per trainable parameter under its first name (the name
+   named_parameters() gives it), in that order:
+       optim.<fqn>.exp_avg, optim.<fqn>.exp_avg_sq, optim.<fqn>.max_exp_avg_sq,
+       optim.<fqn>.momentum_buffer   (those the configuration keeps, f32)
+       optim.<fqn>.step              (i64 scalar: torch's state['step'])
+   Ignored parameters belong to the engine and never appear.
 
-FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
-/* Checks a configuration as torch's constructors do (lr >= 0, eps >= 0,
-   betas in [0, 1), momentum >= 0, weight_decay >= 0, nesterov needs
-   momentum > 0 and dampening 0). msg (optional, FSDP_ERROR_MAX bytes)
-   receives the reason. */
-FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg);
-/* Which state buffers a configuration keeps, as torch names them:
-   bit 0 exp_avg, bit 1 exp_avg_sq, bit 2 max_exp_avg_sq, bit 3 momentum_buffer. */
-FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c);
+   Kinds:
+     FULL     every tensor whole (gathered from the shards).
+     SHARDED  this rank's pieces, no communication: a piece is a contiguous
+              range of the row-major flattened tensor (FSDP cuts mid-row), so
+              it carries the global shape, the element offset of its first
+              element and its element count. A tied parameter appears once,
+              under its first name.
+     LOCAL    the raw flat shards, one tensor per unit named
+              "<unit fqn>.flat_param" ("flat_param" for the root), shape the
+              unit's unpadded flat numel, offset the rank's flat_begin,
+              numel its valid elements (padding dropped).  */
 
-/* The optimizer state of one flat f32 range; NULL buffers the configuration
-   does not use. */
-typedef struct fsdp_optim_state {
-    float *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *momentum_buffer;
-} fsdp_optim_state;
+typedef enum fsdp_sd_kind {
+    FSDP_SD_FULL = 0,
+    FSDP_SD_SHARDED = 1,
+    FSDP_SD_LOCAL = 2
+} fsdp_sd_kind;
 
-/* One torch.optim step over n f32 elements on the host. step is 1 for the
-   first step (torch's state['step'] after its increment). The arithmetic is
-   the recipe of tests/vectors/README.md, element by element, so splitting a
-   tensor into shards changes no bit. */
-FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
-                                          const float *grad, const fsdp_optim_state *state,
-                                          size_t n);
+/* Where a tensor's data lives. */
+typedef enum fsdp_memory_kind {
+    FSDP_MEM_HOST = 0,   /* ordinary host memory (the allocator hooks) */
+    FSDP_MEM_PINNED = 1, /* fsdp_device_host_alloc of the dict's device */
+    FSDP_MEM_DEVICE = 2  /* fsdp_device_alloc of the dict's device */
+} fsdp_memory_kind;
+
+typedef struct fsdp_tensor {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;                      /* 0: scalar */
+    int64_t shape[FSDP_MAX_DIMS];  /* the global shape */
+    int64_t offset;                /* first element in the flattened tensor */
+    int64_t numel;                 /* elements in data (all of them: offset 0) */
+    void *data;
+    fsdp_memory_kind mem;
+} fsdp_tensor;
+
+typedef struct fsdp_state_dict fsdp_state_dict;
+
+/* Flags of the state-dict and checkpoint calls. */
+enum {
+    FSDP_SD_OPTIM = 1u << 0,      /* with the optimizer state (get and load) */
+    FSDP_SD_RANK0_ONLY = 1u << 1, /* get: only rank 0 receives tensors (the
+                                     others get an empty dict); load: only
+                                     rank 0's dict is read and broadcast */
+    FSDP_SD_OFFLOAD = 1u << 2,    /* get: tensors in host memory (else in
+                                     device memory, like tensors on the GPU) */
+    FSDP_SD_PINNED = 1u << 3,     /* with OFFLOAD: pinned host memory */
+    FSDP_SD_NOT_STRICT = 1u << 4  /* load: missing and unexpected keys are
+                                     allowed (missing ones keep their values) */
+};
+
+/* An empty dict of the given kind, to fill with fsdp_state_dict_add. dev
+   (may be NULL) frees the tensors' pinned and device memory. */
+FSDP_API fsdp_result fsdp_state_dict_create(fsdp_sd_kind kind, fsdp_device *dev,
+                                            const fsdp_hooks *hooks, fsdp_state_dict **out);
+/* Adds a tensor; the name is copied. copy = 1 copies the data (host or
+   pinned memory) into host memory the dict owns; copy = 0 borrows t->data
+   (any t->mem), which must outlive the dict. numel 0 with offset 0 means
+   the whole tensor. Shape, piece and dtype are checked. */
+FSDP_API fsdp_result fsdp_state_dict_add(fsdp_state_dict *sd, const fsdp_tensor *t, int copy);
+/* Frees the dict and the memory it owns (a dict holding pinned or device
+   memory needs its device alive). */
+FSDP_API void fsdp_state_dict_destroy(fsdp_state_dict *sd);
+FSDP_API fsdp_sd_kind fsdp_state_dict_kind(const fsdp_state_dict *sd);
+FSDP_API int fsdp_state_dict_count(const fsdp_state_dict *sd);
+/* Tensor i (0..count-1), or NULL. */
+FSDP_API const fsdp_tensor *fsdp_state_dict_tensor(const fsdp_state_dict *sd, int i);
+/* The index of the first tensor named `name`, or -1. */
+FSDP_API int fsdp_state_dict_find(const fsdp_state_dict *sd, const char *name);
+FSDP_API const char *fsdp_state_dict_last_error(const fsdp_state_dict *sd);
+/* Bytes of tensor data the dict holds. */
+FSDP_API size_t fsdp_state_dict_bytes(const fsdp_state_dict *sd);
+
+/* The similarity check: same keys in the same order, shapes, dtypes and
+   pieces. FSDP_SUCCESS, or FSDP_CKPT_MISMATCH with the first difference in
+   msg (FSDP_ERROR_MAX bytes, optional). Collective: no. */
+FSDP_API fsdp_result fsdp_state_dict_compare(const fsdp_state_dict *a, const fsdp_state_dict *b,
+                                             char *msg);
+
+/* A dict with src's structure in host memory (pinned through dev when
+   pinned is 1), data zeroed: the destination for fsdp_state_dict_copy. */
+FSDP_API fsdp_result fsdp_state_dict_host_like(const fsdp_state_dict *src, fsdp_device *dev,
+                                               int pinned, fsdp_state_dict **out);
+/* Copies src's data into dst (same structure, else FSDP_CKPT_MISMATCH
+   naming the first difference). stream non-NULL: the device copies are
+   queued on it (non-blocking; synchronize it before reading dst), dev is
+   src's device. Collective: no. */
+FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state_dict *src,
+                                          fsdp_stream *stream);
+
+/* >>statedict end (declarations) */
+
+/* ======================================================================== */
+/* >>safetensors                                                             */
+/* ======================================================================== */
+
+/* Plain safetensors files. save: writes sd's tensors (a piece of a larger
+   tensor as a 1-D tensor of its numel) with checksums, atomically. load:
+   reads a whole file into a FULL dict in host memory, validating the header
+   (length, JSON, dtypes, shapes, offsets: inside the data, no overlap, no
+   gap) and the checksums when present. Errors name the file. */
+FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_dict *sd,
+                                           fsdp_error *err);
+FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
+                                           fsdp_state_dict **out, fsdp_error *err);
+
+/* >>safetensors end (declarations) */
+
 /* ======================================================================== */
 /* >>runtime                                                                 */
 /* ======================================================================== */
@@ -1220,93 +1344,8 @@ FSDP_API fsdp_result fsdp_zero_state_to_state_dict(fsdp_zero *z, int to, fsdp_st
 FSDP_API fsdp_result fsdp_zero_state_from_state_dict(fsdp_zero *z, const fsdp_state_dict *sd);
 
 /* ======================================================================== */
-/* >>statedict                                                               */
+/* >>getload                                                                 */
 /* ======================================================================== */
-
-/* State dicts: named tensors taken from a context or loaded into one.
-
-   Keys are clean FQNs, never wrapper names. The model's parameters come
-   first, in state_dict() order (fsdp_model_param occurrence order: a tied
-   parameter appears under every name); with FSDP_SD_OPTIM the optimizer
-   state follows, per trainable parameter under its first name (the name
-   named_parameters() gives it), in that order:
-       optim.<fqn>.exp_avg, optim.<fqn>.exp_avg_sq, optim.<fqn>.max_exp_avg_sq,
-       optim.<fqn>.momentum_buffer   (those the configuration keeps, f32)
-       optim.<fqn>.step              (i64 scalar: torch's state['step'])
-   Ignored parameters belong to the engine and never appear.
-
-   Kinds:
-     FULL     every tensor whole (gathered from the shards).
-     SHARDED  this rank's pieces, no communication: a piece is a contiguous
-              range of the row-major flattened tensor (FSDP cuts mid-row), so
-              it carries the global shape, the element offset of its first
-              element and its element count. A tied parameter appears once,
-              under its first name.
-     LOCAL    the raw flat shards, one tensor per unit named
-              "<unit fqn>.flat_param" ("flat_param" for the root), shape the
-              unit's unpadded flat numel, offset the rank's flat_begin,
-              numel its valid elements (padding dropped).  */
-
-typedef enum fsdp_sd_kind {
-    FSDP_SD_FULL = 0,
-    FSDP_SD_SHARDED = 1,
-    FSDP_SD_LOCAL = 2
-} fsdp_sd_kind;
-
-/* Where a tensor's data lives. */
-typedef enum fsdp_memory_kind {
-    FSDP_MEM_HOST = 0,   /* ordinary host memory (the allocator hooks) */
-    FSDP_MEM_PINNED = 1, /* fsdp_device_host_alloc of the dict's device */
-    FSDP_MEM_DEVICE = 2  /* fsdp_device_alloc of the dict's device */
-} fsdp_memory_kind;
-
-typedef struct fsdp_tensor {
-    const char *name;
-    fsdp_dtype dtype;
-    int ndim;                      /* 0: scalar */
-    int64_t shape[FSDP_MAX_DIMS];  /* the global shape */
-    int64_t offset;                /* first element in the flattened tensor */
-    int64_t numel;                 /* elements in data (all of them: offset 0) */
-    void *data;
-    fsdp_memory_kind mem;
-} fsdp_tensor;
-
-typedef struct fsdp_state_dict fsdp_state_dict;
-
-/* Flags of the state-dict and checkpoint calls. */
-enum {
-    FSDP_SD_OPTIM = 1u << 0,      /* with the optimizer state (get and load) */
-    FSDP_SD_RANK0_ONLY = 1u << 1, /* get: only rank 0 receives tensors (the
-                                     others get an empty dict); load: only
-                                     rank 0's dict is read and broadcast */
-    FSDP_SD_OFFLOAD = 1u << 2,    /* get: tensors in host memory (else in
-                                     device memory, like tensors on the GPU) */
-    FSDP_SD_PINNED = 1u << 3,     /* with OFFLOAD: pinned host memory */
-    FSDP_SD_NOT_STRICT = 1u << 4  /* load: missing and unexpected keys are
-                                     allowed (missing ones keep their values) */
-};
-
-/* An empty dict of the given kind, to fill with fsdp_state_dict_add. dev
-   (may be NULL) frees the tensors' pinned and device memory. */
-FSDP_API fsdp_result fsdp_state_dict_create(fsdp_sd_kind kind, fsdp_device *dev,
-                                            const fsdp_hooks *hooks, fsdp_state_dict **out);
-/* Adds a tensor; the name is copied. copy = 1 copies the data (host or
-   pinned memory) into host memory the dict owns; copy = 0 borrows t->data
-   (any t->mem), which must outlive the dict. numel 0 with offset 0 means
-   the whole tensor. Shape, piece and dtype are checked. */
-FSDP_API fsdp_result fsdp_state_dict_add(fsdp_state_dict *sd, const fsdp_tensor *t, int copy);
-/* Frees the dict and the memory it owns (a dict holding pinned or device
-   memory needs its device alive). */
-FSDP_API void fsdp_state_dict_destroy(fsdp_state_dict *sd);
-FSDP_API fsdp_sd_kind fsdp_state_dict_kind(const fsdp_state_dict *sd);
-FSDP_API int fsdp_state_dict_count(const fsdp_state_dict *sd);
-/* Tensor i (0..count-1), or NULL. */
-FSDP_API const fsdp_tensor *fsdp_state_dict_tensor(const fsdp_state_dict *sd, int i);
-/* The index of the first tensor named `name`, or -1. */
-FSDP_API int fsdp_state_dict_find(const fsdp_state_dict *sd, const char *name);
-FSDP_API const char *fsdp_state_dict_last_error(const fsdp_state_dict *sd);
-/* Bytes of tensor data the dict holds. */
-FSDP_API size_t fsdp_state_dict_bytes(const fsdp_state_dict *sd);
 
 /* Takes the full state dict (FULL_STATE_DICT): each unit's shards are
    all-gathered, even with FSDP_SD_RANK0_ONLY (there is no gather
@@ -1340,24 +1379,7 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *ctx, unsigned flags,
 FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *sd,
                                           unsigned flags);
 
-/* The similarity check: same keys in the same order, shapes, dtypes and
-   pieces. FSDP_SUCCESS, or FSDP_CKPT_MISMATCH with the first difference in
-   msg (FSDP_ERROR_MAX bytes, optional). Collective: no. */
-FSDP_API fsdp_result fsdp_state_dict_compare(const fsdp_state_dict *a, const fsdp_state_dict *b,
-                                             char *msg);
-
-/* A dict with src's structure in host memory (pinned through dev when
-   pinned is 1), data zeroed: the destination for fsdp_state_dict_copy. */
-FSDP_API fsdp_result fsdp_state_dict_host_like(const fsdp_state_dict *src, fsdp_device *dev,
-                                               int pinned, fsdp_state_dict **out);
-/* Copies src's data into dst (same structure, else FSDP_CKPT_MISMATCH
-   naming the first difference). stream non-NULL: the device copies are
-   queued on it (non-blocking; synchronize it before reading dst), dev is
-   src's device. Collective: no. */
-FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state_dict *src,
-                                          fsdp_stream *stream);
-
-/* >>statedict end (declarations) */
+/* >>getload end (declarations) */
 
 /* ======================================================================== */
 /* >>ckpt                                                                    */
@@ -1417,16 +1439,6 @@ FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w);
 /* Pinned host bytes the staging cache holds. */
 FSDP_API size_t fsdp_ckpt_writer_staging_bytes(const fsdp_ckpt_writer *w);
 FSDP_API const char *fsdp_ckpt_writer_last_error(const fsdp_ckpt_writer *w);
-
-/* Plain safetensors files. save: writes sd's tensors (a piece of a larger
-   tensor as a 1-D tensor of its numel) with checksums, atomically. load:
-   reads a whole file into a FULL dict in host memory, validating the header
-   (length, JSON, dtypes, shapes, offsets: inside the data, no overlap, no
-   gap) and the checksums when present. Errors name the file. */
-FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_dict *sd,
-                                           fsdp_error *err);
-FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
-                                           fsdp_state_dict **out, fsdp_error *err);
 
 /* >>ckpt end (declarations) */
 
@@ -2368,6 +2380,305 @@ FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
 }
 
 /* >>dtypes end */
+
+/* ------------------------------------------------------------------------ */
+/* >>optim (implementation)                                                  */
+/* ------------------------------------------------------------------------ */
+
+FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind)
+{
+    fsdp_optim_config c;
+    memset(&c, 0, sizeof c);
+    c.kind = kind == FSDP_OPTIM_DEFAULT ? FSDP_ADAMW : kind;
+    c.lr = 1e-3;
+    if (c.kind != FSDP_SGD) {
+        c.beta1 = 0.9;
+        c.beta2 = 0.999;
+        c.eps = 1e-8;
+        c.weight_decay = c.kind == FSDP_ADAMW ? 1e-2 : 0.0;
+    }
+    return c;
+}
+
+FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
+{
+    const char *why = NULL;
+    char buf[FSDP_ERROR_MAX];
+    if (!c) why = "configuration is NULL";
+    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_SGD) why = "unknown optimizer kind";
+    else if (!(c->lr >= 0.0)) why = "lr must be >= 0";
+    else if (!(c->weight_decay >= 0.0)) why = "weight_decay must be >= 0";
+    else if (c->kind != FSDP_SGD && !(c->eps >= 0.0)) why = "eps must be >= 0";
+    else if (c->kind != FSDP_SGD && !(c->beta1 >= 0.0 && c->beta1 < 1.0))
+        why = "beta1 must be in [0, 1)";
+    else if (c->kind != FSDP_SGD && !(c->beta2 >= 0.0 && c->beta2 < 1.0))
+        why = "beta2 must be in [0, 1)";
+    else if (c->kind == FSDP_SGD && !(c->momentum >= 0.0)) why = "momentum must be >= 0";
+    else if (c->kind == FSDP_SGD && c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
+        why = "nesterov momentum requires a momentum and zero dampening";
+    if (!why) return FSDP_SUCCESS;
+    if (msg) {
+        snprintf(buf, sizeof buf, "optimizer: %s", why);
+        memcpy(msg, buf, strlen(buf) + 1);
+    }
+    return FSDP_INVALID_ARGS;
+}
+
+FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
+{
+    if (!c) return 0;
+    if (c->kind == FSDP_SGD) return c->momentum != 0.0 ? 8u : 0u;
+    return 3u | (c->amsgrad ? 4u : 0u);
+}
+
+/* torch's arithmetic must not be re-associated or contracted by the
+   compiler, whatever flags the user builds with: GCC ignores the standard
+   FP_CONTRACT pragma, so it gets the optimize attribute; clang the pragma. */
+#if defined(__GNUC__) && !defined(__clang__)
+/* no-math-errno lets sqrtf become one instruction, so the loop vectorises
+   (sqrt is correctly rounded either way); the vectoriser only reorders
+   independent elements, never the arithmetic of one element */
+#define FSDP__NO_CONTRACT                                                     \
+    __attribute__((optimize("fp-contract=off", "no-math-errno", "tree-loop-vectorize", \
+                            "vect-cost-model=dynamic")))
+#else
+#define FSDP__NO_CONTRACT
+#endif
+
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__INLINE static inline __attribute__((always_inline))
+#else
+#define FSDP__INLINE static inline
+#endif
+
+/* The plain-rounding Adam family, one element at a time; the flags are
+   compile-time constants in each caller below, so every variant is a
+   branch-free loop that the compiler vectorises. */
+typedef struct fsdp__adam_k {
+    float decay, wd, b1, b2, omb1, omb2, sbc2, eps, neg_step;
+} fsdp__adam_k;
+
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k, float *p, const float *g,
+                                        float *m, float *v, float *vm, size_t n, int adamw,
+                                        int l2, int ams)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const float decay = k->decay, wd = k->wd, b1 = k->b1, b2 = k->b2, omb1 = k->omb1;
+    const float omb2 = k->omb2, sbc2 = k->sbc2, eps = k->eps, neg_step = k->neg_step;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float pi = p[i], gi = g[i], mi, vi, denom;
+        if (adamw) pi = pi * decay;
+        if (l2) gi = pi * wd + gi;
+        mi = gi * omb1 + m[i] * b1;
+        vi = (omb2 * gi) * gi + v[i] * b2;
+        m[i] = mi;
+        v[i] = vi;
+        if (ams) {
+            vi = vm[i] > vi ? vm[i] : vi;
+            vm[i] = vi;
+        }
+        denom = sqrtf(vi) / sbc2 + eps;
+        p[i] = pi + (neg_step * mi) / denom;
+    }
+}
+
+#if defined(__SSE__) || defined(_M_X64)
+#include <xmmintrin.h>
+#define FSDP__HAVE_SSE 1
+/* Four elements at a time with the same IEEE operations in the same order
+   as fsdp__adam_plain_loop (so the same bits): an explicit vector loop,
+   because compilers keep sqrtf scalar while errno semantics are on, the
+   default of every C compiler. max(vm, v) keeps the scalar's NaN rule. */
+FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k, float *p,
+                                                           const float *g, float *m, float *v,
+                                                           float *vm, size_t n, int adamw,
+                                                           int l2, int ams)
+{
+    const __m128 decay = _mm_set1_ps(k->decay), wd = _mm_set1_ps(k->wd);
+    const __m128 b1 = _mm_set1_ps(k->b1), b2 = _mm_set1_ps(k->b2);
+    const __m128 omb1 = _mm_set1_ps(k->omb1), omb2 = _mm_set1_ps(k->omb2);
+    const __m128 sbc2 = _mm_set1_ps(k->sbc2), eps = _mm_set1_ps(k->eps);
+    const __m128 neg_step = _mm_set1_ps(k->neg_step);
+    size_t i;
+    for (i = 0; i + 4 <= n; i += 4) {
+        __m128 pi = _mm_loadu_ps(p + i), gi = _mm_loadu_ps(g + i), mi, vi, denom;
+        if (adamw) pi = _mm_mul_ps(pi, decay);
+        if (l2) gi = _mm_add_ps(_mm_mul_ps(pi, wd), gi);
+        mi = _mm_add_ps(_mm_mul_ps(gi, omb1), _mm_mul_ps(_mm_loadu_ps(m + i), b1));
+        vi = _mm_add_ps(_mm_mul_ps(_mm_mul_ps(omb2, gi), gi), _mm_mul_ps(_mm_loadu_ps(v + i), b2));
+        _mm_storeu_ps(m + i, mi);
+        _mm_storeu_ps(v + i, vi);
+        if (ams) {
+            vi = _mm_max_ps(_mm_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
+            _mm_storeu_ps(vm + i, vi);
+        }
+        denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
+        _mm_storeu_ps(p + i, _mm_add_ps(pi, _mm_div_ps(_mm_mul_ps(neg_step, mi), denom)));
+    }
+    return i;
+}
+#endif
+
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_any(const fsdp__adam_k *k, float *p,
+                                                         const float *g, float *m, float *v,
+                                                         float *vm, size_t n, int adamw, int l2,
+                                                         int ams)
+{
+    size_t done = 0;
+#ifdef FSDP__HAVE_SSE
+    done = fsdp__adam_plain_sse(k, p, g, m, v, vm, n, adamw, l2, ams);
+#endif
+    fsdp__adam_plain_loop(k, p + done, g + done, m + done, v + done, ams ? vm + done : vm,
+                          n - done, adamw, l2, ams);
+}
+
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, int64_t step,
+                                                  float *p, const float *g,
+                                                  const fsdp_optim_state *st, size_t n)
+{
+    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
+    fsdp__adam_k k;
+    float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
+    const int adamw = c->kind == FSDP_ADAMW, l2 = !adamw && c->weight_decay != 0.0;
+    k.decay = (float)(1.0 - c->lr * c->weight_decay);
+    k.wd = (float)c->weight_decay;
+    k.b1 = (float)c->beta1;
+    k.b2 = (float)c->beta2;
+    k.omb1 = (float)(1.0 - c->beta1);
+    k.omb2 = (float)(1.0 - c->beta2);
+    k.sbc2 = (float)sqrt(bc2);
+    k.eps = (float)c->eps;
+    k.neg_step = (float)(-(c->lr / bc1));
+    if (c->amsgrad) {
+        if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1);
+        else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1);
+        else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1);
+    } else {
+        if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0);
+        else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0);
+        else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0);
+    }
+}
+
+FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p,
+                              const float *g, const fsdp_optim_state *st, size_t n)
+{
+    const int adamw = c->kind == FSDP_ADAMW, ams = c->amsgrad;
+    const int l2 = !adamw && c->weight_decay != 0.0; /* torch tests the Python float */
+    const float decay = (float)(1.0 - c->lr * c->weight_decay);
+    const float wd = (float)c->weight_decay, b1 = (float)c->beta1, b2 = (float)c->beta2;
+    const float omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);
+    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
+    const float sbc2 = (float)sqrt(bc2), eps = (float)c->eps;
+    const float neg_step = (float)(-(c->lr / bc1));
+    float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float pi = p[i], gi = g[i], mi, vi, denom, t;
+        if (adamw) pi = pi * decay;
+        else if (l2) gi = fmaf(pi, wd, gi);
+        t = m[i] * b1;
+        mi = fmaf(gi, omb1, t);
+        t = v[i] * b2;
+        vi = fmaf(omb2 * gi, gi, t);
+        m[i] = mi;
+        v[i] = vi;
+        if (ams) {
+            if (vm[i] > vi) vi = vm[i];
+            vm[i] = vi;
+        }
+        t = sqrtf(vi) / sbc2;
+        denom = t + eps;
+        t = neg_step * mi;
+        t = t / denom;
+        p[i] = pi + t;
+    }
+}
+
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__sgd_loop(float *p, const float *g, float *buf, size_t n, float wd,
+                                 float mom, float omd, float neg_lr, int fma, int use_wd,
+                                 int use_mom, int first, int nest)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float gi = g[i], t;
+        if (use_wd) gi = fma ? fmaf(p[i], wd, gi) : p[i] * wd + gi;
+        if (use_mom) {
+            float b;
+            if (first) {
+                b = gi; /* torch clones the gradient: no dampening on the first step */
+            } else {
+                t = buf[i] * mom;
+                b = fma ? fmaf(gi, omd, t) : gi * omd + t;
+            }
+            buf[i] = b;
+            gi = nest ? (fma ? fmaf(b, mom, gi) : b * mom + gi) : b;
+        }
+        p[i] = fma ? fmaf(gi, neg_lr, p[i]) : gi * neg_lr + p[i];
+    }
+}
+
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int64_t step,
+                                                float *p, const float *g,
+                                                const fsdp_optim_state *st, size_t n, int fma)
+{
+    const float wd = (float)c->weight_decay, mom = (float)c->momentum;
+    const float omd = (float)(1.0 - c->dampening), neg_lr = (float)(-c->lr);
+    float *buf = st->momentum_buffer;
+    const int use_wd = c->weight_decay != 0.0, use_mom = c->momentum != 0.0, nest = c->nesterov;
+    const int first = step == 1;
+    if (fma) {
+        fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 1, use_wd, use_mom, first, nest);
+        return;
+    }
+    /* the common plain variants get constant flags, hence vectorised loops */
+    if (!use_mom) {
+        if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 0, 0, 0);
+        else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 0, 0, 0);
+    } else if (first) {
+        fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, use_wd, 1, 1, nest);
+    } else if (nest) {
+        if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 1, 0, 1);
+        else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 1, 0, 1);
+    } else {
+        if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 1, 0, 0);
+        else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 1, 0, 0);
+    }
+}
+
+FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
+                                          const float *grad, const fsdp_optim_state *state,
+                                          size_t n)
+{
+    unsigned mask;
+    fsdp_optim_config cc;
+    fsdp_result r = fsdp_optim_check(c, NULL);
+    if (r != FSDP_SUCCESS) return r;
+    if (c->kind == FSDP_OPTIM_DEFAULT) { /* documented as AdamW */
+        cc = *c;
+        cc.kind = FSDP_ADAMW;
+        c = &cc;
+    }
+    if (step < 1 || !state) return FSDP_INVALID_ARGS;
+    if (n == 0) return FSDP_SUCCESS;
+    if (!param || !grad) return FSDP_INVALID_ARGS;
+    mask = fsdp_optim_state_mask(c);
+    if (((mask & 1u) && !state->exp_avg) || ((mask & 2u) && !state->exp_avg_sq) ||
+        ((mask & 4u) && !state->max_exp_avg_sq) || ((mask & 8u) && !state->momentum_buffer))
+        return FSDP_INVALID_ARGS;
+    if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, c->fused_multiply_add);
+    else if (c->fused_multiply_add) fsdp__adam_fma(c, step, param, grad, state, n);
+    else fsdp__adam_plain(c, step, param, grad, state, n);
+    return FSDP_SUCCESS;
+}
+
+/* >>optim end */
 
 /* ------------------------------------------------------------------------ */
 /* >>device (implementation)                                                 */
@@ -6204,303 +6515,1495 @@ FSDP_API fsdp_result fsdp_units_torch_names(const fsdp_units *u, fsdp_name_fn fn
 /* >>wrap end */
 
 /* ------------------------------------------------------------------------ */
-/* >>optim (implementation)                                                  */
+/* >>statedict (implementation)                                              */
 /* ------------------------------------------------------------------------ */
 
-FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind)
+typedef struct fsdp__block {
+    void *p;
+    size_t bytes;
+    fsdp_memory_kind mem;
+} fsdp__block;
+
+struct fsdp_state_dict {
+    fsdp_hooks hooks;
+    fsdp_error err;
+    fsdp_sd_kind kind;
+    fsdp_device *dev;
+    fsdp_tensor *t;
+    int n, cap;
+    fsdp__block *b; /* memory the dict owns; tensors point into it */
+    int nb, capb;
+    size_t bytes;
+};
+
+static const char *const fsdp__ostate_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                                  "momentum_buffer"};
+
+/* Element count of a shape; -1 when it overflows or a dim is negative. */
+FSDP__DEF int64_t fsdp__shape_numel(int ndim, const int64_t *shape)
 {
-    fsdp_optim_config c;
-    memset(&c, 0, sizeof c);
-    c.kind = kind == FSDP_OPTIM_DEFAULT ? FSDP_ADAMW : kind;
-    c.lr = 1e-3;
-    if (c.kind != FSDP_SGD) {
-        c.beta1 = 0.9;
-        c.beta2 = 0.999;
-        c.eps = 1e-8;
-        c.weight_decay = c.kind == FSDP_ADAMW ? 1e-2 : 0.0;
+    int64_t n = 1;
+    int i;
+    for (i = 0; i < ndim; i++) {
+        if (shape[i] < 0) return -1;
+        if (shape[i] && n > INT64_MAX / shape[i]) return -1;
+        n *= shape[i];
     }
-    return c;
+    return n;
 }
 
-FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
+FSDP__DEF void fsdp__shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
 {
-    const char *why = NULL;
-    char buf[FSDP_ERROR_MAX];
-    if (!c) why = "configuration is NULL";
-    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_SGD) why = "unknown optimizer kind";
-    else if (!(c->lr >= 0.0)) why = "lr must be >= 0";
-    else if (!(c->weight_decay >= 0.0)) why = "weight_decay must be >= 0";
-    else if (c->kind != FSDP_SGD && !(c->eps >= 0.0)) why = "eps must be >= 0";
-    else if (c->kind != FSDP_SGD && !(c->beta1 >= 0.0 && c->beta1 < 1.0))
-        why = "beta1 must be in [0, 1)";
-    else if (c->kind != FSDP_SGD && !(c->beta2 >= 0.0 && c->beta2 < 1.0))
-        why = "beta2 must be in [0, 1)";
-    else if (c->kind == FSDP_SGD && !(c->momentum >= 0.0)) why = "momentum must be >= 0";
-    else if (c->kind == FSDP_SGD && c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
-        why = "nesterov momentum requires a momentum and zero dampening";
-    if (!why) return FSDP_SUCCESS;
-    if (msg) {
-        snprintf(buf, sizeof buf, "optimizer: %s", why);
-        memcpy(msg, buf, strlen(buf) + 1);
-    }
-    return FSDP_INVALID_ARGS;
+    size_t k = 0;
+    int i;
+    k += (size_t)snprintf(buf, n, "[");
+    for (i = 0; i < ndim && k < n; i++)
+        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
+    if (k < n) snprintf(buf + k, n - k, "]");
 }
 
-FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
+FSDP__DEF int fsdp__host_little_endian(void)
 {
-    if (!c) return 0;
-    if (c->kind == FSDP_SGD) return c->momentum != 0.0 ? 8u : 0u;
-    return 3u | (c->amsgrad ? 4u : 0u);
+    uint16_t x = 1;
+    unsigned char b;
+    memcpy(&b, &x, 1);
+    return b == 1;
 }
 
-/* torch's arithmetic must not be re-associated or contracted by the
-   compiler, whatever flags the user builds with: GCC ignores the standard
-   FP_CONTRACT pragma, so it gets the optimize attribute; clang the pragma. */
-#if defined(__GNUC__) && !defined(__clang__)
-/* no-math-errno lets sqrtf become one instruction, so the loop vectorises
-   (sqrt is correctly rounded either way); the vectoriser only reorders
-   independent elements, never the arithmetic of one element */
-#define FSDP__NO_CONTRACT                                                     \
-    __attribute__((optimize("fp-contract=off", "no-math-errno", "tree-loop-vectorize", \
-                            "vect-cost-model=dynamic")))
-#else
-#define FSDP__NO_CONTRACT
-#endif
+/* --- the dict object --- */
 
-#if defined(__GNUC__) || defined(__clang__)
-#define FSDP__INLINE static inline __attribute__((always_inline))
-#else
-#define FSDP__INLINE static inline
-#endif
-
-/* The plain-rounding Adam family, one element at a time; the flags are
-   compile-time constants in each caller below, so every variant is a
-   branch-free loop that the compiler vectorises. */
-typedef struct fsdp__adam_k {
-    float decay, wd, b1, b2, omb1, omb2, sbc2, eps, neg_step;
-} fsdp__adam_k;
-
-FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k, float *p, const float *g,
-                                        float *m, float *v, float *vm, size_t n, int adamw,
-                                        int l2, int ams)
+FSDP__DEF void fsdp__block_free(fsdp_state_dict *sd, fsdp__block *b)
 {
-#ifdef __clang__
-#pragma clang fp contract(off)
-#endif
-    const float decay = k->decay, wd = k->wd, b1 = k->b1, b2 = k->b2, omb1 = k->omb1;
-    const float omb2 = k->omb2, sbc2 = k->sbc2, eps = k->eps, neg_step = k->neg_step;
-    size_t i;
-    for (i = 0; i < n; i++) {
-        float pi = p[i], gi = g[i], mi, vi, denom;
-        if (adamw) pi = pi * decay;
-        if (l2) gi = pi * wd + gi;
-        mi = gi * omb1 + m[i] * b1;
-        vi = (omb2 * gi) * gi + v[i] * b2;
-        m[i] = mi;
-        v[i] = vi;
-        if (ams) {
-            vi = vm[i] > vi ? vm[i] : vi;
-            vm[i] = vi;
-        }
-        denom = sqrtf(vi) / sbc2 + eps;
-        p[i] = pi + (neg_step * mi) / denom;
-    }
+    if (!b->p) return;
+    if (b->mem == FSDP_MEM_DEVICE && sd->dev) fsdp_device_free(sd->dev, b->p, b->bytes);
+    else if (b->mem == FSDP_MEM_PINNED && sd->dev) fsdp_device_host_free(sd->dev, b->p, b->bytes);
+    else fsdp__free(&sd->hooks, b->p);
+    b->p = NULL;
 }
 
-#if defined(__SSE__) || defined(_M_X64)
-#include <xmmintrin.h>
-#define FSDP__HAVE_SSE 1
-/* Four elements at a time with the same IEEE operations in the same order
-   as fsdp__adam_plain_loop (so the same bits): an explicit vector loop,
-   because compilers keep sqrtf scalar while errno semantics are on, the
-   default of every C compiler. max(vm, v) keeps the scalar's NaN rule. */
-FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k, float *p,
-                                                           const float *g, float *m, float *v,
-                                                           float *vm, size_t n, int adamw,
-                                                           int l2, int ams)
+/* Allocates memory the dict owns (zeroed). */
+FSDP__DEF fsdp_result fsdp__sd_block(fsdp_state_dict *sd, size_t bytes, fsdp_memory_kind mem,
+                                     void **out)
 {
-    const __m128 decay = _mm_set1_ps(k->decay), wd = _mm_set1_ps(k->wd);
-    const __m128 b1 = _mm_set1_ps(k->b1), b2 = _mm_set1_ps(k->b2);
-    const __m128 omb1 = _mm_set1_ps(k->omb1), omb2 = _mm_set1_ps(k->omb2);
-    const __m128 sbc2 = _mm_set1_ps(k->sbc2), eps = _mm_set1_ps(k->eps);
-    const __m128 neg_step = _mm_set1_ps(k->neg_step);
-    size_t i;
-    for (i = 0; i + 4 <= n; i += 4) {
-        __m128 pi = _mm_loadu_ps(p + i), gi = _mm_loadu_ps(g + i), mi, vi, denom;
-        if (adamw) pi = _mm_mul_ps(pi, decay);
-        if (l2) gi = _mm_add_ps(_mm_mul_ps(pi, wd), gi);
-        mi = _mm_add_ps(_mm_mul_ps(gi, omb1), _mm_mul_ps(_mm_loadu_ps(m + i), b1));
-        vi = _mm_add_ps(_mm_mul_ps(_mm_mul_ps(omb2, gi), gi), _mm_mul_ps(_mm_loadu_ps(v + i), b2));
-        _mm_storeu_ps(m + i, mi);
-        _mm_storeu_ps(v + i, vi);
-        if (ams) {
-            vi = _mm_max_ps(_mm_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
-            _mm_storeu_ps(vm + i, vi);
-        }
-        denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
-        _mm_storeu_ps(p + i, _mm_add_ps(pi, _mm_div_ps(_mm_mul_ps(neg_step, mi), denom)));
-    }
-    return i;
-}
-#endif
-
-FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_any(const fsdp__adam_k *k, float *p,
-                                                         const float *g, float *m, float *v,
-                                                         float *vm, size_t n, int adamw, int l2,
-                                                         int ams)
-{
-    size_t done = 0;
-#ifdef FSDP__HAVE_SSE
-    done = fsdp__adam_plain_sse(k, p, g, m, v, vm, n, adamw, l2, ams);
-#endif
-    fsdp__adam_plain_loop(k, p + done, g + done, m + done, v + done, ams ? vm + done : vm,
-                          n - done, adamw, l2, ams);
-}
-
-FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, int64_t step,
-                                                  float *p, const float *g,
-                                                  const fsdp_optim_state *st, size_t n)
-{
-    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
-    fsdp__adam_k k;
-    float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
-    const int adamw = c->kind == FSDP_ADAMW, l2 = !adamw && c->weight_decay != 0.0;
-    k.decay = (float)(1.0 - c->lr * c->weight_decay);
-    k.wd = (float)c->weight_decay;
-    k.b1 = (float)c->beta1;
-    k.b2 = (float)c->beta2;
-    k.omb1 = (float)(1.0 - c->beta1);
-    k.omb2 = (float)(1.0 - c->beta2);
-    k.sbc2 = (float)sqrt(bc2);
-    k.eps = (float)c->eps;
-    k.neg_step = (float)(-(c->lr / bc1));
-    if (c->amsgrad) {
-        if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1);
-        else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1);
-        else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1);
+    fsdp__block *b;
+    fsdp_result r = FSDP_SUCCESS;
+    *out = NULL;
+    if (!fsdp__grow(&sd->hooks, (void **)&sd->b, &sd->capb, sd->nb + 1, sizeof *sd->b))
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+    b = &sd->b[sd->nb];
+    b->p = NULL;
+    b->bytes = bytes ? bytes : 1;
+    b->mem = mem;
+    if ((mem == FSDP_MEM_DEVICE || mem == FSDP_MEM_PINNED) && !sd->dev)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "state dict: pinned or device memory needs a device");
+    if (mem == FSDP_MEM_DEVICE) {
+        r = fsdp_device_alloc(sd->dev, b->bytes, &b->p);
+        if (r == FSDP_SUCCESS) r = fsdp_device_memset(sd->dev, b->p, 0, b->bytes, NULL);
+    } else if (mem == FSDP_MEM_PINNED) {
+        r = fsdp_device_host_alloc(sd->dev, b->bytes, &b->p);
+        if (r == FSDP_SUCCESS) memset(b->p, 0, b->bytes);
     } else {
-        if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0);
-        else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0);
-        else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0);
+        b->p = fsdp__calloc(&sd->hooks, 1, b->bytes);
+        if (!b->p) r = FSDP_OUT_OF_MEMORY;
     }
-}
-
-FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p,
-                              const float *g, const fsdp_optim_state *st, size_t n)
-{
-    const int adamw = c->kind == FSDP_ADAMW, ams = c->amsgrad;
-    const int l2 = !adamw && c->weight_decay != 0.0; /* torch tests the Python float */
-    const float decay = (float)(1.0 - c->lr * c->weight_decay);
-    const float wd = (float)c->weight_decay, b1 = (float)c->beta1, b2 = (float)c->beta2;
-    const float omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);
-    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
-    const float sbc2 = (float)sqrt(bc2), eps = (float)c->eps;
-    const float neg_step = (float)(-(c->lr / bc1));
-    float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
-    size_t i;
-    for (i = 0; i < n; i++) {
-        float pi = p[i], gi = g[i], mi, vi, denom, t;
-        if (adamw) pi = pi * decay;
-        else if (l2) gi = fmaf(pi, wd, gi);
-        t = m[i] * b1;
-        mi = fmaf(gi, omb1, t);
-        t = v[i] * b2;
-        vi = fmaf(omb2 * gi, gi, t);
-        m[i] = mi;
-        v[i] = vi;
-        if (ams) {
-            if (vm[i] > vi) vi = vm[i];
-            vm[i] = vi;
-        }
-        t = sqrtf(vi) / sbc2;
-        denom = t + eps;
-        t = neg_step * mi;
-        t = t / denom;
-        p[i] = pi + t;
+    if (r != FSDP_SUCCESS) {
+        if (b->p) fsdp__block_free(sd, b);
+        return fsdp__fail(&sd->err, &sd->hooks, r, "state dict: allocating %zu bytes: %s",
+                          bytes, sd->dev && mem != FSDP_MEM_HOST ? fsdp_device_last_error(sd->dev)
+                                                                 : "out of memory");
     }
-}
-
-FSDP__INLINE FSDP__NO_CONTRACT void fsdp__sgd_loop(float *p, const float *g, float *buf, size_t n, float wd,
-                                 float mom, float omd, float neg_lr, int fma, int use_wd,
-                                 int use_mom, int first, int nest)
-{
-#ifdef __clang__
-#pragma clang fp contract(off)
-#endif
-    size_t i;
-    for (i = 0; i < n; i++) {
-        float gi = g[i], t;
-        if (use_wd) gi = fma ? fmaf(p[i], wd, gi) : p[i] * wd + gi;
-        if (use_mom) {
-            float b;
-            if (first) {
-                b = gi; /* torch clones the gradient: no dampening on the first step */
-            } else {
-                t = buf[i] * mom;
-                b = fma ? fmaf(gi, omd, t) : gi * omd + t;
-            }
-            buf[i] = b;
-            gi = nest ? (fma ? fmaf(b, mom, gi) : b * mom + gi) : b;
-        }
-        p[i] = fma ? fmaf(gi, neg_lr, p[i]) : gi * neg_lr + p[i];
-    }
-}
-
-FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int64_t step,
-                                                float *p, const float *g,
-                                                const fsdp_optim_state *st, size_t n, int fma)
-{
-    const float wd = (float)c->weight_decay, mom = (float)c->momentum;
-    const float omd = (float)(1.0 - c->dampening), neg_lr = (float)(-c->lr);
-    float *buf = st->momentum_buffer;
-    const int use_wd = c->weight_decay != 0.0, use_mom = c->momentum != 0.0, nest = c->nesterov;
-    const int first = step == 1;
-    if (fma) {
-        fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 1, use_wd, use_mom, first, nest);
-        return;
-    }
-    /* the common plain variants get constant flags, hence vectorised loops */
-    if (!use_mom) {
-        if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 0, 0, 0);
-        else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 0, 0, 0);
-    } else if (first) {
-        fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, use_wd, 1, 1, nest);
-    } else if (nest) {
-        if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 1, 0, 1);
-        else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 1, 0, 1);
-    } else {
-        if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 1, 0, 0);
-        else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 1, 0, 0);
-    }
-}
-
-FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
-                                          const float *grad, const fsdp_optim_state *state,
-                                          size_t n)
-{
-    unsigned mask;
-    fsdp_optim_config cc;
-    fsdp_result r = fsdp_optim_check(c, NULL);
-    if (r != FSDP_SUCCESS) return r;
-    if (c->kind == FSDP_OPTIM_DEFAULT) { /* documented as AdamW */
-        cc = *c;
-        cc.kind = FSDP_ADAMW;
-        c = &cc;
-    }
-    if (step < 1 || !state) return FSDP_INVALID_ARGS;
-    if (n == 0) return FSDP_SUCCESS;
-    if (!param || !grad) return FSDP_INVALID_ARGS;
-    mask = fsdp_optim_state_mask(c);
-    if (((mask & 1u) && !state->exp_avg) || ((mask & 2u) && !state->exp_avg_sq) ||
-        ((mask & 4u) && !state->max_exp_avg_sq) || ((mask & 8u) && !state->momentum_buffer))
-        return FSDP_INVALID_ARGS;
-    if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, c->fused_multiply_add);
-    else if (c->fused_multiply_add) fsdp__adam_fma(c, step, param, grad, state, n);
-    else fsdp__adam_plain(c, step, param, grad, state, n);
+    sd->nb++;
+    *out = b->p;
     return FSDP_SUCCESS;
 }
 
-/* >>optim end */
+FSDP__DEF fsdp_result fsdp__sd_new(const fsdp_hooks *h, fsdp_sd_kind kind, fsdp_device *dev,
+                                   fsdp_state_dict **out)
+{
+    fsdp_hooks hc = fsdp__hooks_copy(h);
+    fsdp_state_dict *sd = (fsdp_state_dict *)fsdp__calloc(&hc, 1, sizeof *sd);
+    *out = NULL;
+    if (!sd) return FSDP_OUT_OF_MEMORY;
+    sd->hooks = hc;
+    sd->kind = kind;
+    sd->dev = dev;
+    *out = sd;
+    return FSDP_SUCCESS;
+}
+
+/* Appends a tensor record (name copied, data as given). */
+FSDP__DEF fsdp_result fsdp__sd_push(fsdp_state_dict *sd, const char *name, fsdp_dtype dt, int ndim,
+                                    const int64_t *shape, int64_t offset, int64_t numel,
+                                    void *data, fsdp_memory_kind mem)
+{
+    fsdp_tensor *t;
+    char *nm;
+    int i;
+    if (!fsdp__grow(&sd->hooks, (void **)&sd->t, &sd->cap, sd->n + 1, sizeof *sd->t) ||
+        !(nm = fsdp__strdup(&sd->hooks, name)))
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+    t = &sd->t[sd->n++];
+    memset(t, 0, sizeof *t);
+    t->name = nm;
+    t->dtype = dt;
+    t->ndim = ndim;
+    for (i = 0; i < ndim; i++) t->shape[i] = shape[i];
+    t->offset = offset;
+    t->numel = numel;
+    t->data = data;
+    t->mem = mem;
+    sd->bytes += (size_t)numel * fsdp_dtype_size(dt);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_create(fsdp_sd_kind kind, fsdp_device *dev,
+                                            const fsdp_hooks *hooks, fsdp_state_dict **out)
+{
+    if (!out) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_state_dict_create: out is NULL");
+    *out = NULL;
+    if (kind != FSDP_SD_FULL && kind != FSDP_SD_SHARDED && kind != FSDP_SD_LOCAL)
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_state_dict_create: unknown kind %d", (int)kind);
+    if (!fsdp__hooks_valid(hooks))
+        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_state_dict_create: allocator needs alloc, realloc and free");
+    if (fsdp__sd_new(hooks, kind, dev, out) != FSDP_SUCCESS)
+        return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_state_dict_create: out of memory");
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_add(fsdp_state_dict *sd, const fsdp_tensor *t, int copy)
+{
+    int64_t total, numel;
+    size_t es;
+    void *data;
+    fsdp_result r;
+    if (!sd) return FSDP_INVALID_ARGS;
+    if (!t || !t->name || !t->name[0])
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: %s", t ? "the tensor has no name" : "t is NULL");
+    es = fsdp_dtype_size(t->dtype);
+    if (!es)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_DTYPE,
+                          "fsdp_state_dict_add: '%s': invalid dtype %d", t->name, (int)t->dtype);
+    if (t->ndim < 0 || t->ndim > FSDP_MAX_DIMS ||
+        (total = fsdp__shape_numel(t->ndim, t->shape)) < 0)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: '%s': bad shape (ndim %d)", t->name, t->ndim);
+    numel = (t->numel == 0 && t->offset == 0) ? total : t->numel;
+    if (t->offset < 0 || numel < 0 || t->offset > total - numel)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: '%s': elements [%lld, %lld) outside the tensor "
+                          "(%lld elements)", t->name, (long long)t->offset,
+                          (long long)(t->offset + numel), (long long)total);
+    if ((uint64_t)numel > (uint64_t)((size_t)-1 / es))
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: '%s' is too large", t->name);
+    if (numel && !t->data)
+        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_state_dict_add: '%s': data is NULL", t->name);
+    data = t->data;
+    if (copy) {
+        if (t->mem != FSDP_MEM_HOST && t->mem != FSDP_MEM_PINNED)
+            return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
+                              "fsdp_state_dict_add: '%s': copy = 1 needs host data", t->name);
+        if ((r = fsdp__sd_block(sd, (size_t)numel * es, FSDP_MEM_HOST, &data)) != FSDP_SUCCESS)
+            return r;
+        if (numel) memcpy(data, t->data, (size_t)numel * es);
+    }
+    return fsdp__sd_push(sd, t->name, t->dtype, t->ndim, t->shape, t->offset, numel, data,
+                         copy ? FSDP_MEM_HOST : t->mem);
+}
+
+FSDP_API void fsdp_state_dict_destroy(fsdp_state_dict *sd)
+{
+    int i;
+    fsdp_hooks h;
+    if (!sd) return;
+    for (i = 0; i < sd->nb; i++) fsdp__block_free(sd, &sd->b[i]);
+    for (i = 0; i < sd->n; i++) fsdp__free(&sd->hooks, (void *)(uintptr_t)sd->t[i].name);
+    fsdp__free(&sd->hooks, sd->b);
+    fsdp__free(&sd->hooks, sd->t);
+    h = sd->hooks;
+    fsdp__free(&h, sd);
+}
+
+FSDP_API fsdp_sd_kind fsdp_state_dict_kind(const fsdp_state_dict *sd)
+{
+    return sd ? sd->kind : FSDP_SD_FULL;
+}
+
+FSDP_API int fsdp_state_dict_count(const fsdp_state_dict *sd)
+{
+    return sd ? sd->n : 0;
+}
+
+FSDP_API const fsdp_tensor *fsdp_state_dict_tensor(const fsdp_state_dict *sd, int i)
+{
+    if (!sd || i < 0 || i >= sd->n) return NULL;
+    return &sd->t[i];
+}
+
+FSDP_API int fsdp_state_dict_find(const fsdp_state_dict *sd, const char *name)
+{
+    int i;
+    if (!sd || !name) return -1;
+    for (i = 0; i < sd->n; i++)
+        if (!strcmp(sd->t[i].name, name)) return i;
+    return -1;
+}
+
+FSDP_API const char *fsdp_state_dict_last_error(const fsdp_state_dict *sd)
+{
+    return sd ? sd->err.message : "fsdp_state_dict_last_error: sd is NULL";
+}
+
+FSDP_API size_t fsdp_state_dict_bytes(const fsdp_state_dict *sd)
+{
+    return sd ? sd->bytes : 0;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_compare(const fsdp_state_dict *a, const fsdp_state_dict *b,
+                                             char *msg)
+{
+    char local[FSDP_ERROR_MAX], sa[128], sb[128];
+    int i, d;
+    if (!msg) msg = local;
+    msg[0] = 0;
+    if (!a || !b) {
+        snprintf(msg, FSDP_ERROR_MAX, "a state dict is NULL");
+        return FSDP_INVALID_ARGS;
+    }
+    if (a->kind != b->kind) {
+        snprintf(msg, FSDP_ERROR_MAX, "kinds differ (%d vs %d)", (int)a->kind, (int)b->kind);
+        return FSDP_CKPT_MISMATCH;
+    }
+    for (i = 0; i < a->n && i < b->n; i++) {
+        const fsdp_tensor *x = &a->t[i], *y = &b->t[i];
+        if (strcmp(x->name, y->name)) {
+            snprintf(msg, FSDP_ERROR_MAX, "key %d: '%s' vs '%s'", i, x->name, y->name);
+            return FSDP_CKPT_MISMATCH;
+        }
+        if (x->dtype != y->dtype) {
+            snprintf(msg, FSDP_ERROR_MAX, "'%s': dtype %s vs %s", x->name,
+                     fsdp_dtype_name(x->dtype), fsdp_dtype_name(y->dtype));
+            return FSDP_CKPT_MISMATCH;
+        }
+        for (d = 0; d < x->ndim && x->ndim == y->ndim; d++)
+            if (x->shape[d] != y->shape[d]) break;
+        if (x->ndim != y->ndim || d < x->ndim) {
+            fsdp__shape_str(sa, sizeof sa, x->ndim, x->shape);
+            fsdp__shape_str(sb, sizeof sb, y->ndim, y->shape);
+            snprintf(msg, FSDP_ERROR_MAX, "'%s': shape %s vs %s", x->name, sa, sb);
+            return FSDP_CKPT_MISMATCH;
+        }
+        if (x->offset != y->offset || x->numel != y->numel) {
+            snprintf(msg, FSDP_ERROR_MAX, "'%s': piece [%lld, +%lld) vs [%lld, +%lld)", x->name,
+                     (long long)x->offset, (long long)x->numel, (long long)y->offset,
+                     (long long)y->numel);
+            return FSDP_CKPT_MISMATCH;
+        }
+    }
+    if (a->n != b->n) {
+        snprintf(msg, FSDP_ERROR_MAX, "%d vs %d keys; first extra key '%s'", a->n, b->n,
+                 a->n > b->n ? a->t[b->n].name : b->t[a->n].name);
+        return FSDP_CKPT_MISMATCH;
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_host_like(const fsdp_state_dict *src, fsdp_device *dev,
+                                               int pinned, fsdp_state_dict **out)
+{
+    fsdp_state_dict *sd;
+    fsdp_result r;
+    size_t total = 0, off = 0;
+    char *base = NULL;
+    int i;
+    if (!out) return FSDP_INVALID_ARGS;
+    *out = NULL;
+    if (!src) return FSDP_INVALID_ARGS;
+    if (pinned && !dev)
+        return fsdp__fail(&((fsdp_state_dict *)(uintptr_t)src)->err, &src->hooks,
+                          FSDP_INVALID_ARGS, "fsdp_state_dict_host_like: pinned needs a device");
+    if (fsdp__sd_new(&src->hooks, src->kind, dev, &sd) != FSDP_SUCCESS) return FSDP_OUT_OF_MEMORY;
+    /* one block, each tensor 64-byte aligned inside it */
+    for (i = 0; i < src->n; i++)
+        total += ((size_t)src->t[i].numel * fsdp_dtype_size(src->t[i].dtype) + 63) & ~(size_t)63;
+    r = fsdp__sd_block(sd, total, pinned ? FSDP_MEM_PINNED : FSDP_MEM_HOST, (void **)&base);
+    for (i = 0; r == FSDP_SUCCESS && i < src->n; i++) {
+        const fsdp_tensor *t = &src->t[i];
+        r = fsdp__sd_push(sd, t->name, t->dtype, t->ndim, t->shape, t->offset, t->numel,
+                          base + off, pinned ? FSDP_MEM_PINNED : FSDP_MEM_HOST);
+        off += ((size_t)t->numel * fsdp_dtype_size(t->dtype) + 63) & ~(size_t)63;
+    }
+    if (r != FSDP_SUCCESS) {
+        fsdp__fail(&((fsdp_state_dict *)(uintptr_t)src)->err, &src->hooks, r,
+                   "fsdp_state_dict_host_like: %s", sd->err.message);
+        fsdp_state_dict_destroy(sd);
+        return r;
+    }
+    *out = sd;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state_dict *src,
+                                          fsdp_stream *stream)
+{
+    char msg[FSDP_ERROR_MAX];
+    fsdp_result r;
+    int i;
+    if (!dst) return FSDP_INVALID_ARGS;
+    if (!src) return fsdp__fail(&dst->err, &dst->hooks, FSDP_INVALID_ARGS,
+                                "fsdp_state_dict_copy: src is NULL");
+    if ((r = fsdp_state_dict_compare(dst, src, msg)) != FSDP_SUCCESS)
+        return fsdp__fail(&dst->err, &dst->hooks, r,
+                          "fsdp_state_dict_copy: the dicts differ: %s", msg);
+    for (i = 0; i < src->n; i++) {
+        const fsdp_tensor *s = &src->t[i];
+        fsdp_tensor *d = &dst->t[i];
+        size_t bytes = (size_t)s->numel * fsdp_dtype_size(s->dtype);
+        fsdp_device *dev = src->dev ? src->dev : dst->dev;
+        if (!bytes || d->data == s->data) continue;
+        if (s->mem != FSDP_MEM_DEVICE && d->mem != FSDP_MEM_DEVICE) {
+            memcpy(d->data, s->data, bytes);
+            continue;
+        }
+        if (!dev)
+            return fsdp__fail(&dst->err, &dst->hooks, FSDP_INVALID_ARGS,
+                              "fsdp_state_dict_copy: '%s' is in device memory and neither dict "
+                              "has a device", s->name);
+        r = fsdp_device_copy(dev, d->data, s->data, bytes,
+                             s->mem == FSDP_MEM_DEVICE
+                                 ? (d->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D : FSDP_COPY_D2H)
+                                 : FSDP_COPY_H2D,
+                             stream);
+        if (r != FSDP_SUCCESS)
+            return fsdp__fail(&dst->err, &dst->hooks, r, "fsdp_state_dict_copy: '%s': %s",
+                              s->name, fsdp_device_last_error(dev));
+    }
+    return FSDP_SUCCESS;
+}
+
+/* >>statedict end */
+
+/* ------------------------------------------------------------------------ */
+/* >>safetensors (implementation)                                            */
+/* ------------------------------------------------------------------------ */
+
+/* The POSIX file calls checkpoints need. They are declared by these headers
+   even under -std=c11 (open, read, write, lseek, fsync, close, rename,
+   unlink, mkdir, opendir); pread and fileno are not, so they are not used. */
+#include <dirent.h>
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* --- CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
+   caller, so there is no global state --- */
+
+typedef struct fsdp__crc {
+    uint32_t t[8][256];
+} fsdp__crc;
+
+FSDP__DEF void fsdp__crc_init(fsdp__crc *c)
+{
+    uint32_t i, k;
+    for (i = 0; i < 256; i++) {
+        uint32_t v = i;
+        for (k = 0; k < 8; k++) v = (v & 1u) ? (v >> 1) ^ 0xEDB88320u : v >> 1;
+        c->t[0][i] = v;
+    }
+    for (i = 0; i < 256; i++)
+        for (k = 1; k < 8; k++) c->t[k][i] = (c->t[k - 1][i] >> 8) ^ c->t[0][c->t[k - 1][i] & 0xffu];
+}
+
+/* crc of the previous bytes (0 to start) extended by p[0..n) */
+FSDP__DEF uint32_t fsdp__crc_update(const fsdp__crc *c, uint32_t crc, const void *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    crc = ~crc;
+    while (n >= 8) {
+        uint32_t lo = crc ^ ((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
+                             (uint32_t)b[3] << 24);
+        uint32_t hi = (uint32_t)b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 |
+                      (uint32_t)b[7] << 24;
+        crc = c->t[7][lo & 0xff] ^ c->t[6][(lo >> 8) & 0xff] ^ c->t[5][(lo >> 16) & 0xff] ^
+              c->t[4][lo >> 24] ^ c->t[3][hi & 0xff] ^ c->t[2][(hi >> 8) & 0xff] ^
+              c->t[1][(hi >> 16) & 0xff] ^ c->t[0][hi >> 24];
+        b += 8;
+        n -= 8;
+    }
+    while (n--) crc = (crc >> 8) ^ c->t[0][(crc ^ *b++) & 0xffu];
+    return ~crc;
+}
+
+/* --- a growable string --- */
+
+typedef struct fsdp__sb {
+    const fsdp_hooks *h;
+    char *s;
+    size_t len, cap;
+    int oom;
+} fsdp__sb;
+
+FSDP__DEF void fsdp__sb_put(fsdp__sb *b, const char *s, size_t n)
+{
+    if (b->oom) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t nc = b->cap ? b->cap : 256;
+        char *p;
+        while (nc < b->len + n + 1) nc *= 2;
+        p = (char *)fsdp__realloc(b->h, b->s, nc);
+        if (!p) {
+            b->oom = 1;
+            return;
+        }
+        b->s = p;
+        b->cap = nc;
+    }
+    memcpy(b->s + b->len, s, n);
+    b->len += n;
+    b->s[b->len] = 0;
+}
+
+FSDP__DEF void fsdp__sb_str(fsdp__sb *b, const char *s)
+{
+    fsdp__sb_put(b, s, strlen(s));
+}
+
+FSDP__DEF void fsdp__sb_printf(fsdp__sb *b, const char *fmt, ...)
+{
+    char buf[256];
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    if (n > 0) fsdp__sb_put(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
+}
+
+/* A JSON string literal. */
+FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
+{
+    fsdp__sb_put(b, "\"", 1);
+    for (; *s; s++) {
+        unsigned char ch = (unsigned char)*s;
+        if (ch == '"') fsdp__sb_put(b, "\\\"", 2);
+        else if (ch == '\\') fsdp__sb_put(b, "\\\\", 2);
+        else if (ch < 0x20) fsdp__sb_printf(b, "\\u%04x", ch);
+        else fsdp__sb_put(b, s, 1);
+    }
+    fsdp__sb_put(b, "\"", 1);
+}
+
+/* --- a small strict JSON reader (RFC 8259): the whole text is one value,
+   strings are valid escapes without NUL, numbers follow the grammar, object
+   keys are unique, nesting is at most 64 deep --- */
+
+enum { FSDP__J_OBJ = 1, FSDP__J_ARR, FSDP__J_STR, FSDP__J_NUM, FSDP__J_TRUE, FSDP__J_FALSE,
+       FSDP__J_NULL };
+
+typedef struct fsdp__jn {
+    int type;
+    int first, next, count; /* children (objects: values with keys) */
+    const char *key;        /* in an object: the member's name */
+    const char *str;        /* decoded string (NUL-terminated) */
+    int64_t i;              /* numbers: the integer, when is_int */
+    int is_int;
+} fsdp__jn;
+
+typedef struct fsdp__json {
+    const fsdp_hooks *h;
+    const char *p, *end, *start;
+    fsdp__jn *n;
+    int nn, cap;
+    char *pool; /* decoded strings */
+    size_t plen, pcap;
+    char err[160];
+} fsdp__json;
+
+FSDP__DEF int fsdp__j_fail(fsdp__json *j, const char *what)
+{
+    if (!j->err[0])
+        snprintf(j->err, sizeof j->err, "%s at byte %lld", what, (long long)(j->p - j->start));
+    return -1;
+}
+
+FSDP__DEF void fsdp__j_ws(fsdp__json *j)
+{
+    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
+        j->p++;
+}
+
+FSDP__DEF int fsdp__j_node(fsdp__json *j, int type)
+{
+    fsdp__jn *n;
+    if (!fsdp__grow(j->h, (void **)&j->n, &j->cap, j->nn + 1, sizeof *j->n))
+        return fsdp__j_fail(j, "out of memory");
+    n = &j->n[j->nn];
+    memset(n, 0, sizeof *n);
+    n->type = type;
+    n->first = n->next = -1;
+    return j->nn++;
+}
+
+FSDP__DEF int fsdp__j_hex(const char *p)
+{
+    int v = 0, k;
+    for (k = 0; k < 4; k++) {
+        char ch = p[k];
+        v <<= 4;
+        if (ch >= '0' && ch <= '9') v |= ch - '0';
+        else if (ch >= 'a' && ch <= 'f') v |= ch - 'a' + 10;
+        else if (ch >= 'A' && ch <= 'F') v |= ch - 'A' + 10;
+        else return -1;
+    }
+    return v;
+}
+
+/* Decodes the string at j->p (at the quote) into the pool; returns the
+   pool offset of its first byte or -1. The pool holds at most as many
+   bytes as the text, so it never moves: it was sized up front. */
+FSDP__DEF long fsdp__j_string(fsdp__json *j)
+{
+    size_t start = j->plen;
+    j->p++;
+    for (;;) {
+        unsigned char ch;
+        if (j->p >= j->end) return fsdp__j_fail(j, "unterminated string");
+        ch = (unsigned char)*j->p;
+        if (ch == '"') {
+            j->p++;
+            break;
+        }
+        if (ch < 0x20) return fsdp__j_fail(j, "control character in a string");
+        if (ch != '\\') {
+            j->pool[j->plen++] = (char)ch;
+            j->p++;
+            continue;
+        }
+        if (j->end - j->p < 2) return fsdp__j_fail(j, "unterminated escape");
+        ch = (unsigned char)j->p[1];
+        j->p += 2;
+        switch (ch) {
+        case '"': j->pool[j->plen++] = '"'; break;
+        case '\\': j->pool[j->plen++] = '\\'; break;
+        case '/': j->pool[j->plen++] = '/'; break;
+        case 'b': j->pool[j->plen++] = '\b'; break;
+        case 'f': j->pool[j->plen++] = '\f'; break;
+        case 'n': j->pool[j->plen++] = '\n'; break;
+        case 'r': j->pool[j->plen++] = '\r'; break;
+        case 't': j->pool[j->plen++] = '\t'; break;
+        case 'u': {
+            long cp;
+            int v;
+            if (j->end - j->p < 4 || (v = fsdp__j_hex(j->p)) < 0)
+                return fsdp__j_fail(j, "bad \\u escape");
+            j->p += 4;
+            cp = v;
+            if (cp >= 0xD800 && cp <= 0xDBFF) {
+                int lo;
+                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' ||
+                    (lo = fsdp__j_hex(j->p + 2)) < 0xDC00 || lo > 0xDFFF)
+                    return fsdp__j_fail(j, "unpaired surrogate");
+                j->p += 6;
+                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
+                return fsdp__j_fail(j, "unpaired surrogate");
+            }
+            if (cp == 0) return fsdp__j_fail(j, "NUL in a string");
+            /* UTF-8 is never longer than the escape it came from */
+            if (cp < 0x80) j->pool[j->plen++] = (char)cp;
+            else if (cp < 0x800) {
+                j->pool[j->plen++] = (char)(0xC0 | (cp >> 6));
+                j->pool[j->plen++] = (char)(0x80 | (cp & 0x3F));
+            } else if (cp < 0x10000) {
+                j->pool[j->plen++] = (char)(0xE0 | (cp >> 12));
+                j->pool[j->plen++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                j->pool[j->plen++] = (char)(0x80 | (cp & 0x3F));
+            } else {
+                j->pool[j->plen++] = (char)(0xF0 | (cp >> 18));
+                j->pool[j->plen++] = (char)(0x80 | ((cp >> 12) & 0x3F));
+                j->pool[j->plen++] = (char)(0x80 | ((cp >> 6) & 0x3F));
+                j->pool[j->plen++] = (char)(0x80 | (cp & 0x3F));
+            }
+            break;
+        }
+        default: return fsdp__j_fail(j, "bad escape");
+        }
+    }
+    j->pool[j->plen++] = 0;
+    return (long)start;
+}
+
+FSDP__DEF int fsdp__j_keycmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth);
+
+/* Children are linked in order; pool offsets become pointers at the end
+   (the pool is fixed, but keeping offsets is simpler to reason about). */
+FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth)
+{
+    int id, last = -1;
+    fsdp__j_ws(j);
+    if (j->p >= j->end) return fsdp__j_fail(j, "unexpected end of JSON");
+    if (depth > 64) return fsdp__j_fail(j, "nesting deeper than 64");
+    if (*j->p == '{' || *j->p == '[') {
+        int obj = *j->p == '{';
+        char close = obj ? '}' : ']';
+        if ((id = fsdp__j_node(j, obj ? FSDP__J_OBJ : FSDP__J_ARR)) < 0) return -1;
+        j->p++;
+        fsdp__j_ws(j);
+        if (j->p < j->end && *j->p == close) {
+            j->p++;
+            return id;
+        }
+        for (;;) {
+            long key = -1;
+            int child;
+            fsdp__j_ws(j);
+            if (obj) {
+                if (j->p >= j->end || *j->p != '"') return fsdp__j_fail(j, "expected a key");
+                if ((key = fsdp__j_string(j)) < 0) return -1;
+                fsdp__j_ws(j);
+                if (j->p >= j->end || *j->p != ':') return fsdp__j_fail(j, "expected ':'");
+                j->p++;
+            }
+            if ((child = fsdp__j_value(j, depth + 1)) < 0) return -1;
+            if (obj) j->n[child].key = (const char *)(intptr_t)(key + 1); /* fixed up later */
+            if (last < 0) j->n[id].first = child;
+            else j->n[last].next = child;
+            last = child;
+            j->n[id].count++;
+            fsdp__j_ws(j);
+            if (j->p >= j->end) return fsdp__j_fail(j, "unexpected end of JSON");
+            if (*j->p == ',') {
+                j->p++;
+                continue;
+            }
+            if (*j->p == close) {
+                j->p++;
+                return id;
+            }
+            return fsdp__j_fail(j, obj ? "expected ',' or '}'" : "expected ',' or ']'");
+        }
+    }
+    if (*j->p == '"') {
+        long s;
+        if ((id = fsdp__j_node(j, FSDP__J_STR)) < 0) return -1;
+        if ((s = fsdp__j_string(j)) < 0) return -1;
+        j->n[id].str = (const char *)(intptr_t)(s + 1);
+        return id;
+    }
+    if (*j->p == '-' || (*j->p >= '0' && *j->p <= '9')) {
+        const char *q = j->p;
+        int neg = 0, is_int = 1, ovf = 0;
+        uint64_t v = 0;
+        if ((id = fsdp__j_node(j, FSDP__J_NUM)) < 0) return -1;
+        if (*q == '-') {
+            neg = 1;
+            q++;
+        }
+        if (q >= j->end || *q < '0' || *q > '9') return fsdp__j_fail(j, "bad number");
+        if (*q == '0' && q + 1 < j->end && q[1] >= '0' && q[1] <= '9')
+            return fsdp__j_fail(j, "leading zero in a number");
+        while (q < j->end && *q >= '0' && *q <= '9') {
+            if (v > (UINT64_MAX - 9) / 10) ovf = 1;
+            else v = v * 10 + (uint64_t)(*q - '0');
+            q++;
+        }
+        if (q < j->end && *q == '.') {
+            is_int = 0;
+            q++;
+            if (q >= j->end || *q < '0' || *q > '9') return fsdp__j_fail(j, "bad fraction");
+            while (q < j->end && *q >= '0' && *q <= '9') q++;
+        }
+        if (q < j->end && (*q == 'e' || *q == 'E')) {
+            is_int = 0;
+            q++;
+            if (q < j->end && (*q == '+' || *q == '-')) q++;
+            if (q >= j->end || *q < '0' || *q > '9') return fsdp__j_fail(j, "bad exponent");
+            while (q < j->end && *q >= '0' && *q <= '9') q++;
+        }
+        if (is_int && !ovf && v <= (uint64_t)INT64_MAX) {
+            j->n[id].is_int = 1;
+            j->n[id].i = neg ? -(int64_t)v : (int64_t)v;
+        }
+        j->p = q;
+        return id;
+    }
+    if (j->end - j->p >= 4 && !memcmp(j->p, "true", 4)) {
+        j->p += 4;
+        return fsdp__j_node(j, FSDP__J_TRUE);
+    }
+    if (j->end - j->p >= 5 && !memcmp(j->p, "false", 5)) {
+        j->p += 5;
+        return fsdp__j_node(j, FSDP__J_FALSE);
+    }
+    if (j->end - j->p >= 4 && !memcmp(j->p, "null", 4)) {
+        j->p += 4;
+        return fsdp__j_node(j, FSDP__J_NULL);
+    }
+    return fsdp__j_fail(j, "unexpected character");
+}
+
+FSDP__DEF void fsdp__json_free(fsdp__json *j)
+{
+    fsdp__free(j->h, j->n);
+    fsdp__free(j->h, j->pool);
+    j->n = NULL;
+    j->pool = NULL;
+}
+
+/* Parses text[0..len); 0 on success (root is node 0), else -1 with j->err. */
+FSDP__DEF int fsdp__json_parse(fsdp__json *j, const fsdp_hooks *h, const char *text, size_t len)
+{
+    int i;
+    memset(j, 0, sizeof *j);
+    j->h = h;
+    j->p = j->start = text;
+    j->end = text + len;
+    j->pool = (char *)fsdp__alloc(h, len + 1);
+    if (!j->pool) return fsdp__j_fail(j, "out of memory");
+    if (fsdp__j_value(j, 0) < 0) return -1;
+    fsdp__j_ws(j);
+    if (j->p != j->end) return fsdp__j_fail(j, "trailing characters after the JSON value");
+    for (i = 0; i < j->nn; i++) {
+        if (j->n[i].key) j->n[i].key = j->pool + ((intptr_t)j->n[i].key - 1);
+        if (j->n[i].str) j->n[i].str = j->pool + ((intptr_t)j->n[i].str - 1);
+    }
+    /* unique keys: sort each object's key pointers */
+    for (i = 0; i < j->nn; i++) {
+        const char **keys;
+        int c, k;
+        if (j->n[i].type != FSDP__J_OBJ || j->n[i].count < 2) continue;
+        keys = (const char **)fsdp__alloc(h, (size_t)j->n[i].count * sizeof *keys);
+        if (!keys) return fsdp__j_fail(j, "out of memory");
+        for (c = j->n[i].first, k = 0; c >= 0; c = j->n[c].next) keys[k++] = j->n[c].key;
+        qsort(keys, (size_t)k, sizeof *keys, fsdp__j_keycmp);
+        for (c = 1; c < k; c++)
+            if (!strcmp(keys[c - 1], keys[c])) {
+                snprintf(j->err, sizeof j->err, "duplicate key '%.80s'", keys[c]);
+                fsdp__free(h, (void *)keys);
+                return -1;
+            }
+        fsdp__free(h, (void *)keys);
+    }
+    return 0;
+}
+
+FSDP__DEF int fsdp__j_get(const fsdp__json *j, int obj, const char *key)
+{
+    int c;
+    if (obj < 0 || j->n[obj].type != FSDP__J_OBJ) return -1;
+    for (c = j->n[obj].first; c >= 0; c = j->n[c].next)
+        if (!strcmp(j->n[c].key, key)) return c;
+    return -1;
+}
+
+/* An integer node in [lo, hi]. */
+FSDP__DEF int fsdp__j_int(const fsdp__json *j, int node, int64_t lo, int64_t hi, int64_t *out)
+{
+    if (node < 0 || j->n[node].type != FSDP__J_NUM || !j->n[node].is_int) return 0;
+    if (j->n[node].i < lo || j->n[node].i > hi) return 0;
+    *out = j->n[node].i;
+    return 1;
+}
+
+/* --- safetensors dtypes --- */
+
+FSDP__DEF const char *fsdp__st_dtype_name(fsdp_dtype dt)
+{
+    switch (dt) {
+    case FSDP_F32: return "F32";
+    case FSDP_F64: return "F64";
+    case FSDP_F16: return "F16";
+    case FSDP_BF16: return "BF16";
+    case FSDP_U8: return "U8";
+    case FSDP_I8: return "I8";
+    case FSDP_I32: return "I32";
+    case FSDP_I64: return "I64";
+    default: return NULL;
+    }
+}
+
+FSDP__DEF fsdp_dtype fsdp__st_dtype(const char *s)
+{
+    int d;
+    for (d = 1; d < FSDP_DTYPE_COUNT; d++) {
+        const char *n = fsdp__st_dtype_name((fsdp_dtype)d);
+        if (n && !strcmp(n, s)) return (fsdp_dtype)d;
+    }
+    return FSDP_DTYPE_DEFAULT;
+}
+
+/* --- file helpers: whole reads and writes over file descriptors --- */
+
+FSDP__DEF int fsdp__write_all(int fd, const void *p, size_t n)
+{
+    const char *b = (const char *)p;
+    while (n) {
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t w = write(fd, b, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Reads exactly n bytes at offset off; -1 with errno, or -2 at end of file. */
+FSDP__DEF int fsdp__read_at(int fd, int64_t off, void *p, size_t n)
+{
+    char *b = (char *)p;
+    if (lseek(fd, (off_t)off, SEEK_SET) < 0) return -1;
+    while (n) {
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t r = read(fd, b, chunk);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) return -2;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* The directory part of path ("." when none), for fsyncing a rename. */
+FSDP__DEF void fsdp__dirname(const char *path, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == path) snprintf(out, n, "/");
+    else snprintf(out, n, "%.*s", (int)(slash - path), path);
+}
+
+FSDP__DEF void fsdp__fsync_dir(const char *path)
+{
+    char dir[4096];
+    int fd;
+    fsdp__dirname(path, dir, sizeof dir);
+    fd = open(dir, O_RDONLY);
+    if (fd >= 0) {
+        fsync(fd); /* best effort: some file systems refuse it on directories */
+        close(fd);
+    }
+}
+
+/* --- safetensors files --- */
+
+#define FSDP__ST_MAX_HEADER ((int64_t)100 << 20) /* the official reader's limit */
+
+typedef struct fsdp__st_entry {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t numel;
+    int64_t begin, end; /* byte offsets in the data section */
+    uint32_t crc;
+    int has_crc;
+} fsdp__st_entry;
+
+typedef struct fsdp__st_file {
+    const fsdp_hooks *h;
+    const char *path;
+    int fd;
+    int64_t size, data_start;
+    char *header;
+    fsdp__json j;
+    fsdp__st_entry *e;
+    int ne;
+    int *sorted; /* entry indices sorted by name, for lookups */
+    int meta;    /* node of __metadata__, or -1 */
+} fsdp__st_file;
+
+FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
+{
+    if (f->fd >= 0) close(f->fd);
+    f->fd = -1;
+    fsdp__json_free(&f->j);
+    fsdp__free(f->h, f->header);
+    fsdp__free(f->h, f->e);
+    fsdp__free(f->h, f->sorted);
+    f->header = NULL;
+    f->e = NULL;
+    f->sorted = NULL;
+    f->ne = 0;
+}
+
+FSDP__DEF const char *fsdp__st_meta(const fsdp__st_file *f, const char *key)
+{
+    int n = fsdp__j_get(&f->j, f->meta, key);
+    return n >= 0 ? f->j.n[n].str : NULL;
+}
+
+typedef struct fsdp__sort_ctx_e {
+    const fsdp__st_entry *e;
+    int idx;
+} fsdp__sort_ctx_e;
+
+FSDP__DEF int fsdp__st_cmp_begin(const void *a, const void *b)
+{
+    const fsdp__sort_ctx_e *x = (const fsdp__sort_ctx_e *)a, *y = (const fsdp__sort_ctx_e *)b;
+    if (x->e->begin != y->e->begin) return x->e->begin < y->e->begin ? -1 : 1;
+    if (x->e->end != y->e->end) return x->e->end < y->e->end ? -1 : 1;
+    return x->idx - y->idx;
+}
+
+FSDP__DEF int fsdp__st_cmp_name(const void *a, const void *b)
+{
+    const fsdp__sort_ctx_e *x = (const fsdp__sort_ctx_e *)a, *y = (const fsdp__sort_ctx_e *)b;
+    return strcmp(x->e->name, y->e->name);
+}
+
+FSDP__DEF int fsdp__st_find(const fsdp__st_file *f, const char *name)
+{
+    int lo = 0, hi = f->ne - 1;
+    while (lo <= hi) {
+        int mid = (lo + hi) / 2, c = strcmp(f->e[f->sorted[mid]].name, name);
+        if (!c) return f->sorted[mid];
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+FSDP__DEF int fsdp__parse_hex32(const char *s, uint32_t *out)
+{
+    uint32_t v = 0;
+    int k;
+    if (!s || strlen(s) != 8) return 0;
+    for (k = 0; k < 8; k++) {
+        char ch = s[k];
+        v <<= 4;
+        if (ch >= '0' && ch <= '9') v |= (uint32_t)(ch - '0');
+        else if (ch >= 'a' && ch <= 'f') v |= (uint32_t)(ch - 'a' + 10);
+        else return 0;
+    }
+    *out = v;
+    return 1;
+}
+
+#define FSDP__STF(code, ...) fsdp__fail(err, h, code, __VA_ARGS__)
+
+/* Opens and validates a safetensors file: everything the header says is
+   checked against the file before any data is trusted. */
+FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const char *path,
+                                    fsdp_error *err)
+{
+    unsigned char len8[8];
+    uint64_t hlen = 0;
+    int64_t data_len;
+    int k, rc, node, ne = 0;
+    fsdp__sort_ctx_e *ord = NULL;
+    fsdp_result r = FSDP_CKPT_FORMAT;
+    memset(f, 0, sizeof *f);
+    f->h = h;
+    f->path = path;
+    f->meta = -1;
+    f->fd = open(path, O_RDONLY);
+    if (f->fd < 0)
+        return FSDP__STF(FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
+    {
+        off_t end = lseek(f->fd, 0, SEEK_END);
+        if (end < 0) {
+            FSDP__STF(FSDP_CKPT_IO, "'%s': cannot seek: %s", path, strerror(errno));
+            r = FSDP_CKPT_IO;
+            goto fail;
+        }
+        f->size = (int64_t)end;
+    }
+    if (f->size < 8) {
+        FSDP__STF(r, "'%s': truncated: %lld bytes, less than the 8-byte header length", path,
+                  (long long)f->size);
+        goto fail;
+    }
+    if ((rc = fsdp__read_at(f->fd, 0, len8, 8)) != 0) {
+        FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header length: %s", path,
+                  rc == -2 ? "unexpected end of file" : strerror(errno));
+        r = FSDP_CKPT_IO;
+        goto fail;
+    }
+    for (k = 7; k >= 0; k--) hlen = hlen << 8 | len8[k];
+    if (hlen < 2 || hlen > (uint64_t)FSDP__ST_MAX_HEADER || (int64_t)hlen > f->size - 8) {
+        FSDP__STF(r, "'%s': header length %llu is impossible (file of %lld bytes, limit %lld)",
+                  path, (unsigned long long)hlen, (long long)f->size,
+                  (long long)FSDP__ST_MAX_HEADER);
+        goto fail;
+    }
+    f->data_start = 8 + (int64_t)hlen;
+    data_len = f->size - f->data_start;
+    f->header = (char *)fsdp__alloc(h, (size_t)hlen + 1);
+    if (!f->header) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", path);
+        goto fail;
+    }
+    if ((rc = fsdp__read_at(f->fd, 8, f->header, (size_t)hlen)) != 0) {
+        r = FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header: %s", path,
+                      rc == -2 ? "unexpected end of file" : strerror(errno));
+        goto fail;
+    }
+    f->header[hlen] = 0;
+    if (fsdp__json_parse(&f->j, h, f->header, (size_t)hlen) != 0) {
+        FSDP__STF(r, "'%s': bad JSON header: %s", path, f->j.err);
+        goto fail;
+    }
+    if (f->j.n[0].type != FSDP__J_OBJ) {
+        FSDP__STF(r, "'%s': the header is not a JSON object", path);
+        goto fail;
+    }
+    f->e = (fsdp__st_entry *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof *f->e);
+    f->sorted = (int *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof(int));
+    ord = (fsdp__sort_ctx_e *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof *ord);
+    if (!f->e || !f->sorted || !ord) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+        goto fail;
+    }
+    for (node = f->j.n[0].first; node >= 0; node = f->j.n[node].next) {
+        const fsdp__jn *n = &f->j.n[node];
+        fsdp__st_entry *e;
+        int c, dt = -1, sh = -1, off = -1, d;
+        int64_t b, en;
+        if (!strcmp(n->key, "__metadata__")) {
+            if (n->type != FSDP__J_OBJ) {
+                FSDP__STF(r, "'%s': __metadata__ is not an object", path);
+                goto fail;
+            }
+            for (c = n->first; c >= 0; c = f->j.n[c].next)
+                if (f->j.n[c].type != FSDP__J_STR) {
+                    FSDP__STF(r, "'%s': __metadata__ value '%.80s' is not a string", path,
+                              f->j.n[c].key);
+                    goto fail;
+                }
+            f->meta = node;
+            continue;
+        }
+        e = &f->e[ne];
+        e->name = n->key;
+        if (!n->key[0]) {
+            FSDP__STF(r, "'%s': a tensor has an empty name", path);
+            goto fail;
+        }
+        if (n->type != FSDP__J_OBJ) {
+            FSDP__STF(r, "'%s': tensor '%.80s': not an object", path, n->key);
+            goto fail;
+        }
+        for (c = n->first; c >= 0; c = f->j.n[c].next) {
+            const char *k2 = f->j.n[c].key;
+            if (!strcmp(k2, "dtype")) dt = c;
+            else if (!strcmp(k2, "shape")) sh = c;
+            else if (!strcmp(k2, "data_offsets")) off = c;
+            else {
+                FSDP__STF(r, "'%s': tensor '%.80s': unknown field '%.40s'", path, n->key, k2);
+                goto fail;
+            }
+        }
+        if (dt < 0 || sh < 0 || off < 0) {
+            FSDP__STF(r, "'%s': tensor '%.80s': missing '%s'", path, n->key,
+                      dt < 0 ? "dtype" : sh < 0 ? "shape" : "data_offsets");
+            goto fail;
+        }
+        if (f->j.n[dt].type != FSDP__J_STR ||
+            (e->dtype = fsdp__st_dtype(f->j.n[dt].str)) == FSDP_DTYPE_DEFAULT) {
+            FSDP__STF(r, "'%s': tensor '%.80s': unknown dtype '%.20s'", path, n->key,
+                      f->j.n[dt].type == FSDP__J_STR ? f->j.n[dt].str : "(not a string)");
+            goto fail;
+        }
+        if (f->j.n[sh].type != FSDP__J_ARR || f->j.n[sh].count > FSDP_MAX_DIMS) {
+            FSDP__STF(r, "'%s': tensor '%.80s': shape is not an array of at most %d dims", path,
+                      n->key, FSDP_MAX_DIMS);
+            goto fail;
+        }
+        for (c = f->j.n[sh].first, d = 0; c >= 0; c = f->j.n[c].next, d++)
+            if (!fsdp__j_int(&f->j, c, 0, INT64_MAX, &e->shape[d])) {
+                FSDP__STF(r, "'%s': tensor '%.80s': shape[%d] is not a non-negative integer",
+                          path, n->key, d);
+                goto fail;
+            }
+        e->ndim = d;
+        if ((e->numel = fsdp__shape_numel(e->ndim, e->shape)) < 0 ||
+            e->numel > INT64_MAX / (int64_t)fsdp_dtype_size(e->dtype)) {
+            FSDP__STF(r, "'%s': tensor '%.80s': the shape's size overflows", path, n->key);
+            goto fail;
+        }
+        if (f->j.n[off].type != FSDP__J_ARR || f->j.n[off].count != 2 ||
+            !fsdp__j_int(&f->j, f->j.n[off].first, 0, INT64_MAX, &b) ||
+            !fsdp__j_int(&f->j, f->j.n[f->j.n[off].first].next, 0, INT64_MAX, &en) || en < b) {
+            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets is not [begin, end] with 0 <= "
+                      "begin <= end", path, n->key);
+            goto fail;
+        }
+        if (en > data_len) {
+            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets [%lld, %lld] past the end of the "
+                      "data (%lld bytes; the file is truncated?)", path, n->key, (long long)b,
+                      (long long)en, (long long)data_len);
+            goto fail;
+        }
+        if (en - b != e->numel * (int64_t)fsdp_dtype_size(e->dtype)) {
+            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets span %lld bytes, the shape needs "
+                      "%lld", path, n->key, (long long)(en - b),
+                      (long long)(e->numel * (int64_t)fsdp_dtype_size(e->dtype)));
+            goto fail;
+        }
+        e->begin = b;
+        e->end = en;
+        ord[ne].e = e;
+        ord[ne].idx = ne;
+        ne++;
+    }
+    f->ne = ne;
+    /* the data section is exactly the tensors, back to back */
+    qsort(ord, (size_t)ne, sizeof *ord, fsdp__st_cmp_begin);
+    {
+        int64_t pos = 0;
+        for (k = 0; k < ne; k++) {
+            if (ord[k].e->begin < pos) {
+                FSDP__STF(r, "'%s': tensor '%.80s' data_offsets [%lld, %lld] overlap tensor "
+                          "'%.80s'", path, ord[k].e->name, (long long)ord[k].e->begin,
+                          (long long)ord[k].e->end, ord[k - 1].e->name);
+                goto fail;
+            }
+            if (ord[k].e->begin > pos) {
+                FSDP__STF(r, "'%s': a gap of %lld bytes before tensor '%.80s'", path,
+                          (long long)(ord[k].e->begin - pos), ord[k].e->name);
+                goto fail;
+            }
+            pos = ord[k].e->end;
+        }
+        if (pos != data_len) {
+            FSDP__STF(r, "'%s': %lld bytes of data after the last tensor (the header covers %lld "
+                      "of %lld)", path, (long long)(data_len - pos), (long long)pos,
+                      (long long)pos, (long long)data_len);
+            goto fail;
+        }
+    }
+    qsort(ord, (size_t)ne, sizeof *ord, fsdp__st_cmp_name);
+    for (k = 0; k < ne; k++) f->sorted[k] = (int)(ord[k].e - f->e);
+    for (k = 0; k < ne; k++) {
+        fsdp__st_entry *e = &f->e[k];
+        char key[600];
+        const char *v;
+        snprintf(key, sizeof key, "fsdp.crc32.%s", e->name);
+        v = fsdp__st_meta(f, key);
+        if (v) {
+            if (!fsdp__parse_hex32(v, &e->crc)) {
+                FSDP__STF(r, "'%s': tensor '%.80s': bad checksum '%.20s' in __metadata__", path,
+                          e->name, v);
+                goto fail;
+            }
+            e->has_crc = 1;
+        }
+    }
+    fsdp__free(h, ord);
+    return FSDP_SUCCESS;
+fail:
+    fsdp__free(h, ord);
+    fsdp__st_close(f);
+    return r;
+}
+
+/* Reads entry k's bytes into buf and checks its checksum. */
+FSDP__DEF fsdp_result fsdp__st_read(fsdp__st_file *f, int k, void *buf, const fsdp__crc *crc,
+                                    fsdp_error *err)
+{
+    const fsdp__st_entry *e = &f->e[k];
+    const fsdp_hooks *h = f->h;
+    size_t n = (size_t)(e->end - e->begin);
+    int rc;
+    if (n && (rc = fsdp__read_at(f->fd, f->data_start + e->begin, buf, n)) != 0)
+        return FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
+                         rc == -2 ? "unexpected end of file (truncated)" : strerror(errno));
+    if (e->has_crc) {
+        uint32_t got = fsdp__crc_update(crc, 0, buf, n);
+        if (got != e->crc)
+            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': checksum mismatch (stored "
+                             "%08x, data %08x): the file is corrupt", f->path, e->name,
+                             (unsigned)e->crc, (unsigned)got);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* A tensor to write: host data, or device data copied through a bounce
+   buffer of the device. */
+typedef struct fsdp__wt {
+    const char *name;
+    fsdp_dtype dtype;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int64_t numel;
+    const void *data;
+    fsdp_memory_kind mem;
+} fsdp__wt;
+
+typedef struct fsdp__kv {
+    const char *key, *value;
+} fsdp__kv;
+
+/* Writes a safetensors file atomically: "<path>.tmp.<pid>", data, then the
+   header with the checksums (their width is fixed, so the header's length
+   is known before the data is written), fsync, rename, fsync of the
+   directory. A failure removes the temporary and leaves path as it was. */
+FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n, const fsdp__kv *kv,
+                                     int nkv, fsdp_device *dev, const fsdp_hooks *h,
+                                     fsdp_error *err)
+{
+    fsdp__sb sb;
+    fsdp__crc *crc = NULL;
+    size_t *crcpos = NULL, hlen;
+    char *tmp = NULL;
+    void *bounce = NULL;
+    size_t bounce_bytes = 0;
+    int64_t off = 0;
+    int fd = -1, i;
+    unsigned char len8[8];
+    fsdp_result r = FSDP_SUCCESS;
+    memset(&sb, 0, sizeof sb);
+    sb.h = h;
+    if (!fsdp__host_little_endian())
+        return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
+                         "is not", path);
+    crc = (fsdp__crc *)fsdp__alloc(h, sizeof *crc);
+    crcpos = (size_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *crcpos);
+    tmp = (char *)fsdp__alloc(h, strlen(path) + 32);
+    if (!crc || !crcpos || !tmp) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+        goto done;
+    }
+    fsdp__crc_init(crc);
+    sprintf(tmp, "%s.tmp.%ld", path, (long)getpid());
+    /* header: metadata first (so Python sees it), then tensors in order */
+    fsdp__sb_str(&sb, "{\"__metadata__\":{");
+    for (i = 0; i < nkv; i++) {
+        if (i) fsdp__sb_str(&sb, ",");
+        fsdp__sb_json(&sb, kv[i].key);
+        fsdp__sb_str(&sb, ":");
+        fsdp__sb_json(&sb, kv[i].value);
+    }
+    for (i = 0; i < n; i++) {
+        char key[600];
+        snprintf(key, sizeof key, "fsdp.crc32.%s", t[i].name);
+        if (nkv || i) fsdp__sb_str(&sb, ",");
+        fsdp__sb_json(&sb, key);
+        fsdp__sb_str(&sb, ":\"");
+        crcpos[i] = sb.len;
+        fsdp__sb_str(&sb, "00000000\"");
+    }
+    fsdp__sb_str(&sb, "}");
+    for (i = 0; i < n; i++) {
+        int64_t bytes = t[i].numel * (int64_t)fsdp_dtype_size(t[i].dtype);
+        int d;
+        const char *dn = fsdp__st_dtype_name(t[i].dtype);
+        if (!dn) {
+            r = FSDP__STF(FSDP_INVALID_DTYPE, "'%s': tensor '%s': dtype %s has no safetensors "
+                          "name", path, t[i].name, fsdp_dtype_name(t[i].dtype));
+            goto done;
+        }
+        fsdp__sb_str(&sb, ",");
+        fsdp__sb_json(&sb, t[i].name);
+        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", dn);
+        for (d = 0; d < t[i].ndim; d++)
+            fsdp__sb_printf(&sb, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
+        fsdp__sb_printf(&sb, "],\"data_offsets\":[%lld,%lld]}", (long long)off,
+                        (long long)(off + bytes));
+        off += bytes;
+    }
+    fsdp__sb_str(&sb, "}");
+    while ((sb.len + 8) % 8) fsdp__sb_str(&sb, " "); /* data 8-byte aligned, as Python pads */
+    if (sb.oom) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", path);
+        goto done;
+    }
+    hlen = sb.len;
+    for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
+    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0) {
+        r = FSDP__STF(FSDP_CKPT_IO, "'%s': cannot create: %s", tmp, strerror(errno));
+        goto done;
+    }
+    if (lseek(fd, (off_t)(8 + hlen), SEEK_SET) < 0) goto io;
+    for (i = 0; i < n; i++) {
+        size_t bytes = (size_t)t[i].numel * fsdp_dtype_size(t[i].dtype);
+        const void *src = t[i].data;
+        uint32_t c;
+        char hex[9];
+        if (bytes && t[i].mem == FSDP_MEM_DEVICE) {
+            if (!dev) {
+                r = FSDP__STF(FSDP_INVALID_ARGS, "'%s': tensor '%s' is in device memory and "
+                              "there is no device", path, t[i].name);
+                goto done;
+            }
+            if (bytes > bounce_bytes) {
+                fsdp__free(h, bounce);
+                bounce_bytes = 0;
+                if (!(bounce = fsdp__alloc(h, bytes))) {
+                    r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+                    goto done;
+                }
+                bounce_bytes = bytes;
+            }
+            if ((r = fsdp_device_copy(dev, bounce, src, bytes, FSDP_COPY_D2H, NULL)) !=
+                FSDP_SUCCESS) {
+                FSDP__STF(r, "'%s': tensor '%s': %s", path, t[i].name,
+                          fsdp_device_last_error(dev));
+                goto done;
+            }
+            src = bounce;
+        }
+        c = fsdp__crc_update(crc, 0, src, bytes);
+        snprintf(hex, sizeof hex, "%08x", (unsigned)c);
+        memcpy(sb.s + crcpos[i], hex, 8);
+        if (bytes && fsdp__write_all(fd, src, bytes) != 0) goto io;
+    }
+    if (lseek(fd, 0, SEEK_SET) < 0 || fsdp__write_all(fd, len8, 8) != 0 ||
+        fsdp__write_all(fd, sb.s, hlen) != 0)
+        goto io;
+    if (fsync(fd) != 0) goto io;
+    if (close(fd) != 0) {
+        fd = -1;
+        goto io;
+    }
+    fd = -1;
+    if (rename(tmp, path) != 0) {
+        r = FSDP__STF(FSDP_CKPT_IO, "'%s': renaming the temporary '%s' into place: %s", path,
+                      tmp, strerror(errno));
+        unlink(tmp);
+        goto done;
+    }
+    fsdp__fsync_dir(path);
+    goto done;
+io:
+    r = FSDP__STF(FSDP_CKPT_IO, "'%s': writing '%s': %s", path, tmp, strerror(errno));
+    if (fd >= 0) close(fd);
+    fd = -1;
+    unlink(tmp);
+done:
+    if (fd >= 0) {
+        close(fd);
+        unlink(tmp);
+    }
+    fsdp__free(h, sb.s);
+    fsdp__free(h, crc);
+    fsdp__free(h, crcpos);
+    fsdp__free(h, tmp);
+    fsdp__free(h, bounce);
+    return r;
+}
+
+/* Writes a dict's tensors to one file; pieces become 1-D tensors. */
+FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd,
+                                     const fsdp__kv *kvs, int nkv, fsdp_error *err)
+{
+    fsdp__wt *t;
+    fsdp_result r;
+    const fsdp_hooks *h = &sd->hooks;
+    int i;
+    t = (fsdp__wt *)fsdp__calloc(h, (size_t)sd->n + 1, sizeof *t);
+    if (!t) return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+    for (i = 0; i < sd->n; i++) {
+        const fsdp_tensor *s = &sd->t[i];
+        int d;
+        int whole = s->offset == 0 && s->numel == fsdp__shape_numel(s->ndim, s->shape);
+        for (d = i + 1; d < sd->n; d++)
+            if (!strcmp(sd->t[d].name, s->name)) {
+                fsdp__free(h, t);
+                return FSDP__STF(FSDP_DUPLICATE_NAME, "'%s': tensor '%s' appears twice (a file "
+                                 "holds one tensor per name)", path, s->name);
+            }
+        t[i].name = s->name;
+        t[i].dtype = s->dtype;
+        if (whole) {
+            t[i].ndim = s->ndim;
+            for (d = 0; d < s->ndim; d++) t[i].shape[d] = s->shape[d];
+        } else {
+            t[i].ndim = 1;
+            t[i].shape[0] = s->numel;
+        }
+        t[i].numel = s->numel;
+        t[i].data = s->data;
+        t[i].mem = s->mem;
+    }
+    r = fsdp__st_write(path, t, sd->n, kvs, nkv, sd->dev, h, err);
+    fsdp__free(h, t);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_dict *sd,
+                                           fsdp_error *err)
+{
+    fsdp__kv kv = {"format", "pt"}; /* what Python's loaders expect */
+    const fsdp_hooks *h = sd ? &sd->hooks : NULL;
+    if (!path || !sd) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_save: %s is NULL",
+                                       path ? "sd" : "path");
+    return fsdp__sd_write(path, sd, &kv, 1, err);
+}
+
+FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
+                                           fsdp_state_dict **out, fsdp_error *err)
+{
+    fsdp__st_file f;
+    fsdp_state_dict *sd = NULL;
+    fsdp__crc *crc = NULL;
+    fsdp_result r;
+    const fsdp_hooks *h = hooks;
+    char *base = NULL;
+    size_t total;
+    int i;
+    if (!out) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: out is NULL");
+    *out = NULL;
+    if (!path) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: path is NULL");
+    if (!fsdp__hooks_valid(hooks))
+        return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: allocator needs alloc, "
+                         "realloc and free");
+    if (!fsdp__host_little_endian())
+        return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
+                         "is not", path);
+    if ((r = fsdp__st_open(&f, hooks, path, err)) != FSDP_SUCCESS) return r;
+    total = (size_t)(f.size - f.data_start);
+    if ((r = fsdp__sd_new(hooks, FSDP_SD_FULL, NULL, &sd)) != FSDP_SUCCESS ||
+        !(crc = (fsdp__crc *)fsdp__alloc(hooks, sizeof *crc))) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+        goto done;
+    }
+    fsdp__crc_init(crc);
+    if ((r = fsdp__sd_block(sd, total, FSDP_MEM_HOST, (void **)&base)) != FSDP_SUCCESS) {
+        FSDP__STF(r, "'%s': %s", path, sd->err.message);
+        goto done;
+    }
+    /* in file order of the header (the order the writer chose) */
+    for (i = 0; i < f.ne; i++) {
+        const fsdp__st_entry *e = &f.e[i];
+        if ((r = fsdp__st_read(&f, i, base + e->begin, crc, err)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__sd_push(sd, e->name, e->dtype, e->ndim, e->shape, 0, e->numel,
+                               base + e->begin, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
+            FSDP__STF(r, "'%s': out of memory", path);
+            goto done;
+        }
+    }
+done:
+    fsdp__st_close(&f);
+    fsdp__free(hooks, crc);
+    if (r != FSDP_SUCCESS) fsdp_state_dict_destroy(sd);
+    else *out = sd;
+    return r;
+}
+
+/* >>safetensors end */
 
 /* ------------------------------------------------------------------------ */
 /* >>runtime (implementation)                                                */
@@ -9902,1487 +11405,8 @@ done:
 /* >>zero end */
 
 /* ------------------------------------------------------------------------ */
-/* >>statedict (implementation)                                              */
+/* >>getload (implementation)                                                */
 /* ------------------------------------------------------------------------ */
-
-/* The POSIX file calls checkpoints need. They are declared by these headers
-   even under -std=c11 (open, read, write, lseek, fsync, close, rename,
-   unlink, mkdir, opendir); pread and fileno are not, so they are not used. */
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
-
-typedef struct fsdp__block {
-    void *p;
-    size_t bytes;
-    fsdp_memory_kind mem;
-} fsdp__block;
-
-struct fsdp_state_dict {
-    fsdp_hooks hooks;
-    fsdp_error err;
-    fsdp_sd_kind kind;
-    fsdp_device *dev;
-    fsdp_tensor *t;
-    int n, cap;
-    fsdp__block *b; /* memory the dict owns; tensors point into it */
-    int nb, capb;
-    size_t bytes;
-};
-
-static const char *const fsdp__ostate_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                                  "momentum_buffer"};
-
-/* Element count of a shape; -1 when it overflows or a dim is negative. */
-FSDP__DEF int64_t fsdp__shape_numel(int ndim, const int64_t *shape)
-{
-    int64_t n = 1;
-    int i;
-    for (i = 0; i < ndim; i++) {
-        if (shape[i] < 0) return -1;
-        if (shape[i] && n > INT64_MAX / shape[i]) return -1;
-        n *= shape[i];
-    }
-    return n;
-}
-
-FSDP__DEF void fsdp__shape_str(char *buf, size_t n, int ndim, const int64_t *shape)
-{
-    size_t k = 0;
-    int i;
-    k += (size_t)snprintf(buf, n, "[");
-    for (i = 0; i < ndim && k < n; i++)
-        k += (size_t)snprintf(buf + k, n - k, "%s%lld", i ? ", " : "", (long long)shape[i]);
-    if (k < n) snprintf(buf + k, n - k, "]");
-}
-
-FSDP__DEF int fsdp__host_little_endian(void)
-{
-    uint16_t x = 1;
-    unsigned char b;
-    memcpy(&b, &x, 1);
-    return b == 1;
-}
-
-/* --- the dict object --- */
-
-FSDP__DEF void fsdp__block_free(fsdp_state_dict *sd, fsdp__block *b)
-{
-    if (!b->p) return;
-    if (b->mem == FSDP_MEM_DEVICE && sd->dev) fsdp_device_free(sd->dev, b->p, b->bytes);
-    else if (b->mem == FSDP_MEM_PINNED && sd->dev) fsdp_device_host_free(sd->dev, b->p, b->bytes);
-    else fsdp__free(&sd->hooks, b->p);
-    b->p = NULL;
-}
-
-/* Allocates memory the dict owns (zeroed). */
-FSDP__DEF fsdp_result fsdp__sd_block(fsdp_state_dict *sd, size_t bytes, fsdp_memory_kind mem,
-                                     void **out)
-{
-    fsdp__block *b;
-    fsdp_result r = FSDP_SUCCESS;
-    *out = NULL;
-    if (!fsdp__grow(&sd->hooks, (void **)&sd->b, &sd->capb, sd->nb + 1, sizeof *sd->b))
-        return fsdp__fail(&sd->err, &sd->hooks, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
-    b = &sd->b[sd->nb];
-    b->p = NULL;
-    b->bytes = bytes ? bytes : 1;
-    b->mem = mem;
-    if ((mem == FSDP_MEM_DEVICE || mem == FSDP_MEM_PINNED) && !sd->dev)
-        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
-                          "state dict: pinned or device memory needs a device");
-    if (mem == FSDP_MEM_DEVICE) {
-        r = fsdp_device_alloc(sd->dev, b->bytes, &b->p);
-        if (r == FSDP_SUCCESS) r = fsdp_device_memset(sd->dev, b->p, 0, b->bytes, NULL);
-    } else if (mem == FSDP_MEM_PINNED) {
-        r = fsdp_device_host_alloc(sd->dev, b->bytes, &b->p);
-        if (r == FSDP_SUCCESS) memset(b->p, 0, b->bytes);
-    } else {
-        b->p = fsdp__calloc(&sd->hooks, 1, b->bytes);
-        if (!b->p) r = FSDP_OUT_OF_MEMORY;
-    }
-    if (r != FSDP_SUCCESS) {
-        if (b->p) fsdp__block_free(sd, b);
-        return fsdp__fail(&sd->err, &sd->hooks, r, "state dict: allocating %zu bytes: %s",
-                          bytes, sd->dev && mem != FSDP_MEM_HOST ? fsdp_device_last_error(sd->dev)
-                                                                 : "out of memory");
-    }
-    sd->nb++;
-    *out = b->p;
-    return FSDP_SUCCESS;
-}
-
-FSDP__DEF fsdp_result fsdp__sd_new(const fsdp_hooks *h, fsdp_sd_kind kind, fsdp_device *dev,
-                                   fsdp_state_dict **out)
-{
-    fsdp_hooks hc = fsdp__hooks_copy(h);
-    fsdp_state_dict *sd = (fsdp_state_dict *)fsdp__calloc(&hc, 1, sizeof *sd);
-    *out = NULL;
-    if (!sd) return FSDP_OUT_OF_MEMORY;
-    sd->hooks = hc;
-    sd->kind = kind;
-    sd->dev = dev;
-    *out = sd;
-    return FSDP_SUCCESS;
-}
-
-/* Appends a tensor record (name copied, data as given). */
-FSDP__DEF fsdp_result fsdp__sd_push(fsdp_state_dict *sd, const char *name, fsdp_dtype dt, int ndim,
-                                    const int64_t *shape, int64_t offset, int64_t numel,
-                                    void *data, fsdp_memory_kind mem)
-{
-    fsdp_tensor *t;
-    char *nm;
-    int i;
-    if (!fsdp__grow(&sd->hooks, (void **)&sd->t, &sd->cap, sd->n + 1, sizeof *sd->t) ||
-        !(nm = fsdp__strdup(&sd->hooks, name)))
-        return fsdp__fail(&sd->err, &sd->hooks, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
-    t = &sd->t[sd->n++];
-    memset(t, 0, sizeof *t);
-    t->name = nm;
-    t->dtype = dt;
-    t->ndim = ndim;
-    for (i = 0; i < ndim; i++) t->shape[i] = shape[i];
-    t->offset = offset;
-    t->numel = numel;
-    t->data = data;
-    t->mem = mem;
-    sd->bytes += (size_t)numel * fsdp_dtype_size(dt);
-    return FSDP_SUCCESS;
-}
-
-FSDP_API fsdp_result fsdp_state_dict_create(fsdp_sd_kind kind, fsdp_device *dev,
-                                            const fsdp_hooks *hooks, fsdp_state_dict **out)
-{
-    if (!out) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_state_dict_create: out is NULL");
-    *out = NULL;
-    if (kind != FSDP_SD_FULL && kind != FSDP_SD_SHARDED && kind != FSDP_SD_LOCAL)
-        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
-                                 "fsdp_state_dict_create: unknown kind %d", (int)kind);
-    if (!fsdp__hooks_valid(hooks))
-        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
-                                 "fsdp_state_dict_create: allocator needs alloc, realloc and free");
-    if (fsdp__sd_new(hooks, kind, dev, out) != FSDP_SUCCESS)
-        return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_state_dict_create: out of memory");
-    return FSDP_SUCCESS;
-}
-
-FSDP_API fsdp_result fsdp_state_dict_add(fsdp_state_dict *sd, const fsdp_tensor *t, int copy)
-{
-    int64_t total, numel;
-    size_t es;
-    void *data;
-    fsdp_result r;
-    if (!sd) return FSDP_INVALID_ARGS;
-    if (!t || !t->name || !t->name[0])
-        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
-                          "fsdp_state_dict_add: %s", t ? "the tensor has no name" : "t is NULL");
-    es = fsdp_dtype_size(t->dtype);
-    if (!es)
-        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_DTYPE,
-                          "fsdp_state_dict_add: '%s': invalid dtype %d", t->name, (int)t->dtype);
-    if (t->ndim < 0 || t->ndim > FSDP_MAX_DIMS ||
-        (total = fsdp__shape_numel(t->ndim, t->shape)) < 0)
-        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
-                          "fsdp_state_dict_add: '%s': bad shape (ndim %d)", t->name, t->ndim);
-    numel = (t->numel == 0 && t->offset == 0) ? total : t->numel;
-    if (t->offset < 0 || numel < 0 || t->offset > total - numel)
-        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
-                          "fsdp_state_dict_add: '%s': elements [%lld, %lld) outside the tensor "
-                          "(%lld elements)", t->name, (long long)t->offset,
-                          (long long)(t->offset + numel), (long long)total);
-    if ((uint64_t)numel > (uint64_t)((size_t)-1 / es))
-        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
-                          "fsdp_state_dict_add: '%s' is too large", t->name);
-    if (numel && !t->data)
-        return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
-                          "fsdp_state_dict_add: '%s': data is NULL", t->name);
-    data = t->data;
-    if (copy) {
-        if (t->mem != FSDP_MEM_HOST && t->mem != FSDP_MEM_PINNED)
-            return fsdp__fail(&sd->err, &sd->hooks, FSDP_INVALID_ARGS,
-                              "fsdp_state_dict_add: '%s': copy = 1 needs host data", t->name);
-        if ((r = fsdp__sd_block(sd, (size_t)numel * es, FSDP_MEM_HOST, &data)) != FSDP_SUCCESS)
-            return r;
-        if (numel) memcpy(data, t->data, (size_t)numel * es);
-    }
-    return fsdp__sd_push(sd, t->name, t->dtype, t->ndim, t->shape, t->offset, numel, data,
-                         copy ? FSDP_MEM_HOST : t->mem);
-}
-
-FSDP_API void fsdp_state_dict_destroy(fsdp_state_dict *sd)
-{
-    int i;
-    fsdp_hooks h;
-    if (!sd) return;
-    for (i = 0; i < sd->nb; i++) fsdp__block_free(sd, &sd->b[i]);
-    for (i = 0; i < sd->n; i++) fsdp__free(&sd->hooks, (void *)(uintptr_t)sd->t[i].name);
-    fsdp__free(&sd->hooks, sd->b);
-    fsdp__free(&sd->hooks, sd->t);
-    h = sd->hooks;
-    fsdp__free(&h, sd);
-}
-
-FSDP_API fsdp_sd_kind fsdp_state_dict_kind(const fsdp_state_dict *sd)
-{
-    return sd ? sd->kind : FSDP_SD_FULL;
-}
-
-FSDP_API int fsdp_state_dict_count(const fsdp_state_dict *sd)
-{
-    return sd ? sd->n : 0;
-}
-
-FSDP_API const fsdp_tensor *fsdp_state_dict_tensor(const fsdp_state_dict *sd, int i)
-{
-    if (!sd || i < 0 || i >= sd->n) return NULL;
-    return &sd->t[i];
-}
-
-FSDP_API int fsdp_state_dict_find(const fsdp_state_dict *sd, const char *name)
-{
-    int i;
-    if (!sd || !name) return -1;
-    for (i = 0; i < sd->n; i++)
-        if (!strcmp(sd->t[i].name, name)) return i;
-    return -1;
-}
-
-FSDP_API const char *fsdp_state_dict_last_error(const fsdp_state_dict *sd)
-{
-    return sd ? sd->err.message : "fsdp_state_dict_last_error: sd is NULL";
-}
-
-FSDP_API size_t fsdp_state_dict_bytes(const fsdp_state_dict *sd)
-{
-    return sd ? sd->bytes : 0;
-}
-
-FSDP_API fsdp_result fsdp_state_dict_compare(const fsdp_state_dict *a, const fsdp_state_dict *b,
-                                             char *msg)
-{
-    char local[FSDP_ERROR_MAX], sa[128], sb[128];
-    int i, d;
-    if (!msg) msg = local;
-    msg[0] = 0;
-    if (!a || !b) {
-        snprintf(msg, FSDP_ERROR_MAX, "a state dict is NULL");
-        return FSDP_INVALID_ARGS;
-    }
-    if (a->kind != b->kind) {
-        snprintf(msg, FSDP_ERROR_MAX, "kinds differ (%d vs %d)", (int)a->kind, (int)b->kind);
-        return FSDP_CKPT_MISMATCH;
-    }
-    for (i = 0; i < a->n && i < b->n; i++) {
-        const fsdp_tensor *x = &a->t[i], *y = &b->t[i];
-        if (strcmp(x->name, y->name)) {
-            snprintf(msg, FSDP_ERROR_MAX, "key %d: '%s' vs '%s'", i, x->name, y->name);
-            return FSDP_CKPT_MISMATCH;
-        }
-        if (x->dtype != y->dtype) {
-            snprintf(msg, FSDP_ERROR_MAX, "'%s': dtype %s vs %s", x->name,
-                     fsdp_dtype_name(x->dtype), fsdp_dtype_name(y->dtype));
-            return FSDP_CKPT_MISMATCH;
-        }
-        for (d = 0; d < x->ndim && x->ndim == y->ndim; d++)
-            if (x->shape[d] != y->shape[d]) break;
-        if (x->ndim != y->ndim || d < x->ndim) {
-            fsdp__shape_str(sa, sizeof sa, x->ndim, x->shape);
-            fsdp__shape_str(sb, sizeof sb, y->ndim, y->shape);
-            snprintf(msg, FSDP_ERROR_MAX, "'%s': shape %s vs %s", x->name, sa, sb);
-            return FSDP_CKPT_MISMATCH;
-        }
-        if (x->offset != y->offset || x->numel != y->numel) {
-            snprintf(msg, FSDP_ERROR_MAX, "'%s': piece [%lld, +%lld) vs [%lld, +%lld)", x->name,
-                     (long long)x->offset, (long long)x->numel, (long long)y->offset,
-                     (long long)y->numel);
-            return FSDP_CKPT_MISMATCH;
-        }
-    }
-    if (a->n != b->n) {
-        snprintf(msg, FSDP_ERROR_MAX, "%d vs %d keys; first extra key '%s'", a->n, b->n,
-                 a->n > b->n ? a->t[b->n].name : b->t[a->n].name);
-        return FSDP_CKPT_MISMATCH;
-    }
-    return FSDP_SUCCESS;
-}
-
-FSDP_API fsdp_result fsdp_state_dict_host_like(const fsdp_state_dict *src, fsdp_device *dev,
-                                               int pinned, fsdp_state_dict **out)
-{
-    fsdp_state_dict *sd;
-    fsdp_result r;
-    size_t total = 0, off = 0;
-    char *base = NULL;
-    int i;
-    if (!out) return FSDP_INVALID_ARGS;
-    *out = NULL;
-    if (!src) return FSDP_INVALID_ARGS;
-    if (pinned && !dev)
-        return fsdp__fail(&((fsdp_state_dict *)(uintptr_t)src)->err, &src->hooks,
-                          FSDP_INVALID_ARGS, "fsdp_state_dict_host_like: pinned needs a device");
-    if (fsdp__sd_new(&src->hooks, src->kind, dev, &sd) != FSDP_SUCCESS) return FSDP_OUT_OF_MEMORY;
-    /* one block, each tensor 64-byte aligned inside it */
-    for (i = 0; i < src->n; i++)
-        total += ((size_t)src->t[i].numel * fsdp_dtype_size(src->t[i].dtype) + 63) & ~(size_t)63;
-    r = fsdp__sd_block(sd, total, pinned ? FSDP_MEM_PINNED : FSDP_MEM_HOST, (void **)&base);
-    for (i = 0; r == FSDP_SUCCESS && i < src->n; i++) {
-        const fsdp_tensor *t = &src->t[i];
-        r = fsdp__sd_push(sd, t->name, t->dtype, t->ndim, t->shape, t->offset, t->numel,
-                          base + off, pinned ? FSDP_MEM_PINNED : FSDP_MEM_HOST);
-        off += ((size_t)t->numel * fsdp_dtype_size(t->dtype) + 63) & ~(size_t)63;
-    }
-    if (r != FSDP_SUCCESS) {
-        fsdp__fail(&((fsdp_state_dict *)(uintptr_t)src)->err, &src->hooks, r,
-                   "fsdp_state_dict_host_like: %s", sd->err.message);
-        fsdp_state_dict_destroy(sd);
-        return r;
-    }
-    *out = sd;
-    return FSDP_SUCCESS;
-}
-
-FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state_dict *src,
-                                          fsdp_stream *stream)
-{
-    char msg[FSDP_ERROR_MAX];
-    fsdp_result r;
-    int i;
-    if (!dst) return FSDP_INVALID_ARGS;
-    if (!src) return fsdp__fail(&dst->err, &dst->hooks, FSDP_INVALID_ARGS,
-                                "fsdp_state_dict_copy: src is NULL");
-    if ((r = fsdp_state_dict_compare(dst, src, msg)) != FSDP_SUCCESS)
-        return fsdp__fail(&dst->err, &dst->hooks, r,
-                          "fsdp_state_dict_copy: the dicts differ: %s", msg);
-    for (i = 0; i < src->n; i++) {
-        const fsdp_tensor *s = &src->t[i];
-        fsdp_tensor *d = &dst->t[i];
-        size_t bytes = (size_t)s->numel * fsdp_dtype_size(s->dtype);
-        fsdp_device *dev = src->dev ? src->dev : dst->dev;
-        if (!bytes || d->data == s->data) continue;
-        if (s->mem != FSDP_MEM_DEVICE && d->mem != FSDP_MEM_DEVICE) {
-            memcpy(d->data, s->data, bytes);
-            continue;
-        }
-        if (!dev)
-            return fsdp__fail(&dst->err, &dst->hooks, FSDP_INVALID_ARGS,
-                              "fsdp_state_dict_copy: '%s' is in device memory and neither dict "
-                              "has a device", s->name);
-        r = fsdp_device_copy(dev, d->data, s->data, bytes,
-                             s->mem == FSDP_MEM_DEVICE
-                                 ? (d->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D : FSDP_COPY_D2H)
-                                 : FSDP_COPY_H2D,
-                             stream);
-        if (r != FSDP_SUCCESS)
-            return fsdp__fail(&dst->err, &dst->hooks, r, "fsdp_state_dict_copy: '%s': %s",
-                              s->name, fsdp_device_last_error(dev));
-    }
-    return FSDP_SUCCESS;
-}
-
-/* --- CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
-   caller, so there is no global state --- */
-
-typedef struct fsdp__crc {
-    uint32_t t[8][256];
-} fsdp__crc;
-
-FSDP__DEF void fsdp__crc_init(fsdp__crc *c)
-{
-    uint32_t i, k;
-    for (i = 0; i < 256; i++) {
-        uint32_t v = i;
-        for (k = 0; k < 8; k++) v = (v & 1u) ? (v >> 1) ^ 0xEDB88320u : v >> 1;
-        c->t[0][i] = v;
-    }
-    for (i = 0; i < 256; i++)
-        for (k = 1; k < 8; k++) c->t[k][i] = (c->t[k - 1][i] >> 8) ^ c->t[0][c->t[k - 1][i] & 0xffu];
-}
-
-/* crc of the previous bytes (0 to start) extended by p[0..n) */
-FSDP__DEF uint32_t fsdp__crc_update(const fsdp__crc *c, uint32_t crc, const void *p, size_t n)
-{
-    const unsigned char *b = (const unsigned char *)p;
-    crc = ~crc;
-    while (n >= 8) {
-        uint32_t lo = crc ^ ((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
-                             (uint32_t)b[3] << 24);
-        uint32_t hi = (uint32_t)b[4] | (uint32_t)b[5] << 8 | (uint32_t)b[6] << 16 |
-                      (uint32_t)b[7] << 24;
-        crc = c->t[7][lo & 0xff] ^ c->t[6][(lo >> 8) & 0xff] ^ c->t[5][(lo >> 16) & 0xff] ^
-              c->t[4][lo >> 24] ^ c->t[3][hi & 0xff] ^ c->t[2][(hi >> 8) & 0xff] ^
-              c->t[1][(hi >> 16) & 0xff] ^ c->t[0][hi >> 24];
-        b += 8;
-        n -= 8;
-    }
-    while (n--) crc = (crc >> 8) ^ c->t[0][(crc ^ *b++) & 0xffu];
-    return ~crc;
-}
-
-/* --- a growable string --- */
-
-typedef struct fsdp__sb {
-    const fsdp_hooks *h;
-    char *s;
-    size_t len, cap;
-    int oom;
-} fsdp__sb;
-
-FSDP__DEF void fsdp__sb_put(fsdp__sb *b, const char *s, size_t n)
-{
-    if (b->oom) return;
-    if (b->len + n + 1 > b->cap) {
-        size_t nc = b->cap ? b->cap : 256;
-        char *p;
-        while (nc < b->len + n + 1) nc *= 2;
-        p = (char *)fsdp__realloc(b->h, b->s, nc);
-        if (!p) {
-            b->oom = 1;
-            return;
-        }
-        b->s = p;
-        b->cap = nc;
-    }
-    memcpy(b->s + b->len, s, n);
-    b->len += n;
-    b->s[b->len] = 0;
-}
-
-FSDP__DEF void fsdp__sb_str(fsdp__sb *b, const char *s)
-{
-    fsdp__sb_put(b, s, strlen(s));
-}
-
-FSDP__DEF void fsdp__sb_printf(fsdp__sb *b, const char *fmt, ...)
-{
-    char buf[256];
-    va_list ap;
-    int n;
-    va_start(ap, fmt);
-    n = vsnprintf(buf, sizeof buf, fmt, ap);
-    va_end(ap);
-    if (n > 0) fsdp__sb_put(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
-}
-
-/* A JSON string literal. */
-FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
-{
-    fsdp__sb_put(b, "\"", 1);
-    for (; *s; s++) {
-        unsigned char ch = (unsigned char)*s;
-        if (ch == '"') fsdp__sb_put(b, "\\\"", 2);
-        else if (ch == '\\') fsdp__sb_put(b, "\\\\", 2);
-        else if (ch < 0x20) fsdp__sb_printf(b, "\\u%04x", ch);
-        else fsdp__sb_put(b, s, 1);
-    }
-    fsdp__sb_put(b, "\"", 1);
-}
-
-/* --- a small strict JSON reader (RFC 8259): the whole text is one value,
-   strings are valid escapes without NUL, numbers follow the grammar, object
-   keys are unique, nesting is at most 64 deep --- */
-
-enum { FSDP__J_OBJ = 1, FSDP__J_ARR, FSDP__J_STR, FSDP__J_NUM, FSDP__J_TRUE, FSDP__J_FALSE,
-       FSDP__J_NULL };
-
-typedef struct fsdp__jn {
-    int type;
-    int first, next, count; /* children (objects: values with keys) */
-    const char *key;        /* in an object: the member's name */
-    const char *str;        /* decoded string (NUL-terminated) */
-    int64_t i;              /* numbers: the integer, when is_int */
-    int is_int;
-} fsdp__jn;
-
-typedef struct fsdp__json {
-    const fsdp_hooks *h;
-    const char *p, *end, *start;
-    fsdp__jn *n;
-    int nn, cap;
-    char *pool; /* decoded strings */
-    size_t plen, pcap;
-    char err[160];
-} fsdp__json;
-
-FSDP__DEF int fsdp__j_fail(fsdp__json *j, const char *what)
-{
-    if (!j->err[0])
-        snprintf(j->err, sizeof j->err, "%s at byte %lld", what, (long long)(j->p - j->start));
-    return -1;
-}
-
-FSDP__DEF void fsdp__j_ws(fsdp__json *j)
-{
-    while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r'))
-        j->p++;
-}
-
-FSDP__DEF int fsdp__j_node(fsdp__json *j, int type)
-{
-    fsdp__jn *n;
-    if (!fsdp__grow(j->h, (void **)&j->n, &j->cap, j->nn + 1, sizeof *j->n))
-        return fsdp__j_fail(j, "out of memory");
-    n = &j->n[j->nn];
-    memset(n, 0, sizeof *n);
-    n->type = type;
-    n->first = n->next = -1;
-    return j->nn++;
-}
-
-FSDP__DEF int fsdp__j_hex(const char *p)
-{
-    int v = 0, k;
-    for (k = 0; k < 4; k++) {
-        char ch = p[k];
-        v <<= 4;
-        if (ch >= '0' && ch <= '9') v |= ch - '0';
-        else if (ch >= 'a' && ch <= 'f') v |= ch - 'a' + 10;
-        else if (ch >= 'A' && ch <= 'F') v |= ch - 'A' + 10;
-        else return -1;
-    }
-    return v;
-}
-
-/* Decodes the string at j->p (at the quote) into the pool; returns the
-   pool offset of its first byte or -1. The pool holds at most as many
-   bytes as the text, so it never moves: it was sized up front. */
-FSDP__DEF long fsdp__j_string(fsdp__json *j)
-{
-    size_t start = j->plen;
-    j->p++;
-    for (;;) {
-        unsigned char ch;
-        if (j->p >= j->end) return fsdp__j_fail(j, "unterminated string");
-        ch = (unsigned char)*j->p;
-        if (ch == '"') {
-            j->p++;
-            break;
-        }
-        if (ch < 0x20) return fsdp__j_fail(j, "control character in a string");
-        if (ch != '\\') {
-            j->pool[j->plen++] = (char)ch;
-            j->p++;
-            continue;
-        }
-        if (j->end - j->p < 2) return fsdp__j_fail(j, "unterminated escape");
-        ch = (unsigned char)j->p[1];
-        j->p += 2;
-        switch (ch) {
-        case '"': j->pool[j->plen++] = '"'; break;
-        case '\\': j->pool[j->plen++] = '\\'; break;
-        case '/': j->pool[j->plen++] = '/'; break;
-        case 'b': j->pool[j->plen++] = '\b'; break;
-        case 'f': j->pool[j->plen++] = '\f'; break;
-        case 'n': j->pool[j->plen++] = '\n'; break;
-        case 'r': j->pool[j->plen++] = '\r'; break;
-        case 't': j->pool[j->plen++] = '\t'; break;
-        case 'u': {
-            long cp;
-            int v;
-            if (j->end - j->p < 4 || (v = fsdp__j_hex(j->p)) < 0)
-                return fsdp__j_fail(j, "bad \\u escape");
-            j->p += 4;
-            cp = v;
-            if (cp >= 0xD800 && cp <= 0xDBFF) {
-                int lo;
-                if (j->end - j->p < 6 || j->p[0] != '\\' || j->p[1] != 'u' ||
-                    (lo = fsdp__j_hex(j->p + 2)) < 0xDC00 || lo > 0xDFFF)
-                    return fsdp__j_fail(j, "unpaired surrogate");
-                j->p += 6;
-                cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
-            } else if (cp >= 0xDC00 && cp <= 0xDFFF) {
-                return fsdp__j_fail(j, "unpaired surrogate");
-            }
-            if (cp == 0) return fsdp__j_fail(j, "NUL in a string");
-            /* UTF-8 is never longer than the escape it came from */
-            if (cp < 0x80) j->pool[j->plen++] = (char)cp;
-            else if (cp < 0x800) {
-                j->pool[j->plen++] = (char)(0xC0 | (cp >> 6));
-                j->pool[j->plen++] = (char)(0x80 | (cp & 0x3F));
-            } else if (cp < 0x10000) {
-                j->pool[j->plen++] = (char)(0xE0 | (cp >> 12));
-                j->pool[j->plen++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-                j->pool[j->plen++] = (char)(0x80 | (cp & 0x3F));
-            } else {
-                j->pool[j->plen++] = (char)(0xF0 | (cp >> 18));
-                j->pool[j->plen++] = (char)(0x80 | ((cp >> 12) & 0x3F));
-                j->pool[j->plen++] = (char)(0x80 | ((cp >> 6) & 0x3F));
-                j->pool[j->plen++] = (char)(0x80 | (cp & 0x3F));
-            }
-            break;
-        }
-        default: return fsdp__j_fail(j, "bad escape");
-        }
-    }
-    j->pool[j->plen++] = 0;
-    return (long)start;
-}
-
-FSDP__DEF int fsdp__j_keycmp(const void *a, const void *b)
-{
-    return strcmp(*(const char *const *)a, *(const char *const *)b);
-}
-
-FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth);
-
-/* Children are linked in order; pool offsets become pointers at the end
-   (the pool is fixed, but keeping offsets is simpler to reason about). */
-FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth)
-{
-    int id, last = -1;
-    fsdp__j_ws(j);
-    if (j->p >= j->end) return fsdp__j_fail(j, "unexpected end of JSON");
-    if (depth > 64) return fsdp__j_fail(j, "nesting deeper than 64");
-    if (*j->p == '{' || *j->p == '[') {
-        int obj = *j->p == '{';
-        char close = obj ? '}' : ']';
-        if ((id = fsdp__j_node(j, obj ? FSDP__J_OBJ : FSDP__J_ARR)) < 0) return -1;
-        j->p++;
-        fsdp__j_ws(j);
-        if (j->p < j->end && *j->p == close) {
-            j->p++;
-            return id;
-        }
-        for (;;) {
-            long key = -1;
-            int child;
-            fsdp__j_ws(j);
-            if (obj) {
-                if (j->p >= j->end || *j->p != '"') return fsdp__j_fail(j, "expected a key");
-                if ((key = fsdp__j_string(j)) < 0) return -1;
-                fsdp__j_ws(j);
-                if (j->p >= j->end || *j->p != ':') return fsdp__j_fail(j, "expected ':'");
-                j->p++;
-            }
-            if ((child = fsdp__j_value(j, depth + 1)) < 0) return -1;
-            if (obj) j->n[child].key = (const char *)(intptr_t)(key + 1); /* fixed up later */
-            if (last < 0) j->n[id].first = child;
-            else j->n[last].next = child;
-            last = child;
-            j->n[id].count++;
-            fsdp__j_ws(j);
-            if (j->p >= j->end) return fsdp__j_fail(j, "unexpected end of JSON");
-            if (*j->p == ',') {
-                j->p++;
-                continue;
-            }
-            if (*j->p == close) {
-                j->p++;
-                return id;
-            }
-            return fsdp__j_fail(j, obj ? "expected ',' or '}'" : "expected ',' or ']'");
-        }
-    }
-    if (*j->p == '"') {
-        long s;
-        if ((id = fsdp__j_node(j, FSDP__J_STR)) < 0) return -1;
-        if ((s = fsdp__j_string(j)) < 0) return -1;
-        j->n[id].str = (const char *)(intptr_t)(s + 1);
-        return id;
-    }
-    if (*j->p == '-' || (*j->p >= '0' && *j->p <= '9')) {
-        const char *q = j->p;
-        int neg = 0, is_int = 1, ovf = 0;
-        uint64_t v = 0;
-        if ((id = fsdp__j_node(j, FSDP__J_NUM)) < 0) return -1;
-        if (*q == '-') {
-            neg = 1;
-            q++;
-        }
-        if (q >= j->end || *q < '0' || *q > '9') return fsdp__j_fail(j, "bad number");
-        if (*q == '0' && q + 1 < j->end && q[1] >= '0' && q[1] <= '9')
-            return fsdp__j_fail(j, "leading zero in a number");
-        while (q < j->end && *q >= '0' && *q <= '9') {
-            if (v > (UINT64_MAX - 9) / 10) ovf = 1;
-            else v = v * 10 + (uint64_t)(*q - '0');
-            q++;
-        }
-        if (q < j->end && *q == '.') {
-            is_int = 0;
-            q++;
-            if (q >= j->end || *q < '0' || *q > '9') return fsdp__j_fail(j, "bad fraction");
-            while (q < j->end && *q >= '0' && *q <= '9') q++;
-        }
-        if (q < j->end && (*q == 'e' || *q == 'E')) {
-            is_int = 0;
-            q++;
-            if (q < j->end && (*q == '+' || *q == '-')) q++;
-            if (q >= j->end || *q < '0' || *q > '9') return fsdp__j_fail(j, "bad exponent");
-            while (q < j->end && *q >= '0' && *q <= '9') q++;
-        }
-        if (is_int && !ovf && v <= (uint64_t)INT64_MAX) {
-            j->n[id].is_int = 1;
-            j->n[id].i = neg ? -(int64_t)v : (int64_t)v;
-        }
-        j->p = q;
-        return id;
-    }
-    if (j->end - j->p >= 4 && !memcmp(j->p, "true", 4)) {
-        j->p += 4;
-        return fsdp__j_node(j, FSDP__J_TRUE);
-    }
-    if (j->end - j->p >= 5 && !memcmp(j->p, "false", 5)) {
-        j->p += 5;
-        return fsdp__j_node(j, FSDP__J_FALSE);
-    }
-    if (j->end - j->p >= 4 && !memcmp(j->p, "null", 4)) {
-        j->p += 4;
-        return fsdp__j_node(j, FSDP__J_NULL);
-    }
-    return fsdp__j_fail(j, "unexpected character");
-}
-
-FSDP__DEF void fsdp__json_free(fsdp__json *j)
-{
-    fsdp__free(j->h, j->n);
-    fsdp__free(j->h, j->pool);
-    j->n = NULL;
-    j->pool = NULL;
-}
-
-/* Parses text[0..len); 0 on success (root is node 0), else -1 with j->err. */
-FSDP__DEF int fsdp__json_parse(fsdp__json *j, const fsdp_hooks *h, const char *text, size_t len)
-{
-    int i;
-    memset(j, 0, sizeof *j);
-    j->h = h;
-    j->p = j->start = text;
-    j->end = text + len;
-    j->pool = (char *)fsdp__alloc(h, len + 1);
-    if (!j->pool) return fsdp__j_fail(j, "out of memory");
-    if (fsdp__j_value(j, 0) < 0) return -1;
-    fsdp__j_ws(j);
-    if (j->p != j->end) return fsdp__j_fail(j, "trailing characters after the JSON value");
-    for (i = 0; i < j->nn; i++) {
-        if (j->n[i].key) j->n[i].key = j->pool + ((intptr_t)j->n[i].key - 1);
-        if (j->n[i].str) j->n[i].str = j->pool + ((intptr_t)j->n[i].str - 1);
-    }
-    /* unique keys: sort each object's key pointers */
-    for (i = 0; i < j->nn; i++) {
-        const char **keys;
-        int c, k;
-        if (j->n[i].type != FSDP__J_OBJ || j->n[i].count < 2) continue;
-        keys = (const char **)fsdp__alloc(h, (size_t)j->n[i].count * sizeof *keys);
-        if (!keys) return fsdp__j_fail(j, "out of memory");
-        for (c = j->n[i].first, k = 0; c >= 0; c = j->n[c].next) keys[k++] = j->n[c].key;
-        qsort(keys, (size_t)k, sizeof *keys, fsdp__j_keycmp);
-        for (c = 1; c < k; c++)
-            if (!strcmp(keys[c - 1], keys[c])) {
-                snprintf(j->err, sizeof j->err, "duplicate key '%.80s'", keys[c]);
-                fsdp__free(h, (void *)keys);
-                return -1;
-            }
-        fsdp__free(h, (void *)keys);
-    }
-    return 0;
-}
-
-FSDP__DEF int fsdp__j_get(const fsdp__json *j, int obj, const char *key)
-{
-    int c;
-    if (obj < 0 || j->n[obj].type != FSDP__J_OBJ) return -1;
-    for (c = j->n[obj].first; c >= 0; c = j->n[c].next)
-        if (!strcmp(j->n[c].key, key)) return c;
-    return -1;
-}
-
-/* An integer node in [lo, hi]. */
-FSDP__DEF int fsdp__j_int(const fsdp__json *j, int node, int64_t lo, int64_t hi, int64_t *out)
-{
-    if (node < 0 || j->n[node].type != FSDP__J_NUM || !j->n[node].is_int) return 0;
-    if (j->n[node].i < lo || j->n[node].i > hi) return 0;
-    *out = j->n[node].i;
-    return 1;
-}
-
-/* --- safetensors dtypes --- */
-
-FSDP__DEF const char *fsdp__st_dtype_name(fsdp_dtype dt)
-{
-    switch (dt) {
-    case FSDP_F32: return "F32";
-    case FSDP_F64: return "F64";
-    case FSDP_F16: return "F16";
-    case FSDP_BF16: return "BF16";
-    case FSDP_U8: return "U8";
-    case FSDP_I8: return "I8";
-    case FSDP_I32: return "I32";
-    case FSDP_I64: return "I64";
-    default: return NULL;
-    }
-}
-
-FSDP__DEF fsdp_dtype fsdp__st_dtype(const char *s)
-{
-    int d;
-    for (d = 1; d < FSDP_DTYPE_COUNT; d++) {
-        const char *n = fsdp__st_dtype_name((fsdp_dtype)d);
-        if (n && !strcmp(n, s)) return (fsdp_dtype)d;
-    }
-    return FSDP_DTYPE_DEFAULT;
-}
-
-/* --- file helpers: whole reads and writes over file descriptors --- */
-
-FSDP__DEF int fsdp__write_all(int fd, const void *p, size_t n)
-{
-    const char *b = (const char *)p;
-    while (n) {
-        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
-        ssize_t w = write(fd, b, chunk);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (w == 0) {
-            errno = EIO;
-            return -1;
-        }
-        b += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Reads exactly n bytes at offset off; -1 with errno, or -2 at end of file. */
-FSDP__DEF int fsdp__read_at(int fd, int64_t off, void *p, size_t n)
-{
-    char *b = (char *)p;
-    if (lseek(fd, (off_t)off, SEEK_SET) < 0) return -1;
-    while (n) {
-        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
-        ssize_t r = read(fd, b, chunk);
-        if (r < 0) {
-            if (errno == EINTR) continue;
-            return -1;
-        }
-        if (r == 0) return -2;
-        b += r;
-        n -= (size_t)r;
-    }
-    return 0;
-}
-
-/* The directory part of path ("." when none), for fsyncing a rename. */
-FSDP__DEF void fsdp__dirname(const char *path, char *out, size_t n)
-{
-    const char *slash = strrchr(path, '/');
-    if (!slash) snprintf(out, n, ".");
-    else if (slash == path) snprintf(out, n, "/");
-    else snprintf(out, n, "%.*s", (int)(slash - path), path);
-}
-
-FSDP__DEF void fsdp__fsync_dir(const char *path)
-{
-    char dir[4096];
-    int fd;
-    fsdp__dirname(path, dir, sizeof dir);
-    fd = open(dir, O_RDONLY);
-    if (fd >= 0) {
-        fsync(fd); /* best effort: some file systems refuse it on directories */
-        close(fd);
-    }
-}
-
-/* --- safetensors files --- */
-
-#define FSDP__ST_MAX_HEADER ((int64_t)100 << 20) /* the official reader's limit */
-
-typedef struct fsdp__st_entry {
-    const char *name;
-    fsdp_dtype dtype;
-    int ndim;
-    int64_t shape[FSDP_MAX_DIMS];
-    int64_t numel;
-    int64_t begin, end; /* byte offsets in the data section */
-    uint32_t crc;
-    int has_crc;
-} fsdp__st_entry;
-
-typedef struct fsdp__st_file {
-    const fsdp_hooks *h;
-    const char *path;
-    int fd;
-    int64_t size, data_start;
-    char *header;
-    fsdp__json j;
-    fsdp__st_entry *e;
-    int ne;
-    int *sorted; /* entry indices sorted by name, for lookups */
-    int meta;    /* node of __metadata__, or -1 */
-} fsdp__st_file;
-
-FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
-{
-    if (f->fd >= 0) close(f->fd);
-    f->fd = -1;
-    fsdp__json_free(&f->j);
-    fsdp__free(f->h, f->header);
-    fsdp__free(f->h, f->e);
-    fsdp__free(f->h, f->sorted);
-    f->header = NULL;
-    f->e = NULL;
-    f->sorted = NULL;
-    f->ne = 0;
-}
-
-FSDP__DEF const char *fsdp__st_meta(const fsdp__st_file *f, const char *key)
-{
-    int n = fsdp__j_get(&f->j, f->meta, key);
-    return n >= 0 ? f->j.n[n].str : NULL;
-}
-
-typedef struct fsdp__sort_ctx_e {
-    const fsdp__st_entry *e;
-    int idx;
-} fsdp__sort_ctx_e;
-
-FSDP__DEF int fsdp__st_cmp_begin(const void *a, const void *b)
-{
-    const fsdp__sort_ctx_e *x = (const fsdp__sort_ctx_e *)a, *y = (const fsdp__sort_ctx_e *)b;
-    if (x->e->begin != y->e->begin) return x->e->begin < y->e->begin ? -1 : 1;
-    if (x->e->end != y->e->end) return x->e->end < y->e->end ? -1 : 1;
-    return x->idx - y->idx;
-}
-
-FSDP__DEF int fsdp__st_cmp_name(const void *a, const void *b)
-{
-    const fsdp__sort_ctx_e *x = (const fsdp__sort_ctx_e *)a, *y = (const fsdp__sort_ctx_e *)b;
-    return strcmp(x->e->name, y->e->name);
-}
-
-FSDP__DEF int fsdp__st_find(const fsdp__st_file *f, const char *name)
-{
-    int lo = 0, hi = f->ne - 1;
-    while (lo <= hi) {
-        int mid = (lo + hi) / 2, c = strcmp(f->e[f->sorted[mid]].name, name);
-        if (!c) return f->sorted[mid];
-        if (c < 0) lo = mid + 1;
-        else hi = mid - 1;
-    }
-    return -1;
-}
-
-FSDP__DEF int fsdp__parse_hex32(const char *s, uint32_t *out)
-{
-    uint32_t v = 0;
-    int k;
-    if (!s || strlen(s) != 8) return 0;
-    for (k = 0; k < 8; k++) {
-        char ch = s[k];
-        v <<= 4;
-        if (ch >= '0' && ch <= '9') v |= (uint32_t)(ch - '0');
-        else if (ch >= 'a' && ch <= 'f') v |= (uint32_t)(ch - 'a' + 10);
-        else return 0;
-    }
-    *out = v;
-    return 1;
-}
-
-#define FSDP__STF(code, ...) fsdp__fail(err, h, code, __VA_ARGS__)
-
-/* Opens and validates a safetensors file: everything the header says is
-   checked against the file before any data is trusted. */
-FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const char *path,
-                                    fsdp_error *err)
-{
-    unsigned char len8[8];
-    uint64_t hlen = 0;
-    int64_t data_len;
-    int k, rc, node, ne = 0;
-    fsdp__sort_ctx_e *ord = NULL;
-    fsdp_result r = FSDP_CKPT_FORMAT;
-    memset(f, 0, sizeof *f);
-    f->h = h;
-    f->path = path;
-    f->meta = -1;
-    f->fd = open(path, O_RDONLY);
-    if (f->fd < 0)
-        return FSDP__STF(FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
-    {
-        off_t end = lseek(f->fd, 0, SEEK_END);
-        if (end < 0) {
-            FSDP__STF(FSDP_CKPT_IO, "'%s': cannot seek: %s", path, strerror(errno));
-            r = FSDP_CKPT_IO;
-            goto fail;
-        }
-        f->size = (int64_t)end;
-    }
-    if (f->size < 8) {
-        FSDP__STF(r, "'%s': truncated: %lld bytes, less than the 8-byte header length", path,
-                  (long long)f->size);
-        goto fail;
-    }
-    if ((rc = fsdp__read_at(f->fd, 0, len8, 8)) != 0) {
-        FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header length: %s", path,
-                  rc == -2 ? "unexpected end of file" : strerror(errno));
-        r = FSDP_CKPT_IO;
-        goto fail;
-    }
-    for (k = 7; k >= 0; k--) hlen = hlen << 8 | len8[k];
-    if (hlen < 2 || hlen > (uint64_t)FSDP__ST_MAX_HEADER || (int64_t)hlen > f->size - 8) {
-        FSDP__STF(r, "'%s': header length %llu is impossible (file of %lld bytes, limit %lld)",
-                  path, (unsigned long long)hlen, (long long)f->size,
-                  (long long)FSDP__ST_MAX_HEADER);
-        goto fail;
-    }
-    f->data_start = 8 + (int64_t)hlen;
-    data_len = f->size - f->data_start;
-    f->header = (char *)fsdp__alloc(h, (size_t)hlen + 1);
-    if (!f->header) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", path);
-        goto fail;
-    }
-    if ((rc = fsdp__read_at(f->fd, 8, f->header, (size_t)hlen)) != 0) {
-        r = FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header: %s", path,
-                      rc == -2 ? "unexpected end of file" : strerror(errno));
-        goto fail;
-    }
-    f->header[hlen] = 0;
-    if (fsdp__json_parse(&f->j, h, f->header, (size_t)hlen) != 0) {
-        FSDP__STF(r, "'%s': bad JSON header: %s", path, f->j.err);
-        goto fail;
-    }
-    if (f->j.n[0].type != FSDP__J_OBJ) {
-        FSDP__STF(r, "'%s': the header is not a JSON object", path);
-        goto fail;
-    }
-    f->e = (fsdp__st_entry *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof *f->e);
-    f->sorted = (int *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof(int));
-    ord = (fsdp__sort_ctx_e *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof *ord);
-    if (!f->e || !f->sorted || !ord) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-        goto fail;
-    }
-    for (node = f->j.n[0].first; node >= 0; node = f->j.n[node].next) {
-        const fsdp__jn *n = &f->j.n[node];
-        fsdp__st_entry *e;
-        int c, dt = -1, sh = -1, off = -1, d;
-        int64_t b, en;
-        if (!strcmp(n->key, "__metadata__")) {
-            if (n->type != FSDP__J_OBJ) {
-                FSDP__STF(r, "'%s': __metadata__ is not an object", path);
-                goto fail;
-            }
-            for (c = n->first; c >= 0; c = f->j.n[c].next)
-                if (f->j.n[c].type != FSDP__J_STR) {
-                    FSDP__STF(r, "'%s': __metadata__ value '%.80s' is not a string", path,
-                              f->j.n[c].key);
-                    goto fail;
-                }
-            f->meta = node;
-            continue;
-        }
-        e = &f->e[ne];
-        e->name = n->key;
-        if (!n->key[0]) {
-            FSDP__STF(r, "'%s': a tensor has an empty name", path);
-            goto fail;
-        }
-        if (n->type != FSDP__J_OBJ) {
-            FSDP__STF(r, "'%s': tensor '%.80s': not an object", path, n->key);
-            goto fail;
-        }
-        for (c = n->first; c >= 0; c = f->j.n[c].next) {
-            const char *k2 = f->j.n[c].key;
-            if (!strcmp(k2, "dtype")) dt = c;
-            else if (!strcmp(k2, "shape")) sh = c;
-            else if (!strcmp(k2, "data_offsets")) off = c;
-            else {
-                FSDP__STF(r, "'%s': tensor '%.80s': unknown field '%.40s'", path, n->key, k2);
-                goto fail;
-            }
-        }
-        if (dt < 0 || sh < 0 || off < 0) {
-            FSDP__STF(r, "'%s': tensor '%.80s': missing '%s'", path, n->key,
-                      dt < 0 ? "dtype" : sh < 0 ? "shape" : "data_offsets");
-            goto fail;
-        }
-        if (f->j.n[dt].type != FSDP__J_STR ||
-            (e->dtype = fsdp__st_dtype(f->j.n[dt].str)) == FSDP_DTYPE_DEFAULT) {
-            FSDP__STF(r, "'%s': tensor '%.80s': unknown dtype '%.20s'", path, n->key,
-                      f->j.n[dt].type == FSDP__J_STR ? f->j.n[dt].str : "(not a string)");
-            goto fail;
-        }
-        if (f->j.n[sh].type != FSDP__J_ARR || f->j.n[sh].count > FSDP_MAX_DIMS) {
-            FSDP__STF(r, "'%s': tensor '%.80s': shape is not an array of at most %d dims", path,
-                      n->key, FSDP_MAX_DIMS);
-            goto fail;
-        }
-        for (c = f->j.n[sh].first, d = 0; c >= 0; c = f->j.n[c].next, d++)
-            if (!fsdp__j_int(&f->j, c, 0, INT64_MAX, &e->shape[d])) {
-                FSDP__STF(r, "'%s': tensor '%.80s': shape[%d] is not a non-negative integer",
-                          path, n->key, d);
-                goto fail;
-            }
-        e->ndim = d;
-        if ((e->numel = fsdp__shape_numel(e->ndim, e->shape)) < 0 ||
-            e->numel > INT64_MAX / (int64_t)fsdp_dtype_size(e->dtype)) {
-            FSDP__STF(r, "'%s': tensor '%.80s': the shape's size overflows", path, n->key);
-            goto fail;
-        }
-        if (f->j.n[off].type != FSDP__J_ARR || f->j.n[off].count != 2 ||
-            !fsdp__j_int(&f->j, f->j.n[off].first, 0, INT64_MAX, &b) ||
-            !fsdp__j_int(&f->j, f->j.n[f->j.n[off].first].next, 0, INT64_MAX, &en) || en < b) {
-            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets is not [begin, end] with 0 <= "
-                      "begin <= end", path, n->key);
-            goto fail;
-        }
-        if (en > data_len) {
-            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets [%lld, %lld] past the end of the "
-                      "data (%lld bytes; the file is truncated?)", path, n->key, (long long)b,
-                      (long long)en, (long long)data_len);
-            goto fail;
-        }
-        if (en - b != e->numel * (int64_t)fsdp_dtype_size(e->dtype)) {
-            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets span %lld bytes, the shape needs "
-                      "%lld", path, n->key, (long long)(en - b),
-                      (long long)(e->numel * (int64_t)fsdp_dtype_size(e->dtype)));
-            goto fail;
-        }
-        e->begin = b;
-        e->end = en;
-        ord[ne].e = e;
-        ord[ne].idx = ne;
-        ne++;
-    }
-    f->ne = ne;
-    /* the data section is exactly the tensors, back to back */
-    qsort(ord, (size_t)ne, sizeof *ord, fsdp__st_cmp_begin);
-    {
-        int64_t pos = 0;
-        for (k = 0; k < ne; k++) {
-            if (ord[k].e->begin < pos) {
-                FSDP__STF(r, "'%s': tensor '%.80s' data_offsets [%lld, %lld] overlap tensor "
-                          "'%.80s'", path, ord[k].e->name, (long long)ord[k].e->begin,
-                          (long long)ord[k].e->end, ord[k - 1].e->name);
-                goto fail;
-            }
-            if (ord[k].e->begin > pos) {
-                FSDP__STF(r, "'%s': a gap of %lld bytes before tensor '%.80s'", path,
-                          (long long)(ord[k].e->begin - pos), ord[k].e->name);
-                goto fail;
-            }
-            pos = ord[k].e->end;
-        }
-        if (pos != data_len) {
-            FSDP__STF(r, "'%s': %lld bytes of data after the last tensor (the header covers %lld "
-                      "of %lld)", path, (long long)(data_len - pos), (long long)pos,
-                      (long long)pos, (long long)data_len);
-            goto fail;
-        }
-    }
-    qsort(ord, (size_t)ne, sizeof *ord, fsdp__st_cmp_name);
-    for (k = 0; k < ne; k++) f->sorted[k] = (int)(ord[k].e - f->e);
-    for (k = 0; k < ne; k++) {
-        fsdp__st_entry *e = &f->e[k];
-        char key[600];
-        const char *v;
-        snprintf(key, sizeof key, "fsdp.crc32.%s", e->name);
-        v = fsdp__st_meta(f, key);
-        if (v) {
-            if (!fsdp__parse_hex32(v, &e->crc)) {
-                FSDP__STF(r, "'%s': tensor '%.80s': bad checksum '%.20s' in __metadata__", path,
-                          e->name, v);
-                goto fail;
-            }
-            e->has_crc = 1;
-        }
-    }
-    fsdp__free(h, ord);
-    return FSDP_SUCCESS;
-fail:
-    fsdp__free(h, ord);
-    fsdp__st_close(f);
-    return r;
-}
-
-/* Reads entry k's bytes into buf and checks its checksum. */
-FSDP__DEF fsdp_result fsdp__st_read(fsdp__st_file *f, int k, void *buf, const fsdp__crc *crc,
-                                    fsdp_error *err)
-{
-    const fsdp__st_entry *e = &f->e[k];
-    const fsdp_hooks *h = f->h;
-    size_t n = (size_t)(e->end - e->begin);
-    int rc;
-    if (n && (rc = fsdp__read_at(f->fd, f->data_start + e->begin, buf, n)) != 0)
-        return FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
-                         rc == -2 ? "unexpected end of file (truncated)" : strerror(errno));
-    if (e->has_crc) {
-        uint32_t got = fsdp__crc_update(crc, 0, buf, n);
-        if (got != e->crc)
-            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': checksum mismatch (stored "
-                             "%08x, data %08x): the file is corrupt", f->path, e->name,
-                             (unsigned)e->crc, (unsigned)got);
-    }
-    return FSDP_SUCCESS;
-}
-
-/* A tensor to write: host data, or device data copied through a bounce
-   buffer of the device. */
-typedef struct fsdp__wt {
-    const char *name;
-    fsdp_dtype dtype;
-    int ndim;
-    int64_t shape[FSDP_MAX_DIMS];
-    int64_t numel;
-    const void *data;
-    fsdp_memory_kind mem;
-} fsdp__wt;
-
-typedef struct fsdp__kv {
-    const char *key, *value;
-} fsdp__kv;
-
-/* Writes a safetensors file atomically: "<path>.tmp.<pid>", data, then the
-   header with the checksums (their width is fixed, so the header's length
-   is known before the data is written), fsync, rename, fsync of the
-   directory. A failure removes the temporary and leaves path as it was. */
-FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n, const fsdp__kv *kv,
-                                     int nkv, fsdp_device *dev, const fsdp_hooks *h,
-                                     fsdp_error *err)
-{
-    fsdp__sb sb;
-    fsdp__crc *crc = NULL;
-    size_t *crcpos = NULL, hlen;
-    char *tmp = NULL;
-    void *bounce = NULL;
-    size_t bounce_bytes = 0;
-    int64_t off = 0;
-    int fd = -1, i;
-    unsigned char len8[8];
-    fsdp_result r = FSDP_SUCCESS;
-    memset(&sb, 0, sizeof sb);
-    sb.h = h;
-    if (!fsdp__host_little_endian())
-        return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
-                         "is not", path);
-    crc = (fsdp__crc *)fsdp__alloc(h, sizeof *crc);
-    crcpos = (size_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *crcpos);
-    tmp = (char *)fsdp__alloc(h, strlen(path) + 32);
-    if (!crc || !crcpos || !tmp) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-        goto done;
-    }
-    fsdp__crc_init(crc);
-    sprintf(tmp, "%s.tmp.%ld", path, (long)getpid());
-    /* header: metadata first (so Python sees it), then tensors in order */
-    fsdp__sb_str(&sb, "{\"__metadata__\":{");
-    for (i = 0; i < nkv; i++) {
-        if (i) fsdp__sb_str(&sb, ",");
-        fsdp__sb_json(&sb, kv[i].key);
-        fsdp__sb_str(&sb, ":");
-        fsdp__sb_json(&sb, kv[i].value);
-    }
-    for (i = 0; i < n; i++) {
-        char key[600];
-        snprintf(key, sizeof key, "fsdp.crc32.%s", t[i].name);
-        if (nkv || i) fsdp__sb_str(&sb, ",");
-        fsdp__sb_json(&sb, key);
-        fsdp__sb_str(&sb, ":\"");
-        crcpos[i] = sb.len;
-        fsdp__sb_str(&sb, "00000000\"");
-    }
-    fsdp__sb_str(&sb, "}");
-    for (i = 0; i < n; i++) {
-        int64_t bytes = t[i].numel * (int64_t)fsdp_dtype_size(t[i].dtype);
-        int d;
-        const char *dn = fsdp__st_dtype_name(t[i].dtype);
-        if (!dn) {
-            r = FSDP__STF(FSDP_INVALID_DTYPE, "'%s': tensor '%s': dtype %s has no safetensors "
-                          "name", path, t[i].name, fsdp_dtype_name(t[i].dtype));
-            goto done;
-        }
-        fsdp__sb_str(&sb, ",");
-        fsdp__sb_json(&sb, t[i].name);
-        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", dn);
-        for (d = 0; d < t[i].ndim; d++)
-            fsdp__sb_printf(&sb, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
-        fsdp__sb_printf(&sb, "],\"data_offsets\":[%lld,%lld]}", (long long)off,
-                        (long long)(off + bytes));
-        off += bytes;
-    }
-    fsdp__sb_str(&sb, "}");
-    while ((sb.len + 8) % 8) fsdp__sb_str(&sb, " "); /* data 8-byte aligned, as Python pads */
-    if (sb.oom) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", path);
-        goto done;
-    }
-    hlen = sb.len;
-    for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        r = FSDP__STF(FSDP_CKPT_IO, "'%s': cannot create: %s", tmp, strerror(errno));
-        goto done;
-    }
-    if (lseek(fd, (off_t)(8 + hlen), SEEK_SET) < 0) goto io;
-    for (i = 0; i < n; i++) {
-        size_t bytes = (size_t)t[i].numel * fsdp_dtype_size(t[i].dtype);
-        const void *src = t[i].data;
-        uint32_t c;
-        char hex[9];
-        if (bytes && t[i].mem == FSDP_MEM_DEVICE) {
-            if (!dev) {
-                r = FSDP__STF(FSDP_INVALID_ARGS, "'%s': tensor '%s' is in device memory and "
-                              "there is no device", path, t[i].name);
-                goto done;
-            }
-            if (bytes > bounce_bytes) {
-                fsdp__free(h, bounce);
-                bounce_bytes = 0;
-                if (!(bounce = fsdp__alloc(h, bytes))) {
-                    r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-                    goto done;
-                }
-                bounce_bytes = bytes;
-            }
-            if ((r = fsdp_device_copy(dev, bounce, src, bytes, FSDP_COPY_D2H, NULL)) !=
-                FSDP_SUCCESS) {
-                FSDP__STF(r, "'%s': tensor '%s': %s", path, t[i].name,
-                          fsdp_device_last_error(dev));
-                goto done;
-            }
-            src = bounce;
-        }
-        c = fsdp__crc_update(crc, 0, src, bytes);
-        snprintf(hex, sizeof hex, "%08x", (unsigned)c);
-        memcpy(sb.s + crcpos[i], hex, 8);
-        if (bytes && fsdp__write_all(fd, src, bytes) != 0) goto io;
-    }
-    if (lseek(fd, 0, SEEK_SET) < 0 || fsdp__write_all(fd, len8, 8) != 0 ||
-        fsdp__write_all(fd, sb.s, hlen) != 0)
-        goto io;
-    if (fsync(fd) != 0) goto io;
-    if (close(fd) != 0) {
-        fd = -1;
-        goto io;
-    }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        r = FSDP__STF(FSDP_CKPT_IO, "'%s': renaming the temporary '%s' into place: %s", path,
-                      tmp, strerror(errno));
-        unlink(tmp);
-        goto done;
-    }
-    fsdp__fsync_dir(path);
-    goto done;
-io:
-    r = FSDP__STF(FSDP_CKPT_IO, "'%s': writing '%s': %s", path, tmp, strerror(errno));
-    if (fd >= 0) close(fd);
-    fd = -1;
-    unlink(tmp);
-done:
-    if (fd >= 0) {
-        close(fd);
-        unlink(tmp);
-    }
-    fsdp__free(h, sb.s);
-    fsdp__free(h, crc);
-    fsdp__free(h, crcpos);
-    fsdp__free(h, tmp);
-    fsdp__free(h, bounce);
-    return r;
-}
-
-/* Writes a dict's tensors to one file; pieces become 1-D tensors. */
-FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd,
-                                     const fsdp__kv *kvs, int nkv, fsdp_error *err)
-{
-    fsdp__wt *t;
-    fsdp_result r;
-    const fsdp_hooks *h = &sd->hooks;
-    int i;
-    t = (fsdp__wt *)fsdp__calloc(h, (size_t)sd->n + 1, sizeof *t);
-    if (!t) return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-    for (i = 0; i < sd->n; i++) {
-        const fsdp_tensor *s = &sd->t[i];
-        int d;
-        int whole = s->offset == 0 && s->numel == fsdp__shape_numel(s->ndim, s->shape);
-        for (d = i + 1; d < sd->n; d++)
-            if (!strcmp(sd->t[d].name, s->name)) {
-                fsdp__free(h, t);
-                return FSDP__STF(FSDP_DUPLICATE_NAME, "'%s': tensor '%s' appears twice (a file "
-                                 "holds one tensor per name)", path, s->name);
-            }
-        t[i].name = s->name;
-        t[i].dtype = s->dtype;
-        if (whole) {
-            t[i].ndim = s->ndim;
-            for (d = 0; d < s->ndim; d++) t[i].shape[d] = s->shape[d];
-        } else {
-            t[i].ndim = 1;
-            t[i].shape[0] = s->numel;
-        }
-        t[i].numel = s->numel;
-        t[i].data = s->data;
-        t[i].mem = s->mem;
-    }
-    r = fsdp__st_write(path, t, sd->n, kvs, nkv, sd->dev, h, err);
-    fsdp__free(h, t);
-    return r;
-}
-
-FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_dict *sd,
-                                           fsdp_error *err)
-{
-    fsdp__kv kv = {"format", "pt"}; /* what Python's loaders expect */
-    const fsdp_hooks *h = sd ? &sd->hooks : NULL;
-    if (!path || !sd) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_save: %s is NULL",
-                                       path ? "sd" : "path");
-    return fsdp__sd_write(path, sd, &kv, 1, err);
-}
-
-FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
-                                           fsdp_state_dict **out, fsdp_error *err)
-{
-    fsdp__st_file f;
-    fsdp_state_dict *sd = NULL;
-    fsdp__crc *crc = NULL;
-    fsdp_result r;
-    const fsdp_hooks *h = hooks;
-    char *base = NULL;
-    size_t total;
-    int i;
-    if (!out) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: out is NULL");
-    *out = NULL;
-    if (!path) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: path is NULL");
-    if (!fsdp__hooks_valid(hooks))
-        return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: allocator needs alloc, "
-                         "realloc and free");
-    if (!fsdp__host_little_endian())
-        return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
-                         "is not", path);
-    if ((r = fsdp__st_open(&f, hooks, path, err)) != FSDP_SUCCESS) return r;
-    total = (size_t)(f.size - f.data_start);
-    if ((r = fsdp__sd_new(hooks, FSDP_SD_FULL, NULL, &sd)) != FSDP_SUCCESS ||
-        !(crc = (fsdp__crc *)fsdp__alloc(hooks, sizeof *crc))) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-        goto done;
-    }
-    fsdp__crc_init(crc);
-    if ((r = fsdp__sd_block(sd, total, FSDP_MEM_HOST, (void **)&base)) != FSDP_SUCCESS) {
-        FSDP__STF(r, "'%s': %s", path, sd->err.message);
-        goto done;
-    }
-    /* in file order of the header (the order the writer chose) */
-    for (i = 0; i < f.ne; i++) {
-        const fsdp__st_entry *e = &f.e[i];
-        if ((r = fsdp__st_read(&f, i, base + e->begin, crc, err)) != FSDP_SUCCESS) goto done;
-        if ((r = fsdp__sd_push(sd, e->name, e->dtype, e->ndim, e->shape, 0, e->numel,
-                               base + e->begin, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
-            FSDP__STF(r, "'%s': out of memory", path);
-            goto done;
-        }
-    }
-done:
-    fsdp__st_close(&f);
-    fsdp__free(hooks, crc);
-    if (r != FSDP_SUCCESS) fsdp_state_dict_destroy(sd);
-    else *out = sd;
-    return r;
-}
 
 /* --- from a context to a state dict --- */
 
@@ -12600,7 +12624,7 @@ done:
     return r;
 }
 
-/* >>statedict end */
+/* >>getload end */
 
 /* ------------------------------------------------------------------------ */
 /* >>ckpt (implementation)                                                   */
