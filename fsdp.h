@@ -15,25 +15,32 @@
        FSDP_FREE(p)           /
    Per object, fsdp_hooks overrides allocation and logging at run time.
 
-   CONTENTS (grep ">>tag"):
-       >>errors     results, last-error messages, allocation and log hooks
-       >>dtypes     f32 f64 f16 bf16 and byte types, round-to-nearest-even
-       >>device     the device vtable; the built-in CPU device (streams are
-                    worker threads, events order them)
-       >>comm       the collectives vtable; the built-in `local` backend
-                    (N ranks as N threads, timeouts, mismatch detection)
-       >>model      modules, parameters, shared parameters, ignored items
-       >>flatparam  units' flat parameters and PyTorch-exact shard metadata
-       >>wrap       wrap policies and PyTorch's recursive walk
-       >>optim      AdamW, Adam, SGD with torch.optim's exact arithmetic
-       >>runtime    per-rank FSDP context: gather, reduce, prefetch, planned
-                    memory, init, clipping, summon, the sharded step
-       >>zero       the ZeRO optimizer (ZeroRedundancyOptimizer): partition,
-                    sharded step, bucket views, stage 1/2, state dicts
-       >>statedict  full, sharded and local state dicts, rank-0 broadcast
-                    load, host copies
-       >>ckpt       safetensors checkpoints, resharding on load, atomic
-                    saves, the async writer with cached pinned staging
+   CONTENTS (grep ">>tag"), in the order of dependencies: a section calls
+   only the sections above it.
+       >>errors       results, last-error messages, allocation and log hooks
+       >>dtypes       f32 f64 f16 bf16 and byte types, round-to-nearest-even
+       >>optim        AdamW, Adam, SGD with torch.optim's exact arithmetic
+                      on one flat f32 range (the device kernels run it)
+       >>device       the device vtable; the built-in CPU device (streams are
+                      worker threads, events order them)
+       >>comm         the collectives vtable; the built-in `local` backend
+                      (N ranks as N threads, timeouts, mismatch detection)
+       >>model        modules, parameters, shared parameters, ignored items
+       >>flatparam    units' flat parameters and PyTorch-exact shard metadata
+       >>wrap         wrap policies and PyTorch's recursive walk
+       >>statedict    the state-dict container: named tensors and pieces,
+                      compare, host copies
+       >>safetensors  the file format: CRC-32, a strict JSON reader, plain
+                      safetensors files read and written atomically
+       >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
+                      memory, init, clipping, summon, the sharded step
+       >>zero         the ZeRO optimizer (ZeroRedundancyOptimizer): partition,
+                      sharded step, bucket views, stage 1/2, state dicts
+       >>getload      a context's full, sharded and local state dicts, and
+                      loading them (rank-0 broadcast, resharding)
+       >>ckpt         checkpoints: sharded directories and single files,
+                      resharding on load, the async writer with cached
+                      pinned staging
 
    fsdp.h DOES NOT: launch processes, do autograd, choose your GPU.
 
@@ -252,8 +259,6 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
 /* ======================================================================== */
 
 typedef struct fsdp_stream fsdp_stream; /* backend-defined */
-struct fsdp_optim_config;               /* >>optim */
-struct fsdp_optim_state;
 typedef struct fsdp_event fsdp_event;   /* backend-defined */
 typedef struct fsdp_device fsdp_device; /* counts every byte it allocates */
 
@@ -1339,7 +1344,6 @@ FSDP_API void fsdp_zero_state_dict_free(fsdp_zero_state_dict *sd);
    groups keep the optimizer's current configuration; the world size may
    differ from the one that saved. Errors name the first missing or
    mismatched key (FSDP_CKPT_MISMATCH) and nothing changes. Collective: no. */
-typedef struct fsdp_state_dict fsdp_state_dict;
 FSDP_API fsdp_result fsdp_zero_state_to_state_dict(fsdp_zero *z, int to, fsdp_state_dict **out);
 FSDP_API fsdp_result fsdp_zero_state_from_state_dict(fsdp_zero *z, const fsdp_state_dict *sd);
 
@@ -2423,6 +2427,11 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
     }
     return FSDP_INVALID_ARGS;
 }
+
+/* torch's names of the state buffers, in the bit order of fsdp_optim_state_mask;
+   state dicts, checkpoints and ZeRO all name them from here. */
+static const char *const fsdp__ostate_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                                  "momentum_buffer"};
 
 FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
 {
@@ -6535,9 +6544,6 @@ struct fsdp_state_dict {
     int nb, capb;
     size_t bytes;
 };
-
-static const char *const fsdp__ostate_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                                  "momentum_buffer"};
 
 /* Element count of a shape; -1 when it overflows or a dim is negative. */
 FSDP__DEF int64_t fsdp__shape_numel(int ndim, const int64_t *shape)
@@ -11130,14 +11136,12 @@ FSDP__DEF fsdp_result fsdp__zero_check_sd(fsdp_zero *z, const fsdp_zero_state_di
         }
         mask = fsdp_optim_state_mask(&sd->groups[p->group].config);
         if (p->numel > 0) {
-            static const char *const bn[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                              "momentum_buffer"};
             int b;
             for (b = 0; b < 4; b++)
                 if ((mask & (1u << b)) &&
                     !fsdp__zero_entry_cbuf(en, b)) {
                     snprintf(msg, nmsg, "entry %d: parameter %d '%s' has no %s", e, i, p->name,
-                             bn[b]);
+                             fsdp__ostate_names[b]);
                     return FSDP_CKPT_MISMATCH;
                 }
         }
@@ -11213,9 +11217,6 @@ FSDP_API fsdp_result fsdp_zero_load_state_dict(fsdp_zero *z, const fsdp_zero_sta
     return FSDP_SUCCESS;
 }
 
-static const char *const fsdp__zero_sd_bufname[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                                     "momentum_buffer"};
-
 FSDP_API fsdp_result fsdp_zero_state_to_state_dict(fsdp_zero *z, int to, fsdp_state_dict **out)
 {
     fsdp_zero_state_dict zsd;
@@ -11252,7 +11253,7 @@ FSDP_API fsdp_result fsdp_zero_state_to_state_dict(fsdp_zero *z, int to, fsdp_st
         for (b = 0; b < 4 && r == FSDP_SUCCESS && en->numel > 0; b++) {
             const float *buf = fsdp__zero_entry_cbuf(en, b);
             if (!buf) continue;
-            snprintf(key, len, "optim.%s.%s", pname, fsdp__zero_sd_bufname[b]);
+            snprintf(key, len, "optim.%s.%s", pname, fsdp__ostate_names[b]);
             memset(&t, 0, sizeof t);
             t.name = key;
             t.dtype = FSDP_F32;
@@ -11376,7 +11377,7 @@ FSDP_API fsdp_result fsdp_zero_state_from_state_dict(fsdp_zero *z, const fsdp_st
         memcpy(&en->step, t->data, sizeof en->step);
         for (b = 0; b < 4 && p->numel > 0; b++) {
             if (!(mask & (1u << b))) continue;
-            snprintf(key, len, "optim.%s.%s", p->name, fsdp__zero_sd_bufname[b]);
+            snprintf(key, len, "optim.%s.%s", p->name, fsdp__ostate_names[b]);
             if (!(t = fsdp__zero_sd_get(sd, key, FSDP_F32, p->numel, msg, sizeof msg))) {
                 r = FSDP_CKPT_MISMATCH;
                 break;
