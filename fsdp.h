@@ -1,4 +1,5 @@
-/* fsdp.h - v0.4.0 - Fully Sharded Data Parallel for C11 training engines
+/* fsdp.h - v0.6.0 - Fully Sharded Data Parallel for C11 training engines
+   MIT license (the text is at the end of this file)
 
    Do this:
        #define FSDP_IMPLEMENTATION
@@ -13,6 +14,14 @@
        FSDP_MALLOC(sz)        \
        FSDP_REALLOC(p, sz)     > all three or none (default: stdlib)
        FSDP_FREE(p)           /
+       FSDP_API               the storage class of every public function
+                              (default: extern, or static with FSDP_STATIC)
+       FSDP_NO_SIMD_DISPATCH  no run-time AVX2/F16C paths in the dtype
+                              conversions (the SSE2 and scalar ones give the
+                              same bits)
+       FSDP_CVT_STREAM_BYTES  destination size from which large conversions
+                              use non-temporal stores (default: a quarter of
+                              the L3 cache, read with cpuid, in [4, 64] MiB)
    Per object, fsdp_hooks overrides allocation and logging at run time.
 
    CONTENTS (grep ">>tag"), in the order of dependencies: a section calls
@@ -52,7 +61,23 @@
    in the same order. The local backend checks this and returns
    FSDP_COMM_MISMATCH naming both calls instead of hanging.
 
+   Errors, one convention: every call that can fail returns an fsdp_result
+   (FSDP_SUCCESS = 0, errors negative in bands; fsdp_result_string). The
+   detail (what was wrong and where) goes to
+     - the object's last error, for a call on an object
+       (fsdp_ctx_last_error, fsdp_comm_last_error, ...);
+     - the descriptor's hooks.error, for a create (there is no object yet);
+     - a trailing `fsdp_error *err` (may be NULL), for a call that has no
+       object, and in every vtable slot a backend implements.
+   Look-ups are not errors: they return an index or -1, a pointer or NULL.
+   Calls from 0.5.0 that filled a `char *msg` instead keep working and are
+   marked deprecated beside their replacements.
+
    Revision history:
+       0.6.0  layout v2: sections in the order of their dependencies, one
+              collective engine as a public transport kit, one error
+              convention, one naming rule (the old names remain)
+       0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
        0.4.0  state dicts and safetensors checkpoints
        0.3.0  the ZeRO optimizer
        0.2.0  the runtime (all sharding strategies, mixed precision,
@@ -67,7 +92,7 @@
 #include <stdint.h>
 
 #define FSDP_VERSION_MAJOR 0
-#define FSDP_VERSION_MINOR 5
+#define FSDP_VERSION_MINOR 6
 #define FSDP_VERSION_PATCH 0
 
 #if defined(__GNUC__) || defined(__clang__)
@@ -234,8 +259,11 @@ typedef struct fsdp_optim_config {
 FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
 /* Checks a configuration as torch's constructors do (lr >= 0, eps >= 0,
    betas in [0, 1), momentum >= 0, weight_decay >= 0, nesterov needs
-   momentum > 0 and dampening 0). msg (optional, FSDP_ERROR_MAX bytes)
-   receives the reason. */
+   momentum > 0 and dampening 0). Returns FSDP_INVALID_ARGS with the reason
+   in err (may be NULL). Collective: no. */
+FSDP_API fsdp_result fsdp_optim_validate(const fsdp_optim_config *c, fsdp_error *err);
+/* Deprecated (0.5.0): fsdp_optim_validate, with the reason in msg
+   (optional, FSDP_ERROR_MAX bytes). */
 FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg);
 /* Which state buffers a configuration keeps, as torch names them:
    bit 0 exp_avg, bit 1 exp_avg_sq, bit 2 max_exp_avg_sq, bit 3 momentum_buffer. */
@@ -885,8 +913,12 @@ FSDP_API const char *fsdp_state_dict_last_error(const fsdp_state_dict *sd);
 FSDP_API size_t fsdp_state_dict_bytes(const fsdp_state_dict *sd);
 
 /* The similarity check: same keys in the same order, shapes, dtypes and
-   pieces. FSDP_SUCCESS, or FSDP_CKPT_MISMATCH with the first difference in
-   msg (FSDP_ERROR_MAX bytes, optional). Collective: no. */
+   pieces (not the values). FSDP_SUCCESS, or FSDP_CKPT_MISMATCH with the
+   first difference in err (may be NULL). Collective: no. */
+FSDP_API fsdp_result fsdp_state_dict_same_layout(const fsdp_state_dict *a,
+                                                 const fsdp_state_dict *b, fsdp_error *err);
+/* Deprecated (0.5.0): fsdp_state_dict_same_layout, with the difference in
+   msg (optional, FSDP_ERROR_MAX bytes). */
 FSDP_API fsdp_result fsdp_state_dict_compare(const fsdp_state_dict *a, const fsdp_state_dict *b,
                                              char *msg);
 
@@ -2426,6 +2458,15 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
         memcpy(msg, buf, strlen(buf) + 1);
     }
     return FSDP_INVALID_ARGS;
+}
+
+FSDP_API fsdp_result fsdp_optim_validate(const fsdp_optim_config *c, fsdp_error *err)
+{
+    char msg[FSDP_ERROR_MAX];
+    fsdp_result r = fsdp_optim_check(c, msg);
+    if (r != FSDP_SUCCESS) return fsdp__fail(err, NULL, r, "%s", msg);
+    if (err) fsdp__clear(err);
+    return r;
 }
 
 /* torch's names of the state buffers, in the bit order of fsdp_optim_state_mask;
@@ -6817,6 +6858,16 @@ FSDP_API fsdp_result fsdp_state_dict_compare(const fsdp_state_dict *a, const fsd
         return FSDP_CKPT_MISMATCH;
     }
     return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_state_dict_same_layout(const fsdp_state_dict *a,
+                                                 const fsdp_state_dict *b, fsdp_error *err)
+{
+    char msg[FSDP_ERROR_MAX];
+    fsdp_result r = fsdp_state_dict_compare(a, b, msg);
+    if (r != FSDP_SUCCESS) return fsdp__fail(err, a ? &a->hooks : NULL, r, "%s", msg);
+    if (err) fsdp__clear(err);
+    return r;
 }
 
 FSDP_API fsdp_result fsdp_state_dict_host_like(const fsdp_state_dict *src, fsdp_device *dev,
@@ -13272,3 +13323,29 @@ done:
 
 #endif /* FSDP_IMPLEMENTATION_DONE */
 #endif /* FSDP_IMPLEMENTATION */
+
+/*
+   ------------------------------------------------------------------------------
+   MIT License
+
+   Copyright (c) 2026 the fsdp.h authors
+
+   Permission is hereby granted, free of charge, to any person obtaining a copy
+   of this software and associated documentation files (the "Software"), to deal
+   in the Software without restriction, including without limitation the rights
+   to use, copy, modify, merge, publish, distribute, sublicense, and/or sell
+   copies of the Software, and to permit persons to whom the Software is
+   furnished to do so, subject to the following conditions:
+
+   The above copyright notice and this permission notice shall be included in all
+   copies or substantial portions of the Software.
+
+   THE SOFTWARE IS PROVIDED "AS IS", WITHOUT WARRANTY OF ANY KIND, EXPRESS OR
+   IMPLIED, INCLUDING BUT NOT LIMITED TO THE WARRANTIES OF MERCHANTABILITY,
+   FITNESS FOR A PARTICULAR PURPOSE AND NONINFRINGEMENT. IN NO EVENT SHALL THE
+   AUTHORS OR COPYRIGHT HOLDERS BE LIABLE FOR ANY CLAIM, DAMAGES OR OTHER
+   LIABILITY, WHETHER IN AN ACTION OF CONTRACT, TORT OR OTHERWISE, ARISING FROM,
+   OUT OF OR IN CONNECTION WITH THE SOFTWARE OR THE USE OR OTHER DEALINGS IN THE
+   SOFTWARE.
+   ------------------------------------------------------------------------------
+*/
