@@ -22,8 +22,9 @@
    outside the device). --bf16 gathers parameters and reduces gradients in
    bf16 (the engine still computes in fp32; master weights stay fp32). At the
    end the ranks evaluate held-out data with a forward-only pass, and the
-   last line is machine-readable:
-       final_loss=<x> peak_bytes=<n> plan_bytes=<n>
+   last two lines are machine-readable:
+       final_loss_exact=<x, %.9g: the float itself, for comparing runs>
+       final_loss=<x, %.6f> peak_bytes=<n> plan_bytes=<n>
 
    Usage: train_mlp [--ranks N] [--steps K] [--batch B] [--lr X] [--seed S]
                     [--strategy full|grad_op|no_shard|hybrid] [--hybrid-size G]
@@ -1048,6 +1049,8 @@ int main(int argc, char **argv)
                sh.test_correct, NTEST);
         printf("initial_loss=%.6f test_accuracy=%.4f\n", sh.initial_loss,
                (double)sh.test_correct / NTEST);
+        /* the loss is a float: 9 significant digits give it back exactly */
+        printf("final_loss_exact=%.9g\n", sh.final_loss);
         printf("final_loss=%.6f peak_bytes=%zu plan_bytes=%zu\n", sh.final_loss, sh.peak[0],
                sh.plan[0]);
     }
