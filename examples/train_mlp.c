@@ -26,13 +26,28 @@
        final_loss_exact=<x, %.9g: the float itself, for comparing runs>
        final_loss=<x, %.6f> peak_bytes=<n> plan_bytes=<n>
 
+   --device cuda runs the forward and backward on the GPU (examples/
+   mlp_cuda.cu: cuBLAS for the matrix products, small kernels for the rest,
+   fp32 throughout); the parameters and gradients are then fsdp.h's views in
+   GPU memory and the activations live on the GPU, outside the device's
+   count. On the local backend the ranks are threads sharing one GPU through
+   managed memory; --backend nccl runs one process per GPU (a world of one,
+   or under mpirun in a build with MPI, or --rank R --ranks N --store-dir
+   DIR). The inputs are drawn on the host as on the CPU, and the
+   initialisation does not depend on the device, so the final loss matches
+   the CPU run's within 1e-5 relative (not bit for bit: cuBLAS sums in its
+   own order and the GPU's erff and expf round differently). A build without
+   CUDA refuses --device cuda (exit status 2); a build with it on a machine
+   without a GPU prints one line and exits with 77 (meson's SKIP).
+
    Usage: train_mlp [--ranks N] [--steps K] [--batch B] [--lr X] [--seed S]
                     [--strategy full|grad_op|no_shard|hybrid] [--hybrid-size G]
                     [--bf16] [--no-prefetch] [--quiet]
                     [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
-                    [--backend local|mpi|gloo]  (mpi: mpirun -np N train_mlp ...;
-                    gloo: forks --ranks processes over loopback TCP, or runs one
-                    rank: --rank R --store-dir DIR [--host ADDR])
+                    [--backend local|mpi|gloo|nccl]  (mpi: mpirun -np N train_mlp
+                    ...; gloo: forks --ranks processes over loopback TCP, or runs
+                    one rank: --rank R --store-dir DIR [--host ADDR]; nccl: see
+                    above) [--device cpu|cuda]
 
    Checkpoints: --save DIR writes a sharded checkpoint (parameters, AdamW
    state, step) every --save-every K steps and at the end, asynchronously;
@@ -52,6 +67,22 @@
 #define FSDP_COMM_GLOO_IMPLEMENTATION
 #include "fsdp_comm_gloo.h"
 #endif
+#ifdef FSDP_HAVE_CUDA
+/* The CUDA device (its implementation is cuda/fsdp_cuda.cu) and the NCCL
+   backend, compiled here; after fsdp_comm_mpi.h, so that NCCL's MPI
+   bootstrap is there when MPI is. */
+#define FSDP_COMM_NCCL_IMPLEMENTATION
+#include "fsdp_comm_nccl.h"
+#endif
+#if defined(FSDP_HAVE_CUDA) && defined(MLP_CUDA_EMULATE)
+#error "MLP_CUDA_EMULATE builds the host emulation of the GPU engine, without CUDA"
+#endif
+/* The GPU engine (examples/mlp_cuda.cu), or its host emulation for the
+   tests (examples/mlp_cuda_emu.c, MLP_CUDA_EMULATE). */
+#if defined(FSDP_HAVE_CUDA) || defined(MLP_CUDA_EMULATE)
+#define MLP_HAVE_ENGINE 1
+#endif
+#include "mlp_cuda.h"
 #include "example_backend.h"
 
 #include <math.h>
@@ -67,11 +98,18 @@
 #define NTEST 2048 /* held-out samples */
 #define MAX_RANKS 64
 
+enum { BACKEND_LOCAL, BACKEND_MPI, BACKEND_GLOO, BACKEND_NCCL }; /* --backend */
+enum { DEVICE_CPU, DEVICE_CUDA };                                 /* --device */
+
 typedef struct config {
     int ranks, steps, batch, quiet, bf16, no_prefetch, hybrid_size;
-    /* --backend: 0 local (threads), 1 mpi (one process per rank), 2 gloo;
-       rank is this process's rank (-1: local, or gloo's launcher) */
+    /* --backend: 0 local (threads), 1 mpi (one process per rank), 2 gloo,
+       3 nccl (one process per GPU); rank is this process's rank (-1: local,
+       or gloo's launcher) */
     int backend, rank;
+    /* --device; which options were given; the GPU of this process's ranks;
+       NCCL's id through a file in store_dir (--rank) rather than MPI */
+    int device, device_given, ranks_given, gpu, nccl_file, mpi_up;
     const char *store_dir, *host;
     double lr;
     unsigned long long seed;
@@ -351,6 +389,11 @@ typedef struct rank_state {
     int bf16;
     char *msg;
     size_t msg_cap;
+    /* --device cuda: the GPU engine, the stream it computes on, and whether
+       that stream is the context's compute stream (NCCL) */
+    mlp_cuda *eng;
+    fsdp_stream *es;
+    int es_compute;
 } rank_state;
 
 static double now_ms(void)
@@ -472,12 +515,89 @@ static void acts_free(acts *a)
     free(a->d_n2); free(a->d_z2); free(a->d_a1); free(a->labels);
 }
 
+#ifdef MLP_HAVE_ENGINE
+static int fail_eng(rank_state *rs, int rank, const char *what)
+{
+    snprintf(rs->msg, rs->msg_cap, "rank %d: %s: %s", rank, what, mlp_cuda_error(rs->eng));
+    return 0;
+}
+
+/* Ends a unit of a GPU pass. Without a compute stream (the local backend)
+   the runtime takes the end of a unit to mean its compute is done: it may
+   reuse the unit's gathered parameters and reduces its gradients at once,
+   so the engine's stream is drained first. With one (NCCL) the runtime
+   orders its own work after that stream's. */
+static int end_unit_dev(rank_state *rs, int unit, int backward, int rank)
+{
+    if (!rs->es_compute && mlp_cuda_sync(rs->eng))
+        return fail_eng(rs, rank, backward ? "backward" : "forward");
+    if ((backward ? fsdp_end_backward(rs->ctx, unit) : fsdp_end_forward(rs->ctx, unit)) !=
+        FSDP_SUCCESS)
+        return fail_ctx(rs, rank, backward ? "backward" : "forward");
+    return 1;
+}
+
+/* forward() on the GPU: the same FSDP calls, the engine between them; the
+   logits come back to a->logits. */
+static int forward_dev(rank_state *rs, const shared *sh, acts *a, int nb, int rank)
+{
+    fsdp_ctx *ctx = rs->ctx;
+    mlp_cuda *e = rs->eng;
+    const float *w, *b, *g, *be;
+    if (fsdp_begin_forward(ctx, sh->unit_root) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (fsdp_begin_forward(ctx, sh->unit_fc1) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (!(w = param(rs, T_FC1W)) || !(b = param(rs, T_FC1B))) return fail_ctx(rs, rank, "fc1");
+    if (mlp_cuda_fc1(e, a->x, w, b, nb)) return fail_eng(rs, rank, "fc1");
+    if (!end_unit_dev(rs, sh->unit_fc1, 0, rank)) return 0;
+    if (fsdp_begin_forward(ctx, sh->unit_fc2) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (!(w = param(rs, T_FC2W)) || !(b = param(rs, T_FC2B))) return fail_ctx(rs, rank, "fc2");
+    if (mlp_cuda_fc2(e, w, b, nb)) return fail_eng(rs, rank, "fc2");
+    if (!end_unit_dev(rs, sh->unit_fc2, 0, rank)) return 0;
+    if (!(g = param(rs, T_NORMW)) || !(be = param(rs, T_NORMB))) return fail_ctx(rs, rank, "norm");
+    if (mlp_cuda_norm(e, g, be, nb)) return fail_eng(rs, rank, "norm");
+    if (fsdp_begin_forward(ctx, sh->unit_head) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
+    if (!(w = param(rs, T_HEADW)) || !(b = param(rs, T_HEADB))) return fail_ctx(rs, rank, "head");
+    if (mlp_cuda_head(e, w, b, a->logits, nb)) return fail_eng(rs, rank, "head");
+    return end_unit_dev(rs, sh->unit_head, 0, rank) && end_unit_dev(rs, sh->unit_root, 0, rank);
+}
+
+/* backward() on the GPU, from a->d_logits. */
+static int backward_dev(rank_state *rs, const shared *sh, acts *a, int nb, int rank)
+{
+    fsdp_ctx *ctx = rs->ctx;
+    mlp_cuda *e = rs->eng;
+    const float *w, *g;
+    float *gw, *gb;
+    if (fsdp_begin_backward(ctx, sh->unit_root) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    if (fsdp_begin_backward(ctx, sh->unit_head) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    if (!(w = param(rs, T_HEADW)) || !(gw = grad(rs, T_HEADW)) || !(gb = grad(rs, T_HEADB)))
+        return fail_ctx(rs, rank, "head");
+    if (mlp_cuda_head_backward(e, a->d_logits, w, gw, gb, nb)) return fail_eng(rs, rank, "head");
+    if (!end_unit_dev(rs, sh->unit_head, 1, rank)) return 0;
+    if (!(g = param(rs, T_NORMW)) || !(gw = grad(rs, T_NORMW)) || !(gb = grad(rs, T_NORMB)))
+        return fail_ctx(rs, rank, "norm");
+    if (mlp_cuda_norm_backward(e, g, gw, gb, nb)) return fail_eng(rs, rank, "norm");
+    if (fsdp_begin_backward(ctx, sh->unit_fc2) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    if (!(w = param(rs, T_FC2W)) || !(gw = grad(rs, T_FC2W)) || !(gb = grad(rs, T_FC2B)))
+        return fail_ctx(rs, rank, "fc2");
+    if (mlp_cuda_fc2_backward(e, w, gw, gb, nb)) return fail_eng(rs, rank, "fc2");
+    if (!end_unit_dev(rs, sh->unit_fc2, 1, rank)) return 0;
+    if (fsdp_begin_backward(ctx, sh->unit_fc1) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
+    if (!(gw = grad(rs, T_FC1W)) || !(gb = grad(rs, T_FC1B))) return fail_ctx(rs, rank, "fc1");
+    if (mlp_cuda_fc1_backward(e, gw, gb, nb)) return fail_eng(rs, rank, "fc1");
+    return end_unit_dev(rs, sh->unit_fc1, 1, rank) && end_unit_dev(rs, sh->unit_root, 1, rank);
+}
+#endif
+
 /* The forward pass over a->x; FSDP calls around each unit. */
 static int forward(rank_state *rs, const shared *sh, acts *a, int nb, int rank)
 {
     fsdp_ctx *ctx = rs->ctx;
     const float *w, *b, *g, *be;
     size_t i, h = (size_t)nb * HID;
+#ifdef MLP_HAVE_ENGINE
+    if (rs->eng) return forward_dev(rs, sh, a, nb, rank);
+#endif
     if (fsdp_begin_forward(ctx, sh->unit_root) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
     if (fsdp_begin_forward(ctx, sh->unit_fc1) != FSDP_SUCCESS) return fail_ctx(rs, rank, "forward");
     if (!(w = param(rs, T_FC1W)) || !(b = param(rs, T_FC1B))) return fail_ctx(rs, rank, "fc1");
@@ -507,6 +627,9 @@ static int backward(rank_state *rs, const shared *sh, acts *a, int nb, int rank)
     const float *w, *g;
     float *gw, *gb;
     size_t i, h = (size_t)nb * HID;
+#ifdef MLP_HAVE_ENGINE
+    if (rs->eng) return backward_dev(rs, sh, a, nb, rank);
+#endif
     if (fsdp_begin_backward(ctx, sh->unit_root) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
     if (fsdp_begin_backward(ctx, sh->unit_head) != FSDP_SUCCESS) return fail_ctx(rs, rank, "backward");
     if (!(w = param(rs, T_HEADW)) || !(gw = grad(rs, T_HEADW)) || !(gb = grad(rs, T_HEADB)))
@@ -548,6 +671,81 @@ static int global_mean(rank_state *rs, fsdp_comm *comm, float *v, int rank)
     return 0;
 }
 
+#ifdef FSDP_HAVE_CUDA
+static int nccl_boot_alone(void *user, int rank, int nranks, void *id, size_t bytes, char *msg)
+{
+    (void)user, (void)rank, (void)nranks, (void)id, (void)bytes, (void)msg;
+    return 0; /* a world of one: rank 0 holds the id already */
+}
+#endif
+
+/* This rank's device: the CPU, or with --device cuda the GPU (or, in the
+   emulation's build, the CPU again: the emulated engine computes on the
+   host). Errors go to stderr. */
+static fsdp_result make_device(const config *cfg, int rank, fsdp_device **dev)
+{
+    (void)rank;
+    if (cfg->device == DEVICE_CPU) return fsdp_device_cpu_create(NULL, dev);
+#if defined(FSDP_HAVE_CUDA)
+    {
+        fsdp_cuda_device_desc dd = fsdp_cuda_device_desc_default();
+        fsdp_error err;
+        fsdp_result r;
+        memset(&err, 0, sizeof err);
+        dd.hooks.error = &err;
+        dd.device = cfg->gpu;
+        /* the local backend's collectives are host copies between ranks
+           sharing one GPU: managed memory; NCCL moves device memory itself */
+        dd.memory = cfg->backend == BACKEND_NCCL ? FSDP_CUDA_MEMORY_DEVICE : FSDP_CUDA_MEMORY_MANAGED;
+        r = fsdp_device_cuda_create(&dd, dev);
+        if (r != FSDP_SUCCESS)
+            fprintf(stderr, "train_mlp: rank %d: GPU %d: %s\n", rank, cfg->gpu,
+                    err.message[0] ? err.message : fsdp_result_string(r));
+        return r;
+    }
+#elif defined(MLP_CUDA_EMULATE)
+    return fsdp_device_cpu_create(NULL, dev);
+#else
+    return FSDP_NOT_SUPPORTED;
+#endif
+}
+
+#ifdef MLP_HAVE_ENGINE
+/* --device cuda: the engine, on a stream of the rank's device. With NCCL
+   that stream is the context's compute stream (the runtime orders its
+   collectives after the engine's work on the GPU); on the local backend it
+   is not, and the engine is drained at each unit's end (end_unit_dev), as
+   tests/test_cuda.c drives the local backend. */
+static int engine_start(rank_state *rs, const config *cfg, fsdp_device *dev, int nb_max, int rank)
+{
+    mlp_cuda_desc ed;
+    char why[256];
+    memset(&ed, 0, sizeof ed);
+    ed.device = cfg->gpu;
+    ed.nb_max = nb_max;
+    ed.in = IN;
+    ed.hid = HID;
+    ed.out = OUT;
+#ifdef FSDP_HAVE_CUDA
+    if (fsdp_stream_create(dev, &rs->es) != FSDP_SUCCESS) {
+        snprintf(rs->msg, rs->msg_cap, "rank %d: the engine's stream: %s", rank,
+                 fsdp_device_last_error(dev));
+        return 0;
+    }
+    ed.stream = fsdp_cuda_stream_handle(rs->es);
+    rs->es_compute = cfg->backend == BACKEND_NCCL;
+#else
+    (void)dev; /* the emulation computes on the calling thread */
+#endif
+    rs->eng = mlp_cuda_create(&ed, why, sizeof why);
+    if (!rs->eng) {
+        snprintf(rs->msg, rs->msg_cap, "rank %d: the GPU engine: %s", rank, why);
+        return 0;
+    }
+    return 1;
+}
+#endif
+
 /* This rank's communicator on the chosen backend; errors go to stderr. */
 static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int rank, int nranks,
                              fsdp_device *dev, fsdp_comm **comm)
@@ -565,6 +763,37 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
         d.dev = dev;
         d.expected_size = nranks;
         r = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, comm);
+    }
+#endif
+#ifdef FSDP_HAVE_CUDA
+    if (cfg->backend == BACKEND_NCCL) {
+        fsdp_nccl_desc nd = fsdp_nccl_desc_default();
+        fsdp_nccl_file nf;
+        char path[1024];
+#ifdef FSDP_HAVE_MPI
+        MPI_Comm mpi_world = MPI_COMM_WORLD;
+#endif
+        nd.hooks.error = &err;
+        nd.rank = rank;
+        nd.nranks = nranks;
+        nd.device = cfg->gpu;
+        nd.timeout_ms = 120000;
+        if (nranks == 1) {
+            nd.bootstrap = nccl_boot_alone;
+        } else if (cfg->nccl_file) {
+            memset(&nf, 0, sizeof nf);
+            snprintf(path, sizeof path, "%s/train_mlp.nccl_id", cfg->store_dir);
+            nf.path = path;
+            nf.timeout_ms = 120000;
+            nd.bootstrap = fsdp_nccl_bootstrap_file;
+            nd.bootstrap_user = &nf;
+        } else {
+#ifdef FSDP_HAVE_MPI
+            nd.bootstrap = fsdp_nccl_bootstrap_mpi;
+            nd.bootstrap_user = &mpi_world;
+#endif
+        }
+        r = fsdp_comm_nccl_create(&nd, comm);
     }
 #endif
 #ifdef FSDP_HAVE_GLOO
@@ -628,12 +857,15 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
             }
         }
     }
-    if ((r = fsdp_device_cpu_create(NULL, &dev)) != FSDP_SUCCESS ||
+    if ((r = make_device(cfg, rank, &dev)) != FSDP_SUCCESS ||
         (r = make_comm(cfg, world, rank, nranks, dev, &comm)) != FSDP_SUCCESS) {
         snprintf(rs.msg, rs.msg_cap, "rank %d: cannot create the device or communicator: %s",
                  rank, fsdp_result_string(r));
         goto done;
     }
+#ifdef MLP_HAVE_ENGINE
+    if (cfg->device == DEVICE_CUDA && !engine_start(&rs, cfg, dev, nb_max, rank)) goto done;
+#endif
     /* AdamW; group 0 (weights) decays, group 1 (biases, norm) does not */
     groups[0] = fsdp_optim_defaults(FSDP_ADAMW);
     groups[0].lr = cfg->lr;
@@ -645,6 +877,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     d.units = sh->units;
     d.device = dev;
     d.comm = comm;
+    d.compute_stream = rs.es_compute ? rs.es : NULL;
     d.hybrid_shard_size = cfg->strategy == FSDP_HYBRID_SHARD ? cfg->hybrid_size : 0;
     d.disable_forward_prefetch = cfg->no_prefetch;
     d.disable_backward_prefetch = cfg->no_prefetch;
@@ -756,6 +989,10 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
 done:
     fsdp_ckpt_writer_destroy(writer); /* before its context */
     fsdp_ctx_destroy(rs.ctx);
+#ifdef MLP_HAVE_ENGINE
+    mlp_cuda_destroy(rs.eng); /* waits for its stream, which goes next */
+#endif
+    if (rs.es) fsdp_stream_destroy(dev, rs.es);
     fsdp_comm_destroy(comm);
     fsdp_device_destroy(dev);
     acts_free(&a);
@@ -776,9 +1013,12 @@ static void usage(const char *argv0)
             "          [--strategy full|grad_op|no_shard|hybrid] [--hybrid-size G]\n"
             "          [--bf16] [--no-prefetch] [--quiet]\n"
             "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
-            "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
+            "          [--backend local|mpi|gloo|nccl] (mpi: under mpirun, one process per rank;\n"
             "           gloo: forks --ranks processes, or one rank: --rank R --store-dir D\n"
-            "           [--host ADDR])\n",
+            "           [--host ADDR]; nccl: one process per GPU, under mpirun, or one rank:\n"
+            "           --rank R --ranks N --store-dir D, or else a world of one)\n"
+            "          [--device cpu|cuda] (cuda: the forward and backward on the GPU;\n"
+            "           backends local and nccl; f32 parameters)\n",
             argv0);
 }
 
@@ -788,6 +1028,60 @@ static int parse_int(const char *s, int *out)
     long v = strtol(s, &end, 10);
     if (!*s || *end || v < -2147483647L || v > 2147483647L) return 0;
     *out = (int)v;
+    return 1;
+}
+
+/* --device and --backend nccl: what this build and the options allow. */
+static int check_device_args(config *c)
+{
+    if (c->backend == BACKEND_NCCL) {
+        if (c->device_given && c->device != DEVICE_CUDA) {
+            fprintf(stderr, "train_mlp: --backend nccl needs --device cuda\n");
+            return 0;
+        }
+        c->device = DEVICE_CUDA;
+    }
+    if (c->device == DEVICE_CPU) return 1;
+#ifndef FSDP_HAVE_CUDA
+#ifdef MLP_CUDA_EMULATE
+    if (c->backend == BACKEND_NCCL) {
+        fprintf(stderr, "train_mlp: this build has no CUDA (its --device cuda is the host "
+                "emulation of the GPU engine, for tests): no --backend nccl\n");
+        return 0;
+    }
+#else
+    fprintf(stderr, "train_mlp: this build has no CUDA: --device cuda and --backend nccl need "
+            "meson's cuda feature (nvcc, cudart, NCCL and cuBLAS; meson setup -Dcuda=enabled "
+            "says what is missing)\n");
+    return 0;
+#endif
+#endif
+    if (c->backend == BACKEND_MPI || c->backend == BACKEND_GLOO) {
+        fprintf(stderr, "train_mlp: --device cuda runs on --backend local (ranks as threads on "
+                "one GPU) or --backend nccl (one process per GPU), not %s\n",
+                c->backend == BACKEND_MPI ? "mpi" : "gloo");
+        return 0;
+    }
+    if (c->bf16) {
+        fprintf(stderr, "train_mlp: --bf16 is not supported with --device cuda (the GPU engine "
+                "computes on f32 parameters)\n");
+        return 0;
+    }
+    if (c->backend == BACKEND_NCCL && c->rank < 0) {
+#ifdef FSDP_HAVE_MPI
+        c->ranks = 1; /* MPI's world size replaces it (nccl_start) */
+#else
+        const char *launched = getenv("OMPI_COMM_WORLD_SIZE");
+        if (!launched) launched = getenv("PMI_SIZE");
+        if ((c->ranks_given && c->ranks != 1) || (launched && atoi(launched) > 1)) {
+            fprintf(stderr, "train_mlp: --backend nccl: this build has no MPI (meson "
+                    "-Dmpi=enabled), so each process is a world of one unless started as "
+                    "--rank R --ranks N --store-dir DIR\n");
+            return 0;
+        }
+        c->ranks = 1;
+#endif
+    }
     return 1;
 }
 
@@ -811,7 +1105,13 @@ static int parse_args(int argc, char **argv, config *c)
                 if (!strcmp(v, "local")) c->backend = 0;
                 else if (!strcmp(v, "mpi")) c->backend = 1;
                 else if (!strcmp(v, "gloo")) c->backend = 2;
+                else if (!strcmp(v, "nccl")) c->backend = BACKEND_NCCL;
                 else goto bad;
+            } else if (!strcmp(a, "--device")) {
+                if (!strcmp(v, "cpu")) c->device = DEVICE_CPU;
+                else if (!strcmp(v, "cuda")) c->device = DEVICE_CUDA;
+                else goto bad;
+                c->device_given = 1;
             } else if (!strcmp(a, "--rank")) {
                 if (!parse_int(v, &c->rank) || c->rank < 0) goto bad;
             } else if (!strcmp(a, "--store-dir")) {
@@ -820,6 +1120,7 @@ static int parse_args(int argc, char **argv, config *c)
                 c->host = v;
             } else if (!strcmp(a, "--ranks")) {
                 if (!parse_int(v, &c->ranks)) goto bad;
+                c->ranks_given = 1;
             } else if (!strcmp(a, "--save")) {
                 c->save_dir = v;
             } else if (!strcmp(a, "--resume")) {
@@ -859,6 +1160,7 @@ static int parse_args(int argc, char **argv, config *c)
             return 0;
         }
     }
+    if (!check_device_args(c)) return 0;
     if (c->ranks < 1 || c->ranks > MAX_RANKS) {
         fprintf(stderr, "train_mlp: --ranks must be 1..%d\n", MAX_RANKS);
         return 0;
@@ -917,6 +1219,60 @@ static int mlp_check_world(void *user, int size, char *err, size_t nerr)
     return 0;
 }
 
+#ifdef FSDP_HAVE_CUDA
+/* --backend nccl: one process per GPU, in one of three worlds. Under
+   mpirun, in a build with MPI: MPI's, rank 0's NCCL id by MPI_Bcast, and
+   the GPU is the process's rank among those on its node, modulo the GPUs it
+   sees (a launcher that gives each process one GPU makes that GPU 0; two
+   processes on one GPU are refused by NCCL). Started as --rank
+   R --ranks N --store-dir DIR: the id through a file in DIR (a file system
+   every rank sees), GPU R modulo this machine's GPUs. Else a world of one
+   on GPU 0. Returns -1 when this process goes on as a rank, else an exit
+   status. */
+static int nccl_start(config *c, int *argc, char ***argv, int ngpu)
+{
+    (void)argc, (void)argv;
+    if (c->rank >= 0) {
+        if (!c->store_dir || c->rank >= c->ranks) {
+            fprintf(stderr, "train_mlp: --backend nccl --rank R needs --store-dir and R < "
+                    "--ranks\n");
+            return 2;
+        }
+        c->nccl_file = 1;
+        c->gpu = c->rank % ngpu;
+    } else {
+#ifdef FSDP_HAVE_MPI
+        int size = 1, local = 0;
+        char err[256];
+        MPI_Comm node;
+        if (MPI_Init(argc, argv) != MPI_SUCCESS) {
+            fprintf(stderr, "train_mlp: MPI_Init failed\n");
+            return 1;
+        }
+        c->mpi_up = 1;
+        MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
+        MPI_Comm_size(MPI_COMM_WORLD, &size);
+        c->ranks = size;
+        MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node);
+        MPI_Comm_rank(node, &local);
+        MPI_Comm_free(&node);
+        c->gpu = local % ngpu;
+        if (!mlp_check_world(c, size, err, sizeof err)) { /* the same on every rank */
+            if (c->rank == 0) fprintf(stderr, "train_mlp: %d MPI ranks: %s\n", size, err);
+            MPI_Finalize();
+            return 2;
+        }
+#else
+        c->rank = 0;
+        c->ranks = 1;
+        c->gpu = 0;
+#endif
+    }
+    if (c->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
+    return -1;
+}
+#endif
+
 /* Starts the chosen backend (examples/example_backend.h): -1 when this
    process goes on as a rank, else an exit status. */
 static int backend_start(config *c, int *argc, char ***argv)
@@ -950,7 +1306,7 @@ int main(int argc, char **argv)
     fsdp_wrap_policy policy;
     fsdp_wrap_desc wd;
     fsdp_local_desc ld;
-    int results[MAX_RANKS], i, failed = 0;
+    int results[MAX_RANKS], i, failed = 0, ngpu = 0;
     fsdp_result r;
     cfg.ranks = 4;
     cfg.steps = 200;
@@ -964,8 +1320,21 @@ int main(int argc, char **argv)
         usage(argv[0]);
         return 2;
     }
-    i = backend_start(&cfg, &argc, &argv);
+#if defined(FSDP_HAVE_CUDA)
+    if (cfg.device == DEVICE_CUDA) {
+        char why[FSDP_ERROR_MAX];
+        ngpu = fsdp_cuda_device_count(why);
+        if (ngpu < 1) { /* meson's SKIP: a build with CUDA on a machine without a GPU */
+            fprintf(stderr, "train_mlp: SKIP: --device cuda, but no usable GPU (%s)\n", why);
+            return 77;
+        }
+    }
+    if (cfg.backend == BACKEND_NCCL) i = nccl_start(&cfg, &argc, &argv, ngpu);
+    else
+#endif
+        i = backend_start(&cfg, &argc, &argv);
     if (i >= 0) return i; /* a Gloo launcher, or a failed start */
+    (void)ngpu;
     model = build_model();
     if (!model) return 1;
     memset(&policy, 0, sizeof policy);
@@ -1000,7 +1369,15 @@ int main(int argc, char **argv)
         int64_t total = 0;
         printf("train_mlp: %d rank%s on the %s backend, strategy %s, %s, prefetch %s\n",
                cfg.ranks, cfg.ranks == 1 ? "" : "s",
-               cfg.backend == 0 ? "local" : cfg.backend == 1 ? "mpi" : "gloo", cfg.strategy_name, cfg.bf16 ? "params bf16 (master f32)" : "f32", cfg.no_prefetch ? "off" : "on");
+               cfg.backend == 0 ? "local" : cfg.backend == 1 ? "mpi" : cfg.backend == 2 ? "gloo" : "nccl", cfg.strategy_name, cfg.bf16 ? "params bf16 (master f32)" : "f32", cfg.no_prefetch ? "off" : "on");
+        if (cfg.device == DEVICE_CUDA)
+#ifdef MLP_CUDA_EMULATE
+            printf("  device cuda: the GPU engine's host emulation (CPU device, host memory)\n");
+#else
+            printf("  device cuda: GPU %d%s, %s memory; the engine computes on the GPU "
+                   "(cuBLAS, fp32)\n", cfg.gpu, cfg.backend == BACKEND_NCCL ? " (this process's)" : "",
+                   cfg.backend == BACKEND_NCCL ? "device" : "managed");
+#endif
         if (cfg.strategy == FSDP_HYBRID_SHARD)
             printf("  hybrid: shard groups of %d ranks, %d replicas\n", cfg.hybrid_size,
                    cfg.ranks / cfg.hybrid_size);
@@ -1019,7 +1396,7 @@ int main(int argc, char **argv)
     memset(&ld, 0, sizeof ld);
     ld.nranks = cfg.ranks;
     ld.timeout_ms = 60000;
-    if (cfg.backend == 0) {
+    if (cfg.backend == BACKEND_LOCAL) {
         r = fsdp_local_run(&ld, run_rank, &sh, results);
     } else { /* this process is one rank */
         memset(results, 0, sizeof results);
@@ -1057,7 +1434,7 @@ int main(int argc, char **argv)
     fsdp_units_destroy(units);
     fsdp_model_destroy(model);
 #ifdef FSDP_HAVE_MPI
-    if (cfg.backend == 1) MPI_Finalize();
+    if (cfg.backend == BACKEND_MPI || cfg.mpi_up) MPI_Finalize();
 #endif
     return failed ? 1 : 0;
 }
