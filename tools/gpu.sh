@@ -107,20 +107,26 @@ if [ -n "$need" ]; then
         >"$OUT/apt.log" 2>&1 || echo "gpu.sh: apt-get could not install$need (see apt.log)"
 fi
 
-# --- NCCL: the toolkit's, else the one PyTorch ships (the nvidia-nccl wheel) ---
-if [ ! -f /usr/local/cuda/include/nccl.h ]; then
-    ndir=$(python3 -c "import nvidia.nccl, os; print(list(nvidia.nccl.__path__)[0])" 2>/dev/null || true)
-    if [ -n "$ndir" ] && [ -f "$ndir/include/nccl.h" ]; then
-        mkdir -p "$OUT/.nccl/lib"
-        for f in "$ndir"/lib/libnccl.so*; do ln -sf "$f" "$OUT/.nccl/lib/$(basename "$f")"; done
-        [ -e "$OUT/.nccl/lib/libnccl.so" ] || ln -sf "$(ls "$ndir"/lib/libnccl.so.* | head -n 1)" "$OUT/.nccl/lib/libnccl.so"
-        CPATH="$ndir/include${CPATH:+:$CPATH}"
-        LIBRARY_PATH="$OUT/.nccl/lib${LIBRARY_PATH:+:$LIBRARY_PATH}"
-        LD_LIBRARY_PATH="$OUT/.nccl/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
-        export CPATH LIBRARY_PATH LD_LIBRARY_PATH
-        echo "gpu.sh: NCCL from $ndir"
+# --- NCCL and cuBLAS: the toolkit's, else the ones PyTorch ships (the
+# nvidia-nccl and nvidia-cublas wheels), linked through a folder of symlinks ---
+wheel_lib() { # python module, header, library stem
+    [ -f "/usr/local/cuda/include/$2" ] && return 0
+    wdir=$(python3 -c "import $1, os; print(list($1.__path__)[0])" 2>/dev/null || true)
+    if [ -z "$wdir" ] || [ ! -f "$wdir/include/$2" ]; then
+        echo "gpu.sh: no $2 in /usr/local/cuda nor in python3's $1"
+        return 1
     fi
-fi
+    mkdir -p "$OUT/.libs"
+    for f in "$wdir"/lib/$3.so*; do ln -sf "$f" "$OUT/.libs/$(basename "$f")"; done
+    [ -e "$OUT/.libs/$3.so" ] || ln -sf "$(ls "$wdir"/lib/$3.so.* | head -n 1)" "$OUT/.libs/$3.so"
+    CPATH="$wdir/include${CPATH:+:$CPATH}"
+    LIBRARY_PATH="$OUT/.libs${LIBRARY_PATH:+:$LIBRARY_PATH}"
+    LD_LIBRARY_PATH="$OUT/.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    export CPATH LIBRARY_PATH LD_LIBRARY_PATH
+    echo "gpu.sh: $2 from $wdir"
+}
+wheel_lib nvidia.nccl nccl.h libnccl
+wheel_lib nvidia.cublas cublas_v2.h libcublas
 
 say "## Results"
 say ""
@@ -164,9 +170,9 @@ if [ "$built" = 1 ]; then
     say ""
     say "## The example on the GPU (train_mlp)"
     say ""
-    loss() { sed -n 's/.*final_loss[ =:]*\([-0-9.eE+]*\).*/\1/p' "$OUT/$1.log" 2>/dev/null | tail -n 1; }
+    loss() { sed -n 's/^final_loss_exact=//p' "$OUT/$1.log" 2>/dev/null | tail -n 1; }
     ref=$(loss train_mlp_cpu)
-    say "| run | final_loss | relative difference from the CPU |"
+    say "| run | final_loss_exact | relative difference from the CPU |"
     say "|---|---|---|"
     for r in train_mlp_cpu train_mlp_cuda_local train_mlp_cuda_nccl; do
         l=$(loss $r)
