@@ -35,6 +35,9 @@
        CHECK(cond, fmt, ...)        a message in printf's format
        EXPECT(cond)                 the condition's text is the message
        EXPECT_EQ(a, b)              integers; both values in the message
+       CHECK_RANK(cond, rank, fmt, ...)
+                                    the rank and the condition's text
+                                    before the message
 
    A failure prints "file:line: FAIL: message" (the first 200 of them; the
    rest are counted). After each case: "case NAME: P passed, F failed
@@ -81,6 +84,14 @@ typedef struct check_case {
 
 #define EXPECT(cond) CHECK(cond, "%s", #cond)
 
+/* A check of one rank in a multi-rank test: the failure line names the rank
+   and the condition before the message. */
+#define CHECK_RANK(cond, rank, ...)                                                        \
+    do {                                                                                   \
+        if (cond) check_pass();                                                            \
+        else check_fail_rank(__FILE__, __LINE__, (int)(rank), #cond, __VA_ARGS__);         \
+    } while (0)
+
 #define EXPECT_EQ(a, b)                                                                    \
     do {                                                                                   \
         long long a_ = (long long)(a), b_ = (long long)(b);                                \
@@ -114,6 +125,19 @@ static inline void check_fail(const char *file, int line, const char *fmt, ...)
     vsnprintf(msg, sizeof msg, fmt, ap);
     va_end(ap);
     printf("%s:%d: FAIL: %s\n", file, line, msg);
+}
+
+static inline void check_fail_rank(const char *file, int line, int rank, const char *cond,
+                                   const char *fmt, ...) CHECK_PRINTF(5, 6);
+static inline void check_fail_rank(const char *file, int line, int rank, const char *cond,
+                                   const char *fmt, ...)
+{
+    char msg[2048];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    check_fail(file, line, "rank %d: %s: %s", rank, cond, msg);
 }
 
 /* Results that were checked elsewhere (a child process, another rank). */

@@ -142,7 +142,7 @@ static void check_gather(int rank, int n, const void *recv, fsdp_dtype dt, size_
             put(want, dt, 0, j, i, salt);
             ok &= memcmp((const unsigned char *)recv + ((size_t)j * count + i) * es, want, es) == 0;
         }
-    CHECK(ok, "rank %d: %s: ok", rank, what);
+    CHECK_RANK(ok, rank, "%s", what);
 }
 
 static void check_reduced(int rank, int n, const void *recv, fsdp_dtype dt, size_t count,
@@ -155,7 +155,7 @@ static void check_reduced(int rank, int n, const void *recv, fsdp_dtype dt, size
         expect_reduce(want, dt, n, first + i, salt, avg);
         ok &= memcmp((const unsigned char *)recv + i * es, want, es) == 0;
     }
-    CHECK(ok, "rank %d: %s: ok", rank, what);
+    CHECK_RANK(ok, rank, "%s", what);
 }
 
 /* all ranks' `mine` are bitwise equal to rank 0's */
@@ -164,8 +164,7 @@ static void check_same_everywhere(shared *sh, fsdp_comm *c, int rank, int n, voi
 {
     sh->res[rank] = mine;
     EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
-    CHECK(memcmp(mine, sh->res[0], bytes) == 0,
-          "rank %d: %s: memcmp(mine, sh->res[0], bytes) == 0", rank, what);
+    CHECK_RANK(memcmp(mine, sh->res[0], bytes) == 0, rank, "%s", what);
     (void)n;
     EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
 }
@@ -210,7 +209,7 @@ static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
                         put(want, dt, 0, root, i, salt + root);
                         ok &= memcmp(recv + i * es, want, es) == 0;
                     }
-                    CHECK(ok, "rank %d: %s: ok", rank, what);
+                    CHECK_RANK(ok, rank, "%s", what);
                 }
                 for (i = 0; i < count; i++) put(recv, dt, i, rank, i, salt + root + 1);
                 EXPECT_EQ(fsdp_broadcast(c, recv, recv, count, dt, root, NULL), FSDP_SUCCESS);
@@ -221,7 +220,7 @@ static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
                         put(want, dt, 0, root, i, salt + root + 1);
                         ok &= memcmp(recv + i * es, want, es) == 0;
                     }
-                    CHECK(ok, "rank %d: in-place broadcast: ok", rank);
+                    CHECK_RANK(ok, rank, "in-place broadcast");
                 }
             }
 
@@ -262,9 +261,7 @@ static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
                 check_same_everywhere(sh, c, rank, n, recv, count * es, "all_reduce bitwise");
                 EXPECT_EQ(fsdp_all_reduce(c, send, send, count, dt, rop, NULL), FSDP_SUCCESS);
                 check_reduced(rank, n, send, dt, count, 0, salt + 2, op, "in-place all_reduce");
-                CHECK(memcmp(send, recv, count * es) == 0,
-                      "rank %d: in place == out of place: memcmp(send, recv, count * es) == 0",
-                      rank);
+                CHECK_RANK(memcmp(send, recv, count * es) == 0, rank, "in place == out of place");
             }
             free(send);
             free(recv);
@@ -356,7 +353,7 @@ static void run_async(shared *sh, fsdp_comm *c, fsdp_device *dev, int rank, int 
             put(&want, FSDP_F16, 0, n - 1, i, 7);
             ok &= bc[i] == want;
         }
-        CHECK(ok, "rank %d: async broadcast: ok", rank);
+        CHECK_RANK(ok, rank, "async broadcast");
     }
     fsdp_event_destroy(dev, ready);
     fsdp_event_destroy(dev, gathered);
@@ -424,20 +421,19 @@ static void check_sub(fsdp_comm *sub, int world_rank, const int *members, int m,
     float mine = (float)world_rank, *all;
     int j, ok = 1;
     float sum = 0, got = -1;
-    CHECK(sub != NULL, "rank %d: %s: sub != NULL", world_rank, what);
+    CHECK_RANK(sub != NULL, world_rank, "%s", what);
     if (!sub) return;
-    CHECK(fsdp_comm_size(sub) == m, "rank %d: %s: fsdp_comm_size(sub) == m", world_rank, what);
+    CHECK_RANK(fsdp_comm_size(sub) == m, world_rank, "%s", what);
     for (j = 0; j < m; j++)
         if (members[j] == world_rank)
-            CHECK(fsdp_comm_rank(sub) == j, "rank %d: %s: fsdp_comm_rank(sub) == j", world_rank,
-                  what);
+            CHECK_RANK(fsdp_comm_rank(sub) == j, world_rank, "%s", what);
     all = (float *)malloc(sizeof(float) * (size_t)m);
     EXPECT_EQ(fsdp_all_gather(sub, &mine, all, 1, FSDP_F32, NULL), FSDP_SUCCESS);
     for (j = 0; j < m; j++) ok &= all[j] == (float)members[j];
-    CHECK(ok, "rank %d: %s: ok", world_rank, what);
+    CHECK_RANK(ok, world_rank, "%s", what);
     for (j = 0; j < m; j++) sum += (float)members[j];
     EXPECT_EQ(fsdp_all_reduce(sub, &mine, &got, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_SUCCESS);
-    CHECK(got == sum, "rank %d: %s: got == sum", world_rank, what);
+    CHECK_RANK(got == sum, world_rank, "%s", what);
     EXPECT_EQ(fsdp_barrier(sub, NULL), FSDP_SUCCESS);
     free(all);
 }
