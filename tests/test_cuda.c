@@ -6,7 +6,7 @@
    - the optim vectors bit-exact through fsdp_device_optim_step on the GPU
      (both arithmetic variants: the FMA `step` lines and `final_nofma`), with
      aligned and misaligned buffers, on a stream and synchronously: the whole
-     checker of tests/optim_vectors.h runs with the GPU step in place of
+     checker of tests/vectors.h runs with the GPU step in place of
      fsdp_optim_step_host;
    - casts between f32, f64, f16 and bf16 against fsdp_convert: all 65536
      16-bit patterns, random f32/f64 bits (NaN payloads included), halfway
@@ -26,6 +26,7 @@
 #define FSDP_COMM_NCCL_IMPLEMENTATION
 #include "fsdp_comm_nccl.h"
 #include "check.h"
+#include "vectors.h"
 
 #include <math.h>
 #include <pthread.h>
@@ -122,9 +123,6 @@ static fsdp_result gpu_optim_step(const fsdp_optim_config *c, int64_t step, floa
     return r;
 }
 
-#define fsdp_optim_step_host gpu_optim_step
-#include "optim_vectors.h"
-#undef fsdp_optim_step_host
 
 static void test_optim_vectors(const char *dir)
 {
@@ -139,7 +137,7 @@ static void test_optim_vectors(const char *dir)
             CHECK(0, "stream: %s", fsdp_device_last_error(g_dev));
             continue;
         }
-        bad = ov_check_file(path, &checked);
+        bad = vec_check_optim(path, gpu_optim_step, &checked);
         CHECK(bad == 0 && checked > 0, "optim vectors on the GPU (offset %zu, %s): %d of %d failed",
               g_ov_off, g_ov_stream ? "stream" : "sync", bad, checked);
         if (g_ov_stream) fsdp_stream_destroy(g_dev, g_ov_stream);

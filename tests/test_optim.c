@@ -3,8 +3,12 @@
    multiply-adds as torch's AVX2 kernels, separate roundings as its default
    kernels); splitting a tensor into shards changes no bit; configurations are
    checked as torch's constructors check them. Argument: the vectors dir. */
+#include "fsdp.h"
 #include "check.h"
-#include "optim_vectors.h"
+#include "vectors.h"
+
+#include <stdio.h>
+#include <string.h>
 
 #include <math.h>
 
@@ -126,7 +130,7 @@ static void test_vectors(void)
     char path[4096];
     int checked = 0, bad;
     snprintf(path, sizeof path, "%s/optim.txt", g_vectors);
-    bad = ov_check_file(path, &checked);
+    bad = vec_check_optim(path, fsdp_optim_step_host, &checked);
     EXPECT(bad == 0);
     EXPECT(checked >= 104);
 }

@@ -13,6 +13,7 @@
    Cases and command line: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fixtures_tnet.h"
+#include "vectors.h"
 
 #include <pthread.h>
 
@@ -466,65 +467,22 @@ static int vec_rank(int rank, int nranks, fsdp_local_world *world, void *user)
 
 static void check_vectors(const char *dir)
 {
-    char path[1024], line[4096], tok[512], name[64];
-    FILE *f;
+    char path[1024], err[FSDP_ERROR_MAX + 600];
+    toks t;
     int nmodels, m;
     snprintf(path, sizeof path, "%s/state_dict_names.txt", dir);
-    f = fopen(path, "r");
-    CHECK(f != NULL, "cannot open %s", path);
-    if (!f) return;
-    while (fgets(line, sizeof line, f) && line[0] == '#') {
-    }
-    if (sscanf(line, "nmodels %d", &nmodels) != 1) {
-        CHECK(0, "%s: no nmodels", path);
-        fclose(f);
-        return;
-    }
+    nmodels = tk_open_count(&t, path, "nmodels", err, sizeof err);
+    CHECK(nmodels >= 0, "%s: %s", path, err);
+    if (nmodels < 0) return;
     for (m = 0; m < nmodels; m++) {
-        int nmod, i, k, nkeys = 0, np, ok = 1, w;
+        sd_model sm;
         fsdp_model *mdl = NULL;
-        fsdp_model_desc md;
         fsdp_units *u = NULL;
         fsdp_wrap_desc wd;
-        char *keys[512];
-        if (fscanf(f, " model %63s nmodules %d", name, &nmod) != 2) break;
-        memset(&md, 0, sizeof md);
-        fsdp_model_create(&md, &mdl);
-        for (i = 0; i < nmod; i++) {
-            char fqn[256], type[128];
-            int nmro, npar;
-            if (fscanf(f, " mod %255s %127s mro %d", fqn, type, &nmro) != 3) ok = 0;
-            for (k = 0; k < nmro; k++) ok &= fscanf(f, " %511s", tok) == 1;
-            ok &= fscanf(f, " nparams %d", &npar) == 1;
-            if (strcmp(fqn, "-")) ok &= fsdp_model_add_module(mdl, fqn, type) == FSDP_SUCCESS;
-            for (k = 0; k < npar && ok; k++) {
-                char pn[128], shared[256];
-                fsdp_param_desc pd;
-                int d;
-                memset(&pd, 0, sizeof pd);
-                ok &= fscanf(f, " par %127s %255s %d", pn, shared, &pd.ndim) == 3;
-                for (d = 0; d < pd.ndim && d < FSDP_MAX_DIMS; d++)
-                    ok &= fscanf(f, " %lld", (long long *)&pd.shape[d]) == 1;
-                pd.module = strcmp(fqn, "-") ? fqn : "";
-                pd.name = pn;
-                if (strcmp(shared, "-"))
-                    ok &= fsdp_model_add_shared_param(mdl, pd.module, pn, shared) == FSDP_SUCCESS;
-                else
-                    ok &= fsdp_model_add_param(mdl, &pd) == FSDP_SUCCESS;
-            }
-        }
-        ok &= fscanf(f, " state_dict_keys %d", &nkeys) == 1 && nkeys < 512;
-        for (k = 0; ok && k < nkeys; k++) {
-            ok &= fscanf(f, " %511s", tok) == 1;
-            keys[k] = (char *)malloc(strlen(tok) + 1);
-            strcpy(keys[k], tok);
-        }
-        /* skip named_parameters and named_parameters_all */
-        ok &= fscanf(f, " named_parameters %d", &np) == 1;
-        for (k = 0; ok && k < np; k++) ok &= fscanf(f, " np %511s %511s", tok, tok) == 2;
-        ok &= fscanf(f, " named_parameters_all %d", &np) == 1;
-        for (k = 0; ok && k < np; k++) ok &= fscanf(f, " npa %511s %511s", tok, tok) == 2;
-        CHECK(ok, "%s: parsing model '%s' (%s)", path, name, fsdp_model_last_error(mdl));
+        int ok, w;
+        parse_sd_model(&t, &sm);
+        ok = !t.err && (mdl = model_desc_build(&sm.md, err, sizeof err)) != NULL;
+        CHECK(ok, "%s: model '%s': %s", path, S(sm.md.name), t.err ? t.msg : err);
         memset(&wd, 0, sizeof wd);
         if (ok && fsdp_wrap(mdl, &wd, &u) == FSDP_SUCCESS) {
             for (w = 1; w <= 2; w++) {
@@ -532,22 +490,22 @@ static void check_vectors(const char *dir)
                 void *args[4];
                 args[0] = mdl;
                 args[1] = u;
-                args[2] = keys;
-                args[3] = &nkeys;
+                args[2] = (void *)sm.keys;
+                args[3] = &sm.nkeys;
                 memset(&d, 0, sizeof d);
                 d.nranks = w;
                 fsdp_local_run(&d, vec_rank, args, NULL);
             }
-            CHECK(1, "vectors model %s", name);
+            CHECK(1, "vectors model %s", sm.md.name);
         } else if (ok) {
-            CHECK(0, "wrap %s: %s", name, fsdp_model_last_error(mdl));
+            CHECK(0, "wrap %s: %s", sm.md.name, fsdp_model_last_error(mdl));
         }
-        for (k = 0; ok && k < nkeys; k++) free(keys[k]);
         fsdp_units_destroy(u);
         fsdp_model_destroy(mdl);
+        sd_model_free(&sm);
         if (!ok) break;
     }
-    fclose(f);
+    tk_close(&t, NULL, 0);
 }
 
 static void test_full(void)
