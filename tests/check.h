@@ -39,11 +39,15 @@
                                     the rank and the condition's text
                                     before the message
 
+   and check_skip(fmt, ...) when a case cannot run here (no GPU, no vectors
+   file), check_add(passed, failed) for results counted elsewhere (a child
+   process), check_selected(name) for a program that runs its cases itself.
+
    A failure prints "file:line: FAIL: message" (the first 200 of them; the
    rest are counted). After each case: "case NAME: P passed, F failed
    (T s)"; last, "N passed, M failed". Exit status: 0 when every check
-   passed, 1 when one failed, 77 (meson's SKIP) when the selected cases all
-   called check_skip and checked nothing, 2 for a bad command line.
+   passed, 1 when one failed, 77 (meson's SKIP) when nothing was checked and
+   a case skipped, 2 for a bad command line.
 
    Ranks are threads in most tests: the counters are atomic and a failure
    line is written with one call. Static functions only: include it in one
