@@ -1,6 +1,6 @@
 /* fixtures.h - what several test programs share besides check.h: a
    counting allocator that can be told to fail, the model tests' OK(),
-   clocks, and a local run whose ranks are checked.
+   float bits, clocks, and a local run whose ranks are checked.
 
    POSIX (nanosleep): define _POSIX_C_SOURCE 200809L before any include.
    Static inline functions only, since each program uses a few of them. */
@@ -10,6 +10,7 @@
 #include "fsdp.h"
 #include "check.h"
 
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -19,6 +20,21 @@ static inline const char *S(const char *s) { return s ? s : "(null)"; }
 static inline int contains(const char *s, const char *sub)
 {
     return s && sub && strstr(s, sub) != NULL;
+}
+
+/* the bits of a float and back */
+static inline uint32_t f2u(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return u;
+}
+
+static inline float u2f(uint32_t u)
+{
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
 
 static inline double now_ms(void) { return check_now() * 1e3; }

@@ -8,10 +8,12 @@
    NULL and on a CPU stream; the file bootstrap of the NCCL unique id with
    ranks as threads (same id everywhere, files removed afterwards), a stale
    file of another world size, a timeout. Cases and command line: check.h. */
+#define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #define FSDP_COMM_NCCL_IMPLEMENTATION
 #include "fsdp_comm_nccl.h"
 #include "check.h"
+#include "fixtures.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -26,20 +28,6 @@ static uint32_t rnd32(void)
     g_rng ^= g_rng >> 7;
     g_rng ^= g_rng << 17;
     return (uint32_t)(g_rng >> 16);
-}
-
-static float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
 }
 
 static void test_conversions(void)

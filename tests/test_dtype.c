@@ -5,8 +5,10 @@
    even (lowest mantissa bit 0), and the overflow rules (f16: |x| >= 65520 is
    Inf; bf16: at or above the midpoint between the largest finite value and
    2^128 is Inf). Cases and command line: check.h. */
+#define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "check.h"
+#include "fixtures.h"
 
 #include <float.h>
 #include <math.h>
@@ -18,18 +20,6 @@
 /* bits and a fixed-seed generator                                           */
 /* ------------------------------------------------------------------------ */
 
-static uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static uint64_t d2u(double d)
 {
     uint64_t u;
