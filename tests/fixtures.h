@@ -101,7 +101,7 @@ static inline void c_free(void *user, void *ptr)
     free(p);
 }
 
-/* all three hooks on c */
+/* the three hooks at once: the library refuses an allocator given in part */
 static inline fsdp_allocator counting_allocator(counting *c)
 {
     fsdp_allocator a;

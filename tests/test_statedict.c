@@ -39,7 +39,7 @@ typedef struct job {
     int64_t covered[NKEYS];
 } job;
 
-/* ranks fill one job's pieces and covered */
+/* the ranks (threads) of a run fill one job's pieces and covered */
 static pthread_mutex_t g_pieces_mu = PTHREAD_MUTEX_INITIALIZER;
 
 static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
