@@ -4,27 +4,12 @@
 # processes over loopback TCP) and checks the final losses agree to 1e-6.
 # Usage: check_backends.sh path/to/train_mlp [path/to/mpiexec|''] [gloo|'']
 set -u
+. "$(dirname "$0")/train_check.sh"
 exe=${1:?usage: check_backends.sh path/to/train_mlp [mpiexec] [gloo]}
 mpiexec=${2:-}
 gloo=${3:-}
 args="--ranks 3 --batch 96 --steps 20 --seed 5 --quiet"
-run() { # name, command...
-    name=$1
-    shift
-    log=$("$@" 2>&1) || { echo "$name failed (exit $?):"; echo "$log"; exit 1; }
-    loss=$(echo "$log" | sed -n 's/^final_loss=\([^ ]*\) .*/\1/p')
-    [ -n "$loss" ] || { echo "$name printed no final_loss line:"; echo "$log"; exit 1; }
-    echo "$name: final_loss $loss"
-    losses="$losses $loss"
-}
-losses=""
-run local "$exe" $args --backend local
-[ -n "$mpiexec" ] && run mpi "$mpiexec" -n 3 "$exe" $args --backend mpi
-[ -n "$gloo" ] && run gloo "$exe" $args --backend gloo
-echo "$losses" | awk '{
-    for (i = 2; i <= NF; i++) {
-        d = $i - $1; if (d < 0) d = -d
-        if (d > 1e-6) { printf "final losses differ: %s vs %s\n", $1, $i; exit 1 }
-    }
-    printf "final losses agree on %d backend(s)\n", NF
-}'
+run_loss local "$exe" $args --backend local
+[ -n "$mpiexec" ] && run_loss mpi "$mpiexec" -n 3 "$exe" $args --backend mpi
+[ -n "$gloo" ] && run_loss gloo "$exe" $args --backend gloo
+losses_agree 1e-6

@@ -6,19 +6,7 @@
 # check_train_mlp.sh allows across rank counts).
 # Usage: check_train_mlp_resume.sh path/to/train_mlp WORK_DIR
 set -u
+. "$(dirname "$0")/train_check.sh"
 exe=${1:?usage: check_train_mlp_resume.sh path/to/train_mlp WORK_DIR}
 dir=${2:?usage: check_train_mlp_resume.sh path/to/train_mlp WORK_DIR}/train_mlp_ckpt
-rm -rf "$dir"
-final() { echo "$1" | sed -n 's/^final_loss=\([^ ]*\) .*/\1/p'; }
-run() { "$exe" --steps 40 --seed 7 --quiet "$@" || { echo "train_mlp $* failed (exit $?)"; exit 1; }; }
-straight=$(final "$(run --ranks 2)")
-run --ranks 2 --save "$dir" --save-every 10 --stop-after 20 > /dev/null
-[ -f "$dir/index.json" ] || { echo "no checkpoint in $dir"; exit 1; }
-same=$(final "$(run --ranks 2 --resume "$dir")")
-other=$(final "$(run --ranks 3 --resume "$dir")")
-echo "40 straight: $straight; 20 + resume 20: $same; resumed at 3 ranks: $other"
-rm -rf "$dir"
-[ -n "$straight" ] && [ "$straight" = "$same" ] || { echo "the resumed run differs"; exit 1; }
-awk -v a="$straight" -v b="$other" 'BEGIN { d = a - b; if (d < 0) d = -d; exit d > 1e-5 }' || {
-    echo "the resharded resume differs by more than 1e-5"; exit 1; }
-echo "resume continues exactly"
+check_resume "$dir" 2 3 "$exe" --steps 40 --seed 7 --quiet

@@ -8,7 +8,8 @@
        test_backend gloo --launch N            forks N ranks (a fresh store
                                                directory, loopback TCP)
        test_backend gloo --launch N --scenario missing|worldsize|exit
-   and every rank checks itself: every collective (all dtypes, uneven and
+   each with --case NAME to run one case on every rank (check.h; --list
+   names them), and every rank checks itself: every collective (all dtypes, uneven and
    zero counts, in place, asynchronous on two streams), bitwise agreement of
    reductions with the local backend's arithmetic, split, mismatch
    detection, a timeout, a tiny model trained with fsdp_ctx compared with
@@ -25,6 +26,8 @@
    within the timeout). Exit 0 when every check passed. */
 #define _XOPEN_SOURCE 700
 #include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
 /* the backends' implementations live in this file (fsdp.h's own is in
    the shared fsdp_impl library): they need only fsdp.h's public API */
 #ifdef FSDP_HAVE_MPI
@@ -37,7 +40,6 @@
 #endif
 
 #include <math.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,44 +52,12 @@
 #include <sys/wait.h>
 #endif
 
-static atomic_int g_pass, g_fail;
-
-#define CHECK(c, rank, ...)                                                         \
-    do {                                                                            \
-        if (c) atomic_fetch_add(&g_pass, 1);                                        \
-        else {                                                                      \
-            atomic_fetch_add(&g_fail, 1);                                           \
-            fprintf(stderr, "%s:%d: rank %d: CHECK failed: %s: ", __FILE__, __LINE__, \
-                    (rank), #c);                                                    \
-            fprintf(stderr, __VA_ARGS__);                                           \
-            fputc('\n', stderr);                                                    \
-        }                                                                           \
-    } while (0)
-
 /* nftw's callback that removes a temporary directory tree, depth first */
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
     (void)sb, (void)flag, (void)ftw;
     return remove(path);
 }
-
-/* timing of the MPI and Gloo error cases */
-#if defined(FSDP_HAVE_MPI) || defined(FSDP_HAVE_GLOO)
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&ts, NULL);
-}
-#endif
 
 /* ---------------------------------------------------------------------- */
 /* values and the reference arithmetic                                     */
@@ -196,14 +166,15 @@ static void test_all_gather(fsdp_comm *c, fsdp_stream *s, fsdp_device *dev, unsi
                 res = fsdp_all_gather(c, inplace ? recv + (size_t)r * cnt * es : send, recv, cnt,
                                       dt, s);
                 if (res == FSDP_SUCCESS && s) res = fsdp_stream_synchronize(dev, s);
-                CHECK(res == FSDP_SUCCESS, r, "all_gather %s count %zu%s: %s", fsdp_dtype_name(dt),
-                      cnt, inplace ? " in place" : "", fsdp_comm_last_error(c));
+                CHECK_RANK(res == FSDP_SUCCESS, r, "all_gather %s count %zu%s: %s",
+                           fsdp_dtype_name(dt), cnt, inplace ? " in place" : "",
+                           fsdp_comm_last_error(c));
                 for (j = 0; j < n; j++) {
                     fill(want, dt, j, 0, cnt, sl);
                     i = (size_t)j;
-                    CHECK(!memcmp(want, recv + i * cnt * es, cnt * es), r,
-                          "all_gather %s count %zu%s: block of rank %d differs",
-                          fsdp_dtype_name(dt), cnt, inplace ? " in place" : "", j);
+                    CHECK_RANK(!memcmp(want, recv + i * cnt * es, cnt * es), r,
+                               "all_gather %s count %zu%s: block of rank %d differs",
+                               fsdp_dtype_name(dt), cnt, inplace ? " in place" : "", j);
                 }
                 free(send);
                 free(recv);
@@ -243,10 +214,10 @@ static void test_reductions(fsdp_comm *c, fsdp_stream *s, fsdp_device *dev, unsi
                         else
                             res = fsdp_all_reduce(c, send, out, cnt, dt, op, s);
                         if (res == FSDP_SUCCESS && s) res = fsdp_stream_synchronize(dev, s);
-                        CHECK(res == FSDP_SUCCESS, r, "%s %s count %zu%s%s: %s",
-                              kind ? "all_reduce" : "reduce_scatter", fsdp_dtype_name(dt), cnt,
-                              inplace ? " in place" : "", avg ? " avg" : "",
-                              fsdp_comm_last_error(c));
+                        CHECK_RANK(res == FSDP_SUCCESS, r, "%s %s count %zu%s%s: %s",
+                                   kind ? "all_reduce" : "reduce_scatter", fsdp_dtype_name(dt), cnt,
+                                   inplace ? " in place" : "", avg ? " avg" : "",
+                                   fsdp_comm_last_error(c));
                         /* every element; at the large size every 13th and
                            the last (sanitizer builds stay fast) */
                         for (i = 0; i < cnt && bad == (size_t)-1; i += cnt > 100000 ? 13 : 1) {
@@ -258,11 +229,11 @@ static void test_reductions(fsdp_comm *c, fsdp_stream *s, fsdp_device *dev, unsi
                             if (memcmp(want, (unsigned char *)out + (cnt - 1) * es, es))
                                 bad = cnt - 1;
                         }
-                        CHECK(bad == (size_t)-1, r,
-                              "%s %s count %zu%s%s: element %zu is not the rank-order f32 "
-                              "result", kind ? "all_reduce" : "reduce_scatter",
-                              fsdp_dtype_name(dt), cnt, inplace ? " in place" : "",
-                              avg ? " avg" : "", bad);
+                        CHECK_RANK(bad == (size_t)-1, r,
+                                   "%s %s count %zu%s%s: element %zu is not the rank-order f32 "
+                                   "result", kind ? "all_reduce" : "reduce_scatter",
+                                   fsdp_dtype_name(dt), cnt, inplace ? " in place" : "",
+                                   avg ? " avg" : "", bad);
                         free(send);
                         free(recv);
                     }
@@ -288,16 +259,16 @@ static void test_broadcast(fsdp_comm *c, fsdp_stream *s, fsdp_device *dev, unsig
                 else memset(recv, 0, cnt * es);
                 res = fsdp_broadcast(c, inplace ? recv : send, recv, cnt, dt, root, s);
                 if (res == FSDP_SUCCESS && s) res = fsdp_stream_synchronize(dev, s);
-                CHECK(res == FSDP_SUCCESS, r, "broadcast %s root %d: %s", fsdp_dtype_name(dt),
-                      root, fsdp_comm_last_error(c));
-                CHECK(!memcmp(want, recv, cnt * es), r, "broadcast %s root %d%s: wrong data",
-                      fsdp_dtype_name(dt), root, inplace ? " in place" : "");
+                CHECK_RANK(res == FSDP_SUCCESS, r, "broadcast %s root %d: %s", fsdp_dtype_name(dt),
+                           root, fsdp_comm_last_error(c));
+                CHECK_RANK(!memcmp(want, recv, cnt * es), r, "broadcast %s root %d%s: wrong data",
+                           fsdp_dtype_name(dt), root, inplace ? " in place" : "");
                 free(send);
                 free(recv);
                 free(want);
             }
-    CHECK(fsdp_barrier(c, s) == FSDP_SUCCESS, r, "barrier: %s", fsdp_comm_last_error(c));
-    if (s) CHECK(fsdp_stream_synchronize(dev, s) == FSDP_SUCCESS, r, "barrier on a stream");
+    CHECK_RANK(fsdp_barrier(c, s) == FSDP_SUCCESS, r, "barrier: %s", fsdp_comm_last_error(c));
+    if (s) CHECK_RANK(fsdp_stream_synchronize(dev, s) == FSDP_SUCCESS, r, "barrier on a stream");
 }
 
 /* Collectives queued on two streams complete in program order. */
@@ -312,7 +283,7 @@ static void test_async(fsdp_comm *c, fsdp_device *dev, unsigned *salt)
     size_t i, bad = 0;
     *salt += 2 * K;
     if (fsdp_stream_create(dev, &s1) != FSDP_SUCCESS || fsdp_stream_create(dev, &s2) != FSDP_SUCCESS) {
-        CHECK(0, r, "cannot create streams");
+        CHECK_RANK(0, r, "cannot create streams");
         return;
     }
     for (k = 0; k < K; k++) {
@@ -322,16 +293,18 @@ static void test_async(fsdp_comm *c, fsdp_device *dev, unsigned *salt)
         rs_out[k] = (uint16_t *)malloc(CNT * 2);
         fill(ag_in[k], FSDP_F32, r, 0, CNT, sl0 + 2 * (unsigned)k);
         fill(rs_in[k], FSDP_BF16, r, 0, (size_t)n * CNT, sl0 + 2 * (unsigned)k + 1);
-        CHECK(fsdp_all_gather(c, ag_in[k], ag_out[k], CNT, FSDP_F32, s1) == FSDP_SUCCESS, r,
-              "queue all_gather: %s", fsdp_comm_last_error(c));
-        CHECK(fsdp_reduce_scatter(c, rs_in[k], rs_out[k], CNT, FSDP_BF16, FSDP_REDUCE_AVG, s2) ==
-                  FSDP_SUCCESS, r, "queue reduce_scatter: %s", fsdp_comm_last_error(c));
+        CHECK_RANK(fsdp_all_gather(c, ag_in[k], ag_out[k], CNT, FSDP_F32, s1) == FSDP_SUCCESS, r,
+                   "queue all_gather: %s", fsdp_comm_last_error(c));
+        CHECK_RANK(fsdp_reduce_scatter(c, rs_in[k], rs_out[k], CNT, FSDP_BF16, FSDP_REDUCE_AVG,
+                                       s2) == FSDP_SUCCESS,
+                   r, "queue reduce_scatter: %s", fsdp_comm_last_error(c));
     }
-    CHECK(fsdp_stream_synchronize(dev, s1) == FSDP_SUCCESS, r, "stream 1: %s",
-          fsdp_device_last_error(dev));
-    CHECK(fsdp_stream_synchronize(dev, s2) == FSDP_SUCCESS, r, "stream 2: %s",
-          fsdp_device_last_error(dev));
-    CHECK(fsdp_comm_async_error(c) == FSDP_SUCCESS, r, "async error: %s", fsdp_comm_last_error(c));
+    CHECK_RANK(fsdp_stream_synchronize(dev, s1) == FSDP_SUCCESS, r, "stream 1: %s",
+               fsdp_device_last_error(dev));
+    CHECK_RANK(fsdp_stream_synchronize(dev, s2) == FSDP_SUCCESS, r, "stream 2: %s",
+               fsdp_device_last_error(dev));
+    CHECK_RANK(fsdp_comm_async_error(c) == FSDP_SUCCESS, r, "async error: %s",
+               fsdp_comm_last_error(c));
     for (k = 0; k < K; k++) {
         float *want = (float *)malloc(CNT * sizeof(float));
         for (j = 0; j < n; j++) {
@@ -349,7 +322,7 @@ static void test_async(fsdp_comm *c, fsdp_device *dev, unsigned *salt)
         free(rs_in[k]);
         free(rs_out[k]);
     }
-    CHECK(bad == 0, r, "%zu wrong results from collectives queued on two streams", bad);
+    CHECK_RANK(bad == 0, r, "%zu wrong results from collectives queued on two streams", bad);
     fsdp_stream_destroy(dev, s1);
     fsdp_stream_destroy(dev, s2);
 }
@@ -364,9 +337,9 @@ static void test_split(fsdp_comm *c)
     int members = 0, pos = 0, j;
     fsdp_comm *sub = NULL;
     fsdp_result res = fsdp_comm_split(c, color, -r, &sub);
-    CHECK(res == FSDP_SUCCESS, r, "split: %s", fsdp_comm_last_error(c));
+    CHECK_RANK(res == FSDP_SUCCESS, r, "split: %s", fsdp_comm_last_error(c));
     if (none) {
-        CHECK(sub == NULL, r, "split with FSDP_COMM_NO_COLOR gave a comm");
+        CHECK_RANK(sub == NULL, r, "split with FSDP_COMM_NO_COLOR gave a comm");
         return;
     }
     for (j = 0; j < n; j++) {
@@ -374,17 +347,17 @@ static void test_split(fsdp_comm *c)
         members++;
         if (j > r) pos++; /* key -j: higher ranks come first */
     }
-    CHECK(sub && fsdp_comm_size(sub) == members, r, "split size %d, want %d",
-          sub ? fsdp_comm_size(sub) : -1, members);
-    CHECK(sub && fsdp_comm_rank(sub) == pos, r, "split rank %d, want %d",
-          sub ? fsdp_comm_rank(sub) : -1, pos);
+    CHECK_RANK(sub && fsdp_comm_size(sub) == members, r, "split size %d, want %d",
+               sub ? fsdp_comm_size(sub) : -1, members);
+    CHECK_RANK(sub && fsdp_comm_rank(sub) == pos, r, "split rank %d, want %d",
+               sub ? fsdp_comm_rank(sub) : -1, pos);
     if (sub) {
         float v = (float)(r + 1), want = 0;
         for (j = 0; j < n; j++)
             if (j % 2 == r % 2 && !(n >= 3 && j == n - 1)) want += (float)(j + 1);
-        CHECK(fsdp_all_reduce(sub, &v, &v, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL) == FSDP_SUCCESS, r,
-              "all_reduce in the split group: %s", fsdp_comm_last_error(sub));
-        CHECK(v == want, r, "split group sum %g, want %g", (double)v, (double)want);
+        CHECK_RANK(fsdp_all_reduce(sub, &v, &v, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL) == FSDP_SUCCESS,
+                   r, "all_reduce in the split group: %s", fsdp_comm_last_error(sub));
+        CHECK_RANK(v == want, r, "split group sum %g, want %g", (double)v, (double)want);
     }
     fsdp_comm_destroy(sub);
 }
@@ -397,17 +370,18 @@ static void test_mismatch(fsdp_comm *c)
     float send[8] = {0}, recv[64];
     fsdp_result res;
     if (n < 2) return;
-    CHECK(fsdp_comm_split(c, 0, r, &dup) == FSDP_SUCCESS && dup, r, "split for a duplicate: %s",
-          fsdp_comm_last_error(c));
+    CHECK_RANK(fsdp_comm_split(c, 0, r, &dup) == FSDP_SUCCESS && dup, r,
+               "split for a duplicate: %s", fsdp_comm_last_error(c));
     if (!dup) return;
     res = fsdp_all_gather(dup, send, recv, r == 1 ? 5 : 4, FSDP_F32, NULL);
-    CHECK(res == FSDP_COMM_MISMATCH, r, "mismatched all_gather gave %s: %s",
-          fsdp_result_string(res), fsdp_comm_last_error(dup));
-    CHECK(strstr(fsdp_comm_last_error(dup), "rank 1") && strstr(fsdp_comm_last_error(dup), "count=5"),
-          r, "the message does not name rank 1 and its call: %s", fsdp_comm_last_error(dup));
+    CHECK_RANK(res == FSDP_COMM_MISMATCH, r, "mismatched all_gather gave %s: %s",
+               fsdp_result_string(res), fsdp_comm_last_error(dup));
+    CHECK_RANK(strstr(fsdp_comm_last_error(dup), "rank 1") &&
+                   strstr(fsdp_comm_last_error(dup), "count=5"),
+               r, "the message does not name rank 1 and its call: %s", fsdp_comm_last_error(dup));
     res = fsdp_barrier(dup, NULL);
-    CHECK(res == FSDP_COMM_ABORTED || res == FSDP_COMM_MISMATCH, r,
-          "a call after the mismatch gave %s", fsdp_result_string(res));
+    CHECK_RANK(res == FSDP_COMM_ABORTED || res == FSDP_COMM_MISMATCH, r,
+               "a call after the mismatch gave %s", fsdp_result_string(res));
     fsdp_comm_destroy(dup);
 }
 
@@ -681,29 +655,31 @@ static void test_runtime(fsdp_comm *c, fsdp_device *dev)
     double worst = 0;
     if (BATCH % n) return; /* the batch splits evenly at 1..4 and 6 ranks */
     if (!tiny_build(&t)) {
-        CHECK(0, r, "cannot build the tiny model");
+        CHECK_RANK(0, r, "cannot build the tiny model");
         return;
     }
-    CHECK(tiny_train(&t, c, dev, got, msg, sizeof msg), r, "training: %s", msg);
-    CHECK(tiny_reference(&t, n, same_n), r, "the local reference with %d ranks failed", n);
-    CHECK(tiny_reference(&t, 1, one), r, "the local reference with 1 rank failed");
+    CHECK_RANK(tiny_train(&t, c, dev, got, msg, sizeof msg), r, "training: %s", msg);
+    CHECK_RANK(tiny_reference(&t, n, same_n), r, "the local reference with %d ranks failed", n);
+    CHECK_RANK(tiny_reference(&t, 1, one), r, "the local reference with 1 rank failed");
     for (i = 0; i < TINY_N; i++) {
         double d = fabs((double)got[i] - (double)one[i]);
         bad += memcmp(&got[i], &same_n[i], sizeof(float)) != 0;
         if (d > worst) worst = d;
     }
-    CHECK(bad == 0, r, "%d parameters differ from the local backend's at %d ranks (bitwise)", bad,
-          n);
-    CHECK(worst <= 1e-5, r, "parameters differ from the 1-rank run by %g > 1e-5", worst);
+    CHECK_RANK(bad == 0, r, "%d parameters differ from the local backend's at %d ranks (bitwise)",
+               bad, n);
+    CHECK_RANK(worst <= 1e-5, r, "parameters differ from the 1-rank run by %g > 1e-5", worst);
     {   /* cpu_offload on this backend: the same bits */
         tiny_plan off = tiny_from_init;
         float got_off[TINY_N];
         off.offload = 1;
-        CHECK(tiny_train_plan(&t, &off, c, dev, got_off, msg, sizeof msg), r,
-              "training with cpu_offload: %s", msg);
+        CHECK_RANK(tiny_train_plan(&t, &off, c, dev, got_off, msg, sizeof msg), r,
+                   "training with cpu_offload: %s", msg);
         for (i = 0, bad = 0; i < TINY_N; i++) bad += memcmp(&got[i], &got_off[i], sizeof(float)) != 0;
-        CHECK(bad == 0, r, "%d parameters trained with cpu_offload differ (bitwise) from training "
-              "without it", bad);
+        CHECK_RANK(bad == 0, r,
+                   "%d parameters trained with cpu_offload differ (bitwise) from training "
+                   "without it",
+                   bad);
     }
     tiny_free(&t);
 }
@@ -938,7 +914,7 @@ static void test_zero(fsdp_comm *c, fsdp_device *dev)
     float *cont = root + ZERO_N, *res = cont + ZERO_N;
     char msg[FSDP_ERROR_MAX + 64];
     if (!buf) {
-        CHECK(0, r, "ZeRO: out of memory");
+        CHECK_RANK(0, r, "ZeRO: out of memory");
         return;
     }
     zero_init(init);
@@ -952,48 +928,57 @@ static void test_zero(fsdp_comm *c, fsdp_device *dev)
             zr.stage = stage == 1 ? FSDP_ZERO_STAGE_1 : FSDP_ZERO_STAGE_2;
             zr.bucket = bucket;
             ref_ok = zero_reference(&zr, n, ref, &ref_sd);
-            CHECK(ref_ok, r, "ZeRO stage %d bucket view %d: the local reference with %d ranks "
-                  "failed", stage, bucket, n);
+            CHECK_RANK(ref_ok, r, "ZeRO stage %d bucket view %d: the local reference with %d ranks "
+                       "failed", stage, bucket, n);
             zr.out = mine;
             zr.load = ref_sd;
             zr.continued = cont;
             zr.resumed = res;
             msg[0] = 0;
             trained = zero_train(&zr, c, dev, msg, sizeof msg);
-            CHECK(trained, r, "ZeRO stage %d bucket view %d: %s", stage, bucket, msg);
+            CHECK_RANK(trained, r, "ZeRO stage %d bucket view %d: %s", stage, bucket, msg);
             /* every rank takes part in the broadcast, whatever happened here */
             memcpy(root, mine, (size_t)ZERO_N * sizeof(float));
-            CHECK(fsdp_broadcast(c, root, root, ZERO_N, FSDP_F32, 0, NULL) == FSDP_SUCCESS, r,
-                  "ZeRO: broadcast of rank 0's parameters: %s", fsdp_comm_last_error(c));
+            CHECK_RANK(fsdp_broadcast(c, root, root, ZERO_N, FSDP_F32, 0, NULL) == FSDP_SUCCESS, r,
+                       "ZeRO: broadcast of rank 0's parameters: %s", fsdp_comm_last_error(c));
             if (trained) {
                 for (p = 0; p < ZP; off += zero_numel[p], p++) {
                     bad = count_diff(mine + off, init + off, (int)zero_numel[p], &first);
-                    CHECK(bad > 0, r, "ZeRO stage %d bucket view %d: '%s' did not change in %d "
-                          "steps", stage, bucket, zero_name[p], ZSTEPS);
+                    CHECK_RANK(bad > 0, r,
+                               "ZeRO stage %d bucket view %d: '%s' did not change in %d "
+                               "steps",
+                               stage, bucket, zero_name[p], ZSTEPS);
                 }
                 bad = count_diff(mine, root, ZERO_N, &first);
-                CHECK(bad == 0, r, "ZeRO stage %d bucket view %d: %d parameter elements differ "
-                      "from rank 0's (first at %d)", stage, bucket, bad, first);
+                CHECK_RANK(bad == 0, r,
+                           "ZeRO stage %d bucket view %d: %d parameter elements differ "
+                           "from rank 0's (first at %d)",
+                           stage, bucket, bad, first);
             }
             if (trained && ref_ok) {
                 bad = count_diff(mine, ref, ZERO_N, &first);
-                CHECK(bad == 0, r, "ZeRO stage %d bucket view %d: %d parameter elements differ "
-                      "from the local backend's at %d ranks (bitwise; first at %d)", stage,
-                      bucket, bad, n, first);
+                CHECK_RANK(bad == 0, r,
+                           "ZeRO stage %d bucket view %d: %d parameter elements differ "
+                           "from the local backend's at %d ranks (bitwise; first at %d)",
+                           stage, bucket, bad, n, first);
                 if (r == 0) {
                     /* AdamW keeps exp_avg, exp_avg_sq and step per parameter */
-                    CHECK(zr.sd && fsdp_state_dict_count(zr.sd) == 3 * ZP, r,
-                          "ZeRO stage %d bucket view %d: the consolidated state has %d tensors, "
-                          "want %d", stage, bucket, zr.sd ? fsdp_state_dict_count(zr.sd) : -1,
-                          3 * ZP);
-                    CHECK(sd_equal(zr.sd, ref_sd, msg), r,
-                          "ZeRO stage %d bucket view %d: the consolidated optimizer state "
-                          "differs from the local backend's: %s", stage, bucket, msg);
+                    CHECK_RANK(
+                        zr.sd && fsdp_state_dict_count(zr.sd) == 3 * ZP, r,
+                        "ZeRO stage %d bucket view %d: the consolidated state has %d tensors, "
+                        "want %d",
+                        stage, bucket, zr.sd ? fsdp_state_dict_count(zr.sd) : -1, 3 * ZP);
+                    CHECK_RANK(sd_equal(zr.sd, ref_sd, msg), r,
+                               "ZeRO stage %d bucket view %d: the consolidated optimizer state "
+                               "differs from the local backend's: %s", stage, bucket, msg);
                 }
                 bad = count_diff(res, cont, ZERO_N, &first);
-                CHECK(bad == 0, r, "ZeRO stage %d bucket view %d: after "
-                      "fsdp_zero_state_from_state_dict a step gives %d parameter elements that "
-                      "differ from the original's step (first at %d)", stage, bucket, bad, first);
+                CHECK_RANK(
+                    bad == 0, r,
+                    "ZeRO stage %d bucket view %d: after "
+                    "fsdp_zero_state_from_state_dict a step gives %d parameter elements that "
+                    "differ from the original's step (first at %d)",
+                    stage, bucket, bad, first);
             }
             fsdp_state_dict_destroy(zr.sd);
             fsdp_state_dict_destroy(ref_sd);
@@ -1015,8 +1000,8 @@ static void check_same(const tiny *t, int r, const float *got, const float *want
                        const char *what)
 {
     int first, bad = count_diff(got, want, TINY_N, &first);
-    CHECK(bad == 0, r, "%s: %d of %d parameters differ bitwise (first: element %d of unit %s)",
-          what, bad, TINY_N, first, tiny_unit_of(t, first));
+    CHECK_RANK(bad == 0, r, "%s: %d of %d parameters differ bitwise (first: element %d of unit %s)",
+               what, bad, TINY_N, first, tiny_unit_of(t, first));
 }
 
 static void test_ckpt(fsdp_comm *c, fsdp_device *dev)
@@ -1035,7 +1020,7 @@ static void test_ckpt(fsdp_comm *c, fsdp_device *dev)
     float saved[TINY_N], straight[TINY_N], got[TINY_N], want[TINY_N];
     if (BATCH % n) return;
     if (!tiny_build(&t)) {
-        CHECK(0, r, "cannot build the tiny model");
+        CHECK_RANK(0, r, "cannot build the tiny model");
         return;
     }
     /* one directory for every rank: rank 0's name, broadcast (an empty
@@ -1044,12 +1029,12 @@ static void test_ckpt(fsdp_comm *c, fsdp_device *dev)
     if (r == 0) {
         snprintf(dir, sizeof dir, "%s/fsdp_ckpt_XXXXXX", tmp && *tmp ? tmp : "/tmp");
         if (!mkdtemp(dir)) {
-            CHECK(0, r, "checkpoints: mkdtemp %s failed", dir);
+            CHECK_RANK(0, r, "checkpoints: mkdtemp %s failed", dir);
             dir[0] = 0;
         }
     }
-    CHECK(fsdp_broadcast(c, dir, dir, sizeof dir, FSDP_U8, 0, NULL) == FSDP_SUCCESS, r,
-          "checkpoints: broadcast of the directory: %s", fsdp_comm_last_error(c));
+    CHECK_RANK(fsdp_broadcast(c, dir, dir, sizeof dir, FSDP_U8, 0, NULL) == FSDP_SUCCESS, r,
+               "checkpoints: broadcast of the directory: %s", fsdp_comm_last_error(c));
     dir[sizeof dir - 1] = 0;
     if (!dir[0]) {
         tiny_free(&t);
@@ -1065,20 +1050,20 @@ static void test_ckpt(fsdp_comm *c, fsdp_device *dev)
     plan.sharded = sharded;
     plan.full = full;
     saved_ok = tiny_train_plan(&t, &plan, c, dev, saved, msg, sizeof msg);
-    CHECK(saved_ok, r, "checkpoints: training and saving: %s", msg);
-    CHECK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, r, "checkpoints: barrier after saving: %s",
-          fsdp_comm_last_error(c));
+    CHECK_RANK(saved_ok, r, "checkpoints: training and saving: %s", msg);
+    CHECK_RANK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, r, "checkpoints: barrier after saving: %s",
+               fsdp_comm_last_error(c));
 
     /* resume: STEPS, save, load, 2 more == STEPS + 2 straight */
     memset(&plan, 0, sizeof plan);
     plan.steps = STEPS + 2;
     ok = tiny_train_plan(&t, &plan, c, dev, straight, msg, sizeof msg);
-    CHECK(ok, r, "checkpoints: %d steps straight: %s", STEPS + 2, msg);
+    CHECK_RANK(ok, r, "checkpoints: %d steps straight: %s", STEPS + 2, msg);
     plan.load = sharded;
     plan.first = STEPS;
     plan.steps = 2;
     done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
-    CHECK(done, r, "checkpoints: resuming from the sharded checkpoint: %s", msg);
+    CHECK_RANK(done, r, "checkpoints: resuming from the sharded checkpoint: %s", msg);
     if (done && ok && saved_ok)
         check_same(&t, r, got, straight,
                    "resumed from the sharded checkpoint vs trained straight");
@@ -1088,12 +1073,12 @@ static void test_ckpt(fsdp_comm *c, fsdp_device *dev)
     plan.first = 0;
     plan.steps = 0;
     done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
-    CHECK(done, r, "checkpoints: loading the full checkpoint: %s", msg);
+    CHECK_RANK(done, r, "checkpoints: loading the full checkpoint: %s", msg);
     if (done && saved_ok) check_same(&t, r, got, saved, "loaded from the full checkpoint vs saved");
     plan.first = STEPS;
     plan.steps = 2;
     done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
-    CHECK(done, r, "checkpoints: resuming from the full checkpoint: %s", msg);
+    CHECK_RANK(done, r, "checkpoints: resuming from the full checkpoint: %s", msg);
     if (done && ok && saved_ok)
         check_same(&t, r, got, straight, "resumed from the full checkpoint vs trained straight");
 
@@ -1105,8 +1090,8 @@ static void test_ckpt(fsdp_comm *c, fsdp_device *dev)
             memset(&plan, 0, sizeof plan);
             plan.load = sharded;
             done = tiny_reference_plan(&t, &plan, worlds[j], got);
-            CHECK(done, r, "checkpoints: loading the %d-rank sharded checkpoint on the local "
-                  "backend at %d ranks failed", n, worlds[j]);
+            CHECK_RANK(done, r, "checkpoints: loading the %d-rank sharded checkpoint on the local "
+                       "backend at %d ranks failed", n, worlds[j]);
             snprintf(what, sizeof what, "saved at %d ranks, loaded at %d on the local backend", n,
                      worlds[j]);
             if (done) check_same(&t, r, got, saved, what);
@@ -1120,22 +1105,22 @@ static void test_ckpt(fsdp_comm *c, fsdp_device *dev)
         plan.steps = STEPS;
         plan.sharded = other;
         status = tiny_reference_plan(&t, &plan, m, got);
-        CHECK(status, r, "checkpoints: training and saving at %d ranks on the local backend "
-              "failed", m);
+        CHECK_RANK(status, r, "checkpoints: training and saving at %d ranks on the local backend "
+                   "failed", m);
     }
-    CHECK(fsdp_broadcast(c, &status, &status, 1, FSDP_I32, 0, NULL) == FSDP_SUCCESS, r,
-          "checkpoints: broadcast of rank 0's status: %s", fsdp_comm_last_error(c));
-    CHECK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, r, "checkpoints: barrier after the local save: %s",
-          fsdp_comm_last_error(c));
+    CHECK_RANK(fsdp_broadcast(c, &status, &status, 1, FSDP_I32, 0, NULL) == FSDP_SUCCESS, r,
+               "checkpoints: broadcast of rank 0's status: %s", fsdp_comm_last_error(c));
+    CHECK_RANK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, r,
+               "checkpoints: barrier after the local save: %s", fsdp_comm_last_error(c));
     if (status) {
         memset(&plan, 0, sizeof plan);
         plan.steps = STEPS;
         ok = tiny_reference_plan(&t, &plan, m, want);
-        CHECK(ok, r, "checkpoints: the local reference at %d ranks failed", m);
+        CHECK_RANK(ok, r, "checkpoints: the local reference at %d ranks failed", m);
         plan.load = other;
         plan.steps = 0;
         done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
-        CHECK(done, r, "checkpoints: loading the %d-rank sharded checkpoint: %s", m, msg);
+        CHECK_RANK(done, r, "checkpoints: loading the %d-rank sharded checkpoint: %s", m, msg);
         snprintf(what, sizeof what, "saved at %d ranks on the local backend, loaded at %d", m, n);
         if (done && ok) check_same(&t, r, got, want, what);
         /* the resharded optimizer state: 2 more steps here equal the
@@ -1143,51 +1128,62 @@ static void test_ckpt(fsdp_comm *c, fsdp_device *dev)
         plan.first = STEPS;
         plan.steps = 2;
         done = tiny_train_plan(&t, &plan, c, dev, got, msg, sizeof msg);
-        CHECK(done, r, "checkpoints: resuming from the %d-rank sharded checkpoint: %s", m, msg);
+        CHECK_RANK(done, r, "checkpoints: resuming from the %d-rank sharded checkpoint: %s", m,
+                   msg);
         ok = tiny_reference_plan(&t, &plan, n, want);
-        CHECK(ok, r, "checkpoints: the local resume from the %d-rank checkpoint at %d ranks "
-              "failed", m, n);
+        CHECK_RANK(ok, r, "checkpoints: the local resume from the %d-rank checkpoint at %d ranks "
+                   "failed", m, n);
         snprintf(what, sizeof what, "resumed from the %d-rank checkpoint vs the same on the local "
                  "backend at %d ranks", m, n);
         if (done && ok) check_same(&t, r, got, want, what);
     } else if (r != 0) {
-        CHECK(0, r, "checkpoints: rank 0 could not save at %d ranks", m);
+        CHECK_RANK(0, r, "checkpoints: rank 0 could not save at %d ranks", m);
     }
 
     /* everyone is done reading before rank 0 removes the directory */
-    CHECK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, r, "checkpoints: final barrier: %s",
-          fsdp_comm_last_error(c));
+    CHECK_RANK(fsdp_barrier(c, NULL) == FSDP_SUCCESS, r, "checkpoints: final barrier: %s",
+               fsdp_comm_last_error(c));
     if (r == 0)
-        CHECK(nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) == 0, r,
-              "checkpoints: cannot remove %s", dir);
+        CHECK_RANK(nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS) == 0, r,
+                   "checkpoints: cannot remove %s", dir);
     tiny_free(&t);
 }
 
 /* ---------------------------------------------------------------------- */
 /* per rank                                                                */
 
+/* The cases: every rank of every backend runs them (run_common), so the
+   table only names them for --case and --list. */
+static const check_case CASES[] = {
+    {"all_gather", NULL}, {"reductions", NULL}, {"broadcast", NULL}, {"on_stream", NULL},
+    {"async", NULL},      {"split", NULL},      {"runtime", NULL},   {"zero", NULL},
+    {"ckpt", NULL},       {"mismatch", NULL},   {"world_size", NULL}, {"timeout", NULL},
+};
+
 static void run_common(fsdp_comm *c, fsdp_device *dev)
 {
     unsigned salt = 0;
     fsdp_stream *s = NULL;
     int r = fsdp_comm_rank(c);
-    test_all_gather(c, NULL, dev, &salt);
-    test_reductions(c, NULL, dev, &salt);
-    test_broadcast(c, NULL, dev, &salt);
-    CHECK(fsdp_stream_create(dev, &s) == FSDP_SUCCESS, r, "stream_create");
-    if (s) {
-        /* the same again, every call queued on a stream */
-        test_all_gather(c, s, dev, &salt);
-        test_reductions(c, s, dev, &salt);
-        test_broadcast(c, s, dev, &salt);
-        fsdp_stream_destroy(dev, s);
+    if (check_selected("all_gather")) test_all_gather(c, NULL, dev, &salt);
+    if (check_selected("reductions")) test_reductions(c, NULL, dev, &salt);
+    if (check_selected("broadcast")) test_broadcast(c, NULL, dev, &salt);
+    if (check_selected("on_stream")) {
+        CHECK_RANK(fsdp_stream_create(dev, &s) == FSDP_SUCCESS, r, "stream_create");
+        if (s) {
+            /* the same again, every call queued on a stream */
+            test_all_gather(c, s, dev, &salt);
+            test_reductions(c, s, dev, &salt);
+            test_broadcast(c, s, dev, &salt);
+            fsdp_stream_destroy(dev, s);
+        }
     }
-    test_async(c, dev, &salt);
-    test_split(c);
-    test_runtime(c, dev);
-    test_zero(c, dev);
-    test_ckpt(c, dev);
-    test_mismatch(c);
+    if (check_selected("async")) test_async(c, dev, &salt);
+    if (check_selected("split")) test_split(c);
+    if (check_selected("runtime")) test_runtime(c, dev);
+    if (check_selected("zero")) test_zero(c, dev);
+    if (check_selected("ckpt")) test_ckpt(c, dev);
+    if (check_selected("mismatch")) test_mismatch(c);
 }
 
 static int local_rank(int rank, int nranks, fsdp_local_world *world, void *user)
@@ -1197,7 +1193,7 @@ static int local_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     (void)nranks, (void)user;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
         fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
-        CHECK(0, rank, "cannot create the device or comm");
+        CHECK_RANK(0, rank, "cannot create the device or comm");
     } else {
         run_common(comm, dev);
     }
@@ -1215,9 +1211,9 @@ static int run_local(int nranks)
     ld.nranks = nranks;
     fsdp_local_run(&ld, local_rank, NULL, NULL);
     /* wrong world size: a rank outside the world */
-    if (fsdp_local_world_create(&ld, &w) == FSDP_SUCCESS) {
-        CHECK(fsdp_local_comm_create(w, nranks, NULL, &bad) != FSDP_SUCCESS, 0,
-              "rank %d of a %d-rank world was accepted", nranks, nranks);
+    if (check_selected("world_size") && fsdp_local_world_create(&ld, &w) == FSDP_SUCCESS) {
+        CHECK_RANK(fsdp_local_comm_create(w, nranks, NULL, &bad) != FSDP_SUCCESS, 0,
+                   "rank %d of a %d-rank world was accepted", nranks, nranks);
         fsdp_comm_destroy(bad);
         fsdp_local_world_destroy(w);
     }
@@ -1250,24 +1246,26 @@ static int run_mpi(int argc, char **argv, const char *level)
     memset(&err, 0, sizeof err);
     d.hooks.error = &err;
     /* wrong world size first: it must fail on every rank, cleanly */
-    d.expected_size = size + 1;
-    res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
-    CHECK(res == FSDP_INVALID_ARGS && strstr(err.message, "expected_size"), rank,
-          "expected_size %d with %d ranks gave %s: %s", size + 1, size, fsdp_result_string(res),
-          err.message);
+    if (check_selected("world_size")) {
+        d.expected_size = size + 1;
+        res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
+        CHECK_RANK(res == FSDP_INVALID_ARGS && strstr(err.message, "expected_size"), rank,
+                   "expected_size %d with %d ranks gave %s: %s", size + 1, size,
+                   fsdp_result_string(res), err.message);
+    }
     d.expected_size = size;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
     d.dev = dev;
     res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
     if (provided < MPI_THREAD_SERIALIZED) {
-        CHECK(res == FSDP_INVALID_ARGS && strstr(err.message, "MPI_THREAD_MULTIPLE"), rank,
-              "thread level %d with a device gave %s: %s", provided, fsdp_result_string(res),
-              err.message);
+        CHECK_RANK(res == FSDP_INVALID_ARGS && strstr(err.message, "MPI_THREAD_MULTIPLE"), rank,
+                   "thread level %d with a device gave %s: %s", provided, fsdp_result_string(res),
+                   err.message);
         /* without a device the comm is synchronous and works at any level */
         d.dev = NULL;
         res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
-        CHECK(res == FSDP_SUCCESS, rank, "synchronous comm: %s", err.message);
-        if (comm) {
+        CHECK_RANK(res == FSDP_SUCCESS, rank, "synchronous comm: %s", err.message);
+        if (comm && check_selected("reductions")) {
             unsigned salt = 0;
             test_reductions(comm, NULL, NULL, &salt);
         }
@@ -1276,33 +1274,33 @@ static int run_mpi(int argc, char **argv, const char *level)
         MPI_Finalize();
         return 0;
     }
-    CHECK(res == FSDP_SUCCESS, rank, "fsdp_mpi_comm_create: %s", err.message);
+    CHECK_RANK(res == FSDP_SUCCESS, rank, "fsdp_mpi_comm_create: %s", err.message);
     if (comm) {
         run_common(comm, dev);
         /* a rank that is late past the timeout: the others get
            FSDP_COMM_TIMEOUT, then FSDP_COMM_ABORTED; the late one still
            completes because the others' barrier was posted */
-        if (size > 1) {
+        if (size > 1 && check_selected("timeout")) {
             d.timeout_ms = 300;
             d.disable_mismatch_check = 1;
             res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &t);
-            CHECK(res == FSDP_SUCCESS, rank, "comm with a timeout: %s", err.message);
+            CHECK_RANK(res == FSDP_SUCCESS, rank, "comm with a timeout: %s", err.message);
             if (t && rank != size - 1) {
                 t0 = now_ms();
                 res = fsdp_barrier(t, NULL);
-                CHECK(res == FSDP_COMM_TIMEOUT, rank, "late peer gave %s: %s",
-                      fsdp_result_string(res), fsdp_comm_last_error(t));
-                CHECK(now_ms() - t0 < 5000, rank, "the timeout took %.0f ms", now_ms() - t0);
-                CHECK(strstr(fsdp_comm_last_error(t), "barrier") != NULL, rank,
-                      "the message does not name the call: %s", fsdp_comm_last_error(t));
+                CHECK_RANK(res == FSDP_COMM_TIMEOUT, rank, "late peer gave %s: %s",
+                           fsdp_result_string(res), fsdp_comm_last_error(t));
+                CHECK_RANK(now_ms() - t0 < 5000, rank, "the timeout took %.0f ms", now_ms() - t0);
+                CHECK_RANK(strstr(fsdp_comm_last_error(t), "barrier") != NULL, rank,
+                           "the message does not name the call: %s", fsdp_comm_last_error(t));
                 res = fsdp_barrier(t, NULL);
-                CHECK(res == FSDP_COMM_ABORTED, rank, "after the timeout: %s",
-                      fsdp_result_string(res));
+                CHECK_RANK(res == FSDP_COMM_ABORTED, rank, "after the timeout: %s",
+                           fsdp_result_string(res));
             } else if (t) {
                 sleep_ms(700);
                 res = fsdp_barrier(t, NULL);
-                CHECK(res == FSDP_SUCCESS || res == FSDP_COMM_TIMEOUT, rank, "late rank: %s",
-                      fsdp_comm_last_error(t));
+                CHECK_RANK(res == FSDP_SUCCESS || res == FSDP_COMM_TIMEOUT, rank, "late rank: %s",
+                           fsdp_comm_last_error(t));
             }
             MPI_Barrier(MPI_COMM_WORLD);
             fsdp_comm_destroy(t);
@@ -1341,38 +1339,40 @@ static int gloo_rank(const char *dir, int rank, int size, const char *scenario)
         d.timeout_ms = 1500;
         res = fsdp_gloo_comm_create(&d, &comm);
         snprintf(want, sizeof want, "rank %d of %d did not arrive", size - 1, size);
-        CHECK(res == FSDP_COMM_TIMEOUT && strstr(err.message, want), rank,
-              "a peer that never arrives gave %s: %s", fsdp_result_string(res), err.message);
-        CHECK(now_ms() - t0 < 6000, rank, "the error took %.0f ms (timeout 1500)", now_ms() - t0);
+        CHECK_RANK(res == FSDP_COMM_TIMEOUT && strstr(err.message, want), rank,
+                   "a peer that never arrives gave %s: %s", fsdp_result_string(res), err.message);
+        CHECK_RANK(now_ms() - t0 < 6000, rank, "the error took %.0f ms (timeout 1500)",
+                   now_ms() - t0);
     } else if (!strcmp(scenario, "worldsize")) {
         /* rank 0 believes in one more rank than the launcher started */
         d.timeout_ms = 1500;
         if (rank == 0) d.size = size + 1;
         res = fsdp_gloo_comm_create(&d, &comm);
-        CHECK(res != FSDP_SUCCESS, rank, "a different world size was accepted");
-        CHECK(rank == 0 ? res == FSDP_COMM_TIMEOUT : res == FSDP_INVALID_ARGS, rank, "got %s: %s",
-              fsdp_result_string(res), err.message);
-        CHECK(now_ms() - t0 < 6000, rank, "the error took %.0f ms (timeout 1500)", now_ms() - t0);
+        CHECK_RANK(res != FSDP_SUCCESS, rank, "a different world size was accepted");
+        CHECK_RANK(rank == 0 ? res == FSDP_COMM_TIMEOUT : res == FSDP_INVALID_ARGS, rank,
+                   "got %s: %s", fsdp_result_string(res), err.message);
+        CHECK_RANK(now_ms() - t0 < 6000, rank, "the error took %.0f ms (timeout 1500)",
+                   now_ms() - t0);
     } else if (!strcmp(scenario, "exit")) {
         /* the last rank leaves after connecting; the others' next
            collective fails within the timeout */
         d.timeout_ms = 2000;
         res = fsdp_gloo_comm_create(&d, &comm);
-        CHECK(res == FSDP_SUCCESS, rank, "create: %s", err.message);
+        CHECK_RANK(res == FSDP_SUCCESS, rank, "create: %s", err.message);
         if (comm && rank != size - 1) {
             float v[64] = {0}, out[256];
             sleep_ms(200);
             t0 = now_ms();
             res = fsdp_all_gather(comm, v, out, 64, FSDP_F32, NULL);
-            CHECK(res == FSDP_COMM_ERROR || res == FSDP_COMM_TIMEOUT, rank,
-                  "a peer that exited gave %s: %s", fsdp_result_string(res),
-                  fsdp_comm_last_error(comm));
-            CHECK(now_ms() - t0 < 6000, rank, "the error took %.0f ms", now_ms() - t0);
+            CHECK_RANK(res == FSDP_COMM_ERROR || res == FSDP_COMM_TIMEOUT, rank,
+                       "a peer that exited gave %s: %s", fsdp_result_string(res),
+                       fsdp_comm_last_error(comm));
+            CHECK_RANK(now_ms() - t0 < 6000, rank, "the error took %.0f ms", now_ms() - t0);
         }
     } else {
         d.timeout_ms = 30000;
         res = fsdp_gloo_comm_create(&d, &comm);
-        CHECK(res == FSDP_SUCCESS, rank, "fsdp_gloo_comm_create: %s", err.message);
+        CHECK_RANK(res == FSDP_SUCCESS, rank, "fsdp_gloo_comm_create: %s", err.message);
         if (comm) run_common(comm, dev);
     }
     fsdp_comm_destroy(comm);
@@ -1400,7 +1400,7 @@ static int gloo_launch(const char *self_dir, int n, const char *scenario)
         if (pids[j] == 0) {
             gloo_rank(dir, j, n, scenario);
             /* exit, not _exit: LeakSanitizer checks each rank at exit */
-            exit(atomic_load(&g_fail) ? 1 : 0);
+            exit(check_failed() ? 1 : 0);
         }
         if (pids[j] < 0) {
             fprintf(stderr, "gloo launcher: fork failed\n");
@@ -1425,19 +1425,21 @@ static int gloo_launch(const char *self_dir, int n, const char *scenario)
         }
     }
     nftw(dir, rm_entry, 16, FTW_DEPTH | FTW_PHYS);
-    if (failed) atomic_fetch_add(&g_fail, 1);
-    else atomic_fetch_add(&g_pass, n);
+    /* each rank checked itself; here a rank counts once, as a pass */
+    if (failed) check_add(0, 1);
+    else check_add(n, 0);
     return 0;
 }
 #endif
 
 int main(int argc, char **argv)
 {
-    const char *backend = argc > 1 ? argv[1] : "";
-    const char *scenario = "";
+    const char *backend, *scenario = "";
     int ranks = 2, launch = 0, i, rank = -1, world = 0;
     const char *store = NULL;
     int mpi_rank = 0;
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    backend = argc > 1 ? argv[1] : "";
     for (i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--ranks") && i + 1 < argc) ranks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--launch") && i + 1 < argc) launch = atoi(argv[++i]);
@@ -1471,11 +1473,11 @@ int main(int argc, char **argv)
         return 77;
 #endif
     } else {
-        fprintf(stderr, "usage: test_backend local|mpi|gloo [options]\n");
+        fprintf(stderr, "usage: test_backend local|mpi|gloo [options] [--case NAME]...\n");
         return 2;
     }
     (void)mpi_rank;
-    printf("test_backend %s%s%s: %d passed, %d failed\n", backend, *scenario ? " " : "", scenario,
-           atomic_load(&g_pass), atomic_load(&g_fail));
-    return atomic_load(&g_fail) ? 1 : 0;
+    /* one line with check_finish's "N passed, M failed" */
+    printf("test_backend %s%s%s: ", backend, *scenario ? " " : "", scenario);
+    return check_finish();
 }

@@ -17,9 +17,9 @@
                                            for check_safetensors.sh
           test_ckpt --read FILE            prints a safetensors file's tensors
                                            (check_safetensors.sh's other way)
-   Prints failures as file:line, then "N passed, M failed". */
+   Cases (test_ckpt --case NAME [VECTORS_DIR]) and output: check.h. */
 #define _POSIX_C_SOURCE 200809L
-#include "sd_common.h"
+#include "fixtures_tnet.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -56,29 +56,20 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     int ok = env_open(&e, rank, world, m, u, j->optim_kind, 0);
     if (ok) ok = fsdp_init_params(e.ctx, j->seed ? (uint64_t)j->seed : 1234, choose_init, NULL) ==
                  FSDP_SUCCESS;
-    if (!ok) report(__FILE__, __LINE__, "rank %d: setup failed", rank);
+    if (!ok) check_fail(__FILE__, __LINE__, "rank %d: setup failed", rank);
     else ok = j->fn(j, rank, nranks, &e);
     env_close(&e);
     return ok ? 0 : 1;
 }
 
-static void run(job *j, int nranks)
-{
-    fsdp_local_desc d;
-    int res[8], r;
-    memset(&d, 0, sizeof d);
-    d.nranks = nranks;
-    d.timeout_ms = 20000;
-    CHECK(fsdp_local_run(&d, rank_main, j, res) == FSDP_SUCCESS, "fsdp_local_run");
-    for (r = 0; r < nranks; r++) CHECK(res[r] == 0, "rank %d of %d failed", r, nranks);
-}
+static void run(job *j, int nranks) { run_ranks(nranks, rank_main, j); }
 
 static int train(rank_env *e, int steps)
 {
     int s;
     for (s = 0; s < steps; s++)
         if (!train_step(e->ctx, g_model, g_units)) {
-            report(__FILE__, __LINE__, "train: %s", fsdp_ctx_last_error(e->ctx));
+            check_fail(__FILE__, __LINE__, "train: %s", fsdp_ctx_last_error(e->ctx));
             return 0;
         }
     return 1;
@@ -817,7 +808,7 @@ static int job_interop(job *j, int rank, int nranks, rank_env *e)
     (void)nranks;
     if (!train(e, 2)) return 0;
     if (fsdp_ckpt_save(e->ctx, j->path, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "save: %s", fsdp_ctx_last_error(e->ctx));
+        check_fail(__FILE__, __LINE__, "save: %s", fsdp_ctx_last_error(e->ctx));
         return 0;
     }
     if (fsdp_get_full_state_dict(e->ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD | FSDP_SD_RANK0_ONLY,
@@ -849,10 +840,107 @@ static int job_interop(job *j, int rank, int nranks, rank_env *e)
     return 1;
 }
 
+/* --- cases --- */
+
+/* the uninterrupted reference: 6 steps at W = 1 (AdamW, then SGD), run
+   once for the cases that compare with it */
+static const job *reference(int optim_kind)
+{
+    static job ref[2];
+    static int done[2];
+    if (!done[optim_kind]) {
+        memset(&ref[optim_kind], 0, sizeof ref[optim_kind]);
+        ref[optim_kind].fn = job_ref;
+        ref[optim_kind].steps = 6;
+        ref[optim_kind].optim_kind = optim_kind;
+        run(&ref[optim_kind], 1);
+        done[optim_kind] = 1;
+    }
+    return &ref[optim_kind];
+}
+
+static void test_reshard(void)
+{
+    const job *ref = reference(0);
+    reshard(4, 3, 0, 1, ref->vals, ref->nvals);
+    reshard(2, 5, 0, 1, ref->vals, ref->nvals);
+    reshard(3, 1, 0, 1, ref->vals, ref->nvals);
+    reshard(2, 3, 0, 0, ref->vals, ref->nvals);
+}
+
+static void test_reshard_strategy(void)
+{
+    const job *ref = reference(0);
+    reshard_strategy(FSDP_NO_SHARD, 2, 0, 3, ref->vals, ref->nvals);
+    reshard_strategy(FSDP_HYBRID_SHARD, 4, 2, 3, ref->vals, ref->nvals);
+    reshard_strategy(FSDP_SHARD_GRAD_OP, 3, 0, 2, ref->vals, ref->nvals);
+}
+
+static void test_offload(void)
+{
+    const job *ref = reference(0);
+    offload_ckpt(ref->vals, ref->nvals);
+}
+
+static void test_reshard_sgd(void)
+{
+    const job *sgd = reference(1);
+    reshard(4, 2, 1, 1, sgd->vals, sgd->nvals);
+}
+
+static const check_case CASES[] = {
+    {"reshard", test_reshard},
+    {"reshard_strategy", test_reshard_strategy},
+    {"offload", test_offload},
+    {"reshard_sgd", test_reshard_sgd},
+    {"failures", failures},
+    {"fuzz", fuzz},
+    {"dtypes", dtypes},
+    {"async", async_tests},
+};
+
+/* --read FILE: prints a file Python wrote */
+static int print_file(const char *path)
+{
+    fsdp_state_dict *sd = NULL;
+    fsdp_error err;
+    int i, d;
+    if (fsdp_safetensors_load(path, NULL, &sd, &err) != FSDP_SUCCESS) {
+        printf("error: %s\n", err.message);
+        return 1;
+    }
+    for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        int64_t k;
+        printf("%s %s %d", t->name, fsdp_dtype_name(t->dtype), t->ndim);
+        for (d = 0; d < t->ndim; d++) printf(" %lld", (long long)t->shape[d]);
+        printf(" :");
+        for (k = 0; k < t->numel; k++) {
+            double v = 0.0;
+            const void *p = t->data;
+            switch (t->dtype) {
+            case FSDP_F32: v = ((const float *)p)[k]; break;
+            case FSDP_F64: v = ((const double *)p)[k]; break;
+            case FSDP_F16: v = fsdp_f16_to_f32(((const uint16_t *)p)[k]); break;
+            case FSDP_BF16: v = fsdp_bf16_to_f32(((const uint16_t *)p)[k]); break;
+            case FSDP_I64: v = (double)((const int64_t *)p)[k]; break;
+            case FSDP_I32: v = ((const int32_t *)p)[k]; break;
+            case FSDP_I8: v = ((const int8_t *)p)[k]; break;
+            case FSDP_U8: v = ((const uint8_t *)p)[k]; break;
+            default: break;
+            }
+            printf(" %.17g", v);
+        }
+        printf("\n");
+    }
+    fsdp_state_dict_destroy(sd);
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
-    static job ref;
     const char *base = getenv("TMPDIR");
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
     snprintf(g_tmp, sizeof g_tmp, "%s/fsdp_ckpt_XXXXXX", base && base[0] ? base : "/tmp");
     g_model = build_model(0);
     g_wide = build_model(1);
@@ -862,85 +950,24 @@ int main(int argc, char **argv)
         printf("setup failed\n");
         return 1;
     }
-    if (argc > 2 && !strcmp(argv[1], "--read")) { /* prints a file Python wrote */
-        fsdp_state_dict *sd = NULL;
-        fsdp_error err;
-        int i, d;
-        if (fsdp_safetensors_load(argv[2], NULL, &sd, &err) != FSDP_SUCCESS) {
-            printf("error: %s\n", err.message);
-            return 1;
-        }
-        for (i = 0; i < fsdp_state_dict_count(sd); i++) {
-            const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
-            int64_t k;
-            printf("%s %s %d", t->name, fsdp_dtype_name(t->dtype), t->ndim);
-            for (d = 0; d < t->ndim; d++) printf(" %lld", (long long)t->shape[d]);
-            printf(" :");
-            for (k = 0; k < t->numel; k++) {
-                double v = 0.0;
-                const void *p = t->data;
-                switch (t->dtype) {
-                case FSDP_F32: v = ((const float *)p)[k]; break;
-                case FSDP_F64: v = ((const double *)p)[k]; break;
-                case FSDP_F16: v = fsdp_f16_to_f32(((const uint16_t *)p)[k]); break;
-                case FSDP_BF16: v = fsdp_bf16_to_f32(((const uint16_t *)p)[k]); break;
-                case FSDP_I64: v = (double)((const int64_t *)p)[k]; break;
-                case FSDP_I32: v = ((const int32_t *)p)[k]; break;
-                case FSDP_I8: v = ((const int8_t *)p)[k]; break;
-                case FSDP_U8: v = ((const uint8_t *)p)[k]; break;
-                default: break;
-                }
-                printf(" %.17g", v);
-            }
-            printf("\n");
-        }
-        fsdp_state_dict_destroy(sd);
-        return 0;
-    }
+    if (argc > 2 && !strcmp(argv[1], "--read")) return print_file(argv[2]);
     if (argc > 2 && !strcmp(argv[1], "--interop")) {
         static job j;
         memset(&j, 0, sizeof j);
         j.fn = job_interop;
         snprintf(j.path, sizeof j.path, "%s/full.safetensors", argv[2]);
         run(&j, 2);
-        printf("%ld passed, %ld failed\n", g_pass, g_fail);
-        return g_fail ? 1 : 0;
+        return check_finish();
     }
     if (!mkdtemp(g_tmp)) {
         printf("mkdtemp %s failed\n", g_tmp);
         return 1;
     }
-    /* the uninterrupted reference: 6 steps at W = 1 */
-    memset(&ref, 0, sizeof ref);
-    ref.fn = job_ref;
-    ref.steps = 6;
-    run(&ref, 1);
-    reshard(4, 3, 0, 1, ref.vals, ref.nvals);
-    reshard(2, 5, 0, 1, ref.vals, ref.nvals);
-    reshard(3, 1, 0, 1, ref.vals, ref.nvals);
-    reshard(2, 3, 0, 0, ref.vals, ref.nvals);
-    reshard_strategy(FSDP_NO_SHARD, 2, 0, 3, ref.vals, ref.nvals);
-    reshard_strategy(FSDP_HYBRID_SHARD, 4, 2, 3, ref.vals, ref.nvals);
-    reshard_strategy(FSDP_SHARD_GRAD_OP, 3, 0, 2, ref.vals, ref.nvals);
-    offload_ckpt(ref.vals, ref.nvals);
-    {
-        static job sgd;
-        memset(&sgd, 0, sizeof sgd);
-        sgd.fn = job_ref;
-        sgd.steps = 6;
-        sgd.optim_kind = 1;
-        run(&sgd, 1);
-        reshard(4, 2, 1, 1, sgd.vals, sgd.nvals);
-    }
-    failures();
-    fuzz();
-    dtypes();
-    async_tests();
+    check_run();
     rm_rf(g_tmp);
     fsdp_units_destroy(g_units);
     fsdp_units_destroy(g_wide_units);
     fsdp_model_destroy(g_model);
     fsdp_model_destroy(g_wide);
-    printf("%ld passed, %ld failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return check_finish();
 }

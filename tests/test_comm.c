@@ -5,62 +5,15 @@
    argument checks of every public function. */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static atomic_int g_pass, g_fail;
-
-#define CHECK(c)                                                                    \
-    do {                                                                            \
-        if (c) atomic_fetch_add(&g_pass, 1);                                        \
-        else {                                                                      \
-            atomic_fetch_add(&g_fail, 1);                                           \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);   \
-        }                                                                           \
-    } while (0)
-
-#define CHECK_EQ_INT(a, b)                                                          \
-    do {                                                                            \
-        long long va_ = (long long)(a), vb_ = (long long)(b);                      \
-        if (va_ == vb_) atomic_fetch_add(&g_pass, 1);                               \
-        else {                                                                      \
-            atomic_fetch_add(&g_fail, 1);                                           \
-            fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%lld vs %lld)\n",       \
-                    __FILE__, __LINE__, #a, #b, va_, vb_);                         \
-        }                                                                           \
-    } while (0)
-
-/* a check with the rank and the current case in the failure line */
-#define CHECKR(c, rank, what)                                                       \
-    do {                                                                            \
-        if (c) atomic_fetch_add(&g_pass, 1);                                        \
-        else {                                                                      \
-            atomic_fetch_add(&g_fail, 1);                                           \
-            fprintf(stderr, "%s:%d: rank %d: %s: CHECK failed: %s\n", __FILE__,     \
-                    __LINE__, rank, what, #c);                                      \
-        }                                                                           \
-    } while (0)
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&ts, NULL);
-}
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* --- data ---------------------------------------------------------------- */
 
@@ -189,7 +142,7 @@ static void check_gather(int rank, int n, const void *recv, fsdp_dtype dt, size_
             put(want, dt, 0, j, i, salt);
             ok &= memcmp((const unsigned char *)recv + ((size_t)j * count + i) * es, want, es) == 0;
         }
-    CHECKR(ok, rank, what);
+    CHECK_RANK(ok, rank, "%s", what);
 }
 
 static void check_reduced(int rank, int n, const void *recv, fsdp_dtype dt, size_t count,
@@ -202,7 +155,7 @@ static void check_reduced(int rank, int n, const void *recv, fsdp_dtype dt, size
         expect_reduce(want, dt, n, first + i, salt, avg);
         ok &= memcmp((const unsigned char *)recv + i * es, want, es) == 0;
     }
-    CHECKR(ok, rank, what);
+    CHECK_RANK(ok, rank, "%s", what);
 }
 
 /* all ranks' `mine` are bitwise equal to rank 0's */
@@ -210,10 +163,10 @@ static void check_same_everywhere(shared *sh, fsdp_comm *c, int rank, int n, voi
                                   size_t bytes, const char *what)
 {
     sh->res[rank] = mine;
-    CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_SUCCESS);
-    CHECKR(memcmp(mine, sh->res[0], bytes) == 0, rank, what);
+    EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
+    CHECK_RANK(memcmp(mine, sh->res[0], bytes) == 0, rank, "%s", what);
     (void)n;
-    CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
 }
 
 static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
@@ -232,12 +185,12 @@ static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
             /* all_gather, then in place */
             snprintf(what, sizeof what, "all_gather n=%d %s count=%zu", n, fsdp_dtype_name(dt), count);
             for (i = 0; i < count; i++) put(send, dt, i, rank, i, salt);
-            CHECK_EQ_INT(fsdp_all_gather(c, count ? send : NULL, count ? recv : NULL, count, dt, NULL),
+            EXPECT_EQ(fsdp_all_gather(c, count ? send : NULL, count ? recv : NULL, count, dt, NULL),
                          FSDP_SUCCESS);
             check_gather(rank, n, recv, dt, count, salt, what);
             memset(recv, 0xee, count * es * (size_t)n);
             for (i = 0; i < count; i++) put(recv + (size_t)rank * count * es, dt, i, rank, i, salt);
-            CHECK_EQ_INT(fsdp_all_gather(c, recv + (size_t)rank * count * es, recv, count, dt, NULL),
+            EXPECT_EQ(fsdp_all_gather(c, recv + (size_t)rank * count * es, recv, count, dt, NULL),
                          FSDP_SUCCESS);
             check_gather(rank, n, recv, dt, count, salt, "in-place all_gather");
 
@@ -247,7 +200,7 @@ static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
                          fsdp_dtype_name(dt), count);
                 for (i = 0; i < count; i++) put(send, dt, i, rank, i, salt + root);
                 memset(recv, 0xee, count * es);
-                CHECK_EQ_INT(fsdp_broadcast(c, rank == root ? send : NULL, recv, count, dt, root, NULL),
+                EXPECT_EQ(fsdp_broadcast(c, rank == root ? send : NULL, recv, count, dt, root, NULL),
                              FSDP_SUCCESS);
                 {
                     int ok = 1;
@@ -256,10 +209,10 @@ static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
                         put(want, dt, 0, root, i, salt + root);
                         ok &= memcmp(recv + i * es, want, es) == 0;
                     }
-                    CHECKR(ok, rank, what);
+                    CHECK_RANK(ok, rank, "%s", what);
                 }
                 for (i = 0; i < count; i++) put(recv, dt, i, rank, i, salt + root + 1);
-                CHECK_EQ_INT(fsdp_broadcast(c, recv, recv, count, dt, root, NULL), FSDP_SUCCESS);
+                EXPECT_EQ(fsdp_broadcast(c, recv, recv, count, dt, root, NULL), FSDP_SUCCESS);
                 {
                     int ok = 1;
                     unsigned char want[8];
@@ -267,15 +220,15 @@ static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
                         put(want, dt, 0, root, i, salt + root + 1);
                         ok &= memcmp(recv + i * es, want, es) == 0;
                     }
-                    CHECKR(ok, rank, "in-place broadcast");
+                    CHECK_RANK(ok, rank, "in-place broadcast");
                 }
             }
 
             if (dt == FSDP_U8) {
                 /* integers cannot be reduced */
-                CHECK_EQ_INT(fsdp_all_reduce(c, send, recv, count, dt, FSDP_REDUCE_SUM, NULL),
+                EXPECT_EQ(fsdp_all_reduce(c, send, recv, count, dt, FSDP_REDUCE_SUM, NULL),
                              FSDP_INVALID_DTYPE);
-                CHECK_EQ_INT(fsdp_reduce_scatter(c, send, recv, count, dt, FSDP_REDUCE_AVG, NULL),
+                EXPECT_EQ(fsdp_reduce_scatter(c, send, recv, count, dt, FSDP_REDUCE_AVG, NULL),
                              FSDP_INVALID_DTYPE);
                 free(send);
                 free(recv);
@@ -289,10 +242,10 @@ static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
                          n, fsdp_dtype_name(dt), count);
                 for (i = 0; i < count * (size_t)n; i++) put(send, dt, i, rank, i, salt);
                 memset(recv, 0xee, count * es);
-                CHECK_EQ_INT(fsdp_reduce_scatter(c, send, recv, count, dt, rop, NULL), FSDP_SUCCESS);
+                EXPECT_EQ(fsdp_reduce_scatter(c, send, recv, count, dt, rop, NULL), FSDP_SUCCESS);
                 check_reduced(rank, n, recv, dt, count, (size_t)rank * count, salt, op, what);
                 /* in place: recv == send + rank * count */
-                CHECK_EQ_INT(fsdp_reduce_scatter(c, send, send + (size_t)rank * count * es, count, dt,
+                EXPECT_EQ(fsdp_reduce_scatter(c, send, send + (size_t)rank * count * es, count, dt,
                                                  rop, NULL),
                              FSDP_SUCCESS);
                 check_reduced(rank, n, send + (size_t)rank * count * es, dt, count,
@@ -303,18 +256,18 @@ static void run_all_sync(shared *sh, fsdp_comm *c, int rank, int n)
                          fsdp_dtype_name(dt), count);
                 for (i = 0; i < count; i++) put(send, dt, i, rank, i, salt + 2);
                 memset(recv, 0xee, count * es);
-                CHECK_EQ_INT(fsdp_all_reduce(c, send, recv, count, dt, rop, NULL), FSDP_SUCCESS);
+                EXPECT_EQ(fsdp_all_reduce(c, send, recv, count, dt, rop, NULL), FSDP_SUCCESS);
                 check_reduced(rank, n, recv, dt, count, 0, salt + 2, op, what);
                 check_same_everywhere(sh, c, rank, n, recv, count * es, "all_reduce bitwise");
-                CHECK_EQ_INT(fsdp_all_reduce(c, send, send, count, dt, rop, NULL), FSDP_SUCCESS);
+                EXPECT_EQ(fsdp_all_reduce(c, send, send, count, dt, rop, NULL), FSDP_SUCCESS);
                 check_reduced(rank, n, send, dt, count, 0, salt + 2, op, "in-place all_reduce");
-                CHECKR(memcmp(send, recv, count * es) == 0, rank, "in place == out of place");
+                CHECK_RANK(memcmp(send, recv, count * es) == 0, rank, "in place == out of place");
             }
             free(send);
             free(recv);
         }
     }
-    CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
 }
 
 /* --- the same on streams, ordered by events ------------------------------ */
@@ -348,48 +301,48 @@ static void run_async(shared *sh, fsdp_comm *c, fsdp_device *dev, int rank, int 
     fill_arg fa;
     (void)sh;
 
-    CHECK_EQ_INT(fsdp_stream_create(dev, &comp), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_create(dev, &cs), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_create(dev, &ready), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_create(dev, &gathered), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_create(dev, &comp), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_create(dev, &cs), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_create(dev, &ready), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_create(dev, &gathered), FSDP_SUCCESS);
 
     /* the compute stream fills the send buffer slowly; the comm stream waits
        for it through an event, as the runtime's prefetch does */
     fa.buf = g_send;
     fa.count = count;
     fa.rank = rank;
-    CHECK_EQ_INT(fsdp_device_launch(dev, comp, slow_fill, &fa), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_record(dev, ready, comp), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_wait_event(dev, cs, ready), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_all_gather(c, g_send, g_recv, count, FSDP_F32, cs), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_record(dev, gathered, cs), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_launch(dev, comp, slow_fill, &fa), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_record(dev, ready, comp), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_wait_event(dev, cs, ready), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_all_gather(c, g_send, g_recv, count, FSDP_F32, cs), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_record(dev, gathered, cs), FSDP_SUCCESS);
 
     /* several more on the same stream */
     for (i = 0; i < count * (size_t)n; i++) put(rs_send, FSDP_F32, i, rank, i, 5);
     for (i = 0; i < count; i++) put(ar, FSDP_BF16, i, rank, i, 6);
     for (i = 0; i < count; i++) put(bc, FSDP_F16, i, rank, i, 7);
     for (i = 0; i < count; i++) put(ar64, FSDP_F64, i, rank, i, 8);
-    CHECK_EQ_INT(fsdp_reduce_scatter(c, rs_send, rs_recv, count, FSDP_F32, FSDP_REDUCE_AVG, cs),
+    EXPECT_EQ(fsdp_reduce_scatter(c, rs_send, rs_recv, count, FSDP_F32, FSDP_REDUCE_AVG, cs),
                  FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_all_reduce(c, ar, ar, count, FSDP_BF16, FSDP_REDUCE_SUM, cs), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_broadcast(c, bc, bc, count, FSDP_F16, n - 1, cs), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_barrier(c, cs), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_all_reduce(c, ar64, ar64, count, FSDP_F64, FSDP_REDUCE_AVG, cs), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_all_reduce(c, ar, ar, count, FSDP_BF16, FSDP_REDUCE_SUM, cs), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_broadcast(c, bc, bc, count, FSDP_F16, n - 1, cs), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_barrier(c, cs), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_all_reduce(c, ar64, ar64, count, FSDP_F64, FSDP_REDUCE_AVG, cs), FSDP_SUCCESS);
 
     /* the host waits for the first only, then checks it */
-    CHECK_EQ_INT(fsdp_event_synchronize(dev, gathered), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_synchronize(dev, gathered), FSDP_SUCCESS);
     check_gather(rank, n, g_recv, FSDP_F32, count, 99, "async all_gather after event");
 
     /* a synchronous call issued now runs after the queued ones */
     {
         double mine[37];
         for (i = 0; i < count; i++) put(mine, FSDP_F64, i, rank, i, 9);
-        CHECK_EQ_INT(fsdp_all_gather(c, mine, sync_out, count, FSDP_F64, NULL), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_all_gather(c, mine, sync_out, count, FSDP_F64, NULL), FSDP_SUCCESS);
         check_gather(rank, n, sync_out, FSDP_F64, count, 9, "sync all_gather after async ones");
     }
 
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, cs), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_comm_async_error(c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, cs), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_async_error(c), FSDP_SUCCESS);
     check_reduced(rank, n, rs_recv, FSDP_F32, count, (size_t)rank * count, 5, 1, "async reduce_scatter");
     check_reduced(rank, n, ar, FSDP_BF16, count, 0, 6, 0, "async all_reduce bf16");
     check_reduced(rank, n, ar64, FSDP_F64, count, 0, 8, 1, "async all_reduce f64 avg");
@@ -400,7 +353,7 @@ static void run_async(shared *sh, fsdp_comm *c, fsdp_device *dev, int rank, int 
             put(&want, FSDP_F16, 0, n - 1, i, 7);
             ok &= bc[i] == want;
         }
-        CHECKR(ok, rank, "async broadcast");
+        CHECK_RANK(ok, rank, "async broadcast");
     }
     fsdp_event_destroy(dev, ready);
     fsdp_event_destroy(dev, gathered);
@@ -421,12 +374,12 @@ static int rank_main_all(int rank, int n, fsdp_local_world *w, void *user)
     shared *sh = (shared *)user;
     fsdp_comm *c = NULL;
     fsdp_device *dev = NULL;
-    CHECK_EQ_INT(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, dev, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_local_comm_create(w, rank, dev, &c), FSDP_SUCCESS);
     if (!c || !dev) return 1;
-    CHECK_EQ_INT(fsdp_comm_rank(c), rank);
-    CHECK_EQ_INT(fsdp_comm_size(c), n);
-    CHECK(strcmp(fsdp_comm_name(c), "local") == 0);
+    EXPECT_EQ(fsdp_comm_rank(c), rank);
+    EXPECT_EQ(fsdp_comm_size(c), n);
+    EXPECT(strcmp(fsdp_comm_name(c), "local") == 0);
     if (sh->mode == 0) run_all_sync(sh, c, rank, n);
     run_async(sh, c, dev, rank, n);
     fsdp_comm_destroy(c);
@@ -444,8 +397,8 @@ static void test_world_sizes(void)
         memset(&desc, 0, sizeof desc);
         desc.nranks = n;
         desc.timeout_ms = 20000;
-        CHECK_EQ_INT(fsdp_local_run(&desc, rank_main_all, &sh, results), FSDP_SUCCESS);
-        for (r = 0; r < n; r++) CHECK_EQ_INT(results[r], 0);
+        EXPECT_EQ(fsdp_local_run(&desc, rank_main_all, &sh, results), FSDP_SUCCESS);
+        for (r = 0; r < n; r++) EXPECT_EQ(results[r], 0);
         shared_fini(&sh);
     }
     /* the mismatch check off changes nothing for agreeing ranks */
@@ -456,7 +409,7 @@ static void test_world_sizes(void)
         memset(&desc, 0, sizeof desc);
         desc.nranks = 3;
         desc.disable_mismatch_check = 1;
-        CHECK_EQ_INT(fsdp_local_run(&desc, rank_main_all, &sh, results), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_local_run(&desc, rank_main_all, &sh, results), FSDP_SUCCESS);
         shared_fini(&sh);
     }
 }
@@ -468,19 +421,20 @@ static void check_sub(fsdp_comm *sub, int world_rank, const int *members, int m,
     float mine = (float)world_rank, *all;
     int j, ok = 1;
     float sum = 0, got = -1;
-    CHECKR(sub != NULL, world_rank, what);
+    CHECK_RANK(sub != NULL, world_rank, "%s", what);
     if (!sub) return;
-    CHECKR(fsdp_comm_size(sub) == m, world_rank, what);
+    CHECK_RANK(fsdp_comm_size(sub) == m, world_rank, "%s", what);
     for (j = 0; j < m; j++)
-        if (members[j] == world_rank) CHECKR(fsdp_comm_rank(sub) == j, world_rank, what);
+        if (members[j] == world_rank)
+            CHECK_RANK(fsdp_comm_rank(sub) == j, world_rank, "%s", what);
     all = (float *)malloc(sizeof(float) * (size_t)m);
-    CHECK_EQ_INT(fsdp_all_gather(sub, &mine, all, 1, FSDP_F32, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_all_gather(sub, &mine, all, 1, FSDP_F32, NULL), FSDP_SUCCESS);
     for (j = 0; j < m; j++) ok &= all[j] == (float)members[j];
-    CHECKR(ok, world_rank, what);
+    CHECK_RANK(ok, world_rank, "%s", what);
     for (j = 0; j < m; j++) sum += (float)members[j];
-    CHECK_EQ_INT(fsdp_all_reduce(sub, &mine, &got, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_SUCCESS);
-    CHECKR(got == sum, world_rank, what);
-    CHECK_EQ_INT(fsdp_barrier(sub, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_all_reduce(sub, &mine, &got, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_SUCCESS);
+    CHECK_RANK(got == sum, world_rank, "%s", what);
+    EXPECT_EQ(fsdp_barrier(sub, NULL), FSDP_SUCCESS);
     free(all);
 }
 
@@ -490,15 +444,15 @@ static int rank_main_split(int rank, int n, fsdp_local_world *w, void *user)
     fsdp_comm *c = NULL, *shard = NULL, *repl = NULL, *rev = NULL, *none = NULL;
     int members[8], m, j;
     float v = 1.0f, s = 0;
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
     if (!c) return 1;
     /* shard groups: consecutive ranks; replica groups: the same position */
-    CHECK_EQ_INT(fsdp_comm_split(c, rank / gs, rank, &shard), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_comm_split(c, rank % gs, rank, &repl), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_split(c, rank / gs, rank, &shard), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_split(c, rank % gs, rank, &repl), FSDP_SUCCESS);
     /* key reverses the order */
-    CHECK_EQ_INT(fsdp_comm_split(c, 0, -rank, &rev), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_split(c, 0, -rank, &rev), FSDP_SUCCESS);
     /* rank 0 joins nothing */
-    CHECK_EQ_INT(fsdp_comm_split(c, rank == 0 ? FSDP_COMM_NO_COLOR : 3, 0, &none), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_split(c, rank == 0 ? FSDP_COMM_NO_COLOR : 3, 0, &none), FSDP_SUCCESS);
 
     for (m = 0, j = 0; j < n; j++)
         if (j / gs == rank / gs) members[m++] = j;
@@ -509,20 +463,20 @@ static int rank_main_split(int rank, int n, fsdp_local_world *w, void *user)
     for (m = 0, j = n - 1; j >= 0; j--) members[m++] = j;
     check_sub(rev, rank, members, m, "reversed group");
     if (rank == 0) {
-        CHECK(none == NULL);
+        EXPECT(none == NULL);
     } else {
         for (m = 0, j = 1; j < n; j++) members[m++] = j;
         check_sub(none, rank, members, m, "group without rank 0");
     }
     /* the parent still works, and sub-groups interleave with it */
-    CHECK_EQ_INT(fsdp_all_reduce(c, &v, &s, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_SUCCESS);
-    CHECK(s == (float)n);
+    EXPECT_EQ(fsdp_all_reduce(c, &v, &s, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_SUCCESS);
+    EXPECT(s == (float)n);
     /* a split of a split */
     if (shard) {
         fsdp_comm *pair = NULL;
-        CHECK_EQ_INT(fsdp_comm_split(shard, fsdp_comm_rank(shard) / 2, 0, &pair), FSDP_SUCCESS);
-        CHECK(pair != NULL && fsdp_comm_size(pair) <= 2);
-        if (pair) CHECK_EQ_INT(fsdp_barrier(pair, NULL), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_comm_split(shard, fsdp_comm_rank(shard) / 2, 0, &pair), FSDP_SUCCESS);
+        EXPECT(pair != NULL && fsdp_comm_size(pair) <= 2);
+        if (pair) EXPECT_EQ(fsdp_barrier(pair, NULL), FSDP_SUCCESS);
         fsdp_comm_destroy(pair);
     }
     /* the world is destroyed by fsdp_local_run after this returns; comms may
@@ -543,8 +497,8 @@ static void test_split(void)
         memset(&desc, 0, sizeof desc);
         desc.nranks = cases[k][0];
         desc.timeout_ms = 20000;
-        CHECK_EQ_INT(fsdp_local_run(&desc, rank_main_split, &cases[k][1], results), FSDP_SUCCESS);
-        for (r = 0; r < cases[k][0]; r++) CHECK_EQ_INT(results[r], 0);
+        EXPECT_EQ(fsdp_local_run(&desc, rank_main_split, &cases[k][1], results), FSDP_SUCCESS);
+        for (r = 0; r < cases[k][0]; r++) EXPECT_EQ(results[r], 0);
     }
 }
 
@@ -560,9 +514,9 @@ static int rank_main_timeout(int rank, int n, fsdp_local_world *w, void *user)
     int nskip = sh->mode == 2 ? 2 : 1;
     fsdp_result r;
     double t0;
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
     if (!c) return 1;
-    CHECK_EQ_INT(fsdp_all_gather(c, send, recv, 4, FSDP_F32, NULL), FSDP_SUCCESS); /* #1 */
+    EXPECT_EQ(fsdp_all_gather(c, send, recv, 4, FSDP_F32, NULL), FSDP_SUCCESS); /* #1 */
     if (!skips) {
         t0 = now_ms();
         r = fsdp_all_gather(c, send, recv, 4, FSDP_F32, NULL); /* #2 */
@@ -573,16 +527,16 @@ static int rank_main_timeout(int rank, int n, fsdp_local_world *w, void *user)
         mark_done(sh);
         /* the group is broken: the next call fails at once */
         t0 = now_ms();
-        CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_COMM_ABORTED);
-        CHECK(strstr(fsdp_comm_last_error(c), "did not arrive") != NULL);
-        CHECK(now_ms() - t0 < 1000.0);
+        EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_COMM_ABORTED);
+        EXPECT(strstr(fsdp_comm_last_error(c), "did not arrive") != NULL);
+        EXPECT(now_ms() - t0 < 1000.0);
     } else {
         /* arrive only after the others gave up: no hang, an abort */
         wait_done(sh, n - nskip);
         t0 = now_ms();
-        CHECK_EQ_INT(fsdp_all_gather(c, send, recv, 4, FSDP_F32, NULL), FSDP_COMM_ABORTED);
-        CHECK(strstr(fsdp_comm_last_error(c), "timed out") != NULL);
-        CHECK(now_ms() - t0 < 1000.0);
+        EXPECT_EQ(fsdp_all_gather(c, send, recv, 4, FSDP_F32, NULL), FSDP_COMM_ABORTED);
+        EXPECT(strstr(fsdp_comm_last_error(c), "timed out") != NULL);
+        EXPECT(now_ms() - t0 < 1000.0);
     }
     fsdp_comm_destroy(c);
     return 0;
@@ -598,16 +552,16 @@ static void test_timeout(void)
         memset(&desc, 0, sizeof desc);
         desc.nranks = 4;
         desc.timeout_ms = 300;
-        CHECK_EQ_INT(fsdp_local_run(&desc, rank_main_timeout, &sh, NULL), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_local_run(&desc, rank_main_timeout, &sh, NULL), FSDP_SUCCESS);
         for (r = 0; r < 4; r++) {
             if (r == 2 || (mode == 2 && r == 3)) continue;
-            CHECK_EQ_INT(sh.codes[r], FSDP_COMM_TIMEOUT);
-            CHECK(strstr(sh.msgs[r], "all_gather") != NULL);
-            CHECK(strstr(sh.msgs[r], "#2") != NULL);
-            CHECK(strstr(sh.msgs[r], "300 ms") != NULL);
-            if (mode == 1) CHECK(strstr(sh.msgs[r], "rank 2 did not arrive") != NULL);
-            else CHECK(strstr(sh.msgs[r], "ranks 2, 3 did not arrive") != NULL);
-            CHECK(sh.elapsed[r] >= 100.0 && sh.elapsed[r] < 5000.0);
+            EXPECT_EQ(sh.codes[r], FSDP_COMM_TIMEOUT);
+            EXPECT(strstr(sh.msgs[r], "all_gather") != NULL);
+            EXPECT(strstr(sh.msgs[r], "#2") != NULL);
+            EXPECT(strstr(sh.msgs[r], "300 ms") != NULL);
+            if (mode == 1) EXPECT(strstr(sh.msgs[r], "rank 2 did not arrive") != NULL);
+            else EXPECT(strstr(sh.msgs[r], "ranks 2, 3 did not arrive") != NULL);
+            EXPECT(sh.elapsed[r] >= 100.0 && sh.elapsed[r] < 5000.0);
             if (!strstr(sh.msgs[r], "did not arrive")) fprintf(stderr, "  message: %s\n", sh.msgs[r]);
         }
         shared_fini(&sh);
@@ -624,11 +578,11 @@ static int rank_main_mismatch(int rank, int n, fsdp_local_world *w, void *user)
     float send[64] = {0}, recv[64];
     fsdp_result r;
     (void)n;
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
     if (!c) return 1;
-    CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
     if (sh->mode == 1) {
         if (rank == 0) r = fsdp_all_gather(c, send, recv, 10, FSDP_F32, NULL);
         else r = fsdp_reduce_scatter(c, send, recv, 10, FSDP_F32, FSDP_REDUCE_SUM, NULL);
@@ -637,8 +591,8 @@ static int rank_main_mismatch(int rank, int n, fsdp_local_world *w, void *user)
     }
     record(sh, rank, r, c);
     /* broken from now on, without waiting */
-    CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_COMM_ABORTED);
-    CHECK(strstr(fsdp_comm_last_error(c), "mismatch") != NULL);
+    EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_COMM_ABORTED);
+    EXPECT(strstr(fsdp_comm_last_error(c), "mismatch") != NULL);
     fsdp_comm_destroy(c);
     return 0;
 }
@@ -653,18 +607,18 @@ static void test_mismatch(void)
         memset(&desc, 0, sizeof desc);
         desc.nranks = 3;
         desc.timeout_ms = 20000; /* detection must not depend on the timeout */
-        CHECK_EQ_INT(fsdp_local_run(&desc, rank_main_mismatch, &sh, NULL), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_local_run(&desc, rank_main_mismatch, &sh, NULL), FSDP_SUCCESS);
         for (r = 0; r < 3; r++) {
-            CHECK_EQ_INT(sh.codes[r], FSDP_COMM_MISMATCH);
-            CHECK(strcmp(sh.msgs[r], sh.msgs[0]) == 0); /* the same words everywhere */
-            CHECK(strstr(sh.msgs[r], "#4") != NULL);
+            EXPECT_EQ(sh.codes[r], FSDP_COMM_MISMATCH);
+            EXPECT(strcmp(sh.msgs[r], sh.msgs[0]) == 0); /* the same words everywhere */
+            EXPECT(strstr(sh.msgs[r], "#4") != NULL);
             if (mode == 1) {
-                CHECK(strstr(sh.msgs[r], "rank 0 called all_gather(count=10, dtype=f32)") != NULL);
-                CHECK(strstr(sh.msgs[r], "rank 1 called reduce_scatter(count=10, dtype=f32, op=sum)") !=
+                EXPECT(strstr(sh.msgs[r], "rank 0 called all_gather(count=10, dtype=f32)") != NULL);
+                EXPECT(strstr(sh.msgs[r], "rank 1 called reduce_scatter(count=10, dtype=f32, op=sum)") !=
                       NULL);
             } else {
-                CHECK(strstr(sh.msgs[r], "count=4") != NULL);
-                CHECK(strstr(sh.msgs[r], "rank 1 called all_reduce(count=5, dtype=f32, op=avg)") != NULL);
+                EXPECT(strstr(sh.msgs[r], "count=4") != NULL);
+                EXPECT(strstr(sh.msgs[r], "rank 1 called all_reduce(count=5, dtype=f32, op=avg)") != NULL);
             }
         }
         if (mode == 1) printf("mismatch message: %s\n", sh.msgs[0]);
@@ -684,34 +638,34 @@ static int rank_main_async_fail(int rank, int n, fsdp_local_world *w, void *user
     float send[16] = {0}, recv[32];
     const char *word = sh->mode == 1 ? "mismatch" : "did not arrive";
     (void)n;
-    CHECK_EQ_INT(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, dev, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_local_comm_create(w, rank, dev, &c), FSDP_SUCCESS);
     if (!c || !dev) return 1;
-    CHECK_EQ_INT(fsdp_stream_create(dev, &s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_all_gather(c, send, recv, 4, FSDP_F32, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_create(dev, &s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_all_gather(c, send, recv, 4, FSDP_F32, s), FSDP_SUCCESS);
     if (sh->mode == 1 || rank == 0) {
         /* the failure is not known when issuing */
         if (sh->mode == 1 && rank == 1)
-            CHECK_EQ_INT(fsdp_all_reduce(c, send, recv, 4, FSDP_F32, FSDP_REDUCE_SUM, s), FSDP_SUCCESS);
+            EXPECT_EQ(fsdp_all_reduce(c, send, recv, 4, FSDP_F32, FSDP_REDUCE_SUM, s), FSDP_SUCCESS);
         else
-            CHECK_EQ_INT(fsdp_all_gather(c, send, recv, 4, FSDP_F32, s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_barrier(c, s), FSDP_SUCCESS); /* aborted in turn */
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), sh->mode == 1 ? FSDP_COMM_MISMATCH : FSDP_COMM_TIMEOUT);
-        CHECK(strstr(fsdp_device_last_error(dev), word) != NULL);
-        CHECK_EQ_INT(fsdp_comm_async_error(c), sh->mode == 1 ? FSDP_COMM_MISMATCH : FSDP_COMM_TIMEOUT);
-        CHECK(strstr(fsdp_comm_last_error(c), word) != NULL);
+            EXPECT_EQ(fsdp_all_gather(c, send, recv, 4, FSDP_F32, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_barrier(c, s), FSDP_SUCCESS); /* aborted in turn */
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), sh->mode == 1 ? FSDP_COMM_MISMATCH : FSDP_COMM_TIMEOUT);
+        EXPECT(strstr(fsdp_device_last_error(dev), word) != NULL);
+        EXPECT_EQ(fsdp_comm_async_error(c), sh->mode == 1 ? FSDP_COMM_MISMATCH : FSDP_COMM_TIMEOUT);
+        EXPECT(strstr(fsdp_comm_last_error(c), word) != NULL);
         /* the first failure stays */
-        CHECK_EQ_INT(fsdp_comm_async_error(c), sh->mode == 1 ? FSDP_COMM_MISMATCH : FSDP_COMM_TIMEOUT);
+        EXPECT_EQ(fsdp_comm_async_error(c), sh->mode == 1 ? FSDP_COMM_MISMATCH : FSDP_COMM_TIMEOUT);
         mark_done(sh);
     } else {
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_comm_async_error(c), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_comm_async_error(c), FSDP_SUCCESS);
         wait_done(sh, 1);
         /* issuing on a broken group is fine; running it aborts */
-        CHECK_EQ_INT(fsdp_barrier(c, s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_COMM_ABORTED);
-        CHECK_EQ_INT(fsdp_comm_async_error(c), FSDP_COMM_ABORTED);
-        CHECK(strstr(fsdp_comm_last_error(c), word) != NULL);
+        EXPECT_EQ(fsdp_barrier(c, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_COMM_ABORTED);
+        EXPECT_EQ(fsdp_comm_async_error(c), FSDP_COMM_ABORTED);
+        EXPECT(strstr(fsdp_comm_last_error(c), word) != NULL);
     }
     fsdp_stream_destroy(dev, s);
     fsdp_comm_destroy(c);
@@ -729,7 +683,7 @@ static void test_async_failure(void)
         memset(&desc, 0, sizeof desc);
         desc.nranks = 2;
         desc.timeout_ms = 300;
-        CHECK_EQ_INT(fsdp_local_run(&desc, rank_main_async_fail, &sh, NULL), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_local_run(&desc, rank_main_async_fail, &sh, NULL), FSDP_SUCCESS);
         shared_fini(&sh);
     }
 }
@@ -783,35 +737,35 @@ static void test_custom_comm(void)
 
     vt.size = sizeof vt + 4;
     memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(fsdp_comm_create(&vt, &destroyed, 0, 1, &hooks, &c), FSDP_INVALID_ARGS);
-    CHECK(c == NULL && strstr(err.message, "size") != NULL);
+    EXPECT_EQ(fsdp_comm_create(&vt, &destroyed, 0, 1, &hooks, &c), FSDP_INVALID_ARGS);
+    EXPECT(c == NULL && strstr(err.message, "size") != NULL);
     vt.size = sizeof vt;
     memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(fsdp_comm_create(NULL, &destroyed, 0, 1, &hooks, &c), FSDP_INVALID_ARGS);
-    CHECK(err.message[0] != 0);
-    CHECK_EQ_INT(fsdp_comm_create(&vt, &destroyed, 0, 1, &hooks, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_comm_create(NULL, &destroyed, 0, 1, &hooks, &c), FSDP_INVALID_ARGS);
+    EXPECT(err.message[0] != 0);
+    EXPECT_EQ(fsdp_comm_create(&vt, &destroyed, 0, 1, &hooks, NULL), FSDP_INVALID_ARGS);
     memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(fsdp_comm_create(&vt, &destroyed, 2, 2, &hooks, &c), FSDP_INVALID_ARGS);
-    CHECK(strstr(err.message, "rank 2") != NULL);
-    CHECK_EQ_INT(fsdp_comm_create(&vt, &destroyed, 0, 0, &hooks, &c), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_comm_create(&vt, &destroyed, 2, 2, &hooks, &c), FSDP_INVALID_ARGS);
+    EXPECT(strstr(err.message, "rank 2") != NULL);
+    EXPECT_EQ(fsdp_comm_create(&vt, &destroyed, 0, 0, &hooks, &c), FSDP_INVALID_ARGS);
     vt.barrier = NULL;
     memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(fsdp_comm_create(&vt, &destroyed, 0, 1, &hooks, &c), FSDP_INVALID_ARGS);
-    CHECK(strstr(err.message, "barrier") != NULL);
+    EXPECT_EQ(fsdp_comm_create(&vt, &destroyed, 0, 1, &hooks, &c), FSDP_INVALID_ARGS);
+    EXPECT(strstr(err.message, "barrier") != NULL);
     vt.barrier = x_barrier;
 
-    CHECK_EQ_INT(fsdp_comm_create(&vt, &destroyed, 1, 3, &hooks, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_create(&vt, &destroyed, 1, 3, &hooks, &c), FSDP_SUCCESS);
     if (!c) return;
-    CHECK_EQ_INT(fsdp_comm_rank(c), 1);
-    CHECK_EQ_INT(fsdp_comm_size(c), 3);
-    CHECK(strcmp(fsdp_comm_name(c), "custom") == 0);
-    CHECK_EQ_INT(fsdp_comm_async_error(c), FSDP_SUCCESS); /* optional slot */
-    CHECK_EQ_INT(fsdp_comm_split(c, 0, 0, &sub), FSDP_NOT_SUPPORTED);
-    CHECK(sub == NULL && strstr(fsdp_comm_last_error(c), "split") != NULL);
-    CHECK_EQ_INT(fsdp_all_gather(c, &x, &x, 0, FSDP_F32, NULL), FSDP_COMM_ERROR);
-    CHECK(strstr(fsdp_comm_last_error(c), "custom") != NULL);
+    EXPECT_EQ(fsdp_comm_rank(c), 1);
+    EXPECT_EQ(fsdp_comm_size(c), 3);
+    EXPECT(strcmp(fsdp_comm_name(c), "custom") == 0);
+    EXPECT_EQ(fsdp_comm_async_error(c), FSDP_SUCCESS); /* optional slot */
+    EXPECT_EQ(fsdp_comm_split(c, 0, 0, &sub), FSDP_NOT_SUPPORTED);
+    EXPECT(sub == NULL && strstr(fsdp_comm_last_error(c), "split") != NULL);
+    EXPECT_EQ(fsdp_all_gather(c, &x, &x, 0, FSDP_F32, NULL), FSDP_COMM_ERROR);
+    EXPECT(strstr(fsdp_comm_last_error(c), "custom") != NULL);
     fsdp_comm_destroy(c);
-    CHECK_EQ_INT(destroyed, 1);
+    EXPECT_EQ(destroyed, 1);
 }
 
 static void test_bad_input(void)
@@ -826,48 +780,48 @@ static void test_bad_input(void)
     unsigned char u[8] = {0};
 
     /* NULL comm everywhere */
-    CHECK_EQ_INT(fsdp_all_gather(NULL, x, y, 1, FSDP_F32, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_reduce_scatter(NULL, x, y, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_all_reduce(NULL, x, y, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_broadcast(NULL, x, y, 1, FSDP_F32, 0, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_barrier(NULL, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_comm_split(NULL, 0, 0, &sub), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_comm_async_error(NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_comm_rank(NULL), -1);
-    CHECK_EQ_INT(fsdp_comm_size(NULL), 0);
-    CHECK(strcmp(fsdp_comm_name(NULL), "") == 0);
-    CHECK(fsdp_comm_last_error(NULL)[0] != 0);
+    EXPECT_EQ(fsdp_all_gather(NULL, x, y, 1, FSDP_F32, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_reduce_scatter(NULL, x, y, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_all_reduce(NULL, x, y, 1, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_broadcast(NULL, x, y, 1, FSDP_F32, 0, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_barrier(NULL, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_comm_split(NULL, 0, 0, &sub), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_comm_async_error(NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_comm_rank(NULL), -1);
+    EXPECT_EQ(fsdp_comm_size(NULL), 0);
+    EXPECT(strcmp(fsdp_comm_name(NULL), "") == 0);
+    EXPECT(fsdp_comm_last_error(NULL)[0] != 0);
     fsdp_comm_destroy(NULL);
 
     /* worlds */
     memset(&desc, 0, sizeof desc);
     memset(&err, 0, sizeof err);
     desc.hooks.error = &err;
-    CHECK_EQ_INT(fsdp_local_world_create(NULL, &w), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_local_world_create(&desc, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_local_world_create(&desc, &w), FSDP_INVALID_ARGS); /* nranks 0 */
-    CHECK(w == NULL && strstr(err.message, "nranks") != NULL);
+    EXPECT_EQ(fsdp_local_world_create(NULL, &w), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_local_world_create(&desc, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_local_world_create(&desc, &w), FSDP_INVALID_ARGS); /* nranks 0 */
+    EXPECT(w == NULL && strstr(err.message, "nranks") != NULL);
     desc.nranks = 2;
     desc.timeout_ms = -1;
     memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(fsdp_local_world_create(&desc, &w), FSDP_INVALID_ARGS);
-    CHECK(strstr(err.message, "timeout_ms") != NULL);
+    EXPECT_EQ(fsdp_local_world_create(&desc, &w), FSDP_INVALID_ARGS);
+    EXPECT(strstr(err.message, "timeout_ms") != NULL);
     desc.timeout_ms = 0;
-    CHECK_EQ_INT(fsdp_local_run(&desc, NULL, NULL, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_local_run(NULL, rank_main_split, NULL, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_local_run(&desc, NULL, NULL, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_local_run(NULL, rank_main_split, NULL, NULL), FSDP_INVALID_ARGS);
     fsdp_local_world_destroy(NULL);
 
     desc.nranks = 1;
-    CHECK_EQ_INT(fsdp_local_world_create(&desc, &w), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_local_world_create(&desc, &w), FSDP_SUCCESS);
     if (!w) return;
-    CHECK_EQ_INT(fsdp_local_comm_create(NULL, 0, NULL, &c), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, 0, NULL, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, 1, NULL, &c), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, -1, NULL, &c), FSDP_INVALID_ARGS);
-    CHECK(c == NULL);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, 0, NULL, &c), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, 0, NULL, &c2), FSDP_INVALID_STATE); /* taken */
-    CHECK(c2 == NULL);
+    EXPECT_EQ(fsdp_local_comm_create(NULL, 0, NULL, &c), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_local_comm_create(w, 0, NULL, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_local_comm_create(w, 1, NULL, &c), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_local_comm_create(w, -1, NULL, &c), FSDP_INVALID_ARGS);
+    EXPECT(c == NULL);
+    EXPECT_EQ(fsdp_local_comm_create(w, 0, NULL, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_local_comm_create(w, 0, NULL, &c2), FSDP_INVALID_STATE); /* taken */
+    EXPECT(c2 == NULL);
     if (!c) {
         fsdp_local_world_destroy(w);
         return;
@@ -875,8 +829,8 @@ static void test_bad_input(void)
 
 #define BAD(call, code, word)                                                                  \
     do {                                                                                       \
-        CHECK_EQ_INT(call, code);                                                              \
-        CHECK(strstr(fsdp_comm_last_error(c), word) != NULL);                                  \
+        EXPECT_EQ(call, code);                                                              \
+        EXPECT(strstr(fsdp_comm_last_error(c), word) != NULL);                                  \
     } while (0)
 
     BAD(fsdp_all_gather(c, NULL, y, 1, FSDP_F32, NULL), FSDP_INVALID_ARGS, "send");
@@ -901,27 +855,27 @@ static void test_bad_input(void)
     BAD(fsdp_comm_split(c, 0, 0, NULL), FSDP_INVALID_ARGS, "out");
     BAD(fsdp_comm_split(c, -7, 0, &sub), FSDP_INVALID_ARGS, "color");
     /* a stream needs a device */
-    CHECK_EQ_INT(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_create(dev, &s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_create(dev, &s), FSDP_SUCCESS);
     BAD(fsdp_all_gather(c, x, y, 1, FSDP_F32, s), FSDP_INVALID_ARGS, "device");
     BAD(fsdp_barrier(c, s), FSDP_INVALID_ARGS, "device");
 #undef BAD
 
     /* none of that consumed a collective: the comm still works */
     x[0] = 3;
-    CHECK_EQ_INT(fsdp_all_gather(c, x, y, 1, FSDP_F32, NULL), FSDP_SUCCESS);
-    CHECK(y[0] == 3);
-    CHECK_EQ_INT(fsdp_all_reduce(c, x, y, 0, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_comm_split(c, FSDP_COMM_NO_COLOR, 0, &sub), FSDP_SUCCESS);
-    CHECK(sub == NULL);
-    CHECK_EQ_INT(fsdp_comm_split(c, 5, 0, &sub), FSDP_SUCCESS);
-    CHECK(sub && fsdp_comm_size(sub) == 1 && fsdp_comm_rank(sub) == 0);
-    CHECK_EQ_INT(fsdp_barrier(sub, NULL), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_comm_async_error(c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_all_gather(c, x, y, 1, FSDP_F32, NULL), FSDP_SUCCESS);
+    EXPECT(y[0] == 3);
+    EXPECT_EQ(fsdp_all_reduce(c, x, y, 0, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_split(c, FSDP_COMM_NO_COLOR, 0, &sub), FSDP_SUCCESS);
+    EXPECT(sub == NULL);
+    EXPECT_EQ(fsdp_comm_split(c, 5, 0, &sub), FSDP_SUCCESS);
+    EXPECT(sub && fsdp_comm_size(sub) == 1 && fsdp_comm_rank(sub) == 0);
+    EXPECT_EQ(fsdp_barrier(sub, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_async_error(c), FSDP_SUCCESS);
 
     /* destroy the world first: comms keep it alive */
     fsdp_local_world_destroy(w);
-    CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
     fsdp_comm_destroy(sub);
     fsdp_comm_destroy(c);
     fsdp_stream_destroy(dev, s);
@@ -935,26 +889,26 @@ static void test_reduce_blocks_input(void)
     float x[2] = {1.5f, 2.0f}, y[2] = {0.25f, -1.0f}, z[2] = {0};
     const void *src[2];
     src[0] = a, src[1] = b;
-    CHECK(fsdp_reduce_blocks(out, FSDP_I32, src, 2, 0, 3, FSDP_REDUCE_SUM) == FSDP_INVALID_DTYPE);
-    CHECK(out[0] == 7 && out[1] == 7 && out[2] == 7);
+    EXPECT(fsdp_reduce_blocks(out, FSDP_I32, src, 2, 0, 3, FSDP_REDUCE_SUM) == FSDP_INVALID_DTYPE);
+    EXPECT(out[0] == 7 && out[1] == 7 && out[2] == 7);
     src[0] = x, src[1] = y;
-    CHECK(fsdp_reduce_blocks(z, FSDP_F32, src, 0, 0, 2, FSDP_REDUCE_SUM) == FSDP_INVALID_ARGS);
-    CHECK(fsdp_reduce_blocks(z, FSDP_F32, src, 2, 0, 2, FSDP_REDUCE_AVG) == FSDP_SUCCESS);
-    CHECK(z[0] == 0.875f && z[1] == 0.5f);
+    EXPECT(fsdp_reduce_blocks(z, FSDP_F32, src, 0, 0, 2, FSDP_REDUCE_SUM) == FSDP_INVALID_ARGS);
+    EXPECT(fsdp_reduce_blocks(z, FSDP_F32, src, 2, 0, 2, FSDP_REDUCE_AVG) == FSDP_SUCCESS);
+    EXPECT(z[0] == 0.875f && z[1] == 0.5f);
 }
 
-int main(void)
+static const check_case CASES[] = {
+    {"reduce_blocks_input", test_reduce_blocks_input},
+    {"bad_input", test_bad_input},
+    {"custom_comm", test_custom_comm},
+    {"world_sizes", test_world_sizes},
+    {"split", test_split},
+    {"mismatch", test_mismatch},
+    {"timeout", test_timeout},
+    {"async_failure", test_async_failure},
+};
+
+int main(int argc, char **argv)
 {
-    double t0 = now_ms();
-    test_reduce_blocks_input();
-    test_bad_input();
-    test_custom_comm();
-    test_world_sizes();
-    test_split();
-    test_mismatch();
-    test_timeout();
-    test_async_failure();
-    fprintf(stderr, "(%.0f ms)\n", now_ms() - t0);
-    printf("%d passed, %d failed\n", atomic_load(&g_pass), atomic_load(&g_fail));
-    return atomic_load(&g_fail) ? 1 : 0;
+    return check_main(argc, argv, CASES, CHECK_COUNT(CASES));
 }

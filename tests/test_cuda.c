@@ -6,7 +6,7 @@
    - the optim vectors bit-exact through fsdp_device_optim_step on the GPU
      (both arithmetic variants: the FMA `step` lines and `final_nofma`), with
      aligned and misaligned buffers, on a stream and synchronously: the whole
-     checker of tests/optim_vectors.h runs with the GPU step in place of
+     checker of tests/vectors.h runs with the GPU step in place of
      fsdp_optim_step_host;
    - casts between f32, f64, f16 and bf16 against fsdp_convert: all 65536
      16-bit patterns, random f32/f64 bits (NaN payloads included), halfway
@@ -21,39 +21,18 @@
      at world size 1 (device memory, compute on a CUDA stream);
    - NCCL collectives at world size 1 (all_gather, reduce_scatter avg,
      all_reduce, broadcast, barrier, split, host buffers staged).
-   Prints failures as file:line, then "N passed, M failed". */
+   Cases and command line: check.h. */
 #include "fsdp.h"
 #define FSDP_COMM_NCCL_IMPLEMENTATION
 #include "fsdp_comm_nccl.h"
+#include "check.h"
+#include "vectors.h"
 
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static long g_pass, g_fail;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static void report(int ok, const char *file, int line, const char *fmt, ...)
-{
-    va_list ap;
-    pthread_mutex_lock(&g_mu);
-    if (ok) {
-        g_pass++;
-    } else {
-        g_fail++;
-        printf("%s:%d: FAIL: ", file, line);
-        va_start(ap, fmt);
-        vprintf(fmt, ap);
-        va_end(ap);
-        printf("\n");
-        fflush(stdout);
-    }
-    pthread_mutex_unlock(&g_mu);
-}
-#define CHECK(cond, ...) report((cond) ? 1 : 0, __FILE__, __LINE__, __VA_ARGS__)
 
 static fsdp_device *g_dev; /* the CUDA device (device memory) */
 static fsdp_device *g_cpu;
@@ -144,9 +123,6 @@ static fsdp_result gpu_optim_step(const fsdp_optim_config *c, int64_t step, floa
     return r;
 }
 
-#define fsdp_optim_step_host gpu_optim_step
-#include "optim_vectors.h"
-#undef fsdp_optim_step_host
 
 static void test_optim_vectors(const char *dir)
 {
@@ -161,7 +137,7 @@ static void test_optim_vectors(const char *dir)
             CHECK(0, "stream: %s", fsdp_device_last_error(g_dev));
             continue;
         }
-        bad = ov_check_file(path, &checked);
+        bad = vec_check_optim(path, gpu_optim_step, &checked);
         CHECK(bad == 0 && checked > 0, "optim vectors on the GPU (offset %zu, %s): %d of %d failed",
               g_ov_off, g_ov_stream ? "stream" : "sync", bad, checked);
         if (g_ov_stream) fsdp_stream_destroy(g_dev, g_ov_stream);
@@ -881,32 +857,41 @@ static void test_nccl(void)
     dfree(&B);
 }
 
+static const char *g_vectors = "tests/vectors";
+
+static void test_optim_vectors_gpu(void) { test_optim_vectors(g_vectors); }
+
+static const check_case CASES[] = {
+    {"optim_vectors", test_optim_vectors_gpu},
+    {"casts", test_casts},
+    {"arith", test_arith},
+    {"streams", test_streams},
+    {"nccl", test_nccl},
+    {"runtime", test_runtime},
+};
+
 int main(int argc, char **argv)
 {
     char why[FSDP_ERROR_MAX];
     fsdp_cuda_device_desc dd = fsdp_cuda_device_desc_default();
-    const char *dir = argc > 1 ? argv[1] : "tests/vectors";
     fsdp_memory_stats ms;
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    if (argc > 1) g_vectors = argv[1];
     if (fsdp_cuda_device_count(why) < 1) {
         printf("SKIP: no usable GPU (%s)\n", why);
-        return 77;
+        return CHECK_SKIP;
     }
     if (fsdp_device_cuda_create(&dd, &g_dev) != FSDP_SUCCESS ||
         fsdp_device_cpu_create(NULL, &g_cpu) != FSDP_SUCCESS) {
         printf("FAIL: cannot create the devices\n");
         return 1;
     }
-    test_optim_vectors(dir);
-    test_casts();
-    test_arith();
-    test_streams();
-    test_nccl();
-    test_runtime();
+    check_run();
+    /* whichever cases ran gave every device byte back */
     fsdp_device_memory(g_dev, &ms);
     CHECK(ms.device_allocs == 0 && ms.device_in_use == 0, "every device byte freed (%zu left)",
           ms.device_in_use);
     fsdp_device_destroy(g_dev);
     fsdp_device_destroy(g_cpu);
-    printf("%ld passed, %ld failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return check_finish();
 }

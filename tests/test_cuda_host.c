@@ -7,30 +7,19 @@
    message (no crash, the hooks' error filled); fsdp_cuda_stream_handle on
    NULL and on a CPU stream; the file bootstrap of the NCCL unique id with
    ranks as threads (same id everywhere, files removed afterwards), a stale
-   file of another world size, a timeout. Prints "N passed, M failed". */
+   file of another world size, a timeout. Cases and command line: check.h. */
+#define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #define FSDP_COMM_NCCL_IMPLEMENTATION
 #include "fsdp_comm_nccl.h"
+#include "check.h"
+#include "fixtures.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-static int g_pass, g_fail;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) {                                                                        \
-            g_pass++;                                                                      \
-        } else {                                                                           \
-            g_fail++;                                                                      \
-            printf("%s:%d: FAIL: ", __FILE__, __LINE__);                                   \
-            printf(__VA_ARGS__);                                                           \
-            printf("\n");                                                                  \
-        }                                                                                  \
-    } while (0)
 
 static uint64_t g_rng = 0x9e3779b97f4a7c15ULL;
 static uint32_t rnd32(void)
@@ -39,20 +28,6 @@ static uint32_t rnd32(void)
     g_rng ^= g_rng >> 7;
     g_rng ^= g_rng << 17;
     return (uint32_t)(g_rng >> 16);
-}
-
-static float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-static uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
 }
 
 static void test_conversions(void)
@@ -255,11 +230,13 @@ static void test_file_bootstrap(void)
           "NULL user refused");
 }
 
-int main(void)
+static const check_case CASES[] = {
+    {"conversions", test_conversions},
+    {"no_gpu", test_no_gpu},
+    {"file_bootstrap", test_file_bootstrap},
+};
+
+int main(int argc, char **argv)
 {
-    test_conversions();
-    test_no_gpu();
-    test_file_bootstrap();
-    printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return check_main(argc, argv, CASES, CHECK_COUNT(CASES));
 }

@@ -3,6 +3,8 @@
    events between streams, and a stream's sticky first error. */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
 
 #include <math.h>
 #include <stdint.h>
@@ -11,66 +13,9 @@
 #include <string.h>
 #include <time.h>
 
-static int g_pass, g_fail;
-
-#define CHECK(c)                                                                    \
-    do {                                                                            \
-        if (c) g_pass++;                                                            \
-        else {                                                                      \
-            g_fail++;                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #c);   \
-        }                                                                           \
-    } while (0)
-
-#define CHECK_EQ_INT(a, b)                                                          \
-    do {                                                                            \
-        long long va_ = (long long)(a), vb_ = (long long)(b);                      \
-        if (va_ == vb_) g_pass++;                                                   \
-        else {                                                                      \
-            g_fail++;                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s == %s (%lld vs %lld)\n",       \
-                    __FILE__, __LINE__, #a, #b, va_, vb_);                         \
-        }                                                                           \
-    } while (0)
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&ts, NULL);
-}
-
-/* --- a counting allocator, to see the hooks used and everything freed --- */
-typedef struct counting {
-    long live, calls;
-} counting;
-
-static void *c_alloc(void *u, size_t n)
-{
-    counting *c = (counting *)u;
-    void *p = malloc(n);
-    if (p) c->live++, c->calls++;
-    return p;
-}
-static void *c_realloc(void *u, void *p, size_t n)
-{
-    counting *c = (counting *)u;
-    void *q = realloc(p, n);
-    if (q && !p) c->live++;
-    c->calls++;
-    return q;
-}
-static void c_free(void *u, void *p)
-{
-    counting *c = (counting *)u;
-    if (p) c->live--;
-    free(p);
-}
-
 static void test_memory(void)
 {
-    counting cnt = {0, 0};
+    counting cnt = {0, 0, 0, 0};
     fsdp_cpu_device_desc desc;
     fsdp_device *dev = NULL;
     fsdp_memory_stats st;
@@ -79,80 +24,77 @@ static void test_memory(void)
     size_t i;
 
     memset(&desc, 0, sizeof desc);
-    desc.hooks.allocator.user = &cnt;
-    desc.hooks.allocator.alloc = c_alloc;
-    desc.hooks.allocator.realloc = c_realloc;
-    desc.hooks.allocator.free = c_free;
-    CHECK_EQ_INT(fsdp_device_cpu_create(&desc, &dev), FSDP_SUCCESS);
+    desc.hooks.allocator = counting_allocator(&cnt);
+    EXPECT_EQ(fsdp_device_cpu_create(&desc, &dev), FSDP_SUCCESS);
     if (!dev) return;
-    CHECK(strcmp(fsdp_device_name(dev), "cpu") == 0);
-    CHECK(fsdp_device_host_accessible(dev) == 1);
-    CHECK(strcmp(fsdp_device_last_error(dev), "") == 0);
+    EXPECT(strcmp(fsdp_device_name(dev), "cpu") == 0);
+    EXPECT(fsdp_device_host_accessible(dev) == 1);
+    EXPECT(strcmp(fsdp_device_last_error(dev), "") == 0);
 
     fsdp_device_memory(dev, &st);
-    CHECK(st.device_in_use == 0 && st.device_peak == 0 && st.device_allocs == 0);
+    EXPECT(st.device_in_use == 0 && st.device_peak == 0 && st.device_allocs == 0);
 
-    CHECK_EQ_INT(fsdp_device_alloc(dev, 100, &a), FSDP_SUCCESS);
-    CHECK(a && ((uintptr_t)a & 63u) == 0);
-    CHECK_EQ_INT(fsdp_device_alloc(dev, 50, &b), FSDP_SUCCESS);
-    CHECK(b && ((uintptr_t)b & 63u) == 0);
+    EXPECT_EQ(fsdp_device_alloc(dev, 100, &a), FSDP_SUCCESS);
+    EXPECT(a && ((uintptr_t)a & 63u) == 0);
+    EXPECT_EQ(fsdp_device_alloc(dev, 50, &b), FSDP_SUCCESS);
+    EXPECT(b && ((uintptr_t)b & 63u) == 0);
     memset(a, 1, 100);
     memset(b, 2, 50);
     fsdp_device_memory(dev, &st);
-    CHECK_EQ_INT(st.device_in_use, 150);
-    CHECK_EQ_INT(st.device_peak, 150);
-    CHECK_EQ_INT(st.device_allocs, 2);
+    EXPECT_EQ(st.device_in_use, 150);
+    EXPECT_EQ(st.device_peak, 150);
+    EXPECT_EQ(st.device_allocs, 2);
     fsdp_device_free(dev, a, 100);
     fsdp_device_memory(dev, &st);
-    CHECK_EQ_INT(st.device_in_use, 50);
-    CHECK_EQ_INT(st.device_peak, 150);
-    CHECK_EQ_INT(st.device_allocs, 1);
+    EXPECT_EQ(st.device_in_use, 50);
+    EXPECT_EQ(st.device_peak, 150);
+    EXPECT_EQ(st.device_allocs, 1);
     fsdp_device_reset_peak(dev);
     fsdp_device_memory(dev, &st);
-    CHECK_EQ_INT(st.device_peak, 50);
-    CHECK_EQ_INT(fsdp_device_alloc(dev, 0, &z), FSDP_SUCCESS); /* zero bytes is a valid request */
+    EXPECT_EQ(st.device_peak, 50);
+    EXPECT_EQ(fsdp_device_alloc(dev, 0, &z), FSDP_SUCCESS); /* zero bytes is a valid request */
     fsdp_device_free(dev, z, 0);
     fsdp_device_free(dev, b, 50);
     fsdp_device_free(dev, NULL, 10); /* no-op */
     fsdp_device_memory(dev, &st);
-    CHECK_EQ_INT(st.device_in_use, 0);
-    CHECK_EQ_INT(st.device_allocs, 0);
-    CHECK_EQ_INT(st.device_peak, 50);
+    EXPECT_EQ(st.device_in_use, 0);
+    EXPECT_EQ(st.device_allocs, 0);
+    EXPECT_EQ(st.device_peak, 50);
 
     for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
         void *p = NULL;
-        CHECK_EQ_INT(fsdp_device_alloc(dev, sizes[i], &p), FSDP_SUCCESS);
-        CHECK(p && ((uintptr_t)p & 63u) == 0);
+        EXPECT_EQ(fsdp_device_alloc(dev, sizes[i], &p), FSDP_SUCCESS);
+        EXPECT(p && ((uintptr_t)p & 63u) == 0);
         if (p) memset(p, 0x5a, sizes[i]);
         fsdp_device_free(dev, p, sizes[i]);
     }
 
-    CHECK_EQ_INT(fsdp_device_host_alloc(dev, 30, &h), FSDP_SUCCESS);
-    CHECK(h != NULL);
+    EXPECT_EQ(fsdp_device_host_alloc(dev, 30, &h), FSDP_SUCCESS);
+    EXPECT(h != NULL);
     if (h) memset(h, 3, 30);
     fsdp_device_memory(dev, &st);
-    CHECK_EQ_INT(st.host_in_use, 30);
-    CHECK_EQ_INT(st.host_peak, 30);
-    CHECK_EQ_INT(st.device_in_use, 0);
+    EXPECT_EQ(st.host_in_use, 30);
+    EXPECT_EQ(st.host_peak, 30);
+    EXPECT_EQ(st.device_in_use, 0);
     fsdp_device_host_free(dev, h, 30);
     fsdp_device_memory(dev, &st);
-    CHECK_EQ_INT(st.host_in_use, 0);
-    CHECK_EQ_INT(st.host_peak, 30);
+    EXPECT_EQ(st.host_in_use, 0);
+    EXPECT_EQ(st.host_peak, 30);
     fsdp_device_reset_peak(dev);
     fsdp_device_memory(dev, &st);
-    CHECK_EQ_INT(st.host_peak, 0);
+    EXPECT_EQ(st.host_peak, 0);
 
     /* streams use the hooks too and give everything back */
     {
         fsdp_stream *s = NULL;
-        CHECK_EQ_INT(fsdp_stream_create(dev, &s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_device_memset(dev, sizes, 0, 0, s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_create(dev, &s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_device_memset(dev, sizes, 0, 0, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
         fsdp_stream_destroy(dev, s);
     }
     fsdp_device_destroy(dev);
-    CHECK(cnt.calls > 0);
-    CHECK_EQ_INT(cnt.live, 0);
+    EXPECT(cnt.total > 0);
+    EXPECT_EQ(cnt.live, 0);
 }
 
 /* Values that exercise rounding: ties, subnormals, large, NaN, Inf. */
@@ -193,75 +135,75 @@ static void test_kernels(fsdp_device *dev, fsdp_stream *s)
     fill_values(src, N);
 
     /* memset and copy */
-    CHECK_EQ_INT(fsdp_device_memset(dev, bytes, 0xab, sizeof bytes, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_memset(dev, bytes, 0xab, sizeof bytes, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
     for (i = 0; i < sizeof bytes && bytes[i] == 0xab; i++) {}
-    CHECK_EQ_INT(i, sizeof bytes);
+    EXPECT_EQ(i, sizeof bytes);
     for (i = 0; i < sizeof bytes2; i++) bytes2[i] = (unsigned char)i;
-    CHECK_EQ_INT(fsdp_device_copy(dev, bytes, bytes2, sizeof bytes, FSDP_COPY_D2D, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_copy(dev, bytes, bytes2, sizeof bytes, FSDP_COPY_D2D, s), FSDP_SUCCESS);
     /* overlapping copy on the same stream, after the first: memmove order */
-    CHECK_EQ_INT(fsdp_device_copy(dev, bytes + 1, bytes, 100, FSDP_COPY_DEFAULT, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(bytes[0] == 0 && bytes[1] == 0 && bytes[100] == 99 && bytes[101] == 101 && bytes[299] == 43);
+    EXPECT_EQ(fsdp_device_copy(dev, bytes + 1, bytes, 100, FSDP_COPY_DEFAULT, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(bytes[0] == 0 && bytes[1] == 0 && bytes[100] == 99 && bytes[101] == 101 && bytes[299] == 43);
 
     /* casts against fsdp_convert */
     for (k = 0; k < 2; k++) {
         fsdp_dtype h = halves[k];
-        CHECK_EQ_INT(fsdp_convert(ref16, h, src, FSDP_F32, N), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_convert(ref16, h, src, FSDP_F32, N), FSDP_SUCCESS);
         memset(h16, 0, sizeof h16);
-        CHECK_EQ_INT(fsdp_device_cast(dev, h16, h, src, FSDP_F32, N, s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-        CHECK(same_bits(h16, ref16, sizeof h16));
-        CHECK_EQ_INT(fsdp_convert(ref32, FSDP_F32, ref16, h, N), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_device_cast(dev, h16, h, src, FSDP_F32, N, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+        EXPECT(same_bits(h16, ref16, sizeof h16));
+        EXPECT_EQ(fsdp_convert(ref32, FSDP_F32, ref16, h, N), FSDP_SUCCESS);
         memset(back, 0, sizeof back);
-        CHECK_EQ_INT(fsdp_device_cast(dev, back, FSDP_F32, h16, h, N, s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-        CHECK(same_bits(back, ref32, sizeof back));
+        EXPECT_EQ(fsdp_device_cast(dev, back, FSDP_F32, h16, h, N, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+        EXPECT(same_bits(back, ref32, sizeof back));
     }
     for (i = 0; i < N; i++) f64[i] = (double)src[i] * (1.0 + 1e-9);
-    CHECK_EQ_INT(fsdp_convert(ref16, FSDP_BF16, f64, FSDP_F64, N), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_device_cast(dev, h16, FSDP_BF16, f64, FSDP_F64, N, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(same_bits(h16, ref16, sizeof h16));
-    CHECK_EQ_INT(fsdp_device_cast(dev, bytes, FSDP_U8, bytes2, FSDP_U8, 50, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(same_bits(bytes, bytes2, 50));
+    EXPECT_EQ(fsdp_convert(ref16, FSDP_BF16, f64, FSDP_F64, N), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_cast(dev, h16, FSDP_BF16, f64, FSDP_F64, N, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(same_bits(h16, ref16, sizeof h16));
+    EXPECT_EQ(fsdp_device_cast(dev, bytes, FSDP_U8, bytes2, FSDP_U8, 50, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(same_bits(bytes, bytes2, 50));
 
     /* scale: f32 arithmetic with alpha as f32 */
     for (i = 0; i < N; i++) {
         f32[i] = src[i];
         ref32[i] = src[i] * 0.3f;
     }
-    CHECK_EQ_INT(fsdp_device_scale(dev, f32, FSDP_F32, 0.3, N, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(same_bits(f32, ref32, sizeof f32));
+    EXPECT_EQ(fsdp_device_scale(dev, f32, FSDP_F32, 0.3, N, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(same_bits(f32, ref32, sizeof f32));
     for (i = 0; i < N; i++) {
         f64[i] = (double)src[i];
         ref64[i] = (double)src[i] * 0.3;
     }
-    CHECK_EQ_INT(fsdp_device_scale(dev, f64, FSDP_F64, 0.3, N, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(same_bits(f64, ref64, sizeof f64));
-    CHECK_EQ_INT(fsdp_convert(h16, FSDP_BF16, src, FSDP_F32, N), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_scale(dev, f64, FSDP_F64, 0.3, N, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(same_bits(f64, ref64, sizeof f64));
+    EXPECT_EQ(fsdp_convert(h16, FSDP_BF16, src, FSDP_F32, N), FSDP_SUCCESS);
     for (i = 0; i < N; i++) ref16[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(h16[i]) * -1.5f);
-    CHECK_EQ_INT(fsdp_device_scale(dev, h16, FSDP_BF16, -1.5, N, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(same_bits(h16, ref16, sizeof h16));
+    EXPECT_EQ(fsdp_device_scale(dev, h16, FSDP_BF16, -1.5, N, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(same_bits(h16, ref16, sizeof h16));
 
     /* accumulate: dst + alpha * src in f32, one rounding to dst */
     for (i = 0; i < N; i++) {
         f32[i] = (float)i * 0.25f;
         ref32[i] = f32[i] + 0.5f * src[i];
     }
-    CHECK_EQ_INT(fsdp_device_accumulate(dev, f32, FSDP_F32, src, FSDP_F32, 0.5, N, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(same_bits(f32, ref32, sizeof f32));
+    EXPECT_EQ(fsdp_device_accumulate(dev, f32, FSDP_F32, src, FSDP_F32, 0.5, N, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(same_bits(f32, ref32, sizeof f32));
     for (k = 0; k < 2; k++) {
         fsdp_dtype h = halves[k];
         static uint16_t sh[N];
         for (i = 0; i < N; i++) f32[i] = (float)i * 0.125f;
-        CHECK_EQ_INT(fsdp_convert(h16, h, f32, FSDP_F32, N), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_convert(sh, h, src, FSDP_F32, N), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_convert(h16, h, f32, FSDP_F32, N), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_convert(sh, h, src, FSDP_F32, N), FSDP_SUCCESS);
         for (i = 0; i < N; i++) {
             float d, v, r;
             fsdp_convert(&d, FSDP_F32, &h16[i], h, 1);
@@ -269,19 +211,19 @@ static void test_kernels(fsdp_device *dev, fsdp_stream *s)
             r = d + 2.0f * v;
             fsdp_convert(&ref16[i], h, &r, FSDP_F32, 1);
         }
-        CHECK_EQ_INT(fsdp_device_accumulate(dev, h16, h, sh, h, 2.0, N, s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-        CHECK(same_bits(h16, ref16, sizeof h16));
+        EXPECT_EQ(fsdp_device_accumulate(dev, h16, h, sh, h, 2.0, N, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+        EXPECT(same_bits(h16, ref16, sizeof h16));
     }
     /* bf16 src into an f32 accumulator (the gradient path) */
-    CHECK_EQ_INT(fsdp_convert(h16, FSDP_BF16, src, FSDP_F32, N), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_convert(h16, FSDP_BF16, src, FSDP_F32, N), FSDP_SUCCESS);
     for (i = 0; i < N; i++) {
         f32[i] = 1.0f;
         ref32[i] = 1.0f + 1.0f * fsdp_bf16_to_f32(h16[i]);
     }
-    CHECK_EQ_INT(fsdp_device_accumulate(dev, f32, FSDP_F32, h16, FSDP_BF16, 1.0, N, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(same_bits(f32, ref32, sizeof f32));
+    EXPECT_EQ(fsdp_device_accumulate(dev, f32, FSDP_F32, h16, FSDP_BF16, 1.0, N, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(same_bits(f32, ref32, sizeof f32));
     for (i = 0; i < N; i++) {
         f64[i] = (double)i / 3.0;
         ref64[i] = f64[i] + 0.1 * ((double)src[i] / 7.0);
@@ -290,10 +232,10 @@ static void test_kernels(fsdp_device *dev, fsdp_stream *s)
     {
         static double s64[N];
         for (i = 0; i < N; i++) s64[i] = (double)src[i] / 7.0;
-        CHECK_EQ_INT(fsdp_device_accumulate(dev, f64, FSDP_F64, s64, FSDP_F64, 0.1, N, s),
+        EXPECT_EQ(fsdp_device_accumulate(dev, f64, FSDP_F64, s64, FSDP_F64, 0.1, N, s),
                      FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-        CHECK(same_bits(f64, ref64, sizeof f64));
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+        EXPECT(same_bits(f64, ref64, sizeof f64));
     }
 
     /* an f64 side computes in f64: 1 + (2^-24 + 2^-50) rounds up in f32
@@ -304,36 +246,36 @@ static void test_kernels(fsdp_device *dev, fsdp_stream *s)
         double d2[2] = {0.5, 0.25};
         uint16_t s2[2];
         float two[2] = {1.5f, -2.25f};
-        CHECK_EQ_INT(fsdp_device_accumulate(dev, d1, FSDP_F32, s1, FSDP_F64, 1.0, 2, s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-        CHECK(d1[0] == 1.0f + 0x1p-23f);
-        CHECK(d1[1] == (float)(3.0 + 0.1));
+        EXPECT_EQ(fsdp_device_accumulate(dev, d1, FSDP_F32, s1, FSDP_F64, 1.0, 2, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+        EXPECT(d1[0] == 1.0f + 0x1p-23f);
+        EXPECT(d1[1] == (float)(3.0 + 0.1));
         fsdp_convert(s2, FSDP_BF16, two, FSDP_F32, 2);
-        CHECK_EQ_INT(fsdp_device_accumulate(dev, d2, FSDP_F64, s2, FSDP_BF16, 0.1, 2, s), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-        CHECK(d2[0] == 0.5 + 0.1 * 1.5 && d2[1] == 0.25 + 0.1 * -2.25);
+        EXPECT_EQ(fsdp_device_accumulate(dev, d2, FSDP_F64, s2, FSDP_BF16, 0.1, 2, s), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+        EXPECT(d2[0] == 0.5 + 0.1 * 1.5 && d2[1] == 0.25 + 0.1 * -2.25);
     }
 
     /* sum of squares in f64, in order */
     for (i = 0; i < N; i++) f32[i] = (float)((int)i % 13 - 6) * 0.37f;
     want = 0.0;
     for (i = 0; i < N; i++) want += (double)f32[i] * (double)f32[i];
-    CHECK_EQ_INT(fsdp_device_sum_squares(dev, f32, FSDP_F32, N, &ss, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(ss == want);
-    CHECK_EQ_INT(fsdp_convert(h16, FSDP_BF16, f32, FSDP_F32, N), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_sum_squares(dev, f32, FSDP_F32, N, &ss, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(ss == want);
+    EXPECT_EQ(fsdp_convert(h16, FSDP_BF16, f32, FSDP_F32, N), FSDP_SUCCESS);
     want = 0.0;
     for (i = 0; i < N; i++) {
         double v = fsdp_bf16_to_f32(h16[i]);
         want += v * v;
     }
-    CHECK_EQ_INT(fsdp_device_sum_squares(dev, h16, FSDP_BF16, N, &ss, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(ss == want);
+    EXPECT_EQ(fsdp_device_sum_squares(dev, h16, FSDP_BF16, N, &ss, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(ss == want);
     ss = -1;
-    CHECK_EQ_INT(fsdp_device_sum_squares(dev, NULL, FSDP_F64, 0, &ss, s), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
-    CHECK(ss == 0.0);
+    EXPECT_EQ(fsdp_device_sum_squares(dev, NULL, FSDP_F64, 0, &ss, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, s), FSDP_SUCCESS);
+    EXPECT(ss == 0.0);
 }
 
 /* --- tasks -------------------------------------------------------------- */
@@ -405,10 +347,10 @@ static void test_streams(fsdp_device *dev)
     int n = 0, i, ok, code1 = 7, code2 = 8;
     order_arg oa[500];
 
-    CHECK_EQ_INT(fsdp_stream_create(dev, &a), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_create(dev, &b), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_create(dev, &ev), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_create(dev, &never), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_create(dev, &a), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_create(dev, &b), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_create(dev, &ev), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_create(dev, &never), FSDP_SUCCESS);
     if (!a || !b || !ev || !never) return;
 
     /* tasks of one stream run in order */
@@ -417,13 +359,13 @@ static void test_streams(fsdp_device *dev)
         oa[i].log = log;
         oa[i].n = &n;
         oa[i].id = i;
-        CHECK_EQ_INT(fsdp_device_launch(dev, a, append, &oa[i]), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_device_launch(dev, a, append, &oa[i]), FSDP_SUCCESS);
     }
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, a), FSDP_SUCCESS);
-    CHECK_EQ_INT(n, 500);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, a), FSDP_SUCCESS);
+    EXPECT_EQ(n, 500);
     ok = 1;
     for (i = 0; i < 500; i++) ok &= log[i] == ids[i];
-    CHECK(ok);
+    EXPECT(ok);
 
     /* B waits on an event recorded on A after a slow task */
     sa.ms = 150;
@@ -431,72 +373,72 @@ static void test_streams(fsdp_device *dev)
     sa.value = 42;
     ca.from = &x;
     ca.to = &y;
-    CHECK_EQ_INT(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_wait_event(dev, b, ev), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_device_launch(dev, b, copy_int, &ca), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, b), FSDP_SUCCESS);
-    CHECK_EQ_INT(y, 42);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, a), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_wait_event(dev, b, ev), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_launch(dev, b, copy_int, &ca), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, b), FSDP_SUCCESS);
+    EXPECT_EQ(y, 42);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, a), FSDP_SUCCESS);
 
     /* the host waits on an event */
     sa.value = 43;
-    CHECK_EQ_INT(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_synchronize(dev, ev), FSDP_SUCCESS);
-    CHECK_EQ_INT(x, 43);
+    EXPECT_EQ(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_synchronize(dev, ev), FSDP_SUCCESS);
+    EXPECT_EQ(x, 43);
     /* stream NULL: the host waits on the event's last record */
     sa.value = 44;
-    CHECK_EQ_INT(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_wait_event(dev, NULL, ev), FSDP_SUCCESS);
-    CHECK_EQ_INT(x, 44);
+    EXPECT_EQ(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_wait_event(dev, NULL, ev), FSDP_SUCCESS);
+    EXPECT_EQ(x, 44);
 
     /* an event never recorded, or recorded "now", does not block */
-    CHECK_EQ_INT(fsdp_stream_wait_event(dev, b, never), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_synchronize(dev, never), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_record(dev, never, NULL), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_wait_event(dev, b, never), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_synchronize(dev, never), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, b), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_wait_event(dev, b, never), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_synchronize(dev, never), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_record(dev, never, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_wait_event(dev, b, never), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_synchronize(dev, never), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, b), FSDP_SUCCESS);
 
     /* stream NULL runs now and returns the task's result */
     y = 0;
-    CHECK_EQ_INT(fsdp_device_launch(dev, NULL, copy_int, &ca), FSDP_SUCCESS);
-    CHECK_EQ_INT(y, 44);
-    CHECK_EQ_INT(fsdp_device_launch(dev, NULL, failing, &code1), FSDP_DEVICE_ERROR);
-    CHECK(strstr(fsdp_device_last_error(dev), "boom 7") != NULL);
-    CHECK_EQ_INT(fsdp_device_launch(dev, NULL, failing_silently, NULL), FSDP_COMM_ERROR);
-    CHECK(fsdp_device_last_error(dev)[0] != 0);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_launch(dev, NULL, copy_int, &ca), FSDP_SUCCESS);
+    EXPECT_EQ(y, 44);
+    EXPECT_EQ(fsdp_device_launch(dev, NULL, failing, &code1), FSDP_DEVICE_ERROR);
+    EXPECT(strstr(fsdp_device_last_error(dev), "boom 7") != NULL);
+    EXPECT_EQ(fsdp_device_launch(dev, NULL, failing_silently, NULL), FSDP_COMM_ERROR);
+    EXPECT(fsdp_device_last_error(dev)[0] != 0);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, NULL), FSDP_SUCCESS);
 
     /* the first failure on a stream sticks; later work still runs */
     x = 0;
     y = 0;
     sa.ms = 20;
     sa.value = 5;
-    CHECK_EQ_INT(fsdp_device_launch(dev, b, failing, &code1), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_device_launch(dev, b, slow_set, &sa), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_device_launch(dev, b, failing, &code2), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_device_launch(dev, b, copy_int, &ca), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_record(dev, ev, b), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, b), FSDP_DEVICE_ERROR);
-    CHECK(strstr(fsdp_device_last_error(dev), "boom 7") != NULL);
-    CHECK_EQ_INT(x, 5);
-    CHECK_EQ_INT(y, 5);
-    CHECK_EQ_INT(fsdp_event_synchronize(dev, ev), FSDP_SUCCESS); /* events still complete */
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, b), FSDP_DEVICE_ERROR); /* it stays */
-    CHECK(strstr(fsdp_device_last_error(dev), "boom 7") != NULL);
+    EXPECT_EQ(fsdp_device_launch(dev, b, failing, &code1), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_launch(dev, b, slow_set, &sa), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_launch(dev, b, failing, &code2), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_launch(dev, b, copy_int, &ca), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_record(dev, ev, b), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, b), FSDP_DEVICE_ERROR);
+    EXPECT(strstr(fsdp_device_last_error(dev), "boom 7") != NULL);
+    EXPECT_EQ(x, 5);
+    EXPECT_EQ(y, 5);
+    EXPECT_EQ(fsdp_event_synchronize(dev, ev), FSDP_SUCCESS); /* events still complete */
+    EXPECT_EQ(fsdp_stream_synchronize(dev, b), FSDP_DEVICE_ERROR); /* it stays */
+    EXPECT(strstr(fsdp_device_last_error(dev), "boom 7") != NULL);
     /* the other stream is unaffected */
-    CHECK_EQ_INT(fsdp_stream_synchronize(dev, a), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(dev, a), FSDP_SUCCESS);
 
     /* a task without a message still gets one */
     {
         fsdp_stream *c = NULL;
-        CHECK_EQ_INT(fsdp_stream_create(dev, &c), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_device_launch(dev, c, failing_silently, NULL), FSDP_SUCCESS);
-        CHECK_EQ_INT(fsdp_stream_synchronize(dev, c), FSDP_COMM_ERROR);
-        CHECK(fsdp_device_last_error(dev)[0] != 0);
+        EXPECT_EQ(fsdp_stream_create(dev, &c), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_device_launch(dev, c, failing_silently, NULL), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_stream_synchronize(dev, c), FSDP_COMM_ERROR);
+        EXPECT(fsdp_device_last_error(dev)[0] != 0);
         fsdp_stream_destroy(dev, c);
     }
 
@@ -504,22 +446,22 @@ static void test_streams(fsdp_device *dev)
     x = 0;
     sa.ms = 100;
     sa.value = 9;
-    CHECK_EQ_INT(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
     fsdp_stream_destroy(dev, a);
-    CHECK_EQ_INT(x, 9);
-    CHECK_EQ_INT(fsdp_event_synchronize(dev, ev), FSDP_SUCCESS);
+    EXPECT_EQ(x, 9);
+    EXPECT_EQ(fsdp_event_synchronize(dev, ev), FSDP_SUCCESS);
 
     /* an event destroyed while B still waits on it: destroy waits */
     sa.ms = 50;
     sa.value = 10;
-    CHECK_EQ_INT(fsdp_stream_create(dev, &a), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_stream_wait_event(dev, b, ev), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_create(dev, &a), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_launch(dev, a, slow_set, &sa), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_event_record(dev, ev, a), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_wait_event(dev, b, ev), FSDP_SUCCESS);
     fsdp_event_destroy(dev, ev);
     fsdp_stream_destroy(dev, b);
-    CHECK_EQ_INT(x, 10);
+    EXPECT_EQ(x, 10);
     fsdp_stream_destroy(dev, a);
     fsdp_event_destroy(dev, never);
 }
@@ -641,56 +583,56 @@ static void test_custom_backend(void)
     /* the ABI check names both sizes */
     vt.size = (uint32_t)sizeof vt - 8;
     memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(fsdp_device_create(&vt, &f, &hooks, &dev), FSDP_INVALID_ARGS);
-    CHECK(dev == NULL);
-    CHECK_EQ_INT(err.code, FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_create(&vt, &f, &hooks, &dev), FSDP_INVALID_ARGS);
+    EXPECT(dev == NULL);
+    EXPECT_EQ(err.code, FSDP_INVALID_ARGS);
     {
         char a[32], b[32];
         snprintf(a, sizeof a, "%u", (unsigned)(sizeof vt - 8));
         snprintf(b, sizeof b, "%u", (unsigned)sizeof vt);
-        CHECK(strstr(err.message, a) != NULL && strstr(err.message, b) != NULL);
+        EXPECT(strstr(err.message, a) != NULL && strstr(err.message, b) != NULL);
     }
     vt.size = sizeof vt;
 
     /* a required slot missing */
     vt.launch = NULL;
     memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(fsdp_device_create(&vt, &f, &hooks, &dev), FSDP_INVALID_ARGS);
-    CHECK(strstr(err.message, "launch") != NULL);
+    EXPECT_EQ(fsdp_device_create(&vt, &f, &hooks, &dev), FSDP_INVALID_ARGS);
+    EXPECT(strstr(err.message, "launch") != NULL);
     vt.launch = f_launch;
     memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(fsdp_device_create(NULL, &f, &hooks, &dev), FSDP_INVALID_ARGS);
-    CHECK(err.message[0] != 0);
-    CHECK_EQ_INT(fsdp_device_create(&vt, &f, &hooks, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_create(&vt, &f, NULL, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_create(NULL, &f, &hooks, &dev), FSDP_INVALID_ARGS);
+    EXPECT(err.message[0] != 0);
+    EXPECT_EQ(fsdp_device_create(&vt, &f, &hooks, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_create(&vt, &f, NULL, NULL), FSDP_INVALID_ARGS);
     hooks.allocator.alloc = c_alloc; /* one of three */
     memset(&err, 0, sizeof err);
-    CHECK_EQ_INT(fsdp_device_create(&vt, &f, &hooks, &dev), FSDP_INVALID_ARGS);
-    CHECK(err.message[0] != 0);
+    EXPECT_EQ(fsdp_device_create(&vt, &f, &hooks, &dev), FSDP_INVALID_ARGS);
+    EXPECT(err.message[0] != 0);
     hooks.allocator.alloc = NULL;
 
-    CHECK_EQ_INT(fsdp_device_create(&vt, &f, &hooks, &dev), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_create(&vt, &f, &hooks, &dev), FSDP_SUCCESS);
     if (!dev) return;
-    CHECK(strcmp(fsdp_device_name(dev), "fake") == 0);
-    CHECK_EQ_INT(fsdp_device_host_accessible(dev), 0);
-    CHECK_EQ_INT(fsdp_device_alloc(dev, 16, &p), FSDP_SUCCESS);
+    EXPECT(strcmp(fsdp_device_name(dev), "fake") == 0);
+    EXPECT_EQ(fsdp_device_host_accessible(dev), 0);
+    EXPECT_EQ(fsdp_device_alloc(dev, 16, &p), FSDP_SUCCESS);
     fsdp_device_memory(dev, &st);
-    CHECK_EQ_INT(st.device_in_use, 16);
+    EXPECT_EQ(st.device_in_use, 16);
     fsdp_device_free(dev, p, 16);
     /* optional kernels missing: not supported, with a message */
-    CHECK_EQ_INT(fsdp_device_cast(dev, y, FSDP_F32, x, FSDP_F32, 4, NULL), FSDP_NOT_SUPPORTED);
-    CHECK(strstr(fsdp_device_last_error(dev), "cast") != NULL);
-    CHECK_EQ_INT(fsdp_device_scale(dev, y, FSDP_F32, 2.0, 4, NULL), FSDP_NOT_SUPPORTED);
-    CHECK_EQ_INT(fsdp_device_accumulate(dev, y, FSDP_F32, x, FSDP_F32, 1.0, 4, NULL), FSDP_NOT_SUPPORTED);
-    CHECK_EQ_INT(fsdp_device_sum_squares(dev, x, FSDP_F32, 4, &d, NULL), FSDP_NOT_SUPPORTED);
-    CHECK_EQ_INT(fsdp_device_copy(dev, y, x, sizeof x, FSDP_COPY_H2H, NULL), FSDP_SUCCESS);
-    CHECK(y[3] == 4.0f);
+    EXPECT_EQ(fsdp_device_cast(dev, y, FSDP_F32, x, FSDP_F32, 4, NULL), FSDP_NOT_SUPPORTED);
+    EXPECT(strstr(fsdp_device_last_error(dev), "cast") != NULL);
+    EXPECT_EQ(fsdp_device_scale(dev, y, FSDP_F32, 2.0, 4, NULL), FSDP_NOT_SUPPORTED);
+    EXPECT_EQ(fsdp_device_accumulate(dev, y, FSDP_F32, x, FSDP_F32, 1.0, 4, NULL), FSDP_NOT_SUPPORTED);
+    EXPECT_EQ(fsdp_device_sum_squares(dev, x, FSDP_F32, 4, &d, NULL), FSDP_NOT_SUPPORTED);
+    EXPECT_EQ(fsdp_device_copy(dev, y, x, sizeof x, FSDP_COPY_H2H, NULL), FSDP_SUCCESS);
+    EXPECT(y[3] == 4.0f);
     /* a backend failure without a message gets a default one */
-    CHECK_EQ_INT(fsdp_stream_create(dev, &s), FSDP_DEVICE_ERROR);
-    CHECK(s == NULL);
-    CHECK(strstr(fsdp_device_last_error(dev), "fake") != NULL);
+    EXPECT_EQ(fsdp_stream_create(dev, &s), FSDP_DEVICE_ERROR);
+    EXPECT(s == NULL);
+    EXPECT(strstr(fsdp_device_last_error(dev), "fake") != NULL);
     fsdp_device_destroy(dev);
-    CHECK_EQ_INT(f.destroyed, 1);
+    EXPECT_EQ(f.destroyed, 1);
 }
 
 static void test_bad_input(fsdp_device *dev)
@@ -706,8 +648,8 @@ static void test_bad_input(fsdp_device *dev)
 
 #define BAD(call, code, word)                                                          \
     do {                                                                               \
-        CHECK_EQ_INT(call, code);                                                      \
-        CHECK(strstr(fsdp_device_last_error(dev), word) != NULL);                      \
+        EXPECT_EQ(call, code);                                                      \
+        EXPECT(strstr(fsdp_device_last_error(dev), word) != NULL);                      \
     } while (0)
 
     BAD(fsdp_device_alloc(dev, 8, NULL), FSDP_INVALID_ARGS, "fsdp_device_alloc");
@@ -733,32 +675,32 @@ static void test_bad_input(fsdp_device *dev)
     BAD(fsdp_device_sum_squares(dev, x, FSDP_F32, 4, NULL, NULL), FSDP_INVALID_ARGS, "out");
     BAD(fsdp_device_sum_squares(dev, x, FSDP_DTYPE_DEFAULT, 4, &d, NULL), FSDP_INVALID_DTYPE, "dtype");
     /* zero elements with NULL pointers are fine */
-    CHECK_EQ_INT(fsdp_device_copy(dev, NULL, NULL, 0, FSDP_COPY_DEFAULT, NULL), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_device_scale(dev, NULL, FSDP_F32, 2.0, 0, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_copy(dev, NULL, NULL, 0, FSDP_COPY_DEFAULT, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_scale(dev, NULL, FSDP_F32, 2.0, 0, NULL), FSDP_SUCCESS);
 #undef BAD
 
     /* NULL device: an error, never a crash */
-    CHECK_EQ_INT(fsdp_device_alloc(NULL, 8, &p), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_host_alloc(NULL, 8, &p), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_stream_create(NULL, &s), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_stream_synchronize(NULL, s), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_event_create(NULL, &e), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_event_record(NULL, e, s), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_stream_wait_event(NULL, s, e), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_event_synchronize(NULL, e), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_launch(NULL, s, failing, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_copy(NULL, y, x, 4, FSDP_COPY_DEFAULT, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_memset(NULL, y, 0, 4, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_cast(NULL, y, FSDP_F32, x, FSDP_F32, 4, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_scale(NULL, y, FSDP_F32, 1.0, 4, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_accumulate(NULL, y, FSDP_F32, x, FSDP_F32, 1.0, 4, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_sum_squares(NULL, x, FSDP_F32, 4, &d, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_device_cpu_create(NULL, NULL), FSDP_INVALID_ARGS);
-    CHECK(fsdp_device_last_error(NULL)[0] != 0);
-    CHECK(strcmp(fsdp_device_name(NULL), "") == 0);
-    CHECK_EQ_INT(fsdp_device_host_accessible(NULL), 0);
+    EXPECT_EQ(fsdp_device_alloc(NULL, 8, &p), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_host_alloc(NULL, 8, &p), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_stream_create(NULL, &s), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_stream_synchronize(NULL, s), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_event_create(NULL, &e), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_event_record(NULL, e, s), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_stream_wait_event(NULL, s, e), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_event_synchronize(NULL, e), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_launch(NULL, s, failing, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_copy(NULL, y, x, 4, FSDP_COPY_DEFAULT, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_memset(NULL, y, 0, 4, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_cast(NULL, y, FSDP_F32, x, FSDP_F32, 4, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_scale(NULL, y, FSDP_F32, 1.0, 4, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_accumulate(NULL, y, FSDP_F32, x, FSDP_F32, 1.0, 4, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_sum_squares(NULL, x, FSDP_F32, 4, &d, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_cpu_create(NULL, NULL), FSDP_INVALID_ARGS);
+    EXPECT(fsdp_device_last_error(NULL)[0] != 0);
+    EXPECT(strcmp(fsdp_device_name(NULL), "") == 0);
+    EXPECT_EQ(fsdp_device_host_accessible(NULL), 0);
     fsdp_device_memory(NULL, &st);
-    CHECK(st.device_in_use == 0 && st.device_peak == 0);
+    EXPECT(st.device_in_use == 0 && st.device_peak == 0);
     fsdp_device_free(NULL, x, 4);
     fsdp_device_host_free(NULL, x, 4);
     fsdp_device_reset_peak(NULL);
@@ -768,12 +710,12 @@ static void test_bad_input(fsdp_device *dev)
     fsdp_device_destroy(NULL);
 
     /* a wrong free size is reported and the counters stay sane */
-    CHECK_EQ_INT(fsdp_device_alloc(dev, 10, &p), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_alloc(dev, 10, &p), FSDP_SUCCESS);
     fsdp_device_free(dev, p, 20);
-    CHECK(strstr(fsdp_device_last_error(dev), "fsdp_device_free") != NULL);
+    EXPECT(strstr(fsdp_device_last_error(dev), "fsdp_device_free") != NULL);
     fsdp_device_memory(dev, &st);
-    CHECK_EQ_INT(st.device_in_use, 0);
-    CHECK_EQ_INT(st.device_allocs, 0);
+    EXPECT_EQ(st.device_in_use, 0);
+    EXPECT_EQ(st.device_allocs, 0);
 
     /* hooks: error receives the detail of a failed create */
     {
@@ -784,33 +726,55 @@ static void test_bad_input(fsdp_device *dev)
         memset(&err, 0, sizeof err);
         desc.hooks.error = &err;
         desc.hooks.allocator.free = c_free;
-        CHECK_EQ_INT(fsdp_device_cpu_create(&desc, &d2), FSDP_INVALID_ARGS);
-        CHECK(d2 == NULL);
-        CHECK(err.code == FSDP_INVALID_ARGS && strstr(err.message, "alloc") != NULL);
+        EXPECT_EQ(fsdp_device_cpu_create(&desc, &d2), FSDP_INVALID_ARGS);
+        EXPECT(d2 == NULL);
+        EXPECT(err.code == FSDP_INVALID_ARGS && strstr(err.message, "alloc") != NULL);
     }
 }
 
-int main(void)
+/* the CPU device the kernel, stream and argument cases share */
+static fsdp_device *g_dev;
+
+static void test_kernels_now(void)
 {
-    fsdp_device *dev = NULL;
+    if (g_dev) test_kernels(g_dev, NULL);
+}
+
+static void test_kernels_on_stream(void)
+{
     fsdp_stream *s = NULL;
-
-    test_memory();
-
-    CHECK_EQ_INT(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
-    if (dev) {
-        test_kernels(dev, NULL);
-        CHECK_EQ_INT(fsdp_stream_create(dev, &s), FSDP_SUCCESS);
-        if (s) {
-            test_kernels(dev, s);
-            fsdp_stream_destroy(dev, s);
-        }
-        test_streams(dev);
-        test_bad_input(dev);
-        fsdp_device_destroy(dev);
+    if (!g_dev) return;
+    EXPECT_EQ(fsdp_stream_create(g_dev, &s), FSDP_SUCCESS);
+    if (s) {
+        test_kernels(g_dev, s);
+        fsdp_stream_destroy(g_dev, s);
     }
-    test_custom_backend();
+}
 
-    printf("%d passed, %d failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+static void test_streams_cpu(void)
+{
+    if (g_dev) test_streams(g_dev);
+}
+
+static void test_bad_input_cpu(void)
+{
+    if (g_dev) test_bad_input(g_dev);
+}
+
+static const check_case CASES[] = {
+    {"memory", test_memory},
+    {"kernels", test_kernels_now},
+    {"kernels_on_stream", test_kernels_on_stream},
+    {"streams", test_streams_cpu},
+    {"bad_input", test_bad_input_cpu},
+    {"custom_backend", test_custom_backend},
+};
+
+int main(int argc, char **argv)
+{
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    EXPECT_EQ(fsdp_device_cpu_create(NULL, &g_dev), FSDP_SUCCESS);
+    check_run();
+    if (g_dev) fsdp_device_destroy(g_dev);
+    return check_finish();
 }

@@ -4,57 +4,22 @@
    the sorted table of all finite 16-bit values, the nearest one with ties to
    even (lowest mantissa bit 0), and the overflow rules (f16: |x| >= 65520 is
    Inf; bf16: at or above the midpoint between the largest finite value and
-   2^128 is Inf). Prints one line per failure, then "N passed, M failed". */
+   2^128 is Inf). Cases and command line: check.h. */
+#define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
 
 #include <float.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static long long g_pass, g_fail;
-static long long g_printed;
-
-static void report(const char *file, int line, const char *fmt, ...)
-{
-    va_list ap;
-    g_fail++;
-    if (g_printed++ >= 200) {
-        if (g_printed == 201) printf("(further failures are counted, not printed)\n");
-        return;
-    }
-    printf("%s:%d: ", file, line);
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-}
-
-/* CHECK(cond, fmt, ...): a format is always given (C11 needs an argument). */
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) g_pass++;                                                                \
-        else report(__FILE__, __LINE__, __VA_ARGS__);                                      \
-    } while (0)
 
 /* ------------------------------------------------------------------------ */
 /* bits and a fixed-seed generator                                           */
 /* ------------------------------------------------------------------------ */
 
-static uint32_t f2u(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    return u;
-}
-static float u2f(uint32_t u)
-{
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 static uint64_t d2u(double d)
 {
     uint64_t u;
@@ -199,15 +164,15 @@ static void check_narrow(float f, int fmt, const char *what, int line)
     uint16_t got = lib_from_f32(f, fmt);
     if (isnan(f)) {
         int ok = ref_is_quiet_nan16(got, fmt) && ((got >> 15) == (f2u(f) >> 31));
-        if (ok) g_pass++;
+        if (ok) check_pass();
         else
-            report(__FILE__, line, "f32_to_%s(0x%08x %s): got 0x%04x, want a quiet NaN with the sign",
+            check_fail(__FILE__, line, "f32_to_%s(0x%08x %s): got 0x%04x, want a quiet NaN with the sign",
                    fmt_name[fmt], (unsigned)f2u(f), what, (unsigned)got);
     } else {
         uint16_t want = ref_round((double)f, fmt);
-        if (got == want) g_pass++;
+        if (got == want) check_pass();
         else
-            report(__FILE__, line, "f32_to_%s(0x%08x = %a, %s): got 0x%04x, want 0x%04x",
+            check_fail(__FILE__, line, "f32_to_%s(0x%08x = %a, %s): got 0x%04x, want 0x%04x",
                    fmt_name[fmt], (unsigned)f2u(f), (double)f, what, (unsigned)got,
                    (unsigned)want);
     }
@@ -311,7 +276,7 @@ static void test_narrow_structured(void)
             float cand[8];
             int k;
             if ((double)mid != (t[i].v + nextv) / 2.0) {
-                report(__FILE__, __LINE__, "midpoint of %a not exact in f32", t[i].v);
+                check_fail(__FILE__, __LINE__, "midpoint of %a not exact in f32", t[i].v);
                 continue;
             }
             cand[0] = v;
@@ -919,21 +884,24 @@ static void test_result_strings(void)
     }
 }
 
-int main(void)
+static const check_case CASES[] = {
+    {"dtype_queries", test_dtype_queries},
+    {"result_strings", test_result_strings},
+    {"exhaustive_roundtrip", test_exhaustive_roundtrip},
+    {"narrow_known", test_narrow_known},
+    {"narrow_structured", test_narrow_structured},
+    {"narrow_random", test_narrow_random},
+    {"convert_f64_single_rounding", test_convert_f64_single_rounding},
+    {"convert_pairs", test_convert_pairs},
+    {"convert_arrays_match_scalar", test_convert_arrays_match_scalar},
+    {"convert_arrays_streaming", test_convert_arrays_streaming},
+    {"convert_copies_and_errors", test_convert_copies_and_errors},
+};
+
+int main(int argc, char **argv)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0); /* keep output if a sanitizer ends the run */
-    build_tables();
-    test_dtype_queries();
-    test_result_strings();
-    test_exhaustive_roundtrip();
-    test_narrow_known();
-    test_narrow_structured();
-    test_narrow_random();
-    test_convert_f64_single_rounding();
-    test_convert_pairs();
-    test_convert_arrays_match_scalar();
-    test_convert_arrays_streaming();
-    test_convert_copies_and_errors();
-    printf("%lld passed, %lld failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    build_tables(); /* every case compares with them */
+    check_run();
+    return check_finish();
 }

@@ -11,18 +11,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "examples/gpt.h"
-
-static int failures;
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (!(cond)) {                                                                     \
-            failures++;                                                                    \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                           \
-            fprintf(stderr, __VA_ARGS__);                                                  \
-            fputc('\n', stderr);                                                           \
-        }                                                                                  \
-    } while (0)
+#include "check.h"
 
 static float rnd(uint64_t *s) /* roughly normal(0, 1), deterministic */
 {
@@ -276,16 +265,17 @@ static void test_ranks_agree(void)
     }
 }
 
-int main(void)
+static const check_case CASES[] = {
+    {"gemm", test_gemm},
+    {"gradients", test_gradients},
+    {"ranks_agree", test_ranks_agree},
+};
+
+int main(int argc, char **argv)
 {
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
     gpt_gemm_init();
-    test_gemm();
-    test_gradients();
-    test_ranks_agree();
-    if (failures) {
-        fprintf(stderr, "test_gpt: %d failure%s\n", failures, failures == 1 ? "" : "s");
-        return 1;
-    }
-    printf("test_gpt: all passed (matmul kernel %s)\n", gpt_gemm_isa());
-    return 0;
+    printf("matmul kernel %s\n", gpt_gemm_isa());
+    check_run();
+    return check_finish();
 }

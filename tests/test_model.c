@@ -3,43 +3,17 @@
    modules and parameters), the queries (named_modules() pre-order,
    state_dict() order, isinstance, find), and bad input for every public
    function: the right code, a message that names the offending thing, and a
-   model left unchanged and usable. Prints "N passed, M failed". */
+   model left unchanged and usable. Cases and command line: check.h. */
+#define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static long g_pass, g_fail;
 static int g_null_root; /* root params added through a NULL module */
-
-static void report(const char *file, int line, const char *fmt, ...)
-{
-    va_list ap;
-    g_fail++;
-    printf("%s:%d: ", file, line);
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-}
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) g_pass++;                                                                \
-        else report(__FILE__, __LINE__, __VA_ARGS__);                                      \
-    } while (0)
-
-static const char *S(const char *s) { return s ? s : "(null)"; }
-
-/* A call that must succeed. */
-#define OK(call)                                                                           \
-    do {                                                                                   \
-        fsdp_result r_ = (call);                                                           \
-        CHECK(r_ == FSDP_SUCCESS, "%s returned %d (%s): %s", #call, (int)r_,               \
-              fsdp_result_string(r_), S(fsdp_model_last_error(m)));                        \
-    } while (0)
 
 /* A call on model m that must fail with `code`, leave a non-empty message
    (containing `needle` when it is not NULL) and leave the counts as they were. */
@@ -48,21 +22,22 @@ static void expect_err(const char *file, int line, const char *what, fsdp_model 
                        int nmod_before, int npar_before)
 {
     const char *msg = fsdp_model_last_error(m);
-    if (got == code || (alt != FSDP_SUCCESS && got == alt)) g_pass++;
+    if (got == code || (alt != FSDP_SUCCESS && got == alt)) check_pass();
     else
-        report(file, line, "%s returned %d (%s), want %d (%s)", what, (int)got,
-               fsdp_result_string(got), (int)code, fsdp_result_string(code));
-    if (msg && msg[0]) g_pass++;
-    else report(file, line, "%s: fsdp_model_last_error is empty", what);
+        check_fail(file, line, "%s returned %d (%s), want %d (%s)", what, (int)got,
+                   fsdp_result_string(got), (int)code, fsdp_result_string(code));
+    if (msg && msg[0]) check_pass();
+    else check_fail(file, line, "%s: fsdp_model_last_error is empty", what);
     if (needle) {
-        if (msg && strstr(msg, needle)) g_pass++;
-        else report(file, line, "%s: message '%s' does not name '%s'", what, S(msg), needle);
+        if (msg && strstr(msg, needle)) check_pass();
+        else check_fail(file, line, "%s: message '%s' does not name '%s'", what, S(msg), needle);
     }
     if (fsdp_model_num_modules(m) == nmod_before && fsdp_model_num_params(m) == npar_before)
-        g_pass++;
+        check_pass();
     else
-        report(file, line, "%s changed the model: %d modules, %d params (were %d, %d)", what,
-               fsdp_model_num_modules(m), fsdp_model_num_params(m), nmod_before, npar_before);
+        check_fail(file, line, "%s changed the model: %d modules, %d params (were %d, %d)",
+                   what, fsdp_model_num_modules(m), fsdp_model_num_params(m), nmod_before,
+                   npar_before);
 }
 
 #define EXPECT_ERR(call, code, needle)                                                     \
@@ -112,59 +87,6 @@ static fsdp_model *new_model(const char *root_type)
     r = fsdp_model_create(&d, &m);
     CHECK(r == FSDP_SUCCESS && m != NULL, "fsdp_model_create returned %d", (int)r);
     return m;
-}
-
-/* ------------------------------------------------------------------------ */
-/* a counting allocator                                                      */
-/* ------------------------------------------------------------------------ */
-
-typedef struct counting {
-    long live, total, bad_frees;
-    long limit; /* > 0: allocations fail once `total` reaches it */
-} counting;
-
-#define HDR 16
-static void *c_alloc(void *user, size_t bytes)
-{
-    counting *c = (counting *)user;
-    unsigned char *p;
-    if (c->limit > 0 && c->total >= c->limit) return NULL;
-    p = (unsigned char *)malloc(bytes + HDR);
-    if (!p) return NULL;
-    memcpy(p, "fsdpmagic", 9);
-    c->live++;
-    c->total++;
-    return p + HDR;
-}
-static void *c_realloc(void *user, void *ptr, size_t bytes)
-{
-    counting *c = (counting *)user;
-    unsigned char *p;
-    if (!ptr) return c_alloc(user, bytes);
-    if (c->limit > 0 && c->total >= c->limit) return NULL;
-    p = (unsigned char *)ptr - HDR;
-    if (memcmp(p, "fsdpmagic", 9) != 0) {
-        c->bad_frees++;
-        return NULL;
-    }
-    p = (unsigned char *)realloc(p, bytes + HDR);
-    if (!p) return NULL;
-    c->total++;
-    return p + HDR;
-}
-static void c_free(void *user, void *ptr)
-{
-    counting *c = (counting *)user;
-    unsigned char *p;
-    if (!ptr) return;
-    p = (unsigned char *)ptr - HDR;
-    if (memcmp(p, "fsdpmagic", 9) != 0) {
-        c->bad_frees++;
-        return;
-    }
-    memset(p, 0, 9);
-    c->live--;
-    free(p);
 }
 
 /* ------------------------------------------------------------------------ */
@@ -865,10 +787,7 @@ static void test_oom(void)
         fsdp_model *m = NULL;
         fsdp_result r;
         memset(&d, 0, sizeof d);
-        d.hooks.allocator.user = &cnt;
-        d.hooks.allocator.alloc = c_alloc;
-        d.hooks.allocator.realloc = c_realloc;
-        d.hooks.allocator.free = c_free;
+        d.hooks.allocator = counting_allocator(&cnt);
         cnt.limit = limit;
         r = fsdp_model_create(&d, &m);
         if (r != FSDP_SUCCESS) {
@@ -958,18 +877,18 @@ static void test_many(void)
     fsdp_model_destroy(m);
 }
 
-int main(void)
-{
-    setvbuf(stdout, NULL, _IOLBF, 0); /* keep output if a sanitizer ends the run */
-    test_create();
-    test_build_and_query();
-    test_ignore();
-    test_bad_input();
-    test_name_collisions();
-    test_many();
+static const check_case CASES[] = {
+    {"create", test_create},
+    {"build_and_query", test_build_and_query},
+    {"ignore", test_ignore},
+    {"bad_input", test_bad_input},
+    {"name_collisions", test_name_collisions},
+    {"many", test_many},
     /* last: a library that mishandles allocation failures may crash here */
-    printf("(so far %ld passed, %ld failed; now allocation failures)\n", g_pass, g_fail);
-    test_oom();
-    printf("%ld passed, %ld failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    {"oom", test_oom},
+};
+
+int main(int argc, char **argv)
+{
+    return check_main(argc, argv, CASES, CHECK_COUNT(CASES));
 }

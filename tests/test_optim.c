@@ -3,20 +3,14 @@
    multiply-adds as torch's AVX2 kernels, separate roundings as its default
    kernels); splitting a tensor into shards changes no bit; configurations are
    checked as torch's constructors check them. Argument: the vectors dir. */
-#include "optim_vectors.h"
+#include "fsdp.h"
+#include "check.h"
+#include "vectors.h"
+
+#include <stdio.h>
+#include <string.h>
 
 #include <math.h>
-
-static int passed, failed;
-
-#define CHECK(c)                                                              \
-    do {                                                                      \
-        if (c) passed++;                                                      \
-        else {                                                                \
-            failed++;                                                         \
-            printf("%s:%d: check failed: %s\n", __FILE__, __LINE__, #c);      \
-        }                                                                     \
-    } while (0)
 
 static uint64_t sm_state;
 static float next_f32(void)
@@ -64,19 +58,19 @@ static void test_shard_invariance(void)
             a.max_exp_avg_sq = st1[2];
             a.momentum_buffer = st1[3];
             for (s = 0; s < STEPS; s++) {
-                CHECK(fsdp_optim_step_host(&cfgs[c], s + 1, p1, g[s], &a, N) == FSDP_SUCCESS);
+                EXPECT(fsdp_optim_step_host(&cfgs[c], s + 1, p1, g[s], &a, N) == FSDP_SUCCESS);
                 for (k = 0; k + 1 < (int)(sizeof cuts / sizeof cuts[0]); k++) {
                     size_t o = cuts[k];
                     b.exp_avg = st2[0] + o;
                     b.exp_avg_sq = st2[1] + o;
                     b.max_exp_avg_sq = st2[2] + o;
                     b.momentum_buffer = st2[3] + o;
-                    CHECK(fsdp_optim_step_host(&cfgs[c], s + 1, p2 + o, g[s] + o, &b,
+                    EXPECT(fsdp_optim_step_host(&cfgs[c], s + 1, p2 + o, g[s] + o, &b,
                                                cuts[k + 1] - o) == FSDP_SUCCESS);
                 }
             }
             same = memcmp(p1, p2, sizeof p1) == 0 && memcmp(st1, st2, sizeof st1) == 0;
-            CHECK(same);
+            EXPECT(same);
         }
 }
 
@@ -88,57 +82,69 @@ static void test_config_checks(void)
     fsdp_optim_state st;
     memset(&st, 0, sizeof st);
     c = fsdp_optim_defaults(FSDP_OPTIM_DEFAULT);
-    CHECK(c.kind == FSDP_ADAMW && c.lr == 1e-3 && c.beta1 == 0.9 && c.beta2 == 0.999 &&
+    EXPECT(c.kind == FSDP_ADAMW && c.lr == 1e-3 && c.beta1 == 0.9 && c.beta2 == 0.999 &&
           c.eps == 1e-8 && c.weight_decay == 1e-2);
-    CHECK(fsdp_optim_check(&c, msg) == FSDP_SUCCESS);
-    CHECK(fsdp_optim_state_mask(&c) == 3u);
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_SUCCESS);
+    EXPECT(fsdp_optim_state_mask(&c) == 3u);
     c.amsgrad = 1;
-    CHECK(fsdp_optim_state_mask(&c) == 7u);
+    EXPECT(fsdp_optim_state_mask(&c) == 7u);
     c = fsdp_optim_defaults(FSDP_ADAM);
-    CHECK(c.weight_decay == 0.0);
+    EXPECT(c.weight_decay == 0.0);
     c = fsdp_optim_defaults(FSDP_SGD);
-    CHECK(fsdp_optim_state_mask(&c) == 0u);
+    EXPECT(fsdp_optim_state_mask(&c) == 0u);
     c.momentum = 0.9;
-    CHECK(fsdp_optim_state_mask(&c) == 8u);
+    EXPECT(fsdp_optim_state_mask(&c) == 8u);
     c.lr = -1.0;
     msg[0] = 0;
-    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "lr"));
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "lr"));
     c = fsdp_optim_defaults(FSDP_SGD);
     c.nesterov = 1;
-    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "nesterov"));
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "nesterov"));
     c.momentum = 0.9;
     c.dampening = 0.1;
-    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
     c = fsdp_optim_defaults(FSDP_ADAMW);
     c.beta1 = 1.0;
-    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "beta1"));
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "beta1"));
     c = fsdp_optim_defaults(FSDP_ADAMW);
     c.eps = NAN;
-    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
     c.kind = (fsdp_optim_kind)9;
-    CHECK(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
-    CHECK(fsdp_optim_check(NULL, NULL) == FSDP_INVALID_ARGS);
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
+    EXPECT(fsdp_optim_check(NULL, NULL) == FSDP_INVALID_ARGS);
     /* missing state buffers, step 0, NULL tensors */
     c = fsdp_optim_defaults(FSDP_ADAMW);
-    CHECK(fsdp_optim_step_host(&c, 1, &p, &g, &st, 1) == FSDP_INVALID_ARGS);
-    CHECK(fsdp_optim_step_host(&c, 0, &p, &g, &st, 1) == FSDP_INVALID_ARGS);
+    EXPECT(fsdp_optim_step_host(&c, 1, &p, &g, &st, 1) == FSDP_INVALID_ARGS);
+    EXPECT(fsdp_optim_step_host(&c, 0, &p, &g, &st, 1) == FSDP_INVALID_ARGS);
     c = fsdp_optim_defaults(FSDP_SGD);
-    CHECK(fsdp_optim_step_host(&c, 1, NULL, &g, &st, 1) == FSDP_INVALID_ARGS);
-    CHECK(fsdp_optim_step_host(&c, 1, NULL, NULL, &st, 0) == FSDP_SUCCESS);
-    CHECK(fsdp_optim_step_host(&c, 1, &p, &g, &st, 1) == FSDP_SUCCESS);
-    CHECK(p == 1.0f - 0.5f * 1e-3f || fabsf(p - (1.0f - 0.5e-3f)) < 1e-7f);
+    EXPECT(fsdp_optim_step_host(&c, 1, NULL, &g, &st, 1) == FSDP_INVALID_ARGS);
+    EXPECT(fsdp_optim_step_host(&c, 1, NULL, NULL, &st, 0) == FSDP_SUCCESS);
+    EXPECT(fsdp_optim_step_host(&c, 1, &p, &g, &st, 1) == FSDP_SUCCESS);
+    EXPECT(p == 1.0f - 0.5f * 1e-3f || fabsf(p - (1.0f - 0.5e-3f)) < 1e-7f);
 }
 
-int main(int argc, char **argv)
+static const char *g_vectors = "tests/vectors";
+
+static void test_vectors(void)
 {
     char path[4096];
     int checked = 0, bad;
-    snprintf(path, sizeof path, "%s/optim.txt", argc > 1 ? argv[1] : "tests/vectors");
-    bad = ov_check_file(path, &checked);
-    CHECK(bad == 0);
-    CHECK(checked >= 104);
-    test_shard_invariance();
-    test_config_checks();
-    printf("%d passed, %d failed\n", passed, failed);
-    return failed ? 1 : 0;
+    snprintf(path, sizeof path, "%s/optim.txt", g_vectors);
+    bad = vec_check_optim(path, fsdp_optim_step_host, &checked);
+    EXPECT(bad == 0);
+    EXPECT(checked >= 104);
+}
+
+static const check_case CASES[] = {
+    {"vectors", test_vectors},
+    {"shard_invariance", test_shard_invariance},
+    {"config_checks", test_config_checks},
+};
+
+int main(int argc, char **argv)
+{
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    if (argc > 1) g_vectors = argv[1];
+    check_run();
+    return check_finish();
 }

@@ -13,61 +13,18 @@
    prefetch on/off, a changed execution order, max_unsharded = 1; global-norm
    clipping (2 and inf); summon_full_params (writeback, rank0_only, offload);
    parameter groups and fsdp_set_lr; a per-unit mixed-precision override; bad
-   input. Prints failures as file:line, then "N passed, M failed". */
+   input. Cases and command line: check.h. */
+#define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
 
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-
-/* ------------------------------------------------------------------------ */
-/* check counting (ranks are threads: the counters are locked)               */
-/* ------------------------------------------------------------------------ */
-
-static long g_pass, g_fail;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static void pass1(void)
-{
-    pthread_mutex_lock(&g_mu);
-    g_pass++;
-    pthread_mutex_unlock(&g_mu);
-}
-
-static void report(const char *file, int line, const char *fmt, ...)
-{
-    va_list ap;
-    pthread_mutex_lock(&g_mu);
-    g_fail++;
-    printf("%s:%d: FAIL: ", file, line);
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    fflush(stdout);
-    pthread_mutex_unlock(&g_mu);
-}
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) pass1();                                                                 \
-        else report(__FILE__, __LINE__, __VA_ARGS__);                                      \
-    } while (0)
-
-static const char *S(const char *s) { return s ? s : "(null)"; }
-
-static int contains(const char *s, const char *sub) { return s && sub && strstr(s, sub) != NULL; }
-
-static double now_s(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------------------ */
 /* the model                                                                 */
@@ -377,8 +334,8 @@ static fsdp_units *make_units(const run_cfg *c)
     wd.root.param_dtype = c->pdt;
     wd.root.reduce_dtype = c->rdt;
     if (fsdp_wrap(g_model, &wd, &u) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "%s: fsdp_wrap: %s", c->name,
-               fsdp_model_last_error(g_model));
+        check_fail(__FILE__, __LINE__, "%s: fsdp_wrap: %s", c->name,
+                   fsdp_model_last_error(g_model));
         return NULL;
     }
     return u;
@@ -453,8 +410,8 @@ typedef struct eng {
 static int lib_call(eng *e, fsdp_result r, const char *what, int line)
 {
     if (r == FSDP_SUCCESS) return 0;
-    report(__FILE__, line, "%s rank %d step %d: %s returned %d (%s): %s", e->c->name, e->rank,
-           e->step + 1, what, (int)r, fsdp_result_string(r), S(fsdp_ctx_last_error(e->ctx)));
+    check_fail(__FILE__, line, "%s rank %d step %d: %s returned %d (%s): %s", e->c->name, e->rank,
+               e->step + 1, what, (int)r, fsdp_result_string(r), S(fsdp_ctx_last_error(e->ctx)));
     e->fail = 1;
     return 1;
 }
@@ -469,9 +426,9 @@ static int load_layer(eng *e, int L)
         v = fsdp_param(e->ctx, PD[p].fqn);
         if (!v) {
             if (!e->bad_view)
-                report(__FILE__, __LINE__, "%s rank %d step %d: fsdp_param('%s') is NULL in "
-                       "its bracket: %s", e->c->name, e->rank, e->step + 1, PD[p].fqn,
-                       S(fsdp_ctx_last_error(e->ctx)));
+                check_fail(__FILE__, __LINE__, "%s rank %d step %d: fsdp_param('%s') is NULL in "
+                           "its bracket: %s", e->c->name, e->rank, e->step + 1, PD[p].fqn,
+                           S(fsdp_ctx_last_error(e->ctx)));
             e->bad_view++;
             memset(e->ws + g_off[p], 0, (size_t)g_numel[p] * sizeof(float));
             continue;
@@ -498,8 +455,8 @@ static void store_grads(eng *e, int L)
         v = fsdp_grad(e->ctx, PD[p].fqn);
         if (!v) {
             if (!e->bad_view)
-                report(__FILE__, __LINE__, "%s rank %d: fsdp_grad('%s') is NULL: %s",
-                       e->c->name, e->rank, PD[p].fqn, S(fsdp_ctx_last_error(e->ctx)));
+                check_fail(__FILE__, __LINE__, "%s rank %d: fsdp_grad('%s') is NULL: %s",
+                           e->c->name, e->rank, PD[p].fqn, S(fsdp_ctx_last_error(e->ctx)));
             e->bad_view++;
             continue;
         }
@@ -637,9 +594,9 @@ static void expect_unit_state(eng *e, int L, fsdp_unit_state want)
     fsdp_unit_state got = fsdp_ctx_unit_state(e->ctx, e->unit[L]);
     if (got != want) {
         if (!e->bad_state)
-            report(__FILE__, __LINE__, "%s rank %d: unit '%s' is in state %s, expected %s",
-                   e->c->name, e->rank, LNAME[L], fsdp_unit_state_name(got),
-                   fsdp_unit_state_name(want));
+            check_fail(__FILE__, __LINE__, "%s rank %d: unit '%s' is in state %s, expected %s",
+                       e->c->name, e->rank, LNAME[L], fsdp_unit_state_name(got),
+                       fsdp_unit_state_name(want));
         e->bad_state++;
     }
 }
@@ -921,21 +878,21 @@ static void expect_err(eng *e, fsdp_result got, fsdp_result want, const char *ca
     const char *msg = fsdp_ctx_last_error(e->ctx);
     int i, ok = got == want && msg && msg[0];
     for (i = 0; ok && subs && subs[i]; i++) ok = contains(msg, subs[i]);
-    if (ok) pass1();
+    if (ok) check_pass();
     else
-        report(__FILE__, line, "%s rank %d: %s returned %d (%s), expected %d (%s); message "
-               "'%s'%s%s", e->c->name, e->rank, call, (int)got, fsdp_result_string(got),
-               (int)want, fsdp_result_string(want), S(msg), subs ? " should contain " : "",
-               subs ? "the unit and both states" : "");
+        check_fail(__FILE__, line, "%s rank %d: %s returned %d (%s), expected %d (%s); message "
+                   "'%s'%s%s", e->c->name, e->rank, call, (int)got, fsdp_result_string(got),
+                   (int)want, fsdp_result_string(want), S(msg), subs ? " should contain " : "",
+                   subs ? "the unit and both states" : "");
 }
 
 static void expect_null(eng *e, const void *v, const char *call, const char *sub, int line)
 {
     const char *msg = fsdp_ctx_last_error(e->ctx);
-    if (!v && msg && msg[0] && (!sub || contains(msg, sub))) pass1();
+    if (!v && msg && msg[0] && (!sub || contains(msg, sub))) check_pass();
     else
-        report(__FILE__, line, "%s rank %d: %s returned %p, expected NULL with a message "
-               "containing '%s'; message '%s'", e->c->name, e->rank, call, v, S(sub), S(msg));
+        check_fail(__FILE__, line, "%s rank %d: %s returned %p, expected NULL with a message "
+                   "containing '%s'; message '%s'", e->c->name, e->rank, call, v, S(sub), S(msg));
 }
 
 static void inject_forward_errors(eng *e)
@@ -1440,7 +1397,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     e->rstd = rs;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
         fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "%s rank %d: device/comm creation failed", c->name, rank);
+        check_fail(__FILE__, __LINE__, "%s rank %d: device/comm creation failed", c->name, rank);
         goto out;
     }
     memset(&d, 0, sizeof d);
@@ -1473,8 +1430,8 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     if (c->check_plan) fsdp_device_reset_peak(dev);
     r = fsdp_ctx_create(&d, &e->ctx);
     if (r != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "%s rank %d: fsdp_ctx_create: %s: %s", c->name, rank,
-               fsdp_result_string(r), cerr.message);
+        check_fail(__FILE__, __LINE__, "%s rank %d: fsdp_ctx_create: %s: %s", c->name, rank,
+                   fsdp_result_string(r), cerr.message);
         goto out;
     }
     for (L = 0; L < NLAYER; L++) {
@@ -1558,7 +1515,7 @@ static int run(const run_cfg *c, run_out *o)
     ld.timeout_ms = 20000;
     g_runs++;
     if (fsdp_local_run(&ld, rank_main, &jb, res) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "%s: fsdp_local_run failed", c->name);
+        check_fail(__FILE__, __LINE__, "%s: fsdp_local_run failed", c->name);
         ok = 0;
     } else {
         for (i = 0; i < c->world; i++) ok &= res[i] == 0 && o->ok[i];
@@ -1630,11 +1587,11 @@ static double compare_runs(const run_cfg *ca, const run_out *a, const run_cfg *c
             ws = s;
         }
     }
-    if (worst <= tol) pass1();
+    if (worst <= tol) check_pass();
     else
-        report(__FILE__, line, "%s vs %s: final parameter %d differs: %.9g vs %.9g (rel %.3g > "
-               "%.3g)", ca->name, cb->name, wk, (double)a->params[0][wk],
-               (double)b->params[0][wk], worst, tol);
+        check_fail(__FILE__, line, "%s vs %s: final parameter %d differs: %.9g vs %.9g (rel %.3g > "
+                   "%.3g)", ca->name, cb->name, wk, (double)a->params[0][wk],
+                   (double)b->params[0][wk], worst, tol);
     if (tol >= TOL16) {
         double d2 = 0.0, n2 = 0.0, nw;
         for (k = 0; k < NT; k++) {
@@ -1643,16 +1600,16 @@ static double compare_runs(const run_cfg *ca, const run_out *a, const run_cfg *c
             n2 += (double)b->params[0][k] * b->params[0][k];
         }
         nw = sqrt(d2 / n2);
-        if (nw <= BF16_NORMWISE) pass1();
+        if (nw <= BF16_NORMWISE) check_pass();
         else
-            report(__FILE__, line, "%s vs %s: parameters differ by %.3g normwise (> %.3g)",
-                   ca->name, cb->name, nw, BF16_NORMWISE);
+            check_fail(__FILE__, line, "%s vs %s: parameters differ by %.3g normwise (> %.3g)",
+                       ca->name, cb->name, nw, BF16_NORMWISE);
     }
-    if (lw <= tol) pass1();
+    if (lw <= tol) check_pass();
     else
-        report(__FILE__, line, "%s vs %s: global loss of step %d differs: %.9g vs %.9g (rel "
-               "%.3g > %.3g)", ca->name, cb->name, ws + 1, global_loss(a, ca->world, ws),
-               global_loss(b, cb->world, ws), lw, tol);
+        check_fail(__FILE__, line, "%s vs %s: global loss of step %d differs: %.9g vs %.9g (rel "
+                   "%.3g > %.3g)", ca->name, cb->name, ws + 1, global_loss(a, ca->world, ws),
+                   global_loss(b, cb->world, ws), lw, tol);
     return worst > lw ? worst : lw;
 }
 
@@ -1662,8 +1619,8 @@ static void check_bitwise(const run_cfg *ca, const run_out *a, const run_cfg *cb
     int s, same = !memcmp(a->params[0], b->params[0], sizeof a->params[0]);
     for (s = 0; s < ca->steps; s++)
         same &= global_loss(a, ca->world, s) == global_loss(b, cb->world, s);
-    if (same) pass1();
-    else report(__FILE__, line, "%s and %s are not bitwise identical", ca->name, cb->name);
+    if (same) check_pass();
+    else check_fail(__FILE__, line, "%s and %s are not bitwise identical", ca->name, cb->name);
 }
 
 /* Every rank summoned the same parameters (replicas stay identical). */
@@ -1671,8 +1628,8 @@ static void check_replicas(const run_cfg *c, const run_out *o, int line)
 {
     int r, same = 1;
     for (r = 1; r < c->world; r++) same &= !memcmp(o->params[0], o->params[r], sizeof o->params[0]);
-    if (same) pass1();
-    else report(__FILE__, line, "%s: ranks summoned different parameters", c->name);
+    if (same) check_pass();
+    else check_fail(__FILE__, line, "%s: ranks summoned different parameters", c->name);
 }
 
 static void check_no_warnings(const run_cfg *c, const run_out *o, int line)
@@ -1683,8 +1640,8 @@ static void check_no_warnings(const run_cfg *c, const run_out *o, int line)
         n += o->log[r].nwarn;
         if (o->log[r].nwarn && !first[0]) first = o->log[r].first;
     }
-    if (!n) pass1();
-    else report(__FILE__, line, "%s: %d warnings logged, first: %s", c->name, n, first);
+    if (!n) check_pass();
+    else check_fail(__FILE__, line, "%s: %d warnings logged, first: %s", c->name, n, first);
 }
 
 static int changed(const run_out *a, const run_out *b)
@@ -1745,11 +1702,11 @@ static void check_capture(const run_cfg *c, const run_out *o, int line, int *tor
         }
         if (holders == 0) covered = 0;
     }
-    if (bad == 0 && covered) pass1();
+    if (bad == 0 && covered) check_pass();
     else
-        report(__FILE__, line, "%s: %d reduced gradient elements are not the mean over ranks "
-               "(worst element %d rel %.3g)%s", c->name, bad, worst_k, worst,
-               covered ? "" : "; some elements are held by no rank");
+        check_fail(__FILE__, line, "%s: %d reduced gradient elements are not the mean over ranks "
+                   "(worst element %d rel %.3g)%s", c->name, bad, worst_k, worst,
+                   covered ? "" : "; some elements are held by no rank");
 }
 
 static void test_equivalence(void)
@@ -2465,11 +2422,13 @@ static void expect_create_fail(const fsdp_ctx_desc *d, fsdp_result want, const c
     r = fsdp_ctx_create(&d2, &ctx);
     if (r == want && ctx == NULL && err.code == want && err.message[0] &&
         (!sub || contains(err.message, sub)))
-        pass1();
+        check_pass();
     else
-        report(__FILE__, line, "fsdp_ctx_create with %s returned %d (%s), ctx %p; hooks.error "
-               "got %d '%s' (expected %d, a message containing '%s')", what, (int)r,
-               fsdp_result_string(r), (void *)ctx, (int)err.code, err.message, (int)want, S(sub));
+        check_fail(__FILE__, line,
+                   "fsdp_ctx_create with %s returned %d (%s), ctx %p; hooks.error "
+                   "got %d '%s' (expected %d, a message containing '%s')",
+                   what, (int)r, fsdp_result_string(r), (void *)ctx, (int)err.code, err.message,
+                   (int)want, S(sub));
     if (r == FSDP_SUCCESS && ctx && ctx != (fsdp_ctx *)&sentinel) fsdp_ctx_destroy(ctx);
 }
 
@@ -2486,7 +2445,7 @@ static int bad_create_rank(int rank, int nranks, fsdp_local_world *world, void *
     (void)rank;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
         fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "bad input: device/comm creation failed");
+        check_fail(__FILE__, __LINE__, "bad input: device/comm creation failed");
         goto out;
     }
     memset(&good, 0, sizeof good);
@@ -2744,10 +2703,26 @@ static void test_offload(void)
 
 /* ------------------------------------------------------------------------ */
 
-int main(void)
+static const check_case CASES[] = {
+    {"bad_create", test_bad_create},
+    {"init", test_init},
+    {"state_machine", test_state_machine},
+    {"summon", test_summon},
+    {"plan", test_plan},
+    {"accumulation", test_accumulation},
+    {"prefetch_order", test_prefetch_order},
+    {"clip", test_clip},
+    {"groups", test_groups},
+    {"override", test_override},
+    {"equivalence", test_equivalence},
+    {"offload", test_offload},
+};
+
+int main(int argc, char **argv)
 {
     int p;
-    double t0 = now_s(), t;
+    double t0 = check_now();
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
     g_off[0] = 0;
     for (p = 0; p < NPARAM; p++) {
         g_numel[p] = PD[p].ndim == 0 ? 1 : PD[p].ndim == 1 ? PD[p].d0 : PD[p].d0 * PD[p].d1;
@@ -2760,28 +2735,8 @@ int main(void)
     make_data();
     g_model = build_model();
     if (!g_model) return 1;
-#define SECTION(fn)                                                                        \
-    do {                                                                                   \
-        t = now_s();                                                                       \
-        fn();                                                                              \
-        printf("%-22s %6.2f s  (%ld passed, %ld failed so far)\n", #fn, now_s() - t, g_pass,  \
-               g_fail);                                                                    \
-        fflush(stdout);                                                                    \
-    } while (0)
-    SECTION(test_bad_create);
-    SECTION(test_init);
-    SECTION(test_state_machine);
-    SECTION(test_summon);
-    SECTION(test_plan);
-    SECTION(test_accumulation);
-    SECTION(test_prefetch_order);
-    SECTION(test_clip);
-    SECTION(test_groups);
-    SECTION(test_override);
-    SECTION(test_equivalence);
-    SECTION(test_offload);
+    check_run();
     fsdp_model_destroy(g_model);
-    printf("%d runs in %.2f s\n", g_runs, now_s() - t0);
-    printf("%ld passed, %ld failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    printf("%d runs in %.2f s\n", g_runs, check_now() - t0);
+    return check_finish();
 }

@@ -10,8 +10,12 @@
    (pinned, non-blocking on a stream), resharding the optimizer state in
    memory (W = 2 -> 3, bitwise equal to an uninterrupted run), and the
    state_dict_names vectors (argv[1]: the vectors directory).
-   Prints failures as file:line, then "N passed, M failed". */
-#include "sd_common.h"
+   Cases and command line: check.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "fixtures_tnet.h"
+#include "vectors.h"
+
+#include <pthread.h>
 
 static fsdp_model *g_model;
 static fsdp_units *g_units;
@@ -35,27 +39,21 @@ typedef struct job {
     int64_t covered[NKEYS];
 } job;
 
+/* the ranks (threads) of a run fill one job's pieces and covered */
+static pthread_mutex_t g_pieces_mu = PTHREAD_MUTEX_INITIALIZER;
+
 static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
 {
     job *j = (job *)user;
     rank_env e;
     int ok = env_open(&e, rank, world, g_model, g_units, j->optim_kind, 1);
-    if (!ok) report(__FILE__, __LINE__, "rank %d: setup failed", rank);
+    if (!ok) check_fail(__FILE__, __LINE__, "rank %d: setup failed", rank);
     else ok = j->fn(j, rank, nranks, &e);
     env_close(&e);
     return ok ? 0 : 1;
 }
 
-static void run(job *j, int nranks)
-{
-    fsdp_local_desc d;
-    int res[8], r;
-    memset(&d, 0, sizeof d);
-    d.nranks = nranks;
-    d.timeout_ms = 20000;
-    CHECK(fsdp_local_run(&d, rank_main, j, res) == FSDP_SUCCESS, "fsdp_local_run");
-    for (r = 0; r < nranks; r++) CHECK(res[r] == 0, "rank %d of %d failed", r, nranks);
-}
+static void run(job *j, int nranks) { run_ranks(nranks, rank_main, j); }
 
 static int train(job *j, rank_env *e, int steps)
 {
@@ -63,7 +61,7 @@ static int train(job *j, rank_env *e, int steps)
     (void)j;
     for (s = 0; s < steps; s++)
         if (!train_step(e->ctx, g_model, g_units)) {
-            report(__FILE__, __LINE__, "train: %s", fsdp_ctx_last_error(e->ctx));
+            check_fail(__FILE__, __LINE__, "train: %s", fsdp_ctx_last_error(e->ctx));
             return 0;
         }
     return 1;
@@ -181,10 +179,10 @@ static int job_sharded(job *j, int rank, int nranks, rank_env *e)
               "'%s' piece [%lld, +%lld) in %lld", t->name, (long long)t->offset,
               (long long)t->numel, (long long)total);
         off = key_base(k);
-        pthread_mutex_lock(&g_mu);
+        pthread_mutex_lock(&g_pieces_mu);
         memcpy(j->pieces + off + t->offset, t->data, (size_t)t->numel * 4);
         j->covered[k] += t->numel;
-        pthread_mutex_unlock(&g_mu);
+        pthread_mutex_unlock(&g_pieces_mu);
     }
     fsdp_state_dict_destroy(sd);
     sd = NULL;
@@ -469,65 +467,22 @@ static int vec_rank(int rank, int nranks, fsdp_local_world *world, void *user)
 
 static void check_vectors(const char *dir)
 {
-    char path[1024], line[4096], tok[512], name[64];
-    FILE *f;
+    char path[1024], err[FSDP_ERROR_MAX + 600];
+    toks t;
     int nmodels, m;
     snprintf(path, sizeof path, "%s/state_dict_names.txt", dir);
-    f = fopen(path, "r");
-    CHECK(f != NULL, "cannot open %s", path);
-    if (!f) return;
-    while (fgets(line, sizeof line, f) && line[0] == '#') {
-    }
-    if (sscanf(line, "nmodels %d", &nmodels) != 1) {
-        CHECK(0, "%s: no nmodels", path);
-        fclose(f);
-        return;
-    }
+    nmodels = tk_open_count(&t, path, "nmodels", err, sizeof err);
+    CHECK(nmodels >= 0, "%s: %s", path, err);
+    if (nmodels < 0) return;
     for (m = 0; m < nmodels; m++) {
-        int nmod, i, k, nkeys = 0, np, ok = 1, w;
+        sd_model sm;
         fsdp_model *mdl = NULL;
-        fsdp_model_desc md;
         fsdp_units *u = NULL;
         fsdp_wrap_desc wd;
-        char *keys[512];
-        if (fscanf(f, " model %63s nmodules %d", name, &nmod) != 2) break;
-        memset(&md, 0, sizeof md);
-        fsdp_model_create(&md, &mdl);
-        for (i = 0; i < nmod; i++) {
-            char fqn[256], type[128];
-            int nmro, npar;
-            if (fscanf(f, " mod %255s %127s mro %d", fqn, type, &nmro) != 3) ok = 0;
-            for (k = 0; k < nmro; k++) ok &= fscanf(f, " %511s", tok) == 1;
-            ok &= fscanf(f, " nparams %d", &npar) == 1;
-            if (strcmp(fqn, "-")) ok &= fsdp_model_add_module(mdl, fqn, type) == FSDP_SUCCESS;
-            for (k = 0; k < npar && ok; k++) {
-                char pn[128], shared[256];
-                fsdp_param_desc pd;
-                int d;
-                memset(&pd, 0, sizeof pd);
-                ok &= fscanf(f, " par %127s %255s %d", pn, shared, &pd.ndim) == 3;
-                for (d = 0; d < pd.ndim && d < FSDP_MAX_DIMS; d++)
-                    ok &= fscanf(f, " %lld", (long long *)&pd.shape[d]) == 1;
-                pd.module = strcmp(fqn, "-") ? fqn : "";
-                pd.name = pn;
-                if (strcmp(shared, "-"))
-                    ok &= fsdp_model_add_shared_param(mdl, pd.module, pn, shared) == FSDP_SUCCESS;
-                else
-                    ok &= fsdp_model_add_param(mdl, &pd) == FSDP_SUCCESS;
-            }
-        }
-        ok &= fscanf(f, " state_dict_keys %d", &nkeys) == 1 && nkeys < 512;
-        for (k = 0; ok && k < nkeys; k++) {
-            ok &= fscanf(f, " %511s", tok) == 1;
-            keys[k] = (char *)malloc(strlen(tok) + 1);
-            strcpy(keys[k], tok);
-        }
-        /* skip named_parameters and named_parameters_all */
-        ok &= fscanf(f, " named_parameters %d", &np) == 1;
-        for (k = 0; ok && k < np; k++) ok &= fscanf(f, " np %511s %511s", tok, tok) == 2;
-        ok &= fscanf(f, " named_parameters_all %d", &np) == 1;
-        for (k = 0; ok && k < np; k++) ok &= fscanf(f, " npa %511s %511s", tok, tok) == 2;
-        CHECK(ok, "%s: parsing model '%s' (%s)", path, name, fsdp_model_last_error(mdl));
+        int ok, w;
+        parse_sd_model(&t, &sm);
+        ok = !t.err && (mdl = model_desc_build(&sm.md, err, sizeof err)) != NULL;
+        CHECK(ok, "%s: model '%s': %s", path, S(sm.md.name), t.err ? t.msg : err);
         memset(&wd, 0, sizeof wd);
         if (ok && fsdp_wrap(mdl, &wd, &u) == FSDP_SUCCESS) {
             for (w = 1; w <= 2; w++) {
@@ -535,43 +490,28 @@ static void check_vectors(const char *dir)
                 void *args[4];
                 args[0] = mdl;
                 args[1] = u;
-                args[2] = keys;
-                args[3] = &nkeys;
+                args[2] = (void *)sm.keys;
+                args[3] = &sm.nkeys;
                 memset(&d, 0, sizeof d);
                 d.nranks = w;
                 fsdp_local_run(&d, vec_rank, args, NULL);
             }
-            CHECK(1, "vectors model %s", name);
+            CHECK(1, "vectors model %s", sm.md.name);
         } else if (ok) {
-            CHECK(0, "wrap %s: %s", name, fsdp_model_last_error(mdl));
+            CHECK(0, "wrap %s: %s", sm.md.name, fsdp_model_last_error(mdl));
         }
-        for (k = 0; ok && k < nkeys; k++) free(keys[k]);
         fsdp_units_destroy(u);
         fsdp_model_destroy(mdl);
+        sd_model_free(&sm);
         if (!ok) break;
     }
-    fclose(f);
+    tk_close(&t, NULL, 0);
 }
 
-int main(int argc, char **argv)
+static void test_full(void)
 {
     static job j;
     int w;
-    g_model = build_model(0);
-    g_units = g_model ? make_units(g_model, FSDP_FULL_SHARD) : NULL;
-    if (!g_units) {
-        printf("setup failed\n");
-        return 1;
-    }
-    CHECK(fsdp_units_count(g_units) == 3, "3 units, got %d", fsdp_units_count(g_units));
-    /* the reference: one rank, 2 steps */
-    memset(&j, 0, sizeof j);
-    j.fn = job_full;
-    j.steps = 2;
-    run(&j, 1);
-    memcpy(g_ref, j.vals, sizeof g_ref);
-    g_nref = j.nvals;
-    CHECK(g_nref == 1 + 60 + 36 + 6 + 36 + 6 + 6 + 6 + 60 + 10, "reference size %d", g_nref);
     for (w = 2; w <= 4; w++) {
         memset(&j, 0, sizeof j);
         j.fn = job_full;
@@ -580,69 +520,115 @@ int main(int argc, char **argv)
         CHECK(j.nvals == g_nref && bits_equal(j.vals, g_ref, g_nref),
               "full state dict at W=%d equals W=1", w);
     }
-    /* sharded pieces tile every tensor at W = 3 */
+}
+
+/* sharded pieces tile every tensor at W = 3 */
+static void test_sharded(void)
+{
+    static job j;
+    /* the reassembly skips head.weight: compare the rest in key order */
+    int k, ok = 1, off = 0;
     memset(&j, 0, sizeof j);
     j.fn = job_sharded;
     j.steps = 2;
     run(&j, 3);
-    {
-        /* the reassembly skips head.weight: compare the rest in key order */
-        int k, ok = 1, off = 0;
-        for (k = 0; k < NKEYS; k++) {
-            int p = fsdp_model_find_param(g_model, KEYS[k]);
-            fsdp_param_info pi;
-            fsdp_model_param(g_model, p, &pi);
-            if (k != 8) {
-                ok &= j.covered[k] == pi.numel;
-                ok &= !memcmp(j.pieces + off, g_ref + off, (size_t)pi.numel * 4);
-            }
-            off += (int)pi.numel;
+    for (k = 0; k < NKEYS; k++) {
+        int p = fsdp_model_find_param(g_model, KEYS[k]);
+        fsdp_param_info pi;
+        fsdp_model_param(g_model, p, &pi);
+        if (k != 8) {
+            ok &= j.covered[k] == pi.numel;
+            ok &= !memcmp(j.pieces + off, g_ref + off, (size_t)pi.numel * 4);
         }
-        CHECK(ok, "sharded pieces reassemble the full state dict");
+        off += (int)pi.numel;
     }
-    /* loading from rank 0 at W = 3 */
+    CHECK(ok, "sharded pieces reassemble the full state dict");
+}
+
+/* loading from rank 0 at W = 3 */
+static void test_rank0_load(void)
+{
+    static job j;
     memset(&j, 0, sizeof j);
     j.fn = job_rank0;
     run(&j, 3);
     CHECK(j.nvals >= g_nref - 0 && bits_equal(j.vals, g_ref, g_nref),
           "rank 0's dict became everyone's");
-    /* optimizer state: 3 steps at W = 2, reshard to W = 3 in memory, 3 more;
-       the reference is 6 uninterrupted steps at W = 1 */
-    {
-        static job ref;
-        memset(&ref, 0, sizeof ref);
-        ref.fn = job_ref;
-        ref.steps = 6;
-        run(&ref, 1);
-        memset(&j, 0, sizeof j);
-        j.fn = job_optim_save;
-        run(&j, 2);
-        j.fn = job_optim_load;
-        run(&j, 3);
-        CHECK(j.nvals == ref.nvals && bits_equal(j.vals, ref.vals, ref.nvals),
-              "optimizer state resharded 2 -> 3 continues bitwise (%d vs %d values)", j.nvals,
-              ref.nvals);
-        fsdp_state_dict_destroy(j.keep);
-        /* and with SGD momentum */
-        memset(&ref, 0, sizeof ref);
-        ref.fn = job_ref;
-        ref.steps = 6;
-        ref.optim_kind = 1;
-        run(&ref, 1);
-        memset(&j, 0, sizeof j);
-        j.optim_kind = 1;
-        j.fn = job_optim_save;
-        run(&j, 3);
-        j.fn = job_optim_load;
-        run(&j, 2);
-        CHECK(j.nvals == ref.nvals && bits_equal(j.vals, ref.vals, ref.nvals),
-              "SGD momentum resharded 3 -> 2 continues bitwise");
-        fsdp_state_dict_destroy(j.keep);
+}
+
+/* optimizer state: 3 steps at W = 2, reshard to W = 3 in memory, 3 more;
+   the reference is 6 uninterrupted steps at W = 1 */
+static void test_optim_reshard(void)
+{
+    static job ref, j;
+    memset(&ref, 0, sizeof ref);
+    ref.fn = job_ref;
+    ref.steps = 6;
+    run(&ref, 1);
+    memset(&j, 0, sizeof j);
+    j.fn = job_optim_save;
+    run(&j, 2);
+    j.fn = job_optim_load;
+    run(&j, 3);
+    CHECK(j.nvals == ref.nvals && bits_equal(j.vals, ref.vals, ref.nvals),
+          "optimizer state resharded 2 -> 3 continues bitwise (%d vs %d values)", j.nvals,
+          ref.nvals);
+    fsdp_state_dict_destroy(j.keep);
+    /* and with SGD momentum */
+    memset(&ref, 0, sizeof ref);
+    ref.fn = job_ref;
+    ref.steps = 6;
+    ref.optim_kind = 1;
+    run(&ref, 1);
+    memset(&j, 0, sizeof j);
+    j.optim_kind = 1;
+    j.fn = job_optim_save;
+    run(&j, 3);
+    j.fn = job_optim_load;
+    run(&j, 2);
+    CHECK(j.nvals == ref.nvals && bits_equal(j.vals, ref.vals, ref.nvals),
+          "SGD momentum resharded 3 -> 2 continues bitwise");
+    fsdp_state_dict_destroy(j.keep);
+}
+
+static const char *g_vectors;
+
+static void test_vectors(void)
+{
+    if (g_vectors) check_vectors(g_vectors);
+    else check_skip("no vectors directory given: state_dict_names");
+}
+
+static const check_case CASES[] = {
+    {"full", test_full},
+    {"sharded", test_sharded},
+    {"rank0_load", test_rank0_load},
+    {"optim_reshard", test_optim_reshard},
+    {"vectors", test_vectors},
+};
+
+int main(int argc, char **argv)
+{
+    static job j;
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    if (argc > 1) g_vectors = argv[1];
+    g_model = build_model(0);
+    g_units = g_model ? make_units(g_model, FSDP_FULL_SHARD) : NULL;
+    if (!g_units) {
+        printf("setup failed\n");
+        return 1;
     }
-    if (argc > 1) check_vectors(argv[1]);
-    else printf("no vectors directory given: state_dict_names skipped\n");
+    CHECK(fsdp_units_count(g_units) == 3, "3 units, got %d", fsdp_units_count(g_units));
+    /* the reference of every case: one rank, 2 steps */
+    memset(&j, 0, sizeof j);
+    j.fn = job_full;
+    j.steps = 2;
+    run(&j, 1);
+    memcpy(g_ref, j.vals, sizeof g_ref);
+    g_nref = j.nvals;
+    CHECK(g_nref == 1 + 60 + 36 + 6 + 36 + 6 + 6 + 6 + 60 + 10, "reference size %d", g_nref);
+    check_run();
     fsdp_units_destroy(g_units);
     fsdp_model_destroy(g_model);
-    printf("%ld passed, %ld failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return check_finish();
 }

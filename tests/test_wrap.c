@@ -6,41 +6,15 @@
    a shared entry, untied across units), the units' flat layout, mixed dtype /
    requires_grad errors, shard metadata with PyTorch's rule (S = ceil(T/W),
    padding only at the end), parameter views, PyTorch's wrapped names, and bad
-   input. Prints "N passed, M failed". */
+   input. Cases and command line: check.h. */
+#define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static long g_pass, g_fail;
-
-static void report(const char *file, int line, const char *fmt, ...)
-{
-    va_list ap;
-    g_fail++;
-    printf("%s:%d: ", file, line);
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-}
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) g_pass++;                                                                \
-        else report(__FILE__, __LINE__, __VA_ARGS__);                                      \
-    } while (0)
-
-static const char *S(const char *s) { return s ? s : "(null)"; }
-
-#define OK(call)                                                                           \
-    do {                                                                                   \
-        fsdp_result r_ = (call);                                                           \
-        CHECK(r_ == FSDP_SUCCESS, "%s returned %d (%s): %s", #call, (int)r_,               \
-              fsdp_result_string(r_), S(fsdp_model_last_error(m)));                        \
-    } while (0)
 
 /* ------------------------------------------------------------------------ */
 /* models                                                                    */
@@ -63,55 +37,6 @@ static void log_fn(void *user, fsdp_log_level level, const char *msg)
     g_logs.n++;
 }
 
-/* A counting allocator that can be told to fail. */
-typedef struct counting {
-    long live, total, bad_frees;
-    long limit; /* > 0: allocations fail once `total` reaches it */
-} counting;
-
-#define HDR 16
-static void *c_alloc(void *user, size_t bytes)
-{
-    counting *c = (counting *)user;
-    unsigned char *p;
-    if (c->limit > 0 && c->total >= c->limit) return NULL;
-    p = (unsigned char *)malloc(bytes + HDR);
-    if (!p) return NULL;
-    memcpy(p, "fsdpmagic", 9);
-    c->live++;
-    c->total++;
-    return p + HDR;
-}
-static void *c_realloc(void *user, void *ptr, size_t bytes)
-{
-    counting *c = (counting *)user;
-    unsigned char *p;
-    if (!ptr) return c_alloc(user, bytes);
-    if (c->limit > 0 && c->total >= c->limit) return NULL;
-    p = (unsigned char *)ptr - HDR;
-    if (memcmp(p, "fsdpmagic", 9) != 0) {
-        c->bad_frees++;
-        return NULL;
-    }
-    p = (unsigned char *)realloc(p, bytes + HDR);
-    if (!p) return NULL;
-    c->total++;
-    return p + HDR;
-}
-static void c_free(void *user, void *ptr)
-{
-    counting *c = (counting *)user;
-    unsigned char *p;
-    if (!ptr) return;
-    p = (unsigned char *)ptr - HDR;
-    if (memcmp(p, "fsdpmagic", 9) != 0) {
-        c->bad_frees++;
-        return;
-    }
-    memset(p, 0, 9);
-    c->live--;
-    free(p);
-}
 static counting *g_alloc; /* when set, new models use it */
 
 static fsdp_model *new_model(const char *root_type)
@@ -123,12 +48,7 @@ static fsdp_model *new_model(const char *root_type)
     d.root_type = root_type;
     d.hooks.log = log_fn;
     d.hooks.log_level = FSDP_LOG_WARN;
-    if (g_alloc) {
-        d.hooks.allocator.user = g_alloc;
-        d.hooks.allocator.alloc = c_alloc;
-        d.hooks.allocator.realloc = c_realloc;
-        d.hooks.allocator.free = c_free;
-    }
+    if (g_alloc) d.hooks.allocator = counting_allocator(g_alloc);
     r = fsdp_model_create(&d, &m);
     CHECK(r == FSDP_SUCCESS && m != NULL, "fsdp_model_create returned %d", (int)r);
     return m;
@@ -1855,25 +1775,26 @@ static void test_independent(void)
     fsdp_model_destroy(m);
 }
 
-int main(void)
+static const check_case CASES[] = {
+    {"root_only", test_root_only},
+    {"module_type", test_module_type},
+    {"size_based", test_size_based},
+    {"size_based_defaults", test_size_based_defaults},
+    {"always", test_always},
+    {"lambda_and_or", test_lambda_and_or},
+    {"custom_and_annotated", test_custom_and_annotated},
+    {"ignored_and_names", test_ignored_and_names},
+    {"ties_in_unit", test_ties_in_unit},
+    {"torch_names_nested", test_torch_names_nested},
+    {"mixed", test_mixed},
+    {"shards", test_shards},
+    {"param_view", test_param_view},
+    {"bad_input", test_bad_input},
+    {"independent", test_independent},
+    {"wrap_oom", test_wrap_oom},
+};
+
+int main(int argc, char **argv)
 {
-    setvbuf(stdout, NULL, _IOLBF, 0); /* keep output if a sanitizer ends the run */
-    test_root_only();
-    test_module_type();
-    test_size_based();
-    test_size_based_defaults();
-    test_always();
-    test_lambda_and_or();
-    test_custom_and_annotated();
-    test_ignored_and_names();
-    test_ties_in_unit();
-    test_torch_names_nested();
-    test_mixed();
-    test_shards();
-    test_param_view();
-    test_bad_input();
-    test_independent();
-    test_wrap_oom();
-    printf("%ld passed, %ld failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    return check_main(argc, argv, CASES, CHECK_COUNT(CASES));
 }

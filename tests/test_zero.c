@@ -13,57 +13,17 @@
    trip into a fresh optimizer that keeps training identically, PyTorch's
    partition on hand cases, and every error path (with nothing applied,
    allocation failures included).
-   Prints failures as file:line, then "N passed, M failed". */
+   Cases and command line: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "check.h"
 
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include <unistd.h>
-
-/* ------------------------------------------------------------------------ */
-/* check counting (ranks are threads: the counters are locked)               */
-/* ------------------------------------------------------------------------ */
-
-static long g_pass, g_fail;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static void report(const char *file, int line, const char *fmt, ...)
-{
-    va_list ap;
-    pthread_mutex_lock(&g_mu);
-    g_fail++;
-    printf("%s:%d: ", file, line);
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    pthread_mutex_unlock(&g_mu);
-}
-
-static void pass1(void)
-{
-    pthread_mutex_lock(&g_mu);
-    g_pass++;
-    pthread_mutex_unlock(&g_mu);
-}
-
-#define CHECK(c, ...)                                                        \
-    do {                                                                     \
-        if (c) pass1();                                                      \
-        else report(__FILE__, __LINE__, __VA_ARGS__);                        \
-    } while (0)
-
-static double now_s(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
 
 /* ------------------------------------------------------------------------ */
 /* the toy model                                                             */
@@ -264,14 +224,16 @@ static int compare_params(const char *what, const cfg *c, int rank, int step, fs
     for (i = 0; i < r->np; i++) {
         const float *zd = fsdp_zero_param_data(z, i);
         if (P_NUMEL[i] && (!zd || memcmp(zd, r->data[i], (size_t)P_NUMEL[i] * 4) != 0)) {
-            report(__FILE__, __LINE__, "%s W=%d kind=%d bucket=%d stage=%d fma=%d: rank %d step "
-                   "%d parameter %d '%s' differs from the plain optimizer", what, c->world,
-                   (int)c->kind, c->bucket, (int)c->stage, c->fma, rank, step, i, P_NAME[i]);
+            check_fail(__FILE__, __LINE__,
+                       "%s W=%d kind=%d bucket=%d stage=%d fma=%d: rank %d step "
+                       "%d parameter %d '%s' differs from the plain optimizer",
+                       what, c->world, (int)c->kind, c->bucket, (int)c->stage, c->fma, rank, step,
+                       i, P_NAME[i]);
             ok = 0;
             break;
         }
     }
-    if (ok) pass1();
+    if (ok) check_pass();
     return ok;
 }
 
@@ -338,11 +300,11 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     memset(&e2, 0, sizeof e2);
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
         fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "rank %d: device/comm creation failed", rank);
+        check_fail(__FILE__, __LINE__, "rank %d: device/comm creation failed", rank);
         goto done;
     }
     if (make_zero(c, comm, dev, &e, NP_CREATE, &r, &lg, &z) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "rank %d: fsdp_zero_create failed", rank);
+        check_fail(__FILE__, __LINE__, "rank %d: fsdp_zero_create failed", rank);
         goto done;
     }
     for (step = 1; step <= STEPS; step++) {
@@ -380,11 +342,12 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         }
         backward(rank, step, z, &e, &r);
         if (fsdp_zero_step(z) != FSDP_SUCCESS) {
-            report(__FILE__, __LINE__, "rank %d step %d: %s", rank, step, fsdp_zero_last_error(z));
+            check_fail(__FILE__, __LINE__, "rank %d step %d: %s", rank, step,
+                       fsdp_zero_last_error(z));
             goto done;
         }
         if (!ref_step(&r, comm)) {
-            report(__FILE__, __LINE__, "rank %d: reference step failed", rank);
+            check_fail(__FILE__, __LINE__, "rank %d: reference step failed", rank);
             goto done;
         }
         compare_params("training", c, rank, step, z, &r);
@@ -405,7 +368,8 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
                   "rank %d parameter %d owned gradient", rank, i);
         }
     }
-    if (lg.warns) CHECK(strstr(lg.last, "trainable parameters changed") != NULL, "log: %s", lg.last);
+    if (lg.warns)
+        CHECK(strstr(lg.last, "trainable parameters changed") != NULL, "log: %s", lg.last);
     /* state: the local dict holds the owned parameters' state */
     {
         size_t bytes = 0;
@@ -442,7 +406,8 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         CHECK(ok && e0 == NP, "consolidated param_groups list 0..%d", NP - 1);
         for (i = 0, k = 0; i < NP; i++)
             if (r.step[i] > 0) {
-                CHECK(k < sd.nentries && sd.entries[k].index == i && entry_matches(&sd.entries[k], &r),
+                CHECK(k < sd.nentries && sd.entries[k].index == i &&
+                          entry_matches(&sd.entries[k], &r),
                       "consolidated state of parameter %d", i);
                 k++;
             }
@@ -453,7 +418,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     /* a fresh optimizer over copies of the parameters loads the full dict */
     engine_init(&e2, &r);
     if (make_zero(c, comm, dev, &e2, NP, &r, &lg2, &z2) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "rank %d: second fsdp_zero_create failed", rank);
+        check_fail(__FILE__, __LINE__, "rank %d: second fsdp_zero_create failed", rank);
         goto done;
     }
     {
@@ -485,7 +450,8 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     for (step = STEPS + 1; step <= STEPS + MORE_STEPS; step++) {
         backward(rank, step, z2, &e2, &r);
         if (fsdp_zero_step(z2) != FSDP_SUCCESS || !ref_step(&r, comm)) {
-            report(__FILE__, __LINE__, "rank %d step %d: %s", rank, step, fsdp_zero_last_error(z2));
+            check_fail(__FILE__, __LINE__, "rank %d step %d: %s", rank, step,
+                       fsdp_zero_last_error(z2));
             goto done;
         }
         compare_params("after load", c, rank, step, z2, &r);
@@ -572,7 +538,8 @@ static void test_partition(void)
         CHECK(!memcmp(order, want, sizeof want) && begin[1] == 1, "zero numel, W=2");
         n[1] = n[3] = 0;
         CHECK(fsdp_zero_partition(n, gn, 1, 3, owner, NULL, NULL) == FSDP_SUCCESS, "partition");
-        CHECK(owner[0] == 0 && owner[1] == 0 && owner[2] == 0 && owner[3] == 0, "all empty: rank 0");
+        CHECK(owner[0] == 0 && owner[1] == 0 && owner[2] == 0 && owner[3] == 0,
+              "all empty: rank 0");
     }
     {
         int64_t n[2] = {1, -1};
@@ -610,7 +577,7 @@ static int err_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
         fsdp_device_cpu_create(NULL, &dev2) != FSDP_SUCCESS ||
         fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "rank %d: device/comm creation failed", rank);
+        check_fail(__FILE__, __LINE__, "rank %d: device/comm creation failed", rank);
         goto done;
     }
     memset(ps, 0, sizeof ps);
@@ -674,12 +641,13 @@ static int err_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     ps[3].grad = NULL;
     ps[3].frozen = 1;
     if (fsdp_zero_create(&d, &z) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "rank %d: create: %s", rank, err.message);
+        check_fail(__FILE__, __LINE__, "rank %d: create: %s", rank, err.message);
         goto done;
     }
-    pass1();
+    check_pass();
     CHECK(fsdp_zero_set_requires_grad(z, 3, 1) == FSDP_INVALID_ARGS &&
-              strstr(fsdp_zero_last_error(z), "'d' has no gradient"), "%s", fsdp_zero_last_error(z));
+              strstr(fsdp_zero_last_error(z), "'d' has no gradient"),
+          "%s", fsdp_zero_last_error(z));
     CHECK(fsdp_zero_set_requires_grad(z, 4, 1) == FSDP_INVALID_ARGS, "index out of range");
     CHECK(fsdp_zero_set_lr(z, 2, 0.1) == FSDP_INVALID_ARGS &&
               strstr(fsdp_zero_last_error(z), "group 2 out of range"), "set_lr group");
@@ -850,7 +818,7 @@ static int oom_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     dd.hooks.allocator.free = fa_free;
     if (fsdp_device_cpu_create(&dd, &dev) != FSDP_SUCCESS ||
         fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "rank %d: device/comm creation failed", rank);
+        check_fail(__FILE__, __LINE__, "rank %d: device/comm creation failed", rank);
         goto done;
     }
     memset(ps, 0, sizeof ps);
@@ -878,7 +846,7 @@ static int oom_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     CHECK(fsdp_zero_create(&d, &z) == FSDP_OUT_OF_MEMORY && z == NULL, "create without memory");
     fa.fail = 0;
     if (fsdp_zero_create(&d, &z) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "rank %d: create failed", rank);
+        check_fail(__FILE__, __LINE__, "rank %d: create failed", rank);
         goto done;
     }
     for (i = 0; i < 3; i++) before[i] = fsdp_zero_param_data(z, i);
@@ -979,15 +947,15 @@ static int bridge_rank(int rank, int nranks, fsdp_local_world *world, void *user
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
         fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS ||
         make_zero(c, comm, dev, &e, NP, &r, &lg, &z) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "rank %d: creation failed", rank);
+        check_fail(__FILE__, __LINE__, "rank %d: creation failed", rank);
         goto done;
     }
     if (phase == 0) {
         for (step = 1; step <= STEPS; step++) {
             backward(rank, step, z, &e, &r);
             if (fsdp_zero_step(z) != FSDP_SUCCESS || !ref_step(&r, comm)) {
-                report(__FILE__, __LINE__, "rank %d step %d: %s", rank, step,
-                       fsdp_zero_last_error(z));
+                check_fail(__FILE__, __LINE__, "rank %d step %d: %s", rank, step,
+                           fsdp_zero_last_error(z));
                 goto done;
             }
             compare_params("bridge before save", c, rank, step, z, &r);
@@ -1021,7 +989,7 @@ static int bridge_rank(int rank, int nranks, fsdp_local_world *world, void *user
     }
     /* phase 1: every rank loads the file into a zero of another world size */
     if (fsdp_safetensors_load(g_bridge_path, NULL, &sd, &err) != FSDP_SUCCESS) {
-        report(__FILE__, __LINE__, "rank %d: load: %s", rank, err.message);
+        check_fail(__FILE__, __LINE__, "rank %d: load: %s", rank, err.message);
         goto done;
     }
     /* a dict missing one key is refused, naming it, and changes nothing */
@@ -1046,7 +1014,8 @@ static int bridge_rank(int rank, int nranks, fsdp_local_world *world, void *user
     for (step = STEPS + 1; step <= STEPS + 3; step++) {
         backward(rank, step, z, &e, &r);
         if (fsdp_zero_step(z) != FSDP_SUCCESS || !ref_step(&r, comm)) {
-            report(__FILE__, __LINE__, "rank %d step %d: %s", rank, step, fsdp_zero_last_error(z));
+            check_fail(__FILE__, __LINE__, "rank %d step %d: %s", rank, step,
+                       fsdp_zero_last_error(z));
             goto done;
         }
         compare_params("bridge after load", c, rank, step, z, &r);
@@ -1098,25 +1067,19 @@ static void test_state_dict_bridge(void)
     unlink(g_bridge_path);
 }
 
+static const check_case CASES[] = {
+    {"partition", test_partition},
+    {"errors", test_errors},
+    {"oom", test_oom},
+    {"equivalence", test_equivalence},
+    {"state_dict_bridge", test_state_dict_bridge},
+};
+
 int main(int argc, char **argv)
 {
-    double t0 = now_s(), t;
-    (void)argc;
-    (void)argv;
-#define SECTION(fn)                                                                        \
-    do {                                                                                   \
-        t = now_s();                                                                       \
-        fn();                                                                              \
-        printf("%-20s %6.2f s  (%ld passed, %ld failed so far)\n", #fn, now_s() - t, g_pass, \
-               g_fail);                                                                    \
-        fflush(stdout);                                                                    \
-    } while (0)
-    SECTION(test_partition);
-    SECTION(test_errors);
-    SECTION(test_oom);
-    SECTION(test_equivalence);
-    SECTION(test_state_dict_bridge);
-    printf("%d training runs in %.2f s\n", g_runs, now_s() - t0);
-    printf("%ld passed, %ld failed\n", g_pass, g_fail);
-    return g_fail ? 1 : 0;
+    double t0 = check_now();
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    check_run();
+    printf("%d training runs in %.2f s\n", g_runs, check_now() - t0);
+    return check_finish();
 }

@@ -1,52 +1,20 @@
-/* Shared by test_statedict.c and test_ckpt.c: check counting, a small
+/* fixtures_tnet.h - shared by test_statedict.c and test_ckpt.c: a small
    model with three units, a tied weight (head.weight is embed.weight), a
    scalar, and an ignored module, and a deterministic "engine" whose
    gradients are small dyadic rationals, so that the averaged reduction is
    exact at every world size: training at W ranks is bitwise training at 1
    rank, and a checkpoint resharded from W to W' must continue bitwise. */
-#ifndef SD_COMMON_H
-#define SD_COMMON_H
+#ifndef FSDP_TESTS_FIXTURES_TNET_H
+#define FSDP_TESTS_FIXTURES_TNET_H
 
 #include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
 
 #include <math.h>
-#include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-
-static long g_pass, g_fail;
-static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
-
-static void pass1(void)
-{
-    pthread_mutex_lock(&g_mu);
-    g_pass++;
-    pthread_mutex_unlock(&g_mu);
-}
-
-static void report(const char *file, int line, const char *fmt, ...)
-{
-    va_list ap;
-    pthread_mutex_lock(&g_mu);
-    g_fail++;
-    printf("%s:%d: FAIL: ", file, line);
-    va_start(ap, fmt);
-    vprintf(fmt, ap);
-    va_end(ap);
-    printf("\n");
-    fflush(stdout);
-    pthread_mutex_unlock(&g_mu);
-}
-
-#define CHECK(cond, ...)                                                                   \
-    do {                                                                                   \
-        if (cond) pass1();                                                                 \
-        else report(__FILE__, __LINE__, __VA_ARGS__);                                      \
-    } while (0)
-
-static int contains(const char *s, const char *sub) { return s && sub && strstr(s, sub) != NULL; }
 
 /* --- the model --- */
 

@@ -1,10 +1,14 @@
-/* The conformance family of the ZeRO optimizer issue: zero_partition
-   (ZeroRedundancyOptimizer._partition_parameters() on real gloo groups).
-   Each case's partition is computed twice through the public API: by
-   fsdp_zero_partition from the numels, and by real fsdp_zero objects, one
-   per rank of a local world of the case's size, whose fsdp_zero_rank_params
-   must agree. Both are compared with the recorded per-(rank, group) lists,
-   in assignment order. Included once by conformance.c, after its helpers. */
+/* zero_partition: ZeroRedundancyOptimizer._partition_parameters() on real
+   gloo groups. Each case's partition is computed twice through the public
+   API: by fsdp_zero_partition from the numels, and by real fsdp_zero
+   objects, one per rank of a local world of the case's size, whose
+   fsdp_zero_rank_params must agree. Both are compared with the recorded
+   per-(rank, group) lists, in assignment order. */
+#include "conformance.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef struct zp_case {
     int W, G, P;
@@ -30,14 +34,14 @@ static int zp_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     int i, r, rc = 1;
     fsdp_zero_desc d;
     fsdp_optim_config *groups;
-    ps = (fsdp_zero_param *)cf_calloc((size_t)zc->P, sizeof *ps);
-    names = (char(*)[24])cf_calloc((size_t)zc->P, sizeof *names);
-    groups = (fsdp_optim_config *)cf_calloc((size_t)zc->G, sizeof *groups);
+    ps = (fsdp_zero_param *)vec_calloc((size_t)zc->P, sizeof *ps);
+    names = (char(*)[24])vec_calloc((size_t)zc->P, sizeof *names);
+    groups = (fsdp_optim_config *)vec_calloc((size_t)zc->G, sizeof *groups);
     for (i = 0; i < zc->P; i++)
         if (zc->numels[i] > maxn) maxn = zc->numels[i];
     /* the parameters' values do not matter here: all share one buffer */
-    data = (float *)cf_calloc((size_t)maxn, sizeof *data);
-    grad = (float *)cf_calloc((size_t)maxn, sizeof *grad);
+    data = (float *)vec_calloc((size_t)maxn, sizeof *data);
+    grad = (float *)vec_calloc((size_t)maxn, sizeof *grad);
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
         fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         snprintf(zc->msg, sizeof zc->msg, "rank %d: device/comm creation failed", rank);
@@ -95,18 +99,11 @@ done:
     return rc;
 }
 
-static int check_zero_partition(const char *path, famstats *st, char *err, size_t nerr)
+int check_zero_partition(const char *path, famstats *st, char *err, size_t nerr)
 {
     toks t;
     int ncases, ci;
-    int rc = tk_load(&t, path);
-    if (rc != 0) {
-        snprintf(err, nerr, "%s", rc == -1 ? "cannot open file" : t.msg);
-        tk_free(&t);
-        return -1;
-    }
-    tk_expect(&t, "ncases");
-    ncases = tk_count(&t, "ncases");
+    if ((ncases = tk_open_count(&t, path, "ncases", err, nerr)) < 0) return -1;
     for (ci = 0; ci < ncases && !t.err; ci++) {
         casectx c;
         zp_case zc;
@@ -128,16 +125,12 @@ static int check_zero_partition(const char *path, famstats *st, char *err, size_
             tk_fail(&t, "case %s: more groups or ranks than the rest of the file", id);
             break;
         }
-        zc.gn = (int *)cf_calloc((size_t)zc.G, sizeof *zc.gn);
-        zc.numels = (int64_t *)cf_calloc((size_t)zc.P, sizeof *zc.numels);
-        zc.lists = (int **)cf_calloc((size_t)zc.W * (size_t)zc.G, sizeof *zc.lists);
-        zc.counts = (int *)cf_calloc((size_t)zc.W * (size_t)zc.G, sizeof *zc.counts);
+        zc.gn = (int *)vec_calloc((size_t)zc.G, sizeof *zc.gn);
+        zc.numels = (int64_t *)vec_calloc((size_t)zc.P, sizeof *zc.numels);
+        zc.lists = (int **)vec_calloc((size_t)zc.W * (size_t)zc.G, sizeof *zc.lists);
+        zc.counts = (int *)vec_calloc((size_t)zc.W * (size_t)zc.G, sizeof *zc.counts);
         for (g = 0; g < zc.G && !t.err; g++) {
-            tk_expect(&t, "group");
-            if ((int)tk_int(&t, "group", 0, zc.G - 1) != g && !t.err) {
-                t.pos--;
-                tk_fail(&t, "group lines out of order (wanted group %d)", g);
-            }
+            tk_index(&t, "group", g, zc.G);
             tk_expect(&t, "nparams");
             zc.gn[g] = tk_count(&t, "group nparams");
             tk_expect(&t, "numels");
@@ -154,28 +147,20 @@ static int check_zero_partition(const char *path, famstats *st, char *err, size_
         for (r = 0; r < zc.W && !t.err; r++)
             for (g = 0; g < zc.G && !t.err; g++) {
                 int n;
-                tk_expect(&t, "rank");
-                if ((int)tk_int(&t, "rank", 0, zc.W - 1) != r && !t.err) {
-                    t.pos--;
-                    tk_fail(&t, "rank lines out of order (wanted rank %d)", r);
-                }
-                tk_expect(&t, "group");
-                if ((int)tk_int(&t, "group", 0, zc.G - 1) != g && !t.err) {
-                    t.pos--;
-                    tk_fail(&t, "rank %d: group lines out of order (wanted group %d)", r, g);
-                }
+                tk_index(&t, "rank", r, zc.W);
+                tk_index(&t, "group", g, zc.G);
                 tk_expect(&t, "count");
                 n = (int)tk_int(&t, "count", 0, zc.P);
                 zc.counts[r * zc.G + g] = n;
-                zc.lists[r * zc.G + g] = (int *)cf_calloc((size_t)n, sizeof(int));
+                zc.lists[r * zc.G + g] = (int *)vec_calloc((size_t)n, sizeof(int));
                 for (k = 0; k < n && !t.err; k++)
                     zc.lists[r * zc.G + g][k] = (int)tk_int(&t, "global index", 0, zc.P - 1);
             }
         if (!t.err) {
             case_begin(&c, "zero_partition", "case %s %s (W=%d, %d groups)", id, name, zc.W, zc.G);
-            owner = (int *)cf_calloc((size_t)zc.P, sizeof *owner);
-            order = (int *)cf_calloc((size_t)zc.P, sizeof *order);
-            begin = (int *)cf_calloc((size_t)zc.W + 1, sizeof *begin);
+            owner = (int *)vec_calloc((size_t)zc.P, sizeof *owner);
+            order = (int *)vec_calloc((size_t)zc.P, sizeof *order);
+            begin = (int *)vec_calloc((size_t)zc.W + 1, sizeof *begin);
             if (fsdp_zero_partition(zc.numels, zc.gn, zc.G, zc.W, owner, order, begin) !=
                 FSDP_SUCCESS) {
                 cfail(&c, "fsdp_zero_partition failed");
@@ -207,11 +192,11 @@ static int check_zero_partition(const char *path, famstats *st, char *err, size_
                 /* the optimizer objects of a real local world agree */
                 if (zc.P > 0) {
                     fsdp_local_desc ld;
-                    int *res = (int *)cf_calloc((size_t)zc.W, sizeof *res);
+                    int *res = (int *)vec_calloc((size_t)zc.W, sizeof *res);
                     memset(&ld, 0, sizeof ld);
                     ld.nranks = zc.W;
-                    zc.obj_order = (int *)cf_calloc((size_t)zc.W * (size_t)zc.P, sizeof(int));
-                    zc.obj_count = (int *)cf_calloc((size_t)zc.W * (size_t)zc.W, sizeof(int));
+                    zc.obj_order = (int *)vec_calloc((size_t)zc.W * (size_t)zc.P, sizeof(int));
+                    zc.obj_count = (int *)vec_calloc((size_t)zc.W * (size_t)zc.W, sizeof(int));
                     if (fsdp_local_run(&ld, zp_rank, &zc, res) != FSDP_SUCCESS) {
                         cfail(&c, "local run failed to start");
                     } else {
@@ -247,11 +232,5 @@ static int check_zero_partition(const char *path, famstats *st, char *err, size_
         free(zc.gn);
         free(zc.numels);
     }
-    if (t.err) {
-        snprintf(err, nerr, "%s", t.msg);
-        tk_free(&t);
-        return -1;
-    }
-    tk_free(&t);
-    return st->npassed == st->ncases ? 0 : 1;
+    return tk_close(&t, err, nerr);
 }

@@ -1,26 +1,14 @@
-/* The conformance families of the runtime issue: optim (torch.optim's
-   arithmetic, bit-exact) and fsdp_cpu (the MLP trained with FULL_SHARD over
-   the local backend against PyTorch's reference and its FULL_SHARD
-   emulation). Included once by conformance.c, after its helpers. */
-
-#include "optim_vectors.h"
+/* fsdp_cpu: the MLP of fsdp_cpu.txt trained with FULL_SHARD over the local
+   backend (ranks as threads) against PyTorch's single-process reference and
+   its FULL_SHARD emulation at each recorded world size (losses, every
+   rank's shard after every step, the final parameters, 1e-6), and the
+   gradient pre/post-divide factors against PyTorch's table. */
+#include "conformance.h"
 
 #include <math.h>
-
-static int check_optim(const char *path, famstats *st, char *err, size_t nerr)
-{
-    int checked = 0, failed = ov_check_file(path, &checked);
-    if (failed < 0) {
-        snprintf(err, nerr, "cannot read %s", path);
-        return -1;
-    }
-    /* one case per (result, arithmetic variant) */
-    st->ncases = checked;
-    st->npassed = checked - failed;
-    return failed ? 1 : 0;
-}
-
-/* --- fsdp_cpu --- */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 typedef struct mlp_ref {
     long T, B, I, H, O, K;
@@ -294,36 +282,15 @@ static void mlp_case(casectx *cc, const mlp_ref *ref, int W, const float *want_l
     fsdp_model_destroy(m);
 }
 
-static int tk_floats(toks *t, float *out, long n, const char *what)
-{
-    long i;
-    for (i = 0; i < n; i++) {
-        const char *s = tk_next(t, what);
-        char *end;
-        if (t->err) return 0;
-        out[i] = strtof(s, &end);
-        if (*end) {
-            tk_fail(t, "%s: '%s' is not a float", what, s);
-            return 0;
-        }
-    }
-    return 1;
-}
-
-static int check_fsdp_cpu(const char *path, famstats *st, char *err, size_t nerr)
+int check_fsdp_cpu(const char *path, famstats *st, char *err, size_t nerr)
 {
     toks t;
     mlp_ref ref;
     casectx cc;
     long e, nemul, k, r;
-    int failed = 0;
     float *final_single;
     memset(&ref, 0, sizeof ref);
-    if (tk_load(&t, path) != 0) {
-        snprintf(err, nerr, "%s", t.msg[0] ? t.msg : "cannot open the file");
-        tk_free(&t);
-        return -1;
-    }
+    if (tk_open(&t, path, err, nerr) != 0) return -1;
     if (!tk_expect(&t, "total_numel")) goto bad;
     ref.T = (long)tk_int(&t, "total_numel", 1, 100000000);
     if (!tk_expect(&t, "batch")) goto bad;
@@ -335,11 +302,7 @@ static int check_fsdp_cpu(const char *path, famstats *st, char *err, size_t nerr
     if (!tk_expect(&t, "out")) goto bad;
     ref.O = (long)tk_int(&t, "out", 1, 64);
     if (!tk_expect(&t, "lr")) goto bad;
-    {
-        const char *s = tk_next(&t, "lr");
-        if (t.err) goto bad;
-        ref.lr = strtod(s, NULL);
-    }
+    ref.lr = tk_double(&t, "lr");
     if (!tk_expect(&t, "steps")) goto bad;
     ref.K = (long)tk_int(&t, "steps", 1, 1000);
     if (ref.T != ref.H * ref.I + ref.H + ref.O * ref.H + ref.O) {
@@ -367,7 +330,6 @@ static int check_fsdp_cpu(const char *path, famstats *st, char *err, size_t nerr
     final_single = ref.single_params + (ref.K - 1) * ref.T;
     mlp_case(&cc, &ref, 1, ref.single_loss, NULL, 0, final_single);
     fam_count(st, &cc);
-    failed += !case_passed(&cc);
     if (!tk_expect(&t, "nemul")) goto bad;
     nemul = (long)tk_int(&t, "nemul", 0, 64);
     for (e = 0; e < nemul; e++) {
@@ -379,57 +341,40 @@ static int check_fsdp_cpu(const char *path, famstats *st, char *err, size_t nerr
         if (!tk_expect(&t, "padded_shard_numel")) goto bad;
         S = (long)tk_int(&t, "padded_shard_numel", 0, ref.T);
         if (!tk_expect(&t, "predivide")) goto bad;
-        pre = strtod(tk_next(&t, "predivide"), NULL);
+        pre = tk_double(&t, "predivide");
         if (!tk_expect(&t, "postdivide")) goto bad;
-        post = strtod(tk_next(&t, "postdivide"), NULL);
-        loss = (float *)calloc((size_t)(W * ref.K), sizeof(float));
-        shards = (float *)calloc((size_t)(W * ref.K * S + 1), sizeof(float));
-        fin = (float *)calloc((size_t)ref.T, sizeof(float));
-        if (!loss || !shards || !fin) {
-            free(loss);
-            free(shards);
-            free(fin);
-            goto bad;
-        }
-        for (r = 0; r < W; r++) {
-            if (!tk_expect(&t, "rank") || tk_int(&t, "rank", 0, W - 1) != r ||
-                !tk_expect(&t, "numel_padded")) {
-                free(loss);
-                free(shards);
-                free(fin);
-                goto bad;
-            }
+        post = tk_double(&t, "postdivide");
+        loss = (float *)vec_calloc((size_t)(W * ref.K), sizeof(float));
+        shards = (float *)vec_calloc((size_t)(W * ref.K * S + 1), sizeof(float));
+        fin = (float *)vec_calloc((size_t)ref.T, sizeof(float));
+        for (r = 0; r < W && !t.err; r++) {
+            tk_index(&t, "rank", (int)r, (int)W);
+            tk_expect(&t, "numel_padded");
             tk_int(&t, "numel_padded", 0, S);
-            if (!tk_expect(&t, "loss") || !tk_floats(&t, loss + r * ref.K, ref.K, "loss")) {
-                free(loss);
-                free(shards);
-                free(fin);
-                goto bad;
-            }
+            tk_expect(&t, "loss");
+            tk_floats(&t, loss + r * ref.K, ref.K, "loss");
         }
-        for (r = 0; r < W * ref.K; r++) {
+        for (r = 0; r < W * ref.K && !t.err; r++) {
             long rr, kk;
-            if (!tk_expect(&t, "shard")) break;
+            tk_expect(&t, "shard");
             rr = (long)tk_int(&t, "rank", 0, W - 1);
             kk = (long)tk_int(&t, "step", 1, ref.K);
-            if (!tk_floats(&t, shards + (rr * ref.K + kk - 1) * S, S, "shard")) break;
+            tk_floats(&t, shards + (rr * ref.K + kk - 1) * S, S, "shard");
         }
-        if (r < W * ref.K || !tk_expect(&t, "final") || !tk_floats(&t, fin, ref.T, "final")) {
-            free(loss);
-            free(shards);
-            free(fin);
-            goto bad;
+        tk_expect(&t, "final");
+        tk_floats(&t, fin, ref.T, "final");
+        if (!t.err) {
+            case_begin(&cc, "fsdp_cpu", "FULL_SHARD world size %ld", W);
+            fsdp_divide_factors((int)W, &gpre, &gpost);
+            if (gpre != pre || gpost != post)
+                cfail(&cc, "divide factors %g/%g, expected %g/%g", gpre, gpost, pre, post);
+            mlp_case(&cc, &ref, (int)W, loss, shards, S, fin);
+            fam_count(st, &cc);
         }
-        case_begin(&cc, "fsdp_cpu", "FULL_SHARD world size %ld", W);
-        fsdp_divide_factors((int)W, &gpre, &gpost);
-        if (gpre != pre || gpost != post)
-            cfail(&cc, "divide factors %g/%g, expected %g/%g", gpre, gpost, pre, post);
-        mlp_case(&cc, &ref, (int)W, loss, shards, S, fin);
-        fam_count(st, &cc);
-        failed += !case_passed(&cc);
         free(loss);
         free(shards);
         free(fin);
+        if (t.err) goto bad;
     }
     if (!tk_expect(&t, "npredivide")) goto bad;
     {
@@ -438,30 +383,25 @@ static int check_fsdp_cpu(const char *path, famstats *st, char *err, size_t nerr
         for (k = 0; k < np; k++) {
             long W;
             double pre, post, gpre, gpost;
-            const char *s;
             if (!tk_expect(&t, "predivide")) goto bad;
             W = (long)tk_int(&t, "world_size", 1, 1000000);
-            s = tk_next(&t, "pre");
-            pre = strtod(s, NULL);
-            s = tk_next(&t, "post");
-            post = strtod(s, NULL);
+            pre = tk_double(&t, "pre");
+            post = tk_double(&t, "post");
             fsdp_divide_factors((int)W, &gpre, &gpost);
             if (gpre != pre || gpost != post)
                 cfail(&cc, "world %ld: factors %g/%g, expected %g/%g", W, gpre, gpost, pre, post);
         }
+        if (t.err) goto bad;
         fam_count(st, &cc);
-        failed += !case_passed(&cc);
     }
     goto done;
 bad:
-    snprintf(err, nerr, "%s", t.err ? t.msg : "unexpected content");
-    failed = -1;
+    if (!t.err) tk_fail(&t, "unexpected content");
 done:
     free(ref.init);
     free(ref.X);
     free(ref.Y);
     free(ref.single_loss);
     free(ref.single_params);
-    tk_free(&t);
-    return failed < 0 ? -1 : (failed ? 1 : 0);
+    return tk_close(&t, err, nerr);
 }
