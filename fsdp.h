@@ -238,6 +238,23 @@ typedef enum fsdp_optim_kind {
     FSDP_SGD = 3
 } fsdp_optim_kind;
 
+/* Whose arithmetic an optimizer step reproduces, bit for bit. torch 2.x
+   computes exp_avg as a lerp (two formulas, by the size of 1 - beta1);
+   1.13 as two products and a sum. "FMA" is torch's AVX2 (and GPU) kernels,
+   whose multiply-adds are fused; "PLAIN" its no-vector kernels
+   (ATEN_CPU_CAPABILITY=default), where every operation rounds on its own.
+   The torch 2.x variants are its fused kernel's body (the vectors'
+   fusedbody_avx2 / fusedbody_default): the IEEE square root and no effect
+   of an element's position, so the bits depend neither on the processor
+   nor on how a tensor is sharded. SGD is the same in 2.x and 1.13. */
+typedef enum fsdp_optim_numerics {
+    FSDP_NUMERICS_DEFAULT = 0,   /* FSDP_TORCH2_FMA (since 0.6.0) */
+    FSDP_TORCH2_FMA = 1,         /* torch 2.x, AVX2 CPUs and GPUs */
+    FSDP_TORCH2_PLAIN = 2,       /* torch 2.x, no-vector CPU kernels */
+    FSDP_TORCH1_13_FMA = 3,      /* torch 1.13, AVX2 CPUs (0.5.0's fused_multiply_add = 1) */
+    FSDP_TORCH1_13_PLAIN = 4     /* torch 1.13, no-vector CPU kernels (0.5.0's default) */
+} fsdp_optim_numerics;
+
 /* torch.optim hyper-parameters. Start from fsdp_optim_defaults(kind), which
    gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
    weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
@@ -250,10 +267,11 @@ typedef struct fsdp_optim_config {
     int amsgrad;                /* Adam family */
     double momentum, dampening; /* SGD */
     int nesterov;               /* SGD; needs momentum > 0 and dampening 0 */
-    /* 1: c + a*b steps are fused multiply-adds, as torch's AVX2 kernels (and
-       GPUs) compute them; 0: every operation rounds separately, as torch's
-       default-capability kernels do. Both reproduce torch bit-for-bit. */
+    /* Deprecated since 0.6.0 and ignored: `numerics` says whether
+       multiply-adds are fused (0.5.0's 1 is FSDP_TORCH1_13_FMA, its 0
+       FSDP_TORCH1_13_PLAIN). */
     int fused_multiply_add;
+    fsdp_optim_numerics numerics; /* 0: torch 2.x with fused multiply-adds */
 } fsdp_optim_config;
 
 FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
@@ -2442,6 +2460,8 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
     char buf[FSDP_ERROR_MAX];
     if (!c) why = "configuration is NULL";
     else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_SGD) why = "unknown optimizer kind";
+    else if (c->numerics < FSDP_NUMERICS_DEFAULT || c->numerics > FSDP_TORCH1_13_PLAIN)
+        why = "unknown numerics (see fsdp_optim_numerics)";
     else if (!(c->lr >= 0.0)) why = "lr must be >= 0";
     else if (!(c->weight_decay >= 0.0)) why = "weight_decay must be >= 0";
     else if (c->kind != FSDP_SGD && !(c->eps >= 0.0)) why = "eps must be >= 0";
@@ -2506,23 +2526,28 @@ FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
    branch-free loop that the compiler vectorises. */
 typedef struct fsdp__adam_k {
     float decay, wd, b1, b2, omb1, omb2, sbc2, eps, neg_step;
+    float lerp_w; /* torch 2.x: the lerp's weight, 1 - beta1 or (1 - beta1) - 1 */
+    int lerp_small; /* torch 2.x: |1 - beta1| < 0.5, lerp from exp_avg (else from grad) */
 } fsdp__adam_k;
 
 FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k, float *p, const float *g,
                                         float *m, float *v, float *vm, size_t n, int adamw,
-                                        int l2, int ams)
+                                        int l2, int ams, int lerp)
 {
 #ifdef __clang__
 #pragma clang fp contract(off)
 #endif
     const float decay = k->decay, wd = k->wd, b1 = k->b1, b2 = k->b2, omb1 = k->omb1;
     const float omb2 = k->omb2, sbc2 = k->sbc2, eps = k->eps, neg_step = k->neg_step;
+    const float lw = k->lerp_w;
+    const int small = k->lerp_small;
     size_t i;
     for (i = 0; i < n; i++) {
         float pi = p[i], gi = g[i], mi, vi, denom;
         if (adamw) pi = pi * decay;
         if (l2) gi = pi * wd + gi;
-        mi = gi * omb1 + m[i] * b1;
+        if (lerp) mi = (small ? m[i] : gi) + lw * (gi - m[i]);
+        else mi = gi * omb1 + m[i] * b1;
         vi = (omb2 * gi) * gi + v[i] * b2;
         m[i] = mi;
         v[i] = vi;
@@ -2545,19 +2570,25 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k,
 FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k, float *p,
                                                            const float *g, float *m, float *v,
                                                            float *vm, size_t n, int adamw,
-                                                           int l2, int ams)
+                                                           int l2, int ams, int lerp)
 {
     const __m128 decay = _mm_set1_ps(k->decay), wd = _mm_set1_ps(k->wd);
     const __m128 b1 = _mm_set1_ps(k->b1), b2 = _mm_set1_ps(k->b2);
     const __m128 omb1 = _mm_set1_ps(k->omb1), omb2 = _mm_set1_ps(k->omb2);
     const __m128 sbc2 = _mm_set1_ps(k->sbc2), eps = _mm_set1_ps(k->eps);
-    const __m128 neg_step = _mm_set1_ps(k->neg_step);
+    const __m128 neg_step = _mm_set1_ps(k->neg_step), lw = _mm_set1_ps(k->lerp_w);
+    const int small = k->lerp_small;
     size_t i;
     for (i = 0; i + 4 <= n; i += 4) {
         __m128 pi = _mm_loadu_ps(p + i), gi = _mm_loadu_ps(g + i), mi, vi, denom;
         if (adamw) pi = _mm_mul_ps(pi, decay);
         if (l2) gi = _mm_add_ps(_mm_mul_ps(pi, wd), gi);
-        mi = _mm_add_ps(_mm_mul_ps(gi, omb1), _mm_mul_ps(_mm_loadu_ps(m + i), b1));
+        if (lerp) {
+            __m128 mo = _mm_loadu_ps(m + i);
+            mi = _mm_add_ps(small ? mo : gi, _mm_mul_ps(lw, _mm_sub_ps(gi, mo)));
+        } else {
+            mi = _mm_add_ps(_mm_mul_ps(gi, omb1), _mm_mul_ps(_mm_loadu_ps(m + i), b1));
+        }
         vi = _mm_add_ps(_mm_mul_ps(_mm_mul_ps(omb2, gi), gi), _mm_mul_ps(_mm_loadu_ps(v + i), b2));
         _mm_storeu_ps(m + i, mi);
         _mm_storeu_ps(v + i, vi);
@@ -2575,63 +2606,91 @@ FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k
 FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_any(const fsdp__adam_k *k, float *p,
                                                          const float *g, float *m, float *v,
                                                          float *vm, size_t n, int adamw, int l2,
-                                                         int ams)
+                                                         int ams, int lerp)
 {
     size_t done = 0;
 #ifdef FSDP__HAVE_SSE
-    done = fsdp__adam_plain_sse(k, p, g, m, v, vm, n, adamw, l2, ams);
+    done = fsdp__adam_plain_sse(k, p, g, m, v, vm, n, adamw, l2, ams, lerp);
 #endif
     fsdp__adam_plain_loop(k, p + done, g + done, m + done, v + done, ams ? vm + done : vm,
-                          n - done, adamw, l2, ams);
+                          n - done, adamw, l2, ams, lerp);
 }
 
-FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, int64_t step,
-                                                  float *p, const float *g,
-                                                  const fsdp_optim_state *st, size_t n)
+/* The per-step constants torch computes in double and casts once. */
+FSDP__DEF void fsdp__adam_consts(const fsdp_optim_config *c, int64_t step, fsdp__adam_k *k)
 {
     const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
+    k->decay = (float)(1.0 - c->lr * c->weight_decay);
+    k->wd = (float)c->weight_decay;
+    k->b1 = (float)c->beta1;
+    k->b2 = (float)c->beta2;
+    k->omb1 = (float)(1.0 - c->beta1);
+    k->omb2 = (float)(1.0 - c->beta2);
+    k->sbc2 = (float)sqrt(bc2);
+    k->eps = (float)c->eps;
+    k->neg_step = (float)(-(c->lr / bc1));
+    /* torch 2.x's lerp_(grad, w): exp_avg + w * (grad - exp_avg) when |w| < 0.5,
+       else grad - (1 - w) * (grad - exp_avg); w - 1 is exact in float there */
+    k->lerp_small = fabsf(k->omb1) < 0.5f;
+    k->lerp_w = k->lerp_small ? k->omb1 : k->omb1 - 1.0f;
+}
+
+/* lerp: torch 2.x's exp_avg (else 1.13's) */
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, int64_t step,
+                                                  float *p, const float *g,
+                                                  const fsdp_optim_state *st, size_t n, int lerp)
+{
     fsdp__adam_k k;
     float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
     const int adamw = c->kind == FSDP_ADAMW, l2 = !adamw && c->weight_decay != 0.0;
-    k.decay = (float)(1.0 - c->lr * c->weight_decay);
-    k.wd = (float)c->weight_decay;
-    k.b1 = (float)c->beta1;
-    k.b2 = (float)c->beta2;
-    k.omb1 = (float)(1.0 - c->beta1);
-    k.omb2 = (float)(1.0 - c->beta2);
-    k.sbc2 = (float)sqrt(bc2);
-    k.eps = (float)c->eps;
-    k.neg_step = (float)(-(c->lr / bc1));
-    if (c->amsgrad) {
-        if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1);
-        else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1);
-        else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1);
+    fsdp__adam_consts(c, step, &k);
+    /* constant flags in every call: each variant is its own branch-free loop */
+    if (lerp) {
+        if (c->amsgrad) {
+            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1, 1);
+            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1, 1);
+            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1, 1);
+        } else {
+            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0, 1);
+            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0, 1);
+            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0, 1);
+        }
     } else {
-        if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0);
-        else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0);
-        else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0);
+        if (c->amsgrad) {
+            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1, 0);
+            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1, 0);
+            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1, 0);
+        } else {
+            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0, 0);
+            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0, 0);
+            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0, 0);
+        }
     }
 }
 
 FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p,
-                              const float *g, const fsdp_optim_state *st, size_t n)
+                              const float *g, const fsdp_optim_state *st, size_t n, int lerp)
 {
     const int adamw = c->kind == FSDP_ADAMW, ams = c->amsgrad;
     const int l2 = !adamw && c->weight_decay != 0.0; /* torch tests the Python float */
-    const float decay = (float)(1.0 - c->lr * c->weight_decay);
-    const float wd = (float)c->weight_decay, b1 = (float)c->beta1, b2 = (float)c->beta2;
-    const float omb1 = (float)(1.0 - c->beta1), omb2 = (float)(1.0 - c->beta2);
-    const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
-    const float sbc2 = (float)sqrt(bc2), eps = (float)c->eps;
-    const float neg_step = (float)(-(c->lr / bc1));
+    fsdp__adam_k k;
+    float decay, wd, b1, b2, omb1, omb2, sbc2, eps, neg_step, lw;
+    int small;
     float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
     size_t i;
+    fsdp__adam_consts(c, step, &k);
+    decay = k.decay, wd = k.wd, b1 = k.b1, b2 = k.b2, omb1 = k.omb1, omb2 = k.omb2;
+    sbc2 = k.sbc2, eps = k.eps, neg_step = k.neg_step, lw = k.lerp_w, small = k.lerp_small;
     for (i = 0; i < n; i++) {
         float pi = p[i], gi = g[i], mi, vi, denom, t;
         if (adamw) pi = pi * decay;
         else if (l2) gi = fmaf(pi, wd, gi);
-        t = m[i] * b1;
-        mi = fmaf(gi, omb1, t);
+        if (lerp) {
+            mi = fmaf(lw, gi - m[i], small ? m[i] : gi);
+        } else {
+            t = m[i] * b1;
+            mi = fmaf(gi, omb1, t);
+        }
         t = v[i] * b2;
         vi = fmaf(omb2 * gi, gi, t);
         m[i] = mi;
@@ -2708,6 +2767,8 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
 {
     unsigned mask;
     fsdp_optim_config cc;
+    fsdp_optim_numerics nu;
+    int fma, lerp;
     fsdp_result r = fsdp_optim_check(c, NULL);
     if (r != FSDP_SUCCESS) return r;
     if (c->kind == FSDP_OPTIM_DEFAULT) { /* documented as AdamW */
@@ -2722,9 +2783,12 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
     if (((mask & 1u) && !state->exp_avg) || ((mask & 2u) && !state->exp_avg_sq) ||
         ((mask & 4u) && !state->max_exp_avg_sq) || ((mask & 8u) && !state->momentum_buffer))
         return FSDP_INVALID_ARGS;
-    if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, c->fused_multiply_add);
-    else if (c->fused_multiply_add) fsdp__adam_fma(c, step, param, grad, state, n);
-    else fsdp__adam_plain(c, step, param, grad, state, n);
+    nu = c->numerics == FSDP_NUMERICS_DEFAULT ? FSDP_TORCH2_FMA : c->numerics;
+    fma = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH1_13_FMA;
+    lerp = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH2_PLAIN;
+    if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, fma);
+    else if (fma) fsdp__adam_fma(c, step, param, grad, state, n, lerp);
+    else fsdp__adam_plain(c, step, param, grad, state, n, lerp);
     return FSDP_SUCCESS;
 }
 
@@ -10418,8 +10482,10 @@ FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **ou
         one = desc->optim;
         if (one.kind == FSDP_OPTIM_DEFAULT && one.lr == 0.0) {
             int fma = one.fused_multiply_add;
+            fsdp_optim_numerics nu = one.numerics;
             one = fsdp_optim_defaults(FSDP_ADAMW);
             one.fused_multiply_add = fma;
+            one.numerics = nu;
         }
         gs = &one;
         ng = 1;

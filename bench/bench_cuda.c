@@ -45,7 +45,7 @@ static void issue(op_kind k, int64_t step)
         fsdp_optim_config c = fsdp_optim_defaults(FSDP_ADAMW);
         fsdp_optim_state st;
         memset(&st, 0, sizeof st);
-        c.fused_multiply_add = 1;
+        c.numerics = FSDP_TORCH2_FMA;
         st.exp_avg = (float *)g_m;
         st.exp_avg_sq = (float *)g_v;
         r = fsdp_device_optim_step(g_dev, &c, step, (float *)g_a, (const float *)g_b, &st, g_n, g_s);

@@ -50,14 +50,16 @@ int main(int argc, char **argv)
     struct {
         const char *name;
         fsdp_optim_kind kind;
-        int fma, amsgrad;
+        fsdp_optim_numerics numerics;
+        int amsgrad;
         double momentum;
         double bytes; /* per element */
     } opts[] = {
-        {"AdamW", FSDP_ADAMW, 0, 0, 0.0, 28.0},
-        {"AdamW amsgrad", FSDP_ADAMW, 0, 1, 0.0, 36.0},
-        {"Adam (FMA variant)", FSDP_ADAM, 1, 0, 0.0, 28.0},
-        {"SGD momentum", FSDP_SGD, 0, 0, 0.9, 20.0},
+        {"AdamW (default)", FSDP_ADAMW, FSDP_NUMERICS_DEFAULT, 0, 0.0, 28.0},
+        {"AdamW torch2 plain", FSDP_ADAMW, FSDP_TORCH2_PLAIN, 0, 0.0, 28.0},
+        {"AdamW torch1.13 plain", FSDP_ADAMW, FSDP_TORCH1_13_PLAIN, 0, 0.0, 28.0},
+        {"AdamW amsgrad", FSDP_ADAMW, FSDP_NUMERICS_DEFAULT, 1, 0.0, 36.0},
+        {"SGD momentum", FSDP_SGD, FSDP_NUMERICS_DEFAULT, 0, 0.9, 20.0},
     };
     for (i_arg = 1; i_arg < argc; i_arg++) {
         if (!strcmp(argv[i_arg], "--elements") && i_arg + 1 < argc)
@@ -103,7 +105,7 @@ int main(int argc, char **argv)
     for (k = 0; k < (int)(sizeof opts / sizeof opts[0]); k++) {
         fsdp_optim_config c = fsdp_optim_defaults(opts[k].kind);
         double ms, gbs;
-        c.fused_multiply_add = opts[k].fma;
+        c.numerics = opts[k].numerics;
         c.amsgrad = opts[k].amsgrad;
         c.momentum = opts[k].momentum;
         st.exp_avg = m;

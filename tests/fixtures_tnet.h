@@ -123,6 +123,9 @@ typedef struct rank_env {
     fsdp_ctx *ctx;
 } rank_env;
 
+/* the numerics of the optimizers optim_cfg gives (test_numerics sets it) */
+static fsdp_optim_numerics g_numerics;
+
 static fsdp_optim_config optim_cfg(int kind)
 {
     fsdp_optim_config o;
@@ -135,6 +138,7 @@ static fsdp_optim_config optim_cfg(int kind)
         o.lr = 0.01;
         o.amsgrad = 1;
     }
+    o.numerics = g_numerics;
     return o;
 }
 

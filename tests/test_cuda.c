@@ -676,7 +676,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     cd.optim = fsdp_optim_defaults(cfg->optim);
     cd.optim.lr = 0.05;
     if (cfg->optim == FSDP_SGD) cd.optim.momentum = 0.9;
-    cd.optim.fused_multiply_add = cfg->optim != FSDP_SGD;
+    cd.optim.numerics = cfg->optim != FSDP_SGD ? FSDP_TORCH2_FMA : FSDP_TORCH2_PLAIN;
     if (fsdp_ctx_create(&cd, &rc.ctx) != FSDP_SUCCESS) goto out;
     rc.pdt = fsdp_param_dtype(rc.ctx, 0);
     for (k = 0, s = 0; k < 4; s += PSIZE[k], k++)

@@ -42,11 +42,11 @@ static void test_shard_invariance(void)
     cfgs[3].momentum = 0.5;
     cfgs[3].dampening = 0.25;
     cfgs[3].weight_decay = 0.01;
-    for (v = 0; v < 2; v++)
+    for (v = FSDP_NUMERICS_DEFAULT; v <= FSDP_TORCH1_13_PLAIN; v++)
         for (c = 0; c < 4; c++) {
             fsdp_optim_state a, b;
             int same = 1;
-            cfgs[c].fused_multiply_add = v;
+            cfgs[c].numerics = (fsdp_optim_numerics)v;
             sm_state = 42;
             for (i = 0; i < N; i++) p1[i] = p2[i] = next_f32();
             for (s = 0; s < STEPS; s++)
@@ -112,6 +112,25 @@ static void test_config_checks(void)
     c.kind = (fsdp_optim_kind)9;
     EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS);
     EXPECT(fsdp_optim_check(NULL, NULL) == FSDP_INVALID_ARGS);
+    /* the numerics: 0 is torch 2.x with FMA; out of range is refused */
+    c = fsdp_optim_defaults(FSDP_ADAMW);
+    EXPECT(c.numerics == FSDP_NUMERICS_DEFAULT);
+    c.numerics = (fsdp_optim_numerics)5;
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "numerics"));
+    c.numerics = (fsdp_optim_numerics)-1;
+    EXPECT(fsdp_optim_check(&c, NULL) == FSDP_INVALID_ARGS);
+    /* fsdp_optim_validate: the same verdict, the reason in an fsdp_error */
+    {
+        fsdp_error e;
+        memset(&e, 0, sizeof e);
+        EXPECT(fsdp_optim_validate(&c, &e) == FSDP_INVALID_ARGS &&
+               e.code == FSDP_INVALID_ARGS && strstr(e.message, "numerics"));
+        c = fsdp_optim_defaults(FSDP_SGD);
+        EXPECT(fsdp_optim_validate(&c, &e) == FSDP_SUCCESS && e.code == FSDP_SUCCESS &&
+               e.message[0] == 0);
+        c.lr = -1.0;
+        EXPECT(fsdp_optim_validate(&c, NULL) == FSDP_INVALID_ARGS);
+    }
     /* missing state buffers, step 0, NULL tensors */
     c = fsdp_optim_defaults(FSDP_ADAMW);
     EXPECT(fsdp_optim_step_host(&c, 1, &p, &g, &st, 1) == FSDP_INVALID_ARGS);

@@ -79,6 +79,7 @@ static fsdp_optim_config group_config(fsdp_optim_kind kind, int g, int fma)
 {
     fsdp_optim_config c = fsdp_optim_defaults(kind);
     c.fused_multiply_add = fma;
+    c.numerics = fma ? FSDP_TORCH2_FMA : FSDP_TORCH2_PLAIN;
     if (kind == FSDP_SGD) {
         c.lr = 0.05;
         c.momentum = 0.9;

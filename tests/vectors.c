@@ -692,6 +692,93 @@ typedef struct ov_vector {
 
 static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
+/* The inputs optim.txt and optim_torch2.txt share: vectors, then
+   configurations. 0, or -1 with the reason in t (what was read so far is in
+   *vecp and *cfgp, for the caller to free). */
+static int ov_read_inputs(toks *t, ov_vector **vecp, long *nvp, fsdp_optim_config **cfgp,
+                          long *ncp)
+{
+    ov_vector *vec = NULL;
+    fsdp_optim_config *cfg = NULL;
+    long nv = 0, nc = 0, i, k;
+    *vecp = NULL;
+    *cfgp = NULL;
+    *nvp = *ncp = 0;
+    if (!tk_expect(t, "nvectors")) return -1;
+    *nvp = nv = (long)tk_int(t, "nvectors", 1, 1000);
+    if (t->err) return -1;
+    *vecp = vec = (ov_vector *)vec_calloc((size_t)nv, sizeof *vec);
+    for (i = 0; i < nv; i++) {
+        long n;
+        if (!tk_expect(t, "vector")) return -1;
+        tk_int(t, "vector id", i, i);
+        if (!tk_expect(t, "n")) return -1;
+        n = (long)tk_int(t, "n", 1, 100000000);
+        if (!tk_expect(t, "seed")) return -1;
+        tk_int(t, "seed", LLONG_MIN, LLONG_MAX);
+        vec[i].n = n;
+        vec[i].p0 = (float *)vec_calloc((size_t)n, sizeof(float));
+        if (!tk_expect(t, "p0") || !tk_floats(t, vec[i].p0, n, "p0")) return -1;
+        for (k = 0; k < 5; k++) {
+            vec[i].grads[k] = (float *)vec_calloc((size_t)n, sizeof(float));
+            if (!tk_expect(t, "grad")) return -1;
+            tk_int(t, "grad step", k + 1, k + 1);
+            if (!tk_floats(t, vec[i].grads[k], n, "grad")) return -1;
+        }
+    }
+    if (!tk_expect(t, "nconfigs")) return -1;
+    *ncp = nc = (long)tk_int(t, "nconfigs", 1, 1000);
+    if (t->err) return -1;
+    *cfgp = cfg = (fsdp_optim_config *)vec_calloc((size_t)nc, sizeof *cfg);
+    for (i = 0; i < nc; i++) {
+        const char *kind;
+        if (!tk_expect(t, "config")) return -1;
+        tk_int(t, "config id", i, i);
+        tk_next(t, "config name");
+        kind = tk_next(t, "kind");
+        if (t->err) return -1;
+        if (!strcmp(kind, "adamw")) cfg[i].kind = FSDP_ADAMW;
+        else if (!strcmp(kind, "adam")) cfg[i].kind = FSDP_ADAM;
+        else if (!strcmp(kind, "sgd")) cfg[i].kind = FSDP_SGD;
+        else {
+            tk_fail(t, "unknown optimizer '%.60s'", kind);
+            return -1;
+        }
+        tk_expect(t, "lr");
+        cfg[i].lr = tk_double(t, "lr");
+        tk_expect(t, "beta1");
+        cfg[i].beta1 = tk_double(t, "beta1");
+        tk_expect(t, "beta2");
+        cfg[i].beta2 = tk_double(t, "beta2");
+        tk_expect(t, "eps");
+        cfg[i].eps = tk_double(t, "eps");
+        tk_expect(t, "weight_decay");
+        cfg[i].weight_decay = tk_double(t, "weight_decay");
+        tk_expect(t, "amsgrad");
+        cfg[i].amsgrad = (int)tk_int(t, "amsgrad", INT_MIN, INT_MAX);
+        tk_expect(t, "momentum");
+        cfg[i].momentum = tk_double(t, "momentum");
+        tk_expect(t, "dampening");
+        cfg[i].dampening = tk_double(t, "dampening");
+        tk_expect(t, "nesterov");
+        cfg[i].nesterov = (int)tk_int(t, "nesterov", INT_MIN, INT_MAX);
+        if (t->err) return -1;
+    }
+    return 0;
+}
+
+static void ov_free(ov_vector *vec, long nv, fsdp_optim_config *cfg)
+{
+    long i;
+    int k;
+    for (i = 0; vec && i < nv; i++) {
+        free(vec[i].p0);
+        for (k = 0; k < 5; k++) free(vec[i].grads[k]);
+    }
+    free(vec);
+    free(cfg);
+}
+
 int vec_check_optim(const char *path, vec_optim_step step, int *checked)
 {
     toks t;
@@ -701,66 +788,7 @@ int vec_check_optim(const char *path, vec_optim_step step, int *checked)
     int failed = 0;
     *checked = 0;
     if (tk_open(&t, path, NULL, 0) != 0) return -1;
-    if (!tk_expect(&t, "nvectors")) goto bad;
-    nv = (long)tk_int(&t, "nvectors", 1, 1000);
-    if (t.err) goto bad;
-    vec = (ov_vector *)vec_calloc((size_t)nv, sizeof *vec);
-    for (i = 0; i < nv; i++) {
-        long n;
-        if (!tk_expect(&t, "vector")) goto bad;
-        tk_int(&t, "vector id", i, i);
-        if (!tk_expect(&t, "n")) goto bad;
-        n = (long)tk_int(&t, "n", 1, 100000000);
-        if (!tk_expect(&t, "seed")) goto bad;
-        tk_int(&t, "seed", LLONG_MIN, LLONG_MAX);
-        vec[i].n = n;
-        vec[i].p0 = (float *)vec_calloc((size_t)n, sizeof(float));
-        if (!tk_expect(&t, "p0") || !tk_floats(&t, vec[i].p0, n, "p0")) goto bad;
-        for (k = 0; k < 5; k++) {
-            vec[i].grads[k] = (float *)vec_calloc((size_t)n, sizeof(float));
-            if (!tk_expect(&t, "grad")) goto bad;
-            tk_int(&t, "grad step", k + 1, k + 1);
-            if (!tk_floats(&t, vec[i].grads[k], n, "grad")) goto bad;
-        }
-    }
-    if (!tk_expect(&t, "nconfigs")) goto bad;
-    nc = (long)tk_int(&t, "nconfigs", 1, 1000);
-    if (t.err) goto bad;
-    cfg = (fsdp_optim_config *)vec_calloc((size_t)nc, sizeof *cfg);
-    for (i = 0; i < nc; i++) {
-        const char *kind;
-        if (!tk_expect(&t, "config")) goto bad;
-        tk_int(&t, "config id", i, i);
-        tk_next(&t, "config name");
-        kind = tk_next(&t, "kind");
-        if (t.err) goto bad;
-        if (!strcmp(kind, "adamw")) cfg[i].kind = FSDP_ADAMW;
-        else if (!strcmp(kind, "adam")) cfg[i].kind = FSDP_ADAM;
-        else if (!strcmp(kind, "sgd")) cfg[i].kind = FSDP_SGD;
-        else {
-            tk_fail(&t, "unknown optimizer '%.60s'", kind);
-            goto bad;
-        }
-        tk_expect(&t, "lr");
-        cfg[i].lr = tk_double(&t, "lr");
-        tk_expect(&t, "beta1");
-        cfg[i].beta1 = tk_double(&t, "beta1");
-        tk_expect(&t, "beta2");
-        cfg[i].beta2 = tk_double(&t, "beta2");
-        tk_expect(&t, "eps");
-        cfg[i].eps = tk_double(&t, "eps");
-        tk_expect(&t, "weight_decay");
-        cfg[i].weight_decay = tk_double(&t, "weight_decay");
-        tk_expect(&t, "amsgrad");
-        cfg[i].amsgrad = (int)tk_int(&t, "amsgrad", INT_MIN, INT_MAX);
-        tk_expect(&t, "momentum");
-        cfg[i].momentum = tk_double(&t, "momentum");
-        tk_expect(&t, "dampening");
-        cfg[i].dampening = tk_double(&t, "dampening");
-        tk_expect(&t, "nesterov");
-        cfg[i].nesterov = (int)tk_int(&t, "nesterov", INT_MIN, INT_MAX);
-        if (t.err) goto bad;
-    }
+    if (ov_read_inputs(&t, &vec, &nv, &cfg, &nc) != 0) goto bad;
     if (!tk_expect(&t, "nresults")) goto bad;
     nr = (long)tk_int(&t, "nresults", 0, LONG_MAX);
     if (t.err) goto bad;
@@ -828,7 +856,7 @@ int vec_check_optim(const char *path, vec_optim_step step, int *checked)
             for (variant = 1; variant >= 0; variant--) {
                 fsdp_optim_config c = cfg[ci];
                 int bad_bits = 0;
-                c.fused_multiply_add = variant;
+                c.numerics = variant ? FSDP_TORCH1_13_FMA : FSDP_TORCH1_13_PLAIN;
                 for (j = 0; j < 4; j++)
                     state_buf[j] = (float *)vec_calloc((size_t)n, sizeof(float));
                 memcpy(p, vec[vi].p0, (size_t)n * sizeof(float));
@@ -897,4 +925,194 @@ done:
     free(cfg);
     tk_close(&t, NULL, 0);
     return failed;
+}
+
+/* ======================================================================== */
+/* optim_torch2.txt                                                          */
+/* ======================================================================== */
+
+/* Distance in units in the last place (0 for equal bits, +0 and -0 are 1). */
+static long long ulp_dist(float a, float b)
+{
+    int32_t x, y;
+    memcpy(&x, &a, 4);
+    memcpy(&y, &b, 4);
+    if (x < 0) x = INT32_MIN - x;
+    if (y < 0) y = INT32_MIN - y;
+    return x > y ? (long long)x - y : (long long)y - x;
+}
+
+/* One run of five steps: the params after each step, then the final state
+   (exp_avg, exp_avg_sq, max_exp_avg_sq, momentum_buffer). */
+typedef struct t2_run {
+    float *p[5], *st[4];
+    int ok;
+} t2_run;
+
+static void t2_run_do(t2_run *r, vec_optim_step step, fsdp_optim_config c, const ov_vector *v)
+{
+    float *p = (float *)vec_calloc((size_t)v->n, sizeof(float));
+    fsdp_optim_state st;
+    int s, j;
+    for (j = 0; j < 4; j++) r->st[j] = (float *)vec_calloc((size_t)v->n, sizeof(float));
+    st.exp_avg = r->st[0];
+    st.exp_avg_sq = r->st[1];
+    st.max_exp_avg_sq = r->st[2];
+    st.momentum_buffer = r->st[3];
+    memcpy(p, v->p0, (size_t)v->n * sizeof(float));
+    r->ok = 1;
+    for (s = 0; s < 5; s++) {
+        r->ok &= step(&c, s + 1, p, v->grads[s], &st, (size_t)v->n) == FSDP_SUCCESS;
+        r->p[s] = (float *)vec_calloc((size_t)v->n, sizeof(float));
+        memcpy(r->p[s], p, (size_t)v->n * sizeof(float));
+    }
+    free(p);
+}
+
+static void t2_run_free(t2_run *r)
+{
+    int j;
+    for (j = 0; j < 5; j++) free(r->p[j]);
+    for (j = 0; j < 4; j++) free(r->st[j]);
+}
+
+int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
+                           vec_torch2_diff *diff)
+{
+    static const char *const state_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+                                               "momentum_buffer"};
+    static const char *const info_names[2] = {"single_avx2", "fused_avx2"};
+    toks t;
+    ov_vector *vec = NULL;
+    fsdp_optim_config *cfg = NULL;
+    long nv = 0, nc = 0, nr, i, nvar;
+    int failed = 0;
+    *checked = 0;
+    memset(diff, 0, sizeof *diff);
+    if (tk_open(&t, path, NULL, 0) != 0) return -1;
+    if (ov_read_inputs(&t, &vec, &nv, &cfg, &nc) != 0) goto bad;
+    if (!tk_expect(&t, "nvariants")) goto bad;
+    nvar = (long)tk_int(&t, "nvariants", 1, 64);
+    for (i = 0; i < nvar && !t.err; i++) tk_next(&t, "variant name");
+    if (!tk_expect(&t, "nresults")) goto bad;
+    nr = (long)tk_int(&t, "nresults", 0, LONG_MAX);
+    if (t.err) goto bad;
+    for (i = 0; i < nr; i++) {
+        long ci, vi, n, nsets, k;
+        t2_run run[2]; /* the default (torch 2.x, FMA) and FSDP_TORCH2_PLAIN */
+        int seen[2] = {0, 0}, r;
+        if (!tk_expect(&t, "result")) goto bad;
+        ci = (long)tk_int(&t, "config", 0, nc - 1);
+        vi = (long)tk_int(&t, "vector", 0, nv - 1);
+        if (!tk_expect(&t, "n")) goto bad;
+        n = (long)tk_int(&t, "n", vec[vi].n, vec[vi].n);
+        if (!tk_expect(&t, "nsets")) goto bad;
+        nsets = (long)tk_int(&t, "nsets", 1, 64);
+        if (t.err) goto bad;
+        for (r = 0; r < 2; r++) {
+            fsdp_optim_config c = cfg[ci];
+            c.numerics = r ? FSDP_TORCH2_PLAIN : FSDP_NUMERICS_DEFAULT;
+            t2_run_do(&run[r], step, c, &vec[vi]);
+        }
+        for (k = 0; k < nsets; k++) {
+            long nnames, j, s, nstate = 0;
+            int is_ref[2] = {0, 0}, is_info[2] = {0, 0}, bad_bits[2] = {0, 0};
+            float *got = (float *)vec_calloc((size_t)n, sizeof(float));
+            if (!tk_expect(&t, "set")) {
+                free(got);
+                goto bad_result;
+            }
+            nnames = (long)tk_int(&t, "set size", 1, nvar);
+            for (j = 0; j < nnames && !t.err; j++) {
+                const char *nm = tk_next(&t, "variant");
+                if (!nm) break;
+                if (!strcmp(nm, "fusedbody_avx2")) is_ref[0] = 1;
+                if (!strcmp(nm, "fusedbody_default")) is_ref[1] = 1;
+                if (!strcmp(nm, info_names[0])) is_info[0] = 1;
+                if (!strcmp(nm, info_names[1])) is_info[1] = 1;
+            }
+            /* the params after each step, then the final state, each
+               compared with the runs this set stands for */
+            for (s = 0; s < 5 + 4 && !t.err; s++) {
+                const float *mine[2];
+                long e;
+                int w = -1;
+                if (s < 5) {
+                    if (!tk_expect(&t, "step")) break;
+                    tk_int(&t, "step", s + 1, s + 1);
+                    mine[0] = run[0].p[s];
+                    mine[1] = run[1].p[s];
+                } else {
+                    const char *nm;
+                    if (s == 5) {
+                        if (!tk_expect(&t, "nstate")) break;
+                        nstate = (long)tk_int(&t, "nstate", 0, 4);
+                    }
+                    if (s - 5 >= nstate) continue;
+                    if (!tk_expect(&t, "state")) break;
+                    nm = tk_next(&t, "state name");
+                    for (j = 0; nm && j < 4; j++)
+                        if (!strcmp(nm, state_names[j])) w = (int)j;
+                    if (w < 0) {
+                        tk_fail(&t, "unknown state '%.60s'", nm ? nm : "");
+                        break;
+                    }
+                    mine[0] = run[0].st[w];
+                    mine[1] = run[1].st[w];
+                }
+                if (!tk_floats(&t, got, n, "values")) break;
+                for (r = 0; r < 2; r++)
+                    if (is_ref[r] && !bad_bits[r])
+                        for (e = 0; e < n; e++)
+                            if (!same_bits(mine[r][e], got[e])) {
+                                printf("  optim_torch2 result %ld (config %ld, vector %ld) %s "
+                                       "%s%ld element %ld: got %a expected %a\n", i, ci, vi,
+                                       r ? "fusedbody_default" : "fusedbody_avx2",
+                                       s < 5 ? "step " : "state ",
+                                       s < 5 ? s + 1 : (long)w, e, (double)mine[r][e],
+                                       (double)got[e]);
+                                bad_bits[r] = 1;
+                                break;
+                            }
+                for (r = 0; r < 2; r++)
+                    if (is_info[r]) {
+                        for (e = 0; e < n; e++) {
+                            long long u = ulp_dist(mine[0][e], got[e]);
+                            if (u) diff->differ[r]++;
+                            if (u > diff->max_ulp[r]) diff->max_ulp[r] = (long)u;
+                        }
+                        if (r == 0) diff->elems += n;
+                    }
+            }
+            free(got);
+            if (t.err) goto bad_result;
+            for (r = 0; r < 2; r++)
+                if (is_ref[r]) {
+                    seen[r] = 1;
+                    failed += bad_bits[r] || !run[r].ok;
+                    (*checked)++;
+                }
+        }
+        /* a variant torch refused is in no set; torch's fused kernel takes
+           every configuration of this file, so both must be there */
+        for (r = 0; r < 2; r++)
+            if (!seen[r]) {
+                printf("  optim_torch2 result %ld: no set holds %s\n", i,
+                       r ? "fusedbody_default" : "fusedbody_avx2");
+                failed++;
+            }
+        for (r = 0; r < 2; r++) t2_run_free(&run[r]);
+        continue;
+    bad_result:
+        for (r = 0; r < 2; r++) t2_run_free(&run[r]);
+        goto bad;
+    }
+    if (tk_close(&t, NULL, 0) != 0) failed = failed ? failed : 1;
+    ov_free(vec, nv, cfg);
+    return failed;
+bad:
+    printf("  optim_torch2: malformed file: %s\n", t.err ? t.msg : path);
+    tk_close(&t, NULL, 0);
+    ov_free(vec, nv, cfg);
+    return -1;
 }

@@ -189,4 +189,20 @@ typedef fsdp_result (*vec_optim_step)(const fsdp_optim_config *c, int64_t step, 
    few lines per failure. */
 int vec_check_optim(const char *path, vec_optim_step step, int *checked);
 
+/* optim_torch2.txt (torch 2.x, every CPU path): every result's
+   fusedbody_avx2 values must equal step() under FSDP_NUMERICS_DEFAULT and
+   its fusedbody_default values under FSDP_TORCH2_PLAIN, bit for bit, after
+   every step and in the final state; one check per (result, variant).
+   The machine- and position-dependent variants are compared with the
+   default run without failing: diff gets, for single_avx2 and fused_avx2,
+   how many of `elems` values differ and by how many ulp at most. Returns
+   the number of failed checks, or -1 for an unreadable file. */
+typedef struct vec_torch2_diff {
+    long elems;
+    long differ[2]; /* single_avx2, fused_avx2 */
+    long max_ulp[2];
+} vec_torch2_diff;
+int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
+                           vec_torch2_diff *diff);
+
 #endif

@@ -96,7 +96,7 @@ static int mlp_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     d.comm = comm;
     d.optim = fsdp_optim_defaults(FSDP_SGD);
     d.optim.lr = ref->lr;
-    d.optim.fused_multiply_add = 1;
+    d.optim.numerics = FSDP_TORCH1_13_FMA; /* the vectors are torch 1.13's */
     if ((r = fsdp_ctx_create(&d, &ctx)) != FSDP_SUCCESS) {
         snprintf(run->msg, sizeof run->msg, "rank %d: fsdp_ctx_create: %s", rank,
                  fsdp_result_string(r));
