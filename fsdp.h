@@ -11554,9 +11554,62 @@ FSDP__DEF fsdp_result fsdp__bblock(fsdp_ctx *c, fsdp_state_dict *sd, const fsdp_
     return r;
 }
 
+/* What a state dict holds of one parameter: its values, the optimizer
+   state (in fsdp_optim_state_mask's bit order, so the unit's ostate[what -
+   FSDP__WHAT_EXP_AVG] and fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]), and
+   the step of its parameter group. All but the step are shard-sized f32
+   buffers of the unit: per-unit tables of them (the blocks a state dict is
+   built from, the loader's staging) have FSDP__NBUFS slots a unit, at
+   fsdp__bufi(unit, what). */
+enum {
+    FSDP__WHAT_PARAM = 0,
+    FSDP__WHAT_EXP_AVG = 1,
+    FSDP__WHAT_EXP_AVG_SQ = 2,
+    FSDP__WHAT_MAX_EXP_AVG_SQ = 3,
+    FSDP__WHAT_MOMENTUM_BUFFER = 4,
+    FSDP__WHAT_STEP = 5, /* a scalar: no buffer */
+    FSDP__NWHAT = 6,
+    FSDP__NBUFS = FSDP__WHAT_STEP
+};
+
+FSDP__DEF size_t fsdp__bufi(int unit, int what)
+{
+    return (size_t)unit * FSDP__NBUFS + (size_t)what;
+}
+
+/* The unit's buffer of `what` (not the step); NULL where the configuration
+   keeps no such state, or the unit no gradient. */
 FSDP__DEF float *fsdp__src_buf(fsdp__cunit *cu, int what)
 {
-    return what == 0 ? cu->master : cu->ostate[what - 1];
+    return what == FSDP__WHAT_PARAM ? cu->master : cu->ostate[what - FSDP__WHAT_EXP_AVG];
+}
+
+/* Does a state dict with the optimizer state hold `what` for the unit's
+   parameters? The values always; the state and the step only where the
+   unit trains, each state buffer where the configuration keeps it. */
+FSDP__DEF int fsdp__unit_has(const fsdp__cunit *cu, int what)
+{
+    if (what == FSDP__WHAT_PARAM) return 1;
+    if (!cu->grad) return 0;
+    return what == FSDP__WHAT_STEP || cu->ostate[what - FSDP__WHAT_EXP_AVG] != NULL;
+}
+
+/* The key of `what` of parameter fqn: "fqn", "optim.fqn.exp_avg", ...,
+   "optim.fqn.step". */
+FSDP__DEF void fsdp__what_key(char *buf, size_t cap, const char *fqn, int what)
+{
+    if (what == FSDP__WHAT_PARAM) snprintf(buf, cap, "%s", fqn);
+    else snprintf(buf, cap, "optim.%s.%s", fqn,
+                  what == FSDP__WHAT_STEP ? "step" : fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]);
+}
+
+/* The what an "optim.<fqn>.<name>" key names by its last part; -1: none. */
+FSDP__DEF int fsdp__what_of(const char *name)
+{
+    int w;
+    for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++)
+        if (!strcmp(name, fsdp__ostate_names[w - FSDP__WHAT_EXP_AVG])) return w;
+    return strcmp(name, "step") ? -1 : FSDP__WHAT_STEP;
 }
 
 /* The step value of a group as an i64 scalar placed in a block. */
@@ -11590,7 +11643,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     }
     for (j = 0, k = 0; j < np; j++) {
         if (!(pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)) continue;
-        snprintf(name, sizeof name, "optim.%s.step", fsdp__pname(c, j));
+        fsdp__what_key(name, sizeof name, fsdp__pname(c, j), FSDP__WHAT_STEP);
         if ((r = fsdp__sd_push(sd, name, FSDP_I64, 0, NULL, 0, 1, (int64_t *)blk + k, mem)) !=
             FSDP_SUCCESS) {
             fsdp__ctx_fail(c, r, "state dict: out of memory");
@@ -11610,7 +11663,7 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
 {
     fsdp_state_dict *sd = NULL;
     fsdp__ploc *pl = NULL;
-    void **blocks = NULL; /* [unit * 5 + what] */
+    void **blocks = NULL; /* [fsdp__bufi(unit, what)] */
     void *scratch = NULL;
     size_t scratch_bytes = 0;
     fsdp_result r;
@@ -11618,7 +11671,7 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
                                ? ((o->flags & FSDP_SD_PINNED) ? FSDP_MEM_PINNED : FSDP_MEM_HOST)
                                : FSDP_MEM_DEVICE;
     int keep = !(o->flags & FSDP_SD_RANK0_ONLY) || c->rank == 0;
-    int nwhat = (o->flags & FSDP_SD_OPTIM) ? 5 : 1;
+    int nwhat = (o->flags & FSDP_SD_OPTIM) ? FSDP__NBUFS : 1;
     int np = fsdp_model_num_params(c->model), u, w, j, p;
     char name[600];
     *out = NULL;
@@ -11630,7 +11683,7 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
     if ((r = fsdp__sd_new(&c->hooks, o->kind, c->dev, &sd)) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, r, "%s: out of memory", fn);
     if ((r = fsdp__plocs(c, &pl)) != FSDP_SUCCESS) goto fail;
-    blocks = (void **)fsdp__calloc(&c->hooks, (size_t)c->nunits * 5 + 1, sizeof *blocks);
+    blocks = (void **)fsdp__calloc(&c->hooks, fsdp__bufi(c->nunits, 0) + 1, sizeof *blocks);
     if (!blocks) {
         r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
         goto fail;
@@ -11676,14 +11729,15 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
                 from = (const float *)scratch;
             }
             if (!keep) continue;
-            if ((r = fsdp__bblock(c, sd, o, src, n * 4, mem, &blocks[u * 5 + w])) != FSDP_SUCCESS)
+            if ((r = fsdp__bblock(c, sd, o, src, n * 4, mem, &blocks[fsdp__bufi(u, w)])) !=
+                FSDP_SUCCESS)
                 goto fail;
             {
                 int from_host = c->offload && from == src;
                 fsdp_copy_kind kind = mem == FSDP_MEM_DEVICE
                                           ? (from_host ? FSDP_COPY_H2D : FSDP_COPY_D2D)
                                           : (from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H);
-                r = fsdp_device_copy(c->dev, blocks[u * 5 + w], from, n * 4, kind, NULL);
+                r = fsdp_device_copy(c->dev, blocks[fsdp__bufi(u, w)], from, n * 4, kind, NULL);
             }
             if (r != FSDP_SUCCESS) {
                 fsdp__ctx_dev(c, r, fn);
@@ -11697,28 +11751,27 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
         for (j = 0; j < np; j++) {
             fsdp_param_info pi;
             const fsdp_flat_entry *fe;
+            void *blk;
             if (pl[j].unit < 0) continue;
             fsdp__pinfo(c, j, &pi);
             fe = &c->u[pl[j].unit].info->entries[pl[j].entry];
+            blk = blocks[fsdp__bufi(pl[j].unit, FSDP__WHAT_PARAM)];
             r = fsdp__sd_push(sd, pi.fqn, FSDP_F32, pi.ndim, pi.shape, 0, pi.numel,
-                              blocks[pl[j].unit * 5] ? (float *)blocks[pl[j].unit * 5] + fe->offset
-                                                     : NULL, mem);
+                              blk ? (float *)blk + fe->offset : NULL, mem);
             if (r != FSDP_SUCCESS) goto oom;
         }
         for (j = 0; nwhat > 1 && j < np; j++) {
             fsdp__cunit *cu;
             const fsdp_flat_entry *fe;
-            if (pl[j].first != j || pl[j].unit < 0 || !c->u[pl[j].unit].grad) continue;
+            if (pl[j].first != j || pl[j].unit < 0) continue;
             cu = &c->u[pl[j].unit];
             fe = &cu->info->entries[pl[j].entry];
-            for (w = 1; w < 5; w++) {
-                if (!cu->ostate[w - 1]) continue;
-                snprintf(name, sizeof name, "optim.%s.%s", fsdp__pname(c, j),
-                         fsdp__ostate_names[w - 1]);
+            for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++) {
+                void *blk = blocks[fsdp__bufi(pl[j].unit, w)];
+                if (!fsdp__unit_has(cu, w)) continue;
+                fsdp__what_key(name, sizeof name, fsdp__pname(c, j), w);
                 r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
-                                  blocks[pl[j].unit * 5 + w]
-                                      ? (float *)blocks[pl[j].unit * 5 + w] + fe->offset
-                                      : NULL, mem);
+                                  blk ? (float *)blk + fe->offset : NULL, mem);
                 if (r != FSDP_SUCCESS) goto oom;
             }
         }
@@ -11727,7 +11780,7 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
             for (u = 0; u < c->nunits; u++) {
                 fsdp__cunit *cu = &c->u[u];
                 if (o->for_ckpt && c->rank >= cu->W) continue;
-                if (!blocks[u * 5 + w]) continue;
+                if (!blocks[fsdp__bufi(u, w)]) continue;
                 for (p = 0; p < cu->lay.npieces; p++) {
                     const fsdp_shard_piece *pc = &cu->pieces[p];
                     const fsdp_flat_entry *fe = &cu->info->entries[pc->entry];
@@ -11735,11 +11788,9 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
                     fsdp_param_info pi;
                     if (n <= 0) continue;
                     fsdp__pinfo(c, fe->param, &pi);
-                    if (w == 0) snprintf(name, sizeof name, "%s", fsdp__pname(c, pl[pi.primary].first));
-                    else snprintf(name, sizeof name, "optim.%s.%s",
-                                  fsdp__pname(c, pl[pi.primary].first), fsdp__ostate_names[w - 1]);
+                    fsdp__what_key(name, sizeof name, fsdp__pname(c, pl[pi.primary].first), w);
                     r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
-                                      (float *)blocks[u * 5 + w] +
+                                      (float *)blocks[fsdp__bufi(u, w)] +
                                           (fe->offset + pc->start - cu->lay.flat_begin), mem);
                     if (r != FSDP_SUCCESS) goto oom;
                 }
@@ -11751,7 +11802,7 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
             snprintf(name, sizeof name, "%s%sflat_param", cu->info->fqn,
                      cu->info->fqn[0] ? "." : "");
             r = fsdp__sd_push(sd, name, FSDP_F32, 1, &shape, cu->lay.flat_begin,
-                              cu->lay.valid_numel, blocks[u * 5], mem);
+                              cu->lay.valid_numel, blocks[fsdp__bufi(u, FSDP__WHAT_PARAM)], mem);
             if (r != FSDP_SUCCESS) goto oom;
         }
     }
@@ -11882,8 +11933,8 @@ typedef struct fsdp__src {
 typedef struct fsdp__tgt {
     int unit, entry, first;
     int64_t need_off, need_n, dst; /* this rank's range and its shard offset */
-    int chosen[6];                 /* per what: occurrence whose name is used */
-    int present[6];
+    int chosen[FSDP__NWHAT];       /* per what: occurrence whose name is used */
+    int present[FSDP__NWHAT];
 } fsdp__tgt;
 
 typedef struct fsdp__ld {
@@ -11898,7 +11949,7 @@ typedef struct fsdp__ld {
     fsdp__src *s;
     int ns, scap;
     int *order; /* sources sorted by (tgt, what, offset) */
-    float **stage; /* [unit * 5 + what] */
+    float **stage; /* [fsdp__bufi(unit, what)] */
     int64_t new_step[FSDP__MAX_GROUPS];
     int step_set[FSDP__MAX_GROUPS];
     fsdp__st_file *files;
@@ -11914,10 +11965,12 @@ typedef struct fsdp__ld {
 FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
-    int i;
+    int i, w;
     if (L->stage)
-        for (i = 0; i < c->nunits * 5; i++)
-            if (L->stage[i]) fsdp_device_free(c->dev, L->stage[i], (size_t)c->u[i / 5].S * 4);
+        for (i = 0; i < c->nunits; i++)
+            for (w = 0; w < FSDP__NBUFS; w++)
+                if (L->stage[fsdp__bufi(i, w)])
+                    fsdp_device_free(c->dev, L->stage[fsdp__bufi(i, w)], (size_t)c->u[i].S * 4);
     for (i = 0; i < L->nfiles; i++) fsdp__st_close(&L->files[i]);
     if (L->dbuf) fsdp_device_free(c->dev, L->dbuf, L->dbuf_bytes);
     fsdp__free(&c->hooks, L->files);
@@ -11985,7 +12038,7 @@ FSDP__DEF fsdp_result fsdp__ld_init(fsdp__ld *L, fsdp_ctx *c, fsdp_sd_kind kind,
         }
     }
     for (j = 0; j < L->nt; j++)
-        for (e = 0; e < 6; e++) L->t[j].chosen[e] = -1;
+        for (e = 0; e < FSDP__NWHAT; e++) L->t[j].chosen[e] = -1;
     return FSDP_SUCCESS;
 }
 
@@ -12062,14 +12115,11 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
             if (dot > s->name + 6 && len < sizeof fqn) {
                 memcpy(fqn, s->name + 6, len);
                 fqn[len] = 0;
-                for (k = 0; k < 4; k++)
-                    if (!strcmp(dot + 1, fsdp__ostate_names[k])) what = k + 1;
-                if (!strcmp(dot + 1, "step")) what = 5;
+                what = fsdp__what_of(dot + 1);
                 occ = what > 0 ? fsdp_model_find_param(c->model, fqn) : -1;
                 t = occ >= 0 ? L->tgt_of[occ] : -1;
             }
-            if (t < 0 || !c->u[L->t[t].unit].grad ||
-                (what >= 1 && what <= 4 && !c->u[L->t[t].unit].ostate[what - 1])) {
+            if (t < 0 || !fsdp__unit_has(&c->u[L->t[t].unit], what)) {
                 fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
                 continue;
             }
@@ -12078,7 +12128,7 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
             continue;
         }
         /* shape and dtype */
-        if (what == 5) {
+        if (what == FSDP__WHAT_STEP) {
             if (s->numel != 1 || s->offset != 0 || fsdp__shape_numel(s->ndim, s->shape) != 1 ||
                 !fsdp_dtype_size(s->dtype) || s->dtype == FSDP_F16 || s->dtype == FSDP_BF16)
                 return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' must be a scalar step "
@@ -12154,22 +12204,21 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
     for (i = 0; i < L->nt; i++) {
         fsdp__tgt *t = &L->t[i];
         fsdp__cunit *cu = &c->u[t->unit];
-        for (w = 0; w < 6; w++) {
+        for (w = 0; w < FSDP__NWHAT; w++) {
             int64_t cur;
             char nm[700];
-            if (w > 0 && (!optim || L->kind == FSDP_SD_LOCAL || !cu->grad)) break;
-            if (w >= 1 && w <= 4 && !cu->ostate[w - 1]) continue;
+            if (w > FSDP__WHAT_PARAM && (!optim || L->kind == FSDP_SD_LOCAL)) break;
+            if (!fsdp__unit_has(cu, w)) continue;
             if (L->kind == FSDP_SD_LOCAL) snprintf(nm, sizeof nm, "%s%sflat_param",
                                                    cu->info->fqn, cu->info->fqn[0] ? "." : "");
-            else if (w == 0) snprintf(nm, sizeof nm, "%s", fsdp__pname(c, t->first));
-            else snprintf(nm, sizeof nm, "optim.%s.%s", fsdp__pname(c, t->first),
-                          w == 5 ? "step" : fsdp__ostate_names[w - 1]);
+            else fsdp__what_key(nm, sizeof nm, fsdp__pname(c, t->first), w);
             if (!t->present[w]) {
-                if (strict && (L->kind != FSDP_SD_FULL || w > 0) && (w == 5 || t->need_n > 0))
+                if (strict && (L->kind != FSDP_SD_FULL || w > FSDP__WHAT_PARAM) &&
+                    (w == FSDP__WHAT_STEP || t->need_n > 0))
                     fsdp__namelist(missing, sizeof missing, &nmiss, nm);
                 continue;
             }
-            if (w == 5 || t->need_n <= 0) continue;
+            if (w == FSDP__WHAT_STEP || t->need_n <= 0) continue;
             /* sources of (t, w, chosen) by offset: the order array is sorted */
             cur = t->need_off;
             for (k = 0; k < L->ns; k++) {
@@ -12204,9 +12253,9 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
 FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
-    int u, w, nwhat = (L->flags & FSDP_SD_OPTIM) && L->kind != FSDP_SD_LOCAL ? 5 : 1;
+    int u, w, nwhat = (L->flags & FSDP_SD_OPTIM) && L->kind != FSDP_SD_LOCAL ? FSDP__NBUFS : 1;
     fsdp_result r;
-    L->stage = (float **)fsdp__calloc(&c->hooks, (size_t)c->nunits * 5 + 1, sizeof(float *));
+    L->stage = (float **)fsdp__calloc(&c->hooks, fsdp__bufi(c->nunits, 0) + 1, sizeof(float *));
     if (!L->stage) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
     for (u = 0; u < c->nunits; u++)
         for (w = 0; w < nwhat; w++) {
@@ -12216,7 +12265,7 @@ FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
             if (!src || !cu->S) continue;
             r = fsdp_device_alloc(c->dev, (size_t)cu->S * 4, &p);
             if (r == FSDP_SUCCESS) {
-                L->stage[u * 5 + w] = (float *)p;
+                L->stage[fsdp__bufi(u, w)] = (float *)p;
                 r = fsdp_device_copy(c->dev, p, src, (size_t)cu->S * 4, fsdp__from_shard(c), NULL);
             }
             if (r != FSDP_SUCCESS)
@@ -12234,7 +12283,7 @@ FSDP__DEF int fsdp__ld_wanted(const fsdp__ld *L, const fsdp__src *s)
     if (s->tgt < 0) return 0;
     t = &L->t[s->tgt];
     if (s->occ != t->chosen[s->what]) return 0;
-    if (s->what == 5) return 1;
+    if (s->what == FSDP__WHAT_STEP) return 1;
     return t->need_n > 0 && s->offset < t->need_off + t->need_n &&
            s->offset + s->numel > t->need_off;
 }
@@ -12248,7 +12297,7 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
     fsdp_result r;
     if (!fsdp__ld_wanted(L, s)) return FSDP_SUCCESS;
     t = &L->t[s->tgt];
-    if (s->what == 5) {
+    if (s->what == FSDP__WHAT_STEP) {
         unsigned char raw[8];
         int64_t v = 0;
         int g = c->u[t->unit].groups[t->entry];
@@ -12295,7 +12344,7 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
         int64_t lo = s->offset > t->need_off ? s->offset : t->need_off;
         int64_t hi = s->offset + s->numel < t->need_off + t->need_n ? s->offset + s->numel
                                                                       : t->need_off + t->need_n;
-        float *dst = L->stage[t->unit * 5 + s->what];
+        float *dst = L->stage[fsdp__bufi(t->unit, s->what)];
         size_t n = (size_t)(hi - lo);
         const char *src = (const char *)data + (size_t)(lo - s->offset) * es;
         if (!dst) return FSDP_SUCCESS;
@@ -12332,9 +12381,9 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
     fsdp_result r;
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
-        for (w = 0; w < 5; w++) {
-            if (!L->stage[u * 5 + w]) continue;
-            r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[u * 5 + w],
+        for (w = 0; w < FSDP__NBUFS; w++) {
+            if (!L->stage[fsdp__bufi(u, w)]) continue;
+            r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[fsdp__bufi(u, w)],
                                  (size_t)cu->S * 4, fsdp__to_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
         }
@@ -12837,7 +12886,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
     fsdp_shard_piece **pcs = NULL; /* [unit * nranks + rank] */
     fsdp_shard_layout *lays = NULL;
     char *path = NULL, *tmp = NULL, name[128];
-    int u, q, j, w5, first = 1, optim = (w->flags & FSDP_SD_OPTIM) != 0, fd = -1;
+    int u, q, j, what, first = 1, optim = (w->flags & FSDP_SD_OPTIM) != 0, fd = -1;
     int np = fsdp_model_num_params(c->model);
     fsdp_result r = FSDP_SUCCESS;
     memset(&b, 0, sizeof b);
@@ -12866,7 +12915,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
         fsdp__sb_json(&b, name);
     }
     fsdp__sb_str(&b, "],\n\"tensors\": [");
-    for (w5 = 0; w5 < (optim ? 6 : 1); w5++)
+    for (what = 0; what < (optim ? FSDP__NWHAT : 1); what++)
         for (j = 0; j < np; j++) {
             fsdp__cunit *cu;
             const fsdp_flat_entry *fe;
@@ -12874,15 +12923,13 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             char tname[700];
             if (pl[j].first != j || pl[j].unit < 0) continue;
             cu = &c->u[pl[j].unit];
-            if (w5 > 0 && (!cu->grad || (w5 <= 4 && !cu->ostate[w5 - 1]))) continue;
+            if (!fsdp__unit_has(cu, what)) continue;
             fe = &cu->info->entries[pl[j].entry];
-            if (w5 == 0) snprintf(tname, sizeof tname, "%s", fsdp__pname(c, j));
-            else snprintf(tname, sizeof tname, "optim.%s.%s", fsdp__pname(c, j),
-                          w5 == 5 ? "step" : fsdp__ostate_names[w5 - 1]);
+            fsdp__what_key(tname, sizeof tname, fsdp__pname(c, j), what);
             fsdp__sb_str(&b, first ? "\n  {\"name\": " : ",\n  {\"name\": ");
             first = 0;
             fsdp__sb_json(&b, tname);
-            if (w5 == 5) {
+            if (what == FSDP__WHAT_STEP) {
                 fsdp__sb_str(&b, ", \"dtype\": \"I64\", \"shape\": [], \"pieces\": [[0, 0, 1]]}");
                 continue;
             }
