@@ -8073,6 +8073,8 @@ struct fsdp_ctx {
     fsdp_stream *compute, *cs;
     fsdp_event *compute_ev;
     int rank, nranks;
+    int hybrid_size;   /* ranks per shard group */
+    int max_unsharded; /* pool slots at most */
     int nunits;
     fsdp__cunit *u;
     fsdp__slot *slots;
@@ -8228,7 +8230,6 @@ FSDP__DEF fsdp_result fsdp__alloc_shard(fsdp_ctx *c, size_t bytes, void **out, s
     r = fsdp_device_host_alloc(c->dev, bytes, out);
     if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "allocating the offloaded shards (pinned)");
     *counter += bytes;
-    c->plan.host_total += bytes;
     memset(*out, 0, bytes);
     return FSDP_SUCCESS;
 }
@@ -8317,16 +8318,21 @@ FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_
     return g;
 }
 
-FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
+/* --- fsdp_ctx_create, in the steps of a setup: check the descriptor, fill
+   its defaults, validate them, resolve the units, connect them to their
+   communicators, compute the plan (allocating nothing), allocate it, index
+   the names. Each step reports its own failure through hooks.error; the
+   caller destroys the half-built context. --- */
+
+FSDP__DEF fsdp_result fsdp__ctx_create_oom(const fsdp_ctx_desc *d)
 {
-    const fsdp_hooks *uh = d ? &d->hooks : NULL;
-    fsdp_ctx *c;
-    fsdp_result r;
-    int i, k, hs, any_hybrid = 0, nres = 0, nshared = 0;
-    size_t slot_bytes = 0, red_in = 0, red_out = 0;
-    if (!out) return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: out is NULL");
-    *out = NULL;
-    if (!d) return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: desc is NULL");
+    return fsdp__fail_create(&d->hooks, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of host memory");
+}
+
+/* The descriptor as given: what no default can repair. */
+FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
     if (!fsdp__hooks_valid(uh))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: allocator needs alloc, realloc and free");
@@ -8343,12 +8349,17 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: max_unsharded and hybrid_shard_size must "
                                  "be >= 0");
-    {
-        fsdp_hooks h = fsdp__hooks_copy(uh);
-        c = (fsdp_ctx *)fsdp__calloc(&h, 1, sizeof *c);
-        if (!c) return fsdp__fail_create(uh, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of memory");
-        c->hooks = h;
-    }
+    if (d->offload_threads < 0 || d->offload_threads > 256)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: offload_threads %d must be 0..256",
+                                 d->offload_threads);
+    return FSDP_SUCCESS;
+}
+
+/* The descriptor, its zeros made defaults, into the context. */
+FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    int i;
     c->model = d->model;
     c->units = d->units;
     c->dev = d->device;
@@ -8357,19 +8368,14 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
     c->rank = fsdp_comm_rank(d->comm);
     c->nranks = fsdp_comm_size(d->comm);
     c->nunits = fsdp_units_count(d->units);
+    c->hybrid_size = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
+    c->max_unsharded = d->max_unsharded ? d->max_unsharded : 2;
     c->prefetch_fwd = !d->disable_forward_prefetch;
     c->prefetch_bwd = !d->disable_backward_prefetch;
     c->plan_no_sync = d->plan_no_sync;
     c->offload = d->cpu_offload != 0;
     c->othreads = d->offload_threads > 0 ? d->offload_threads : 2;
     c->othreads_set = d->offload_threads > 0;
-    if (d->offload_threads < 0 || d->offload_threads > 256) {
-        fsdp__fail_create(uh, FSDP_INVALID_ARGS,
-                          "fsdp_ctx_create: offload_threads %d must be 0..256",
-                          d->offload_threads);
-        fsdp_ctx_destroy(c);
-        return FSDP_INVALID_ARGS;
-    }
     if (d->ngroups) {
         c->ngroups = d->ngroups;
         for (i = 0; i < d->ngroups; i++) c->groups[i] = d->groups[i];
@@ -8378,157 +8384,216 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
         c->groups[0] = d->optim;
         if (c->groups[0].kind == FSDP_OPTIM_DEFAULT && c->groups[0].lr == 0.0)
             c->groups[0] = fsdp_optim_defaults(FSDP_ADAMW);
-        if (c->groups[0].kind == FSDP_OPTIM_DEFAULT) c->groups[0].kind = FSDP_ADAMW;
     }
+    for (i = 0; i < c->ngroups; i++)
+        if (c->groups[i].kind == FSDP_OPTIM_DEFAULT) c->groups[i].kind = FSDP_ADAMW;
+}
+
+/* The filled configuration: the optimizer as torch's constructors check it,
+   the hybrid shard size against the world. */
+FSDP__DEF fsdp_result fsdp__ctx_validate(const fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
+    int i;
     for (i = 0; i < c->ngroups; i++) {
         char msg[FSDP_ERROR_MAX];
-        if (c->groups[i].kind == FSDP_OPTIM_DEFAULT) c->groups[i].kind = FSDP_ADAMW;
-        if (fsdp_optim_check(&c->groups[i], msg) != FSDP_SUCCESS) {
-            fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: parameter group %d: %s",
-                              i, msg);
-            fsdp_ctx_destroy(c);
-            return FSDP_INVALID_ARGS;
-        }
+        if (fsdp_optim_check(&c->groups[i], msg) != FSDP_SUCCESS)
+            return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                     "fsdp_ctx_create: parameter group %d: %s", i, msg);
     }
-    hs = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
-    if (hs < 1 || c->nranks % hs) {
-        fsdp__fail_create(uh, FSDP_INVALID_ARGS,
-                          "fsdp_ctx_create: hybrid_shard_size %d does not divide the world "
-                          "size %d", hs, c->nranks);
-        fsdp_ctx_destroy(c);
-        return FSDP_INVALID_ARGS;
-    }
+    if (c->hybrid_size < 1 || c->nranks % c->hybrid_size)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: hybrid_shard_size %d does not divide the "
+                                 "world size %d", c->hybrid_size, c->nranks);
+    return FSDP_SUCCESS;
+}
+
+/* Each unit's dtypes, strategy, shard group size, residency and the
+   parameter group of each entry: all the plan needs that no communicator
+   decides. */
+FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
+    int i, k;
     c->u = (fsdp__cunit *)fsdp__calloc(&c->hooks, (size_t)(c->nunits ? c->nunits : 1),
                                        sizeof(fsdp__cunit));
-    if (!c->u) goto oom;
+    if (!c->u) return fsdp__ctx_create_oom(d);
     for (i = 0; i < c->nunits; i++) {
         const fsdp_unit_info *ui = fsdp_units_get(d->units, i);
         fsdp__cunit *cu = &c->u[i];
         fsdp_sharding_strategy s = ui->options.sharding ? ui->options.sharding : FSDP_FULL_SHARD;
+        int shard_size;
         cu->info = ui;
         cu->slot = -1;
         cu->grad_zero = 1;
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
-        if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt)) {
-            fsdp__fail_create(uh, FSDP_INVALID_DTYPE,
-                              "fsdp_ctx_create: unit %d '%s': param dtype %s and reduce dtype "
-                              "%s must be float dtypes", i, ui->fqn, fsdp_dtype_name(cu->pdt),
-                              fsdp_dtype_name(cu->rdt));
-            fsdp_ctx_destroy(c);
-            return FSDP_INVALID_DTYPE;
-        }
-        if (s == FSDP_HYBRID_SHARD) {
-            if (hs == c->nranks) s = FSDP_FULL_SHARD; /* one replica: plain sharding */
-            else any_hybrid = 1;
-        }
+        if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt))
+            return fsdp__fail_create(uh, FSDP_INVALID_DTYPE,
+                                     "fsdp_ctx_create: unit %d '%s': param dtype %s and reduce "
+                                     "dtype %s must be float dtypes", i, ui->fqn,
+                                     fsdp_dtype_name(cu->pdt), fsdp_dtype_name(cu->rdt));
+        /* one replica is plain sharding; a group of one rank, no sharding */
+        if (s == FSDP_HYBRID_SHARD && c->hybrid_size == c->nranks) s = FSDP_FULL_SHARD;
+        shard_size = s == FSDP_HYBRID_SHARD ? c->hybrid_size : c->nranks;
+        if (shard_size == 1) s = FSDP_NO_SHARD;
         cu->strat = s;
+        cu->W = s == FSDP_NO_SHARD ? 1 : shard_size;
+        /* the root stays unsharded through forward and backward, as in
+           PyTorch; SHARD_GRAD_OP keeps every unit unsharded in between */
+        cu->resident = s == FSDP_NO_SHARD || s == FSDP_SHARD_GRAD_OP || ui->module == 0 ||
+                       c->plan_no_sync;
+        cu->groups = (int *)fsdp__alloc(&c->hooks, (size_t)(ui->nentries + 1) * sizeof(int));
+        if (!cu->groups) return fsdp__ctx_create_oom(d);
+        for (k = 0; k < ui->nentries; k++) {
+            int g = fsdp__entry_group(c, d, &ui->entries[k]);
+            if (g < 0 || g >= c->ngroups)
+                return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                         "fsdp_ctx_create: group_fn put parameter '%s' in "
+                                         "group %d (there are %d groups)", ui->entries[k].fqn, g,
+                                         c->ngroups);
+            cu->groups[k] = g;
+        }
     }
-    if (any_hybrid) {
+    return FSDP_SUCCESS;
+}
+
+/* HYBRID_SHARD's shard and replica groups, the comm stream, and each unit's
+   rank in its group and shard layout. */
+FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
+    int i, hs = c->hybrid_size, hybrid = 0;
+    fsdp_result r;
+    /* a HYBRID_SHARD unit splits the world even when its group is one rank
+       (it then runs as NO_SHARD) */
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].info->options.sharding == FSDP_HYBRID_SHARD && hs != c->nranks) hybrid = 1;
+    if (hybrid) {
         r = fsdp_comm_split(c->world, c->rank / hs, c->rank, &c->shard_comm);
         if (r == FSDP_SUCCESS) r = fsdp_comm_split(c->world, c->rank % hs, c->rank, &c->rep_comm);
-        if (r != FSDP_SUCCESS) {
-            fsdp__fail_create(uh, r, "fsdp_ctx_create: splitting for HYBRID_SHARD: %s",
-                              fsdp_comm_last_error(c->world));
-            fsdp_ctx_destroy(c);
-            return r;
-        }
+        if (r != FSDP_SUCCESS)
+            return fsdp__fail_create(uh, r, "fsdp_ctx_create: splitting for HYBRID_SHARD: %s",
+                                     fsdp_comm_last_error(c->world));
     }
     r = fsdp_stream_create(c->dev, &c->cs);
     if (r == FSDP_SUCCESS && c->compute) r = fsdp_event_create(c->dev, &c->compute_ev);
-    if (r != FSDP_SUCCESS) {
-        fsdp__fail_create(uh, r, "fsdp_ctx_create: stream: %s", fsdp_device_last_error(c->dev));
-        fsdp_ctx_destroy(c);
-        return r;
-    }
-    /* shard layouts, groups, residency */
+    if (r != FSDP_SUCCESS)
+        return fsdp__fail_create(uh, r, "fsdp_ctx_create: stream: %s",
+                                 fsdp_device_last_error(c->dev));
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
-        const fsdp_unit_info *ui = cu->info;
-        int shard_size = cu->strat == FSDP_HYBRID_SHARD ? hs : c->nranks;
-        if (shard_size == 1 || cu->strat == FSDP_NO_SHARD) cu->strat = FSDP_NO_SHARD;
         cu->comm = cu->strat == FSDP_HYBRID_SHARD ? c->shard_comm : c->world;
-        cu->W = cu->strat == FSDP_NO_SHARD ? 1 : shard_size;
         cu->r = cu->strat == FSDP_NO_SHARD ? 0 : fsdp_comm_rank(cu->comm);
         cu->pieces = (fsdp_shard_piece *)fsdp__alloc(
-            &c->hooks, (size_t)(ui->nentries + 1) * sizeof(fsdp_shard_piece));
-        cu->groups = (int *)fsdp__alloc(&c->hooks, (size_t)(ui->nentries + 1) * sizeof(int));
-        if (!cu->pieces || !cu->groups) goto oom;
-        fsdp_unit_shard(ui, cu->r, cu->W, &cu->lay, cu->pieces);
+            &c->hooks, (size_t)(cu->info->nentries + 1) * sizeof(fsdp_shard_piece));
+        if (!cu->pieces) return fsdp__ctx_create_oom(d);
+        fsdp_unit_shard(cu->info, cu->r, cu->W, &cu->lay, cu->pieces);
         cu->S = cu->lay.shard_numel;
-        for (k = 0; k < ui->nentries; k++) {
-            int g = fsdp__entry_group(c, d, &ui->entries[k]);
-            if (g < 0 || g >= c->ngroups) {
-                fsdp__fail_create(uh, FSDP_INVALID_ARGS,
-                                  "fsdp_ctx_create: group_fn put parameter '%s' in group %d "
-                                  "(there are %d groups)", ui->entries[k].fqn, g, c->ngroups);
-                fsdp_ctx_destroy(c);
-                return FSDP_INVALID_ARGS;
-            }
-            cu->groups[k] = g;
+    }
+    return FSDP_SUCCESS;
+}
+
+/* What fsdp__ctx_allocate allocates: the public plan and the sizes of the
+   shared buffers. */
+typedef struct fsdp__ctx_sizes {
+    fsdp_memory_plan plan;
+    unsigned state_mask; /* the optimizer-state buffers of some group */
+    int nslots;
+    size_t slot_bytes, red_in, red_out, off_f32, hstage;
+} fsdp__ctx_sizes;
+
+/* A resident unit's own unsharded block. */
+FSDP__DEF size_t fsdp__resident_bytes(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    if (fsdp__shard_is_view(c, cu)) {
+        /* parameters are the shard itself; the block holds the gradient, or
+           an f32 copy while summoned (so a summon without writeback cannot
+           change the master) */
+        size_t g = (size_t)cu->S * fsdp_dtype_size(cu->pdt), f = (size_t)cu->S * 4;
+        return ((g > f ? g : f) + 63) & ~(size_t)63;
+    }
+    return fsdp__block_bytes(cu);
+}
+
+/* The plan of the resolved units, allocating nothing. It reads only the
+   units' strategies, dtypes, residency and shard sizes, and S is the same
+   on every rank of a group: a query of the plan alone can lay the units out
+   with fsdp_unit_shard at any rank instead of connecting them. */
+FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
+{
+    fsdp_memory_plan *p = &z->plan;
+    size_t shards;
+    int i, k, nshared = 0;
+    memset(z, 0, sizeof *z);
+    for (k = 0; k < c->ngroups; k++) z->state_mask |= fsdp_optim_state_mask(&c->groups[k]);
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        size_t f32 = fsdp__shard_bytes(cu, 4), red = fsdp__shard_bytes(cu, fsdp_dtype_size(cu->rdt));
+        p->sharded_params += f32;
+        if (cu->pdt != FSDP_F32) p->low_precision += fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt));
+        if (cu->info->requires_grad) {
+            p->sharded_grads += f32;
+            for (k = 0; k < 4; k++)
+                if ((z->state_mask >> k) & 1u) p->optimizer_state += f32;
         }
-        /* the root stays unsharded through forward and backward, as in
-           PyTorch; SHARD_GRAD_OP keeps every unit unsharded in between */
-        cu->resident = cu->strat == FSDP_NO_SHARD || cu->strat == FSDP_SHARD_GRAD_OP ||
-                       ui->module == 0 || c->plan_no_sync;
-        if (cu->resident) nres++;
-        else {
+        if (cu->resident) {
+            p->pool += fsdp__resident_bytes(c, cu);
+            p->resident_units++;
+        } else {
             nshared++;
-            if (fsdp__block_bytes(cu) > slot_bytes) slot_bytes = fsdp__block_bytes(cu);
+            if (fsdp__block_bytes(cu) > z->slot_bytes) z->slot_bytes = fsdp__block_bytes(cu);
         }
-        if (cu->strat != FSDP_NO_SHARD && cu->rdt != cu->pdt) {
-            size_t b = (size_t)cu->S * (size_t)cu->W * fsdp_dtype_size(cu->rdt);
-            if (b > red_in) red_in = b;
-        }
-        if (cu->strat == FSDP_NO_SHARD && cu->rdt != cu->pdt) {
-            size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
-            if (b > red_in) red_in = b;
-        }
-        if (cu->strat != FSDP_NO_SHARD) {
-            size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
-            if (b > red_out) red_out = b;
-        }
-        if (c->offload && ui->requires_grad) {
-            size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
-            if (b > c->hstage_bytes) c->hstage_bytes = b;
-            if (cu->rdt != FSDP_F32 && (size_t)cu->S * 4 > c->off_f32_bytes)
-                c->off_f32_bytes = (size_t)cu->S * 4;
+        /* the unsharded gradient cast to the reduce dtype (W is 1 for
+           NO_SHARD), and the reduced shard */
+        if (cu->rdt != cu->pdt && red * (size_t)cu->W > z->red_in) z->red_in = red * (size_t)cu->W;
+        if (cu->strat != FSDP_NO_SHARD && red > z->red_out) z->red_out = red;
+        if (c->offload && cu->info->requires_grad) {
+            if (red > z->hstage) z->hstage = red;
+            if (cu->rdt != FSDP_F32 && f32 > z->off_f32) z->off_f32 = f32;
         }
     }
-    /* allocate the plan */
+    z->nslots = nshared < c->max_unsharded ? nshared : c->max_unsharded;
+    p->pool += (size_t)z->nslots * z->slot_bytes;
+    p->scratch = z->red_in + z->red_out + z->off_f32;
+    p->host_staging = z->hstage;
+    p->pool_slots = z->nslots;
+    shards = p->sharded_params + p->low_precision + p->sharded_grads + p->optimizer_state;
+    p->total = p->pool + p->scratch + (c->offload ? 0 : shards);
+    p->host_total = c->offload ? shards + p->host_staging : 0;
+}
+
+/* Allocates, zeroed, what the plan sized, and the events. */
+FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
+                                         const fsdp__ctx_sizes *z)
+{
+    fsdp_memory_plan got; /* counted as allocated: must be the plan */
+    fsdp_result r;
+    int i, k;
+    memset(&got, 0, sizeof got);
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
-        unsigned mask = fsdp_optim_state_mask(&c->groups[0]);
-        for (k = 1; k < c->ngroups; k++) mask |= fsdp_optim_state_mask(&c->groups[k]);
         if ((r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, 4), (void **)&cu->master,
-                                   &c->plan.sharded_params)) != FSDP_SUCCESS)
+                                   &got.sharded_params)) != FSDP_SUCCESS)
             goto fail;
         if (cu->pdt != FSDP_F32 &&
             (r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt)), &cu->lp,
-                                   &c->plan.low_precision)) != FSDP_SUCCESS)
+                                   &got.low_precision)) != FSDP_SUCCESS)
             goto fail;
         if (cu->info->requires_grad) {
             if ((r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, 4), (void **)&cu->grad,
-                                       &c->plan.sharded_grads)) != FSDP_SUCCESS)
+                                       &got.sharded_grads)) != FSDP_SUCCESS)
                 goto fail;
             for (k = 0; k < 4; k++)
-                if ((mask >> k) & 1u)
+                if ((z->state_mask >> k) & 1u)
                     if ((r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, 4),
                                                (void **)&cu->ostate[k],
-                                               &c->plan.optimizer_state)) != FSDP_SUCCESS)
+                                               &got.optimizer_state)) != FSDP_SUCCESS)
                         goto fail;
         }
         if (cu->resident) {
-            if (cu->strat == FSDP_NO_SHARD && !c->offload) {
-                /* parameters are the shard itself; the block holds the
-                   gradient, or an f32 copy while summoned (so a summon
-                   without writeback cannot change the master) */
-                size_t g = (size_t)cu->S * fsdp_dtype_size(cu->pdt), f = (size_t)cu->S * 4;
-                cu->res_bytes = ((g > f ? g : f) + 63) & ~(size_t)63;
-            } else {
-                cu->res_bytes = fsdp__block_bytes(cu);
-            }
-            if ((r = fsdp__alloc_dev(c, cu->res_bytes, &cu->res_base, &c->plan.pool)) !=
+            cu->res_bytes = fsdp__resident_bytes(c, cu);
+            if ((r = fsdp__alloc_dev(c, cu->res_bytes, &cu->res_base, &got.pool)) !=
                 FSDP_SUCCESS)
                 goto fail;
         }
@@ -8539,15 +8604,14 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
             goto fail;
         }
     }
-    c->nslots = nshared ? (d->max_unsharded ? d->max_unsharded : 2) : 0;
-    if (c->nslots > nshared) c->nslots = nshared;
+    c->nslots = z->nslots;
     if (c->nslots) {
         c->slots = (fsdp__slot *)fsdp__calloc(&c->hooks, (size_t)c->nslots, sizeof(fsdp__slot));
-        if (!c->slots) goto oom;
+        if (!c->slots) return fsdp__ctx_create_oom(d);
         for (i = 0; i < c->nslots; i++) {
             c->slots[i].owner = -1;
-            c->slots[i].bytes = slot_bytes;
-            if ((r = fsdp__alloc_dev(c, slot_bytes, &c->slots[i].base, &c->plan.pool)) !=
+            c->slots[i].bytes = z->slot_bytes;
+            if ((r = fsdp__alloc_dev(c, z->slot_bytes, &c->slots[i].base, &got.pool)) !=
                 FSDP_SUCCESS)
                 goto fail;
             if (c->compute && (r = fsdp_event_create(c->dev, &c->slots[i].done)) != FSDP_SUCCESS) {
@@ -8556,63 +8620,93 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
             }
         }
     }
-    c->red_in_bytes = red_in;
-    c->red_out_bytes = red_out;
-    if ((r = fsdp__alloc_dev(c, red_in, &c->red_in, &c->plan.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, red_out, &c->red_out, &c->plan.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, c->off_f32_bytes, &c->off_f32, &c->plan.scratch)) !=
-            FSDP_SUCCESS)
+    c->red_in_bytes = z->red_in;
+    c->red_out_bytes = z->red_out;
+    c->off_f32_bytes = z->off_f32;
+    if ((r = fsdp__alloc_dev(c, z->red_in, &c->red_in, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->red_out, &c->red_out, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
-    if (c->hstage_bytes) {
-        size_t hb = c->hstage_bytes;
-        c->hstage_bytes = 0;
-        if ((r = fsdp__alloc_shard(c, hb, &c->hstage, &c->plan.host_staging)) != FSDP_SUCCESS)
+    if (z->hstage) {
+        if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;
-        c->hstage_bytes = hb;
+        c->hstage_bytes = z->hstage;
     }
-    c->plan.pool_slots = c->nslots;
-    c->plan.resident_units = nres;
-    c->plan.total = c->plan.pool + c->plan.scratch;
-    if (!c->offload)
-        c->plan.total += c->plan.sharded_params + c->plan.low_precision +
-                         c->plan.sharded_grads + c->plan.optimizer_state;
-    /* fqn -> (unit, entry), tied names included */
-    {
-        int n = 0;
-        for (i = 0; i < c->nunits; i++) n += c->u[i].info->nentries + c->u[i].info->nshared;
-        c->prefs = (fsdp__pref *)fsdp__alloc(&c->hooks, (size_t)(n + 1) * sizeof(fsdp__pref));
-        /* a unit may run more than once per iteration (a reused module) */
-        c->order_cap = 4 * c->nunits + 16;
-        c->fwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
-        c->bwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
-        if (!c->prefs || !c->fwd_order || !c->bwd_order) goto oom;
-        for (i = 0; i < c->nunits; i++) {
-            const fsdp_unit_info *ui = c->u[i].info;
-            for (k = 0; k < ui->nentries + ui->nshared; k++) {
-                fsdp__pref *p = &c->prefs[c->nprefs];
-                p->unit = i;
-                if (k < ui->nentries) {
-                    p->fqn = ui->entries[k].fqn;
-                    p->entry = k;
-                } else {
-                    p->fqn = ui->shared[k - ui->nentries].fqn;
-                    p->entry = ui->shared[k - ui->nentries].entry;
-                }
-                if (!fsdp__map_put(&c->hooks, &c->pmap, c->nprefs, fsdp__pref_key, c)) goto oom;
-                c->nprefs++;
+    FSDP_ASSERT(got.sharded_params == z->plan.sharded_params &&
+                got.low_precision == z->plan.low_precision &&
+                got.sharded_grads == z->plan.sharded_grads &&
+                got.optimizer_state == z->plan.optimizer_state && got.pool == z->plan.pool &&
+                got.scratch == z->plan.scratch && got.host_staging == z->plan.host_staging);
+    c->plan = z->plan;
+    return FSDP_SUCCESS;
+fail:
+    return fsdp__fail_create(&d->hooks, r, "fsdp_ctx_create: %s", c->err.message);
+}
+
+/* fqn -> (unit, entry), tied names included, and room for the execution
+   order. */
+FSDP__DEF fsdp_result fsdp__ctx_index(fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    int i, k, n = 0;
+    for (i = 0; i < c->nunits; i++) n += c->u[i].info->nentries + c->u[i].info->nshared;
+    c->prefs = (fsdp__pref *)fsdp__alloc(&c->hooks, (size_t)(n + 1) * sizeof(fsdp__pref));
+    /* a unit may run more than once per iteration (a reused module) */
+    c->order_cap = 4 * c->nunits + 16;
+    c->fwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
+    c->bwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
+    if (!c->prefs || !c->fwd_order || !c->bwd_order) return fsdp__ctx_create_oom(d);
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp_unit_info *ui = c->u[i].info;
+        for (k = 0; k < ui->nentries + ui->nshared; k++) {
+            fsdp__pref *p = &c->prefs[c->nprefs];
+            p->unit = i;
+            if (k < ui->nentries) {
+                p->fqn = ui->entries[k].fqn;
+                p->entry = k;
+            } else {
+                p->fqn = ui->shared[k - ui->nentries].fqn;
+                p->entry = ui->shared[k - ui->nentries].entry;
             }
+            if (!fsdp__map_put(&c->hooks, &c->pmap, c->nprefs, fsdp__pref_key, c))
+                return fsdp__ctx_create_oom(d);
+            c->nprefs++;
         }
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
+{
+    fsdp_ctx *c;
+    fsdp__ctx_sizes z;
+    fsdp_result r;
+    if (!out)
+        return fsdp__fail_create(d ? &d->hooks : NULL, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: out is NULL");
+    *out = NULL;
+    if (!d) return fsdp__fail_create(NULL, FSDP_INVALID_ARGS, "fsdp_ctx_create: desc is NULL");
+    if ((r = fsdp__ctx_check_desc(d)) != FSDP_SUCCESS) return r;
+    {
+        fsdp_hooks h = fsdp__hooks_copy(&d->hooks);
+        c = (fsdp_ctx *)fsdp__calloc(&h, 1, sizeof *c);
+        if (!c)
+            return fsdp__fail_create(&d->hooks, FSDP_OUT_OF_MEMORY,
+                                     "fsdp_ctx_create: out of memory");
+        c->hooks = h;
+    }
+    fsdp__ctx_defaults(c, d);
+    if ((r = fsdp__ctx_validate(c, d)) == FSDP_SUCCESS &&
+        (r = fsdp__ctx_resolve_units(c, d)) == FSDP_SUCCESS &&
+        (r = fsdp__ctx_connect(c, d)) == FSDP_SUCCESS) {
+        fsdp__ctx_compute_plan(c, &z);
+        if ((r = fsdp__ctx_allocate(c, d, &z)) == FSDP_SUCCESS) r = fsdp__ctx_index(c, d);
+    }
+    if (r != FSDP_SUCCESS) {
+        fsdp_ctx_destroy(c);
+        return r;
     }
     *out = c;
     return FSDP_SUCCESS;
-oom:
-    fsdp__fail_create(uh, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of host memory");
-    fsdp_ctx_destroy(c);
-    return FSDP_OUT_OF_MEMORY;
-fail:
-    fsdp__fail_create(uh, r, "fsdp_ctx_create: %s", c->err.message);
-    fsdp_ctx_destroy(c);
-    return r;
 }
 
 FSDP_API const char *fsdp_ctx_last_error(const fsdp_ctx *c)
