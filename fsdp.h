@@ -11750,24 +11750,172 @@ done:
     return r;
 }
 
-/* Builds a state dict of o->kind from the context (see the declarations).
-   Collective for FULL (all-gathers), local otherwise. */
+/* One buffer of one unit into *block: FULL gathers it through scratch
+   (device memory) first; a rank that keeps no dict only takes part in the
+   gather. */
+FSDP__DEF fsdp_result fsdp__build_buf(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_dict *sd,
+                                      fsdp__cunit *cu, int what, int keep, fsdp_memory_kind mem,
+                                      void *scratch, void **block, const char *fn)
+{
+    const float *src = fsdp__src_buf(cu, what), *from = src;
+    size_t n = o->kind == FSDP_SD_FULL ? (size_t)cu->info->numel : (size_t)cu->S;
+    int from_host;
+    fsdp_result r;
+    if (!src || !cu->S) return FSDP_SUCCESS;
+    if (o->kind == FSDP_SD_FULL && cu->W > 1) {
+        const float *send = src;
+        if (c->offload) { /* collectives take device memory: in place */
+            float *slice = (float *)scratch + (size_t)cu->r * (size_t)cu->S;
+            r = fsdp_device_copy(c->dev, slice, src, (size_t)cu->S * 4, FSDP_COPY_H2D, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, fn);
+            send = slice;
+        }
+        r = fsdp_all_gather(cu->comm, send, scratch, (size_t)cu->S, FSDP_F32, NULL);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, fn);
+        from = (const float *)scratch;
+    }
+    if (!keep) return FSDP_SUCCESS;
+    if ((r = fsdp__bblock(c, sd, o, src, n * 4, mem, block)) != FSDP_SUCCESS) return r;
+    from_host = c->offload && from == src;
+    r = fsdp_device_copy(c->dev, *block, from, n * 4,
+                         mem == FSDP_MEM_DEVICE ? (from_host ? FSDP_COPY_H2D : FSDP_COPY_D2D)
+                                                : (from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H),
+                         NULL);
+    return fsdp__ctx_dev(c, r, fn);
+}
+
+/* Step 1 of a build: the first nwhat buffers of each unit (FULL: gathered)
+   into blocks. Collective for FULL. */
+FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_dict *sd,
+                                       void **blocks, int nwhat, int keep, fsdp_memory_kind mem,
+                                       const char *fn)
+{
+    void *scratch = NULL;
+    size_t scratch_bytes = 0;
+    fsdp_result r = FSDP_SUCCESS;
+    int u, w;
+    for (u = 0; u < c->nunits; u++) {
+        fsdp__cunit *cu = &c->u[u];
+        if (o->kind == FSDP_SD_FULL && cu->W > 1 && (size_t)cu->S * (size_t)cu->W * 4 > scratch_bytes)
+            scratch_bytes = (size_t)cu->S * (size_t)cu->W * 4;
+    }
+    if (o->kind == FSDP_SD_FULL && scratch_bytes) {
+        r = fsdp_device_alloc(c->dev, scratch_bytes, &scratch);
+        if (r != FSDP_SUCCESS)
+            return fsdp__ctx_dev(c, r, "allocating the gather buffer of the full state dict");
+    }
+    for (u = 0; u < c->nunits && r == FSDP_SUCCESS; u++) {
+        if (o->kind == FSDP_SD_SHARDED && o->for_ckpt && c->rank >= c->u[u].W) continue;
+        for (w = 0; w < nwhat && r == FSDP_SUCCESS; w++)
+            r = fsdp__build_buf(c, o, sd, &c->u[u], w, keep, mem, scratch,
+                                &blocks[fsdp__bufi(u, w)], fn);
+    }
+    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
+    return r;
+}
+
+/* The tensors of a FULL dict: every name of every parameter (tied names
+   share the values), the optimizer state under the first name. */
+FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const fsdp__ploc *pl,
+                                       void **blocks, int nwhat, fsdp_memory_kind mem)
+{
+    int np = fsdp_model_num_params(c->model), j, w;
+    fsdp_result r;
+    char name[600];
+    for (j = 0; j < np; j++) {
+        fsdp_param_info pi;
+        const fsdp_flat_entry *fe;
+        void *blk;
+        if (pl[j].unit < 0) continue;
+        fsdp__pinfo(c, j, &pi);
+        fe = &c->u[pl[j].unit].info->entries[pl[j].entry];
+        blk = blocks[fsdp__bufi(pl[j].unit, FSDP__WHAT_PARAM)];
+        r = fsdp__sd_push(sd, pi.fqn, FSDP_F32, pi.ndim, pi.shape, 0, pi.numel,
+                          blk ? (float *)blk + fe->offset : NULL, mem);
+        if (r != FSDP_SUCCESS) return r;
+    }
+    for (j = 0; nwhat > 1 && j < np; j++) {
+        fsdp__cunit *cu;
+        const fsdp_flat_entry *fe;
+        if (pl[j].first != j || pl[j].unit < 0) continue;
+        cu = &c->u[pl[j].unit];
+        fe = &cu->info->entries[pl[j].entry];
+        for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++) {
+            void *blk = blocks[fsdp__bufi(pl[j].unit, w)];
+            if (!fsdp__unit_has(cu, w)) continue;
+            fsdp__what_key(name, sizeof name, fsdp__pname(c, j), w);
+            r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
+                              blk ? (float *)blk + fe->offset : NULL, mem);
+            if (r != FSDP_SUCCESS) return r;
+        }
+    }
+    return FSDP_SUCCESS;
+}
+
+/* The tensors of a SHARDED dict: each piece of this rank's shards under
+   the parameter's first name. */
+FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_dict *sd,
+                                          const fsdp__ploc *pl, void **blocks, int nwhat,
+                                          fsdp_memory_kind mem)
+{
+    int u, w, p;
+    fsdp_result r;
+    char name[600];
+    for (w = 0; w < nwhat; w++)
+        for (u = 0; u < c->nunits; u++) {
+            fsdp__cunit *cu = &c->u[u];
+            if (o->for_ckpt && c->rank >= cu->W) continue;
+            if (!blocks[fsdp__bufi(u, w)]) continue;
+            for (p = 0; p < cu->lay.npieces; p++) {
+                const fsdp_shard_piece *pc = &cu->pieces[p];
+                const fsdp_flat_entry *fe = &cu->info->entries[pc->entry];
+                int64_t n = pc->end - pc->start + 1;
+                fsdp_param_info pi;
+                if (n <= 0) continue;
+                fsdp__pinfo(c, fe->param, &pi);
+                fsdp__what_key(name, sizeof name, fsdp__pname(c, pl[pi.primary].first), w);
+                r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
+                                  (float *)blocks[fsdp__bufi(u, w)] +
+                                      (fe->offset + pc->start - cu->lay.flat_begin), mem);
+                if (r != FSDP_SUCCESS) return r;
+            }
+        }
+    return FSDP_SUCCESS;
+}
+
+/* The tensors of a LOCAL dict: each unit's flat parameter. */
+FSDP__DEF fsdp_result fsdp__build_local(fsdp_ctx *c, fsdp_state_dict *sd, void **blocks,
+                                        fsdp_memory_kind mem)
+{
+    int u;
+    fsdp_result r;
+    char name[600];
+    for (u = 0; u < c->nunits; u++) {
+        fsdp__cunit *cu = &c->u[u];
+        int64_t shape = cu->info->numel;
+        snprintf(name, sizeof name, "%s%sflat_param", cu->info->fqn, cu->info->fqn[0] ? "." : "");
+        r = fsdp__sd_push(sd, name, FSDP_F32, 1, &shape, cu->lay.flat_begin,
+                          cu->lay.valid_numel, blocks[fsdp__bufi(u, FSDP__WHAT_PARAM)], mem);
+        if (r != FSDP_SUCCESS) return r;
+    }
+    return FSDP_SUCCESS;
+}
+
+/* Builds a state dict of o->kind from the context (see the declarations):
+   the buffers copied into blocks, then the tensors naming them. Collective
+   for FULL (all-gathers), local otherwise. */
 FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_dict **out,
                                   const char *fn)
 {
     fsdp_state_dict *sd = NULL;
     fsdp__ploc *pl = NULL;
     void **blocks = NULL; /* [fsdp__bufi(unit, what)] */
-    void *scratch = NULL;
-    size_t scratch_bytes = 0;
     fsdp_result r;
     fsdp_memory_kind mem = (o->flags & FSDP_SD_OFFLOAD)
                                ? ((o->flags & FSDP_SD_PINNED) ? FSDP_MEM_PINNED : FSDP_MEM_HOST)
                                : FSDP_MEM_DEVICE;
     int keep = !(o->flags & FSDP_SD_RANK0_ONLY) || c->rank == 0;
     int nwhat = (o->flags & FSDP_SD_OPTIM) ? FSDP__NBUFS : 1;
-    int np = fsdp_model_num_params(c->model), u, w, j, p;
-    char name[600];
     *out = NULL;
     if (o->stage) mem = FSDP_MEM_PINNED;
     if (o->kind == FSDP_SD_LOCAL && (o->flags & FSDP_SD_OPTIM))
@@ -11782,136 +11930,24 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
         r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
         goto fail;
     }
-    /* 1. copy (FULL: gather) each unit's buffers */
-    for (u = 0; u < c->nunits; u++) {
-        fsdp__cunit *cu = &c->u[u];
-        if (o->kind == FSDP_SD_FULL && cu->W > 1 && (size_t)cu->S * (size_t)cu->W * 4 > scratch_bytes)
-            scratch_bytes = (size_t)cu->S * (size_t)cu->W * 4;
-    }
-    if (o->kind == FSDP_SD_FULL && scratch_bytes) {
-        r = fsdp_device_alloc(c->dev, scratch_bytes, &scratch);
+    if ((r = fsdp__build_copy(c, o, sd, blocks, nwhat, keep, mem, fn)) != FSDP_SUCCESS) goto fail;
+    if (keep) {
+        if (o->kind == FSDP_SD_FULL) r = fsdp__build_full(c, sd, pl, blocks, nwhat, mem);
+        else if (o->kind == FSDP_SD_SHARDED)
+            r = fsdp__build_sharded(c, o, sd, pl, blocks, nwhat, mem);
+        else r = fsdp__build_local(c, sd, blocks, mem);
         if (r != FSDP_SUCCESS) {
-            fsdp__ctx_dev(c, r, "allocating the gather buffer of the full state dict");
+            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
             goto fail;
         }
+        if (nwhat > 1 && (o->kind == FSDP_SD_FULL || !o->for_ckpt || c->rank == 0))
+            if ((r = fsdp__push_steps(c, sd, o, pl, mem)) != FSDP_SUCCESS) goto fail;
     }
-    for (u = 0; u < c->nunits; u++) {
-        fsdp__cunit *cu = &c->u[u];
-        if (o->kind == FSDP_SD_SHARDED && o->for_ckpt && c->rank >= cu->W) continue;
-        for (w = 0; w < nwhat; w++) {
-            const float *src = fsdp__src_buf(cu, w);
-            size_t n = o->kind == FSDP_SD_FULL ? (size_t)cu->info->numel : (size_t)cu->S;
-            const float *from = src;
-            if (!src || !cu->S) continue;
-            if (o->kind == FSDP_SD_FULL && cu->W > 1) {
-                const float *send = src;
-                if (c->offload) { /* collectives take device memory: in place */
-                    float *slice = (float *)scratch + (size_t)cu->r * (size_t)cu->S;
-                    r = fsdp_device_copy(c->dev, slice, src, (size_t)cu->S * 4, FSDP_COPY_H2D,
-                                         NULL);
-                    if (r != FSDP_SUCCESS) {
-                        fsdp__ctx_dev(c, r, fn);
-                        goto fail;
-                    }
-                    send = slice;
-                }
-                r = fsdp_all_gather(cu->comm, send, scratch, (size_t)cu->S, FSDP_F32, NULL);
-                if (r != FSDP_SUCCESS) {
-                    fsdp__ctx_comm(c, cu->comm, r, fn);
-                    goto fail;
-                }
-                from = (const float *)scratch;
-            }
-            if (!keep) continue;
-            if ((r = fsdp__bblock(c, sd, o, src, n * 4, mem, &blocks[fsdp__bufi(u, w)])) !=
-                FSDP_SUCCESS)
-                goto fail;
-            {
-                int from_host = c->offload && from == src;
-                fsdp_copy_kind kind = mem == FSDP_MEM_DEVICE
-                                          ? (from_host ? FSDP_COPY_H2D : FSDP_COPY_D2D)
-                                          : (from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H);
-                r = fsdp_device_copy(c->dev, blocks[fsdp__bufi(u, w)], from, n * 4, kind, NULL);
-            }
-            if (r != FSDP_SUCCESS) {
-                fsdp__ctx_dev(c, r, fn);
-                goto fail;
-            }
-        }
-    }
-    if (!keep) goto done;
-    /* 2. the tensors */
-    if (o->kind == FSDP_SD_FULL) {
-        for (j = 0; j < np; j++) {
-            fsdp_param_info pi;
-            const fsdp_flat_entry *fe;
-            void *blk;
-            if (pl[j].unit < 0) continue;
-            fsdp__pinfo(c, j, &pi);
-            fe = &c->u[pl[j].unit].info->entries[pl[j].entry];
-            blk = blocks[fsdp__bufi(pl[j].unit, FSDP__WHAT_PARAM)];
-            r = fsdp__sd_push(sd, pi.fqn, FSDP_F32, pi.ndim, pi.shape, 0, pi.numel,
-                              blk ? (float *)blk + fe->offset : NULL, mem);
-            if (r != FSDP_SUCCESS) goto oom;
-        }
-        for (j = 0; nwhat > 1 && j < np; j++) {
-            fsdp__cunit *cu;
-            const fsdp_flat_entry *fe;
-            if (pl[j].first != j || pl[j].unit < 0) continue;
-            cu = &c->u[pl[j].unit];
-            fe = &cu->info->entries[pl[j].entry];
-            for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++) {
-                void *blk = blocks[fsdp__bufi(pl[j].unit, w)];
-                if (!fsdp__unit_has(cu, w)) continue;
-                fsdp__what_key(name, sizeof name, fsdp__pname(c, j), w);
-                r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
-                                  blk ? (float *)blk + fe->offset : NULL, mem);
-                if (r != FSDP_SUCCESS) goto oom;
-            }
-        }
-    } else if (o->kind == FSDP_SD_SHARDED) {
-        for (w = 0; w < nwhat; w++)
-            for (u = 0; u < c->nunits; u++) {
-                fsdp__cunit *cu = &c->u[u];
-                if (o->for_ckpt && c->rank >= cu->W) continue;
-                if (!blocks[fsdp__bufi(u, w)]) continue;
-                for (p = 0; p < cu->lay.npieces; p++) {
-                    const fsdp_shard_piece *pc = &cu->pieces[p];
-                    const fsdp_flat_entry *fe = &cu->info->entries[pc->entry];
-                    int64_t n = pc->end - pc->start + 1;
-                    fsdp_param_info pi;
-                    if (n <= 0) continue;
-                    fsdp__pinfo(c, fe->param, &pi);
-                    fsdp__what_key(name, sizeof name, fsdp__pname(c, pl[pi.primary].first), w);
-                    r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
-                                      (float *)blocks[fsdp__bufi(u, w)] +
-                                          (fe->offset + pc->start - cu->lay.flat_begin), mem);
-                    if (r != FSDP_SUCCESS) goto oom;
-                }
-            }
-    } else {
-        for (u = 0; u < c->nunits; u++) {
-            fsdp__cunit *cu = &c->u[u];
-            int64_t shape = cu->info->numel;
-            snprintf(name, sizeof name, "%s%sflat_param", cu->info->fqn,
-                     cu->info->fqn[0] ? "." : "");
-            r = fsdp__sd_push(sd, name, FSDP_F32, 1, &shape, cu->lay.flat_begin,
-                              cu->lay.valid_numel, blocks[fsdp__bufi(u, FSDP__WHAT_PARAM)], mem);
-            if (r != FSDP_SUCCESS) goto oom;
-        }
-    }
-    if (nwhat > 1 && (o->kind == FSDP_SD_FULL || !o->for_ckpt || c->rank == 0))
-        if ((r = fsdp__push_steps(c, sd, o, pl, mem)) != FSDP_SUCCESS) goto fail;
-done:
-    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
     fsdp__free(&c->hooks, blocks);
     fsdp__free(&c->hooks, pl);
     *out = sd;
     return FSDP_SUCCESS;
-oom:
-    r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
 fail:
-    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
     fsdp__free(&c->hooks, blocks);
     fsdp__free(&c->hooks, pl);
     fsdp_state_dict_destroy(sd);
@@ -12170,131 +12206,145 @@ FSDP__DEF int fsdp__okey_cmp(const void *a, const void *b)
     return x->idx - y->idx;
 }
 
-/* Resolves every source's name and checks shapes, dtypes, coverage and
-   strictness. Touches nothing of the context. */
-FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
+/* What fsdp__ld_match says of a source that is no target. */
+enum { FSDP__LD_SKIP = -1, FSDP__LD_UNEXPECTED = -2 };
+
+/* The target source s names, with what it holds and the occurrence (tied
+   name) naming it; FSDP__LD_SKIP for what the load does not take (an
+   ignored parameter is the engine's own; optimizer state not asked for),
+   FSDP__LD_UNEXPECTED for a name the context does not have. */
+FSDP__DEF int fsdp__ld_match(const fsdp__ld *L, const fsdp__src *s, int *what, int *occ)
 {
     fsdp_ctx *c = L->c;
-    char unexpected[320] = "", missing[320] = "", sa[128], sb[128];
-    int nunexp = 0, nmiss = 0, i, k, w;
-    int np = fsdp_model_num_params(c->model);
-    int strict = !(L->flags & FSDP_SD_NOT_STRICT), optim = (L->flags & FSDP_SD_OPTIM) != 0;
-    for (i = 0; i < L->ns; i++) {
-        fsdp__src *s = &L->s[i];
-        int occ = -1, what = 0, t = -1;
-        s->tgt = -1;
-        if (L->kind == FSDP_SD_LOCAL) {
-            int u;
-            for (u = 0; u < c->nunits; u++) {
-                char nm[600];
-                snprintf(nm, sizeof nm, "%s%sflat_param", c->u[u].info->fqn,
-                         c->u[u].info->fqn[0] ? "." : "");
-                if (!strcmp(nm, s->name)) break;
+    const char *dot;
+    char fqn[600];
+    size_t len;
+    int t = -1, u;
+    *what = FSDP__WHAT_PARAM;
+    *occ = -1;
+    if (L->kind == FSDP_SD_LOCAL) {
+        for (u = 0; u < c->nunits; u++) {
+            char nm[600];
+            snprintf(nm, sizeof nm, "%s%sflat_param", c->u[u].info->fqn,
+                     c->u[u].info->fqn[0] ? "." : "");
+            if (!strcmp(nm, s->name)) {
+                *occ = 0;
+                return u;
             }
-            if (u == c->nunits) {
-                fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
-                continue;
-            }
-            t = u;
-            occ = 0;
-        } else if ((occ = fsdp_model_find_param(c->model, s->name)) >= 0) {
-            t = L->tgt_of[occ];
-            if (t < 0) continue; /* an ignored parameter: the engine's own */
-        } else if (!strncmp(s->name, "optim.", 6)) {
-            const char *dot = strrchr(s->name, '.');
-            char fqn[600];
-            size_t len = (size_t)(dot - s->name) - 6;
-            if (!optim) continue; /* the optimizer state is not asked for */
-            what = -1;
-            if (dot > s->name + 6 && len < sizeof fqn) {
-                memcpy(fqn, s->name + 6, len);
-                fqn[len] = 0;
-                what = fsdp__what_of(dot + 1);
-                occ = what > 0 ? fsdp_model_find_param(c->model, fqn) : -1;
-                t = occ >= 0 ? L->tgt_of[occ] : -1;
-            }
-            if (t < 0 || !fsdp__unit_has(&c->u[L->t[t].unit], what)) {
-                fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
-                continue;
-            }
-        } else {
-            fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
-            continue;
         }
-        /* shape and dtype */
-        if (what == FSDP__WHAT_STEP) {
-            if (s->numel != 1 || s->offset != 0 || fsdp__shape_numel(s->ndim, s->shape) != 1 ||
-                !fsdp_dtype_size(s->dtype) || s->dtype == FSDP_F16 || s->dtype == FSDP_BF16)
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' must be a scalar step "
-                                      "(i64, i32 or f32), got %s of shape %s", L->where, s->name,
-                                      fsdp_dtype_name(s->dtype),
-                                      (fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape), sa));
-        } else {
-            int ndim;
-            const int64_t *shape;
-            int64_t gl;
-            fsdp__cunit *cu = &c->u[L->t[t].unit];
-            if (L->kind == FSDP_SD_LOCAL) {
-                ndim = 1;
-                shape = &cu->info->numel;
-            } else {
-                ndim = cu->info->entries[L->t[t].entry].ndim;
-                shape = cu->info->entries[L->t[t].entry].shape;
-            }
-            if (!fsdp_dtype_is_float(s->dtype))
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has dtype %s, a float "
-                                      "dtype is needed", L->where, s->name,
-                                      fsdp_dtype_name(s->dtype));
-            for (k = 0; k < ndim && ndim == s->ndim; k++)
-                if (shape[k] != s->shape[k]) break;
-            if (ndim != s->ndim || k < ndim) {
-                fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape);
-                fsdp__shape_str(sb, sizeof sb, ndim, shape);
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has shape %s, the model "
-                                      "has %s (a checkpoint of a different model?)", L->where,
-                                      s->name, sa, sb);
-            }
-            gl = fsdp__shape_numel(ndim, shape);
-            if (s->offset < 0 || s->numel < 0 || s->offset > gl - s->numel)
-                return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: '%s': piece [%lld, +%lld) is "
-                                      "outside the tensor (%lld elements)", L->where, s->name,
-                                      (long long)s->offset, (long long)s->numel, (long long)gl);
-        }
-        s->tgt = t;
-        s->what = what;
-        s->occ = occ;
-        L->t[t].present[what] = 1;
-        if (L->t[t].chosen[what] < 0 || occ < L->t[t].chosen[what]) L->t[t].chosen[what] = occ;
+        return FSDP__LD_UNEXPECTED;
     }
-    /* sources by (target, what, offset), for the coverage walks */
-    {
-        fsdp__okey *keys = (fsdp__okey *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof *keys);
-        int *seen = (int *)fsdp__calloc(&c->hooks, (size_t)np + 1, sizeof(int));
-        L->order = (int *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof(int));
-        if (!keys || !seen || !L->order) {
-            fsdp__free(&c->hooks, keys);
-            fsdp__free(&c->hooks, seen);
-            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
-        }
-        for (i = 0; i < L->ns; i++) {
-            keys[i].tgt = L->s[i].tgt;
-            keys[i].what = L->s[i].what;
-            keys[i].offset = L->s[i].offset;
-            keys[i].idx = i;
-            if (L->s[i].tgt >= 0 && L->s[i].what == 0 && L->kind != FSDP_SD_LOCAL)
-                seen[L->s[i].occ] = 1;
-        }
-        qsort(keys, (size_t)L->ns, sizeof *keys, fsdp__okey_cmp);
-        for (i = 0; i < L->ns; i++) L->order[i] = keys[i].idx;
-        /* missing names (a FULL dict lists every name) */
-        if (L->kind == FSDP_SD_FULL && strict)
-            for (i = 0; i < np; i++)
-                if (L->tgt_of[i] >= 0 && !seen[i])
-                    fsdp__namelist(missing, sizeof missing, &nmiss, fsdp__pname(c, i));
+    if ((*occ = fsdp_model_find_param(c->model, s->name)) >= 0)
+        return L->tgt_of[*occ] >= 0 ? L->tgt_of[*occ] : FSDP__LD_SKIP;
+    if (strncmp(s->name, "optim.", 6)) return FSDP__LD_UNEXPECTED;
+    if (!(L->flags & FSDP_SD_OPTIM)) return FSDP__LD_SKIP;
+    dot = strrchr(s->name, '.');
+    len = (size_t)(dot - s->name) - 6;
+    *what = -1;
+    if (dot > s->name + 6 && len < sizeof fqn) {
+        memcpy(fqn, s->name + 6, len);
+        fqn[len] = 0;
+        *what = fsdp__what_of(dot + 1);
+        *occ = *what > 0 ? fsdp_model_find_param(c->model, fqn) : -1;
+        t = *occ >= 0 ? L->tgt_of[*occ] : -1;
+    }
+    if (t < 0 || !fsdp__unit_has(&c->u[L->t[t].unit], *what)) return FSDP__LD_UNEXPECTED;
+    return t;
+}
+
+/* Source s fits target t: a scalar step, or a float piece of the
+   parameter's shape (LOCAL: the flat parameter) inside it. */
+FSDP__DEF fsdp_result fsdp__ld_check_src(fsdp__ld *L, const fsdp__src *s, int t, int what)
+{
+    fsdp_ctx *c = L->c;
+    fsdp__cunit *cu = &c->u[L->t[t].unit];
+    char sa[128], sb[128];
+    int ndim, k;
+    const int64_t *shape;
+    int64_t gl;
+    if (what == FSDP__WHAT_STEP) {
+        if (s->numel != 1 || s->offset != 0 || fsdp__shape_numel(s->ndim, s->shape) != 1 ||
+            !fsdp_dtype_size(s->dtype) || s->dtype == FSDP_F16 || s->dtype == FSDP_BF16)
+            return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' must be a scalar step "
+                                  "(i64, i32 or f32), got %s of shape %s", L->where, s->name,
+                                  fsdp_dtype_name(s->dtype),
+                                  (fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape), sa));
+        return FSDP_SUCCESS;
+    }
+    if (L->kind == FSDP_SD_LOCAL) {
+        ndim = 1;
+        shape = &cu->info->numel;
+    } else {
+        ndim = cu->info->entries[L->t[t].entry].ndim;
+        shape = cu->info->entries[L->t[t].entry].shape;
+    }
+    if (!fsdp_dtype_is_float(s->dtype))
+        return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has dtype %s, a float "
+                              "dtype is needed", L->where, s->name, fsdp_dtype_name(s->dtype));
+    for (k = 0; k < ndim && ndim == s->ndim; k++)
+        if (shape[k] != s->shape[k]) break;
+    if (ndim != s->ndim || k < ndim) {
+        fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape);
+        fsdp__shape_str(sb, sizeof sb, ndim, shape);
+        return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has shape %s, the model "
+                              "has %s (a checkpoint of a different model?)", L->where,
+                              s->name, sa, sb);
+    }
+    gl = fsdp__shape_numel(ndim, shape);
+    if (s->offset < 0 || s->numel < 0 || s->offset > gl - s->numel)
+        return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: '%s': piece [%lld, +%lld) is "
+                              "outside the tensor (%lld elements)", L->where, s->name,
+                              (long long)s->offset, (long long)s->numel, (long long)gl);
+    return FSDP_SUCCESS;
+}
+
+/* The names a load did not expect and those it misses, for one message. */
+typedef struct fsdp__ld_keys {
+    char unexpected[320], missing[320];
+    int nunexp, nmiss;
+} fsdp__ld_keys;
+
+/* Sorts the sources by (target, what, offset) for the coverage walks, and
+   lists the parameters a FULL dict (which names every one) lacks. */
+FSDP__DEF fsdp_result fsdp__ld_sort(fsdp__ld *L, fsdp__ld_keys *keys_out)
+{
+    fsdp_ctx *c = L->c;
+    int np = fsdp_model_num_params(c->model), i;
+    fsdp__okey *keys = (fsdp__okey *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof *keys);
+    int *seen = (int *)fsdp__calloc(&c->hooks, (size_t)np + 1, sizeof(int));
+    L->order = (int *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof(int));
+    if (!keys || !seen || !L->order) {
         fsdp__free(&c->hooks, keys);
         fsdp__free(&c->hooks, seen);
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
     }
-    /* coverage of this rank's ranges, optimizer state and steps */
+    for (i = 0; i < L->ns; i++) {
+        keys[i].tgt = L->s[i].tgt;
+        keys[i].what = L->s[i].what;
+        keys[i].offset = L->s[i].offset;
+        keys[i].idx = i;
+        if (L->s[i].tgt >= 0 && L->s[i].what == FSDP__WHAT_PARAM && L->kind != FSDP_SD_LOCAL)
+            seen[L->s[i].occ] = 1;
+    }
+    qsort(keys, (size_t)L->ns, sizeof *keys, fsdp__okey_cmp);
+    for (i = 0; i < L->ns; i++) L->order[i] = keys[i].idx;
+    if (L->kind == FSDP_SD_FULL && !(L->flags & FSDP_SD_NOT_STRICT))
+        for (i = 0; i < np; i++)
+            if (L->tgt_of[i] >= 0 && !seen[i])
+                fsdp__namelist(keys_out->missing, sizeof keys_out->missing, &keys_out->nmiss,
+                               fsdp__pname(c, i));
+    fsdp__free(&c->hooks, keys);
+    fsdp__free(&c->hooks, seen);
+    return FSDP_SUCCESS;
+}
+
+/* Lists what this rank needs and no source gives: its range of each
+   target, the optimizer state and the steps. */
+FSDP__DEF void fsdp__ld_coverage(fsdp__ld *L, fsdp__ld_keys *keys)
+{
+    fsdp_ctx *c = L->c;
+    int strict = !(L->flags & FSDP_SD_NOT_STRICT), optim = (L->flags & FSDP_SD_OPTIM) != 0;
+    int i, k, w;
     for (i = 0; i < L->nt; i++) {
         fsdp__tgt *t = &L->t[i];
         fsdp__cunit *cu = &c->u[t->unit];
@@ -12309,7 +12359,7 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
             if (!t->present[w]) {
                 if (strict && (L->kind != FSDP_SD_FULL || w > FSDP__WHAT_PARAM) &&
                     (w == FSDP__WHAT_STEP || t->need_n > 0))
-                    fsdp__namelist(missing, sizeof missing, &nmiss, nm);
+                    fsdp__namelist(keys->missing, sizeof keys->missing, &keys->nmiss, nm);
                 continue;
             }
             if (w == FSDP__WHAT_STEP || t->need_n <= 0) continue;
@@ -12326,20 +12376,47 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
                 char piece[760];
                 snprintf(piece, sizeof piece, "%s[%lld:%lld]", nm, (long long)cur,
                          (long long)(t->need_off + t->need_n));
-                fsdp__namelist(missing, sizeof missing, &nmiss, piece);
+                fsdp__namelist(keys->missing, sizeof keys->missing, &keys->nmiss, piece);
             }
         }
     }
-    if ((nunexp && strict) || nmiss) {
+}
+
+/* Resolves every source's name and checks shapes, dtypes, coverage and
+   strictness. Touches nothing of the context. */
+FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
+{
+    fsdp_ctx *c = L->c;
+    fsdp__ld_keys keys;
+    int strict = !(L->flags & FSDP_SD_NOT_STRICT), i;
+    fsdp_result r;
+    memset(&keys, 0, sizeof keys);
+    for (i = 0; i < L->ns; i++) {
+        fsdp__src *s = &L->s[i];
+        int what, occ, t = fsdp__ld_match(L, s, &what, &occ);
+        s->tgt = -1;
+        if (t == FSDP__LD_UNEXPECTED)
+            fsdp__namelist(keys.unexpected, sizeof keys.unexpected, &keys.nunexp, s->name);
+        if (t < 0) continue;
+        if ((r = fsdp__ld_check_src(L, s, t, what)) != FSDP_SUCCESS) return r;
+        s->tgt = t;
+        s->what = what;
+        s->occ = occ;
+        L->t[t].present[what] = 1;
+        if (L->t[t].chosen[what] < 0 || occ < L->t[t].chosen[what]) L->t[t].chosen[what] = occ;
+    }
+    if ((r = fsdp__ld_sort(L, &keys)) != FSDP_SUCCESS) return r;
+    fsdp__ld_coverage(L, &keys);
+    if ((keys.nunexp && strict) || keys.nmiss) {
         char a[40] = "", b[40] = "";
-        if (nunexp > 6) snprintf(a, sizeof a, " (+%d more)", nunexp - 6);
-        if (nmiss > 6) snprintf(b, sizeof b, " (+%d more)", nmiss - 6);
+        if (keys.nunexp > 6) snprintf(a, sizeof a, " (+%d more)", keys.nunexp - 6);
+        if (keys.nmiss > 6) snprintf(b, sizeof b, " (+%d more)", keys.nmiss - 6);
         return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: %s%s%s%s%s%s%s%s", L->where,
-                              nmiss ? "missing keys: " : "", missing, b,
-                              nmiss && nunexp && strict ? "; " : "",
-                              nunexp && strict ? "unexpected keys: " : "",
-                              nunexp && strict ? unexpected : "", nunexp && strict ? a : "",
-                              "");
+                              keys.nmiss ? "missing keys: " : "", keys.missing, b,
+                              keys.nmiss && keys.nunexp && strict ? "; " : "",
+                              keys.nunexp && strict ? "unexpected keys: " : "",
+                              keys.nunexp && strict ? keys.unexpected : "",
+                              keys.nunexp && strict ? a : "", "");
     }
     return FSDP_SUCCESS;
 }
@@ -12646,123 +12723,136 @@ done:
     return r;
 }
 
+/* Every rank's own dict: its tensors are the sources. */
+FSDP__DEF fsdp_result fsdp__ld_from_dict(fsdp__ld *L, fsdp_ctx *c, const fsdp_state_dict *sd,
+                                         unsigned flags, const char *fn)
+{
+    fsdp_result r = FSDP_SUCCESS;
+    int i, d;
+    if (!sd) r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: sd is NULL", fn);
+    else if (sd->kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
+        r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no optimizer "
+                           "state", fn);
+    if (r != FSDP_SUCCESS) return r;
+    if ((r = fsdp__ld_init(L, c, sd->kind, flags, fn)) != FSDP_SUCCESS) return r;
+    for (i = 0; i < sd->n; i++) {
+        fsdp__src *s = fsdp__ld_add(L);
+        const fsdp_tensor *t = &sd->t[i];
+        if (!s) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+        s->name = t->name;
+        s->dtype = t->dtype;
+        s->ndim = t->ndim;
+        for (d = 0; d < t->ndim; d++) s->shape[d] = t->shape[d];
+        s->offset = t->offset;
+        s->numel = t->numel;
+        s->data = t->data;
+        s->mem = t->mem;
+    }
+    return fsdp__ld_resolve(L);
+}
+
+/* The targets depend on the kind of rank 0's dict, known once its
+   metadata arrived: rebuild them for it, keeping the sources. */
+FSDP__DEF fsdp_result fsdp__ld_retarget(fsdp__ld *L, int kind, unsigned flags, const char *fn)
+{
+    fsdp_ctx *c = L->c;
+    fsdp__src *keep = L->s;
+    int ns = L->ns, scap = L->scap;
+    char *names = L->names;
+    fsdp_result r;
+    if (kind == FSDP_SD_FULL) return FSDP_SUCCESS;
+    L->s = NULL;
+    L->names = NULL;
+    fsdp__ld_free(L);
+    r = fsdp__ld_init(L, c, (fsdp_sd_kind)kind, flags, fn);
+    L->s = keep;
+    L->ns = ns;
+    L->scap = scap;
+    L->names = names;
+    if (r == FSDP_SUCCESS && kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
+        r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no "
+                           "optimizer state", fn);
+    return r;
+}
+
+/* Bytes of source s that a rank applies (rank 0 broadcasts them); 0 for a
+   source no rank takes. */
+FSDP__DEF size_t fsdp__ld_chosen_bytes(const fsdp__ld *L, const fsdp__src *s)
+{
+    if (s->tgt < 0 || s->occ != L->t[s->tgt].chosen[s->what]) return 0;
+    return (size_t)s->numel * fsdp_dtype_size(s->dtype);
+}
+
+/* Rank 0's data: one broadcast of each chosen source through one device
+   buffer; every rank applies what it needs. Every rank returns the same. */
+FSDP__DEF fsdp_result fsdp__ld_bcast_data(fsdp__ld *L, const char *fn)
+{
+    fsdp_ctx *c = L->c;
+    fsdp_result local = fsdp__ld_stage(L), r;
+    size_t maxb = 0;
+    int i;
+    for (i = 0; i < L->ns; i++)
+        if (fsdp__ld_chosen_bytes(L, &L->s[i]) > maxb) maxb = fsdp__ld_chosen_bytes(L, &L->s[i]);
+    if (maxb) {
+        r = fsdp_device_alloc(c->dev, maxb, &L->dbuf);
+        if (r != FSDP_SUCCESS) {
+            /* the peers would hang in the first broadcast: agree first */
+            fsdp__ctx_dev(c, r, "allocating the broadcast buffer");
+            L->dbuf = NULL;
+        } else {
+            L->dbuf_bytes = maxb;
+        }
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) return r;
+    }
+    for (i = 0; i < L->ns; i++) {
+        const fsdp__src *s = &L->s[i];
+        size_t b = fsdp__ld_chosen_bytes(L, s);
+        if (!b) continue;
+        if (c->rank == 0) {
+            fsdp_result cr = FSDP_SUCCESS;
+            if (!s->data) cr = FSDP_INVALID_ARGS;
+            else cr = fsdp_device_copy(c->dev, L->dbuf, s->data, b,
+                                       s->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D
+                                                                 : FSDP_COPY_H2D, NULL);
+            if (cr != FSDP_SUCCESS && local == FSDP_SUCCESS)
+                local = fsdp__ctx_fail(c, cr, "%s: '%s': cannot read rank 0's data", fn,
+                                       s->name);
+        }
+        r = fsdp_broadcast(c->world, L->dbuf, L->dbuf, b, FSDP_U8, 0, NULL);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, fn);
+        if (local == FSDP_SUCCESS) local = fsdp__ld_apply(L, s, L->dbuf, FSDP_MEM_DEVICE);
+    }
+    return fsdp__agree(c, local, fn);
+}
+
 FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *c, const fsdp_state_dict *sd, unsigned flags)
 {
     fsdp__ld L;
-    fsdp_result r;
-    int i, kind;
+    fsdp_result r, mine;
+    int i, kind = 0;
     const char *fn = "fsdp_load_state_dict";
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
+    memset(&L, 0, sizeof L);
+    L.c = c;
     if (!(flags & FSDP_SD_RANK0_ONLY)) {
-        if (!sd) r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: sd is NULL", fn);
-        else if (sd->kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
-            r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no optimizer "
-                               "state", fn);
-        kind = sd ? (int)sd->kind : 0;
-        memset(&L, 0, sizeof L);
-        L.c = c;
-        if (r == FSDP_SUCCESS) r = fsdp__ld_init(&L, c, (fsdp_sd_kind)kind, flags, fn);
-        for (i = 0; r == FSDP_SUCCESS && i < sd->n; i++) {
-            fsdp__src *s = fsdp__ld_add(&L);
-            const fsdp_tensor *t = &sd->t[i];
-            int d;
-            if (!s) {
-                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
-                break;
-            }
-            s->name = t->name;
-            s->dtype = t->dtype;
-            s->ndim = t->ndim;
-            for (d = 0; d < t->ndim; d++) s->shape[d] = t->shape[d];
-            s->offset = t->offset;
-            s->numel = t->numel;
-            s->data = t->data;
-            s->mem = t->mem;
-        }
-        if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
-        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        mine = fsdp__ld_from_dict(&L, c, sd, flags, fn);
+        if ((r = fsdp__agree(c, mine, fn)) != FSDP_SUCCESS) goto done;
         if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
             for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++)
                 r = fsdp__ld_apply(&L, &L.s[i], L.s[i].data, L.s[i].mem);
         if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
-        r = fsdp__ld_commit(&L);
-        goto done;
+    } else {
+        /* rank 0's dict: every rank takes part in the broadcast of its
+           metadata even after a local failure */
+        mine = fsdp__ld_init(&L, c, FSDP_SD_FULL, flags, fn);
+        if ((r = fsdp__ld_bcast_meta(&L, sd, &kind)) != FSDP_SUCCESS) goto done;
+        if (mine == FSDP_SUCCESS) mine = fsdp__ld_retarget(&L, kind, flags, fn);
+        if (mine == FSDP_SUCCESS) mine = fsdp__ld_resolve(&L);
+        if ((r = fsdp__agree(c, mine, fn)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__ld_bcast_data(&L, fn)) != FSDP_SUCCESS) goto done;
     }
-    /* rank 0's dict, broadcast */
-    kind = 0;
-    memset(&L, 0, sizeof L);
-    L.c = c;
-    {
-        fsdp_result mine = FSDP_SUCCESS;
-        if ((r = fsdp__ld_init(&L, c, FSDP_SD_FULL, flags, fn)) != FSDP_SUCCESS) mine = r;
-        /* every rank takes part in the broadcast even after a local failure */
-        r = fsdp__ld_bcast_meta(&L, sd, &kind);
-        if (r != FSDP_SUCCESS) goto done;
-        if (mine != FSDP_SUCCESS) r = mine;
-        if (r == FSDP_SUCCESS && kind != FSDP_SD_FULL) {
-            /* the targets depend on the kind: rebuild them */
-            fsdp__src *keep = L.s;
-            int ns = L.ns, scap = L.scap;
-            char *names = L.names;
-            L.s = NULL;
-            L.names = NULL;
-            fsdp__ld_free(&L);
-            r = fsdp__ld_init(&L, c, (fsdp_sd_kind)kind, flags, fn);
-            L.s = keep;
-            L.ns = ns;
-            L.scap = scap;
-            L.names = names;
-            if (r == FSDP_SUCCESS && kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
-                r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no "
-                                   "optimizer state", fn);
-        }
-        if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
-        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
-    }
-    {
-        fsdp_result local = fsdp__ld_stage(&L);
-        size_t maxb = 0;
-        for (i = 0; i < L.ns; i++) {
-            const fsdp__src *s = &L.s[i];
-            size_t b = (size_t)s->numel * fsdp_dtype_size(s->dtype);
-            if (s->tgt >= 0 && s->occ == L.t[s->tgt].chosen[s->what] && b > maxb) maxb = b;
-        }
-        if (maxb) {
-            r = fsdp_device_alloc(c->dev, maxb, &L.dbuf);
-            if (r != FSDP_SUCCESS) {
-                /* the peers would hang in the first broadcast: agree first */
-                fsdp__ctx_dev(c, r, "allocating the broadcast buffer");
-                L.dbuf = NULL;
-            } else {
-                L.dbuf_bytes = maxb;
-            }
-            if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
-        }
-        for (i = 0; i < L.ns; i++) {
-            const fsdp__src *s = &L.s[i];
-            size_t b = (size_t)s->numel * fsdp_dtype_size(s->dtype);
-            if (s->tgt < 0 || s->occ != L.t[s->tgt].chosen[s->what] || !b) continue;
-            if (c->rank == 0) {
-                fsdp_result cr = FSDP_SUCCESS;
-                if (!s->data) cr = FSDP_INVALID_ARGS;
-                else cr = fsdp_device_copy(c->dev, L.dbuf, s->data, b,
-                                           s->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D
-                                                                     : FSDP_COPY_H2D, NULL);
-                if (cr != FSDP_SUCCESS && local == FSDP_SUCCESS)
-                    local = fsdp__ctx_fail(c, cr, "%s: '%s': cannot read rank 0's data", fn,
-                                           s->name);
-            }
-            r = fsdp_broadcast(c->world, L.dbuf, L.dbuf, b, FSDP_U8, 0, NULL);
-            if (r != FSDP_SUCCESS) {
-                fsdp__ctx_comm(c, c->world, r, fn);
-                goto done;
-            }
-            if (local == FSDP_SUCCESS) local = fsdp__ld_apply(&L, s, L.dbuf, FSDP_MEM_DEVICE);
-        }
-        if ((r = fsdp__agree(c, local, fn)) != FSDP_SUCCESS) goto done;
-        r = fsdp__ld_commit(&L);
-    }
+    r = fsdp__ld_commit(&L);
 done:
     fsdp__ld_free(&L);
     return r;
@@ -13307,6 +13397,33 @@ done:
     return r;
 }
 
+/* Opens a single-file checkpoint; its tensors are the loader's sources. */
+FSDP__DEF fsdp_result fsdp__ld_single(fsdp__ld *L, const char *path)
+{
+    fsdp_ctx *c = L->c;
+    fsdp_error e;
+    fsdp_result r;
+    int i;
+    L->files = (fsdp__st_file *)fsdp__calloc(&c->hooks, 1, sizeof *L->files);
+    if (!L->files) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    r = fsdp__st_open(&L->files[0], &c->hooks, path, &e);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s", e.message);
+    L->nfiles = 1;
+    for (i = 0; i < L->files[0].ne; i++) {
+        const fsdp__st_entry *en = &L->files[0].e[i];
+        fsdp__src *s = fsdp__ld_add(L);
+        if (!s) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+        s->name = en->name;
+        s->dtype = en->dtype;
+        s->ndim = en->ndim;
+        memcpy(s->shape, en->shape, sizeof s->shape);
+        s->numel = en->numel;
+        s->file = 0;
+        s->entry = i;
+    }
+    return FSDP_SUCCESS;
+}
+
 /* Reads source s's bytes (whole piece, checksum checked) into L->hbuf. */
 FSDP__DEF fsdp_result fsdp__ld_read(fsdp__ld *L, const fsdp__src *s)
 {
@@ -13359,37 +13476,7 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     sharded = S_ISDIR(st.st_mode);
     r = fsdp__ld_init(&L, c, sharded ? FSDP_SD_SHARDED : FSDP_SD_FULL, flags, where);
     if (r != FSDP_SUCCESS) goto agree1;
-    if (sharded) {
-        r = fsdp__ld_sharded(&L, path, &j, &text);
-    } else {
-        fsdp_error e;
-        L.files = (fsdp__st_file *)fsdp__calloc(&c->hooks, 1, sizeof *L.files);
-        if (!L.files) {
-            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", where);
-            goto agree1;
-        }
-        r = fsdp__st_open(&L.files[0], &c->hooks, path, &e);
-        if (r != FSDP_SUCCESS) {
-            fsdp__ctx_fail(c, r, "%s", e.message);
-            goto agree1;
-        }
-        L.nfiles = 1;
-        for (i = 0; i < L.files[0].ne; i++) {
-            const fsdp__st_entry *en = &L.files[0].e[i];
-            fsdp__src *s = fsdp__ld_add(&L);
-            if (!s) {
-                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", where);
-                goto agree1;
-            }
-            s->name = en->name;
-            s->dtype = en->dtype;
-            s->ndim = en->ndim;
-            memcpy(s->shape, en->shape, sizeof s->shape);
-            s->numel = en->numel;
-            s->file = 0;
-            s->entry = i;
-        }
-    }
+    r = sharded ? fsdp__ld_sharded(&L, path, &j, &text) : fsdp__ld_single(&L, path);
     if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
 agree1:
     if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
