@@ -979,7 +979,10 @@ typedef struct fsdp_ctx_desc {
                                   fsdp_set_no_sync(ctx, 1) can accumulate
                                   without communication */
     /* optimizer: groups[0..ngroups-1]; ngroups 0 uses one group of `optim`
-       (kind 0 and lr 0 mean fsdp_optim_defaults(FSDP_ADAMW)) */
+       (kind 0 and lr 0 mean fsdp_optim_defaults(FSDP_ADAMW)). Start a
+       config from fsdp_optim_defaults: an AdamW or Adam one whose beta1,
+       beta2 and eps are all 0 (a zeroed config with only lr set) is
+       refused, never run as betas (0, 0) and eps 0. */
     fsdp_optim_config optim;
     const fsdp_optim_config *groups;
     int ngroups;
@@ -1189,7 +1192,8 @@ typedef struct fsdp_zero_desc {
     int nparams;
     /* parameter groups: groups[0..ngroups-1]; ngroups 0 uses one group of
        `optim` (kind 0 and lr 0 mean fsdp_optim_defaults(FSDP_ADAMW)). Every
-       group uses the same optimizer kind (one wrapped optimizer class). */
+       group uses the same optimizer kind (one wrapped optimizer class).
+       Adam with beta1, beta2 and eps all 0 is refused, as by fsdp_ctx_desc. */
     fsdp_optim_config optim;
     const fsdp_optim_config *groups;
     int ngroups;
@@ -8318,6 +8322,27 @@ FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_
     return g;
 }
 
+/* A zeroed fsdp_optim_config with only lr set passes fsdp_optim_check as
+   Adam with betas (0, 0) and eps 0, whose step lr * g / |g| is NaN wherever
+   a gradient is 0: a trap, not a choice. Zero cannot mean "default" field
+   by field (beta1 0 and weight_decay 0 are choices torch users make), so
+   that triple is refused, naming the fields as `field`.beta1 ... ("" for
+   bare names). The ZeRO optimizer checks its groups with it too. */
+FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const char *field,
+                                               char *msg, size_t cap)
+{
+    const char *dot = field[0] ? "." : "";
+    if (c->kind != FSDP_OPTIM_DEFAULT && c->kind != FSDP_ADAMW && c->kind != FSDP_ADAM)
+        return FSDP_SUCCESS;
+    if (c->beta1 != 0.0 || c->beta2 != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
+    snprintf(msg, cap, "%s%sbeta1, %s%sbeta2 and %s%seps are all 0 (a zeroed "
+             "fsdp_optim_config with only lr set?), an Adam step of lr * g / |g| that is NaN "
+             "where a gradient is 0; start from fsdp_optim_defaults(%s) for torch's betas "
+             "(0.9, 0.999) and eps 1e-8", field, dot, field, dot, field, dot,
+             c->kind == FSDP_ADAM ? "FSDP_ADAM" : "FSDP_ADAMW");
+    return FSDP_INVALID_ARGS;
+}
+
 /* --- fsdp_ctx_create, in the steps of a setup: check the descriptor, fill
    its defaults, validate them, resolve the units, connect them to their
    communicators, compute the plan (allocating nothing), allocate it, index
@@ -8396,10 +8421,14 @@ FSDP__DEF fsdp_result fsdp__ctx_validate(const fsdp_ctx *c, const fsdp_ctx_desc 
     const fsdp_hooks *uh = &d->hooks;
     int i;
     for (i = 0; i < c->ngroups; i++) {
-        char msg[FSDP_ERROR_MAX];
+        char msg[FSDP_ERROR_MAX], field[32];
         if (fsdp_optim_check(&c->groups[i], msg) != FSDP_SUCCESS)
             return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                      "fsdp_ctx_create: parameter group %d: %s", i, msg);
+        if (d->ngroups) snprintf(field, sizeof field, "groups[%d]", i);
+        else snprintf(field, sizeof field, "optim");
+        if (fsdp__optim_check_zeroed(&c->groups[i], field, msg, sizeof msg) != FSDP_SUCCESS)
+            return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: %s", msg);
     }
     if (c->hybrid_size < 1 || c->nranks % c->hybrid_size)
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
@@ -10327,7 +10356,8 @@ FSDP__DEF fsdp_result fsdp__zero_check_group(const fsdp_optim_config *c, fsdp_op
                                              int g, char *msg, size_t nmsg)
 {
     char why[FSDP_ERROR_MAX];
-    if (fsdp_optim_check(c, why) != FSDP_SUCCESS) {
+    if (fsdp_optim_check(c, why) != FSDP_SUCCESS ||
+        fsdp__optim_check_zeroed(c, "", why, sizeof why) != FSDP_SUCCESS) {
         snprintf(msg, nmsg, "group %d: %.400s", g, why);
         return FSDP_INVALID_ARGS;
     }
