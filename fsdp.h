@@ -1029,7 +1029,10 @@ typedef struct fsdp_ctx_desc {
                                   fsdp_set_no_sync(ctx, 1) can accumulate
                                   without communication */
     /* optimizer: groups[0..ngroups-1]; ngroups 0 uses one group of `optim`
-       (kind 0 and lr 0 mean fsdp_optim_defaults(FSDP_ADAMW)) */
+       (kind 0 and lr 0 mean fsdp_optim_defaults(FSDP_ADAMW)). Start a
+       config from fsdp_optim_defaults: an AdamW or Adam one whose beta1,
+       beta2 and eps are all 0 (a zeroed config with only lr set) is
+       refused, never run as betas (0, 0) and eps 0. */
     fsdp_optim_config optim;
     const fsdp_optim_config *groups;
     int ngroups;
@@ -1239,7 +1242,8 @@ typedef struct fsdp_zero_desc {
     int nparams;
     /* parameter groups: groups[0..ngroups-1]; ngroups 0 uses one group of
        `optim` (kind 0 and lr 0 mean fsdp_optim_defaults(FSDP_ADAMW)). Every
-       group uses the same optimizer kind (one wrapped optimizer class). */
+       group uses the same optimizer kind (one wrapped optimizer class).
+       Adam with beta1, beta2 and eps all 0 is refused, as by fsdp_ctx_desc. */
     fsdp_optim_config optim;
     const fsdp_optim_config *groups;
     int ngroups;
@@ -8188,6 +8192,8 @@ struct fsdp_ctx {
     fsdp_stream *compute, *cs;
     fsdp_event *compute_ev;
     int rank, nranks;
+    int hybrid_size;   /* ranks per shard group */
+    int max_unsharded; /* pool slots at most */
     int nunits;
     fsdp__cunit *u;
     fsdp__slot *slots;
@@ -8343,7 +8349,6 @@ FSDP__DEF fsdp_result fsdp__alloc_shard(fsdp_ctx *c, size_t bytes, void **out, s
     r = fsdp_device_host_alloc(c->dev, bytes, out);
     if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "allocating the offloaded shards (pinned)");
     *counter += bytes;
-    c->plan.host_total += bytes;
     memset(*out, 0, bytes);
     return FSDP_SUCCESS;
 }
@@ -8432,16 +8437,42 @@ FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_
     return g;
 }
 
-FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
+/* A zeroed fsdp_optim_config with only lr set passes fsdp_optim_check as
+   Adam with betas (0, 0) and eps 0, whose step lr * g / |g| is NaN wherever
+   a gradient is 0: a trap, not a choice. Zero cannot mean "default" field
+   by field (beta1 0 and weight_decay 0 are choices torch users make), so
+   that triple is refused, naming the fields as `field`.beta1 ... ("" for
+   bare names). The ZeRO optimizer checks its groups with it too. */
+FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const char *field,
+                                               char *msg, size_t cap)
 {
-    const fsdp_hooks *uh = d ? &d->hooks : NULL;
-    fsdp_ctx *c;
-    fsdp_result r;
-    int i, k, hs, any_hybrid = 0, nres = 0, nshared = 0;
-    size_t slot_bytes = 0, red_in = 0, red_out = 0;
-    if (!out) return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: out is NULL");
-    *out = NULL;
-    if (!d) return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: desc is NULL");
+    const char *dot = field[0] ? "." : "";
+    if (c->kind != FSDP_OPTIM_DEFAULT && c->kind != FSDP_ADAMW && c->kind != FSDP_ADAM)
+        return FSDP_SUCCESS;
+    if (c->beta1 != 0.0 || c->beta2 != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
+    snprintf(msg, cap, "%s%sbeta1, %s%sbeta2 and %s%seps are all 0 (a zeroed "
+             "fsdp_optim_config with only lr set?), an Adam step of lr * g / |g| that is NaN "
+             "where a gradient is 0; start from fsdp_optim_defaults(%s) for torch's betas "
+             "(0.9, 0.999) and eps 1e-8", field, dot, field, dot, field, dot,
+             c->kind == FSDP_ADAM ? "FSDP_ADAM" : "FSDP_ADAMW");
+    return FSDP_INVALID_ARGS;
+}
+
+/* --- fsdp_ctx_create, in the steps of a setup: check the descriptor, fill
+   its defaults, validate them, resolve the units, connect them to their
+   communicators, compute the plan (allocating nothing), allocate it, index
+   the names. Each step reports its own failure through hooks.error; the
+   caller destroys the half-built context. --- */
+
+FSDP__DEF fsdp_result fsdp__ctx_create_oom(const fsdp_ctx_desc *d)
+{
+    return fsdp__fail_create(&d->hooks, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of host memory");
+}
+
+/* The descriptor as given: what no default can repair. */
+FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
     if (!fsdp__hooks_valid(uh))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: allocator needs alloc, realloc and free");
@@ -8458,12 +8489,17 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: max_unsharded and hybrid_shard_size must "
                                  "be >= 0");
-    {
-        fsdp_hooks h = fsdp__hooks_copy(uh);
-        c = (fsdp_ctx *)fsdp__calloc(&h, 1, sizeof *c);
-        if (!c) return fsdp__fail_create(uh, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of memory");
-        c->hooks = h;
-    }
+    if (d->offload_threads < 0 || d->offload_threads > 256)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: offload_threads %d must be 0..256",
+                                 d->offload_threads);
+    return FSDP_SUCCESS;
+}
+
+/* The descriptor, its zeros made defaults, into the context. */
+FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    int i;
     c->model = d->model;
     c->units = d->units;
     c->dev = d->device;
@@ -8472,19 +8508,14 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
     c->rank = fsdp_comm_rank(d->comm);
     c->nranks = fsdp_comm_size(d->comm);
     c->nunits = fsdp_units_count(d->units);
+    c->hybrid_size = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
+    c->max_unsharded = d->max_unsharded ? d->max_unsharded : 2;
     c->prefetch_fwd = !d->disable_forward_prefetch;
     c->prefetch_bwd = !d->disable_backward_prefetch;
     c->plan_no_sync = d->plan_no_sync;
     c->offload = d->cpu_offload != 0;
     c->othreads = d->offload_threads > 0 ? d->offload_threads : 2;
     c->othreads_set = d->offload_threads > 0;
-    if (d->offload_threads < 0 || d->offload_threads > 256) {
-        fsdp__fail_create(uh, FSDP_INVALID_ARGS,
-                          "fsdp_ctx_create: offload_threads %d must be 0..256",
-                          d->offload_threads);
-        fsdp_ctx_destroy(c);
-        return FSDP_INVALID_ARGS;
-    }
     if (d->ngroups) {
         c->ngroups = d->ngroups;
         for (i = 0; i < d->ngroups; i++) c->groups[i] = d->groups[i];
@@ -8493,157 +8524,220 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
         c->groups[0] = d->optim;
         if (c->groups[0].kind == FSDP_OPTIM_DEFAULT && c->groups[0].lr == 0.0)
             c->groups[0] = fsdp_optim_defaults(FSDP_ADAMW);
-        if (c->groups[0].kind == FSDP_OPTIM_DEFAULT) c->groups[0].kind = FSDP_ADAMW;
     }
-    for (i = 0; i < c->ngroups; i++) {
-        char msg[FSDP_ERROR_MAX];
+    for (i = 0; i < c->ngroups; i++)
         if (c->groups[i].kind == FSDP_OPTIM_DEFAULT) c->groups[i].kind = FSDP_ADAMW;
-        if (fsdp_optim_check(&c->groups[i], msg) != FSDP_SUCCESS) {
-            fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: parameter group %d: %s",
-                              i, msg);
-            fsdp_ctx_destroy(c);
-            return FSDP_INVALID_ARGS;
-        }
+}
+
+/* The filled configuration: the optimizer as torch's constructors check it,
+   the hybrid shard size against the world. */
+FSDP__DEF fsdp_result fsdp__ctx_validate(const fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
+    int i;
+    for (i = 0; i < c->ngroups; i++) {
+        char msg[FSDP_ERROR_MAX], field[32];
+        if (fsdp_optim_check(&c->groups[i], msg) != FSDP_SUCCESS)
+            return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                     "fsdp_ctx_create: parameter group %d: %s", i, msg);
+        if (d->ngroups) snprintf(field, sizeof field, "groups[%d]", i);
+        else snprintf(field, sizeof field, "optim");
+        if (fsdp__optim_check_zeroed(&c->groups[i], field, msg, sizeof msg) != FSDP_SUCCESS)
+            return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: %s", msg);
     }
-    hs = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
-    if (hs < 1 || c->nranks % hs) {
-        fsdp__fail_create(uh, FSDP_INVALID_ARGS,
-                          "fsdp_ctx_create: hybrid_shard_size %d does not divide the world "
-                          "size %d", hs, c->nranks);
-        fsdp_ctx_destroy(c);
-        return FSDP_INVALID_ARGS;
-    }
+    if (c->hybrid_size < 1 || c->nranks % c->hybrid_size)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: hybrid_shard_size %d does not divide the "
+                                 "world size %d", c->hybrid_size, c->nranks);
+    return FSDP_SUCCESS;
+}
+
+/* Each unit's dtypes, strategy, shard group size, residency and the
+   parameter group of each entry: all the plan needs that no communicator
+   decides. */
+FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
+    int i, k;
     c->u = (fsdp__cunit *)fsdp__calloc(&c->hooks, (size_t)(c->nunits ? c->nunits : 1),
                                        sizeof(fsdp__cunit));
-    if (!c->u) goto oom;
+    if (!c->u) return fsdp__ctx_create_oom(d);
     for (i = 0; i < c->nunits; i++) {
         const fsdp_unit_info *ui = fsdp_units_get(d->units, i);
         fsdp__cunit *cu = &c->u[i];
         fsdp_sharding_strategy s = ui->options.sharding ? ui->options.sharding : FSDP_FULL_SHARD;
+        int shard_size;
         cu->info = ui;
         cu->slot = -1;
         cu->grad_zero = 1;
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
-        if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt)) {
-            fsdp__fail_create(uh, FSDP_INVALID_DTYPE,
-                              "fsdp_ctx_create: unit %d '%s': param dtype %s and reduce dtype "
-                              "%s must be float dtypes", i, ui->fqn, fsdp_dtype_name(cu->pdt),
-                              fsdp_dtype_name(cu->rdt));
-            fsdp_ctx_destroy(c);
-            return FSDP_INVALID_DTYPE;
-        }
-        if (s == FSDP_HYBRID_SHARD) {
-            if (hs == c->nranks) s = FSDP_FULL_SHARD; /* one replica: plain sharding */
-            else any_hybrid = 1;
-        }
+        if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt))
+            return fsdp__fail_create(uh, FSDP_INVALID_DTYPE,
+                                     "fsdp_ctx_create: unit %d '%s': param dtype %s and reduce "
+                                     "dtype %s must be float dtypes", i, ui->fqn,
+                                     fsdp_dtype_name(cu->pdt), fsdp_dtype_name(cu->rdt));
+        /* one replica is plain sharding; a group of one rank, no sharding */
+        if (s == FSDP_HYBRID_SHARD && c->hybrid_size == c->nranks) s = FSDP_FULL_SHARD;
+        shard_size = s == FSDP_HYBRID_SHARD ? c->hybrid_size : c->nranks;
+        if (shard_size == 1) s = FSDP_NO_SHARD;
         cu->strat = s;
+        cu->W = s == FSDP_NO_SHARD ? 1 : shard_size;
+        /* the root stays unsharded through forward and backward, as in
+           PyTorch; SHARD_GRAD_OP keeps every unit unsharded in between */
+        cu->resident = s == FSDP_NO_SHARD || s == FSDP_SHARD_GRAD_OP || ui->module == 0 ||
+                       c->plan_no_sync;
+        cu->groups = (int *)fsdp__alloc(&c->hooks, (size_t)(ui->nentries + 1) * sizeof(int));
+        if (!cu->groups) return fsdp__ctx_create_oom(d);
+        for (k = 0; k < ui->nentries; k++) {
+            int g = fsdp__entry_group(c, d, &ui->entries[k]);
+            if (g < 0 || g >= c->ngroups)
+                return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                         "fsdp_ctx_create: group_fn put parameter '%s' in "
+                                         "group %d (there are %d groups)", ui->entries[k].fqn, g,
+                                         c->ngroups);
+            cu->groups[k] = g;
+        }
     }
-    if (any_hybrid) {
+    return FSDP_SUCCESS;
+}
+
+/* HYBRID_SHARD's shard and replica groups, the comm stream, and each unit's
+   rank in its group and shard layout. */
+FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
+    int i, hs = c->hybrid_size, hybrid = 0;
+    fsdp_result r;
+    /* a HYBRID_SHARD unit splits the world even when its group is one rank
+       (it then runs as NO_SHARD) */
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].info->options.sharding == FSDP_HYBRID_SHARD && hs != c->nranks) hybrid = 1;
+    if (hybrid) {
         r = fsdp_comm_split(c->world, c->rank / hs, c->rank, &c->shard_comm);
         if (r == FSDP_SUCCESS) r = fsdp_comm_split(c->world, c->rank % hs, c->rank, &c->rep_comm);
-        if (r != FSDP_SUCCESS) {
-            fsdp__fail_create(uh, r, "fsdp_ctx_create: splitting for HYBRID_SHARD: %s",
-                              fsdp_comm_last_error(c->world));
-            fsdp_ctx_destroy(c);
-            return r;
-        }
+        if (r != FSDP_SUCCESS)
+            return fsdp__fail_create(uh, r, "fsdp_ctx_create: splitting for HYBRID_SHARD: %s",
+                                     fsdp_comm_last_error(c->world));
     }
     r = fsdp_stream_create(c->dev, &c->cs);
     if (r == FSDP_SUCCESS && c->compute) r = fsdp_event_create(c->dev, &c->compute_ev);
-    if (r != FSDP_SUCCESS) {
-        fsdp__fail_create(uh, r, "fsdp_ctx_create: stream: %s", fsdp_device_last_error(c->dev));
-        fsdp_ctx_destroy(c);
-        return r;
-    }
-    /* shard layouts, groups, residency */
+    if (r != FSDP_SUCCESS)
+        return fsdp__fail_create(uh, r, "fsdp_ctx_create: stream: %s",
+                                 fsdp_device_last_error(c->dev));
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
-        const fsdp_unit_info *ui = cu->info;
-        int shard_size = cu->strat == FSDP_HYBRID_SHARD ? hs : c->nranks;
-        if (shard_size == 1 || cu->strat == FSDP_NO_SHARD) cu->strat = FSDP_NO_SHARD;
         cu->comm = cu->strat == FSDP_HYBRID_SHARD ? c->shard_comm : c->world;
-        cu->W = cu->strat == FSDP_NO_SHARD ? 1 : shard_size;
         cu->r = cu->strat == FSDP_NO_SHARD ? 0 : fsdp_comm_rank(cu->comm);
         cu->pieces = (fsdp_shard_piece *)fsdp__alloc(
-            &c->hooks, (size_t)(ui->nentries + 1) * sizeof(fsdp_shard_piece));
-        cu->groups = (int *)fsdp__alloc(&c->hooks, (size_t)(ui->nentries + 1) * sizeof(int));
-        if (!cu->pieces || !cu->groups) goto oom;
-        fsdp_unit_shard(ui, cu->r, cu->W, &cu->lay, cu->pieces);
+            &c->hooks, (size_t)(cu->info->nentries + 1) * sizeof(fsdp_shard_piece));
+        if (!cu->pieces) return fsdp__ctx_create_oom(d);
+        fsdp_unit_shard(cu->info, cu->r, cu->W, &cu->lay, cu->pieces);
         cu->S = cu->lay.shard_numel;
-        for (k = 0; k < ui->nentries; k++) {
-            int g = fsdp__entry_group(c, d, &ui->entries[k]);
-            if (g < 0 || g >= c->ngroups) {
-                fsdp__fail_create(uh, FSDP_INVALID_ARGS,
-                                  "fsdp_ctx_create: group_fn put parameter '%s' in group %d "
-                                  "(there are %d groups)", ui->entries[k].fqn, g, c->ngroups);
-                fsdp_ctx_destroy(c);
-                return FSDP_INVALID_ARGS;
-            }
-            cu->groups[k] = g;
+    }
+    return FSDP_SUCCESS;
+}
+
+/* What fsdp__ctx_allocate allocates: the public plan and the sizes of the
+   shared buffers. */
+typedef struct fsdp__ctx_sizes {
+    fsdp_memory_plan plan;
+    unsigned state_mask; /* the optimizer-state buffers of some group */
+    int nslots;
+    size_t slot_bytes, red_in, red_out, off_f32, hstage;
+} fsdp__ctx_sizes;
+
+/* A resident unit's own unsharded block. */
+FSDP__DEF size_t fsdp__resident_bytes(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    if (fsdp__shard_is_view(c, cu)) {
+        /* parameters are the shard itself; the block holds the gradient, or
+           an f32 copy while summoned (so a summon without writeback cannot
+           change the master) */
+        size_t g = (size_t)cu->S * fsdp_dtype_size(cu->pdt), f = (size_t)cu->S * 4;
+        return ((g > f ? g : f) + 63) & ~(size_t)63;
+    }
+    return fsdp__block_bytes(cu);
+}
+
+/* The plan of the resolved units, allocating nothing. It reads only the
+   units' strategies, dtypes, residency and shard sizes, and S is the same
+   on every rank of a group: a query of the plan alone can lay the units out
+   with fsdp_unit_shard at any rank instead of connecting them. */
+FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
+{
+    fsdp_memory_plan *p = &z->plan;
+    size_t shards;
+    int i, k, nshared = 0;
+    memset(z, 0, sizeof *z);
+    for (k = 0; k < c->ngroups; k++) z->state_mask |= fsdp_optim_state_mask(&c->groups[k]);
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        size_t f32 = fsdp__shard_bytes(cu, 4), red = fsdp__shard_bytes(cu, fsdp_dtype_size(cu->rdt));
+        p->sharded_params += f32;
+        if (cu->pdt != FSDP_F32) p->low_precision += fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt));
+        if (cu->info->requires_grad) {
+            p->sharded_grads += f32;
+            for (k = 0; k < 4; k++)
+                if ((z->state_mask >> k) & 1u) p->optimizer_state += f32;
         }
-        /* the root stays unsharded through forward and backward, as in
-           PyTorch; SHARD_GRAD_OP keeps every unit unsharded in between */
-        cu->resident = cu->strat == FSDP_NO_SHARD || cu->strat == FSDP_SHARD_GRAD_OP ||
-                       ui->module == 0 || c->plan_no_sync;
-        if (cu->resident) nres++;
-        else {
+        if (cu->resident) {
+            p->pool += fsdp__resident_bytes(c, cu);
+            p->resident_units++;
+        } else {
             nshared++;
-            if (fsdp__block_bytes(cu) > slot_bytes) slot_bytes = fsdp__block_bytes(cu);
+            if (fsdp__block_bytes(cu) > z->slot_bytes) z->slot_bytes = fsdp__block_bytes(cu);
         }
-        if (cu->strat != FSDP_NO_SHARD && cu->rdt != cu->pdt) {
-            size_t b = (size_t)cu->S * (size_t)cu->W * fsdp_dtype_size(cu->rdt);
-            if (b > red_in) red_in = b;
-        }
-        if (cu->strat == FSDP_NO_SHARD && cu->rdt != cu->pdt) {
-            size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
-            if (b > red_in) red_in = b;
-        }
-        if (cu->strat != FSDP_NO_SHARD) {
-            size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
-            if (b > red_out) red_out = b;
-        }
-        if (c->offload && ui->requires_grad) {
-            size_t b = (size_t)cu->S * fsdp_dtype_size(cu->rdt);
-            if (b > c->hstage_bytes) c->hstage_bytes = b;
-            if (cu->rdt != FSDP_F32 && (size_t)cu->S * 4 > c->off_f32_bytes)
-                c->off_f32_bytes = (size_t)cu->S * 4;
+        /* the unsharded gradient cast to the reduce dtype (W is 1 for
+           NO_SHARD), and the reduced shard */
+        if (cu->rdt != cu->pdt && red * (size_t)cu->W > z->red_in) z->red_in = red * (size_t)cu->W;
+        if (cu->strat != FSDP_NO_SHARD && red > z->red_out) z->red_out = red;
+        if (c->offload && cu->info->requires_grad) {
+            if (red > z->hstage) z->hstage = red;
+            if (cu->rdt != FSDP_F32 && f32 > z->off_f32) z->off_f32 = f32;
         }
     }
-    /* allocate the plan */
+    z->nslots = nshared < c->max_unsharded ? nshared : c->max_unsharded;
+    p->pool += (size_t)z->nslots * z->slot_bytes;
+    p->scratch = z->red_in + z->red_out + z->off_f32;
+    p->host_staging = z->hstage;
+    p->pool_slots = z->nslots;
+    shards = p->sharded_params + p->low_precision + p->sharded_grads + p->optimizer_state;
+    p->total = p->pool + p->scratch + (c->offload ? 0 : shards);
+    p->host_total = c->offload ? shards + p->host_staging : 0;
+}
+
+/* Allocates, zeroed, what the plan sized, and the events. */
+FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
+                                         const fsdp__ctx_sizes *z)
+{
+    fsdp_memory_plan got; /* counted as allocated: must be the plan */
+    fsdp_result r;
+    int i, k;
+    memset(&got, 0, sizeof got);
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
-        unsigned mask = fsdp_optim_state_mask(&c->groups[0]);
-        for (k = 1; k < c->ngroups; k++) mask |= fsdp_optim_state_mask(&c->groups[k]);
         if ((r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, 4), (void **)&cu->master,
-                                   &c->plan.sharded_params)) != FSDP_SUCCESS)
+                                   &got.sharded_params)) != FSDP_SUCCESS)
             goto fail;
         if (cu->pdt != FSDP_F32 &&
             (r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt)), &cu->lp,
-                                   &c->plan.low_precision)) != FSDP_SUCCESS)
+                                   &got.low_precision)) != FSDP_SUCCESS)
             goto fail;
         if (cu->info->requires_grad) {
             if ((r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, 4), (void **)&cu->grad,
-                                       &c->plan.sharded_grads)) != FSDP_SUCCESS)
+                                       &got.sharded_grads)) != FSDP_SUCCESS)
                 goto fail;
             for (k = 0; k < 4; k++)
-                if ((mask >> k) & 1u)
+                if ((z->state_mask >> k) & 1u)
                     if ((r = fsdp__alloc_shard(c, fsdp__shard_bytes(cu, 4),
                                                (void **)&cu->ostate[k],
-                                               &c->plan.optimizer_state)) != FSDP_SUCCESS)
+                                               &got.optimizer_state)) != FSDP_SUCCESS)
                         goto fail;
         }
         if (cu->resident) {
-            if (cu->strat == FSDP_NO_SHARD && !c->offload) {
-                /* parameters are the shard itself; the block holds the
-                   gradient, or an f32 copy while summoned (so a summon
-                   without writeback cannot change the master) */
-                size_t g = (size_t)cu->S * fsdp_dtype_size(cu->pdt), f = (size_t)cu->S * 4;
-                cu->res_bytes = ((g > f ? g : f) + 63) & ~(size_t)63;
-            } else {
-                cu->res_bytes = fsdp__block_bytes(cu);
-            }
-            if ((r = fsdp__alloc_dev(c, cu->res_bytes, &cu->res_base, &c->plan.pool)) !=
+            cu->res_bytes = fsdp__resident_bytes(c, cu);
+            if ((r = fsdp__alloc_dev(c, cu->res_bytes, &cu->res_base, &got.pool)) !=
                 FSDP_SUCCESS)
                 goto fail;
         }
@@ -8654,15 +8748,14 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
             goto fail;
         }
     }
-    c->nslots = nshared ? (d->max_unsharded ? d->max_unsharded : 2) : 0;
-    if (c->nslots > nshared) c->nslots = nshared;
+    c->nslots = z->nslots;
     if (c->nslots) {
         c->slots = (fsdp__slot *)fsdp__calloc(&c->hooks, (size_t)c->nslots, sizeof(fsdp__slot));
-        if (!c->slots) goto oom;
+        if (!c->slots) return fsdp__ctx_create_oom(d);
         for (i = 0; i < c->nslots; i++) {
             c->slots[i].owner = -1;
-            c->slots[i].bytes = slot_bytes;
-            if ((r = fsdp__alloc_dev(c, slot_bytes, &c->slots[i].base, &c->plan.pool)) !=
+            c->slots[i].bytes = z->slot_bytes;
+            if ((r = fsdp__alloc_dev(c, z->slot_bytes, &c->slots[i].base, &got.pool)) !=
                 FSDP_SUCCESS)
                 goto fail;
             if (c->compute && (r = fsdp_event_create(c->dev, &c->slots[i].done)) != FSDP_SUCCESS) {
@@ -8671,63 +8764,93 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
             }
         }
     }
-    c->red_in_bytes = red_in;
-    c->red_out_bytes = red_out;
-    if ((r = fsdp__alloc_dev(c, red_in, &c->red_in, &c->plan.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, red_out, &c->red_out, &c->plan.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, c->off_f32_bytes, &c->off_f32, &c->plan.scratch)) !=
-            FSDP_SUCCESS)
+    c->red_in_bytes = z->red_in;
+    c->red_out_bytes = z->red_out;
+    c->off_f32_bytes = z->off_f32;
+    if ((r = fsdp__alloc_dev(c, z->red_in, &c->red_in, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->red_out, &c->red_out, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
-    if (c->hstage_bytes) {
-        size_t hb = c->hstage_bytes;
-        c->hstage_bytes = 0;
-        if ((r = fsdp__alloc_shard(c, hb, &c->hstage, &c->plan.host_staging)) != FSDP_SUCCESS)
+    if (z->hstage) {
+        if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;
-        c->hstage_bytes = hb;
+        c->hstage_bytes = z->hstage;
     }
-    c->plan.pool_slots = c->nslots;
-    c->plan.resident_units = nres;
-    c->plan.total = c->plan.pool + c->plan.scratch;
-    if (!c->offload)
-        c->plan.total += c->plan.sharded_params + c->plan.low_precision +
-                         c->plan.sharded_grads + c->plan.optimizer_state;
-    /* fqn -> (unit, entry), tied names included */
-    {
-        int n = 0;
-        for (i = 0; i < c->nunits; i++) n += c->u[i].info->nentries + c->u[i].info->nshared;
-        c->prefs = (fsdp__pref *)fsdp__alloc(&c->hooks, (size_t)(n + 1) * sizeof(fsdp__pref));
-        /* a unit may run more than once per iteration (a reused module) */
-        c->order_cap = 4 * c->nunits + 16;
-        c->fwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
-        c->bwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
-        if (!c->prefs || !c->fwd_order || !c->bwd_order) goto oom;
-        for (i = 0; i < c->nunits; i++) {
-            const fsdp_unit_info *ui = c->u[i].info;
-            for (k = 0; k < ui->nentries + ui->nshared; k++) {
-                fsdp__pref *p = &c->prefs[c->nprefs];
-                p->unit = i;
-                if (k < ui->nentries) {
-                    p->fqn = ui->entries[k].fqn;
-                    p->entry = k;
-                } else {
-                    p->fqn = ui->shared[k - ui->nentries].fqn;
-                    p->entry = ui->shared[k - ui->nentries].entry;
-                }
-                if (!fsdp__map_put(&c->hooks, &c->pmap, c->nprefs, fsdp__pref_key, c)) goto oom;
-                c->nprefs++;
+    FSDP_ASSERT(got.sharded_params == z->plan.sharded_params &&
+                got.low_precision == z->plan.low_precision &&
+                got.sharded_grads == z->plan.sharded_grads &&
+                got.optimizer_state == z->plan.optimizer_state && got.pool == z->plan.pool &&
+                got.scratch == z->plan.scratch && got.host_staging == z->plan.host_staging);
+    c->plan = z->plan;
+    return FSDP_SUCCESS;
+fail:
+    return fsdp__fail_create(&d->hooks, r, "fsdp_ctx_create: %s", c->err.message);
+}
+
+/* fqn -> (unit, entry), tied names included, and room for the execution
+   order. */
+FSDP__DEF fsdp_result fsdp__ctx_index(fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    int i, k, n = 0;
+    for (i = 0; i < c->nunits; i++) n += c->u[i].info->nentries + c->u[i].info->nshared;
+    c->prefs = (fsdp__pref *)fsdp__alloc(&c->hooks, (size_t)(n + 1) * sizeof(fsdp__pref));
+    /* a unit may run more than once per iteration (a reused module) */
+    c->order_cap = 4 * c->nunits + 16;
+    c->fwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
+    c->bwd_order = (int *)fsdp__alloc(&c->hooks, (size_t)c->order_cap * sizeof(int));
+    if (!c->prefs || !c->fwd_order || !c->bwd_order) return fsdp__ctx_create_oom(d);
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp_unit_info *ui = c->u[i].info;
+        for (k = 0; k < ui->nentries + ui->nshared; k++) {
+            fsdp__pref *p = &c->prefs[c->nprefs];
+            p->unit = i;
+            if (k < ui->nentries) {
+                p->fqn = ui->entries[k].fqn;
+                p->entry = k;
+            } else {
+                p->fqn = ui->shared[k - ui->nentries].fqn;
+                p->entry = ui->shared[k - ui->nentries].entry;
             }
+            if (!fsdp__map_put(&c->hooks, &c->pmap, c->nprefs, fsdp__pref_key, c))
+                return fsdp__ctx_create_oom(d);
+            c->nprefs++;
         }
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
+{
+    fsdp_ctx *c;
+    fsdp__ctx_sizes z;
+    fsdp_result r;
+    if (!out)
+        return fsdp__fail_create(d ? &d->hooks : NULL, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: out is NULL");
+    *out = NULL;
+    if (!d) return fsdp__fail_create(NULL, FSDP_INVALID_ARGS, "fsdp_ctx_create: desc is NULL");
+    if ((r = fsdp__ctx_check_desc(d)) != FSDP_SUCCESS) return r;
+    {
+        fsdp_hooks h = fsdp__hooks_copy(&d->hooks);
+        c = (fsdp_ctx *)fsdp__calloc(&h, 1, sizeof *c);
+        if (!c)
+            return fsdp__fail_create(&d->hooks, FSDP_OUT_OF_MEMORY,
+                                     "fsdp_ctx_create: out of memory");
+        c->hooks = h;
+    }
+    fsdp__ctx_defaults(c, d);
+    if ((r = fsdp__ctx_validate(c, d)) == FSDP_SUCCESS &&
+        (r = fsdp__ctx_resolve_units(c, d)) == FSDP_SUCCESS &&
+        (r = fsdp__ctx_connect(c, d)) == FSDP_SUCCESS) {
+        fsdp__ctx_compute_plan(c, &z);
+        if ((r = fsdp__ctx_allocate(c, d, &z)) == FSDP_SUCCESS) r = fsdp__ctx_index(c, d);
+    }
+    if (r != FSDP_SUCCESS) {
+        fsdp_ctx_destroy(c);
+        return r;
     }
     *out = c;
     return FSDP_SUCCESS;
-oom:
-    fsdp__fail_create(uh, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of host memory");
-    fsdp_ctx_destroy(c);
-    return FSDP_OUT_OF_MEMORY;
-fail:
-    fsdp__fail_create(uh, r, "fsdp_ctx_create: %s", c->err.message);
-    fsdp_ctx_destroy(c);
-    return r;
 }
 
 FSDP_API const char *fsdp_ctx_last_error(const fsdp_ctx *c)
@@ -10348,7 +10471,8 @@ FSDP__DEF fsdp_result fsdp__zero_check_group(const fsdp_optim_config *c, fsdp_op
                                              int g, char *msg, size_t nmsg)
 {
     char why[FSDP_ERROR_MAX];
-    if (fsdp_optim_check(c, why) != FSDP_SUCCESS) {
+    if (fsdp_optim_check(c, why) != FSDP_SUCCESS ||
+        fsdp__optim_check_zeroed(c, "", why, sizeof why) != FSDP_SUCCESS) {
         snprintf(msg, nmsg, "group %d: %.400s", g, why);
         return FSDP_INVALID_ARGS;
     }
@@ -11671,9 +11795,62 @@ FSDP__DEF fsdp_result fsdp__bblock(fsdp_ctx *c, fsdp_state_dict *sd, const fsdp_
     return r;
 }
 
+/* What a state dict holds of one parameter: its values, the optimizer
+   state (in fsdp_optim_state_mask's bit order, so the unit's ostate[what -
+   FSDP__WHAT_EXP_AVG] and fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]), and
+   the step of its parameter group. All but the step are shard-sized f32
+   buffers of the unit: per-unit tables of them (the blocks a state dict is
+   built from, the loader's staging) have FSDP__NBUFS slots a unit, at
+   fsdp__bufi(unit, what). */
+enum {
+    FSDP__WHAT_PARAM = 0,
+    FSDP__WHAT_EXP_AVG = 1,
+    FSDP__WHAT_EXP_AVG_SQ = 2,
+    FSDP__WHAT_MAX_EXP_AVG_SQ = 3,
+    FSDP__WHAT_MOMENTUM_BUFFER = 4,
+    FSDP__WHAT_STEP = 5, /* a scalar: no buffer */
+    FSDP__NWHAT = 6,
+    FSDP__NBUFS = FSDP__WHAT_STEP
+};
+
+FSDP__DEF size_t fsdp__bufi(int unit, int what)
+{
+    return (size_t)unit * FSDP__NBUFS + (size_t)what;
+}
+
+/* The unit's buffer of `what` (not the step); NULL where the configuration
+   keeps no such state, or the unit no gradient. */
 FSDP__DEF float *fsdp__src_buf(fsdp__cunit *cu, int what)
 {
-    return what == 0 ? cu->master : cu->ostate[what - 1];
+    return what == FSDP__WHAT_PARAM ? cu->master : cu->ostate[what - FSDP__WHAT_EXP_AVG];
+}
+
+/* Does a state dict with the optimizer state hold `what` for the unit's
+   parameters? The values always; the state and the step only where the
+   unit trains, each state buffer where the configuration keeps it. */
+FSDP__DEF int fsdp__unit_has(const fsdp__cunit *cu, int what)
+{
+    if (what == FSDP__WHAT_PARAM) return 1;
+    if (!cu->grad) return 0;
+    return what == FSDP__WHAT_STEP || cu->ostate[what - FSDP__WHAT_EXP_AVG] != NULL;
+}
+
+/* The key of `what` of parameter fqn: "fqn", "optim.fqn.exp_avg", ...,
+   "optim.fqn.step". */
+FSDP__DEF void fsdp__what_key(char *buf, size_t cap, const char *fqn, int what)
+{
+    if (what == FSDP__WHAT_PARAM) snprintf(buf, cap, "%s", fqn);
+    else snprintf(buf, cap, "optim.%s.%s", fqn,
+                  what == FSDP__WHAT_STEP ? "step" : fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]);
+}
+
+/* The what an "optim.<fqn>.<name>" key names by its last part; -1: none. */
+FSDP__DEF int fsdp__what_of(const char *name)
+{
+    int w;
+    for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++)
+        if (!strcmp(name, fsdp__ostate_names[w - FSDP__WHAT_EXP_AVG])) return w;
+    return strcmp(name, "step") ? -1 : FSDP__WHAT_STEP;
 }
 
 /* The step value of a group as an i64 scalar placed in a block. */
@@ -11707,7 +11884,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     }
     for (j = 0, k = 0; j < np; j++) {
         if (!(pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)) continue;
-        snprintf(name, sizeof name, "optim.%s.step", fsdp__pname(c, j));
+        fsdp__what_key(name, sizeof name, fsdp__pname(c, j), FSDP__WHAT_STEP);
         if ((r = fsdp__sd_push(sd, name, FSDP_I64, 0, NULL, 0, 1, (int64_t *)blk + k, mem)) !=
             FSDP_SUCCESS) {
             fsdp__ctx_fail(c, r, "state dict: out of memory");
@@ -11720,24 +11897,172 @@ done:
     return r;
 }
 
-/* Builds a state dict of o->kind from the context (see the declarations).
-   Collective for FULL (all-gathers), local otherwise. */
+/* One buffer of one unit into *block: FULL gathers it through scratch
+   (device memory) first; a rank that keeps no dict only takes part in the
+   gather. */
+FSDP__DEF fsdp_result fsdp__build_buf(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_dict *sd,
+                                      fsdp__cunit *cu, int what, int keep, fsdp_memory_kind mem,
+                                      void *scratch, void **block, const char *fn)
+{
+    const float *src = fsdp__src_buf(cu, what), *from = src;
+    size_t n = o->kind == FSDP_SD_FULL ? (size_t)cu->info->numel : (size_t)cu->S;
+    int from_host;
+    fsdp_result r;
+    if (!src || !cu->S) return FSDP_SUCCESS;
+    if (o->kind == FSDP_SD_FULL && cu->W > 1) {
+        const float *send = src;
+        if (c->offload) { /* collectives take device memory: in place */
+            float *slice = (float *)scratch + (size_t)cu->r * (size_t)cu->S;
+            r = fsdp_device_copy(c->dev, slice, src, (size_t)cu->S * 4, FSDP_COPY_H2D, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, fn);
+            send = slice;
+        }
+        r = fsdp_all_gather(cu->comm, send, scratch, (size_t)cu->S, FSDP_F32, NULL);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, fn);
+        from = (const float *)scratch;
+    }
+    if (!keep) return FSDP_SUCCESS;
+    if ((r = fsdp__bblock(c, sd, o, src, n * 4, mem, block)) != FSDP_SUCCESS) return r;
+    from_host = c->offload && from == src;
+    r = fsdp_device_copy(c->dev, *block, from, n * 4,
+                         mem == FSDP_MEM_DEVICE ? (from_host ? FSDP_COPY_H2D : FSDP_COPY_D2D)
+                                                : (from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H),
+                         NULL);
+    return fsdp__ctx_dev(c, r, fn);
+}
+
+/* Step 1 of a build: the first nwhat buffers of each unit (FULL: gathered)
+   into blocks. Collective for FULL. */
+FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_dict *sd,
+                                       void **blocks, int nwhat, int keep, fsdp_memory_kind mem,
+                                       const char *fn)
+{
+    void *scratch = NULL;
+    size_t scratch_bytes = 0;
+    fsdp_result r = FSDP_SUCCESS;
+    int u, w;
+    for (u = 0; u < c->nunits; u++) {
+        fsdp__cunit *cu = &c->u[u];
+        if (o->kind == FSDP_SD_FULL && cu->W > 1 && (size_t)cu->S * (size_t)cu->W * 4 > scratch_bytes)
+            scratch_bytes = (size_t)cu->S * (size_t)cu->W * 4;
+    }
+    if (o->kind == FSDP_SD_FULL && scratch_bytes) {
+        r = fsdp_device_alloc(c->dev, scratch_bytes, &scratch);
+        if (r != FSDP_SUCCESS)
+            return fsdp__ctx_dev(c, r, "allocating the gather buffer of the full state dict");
+    }
+    for (u = 0; u < c->nunits && r == FSDP_SUCCESS; u++) {
+        if (o->kind == FSDP_SD_SHARDED && o->for_ckpt && c->rank >= c->u[u].W) continue;
+        for (w = 0; w < nwhat && r == FSDP_SUCCESS; w++)
+            r = fsdp__build_buf(c, o, sd, &c->u[u], w, keep, mem, scratch,
+                                &blocks[fsdp__bufi(u, w)], fn);
+    }
+    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
+    return r;
+}
+
+/* The tensors of a FULL dict: every name of every parameter (tied names
+   share the values), the optimizer state under the first name. */
+FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const fsdp__ploc *pl,
+                                       void **blocks, int nwhat, fsdp_memory_kind mem)
+{
+    int np = fsdp_model_num_params(c->model), j, w;
+    fsdp_result r;
+    char name[600];
+    for (j = 0; j < np; j++) {
+        fsdp_param_info pi;
+        const fsdp_flat_entry *fe;
+        void *blk;
+        if (pl[j].unit < 0) continue;
+        fsdp__pinfo(c, j, &pi);
+        fe = &c->u[pl[j].unit].info->entries[pl[j].entry];
+        blk = blocks[fsdp__bufi(pl[j].unit, FSDP__WHAT_PARAM)];
+        r = fsdp__sd_push(sd, pi.fqn, FSDP_F32, pi.ndim, pi.shape, 0, pi.numel,
+                          blk ? (float *)blk + fe->offset : NULL, mem);
+        if (r != FSDP_SUCCESS) return r;
+    }
+    for (j = 0; nwhat > 1 && j < np; j++) {
+        fsdp__cunit *cu;
+        const fsdp_flat_entry *fe;
+        if (pl[j].first != j || pl[j].unit < 0) continue;
+        cu = &c->u[pl[j].unit];
+        fe = &cu->info->entries[pl[j].entry];
+        for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++) {
+            void *blk = blocks[fsdp__bufi(pl[j].unit, w)];
+            if (!fsdp__unit_has(cu, w)) continue;
+            fsdp__what_key(name, sizeof name, fsdp__pname(c, j), w);
+            r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
+                              blk ? (float *)blk + fe->offset : NULL, mem);
+            if (r != FSDP_SUCCESS) return r;
+        }
+    }
+    return FSDP_SUCCESS;
+}
+
+/* The tensors of a SHARDED dict: each piece of this rank's shards under
+   the parameter's first name. */
+FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_dict *sd,
+                                          const fsdp__ploc *pl, void **blocks, int nwhat,
+                                          fsdp_memory_kind mem)
+{
+    int u, w, p;
+    fsdp_result r;
+    char name[600];
+    for (w = 0; w < nwhat; w++)
+        for (u = 0; u < c->nunits; u++) {
+            fsdp__cunit *cu = &c->u[u];
+            if (o->for_ckpt && c->rank >= cu->W) continue;
+            if (!blocks[fsdp__bufi(u, w)]) continue;
+            for (p = 0; p < cu->lay.npieces; p++) {
+                const fsdp_shard_piece *pc = &cu->pieces[p];
+                const fsdp_flat_entry *fe = &cu->info->entries[pc->entry];
+                int64_t n = pc->end - pc->start + 1;
+                fsdp_param_info pi;
+                if (n <= 0) continue;
+                fsdp__pinfo(c, fe->param, &pi);
+                fsdp__what_key(name, sizeof name, fsdp__pname(c, pl[pi.primary].first), w);
+                r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
+                                  (float *)blocks[fsdp__bufi(u, w)] +
+                                      (fe->offset + pc->start - cu->lay.flat_begin), mem);
+                if (r != FSDP_SUCCESS) return r;
+            }
+        }
+    return FSDP_SUCCESS;
+}
+
+/* The tensors of a LOCAL dict: each unit's flat parameter. */
+FSDP__DEF fsdp_result fsdp__build_local(fsdp_ctx *c, fsdp_state_dict *sd, void **blocks,
+                                        fsdp_memory_kind mem)
+{
+    int u;
+    fsdp_result r;
+    char name[600];
+    for (u = 0; u < c->nunits; u++) {
+        fsdp__cunit *cu = &c->u[u];
+        int64_t shape = cu->info->numel;
+        snprintf(name, sizeof name, "%s%sflat_param", cu->info->fqn, cu->info->fqn[0] ? "." : "");
+        r = fsdp__sd_push(sd, name, FSDP_F32, 1, &shape, cu->lay.flat_begin,
+                          cu->lay.valid_numel, blocks[fsdp__bufi(u, FSDP__WHAT_PARAM)], mem);
+        if (r != FSDP_SUCCESS) return r;
+    }
+    return FSDP_SUCCESS;
+}
+
+/* Builds a state dict of o->kind from the context (see the declarations):
+   the buffers copied into blocks, then the tensors naming them. Collective
+   for FULL (all-gathers), local otherwise. */
 FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_dict **out,
                                   const char *fn)
 {
     fsdp_state_dict *sd = NULL;
     fsdp__ploc *pl = NULL;
-    void **blocks = NULL; /* [unit * 5 + what] */
-    void *scratch = NULL;
-    size_t scratch_bytes = 0;
+    void **blocks = NULL; /* [fsdp__bufi(unit, what)] */
     fsdp_result r;
     fsdp_memory_kind mem = (o->flags & FSDP_SD_OFFLOAD)
                                ? ((o->flags & FSDP_SD_PINNED) ? FSDP_MEM_PINNED : FSDP_MEM_HOST)
                                : FSDP_MEM_DEVICE;
     int keep = !(o->flags & FSDP_SD_RANK0_ONLY) || c->rank == 0;
-    int nwhat = (o->flags & FSDP_SD_OPTIM) ? 5 : 1;
-    int np = fsdp_model_num_params(c->model), u, w, j, p;
-    char name[600];
+    int nwhat = (o->flags & FSDP_SD_OPTIM) ? FSDP__NBUFS : 1;
     *out = NULL;
     if (o->stage) mem = FSDP_MEM_PINNED;
     if (o->kind == FSDP_SD_LOCAL && (o->flags & FSDP_SD_OPTIM))
@@ -11747,143 +12072,29 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
     if ((r = fsdp__sd_new(&c->hooks, o->kind, c->dev, &sd)) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, r, "%s: out of memory", fn);
     if ((r = fsdp__plocs(c, &pl)) != FSDP_SUCCESS) goto fail;
-    blocks = (void **)fsdp__calloc(&c->hooks, (size_t)c->nunits * 5 + 1, sizeof *blocks);
+    blocks = (void **)fsdp__calloc(&c->hooks, fsdp__bufi(c->nunits, 0) + 1, sizeof *blocks);
     if (!blocks) {
         r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
         goto fail;
     }
-    /* 1. copy (FULL: gather) each unit's buffers */
-    for (u = 0; u < c->nunits; u++) {
-        fsdp__cunit *cu = &c->u[u];
-        if (o->kind == FSDP_SD_FULL && cu->W > 1 && (size_t)cu->S * (size_t)cu->W * 4 > scratch_bytes)
-            scratch_bytes = (size_t)cu->S * (size_t)cu->W * 4;
-    }
-    if (o->kind == FSDP_SD_FULL && scratch_bytes) {
-        r = fsdp_device_alloc(c->dev, scratch_bytes, &scratch);
+    if ((r = fsdp__build_copy(c, o, sd, blocks, nwhat, keep, mem, fn)) != FSDP_SUCCESS) goto fail;
+    if (keep) {
+        if (o->kind == FSDP_SD_FULL) r = fsdp__build_full(c, sd, pl, blocks, nwhat, mem);
+        else if (o->kind == FSDP_SD_SHARDED)
+            r = fsdp__build_sharded(c, o, sd, pl, blocks, nwhat, mem);
+        else r = fsdp__build_local(c, sd, blocks, mem);
         if (r != FSDP_SUCCESS) {
-            fsdp__ctx_dev(c, r, "allocating the gather buffer of the full state dict");
+            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
             goto fail;
         }
+        if (nwhat > 1 && (o->kind == FSDP_SD_FULL || !o->for_ckpt || c->rank == 0))
+            if ((r = fsdp__push_steps(c, sd, o, pl, mem)) != FSDP_SUCCESS) goto fail;
     }
-    for (u = 0; u < c->nunits; u++) {
-        fsdp__cunit *cu = &c->u[u];
-        if (o->kind == FSDP_SD_SHARDED && o->for_ckpt && c->rank >= cu->W) continue;
-        for (w = 0; w < nwhat; w++) {
-            const float *src = fsdp__src_buf(cu, w);
-            size_t n = o->kind == FSDP_SD_FULL ? (size_t)cu->info->numel : (size_t)cu->S;
-            const float *from = src;
-            if (!src || !cu->S) continue;
-            if (o->kind == FSDP_SD_FULL && cu->W > 1) {
-                const float *send = src;
-                if (c->offload) { /* collectives take device memory: in place */
-                    float *slice = (float *)scratch + (size_t)cu->r * (size_t)cu->S;
-                    r = fsdp_device_copy(c->dev, slice, src, (size_t)cu->S * 4, FSDP_COPY_H2D,
-                                         NULL);
-                    if (r != FSDP_SUCCESS) {
-                        fsdp__ctx_dev(c, r, fn);
-                        goto fail;
-                    }
-                    send = slice;
-                }
-                r = fsdp_all_gather(cu->comm, send, scratch, (size_t)cu->S, FSDP_F32, NULL);
-                if (r != FSDP_SUCCESS) {
-                    fsdp__ctx_comm(c, cu->comm, r, fn);
-                    goto fail;
-                }
-                from = (const float *)scratch;
-            }
-            if (!keep) continue;
-            if ((r = fsdp__bblock(c, sd, o, src, n * 4, mem, &blocks[u * 5 + w])) != FSDP_SUCCESS)
-                goto fail;
-            {
-                int from_host = c->offload && from == src;
-                fsdp_copy_kind kind = mem == FSDP_MEM_DEVICE
-                                          ? (from_host ? FSDP_COPY_H2D : FSDP_COPY_D2D)
-                                          : (from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H);
-                r = fsdp_device_copy(c->dev, blocks[u * 5 + w], from, n * 4, kind, NULL);
-            }
-            if (r != FSDP_SUCCESS) {
-                fsdp__ctx_dev(c, r, fn);
-                goto fail;
-            }
-        }
-    }
-    if (!keep) goto done;
-    /* 2. the tensors */
-    if (o->kind == FSDP_SD_FULL) {
-        for (j = 0; j < np; j++) {
-            fsdp_param_info pi;
-            const fsdp_flat_entry *fe;
-            if (pl[j].unit < 0) continue;
-            fsdp__pinfo(c, j, &pi);
-            fe = &c->u[pl[j].unit].info->entries[pl[j].entry];
-            r = fsdp__sd_push(sd, pi.fqn, FSDP_F32, pi.ndim, pi.shape, 0, pi.numel,
-                              blocks[pl[j].unit * 5] ? (float *)blocks[pl[j].unit * 5] + fe->offset
-                                                     : NULL, mem);
-            if (r != FSDP_SUCCESS) goto oom;
-        }
-        for (j = 0; nwhat > 1 && j < np; j++) {
-            fsdp__cunit *cu;
-            const fsdp_flat_entry *fe;
-            if (pl[j].first != j || pl[j].unit < 0 || !c->u[pl[j].unit].grad) continue;
-            cu = &c->u[pl[j].unit];
-            fe = &cu->info->entries[pl[j].entry];
-            for (w = 1; w < 5; w++) {
-                if (!cu->ostate[w - 1]) continue;
-                snprintf(name, sizeof name, "optim.%s.%s", fsdp__pname(c, j),
-                         fsdp__ostate_names[w - 1]);
-                r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
-                                  blocks[pl[j].unit * 5 + w]
-                                      ? (float *)blocks[pl[j].unit * 5 + w] + fe->offset
-                                      : NULL, mem);
-                if (r != FSDP_SUCCESS) goto oom;
-            }
-        }
-    } else if (o->kind == FSDP_SD_SHARDED) {
-        for (w = 0; w < nwhat; w++)
-            for (u = 0; u < c->nunits; u++) {
-                fsdp__cunit *cu = &c->u[u];
-                if (o->for_ckpt && c->rank >= cu->W) continue;
-                if (!blocks[u * 5 + w]) continue;
-                for (p = 0; p < cu->lay.npieces; p++) {
-                    const fsdp_shard_piece *pc = &cu->pieces[p];
-                    const fsdp_flat_entry *fe = &cu->info->entries[pc->entry];
-                    int64_t n = pc->end - pc->start + 1;
-                    fsdp_param_info pi;
-                    if (n <= 0) continue;
-                    fsdp__pinfo(c, fe->param, &pi);
-                    if (w == 0) snprintf(name, sizeof name, "%s", fsdp__pname(c, pl[pi.primary].first));
-                    else snprintf(name, sizeof name, "optim.%s.%s",
-                                  fsdp__pname(c, pl[pi.primary].first), fsdp__ostate_names[w - 1]);
-                    r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
-                                      (float *)blocks[u * 5 + w] +
-                                          (fe->offset + pc->start - cu->lay.flat_begin), mem);
-                    if (r != FSDP_SUCCESS) goto oom;
-                }
-            }
-    } else {
-        for (u = 0; u < c->nunits; u++) {
-            fsdp__cunit *cu = &c->u[u];
-            int64_t shape = cu->info->numel;
-            snprintf(name, sizeof name, "%s%sflat_param", cu->info->fqn,
-                     cu->info->fqn[0] ? "." : "");
-            r = fsdp__sd_push(sd, name, FSDP_F32, 1, &shape, cu->lay.flat_begin,
-                              cu->lay.valid_numel, blocks[u * 5], mem);
-            if (r != FSDP_SUCCESS) goto oom;
-        }
-    }
-    if (nwhat > 1 && (o->kind == FSDP_SD_FULL || !o->for_ckpt || c->rank == 0))
-        if ((r = fsdp__push_steps(c, sd, o, pl, mem)) != FSDP_SUCCESS) goto fail;
-done:
-    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
     fsdp__free(&c->hooks, blocks);
     fsdp__free(&c->hooks, pl);
     *out = sd;
     return FSDP_SUCCESS;
-oom:
-    r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
 fail:
-    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
     fsdp__free(&c->hooks, blocks);
     fsdp__free(&c->hooks, pl);
     fsdp_state_dict_destroy(sd);
@@ -11999,8 +12210,8 @@ typedef struct fsdp__src {
 typedef struct fsdp__tgt {
     int unit, entry, first;
     int64_t need_off, need_n, dst; /* this rank's range and its shard offset */
-    int chosen[6];                 /* per what: occurrence whose name is used */
-    int present[6];
+    int chosen[FSDP__NWHAT];       /* per what: occurrence whose name is used */
+    int present[FSDP__NWHAT];
 } fsdp__tgt;
 
 typedef struct fsdp__ld {
@@ -12015,7 +12226,7 @@ typedef struct fsdp__ld {
     fsdp__src *s;
     int ns, scap;
     int *order; /* sources sorted by (tgt, what, offset) */
-    float **stage; /* [unit * 5 + what] */
+    float **stage; /* [fsdp__bufi(unit, what)] */
     int64_t new_step[FSDP__MAX_GROUPS];
     int step_set[FSDP__MAX_GROUPS];
     fsdp__st_file *files;
@@ -12031,10 +12242,12 @@ typedef struct fsdp__ld {
 FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
-    int i;
+    int i, w;
     if (L->stage)
-        for (i = 0; i < c->nunits * 5; i++)
-            if (L->stage[i]) fsdp_device_free(c->dev, L->stage[i], (size_t)c->u[i / 5].S * 4);
+        for (i = 0; i < c->nunits; i++)
+            for (w = 0; w < FSDP__NBUFS; w++)
+                if (L->stage[fsdp__bufi(i, w)])
+                    fsdp_device_free(c->dev, L->stage[fsdp__bufi(i, w)], (size_t)c->u[i].S * 4);
     for (i = 0; i < L->nfiles; i++) fsdp__st_close(&L->files[i]);
     if (L->dbuf) fsdp_device_free(c->dev, L->dbuf, L->dbuf_bytes);
     fsdp__free(&c->hooks, L->files);
@@ -12102,7 +12315,7 @@ FSDP__DEF fsdp_result fsdp__ld_init(fsdp__ld *L, fsdp_ctx *c, fsdp_sd_kind kind,
         }
     }
     for (j = 0; j < L->nt; j++)
-        for (e = 0; e < 6; e++) L->t[j].chosen[e] = -1;
+        for (e = 0; e < FSDP__NWHAT; e++) L->t[j].chosen[e] = -1;
     return FSDP_SUCCESS;
 }
 
@@ -12140,153 +12353,163 @@ FSDP__DEF int fsdp__okey_cmp(const void *a, const void *b)
     return x->idx - y->idx;
 }
 
-/* Resolves every source's name and checks shapes, dtypes, coverage and
-   strictness. Touches nothing of the context. */
-FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
+/* What fsdp__ld_match says of a source that is no target. */
+enum { FSDP__LD_SKIP = -1, FSDP__LD_UNEXPECTED = -2 };
+
+/* The target source s names, with what it holds and the occurrence (tied
+   name) naming it; FSDP__LD_SKIP for what the load does not take (an
+   ignored parameter is the engine's own; optimizer state not asked for),
+   FSDP__LD_UNEXPECTED for a name the context does not have. */
+FSDP__DEF int fsdp__ld_match(const fsdp__ld *L, const fsdp__src *s, int *what, int *occ)
 {
     fsdp_ctx *c = L->c;
-    char unexpected[320] = "", missing[320] = "", sa[128], sb[128];
-    int nunexp = 0, nmiss = 0, i, k, w;
-    int np = fsdp_model_num_params(c->model);
-    int strict = !(L->flags & FSDP_SD_NOT_STRICT), optim = (L->flags & FSDP_SD_OPTIM) != 0;
-    for (i = 0; i < L->ns; i++) {
-        fsdp__src *s = &L->s[i];
-        int occ = -1, what = 0, t = -1;
-        s->tgt = -1;
-        if (L->kind == FSDP_SD_LOCAL) {
-            int u;
-            for (u = 0; u < c->nunits; u++) {
-                char nm[600];
-                snprintf(nm, sizeof nm, "%s%sflat_param", c->u[u].info->fqn,
-                         c->u[u].info->fqn[0] ? "." : "");
-                if (!strcmp(nm, s->name)) break;
+    const char *dot;
+    char fqn[600];
+    size_t len;
+    int t = -1, u;
+    *what = FSDP__WHAT_PARAM;
+    *occ = -1;
+    if (L->kind == FSDP_SD_LOCAL) {
+        for (u = 0; u < c->nunits; u++) {
+            char nm[600];
+            snprintf(nm, sizeof nm, "%s%sflat_param", c->u[u].info->fqn,
+                     c->u[u].info->fqn[0] ? "." : "");
+            if (!strcmp(nm, s->name)) {
+                *occ = 0;
+                return u;
             }
-            if (u == c->nunits) {
-                fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
-                continue;
-            }
-            t = u;
-            occ = 0;
-        } else if ((occ = fsdp_model_find_param(c->model, s->name)) >= 0) {
-            t = L->tgt_of[occ];
-            if (t < 0) continue; /* an ignored parameter: the engine's own */
-        } else if (!strncmp(s->name, "optim.", 6)) {
-            const char *dot = strrchr(s->name, '.');
-            char fqn[600];
-            size_t len = (size_t)(dot - s->name) - 6;
-            if (!optim) continue; /* the optimizer state is not asked for */
-            what = -1;
-            if (dot > s->name + 6 && len < sizeof fqn) {
-                memcpy(fqn, s->name + 6, len);
-                fqn[len] = 0;
-                for (k = 0; k < 4; k++)
-                    if (!strcmp(dot + 1, fsdp__ostate_names[k])) what = k + 1;
-                if (!strcmp(dot + 1, "step")) what = 5;
-                occ = what > 0 ? fsdp_model_find_param(c->model, fqn) : -1;
-                t = occ >= 0 ? L->tgt_of[occ] : -1;
-            }
-            if (t < 0 || !c->u[L->t[t].unit].grad ||
-                (what >= 1 && what <= 4 && !c->u[L->t[t].unit].ostate[what - 1])) {
-                fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
-                continue;
-            }
-        } else {
-            fsdp__namelist(unexpected, sizeof unexpected, &nunexp, s->name);
-            continue;
         }
-        /* shape and dtype */
-        if (what == 5) {
-            if (s->numel != 1 || s->offset != 0 || fsdp__shape_numel(s->ndim, s->shape) != 1 ||
-                !fsdp_dtype_size(s->dtype) || s->dtype == FSDP_F16 || s->dtype == FSDP_BF16)
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' must be a scalar step "
-                                      "(i64, i32 or f32), got %s of shape %s", L->where, s->name,
-                                      fsdp_dtype_name(s->dtype),
-                                      (fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape), sa));
-        } else {
-            int ndim;
-            const int64_t *shape;
-            int64_t gl;
-            fsdp__cunit *cu = &c->u[L->t[t].unit];
-            if (L->kind == FSDP_SD_LOCAL) {
-                ndim = 1;
-                shape = &cu->info->numel;
-            } else {
-                ndim = cu->info->entries[L->t[t].entry].ndim;
-                shape = cu->info->entries[L->t[t].entry].shape;
-            }
-            if (!fsdp_dtype_is_float(s->dtype))
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has dtype %s, a float "
-                                      "dtype is needed", L->where, s->name,
-                                      fsdp_dtype_name(s->dtype));
-            for (k = 0; k < ndim && ndim == s->ndim; k++)
-                if (shape[k] != s->shape[k]) break;
-            if (ndim != s->ndim || k < ndim) {
-                fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape);
-                fsdp__shape_str(sb, sizeof sb, ndim, shape);
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has shape %s, the model "
-                                      "has %s (a checkpoint of a different model?)", L->where,
-                                      s->name, sa, sb);
-            }
-            gl = fsdp__shape_numel(ndim, shape);
-            if (s->offset < 0 || s->numel < 0 || s->offset > gl - s->numel)
-                return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: '%s': piece [%lld, +%lld) is "
-                                      "outside the tensor (%lld elements)", L->where, s->name,
-                                      (long long)s->offset, (long long)s->numel, (long long)gl);
-        }
-        s->tgt = t;
-        s->what = what;
-        s->occ = occ;
-        L->t[t].present[what] = 1;
-        if (L->t[t].chosen[what] < 0 || occ < L->t[t].chosen[what]) L->t[t].chosen[what] = occ;
+        return FSDP__LD_UNEXPECTED;
     }
-    /* sources by (target, what, offset), for the coverage walks */
-    {
-        fsdp__okey *keys = (fsdp__okey *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof *keys);
-        int *seen = (int *)fsdp__calloc(&c->hooks, (size_t)np + 1, sizeof(int));
-        L->order = (int *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof(int));
-        if (!keys || !seen || !L->order) {
-            fsdp__free(&c->hooks, keys);
-            fsdp__free(&c->hooks, seen);
-            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
-        }
-        for (i = 0; i < L->ns; i++) {
-            keys[i].tgt = L->s[i].tgt;
-            keys[i].what = L->s[i].what;
-            keys[i].offset = L->s[i].offset;
-            keys[i].idx = i;
-            if (L->s[i].tgt >= 0 && L->s[i].what == 0 && L->kind != FSDP_SD_LOCAL)
-                seen[L->s[i].occ] = 1;
-        }
-        qsort(keys, (size_t)L->ns, sizeof *keys, fsdp__okey_cmp);
-        for (i = 0; i < L->ns; i++) L->order[i] = keys[i].idx;
-        /* missing names (a FULL dict lists every name) */
-        if (L->kind == FSDP_SD_FULL && strict)
-            for (i = 0; i < np; i++)
-                if (L->tgt_of[i] >= 0 && !seen[i])
-                    fsdp__namelist(missing, sizeof missing, &nmiss, fsdp__pname(c, i));
+    if ((*occ = fsdp_model_find_param(c->model, s->name)) >= 0)
+        return L->tgt_of[*occ] >= 0 ? L->tgt_of[*occ] : FSDP__LD_SKIP;
+    if (strncmp(s->name, "optim.", 6)) return FSDP__LD_UNEXPECTED;
+    if (!(L->flags & FSDP_SD_OPTIM)) return FSDP__LD_SKIP;
+    dot = strrchr(s->name, '.');
+    len = (size_t)(dot - s->name) - 6;
+    *what = -1;
+    if (dot > s->name + 6 && len < sizeof fqn) {
+        memcpy(fqn, s->name + 6, len);
+        fqn[len] = 0;
+        *what = fsdp__what_of(dot + 1);
+        *occ = *what > 0 ? fsdp_model_find_param(c->model, fqn) : -1;
+        t = *occ >= 0 ? L->tgt_of[*occ] : -1;
+    }
+    if (t < 0 || !fsdp__unit_has(&c->u[L->t[t].unit], *what)) return FSDP__LD_UNEXPECTED;
+    return t;
+}
+
+/* Source s fits target t: a scalar step, or a float piece of the
+   parameter's shape (LOCAL: the flat parameter) inside it. */
+FSDP__DEF fsdp_result fsdp__ld_check_src(fsdp__ld *L, const fsdp__src *s, int t, int what)
+{
+    fsdp_ctx *c = L->c;
+    fsdp__cunit *cu = &c->u[L->t[t].unit];
+    char sa[128], sb[128];
+    int ndim, k;
+    const int64_t *shape;
+    int64_t gl;
+    if (what == FSDP__WHAT_STEP) {
+        if (s->numel != 1 || s->offset != 0 || fsdp__shape_numel(s->ndim, s->shape) != 1 ||
+            !fsdp_dtype_size(s->dtype) || s->dtype == FSDP_F16 || s->dtype == FSDP_BF16)
+            return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' must be a scalar step "
+                                  "(i64, i32 or f32), got %s of shape %s", L->where, s->name,
+                                  fsdp_dtype_name(s->dtype),
+                                  (fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape), sa));
+        return FSDP_SUCCESS;
+    }
+    if (L->kind == FSDP_SD_LOCAL) {
+        ndim = 1;
+        shape = &cu->info->numel;
+    } else {
+        ndim = cu->info->entries[L->t[t].entry].ndim;
+        shape = cu->info->entries[L->t[t].entry].shape;
+    }
+    if (!fsdp_dtype_is_float(s->dtype))
+        return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has dtype %s, a float "
+                              "dtype is needed", L->where, s->name, fsdp_dtype_name(s->dtype));
+    for (k = 0; k < ndim && ndim == s->ndim; k++)
+        if (shape[k] != s->shape[k]) break;
+    if (ndim != s->ndim || k < ndim) {
+        fsdp__shape_str(sa, sizeof sa, s->ndim, s->shape);
+        fsdp__shape_str(sb, sizeof sb, ndim, shape);
+        return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' has shape %s, the model "
+                              "has %s (a checkpoint of a different model?)", L->where,
+                              s->name, sa, sb);
+    }
+    gl = fsdp__shape_numel(ndim, shape);
+    if (s->offset < 0 || s->numel < 0 || s->offset > gl - s->numel)
+        return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: '%s': piece [%lld, +%lld) is "
+                              "outside the tensor (%lld elements)", L->where, s->name,
+                              (long long)s->offset, (long long)s->numel, (long long)gl);
+    return FSDP_SUCCESS;
+}
+
+/* The names a load did not expect and those it misses, for one message. */
+typedef struct fsdp__ld_keys {
+    char unexpected[320], missing[320];
+    int nunexp, nmiss;
+} fsdp__ld_keys;
+
+/* Sorts the sources by (target, what, offset) for the coverage walks, and
+   lists the parameters a FULL dict (which names every one) lacks. */
+FSDP__DEF fsdp_result fsdp__ld_sort(fsdp__ld *L, fsdp__ld_keys *keys_out)
+{
+    fsdp_ctx *c = L->c;
+    int np = fsdp_model_num_params(c->model), i;
+    fsdp__okey *keys = (fsdp__okey *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof *keys);
+    int *seen = (int *)fsdp__calloc(&c->hooks, (size_t)np + 1, sizeof(int));
+    L->order = (int *)fsdp__alloc(&c->hooks, ((size_t)L->ns + 1) * sizeof(int));
+    if (!keys || !seen || !L->order) {
         fsdp__free(&c->hooks, keys);
         fsdp__free(&c->hooks, seen);
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
     }
-    /* coverage of this rank's ranges, optimizer state and steps */
+    for (i = 0; i < L->ns; i++) {
+        keys[i].tgt = L->s[i].tgt;
+        keys[i].what = L->s[i].what;
+        keys[i].offset = L->s[i].offset;
+        keys[i].idx = i;
+        if (L->s[i].tgt >= 0 && L->s[i].what == FSDP__WHAT_PARAM && L->kind != FSDP_SD_LOCAL)
+            seen[L->s[i].occ] = 1;
+    }
+    qsort(keys, (size_t)L->ns, sizeof *keys, fsdp__okey_cmp);
+    for (i = 0; i < L->ns; i++) L->order[i] = keys[i].idx;
+    if (L->kind == FSDP_SD_FULL && !(L->flags & FSDP_SD_NOT_STRICT))
+        for (i = 0; i < np; i++)
+            if (L->tgt_of[i] >= 0 && !seen[i])
+                fsdp__namelist(keys_out->missing, sizeof keys_out->missing, &keys_out->nmiss,
+                               fsdp__pname(c, i));
+    fsdp__free(&c->hooks, keys);
+    fsdp__free(&c->hooks, seen);
+    return FSDP_SUCCESS;
+}
+
+/* Lists what this rank needs and no source gives: its range of each
+   target, the optimizer state and the steps. */
+FSDP__DEF void fsdp__ld_coverage(fsdp__ld *L, fsdp__ld_keys *keys)
+{
+    fsdp_ctx *c = L->c;
+    int strict = !(L->flags & FSDP_SD_NOT_STRICT), optim = (L->flags & FSDP_SD_OPTIM) != 0;
+    int i, k, w;
     for (i = 0; i < L->nt; i++) {
         fsdp__tgt *t = &L->t[i];
         fsdp__cunit *cu = &c->u[t->unit];
-        for (w = 0; w < 6; w++) {
+        for (w = 0; w < FSDP__NWHAT; w++) {
             int64_t cur;
             char nm[700];
-            if (w > 0 && (!optim || L->kind == FSDP_SD_LOCAL || !cu->grad)) break;
-            if (w >= 1 && w <= 4 && !cu->ostate[w - 1]) continue;
+            if (w > FSDP__WHAT_PARAM && (!optim || L->kind == FSDP_SD_LOCAL)) break;
+            if (!fsdp__unit_has(cu, w)) continue;
             if (L->kind == FSDP_SD_LOCAL) snprintf(nm, sizeof nm, "%s%sflat_param",
                                                    cu->info->fqn, cu->info->fqn[0] ? "." : "");
-            else if (w == 0) snprintf(nm, sizeof nm, "%s", fsdp__pname(c, t->first));
-            else snprintf(nm, sizeof nm, "optim.%s.%s", fsdp__pname(c, t->first),
-                          w == 5 ? "step" : fsdp__ostate_names[w - 1]);
+            else fsdp__what_key(nm, sizeof nm, fsdp__pname(c, t->first), w);
             if (!t->present[w]) {
-                if (strict && (L->kind != FSDP_SD_FULL || w > 0) && (w == 5 || t->need_n > 0))
-                    fsdp__namelist(missing, sizeof missing, &nmiss, nm);
+                if (strict && (L->kind != FSDP_SD_FULL || w > FSDP__WHAT_PARAM) &&
+                    (w == FSDP__WHAT_STEP || t->need_n > 0))
+                    fsdp__namelist(keys->missing, sizeof keys->missing, &keys->nmiss, nm);
                 continue;
             }
-            if (w == 5 || t->need_n <= 0) continue;
+            if (w == FSDP__WHAT_STEP || t->need_n <= 0) continue;
             /* sources of (t, w, chosen) by offset: the order array is sorted */
             cur = t->need_off;
             for (k = 0; k < L->ns; k++) {
@@ -12300,20 +12523,47 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
                 char piece[760];
                 snprintf(piece, sizeof piece, "%s[%lld:%lld]", nm, (long long)cur,
                          (long long)(t->need_off + t->need_n));
-                fsdp__namelist(missing, sizeof missing, &nmiss, piece);
+                fsdp__namelist(keys->missing, sizeof keys->missing, &keys->nmiss, piece);
             }
         }
     }
-    if ((nunexp && strict) || nmiss) {
+}
+
+/* Resolves every source's name and checks shapes, dtypes, coverage and
+   strictness. Touches nothing of the context. */
+FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
+{
+    fsdp_ctx *c = L->c;
+    fsdp__ld_keys keys;
+    int strict = !(L->flags & FSDP_SD_NOT_STRICT), i;
+    fsdp_result r;
+    memset(&keys, 0, sizeof keys);
+    for (i = 0; i < L->ns; i++) {
+        fsdp__src *s = &L->s[i];
+        int what, occ, t = fsdp__ld_match(L, s, &what, &occ);
+        s->tgt = -1;
+        if (t == FSDP__LD_UNEXPECTED)
+            fsdp__namelist(keys.unexpected, sizeof keys.unexpected, &keys.nunexp, s->name);
+        if (t < 0) continue;
+        if ((r = fsdp__ld_check_src(L, s, t, what)) != FSDP_SUCCESS) return r;
+        s->tgt = t;
+        s->what = what;
+        s->occ = occ;
+        L->t[t].present[what] = 1;
+        if (L->t[t].chosen[what] < 0 || occ < L->t[t].chosen[what]) L->t[t].chosen[what] = occ;
+    }
+    if ((r = fsdp__ld_sort(L, &keys)) != FSDP_SUCCESS) return r;
+    fsdp__ld_coverage(L, &keys);
+    if ((keys.nunexp && strict) || keys.nmiss) {
         char a[40] = "", b[40] = "";
-        if (nunexp > 6) snprintf(a, sizeof a, " (+%d more)", nunexp - 6);
-        if (nmiss > 6) snprintf(b, sizeof b, " (+%d more)", nmiss - 6);
+        if (keys.nunexp > 6) snprintf(a, sizeof a, " (+%d more)", keys.nunexp - 6);
+        if (keys.nmiss > 6) snprintf(b, sizeof b, " (+%d more)", keys.nmiss - 6);
         return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: %s%s%s%s%s%s%s%s", L->where,
-                              nmiss ? "missing keys: " : "", missing, b,
-                              nmiss && nunexp && strict ? "; " : "",
-                              nunexp && strict ? "unexpected keys: " : "",
-                              nunexp && strict ? unexpected : "", nunexp && strict ? a : "",
-                              "");
+                              keys.nmiss ? "missing keys: " : "", keys.missing, b,
+                              keys.nmiss && keys.nunexp && strict ? "; " : "",
+                              keys.nunexp && strict ? "unexpected keys: " : "",
+                              keys.nunexp && strict ? keys.unexpected : "",
+                              keys.nunexp && strict ? a : "", "");
     }
     return FSDP_SUCCESS;
 }
@@ -12321,9 +12571,9 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
 FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
-    int u, w, nwhat = (L->flags & FSDP_SD_OPTIM) && L->kind != FSDP_SD_LOCAL ? 5 : 1;
+    int u, w, nwhat = (L->flags & FSDP_SD_OPTIM) && L->kind != FSDP_SD_LOCAL ? FSDP__NBUFS : 1;
     fsdp_result r;
-    L->stage = (float **)fsdp__calloc(&c->hooks, (size_t)c->nunits * 5 + 1, sizeof(float *));
+    L->stage = (float **)fsdp__calloc(&c->hooks, fsdp__bufi(c->nunits, 0) + 1, sizeof(float *));
     if (!L->stage) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
     for (u = 0; u < c->nunits; u++)
         for (w = 0; w < nwhat; w++) {
@@ -12333,7 +12583,7 @@ FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
             if (!src || !cu->S) continue;
             r = fsdp_device_alloc(c->dev, (size_t)cu->S * 4, &p);
             if (r == FSDP_SUCCESS) {
-                L->stage[u * 5 + w] = (float *)p;
+                L->stage[fsdp__bufi(u, w)] = (float *)p;
                 r = fsdp_device_copy(c->dev, p, src, (size_t)cu->S * 4, fsdp__from_shard(c), NULL);
             }
             if (r != FSDP_SUCCESS)
@@ -12351,7 +12601,7 @@ FSDP__DEF int fsdp__ld_wanted(const fsdp__ld *L, const fsdp__src *s)
     if (s->tgt < 0) return 0;
     t = &L->t[s->tgt];
     if (s->occ != t->chosen[s->what]) return 0;
-    if (s->what == 5) return 1;
+    if (s->what == FSDP__WHAT_STEP) return 1;
     return t->need_n > 0 && s->offset < t->need_off + t->need_n &&
            s->offset + s->numel > t->need_off;
 }
@@ -12365,7 +12615,7 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
     fsdp_result r;
     if (!fsdp__ld_wanted(L, s)) return FSDP_SUCCESS;
     t = &L->t[s->tgt];
-    if (s->what == 5) {
+    if (s->what == FSDP__WHAT_STEP) {
         unsigned char raw[8];
         int64_t v = 0;
         int g = c->u[t->unit].groups[t->entry];
@@ -12412,7 +12662,7 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
         int64_t lo = s->offset > t->need_off ? s->offset : t->need_off;
         int64_t hi = s->offset + s->numel < t->need_off + t->need_n ? s->offset + s->numel
                                                                       : t->need_off + t->need_n;
-        float *dst = L->stage[t->unit * 5 + s->what];
+        float *dst = L->stage[fsdp__bufi(t->unit, s->what)];
         size_t n = (size_t)(hi - lo);
         const char *src = (const char *)data + (size_t)(lo - s->offset) * es;
         if (!dst) return FSDP_SUCCESS;
@@ -12449,9 +12699,9 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
     fsdp_result r;
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
-        for (w = 0; w < 5; w++) {
-            if (!L->stage[u * 5 + w]) continue;
-            r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[u * 5 + w],
+        for (w = 0; w < FSDP__NBUFS; w++) {
+            if (!L->stage[fsdp__bufi(u, w)]) continue;
+            r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[fsdp__bufi(u, w)],
                                  (size_t)cu->S * 4, fsdp__to_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
         }
@@ -12620,123 +12870,136 @@ done:
     return r;
 }
 
+/* Every rank's own dict: its tensors are the sources. */
+FSDP__DEF fsdp_result fsdp__ld_from_dict(fsdp__ld *L, fsdp_ctx *c, const fsdp_state_dict *sd,
+                                         unsigned flags, const char *fn)
+{
+    fsdp_result r = FSDP_SUCCESS;
+    int i, d;
+    if (!sd) r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: sd is NULL", fn);
+    else if (sd->kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
+        r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no optimizer "
+                           "state", fn);
+    if (r != FSDP_SUCCESS) return r;
+    if ((r = fsdp__ld_init(L, c, sd->kind, flags, fn)) != FSDP_SUCCESS) return r;
+    for (i = 0; i < sd->n; i++) {
+        fsdp__src *s = fsdp__ld_add(L);
+        const fsdp_tensor *t = &sd->t[i];
+        if (!s) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+        s->name = t->name;
+        s->dtype = t->dtype;
+        s->ndim = t->ndim;
+        for (d = 0; d < t->ndim; d++) s->shape[d] = t->shape[d];
+        s->offset = t->offset;
+        s->numel = t->numel;
+        s->data = t->data;
+        s->mem = t->mem;
+    }
+    return fsdp__ld_resolve(L);
+}
+
+/* The targets depend on the kind of rank 0's dict, known once its
+   metadata arrived: rebuild them for it, keeping the sources. */
+FSDP__DEF fsdp_result fsdp__ld_retarget(fsdp__ld *L, int kind, unsigned flags, const char *fn)
+{
+    fsdp_ctx *c = L->c;
+    fsdp__src *keep = L->s;
+    int ns = L->ns, scap = L->scap;
+    char *names = L->names;
+    fsdp_result r;
+    if (kind == FSDP_SD_FULL) return FSDP_SUCCESS;
+    L->s = NULL;
+    L->names = NULL;
+    fsdp__ld_free(L);
+    r = fsdp__ld_init(L, c, (fsdp_sd_kind)kind, flags, fn);
+    L->s = keep;
+    L->ns = ns;
+    L->scap = scap;
+    L->names = names;
+    if (r == FSDP_SUCCESS && kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
+        r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no "
+                           "optimizer state", fn);
+    return r;
+}
+
+/* Bytes of source s that a rank applies (rank 0 broadcasts them); 0 for a
+   source no rank takes. */
+FSDP__DEF size_t fsdp__ld_chosen_bytes(const fsdp__ld *L, const fsdp__src *s)
+{
+    if (s->tgt < 0 || s->occ != L->t[s->tgt].chosen[s->what]) return 0;
+    return (size_t)s->numel * fsdp_dtype_size(s->dtype);
+}
+
+/* Rank 0's data: one broadcast of each chosen source through one device
+   buffer; every rank applies what it needs. Every rank returns the same. */
+FSDP__DEF fsdp_result fsdp__ld_bcast_data(fsdp__ld *L, const char *fn)
+{
+    fsdp_ctx *c = L->c;
+    fsdp_result local = fsdp__ld_stage(L), r;
+    size_t maxb = 0;
+    int i;
+    for (i = 0; i < L->ns; i++)
+        if (fsdp__ld_chosen_bytes(L, &L->s[i]) > maxb) maxb = fsdp__ld_chosen_bytes(L, &L->s[i]);
+    if (maxb) {
+        r = fsdp_device_alloc(c->dev, maxb, &L->dbuf);
+        if (r != FSDP_SUCCESS) {
+            /* the peers would hang in the first broadcast: agree first */
+            fsdp__ctx_dev(c, r, "allocating the broadcast buffer");
+            L->dbuf = NULL;
+        } else {
+            L->dbuf_bytes = maxb;
+        }
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) return r;
+    }
+    for (i = 0; i < L->ns; i++) {
+        const fsdp__src *s = &L->s[i];
+        size_t b = fsdp__ld_chosen_bytes(L, s);
+        if (!b) continue;
+        if (c->rank == 0) {
+            fsdp_result cr = FSDP_SUCCESS;
+            if (!s->data) cr = FSDP_INVALID_ARGS;
+            else cr = fsdp_device_copy(c->dev, L->dbuf, s->data, b,
+                                       s->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D
+                                                                 : FSDP_COPY_H2D, NULL);
+            if (cr != FSDP_SUCCESS && local == FSDP_SUCCESS)
+                local = fsdp__ctx_fail(c, cr, "%s: '%s': cannot read rank 0's data", fn,
+                                       s->name);
+        }
+        r = fsdp_broadcast(c->world, L->dbuf, L->dbuf, b, FSDP_U8, 0, NULL);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, fn);
+        if (local == FSDP_SUCCESS) local = fsdp__ld_apply(L, s, L->dbuf, FSDP_MEM_DEVICE);
+    }
+    return fsdp__agree(c, local, fn);
+}
+
 FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *c, const fsdp_state_dict *sd, unsigned flags)
 {
     fsdp__ld L;
-    fsdp_result r;
-    int i, kind;
+    fsdp_result r, mine;
+    int i, kind = 0;
     const char *fn = "fsdp_load_state_dict";
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
+    memset(&L, 0, sizeof L);
+    L.c = c;
     if (!(flags & FSDP_SD_RANK0_ONLY)) {
-        if (!sd) r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: sd is NULL", fn);
-        else if (sd->kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
-            r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no optimizer "
-                               "state", fn);
-        kind = sd ? (int)sd->kind : 0;
-        memset(&L, 0, sizeof L);
-        L.c = c;
-        if (r == FSDP_SUCCESS) r = fsdp__ld_init(&L, c, (fsdp_sd_kind)kind, flags, fn);
-        for (i = 0; r == FSDP_SUCCESS && i < sd->n; i++) {
-            fsdp__src *s = fsdp__ld_add(&L);
-            const fsdp_tensor *t = &sd->t[i];
-            int d;
-            if (!s) {
-                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
-                break;
-            }
-            s->name = t->name;
-            s->dtype = t->dtype;
-            s->ndim = t->ndim;
-            for (d = 0; d < t->ndim; d++) s->shape[d] = t->shape[d];
-            s->offset = t->offset;
-            s->numel = t->numel;
-            s->data = t->data;
-            s->mem = t->mem;
-        }
-        if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
-        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        mine = fsdp__ld_from_dict(&L, c, sd, flags, fn);
+        if ((r = fsdp__agree(c, mine, fn)) != FSDP_SUCCESS) goto done;
         if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
             for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++)
                 r = fsdp__ld_apply(&L, &L.s[i], L.s[i].data, L.s[i].mem);
         if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
-        r = fsdp__ld_commit(&L);
-        goto done;
+    } else {
+        /* rank 0's dict: every rank takes part in the broadcast of its
+           metadata even after a local failure */
+        mine = fsdp__ld_init(&L, c, FSDP_SD_FULL, flags, fn);
+        if ((r = fsdp__ld_bcast_meta(&L, sd, &kind)) != FSDP_SUCCESS) goto done;
+        if (mine == FSDP_SUCCESS) mine = fsdp__ld_retarget(&L, kind, flags, fn);
+        if (mine == FSDP_SUCCESS) mine = fsdp__ld_resolve(&L);
+        if ((r = fsdp__agree(c, mine, fn)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__ld_bcast_data(&L, fn)) != FSDP_SUCCESS) goto done;
     }
-    /* rank 0's dict, broadcast */
-    kind = 0;
-    memset(&L, 0, sizeof L);
-    L.c = c;
-    {
-        fsdp_result mine = FSDP_SUCCESS;
-        if ((r = fsdp__ld_init(&L, c, FSDP_SD_FULL, flags, fn)) != FSDP_SUCCESS) mine = r;
-        /* every rank takes part in the broadcast even after a local failure */
-        r = fsdp__ld_bcast_meta(&L, sd, &kind);
-        if (r != FSDP_SUCCESS) goto done;
-        if (mine != FSDP_SUCCESS) r = mine;
-        if (r == FSDP_SUCCESS && kind != FSDP_SD_FULL) {
-            /* the targets depend on the kind: rebuild them */
-            fsdp__src *keep = L.s;
-            int ns = L.ns, scap = L.scap;
-            char *names = L.names;
-            L.s = NULL;
-            L.names = NULL;
-            fsdp__ld_free(&L);
-            r = fsdp__ld_init(&L, c, (fsdp_sd_kind)kind, flags, fn);
-            L.s = keep;
-            L.ns = ns;
-            L.scap = scap;
-            L.names = names;
-            if (r == FSDP_SUCCESS && kind == FSDP_SD_LOCAL && (flags & FSDP_SD_OPTIM))
-                r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds no "
-                                   "optimizer state", fn);
-        }
-        if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
-        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
-    }
-    {
-        fsdp_result local = fsdp__ld_stage(&L);
-        size_t maxb = 0;
-        for (i = 0; i < L.ns; i++) {
-            const fsdp__src *s = &L.s[i];
-            size_t b = (size_t)s->numel * fsdp_dtype_size(s->dtype);
-            if (s->tgt >= 0 && s->occ == L.t[s->tgt].chosen[s->what] && b > maxb) maxb = b;
-        }
-        if (maxb) {
-            r = fsdp_device_alloc(c->dev, maxb, &L.dbuf);
-            if (r != FSDP_SUCCESS) {
-                /* the peers would hang in the first broadcast: agree first */
-                fsdp__ctx_dev(c, r, "allocating the broadcast buffer");
-                L.dbuf = NULL;
-            } else {
-                L.dbuf_bytes = maxb;
-            }
-            if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
-        }
-        for (i = 0; i < L.ns; i++) {
-            const fsdp__src *s = &L.s[i];
-            size_t b = (size_t)s->numel * fsdp_dtype_size(s->dtype);
-            if (s->tgt < 0 || s->occ != L.t[s->tgt].chosen[s->what] || !b) continue;
-            if (c->rank == 0) {
-                fsdp_result cr = FSDP_SUCCESS;
-                if (!s->data) cr = FSDP_INVALID_ARGS;
-                else cr = fsdp_device_copy(c->dev, L.dbuf, s->data, b,
-                                           s->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D
-                                                                     : FSDP_COPY_H2D, NULL);
-                if (cr != FSDP_SUCCESS && local == FSDP_SUCCESS)
-                    local = fsdp__ctx_fail(c, cr, "%s: '%s': cannot read rank 0's data", fn,
-                                           s->name);
-            }
-            r = fsdp_broadcast(c->world, L.dbuf, L.dbuf, b, FSDP_U8, 0, NULL);
-            if (r != FSDP_SUCCESS) {
-                fsdp__ctx_comm(c, c->world, r, fn);
-                goto done;
-            }
-            if (local == FSDP_SUCCESS) local = fsdp__ld_apply(&L, s, L.dbuf, FSDP_MEM_DEVICE);
-        }
-        if ((r = fsdp__agree(c, local, fn)) != FSDP_SUCCESS) goto done;
-        r = fsdp__ld_commit(&L);
-    }
+    r = fsdp__ld_commit(&L);
 done:
     fsdp__ld_free(&L);
     return r;
@@ -12954,7 +13217,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
     fsdp_shard_piece **pcs = NULL; /* [unit * nranks + rank] */
     fsdp_shard_layout *lays = NULL;
     char *path = NULL, *tmp = NULL, name[128];
-    int u, q, j, w5, first = 1, optim = (w->flags & FSDP_SD_OPTIM) != 0, fd = -1;
+    int u, q, j, what, first = 1, optim = (w->flags & FSDP_SD_OPTIM) != 0, fd = -1;
     int np = fsdp_model_num_params(c->model);
     fsdp_result r = FSDP_SUCCESS;
     memset(&b, 0, sizeof b);
@@ -12983,7 +13246,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
         fsdp__sb_json(&b, name);
     }
     fsdp__sb_str(&b, "],\n\"tensors\": [");
-    for (w5 = 0; w5 < (optim ? 6 : 1); w5++)
+    for (what = 0; what < (optim ? FSDP__NWHAT : 1); what++)
         for (j = 0; j < np; j++) {
             fsdp__cunit *cu;
             const fsdp_flat_entry *fe;
@@ -12991,15 +13254,13 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             char tname[700];
             if (pl[j].first != j || pl[j].unit < 0) continue;
             cu = &c->u[pl[j].unit];
-            if (w5 > 0 && (!cu->grad || (w5 <= 4 && !cu->ostate[w5 - 1]))) continue;
+            if (!fsdp__unit_has(cu, what)) continue;
             fe = &cu->info->entries[pl[j].entry];
-            if (w5 == 0) snprintf(tname, sizeof tname, "%s", fsdp__pname(c, j));
-            else snprintf(tname, sizeof tname, "optim.%s.%s", fsdp__pname(c, j),
-                          w5 == 5 ? "step" : fsdp__ostate_names[w5 - 1]);
+            fsdp__what_key(tname, sizeof tname, fsdp__pname(c, j), what);
             fsdp__sb_str(&b, first ? "\n  {\"name\": " : ",\n  {\"name\": ");
             first = 0;
             fsdp__sb_json(&b, tname);
-            if (w5 == 5) {
+            if (what == FSDP__WHAT_STEP) {
                 fsdp__sb_str(&b, ", \"dtype\": \"I64\", \"shape\": [], \"pieces\": [[0, 0, 1]]}");
                 continue;
             }
@@ -13283,6 +13544,33 @@ done:
     return r;
 }
 
+/* Opens a single-file checkpoint; its tensors are the loader's sources. */
+FSDP__DEF fsdp_result fsdp__ld_single(fsdp__ld *L, const char *path)
+{
+    fsdp_ctx *c = L->c;
+    fsdp_error e;
+    fsdp_result r;
+    int i;
+    L->files = (fsdp__st_file *)fsdp__calloc(&c->hooks, 1, sizeof *L->files);
+    if (!L->files) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    r = fsdp__st_open(&L->files[0], &c->hooks, path, &e);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s", e.message);
+    L->nfiles = 1;
+    for (i = 0; i < L->files[0].ne; i++) {
+        const fsdp__st_entry *en = &L->files[0].e[i];
+        fsdp__src *s = fsdp__ld_add(L);
+        if (!s) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+        s->name = en->name;
+        s->dtype = en->dtype;
+        s->ndim = en->ndim;
+        memcpy(s->shape, en->shape, sizeof s->shape);
+        s->numel = en->numel;
+        s->file = 0;
+        s->entry = i;
+    }
+    return FSDP_SUCCESS;
+}
+
 /* Reads source s's bytes (whole piece, checksum checked) into L->hbuf. */
 FSDP__DEF fsdp_result fsdp__ld_read(fsdp__ld *L, const fsdp__src *s)
 {
@@ -13335,37 +13623,7 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     sharded = S_ISDIR(st.st_mode);
     r = fsdp__ld_init(&L, c, sharded ? FSDP_SD_SHARDED : FSDP_SD_FULL, flags, where);
     if (r != FSDP_SUCCESS) goto agree1;
-    if (sharded) {
-        r = fsdp__ld_sharded(&L, path, &j, &text);
-    } else {
-        fsdp_error e;
-        L.files = (fsdp__st_file *)fsdp__calloc(&c->hooks, 1, sizeof *L.files);
-        if (!L.files) {
-            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", where);
-            goto agree1;
-        }
-        r = fsdp__st_open(&L.files[0], &c->hooks, path, &e);
-        if (r != FSDP_SUCCESS) {
-            fsdp__ctx_fail(c, r, "%s", e.message);
-            goto agree1;
-        }
-        L.nfiles = 1;
-        for (i = 0; i < L.files[0].ne; i++) {
-            const fsdp__st_entry *en = &L.files[0].e[i];
-            fsdp__src *s = fsdp__ld_add(&L);
-            if (!s) {
-                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", where);
-                goto agree1;
-            }
-            s->name = en->name;
-            s->dtype = en->dtype;
-            s->ndim = en->ndim;
-            memcpy(s->shape, en->shape, sizeof s->shape);
-            s->numel = en->numel;
-            s->file = 0;
-            s->entry = i;
-        }
-    }
+    r = sharded ? fsdp__ld_sharded(&L, path, &j, &text) : fsdp__ld_single(&L, path);
     if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
 agree1:
     if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;

@@ -2432,6 +2432,60 @@ static void expect_create_fail(const fsdp_ctx_desc *d, fsdp_result want, const c
     if (r == FSDP_SUCCESS && ctx && ctx != (fsdp_ctx *)&sentinel) fsdp_ctx_destroy(ctx);
 }
 
+/* A zeroed optimizer config with only lr set would be Adam with betas (0, 0)
+   and eps 0 (NaN at every zero gradient): refused, naming the fields. An
+   optimizer left all zero still means AdamW's defaults, a zeroed SGD is
+   torch's SGD, and one of the three set is a choice. */
+static void bad_create_zeroed_optim(const fsdp_ctx_desc *good)
+{
+    fsdp_ctx_desc d = *good;
+    fsdp_optim_config grp[2];
+    fsdp_ctx *ctx;
+    fsdp_result r;
+    int i;
+    memset(&d.optim, 0, sizeof d.optim);
+    d.optim.lr = 1e-3;
+    expect_create_fail(&d, FSDP_INVALID_ARGS, "optim.beta1, optim.beta2 and optim.eps are all 0",
+                       "a zeroed optim with lr set", __LINE__);
+    d.optim.kind = FSDP_ADAM;
+    expect_create_fail(&d, FSDP_INVALID_ARGS, "fsdp_optim_defaults(FSDP_ADAM)",
+                       "a zeroed Adam with lr set", __LINE__);
+    d.optim.kind = FSDP_ADAMW;
+    d.optim.lr = 0.0;
+    d.optim.weight_decay = 0.1;
+    expect_create_fail(&d, FSDP_INVALID_ARGS, "optim.eps", "a zeroed AdamW with weight_decay",
+                       __LINE__);
+    grp[0] = fsdp_optim_defaults(FSDP_ADAMW);
+    memset(&grp[1], 0, sizeof grp[1]);
+    grp[1].lr = 1e-2;
+    d = *good;
+    d.groups = grp;
+    d.ngroups = 2;
+    d.group_fn = group_fn;
+    expect_create_fail(&d, FSDP_INVALID_ARGS, "groups[1].beta1", "group 1 zeroed but for lr",
+                       __LINE__);
+    for (i = 0; i < 4; i++) {
+        d = *good;
+        memset(&d.optim, 0, sizeof d.optim);
+        if (i == 1) {
+            d.optim.kind = FSDP_SGD;
+            d.optim.lr = 0.1;
+        } else if (i == 2) {
+            d.optim.lr = 1e-3;
+            d.optim.beta2 = 0.99;
+        } else if (i == 3) {
+            d.optim.kind = FSDP_ADAM;
+            d.optim.lr = 1e-3;
+            d.optim.eps = 1e-8;
+        }
+        ctx = NULL;
+        r = fsdp_ctx_create(&d, &ctx);
+        CHECK(r == FSDP_SUCCESS && ctx, "optimizer case %d (all zero, zeroed SGD, beta2 set, eps "
+              "set) refused: %d", i, (int)r);
+        fsdp_ctx_destroy(ctx);
+    }
+}
+
 static int bad_create_rank(int rank, int nranks, fsdp_local_world *world, void *user)
 {
     fsdp_units *units = (fsdp_units *)user;
@@ -2515,6 +2569,7 @@ static int bad_create_rank(int rank, int nranks, fsdp_local_world *world, void *
     d.optim = fsdp_optim_defaults(FSDP_SGD);
     d.optim.weight_decay = -0.1;
     expect_create_fail(&d, FSDP_INVALID_ARGS, "weight_decay", "SGD weight_decay < 0", __LINE__);
+    bad_create_zeroed_optim(&good);
     d = good;
     d.ngroups = 2;
     expect_create_fail(&d, FSDP_INVALID_ARGS, "groups", "ngroups 2 without groups", __LINE__);

@@ -557,6 +557,60 @@ static void test_partition(void)
 /* errors                                                                    */
 /* ------------------------------------------------------------------------ */
 
+/* good: 4 parameters in 2 Adam groups, hooks.error set. A zeroed Adam
+   config with only lr set (betas (0, 0), eps 0: NaN at every zero gradient)
+   is refused at create and by add_param_group; an optimizer left all zero
+   still means AdamW's defaults. */
+static void zeroed_optim_refused(const fsdp_zero_desc *good)
+{
+    fsdp_zero_desc d = *good;
+    fsdp_zero_param ps[4], extra;
+    fsdp_optim_config gg[2], zeroed;
+    fsdp_zero *z = NULL;
+    float xd[2] = {1, 2}, xg[2] = {0, 0};
+    int i;
+    memset(&zeroed, 0, sizeof zeroed);
+    zeroed.kind = FSDP_ADAM;
+    zeroed.lr = 1e-3;
+    memcpy(gg, good->groups, sizeof gg);
+    gg[1] = zeroed;
+    d.groups = gg;
+    CHECK(fsdp_zero_create(&d, &z) == FSDP_INVALID_ARGS && z == NULL &&
+              strstr(good->hooks.error->message, "group 1: beta1, beta2 and eps are all 0"),
+          "zeroed group 1: '%s'", good->hooks.error->message);
+    fsdp_zero_destroy(z);
+    z = NULL;
+    memcpy(ps, good->params, sizeof ps);
+    for (i = 0; i < 4; i++) ps[i].group = 0;
+    d = *good;
+    d.params = ps;
+    d.groups = NULL;
+    d.ngroups = 0;
+    memset(&d.optim, 0, sizeof d.optim);
+    d.optim.lr = 1e-3;
+    CHECK(fsdp_zero_create(&d, &z) == FSDP_INVALID_ARGS && z == NULL &&
+              strstr(good->hooks.error->message, "fsdp_optim_defaults(FSDP_ADAMW)"),
+          "zeroed optim with lr: '%s'", good->hooks.error->message);
+    fsdp_zero_destroy(z);
+    z = NULL;
+    d.optim.lr = 0.0;
+    if (fsdp_zero_create(&d, &z) != FSDP_SUCCESS) {
+        check_fail(__FILE__, __LINE__, "an all-zero optim: %s", good->hooks.error->message);
+        return;
+    }
+    check_pass();
+    memset(&extra, 0, sizeof extra);
+    extra.name = "zeroed";
+    extra.data = xd;
+    extra.grad = xg;
+    extra.numel = 2;
+    zeroed.kind = FSDP_ADAMW;
+    CHECK(fsdp_zero_add_param_group(z, &zeroed, &extra, 1) == FSDP_INVALID_ARGS &&
+              strstr(fsdp_zero_last_error(z), "group 1: beta1") && fsdp_zero_num_groups(z) == 1,
+          "add_param_group with a zeroed config: '%s'", fsdp_zero_last_error(z));
+    fsdp_zero_destroy(z);
+}
+
 static int err_rank(int rank, int nranks, fsdp_local_world *world, void *user)
 {
     fsdp_device *dev = NULL, *dev2 = NULL;
@@ -638,6 +692,7 @@ static int err_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     BAD_CREATE(FSDP_INVALID_ARGS, "unknown stage", dd.stage = (fsdp_zero_stage)7);
     BAD_CREATE(FSDP_INVALID_ARGS, "grads_already_reduced", dd.stage = FSDP_ZERO_STAGE_2;
                dd.grads_already_reduced = 1);
+    zeroed_optim_refused(&d);
     /* a frozen parameter needs no gradient buffer */
     ps[3].grad = NULL;
     ps[3].frozen = 1;
