@@ -258,7 +258,10 @@ typedef enum fsdp_optim_numerics {
 /* torch.optim hyper-parameters. Start from fsdp_optim_defaults(kind), which
    gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
    weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
-   everything else 0). */
+   everything else 0), and change fields from there. A config left entirely
+   zero means AdamW's defaults where a descriptor takes one; an Adam-family
+   config whose beta1, beta2 and eps are all 0 (a zeroed config with only lr
+   set) is refused by fsdp_ctx_create and fsdp_zero_create. */
 typedef struct fsdp_optim_config {
     fsdp_optim_kind kind;
     double lr;
@@ -2491,6 +2494,27 @@ FSDP_API fsdp_result fsdp_optim_validate(const fsdp_optim_config *c, fsdp_error 
     if (r != FSDP_SUCCESS) return fsdp__fail(err, NULL, r, "%s", msg);
     if (err) fsdp__clear(err);
     return r;
+}
+
+/* A zeroed fsdp_optim_config with only lr set passes fsdp_optim_check as
+   Adam with betas (0, 0) and eps 0, whose step lr * g / |g| is NaN wherever
+   a gradient is 0: a trap, not a choice. Zero cannot mean "default" field
+   by field (beta1 0 and weight_decay 0 are choices torch users make), so
+   that triple is refused, naming the fields as `field`.beta1 ... ("" for
+   bare names). The ZeRO optimizer checks its groups with it too. */
+FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const char *field,
+                                               char *msg, size_t cap)
+{
+    const char *dot = field[0] ? "." : "";
+    if (c->kind != FSDP_OPTIM_DEFAULT && c->kind != FSDP_ADAMW && c->kind != FSDP_ADAM)
+        return FSDP_SUCCESS;
+    if (c->beta1 != 0.0 || c->beta2 != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
+    snprintf(msg, cap, "%s%sbeta1, %s%sbeta2 and %s%seps are all 0 (a zeroed "
+             "fsdp_optim_config with only lr set?), an Adam step of lr * g / |g| that is NaN "
+             "where a gradient is 0; start from fsdp_optim_defaults(%s) for torch's betas "
+             "(0.9, 0.999) and eps 1e-8", field, dot, field, dot, field, dot,
+             c->kind == FSDP_ADAM ? "FSDP_ADAM" : "FSDP_ADAMW");
+    return FSDP_INVALID_ARGS;
 }
 
 /* torch's names of the state buffers, in the bit order of fsdp_optim_state_mask;
@@ -8437,27 +8461,6 @@ FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_
     return g;
 }
 
-/* A zeroed fsdp_optim_config with only lr set passes fsdp_optim_check as
-   Adam with betas (0, 0) and eps 0, whose step lr * g / |g| is NaN wherever
-   a gradient is 0: a trap, not a choice. Zero cannot mean "default" field
-   by field (beta1 0 and weight_decay 0 are choices torch users make), so
-   that triple is refused, naming the fields as `field`.beta1 ... ("" for
-   bare names). The ZeRO optimizer checks its groups with it too. */
-FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const char *field,
-                                               char *msg, size_t cap)
-{
-    const char *dot = field[0] ? "." : "";
-    if (c->kind != FSDP_OPTIM_DEFAULT && c->kind != FSDP_ADAMW && c->kind != FSDP_ADAM)
-        return FSDP_SUCCESS;
-    if (c->beta1 != 0.0 || c->beta2 != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
-    snprintf(msg, cap, "%s%sbeta1, %s%sbeta2 and %s%seps are all 0 (a zeroed "
-             "fsdp_optim_config with only lr set?), an Adam step of lr * g / |g| that is NaN "
-             "where a gradient is 0; start from fsdp_optim_defaults(%s) for torch's betas "
-             "(0.9, 0.999) and eps 1e-8", field, dot, field, dot, field, dot,
-             c->kind == FSDP_ADAM ? "FSDP_ADAM" : "FSDP_ADAMW");
-    return FSDP_INVALID_ARGS;
-}
-
 /* --- fsdp_ctx_create, in the steps of a setup: check the descriptor, fill
    its defaults, validate them, resolve the units, connect them to their
    communicators, compute the plan (allocating nothing), allocate it, index
@@ -8522,8 +8525,11 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
     } else {
         c->ngroups = 1;
         c->groups[0] = d->optim;
-        if (c->groups[0].kind == FSDP_OPTIM_DEFAULT && c->groups[0].lr == 0.0)
+        if (c->groups[0].kind == FSDP_OPTIM_DEFAULT && c->groups[0].lr == 0.0) {
+            fsdp_optim_numerics nu = c->groups[0].numerics; /* chosen on its own */
             c->groups[0] = fsdp_optim_defaults(FSDP_ADAMW);
+            c->groups[0].numerics = nu;
+        }
     }
     for (i = 0; i < c->ngroups; i++)
         if (c->groups[i].kind == FSDP_OPTIM_DEFAULT) c->groups[i].kind = FSDP_ADAMW;
