@@ -598,7 +598,9 @@ struct fsdp__op_acc64 {
 /* The optimizer's scalars, computed on the host exactly as fsdp.h does. */
 typedef struct fsdp__cuda_optim {
     int kind, adamw, l2, ams, fma, use_mom, nest, first;
+    int lerp, lerp_small;                                     /* torch 2.x's exp_avg */
     float decay, wd, b1, b2, omb1, omb2, sbc2, eps, neg_step; /* Adam family */
+    float lerp_w;
     float mom, omd, neg_lr;                                   /* SGD */
 } fsdp__cuda_optim;
 
@@ -620,8 +622,13 @@ struct fsdp__op_adam {
         float mi, vi, denom, t;
         if (o.adamw) pi = __fmul_rn(pi, o.decay);
         else if (o.l2) gi = fsdp__cu_muladd(o.fma, pi, o.wd, gi);
-        t = __fmul_rn(*mi_io, o.b1);
-        mi = fsdp__cu_muladd(o.fma, gi, o.omb1, t);
+        if (o.lerp) { /* torch 2.x: exp_avg.lerp_(grad, 1 - beta1) */
+            t = __fsub_rn(gi, *mi_io);
+            mi = fsdp__cu_muladd(o.fma, o.lerp_w, t, o.lerp_small ? *mi_io : gi);
+        } else {
+            t = __fmul_rn(*mi_io, o.b1);
+            mi = fsdp__cu_muladd(o.fma, gi, o.omb1, t);
+        }
         t = __fmul_rn(*vi_io, o.b2);
         vi = fsdp__cu_muladd(o.fma, __fmul_rn(o.omb2, gi), gi, t);
         *mi_io = mi;
@@ -1308,8 +1315,11 @@ static fsdp_result fsdp__sum_squares__cuda(void *self, const void *x, fsdp_dtype
 static void fsdp__cuda_optim_scalars(const fsdp_optim_config *c, int64_t step, fsdp__cuda_optim *o)
 {
     memset(o, 0, sizeof *o);
+    const fsdp_optim_numerics nu =
+        c->numerics == FSDP_NUMERICS_DEFAULT ? FSDP_TORCH2_FMA : c->numerics;
     o->kind = c->kind;
-    o->fma = c->fused_multiply_add != 0;
+    o->fma = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH1_13_FMA;
+    o->lerp = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH2_PLAIN;
     if (c->kind == FSDP_SGD) {
         o->wd = (float)c->weight_decay;
         o->mom = (float)c->momentum;
@@ -1320,10 +1330,10 @@ static void fsdp__cuda_optim_scalars(const fsdp_optim_config *c, int64_t step, f
         o->first = step == 1;
     } else {
         const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
-        o->adamw = c->kind == FSDP_ADAMW; /* as fsdp.h: kind 0 steps as Adam */
-        /* L2 decay as fsdp.h decides it: the FMA variant tests the f32 value,
-           the plain one the double */
-        o->l2 = !o->adamw && (o->fma ? (float)c->weight_decay != 0.0f : c->weight_decay != 0.0);
+        /* as fsdp_optim_step_host: kind 0 is AdamW, and torch tests the
+           Python float weight_decay for L2 */
+        o->adamw = c->kind == FSDP_ADAMW || c->kind == FSDP_OPTIM_DEFAULT;
+        o->l2 = !o->adamw && c->weight_decay != 0.0;
         o->ams = c->amsgrad != 0;
         o->decay = (float)(1.0 - c->lr * c->weight_decay);
         o->wd = (float)c->weight_decay;
@@ -1334,6 +1344,9 @@ static void fsdp__cuda_optim_scalars(const fsdp_optim_config *c, int64_t step, f
         o->sbc2 = (float)sqrt(bc2);
         o->eps = (float)c->eps;
         o->neg_step = (float)(-(c->lr / bc1));
+        /* as fsdp__adam_consts: w - 1 is exact in float when |w| >= 0.5 */
+        o->lerp_small = fabsf(o->omb1) < 0.5f;
+        o->lerp_w = o->lerp_small ? o->omb1 : o->omb1 - 1.0f;
     }
 }
 

@@ -126,11 +126,13 @@ static fsdp_result gpu_optim_step(const fsdp_optim_config *c, int64_t step, floa
 
 static void test_optim_vectors(const char *dir)
 {
-    char path[1024];
+    char path[1024], path2[1024];
     int variant;
     snprintf(path, sizeof path, "%s/optim.txt", dir);
+    snprintf(path2, sizeof path2, "%s/optim_torch2.txt", dir);
     for (variant = 0; variant < 3; variant++) {
         int checked = 0, bad;
+        vec_torch2_diff diff;
         g_ov_off = variant == 1 ? 1 : variant == 2 ? 3 : 0;
         g_ov_stream = NULL;
         if (variant == 2 && fsdp_stream_create(g_dev, &g_ov_stream) != FSDP_SUCCESS) {
@@ -140,6 +142,12 @@ static void test_optim_vectors(const char *dir)
         bad = vec_check_optim(path, gpu_optim_step, &checked);
         CHECK(bad == 0 && checked > 0, "optim vectors on the GPU (offset %zu, %s): %d of %d failed",
               g_ov_off, g_ov_stream ? "stream" : "sync", bad, checked);
+        /* torch 2.x: the default numerics and FSDP_TORCH2_PLAIN */
+        checked = 0;
+        bad = vec_check_optim_torch2(path2, gpu_optim_step, &checked, &diff);
+        CHECK(bad == 0 && checked > 0,
+              "optim_torch2 vectors on the GPU (offset %zu, %s): %d of %d failed", g_ov_off,
+              g_ov_stream ? "stream" : "sync", bad, checked);
         if (g_ov_stream) fsdp_stream_destroy(g_dev, g_ov_stream);
         g_ov_stream = NULL;
     }
