@@ -76,7 +76,11 @@
    Revision history:
        0.6.0  layout v2: sections in the order of their dependencies, one
               collective engine as a public transport kit, one error
-              convention, one naming rule (the old names remain)
+              convention, one naming rule (the old names remain).
+              Optimizer arithmetic: torch 2.x's by default
+              (fsdp_optim_config.numerics; 0.5.0's bits are
+              FSDP_TORCH1_13_FMA / _PLAIN; fused_multiply_add is ignored).
+              An Adam config with beta1, beta2 and eps all 0 is refused.
        0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
        0.4.0  state dicts and safetensors checkpoints
        0.3.0  the ZeRO optimizer
