@@ -157,6 +157,44 @@ typedef struct fsdp_hooks {
     fsdp_error *error;
 } fsdp_hooks;
 
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define FSDP__PRINTF(fmt, args)
+#endif
+
+/* --- for backend authors: how the library words, keeps and allocates ---
+   A backend built in another file (fsdp_comm_mpi.h, fsdp_comm_nccl.h,
+   fsdp_cuda.cuh, yours) calls these instead of keeping copies: they are
+   functions of the file with FSDP_IMPLEMENTATION, so its FSDP_MALLOC and
+   the per-object hooks apply wherever the backend is compiled (nvcc
+   included). Thread safety: any thread, each on its own fsdp_error. */
+
+/* Formats a message into *e (e may be NULL) and returns code, so that
+   `return fsdp_error_set(err, FSDP_COMM_ERROR, "...", ...);` reports and
+   returns at once. The arguments may include e->message itself (to prefix
+   it). Messages are cut at FSDP_ERROR_MAX - 1 bytes. */
+FSDP_API fsdp_result fsdp_error_set(fsdp_error *e, fsdp_result code, const char *fmt, ...)
+    FSDP__PRINTF(3, 4);
+/* The first failure sticks: fsdp_error_set while *sticky holds no failure
+   (code FSDP_SUCCESS), nothing after. Returns 1 when this one was kept. For
+   what every later call reports (a broken communicator, a stream's first
+   error); the caller's lock guards *sticky. */
+FSDP_API int fsdp_error_stick(fsdp_error *sticky, fsdp_result code, const char *fmt, ...)
+    FSDP__PRINTF(3, 4);
+/* The failure of a create, which has no object to keep it: the message
+   goes to hooks->error when set, and to the log like every failure (at
+   FSDP_LOG_DEBUG). hooks may be NULL. Returns code. */
+FSDP_API fsdp_result fsdp_hooks_fail(const fsdp_hooks *hooks, fsdp_result code, const char *fmt,
+                                     ...) FSDP__PRINTF(3, 4);
+/* 1 when hooks (NULL included) sets all of allocator alloc, realloc and
+   free, or none of them. */
+FSDP_API int fsdp_hooks_valid(const fsdp_hooks *hooks);
+/* Host memory from hooks' allocator, else from FSDP_MALLOC / FSDP_FREE.
+   0 bytes allocate 1; NULL when out of memory. hooks may be NULL. */
+FSDP_API void *fsdp_hooks_alloc(const fsdp_hooks *hooks, size_t bytes);
+FSDP_API void fsdp_hooks_free(const fsdp_hooks *hooks, void *p);
+
 /* ======================================================================== */
 /* >>dtypes                                                                  */
 /* ======================================================================== */
@@ -1575,15 +1613,18 @@ FSDP__DEF void fsdp__log(const fsdp_hooks *h, fsdp_log_level level, const char *
     h->log(h->log_user, level, buf);
 }
 
-/* Records an error; returns code so callers can `return fsdp__fail(...)`. */
+/* Records an error; returns code so callers can `return fsdp__fail(...)`.
+   Formatted aside first: the arguments may include e->message. */
 FSDP__DEF fsdp_result fsdp__vfail(fsdp_error *e, const fsdp_hooks *h, fsdp_result code,
                                   const char *fmt, va_list ap)
 {
-    fsdp_error local;
-    if (!e) e = &local;
-    e->code = code;
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    fsdp__log(h, FSDP_LOG_DEBUG, "%s: %s", fsdp_result_string(code), e->message);
+    char msg[FSDP_ERROR_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (e) {
+        e->code = code;
+        memcpy(e->message, msg, strlen(msg) + 1);
+    }
+    fsdp__log(h, FSDP_LOG_DEBUG, "%s: %s", fsdp_result_string(code), msg);
     return code;
 }
 
@@ -1598,14 +1639,34 @@ FSDP__DEF fsdp_result fsdp__fail(fsdp_error *e, const fsdp_hooks *h, fsdp_result
 }
 
 /* For creates: the error goes to hooks->error when the user asked for it. */
-FSDP__DEF fsdp_result fsdp__fail_create(const fsdp_hooks *h, fsdp_result code,
-                                        const char *fmt, ...)
+FSDP_API fsdp_result fsdp_hooks_fail(const fsdp_hooks *h, fsdp_result code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     fsdp__vfail(h ? h->error : NULL, h, code, fmt, ap);
     va_end(ap);
     return code;
+}
+/* the name the sections call it by */
+#define fsdp__fail_create fsdp_hooks_fail
+
+FSDP_API fsdp_result fsdp_error_set(fsdp_error *e, fsdp_result code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp__vfail(e, NULL, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+FSDP_API int fsdp_error_stick(fsdp_error *sticky, fsdp_result code, const char *fmt, ...)
+{
+    va_list ap;
+    if (!sticky || sticky->code != FSDP_SUCCESS) return 0;
+    va_start(ap, fmt);
+    fsdp__vfail(sticky, NULL, code, fmt, ap);
+    va_end(ap);
+    return 1;
 }
 
 FSDP__DEF void fsdp__clear(fsdp_error *e)
@@ -1625,12 +1686,16 @@ FSDP__DEF fsdp_hooks fsdp__hooks_copy(const fsdp_hooks *h)
     return c;
 }
 
-FSDP__DEF int fsdp__hooks_valid(const fsdp_hooks *h)
+FSDP_API int fsdp_hooks_valid(const fsdp_hooks *h)
 {
     if (!h) return 1;
     if (!h->allocator.alloc && !h->allocator.realloc && !h->allocator.free) return 1;
     return h->allocator.alloc && h->allocator.realloc && h->allocator.free;
 }
+#define fsdp__hooks_valid fsdp_hooks_valid /* likewise */
+
+FSDP_API void *fsdp_hooks_alloc(const fsdp_hooks *h, size_t bytes) { return fsdp__alloc(h, bytes); }
+FSDP_API void fsdp_hooks_free(const fsdp_hooks *h, void *p) { fsdp__free(h, p); }
 
 /* Wall clock in milliseconds. C11's timespec_get (TIME_UTC) is the clock
    pthread_cond_timedwait measures deadlines against, and it needs no POSIX
