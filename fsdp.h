@@ -443,8 +443,8 @@ FSDP_API fsdp_result fsdp_comm_async_error(fsdp_comm *comm);
 
 /* --- for backend authors: one call's description, its wording, the sum ---
    The pieces that make a backend behave like the local one, word for word
-   and bit for bit; the local backend and fsdp_comm_engine.h (MPI, Gloo) are
-   built on them. */
+   and bit for bit; the local backend and the engine below (every transport:
+   MPI, Gloo) are built on them. */
 typedef enum fsdp_coll_kind {
     FSDP_COLL_ALL_GATHER = 1,
     FSDP_COLL_REDUCE_SCATTER,
@@ -493,6 +493,107 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
    type, FSDP_INVALID_ARGS for nsrc < 1 with count > 0. */
 FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src, int nsrc,
                                  size_t offset, size_t count, fsdp_reduce_op op);
+
+/* --- for backend authors: the transport kit ---
+   What makes a backend behave like the local one does not depend on how
+   bytes travel: program order across streams, asynchronous completion on
+   a device stream, rank-order sums, mismatch fingerprints, deadlines, a
+   sticky failure, split. One engine in this file does all of it. A
+   transport supplies blocking primitives on bytes, each honouring a
+   deadline, and fsdp_comm_transport_create builds the fsdp_comm on them;
+   fsdp_comm_mpi.h and fsdp_comm_gloo.h are such transports.
+
+   Numerics: reduce_scatter is an all-to-all of the send buffer followed by
+   a local sum over ranks 0..n-1 (fsdp_reduce_blocks: f32, f64 for f64,
+   divided by n for avg and rounded once); all_reduce is that reduce_scatter
+   over padded chunks plus an all_gather. Every element is therefore
+   computed by the local backend's own code, so every transport agrees with
+   it bitwise. Before each call the ranks all-gather its fsdp_coll_desc
+   (disable_mismatch_check skips that) and a difference fails every
+   rank with FSDP_COMM_MISMATCH in fsdp_coll_mismatch's words, followed by
+   "; seen on rank R (comm 'name')". A failed exchange leaves the ranks
+   disagreeing on what comes next, so the comm is broken from then on
+   (FSDP_COMM_ABORTED naming the first failure).
+
+   Deadlines are absolute, in milliseconds on fsdp_clock_ms's clock;
+   negative means none. A primitive that fails fills err in its own words
+   (the engine names the call and the rank around them) and returns
+   FSDP_COMM_TIMEOUT once the deadline passed, else FSDP_COMM_ERROR (or
+   another result). t is the transport's own pointer. */
+typedef struct fsdp_transport_vtable {
+    uint32_t size;    /* sizeof(fsdp_transport_vtable) as the transport was compiled */
+    const char *name; /* the comm's name ("mpi"), outliving every comm */
+    /* recv holds size * bytes; send NULL: in place, this rank's block is
+       already at recv + rank * bytes */
+    fsdp_result (*all_gather)(void *t, const void *send, void *recv, size_t bytes,
+                              double deadline_ms, fsdp_error *err);
+    /* send and recv hold size * bytes_per_rank; block j goes to and comes
+       from rank j */
+    fsdp_result (*all_to_all)(void *t, const void *send, void *recv, size_t bytes_per_rank,
+                              double deadline_ms, fsdp_error *err);
+    fsdp_result (*broadcast)(void *t, void *buf, size_t bytes, int root, double deadline_ms,
+                             fsdp_error *err);
+    fsdp_result (*barrier)(void *t, double deadline_ms, fsdp_error *err);
+    /* Optional: native sums of f32 or f64 (NULL: all-to-all and
+       fsdp_reduce_blocks). Not in rank order, so not bitwise the local
+       backend's beyond 2 ranks; all_reduce is not used for avg. */
+    fsdp_result (*reduce_scatter)(void *t, const void *send, void *recv, size_t count,
+                                  fsdp_dtype dt, double deadline_ms, fsdp_error *err);
+    fsdp_result (*all_reduce)(void *t, const void *send, void *recv, size_t count,
+                              fsdp_dtype dt, double deadline_ms, fsdp_error *err);
+    /* Optional: all_to_all calling done(user, off, len) as soon as bytes
+       [off, off + len) of every block arrived (in order), so the sum of a
+       reduce-scatter overlaps the transfer of later chunks. Rank j's block
+       lands at recv_blocks[j]; this rank's own block is not copied (it
+       stays in send), which saves the sum a pass over memory. */
+    fsdp_result (*all_to_all_chunked)(void *t, const void *send, void *const *recv_blocks,
+                                      size_t bytes_per_rank, size_t chunk_bytes,
+                                      void (*done)(void *user, size_t off, size_t len),
+                                      void *user, double deadline_ms, fsdp_error *err);
+    /* Optional (NULL: fsdp_comm_split returns FSDP_NOT_SUPPORTED).
+       Collective: a new transport for this color's ranks ordered by (key,
+       rank), or *out NULL for FSDP_COMM_NO_COLOR. */
+    fsdp_result (*split)(void *t, int color, int key, double deadline_ms, void **out,
+                         int *out_rank, int *out_size, fsdp_error *err);
+    /* Optional. After every collective on t finished. */
+    void (*destroy)(void *t);
+} fsdp_transport_vtable;
+
+/* Zero means default. */
+typedef struct fsdp_transport_desc {
+    fsdp_hooks hooks;
+    const fsdp_transport_vtable *vt; /* copied */
+    void *transport;                 /* connected; the comm's from the call on */
+    int rank, size;
+    fsdp_device *dev;         /* runs asynchronous collectives on its streams; NULL:
+                                 stream-less only */
+    int timeout_ms;           /* each collective's, from when its turn comes: 0:
+                                 60000; negative: none */
+    int disable_mismatch_check; /* every rank must pass the same value */
+} fsdp_transport_desc;
+
+/* Builds a comm on a connected transport, which is the comm's from the call
+   on: destroyed with it, or before the call returns when it fails (unless
+   desc or vt is NULL or of another size, when nothing can be called).
+   Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS (NULL desc, vt or out, a vtable
+   of another size or without all_gather, all_to_all, broadcast or barrier,
+   rank not in [0, size), a partial allocator); FSDP_OUT_OF_MEMORY. Details
+   in desc->hooks.error.
+   Collective: no (it sends nothing; the ranks' transports are already
+   connected). Thread safety: any thread; the comm then like every comm
+   (one thread issues, collectives on streams run on their workers). */
+FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
+                                                fsdp_comm **out);
+
+/* The clock of every deadline: milliseconds on CLOCK_MONOTONIC when the
+   implementing file's <time.h> declares it (POSIX feature macros), else
+   C11's timespec_get, which a clock step can move. Thread safety: any. */
+FSDP_API double fsdp_clock_ms(void);
+/* timeout_ms from now on that clock; -1 (none) for a negative timeout. */
+FSDP_API double fsdp_deadline_ms(int timeout_ms);
+/* What is left of a deadline as a timeout for an API that takes one: -1
+   for none, else 1 .. 2e9 ms (1 once it passed: let the call fail itself). */
+FSDP_API int fsdp_deadline_left_ms(double deadline_ms);
 
 /* --- the built-in local backend: N ranks as N threads of one process --- */
 typedef struct fsdp_local_world fsdp_local_world;
@@ -1696,17 +1797,6 @@ FSDP_API int fsdp_hooks_valid(const fsdp_hooks *h)
 
 FSDP_API void *fsdp_hooks_alloc(const fsdp_hooks *h, size_t bytes) { return fsdp__alloc(h, bytes); }
 FSDP_API void fsdp_hooks_free(const fsdp_hooks *h, void *p) { fsdp__free(h, p); }
-
-/* Wall clock in milliseconds. C11's timespec_get (TIME_UTC) is the clock
-   pthread_cond_timedwait measures deadlines against, and it needs no POSIX
-   feature macro, so the header works under -std=c11 whatever the user
-   included first. */
-FSDP__DEF double fsdp__now_ms(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 /* An absolute deadline ms from now, for pthread_cond_timedwait. */
 FSDP__DEF struct timespec fsdp__deadline(int ms)
@@ -4092,6 +4182,641 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
         }
     }
     return FSDP_SUCCESS;
+}
+
+/* --- the clock ------------------------------------------------------------ */
+
+FSDP_API double fsdp_clock_ms(void)
+{
+    struct timespec ts;
+#ifdef CLOCK_MONOTONIC
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#else
+    timespec_get(&ts, TIME_UTC);
+#endif
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+FSDP_API double fsdp_deadline_ms(int timeout_ms)
+{
+    return timeout_ms < 0 ? -1.0 : fsdp_clock_ms() + (double)timeout_ms;
+}
+
+FSDP_API int fsdp_deadline_left_ms(double deadline_ms)
+{
+    double left;
+    if (deadline_ms < 0) return -1;
+    left = deadline_ms - fsdp_clock_ms();
+    return left < 1.0 ? 1 : left > 2e9 ? 2000000000 : (int)left;
+}
+
+/* --- the engine ------------------------------------------------------------
+   The fsdp_comm_vtable of every transport (NCCL, which completes on the
+   GPU, has its own). A collective is numbered when issued (seq), waits for its
+   turn (the comm's earlier collectives finished, whatever streams they were
+   queued on), runs, and finishes; a failure that leaves the ranks
+   disagreeing on what runs next sticks, and every later call reports it. */
+
+typedef struct fsdp__eng fsdp__eng;
+typedef struct fsdp__eop fsdp__eop;
+
+struct fsdp__eng {
+    fsdp_transport_vtable xp; /* a copy */
+    void *t;
+    char where[64]; /* follows "on rank N" in messages: " (comm 'mpi')" */
+    int rank, size;
+    fsdp_device *dev;
+    fsdp_hooks hooks;
+    int timeout_ms; /* <0: none */
+    int check;
+    uint64_t issued; /* issuing thread only */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    uint64_t finished; /* under mu: collectives done, run in program order */
+    int inflight;
+    fsdp__eop *spare;
+    fsdp_error async;    /* first asynchronous failure */
+    fsdp_error broken;   /* under mu: a failure that desynchronised the ranks */
+    fsdp_coll_desc *fps; /* size fingerprints, used by the running call only */
+    const void **blocks; /* size block pointers for a sum, same owner as fps */
+};
+
+/* A collective queued on a stream. Ops are recycled and keep their scratch
+   buffer, grown on the issuing thread, so the stream worker never allocates. */
+struct fsdp__eop {
+    fsdp__eop *next;
+    fsdp__eng *e;
+    fsdp_coll_desc c;
+    const void *send;
+    void *recv;
+    void *scratch;
+    size_t scratch_cap;
+};
+
+/* Takes ownership of the transport t (destroyed on failure too). */
+FSDP__DEF fsdp__eng *fsdp__eng_new(const fsdp_hooks *hooks, const fsdp_transport_vtable *xp,
+                                   void *t, int rank, int size, fsdp_device *dev, int timeout_ms,
+                                   int check)
+{
+    fsdp_hooks h = fsdp__hooks_copy(hooks);
+    fsdp__eng *e = (fsdp__eng *)fsdp__calloc(&h, 1, sizeof *e);
+    if (e) {
+        e->fps = (fsdp_coll_desc *)fsdp__calloc(&h, (size_t)size, sizeof *e->fps);
+        e->blocks = (const void **)fsdp__calloc(&h, (size_t)size, sizeof *e->blocks);
+    }
+    if (!e || !e->fps || !e->blocks || !fsdp__sync_init(&e->mu, &e->cv)) {
+        if (e) {
+            fsdp__free(&h, (void *)e->blocks);
+            fsdp__free(&h, e->fps);
+        }
+        fsdp__free(&h, e);
+        if (xp->destroy) xp->destroy(t);
+        return NULL;
+    }
+    e->xp = *xp;
+    e->t = t;
+    snprintf(e->where, sizeof e->where, " (comm '%s')", xp->name ? xp->name : "?");
+    e->rank = rank;
+    e->size = size;
+    e->dev = dev;
+    e->hooks = h;
+    e->timeout_ms = timeout_ms;
+    e->check = check;
+    return e;
+}
+
+FSDP__DEF void fsdp__eng_destroy(fsdp__eng *e)
+{
+    fsdp__eop *op;
+    fsdp_hooks h;
+    if (!e) return;
+    /* queued collectives still use this engine; they always finish (at worst
+       at their deadline) */
+    pthread_mutex_lock(&e->mu);
+    while (e->inflight > 0) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    h = e->hooks;
+    while ((op = e->spare)) {
+        e->spare = op->next;
+        fsdp__free(&h, op->scratch);
+        fsdp__free(&h, op);
+    }
+    if (e->xp.destroy) e->xp.destroy(e->t);
+    fsdp__sync_destroy(&e->mu, &e->cv);
+    fsdp__free(&h, (void *)e->blocks);
+    fsdp__free(&h, e->fps);
+    fsdp__free(&h, e);
+}
+
+/* Under mu: c meets a communicator that failed earlier. */
+FSDP__DEF fsdp_result fsdp__eng_aborted(const fsdp__eng *e, const fsdp_coll_desc *c,
+                                        fsdp_error *err)
+{
+    char call[160];
+    fsdp_coll_describe(call, sizeof call, c);
+    return fsdp_error_set(err, FSDP_COMM_ABORTED,
+                          "%s on rank %d%s: the communicator failed earlier: %s", call, e->rank,
+                          e->where, e->broken.message);
+}
+
+FSDP__DEF fsdp_result fsdp__eng_timed_out(const fsdp__eng *e, const fsdp_coll_desc *c,
+                                          const char *why, fsdp_error *err)
+{
+    char call[160];
+    fsdp_coll_describe(call, sizeof call, c);
+    return fsdp_error_set(err, FSDP_COMM_TIMEOUT, "%s timed out after %d ms on rank %d%s: %s",
+                          call, e->timeout_ms, e->rank, e->where, why);
+}
+
+/* Waits until the collectives issued before c finished (program order
+   across streams); FSDP_COMM_ABORTED once the communicator broke. */
+FSDP__DEF fsdp_result fsdp__eng_turn(fsdp__eng *e, const fsdp_coll_desc *c, fsdp_error *err)
+{
+    fsdp_result r = FSDP_SUCCESS;
+    pthread_mutex_lock(&e->mu);
+    while (e->finished + 1 < c->seq && e->broken.code == FSDP_SUCCESS)
+        pthread_cond_wait(&e->cv, &e->mu);
+    if (e->broken.code != FSDP_SUCCESS) r = fsdp__eng_aborted(e, c, err);
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+FSDP__DEF void fsdp__eng_finish(fsdp__eng *e)
+{
+    pthread_mutex_lock(&e->mu);
+    e->finished++;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Marks the engine broken (the ranks no longer agree on what runs next). */
+FSDP__DEF void fsdp__eng_break(fsdp__eng *e, const fsdp_error *err)
+{
+    pthread_mutex_lock(&e->mu);
+    fsdp_error_stick(&e->broken, err->code, "%s", err->message);
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* e->blocks for n blocks of `stride` bytes, one after another from base. */
+FSDP__DEF const void *const *fsdp__eng_strided(fsdp__eng *e, const void *base, size_t stride)
+{
+    int j;
+    for (j = 0; j < e->size; j++) e->blocks[j] = (const unsigned char *)base + (size_t)j * stride;
+    return e->blocks;
+}
+
+/* Scratch bytes a call needs (reductions only). */
+FSDP__DEF size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp_coll_desc *c)
+{
+    size_t es = fsdp_dtype_size(c->dt), n = (size_t)e->size, chunk;
+    if (c->kind == FSDP_COLL_REDUCE_SCATTER) return n * c->count * es;
+    if (c->kind == FSDP_COLL_ALL_REDUCE) {
+        /* padded send, all-to-all result, this rank's reduced chunk */
+        chunk = (c->count + n - 1) / n;
+        return (2 * n * chunk + chunk) * es;
+    }
+    return 0;
+}
+
+/* Compares every rank's fingerprint with rank 0's. */
+FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
+                                      fsdp_error *err)
+{
+    char call[160], msg[FSDP_ERROR_MAX];
+    fsdp_error xe;
+    fsdp_result r;
+    memset(&xe, 0, sizeof xe);
+    r = e->xp.all_gather(e->t, c, e->fps, sizeof *c, deadline, &xe);
+    if (r != FSDP_SUCCESS) {
+        fsdp_coll_describe(call, sizeof call, c);
+        return fsdp_error_set(err, r, "%s on rank %d%s: %s%s", call, e->rank, e->where,
+                              r == FSDP_COMM_TIMEOUT ? "timed out exchanging call fingerprints: "
+                                                     : "",
+                              xe.message);
+    }
+    if (!fsdp_coll_mismatch(msg, sizeof msg, e->fps, e->size)) return FSDP_SUCCESS;
+    return fsdp_error_set(err, FSDP_COMM_MISMATCH, "%s; seen on rank %d%s", msg, e->rank, e->where);
+}
+
+/* A reduce-scatter's chunk that arrived from every rank: sum it. */
+typedef struct fsdp__eng_rs {
+    void *recv;
+    const void *const *blocks;
+    size_t es;
+    int n;
+    fsdp_reduce_op op;
+    fsdp_dtype dt;
+} fsdp__eng_rs;
+
+FSDP__DEF void fsdp__eng_rs_chunk(void *user, size_t off, size_t len)
+{
+    const fsdp__eng_rs *rs = (const fsdp__eng_rs *)user;
+    fsdp_reduce_blocks((unsigned char *)rs->recv + off, rs->dt, rs->blocks, rs->n, off / rs->es,
+                       len / rs->es, rs->op);
+}
+
+/* Chunks of a pipelined reduce-scatter: the sum of chunk k runs while chunk
+   k+1 travels. Each chunk costs Gloo two notifications and a wakeup, and
+   its sum wants it still in cache: on 2 to 4 local ranks 512 KiB beat both
+   256 KiB and 1 to 4 MiB, though not by much. */
+#define FSDP__ENG_CHUNK ((size_t)512 << 10)
+
+/* The data movement of one collective over the transport's bytes. */
+FSDP__DEF fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                     void *recv, void *scratch, double deadline, fsdp_error *err)
+{
+    const fsdp_transport_vtable *xp = &e->xp;
+    size_t es = fsdp_dtype_size(c->dt), n = (size_t)e->size;
+    size_t bytes = c->count * es;
+    int avg = c->op == FSDP_REDUCE_AVG;
+    fsdp_dtype dt = c->dt;
+    fsdp_result r;
+    switch (c->kind) {
+    case FSDP_COLL_BARRIER: return xp->barrier(e->t, deadline, err);
+    case FSDP_COLL_ALL_GATHER:
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        return xp->all_gather(e->t,
+                              send == (unsigned char *)recv + (size_t)e->rank * bytes ? NULL : send,
+                              recv, bytes, deadline, err);
+    case FSDP_COLL_BROADCAST:
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        if (e->rank == c->root && send != recv) memmove(recv, send, bytes);
+        return xp->broadcast(e->t, recv, bytes, c->root, deadline, err);
+    case FSDP_COLL_REDUCE_SCATTER:
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        if (xp->reduce_scatter && (dt == FSDP_F32 || dt == FSDP_F64)) {
+            /* the native call cannot put the result in place at our slice */
+            int inplace = recv == (const unsigned char *)send + (size_t)e->rank * bytes;
+            r = xp->reduce_scatter(e->t, send, inplace ? scratch : recv, c->count, dt, deadline,
+                                   err);
+            if (r == FSDP_SUCCESS && inplace) memcpy(recv, scratch, bytes);
+            if (r == FSDP_SUCCESS && avg) {
+                size_t i;
+                if (dt == FSDP_F32) {
+                    float *d = (float *)recv, fn = (float)n;
+                    for (i = 0; i < c->count; i++) d[i] = d[i] / fn;
+                } else {
+                    double *d = (double *)recv;
+                    for (i = 0; i < c->count; i++) d[i] /= (double)n;
+                }
+            }
+            return r;
+        }
+        if (xp->all_to_all_chunked) {
+            /* Peers' blocks land in scratch, except one that lands in recv
+               itself when recv is apart from send: the sum then reads it
+               while it is in cache and overwrites it there, instead of
+               streaming one more block through memory. Our own block is
+               read where it is, in send. */
+            const unsigned char *in = (const unsigned char *)send;
+            unsigned char *out = (unsigned char *)recv, *parts = (unsigned char *)scratch;
+            uintptr_t ui = (uintptr_t)in, uo = (uintptr_t)out;
+            int apart = uo + bytes <= ui || ui + n * bytes <= uo, j;
+            /* rank 0's or 1's block: the f32 sum starts from it in place */
+            int direct = apart && e->size > 1 ? (e->rank == 0 ? 1 : 0) : -1;
+            fsdp__eng_rs rs;
+            for (j = 0; j < e->size; j++)
+                e->blocks[j] = j == e->rank ? in + (size_t)j * bytes
+                               : j == direct ? out : parts + (size_t)j * bytes;
+            rs.recv = recv;
+            rs.blocks = e->blocks;
+            rs.es = es;
+            rs.n = e->size;
+            rs.op = c->op;
+            rs.dt = dt;
+            /* const only towards the sum: the transport writes the peers' */
+            return xp->all_to_all_chunked(e->t, send, (void *const *)e->blocks, bytes,
+                                          FSDP__ENG_CHUNK / es * es, fsdp__eng_rs_chunk, &rs,
+                                          deadline, err);
+        }
+        /* all-to-all: scratch block j holds rank j's slice for this rank */
+        r = xp->all_to_all(e->t, send, scratch, bytes, deadline, err);
+        if (r != FSDP_SUCCESS) return r;
+        fsdp_reduce_blocks(recv, dt, fsdp__eng_strided(e, scratch, bytes), e->size, 0, c->count,
+                           c->op);
+        return FSDP_SUCCESS;
+    case FSDP_COLL_ALL_REDUCE: {
+        size_t chunk = (c->count + n - 1) / n, cb = chunk * es;
+        unsigned char *padded = (unsigned char *)scratch, *parts = padded + n * cb,
+                      *mine = parts + n * cb;
+        const void *src = send;
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        if (xp->all_reduce && (dt == FSDP_F32 || dt == FSDP_F64) && !avg) {
+            if (send == recv) {
+                memcpy(padded, send, bytes);
+                src = padded;
+            }
+            return xp->all_reduce(e->t, src, recv, c->count, dt, deadline, err);
+        }
+        if (chunk * n != c->count) {
+            /* all-to-all needs equal blocks: pad with zeros to n * chunk */
+            memcpy(padded, send, bytes);
+            memset(padded + bytes, 0, n * cb - bytes);
+            src = padded;
+        }
+        r = xp->all_to_all(e->t, src, parts, cb, deadline, err);
+        if (r != FSDP_SUCCESS) return r;
+        fsdp_reduce_blocks(mine, dt, fsdp__eng_strided(e, parts, cb), e->size, 0, chunk, c->op);
+        if (chunk * n == c->count) return xp->all_gather(e->t, mine, recv, cb, deadline, err);
+        r = xp->all_gather(e->t, mine, padded, cb, deadline, err);
+        if (r == FSDP_SUCCESS) memcpy(recv, padded, bytes);
+        return r;
+    }
+    default: return fsdp_error_set(err, FSDP_ERROR, "unknown collective kind %d", (int)c->kind);
+    }
+}
+
+/* A collective over the transport's bytes: fingerprints, then the data; a
+   failure of either breaks the engine. */
+FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                         void *recv, void *scratch, double deadline,
+                                         fsdp_error *err)
+{
+    char call[160];
+    fsdp_error xe;
+    fsdp_result r;
+    if (e->check && e->size > 1) {
+        r = fsdp__eng_check(e, c, deadline, err);
+        if (r != FSDP_SUCCESS) {
+            fsdp__eng_break(e, err);
+            return r;
+        }
+    }
+    memset(&xe, 0, sizeof xe);
+    r = fsdp__eng_move(e, c, send, recv, scratch, deadline, &xe);
+    if (r == FSDP_SUCCESS) return r;
+    if (r == FSDP_COMM_TIMEOUT) {
+        fsdp__eng_timed_out(e, c, xe.message, err);
+    } else {
+        fsdp_coll_describe(call, sizeof call, c);
+        fsdp_error_set(err, r, "%s failed on rank %d%s: %s", call, e->rank, e->where, xe.message);
+    }
+    fsdp__eng_break(e, err);
+    return r;
+}
+
+/* Waits for this engine's earlier collectives (program order across
+   streams) and runs one. */
+FSDP__DEF fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                    void *recv, void *scratch, fsdp_error *err)
+{
+    fsdp_result r = fsdp__eng_turn(e, c, err);
+    if (r == FSDP_SUCCESS)
+        r = fsdp__eng_exchange(e, c, send, recv, scratch, fsdp_deadline_ms(e->timeout_ms), err);
+    fsdp__eng_finish(e);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__eng_task(void *arg, fsdp_error *err)
+{
+    fsdp__eop *op = (fsdp__eop *)arg;
+    fsdp__eng *e = op->e;
+    fsdp_result r = fsdp__eng_run(e, &op->c, op->send, op->recv, op->scratch, err);
+    pthread_mutex_lock(&e->mu);
+    if (r != FSDP_SUCCESS) fsdp_error_stick(&e->async, r, "%s", err->message);
+    op->next = e->spare;
+    e->spare = op;
+    e->inflight--;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return r; /* e may be gone from here on */
+}
+
+FSDP__DEF void fsdp__eng_recycle(fsdp__eng *e, fsdp__eop *op, int queued)
+{
+    pthread_mutex_lock(&e->mu);
+    op->next = e->spare;
+    e->spare = op;
+    e->inflight -= queued;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Runs a collective now (s NULL) or queues it on s. */
+FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const void *send, void *recv,
+                                      fsdp_stream *s, fsdp_error *err)
+{
+    const char *kind = fsdp_coll_kind_name(c->kind);
+    size_t need = fsdp__eng_scratch_bytes(e, c);
+    fsdp__eop *op;
+    fsdp_result r;
+    if (s && !e->dev)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS,
+                              "%s on rank %d%s: a stream needs the device given when the comm "
+                              "was created", kind, e->rank, e->where);
+    if ((c->kind == FSDP_COLL_REDUCE_SCATTER || c->kind == FSDP_COLL_ALL_REDUCE) &&
+        !fsdp_dtype_is_float(c->dt))
+        return fsdp_error_set(err, FSDP_INVALID_DTYPE, "%s on rank %d: %s cannot be reduced", kind,
+                              e->rank, fsdp_dtype_name(c->dt));
+    pthread_mutex_lock(&e->mu);
+    op = e->spare;
+    if (op) e->spare = op->next;
+    pthread_mutex_unlock(&e->mu);
+    if (!op) op = (fsdp__eop *)fsdp__calloc(&e->hooks, 1, sizeof *op);
+    if (op && op->scratch_cap < need) {
+        fsdp__free(&e->hooks, op->scratch);
+        op->scratch = fsdp__alloc(&e->hooks, need);
+        op->scratch_cap = op->scratch ? need : 0;
+    }
+    if (!op || op->scratch_cap < need) {
+        if (op) fsdp__eng_recycle(e, op, 0);
+        return fsdp_error_set(err, FSDP_OUT_OF_MEMORY,
+                              "%s on rank %d: out of memory for %zu bytes of scratch", kind,
+                              e->rank, need);
+    }
+    c->seq = ++e->issued;
+    op->e = e;
+    op->c = *c;
+    op->send = send;
+    op->recv = recv;
+    if (!s) {
+        r = fsdp__eng_run(e, &op->c, send, recv, op->scratch, err);
+        fsdp__eng_recycle(e, op, 0);
+        return r;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->inflight++;
+    pthread_mutex_unlock(&e->mu);
+    r = fsdp_device_launch(e->dev, s, fsdp__eng_task, op);
+    if (r != FSDP_SUCCESS) {
+        e->issued--; /* it never ran and no peer saw the number */
+        fsdp__eng_recycle(e, op, 1);
+        return fsdp_error_set(err, r, "%s on rank %d: cannot queue on the stream: %s", kind,
+                              e->rank, fsdp_device_last_error(e->dev));
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__all_gather__eng(void *self, const void *send, void *recv, size_t count,
+                                            fsdp_dtype dt, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_GATHER, count, dt, FSDP_REDUCE_SUM, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__reduce_scatter__eng(void *self, const void *send, void *recv,
+                                                size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                                fsdp_stream *s, fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_REDUCE_SCATTER, count, dt, op, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__all_reduce__eng(void *self, const void *send, void *recv, size_t count,
+                                            fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream *s,
+                                            fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_REDUCE, count, dt, op, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__broadcast__eng(void *self, const void *send, void *recv, size_t count,
+                                           fsdp_dtype dt, int root, fsdp_stream *s,
+                                           fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BROADCAST, count, dt, FSDP_REDUCE_SUM, root);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__barrier__eng(void *self, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, NULL, NULL, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__async_error__eng(void *self, fsdp_error *err)
+{
+    fsdp__eng *e = (fsdp__eng *)self;
+    fsdp_result r;
+    pthread_mutex_lock(&e->mu);
+    r = e->async.code;
+    if (r != FSDP_SUCCESS) *err = e->async;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+FSDP__DEF void fsdp__destroy__eng(void *self) { fsdp__eng_destroy((fsdp__eng *)self); }
+
+/* Split over the transport. Collective and ordered like any other call: it
+   runs on the calling thread after every earlier collective of this engine. */
+FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__eng **out,
+                                      fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_SPLIT, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    fsdp_error xe;
+    fsdp_result r;
+    char call[160];
+    void *nt = NULL;
+    int nrank = -1, nsize = 0;
+    double deadline;
+    c.color = color;
+    c.key = key;
+    c.seq = ++e->issued;
+    fsdp_coll_describe(call, sizeof call, &c);
+    if ((r = fsdp__eng_turn(e, &c, err)) != FSDP_SUCCESS) goto done;
+    deadline = fsdp_deadline_ms(e->timeout_ms);
+    if (e->check && e->size > 1 && (r = fsdp__eng_check(e, &c, deadline, err)) != FSDP_SUCCESS) {
+        fsdp__eng_break(e, err);
+        goto done;
+    }
+    memset(&xe, 0, sizeof xe);
+    r = e->xp.split(e->t, color, key, deadline, &nt, &nrank, &nsize, &xe);
+    if (r != FSDP_SUCCESS) {
+        fsdp_error_set(err, r, "%s failed on rank %d%s: %s", call, e->rank, e->where, xe.message);
+        if (r == FSDP_COMM_TIMEOUT) fsdp__eng_break(e, err);
+        goto done;
+    }
+    if (nt) {
+        *out = fsdp__eng_new(&e->hooks, &e->xp, nt, nrank, nsize, e->dev, e->timeout_ms, e->check);
+        if (!*out)
+            r = fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory", call,
+                               e->rank);
+    }
+done:
+    fsdp__eng_finish(e);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__split__eng(void *self, int color, int key, void **out_self,
+                                       int *out_rank, int *out_size, fsdp_error *err)
+{
+    fsdp__eng *e = (fsdp__eng *)self, *ne = NULL;
+    fsdp_result r = fsdp__eng_split(e, color, key, &ne, err);
+    *out_self = ne;
+    if (ne) {
+        *out_rank = ne->rank;
+        *out_size = ne->size;
+    }
+    return r;
+}
+
+/* Wraps e in a comm (e is destroyed on failure). */
+FSDP__DEF fsdp_result fsdp__eng_comm(fsdp__eng *e, const char *name, const fsdp_hooks *hooks,
+                                     fsdp_comm **out)
+{
+    fsdp_comm_vtable vt;
+    fsdp_result r;
+    memset(&vt, 0, sizeof vt);
+    vt.size = (uint32_t)sizeof vt;
+    vt.name = name;
+    vt.all_gather = fsdp__all_gather__eng;
+    vt.reduce_scatter = fsdp__reduce_scatter__eng;
+    vt.all_reduce = fsdp__all_reduce__eng;
+    vt.broadcast = fsdp__broadcast__eng;
+    vt.barrier = fsdp__barrier__eng;
+    vt.split = e->xp.split ? fsdp__split__eng : NULL;
+    vt.async_error = fsdp__async_error__eng;
+    vt.destroy = fsdp__destroy__eng;
+    r = fsdp_comm_create(&vt, e, e->rank, e->size, hooks, out);
+    if (r != FSDP_SUCCESS) fsdp__eng_destroy(e);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc, fsdp_comm **out)
+{
+    const fsdp_hooks *h = desc ? &desc->hooks : NULL;
+    const fsdp_transport_vtable *vt = desc ? desc->vt : NULL;
+    const char *missing = NULL;
+    fsdp_result r = FSDP_INVALID_ARGS;
+    fsdp__eng *e;
+    int timeout;
+    if (out) *out = NULL;
+    if (!desc) return fsdp__fail_create(NULL, r, "fsdp_comm_transport_create: desc is NULL");
+    if (!vt) return fsdp__fail_create(h, r, "fsdp_comm_transport_create: vt is NULL");
+    if (vt->size != sizeof(fsdp_transport_vtable))
+        return fsdp__fail_create(h, r,
+                                 "fsdp_comm_transport_create: vtable size is %u but "
+                                 "sizeof(fsdp_transport_vtable) is %u here (the transport was "
+                                 "built against another fsdp.h)",
+                                 (unsigned)vt->size, (unsigned)sizeof(fsdp_transport_vtable));
+    /* from here on the transport is ours, failing or not */
+    if (!vt->all_gather) missing = "all_gather";
+    else if (!vt->all_to_all) missing = "all_to_all";
+    else if (!vt->broadcast) missing = "broadcast";
+    else if (!vt->barrier) missing = "barrier";
+    if (!out)
+        fsdp__fail_create(h, r, "fsdp_comm_transport_create: out is NULL");
+    else if (missing)
+        fsdp__fail_create(h, r, "fsdp_comm_transport_create: transport '%s' has no %s (required)",
+                          vt->name ? vt->name : "?", missing);
+    else if (!fsdp__hooks_valid(h))
+        fsdp__fail_create(h, r, "fsdp_comm_transport_create: set all of allocator alloc, realloc "
+                          "and free, or none");
+    else if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
+        fsdp__fail_create(h, r, "fsdp_comm_transport_create: rank %d is not in [0, %d)",
+                          desc->rank, desc->size);
+    else
+        r = FSDP_SUCCESS;
+    if (r != FSDP_SUCCESS) {
+        if (vt->destroy) vt->destroy(desc->transport);
+        return r;
+    }
+    timeout = desc->timeout_ms == 0 ? 60000 : desc->timeout_ms < 0 ? -1 : desc->timeout_ms;
+    e = fsdp__eng_new(h, vt, desc->transport, desc->rank, desc->size, desc->dev, timeout,
+                      !desc->disable_mismatch_check);
+    if (!e)
+        return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_transport_create: out of memory");
+    return fsdp__eng_comm(e, vt->name ? vt->name : "?", h, out);
 }
 
 /* --- the local backend --------------------------------------------------- */
