@@ -443,8 +443,8 @@ FSDP_API fsdp_result fsdp_comm_async_error(fsdp_comm *comm);
 
 /* --- for backend authors: one call's description, its wording, the sum ---
    The pieces that make a backend behave like the local one, word for word
-   and bit for bit; the local backend and the engine below (every transport:
-   MPI, Gloo) are built on them. */
+   and bit for bit; the engine below (the local backend and every transport:
+   MPI, Gloo) is built on them. */
 typedef enum fsdp_coll_kind {
     FSDP_COLL_ALL_GATHER = 1,
     FSDP_COLL_REDUCE_SCATTER,
@@ -501,7 +501,9 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
    sticky failure, split. One engine in this file does all of it. A
    transport supplies blocking primitives on bytes, each honouring a
    deadline, and fsdp_comm_transport_create builds the fsdp_comm on them;
-   fsdp_comm_mpi.h and fsdp_comm_gloo.h are such transports.
+   fsdp_comm_mpi.h and fsdp_comm_gloo.h are such transports. The local
+   backend runs on the same engine with its own rendezvous (see its
+   implementation for why).
 
    Numerics: reduce_scatter is an all-to-all of the send buffer followed by
    a local sum over ranks 0..n-1 (fsdp_reduce_blocks: f32, f64 for f64,
@@ -611,7 +613,10 @@ FSDP_API fsdp_result fsdp_local_world_create(const fsdp_local_desc *desc,
 /* After every comm of the world (and its splits) is destroyed. */
 FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world);
 /* Rank `rank`'s communicator. dev runs its asynchronous collectives (streams
-   of that device); NULL allows only stream-less (synchronous) calls. */
+   of that device); NULL allows only stream-less (synchronous) calls.
+   Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS (NULL world or out, rank not in
+   [0, nranks)); FSDP_INVALID_STATE (the rank has a comm already);
+   FSDP_OUT_OF_MEMORY. Collective: no. Thread safety: any thread. */
 FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank,
                                             fsdp_device *dev, fsdp_comm **out);
 
@@ -1797,20 +1802,6 @@ FSDP_API int fsdp_hooks_valid(const fsdp_hooks *h)
 
 FSDP_API void *fsdp_hooks_alloc(const fsdp_hooks *h, size_t bytes) { return fsdp__alloc(h, bytes); }
 FSDP_API void fsdp_hooks_free(const fsdp_hooks *h, void *p) { fsdp__free(h, p); }
-
-/* An absolute deadline ms from now, for pthread_cond_timedwait. */
-FSDP__DEF struct timespec fsdp__deadline(int ms)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec += 1;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
 
 /* >>errors end */
 
@@ -4210,33 +4201,73 @@ FSDP_API int fsdp_deadline_left_ms(double deadline_ms)
     return left < 1.0 ? 1 : left > 2e9 ? 2000000000 : (int)left;
 }
 
+/* ms from now as pthread_cond_timedwait wants it: on TIME_UTC, the default
+   clock of a condition variable (choosing another needs POSIX feature
+   macros the user may not have defined). Not a second clock: the local
+   backend's waits are on a condition variable, and it reads the time only
+   when it has to wait. */
+FSDP__DEF struct timespec fsdp__cond_deadline(int ms)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
 /* --- the engine ------------------------------------------------------------
-   The fsdp_comm_vtable of every transport (NCCL, which completes on the
-   GPU, has its own). A collective is numbered when issued (seq), waits for its
-   turn (the comm's earlier collectives finished, whatever streams they were
-   queued on), runs, and finishes; a failure that leaves the ranks
-   disagreeing on what runs next sticks, and every later call reports it. */
+   The fsdp_comm_vtable of the local backend and of every transport (NCCL,
+   which completes on the GPU, has its own). A collective is numbered when
+   issued (seq), waits for its turn (the comm's earlier collectives
+   finished, whatever streams they were queued on), runs, and finishes; a
+   failure that leaves the ranks disagreeing on what runs next sticks, and
+   every later call reports it. */
 
 typedef struct fsdp__eng fsdp__eng;
 typedef struct fsdp__eop fsdp__eop;
 
+/* A backend with its own rendezvous and data movement (the local one): run
+   does one collective whose turn came, entered with *e->omu held, which it
+   releases, and keeps e->timeout_ms itself; split does all of a split, turn
+   included. */
+typedef fsdp_result (*fsdp__eng_run_fn)(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                        void *recv, fsdp_error *err);
+typedef fsdp_result (*fsdp__eng_split_fn)(fsdp__eng *e, int color, int key, fsdp__eng **out,
+                                          fsdp_error *err);
+
 struct fsdp__eng {
     fsdp_transport_vtable xp; /* a copy */
     void *t;
-    char where[64]; /* follows "on rank N" in messages: " (comm 'mpi')" */
+    fsdp__eng_run_fn native_run;     /* NULL: the transport's primitives */
+    fsdp__eng_split_fn native_split;
+    /* follows "on rank N" in messages: " (comm 'mpi')"; empty for the local
+       backend, whose words predate the engine and compare equal across ranks */
+    char where[64];
     int rank, size;
     fsdp_device *dev;
     fsdp_hooks hooks;
     int timeout_ms; /* <0: none */
     int check;
     uint64_t issued; /* issuing thread only */
+    /* Program order and the sticky failure, under *omu: this engine's mu,
+       or for the local backend its group's lock, which the rendezvous holds
+       anyway and under which a group breaks for all its ranks at once. */
+    pthread_mutex_t *omu;
+    pthread_cond_t *ocv;
+    fsdp_error *sticky;
+    uint64_t finished; /* collectives done */
+    int turn_waiters;
+    /* the op pool and the first asynchronous failure, under mu */
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    uint64_t finished; /* under mu: collectives done, run in program order */
     int inflight;
     fsdp__eop *spare;
-    fsdp_error async;    /* first asynchronous failure */
-    fsdp_error broken;   /* under mu: a failure that desynchronised the ranks */
+    fsdp_error async;
+    fsdp_error broken;   /* a transport's sticky failure (sticky points here) */
     fsdp_coll_desc *fps; /* size fingerprints, used by the running call only */
     const void **blocks; /* size block pointers for a sum, same owner as fps */
 };
@@ -4260,11 +4291,12 @@ FSDP__DEF fsdp__eng *fsdp__eng_new(const fsdp_hooks *hooks, const fsdp_transport
 {
     fsdp_hooks h = fsdp__hooks_copy(hooks);
     fsdp__eng *e = (fsdp__eng *)fsdp__calloc(&h, 1, sizeof *e);
-    if (e) {
+    int bytes = xp->all_gather != NULL; /* fingerprints and sums travel as bytes */
+    if (e && bytes) {
         e->fps = (fsdp_coll_desc *)fsdp__calloc(&h, (size_t)size, sizeof *e->fps);
         e->blocks = (const void **)fsdp__calloc(&h, (size_t)size, sizeof *e->blocks);
     }
-    if (!e || !e->fps || !e->blocks || !fsdp__sync_init(&e->mu, &e->cv)) {
+    if (!e || (bytes && (!e->fps || !e->blocks)) || !fsdp__sync_init(&e->mu, &e->cv)) {
         if (e) {
             fsdp__free(&h, (void *)e->blocks);
             fsdp__free(&h, e->fps);
@@ -4282,6 +4314,9 @@ FSDP__DEF fsdp__eng *fsdp__eng_new(const fsdp_hooks *hooks, const fsdp_transport
     e->hooks = h;
     e->timeout_ms = timeout_ms;
     e->check = check;
+    e->omu = &e->mu;
+    e->ocv = &e->cv;
+    e->sticky = &e->broken;
     return e;
 }
 
@@ -4308,7 +4343,7 @@ FSDP__DEF void fsdp__eng_destroy(fsdp__eng *e)
     fsdp__free(&h, e);
 }
 
-/* Under mu: c meets a communicator that failed earlier. */
+/* Under *omu: c meets a communicator that failed earlier. */
 FSDP__DEF fsdp_result fsdp__eng_aborted(const fsdp__eng *e, const fsdp_coll_desc *c,
                                         fsdp_error *err)
 {
@@ -4316,7 +4351,7 @@ FSDP__DEF fsdp_result fsdp__eng_aborted(const fsdp__eng *e, const fsdp_coll_desc
     fsdp_coll_describe(call, sizeof call, c);
     return fsdp_error_set(err, FSDP_COMM_ABORTED,
                           "%s on rank %d%s: the communicator failed earlier: %s", call, e->rank,
-                          e->where, e->broken.message);
+                          e->where, e->sticky->message);
 }
 
 FSDP__DEF fsdp_result fsdp__eng_timed_out(const fsdp__eng *e, const fsdp_coll_desc *c,
@@ -4329,33 +4364,38 @@ FSDP__DEF fsdp_result fsdp__eng_timed_out(const fsdp__eng *e, const fsdp_coll_de
 }
 
 /* Waits until the collectives issued before c finished (program order
-   across streams); FSDP_COMM_ABORTED once the communicator broke. */
+   across streams) and returns with *omu held; FSDP_COMM_ABORTED, unlocked,
+   once the communicator broke. */
 FSDP__DEF fsdp_result fsdp__eng_turn(fsdp__eng *e, const fsdp_coll_desc *c, fsdp_error *err)
 {
-    fsdp_result r = FSDP_SUCCESS;
-    pthread_mutex_lock(&e->mu);
-    while (e->finished + 1 < c->seq && e->broken.code == FSDP_SUCCESS)
-        pthread_cond_wait(&e->cv, &e->mu);
-    if (e->broken.code != FSDP_SUCCESS) r = fsdp__eng_aborted(e, c, err);
-    pthread_mutex_unlock(&e->mu);
-    return r;
+    pthread_mutex_lock(e->omu);
+    while (e->finished + 1 < c->seq && e->sticky->code == FSDP_SUCCESS) {
+        e->turn_waiters++;
+        pthread_cond_wait(e->ocv, e->omu);
+        e->turn_waiters--;
+    }
+    if (e->sticky->code == FSDP_SUCCESS) return FSDP_SUCCESS;
+    fsdp__eng_aborted(e, c, err);
+    pthread_mutex_unlock(e->omu);
+    return FSDP_COMM_ABORTED;
 }
 
 FSDP__DEF void fsdp__eng_finish(fsdp__eng *e)
 {
-    pthread_mutex_lock(&e->mu);
+    pthread_mutex_lock(e->omu);
     e->finished++;
-    pthread_cond_broadcast(&e->cv);
-    pthread_mutex_unlock(&e->mu);
+    /* the local backend's ranks share ocv: wake them only for a reason */
+    if (e->turn_waiters) pthread_cond_broadcast(e->ocv);
+    pthread_mutex_unlock(e->omu);
 }
 
 /* Marks the engine broken (the ranks no longer agree on what runs next). */
 FSDP__DEF void fsdp__eng_break(fsdp__eng *e, const fsdp_error *err)
 {
-    pthread_mutex_lock(&e->mu);
-    fsdp_error_stick(&e->broken, err->code, "%s", err->message);
-    pthread_cond_broadcast(&e->cv);
-    pthread_mutex_unlock(&e->mu);
+    pthread_mutex_lock(e->omu);
+    fsdp_error_stick(e->sticky, err->code, "%s", err->message);
+    pthread_cond_broadcast(e->ocv);
+    pthread_mutex_unlock(e->omu);
 }
 
 /* e->blocks for n blocks of `stride` bytes, one after another from base. */
@@ -4366,10 +4406,11 @@ FSDP__DEF const void *const *fsdp__eng_strided(fsdp__eng *e, const void *base, s
     return e->blocks;
 }
 
-/* Scratch bytes a call needs (reductions only). */
+/* Scratch bytes a call needs (reductions over bytes only). */
 FSDP__DEF size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp_coll_desc *c)
 {
     size_t es = fsdp_dtype_size(c->dt), n = (size_t)e->size, chunk;
+    if (e->native_run) return 0;
     if (c->kind == FSDP_COLL_REDUCE_SCATTER) return n * c->count * es;
     if (c->kind == FSDP_COLL_ALL_REDUCE) {
         /* padded send, all-to-all result, this rank's reduced chunk */
@@ -4562,8 +4603,12 @@ FSDP__DEF fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp_coll_desc *c, const
                                     void *recv, void *scratch, fsdp_error *err)
 {
     fsdp_result r = fsdp__eng_turn(e, c, err);
-    if (r == FSDP_SUCCESS)
+    if (r == FSDP_SUCCESS && e->native_run) {
+        r = e->native_run(e, c, send, recv, err);
+    } else if (r == FSDP_SUCCESS) {
+        pthread_mutex_unlock(e->omu);
         r = fsdp__eng_exchange(e, c, send, recv, scratch, fsdp_deadline_ms(e->timeout_ms), err);
+    }
     fsdp__eng_finish(e);
     return r;
 }
@@ -4608,6 +4653,10 @@ FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const voi
         !fsdp_dtype_is_float(c->dt))
         return fsdp_error_set(err, FSDP_INVALID_DTYPE, "%s on rank %d: %s cannot be reduced", kind,
                               e->rank, fsdp_dtype_name(c->dt));
+    if (!s && !need) { /* nothing outlives the call: no op */
+        c->seq = ++e->issued;
+        return fsdp__eng_run(e, c, send, recv, NULL, err);
+    }
     pthread_mutex_lock(&e->mu);
     op = e->spare;
     if (op) e->spare = op->next;
@@ -4620,6 +4669,9 @@ FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const voi
     }
     if (!op || op->scratch_cap < need) {
         if (op) fsdp__eng_recycle(e, op, 0);
+        if (!need)
+            return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory", kind,
+                                  e->rank);
         return fsdp_error_set(err, FSDP_OUT_OF_MEMORY,
                               "%s on rank %d: out of memory for %zu bytes of scratch", kind,
                               e->rank, need);
@@ -4714,6 +4766,7 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
     c.seq = ++e->issued;
     fsdp_coll_describe(call, sizeof call, &c);
     if ((r = fsdp__eng_turn(e, &c, err)) != FSDP_SUCCESS) goto done;
+    pthread_mutex_unlock(e->omu);
     deadline = fsdp_deadline_ms(e->timeout_ms);
     if (e->check && e->size > 1 && (r = fsdp__eng_check(e, &c, deadline, err)) != FSDP_SUCCESS) {
         fsdp__eng_break(e, err);
@@ -4741,7 +4794,8 @@ FSDP__DEF fsdp_result fsdp__split__eng(void *self, int color, int key, void **ou
                                        int *out_rank, int *out_size, fsdp_error *err)
 {
     fsdp__eng *e = (fsdp__eng *)self, *ne = NULL;
-    fsdp_result r = fsdp__eng_split(e, color, key, &ne, err);
+    fsdp_result r = e->native_split ? e->native_split(e, color, key, &ne, err)
+                                    : fsdp__eng_split(e, color, key, &ne, err);
     *out_self = ne;
     if (ne) {
         *out_rank = ne->rank;
@@ -4764,7 +4818,7 @@ FSDP__DEF fsdp_result fsdp__eng_comm(fsdp__eng *e, const char *name, const fsdp_
     vt.all_reduce = fsdp__all_reduce__eng;
     vt.broadcast = fsdp__broadcast__eng;
     vt.barrier = fsdp__barrier__eng;
-    vt.split = e->xp.split ? fsdp__split__eng : NULL;
+    vt.split = e->native_split || e->xp.split ? fsdp__split__eng : NULL;
     vt.async_error = fsdp__async_error__eng;
     vt.destroy = fsdp__destroy__eng;
     r = fsdp_comm_create(&vt, e, e->rank, e->size, hooks, out);
@@ -4819,7 +4873,17 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     return fsdp__eng_comm(e, vt->name ? vt->name : "?", h, out);
 }
 
-/* --- the local backend --------------------------------------------------- */
+/* --- the local backend ------------------------------------------------------
+   Every rank is a thread of this process, so a collective is one
+   rendezvous in shared memory rather than transport primitives. That keeps
+   what a byte transport could not: the calls are compared in the same
+   rendezvous that publishes the buffers (no fingerprint round trip), peers'
+   buffers are read where they are (a transport's all-to-all would first
+   copy every block for the sum), a timeout names the ranks that did not
+   arrive, and a group breaks for all its ranks at once (its sticky failure
+   is shared, under the lock of the rendezvous). The rest is the engine's:
+   numbering, program order, streams, the op pool, the sticky failure's
+   wording. */
 
 /* Rank j's call is calls[j] and its send buffer sends[j], in arrays of
    their own for fsdp_coll_mismatch and fsdp_reduce_blocks. */
@@ -4839,15 +4903,12 @@ typedef struct fsdp__local_group {
     int refs; /* member comms of a split group; the world owns its own */
     uint64_t phase;
     int arrived;
-    int turn_waiters;
     fsdp__local_slot *slots;
     fsdp_coll_desc *calls;
     const void **sends;
     fsdp_result outcome; /* of the last completed arrival, for every rank */
     char outcome_msg[FSDP_ERROR_MAX];
-    int broken;
-    fsdp_result broken_code;
-    char broken_msg[FSDP_ERROR_MAX];
+    fsdp_error broken;   /* the sticky failure of every member's engine */
     char missing[FSDP_ERROR_MAX / 2];
 } fsdp__local_group;
 
@@ -4860,31 +4921,12 @@ struct fsdp_local_world {
     fsdp__local_group *group;
 };
 
-typedef struct fsdp__local_op fsdp__local_op;
-
-typedef struct fsdp__local_comm {
+/* A comm's place in the local backend: the engine's transport pointer. */
+typedef struct fsdp__local_member {
     fsdp_local_world *world;
-    fsdp__local_group *group;
-    int rank, size;
-    fsdp_device *dev;
-    uint64_t issued;   /* the issuing thread's count */
-    uint64_t finished; /* under group->mu: collectives done, to run in program order */
-    pthread_mutex_t mu; /* the op pool and the async error */
-    pthread_cond_t cv;
-    fsdp__local_op *spare;
-    int inflight;
-    fsdp_error async;
-} fsdp__local_comm;
-
-/* A collective queued on a stream: its arguments outlive the call. Ops are
-   recycled per comm so the stream worker never calls the allocator. */
-struct fsdp__local_op {
-    fsdp__local_op *next;
-    fsdp__local_comm *comm;
-    fsdp_coll_desc c;
-    const void *send;
-    void *recv;
-};
+    fsdp__local_group *group; /* NULL until the comm joins one */
+    int rank;
+} fsdp__local_member;
 
 FSDP__DEF fsdp__local_group *fsdp__local_group_new(const fsdp_hooks *h, int size, int timeout_ms,
                                                    int check)
@@ -4940,9 +4982,7 @@ FSDP__DEF void fsdp__local_complete_arrival(fsdp__local_group *g)
     g->outcome_msg[0] = 0;
     if (g->check && fsdp_coll_mismatch(g->outcome_msg, sizeof g->outcome_msg, g->calls, g->size)) {
         g->outcome = FSDP_COMM_MISMATCH;
-        g->broken = 1;
-        g->broken_code = FSDP_COMM_MISMATCH;
-        memcpy(g->broken_msg, g->outcome_msg, sizeof g->broken_msg);
+        fsdp_error_stick(&g->broken, FSDP_COMM_MISMATCH, "%s", g->outcome_msg);
     } else if (g->calls[0].kind == FSDP_COLL_SPLIT) {
         for (j = 0; j < g->size; j++) {
             if (g->slots[j].ok) continue;
@@ -4960,59 +5000,34 @@ FSDP__DEF void fsdp__local_complete_arrival(fsdp__local_group *g)
 }
 
 /* Under g->mu, by the first rank whose wait expired. */
-FSDP__DEF void fsdp__local_break_timeout(fsdp__local_group *g, const fsdp_coll_desc *c, int rank)
+FSDP__DEF void fsdp__local_break_timeout(const fsdp__eng *e, fsdp__local_group *g,
+                                         const fsdp_coll_desc *c)
 {
-    char call[160];
-    size_t len = 0;
+    size_t len = 0, cap = sizeof g->missing;
     int j, n = 0;
     for (j = 0; j < g->size; j++) n += !g->slots[j].present;
-    len = (size_t)snprintf(g->missing, sizeof g->missing, n == 1 ? "rank" : "ranks");
-    for (j = 0; j < g->size && len < sizeof g->missing; j++) {
+    len = (size_t)snprintf(g->missing, cap, n == 1 ? "rank" : "ranks");
+    for (j = 0; j < g->size && len < cap; j++) {
         if (g->slots[j].present) continue;
-        len += (size_t)snprintf(g->missing + len, sizeof g->missing - len, "%s %d",
-                                len > 5 ? "," : "", j);
+        len += (size_t)snprintf(g->missing + len, cap - len, "%s %d", len > 5 ? "," : "", j);
     }
-    fsdp_coll_describe(call, sizeof call, c);
-    snprintf(g->broken_msg, sizeof g->broken_msg,
-             "%s timed out after %d ms on rank %d: %s did not arrive", call, g->timeout_ms, rank,
-             g->missing);
-    g->broken = 1;
-    g->broken_code = FSDP_COMM_TIMEOUT;
+    if (len < cap) snprintf(g->missing + len, cap - len, " did not arrive");
+    fsdp__eng_timed_out(e, c, g->missing, &g->broken);
     pthread_cond_broadcast(&g->cv);
 }
 
-FSDP__DEF fsdp_result fsdp__local_aborted(fsdp__local_comm *lc, const fsdp_coll_desc *c,
-                                          fsdp_error *err)
+/* Entered with g->mu held (the engine's turn took it), which it releases:
+   posts the call and waits for every rank of the group, which then agree
+   on one outcome. */
+FSDP__DEF fsdp_result fsdp__local_arrive(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                         void *recv, int ok, fsdp_error *err)
 {
-    char call[160];
-    fsdp_coll_describe(call, sizeof call, c);
-    return fsdp__fail(err, &lc->world->hooks, FSDP_COMM_ABORTED,
-                      "%s on rank %d: the communicator failed earlier: %s", call, lc->rank,
-                      lc->group->broken_msg);
-}
-
-/* Waits for this comm's earlier collectives, posts the call and waits for
-   every rank of the group, which then agree on one outcome. */
-FSDP__DEF fsdp_result fsdp__local_arrive(fsdp__local_comm *lc, const fsdp_coll_desc *c,
-                                         const void *send, void *recv, int ok, fsdp_error *err)
-{
-    fsdp__local_group *g = lc->group;
-    fsdp__local_slot *slot = &g->slots[lc->rank];
+    fsdp__local_group *g = ((fsdp__local_member *)e->t)->group;
+    fsdp__local_slot *slot = &g->slots[e->rank];
     fsdp_result r = FSDP_SUCCESS;
     uint64_t my;
-    pthread_mutex_lock(&g->mu);
-    while (lc->finished + 1 < c->seq && !g->broken) {
-        g->turn_waiters++;
-        pthread_cond_wait(&g->cv, &g->mu);
-        g->turn_waiters--;
-    }
-    if (g->broken) {
-        r = fsdp__local_aborted(lc, c, err);
-        pthread_mutex_unlock(&g->mu);
-        return r;
-    }
-    g->calls[lc->rank] = *c;
-    g->sends[lc->rank] = send;
+    g->calls[e->rank] = *c;
+    g->sends[e->rank] = send;
     slot->recv = recv;
     slot->ok = ok;
     slot->published = NULL;
@@ -5021,26 +5036,18 @@ FSDP__DEF fsdp_result fsdp__local_arrive(fsdp__local_comm *lc, const fsdp_coll_d
     if (++g->arrived == g->size) {
         fsdp__local_complete_arrival(g);
     } else {
-        struct timespec deadline = fsdp__deadline(g->timeout_ms);
-        while (g->phase == my && !g->broken) {
+        struct timespec deadline = fsdp__cond_deadline(g->timeout_ms);
+        while (g->phase == my && g->broken.code == FSDP_SUCCESS) {
             int rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
-            if (rc == ETIMEDOUT && g->phase == my && !g->broken)
-                fsdp__local_break_timeout(g, c, lc->rank);
+            if (rc == ETIMEDOUT && g->phase == my && g->broken.code == FSDP_SUCCESS)
+                fsdp__local_break_timeout(e, g, c);
         }
     }
-    if (g->phase == my) { /* the group broke while this rank waited */
-        if (g->broken_code == FSDP_COMM_TIMEOUT) {
-            char call[160];
-            fsdp_coll_describe(call, sizeof call, c);
-            r = fsdp__fail(err, &lc->world->hooks, FSDP_COMM_TIMEOUT,
-                           "%s timed out after %d ms on rank %d: %s did not arrive", call,
-                           g->timeout_ms, lc->rank, g->missing);
-        } else {
-            r = fsdp__local_aborted(lc, c, err);
-        }
-    } else if (g->outcome != FSDP_SUCCESS) {
-        r = fsdp__fail(err, &lc->world->hooks, g->outcome, "%s", g->outcome_msg);
-    }
+    if (g->phase == my) /* the group broke while this rank waited */
+        r = g->broken.code == FSDP_COMM_TIMEOUT ? fsdp__eng_timed_out(e, c, g->missing, err)
+                                                : fsdp__eng_aborted(e, c, err);
+    else if (g->outcome != FSDP_SUCCESS)
+        r = fsdp_error_set(err, g->outcome, "%s", g->outcome_msg);
     pthread_mutex_unlock(&g->mu);
     return r;
 }
@@ -5063,25 +5070,15 @@ FSDP__DEF void fsdp__local_step(fsdp__local_group *g)
     pthread_mutex_unlock(&g->mu);
 }
 
-FSDP__DEF void fsdp__local_finish(fsdp__local_comm *lc)
-{
-    fsdp__local_group *g = lc->group;
-    pthread_mutex_lock(&g->mu);
-    lc->finished++;
-    if (g->turn_waiters) pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
-
 /* The data movement of an arrived, agreed collective: peers' buffers are
    read directly, and the last step keeps every send buffer alive until no
    peer reads it any more. */
-FSDP__DEF void fsdp__local_move(fsdp__local_comm *lc, const fsdp_coll_desc *c, const void *send,
-                                void *recv)
+FSDP__DEF void fsdp__local_move(const fsdp__eng *e, const fsdp_coll_desc *c, void *recv)
 {
-    fsdp__local_group *g = lc->group;
+    fsdp__local_group *g = ((fsdp__local_member *)e->t)->group;
     const fsdp__local_slot *slots = g->slots;
     const void *const *sends = g->sends;
-    int n = g->size, r = lc->rank, i;
+    int n = g->size, r = e->rank, i;
     size_t es = fsdp_dtype_size(c->dt), bytes = c->count * es;
     if (c->kind == FSDP_COLL_BARRIER || c->count == 0) return;
     switch (c->kind) {
@@ -5123,158 +5120,27 @@ FSDP__DEF void fsdp__local_move(fsdp__local_comm *lc, const fsdp_coll_desc *c, c
         break;
     default: FSDP_ASSERT(0 && "unknown collective"); break;
     }
-    (void)send;
     fsdp__local_step(g);
 }
 
-FSDP__DEF fsdp_result fsdp__local_run_coll(fsdp__local_comm *lc, const fsdp_coll_desc *c,
-                                           const void *send, void *recv, fsdp_error *err)
+/* The engine's native_run. */
+FSDP__DEF fsdp_result fsdp__local_coll(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                       void *recv, fsdp_error *err)
 {
-    fsdp_result r = fsdp__local_arrive(lc, c, send, recv, 1, err);
-    if (r == FSDP_SUCCESS) fsdp__local_move(lc, c, send, recv);
-    fsdp__local_finish(lc);
+    fsdp_result r = fsdp__local_arrive(e, c, send, recv, 1, err);
+    if (r == FSDP_SUCCESS) fsdp__local_move(e, c, recv);
     return r;
 }
 
-FSDP__DEF fsdp_result fsdp__local_task(void *arg, fsdp_error *err)
+/* The engine's transport destroy, after its collectives finished. */
+FSDP__DEF void fsdp__local_member_free(void *t)
 {
-    fsdp__local_op *op = (fsdp__local_op *)arg;
-    fsdp__local_comm *lc = op->comm;
-    fsdp_result r = fsdp__local_run_coll(lc, &op->c, op->send, op->recv, err);
-    pthread_mutex_lock(&lc->mu);
-    if (r != FSDP_SUCCESS && lc->async.code == FSDP_SUCCESS) fsdp__error_set(&lc->async, r, err->message);
-    op->next = lc->spare;
-    lc->spare = op;
-    lc->inflight--;
-    pthread_cond_broadcast(&lc->cv);
-    pthread_mutex_unlock(&lc->mu);
-    return r; /* lc may be gone from here on */
-}
-
-/* Runs a collective now (s NULL) or queues it on s. */
-FSDP__DEF fsdp_result fsdp__local_issue(fsdp__local_comm *lc, fsdp_coll_desc *c, const void *send,
-                                        void *recv, fsdp_stream *s, fsdp_error *err)
-{
-    fsdp__local_op *op;
-    fsdp_result r;
-    const fsdp_hooks *h = &lc->world->hooks;
-    if (s && !lc->dev)
-        return fsdp__fail(err, h, FSDP_INVALID_ARGS,
-                          "%s on rank %d: a stream needs the device given to fsdp_local_comm_create",
-                          fsdp_coll_kind_name(c->kind), lc->rank);
-    if ((c->kind == FSDP_COLL_REDUCE_SCATTER || c->kind == FSDP_COLL_ALL_REDUCE) &&
-        !fsdp_dtype_is_float(c->dt))
-        return fsdp__fail(err, h, FSDP_INVALID_DTYPE, "%s on rank %d: %s cannot be reduced",
-                          fsdp_coll_kind_name(c->kind), lc->rank, fsdp_dtype_name(c->dt));
-    if (!s) {
-        c->seq = ++lc->issued;
-        return fsdp__local_run_coll(lc, c, send, recv, err);
-    }
-    pthread_mutex_lock(&lc->mu);
-    op = lc->spare;
-    if (op) lc->spare = op->next;
-    pthread_mutex_unlock(&lc->mu);
-    if (!op) op = (fsdp__local_op *)fsdp__alloc(h, sizeof *op);
-    if (!op)
-        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory",
-                          fsdp_coll_kind_name(c->kind), lc->rank);
-    c->seq = ++lc->issued;
-    op->comm = lc;
-    op->c = *c;
-    op->send = send;
-    op->recv = recv;
-    pthread_mutex_lock(&lc->mu);
-    lc->inflight++;
-    pthread_mutex_unlock(&lc->mu);
-    r = fsdp_device_launch(lc->dev, s, fsdp__local_task, op);
-    if (r != FSDP_SUCCESS) {
-        lc->issued--; /* it never ran and no peer saw the number */
-        pthread_mutex_lock(&lc->mu);
-        op->next = lc->spare;
-        lc->spare = op;
-        lc->inflight--;
-        pthread_mutex_unlock(&lc->mu);
-        return fsdp__fail(err, h, r, "%s on rank %d: cannot queue on the stream: %s",
-                          fsdp_coll_kind_name(c->kind), lc->rank, fsdp_device_last_error(lc->dev));
-    }
-    return FSDP_SUCCESS;
-}
-
-FSDP__DEF fsdp_result fsdp__all_gather__local(void *self, const void *send, void *recv, size_t count,
-                                              fsdp_dtype dt, fsdp_stream *s, fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_GATHER, count, dt, FSDP_REDUCE_SUM, 0);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
-}
-
-FSDP__DEF fsdp_result fsdp__reduce_scatter__local(void *self, const void *send, void *recv,
-                                                  size_t count, fsdp_dtype dt, fsdp_reduce_op op,
-                                                  fsdp_stream *s, fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_REDUCE_SCATTER, count, dt, op, 0);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
-}
-
-FSDP__DEF fsdp_result fsdp__all_reduce__local(void *self, const void *send, void *recv, size_t count,
-                                              fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream *s,
-                                              fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_REDUCE, count, dt, op, 0);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
-}
-
-FSDP__DEF fsdp_result fsdp__broadcast__local(void *self, const void *send, void *recv, size_t count,
-                                             fsdp_dtype dt, int root, fsdp_stream *s,
-                                             fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BROADCAST, count, dt, FSDP_REDUCE_SUM, root);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
-}
-
-FSDP__DEF fsdp_result fsdp__barrier__local(void *self, fsdp_stream *s, fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, NULL, NULL, s, err);
-}
-
-FSDP__DEF fsdp__local_comm *fsdp__local_comm_new(fsdp_local_world *w, fsdp_device *dev)
-{
-    fsdp__local_comm *lc = (fsdp__local_comm *)fsdp__calloc(&w->hooks, 1, sizeof *lc);
-    if (!lc) return NULL;
-    if (!fsdp__sync_init(&lc->mu, &lc->cv)) {
-        fsdp__free(&w->hooks, lc);
-        return NULL;
-    }
-    lc->world = w;
-    lc->dev = dev;
-    lc->rank = -1;
-    pthread_mutex_lock(&w->mu);
-    w->refs++;
-    pthread_mutex_unlock(&w->mu);
-    return lc;
-}
-
-FSDP__DEF void fsdp__destroy__local(void *self)
-{
-    fsdp__local_comm *lc = (fsdp__local_comm *)self;
-    fsdp_local_world *w;
-    fsdp__local_group *g;
-    fsdp__local_op *op;
-    if (!lc) return;
-    w = lc->world;
-    g = lc->group;
-    /* queued collectives still use this comm; they always finish (at worst
-       by timing out) */
-    pthread_mutex_lock(&lc->mu);
-    while (lc->inflight > 0) pthread_cond_wait(&lc->cv, &lc->mu);
-    pthread_mutex_unlock(&lc->mu);
-    while ((op = lc->spare)) {
-        lc->spare = op->next;
-        fsdp__free(&w->hooks, op);
-    }
+    fsdp__local_member *lm = (fsdp__local_member *)t;
+    fsdp_local_world *w = lm->world;
+    fsdp__local_group *g = lm->group;
     if (g && g == w->group) {
         pthread_mutex_lock(&w->mu);
-        w->taken[lc->rank] = 0;
+        w->taken[lm->rank] = 0;
         pthread_mutex_unlock(&w->mu);
     } else if (g) {
         int last;
@@ -5283,80 +5149,105 @@ FSDP__DEF void fsdp__destroy__local(void *self)
         pthread_mutex_unlock(&g->mu);
         if (last) fsdp__local_group_free(&w->hooks, g);
     }
-    fsdp__sync_destroy(&lc->mu, &lc->cv);
-    fsdp__free(&w->hooks, lc);
+    fsdp__free(&w->hooks, lm);
     fsdp__local_world_unref(w);
 }
 
-/* Ranks of one color form a group ordered by (key, old rank); its first
-   member creates the shared state and the others find it in its slot. */
-FSDP__DEF fsdp_result fsdp__split__local(void *self, int color, int key, void **out_self,
-                                         int *out_rank, int *out_size, fsdp_error *err)
+FSDP__DEF fsdp_result fsdp__local_split(fsdp__eng *e, int color, int key, fsdp__eng **out,
+                                        fsdp_error *err);
+
+/* A comm of the world, not yet in a group (fsdp__local_join). */
+FSDP__DEF fsdp__eng *fsdp__local_eng_new(fsdp_local_world *w, fsdp_device *dev)
 {
-    fsdp__local_comm *lc = (fsdp__local_comm *)self, *nlc = NULL;
-    fsdp__local_group *g = lc->group, *ng = NULL;
+    static const fsdp_transport_vtable xp = {(uint32_t)sizeof(fsdp_transport_vtable), "local",
+                                             NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                             fsdp__local_member_free};
+    fsdp__local_member *lm = (fsdp__local_member *)fsdp__calloc(&w->hooks, 1, sizeof *lm);
+    fsdp__eng *e;
+    if (!lm) return NULL;
+    lm->world = w;
+    lm->rank = -1;
+    pthread_mutex_lock(&w->mu);
+    w->refs++;
+    pthread_mutex_unlock(&w->mu);
+    e = fsdp__eng_new(&w->hooks, &xp, lm, -1, 0, dev, w->timeout_ms, w->check);
+    if (!e) return NULL;
+    e->native_run = fsdp__local_coll;
+    e->native_split = fsdp__local_split;
+    e->where[0] = 0;
+    return e;
+}
+
+/* Makes e rank `rank` of the group g: its order and sticky failure become
+   the group's. */
+FSDP__DEF void fsdp__local_join(fsdp__eng *e, fsdp__local_group *g, int rank)
+{
+    fsdp__local_member *lm = (fsdp__local_member *)e->t;
+    lm->group = g;
+    lm->rank = rank;
+    e->rank = rank;
+    e->size = g->size;
+    e->timeout_ms = g->timeout_ms;
+    e->omu = &g->mu;
+    e->ocv = &g->cv;
+    e->sticky = &g->broken;
+}
+
+/* Ranks of one color form a group ordered by (key, old rank); its first
+   member creates the shared state and the others find it in its slot. Each
+   rank allocates its new comm before arriving, so a rank that cannot fails
+   the split on every rank instead of leaving a group without it. */
+FSDP__DEF fsdp_result fsdp__local_split(fsdp__eng *e, int color, int key, fsdp__eng **out,
+                                        fsdp_error *err)
+{
+    fsdp__local_member *lm = (fsdp__local_member *)e->t;
+    fsdp__local_group *g = lm->group, *ng = NULL;
+    fsdp__eng *ne = NULL;
     fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_SPLIT, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
     fsdp_result r;
     int j, m = 0, newrank = 0, leader = -1;
-    *out_self = NULL;
-    *out_rank = -1;
-    *out_size = 0;
-    if (color != FSDP_COMM_NO_COLOR) nlc = fsdp__local_comm_new(lc->world, lc->dev);
+    if (color != FSDP_COMM_NO_COLOR) ne = fsdp__local_eng_new(lm->world, e->dev);
     c.color = color;
     c.key = key;
-    c.seq = ++lc->issued;
-    r = fsdp__local_arrive(lc, &c, NULL, NULL, color == FSDP_COMM_NO_COLOR || nlc != NULL, err);
+    c.seq = ++e->issued;
+    r = fsdp__eng_turn(e, &c, err);
+    if (r == FSDP_SUCCESS)
+        r = fsdp__local_arrive(e, &c, NULL, NULL, color == FSDP_COMM_NO_COLOR || ne != NULL, err);
     if (r == FSDP_SUCCESS) {
         for (j = 0; j < g->size; j++) {
             const fsdp_coll_desc *o = &g->calls[j];
             if (o->color != color) continue;
             m++;
-            if (o->key < key || (o->key == key && j < lc->rank)) newrank++;
+            if (o->key < key || (o->key == key && j < e->rank)) newrank++;
             if (leader < 0 || o->key < g->calls[leader].key) leader = j;
         }
-        if (color != FSDP_COMM_NO_COLOR && leader == lc->rank) {
-            ng = fsdp__local_group_new(&lc->world->hooks, m, g->timeout_ms, g->check);
+        if (color != FSDP_COMM_NO_COLOR && leader == e->rank) {
+            ng = fsdp__local_group_new(&lm->world->hooks, m, g->timeout_ms, g->check);
             if (ng) ng->refs = m;
             pthread_mutex_lock(&g->mu);
-            g->slots[lc->rank].published = ng;
+            g->slots[e->rank].published = ng;
             pthread_mutex_unlock(&g->mu);
         }
         fsdp__local_step(g);
-        if (color != FSDP_COMM_NO_COLOR && leader != lc->rank) {
+        if (color != FSDP_COMM_NO_COLOR && leader != e->rank) {
             pthread_mutex_lock(&g->mu);
             ng = (fsdp__local_group *)g->slots[leader].published;
             pthread_mutex_unlock(&g->mu);
         }
         fsdp__local_step(g); /* the leader's slot is read before it is reused */
         if (color != FSDP_COMM_NO_COLOR && !ng)
-            r = fsdp__fail(err, &lc->world->hooks, FSDP_OUT_OF_MEMORY,
-                           "split #%llu on rank %d: out of memory creating the group of color %d",
-                           (unsigned long long)c.seq, lc->rank, color);
+            r = fsdp_error_set(err, FSDP_OUT_OF_MEMORY,
+                               "split #%llu on rank %d: out of memory creating the group of "
+                               "color %d", (unsigned long long)c.seq, e->rank, color);
     }
-    fsdp__local_finish(lc);
+    fsdp__eng_finish(e);
     if (r != FSDP_SUCCESS) {
-        if (nlc) fsdp__destroy__local(nlc);
+        fsdp__eng_destroy(ne);
         return r;
     }
-    if (!nlc) return FSDP_SUCCESS;
-    nlc->group = ng;
-    nlc->rank = newrank;
-    nlc->size = m;
-    *out_self = nlc;
-    *out_rank = newrank;
-    *out_size = m;
+    if (ne) fsdp__local_join(ne, ng, newrank);
+    *out = ne;
     return FSDP_SUCCESS;
-}
-
-FSDP__DEF fsdp_result fsdp__async_error__local(void *self, fsdp_error *err)
-{
-    fsdp__local_comm *lc = (fsdp__local_comm *)self;
-    fsdp_result r;
-    pthread_mutex_lock(&lc->mu);
-    r = lc->async.code;
-    if (r != FSDP_SUCCESS) fsdp__error_set(err, r, lc->async.message);
-    pthread_mutex_unlock(&lc->mu);
-    return r;
 }
 
 FSDP_API fsdp_result fsdp_local_world_create(const fsdp_local_desc *desc, fsdp_local_world **out)
@@ -5409,9 +5300,7 @@ FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world)
 FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, fsdp_device *dev,
                                             fsdp_comm **out)
 {
-    fsdp_comm_vtable vt;
-    fsdp__local_comm *lc;
-    fsdp_result r;
+    fsdp__eng *e;
     int taken;
     if (!out) {
         if (world) fsdp__log(&world->hooks, FSDP_LOG_ERROR, "fsdp_local_comm_create: out is NULL");
@@ -5422,35 +5311,20 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, f
     if (rank < 0 || rank >= world->nranks)
         return fsdp__fail(NULL, &world->hooks, FSDP_INVALID_ARGS,
                           "fsdp_local_comm_create: rank %d is not in [0, %d)", rank, world->nranks);
-    lc = fsdp__local_comm_new(world, dev);
-    if (!lc) return fsdp__fail(NULL, &world->hooks, FSDP_OUT_OF_MEMORY, "fsdp_local_comm_create: out of memory");
+    e = fsdp__local_eng_new(world, dev);
+    if (!e) return fsdp__fail(NULL, &world->hooks, FSDP_OUT_OF_MEMORY, "fsdp_local_comm_create: out of memory");
     pthread_mutex_lock(&world->mu);
     taken = world->taken[rank];
     world->taken[rank] = 1;
     pthread_mutex_unlock(&world->mu);
     if (taken) {
-        fsdp__destroy__local(lc); /* its group is still NULL: leaves the flag alone */
+        fsdp__eng_destroy(e); /* in no group yet: leaves the flag alone */
         fsdp__log(&world->hooks, FSDP_LOG_ERROR,
                   "fsdp_local_comm_create: rank %d already has a communicator", rank);
         return FSDP_INVALID_STATE;
     }
-    lc->group = world->group;
-    lc->rank = rank;
-    lc->size = world->nranks;
-    memset(&vt, 0, sizeof vt);
-    vt.size = (uint32_t)sizeof vt;
-    vt.name = "local";
-    vt.all_gather = fsdp__all_gather__local;
-    vt.reduce_scatter = fsdp__reduce_scatter__local;
-    vt.all_reduce = fsdp__all_reduce__local;
-    vt.broadcast = fsdp__broadcast__local;
-    vt.barrier = fsdp__barrier__local;
-    vt.split = fsdp__split__local;
-    vt.async_error = fsdp__async_error__local;
-    vt.destroy = fsdp__destroy__local;
-    r = fsdp_comm_create(&vt, lc, rank, world->nranks, &world->hooks, out);
-    if (r != FSDP_SUCCESS) fsdp__destroy__local(lc);
-    return r;
+    fsdp__local_join(e, world->group, rank);
+    return fsdp__eng_comm(e, "local", &world->hooks, out);
 }
 
 typedef struct fsdp__local_thread {
