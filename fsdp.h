@@ -617,7 +617,7 @@ FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world);
    Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS (NULL world or out, rank not in
    [0, nranks)); FSDP_INVALID_STATE (the rank has a comm already);
    FSDP_OUT_OF_MEMORY. Collective: no. Thread safety: any thread. */
-FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank,
+FSDP_API fsdp_result fsdp_comm_local_create(fsdp_local_world *world, int rank,
                                             fsdp_device *dev, fsdp_comm **out);
 
 /* Runs fn(rank, nranks, world, user) on nranks threads and joins them;
@@ -625,6 +625,18 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank,
 typedef int (*fsdp_rank_fn)(int rank, int nranks, fsdp_local_world *world, void *user);
 FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn, void *user,
                                     int *results);
+
+/* Backend constructors are named fsdp_comm_<backend>_create and
+   fsdp_device_<kind>_create. The older names stay as deprecated aliases;
+   define FSDP_NO_DEPRECATED to check that code no longer uses them. */
+#ifndef FSDP_NO_DEPRECATED
+/* Deprecated: fsdp_comm_local_create. */
+static inline fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank,
+                                                 fsdp_device *dev, fsdp_comm **out)
+{
+    return fsdp_comm_local_create(world, rank, dev, out);
+}
+#endif
 
 /* ======================================================================== */
 /* >>model                                                                   */
@@ -5297,22 +5309,22 @@ FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world)
     if (world) fsdp__local_world_unref(world);
 }
 
-FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, fsdp_device *dev,
+FSDP_API fsdp_result fsdp_comm_local_create(fsdp_local_world *world, int rank, fsdp_device *dev,
                                             fsdp_comm **out)
 {
     fsdp__eng *e;
     int taken;
     if (!out) {
-        if (world) fsdp__log(&world->hooks, FSDP_LOG_ERROR, "fsdp_local_comm_create: out is NULL");
+        if (world) fsdp__log(&world->hooks, FSDP_LOG_ERROR, "fsdp_comm_local_create: out is NULL");
         return FSDP_INVALID_ARGS;
     }
     *out = NULL;
     if (!world) return FSDP_INVALID_ARGS;
     if (rank < 0 || rank >= world->nranks)
         return fsdp__fail(NULL, &world->hooks, FSDP_INVALID_ARGS,
-                          "fsdp_local_comm_create: rank %d is not in [0, %d)", rank, world->nranks);
+                          "fsdp_comm_local_create: rank %d is not in [0, %d)", rank, world->nranks);
     e = fsdp__local_eng_new(world, dev);
-    if (!e) return fsdp__fail(NULL, &world->hooks, FSDP_OUT_OF_MEMORY, "fsdp_local_comm_create: out of memory");
+    if (!e) return fsdp__fail(NULL, &world->hooks, FSDP_OUT_OF_MEMORY, "fsdp_comm_local_create: out of memory");
     pthread_mutex_lock(&world->mu);
     taken = world->taken[rank];
     world->taken[rank] = 1;
@@ -5320,7 +5332,7 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, f
     if (taken) {
         fsdp__eng_destroy(e); /* in no group yet: leaves the flag alone */
         fsdp__log(&world->hooks, FSDP_LOG_ERROR,
-                  "fsdp_local_comm_create: rank %d already has a communicator", rank);
+                  "fsdp_comm_local_create: rank %d already has a communicator", rank);
         return FSDP_INVALID_STATE;
     }
     fsdp__local_join(e, world->group, rank);

@@ -16,7 +16,7 @@
        d.prefix = "job42";              (fresh per run: keys are never reused)
        d.host = "10.0.0.5";             (this rank's address; NULL: 127.0.0.1)
        d.rank = r; d.size = n; d.dev = dev;
-       fsdp_gloo_comm_create(&d, &comm);
+       fsdp_comm_gloo_create(&d, &comm);
 
    Semantics: those of the comm vtable in fsdp.h, run by fsdp.h's engine
    like the local backend and fsdp_comm_mpi.h: program order, asynchronous on d.dev's streams (NULL
@@ -62,7 +62,16 @@ typedef struct fsdp_gloo_desc {
    sizes or options across ranks); FSDP_COMM_TIMEOUT (a rank did not
    arrive: named in desc->hooks.error); FSDP_COMM_ERROR; FSDP_OUT_OF_MEMORY.
    Collective: yes. Thread safety: one thread per call. */
-FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm **out);
+FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm **out);
+
+#ifndef FSDP_NO_DEPRECATED
+/* Deprecated: fsdp_comm_gloo_create (fsdp.h: backend constructors are named
+   fsdp_comm_<backend>_create). */
+static inline fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm **out)
+{
+    return fsdp_comm_gloo_create(desc, out);
+}
+#endif
 
 #ifdef __cplusplus
 }
@@ -160,24 +169,24 @@ static const fsdp_transport_vtable fsdp__xport__gloo = {
     fsdp__all_to_all__gloo, fsdp__broadcast__gloo, fsdp__barrier__gloo, NULL, NULL,
     fsdp__all_to_all_chunked__gloo, fsdp__split__gloo, fsdp__xdestroy__gloo};
 
-FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm **out)
+FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm **out)
 {
     char msg[FSDP_ERROR_MAX];
     fsdp_gloo_ctx *g = NULL;
     fsdp_transport_desc td;
     const fsdp_hooks *h = desc ? &desc->hooks : NULL;
     int rc, timeout, check, *all;
-    if (!out) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: out is NULL");
+    if (!out) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: out is NULL");
     *out = NULL;
-    if (!desc) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: desc is NULL");
+    if (!desc) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: desc is NULL");
     if (!desc->store_dir || !desc->store_dir[0])
-        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: store_dir is "
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: store_dir is "
                                "not set (an existing directory every rank sees)");
     if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
-        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: rank %d is "
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: rank %d is "
                                "not in [0, %d)", desc->rank, desc->size);
     if (!fsdp_hooks_valid(h))
-        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: set all of "
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: set all of "
                                "allocator alloc, realloc and free, or none");
     timeout = desc->timeout_ms == 0 ? 30000 : desc->timeout_ms < 0 ? -1 : desc->timeout_ms;
     check = !desc->disable_mismatch_check;
@@ -192,14 +201,14 @@ FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm
     all = (int *)fsdp_hooks_alloc(h, sizeof(int) * (size_t)desc->size);
     if (!all) {
         fsdp_gloo_free(g);
-        return fsdp_hooks_fail(h, FSDP_OUT_OF_MEMORY, "fsdp_gloo_comm_create: out of memory");
+        return fsdp_hooks_fail(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_gloo_create: out of memory");
     }
     rc = fsdp_gloo_all_gather(g, &check, all, sizeof(int), timeout, msg, sizeof msg);
     if (rc == FSDP_GLOO_OK) {
         int j;
         for (j = 0; j < desc->size; j++) {
             if (all[j] == check) continue;
-            snprintf(msg, sizeof msg, "fsdp_gloo_comm_create on rank %d: rank %d passed "
+            snprintf(msg, sizeof msg, "fsdp_comm_gloo_create on rank %d: rank %d passed "
                      "disable_mismatch_check=%d but this rank %d; every rank must pass the same",
                      desc->rank, j, !all[j], !check);
             rc = -1;

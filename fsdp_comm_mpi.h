@@ -14,7 +14,7 @@
        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
        fsdp_mpi_desc d = {0};
        d.dev = dev;                       (streams of dev run the collectives)
-       fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);   (collective)
+       fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);   (collective)
        ... fsdp_ctx / fsdp_all_gather ... on comm
        fsdp_comm_destroy(comm);           (before MPI_Finalize)
    Launch one process per rank:
@@ -109,8 +109,18 @@ typedef struct fsdp_mpi_desc {
    FSDP_COMM_TIMEOUT; FSDP_OUT_OF_MEMORY. Details in desc->hooks.error.
    Collective: yes (over mpi_comm). Thread safety: one thread per call.
    Destroy the comm (fsdp_comm_destroy) before MPI_Finalize. */
-FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
                                           fsdp_comm **out);
+
+#ifndef FSDP_NO_DEPRECATED
+/* Deprecated: fsdp_comm_mpi_create (fsdp.h: backend constructors are named
+   fsdp_comm_<backend>_create). */
+static inline fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+                                               fsdp_comm **out)
+{
+    return fsdp_comm_mpi_create(mpi_comm, desc, out);
+}
+#endif
 
 #ifdef __cplusplus
 }
@@ -431,7 +441,7 @@ FSDP__MPI const char *fsdp__level_name__mpi(int level)
     }
 }
 
-FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
                                           fsdp_comm **out)
 {
     fsdp_mpi_desc d;
@@ -446,24 +456,24 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     h = &d.hooks;
-    if (!out) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: out is NULL");
+    if (!out) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_mpi_create: out is NULL");
     *out = NULL;
     if (!fsdp_hooks_valid(h))
-        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: set all of "
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_mpi_create: set all of "
                                "allocator alloc, realloc and free, or none");
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
     if (!inited || fin)
-        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: MPI is %s; "
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_mpi_create: MPI is %s; "
                                "call MPI_Init_thread first and destroy comms before "
                                "MPI_Finalize", fin ? "already finalized" : "not initialized");
     if (mpi_comm == MPI_COMM_NULL)
-        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: mpi_comm is "
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_mpi_create: mpi_comm is "
                                "MPI_COMM_NULL");
     MPI_Query_thread(&level);
     if (d.dev && level < MPI_THREAD_SERIALIZED)
         return fsdp_hooks_fail(h, FSDP_INVALID_ARGS,
-                               "fsdp_mpi_comm_create: asynchronous collectives (desc.dev "
+                               "fsdp_comm_mpi_create: asynchronous collectives (desc.dev "
                                "is set) run on stream threads and need "
                                "MPI_THREAD_MULTIPLE (or SERIALIZED), but MPI provided %s; "
                                "initialise with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, "
@@ -475,7 +485,7 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     if (!sh || !m) {
         fsdp_hooks_free(h, sh);
         fsdp_hooks_free(h, m);
-        return fsdp_hooks_fail(h, FSDP_OUT_OF_MEMORY, "fsdp_mpi_comm_create: out of memory");
+        return fsdp_hooks_fail(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_mpi_create: out of memory");
     }
     memset(sh, 0, sizeof *sh);
     pthread_mutex_init(&sh->mu, NULL);
@@ -491,7 +501,7 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
         fsdp__xdestroy__mpi(m);
         memset(&xe, 0, sizeof xe);
         fsdp__err__mpi(&xe, rc, "MPI_Comm_dup");
-        return fsdp_hooks_fail(h, FSDP_COMM_ERROR, "fsdp_mpi_comm_create: %s", xe.message);
+        return fsdp_hooks_fail(h, FSDP_COMM_ERROR, "fsdp_comm_mpi_create: %s", xe.message);
     }
     /* errors come back as codes we turn into messages, never an abort */
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
@@ -501,7 +511,7 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
         int rank = m->rank, size = m->size;
         fsdp__xdestroy__mpi(m);
         return fsdp_hooks_fail(h, FSDP_INVALID_ARGS,
-                               "fsdp_mpi_comm_create on rank %d: the MPI communicator has "
+                               "fsdp_comm_mpi_create on rank %d: the MPI communicator has "
                                "%d ranks but expected_size is %d (check mpirun -np)",
                                rank, size, d.expected_size);
     }
@@ -519,13 +529,13 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     if (r != FSDP_SUCCESS) {
         int rank = m->rank;
         if (r != FSDP_COMM_TIMEOUT) fsdp__xdestroy__mpi(m); /* else the request still uses it */
-        return fsdp_hooks_fail(h, r, "fsdp_mpi_comm_create on rank %d: %s", rank, xe.message);
+        return fsdp_hooks_fail(h, r, "fsdp_comm_mpi_create on rank %d: %s", rank, xe.message);
     }
     if (all[0] != -all[1] || all[2] != -all[3]) {
         int rank = m->rank;
         fsdp__xdestroy__mpi(m);
         return fsdp_hooks_fail(h, FSDP_INVALID_ARGS,
-                               "fsdp_mpi_comm_create on rank %d: ranks passed different "
+                               "fsdp_comm_mpi_create on rank %d: ranks passed different "
                                "%s; every rank must pass the same value", rank,
                                all[0] != -all[1] ? "disable_mismatch_check" : "native_reduce");
     }

@@ -106,9 +106,18 @@ FSDP_CUDA_API int fsdp_cuda_stream_device(const fsdp_stream *s);
 /* For tests: n f32 <-> bf16/f16 conversions on the host with the very
    functions the kernels run (__host__ __device__), so a machine without a
    GPU checks them against fsdp.h. dst_dt/src_dt: FSDP_F32 with FSDP_BF16 or
-   FSDP_F16. Returns 0, or -1 for another pair. */
-FSDP_CUDA_API int fsdp__cuda_convert_host(void *dst, fsdp_dtype dst_dt, const void *src,
-                                          fsdp_dtype src_dt, size_t n);
+   FSDP_F16. Returns 0, or -1 for another pair. Thread safety: any thread. */
+FSDP_CUDA_API int fsdp_cuda_convert_host(void *dst, fsdp_dtype dst_dt, const void *src,
+                                         fsdp_dtype src_dt, size_t n);
+
+#ifndef FSDP_NO_DEPRECATED
+/* Deprecated: fsdp_cuda_convert_host (public names have one underscore). */
+static inline int fsdp__cuda_convert_host(void *dst, fsdp_dtype dst_dt, const void *src,
+                                          fsdp_dtype src_dt, size_t n)
+{
+    return fsdp_cuda_convert_host(dst, dst_dt, src, src_dt, n);
+}
+#endif
 
 #ifdef __cplusplus
 }
@@ -1567,8 +1576,8 @@ extern "C" FSDP_CUDA_API void *fsdp_cuda_stream_handle(const fsdp_stream *s)
     return (void *)st->h;
 }
 
-extern "C" FSDP_CUDA_API int fsdp__cuda_convert_host(void *dst, fsdp_dtype ddt, const void *src,
-                                                     fsdp_dtype sdt, size_t n)
+extern "C" FSDP_CUDA_API int fsdp_cuda_convert_host(void *dst, fsdp_dtype ddt, const void *src,
+                                                    fsdp_dtype sdt, size_t n)
 {
     size_t i;
     const float *f = (const float *)src;

@@ -422,7 +422,7 @@ static int rank_main_all(int rank, int n, fsdp_local_world *w, void *user)
     fsdp_comm *c = NULL;
     fsdp_device *dev = NULL;
     CHECK_EQ_INT(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, dev, &c), FSDP_SUCCESS);
+    CHECK_EQ_INT(fsdp_comm_local_create(w, rank, dev, &c), FSDP_SUCCESS);
     if (!c || !dev) return 1;
     CHECK_EQ_INT(fsdp_comm_rank(c), rank);
     CHECK_EQ_INT(fsdp_comm_size(c), n);
@@ -490,7 +490,7 @@ static int rank_main_split(int rank, int n, fsdp_local_world *w, void *user)
     fsdp_comm *c = NULL, *shard = NULL, *repl = NULL, *rev = NULL, *none = NULL;
     int members[8], m, j;
     float v = 1.0f, s = 0;
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    CHECK_EQ_INT(fsdp_comm_local_create(w, rank, NULL, &c), FSDP_SUCCESS);
     if (!c) return 1;
     /* shard groups: consecutive ranks; replica groups: the same position */
     CHECK_EQ_INT(fsdp_comm_split(c, rank / gs, rank, &shard), FSDP_SUCCESS);
@@ -560,7 +560,7 @@ static int rank_main_timeout(int rank, int n, fsdp_local_world *w, void *user)
     int nskip = sh->mode == 2 ? 2 : 1;
     fsdp_result r;
     double t0;
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    CHECK_EQ_INT(fsdp_comm_local_create(w, rank, NULL, &c), FSDP_SUCCESS);
     if (!c) return 1;
     CHECK_EQ_INT(fsdp_all_gather(c, send, recv, 4, FSDP_F32, NULL), FSDP_SUCCESS); /* #1 */
     if (!skips) {
@@ -624,7 +624,7 @@ static int rank_main_mismatch(int rank, int n, fsdp_local_world *w, void *user)
     float send[64] = {0}, recv[64];
     fsdp_result r;
     (void)n;
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    CHECK_EQ_INT(fsdp_comm_local_create(w, rank, NULL, &c), FSDP_SUCCESS);
     if (!c) return 1;
     CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_SUCCESS);
     CHECK_EQ_INT(fsdp_barrier(c, NULL), FSDP_SUCCESS);
@@ -685,7 +685,7 @@ static int rank_main_async_fail(int rank, int n, fsdp_local_world *w, void *user
     const char *word = sh->mode == 1 ? "mismatch" : "did not arrive";
     (void)n;
     CHECK_EQ_INT(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, rank, dev, &c), FSDP_SUCCESS);
+    CHECK_EQ_INT(fsdp_comm_local_create(w, rank, dev, &c), FSDP_SUCCESS);
     if (!c || !dev) return 1;
     CHECK_EQ_INT(fsdp_stream_create(dev, &s), FSDP_SUCCESS);
     CHECK_EQ_INT(fsdp_all_gather(c, send, recv, 4, FSDP_F32, s), FSDP_SUCCESS);
@@ -860,13 +860,13 @@ static void test_bad_input(void)
     desc.nranks = 1;
     CHECK_EQ_INT(fsdp_local_world_create(&desc, &w), FSDP_SUCCESS);
     if (!w) return;
-    CHECK_EQ_INT(fsdp_local_comm_create(NULL, 0, NULL, &c), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, 0, NULL, NULL), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, 1, NULL, &c), FSDP_INVALID_ARGS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, -1, NULL, &c), FSDP_INVALID_ARGS);
+    CHECK_EQ_INT(fsdp_comm_local_create(NULL, 0, NULL, &c), FSDP_INVALID_ARGS);
+    CHECK_EQ_INT(fsdp_comm_local_create(w, 0, NULL, NULL), FSDP_INVALID_ARGS);
+    CHECK_EQ_INT(fsdp_comm_local_create(w, 1, NULL, &c), FSDP_INVALID_ARGS);
+    CHECK_EQ_INT(fsdp_comm_local_create(w, -1, NULL, &c), FSDP_INVALID_ARGS);
     CHECK(c == NULL);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, 0, NULL, &c), FSDP_SUCCESS);
-    CHECK_EQ_INT(fsdp_local_comm_create(w, 0, NULL, &c2), FSDP_INVALID_STATE); /* taken */
+    CHECK_EQ_INT(fsdp_comm_local_create(w, 0, NULL, &c), FSDP_SUCCESS);
+    CHECK_EQ_INT(fsdp_comm_local_create(w, 0, NULL, &c2), FSDP_INVALID_STATE); /* taken */
     CHECK(c2 == NULL);
     if (!c) {
         fsdp_local_world_destroy(w);

@@ -1439,7 +1439,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     e->dz2 = e->y + n * OUT;
     e->rstd = rs;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         report(__FILE__, __LINE__, "%s rank %d: device/comm creation failed", c->name, rank);
         goto out;
     }
@@ -2485,7 +2485,7 @@ static int bad_create_rank(int rank, int nranks, fsdp_local_world *world, void *
     fsdp_result r;
     (void)rank;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         report(__FILE__, __LINE__, "bad input: device/comm creation failed");
         goto out;
     }
