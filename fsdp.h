@@ -193,6 +193,44 @@ typedef struct fsdp_hooks {
     fsdp_error *error;
 } fsdp_hooks;
 
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#else
+#define FSDP__PRINTF(fmt, args)
+#endif
+
+/* --- for backend authors: how the library words, keeps and allocates ---
+   A backend built in another file (fsdp_comm_mpi.h, fsdp_comm_nccl.h,
+   fsdp_cuda.cuh, yours) calls these instead of keeping copies: they are
+   functions of the file with FSDP_IMPLEMENTATION, so its FSDP_MALLOC and
+   the per-object hooks apply wherever the backend is compiled (nvcc
+   included). Thread safety: any thread, each on its own fsdp_error. */
+
+/* Formats a message into *e (e may be NULL) and returns code, so that
+   `return fsdp_error_set(err, FSDP_COMM_ERROR, "...", ...);` reports and
+   returns at once. The arguments may include e->message itself (to prefix
+   it). Messages are cut at FSDP_ERROR_MAX - 1 bytes. */
+FSDP_API fsdp_result fsdp_error_set(fsdp_error *e, fsdp_result code, const char *fmt, ...)
+    FSDP__PRINTF(3, 4);
+/* The first failure sticks: fsdp_error_set while *sticky holds no failure
+   (code FSDP_SUCCESS), nothing after. Returns 1 when this one was kept. For
+   what every later call reports (a broken communicator, a stream's first
+   error); the caller's lock guards *sticky. */
+FSDP_API int fsdp_error_stick(fsdp_error *sticky, fsdp_result code, const char *fmt, ...)
+    FSDP__PRINTF(3, 4);
+/* The failure of a create, which has no object to keep it: the message
+   goes to hooks->error when set, and to the log like every failure (at
+   FSDP_LOG_DEBUG). hooks may be NULL. Returns code. */
+FSDP_API fsdp_result fsdp_hooks_fail(const fsdp_hooks *hooks, fsdp_result code, const char *fmt,
+                                     ...) FSDP__PRINTF(3, 4);
+/* 1 when hooks (NULL included) sets all of allocator alloc, realloc and
+   free, or none of them. */
+FSDP_API int fsdp_hooks_valid(const fsdp_hooks *hooks);
+/* Host memory from hooks' allocator, else from FSDP_MALLOC / FSDP_FREE.
+   0 bytes allocate 1; NULL when out of memory. hooks may be NULL. */
+FSDP_API void *fsdp_hooks_alloc(const fsdp_hooks *hooks, size_t bytes);
+FSDP_API void fsdp_hooks_free(const fsdp_hooks *hooks, void *p);
+
 /* ======================================================================== */
 /* >>dtypes                                                                  */
 /* ======================================================================== */
@@ -515,8 +553,8 @@ FSDP_API fsdp_result fsdp_comm_async_error(fsdp_comm *comm);
 
 /* --- for backend authors: one call's description, its wording, the sum ---
    The pieces that make a backend behave like the local one, word for word
-   and bit for bit; the local backend and fsdp_comm_engine.h (MPI, Gloo) are
-   built on them. */
+   and bit for bit; the engine below (the local backend and every transport:
+   MPI, Gloo) is built on them. */
 typedef enum fsdp_coll_kind {
     FSDP_COLL_ALL_GATHER = 1,
     FSDP_COLL_REDUCE_SCATTER,
@@ -566,6 +604,109 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
 FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src, int nsrc,
                                  size_t offset, size_t count, fsdp_reduce_op op);
 
+/* --- for backend authors: the transport kit ---
+   What makes a backend behave like the local one does not depend on how
+   bytes travel: program order across streams, asynchronous completion on
+   a device stream, rank-order sums, mismatch fingerprints, deadlines, a
+   sticky failure, split. One engine in this file does all of it. A
+   transport supplies blocking primitives on bytes, each honouring a
+   deadline, and fsdp_comm_transport_create builds the fsdp_comm on them;
+   fsdp_comm_mpi.h and fsdp_comm_gloo.h are such transports. The local
+   backend runs on the same engine with its own rendezvous (see its
+   implementation for why).
+
+   Numerics: reduce_scatter is an all-to-all of the send buffer followed by
+   a local sum over ranks 0..n-1 (fsdp_reduce_blocks: f32, f64 for f64,
+   divided by n for avg and rounded once); all_reduce is that reduce_scatter
+   over padded chunks plus an all_gather. Every element is therefore
+   computed by the local backend's own code, so every transport agrees with
+   it bitwise. Before each call the ranks all-gather its fsdp_coll_desc
+   (disable_mismatch_check skips that) and a difference fails every
+   rank with FSDP_COMM_MISMATCH in fsdp_coll_mismatch's words, followed by
+   "; seen on rank R (comm 'name')". A failed exchange leaves the ranks
+   disagreeing on what comes next, so the comm is broken from then on
+   (FSDP_COMM_ABORTED naming the first failure).
+
+   Deadlines are absolute, in milliseconds on fsdp_clock_ms's clock;
+   negative means none. A primitive that fails fills err in its own words
+   (the engine names the call and the rank around them) and returns
+   FSDP_COMM_TIMEOUT once the deadline passed, else FSDP_COMM_ERROR (or
+   another result). t is the transport's own pointer. */
+typedef struct fsdp_transport_vtable {
+    uint32_t size;    /* sizeof(fsdp_transport_vtable) as the transport was compiled */
+    const char *name; /* the comm's name ("mpi"), outliving every comm */
+    /* recv holds size * bytes; send NULL: in place, this rank's block is
+       already at recv + rank * bytes */
+    fsdp_result (*all_gather)(void *t, const void *send, void *recv, size_t bytes,
+                              double deadline_ms, fsdp_error *err);
+    /* send and recv hold size * bytes_per_rank; block j goes to and comes
+       from rank j */
+    fsdp_result (*all_to_all)(void *t, const void *send, void *recv, size_t bytes_per_rank,
+                              double deadline_ms, fsdp_error *err);
+    fsdp_result (*broadcast)(void *t, void *buf, size_t bytes, int root, double deadline_ms,
+                             fsdp_error *err);
+    fsdp_result (*barrier)(void *t, double deadline_ms, fsdp_error *err);
+    /* Optional: native sums of f32 or f64 (NULL: all-to-all and
+       fsdp_reduce_blocks). Not in rank order, so not bitwise the local
+       backend's beyond 2 ranks; all_reduce is not used for avg. */
+    fsdp_result (*reduce_scatter)(void *t, const void *send, void *recv, size_t count,
+                                  fsdp_dtype dt, double deadline_ms, fsdp_error *err);
+    fsdp_result (*all_reduce)(void *t, const void *send, void *recv, size_t count,
+                              fsdp_dtype dt, double deadline_ms, fsdp_error *err);
+    /* Optional: all_to_all calling done(user, off, len) as soon as bytes
+       [off, off + len) of every block arrived (in order), so the sum of a
+       reduce-scatter overlaps the transfer of later chunks. Rank j's block
+       lands at recv_blocks[j]; this rank's own block is not copied (it
+       stays in send), which saves the sum a pass over memory. */
+    fsdp_result (*all_to_all_chunked)(void *t, const void *send, void *const *recv_blocks,
+                                      size_t bytes_per_rank, size_t chunk_bytes,
+                                      void (*done)(void *user, size_t off, size_t len),
+                                      void *user, double deadline_ms, fsdp_error *err);
+    /* Optional (NULL: fsdp_comm_split returns FSDP_NOT_SUPPORTED).
+       Collective: a new transport for this color's ranks ordered by (key,
+       rank), or *out NULL for FSDP_COMM_NO_COLOR. */
+    fsdp_result (*split)(void *t, int color, int key, double deadline_ms, void **out,
+                         int *out_rank, int *out_size, fsdp_error *err);
+    /* Optional. After every collective on t finished. */
+    void (*destroy)(void *t);
+} fsdp_transport_vtable;
+
+/* Zero means default. */
+typedef struct fsdp_transport_desc {
+    fsdp_hooks hooks;
+    const fsdp_transport_vtable *vt; /* copied */
+    void *transport;                 /* connected; the comm's from the call on */
+    int rank, size;
+    fsdp_device *dev;         /* runs asynchronous collectives on its streams; NULL:
+                                 stream-less only */
+    int timeout_ms;           /* each collective's, from when its turn comes: 0:
+                                 60000; negative: none */
+    int disable_mismatch_check; /* every rank must pass the same value */
+} fsdp_transport_desc;
+
+/* Builds a comm on a connected transport, which is the comm's from the call
+   on: destroyed with it, or before the call returns when it fails (unless
+   desc or vt is NULL or of another size, when nothing can be called).
+   Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS (NULL desc, vt or out, a vtable
+   of another size or without all_gather, all_to_all, broadcast or barrier,
+   rank not in [0, size), a partial allocator); FSDP_OUT_OF_MEMORY. Details
+   in desc->hooks.error.
+   Collective: no (it sends nothing; the ranks' transports are already
+   connected). Thread safety: any thread; the comm then like every comm
+   (one thread issues, collectives on streams run on their workers). */
+FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
+                                                fsdp_comm **out);
+
+/* The clock of every deadline: milliseconds on CLOCK_MONOTONIC when the
+   implementing file's <time.h> declares it (POSIX feature macros), else
+   C11's timespec_get, which a clock step can move. Thread safety: any. */
+FSDP_API double fsdp_clock_ms(void);
+/* timeout_ms from now on that clock; -1 (none) for a negative timeout. */
+FSDP_API double fsdp_deadline_ms(int timeout_ms);
+/* What is left of a deadline as a timeout for an API that takes one: -1
+   for none, else 1 .. 2e9 ms (1 once it passed: let the call fail itself). */
+FSDP_API int fsdp_deadline_left_ms(double deadline_ms);
+
 /* --- the built-in local backend: N ranks as N threads of one process --- */
 typedef struct fsdp_local_world fsdp_local_world;
 
@@ -582,8 +723,11 @@ FSDP_API fsdp_result fsdp_local_world_create(const fsdp_local_desc *desc,
 /* After every comm of the world (and its splits) is destroyed. */
 FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world);
 /* Rank `rank`'s communicator. dev runs its asynchronous collectives (streams
-   of that device); NULL allows only stream-less (synchronous) calls. */
-FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank,
+   of that device); NULL allows only stream-less (synchronous) calls.
+   Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS (NULL world or out, rank not in
+   [0, nranks)); FSDP_INVALID_STATE (the rank has a comm already);
+   FSDP_OUT_OF_MEMORY. Collective: no. Thread safety: any thread. */
+FSDP_API fsdp_result fsdp_comm_local_create(fsdp_local_world *world, int rank,
                                             fsdp_device *dev, fsdp_comm **out);
 
 /* Runs fn(rank, nranks, world, user) on nranks threads and joins them;
@@ -591,6 +735,18 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank,
 typedef int (*fsdp_rank_fn)(int rank, int nranks, fsdp_local_world *world, void *user);
 FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn, void *user,
                                     int *results);
+
+/* Backend constructors are named fsdp_comm_<backend>_create and
+   fsdp_device_<kind>_create. The older names stay as deprecated aliases;
+   define FSDP_NO_DEPRECATED to check that code no longer uses them. */
+#ifndef FSDP_NO_DEPRECATED
+/* Deprecated: fsdp_comm_local_create. */
+static inline fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank,
+                                                 fsdp_device *dev, fsdp_comm **out)
+{
+    return fsdp_comm_local_create(world, rank, dev, out);
+}
+#endif
 
 /* ======================================================================== */
 /* >>model                                                                   */
@@ -1652,15 +1808,18 @@ FSDP__DEF void fsdp__log(const fsdp_hooks *h, fsdp_log_level level, const char *
     h->log(h->log_user, level, buf);
 }
 
-/* Records an error; returns code so callers can `return fsdp__fail(...)`. */
+/* Records an error; returns code so callers can `return fsdp__fail(...)`.
+   Formatted aside first: the arguments may include e->message. */
 FSDP__DEF fsdp_result fsdp__vfail(fsdp_error *e, const fsdp_hooks *h, fsdp_result code,
                                   const char *fmt, va_list ap)
 {
-    fsdp_error local;
-    if (!e) e = &local;
-    e->code = code;
-    vsnprintf(e->message, sizeof e->message, fmt, ap);
-    fsdp__log(h, FSDP_LOG_DEBUG, "%s: %s", fsdp_result_string(code), e->message);
+    char msg[FSDP_ERROR_MAX];
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    if (e) {
+        e->code = code;
+        memcpy(e->message, msg, strlen(msg) + 1);
+    }
+    fsdp__log(h, FSDP_LOG_DEBUG, "%s: %s", fsdp_result_string(code), msg);
     return code;
 }
 
@@ -1675,14 +1834,34 @@ FSDP__DEF fsdp_result fsdp__fail(fsdp_error *e, const fsdp_hooks *h, fsdp_result
 }
 
 /* For creates: the error goes to hooks->error when the user asked for it. */
-FSDP__DEF fsdp_result fsdp__fail_create(const fsdp_hooks *h, fsdp_result code,
-                                        const char *fmt, ...)
+FSDP_API fsdp_result fsdp_hooks_fail(const fsdp_hooks *h, fsdp_result code, const char *fmt, ...)
 {
     va_list ap;
     va_start(ap, fmt);
     fsdp__vfail(h ? h->error : NULL, h, code, fmt, ap);
     va_end(ap);
     return code;
+}
+/* the name the sections call it by */
+#define fsdp__fail_create fsdp_hooks_fail
+
+FSDP_API fsdp_result fsdp_error_set(fsdp_error *e, fsdp_result code, const char *fmt, ...)
+{
+    va_list ap;
+    va_start(ap, fmt);
+    fsdp__vfail(e, NULL, code, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+FSDP_API int fsdp_error_stick(fsdp_error *sticky, fsdp_result code, const char *fmt, ...)
+{
+    va_list ap;
+    if (!sticky || sticky->code != FSDP_SUCCESS) return 0;
+    va_start(ap, fmt);
+    fsdp__vfail(sticky, NULL, code, fmt, ap);
+    va_end(ap);
+    return 1;
 }
 
 FSDP__DEF void fsdp__clear(fsdp_error *e)
@@ -1702,37 +1881,16 @@ FSDP__DEF fsdp_hooks fsdp__hooks_copy(const fsdp_hooks *h)
     return c;
 }
 
-FSDP__DEF int fsdp__hooks_valid(const fsdp_hooks *h)
+FSDP_API int fsdp_hooks_valid(const fsdp_hooks *h)
 {
     if (!h) return 1;
     if (!h->allocator.alloc && !h->allocator.realloc && !h->allocator.free) return 1;
     return h->allocator.alloc && h->allocator.realloc && h->allocator.free;
 }
+#define fsdp__hooks_valid fsdp_hooks_valid /* likewise */
 
-/* Wall clock in milliseconds. C11's timespec_get (TIME_UTC) is the clock
-   pthread_cond_timedwait measures deadlines against, and it needs no POSIX
-   feature macro, so the header works under -std=c11 whatever the user
-   included first. */
-FSDP__DEF double fsdp__now_ms(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-/* An absolute deadline ms from now, for pthread_cond_timedwait. */
-FSDP__DEF struct timespec fsdp__deadline(int ms)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    ts.tv_sec += ms / 1000;
-    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
-    if (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec += 1;
-        ts.tv_nsec -= 1000000000L;
-    }
-    return ts;
-}
+FSDP_API void *fsdp_hooks_alloc(const fsdp_hooks *h, size_t bytes) { return fsdp__alloc(h, bytes); }
+FSDP_API void fsdp_hooks_free(const fsdp_hooks *h, void *p) { fsdp__free(h, p); }
 
 /* >>errors end */
 
@@ -4486,7 +4644,715 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
     return FSDP_SUCCESS;
 }
 
-/* --- the local backend --------------------------------------------------- */
+/* --- the clock ------------------------------------------------------------ */
+
+FSDP_API double fsdp_clock_ms(void)
+{
+    struct timespec ts;
+#ifdef CLOCK_MONOTONIC
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+#else
+    timespec_get(&ts, TIME_UTC);
+#endif
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+
+FSDP_API double fsdp_deadline_ms(int timeout_ms)
+{
+    return timeout_ms < 0 ? -1.0 : fsdp_clock_ms() + (double)timeout_ms;
+}
+
+FSDP_API int fsdp_deadline_left_ms(double deadline_ms)
+{
+    double left;
+    if (deadline_ms < 0) return -1;
+    left = deadline_ms - fsdp_clock_ms();
+    return left < 1.0 ? 1 : left > 2e9 ? 2000000000 : (int)left;
+}
+
+/* ms from now as pthread_cond_timedwait wants it: on TIME_UTC, the default
+   clock of a condition variable (choosing another needs POSIX feature
+   macros the user may not have defined). Not a second clock: the local
+   backend's waits are on a condition variable, and it reads the time only
+   when it has to wait. */
+FSDP__DEF struct timespec fsdp__cond_deadline(int ms)
+{
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    return ts;
+}
+
+/* --- the engine ------------------------------------------------------------
+   The fsdp_comm_vtable of the local backend and of every transport (NCCL,
+   which completes on the GPU, has its own). A collective is numbered when
+   issued (seq), waits for its turn (the comm's earlier collectives
+   finished, whatever streams they were queued on), runs, and finishes; a
+   failure that leaves the ranks disagreeing on what runs next sticks, and
+   every later call reports it. */
+
+typedef struct fsdp__eng fsdp__eng;
+typedef struct fsdp__eop fsdp__eop;
+
+/* A backend with its own rendezvous and data movement (the local one): run
+   does one collective whose turn came, entered with *e->omu held, which it
+   releases, and keeps e->timeout_ms itself; split does all of a split, turn
+   included. */
+typedef fsdp_result (*fsdp__eng_run_fn)(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                        void *recv, fsdp_error *err);
+typedef fsdp_result (*fsdp__eng_split_fn)(fsdp__eng *e, int color, int key, fsdp__eng **out,
+                                          fsdp_error *err);
+
+struct fsdp__eng {
+    fsdp_transport_vtable xp; /* a copy */
+    void *t;
+    fsdp__eng_run_fn native_run;     /* NULL: the transport's primitives */
+    fsdp__eng_split_fn native_split;
+    /* follows "on rank N" in messages: " (comm 'mpi')"; empty for the local
+       backend, whose words predate the engine and compare equal across ranks */
+    char where[64];
+    int rank, size;
+    fsdp_device *dev;
+    fsdp_hooks hooks;
+    int timeout_ms; /* <0: none */
+    int check;
+    uint64_t issued; /* issuing thread only */
+    /* Program order and the sticky failure, under *omu: this engine's mu,
+       or for the local backend its group's lock, which the rendezvous holds
+       anyway and under which a group breaks for all its ranks at once. */
+    pthread_mutex_t *omu;
+    pthread_cond_t *ocv;
+    fsdp_error *sticky;
+    uint64_t finished; /* collectives done */
+    int turn_waiters;
+    /* the op pool and the first asynchronous failure, under mu */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int inflight;
+    fsdp__eop *spare;
+    fsdp_error async;
+    fsdp_error broken;   /* a transport's sticky failure (sticky points here) */
+    fsdp_coll_desc *fps; /* size fingerprints, used by the running call only */
+    const void **blocks; /* size block pointers for a sum, same owner as fps */
+};
+
+/* A collective queued on a stream. Ops are recycled and keep their scratch
+   buffer, grown on the issuing thread, so the stream worker never allocates. */
+struct fsdp__eop {
+    fsdp__eop *next;
+    fsdp__eng *e;
+    fsdp_coll_desc c;
+    const void *send;
+    void *recv;
+    void *scratch;
+    size_t scratch_cap;
+};
+
+/* Takes ownership of the transport t (destroyed on failure too). */
+FSDP__DEF fsdp__eng *fsdp__eng_new(const fsdp_hooks *hooks, const fsdp_transport_vtable *xp,
+                                   void *t, int rank, int size, fsdp_device *dev, int timeout_ms,
+                                   int check)
+{
+    fsdp_hooks h = fsdp__hooks_copy(hooks);
+    fsdp__eng *e = (fsdp__eng *)fsdp__calloc(&h, 1, sizeof *e);
+    int bytes = xp->all_gather != NULL; /* fingerprints and sums travel as bytes */
+    if (e && bytes) {
+        e->fps = (fsdp_coll_desc *)fsdp__calloc(&h, (size_t)size, sizeof *e->fps);
+        e->blocks = (const void **)fsdp__calloc(&h, (size_t)size, sizeof *e->blocks);
+    }
+    if (!e || (bytes && (!e->fps || !e->blocks)) || !fsdp__sync_init(&e->mu, &e->cv)) {
+        if (e) {
+            fsdp__free(&h, (void *)e->blocks);
+            fsdp__free(&h, e->fps);
+        }
+        fsdp__free(&h, e);
+        if (xp->destroy) xp->destroy(t);
+        return NULL;
+    }
+    e->xp = *xp;
+    e->t = t;
+    snprintf(e->where, sizeof e->where, " (comm '%s')", xp->name ? xp->name : "?");
+    e->rank = rank;
+    e->size = size;
+    e->dev = dev;
+    e->hooks = h;
+    e->timeout_ms = timeout_ms;
+    e->check = check;
+    e->omu = &e->mu;
+    e->ocv = &e->cv;
+    e->sticky = &e->broken;
+    return e;
+}
+
+FSDP__DEF void fsdp__eng_destroy(fsdp__eng *e)
+{
+    fsdp__eop *op;
+    fsdp_hooks h;
+    if (!e) return;
+    /* queued collectives still use this engine; they always finish (at worst
+       at their deadline) */
+    pthread_mutex_lock(&e->mu);
+    while (e->inflight > 0) pthread_cond_wait(&e->cv, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+    h = e->hooks;
+    while ((op = e->spare)) {
+        e->spare = op->next;
+        fsdp__free(&h, op->scratch);
+        fsdp__free(&h, op);
+    }
+    if (e->xp.destroy) e->xp.destroy(e->t);
+    fsdp__sync_destroy(&e->mu, &e->cv);
+    fsdp__free(&h, (void *)e->blocks);
+    fsdp__free(&h, e->fps);
+    fsdp__free(&h, e);
+}
+
+/* Under *omu: c meets a communicator that failed earlier. */
+FSDP__DEF fsdp_result fsdp__eng_aborted(const fsdp__eng *e, const fsdp_coll_desc *c,
+                                        fsdp_error *err)
+{
+    char call[160];
+    fsdp_coll_describe(call, sizeof call, c);
+    return fsdp_error_set(err, FSDP_COMM_ABORTED,
+                          "%s on rank %d%s: the communicator failed earlier: %s", call, e->rank,
+                          e->where, e->sticky->message);
+}
+
+FSDP__DEF fsdp_result fsdp__eng_timed_out(const fsdp__eng *e, const fsdp_coll_desc *c,
+                                          const char *why, fsdp_error *err)
+{
+    char call[160];
+    fsdp_coll_describe(call, sizeof call, c);
+    return fsdp_error_set(err, FSDP_COMM_TIMEOUT, "%s timed out after %d ms on rank %d%s: %s",
+                          call, e->timeout_ms, e->rank, e->where, why);
+}
+
+/* Waits until the collectives issued before c finished (program order
+   across streams) and returns with *omu held; FSDP_COMM_ABORTED, unlocked,
+   once the communicator broke. */
+FSDP__DEF fsdp_result fsdp__eng_turn(fsdp__eng *e, const fsdp_coll_desc *c, fsdp_error *err)
+{
+    pthread_mutex_lock(e->omu);
+    while (e->finished + 1 < c->seq && e->sticky->code == FSDP_SUCCESS) {
+        e->turn_waiters++;
+        pthread_cond_wait(e->ocv, e->omu);
+        e->turn_waiters--;
+    }
+    if (e->sticky->code == FSDP_SUCCESS) return FSDP_SUCCESS;
+    fsdp__eng_aborted(e, c, err);
+    pthread_mutex_unlock(e->omu);
+    return FSDP_COMM_ABORTED;
+}
+
+FSDP__DEF void fsdp__eng_finish(fsdp__eng *e)
+{
+    pthread_mutex_lock(e->omu);
+    e->finished++;
+    /* the local backend's ranks share ocv: wake them only for a reason */
+    if (e->turn_waiters) pthread_cond_broadcast(e->ocv);
+    pthread_mutex_unlock(e->omu);
+}
+
+/* Marks the engine broken (the ranks no longer agree on what runs next). */
+FSDP__DEF void fsdp__eng_break(fsdp__eng *e, const fsdp_error *err)
+{
+    pthread_mutex_lock(e->omu);
+    fsdp_error_stick(e->sticky, err->code, "%s", err->message);
+    pthread_cond_broadcast(e->ocv);
+    pthread_mutex_unlock(e->omu);
+}
+
+/* e->blocks for n blocks of `stride` bytes, one after another from base. */
+FSDP__DEF const void *const *fsdp__eng_strided(fsdp__eng *e, const void *base, size_t stride)
+{
+    int j;
+    for (j = 0; j < e->size; j++) e->blocks[j] = (const unsigned char *)base + (size_t)j * stride;
+    return e->blocks;
+}
+
+/* Scratch bytes a call needs (reductions over bytes only). */
+FSDP__DEF size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp_coll_desc *c)
+{
+    size_t es = fsdp_dtype_size(c->dt), n = (size_t)e->size, chunk;
+    if (e->native_run) return 0;
+    if (c->kind == FSDP_COLL_REDUCE_SCATTER) return n * c->count * es;
+    if (c->kind == FSDP_COLL_ALL_REDUCE) {
+        /* padded send, all-to-all result, this rank's reduced chunk */
+        chunk = (c->count + n - 1) / n;
+        return (2 * n * chunk + chunk) * es;
+    }
+    return 0;
+}
+
+/* Compares every rank's fingerprint with rank 0's. */
+FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
+                                      fsdp_error *err)
+{
+    char call[160], msg[FSDP_ERROR_MAX];
+    fsdp_error xe;
+    fsdp_result r;
+    memset(&xe, 0, sizeof xe);
+    r = e->xp.all_gather(e->t, c, e->fps, sizeof *c, deadline, &xe);
+    if (r != FSDP_SUCCESS) {
+        fsdp_coll_describe(call, sizeof call, c);
+        return fsdp_error_set(err, r, "%s on rank %d%s: %s%s", call, e->rank, e->where,
+                              r == FSDP_COMM_TIMEOUT ? "timed out exchanging call fingerprints: "
+                                                     : "",
+                              xe.message);
+    }
+    if (!fsdp_coll_mismatch(msg, sizeof msg, e->fps, e->size)) return FSDP_SUCCESS;
+    return fsdp_error_set(err, FSDP_COMM_MISMATCH, "%s; seen on rank %d%s", msg, e->rank, e->where);
+}
+
+/* A reduce-scatter's chunk that arrived from every rank: sum it. */
+typedef struct fsdp__eng_rs {
+    void *recv;
+    const void *const *blocks;
+    size_t es;
+    int n;
+    fsdp_reduce_op op;
+    fsdp_dtype dt;
+} fsdp__eng_rs;
+
+FSDP__DEF void fsdp__eng_rs_chunk(void *user, size_t off, size_t len)
+{
+    const fsdp__eng_rs *rs = (const fsdp__eng_rs *)user;
+    fsdp_reduce_blocks((unsigned char *)rs->recv + off, rs->dt, rs->blocks, rs->n, off / rs->es,
+                       len / rs->es, rs->op);
+}
+
+/* Chunks of a pipelined reduce-scatter: the sum of chunk k runs while chunk
+   k+1 travels. Each chunk costs Gloo two notifications and a wakeup, and
+   its sum wants it still in cache: on 2 to 4 local ranks 512 KiB beat both
+   256 KiB and 1 to 4 MiB, though not by much. */
+#define FSDP__ENG_CHUNK ((size_t)512 << 10)
+
+/* The data movement of one collective over the transport's bytes. */
+FSDP__DEF fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                     void *recv, void *scratch, double deadline, fsdp_error *err)
+{
+    const fsdp_transport_vtable *xp = &e->xp;
+    size_t es = fsdp_dtype_size(c->dt), n = (size_t)e->size;
+    size_t bytes = c->count * es;
+    int avg = c->op == FSDP_REDUCE_AVG;
+    fsdp_dtype dt = c->dt;
+    fsdp_result r;
+    switch (c->kind) {
+    case FSDP_COLL_BARRIER: return xp->barrier(e->t, deadline, err);
+    case FSDP_COLL_ALL_GATHER:
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        return xp->all_gather(e->t,
+                              send == (unsigned char *)recv + (size_t)e->rank * bytes ? NULL : send,
+                              recv, bytes, deadline, err);
+    case FSDP_COLL_BROADCAST:
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        if (e->rank == c->root && send != recv) memmove(recv, send, bytes);
+        return xp->broadcast(e->t, recv, bytes, c->root, deadline, err);
+    case FSDP_COLL_REDUCE_SCATTER:
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        if (xp->reduce_scatter && (dt == FSDP_F32 || dt == FSDP_F64)) {
+            /* the native call cannot put the result in place at our slice */
+            int inplace = recv == (const unsigned char *)send + (size_t)e->rank * bytes;
+            r = xp->reduce_scatter(e->t, send, inplace ? scratch : recv, c->count, dt, deadline,
+                                   err);
+            if (r == FSDP_SUCCESS && inplace) memcpy(recv, scratch, bytes);
+            if (r == FSDP_SUCCESS && avg) {
+                size_t i;
+                if (dt == FSDP_F32) {
+                    float *d = (float *)recv, fn = (float)n;
+                    for (i = 0; i < c->count; i++) d[i] = d[i] / fn;
+                } else {
+                    double *d = (double *)recv;
+                    for (i = 0; i < c->count; i++) d[i] /= (double)n;
+                }
+            }
+            return r;
+        }
+        if (xp->all_to_all_chunked) {
+            /* Peers' blocks land in scratch, except one that lands in recv
+               itself when recv is apart from send: the sum then reads it
+               while it is in cache and overwrites it there, instead of
+               streaming one more block through memory. Our own block is
+               read where it is, in send. */
+            const unsigned char *in = (const unsigned char *)send;
+            unsigned char *out = (unsigned char *)recv, *parts = (unsigned char *)scratch;
+            uintptr_t ui = (uintptr_t)in, uo = (uintptr_t)out;
+            int apart = uo + bytes <= ui || ui + n * bytes <= uo, j;
+            /* rank 0's or 1's block: the f32 sum starts from it in place */
+            int direct = apart && e->size > 1 ? (e->rank == 0 ? 1 : 0) : -1;
+            fsdp__eng_rs rs;
+            for (j = 0; j < e->size; j++)
+                e->blocks[j] = j == e->rank ? in + (size_t)j * bytes
+                               : j == direct ? out : parts + (size_t)j * bytes;
+            rs.recv = recv;
+            rs.blocks = e->blocks;
+            rs.es = es;
+            rs.n = e->size;
+            rs.op = c->op;
+            rs.dt = dt;
+            /* const only towards the sum: the transport writes the peers' */
+            return xp->all_to_all_chunked(e->t, send, (void *const *)e->blocks, bytes,
+                                          FSDP__ENG_CHUNK / es * es, fsdp__eng_rs_chunk, &rs,
+                                          deadline, err);
+        }
+        /* all-to-all: scratch block j holds rank j's slice for this rank */
+        r = xp->all_to_all(e->t, send, scratch, bytes, deadline, err);
+        if (r != FSDP_SUCCESS) return r;
+        fsdp_reduce_blocks(recv, dt, fsdp__eng_strided(e, scratch, bytes), e->size, 0, c->count,
+                           c->op);
+        return FSDP_SUCCESS;
+    case FSDP_COLL_ALL_REDUCE: {
+        size_t chunk = (c->count + n - 1) / n, cb = chunk * es;
+        unsigned char *padded = (unsigned char *)scratch, *parts = padded + n * cb,
+                      *mine = parts + n * cb;
+        const void *src = send;
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        if (xp->all_reduce && (dt == FSDP_F32 || dt == FSDP_F64) && !avg) {
+            if (send == recv) {
+                memcpy(padded, send, bytes);
+                src = padded;
+            }
+            return xp->all_reduce(e->t, src, recv, c->count, dt, deadline, err);
+        }
+        if (chunk * n != c->count) {
+            /* all-to-all needs equal blocks: pad with zeros to n * chunk */
+            memcpy(padded, send, bytes);
+            memset(padded + bytes, 0, n * cb - bytes);
+            src = padded;
+        }
+        r = xp->all_to_all(e->t, src, parts, cb, deadline, err);
+        if (r != FSDP_SUCCESS) return r;
+        fsdp_reduce_blocks(mine, dt, fsdp__eng_strided(e, parts, cb), e->size, 0, chunk, c->op);
+        if (chunk * n == c->count) return xp->all_gather(e->t, mine, recv, cb, deadline, err);
+        r = xp->all_gather(e->t, mine, padded, cb, deadline, err);
+        if (r == FSDP_SUCCESS) memcpy(recv, padded, bytes);
+        return r;
+    }
+    default: return fsdp_error_set(err, FSDP_ERROR, "unknown collective kind %d", (int)c->kind);
+    }
+}
+
+/* A collective over the transport's bytes: fingerprints, then the data; a
+   failure of either breaks the engine. */
+FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                         void *recv, void *scratch, double deadline,
+                                         fsdp_error *err)
+{
+    char call[160];
+    fsdp_error xe;
+    fsdp_result r;
+    if (e->check && e->size > 1) {
+        r = fsdp__eng_check(e, c, deadline, err);
+        if (r != FSDP_SUCCESS) {
+            fsdp__eng_break(e, err);
+            return r;
+        }
+    }
+    memset(&xe, 0, sizeof xe);
+    r = fsdp__eng_move(e, c, send, recv, scratch, deadline, &xe);
+    if (r == FSDP_SUCCESS) return r;
+    if (r == FSDP_COMM_TIMEOUT) {
+        fsdp__eng_timed_out(e, c, xe.message, err);
+    } else {
+        fsdp_coll_describe(call, sizeof call, c);
+        fsdp_error_set(err, r, "%s failed on rank %d%s: %s", call, e->rank, e->where, xe.message);
+    }
+    fsdp__eng_break(e, err);
+    return r;
+}
+
+/* Waits for this engine's earlier collectives (program order across
+   streams) and runs one. */
+FSDP__DEF fsdp_result fsdp__eng_run(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                    void *recv, void *scratch, fsdp_error *err)
+{
+    fsdp_result r = fsdp__eng_turn(e, c, err);
+    if (r == FSDP_SUCCESS && e->native_run) {
+        r = e->native_run(e, c, send, recv, err);
+    } else if (r == FSDP_SUCCESS) {
+        pthread_mutex_unlock(e->omu);
+        r = fsdp__eng_exchange(e, c, send, recv, scratch, fsdp_deadline_ms(e->timeout_ms), err);
+    }
+    fsdp__eng_finish(e);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__eng_task(void *arg, fsdp_error *err)
+{
+    fsdp__eop *op = (fsdp__eop *)arg;
+    fsdp__eng *e = op->e;
+    fsdp_result r = fsdp__eng_run(e, &op->c, op->send, op->recv, op->scratch, err);
+    pthread_mutex_lock(&e->mu);
+    if (r != FSDP_SUCCESS) fsdp_error_stick(&e->async, r, "%s", err->message);
+    op->next = e->spare;
+    e->spare = op;
+    e->inflight--;
+    pthread_cond_broadcast(&e->cv);
+    pthread_mutex_unlock(&e->mu);
+    return r; /* e may be gone from here on */
+}
+
+FSDP__DEF void fsdp__eng_recycle(fsdp__eng *e, fsdp__eop *op, int queued)
+{
+    pthread_mutex_lock(&e->mu);
+    op->next = e->spare;
+    e->spare = op;
+    e->inflight -= queued;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* Runs a collective now (s NULL) or queues it on s. */
+FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const void *send, void *recv,
+                                      fsdp_stream *s, fsdp_error *err)
+{
+    const char *kind = fsdp_coll_kind_name(c->kind);
+    size_t need = fsdp__eng_scratch_bytes(e, c);
+    fsdp__eop *op;
+    fsdp_result r;
+    if (s && !e->dev)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS,
+                              "%s on rank %d%s: a stream needs the device given when the comm "
+                              "was created", kind, e->rank, e->where);
+    if ((c->kind == FSDP_COLL_REDUCE_SCATTER || c->kind == FSDP_COLL_ALL_REDUCE) &&
+        !fsdp_dtype_is_float(c->dt))
+        return fsdp_error_set(err, FSDP_INVALID_DTYPE, "%s on rank %d: %s cannot be reduced", kind,
+                              e->rank, fsdp_dtype_name(c->dt));
+    if (!s && !need) { /* nothing outlives the call: no op */
+        c->seq = ++e->issued;
+        return fsdp__eng_run(e, c, send, recv, NULL, err);
+    }
+    pthread_mutex_lock(&e->mu);
+    op = e->spare;
+    if (op) e->spare = op->next;
+    pthread_mutex_unlock(&e->mu);
+    if (!op) op = (fsdp__eop *)fsdp__calloc(&e->hooks, 1, sizeof *op);
+    if (op && op->scratch_cap < need) {
+        fsdp__free(&e->hooks, op->scratch);
+        op->scratch = fsdp__alloc(&e->hooks, need);
+        op->scratch_cap = op->scratch ? need : 0;
+    }
+    if (!op || op->scratch_cap < need) {
+        if (op) fsdp__eng_recycle(e, op, 0);
+        if (!need)
+            return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory", kind,
+                                  e->rank);
+        return fsdp_error_set(err, FSDP_OUT_OF_MEMORY,
+                              "%s on rank %d: out of memory for %zu bytes of scratch", kind,
+                              e->rank, need);
+    }
+    c->seq = ++e->issued;
+    op->e = e;
+    op->c = *c;
+    op->send = send;
+    op->recv = recv;
+    if (!s) {
+        r = fsdp__eng_run(e, &op->c, send, recv, op->scratch, err);
+        fsdp__eng_recycle(e, op, 0);
+        return r;
+    }
+    pthread_mutex_lock(&e->mu);
+    e->inflight++;
+    pthread_mutex_unlock(&e->mu);
+    r = fsdp_device_launch(e->dev, s, fsdp__eng_task, op);
+    if (r != FSDP_SUCCESS) {
+        e->issued--; /* it never ran and no peer saw the number */
+        fsdp__eng_recycle(e, op, 1);
+        return fsdp_error_set(err, r, "%s on rank %d: cannot queue on the stream: %s", kind,
+                              e->rank, fsdp_device_last_error(e->dev));
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__all_gather__eng(void *self, const void *send, void *recv, size_t count,
+                                            fsdp_dtype dt, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_GATHER, count, dt, FSDP_REDUCE_SUM, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__reduce_scatter__eng(void *self, const void *send, void *recv,
+                                                size_t count, fsdp_dtype dt, fsdp_reduce_op op,
+                                                fsdp_stream *s, fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_REDUCE_SCATTER, count, dt, op, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__all_reduce__eng(void *self, const void *send, void *recv, size_t count,
+                                            fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream *s,
+                                            fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_REDUCE, count, dt, op, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__broadcast__eng(void *self, const void *send, void *recv, size_t count,
+                                           fsdp_dtype dt, int root, fsdp_stream *s,
+                                           fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BROADCAST, count, dt, FSDP_REDUCE_SUM, root);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__barrier__eng(void *self, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, NULL, NULL, s, err);
+}
+
+FSDP__DEF fsdp_result fsdp__async_error__eng(void *self, fsdp_error *err)
+{
+    fsdp__eng *e = (fsdp__eng *)self;
+    fsdp_result r;
+    pthread_mutex_lock(&e->mu);
+    r = e->async.code;
+    if (r != FSDP_SUCCESS) *err = e->async;
+    pthread_mutex_unlock(&e->mu);
+    return r;
+}
+
+FSDP__DEF void fsdp__destroy__eng(void *self) { fsdp__eng_destroy((fsdp__eng *)self); }
+
+/* Split over the transport. Collective and ordered like any other call: it
+   runs on the calling thread after every earlier collective of this engine. */
+FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__eng **out,
+                                      fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_SPLIT, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
+    fsdp_error xe;
+    fsdp_result r;
+    char call[160];
+    void *nt = NULL;
+    int nrank = -1, nsize = 0;
+    double deadline;
+    c.color = color;
+    c.key = key;
+    c.seq = ++e->issued;
+    fsdp_coll_describe(call, sizeof call, &c);
+    if ((r = fsdp__eng_turn(e, &c, err)) != FSDP_SUCCESS) goto done;
+    pthread_mutex_unlock(e->omu);
+    deadline = fsdp_deadline_ms(e->timeout_ms);
+    if (e->check && e->size > 1 && (r = fsdp__eng_check(e, &c, deadline, err)) != FSDP_SUCCESS) {
+        fsdp__eng_break(e, err);
+        goto done;
+    }
+    memset(&xe, 0, sizeof xe);
+    r = e->xp.split(e->t, color, key, deadline, &nt, &nrank, &nsize, &xe);
+    if (r != FSDP_SUCCESS) {
+        fsdp_error_set(err, r, "%s failed on rank %d%s: %s", call, e->rank, e->where, xe.message);
+        if (r == FSDP_COMM_TIMEOUT) fsdp__eng_break(e, err);
+        goto done;
+    }
+    if (nt) {
+        *out = fsdp__eng_new(&e->hooks, &e->xp, nt, nrank, nsize, e->dev, e->timeout_ms, e->check);
+        if (!*out)
+            r = fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory", call,
+                               e->rank);
+    }
+done:
+    fsdp__eng_finish(e);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__split__eng(void *self, int color, int key, void **out_self,
+                                       int *out_rank, int *out_size, fsdp_error *err)
+{
+    fsdp__eng *e = (fsdp__eng *)self, *ne = NULL;
+    fsdp_result r = e->native_split ? e->native_split(e, color, key, &ne, err)
+                                    : fsdp__eng_split(e, color, key, &ne, err);
+    *out_self = ne;
+    if (ne) {
+        *out_rank = ne->rank;
+        *out_size = ne->size;
+    }
+    return r;
+}
+
+/* Wraps e in a comm (e is destroyed on failure). */
+FSDP__DEF fsdp_result fsdp__eng_comm(fsdp__eng *e, const char *name, const fsdp_hooks *hooks,
+                                     fsdp_comm **out)
+{
+    fsdp_comm_vtable vt;
+    fsdp_result r;
+    memset(&vt, 0, sizeof vt);
+    vt.size = (uint32_t)sizeof vt;
+    vt.name = name;
+    vt.all_gather = fsdp__all_gather__eng;
+    vt.reduce_scatter = fsdp__reduce_scatter__eng;
+    vt.all_reduce = fsdp__all_reduce__eng;
+    vt.broadcast = fsdp__broadcast__eng;
+    vt.barrier = fsdp__barrier__eng;
+    vt.split = e->native_split || e->xp.split ? fsdp__split__eng : NULL;
+    vt.async_error = fsdp__async_error__eng;
+    vt.destroy = fsdp__destroy__eng;
+    r = fsdp_comm_create(&vt, e, e->rank, e->size, hooks, out);
+    if (r != FSDP_SUCCESS) fsdp__eng_destroy(e);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc, fsdp_comm **out)
+{
+    const fsdp_hooks *h = desc ? &desc->hooks : NULL;
+    const fsdp_transport_vtable *vt = desc ? desc->vt : NULL;
+    const char *missing = NULL;
+    fsdp_result r = FSDP_INVALID_ARGS;
+    fsdp__eng *e;
+    int timeout;
+    if (out) *out = NULL;
+    if (!desc) return fsdp__fail_create(NULL, r, "fsdp_comm_transport_create: desc is NULL");
+    if (!vt) return fsdp__fail_create(h, r, "fsdp_comm_transport_create: vt is NULL");
+    if (vt->size != sizeof(fsdp_transport_vtable))
+        return fsdp__fail_create(h, r,
+                                 "fsdp_comm_transport_create: vtable size is %u but "
+                                 "sizeof(fsdp_transport_vtable) is %u here (the transport was "
+                                 "built against another fsdp.h)",
+                                 (unsigned)vt->size, (unsigned)sizeof(fsdp_transport_vtable));
+    /* from here on the transport is ours, failing or not */
+    if (!vt->all_gather) missing = "all_gather";
+    else if (!vt->all_to_all) missing = "all_to_all";
+    else if (!vt->broadcast) missing = "broadcast";
+    else if (!vt->barrier) missing = "barrier";
+    if (!out)
+        fsdp__fail_create(h, r, "fsdp_comm_transport_create: out is NULL");
+    else if (missing)
+        fsdp__fail_create(h, r, "fsdp_comm_transport_create: transport '%s' has no %s (required)",
+                          vt->name ? vt->name : "?", missing);
+    else if (!fsdp__hooks_valid(h))
+        fsdp__fail_create(h, r, "fsdp_comm_transport_create: set all of allocator alloc, realloc "
+                          "and free, or none");
+    else if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
+        fsdp__fail_create(h, r, "fsdp_comm_transport_create: rank %d is not in [0, %d)",
+                          desc->rank, desc->size);
+    else
+        r = FSDP_SUCCESS;
+    if (r != FSDP_SUCCESS) {
+        if (vt->destroy) vt->destroy(desc->transport);
+        return r;
+    }
+    timeout = desc->timeout_ms == 0 ? 60000 : desc->timeout_ms < 0 ? -1 : desc->timeout_ms;
+    e = fsdp__eng_new(h, vt, desc->transport, desc->rank, desc->size, desc->dev, timeout,
+                      !desc->disable_mismatch_check);
+    if (!e)
+        return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_transport_create: out of memory");
+    return fsdp__eng_comm(e, vt->name ? vt->name : "?", h, out);
+}
+
+/* --- the local backend ------------------------------------------------------
+   Every rank is a thread of this process, so a collective is one
+   rendezvous in shared memory rather than transport primitives. That keeps
+   what a byte transport could not: the calls are compared in the same
+   rendezvous that publishes the buffers (no fingerprint round trip), peers'
+   buffers are read where they are (a transport's all-to-all would first
+   copy every block for the sum), a timeout names the ranks that did not
+   arrive, and a group breaks for all its ranks at once (its sticky failure
+   is shared, under the lock of the rendezvous). The rest is the engine's:
+   numbering, program order, streams, the op pool, the sticky failure's
+   wording. */
 
 /* Rank j's call is calls[j] and its send buffer sends[j], in arrays of
    their own for fsdp_coll_mismatch and fsdp_reduce_blocks. */
@@ -4506,15 +5372,12 @@ typedef struct fsdp__local_group {
     int refs; /* member comms of a split group; the world owns its own */
     uint64_t phase;
     int arrived;
-    int turn_waiters;
     fsdp__local_slot *slots;
     fsdp_coll_desc *calls;
     const void **sends;
     fsdp_result outcome; /* of the last completed arrival, for every rank */
     char outcome_msg[FSDP_ERROR_MAX];
-    int broken;
-    fsdp_result broken_code;
-    char broken_msg[FSDP_ERROR_MAX];
+    fsdp_error broken;   /* the sticky failure of every member's engine */
     char missing[FSDP_ERROR_MAX / 2];
 } fsdp__local_group;
 
@@ -4527,31 +5390,12 @@ struct fsdp_local_world {
     fsdp__local_group *group;
 };
 
-typedef struct fsdp__local_op fsdp__local_op;
-
-typedef struct fsdp__local_comm {
+/* A comm's place in the local backend: the engine's transport pointer. */
+typedef struct fsdp__local_member {
     fsdp_local_world *world;
-    fsdp__local_group *group;
-    int rank, size;
-    fsdp_device *dev;
-    uint64_t issued;   /* the issuing thread's count */
-    uint64_t finished; /* under group->mu: collectives done, to run in program order */
-    pthread_mutex_t mu; /* the op pool and the async error */
-    pthread_cond_t cv;
-    fsdp__local_op *spare;
-    int inflight;
-    fsdp_error async;
-} fsdp__local_comm;
-
-/* A collective queued on a stream: its arguments outlive the call. Ops are
-   recycled per comm so the stream worker never calls the allocator. */
-struct fsdp__local_op {
-    fsdp__local_op *next;
-    fsdp__local_comm *comm;
-    fsdp_coll_desc c;
-    const void *send;
-    void *recv;
-};
+    fsdp__local_group *group; /* NULL until the comm joins one */
+    int rank;
+} fsdp__local_member;
 
 FSDP__DEF fsdp__local_group *fsdp__local_group_new(const fsdp_hooks *h, int size, int timeout_ms,
                                                    int check)
@@ -4607,9 +5451,7 @@ FSDP__DEF void fsdp__local_complete_arrival(fsdp__local_group *g)
     g->outcome_msg[0] = 0;
     if (g->check && fsdp_coll_mismatch(g->outcome_msg, sizeof g->outcome_msg, g->calls, g->size)) {
         g->outcome = FSDP_COMM_MISMATCH;
-        g->broken = 1;
-        g->broken_code = FSDP_COMM_MISMATCH;
-        memcpy(g->broken_msg, g->outcome_msg, sizeof g->broken_msg);
+        fsdp_error_stick(&g->broken, FSDP_COMM_MISMATCH, "%s", g->outcome_msg);
     } else if (g->calls[0].kind == FSDP_COLL_SPLIT) {
         for (j = 0; j < g->size; j++) {
             if (g->slots[j].ok) continue;
@@ -4627,59 +5469,34 @@ FSDP__DEF void fsdp__local_complete_arrival(fsdp__local_group *g)
 }
 
 /* Under g->mu, by the first rank whose wait expired. */
-FSDP__DEF void fsdp__local_break_timeout(fsdp__local_group *g, const fsdp_coll_desc *c, int rank)
+FSDP__DEF void fsdp__local_break_timeout(const fsdp__eng *e, fsdp__local_group *g,
+                                         const fsdp_coll_desc *c)
 {
-    char call[160];
-    size_t len = 0;
+    size_t len = 0, cap = sizeof g->missing;
     int j, n = 0;
     for (j = 0; j < g->size; j++) n += !g->slots[j].present;
-    len = (size_t)snprintf(g->missing, sizeof g->missing, n == 1 ? "rank" : "ranks");
-    for (j = 0; j < g->size && len < sizeof g->missing; j++) {
+    len = (size_t)snprintf(g->missing, cap, n == 1 ? "rank" : "ranks");
+    for (j = 0; j < g->size && len < cap; j++) {
         if (g->slots[j].present) continue;
-        len += (size_t)snprintf(g->missing + len, sizeof g->missing - len, "%s %d",
-                                len > 5 ? "," : "", j);
+        len += (size_t)snprintf(g->missing + len, cap - len, "%s %d", len > 5 ? "," : "", j);
     }
-    fsdp_coll_describe(call, sizeof call, c);
-    snprintf(g->broken_msg, sizeof g->broken_msg,
-             "%s timed out after %d ms on rank %d: %s did not arrive", call, g->timeout_ms, rank,
-             g->missing);
-    g->broken = 1;
-    g->broken_code = FSDP_COMM_TIMEOUT;
+    if (len < cap) snprintf(g->missing + len, cap - len, " did not arrive");
+    fsdp__eng_timed_out(e, c, g->missing, &g->broken);
     pthread_cond_broadcast(&g->cv);
 }
 
-FSDP__DEF fsdp_result fsdp__local_aborted(fsdp__local_comm *lc, const fsdp_coll_desc *c,
-                                          fsdp_error *err)
+/* Entered with g->mu held (the engine's turn took it), which it releases:
+   posts the call and waits for every rank of the group, which then agree
+   on one outcome. */
+FSDP__DEF fsdp_result fsdp__local_arrive(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                         void *recv, int ok, fsdp_error *err)
 {
-    char call[160];
-    fsdp_coll_describe(call, sizeof call, c);
-    return fsdp__fail(err, &lc->world->hooks, FSDP_COMM_ABORTED,
-                      "%s on rank %d: the communicator failed earlier: %s", call, lc->rank,
-                      lc->group->broken_msg);
-}
-
-/* Waits for this comm's earlier collectives, posts the call and waits for
-   every rank of the group, which then agree on one outcome. */
-FSDP__DEF fsdp_result fsdp__local_arrive(fsdp__local_comm *lc, const fsdp_coll_desc *c,
-                                         const void *send, void *recv, int ok, fsdp_error *err)
-{
-    fsdp__local_group *g = lc->group;
-    fsdp__local_slot *slot = &g->slots[lc->rank];
+    fsdp__local_group *g = ((fsdp__local_member *)e->t)->group;
+    fsdp__local_slot *slot = &g->slots[e->rank];
     fsdp_result r = FSDP_SUCCESS;
     uint64_t my;
-    pthread_mutex_lock(&g->mu);
-    while (lc->finished + 1 < c->seq && !g->broken) {
-        g->turn_waiters++;
-        pthread_cond_wait(&g->cv, &g->mu);
-        g->turn_waiters--;
-    }
-    if (g->broken) {
-        r = fsdp__local_aborted(lc, c, err);
-        pthread_mutex_unlock(&g->mu);
-        return r;
-    }
-    g->calls[lc->rank] = *c;
-    g->sends[lc->rank] = send;
+    g->calls[e->rank] = *c;
+    g->sends[e->rank] = send;
     slot->recv = recv;
     slot->ok = ok;
     slot->published = NULL;
@@ -4688,26 +5505,18 @@ FSDP__DEF fsdp_result fsdp__local_arrive(fsdp__local_comm *lc, const fsdp_coll_d
     if (++g->arrived == g->size) {
         fsdp__local_complete_arrival(g);
     } else {
-        struct timespec deadline = fsdp__deadline(g->timeout_ms);
-        while (g->phase == my && !g->broken) {
+        struct timespec deadline = fsdp__cond_deadline(g->timeout_ms);
+        while (g->phase == my && g->broken.code == FSDP_SUCCESS) {
             int rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
-            if (rc == ETIMEDOUT && g->phase == my && !g->broken)
-                fsdp__local_break_timeout(g, c, lc->rank);
+            if (rc == ETIMEDOUT && g->phase == my && g->broken.code == FSDP_SUCCESS)
+                fsdp__local_break_timeout(e, g, c);
         }
     }
-    if (g->phase == my) { /* the group broke while this rank waited */
-        if (g->broken_code == FSDP_COMM_TIMEOUT) {
-            char call[160];
-            fsdp_coll_describe(call, sizeof call, c);
-            r = fsdp__fail(err, &lc->world->hooks, FSDP_COMM_TIMEOUT,
-                           "%s timed out after %d ms on rank %d: %s did not arrive", call,
-                           g->timeout_ms, lc->rank, g->missing);
-        } else {
-            r = fsdp__local_aborted(lc, c, err);
-        }
-    } else if (g->outcome != FSDP_SUCCESS) {
-        r = fsdp__fail(err, &lc->world->hooks, g->outcome, "%s", g->outcome_msg);
-    }
+    if (g->phase == my) /* the group broke while this rank waited */
+        r = g->broken.code == FSDP_COMM_TIMEOUT ? fsdp__eng_timed_out(e, c, g->missing, err)
+                                                : fsdp__eng_aborted(e, c, err);
+    else if (g->outcome != FSDP_SUCCESS)
+        r = fsdp_error_set(err, g->outcome, "%s", g->outcome_msg);
     pthread_mutex_unlock(&g->mu);
     return r;
 }
@@ -4730,25 +5539,15 @@ FSDP__DEF void fsdp__local_step(fsdp__local_group *g)
     pthread_mutex_unlock(&g->mu);
 }
 
-FSDP__DEF void fsdp__local_finish(fsdp__local_comm *lc)
-{
-    fsdp__local_group *g = lc->group;
-    pthread_mutex_lock(&g->mu);
-    lc->finished++;
-    if (g->turn_waiters) pthread_cond_broadcast(&g->cv);
-    pthread_mutex_unlock(&g->mu);
-}
-
 /* The data movement of an arrived, agreed collective: peers' buffers are
    read directly, and the last step keeps every send buffer alive until no
    peer reads it any more. */
-FSDP__DEF void fsdp__local_move(fsdp__local_comm *lc, const fsdp_coll_desc *c, const void *send,
-                                void *recv)
+FSDP__DEF void fsdp__local_move(const fsdp__eng *e, const fsdp_coll_desc *c, void *recv)
 {
-    fsdp__local_group *g = lc->group;
+    fsdp__local_group *g = ((fsdp__local_member *)e->t)->group;
     const fsdp__local_slot *slots = g->slots;
     const void *const *sends = g->sends;
-    int n = g->size, r = lc->rank, i;
+    int n = g->size, r = e->rank, i;
     size_t es = fsdp_dtype_size(c->dt), bytes = c->count * es;
     if (c->kind == FSDP_COLL_BARRIER || c->count == 0) return;
     switch (c->kind) {
@@ -4790,158 +5589,27 @@ FSDP__DEF void fsdp__local_move(fsdp__local_comm *lc, const fsdp_coll_desc *c, c
         break;
     default: FSDP_ASSERT(0 && "unknown collective"); break;
     }
-    (void)send;
     fsdp__local_step(g);
 }
 
-FSDP__DEF fsdp_result fsdp__local_run_coll(fsdp__local_comm *lc, const fsdp_coll_desc *c,
-                                           const void *send, void *recv, fsdp_error *err)
+/* The engine's native_run. */
+FSDP__DEF fsdp_result fsdp__local_coll(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                       void *recv, fsdp_error *err)
 {
-    fsdp_result r = fsdp__local_arrive(lc, c, send, recv, 1, err);
-    if (r == FSDP_SUCCESS) fsdp__local_move(lc, c, send, recv);
-    fsdp__local_finish(lc);
+    fsdp_result r = fsdp__local_arrive(e, c, send, recv, 1, err);
+    if (r == FSDP_SUCCESS) fsdp__local_move(e, c, recv);
     return r;
 }
 
-FSDP__DEF fsdp_result fsdp__local_task(void *arg, fsdp_error *err)
+/* The engine's transport destroy, after its collectives finished. */
+FSDP__DEF void fsdp__local_member_free(void *t)
 {
-    fsdp__local_op *op = (fsdp__local_op *)arg;
-    fsdp__local_comm *lc = op->comm;
-    fsdp_result r = fsdp__local_run_coll(lc, &op->c, op->send, op->recv, err);
-    pthread_mutex_lock(&lc->mu);
-    if (r != FSDP_SUCCESS && lc->async.code == FSDP_SUCCESS) fsdp__error_set(&lc->async, r, err->message);
-    op->next = lc->spare;
-    lc->spare = op;
-    lc->inflight--;
-    pthread_cond_broadcast(&lc->cv);
-    pthread_mutex_unlock(&lc->mu);
-    return r; /* lc may be gone from here on */
-}
-
-/* Runs a collective now (s NULL) or queues it on s. */
-FSDP__DEF fsdp_result fsdp__local_issue(fsdp__local_comm *lc, fsdp_coll_desc *c, const void *send,
-                                        void *recv, fsdp_stream *s, fsdp_error *err)
-{
-    fsdp__local_op *op;
-    fsdp_result r;
-    const fsdp_hooks *h = &lc->world->hooks;
-    if (s && !lc->dev)
-        return fsdp__fail(err, h, FSDP_INVALID_ARGS,
-                          "%s on rank %d: a stream needs the device given to fsdp_local_comm_create",
-                          fsdp_coll_kind_name(c->kind), lc->rank);
-    if ((c->kind == FSDP_COLL_REDUCE_SCATTER || c->kind == FSDP_COLL_ALL_REDUCE) &&
-        !fsdp_dtype_is_float(c->dt))
-        return fsdp__fail(err, h, FSDP_INVALID_DTYPE, "%s on rank %d: %s cannot be reduced",
-                          fsdp_coll_kind_name(c->kind), lc->rank, fsdp_dtype_name(c->dt));
-    if (!s) {
-        c->seq = ++lc->issued;
-        return fsdp__local_run_coll(lc, c, send, recv, err);
-    }
-    pthread_mutex_lock(&lc->mu);
-    op = lc->spare;
-    if (op) lc->spare = op->next;
-    pthread_mutex_unlock(&lc->mu);
-    if (!op) op = (fsdp__local_op *)fsdp__alloc(h, sizeof *op);
-    if (!op)
-        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory",
-                          fsdp_coll_kind_name(c->kind), lc->rank);
-    c->seq = ++lc->issued;
-    op->comm = lc;
-    op->c = *c;
-    op->send = send;
-    op->recv = recv;
-    pthread_mutex_lock(&lc->mu);
-    lc->inflight++;
-    pthread_mutex_unlock(&lc->mu);
-    r = fsdp_device_launch(lc->dev, s, fsdp__local_task, op);
-    if (r != FSDP_SUCCESS) {
-        lc->issued--; /* it never ran and no peer saw the number */
-        pthread_mutex_lock(&lc->mu);
-        op->next = lc->spare;
-        lc->spare = op;
-        lc->inflight--;
-        pthread_mutex_unlock(&lc->mu);
-        return fsdp__fail(err, h, r, "%s on rank %d: cannot queue on the stream: %s",
-                          fsdp_coll_kind_name(c->kind), lc->rank, fsdp_device_last_error(lc->dev));
-    }
-    return FSDP_SUCCESS;
-}
-
-FSDP__DEF fsdp_result fsdp__all_gather__local(void *self, const void *send, void *recv, size_t count,
-                                              fsdp_dtype dt, fsdp_stream *s, fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_GATHER, count, dt, FSDP_REDUCE_SUM, 0);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
-}
-
-FSDP__DEF fsdp_result fsdp__reduce_scatter__local(void *self, const void *send, void *recv,
-                                                  size_t count, fsdp_dtype dt, fsdp_reduce_op op,
-                                                  fsdp_stream *s, fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_REDUCE_SCATTER, count, dt, op, 0);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
-}
-
-FSDP__DEF fsdp_result fsdp__all_reduce__local(void *self, const void *send, void *recv, size_t count,
-                                              fsdp_dtype dt, fsdp_reduce_op op, fsdp_stream *s,
-                                              fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_REDUCE, count, dt, op, 0);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
-}
-
-FSDP__DEF fsdp_result fsdp__broadcast__local(void *self, const void *send, void *recv, size_t count,
-                                             fsdp_dtype dt, int root, fsdp_stream *s,
-                                             fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BROADCAST, count, dt, FSDP_REDUCE_SUM, root);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, send, recv, s, err);
-}
-
-FSDP__DEF fsdp_result fsdp__barrier__local(void *self, fsdp_stream *s, fsdp_error *err)
-{
-    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
-    return fsdp__local_issue((fsdp__local_comm *)self, &c, NULL, NULL, s, err);
-}
-
-FSDP__DEF fsdp__local_comm *fsdp__local_comm_new(fsdp_local_world *w, fsdp_device *dev)
-{
-    fsdp__local_comm *lc = (fsdp__local_comm *)fsdp__calloc(&w->hooks, 1, sizeof *lc);
-    if (!lc) return NULL;
-    if (!fsdp__sync_init(&lc->mu, &lc->cv)) {
-        fsdp__free(&w->hooks, lc);
-        return NULL;
-    }
-    lc->world = w;
-    lc->dev = dev;
-    lc->rank = -1;
-    pthread_mutex_lock(&w->mu);
-    w->refs++;
-    pthread_mutex_unlock(&w->mu);
-    return lc;
-}
-
-FSDP__DEF void fsdp__destroy__local(void *self)
-{
-    fsdp__local_comm *lc = (fsdp__local_comm *)self;
-    fsdp_local_world *w;
-    fsdp__local_group *g;
-    fsdp__local_op *op;
-    if (!lc) return;
-    w = lc->world;
-    g = lc->group;
-    /* queued collectives still use this comm; they always finish (at worst
-       by timing out) */
-    pthread_mutex_lock(&lc->mu);
-    while (lc->inflight > 0) pthread_cond_wait(&lc->cv, &lc->mu);
-    pthread_mutex_unlock(&lc->mu);
-    while ((op = lc->spare)) {
-        lc->spare = op->next;
-        fsdp__free(&w->hooks, op);
-    }
+    fsdp__local_member *lm = (fsdp__local_member *)t;
+    fsdp_local_world *w = lm->world;
+    fsdp__local_group *g = lm->group;
     if (g && g == w->group) {
         pthread_mutex_lock(&w->mu);
-        w->taken[lc->rank] = 0;
+        w->taken[lm->rank] = 0;
         pthread_mutex_unlock(&w->mu);
     } else if (g) {
         int last;
@@ -4950,80 +5618,105 @@ FSDP__DEF void fsdp__destroy__local(void *self)
         pthread_mutex_unlock(&g->mu);
         if (last) fsdp__local_group_free(&w->hooks, g);
     }
-    fsdp__sync_destroy(&lc->mu, &lc->cv);
-    fsdp__free(&w->hooks, lc);
+    fsdp__free(&w->hooks, lm);
     fsdp__local_world_unref(w);
 }
 
-/* Ranks of one color form a group ordered by (key, old rank); its first
-   member creates the shared state and the others find it in its slot. */
-FSDP__DEF fsdp_result fsdp__split__local(void *self, int color, int key, void **out_self,
-                                         int *out_rank, int *out_size, fsdp_error *err)
+FSDP__DEF fsdp_result fsdp__local_split(fsdp__eng *e, int color, int key, fsdp__eng **out,
+                                        fsdp_error *err);
+
+/* A comm of the world, not yet in a group (fsdp__local_join). */
+FSDP__DEF fsdp__eng *fsdp__local_eng_new(fsdp_local_world *w, fsdp_device *dev)
 {
-    fsdp__local_comm *lc = (fsdp__local_comm *)self, *nlc = NULL;
-    fsdp__local_group *g = lc->group, *ng = NULL;
+    static const fsdp_transport_vtable xp = {(uint32_t)sizeof(fsdp_transport_vtable), "local",
+                                             NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL,
+                                             fsdp__local_member_free};
+    fsdp__local_member *lm = (fsdp__local_member *)fsdp__calloc(&w->hooks, 1, sizeof *lm);
+    fsdp__eng *e;
+    if (!lm) return NULL;
+    lm->world = w;
+    lm->rank = -1;
+    pthread_mutex_lock(&w->mu);
+    w->refs++;
+    pthread_mutex_unlock(&w->mu);
+    e = fsdp__eng_new(&w->hooks, &xp, lm, -1, 0, dev, w->timeout_ms, w->check);
+    if (!e) return NULL;
+    e->native_run = fsdp__local_coll;
+    e->native_split = fsdp__local_split;
+    e->where[0] = 0;
+    return e;
+}
+
+/* Makes e rank `rank` of the group g: its order and sticky failure become
+   the group's. */
+FSDP__DEF void fsdp__local_join(fsdp__eng *e, fsdp__local_group *g, int rank)
+{
+    fsdp__local_member *lm = (fsdp__local_member *)e->t;
+    lm->group = g;
+    lm->rank = rank;
+    e->rank = rank;
+    e->size = g->size;
+    e->timeout_ms = g->timeout_ms;
+    e->omu = &g->mu;
+    e->ocv = &g->cv;
+    e->sticky = &g->broken;
+}
+
+/* Ranks of one color form a group ordered by (key, old rank); its first
+   member creates the shared state and the others find it in its slot. Each
+   rank allocates its new comm before arriving, so a rank that cannot fails
+   the split on every rank instead of leaving a group without it. */
+FSDP__DEF fsdp_result fsdp__local_split(fsdp__eng *e, int color, int key, fsdp__eng **out,
+                                        fsdp_error *err)
+{
+    fsdp__local_member *lm = (fsdp__local_member *)e->t;
+    fsdp__local_group *g = lm->group, *ng = NULL;
+    fsdp__eng *ne = NULL;
     fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_SPLIT, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
     fsdp_result r;
     int j, m = 0, newrank = 0, leader = -1;
-    *out_self = NULL;
-    *out_rank = -1;
-    *out_size = 0;
-    if (color != FSDP_COMM_NO_COLOR) nlc = fsdp__local_comm_new(lc->world, lc->dev);
+    if (color != FSDP_COMM_NO_COLOR) ne = fsdp__local_eng_new(lm->world, e->dev);
     c.color = color;
     c.key = key;
-    c.seq = ++lc->issued;
-    r = fsdp__local_arrive(lc, &c, NULL, NULL, color == FSDP_COMM_NO_COLOR || nlc != NULL, err);
+    c.seq = ++e->issued;
+    r = fsdp__eng_turn(e, &c, err);
+    if (r == FSDP_SUCCESS)
+        r = fsdp__local_arrive(e, &c, NULL, NULL, color == FSDP_COMM_NO_COLOR || ne != NULL, err);
     if (r == FSDP_SUCCESS) {
         for (j = 0; j < g->size; j++) {
             const fsdp_coll_desc *o = &g->calls[j];
             if (o->color != color) continue;
             m++;
-            if (o->key < key || (o->key == key && j < lc->rank)) newrank++;
+            if (o->key < key || (o->key == key && j < e->rank)) newrank++;
             if (leader < 0 || o->key < g->calls[leader].key) leader = j;
         }
-        if (color != FSDP_COMM_NO_COLOR && leader == lc->rank) {
-            ng = fsdp__local_group_new(&lc->world->hooks, m, g->timeout_ms, g->check);
+        if (color != FSDP_COMM_NO_COLOR && leader == e->rank) {
+            ng = fsdp__local_group_new(&lm->world->hooks, m, g->timeout_ms, g->check);
             if (ng) ng->refs = m;
             pthread_mutex_lock(&g->mu);
-            g->slots[lc->rank].published = ng;
+            g->slots[e->rank].published = ng;
             pthread_mutex_unlock(&g->mu);
         }
         fsdp__local_step(g);
-        if (color != FSDP_COMM_NO_COLOR && leader != lc->rank) {
+        if (color != FSDP_COMM_NO_COLOR && leader != e->rank) {
             pthread_mutex_lock(&g->mu);
             ng = (fsdp__local_group *)g->slots[leader].published;
             pthread_mutex_unlock(&g->mu);
         }
         fsdp__local_step(g); /* the leader's slot is read before it is reused */
         if (color != FSDP_COMM_NO_COLOR && !ng)
-            r = fsdp__fail(err, &lc->world->hooks, FSDP_OUT_OF_MEMORY,
-                           "split #%llu on rank %d: out of memory creating the group of color %d",
-                           (unsigned long long)c.seq, lc->rank, color);
+            r = fsdp_error_set(err, FSDP_OUT_OF_MEMORY,
+                               "split #%llu on rank %d: out of memory creating the group of "
+                               "color %d", (unsigned long long)c.seq, e->rank, color);
     }
-    fsdp__local_finish(lc);
+    fsdp__eng_finish(e);
     if (r != FSDP_SUCCESS) {
-        if (nlc) fsdp__destroy__local(nlc);
+        fsdp__eng_destroy(ne);
         return r;
     }
-    if (!nlc) return FSDP_SUCCESS;
-    nlc->group = ng;
-    nlc->rank = newrank;
-    nlc->size = m;
-    *out_self = nlc;
-    *out_rank = newrank;
-    *out_size = m;
+    if (ne) fsdp__local_join(ne, ng, newrank);
+    *out = ne;
     return FSDP_SUCCESS;
-}
-
-FSDP__DEF fsdp_result fsdp__async_error__local(void *self, fsdp_error *err)
-{
-    fsdp__local_comm *lc = (fsdp__local_comm *)self;
-    fsdp_result r;
-    pthread_mutex_lock(&lc->mu);
-    r = lc->async.code;
-    if (r != FSDP_SUCCESS) fsdp__error_set(err, r, lc->async.message);
-    pthread_mutex_unlock(&lc->mu);
-    return r;
 }
 
 FSDP_API fsdp_result fsdp_local_world_create(const fsdp_local_desc *desc, fsdp_local_world **out)
@@ -5073,51 +5766,34 @@ FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world)
     if (world) fsdp__local_world_unref(world);
 }
 
-FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, fsdp_device *dev,
+FSDP_API fsdp_result fsdp_comm_local_create(fsdp_local_world *world, int rank, fsdp_device *dev,
                                             fsdp_comm **out)
 {
-    fsdp_comm_vtable vt;
-    fsdp__local_comm *lc;
-    fsdp_result r;
+    fsdp__eng *e;
     int taken;
     if (!out) {
-        if (world) fsdp__log(&world->hooks, FSDP_LOG_ERROR, "fsdp_local_comm_create: out is NULL");
+        if (world) fsdp__log(&world->hooks, FSDP_LOG_ERROR, "fsdp_comm_local_create: out is NULL");
         return FSDP_INVALID_ARGS;
     }
     *out = NULL;
     if (!world) return FSDP_INVALID_ARGS;
     if (rank < 0 || rank >= world->nranks)
         return fsdp__fail(NULL, &world->hooks, FSDP_INVALID_ARGS,
-                          "fsdp_local_comm_create: rank %d is not in [0, %d)", rank, world->nranks);
-    lc = fsdp__local_comm_new(world, dev);
-    if (!lc) return fsdp__fail(NULL, &world->hooks, FSDP_OUT_OF_MEMORY, "fsdp_local_comm_create: out of memory");
+                          "fsdp_comm_local_create: rank %d is not in [0, %d)", rank, world->nranks);
+    e = fsdp__local_eng_new(world, dev);
+    if (!e) return fsdp__fail(NULL, &world->hooks, FSDP_OUT_OF_MEMORY, "fsdp_comm_local_create: out of memory");
     pthread_mutex_lock(&world->mu);
     taken = world->taken[rank];
     world->taken[rank] = 1;
     pthread_mutex_unlock(&world->mu);
     if (taken) {
-        fsdp__destroy__local(lc); /* its group is still NULL: leaves the flag alone */
+        fsdp__eng_destroy(e); /* in no group yet: leaves the flag alone */
         fsdp__log(&world->hooks, FSDP_LOG_ERROR,
-                  "fsdp_local_comm_create: rank %d already has a communicator", rank);
+                  "fsdp_comm_local_create: rank %d already has a communicator", rank);
         return FSDP_INVALID_STATE;
     }
-    lc->group = world->group;
-    lc->rank = rank;
-    lc->size = world->nranks;
-    memset(&vt, 0, sizeof vt);
-    vt.size = (uint32_t)sizeof vt;
-    vt.name = "local";
-    vt.all_gather = fsdp__all_gather__local;
-    vt.reduce_scatter = fsdp__reduce_scatter__local;
-    vt.all_reduce = fsdp__all_reduce__local;
-    vt.broadcast = fsdp__broadcast__local;
-    vt.barrier = fsdp__barrier__local;
-    vt.split = fsdp__split__local;
-    vt.async_error = fsdp__async_error__local;
-    vt.destroy = fsdp__destroy__local;
-    r = fsdp_comm_create(&vt, lc, rank, world->nranks, &world->hooks, out);
-    if (r != FSDP_SUCCESS) fsdp__destroy__local(lc);
-    return r;
+    fsdp__local_join(e, world->group, rank);
+    return fsdp__eng_comm(e, "local", &world->hooks, out);
 }
 
 typedef struct fsdp__local_thread {

@@ -6,7 +6,9 @@
        #include "fsdp_comm_gloo.h"
    in *one* C file, and build gloo/fsdp_gloo_shim.cc (C++11 or later) into
    the program; link -lgloo (and -lstdc++ when gcc links). Needs
-   gloo/fsdp_gloo_shim.h and fsdp_comm_engine.h.
+   gloo/fsdp_gloo_shim.h. It is a transport of fsdp.h's kit
+   (fsdp_comm_transport_create): Gloo moves the bytes, the engine in fsdp.h
+   does the rest.
 
    Usage (start one process per rank yourself: a shell loop, a scheduler):
        fsdp_gloo_desc d = {0};
@@ -14,10 +16,10 @@
        d.prefix = "job42";              (fresh per run: keys are never reused)
        d.host = "10.0.0.5";             (this rank's address; NULL: 127.0.0.1)
        d.rank = r; d.size = n; d.dev = dev;
-       fsdp_gloo_comm_create(&d, &comm);
+       fsdp_comm_gloo_create(&d, &comm);
 
-   Semantics: those of the comm vtable in fsdp.h, run by the same engine as
-   fsdp_comm_mpi.h: program order, asynchronous on d.dev's streams (NULL
+   Semantics: those of the comm vtable in fsdp.h, run by fsdp.h's engine
+   like the local backend and fsdp_comm_mpi.h: program order, asynchronous on d.dev's streams (NULL
    stream: synchronous), rank-order f32 sums (bitwise the local backend's),
    mismatch fingerprints (disable_mismatch_check), split. reduce_scatter is
    a chunked point-to-point all-to-all plus a local sum of each chunk while
@@ -60,7 +62,16 @@ typedef struct fsdp_gloo_desc {
    sizes or options across ranks); FSDP_COMM_TIMEOUT (a rank did not
    arrive: named in desc->hooks.error); FSDP_COMM_ERROR; FSDP_OUT_OF_MEMORY.
    Collective: yes. Thread safety: one thread per call. */
-FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm **out);
+FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm **out);
+
+#ifndef FSDP_NO_DEPRECATED
+/* Deprecated: fsdp_comm_gloo_create (fsdp.h: backend constructors are named
+   fsdp_comm_<backend>_create). */
+static inline fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm **out)
+{
+    return fsdp_comm_gloo_create(desc, out);
+}
+#endif
 
 #ifdef __cplusplus
 }
@@ -74,44 +85,39 @@ FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm
 #ifndef FSDP_COMM_GLOO_IMPLEMENTATION_DONE
 #define FSDP_COMM_GLOO_IMPLEMENTATION_DONE
 
-#include "fsdp_comm_engine.h"
 #include "gloo/fsdp_gloo_shim.h"
 
-/* The shim takes a timeout; the engine hands out absolute deadlines. */
-FSDP__ENG int fsdp__left__gloo(double deadline)
-{
-    double left;
-    if (deadline < 0) return -1;
-    left = deadline - fsdp__eng_now_ms();
-    return left < 1.0 ? 1 : left > 2e9 ? 2000000000 : (int)left;
-}
+#include <stdio.h>
+#include <string.h>
 
-FSDP__ENG fsdp_result fsdp__result__gloo(int rc, fsdp_error *err, const char *msg)
+#define FSDP__GLO static FSDP__UNUSED
+
+FSDP__GLO fsdp_result fsdp__result__gloo(int rc, fsdp_error *err, const char *msg)
 {
     if (rc == FSDP_GLOO_OK) return FSDP_SUCCESS;
-    return fsdp__eng_fail(err, rc == FSDP_GLOO_TIMEOUT ? FSDP_COMM_TIMEOUT : FSDP_COMM_ERROR, "%s",
+    return fsdp_error_set(err, rc == FSDP_GLOO_TIMEOUT ? FSDP_COMM_TIMEOUT : FSDP_COMM_ERROR, "%s",
                           msg);
 }
 
-FSDP__ENG fsdp_result fsdp__all_gather__gloo(void *t, const void *send, void *recv, size_t bytes,
+FSDP__GLO fsdp_result fsdp__all_gather__gloo(void *t, const void *send, void *recv, size_t bytes,
                                              double deadline, fsdp_error *err)
 {
     char msg[FSDP_ERROR_MAX];
-    int rc = fsdp_gloo_all_gather((fsdp_gloo_ctx *)t, send, recv, bytes, fsdp__left__gloo(deadline),
-                                  msg, sizeof msg);
+    int rc = fsdp_gloo_all_gather((fsdp_gloo_ctx *)t, send, recv, bytes,
+                                  fsdp_deadline_left_ms(deadline), msg, sizeof msg);
     return fsdp__result__gloo(rc, err, msg);
 }
 
-FSDP__ENG fsdp_result fsdp__all_to_all__gloo(void *t, const void *send, void *recv, size_t bytes,
+FSDP__GLO fsdp_result fsdp__all_to_all__gloo(void *t, const void *send, void *recv, size_t bytes,
                                              double deadline, fsdp_error *err)
 {
     char msg[FSDP_ERROR_MAX];
     int rc = fsdp_gloo_all_to_all((fsdp_gloo_ctx *)t, send, recv, bytes,
-                                  fsdp__left__gloo(deadline), msg, sizeof msg);
+                                  fsdp_deadline_left_ms(deadline), msg, sizeof msg);
     return fsdp__result__gloo(rc, err, msg);
 }
 
-FSDP__ENG fsdp_result fsdp__all_to_all_chunked__gloo(void *t, const void *send,
+FSDP__GLO fsdp_result fsdp__all_to_all_chunked__gloo(void *t, const void *send,
                                                      void *const *recv_blocks, size_t bytes,
                                                      size_t chunk,
                                                      void (*done)(void *, size_t, size_t),
@@ -119,33 +125,35 @@ FSDP__ENG fsdp_result fsdp__all_to_all_chunked__gloo(void *t, const void *send,
 {
     char msg[FSDP_ERROR_MAX];
     int rc = fsdp_gloo_all_to_all_chunked((fsdp_gloo_ctx *)t, send, recv_blocks, bytes, chunk,
-                                          done, user, fsdp__left__gloo(deadline), msg, sizeof msg);
+                                          done, user, fsdp_deadline_left_ms(deadline), msg,
+                                          sizeof msg);
     return fsdp__result__gloo(rc, err, msg);
 }
 
-FSDP__ENG fsdp_result fsdp__broadcast__gloo(void *t, void *buf, size_t bytes, int root,
+FSDP__GLO fsdp_result fsdp__broadcast__gloo(void *t, void *buf, size_t bytes, int root,
                                             double deadline, fsdp_error *err)
 {
     char msg[FSDP_ERROR_MAX];
-    int rc = fsdp_gloo_broadcast((fsdp_gloo_ctx *)t, buf, bytes, root, fsdp__left__gloo(deadline),
-                                 msg, sizeof msg);
+    int rc = fsdp_gloo_broadcast((fsdp_gloo_ctx *)t, buf, bytes, root,
+                                 fsdp_deadline_left_ms(deadline), msg, sizeof msg);
     return fsdp__result__gloo(rc, err, msg);
 }
 
-FSDP__ENG fsdp_result fsdp__barrier__gloo(void *t, double deadline, fsdp_error *err)
+FSDP__GLO fsdp_result fsdp__barrier__gloo(void *t, double deadline, fsdp_error *err)
 {
     char msg[FSDP_ERROR_MAX];
-    int rc = fsdp_gloo_barrier((fsdp_gloo_ctx *)t, fsdp__left__gloo(deadline), msg, sizeof msg);
+    int rc = fsdp_gloo_barrier((fsdp_gloo_ctx *)t, fsdp_deadline_left_ms(deadline), msg,
+                               sizeof msg);
     return fsdp__result__gloo(rc, err, msg);
 }
 
-FSDP__ENG fsdp_result fsdp__split__gloo(void *t, int color, int key, double deadline, void **out,
+FSDP__GLO fsdp_result fsdp__split__gloo(void *t, int color, int key, double deadline, void **out,
                                         int *out_rank, int *out_size, fsdp_error *err)
 {
     char msg[FSDP_ERROR_MAX];
     fsdp_gloo_ctx *nc = NULL;
-    int rc = fsdp_gloo_split((fsdp_gloo_ctx *)t, color, key, fsdp__left__gloo(deadline), &nc, msg,
-                             sizeof msg);
+    int rc = fsdp_gloo_split((fsdp_gloo_ctx *)t, color, key, fsdp_deadline_left_ms(deadline), &nc,
+                             msg, sizeof msg);
     *out = nc;
     if (nc) {
         *out_rank = fsdp_gloo_rank(nc);
@@ -154,74 +162,75 @@ FSDP__ENG fsdp_result fsdp__split__gloo(void *t, int color, int key, double dead
     return fsdp__result__gloo(rc, err, msg);
 }
 
-FSDP__ENG void fsdp__xdestroy__gloo(void *t) { fsdp_gloo_free((fsdp_gloo_ctx *)t); }
+FSDP__GLO void fsdp__xdestroy__gloo(void *t) { fsdp_gloo_free((fsdp_gloo_ctx *)t); }
 
-static const fsdp__xport fsdp__xport__gloo = {
-    fsdp__all_gather__gloo, fsdp__all_to_all__gloo, fsdp__broadcast__gloo, fsdp__barrier__gloo,
-    NULL, NULL, fsdp__all_to_all_chunked__gloo, fsdp__split__gloo, fsdp__xdestroy__gloo};
+static const fsdp_transport_vtable fsdp__xport__gloo = {
+    (uint32_t)sizeof(fsdp_transport_vtable), "gloo", fsdp__all_gather__gloo,
+    fsdp__all_to_all__gloo, fsdp__broadcast__gloo, fsdp__barrier__gloo, NULL, NULL,
+    fsdp__all_to_all_chunked__gloo, fsdp__split__gloo, fsdp__xdestroy__gloo};
 
-FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm **out)
+FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm **out)
 {
     char msg[FSDP_ERROR_MAX];
     fsdp_gloo_ctx *g = NULL;
-    fsdp_comm_vtable vt;
-    fsdp__eng *e;
-    fsdp_result r;
+    fsdp_transport_desc td;
     const fsdp_hooks *h = desc ? &desc->hooks : NULL;
     int rc, timeout, check, *all;
-    if (!out) return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: out is NULL");
+    if (!out) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: out is NULL");
     *out = NULL;
-    if (!desc) return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: desc is NULL");
+    if (!desc) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: desc is NULL");
     if (!desc->store_dir || !desc->store_dir[0])
-        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: store_dir is "
-                                     "not set (an existing directory every rank sees)");
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: store_dir is "
+                               "not set (an existing directory every rank sees)");
     if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
-        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: rank %d is "
-                                     "not in [0, %d)", desc->rank, desc->size);
-    if ((h->allocator.alloc != NULL) != (h->allocator.free != NULL) ||
-        (h->allocator.alloc != NULL) != (h->allocator.realloc != NULL))
-        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_gloo_comm_create: set all of "
-                                     "allocator alloc, realloc and free, or none");
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: rank %d is "
+                               "not in [0, %d)", desc->rank, desc->size);
+    if (!fsdp_hooks_valid(h))
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: set all of "
+                               "allocator alloc, realloc and free, or none");
     timeout = desc->timeout_ms == 0 ? 30000 : desc->timeout_ms < 0 ? -1 : desc->timeout_ms;
     check = !desc->disable_mismatch_check;
     rc = fsdp_gloo_connect(desc->store_dir, desc->prefix, desc->host, desc->rank, desc->size,
                            timeout, &g, msg, sizeof msg);
     if (rc != FSDP_GLOO_OK)
-        return fsdp__eng_fail_create(h, rc == FSDP_GLOO_TIMEOUT ? FSDP_COMM_TIMEOUT
-                                     : strstr(msg, "wrong world size") ? FSDP_INVALID_ARGS
-                                                                        : FSDP_COMM_ERROR,
-                                     "%s", msg);
+        return fsdp_hooks_fail(h, rc == FSDP_GLOO_TIMEOUT ? FSDP_COMM_TIMEOUT
+                               : strstr(msg, "wrong world size") ? FSDP_INVALID_ARGS
+                                                                 : FSDP_COMM_ERROR,
+                               "%s", msg);
     /* the ranks must agree on whether fingerprints travel before each call */
-    all = (int *)fsdp__eng_alloc(h, sizeof(int) * (size_t)desc->size);
+    all = (int *)fsdp_hooks_alloc(h, sizeof(int) * (size_t)desc->size);
     if (!all) {
         fsdp_gloo_free(g);
-        return fsdp__eng_fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_gloo_comm_create: out of memory");
+        return fsdp_hooks_fail(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_gloo_create: out of memory");
     }
     rc = fsdp_gloo_all_gather(g, &check, all, sizeof(int), timeout, msg, sizeof msg);
     if (rc == FSDP_GLOO_OK) {
         int j;
         for (j = 0; j < desc->size; j++) {
             if (all[j] == check) continue;
-            snprintf(msg, sizeof msg, "fsdp_gloo_comm_create on rank %d: rank %d passed "
+            snprintf(msg, sizeof msg, "fsdp_comm_gloo_create on rank %d: rank %d passed "
                      "disable_mismatch_check=%d but this rank %d; every rank must pass the same",
                      desc->rank, j, !all[j], !check);
             rc = -1;
             break;
         }
     }
-    fsdp__eng_free(h, all);
+    fsdp_hooks_free(h, all);
     if (rc != FSDP_GLOO_OK) {
         fsdp_gloo_free(g);
-        return fsdp__eng_fail_create(h, rc < 0 ? FSDP_INVALID_ARGS : rc == FSDP_GLOO_TIMEOUT
-                                     ? FSDP_COMM_TIMEOUT : FSDP_COMM_ERROR, "%s", msg);
+        return fsdp_hooks_fail(h, rc < 0 ? FSDP_INVALID_ARGS : rc == FSDP_GLOO_TIMEOUT
+                               ? FSDP_COMM_TIMEOUT : FSDP_COMM_ERROR, "%s", msg);
     }
-    e = fsdp__eng_new(&fsdp__xport__gloo, g, "gloo", desc->rank, desc->size, desc->dev, h, timeout,
-                      check);
-    if (!e) return fsdp__eng_fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_gloo_comm_create: out of memory");
-    fsdp__eng_vtable(&vt, "gloo");
-    r = fsdp_comm_create(&vt, e, desc->rank, desc->size, h, out);
-    if (r != FSDP_SUCCESS) fsdp__destroy__eng(e);
-    return r;
+    memset(&td, 0, sizeof td);
+    td.hooks = *h;
+    td.vt = &fsdp__xport__gloo;
+    td.transport = g;
+    td.rank = desc->rank;
+    td.size = desc->size;
+    td.dev = desc->dev;
+    td.timeout_ms = timeout;
+    td.disable_mismatch_check = !check;
+    return fsdp_comm_transport_create(&td, out);
 }
 
 #endif /* FSDP_COMM_GLOO_IMPLEMENTATION_DONE */

@@ -5,14 +5,16 @@
        #define FSDP_COMM_MPI_IMPLEMENTATION   (or FSDP_IMPLEMENTATION)
        #include "fsdp_comm_mpi.h"
    in *one* C file; elsewhere include it without the define. Needs <mpi.h>
-   (build with mpicc, or pkg-config ompi-c) and fsdp_comm_engine.h next to it.
+   (build with mpicc, or pkg-config ompi-c). It is a transport of fsdp.h's
+   kit (fsdp_comm_transport_create): MPI moves the bytes, the engine in
+   fsdp.h does the rest.
 
    Usage:
        int provided;
        MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
        fsdp_mpi_desc d = {0};
        d.dev = dev;                       (streams of dev run the collectives)
-       fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);   (collective)
+       fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);   (collective)
        ... fsdp_ctx / fsdp_all_gather ... on comm
        fsdp_comm_destroy(comm);           (before MPI_Finalize)
    Launch one process per rank:
@@ -107,8 +109,18 @@ typedef struct fsdp_mpi_desc {
    FSDP_COMM_TIMEOUT; FSDP_OUT_OF_MEMORY. Details in desc->hooks.error.
    Collective: yes (over mpi_comm). Thread safety: one thread per call.
    Destroy the comm (fsdp_comm_destroy) before MPI_Finalize. */
-FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
                                           fsdp_comm **out);
+
+#ifndef FSDP_NO_DEPRECATED
+/* Deprecated: fsdp_comm_mpi_create (fsdp.h: backend constructors are named
+   fsdp_comm_<backend>_create). */
+static inline fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+                                               fsdp_comm **out)
+{
+    return fsdp_comm_mpi_create(mpi_comm, desc, out);
+}
+#endif
 
 #ifdef __cplusplus
 }
@@ -122,9 +134,13 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
 #ifndef FSDP_COMM_MPI_IMPLEMENTATION_DONE
 #define FSDP_COMM_MPI_IMPLEMENTATION_DONE
 
-#include "fsdp_comm_engine.h"
-
 #include <limits.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdio.h>
+#include <string.h>
+
+#define FSDP__MPI static FSDP__UNUSED
 
 /* State the comm and its splits share: the lock that serialises MPI calls
    under MPI_THREAD_SERIALIZED (no globals: it lives here, refcounted). */
@@ -142,28 +158,28 @@ typedef struct fsdp__mpi {
     int rank, size;
 } fsdp__mpi;
 
-FSDP__ENG void fsdp__lock__mpi(fsdp__mpi *m)
+FSDP__MPI void fsdp__lock__mpi(fsdp__mpi *m)
 {
     if (m->sh->serialize) pthread_mutex_lock(&m->sh->mu);
 }
 
-FSDP__ENG void fsdp__unlock__mpi(fsdp__mpi *m)
+FSDP__MPI void fsdp__unlock__mpi(fsdp__mpi *m)
 {
     if (m->sh->serialize) pthread_mutex_unlock(&m->sh->mu);
 }
 
-FSDP__ENG fsdp_result fsdp__err__mpi(fsdp_error *err, int rc, const char *what)
+FSDP__MPI fsdp_result fsdp__err__mpi(fsdp_error *err, int rc, const char *what)
 {
     char s[MPI_MAX_ERROR_STRING];
     int len = 0;
     if (MPI_Error_string(rc, s, &len) != MPI_SUCCESS) snprintf(s, sizeof s, "MPI error %d", rc);
-    return fsdp__eng_fail(err, FSDP_COMM_ERROR, "%s returned %d: %s", what, rc, s);
+    return fsdp_error_set(err, FSDP_COMM_ERROR, "%s returned %d: %s", what, rc, s);
 }
 
 /* Polls a started request until it completes or the deadline passes. Why
    not MPI_Wait: it cannot time out, and under SERIALIZED it would hold the
    lock while peers need another comm's progress. */
-FSDP__ENG fsdp_result fsdp__wait__mpi(fsdp__mpi *m, MPI_Request *req, double deadline,
+FSDP__MPI fsdp_result fsdp__wait__mpi(fsdp__mpi *m, MPI_Request *req, double deadline,
                                       const char *what, fsdp_error *err)
 {
     int flag = 0, rc, spins = 0;
@@ -181,8 +197,8 @@ FSDP__ENG fsdp_result fsdp__wait__mpi(fsdp__mpi *m, MPI_Request *req, double dea
         /* past the first spins, give the core away: on an oversubscribed
            node the peer we wait for may need it */
         sched_yield();
-        if ((spins & 63) == 0 && deadline >= 0 && fsdp__eng_now_ms() > deadline)
-            return fsdp__eng_fail(err, FSDP_COMM_TIMEOUT,
+        if ((spins & 63) == 0 && deadline >= 0 && fsdp_clock_ms() > deadline)
+            return fsdp_error_set(err, FSDP_COMM_TIMEOUT,
                                   "%s did not complete: not every rank reached it (MPI does not "
                                   "say which); the comm is unusable from now on", what);
     }
@@ -190,7 +206,7 @@ FSDP__ENG fsdp_result fsdp__wait__mpi(fsdp__mpi *m, MPI_Request *req, double dea
 
 /* MPI counts are int: bytes travel as MPI_BYTE up to INT_MAX, beyond that
    as larger contiguous units when the size allows. */
-FSDP__ENG fsdp_result fsdp__type__mpi(size_t bytes, int *count, MPI_Datatype *type, int *owned,
+FSDP__MPI fsdp_result fsdp__type__mpi(size_t bytes, int *count, MPI_Datatype *type, int *owned,
                                       fsdp_error *err)
 {
     size_t unit = 1;
@@ -198,7 +214,7 @@ FSDP__ENG fsdp_result fsdp__type__mpi(size_t bytes, int *count, MPI_Datatype *ty
     while (bytes / unit > (size_t)INT_MAX && unit < ((size_t)1 << 30) && bytes % (unit * 2) == 0)
         unit *= 2;
     if (bytes / unit > (size_t)INT_MAX)
-        return fsdp__eng_fail(err, FSDP_NOT_SUPPORTED,
+        return fsdp_error_set(err, FSDP_NOT_SUPPORTED,
                               "%zu bytes per rank cannot be described to MPI (int counts); use "
                               "a size that is a multiple of a power of two", bytes);
     *count = (int)(bytes / unit);
@@ -208,7 +224,7 @@ FSDP__ENG fsdp_result fsdp__type__mpi(size_t bytes, int *count, MPI_Datatype *ty
     }
     if (MPI_Type_contiguous((int)unit, MPI_BYTE, type) != MPI_SUCCESS ||
         MPI_Type_commit(type) != MPI_SUCCESS)
-        return fsdp__eng_fail(err, FSDP_COMM_ERROR, "MPI_Type_contiguous(%zu) failed", unit);
+        return fsdp_error_set(err, FSDP_COMM_ERROR, "MPI_Type_contiguous(%zu) failed", unit);
     *owned = 1;
     return FSDP_SUCCESS;
 }
@@ -218,7 +234,7 @@ FSDP__ENG fsdp_result fsdp__type__mpi(size_t bytes, int *count, MPI_Datatype *ty
    libnbc schedules, measurably slower than the tuned blocking algorithms. */
 #define FSDP__BLOCKING__MPI(m, deadline) ((deadline) < 0 && !(m)->sh->serialize)
 
-FSDP__ENG fsdp_result fsdp__all_gather__mpi(void *t, const void *send, void *recv, size_t bytes,
+FSDP__MPI fsdp_result fsdp__all_gather__mpi(void *t, const void *send, void *recv, size_t bytes,
                                             double deadline, fsdp_error *err)
 {
     fsdp__mpi *m = (fsdp__mpi *)t;
@@ -242,7 +258,7 @@ FSDP__ENG fsdp_result fsdp__all_gather__mpi(void *t, const void *send, void *rec
     return r;
 }
 
-FSDP__ENG fsdp_result fsdp__all_to_all__mpi(void *t, const void *send, void *recv, size_t bytes,
+FSDP__MPI fsdp_result fsdp__all_to_all__mpi(void *t, const void *send, void *recv, size_t bytes,
                                             double deadline, fsdp_error *err)
 {
     fsdp__mpi *m = (fsdp__mpi *)t;
@@ -265,7 +281,7 @@ FSDP__ENG fsdp_result fsdp__all_to_all__mpi(void *t, const void *send, void *rec
     return r;
 }
 
-FSDP__ENG fsdp_result fsdp__broadcast__mpi(void *t, void *buf, size_t bytes, int root,
+FSDP__MPI fsdp_result fsdp__broadcast__mpi(void *t, void *buf, size_t bytes, int root,
                                            double deadline, fsdp_error *err)
 {
     fsdp__mpi *m = (fsdp__mpi *)t;
@@ -288,7 +304,7 @@ FSDP__ENG fsdp_result fsdp__broadcast__mpi(void *t, void *buf, size_t bytes, int
     return r;
 }
 
-FSDP__ENG fsdp_result fsdp__barrier__mpi(void *t, double deadline, fsdp_error *err)
+FSDP__MPI fsdp_result fsdp__barrier__mpi(void *t, double deadline, fsdp_error *err)
 {
     fsdp__mpi *m = (fsdp__mpi *)t;
     MPI_Request req;
@@ -304,14 +320,14 @@ FSDP__ENG fsdp_result fsdp__barrier__mpi(void *t, double deadline, fsdp_error *e
     return fsdp__wait__mpi(m, &req, deadline, "MPI_Ibarrier", err);
 }
 
-FSDP__ENG fsdp_result fsdp__reduce_scatter__mpi(void *t, const void *send, void *recv, size_t count,
+FSDP__MPI fsdp_result fsdp__reduce_scatter__mpi(void *t, const void *send, void *recv, size_t count,
                                                 fsdp_dtype dt, double deadline, fsdp_error *err)
 {
     fsdp__mpi *m = (fsdp__mpi *)t;
     MPI_Request req;
     int rc;
     if (count > (size_t)INT_MAX)
-        return fsdp__eng_fail(err, FSDP_NOT_SUPPORTED, "native reduce_scatter of %zu elements "
+        return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "native reduce_scatter of %zu elements "
                               "exceeds MPI's int count", count);
     fsdp__lock__mpi(m);
     rc = MPI_Ireduce_scatter_block(send, recv, (int)count, dt == FSDP_F64 ? MPI_DOUBLE : MPI_FLOAT,
@@ -321,14 +337,14 @@ FSDP__ENG fsdp_result fsdp__reduce_scatter__mpi(void *t, const void *send, void 
     return fsdp__wait__mpi(m, &req, deadline, "MPI_Ireduce_scatter_block", err);
 }
 
-FSDP__ENG fsdp_result fsdp__all_reduce__mpi(void *t, const void *send, void *recv, size_t count,
+FSDP__MPI fsdp_result fsdp__all_reduce__mpi(void *t, const void *send, void *recv, size_t count,
                                             fsdp_dtype dt, double deadline, fsdp_error *err)
 {
     fsdp__mpi *m = (fsdp__mpi *)t;
     MPI_Request req;
     int rc;
     if (count > (size_t)INT_MAX)
-        return fsdp__eng_fail(err, FSDP_NOT_SUPPORTED, "native all_reduce of %zu elements "
+        return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "native all_reduce of %zu elements "
                               "exceeds MPI's int count", count);
     fsdp__lock__mpi(m);
     rc = MPI_Iallreduce(send, recv, (int)count, dt == FSDP_F64 ? MPI_DOUBLE : MPI_FLOAT, MPI_SUM,
@@ -338,7 +354,7 @@ FSDP__ENG fsdp_result fsdp__all_reduce__mpi(void *t, const void *send, void *rec
     return fsdp__wait__mpi(m, &req, deadline, "MPI_Iallreduce", err);
 }
 
-FSDP__ENG void fsdp__shared_unref__mpi(fsdp__mpi_shared *sh)
+FSDP__MPI void fsdp__shared_unref__mpi(fsdp__mpi_shared *sh)
 {
     int last;
     fsdp_hooks h;
@@ -349,10 +365,10 @@ FSDP__ENG void fsdp__shared_unref__mpi(fsdp__mpi_shared *sh)
     h = sh->hooks;
     pthread_mutex_destroy(&sh->mu);
     pthread_mutex_destroy(&sh->ref_mu);
-    fsdp__eng_free(&h, sh);
+    fsdp_hooks_free(&h, sh);
 }
 
-FSDP__ENG void fsdp__xdestroy__mpi(void *t)
+FSDP__MPI void fsdp__xdestroy__mpi(void *t)
 {
     fsdp__mpi *m = (fsdp__mpi *)t;
     fsdp__mpi_shared *sh;
@@ -368,11 +384,11 @@ FSDP__ENG void fsdp__xdestroy__mpi(void *t)
         MPI_Comm_free(&m->comm);
         fsdp__unlock__mpi(m);
     }
-    fsdp__eng_free(&h, m);
+    fsdp_hooks_free(&h, m);
     fsdp__shared_unref__mpi(sh);
 }
 
-FSDP__ENG fsdp_result fsdp__split__mpi(void *t, int color, int key, double deadline, void **out,
+FSDP__MPI fsdp_result fsdp__split__mpi(void *t, int color, int key, double deadline, void **out,
                                        int *out_rank, int *out_size, fsdp_error *err)
 {
     fsdp__mpi *m = (fsdp__mpi *)t, *nm;
@@ -385,10 +401,10 @@ FSDP__ENG fsdp_result fsdp__split__mpi(void *t, int color, int key, double deadl
     fsdp__unlock__mpi(m);
     if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, "MPI_Comm_split");
     if (nc == MPI_COMM_NULL) return FSDP_SUCCESS;
-    nm = (fsdp__mpi *)fsdp__eng_alloc(&m->sh->hooks, sizeof *nm);
+    nm = (fsdp__mpi *)fsdp_hooks_alloc(&m->sh->hooks, sizeof *nm);
     if (!nm) {
         MPI_Comm_free(&nc);
-        return fsdp__eng_fail(err, FSDP_OUT_OF_MEMORY, "out of memory");
+        return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "out of memory");
     }
     nm->sh = m->sh;
     nm->comm = nc;
@@ -404,16 +420,17 @@ FSDP__ENG fsdp_result fsdp__split__mpi(void *t, int color, int key, double deadl
     return FSDP_SUCCESS;
 }
 
-static const fsdp__xport fsdp__xport__mpi = {
-    fsdp__all_gather__mpi, fsdp__all_to_all__mpi, fsdp__broadcast__mpi, fsdp__barrier__mpi,
-    NULL, NULL, NULL, fsdp__split__mpi, fsdp__xdestroy__mpi};
-
-static const fsdp__xport fsdp__xport_native__mpi = {
-    fsdp__all_gather__mpi, fsdp__all_to_all__mpi, fsdp__broadcast__mpi, fsdp__barrier__mpi,
-    fsdp__reduce_scatter__mpi, fsdp__all_reduce__mpi, NULL, fsdp__split__mpi,
+static const fsdp_transport_vtable fsdp__xport__mpi = {
+    (uint32_t)sizeof(fsdp_transport_vtable), "mpi", fsdp__all_gather__mpi, fsdp__all_to_all__mpi,
+    fsdp__broadcast__mpi, fsdp__barrier__mpi, NULL, NULL, NULL, fsdp__split__mpi,
     fsdp__xdestroy__mpi};
 
-FSDP__ENG const char *fsdp__level_name__mpi(int level)
+static const fsdp_transport_vtable fsdp__xport_native__mpi = {
+    (uint32_t)sizeof(fsdp_transport_vtable), "mpi", fsdp__all_gather__mpi, fsdp__all_to_all__mpi,
+    fsdp__broadcast__mpi, fsdp__barrier__mpi, fsdp__reduce_scatter__mpi, fsdp__all_reduce__mpi,
+    NULL, fsdp__split__mpi, fsdp__xdestroy__mpi};
+
+FSDP__MPI const char *fsdp__level_name__mpi(int level)
 {
     switch (level) {
     case MPI_THREAD_SINGLE: return "MPI_THREAD_SINGLE";
@@ -424,14 +441,13 @@ FSDP__ENG const char *fsdp__level_name__mpi(int level)
     }
 }
 
-FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
                                           fsdp_comm **out)
 {
     fsdp_mpi_desc d;
     fsdp__mpi_shared *sh;
     fsdp__mpi *m;
-    fsdp__eng *e;
-    fsdp_comm_vtable vt;
+    fsdp_transport_desc td;
     fsdp_error xe;
     fsdp_result r;
     MPI_Request req;
@@ -440,37 +456,36 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     memset(&d, 0, sizeof d);
     if (desc) d = *desc;
     h = &d.hooks;
-    if (!out) return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: out is NULL");
+    if (!out) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_mpi_create: out is NULL");
     *out = NULL;
-    if ((d.hooks.allocator.alloc != NULL) != (d.hooks.allocator.free != NULL) ||
-        (d.hooks.allocator.alloc != NULL) != (d.hooks.allocator.realloc != NULL))
-        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: set all of "
-                                     "allocator alloc, realloc and free, or none");
+    if (!fsdp_hooks_valid(h))
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_mpi_create: set all of "
+                               "allocator alloc, realloc and free, or none");
     MPI_Initialized(&inited);
     MPI_Finalized(&fin);
     if (!inited || fin)
-        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: MPI is %s; "
-                                     "call MPI_Init_thread first and destroy comms before "
-                                     "MPI_Finalize", fin ? "already finalized" : "not initialized");
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_mpi_create: MPI is %s; "
+                               "call MPI_Init_thread first and destroy comms before "
+                               "MPI_Finalize", fin ? "already finalized" : "not initialized");
     if (mpi_comm == MPI_COMM_NULL)
-        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS, "fsdp_mpi_comm_create: mpi_comm is "
-                                     "MPI_COMM_NULL");
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_mpi_create: mpi_comm is "
+                               "MPI_COMM_NULL");
     MPI_Query_thread(&level);
     if (d.dev && level < MPI_THREAD_SERIALIZED)
-        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS,
-                                     "fsdp_mpi_comm_create: asynchronous collectives (desc.dev "
-                                     "is set) run on stream threads and need "
-                                     "MPI_THREAD_MULTIPLE (or SERIALIZED), but MPI provided %s; "
-                                     "initialise with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, "
-                                     "...) or leave desc.dev NULL for synchronous collectives",
-                                     fsdp__level_name__mpi(level));
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS,
+                               "fsdp_comm_mpi_create: asynchronous collectives (desc.dev "
+                               "is set) run on stream threads and need "
+                               "MPI_THREAD_MULTIPLE (or SERIALIZED), but MPI provided %s; "
+                               "initialise with MPI_Init_thread(..., MPI_THREAD_MULTIPLE, "
+                               "...) or leave desc.dev NULL for synchronous collectives",
+                               fsdp__level_name__mpi(level));
     timeout = d.timeout_ms == 0 ? 60000 : d.timeout_ms < 0 ? -1 : d.timeout_ms;
-    sh = (fsdp__mpi_shared *)fsdp__eng_alloc(h, sizeof *sh);
-    m = (fsdp__mpi *)fsdp__eng_alloc(h, sizeof *m);
+    sh = (fsdp__mpi_shared *)fsdp_hooks_alloc(h, sizeof *sh);
+    m = (fsdp__mpi *)fsdp_hooks_alloc(h, sizeof *m);
     if (!sh || !m) {
-        fsdp__eng_free(h, sh);
-        fsdp__eng_free(h, m);
-        return fsdp__eng_fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_mpi_comm_create: out of memory");
+        fsdp_hooks_free(h, sh);
+        fsdp_hooks_free(h, m);
+        return fsdp_hooks_fail(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_mpi_create: out of memory");
     }
     memset(sh, 0, sizeof *sh);
     pthread_mutex_init(&sh->mu, NULL);
@@ -486,7 +501,7 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
         fsdp__xdestroy__mpi(m);
         memset(&xe, 0, sizeof xe);
         fsdp__err__mpi(&xe, rc, "MPI_Comm_dup");
-        return fsdp__eng_fail_create(h, FSDP_COMM_ERROR, "fsdp_mpi_comm_create: %s", xe.message);
+        return fsdp_hooks_fail(h, FSDP_COMM_ERROR, "fsdp_comm_mpi_create: %s", xe.message);
     }
     /* errors come back as codes we turn into messages, never an abort */
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
@@ -495,10 +510,10 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     if (d.expected_size > 0 && d.expected_size != m->size) {
         int rank = m->rank, size = m->size;
         fsdp__xdestroy__mpi(m);
-        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS,
-                                     "fsdp_mpi_comm_create on rank %d: the MPI communicator has "
-                                     "%d ranks but expected_size is %d (check mpirun -np)",
-                                     rank, size, d.expected_size);
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS,
+                               "fsdp_comm_mpi_create on rank %d: the MPI communicator has "
+                               "%d ranks but expected_size is %d (check mpirun -np)",
+                               rank, size, d.expected_size);
     }
     /* the ranks must agree on the options that change what goes on the wire:
        the maximum of x and of -x tells whether everyone passed the same x */
@@ -508,30 +523,32 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     opts[3] = -opts[2];
     memset(&xe, 0, sizeof xe);
     rc = MPI_Iallreduce(opts, all, 4, MPI_INT, MPI_MAX, m->comm, &req);
-    r = rc == MPI_SUCCESS ? fsdp__wait__mpi(m, &req, fsdp__eng_deadline(timeout), "MPI_Iallreduce",
+    r = rc == MPI_SUCCESS ? fsdp__wait__mpi(m, &req, fsdp_deadline_ms(timeout), "MPI_Iallreduce",
                                             &xe)
                           : fsdp__err__mpi(&xe, rc, "MPI_Iallreduce");
     if (r != FSDP_SUCCESS) {
         int rank = m->rank;
         if (r != FSDP_COMM_TIMEOUT) fsdp__xdestroy__mpi(m); /* else the request still uses it */
-        return fsdp__eng_fail_create(h, r, "fsdp_mpi_comm_create on rank %d: %s", rank, xe.message);
+        return fsdp_hooks_fail(h, r, "fsdp_comm_mpi_create on rank %d: %s", rank, xe.message);
     }
     if (all[0] != -all[1] || all[2] != -all[3]) {
         int rank = m->rank;
         fsdp__xdestroy__mpi(m);
-        return fsdp__eng_fail_create(h, FSDP_INVALID_ARGS,
-                                     "fsdp_mpi_comm_create on rank %d: ranks passed different "
-                                     "%s; every rank must pass the same value", rank,
-                                     all[0] != -all[1] ? "disable_mismatch_check"
-                                                       : "native_reduce");
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS,
+                               "fsdp_comm_mpi_create on rank %d: ranks passed different "
+                               "%s; every rank must pass the same value", rank,
+                               all[0] != -all[1] ? "disable_mismatch_check" : "native_reduce");
     }
-    e = fsdp__eng_new(d.native_reduce ? &fsdp__xport_native__mpi : &fsdp__xport__mpi, m, "mpi",
-                      m->rank, m->size, d.dev, &d.hooks, timeout, opts[0]);
-    if (!e) return fsdp__eng_fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_mpi_comm_create: out of memory");
-    fsdp__eng_vtable(&vt, "mpi");
-    r = fsdp_comm_create(&vt, e, e->rank, e->size, &d.hooks, out);
-    if (r != FSDP_SUCCESS) fsdp__destroy__eng(e);
-    return r;
+    memset(&td, 0, sizeof td);
+    td.hooks = d.hooks;
+    td.vt = d.native_reduce ? &fsdp__xport_native__mpi : &fsdp__xport__mpi;
+    td.transport = m;
+    td.rank = m->rank;
+    td.size = m->size;
+    td.dev = d.dev;
+    td.timeout_ms = timeout;
+    td.disable_mismatch_check = !opts[0];
+    return fsdp_comm_transport_create(&td, out);
 }
 
 #endif /* FSDP_COMM_MPI_IMPLEMENTATION_DONE */

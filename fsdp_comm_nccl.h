@@ -122,7 +122,6 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_mpi(void *user, int rank, int nranks, void
 #include <cuda_runtime_api.h>
 #include <nccl.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -156,13 +155,6 @@ typedef struct fsdp__nccl {
     fsdp_error broken;   /* first failure; sticks */
 } fsdp__nccl;
 
-FSDP__NCCL_DEF double fsdp__nccl_now_ms(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
 /* Sleeps about us microseconds (C11 and pthreads only: no POSIX macros). */
 FSDP__NCCL_DEF void fsdp__nccl_sleep_us(long us)
 {
@@ -185,45 +177,18 @@ FSDP__NCCL_DEF void fsdp__nccl_sleep_us(long us)
     pthread_mutex_destroy(&mu);
 }
 
-FSDP__NCCL_DEF fsdp_result fsdp__nccl_fail(fsdp_error *err, fsdp_result code, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err) return code;
-    err->code = code;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 FSDP__NCCL_DEF fsdp_result fsdp__nccl_cuda(fsdp_error *err, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess) return FSDP_SUCCESS;
-    return fsdp__nccl_fail(err, FSDP_COMM_ERROR, "nccl: %s: %s (%s)", what, cudaGetErrorString(e),
-                           cudaGetErrorName(e));
-}
-
-FSDP__NCCL_DEF void *fsdp__nccl_alloc(const fsdp_hooks *h, size_t n)
-{
-    if (h && h->allocator.alloc) return h->allocator.alloc(h->allocator.user, n);
-    return malloc(n);
-}
-
-FSDP__NCCL_DEF void fsdp__nccl_free(const fsdp_hooks *h, void *p)
-{
-    if (!p) return;
-    if (h && h->allocator.free) h->allocator.free(h->allocator.user, p);
-    else free(p);
+    return fsdp_error_set(err, FSDP_COMM_ERROR, "nccl: %s: %s (%s)", what, cudaGetErrorString(e),
+                          cudaGetErrorName(e));
 }
 
 /* Marks the communicator broken (first reason wins) and aborts it. Called
    with mu held. */
 FSDP__NCCL_DEF void fsdp__nccl_break(fsdp__nccl *n, fsdp_result code, const char *msg)
 {
-    if (n->broken.code == FSDP_SUCCESS) {
-        n->broken.code = code;
-        snprintf(n->broken.message, sizeof n->broken.message, "%s", msg);
-    }
+    fsdp_error_stick(&n->broken, code, "%s", msg);
     if (!n->aborted && n->comm) {
         n->aborted = 1;
         ncclCommAbort(n->comm);
@@ -248,17 +213,17 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_check_broken(fsdp__nccl *n, fsdp_error *er
 FSDP__NCCL_DEF fsdp_result fsdp__nccl_settle(fsdp__nccl *n, ncclComm_t comm, ncclResult_t r,
                                              const char *what, fsdp_error *err)
 {
-    double t0 = fsdp__nccl_now_ms();
+    double t0 = fsdp_clock_ms();
     char msg[FSDP_ERROR_MAX];
     while (r == ncclInProgress) {
-        if (fsdp__nccl_now_ms() - t0 > (double)n->timeout_ms) {
+        if (fsdp_clock_ms() - t0 > (double)n->timeout_ms) {
             snprintf(msg, sizeof msg, "nccl: %s on rank %d did not complete in %d ms; "
                      "communicator aborted", what, n->rank, n->timeout_ms);
             pthread_mutex_lock(&n->mu);
             if (comm == n->comm) fsdp__nccl_break(n, FSDP_COMM_TIMEOUT, msg);
             else ncclCommAbort(comm);
             pthread_mutex_unlock(&n->mu);
-            return fsdp__nccl_fail(err, FSDP_COMM_TIMEOUT, "%s", msg);
+            return fsdp_error_set(err, FSDP_COMM_TIMEOUT, "%s", msg);
         }
         fsdp__nccl_sleep_us(100);
         if (comm == n->comm) { /* the watchdog may have aborted it meanwhile */
@@ -271,8 +236,8 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_settle(fsdp__nccl *n, ncclComm_t comm, ncc
         if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
     }
     if (r == ncclSuccess) return FSDP_SUCCESS;
-    return fsdp__nccl_fail(err, FSDP_COMM_ERROR, "nccl: %s on rank %d: %s (%s)", what, n->rank,
-                           ncclGetErrorString(r), comm ? ncclGetLastError(comm) : "");
+    return fsdp_error_set(err, FSDP_COMM_ERROR, "nccl: %s on rank %d: %s (%s)", what, n->rank,
+                          ncclGetErrorString(r), comm ? ncclGetLastError(comm) : "");
 }
 
 /* The watchdog: completion of the collectives in flight, asynchronous
@@ -297,7 +262,7 @@ FSDP__NCCL_DEF void *fsdp__nccl_watch(void *arg)
                 snprintf(msg, sizeof msg, "nccl: %s on rank %d failed on the GPU: %s; "
                          "communicator aborted", n->what[k], n->rank, cudaGetErrorString(q));
                 fsdp__nccl_break(n, FSDP_COMM_ERROR, msg);
-            } else if (fsdp__nccl_now_ms() - n->t0[k] > (double)n->timeout_ms) {
+            } else if (fsdp_clock_ms() - n->t0[k] > (double)n->timeout_ms) {
                 snprintf(msg, sizeof msg, "nccl: %s on rank %d did not complete in %d ms (a "
                          "peer is missing or issued another collective); communicator aborted",
                          n->what[k], n->rank, n->timeout_ms);
@@ -330,9 +295,6 @@ FSDP__NCCL_DEF void *fsdp__nccl_watch(void *arg)
     pthread_mutex_unlock(&n->mu);
     return NULL;
 }
-
-static const char *const fsdp__nccl_dtype_names[] = {"", "f32", "f64", "f16", "bf16",
-                                                    "u8", "i8", "i32", "i64"};
 
 FSDP__NCCL_DEF int fsdp__nccl_dtype(fsdp_dtype dt, ncclDataType_t *out)
 {
@@ -394,13 +356,13 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
     fsdp_result r;
     unsigned k;
     if (!fsdp__nccl_dtype(dt, &t))
-        return fsdp__nccl_fail(err, FSDP_INVALID_DTYPE, "nccl %s: invalid dtype %d", name, (int)dt);
+        return fsdp_error_set(err, FSDP_INVALID_DTYPE, "nccl %s: invalid dtype %d", name, (int)dt);
     if ((rop != FSDP_REDUCE_SUM && rop != FSDP_REDUCE_AVG) ||
         (ro == ncclAvg && !fsdp_dtype_is_float(dt) && (op == FSDP__NCCL_RS || op == FSDP__NCCL_AR)))
-        return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl %s: reduce op %d not allowed for %s",
-                               name, (int)rop, fsdp__nccl_dtype_names[dt]);
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "nccl %s: reduce op %d not allowed for %s",
+                              name, (int)rop, fsdp_dtype_name(dt));
     if (op == FSDP__NCCL_BC && (root < 0 || root >= n->nranks))
-        return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl broadcast: root %d not in [0, %d)",
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "nccl broadcast: root %d not in [0, %d)",
                                root, n->nranks);
     if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
     if (cudaSetDevice(n->device) != cudaSuccess)
@@ -410,16 +372,16 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
     if (s) {
         h = (cudaStream_t)fsdp_cuda_stream_handle(s);
         if (!h)
-            return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl %s: the stream is not a stream "
-                                   "of a CUDA device (fsdp_device_cuda_create)", name);
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "nccl %s: the stream is not a stream "
+                                  "of a CUDA device (fsdp_device_cuda_create)", name);
         if (fsdp_cuda_stream_device(s) != n->device)
-            return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl %s: the stream is on GPU %d, the "
-                                   "communicator on GPU %d", name, fsdp_cuda_stream_device(s),
-                                   n->device);
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "nccl %s: the stream is on GPU %d, the "
+                                  "communicator on GPU %d", name, fsdp_cuda_stream_device(s),
+                                  n->device);
         if (!fsdp__nccl_on_device(send) || !fsdp__nccl_on_device(recv))
-            return fsdp__nccl_fail(err, FSDP_INVALID_ARGS, "nccl %s: buffers must be device, "
-                                   "managed or pinned memory on a stream (stream NULL stages host "
-                                   "buffers)", name);
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "nccl %s: buffers must be device, "
+                                  "managed or pinned memory on a stream (stream NULL stages host "
+                                  "buffers)", name);
     } else {
         h = n->own;
         /* host buffers: staged through device memory (out of place) */
@@ -435,10 +397,10 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
     }
     pthread_mutex_lock(&n->mu);
     {
-        double t0 = fsdp__nccl_now_ms();
+        double t0 = fsdp_clock_ms();
         while (n->tail - n->head >= FSDP__NCCL_RING && !n->aborted) {
             struct timespec ts;
-            if (fsdp__nccl_now_ms() - t0 > (double)n->timeout_ms) break;
+            if (fsdp_clock_ms() - t0 > (double)n->timeout_ms) break;
             timespec_get(&ts, TIME_UTC);
             ts.tv_sec += 1;
             pthread_cond_timedwait(&n->cv, &n->mu, &ts);
@@ -452,7 +414,7 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
     pthread_mutex_lock(&n->mu);
     k = n->tail % FSDP__NCCL_RING;
     if (n->tail - n->head < FSDP__NCCL_RING && cudaEventRecord(n->ev[k], h) == cudaSuccess) {
-        n->t0[k] = fsdp__nccl_now_ms();
+        n->t0[k] = fsdp_clock_ms();
         n->what[k] = name;
         n->tail++;
         pthread_cond_broadcast(&n->cv);
@@ -551,7 +513,7 @@ FSDP__NCCL_DEF void fsdp__destroy__nccl(void *self)
     if (n->own) cudaStreamDestroy(n->own);
     pthread_cond_destroy(&n->cv);
     pthread_mutex_destroy(&n->mu);
-    fsdp__nccl_free(&h, n);
+    fsdp_hooks_free(&h, n);
 }
 
 FSDP__NCCL_DEF fsdp_result fsdp__nccl_wrap(fsdp__nccl *n, fsdp_comm **out, fsdp_error *err);
@@ -560,10 +522,10 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_wrap(fsdp__nccl *n, fsdp_comm **out, fsdp_
 FSDP__NCCL_DEF fsdp__nccl *fsdp__nccl_new(const fsdp_hooks *hooks, int device, int timeout_ms,
                                           fsdp_error *err)
 {
-    fsdp__nccl *n = (fsdp__nccl *)fsdp__nccl_alloc(hooks, sizeof *n);
+    fsdp__nccl *n = (fsdp__nccl *)fsdp_hooks_alloc(hooks, sizeof *n);
     int i;
     if (!n) {
-        fsdp__nccl_fail(err, FSDP_OUT_OF_MEMORY, "nccl: out of memory");
+        fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "nccl: out of memory");
         return NULL;
     }
     memset(n, 0, sizeof *n);
@@ -572,8 +534,8 @@ FSDP__NCCL_DEF fsdp__nccl *fsdp__nccl_new(const fsdp_hooks *hooks, int device, i
     n->device = device;
     n->timeout_ms = timeout_ms;
     if (pthread_mutex_init(&n->mu, NULL) != 0) {
-        fsdp__nccl_free(hooks, n);
-        fsdp__nccl_fail(err, FSDP_ERROR, "nccl: cannot create a mutex");
+        fsdp_hooks_free(hooks, n);
+        fsdp_error_set(err, FSDP_ERROR, "nccl: cannot create a mutex");
         return NULL;
     }
     pthread_cond_init(&n->cv, NULL);
@@ -624,7 +586,7 @@ FSDP__NCCL_DEF fsdp_result fsdp__split__nccl(void *self, int color, int key, voi
     ncclCommCount(nc, &c->nranks);
     if (pthread_create(&c->watchdog, NULL, fsdp__nccl_watch, c) != 0) {
         fsdp__destroy__nccl(c);
-        return fsdp__nccl_fail(err, FSDP_ERROR, "nccl: cannot start the watchdog thread");
+        return fsdp_error_set(err, FSDP_ERROR, "nccl: cannot start the watchdog thread");
     }
     c->watching = 1;
     *out_self = c;
@@ -661,12 +623,10 @@ FSDP_NCCL_API fsdp_nccl_desc fsdp_nccl_desc_default(void)
     return d;
 }
 
+/* A create's failure, already worded in *e. */
 FSDP__NCCL_DEF fsdp_result fsdp__nccl_create_fail(const fsdp_hooks *hooks, const fsdp_error *e)
 {
-    if (hooks && hooks->error) *hooks->error = *e;
-    if (hooks && hooks->log && (hooks->log_level ? hooks->log_level : FSDP_LOG_WARN) >= FSDP_LOG_ERROR)
-        hooks->log(hooks->log_user, FSDP_LOG_ERROR, e->message);
-    return e->code;
+    return fsdp_hooks_fail(hooks, e->code, "%s", e->message);
 }
 
 FSDP_NCCL_API fsdp_result fsdp_comm_nccl_create(const fsdp_nccl_desc *desc, fsdp_comm **out)
@@ -682,26 +642,29 @@ FSDP_NCCL_API fsdp_result fsdp_comm_nccl_create(const fsdp_nccl_desc *desc, fsdp
     memset(&e, 0, sizeof e);
     memset(&id, 0, sizeof id);
     if (!out || !desc) {
-        fsdp__nccl_fail(&e, FSDP_INVALID_ARGS, "fsdp_comm_nccl_create: %s is NULL",
-                        out ? "desc" : "out");
+        fsdp_error_set(&e, FSDP_INVALID_ARGS, "fsdp_comm_nccl_create: %s is NULL",
+                       out ? "desc" : "out");
         return fsdp__nccl_create_fail(hooks, &e);
     }
     *out = NULL;
     if (desc->nranks < 1 || desc->rank < 0 || desc->rank >= desc->nranks ||
         (!desc->bootstrap && !desc->unique_id) || desc->timeout_ms < 0) {
-        fsdp__nccl_fail(&e, FSDP_INVALID_ARGS,
-                        "fsdp_comm_nccl_create: rank %d of %d, bootstrap or unique_id, "
-                        "timeout_ms >= 0 are required", desc->rank, desc->nranks);
+        fsdp_error_set(&e, FSDP_INVALID_ARGS,
+                       "fsdp_comm_nccl_create: rank %d of %d, bootstrap or unique_id, "
+                       "timeout_ms >= 0 are required", desc->rank, desc->nranks);
         return fsdp__nccl_create_fail(hooks, &e);
     }
+    if (!fsdp_hooks_valid(hooks))
+        return fsdp_hooks_fail(hooks, FSDP_INVALID_ARGS, "fsdp_comm_nccl_create: set all of "
+                               "allocator alloc, realloc and free, or none");
     timeout = desc->timeout_ms ? desc->timeout_ms : 600000;
     {
         int count = 0;
         cudaError_t ce = cudaGetDeviceCount(&count);
         if (ce != cudaSuccess || desc->device < 0 || desc->device >= count) {
             if (ce != cudaSuccess) fsdp__nccl_cuda(&e, ce, "cudaGetDeviceCount");
-            else fsdp__nccl_fail(&e, FSDP_COMM_ERROR, "nccl: GPU %d does not exist (%d GPUs)",
-                                 desc->device, count);
+            else fsdp_error_set(&e, FSDP_COMM_ERROR, "nccl: GPU %d does not exist (%d GPUs)",
+                                desc->device, count);
             cudaGetLastError();
             return fsdp__nccl_create_fail(hooks, &e);
         }
@@ -711,15 +674,15 @@ FSDP_NCCL_API fsdp_result fsdp_comm_nccl_create(const fsdp_nccl_desc *desc, fsdp
     } else {
         ncclResult_t nr = ncclSuccess;
         if (desc->rank == 0 && (nr = ncclGetUniqueId(&id)) != ncclSuccess) {
-            fsdp__nccl_fail(&e, FSDP_COMM_ERROR, "nccl: ncclGetUniqueId: %s",
-                            ncclGetErrorString(nr));
+            fsdp_error_set(&e, FSDP_COMM_ERROR, "nccl: ncclGetUniqueId: %s",
+                           ncclGetErrorString(nr));
             return fsdp__nccl_create_fail(hooks, &e);
         }
         msg[0] = 0;
         if (desc->bootstrap(desc->bootstrap_user, desc->rank, desc->nranks, &id, sizeof id, msg) !=
             0) {
-            fsdp__nccl_fail(&e, FSDP_COMM_ERROR, "nccl: bootstrap of the unique id failed on rank "
-                            "%d: %s", desc->rank, msg[0] ? msg : "(no reason given)");
+            fsdp_error_set(&e, FSDP_COMM_ERROR, "nccl: bootstrap of the unique id failed on rank "
+                           "%d: %s", desc->rank, msg[0] ? msg : "(no reason given)");
             return fsdp__nccl_create_fail(hooks, &e);
         }
     }
@@ -731,9 +694,9 @@ FSDP_NCCL_API fsdp_result fsdp_comm_nccl_create(const fsdp_nccl_desc *desc, fsdp
     {
         ncclResult_t nr = ncclCommInitRankConfig(&n->comm, desc->nranks, id, desc->rank, &cfg);
         if (nr != ncclSuccess && nr != ncclInProgress) {
-            fsdp__nccl_fail(&e, FSDP_COMM_ERROR, "nccl: ncclCommInitRankConfig on rank %d: %s (%s)",
-                            desc->rank, ncclGetErrorString(nr),
-                            n->comm ? ncclGetLastError(n->comm) : ncclGetLastError(NULL));
+            fsdp_error_set(&e, FSDP_COMM_ERROR, "nccl: ncclCommInitRankConfig on rank %d: %s (%s)",
+                           desc->rank, ncclGetErrorString(nr),
+                           n->comm ? ncclGetLastError(n->comm) : ncclGetLastError(NULL));
             if (n->comm) {
                 ncclCommAbort(n->comm);
                 n->aborted = 1;
@@ -753,7 +716,7 @@ FSDP_NCCL_API fsdp_result fsdp_comm_nccl_create(const fsdp_nccl_desc *desc, fsdp
     }
     if (pthread_create(&n->watchdog, NULL, fsdp__nccl_watch, n) != 0) {
         fsdp__destroy__nccl(n);
-        fsdp__nccl_fail(&e, FSDP_ERROR, "nccl: cannot start the watchdog thread");
+        fsdp_error_set(&e, FSDP_ERROR, "nccl: cannot start the watchdog thread");
         return fsdp__nccl_create_fail(hooks, &e);
     }
     n->watching = 1;
@@ -773,7 +736,7 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, voi
     const fsdp_nccl_file *f = (const fsdp_nccl_file *)user;
     char tmp[4096], ack[4096];
     int timeout, r;
-    double t0 = fsdp__nccl_now_ms();
+    double t0 = fsdp_clock_ms();
     static const char magic[8] = {'F', 'S', 'D', 'P', 'N', 'C', 'C', 'L'};
     if (!f || !f->path || !id || !bytes || bytes > 4096 || nranks < 1 || rank < 0 ||
         rank >= nranks) {
@@ -819,7 +782,7 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, voi
                 else left++;
             }
             if (!left) break;
-            if (fsdp__nccl_now_ms() - t0 > (double)timeout) {
+            if (fsdp_clock_ms() - t0 > (double)timeout) {
                 if (msg)
                     snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: %d of %d ranks did not read "
                              "'%s' within %d ms", left, nranks - 1, f->path, timeout);
@@ -868,7 +831,7 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, voi
                 return 0;
             }
         }
-        if (fsdp__nccl_now_ms() - t0 > (double)timeout) {
+        if (fsdp_clock_ms() - t0 > (double)timeout) {
             if (msg)
                 snprintf(msg, FSDP_ERROR_MAX, "bootstrap_file: rank %d found no id in '%s' "
                          "within %d ms", rank, f->path, timeout);

@@ -106,9 +106,18 @@ FSDP_CUDA_API int fsdp_cuda_stream_device(const fsdp_stream *s);
 /* For tests: n f32 <-> bf16/f16 conversions on the host with the very
    functions the kernels run (__host__ __device__), so a machine without a
    GPU checks them against fsdp.h. dst_dt/src_dt: FSDP_F32 with FSDP_BF16 or
-   FSDP_F16. Returns 0, or -1 for another pair. */
-FSDP_CUDA_API int fsdp__cuda_convert_host(void *dst, fsdp_dtype dst_dt, const void *src,
-                                          fsdp_dtype src_dt, size_t n);
+   FSDP_F16. Returns 0, or -1 for another pair. Thread safety: any thread. */
+FSDP_CUDA_API int fsdp_cuda_convert_host(void *dst, fsdp_dtype dst_dt, const void *src,
+                                         fsdp_dtype src_dt, size_t n);
+
+#ifndef FSDP_NO_DEPRECATED
+/* Deprecated: fsdp_cuda_convert_host (public names have one underscore). */
+static inline int fsdp__cuda_convert_host(void *dst, fsdp_dtype dst_dt, const void *src,
+                                          fsdp_dtype src_dt, size_t n)
+{
+    return fsdp_cuda_convert_host(dst, dst_dt, src, src_dt, n);
+}
+#endif
 
 #ifdef __cplusplus
 }
@@ -130,7 +139,6 @@ FSDP_CUDA_API int fsdp__cuda_convert_host(void *dst, fsdp_dtype dst_dt, const vo
 #include <cuda_runtime.h>
 #include <math.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,38 +200,14 @@ typedef struct fsdp__cuda_event {
     cudaEvent_t h;
 } fsdp__cuda_event;
 
-static void *fsdp__cuda_malloc(const fsdp_hooks *h, size_t n)
-{
-    if (h && h->allocator.alloc) return h->allocator.alloc(h->allocator.user, n);
-    return malloc(n);
-}
-
-static void fsdp__cuda_mfree(const fsdp_hooks *h, void *p)
-{
-    if (!p) return;
-    if (h && h->allocator.free) h->allocator.free(h->allocator.user, p);
-    else free(p);
-}
-
-static fsdp_result fsdp__cuda_fail(fsdp_error *err, fsdp_result code, const char *fmt, ...)
-{
-    va_list ap;
-    if (!err) return code;
-    err->code = code;
-    va_start(ap, fmt);
-    vsnprintf(err->message, sizeof err->message, fmt, ap);
-    va_end(ap);
-    return code;
-}
-
 /* A CUDA error as a device error with CUDA's own words. */
 static fsdp_result fsdp__cuda_check(fsdp_error *err, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess) return FSDP_SUCCESS;
-    return fsdp__cuda_fail(err, e == cudaErrorMemoryAllocation ? FSDP_OUT_OF_MEMORY
+    return fsdp_error_set(err, e == cudaErrorMemoryAllocation ? FSDP_OUT_OF_MEMORY
                                                                 : FSDP_DEVICE_ERROR,
-                           "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
-                           cudaGetErrorName(e));
+                          "cuda: %s: %s (%s)", what, cudaGetErrorString(e),
+                          cudaGetErrorName(e));
 }
 
 #define FSDP__CUDA_TRY(err, call, what)                                        \
@@ -265,10 +249,10 @@ static fsdp_result fsdp__cuda_need(fsdp__cuda *d, const void *p, const char *fn,
                                    const char *what, fsdp_error *err)
 {
     if (fsdp__cuda_reachable(d, p)) return FSDP_SUCCESS;
-    return fsdp__cuda_fail(err, FSDP_INVALID_ARGS,
-                           "cuda %s: %s (%p) is pageable host memory, which GPU %d cannot "
-                           "read; use device, managed or pinned (fsdp_device_host_alloc) "
-                           "memory", fn, what, p, d->device);
+    return fsdp_error_set(err, FSDP_INVALID_ARGS,
+                          "cuda %s: %s (%p) is pageable host memory, which GPU %d cannot "
+                          "read; use device, managed or pinned (fsdp_device_host_alloc) "
+                          "memory", fn, what, p, d->device);
 }
 
 static int fsdp__cuda_blocks(const fsdp__cuda *d, size_t work)
@@ -757,8 +741,8 @@ static fsdp_result fsdp__alloc__cuda(void *self, size_t bytes, void **out, fsdp_
         *out = NULL;
         cudaGetLastError();
         fsdp__cuda_check(err, e, d->managed ? "cudaMallocManaged" : "cudaMalloc");
-        return fsdp__cuda_fail(err, err->code, "%s of %zu bytes on GPU %d", err->message, bytes,
-                               d->device);
+        return fsdp_error_set(err, err->code, "%s of %zu bytes on GPU %d", err->message, bytes,
+                              d->device);
     }
     return FSDP_SUCCESS;
 }
@@ -782,7 +766,7 @@ static fsdp_result fsdp__host_alloc__cuda(void *self, size_t bytes, void **out, 
         *out = NULL;
         cudaGetLastError();
         fsdp__cuda_check(err, e, "cudaMallocHost");
-        return fsdp__cuda_fail(err, err->code, "%s of %zu pinned bytes", err->message, bytes);
+        return fsdp_error_set(err, err->code, "%s of %zu pinned bytes", err->message, bytes);
     }
     return FSDP_SUCCESS;
 }
@@ -822,10 +806,10 @@ static fsdp_result fsdp__cuda_stream_init(fsdp__cuda *d, fsdp__cuda_stream *st, 
     st->device = d->device;
     st->dev = d;
     if (pthread_mutex_init(&st->mu, NULL) != 0)
-        return fsdp__cuda_fail(err, FSDP_ERROR, "cuda: cannot create a mutex");
+        return fsdp_error_set(err, FSDP_ERROR, "cuda: cannot create a mutex");
     if (pthread_cond_init(&st->cv, NULL) != 0) {
         pthread_mutex_destroy(&st->mu);
-        return fsdp__cuda_fail(err, FSDP_ERROR, "cuda: cannot create a condition variable");
+        return fsdp_error_set(err, FSDP_ERROR, "cuda: cannot create a condition variable");
     }
     e = cudaStreamCreateWithFlags(&st->h, cudaStreamNonBlocking);
     if (e != cudaSuccess) {
@@ -844,11 +828,11 @@ static fsdp_result fsdp__stream_create__cuda(void *self, fsdp_stream **out, fsdp
     fsdp_result r;
     *out = NULL;
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
-    st = (fsdp__cuda_stream *)fsdp__cuda_malloc(&d->hooks, sizeof *st);
-    if (!st) return fsdp__cuda_fail(err, FSDP_OUT_OF_MEMORY, "cuda stream: out of memory");
+    st = (fsdp__cuda_stream *)fsdp_hooks_alloc(&d->hooks, sizeof *st);
+    if (!st) return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "cuda stream: out of memory");
     r = fsdp__cuda_stream_init(d, st, err);
     if (r != FSDP_SUCCESS) {
-        fsdp__cuda_mfree(&d->hooks, st);
+        fsdp_hooks_free(&d->hooks, st);
         return r;
     }
     *out = (fsdp_stream *)st;
@@ -863,7 +847,7 @@ static void fsdp__stream_destroy__cuda(void *self, fsdp_stream *s)
     cudaSetDevice(d->device);
     fsdp__cuda_stream_fini(st);
     st->magic = 0;
-    fsdp__cuda_mfree(&d->hooks, st);
+    fsdp_hooks_free(&d->hooks, st);
 }
 
 static fsdp_result fsdp__cuda_sticky(fsdp__cuda_stream *st, fsdp_error *err)
@@ -892,11 +876,11 @@ static fsdp_result fsdp__event_create__cuda(void *self, fsdp_event **out, fsdp_e
     cudaError_t e;
     *out = NULL;
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
-    ev = (fsdp__cuda_event *)fsdp__cuda_malloc(&d->hooks, sizeof *ev);
-    if (!ev) return fsdp__cuda_fail(err, FSDP_OUT_OF_MEMORY, "cuda event: out of memory");
+    ev = (fsdp__cuda_event *)fsdp_hooks_alloc(&d->hooks, sizeof *ev);
+    if (!ev) return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "cuda event: out of memory");
     e = cudaEventCreateWithFlags(&ev->h, cudaEventDisableTiming);
     if (e != cudaSuccess) {
-        fsdp__cuda_mfree(&d->hooks, ev);
+        fsdp_hooks_free(&d->hooks, ev);
         return fsdp__cuda_check(err, e, "cudaEventCreateWithFlags");
     }
     *out = (fsdp_event *)ev;
@@ -910,7 +894,7 @@ static void fsdp__event_destroy__cuda(void *self, fsdp_event *e)
     if (!ev) return;
     cudaSetDevice(d->device);
     cudaEventDestroy(ev->h);
-    fsdp__cuda_mfree(&d->hooks, ev);
+    fsdp_hooks_free(&d->hooks, ev);
 }
 
 /* s NULL marks "now": the private stream is idle between calls */
@@ -966,15 +950,12 @@ static void *fsdp__cuda_worker(void *arg)
         memset(&e, 0, sizeof e);
         r = j->fn(j->arg, &e);
         pthread_mutex_lock(&st->mu);
-        if (r != FSDP_SUCCESS && st->sticky.code == FSDP_SUCCESS) {
-            st->sticky = e;
-            st->sticky.code = r;
-            if (!e.message[0])
-                snprintf(st->sticky.message, sizeof st->sticky.message,
-                         "a task on a cuda stream failed (%d)", (int)r);
-        }
+        if (r != FSDP_SUCCESS && e.message[0])
+            fsdp_error_stick(&st->sticky, r, "%s", e.message);
+        else if (r != FSDP_SUCCESS)
+            fsdp_error_stick(&st->sticky, r, "a task on a cuda stream failed (%d)", (int)r);
         __atomic_store_n(st->flag, j->seq, __ATOMIC_RELEASE);
-        fsdp__cuda_mfree(&st->dev->hooks, j);
+        fsdp_hooks_free(&st->dev->hooks, j);
     }
     pthread_mutex_unlock(&st->mu);
     return NULL;
@@ -1018,7 +999,7 @@ static fsdp_result fsdp__cuda_worker_start(fsdp__cuda *d, fsdp__cuda_stream *st,
     if (pthread_create(&st->worker, NULL, fsdp__cuda_worker, st) != 0) {
         cudaFreeHost(st->flag);
         st->flag = NULL;
-        return fsdp__cuda_fail(err, FSDP_ERROR, "cuda launch: cannot start a worker thread");
+        return fsdp_error_set(err, FSDP_ERROR, "cuda launch: cannot start a worker thread");
     }
     st->worker_on = 1;
     (void)d;
@@ -1036,15 +1017,15 @@ static fsdp_result fsdp__launch__cuda(void *self, fsdp_stream *s, fsdp_task_fn f
     if (!s) return fn(arg, err); /* now, on the calling thread */
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
     if (!st->worker_on && (r = fsdp__cuda_worker_start(d, st, err)) != FSDP_SUCCESS) return r;
-    j = (fsdp__cuda_job *)fsdp__cuda_malloc(&d->hooks, sizeof *j);
-    if (!j) return fsdp__cuda_fail(err, FSDP_OUT_OF_MEMORY, "cuda launch: out of memory");
+    j = (fsdp__cuda_job *)fsdp_hooks_alloc(&d->hooks, sizeof *j);
+    if (!j) return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "cuda launch: out of memory");
     j->fn = fn;
     j->arg = arg;
     j->seq = st->issued + 1;
     j->next = (fsdp__cuda_job *)(void *)st;
     e = cudaLaunchHostFunc(st->h, fsdp__cuda_post, j);
     if (e != cudaSuccess) {
-        fsdp__cuda_mfree(&d->hooks, j);
+        fsdp_hooks_free(&d->hooks, j);
         return fsdp__cuda_check(err, e, "cudaLaunchHostFunc");
     }
     st->issued++;
@@ -1128,8 +1109,8 @@ static fsdp_result fsdp__cast__cuda(void *self, void *dst, fsdp_dtype ddt, const
     if (ddt == sdt) return fsdp__copy__cuda(self, dst, src, n * fsdp_dtype_size(ddt),
                                             FSDP_COPY_DEFAULT, s, err);
     if (!fsdp_dtype_is_float(ddt) || !fsdp_dtype_is_float(sdt))
-        return fsdp__cuda_fail(err, FSDP_INVALID_DTYPE, "cuda cast %s -> %s: not float dtypes",
-                               fsdp_dtype_name(sdt), fsdp_dtype_name(ddt));
+        return fsdp_error_set(err, FSDP_INVALID_DTYPE, "cuda cast %s -> %s: not float dtypes",
+                              fsdp_dtype_name(sdt), fsdp_dtype_name(ddt));
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
     src_ok = fsdp__cuda_reachable(d, src);
     dst_ok = fsdp__cuda_reachable(d, dst);
@@ -1142,9 +1123,9 @@ static fsdp_result fsdp__cast__cuda(void *self, void *dst, fsdp_dtype ddt, const
        bits: fsdp_convert is the reference) and copy */
     if (!src_ok && !dst_ok) return fsdp_convert(dst, ddt, src, sdt, n) == FSDP_SUCCESS
                                        ? FSDP_SUCCESS
-                                       : fsdp__cuda_fail(err, FSDP_INVALID_DTYPE, "cuda cast: fsdp_convert failed");
-    tmp = fsdp__cuda_malloc(&d->hooks, n * (src_ok ? fsdp_dtype_size(sdt) : fsdp_dtype_size(ddt)));
-    if (!tmp) return fsdp__cuda_fail(err, FSDP_OUT_OF_MEMORY, "cuda cast: out of host memory");
+                                       : fsdp_error_set(err, FSDP_INVALID_DTYPE, "cuda cast: fsdp_convert failed");
+    tmp = fsdp_hooks_alloc(&d->hooks, n * (src_ok ? fsdp_dtype_size(sdt) : fsdp_dtype_size(ddt)));
+    if (!tmp) return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "cuda cast: out of host memory");
     if (!src_ok) { /* host -> device */
         fsdp_convert(tmp, ddt, src, sdt, n);
         r = fsdp__copy__cuda(self, dst, tmp, n * fsdp_dtype_size(ddt), FSDP_COPY_H2D, NULL, err);
@@ -1152,7 +1133,7 @@ static fsdp_result fsdp__cast__cuda(void *self, void *dst, fsdp_dtype ddt, const
         r = fsdp__copy__cuda(self, tmp, src, n * fsdp_dtype_size(sdt), FSDP_COPY_D2H, NULL, err);
         if (r == FSDP_SUCCESS) fsdp_convert(dst, ddt, tmp, sdt, n);
     }
-    fsdp__cuda_mfree(&d->hooks, tmp);
+    fsdp_hooks_free(&d->hooks, tmp);
     return r;
 }
 
@@ -1165,8 +1146,8 @@ static fsdp_result fsdp__scale__cuda(void *self, void *x, fsdp_dtype dt, double 
     float a = (float)alpha;
     if (n == 0) return FSDP_SUCCESS;
     if (!fsdp_dtype_is_float(dt))
-        return fsdp__cuda_fail(err, FSDP_INVALID_DTYPE, "cuda scale: dtype %s is not a float",
-                               fsdp_dtype_name(dt));
+        return fsdp_error_set(err, FSDP_INVALID_DTYPE, "cuda scale: dtype %s is not a float",
+                              fsdp_dtype_name(dt));
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
     if (fsdp__cuda_need(d, x, "scale", "x", err) != FSDP_SUCCESS) return err->code;
     if (dt == FSDP_F32) {
@@ -1208,8 +1189,8 @@ static fsdp_result fsdp__accumulate__cuda(void *self, void *dst, fsdp_dtype ddt,
     float a = (float)alpha;
     if (n == 0) return FSDP_SUCCESS;
     if (!fsdp_dtype_is_float(ddt) || !fsdp_dtype_is_float(sdt))
-        return fsdp__cuda_fail(err, FSDP_INVALID_DTYPE, "cuda accumulate: dtypes %s, %s not allowed",
-                               fsdp_dtype_name(ddt), fsdp_dtype_name(sdt));
+        return fsdp_error_set(err, FSDP_INVALID_DTYPE, "cuda accumulate: dtypes %s, %s not allowed",
+                              fsdp_dtype_name(ddt), fsdp_dtype_name(sdt));
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
     if (fsdp__cuda_need(d, dst, "accumulate", "dst", err) != FSDP_SUCCESS) return err->code;
     if (fsdp__cuda_need(d, src, "accumulate", "src", err) != FSDP_SUCCESS) return err->code;
@@ -1243,7 +1224,7 @@ static void CUDART_CB fsdp__cuda_ss_store(void *data)
     fsdp_hooks h = t->hooks;
     *t->out = ((volatile double *)t->st->slots)[t->slot];
     __atomic_store_n(&t->st->busy[t->slot], 0, __ATOMIC_RELEASE);
-    fsdp__cuda_mfree(&h, t);
+    fsdp_hooks_free(&h, t);
 }
 
 static fsdp_result fsdp__sum_squares__cuda(void *self, const void *x, fsdp_dtype dt, size_t n,
@@ -1256,8 +1237,8 @@ static fsdp_result fsdp__sum_squares__cuda(void *self, const void *x, fsdp_dtype
     unsigned slot;
     int nb;
     if (!fsdp_dtype_is_float(dt))
-        return fsdp__cuda_fail(err, FSDP_INVALID_DTYPE, "cuda sum_squares: dtype %s is not a float",
-                               fsdp_dtype_name(dt));
+        return fsdp_error_set(err, FSDP_INVALID_DTYPE, "cuda sum_squares: dtype %s is not a float",
+                              fsdp_dtype_name(dt));
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
     if (n && fsdp__cuda_need(d, x, "sum_squares", "x", err) != FSDP_SUCCESS) return err->code;
     if (!st->partials) {
@@ -1276,8 +1257,8 @@ static fsdp_result fsdp__sum_squares__cuda(void *self, const void *x, fsdp_dtype
     FSDP__CUDA_TRY(err, cudaHostGetDevicePointer((void **)&dslot, st->slots + slot, 0),
                    "cudaHostGetDevicePointer");
     if (s) {
-        t = (fsdp__cuda_ss_task *)fsdp__cuda_malloc(&d->hooks, sizeof *t);
-        if (!t) return fsdp__cuda_fail(err, FSDP_OUT_OF_MEMORY, "cuda sum_squares: out of memory");
+        t = (fsdp__cuda_ss_task *)fsdp_hooks_alloc(&d->hooks, sizeof *t);
+        if (!t) return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "cuda sum_squares: out of memory");
         t->hooks = d->hooks;
         t->st = st;
         t->slot = slot;
@@ -1299,7 +1280,7 @@ static fsdp_result fsdp__sum_squares__cuda(void *self, const void *x, fsdp_dtype
         if (e == cudaSuccess && t) e = cudaLaunchHostFunc(st->h, fsdp__cuda_ss_store, t);
         if (e != cudaSuccess) {
             __atomic_store_n(&st->busy[slot], 0, __ATOMIC_RELEASE);
-            fsdp__cuda_mfree(&d->hooks, t);
+            fsdp_hooks_free(&d->hooks, t);
             return fsdp__cuda_check(err, e, "sum_squares kernel");
         }
     }
@@ -1361,16 +1342,16 @@ static fsdp_result fsdp__optim_step__cuda(void *self, const struct fsdp_optim_co
     unsigned mask;
     msg[0] = 0;
     if (fsdp_optim_check(c, msg) != FSDP_SUCCESS)
-        return fsdp__cuda_fail(err, FSDP_INVALID_ARGS, "cuda optim_step: %s", msg);
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "cuda optim_step: %s", msg);
     if (step < 1 || !st)
-        return fsdp__cuda_fail(err, FSDP_INVALID_ARGS, "cuda optim_step: step %lld < 1 or no state",
-                               (long long)step);
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "cuda optim_step: step %lld < 1 or no state",
+                              (long long)step);
     if (n == 0) return FSDP_SUCCESS;
     mask = fsdp_optim_state_mask(c);
     if (!param || !grad || ((mask & 1u) && !st->exp_avg) || ((mask & 2u) && !st->exp_avg_sq) ||
         ((mask & 4u) && !st->max_exp_avg_sq) || ((mask & 8u) && !st->momentum_buffer))
-        return fsdp__cuda_fail(err, FSDP_INVALID_ARGS,
-                               "cuda optim_step: a parameter, gradient or state buffer is NULL");
+        return fsdp_error_set(err, FSDP_INVALID_ARGS,
+                              "cuda optim_step: a parameter, gradient or state buffer is NULL");
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
     if (fsdp__cuda_need(d, param, "optim_step", "param", err) != FSDP_SUCCESS ||
         fsdp__cuda_need(d, grad, "optim_step", "grad", err) != FSDP_SUCCESS ||
@@ -1425,14 +1406,14 @@ static fsdp_result fsdp__cuda_probe(fsdp__cuda *d, fsdp_error *err)
     }
     if (e != cudaSuccess) {
         fsdp__cuda_check(err, e, "probe kernel");
-        return fsdp__cuda_fail(err, FSDP_DEVICE_ERROR, "fsdp_device_cuda_create: GPU %d: %s (was "
-                               "fsdp_cuda.cu built for this GPU's architecture?)", d->device,
-                               err->message);
+        return fsdp_error_set(err, FSDP_DEVICE_ERROR, "fsdp_device_cuda_create: GPU %d: %s (was "
+                              "fsdp_cuda.cu built for this GPU's architecture?)", d->device,
+                              err->message);
     }
     if (got == 0.0f)
-        return fsdp__cuda_fail(err, FSDP_NOT_SUPPORTED, "fsdp_device_cuda_create: fsdp_cuda.cu "
-                               "was compiled with flush-to-zero (-ftz=true or --use_fast_math); "
-                               "its results would differ from the CPU's");
+        return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "fsdp_device_cuda_create: fsdp_cuda.cu "
+                              "was compiled with flush-to-zero (-ftz=true or --use_fast_math); "
+                              "its results would differ from the CPU's");
     return FSDP_SUCCESS;
 }
 
@@ -1442,7 +1423,7 @@ static void fsdp__destroy__cuda(void *self)
     fsdp_hooks h = d->hooks;
     cudaSetDevice(d->device);
     fsdp__cuda_stream_fini(&d->nowst);
-    fsdp__cuda_mfree(&h, d);
+    fsdp_hooks_free(&h, d);
 }
 
 static fsdp__cuda_stream *fsdp__cuda_st(fsdp__cuda *d, fsdp_stream *s)
@@ -1474,12 +1455,10 @@ extern "C" FSDP_CUDA_API int fsdp_cuda_device_count(char *msg)
     return n > 0 ? n : 0;
 }
 
-static fsdp_result fsdp__cuda_create_fail(const fsdp_hooks *hooks, fsdp_error *e)
+/* A create's failure, already worded in *e. */
+static fsdp_result fsdp__cuda_create_fail(const fsdp_hooks *hooks, const fsdp_error *e)
 {
-    if (hooks && hooks->error) *hooks->error = *e;
-    if (hooks && hooks->log && (hooks->log_level ? hooks->log_level : FSDP_LOG_WARN) >= FSDP_LOG_ERROR)
-        hooks->log(hooks->log_user, FSDP_LOG_ERROR, e->message);
-    return e->code;
+    return fsdp_hooks_fail(hooks, e->code, "%s", e->message);
 }
 
 extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_device_desc *desc,
@@ -1495,19 +1474,18 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
     cudaError_t ce;
     memset(&e, 0, sizeof e);
     if (!out) {
-        fsdp__cuda_fail(&e, FSDP_INVALID_ARGS, "fsdp_device_cuda_create: out is NULL");
+        fsdp_error_set(&e, FSDP_INVALID_ARGS, "fsdp_device_cuda_create: out is NULL");
         return fsdp__cuda_create_fail(hooks, &e);
     }
     *out = NULL;
-    if ((dd.hooks.allocator.alloc != NULL) != (dd.hooks.allocator.free != NULL) ||
-        (dd.hooks.allocator.alloc != NULL) != (dd.hooks.allocator.realloc != NULL)) {
-        fsdp__cuda_fail(&e, FSDP_INVALID_ARGS,
-                        "fsdp_device_cuda_create: set all of allocator alloc, realloc and free, or none");
+    if (!fsdp_hooks_valid(&dd.hooks)) {
+        fsdp_error_set(&e, FSDP_INVALID_ARGS,
+                       "fsdp_device_cuda_create: set all of allocator alloc, realloc and free, or none");
         return fsdp__cuda_create_fail(hooks, &e);
     }
     if (dd.memory < FSDP_CUDA_MEMORY_DEFAULT || dd.memory > FSDP_CUDA_MEMORY_MANAGED) {
-        fsdp__cuda_fail(&e, FSDP_INVALID_ARGS, "fsdp_device_cuda_create: unknown memory mode %d",
-                        (int)dd.memory);
+        fsdp_error_set(&e, FSDP_INVALID_ARGS, "fsdp_device_cuda_create: unknown memory mode %d",
+                       (int)dd.memory);
         return fsdp__cuda_create_fail(hooks, &e);
     }
     ce = cudaGetDeviceCount(&count);
@@ -1518,16 +1496,16 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
         return fsdp__cuda_create_fail(hooks, &e);
     }
     if (dd.device < 0 || dd.device >= count) {
-        fsdp__cuda_fail(&e, count ? FSDP_INVALID_ARGS : FSDP_DEVICE_ERROR,
-                        "fsdp_device_cuda_create: device %d does not exist (%d CUDA devices)",
-                        dd.device, count);
+        fsdp_error_set(&e, count ? FSDP_INVALID_ARGS : FSDP_DEVICE_ERROR,
+                       "fsdp_device_cuda_create: device %d does not exist (%d CUDA devices)",
+                       dd.device, count);
         return fsdp__cuda_create_fail(hooks, &e);
     }
     if (fsdp__cuda_check(&e, cudaSetDevice(dd.device), "cudaSetDevice") != FSDP_SUCCESS)
         return fsdp__cuda_create_fail(hooks, &e);
-    d = (fsdp__cuda *)fsdp__cuda_malloc(hooks, sizeof *d);
+    d = (fsdp__cuda *)fsdp_hooks_alloc(hooks, sizeof *d);
     if (!d) {
-        fsdp__cuda_fail(&e, FSDP_OUT_OF_MEMORY, "fsdp_device_cuda_create: out of memory");
+        fsdp_error_set(&e, FSDP_OUT_OF_MEMORY, "fsdp_device_cuda_create: out of memory");
         return fsdp__cuda_create_fail(hooks, &e);
     }
     memset(d, 0, sizeof *d);
@@ -1545,10 +1523,10 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
         v = 0;
         cudaDeviceGetAttribute(&v, cudaDevAttrConcurrentManagedAccess, dd.device);
         if (!v) {
-            fsdp__cuda_fail(&e, FSDP_NOT_SUPPORTED,
-                            "fsdp_device_cuda_create: GPU %d has no concurrent managed access; "
-                            "FSDP_CUDA_MEMORY_MANAGED needs it", dd.device);
-            fsdp__cuda_mfree(hooks, d);
+            fsdp_error_set(&e, FSDP_NOT_SUPPORTED,
+                           "fsdp_device_cuda_create: GPU %d has no concurrent managed access; "
+                           "FSDP_CUDA_MEMORY_MANAGED needs it", dd.device);
+            fsdp_hooks_free(hooks, d);
             return fsdp__cuda_create_fail(hooks, &e);
         }
     }
@@ -1563,12 +1541,12 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
     cudaGetLastError();
     r = fsdp__cuda_stream_init(d, &d->nowst, &e);
     if (r != FSDP_SUCCESS) {
-        fsdp__cuda_mfree(hooks, d);
+        fsdp_hooks_free(hooks, d);
         return fsdp__cuda_create_fail(hooks, &e);
     }
     if ((r = fsdp__cuda_probe(d, &e)) != FSDP_SUCCESS) {
         fsdp__cuda_stream_fini(&d->nowst);
-        fsdp__cuda_mfree(hooks, d);
+        fsdp_hooks_free(hooks, d);
         return fsdp__cuda_create_fail(hooks, &e);
     }
     memset(&vt, 0, sizeof vt);
@@ -1599,7 +1577,7 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
     r = fsdp_device_create(&vt, d, hooks, out);
     if (r != FSDP_SUCCESS) {
         fsdp__cuda_stream_fini(&d->nowst);
-        fsdp__cuda_mfree(hooks, d);
+        fsdp_hooks_free(hooks, d);
     }
     return r;
 }
@@ -1611,8 +1589,8 @@ extern "C" FSDP_CUDA_API void *fsdp_cuda_stream_handle(const fsdp_stream *s)
     return (void *)st->h;
 }
 
-extern "C" FSDP_CUDA_API int fsdp__cuda_convert_host(void *dst, fsdp_dtype ddt, const void *src,
-                                                     fsdp_dtype sdt, size_t n)
+extern "C" FSDP_CUDA_API int fsdp_cuda_convert_host(void *dst, fsdp_dtype ddt, const void *src,
+                                                    fsdp_dtype sdt, size_t n)
 {
     size_t i;
     const float *f = (const float *)src;

@@ -102,7 +102,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     (void)nranks;
     snprintf(path, sizeof path, "%s/ckpt", b->dir);
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         snprintf(b->msg[rank], FSDP_ERROR_MAX, "device/comm creation failed");
         goto done;
     }

@@ -169,7 +169,7 @@ static int bench_mpi(int argc, char **argv)
         d.hooks.error = &err;
         d.disable_mismatch_check = j > 0;
         d.timeout_ms = j == 2 ? -1 : 0;
-        if (fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &m.lib[j]) != FSDP_SUCCESS) {
+        if (fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &m.lib[j]) != FSDP_SUCCESS) {
             fprintf(stderr, "bench_comm: %s\n", err.message);
             goto done;
         }
@@ -247,7 +247,7 @@ static int bench_gloo_rank(const char *dir, int rank, int size)
         d.size = size;
         d.timeout_ms = j == 2 ? -1 : 60000;
         d.disable_mismatch_check = j > 0;
-        if (fsdp_gloo_comm_create(&d, &g.lib[j]) != FSDP_SUCCESS) {
+        if (fsdp_comm_gloo_create(&d, &g.lib[j]) != FSDP_SUCCESS) {
             fprintf(stderr, "bench_comm: %s\n", err.message);
             goto done;
         }

@@ -77,7 +77,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     j->ok = 0;
     memset(&err, 0, sizeof err);
     if (!t || fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS)
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS)
         goto out;
     memset(&d, 0, sizeof d);
     d.hooks.error = &err;

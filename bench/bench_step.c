@@ -336,7 +336,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     int it, k, ok = 0;
     fsdp_memory_stats ms;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS)
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS)
         FAIL("rank %d: cannot create the device or communicator", rank);
     /* 1. communication alone; rank 0 decides C and tells everyone */
     if (!measure_comm(sh, comm, rank, nranks)) goto done;

@@ -77,7 +77,7 @@ static int bench_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     memset(grad, 0, sizeof grad);
     memset(st, 0, sizeof st);
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS)
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS)
         goto done;
     memset(ps, 0, sizeof ps);
     for (i = 0; i < b->np; i++) {

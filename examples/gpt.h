@@ -1280,7 +1280,7 @@ static int gpt__local_rank(int rank, int nranks, fsdp_local_world *world, void *
     fsdp_result r;
     int ok = 0;
     if ((r = fsdp_device_cpu_create(NULL, &dev)) != FSDP_SUCCESS ||
-        (r = fsdp_local_comm_create(world, rank, dev, &comm)) != FSDP_SUCCESS)
+        (r = fsdp_comm_local_create(world, rank, dev, &comm)) != FSDP_SUCCESS)
         snprintf(sh->res->msg[rank], sizeof sh->res->msg[rank],
                  "rank %d: cannot create the device or communicator: %s", rank,
                  fsdp_result_string(r));

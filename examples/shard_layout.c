@@ -116,7 +116,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     float *shard = NULL, *full = NULL;
     int u, e, bad = 0;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         fprintf(stderr, "rank %d: cannot create the device or communicator\n", rank);
         fsdp_device_destroy(dev);
         return 1;

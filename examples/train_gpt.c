@@ -249,7 +249,7 @@ static int run_one_rank(const gpt_config *cfg, const backend_opts *b, const fsdp
         d.hooks.error = &err;
         d.dev = dev;
         d.expected_size = nranks;
-        r = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
+        r = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);
     }
 #endif
 #ifdef FSDP_HAVE_GLOO
@@ -263,7 +263,7 @@ static int run_one_rank(const gpt_config *cfg, const backend_opts *b, const fsdp
         d.host = b->host;
         d.rank = rank;
         d.size = nranks;
-        r = fsdp_gloo_comm_create(&d, &comm);
+        r = fsdp_comm_gloo_create(&d, &comm);
     }
 #endif
     if (r != FSDP_SUCCESS)

@@ -754,7 +754,7 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
     fsdp_error err;
     memset(&err, 0, sizeof err);
     (void)nranks;
-    if (cfg->backend == 0) return fsdp_local_comm_create(world, rank, dev, comm);
+    if (cfg->backend == 0) return fsdp_comm_local_create(world, rank, dev, comm);
 #ifdef FSDP_HAVE_MPI
     if (cfg->backend == 1) {
         fsdp_mpi_desc d;
@@ -762,7 +762,7 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
         d.hooks.error = &err;
         d.dev = dev;
         d.expected_size = nranks;
-        r = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, comm);
+        r = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, comm);
     }
 #endif
 #ifdef FSDP_HAVE_CUDA
@@ -807,7 +807,7 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
         d.host = cfg->host;
         d.rank = rank;
         d.size = nranks;
-        r = fsdp_gloo_comm_create(&d, comm);
+        r = fsdp_comm_gloo_create(&d, comm);
     }
 #endif
     if (r != FSDP_SUCCESS)

@@ -154,7 +154,7 @@ static int env_open(rank_env *e, int rank, fsdp_local_world *world, const fsdp_m
     fsdp_ctx_desc d;
     memset(e, 0, sizeof *e);
     if (fsdp_device_cpu_create(NULL, &e->dev) != FSDP_SUCCESS) return 0;
-    if (fsdp_local_comm_create(world, rank, e->dev, &e->comm) != FSDP_SUCCESS) return 0;
+    if (fsdp_comm_local_create(world, rank, e->dev, &e->comm) != FSDP_SUCCESS) return 0;
     memset(&d, 0, sizeof d);
     d.model = m;
     d.units = u;

@@ -614,7 +614,7 @@ static int ref_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     int ok = 0;
     (void)nranks;
     if (fsdp_device_cpu_create(NULL, &dev) == FSDP_SUCCESS &&
-        fsdp_local_comm_create(world, rank, dev, &comm) == FSDP_SUCCESS)
+        fsdp_comm_local_create(world, rank, dev, &comm) == FSDP_SUCCESS)
         ok = tiny_train_plan(job->t, job->plan, comm, dev, got, msg, sizeof msg);
     if (ok && rank == 0) memcpy(job->out, got, sizeof got);
     if (!ok) fprintf(stderr, "reference run: %s\n", msg);
@@ -850,7 +850,7 @@ static int zero_ref_rank(int rank, int nranks, fsdp_local_world *world, void *us
     zr.bucket = job->cfg->bucket;
     zr.out = (float *)malloc((size_t)ZERO_N * sizeof(float));
     if (zr.out && fsdp_device_cpu_create(NULL, &dev) == FSDP_SUCCESS &&
-        fsdp_local_comm_create(world, rank, dev, &comm) == FSDP_SUCCESS)
+        fsdp_comm_local_create(world, rank, dev, &comm) == FSDP_SUCCESS)
         ok = zero_train(&zr, comm, dev, msg, sizeof msg);
     if (ok && rank == 0) {
         memcpy(job->out, zr.out, (size_t)ZERO_N * sizeof(float));
@@ -1192,7 +1192,7 @@ static int local_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_comm *comm = NULL;
     (void)nranks, (void)user;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         CHECK_RANK(0, rank, "cannot create the device or comm");
     } else {
         run_common(comm, dev);
@@ -1212,7 +1212,7 @@ static int run_local(int nranks)
     fsdp_local_run(&ld, local_rank, NULL, NULL);
     /* wrong world size: a rank outside the world */
     if (check_selected("world_size") && fsdp_local_world_create(&ld, &w) == FSDP_SUCCESS) {
-        CHECK_RANK(fsdp_local_comm_create(w, nranks, NULL, &bad) != FSDP_SUCCESS, 0,
+        CHECK_RANK(fsdp_comm_local_create(w, nranks, NULL, &bad) != FSDP_SUCCESS, 0,
                    "rank %d of a %d-rank world was accepted", nranks, nranks);
         fsdp_comm_destroy(bad);
         fsdp_local_world_destroy(w);
@@ -1248,7 +1248,7 @@ static int run_mpi(int argc, char **argv, const char *level)
     /* wrong world size first: it must fail on every rank, cleanly */
     if (check_selected("world_size")) {
         d.expected_size = size + 1;
-        res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
+        res = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);
         CHECK_RANK(res == FSDP_INVALID_ARGS && strstr(err.message, "expected_size"), rank,
                    "expected_size %d with %d ranks gave %s: %s", size + 1, size,
                    fsdp_result_string(res), err.message);
@@ -1256,14 +1256,14 @@ static int run_mpi(int argc, char **argv, const char *level)
     d.expected_size = size;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
     d.dev = dev;
-    res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
+    res = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);
     if (provided < MPI_THREAD_SERIALIZED) {
         CHECK_RANK(res == FSDP_INVALID_ARGS && strstr(err.message, "MPI_THREAD_MULTIPLE"), rank,
                    "thread level %d with a device gave %s: %s", provided, fsdp_result_string(res),
                    err.message);
         /* without a device the comm is synchronous and works at any level */
         d.dev = NULL;
-        res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &comm);
+        res = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);
         CHECK_RANK(res == FSDP_SUCCESS, rank, "synchronous comm: %s", err.message);
         if (comm && check_selected("reductions")) {
             unsigned salt = 0;
@@ -1274,7 +1274,7 @@ static int run_mpi(int argc, char **argv, const char *level)
         MPI_Finalize();
         return 0;
     }
-    CHECK_RANK(res == FSDP_SUCCESS, rank, "fsdp_mpi_comm_create: %s", err.message);
+    CHECK_RANK(res == FSDP_SUCCESS, rank, "fsdp_comm_mpi_create: %s", err.message);
     if (comm) {
         run_common(comm, dev);
         /* a rank that is late past the timeout: the others get
@@ -1283,7 +1283,7 @@ static int run_mpi(int argc, char **argv, const char *level)
         if (size > 1 && check_selected("timeout")) {
             d.timeout_ms = 300;
             d.disable_mismatch_check = 1;
-            res = fsdp_mpi_comm_create(MPI_COMM_WORLD, &d, &t);
+            res = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &t);
             CHECK_RANK(res == FSDP_SUCCESS, rank, "comm with a timeout: %s", err.message);
             if (t && rank != size - 1) {
                 t0 = now_ms();
@@ -1337,7 +1337,7 @@ static int gloo_rank(const char *dir, int rank, int size, const char *scenario)
     if (!strcmp(scenario, "missing")) {
         /* the launcher started every rank but the last */
         d.timeout_ms = 1500;
-        res = fsdp_gloo_comm_create(&d, &comm);
+        res = fsdp_comm_gloo_create(&d, &comm);
         snprintf(want, sizeof want, "rank %d of %d did not arrive", size - 1, size);
         CHECK_RANK(res == FSDP_COMM_TIMEOUT && strstr(err.message, want), rank,
                    "a peer that never arrives gave %s: %s", fsdp_result_string(res), err.message);
@@ -1347,7 +1347,7 @@ static int gloo_rank(const char *dir, int rank, int size, const char *scenario)
         /* rank 0 believes in one more rank than the launcher started */
         d.timeout_ms = 1500;
         if (rank == 0) d.size = size + 1;
-        res = fsdp_gloo_comm_create(&d, &comm);
+        res = fsdp_comm_gloo_create(&d, &comm);
         CHECK_RANK(res != FSDP_SUCCESS, rank, "a different world size was accepted");
         CHECK_RANK(rank == 0 ? res == FSDP_COMM_TIMEOUT : res == FSDP_INVALID_ARGS, rank,
                    "got %s: %s", fsdp_result_string(res), err.message);
@@ -1357,7 +1357,7 @@ static int gloo_rank(const char *dir, int rank, int size, const char *scenario)
         /* the last rank leaves after connecting; the others' next
            collective fails within the timeout */
         d.timeout_ms = 2000;
-        res = fsdp_gloo_comm_create(&d, &comm);
+        res = fsdp_comm_gloo_create(&d, &comm);
         CHECK_RANK(res == FSDP_SUCCESS, rank, "create: %s", err.message);
         if (comm && rank != size - 1) {
             float v[64] = {0}, out[256];
@@ -1371,8 +1371,8 @@ static int gloo_rank(const char *dir, int rank, int size, const char *scenario)
         }
     } else {
         d.timeout_ms = 30000;
-        res = fsdp_gloo_comm_create(&d, &comm);
-        CHECK_RANK(res == FSDP_SUCCESS, rank, "fsdp_gloo_comm_create: %s", err.message);
+        res = fsdp_comm_gloo_create(&d, &comm);
+        CHECK_RANK(res == FSDP_SUCCESS, rank, "fsdp_comm_gloo_create: %s", err.message);
         if (comm) run_common(comm, dev);
     }
     fsdp_comm_destroy(comm);

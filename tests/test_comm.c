@@ -375,7 +375,7 @@ static int rank_main_all(int rank, int n, fsdp_local_world *w, void *user)
     fsdp_comm *c = NULL;
     fsdp_device *dev = NULL;
     EXPECT_EQ(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
-    EXPECT_EQ(fsdp_local_comm_create(w, rank, dev, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_local_create(w, rank, dev, &c), FSDP_SUCCESS);
     if (!c || !dev) return 1;
     EXPECT_EQ(fsdp_comm_rank(c), rank);
     EXPECT_EQ(fsdp_comm_size(c), n);
@@ -444,7 +444,7 @@ static int rank_main_split(int rank, int n, fsdp_local_world *w, void *user)
     fsdp_comm *c = NULL, *shard = NULL, *repl = NULL, *rev = NULL, *none = NULL;
     int members[8], m, j;
     float v = 1.0f, s = 0;
-    EXPECT_EQ(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_local_create(w, rank, NULL, &c), FSDP_SUCCESS);
     if (!c) return 1;
     /* shard groups: consecutive ranks; replica groups: the same position */
     EXPECT_EQ(fsdp_comm_split(c, rank / gs, rank, &shard), FSDP_SUCCESS);
@@ -514,7 +514,7 @@ static int rank_main_timeout(int rank, int n, fsdp_local_world *w, void *user)
     int nskip = sh->mode == 2 ? 2 : 1;
     fsdp_result r;
     double t0;
-    EXPECT_EQ(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_local_create(w, rank, NULL, &c), FSDP_SUCCESS);
     if (!c) return 1;
     EXPECT_EQ(fsdp_all_gather(c, send, recv, 4, FSDP_F32, NULL), FSDP_SUCCESS); /* #1 */
     if (!skips) {
@@ -578,7 +578,7 @@ static int rank_main_mismatch(int rank, int n, fsdp_local_world *w, void *user)
     float send[64] = {0}, recv[64];
     fsdp_result r;
     (void)n;
-    EXPECT_EQ(fsdp_local_comm_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_local_create(w, rank, NULL, &c), FSDP_SUCCESS);
     if (!c) return 1;
     EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
     EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
@@ -639,7 +639,7 @@ static int rank_main_async_fail(int rank, int n, fsdp_local_world *w, void *user
     const char *word = sh->mode == 1 ? "mismatch" : "did not arrive";
     (void)n;
     EXPECT_EQ(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
-    EXPECT_EQ(fsdp_local_comm_create(w, rank, dev, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_local_create(w, rank, dev, &c), FSDP_SUCCESS);
     if (!c || !dev) return 1;
     EXPECT_EQ(fsdp_stream_create(dev, &s), FSDP_SUCCESS);
     EXPECT_EQ(fsdp_all_gather(c, send, recv, 4, FSDP_F32, s), FSDP_SUCCESS);
@@ -814,13 +814,13 @@ static void test_bad_input(void)
     desc.nranks = 1;
     EXPECT_EQ(fsdp_local_world_create(&desc, &w), FSDP_SUCCESS);
     if (!w) return;
-    EXPECT_EQ(fsdp_local_comm_create(NULL, 0, NULL, &c), FSDP_INVALID_ARGS);
-    EXPECT_EQ(fsdp_local_comm_create(w, 0, NULL, NULL), FSDP_INVALID_ARGS);
-    EXPECT_EQ(fsdp_local_comm_create(w, 1, NULL, &c), FSDP_INVALID_ARGS);
-    EXPECT_EQ(fsdp_local_comm_create(w, -1, NULL, &c), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_comm_local_create(NULL, 0, NULL, &c), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_comm_local_create(w, 0, NULL, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_comm_local_create(w, 1, NULL, &c), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_comm_local_create(w, -1, NULL, &c), FSDP_INVALID_ARGS);
     EXPECT(c == NULL);
-    EXPECT_EQ(fsdp_local_comm_create(w, 0, NULL, &c), FSDP_SUCCESS);
-    EXPECT_EQ(fsdp_local_comm_create(w, 0, NULL, &c2), FSDP_INVALID_STATE); /* taken */
+    EXPECT_EQ(fsdp_comm_local_create(w, 0, NULL, &c), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_local_create(w, 0, NULL, &c2), FSDP_INVALID_STATE); /* taken */
     EXPECT(c2 == NULL);
     if (!c) {
         fsdp_local_world_destroy(w);

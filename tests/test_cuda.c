@@ -671,7 +671,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         nd.timeout_ms = 60000;
         if (fsdp_comm_nccl_create(&nd, &comm) != FSDP_SUCCESS) goto out;
         if (fsdp_stream_create(rc.dev, &rc.cs) != FSDP_SUCCESS) goto out;
-    } else if (fsdp_local_comm_create(world, rank, rc.dev, &comm) != FSDP_SUCCESS) {
+    } else if (fsdp_comm_local_create(world, rank, rc.dev, &comm) != FSDP_SUCCESS) {
         goto out;
     }
     memset(&cd, 0, sizeof cd);

@@ -53,7 +53,7 @@ static void test_conversions(void)
     for (pair = 0; pair < 2; pair++) {
         fsdp_dtype dt = pair ? FSDP_F16 : FSDP_BF16;
         bad = 0;
-        CHECK(fsdp__cuda_convert_host(fa, FSDP_F32, h, dt, N16) == 0, "convert_host pair");
+        CHECK(fsdp_cuda_convert_host(fa, FSDP_F32, h, dt, N16) == 0, "convert_host pair");
         fsdp_convert(fb, FSDP_F32, h, dt, N16);
         for (i = 0; i < N16 && !bad; i++)
             if (f2u(fa[i]) != f2u(fb[i])) {
@@ -74,7 +74,7 @@ static void test_conversions(void)
             else u = rnd32();
             src[i] = u2f(u);
         }
-        fsdp__cuda_convert_host(a16, dt, src, FSDP_F32, NF);
+        fsdp_cuda_convert_host(a16, dt, src, FSDP_F32, NF);
         fsdp_convert(b16, dt, src, FSDP_F32, NF);
         bad = 0;
         for (i = 0; i < NF && !bad; i++)
@@ -85,7 +85,7 @@ static void test_conversions(void)
             }
         CHECK(!bad, "f32 -> %s matches fsdp.h on %d values", fsdp_dtype_name(dt), (int)NF);
     }
-    CHECK(fsdp__cuda_convert_host(fa, FSDP_F64, h, FSDP_F16, 1) == -1, "unsupported pair refused");
+    CHECK(fsdp_cuda_convert_host(fa, FSDP_F64, h, FSDP_F16, 1) == -1, "unsupported pair refused");
 done:
     free(h);
     free(a16);

@@ -324,7 +324,7 @@ static int zero_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     memset(data, 0, sizeof data);
     memset(grad, 0, sizeof grad);
     ok = fsdp_device_cpu_create(NULL, &dev) == FSDP_SUCCESS &&
-         fsdp_local_comm_create(world, rank, dev, &comm) == FSDP_SUCCESS;
+         fsdp_comm_local_create(world, rank, dev, &comm) == FSDP_SUCCESS;
     for (i = 0; ok && i < ZP; i++) {
         size_t b = (size_t)ZNUMEL[i] * sizeof(float);
         ok = fsdp_device_alloc(dev, b, (void **)&data[i]) == FSDP_SUCCESS &&

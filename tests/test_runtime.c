@@ -1396,7 +1396,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     e->dz2 = e->y + n * OUT;
     e->rstd = rs;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         check_fail(__FILE__, __LINE__, "%s rank %d: device/comm creation failed", c->name, rank);
         goto out;
     }
@@ -2498,7 +2498,7 @@ static int bad_create_rank(int rank, int nranks, fsdp_local_world *world, void *
     fsdp_result r;
     (void)rank;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         check_fail(__FILE__, __LINE__, "bad input: device/comm creation failed");
         goto out;
     }

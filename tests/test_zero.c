@@ -300,7 +300,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     engine_init(&e, &r);
     memset(&e2, 0, sizeof e2);
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         check_fail(__FILE__, __LINE__, "rank %d: device/comm creation failed", rank);
         goto done;
     }
@@ -631,7 +631,7 @@ static int err_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     memset(grad, 0, sizeof grad);
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
         fsdp_device_cpu_create(NULL, &dev2) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         check_fail(__FILE__, __LINE__, "rank %d: device/comm creation failed", rank);
         goto done;
     }
@@ -873,7 +873,7 @@ static int oom_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     dd.hooks.allocator.realloc = fa_realloc;
     dd.hooks.allocator.free = fa_free;
     if (fsdp_device_cpu_create(&dd, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         check_fail(__FILE__, __LINE__, "rank %d: device/comm creation failed", rank);
         goto done;
     }
@@ -1001,7 +1001,7 @@ static int bridge_rank(int rank, int nranks, fsdp_local_world *world, void *user
     }
     engine_init(&e, &r);
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS ||
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS ||
         make_zero(c, comm, dev, &e, NP, &r, &lg, &z) != FSDP_SUCCESS) {
         check_fail(__FILE__, __LINE__, "rank %d: creation failed", rank);
         goto done;

@@ -85,7 +85,7 @@ static int mlp_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     long step, r0 = rank * ref->B / nranks, r1 = (rank + 1) * ref->B / nranks;
     int ok = 0;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         snprintf(run->msg, sizeof run->msg, "rank %d: device/comm creation failed", rank);
         goto done;
     }

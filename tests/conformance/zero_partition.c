@@ -43,7 +43,7 @@ static int zp_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     data = (float *)vec_calloc((size_t)maxn, sizeof *data);
     grad = (float *)vec_calloc((size_t)maxn, sizeof *grad);
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
-        fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         snprintf(zc->msg, sizeof zc->msg, "rank %d: device/comm creation failed", rank);
         goto done;
     }
