@@ -19,6 +19,7 @@
        FSDP_NO_SIMD_DISPATCH  no run-time AVX2/F16C paths in the dtype
                               conversions (the SSE2 and scalar ones give the
                               same bits)
+       FSDP_NO_DEPRECATED     hide the deprecated aliases of renamed calls
        FSDP_CVT_STREAM_BYTES  destination size from which large conversions
                               use non-temporal stores (default: a quarter of
                               the L3 cache, read with cpuid, in [4, 64] MiB)
@@ -32,8 +33,10 @@
                       on one flat f32 range (the device kernels run it)
        >>device       the device vtable; the built-in CPU device (streams are
                       worker threads, events order them)
-       >>comm         the collectives vtable; the built-in `local` backend
-                      (N ranks as N threads, timeouts, mismatch detection)
+       >>comm         the collectives vtable; the transport kit (one engine
+                      for MPI, Gloo and your own byte transports); the
+                      built-in `local` backend (N ranks as N threads,
+                      timeouts, mismatch detection)
        >>model        modules, parameters, shared parameters, ignored items
        >>flatparam    units' flat parameters and PyTorch-exact shard metadata
        >>wrap         wrap policies and PyTorch's recursive walk
@@ -70,6 +73,9 @@
      - a trailing `fsdp_error *err` (may be NULL), for a call that has no
        object, and in every vtable slot a backend implements.
    Look-ups are not errors: they return an index or -1, a pointer or NULL.
+   Names: public fsdp_<object>_<verb> (fsdp_ctx_create, fsdp_state_dict_add),
+   private fsdp__; backends are fsdp_comm_<backend>_create and
+   fsdp_device_<kind>_create.
    Calls from 0.5.0 that filled a `char *msg` instead keep working and are
    marked deprecated beside their replacements.
 
