@@ -1895,6 +1895,25 @@ FSDP_API int fsdp_hooks_valid(const fsdp_hooks *h)
 }
 #define fsdp__hooks_valid fsdp_hooks_valid /* likewise */
 
+/* What every create that takes a vtable checks first: a vtable of this
+   build's size (a backend compiled against another fsdp.h has another) and
+   hooks whose allocator is all or none. `type` names the vtable's type,
+   `who` what was built against it. */
+FSDP__DEF fsdp_result fsdp__vtable_check(const fsdp_hooks *h, const char *fn, const void *vt,
+                                         unsigned size, unsigned want, const char *type,
+                                         const char *who)
+{
+    if (!vt) return fsdp__fail_create(h, FSDP_INVALID_ARGS, "%s: vt is NULL", fn);
+    if (size != want)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS,
+                                 "%s: vtable size is %u but sizeof(%s) is %u here (the %s was "
+                                 "built against another fsdp.h)", fn, size, type, want, who);
+    if (!fsdp__hooks_valid(h))
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS,
+                                 "%s: set all of allocator alloc, realloc and free, or none", fn);
+    return FSDP_SUCCESS;
+}
+
 FSDP_API void *fsdp_hooks_alloc(const fsdp_hooks *h, size_t bytes) { return fsdp__alloc(h, bytes); }
 FSDP_API void fsdp_hooks_free(const fsdp_hooks *h, void *p) { fsdp__free(h, p); }
 
@@ -3066,19 +3085,12 @@ FSDP_API fsdp_result fsdp_device_create(const fsdp_device_vtable *vt, void *self
     const char *missing = NULL;
     fsdp_hooks h;
     fsdp_device *dev;
+    fsdp_result r;
     if (!out) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_device_create: out is NULL");
     *out = NULL;
-    if (!vt) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_device_create: vt is NULL");
-    if (vt->size != sizeof(fsdp_device_vtable))
-        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
-                                 "fsdp_device_create: vtable size is %u but "
-                                 "sizeof(fsdp_device_vtable) is %u here (the backend was "
-                                 "built against another fsdp.h)",
-                                 (unsigned)vt->size, (unsigned)sizeof(fsdp_device_vtable));
-    if (!fsdp__hooks_valid(hooks))
-        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
-                                 "fsdp_device_create: set all of allocator alloc, realloc "
-                                 "and free, or none");
+    r = fsdp__vtable_check(hooks, "fsdp_device_create", vt, vt ? vt->size : 0,
+                           (unsigned)sizeof(fsdp_device_vtable), "fsdp_device_vtable", "backend");
+    if (r != FSDP_SUCCESS) return r;
     if (!vt->alloc) missing = "alloc";
     else if (!vt->free) missing = "free";
     else if (!vt->host_alloc) missing = "host_alloc";
@@ -4212,18 +4224,12 @@ FSDP_API fsdp_result fsdp_comm_create(const fsdp_comm_vtable *vt, void *self, in
     const char *missing = NULL;
     fsdp_hooks h;
     fsdp_comm *c;
+    fsdp_result r;
     if (!out) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_comm_create: out is NULL");
     *out = NULL;
-    if (!vt) return fsdp__fail_create(hooks, FSDP_INVALID_ARGS, "fsdp_comm_create: vt is NULL");
-    if (vt->size != sizeof(fsdp_comm_vtable))
-        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
-                                 "fsdp_comm_create: vtable size is %u but sizeof(fsdp_comm_vtable) "
-                                 "is %u here (the backend was built against another fsdp.h)",
-                                 (unsigned)vt->size, (unsigned)sizeof(fsdp_comm_vtable));
-    if (!fsdp__hooks_valid(hooks))
-        return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
-                                 "fsdp_comm_create: set all of allocator alloc, realloc and free, "
-                                 "or none");
+    r = fsdp__vtable_check(hooks, "fsdp_comm_create", vt, vt ? vt->size : 0,
+                           (unsigned)sizeof(fsdp_comm_vtable), "fsdp_comm_vtable", "backend");
+    if (r != FSDP_SUCCESS) return r;
     if (size < 1 || rank < 0 || rank >= size)
         return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
                                  "fsdp_comm_create: rank %d is not in [0, %d)", rank, size);
@@ -5311,13 +5317,10 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     int timeout;
     if (out) *out = NULL;
     if (!desc) return fsdp__fail_create(NULL, r, "fsdp_comm_transport_create: desc is NULL");
-    if (!vt) return fsdp__fail_create(h, r, "fsdp_comm_transport_create: vt is NULL");
-    if (vt->size != sizeof(fsdp_transport_vtable))
-        return fsdp__fail_create(h, r,
-                                 "fsdp_comm_transport_create: vtable size is %u but "
-                                 "sizeof(fsdp_transport_vtable) is %u here (the transport was "
-                                 "built against another fsdp.h)",
-                                 (unsigned)vt->size, (unsigned)sizeof(fsdp_transport_vtable));
+    if (fsdp__vtable_check(h, "fsdp_comm_transport_create", vt, vt ? vt->size : 0,
+                           (unsigned)sizeof(fsdp_transport_vtable), "fsdp_transport_vtable",
+                           "transport") != FSDP_SUCCESS)
+        return r;
     /* from here on the transport is ours, failing or not */
     if (!vt->all_gather) missing = "all_gather";
     else if (!vt->all_to_all) missing = "all_to_all";
