@@ -2883,6 +2883,89 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, in
     }
 }
 
+#if defined(FSDP__HAVE_AVX2_CVT)
+/* torch's AVX2 kernels fuse their multiply-adds; so do these, eight
+   elements at a time with the very operations of the scalar loops below
+   (every vfmadd is one rounding, as fmaf; the rest round once each), so the
+   bits are the scalar recipe's whatever the vector width and wherever the
+   tail falls. Chosen at run time: the library is built for the baseline. */
+#define FSDP__HAVE_AVX2_FMA 1
+#define FSDP__AVX2_FMA __attribute__((target("avx2,fma")))
+
+FSDP__DEF int fsdp__cpu_avx2_fma(void)
+{
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    static int cached; /* 0 unknown, 1 no, 2 yes; atomic, as fsdp__cpu_avx2_f16c */
+    int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (!c) {
+        __builtin_cpu_init();
+        c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
+        __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
+    }
+    return c == 2;
+#endif
+}
+
+/* Returns how many leading elements it stepped (a multiple of 8). */
+FSDP__DEF FSDP__AVX2_FMA size_t fsdp__adam_fma_avx2(const fsdp__adam_k *k, float *p,
+                                                    const float *g, float *m, float *v,
+                                                    float *vm, size_t n, int adamw, int l2,
+                                                    int ams, int lerp)
+{
+    const __m256 decay = _mm256_set1_ps(k->decay), wd = _mm256_set1_ps(k->wd);
+    const __m256 b1 = _mm256_set1_ps(k->b1), b2 = _mm256_set1_ps(k->b2);
+    const __m256 omb1 = _mm256_set1_ps(k->omb1), omb2 = _mm256_set1_ps(k->omb2);
+    const __m256 sbc2 = _mm256_set1_ps(k->sbc2), eps = _mm256_set1_ps(k->eps);
+    const __m256 neg_step = _mm256_set1_ps(k->neg_step), lw = _mm256_set1_ps(k->lerp_w);
+    const int small = k->lerp_small;
+    size_t i;
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
+        __m256 mo = _mm256_loadu_ps(m + i), mi, vi, t;
+        if (adamw) pi = _mm256_mul_ps(pi, decay);
+        else if (l2) gi = _mm256_fmadd_ps(pi, wd, gi);
+        if (lerp) mi = _mm256_fmadd_ps(lw, _mm256_sub_ps(gi, mo), small ? mo : gi);
+        else mi = _mm256_fmadd_ps(gi, omb1, _mm256_mul_ps(mo, b1));
+        vi = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi,
+                             _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+        if (ams) {
+            vi = _mm256_max_ps(_mm256_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
+            _mm256_storeu_ps(vm + i, vi);
+        }
+        t = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), sbc2), eps);
+        _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(neg_step, mi), t)));
+    }
+    return i;
+}
+
+FSDP__DEF FSDP__AVX2_FMA size_t fsdp__sgd_fma_avx2(float *p, const float *g, float *buf,
+                                                   size_t n, float wd_, float mom_, float omd_,
+                                                   float neg_lr_, int use_wd, int use_mom,
+                                                   int first, int nest)
+{
+    const __m256 wd = _mm256_set1_ps(wd_), mom = _mm256_set1_ps(mom_);
+    const __m256 omd = _mm256_set1_ps(omd_), neg_lr = _mm256_set1_ps(neg_lr_);
+    size_t i;
+    for (i = 0; i + 8 <= n; i += 8) {
+        __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
+        if (use_wd) gi = _mm256_fmadd_ps(pi, wd, gi);
+        if (use_mom) {
+            __m256 b = first ? gi
+                             : _mm256_fmadd_ps(gi, omd,
+                                               _mm256_mul_ps(_mm256_loadu_ps(buf + i), mom));
+            _mm256_storeu_ps(buf + i, b);
+            gi = nest ? _mm256_fmadd_ps(b, mom, gi) : b;
+        }
+        _mm256_storeu_ps(p + i, _mm256_fmadd_ps(gi, neg_lr, pi));
+    }
+    return i;
+}
+#endif
+
 FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p,
                               const float *g, const fsdp_optim_state *st, size_t n, int lerp)
 {
@@ -2892,11 +2975,14 @@ FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p
     float decay, wd, b1, b2, omb1, omb2, sbc2, eps, neg_step, lw;
     int small;
     float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
-    size_t i;
+    size_t i = 0;
     fsdp__adam_consts(c, step, &k);
     decay = k.decay, wd = k.wd, b1 = k.b1, b2 = k.b2, omb1 = k.omb1, omb2 = k.omb2;
     sbc2 = k.sbc2, eps = k.eps, neg_step = k.neg_step, lw = k.lerp_w, small = k.lerp_small;
-    for (i = 0; i < n; i++) {
+#ifdef FSDP__HAVE_AVX2_FMA
+    if (fsdp__cpu_avx2_fma()) i = fsdp__adam_fma_avx2(&k, p, g, m, v, vm, n, adamw, l2, ams, lerp);
+#endif
+    for (; i < n; i++) {
         float pi = p[i], gi = g[i], mi, vi, denom, t;
         if (adamw) pi = pi * decay;
         else if (l2) gi = fmaf(pi, wd, gi);
@@ -2958,7 +3044,14 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int6
     const int use_wd = c->weight_decay != 0.0, use_mom = c->momentum != 0.0, nest = c->nesterov;
     const int first = step == 1;
     if (fma) {
-        fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 1, use_wd, use_mom, first, nest);
+        size_t done = 0;
+#ifdef FSDP__HAVE_AVX2_FMA
+        if (fsdp__cpu_avx2_fma())
+            done = fsdp__sgd_fma_avx2(p, g, buf, n, wd, mom, omd, neg_lr, use_wd, use_mom, first,
+                                      nest);
+#endif
+        fsdp__sgd_loop(p + done, g + done, buf ? buf + done : buf, n - done, wd, mom, omd,
+                       neg_lr, 1, use_wd, use_mom, first, nest);
         return;
     }
     /* the common plain variants get constant flags, hence vectorised loops */
