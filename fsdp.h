@@ -9121,13 +9121,13 @@ FSDP__DEF fsdp_result fsdp__poison_report(fsdp_ctx *c, const char *who, int unit
         }
     }
     return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                          "%s: debug: the %s of %s%s%s (element %lld) of unit %d %s was written "
-                          "after fsdp_end_%s retired its unsharded buffer: a view from %s was "
-                          "kept past its unit's end%s; fetch views after each begin and drop "
-                          "them at the end", who, grad ? "gradient" : "value",
+                          "%s: debug: the unsharded buffer unit %d %s retired at fsdp_end_%s "
+                          "was written where it held the %s of %s%s%s (element %lld): a view "
+                          "from %s was kept past its unit's end%s; fetch views after each "
+                          "begin and drop them at the end", who, unit, cu->qname,
+                          phase == 2 ? "backward" : "forward", grad ? "gradient" : "value",
                           pname ? "parameter '" : "the padding", pname ? pname : "",
-                          pname ? "'" : "", (long long)k, unit, cu->qname,
-                          phase == 2 ? "backward" : "forward",
+                          pname ? "'" : "", (long long)k,
                           grad ? "fsdp_grad" : "fsdp_param",
                           grad ? " (after fsdp_end_backward it races with the reduction)"
                                : " (in backward the unit may have another buffer)");
@@ -9605,7 +9605,7 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
     if (c->debug && c->slots[pick].poison_unit >= 0) {
         char who[96];
         fsdp_result r;
-        snprintf(who, sizeof who, "giving unit %d its buffer", unit);
+        snprintf(who, sizeof who, "unit %d %s taking a free buffer", unit, cu->qname);
         if ((r = fsdp__dbg_check_slot(c, pick, who, 1)) != FSDP_SUCCESS) return r;
     }
     c->slots[pick].owner = unit;
