@@ -971,7 +971,17 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
 
    Units are fsdp_units indices. Every call except the views is collective
    over the context's communicator (every rank, same order), because it may
-   all-gather or reduce-scatter. */
+   all-gather or reduce-scatter.
+
+   The engine's side of the contract (the README's "Porting an engine"):
+   a view is valid from its unit's begin to its end only (the next begin
+   may hand the unit another pooled buffer, so fetch views after every
+   begin); parameter views are read-only; gradient views start at zero at
+   fsdp_begin_backward and are added into until fsdp_end_backward, after
+   which the reduction reads them asynchronously; activation checkpointing
+   recomputes a unit's forward after its fsdp_begin_backward, from the
+   views gathered there. The debug mode (fsdp_ctx_desc.debug) checks the
+   first three. */
 
 typedef struct fsdp_ctx fsdp_ctx;
 
@@ -1058,7 +1068,7 @@ typedef struct fsdp_ctx_desc {
        device whose memory the host can read (the CPU device); elsewhere it
        is logged and off. */
     int debug;
-    fsdp_grad_reduce grad_reduce; /* see "The gradient" below */
+    fsdp_grad_reduce grad_reduce; /* AVG (0) or SUM: "The gradient" above */
 } fsdp_ctx_desc;
 
 /* Creates the context and allocates everything the plan holds: sharded f32
@@ -1188,9 +1198,10 @@ FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_set_lr(fsdp_ctx *ctx, int group, double lr);
 FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *ctx);
 /* A group's whole configuration for the next steps (betas, eps,
-   weight_decay, momentum, ...), checked as at create. Refused: another
-   kind, or a change of the state it keeps (amsgrad, SGD momentum on/off),
-   since the planned state would no longer match. Collective: no. */
+   weight_decay, momentum, ...), checked as at create; kind 0 keeps the
+   group's kind. Refused: another kind, or a change of the state it keeps
+   (amsgrad, SGD momentum on/off), since the planned state would no longer
+   match. Collective: no. */
 FSDP_API fsdp_result fsdp_set_optim(fsdp_ctx *ctx, int group, const fsdp_optim_config *cfg);
 /* Sets the step counter of every group (the next fsdp_step is step n + 1,
    for Adam's bias correction) and fsdp_ctx_steps. Collective: no. */
@@ -10511,7 +10522,7 @@ FSDP_API fsdp_result fsdp_set_optim(fsdp_ctx *c, int group, const fsdp_optim_con
                               (int)n.kind, (int)o->kind);
     if (fsdp_optim_check(&n, msg) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: %s", group, msg);
-    if (fsdp__optim_check_zeroed(&n, "cfg->", msg, sizeof msg) != FSDP_SUCCESS)
+    if (fsdp__optim_check_zeroed(&n, "cfg", msg, sizeof msg) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: %s", group, msg);
     if (fsdp_optim_state_mask(&n) != fsdp_optim_state_mask(o))
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: the change keeps "
