@@ -17,6 +17,7 @@
 /* Two Blocks and a head the root keeps: units a (0), b (1), root (2). */
 static fsdp_model *g_model;
 static fsdp_units *g_units;
+static fsdp_units *g_units16; /* the same, gradients reduced in bf16 */
 static int g_env_debug; /* FSDP_DEBUG=1 in the environment turns it on everywhere */
 
 static void build(void)
@@ -53,6 +54,8 @@ static void build(void)
     pol.n_module_types = 1;
     wd.policy = &pol;
     OK(fsdp_wrap(m, &wd, &g_units));
+    wd.root.reduce_dtype = FSDP_BF16;
+    OK(fsdp_wrap(m, &wd, &g_units16));
 }
 
 #define NUNITS 3
@@ -68,13 +71,15 @@ enum {
     SC_UNINIT,         /* parameters never initialised */
     SC_INDEX,          /* index views */
     SC_OPTIM,          /* fsdp_set_optim + fsdp_set_steps against create's config */
-    SC_SUM             /* FSDP_GRAD_SUM against FSDP_GRAD_AVG */
+    SC_SUM,            /* FSDP_GRAD_SUM against FSDP_GRAD_AVG */
+    SC_LOADED          /* a state-dict load initialises a fresh context */
 };
 
 typedef struct job {
     int scenario, debug, nranks;
     fsdp_grad_reduce reduce;
     int set_later; /* SC_OPTIM: configure through fsdp_set_optim */
+    int reduce16;  /* g_units16 */
     /* per rank */
     fsdp_result r[4];
     char where[4][64], msg[4][FSDP_ERROR_MAX];
@@ -275,7 +280,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     want.weight_decay = 0.1;
     memset(&cd, 0, sizeof cd);
     cd.model = g_model;
-    cd.units = g_units;
+    cd.units = j->reduce16 ? g_units16 : g_units;
     cd.device = dev;
     cd.comm = comm;
     cd.debug = j->debug;
@@ -290,6 +295,22 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     if (fsdp_ctx_debug(e.ctx) != (j->debug || g_env_debug)) j->checks_failed[rank]++;
     if (j->scenario == SC_UNINIT) {
         scenario_uninit(&e);
+    } else if (j->scenario == SC_LOADED) {
+        /* a second context on the same device and comm, loaded from the
+           first one's sharded state dict */
+        fsdp_ctx *src = NULL;
+        fsdp_state_dict *sd = NULL;
+        if (fsdp_ctx_create(&cd, &src) != FSDP_SUCCESS ||
+            fsdp_init_params(src, 3, choose, NULL) != FSDP_SUCCESS ||
+            fsdp_get_sharded_state_dict(src, 0, &sd) != FSDP_SUCCESS) {
+            j->checks_failed[rank]++;
+        } else {
+            call(&e, fsdp_load_state_dict(e.ctx, sd, 0), "fsdp_load_state_dict");
+            iteration(&e); /* no parameter left uninitialised */
+            call(&e, fsdp_step(e.ctx), "fsdp_step");
+        }
+        fsdp_state_dict_destroy(sd);
+        fsdp_ctx_destroy(src);
     } else {
         call(&e, fsdp_init_params(e.ctx, 7, choose, NULL), "fsdp_init_params");
         if (j->scenario == SC_INDEX) {
@@ -454,6 +475,14 @@ static void test_uninitialised(void)
     expect_ok(&j);
 }
 
+static void test_loaded(void)
+{
+    static job j;
+    run(&j, SC_LOADED, 0, 2);
+    go(&j);
+    expect_ok(&j);
+}
+
 static void test_index_views(void)
 {
     static job j;
@@ -491,21 +520,26 @@ static void test_set_optim(void)
 static void test_grad_sum(void)
 {
     static job avg, sum;
-    int r, u, k;
-    run(&avg, SC_SUM, 0, 2);
-    go(&avg);
-    run(&sum, SC_SUM, 0, 2);
-    sum.reduce = FSDP_GRAD_SUM;
-    go(&sum);
-    expect_ok(&avg);
-    expect_ok(&sum);
-    /* rank r adds r + 1 to every gradient element: 1.5 averaged, 3 summed */
-    for (r = 0; r < 2; r++)
-        for (u = 0; u < NUNITS; u++)
-            for (k = 0; k < sum.nshard[r][u]; k++) {
-                CHECK(avg.shards[r][u][k] == 1.5f, "avg %g", (double)avg.shards[r][u][k]);
-                CHECK(sum.shards[r][u][k] == 3.0f, "sum %g", (double)sum.shards[r][u][k]);
-            }
+    int r, u, k, w16;
+    /* f32, then bf16 with PyTorch's pre/post divide; rank r adds r + 1 to
+       every gradient element: 1.5 averaged, 3 summed */
+    for (w16 = 0; w16 < 2; w16++) {
+        run(&avg, SC_SUM, 0, 2);
+        avg.reduce16 = w16;
+        go(&avg);
+        run(&sum, SC_SUM, 0, 2);
+        sum.reduce = FSDP_GRAD_SUM;
+        sum.reduce16 = w16;
+        go(&sum);
+        expect_ok(&avg);
+        expect_ok(&sum);
+        for (r = 0; r < 2; r++)
+            for (u = 0; u < NUNITS; u++)
+                for (k = 0; k < sum.nshard[r][u]; k++) {
+                    CHECK(avg.shards[r][u][k] == 1.5f, "avg %g", (double)avg.shards[r][u][k]);
+                    CHECK(sum.shards[r][u][k] == 3.0f, "sum %g", (double)sum.shards[r][u][k]);
+                }
+    }
 }
 
 static const check_case CASES[] = {
@@ -515,6 +549,7 @@ static const check_case CASES[] = {
     {"param_view_read", test_param_view_read},
     {"param_write", test_param_write},
     {"uninitialised", test_uninitialised},
+    {"loaded", test_loaded},
     {"index_views", test_index_views},
     {"units_find", test_units_find},
     {"set_optim", test_set_optim},
@@ -529,6 +564,7 @@ int main(int argc, char **argv)
     build();
     check_run();
     fsdp_units_destroy(g_units);
+    fsdp_units_destroy(g_units16);
     fsdp_model_destroy(g_model);
     return check_finish();
 }
