@@ -65,6 +65,7 @@ static const char *const UNIT_PARAMS[NUNITS][2] = {
 enum {
     SC_CLEAN,          /* a correct engine: the same bits with and without debug */
     SC_GRAD_AFTER_END, /* b's gradient view written after fsdp_end_backward */
+    SC_ROOT_GRAD,      /* the same with the root (its own resident buffer) */
     SC_PARAM_KEPT,     /* a's parameter view from forward written after end */
     SC_PARAM_READ,     /* a's parameter view from forward read in backward */
     SC_PARAM_WRITE,    /* a parameter written through its view in forward */
@@ -167,6 +168,7 @@ static void iteration(eng *e)
         }
         if (!call(e, fsdp_end_backward(e->ctx, u), "fsdp_end_backward")) return;
         if (u == 1 && j->scenario == SC_GRAD_AFTER_END) g0[1] += 1.0f; /* the mistake */
+        if (u == 2 && j->scenario == SC_ROOT_GRAD) g0[4] = 0.0f;
     }
 }
 
@@ -386,13 +388,14 @@ static void expect_ok(const job *j)
 /* The mistake is reported on every rank, by the debug mode only. `plain`:
    also run it without the debug mode, where it goes unnoticed (only for
    mistakes that are no data race with the comm stream there). */
-static void expect_caught(int scenario, const char *const *needles, int n, int plain_too)
+static void expect_caught(int scenario, const char *const *needles, int n, int plain_too,
+                          int nranks)
 {
     static job j, plain;
     int r, k;
-    run(&j, scenario, 1, 2);
+    run(&j, scenario, 1, nranks);
     go(&j);
-    for (r = 0; r < 2; r++) {
+    for (r = 0; r < nranks; r++) {
         CHECK(j.r[r] == FSDP_INVALID_STATE, "rank %d: got %d at %s: %s", r, (int)j.r[r],
               j.where[r], j.msg[r]);
         for (k = 0; k < n; k++)
@@ -427,21 +430,30 @@ static void test_grad_after_end_backward(void)
 {
     static const char *const n[] = {"debug", "gradient of parameter 'b.weight' (element 1)",
                                     "unit 1 'b' retired at fsdp_end_backward", "fsdp_grad"};
-    expect_caught(SC_GRAD_AFTER_END, n, 4, 0);
+    expect_caught(SC_GRAD_AFTER_END, n, 4, 0, 2);
+    /* one rank: NO_SHARD, where every unit keeps its own gradient buffer */
+    expect_caught(SC_GRAD_AFTER_END, n, 4, 0, 1);
+}
+
+static void test_root_grad_after_end(void)
+{
+    static const char *const n[] = {"debug", "gradient of parameter 'head.weight' (element 4)",
+                                    "unit 2 (root) retired at fsdp_end_backward"};
+    expect_caught(SC_ROOT_GRAD, n, 3, 0, 2);
 }
 
 static void test_param_view_kept(void)
 {
     static const char *const n[] = {"debug", "value of parameter 'a.weight' (element 1)",
                                     "unit 0 'a' retired at fsdp_end_forward", "fsdp_param"};
-    expect_caught(SC_PARAM_KEPT, n, 4, 0);
+    expect_caught(SC_PARAM_KEPT, n, 4, 0, 2);
 }
 
 static void test_param_write(void)
 {
     static const char *const n[] = {"fsdp_end_forward: debug", "parameter 'a.weight'",
                                     "unit 0 'a'", "read-only"};
-    expect_caught(SC_PARAM_WRITE, n, 4, 1);
+    expect_caught(SC_PARAM_WRITE, n, 4, 1, 2);
 }
 
 /* A view kept from forward, read in backward: the unit has another buffer
@@ -545,6 +557,7 @@ static void test_grad_sum(void)
 static const check_case CASES[] = {
     {"clean_same_bits", test_clean_same_bits},
     {"grad_after_end_backward", test_grad_after_end_backward},
+    {"root_grad_after_end_backward", test_root_grad_after_end},
     {"param_view_kept", test_param_view_kept},
     {"param_view_read", test_param_view_read},
     {"param_write", test_param_write},
