@@ -1066,7 +1066,10 @@ typedef struct fsdp_ctx_desc {
        shared buffers are also handed out in rotation, so a view kept from
        forward never points at the same unit's buffer in backward. Needs a
        device whose memory the host can read (the CPU device); elsewhere it
-       is logged and off. */
+       is logged and off. It changes no bit of a correct run and allocates
+       no device memory, but costs about four passes over each unit's
+       unsharded buffer per begin/end, and each reduction's overlap: for
+       finding bugs, not for training runs. */
     int debug;
     fsdp_grad_reduce grad_reduce; /* AVG (0) or SUM: "The gradient" above */
 } fsdp_ctx_desc;
