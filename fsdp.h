@@ -87,6 +87,10 @@
               (fsdp_optim_config.numerics; 0.5.0's bits are
               FSDP_TORCH1_13_FMA / _PLAIN; fused_multiply_add is ignored).
               An Adam config with beta1, beta2 and eps all 0 is refused.
+              Engine safety: a parameter never initialised is an error at
+              the first begin (fsdp_init_zeros for zeros on purpose); the
+              debug mode (FSDP_DEBUG=1); index views, fsdp_units_find,
+              fsdp_set_optim, fsdp_set_steps, FSDP_GRAD_SUM.
        0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
        0.4.0  state dicts and safetensors checkpoints
        0.3.0  the ZeRO optimizer
@@ -1002,6 +1006,8 @@ FSDP_API fsdp_result fsdp_wrap(fsdp_model *m, const fsdp_wrap_desc *desc, fsdp_u
 FSDP_API void fsdp_units_destroy(fsdp_units *u);
 FSDP_API int fsdp_units_count(const fsdp_units *u);
 FSDP_API const fsdp_unit_info *fsdp_units_get(const fsdp_units *u, int i);
+/* The index of the unit wrapping module fqn ("" is the root), or -1. */
+FSDP_API int fsdp_units_find(const fsdp_units *u, const char *fqn);
 /* The walk's second return value (total wrapped numel). */
 FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u);
 /* PyTorch FSDP 1.x names of what named_parameters() lists on the wrapped
@@ -1156,7 +1162,17 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
 
    Units are fsdp_units indices. Every call except the views is collective
    over the context's communicator (every rank, same order), because it may
-   all-gather or reduce-scatter. */
+   all-gather or reduce-scatter.
+
+   The engine's side of the contract (the README's "Porting an engine"):
+   a view is valid from its unit's begin to its end only (the next begin
+   may hand the unit another pooled buffer, so fetch views after every
+   begin); parameter views are read-only; gradient views start at zero at
+   fsdp_begin_backward and are added into until fsdp_end_backward, after
+   which the reduction reads them asynchronously; activation checkpointing
+   recomputes a unit's forward after its fsdp_begin_backward, from the
+   views gathered there. The debug mode (fsdp_ctx_desc.debug) checks the
+   first three. */
 
 typedef struct fsdp_ctx fsdp_ctx;
 
@@ -1175,6 +1191,19 @@ typedef enum fsdp_training_state {
 } fsdp_training_state;
 
 FSDP_API const char *fsdp_unit_state_name(fsdp_unit_state s);
+
+/* The gradient: each unit's reduced gradient shard is the AVERAGE over the
+   ranks of their unsharded gradients (FSDP_GRAD_AVG, the default, as
+   PyTorch: sum / world size, with its pre/post-divide factors for 16-bit
+   reduce dtypes; with HYBRID_SHARD the average over every rank of the
+   world). So each rank's loss should be the mean over ITS OWN samples: the
+   average of the ranks' local means is the global mean when the ranks hold
+   equal batches. FSDP_GRAD_SUM adds them without any division: for losses
+   the engine already divides by the global batch, or sums. */
+typedef enum fsdp_grad_reduce {
+    FSDP_GRAD_AVG = 0,
+    FSDP_GRAD_SUM = 1
+} fsdp_grad_reduce;
 
 /* Chooses a parameter group (0..ngroups-1) for a parameter: for instance no
    weight decay on biases and norms. */
@@ -1217,12 +1246,32 @@ typedef struct fsdp_ctx_desc {
     int cpu_offload;
     int offload_threads;       /* host threads of the offloaded optimizer step
                                   (the caller's thread is one); 0: 2 */
+    /* 1: the debug mode (also FSDP_DEBUG=1 in the environment, read by
+       fsdp_ctx_create): unsharded memory a unit retires is filled with
+       signalling NaNs naming the unit and checked when it is reused and at
+       every call that waits for the reductions (fsdp_step, ...), and a
+       unit's gathered parameters are checksummed from begin to end. A
+       write through a view kept past its unit's end, or into parameters,
+       fails with FSDP_INVALID_STATE naming the unit and the parameter;
+       reads of such a view give those NaNs (fsdp_debug_poison_unit). Free
+       shared buffers are also handed out in rotation, so a view kept from
+       forward never points at the same unit's buffer in backward. Needs a
+       device whose memory the host can read (the CPU device); elsewhere it
+       is logged and off. It changes no bit of a correct run and allocates
+       no device memory, but costs about four passes over each unit's
+       unsharded buffer per begin/end, and each reduction's overlap: for
+       finding bugs, not for training runs. */
+    int debug;
+    fsdp_grad_reduce grad_reduce; /* AVG (0) or SUM: "The gradient" above */
 } fsdp_ctx_desc;
 
 /* Creates the context and allocates everything the plan holds: sharded f32
    parameters, their low-precision copies, sharded gradients, optimizer
-   state and the unsharded pool. Parameters start at zero; initialise them
-   with fsdp_init_params or fsdp_set_full_param. Collective: yes. */
+   state and the unsharded pool. Every parameter must then be initialised
+   (fsdp_init_params, fsdp_set_full_param, fsdp_init_zeros, or a state-dict
+   or checkpoint load): the first fsdp_begin_forward refuses, naming them,
+   parameters that never were (since 0.6.0; they used to start silently at
+   zero). Collective: yes. */
 FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *desc, fsdp_ctx **out);
 /* Waits for outstanding work and frees everything. */
 FSDP_API void fsdp_ctx_destroy(fsdp_ctx *ctx);
@@ -1293,6 +1342,9 @@ FSDP_API float fsdp_random_uniform(uint64_t seed, const char *fqn, int64_t k); /
    dtype) and keeps its slice. Collective: no. */
 FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *ctx, const char *fqn, const void *data,
                                          fsdp_dtype dt);
+/* Zeros every parameter on purpose (what a new context held before 0.6.0),
+   and marks them initialised. Collective: no. */
+FSDP_API fsdp_result fsdp_init_zeros(fsdp_ctx *ctx);
 
 /* --- the training calls --- */
 FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *ctx, int unit);
@@ -1310,6 +1362,18 @@ FSDP_API void *fsdp_param(fsdp_ctx *ctx, const char *fqn);
    accumulation is on. The engine adds into it. */
 FSDP_API void *fsdp_grad(fsdp_ctx *ctx, const char *fqn);
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *ctx, int unit);
+/* Views by index, for engines that look names up once: the index of fqn
+   (tied names included; stable for the context's life), or -1 (the reason
+   in fsdp_ctx_last_error); then fsdp_param_at / fsdp_grad_at behave as
+   fsdp_param / fsdp_grad on that name, without hashing it. */
+FSDP_API int fsdp_param_index(fsdp_ctx *ctx, const char *fqn);
+FSDP_API void *fsdp_param_at(fsdp_ctx *ctx, int index);
+FSDP_API void *fsdp_grad_at(fsdp_ctx *ctx, int index);
+/* Debug mode: whether it is on, and the unit whose retired memory a value
+   read from a stale view came from (the poison's payload; quieted NaNs that
+   arithmetic propagated keep it), or -1 when v is not such a value. */
+FSDP_API int fsdp_ctx_debug(const fsdp_ctx *ctx);
+FSDP_API int fsdp_debug_poison_unit(const void *v, fsdp_dtype dt);
 
 /* Gradient accumulation without communication (FSDP's no_sync): while on,
    end_backward keeps unsharded gradients (needs plan_no_sync). Turning it
@@ -1327,6 +1391,15 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_set_lr(fsdp_ctx *ctx, int group, double lr);
 FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *ctx);
+/* A group's whole configuration for the next steps (betas, eps,
+   weight_decay, momentum, ...), checked as at create; kind 0 keeps the
+   group's kind. Refused: another kind, or a change of the state it keeps
+   (amsgrad, SGD momentum on/off), since the planned state would no longer
+   match. Collective: no. */
+FSDP_API fsdp_result fsdp_set_optim(fsdp_ctx *ctx, int group, const fsdp_optim_config *cfg);
+/* Sets the step counter of every group (the next fsdp_step is step n + 1,
+   for Adam's bias correction) and fsdp_ctx_steps. Collective: no. */
+FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *ctx, int64_t n);
 
 /* --- full parameters --- */
 enum {
@@ -7357,6 +7430,15 @@ FSDP_API int fsdp_units_count(const fsdp_units *u)
     return u ? u->count : 0;
 }
 
+FSDP_API int fsdp_units_find(const fsdp_units *u, const char *fqn)
+{
+    int i;
+    if (!u || !fqn) return -1;
+    for (i = 0; i < u->count; i++)
+        if (strcmp(fsdp_units_get(u, i)->fqn, fqn) == 0) return i;
+    return -1;
+}
+
 FSDP_API const fsdp_unit_info *fsdp_units_get(const fsdp_units *u, int i)
 {
     if (!u || i < 0 || i >= u->count) return NULL;
@@ -8948,6 +9030,9 @@ typedef struct fsdp__slot {
     int owner;           /* unit holding it, or -1 */
     fsdp_event *done;    /* compute finished with it (compute-stream engines) */
     int done_recorded;
+    int poison_unit;     /* debug: the unit whose retired memory it holds, or -1 */
+    int poison_phase;    /* debug: 1 retired by end_forward, 2 by end_backward */
+    int64_t released;    /* debug: when it was last freed (rotation) */
 } fsdp__slot;
 
 typedef struct fsdp__cunit {
@@ -8980,6 +9065,12 @@ typedef struct fsdp__cunit {
     int rs_pending;
     int accum;                    /* unsharded grads hold no_sync accumulation */
     int grad_zero;                /* the sharded gradient is all zeros */
+    char *qname;                  /* 'fqn' quoted, or (root): for messages */
+    unsigned char *inited;        /* entry -> initialised (or loaded) */
+    uint64_t *dbg_sum;            /* debug: entry -> checksum of its gathered values */
+    int dbg_summed;               /* debug: dbg_sum is current */
+    int dbg_poisoned;             /* debug: the resident block holds the poison */
+    int dbg_last_slot;            /* debug: the shared slot it held last, or -1 */
 } fsdp__cunit;
 
 typedef struct fsdp__pref { /* fqn -> (unit, entry) */
@@ -9029,6 +9120,10 @@ struct fsdp_ctx {
     fsdp__pref *prefs;
     int nprefs;
     fsdp__map pmap;
+    int reduce_sum;      /* grad_reduce == FSDP_GRAD_SUM */
+    int init_checked;    /* every parameter was found initialised once */
+    int debug;
+    int64_t slot_clock;  /* debug: slot releases so far */
 };
 
 FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu);
@@ -9113,8 +9208,8 @@ FSDP__DEF fsdp_result fsdp__expect(fsdp_ctx *c, int unit, fsdp_unit_state want, 
     fsdp__cunit *cu = &c->u[unit];
     if (cu->state == want) return FSDP_SUCCESS;
     return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                          "%s: unit %d '%s': expected state %s, got %s", fn, unit,
-                          cu->info->fqn, fsdp_unit_state_name(want),
+                          "%s: unit %d %s: expected state %s, got %s", fn, unit,
+                          cu->qname, fsdp_unit_state_name(want),
                           fsdp_unit_state_name(cu->state));
 }
 
@@ -9207,6 +9302,9 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
         if (cu->rs_ev) fsdp_event_destroy(c->dev, cu->rs_ev);
         fsdp__free(&c->hooks, cu->pieces);
         fsdp__free(&c->hooks, cu->groups);
+        fsdp__free(&c->hooks, cu->qname);
+        fsdp__free(&c->hooks, cu->inited);
+        fsdp__free(&c->hooks, cu->dbg_sum);
     }
     for (i = 0; i < c->nslots && c->slots; i++) {
         fsdp__free_dev(c, c->slots[i].base, c->slots[i].bytes);
@@ -9278,6 +9376,10 @@ FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d)
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: offload_threads %d must be 0..256",
                                  d->offload_threads);
+    if (d->grad_reduce != FSDP_GRAD_AVG && d->grad_reduce != FSDP_GRAD_SUM)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: grad_reduce %d is neither FSDP_GRAD_AVG (0) "
+                                 "nor FSDP_GRAD_SUM (1)", (int)d->grad_reduce);
     return FSDP_SUCCESS;
 }
 
@@ -9301,6 +9403,17 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
     c->offload = d->cpu_offload != 0;
     c->othreads = d->offload_threads > 0 ? d->offload_threads : 2;
     c->othreads_set = d->offload_threads > 0;
+    c->reduce_sum = d->grad_reduce == FSDP_GRAD_SUM;
+    {
+        /* like TORCH_DISTRIBUTED_DEBUG: switched on without rebuilding */
+        const char *env = getenv("FSDP_DEBUG");
+        c->debug = d->debug != 0 || (env && env[0] && strcmp(env, "0") != 0);
+    }
+    if (c->debug && !fsdp_device_host_accessible(c->dev)) {
+        fsdp__log(&c->hooks, FSDP_LOG_WARN, "fsdp_ctx_create: the debug mode needs memory the "
+                  "host can read; device '%s' has none, so it is off", fsdp_device_name(c->dev));
+        c->debug = 0;
+    }
     if (d->ngroups) {
         c->ngroups = d->ngroups;
         for (i = 0; i < d->ngroups; i++) c->groups[i] = d->groups[i];
@@ -9357,13 +9470,22 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         int shard_size;
         cu->info = ui;
         cu->slot = -1;
+        cu->dbg_last_slot = -1;
         cu->grad_zero = 1;
+        cu->qname = (char *)fsdp__alloc(&c->hooks, strlen(ui->fqn) + 8);
+        cu->inited = (unsigned char *)fsdp__calloc(&c->hooks, (size_t)ui->nentries + 1, 1);
+        cu->dbg_sum = (uint64_t *)fsdp__calloc(&c->hooks, (size_t)ui->nentries + 1,
+                                               sizeof(uint64_t));
+        if (!cu->qname || !cu->inited || !cu->dbg_sum) return fsdp__ctx_create_oom(d);
+        if (ui->fqn[0]) snprintf(cu->qname, strlen(ui->fqn) + 8, "'%s'", ui->fqn);
+        else snprintf(cu->qname, 8, "(root)");
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
         if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt))
             return fsdp__fail_create(uh, FSDP_INVALID_DTYPE,
-                                     "fsdp_ctx_create: unit %d '%s': param dtype %s and reduce "
-                                     "dtype %s must be float dtypes", i, ui->fqn,
+                                     "fsdp_ctx_create: unit %d %s%s%s: param dtype %s and reduce "
+                                     "dtype %s must be float dtypes", i, ui->fqn[0] ? "'" : "",
+                                     ui->fqn[0] ? ui->fqn : "(root)", ui->fqn[0] ? "'" : "",
                                      fsdp_dtype_name(cu->pdt), fsdp_dtype_name(cu->rdt));
         /* one replica is plain sharding; a group of one rank, no sharding */
         if (s == FSDP_HYBRID_SHARD && c->hybrid_size == c->nranks) s = FSDP_FULL_SHARD;
@@ -9542,6 +9664,7 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
         if (!c->slots) return fsdp__ctx_create_oom(d);
         for (i = 0; i < c->nslots; i++) {
             c->slots[i].owner = -1;
+            c->slots[i].poison_unit = -1;
             c->slots[i].bytes = z->slot_bytes;
             if ((r = fsdp__alloc_dev(c, z->slot_bytes, &c->slots[i].base, &got.pool)) !=
                 FSDP_SUCCESS)
@@ -9706,6 +9829,347 @@ FSDP__DEF fsdp_result fsdp__refresh_lp(fsdp_ctx *c, fsdp__cunit *cu)
     }
     r = fsdp_device_cast(c->dev, cu->lp, cu->pdt, cu->master, FSDP_F32, (size_t)cu->S, c->cs);
     return fsdp__ctx_dev(c, r, "refreshing the low-precision shard");
+}
+
+/* --- initialisation tracking and the debug mode --- */
+
+FSDP__DEF void fsdp__invalidate_buffers(fsdp_ctx *c, fsdp__cunit *cu);
+
+/* Marks parameters initialised: entry `entry` of unit `unit`, every entry
+   of the unit (entry -1), or every unit (unit -1). Every load of >>getload
+   and >>ckpt commits through fsdp__invalidate, which marks its whole unit;
+   a loader that knows which entries it wrote (FSDP_SD_NOT_STRICT) can call
+   this per entry instead. */
+FSDP__DEF void fsdp__ctx_mark_loaded(fsdp_ctx *c, int unit, int entry)
+{
+    int i, e, lo = unit < 0 ? 0 : unit, hi = unit < 0 ? c->nunits : unit + 1;
+    if (hi > c->nunits) return;
+    for (i = lo; i < hi; i++)
+        for (e = 0; e < c->u[i].info->nentries; e++)
+            if (entry < 0 || e == entry) c->u[i].inited[e] = 1;
+}
+
+/* Training on parameters nobody set is a silent mistake (zeros train, just
+   badly), so it is refused once, at the first begin, naming them. */
+FSDP__DEF fsdp_result fsdp__check_inited(fsdp_ctx *c, const char *fn)
+{
+    char names[512];
+    size_t len = 0;
+    int i, e, n = 0, more = 0;
+    if (c->init_checked) return FSDP_SUCCESS;
+    names[0] = 0;
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp_unit_info *ui = c->u[i].info;
+        for (e = 0; e < ui->nentries; e++) {
+            const char *f = ui->entries[e].fqn;
+            if (c->u[i].inited[e] || ui->entries[e].numel == 0) continue;
+            n++;
+            if (len + strlen(f) + 8 < sizeof names)
+                len += (size_t)snprintf(names + len, sizeof names - len, "%s'%s'", len ? ", " : "",
+                                        f);
+            else
+                more = 1;
+        }
+    }
+    if (!n) {
+        c->init_checked = 1;
+        return FSDP_SUCCESS;
+    }
+    return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                          "%s: %d parameter%s never initialised: %s%s; initialise with "
+                          "fsdp_init_params, fsdp_set_full_param or a state-dict or checkpoint "
+                          "load, or call fsdp_init_zeros to start from zeros on purpose", fn, n,
+                          n == 1 ? " was" : "s were", names, more ? ", ..." : "");
+}
+
+/* The poison of retired unsharded memory: a signalling NaN whose payload
+   names the unit (f32: a 6-bit marker and the unit's low 16 bits; f64: the
+   marker and 32 bits; bf16 and f16 have room only for the unit modulo 63
+   and 511). Arithmetic on it yields NaNs that keep the payload. */
+FSDP__DEF uint64_t fsdp__poison_bits(fsdp_dtype dt, int unit)
+{
+    uint64_t u = (uint64_t)(unsigned)unit;
+    switch (dt) {
+    case FSDP_F64: return 0x7FF0000000000000ULL | (0x2AULL << 32) | (u & 0xFFFFFFFFULL);
+    case FSDP_BF16: return 0x7F80u | (uint64_t)(1 + unit % 63);
+    case FSDP_F16: return 0x7C00u | (uint64_t)(1 + unit % 511);
+    default: return 0x7F800000u | (0x2Au << 16) | (u & 0xFFFFu);
+    }
+}
+
+FSDP_API int fsdp_debug_poison_unit(const void *v, fsdp_dtype dt)
+{
+    if (!v) return -1;
+    switch (dt) {
+    case FSDP_F64: {
+        uint64_t b;
+        memcpy(&b, v, 8);
+        if ((b & 0x7FF0000000000000ULL) != 0x7FF0000000000000ULL || ((b >> 32) & 0x3F) != 0x2A)
+            return -1;
+        return (int)(b & 0x7FFFFFFFULL);
+    }
+    case FSDP_F32: {
+        uint32_t w;
+        memcpy(&w, v, 4);
+        if ((w & 0x7F800000u) != 0x7F800000u || ((w >> 16) & 0x3F) != 0x2A) return -1;
+        return (int)(w & 0xFFFFu);
+    }
+    case FSDP_BF16:
+    case FSDP_F16: {
+        uint16_t h;
+        unsigned ex = dt == FSDP_BF16 ? 0x7F80u : 0x7C00u, pl = dt == FSDP_BF16 ? 0x3Fu : 0x1FFu;
+        memcpy(&h, v, 2);
+        if ((h & ex) != ex || !(h & pl)) return -1;
+        return (int)(h & pl) - 1;
+    }
+    default: return -1;
+    }
+}
+
+FSDP_API int fsdp_ctx_debug(const fsdp_ctx *c)
+{
+    return c ? c->debug : 0;
+}
+
+FSDP__DEF void fsdp__poison_pattern(fsdp_dtype dt, int unit, unsigned char pat[8])
+{
+    size_t es = fsdp_dtype_size(dt), k;
+    uint64_t bits = fsdp__poison_bits(dt, unit);
+    for (k = 0; k < 8; k++) pat[k] = (unsigned char)(bits >> (8 * (k % es)));
+}
+
+FSDP__DEF void fsdp__poison_fill(void *p, size_t bytes, fsdp_dtype dt, int unit)
+{
+    unsigned char pat[8], *b = (unsigned char *)p;
+    size_t done;
+    fsdp__poison_pattern(dt, unit, pat);
+    if (bytes <= 8) {
+        memcpy(b, pat, bytes);
+        return;
+    }
+    memcpy(b, pat, 8);
+    for (done = 8; done < bytes;) { /* doubling copies: memcpy's speed */
+        size_t n = done < bytes - done ? done : bytes - done;
+        memcpy(b + done, b, n);
+        done += n;
+    }
+}
+
+/* The byte offset of the first byte that is not the poison, or SIZE_MAX. */
+FSDP__DEF size_t fsdp__poison_find(const void *p, size_t bytes, fsdp_dtype dt, int unit)
+{
+    unsigned char pat[8];
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t w, x;
+    size_t i;
+    fsdp__poison_pattern(dt, unit, pat);
+    memcpy(&w, pat, 8);
+    for (i = 0; i + 8 <= bytes; i += 8) {
+        memcpy(&x, b + i, 8);
+        if (x != w) break;
+    }
+    for (; i < bytes; i++)
+        if (b[i] != pat[i % 8]) return i;
+    return SIZE_MAX;
+}
+
+/* Names what a write into retired memory hit: offset `off` of a block of
+   unit `unit` whose first pbytes are parameters, then gradients. */
+FSDP__DEF fsdp_result fsdp__poison_report(fsdp_ctx *c, const char *who, int unit, size_t off,
+                                          size_t pbytes, int phase)
+{
+    const fsdp__cunit *cu = &c->u[unit];
+    size_t es = fsdp_dtype_size(cu->pdt);
+    int grad = off >= pbytes, e;
+    int64_t k = (int64_t)((grad ? off - pbytes : off) / es);
+    const char *pname = NULL;
+    for (e = 0; e < cu->info->nentries && !pname; e++) {
+        const fsdp_flat_entry *fe = &cu->info->entries[e];
+        if (k >= fe->offset && k < fe->offset + fe->numel) {
+            pname = fe->fqn;
+            k -= fe->offset;
+        }
+    }
+    return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                          "%s: debug: the unsharded buffer unit %d %s retired at fsdp_end_%s "
+                          "was written where it held the %s of %s%s%s (element %lld): a view "
+                          "from %s was kept past its unit's end%s; fetch views after each "
+                          "begin and drop them at the end", who, unit, cu->qname,
+                          phase == 2 ? "backward" : "forward", grad ? "gradient" : "value",
+                          pname ? "parameter '" : "the padding", pname ? pname : "",
+                          pname ? "'" : "", (long long)k,
+                          grad ? "fsdp_grad" : "fsdp_param",
+                          grad ? " (after fsdp_end_backward it races with the reduction)"
+                               : " (in backward the unit may have another buffer)");
+}
+
+FSDP__DEF size_t fsdp__dbg_pbytes(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    if (cu->resident && fsdp__shard_is_view(c, cu)) return 0; /* its block holds gradients */
+    return (size_t)cu->lay.shard_numel * (size_t)cu->W * fsdp_dtype_size(cu->pdt);
+}
+
+/* Checks a poisoned shared buffer; with `take` it stops watching it (it is
+   being handed out), else a reported one is poisoned again. */
+FSDP__DEF fsdp_result fsdp__dbg_check_slot(fsdp_ctx *c, int s, const char *who, int take)
+{
+    fsdp__slot *sl = &c->slots[s];
+    int u = sl->poison_unit;
+    fsdp_result r = FSDP_SUCCESS;
+    size_t off;
+    if (u < 0) return FSDP_SUCCESS;
+    off = fsdp__poison_find(sl->base, sl->bytes, c->u[u].pdt, u);
+    if (off != SIZE_MAX) {
+        r = fsdp__poison_report(c, who, u, off, fsdp__dbg_pbytes(c, &c->u[u]), sl->poison_phase);
+        fsdp__poison_fill(sl->base, sl->bytes, c->u[u].pdt, u);
+    }
+    if (take) sl->poison_unit = -1;
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__dbg_check_block(fsdp_ctx *c, int unit, const char *who, int take)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    fsdp_result r = FSDP_SUCCESS;
+    size_t off;
+    if (!cu->dbg_poisoned) return FSDP_SUCCESS;
+    off = fsdp__poison_find(cu->res_base, cu->res_bytes, cu->pdt, unit);
+    if (off != SIZE_MAX) {
+        r = fsdp__poison_report(c, who, unit, off, fsdp__dbg_pbytes(c, cu), cu->dbg_poisoned);
+        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, unit);
+    }
+    if (take) cu->dbg_poisoned = 0;
+    return r;
+}
+
+/* Every poisoned buffer, where the context waits for everything anyway
+   (fsdp_step and the other calls between iterations). */
+FSDP__DEF fsdp_result fsdp__dbg_check_all(fsdp_ctx *c, const char *fn)
+{
+    fsdp_result r = FSDP_SUCCESS, x;
+    int i;
+    for (i = 0; i < c->nslots; i++)
+        if ((x = fsdp__dbg_check_slot(c, i, fn, 0)) != FSDP_SUCCESS && r == FSDP_SUCCESS) r = x;
+    for (i = 0; i < c->nunits; i++)
+        if ((x = fsdp__dbg_check_block(c, i, fn, 0)) != FSDP_SUCCESS && r == FSDP_SUCCESS) r = x;
+    return r;
+}
+
+/* The host reads the unit's buffers next: the engine's compute stream (and
+   with `reduction` the comm stream's reduction of the gradient) must be
+   done with them. */
+FSDP__DEF fsdp_result fsdp__dbg_quiesce(fsdp_ctx *c, int reduction)
+{
+    fsdp_result r = FSDP_SUCCESS;
+    if (c->compute) r = fsdp_stream_synchronize(c->dev, c->compute);
+    if (r == FSDP_SUCCESS && reduction) r = fsdp_stream_synchronize(c->dev, c->cs);
+    return fsdp__ctx_dev(c, r, "debug: waiting for the streams");
+}
+
+FSDP__DEF uint64_t fsdp__mix64(uint64_t z);
+
+/* Four independent lanes: the multiplies overlap, so the checksum runs
+   near memory speed instead of at one multiply's latency per word. */
+FSDP__DEF uint64_t fsdp__dbg_hash(const void *p, size_t n)
+{
+    const unsigned char *b = (const unsigned char *)p;
+    uint64_t h[4] = {0x9E3779B97F4A7C15ULL, 0xBF58476D1CE4E5B9ULL, 0x94D049BB133111EBULL,
+                     0xD6E8FEB86659FD93ULL}, x[4];
+    size_t i;
+    int k;
+    for (i = 0; i + 32 <= n; i += 32) {
+        memcpy(x, b + i, 32);
+        for (k = 0; k < 4; k++) h[k] = (h[k] ^ x[k]) * 0x100000001B3ULL;
+    }
+    for (; i < n; i++) h[0] = (h[0] ^ b[i]) * 0x100000001B3ULL;
+    return fsdp__mix64(h[0]) ^ fsdp__mix64(h[1] + 1) ^ fsdp__mix64(h[2] + 2) ^
+           fsdp__mix64(h[3] + 3);
+}
+
+/* Checksums of the gathered parameters at begin, compared at end: views of
+   parameters are read-only, and a view kept from another unit may point
+   into this unit's buffer now. */
+FSDP__DEF fsdp_result fsdp__dbg_begin(fsdp_ctx *c, int unit)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    size_t es = fsdp_dtype_size(cu->pdt);
+    fsdp_result r;
+    int e;
+    if (!cu->uparam || cu->summon_f32) return FSDP_SUCCESS;
+    if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
+    for (e = 0; e < cu->info->nentries; e++) {
+        const fsdp_flat_entry *fe = &cu->info->entries[e];
+        cu->dbg_sum[e] = fsdp__dbg_hash((const char *)cu->uparam + (size_t)fe->offset * es,
+                                        (size_t)fe->numel * es);
+    }
+    cu->dbg_summed = 1;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__dbg_end(fsdp_ctx *c, int unit, const char *fn, const char *began)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    size_t es = fsdp_dtype_size(cu->pdt);
+    fsdp_result r;
+    int e;
+    if (!cu->dbg_summed) return FSDP_SUCCESS;
+    cu->dbg_summed = 0;
+    if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
+    for (e = 0; e < cu->info->nentries; e++) {
+        const fsdp_flat_entry *fe = &cu->info->entries[e];
+        if (fsdp__dbg_hash((const char *)cu->uparam + (size_t)fe->offset * es,
+                           (size_t)fe->numel * es) != cu->dbg_sum[e])
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                                  "%s: debug: the values of parameter '%s' of unit %d %s changed "
+                                  "since %s: parameter views are read-only (gradients go to "
+                                  "fsdp_grad), and a view kept from another unit, or from "
+                                  "forward into backward, may point into this unit's buffer "
+                                  "now", fn, fe->fqn, unit, cu->qname, began);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* A unit ended: its unsharded buffer (a shared slot, or its resident
+   block after backward) is filled with the poison and watched. phase 1:
+   forward, 2: backward (after its reduction finished). */
+FSDP__DEF fsdp_result fsdp__dbg_retire(fsdp_ctx *c, int unit, int phase)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    fsdp_result r;
+    if ((r = fsdp__dbg_quiesce(c, phase == 2)) != FSDP_SUCCESS) return r;
+    if (!cu->resident && cu->slot >= 0) {
+        fsdp__slot *sl = &c->slots[cu->slot];
+        fsdp__poison_fill(sl->base, sl->bytes, cu->pdt, unit);
+        sl->poison_unit = unit;
+        sl->poison_phase = phase;
+    } else if (cu->resident && cu->res_base) {
+        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, unit);
+        cu->dbg_poisoned = phase;
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_init_zeros(fsdp_ctx *c)
+{
+    fsdp_result r;
+    int i;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__sync_all(c, "fsdp_init_zeros")) != FSDP_SUCCESS) return r;
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        if (!cu->S) {
+            fsdp__invalidate(c, cu);
+            continue;
+        }
+        if (c->offload) memset(cu->master, 0, fsdp__shard_bytes(cu, 4));
+        else if ((r = fsdp_device_memset(c->dev, cu->master, 0, fsdp__shard_bytes(cu, 4),
+                                         c->cs)) != FSDP_SUCCESS)
+            return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
+        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+        fsdp__invalidate(c, cu);
+    }
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
 }
 
 /* --- the counter-based generator --- */
@@ -9902,7 +10366,8 @@ FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *c, const char *fqn, const voi
                 if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
             }
             if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
-            fsdp__invalidate(c, cu);
+            fsdp__invalidate_buffers(c, cu);
+            fsdp__ctx_mark_loaded(c, i, e);
         }
     }
     if (!found)
@@ -9934,6 +10399,7 @@ FSDP__DEF void fsdp__release_slot(fsdp_ctx *c, fsdp__cunit *cu)
             fsdp_event_record(c->dev, s->done, c->compute) == FSDP_SUCCESS)
             s->done_recorded = 1;
         s->owner = -1;
+        s->released = ++c->slot_clock;
         cu->slot = -1;
         cu->uparam = cu->ugrad = NULL;
     }
@@ -9943,11 +10409,19 @@ FSDP__DEF void fsdp__release_slot(fsdp_ctx *c, fsdp__cunit *cu)
 
 /* The shard changed outside training (init, set_full_param, writeback):
    whatever is gathered is stale. */
-FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu)
+FSDP__DEF void fsdp__invalidate_buffers(fsdp_ctx *c, fsdp__cunit *cu)
 {
     if (cu->slot >= 0) fsdp__release_slot(c, cu);
     cu->gathered = fsdp__shard_is_view(c, cu);
     cu->summon_f32 = 0;
+}
+
+/* The whole shard of the unit was written (init, a load): also marks its
+   parameters initialised. The loaders of >>getload and >>ckpt call this. */
+FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu)
+{
+    fsdp__invalidate_buffers(c, cu);
+    fsdp__ctx_mark_loaded(c, (int)(cu - c->u), -1);
 }
 
 /* Points uparam/ugrad at the unit's unsharded block, taking a shared slot if
@@ -9960,6 +10434,10 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
     size_t n = (size_t)cu->lay.shard_numel * (size_t)cu->W;
     int i, pick = -1;
     if (cu->resident) {
+        if (c->debug && cu->dbg_poisoned) {
+            fsdp_result r = fsdp__dbg_check_block(c, unit, "beginning the unit again", 1);
+            if (r != FSDP_SUCCESS) return r;
+        }
         if (fsdp__shard_is_view(c, cu)) {
             cu->uparam = cu->lp ? cu->lp : (void *)cu->master;
             cu->ugrad = cu->res_base;
@@ -9970,8 +10448,16 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
         return FSDP_SUCCESS;
     }
     if (cu->slot >= 0) return FSDP_SUCCESS;
-    for (i = 0; i < c->nslots && pick < 0; i++)
-        if (c->slots[i].owner < 0) pick = i;
+    for (i = 0; i < c->nslots && (pick < 0 || c->debug); i++) {
+        /* debug: the least recently freed slot other than the unit's last
+           one, so a view kept from forward goes stale in backward even
+           when the same slot would be free */
+        const fsdp__slot *a = &c->slots[i], *b = pick >= 0 ? &c->slots[pick] : NULL;
+        if (a->owner >= 0) continue;
+        if (!b || (i != cu->dbg_last_slot && (pick == cu->dbg_last_slot ||
+                                              a->released < b->released)))
+            pick = i;
+    }
     for (i = 0; i < c->nslots && pick < 0; i++) {
         fsdp__cunit *o = &c->u[c->slots[i].owner];
         if (o->state == FSDP_UNIT_IDLE || o->state == FSDP_UNIT_BACKWARD_POST) {
@@ -9985,15 +10471,22 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
         if (try_only) return FSDP_POOL_EXHAUSTED;
         held[0] = 0;
         for (i = 0; i < c->nslots && len + 40 < sizeof held; i++)
-            len += (size_t)snprintf(held + len, sizeof held - len, "%s%d '%s'", i ? ", " : "",
-                                    c->slots[i].owner, c->u[c->slots[i].owner].info->fqn);
+            len += (size_t)snprintf(held + len, sizeof held - len, "%s%d %s", i ? ", " : "",
+                                    c->slots[i].owner, c->u[c->slots[i].owner].qname);
         return fsdp__ctx_fail(c, FSDP_POOL_EXHAUSTED,
-                              "unit %d '%s' needs an unsharded buffer but all %d are held (by "
+                              "unit %d %s needs an unsharded buffer but all %d are held (by "
                               "units %s); end those units first or raise max_unsharded",
-                              unit, cu->info->fqn, c->nslots, held);
+                              unit, cu->qname, c->nslots, held);
+    }
+    if (c->debug && c->slots[pick].poison_unit >= 0) {
+        char who[96];
+        fsdp_result r;
+        snprintf(who, sizeof who, "unit %d %s taking a free buffer", unit, cu->qname);
+        if ((r = fsdp__dbg_check_slot(c, pick, who, 1)) != FSDP_SUCCESS) return r;
     }
     c->slots[pick].owner = unit;
     cu->slot = pick;
+    cu->dbg_last_slot = pick;
     cu->uparam = c->slots[pick].base;
     cu->ugrad = (char *)c->slots[pick].base + n * fsdp_dtype_size(cu->pdt);
     if (c->slots[pick].done_recorded) {
@@ -10059,18 +10552,23 @@ FSDP__DEF fsdp_result fsdp__wait_gather(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
-FSDP__DEF void fsdp__prefetch(fsdp_ctx *c, const int *order, int n, int pos, int cur)
+FSDP__DEF fsdp_result fsdp__prefetch(fsdp_ctx *c, const int *order, int n, int pos, int cur)
 {
     int v;
-    if (pos + 1 >= n) return;
+    fsdp_result r;
+    if (pos + 1 >= n) return FSDP_SUCCESS;
     v = order[pos + 1];
-    if (v == cur || v < 0 || v >= c->nunits) return;
-    if (c->u[v].state != FSDP_UNIT_IDLE || (c->u[v].gathered && !c->u[v].summon_f32)) return;
-    /* only into a free buffer: prefetch never blocks or fails the step */
-    if (fsdp__gather(c, v, 1) != FSDP_SUCCESS) {
+    if (v == cur || v < 0 || v >= c->nunits) return FSDP_SUCCESS;
+    if (c->u[v].state != FSDP_UNIT_IDLE || (c->u[v].gathered && !c->u[v].summon_f32))
+        return FSDP_SUCCESS;
+    /* only into a free buffer: prefetch never blocks or fails the step,
+       except to report what the debug mode found in that buffer */
+    if ((r = fsdp__gather(c, v, 1)) != FSDP_SUCCESS) {
+        if (c->debug && r == FSDP_INVALID_STATE) return r;
         c->err.code = FSDP_SUCCESS;
         c->err.message[0] = 0;
     }
+    return FSDP_SUCCESS;
 }
 
 /* Execution-order bookkeeping; returns the position of this call. Each
@@ -10089,12 +10587,12 @@ FSDP__DEF int fsdp__order(fsdp_ctx *c, int unit, int backward)
         if (*n < c->order_cap) order[(*n)++] = unit;
     } else if (here >= *n || order[here] != unit) {
         fsdp__log(&c->hooks, FSDP_LOG_WARN,
-                  "rank %d: execution order changed: %s call %d was unit %d '%s' in the "
-                  "recorded iteration, now unit %d '%s'; prefetching follows the new order "
+                  "rank %d: execution order changed: %s call %d was unit %d %s in the "
+                  "recorded iteration, now unit %d %s; prefetching follows the new order "
                   "from the next iteration", c->rank, backward ? "backward" : "forward", here,
                   here < *n ? order[here] : -1,
-                  here < *n ? c->u[order[here]].info->fqn : "(none)", unit,
-                  c->u[unit].info->fqn);
+                  here < *n ? c->u[order[here]].qname : "(none)", unit,
+                  c->u[unit].qname);
         c->rerecord = 1;
     }
     return here;
@@ -10132,12 +10630,13 @@ FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *c, int unit)
     if ((r = fsdp__check_unit(c, unit, "fsdp_begin_forward")) != FSDP_SUCCESS) return r;
     if (c->state == FSDP_CTX_SUMMON_FULL_PARAMS)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                              "fsdp_begin_forward: unit %d '%s': parameters are summoned; call "
-                              "fsdp_summon_end first", unit, c->u[unit].info->fqn);
+                              "fsdp_begin_forward: unit %d %s: parameters are summoned; call "
+                              "fsdp_summon_end first", unit, c->u[unit].qname);
     if (c->u[unit].state == FSDP_UNIT_BACKWARD_POST) /* accumulating with communication */
         c->u[unit].state = FSDP_UNIT_IDLE;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_begin_forward")) != FSDP_SUCCESS)
         return r;
+    if ((r = fsdp__check_inited(c, "fsdp_begin_forward")) != FSDP_SUCCESS) return r;
     fsdp__maybe_new_iteration(c, unit);
     c->phase = 1;
     pos = fsdp__order(c, unit, 0);
@@ -10146,11 +10645,14 @@ FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *c, int unit)
     /* in use from here: a prefetch must not take its buffer */
     c->u[unit].state = FSDP_UNIT_FORWARD;
     c->state = FSDP_CTX_FORWARD_BACKWARD;
-    if (fsdp__can_prefetch(c, 0)) fsdp__prefetch(c, c->fwd_order, c->nfwd, pos, unit);
+    if (fsdp__can_prefetch(c, 0) &&
+        (r = fsdp__prefetch(c, c->fwd_order, c->nfwd, pos, unit)) != FSDP_SUCCESS)
+        return r;
     if ((r = fsdp__wait_gather(c, unit)) != FSDP_SUCCESS) {
         c->u[unit].state = FSDP_UNIT_IDLE;
         return r;
     }
+    if (c->debug) return fsdp__dbg_begin(c, unit);
     return FSDP_SUCCESS;
 }
 
@@ -10164,11 +10666,17 @@ FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *c, int unit)
         return r;
     cu = &c->u[unit];
     cu->state = FSDP_UNIT_IDLE;
+    if (c->debug) {
+        /* the mistake is reported once the unit has ended as usual */
+        fsdp_result dr = fsdp__dbg_end(c, unit, "fsdp_end_forward", "fsdp_begin_forward");
+        if (!cu->resident) r = fsdp__dbg_retire(c, unit, 1);
+        if (dr != FSDP_SUCCESS) r = dr;
+    }
     /* FULL_SHARD frees after forward; the root and SHARD_GRAD_OP keep
        their parameters for backward */
     if (!cu->resident) fsdp__release_slot(c, cu);
     fsdp__update_state(c);
-    return FSDP_SUCCESS;
+    return r;
 }
 
 FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
@@ -10182,19 +10690,24 @@ FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
     if (cu->state == FSDP_UNIT_BACKWARD_POST) cu->state = FSDP_UNIT_IDLE; /* accumulation */
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_begin_backward")) != FSDP_SUCCESS)
         return r;
+    if ((r = fsdp__check_inited(c, "fsdp_begin_backward")) != FSDP_SUCCESS) return r;
     if (c->state == FSDP_CTX_SUMMON_FULL_PARAMS)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                              "fsdp_begin_backward: unit %d '%s': parameters are summoned",
-                              unit, cu->info->fqn);
+                              "fsdp_begin_backward: unit %d %s: parameters are summoned",
+                              unit, cu->qname);
     if (!cu->info->requires_grad && cu->info->nentries)
-        fsdp__log(&c->hooks, FSDP_LOG_DEBUG, "unit '%s' is frozen: no gradient reduction",
-                  cu->info->fqn);
+        fsdp__log(&c->hooks, FSDP_LOG_DEBUG, "unit %s is frozen: no gradient reduction",
+                  cu->qname);
     c->phase = 2;
     pos = fsdp__order(c, unit, 1);
     if ((r = fsdp__cs_after_compute(c)) != FSDP_SUCCESS) return r;
     if ((r = fsdp__gather(c, unit, 0)) != FSDP_SUCCESS) return r;
     cu->state = FSDP_UNIT_BACKWARD_PRE; /* in use: a prefetch must not take it */
-    if (fsdp__can_prefetch(c, 1)) fsdp__prefetch(c, c->bwd_order, c->nbwd, pos, unit);
+    if (fsdp__can_prefetch(c, 1) &&
+        (r = fsdp__prefetch(c, c->bwd_order, c->nbwd, pos, unit)) != FSDP_SUCCESS) {
+        cu->state = FSDP_UNIT_IDLE;
+        return r;
+    }
     if ((r = fsdp__wait_gather(c, unit)) != FSDP_SUCCESS) {
         cu->state = FSDP_UNIT_IDLE;
         return r;
@@ -10224,6 +10737,7 @@ FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
     }
     cu->state = FSDP_UNIT_BACKWARD_PRE;
     c->state = FSDP_CTX_FORWARD_BACKWARD;
+    if (c->debug) return fsdp__dbg_begin(c, unit);
     return FSDP_SUCCESS;
 }
 
@@ -10287,9 +10801,17 @@ FSDP__DEF fsdp_result fsdp__land_grad(fsdp_ctx *c, fsdp__cunit *cu, const void *
     return FSDP_SUCCESS;
 }
 
+/* FSDP_GRAD_SUM divides by nothing */
+FSDP__DEF void fsdp__factors(const fsdp_ctx *c, int world, double *pre, double *post)
+{
+    if (c->reduce_sum) *pre = *post = 1.0;
+    else fsdp_divide_factors(world, pre, post);
+}
+
 FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r;
+    fsdp_reduce_op avg = c->reduce_sum ? FSDP_REDUCE_SUM : FSDP_REDUCE_AVG;
     double pre, post;
     size_t S = (size_t)cu->S, n = S * (size_t)cu->W;
     void *in = cu->ugrad, *outb;
@@ -10314,10 +10836,10 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
         }
         if (fsdp__wide(cu->rdt)) {
             void *dst = direct ? (void *)cu->grad : in;
-            r = fsdp_all_reduce(c->world, in, dst, S, cu->rdt, FSDP_REDUCE_AVG, c->cs);
+            r = fsdp_all_reduce(c->world, in, dst, S, cu->rdt, avg, c->cs);
             if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, "all-reduce of gradients");
         } else {
-            fsdp_divide_factors(c->nranks, &pre, &post);
+            fsdp__factors(c, c->nranks, &pre, &post);
             if (pre != 1.0 && (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, S, c->cs)))
                 return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
             r = fsdp_all_reduce(c->world, in, in, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
@@ -10336,10 +10858,10 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
     }
     outb = direct ? (void *)cu->grad : c->red_out;
     if (fsdp__wide(cu->rdt)) {
-        r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_AVG, c->cs);
+        r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, avg, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
         if (cu->strat == FSDP_HYBRID_SHARD) {
-            r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_AVG, c->cs);
+            r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, avg, c->cs);
             if (r != FSDP_SUCCESS)
                 return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
         }
@@ -10347,7 +10869,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
         /* 16-bit sums: PyTorch's pre-divide keeps them from overflowing */
         direct = 0;
         outb = c->red_out;
-        fsdp_divide_factors(cu->W, &pre, &post);
+        fsdp__factors(c, cu->W, &pre, &post);
         if (pre != 1.0 && (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, n, c->cs)))
             return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
         r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
@@ -10355,7 +10877,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
         if (post != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
             return fsdp__ctx_dev(c, r, "post-dividing the gradient");
         if (cu->strat == FSDP_HYBRID_SHARD) {
-            fsdp_divide_factors(fsdp_comm_size(c->rep_comm), &pre, &post);
+            fsdp__factors(c, fsdp_comm_size(c->rep_comm), &pre, &post);
             if (pre != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / pre, S, c->cs)))
                 return fsdp__ctx_dev(c, r, "pre-dividing across replicas");
             r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
@@ -10377,57 +10899,50 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
 FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
-    fsdp_result r;
+    fsdp_result r, dr = FSDP_SUCCESS;
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__check_unit(c, unit, "fsdp_end_backward")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_BACKWARD_PRE, "fsdp_end_backward")) != FSDP_SUCCESS)
         return r;
     cu = &c->u[unit];
     if ((r = fsdp__cs_after_compute(c)) != FSDP_SUCCESS) return r;
+    if (c->debug) dr = fsdp__dbg_end(c, unit, "fsdp_end_backward", "fsdp_begin_backward");
     if (c->no_sync) {
         cu->accum = 1; /* keep the unsharded gradient for the next backward */
         cu->state = FSDP_UNIT_IDLE;
         fsdp__update_state(c);
-        return FSDP_SUCCESS;
+        return dr;
     }
     if ((r = fsdp__reduce(c, cu)) != FSDP_SUCCESS) return r;
     cu->accum = 0;
     cu->state = FSDP_UNIT_BACKWARD_POST;
+    /* poisoned once the reduction has read the gradient: the debug mode
+       gives up the overlap to see later writes */
+    if (c->debug && (r = fsdp__dbg_retire(c, unit, 2)) != FSDP_SUCCESS && dr == FSDP_SUCCESS)
+        dr = r;
     /* resharding after backward: later work on the comm stream is ordered
        after this reduction, so the buffer can be handed out at once */
     if (!cu->resident) fsdp__release_slot(c, cu);
     else cu->gathered = fsdp__shard_is_view(c, cu);
     fsdp__update_state(c);
-    return FSDP_SUCCESS;
+    return dr;
 }
 
-FSDP_API void *fsdp_param(fsdp_ctx *c, const char *fqn)
+/* The views of name i (an index into prefs). */
+FSDP__DEF void *fsdp__param_view(fsdp_ctx *c, int i, const char *fn)
 {
-    int i;
-    fsdp__cunit *cu;
-    if (!c) return NULL;
-    if (!fqn) {
-        fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_param: fqn is NULL");
-        return NULL;
-    }
-    i = fsdp__map_find(&c->pmap, fqn, fsdp__pref_key, c);
-    if (i < 0) {
-        fsdp__ctx_fail(c, FSDP_NOT_FOUND, "fsdp_param: no managed parameter '%s'%s", fqn,
-                       fsdp_model_find_param(c->model, fqn) >= 0 ? " (it is ignored)" : "");
-        return NULL;
-    }
-    cu = &c->u[c->prefs[i].unit];
+    fsdp__cunit *cu = &c->u[c->prefs[i].unit];
+    const char *fqn = c->prefs[i].fqn;
     if (cu->state != FSDP_UNIT_FORWARD && cu->state != FSDP_UNIT_BACKWARD_PRE &&
         cu->state != FSDP_UNIT_SUMMON_FULL_PARAMS) {
         fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                       "fsdp_param: '%s' belongs to unit %d '%s' in state %s; views exist "
-                       "between begin and end of its unit", fqn, c->prefs[i].unit,
-                       cu->info->fqn, fsdp_unit_state_name(cu->state));
+                       "%s: '%s' belongs to unit %d %s in state %s; views exist "
+                       "between begin and end of its unit", fn, fqn, c->prefs[i].unit,
+                       cu->qname, fsdp_unit_state_name(cu->state));
         return NULL;
     }
     if (cu->state == FSDP_UNIT_SUMMON_FULL_PARAMS && !cu->summon_keep) {
-        fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_param: '%s' is summoned to rank 0 only",
-                       fqn);
+        fsdp__ctx_fail(c, FSDP_INVALID_STATE, "%s: '%s' is summoned to rank 0 only", fn, fqn);
         return NULL;
     }
     if (cu->state == FSDP_UNIT_SUMMON_FULL_PARAMS && cu->summon_host)
@@ -10436,34 +10951,77 @@ FSDP_API void *fsdp_param(fsdp_ctx *c, const char *fqn)
                                 cu->summon_f32 ? FSDP_F32 : cu->pdt);
 }
 
-FSDP_API void *fsdp_grad(fsdp_ctx *c, const char *fqn)
+FSDP__DEF void *fsdp__grad_view(fsdp_ctx *c, int i, const char *fn)
 {
-    int i;
-    fsdp__cunit *cu;
-    if (!c) return NULL;
-    if (!fqn) {
-        fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_grad: fqn is NULL");
-        return NULL;
-    }
-    i = fsdp__map_find(&c->pmap, fqn, fsdp__pref_key, c);
-    if (i < 0) {
-        fsdp__ctx_fail(c, FSDP_NOT_FOUND, "fsdp_grad: no managed parameter '%s'", fqn);
-        return NULL;
-    }
-    cu = &c->u[c->prefs[i].unit];
+    fsdp__cunit *cu = &c->u[c->prefs[i].unit];
+    const char *fqn = c->prefs[i].fqn;
     if (cu->state != FSDP_UNIT_BACKWARD_PRE) {
         fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                       "fsdp_grad: '%s' belongs to unit %d '%s' in state %s; gradient views "
-                       "exist between begin_backward and end_backward", fqn, c->prefs[i].unit,
-                       cu->info->fqn, fsdp_unit_state_name(cu->state));
+                       "%s: '%s' belongs to unit %d %s in state %s; gradient views "
+                       "exist between begin_backward and end_backward", fn, fqn,
+                       c->prefs[i].unit, cu->qname, fsdp_unit_state_name(cu->state));
         return NULL;
     }
     if (!cu->info->requires_grad) {
-        fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_grad: '%s' is frozen (requires_grad off)",
-                       fqn);
+        fsdp__ctx_fail(c, FSDP_INVALID_STATE, "%s: '%s' is frozen (requires_grad off)", fn, fqn);
         return NULL;
     }
     return fsdp_unit_param_view(cu->info, c->prefs[i].entry, cu->ugrad, cu->pdt);
+}
+
+FSDP__DEF int fsdp__find_pref(fsdp_ctx *c, const char *fqn, const char *fn)
+{
+    int i;
+    if (!fqn) {
+        fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: fqn is NULL", fn);
+        return -1;
+    }
+    i = fsdp__map_find(&c->pmap, fqn, fsdp__pref_key, c);
+    if (i < 0)
+        fsdp__ctx_fail(c, FSDP_NOT_FOUND, "%s: no managed parameter '%s'%s", fn, fqn,
+                       fsdp_model_find_param(c->model, fqn) >= 0 ? " (it is ignored)" : "");
+    return i;
+}
+
+FSDP_API void *fsdp_param(fsdp_ctx *c, const char *fqn)
+{
+    int i;
+    if (!c) return NULL;
+    if ((i = fsdp__find_pref(c, fqn, "fsdp_param")) < 0) return NULL;
+    return fsdp__param_view(c, i, "fsdp_param");
+}
+
+FSDP_API void *fsdp_grad(fsdp_ctx *c, const char *fqn)
+{
+    int i;
+    if (!c) return NULL;
+    if ((i = fsdp__find_pref(c, fqn, "fsdp_grad")) < 0) return NULL;
+    return fsdp__grad_view(c, i, "fsdp_grad");
+}
+
+FSDP_API int fsdp_param_index(fsdp_ctx *c, const char *fqn)
+{
+    return c ? fsdp__find_pref(c, fqn, "fsdp_param_index") : -1;
+}
+
+FSDP__DEF int fsdp__check_index(fsdp_ctx *c, int index, const char *fn)
+{
+    if (index >= 0 && index < c->nprefs) return 1;
+    fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: index %d out of range (%d names; indices come "
+                   "from fsdp_param_index)", fn, index, c->nprefs);
+    return 0;
+}
+
+FSDP_API void *fsdp_param_at(fsdp_ctx *c, int index)
+{
+    if (!c || !fsdp__check_index(c, index, "fsdp_param_at")) return NULL;
+    return fsdp__param_view(c, index, "fsdp_param_at");
+}
+
+FSDP_API void *fsdp_grad_at(fsdp_ctx *c, int index)
+{
+    if (!c || !fsdp__check_index(c, index, "fsdp_grad_at")) return NULL;
+    return fsdp__grad_view(c, index, "fsdp_grad_at");
 }
 
 FSDP_API fsdp_result fsdp_set_no_sync(fsdp_ctx *c, int on)
@@ -10486,8 +11044,8 @@ FSDP__DEF fsdp_result fsdp__sync_units(fsdp_ctx *c, const char *fn, int allow_su
         if (c->u[i].state == FSDP_UNIT_FORWARD || c->u[i].state == FSDP_UNIT_BACKWARD_PRE ||
             (c->u[i].state == FSDP_UNIT_SUMMON_FULL_PARAMS && !allow_summoned))
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                                  "%s: unit %d '%s' is in state %s; end it first", fn, i,
-                                  c->u[i].info->fqn, fsdp_unit_state_name(c->u[i].state));
+                                  "%s: unit %d %s is in state %s; end it first", fn, i,
+                                  c->u[i].qname, fsdp_unit_state_name(c->u[i].state));
     r = fsdp_stream_synchronize(c->dev, c->cs);
     if (r != FSDP_SUCCESS) {
         fsdp_result cr = fsdp_comm_async_error(c->world);
@@ -10496,6 +11054,7 @@ FSDP__DEF fsdp_result fsdp__sync_units(fsdp_ctx *c, const char *fn, int allow_su
     }
     for (i = 0; i < c->nunits; i++)
         if (c->u[i].state == FSDP_UNIT_BACKWARD_POST) c->u[i].state = FSDP_UNIT_IDLE;
+    if (c->debug) return fsdp__dbg_check_all(c, fn);
     return FSDP_SUCCESS;
 }
 
@@ -10709,9 +11268,9 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c)
         if (jobs[t].r != FSDP_SUCCESS) {
             const fsdp__hstep *it = &items[jobs[t].failed];
             const fsdp__cunit *cu = &c->u[it->unit];
-            r = fsdp__ctx_fail(c, jobs[t].r, "fsdp_step: unit %d '%s' parameter '%s': the "
+            r = fsdp__ctx_fail(c, jobs[t].r, "fsdp_step: unit %d %s parameter '%s': the "
                                "host optimizer refused its configuration or state",
-                               it->unit, cu->info->fqn, cu->info->entries[it->entry].fqn);
+                               it->unit, cu->qname, cu->info->entries[it->entry].fqn);
         }
     fsdp__free(&c->hooks, items);
     return r;
@@ -10754,8 +11313,8 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
             r = fsdp_device_optim_step(c->dev, &c->groups[grp], c->group_steps[grp],
                                        cu->master + off, cu->grad + off, &st, (size_t)n, c->cs);
             if (r != FSDP_SUCCESS)
-                return fsdp__ctx_fail(c, r, "fsdp_step: unit %d '%s' parameter '%s': %s", i,
-                                      cu->info->fqn, cu->info->entries[pc->entry].fqn,
+                return fsdp__ctx_fail(c, r, "fsdp_step: unit %d %s parameter '%s': %s", i,
+                                      cu->qname, cu->info->entries[pc->entry].fqn,
                                       fsdp_device_last_error(c->dev));
         }
         r = fsdp_device_memset(c->dev, cu->grad, 0, (size_t)cu->S * 4, c->cs);
@@ -10803,6 +11362,48 @@ FSDP_API fsdp_result fsdp_set_lr(fsdp_ctx *c, int group, double lr)
     return FSDP_SUCCESS;
 }
 
+FSDP_API fsdp_result fsdp_set_optim(fsdp_ctx *c, int group, const fsdp_optim_config *cfg)
+{
+    fsdp_optim_config n;
+    char msg[FSDP_ERROR_MAX];
+    const fsdp_optim_config *o;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (group < 0 || group >= c->ngroups)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d out of range (%d "
+                              "groups)", group, c->ngroups);
+    if (!cfg) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: cfg is NULL");
+    o = &c->groups[group];
+    n = *cfg;
+    if (n.kind == FSDP_OPTIM_DEFAULT) n.kind = o->kind;
+    if (n.kind != o->kind)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: kind %d cannot "
+                              "replace kind %d mid-run (its state is planned)", group,
+                              (int)n.kind, (int)o->kind);
+    if (fsdp_optim_check(&n, msg) != FSDP_SUCCESS)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: %s", group, msg);
+    if (fsdp__optim_check_zeroed(&n, "cfg", msg, sizeof msg) != FSDP_SUCCESS)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: %s", group, msg);
+    if (fsdp_optim_state_mask(&n) != fsdp_optim_state_mask(o))
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: the change keeps "
+                              "other state (amsgrad or SGD momentum turned %s); the state was "
+                              "planned at create and cannot change mid-run", group,
+                              fsdp_optim_state_mask(&n) > fsdp_optim_state_mask(o) ? "on" : "off");
+    c->groups[group] = n;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
+{
+    int g;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (n < 0)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_steps: %lld must be >= 0",
+                              (long long)n);
+    for (g = 0; g < c->ngroups; g++) c->group_steps[g] = n;
+    c->steps = n;
+    return FSDP_SUCCESS;
+}
+
 FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, float *host)
 {
     fsdp__cunit *cu;
@@ -10826,6 +11427,7 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
     keep = !(flags & FSDP_SUMMON_RANK0_ONLY) || c->rank == 0;
     if (cu->strat == FSDP_NO_SHARD) {
         /* a copy, so that changes without writeback are discarded */
+        cu->dbg_poisoned = 0; /* checked by fsdp__sync_units just now */
         cu->uparam = cu->res_base;
         if (cu->S) {
             r = fsdp_device_copy(c->dev, cu->uparam, cu->master, (size_t)cu->S * 4,

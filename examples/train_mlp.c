@@ -375,6 +375,7 @@ typedef struct shared {
    an f32 copy of it (and an f32 gradient buffer) under mixed precision. */
 typedef struct tensor {
     const char *fqn;
+    int index; /* fsdp_param_index: the name is looked up once */
     int unit;
     size_t n;
     float *p32, *g32; /* host scratch (bf16 only) */
@@ -413,7 +414,7 @@ static int fail_ctx(rank_state *rs, int rank, const char *what)
 static float *param(rank_state *rs, int k)
 {
     tensor *t = &rs->t[k];
-    void *v = fsdp_param(rs->ctx, t->fqn);
+    void *v = fsdp_param_at(rs->ctx, t->index);
     if (!v || !rs->bf16) return (float *)v;
     fsdp_convert(t->p32, FSDP_F32, v, FSDP_BF16, t->n);
     return t->p32;
@@ -423,7 +424,7 @@ static float *param(rank_state *rs, int k)
 static float *grad(rank_state *rs, int k)
 {
     tensor *t = &rs->t[k];
-    t->gview = fsdp_grad(rs->ctx, t->fqn);
+    t->gview = fsdp_grad_at(rs->ctx, t->index);
     if (!t->gview || !rs->bf16) return (float *)t->gview;
     memset(t->g32, 0, t->n * sizeof(float));
     return t->g32;
@@ -896,6 +897,11 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         }
     }
     fsdp_ctx_plan(rs.ctx, &plan);
+    for (k = 0; k < NT; k++)
+        if ((rs.t[k].index = fsdp_param_index(rs.ctx, rs.t[k].fqn)) < 0) {
+            fail_ctx(&rs, rank, "fsdp_param_index");
+            goto done;
+        }
     if (fsdp_init_params(rs.ctx, cfg->seed, init_choose, NULL) != FSDP_SUCCESS) {
         fail_ctx(&rs, rank, "fsdp_init_params");
         goto done;
