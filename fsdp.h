@@ -7207,16 +7207,18 @@ FSDP__DEF fsdp_result fsdp__make_unit(fsdp__walk *w, int mod, int by_policy, int
         fe->shape = un->shapes + (size_t)k * FSDP_MAX_DIMS;
         if (p->dtype != p0->dtype)
             return fsdp__model_fail(m, FSDP_INVALID_MODEL,
-                                    "unit %d '%s': parameters '%s' (%s) and '%s' (%s) have "
+                                    "unit %d %s%s%s: parameters '%s' (%s) and '%s' (%s) have "
                                     "different dtypes; a flat parameter holds one dtype (wrap "
-                                    "them in different units)", idx, ufqn, p0->fqn,
+                                    "them in different units)", idx, ufqn[0] ? "'" : "",
+                                    ufqn[0] ? ufqn : "(root)", ufqn[0] ? "'" : "", p0->fqn,
                                     fsdp_dtype_name(p0->dtype), p->fqn,
                                     fsdp_dtype_name(p->dtype));
         if (p->requires_grad != p0->requires_grad)
             return fsdp__model_fail(m, FSDP_INVALID_MODEL,
-                                    "unit %d '%s': parameter '%s' is %s but '%s' is %s; a flat "
+                                    "unit %d %s%s%s: parameter '%s' is %s but '%s' is %s; a flat "
                                     "parameter has one requires_grad (wrap them in different "
-                                    "units)", idx, ufqn, p0->fqn,
+                                    "units)", idx, ufqn[0] ? "'" : "",
+                                    ufqn[0] ? ufqn : "(root)", ufqn[0] ? "'" : "", p0->fqn,
                                     p0->requires_grad ? "trainable" : "frozen", p->fqn,
                                     p->requires_grad ? "trainable" : "frozen");
     }
