@@ -1441,7 +1441,25 @@ FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *
    Writes are atomic: a file goes to "<name>.tmp.<pid>", is fsynced and
    renamed; a sharded save writes its rank files under a new generation
    name and replaces the index last, then removes the files of the previous
-   generation, so a failed save leaves the previous checkpoint intact. */
+   generation, so a failed save leaves the previous checkpoint intact. The
+   next committed save of a path removes the temporaries that saves killed
+   mid-write left ("*.tmp.<pid>" whose process no longer exists on the
+   saving host; a live process's are a save in flight and stay).
+
+   Identity: each save draws a random 64-bit id (rank 0, broadcast), the
+   generation name of a sharded save. Every file carries it in __metadata__
+   ("fsdp.save_id", 16 hex digits, beside "fsdp.steps", "fsdp.rank",
+   "fsdp.world_size") and the index as "save_id". A load refuses
+   (FSDP_CKPT_MISMATCH or FSDP_CKPT_FORMAT, naming the file and both
+   saves) a rank file of another save under this save's name, and a file
+   whose rank or world size is not the one the index gives it. The ranks
+   compare the save they read: when another process saved the same path
+   between two ranks' reads, or removed the files of the save a load began
+   with, every rank fails with FSDP_CKPT_IO "checkpoint changed while
+   loading: ..." (load again); a load is one whole save or an error, never
+   a mixture. Checkpoints written before save ids (0.6.0 and earlier) have
+   none anywhere and load as before, without these checks; ids on only
+   some of a checkpoint's files are refused. */
 
 /* Save flags (with FSDP_SD_OPTIM to include the optimizer state). */
 enum {
@@ -1460,7 +1478,11 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *ctx, const char *path, unsigned fl
    pinned host buffers, cached per source buffer and reused by later saves
    (freed by fsdp_ckpt_writer_destroy, or when a source changes size), then
    a background thread writes the files. The writer belongs to one context
-   and is destroyed before it. */
+   and is destroyed before it. Destroying the context first is a mistake
+   that is caught, not a crash: fsdp_ctx_destroy finishes the write in
+   flight (a full checkpoint's file is then complete; a sharded save,
+   never committed, leaves nothing) and frees the staging; the writer then
+   refuses every call with FSDP_INVALID_STATE and can only be destroyed. */
 typedef struct fsdp_ckpt_writer fsdp_ckpt_writer;
 
 FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *ctx, fsdp_ckpt_writer **out);
@@ -6961,6 +6983,10 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
+/* kill(pid, 0) tells whether a save's process still lives; it is POSIX,
+   and under -std=c11 signal.h does not declare it */
+#include <signal.h>
+extern int kill(pid_t pid, int sig);
 
 /* --- CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
    caller, so there is no global state --- */
@@ -8117,6 +8143,14 @@ typedef struct fsdp__pref { /* fqn -> (unit, entry) */
     int unit, entry;
 } fsdp__pref;
 
+/* An object built on a context that outlives it by mistake (a checkpoint
+   writer): fsdp_ctx_destroy calls ctx_gone on each, while the context and
+   its device still work, so their late destroy touches nothing freed. */
+typedef struct fsdp__ctx_dep {
+    void (*ctx_gone)(struct fsdp__ctx_dep *d);
+    struct fsdp__ctx_dep *next, *prev;
+} fsdp__ctx_dep;
+
 struct fsdp_ctx {
     fsdp_hooks hooks;
     fsdp_error err;
@@ -8159,7 +8193,24 @@ struct fsdp_ctx {
     fsdp__pref *prefs;
     int nprefs;
     fsdp__map pmap;
+    fsdp__ctx_dep *deps;
 };
+
+FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
+{
+    d->prev = NULL;
+    d->next = c->deps;
+    if (c->deps) c->deps->prev = d;
+    c->deps = d;
+}
+
+FSDP__DEF void fsdp__ctx_dep_remove(fsdp_ctx *c, fsdp__ctx_dep *d)
+{
+    if (d->prev) d->prev->next = d->next;
+    else if (c->deps == d) c->deps = d->next;
+    if (d->next) d->next->prev = d->prev;
+    d->next = d->prev = NULL;
+}
 
 FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu);
 FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn);
@@ -8325,6 +8376,11 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     int i, k;
     fsdp_hooks h;
     if (!c) return;
+    while (c->deps) {
+        fsdp__ctx_dep *d = c->deps;
+        fsdp__ctx_dep_remove(c, d);
+        d->ctx_gone(d);
+    }
     if (c->cs) fsdp_stream_synchronize(c->dev, c->cs);
     for (i = 0; i < c->nunits && c->u; i++) {
         fsdp__cunit *cu = &c->u[i];
@@ -12171,6 +12227,8 @@ typedef struct fsdp__ld {
     void *dbuf;
     size_t dbuf_bytes;
     char *names; /* owned names of broadcast metadata */
+    uint64_t save_id;   /* of a checkpoint's files; 0: none (written before ids) */
+    int64_t save_steps; /* the index's "steps" */
 } fsdp__ld;
 
 FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
@@ -12948,7 +13006,9 @@ done:
 #define FSDP__INDEX_NAME "index.json"
 
 struct fsdp_ckpt_writer {
-    fsdp_ctx *c;
+    fsdp__ctx_dep dep;   /* first: the context's destroy finds the writer */
+    fsdp_ctx *c;         /* NULL once the context is destroyed */
+    fsdp_hooks hooks;    /* a copy: the writer may outlive its context */
     fsdp_error err;
     fsdp__stage stage;
     /* the save in flight */
@@ -12958,10 +13018,10 @@ struct fsdp_ckpt_writer {
     char *path;          /* the checkpoint: a file, or a directory */
     char *file;          /* what this rank writes, or NULL */
     fsdp_state_dict *sd; /* the staged tensors (in the cache) */
-    uint64_t gen;
+    uint64_t gen;        /* the save id, also a sharded save's file names */
     int64_t steps;
     char kvtext[5][64];
-    fsdp__kv kv[5];
+    fsdp__kv kv[6];
     int nkv;
     fsdp_result result; /* of the thread */
     fsdp_error werr;
@@ -12991,6 +13051,50 @@ FSDP__DEF void *fsdp__writer_main(void *arg)
     return NULL;
 }
 
+FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
+{
+    if (w->thread_started) pthread_join(w->th, NULL);
+    w->thread_started = 0;
+    fsdp_state_dict_destroy(w->sd);
+    w->sd = NULL;
+    fsdp__free(&w->hooks, w->path);
+    fsdp__free(&w->hooks, w->file);
+    w->path = w->file = NULL;
+    w->pending = 0;
+}
+
+/* Ends a save that will never be committed: the thread is joined (its
+   staged data lives in the cache about to be freed) and a sharded save's
+   rank file, which no index names, is removed. */
+FSDP__DEF void fsdp__writer_abandon(fsdp_ckpt_writer *w)
+{
+    if (w->thread_started) pthread_join(w->th, NULL);
+    w->thread_started = 0;
+    if (w->pending && w->file && (w->flags & FSDP_CKPT_SHARDED)) unlink(w->file);
+    fsdp__writer_reset(w);
+}
+
+/* The context is being destroyed before the writer: everything that needs
+   the context or its device goes now; the writer stays a shell that only
+   reports the misuse and can be destroyed. */
+FSDP__DEF void fsdp__writer_ctx_gone(fsdp__ctx_dep *d)
+{
+    fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)(void *)d;
+    int pending = w->pending;
+    char *path = pending && w->path ? fsdp__strdup(&w->hooks, w->path) : NULL;
+    fsdp__writer_abandon(w);
+    fsdp__stage_free(&w->stage);
+    w->c = NULL;
+    if (pending)
+        fsdp__fail(&w->err, &w->hooks, FSDP_INVALID_STATE, "fsdp_ctx_destroy: the context was "
+                   "destroyed while a save to '%s' was in flight: the write was finished but "
+                   "never committed (fsdp_ckpt_wait was not called)", path ? path : "?");
+    else
+        fsdp__fail(&w->err, &w->hooks, FSDP_INVALID_STATE, "fsdp_ctx_destroy: the writer's "
+                   "context was destroyed; destroy the writer first");
+    fsdp__free(&w->hooks, path);
+}
+
 FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *c, fsdp_ckpt_writer **out)
 {
     fsdp_ckpt_writer *w;
@@ -13000,39 +13104,51 @@ FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *c, fsdp_ckpt_writer **out
     w = (fsdp_ckpt_writer *)fsdp__calloc(&c->hooks, 1, sizeof *w);
     if (!w) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_ckpt_writer_create: out of memory");
     w->c = c;
+    w->hooks = c->hooks;
     w->stage.dev = c->dev;
-    w->stage.h = &c->hooks;
+    w->stage.h = &w->hooks;
+    w->dep.ctx_gone = fsdp__writer_ctx_gone;
+    fsdp__ctx_dep_add(c, &w->dep);
     *out = w;
     return FSDP_SUCCESS;
 }
 
-FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
-{
-    fsdp_ctx *c = w->c;
-    if (w->thread_started) pthread_join(w->th, NULL);
-    w->thread_started = 0;
-    fsdp_state_dict_destroy(w->sd);
-    w->sd = NULL;
-    fsdp__free(&c->hooks, w->path);
-    fsdp__free(&c->hooks, w->file);
-    w->path = w->file = NULL;
-    w->pending = 0;
-}
-
 FSDP_API void fsdp_ckpt_writer_destroy(fsdp_ckpt_writer *w)
 {
-    fsdp_ctx *c;
+    fsdp_hooks h;
     if (!w) return;
-    c = w->c;
-    if (w->pending && w->file && (w->flags & FSDP_CKPT_SHARDED)) {
-        /* never committed: the rank file is an orphan */
-        if (w->thread_started) pthread_join(w->th, NULL);
-        w->thread_started = 0;
-        unlink(w->file);
+    if (w->c) {
+        fsdp__writer_abandon(w);
+        fsdp__stage_free(&w->stage);
+        fsdp__ctx_dep_remove(w->c, &w->dep);
     }
-    fsdp__writer_reset(w);
-    fsdp__stage_free(&w->stage);
-    fsdp__free(&c->hooks, w);
+    h = w->hooks;
+    fsdp__free(&h, w);
+}
+
+/* A writer whose context is gone refuses everything, naming why. */
+FSDP__DEF fsdp_result fsdp__writer_dead(fsdp_ckpt_writer *w, const char *fn)
+{
+    return fsdp__fail(&w->err, &w->hooks, FSDP_INVALID_STATE, "%s: the writer's context was "
+                      "destroyed (fsdp_ctx_destroy before fsdp_ckpt_writer_destroy)", fn);
+}
+
+/* A save's identity: 64 random bits from the kernel, mixed with the clock,
+   the pid and the writer's address, so that two saves of one path (two
+   jobs, or one restarted) differ even where /dev/urandom is missing. */
+FSDP__DEF uint64_t fsdp__draw_save_id(const void *salt)
+{
+    uint64_t id = 0;
+    struct timespec ts;
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd >= 0) {
+        if (read(fd, &id, sizeof id) != (ssize_t)sizeof id) id = 0;
+        close(fd);
+    }
+    timespec_get(&ts, TIME_UTC);
+    id ^= fsdp__mix64((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^
+          fsdp__mix64((uint64_t)getpid() * 0x9E3779B97F4A7C15ull + (uint64_t)(uintptr_t)salt);
+    return id ? id : 1; /* 0 means "no id" in the loader */
 }
 
 FSDP_API size_t fsdp_ckpt_writer_staging_bytes(const fsdp_ckpt_writer *w)
@@ -13059,6 +13175,7 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
     const char *fn = "fsdp_ckpt_save_async";
     int sharded = (flags & FSDP_CKPT_SHARDED) != 0;
     if (!w) return FSDP_INVALID_ARGS;
+    if (!w->c) return fsdp__writer_dead(w, fn);
     c = w->c;
     /* the same on every rank: each called wait the same number of times */
     if (w->pending)
@@ -13074,20 +13191,17 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return fsdp__wfail(w, r);
     w->flags = flags;
     w->steps = c->steps;
-    w->path = fsdp__strdup(&c->hooks, path);
+    w->path = fsdp__strdup(&w->hooks, path);
     if (!w->path) return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn));
     r = FSDP_SUCCESS;
+    {
+        /* the save's identity, the same on every rank: every file and the
+           index carry it, so a load can tell a file of another save */
+        uint64_t id = c->rank == 0 ? fsdp__draw_save_id(w) : 0;
+        if ((r = fsdp__bcast_bytes(c, &id, sizeof id, fn)) != FSDP_SUCCESS) goto fail;
+        w->gen = id;
+    }
     if (sharded) {
-        /* a fresh generation name, the same on every rank */
-        uint64_t gen = 0;
-        if (c->rank == 0) {
-            struct timespec ts;
-            timespec_get(&ts, TIME_UTC);
-            gen = fsdp__mix64((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^
-                  fsdp__mix64((uint64_t)getpid() + (uint64_t)(uintptr_t)w);
-        }
-        if ((r = fsdp__bcast_bytes(c, &gen, sizeof gen, fn)) != FSDP_SUCCESS) goto fail;
-        w->gen = gen;
         if (mkdir(path, 0777) != 0 && errno != EEXIST)
             r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': cannot create the "
                                "directory: %s", fn, path, strerror(errno));
@@ -13105,9 +13219,9 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         char name[128];
         if (sharded) {
             fsdp__rank_file(name, sizeof name, w->gen, c->rank, c->nranks);
-            w->file = fsdp__path_join(&c->hooks, path, name);
+            w->file = fsdp__path_join(&w->hooks, path, name);
         } else {
-            w->file = fsdp__strdup(&c->hooks, path);
+            w->file = fsdp__strdup(&w->hooks, path);
         }
         if (!w->file) r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
@@ -13129,7 +13243,9 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         w->kv[3].value = w->kvtext[2];
         w->kv[4].key = "fsdp.steps";
         w->kv[4].value = w->kvtext[3];
-        w->nkv = 5;
+        w->kv[5].key = "fsdp.save_id";
+        w->kv[5].value = w->kvtext[4];
+        w->nkv = 6;
         fsdp__clear(&w->werr);
         w->result = FSDP_SUCCESS;
         if (pthread_create(&w->th, NULL, fsdp__writer_main, w) == 0) w->thread_started = 1;
@@ -13139,6 +13255,40 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
 fail:
     fsdp__writer_reset(w);
     return fsdp__wfail(w, r);
+}
+
+/* A save killed between creating and renaming its temporary leaves
+   "<name>.tmp.<pid>" forever; the next committed save of the same path
+   removes those whose process is gone. A live process's temporary is a
+   save in flight (another job's, or this process's) and stays: the pid is
+   checked on this host, so a temporary of a process on another host
+   sharing the file system stays too when the pid exists here. With prefix
+   NULL (a sharded directory) every rank file's and index's temporary is a
+   candidate; else only "<prefix>.tmp.<pid>". Best effort: returns how many
+   were removed. */
+FSDP__DEF int fsdp__sweep_tmp(const fsdp_hooks *h, const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    size_t plen = prefix ? strlen(prefix) : 0;
+    int removed = 0;
+    while (d && (de = readdir(d)) != NULL) {
+        const char *nm = de->d_name, *t = strstr(nm, ".tmp."), *q;
+        long long pid = 0;
+        char *full;
+        if (!t) continue;
+        while (strstr(t + 1, ".tmp.")) t = strstr(t + 1, ".tmp."); /* the last one */
+        if (prefix ? (size_t)(t - nm) != plen || strncmp(nm, prefix, plen)
+                   : strncmp(nm, "model-", 6) && strncmp(nm, FSDP__INDEX_NAME, 10))
+            continue;
+        for (q = t + 5; *q >= '0' && *q <= '9' && pid < (1ll << 40); q++) pid = pid * 10 + (*q - '0');
+        if (*q || q == t + 5 || pid <= 0 || pid >= (1ll << 40)) continue;
+        if ((pid_t)pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        if ((full = fsdp__path_join(h, dir, nm)) != NULL && unlink(full) == 0) removed++;
+        fsdp__free(h, full);
+    }
+    if (d) closedir(d);
+    return removed;
 }
 
 /* Rank 0's index of a sharded checkpoint: every tensor's pieces, computed
@@ -13171,9 +13321,10 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             fsdp_unit_shard(c->u[u].info, q, c->u[u].W, &lays[k], pcs[k]);
         }
     fsdp__sb_printf(&b, "{\n\"format\": \"fsdp.h sharded checkpoint\",\n\"version\": 1,\n"
-                        "\"world_size\": %d,\n\"generation\": \"%016llx\",\n\"steps\": %lld,\n"
+                        "\"world_size\": %d,\n\"generation\": \"%016llx\",\n"
+                        "\"save_id\": \"%016llx\",\n\"steps\": %lld,\n"
                         "\"optim\": %s,\n\"files\": [", c->nranks, (unsigned long long)w->gen,
-                    (long long)w->steps, optim ? "true" : "false");
+                    (unsigned long long)w->gen, (long long)w->steps, optim ? "true" : "false");
     for (q = 0; q < c->nranks; q++) {
         fsdp__rank_file(name, sizeof name, w->gen, q, c->nranks);
         fsdp__sb_str(&b, q ? ", " : "");
@@ -13218,8 +13369,10 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
     fsdp__sb_str(&b, "\n]\n}\n");
     if (b.oom) goto oom;
     path = fsdp__path_join(&c->hooks, w->path, FSDP__INDEX_NAME);
-    tmp = fsdp__path_join(&c->hooks, w->path, FSDP__INDEX_NAME ".tmp");
+    tmp = (char *)fsdp__alloc(&c->hooks, strlen(w->path) + sizeof FSDP__INDEX_NAME + 40);
     if (!path || !tmp) goto oom;
+    /* per process: two jobs saving one directory never share a temporary */
+    sprintf(tmp, "%s/" FSDP__INDEX_NAME ".tmp.%ld", w->path, (long)getpid());
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || fsdp__write_all(fd, b.s, b.len) != 0 || fsync(fd) != 0) {
         r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "checkpoint '%s': writing the index '%s': %s",
@@ -13253,6 +13406,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
         }
         if (dir) closedir(dir);
     }
+    fsdp__sweep_tmp(&c->hooks, w->path, NULL);
     goto done;
 oom:
     r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "checkpoint '%s': out of memory for the index",
@@ -13275,6 +13429,7 @@ FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w)
     fsdp_result r = FSDP_SUCCESS;
     const char *fn = "fsdp_ckpt_wait";
     if (!w) return FSDP_INVALID_ARGS;
+    if (!w->c) return fsdp__writer_dead(w, fn);
     c = w->c;
     if (!w->pending) return FSDP_SUCCESS;
     if (w->thread_started) pthread_join(w->th, NULL);
@@ -13289,6 +13444,11 @@ FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w)
         }
         /* not committed: this generation's files are orphans */
         if (r != FSDP_SUCCESS && w->file) unlink(w->file);
+    } else if (r == FSDP_SUCCESS && w->file) {
+        char dir[4096];
+        const char *base = strrchr(w->path, '/');
+        fsdp__dirname(w->path, dir, sizeof dir);
+        fsdp__sweep_tmp(&c->hooks, dir, base ? base + 1 : w->path);
     }
     fsdp__writer_reset(w);
     return fsdp__wfail(w, r);
@@ -13340,10 +13500,62 @@ FSDP__DEF fsdp_result fsdp__read_small_file(fsdp_ctx *c, const char *path, int64
     return FSDP_SUCCESS;
 }
 
+/* A save id as written: 16 lowercase hex digits, not 0. */
+FSDP__DEF int fsdp__parse_save_id(const char *s, uint64_t *out)
+{
+    uint32_t hi, lo;
+    char a[9];
+    if (!s || strlen(s) != 16) return 0;
+    memcpy(a, s, 8);
+    a[8] = 0;
+    if (!fsdp__parse_hex32(a, &hi) || !fsdp__parse_hex32(s + 8, &lo)) return 0;
+    *out = (uint64_t)hi << 32 | lo;
+    return *out != 0;
+}
+
+/* The save a file belongs to: 0 for none (a file from before save ids),
+   -1 for a malformed id. */
+FSDP__DEF int fsdp__file_save_id(const fsdp__st_file *f, uint64_t *id)
+{
+    const char *v = fsdp__st_meta(f, "fsdp.save_id");
+    *id = 0;
+    if (!v) return 0;
+    return fsdp__parse_save_id(v, id) ? 1 : -1;
+}
+
 /* A file name from an index: a plain name inside the directory. */
 FSDP__DEF int fsdp__plain_name(const char *s)
 {
     return s[0] && strlen(s) < 256 && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+/* A rank file the index names is gone: if the index is no longer the one
+   this load read, a save replaced the checkpoint (and removed the files
+   of the one read) while this load ran: a race, said as one, not a
+   corrupt checkpoint. */
+FSDP__DEF fsdp_result fsdp__ld_index_moved(fsdp__ld *L, const char *ipath, const char *text,
+                                           size_t len, const char *file)
+{
+    fsdp_ctx *c = L->c;
+    char *now = NULL;
+    size_t nlen = 0;
+    fsdp_error keep = c->err;
+    if (fsdp__read_small_file(c, ipath, (int64_t)1 << 30, &now, &nlen) != FSDP_SUCCESS) {
+        c->err = keep;
+        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint changed while loading: rank file "
+                              "'%s' of save %016llx is gone and so is the index '%s'; load "
+                              "again", L->where, file, (unsigned long long)L->save_id, ipath);
+    }
+    if (nlen == len && !memcmp(now, text, len)) {
+        fsdp__free(&c->hooks, now);
+        c->err = keep;
+        return FSDP_SUCCESS;
+    }
+    fsdp__free(&c->hooks, now);
+    return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint changed while loading: rank file '%s' "
+                          "of save %016llx is gone and the index '%s' was replaced by another "
+                          "save; load again", L->where, file, (unsigned long long)L->save_id,
+                          ipath);
 }
 
 /* Reads and validates a sharded checkpoint's index and every rank file's
@@ -13353,7 +13565,7 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
     fsdp_ctx *c = L->c;
     char *ipath = fsdp__path_join(&c->hooks, dir, FSDP__INDEX_NAME);
     size_t len = 0;
-    int files, tensors, n, k;
+    int files, tensors, n, k, sid;
     int64_t world = 0;
     fsdp_result r;
     if (!ipath) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
@@ -13381,6 +13593,12 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
                   ipath);
     if (!fsdp__j_int(j, fsdp__j_get(j, 0, "world_size"), 1, 1 << 20, &world))
         FSDP__IDX("%s: index '%s': bad \"world_size\"", L->where, ipath);
+    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "steps"), 0, INT64_MAX, &L->save_steps))
+        L->save_steps = -1;
+    sid = fsdp__j_get(j, 0, "save_id");
+    if (sid >= 0 && (j->n[sid].type != FSDP__J_STR || !fsdp__parse_save_id(j->n[sid].str,
+                                                                          &L->save_id)))
+        FSDP__IDX("%s: index '%s': \"save_id\" is not 16 hex digits", L->where, ipath);
     files = fsdp__j_get(j, 0, "files");
     tensors = fsdp__j_get(j, 0, "tensors");
     if (files < 0 || j->n[files].type != FSDP__J_ARR || j->n[files].count != world)
@@ -13405,13 +13623,54 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
         /* the st_file keeps the path pointer: the names live in the JSON pool */
         r = fsdp__st_open(&L->files[k], &c->hooks, fp, &e);
         L->files[k].path = j->n[n].str;
-        fsdp__free(&c->hooks, fp);
         if (r != FSDP_SUCCESS) {
-            fsdp__ctx_fail(c, r, "%s: rank file %d of %lld: %s", L->where, k, (long long)world,
-                           e.message);
+            struct stat st;
+            if (stat(fp, &st) != 0 && errno == ENOENT &&
+                fsdp__ld_index_moved(L, ipath, *text, len, j->n[n].str) != FSDP_SUCCESS) {
+                r = FSDP_CKPT_IO; /* another save replaced the one this load began */
+            } else {
+                fsdp__ctx_fail(c, r, "%s: rank file %d of %lld: %s", L->where, k,
+                               (long long)world, e.message);
+            }
+            fsdp__free(&c->hooks, fp);
             goto done;
         }
+        fsdp__free(&c->hooks, fp);
         L->nfiles = k + 1;
+        {
+            /* every file must be of this save, at the place the index gives */
+            uint64_t fid;
+            int has = fsdp__file_save_id(&L->files[k], &fid);
+            const char *rk = fsdp__st_meta(&L->files[k], "fsdp.rank");
+            const char *ws = fsdp__st_meta(&L->files[k], "fsdp.world_size");
+            char want[24];
+            if (has < 0)
+                FSDP__IDX("%s: rank file '%s': fsdp.save_id '%.40s' is not 16 hex digits",
+                          L->where, j->n[n].str, fsdp__st_meta(&L->files[k], "fsdp.save_id"));
+            if (fid != L->save_id) {
+                char a[24], b[24];
+                snprintf(a, sizeof a, fid ? "%016llx" : "none", (unsigned long long)fid);
+                snprintf(b, sizeof b, L->save_id ? "%016llx" : "none",
+                         (unsigned long long)L->save_id);
+                r = fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: rank file '%s' (files[%d]) "
+                                   "belongs to save %s (step %s), the index '%s' to save %s "
+                                   "(step %lld): a file of another save under this save's "
+                                   "name", L->where, j->n[n].str, k, a,
+                                   fsdp__st_meta(&L->files[k], "fsdp.steps")
+                                       ? fsdp__st_meta(&L->files[k], "fsdp.steps") : "?",
+                                   ipath, b, (long long)L->save_steps);
+                goto done;
+            }
+            snprintf(want, sizeof want, "%d", k);
+            if (rk && strcmp(rk, want))
+                FSDP__IDX("%s: rank file '%s' holds rank %.20s's pieces, the index '%s' lists "
+                          "it as files[%d] (rank %d's)", L->where, j->n[n].str, rk, ipath, k,
+                          k);
+            snprintf(want, sizeof want, "%lld", (long long)world);
+            if (ws && strcmp(ws, want))
+                FSDP__IDX("%s: rank file '%s' was written at world size %.20s, the index '%s' "
+                          "says %lld", L->where, j->n[n].str, ws, ipath, (long long)world);
+        }
     }
     for (k = 0, n = j->n[tensors].first; n >= 0; n = j->n[n].next, k++) {
         int nm = fsdp__j_get(j, n, "name"), dt = fsdp__j_get(j, n, "dtype");
@@ -13490,6 +13749,9 @@ FSDP__DEF fsdp_result fsdp__ld_single(fsdp__ld *L, const char *path)
     r = fsdp__st_open(&L->files[0], &c->hooks, path, &e);
     if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s", e.message);
     L->nfiles = 1;
+    if (fsdp__file_save_id(&L->files[0], &L->save_id) < 0)
+        return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: fsdp.save_id '%.40s' is not 16 hex "
+                              "digits", L->where, fsdp__st_meta(&L->files[0], "fsdp.save_id"));
     for (i = 0; i < L->files[0].ne; i++) {
         const fsdp__st_entry *en = &L->files[0].e[i];
         fsdp__src *s = fsdp__ld_add(L);
@@ -13561,6 +13823,18 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
 agree1:
     if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    if (c->nranks > 1) {
+        /* each rank opened the files itself: a save between two ranks'
+           opens gives them different saves, which must not mix */
+        uint64_t id0 = L.save_id;
+        if ((r = fsdp__bcast_bytes(c, &id0, sizeof id0, fn)) == FSDP_SUCCESS && id0 != L.save_id)
+            r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint changed while loading: rank 0 "
+                               "read save %016llx, rank %d read save %016llx (another process "
+                               "saved to this path meanwhile); load again", where,
+                               (unsigned long long)id0, c->rank,
+                               (unsigned long long)L.save_id);
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    }
     if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
         for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
             const fsdp__src *s = &L.s[i];
