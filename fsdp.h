@@ -1041,6 +1041,9 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *desc, fsdp_ctx **out);
 FSDP_API void fsdp_ctx_destroy(fsdp_ctx *ctx);
 FSDP_API const char *fsdp_ctx_last_error(const fsdp_ctx *ctx);
 FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *ctx);
+/* A unit out of range returns FSDP_UNIT_IDLE and sets the last error (an
+   enum has no error value); so do fsdp_param_dtype (FSDP_DTYPE_DEFAULT),
+   fsdp_shard_params and fsdp_shard_grads (NULL). */
 FSDP_API fsdp_unit_state fsdp_ctx_unit_state(const fsdp_ctx *ctx, int unit);
 
 /* Per-rank memory, planned when the context is created: every byte the
@@ -1110,6 +1113,11 @@ FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *ctx, const char *fqn, const v
 /* --- the training calls --- */
 FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *ctx, int unit);
 FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *ctx, int unit);
+/* Refused (FSDP_INVALID_STATE) for a unit without a forward (begin and
+   end) not yet matched by a backward since the last fsdp_step: PyTorch
+   fires a unit's backward hook only for a forward that built the graph. A
+   unit run twice (a reused module, or activations recomputed by running
+   its forward again) gets two backwards. */
 FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *ctx, int unit);
 FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *ctx, int unit);
 
@@ -5971,6 +5979,7 @@ typedef struct fsdp__unit {
 
 struct fsdp_units {
     fsdp_hooks hooks;
+    const fsdp_model *model; /* wrapped from; its nparams and nmods below */
     fsdp__unit *units;
     int count, cap;
     int64_t total_wrapped;
@@ -6391,6 +6400,7 @@ FSDP__DEF fsdp_result fsdp__units_copy_tree(fsdp_units *u, const fsdp_model *m,
 {
     const fsdp_hooks *h = &u->hooks;
     int i;
+    u->model = m;
     u->nmods = m->nmods;
     u->nparams = m->nparams;
     u->mod_names = (char **)fsdp__calloc(h, (size_t)m->nmods, sizeof(char *));
@@ -8136,6 +8146,7 @@ typedef struct fsdp__cunit {
     int rs_pending;
     int accum;                    /* unsharded grads hold no_sync accumulation */
     int grad_zero;                /* the sharded gradient is all zeros */
+    int fwd_runs;                 /* forwards not yet matched by a backward */
 } fsdp__cunit;
 
 typedef struct fsdp__pref { /* fqn -> (unit, entry) */
@@ -8473,6 +8484,20 @@ FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d)
                                  "fsdp_ctx_create: model, units, device and comm are required "
                                  "(%s is NULL)", !d->model ? "model" : !d->units ? "units"
                                  : !d->device ? "device" : "comm");
+    /* units describe the model as fsdp_wrap saw it: another model's, or
+       this one's before it grew, would index parameters that differ */
+    if (d->units->model != d->model)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: units were wrapped from another model (%d "
+                                 "modules, %d parameters), not desc.model (%d, %d); call "
+                                 "fsdp_wrap on desc.model", d->units->nmods, d->units->nparams,
+                                 d->model->nmods, d->model->nparams);
+    if (d->units->nparams != d->model->nparams || d->units->nmods != d->model->nmods)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: units are stale: the model has %d modules "
+                                 "and %d parameters, it had %d and %d when wrapped; call "
+                                 "fsdp_wrap again after the model is complete", d->model->nmods,
+                                 d->model->nparams, d->units->nmods, d->units->nparams);
     if (d->ngroups < 0 || d->ngroups > FSDP__MAX_GROUPS || (d->ngroups > 0 && !d->groups))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: ngroups must be 0..%d with groups given",
@@ -8855,9 +8880,19 @@ FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *c)
     return c ? c->state : FSDP_CTX_IDLE;
 }
 
+/* A getter's bad unit: the error goes to the context (whose last error is
+   not part of its constness). */
+FSDP__DEF int fsdp__bad_unit(const fsdp_ctx *c, int unit, const char *fn)
+{
+    if (!c) return 1;
+    if (unit >= 0 && unit < c->nunits) return 0;
+    fsdp__check_unit((fsdp_ctx *)(uintptr_t)c, unit, fn);
+    return 1;
+}
+
 FSDP_API fsdp_unit_state fsdp_ctx_unit_state(const fsdp_ctx *c, int unit)
 {
-    if (!c || unit < 0 || unit >= c->nunits) return FSDP_UNIT_IDLE;
+    if (fsdp__bad_unit(c, unit, "fsdp_ctx_unit_state")) return FSDP_UNIT_IDLE;
     return c->u[unit].state;
 }
 
@@ -8870,7 +8905,7 @@ FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
 
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *c, int unit)
 {
-    if (!c || unit < 0 || unit >= c->nunits) return FSDP_DTYPE_DEFAULT;
+    if (fsdp__bad_unit(c, unit, "fsdp_param_dtype")) return FSDP_DTYPE_DEFAULT;
     return c->u[unit].pdt;
 }
 
@@ -8881,19 +8916,22 @@ FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *c)
 
 FSDP_API float *fsdp_shard_params(fsdp_ctx *c, int unit)
 {
-    if (!c || unit < 0 || unit >= c->nunits) return NULL;
+    if (fsdp__bad_unit(c, unit, "fsdp_shard_params")) return NULL;
     return c->u[unit].master;
 }
 
 FSDP_API float *fsdp_shard_grads(fsdp_ctx *c, int unit)
 {
-    if (!c || unit < 0 || unit >= c->nunits) return NULL;
+    if (fsdp__bad_unit(c, unit, "fsdp_shard_grads")) return NULL;
     return c->u[unit].grad;
 }
 
 FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *c, int unit, fsdp_shard_layout *out)
 {
-    if (!c || !out || unit < 0 || unit >= c->nunits) return FSDP_INVALID_ARGS;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!out) return fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
+                                    "fsdp_ctx_shard_layout: out is NULL");
+    if (fsdp__bad_unit(c, unit, "fsdp_ctx_shard_layout")) return FSDP_INVALID_ARGS;
     *out = c->u[unit].lay;
     return FSDP_SUCCESS;
 }
@@ -9368,6 +9406,7 @@ FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *c, int unit)
         return r;
     cu = &c->u[unit];
     cu->state = FSDP_UNIT_IDLE;
+    cu->fwd_runs++;
     /* FULL_SHARD frees after forward; the root and SHARD_GRAD_OP keep
        their parameters for backward */
     if (!cu->resident) fsdp__release_slot(c, cu);
@@ -9390,6 +9429,15 @@ FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_backward: unit %d '%s': parameters are summoned",
                               unit, cu->info->fqn);
+    /* PyTorch's pre-backward hook is registered on a forward's outputs: a
+       unit that did not run forward gets no backward (and no all-gather);
+       recomputed activations run forward again first */
+    if (cu->fwd_runs <= 0)
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                              "fsdp_begin_backward: unit %d '%s' did not run forward in this "
+                              "iteration (every backward needs its own begin/end_forward "
+                              "since the last fsdp_step)", unit, cu->info->fqn);
+    cu->fwd_runs--;
     if (!cu->info->requires_grad && cu->info->nentries)
         fsdp__log(&c->hooks, FSDP_LOG_DEBUG, "unit '%s' is frozen: no gradient reduction",
                   cu->info->fqn);
@@ -9927,6 +9975,7 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
     int i, p, g;
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
+    for (i = 0; i < c->nunits; i++) c->u[i].fwd_runs = 0; /* a new iteration */
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     if (c->offload) {
         if ((r = fsdp__host_step(c)) != FSDP_SUCCESS) return r;

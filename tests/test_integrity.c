@@ -15,6 +15,9 @@
      tmp_sweep         temporaries of a dead save (a planted one, and those
                        of a saver killed with SIGKILL) go at the next save
                        of the path; a live process's stays
+     misuse            units of another model, or stale ones, are refused
+                       by fsdp_ctx_create; out-of-range units set the last
+                       error; a backward without its forward is refused
    Cases (test_integrity --case NAME) and output: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fixtures_tnet.h"
@@ -584,7 +587,116 @@ static void test_tmp_sweep(void)
     waitpid(live, &status, 0);
 }
 
+/* --- 4. misuse that cannot crash --- */
+
+/* a context of (m, u) on one rank; the error of a refused create in *err */
+static fsdp_result create(const fsdp_model *m, const fsdp_units *u, fsdp_error *err,
+                          rank_env *e, fsdp_local_world *world)
+{
+    fsdp_ctx_desc d;
+    memset(&d, 0, sizeof d);
+    d.model = m;
+    d.units = u;
+    d.device = e->dev;
+    d.comm = e->comm;
+    d.optim = optim_cfg(0);
+    d.hooks.error = err;
+    (void)world;
+    return fsdp_ctx_create(&d, &e->ctx);
+}
+
+static int misuse_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    rank_env e;
+    fsdp_error err;
+    fsdp_model *other = build_model(0), *grown = build_model(0);
+    fsdp_units *grown_units = grown ? make_units(grown, FSDP_FULL_SHARD) : NULL;
+    fsdp_result r;
+    const char *m;
+    (void)nranks;
+    (void)user;
+    memset(&e, 0, sizeof e);
+    CHECK(other && grown_units, "models");
+    CHECK(fsdp_device_cpu_create(NULL, &e.dev) == FSDP_SUCCESS &&
+              fsdp_local_comm_create(world, rank, e.dev, &e.comm) == FSDP_SUCCESS,
+          "device and comm");
+    /* units of an identical but other model */
+    memset(&err, 0, sizeof err);
+    r = create(other, g_units, &err, &e, world);
+    CHECK(r == FSDP_INVALID_ARGS && !e.ctx && contains(err.message, "another model"),
+          "units of another model: %d %s", r, err.message);
+    /* a parameter added after fsdp_wrap */
+    if (grown) {
+        fsdp_param_desc d;
+        memset(&d, 0, sizeof d);
+        d.module = "head";
+        d.name = "late";
+        d.ndim = 1;
+        d.shape[0] = 3;
+        CHECK(fsdp_model_add_param(grown, &d) == FSDP_SUCCESS, "add a parameter");
+        memset(&err, 0, sizeof err);
+        r = create(grown, grown_units, &err, &e, world);
+        CHECK(r == FSDP_INVALID_ARGS && !e.ctx && contains(err.message, "units are stale") &&
+                  contains(err.message, "call fsdp_wrap again"),
+              "stale units: %d %s", r, err.message);
+    }
+    /* out-of-range units set the last error everywhere */
+    r = create(g_model, g_units, &err, &e, world);
+    CHECK(r == FSDP_SUCCESS, "create: %s", err.message);
+    if (e.ctx) {
+        int n = fsdp_units_count(g_units);
+        CHECK(fsdp_shard_params(e.ctx, 99) == NULL &&
+                  contains(fsdp_ctx_last_error(e.ctx), "fsdp_shard_params: unit 99 out of range"),
+              "shard_params(99): %s", fsdp_ctx_last_error(e.ctx));
+        CHECK(fsdp_shard_grads(e.ctx, -1) == NULL &&
+                  contains(fsdp_ctx_last_error(e.ctx), "fsdp_shard_grads: unit -1"),
+              "shard_grads(-1): %s", fsdp_ctx_last_error(e.ctx));
+        CHECK(fsdp_ctx_unit_state(e.ctx, -5) == FSDP_UNIT_IDLE &&
+                  contains(fsdp_ctx_last_error(e.ctx), "fsdp_ctx_unit_state: unit -5 out of range"),
+              "unit_state(-5): %s", fsdp_ctx_last_error(e.ctx));
+        CHECK(fsdp_param_dtype(e.ctx, n) == FSDP_DTYPE_DEFAULT &&
+                  contains(fsdp_ctx_last_error(e.ctx), "fsdp_param_dtype"),
+              "param_dtype(n): %s", fsdp_ctx_last_error(e.ctx));
+        /* a backward without its forward: PyTorch would not run it */
+        r = fsdp_begin_backward(e.ctx, 0);
+        m = fsdp_ctx_last_error(e.ctx);
+        CHECK(r == FSDP_INVALID_STATE && contains(m, "did not run forward"),
+              "backward without forward: %d %s", r, m);
+        CHECK(fsdp_begin_forward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_end_forward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_begin_backward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_end_backward(e.ctx, 0) == FSDP_SUCCESS,
+              "forward then backward: %s", fsdp_ctx_last_error(e.ctx));
+        /* one forward, one backward */
+        r = fsdp_begin_backward(e.ctx, 0);
+        CHECK(r == FSDP_INVALID_STATE, "a second backward after one forward: %d", r);
+        /* a unit run twice (recomputed activations) gets two backwards */
+        CHECK(fsdp_begin_forward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_end_forward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_begin_forward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_end_forward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_begin_backward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_end_backward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_begin_backward(e.ctx, 0) == FSDP_SUCCESS &&
+                  fsdp_end_backward(e.ctx, 0) == FSDP_SUCCESS,
+              "two forwards, two backwards: %s", fsdp_ctx_last_error(e.ctx));
+        CHECK(fsdp_step(e.ctx) == FSDP_SUCCESS, "step: %s", fsdp_ctx_last_error(e.ctx));
+    }
+    env_close(&e);
+    fsdp_units_destroy(grown_units);
+    fsdp_model_destroy(grown);
+    fsdp_model_destroy(other);
+    return 0;
+}
+
+static void test_misuse(void)
+{
+    run_ranks(1, misuse_rank, NULL);
+    run_ranks(2, misuse_rank, NULL);
+}
+
 static const check_case CASES[] = {
+    {"misuse", test_misuse},
     {"writer_after_ctx", test_writer_after_ctx},
     {"identity", test_identity},
     {"race", test_race},
