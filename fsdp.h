@@ -6998,6 +6998,58 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
 #include <signal.h>
 extern int kill(pid_t pid, int sig);
 
+/* --- names: no length limit. A name built from parts goes to a stack
+   buffer when it fits, else to the heap; NULL only when out of memory. */
+typedef struct fsdp__nbuf {
+    const fsdp_hooks *h;
+    char *heap;
+    size_t cap;
+    char stack[256];
+} fsdp__nbuf;
+
+FSDP__DEF void fsdp__nbuf_init(fsdp__nbuf *b, const fsdp_hooks *h)
+{
+    b->h = h;
+    b->heap = NULL;
+    b->cap = 0;
+    b->stack[0] = 0;
+}
+
+FSDP__DEF const char *fsdp__nbuf_fmt(fsdp__nbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(b->stack, sizeof b->stack, fmt, ap);
+    va_end(ap);
+    if (n < 0) return NULL;
+    if ((size_t)n < sizeof b->stack) return b->stack;
+    if ((size_t)n >= b->cap) {
+        char *p = (char *)fsdp__alloc(b->h, (size_t)n + 1);
+        if (!p) return NULL;
+        fsdp__free(b->h, b->heap);
+        b->heap = p;
+        b->cap = (size_t)n + 1;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->heap, b->cap, fmt, ap);
+    va_end(ap);
+    return b->heap;
+}
+
+FSDP__DEF void fsdp__nbuf_free(fsdp__nbuf *b)
+{
+    fsdp__free(b->h, b->heap);
+    b->heap = NULL;
+    b->cap = 0;
+}
+
+FSDP__DEF fsdp_result fsdp__nbuf_ret(fsdp__nbuf *b, fsdp_result r)
+{
+    fsdp__nbuf_free(b);
+    return r;
+}
+
 /* --- CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
    caller, so there is no global state --- */
 
@@ -7082,10 +7134,9 @@ FSDP__DEF void fsdp__sb_printf(fsdp__sb *b, const char *fmt, ...)
     if (n > 0) fsdp__sb_put(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
 }
 
-/* A JSON string literal. */
-FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
+/* s escaped as the inside of a JSON string */
+FSDP__DEF void fsdp__sb_json_body(fsdp__sb *b, const char *s)
 {
-    fsdp__sb_put(b, "\"", 1);
     for (; *s; s++) {
         unsigned char ch = (unsigned char)*s;
         if (ch == '"') fsdp__sb_put(b, "\\\"", 2);
@@ -7093,6 +7144,13 @@ FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
         else if (ch < 0x20) fsdp__sb_printf(b, "\\u%04x", ch);
         else fsdp__sb_put(b, s, 1);
     }
+}
+
+/* A JSON string literal. */
+FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
+{
+    fsdp__sb_put(b, "\"", 1);
+    fsdp__sb_json_body(b, s);
     fsdp__sb_put(b, "\"", 1);
 }
 
@@ -7794,10 +7852,15 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
     for (k = 0; k < ne; k++) f->sorted[k] = (int)(ord[k].e - f->e);
     for (k = 0; k < ne; k++) {
         fsdp__st_entry *e = &f->e[k];
-        char key[600];
-        const char *v;
-        snprintf(key, sizeof key, "fsdp.crc32.%s", e->name);
+        fsdp__nbuf nb;
+        const char *v, *key;
+        fsdp__nbuf_init(&nb, h);
+        if (!(key = fsdp__nbuf_fmt(&nb, "fsdp.crc32.%s", e->name))) {
+            r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+            goto fail;
+        }
         v = fsdp__st_meta(f, key);
+        fsdp__nbuf_free(&nb);
         if (v) {
             if (!fsdp__parse_hex32(v, &e->crc)) {
                 FSDP__STF(r, "'%s': tensor '%.80s': bad checksum '%.20s' in __metadata__", path,
@@ -7893,10 +7956,10 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
         fsdp__sb_json(&sb, kv[i].value);
     }
     for (i = 0; i < n; i++) {
-        char key[600];
-        snprintf(key, sizeof key, "fsdp.crc32.%s", t[i].name);
         if (nkv || i) fsdp__sb_str(&sb, ",");
-        fsdp__sb_json(&sb, key);
+        fsdp__sb_str(&sb, "\"fsdp.crc32.");
+        fsdp__sb_json_body(&sb, t[i].name);
+        fsdp__sb_str(&sb, "\"");
         fsdp__sb_str(&sb, ":\"");
         crcpos[i] = sb.len;
         fsdp__sb_str(&sb, "00000000\"");
@@ -11876,11 +11939,11 @@ FSDP__DEF int fsdp__unit_has(const fsdp__cunit *cu, int what)
 
 /* The key of `what` of parameter fqn: "fqn", "optim.fqn.exp_avg", ...,
    "optim.fqn.step". */
-FSDP__DEF void fsdp__what_key(char *buf, size_t cap, const char *fqn, int what)
+FSDP__DEF const char *fsdp__what_key(fsdp__nbuf *b, const char *fqn, int what)
 {
-    if (what == FSDP__WHAT_PARAM) snprintf(buf, cap, "%s", fqn);
-    else snprintf(buf, cap, "optim.%s.%s", fqn,
-                  what == FSDP__WHAT_STEP ? "step" : fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]);
+    if (what == FSDP__WHAT_PARAM) return fqn;
+    return fsdp__nbuf_fmt(b, "optim.%s.%s", fqn, what == FSDP__WHAT_STEP ? "step"
+                          : fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]);
 }
 
 /* The what an "optim.<fqn>.<name>" key names by its last part; -1: none. */
@@ -11900,12 +11963,14 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     int64_t *host = NULL;
     void *blk = NULL;
     fsdp_result r = FSDP_SUCCESS;
-    char name[600];
+    fsdp__nbuf nb;
+    const char *name;
+    fsdp__nbuf_init(&nb, &c->hooks);
     for (j = 0; j < np; j++)
         if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad) n++;
     if (!n) return FSDP_SUCCESS;
     host = (int64_t *)fsdp__calloc(&c->hooks, (size_t)n, sizeof *host);
-    if (!host) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+    if (!host) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
     for (j = 0; j < np; j++)
         if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)
             host[k++] = c->group_steps[c->u[pl[j].unit].groups[pl[j].entry]];
@@ -11923,7 +11988,10 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     }
     for (j = 0, k = 0; j < np; j++) {
         if (!(pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)) continue;
-        fsdp__what_key(name, sizeof name, fsdp__pname(c, j), FSDP__WHAT_STEP);
+        if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), FSDP__WHAT_STEP))) {
+            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+            goto done;
+        }
         if ((r = fsdp__sd_push(sd, name, FSDP_I64, 0, NULL, 0, 1, (int64_t *)blk + k, mem)) !=
             FSDP_SUCCESS) {
             fsdp__ctx_fail(c, r, "state dict: out of memory");
@@ -11933,7 +12001,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     }
 done:
     fsdp__free(&c->hooks, host);
-    return r;
+    return fsdp__nbuf_ret(&nb, r);
 }
 
 /* One buffer of one unit into *block: FULL gathers it through scratch
@@ -12007,7 +12075,9 @@ FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const f
 {
     int np = fsdp_model_num_params(c->model), j, w;
     fsdp_result r;
-    char name[600];
+    fsdp__nbuf nb;
+    const char *name;
+    fsdp__nbuf_init(&nb, &c->hooks);
     for (j = 0; j < np; j++) {
         fsdp_param_info pi;
         const fsdp_flat_entry *fe;
@@ -12018,7 +12088,7 @@ FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const f
         blk = blocks[fsdp__bufi(pl[j].unit, FSDP__WHAT_PARAM)];
         r = fsdp__sd_push(sd, pi.fqn, FSDP_F32, pi.ndim, pi.shape, 0, pi.numel,
                           blk ? (float *)blk + fe->offset : NULL, mem);
-        if (r != FSDP_SUCCESS) return r;
+        if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
     }
     for (j = 0; nwhat > 1 && j < np; j++) {
         fsdp__cunit *cu;
@@ -12029,13 +12099,13 @@ FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const f
         for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++) {
             void *blk = blocks[fsdp__bufi(pl[j].unit, w)];
             if (!fsdp__unit_has(cu, w)) continue;
-            fsdp__what_key(name, sizeof name, fsdp__pname(c, j), w);
+            if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), w))) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
             r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
                               blk ? (float *)blk + fe->offset : NULL, mem);
-            if (r != FSDP_SUCCESS) return r;
+            if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
         }
     }
-    return FSDP_SUCCESS;
+    return fsdp__nbuf_ret(&nb, FSDP_SUCCESS);
 }
 
 /* The tensors of a SHARDED dict: each piece of this rank's shards under
@@ -12046,7 +12116,9 @@ FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsd
 {
     int u, w, p;
     fsdp_result r;
-    char name[600];
+    fsdp__nbuf nb;
+    const char *name;
+    fsdp__nbuf_init(&nb, &c->hooks);
     for (w = 0; w < nwhat; w++)
         for (u = 0; u < c->nunits; u++) {
             fsdp__cunit *cu = &c->u[u];
@@ -12059,14 +12131,15 @@ FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsd
                 fsdp_param_info pi;
                 if (n <= 0) continue;
                 fsdp__pinfo(c, fe->param, &pi);
-                fsdp__what_key(name, sizeof name, fsdp__pname(c, pl[pi.primary].first), w);
+                if (!(name = fsdp__what_key(&nb, fsdp__pname(c, pl[pi.primary].first), w)))
+                    return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
                 r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
                                   (float *)blocks[fsdp__bufi(u, w)] +
                                       (fe->offset + pc->start - cu->lay.flat_begin), mem);
-                if (r != FSDP_SUCCESS) return r;
+                if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
             }
         }
-    return FSDP_SUCCESS;
+    return fsdp__nbuf_ret(&nb, FSDP_SUCCESS);
 }
 
 /* The tensors of a LOCAL dict: each unit's flat parameter. */
@@ -12075,16 +12148,19 @@ FSDP__DEF fsdp_result fsdp__build_local(fsdp_ctx *c, fsdp_state_dict *sd, void *
 {
     int u;
     fsdp_result r;
-    char name[600];
+    fsdp__nbuf nb;
+    const char *name;
+    fsdp__nbuf_init(&nb, &c->hooks);
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
         int64_t shape = cu->info->numel;
-        snprintf(name, sizeof name, "%s%sflat_param", cu->info->fqn, cu->info->fqn[0] ? "." : "");
+        if (!(name = fsdp__nbuf_fmt(&nb, "%s%sflat_param", cu->info->fqn, cu->info->fqn[0] ? "." : "")))
+            return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
         r = fsdp__sd_push(sd, name, FSDP_F32, 1, &shape, cu->lay.flat_begin,
                           cu->lay.valid_numel, blocks[fsdp__bufi(u, FSDP__WHAT_PARAM)], mem);
-        if (r != FSDP_SUCCESS) return r;
+        if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
     }
-    return FSDP_SUCCESS;
+    return fsdp__nbuf_ret(&nb, FSDP_SUCCESS);
 }
 
 /* Builds a state dict of o->kind from the context (see the declarations):
@@ -12405,17 +12481,17 @@ FSDP__DEF int fsdp__ld_match(const fsdp__ld *L, const fsdp__src *s, int *what, i
 {
     fsdp_ctx *c = L->c;
     const char *dot;
-    char fqn[600];
     size_t len;
     int t = -1, u;
     *what = FSDP__WHAT_PARAM;
     *occ = -1;
     if (L->kind == FSDP_SD_LOCAL) {
         for (u = 0; u < c->nunits; u++) {
-            char nm[600];
-            snprintf(nm, sizeof nm, "%s%sflat_param", c->u[u].info->fqn,
-                     c->u[u].info->fqn[0] ? "." : "");
-            if (!strcmp(nm, s->name)) {
+            /* "<fqn>.flat_param" (the root: "flat_param"), compared in place */
+            const char *fqn = c->u[u].info->fqn;
+            size_t fl = strlen(fqn);
+            if (!strncmp(s->name, fqn, fl) &&
+                !strcmp(s->name + fl, fl ? ".flat_param" : "flat_param")) {
                 *occ = 0;
                 return u;
             }
@@ -12429,12 +12505,15 @@ FSDP__DEF int fsdp__ld_match(const fsdp__ld *L, const fsdp__src *s, int *what, i
     dot = strrchr(s->name, '.');
     len = (size_t)(dot - s->name) - 6;
     *what = -1;
-    if (dot > s->name + 6 && len < sizeof fqn) {
-        memcpy(fqn, s->name + 6, len);
-        fqn[len] = 0;
+    if (dot > s->name + 6) {
+        fsdp__nbuf nb;
+        const char *fqn;
+        fsdp__nbuf_init(&nb, &c->hooks);
+        fqn = fsdp__nbuf_fmt(&nb, "%.*s", (int)(len < INT32_MAX ? len : INT32_MAX), s->name + 6);
         *what = fsdp__what_of(dot + 1);
-        *occ = *what > 0 ? fsdp_model_find_param(c->model, fqn) : -1;
+        *occ = *what > 0 && fqn ? fsdp_model_find_param(c->model, fqn) : -1;
         t = *occ >= 0 ? L->tgt_of[*occ] : -1;
+        fsdp__nbuf_free(&nb);
     }
     if (t < 0 || !fsdp__unit_has(&c->u[L->t[t].unit], *what)) return FSDP__LD_UNEXPECTED;
     return t;
@@ -12538,12 +12617,17 @@ FSDP__DEF void fsdp__ld_coverage(fsdp__ld *L, fsdp__ld_keys *keys)
         fsdp__cunit *cu = &c->u[t->unit];
         for (w = 0; w < FSDP__NWHAT; w++) {
             int64_t cur;
-            char nm[700];
+            char nm[700]; /* for the message only: a long name is cut there */
+            fsdp__nbuf nb;
+            const char *key;
             if (w > FSDP__WHAT_PARAM && (!optim || L->kind == FSDP_SD_LOCAL)) break;
             if (!fsdp__unit_has(cu, w)) continue;
+            fsdp__nbuf_init(&nb, &c->hooks);
+            key = fsdp__what_key(&nb, fsdp__pname(c, t->first), w);
             if (L->kind == FSDP_SD_LOCAL) snprintf(nm, sizeof nm, "%s%sflat_param",
                                                    cu->info->fqn, cu->info->fqn[0] ? "." : "");
-            else fsdp__what_key(nm, sizeof nm, fsdp__pname(c, t->first), w);
+            else snprintf(nm, sizeof nm, "%s", key ? key : "?");
+            fsdp__nbuf_free(&nb);
             if (!t->present[w]) {
                 if (strict && (L->kind != FSDP_SD_FULL || w > FSDP__WHAT_PARAM) &&
                     (w == FSDP__WHAT_STEP || t->need_n > 0))
@@ -12577,14 +12661,19 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
     fsdp_ctx *c = L->c;
     fsdp__ld_keys keys;
     int strict = !(L->flags & FSDP_SD_NOT_STRICT), i;
+    const char *last_unexp = NULL;
     fsdp_result r;
     memset(&keys, 0, sizeof keys);
     for (i = 0; i < L->ns; i++) {
         fsdp__src *s = &L->s[i];
         int what, occ, t = fsdp__ld_match(L, s, &what, &occ);
         s->tgt = -1;
-        if (t == FSDP__LD_UNEXPECTED)
+        /* a tensor's pieces (one per rank file) come one after another:
+           each name is listed once */
+        if (t == FSDP__LD_UNEXPECTED && (!last_unexp || strcmp(last_unexp, s->name))) {
             fsdp__namelist(keys.unexpected, sizeof keys.unexpected, &keys.nunexp, s->name);
+            last_unexp = s->name;
+        }
         if (t < 0) continue;
         if ((r = fsdp__ld_check_src(L, s, t, what)) != FSDP_SUCCESS) return r;
         s->tgt = t;
@@ -13353,8 +13442,10 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
     int u, q, j, what, first = 1, optim = (w->flags & FSDP_SD_OPTIM) != 0, fd = -1;
     int np = fsdp_model_num_params(c->model);
     fsdp_result r = FSDP_SUCCESS;
+    fsdp__nbuf nb;
     memset(&b, 0, sizeof b);
     b.h = &c->hooks;
+    fsdp__nbuf_init(&nb, &c->hooks);
     if ((r = fsdp__plocs(c, &pl)) != FSDP_SUCCESS) return r;
     pcs = (fsdp_shard_piece **)fsdp__calloc(&c->hooks, (size_t)c->nunits * (size_t)c->nranks + 1,
                                             sizeof *pcs);
@@ -13385,12 +13476,12 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             fsdp__cunit *cu;
             const fsdp_flat_entry *fe;
             int d, nfirst = 1;
-            char tname[700];
+            const char *tname;
             if (pl[j].first != j || pl[j].unit < 0) continue;
             cu = &c->u[pl[j].unit];
             if (!fsdp__unit_has(cu, what)) continue;
             fe = &cu->info->entries[pl[j].entry];
-            fsdp__what_key(tname, sizeof tname, fsdp__pname(c, j), what);
+            if (!(tname = fsdp__what_key(&nb, fsdp__pname(c, j), what))) goto oom;
             fsdp__sb_str(&b, first ? "\n  {\"name\": " : ",\n  {\"name\": ");
             first = 0;
             fsdp__sb_json(&b, tname);
@@ -13469,6 +13560,7 @@ done:
     fsdp__free(&c->hooks, b.s);
     fsdp__free(&c->hooks, path);
     fsdp__free(&c->hooks, tmp);
+    fsdp__nbuf_free(&nb);
     return r;
 }
 

@@ -15,6 +15,9 @@
      tmp_sweep         temporaries of a dead save (a planted one, and those
                        of a saver killed with SIGKILL) go at the next save
                        of the path; a live process's stays
+     names             1000-character names save and load (they went
+                       through 600-byte buffers); an unexpected key of a
+                       sharded checkpoint is listed once, not per rank file
      misuse            units of another model, or stale ones, are refused
                        by fsdp_ctx_create; out-of-range units set the last
                        error; a backward without its forward is refused
@@ -695,7 +698,126 @@ static void test_misuse(void)
     run_ranks(2, misuse_rank, NULL);
 }
 
+/* --- names: any length, listed once --- */
+
+static fsdp_model *g_long, *g_extra;
+static fsdp_units *g_long_units, *g_extra_units;
+
+/* a module whose name is 1000 characters, with two parameters whose keys
+   share their first 1000 + characters (optimizer keys too) */
+static fsdp_model *long_model(void)
+{
+    static char name[1001];
+    fsdp_model_desc md;
+    fsdp_model *m = NULL;
+    fsdp_param_desc d;
+    memset(name, 'n', 1000);
+    name[1000] = 0;
+    memset(&md, 0, sizeof md);
+    if (fsdp_model_create(&md, &m) != FSDP_SUCCESS) return NULL;
+    memset(&d, 0, sizeof d);
+    d.module = name;
+    d.ndim = 2;
+    d.shape[0] = 5;
+    d.shape[1] = 3;
+    if (fsdp_model_add_module(m, name, "Linear") != FSDP_SUCCESS) return NULL;
+    d.name = "weight_a";
+    if (fsdp_model_add_param(m, &d) != FSDP_SUCCESS) return NULL;
+    d.name = "weight_b";
+    if (fsdp_model_add_param(m, &d) != FSDP_SUCCESS) return NULL;
+    return m;
+}
+
+typedef struct names_job {
+    const fsdp_model *m;
+    const fsdp_units *u;
+    char path[1024];
+    unsigned flags;
+    fsdp_result expect;
+    const char *unexpected; /* a name the load must list exactly once */
+} names_job;
+
+static int names_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    names_job *j = (names_job *)user;
+    rank_env e;
+    fsdp_state_dict *a = NULL, *b = NULL;
+    fsdp_result r;
+    char msg[FSDP_ERROR_MAX];
+    int ok = env_open(&e, rank, world, j->m, j->u, 0, 1);
+    (void)nranks;
+    CHECK(ok, "rank %d: setup", rank);
+    if (!ok) {
+        env_close(&e);
+        return 1;
+    }
+    if (!j->unexpected) {
+        /* save, scramble, load: the same values under the same long names */
+        CHECK(fsdp_get_full_state_dict(e.ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &a) ==
+                  FSDP_SUCCESS, "full state dict");
+        r = fsdp_ckpt_save(e.ctx, j->path, j->flags | FSDP_SD_OPTIM);
+        CHECK(r == FSDP_SUCCESS, "rank %d: save with 1000-character names: %s", rank,
+              fsdp_ctx_last_error(e.ctx));
+        CHECK(fsdp_init_params(e.ctx, 999, choose_init, NULL) == FSDP_SUCCESS, "re-init");
+        r = fsdp_ckpt_load(e.ctx, j->path, FSDP_SD_OPTIM);
+        CHECK(r == FSDP_SUCCESS, "rank %d: load with 1000-character names: %s", rank,
+              fsdp_ctx_last_error(e.ctx));
+        CHECK(fsdp_get_full_state_dict(e.ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &b) ==
+                  FSDP_SUCCESS, "full state dict");
+        if (a && b) {
+            int i;
+            CHECK(fsdp_state_dict_compare(a, b, msg) == FSDP_SUCCESS, "layout: %s", msg);
+            for (i = 0; i < fsdp_state_dict_count(a) && i < fsdp_state_dict_count(b); i++) {
+                const fsdp_tensor *x = fsdp_state_dict_tensor(a, i), *y = fsdp_state_dict_tensor(b, i);
+                CHECK((j->m != g_long || strlen(x->name) > 1000) && !strcmp(x->name, y->name) &&
+                          !memcmp(x->data, y->data, (size_t)x->numel * fsdp_dtype_size(x->dtype)),
+                      "'%.60s...' round-trips", x->name);
+            }
+        }
+        fsdp_state_dict_destroy(a);
+        fsdp_state_dict_destroy(b);
+    } else {
+        const char *m, *p;
+        int n = 0;
+        r = fsdp_ckpt_load(e.ctx, j->path, 0);
+        m = fsdp_ctx_last_error(e.ctx);
+        for (p = m; (p = strstr(p, j->unexpected)) != NULL; p++) n++;
+        CHECK(r == FSDP_CKPT_MISMATCH && contains(m, "unexpected keys") && n == 1,
+              "rank %d: '%s' listed once (%d times): %s", rank, j->unexpected, n, m);
+    }
+    env_close(&e);
+    return 0;
+}
+
+static void test_names(void)
+{
+    static names_job j;
+    int sharded, W;
+    for (sharded = 0; sharded < 2; sharded++)
+        for (W = 1; W <= 2; W++) {
+            memset(&j, 0, sizeof j);
+            j.m = g_long;
+            j.u = g_long_units;
+            j.flags = sharded ? FSDP_CKPT_SHARDED : 0u;
+            snprintf(j.path, sizeof j.path, "%s/long_%d_%d%s", g_tmp, sharded, W,
+                     sharded ? "" : ".safetensors");
+            run_ranks(W, names_rank, &j);
+        }
+    /* a parameter the loading model lacks, its pieces in both rank files */
+    memset(&j, 0, sizeof j);
+    j.m = g_extra;
+    j.u = g_extra_units;
+    j.flags = FSDP_CKPT_SHARDED;
+    snprintf(j.path, sizeof j.path, "%s/extra", g_tmp);
+    run_ranks(2, names_rank, &j);
+    j.m = g_model;
+    j.u = g_units;
+    j.unexpected = "'head.extra'";
+    run_ranks(2, names_rank, &j);
+}
+
 static const check_case CASES[] = {
+    {"names", test_names},
     {"misuse", test_misuse},
     {"writer_after_ctx", test_writer_after_ctx},
     {"identity", test_identity},
@@ -712,7 +834,20 @@ int main(int argc, char **argv)
     snprintf(g_tmp, sizeof g_tmp, "%s/fsdp_integrity_XXXXXX", base && base[0] ? base : "/tmp");
     g_model = build_model(0);
     g_units = g_model ? make_units(g_model, FSDP_FULL_SHARD) : NULL;
-    if (!g_units || !mkdtemp(g_tmp)) {
+    g_long = long_model();
+    g_long_units = g_long ? make_units(g_long, FSDP_FULL_SHARD) : NULL;
+    g_extra = build_model(0);
+    if (g_extra) {
+        fsdp_param_desc d;
+        memset(&d, 0, sizeof d);
+        d.module = "head";
+        d.name = "extra";
+        d.ndim = 1;
+        d.shape[0] = 1000; /* more than half the root unit: both ranks hold a piece */
+        if (fsdp_model_add_param(g_extra, &d) != FSDP_SUCCESS) g_extra = NULL;
+    }
+    g_extra_units = g_extra ? make_units(g_extra, FSDP_FULL_SHARD) : NULL;
+    if (!g_units || !g_long_units || !g_extra_units || !mkdtemp(g_tmp)) {
         printf("setup failed\n");
         return 1;
     }
@@ -720,5 +855,9 @@ int main(int argc, char **argv)
     rm_rf(g_tmp);
     fsdp_units_destroy(g_units);
     fsdp_model_destroy(g_model);
+    fsdp_units_destroy(g_long_units);
+    fsdp_model_destroy(g_long);
+    fsdp_units_destroy(g_extra_units);
+    fsdp_model_destroy(g_extra);
     return check_finish();
 }
