@@ -47,7 +47,7 @@ typedef struct job {
     /* race */
     double seconds;
     int loads_ok, loads_race, loads_other, distinct;
-    float last_value;
+    float last_value, max_value;
     long saves;
 } job;
 
@@ -467,6 +467,7 @@ static int job_race_loads(job *j, int rank, int nranks, rank_env *e)
                 j->loads_ok++;
                 j->distinct += v != j->last_value;
                 j->last_value = v;
+                if (v > j->max_value) j->max_value = v;
             }
         } else {
             const char *m = fsdp_ctx_last_error(e->ctx);
@@ -515,9 +516,10 @@ static void race(int sharded)
     kill(pid, SIGKILL);
     waitpid(pid, &status, 0);
     CHECK(WIFSIGNALED(status), "the saver ran until killed (status %d)", status);
-    printf("# race (%s): %d loads of one whole save (%d value changes seen), %d refused as "
-           "changed while loading\n", sharded ? "sharded" : "single file", j.loads_ok,
-           j.distinct, j.loads_race);
+    printf("# race (%s): %d loads of one whole save (%d value changes seen, the other process "
+           "at its save %.0f at least), %d refused as changed while loading\n",
+           sharded ? "sharded" : "single file", j.loads_ok, j.distinct, (double)j.max_value,
+           j.loads_race);
     CHECK(j.loads_ok > 0, "some loads succeeded");
     /* the next save of the path removes the dead saver's temporaries */
     snprintf(dir, sizeof dir, "%s", sharded ? j.path : g_tmp);
