@@ -996,7 +996,9 @@ typedef int (*fsdp_group_fn)(void *user, const char *fqn, int ndim, const char *
 typedef struct fsdp_ctx_desc {
     fsdp_hooks hooks;
     const fsdp_model *model;   /* borrowed; must outlive the context */
-    const fsdp_units *units;   /* borrowed; must outlive the context */
+    const fsdp_units *units;   /* borrowed; must outlive the context; fsdp_wrap of
+                                  this model after its last module or parameter
+                                  (others are refused) */
     fsdp_device *device;
     fsdp_comm *comm;           /* all ranks; the context splits it for HYBRID_SHARD */
     fsdp_stream *compute_stream; /* the engine's stream; NULL: the engine computes
@@ -1465,9 +1467,10 @@ FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *
    between two ranks' reads, or removed the files of the save a load began
    with, every rank fails with FSDP_CKPT_IO "checkpoint changed while
    loading: ..." (load again); a load is one whole save or an error, never
-   a mixture. Checkpoints written before save ids (0.6.0 and earlier) have
-   none anywhere and load as before, without these checks; ids on only
-   some of a checkpoint's files are refused. */
+   a mixture. Checkpoints written before save ids have none anywhere (no
+   "fsdp.save_id", no "save_id") and load as before, as "unknown, legacy",
+   without these checks; ids on only some of a checkpoint's files are
+   refused. */
 
 /* Save flags (with FSDP_SD_OPTIM to include the optimizer state). */
 enum {
