@@ -1212,7 +1212,9 @@ typedef int (*fsdp_group_fn)(void *user, const char *fqn, int ndim, const char *
 typedef struct fsdp_ctx_desc {
     fsdp_hooks hooks;
     const fsdp_model *model;   /* borrowed; must outlive the context */
-    const fsdp_units *units;   /* borrowed; must outlive the context */
+    const fsdp_units *units;   /* borrowed; must outlive the context; fsdp_wrap of
+                                  this model after its last module or parameter
+                                  (others are refused) */
     fsdp_device *device;
     fsdp_comm *comm;           /* all ranks; the context splits it for HYBRID_SHARD */
     fsdp_stream *compute_stream; /* the engine's stream; NULL: the engine computes
@@ -1277,6 +1279,9 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *desc, fsdp_ctx **out);
 FSDP_API void fsdp_ctx_destroy(fsdp_ctx *ctx);
 FSDP_API const char *fsdp_ctx_last_error(const fsdp_ctx *ctx);
 FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *ctx);
+/* A unit out of range returns FSDP_UNIT_IDLE and sets the last error (an
+   enum has no error value); so do fsdp_param_dtype (FSDP_DTYPE_DEFAULT),
+   fsdp_shard_params and fsdp_shard_grads (NULL). */
 FSDP_API fsdp_unit_state fsdp_ctx_unit_state(const fsdp_ctx *ctx, int unit);
 
 /* Per-rank memory, planned when the context is created: every byte the
@@ -1349,6 +1354,11 @@ FSDP_API fsdp_result fsdp_init_zeros(fsdp_ctx *ctx);
 /* --- the training calls --- */
 FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *ctx, int unit);
 FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *ctx, int unit);
+/* Refused (FSDP_INVALID_STATE) for a unit without a forward (begin and
+   end) not yet matched by a backward since the last fsdp_step: PyTorch
+   fires a unit's backward hook only for a forward that built the graph. A
+   unit run twice (a reused module, or activations recomputed by running
+   its forward again) gets two backwards. */
 FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *ctx, int unit);
 FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *ctx, int unit);
 
@@ -1701,7 +1711,26 @@ FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *
    Writes are atomic: a file goes to "<name>.tmp.<pid>", is fsynced and
    renamed; a sharded save writes its rank files under a new generation
    name and replaces the index last, then removes the files of the previous
-   generation, so a failed save leaves the previous checkpoint intact. */
+   generation, so a failed save leaves the previous checkpoint intact. The
+   next committed save of a path removes the temporaries that saves killed
+   mid-write left ("*.tmp.<pid>" whose process no longer exists on the
+   saving host; a live process's are a save in flight and stay).
+
+   Identity: each save draws a random 64-bit id (rank 0, broadcast), the
+   generation name of a sharded save. Every file carries it in __metadata__
+   ("fsdp.save_id", 16 hex digits, beside "fsdp.steps", "fsdp.rank",
+   "fsdp.world_size") and the index as "save_id". A load refuses
+   (FSDP_CKPT_MISMATCH or FSDP_CKPT_FORMAT, naming the file and both
+   saves) a rank file of another save under this save's name, and a file
+   whose rank or world size is not the one the index gives it. The ranks
+   compare the save they read: when another process saved the same path
+   between two ranks' reads, or removed the files of the save a load began
+   with, every rank fails with FSDP_CKPT_IO "checkpoint changed while
+   loading: ..." (load again); a load is one whole save or an error, never
+   a mixture. Checkpoints written before save ids have none anywhere (no
+   "fsdp.save_id", no "save_id") and load as before, as "unknown, legacy",
+   without these checks; ids on only some of a checkpoint's files are
+   refused. */
 
 /* Save flags (with FSDP_SD_OPTIM to include the optimizer state). */
 enum {
@@ -1720,7 +1749,11 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *ctx, const char *path, unsigned fl
    pinned host buffers, cached per source buffer and reused by later saves
    (freed by fsdp_ckpt_writer_destroy, or when a source changes size), then
    a background thread writes the files. The writer belongs to one context
-   and is destroyed before it. */
+   and is destroyed before it. Destroying the context first is a mistake
+   that is caught, not a crash: fsdp_ctx_destroy finishes the write in
+   flight (a full checkpoint's file is then complete; a sharded save,
+   never committed, leaves nothing) and frees the staging; the writer then
+   refuses every call with FSDP_INVALID_STATE and can only be destroyed. */
 typedef struct fsdp_ckpt_writer fsdp_ckpt_writer;
 
 FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *ctx, fsdp_ckpt_writer **out);
@@ -6892,6 +6925,7 @@ typedef struct fsdp__unit {
 
 struct fsdp_units {
     fsdp_hooks hooks;
+    const fsdp_model *model; /* wrapped from; its nparams and nmods below */
     fsdp__unit *units;
     int count, cap;
     int64_t total_wrapped;
@@ -7314,6 +7348,7 @@ FSDP__DEF fsdp_result fsdp__units_copy_tree(fsdp_units *u, const fsdp_model *m,
 {
     const fsdp_hooks *h = &u->hooks;
     int i;
+    u->model = m;
     u->nmods = m->nmods;
     u->nparams = m->nparams;
     u->mod_names = (char **)fsdp__calloc(h, (size_t)m->nmods, sizeof(char *));
@@ -7915,6 +7950,62 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
 #include <sys/stat.h>
 #include <sys/types.h>
 #include <unistd.h>
+/* kill(pid, 0) tells whether a save's process still lives; it is POSIX,
+   and under -std=c11 signal.h does not declare it */
+#include <signal.h>
+extern int kill(pid_t pid, int sig);
+
+/* --- names: no length limit. A name built from parts goes to a stack
+   buffer when it fits, else to the heap; NULL only when out of memory. */
+typedef struct fsdp__nbuf {
+    const fsdp_hooks *h;
+    char *heap;
+    size_t cap;
+    char stack[256];
+} fsdp__nbuf;
+
+FSDP__DEF void fsdp__nbuf_init(fsdp__nbuf *b, const fsdp_hooks *h)
+{
+    b->h = h;
+    b->heap = NULL;
+    b->cap = 0;
+    b->stack[0] = 0;
+}
+
+FSDP__DEF const char *fsdp__nbuf_fmt(fsdp__nbuf *b, const char *fmt, ...)
+{
+    va_list ap;
+    int n;
+    va_start(ap, fmt);
+    n = vsnprintf(b->stack, sizeof b->stack, fmt, ap);
+    va_end(ap);
+    if (n < 0) return NULL;
+    if ((size_t)n < sizeof b->stack) return b->stack;
+    if ((size_t)n >= b->cap) {
+        char *p = (char *)fsdp__alloc(b->h, (size_t)n + 1);
+        if (!p) return NULL;
+        fsdp__free(b->h, b->heap);
+        b->heap = p;
+        b->cap = (size_t)n + 1;
+    }
+    va_start(ap, fmt);
+    vsnprintf(b->heap, b->cap, fmt, ap);
+    va_end(ap);
+    return b->heap;
+}
+
+FSDP__DEF void fsdp__nbuf_free(fsdp__nbuf *b)
+{
+    fsdp__free(b->h, b->heap);
+    b->heap = NULL;
+    b->cap = 0;
+}
+
+FSDP__DEF fsdp_result fsdp__nbuf_ret(fsdp__nbuf *b, fsdp_result r)
+{
+    fsdp__nbuf_free(b);
+    return r;
+}
 
 /* --- CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
    caller, so there is no global state --- */
@@ -8000,10 +8091,9 @@ FSDP__DEF void fsdp__sb_printf(fsdp__sb *b, const char *fmt, ...)
     if (n > 0) fsdp__sb_put(b, buf, (size_t)n < sizeof buf ? (size_t)n : sizeof buf - 1);
 }
 
-/* A JSON string literal. */
-FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
+/* s escaped as the inside of a JSON string */
+FSDP__DEF void fsdp__sb_json_body(fsdp__sb *b, const char *s)
 {
-    fsdp__sb_put(b, "\"", 1);
     for (; *s; s++) {
         unsigned char ch = (unsigned char)*s;
         if (ch == '"') fsdp__sb_put(b, "\\\"", 2);
@@ -8011,6 +8101,13 @@ FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
         else if (ch < 0x20) fsdp__sb_printf(b, "\\u%04x", ch);
         else fsdp__sb_put(b, s, 1);
     }
+}
+
+/* A JSON string literal. */
+FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
+{
+    fsdp__sb_put(b, "\"", 1);
+    fsdp__sb_json_body(b, s);
     fsdp__sb_put(b, "\"", 1);
 }
 
@@ -8712,10 +8809,15 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
     for (k = 0; k < ne; k++) f->sorted[k] = (int)(ord[k].e - f->e);
     for (k = 0; k < ne; k++) {
         fsdp__st_entry *e = &f->e[k];
-        char key[600];
-        const char *v;
-        snprintf(key, sizeof key, "fsdp.crc32.%s", e->name);
+        fsdp__nbuf nb;
+        const char *v, *key;
+        fsdp__nbuf_init(&nb, h);
+        if (!(key = fsdp__nbuf_fmt(&nb, "fsdp.crc32.%s", e->name))) {
+            r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+            goto fail;
+        }
         v = fsdp__st_meta(f, key);
+        fsdp__nbuf_free(&nb);
         if (v) {
             if (!fsdp__parse_hex32(v, &e->crc)) {
                 FSDP__STF(r, "'%s': tensor '%.80s': bad checksum '%.20s' in __metadata__", path,
@@ -8811,10 +8913,10 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
         fsdp__sb_json(&sb, kv[i].value);
     }
     for (i = 0; i < n; i++) {
-        char key[600];
-        snprintf(key, sizeof key, "fsdp.crc32.%s", t[i].name);
         if (nkv || i) fsdp__sb_str(&sb, ",");
-        fsdp__sb_json(&sb, key);
+        fsdp__sb_str(&sb, "\"fsdp.crc32.");
+        fsdp__sb_json_body(&sb, t[i].name);
+        fsdp__sb_str(&sb, "\"");
         fsdp__sb_str(&sb, ":\"");
         crcpos[i] = sb.len;
         fsdp__sb_str(&sb, "00000000\"");
@@ -9073,12 +9175,21 @@ typedef struct fsdp__cunit {
     int dbg_summed;               /* debug: dbg_sum is current */
     int dbg_poisoned;             /* debug: the resident block holds the poison */
     int dbg_last_slot;            /* debug: the shared slot it held last, or -1 */
+    int fwd_runs;                 /* forwards not yet matched by a backward */
 } fsdp__cunit;
 
 typedef struct fsdp__pref { /* fqn -> (unit, entry) */
     const char *fqn;
     int unit, entry;
 } fsdp__pref;
+
+/* An object built on a context that outlives it by mistake (a checkpoint
+   writer): fsdp_ctx_destroy calls ctx_gone on each, while the context and
+   its device still work, so their late destroy touches nothing freed. */
+typedef struct fsdp__ctx_dep {
+    void (*ctx_gone)(struct fsdp__ctx_dep *d);
+    struct fsdp__ctx_dep *next, *prev;
+} fsdp__ctx_dep;
 
 struct fsdp_ctx {
     fsdp_hooks hooks;
@@ -9126,7 +9237,24 @@ struct fsdp_ctx {
     int init_checked;    /* every parameter was found initialised once */
     int debug;
     int64_t slot_clock;  /* debug: slot releases so far */
+    fsdp__ctx_dep *deps;
 };
+
+FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
+{
+    d->prev = NULL;
+    d->next = c->deps;
+    if (c->deps) c->deps->prev = d;
+    c->deps = d;
+}
+
+FSDP__DEF void fsdp__ctx_dep_remove(fsdp_ctx *c, fsdp__ctx_dep *d)
+{
+    if (d->prev) d->prev->next = d->next;
+    else if (c->deps == d) c->deps = d->next;
+    if (d->next) d->next->prev = d->prev;
+    d->next = d->prev = NULL;
+}
 
 FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu);
 FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn);
@@ -9292,6 +9420,11 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     int i, k;
     fsdp_hooks h;
     if (!c) return;
+    while (c->deps) {
+        fsdp__ctx_dep *d = c->deps;
+        fsdp__ctx_dep_remove(c, d);
+        d->ctx_gone(d);
+    }
     if (c->cs) fsdp_stream_synchronize(c->dev, c->cs);
     for (i = 0; i < c->nunits && c->u; i++) {
         fsdp__cunit *cu = &c->u[i];
@@ -9366,6 +9499,20 @@ FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d)
                                  "fsdp_ctx_create: model, units, device and comm are required "
                                  "(%s is NULL)", !d->model ? "model" : !d->units ? "units"
                                  : !d->device ? "device" : "comm");
+    /* units describe the model as fsdp_wrap saw it: another model's, or
+       this one's before it grew, would index parameters that differ */
+    if (d->units->model != d->model)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: units were wrapped from another model (%d "
+                                 "modules, %d parameters), not desc.model (%d, %d); call "
+                                 "fsdp_wrap on desc.model", d->units->nmods, d->units->nparams,
+                                 d->model->nmods, d->model->nparams);
+    if (d->units->nparams != d->model->nparams || d->units->nmods != d->model->nmods)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_create: units are stale: the model has %d modules "
+                                 "and %d parameters, it had %d and %d when wrapped; call "
+                                 "fsdp_wrap again after the model is complete", d->model->nmods,
+                                 d->model->nparams, d->units->nmods, d->units->nparams);
     if (d->ngroups < 0 || d->ngroups > FSDP__MAX_GROUPS || (d->ngroups > 0 && !d->groups))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: ngroups must be 0..%d with groups given",
@@ -9776,9 +9923,19 @@ FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *c)
     return c ? c->state : FSDP_CTX_IDLE;
 }
 
+/* A getter's bad unit: the error goes to the context (whose last error is
+   not part of its constness). */
+FSDP__DEF int fsdp__bad_unit(const fsdp_ctx *c, int unit, const char *fn)
+{
+    if (!c) return 1;
+    if (unit >= 0 && unit < c->nunits) return 0;
+    fsdp__check_unit((fsdp_ctx *)(uintptr_t)c, unit, fn);
+    return 1;
+}
+
 FSDP_API fsdp_unit_state fsdp_ctx_unit_state(const fsdp_ctx *c, int unit)
 {
-    if (!c || unit < 0 || unit >= c->nunits) return FSDP_UNIT_IDLE;
+    if (fsdp__bad_unit(c, unit, "fsdp_ctx_unit_state")) return FSDP_UNIT_IDLE;
     return c->u[unit].state;
 }
 
@@ -9791,7 +9948,7 @@ FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
 
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *c, int unit)
 {
-    if (!c || unit < 0 || unit >= c->nunits) return FSDP_DTYPE_DEFAULT;
+    if (fsdp__bad_unit(c, unit, "fsdp_param_dtype")) return FSDP_DTYPE_DEFAULT;
     return c->u[unit].pdt;
 }
 
@@ -9802,19 +9959,22 @@ FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *c)
 
 FSDP_API float *fsdp_shard_params(fsdp_ctx *c, int unit)
 {
-    if (!c || unit < 0 || unit >= c->nunits) return NULL;
+    if (fsdp__bad_unit(c, unit, "fsdp_shard_params")) return NULL;
     return c->u[unit].master;
 }
 
 FSDP_API float *fsdp_shard_grads(fsdp_ctx *c, int unit)
 {
-    if (!c || unit < 0 || unit >= c->nunits) return NULL;
+    if (fsdp__bad_unit(c, unit, "fsdp_shard_grads")) return NULL;
     return c->u[unit].grad;
 }
 
 FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *c, int unit, fsdp_shard_layout *out)
 {
-    if (!c || !out || unit < 0 || unit >= c->nunits) return FSDP_INVALID_ARGS;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!out) return fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
+                                    "fsdp_ctx_shard_layout: out is NULL");
+    if (fsdp__bad_unit(c, unit, "fsdp_ctx_shard_layout")) return FSDP_INVALID_ARGS;
     *out = c->u[unit].lay;
     return FSDP_SUCCESS;
 }
@@ -10668,6 +10828,7 @@ FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *c, int unit)
         return r;
     cu = &c->u[unit];
     cu->state = FSDP_UNIT_IDLE;
+    cu->fwd_runs++;
     if (c->debug) {
         /* the mistake is reported once the unit has ended as usual */
         fsdp_result dr = fsdp__dbg_end(c, unit, "fsdp_end_forward", "fsdp_begin_forward");
@@ -10697,6 +10858,15 @@ FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_backward: unit %d %s: parameters are summoned",
                               unit, cu->qname);
+    /* PyTorch's pre-backward hook is registered on a forward's outputs: a
+       unit that did not run forward gets no backward (and no all-gather);
+       recomputed activations run forward again first */
+    if (cu->fwd_runs <= 0)
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                              "fsdp_begin_backward: unit %d %s did not run forward in this "
+                              "iteration (every backward needs its own begin/end_forward "
+                              "since the last fsdp_step)", unit, cu->qname);
+    cu->fwd_runs--;
     if (!cu->info->requires_grad && cu->info->nentries)
         fsdp__log(&c->hooks, FSDP_LOG_DEBUG, "unit %s is frozen: no gradient reduction",
                   cu->qname);
@@ -11284,6 +11454,7 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
     int i, p, g;
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
+    for (i = 0; i < c->nunits; i++) c->u[i].fwd_runs = 0; /* a new iteration */
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     if (c->offload) {
         if ((r = fsdp__host_step(c)) != FSDP_SUCCESS) return r;
@@ -13229,11 +13400,11 @@ FSDP__DEF int fsdp__unit_has(const fsdp__cunit *cu, int what)
 
 /* The key of `what` of parameter fqn: "fqn", "optim.fqn.exp_avg", ...,
    "optim.fqn.step". */
-FSDP__DEF void fsdp__what_key(char *buf, size_t cap, const char *fqn, int what)
+FSDP__DEF const char *fsdp__what_key(fsdp__nbuf *b, const char *fqn, int what)
 {
-    if (what == FSDP__WHAT_PARAM) snprintf(buf, cap, "%s", fqn);
-    else snprintf(buf, cap, "optim.%s.%s", fqn,
-                  what == FSDP__WHAT_STEP ? "step" : fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]);
+    if (what == FSDP__WHAT_PARAM) return fqn;
+    return fsdp__nbuf_fmt(b, "optim.%s.%s", fqn, what == FSDP__WHAT_STEP ? "step"
+                          : fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]);
 }
 
 /* The what an "optim.<fqn>.<name>" key names by its last part; -1: none. */
@@ -13253,12 +13424,14 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     int64_t *host = NULL;
     void *blk = NULL;
     fsdp_result r = FSDP_SUCCESS;
-    char name[600];
+    fsdp__nbuf nb;
+    const char *name;
+    fsdp__nbuf_init(&nb, &c->hooks);
     for (j = 0; j < np; j++)
         if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad) n++;
     if (!n) return FSDP_SUCCESS;
     host = (int64_t *)fsdp__calloc(&c->hooks, (size_t)n, sizeof *host);
-    if (!host) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+    if (!host) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
     for (j = 0; j < np; j++)
         if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)
             host[k++] = c->group_steps[c->u[pl[j].unit].groups[pl[j].entry]];
@@ -13276,7 +13449,10 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     }
     for (j = 0, k = 0; j < np; j++) {
         if (!(pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)) continue;
-        fsdp__what_key(name, sizeof name, fsdp__pname(c, j), FSDP__WHAT_STEP);
+        if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), FSDP__WHAT_STEP))) {
+            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
+            goto done;
+        }
         if ((r = fsdp__sd_push(sd, name, FSDP_I64, 0, NULL, 0, 1, (int64_t *)blk + k, mem)) !=
             FSDP_SUCCESS) {
             fsdp__ctx_fail(c, r, "state dict: out of memory");
@@ -13286,7 +13462,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     }
 done:
     fsdp__free(&c->hooks, host);
-    return r;
+    return fsdp__nbuf_ret(&nb, r);
 }
 
 /* One buffer of one unit into *block: FULL gathers it through scratch
@@ -13360,7 +13536,9 @@ FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const f
 {
     int np = fsdp_model_num_params(c->model), j, w;
     fsdp_result r;
-    char name[600];
+    fsdp__nbuf nb;
+    const char *name;
+    fsdp__nbuf_init(&nb, &c->hooks);
     for (j = 0; j < np; j++) {
         fsdp_param_info pi;
         const fsdp_flat_entry *fe;
@@ -13371,7 +13549,7 @@ FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const f
         blk = blocks[fsdp__bufi(pl[j].unit, FSDP__WHAT_PARAM)];
         r = fsdp__sd_push(sd, pi.fqn, FSDP_F32, pi.ndim, pi.shape, 0, pi.numel,
                           blk ? (float *)blk + fe->offset : NULL, mem);
-        if (r != FSDP_SUCCESS) return r;
+        if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
     }
     for (j = 0; nwhat > 1 && j < np; j++) {
         fsdp__cunit *cu;
@@ -13382,13 +13560,13 @@ FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const f
         for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++) {
             void *blk = blocks[fsdp__bufi(pl[j].unit, w)];
             if (!fsdp__unit_has(cu, w)) continue;
-            fsdp__what_key(name, sizeof name, fsdp__pname(c, j), w);
+            if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), w))) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
             r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
                               blk ? (float *)blk + fe->offset : NULL, mem);
-            if (r != FSDP_SUCCESS) return r;
+            if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
         }
     }
-    return FSDP_SUCCESS;
+    return fsdp__nbuf_ret(&nb, FSDP_SUCCESS);
 }
 
 /* The tensors of a SHARDED dict: each piece of this rank's shards under
@@ -13399,7 +13577,9 @@ FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsd
 {
     int u, w, p;
     fsdp_result r;
-    char name[600];
+    fsdp__nbuf nb;
+    const char *name;
+    fsdp__nbuf_init(&nb, &c->hooks);
     for (w = 0; w < nwhat; w++)
         for (u = 0; u < c->nunits; u++) {
             fsdp__cunit *cu = &c->u[u];
@@ -13412,14 +13592,15 @@ FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsd
                 fsdp_param_info pi;
                 if (n <= 0) continue;
                 fsdp__pinfo(c, fe->param, &pi);
-                fsdp__what_key(name, sizeof name, fsdp__pname(c, pl[pi.primary].first), w);
+                if (!(name = fsdp__what_key(&nb, fsdp__pname(c, pl[pi.primary].first), w)))
+                    return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
                 r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
                                   (float *)blocks[fsdp__bufi(u, w)] +
                                       (fe->offset + pc->start - cu->lay.flat_begin), mem);
-                if (r != FSDP_SUCCESS) return r;
+                if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
             }
         }
-    return FSDP_SUCCESS;
+    return fsdp__nbuf_ret(&nb, FSDP_SUCCESS);
 }
 
 /* The tensors of a LOCAL dict: each unit's flat parameter. */
@@ -13428,16 +13609,19 @@ FSDP__DEF fsdp_result fsdp__build_local(fsdp_ctx *c, fsdp_state_dict *sd, void *
 {
     int u;
     fsdp_result r;
-    char name[600];
+    fsdp__nbuf nb;
+    const char *name;
+    fsdp__nbuf_init(&nb, &c->hooks);
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
         int64_t shape = cu->info->numel;
-        snprintf(name, sizeof name, "%s%sflat_param", cu->info->fqn, cu->info->fqn[0] ? "." : "");
+        if (!(name = fsdp__nbuf_fmt(&nb, "%s%sflat_param", cu->info->fqn, cu->info->fqn[0] ? "." : "")))
+            return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
         r = fsdp__sd_push(sd, name, FSDP_F32, 1, &shape, cu->lay.flat_begin,
                           cu->lay.valid_numel, blocks[fsdp__bufi(u, FSDP__WHAT_PARAM)], mem);
-        if (r != FSDP_SUCCESS) return r;
+        if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
     }
-    return FSDP_SUCCESS;
+    return fsdp__nbuf_ret(&nb, FSDP_SUCCESS);
 }
 
 /* Builds a state dict of o->kind from the context (see the declarations):
@@ -13629,6 +13813,8 @@ typedef struct fsdp__ld {
     void *dbuf;
     size_t dbuf_bytes;
     char *names; /* owned names of broadcast metadata */
+    uint64_t save_id;   /* of a checkpoint's files; 0: none (written before ids) */
+    int64_t save_steps; /* the index's "steps" */
 } fsdp__ld;
 
 FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
@@ -13756,17 +13942,17 @@ FSDP__DEF int fsdp__ld_match(const fsdp__ld *L, const fsdp__src *s, int *what, i
 {
     fsdp_ctx *c = L->c;
     const char *dot;
-    char fqn[600];
     size_t len;
     int t = -1, u;
     *what = FSDP__WHAT_PARAM;
     *occ = -1;
     if (L->kind == FSDP_SD_LOCAL) {
         for (u = 0; u < c->nunits; u++) {
-            char nm[600];
-            snprintf(nm, sizeof nm, "%s%sflat_param", c->u[u].info->fqn,
-                     c->u[u].info->fqn[0] ? "." : "");
-            if (!strcmp(nm, s->name)) {
+            /* "<fqn>.flat_param" (the root: "flat_param"), compared in place */
+            const char *fqn = c->u[u].info->fqn;
+            size_t fl = strlen(fqn);
+            if (!strncmp(s->name, fqn, fl) &&
+                !strcmp(s->name + fl, fl ? ".flat_param" : "flat_param")) {
                 *occ = 0;
                 return u;
             }
@@ -13780,12 +13966,15 @@ FSDP__DEF int fsdp__ld_match(const fsdp__ld *L, const fsdp__src *s, int *what, i
     dot = strrchr(s->name, '.');
     len = (size_t)(dot - s->name) - 6;
     *what = -1;
-    if (dot > s->name + 6 && len < sizeof fqn) {
-        memcpy(fqn, s->name + 6, len);
-        fqn[len] = 0;
+    if (dot > s->name + 6) {
+        fsdp__nbuf nb;
+        const char *fqn;
+        fsdp__nbuf_init(&nb, &c->hooks);
+        fqn = fsdp__nbuf_fmt(&nb, "%.*s", (int)(len < INT32_MAX ? len : INT32_MAX), s->name + 6);
         *what = fsdp__what_of(dot + 1);
-        *occ = *what > 0 ? fsdp_model_find_param(c->model, fqn) : -1;
+        *occ = *what > 0 && fqn ? fsdp_model_find_param(c->model, fqn) : -1;
         t = *occ >= 0 ? L->tgt_of[*occ] : -1;
+        fsdp__nbuf_free(&nb);
     }
     if (t < 0 || !fsdp__unit_has(&c->u[L->t[t].unit], *what)) return FSDP__LD_UNEXPECTED;
     return t;
@@ -13889,12 +14078,17 @@ FSDP__DEF void fsdp__ld_coverage(fsdp__ld *L, fsdp__ld_keys *keys)
         fsdp__cunit *cu = &c->u[t->unit];
         for (w = 0; w < FSDP__NWHAT; w++) {
             int64_t cur;
-            char nm[700];
+            char nm[700]; /* for the message only: a long name is cut there */
+            fsdp__nbuf nb;
+            const char *key;
             if (w > FSDP__WHAT_PARAM && (!optim || L->kind == FSDP_SD_LOCAL)) break;
             if (!fsdp__unit_has(cu, w)) continue;
+            fsdp__nbuf_init(&nb, &c->hooks);
+            key = fsdp__what_key(&nb, fsdp__pname(c, t->first), w);
             if (L->kind == FSDP_SD_LOCAL) snprintf(nm, sizeof nm, "%s%sflat_param",
                                                    cu->info->fqn, cu->info->fqn[0] ? "." : "");
-            else fsdp__what_key(nm, sizeof nm, fsdp__pname(c, t->first), w);
+            else snprintf(nm, sizeof nm, "%s", key ? key : "?");
+            fsdp__nbuf_free(&nb);
             if (!t->present[w]) {
                 if (strict && (L->kind != FSDP_SD_FULL || w > FSDP__WHAT_PARAM) &&
                     (w == FSDP__WHAT_STEP || t->need_n > 0))
@@ -13928,14 +14122,19 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
     fsdp_ctx *c = L->c;
     fsdp__ld_keys keys;
     int strict = !(L->flags & FSDP_SD_NOT_STRICT), i;
+    const char *last_unexp = NULL;
     fsdp_result r;
     memset(&keys, 0, sizeof keys);
     for (i = 0; i < L->ns; i++) {
         fsdp__src *s = &L->s[i];
         int what, occ, t = fsdp__ld_match(L, s, &what, &occ);
         s->tgt = -1;
-        if (t == FSDP__LD_UNEXPECTED)
+        /* a tensor's pieces (one per rank file) come one after another:
+           each name is listed once */
+        if (t == FSDP__LD_UNEXPECTED && (!last_unexp || strcmp(last_unexp, s->name))) {
             fsdp__namelist(keys.unexpected, sizeof keys.unexpected, &keys.nunexp, s->name);
+            last_unexp = s->name;
+        }
         if (t < 0) continue;
         if ((r = fsdp__ld_check_src(L, s, t, what)) != FSDP_SUCCESS) return r;
         s->tgt = t;
@@ -14098,7 +14297,20 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
         }
         if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
-        fsdp__invalidate(c, cu);
+        /* a not-strict load initialises only the parameters it found: one
+           it lacked must still be refused as never initialised */
+        if ((L->flags & FSDP_SD_NOT_STRICT) && L->kind != FSDP_SD_LOCAL)
+            fsdp__invalidate_buffers(c, cu);
+        else
+            fsdp__invalidate(c, cu);
+    }
+    if ((L->flags & FSDP_SD_NOT_STRICT) && L->kind != FSDP_SD_LOCAL) {
+        /* a sharded dict holds this rank's pieces only: a parameter with no
+           element in this rank's shard is nothing it could have loaded */
+        int t;
+        for (t = 0; t < L->nt; t++)
+            if (L->t[t].present[FSDP__WHAT_PARAM] || L->t[t].need_n == 0)
+                fsdp__ctx_mark_loaded(c, L->t[t].unit, L->t[t].entry);
     }
     for (g = 0; g < c->ngroups; g++)
         if (L->step_set[g]) {
@@ -14406,7 +14618,9 @@ done:
 #define FSDP__INDEX_NAME "index.json"
 
 struct fsdp_ckpt_writer {
-    fsdp_ctx *c;
+    fsdp__ctx_dep dep;   /* first: the context's destroy finds the writer */
+    fsdp_ctx *c;         /* NULL once the context is destroyed */
+    fsdp_hooks hooks;    /* a copy: the writer may outlive its context */
     fsdp_error err;
     fsdp__stage stage;
     /* the save in flight */
@@ -14416,10 +14630,10 @@ struct fsdp_ckpt_writer {
     char *path;          /* the checkpoint: a file, or a directory */
     char *file;          /* what this rank writes, or NULL */
     fsdp_state_dict *sd; /* the staged tensors (in the cache) */
-    uint64_t gen;
+    uint64_t gen;        /* the save id, also a sharded save's file names */
     int64_t steps;
     char kvtext[5][64];
-    fsdp__kv kv[5];
+    fsdp__kv kv[6];
     int nkv;
     fsdp_result result; /* of the thread */
     fsdp_error werr;
@@ -14449,6 +14663,50 @@ FSDP__DEF void *fsdp__writer_main(void *arg)
     return NULL;
 }
 
+FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
+{
+    if (w->thread_started) pthread_join(w->th, NULL);
+    w->thread_started = 0;
+    fsdp_state_dict_destroy(w->sd);
+    w->sd = NULL;
+    fsdp__free(&w->hooks, w->path);
+    fsdp__free(&w->hooks, w->file);
+    w->path = w->file = NULL;
+    w->pending = 0;
+}
+
+/* Ends a save that will never be committed: the thread is joined (its
+   staged data lives in the cache about to be freed) and a sharded save's
+   rank file, which no index names, is removed. */
+FSDP__DEF void fsdp__writer_abandon(fsdp_ckpt_writer *w)
+{
+    if (w->thread_started) pthread_join(w->th, NULL);
+    w->thread_started = 0;
+    if (w->pending && w->file && (w->flags & FSDP_CKPT_SHARDED)) unlink(w->file);
+    fsdp__writer_reset(w);
+}
+
+/* The context is being destroyed before the writer: everything that needs
+   the context or its device goes now; the writer stays a shell that only
+   reports the misuse and can be destroyed. */
+FSDP__DEF void fsdp__writer_ctx_gone(fsdp__ctx_dep *d)
+{
+    fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)(void *)d;
+    int pending = w->pending;
+    char *path = pending && w->path ? fsdp__strdup(&w->hooks, w->path) : NULL;
+    fsdp__writer_abandon(w);
+    fsdp__stage_free(&w->stage);
+    w->c = NULL;
+    if (pending)
+        fsdp__fail(&w->err, &w->hooks, FSDP_INVALID_STATE, "fsdp_ctx_destroy: the context was "
+                   "destroyed while a save to '%s' was in flight: the write was finished but "
+                   "never committed (fsdp_ckpt_wait was not called)", path ? path : "?");
+    else
+        fsdp__fail(&w->err, &w->hooks, FSDP_INVALID_STATE, "fsdp_ctx_destroy: the writer's "
+                   "context was destroyed; destroy the writer first");
+    fsdp__free(&w->hooks, path);
+}
+
 FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *c, fsdp_ckpt_writer **out)
 {
     fsdp_ckpt_writer *w;
@@ -14458,39 +14716,51 @@ FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *c, fsdp_ckpt_writer **out
     w = (fsdp_ckpt_writer *)fsdp__calloc(&c->hooks, 1, sizeof *w);
     if (!w) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_ckpt_writer_create: out of memory");
     w->c = c;
+    w->hooks = c->hooks;
     w->stage.dev = c->dev;
-    w->stage.h = &c->hooks;
+    w->stage.h = &w->hooks;
+    w->dep.ctx_gone = fsdp__writer_ctx_gone;
+    fsdp__ctx_dep_add(c, &w->dep);
     *out = w;
     return FSDP_SUCCESS;
 }
 
-FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
-{
-    fsdp_ctx *c = w->c;
-    if (w->thread_started) pthread_join(w->th, NULL);
-    w->thread_started = 0;
-    fsdp_state_dict_destroy(w->sd);
-    w->sd = NULL;
-    fsdp__free(&c->hooks, w->path);
-    fsdp__free(&c->hooks, w->file);
-    w->path = w->file = NULL;
-    w->pending = 0;
-}
-
 FSDP_API void fsdp_ckpt_writer_destroy(fsdp_ckpt_writer *w)
 {
-    fsdp_ctx *c;
+    fsdp_hooks h;
     if (!w) return;
-    c = w->c;
-    if (w->pending && w->file && (w->flags & FSDP_CKPT_SHARDED)) {
-        /* never committed: the rank file is an orphan */
-        if (w->thread_started) pthread_join(w->th, NULL);
-        w->thread_started = 0;
-        unlink(w->file);
+    if (w->c) {
+        fsdp__writer_abandon(w);
+        fsdp__stage_free(&w->stage);
+        fsdp__ctx_dep_remove(w->c, &w->dep);
     }
-    fsdp__writer_reset(w);
-    fsdp__stage_free(&w->stage);
-    fsdp__free(&c->hooks, w);
+    h = w->hooks;
+    fsdp__free(&h, w);
+}
+
+/* A writer whose context is gone refuses everything, naming why. */
+FSDP__DEF fsdp_result fsdp__writer_dead(fsdp_ckpt_writer *w, const char *fn)
+{
+    return fsdp__fail(&w->err, &w->hooks, FSDP_INVALID_STATE, "%s: the writer's context was "
+                      "destroyed (fsdp_ctx_destroy before fsdp_ckpt_writer_destroy)", fn);
+}
+
+/* A save's identity: 64 random bits from the kernel, mixed with the clock,
+   the pid and the writer's address, so that two saves of one path (two
+   jobs, or one restarted) differ even where /dev/urandom is missing. */
+FSDP__DEF uint64_t fsdp__draw_save_id(const void *salt)
+{
+    uint64_t id = 0;
+    struct timespec ts;
+    int fd = open("/dev/urandom", O_RDONLY);
+    if (fd >= 0) {
+        if (read(fd, &id, sizeof id) != (ssize_t)sizeof id) id = 0;
+        close(fd);
+    }
+    timespec_get(&ts, TIME_UTC);
+    id ^= fsdp__mix64((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^
+          fsdp__mix64((uint64_t)getpid() * 0x9E3779B97F4A7C15ull + (uint64_t)(uintptr_t)salt);
+    return id ? id : 1; /* 0 means "no id" in the loader */
 }
 
 FSDP_API size_t fsdp_ckpt_writer_staging_bytes(const fsdp_ckpt_writer *w)
@@ -14517,6 +14787,7 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
     const char *fn = "fsdp_ckpt_save_async";
     int sharded = (flags & FSDP_CKPT_SHARDED) != 0;
     if (!w) return FSDP_INVALID_ARGS;
+    if (!w->c) return fsdp__writer_dead(w, fn);
     c = w->c;
     /* the same on every rank: each called wait the same number of times */
     if (w->pending)
@@ -14532,20 +14803,17 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return fsdp__wfail(w, r);
     w->flags = flags;
     w->steps = c->steps;
-    w->path = fsdp__strdup(&c->hooks, path);
+    w->path = fsdp__strdup(&w->hooks, path);
     if (!w->path) return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn));
     r = FSDP_SUCCESS;
+    {
+        /* the save's identity, the same on every rank: every file and the
+           index carry it, so a load can tell a file of another save */
+        uint64_t id = c->rank == 0 ? fsdp__draw_save_id(w) : 0;
+        if ((r = fsdp__bcast_bytes(c, &id, sizeof id, fn)) != FSDP_SUCCESS) goto fail;
+        w->gen = id;
+    }
     if (sharded) {
-        /* a fresh generation name, the same on every rank */
-        uint64_t gen = 0;
-        if (c->rank == 0) {
-            struct timespec ts;
-            timespec_get(&ts, TIME_UTC);
-            gen = fsdp__mix64((uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec) ^
-                  fsdp__mix64((uint64_t)getpid() + (uint64_t)(uintptr_t)w);
-        }
-        if ((r = fsdp__bcast_bytes(c, &gen, sizeof gen, fn)) != FSDP_SUCCESS) goto fail;
-        w->gen = gen;
         if (mkdir(path, 0777) != 0 && errno != EEXIST)
             r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': cannot create the "
                                "directory: %s", fn, path, strerror(errno));
@@ -14563,9 +14831,9 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         char name[128];
         if (sharded) {
             fsdp__rank_file(name, sizeof name, w->gen, c->rank, c->nranks);
-            w->file = fsdp__path_join(&c->hooks, path, name);
+            w->file = fsdp__path_join(&w->hooks, path, name);
         } else {
-            w->file = fsdp__strdup(&c->hooks, path);
+            w->file = fsdp__strdup(&w->hooks, path);
         }
         if (!w->file) r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
@@ -14587,7 +14855,9 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         w->kv[3].value = w->kvtext[2];
         w->kv[4].key = "fsdp.steps";
         w->kv[4].value = w->kvtext[3];
-        w->nkv = 5;
+        w->kv[5].key = "fsdp.save_id";
+        w->kv[5].value = w->kvtext[4];
+        w->nkv = 6;
         fsdp__clear(&w->werr);
         w->result = FSDP_SUCCESS;
         if (pthread_create(&w->th, NULL, fsdp__writer_main, w) == 0) w->thread_started = 1;
@@ -14597,6 +14867,40 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
 fail:
     fsdp__writer_reset(w);
     return fsdp__wfail(w, r);
+}
+
+/* A save killed between creating and renaming its temporary leaves
+   "<name>.tmp.<pid>" forever; the next committed save of the same path
+   removes those whose process is gone. A live process's temporary is a
+   save in flight (another job's, or this process's) and stays: the pid is
+   checked on this host, so a temporary of a process on another host
+   sharing the file system stays too when the pid exists here. With prefix
+   NULL (a sharded directory) every rank file's and index's temporary is a
+   candidate; else only "<prefix>.tmp.<pid>". Best effort: returns how many
+   were removed. */
+FSDP__DEF int fsdp__sweep_tmp(const fsdp_hooks *h, const char *dir, const char *prefix)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    size_t plen = prefix ? strlen(prefix) : 0;
+    int removed = 0;
+    while (d && (de = readdir(d)) != NULL) {
+        const char *nm = de->d_name, *t = strstr(nm, ".tmp."), *q;
+        long long pid = 0;
+        char *full;
+        if (!t) continue;
+        while (strstr(t + 1, ".tmp.")) t = strstr(t + 1, ".tmp."); /* the last one */
+        if (prefix ? (size_t)(t - nm) != plen || strncmp(nm, prefix, plen)
+                   : strncmp(nm, "model-", 6) && strncmp(nm, FSDP__INDEX_NAME, 10))
+            continue;
+        for (q = t + 5; *q >= '0' && *q <= '9' && pid < (1ll << 40); q++) pid = pid * 10 + (*q - '0');
+        if (*q || q == t + 5 || pid <= 0 || pid >= (1ll << 40)) continue;
+        if ((pid_t)pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        if ((full = fsdp__path_join(h, dir, nm)) != NULL && unlink(full) == 0) removed++;
+        fsdp__free(h, full);
+    }
+    if (d) closedir(d);
+    return removed;
 }
 
 /* Rank 0's index of a sharded checkpoint: every tensor's pieces, computed
@@ -14612,8 +14916,10 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
     int u, q, j, what, first = 1, optim = (w->flags & FSDP_SD_OPTIM) != 0, fd = -1;
     int np = fsdp_model_num_params(c->model);
     fsdp_result r = FSDP_SUCCESS;
+    fsdp__nbuf nb;
     memset(&b, 0, sizeof b);
     b.h = &c->hooks;
+    fsdp__nbuf_init(&nb, &c->hooks);
     if ((r = fsdp__plocs(c, &pl)) != FSDP_SUCCESS) return r;
     pcs = (fsdp_shard_piece **)fsdp__calloc(&c->hooks, (size_t)c->nunits * (size_t)c->nranks + 1,
                                             sizeof *pcs);
@@ -14629,9 +14935,10 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             fsdp_unit_shard(c->u[u].info, q, c->u[u].W, &lays[k], pcs[k]);
         }
     fsdp__sb_printf(&b, "{\n\"format\": \"fsdp.h sharded checkpoint\",\n\"version\": 1,\n"
-                        "\"world_size\": %d,\n\"generation\": \"%016llx\",\n\"steps\": %lld,\n"
+                        "\"world_size\": %d,\n\"generation\": \"%016llx\",\n"
+                        "\"save_id\": \"%016llx\",\n\"steps\": %lld,\n"
                         "\"optim\": %s,\n\"files\": [", c->nranks, (unsigned long long)w->gen,
-                    (long long)w->steps, optim ? "true" : "false");
+                    (unsigned long long)w->gen, (long long)w->steps, optim ? "true" : "false");
     for (q = 0; q < c->nranks; q++) {
         fsdp__rank_file(name, sizeof name, w->gen, q, c->nranks);
         fsdp__sb_str(&b, q ? ", " : "");
@@ -14643,12 +14950,12 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             fsdp__cunit *cu;
             const fsdp_flat_entry *fe;
             int d, nfirst = 1;
-            char tname[700];
+            const char *tname;
             if (pl[j].first != j || pl[j].unit < 0) continue;
             cu = &c->u[pl[j].unit];
             if (!fsdp__unit_has(cu, what)) continue;
             fe = &cu->info->entries[pl[j].entry];
-            fsdp__what_key(tname, sizeof tname, fsdp__pname(c, j), what);
+            if (!(tname = fsdp__what_key(&nb, fsdp__pname(c, j), what))) goto oom;
             fsdp__sb_str(&b, first ? "\n  {\"name\": " : ",\n  {\"name\": ");
             first = 0;
             fsdp__sb_json(&b, tname);
@@ -14676,8 +14983,10 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
     fsdp__sb_str(&b, "\n]\n}\n");
     if (b.oom) goto oom;
     path = fsdp__path_join(&c->hooks, w->path, FSDP__INDEX_NAME);
-    tmp = fsdp__path_join(&c->hooks, w->path, FSDP__INDEX_NAME ".tmp");
+    tmp = (char *)fsdp__alloc(&c->hooks, strlen(w->path) + sizeof FSDP__INDEX_NAME + 40);
     if (!path || !tmp) goto oom;
+    /* per process: two jobs saving one directory never share a temporary */
+    sprintf(tmp, "%s/" FSDP__INDEX_NAME ".tmp.%ld", w->path, (long)getpid());
     fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
     if (fd < 0 || fsdp__write_all(fd, b.s, b.len) != 0 || fsync(fd) != 0) {
         r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "checkpoint '%s': writing the index '%s': %s",
@@ -14711,6 +15020,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
         }
         if (dir) closedir(dir);
     }
+    fsdp__sweep_tmp(&c->hooks, w->path, NULL);
     goto done;
 oom:
     r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "checkpoint '%s': out of memory for the index",
@@ -14724,6 +15034,7 @@ done:
     fsdp__free(&c->hooks, b.s);
     fsdp__free(&c->hooks, path);
     fsdp__free(&c->hooks, tmp);
+    fsdp__nbuf_free(&nb);
     return r;
 }
 
@@ -14733,6 +15044,7 @@ FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w)
     fsdp_result r = FSDP_SUCCESS;
     const char *fn = "fsdp_ckpt_wait";
     if (!w) return FSDP_INVALID_ARGS;
+    if (!w->c) return fsdp__writer_dead(w, fn);
     c = w->c;
     if (!w->pending) return FSDP_SUCCESS;
     if (w->thread_started) pthread_join(w->th, NULL);
@@ -14747,6 +15059,11 @@ FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w)
         }
         /* not committed: this generation's files are orphans */
         if (r != FSDP_SUCCESS && w->file) unlink(w->file);
+    } else if (r == FSDP_SUCCESS && w->file) {
+        char dir[4096];
+        const char *base = strrchr(w->path, '/');
+        fsdp__dirname(w->path, dir, sizeof dir);
+        fsdp__sweep_tmp(&c->hooks, dir, base ? base + 1 : w->path);
     }
     fsdp__writer_reset(w);
     return fsdp__wfail(w, r);
@@ -14798,10 +15115,62 @@ FSDP__DEF fsdp_result fsdp__read_small_file(fsdp_ctx *c, const char *path, int64
     return FSDP_SUCCESS;
 }
 
+/* A save id as written: 16 lowercase hex digits, not 0. */
+FSDP__DEF int fsdp__parse_save_id(const char *s, uint64_t *out)
+{
+    uint32_t hi, lo;
+    char a[9];
+    if (!s || strlen(s) != 16) return 0;
+    memcpy(a, s, 8);
+    a[8] = 0;
+    if (!fsdp__parse_hex32(a, &hi) || !fsdp__parse_hex32(s + 8, &lo)) return 0;
+    *out = (uint64_t)hi << 32 | lo;
+    return *out != 0;
+}
+
+/* The save a file belongs to: 0 for none (a file from before save ids),
+   -1 for a malformed id. */
+FSDP__DEF int fsdp__file_save_id(const fsdp__st_file *f, uint64_t *id)
+{
+    const char *v = fsdp__st_meta(f, "fsdp.save_id");
+    *id = 0;
+    if (!v) return 0;
+    return fsdp__parse_save_id(v, id) ? 1 : -1;
+}
+
 /* A file name from an index: a plain name inside the directory. */
 FSDP__DEF int fsdp__plain_name(const char *s)
 {
     return s[0] && strlen(s) < 256 && !strchr(s, '/') && strcmp(s, ".") && strcmp(s, "..");
+}
+
+/* A rank file the index names is gone: if the index is no longer the one
+   this load read, a save replaced the checkpoint (and removed the files
+   of the one read) while this load ran: a race, said as one, not a
+   corrupt checkpoint. */
+FSDP__DEF fsdp_result fsdp__ld_index_moved(fsdp__ld *L, const char *ipath, const char *text,
+                                           size_t len, const char *file)
+{
+    fsdp_ctx *c = L->c;
+    char *now = NULL;
+    size_t nlen = 0;
+    fsdp_error keep = c->err;
+    if (fsdp__read_small_file(c, ipath, (int64_t)1 << 30, &now, &nlen) != FSDP_SUCCESS) {
+        c->err = keep;
+        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint changed while loading: rank file "
+                              "'%s' of save %016llx is gone and so is the index '%s'; load "
+                              "again", L->where, file, (unsigned long long)L->save_id, ipath);
+    }
+    if (nlen == len && !memcmp(now, text, len)) {
+        fsdp__free(&c->hooks, now);
+        c->err = keep;
+        return FSDP_SUCCESS;
+    }
+    fsdp__free(&c->hooks, now);
+    return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint changed while loading: rank file '%s' "
+                          "of save %016llx is gone and the index '%s' was replaced by another "
+                          "save; load again", L->where, file, (unsigned long long)L->save_id,
+                          ipath);
 }
 
 /* Reads and validates a sharded checkpoint's index and every rank file's
@@ -14811,7 +15180,7 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
     fsdp_ctx *c = L->c;
     char *ipath = fsdp__path_join(&c->hooks, dir, FSDP__INDEX_NAME);
     size_t len = 0;
-    int files, tensors, n, k;
+    int files, tensors, n, k, sid;
     int64_t world = 0;
     fsdp_result r;
     if (!ipath) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
@@ -14839,6 +15208,12 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
                   ipath);
     if (!fsdp__j_int(j, fsdp__j_get(j, 0, "world_size"), 1, 1 << 20, &world))
         FSDP__IDX("%s: index '%s': bad \"world_size\"", L->where, ipath);
+    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "steps"), 0, INT64_MAX, &L->save_steps))
+        L->save_steps = -1;
+    sid = fsdp__j_get(j, 0, "save_id");
+    if (sid >= 0 && (j->n[sid].type != FSDP__J_STR || !fsdp__parse_save_id(j->n[sid].str,
+                                                                          &L->save_id)))
+        FSDP__IDX("%s: index '%s': \"save_id\" is not 16 hex digits", L->where, ipath);
     files = fsdp__j_get(j, 0, "files");
     tensors = fsdp__j_get(j, 0, "tensors");
     if (files < 0 || j->n[files].type != FSDP__J_ARR || j->n[files].count != world)
@@ -14863,13 +15238,54 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
         /* the st_file keeps the path pointer: the names live in the JSON pool */
         r = fsdp__st_open(&L->files[k], &c->hooks, fp, &e);
         L->files[k].path = j->n[n].str;
-        fsdp__free(&c->hooks, fp);
         if (r != FSDP_SUCCESS) {
-            fsdp__ctx_fail(c, r, "%s: rank file %d of %lld: %s", L->where, k, (long long)world,
-                           e.message);
+            struct stat st;
+            if (stat(fp, &st) != 0 && errno == ENOENT &&
+                fsdp__ld_index_moved(L, ipath, *text, len, j->n[n].str) != FSDP_SUCCESS) {
+                r = FSDP_CKPT_IO; /* another save replaced the one this load began */
+            } else {
+                fsdp__ctx_fail(c, r, "%s: rank file %d of %lld: %s", L->where, k,
+                               (long long)world, e.message);
+            }
+            fsdp__free(&c->hooks, fp);
             goto done;
         }
+        fsdp__free(&c->hooks, fp);
         L->nfiles = k + 1;
+        {
+            /* every file must be of this save, at the place the index gives */
+            uint64_t fid;
+            int has = fsdp__file_save_id(&L->files[k], &fid);
+            const char *rk = fsdp__st_meta(&L->files[k], "fsdp.rank");
+            const char *ws = fsdp__st_meta(&L->files[k], "fsdp.world_size");
+            char want[24];
+            if (has < 0)
+                FSDP__IDX("%s: rank file '%s': fsdp.save_id '%.40s' is not 16 hex digits",
+                          L->where, j->n[n].str, fsdp__st_meta(&L->files[k], "fsdp.save_id"));
+            if (fid != L->save_id) {
+                char a[24], b[24];
+                snprintf(a, sizeof a, fid ? "%016llx" : "none", (unsigned long long)fid);
+                snprintf(b, sizeof b, L->save_id ? "%016llx" : "none",
+                         (unsigned long long)L->save_id);
+                r = fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: rank file '%s' (files[%d]) "
+                                   "belongs to save %s (step %s), the index '%s' to save %s "
+                                   "(step %lld): a file of another save under this save's "
+                                   "name", L->where, j->n[n].str, k, a,
+                                   fsdp__st_meta(&L->files[k], "fsdp.steps")
+                                       ? fsdp__st_meta(&L->files[k], "fsdp.steps") : "?",
+                                   ipath, b, (long long)L->save_steps);
+                goto done;
+            }
+            snprintf(want, sizeof want, "%d", k);
+            if (rk && strcmp(rk, want))
+                FSDP__IDX("%s: rank file '%s' holds rank %.20s's pieces, the index '%s' lists "
+                          "it as files[%d] (rank %d's)", L->where, j->n[n].str, rk, ipath, k,
+                          k);
+            snprintf(want, sizeof want, "%lld", (long long)world);
+            if (ws && strcmp(ws, want))
+                FSDP__IDX("%s: rank file '%s' was written at world size %.20s, the index '%s' "
+                          "says %lld", L->where, j->n[n].str, ws, ipath, (long long)world);
+        }
     }
     for (k = 0, n = j->n[tensors].first; n >= 0; n = j->n[n].next, k++) {
         int nm = fsdp__j_get(j, n, "name"), dt = fsdp__j_get(j, n, "dtype");
@@ -14948,6 +15364,9 @@ FSDP__DEF fsdp_result fsdp__ld_single(fsdp__ld *L, const char *path)
     r = fsdp__st_open(&L->files[0], &c->hooks, path, &e);
     if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s", e.message);
     L->nfiles = 1;
+    if (fsdp__file_save_id(&L->files[0], &L->save_id) < 0)
+        return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: fsdp.save_id '%.40s' is not 16 hex "
+                              "digits", L->where, fsdp__st_meta(&L->files[0], "fsdp.save_id"));
     for (i = 0; i < L->files[0].ne; i++) {
         const fsdp__st_entry *en = &L->files[0].e[i];
         fsdp__src *s = fsdp__ld_add(L);
@@ -15019,6 +15438,18 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
 agree1:
     if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    if (c->nranks > 1) {
+        /* each rank opened the files itself: a save between two ranks'
+           opens gives them different saves, which must not mix */
+        uint64_t id0 = L.save_id;
+        if ((r = fsdp__bcast_bytes(c, &id0, sizeof id0, fn)) == FSDP_SUCCESS && id0 != L.save_id)
+            r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint changed while loading: rank 0 "
+                               "read save %016llx, rank %d read save %016llx (another process "
+                               "saved to this path meanwhile); load again", where,
+                               (unsigned long long)id0, c->rank,
+                               (unsigned long long)L.save_id);
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    }
     if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
         for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
             const fsdp__src *s = &L.s[i];

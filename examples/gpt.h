@@ -900,6 +900,7 @@ typedef struct gpt_result {
     double initial_loss, final_loss, accuracy, train_ms;
     double time_to_90_ms; /* training time until --eval-every first saw >= 90% */
     int step_to_90;
+    int start_step, steps_run; /* rank 0: the step a resume began after; steps trained */
     int correct, ntest;
     size_t peak[GPT_MAX_RANKS], plan[GPT_MAX_RANKS];
     fsdp_memory_plan plan0; /* rank 0's plan, itemised */
@@ -1143,6 +1144,13 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     }
     first_step = (int)fsdp_ctx_steps(e.ctx) + 1;
     last_step = cfg->stop_after > 0 && cfg->stop_after < cfg->steps ? cfg->stop_after : cfg->steps;
+    if (rank == 0) {
+        /* a checkpoint of a finished run trains nothing: no loss is
+           measured (the checkpoint holds none), so none is made up */
+        res->start_step = first_step - 1;
+        res->steps_run = last_step >= first_step ? last_step - first_step + 1 : 0;
+        if (!res->steps_run) res->initial_loss = res->final_loss = NAN;
+    }
     if (cfg->save_dir && fsdp_ckpt_writer_create(e.ctx, &writer) != FSDP_SUCCESS) {
         gpt__fail(&e, "fsdp_ckpt_writer_create");
         goto done;

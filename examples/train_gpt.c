@@ -341,9 +341,16 @@ int main(int argc, char **argv)
             printf("rank %d: peak device memory %zu bytes, plan %zu bytes (peak/plan %.3f)\n", i,
                    res.peak[i], res.plan[i],
                    res.plan[i] ? (double)res.peak[i] / (double)res.plan[i] : 0.0);
-    printf("trained %d steps in %.1f s; loss %.4f -> %.4f; held-out exact-answer accuracy "
-           "%.2f%% (%d/%d)\n", cfg.steps, res.train_ms / 1e3, res.initial_loss, res.final_loss,
-           100.0 * res.accuracy, res.correct, res.ntest);
+    if (cfg.resume_dir && !res.steps_run && res.start_step > 0)
+        printf("the checkpoint '%s' is at step %d of %d: nothing left to train; no loss was "
+               "measured (a checkpoint holds none), so final_loss is nan\n", cfg.resume_dir,
+               res.start_step, cfg.steps);
+    else
+        printf("trained %d steps in %.1f s; loss %.4f -> %.4f; ",
+               res.steps_run ? res.steps_run : cfg.steps - res.start_step,
+               res.train_ms / 1e3, res.initial_loss, res.final_loss);
+    printf("held-out exact-answer accuracy %.2f%% (%d/%d)\n", 100.0 * res.accuracy,
+           res.correct, res.ntest);
     if (cfg.eval_every > 0) {
         if (res.step_to_90 > 0)
             printf("held-out accuracy first reached 90%% at step %d, after %.1f s of training\n",
@@ -351,7 +358,11 @@ int main(int argc, char **argv)
         else
             printf("held-out accuracy never reached 90%% at the periodic checks\n");
     }
-    printf("final_loss=%.6f accuracy=%.4f peak_bytes=%zu plan_bytes=%zu\n", res.final_loss,
-           res.accuracy, res.peak[0], res.plan[0]);
+    if (isnan(res.final_loss)) /* one spelling, whatever the C library's */
+        printf("final_loss=nan accuracy=%.4f peak_bytes=%zu plan_bytes=%zu\n", res.accuracy,
+               res.peak[0], res.plan[0]);
+    else
+        printf("final_loss=%.6f accuracy=%.4f peak_bytes=%zu plan_bytes=%zu\n", res.final_loss,
+               res.accuracy, res.peak[0], res.plan[0]);
     return 0;
 }
