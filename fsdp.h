@@ -13290,11 +13290,14 @@ typedef struct fsdp__ploc {
     int unit, entry; /* -1 when FSDP does not manage it (ignored) */
 } fsdp__ploc;
 
-/* fsdp_model_param that always fills *pi (indices come from the model, so
-   the fallback is never used; it keeps the compiler's analysis simple). */
+/* fsdp_model_param that always fills *pi. An index outside the model (a
+   LOCAL target has none) takes the fallback without asking the model: a
+   failed fsdp_model_param writes the model's last error, and the model is
+   shared by every rank thread. */
 FSDP__DEF void fsdp__pinfo(fsdp_ctx *c, int j, fsdp_param_info *pi)
 {
-    if (fsdp_model_param(c->model, j, pi) != FSDP_SUCCESS) {
+    if (j < 0 || j >= fsdp_model_num_params(c->model) ||
+        fsdp_model_param(c->model, j, pi) != FSDP_SUCCESS) {
         memset(pi, 0, sizeof *pi);
         pi->fqn = pi->name = "?";
         pi->primary = j;
@@ -14084,10 +14087,13 @@ FSDP__DEF void fsdp__ld_coverage(fsdp__ld *L, fsdp__ld_keys *keys)
             if (w > FSDP__WHAT_PARAM && (!optim || L->kind == FSDP_SD_LOCAL)) break;
             if (!fsdp__unit_has(cu, w)) continue;
             fsdp__nbuf_init(&nb, &c->hooks);
-            key = fsdp__what_key(&nb, fsdp__pname(c, t->first), w);
-            if (L->kind == FSDP_SD_LOCAL) snprintf(nm, sizeof nm, "%s%sflat_param",
-                                                   cu->info->fqn, cu->info->fqn[0] ? "." : "");
-            else snprintf(nm, sizeof nm, "%s", key ? key : "?");
+            if (L->kind == FSDP_SD_LOCAL) {
+                snprintf(nm, sizeof nm, "%s%sflat_param", cu->info->fqn,
+                         cu->info->fqn[0] ? "." : "");
+            } else {
+                key = fsdp__what_key(&nb, fsdp__pname(c, t->first), w);
+                snprintf(nm, sizeof nm, "%s", key ? key : "?");
+            }
             fsdp__nbuf_free(&nb);
             if (!t->present[w]) {
                 if (strict && (L->kind != FSDP_SD_FULL || w > FSDP__WHAT_PARAM) &&
