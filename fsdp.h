@@ -1689,6 +1689,13 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *ctx, unsigned flags,
 FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *sd,
                                           unsigned flags);
 
+/* The largest optimizer step a load accepts (optim.<fqn>.step, the index's
+   and the ZeRO state's steps): 2^53, the largest count torch's float step
+   keeps exactly. Anything above is a damaged or hostile file, and the
+   counters must stay far from INT64_MAX, where the next step would
+   overflow. */
+#define FSDP_STEP_MAX ((int64_t)1 << 53)
+
 /* >>getload end (declarations) */
 
 /* ======================================================================== */
@@ -11454,6 +11461,15 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
     int i, p, g;
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
+    /* refused before anything changes: a counter at INT64_MAX (set, not
+       loaded: loads stop at FSDP_STEP_MAX) would overflow, which is UB */
+    if (c->steps == INT64_MAX)
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: the step counter is at "
+                              "INT64_MAX and cannot count another step");
+    for (g = 0; g < c->ngroups; g++)
+        if (c->group_steps[g] == INT64_MAX)
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: parameter group %d's step "
+                                  "counter is at INT64_MAX and cannot count another step", g);
     for (i = 0; i < c->nunits; i++) c->u[i].fwd_runs = 0; /* a new iteration */
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     if (c->offload) {
@@ -12525,6 +12541,16 @@ FSDP_API fsdp_result fsdp_zero_step(fsdp_zero *z)
     fsdp_result r;
     int i, k, changed = 0;
     if (!z) return FSDP_INVALID_ARGS;
+    /* every rank holds every parameter's step, so every rank refuses alike,
+       before any collective; a counter at INT64_MAX would overflow (UB) */
+    if (z->steps == INT64_MAX)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_STATE, "fsdp_zero_step: the step "
+                          "counter is at INT64_MAX and cannot count another step");
+    for (i = 0; i < z->np; i++)
+        if (z->p[i].trainable && z->p[i].step == INT64_MAX)
+            return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_STATE, "fsdp_zero_step: parameter "
+                              "%d '%s': its step is at INT64_MAX and cannot count another step",
+                              i, z->p[i].name);
     for (i = 0; i < z->np; i++)
         if (z->p[i].trainable != z->p[i].built) changed = 1;
     if (changed) {
@@ -12933,9 +12959,9 @@ FSDP__DEF fsdp_result fsdp__zero_check_sd(fsdp_zero *z, const fsdp_zero_state_di
                      (long long)p->numel);
             return FSDP_CKPT_MISMATCH;
         }
-        if (en->step < 1) {
-            snprintf(msg, nmsg, "entry %d: parameter %d '%s': step %lld must be >= 1", e, i,
-                     p->name, (long long)en->step);
+        if (en->step < 1 || en->step > FSDP_STEP_MAX) {
+            snprintf(msg, nmsg, "entry %d: parameter %d '%s': step %lld must be in [1, 2^53] "
+                     "(FSDP_STEP_MAX)", e, i, p->name, (long long)en->step);
             return FSDP_CKPT_MISMATCH;
         }
         mask = fsdp_optim_state_mask(&sd->groups[p->group].config);
@@ -14240,6 +14266,10 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
         }
         if (v < 0)
             return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld is negative", L->where,
+                                  s->name, (long long)v);
+        if (v > FSDP_STEP_MAX)
+            return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld is above the largest "
+                                  "step a checkpoint may hold (FSDP_STEP_MAX, 2^53)", L->where,
                                   s->name, (long long)v);
         if (L->step_set[g] && L->new_step[g] != v)
             return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld, but another parameter "

@@ -1,0 +1,245 @@
+/* Tests of hostile and damaged checkpoints (issue 22), each with a file
+   crafted to break one assumption of the loaders, on the local backend:
+     step_overflow  an optim.<fqn>.step above FSDP_STEP_MAX (INT64_MAX) is
+                    refused naming the key and the value, by the context's
+                    load and by ZeRO's; FSDP_STEP_MAX itself loads; a
+                    counter set to INT64_MAX refuses the next step rather
+                    than overflow (UB, caught by UBSan)
+   Cases (test_hostile --case NAME) and output: check.h. */
+#define _POSIX_C_SOURCE 200809L
+#include "fixtures_tnet.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* a call that must succeed; on failure the rank stops (returns 0) */
+#define MUST(call)                                                                         \
+    do {                                                                                   \
+        fsdp_result r_ = (call);                                                           \
+        if (r_ != FSDP_SUCCESS) {                                                          \
+            check_fail(__FILE__, __LINE__, "%s: %s", #call, fsdp_result_string(r_));       \
+            return 0;                                                                      \
+        }                                                                                  \
+    } while (0)
+
+static fsdp_model *g_model;
+static fsdp_units *g_units;
+static char g_tmp[256];
+
+typedef struct job {
+    int (*fn)(struct job *j, int rank, int nranks, rank_env *e);
+    char path[1024];
+    int64_t step;
+    fsdp_result expect;
+} job;
+
+static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    job *j = (job *)user;
+    rank_env e;
+    int ok = env_open(&e, rank, world, g_model, g_units, 0, 1);
+    if (!ok) check_fail(__FILE__, __LINE__, "rank %d: setup failed", rank);
+    else ok = j->fn(j, rank, nranks, &e);
+    env_close(&e);
+    return ok ? 0 : 1;
+}
+
+/* the name of the first optim.*.step tensor of sd, or NULL */
+static const fsdp_tensor *first_step(const fsdp_state_dict *sd)
+{
+    int i;
+    for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        size_t n = strlen(t->name);
+        if (!strncmp(t->name, "optim.", 6) && n > 5 && !strcmp(t->name + n - 5, ".step"))
+            return t;
+    }
+    return NULL;
+}
+
+/* --- 1. step counters --- */
+
+/* Rank 0 writes its full dict, every step set to j->step, as a plain
+   safetensors file; every rank reads it back and loads it. */
+static int job_step(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_state_dict *sd = NULL, *in = NULL;
+    fsdp_result r;
+    fsdp_error err;
+    char key[512] = "";
+    int i;
+    (void)nranks;
+    if (!train_step(e->ctx, g_model, g_units)) return 0;
+    MUST(fsdp_get_full_state_dict(e->ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &sd));
+    for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        size_t n = strlen(t->name);
+        if (n > 5 && !strcmp(t->name + n - 5, ".step")) memcpy(t->data, &j->step, 8);
+    }
+    if (first_step(sd)) snprintf(key, sizeof key, "%s", first_step(sd)->name);
+    CHECK(key[0], "rank %d: no optim.*.step in the dict", rank);
+    if (rank == 0) MUST(fsdp_safetensors_save(j->path, sd, NULL));
+    fsdp_state_dict_destroy(sd);
+    MUST(fsdp_barrier(e->comm, NULL));
+    memset(&err, 0, sizeof err);
+    MUST(fsdp_safetensors_load(j->path, NULL, &in, &err));
+    r = fsdp_load_state_dict(e->ctx, in, FSDP_SD_OPTIM);
+    fsdp_state_dict_destroy(in);
+    CHECK(r == j->expect, "rank %d: load with step %lld: %s, expected %s: %s", rank,
+          (long long)j->step, fsdp_result_string(r), fsdp_result_string(j->expect),
+          fsdp_ctx_last_error(e->ctx));
+    if (r != FSDP_SUCCESS) {
+        char v[32];
+        snprintf(v, sizeof v, "%lld", (long long)j->step);
+        CHECK(contains(fsdp_ctx_last_error(e->ctx), "optim.") &&
+                  contains(fsdp_ctx_last_error(e->ctx), v),
+              "rank %d: the message names neither key nor value: %s", rank,
+              fsdp_ctx_last_error(e->ctx));
+        return 1;
+    }
+    EXPECT_EQ(fsdp_ctx_steps(e->ctx), j->step);
+    CHECK(train_step(e->ctx, g_model, g_units), "rank %d: a step after the cap: %s", rank,
+          fsdp_ctx_last_error(e->ctx));
+    EXPECT_EQ(fsdp_ctx_steps(e->ctx), j->step + 1);
+    return 1;
+}
+
+static int job_step_max(job *j, int rank, int nranks, rank_env *e)
+{
+    (void)j;
+    (void)nranks;
+    MUST(fsdp_set_steps(e->ctx, INT64_MAX));
+    CHECK(!train_step(e->ctx, g_model, g_units), "rank %d: a step past INT64_MAX ran", rank);
+    CHECK(contains(fsdp_ctx_last_error(e->ctx), "INT64_MAX"), "rank %d: %s", rank,
+          fsdp_ctx_last_error(e->ctx));
+    EXPECT_EQ(fsdp_ctx_steps(e->ctx), INT64_MAX);
+    return 1;
+}
+
+static void ctx_steps(void)
+{
+    static const int64_t steps[] = {INT64_MAX, FSDP_STEP_MAX + 1, FSDP_STEP_MAX};
+    job j;
+    int k, n;
+    for (n = 1; n <= 2; n++)
+        for (k = 0; k < 3; k++) {
+            memset(&j, 0, sizeof j);
+            j.fn = job_step;
+            j.step = steps[k];
+            j.expect = steps[k] > FSDP_STEP_MAX ? FSDP_CKPT_MISMATCH : FSDP_SUCCESS;
+            snprintf(j.path, sizeof j.path, "%s/step%d.safetensors", g_tmp, k);
+            run_ranks(n, rank_main, &j);
+        }
+    memset(&j, 0, sizeof j);
+    j.fn = job_step_max;
+    run_ranks(2, rank_main, &j);
+}
+
+/* ZeRO: one rank, one parameter, a step, its state with the step replaced */
+static int zero_steps(int rank, fsdp_local_world *world)
+{
+    static const int64_t steps[] = {INT64_MAX, FSDP_STEP_MAX + 1, FSDP_STEP_MAX};
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_zero *z = NULL;
+    fsdp_zero_param p;
+    fsdp_zero_desc d;
+    float data[4] = {1, 2, 3, 4}, grad[4] = {0.5f, -0.5f, 0.25f, -0.25f};
+    char path[1024];
+    int k;
+    MUST(fsdp_device_cpu_create(NULL, &dev));
+    MUST(fsdp_comm_local_create(world, rank, dev, &comm));
+    memset(&p, 0, sizeof p);
+    p.name = "w";
+    p.data = data;
+    p.grad = grad;
+    p.numel = 4;
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.device = dev;
+    d.params = &p;
+    d.nparams = 1;
+    MUST(fsdp_zero_create(&d, &z));
+    MUST(fsdp_zero_step(z));
+    for (k = 0; k < 3; k++) {
+        fsdp_state_dict *sd = NULL, *in = NULL;
+        fsdp_error err;
+        fsdp_result r;
+        const fsdp_tensor *t;
+        MUST(fsdp_zero_state_to_state_dict(z, 0, &sd));
+        t = first_step(sd);
+        CHECK(t != NULL, "no optim.w.step");
+        if (!t) {
+            fsdp_state_dict_destroy(sd);
+            break;
+        }
+        memcpy(t->data, &steps[k], 8);
+        snprintf(path, sizeof path, "%s/zero%d.safetensors", g_tmp, k);
+        MUST(fsdp_safetensors_save(path, sd, NULL));
+        fsdp_state_dict_destroy(sd);
+        memset(&err, 0, sizeof err);
+        MUST(fsdp_safetensors_load(path, NULL, &in, &err));
+        r = fsdp_zero_state_from_state_dict(z, in);
+        fsdp_state_dict_destroy(in);
+        if (steps[k] > FSDP_STEP_MAX) {
+            CHECK(r == FSDP_CKPT_MISMATCH && contains(fsdp_zero_last_error(z), "step"),
+                  "zero: step %lld: %s: %s", (long long)steps[k], fsdp_result_string(r),
+                  fsdp_zero_last_error(z));
+        } else {
+            CHECK(r == FSDP_SUCCESS, "zero: step 2^53: %s", fsdp_zero_last_error(z));
+            CHECK(fsdp_zero_step(z) == FSDP_SUCCESS, "zero: a step after 2^53: %s",
+                  fsdp_zero_last_error(z));
+        }
+    }
+    fsdp_zero_destroy(z);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 1;
+}
+
+static int zero_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    (void)nranks;
+    (void)user;
+    return zero_steps(rank, world) ? 0 : 1;
+}
+
+static void test_step_overflow(void)
+{
+    ctx_steps();
+    run_ranks(1, zero_rank, NULL);
+}
+
+static const check_case CASES[] = {
+    {"step_overflow", test_step_overflow},
+};
+
+int main(int argc, char **argv)
+{
+    const char *base = getenv("TMPDIR");
+    int rc;
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    (void)full_values; /* fixtures this file does not need */
+    (void)bits_equal;
+    snprintf(g_tmp, sizeof g_tmp, "%s/fsdp_hostile_XXXXXX", base && base[0] ? base : "/tmp");
+    g_model = build_model(0);
+    g_units = g_model ? make_units(g_model, FSDP_FULL_SHARD) : NULL;
+    if (!g_units || !mkdtemp(g_tmp)) {
+        fprintf(stderr, "setup failed\n");
+        return 1;
+    }
+    check_run();
+    rc = check_finish();
+    {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+        if (system(cmd) != 0) rc = rc ? rc : 1;
+    }
+    fsdp_units_destroy(g_units);
+    fsdp_model_destroy(g_model);
+    return rc;
+}
