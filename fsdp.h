@@ -9086,7 +9086,7 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
     fsdp_result r;
     const fsdp_hooks *h = hooks;
     char *base = NULL;
-    size_t total;
+    size_t total = 0, pos = 0;
     int i;
     if (!out) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: out is NULL");
     *out = NULL;
@@ -9098,7 +9098,19 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
         return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
                          "is not", path);
     if ((r = fsdp__st_open(&f, hooks, path, err)) != FSDP_SUCCESS) return r;
-    total = (size_t)(f.size - f.data_start);
+    /* The file may put a tensor at any byte offset, and its users read it
+       through typed pointers: each tensor gets its own 16-byte-aligned
+       place instead of the file's layout (misaligned reads are UB, and
+       fault on strict-alignment CPUs). The padding is at most 15 bytes a
+       tensor; the header check bounded the data by the file's size. */
+    for (i = 0; i < f.ne; i++) {
+        size_t b = (size_t)(f.e[i].end - f.e[i].begin);
+        if (b > SIZE_MAX - 16 - total) {
+            fsdp__st_close(&f);
+            return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': the tensors' size overflows", path);
+        }
+        total += (b + 15) & ~(size_t)15;
+    }
     if ((r = fsdp__sd_new(hooks, FSDP_SD_FULL, NULL, &sd)) != FSDP_SUCCESS ||
         !(crc = (fsdp__crc *)fsdp__alloc(hooks, sizeof *crc))) {
         r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
@@ -9112,12 +9124,13 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
     /* in file order of the header (the order the writer chose) */
     for (i = 0; i < f.ne; i++) {
         const fsdp__st_entry *e = &f.e[i];
-        if ((r = fsdp__st_read(&f, i, base + e->begin, crc, err)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__st_read(&f, i, base + pos, crc, err)) != FSDP_SUCCESS) goto done;
         if ((r = fsdp__sd_push(sd, e->name, e->dtype, e->ndim, e->shape, 0, e->numel,
-                               base + e->begin, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
+                               base + pos, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
             FSDP__STF(r, "'%s': out of memory", path);
             goto done;
         }
+        pos += ((size_t)(e->end - e->begin) + 15) & ~(size_t)15;
     }
 done:
     fsdp__st_close(&f);

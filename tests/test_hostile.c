@@ -5,6 +5,10 @@
                     load and by ZeRO's; FSDP_STEP_MAX itself loads; a
                     counter set to INT64_MAX refuses the next step rather
                     than overflow (UB, caught by UBSan)
+     misaligned     a file whose tensors start at odd byte offsets loads
+                    every tensor at an aligned address with its values (typed
+                    reads of the file's layout are UB: UBSan's alignment
+                    check), and ZeRO loads its state from such a file
    Cases (test_hostile --case NAME) and output: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fixtures_tnet.h"
@@ -214,8 +218,119 @@ static void test_step_overflow(void)
     run_ranks(1, zero_rank, NULL);
 }
 
+/* --- 2. misaligned tensors --- */
+
+/* A safetensors file from a header and the data section, as given. */
+static int write_raw(const char *path, const char *header, const void *data, size_t n)
+{
+    unsigned char len8[8];
+    size_t h = strlen(header), k;
+    FILE *f = fopen(path, "wb");
+    int ok;
+    if (!f) return 0;
+    for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)h >> (8 * k));
+    ok = fwrite(len8, 1, 8, f) == 8 && fwrite(header, 1, h, f) == h &&
+         (!n || fwrite(data, 1, n, f) == n);
+    return fclose(f) == 0 && ok;
+}
+
+/* a one-byte tensor first, so every later one starts at an odd offset */
+static int misaligned_file(const char *path)
+{
+    static const char *hdr =
+        "{\"pad\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+        "\"optim.w.exp_avg\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[1,17]},"
+        "\"optim.w.exp_avg_sq\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[17,33]},"
+        "\"optim.w.step\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[33,41]},"
+        "\"d\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[41,57]}}";
+    unsigned char data[57];
+    float m[4] = {0.5f, -1, 2, 0.25f}, v[4] = {1, 2, 3, 4};
+    int64_t step = 7;
+    double d[2] = {1.5, -2.5};
+    data[0] = 0xab;
+    memcpy(data + 1, m, 16);
+    memcpy(data + 17, v, 16);
+    memcpy(data + 33, &step, 8);
+    memcpy(data + 41, d, 16);
+    return write_raw(path, hdr, data, sizeof data);
+}
+
+static int misaligned_rank(int rank, fsdp_local_world *world)
+{
+    fsdp_state_dict *sd = NULL;
+    fsdp_error err;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_zero *z = NULL;
+    fsdp_zero_param p;
+    fsdp_zero_desc dz;
+    float data[4] = {1, 2, 3, 4}, grad[4] = {0.5f, -0.5f, 0.25f, -0.25f}, f[4];
+    int64_t step;
+    double d[2];
+    char path[1024];
+    int i;
+    snprintf(path, sizeof path, "%s/odd.safetensors", g_tmp);
+    if (rank == 0) CHECK(misaligned_file(path), "writing '%s'", path);
+    memset(&err, 0, sizeof err);
+    MUST(fsdp_safetensors_load(path, NULL, &sd, &err));
+    for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        CHECK((uintptr_t)t->data % fsdp_dtype_size(t->dtype) == 0,
+              "tensor '%s' (%s) at a misaligned address %p", t->name,
+              fsdp_dtype_name(t->dtype), t->data);
+    }
+    i = fsdp_state_dict_find(sd, "optim.w.exp_avg_sq");
+    CHECK(i >= 0, "no optim.w.exp_avg_sq");
+    if (i >= 0) {
+        memcpy(f, fsdp_state_dict_tensor(sd, i)->data, 16);
+        CHECK(f[0] == 1 && f[3] == 4, "exp_avg_sq %g %g", f[0], f[3]);
+    }
+    i = fsdp_state_dict_find(sd, "optim.w.step");
+    if (i >= 0) {
+        memcpy(&step, fsdp_state_dict_tensor(sd, i)->data, 8);
+        EXPECT_EQ(step, 7);
+    }
+    i = fsdp_state_dict_find(sd, "d");
+    if (i >= 0) {
+        memcpy(d, fsdp_state_dict_tensor(sd, i)->data, 16);
+        CHECK(d[0] == 1.5 && d[1] == -2.5, "d %g %g", d[0], d[1]);
+    }
+    /* ZeRO reads the state through float pointers */
+    MUST(fsdp_device_cpu_create(NULL, &dev));
+    MUST(fsdp_comm_local_create(world, rank, dev, &comm));
+    memset(&p, 0, sizeof p);
+    p.name = "w";
+    p.data = data;
+    p.grad = grad;
+    p.numel = 4;
+    memset(&dz, 0, sizeof dz);
+    dz.comm = comm;
+    dz.device = dev;
+    dz.params = &p;
+    dz.nparams = 1;
+    MUST(fsdp_zero_create(&dz, &z));
+    CHECK(fsdp_zero_state_from_state_dict(z, sd) == FSDP_SUCCESS, "zero: %s",
+          fsdp_zero_last_error(z));
+    CHECK(fsdp_zero_step(z) == FSDP_SUCCESS, "zero step: %s", fsdp_zero_last_error(z));
+    fsdp_zero_destroy(z);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    fsdp_state_dict_destroy(sd);
+    return 1;
+}
+
+static int misaligned_main(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    (void)nranks;
+    (void)user;
+    return misaligned_rank(rank, world) ? 0 : 1;
+}
+
+static void test_misaligned(void) { run_ranks(1, misaligned_main, NULL); }
+
 static const check_case CASES[] = {
     {"step_overflow", test_step_overflow},
+    {"misaligned", test_misaligned},
 };
 
 int main(int argc, char **argv)
