@@ -8619,6 +8619,52 @@ FSDP__DEF int fsdp__parse_hex32(const char *s, uint32_t *out)
     return 1;
 }
 
+/* What a path that is not a regular file is, for messages. */
+FSDP__DEF const char *fsdp__file_kind(mode_t m)
+{
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+#ifdef S_ISSOCK
+    if (S_ISSOCK(m)) return "a socket";
+#endif
+    return "not a regular file";
+}
+
+/* Opens a checkpoint file for reading. A FIFO named like one would block
+   every rank forever in open (or in read, waiting for a writer), so the
+   open does not wait, and anything but a regular file is refused. Returns
+   the descriptor, or -1 with errno set, or -2 with *kind naming what the
+   path is. */
+FSDP__DEF int fsdp__open_regular(const char *path, const char **kind)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_NONBLOCK), fl;
+    *kind = NULL;
+    if (fd < 0) return -1;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *kind = fsdp__file_kind(st.st_mode);
+        close(fd);
+        return -2;
+    }
+    /* reads of a regular file may still block (network file systems): they
+       must wait, not fail with EAGAIN */
+    if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
 #define FSDP__STF(code, ...) fsdp__fail(err, h, code, __VA_ARGS__)
 
 /* Opens and validates a safetensors file: everything the header says is
@@ -8636,7 +8682,15 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
     f->h = h;
     f->path = path;
     f->meta = -1;
-    f->fd = open(path, O_RDONLY);
+    {
+        const char *kind;
+        f->fd = fsdp__open_regular(path, &kind);
+        if (f->fd == -2) {
+            f->fd = -1;
+            return FSDP__STF(FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
+                             kind);
+        }
+    }
     if (f->fd < 0)
         return FSDP__STF(FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
     {
@@ -15129,10 +15183,14 @@ FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *c, const char *path, unsigned flag
 FSDP__DEF fsdp_result fsdp__read_small_file(fsdp_ctx *c, const char *path, int64_t limit,
                                             char **out, size_t *len)
 {
-    int fd = open(path, O_RDONLY), rc;
+    const char *kind;
+    int fd = fsdp__open_regular(path, &kind), rc;
     off_t end;
     char *buf;
     *out = NULL;
+    if (fd == -2)
+        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
+                              kind);
     if (fd < 0) return fsdp__ctx_fail(c, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
     end = lseek(fd, 0, SEEK_END);
     if (end < 0 || (int64_t)end > limit) {

@@ -9,10 +9,15 @@
                     every tensor at an aligned address with its values (typed
                     reads of the file's layout are UB: UBSan's alignment
                     check), and ZeRO loads its state from such a file
+     fifo           a FIFO named like a rank file, the index or a
+                    single-file checkpoint is refused, naming the path and
+                    "FIFO", instead of blocking every rank in open (an alarm
+                    kills the test if it hangs)
    Cases (test_hostile --case NAME) and output: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fixtures_tnet.h"
 
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <signal.h>
@@ -39,6 +44,8 @@ typedef struct job {
     char path[1024];
     int64_t step;
     fsdp_result expect;
+    unsigned flags;
+    const char *msg1, *msg2;
 } job;
 
 static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
@@ -328,9 +335,88 @@ static int misaligned_main(int rank, int nranks, fsdp_local_world *world, void *
 
 static void test_misaligned(void) { run_ranks(1, misaligned_main, NULL); }
 
+/* --- 3. FIFOs --- */
+
+static int find_name(const char *dir, const char *sub, char *out, size_t n)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int found = 0;
+    while (!found && d && (de = readdir(d)) != NULL)
+        if (strstr(de->d_name, sub)) {
+            found = (size_t)snprintf(out, n, "%.1000s/%.255s", dir, de->d_name) < n;
+        }
+    if (d) closedir(d);
+    return found;
+}
+
+static int job_save(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_result r;
+    (void)nranks;
+    if (!train_step(e->ctx, g_model, g_units)) return 0;
+    r = fsdp_ckpt_save(e->ctx, j->path, j->flags);
+    CHECK(r == FSDP_SUCCESS, "rank %d: save '%s': %s", rank, j->path, fsdp_ctx_last_error(e->ctx));
+    return 1;
+}
+
+static int job_load(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_result r = fsdp_ckpt_load(e->ctx, j->path, j->flags);
+    const char *m = fsdp_ctx_last_error(e->ctx);
+    (void)nranks;
+    CHECK(r == j->expect, "rank %d: load '%s': %s, expected %s: %s", rank, j->path,
+          fsdp_result_string(r), fsdp_result_string(j->expect), m);
+    if (r != FSDP_SUCCESS) {
+        CHECK(!j->msg1 || contains(m, j->msg1), "rank %d: message lacks '%s': %s", rank, j->msg1, m);
+        CHECK(!j->msg2 || contains(m, j->msg2), "rank %d: message lacks '%s': %s", rank, j->msg2, m);
+    }
+    return 1;
+}
+
+/* saves, then replaces the file named like `sub` (NULL: the path itself)
+   by a FIFO and loads */
+static void fifo_case(const char *name, unsigned flags, const char *sub)
+{
+    job j;
+    char victim[1400];
+    memset(&j, 0, sizeof j);
+    snprintf(j.path, sizeof j.path, "%s/%s", g_tmp, name);
+    j.flags = flags;
+    j.fn = job_save;
+    run_ranks(2, rank_main, &j);
+    if (sub) {
+        if (!find_name(j.path, sub, victim, sizeof victim)) {
+            check_fail(__FILE__, __LINE__, "%s: no file named like '%s'", j.path, sub);
+            return;
+        }
+    } else {
+        snprintf(victim, sizeof victim, "%s", j.path);
+    }
+    CHECK(unlink(victim) == 0 && mkfifo(victim, 0600) == 0, "mkfifo '%s': %s", victim,
+          strerror(errno));
+    j.fn = job_load;
+    j.flags = FSDP_SD_OPTIM;
+    j.expect = FSDP_CKPT_IO;
+    j.msg1 = victim;
+    j.msg2 = "FIFO";
+    run_ranks(2, rank_main, &j);
+}
+
+static void test_fifo(void)
+{
+    /* without the fix the loads block forever: fail instead */
+    alarm(120);
+    fifo_case("fifo_rank", FSDP_SD_OPTIM | FSDP_CKPT_SHARDED, "-rank00001-of-");
+    fifo_case("fifo_index", FSDP_SD_OPTIM | FSDP_CKPT_SHARDED, "index.json");
+    fifo_case("fifo_single", FSDP_SD_OPTIM, NULL);
+    alarm(0);
+}
+
 static const check_case CASES[] = {
     {"step_overflow", test_step_overflow},
     {"misaligned", test_misaligned},
+    {"fifo", test_fifo},
 };
 
 int main(int argc, char **argv)
