@@ -13805,8 +13805,8 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *c, unsigned flags, fsdp
 /* --- from a state dict (or a checkpoint) into the context --- */
 
 /* The ranks agree on a result: each contributes its code and message;
-   every rank returns the first failure in rank order (its own message if
-   it failed itself). Buffers are device memory, as comm backends need. */
+   every rank returns the first failure in rank order, with that rank's
+   message. Buffers are device memory, as comm backends need. */
 typedef struct fsdp__vote {
     int32_t code;
     int32_t rank;
@@ -13845,15 +13845,21 @@ FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
         fsdp__ctx_dev(c, r, fn);
         goto done;
     }
+    /* One verdict: a rank that failed itself still takes an earlier rank's
+       failure, so every rank returns the same code and the same message
+       (callers compare them, and a mismatch on rank 1 that only follows
+       from rank 0's corrupt file would hide the cause). The message gains
+       the rank unless it names one already; the test is on the text
+       itself, so every rank decides alike. */
     r = FSDP_SUCCESS;
-    if (mine != FSDP_SUCCESS) {
-        r = mine;
-        goto done;
-    }
     for (i = 0; i < c->nranks; i++)
         if (all[i].code != 0) {
+            const char *m = all[i].msg;
             all[i].msg[FSDP_ERROR_MAX - 1] = 0;
-            r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "rank %d failed: %s", i, all[i].msg);
+            if (!strncmp(m, "rank ", 5))
+                r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "%s", m);
+            else
+                r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "rank %d failed: %s", i, m);
             break;
         }
 done:

@@ -13,6 +13,10 @@
                     single-file checkpoint is refused, naming the path and
                     "FIFO", instead of blocking every rank in open (an alarm
                     kills the test if it hangs)
+     verdict        one rank file damaged (truncated, a flipped data byte)
+                    at 2 and 3 ranks, each rank's in turn, loaded at the
+                    same and at the other world size: every rank returns
+                    the same code and the same last-error message
    Cases (test_hostile --case NAME) and output: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fixtures_tnet.h"
@@ -46,6 +50,8 @@ typedef struct job {
     fsdp_result expect;
     unsigned flags;
     const char *msg1, *msg2;
+    fsdp_result got[8];
+    char msg[8][FSDP_ERROR_MAX];
 } job;
 
 static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
@@ -413,10 +419,79 @@ static void test_fifo(void)
     alarm(0);
 }
 
+/* --- 4. one verdict --- */
+
+static int job_load_record(job *j, int rank, int nranks, rank_env *e)
+{
+    (void)nranks;
+    j->got[rank] = fsdp_ckpt_load(e->ctx, j->path, j->flags);
+    snprintf(j->msg[rank], sizeof j->msg[rank], "%s", fsdp_ctx_last_error(e->ctx));
+    return 1;
+}
+
+/* damage 0: cut the file after its header length; 1: flip its last byte
+   (data: the checksum fails) */
+static int damage(const char *path, int how)
+{
+    FILE *f = fopen(path, "r+b");
+    long n;
+    int c, ok;
+    if (!f) return 0;
+    if (how == 0) {
+        fclose(f);
+        return truncate(path, 12) == 0;
+    }
+    ok = fseek(f, -1, SEEK_END) == 0 && (n = ftell(f)) > 0 && (c = fgetc(f)) != EOF &&
+         fseek(f, n, SEEK_SET) == 0 && fputc(c ^ 0x5a, f) != EOF;
+    return fclose(f) == 0 && ok;
+}
+
+/* each world size saves and loads, then also loads at the other (each rank
+   reads several files, so ranks fail in different ways) */
+static void test_verdict(void)
+{
+    int n, victim, how, k, re, ln;
+    for (re = 0; re < 2; re++)
+    for (n = 2; n <= 3; n++)
+        for (victim = 0; victim < n; victim++)
+            for (how = 0; how < 2; how++) {
+                job j;
+                char sub[64], file[1400];
+                ln = re ? 5 - n : n;
+                memset(&j, 0, sizeof j);
+                snprintf(j.path, sizeof j.path, "%s/verdict%d_%d_%d_%d", g_tmp, re, n, victim,
+                         how);
+                j.flags = FSDP_SD_OPTIM | FSDP_CKPT_SHARDED;
+                j.fn = job_save;
+                run_ranks(n, rank_main, &j);
+                snprintf(sub, sizeof sub, "-rank%05d-of-", victim);
+                if (!find_name(j.path, sub, file, sizeof file) || !damage(file, how)) {
+                    check_fail(__FILE__, __LINE__, "damaging rank %d's file of '%s'",
+                               victim, j.path);
+                    continue;
+                }
+                j.fn = job_load_record;
+                j.flags = FSDP_SD_OPTIM;
+                run_ranks(ln, rank_main, &j);
+                CHECK(j.got[0] != FSDP_SUCCESS, "%d ranks, rank %d's file damaged (%d): loaded",
+                      n, victim, how);
+                for (k = 1; k < ln; k++) {
+                    CHECK(j.got[k] == j.got[0], "%d ranks, rank %d's file damaged (%d): rank %d "
+                          "returned %s, rank 0 %s", n, victim, how, k,
+                          fsdp_result_string(j.got[k]), fsdp_result_string(j.got[0]));
+                    CHECK(!strcmp(j.msg[k], j.msg[0]), "%d ranks, rank %d's file damaged (%d): "
+                          "rank %d says '%s', rank 0 '%s'", n, victim, how, k, j.msg[k], j.msg[0]);
+                }
+                CHECK(contains(j.msg[0], sub), "%d ranks: the message does not name rank %d's "
+                      "file: %s", n, victim, j.msg[0]);
+            }
+}
+
 static const check_case CASES[] = {
     {"step_overflow", test_step_overflow},
     {"misaligned", test_misaligned},
     {"fifo", test_fifo},
+    {"verdict", test_verdict},
 };
 
 int main(int argc, char **argv)
