@@ -17,8 +17,14 @@
                     at 2 and 3 ranks, each rank's in turn, loaded at the
                     same and at the other world size: every rank returns
                     the same code and the same last-error message
+     resume_range   examples/gpt.h resumed from a checkpoint beyond its
+                    run (steps it would count in int) refuses with a message
+                    instead of computing (int)step + 1
    Cases (test_hostile --case NAME) and output: check.h. */
 #define _POSIX_C_SOURCE 200809L
+/* before the fixtures, whose one-letter macros (V) its names would meet */
+#include "fsdp.h"
+#include "examples/gpt.h"
 #include "fixtures_tnet.h"
 
 #include <dirent.h>
@@ -487,11 +493,55 @@ static void test_verdict(void)
             }
 }
 
+/* --- 5. the examples' resume --- */
+
+static void test_resume_range(void)
+{
+    static char err[FSDP_ERROR_MAX + 256];
+    static gpt_result res;
+    static double losses[8];
+    char dir[1024];
+    gpt_config c = gpt_default_config();
+    c.layers = 1;
+    c.dim = 16;
+    c.heads = 2;
+    c.digits = 2;
+    c.batch = 8;
+    c.steps = 3;
+    c.ntest = 8;
+    c.eval_every = 0;
+    c.quiet = 1;
+    c.ranks = 1;
+    snprintf(dir, sizeof dir, "%s/gpt_ckpt", g_tmp);
+    c.save_dir = dir;
+    memset(&res, 0, sizeof res);
+    res.losses = losses;
+    if (!gpt_train(&c, &res, err, sizeof err)) {
+        check_fail(__FILE__, __LINE__, "gpt_train: %s", err);
+        return;
+    }
+    /* a run of 2 steps cannot continue a checkpoint of step 3 */
+    c.save_dir = NULL;
+    c.resume_dir = dir;
+    c.steps = 2;
+    memset(&res, 0, sizeof res);
+    res.losses = losses;
+    err[0] = 0;
+    CHECK(!gpt_train(&c, &res, err, sizeof err), "resumed a checkpoint beyond the run");
+    CHECK(contains(err, "step 3") && contains(err, "outside"), "message: %s", err);
+    /* the end of the run itself still resumes (and trains nothing) */
+    c.steps = 3;
+    memset(&res, 0, sizeof res);
+    res.losses = losses;
+    CHECK(gpt_train(&c, &res, err, sizeof err), "resuming a finished run: %s", err);
+}
+
 static const check_case CASES[] = {
     {"step_overflow", test_step_overflow},
     {"misaligned", test_misaligned},
     {"fifo", test_fifo},
     {"verdict", test_verdict},
+    {"resume_range", test_resume_range},
 };
 
 int main(int argc, char **argv)
