@@ -1749,7 +1749,11 @@ enum {
 FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *ctx, const char *path, unsigned flags);
 /* Loads a checkpoint written at any world size (a file: full; a directory:
    sharded). flags: FSDP_SD_OPTIM, FSDP_SD_NOT_STRICT. Everything is read
-   and verified before the context changes. Collective: yes. */
+   and verified before the context changes. Files that are not regular
+   files (a FIFO, a device) are refused (FSDP_CKPT_IO) rather than read,
+   steps above FSDP_STEP_MAX are refused (FSDP_CKPT_MISMATCH), and every
+   rank returns the same code and message: the first failing rank's, in
+   rank order. Collective: yes. */
 FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *ctx, const char *path, unsigned flags);
 
 /* Asynchronous saves (the StateDictStager): staging copies the shards into
