@@ -1689,6 +1689,13 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *ctx, unsigned flags,
 FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *sd,
                                           unsigned flags);
 
+/* The largest optimizer step a load accepts (optim.<fqn>.step, the index's
+   and the ZeRO state's steps): 2^53, the largest count torch's float step
+   keeps exactly. Anything above is a damaged or hostile file, and the
+   counters must stay far from INT64_MAX, where the next step would
+   overflow. */
+#define FSDP_STEP_MAX ((int64_t)1 << 53)
+
 /* >>getload end (declarations) */
 
 /* ======================================================================== */
@@ -1742,7 +1749,11 @@ enum {
 FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *ctx, const char *path, unsigned flags);
 /* Loads a checkpoint written at any world size (a file: full; a directory:
    sharded). flags: FSDP_SD_OPTIM, FSDP_SD_NOT_STRICT. Everything is read
-   and verified before the context changes. Collective: yes. */
+   and verified before the context changes. Files that are not regular
+   files (a FIFO, a device) are refused (FSDP_CKPT_IO) rather than read,
+   steps above FSDP_STEP_MAX are refused (FSDP_CKPT_MISMATCH), and every
+   rank returns the same code and message: the first failing rank's, in
+   rank order. Collective: yes. */
 FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *ctx, const char *path, unsigned flags);
 
 /* Asynchronous saves (the StateDictStager): staging copies the shards into
@@ -8612,6 +8623,52 @@ FSDP__DEF int fsdp__parse_hex32(const char *s, uint32_t *out)
     return 1;
 }
 
+/* What a path that is not a regular file is, for messages. */
+FSDP__DEF const char *fsdp__file_kind(mode_t m)
+{
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m)) return "a character device";
+    if (S_ISBLK(m)) return "a block device";
+#ifdef S_ISSOCK
+    if (S_ISSOCK(m)) return "a socket";
+#endif
+    return "not a regular file";
+}
+
+/* Opens a checkpoint file for reading. A FIFO named like one would block
+   every rank forever in open (or in read, waiting for a writer), so the
+   open does not wait, and anything but a regular file is refused. Returns
+   the descriptor, or -1 with errno set, or -2 with *kind naming what the
+   path is. */
+FSDP__DEF int fsdp__open_regular(const char *path, const char **kind)
+{
+    struct stat st;
+    int fd = open(path, O_RDONLY | O_NONBLOCK), fl;
+    *kind = NULL;
+    if (fd < 0) return -1;
+    if (fstat(fd, &st) != 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    if (!S_ISREG(st.st_mode)) {
+        *kind = fsdp__file_kind(st.st_mode);
+        close(fd);
+        return -2;
+    }
+    /* reads of a regular file may still block (network file systems): they
+       must wait, not fail with EAGAIN */
+    if ((fl = fcntl(fd, F_GETFL)) < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
+        int e = errno;
+        close(fd);
+        errno = e;
+        return -1;
+    }
+    return fd;
+}
+
 #define FSDP__STF(code, ...) fsdp__fail(err, h, code, __VA_ARGS__)
 
 /* Opens and validates a safetensors file: everything the header says is
@@ -8629,7 +8686,15 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
     f->h = h;
     f->path = path;
     f->meta = -1;
-    f->fd = open(path, O_RDONLY);
+    {
+        const char *kind;
+        f->fd = fsdp__open_regular(path, &kind);
+        if (f->fd == -2) {
+            f->fd = -1;
+            return FSDP__STF(FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
+                             kind);
+        }
+    }
     if (f->fd < 0)
         return FSDP__STF(FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
     {
@@ -9079,7 +9144,7 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
     fsdp_result r;
     const fsdp_hooks *h = hooks;
     char *base = NULL;
-    size_t total;
+    size_t total = 0, pos = 0;
     int i;
     if (!out) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_load: out is NULL");
     *out = NULL;
@@ -9091,7 +9156,19 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
         return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
                          "is not", path);
     if ((r = fsdp__st_open(&f, hooks, path, err)) != FSDP_SUCCESS) return r;
-    total = (size_t)(f.size - f.data_start);
+    /* The file may put a tensor at any byte offset, and its users read it
+       through typed pointers: each tensor gets its own 16-byte-aligned
+       place instead of the file's layout (misaligned reads are UB, and
+       fault on strict-alignment CPUs). The padding is at most 15 bytes a
+       tensor; the header check bounded the data by the file's size. */
+    for (i = 0; i < f.ne; i++) {
+        size_t b = (size_t)(f.e[i].end - f.e[i].begin);
+        if (b > SIZE_MAX - 16 - total) {
+            fsdp__st_close(&f);
+            return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': the tensors' size overflows", path);
+        }
+        total += (b + 15) & ~(size_t)15;
+    }
     if ((r = fsdp__sd_new(hooks, FSDP_SD_FULL, NULL, &sd)) != FSDP_SUCCESS ||
         !(crc = (fsdp__crc *)fsdp__alloc(hooks, sizeof *crc))) {
         r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
@@ -9105,12 +9182,13 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
     /* in file order of the header (the order the writer chose) */
     for (i = 0; i < f.ne; i++) {
         const fsdp__st_entry *e = &f.e[i];
-        if ((r = fsdp__st_read(&f, i, base + e->begin, crc, err)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__st_read(&f, i, base + pos, crc, err)) != FSDP_SUCCESS) goto done;
         if ((r = fsdp__sd_push(sd, e->name, e->dtype, e->ndim, e->shape, 0, e->numel,
-                               base + e->begin, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
+                               base + pos, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
             FSDP__STF(r, "'%s': out of memory", path);
             goto done;
         }
+        pos += ((size_t)(e->end - e->begin) + 15) & ~(size_t)15;
     }
 done:
     fsdp__st_close(&f);
@@ -11454,6 +11532,15 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
     int i, p, g;
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
+    /* refused before anything changes: a counter at INT64_MAX (set, not
+       loaded: loads stop at FSDP_STEP_MAX) would overflow, which is UB */
+    if (c->steps == INT64_MAX)
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: the step counter is at "
+                              "INT64_MAX and cannot count another step");
+    for (g = 0; g < c->ngroups; g++)
+        if (c->group_steps[g] == INT64_MAX)
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: parameter group %d's step "
+                                  "counter is at INT64_MAX and cannot count another step", g);
     for (i = 0; i < c->nunits; i++) c->u[i].fwd_runs = 0; /* a new iteration */
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     if (c->offload) {
@@ -12525,6 +12612,16 @@ FSDP_API fsdp_result fsdp_zero_step(fsdp_zero *z)
     fsdp_result r;
     int i, k, changed = 0;
     if (!z) return FSDP_INVALID_ARGS;
+    /* every rank holds every parameter's step, so every rank refuses alike,
+       before any collective; a counter at INT64_MAX would overflow (UB) */
+    if (z->steps == INT64_MAX)
+        return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_STATE, "fsdp_zero_step: the step "
+                          "counter is at INT64_MAX and cannot count another step");
+    for (i = 0; i < z->np; i++)
+        if (z->p[i].trainable && z->p[i].step == INT64_MAX)
+            return fsdp__fail(&z->err, &z->hooks, FSDP_INVALID_STATE, "fsdp_zero_step: parameter "
+                              "%d '%s': its step is at INT64_MAX and cannot count another step",
+                              i, z->p[i].name);
     for (i = 0; i < z->np; i++)
         if (z->p[i].trainable != z->p[i].built) changed = 1;
     if (changed) {
@@ -12933,9 +13030,9 @@ FSDP__DEF fsdp_result fsdp__zero_check_sd(fsdp_zero *z, const fsdp_zero_state_di
                      (long long)p->numel);
             return FSDP_CKPT_MISMATCH;
         }
-        if (en->step < 1) {
-            snprintf(msg, nmsg, "entry %d: parameter %d '%s': step %lld must be >= 1", e, i,
-                     p->name, (long long)en->step);
+        if (en->step < 1 || en->step > FSDP_STEP_MAX) {
+            snprintf(msg, nmsg, "entry %d: parameter %d '%s': step %lld must be in [1, 2^53] "
+                     "(FSDP_STEP_MAX)", e, i, p->name, (long long)en->step);
             return FSDP_CKPT_MISMATCH;
         }
         mask = fsdp_optim_state_mask(&sd->groups[p->group].config);
@@ -13715,8 +13812,8 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *c, unsigned flags, fsdp
 /* --- from a state dict (or a checkpoint) into the context --- */
 
 /* The ranks agree on a result: each contributes its code and message;
-   every rank returns the first failure in rank order (its own message if
-   it failed itself). Buffers are device memory, as comm backends need. */
+   every rank returns the first failure in rank order, with that rank's
+   message. Buffers are device memory, as comm backends need. */
 typedef struct fsdp__vote {
     int32_t code;
     int32_t rank;
@@ -13755,15 +13852,21 @@ FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
         fsdp__ctx_dev(c, r, fn);
         goto done;
     }
+    /* One verdict: a rank that failed itself still takes an earlier rank's
+       failure, so every rank returns the same code and the same message
+       (callers compare them, and a mismatch on rank 1 that only follows
+       from rank 0's corrupt file would hide the cause). The message gains
+       the rank unless it names one already; the test is on the text
+       itself, so every rank decides alike. */
     r = FSDP_SUCCESS;
-    if (mine != FSDP_SUCCESS) {
-        r = mine;
-        goto done;
-    }
     for (i = 0; i < c->nranks; i++)
         if (all[i].code != 0) {
+            const char *m = all[i].msg;
             all[i].msg[FSDP_ERROR_MAX - 1] = 0;
-            r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "rank %d failed: %s", i, all[i].msg);
+            if (!strncmp(m, "rank ", 5))
+                r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "%s", m);
+            else
+                r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "rank %d failed: %s", i, m);
             break;
         }
 done:
@@ -14246,6 +14349,10 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
         }
         if (v < 0)
             return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld is negative", L->where,
+                                  s->name, (long long)v);
+        if (v > FSDP_STEP_MAX)
+            return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld is above the largest "
+                                  "step a checkpoint may hold (FSDP_STEP_MAX, 2^53)", L->where,
                                   s->name, (long long)v);
         if (L->step_set[g] && L->new_step[g] != v)
             return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld, but another parameter "
@@ -15092,10 +15199,14 @@ FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *c, const char *path, unsigned flag
 FSDP__DEF fsdp_result fsdp__read_small_file(fsdp_ctx *c, const char *path, int64_t limit,
                                             char **out, size_t *len)
 {
-    int fd = open(path, O_RDONLY), rc;
+    const char *kind;
+    int fd = fsdp__open_regular(path, &kind), rc;
     off_t end;
     char *buf;
     *out = NULL;
+    if (fd == -2)
+        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
+                              kind);
     if (fd < 0) return fsdp__ctx_fail(c, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
     end = lseek(fd, 0, SEEK_END);
     if (end < 0 || (int64_t)end > limit) {

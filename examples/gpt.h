@@ -1142,6 +1142,14 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         gpt__fail(&e, "fsdp_ckpt_load");
         goto done;
     }
+    /* the run counts steps in int: a checkpoint beyond cfg->steps (a
+       damaged or foreign one, up to 2^53) would overflow step + 1 */
+    if (fsdp_ctx_steps(e.ctx) < 0 || fsdp_ctx_steps(e.ctx) > cfg->steps) {
+        snprintf(e.msg, e.msg_cap, "rank %d: resume '%s': the checkpoint is at step %lld, "
+                 "outside this run's 0..%d steps", rank, cfg->resume_dir,
+                 (long long)fsdp_ctx_steps(e.ctx), cfg->steps);
+        goto done;
+    }
     first_step = (int)fsdp_ctx_steps(e.ctx) + 1;
     last_step = cfg->stop_after > 0 && cfg->stop_after < cfg->steps ? cfg->stop_after : cfg->steps;
     if (rank == 0) {

@@ -911,6 +911,14 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         fail_ctx(&rs, rank, "fsdp_ckpt_load");
         goto done;
     }
+    /* the run counts steps in int: a checkpoint beyond --steps (a damaged
+       or foreign one, up to 2^53) would overflow step + 1 */
+    if (fsdp_ctx_steps(rs.ctx) < 0 || fsdp_ctx_steps(rs.ctx) > cfg->steps) {
+        snprintf(rs.msg, rs.msg_cap, "rank %d: --resume '%s': the checkpoint is at step %lld, "
+                 "outside this run's 0..%d (--steps)", rank, cfg->resume_dir,
+                 (long long)fsdp_ctx_steps(rs.ctx), cfg->steps);
+        goto done;
+    }
     first_step = (int)fsdp_ctx_steps(rs.ctx) + 1;
     last_step = cfg->stop_after > 0 && cfg->stop_after < cfg->steps ? cfg->stop_after : cfg->steps;
     if (cfg->save_dir && fsdp_ckpt_writer_create(rs.ctx, &writer) != FSDP_SUCCESS) {

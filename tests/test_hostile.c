@@ -1,0 +1,571 @@
+/* Tests of hostile and damaged checkpoints (issue 22), each with a file
+   crafted to break one assumption of the loaders, on the local backend:
+     step_overflow  an optim.<fqn>.step above FSDP_STEP_MAX (INT64_MAX) is
+                    refused naming the key and the value, by the context's
+                    load and by ZeRO's; FSDP_STEP_MAX itself loads; a
+                    counter set to INT64_MAX refuses the next step rather
+                    than overflow (UB, caught by UBSan)
+     misaligned     a file whose tensors start at odd byte offsets loads
+                    every tensor at an aligned address with its values (typed
+                    reads of the file's layout are UB: UBSan's alignment
+                    check), and ZeRO loads its state from such a file
+     fifo           a FIFO named like a rank file, the index or a
+                    single-file checkpoint is refused, naming the path and
+                    "FIFO", instead of blocking every rank in open (an alarm
+                    kills the test if it hangs)
+     verdict        one rank file damaged (truncated, a flipped data byte)
+                    at 2 and 3 ranks, each rank's in turn, loaded at the
+                    same and at the other world size: every rank returns
+                    the same code and the same last-error message
+     resume_range   examples/gpt.h resumed from a checkpoint beyond its
+                    run (steps it would count in int) refuses with a message
+                    instead of computing (int)step + 1
+   Cases (test_hostile --case NAME) and output: check.h. */
+#define _POSIX_C_SOURCE 200809L
+/* before the fixtures, whose one-letter macros (V) its names would meet */
+#include "fsdp.h"
+#include "examples/gpt.h"
+#include "fixtures_tnet.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* a call that must succeed; on failure the rank stops (returns 0) */
+#define MUST(call)                                                                         \
+    do {                                                                                   \
+        fsdp_result r_ = (call);                                                           \
+        if (r_ != FSDP_SUCCESS) {                                                          \
+            check_fail(__FILE__, __LINE__, "%s: %s", #call, fsdp_result_string(r_));       \
+            return 0;                                                                      \
+        }                                                                                  \
+    } while (0)
+
+static fsdp_model *g_model;
+static fsdp_units *g_units;
+static char g_tmp[256];
+
+typedef struct job {
+    int (*fn)(struct job *j, int rank, int nranks, rank_env *e);
+    char path[1024];
+    int64_t step;
+    fsdp_result expect;
+    unsigned flags;
+    const char *msg1, *msg2;
+    fsdp_result got[8];
+    char msg[8][FSDP_ERROR_MAX];
+} job;
+
+static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    job *j = (job *)user;
+    rank_env e;
+    int ok = env_open(&e, rank, world, g_model, g_units, 0, 1);
+    if (!ok) check_fail(__FILE__, __LINE__, "rank %d: setup failed", rank);
+    else ok = j->fn(j, rank, nranks, &e);
+    env_close(&e);
+    return ok ? 0 : 1;
+}
+
+/* the name of the first optim.*.step tensor of sd, or NULL */
+static const fsdp_tensor *first_step(const fsdp_state_dict *sd)
+{
+    int i;
+    for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        size_t n = strlen(t->name);
+        if (!strncmp(t->name, "optim.", 6) && n > 5 && !strcmp(t->name + n - 5, ".step"))
+            return t;
+    }
+    return NULL;
+}
+
+/* --- 1. step counters --- */
+
+/* Rank 0 writes its full dict, every step set to j->step, as a plain
+   safetensors file; every rank reads it back and loads it. */
+static int job_step(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_state_dict *sd = NULL, *in = NULL;
+    fsdp_result r;
+    fsdp_error err;
+    char key[512] = "";
+    int i;
+    (void)nranks;
+    if (!train_step(e->ctx, g_model, g_units)) return 0;
+    MUST(fsdp_get_full_state_dict(e->ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &sd));
+    for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        size_t n = strlen(t->name);
+        if (n > 5 && !strcmp(t->name + n - 5, ".step")) memcpy(t->data, &j->step, 8);
+    }
+    if (first_step(sd)) snprintf(key, sizeof key, "%s", first_step(sd)->name);
+    CHECK(key[0], "rank %d: no optim.*.step in the dict", rank);
+    if (rank == 0) MUST(fsdp_safetensors_save(j->path, sd, NULL));
+    fsdp_state_dict_destroy(sd);
+    MUST(fsdp_barrier(e->comm, NULL));
+    memset(&err, 0, sizeof err);
+    MUST(fsdp_safetensors_load(j->path, NULL, &in, &err));
+    r = fsdp_load_state_dict(e->ctx, in, FSDP_SD_OPTIM);
+    fsdp_state_dict_destroy(in);
+    CHECK(r == j->expect, "rank %d: load with step %lld: %s, expected %s: %s", rank,
+          (long long)j->step, fsdp_result_string(r), fsdp_result_string(j->expect),
+          fsdp_ctx_last_error(e->ctx));
+    if (r != FSDP_SUCCESS) {
+        char v[32];
+        snprintf(v, sizeof v, "%lld", (long long)j->step);
+        CHECK(contains(fsdp_ctx_last_error(e->ctx), "optim.") &&
+                  contains(fsdp_ctx_last_error(e->ctx), v),
+              "rank %d: the message names neither key nor value: %s", rank,
+              fsdp_ctx_last_error(e->ctx));
+        return 1;
+    }
+    EXPECT_EQ(fsdp_ctx_steps(e->ctx), j->step);
+    CHECK(train_step(e->ctx, g_model, g_units), "rank %d: a step after the cap: %s", rank,
+          fsdp_ctx_last_error(e->ctx));
+    EXPECT_EQ(fsdp_ctx_steps(e->ctx), j->step + 1);
+    return 1;
+}
+
+static int job_step_max(job *j, int rank, int nranks, rank_env *e)
+{
+    (void)j;
+    (void)nranks;
+    MUST(fsdp_set_steps(e->ctx, INT64_MAX));
+    CHECK(!train_step(e->ctx, g_model, g_units), "rank %d: a step past INT64_MAX ran", rank);
+    CHECK(contains(fsdp_ctx_last_error(e->ctx), "INT64_MAX"), "rank %d: %s", rank,
+          fsdp_ctx_last_error(e->ctx));
+    EXPECT_EQ(fsdp_ctx_steps(e->ctx), INT64_MAX);
+    return 1;
+}
+
+static void ctx_steps(void)
+{
+    static const int64_t steps[] = {INT64_MAX, FSDP_STEP_MAX + 1, FSDP_STEP_MAX};
+    job j;
+    int k, n;
+    for (n = 1; n <= 2; n++)
+        for (k = 0; k < 3; k++) {
+            memset(&j, 0, sizeof j);
+            j.fn = job_step;
+            j.step = steps[k];
+            j.expect = steps[k] > FSDP_STEP_MAX ? FSDP_CKPT_MISMATCH : FSDP_SUCCESS;
+            snprintf(j.path, sizeof j.path, "%s/step%d.safetensors", g_tmp, k);
+            run_ranks(n, rank_main, &j);
+        }
+    memset(&j, 0, sizeof j);
+    j.fn = job_step_max;
+    run_ranks(2, rank_main, &j);
+}
+
+/* ZeRO: one rank, one parameter, a step, its state with the step replaced */
+static int zero_steps(int rank, fsdp_local_world *world)
+{
+    static const int64_t steps[] = {INT64_MAX, FSDP_STEP_MAX + 1, FSDP_STEP_MAX};
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_zero *z = NULL;
+    fsdp_zero_param p;
+    fsdp_zero_desc d;
+    float data[4] = {1, 2, 3, 4}, grad[4] = {0.5f, -0.5f, 0.25f, -0.25f};
+    char path[1024];
+    int k;
+    MUST(fsdp_device_cpu_create(NULL, &dev));
+    MUST(fsdp_comm_local_create(world, rank, dev, &comm));
+    memset(&p, 0, sizeof p);
+    p.name = "w";
+    p.data = data;
+    p.grad = grad;
+    p.numel = 4;
+    memset(&d, 0, sizeof d);
+    d.comm = comm;
+    d.device = dev;
+    d.params = &p;
+    d.nparams = 1;
+    MUST(fsdp_zero_create(&d, &z));
+    MUST(fsdp_zero_step(z));
+    for (k = 0; k < 3; k++) {
+        fsdp_state_dict *sd = NULL, *in = NULL;
+        fsdp_error err;
+        fsdp_result r;
+        const fsdp_tensor *t;
+        MUST(fsdp_zero_state_to_state_dict(z, 0, &sd));
+        t = first_step(sd);
+        CHECK(t != NULL, "no optim.w.step");
+        if (!t) {
+            fsdp_state_dict_destroy(sd);
+            break;
+        }
+        memcpy(t->data, &steps[k], 8);
+        snprintf(path, sizeof path, "%s/zero%d.safetensors", g_tmp, k);
+        MUST(fsdp_safetensors_save(path, sd, NULL));
+        fsdp_state_dict_destroy(sd);
+        memset(&err, 0, sizeof err);
+        MUST(fsdp_safetensors_load(path, NULL, &in, &err));
+        r = fsdp_zero_state_from_state_dict(z, in);
+        fsdp_state_dict_destroy(in);
+        if (steps[k] > FSDP_STEP_MAX) {
+            CHECK(r == FSDP_CKPT_MISMATCH && contains(fsdp_zero_last_error(z), "step"),
+                  "zero: step %lld: %s: %s", (long long)steps[k], fsdp_result_string(r),
+                  fsdp_zero_last_error(z));
+        } else {
+            CHECK(r == FSDP_SUCCESS, "zero: step 2^53: %s", fsdp_zero_last_error(z));
+            CHECK(fsdp_zero_step(z) == FSDP_SUCCESS, "zero: a step after 2^53: %s",
+                  fsdp_zero_last_error(z));
+        }
+    }
+    fsdp_zero_destroy(z);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 1;
+}
+
+static int zero_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    (void)nranks;
+    (void)user;
+    return zero_steps(rank, world) ? 0 : 1;
+}
+
+static void test_step_overflow(void)
+{
+    ctx_steps();
+    run_ranks(1, zero_rank, NULL);
+}
+
+/* --- 2. misaligned tensors --- */
+
+/* A safetensors file from a header and the data section, as given. */
+static int write_raw(const char *path, const char *header, const void *data, size_t n)
+{
+    unsigned char len8[8];
+    size_t h = strlen(header), k;
+    FILE *f = fopen(path, "wb");
+    int ok;
+    if (!f) return 0;
+    for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)h >> (8 * k));
+    ok = fwrite(len8, 1, 8, f) == 8 && fwrite(header, 1, h, f) == h &&
+         (!n || fwrite(data, 1, n, f) == n);
+    return fclose(f) == 0 && ok;
+}
+
+/* a one-byte tensor first, so every later one starts at an odd offset */
+static int misaligned_file(const char *path)
+{
+    static const char *hdr =
+        "{\"pad\":{\"dtype\":\"U8\",\"shape\":[1],\"data_offsets\":[0,1]},"
+        "\"optim.w.exp_avg\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[1,17]},"
+        "\"optim.w.exp_avg_sq\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[17,33]},"
+        "\"optim.w.step\":{\"dtype\":\"I64\",\"shape\":[],\"data_offsets\":[33,41]},"
+        "\"d\":{\"dtype\":\"F64\",\"shape\":[2],\"data_offsets\":[41,57]}}";
+    unsigned char data[57];
+    float m[4] = {0.5f, -1, 2, 0.25f}, v[4] = {1, 2, 3, 4};
+    int64_t step = 7;
+    double d[2] = {1.5, -2.5};
+    data[0] = 0xab;
+    memcpy(data + 1, m, 16);
+    memcpy(data + 17, v, 16);
+    memcpy(data + 33, &step, 8);
+    memcpy(data + 41, d, 16);
+    return write_raw(path, hdr, data, sizeof data);
+}
+
+static int misaligned_rank(int rank, fsdp_local_world *world)
+{
+    fsdp_state_dict *sd = NULL;
+    fsdp_error err;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_zero *z = NULL;
+    fsdp_zero_param p;
+    fsdp_zero_desc dz;
+    float data[4] = {1, 2, 3, 4}, grad[4] = {0.5f, -0.5f, 0.25f, -0.25f}, f[4];
+    int64_t step;
+    double d[2];
+    char path[1024];
+    int i;
+    snprintf(path, sizeof path, "%s/odd.safetensors", g_tmp);
+    if (rank == 0) CHECK(misaligned_file(path), "writing '%s'", path);
+    memset(&err, 0, sizeof err);
+    MUST(fsdp_safetensors_load(path, NULL, &sd, &err));
+    for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        CHECK((uintptr_t)t->data % fsdp_dtype_size(t->dtype) == 0,
+              "tensor '%s' (%s) at a misaligned address %p", t->name,
+              fsdp_dtype_name(t->dtype), t->data);
+    }
+    i = fsdp_state_dict_find(sd, "optim.w.exp_avg_sq");
+    CHECK(i >= 0, "no optim.w.exp_avg_sq");
+    if (i >= 0) {
+        memcpy(f, fsdp_state_dict_tensor(sd, i)->data, 16);
+        CHECK(f[0] == 1 && f[3] == 4, "exp_avg_sq %g %g", f[0], f[3]);
+    }
+    i = fsdp_state_dict_find(sd, "optim.w.step");
+    if (i >= 0) {
+        memcpy(&step, fsdp_state_dict_tensor(sd, i)->data, 8);
+        EXPECT_EQ(step, 7);
+    }
+    i = fsdp_state_dict_find(sd, "d");
+    if (i >= 0) {
+        memcpy(d, fsdp_state_dict_tensor(sd, i)->data, 16);
+        CHECK(d[0] == 1.5 && d[1] == -2.5, "d %g %g", d[0], d[1]);
+    }
+    /* ZeRO reads the state through float pointers */
+    MUST(fsdp_device_cpu_create(NULL, &dev));
+    MUST(fsdp_comm_local_create(world, rank, dev, &comm));
+    memset(&p, 0, sizeof p);
+    p.name = "w";
+    p.data = data;
+    p.grad = grad;
+    p.numel = 4;
+    memset(&dz, 0, sizeof dz);
+    dz.comm = comm;
+    dz.device = dev;
+    dz.params = &p;
+    dz.nparams = 1;
+    MUST(fsdp_zero_create(&dz, &z));
+    CHECK(fsdp_zero_state_from_state_dict(z, sd) == FSDP_SUCCESS, "zero: %s",
+          fsdp_zero_last_error(z));
+    CHECK(fsdp_zero_step(z) == FSDP_SUCCESS, "zero step: %s", fsdp_zero_last_error(z));
+    fsdp_zero_destroy(z);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    fsdp_state_dict_destroy(sd);
+    return 1;
+}
+
+static int misaligned_main(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    (void)nranks;
+    (void)user;
+    return misaligned_rank(rank, world) ? 0 : 1;
+}
+
+static void test_misaligned(void) { run_ranks(1, misaligned_main, NULL); }
+
+/* --- 3. FIFOs --- */
+
+static int find_name(const char *dir, const char *sub, char *out, size_t n)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int found = 0;
+    while (!found && d && (de = readdir(d)) != NULL)
+        if (strstr(de->d_name, sub)) {
+            found = (size_t)snprintf(out, n, "%.1000s/%.255s", dir, de->d_name) < n;
+        }
+    if (d) closedir(d);
+    return found;
+}
+
+static int job_save(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_result r;
+    (void)nranks;
+    if (!train_step(e->ctx, g_model, g_units)) return 0;
+    r = fsdp_ckpt_save(e->ctx, j->path, j->flags);
+    CHECK(r == FSDP_SUCCESS, "rank %d: save '%s': %s", rank, j->path, fsdp_ctx_last_error(e->ctx));
+    return 1;
+}
+
+static int job_load(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_result r = fsdp_ckpt_load(e->ctx, j->path, j->flags);
+    const char *m = fsdp_ctx_last_error(e->ctx);
+    (void)nranks;
+    CHECK(r == j->expect, "rank %d: load '%s': %s, expected %s: %s", rank, j->path,
+          fsdp_result_string(r), fsdp_result_string(j->expect), m);
+    if (r != FSDP_SUCCESS) {
+        CHECK(!j->msg1 || contains(m, j->msg1), "rank %d: message lacks '%s': %s", rank, j->msg1, m);
+        CHECK(!j->msg2 || contains(m, j->msg2), "rank %d: message lacks '%s': %s", rank, j->msg2, m);
+    }
+    return 1;
+}
+
+/* saves, then replaces the file named like `sub` (NULL: the path itself)
+   by a FIFO and loads */
+static void fifo_case(const char *name, unsigned flags, const char *sub)
+{
+    job j;
+    char victim[1400];
+    memset(&j, 0, sizeof j);
+    snprintf(j.path, sizeof j.path, "%s/%s", g_tmp, name);
+    j.flags = flags;
+    j.fn = job_save;
+    run_ranks(2, rank_main, &j);
+    if (sub) {
+        if (!find_name(j.path, sub, victim, sizeof victim)) {
+            check_fail(__FILE__, __LINE__, "%s: no file named like '%s'", j.path, sub);
+            return;
+        }
+    } else {
+        snprintf(victim, sizeof victim, "%s", j.path);
+    }
+    CHECK(unlink(victim) == 0 && mkfifo(victim, 0600) == 0, "mkfifo '%s': %s", victim,
+          strerror(errno));
+    j.fn = job_load;
+    j.flags = FSDP_SD_OPTIM;
+    j.expect = FSDP_CKPT_IO;
+    j.msg1 = victim;
+    j.msg2 = "FIFO";
+    run_ranks(2, rank_main, &j);
+}
+
+static void test_fifo(void)
+{
+    /* without the fix the loads block forever: fail instead */
+    alarm(120);
+    fifo_case("fifo_rank", FSDP_SD_OPTIM | FSDP_CKPT_SHARDED, "-rank00001-of-");
+    fifo_case("fifo_index", FSDP_SD_OPTIM | FSDP_CKPT_SHARDED, "index.json");
+    fifo_case("fifo_single", FSDP_SD_OPTIM, NULL);
+    alarm(0);
+}
+
+/* --- 4. one verdict --- */
+
+static int job_load_record(job *j, int rank, int nranks, rank_env *e)
+{
+    (void)nranks;
+    j->got[rank] = fsdp_ckpt_load(e->ctx, j->path, j->flags);
+    snprintf(j->msg[rank], sizeof j->msg[rank], "%s", fsdp_ctx_last_error(e->ctx));
+    return 1;
+}
+
+/* damage 0: cut the file after its header length; 1: flip its last byte
+   (data: the checksum fails) */
+static int damage(const char *path, int how)
+{
+    FILE *f = fopen(path, "r+b");
+    long n;
+    int c, ok;
+    if (!f) return 0;
+    if (how == 0) {
+        fclose(f);
+        return truncate(path, 12) == 0;
+    }
+    ok = fseek(f, -1, SEEK_END) == 0 && (n = ftell(f)) > 0 && (c = fgetc(f)) != EOF &&
+         fseek(f, n, SEEK_SET) == 0 && fputc(c ^ 0x5a, f) != EOF;
+    return fclose(f) == 0 && ok;
+}
+
+/* each world size saves and loads, then also loads at the other (each rank
+   reads several files, so ranks fail in different ways) */
+static void test_verdict(void)
+{
+    int n, victim, how, k, re, ln;
+    for (re = 0; re < 2; re++)
+    for (n = 2; n <= 3; n++)
+        for (victim = 0; victim < n; victim++)
+            for (how = 0; how < 2; how++) {
+                job j;
+                char sub[64], file[1400];
+                ln = re ? 5 - n : n;
+                memset(&j, 0, sizeof j);
+                snprintf(j.path, sizeof j.path, "%s/verdict%d_%d_%d_%d", g_tmp, re, n, victim,
+                         how);
+                j.flags = FSDP_SD_OPTIM | FSDP_CKPT_SHARDED;
+                j.fn = job_save;
+                run_ranks(n, rank_main, &j);
+                snprintf(sub, sizeof sub, "-rank%05d-of-", victim);
+                if (!find_name(j.path, sub, file, sizeof file) || !damage(file, how)) {
+                    check_fail(__FILE__, __LINE__, "damaging rank %d's file of '%s'",
+                               victim, j.path);
+                    continue;
+                }
+                j.fn = job_load_record;
+                j.flags = FSDP_SD_OPTIM;
+                run_ranks(ln, rank_main, &j);
+                CHECK(j.got[0] != FSDP_SUCCESS, "%d ranks, rank %d's file damaged (%d): loaded",
+                      n, victim, how);
+                for (k = 1; k < ln; k++) {
+                    CHECK(j.got[k] == j.got[0], "%d ranks, rank %d's file damaged (%d): rank %d "
+                          "returned %s, rank 0 %s", n, victim, how, k,
+                          fsdp_result_string(j.got[k]), fsdp_result_string(j.got[0]));
+                    CHECK(!strcmp(j.msg[k], j.msg[0]), "%d ranks, rank %d's file damaged (%d): "
+                          "rank %d says '%s', rank 0 '%s'", n, victim, how, k, j.msg[k], j.msg[0]);
+                }
+                CHECK(contains(j.msg[0], sub), "%d ranks: the message does not name rank %d's "
+                      "file: %s", n, victim, j.msg[0]);
+            }
+}
+
+/* --- 5. the examples' resume --- */
+
+static void test_resume_range(void)
+{
+    static char err[FSDP_ERROR_MAX + 256];
+    static gpt_result res;
+    static double losses[8];
+    char dir[1024];
+    gpt_config c = gpt_default_config();
+    c.layers = 1;
+    c.dim = 16;
+    c.heads = 2;
+    c.digits = 2;
+    c.batch = 8;
+    c.steps = 3;
+    c.ntest = 8;
+    c.eval_every = 0;
+    c.quiet = 1;
+    c.ranks = 1;
+    snprintf(dir, sizeof dir, "%s/gpt_ckpt", g_tmp);
+    c.save_dir = dir;
+    memset(&res, 0, sizeof res);
+    res.losses = losses;
+    if (!gpt_train(&c, &res, err, sizeof err)) {
+        check_fail(__FILE__, __LINE__, "gpt_train: %s", err);
+        return;
+    }
+    /* a run of 2 steps cannot continue a checkpoint of step 3 */
+    c.save_dir = NULL;
+    c.resume_dir = dir;
+    c.steps = 2;
+    memset(&res, 0, sizeof res);
+    res.losses = losses;
+    err[0] = 0;
+    CHECK(!gpt_train(&c, &res, err, sizeof err), "resumed a checkpoint beyond the run");
+    CHECK(contains(err, "step 3") && contains(err, "outside"), "message: %s", err);
+    /* the end of the run itself still resumes (and trains nothing) */
+    c.steps = 3;
+    memset(&res, 0, sizeof res);
+    res.losses = losses;
+    CHECK(gpt_train(&c, &res, err, sizeof err), "resuming a finished run: %s", err);
+}
+
+static const check_case CASES[] = {
+    {"step_overflow", test_step_overflow},
+    {"misaligned", test_misaligned},
+    {"fifo", test_fifo},
+    {"verdict", test_verdict},
+    {"resume_range", test_resume_range},
+};
+
+int main(int argc, char **argv)
+{
+    const char *base = getenv("TMPDIR");
+    int rc;
+    check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    (void)full_values; /* fixtures this file does not need */
+    (void)bits_equal;
+    snprintf(g_tmp, sizeof g_tmp, "%s/fsdp_hostile_XXXXXX", base && base[0] ? base : "/tmp");
+    g_model = build_model(0);
+    g_units = g_model ? make_units(g_model, FSDP_FULL_SHARD) : NULL;
+    if (!g_units || !mkdtemp(g_tmp)) {
+        fprintf(stderr, "setup failed\n");
+        return 1;
+    }
+    check_run();
+    rc = check_finish();
+    {
+        char cmd[400];
+        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
+        if (system(cmd) != 0) rc = rc ? rc : 1;
+    }
+    fsdp_units_destroy(g_units);
+    fsdp_model_destroy(g_model);
+    return rc;
+}
