@@ -747,15 +747,14 @@ FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn
                                     int *results);
 
 /* Backend constructors are named fsdp_comm_<backend>_create and
-   fsdp_device_<kind>_create. The older names stay as deprecated aliases;
-   define FSDP_NO_DEPRECATED to check that code no longer uses them. */
+   fsdp_device_<kind>_create. The older names stay as deprecated functions
+   (exported, so engines built against 0.5.0 still link); define
+   FSDP_NO_DEPRECATED to hide their declarations and check that code no
+   longer uses them. */
 #ifndef FSDP_NO_DEPRECATED
 /* Deprecated: fsdp_comm_local_create. */
-static inline fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank,
-                                                 fsdp_device *dev, fsdp_comm **out)
-{
-    return fsdp_comm_local_create(world, rank, dev, out);
-}
+FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, fsdp_device *dev,
+                                            fsdp_comm **out);
 #endif
 
 /* ======================================================================== */
@@ -5983,6 +5982,12 @@ FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world)
 {
     /* comms keep the world alive, so a late destroy order cannot crash */
     if (world) fsdp__local_world_unref(world);
+}
+
+FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, fsdp_device *dev,
+                                            fsdp_comm **out)
+{
+    return fsdp_comm_local_create(world, rank, dev, out);
 }
 
 FSDP_API fsdp_result fsdp_comm_local_create(fsdp_local_world *world, int rank, fsdp_device *dev,

@@ -67,10 +67,7 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
 #ifndef FSDP_NO_DEPRECATED
 /* Deprecated: fsdp_comm_gloo_create (fsdp.h: backend constructors are named
    fsdp_comm_<backend>_create). */
-static inline fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm **out)
-{
-    return fsdp_comm_gloo_create(desc, out);
-}
+FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm **out);
 #endif
 
 #ifdef __cplusplus
@@ -168,6 +165,11 @@ static const fsdp_transport_vtable fsdp__xport__gloo = {
     (uint32_t)sizeof(fsdp_transport_vtable), "gloo", fsdp__all_gather__gloo,
     fsdp__all_to_all__gloo, fsdp__broadcast__gloo, fsdp__barrier__gloo, NULL, NULL,
     fsdp__all_to_all_chunked__gloo, fsdp__split__gloo, fsdp__xdestroy__gloo};
+
+FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm **out)
+{
+    return fsdp_comm_gloo_create(desc, out);
+}
 
 FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm **out)
 {

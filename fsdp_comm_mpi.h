@@ -115,11 +115,8 @@ FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
 #ifndef FSDP_NO_DEPRECATED
 /* Deprecated: fsdp_comm_mpi_create (fsdp.h: backend constructors are named
    fsdp_comm_<backend>_create). */
-static inline fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
-                                               fsdp_comm **out)
-{
-    return fsdp_comm_mpi_create(mpi_comm, desc, out);
-}
+FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+                                          fsdp_comm **out);
 #endif
 
 #ifdef __cplusplus
@@ -439,6 +436,12 @@ FSDP__MPI const char *fsdp__level_name__mpi(int level)
     case MPI_THREAD_MULTIPLE: return "MPI_THREAD_MULTIPLE";
     default: return "an unknown level";
     }
+}
+
+FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
+                                          fsdp_comm **out)
+{
+    return fsdp_comm_mpi_create(mpi_comm, desc, out);
 }
 
 FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,

@@ -112,11 +112,8 @@ FSDP_CUDA_API int fsdp_cuda_convert_host(void *dst, fsdp_dtype dst_dt, const voi
 
 #ifndef FSDP_NO_DEPRECATED
 /* Deprecated: fsdp_cuda_convert_host (public names have one underscore). */
-static inline int fsdp__cuda_convert_host(void *dst, fsdp_dtype dst_dt, const void *src,
-                                          fsdp_dtype src_dt, size_t n)
-{
-    return fsdp_cuda_convert_host(dst, dst_dt, src, src_dt, n);
-}
+FSDP_CUDA_API int fsdp__cuda_convert_host(void *dst, fsdp_dtype dst_dt, const void *src,
+                                          fsdp_dtype src_dt, size_t n);
 #endif
 
 #ifdef __cplusplus
@@ -1587,6 +1584,13 @@ extern "C" FSDP_CUDA_API void *fsdp_cuda_stream_handle(const fsdp_stream *s)
     const fsdp__cuda_stream *st = (const fsdp__cuda_stream *)s;
     if (!st || st->magic != FSDP__CUDA_STREAM_MAGIC) return NULL;
     return (void *)st->h;
+}
+
+/* 0.5.0's name, still exported for engines built against it */
+extern "C" FSDP_CUDA_API int fsdp__cuda_convert_host(void *dst, fsdp_dtype ddt, const void *src,
+                                                    fsdp_dtype sdt, size_t n)
+{
+    return fsdp_cuda_convert_host(dst, ddt, src, sdt, n);
 }
 
 extern "C" FSDP_CUDA_API int fsdp_cuda_convert_host(void *dst, fsdp_dtype ddt, const void *src,

@@ -1439,6 +1439,16 @@ int main(int argc, char **argv)
     const char *store = NULL;
     int mpi_rank = 0;
     check_init(&argc, argv, CASES, CHECK_COUNT(CASES));
+    /* 0.5.0's constructor names are still exported and behave as the new
+       ones (here: refusing a NULL out before any communication) */
+#ifdef FSDP_HAVE_MPI
+    CHECK(fsdp_mpi_comm_create(MPI_COMM_WORLD, NULL, NULL) == FSDP_INVALID_ARGS,
+          "fsdp_mpi_comm_create (deprecated name)");
+#endif
+#ifdef FSDP_HAVE_GLOO
+    CHECK(fsdp_gloo_comm_create(NULL, NULL) == FSDP_INVALID_ARGS,
+          "fsdp_gloo_comm_create (deprecated name)");
+#endif
     backend = argc > 1 ? argv[1] : "";
     for (i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--ranks") && i + 1 < argc) ranks = atoi(argv[++i]);

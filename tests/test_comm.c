@@ -815,6 +815,7 @@ static void test_bad_input(void)
     EXPECT_EQ(fsdp_local_world_create(&desc, &w), FSDP_SUCCESS);
     if (!w) return;
     EXPECT_EQ(fsdp_comm_local_create(NULL, 0, NULL, &c), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_local_comm_create(NULL, 0, NULL, &c), FSDP_INVALID_ARGS); /* 0.5.0's name */
     EXPECT_EQ(fsdp_comm_local_create(w, 0, NULL, NULL), FSDP_INVALID_ARGS);
     EXPECT_EQ(fsdp_comm_local_create(w, 1, NULL, &c), FSDP_INVALID_ARGS);
     EXPECT_EQ(fsdp_comm_local_create(w, -1, NULL, &c), FSDP_INVALID_ARGS);

@@ -86,6 +86,8 @@ static void test_conversions(void)
         CHECK(!bad, "f32 -> %s matches fsdp.h on %d values", fsdp_dtype_name(dt), (int)NF);
     }
     CHECK(fsdp_cuda_convert_host(fa, FSDP_F64, h, FSDP_F16, 1) == -1, "unsupported pair refused");
+    CHECK(fsdp__cuda_convert_host(fa, FSDP_F64, h, FSDP_F16, 1) == -1,
+          "0.5.0's name still exported, same answer");
 done:
     free(h);
     free(a16);
