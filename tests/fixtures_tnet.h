@@ -213,6 +213,18 @@ static int train_step(fsdp_ctx *ctx, const fsdp_model *m, const fsdp_units *u)
     return fsdp_step(ctx) == FSDP_SUCCESS;
 }
 
+/* `steps` training steps; the first failure is reported and ends them. */
+static inline int train_n(rank_env *e, const fsdp_model *m, const fsdp_units *u, int steps)
+{
+    int s;
+    for (s = 0; s < steps; s++)
+        if (!train_step(e->ctx, m, u)) {
+            check_fail(__FILE__, __LINE__, "train: %s", fsdp_ctx_last_error(e->ctx));
+            return 0;
+        }
+    return 1;
+}
+
 /* Rank 0's full state dict (with the optimizer) flattened: f32 values of
    every f32 tensor then every step, as floats. Collective. */
 static int full_values(fsdp_ctx *ctx, float *out, int cap, int *n, int rank)

@@ -20,6 +20,7 @@
    Cases (test_ckpt --case NAME [VECTORS_DIR]) and output: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fixtures_tnet.h"
+#include "fixtures_files.h"
 
 #include <dirent.h>
 #include <signal.h>
@@ -64,16 +65,6 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
 
 static void run(job *j, int nranks) { run_ranks(nranks, rank_main, j); }
 
-static int train(rank_env *e, int steps)
-{
-    int s;
-    for (s = 0; s < steps; s++)
-        if (!train_step(e->ctx, g_model, g_units)) {
-            check_fail(__FILE__, __LINE__, "train: %s", fsdp_ctx_last_error(e->ctx));
-            return 0;
-        }
-    return 1;
-}
 
 static int record(job *j, rank_env *e, int rank)
 {
@@ -88,14 +79,14 @@ static int record(job *j, rank_env *e, int rank)
 static int job_ref(job *j, int rank, int nranks, rank_env *e)
 {
     (void)nranks;
-    return train(e, j->steps) && record(j, e, rank);
+    return train_n(e, g_model, g_units, j->steps) && record(j, e, rank);
 }
 
 static int job_save(job *j, int rank, int nranks, rank_env *e)
 {
     fsdp_result r;
     (void)nranks;
-    if (!train(e, j->steps)) return 0;
+    if (!train_n(e, g_model, g_units, j->steps)) return 0;
     r = fsdp_ckpt_save(e->ctx, j->path, j->flags);
     CHECK(r == j->expect, "rank %d: save '%s': %d %s", rank, j->path, r,
           fsdp_ctx_last_error(e->ctx));
@@ -134,7 +125,7 @@ static int job_load(job *j, int rank, int nranks, rank_env *e)
                   "the model");
         return 1;
     }
-    return train(e, j->steps) && record(j, e, rank);
+    return train_n(e, g_model, g_units, j->steps) && record(j, e, rank);
 }
 
 /* --- helpers on files --- */
@@ -169,47 +160,8 @@ static int find_file(const char *dir, const char *suffix, char *out, size_t n)
     return found;
 }
 
-static long read_file(const char *path, unsigned char **out)
-{
-    FILE *f = fopen(path, "rb");
-    long n;
-    *out = NULL;
-    if (!f) return -1;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *out = (unsigned char *)malloc((size_t)n + 1);
-    if (fread(*out, 1, (size_t)n, f) != (size_t)n) n = -1;
-    fclose(f);
-    return n;
-}
 
-static int write_file(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    int ok;
-    if (!f) return 0;
-    ok = fwrite(p, 1, n, f) == n;
-    return fclose(f) == 0 && ok;
-}
 
-static void rm_rf(const char *path)
-{
-    DIR *d = opendir(path);
-    struct dirent *de;
-    char sub[1200];
-    if (!d) {
-        unlink(path);
-        return;
-    }
-    while ((de = readdir(d)) != NULL) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        snprintf(sub, sizeof sub, "%s/%s", path, de->d_name);
-        rm_rf(sub);
-    }
-    closedir(d);
-    rmdir(path);
-}
 
 /* --- resharding --- */
 
@@ -308,7 +260,7 @@ static void failures(void)
 {
     static job j, saved;
     char full[512], dir[512], path[1024], bad[512];
-    unsigned char *buf = NULL;
+    char *buf = NULL; /* read_file NUL-terminates */
     long n;
     struct rlimit old, lim;
     /* a full and a sharded checkpoint after 3 steps at W = 2 */
@@ -552,7 +504,8 @@ static void fuzz(void)
         {"{\"a\":01}", 0, "leading zero"},
     };
     char path[600], msg[FSDP_ERROR_MAX], deep[400];
-    unsigned char *good = NULL, buf[8192];
+    char *good = NULL;
+    unsigned char buf[8192];
     long gn;
     size_t n;
     fsdp_result r;
@@ -727,7 +680,7 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
     int s;
     char later[1100], nodir[512];
     (void)nranks;
-    if (!train(e, 3)) return 0;
+    if (!train_n(e, g_model, g_units, 3)) return 0;
     CHECK(fsdp_ckpt_writer_create(e->ctx, &w) == FSDP_SUCCESS, "writer");
     r = fsdp_ckpt_save_async(w, j->path, j->flags);
     CHECK(r == FSDP_SUCCESS, "save_async: %s", fsdp_ckpt_writer_last_error(w));
@@ -737,7 +690,7 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
           "second save: %d %s", r, fsdp_ckpt_writer_last_error(w));
     if (rank == 0) j->staged[0] = fsdp_ckpt_writer_staging_bytes(w);
     /* training goes on while the files are written */
-    if (!train(e, 1)) return 0;
+    if (!train_n(e, g_model, g_units, 1)) return 0;
     r = fsdp_ckpt_wait(w);
     CHECK(r == FSDP_SUCCESS, "wait: %s", fsdp_ckpt_writer_last_error(w));
     CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "wait without a save in flight");
@@ -806,7 +759,7 @@ static int job_interop(job *j, int rank, int nranks, rank_env *e)
 {
     fsdp_state_dict *sd = NULL;
     (void)nranks;
-    if (!train(e, 2)) return 0;
+    if (!train_n(e, g_model, g_units, 2)) return 0;
     if (fsdp_ckpt_save(e->ctx, j->path, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
         check_fail(__FILE__, __LINE__, "save: %s", fsdp_ctx_last_error(e->ctx));
         return 0;

@@ -24,6 +24,7 @@
    Cases (test_integrity --case NAME) and output: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fixtures_tnet.h"
+#include "fixtures_files.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -64,43 +65,10 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
 
 static void run(job *j, int nranks) { run_ranks(nranks, rank_main, j); }
 
-static int train(rank_env *e, int steps)
-{
-    int s;
-    for (s = 0; s < steps; s++)
-        if (!train_step(e->ctx, g_model, g_units)) {
-            check_fail(__FILE__, __LINE__, "train: %s", fsdp_ctx_last_error(e->ctx));
-            return 0;
-        }
-    return 1;
-}
 
 /* --- files --- */
 
-static long read_all(const char *path, char **out)
-{
-    FILE *f = fopen(path, "rb");
-    long n;
-    *out = NULL;
-    if (!f) return -1;
-    fseek(f, 0, SEEK_END);
-    n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    *out = (char *)malloc((size_t)n + 1);
-    if (fread(*out, 1, (size_t)n, f) != (size_t)n) n = -1;
-    else (*out)[n] = 0;
-    fclose(f);
-    return n;
-}
 
-static int write_all(const char *path, const void *p, size_t n)
-{
-    FILE *f = fopen(path, "wb");
-    int ok;
-    if (!f) return 0;
-    ok = fwrite(p, 1, n, f) == n;
-    return fclose(f) == 0 && ok;
-}
 
 /* the name (not the path) of the first entry of dir containing sub */
 static int find_name(const char *dir, const char *sub, char *out, size_t n)
@@ -127,29 +95,12 @@ static int count_names(const char *dir, const char *sub)
     return n;
 }
 
-static void rm_rf(const char *path)
-{
-    DIR *d = opendir(path);
-    struct dirent *de;
-    char sub[1400];
-    if (!d) {
-        unlink(path);
-        return;
-    }
-    while ((de = readdir(d)) != NULL) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        snprintf(sub, sizeof sub, "%s/%s", path, de->d_name);
-        rm_rf(sub);
-    }
-    closedir(d);
-    rmdir(path);
-}
 
 /* replaces every occurrence of a by b (the same length) in the file */
 static int patch(const char *path, const char *a, const char *b)
 {
     char *buf, *p;
-    long n = read_all(path, &buf);
+    long n = read_file(path, &buf);
     int k = 0;
     if (n < 0 || strlen(a) != strlen(b)) {
         free(buf);
@@ -160,7 +111,7 @@ static int patch(const char *path, const char *a, const char *b)
             memcpy(p, b, strlen(b));
             k++;
         }
-    k = k && write_all(path, buf, (size_t)n) ? k : 0;
+    k = k && write_file(path, buf, (size_t)n) ? k : 0;
     free(buf);
     return k;
 }
@@ -176,8 +127,8 @@ static int swap_ranks(const char *idx)
 static int copy_file(const char *from, const char *to)
 {
     char *buf;
-    long n = read_all(from, &buf);
-    int ok = n >= 0 && write_all(to, buf, (size_t)n);
+    long n = read_file(from, &buf);
+    int ok = n >= 0 && write_file(to, buf, (size_t)n);
     free(buf);
     return ok;
 }
@@ -188,7 +139,7 @@ static int job_save(job *j, int rank, int nranks, rank_env *e)
 {
     fsdp_result r;
     (void)nranks;
-    if (!train(e, j->steps)) return 0;
+    if (!train_n(e, g_model, g_units, j->steps)) return 0;
     r = fsdp_ckpt_save(e->ctx, j->path, j->flags);
     CHECK(r == FSDP_SUCCESS, "rank %d: save '%s': %s", rank, j->path, fsdp_ctx_last_error(e->ctx));
     return 1;
@@ -216,7 +167,7 @@ static int job_orphan_writer(job *j, int rank, int nranks, rank_env *e)
     fsdp_ckpt_writer *w = NULL, *idle = NULL;
     fsdp_result r;
     (void)nranks;
-    if (!train(e, 1)) return 0;
+    if (!train_n(e, g_model, g_units, 1)) return 0;
     CHECK(fsdp_ckpt_writer_create(e->ctx, &w) == FSDP_SUCCESS, "writer");
     CHECK(fsdp_ckpt_writer_create(e->ctx, &idle) == FSDP_SUCCESS, "idle writer");
     r = fsdp_ckpt_save_async(w, j->path, j->flags);
@@ -302,9 +253,9 @@ static void test_identity(void)
     /* the id is in every file and in the index, the same */
     {
         char *t0 = NULL, *t1 = NULL, id[17], *q;
-        read_all(p0, &t0);
-        read_all(p1, &t1);
-        read_all(idx, &text);
+        read_file(p0, &t0);
+        read_file(p1, &t1);
+        read_file(idx, &text);
         q = text ? strstr(text, "\"save_id\": \"") : NULL;
         CHECK(q != NULL, "index.json has a save_id: %s", text ? text : "(unreadable)");
         if (q) {
@@ -319,7 +270,7 @@ static void test_identity(void)
         free(t1);
         free(text);
         text = NULL;
-        read_all(full, &t0);
+        read_file(full, &t0);
         /* (the header follows the 8-byte length) */
         CHECK(t0 && strstr(t0 + 8, "\"fsdp.save_id\":\"") && strstr(t0 + 8, "\"fsdp.steps\":\"2\""),
               "the single file carries its save id and step");
@@ -570,16 +521,16 @@ static void test_tmp_sweep(void)
         snprintf(stem, sizeof stem, "%s", sharded ? "model-00000000deadbeef-rank00000-of-00002"
                                                      ".safetensors" : "sweep.safetensors");
         snprintf(p, sizeof p, "%s/%s.tmp.%ld", dir, stem, (long)dead);
-        CHECK(write_all(p, "x", 1), "plant %s", p);
+        CHECK(write_file(p, "x", 1), "plant %s", p);
         snprintf(p, sizeof p, "%s/%s.tmp.%ld", dir, stem, (long)live);
-        CHECK(write_all(p, "x", 1), "plant %s", p);
+        CHECK(write_file(p, "x", 1), "plant %s", p);
         if (sharded) {
             snprintf(p, sizeof p, "%s/index.json.tmp.%ld", dir, (long)dead);
-            CHECK(write_all(p, "x", 1), "plant %s", p);
+            CHECK(write_file(p, "x", 1), "plant %s", p);
         }
         /* someone else's file that merely looks like one */
         snprintf(p, sizeof p, "%s/notes.tmp.%ld", dir, (long)dead);
-        CHECK(write_all(p, "x", 1), "plant %s", p);
+        CHECK(write_file(p, "x", 1), "plant %s", p);
         run(&j, 2);
         snprintf(p, sizeof p, ".tmp.%ld", (long)dead);
         CHECK(count_names(dir, p) == 1, "%s: the dead save's temporaries are gone, other "
