@@ -789,11 +789,20 @@ typedef struct fsdp_unit_options {
 typedef struct fsdp_model_desc {
     fsdp_hooks hooks;
     const char *root_type; /* type name of the root module; NULL: "Module" */
+    /* 1: models without a module tree. A parameter's name may hold dots
+       ("h.0.attn.c_attn.weight", module NULL or ""), and so may a shared
+       parameter's: the modules on its path are created when first named,
+       of type "Module", children in the order they were first named, as
+       PyTorch registers them. The state-dict names, the wrap walk and the
+       flat layouts are then those of the module tree the names imply.
+       0: names are local (no dots); modules come from fsdp_model_add_module. */
+    int implied_modules;
 } fsdp_model_desc;
 
 typedef struct fsdp_param_desc {
     const char *module;  /* FQN of the owning module ("" for the root) */
-    const char *name;    /* local name, no dots */
+    const char *name;    /* local name, no dots (dots: fsdp_model_desc's
+                            implied_modules) */
     fsdp_dtype dtype;    /* 0: f32 */
     int ndim;            /* 0: scalar (one element) */
     int64_t shape[FSDP_MAX_DIMS];
@@ -943,8 +952,28 @@ typedef enum fsdp_wrap_kind {
     FSDP_WRAP_LAMBDA = 4,
     FSDP_WRAP_CUSTOM = 5,
     FSDP_WRAP_OR = 6,
-    FSDP_WRAP_ANNOTATED = 7    /* modules marked with fsdp_model_annotate */
+    FSDP_WRAP_ANNOTATED = 7,   /* modules marked with fsdp_model_annotate */
+    FSDP_WRAP_UNITS = 8        /* the units listed in `units` (fsdp_unit_spec) */
 } fsdp_wrap_kind;
+
+/* One unit given directly, for models without module types (for instance
+   described with fsdp_model_desc.implied_modules): either
+     prefix  the FQN prefix of its parameters, "h.0." (or "h.0"): the
+             module of that FQN;
+     params  its parameters by FQN, any order: the unit is their deepest
+             common module, and the list must be exactly what that module
+             flattens (its parameters minus those of units inside it; tied
+             names may be left out), else fsdp_wrap names the difference.
+   A unit is a module either way, so the flat layout, the wrap order
+   (post-order, the root last) and every name are PyTorch's for the module
+   tree, as with any other policy. The root is always a unit: it is not
+   listed (fsdp_wrap_desc.root configures it). */
+typedef struct fsdp_unit_spec {
+    const char *prefix;
+    const char *const *params;
+    int nparams;
+    fsdp_unit_options overrides; /* set 0: the root's options */
+} fsdp_unit_spec;
 
 typedef enum fsdp_wrap_decision {
     FSDP_WRAP_NO = 0,
@@ -980,6 +1009,9 @@ typedef struct fsdp_wrap_policy {
     /* or */
     const struct fsdp_wrap_policy *policies;
     int n_policies;
+    /* units */
+    const fsdp_unit_spec *units;
+    int n_units;
 } fsdp_wrap_policy;
 
 /* Called for every policy call of the walk, as PyTorch calls the policy. */
@@ -6173,6 +6205,7 @@ typedef struct fsdp__type {
 struct fsdp_model {
     fsdp_hooks hooks;
     fsdp_error err;
+    int implied;                /* fsdp_model_desc.implied_modules */
     fsdp__module *mods;
     int nmods, cap_mods;
     fsdp__param *params;
@@ -6397,6 +6430,7 @@ FSDP_API fsdp_result fsdp_model_create(const fsdp_model_desc *desc, fsdp_model *
         if (!m) return fsdp__fail_create(uh, FSDP_OUT_OF_MEMORY, "fsdp_model_create: out of memory");
         m->hooks = h;
     }
+    m->implied = desc && desc->implied_modules;
     if (fsdp__model_reserve(m, 1, 1) != FSDP_SUCCESS ||
         fsdp__add_module_raw(m, "", "", root_type, -1) != FSDP_SUCCESS ||
         fsdp__intern_type(m, "Module") < 0 || fsdp__model_reindex(m) != FSDP_SUCCESS) {
@@ -6618,19 +6652,82 @@ FSDP__DEF fsdp_result fsdp__add_param_raw(fsdp_model *m, int mod, const char *na
     return FSDP_SUCCESS;
 }
 
+/* implied_modules: a dotted name under module `mname` names module
+   mname.<all but the last component>, created with its missing ancestors
+   (type "Module"). *mod and *local receive the module and the last
+   component (pointing into name). Names without dots pass through. */
+FSDP__DEF fsdp_result fsdp__implied_path(fsdp_model *m, const char *fn, const char *mname,
+                                         const char *name, int *mod, const char **local)
+{
+    const char *dot = name ? strrchr(name, '.') : NULL;
+    char *path;
+    size_t nm, k;
+    fsdp_result r = FSDP_SUCCESS;
+    *local = name;
+    *mod = fsdp__find_mod(m, mname);
+    if (!dot || !m->implied) return FSDP_SUCCESS;
+    if (*mod < 0)
+        return fsdp__model_fail(m, FSDP_NOT_FOUND, "%s: module '%s' of parameter '%s' does not "
+                                "exist", fn, mname, name);
+    if (name[0] == '.' || !dot[1] || strstr(name, "..") || strchr(name, ' '))
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS, "%s: parameter name '%s' is not a valid "
+                                "FQN (dot-separated non-empty names, no spaces)", fn, name);
+    nm = strlen(mname);
+    path = (char *)fsdp__alloc(&m->hooks, nm + 1 + (size_t)(dot - name) + 1);
+    if (!path) return fsdp__model_fail(m, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+    memcpy(path, mname, nm);
+    k = nm;
+    if (nm) path[k++] = '.';
+    memcpy(path + k, name, (size_t)(dot - name));
+    path[k + (size_t)(dot - name)] = 0;
+    /* each ancestor in turn, outermost first, so children keep the order
+       of first use */
+    for (;;) {
+        char *end = strchr(path + k, '.'), save = 0;
+        if (end) {
+            save = *end;
+            *end = 0;
+        }
+        if (fsdp__find_mod(m, path) < 0) r = fsdp_model_add_module(m, path, "Module");
+        if (end) *end = save;
+        if (r != FSDP_SUCCESS || !end) break;
+        k = (size_t)(end - path) + 1;
+    }
+    if (r == FSDP_SUCCESS) {
+        *mod = fsdp__find_mod(m, path);
+        *local = dot + 1;
+    }
+    fsdp__free(&m->hooks, path);
+    return r;
+}
+
 FSDP_API fsdp_result fsdp_model_add_param(fsdp_model *m, const fsdp_param_desc *pd)
 {
     fsdp__param proto;
     int mod, d;
-    const char *mname;
+    const char *mname, *lname;
+    fsdp_result r;
     if (!m) return FSDP_INVALID_ARGS;
     if (!pd) return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_model_add_param: desc is NULL");
     mname = pd->module ? pd->module : "";
+    if (pd->name && m->implied) {
+        fsdp_param_desc local = *pd;
+        r = fsdp__implied_path(m, "fsdp_model_add_param", mname, pd->name, &mod, &lname);
+        if (r != FSDP_SUCCESS) return r;
+        if (lname != pd->name) {
+            local.module = m->mods[mod].fqn;
+            local.name = lname;
+            return fsdp_model_add_param(m, &local);
+        }
+    }
     if (!fsdp__name_ok(pd->name))
         return fsdp__model_fail(m, FSDP_INVALID_ARGS,
                                 "fsdp_model_add_param: parameter name '%s' on module '%s' must "
-                                "be non-empty, without dots or spaces",
-                                pd->name ? pd->name : "(NULL)", mname);
+                                "be non-empty, without dots or spaces%s",
+                                pd->name ? pd->name : "(NULL)", mname,
+                                pd->name && strchr(pd->name, '.') && !m->implied
+                                    ? " (dotted names: fsdp_model_desc.implied_modules = 1)"
+                                    : "");
     mod = fsdp__find_mod(m, mname);
     if (mod < 0)
         return fsdp__model_fail(m, FSDP_NOT_FOUND,
@@ -6673,11 +6770,21 @@ FSDP_API fsdp_result fsdp_model_add_shared_param(fsdp_model *m, const char *modu
     int mod, prim;
     const char *mname = module ? module : "";
     if (!m) return FSDP_INVALID_ARGS;
+    if (name && m->implied && strchr(name, '.') && primary_fqn &&
+        fsdp__find_param(m, primary_fqn) >= 0) {
+        const char *lname;
+        fsdp_result r = fsdp__implied_path(m, "fsdp_model_add_shared_param", mname, name, &mod,
+                                           &lname);
+        if (r != FSDP_SUCCESS) return r;
+        if (lname != name) return fsdp_model_add_shared_param(m, m->mods[mod].fqn, lname, primary_fqn);
+    }
     if (!fsdp__name_ok(name))
         return fsdp__model_fail(m, FSDP_INVALID_ARGS,
                                 "fsdp_model_add_shared_param: name '%s' on module '%s' must be "
-                                "non-empty, without dots or spaces", name ? name : "(NULL)",
-                                mname);
+                                "non-empty, without dots or spaces%s", name ? name : "(NULL)",
+                                mname, name && strchr(name, '.') && !m->implied
+                                           ? " (dotted names: fsdp_model_desc.implied_modules = 1)"
+                                           : "");
     if (!primary_fqn)
         return fsdp__model_fail(m, FSDP_INVALID_ARGS,
                                 "fsdp_model_add_shared_param: primary of '%s' is NULL", name);
@@ -6997,6 +7104,57 @@ FSDP__DEF int64_t fsdp__num_params(fsdp__walk *w, int mod)
     return total;
 }
 
+/* The raw module a unit spec names (FSDP_WRAP_UNITS), or -1 with *why:
+   the prefix's module, or the deepest common module of the parameters. */
+FSDP__DEF int fsdp__spec_module(const fsdp_model *m, const fsdp_unit_spec *sp, const char **why)
+{
+    int k, lca = -1;
+    *why = NULL;
+    if (sp->prefix) {
+        size_t n = strlen(sp->prefix);
+        char buf[256], *tmp = buf;
+        int mod;
+        if (n && sp->prefix[n - 1] == '.') n--;
+        if (n >= sizeof buf && !(tmp = (char *)fsdp__alloc(&m->hooks, n + 1))) {
+            *why = "out of memory";
+            return -1;
+        }
+        memcpy(tmp, sp->prefix, n);
+        tmp[n] = 0;
+        mod = n ? fsdp__find_mod(m, tmp) : -1;
+        if (tmp != buf) fsdp__free(&m->hooks, tmp);
+        if (mod < 0) *why = n ? "names no module" : "is the root, which is always a unit";
+        return mod;
+    }
+    for (k = 0; k < sp->nparams; k++) {
+        int p = sp->params[k] ? fsdp__find_param(m, sp->params[k]) : -1, a, b, da = 0, db = 0, x;
+        if (p < 0) {
+            *why = "lists a name that is no parameter";
+            return -1;
+        }
+        b = m->params[p].module;
+        if (lca < 0) {
+            lca = b;
+            continue;
+        }
+        a = lca;
+        for (x = a; m->mods[x].parent >= 0; x = m->mods[x].parent) da++;
+        for (x = b; m->mods[x].parent >= 0; x = m->mods[x].parent) db++;
+        for (; da > db; da--) a = m->mods[a].parent;
+        for (; db > da; db--) b = m->mods[b].parent;
+        while (a != b) {
+            a = m->mods[a].parent;
+            b = m->mods[b].parent;
+        }
+        lca = a;
+    }
+    if (lca == 0) {
+        *why = "has the root as the parameters' common module; the root is always a unit";
+        return -1;
+    }
+    return lca;
+}
+
 /* One policy call; returns the decision, fills *ov when it overrides. */
 FSDP__DEF int fsdp__policy(fsdp__walk *w, const fsdp_wrap_policy *p, int mod, int recurse,
                            int64_t unwrapped, fsdp_unit_options *ov, int *has_ov)
@@ -7053,6 +7211,18 @@ FSDP__DEF int fsdp__policy(fsdp__walk *w, const fsdp_wrap_policy *p, int mod, in
             return 1;
         }
         return 0;
+    case FSDP_WRAP_UNITS:
+        if (recurse) return 1;
+        for (k = 0; k < p->n_units; k++) {
+            const char *why;
+            if (fsdp__spec_module(m, &p->units[k], &why) != mod) continue;
+            if (p->units[k].overrides.set) {
+                *ov = p->units[k].overrides;
+                *has_ov = 1;
+            }
+            return 1;
+        }
+        return 0;
     case FSDP_WRAP_OR:
         /* any(): the first policy that says yes decides, and its overrides win */
         for (k = 0; k < p->n_policies; k++)
@@ -7104,6 +7274,45 @@ FSDP__DEF fsdp_result fsdp__check_policy(fsdp_model *m, const fsdp_wrap_policy *
         if (!p->custom_fn)
             return fsdp__model_fail(m, FSDP_INVALID_ARGS,
                                     "fsdp_wrap: the custom policy needs custom_fn");
+        return FSDP_SUCCESS;
+    case FSDP_WRAP_UNITS:
+        if (p->n_units <= 0 || !p->units)
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                    "fsdp_wrap: the units policy needs units (n_units > 0)");
+        for (k = 0; k < p->n_units; k++) {
+            const fsdp_unit_spec *sp = &p->units[k];
+            const char *why;
+            int mod, j;
+            if (!sp->prefix == !(sp->nparams > 0 && sp->params))
+                return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                        "fsdp_wrap: units[%d] needs a prefix or a parameter "
+                                        "list (params with nparams > 0), not %s", k,
+                                        sp->prefix ? "both" : "neither");
+            if (sp->nparams < 0)
+                return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                        "fsdp_wrap: units[%d].nparams is negative", k);
+            mod = fsdp__spec_module(m, sp, &why);
+            if (mod < 0) {
+                if (sp->prefix)
+                    return fsdp__model_fail(m, FSDP_NOT_FOUND, "fsdp_wrap: units[%d]: prefix '%s' "
+                                            "%s", k, sp->prefix, why);
+                for (j = 0; j < sp->nparams; j++)
+                    if (!sp->params[j] || fsdp__find_param(m, sp->params[j]) < 0)
+                        return fsdp__model_fail(m, FSDP_NOT_FOUND, "fsdp_wrap: units[%d]: "
+                                                "params[%d] '%s' is no parameter of the model",
+                                                k, j, sp->params[j] ? sp->params[j] : "(NULL)");
+                return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_wrap: units[%d] (params "
+                                        "'%s', ...) %s", k, sp->params[0], why);
+            }
+            if (m->mod_ignored[mod])
+                return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_wrap: units[%d] is module "
+                                        "'%s', which is ignored", k, m->mods[mod].fqn);
+            for (j = 0; j < k; j++)
+                if (fsdp__spec_module(m, &p->units[j], &why) == mod)
+                    return fsdp__model_fail(m, FSDP_DUPLICATE_NAME, "fsdp_wrap: units[%d] and "
+                                            "units[%d] are both module '%s'", j, k,
+                                            m->mods[mod].fqn);
+        }
         return FSDP_SUCCESS;
     case FSDP_WRAP_OR:
         if (p->n_policies <= 0 || !p->policies)
@@ -7402,6 +7611,63 @@ FSDP__DEF fsdp_result fsdp__units_copy_tree(fsdp_units *u, const fsdp_model *m,
     return FSDP_SUCCESS;
 }
 
+/* FSDP_WRAP_UNITS' parameter lists, once the units are built: each list
+   must be exactly what its module flattened (tied names optional). */
+FSDP__DEF fsdp_result fsdp__check_unit_lists(fsdp_model *m, const fsdp_units *u,
+                                             const int *mod_unit, const fsdp_wrap_policy *p,
+                                             int depth)
+{
+    int k, j, e;
+    if (!p || depth > 64) return FSDP_SUCCESS;
+    if (p->kind == FSDP_WRAP_OR) {
+        for (k = 0; k < p->n_policies; k++) {
+            fsdp_result r = fsdp__check_unit_lists(m, u, mod_unit, &p->policies[k], depth + 1);
+            if (r != FSDP_SUCCESS) return r;
+        }
+        return FSDP_SUCCESS;
+    }
+    if (p->kind != FSDP_WRAP_UNITS) return FSDP_SUCCESS;
+    for (k = 0; k < p->n_units; k++) {
+        const fsdp_unit_spec *sp = &p->units[k];
+        const char *why;
+        const fsdp_unit_info *ui;
+        int mod;
+        if (sp->prefix) continue;
+        mod = fsdp__spec_module(m, sp, &why);
+        if (mod < 0 || mod_unit[mod] < 0)
+            return fsdp__model_fail(m, FSDP_INVALID_MODEL, "fsdp_wrap: units[%d]: module '%s' "
+                                    "did not become a unit", k, mod < 0 ? "?" : m->mods[mod].fqn);
+        ui = &u->units[mod_unit[mod]].info;
+        for (j = 0; j < sp->nparams; j++) {
+            int in = 0;
+            for (e = 0; e < ui->nentries && !in; e++) in = !strcmp(ui->entries[e].fqn, sp->params[j]);
+            for (e = 0; e < ui->nshared && !in; e++) in = !strcmp(ui->shared[e].fqn, sp->params[j]);
+            if (!in)
+                return fsdp__model_fail(m, FSDP_INVALID_MODEL, "fsdp_wrap: units[%d] lists '%s', "
+                                        "but its module '%s' does not flatten it (a unit inside "
+                                        "it holds it, or it is ignored)", k, sp->params[j],
+                                        ui->fqn);
+        }
+        for (e = 0; e < ui->nentries; e++) {
+            int in = 0;
+            for (j = 0; j < sp->nparams && !in; j++) in = !strcmp(ui->entries[e].fqn, sp->params[j]);
+            for (j = 0; j < ui->nshared && !in; j++)
+                if (ui->shared[j].entry == e) {
+                    int i2;
+                    for (i2 = 0; i2 < sp->nparams && !in; i2++)
+                        in = !strcmp(ui->shared[j].fqn, sp->params[i2]);
+                }
+            if (!in)
+                return fsdp__model_fail(m, FSDP_INVALID_MODEL, "fsdp_wrap: units[%d] leaves out "
+                                        "'%s', which its module '%s' (the listed parameters' "
+                                        "common module) holds; a unit flattens whole modules: "
+                                        "list it, or make its module a unit of its own", k,
+                                        ui->entries[e].fqn, ui->fqn);
+        }
+    }
+    return FSDP_SUCCESS;
+}
+
 FSDP_API fsdp_result fsdp_wrap(fsdp_model *m, const fsdp_wrap_desc *desc, fsdp_units **out)
 {
     fsdp__walk w;
@@ -7453,7 +7719,8 @@ FSDP_API fsdp_result fsdp_wrap(fsdp_model *m, const fsdp_wrap_desc *desc, fsdp_u
         r = fsdp__make_unit(&w, 0, 0, np, &none, 0);
         if (r != FSDP_SUCCESS) goto done;
     }
-    r = fsdp__units_copy_tree(u, m, w.mod_unit);
+    r = fsdp__check_unit_lists(m, u, w.mod_unit, desc->policy, 0);
+    if (r == FSDP_SUCCESS) r = fsdp__units_copy_tree(u, m, w.mod_unit);
 done:
     fsdp__free(&m->hooks, w.stamp);
     fsdp__free(&m->hooks, w.mod_unit);
@@ -14399,6 +14666,52 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
     return FSDP_SUCCESS;
 }
 
+/* A not-strict load initialises the parameters it found, but each rank
+   sees only its own range: a rank without a piece of a parameter cannot
+   tell whether the others found theirs. ok[t] (1: loaded, or nothing to
+   load here) becomes the AND over every rank of the world, so every rank
+   marks the same parameters and a missing one is refused at the same
+   fsdp_begin_forward on all of them (else one rank errors and the others
+   wait in its all-gather). Collective: yes (one all-gather of nt bytes). */
+FSDP__DEF fsdp_result fsdp__ld_agree_loaded(fsdp__ld *L, unsigned char *ok)
+{
+    fsdp_ctx *c = L->c;
+    size_t n = (size_t)L->nt, bytes = n * (size_t)c->nranks;
+    unsigned char *all = NULL;
+    void *dbuf = NULL;
+    fsdp_result r;
+    int i;
+    size_t k;
+    if (c->nranks == 1 || !n) return FSDP_SUCCESS;
+    all = (unsigned char *)fsdp__alloc(&c->hooks, bytes);
+    if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    r = fsdp_device_alloc(c->dev, bytes, &dbuf);
+    if (r == FSDP_SUCCESS)
+        r = fsdp_device_copy(c->dev, (char *)dbuf + n * (size_t)c->rank, ok, n, FSDP_COPY_H2D,
+                             NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__ctx_dev(c, r, L->where);
+        goto done;
+    }
+    r = fsdp_all_gather(c->world, (char *)dbuf + n * (size_t)c->rank, dbuf, n, FSDP_U8, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__ctx_comm(c, c->world, r, L->where);
+        goto done;
+    }
+    r = fsdp_device_copy(c->dev, all, dbuf, bytes, FSDP_COPY_D2H, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__ctx_dev(c, r, L->where);
+        goto done;
+    }
+    for (i = 0; i < c->nranks; i++)
+        for (k = 0; k < n; k++)
+            if (!all[(size_t)i * n + k]) ok[k] = 0;
+done:
+    if (dbuf) fsdp_device_free(c->dev, dbuf, bytes);
+    fsdp__free(&c->hooks, all);
+    return r;
+}
+
 /* Everything was validated and staged on every rank: make it current. */
 FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
 {
@@ -14406,15 +14719,35 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
     int u, w, g, any = 0;
     int64_t mx = 0;
     fsdp_result r;
+    unsigned char *loaded = NULL;
+    if ((L->flags & FSDP_SD_NOT_STRICT) && L->kind != FSDP_SD_LOCAL) {
+        /* agreed before anything changes: a failure leaves the context as
+           it was on every rank */
+        int t;
+        loaded = (unsigned char *)fsdp__alloc(&c->hooks, (size_t)L->nt + 1);
+        if (!loaded) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+        for (t = 0; t < L->nt; t++)
+            loaded[t] = (unsigned char)(L->t[t].present[FSDP__WHAT_PARAM] || L->t[t].need_n == 0);
+        if ((r = fsdp__ld_agree_loaded(L, loaded)) != FSDP_SUCCESS) {
+            fsdp__free(&c->hooks, loaded);
+            return r;
+        }
+    }
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
         for (w = 0; w < FSDP__NBUFS; w++) {
             if (!L->stage[fsdp__bufi(u, w)]) continue;
             r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[fsdp__bufi(u, w)],
                                  (size_t)cu->S * 4, fsdp__to_shard(c), NULL);
-            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
+            if (r != FSDP_SUCCESS) {
+                fsdp__free(&c->hooks, loaded);
+                return fsdp__ctx_dev(c, r, L->where);
+            }
         }
-        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) {
+            fsdp__free(&c->hooks, loaded);
+            return r;
+        }
         /* a not-strict load initialises only the parameters it found: one
            it lacked must still be refused as never initialised */
         if ((L->flags & FSDP_SD_NOT_STRICT) && L->kind != FSDP_SD_LOCAL)
@@ -14422,13 +14755,12 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
         else
             fsdp__invalidate(c, cu);
     }
-    if ((L->flags & FSDP_SD_NOT_STRICT) && L->kind != FSDP_SD_LOCAL) {
-        /* a sharded dict holds this rank's pieces only: a parameter with no
-           element in this rank's shard is nothing it could have loaded */
+    if (loaded) {
+        /* every rank marks what every rank loaded (fsdp__ld_agree_loaded) */
         int t;
         for (t = 0; t < L->nt; t++)
-            if (L->t[t].present[FSDP__WHAT_PARAM] || L->t[t].need_n == 0)
-                fsdp__ctx_mark_loaded(c, L->t[t].unit, L->t[t].entry);
+            if (loaded[t]) fsdp__ctx_mark_loaded(c, L->t[t].unit, L->t[t].entry);
+        fsdp__free(&c->hooks, loaded);
     }
     for (g = 0; g < c->ngroups; g++)
         if (L->step_set[g]) {
