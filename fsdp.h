@@ -844,6 +844,41 @@ FSDP_API fsdp_result fsdp_model_add_module(fsdp_model *m, const char *fqn, const
 FSDP_API fsdp_result fsdp_model_add_type_base(fsdp_model *m, const char *type,
                                               const char *base);
 FSDP_API fsdp_result fsdp_model_add_param(fsdp_model *m, const fsdp_param_desc *p);
+/* One tensor, or a stack of them, of an engine's own layout: how
+   llm.c-style engines keep parameters and checkpoints, one array per
+   tensor kind across all layers ("qkvw" as [L, 3C, C]) in one flat host
+   buffer. The same table describes the model (fsdp_model_add_layout) and
+   loads it (fsdp_load_layout, >>getload).
+     name    a parameter's FQN; for a stack, a pattern whose one "{L}" is
+             replaced by the layer 0..count-1 ("h.{L}.attn.c_attn.weight")
+     offset  elements from the buffer's start to the first element;
+             FSDP_LAYOUT_NEXT: just after the previous entry (0 for the
+             first), as llm.c packs its tensors
+     ndim, shape   ONE parameter's shape (one layer's slice of a stack),
+             row-major
+     count   a stack's layers (needs "{L}"); 0 or 1 for one parameter
+     stride  a stack: elements from a layer's slice to the next; 0: the
+             slice's numel (a contiguous [count, shape...] array)
+     dtype, frozen  the parameter's, for fsdp_model_add_layout (0: f32,
+             trainable); loads ignore them (the buffer has one dtype) */
+#define FSDP_LAYOUT_NEXT ((int64_t)-1)
+typedef struct fsdp_layout_entry {
+    const char *name;
+    int64_t offset;
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS];
+    int count;
+    int64_t stride;
+    fsdp_dtype dtype;
+    int frozen;
+} fsdp_layout_entry;
+
+/* Declares the parameters of a layout table, in the table's order (a
+   stack's layers in turn): with fsdp_model_desc.implied_modules their
+   dotted names imply the modules. Stops at the first failure, naming the
+   entry. */
+FSDP_API fsdp_result fsdp_model_add_layout(fsdp_model *m, const fsdp_layout_entry *entries,
+                                           int n);
 /* Registers module.name as the same parameter as primary_fqn (a tied
    weight); it takes the primary's dtype, shape and requires_grad. */
 FSDP_API fsdp_result fsdp_model_add_shared_param(fsdp_model *m, const char *module,
@@ -1726,6 +1761,31 @@ FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *
    counters must stay far from INT64_MAX, where the next step would
    overflow. */
 #define FSDP_STEP_MAX ((int64_t)1 << 53)
+
+/* Loads parameters from the engine's own host buffer `data` (numel
+   elements of dtype dt, any float dtype), laid out as the table says
+   (fsdp_layout_entry: names, offsets, shapes, stacks sliced by layer), and
+   marks them initialised, as fsdp_set_full_param would one by one. The
+   table is checked first, against itself and the model, and a bad one
+   changes nothing: a name the model does not have, a shape other than the
+   model's, an entry past the buffer's end, two entries whose elements
+   overlap, a parameter loaded twice (tied names are one parameter; give
+   one), and, unless FSDP_SD_NOT_STRICT, a parameter the table leaves out.
+   Ignored parameters named by the table are skipped (they are the
+   engine's). flags:
+     FSDP_SD_RANK0_ONLY  only rank 0 reads: the others pass NULL (entries,
+                         data and numel are read on rank 0 alone), rank 0
+                         broadcasts each tensor through the context's comm
+                         and every rank keeps its shards;
+     FSDP_SD_NOT_STRICT  the table may leave parameters out (they keep
+                         their values and stay uninitialised).
+   Every rank returns the same result (the first failing rank's message).
+   The data is borrowed, never copied whole; a load holds one extra copy
+   of the rank's shards while it runs, as fsdp_load_state_dict.
+   Collective: yes. */
+FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *entries, int n,
+                                      const void *data, fsdp_dtype dt, int64_t numel,
+                                      unsigned flags);
 
 /* >>getload end (declarations) */
 
@@ -6937,6 +6997,104 @@ FSDP_API int fsdp_model_find_param(const fsdp_model *m, const char *fqn)
     if (!m || !fqn) return -1;
     raw = fsdp__find_param(m, fqn);
     return raw < 0 ? -1 : m->params[raw].order;
+}
+
+/* --- layout tables (fsdp_layout_entry) --- */
+
+/* Checks entry k of a table (not the model): count against "{L}", shape,
+   stride. Fills *slice (one parameter's numel) and *layers. */
+FSDP__DEF int fsdp__layout_entry_ok(const fsdp_layout_entry *e, int k, int64_t *slice,
+                                    int *layers, char *why, size_t cap)
+{
+    const char *pat = e->name ? strstr(e->name, "{L}") : NULL;
+    int d;
+    *slice = 1;
+    *layers = e->count > 1 ? e->count : 1;
+    if (!e->name || !*e->name) {
+        snprintf(why, cap, "entry %d has no name", k);
+        return 0;
+    }
+    if (pat && strstr(pat + 3, "{L}")) {
+        snprintf(why, cap, "entry %d '%s' has more than one \"{L}\"", k, e->name);
+        return 0;
+    }
+    if (e->count < 0 || (pat && e->count < 1) || (!pat && e->count > 1)) {
+        snprintf(why, cap, "entry %d '%s': count %d %s", k, e->name, e->count,
+                 pat ? "must be >= 1 for a \"{L}\" stack"
+                     : "needs a \"{L}\" in the name (where the layer goes)");
+        return 0;
+    }
+    if (e->ndim < 0 || e->ndim > FSDP_MAX_DIMS) {
+        snprintf(why, cap, "entry %d '%s': ndim %d (0..%d)", k, e->name, e->ndim, FSDP_MAX_DIMS);
+        return 0;
+    }
+    for (d = 0; d < e->ndim; d++) {
+        if (e->shape[d] < 0 || (e->shape[d] && *slice > ((int64_t)1 << 53) / e->shape[d])) {
+            snprintf(why, cap, "entry %d '%s': dimension %d (%lld) is %s", k, e->name, d,
+                     (long long)e->shape[d], e->shape[d] < 0 ? "negative" : "too large");
+            return 0;
+        }
+        *slice *= e->shape[d];
+    }
+    if (e->stride < 0 || e->offset < FSDP_LAYOUT_NEXT) {
+        snprintf(why, cap, "entry %d '%s': %s %lld is negative", k, e->name,
+                 e->stride < 0 ? "stride" : "offset",
+                 (long long)(e->stride < 0 ? e->stride : e->offset));
+        return 0;
+    }
+    return 1;
+}
+
+/* The FQN of layer `layer` of entry e ("{L}" replaced), in a buffer the
+   caller frees; NULL when out of memory. */
+FSDP__DEF char *fsdp__layout_name(const fsdp_hooks *h, const fsdp_layout_entry *e, int layer)
+{
+    const char *pat = strstr(e->name, "{L}");
+    size_t n = strlen(e->name) + 16;
+    char *out = (char *)fsdp__alloc(h, n);
+    if (!out) return NULL;
+    if (!pat) snprintf(out, n, "%s", e->name);
+    else snprintf(out, n, "%.*s%d%s", (int)(pat - e->name), e->name, layer, pat + 3);
+    return out;
+}
+
+FSDP_API fsdp_result fsdp_model_add_layout(fsdp_model *m, const fsdp_layout_entry *entries,
+                                           int n)
+{
+    int k, l;
+    if (!m) return FSDP_INVALID_ARGS;
+    if (n < 0 || (n > 0 && !entries))
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_model_add_layout: %d entries at %p",
+                                n, (const void *)entries);
+    for (k = 0; k < n; k++) {
+        const fsdp_layout_entry *e = &entries[k];
+        char why[FSDP_ERROR_MAX / 2];
+        int64_t slice;
+        int layers;
+        if (!fsdp__layout_entry_ok(e, k, &slice, &layers, why, sizeof why))
+            return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_model_add_layout: %s", why);
+        for (l = 0; l < layers; l++) {
+            fsdp_param_desc pd;
+            fsdp_result r;
+            char *name = fsdp__layout_name(&m->hooks, e, l);
+            if (!name) return fsdp__model_fail(m, FSDP_OUT_OF_MEMORY, "out of memory");
+            memset(&pd, 0, sizeof pd);
+            pd.name = name;
+            pd.dtype = e->dtype;
+            pd.ndim = e->ndim;
+            memcpy(pd.shape, e->shape, sizeof pd.shape);
+            pd.frozen = e->frozen;
+            r = fsdp_model_add_param(m, &pd);
+            fsdp__free(&m->hooks, name);
+            if (r != FSDP_SUCCESS) {
+                char prev[FSDP_ERROR_MAX];
+                snprintf(prev, sizeof prev, "%s", m->err.message);
+                return fsdp__model_fail(m, r, "fsdp_model_add_layout: entry %d '%s' (layer %d): "
+                                        "%s", k, e->name, l, prev);
+            }
+        }
+    }
+    return FSDP_SUCCESS;
 }
 
 /* >>model end */
@@ -15056,6 +15214,236 @@ FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *c, const fsdp_state_dict *sd
     r = fsdp__ld_commit(&L);
 done:
     fsdp__ld_free(&L);
+    return r;
+}
+
+/* --- engines' own layouts --- */
+
+typedef struct fsdp__lrange {
+    int64_t start, len;
+    int entry, layer, param; /* param: occurrence index named */
+} fsdp__lrange;
+
+FSDP__DEF int fsdp__lrange_cmp(const void *a, const void *b)
+{
+    const fsdp__lrange *x = (const fsdp__lrange *)a, *y = (const fsdp__lrange *)b;
+    if (x->start != y->start) return x->start < y->start ? -1 : 1;
+    if (x->entry != y->entry) return x->entry < y->entry ? -1 : 1;
+    return x->layer - y->layer;
+}
+
+/* Checks a table against the buffer and the model, then builds a FULL
+   dict borrowing the buffer: every name of each parameter loaded (tied
+   names too), in state_dict() order. */
+FSDP__DEF fsdp_result fsdp__layout_dict(fsdp_ctx *c, const fsdp_layout_entry *entries, int n,
+                                        const void *data, fsdp_dtype dt, int64_t numel,
+                                        unsigned flags, fsdp_state_dict **out)
+{
+    const char *fn = "fsdp_load_layout";
+    int np = fsdp_model_num_params(c->model), nr = 0, k, l, j, i;
+    fsdp__lrange *rg = NULL;
+    int *by_primary = NULL; /* primary occurrence -> range index + 1 */
+    int64_t next = 0;
+    size_t es = fsdp_dtype_size(dt);
+    fsdp_result r = FSDP_SUCCESS;
+    char why[FSDP_ERROR_MAX / 2];
+    *out = NULL;
+    if (n < 0 || (n > 0 && !entries) || !data || numel < 0)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: %s", fn,
+                              n < 0 || (n > 0 && !entries) ? "entries is NULL or n negative"
+                              : !data ? "data is NULL (only with FSDP_SD_RANK0_ONLY, on ranks "
+                                        "other than 0)"
+                                      : "numel is negative");
+    if (!fsdp_dtype_is_float(dt))
+        return fsdp__ctx_fail(c, FSDP_INVALID_DTYPE, "%s: the buffer's dtype %s is not a float "
+                              "dtype", fn, fsdp_dtype_name(dt));
+    for (k = 0; k < n; k++) {
+        int64_t slice;
+        int layers;
+        if (!fsdp__layout_entry_ok(&entries[k], k, &slice, &layers, why, sizeof why))
+            return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: %s", fn, why);
+        if (nr > INT32_MAX / 2 - layers)
+            return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: the table has too many tensors", fn);
+        nr += layers;
+    }
+    rg = (fsdp__lrange *)fsdp__alloc(&c->hooks, ((size_t)nr + 1) * sizeof *rg);
+    by_primary = (int *)fsdp__calloc(&c->hooks, (size_t)np + 1, sizeof(int));
+    if (!rg || !by_primary) {
+        r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+        goto done;
+    }
+    nr = 0;
+    for (k = 0; k < n && r == FSDP_SUCCESS; k++) {
+        const fsdp_layout_entry *e = &entries[k];
+        int64_t slice, base, stride, last;
+        int layers;
+        fsdp__layout_entry_ok(e, k, &slice, &layers, why, sizeof why);
+        base = e->offset == FSDP_LAYOUT_NEXT ? next : e->offset;
+        stride = e->stride ? e->stride : slice;
+        /* the last element, without overflow: base + (layers-1)*stride + slice */
+        if (base > numel || (layers > 1 && stride > (numel - base) / (layers - 1)) ||
+            slice > numel - base - (int64_t)(layers - 1) * stride) {
+            r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: entry %d '%s' runs past the buffer's "
+                               "end: %d x %lld elements from offset %lld (stride %lld), the "
+                               "buffer has %lld", fn, k, e->name, layers, (long long)slice,
+                               (long long)base, (long long)stride, (long long)numel);
+            break;
+        }
+        last = base + (int64_t)(layers - 1) * stride + slice;
+        next = last;
+        for (l = 0; l < layers; l++) {
+            fsdp_param_info pi;
+            char *name = fsdp__layout_name(&c->hooks, e, l);
+            char want[160], have[160];
+            int d, same;
+            if (!name) {
+                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+                break;
+            }
+            j = fsdp_model_find_param(c->model, name);
+            if (j < 0) {
+                char at[32] = "";
+                if (strstr(e->name, "{L}")) snprintf(at, sizeof at, " (layer %d)", l);
+                r = fsdp__ctx_fail(c, FSDP_NOT_FOUND, "%s: entry %d '%s'%s names '%s', which is "
+                                   "no parameter of the model", fn, k, e->name, at, name);
+                fsdp__free(&c->hooks, name);
+                break;
+            }
+            fsdp__pinfo(c, j, &pi);
+            same = pi.ndim == e->ndim;
+            for (d = 0; same && d < e->ndim; d++) same = pi.shape[d] == e->shape[d];
+            if (!same) {
+                fsdp__shape_str(want, sizeof want, e->ndim, e->shape);
+                fsdp__shape_str(have, sizeof have, pi.ndim, pi.shape);
+                r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: entry %d gives '%s' the shape %s; "
+                                   "the model's is %s", fn, k, name, want, have);
+                fsdp__free(&c->hooks, name);
+                break;
+            }
+            if (by_primary[pi.primary]) {
+                const fsdp__lrange *o = &rg[by_primary[pi.primary] - 1];
+                fsdp_param_info po;
+                fsdp__pinfo(c, o->param, &po);
+                r = fsdp__ctx_fail(c, FSDP_DUPLICATE_NAME, "%s: '%s' is loaded twice: by entry %d "
+                                   "as '%s' and by entry %d as '%s'%s", fn, name, o->entry,
+                                   po.fqn, k, name,
+                                   o->param != j ? " (tied names are one parameter: give one)"
+                                                 : "");
+                fsdp__free(&c->hooks, name);
+                break;
+            }
+            fsdp__free(&c->hooks, name);
+            rg[nr].start = base + (int64_t)l * stride;
+            rg[nr].len = slice;
+            rg[nr].entry = k;
+            rg[nr].layer = l;
+            rg[nr].param = j;
+            by_primary[pi.primary] = ++nr;
+        }
+    }
+    if (r != FSDP_SUCCESS) goto done;
+    /* missing parameters, before the ranges are sorted */
+    if (!(flags & FSDP_SD_NOT_STRICT)) {
+        char names[FSDP_ERROR_MAX / 2] = "";
+        int nmiss = 0;
+        for (j = 0; j < np; j++) {
+            fsdp_param_info pi;
+            fsdp__pinfo(c, j, &pi);
+            if (pi.primary == j && !pi.ignored && !by_primary[j])
+                fsdp__namelist(names, sizeof names, &nmiss, pi.fqn);
+        }
+        if (nmiss) {
+            r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: %d parameter%s in no entry of the "
+                               "table: %s%s (FSDP_SD_NOT_STRICT loads a part)", fn, nmiss,
+                               nmiss == 1 ? " is" : "s are", names, nmiss > 6 ? ", ..." : "");
+            goto done;
+        }
+    }
+    /* overlaps: by start, each range must end before the next begins */
+    {
+        fsdp__lrange *sorted = (fsdp__lrange *)fsdp__alloc(&c->hooks, ((size_t)nr + 1) * sizeof *rg);
+        if (!sorted) {
+            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+            goto done;
+        }
+        if (nr) memcpy(sorted, rg, (size_t)nr * sizeof *rg);
+        qsort(sorted, (size_t)nr, sizeof *sorted, fsdp__lrange_cmp);
+        for (i = 1, k = 0; i < nr; i++) {
+            if (!sorted[i].len) continue;
+            if (sorted[k].len && sorted[i].start < sorted[k].start + sorted[k].len) {
+                fsdp_param_info a, b;
+                fsdp__pinfo(c, sorted[k].param, &a);
+                fsdp__pinfo(c, sorted[i].param, &b);
+                r = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: entries overlap: '%s' (entry %d) "
+                                   "holds elements [%lld, %lld) and '%s' (entry %d) [%lld, %lld)",
+                                   fn, a.fqn, sorted[k].entry, (long long)sorted[k].start,
+                                   (long long)(sorted[k].start + sorted[k].len), b.fqn,
+                                   sorted[i].entry, (long long)sorted[i].start,
+                                   (long long)(sorted[i].start + sorted[i].len));
+                break;
+            }
+            if (!sorted[k].len || sorted[i].start + sorted[i].len > sorted[k].start + sorted[k].len)
+                k = i;
+        }
+        fsdp__free(&c->hooks, sorted);
+        if (r != FSDP_SUCCESS) goto done;
+    }
+    /* the dict: every name of each loaded parameter, borrowing the buffer */
+    r = fsdp_state_dict_create(FSDP_SD_FULL, c->dev, &c->hooks, out);
+    if (r != FSDP_SUCCESS) {
+        r = fsdp__ctx_fail(c, r, "%s: out of memory", fn);
+        goto done;
+    }
+    for (j = 0; j < np && r == FSDP_SUCCESS; j++) {
+        fsdp_param_info pi;
+        fsdp_tensor t;
+        const fsdp__lrange *g;
+        fsdp__pinfo(c, j, &pi);
+        if (pi.ignored || !by_primary[pi.primary]) continue;
+        g = &rg[by_primary[pi.primary] - 1];
+        memset(&t, 0, sizeof t);
+        t.name = pi.fqn;
+        t.dtype = dt;
+        t.ndim = pi.ndim;
+        memcpy(t.shape, pi.shape, (size_t)pi.ndim * sizeof(int64_t));
+        t.data = (void *)((const char *)data + (size_t)g->start * es);
+        t.mem = FSDP_MEM_HOST;
+        r = fsdp_state_dict_add(*out, &t, 0);
+        if (r != FSDP_SUCCESS)
+            r = fsdp__ctx_fail(c, r, "%s: '%s': %s", fn, pi.fqn, fsdp_state_dict_last_error(*out));
+    }
+done:
+    if (r != FSDP_SUCCESS && *out) {
+        fsdp_state_dict_destroy(*out);
+        *out = NULL;
+    }
+    fsdp__free(&c->hooks, rg);
+    fsdp__free(&c->hooks, by_primary);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *c, const fsdp_layout_entry *entries, int n,
+                                      const void *data, fsdp_dtype dt, int64_t numel,
+                                      unsigned flags)
+{
+    const char *fn = "fsdp_load_layout";
+    fsdp_state_dict *sd = NULL;
+    fsdp_result mine = FSDP_SUCCESS, r;
+    int rank0 = (flags & FSDP_SD_RANK0_ONLY) != 0;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (flags & ~(unsigned)(FSDP_SD_RANK0_ONLY | FSDP_SD_NOT_STRICT))
+        mine = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: flags 0x%x: only FSDP_SD_RANK0_ONLY and "
+                              "FSDP_SD_NOT_STRICT apply", fn, flags);
+    else if (!rank0 || c->rank == 0)
+        mine = fsdp__layout_dict(c, entries, n, data, dt, numel, flags, &sd);
+    /* a bad table on one rank (rank 0 alone reads with RANK0_ONLY) fails
+       every rank, with its message, before any data moves */
+    if ((r = fsdp__agree(c, mine, fn)) != FSDP_SUCCESS) {
+        fsdp_state_dict_destroy(sd);
+        return r;
+    }
+    r = fsdp_load_state_dict(c, sd, flags & (FSDP_SD_RANK0_ONLY | FSDP_SD_NOT_STRICT));
+    fsdp_state_dict_destroy(sd);
     return r;
 }
 
