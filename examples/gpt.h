@@ -753,66 +753,44 @@ static double gpt_thread_cpu_ms(void)
 static double gpt_thread_cpu_ms(void) { return gpt_now_ms(); }
 #endif
 
-/* The description fsdp.h wraps: module types follow nanoGPT ("Block" is
-   what the module-type policy wraps; the root keeps wte, wpe, ln_f and
-   the head, whose weight is wte's). */
+/* The description fsdp.h wraps, as a table: nanoGPT's names, whose dots
+   imply the module tree (fsdp_model_desc.implied_modules); a "{L}" entry is
+   one tensor per block ("h.{L}.ln_1.weight": h.0.ln_1.weight,
+   h.1.ln_1.weight, ...). The root keeps wte, wpe, ln_f and the head, whose
+   weight is wte's. */
 static fsdp_model *gpt_build_model(const gpt_config *c, char *err, size_t cap)
 {
     gpt_dims d = gpt_dims_of(c);
+    const int64_t C = d.C, n = d.layers;
+    const fsdp_layout_entry table[] = {
+        /* name, offset (unused here), ndim, shape, count */
+        {"wte.weight", 0, 2, {GPT_VOCAB, C}, 0, 0, FSDP_F32, 0},
+        {"wpe.weight", 0, 2, {d.L, C}, 0, 0, FSDP_F32, 0},
+        {"h.{L}.ln_1.weight", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.ln_1.bias", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.attn.c_attn.weight", 0, 2, {3 * C, C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.attn.c_attn.bias", 0, 1, {3 * C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.attn.c_proj.weight", 0, 2, {C, C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.attn.c_proj.bias", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.ln_2.weight", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.ln_2.bias", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.mlp.c_fc.weight", 0, 2, {4 * C, C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.mlp.c_fc.bias", 0, 1, {4 * C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.mlp.c_proj.weight", 0, 2, {C, 4 * C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.mlp.c_proj.bias", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
+        {"ln_f.weight", 0, 1, {C}, 0, 0, FSDP_F32, 0},
+        {"ln_f.bias", 0, 1, {C}, 0, 0, FSDP_F32, 0}};
     fsdp_model *m = NULL;
     fsdp_model_desc desc;
-    char mod[64], name[96];
-    int ok = 1, i, k;
     memset(&desc, 0, sizeof desc);
     desc.root_type = "GPT";
+    desc.implied_modules = 1;
     if (fsdp_model_create(&desc, &m) != FSDP_SUCCESS) {
         snprintf(err, cap, "fsdp_model_create failed");
         return NULL;
     }
-#define GPT__MOD(fqn, type) ok = ok && fsdp_model_add_module(m, fqn, type) == FSDP_SUCCESS
-    GPT__MOD("wte", "Embedding");
-    GPT__MOD("wpe", "Embedding");
-    GPT__MOD("h", "ModuleList");
-    for (i = 0; ok && i < d.layers; i++) {
-        static const char *const sub[][2] = {
-            {"ln_1", "LayerNorm"}, {"attn", "CausalSelfAttention"}, {"attn.c_attn", "Linear"},
-            {"attn.c_proj", "Linear"}, {"ln_2", "LayerNorm"}, {"mlp", "MLP"},
-            {"mlp.c_fc", "Linear"}, {"mlp.c_proj", "Linear"}};
-        snprintf(mod, sizeof mod, "h.%d", i);
-        GPT__MOD(mod, "Block");
-        for (k = 0; ok && k < 8; k++) {
-            snprintf(mod, sizeof mod, "h.%d.%s", i, sub[k][0]);
-            GPT__MOD(mod, sub[k][1]);
-        }
-    }
-    GPT__MOD("ln_f", "LayerNorm");
-    GPT__MOD("head", "Linear");
-#undef GPT__MOD
-    for (i = 0; ok && i <= d.layers; i++)
-        for (k = 0; ok && k < gpt_unit_ntensors(&d, i); k++) {
-            fsdp_param_desc p;
-            char *dot;
-            size_t n = gpt_tensor_numel(&d, i, k);
-            gpt_tensor_name(&d, i, k, name, sizeof name);
-            dot = strrchr(name, '.');
-            *dot = 0;
-            memset(&p, 0, sizeof p);
-            p.module = name;
-            p.name = dot + 1;
-            /* matrices: [out, in] for Linear, [rows, C] for embeddings */
-            if (i == d.layers ? k <= GPT_WPE
-                              : (k == GPT_QKVW || k == GPT_PROJW || k == GPT_FCW || k == GPT_MPW)) {
-                p.ndim = 2;
-                p.shape[1] = i < d.layers && k == GPT_MPW ? 4 * d.C : d.C;
-                p.shape[0] = (int64_t)n / p.shape[1];
-            } else {
-                p.ndim = 1;
-                p.shape[0] = (int64_t)n;
-            }
-            ok = fsdp_model_add_param(m, &p) == FSDP_SUCCESS;
-        }
-    ok = ok && fsdp_model_add_shared_param(m, "head", "weight", "wte.weight") == FSDP_SUCCESS;
-    if (!ok) {
+    if (fsdp_model_add_layout(m, table, (int)(sizeof table / sizeof table[0])) != FSDP_SUCCESS ||
+        fsdp_model_add_shared_param(m, NULL, "head.weight", "wte.weight") != FSDP_SUCCESS) {
         snprintf(err, cap, "building the model failed: %s", fsdp_model_last_error(m));
         fsdp_model_destroy(m);
         return NULL;
@@ -820,18 +798,26 @@ static fsdp_model *gpt_build_model(const gpt_config *c, char *err, size_t cap)
     return m;
 }
 
-/* Each block a unit; the root holds the rest. bf16: parameters gathered
-   and gradients reduced in bf16, f32 master weights. */
+/* Each block a unit (by its FQN prefix "h.<i>."); the root holds the rest.
+   bf16: parameters gathered and gradients reduced in bf16, f32 master
+   weights. */
 static fsdp_units *gpt_wrap(fsdp_model *m, const gpt_config *c, char *err, size_t cap)
 {
-    static const char *const block_types[] = {"Block"};
+    char prefix[GPT_MAX_LAYERS][16];
+    fsdp_unit_spec blocks[GPT_MAX_LAYERS];
     fsdp_wrap_policy policy;
     fsdp_wrap_desc wd;
     fsdp_units *units = NULL;
+    int i;
+    memset(blocks, 0, sizeof blocks);
+    for (i = 0; i < c->layers && i < GPT_MAX_LAYERS; i++) {
+        snprintf(prefix[i], sizeof prefix[i], "h.%d.", i);
+        blocks[i].prefix = prefix[i];
+    }
     memset(&policy, 0, sizeof policy);
-    policy.kind = FSDP_WRAP_MODULE_TYPE;
-    policy.module_types = block_types;
-    policy.n_module_types = 1;
+    policy.kind = FSDP_WRAP_UNITS;
+    policy.units = blocks;
+    policy.n_units = i;
     memset(&wd, 0, sizeof wd);
     wd.policy = &policy;
     wd.root.sharding = FSDP_FULL_SHARD;
@@ -843,25 +829,17 @@ static fsdp_units *gpt_wrap(fsdp_model *m, const gpt_config *c, char *err, size_
     return units;
 }
 
-static int gpt_find_unit(const fsdp_units *units, const char *fqn)
-{
-    int i;
-    for (i = 0; i < fsdp_units_count(units); i++)
-        if (!strcmp(fsdp_units_get(units, i)->fqn, fqn)) return i;
-    return -1;
-}
-
-/* No weight decay on biases, norms and embeddings. */
+/* No weight decay on biases, norms and embeddings (wte, wpe). */
 static int gpt_group_of(void *user, const char *fqn, int ndim, const char *module_type)
 {
     (void)user;
-    (void)fqn;
-    return ndim >= 2 && strcmp(module_type, "Embedding") != 0 ? 0 : 1;
+    (void)module_type;
+    return ndim >= 2 && strncmp(fqn, "wte.", 4) != 0 && strncmp(fqn, "wpe.", 4) != 0 ? 0 : 1;
 }
 
 /* nanoGPT's initialisation: normal(0, 0.02) for weights and embeddings,
    0.02/sqrt(2 layers) for the projections into the residual stream, norms
-   one, biases zero. */
+   one (their 1-D weights), biases zero. */
 static fsdp_init_spec gpt_init_choose(void *user, const char *fqn, int ndim, const int64_t *shape,
                                       const char *module_type)
 {
@@ -869,13 +847,14 @@ static fsdp_init_spec gpt_init_choose(void *user, const char *fqn, int ndim, con
     fsdp_init_spec s;
     size_t len = strlen(fqn);
     (void)shape;
+    (void)module_type;
     memset(&s, 0, sizeof s);
     if (ndim == 2) {
         s.kind = FSDP_INIT_NORMAL;
         s.b = 0.02;
         if (len > 13 && !strcmp(fqn + len - 13, "c_proj.weight"))
             s.b = 0.02 / sqrt(2.0 * (double)c->layers);
-    } else if (!strcmp(module_type, "LayerNorm") && len >= 6 && !strcmp(fqn + len - 6, "weight")) {
+    } else if (len >= 6 && !strcmp(fqn + len - 6, "weight")) {
         s.kind = FSDP_INIT_ONES;
     } else {
         s.kind = FSDP_INIT_ZEROS;
@@ -1088,7 +1067,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         char name[16];
         if (i < e.d.layers) snprintf(name, sizeof name, "h.%d", i);
         else name[0] = 0;
-        e.unit_of[i] = gpt_find_unit(sh->units, name);
+        e.unit_of[i] = fsdp_units_find(sh->units, name);
         if (e.unit_of[i] < 0) {
             snprintf(e.msg, e.msg_cap, "rank %d: no unit '%s'", rank, name);
             goto done;

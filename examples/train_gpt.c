@@ -7,8 +7,8 @@
    final LayerNorm and an output head tied to the token embedding. Forward
    and backward are hand-written fp32 loops over a cache-blocked matmul that
    the compiler vectorises; tests/test_gpt.c checks every gradient against
-   finite differences. fsdp.h wraps it with the module-type policy: each
-   "Block" is a unit; the root unit holds the embeddings, the final norm and
+   finite differences. fsdp.h wraps it with prefix units: each block
+   ("h.0.", "h.1.", ...) is a unit; the root unit holds the embeddings, the final norm and
    the head, whose weight is a shared parameter (head.weight is wte.weight,
    stored once). The optimizer is AdamW with two parameter groups (no weight
    decay on biases, norms and embeddings), linear warm-up then cosine decay,
