@@ -91,6 +91,10 @@
               the first begin (fsdp_init_zeros for zeros on purpose); the
               debug mode (FSDP_DEBUG=1); index views, fsdp_units_find,
               fsdp_set_optim, fsdp_set_steps, FSDP_GRAD_SUM.
+              Engines' own layouts: implied modules (dotted names),
+              FSDP_WRAP_UNITS (prefixes, parameter lists), layout tables
+              (fsdp_model_add_layout, fsdp_load_layout); a not-strict
+              load's initialised set is agreed across ranks.
        0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
        0.4.0  state dicts and safetensors checkpoints
        0.3.0  the ZeRO optimizer
