@@ -6834,9 +6834,13 @@ FSDP_API fsdp_result fsdp_model_add_shared_param(fsdp_model *m, const char *modu
     int mod, prim;
     const char *mname = module ? module : "";
     if (!m) return FSDP_INVALID_ARGS;
-    if (name && m->implied && strchr(name, '.') && primary_fqn &&
-        fsdp__find_param(m, primary_fqn) >= 0) {
+    if (name && m->implied && strchr(name, '.')) {
         const char *lname;
+        if (!primary_fqn || fsdp__find_param(m, primary_fqn) < 0)
+            return fsdp__model_fail(m, primary_fqn ? FSDP_NOT_FOUND : FSDP_INVALID_ARGS,
+                                    "fsdp_model_add_shared_param: primary parameter '%s' of "
+                                    "'%s' does not exist", primary_fqn ? primary_fqn : "(NULL)",
+                                    name);
         fsdp_result r = fsdp__implied_path(m, "fsdp_model_add_shared_param", mname, name, &mod,
                                            &lname);
         if (r != FSDP_SUCCESS) return r;

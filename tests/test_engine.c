@@ -521,6 +521,10 @@ static void test_implied_errors(void)
           fsdp_model_last_error(m));
     p.name = "h.0.ln.weight";
     CHECK(fsdp_model_add_param(m, &p) == FSDP_DUPLICATE_NAME, "a dotted name twice");
+    r = fsdp_model_add_shared_param(m, NULL, "lm.head.weight", "wte.wieght");
+    CHECK(r == FSDP_NOT_FOUND && contains(fsdp_model_last_error(m), "'wte.wieght'") &&
+              fsdp_model_find_module(m, "lm") < 0,
+          "a tie to no parameter creates no module: %s", fsdp_model_last_error(m));
 
     memset(s, 0, sizeof s);
     s[0].prefix = "h.7.";
