@@ -606,6 +606,169 @@ static void test_implied_errors(void)
     fsdp_model_destroy(m);
 }
 
+/* Random trees: the module-tree route wrapped by a size-based or type
+   policy; the same model from dotted names alone; wrapped again from the
+   first wrapping's units given as prefixes, or as parameter lists where a
+   list names that module (it holds a parameter itself). All the same. */
+#define RT_MODS 40
+#define RT_SLOTS 128
+typedef struct rtree {
+    char mod[RT_MODS][48];
+    int nmods;
+    char pfqn[RT_SLOTS][64]; /* every occurrence, in state_dict order */
+    int pmod[RT_SLOTS], tie[RT_SLOTS], numel[RT_SLOTS], block[RT_MODS];
+    int np;
+} rtree;
+
+static uint32_t rt_next(uint32_t *x)
+{
+    *x ^= *x << 13;
+    *x ^= *x >> 17;
+    *x ^= *x << 5;
+    return *x;
+}
+
+static void rt_gen(rtree *t, uint32_t *rng, const char *fqn, int depth)
+{
+    int me = t->nmods, k, nparams, nchildren;
+    if (me >= RT_MODS) return;
+    snprintf(t->mod[me], sizeof t->mod[me], "%s", fqn);
+    t->block[me] = depth == 1 && rt_next(rng) % 2;
+    t->nmods++;
+    nchildren = depth < 3 ? (int)(rt_next(rng) % 4) : 0;
+    nparams = (int)(rt_next(rng) % 3) + (nchildren == 0);
+    if (!depth) nparams = (int)(rt_next(rng) % 2);
+    for (k = 0; k < nparams && t->np < RT_SLOTS; k++) {
+        int i = t->np++;
+        snprintf(t->pfqn[i], sizeof t->pfqn[i], "%s%sp%d", fqn, *fqn ? "." : "", k);
+        t->pmod[i] = me;
+        t->numel[i] = 1 + (int)(rt_next(rng) % 7);
+        t->tie[i] = i > 2 && rt_next(rng) % 6 == 0 ? (int)(rt_next(rng) % (uint32_t)i) : -1;
+        if (t->tie[i] >= 0 && t->tie[t->tie[i]] >= 0) t->tie[i] = t->tie[t->tie[i]];
+    }
+    for (k = 0; k < nchildren; k++) {
+        char c[48];
+        snprintf(c, sizeof c, "%s%s%c%d", fqn, *fqn ? "." : "", "abc"[k % 3], k);
+        rt_gen(t, rng, c, depth + 1);
+    }
+}
+
+/* Adds the parameters of raw module index `mod` (tree route) or all of
+   them (mod < 0: implied route, full FQNs), in slot order. */
+static void rt_params(fsdp_model *m, const rtree *t, int mod)
+{
+    int i;
+    for (i = 0; i < t->np; i++) {
+        const char *local = t->pfqn[i];
+        const char *mname = NULL;
+        if (mod >= 0) {
+            if (t->pmod[i] != mod) continue;
+            mname = t->mod[mod];
+            if (*mname) local += strlen(mname) + 1;
+        }
+        if (t->tie[i] >= 0) {
+            OK(fsdp_model_add_shared_param(m, mname, local, t->pfqn[t->tie[i]]));
+        } else {
+            fsdp_param_desc p;
+            memset(&p, 0, sizeof p);
+            p.module = mname;
+            p.name = local;
+            p.ndim = 1;
+            p.shape[0] = t->numel[i];
+            OK(fsdp_model_add_param(m, &p));
+        }
+    }
+}
+
+static void test_random_trees(void)
+{
+    uint32_t rng = 12345;
+    int trial, failed_before = 0, with_units = 0, with_lists = 0, with_ties = 0;
+    for (trial = 0; trial < 60; trial++) {
+        rtree *t = (rtree *)calloc(1, sizeof *t);
+        fsdp_model_desc md;
+        fsdp_model *tree = NULL, *imp = NULL, *m = NULL;
+        fsdp_units *ut = NULL, *up = NULL, *ul = NULL;
+        fsdp_wrap_policy pol;
+        fsdp_wrap_desc wd;
+        fsdp_unit_spec specs[RT_MODS];
+        const char *lists[RT_MODS][RT_SLOTS];
+        static const char *const types[] = {"Block"};
+        int i, k, n, fails;
+        char what[64];
+        rt_gen(t, &rng, "", 0);
+        memset(&md, 0, sizeof md);
+        OK(fsdp_model_create(&md, &tree));
+        m = tree;
+        for (i = 1; i < t->nmods; i++)
+            OK(fsdp_model_add_module(m, t->mod[i], t->block[i] ? "Block" : "Module"));
+        for (i = 0; i < t->nmods; i++) rt_params(m, t, i);
+        md.implied_modules = 1;
+        OK(fsdp_model_create(&md, &imp));
+        m = imp;
+        rt_params(m, t, -1);
+        /* every leaf module holds a parameter, so every module is implied */
+        same_model(tree, imp);
+        memset(&pol, 0, sizeof pol);
+        memset(&wd, 0, sizeof wd);
+        if (trial % 2) {
+            pol.kind = FSDP_WRAP_SIZE_BASED;
+            pol.min_num_params = 1 + (int64_t)(rt_next(&rng) % 12);
+        } else {
+            pol.kind = FSDP_WRAP_MODULE_TYPE;
+            pol.module_types = types;
+            pol.n_module_types = 1;
+        }
+        wd.policy = &pol;
+        m = tree;
+        OK(fsdp_wrap(m, &wd, &ut));
+        if (!ut) goto next;
+        n = fsdp_units_count(ut) - 1; /* the root is last and not listed */
+        memset(specs, 0, sizeof specs);
+        for (i = 0; i < n; i++) specs[i].prefix = fsdp_units_get(ut, i)->fqn;
+        m = imp;
+        for (i = 0; i < t->np; i++) with_ties += t->tie[i] >= 0;
+        if (n > 0) {
+            with_units++;
+            OK(wrap_specs(m, specs, n, &up));
+            snprintf(what, sizeof what, "random tree %d, prefixes", trial);
+            if (up) same_units(ut, up, what);
+            for (i = 0; i < n; i++) {
+                const fsdp_unit_info *ui = fsdp_units_get(ut, i);
+                int own = 0;
+                for (k = 0; k < ui->nentries; k++)
+                    if (!strchr(ui->entries[k].prefixed_name, '.')) own = 1;
+                if (!own) continue;
+                specs[i].prefix = NULL;
+                with_lists += i == 0;
+                for (k = 0; k < ui->nentries; k++) lists[i][k] = ui->entries[ui->nentries - 1 - k].fqn;
+                specs[i].params = lists[i];
+                specs[i].nparams = ui->nentries;
+            }
+            OK(wrap_specs(m, specs, n, &ul));
+            snprintf(what, sizeof what, "random tree %d, lists", trial);
+            if (ul) same_units(ut, ul, what);
+        }
+    next:
+        fails = (int)check_failed();
+        if (fails != failed_before) {
+            fprintf(stderr, "random tree %d failed (%d modules, %d parameters)\n", trial,
+                    t->nmods, t->np);
+            failed_before = fails;
+        }
+        fsdp_units_destroy(ut);
+        fsdp_units_destroy(up);
+        fsdp_units_destroy(ul);
+        fsdp_model_destroy(tree);
+        fsdp_model_destroy(imp);
+        free(t);
+    }
+    /* the trees exercised what they are for */
+    CHECK(with_units >= 30 && with_lists >= 10 && with_ties >= 20,
+          "random trees: %d wrapped into units, %d with a list first, %d ties", with_units,
+          with_lists, with_ties);
+}
+
 /* --- loading engine layouts --- */
 
 static fsdp_model *g_model;
@@ -960,6 +1123,7 @@ static const check_case CASES[] = {
     {"implied_same_as_tree", test_implied_same_as_tree},
     {"dotted_params", test_dotted_params},
     {"implied_errors", test_implied_errors},
+    {"random_trees", test_random_trees},
     {"layout_load", test_layout_load},
     {"layout_errors", test_layout_errors},
     {"not_strict_agrees", test_not_strict_agrees},
