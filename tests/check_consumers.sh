@@ -92,7 +92,7 @@ ln -s "$src" "$m/subprojects/fsdp"
 cat >"$m/subprojects/fsdp.wrap" <<WRAP
 [wrap-git]
 url = $src
-revision = HEAD
+revision = head
 depth = 1
 
 [provide]
