@@ -171,7 +171,7 @@ if step "$work/install.log" env CC="$cc" CXX="$cxx" meson setup "$work/fsdp-buil
     mkdir -p "$cm"
     cp "$src/tests/consumers/cmake/CMakeLists.txt" "$src/tests/consumers/consumer.c" "$cm/"
     if step "$work/cmake.log" cmake -S "$cm" -B "$cm/build" -DCMAKE_PREFIX_PATH="$prefix" \
-            -DCMAKE_C_COMPILER="$cc" -DCMAKE_C_FLAGS=-O0 &&
+            -DCMAKE_C_COMPILER="${cc##* }" -DCMAKE_C_FLAGS=-O0 &&
        step "$work/cmake-build.log" cmake --build "$cm/build" -j 2; then
         run_all "$cm/build" cmake
     else
