@@ -21,6 +21,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "example_metrics.h" /* --metrics FILE */
+
 #define GPT_VOCAB 12 /* '0'..'9', '+', '=' */
 #define GPT_PLUS 10
 #define GPT_EQ 11
@@ -42,6 +44,7 @@ typedef struct gpt_config {
     const char *save_dir, *resume_dir;
     int save_every, stop_after;
     int cpu_offload; /* shards, gradients and optimizer state in pinned host memory */
+    FILE *metrics;   /* --metrics: rank 0's JSON lines (examples/example_metrics.h); NULL: off */
 } gpt_config;
 
 /* The defaults of train_gpt: ~100k parameters, learns 3-digit addition to
@@ -1046,6 +1049,8 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
                                            : (cfg->steps / 20 > 0 ? cfg->steps / 20 : 1);
     size_t row;
     double t_last, t_start, tokens_per_step, eval_ms = 0.0;
+    double metrics_ms = 0.0; /* --metrics: the training time and step of the last record */
+    int metrics_step;
     memset(&e, 0, sizeof e);
     memset(&a, 0, sizeof a);
     e.src.begin = gpt__begin;
@@ -1130,6 +1135,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         goto done;
     }
     first_step = (int)fsdp_ctx_steps(e.ctx) + 1;
+    metrics_step = first_step - 1;
     last_step = cfg->stop_after > 0 && cfg->stop_after < cfg->steps ? cfg->stop_after : cfg->steps;
     if (rank == 0) {
         /* a checkpoint of a finished run trains nothing: no loss is
@@ -1147,6 +1153,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     e.cpu_mark = gpt_thread_cpu_ms();
     for (step = first_step; step <= last_step; step++) {
         double lr = gpt_lr_at(cfg, step), norm = 0.0, wall;
+        double acc_now = -1.0; /* --metrics: held-out accuracy if measured this step */
         float loss = 0.0f;
         for (m = 0; m < K; m++) {
             /* micro-batch m: rows [m*B/K, (m+1)*B/K) of the global batch,
@@ -1203,6 +1210,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
             if (!gpt__evaluate(&e, &a, tok, chunk, comm, n, &correct)) goto done;
             if (rank == 0) {
                 double acc = (double)correct / n;
+                acc_now = acc;
                 if (acc >= 0.9 && res->time_to_90_ms <= 0.0) {
                     res->time_to_90_ms = t - t_start - eval_ms;
                     res->step_to_90 = step;
@@ -1226,6 +1234,19 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
                    (double)plan.total / 1024.0);
             fflush(stdout);
             t_last = t;
+        }
+        /* --metrics: the steps of the progress lines and of the accuracy
+           checks; tokens/s over the training time since the last record */
+        if (rank == 0 && cfg->metrics &&
+            (step % print_every == 0 || step == 1 || step == cfg->steps || acc_now >= 0.0)) {
+            double train_ms = gpt_now_ms() - t_start - eval_ms;
+            fsdp_device_memory(dev, &ms);
+            example_metrics_write(cfg->metrics, step, (double)loss, lr, norm, "tokens_per_s",
+                                  tokens_per_step * (step - metrics_step) /
+                                      ((train_ms - metrics_ms) / 1e3),
+                                  ms.device_peak, plan.total, train_ms / 1e3, acc_now);
+            metrics_step = step;
+            metrics_ms = train_ms;
         }
     }
     if (rank == 0) res->train_ms = gpt_now_ms() - t_start - eval_ms;

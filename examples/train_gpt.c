@@ -41,6 +41,7 @@
                     [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]
                     [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload] [--quiet]
                     [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
+                    [--metrics FILE]
                     [--backend local|mpi|gloo]  (mpi: mpirun -np N train_gpt ...;
                     gloo: forks --ranks processes over loopback TCP, or runs one
                     rank: --rank R --store-dir DIR [--host ADDR])
@@ -85,6 +86,7 @@ static void usage(const char *argv0)
             "          [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload]\n"
             "          [--quiet]\n"
             "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
+            "          [--metrics FILE] (JSON lines: a record per logged step)\n"
             "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
             "           gloo: forks --ranks processes, or one rank: --rank R --store-dir D\n"
             "           [--host ADDR])\n",
@@ -106,6 +108,9 @@ static int parse_double(const char *s, double *out)
     *out = strtod(s, &end);
     return *s && !*end;
 }
+
+/* --metrics FILE (examples/example_metrics.h), opened by main for rank 0 */
+static const char *metrics_path;
 
 /* Options of the run; 1 on success, 0 on a bad option, -1 for --help. */
 static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
@@ -132,6 +137,7 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
             else if (!strcmp(a, "--store-dir")) b->store_dir = v;
             else if (!strcmp(a, "--host")) b->host = v;
             else if (!strcmp(a, "--save")) c->save_dir = v;
+            else if (!strcmp(a, "--metrics")) metrics_path = v;
             else if (!strcmp(a, "--resume")) c->resume_dir = v;
             else if (!strcmp(a, "--save-every"))
                 good = parse_int(v, &c->save_every) && c->save_every >= 1;
@@ -294,6 +300,13 @@ int main(int argc, char **argv)
     }
     i = backend_start(&cfg, &bo, &argc, &argv);
     if (i >= 0) return i; /* a Gloo launcher, or a failed start */
+    if (metrics_path && bo.rank <= 0 &&
+        !(cfg.metrics = example_metrics_open("train_gpt", metrics_path, cfg.resume_dir != NULL))) {
+#ifdef FSDP_HAVE_MPI
+        if (bo.backend == 1) MPI_Abort(MPI_COMM_WORLD, 1); /* the other ranks are running */
+#endif
+        return 1;
+    }
     if (bo.backend == 0) {
         if (!cfg.quiet) { /* the same model and wrap gpt_train builds */
             fsdp_model *m = gpt_build_model(&cfg, err, sizeof err);
@@ -358,6 +371,7 @@ int main(int argc, char **argv)
         else
             printf("held-out accuracy never reached 90%% at the periodic checks\n");
     }
+    if (cfg.metrics) fclose(cfg.metrics);
     if (isnan(res.final_loss)) /* one spelling, whatever the C library's */
         printf("final_loss=nan accuracy=%.4f peak_bytes=%zu plan_bytes=%zu\n", res.accuracy,
                res.peak[0], res.plan[0]);

@@ -44,6 +44,7 @@
                     [--strategy full|grad_op|no_shard|hybrid] [--hybrid-size G]
                     [--bf16] [--no-prefetch] [--quiet]
                     [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
+                    [--metrics FILE]
                     [--backend local|mpi|gloo|nccl]  (mpi: mpirun -np N train_mlp
                     ...; gloo: forks --ranks processes over loopback TCP, or runs
                     one rank: --rank R --store-dir DIR [--host ADDR]; nccl: see
@@ -84,6 +85,7 @@
 #endif
 #include "mlp_cuda.h"
 #include "example_backend.h"
+#include "example_metrics.h" /* --metrics FILE */
 
 #include <math.h>
 #include <stdio.h>
@@ -120,6 +122,9 @@ typedef struct config {
        (stop after step N of --steps, as an interrupted run would) */
     const char *save_dir, *resume_dir;
     int save_every, stop_after;
+    /* --metrics FILE: rank 0's JSON lines (examples/example_metrics.h) */
+    const char *metrics_path;
+    FILE *metrics;
 } config;
 
 /* ---------------------------------------------------------------------- */
@@ -835,6 +840,8 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_ckpt_writer *writer = NULL;
     int print_every = cfg->steps / 20 > 0 ? cfg->steps / 20 : 1;
     double t_last = 0.0;
+    double metrics_t0, metrics_t; /* --metrics: the start, the time and step of the last record */
+    int metrics_step;
     static const char *const names[NT] = {"fc1.weight", "fc1.bias",  "fc2.weight", "fc2.bias",
                                           "norm.weight", "norm.bias", "head.weight", "head.bias"};
     static const size_t sizes[NT] = {HID * IN, HID, HID * HID, HID, HID, HID, OUT * HID, OUT};
@@ -925,7 +932,8 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         fail_ctx(&rs, rank, "fsdp_ckpt_writer_create");
         goto done;
     }
-    t_last = now_ms();
+    t_last = metrics_t0 = metrics_t = now_ms();
+    metrics_step = first_step - 1;
     for (step = first_step; step <= last_step; step++) {
         float loss;
         double norm, lr = lr_at(cfg, step);
@@ -973,6 +981,16 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
             fflush(stdout);
             t_last = t;
         }
+        /* --metrics: the steps of the progress lines */
+        if (rank == 0 && cfg->metrics && (step % print_every == 0 || step == 1 || step == cfg->steps)) {
+            double t = now_ms();
+            fsdp_device_memory(dev, &ms);
+            example_metrics_write(cfg->metrics, step, (double)loss, lr, norm, "samples_per_s",
+                                  (double)cfg->batch * (step - metrics_step) / ((t - metrics_t) / 1e3),
+                                  ms.device_peak, plan.total, (t - metrics_t0) / 1e3, -1.0);
+            metrics_step = step;
+            metrics_t = t;
+        }
     }
     /* held-out accuracy: a forward-only pass over this rank's slice */
     {
@@ -990,6 +1008,8 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
             goto done;
         }
         if (rank == 0) sh->test_correct = (int)c;
+        if (rank == 0 && cfg->metrics)
+            example_metrics_accuracy(cfg->metrics, last_step, (double)c / NTEST);
     }
     if (writer && fsdp_ckpt_wait(writer) != FSDP_SUCCESS) {
         snprintf(rs.msg, rs.msg_cap, "rank %d: checkpoint '%s': %s", rank, cfg->save_dir,
@@ -1027,6 +1047,7 @@ static void usage(const char *argv0)
             "          [--strategy full|grad_op|no_shard|hybrid] [--hybrid-size G]\n"
             "          [--bf16] [--no-prefetch] [--quiet]\n"
             "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
+            "          [--metrics FILE] (JSON lines: a record per logged step)\n"
             "          [--backend local|mpi|gloo|nccl] (mpi: under mpirun, one process per rank;\n"
             "           gloo: forks --ranks processes, or one rank: --rank R --store-dir D\n"
             "           [--host ADDR]; nccl: one process per GPU, under mpirun, or one rank:\n"
@@ -1137,6 +1158,8 @@ static int parse_args(int argc, char **argv, config *c)
                 c->ranks_given = 1;
             } else if (!strcmp(a, "--save")) {
                 c->save_dir = v;
+            } else if (!strcmp(a, "--metrics")) {
+                c->metrics_path = v;
             } else if (!strcmp(a, "--resume")) {
                 c->resume_dir = v;
             } else if (!strcmp(a, "--save-every")) {
@@ -1349,6 +1372,13 @@ int main(int argc, char **argv)
         i = backend_start(&cfg, &argc, &argv);
     if (i >= 0) return i; /* a Gloo launcher, or a failed start */
     (void)ngpu;
+    if (cfg.metrics_path && cfg.rank <= 0 &&
+        !(cfg.metrics = example_metrics_open("train_mlp", cfg.metrics_path, cfg.resume_dir != NULL))) {
+#ifdef FSDP_HAVE_MPI
+        if (cfg.backend == BACKEND_MPI || cfg.mpi_up) MPI_Abort(MPI_COMM_WORLD, 1);
+#endif
+        return 1;
+    }
     model = build_model();
     if (!model) return 1;
     memset(&policy, 0, sizeof policy);
@@ -1445,6 +1475,7 @@ int main(int argc, char **argv)
         printf("final_loss=%.6f peak_bytes=%zu plan_bytes=%zu\n", sh.final_loss, sh.peak[0],
                sh.plan[0]);
     }
+    if (cfg.metrics) fclose(cfg.metrics);
     fsdp_units_destroy(units);
     fsdp_model_destroy(model);
 #ifdef FSDP_HAVE_MPI

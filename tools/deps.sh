@@ -11,6 +11,7 @@ command -v cc >/dev/null 2>&1 || need="$need gcc"
 command -v c++ >/dev/null 2>&1 || need="$need g++"
 command -v clang >/dev/null 2>&1 || need="$need clang"
 command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
+command -v cmake >/dev/null 2>&1 || need="$need cmake"  # tests/check_consumers.sh's CMake route
 if [ -n "$need" ]; then
     echo "deps: installing$need"
     SUDO=""
