@@ -436,6 +436,8 @@ FSDP_API fsdp_result fsdp_device_create(const fsdp_device_vtable *vt, void *self
 
 typedef struct fsdp_cpu_device_desc {
     fsdp_hooks hooks;
+    size_t capacity; /* device bytes it may hold at once (fsdp_device_set_capacity);
+                        0: unlimited */
 } fsdp_cpu_device_desc;
 
 /* The built-in CPU device: memory from the allocator hooks (64-byte aligned),
@@ -455,6 +457,13 @@ FSDP_API fsdp_result fsdp_device_host_alloc(fsdp_device *dev, size_t bytes, void
 FSDP_API void fsdp_device_host_free(fsdp_device *dev, void *ptr, size_t bytes);
 FSDP_API void fsdp_device_memory(const fsdp_device *dev, fsdp_memory_stats *out);
 FSDP_API void fsdp_device_reset_peak(fsdp_device *dev);
+/* The device's capacity: the device bytes (fsdp_device_alloc) it may hold
+   at once; 0 (the default of fsdp_device_create and the CPU device) is
+   unlimited, the CUDA device starts at the memory free when it was created.
+   An allocation beyond it fails with FSDP_OUT_OF_MEMORY, and
+   fsdp_ctx_create refuses a plan beyond what is left of it. */
+FSDP_API fsdp_result fsdp_device_set_capacity(fsdp_device *dev, size_t bytes);
+FSDP_API size_t fsdp_device_capacity(const fsdp_device *dev);
 
 FSDP_API fsdp_result fsdp_stream_create(fsdp_device *dev, fsdp_stream **out);
 FSDP_API void fsdp_stream_destroy(fsdp_device *dev, fsdp_stream *s);
@@ -1304,6 +1313,17 @@ typedef struct fsdp_memory_plan {
     int resident_units;      /* units with their own unsharded buffers */
 } fsdp_memory_plan;
 FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *ctx, fsdp_memory_plan *out);
+/* Plan-only mode: the plan fsdp_ctx_create would make for desc on a world
+   of world_size ranks, computed by the same steps (the same plan, byte for
+   byte), allocating no device memory and communicating nothing, so a model
+   of any size can be planned at any world size without the hardware.
+   desc.comm is not used and may be NULL; so may desc.device, else a plan
+   beyond what is left of its capacity is refused as fsdp_ctx_create
+   refuses it (FSDP_OUT_OF_MEMORY, naming the shortfall and what would fit:
+   the smallest world size, max_unsharded 1, cpu_offload, reduce_dtype =
+   param_dtype). Errors go to desc.hooks.error. Collective: no. */
+FSDP_API fsdp_result fsdp_ctx_plan_only(const fsdp_ctx_desc *desc, int world_size,
+                                        fsdp_memory_plan *out);
 
 /* --- initialisation without materialising the model --- */
 typedef enum fsdp_init_kind {
@@ -3230,6 +3250,7 @@ struct fsdp_device {
     fsdp_memory_stats stats;
     int live_streams, live_events;
     fsdp_error err;
+    size_t capacity; /* 0: unlimited */
 };
 
 FSDP__DEF int fsdp__sync_init(pthread_mutex_t *mu, pthread_cond_t *cv)
@@ -3376,6 +3397,18 @@ FSDP_API fsdp_result fsdp_device_alloc(fsdp_device *dev, size_t bytes, void **ou
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_alloc: out is NULL");
     *out = NULL;
     fsdp__clear(&e);
+    if (dev->capacity) { /* checked before asking the backend */
+        size_t in_use;
+        pthread_mutex_lock(&dev->mu);
+        in_use = dev->stats.device_in_use;
+        pthread_mutex_unlock(&dev->mu);
+        if (bytes > dev->capacity || in_use > dev->capacity - bytes)
+            return fsdp__fail(&dev->err, &dev->hooks, FSDP_OUT_OF_MEMORY,
+                              "fsdp_device_alloc: device '%s': %zu bytes with %zu in use "
+                              "exceed its capacity of %zu bytes by %zu",
+                              fsdp_device_name(dev), bytes, in_use, dev->capacity,
+                              in_use + bytes - dev->capacity);
+    }
     r = dev->vt.alloc(dev->self, bytes, &p, &e);
     if (r != FSDP_SUCCESS) return fsdp__device_done(dev, r, &e, "fsdp_device_alloc");
     pthread_mutex_lock(&dev->mu);
@@ -3451,6 +3484,18 @@ FSDP_API void fsdp_device_memory(const fsdp_device *dev, fsdp_memory_stats *out)
     pthread_mutex_lock(&d->mu);
     *out = d->stats;
     pthread_mutex_unlock(&d->mu);
+}
+
+FSDP_API fsdp_result fsdp_device_set_capacity(fsdp_device *dev, size_t bytes)
+{
+    if (!dev) return FSDP_INVALID_ARGS;
+    dev->capacity = bytes;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API size_t fsdp_device_capacity(const fsdp_device *dev)
+{
+    return dev ? dev->capacity : 0;
 }
 
 FSDP_API void fsdp_device_reset_peak(fsdp_device *dev)
@@ -4410,6 +4455,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     vt.destroy = fsdp__destroy__cpu;
     r = fsdp_device_create(&vt, cpu, hooks, out);
     if (r != FSDP_SUCCESS) fsdp__free(&h, cpu);
+    else if (desc) (*out)->capacity = desc->capacity;
     return r;
 }
 
@@ -9570,14 +9616,19 @@ FSDP__DEF fsdp_result fsdp__ctx_create_oom(const fsdp_ctx_desc *d)
     return fsdp__fail_create(&d->hooks, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of host memory");
 }
 
-/* The descriptor as given: what no default can repair. */
-FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d)
+/* The descriptor as given: what no default can repair. A plan-only query
+   (fsdp_ctx_plan_only) needs neither device nor communicator. */
+FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d, int plan_only)
 {
     const fsdp_hooks *uh = &d->hooks;
     if (!fsdp__hooks_valid(uh))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: allocator needs alloc, realloc and free");
-    if (!d->model || !d->units || !d->device || !d->comm)
+    if (plan_only && (!d->model || !d->units))
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_plan_only: model and units are required (%s is "
+                                 "NULL)", !d->model ? "model" : "units");
+    if (!plan_only && (!d->model || !d->units || !d->device || !d->comm))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: model, units, device and comm are required "
                                  "(%s is NULL)", !d->model ? "model" : !d->units ? "units"
@@ -9624,8 +9675,10 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
     c->dev = d->device;
     c->world = d->comm;
     c->compute = d->compute_stream;
-    c->rank = fsdp_comm_rank(d->comm);
-    c->nranks = fsdp_comm_size(d->comm);
+    if (d->comm) { /* else a plan-only query set the world */
+        c->rank = fsdp_comm_rank(d->comm);
+        c->nranks = fsdp_comm_size(d->comm);
+    }
     c->nunits = fsdp_units_count(d->units);
     c->hybrid_size = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
     c->max_unsharded = d->max_unsharded ? d->max_unsharded : 2;
@@ -9641,7 +9694,7 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
         const char *env = getenv("FSDP_DEBUG");
         c->debug = d->debug != 0 || (env && env[0] && strcmp(env, "0") != 0);
     }
-    if (c->debug && !fsdp_device_host_accessible(c->dev)) {
+    if (c->debug && c->dev && !fsdp_device_host_accessible(c->dev)) {
         fsdp__log(&c->hooks, FSDP_LOG_WARN, "fsdp_ctx_create: the debug mode needs memory the "
                   "host can read; device '%s' has none, so it is off", fsdp_device_name(c->dev));
         c->debug = 0;
@@ -9744,6 +9797,18 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
     return FSDP_SUCCESS;
 }
 
+/* A unit's rank in its group and its shard layout; 0 when out of memory. */
+FSDP__DEF int fsdp__ctx_lay_out(fsdp_ctx *c, fsdp__cunit *cu, int r)
+{
+    cu->r = r;
+    cu->pieces = (fsdp_shard_piece *)fsdp__alloc(
+        &c->hooks, (size_t)(cu->info->nentries + 1) * sizeof(fsdp_shard_piece));
+    if (!cu->pieces) return 0;
+    fsdp_unit_shard(cu->info, cu->r, cu->W, &cu->lay, cu->pieces);
+    cu->S = cu->lay.shard_numel;
+    return 1;
+}
+
 /* HYBRID_SHARD's shard and replica groups, the comm stream, and each unit's
    rank in its group and shard layout. */
 FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
@@ -9770,12 +9835,8 @@ FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
         cu->comm = cu->strat == FSDP_HYBRID_SHARD ? c->shard_comm : c->world;
-        cu->r = cu->strat == FSDP_NO_SHARD ? 0 : fsdp_comm_rank(cu->comm);
-        cu->pieces = (fsdp_shard_piece *)fsdp__alloc(
-            &c->hooks, (size_t)(cu->info->nentries + 1) * sizeof(fsdp_shard_piece));
-        if (!cu->pieces) return fsdp__ctx_create_oom(d);
-        fsdp_unit_shard(cu->info, cu->r, cu->W, &cu->lay, cu->pieces);
-        cu->S = cu->lay.shard_numel;
+        if (!fsdp__ctx_lay_out(c, cu, cu->strat == FSDP_NO_SHARD ? 0 : fsdp_comm_rank(cu->comm)))
+            return fsdp__ctx_create_oom(d);
     }
     return FSDP_SUCCESS;
 }
@@ -9962,6 +10023,191 @@ FSDP__DEF fsdp_result fsdp__ctx_index(fsdp_ctx *c, const fsdp_ctx_desc *d)
     return FSDP_SUCCESS;
 }
 
+/* What a plan-only trial changes of the descriptor's configuration (the
+   capacity check's alternatives); zeros change nothing. */
+typedef struct fsdp__plan_mod {
+    int max_unsharded;   /* > 0: this many shared buffers */
+    int offload;         /* 1: cpu_offload */
+    int reduce_as_param; /* 1: every unit reduces in its parameter dtype */
+} fsdp__plan_mod;
+
+/* The plan-only steps: those of fsdp_ctx_create up to the plan, with each
+   unit laid out at its rank 0 (S is the same at every rank of a group)
+   instead of connected. The context *out holds host memory only; the
+   caller destroys it, also on failure. */
+FSDP__DEF fsdp_result fsdp__ctx_plan_steps(const fsdp_ctx_desc *d, int world,
+                                           const fsdp__plan_mod *mod, fsdp_ctx **out,
+                                           fsdp__ctx_sizes *z)
+{
+    fsdp_ctx *c;
+    fsdp_ctx_desc q = *d; /* the world is `world`, not the communicator's */
+    fsdp_result r;
+    int i;
+    *out = NULL;
+    q.comm = NULL;
+    d = &q;
+    if ((r = fsdp__ctx_check_desc(d, 1)) != FSDP_SUCCESS) return r;
+    if (world < 1)
+        return fsdp__fail_create(&d->hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_plan_only: world size %d must be >= 1", world);
+    {
+        fsdp_hooks h = fsdp__hooks_copy(&d->hooks);
+        c = (fsdp_ctx *)fsdp__calloc(&h, 1, sizeof *c);
+        if (!c) return fsdp__ctx_create_oom(d);
+        c->hooks = h;
+    }
+    *out = c;
+    c->rank = 0;
+    c->nranks = world;
+    fsdp__ctx_defaults(c, d);
+    if (mod && mod->max_unsharded > 0) c->max_unsharded = mod->max_unsharded;
+    if (mod && mod->offload) c->offload = 1;
+    if ((r = fsdp__ctx_validate(c, d)) != FSDP_SUCCESS ||
+        (r = fsdp__ctx_resolve_units(c, d)) != FSDP_SUCCESS)
+        return r;
+    for (i = 0; i < c->nunits; i++) {
+        if (mod && mod->reduce_as_param) c->u[i].rdt = c->u[i].pdt;
+        if (!fsdp__ctx_lay_out(c, &c->u[i], 0)) return fsdp__ctx_create_oom(d);
+    }
+    fsdp__ctx_compute_plan(c, z);
+    return FSDP_SUCCESS;
+}
+
+/* The device bytes of a trial's plan; 0 when the trial fails (it is never
+   shown then). Errors stay quiet: the real configuration was checked. */
+FSDP__DEF size_t fsdp__plan_trial(const fsdp_ctx_desc *d, int world, const fsdp__plan_mod *mod)
+{
+    fsdp_ctx_desc q = *d;
+    fsdp_ctx *c = NULL;
+    fsdp__ctx_sizes z;
+    size_t total = 0;
+    q.hooks.error = NULL;
+    q.hooks.log = NULL;
+    if (fsdp__ctx_plan_steps(&q, world, mod, &c, &z) == FSDP_SUCCESS) total = z.plan.total;
+    fsdp_ctx_destroy(c);
+    return total;
+}
+
+/* The smallest world size above c's at which the plan fits in avail bytes
+   (the plan shrinks as the world grows: doubling, then bisection), or 0.
+   HYBRID_SHARD keeps its group size, so only multiples of it are tried. */
+FSDP__DEF int fsdp__plan_min_world(const fsdp_ctx *c, const fsdp_ctx_desc *d, size_t avail,
+                                   size_t *plan_at)
+{
+    const int step = d->hybrid_shard_size > 0 ? d->hybrid_shard_size : 1, top = 1 << 24;
+    int lo = c->nranks, hi = 0, n;
+    size_t t, hi_t = 0;
+    for (n = c->nranks * 2; n <= top; n *= 2) {
+        int m = (n / step) * step;
+        if (m <= lo) continue;
+        t = fsdp__plan_trial(d, m, NULL);
+        if (t && t <= avail) {
+            hi = m;
+            hi_t = t;
+            break;
+        }
+        lo = m;
+    }
+    if (!hi) return 0;
+    while (hi - lo > step) { /* lo does not fit, hi does */
+        int mid = lo + ((hi - lo) / 2 / step) * step;
+        if (mid <= lo) mid = lo + step;
+        t = fsdp__plan_trial(d, mid, NULL);
+        if (t && t <= avail) {
+            hi = mid;
+            hi_t = t;
+        } else {
+            lo = mid;
+        }
+    }
+    *plan_at = hi_t;
+    return hi;
+}
+
+/* A plan beyond what is left of the device's capacity is refused, naming
+   the shortfall and the changes that would fit. */
+FSDP__DEF fsdp_result fsdp__ctx_fit(const fsdp_ctx *c, const fsdp_ctx_desc *d,
+                                    const fsdp_memory_plan *p, const char *fn)
+{
+    size_t cap = fsdp_device_capacity(d->device), avail, t;
+    fsdp_memory_stats ms;
+    char alt[FSDP_ERROR_MAX], more[FSDP_ERROR_MAX];
+    size_t nalt = 0, nmore = 0;
+    int i, world, mixed = 0;
+    if (!d->device || !cap) return FSDP_SUCCESS;
+    fsdp_device_memory(d->device, &ms);
+    avail = cap > ms.device_in_use ? cap - ms.device_in_use : 0;
+    if (p->total <= avail) return FSDP_SUCCESS;
+    alt[0] = more[0] = 0;
+#define FSDP__ALT(fits, ...)                                                                   \
+    do {                                                                                       \
+        char *b_ = (fits) ? alt : more;                                                        \
+        size_t *n_ = (fits) ? &nalt : &nmore;                                                  \
+        if (*n_ < sizeof alt) {                                                                \
+            int k_ = snprintf(b_ + *n_, sizeof alt - *n_, "%s", *n_ ? ", " : "");              \
+            if (k_ > 0) *n_ += (size_t)k_;                                                     \
+        }                                                                                      \
+        if (*n_ < sizeof alt) {                                                                \
+            int k_ = snprintf(b_ + *n_, sizeof alt - *n_, __VA_ARGS__);                        \
+            if (k_ > 0) *n_ += (size_t)k_;                                                     \
+        }                                                                                      \
+        if (*n_ > sizeof alt - 1) *n_ = sizeof alt - 1;                                        \
+    } while (0)
+    world = fsdp__plan_min_world(c, d, avail, &t);
+    if (world) FSDP__ALT(1, "%d ranks (%zu bytes)", world, t);
+    if (c->max_unsharded > 1 && p->pool_slots > 1) {
+        fsdp__plan_mod m = {1, 0, 0};
+        t = fsdp__plan_trial(d, c->nranks, &m);
+        if (t) FSDP__ALT(t <= avail, "max_unsharded 1 (%zu bytes)", t);
+    }
+    if (!c->offload) {
+        fsdp__plan_mod m = {0, 1, 0};
+        t = fsdp__plan_trial(d, c->nranks, &m);
+        if (t) FSDP__ALT(t <= avail, "cpu_offload (%zu bytes)", t);
+    }
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].rdt != c->u[i].pdt) mixed = 1;
+    if (mixed) {
+        fsdp__plan_mod m = {0, 0, 1};
+        t = fsdp__plan_trial(d, c->nranks, &m);
+        if (t) FSDP__ALT(t <= avail, "reduce_dtype = param_dtype (%zu bytes)", t);
+    }
+    if ((c->max_unsharded > 1 && p->pool_slots > 1) + !c->offload + mixed > 1) {
+        fsdp__plan_mod m = {0, 0, 0};
+        m.max_unsharded = p->pool_slots > 1 ? 1 : 0;
+        m.offload = 1;
+        m.reduce_as_param = mixed;
+        if ((t = fsdp__plan_trial(d, c->nranks, &m)))
+            FSDP__ALT(t <= avail, "all of these together (%zu bytes)", t);
+    }
+#undef FSDP__ALT
+    return fsdp__fail_create(&d->hooks, FSDP_OUT_OF_MEMORY,
+                             "%s: rank %d: the plan needs %zu device bytes (shards %zu, pool "
+                             "%zu, scratch %zu) but device '%s' has %zu of its capacity %zu "
+                             "left: %zu bytes short. Would fit: %s%s%s", fn, c->rank, p->total,
+                             p->total - p->pool - p->scratch, p->pool, p->scratch,
+                             fsdp_device_name(d->device), avail, cap, p->total - avail,
+                             nalt ? alt : "nothing tried", nmore ? ". Not enough alone: " : "",
+                             more);
+}
+
+FSDP_API fsdp_result fsdp_ctx_plan_only(const fsdp_ctx_desc *d, int world_size,
+                                        fsdp_memory_plan *out)
+{
+    fsdp_ctx *c = NULL;
+    fsdp__ctx_sizes z;
+    fsdp_result r;
+    if (!d || !out)
+        return fsdp__fail_create(d ? &d->hooks : NULL, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_plan_only: %s is NULL", !d ? "desc" : "out");
+    memset(out, 0, sizeof *out);
+    r = fsdp__ctx_plan_steps(d, world_size, NULL, &c, &z);
+    if (r == FSDP_SUCCESS) r = fsdp__ctx_fit(c, d, &z.plan, "fsdp_ctx_plan_only");
+    if (r == FSDP_SUCCESS) *out = z.plan;
+    fsdp_ctx_destroy(c);
+    return r;
+}
+
 FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
 {
     fsdp_ctx *c;
@@ -9972,7 +10218,7 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
                                  "fsdp_ctx_create: out is NULL");
     *out = NULL;
     if (!d) return fsdp__fail_create(NULL, FSDP_INVALID_ARGS, "fsdp_ctx_create: desc is NULL");
-    if ((r = fsdp__ctx_check_desc(d)) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__ctx_check_desc(d, 0)) != FSDP_SUCCESS) return r;
     {
         fsdp_hooks h = fsdp__hooks_copy(&d->hooks);
         c = (fsdp_ctx *)fsdp__calloc(&h, 1, sizeof *c);
@@ -9986,7 +10232,9 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
         (r = fsdp__ctx_resolve_units(c, d)) == FSDP_SUCCESS &&
         (r = fsdp__ctx_connect(c, d)) == FSDP_SUCCESS) {
         fsdp__ctx_compute_plan(c, &z);
-        if ((r = fsdp__ctx_allocate(c, d, &z)) == FSDP_SUCCESS) r = fsdp__ctx_index(c, d);
+        if ((r = fsdp__ctx_fit(c, d, &z.plan, "fsdp_ctx_create")) == FSDP_SUCCESS &&
+            (r = fsdp__ctx_allocate(c, d, &z)) == FSDP_SUCCESS)
+            r = fsdp__ctx_index(c, d);
     }
     if (r != FSDP_SUCCESS) {
         fsdp_ctx_destroy(c);
