@@ -9307,6 +9307,14 @@ typedef struct fsdp__cunit {
     int fwd_runs;                 /* forwards not yet matched by a backward */
 } fsdp__cunit;
 
+/* A buffer of the plan lent to a phase outside training (fsdp__lend_open). */
+typedef struct fsdp__lend {
+    char *base;
+    size_t bytes, used;
+    int unit;  /* a resident block's unit (invalidated when first used), or -1 */
+    int taken; /* something was taken from it */
+} fsdp__lend;
+
 typedef struct fsdp__pref { /* fqn -> (unit, entry) */
     const char *fqn;
     int unit, entry;
@@ -9367,6 +9375,8 @@ struct fsdp_ctx {
     int debug;
     int64_t slot_clock;  /* debug: slot releases so far */
     fsdp__ctx_dep *deps;
+    fsdp__lend *lend;    /* the plan's idle buffers while lent (fsdp__lend_open) */
+    int nlend, lend_depth;
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -9588,6 +9598,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free(&c->hooks, c->bwd_order);
     fsdp__free(&c->hooks, c->prefs);
     fsdp__free(&c->hooks, c->pmap.slots);
+    fsdp__free(&c->hooks, c->lend);
     h = c->hooks;
     fsdp__free(&h, c);
 }
@@ -11564,6 +11575,148 @@ FSDP__DEF fsdp_result fsdp__sync_units(fsdp_ctx *c, const char *fn, int allow_su
 FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn)
 {
     return fsdp__sync_units(c, fn, 0);
+}
+
+/* --- the plan's buffers lent outside training ---
+   Between iterations the unsharded pool, the reduction scratch and the
+   resident blocks hold nothing that cannot be gathered again, so saves,
+   loads and state dicts stream through them instead of allocating: the
+   peak stays within the plan. fsdp__lend_open (after fsdp__sync_all; it
+   nests) makes them lendable; fsdp__lend_take hands out 64-byte aligned
+   pieces (first fit; NULL when none has room), fsdp__lend_give returns the
+   last piece of its buffer, fsdp__lend_close ends the loan. A unit whose
+   resident block is used is gathered again at its next begin; a shared
+   buffer's gathered unit too. Nothing is lent from a unit a backward is
+   still owed to (its resident parameters are in use) or that accumulates
+   no_sync gradients. */
+FSDP__DEF void fsdp__lend_add(fsdp_ctx *c, void *base, size_t bytes, int unit)
+{
+    fsdp__lend *l;
+    if (!base || bytes < 64) return;
+    l = &c->lend[c->nlend++];
+    l->base = (char *)base;
+    l->bytes = bytes;
+    l->used = 0;
+    l->unit = unit;
+    l->taken = 0;
+}
+
+FSDP__DEF fsdp_result fsdp__lend_open(fsdp_ctx *c)
+{
+    int i;
+    if (c->lend_depth++) return FSDP_SUCCESS;
+    c->nlend = 0;
+    for (i = 0; i < c->nunits; i++) /* mid-iteration: reductions may use the scratch */
+        if (c->u[i].state == FSDP_UNIT_FORWARD || c->u[i].state == FSDP_UNIT_BACKWARD_PRE ||
+            c->u[i].state == FSDP_UNIT_BACKWARD_POST)
+            return FSDP_SUCCESS;
+    if (!c->lend) {
+        c->lend = (fsdp__lend *)fsdp__calloc(&c->hooks, (size_t)(c->nslots + c->nunits + 3),
+                                             sizeof(fsdp__lend));
+        if (!c->lend) return FSDP_SUCCESS; /* nothing to lend: callers allocate */
+    }
+    fsdp__lend_add(c, c->red_in, c->red_in_bytes, -1);
+    fsdp__lend_add(c, c->red_out, c->red_out_bytes, -1);
+    fsdp__lend_add(c, c->off_f32, c->off_f32_bytes, -1);
+    for (i = 0; i < c->nunits; i++) /* idle holders of shared buffers (prefetched) */
+        if (c->u[i].slot >= 0 && c->u[i].state == FSDP_UNIT_IDLE) fsdp__release_slot(c, &c->u[i]);
+    for (i = 0; i < c->nslots; i++) {
+        fsdp__slot *sl = &c->slots[i];
+        if (sl->owner >= 0) continue; /* summoned */
+        if (c->compute && sl->done && sl->done_recorded &&
+            fsdp_event_synchronize(c->dev, sl->done) != FSDP_SUCCESS)
+            continue; /* the engine may still read it */
+        sl->done_recorded = 0;
+        sl->poison_unit = -1; /* overwritten: fsdp__sync_all checked the poison */
+        fsdp__lend_add(c, sl->base, sl->bytes, -1);
+    }
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        if (cu->resident && cu->state == FSDP_UNIT_IDLE && cu->fwd_runs <= 0 && !cu->accum)
+            fsdp__lend_add(c, cu->res_base, cu->res_bytes, i);
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF void *fsdp__lend_take(fsdp_ctx *c, size_t bytes)
+{
+    int i;
+    size_t want = (bytes + 63) & ~(size_t)63;
+    if (!c->lend_depth || !bytes) return NULL;
+    for (i = 0; i < c->nlend; i++) {
+        fsdp__lend *l = &c->lend[i];
+        if (l->bytes - l->used >= want) {
+            void *p = l->base + l->used;
+            if (l->unit >= 0 && !l->taken) { /* its gathered values are gone */
+                fsdp__cunit *cu = &c->u[l->unit];
+                fsdp__invalidate_buffers(c, cu);
+                cu->dbg_poisoned = 0;
+            }
+            l->used += want;
+            l->taken = 1;
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* Free bytes in the largest lendable buffer, for messages and chunking. */
+FSDP__DEF size_t fsdp__lend_largest(const fsdp_ctx *c)
+{
+    size_t m = 0;
+    int i;
+    for (i = 0; c->lend_depth && i < c->nlend; i++)
+        if (c->lend[i].bytes - c->lend[i].used > m) m = c->lend[i].bytes - c->lend[i].used;
+    return m;
+}
+
+/* Free bytes in every lendable buffer together. */
+FSDP__DEF size_t fsdp__lend_room(const fsdp_ctx *c)
+{
+    size_t m = 0;
+    int i;
+    for (i = 0; c->lend_depth && i < c->nlend; i++) m += c->lend[i].bytes - c->lend[i].used;
+    return m;
+}
+
+/* Returns p (bytes long) when it is the last piece taken from its buffer. */
+FSDP__DEF void fsdp__lend_give(fsdp_ctx *c, void *p, size_t bytes)
+{
+    int i;
+    size_t want = (bytes + 63) & ~(size_t)63;
+    for (i = 0; p && i < c->nlend; i++) {
+        fsdp__lend *l = &c->lend[i];
+        if ((char *)p >= l->base && (char *)p < l->base + l->bytes) {
+            if ((char *)p + want == l->base + l->used) l->used -= want;
+            return;
+        }
+    }
+}
+
+FSDP__DEF void fsdp__lend_close(fsdp_ctx *c)
+{
+    if (c->lend_depth > 0 && --c->lend_depth == 0) c->nlend = 0;
+}
+
+/* Device memory for a phase: lent when the plan has room, else allocated
+   (*lent says which, for fsdp__phase_free). */
+FSDP__DEF fsdp_result fsdp__phase_alloc(fsdp_ctx *c, size_t bytes, void **out, int *lent)
+{
+    *lent = 0;
+    *out = NULL;
+    if (!bytes) return FSDP_SUCCESS;
+    if ((*out = fsdp__lend_take(c, bytes)) != NULL) {
+        *lent = 1;
+        return FSDP_SUCCESS;
+    }
+    return fsdp_device_alloc(c->dev, bytes, out);
+}
+
+FSDP__DEF void fsdp__phase_free(fsdp_ctx *c, void *p, size_t bytes, int lent)
+{
+    if (!p) return;
+    if (lent) fsdp__lend_give(c, p, bytes);
+    else fsdp_device_free(c->dev, p, bytes);
 }
 
 FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double norm_type,
@@ -13861,16 +14014,19 @@ FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_s
     void *scratch = NULL;
     size_t scratch_bytes = 0;
     fsdp_result r = FSDP_SUCCESS;
-    int u, w;
+    int u, w, lent = 0;
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
         if (o->kind == FSDP_SD_FULL && cu->W > 1 && (size_t)cu->S * (size_t)cu->W * 4 > scratch_bytes)
             scratch_bytes = (size_t)cu->S * (size_t)cu->W * 4;
     }
+    fsdp__lend_open(c); /* the gather goes through the plan's idle buffers */
     if (o->kind == FSDP_SD_FULL && scratch_bytes) {
-        r = fsdp_device_alloc(c->dev, scratch_bytes, &scratch);
-        if (r != FSDP_SUCCESS)
+        r = fsdp__phase_alloc(c, scratch_bytes, &scratch, &lent);
+        if (r != FSDP_SUCCESS) {
+            fsdp__lend_close(c);
             return fsdp__ctx_dev(c, r, "allocating the gather buffer of the full state dict");
+        }
     }
     for (u = 0; u < c->nunits && r == FSDP_SUCCESS; u++) {
         if (o->kind == FSDP_SD_SHARDED && o->for_ckpt && c->rank >= c->u[u].W) continue;
@@ -13878,7 +14034,8 @@ FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_s
             r = fsdp__build_buf(c, o, sd, &c->u[u], w, keep, mem, scratch,
                                 &blocks[fsdp__bufi(u, w)], fn);
     }
-    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
+    fsdp__phase_free(c, scratch, scratch_bytes, lent);
+    fsdp__lend_close(c);
     return r;
 }
 
@@ -14079,7 +14236,7 @@ FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
     void *dbuf = NULL;
     size_t one = sizeof(fsdp__vote), bytes = one * (size_t)c->nranks;
     fsdp_result r;
-    int i;
+    int i, lent = 0;
     if (c->nranks == 1) return mine;
     memset(&v, 0, sizeof v);
     v.code = (int32_t)mine;
@@ -14087,7 +14244,8 @@ FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
     if (mine != FSDP_SUCCESS) snprintf(v.msg, sizeof v.msg, "%s", c->err.message);
     all = (fsdp__vote *)fsdp__alloc(&c->hooks, bytes);
     if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
-    r = fsdp_device_alloc(c->dev, bytes, &dbuf);
+    fsdp__lend_open(c); /* the votes go through the plan's idle buffers */
+    r = fsdp__phase_alloc(c, bytes, &dbuf, &lent);
     if (r == FSDP_SUCCESS)
         r = fsdp_device_copy(c->dev, (char *)dbuf + one * (size_t)c->rank, &v, one,
                              FSDP_COPY_H2D, NULL);
@@ -14123,7 +14281,8 @@ FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
             break;
         }
 done:
-    if (dbuf) fsdp_device_free(c->dev, dbuf, bytes);
+    fsdp__phase_free(c, dbuf, bytes, lent);
+    fsdp__lend_close(c);
     fsdp__free(&c->hooks, all);
     return r;
 }
@@ -14171,22 +14330,37 @@ typedef struct fsdp__ld {
     size_t hbuf_bytes, hbuf2_bytes;
     void *dbuf;
     size_t dbuf_bytes;
+    int dbuf_lent;  /* dbuf is a piece of the plan (fsdp__phase_alloc) */
+    int stage_mode; /* FSDP__STAGE_*: where the new shards are written */
+    int lending;    /* the plan's idle buffers are lent (fsdp__lend_open) */
     char *names; /* owned names of broadcast metadata */
     uint64_t save_id;   /* of a checkpoint's files; 0: none (written before ids) */
     int64_t save_steps; /* the index's "steps" */
 } fsdp__ld;
 
+/* Where a load writes the new shards before its commit: copies in the
+   plan's idle buffers (LENT: nothing changes until every rank has read and
+   checked everything), or the shards themselves (DIRECT: when the copies do
+   not fit the plan; everything is read and checked once before anything is
+   written, so only a file changing between the two reads, or a device or
+   transport failure, can leave a load half done, and that is said).
+   ALLOC: the copies in memory allocated beyond the plan (none now). */
+enum { FSDP__STAGE_ALLOC = 0, FSDP__STAGE_LENT = 1, FSDP__STAGE_DIRECT = 2 };
+
 FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
     int i, w;
-    if (L->stage)
+    if (L->stage && L->stage_mode == FSDP__STAGE_ALLOC)
         for (i = 0; i < c->nunits; i++)
             for (w = 0; w < FSDP__NBUFS; w++)
                 if (L->stage[fsdp__bufi(i, w)])
                     fsdp_device_free(c->dev, L->stage[fsdp__bufi(i, w)], (size_t)c->u[i].S * 4);
     for (i = 0; i < L->nfiles; i++) fsdp__st_close(&L->files[i]);
-    if (L->dbuf) fsdp_device_free(c->dev, L->dbuf, L->dbuf_bytes);
+    fsdp__phase_free(c, L->dbuf, L->dbuf_bytes, L->dbuf_lent);
+    L->dbuf = NULL;
+    if (L->lending) fsdp__lend_close(c);
+    L->lending = 0;
     fsdp__free(&c->hooks, L->files);
     fsdp__free(&c->hooks, L->stage);
     fsdp__free(&c->hooks, L->pl);
@@ -14525,26 +14699,67 @@ FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
     int u, w, nwhat = (L->flags & FSDP_SD_OPTIM) && L->kind != FSDP_SD_LOCAL ? FSDP__NBUFS : 1;
+    size_t need = 0, room;
     fsdp_result r;
     L->stage = (float **)fsdp__calloc(&c->hooks, fsdp__bufi(c->nunits, 0) + 1, sizeof(float *));
     if (!L->stage) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    /* copies of the shards in the plan's idle buffers if they all fit */
+    fsdp__lend_open(c);
+    L->lending = 1;
+    room = fsdp__lend_room(c);
+    L->stage_mode = FSDP__STAGE_LENT;
+    for (u = 0; u < c->nunits && L->stage_mode == FSDP__STAGE_LENT; u++)
+        for (w = 0; w < nwhat; w++) {
+            fsdp__cunit *cu = &c->u[u];
+            if (!fsdp__src_buf(cu, w) || !cu->S) continue;
+            need += ((size_t)cu->S * 4 + 63) & ~(size_t)63;
+            if (!(L->stage[fsdp__bufi(u, w)] = (float *)fsdp__lend_take(c, (size_t)cu->S * 4))) {
+                L->stage_mode = FSDP__STAGE_DIRECT;
+                break;
+            }
+        }
+    if (L->stage_mode == FSDP__STAGE_DIRECT) { /* into the shards, read twice */
+        fsdp__lend_close(c); /* every piece back */
+        fsdp__lend_open(c);
+        memset(L->stage, 0, (fsdp__bufi(c->nunits, 0) + 1) * sizeof(float *));
+        if (c->offload && !fsdp_device_host_accessible(c->dev)) {
+            L->stage_mode = FSDP__STAGE_LENT; /* nothing was written */
+            for (u = 0, need = 0; u < c->nunits; u++)
+                for (w = 0; w < nwhat; w++)
+                    if (fsdp__src_buf(&c->u[u], w) && c->u[u].S)
+                        need += ((size_t)c->u[u].S * 4 + 63) & ~(size_t)63;
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: rank %d: loading needs %zu "
+                                  "device bytes for the new shards; the plan's idle buffers "
+                                  "hold %zu: %zu bytes missing (the shards are in host memory "
+                                  "this device cannot write)", L->where, c->rank, need, room,
+                                  need - room);
+        }
+        for (u = 0; u < c->nunits; u++)
+            for (w = 0; w < nwhat; w++)
+                if (c->u[u].S) L->stage[fsdp__bufi(u, w)] = fsdp__src_buf(&c->u[u], w);
+        return FSDP_SUCCESS;
+    }
     for (u = 0; u < c->nunits; u++)
         for (w = 0; w < nwhat; w++) {
             fsdp__cunit *cu = &c->u[u];
             float *src = fsdp__src_buf(cu, w);
-            void *p = NULL;
+            void *p = L->stage[fsdp__bufi(u, w)];
             if (!src || !cu->S) continue;
-            r = fsdp_device_alloc(c->dev, (size_t)cu->S * 4, &p);
-            if (r == FSDP_SUCCESS) {
-                L->stage[fsdp__bufi(u, w)] = (float *)p;
-                r = fsdp_device_copy(c->dev, p, src, (size_t)cu->S * 4, fsdp__from_shard(c), NULL);
-            }
+            /* the current values: what the load does not cover stays */
+            r = fsdp_device_copy(c->dev, p, src, (size_t)cu->S * 4, fsdp__from_shard(c), NULL);
             if (r != FSDP_SUCCESS)
-                return fsdp__ctx_fail(c, r, "%s: rank %d: staging the new shards (one extra "
-                                      "copy of this rank's shards is needed while loading): %s",
+                return fsdp__ctx_fail(c, r, "%s: rank %d: staging the new shards: %s",
                                       L->where, c->rank, fsdp_device_last_error(c->dev));
         }
     return FSDP_SUCCESS;
+}
+
+/* A failure after a DIRECT load began writing the shards says so. */
+FSDP__DEF fsdp_result fsdp__ld_partly(fsdp__ld *L, fsdp_result r)
+{
+    if (r == FSDP_SUCCESS || L->stage_mode != FSDP__STAGE_DIRECT) return r;
+    return fsdp__ctx_fail(L->c, r, "%s (the shards were being written in place: the context "
+                          "is partly loaded; load again)", L->c->err.message);
 }
 
 /* Does source s contribute to this rank? */
@@ -14657,7 +14872,7 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
         for (w = 0; w < FSDP__NBUFS; w++) {
-            if (!L->stage[fsdp__bufi(u, w)]) continue;
+            if (!L->stage[fsdp__bufi(u, w)] || L->stage_mode == FSDP__STAGE_DIRECT) continue;
             r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[fsdp__bufi(u, w)],
                                  (size_t)cu->S * 4, fsdp__to_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
@@ -14715,21 +14930,26 @@ FSDP__DEF fsdp_result fsdp__bcast_bytes(fsdp_ctx *c, void *host, size_t bytes, c
 {
     void *d = NULL;
     fsdp_result r;
+    int lent = 0;
     if (!bytes) return FSDP_SUCCESS;
-    r = fsdp_device_alloc(c->dev, bytes, &d);
+    fsdp__lend_open(c); /* through the plan's idle buffers when they have room */
+    r = fsdp__phase_alloc(c, bytes, &d, &lent);
     if (r == FSDP_SUCCESS && c->rank == 0)
         r = fsdp_device_copy(c->dev, d, host, bytes, FSDP_COPY_H2D, NULL);
     if (r != FSDP_SUCCESS) {
-        if (d) fsdp_device_free(c->dev, d, bytes);
+        fsdp__phase_free(c, d, bytes, lent);
+        fsdp__lend_close(c);
         return fsdp__ctx_dev(c, r, fn);
     }
     r = fsdp_broadcast(c->world, d, d, bytes, FSDP_U8, 0, NULL);
     if (r != FSDP_SUCCESS) {
-        fsdp_device_free(c->dev, d, bytes);
+        fsdp__phase_free(c, d, bytes, lent);
+        fsdp__lend_close(c);
         return fsdp__ctx_comm(c, c->world, r, fn);
     }
     r = fsdp_device_copy(c->dev, host, d, bytes, FSDP_COPY_D2H, NULL);
-    fsdp_device_free(c->dev, d, bytes);
+    fsdp__phase_free(c, d, bytes, lent);
+    fsdp__lend_close(c);
     return fsdp__ctx_dev(c, r, fn);
 }
 
@@ -14907,39 +15127,63 @@ FSDP__DEF fsdp_result fsdp__ld_bcast_data(fsdp__ld *L, const char *fn)
     fsdp_ctx *c = L->c;
     fsdp_result local = fsdp__ld_stage(L), r;
     size_t maxb = 0;
-    int i;
+    int64_t chunk = 0;
+    int i, pass;
     for (i = 0; i < L->ns; i++)
         if (fsdp__ld_chosen_bytes(L, &L->s[i]) > maxb) maxb = fsdp__ld_chosen_bytes(L, &L->s[i]);
     if (maxb) {
-        r = fsdp_device_alloc(c->dev, maxb, &L->dbuf);
+        /* one buffer of the plan's, the largest tensor or pieces of it: rank
+           0 says how large, since every rank must cut alike */
+        size_t big = fsdp__lend_largest(c) & ~(size_t)63;
+        chunk = (int64_t)(maxb <= big ? maxb : big >= 4096 ? big : maxb);
+        if ((r = fsdp__bcast_bytes(c, &chunk, sizeof chunk, fn)) != FSDP_SUCCESS) return r;
+        if (chunk < 1 || (size_t)chunk > maxb || ((size_t)chunk < maxb && chunk % 64))
+            return fsdp__ctx_fail(c, FSDP_COMM_ERROR, "%s: rank 0 sent an impossible "
+                                  "broadcast size %lld", fn, (long long)chunk);
+        r = fsdp__phase_alloc(c, (size_t)chunk, &L->dbuf, &L->dbuf_lent);
         if (r != FSDP_SUCCESS) {
             /* the peers would hang in the first broadcast: agree first */
             fsdp__ctx_dev(c, r, "allocating the broadcast buffer");
             L->dbuf = NULL;
         } else {
-            L->dbuf_bytes = maxb;
+            L->dbuf_bytes = (size_t)chunk;
         }
         if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) return r;
     }
-    for (i = 0; i < L->ns; i++) {
-        const fsdp__src *s = &L->s[i];
-        size_t b = fsdp__ld_chosen_bytes(L, s);
-        if (!b) continue;
-        if (c->rank == 0) {
-            fsdp_result cr = FSDP_SUCCESS;
-            if (!s->data) cr = FSDP_INVALID_ARGS;
-            else cr = fsdp_device_copy(c->dev, L->dbuf, s->data, b,
-                                       s->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D
-                                                                 : FSDP_COPY_H2D, NULL);
-            if (cr != FSDP_SUCCESS && local == FSDP_SUCCESS)
-                local = fsdp__ctx_fail(c, cr, "%s: '%s': cannot read rank 0's data", fn,
-                                       s->name);
+    /* writing in place (DIRECT), the steps (all a load can still refuse)
+       come first and every rank agrees on them before any shard changes */
+    for (pass = L->stage_mode == FSDP__STAGE_DIRECT ? 0 : 1; pass < 2; pass++) {
+        for (i = 0; i < L->ns; i++) {
+            const fsdp__src *s = &L->s[i];
+            size_t b = fsdp__ld_chosen_bytes(L, s), off;
+            if (!b) continue;
+            if (L->stage_mode == FSDP__STAGE_DIRECT && (pass == 0) != (s->what == FSDP__WHAT_STEP))
+                continue;
+            for (off = 0; off < b; off += (size_t)chunk) {
+                size_t n = b - off < (size_t)chunk ? b - off : (size_t)chunk;
+                size_t es = fsdp_dtype_size(s->dtype);
+                fsdp__src piece = *s;
+                if (c->rank == 0) {
+                    fsdp_result cr = FSDP_SUCCESS;
+                    if (!s->data) cr = FSDP_INVALID_ARGS;
+                    else cr = fsdp_device_copy(c->dev, L->dbuf, (const char *)s->data + off, n,
+                                               s->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D
+                                                                         : FSDP_COPY_H2D, NULL);
+                    if (cr != FSDP_SUCCESS && local == FSDP_SUCCESS)
+                        local = fsdp__ctx_fail(c, cr, "%s: '%s': cannot read rank 0's data", fn,
+                                               s->name);
+                }
+                r = fsdp_broadcast(c->world, L->dbuf, L->dbuf, n, FSDP_U8, 0, NULL);
+                if (r != FSDP_SUCCESS) return fsdp__ld_partly(L, fsdp__ctx_comm(c, c->world, r, fn));
+                piece.offset = s->offset + (int64_t)(off / es);
+                piece.numel = (int64_t)(n / es);
+                if (local == FSDP_SUCCESS)
+                    local = fsdp__ld_apply(L, &piece, L->dbuf, FSDP_MEM_DEVICE);
+            }
         }
-        r = fsdp_broadcast(c->world, L->dbuf, L->dbuf, b, FSDP_U8, 0, NULL);
-        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, fn);
-        if (local == FSDP_SUCCESS) local = fsdp__ld_apply(L, s, L->dbuf, FSDP_MEM_DEVICE);
+        if (pass == 0 && (r = fsdp__agree(c, local, fn)) != FSDP_SUCCESS) return r;
     }
-    return fsdp__agree(c, local, fn);
+    return fsdp__agree(c, fsdp__ld_partly(L, local), fn);
 }
 
 FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *c, const fsdp_state_dict *sd, unsigned flags)
@@ -14955,10 +15199,17 @@ FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *c, const fsdp_state_dict *sd
     if (!(flags & FSDP_SD_RANK0_ONLY)) {
         mine = fsdp__ld_from_dict(&L, c, sd, flags, fn);
         if ((r = fsdp__agree(c, mine, fn)) != FSDP_SUCCESS) goto done;
-        if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
+        r = fsdp__ld_stage(&L);
+        if (r == FSDP_SUCCESS && L.stage_mode == FSDP__STAGE_DIRECT) {
+            /* in place: the steps (all a load can still refuse) first */
             for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++)
-                r = fsdp__ld_apply(&L, &L.s[i], L.s[i].data, L.s[i].mem);
-        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+                if (fsdp__ld_wanted(&L, &L.s[i]) && L.s[i].what == FSDP__WHAT_STEP)
+                    r = fsdp__ld_apply(&L, &L.s[i], L.s[i].data, L.s[i].mem);
+            if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        }
+        for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++)
+            r = fsdp__ld_apply(&L, &L.s[i], L.s[i].data, L.s[i].mem);
+        if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) goto done;
     } else {
         /* rank 0's dict: every rank takes part in the broadcast of its
            metadata even after a local failure */
@@ -15820,14 +16071,25 @@ agree1:
                                (unsigned long long)L.save_id);
         if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
     }
-    if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
+    r = fsdp__ld_stage(&L);
+    if (r == FSDP_SUCCESS && L.stage_mode == FSDP__STAGE_DIRECT) {
+        /* in place (the plan has no room for copies): everything is read
+           and checked once before any shard is written */
         for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
             const fsdp__src *s = &L.s[i];
             if (!fsdp__ld_wanted(&L, s)) continue;
-            if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS)
+            if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS && s->what == FSDP__WHAT_STEP)
                 r = fsdp__ld_apply(&L, s, L.hbuf, FSDP_MEM_HOST);
         }
-    if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    }
+    for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
+        const fsdp__src *s = &L.s[i];
+        if (!fsdp__ld_wanted(&L, s)) continue;
+        if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS)
+            r = fsdp__ld_apply(&L, s, L.hbuf, FSDP_MEM_HOST);
+    }
+    if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) goto done;
     r = fsdp__ld_commit(&L);
 done:
     fsdp__ld_free(&L);
