@@ -14221,44 +14221,67 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *c, unsigned flags, fsdp
 
 /* --- from a state dict (or a checkpoint) into the context --- */
 
-/* The ranks agree on a result: each contributes its code and message;
-   every rank returns the first failure in rank order, with that rank's
-   message. Buffers are device memory, as comm backends need. */
-typedef struct fsdp__vote {
-    int32_t code;
-    int32_t rank;
-    char msg[FSDP_ERROR_MAX];
-} fsdp__vote;
-
+/* The ranks agree on a result: each contributes its code; every rank
+   returns the first failure in rank order, with that rank's message (which
+   that rank broadcasts). Buffers are device memory, as comm backends need:
+   pieces of the plan's idle buffers where they have room (the message in
+   pieces of the same size on every rank, since every rank's plan is the
+   same), else allocated. */
 FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
 {
-    fsdp__vote v, *all = NULL;
+    int32_t *codes = NULL, code = (int32_t)mine;
+    char msg[FSDP_ERROR_MAX];
     void *dbuf = NULL;
-    size_t one = sizeof(fsdp__vote), bytes = one * (size_t)c->nranks;
+    size_t bytes = 4 * (size_t)c->nranks, chunk = 0, off;
     fsdp_result r;
-    int i, lent = 0;
+    int i, first = -1, lent = 0;
     if (c->nranks == 1) return mine;
-    memset(&v, 0, sizeof v);
-    v.code = (int32_t)mine;
-    v.rank = c->rank;
-    if (mine != FSDP_SUCCESS) snprintf(v.msg, sizeof v.msg, "%s", c->err.message);
-    all = (fsdp__vote *)fsdp__alloc(&c->hooks, bytes);
-    if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+    codes = (int32_t *)fsdp__alloc(&c->hooks, bytes);
+    if (!codes) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+    memset(msg, 0, sizeof msg);
+    if (mine != FSDP_SUCCESS) snprintf(msg, sizeof msg, "%s", c->err.message);
     fsdp__lend_open(c); /* the votes go through the plan's idle buffers */
     r = fsdp__phase_alloc(c, bytes, &dbuf, &lent);
     if (r == FSDP_SUCCESS)
-        r = fsdp_device_copy(c->dev, (char *)dbuf + one * (size_t)c->rank, &v, one,
+        r = fsdp_device_copy(c->dev, (char *)dbuf + 4 * (size_t)c->rank, &code, 4,
                              FSDP_COPY_H2D, NULL);
     if (r != FSDP_SUCCESS) {
         fsdp__ctx_dev(c, r, fn);
         goto done;
     }
-    r = fsdp_all_gather(c->world, (char *)dbuf + one * (size_t)c->rank, dbuf, one, FSDP_U8, NULL);
+    r = fsdp_all_gather(c->world, (char *)dbuf + 4 * (size_t)c->rank, dbuf, 4, FSDP_U8, NULL);
     if (r != FSDP_SUCCESS) {
         fsdp__ctx_comm(c, c->world, r, fn);
         goto done;
     }
-    r = fsdp_device_copy(c->dev, all, dbuf, bytes, FSDP_COPY_D2H, NULL);
+    r = fsdp_device_copy(c->dev, codes, dbuf, bytes, FSDP_COPY_D2H, NULL);
+    fsdp__phase_free(c, dbuf, bytes, lent);
+    dbuf = NULL;
+    if (r != FSDP_SUCCESS) {
+        fsdp__ctx_dev(c, r, fn);
+        goto done;
+    }
+    for (i = 0; i < c->nranks && first < 0; i++)
+        if (codes[i] != 0) first = i;
+    if (first < 0) {
+        r = FSDP_SUCCESS;
+        goto done;
+    }
+    /* the first failing rank's message, in pieces the plan has room for */
+    chunk = fsdp__lend_largest(c) & ~(size_t)63;
+    if (chunk < 64 || chunk > sizeof msg) chunk = sizeof msg;
+    r = fsdp__phase_alloc(c, chunk, &dbuf, &lent);
+    for (off = 0; r == FSDP_SUCCESS && off < sizeof msg; off += chunk) {
+        size_t n = sizeof msg - off < chunk ? sizeof msg - off : chunk;
+        if (c->rank == first) r = fsdp_device_copy(c->dev, dbuf, msg + off, n, FSDP_COPY_H2D, NULL);
+        if (r != FSDP_SUCCESS) break;
+        r = fsdp_broadcast(c->world, dbuf, dbuf, n, FSDP_U8, first, NULL);
+        if (r != FSDP_SUCCESS) {
+            fsdp__ctx_comm(c, c->world, r, fn);
+            goto done;
+        }
+        r = fsdp_device_copy(c->dev, msg + off, dbuf, n, FSDP_COPY_D2H, NULL);
+    }
     if (r != FSDP_SUCCESS) {
         fsdp__ctx_dev(c, r, fn);
         goto done;
@@ -14269,21 +14292,15 @@ FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
        from rank 0's corrupt file would hide the cause). The message gains
        the rank unless it names one already; the test is on the text
        itself, so every rank decides alike. */
-    r = FSDP_SUCCESS;
-    for (i = 0; i < c->nranks; i++)
-        if (all[i].code != 0) {
-            const char *m = all[i].msg;
-            all[i].msg[FSDP_ERROR_MAX - 1] = 0;
-            if (!strncmp(m, "rank ", 5))
-                r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "%s", m);
-            else
-                r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "rank %d failed: %s", i, m);
-            break;
-        }
+    msg[sizeof msg - 1] = 0;
+    if (!strncmp(msg, "rank ", 5))
+        r = fsdp__ctx_fail(c, (fsdp_result)codes[first], "%s", msg);
+    else
+        r = fsdp__ctx_fail(c, (fsdp_result)codes[first], "rank %d failed: %s", first, msg);
 done:
-    fsdp__phase_free(c, dbuf, bytes, lent);
+    fsdp__phase_free(c, dbuf, dbuf == NULL ? 0 : (first < 0 ? bytes : chunk), lent);
     fsdp__lend_close(c);
-    fsdp__free(&c->hooks, all);
+    fsdp__free(&c->hooks, codes);
     return r;
 }
 
@@ -14925,30 +14942,33 @@ FSDP__DEF int fsdp__get64(const unsigned char **p, const unsigned char *end, int
     return 1;
 }
 
-/* One broadcast of `bytes` bytes from rank 0 through device memory. */
+/* A broadcast of `bytes` bytes from rank 0 through device memory: pieces
+   of the plan's idle buffers (the same size on every rank, as the plans
+   are the same) where they have room, else one allocated buffer. */
 FSDP__DEF fsdp_result fsdp__bcast_bytes(fsdp_ctx *c, void *host, size_t bytes, const char *fn)
 {
     void *d = NULL;
+    size_t chunk, off;
     fsdp_result r;
     int lent = 0;
     if (!bytes) return FSDP_SUCCESS;
-    fsdp__lend_open(c); /* through the plan's idle buffers when they have room */
-    r = fsdp__phase_alloc(c, bytes, &d, &lent);
-    if (r == FSDP_SUCCESS && c->rank == 0)
-        r = fsdp_device_copy(c->dev, d, host, bytes, FSDP_COPY_H2D, NULL);
-    if (r != FSDP_SUCCESS) {
-        fsdp__phase_free(c, d, bytes, lent);
-        fsdp__lend_close(c);
-        return fsdp__ctx_dev(c, r, fn);
+    fsdp__lend_open(c);
+    chunk = fsdp__lend_largest(c) & ~(size_t)63;
+    if (chunk < 64 || chunk > bytes) chunk = bytes;
+    r = fsdp__phase_alloc(c, chunk, &d, &lent);
+    for (off = 0; r == FSDP_SUCCESS && off < bytes; off += chunk) {
+        size_t n = bytes - off < chunk ? bytes - off : chunk;
+        if (c->rank == 0) r = fsdp_device_copy(c->dev, d, (char *)host + off, n, FSDP_COPY_H2D, NULL);
+        if (r != FSDP_SUCCESS) break;
+        r = fsdp_broadcast(c->world, d, d, n, FSDP_U8, 0, NULL);
+        if (r != FSDP_SUCCESS) {
+            fsdp__phase_free(c, d, chunk, lent);
+            fsdp__lend_close(c);
+            return fsdp__ctx_comm(c, c->world, r, fn);
+        }
+        r = fsdp_device_copy(c->dev, (char *)host + off, d, n, FSDP_COPY_D2H, NULL);
     }
-    r = fsdp_broadcast(c->world, d, d, bytes, FSDP_U8, 0, NULL);
-    if (r != FSDP_SUCCESS) {
-        fsdp__phase_free(c, d, bytes, lent);
-        fsdp__lend_close(c);
-        return fsdp__ctx_comm(c, c->world, r, fn);
-    }
-    r = fsdp_device_copy(c->dev, host, d, bytes, FSDP_COPY_D2H, NULL);
-    fsdp__phase_free(c, d, bytes, lent);
+    fsdp__phase_free(c, d, chunk, lent);
     fsdp__lend_close(c);
     return fsdp__ctx_dev(c, r, fn);
 }

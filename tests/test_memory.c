@@ -8,13 +8,14 @@
 #include "fsdp.h"
 #include "check.h"
 #include "fixtures.h"
-/*FILES*/
-/*TNET*/
+#include "fixtures_files.h"
+#include "fixtures_tnet.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/stat.h>
 
 /* --- the device's capacity --- */
 
@@ -294,7 +295,268 @@ done:
     fsdp_model_destroy(m);
 }
 
+/* --- peak <= plan in every phase ---
+   Each rank's device gets a capacity of exactly its context's plan (on top
+   of what the device held before), so any allocation beyond the plan fails
+   the phase; the measured peak is checked against the plan too. */
+
+#define PH_MAX_VALUES 4096
+
+typedef struct phase_job {
+    const fsdp_model *m;
+    const fsdp_units *u;
+    const char *dir;
+    int offload, steps, load; /* load: 0 the source run, 1 resume from dir */
+    float want[PH_MAX_VALUES]; /* the source run's values (rank 0) */
+    int nwant;
+} phase_job;
+
+/* A rank's device, comm and context with the capacity set to the plan. */
+static int ph_open(rank_env *e, int rank, fsdp_local_world *world, const phase_job *j,
+                   size_t *base, fsdp_memory_plan *plan)
+{
+    fsdp_ctx_desc d;
+    fsdp_memory_stats ms;
+    memset(e, 0, sizeof *e);
+    if (fsdp_device_cpu_create(NULL, &e->dev) != FSDP_SUCCESS ||
+        fsdp_comm_local_create(world, rank, e->dev, &e->comm) != FSDP_SUCCESS)
+        return 0;
+    memset(&d, 0, sizeof d);
+    d.model = j->m;
+    d.units = j->u;
+    d.device = e->dev;
+    d.comm = e->comm;
+    d.optim = optim_cfg(0);
+    d.cpu_offload = j->offload;
+    if (fsdp_ctx_plan_only(&d, fsdp_comm_size(e->comm), plan) != FSDP_SUCCESS) return 0;
+    fsdp_device_memory(e->dev, &ms);
+    *base = ms.device_in_use;
+    fsdp_device_set_capacity(e->dev, *base + plan->total);
+    fsdp_device_reset_peak(e->dev);
+    if (fsdp_ctx_create(&d, &e->ctx) != FSDP_SUCCESS) return 0;
+    return 1;
+}
+
+/* The peak so far is within the plan. */
+static void ph_within(const rank_env *e, int rank, size_t base, const fsdp_memory_plan *plan,
+                      const char *phase)
+{
+    fsdp_memory_stats ms;
+    fsdp_device_memory(e->dev, &ms);
+    CHECK_RANK(ms.device_peak - base <= plan->total, rank,
+               "%s: peak %zu bytes above the plan's %zu", phase, ms.device_peak - base,
+               plan->total);
+}
+
+#define PH(call, what)                                                                        \
+    do {                                                                                      \
+        fsdp_result r_ = (call);                                                              \
+        CHECK_RANK(r_ == FSDP_SUCCESS, rank, "%s: %s", what, fsdp_ctx_last_error(e.ctx));     \
+        ph_within(&e, rank, base, &plan, what);                                               \
+    } while (0)
+
+static int phase_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    phase_job *j = (phase_job *)user;
+    rank_env e;
+    fsdp_memory_plan plan;
+    fsdp_state_dict *sd = NULL;
+    size_t base = 0;
+    char path[600];
+    static _Thread_local float got[PH_MAX_VALUES], now[PH_MAX_VALUES];
+    int n = 0, u, k, nnow = 0;
+    if (!ph_open(&e, rank, world, j, &base, &plan)) {
+        CHECK_RANK(0, rank, "open: %s", e.ctx ? fsdp_ctx_last_error(e.ctx) : "create failed");
+        env_close(&e);
+        return 1;
+    }
+    if (!j->load) {
+        PH(fsdp_init_params(e.ctx, 1234, choose_init, NULL), "init");
+        train_n(&e, j->m, j->u, j->steps);
+        ph_within(&e, rank, base, &plan, "training");
+        snprintf(path, sizeof path, "%s/sharded", j->dir);
+        PH(fsdp_ckpt_save(e.ctx, path, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM), "sync sharded save");
+        snprintf(path, sizeof path, "%s/full.safetensors", j->dir);
+        PH(fsdp_ckpt_save(e.ctx, path, FSDP_SD_OPTIM), "sync full save");
+        /* the values the async checkpoint holds */
+        if (!full_values(e.ctx, got, PH_MAX_VALUES, &n, rank)) CHECK_RANK(0, rank, "full values");
+        ph_within(&e, rank, base, &plan, "full state dict (rank 0 only, offloaded)");
+        if (rank == 0) {
+            memcpy(j->want, got, (size_t)n * sizeof(float));
+            j->nwant = n;
+        }
+        {
+            fsdp_ckpt_writer *w = NULL;
+            snprintf(path, sizeof path, "%s/async", j->dir);
+            PH(fsdp_ckpt_writer_create(e.ctx, &w), "writer");
+            PH(fsdp_ckpt_save_async(w, path, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM), "async save");
+            train_n(&e, j->m, j->u, 1); /* the save overlaps a step */
+            PH(fsdp_ckpt_wait(w), "async save wait");
+            fsdp_ckpt_writer_destroy(w);
+        }
+        if (!full_values(e.ctx, now, PH_MAX_VALUES, &nnow, rank)) CHECK_RANK(0, rank, "values");
+    } else {
+        /* resume at another world size, from each kind of checkpoint */
+        snprintf(path, sizeof path, "%s/async", j->dir);
+        PH(fsdp_ckpt_load(e.ctx, path, FSDP_SD_OPTIM), "resume (sharded, resharded)");
+        if (full_values(e.ctx, got, PH_MAX_VALUES, &n, rank) && rank == 0)
+            CHECK(n == j->nwant && bits_equal(got, j->want, n), "world %d: resumed values differ",
+                  nranks);
+        snprintf(path, sizeof path, "%s/full.safetensors", j->dir);
+        PH(fsdp_ckpt_load(e.ctx, path, FSDP_SD_OPTIM), "load full file");
+        train_n(&e, j->m, j->u, 1);
+        ph_within(&e, rank, base, &plan, "training after the loads");
+    }
+    /* state dicts: get (into host memory) and load back, every kind */
+    PH(fsdp_get_full_state_dict(e.ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD | FSDP_SD_RANK0_ONLY, &sd),
+       "full state dict");
+    PH(fsdp_load_state_dict(e.ctx, sd, FSDP_SD_OPTIM | FSDP_SD_RANK0_ONLY), "load full (rank 0)");
+    fsdp_state_dict_destroy(sd);
+    sd = NULL;
+    PH(fsdp_get_full_state_dict(e.ctx, FSDP_SD_OFFLOAD, &sd), "full state dict (every rank)");
+    PH(fsdp_load_state_dict(e.ctx, sd, 0), "load full (every rank)");
+    fsdp_state_dict_destroy(sd);
+    sd = NULL;
+    PH(fsdp_get_sharded_state_dict(e.ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &sd), "sharded state dict");
+    PH(fsdp_load_state_dict(e.ctx, sd, FSDP_SD_OPTIM), "load sharded");
+    fsdp_state_dict_destroy(sd);
+    sd = NULL;
+    PH(fsdp_get_local_state_dict(e.ctx, FSDP_SD_OFFLOAD, &sd), "local state dict");
+    PH(fsdp_load_state_dict(e.ctx, sd, 0), "load local");
+    fsdp_state_dict_destroy(sd);
+    sd = NULL;
+    /* summon_full_params, every unit, every way */
+    for (u = 0; u < fsdp_units_count(j->u); u++) {
+        int64_t numel = fsdp_units_get(j->u, u)->numel;
+        float *host = (float *)malloc((size_t)(numel + 1) * sizeof(float));
+        static const unsigned how[] = {0, FSDP_SUMMON_WRITEBACK, FSDP_SUMMON_OFFLOAD,
+                                       FSDP_SUMMON_RANK0_ONLY | FSDP_SUMMON_OFFLOAD};
+        for (k = 0; k < 4; k++) {
+            PH(fsdp_summon_begin(e.ctx, u, how[k], host), "summon");
+            PH(fsdp_summon_end(e.ctx, u), "summon end");
+        }
+        free(host);
+    }
+    /* the same values after all these round trips */
+    if (full_values(e.ctx, got, PH_MAX_VALUES, &k, rank) && rank == 0 && !j->load)
+        CHECK(k == nnow && bits_equal(got, now, k), "world %d: the state dicts' round trips "
+              "changed the values", nranks);
+    train_n(&e, j->m, j->u, 1);
+    ph_within(&e, rank, base, &plan, "training at the end");
+    env_close(&e);
+    (void)nranks;
+    return 0;
+}
+
+/* Saves at 2, 3 and 4 ranks, full and grad-op sharding; each resumed at 1
+   to 4 ranks (1 rank loads in place: its plan has no room for copies). */
+static void test_phases(void)
+{
+    static const fsdp_sharding_strategy strats[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP};
+    fsdp_model *m = build_model(0);
+    char tmpl[] = "/tmp/fsdp_memory_XXXXXX";
+    char *dir = mkdtemp(tmpl);
+    int s, w, w2, off;
+    (void)env_open; /* fixtures_tnet.h's; the phases open their own contexts */
+    CHECK(m != NULL && dir != NULL, "model and directory");
+    if (!m || !dir) goto done;
+    for (s = 0; s < 2; s++)
+        for (off = 0; off < 2; off++) {
+            fsdp_units *u = make_units(m, strats[s]);
+            for (w = 2; w <= 4 && u; w++) {
+                phase_job j;
+                memset(&j, 0, sizeof j);
+                j.m = m;
+                j.u = u;
+                j.dir = dir;
+                j.steps = 2;
+                j.offload = off;
+                run_ranks(w, phase_rank, &j);
+                CHECK(j.nwant > 0, "no values");
+                j.load = 1;
+                for (w2 = 1; w2 <= 4; w2++) run_ranks(w2, phase_rank, &j);
+                rm_rf(dir);
+                CHECK(mkdir(dir, 0700) == 0, "mkdir");
+            }
+            fsdp_units_destroy(u);
+        }
+done:
+    if (dir) rm_rf(dir);
+    fsdp_model_destroy(m);
+}
+
+/* A load that cannot finish changes nothing, copies in the plan's buffers
+   (4 ranks) or in place (1 rank: read and checked before any write). */
+static int corrupt_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    phase_job *j = (phase_job *)user;
+    rank_env e;
+    fsdp_memory_plan plan;
+    size_t base = 0;
+    char path[600];
+    static _Thread_local float before[PH_MAX_VALUES], after[PH_MAX_VALUES];
+    int n0 = 0, n1 = 0;
+    fsdp_result r;
+    if (!ph_open(&e, rank, world, j, &base, &plan)) {
+        CHECK_RANK(0, rank, "open");
+        env_close(&e);
+        return 1;
+    }
+    PH(fsdp_init_params(e.ctx, 99, choose_init, NULL), "init");
+    train_n(&e, j->m, j->u, 1);
+    full_values(e.ctx, before, PH_MAX_VALUES, &n0, rank);
+    snprintf(path, sizeof path, "%s/%s", j->dir, j->load ? "bad.safetensors" : "bad_step");
+    r = fsdp_ckpt_load(e.ctx, path, FSDP_SD_OPTIM);
+    CHECK_RANK(r != FSDP_SUCCESS, rank, "a corrupt checkpoint loaded");
+    CHECK_RANK(!contains(fsdp_ctx_last_error(e.ctx), "partly loaded"), rank, "%s",
+               fsdp_ctx_last_error(e.ctx));
+    ph_within(&e, rank, base, &plan, "refused load");
+    full_values(e.ctx, after, PH_MAX_VALUES, &n1, rank);
+    if (rank == 0)
+        CHECK(n0 > 0 && n0 == n1 && bits_equal(before, after, n0),
+              "world %d: a refused load changed the context", nranks);
+    train_n(&e, j->m, j->u, 1);
+    env_close(&e);
+    return 0;
+}
+
+static void test_refused_load_unchanged(void)
+{
+    fsdp_model *m = build_model(0);
+    fsdp_units *u = m ? make_units(m, FSDP_FULL_SHARD) : NULL;
+    char tmpl[] = "/tmp/fsdp_memory_XXXXXX", path[600];
+    char *dir = mkdtemp(tmpl), *buf = NULL;
+    phase_job j;
+    long len;
+    int w;
+    (void)env_open;
+    CHECK(u != NULL && dir != NULL, "model and directory");
+    if (!u || !dir) goto done;
+    memset(&j, 0, sizeof j);
+    j.m = m;
+    j.u = u;
+    j.dir = dir;
+    j.steps = 1;
+    run_ranks(2, phase_rank, &j); /* writes full.safetensors */
+    snprintf(path, sizeof path, "%s/full.safetensors", dir);
+    len = read_file(path, &buf);
+    CHECK(len > 64, "read %s", path);
+    if (len <= 64) goto done;
+    buf[len - 3] ^= 0x40; /* the last tensor's data: its checksum fails */
+    snprintf(path, sizeof path, "%s/bad.safetensors", dir);
+    CHECK(write_file(path, buf, (size_t)len), "write");
+    j.load = 1;
+    for (w = 1; w <= 4; w++) run_ranks(w, corrupt_rank, &j);
+done:
+    free(buf);
+    if (dir) rm_rf(dir);
+    fsdp_units_destroy(u);
+    fsdp_model_destroy(m);
+}
+
 static const check_case CASES[] = {
+    {"refused_load_unchanged", test_refused_load_unchanged},
+    {"phases", test_phases},
     {"device_capacity", test_device_capacity},
     {"plan_only_agrees", test_plan_only_agrees},
     {"capacity_refusal", test_capacity_refusal},
