@@ -1273,6 +1273,17 @@ typedef struct fsdp_ctx_desc {
        finding bugs, not for training runs. */
     int debug;
     fsdp_grad_reduce grad_reduce; /* AVG (0) or SUM: "The gradient" above */
+    /* 1: on a world of one rank, a unit's gradient views (f32 parameters,
+       f32 reduce dtype, no cpu_offload, no debug mode) are its f32
+       gradients themselves, as PyTorch's .grad: they hold what the unit's
+       earlier backwards since the last fsdp_step or fsdp_zero_grad added
+       (zero on the first), so engines must add into them, never overwrite,
+       and the plan keeps no unsharded gradient copy: AdamW takes 16 bytes
+       per parameter instead of 20. With one backward per unit per step
+       the bits are those of 0. A summon without writeback copies the
+       parameters into the zero gradients (refused while gradients are
+       pending). 0: every view starts at zero at fsdp_begin_backward. */
+    int grad_views_in_place;
 } fsdp_ctx_desc;
 
 /* Creates the context and allocates everything the plan holds: sharded f32
@@ -9305,6 +9316,7 @@ typedef struct fsdp__cunit {
     int dbg_poisoned;             /* debug: the resident block holds the poison */
     int dbg_last_slot;            /* debug: the shared slot it held last, or -1 */
     int fwd_runs;                 /* forwards not yet matched by a backward */
+    int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
 } fsdp__cunit;
 
 /* A buffer of the plan lent to a phase outside training (fsdp__lend_open). */
@@ -9789,6 +9801,9 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         if (shard_size == 1) s = FSDP_NO_SHARD;
         cu->strat = s;
         cu->W = s == FSDP_NO_SHARD ? 1 : shard_size;
+        cu->grad_in_place = d->grad_views_in_place && c->nranks == 1 && s == FSDP_NO_SHARD &&
+                            !c->offload && !c->debug && cu->pdt == FSDP_F32 &&
+                            cu->rdt == FSDP_F32 && ui->requires_grad;
         /* the root stays unsharded through forward and backward, as in
            PyTorch; SHARD_GRAD_OP keeps every unit unsharded in between */
         cu->resident = s == FSDP_NO_SHARD || s == FSDP_SHARD_GRAD_OP || ui->module == 0 ||
@@ -9864,6 +9879,7 @@ typedef struct fsdp__ctx_sizes {
 /* A resident unit's own unsharded block. */
 FSDP__DEF size_t fsdp__resident_bytes(const fsdp_ctx *c, const fsdp__cunit *cu)
 {
+    if (cu->grad_in_place) return 0; /* the gradients are the f32 ones */
     if (fsdp__shard_is_view(c, cu)) {
         /* parameters are the shard itself; the block holds the gradient, or
            an f32 copy while summoned (so a summon without writeback cannot
@@ -10944,7 +10960,7 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
         }
         if (fsdp__shard_is_view(c, cu)) {
             cu->uparam = cu->lp ? cu->lp : (void *)cu->master;
-            cu->ugrad = cu->res_base;
+            cu->ugrad = cu->grad_in_place ? (void *)cu->grad : cu->res_base;
         } else {
             cu->uparam = cu->res_base;
             cu->ugrad = (char *)cu->res_base + n * fsdp_dtype_size(cu->pdt);
@@ -11226,7 +11242,8 @@ FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
         cu->state = FSDP_UNIT_IDLE;
         return r;
     }
-    if (!cu->accum && cu->info->requires_grad) {
+    if (cu->grad_in_place) cu->grad_zero = 0; /* the engine adds into it from now */
+    if (!cu->accum && cu->info->requires_grad && !cu->grad_in_place) {
         /* Zeroed on the compute side, not queued on the comm stream behind the
            previous unit's reduction: backward compute starts as soon as the
            parameters are there. A gathered buffer's earlier reader was ordered
@@ -11335,6 +11352,10 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
        cpu_offload the gradient is in host memory: always scratch. */
     int direct = cu->grad_zero && cu->rdt == FSDP_F32 && !c->offload;
     if (!S || !cu->info->requires_grad) return FSDP_SUCCESS;
+    if (cu->grad_in_place) { /* the engine added into the gradient itself */
+        cu->grad_zero = 0;
+        return FSDP_SUCCESS;
+    }
     if (cu->rdt != cu->pdt) {
         size_t m = cu->strat == FSDP_NO_SHARD ? S : n;
         r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, m, c->cs);
@@ -12095,7 +12116,19 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
         /* a copy, so that changes without writeback are discarded */
         cu->dbg_poisoned = 0; /* checked by fsdp__sync_units just now */
         cu->uparam = cu->res_base;
-        if (cu->S) {
+        if (cu->grad_in_place) { /* no block: the parameters, or the zero gradients */
+            if (flags & FSDP_SUMMON_WRITEBACK) cu->uparam = cu->master;
+            else if (cu->grad_zero) cu->uparam = cu->grad;
+            else
+                return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                                      "fsdp_summon_begin: unit %d %s: a summon without "
+                                      "writeback copies the parameters into the gradients "
+                                      "(grad_views_in_place plans no other room), which hold "
+                                      "pending values: call fsdp_step or fsdp_zero_grad "
+                                      "first, or summon with FSDP_SUMMON_WRITEBACK", unit,
+                                      cu->qname);
+        }
+        if (cu->S && cu->uparam != (void *)cu->master) {
             r = fsdp_device_copy(c->dev, cu->uparam, cu->master, (size_t)cu->S * 4,
                                  fsdp__from_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
@@ -12166,6 +12199,11 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
             cu->summon_f32 = 0;
         }
     } else {
+        if (cu->grad_in_place && cu->uparam == (void *)cu->grad && cu->S) {
+            /* the gradients lent to the summon are zero again */
+            r = fsdp_device_memset(c->dev, cu->grad, 0, (size_t)cu->S * 4, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_end");
+        }
         cu->uparam = NULL; /* the next gather points it at the shard again */
         cu->summon_f32 = 0;
         cu->gathered = fsdp__shard_is_view(c, cu); /* offload: the block held f32 */

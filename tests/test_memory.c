@@ -554,7 +554,159 @@ done:
     fsdp_model_destroy(m);
 }
 
+/* --- 16 bytes per parameter at world size 1 (grad_views_in_place) --- */
+
+/* One forward and backward of every unit, adding tnet's dyadic gradients
+   (exact sums: accumulation order cannot change a bit). */
+static int fwd_bwd(fsdp_ctx *ctx, const fsdp_model *m, const fsdp_units *u, int64_t salt)
+{
+    int n = fsdp_units_count(u), i, k, order[16];
+    order[0] = n - 1;
+    for (i = 0; i + 1 < n; i++) order[i + 1] = i;
+    for (i = 0; i < n; i++)
+        if (fsdp_begin_forward(ctx, order[i]) || fsdp_end_forward(ctx, order[i])) return 0;
+    for (i = n - 1; i >= 0; i--) {
+        const fsdp_unit_info *ui = fsdp_units_get(u, order[i]);
+        if (fsdp_begin_backward(ctx, order[i])) return 0;
+        for (k = 0; k < ui->nentries + ui->nshared; k++) {
+            const char *fqn = k < ui->nentries ? ui->entries[k].fqn
+                                               : ui->shared[k - ui->nentries].fqn;
+            fsdp_param_info info;
+            float *p = (float *)fsdp_param(ctx, fqn), *g = (float *)fsdp_grad(ctx, fqn);
+            int64_t e;
+            if (!p || !g || fsdp_model_param(m, fsdp_model_find_param(m, fqn), &info)) return 0;
+            for (e = 0; e < info.numel; e++) g[e] += qgrad(p[e], e, salt);
+        }
+        if (fsdp_end_backward(ctx, order[i])) return 0;
+    }
+    return 1;
+}
+
+typedef struct gip_job {
+    const fsdp_model *m;
+    const fsdp_units *u;
+    int in_place, accum;
+    float values[PH_MAX_VALUES];
+    int n;
+    fsdp_memory_plan plan;
+} gip_job;
+
+static int gip_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    gip_job *j = (gip_job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_ctx_desc d;
+    fsdp_memory_stats ms;
+    int step, a, u;
+    (void)nranks;
+    if (fsdp_device_cpu_create(NULL, &dev) || fsdp_comm_local_create(world, rank, dev, &comm))
+        return 1;
+    memset(&d, 0, sizeof d);
+    d.model = j->m;
+    d.units = j->u;
+    d.device = dev;
+    d.comm = comm;
+    d.optim = optim_cfg(0);
+    d.grad_views_in_place = j->in_place;
+    CHECK(fsdp_ctx_plan_only(&d, 1, &j->plan) == FSDP_SUCCESS, "plan");
+    fsdp_device_set_capacity(dev, j->plan.total);
+    CHECK(fsdp_ctx_create(&d, &ctx) == FSDP_SUCCESS, "create");
+    if (!ctx) goto done;
+    CHECK(fsdp_init_params(ctx, 7, choose_init, NULL) == FSDP_SUCCESS, "init");
+    for (step = 0; step < 3; step++) {
+        for (a = 0; a < j->accum; a++)
+            CHECK(fwd_bwd(ctx, j->m, j->u, step * 7 + a), "step %d: %s", step,
+                  fsdp_ctx_last_error(ctx));
+        if (j->in_place && step == 1) { /* pending gradients: no room for a summon copy */
+            CHECK(fsdp_summon_begin(ctx, 0, 0, NULL) == FSDP_INVALID_STATE,
+                  "a summon over pending gradients");
+            CHECK(contains(fsdp_ctx_last_error(ctx), "fsdp_zero_grad"), "%s",
+                  fsdp_ctx_last_error(ctx));
+        }
+        CHECK(fsdp_step(ctx) == FSDP_SUCCESS, "step: %s", fsdp_ctx_last_error(ctx));
+    }
+    /* summons without and with writeback leave the values as they were */
+    for (u = 0; u < fsdp_units_count(j->u); u++) {
+        float *v;
+        CHECK(fsdp_summon_begin(ctx, u, 0, NULL) == FSDP_SUCCESS, "summon: %s",
+              fsdp_ctx_last_error(ctx));
+        v = fsdp_units_get(j->u, u)->nentries
+                ? (float *)fsdp_param(ctx, fsdp_units_get(j->u, u)->entries[0].fqn) : NULL;
+        if (v) v[0] += 1000.0f; /* discarded */
+        CHECK(fsdp_summon_end(ctx, u) == FSDP_SUCCESS, "summon end");
+        CHECK(fsdp_summon_begin(ctx, u, FSDP_SUMMON_WRITEBACK, NULL) == FSDP_SUCCESS, "summon");
+        CHECK(fsdp_summon_end(ctx, u) == FSDP_SUCCESS, "summon end");
+    }
+    CHECK(fwd_bwd(ctx, j->m, j->u, 99) && fsdp_step(ctx) == FSDP_SUCCESS, "after summons: %s",
+          fsdp_ctx_last_error(ctx));
+    full_values(ctx, j->values, PH_MAX_VALUES, &j->n, rank);
+    fsdp_device_memory(dev, &ms);
+    CHECK(ms.device_peak <= j->plan.total, "peak %zu above the plan %zu", ms.device_peak,
+          j->plan.total);
+done:
+    fsdp_ctx_destroy(ctx);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 0;
+}
+
+static void test_grad_in_place(void)
+{
+    fsdp_model *m = build_model(0), *big = big_model();
+    fsdp_units *u = m ? make_units(m, FSDP_FULL_SHARD) : NULL;
+    fsdp_units *bu = big ? big_units(big, FSDP_FULL_SHARD, 0, 0) : NULL;
+    static gip_job a, b;
+    fsdp_ctx_desc d;
+    fsdp_memory_plan p16, p20;
+    int64_t numel = 0;
+    int i, accum;
+    CHECK(u && bu, "models");
+    if (!u || !bu) goto done;
+    /* AdamW in f32 at one rank: 16 bytes per parameter, exactly */
+    memset(&d, 0, sizeof d);
+    d.model = big;
+    d.units = bu;
+    for (i = 0; i < fsdp_units_count(bu); i++) numel += fsdp_units_get(bu, i)->numel;
+    EXPECT(fsdp_ctx_plan_only(&d, 1, &p20) == FSDP_SUCCESS);
+    d.grad_views_in_place = 1;
+    EXPECT(fsdp_ctx_plan_only(&d, 1, &p16) == FSDP_SUCCESS);
+    CHECK(p16.total == (size_t)(16 * numel) && p16.pool == 0,
+          "in place: %zu bytes for %lld parameters", p16.total, (long long)numel);
+    CHECK(p20.total >= (size_t)(20 * numel), "views from zero: %zu bytes", p20.total);
+    /* more ranks: no effect */
+    {
+        fsdp_memory_plan q, r;
+        EXPECT(fsdp_ctx_plan_only(&d, 2, &q) == FSDP_SUCCESS);
+        d.grad_views_in_place = 0;
+        EXPECT(fsdp_ctx_plan_only(&d, 2, &r) == FSDP_SUCCESS);
+        EXPECT(q.total == r.total);
+    }
+    /* the same training, bit for bit, with and without, accumulating or not */
+    for (accum = 1; accum <= 2; accum++) {
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        a.m = b.m = m;
+        a.u = b.u = u;
+        a.accum = b.accum = accum;
+        b.in_place = 1;
+        run_ranks(1, gip_rank, &a);
+        run_ranks(1, gip_rank, &b);
+        CHECK(a.n > 0 && a.n == b.n && bits_equal(a.values, b.values, a.n),
+              "accum %d: in place trains differently", accum);
+        CHECK(b.plan.total < a.plan.total && b.plan.pool == 0, "plans %zu %zu", b.plan.total,
+              a.plan.total);
+    }
+done:
+    fsdp_units_destroy(u);
+    fsdp_units_destroy(bu);
+    fsdp_model_destroy(m);
+    fsdp_model_destroy(big);
+}
+
 static const check_case CASES[] = {
+    {"grad_in_place", test_grad_in_place},
     {"refused_load_unchanged", test_refused_load_unchanged},
     {"phases", test_phases},
     {"device_capacity", test_device_capacity},

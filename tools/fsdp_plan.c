@@ -9,7 +9,7 @@
                     [--param-dtype f32|bf16|f16] [--reduce-dtype f32|bf16|f16]
                     [--strategy full|grad_op|no_shard|hybrid:K] [--offload]
                     [--max-unsharded K] [--optim adamw|sgd] [--capacity BYTES]
-                    [--quiet]
+                    [--grad-in-place] [--quiet]
 
    Presets: train-gpt (examples/train_gpt's default model, built by
    examples/gpt.h itself), gpt2-124m, gpt2-1.5b, llama2-7b, llama2-13b,
@@ -22,7 +22,8 @@
    weight, and "unit prefix" to make the module at that prefix a unit (the
    root is always one). '#' starts a comment.
 
-   --capacity BYTES gives the device a capacity: a plan beyond it exits
+   --grad-in-place plans fsdp_ctx_desc.grad_views_in_place (at one rank:
+   no unsharded gradient copy). --capacity BYTES gives the device a capacity: a plan beyond it exits
    with status 1 and fsdp_ctx_create's message (the shortfall, and what
    would fit). The last line is machine-readable:
        plan_bytes=<n> sharded_bytes=<n> pool_bytes=<n> scratch_bytes=<n>
@@ -43,7 +44,7 @@
 
 typedef struct plan_opts {
     const char *preset, *file;
-    int ranks, hybrid, offload, max_unsharded, sgd, quiet;
+    int ranks, hybrid, offload, max_unsharded, sgd, quiet, in_place;
     fsdp_sharding_strategy strategy;
     fsdp_dtype pdt, rdt;
     unsigned long long capacity;
@@ -56,7 +57,7 @@ static void usage(void)
             "                 [--param-dtype f32|bf16|f16] [--reduce-dtype f32|bf16|f16]\n"
             "                 [--strategy full|grad_op|no_shard|hybrid:K] [--offload]\n"
             "                 [--max-unsharded K] [--optim adamw|sgd] [--capacity BYTES]\n"
-            "                 [--quiet]\n"
+            "                 [--grad-in-place] [--quiet]\n"
             "presets: train-gpt gpt2-124m gpt2-1.5b llama2-7b llama2-13b llama2-70b\n");
 }
 
@@ -87,6 +88,10 @@ static int parse_args(int argc, char **argv, plan_opts *o)
         int good = 1;
         if (!strcmp(a, "--offload")) {
             o->offload = 1;
+            continue;
+        }
+        if (!strcmp(a, "--grad-in-place")) {
+            o->in_place = 1;
             continue;
         }
         if (!strcmp(a, "--quiet")) {
@@ -497,6 +502,7 @@ int main(int argc, char **argv)
     cd.hybrid_shard_size = o.hybrid;
     cd.max_unsharded = o.max_unsharded;
     cd.cpu_offload = o.offload;
+    cd.grad_views_in_place = o.in_place;
     cd.optim = fsdp_optim_defaults(o.sgd ? FSDP_SGD : FSDP_ADAMW);
     if (o.sgd) cd.optim.momentum = 0.9;
     if (is_gpt && !o.sgd) { /* train_gpt's two AdamW groups */
