@@ -91,6 +91,9 @@
               the first begin (fsdp_init_zeros for zeros on purpose); the
               debug mode (FSDP_DEBUG=1); index views, fsdp_units_find,
               fsdp_set_optim, fsdp_set_steps, FSDP_GRAD_SUM.
+              Memory plan: device capacities, fsdp_ctx_plan_only, peak <=
+              plan around loads, saves and state dicts too,
+              grad_views_in_place (16 bytes/parameter at one rank).
        0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
        0.4.0  state dicts and safetensors checkpoints
        0.3.0  the ZeRO optimizer
