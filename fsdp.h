@@ -1717,8 +1717,11 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *ctx, unsigned flags,
    Everything is validated before anything is changed: strict mode reports
    missing and unexpected keys by name, every tensor's shape and dtype is
    checked (float tensors of any float dtype are converted), and the ranks
-   agree, so either every rank loads or none changes anything. Needs one
-   extra copy of the rank's shards while it runs. Collective: yes. */
+   agree, so either every rank loads or none changes anything. No memory
+   beyond the plan: the new shards are copied into the plan's idle buffers
+   (pool, scratch) when they fit; otherwise the steps are checked first and
+   the shards written in place, where only a device or transport failure
+   can leave a load half done (the error says so). Collective: yes. */
 FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *sd,
                                           unsigned flags);
 
@@ -1782,7 +1785,11 @@ enum {
 FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *ctx, const char *path, unsigned flags);
 /* Loads a checkpoint written at any world size (a file: full; a directory:
    sharded). flags: FSDP_SD_OPTIM, FSDP_SD_NOT_STRICT. Everything is read
-   and verified before the context changes. Files that are not regular
+   and verified before the context changes (when the plan's idle buffers
+   cannot hold a copy of the new shards, by reading every file twice: once
+   to verify, once into the shards; a file changed between the two is
+   reported, the context then partly loaded). No device memory beyond the
+   plan. Files that are not regular
    files (a FIFO, a device) are refused (FSDP_CKPT_IO) rather than read,
    steps above FSDP_STEP_MAX are refused (FSDP_CKPT_MISMATCH), and every
    rank returns the same code and message: the first failing rank's, in
