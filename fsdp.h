@@ -1295,7 +1295,10 @@ typedef struct fsdp_ctx_desc {
    (fsdp_init_params, fsdp_set_full_param, fsdp_init_zeros, or a state-dict
    or checkpoint load): the first fsdp_begin_forward refuses, naming them,
    parameters that never were (since 0.6.0; they used to start silently at
-   zero). Collective: yes. */
+   zero). A plan beyond what is left of the device's capacity
+   (fsdp_device_capacity) is refused with FSDP_OUT_OF_MEMORY before
+   anything is allocated, naming the shortfall and what would fit (see
+   fsdp_ctx_plan_only); each rank checks its own device. Collective: yes. */
 FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *desc, fsdp_ctx **out);
 /* Waits for outstanding work and frees everything. */
 FSDP_API void fsdp_ctx_destroy(fsdp_ctx *ctx);
