@@ -9337,6 +9337,7 @@ typedef struct fsdp__lend {
     char *base;
     size_t bytes, used;
     int unit;  /* a resident block's unit (invalidated when first used), or -1 */
+    int slot;  /* a shared buffer's index (its debug poison dropped when used), or -1 */
     int taken; /* something was taken from it */
 } fsdp__lend;
 
@@ -11623,7 +11624,7 @@ FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn)
    buffer's gathered unit too. Nothing is lent from a unit a backward is
    still owed to (its resident parameters are in use) or that accumulates
    no_sync gradients. */
-FSDP__DEF void fsdp__lend_add(fsdp_ctx *c, void *base, size_t bytes, int unit)
+FSDP__DEF void fsdp__lend_add(fsdp_ctx *c, void *base, size_t bytes, int unit, int slot)
 {
     fsdp__lend *l;
     if (!base || bytes < 64) return;
@@ -11632,6 +11633,7 @@ FSDP__DEF void fsdp__lend_add(fsdp_ctx *c, void *base, size_t bytes, int unit)
     l->bytes = bytes;
     l->used = 0;
     l->unit = unit;
+    l->slot = slot;
     l->taken = 0;
 }
 
@@ -11649,9 +11651,9 @@ FSDP__DEF fsdp_result fsdp__lend_open(fsdp_ctx *c)
                                              sizeof(fsdp__lend));
         if (!c->lend) return FSDP_SUCCESS; /* nothing to lend: callers allocate */
     }
-    fsdp__lend_add(c, c->red_in, c->red_in_bytes, -1);
-    fsdp__lend_add(c, c->red_out, c->red_out_bytes, -1);
-    fsdp__lend_add(c, c->off_f32, c->off_f32_bytes, -1);
+    fsdp__lend_add(c, c->red_in, c->red_in_bytes, -1, -1);
+    fsdp__lend_add(c, c->red_out, c->red_out_bytes, -1, -1);
+    fsdp__lend_add(c, c->off_f32, c->off_f32_bytes, -1, -1);
     for (i = 0; i < c->nunits; i++) /* idle holders of shared buffers (prefetched) */
         if (c->u[i].slot >= 0 && c->u[i].state == FSDP_UNIT_IDLE) fsdp__release_slot(c, &c->u[i]);
     for (i = 0; i < c->nslots; i++) {
@@ -11661,13 +11663,12 @@ FSDP__DEF fsdp_result fsdp__lend_open(fsdp_ctx *c)
             fsdp_event_synchronize(c->dev, sl->done) != FSDP_SUCCESS)
             continue; /* the engine may still read it */
         sl->done_recorded = 0;
-        sl->poison_unit = -1; /* overwritten: fsdp__sync_all checked the poison */
-        fsdp__lend_add(c, sl->base, sl->bytes, -1);
+        fsdp__lend_add(c, sl->base, sl->bytes, -1, i);
     }
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];
         if (cu->resident && cu->state == FSDP_UNIT_IDLE && cu->fwd_runs <= 0 && !cu->accum)
-            fsdp__lend_add(c, cu->res_base, cu->res_bytes, i);
+            fsdp__lend_add(c, cu->res_base, cu->res_bytes, i, -1);
     }
     return FSDP_SUCCESS;
 }
@@ -11684,8 +11685,9 @@ FSDP__DEF void *fsdp__lend_take(fsdp_ctx *c, size_t bytes)
             if (l->unit >= 0 && !l->taken) { /* its gathered values are gone */
                 fsdp__cunit *cu = &c->u[l->unit];
                 fsdp__invalidate_buffers(c, cu);
-                cu->dbg_poisoned = 0;
+                cu->dbg_poisoned = 0; /* overwritten: fsdp__sync_all checked it */
             }
+            if (l->slot >= 0) c->slots[l->slot].poison_unit = -1; /* likewise */
             l->used += want;
             l->taken = 1;
             return p;

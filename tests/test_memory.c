@@ -307,6 +307,7 @@ typedef struct phase_job {
     const fsdp_units *u;
     const char *dir;
     int offload, steps, load; /* load: 0 the source run, 1 resume from dir */
+    int debug;                /* fsdp_ctx_desc.debug */
     float want[PH_MAX_VALUES]; /* the source run's values (rank 0) */
     int nwant;
 } phase_job;
@@ -328,6 +329,7 @@ static int ph_open(rank_env *e, int rank, fsdp_local_world *world, const phase_j
     d.comm = e->comm;
     d.optim = optim_cfg(0);
     d.cpu_offload = j->offload;
+    d.debug = j->debug;
     if (fsdp_ctx_plan_only(&d, fsdp_comm_size(e->comm), plan) != FSDP_SUCCESS) return 0;
     fsdp_device_memory(e->dev, &ms);
     *base = ms.device_in_use;
@@ -705,7 +707,35 @@ done:
     fsdp_model_destroy(big);
 }
 
+/* The same phases in the debug mode: lent buffers that held poison are
+   not reported as stale writes, and the plan still holds. */
+static void test_phases_debug(void)
+{
+    fsdp_model *m = build_model(0);
+    fsdp_units *u = m ? make_units(m, FSDP_FULL_SHARD) : NULL;
+    char tmpl[] = "/tmp/fsdp_memory_XXXXXX";
+    char *dir = mkdtemp(tmpl);
+    phase_job j;
+    int w2;
+    CHECK(u != NULL && dir != NULL, "model and directory");
+    if (!u || !dir) goto done;
+    memset(&j, 0, sizeof j);
+    j.m = m;
+    j.u = u;
+    j.dir = dir;
+    j.steps = 2;
+    j.debug = 1;
+    run_ranks(3, phase_rank, &j);
+    j.load = 1;
+    for (w2 = 1; w2 <= 3; w2++) run_ranks(w2, phase_rank, &j);
+done:
+    if (dir) rm_rf(dir);
+    fsdp_units_destroy(u);
+    fsdp_model_destroy(m);
+}
+
 static const check_case CASES[] = {
+    {"phases_debug", test_phases_debug},
     {"grad_in_place", test_grad_in_place},
     {"refused_load_unchanged", test_refused_load_unchanged},
     {"phases", test_phases},
