@@ -75,5 +75,10 @@ for p in gpt2-124m gpt2-1.5b llama2-7b llama2-13b llama2-70b; do
             { echo "FAIL: preset $p $s last line"; cat "$dir/p.out"; fail=1; }
     done
 done
+# the largest preset at a large world size
+"$plan" --preset llama2-70b --ranks 1024 --param-dtype bf16 > "$dir/big.out" ||
+    { echo "FAIL: llama2-70b at 1024 ranks"; fail=1; }
+grep -q "68976648192 parameters in 81 units, 1024 ranks" "$dir/big.out" ||
+    { echo "FAIL: llama2-70b at 1024 ranks:"; cat "$dir/big.out"; fail=1; }
 rm -rf "$dir"
 exit $fail

@@ -117,7 +117,7 @@ static fsdp_units *big_units(fsdp_model *m, fsdp_sharding_strategy s, fsdp_dtype
 typedef struct plan_job {
     const fsdp_model *m;
     const fsdp_units *u;
-    int offload, max_unsharded, no_sync;
+    int offload, max_unsharded, no_sync, hybrid;
     size_t capacity; /* of each rank's device; 0 unlimited */
     fsdp_result created[8];
     char msg[8][FSDP_ERROR_MAX];
@@ -133,6 +133,7 @@ static void plan_desc(const plan_job *j, fsdp_ctx_desc *d)
     d->cpu_offload = j->offload;
     d->max_unsharded = j->max_unsharded;
     d->plan_no_sync = j->no_sync;
+    d->hybrid_shard_size = j->hybrid;
 }
 
 static int plan_rank(int rank, int nranks, fsdp_local_world *world, void *user)
@@ -217,6 +218,24 @@ static void test_plan_only_agrees(void)
             }
             fsdp_units_destroy(u);
         }
+    /* HYBRID_SHARD: shard groups of 2 in worlds of 2, 4 and 6 */
+    for (variant = 0; variant < 2; variant++) {
+        fsdp_units *u = big_units(m, FSDP_HYBRID_SHARD, variant ? FSDP_BF16 : 0, 0);
+        CHECK(u != NULL, "wrap");
+        for (w = 2; u && w <= 6; w += 2) {
+            plan_job j;
+            memset(&j, 0, sizeof j);
+            j.m = m;
+            j.u = u;
+            j.hybrid = 2;
+            run_ranks(w, plan_rank, &j);
+            for (r = 0; r < w; r++)
+                CHECK(j.created[r] == FSDP_SUCCESS && plans_equal(&j.real[r], &j.only[r]),
+                      "hybrid world %d rank %d: %s; plan-only %zu, real %zu", w, r, j.msg[r],
+                      j.only[r].total, j.real[r].total);
+        }
+        fsdp_units_destroy(u);
+    }
     fsdp_model_destroy(m);
 }
 
