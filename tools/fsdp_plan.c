@@ -557,7 +557,8 @@ int main(int argc, char **argv)
         printf("communication per rank per step: all-gather %.0f + reduce-scatter %.0f + "
                "all-reduce %.0f = %.0f bytes (%.3f x Psi x %zu bytes)\n", cb.gather,
                cb.reduce_scatter, cb.all_reduce, tot, tot / (psi * (double)pdt_size), pdt_size);
-        printf("planned in %.3f s (model and wrap %.3f s)\n", t_plan, now_s() - t0 - t_plan);
+        printf("planned in %.2f ms (model and wrap %.2f ms)\n", t_plan * 1e3,
+               (now_s() - t0 - t_plan) * 1e3);
     }
     printf("plan_bytes=%zu sharded_bytes=%zu pool_bytes=%zu scratch_bytes=%zu\n", p.total,
            p.sharded_params + p.low_precision + p.sharded_grads + p.optimizer_state, p.pool,
