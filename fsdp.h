@@ -1334,7 +1334,8 @@ FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *ctx, fsdp_memory_plan *out);
    of world_size ranks, computed by the same steps (the same plan, byte for
    byte), allocating no device memory and communicating nothing, so a model
    of any size can be planned at any world size without the hardware.
-   desc.comm is not used and may be NULL; so may desc.device, else a plan
+   desc.comm is not used and may be NULL; so may desc.device (the plan is
+   then that of a device the host can read, as the CPU device), else a plan
    beyond what is left of its capacity is refused as fsdp_ctx_create
    refuses it (FSDP_OUT_OF_MEMORY, naming the shortfall and what would fit:
    the smallest world size, max_unsharded 1, cpu_offload, reduce_dtype =
