@@ -95,6 +95,9 @@
               FSDP_WRAP_UNITS (prefixes, parameter lists), layout tables
               (fsdp_model_add_layout, fsdp_load_layout); a not-strict
               load's initialised set is agreed across ranks.
+              Memory plan: device capacities, fsdp_ctx_plan_only, peak <=
+              plan around loads, saves and state dicts too,
+              grad_views_in_place (16 bytes/parameter at one rank).
        0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
        0.4.0  state dicts and safetensors checkpoints
        0.3.0  the ZeRO optimizer
@@ -440,6 +443,8 @@ FSDP_API fsdp_result fsdp_device_create(const fsdp_device_vtable *vt, void *self
 
 typedef struct fsdp_cpu_device_desc {
     fsdp_hooks hooks;
+    size_t capacity; /* device bytes it may hold at once (fsdp_device_set_capacity);
+                        0: unlimited */
 } fsdp_cpu_device_desc;
 
 /* The built-in CPU device: memory from the allocator hooks (64-byte aligned),
@@ -459,6 +464,13 @@ FSDP_API fsdp_result fsdp_device_host_alloc(fsdp_device *dev, size_t bytes, void
 FSDP_API void fsdp_device_host_free(fsdp_device *dev, void *ptr, size_t bytes);
 FSDP_API void fsdp_device_memory(const fsdp_device *dev, fsdp_memory_stats *out);
 FSDP_API void fsdp_device_reset_peak(fsdp_device *dev);
+/* The device's capacity: the device bytes (fsdp_device_alloc) it may hold
+   at once; 0 (the default of fsdp_device_create and the CPU device) is
+   unlimited, the CUDA device starts at the memory free when it was created.
+   An allocation beyond it fails with FSDP_OUT_OF_MEMORY, and
+   fsdp_ctx_create refuses a plan beyond what is left of it. */
+FSDP_API fsdp_result fsdp_device_set_capacity(fsdp_device *dev, size_t bytes);
+FSDP_API size_t fsdp_device_capacity(const fsdp_device *dev);
 
 FSDP_API fsdp_result fsdp_stream_create(fsdp_device *dev, fsdp_stream **out);
 FSDP_API void fsdp_stream_destroy(fsdp_device *dev, fsdp_stream *s);
@@ -1335,6 +1347,17 @@ typedef struct fsdp_ctx_desc {
        finding bugs, not for training runs. */
     int debug;
     fsdp_grad_reduce grad_reduce; /* AVG (0) or SUM: "The gradient" above */
+    /* 1: on a world of one rank, a unit's gradient views (f32 parameters,
+       f32 reduce dtype, no cpu_offload, no debug mode) are its f32
+       gradients themselves, as PyTorch's .grad: they hold what the unit's
+       earlier backwards since the last fsdp_step or fsdp_zero_grad added
+       (zero on the first), so engines must add into them, never overwrite,
+       and the plan keeps no unsharded gradient copy: AdamW takes 16 bytes
+       per parameter instead of 20. With one backward per unit per step
+       the bits are those of 0. A summon without writeback copies the
+       parameters into the zero gradients (refused while gradients are
+       pending). 0: every view starts at zero at fsdp_begin_backward. */
+    int grad_views_in_place;
 } fsdp_ctx_desc;
 
 /* Creates the context and allocates everything the plan holds: sharded f32
@@ -1343,7 +1366,10 @@ typedef struct fsdp_ctx_desc {
    (fsdp_init_params, fsdp_set_full_param, fsdp_init_zeros, or a state-dict
    or checkpoint load): the first fsdp_begin_forward refuses, naming them,
    parameters that never were (since 0.6.0; they used to start silently at
-   zero). Collective: yes. */
+   zero). A plan beyond what is left of the device's capacity
+   (fsdp_device_capacity) is refused with FSDP_OUT_OF_MEMORY before
+   anything is allocated, naming the shortfall and what would fit (see
+   fsdp_ctx_plan_only); each rank checks its own device. Collective: yes. */
 FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *desc, fsdp_ctx **out);
 /* Waits for outstanding work and frees everything. */
 FSDP_API void fsdp_ctx_destroy(fsdp_ctx *ctx);
@@ -1375,6 +1401,18 @@ typedef struct fsdp_memory_plan {
     int resident_units;      /* units with their own unsharded buffers */
 } fsdp_memory_plan;
 FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *ctx, fsdp_memory_plan *out);
+/* Plan-only mode: the plan fsdp_ctx_create would make for desc on a world
+   of world_size ranks, computed by the same steps (the same plan, byte for
+   byte), allocating no device memory and communicating nothing, so a model
+   of any size can be planned at any world size without the hardware.
+   desc.comm is not used and may be NULL; so may desc.device (the plan is
+   then that of a device the host can read, as the CPU device), else a plan
+   beyond what is left of its capacity is refused as fsdp_ctx_create
+   refuses it (FSDP_OUT_OF_MEMORY, naming the shortfall and what would fit:
+   the smallest world size, max_unsharded 1, cpu_offload, reduce_dtype =
+   param_dtype). Errors go to desc.hooks.error. Collective: no. */
+FSDP_API fsdp_result fsdp_ctx_plan_only(const fsdp_ctx_desc *desc, int world_size,
+                                        fsdp_memory_plan *out);
 
 /* --- initialisation without materialising the model --- */
 typedef enum fsdp_init_kind {
@@ -1754,8 +1792,11 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *ctx, unsigned flags,
    Everything is validated before anything is changed: strict mode reports
    missing and unexpected keys by name, every tensor's shape and dtype is
    checked (float tensors of any float dtype are converted), and the ranks
-   agree, so either every rank loads or none changes anything. Needs one
-   extra copy of the rank's shards while it runs. Collective: yes. */
+   agree, so either every rank loads or none changes anything. No memory
+   beyond the plan: the new shards are copied into the plan's idle buffers
+   (pool, scratch) when they fit; otherwise the steps are checked first and
+   the shards written in place, where only a device or transport failure
+   can leave a load half done (the error says so). Collective: yes. */
 FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *sd,
                                           unsigned flags);
 
@@ -1844,7 +1885,11 @@ enum {
 FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *ctx, const char *path, unsigned flags);
 /* Loads a checkpoint written at any world size (a file: full; a directory:
    sharded). flags: FSDP_SD_OPTIM, FSDP_SD_NOT_STRICT. Everything is read
-   and verified before the context changes. Files that are not regular
+   and verified before the context changes (when the plan's idle buffers
+   cannot hold a copy of the new shards, by reading every file twice: once
+   to verify, once into the shards; a file changed between the two is
+   reported, the context then partly loaded). No device memory beyond the
+   plan. Files that are not regular
    files (a FIFO, a device) are refused (FSDP_CKPT_IO) rather than read,
    steps above FSDP_STEP_MAX are refused (FSDP_CKPT_MISMATCH), and every
    rank returns the same code and message: the first failing rank's, in
@@ -3326,6 +3371,7 @@ struct fsdp_device {
     fsdp_memory_stats stats;
     int live_streams, live_events;
     fsdp_error err;
+    size_t capacity; /* 0: unlimited */
 };
 
 FSDP__DEF int fsdp__sync_init(pthread_mutex_t *mu, pthread_cond_t *cv)
@@ -3472,6 +3518,18 @@ FSDP_API fsdp_result fsdp_device_alloc(fsdp_device *dev, size_t bytes, void **ou
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_alloc: out is NULL");
     *out = NULL;
     fsdp__clear(&e);
+    if (dev->capacity) { /* checked before asking the backend */
+        size_t in_use;
+        pthread_mutex_lock(&dev->mu);
+        in_use = dev->stats.device_in_use;
+        pthread_mutex_unlock(&dev->mu);
+        if (bytes > dev->capacity || in_use > dev->capacity - bytes)
+            return fsdp__fail(&dev->err, &dev->hooks, FSDP_OUT_OF_MEMORY,
+                              "fsdp_device_alloc: device '%s': %zu bytes with %zu in use "
+                              "exceed its capacity of %zu bytes by %zu",
+                              fsdp_device_name(dev), bytes, in_use, dev->capacity,
+                              in_use + bytes - dev->capacity);
+    }
     r = dev->vt.alloc(dev->self, bytes, &p, &e);
     if (r != FSDP_SUCCESS) return fsdp__device_done(dev, r, &e, "fsdp_device_alloc");
     pthread_mutex_lock(&dev->mu);
@@ -3547,6 +3605,18 @@ FSDP_API void fsdp_device_memory(const fsdp_device *dev, fsdp_memory_stats *out)
     pthread_mutex_lock(&d->mu);
     *out = d->stats;
     pthread_mutex_unlock(&d->mu);
+}
+
+FSDP_API fsdp_result fsdp_device_set_capacity(fsdp_device *dev, size_t bytes)
+{
+    if (!dev) return FSDP_INVALID_ARGS;
+    dev->capacity = bytes;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API size_t fsdp_device_capacity(const fsdp_device *dev)
+{
+    return dev ? dev->capacity : 0;
 }
 
 FSDP_API void fsdp_device_reset_peak(fsdp_device *dev)
@@ -4506,6 +4576,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     vt.destroy = fsdp__destroy__cpu;
     r = fsdp_device_create(&vt, cpu, hooks, out);
     if (r != FSDP_SUCCESS) fsdp__free(&h, cpu);
+    else if (desc) (*out)->capacity = desc->capacity;
     return r;
 }
 
@@ -9692,7 +9763,17 @@ typedef struct fsdp__cunit {
     int dbg_poisoned;             /* debug: the resident block holds the poison */
     int dbg_last_slot;            /* debug: the shared slot it held last, or -1 */
     int fwd_runs;                 /* forwards not yet matched by a backward */
+    int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
 } fsdp__cunit;
+
+/* A buffer of the plan lent to a phase outside training (fsdp__lend_open). */
+typedef struct fsdp__lend {
+    char *base;
+    size_t bytes, used;
+    int unit;  /* a resident block's unit (invalidated when first used), or -1 */
+    int slot;  /* a shared buffer's index (its debug poison dropped when used), or -1 */
+    int taken; /* something was taken from it */
+} fsdp__lend;
 
 typedef struct fsdp__pref { /* fqn -> (unit, entry) */
     const char *fqn;
@@ -9754,6 +9835,8 @@ struct fsdp_ctx {
     int debug;
     int64_t slot_clock;  /* debug: slot releases so far */
     fsdp__ctx_dep *deps;
+    fsdp__lend *lend;    /* the plan's idle buffers while lent (fsdp__lend_open) */
+    int nlend, lend_depth;
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -9975,6 +10058,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free(&c->hooks, c->bwd_order);
     fsdp__free(&c->hooks, c->prefs);
     fsdp__free(&c->hooks, c->pmap.slots);
+    fsdp__free(&c->hooks, c->lend);
     h = c->hooks;
     fsdp__free(&h, c);
 }
@@ -10003,14 +10087,19 @@ FSDP__DEF fsdp_result fsdp__ctx_create_oom(const fsdp_ctx_desc *d)
     return fsdp__fail_create(&d->hooks, FSDP_OUT_OF_MEMORY, "fsdp_ctx_create: out of host memory");
 }
 
-/* The descriptor as given: what no default can repair. */
-FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d)
+/* The descriptor as given: what no default can repair. A plan-only query
+   (fsdp_ctx_plan_only) needs neither device nor communicator. */
+FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d, int plan_only)
 {
     const fsdp_hooks *uh = &d->hooks;
     if (!fsdp__hooks_valid(uh))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: allocator needs alloc, realloc and free");
-    if (!d->model || !d->units || !d->device || !d->comm)
+    if (plan_only && (!d->model || !d->units))
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_plan_only: model and units are required (%s is "
+                                 "NULL)", !d->model ? "model" : "units");
+    if (!plan_only && (!d->model || !d->units || !d->device || !d->comm))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: model, units, device and comm are required "
                                  "(%s is NULL)", !d->model ? "model" : !d->units ? "units"
@@ -10057,8 +10146,10 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
     c->dev = d->device;
     c->world = d->comm;
     c->compute = d->compute_stream;
-    c->rank = fsdp_comm_rank(d->comm);
-    c->nranks = fsdp_comm_size(d->comm);
+    if (d->comm) { /* else a plan-only query set the world */
+        c->rank = fsdp_comm_rank(d->comm);
+        c->nranks = fsdp_comm_size(d->comm);
+    }
     c->nunits = fsdp_units_count(d->units);
     c->hybrid_size = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
     c->max_unsharded = d->max_unsharded ? d->max_unsharded : 2;
@@ -10074,7 +10165,7 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
         const char *env = getenv("FSDP_DEBUG");
         c->debug = d->debug != 0 || (env && env[0] && strcmp(env, "0") != 0);
     }
-    if (c->debug && !fsdp_device_host_accessible(c->dev)) {
+    if (c->debug && c->dev && !fsdp_device_host_accessible(c->dev)) {
         fsdp__log(&c->hooks, FSDP_LOG_WARN, "fsdp_ctx_create: the debug mode needs memory the "
                   "host can read; device '%s' has none, so it is off", fsdp_device_name(c->dev));
         c->debug = 0;
@@ -10158,6 +10249,9 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         if (shard_size == 1) s = FSDP_NO_SHARD;
         cu->strat = s;
         cu->W = s == FSDP_NO_SHARD ? 1 : shard_size;
+        cu->grad_in_place = d->grad_views_in_place && c->nranks == 1 && s == FSDP_NO_SHARD &&
+                            !c->offload && !c->debug && cu->pdt == FSDP_F32 &&
+                            cu->rdt == FSDP_F32 && ui->requires_grad;
         /* the root stays unsharded through forward and backward, as in
            PyTorch; SHARD_GRAD_OP keeps every unit unsharded in between */
         cu->resident = s == FSDP_NO_SHARD || s == FSDP_SHARD_GRAD_OP || ui->module == 0 ||
@@ -10175,6 +10269,18 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         }
     }
     return FSDP_SUCCESS;
+}
+
+/* A unit's rank in its group and its shard layout; 0 when out of memory. */
+FSDP__DEF int fsdp__ctx_lay_out(fsdp_ctx *c, fsdp__cunit *cu, int r)
+{
+    cu->r = r;
+    cu->pieces = (fsdp_shard_piece *)fsdp__alloc(
+        &c->hooks, (size_t)(cu->info->nentries + 1) * sizeof(fsdp_shard_piece));
+    if (!cu->pieces) return 0;
+    fsdp_unit_shard(cu->info, cu->r, cu->W, &cu->lay, cu->pieces);
+    cu->S = cu->lay.shard_numel;
+    return 1;
 }
 
 /* HYBRID_SHARD's shard and replica groups, the comm stream, and each unit's
@@ -10203,12 +10309,8 @@ FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
         cu->comm = cu->strat == FSDP_HYBRID_SHARD ? c->shard_comm : c->world;
-        cu->r = cu->strat == FSDP_NO_SHARD ? 0 : fsdp_comm_rank(cu->comm);
-        cu->pieces = (fsdp_shard_piece *)fsdp__alloc(
-            &c->hooks, (size_t)(cu->info->nentries + 1) * sizeof(fsdp_shard_piece));
-        if (!cu->pieces) return fsdp__ctx_create_oom(d);
-        fsdp_unit_shard(cu->info, cu->r, cu->W, &cu->lay, cu->pieces);
-        cu->S = cu->lay.shard_numel;
+        if (!fsdp__ctx_lay_out(c, cu, cu->strat == FSDP_NO_SHARD ? 0 : fsdp_comm_rank(cu->comm)))
+            return fsdp__ctx_create_oom(d);
     }
     return FSDP_SUCCESS;
 }
@@ -10225,6 +10327,7 @@ typedef struct fsdp__ctx_sizes {
 /* A resident unit's own unsharded block. */
 FSDP__DEF size_t fsdp__resident_bytes(const fsdp_ctx *c, const fsdp__cunit *cu)
 {
+    if (cu->grad_in_place) return 0; /* the gradients are the f32 ones */
     if (fsdp__shard_is_view(c, cu)) {
         /* parameters are the shard itself; the block holds the gradient, or
            an f32 copy while summoned (so a summon without writeback cannot
@@ -10395,6 +10498,191 @@ FSDP__DEF fsdp_result fsdp__ctx_index(fsdp_ctx *c, const fsdp_ctx_desc *d)
     return FSDP_SUCCESS;
 }
 
+/* What a plan-only trial changes of the descriptor's configuration (the
+   capacity check's alternatives); zeros change nothing. */
+typedef struct fsdp__plan_mod {
+    int max_unsharded;   /* > 0: this many shared buffers */
+    int offload;         /* 1: cpu_offload */
+    int reduce_as_param; /* 1: every unit reduces in its parameter dtype */
+} fsdp__plan_mod;
+
+/* The plan-only steps: those of fsdp_ctx_create up to the plan, with each
+   unit laid out at its rank 0 (S is the same at every rank of a group)
+   instead of connected. The context *out holds host memory only; the
+   caller destroys it, also on failure. */
+FSDP__DEF fsdp_result fsdp__ctx_plan_steps(const fsdp_ctx_desc *d, int world,
+                                           const fsdp__plan_mod *mod, fsdp_ctx **out,
+                                           fsdp__ctx_sizes *z)
+{
+    fsdp_ctx *c;
+    fsdp_ctx_desc q = *d; /* the world is `world`, not the communicator's */
+    fsdp_result r;
+    int i;
+    *out = NULL;
+    q.comm = NULL;
+    d = &q;
+    if ((r = fsdp__ctx_check_desc(d, 1)) != FSDP_SUCCESS) return r;
+    if (world < 1)
+        return fsdp__fail_create(&d->hooks, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_plan_only: world size %d must be >= 1", world);
+    {
+        fsdp_hooks h = fsdp__hooks_copy(&d->hooks);
+        c = (fsdp_ctx *)fsdp__calloc(&h, 1, sizeof *c);
+        if (!c) return fsdp__ctx_create_oom(d);
+        c->hooks = h;
+    }
+    *out = c;
+    c->rank = 0;
+    c->nranks = world;
+    fsdp__ctx_defaults(c, d);
+    if (mod && mod->max_unsharded > 0) c->max_unsharded = mod->max_unsharded;
+    if (mod && mod->offload) c->offload = 1;
+    if ((r = fsdp__ctx_validate(c, d)) != FSDP_SUCCESS ||
+        (r = fsdp__ctx_resolve_units(c, d)) != FSDP_SUCCESS)
+        return r;
+    for (i = 0; i < c->nunits; i++) {
+        if (mod && mod->reduce_as_param) c->u[i].rdt = c->u[i].pdt;
+        if (!fsdp__ctx_lay_out(c, &c->u[i], 0)) return fsdp__ctx_create_oom(d);
+    }
+    fsdp__ctx_compute_plan(c, z);
+    return FSDP_SUCCESS;
+}
+
+/* The device bytes of a trial's plan; 0 when the trial fails (it is never
+   shown then). Errors stay quiet: the real configuration was checked. */
+FSDP__DEF size_t fsdp__plan_trial(const fsdp_ctx_desc *d, int world, const fsdp__plan_mod *mod)
+{
+    fsdp_ctx_desc q = *d;
+    fsdp_ctx *c = NULL;
+    fsdp__ctx_sizes z;
+    size_t total = 0;
+    q.hooks.error = NULL;
+    q.hooks.log = NULL;
+    if (fsdp__ctx_plan_steps(&q, world, mod, &c, &z) == FSDP_SUCCESS) total = z.plan.total;
+    fsdp_ctx_destroy(c);
+    return total;
+}
+
+/* The smallest world size above c's at which the plan fits in avail bytes
+   (the plan shrinks as the world grows: doubling, then bisection), or 0.
+   HYBRID_SHARD keeps its group size, so only multiples of it are tried. */
+FSDP__DEF int fsdp__plan_min_world(const fsdp_ctx *c, const fsdp_ctx_desc *d, size_t avail,
+                                   size_t *plan_at)
+{
+    const int step = d->hybrid_shard_size > 0 ? d->hybrid_shard_size : 1, top = 1 << 24;
+    int lo = c->nranks, hi = 0, n;
+    size_t t, hi_t = 0;
+    for (n = c->nranks * 2; n <= top; n *= 2) {
+        int m = (n / step) * step;
+        if (m <= lo) continue;
+        t = fsdp__plan_trial(d, m, NULL);
+        if (t && t <= avail) {
+            hi = m;
+            hi_t = t;
+            break;
+        }
+        lo = m;
+    }
+    if (!hi) return 0;
+    while (hi - lo > step) { /* lo does not fit, hi does */
+        int mid = lo + ((hi - lo) / 2 / step) * step;
+        if (mid <= lo) mid = lo + step;
+        t = fsdp__plan_trial(d, mid, NULL);
+        if (t && t <= avail) {
+            hi = mid;
+            hi_t = t;
+        } else {
+            lo = mid;
+        }
+    }
+    *plan_at = hi_t;
+    return hi;
+}
+
+/* A plan beyond what is left of the device's capacity is refused, naming
+   the shortfall and the changes that would fit. */
+FSDP__DEF fsdp_result fsdp__ctx_fit(const fsdp_ctx *c, const fsdp_ctx_desc *d,
+                                    const fsdp_memory_plan *p, const char *fn)
+{
+    size_t cap = fsdp_device_capacity(d->device), avail, t;
+    fsdp_memory_stats ms;
+    char alt[FSDP_ERROR_MAX], more[FSDP_ERROR_MAX];
+    size_t nalt = 0, nmore = 0;
+    int i, world, mixed = 0;
+    if (!d->device || !cap) return FSDP_SUCCESS;
+    fsdp_device_memory(d->device, &ms);
+    avail = cap > ms.device_in_use ? cap - ms.device_in_use : 0;
+    if (p->total <= avail) return FSDP_SUCCESS;
+    alt[0] = more[0] = 0;
+#define FSDP__ALT(fits, ...)                                                                   \
+    do {                                                                                       \
+        char *b_ = (fits) ? alt : more;                                                        \
+        size_t *n_ = (fits) ? &nalt : &nmore;                                                  \
+        if (*n_ < sizeof alt) {                                                                \
+            int k_ = snprintf(b_ + *n_, sizeof alt - *n_, "%s", *n_ ? ", " : "");              \
+            if (k_ > 0) *n_ += (size_t)k_;                                                     \
+        }                                                                                      \
+        if (*n_ < sizeof alt) {                                                                \
+            int k_ = snprintf(b_ + *n_, sizeof alt - *n_, __VA_ARGS__);                        \
+            if (k_ > 0) *n_ += (size_t)k_;                                                     \
+        }                                                                                      \
+        if (*n_ > sizeof alt - 1) *n_ = sizeof alt - 1;                                        \
+    } while (0)
+    world = fsdp__plan_min_world(c, d, avail, &t);
+    if (world) FSDP__ALT(1, "%d ranks (%zu bytes)", world, t);
+    if (c->max_unsharded > 1 && p->pool_slots > 1) {
+        fsdp__plan_mod m = {1, 0, 0};
+        t = fsdp__plan_trial(d, c->nranks, &m);
+        if (t) FSDP__ALT(t <= avail, "max_unsharded 1 (%zu bytes)", t);
+    }
+    if (!c->offload) {
+        fsdp__plan_mod m = {0, 1, 0};
+        t = fsdp__plan_trial(d, c->nranks, &m);
+        if (t) FSDP__ALT(t <= avail, "cpu_offload (%zu bytes)", t);
+    }
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].rdt != c->u[i].pdt) mixed = 1;
+    if (mixed) {
+        fsdp__plan_mod m = {0, 0, 1};
+        t = fsdp__plan_trial(d, c->nranks, &m);
+        if (t) FSDP__ALT(t <= avail, "reduce_dtype = param_dtype (%zu bytes)", t);
+    }
+    if ((c->max_unsharded > 1 && p->pool_slots > 1) + !c->offload + mixed > 1) {
+        fsdp__plan_mod m = {0, 0, 0};
+        m.max_unsharded = p->pool_slots > 1 ? 1 : 0;
+        m.offload = 1;
+        m.reduce_as_param = mixed;
+        if ((t = fsdp__plan_trial(d, c->nranks, &m)))
+            FSDP__ALT(t <= avail, "all of these together (%zu bytes)", t);
+    }
+#undef FSDP__ALT
+    return fsdp__fail_create(&d->hooks, FSDP_OUT_OF_MEMORY,
+                             "%s: rank %d: the plan needs %zu device bytes (shards %zu, pool "
+                             "%zu, scratch %zu) but device '%s' has %zu of its capacity %zu "
+                             "left: %zu bytes short. Would fit: %s%s%s", fn, c->rank, p->total,
+                             p->total - p->pool - p->scratch, p->pool, p->scratch,
+                             fsdp_device_name(d->device), avail, cap, p->total - avail,
+                             nalt ? alt : "nothing tried", nmore ? ". Not enough alone: " : "",
+                             more);
+}
+
+FSDP_API fsdp_result fsdp_ctx_plan_only(const fsdp_ctx_desc *d, int world_size,
+                                        fsdp_memory_plan *out)
+{
+    fsdp_ctx *c = NULL;
+    fsdp__ctx_sizes z;
+    fsdp_result r;
+    if (!d || !out)
+        return fsdp__fail_create(d ? &d->hooks : NULL, FSDP_INVALID_ARGS,
+                                 "fsdp_ctx_plan_only: %s is NULL", !d ? "desc" : "out");
+    memset(out, 0, sizeof *out);
+    r = fsdp__ctx_plan_steps(d, world_size, NULL, &c, &z);
+    if (r == FSDP_SUCCESS) r = fsdp__ctx_fit(c, d, &z.plan, "fsdp_ctx_plan_only");
+    if (r == FSDP_SUCCESS) *out = z.plan;
+    fsdp_ctx_destroy(c);
+    return r;
+}
+
 FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
 {
     fsdp_ctx *c;
@@ -10405,7 +10693,7 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
                                  "fsdp_ctx_create: out is NULL");
     *out = NULL;
     if (!d) return fsdp__fail_create(NULL, FSDP_INVALID_ARGS, "fsdp_ctx_create: desc is NULL");
-    if ((r = fsdp__ctx_check_desc(d)) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__ctx_check_desc(d, 0)) != FSDP_SUCCESS) return r;
     {
         fsdp_hooks h = fsdp__hooks_copy(&d->hooks);
         c = (fsdp_ctx *)fsdp__calloc(&h, 1, sizeof *c);
@@ -10419,7 +10707,9 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
         (r = fsdp__ctx_resolve_units(c, d)) == FSDP_SUCCESS &&
         (r = fsdp__ctx_connect(c, d)) == FSDP_SUCCESS) {
         fsdp__ctx_compute_plan(c, &z);
-        if ((r = fsdp__ctx_allocate(c, d, &z)) == FSDP_SUCCESS) r = fsdp__ctx_index(c, d);
+        if ((r = fsdp__ctx_fit(c, d, &z.plan, "fsdp_ctx_create")) == FSDP_SUCCESS &&
+            (r = fsdp__ctx_allocate(c, d, &z)) == FSDP_SUCCESS)
+            r = fsdp__ctx_index(c, d);
     }
     if (r != FSDP_SUCCESS) {
         fsdp_ctx_destroy(c);
@@ -11118,7 +11408,7 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
         }
         if (fsdp__shard_is_view(c, cu)) {
             cu->uparam = cu->lp ? cu->lp : (void *)cu->master;
-            cu->ugrad = cu->res_base;
+            cu->ugrad = cu->grad_in_place ? (void *)cu->grad : cu->res_base;
         } else {
             cu->uparam = cu->res_base;
             cu->ugrad = (char *)cu->res_base + n * fsdp_dtype_size(cu->pdt);
@@ -11400,7 +11690,8 @@ FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
         cu->state = FSDP_UNIT_IDLE;
         return r;
     }
-    if (!cu->accum && cu->info->requires_grad) {
+    if (cu->grad_in_place) cu->grad_zero = 0; /* the engine adds into it from now */
+    if (!cu->accum && cu->info->requires_grad && !cu->grad_in_place) {
         /* Zeroed on the compute side, not queued on the comm stream behind the
            previous unit's reduction: backward compute starts as soon as the
            parameters are there. A gathered buffer's earlier reader was ordered
@@ -11509,6 +11800,10 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
        cpu_offload the gradient is in host memory: always scratch. */
     int direct = cu->grad_zero && cu->rdt == FSDP_F32 && !c->offload;
     if (!S || !cu->info->requires_grad) return FSDP_SUCCESS;
+    if (cu->grad_in_place) { /* the engine added into the gradient itself */
+        cu->grad_zero = 0;
+        return FSDP_SUCCESS;
+    }
     if (cu->rdt != cu->pdt) {
         size_t m = cu->strat == FSDP_NO_SHARD ? S : n;
         r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, m, c->cs);
@@ -11749,6 +12044,149 @@ FSDP__DEF fsdp_result fsdp__sync_units(fsdp_ctx *c, const char *fn, int allow_su
 FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn)
 {
     return fsdp__sync_units(c, fn, 0);
+}
+
+/* --- the plan's buffers lent outside training ---
+   Between iterations the unsharded pool, the reduction scratch and the
+   resident blocks hold nothing that cannot be gathered again, so saves,
+   loads and state dicts stream through them instead of allocating: the
+   peak stays within the plan. fsdp__lend_open (after fsdp__sync_all; it
+   nests) makes them lendable; fsdp__lend_take hands out 64-byte aligned
+   pieces (first fit; NULL when none has room), fsdp__lend_give returns the
+   last piece of its buffer, fsdp__lend_close ends the loan. A unit whose
+   resident block is used is gathered again at its next begin; a shared
+   buffer's gathered unit too. Nothing is lent from a unit a backward is
+   still owed to (its resident parameters are in use) or that accumulates
+   no_sync gradients. */
+FSDP__DEF void fsdp__lend_add(fsdp_ctx *c, void *base, size_t bytes, int unit, int slot)
+{
+    fsdp__lend *l;
+    if (!base || bytes < 64) return;
+    l = &c->lend[c->nlend++];
+    l->base = (char *)base;
+    l->bytes = bytes;
+    l->used = 0;
+    l->unit = unit;
+    l->slot = slot;
+    l->taken = 0;
+}
+
+FSDP__DEF fsdp_result fsdp__lend_open(fsdp_ctx *c)
+{
+    int i;
+    if (c->lend_depth++) return FSDP_SUCCESS;
+    c->nlend = 0;
+    for (i = 0; i < c->nunits; i++) /* mid-iteration: reductions may use the scratch */
+        if (c->u[i].state == FSDP_UNIT_FORWARD || c->u[i].state == FSDP_UNIT_BACKWARD_PRE ||
+            c->u[i].state == FSDP_UNIT_BACKWARD_POST)
+            return FSDP_SUCCESS;
+    if (!c->lend) {
+        c->lend = (fsdp__lend *)fsdp__calloc(&c->hooks, (size_t)(c->nslots + c->nunits + 3),
+                                             sizeof(fsdp__lend));
+        if (!c->lend) return FSDP_SUCCESS; /* nothing to lend: callers allocate */
+    }
+    fsdp__lend_add(c, c->red_in, c->red_in_bytes, -1, -1);
+    fsdp__lend_add(c, c->red_out, c->red_out_bytes, -1, -1);
+    fsdp__lend_add(c, c->off_f32, c->off_f32_bytes, -1, -1);
+    for (i = 0; i < c->nunits; i++) /* idle holders of shared buffers (prefetched) */
+        if (c->u[i].slot >= 0 && c->u[i].state == FSDP_UNIT_IDLE) fsdp__release_slot(c, &c->u[i]);
+    for (i = 0; i < c->nslots; i++) {
+        fsdp__slot *sl = &c->slots[i];
+        if (sl->owner >= 0) continue; /* summoned */
+        if (c->compute && sl->done && sl->done_recorded &&
+            fsdp_event_synchronize(c->dev, sl->done) != FSDP_SUCCESS)
+            continue; /* the engine may still read it */
+        sl->done_recorded = 0;
+        fsdp__lend_add(c, sl->base, sl->bytes, -1, i);
+    }
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        if (cu->resident && cu->state == FSDP_UNIT_IDLE && cu->fwd_runs <= 0 && !cu->accum)
+            fsdp__lend_add(c, cu->res_base, cu->res_bytes, i, -1);
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF void *fsdp__lend_take(fsdp_ctx *c, size_t bytes)
+{
+    int i;
+    size_t want = (bytes + 63) & ~(size_t)63;
+    if (!c->lend_depth || !bytes) return NULL;
+    for (i = 0; i < c->nlend; i++) {
+        fsdp__lend *l = &c->lend[i];
+        if (l->bytes - l->used >= want) {
+            void *p = l->base + l->used;
+            if (l->unit >= 0 && !l->taken) { /* its gathered values are gone */
+                fsdp__cunit *cu = &c->u[l->unit];
+                fsdp__invalidate_buffers(c, cu);
+                cu->dbg_poisoned = 0; /* overwritten: fsdp__sync_all checked it */
+            }
+            if (l->slot >= 0) c->slots[l->slot].poison_unit = -1; /* likewise */
+            l->used += want;
+            l->taken = 1;
+            return p;
+        }
+    }
+    return NULL;
+}
+
+/* Free bytes in the largest lendable buffer, for messages and chunking. */
+FSDP__DEF size_t fsdp__lend_largest(const fsdp_ctx *c)
+{
+    size_t m = 0;
+    int i;
+    for (i = 0; c->lend_depth && i < c->nlend; i++)
+        if (c->lend[i].bytes - c->lend[i].used > m) m = c->lend[i].bytes - c->lend[i].used;
+    return m;
+}
+
+/* Free bytes in every lendable buffer together. */
+FSDP__DEF size_t fsdp__lend_room(const fsdp_ctx *c)
+{
+    size_t m = 0;
+    int i;
+    for (i = 0; c->lend_depth && i < c->nlend; i++) m += c->lend[i].bytes - c->lend[i].used;
+    return m;
+}
+
+/* Returns p (bytes long) when it is the last piece taken from its buffer. */
+FSDP__DEF void fsdp__lend_give(fsdp_ctx *c, void *p, size_t bytes)
+{
+    int i;
+    size_t want = (bytes + 63) & ~(size_t)63;
+    for (i = 0; p && i < c->nlend; i++) {
+        fsdp__lend *l = &c->lend[i];
+        if ((char *)p >= l->base && (char *)p < l->base + l->bytes) {
+            if ((char *)p + want == l->base + l->used) l->used -= want;
+            return;
+        }
+    }
+}
+
+FSDP__DEF void fsdp__lend_close(fsdp_ctx *c)
+{
+    if (c->lend_depth > 0 && --c->lend_depth == 0) c->nlend = 0;
+}
+
+/* Device memory for a phase: lent when the plan has room, else allocated
+   (*lent says which, for fsdp__phase_free). */
+FSDP__DEF fsdp_result fsdp__phase_alloc(fsdp_ctx *c, size_t bytes, void **out, int *lent)
+{
+    *lent = 0;
+    *out = NULL;
+    if (!bytes) return FSDP_SUCCESS;
+    if ((*out = fsdp__lend_take(c, bytes)) != NULL) {
+        *lent = 1;
+        return FSDP_SUCCESS;
+    }
+    return fsdp_device_alloc(c->dev, bytes, out);
+}
+
+FSDP__DEF void fsdp__phase_free(fsdp_ctx *c, void *p, size_t bytes, int lent)
+{
+    if (!p) return;
+    if (lent) fsdp__lend_give(c, p, bytes);
+    else fsdp_device_free(c->dev, p, bytes);
 }
 
 FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double norm_type,
@@ -12127,7 +12565,19 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
         /* a copy, so that changes without writeback are discarded */
         cu->dbg_poisoned = 0; /* checked by fsdp__sync_units just now */
         cu->uparam = cu->res_base;
-        if (cu->S) {
+        if (cu->grad_in_place) { /* no block: the parameters, or the zero gradients */
+            if (flags & FSDP_SUMMON_WRITEBACK) cu->uparam = cu->master;
+            else if (cu->grad_zero) cu->uparam = cu->grad;
+            else
+                return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                                      "fsdp_summon_begin: unit %d %s: a summon without "
+                                      "writeback copies the parameters into the gradients "
+                                      "(grad_views_in_place plans no other room), which hold "
+                                      "pending values: call fsdp_step or fsdp_zero_grad "
+                                      "first, or summon with FSDP_SUMMON_WRITEBACK", unit,
+                                      cu->qname);
+        }
+        if (cu->S && cu->uparam != (void *)cu->master) {
             r = fsdp_device_copy(c->dev, cu->uparam, cu->master, (size_t)cu->S * 4,
                                  fsdp__from_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
@@ -12198,6 +12648,11 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
             cu->summon_f32 = 0;
         }
     } else {
+        if (cu->grad_in_place && cu->uparam == (void *)cu->grad && cu->S) {
+            /* the gradients lent to the summon are zero again */
+            r = fsdp_device_memset(c->dev, cu->grad, 0, (size_t)cu->S * 4, NULL);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_end");
+        }
         cu->uparam = NULL; /* the next gather points it at the shard again */
         cu->summon_f32 = 0;
         cu->gathered = fsdp__shard_is_view(c, cu); /* offload: the block held f32 */
@@ -14046,16 +14501,19 @@ FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_s
     void *scratch = NULL;
     size_t scratch_bytes = 0;
     fsdp_result r = FSDP_SUCCESS;
-    int u, w;
+    int u, w, lent = 0;
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
         if (o->kind == FSDP_SD_FULL && cu->W > 1 && (size_t)cu->S * (size_t)cu->W * 4 > scratch_bytes)
             scratch_bytes = (size_t)cu->S * (size_t)cu->W * 4;
     }
+    fsdp__lend_open(c); /* the gather goes through the plan's idle buffers */
     if (o->kind == FSDP_SD_FULL && scratch_bytes) {
-        r = fsdp_device_alloc(c->dev, scratch_bytes, &scratch);
-        if (r != FSDP_SUCCESS)
+        r = fsdp__phase_alloc(c, scratch_bytes, &scratch, &lent);
+        if (r != FSDP_SUCCESS) {
+            fsdp__lend_close(c);
             return fsdp__ctx_dev(c, r, "allocating the gather buffer of the full state dict");
+        }
     }
     for (u = 0; u < c->nunits && r == FSDP_SUCCESS; u++) {
         if (o->kind == FSDP_SD_SHARDED && o->for_ckpt && c->rank >= c->u[u].W) continue;
@@ -14063,7 +14521,8 @@ FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_s
             r = fsdp__build_buf(c, o, sd, &c->u[u], w, keep, mem, scratch,
                                 &blocks[fsdp__bufi(u, w)], fn);
     }
-    if (scratch) fsdp_device_free(c->dev, scratch, scratch_bytes);
+    fsdp__phase_free(c, scratch, scratch_bytes, lent);
+    fsdp__lend_close(c);
     return r;
 }
 
@@ -14249,43 +14708,67 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *c, unsigned flags, fsdp
 
 /* --- from a state dict (or a checkpoint) into the context --- */
 
-/* The ranks agree on a result: each contributes its code and message;
-   every rank returns the first failure in rank order, with that rank's
-   message. Buffers are device memory, as comm backends need. */
-typedef struct fsdp__vote {
-    int32_t code;
-    int32_t rank;
-    char msg[FSDP_ERROR_MAX];
-} fsdp__vote;
-
+/* The ranks agree on a result: each contributes its code; every rank
+   returns the first failure in rank order, with that rank's message (which
+   that rank broadcasts). Buffers are device memory, as comm backends need:
+   pieces of the plan's idle buffers where they have room (the message in
+   pieces of the same size on every rank, since every rank's plan is the
+   same), else allocated. */
 FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
 {
-    fsdp__vote v, *all = NULL;
+    int32_t *codes = NULL, code = (int32_t)mine;
+    char msg[FSDP_ERROR_MAX];
     void *dbuf = NULL;
-    size_t one = sizeof(fsdp__vote), bytes = one * (size_t)c->nranks;
+    size_t bytes = 4 * (size_t)c->nranks, chunk = 0, off;
     fsdp_result r;
-    int i;
+    int i, first = -1, lent = 0;
     if (c->nranks == 1) return mine;
-    memset(&v, 0, sizeof v);
-    v.code = (int32_t)mine;
-    v.rank = c->rank;
-    if (mine != FSDP_SUCCESS) snprintf(v.msg, sizeof v.msg, "%s", c->err.message);
-    all = (fsdp__vote *)fsdp__alloc(&c->hooks, bytes);
-    if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
-    r = fsdp_device_alloc(c->dev, bytes, &dbuf);
+    codes = (int32_t *)fsdp__alloc(&c->hooks, bytes);
+    if (!codes) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+    memset(msg, 0, sizeof msg);
+    if (mine != FSDP_SUCCESS) snprintf(msg, sizeof msg, "%s", c->err.message);
+    fsdp__lend_open(c); /* the votes go through the plan's idle buffers */
+    r = fsdp__phase_alloc(c, bytes, &dbuf, &lent);
     if (r == FSDP_SUCCESS)
-        r = fsdp_device_copy(c->dev, (char *)dbuf + one * (size_t)c->rank, &v, one,
+        r = fsdp_device_copy(c->dev, (char *)dbuf + 4 * (size_t)c->rank, &code, 4,
                              FSDP_COPY_H2D, NULL);
     if (r != FSDP_SUCCESS) {
         fsdp__ctx_dev(c, r, fn);
         goto done;
     }
-    r = fsdp_all_gather(c->world, (char *)dbuf + one * (size_t)c->rank, dbuf, one, FSDP_U8, NULL);
+    r = fsdp_all_gather(c->world, (char *)dbuf + 4 * (size_t)c->rank, dbuf, 4, FSDP_U8, NULL);
     if (r != FSDP_SUCCESS) {
         fsdp__ctx_comm(c, c->world, r, fn);
         goto done;
     }
-    r = fsdp_device_copy(c->dev, all, dbuf, bytes, FSDP_COPY_D2H, NULL);
+    r = fsdp_device_copy(c->dev, codes, dbuf, bytes, FSDP_COPY_D2H, NULL);
+    fsdp__phase_free(c, dbuf, bytes, lent);
+    dbuf = NULL;
+    if (r != FSDP_SUCCESS) {
+        fsdp__ctx_dev(c, r, fn);
+        goto done;
+    }
+    for (i = 0; i < c->nranks && first < 0; i++)
+        if (codes[i] != 0) first = i;
+    if (first < 0) {
+        r = FSDP_SUCCESS;
+        goto done;
+    }
+    /* the first failing rank's message, in pieces the plan has room for */
+    chunk = fsdp__lend_largest(c) & ~(size_t)63;
+    if (chunk < 64 || chunk > sizeof msg) chunk = sizeof msg;
+    r = fsdp__phase_alloc(c, chunk, &dbuf, &lent);
+    for (off = 0; r == FSDP_SUCCESS && off < sizeof msg; off += chunk) {
+        size_t n = sizeof msg - off < chunk ? sizeof msg - off : chunk;
+        if (c->rank == first) r = fsdp_device_copy(c->dev, dbuf, msg + off, n, FSDP_COPY_H2D, NULL);
+        if (r != FSDP_SUCCESS) break;
+        r = fsdp_broadcast(c->world, dbuf, dbuf, n, FSDP_U8, first, NULL);
+        if (r != FSDP_SUCCESS) {
+            fsdp__ctx_comm(c, c->world, r, fn);
+            goto done;
+        }
+        r = fsdp_device_copy(c->dev, msg + off, dbuf, n, FSDP_COPY_D2H, NULL);
+    }
     if (r != FSDP_SUCCESS) {
         fsdp__ctx_dev(c, r, fn);
         goto done;
@@ -14296,20 +14779,15 @@ FSDP__DEF fsdp_result fsdp__agree(fsdp_ctx *c, fsdp_result mine, const char *fn)
        from rank 0's corrupt file would hide the cause). The message gains
        the rank unless it names one already; the test is on the text
        itself, so every rank decides alike. */
-    r = FSDP_SUCCESS;
-    for (i = 0; i < c->nranks; i++)
-        if (all[i].code != 0) {
-            const char *m = all[i].msg;
-            all[i].msg[FSDP_ERROR_MAX - 1] = 0;
-            if (!strncmp(m, "rank ", 5))
-                r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "%s", m);
-            else
-                r = fsdp__ctx_fail(c, (fsdp_result)all[i].code, "rank %d failed: %s", i, m);
-            break;
-        }
+    msg[sizeof msg - 1] = 0;
+    if (!strncmp(msg, "rank ", 5))
+        r = fsdp__ctx_fail(c, (fsdp_result)codes[first], "%s", msg);
+    else
+        r = fsdp__ctx_fail(c, (fsdp_result)codes[first], "rank %d failed: %s", first, msg);
 done:
-    if (dbuf) fsdp_device_free(c->dev, dbuf, bytes);
-    fsdp__free(&c->hooks, all);
+    fsdp__phase_free(c, dbuf, dbuf == NULL ? 0 : (first < 0 ? bytes : chunk), lent);
+    fsdp__lend_close(c);
+    fsdp__free(&c->hooks, codes);
     return r;
 }
 
@@ -14356,22 +14834,37 @@ typedef struct fsdp__ld {
     size_t hbuf_bytes, hbuf2_bytes;
     void *dbuf;
     size_t dbuf_bytes;
+    int dbuf_lent;  /* dbuf is a piece of the plan (fsdp__phase_alloc) */
+    int stage_mode; /* FSDP__STAGE_*: where the new shards are written */
+    int lending;    /* the plan's idle buffers are lent (fsdp__lend_open) */
     char *names; /* owned names of broadcast metadata */
     uint64_t save_id;   /* of a checkpoint's files; 0: none (written before ids) */
     int64_t save_steps; /* the index's "steps" */
 } fsdp__ld;
 
+/* Where a load writes the new shards before its commit: copies in the
+   plan's idle buffers (LENT: nothing changes until every rank has read and
+   checked everything), or the shards themselves (DIRECT: when the copies do
+   not fit the plan; everything is read and checked once before anything is
+   written, so only a file changing between the two reads, or a device or
+   transport failure, can leave a load half done, and that is said).
+   ALLOC: the copies in memory allocated beyond the plan (none now). */
+enum { FSDP__STAGE_ALLOC = 0, FSDP__STAGE_LENT = 1, FSDP__STAGE_DIRECT = 2 };
+
 FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
     int i, w;
-    if (L->stage)
+    if (L->stage && L->stage_mode == FSDP__STAGE_ALLOC)
         for (i = 0; i < c->nunits; i++)
             for (w = 0; w < FSDP__NBUFS; w++)
                 if (L->stage[fsdp__bufi(i, w)])
                     fsdp_device_free(c->dev, L->stage[fsdp__bufi(i, w)], (size_t)c->u[i].S * 4);
     for (i = 0; i < L->nfiles; i++) fsdp__st_close(&L->files[i]);
-    if (L->dbuf) fsdp_device_free(c->dev, L->dbuf, L->dbuf_bytes);
+    fsdp__phase_free(c, L->dbuf, L->dbuf_bytes, L->dbuf_lent);
+    L->dbuf = NULL;
+    if (L->lending) fsdp__lend_close(c);
+    L->lending = 0;
     fsdp__free(&c->hooks, L->files);
     fsdp__free(&c->hooks, L->stage);
     fsdp__free(&c->hooks, L->pl);
@@ -14710,26 +15203,67 @@ FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
     int u, w, nwhat = (L->flags & FSDP_SD_OPTIM) && L->kind != FSDP_SD_LOCAL ? FSDP__NBUFS : 1;
+    size_t need = 0, room;
     fsdp_result r;
     L->stage = (float **)fsdp__calloc(&c->hooks, fsdp__bufi(c->nunits, 0) + 1, sizeof(float *));
     if (!L->stage) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    /* copies of the shards in the plan's idle buffers if they all fit */
+    fsdp__lend_open(c);
+    L->lending = 1;
+    room = fsdp__lend_room(c);
+    L->stage_mode = FSDP__STAGE_LENT;
+    for (u = 0; u < c->nunits && L->stage_mode == FSDP__STAGE_LENT; u++)
+        for (w = 0; w < nwhat; w++) {
+            fsdp__cunit *cu = &c->u[u];
+            if (!fsdp__src_buf(cu, w) || !cu->S) continue;
+            need += ((size_t)cu->S * 4 + 63) & ~(size_t)63;
+            if (!(L->stage[fsdp__bufi(u, w)] = (float *)fsdp__lend_take(c, (size_t)cu->S * 4))) {
+                L->stage_mode = FSDP__STAGE_DIRECT;
+                break;
+            }
+        }
+    if (L->stage_mode == FSDP__STAGE_DIRECT) { /* into the shards, read twice */
+        fsdp__lend_close(c); /* every piece back */
+        fsdp__lend_open(c);
+        memset(L->stage, 0, (fsdp__bufi(c->nunits, 0) + 1) * sizeof(float *));
+        if (c->offload && !fsdp_device_host_accessible(c->dev)) {
+            L->stage_mode = FSDP__STAGE_LENT; /* nothing was written */
+            for (u = 0, need = 0; u < c->nunits; u++)
+                for (w = 0; w < nwhat; w++)
+                    if (fsdp__src_buf(&c->u[u], w) && c->u[u].S)
+                        need += ((size_t)c->u[u].S * 4 + 63) & ~(size_t)63;
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: rank %d: loading needs %zu "
+                                  "device bytes for the new shards; the plan's idle buffers "
+                                  "hold %zu: %zu bytes missing (the shards are in host memory "
+                                  "this device cannot write)", L->where, c->rank, need, room,
+                                  need - room);
+        }
+        for (u = 0; u < c->nunits; u++)
+            for (w = 0; w < nwhat; w++)
+                if (c->u[u].S) L->stage[fsdp__bufi(u, w)] = fsdp__src_buf(&c->u[u], w);
+        return FSDP_SUCCESS;
+    }
     for (u = 0; u < c->nunits; u++)
         for (w = 0; w < nwhat; w++) {
             fsdp__cunit *cu = &c->u[u];
             float *src = fsdp__src_buf(cu, w);
-            void *p = NULL;
+            void *p = L->stage[fsdp__bufi(u, w)];
             if (!src || !cu->S) continue;
-            r = fsdp_device_alloc(c->dev, (size_t)cu->S * 4, &p);
-            if (r == FSDP_SUCCESS) {
-                L->stage[fsdp__bufi(u, w)] = (float *)p;
-                r = fsdp_device_copy(c->dev, p, src, (size_t)cu->S * 4, fsdp__from_shard(c), NULL);
-            }
+            /* the current values: what the load does not cover stays */
+            r = fsdp_device_copy(c->dev, p, src, (size_t)cu->S * 4, fsdp__from_shard(c), NULL);
             if (r != FSDP_SUCCESS)
-                return fsdp__ctx_fail(c, r, "%s: rank %d: staging the new shards (one extra "
-                                      "copy of this rank's shards is needed while loading): %s",
+                return fsdp__ctx_fail(c, r, "%s: rank %d: staging the new shards: %s",
                                       L->where, c->rank, fsdp_device_last_error(c->dev));
         }
     return FSDP_SUCCESS;
+}
+
+/* A failure after a DIRECT load began writing the shards says so. */
+FSDP__DEF fsdp_result fsdp__ld_partly(fsdp__ld *L, fsdp_result r)
+{
+    if (r == FSDP_SUCCESS || L->stage_mode != FSDP__STAGE_DIRECT) return r;
+    return fsdp__ctx_fail(L->c, r, "%s (the shards were being written in place: the context "
+                          "is partly loaded; load again)", L->c->err.message);
 }
 
 /* Does source s contribute to this rank? */
@@ -14902,7 +15436,7 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
         for (w = 0; w < FSDP__NBUFS; w++) {
-            if (!L->stage[fsdp__bufi(u, w)]) continue;
+            if (!L->stage[fsdp__bufi(u, w)] || L->stage_mode == FSDP__STAGE_DIRECT) continue;
             r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[fsdp__bufi(u, w)],
                                  (size_t)cu->S * 4, fsdp__to_shard(c), NULL);
             if (r != FSDP_SUCCESS) {
@@ -14960,26 +15494,34 @@ FSDP__DEF int fsdp__get64(const unsigned char **p, const unsigned char *end, int
     return 1;
 }
 
-/* One broadcast of `bytes` bytes from rank 0 through device memory. */
+/* A broadcast of `bytes` bytes from rank 0 through device memory: pieces
+   of the plan's idle buffers (the same size on every rank, as the plans
+   are the same) where they have room, else one allocated buffer. */
 FSDP__DEF fsdp_result fsdp__bcast_bytes(fsdp_ctx *c, void *host, size_t bytes, const char *fn)
 {
     void *d = NULL;
+    size_t chunk, off;
     fsdp_result r;
+    int lent = 0;
     if (!bytes) return FSDP_SUCCESS;
-    r = fsdp_device_alloc(c->dev, bytes, &d);
-    if (r == FSDP_SUCCESS && c->rank == 0)
-        r = fsdp_device_copy(c->dev, d, host, bytes, FSDP_COPY_H2D, NULL);
-    if (r != FSDP_SUCCESS) {
-        if (d) fsdp_device_free(c->dev, d, bytes);
-        return fsdp__ctx_dev(c, r, fn);
+    fsdp__lend_open(c);
+    chunk = fsdp__lend_largest(c) & ~(size_t)63;
+    if (chunk < 64 || chunk > bytes) chunk = bytes;
+    r = fsdp__phase_alloc(c, chunk, &d, &lent);
+    for (off = 0; r == FSDP_SUCCESS && off < bytes; off += chunk) {
+        size_t n = bytes - off < chunk ? bytes - off : chunk;
+        if (c->rank == 0) r = fsdp_device_copy(c->dev, d, (char *)host + off, n, FSDP_COPY_H2D, NULL);
+        if (r != FSDP_SUCCESS) break;
+        r = fsdp_broadcast(c->world, d, d, n, FSDP_U8, 0, NULL);
+        if (r != FSDP_SUCCESS) {
+            fsdp__phase_free(c, d, chunk, lent);
+            fsdp__lend_close(c);
+            return fsdp__ctx_comm(c, c->world, r, fn);
+        }
+        r = fsdp_device_copy(c->dev, (char *)host + off, d, n, FSDP_COPY_D2H, NULL);
     }
-    r = fsdp_broadcast(c->world, d, d, bytes, FSDP_U8, 0, NULL);
-    if (r != FSDP_SUCCESS) {
-        fsdp_device_free(c->dev, d, bytes);
-        return fsdp__ctx_comm(c, c->world, r, fn);
-    }
-    r = fsdp_device_copy(c->dev, host, d, bytes, FSDP_COPY_D2H, NULL);
-    fsdp_device_free(c->dev, d, bytes);
+    fsdp__phase_free(c, d, chunk, lent);
+    fsdp__lend_close(c);
     return fsdp__ctx_dev(c, r, fn);
 }
 
@@ -15157,39 +15699,63 @@ FSDP__DEF fsdp_result fsdp__ld_bcast_data(fsdp__ld *L, const char *fn)
     fsdp_ctx *c = L->c;
     fsdp_result local = fsdp__ld_stage(L), r;
     size_t maxb = 0;
-    int i;
+    int64_t chunk = 0;
+    int i, pass;
     for (i = 0; i < L->ns; i++)
         if (fsdp__ld_chosen_bytes(L, &L->s[i]) > maxb) maxb = fsdp__ld_chosen_bytes(L, &L->s[i]);
     if (maxb) {
-        r = fsdp_device_alloc(c->dev, maxb, &L->dbuf);
+        /* one buffer of the plan's, the largest tensor or pieces of it: rank
+           0 says how large, since every rank must cut alike */
+        size_t big = fsdp__lend_largest(c) & ~(size_t)63;
+        chunk = (int64_t)(maxb <= big ? maxb : big >= 4096 ? big : maxb);
+        if ((r = fsdp__bcast_bytes(c, &chunk, sizeof chunk, fn)) != FSDP_SUCCESS) return r;
+        if (chunk < 1 || (size_t)chunk > maxb || ((size_t)chunk < maxb && chunk % 64))
+            return fsdp__ctx_fail(c, FSDP_COMM_ERROR, "%s: rank 0 sent an impossible "
+                                  "broadcast size %lld", fn, (long long)chunk);
+        r = fsdp__phase_alloc(c, (size_t)chunk, &L->dbuf, &L->dbuf_lent);
         if (r != FSDP_SUCCESS) {
             /* the peers would hang in the first broadcast: agree first */
             fsdp__ctx_dev(c, r, "allocating the broadcast buffer");
             L->dbuf = NULL;
         } else {
-            L->dbuf_bytes = maxb;
+            L->dbuf_bytes = (size_t)chunk;
         }
         if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) return r;
     }
-    for (i = 0; i < L->ns; i++) {
-        const fsdp__src *s = &L->s[i];
-        size_t b = fsdp__ld_chosen_bytes(L, s);
-        if (!b) continue;
-        if (c->rank == 0) {
-            fsdp_result cr = FSDP_SUCCESS;
-            if (!s->data) cr = FSDP_INVALID_ARGS;
-            else cr = fsdp_device_copy(c->dev, L->dbuf, s->data, b,
-                                       s->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D
-                                                                 : FSDP_COPY_H2D, NULL);
-            if (cr != FSDP_SUCCESS && local == FSDP_SUCCESS)
-                local = fsdp__ctx_fail(c, cr, "%s: '%s': cannot read rank 0's data", fn,
-                                       s->name);
+    /* writing in place (DIRECT), the steps (all a load can still refuse)
+       come first and every rank agrees on them before any shard changes */
+    for (pass = L->stage_mode == FSDP__STAGE_DIRECT ? 0 : 1; pass < 2; pass++) {
+        for (i = 0; i < L->ns; i++) {
+            const fsdp__src *s = &L->s[i];
+            size_t b = fsdp__ld_chosen_bytes(L, s), off;
+            if (!b) continue;
+            if (L->stage_mode == FSDP__STAGE_DIRECT && (pass == 0) != (s->what == FSDP__WHAT_STEP))
+                continue;
+            for (off = 0; off < b; off += (size_t)chunk) {
+                size_t n = b - off < (size_t)chunk ? b - off : (size_t)chunk;
+                size_t es = fsdp_dtype_size(s->dtype);
+                fsdp__src piece = *s;
+                if (c->rank == 0) {
+                    fsdp_result cr = FSDP_SUCCESS;
+                    if (!s->data) cr = FSDP_INVALID_ARGS;
+                    else cr = fsdp_device_copy(c->dev, L->dbuf, (const char *)s->data + off, n,
+                                               s->mem == FSDP_MEM_DEVICE ? FSDP_COPY_D2D
+                                                                         : FSDP_COPY_H2D, NULL);
+                    if (cr != FSDP_SUCCESS && local == FSDP_SUCCESS)
+                        local = fsdp__ctx_fail(c, cr, "%s: '%s': cannot read rank 0's data", fn,
+                                               s->name);
+                }
+                r = fsdp_broadcast(c->world, L->dbuf, L->dbuf, n, FSDP_U8, 0, NULL);
+                if (r != FSDP_SUCCESS) return fsdp__ld_partly(L, fsdp__ctx_comm(c, c->world, r, fn));
+                piece.offset = s->offset + (int64_t)(off / es);
+                piece.numel = (int64_t)(n / es);
+                if (local == FSDP_SUCCESS)
+                    local = fsdp__ld_apply(L, &piece, L->dbuf, FSDP_MEM_DEVICE);
+            }
         }
-        r = fsdp_broadcast(c->world, L->dbuf, L->dbuf, b, FSDP_U8, 0, NULL);
-        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, fn);
-        if (local == FSDP_SUCCESS) local = fsdp__ld_apply(L, s, L->dbuf, FSDP_MEM_DEVICE);
+        if (pass == 0 && (r = fsdp__agree(c, local, fn)) != FSDP_SUCCESS) return r;
     }
-    return fsdp__agree(c, local, fn);
+    return fsdp__agree(c, fsdp__ld_partly(L, local), fn);
 }
 
 FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *c, const fsdp_state_dict *sd, unsigned flags)
@@ -15205,10 +15771,17 @@ FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *c, const fsdp_state_dict *sd
     if (!(flags & FSDP_SD_RANK0_ONLY)) {
         mine = fsdp__ld_from_dict(&L, c, sd, flags, fn);
         if ((r = fsdp__agree(c, mine, fn)) != FSDP_SUCCESS) goto done;
-        if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
+        r = fsdp__ld_stage(&L);
+        if (r == FSDP_SUCCESS && L.stage_mode == FSDP__STAGE_DIRECT) {
+            /* in place: the steps (all a load can still refuse) first */
             for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++)
-                r = fsdp__ld_apply(&L, &L.s[i], L.s[i].data, L.s[i].mem);
-        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+                if (fsdp__ld_wanted(&L, &L.s[i]) && L.s[i].what == FSDP__WHAT_STEP)
+                    r = fsdp__ld_apply(&L, &L.s[i], L.s[i].data, L.s[i].mem);
+            if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        }
+        for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++)
+            r = fsdp__ld_apply(&L, &L.s[i], L.s[i].data, L.s[i].mem);
+        if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) goto done;
     } else {
         /* rank 0's dict: every rank takes part in the broadcast of its
            metadata even after a local failure */
@@ -16300,14 +16873,25 @@ agree1:
                                (unsigned long long)L.save_id);
         if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
     }
-    if ((r = fsdp__ld_stage(&L)) == FSDP_SUCCESS)
+    r = fsdp__ld_stage(&L);
+    if (r == FSDP_SUCCESS && L.stage_mode == FSDP__STAGE_DIRECT) {
+        /* in place (the plan has no room for copies): everything is read
+           and checked once before any shard is written */
         for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
             const fsdp__src *s = &L.s[i];
             if (!fsdp__ld_wanted(&L, s)) continue;
-            if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS)
+            if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS && s->what == FSDP__WHAT_STEP)
                 r = fsdp__ld_apply(&L, s, L.hbuf, FSDP_MEM_HOST);
         }
-    if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    }
+    for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
+        const fsdp__src *s = &L.s[i];
+        if (!fsdp__ld_wanted(&L, s)) continue;
+        if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS)
+            r = fsdp__ld_apply(&L, s, L.hbuf, FSDP_MEM_HOST);
+    }
+    if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) goto done;
     r = fsdp__ld_commit(&L);
 done:
     fsdp__ld_free(&L);

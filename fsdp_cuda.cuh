@@ -91,7 +91,9 @@ FSDP_CUDA_API int fsdp_cuda_device_count(char *msg);
 
 /* Creates the CUDA device. Returns FSDP_DEVICE_ERROR with CUDA's message
    when there is no usable GPU (desc->hooks.error receives it), never
-   crashes. desc may be NULL (device 0, device memory). */
+   crashes. desc may be NULL (device 0, device memory). With device memory
+   its capacity (fsdp_device_capacity) is the memory free at creation
+   (cudaMemGetInfo); fsdp_device_set_capacity changes it, 0 lifts it. */
 FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_device_desc *desc,
                                                   fsdp_device **out);
 
@@ -1575,6 +1577,14 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
     if (r != FSDP_SUCCESS) {
         fsdp__cuda_stream_fini(&d->nowst);
         fsdp_hooks_free(hooks, d);
+    } else if (!d->managed) {
+        /* the capacity (fsdp_device_set_capacity) starts at what is free
+           now, so fsdp_ctx_create refuses a plan that cannot fit instead of
+           failing in cudaMalloc half-way */
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess && free_b)
+            fsdp_device_set_capacity(*out, free_b);
+        cudaGetLastError();
     }
     return r;
 }

@@ -45,6 +45,7 @@ typedef struct gpt_config {
     int save_every, stop_after;
     int cpu_offload; /* shards, gradients and optimizer state in pinned host memory */
     FILE *metrics;   /* --metrics: rank 0's JSON lines (examples/example_metrics.h); NULL: off */
+    size_t capacity; /* > 0: each rank's device capacity in bytes (fsdp_device_set_capacity) */
 } gpt_config;
 
 /* The defaults of train_gpt: ~100k parameters, learns 3-digit addition to
@@ -1108,6 +1109,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         fsdp_error err;
         memset(&err, 0, sizeof err);
         cd.hooks.error = &err;
+        if (cfg->capacity) fsdp_device_set_capacity(dev, cfg->capacity);
         fsdp_device_reset_peak(dev); /* everything from here on is the context's */
         if ((r = fsdp_ctx_create(&cd, &e.ctx)) != FSDP_SUCCESS) {
             snprintf(e.msg, e.msg_cap, "rank %d: fsdp_ctx_create: %s", rank,

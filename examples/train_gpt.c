@@ -42,7 +42,7 @@
                     [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload] [--quiet]
                     [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
                     [--metrics FILE]
-                    [--backend local|mpi|gloo]  (mpi: mpirun -np N train_gpt ...;
+                    [--capacity BYTES] [--backend local|mpi|gloo]  (mpi: mpirun -np N train_gpt ...;
                     gloo: forks --ranks processes over loopback TCP, or runs one
                     rank: --rank R --store-dir DIR [--host ADDR])
 
@@ -84,7 +84,7 @@ static void usage(const char *argv0)
             "usage: %s [--ranks N] [--steps K] [--layers L] [--dim C] [--heads H]\n"
             "          [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]\n"
             "          [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload]\n"
-            "          [--quiet]\n"
+            "          [--quiet] [--capacity BYTES]\n"
             "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
             "          [--metrics FILE] (JSON lines: a record per logged step)\n"
             "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
@@ -139,6 +139,12 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
             else if (!strcmp(a, "--save")) c->save_dir = v;
             else if (!strcmp(a, "--metrics")) metrics_path = v;
             else if (!strcmp(a, "--resume")) c->resume_dir = v;
+            else if (!strcmp(a, "--capacity")) { /* bytes of each rank's device */
+                char *end;
+                unsigned long long cap = strtoull(v, &end, 10);
+                good = *v && !*end && cap > 0 && cap <= (size_t)-1;
+                c->capacity = (size_t)cap;
+            }
             else if (!strcmp(a, "--save-every"))
                 good = parse_int(v, &c->save_every) && c->save_every >= 1;
             else if (!strcmp(a, "--stop-after"))
