@@ -26,6 +26,26 @@ typedef struct example_backend {
     void *user;
 } example_backend;
 
+#ifdef FSDP_HAVE_MPI
+/* How a rank of an MPI job ends. On success, MPI_Finalize. After a
+   failure, MPI_Abort: MPI_Finalize is collective, so a rank that saw a
+   communication error (a peer that died, stopped answering, or whose host
+   lost its link) would wait in it for the peer forever, and the job would
+   never end; MPI_Abort makes mpirun kill every rank of the job, on every
+   host, within seconds. The failing rank's error is printed first.
+   (fsdp.h itself never exits: it returns the error, and ending the job is
+   the program's decision.) */
+static void example_mpi_end(int ok)
+{
+    if (ok) {
+        MPI_Finalize();
+        return;
+    }
+    fflush(NULL);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+#endif
+
 #ifdef FSDP_HAVE_GLOO
 static int example_rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
