@@ -8,7 +8,9 @@
 # within the communication timeout plus a few seconds, and --resume from it
 # must end bitwise where an uninterrupted run ends (the same final_loss).
 # On the local backend (the process is the rank), MPI (rank 1 of mpiexec)
-# and Gloo (rank 1 of the forked ranks), those this build has.
+# and Gloo (rank 1 of the forked ranks), those this build has. Then, under
+# MPI, a rank that stops answering (SIGSTOP): the others time out, end the
+# job with MPI_Abort, and every process is gone within the timeout + 8 s.
 # Usage: check_kill_resume.sh path/to/train_gpt WORK_DIR [path/to/mpiexec|''] [gloo|'']
 set -u
 . "$(dirname "$0")/train_check.sh"
@@ -108,8 +110,60 @@ kill_one() {
     fi
 }
 
+# stop_one NAME COMMAND...: a peer that stops answering: rank 1 is frozen
+# (SIGSTOP) mid-run and never thawed; every process of the job must be gone
+# within the timeout plus 8 s, and a rank must have printed the error
+stop_one() {
+    name=$1
+    shift
+    log=$work/$name.log
+    : > "$log"
+    "$@" --steps 100000 --layers 1 --dim 32 --heads 4 --batch 32 --eval-every 0 \
+        > "$log" 2> "$log.err" &
+    job=$!
+    n=0
+    while ! grep -q '^step' "$log" && [ $n -lt 3000 ]; do
+        sleep 0.01
+        n=$((n + 1))
+    done
+    ranks=$(pgrep -P $job)
+    victim=$(echo "$ranks" | sort -n | tail -1)
+    kill -STOP "$victim"
+    t0=$(date +%s)
+    n=0
+    while [ $n -lt $(((timeout + 8) * 10)) ]; do
+        alive=""
+        for p in $job $ranks; do kill -0 "$p" 2> /dev/null && alive="$alive $p"; done
+        [ -z "$alive" ] && break
+        sleep 0.1
+        n=$((n + 1))
+    done
+    ended=$(($(date +%s) - t0))
+    msg=$(grep -m1 'timed out' "$log.err")
+    for p in $job $ranks; do kill -KILL "$p" 2> /dev/null; done
+    wait $job 2> /dev/null
+    if [ -n "$alive" ]; then
+        echo "$name: FAIL: a rank was stopped (SIGSTOP); $((timeout + 8)) s later the job still runs"
+        fails=$((fails + 1))
+    else
+        echo "$name: rank pid $victim stopped (SIGSTOP): every process gone ${ended} s later" \
+            "(timeout $timeout s)"
+    fi
+    if [ -z "$msg" ]; then
+        echo "$name: FAIL: no rank printed the timeout:"
+        cat "$log.err"
+        fails=$((fails + 1))
+    else
+        echo "$name: the survivor said: $msg"
+    fi
+}
+
 kill_one local "$exe" --ranks 2 --backend local
 [ -n "$mpiexec" ] && kill_one mpi "$mpiexec" -n 2 "$exe" --backend mpi --timeout $timeout
 [ -n "$gloo" ] && kill_one gloo "$exe" --ranks 2 --backend gloo --timeout $timeout
+# (a Gloo rank started by hand or forked that stops answering leaves the
+# survivors to fail at the timeout, but nothing outside MPI ends the frozen
+# process: that is the launcher's, or the scheduler's, job)
+[ -n "$mpiexec" ] && stop_one mpi_stop "$mpiexec" -n 2 "$exe" --backend mpi --timeout $timeout
 [ $fails -eq 0 ] || exit 1
 echo "every kill left the latest save resumable"
