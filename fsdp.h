@@ -52,7 +52,7 @@
                       loading them (rank-0 broadcast, resharding)
        >>ckpt         checkpoints: sharded directories and single files,
                       resharding on load, the async writer with cached
-                      pinned staging
+                      pinned staging, committed by a per-step poll
 
    fsdp.h DOES NOT: launch processes, do autograd, choose your GPU.
 
@@ -1717,9 +1717,12 @@ FSDP_API fsdp_result fsdp_load_state_dict(fsdp_ctx *ctx, const fsdp_state_dict *
    Writes are atomic: a file goes to "<name>.tmp.<pid>", is fsynced and
    renamed; a sharded save writes its rank files under a new generation
    name and replaces the index last, then removes the files of the previous
-   generation, so a failed save leaves the previous checkpoint intact. The
-   next committed save of a path removes the temporaries that saves killed
-   mid-write left ("*.tmp.<pid>" whose process no longer exists on the
+   generation, so a failed save leaves the previous checkpoint intact. An
+   asynchronous save is committed by fsdp_ckpt_wait, or as soon as every
+   rank's write has finished by fsdp_ckpt_poll called once per training
+   step: then the latest completed save is always the one a restart finds.
+   The next committed save of a path removes the temporaries that saves
+   killed mid-write left ("*.tmp.<pid>" whose process no longer exists on the
    saving host; a live process's are a save in flight and stay).
 
    Identity: each save draws a random 64-bit id (rank 0, broadcast), the
