@@ -15022,7 +15022,8 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         fsdp__clear(&w->werr);
         w->result = FSDP_SUCCESS;
         w->done = 0;
-        if (w->mu_ok && pthread_create(&w->th, NULL, fsdp__writer_main, w) == 0) w->thread_started = 1;
+        if (w->mu_ok && pthread_create(&w->th, NULL, fsdp__writer_main, w) == 0)
+            w->thread_started = 1;
         else fsdp__writer_main(w); /* no thread: write now, report at wait */
     }
     return FSDP_SUCCESS;
@@ -15258,7 +15259,8 @@ FSDP_API fsdp_result fsdp_ckpt_poll(fsdp_ckpt_writer *w, int *committed)
     if (c->nranks > 1) {
         n = (size_t)c->nranks;
         all = (unsigned char *)fsdp__alloc(&c->hooks, n);
-        if (!all) return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn));
+        if (!all)
+            return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn));
         r = fsdp_device_alloc(c->dev, n, &d);
         if (r == FSDP_SUCCESS)
             r = fsdp_device_copy(c->dev, (char *)d + c->rank, &mine, 1, FSDP_COPY_H2D, NULL);
