@@ -11,14 +11,19 @@
 # and Gloo (rank 1 of the forked ranks), those this build has. Then, under
 # MPI, a rank that stops answering (SIGSTOP): the others time out, end the
 # job with MPI_Abort, and every process is gone within the timeout + 8 s.
-# Usage: check_kill_resume.sh path/to/train_gpt WORK_DIR [path/to/mpiexec|''] [gloo|'']
+# A sanitized build (SANITIZE, meson's b_sanitize, not "none") trains a
+# smaller model: its steps are slower, so the same window holds.
+# Usage: check_kill_resume.sh path/to/train_gpt WORK_DIR [path/to/mpiexec|''] [gloo|''] [SANITIZE]
 set -u
 . "$(dirname "$0")/train_check.sh"
 exe=${1:?usage: check_kill_resume.sh path/to/train_gpt WORK_DIR [mpiexec] [gloo]}
 work=${2:?usage: check_kill_resume.sh path/to/train_gpt WORK_DIR [mpiexec] [gloo]}/kill_resume
 mpiexec=${3:-}
 gloo=${4:-}
+sanitize=${5:-none}
 args="--steps 200 --layers 1 --dim 48 --heads 4 --batch 64 --ntest 32 --eval-every 0 --seed 5"
+[ "$sanitize" = none ] ||
+    args="--steps 200 --layers 1 --dim 16 --heads 2 --batch 16 --ntest 8 --eval-every 0 --seed 5"
 timeout=10 # --timeout: the survivors' deadline for a silent peer
 rm -rf "$work"
 mkdir -p "$work" || exit 1
@@ -118,7 +123,7 @@ stop_one() {
     shift
     log=$work/$name.log
     : > "$log"
-    "$@" --steps 100000 --layers 1 --dim 32 --heads 4 --batch 32 --eval-every 0 \
+    "$@" --steps 100000 --layers 1 --dim 16 --heads 2 --batch 16 --eval-every 0 \
         > "$log" 2> "$log.err" &
     job=$!
     n=0
