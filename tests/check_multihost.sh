@@ -101,8 +101,13 @@ exec ip netns exec \$ns unshare --uts sh -c "hostname host-\$ns; \$*"
 EOF
     chmod +x "$work/agent.sh"
     printf '%s slots=1\n%s slots=1\n' $IPA $IPB > "$work/hostfile"
+    # the sanitizers' settings reach the ranks on the other host too
+    xs=""
+    for v in ASAN_OPTIONS TSAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS; do
+        eval "[ -n \"\${$v:-}\" ]" && xs="$xs -x $v"
+    done
     mpi() {
-        in_host $A "$mpirun" --allow-run-as-root --hostfile "$work/hostfile" -np 2 \
+        in_host $A "$mpirun" --allow-run-as-root $xs --hostfile "$work/hostfile" -np 2 \
             --mca plm_rsh_agent "$work/agent.sh" --mca pml ob1 --mca btl tcp,self \
             --mca btl_tcp_if_include mh0 --mca oob_tcp_if_include mh0 \
             --mca oob_tcp_keepalive_time 2 --mca oob_tcp_keepalive_intvl 1 \
