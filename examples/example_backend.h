@@ -10,6 +10,7 @@
 #include <string.h>
 #ifdef FSDP_HAVE_GLOO
 #include <ftw.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #endif
@@ -126,9 +127,24 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
                 break;
             }
         }
-        while (j-- > 0)
-            if (waitpid(pids[j], &st, 0) != pids[j] || !WIFEXITED(st) || WEXITSTATUS(st))
+        /* the first rank to fail ends the others: one that stopped
+           answering (frozen, or its host gone) would otherwise keep this
+           launcher waiting forever after the rest timed out */
+        if (failed)
+            for (st = 0; st < j; st++) kill(pids[st], SIGKILL);
+        for (st = j; st > 0; st--) {
+            int k, w = 0;
+            pid_t p = waitpid(-1, &w, 0);
+            if (p < 0) break;
+            for (k = 0; k < j && pids[k] != p; k++) {}
+            if (k < j) pids[k] = 0; /* reaped: never signalled again */
+            if ((!WIFEXITED(w) || WEXITSTATUS(w)) && !failed) {
                 failed = 1;
+                fprintf(stderr, "%s: rank %d failed; ending the other ranks\n", b->prog, k);
+                for (k = 0; k < j; k++)
+                    if (pids[k] > 0) kill(pids[k], SIGKILL);
+            }
+        }
         free(pids);
         nftw(dir, example_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
         return failed;

@@ -8,9 +8,10 @@
 # within the communication timeout plus a few seconds, and --resume from it
 # must end bitwise where an uninterrupted run ends (the same final_loss).
 # On the local backend (the process is the rank), MPI (rank 1 of mpiexec)
-# and Gloo (rank 1 of the forked ranks), those this build has. Then, under
-# MPI, a rank that stops answering (SIGSTOP): the others time out, end the
-# job with MPI_Abort, and every process is gone within the timeout + 8 s.
+# and Gloo (rank 1 of the forked ranks), those this build has. Then a rank
+# that stops answering (SIGSTOP): the others time out and end the job (MPI:
+# MPI_Abort; Gloo: the launcher kills the frozen rank once one failed), and
+# every process is gone within the timeout + 8 s.
 # A sanitized build (SANITIZE, meson's b_sanitize, not "none") trains a
 # smaller model: its steps are slower, so the same window holds.
 # Usage: check_kill_resume.sh path/to/train_gpt WORK_DIR [path/to/mpiexec|''] [gloo|''] [SANITIZE]
@@ -166,9 +167,9 @@ stop_one() {
 kill_one local "$exe" --ranks 2 --backend local
 [ -n "$mpiexec" ] && kill_one mpi "$mpiexec" -n 2 "$exe" --backend mpi --timeout $timeout
 [ -n "$gloo" ] && kill_one gloo "$exe" --ranks 2 --backend gloo --timeout $timeout
-# (a Gloo rank started by hand or forked that stops answering leaves the
-# survivors to fail at the timeout, but nothing outside MPI ends the frozen
-# process: that is the launcher's, or the scheduler's, job)
 [ -n "$mpiexec" ] && stop_one mpi_stop "$mpiexec" -n 2 "$exe" --backend mpi --timeout $timeout
+# Gloo: the survivor times out and fails, and the examples' launcher then
+# ends the frozen rank (ranks started by hand are the scheduler's to end)
+[ -n "$gloo" ] && stop_one gloo_stop "$exe" --ranks 2 --backend gloo --timeout $timeout
 [ $fails -eq 0 ] || exit 1
 echo "every kill left the latest save resumable"
