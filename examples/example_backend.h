@@ -137,7 +137,11 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
             pid_t p = waitpid(-1, &w, 0);
             if (p < 0) break;
             for (k = 0; k < j && pids[k] != p; k++) {}
-            if (k < j) pids[k] = 0; /* reaped: never signalled again */
+            if (k == j) { /* not a rank */
+                st++;
+                continue;
+            }
+            pids[k] = 0; /* reaped: never signalled again */
             if ((!WIFEXITED(w) || WEXITSTATUS(w)) && !failed) {
                 failed = 1;
                 fprintf(stderr, "%s: rank %d failed; ending the other ranks\n", b->prog, k);
