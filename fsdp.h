@@ -52,7 +52,7 @@
                       loading them (rank-0 broadcast, resharding)
        >>ckpt         checkpoints: sharded directories and single files,
                       resharding on load, the async writer with cached
-                      pinned staging
+                      pinned staging, committed by a per-step poll
 
    fsdp.h DOES NOT: launch processes, do autograd, choose your GPU.
 
@@ -1854,9 +1854,12 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
    Writes are atomic: a file goes to "<name>.tmp.<pid>", is fsynced and
    renamed; a sharded save writes its rank files under a new generation
    name and replaces the index last, then removes the files of the previous
-   generation, so a failed save leaves the previous checkpoint intact. The
-   next committed save of a path removes the temporaries that saves killed
-   mid-write left ("*.tmp.<pid>" whose process no longer exists on the
+   generation, so a failed save leaves the previous checkpoint intact. An
+   asynchronous save is committed by fsdp_ckpt_wait, or as soon as every
+   rank's write has finished by fsdp_ckpt_poll called once per training
+   step: then the latest completed save is always the one a restart finds.
+   The next committed save of a path removes the temporaries that saves
+   killed mid-write left ("*.tmp.<pid>" whose process no longer exists on the
    saving host; a live process's are a save in flight and stay).
 
    Identity: each save draws a random 64-bit id (rank 0, broadcast), the
@@ -1909,7 +1912,8 @@ typedef struct fsdp_ckpt_writer fsdp_ckpt_writer;
 
 FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *ctx, fsdp_ckpt_writer **out);
 /* Waits for a write in flight (its files are not committed: a sharded
-   checkpoint's index is written by fsdp_ckpt_wait), frees the staging. */
+   checkpoint's index is written by fsdp_ckpt_wait or fsdp_ckpt_poll),
+   frees the staging. */
 FSDP_API void fsdp_ckpt_writer_destroy(fsdp_ckpt_writer *w);
 /* Returns once the data is staged: the next optimizer step may run while
    the files are written. A second save before fsdp_ckpt_wait is refused
@@ -1920,6 +1924,25 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
    returns its result, I/O errors included, the same on every rank.
    FSDP_SUCCESS when no save is pending. Collective: yes. */
 FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w);
+/* Commits a save as soon as it is complete, without waiting for it: the
+   rule that makes the latest completed save always resumable. Call it at
+   the same point of every iteration on every rank (after fsdp_step, say):
+   with no save pending it returns FSDP_SUCCESS at once, communicating
+   nothing; with one pending, each rank tells whether its background write
+   has finished (its files written, fsynced and renamed) in one small
+   all-gather, and when every rank's has, the save is committed exactly as
+   fsdp_ckpt_wait commits it (the same atomic index, agreed by all ranks,
+   the same save identity) and *committed (may be NULL) is set to 1; else
+   the save stays pending, *committed is 0, and a later poll or
+   fsdp_ckpt_wait commits it. Write errors are returned as fsdp_ckpt_wait
+   returns them, the same on every rank, and end the save. So a job killed
+   after every rank's write finished and one poll ran loses no save: the
+   latest one is resumable. The ranks decide together, so they never
+   disagree on whether a save is committed. Collective: yes (when a save
+   is pending). */
+FSDP_API fsdp_result fsdp_ckpt_poll(fsdp_ckpt_writer *w, int *committed);
+/* Whether a save is pending (started and not yet committed or failed). */
+FSDP_API int fsdp_ckpt_pending(const fsdp_ckpt_writer *w);
 /* Pinned host bytes the staging cache holds. */
 FSDP_API size_t fsdp_ckpt_writer_staging_bytes(const fsdp_ckpt_writer *w);
 FSDP_API const char *fsdp_ckpt_writer_last_error(const fsdp_ckpt_writer *w);
@@ -16056,6 +16079,9 @@ struct fsdp_ckpt_writer {
     int nkv;
     fsdp_result result; /* of the thread */
     fsdp_error werr;
+    /* the thread's "finished", read by fsdp_ckpt_poll while it runs */
+    pthread_mutex_t mu;
+    int mu_ok, done;
 };
 
 FSDP__DEF void fsdp__rank_file(char *out, size_t n, uint64_t gen, int rank, int world)
@@ -16079,7 +16105,21 @@ FSDP__DEF void *fsdp__writer_main(void *arg)
 {
     fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)arg;
     w->result = fsdp__sd_write(w->file, w->sd, w->kv, w->nkv, &w->werr);
+    if (w->mu_ok) pthread_mutex_lock(&w->mu);
+    w->done = 1;
+    if (w->mu_ok) pthread_mutex_unlock(&w->mu);
     return NULL;
+}
+
+/* Whether this rank's write of the pending save has finished. */
+FSDP__DEF int fsdp__writer_done(fsdp_ckpt_writer *w)
+{
+    int d;
+    if (!w->thread_started) return 1; /* no file, or written synchronously */
+    if (w->mu_ok) pthread_mutex_lock(&w->mu);
+    d = w->done;
+    if (w->mu_ok) pthread_mutex_unlock(&w->mu);
+    return d;
 }
 
 FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
@@ -16139,6 +16179,8 @@ FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *c, fsdp_ckpt_writer **out
     w->stage.dev = c->dev;
     w->stage.h = &w->hooks;
     w->dep.ctx_gone = fsdp__writer_ctx_gone;
+    /* without the mutex, a poll only commits once the thread is joined */
+    w->mu_ok = pthread_mutex_init(&w->mu, NULL) == 0;
     fsdp__ctx_dep_add(c, &w->dep);
     *out = w;
     return FSDP_SUCCESS;
@@ -16153,6 +16195,7 @@ FSDP_API void fsdp_ckpt_writer_destroy(fsdp_ckpt_writer *w)
         fsdp__stage_free(&w->stage);
         fsdp__ctx_dep_remove(w->c, &w->dep);
     }
+    if (w->mu_ok) pthread_mutex_destroy(&w->mu);
     h = w->hooks;
     fsdp__free(&h, w);
 }
@@ -16279,7 +16322,9 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         w->nkv = 6;
         fsdp__clear(&w->werr);
         w->result = FSDP_SUCCESS;
-        if (pthread_create(&w->th, NULL, fsdp__writer_main, w) == 0) w->thread_started = 1;
+        w->done = 0;
+        if (w->mu_ok && pthread_create(&w->th, NULL, fsdp__writer_main, w) == 0)
+            w->thread_started = 1;
         else fsdp__writer_main(w); /* no thread: write now, report at wait */
     }
     return FSDP_SUCCESS;
@@ -16457,15 +16502,13 @@ done:
     return r;
 }
 
-FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w)
+/* Joins the pending save's thread and commits the save (fsdp_ckpt_wait's
+   and fsdp_ckpt_poll's commit): every rank's write result is agreed, then
+   rank 0 writes the index of a sharded checkpoint, agreed again. */
+FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
 {
-    fsdp_ctx *c;
+    fsdp_ctx *c = w->c;
     fsdp_result r = FSDP_SUCCESS;
-    const char *fn = "fsdp_ckpt_wait";
-    if (!w) return FSDP_INVALID_ARGS;
-    if (!w->c) return fsdp__writer_dead(w, fn);
-    c = w->c;
-    if (!w->pending) return FSDP_SUCCESS;
     if (w->thread_started) pthread_join(w->th, NULL);
     w->thread_started = 0;
     if (w->file && w->result != FSDP_SUCCESS)
@@ -16486,6 +16529,68 @@ FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w)
     }
     fsdp__writer_reset(w);
     return fsdp__wfail(w, r);
+}
+
+FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w)
+{
+    const char *fn = "fsdp_ckpt_wait";
+    if (!w) return FSDP_INVALID_ARGS;
+    if (!w->c) return fsdp__writer_dead(w, fn);
+    if (!w->pending) return FSDP_SUCCESS;
+    return fsdp__writer_commit(w, fn);
+}
+
+FSDP_API fsdp_result fsdp_ckpt_poll(fsdp_ckpt_writer *w, int *committed)
+{
+    fsdp_ctx *c;
+    fsdp_result r;
+    const char *fn = "fsdp_ckpt_poll";
+    unsigned char mine, *all = NULL;
+    void *d = NULL;
+    size_t n;
+    int q, ready = 1;
+    if (committed) *committed = 0;
+    if (!w) return FSDP_INVALID_ARGS;
+    if (!w->c) return fsdp__writer_dead(w, fn);
+    c = w->c;
+    /* pending is the same on every rank (each started and committed the
+       same saves), so no rank waits in the all-gather alone */
+    if (!w->pending) return FSDP_SUCCESS;
+    mine = (unsigned char)fsdp__writer_done(w);
+    if (c->nranks > 1) {
+        n = (size_t)c->nranks;
+        all = (unsigned char *)fsdp__alloc(&c->hooks, n);
+        if (!all)
+            return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn));
+        r = fsdp_device_alloc(c->dev, n, &d);
+        if (r == FSDP_SUCCESS)
+            r = fsdp_device_copy(c->dev, (char *)d + c->rank, &mine, 1, FSDP_COPY_H2D, NULL);
+        if (r != FSDP_SUCCESS) {
+            r = fsdp__ctx_dev(c, r, fn);
+        } else if ((r = fsdp_all_gather(c->world, (char *)d + c->rank, d, 1, FSDP_U8, NULL)) !=
+                   FSDP_SUCCESS) {
+            r = fsdp__ctx_comm(c, c->world, r, fn);
+        } else {
+            r = fsdp__ctx_dev(c, fsdp_device_copy(c->dev, all, d, n, FSDP_COPY_D2H, NULL), fn);
+        }
+        if (d) fsdp_device_free(c->dev, d, n);
+        for (q = 0; r == FSDP_SUCCESS && q < c->nranks; q++) ready &= all[q] != 0;
+        fsdp__free(&c->hooks, all);
+        /* a communication failure leaves the save pending: its files stay
+           uncommitted, as after a kill, and the error is the caller's */
+        if (r != FSDP_SUCCESS) return fsdp__wfail(w, r);
+    } else {
+        ready = mine;
+    }
+    if (!ready) return FSDP_SUCCESS;
+    r = fsdp__writer_commit(w, fn);
+    if (r == FSDP_SUCCESS && committed) *committed = 1;
+    return r;
+}
+
+FSDP_API int fsdp_ckpt_pending(const fsdp_ckpt_writer *w)
+{
+    return w && w->c && w->pending;
 }
 
 FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *c, const char *path, unsigned flags)

@@ -10,6 +10,9 @@
      (b) asynchronous: fsdp_ckpt_save_async, the time the caller is blocked
          (the staging copy only), then fsdp_ckpt_wait after the "next step"
          (here: the engine sleeping as long as the write needs);
+     (c) polled: fsdp_ckpt_save_async, then fsdp_ckpt_poll every 1 ms (a
+         training step's place) until it commits the save: the time of one
+         poll while the write is in flight, and of the poll that commits;
    medians over --iters saves after one warm-up save of each kind, of the
    slowest rank. It prints
        blocked/sync = X   (the target is well under 0.5)
@@ -36,7 +39,8 @@ typedef struct bench {
     fsdp_model *model;
     fsdp_units *u;
     double sync_s[MAX_RANKS][MAX_ITERS], blocked_s[MAX_RANKS][MAX_ITERS],
-        wait_s[MAX_RANKS][MAX_ITERS];
+        wait_s[MAX_RANKS][MAX_ITERS], poll_s[MAX_RANKS][MAX_ITERS],
+        commit_s[MAX_RANKS][MAX_ITERS];
     size_t staged[MAX_RANKS][MAX_ITERS + 1];
     char msg[MAX_RANKS][FSDP_ERROR_MAX];
 } bench;
@@ -140,6 +144,24 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
         if (fsdp_ckpt_wait(w) != FSDP_SUCCESS) goto fail;
         b->wait_s[rank][i] = now_s() - t1;
         b->staged[rank][i + 1] = fsdp_ckpt_writer_staging_bytes(w);
+        /* (c) no wait: one poll per "step" commits the save */
+        {
+            int committed = 0, n = 0;
+            double pending = 0.0;
+            if (fsdp_ckpt_save_async(w, path, FSDP_CKPT_SHARDED) != FSDP_SUCCESS) goto fail;
+            while (!committed) {
+                sleep_s(0.001);
+                t1 = now_s();
+                if (fsdp_ckpt_poll(w, &committed) != FSDP_SUCCESS) goto fail;
+                t2 = now_s() - t1;
+                if (!committed) {
+                    pending += t2;
+                    n++;
+                }
+            }
+            b->poll_s[rank][i] = n ? pending / n : 0.0;
+            b->commit_s[rank][i] = t2;
+        }
     }
     ok = 1;
     goto done;
@@ -280,6 +302,8 @@ int main(int argc, char **argv)
     printf("sync save %.3f s (%.0f MB/s); async: caller blocked %.3f s, wait after the "
            "\"next steps\" %.3f s\n", sync, (double)ckpt_bytes / 1e6 / sync, blocked, wait);
     printf("blocked/sync = %.3f   (target: well under 0.5)\n", blocked / sync);
+    printf("polled: a poll while the write is in flight %.1f us, the poll that commits %.3f s\n",
+           med_max(b.poll_s, b.ranks, b.iters) * 1e6, med_max(b.commit_s, b.ranks, b.iters));
     printf("staging/checkpoint = %.3f   (%zu staged bytes over all ranks, %lld bytes on disk; "
            "the same after the first save: %s)\n", (double)staged / (double)ckpt_bytes, staged,
            ckpt_bytes, staged == staged0 ? "yes" : "NO");

@@ -10,6 +10,7 @@
 #include <string.h>
 #ifdef FSDP_HAVE_GLOO
 #include <ftw.h>
+#include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #endif
@@ -25,6 +26,26 @@ typedef struct example_backend {
     int (*check)(void *user, int size, char *err, size_t nerr);
     void *user;
 } example_backend;
+
+#ifdef FSDP_HAVE_MPI
+/* How a rank of an MPI job ends. On success, MPI_Finalize. After a
+   failure, MPI_Abort: MPI_Finalize is collective, so a rank that saw a
+   communication error (a peer that died, stopped answering, or whose host
+   lost its link) would wait in it for the peer forever, and the job would
+   never end; MPI_Abort makes mpirun kill every rank of the job, on every
+   host, within seconds. The failing rank's error is printed first.
+   (fsdp.h itself never exits: it returns the error, and ending the job is
+   the program's decision.) */
+static void example_mpi_end(int ok)
+{
+    if (ok) {
+        MPI_Finalize();
+        return;
+    }
+    fflush(NULL);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+#endif
 
 #ifdef FSDP_HAVE_GLOO
 static int example_rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -106,9 +127,28 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
                 break;
             }
         }
-        while (j-- > 0)
-            if (waitpid(pids[j], &st, 0) != pids[j] || !WIFEXITED(st) || WEXITSTATUS(st))
+        /* the first rank to fail ends the others: one that stopped
+           answering (frozen, or its host gone) would otherwise keep this
+           launcher waiting forever after the rest timed out */
+        if (failed)
+            for (st = 0; st < j; st++) kill(pids[st], SIGKILL);
+        for (st = j; st > 0; st--) {
+            int k, w = 0;
+            pid_t p = waitpid(-1, &w, 0);
+            if (p < 0) break;
+            for (k = 0; k < j && pids[k] != p; k++) {}
+            if (k == j) { /* not a rank */
+                st++;
+                continue;
+            }
+            pids[k] = 0; /* reaped: never signalled again */
+            if ((!WIFEXITED(w) || WEXITSTATUS(w)) && !failed) {
                 failed = 1;
+                fprintf(stderr, "%s: rank %d failed; ending the other ranks\n", b->prog, k);
+                for (k = 0; k < j; k++)
+                    if (pids[k] > 0) kill(pids[k], SIGKILL);
+            }
+        }
         free(pids);
         nftw(dir, example_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
         return failed;

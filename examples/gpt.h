@@ -1190,7 +1190,10 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
             goto done;
         }
         /* async save: only the staging copy blocks; the files are written
-           while the next steps run, and committed by the next wait */
+           while the next steps run. The poll, every step on every rank,
+           commits a save as soon as every rank's write has finished, so
+           the latest completed save is always resumable (a fault a few
+           steps after a save loses nothing before it) */
         if (writer && (step == last_step || (cfg->save_every > 0 && step % cfg->save_every == 0))) {
             if (fsdp_ckpt_wait(writer) != FSDP_SUCCESS ||
                 fsdp_ckpt_save_async(writer, cfg->save_dir, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM) !=
@@ -1199,6 +1202,10 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
                          fsdp_ckpt_writer_last_error(writer));
                 goto done;
             }
+        } else if (writer && fsdp_ckpt_poll(writer, NULL) != FSDP_SUCCESS) {
+            snprintf(e.msg, e.msg_cap, "rank %d: checkpoint '%s': %s", rank, cfg->save_dir,
+                     fsdp_ckpt_writer_last_error(writer));
+            goto done;
         }
         if (rank == 0) {
             if (step == first_step) res->initial_loss = loss;

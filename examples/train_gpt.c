@@ -45,6 +45,7 @@
                     [--capacity BYTES] [--backend local|mpi|gloo]  (mpi: mpirun -np N train_gpt ...;
                     gloo: forks --ranks processes over loopback TCP, or runs one
                     rank: --rank R --store-dir DIR [--host ADDR])
+                    [--timeout SEC]  (mpi, gloo: a silent peer is an error after SEC)
 
    Checkpoints: --save DIR writes a sharded checkpoint (parameters, AdamW
    state, step) every --save-every K steps and at the end, asynchronously;
@@ -76,6 +77,7 @@
 typedef struct backend_opts {
     int backend, rank;
     const char *store_dir, *host;
+    int timeout_s; /* --timeout: the communicator's deadline (0: its default) */
 } backend_opts;
 
 static void usage(const char *argv0)
@@ -89,7 +91,9 @@ static void usage(const char *argv0)
             "          [--metrics FILE] (JSON lines: a record per logged step)\n"
             "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
             "           gloo: forks --ranks processes, or one rank: --rank R --store-dir D\n"
-            "           [--host ADDR])\n",
+            "           [--host ADDR])\n"
+            "          [--timeout SEC] (mpi, gloo: a peer silent this long is an error; the\n"
+            "           default is the backend's: 60 s mpi, 30 s gloo)\n",
             argv0);
 }
 
@@ -136,6 +140,8 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
             } else if (!strcmp(a, "--rank")) good = parse_int(v, &b->rank) && b->rank >= 0;
             else if (!strcmp(a, "--store-dir")) b->store_dir = v;
             else if (!strcmp(a, "--host")) b->host = v;
+            else if (!strcmp(a, "--timeout"))
+                good = parse_int(v, &b->timeout_s) && b->timeout_s >= 1 && b->timeout_s <= 86400;
             else if (!strcmp(a, "--save")) c->save_dir = v;
             else if (!strcmp(a, "--metrics")) metrics_path = v;
             else if (!strcmp(a, "--resume")) c->resume_dir = v;
@@ -261,6 +267,7 @@ static int run_one_rank(const gpt_config *cfg, const backend_opts *b, const fsdp
         d.hooks.error = &err;
         d.dev = dev;
         d.expected_size = nranks;
+        d.timeout_ms = b->timeout_s * 1000;
         r = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);
     }
 #endif
@@ -275,6 +282,7 @@ static int run_one_rank(const gpt_config *cfg, const backend_opts *b, const fsdp
         d.host = b->host;
         d.rank = rank;
         d.size = nranks;
+        d.timeout_ms = b->timeout_s * 1000;
         r = fsdp_comm_gloo_create(&d, &comm);
     }
 #endif
@@ -293,7 +301,7 @@ int main(int argc, char **argv)
     static gpt_result res;
     static char err[FSDP_ERROR_MAX + 128];
     gpt_config cfg = gpt_default_config();
-    backend_opts bo = {0, -1, NULL, NULL};
+    backend_opts bo = {0, -1, NULL, NULL, 0};
     int i, pa = parse_args(argc, argv, &cfg, &bo);
     if (pa <= 0) {
         usage(argv[0]);
@@ -344,7 +352,11 @@ int main(int argc, char **argv)
         fsdp_units_destroy(u);
         fsdp_model_destroy(m);
 #ifdef FSDP_HAVE_MPI
-        if (bo.backend == 1) MPI_Finalize();
+        /* After a failure (a peer that timed out or died), only MPI_Abort
+           ends an MPI job: MPI_Finalize is collective and would wait for
+           the peer forever. The library returned the error; ending the
+           job is the program's decision. */
+        if (bo.backend == 1) example_mpi_end(ok);
 #endif
         if (!ok) return 1;
     }

@@ -959,7 +959,10 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         if (!global_mean(&rs, comm, &loss, rank)) goto done;
         if (rank == 0 && step == first_step) sh->initial_loss = loss;
         /* async save: only the staging copy blocks; the files are written
-           while the next steps run, and committed by the next wait */
+           while the next steps run. The poll, every step on every rank,
+           commits a save as soon as every rank's write has finished, so
+           the latest completed save is always resumable (a fault a few
+           steps after a save loses nothing before it) */
         if (writer && (step == last_step || (cfg->save_every > 0 && step % cfg->save_every == 0))) {
             if (fsdp_ckpt_wait(writer) != FSDP_SUCCESS ||
                 fsdp_ckpt_save_async(writer, cfg->save_dir, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM) !=
@@ -968,6 +971,10 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
                          fsdp_ckpt_writer_last_error(writer));
                 goto done;
             }
+        } else if (writer && fsdp_ckpt_poll(writer, NULL) != FSDP_SUCCESS) {
+            snprintf(rs.msg, rs.msg_cap, "rank %d: checkpoint '%s': %s", rank, cfg->save_dir,
+                     fsdp_ckpt_writer_last_error(writer));
+            goto done;
         }
         if (rank == 0) sh->final_loss = loss;
         if (rank == 0 && !cfg->quiet && (step % print_every == 0 || step == 1 || step == cfg->steps)) {
@@ -1479,7 +1486,8 @@ int main(int argc, char **argv)
     fsdp_units_destroy(units);
     fsdp_model_destroy(model);
 #ifdef FSDP_HAVE_MPI
-    if (cfg.backend == BACKEND_MPI || cfg.mpi_up) MPI_Finalize();
+    /* a failure ends the whole MPI job (MPI_Abort), see example_mpi_end */
+    if (cfg.backend == BACKEND_MPI || cfg.mpi_up) example_mpi_end(!failed);
 #endif
     return failed ? 1 : 0;
 }
