@@ -16548,7 +16548,7 @@ FSDP_API fsdp_result fsdp_ckpt_poll(fsdp_ckpt_writer *w, int *committed)
     unsigned char mine, *all = NULL;
     void *d = NULL;
     size_t n;
-    int q, ready = 1;
+    int q, ready = 1, lent = 0;
     if (committed) *committed = 0;
     if (!w) return FSDP_INVALID_ARGS;
     if (!w->c) return fsdp__writer_dead(w, fn);
@@ -16562,7 +16562,10 @@ FSDP_API fsdp_result fsdp_ckpt_poll(fsdp_ckpt_writer *w, int *committed)
         all = (unsigned char *)fsdp__alloc(&c->hooks, n);
         if (!all)
             return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn));
-        r = fsdp_device_alloc(c->dev, n, &d);
+        /* the vote goes through the plan's idle buffers, like fsdp__agree's:
+           a device whose capacity is the plan has no room for more */
+        fsdp__lend_open(c);
+        r = fsdp__phase_alloc(c, n, &d, &lent);
         if (r == FSDP_SUCCESS)
             r = fsdp_device_copy(c->dev, (char *)d + c->rank, &mine, 1, FSDP_COPY_H2D, NULL);
         if (r != FSDP_SUCCESS) {
@@ -16573,7 +16576,8 @@ FSDP_API fsdp_result fsdp_ckpt_poll(fsdp_ckpt_writer *w, int *committed)
         } else {
             r = fsdp__ctx_dev(c, fsdp_device_copy(c->dev, all, d, n, FSDP_COPY_D2H, NULL), fn);
         }
-        if (d) fsdp_device_free(c->dev, d, n);
+        if (d) fsdp__phase_free(c, d, n, lent);
+        fsdp__lend_close(c);
         for (q = 0; r == FSDP_SUCCESS && q < c->nranks; q++) ready &= all[q] != 0;
         fsdp__free(&c->hooks, all);
         /* a communication failure leaves the save pending: its files stay

@@ -47,6 +47,20 @@ fi
 if ! "$plan" --preset train-gpt --ranks 1 --capacity "$need" --quiet > /dev/null; then
     echo "FAIL: --capacity equal to the plan refused"; fail=1
 fi
+# the plan holds with every phase inside it: a device whose capacity is
+# exactly the plan trains 2 ranks, saves asynchronously every 3 steps
+# (each save committed by fsdp_ckpt_poll's vote) and resumes
+need2=$("$plan" --preset train-gpt --ranks 2 --quiet | sed -n 's/^plan_bytes=\([0-9]*\).*/\1/p')
+rm -rf "$dir/ck"
+if ! "$gpt" --ranks 2 --batch 12 --steps 8 --eval-every 0 --ntest 4 --quiet --capacity "$need2" \
+        --save "$dir/ck" --save-every 3 > "$dir/save.out" 2>&1 ||
+   ! "$gpt" --ranks 2 --batch 12 --steps 10 --eval-every 0 --ntest 4 --quiet --capacity "$need2" \
+        --resume "$dir/ck" > "$dir/resume.out" 2>&1; then
+    echo "FAIL: train_gpt within a capacity equal to its plan ($need2):"
+    cat "$dir/save.out" "$dir/resume.out" 2>/dev/null; fail=1
+else
+    echo "ok: saves, polls and a resume within a capacity equal to the plan ($need2)"
+fi
 # a model file: two units by prefix, a tie, a scalar
 cat > "$dir/model.txt" <<'MODEL'
 # name shape dtype
