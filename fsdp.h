@@ -533,6 +533,9 @@ typedef struct fsdp_comm_vtable {
     /* The first asynchronous failure, or FSDP_SUCCESS (optional). */
     fsdp_result (*async_error)(void *self, fsdp_error *err);
     void (*destroy)(void *self);
+    /* Optional: the label of the calls issued from now on (never NULL,
+       at most FSDP_COLL_LABEL_MAX - 1 chars), for messages. */
+    void (*set_label)(void *self, const char *label);
 } fsdp_comm_vtable;
 
 /* Wraps a backend; the comm owns `self` from then on (vt->destroy). */
@@ -560,6 +563,13 @@ FSDP_API fsdp_result fsdp_comm_split(fsdp_comm *comm, int color, int key, fsdp_c
 /* The first failure of an asynchronous collective on this comm (timeout,
    mismatch, ...), with its message in fsdp_comm_last_error. */
 FSDP_API fsdp_result fsdp_comm_async_error(fsdp_comm *comm);
+/* Names what the collectives issued on comm from now on are for, in
+   mismatch and timeout messages: "rank 1 called end_backward of unit 'h.1'
+   (reduce_scatter(...))". The runtime sets it in every fsdp call that
+   communicates; NULL or "" clears it; longer labels are truncated to
+   FSDP_COLL_LABEL_MAX - 1 bytes. A backend without set_label ignores it.
+   Collective: no. Thread safety: the thread that issues on comm. */
+FSDP_API void fsdp_comm_set_label(fsdp_comm *comm, const char *label);
 
 /* --- for backend authors: one call's description, its wording, the sum ---
    The pieces that make a backend behave like the local one, word for word
@@ -574,7 +584,10 @@ typedef enum fsdp_coll_kind {
     FSDP_COLL_SPLIT
 } fsdp_coll_kind;
 
-/* What a rank says it is calling. Ranks must agree on all but color and key
+#define FSDP_COLL_LABEL_MAX 64
+
+/* What a rank says it is calling. Ranks must agree on all but color, key
+   and label
    (fsdp_coll_same). Made by fsdp_coll_make, which zeroes it; no padding on
    LP64, so the processes of one build may exchange it as bytes. */
 typedef struct fsdp_coll_desc {
@@ -585,6 +598,10 @@ typedef struct fsdp_coll_desc {
     fsdp_reduce_op op;  /* reductions only, else FSDP_REDUCE_SUM */
     int root;           /* broadcast only, else 0 */
     int color, key;     /* split only, not compared */
+    /* What the call was for, set by fsdp_comm_set_label ("end_backward of
+       unit 'h.1'"); "" when none. Named in messages, not compared: a
+       prefetch may legitimately be issued from different fsdp calls. */
+    char label[FSDP_COLL_LABEL_MAX];
 } fsdp_coll_desc;
 
 FSDP_API fsdp_coll_desc fsdp_coll_make(fsdp_coll_kind kind, size_t count, fsdp_dtype dt,
@@ -595,12 +612,14 @@ FSDP_API const char *fsdp_coll_kind_name(fsdp_coll_kind kind);
    for reductions, "root=0" for broadcast, "split #3 (color=1, key=0)";
    without " #7 " when seq is 0: "all_gather(count=10, dtype=f32)". */
 FSDP_API void fsdp_coll_describe(char *buf, size_t cap, const fsdp_coll_desc *c);
-/* 1 when a and b are the same call (color and key aside). */
+/* 1 when a and b are the same call (color, key and label aside). */
 FSDP_API int fsdp_coll_same(const fsdp_coll_desc *a, const fsdp_coll_desc *b);
 /* calls[j] is rank j's call (n ranks). Returns how many ranks differ from
    rank 0 and, when some do, writes the message every rank should report:
    "collective #4 mismatch: rank 0 called all_gather(count=10, dtype=f32) but
-   rank 1 called reduce_scatter(count=10, dtype=f32, op=sum)", followed by
+   rank 1 called reduce_scatter(count=10, dtype=f32, op=sum)"; a call with a
+   label is named by it first: "rank 1 called end_backward of unit 'h.1'
+   (reduce_scatter(count=10, dtype=f32, op=avg))". Followed by
    " (2 ranks differ from rank 0: 1, 3)" when more than one does; the calls
    carry their own numbers when those differ. buf is untouched on 0. */
 FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *calls, int n);
@@ -4634,6 +4653,14 @@ FSDP_API fsdp_result fsdp_comm_async_error(fsdp_comm *comm)
     return fsdp__comm_done(comm, comm->vt.async_error(comm->self, &e), &e, "fsdp_comm_async_error");
 }
 
+FSDP_API void fsdp_comm_set_label(fsdp_comm *comm, const char *label)
+{
+    char buf[FSDP_COLL_LABEL_MAX];
+    if (!comm || !comm->vt.set_label) return;
+    snprintf(buf, sizeof buf, "%s", label ? label : "");
+    comm->vt.set_label(comm->self, buf);
+}
+
 /* --- for backend authors -------------------------------------------------- */
 
 FSDP_API fsdp_coll_desc fsdp_coll_make(fsdp_coll_kind kind, size_t count, fsdp_dtype dt,
@@ -4695,9 +4722,21 @@ FSDP_API int fsdp_coll_same(const fsdp_coll_desc *a, const fsdp_coll_desc *b)
            a->root == b->root && a->seq == b->seq;
 }
 
+/* "end_backward of unit 'h.1' (all_gather(...))" when c has a label, else
+   the call alone */
+FSDP__DEF void fsdp__coll_describe_labeled(char *buf, size_t cap, const fsdp_coll_desc *c)
+{
+    char call[160];
+    fsdp_coll_describe(call, sizeof call, c);
+    if (c->label[0])
+        snprintf(buf, cap, "%.*s (%s)", FSDP_COLL_LABEL_MAX - 1, c->label, call);
+    else
+        snprintf(buf, cap, "%s", call);
+}
+
 FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *calls, int n)
 {
-    char a[160], b[160];
+    char a[256], b[256];
     fsdp_coll_desc c0, cj;
     int j, first = -1, ndiff = 0, seqs;
     size_t len;
@@ -4711,8 +4750,8 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
     cj = calls[first];
     seqs = c0.seq != cj.seq;
     if (!seqs) c0.seq = cj.seq = 0; /* the number goes in front instead */
-    fsdp_coll_describe(a, sizeof a, &c0);
-    fsdp_coll_describe(b, sizeof b, &cj);
+    fsdp__coll_describe_labeled(a, sizeof a, &c0);
+    fsdp__coll_describe_labeled(b, sizeof b, &cj);
     if (seqs)
         snprintf(buf, cap, "collective mismatch: rank 0 called %s but rank %d called %s", a, first,
                  b);
@@ -4943,6 +4982,7 @@ struct fsdp__eng {
     int timeout_ms; /* <0: none */
     int check;
     uint64_t issued; /* issuing thread only */
+    char label[FSDP_COLL_LABEL_MAX]; /* of the calls issued next; issuing thread only */
     /* Program order and the sticky failure, under *omu: this engine's mu,
        or for the local backend its group's lock, which the rendezvous holds
        anyway and under which a group breaks for all its ranks at once. */
@@ -5037,8 +5077,8 @@ FSDP__DEF void fsdp__eng_destroy(fsdp__eng *e)
 FSDP__DEF fsdp_result fsdp__eng_aborted(const fsdp__eng *e, const fsdp_coll_desc *c,
                                         fsdp_error *err)
 {
-    char call[160];
-    fsdp_coll_describe(call, sizeof call, c);
+    char call[256];
+    fsdp__coll_describe_labeled(call, sizeof call, c);
     return fsdp_error_set(err, FSDP_COMM_ABORTED,
                           "%s on rank %d%s: the communicator failed earlier: %s", call, e->rank,
                           e->where, e->sticky->message);
@@ -5047,8 +5087,8 @@ FSDP__DEF fsdp_result fsdp__eng_aborted(const fsdp__eng *e, const fsdp_coll_desc
 FSDP__DEF fsdp_result fsdp__eng_timed_out(const fsdp__eng *e, const fsdp_coll_desc *c,
                                           const char *why, fsdp_error *err)
 {
-    char call[160];
-    fsdp_coll_describe(call, sizeof call, c);
+    char call[256];
+    fsdp__coll_describe_labeled(call, sizeof call, c);
     return fsdp_error_set(err, FSDP_COMM_TIMEOUT, "%s timed out after %d ms on rank %d%s: %s",
                           call, e->timeout_ms, e->rank, e->where, why);
 }
@@ -5114,13 +5154,13 @@ FSDP__DEF size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp_coll_des
 FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
                                       fsdp_error *err)
 {
-    char call[160], msg[FSDP_ERROR_MAX];
+    char call[256], msg[FSDP_ERROR_MAX];
     fsdp_error xe;
     fsdp_result r;
     memset(&xe, 0, sizeof xe);
     r = e->xp.all_gather(e->t, c, e->fps, sizeof *c, deadline, &xe);
     if (r != FSDP_SUCCESS) {
-        fsdp_coll_describe(call, sizeof call, c);
+        fsdp__coll_describe_labeled(call, sizeof call, c);
         return fsdp_error_set(err, r, "%s on rank %d%s: %s%s", call, e->rank, e->where,
                               r == FSDP_COMM_TIMEOUT ? "timed out exchanging call fingerprints: "
                                                      : "",
@@ -5264,7 +5304,7 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
                                          void *recv, void *scratch, double deadline,
                                          fsdp_error *err)
 {
-    char call[160];
+    char call[256];
     fsdp_error xe;
     fsdp_result r;
     if (e->check && e->size > 1) {
@@ -5280,7 +5320,7 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
     if (r == FSDP_COMM_TIMEOUT) {
         fsdp__eng_timed_out(e, c, xe.message, err);
     } else {
-        fsdp_coll_describe(call, sizeof call, c);
+        fsdp__coll_describe_labeled(call, sizeof call, c);
         fsdp_error_set(err, r, "%s failed on rank %d%s: %s", call, e->rank, e->where, xe.message);
     }
     fsdp__eng_break(e, err);
@@ -5343,6 +5383,7 @@ FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const voi
         !fsdp_dtype_is_float(c->dt))
         return fsdp_error_set(err, FSDP_INVALID_DTYPE, "%s on rank %d: %s cannot be reduced", kind,
                               e->rank, fsdp_dtype_name(c->dt));
+    memcpy(c->label, e->label, sizeof c->label);
     if (!s && !need) { /* nothing outlives the call: no op */
         c->seq = ++e->issued;
         return fsdp__eng_run(e, c, send, recv, NULL, err);
@@ -5439,6 +5480,12 @@ FSDP__DEF fsdp_result fsdp__async_error__eng(void *self, fsdp_error *err)
 
 FSDP__DEF void fsdp__destroy__eng(void *self) { fsdp__eng_destroy((fsdp__eng *)self); }
 
+FSDP__DEF void fsdp__set_label__eng(void *self, const char *label)
+{
+    fsdp__eng *e = (fsdp__eng *)self;
+    snprintf(e->label, sizeof e->label, "%s", label);
+}
+
 /* Split over the transport. Collective and ordered like any other call: it
    runs on the calling thread after every earlier collective of this engine. */
 FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__eng **out,
@@ -5447,14 +5494,15 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
     fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_SPLIT, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
     fsdp_error xe;
     fsdp_result r;
-    char call[160];
+    char call[256];
     void *nt = NULL;
     int nrank = -1, nsize = 0;
     double deadline;
     c.color = color;
     c.key = key;
     c.seq = ++e->issued;
-    fsdp_coll_describe(call, sizeof call, &c);
+    memcpy(c.label, e->label, sizeof c.label);
+    fsdp__coll_describe_labeled(call, sizeof call, &c);
     if ((r = fsdp__eng_turn(e, &c, err)) != FSDP_SUCCESS) goto done;
     pthread_mutex_unlock(e->omu);
     deadline = fsdp_deadline_ms(e->timeout_ms);
@@ -5511,6 +5559,7 @@ FSDP__DEF fsdp_result fsdp__eng_comm(fsdp__eng *e, const char *name, const fsdp_
     vt.split = e->native_split || e->xp.split ? fsdp__split__eng : NULL;
     vt.async_error = fsdp__async_error__eng;
     vt.destroy = fsdp__destroy__eng;
+    vt.set_label = fsdp__set_label__eng;
     r = fsdp_comm_create(&vt, e, e->rank, e->size, hooks, out);
     if (r != FSDP_SUCCESS) fsdp__eng_destroy(e);
     return r;
@@ -5699,6 +5748,15 @@ FSDP__DEF void fsdp__local_break_timeout(const fsdp__eng *e, fsdp__local_group *
         len += (size_t)snprintf(g->missing + len, cap - len, "%s %d", len > 5 ? "," : "", j);
     }
     if (len < cap) snprintf(g->missing + len, cap - len, " did not arrive");
+    for (j = 0; n == 1 && j < g->size; j++) {
+        /* its last arrival's call is still in its slot */
+        const fsdp_coll_desc *last = &g->calls[j];
+        len = strlen(g->missing);
+        if (g->slots[j].present || !last->seq || len >= cap) continue;
+        snprintf(g->missing + len, cap - len, " (its last collective was #%llu%s%.*s)",
+                 (unsigned long long)last->seq, last->label[0] ? ", from " : "",
+                 FSDP_COLL_LABEL_MAX - 1, last->label);
+    }
     fsdp__eng_timed_out(e, c, g->missing, &g->broken);
     pthread_cond_broadcast(&g->cv);
 }
@@ -5897,6 +5955,7 @@ FSDP__DEF fsdp_result fsdp__local_split(fsdp__eng *e, int color, int key, fsdp__
     c.color = color;
     c.key = key;
     c.seq = ++e->issued;
+    memcpy(c.label, e->label, sizeof c.label);
     r = fsdp__eng_turn(e, &c, err);
     if (r == FSDP_SUCCESS)
         r = fsdp__local_arrive(e, &c, NULL, NULL, color == FSDP_COMM_NO_COLOR || ne != NULL, err);
@@ -10867,7 +10926,7 @@ FSDP__DEF void fsdp__maybe_new_iteration(fsdp_ctx *c, int unit)
     c->fpos = c->bpos = 0;
 }
 
-FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *c, int unit)
+FSDP__DEF fsdp_result fsdp__begin_forward(fsdp_ctx *c, int unit)
 {
     fsdp_result r;
     int pos;
@@ -10901,7 +10960,7 @@ FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
-FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *c, int unit)
+FSDP__DEF fsdp_result fsdp__end_forward(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r;
@@ -10925,7 +10984,7 @@ FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *c, int unit)
     return r;
 }
 
-FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
+FSDP__DEF fsdp_result fsdp__begin_backward(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r;
@@ -11151,7 +11210,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
     return FSDP_SUCCESS;
 }
 
-FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *c, int unit)
+FSDP__DEF fsdp_result fsdp__end_backward(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r, dr = FSDP_SUCCESS;
@@ -11531,7 +11590,7 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c)
     return r;
 }
 
-FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
+FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
 {
     fsdp_result r;
     int i, p, g;
@@ -11774,6 +11833,50 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
     cu->state = FSDP_UNIT_IDLE;
     fsdp__update_state(c);
     return FSDP_SUCCESS;
+}
+
+/* --- labels: which fsdp call a collective belongs to ----------------------
+   Set on every comm of the context for the length of the call, so that a
+   mismatch or timeout, even one found later on the comm stream, names the
+   call and the unit each rank was in; cleared after, so that a collective
+   of another call is not named after this one. */
+FSDP__DEF void fsdp__ctx_label(fsdp_ctx *c, const char *call, int unit)
+{
+    char label[FSDP_COLL_LABEL_MAX] = "";
+    if (call && unit >= 0 && unit < c->nunits)
+        snprintf(label, sizeof label, "%s of unit '%s'", call,
+                 c->u[unit].info->fqn[0] ? c->u[unit].info->fqn : "(root)");
+    else if (call)
+        snprintf(label, sizeof label, "%s", call);
+    fsdp_comm_set_label(c->world, label);
+    if (c->shard_comm) fsdp_comm_set_label(c->shard_comm, label);
+    if (c->rep_comm) fsdp_comm_set_label(c->rep_comm, label);
+}
+
+#define FSDP__LABELED_UNIT_CALL(name)                                                              \
+    FSDP_API fsdp_result fsdp_##name(fsdp_ctx *c, int unit)                                        \
+    {                                                                                              \
+        fsdp_result r;                                                                             \
+        if (!c) return FSDP_INVALID_ARGS;                                                          \
+        fsdp__ctx_label(c, #name, unit);                                                           \
+        r = fsdp__##name(c, unit);                                                                 \
+        fsdp__ctx_label(c, NULL, -1);                                                              \
+        return r;                                                                                  \
+    }
+FSDP__LABELED_UNIT_CALL(begin_forward)
+FSDP__LABELED_UNIT_CALL(end_forward)
+FSDP__LABELED_UNIT_CALL(begin_backward)
+FSDP__LABELED_UNIT_CALL(end_backward)
+#undef FSDP__LABELED_UNIT_CALL
+
+FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
+{
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    fsdp__ctx_label(c, "step", -1);
+    r = fsdp__step(c);
+    fsdp__ctx_label(c, NULL, -1);
+    return r;
 }
 
 /* >>runtime end */
