@@ -5136,8 +5136,48 @@ FSDP__DEF const void *const *fsdp__eng_strided(fsdp__eng *e, const void *base, s
     return e->blocks;
 }
 
-/* Scratch bytes a call needs (reductions over bytes only). */
-FSDP__DEF size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp_coll_desc *c)
+/* --- fingerprints in band ---------------------------------------------------
+   A separate fingerprint exchange before a small collective costs about as
+   much as the collective, so the fingerprint travels with the data: the
+   first transport call of every checked collective is an all-to-all whose
+   block for each peer is [the call's fsdp_coll_desc, padded to
+   FSDP__ENG_HDR][up to FSDP__ENG_INBAND / size payload bytes]. A small
+   all-gather (this rank's block to every peer) or reduce-scatter (slice j
+   to rank j) is done once the headers agree; a larger collective moves its
+   data after them, as before.
+
+   The blocks have the same size on every rank whatever each rank called:
+   a transport all-to-all or all-gather of mismatched sizes may fail
+   fatally (MPI's default error handler) or hang, and a mismatch must be
+   reported in words, naming both calls. The headers are compared before
+   any payload is used, so disagreeing ranks never read each other's data. */
+#define FSDP__ENG_HDR ((sizeof(fsdp_coll_desc) + 15) / 16 * 16)
+/* Bytes of payload in band, summed over the ranks: every checked call moves
+   this much, so it stays where a copy costs less than a round trip. */
+#define FSDP__ENG_INBAND ((size_t)16 << 10)
+
+/* The payload bytes per rank of a block on n ranks. */
+FSDP__DEF size_t fsdp__eng_block_payload(int n) { return FSDP__ENG_INBAND / (size_t)n / 16 * 16; }
+
+/* 1 when c is done by the in-band exchange alone. */
+FSDP__DEF int fsdp__eng_inband(const fsdp__eng *e, const fsdp_coll_desc *c)
+{
+    size_t es = fsdp_dtype_size(c->dt);
+    if (!e->check || e->size < 2 || e->native_run || !es || !c->count) return 0;
+    if (c->kind != FSDP_COLL_ALL_GATHER && c->kind != FSDP_COLL_REDUCE_SCATTER) return 0;
+    return c->count <= fsdp__eng_block_payload(e->size) / es;
+}
+
+/* The staging of the first exchange: send and receive, size blocks each. */
+FSDP__DEF size_t fsdp__eng_staging_bytes(const fsdp__eng *e)
+{
+    if (!e->check || e->size < 2 || e->native_run) return 0;
+    return 2 * (size_t)e->size * (FSDP__ENG_HDR + fsdp__eng_block_payload(e->size));
+}
+
+/* Scratch bytes the data movement of a call needs (reductions over bytes
+   only); the staging of the first exchange follows them. */
+FSDP__DEF size_t fsdp__eng_move_bytes(const fsdp__eng *e, const fsdp_coll_desc *c)
 {
     size_t es = fsdp_dtype_size(c->dt), n = (size_t)e->size, chunk;
     if (e->native_run) return 0;
@@ -5150,15 +5190,43 @@ FSDP__DEF size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp_coll_des
     return 0;
 }
 
-/* Compares every rank's fingerprint with rank 0's. */
-FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
+FSDP__DEF size_t fsdp__eng_scratch_bytes(const fsdp__eng *e, const fsdp_coll_desc *c)
+{
+    return fsdp__eng_staging_bytes(e) + (fsdp__eng_inband(e, c) ? 0 : fsdp__eng_move_bytes(e, c));
+}
+
+FSDP__DEF fsdp_result fsdp__eng_mismatch(const fsdp__eng *e, fsdp_error *err)
+{
+    char msg[FSDP_ERROR_MAX];
+    if (!fsdp_coll_mismatch(msg, sizeof msg, e->fps, e->size)) return FSDP_SUCCESS;
+    return fsdp_error_set(err, FSDP_COMM_MISMATCH, "%s; seen on rank %d%s", msg, e->rank, e->where);
+}
+
+/* The first exchange of a checked call (staging: fsdp__eng_staging_bytes):
+   every rank's fingerprint, compared with rank 0's, and for a small
+   all-gather or reduce-scatter the data itself (*done = 1). */
+FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                      void *recv, void *staging, double deadline, int *done,
                                       fsdp_error *err)
 {
-    char call[256], msg[FSDP_ERROR_MAX];
+    size_t H = FSDP__ENG_HDR, blk = H + fsdp__eng_block_payload(e->size), n = (size_t)e->size;
+    size_t bytes = c->count * fsdp_dtype_size(c->dt);
+    unsigned char *out = (unsigned char *)staging, *in = out + n * blk;
+    int inband = fsdp__eng_inband(e, c), j;
+    char call[256];
     fsdp_error xe;
     fsdp_result r;
+    *done = 0;
+    for (j = 0; j < e->size; j++) {
+        unsigned char *b = out + (size_t)j * blk;
+        memcpy(b, c, sizeof *c);
+        /* the rest is sent too: defined bytes, not whatever was there */
+        memset(b + sizeof *c, 0, blk - sizeof *c - (inband ? bytes : 0));
+        if (inband && c->kind == FSDP_COLL_ALL_GATHER) memcpy(b + H, send, bytes);
+        else if (inband) memcpy(b + H, (const unsigned char *)send + (size_t)j * bytes, bytes);
+    }
     memset(&xe, 0, sizeof xe);
-    r = e->xp.all_gather(e->t, c, e->fps, sizeof *c, deadline, &xe);
+    r = e->xp.all_to_all(e->t, out, in, blk, deadline, &xe);
     if (r != FSDP_SUCCESS) {
         fsdp__coll_describe_labeled(call, sizeof call, c);
         return fsdp_error_set(err, r, "%s on rank %d%s: %s%s", call, e->rank, e->where,
@@ -5166,8 +5234,18 @@ FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, dou
                                                      : "",
                               xe.message);
     }
-    if (!fsdp_coll_mismatch(msg, sizeof msg, e->fps, e->size)) return FSDP_SUCCESS;
-    return fsdp_error_set(err, FSDP_COMM_MISMATCH, "%s; seen on rank %d%s", msg, e->rank, e->where);
+    for (j = 0; j < e->size; j++) memcpy(&e->fps[j], in + (size_t)j * blk, sizeof *c);
+    r = fsdp__eng_mismatch(e, err);
+    if (r != FSDP_SUCCESS || !inband) return r;
+    *done = 1;
+    if (c->kind == FSDP_COLL_ALL_GATHER) {
+        for (j = 0; j < e->size; j++)
+            memcpy((unsigned char *)recv + (size_t)j * bytes, in + (size_t)j * blk + H, bytes);
+        return FSDP_SUCCESS;
+    }
+    fsdp_reduce_blocks(recv, c->dt, fsdp__eng_strided(e, in + H, blk), e->size, 0, c->count,
+                       c->op);
+    return FSDP_SUCCESS;
 }
 
 /* A reduce-scatter's chunk that arrived from every rank: sum it. */
@@ -5308,11 +5386,16 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
     fsdp_error xe;
     fsdp_result r;
     if (e->check && e->size > 1) {
-        r = fsdp__eng_check(e, c, deadline, err);
+        int done;
+        r = fsdp__eng_check(e, c, send, recv,
+                            (unsigned char *)scratch + fsdp__eng_move_bytes(e, c) *
+                                                           !fsdp__eng_inband(e, c),
+                            deadline, &done, err);
         if (r != FSDP_SUCCESS) {
             fsdp__eng_break(e, err);
             return r;
         }
+        if (done) return r;
     }
     memset(&xe, 0, sizeof xe);
     r = fsdp__eng_move(e, c, send, recv, scratch, deadline, &xe);
@@ -5506,9 +5589,22 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
     if ((r = fsdp__eng_turn(e, &c, err)) != FSDP_SUCCESS) goto done;
     pthread_mutex_unlock(e->omu);
     deadline = fsdp_deadline_ms(e->timeout_ms);
-    if (e->check && e->size > 1 && (r = fsdp__eng_check(e, &c, deadline, err)) != FSDP_SUCCESS) {
-        fsdp__eng_break(e, err);
-        goto done;
+    if (e->check && e->size > 1) {
+        /* splits are rare: their staging is not kept */
+        void *staging = fsdp__alloc(&e->hooks, fsdp__eng_staging_bytes(e));
+        int inband_done;
+        if (!staging) {
+            r = fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory", call,
+                               e->rank);
+            fsdp__eng_break(e, err); /* the peers wait for this rank's fingerprint */
+            goto done;
+        }
+        r = fsdp__eng_check(e, &c, NULL, NULL, staging, deadline, &inband_done, err);
+        fsdp__free(&e->hooks, staging);
+        if (r != FSDP_SUCCESS) {
+            fsdp__eng_break(e, err);
+            goto done;
+        }
     }
     memset(&xe, 0, sizeof xe);
     r = e->xp.split(e->t, color, key, deadline, &nt, &nrank, &nsize, &xe);
