@@ -3846,6 +3846,54 @@ typedef struct fsdp__cpu {
     fsdp_hooks hooks;
 } fsdp__cpu;
 
+/* --- spin, then park ---------------------------------------------------------
+   A hand-off between threads (rank thread to stream worker, worker to the
+   peers' workers, back to the rank thread) parked on a condition variable
+   costs a futex wake-up, tens of microseconds across cores, several times
+   per unit. A waiter therefore first watches the counter it waits on for
+   up to FSDP__SPIN_NS, then parks as before; the writer updates the
+   counter under the mutex as before (atomically, for the spinners) and
+   signals only when someone is parked. Bounded, so an idle worker burns
+   no core for long. Without GNU atomics (not GCC or Clang) there is no
+   spin and every wait parks. */
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__SPIN_NS 30000.0
+#define FSDP__LOAD_U64(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define FSDP__STORE_U64(p, v) __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#if defined(__x86_64__) || defined(__i386__)
+#define FSDP__PAUSE() __builtin_ia32_pause()
+#else
+#define FSDP__PAUSE() ((void)0)
+#endif
+/* 1 once *p >= want (ge) or *p != want (!ge), 0 when the spin ran out. */
+FSDP__DEF int fsdp__spin_u64(const uint64_t *p, uint64_t want, int ge)
+{
+    struct timespec t0, t;
+    int i;
+    timespec_get(&t0, TIME_UTC); /* C11; a clock step only cuts a spin short */
+    for (;;) {
+        for (i = 0; i < 16; i++) {
+            uint64_t v = FSDP__LOAD_U64(p);
+            if (ge ? v >= want : v != want) return 1;
+            FSDP__PAUSE();
+        }
+        sched_yield(); /* the thread we wait for may want this core */
+        timespec_get(&t, TIME_UTC);
+        if ((double)(t.tv_sec - t0.tv_sec) * 1e9 + (double)(t.tv_nsec - t0.tv_nsec) >
+            FSDP__SPIN_NS)
+            return 0;
+    }
+}
+#else
+#define FSDP__LOAD_U64(p) (*(p))
+#define FSDP__STORE_U64(p, v) (*(p) = (v))
+FSDP__DEF int fsdp__spin_u64(const uint64_t *p, uint64_t want, int ge)
+{
+    (void)p, (void)want, (void)ge;
+    return 0;
+}
+#endif
+
 enum { FSDP__T_TASK = 1, FSDP__T_RECORD, FSDP__T_WAIT };
 
 typedef struct fsdp__cpu_event {
@@ -3853,7 +3901,7 @@ typedef struct fsdp__cpu_event {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     uint64_t recorded;  /* generation of the last record */
-    uint64_t completed; /* highest generation reached */
+    uint64_t completed; /* highest generation reached (written atomically: spinners) */
     int refs;           /* queued records and waits that point here */
 } fsdp__cpu_event;
 
@@ -3876,8 +3924,9 @@ typedef struct fsdp__cpu_stream {
     pthread_cond_t work; /* the worker: a node or stop */
     pthread_cond_t idle; /* synchronize: progress */
     fsdp__cpu_node *head, *tail, *spare;
-    uint64_t pushed, done;
+    uint64_t pushed, done; /* written atomically under mu: spinners read them */
     int stop, sync_waiters;
+    int parked; /* the worker waits on `work` */
     fsdp_error sticky;
 } fsdp__cpu_stream;
 
@@ -3887,7 +3936,7 @@ typedef struct fsdp__cpu_stream {
 FSDP__DEF void fsdp__event_reach__cpu(fsdp__cpu_event *e, uint64_t gen, int drop_ref)
 {
     pthread_mutex_lock(&e->mu);
-    if (e->completed < gen) e->completed = gen;
+    if (e->completed < gen) FSDP__STORE_U64(&e->completed, gen);
     if (drop_ref) e->refs--;
     pthread_cond_broadcast(&e->cv);
     pthread_mutex_unlock(&e->mu);
@@ -3895,6 +3944,7 @@ FSDP__DEF void fsdp__event_reach__cpu(fsdp__cpu_event *e, uint64_t gen, int drop
 
 FSDP__DEF void fsdp__event_wait__cpu(fsdp__cpu_event *e, uint64_t gen, int drop_ref)
 {
+    fsdp__spin_u64(&e->completed, gen, 1);
     pthread_mutex_lock(&e->mu);
     while (e->completed < gen) pthread_cond_wait(&e->cv, &e->mu);
     if (drop_ref) {
@@ -3912,7 +3962,17 @@ FSDP__DEF void *fsdp__worker__cpu(void *arg)
     for (;;) {
         fsdp__cpu_node *n;
         fsdp_result r = FSDP_SUCCESS;
-        while (!s->head && !s->stop) pthread_cond_wait(&s->work, &s->mu);
+        if (!s->head && !s->stop) {
+            uint64_t seen = s->pushed;
+            pthread_mutex_unlock(&s->mu);
+            fsdp__spin_u64(&s->pushed, seen, 0);
+            pthread_mutex_lock(&s->mu);
+        }
+        while (!s->head && !s->stop) {
+            s->parked = 1;
+            pthread_cond_wait(&s->work, &s->mu);
+            s->parked = 0;
+        }
         if (!s->head) break; /* stopped and drained */
         n = s->head;
         s->head = n->next;
@@ -3937,7 +3997,7 @@ FSDP__DEF void *fsdp__worker__cpu(void *arg)
         }
         n->next = s->spare;
         s->spare = n;
-        s->done++;
+        FSDP__STORE_U64(&s->done, s->done + 1);
         if (s->sync_waiters) pthread_cond_broadcast(&s->idle);
     }
     pthread_mutex_unlock(&s->mu);
@@ -3975,8 +4035,8 @@ FSDP__DEF void fsdp__push__cpu(fsdp__cpu_stream *s, fsdp__cpu_node *n)
     if (s->tail) s->tail->next = n;
     else s->head = n;
     s->tail = n;
-    s->pushed++;
-    pthread_cond_signal(&s->work);
+    FSDP__STORE_U64(&s->pushed, s->pushed + 1);
+    if (s->parked) pthread_cond_signal(&s->work);
     pthread_mutex_unlock(&s->mu);
 }
 
@@ -4092,6 +4152,11 @@ FSDP__DEF fsdp_result fsdp__stream_synchronize__cpu(void *self, fsdp_stream *str
     pthread_mutex_lock(&s->mu);
     {
         uint64_t target = s->pushed;
+        if (s->done < target) {
+            pthread_mutex_unlock(&s->mu);
+            fsdp__spin_u64(&s->done, target, 1);
+            pthread_mutex_lock(&s->mu);
+        }
         s->sync_waiters++;
         while (s->done < target) pthread_cond_wait(&s->idle, &s->mu);
         s->sync_waiters--;
@@ -4198,6 +4263,11 @@ FSDP__DEF fsdp_result fsdp__event_synchronize__cpu(void *self, fsdp_event *event
     (void)err;
     pthread_mutex_lock(&e->mu);
     gen = e->recorded;
+    if (e->completed < gen) {
+        pthread_mutex_unlock(&e->mu);
+        fsdp__spin_u64(&e->completed, gen, 1);
+        pthread_mutex_lock(&e->mu);
+    }
     while (e->completed < gen) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
     return FSDP_SUCCESS;
@@ -5733,8 +5803,9 @@ typedef struct fsdp__local_group {
     pthread_mutex_t mu;
     pthread_cond_t cv;
     int refs; /* member comms of a split group; the world owns its own */
-    uint64_t phase;
+    uint64_t phase; /* written atomically under mu: spinners read it */
     int arrived;
+    int parked; /* ranks waiting on cv for a new phase */
     fsdp__local_slot *slots;
     fsdp_coll_desc *calls;
     const void **sends;
@@ -5827,8 +5898,8 @@ FSDP__DEF void fsdp__local_complete_arrival(fsdp__local_group *g)
     }
     for (j = 0; j < g->size; j++) g->slots[j].present = 0;
     g->arrived = 0;
-    g->phase++;
-    pthread_cond_broadcast(&g->cv);
+    FSDP__STORE_U64(&g->phase, g->phase + 1);
+    if (g->parked) pthread_cond_broadcast(&g->cv);
 }
 
 /* Under g->mu, by the first rank whose wait expired. */
@@ -5877,9 +5948,18 @@ FSDP__DEF fsdp_result fsdp__local_arrive(fsdp__eng *e, const fsdp_coll_desc *c, 
     if (++g->arrived == g->size) {
         fsdp__local_complete_arrival(g);
     } else {
-        struct timespec deadline = fsdp__cond_deadline(g->timeout_ms);
+        struct timespec deadline;
+        /* a failure breaks the group without a new phase: a spinner finds
+           it once it parks, and it parks at most FSDP__SPIN_NS later */
+        pthread_mutex_unlock(&g->mu);
+        fsdp__spin_u64(&g->phase, my, 0);
+        pthread_mutex_lock(&g->mu);
+        if (g->phase == my) deadline = fsdp__cond_deadline(g->timeout_ms);
         while (g->phase == my && g->broken.code == FSDP_SUCCESS) {
-            int rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+            int rc;
+            g->parked++;
+            rc = pthread_cond_timedwait(&g->cv, &g->mu, &deadline);
+            g->parked--;
             if (rc == ETIMEDOUT && g->phase == my && g->broken.code == FSDP_SUCCESS)
                 fsdp__local_break_timeout(e, g, c);
         }
@@ -5903,10 +5983,17 @@ FSDP__DEF void fsdp__local_step(fsdp__local_group *g)
     my = g->phase;
     if (++g->arrived == g->size) {
         g->arrived = 0;
-        g->phase++;
-        pthread_cond_broadcast(&g->cv);
+        FSDP__STORE_U64(&g->phase, g->phase + 1);
+        if (g->parked) pthread_cond_broadcast(&g->cv);
     } else {
-        while (g->phase == my) pthread_cond_wait(&g->cv, &g->mu);
+        pthread_mutex_unlock(&g->mu);
+        fsdp__spin_u64(&g->phase, my, 0);
+        pthread_mutex_lock(&g->mu);
+        while (g->phase == my) {
+            g->parked++;
+            pthread_cond_wait(&g->cv, &g->mu);
+            g->parked--;
+        }
     }
     pthread_mutex_unlock(&g->mu);
 }
