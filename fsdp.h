@@ -422,6 +422,13 @@ typedef struct fsdp_device_vtable {
                               fsdp_error *err);
     /* self is destroyed with the device */
     void (*destroy)(void *self);
+    /* Optional: when nothing is queued on or running from s, runs fn(arg)
+       on the calling thread as if it had been queued there (a failure
+       sticks on s) and sets *ran = 1; else leaves *ran 0 and does nothing.
+       For short tasks, whose hand-off to a stream's worker costs more than
+       they do. */
+    fsdp_result (*launch_inline)(void *self, fsdp_stream *s, fsdp_task_fn fn, void *arg,
+                                 int *ran, fsdp_error *err);
 } fsdp_device_vtable;
 
 typedef struct fsdp_memory_stats {
@@ -470,6 +477,12 @@ FSDP_API fsdp_result fsdp_stream_wait_event(fsdp_device *dev, fsdp_stream *s, fs
 FSDP_API fsdp_result fsdp_event_synchronize(fsdp_device *dev, fsdp_event *e);
 FSDP_API fsdp_result fsdp_device_launch(fsdp_device *dev, fsdp_stream *s, fsdp_task_fn fn,
                                         void *arg);
+/* fsdp_device_launch of a short task, which a device whose stream s is idle
+   may run on the calling thread instead (the vtable's launch_inline): the
+   task is then done when the call returns, and its failure sticks on s
+   as a queued task's would. The call returns what launching returns. */
+FSDP_API fsdp_result fsdp_device_launch_short(fsdp_device *dev, fsdp_stream *s, fsdp_task_fn fn,
+                                              void *arg);
 FSDP_API fsdp_result fsdp_device_copy(fsdp_device *dev, void *dst, const void *src,
                                       size_t bytes, fsdp_copy_kind kind, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_memset(fsdp_device *dev, void *dst, int value, size_t bytes,
@@ -3587,6 +3600,20 @@ FSDP_API fsdp_result fsdp_device_launch(fsdp_device *dev, fsdp_stream *s, fsdp_t
                              "fsdp_device_launch");
 }
 
+FSDP_API fsdp_result fsdp_device_launch_short(fsdp_device *dev, fsdp_stream *s, fsdp_task_fn fn,
+                                              void *arg)
+{
+    fsdp_error e;
+    fsdp_result r;
+    int ran = 0;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!fn || !s || !dev->vt.launch_inline) return fsdp_device_launch(dev, s, fn, arg);
+    fsdp__clear(&e);
+    r = dev->vt.launch_inline(dev->self, s, fn, arg, &ran, &e);
+    if (r != FSDP_SUCCESS || ran) return fsdp__device_done(dev, r, &e, "fsdp_device_launch_short");
+    return fsdp_device_launch(dev, s, fn, arg);
+}
+
 FSDP_API fsdp_result fsdp_device_copy(fsdp_device *dev, void *dst, const void *src,
                                       size_t bytes, fsdp_copy_kind kind, fsdp_stream *s)
 {
@@ -3927,6 +3954,7 @@ typedef struct fsdp__cpu_stream {
     uint64_t pushed, done; /* written atomically under mu: spinners read them */
     int stop, sync_waiters;
     int parked; /* the worker waits on `work` */
+    int busy;   /* the worker runs a node, or the caller an inline task */
     fsdp_error sticky;
 } fsdp__cpu_stream;
 
@@ -3974,6 +4002,13 @@ FSDP__DEF void *fsdp__worker__cpu(void *arg)
             s->parked = 0;
         }
         if (!s->head) break; /* stopped and drained */
+        if (s->busy) { /* an inline task runs: wait for it */
+            s->parked = 1;
+            pthread_cond_wait(&s->work, &s->mu);
+            s->parked = 0;
+            continue;
+        }
+        s->busy = 1;
         n = s->head;
         s->head = n->next;
         if (!s->head) s->tail = NULL;
@@ -3997,6 +4032,7 @@ FSDP__DEF void *fsdp__worker__cpu(void *arg)
         }
         n->next = s->spare;
         s->spare = n;
+        s->busy = 0;
         FSDP__STORE_U64(&s->done, s->done + 1);
         if (s->sync_waiters) pthread_cond_broadcast(&s->idle);
     }
@@ -4052,6 +4088,43 @@ FSDP__DEF fsdp_result fsdp__submit__cpu(fsdp_stream *stream, fsdp__kernel *k, fs
     n->fn = fsdp__kernel_run;
     n->arg = &n->k;
     fsdp__push__cpu(s, n);
+    return FSDP_SUCCESS;
+}
+
+/* The vtable's launch_inline: counted as pushed and done like a node, so
+   synchronize and events see it; `busy` keeps the worker off the stream
+   while it runs. */
+FSDP__DEF fsdp_result fsdp__launch_inline__cpu(void *self, fsdp_stream *stream, fsdp_task_fn fn,
+                                               void *arg, int *ran, fsdp_error *err)
+{
+    fsdp__cpu_stream *s = (fsdp__cpu_stream *)(void *)stream;
+    fsdp_error terr;
+    fsdp_result r;
+    (void)self;
+    (void)err;
+    *ran = 0;
+    pthread_mutex_lock(&s->mu);
+    if (s->head || s->busy || s->stop) {
+        pthread_mutex_unlock(&s->mu);
+        return FSDP_SUCCESS;
+    }
+    s->busy = 1;
+    FSDP__STORE_U64(&s->pushed, s->pushed + 1);
+    pthread_mutex_unlock(&s->mu);
+    fsdp__clear(&terr);
+    r = fn(arg, &terr);
+    pthread_mutex_lock(&s->mu);
+    if (r != FSDP_SUCCESS && s->sticky.code == FSDP_SUCCESS) {
+        if (terr.message[0]) fsdp__error_set(&s->sticky, r, terr.message);
+        else fsdp__fail(&s->sticky, NULL, r, "a task on a cpu stream failed: %s",
+                        fsdp_result_string(r));
+    }
+    s->busy = 0;
+    FSDP__STORE_U64(&s->done, s->done + 1);
+    if (s->sync_waiters) pthread_cond_broadcast(&s->idle);
+    if (s->head && s->parked) pthread_cond_signal(&s->work); /* pushed meanwhile */
+    pthread_mutex_unlock(&s->mu);
+    *ran = 1;
     return FSDP_SUCCESS;
 }
 
@@ -4210,6 +4283,18 @@ FSDP__DEF fsdp_result fsdp__event_record__cpu(void *self, fsdp_event *event, fsd
         fsdp__event_reach__cpu(e, gen, 0);
         return FSDP_SUCCESS;
     }
+    pthread_mutex_lock(&s->mu);
+    if (!s->head && !s->busy) {
+        /* everything queued before ran already: reached now, without
+           waking the worker (tiny collectives run inline, then record) */
+        pthread_mutex_lock(&e->mu);
+        gen = ++e->recorded;
+        pthread_mutex_unlock(&e->mu);
+        fsdp__event_reach__cpu(e, gen, 0);
+        pthread_mutex_unlock(&s->mu);
+        return FSDP_SUCCESS;
+    }
+    pthread_mutex_unlock(&s->mu);
     n = fsdp__node_get__cpu(s, err);
     if (!n) return FSDP_OUT_OF_MEMORY;
     pthread_mutex_lock(&e->mu);
@@ -4242,9 +4327,10 @@ FSDP__DEF fsdp_result fsdp__stream_wait_event__cpu(void *self, fsdp_stream *stre
     if (!n) return FSDP_OUT_OF_MEMORY;
     pthread_mutex_lock(&e->mu);
     gen = e->recorded; /* the record to wait for is fixed now, as in CUDA */
+    if (gen && e->completed >= gen) gen = 0; /* reached already */
     if (gen) e->refs++;
     pthread_mutex_unlock(&e->mu);
-    if (!gen) { /* never recorded: nothing to wait for */
+    if (!gen) { /* never recorded, or reached: nothing to wait for */
         fsdp__node_unget__cpu(s, n);
         return FSDP_SUCCESS;
     }
@@ -4489,6 +4575,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     vt.stream_wait_event = fsdp__stream_wait_event__cpu;
     vt.event_synchronize = fsdp__event_synchronize__cpu;
     vt.launch = fsdp__launch__cpu;
+    vt.launch_inline = fsdp__launch_inline__cpu;
     vt.copy = fsdp__copy__cpu;
     vt.memset = fsdp__memset__cpu;
     vt.cast = fsdp__cast__cpu;
@@ -5573,7 +5660,12 @@ FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const voi
     pthread_mutex_lock(&e->mu);
     e->inflight++;
     pthread_mutex_unlock(&e->mu);
-    r = fsdp_device_launch(e->dev, s, fsdp__eng_task, op);
+    /* A tiny collective costs less than the hand-offs to the stream's worker
+       and back: on an idle stream it runs here (the device decides). */
+    if (c->count * fsdp_dtype_size(c->dt) * (size_t)e->size <= FSDP__ENG_INBAND)
+        r = fsdp_device_launch_short(e->dev, s, fsdp__eng_task, op);
+    else
+        r = fsdp_device_launch(e->dev, s, fsdp__eng_task, op);
     if (r != FSDP_SUCCESS) {
         e->issued--; /* it never ran and no peer saw the number */
         fsdp__eng_recycle(e, op, 1);
