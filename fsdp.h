@@ -560,7 +560,10 @@ FSDP_API int fsdp_comm_size(const fsdp_comm *comm);
 FSDP_API const char *fsdp_comm_name(const fsdp_comm *comm);
 FSDP_API const char *fsdp_comm_last_error(const fsdp_comm *comm);
 
-/* Collectives: Collective yes. Thread safety: one thread per comm. */
+/* Collectives: Collective yes. Thread safety: one thread per comm. On a
+   stream a collective may still run before the call returns: the local and
+   transport backends run one of at most 16 KiB on the calling thread when
+   the stream is idle (fsdp_device_launch_short), waiting for the peers. */
 FSDP_API fsdp_result fsdp_all_gather(fsdp_comm *comm, const void *send, void *recv,
                                      size_t count, fsdp_dtype dt, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_reduce_scatter(fsdp_comm *comm, const void *send, void *recv,
