@@ -383,6 +383,34 @@ static void test_mismatch(fsdp_comm *c)
     CHECK_RANK(res == FSDP_COMM_ABORTED || res == FSDP_COMM_MISMATCH, r,
                "a call after the mismatch gave %s", fsdp_result_string(res));
     fsdp_comm_destroy(dup);
+    /* different kinds, small (fingerprints in band) and large, named by
+       their labels on every rank */
+    {
+        static float big_send[4 * 8192], big_recv[4 * 8192];
+        int big;
+        for (big = 0; big < 2; big++) {
+            size_t count = big ? 8192 / (size_t)n : 4;
+            dup = NULL;
+            CHECK_RANK(fsdp_comm_split(c, 0, r, &dup) == FSDP_SUCCESS && dup, r,
+                       "split for a duplicate: %s", fsdp_comm_last_error(c));
+            if (!dup) return;
+            fsdp_comm_set_label(dup, r == 1 ? "end_backward of unit 'h.1'"
+                                            : "begin_forward of unit '(root)'");
+            if (r == 1)
+                res = fsdp_reduce_scatter(dup, big_send, big_recv, count, FSDP_F32,
+                                          FSDP_REDUCE_AVG, NULL);
+            else
+                res = fsdp_all_gather(dup, big_send, big_recv, count, FSDP_F32, NULL);
+            CHECK_RANK(res == FSDP_COMM_MISMATCH, r, "all_gather against reduce_scatter gave %s: %s",
+                       fsdp_result_string(res), fsdp_comm_last_error(dup));
+            CHECK_RANK(strstr(fsdp_comm_last_error(dup),
+                              "rank 0 called begin_forward of unit '(root)' (all_gather") &&
+                           strstr(fsdp_comm_last_error(dup),
+                                  "rank 1 called end_backward of unit 'h.1' (reduce_scatter"),
+                       r, "the message does not name both calls: %s", fsdp_comm_last_error(dup));
+            fsdp_comm_destroy(dup);
+        }
+    }
 }
 
 /* ---------------------------------------------------------------------- */

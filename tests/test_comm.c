@@ -626,6 +626,185 @@ static void test_mismatch(void)
     }
 }
 
+/* --- mismatches name the fsdp call and the unit ----------------------------- */
+
+static fsdp_init_spec init_normal(void *user, const char *fqn, int ndim, const int64_t *shape,
+                                  const char *module_type)
+{
+    fsdp_init_spec s;
+    (void)user, (void)fqn, (void)ndim, (void)shape, (void)module_type;
+    memset(&s, 0, sizeof s);
+    s.kind = FSDP_INIT_NORMAL;
+    s.b = 0.5;
+    return s;
+}
+
+/* Units "a", "b" and the root; one parameter each. */
+static int label_model(fsdp_model **m, fsdp_units **u)
+{
+    static const char *const lin[] = {"Linear"};
+    fsdp_param_desc p;
+    fsdp_wrap_policy pol;
+    fsdp_wrap_desc wd;
+    if (fsdp_model_create(NULL, m) != FSDP_SUCCESS) return 0;
+    fsdp_model_add_module(*m, "a", "Linear");
+    fsdp_model_add_module(*m, "b", "Linear");
+    memset(&p, 0, sizeof p);
+    p.module = "a", p.name = "weight", p.ndim = 1, p.shape[0] = 10;
+    fsdp_model_add_param(*m, &p);
+    p.module = "b", p.shape[0] = 6;
+    fsdp_model_add_param(*m, &p);
+    p.module = "", p.name = "scale", p.shape[0] = 4;
+    fsdp_model_add_param(*m, &p);
+    memset(&pol, 0, sizeof pol);
+    pol.kind = FSDP_WRAP_MODULE_TYPE;
+    pol.module_types = lin;
+    pol.n_module_types = 1;
+    memset(&wd, 0, sizeof wd);
+    wd.policy = &pol;
+    return fsdp_wrap(*m, &wd, u) == FSDP_SUCCESS && fsdp_units_count(*u) == 3;
+}
+
+static int unit_of(const fsdp_units *u, const char *fqn)
+{
+    int i;
+    for (i = 0; i < fsdp_units_count(u); i++)
+        if (!strcmp(fsdp_units_get(u, i)->fqn, fqn)) return i;
+    return -1;
+}
+
+/* Rank 1 skips unit b's backward: the first failure every rank sees names
+   what each rank called, as fsdp calls of units. */
+static int rank_main_label(int rank, int n, fsdp_local_world *w, void *user)
+{
+    shared *sh = (shared *)user;
+    fsdp_model *m = NULL;
+    fsdp_units *u = NULL;
+    fsdp_device *dev = NULL;
+    fsdp_comm *c = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_ctx_desc d;
+    fsdp_result r = FSDP_SUCCESS;
+    int root, ua, ub, k;
+    (void)n;
+    EXPECT(label_model(&m, &u));
+    EXPECT_EQ(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_comm_local_create(w, rank, dev, &c), FSDP_SUCCESS);
+    root = unit_of(u, ""), ua = unit_of(u, "a"), ub = unit_of(u, "b");
+    memset(&d, 0, sizeof d);
+    d.model = m, d.units = u, d.device = dev, d.comm = c;
+    d.optim = fsdp_optim_defaults(FSDP_SGD);
+    EXPECT_EQ(fsdp_ctx_create(&d, &ctx), FSDP_SUCCESS);
+    if (!ctx) return 1;
+    EXPECT_EQ(fsdp_init_params(ctx, 3, init_normal, NULL), FSDP_SUCCESS);
+    {
+        int fwd[3], bwd[3], nb = 0;
+        fwd[0] = root, fwd[1] = ua, fwd[2] = ub;
+        if (sh->mode == 1 || rank == 0) bwd[nb++] = ub; /* mode 1: a clean run */
+        bwd[nb++] = ua;
+        bwd[nb++] = root;
+        for (k = 0; k < 3 && r == FSDP_SUCCESS; k++) r = fsdp_begin_forward(ctx, fwd[k]);
+        for (k = 2; k >= 0 && r == FSDP_SUCCESS; k--) r = fsdp_end_forward(ctx, fwd[k]);
+        for (k = 0; k < nb && r == FSDP_SUCCESS; k++) {
+            r = fsdp_begin_backward(ctx, bwd[k]);
+            if (r == FSDP_SUCCESS) r = fsdp_end_backward(ctx, bwd[k]);
+        }
+        if (r == FSDP_SUCCESS) r = fsdp_step(ctx);
+    }
+    pthread_mutex_lock(&sh->mu);
+    sh->codes[rank] = r;
+    snprintf(sh->msgs[rank], sizeof sh->msgs[rank], "%s", r ? fsdp_ctx_last_error(ctx) : "");
+    pthread_mutex_unlock(&sh->mu);
+    fsdp_ctx_destroy(ctx);
+    fsdp_comm_destroy(c);
+    fsdp_device_destroy(dev);
+    fsdp_units_destroy(u);
+    fsdp_model_destroy(m);
+    return 0;
+}
+
+static void test_mismatch_names_calls(void)
+{
+    int mode, r;
+    for (mode = 1; mode <= 2; mode++) {
+        fsdp_local_desc desc;
+        shared sh;
+        shared_init(&sh, mode);
+        memset(&desc, 0, sizeof desc);
+        desc.nranks = 2;
+        desc.timeout_ms = 20000; /* a mismatch, not a timeout */
+        EXPECT_EQ(fsdp_local_run(&desc, rank_main_label, &sh, NULL), FSDP_SUCCESS);
+        for (r = 0; r < 2; r++) {
+            if (mode == 1) {
+                EXPECT_EQ(sh.codes[r], FSDP_SUCCESS);
+                continue;
+            }
+            EXPECT_EQ(sh.codes[r], FSDP_COMM_MISMATCH);
+            CHECK(strstr(sh.msgs[r], "rank 0 called begin_backward of unit 'b' (all_gather(count=3") &&
+                      strstr(sh.msgs[r], "rank 1 called begin_backward of unit 'a' (all_gather(count=5"),
+                  "rank %d's message does not name both fsdp calls and units: %s", r,
+                  sh.msgs[r]);
+        }
+        if (mode == 2) printf("mismatch message: %s\n", sh.msgs[1]);
+        shared_fini(&sh);
+    }
+}
+
+/* A label names a raw collective too, and a timeout names the call. */
+static int rank_main_label_raw(int rank, int n, fsdp_local_world *w, void *user)
+{
+    shared *sh = (shared *)user;
+    fsdp_comm *c = NULL;
+    float send[8] = {0}, recv[16];
+    fsdp_result r;
+    char long_label[200];
+    (void)n;
+    EXPECT_EQ(fsdp_comm_local_create(w, rank, NULL, &c), FSDP_SUCCESS);
+    if (!c) return 1;
+    memset(long_label, 'x', sizeof long_label - 1);
+    long_label[sizeof long_label - 1] = 0;
+    fsdp_comm_set_label(c, long_label); /* truncated, not overflowing */
+    fsdp_comm_set_label(c, NULL);
+    EXPECT_EQ(fsdp_barrier(c, NULL), FSDP_SUCCESS);
+    fsdp_comm_set_label(c, rank == 0 ? "first thing" : "second thing");
+    if (sh->mode == 1) {
+        r = fsdp_all_gather(c, send, recv, rank == 1 ? 3 : 4, FSDP_F32, NULL);
+    } else {
+        r = rank == 0 ? fsdp_all_gather(c, send, recv, 4, FSDP_F32, NULL) : FSDP_SUCCESS;
+        if (rank == 1) wait_done(sh, 1);
+    }
+    record(sh, rank, r, c);
+    if (sh->mode == 2 && rank == 0) mark_done(sh);
+    fsdp_comm_destroy(c);
+    return 0;
+}
+
+static void test_label_raw(void)
+{
+    int mode;
+    for (mode = 1; mode <= 2; mode++) {
+        fsdp_local_desc desc;
+        shared sh;
+        shared_init(&sh, mode);
+        memset(&desc, 0, sizeof desc);
+        desc.nranks = 2;
+        desc.timeout_ms = mode == 1 ? 20000 : 200;
+        EXPECT_EQ(fsdp_local_run(&desc, rank_main_label_raw, &sh, NULL), FSDP_SUCCESS);
+        if (mode == 1) {
+            EXPECT_EQ(sh.codes[0], FSDP_COMM_MISMATCH);
+            CHECK(strstr(sh.msgs[0], "rank 0 called first thing (all_gather(count=4") &&
+                      strstr(sh.msgs[0], "rank 1 called second thing (all_gather(count=3"),
+                  "labels missing: %s", sh.msgs[0]);
+        } else {
+            EXPECT_EQ(sh.codes[0], FSDP_COMM_TIMEOUT);
+            CHECK(strstr(sh.msgs[0], "first thing (all_gather #2") &&
+                      strstr(sh.msgs[0], "rank 1 did not arrive (its last collective was #1)"),
+                  "timeout does not name the calls: %s", sh.msgs[0]);
+        }
+        shared_fini(&sh);
+    }
+}
+
 /* --- asynchronous failures -------------------------------------------------- */
 
 /* mode 1: mismatch on a stream; mode 2: rank 1 never issues (timeout) */
@@ -905,6 +1084,8 @@ static const check_case CASES[] = {
     {"world_sizes", test_world_sizes},
     {"split", test_split},
     {"mismatch", test_mismatch},
+    {"mismatch_names_calls", test_mismatch_names_calls},
+    {"label_raw", test_label_raw},
     {"timeout", test_timeout},
     {"async_failure", test_async_failure},
 };
