@@ -530,7 +530,7 @@ struct TcpStore : KV {
                         close(s);
                         freeaddrinfo(res);
                         throw Failure(FSDP_GLOO_INVALID,
-                                      "rank " + str(rank) + ": " + addr + ":" + str(port) +
+                                      "fsdp_gloo_connect on rank " + str(rank) + ": " + addr + ":" + str(port) +
                                           " answers, but is not an fsdp.h Gloo store (another "
                                           "program, or another job's rank 0 is still greeting): "
                                           "give this job another port (master_port, MASTER_PORT, "
@@ -543,7 +543,7 @@ struct TcpStore : KV {
             }
             if (dl.passed())
                 throw Failure(FSDP_GLOO_TIMEOUT,
-                              "rank " + str(rank) + ": no TCP store at " + addr + ":" + str(port) +
+                              "fsdp_gloo_connect on rank " + str(rank) + ": no TCP store at " + addr + ":" + str(port) +
                                   " within the timeout (last attempt: " + last +
                                   "): rank 0 was not started, has failed, or master_addr does "
                                   "not name rank 0's host as this host reaches it");
@@ -626,7 +626,7 @@ std::shared_ptr<gloo::transport::Device> make_device(const fsdp_gloo_opts *o, st
     try {
         return gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception &e) {
-        throw Failure(FSDP_GLOO_INVALID, "cannot listen on " + *how + ": " + e.what() + "; " + hint);
+        throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect: cannot listen on " + *how + ": " + e.what() + "; " + hint);
     }
 }
 
@@ -729,7 +729,7 @@ void connect_mesh(fsdp_gloo_ctx *c, const Deadline &dl, int timeout_ms)
         while (!c->store->get(c->keys + "/mesh/" + str(j), &theirs)) {
             if (dl.passed())
                 throw Failure(FSDP_GLOO_TIMEOUT,
-                              "rank " + str(c->rank) + ": " + peer(c, j) +
+                              "fsdp_gloo_connect on rank " + str(c->rank) + ": " + peer(c, j) +
                                   " did not publish its connection addresses within " +
                                   str(timeout_ms) + " ms (" + c->store->where() + ")");
             std::this_thread::sleep_for(std::chrono::milliseconds(5));
@@ -748,7 +748,7 @@ void connect_mesh(fsdp_gloo_ctx *c, const Deadline &dl, int timeout_ms)
             off += 4 + n;
         }
         if (addr.empty())
-            throw Failure(FSDP_GLOO_ERROR, "rank " + str(c->rank) + ": " + peer(c, j) +
+            throw Failure(FSDP_GLOO_ERROR, "fsdp_gloo_connect on rank " + str(c->rank) + ": " + peer(c, j) +
                                                " published a malformed address list");
         try {
             tc->getPair(j)->connect(addr);
@@ -756,7 +756,7 @@ void connect_mesh(fsdp_gloo_ctx *c, const Deadline &dl, int timeout_ms)
             std::string m = e.what();
             bool to = m.find("imeout") != std::string::npos || m.find("imed out") != std::string::npos;
             throw Failure(to ? FSDP_GLOO_TIMEOUT : FSDP_GLOO_ERROR,
-                          "rank " + str(c->rank) + ": connecting to " + peer(c, j) + " failed" +
+                          "fsdp_gloo_connect on rank " + str(c->rank) + ": connecting to " + peer(c, j) + " failed" +
                               (to ? " within " + str(timeout_ms) + " ms" : std::string()) + ": " +
                               m + "; if that address is not reachable from this host, start " +
                               "that rank with host (--host ADDR) set to an address the other "
@@ -803,8 +803,8 @@ std::string describe(const std::string &rec)
 
 std::string use_another(const fsdp_gloo_ctx *)
 {
-    return "give each job its own prefix (prefix, train_gpt --prefix) or store (store_dir / "
-           "--store-dir, or master_port / --master HOST:PORT)";
+    return "give each job its own prefix (fsdp_gloo_desc.prefix; the examples' --prefix) or "
+           "store (store_dir, --store-dir; master_port, --master HOST:PORT)";
 }
 
 // Rank 0: the job record, created exclusively; a dead job's is taken over.
@@ -821,7 +821,8 @@ void start_job(fsdp_gloo_ctx *c, const fsdp_gloo_opts *o)
         if (!kv.get(key, &old)) continue; // just ended
         if (attempt > 20 || !record_dead(kv, key, old, &why))
             throw Failure(FSDP_GLOO_INVALID,
-                          "rank 0: " + kv.where() + ", prefix " + c->prefix + " is in use by " +
+                          "fsdp_gloo_connect on rank 0: " + kv.where() + ", prefix " + c->prefix +
+                              " is in use by " +
                               describe(old) + ", which is still running; two jobs never share "
                               "a prefix: " + use_another(c) + ", or wait for that job to end");
         // a dead job: move its record aside (one taker wins), then its keys
@@ -898,7 +899,7 @@ void join_job(fsdp_gloo_ctx *c, const fsdp_gloo_opts *o, const Deadline &dl, int
                     missing.push_back(k);
         if (!joined.empty() && missing.empty()) break;
         if (dl.passed()) {
-            std::string m = "rank " + str(c->rank) + ": ";
+            std::string m = "fsdp_gloo_connect on rank " + str(c->rank) + ": ";
             if (!joined.empty()) {
                 m = "fsdp_gloo_connect on rank " + str(c->rank) + ": " + rank_list(missing) +
                     " of " + str(c->size) + " did not arrive within " + str(timeout_ms) +
