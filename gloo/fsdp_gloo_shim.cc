@@ -24,6 +24,7 @@
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -622,6 +623,47 @@ std::shared_ptr<gloo::transport::Device> make_device(const fsdp_gloo_opts *o, st
             *how = "address 127.0.0.1 (loopback: the host name " + h +
                    " has no address this machine can listen on)";
         }
+    }
+    // Check first what Gloo would throw on: its throwing paths leak (the
+    // Debian snapshot does not free getaddrinfo's / getifaddrs' lists there)
+    if (!attr.iface.empty()) {
+        struct ifaddrs *ifs = nullptr;
+        bool found = false;
+        if (getifaddrs(&ifs) == 0) {
+            for (struct ifaddrs *i = ifs; i; i = i->ifa_next)
+                if (i->ifa_addr && attr.iface == i->ifa_name &&
+                    (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6))
+                    found = true;
+            freeifaddrs(ifs);
+        }
+        if (!found)
+            throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect: cannot listen on " + *how +
+                                                 ": no such interface with an IP address "
+                                                 "(see ip -br addr); " + hint);
+    } else {
+        struct addrinfo hints, *res = nullptr;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        int g = getaddrinfo(attr.hostname.c_str(), nullptr, &hints, &res);
+        if (g != 0)
+            throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect: cannot listen on " + *how +
+                                                 ": cannot resolve it (" + gai_strerror(g) +
+                                                 "); " + hint);
+        std::string why = "no address";
+        bool ok = false;
+        for (struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+            int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+            if (fd < 0) continue;
+            if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) ok = true;
+            else why = strerror(errno);
+            close(fd);
+        }
+        freeaddrinfo(res);
+        if (!ok)
+            throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect: cannot listen on " + *how +
+                                                 ": " + why + " (not an address of this "
+                                                 "machine?); " + hint);
     }
     try {
         return gloo::transport::tcp::CreateDevice(attr);
