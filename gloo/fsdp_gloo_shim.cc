@@ -488,7 +488,9 @@ struct TcpStore : KV {
     std::unique_ptr<TcpServer> server; // rank 0's
     std::mutex mu;
 
-    TcpStore(const std::string &a, int p, int rank, const Deadline &dl) : addr(a), port(p)
+    int timeout_ms;
+    TcpStore(const std::string &a, int p, int rank, const Deadline &dl, int t)
+        : addr(a), port(p), timeout_ms(t)
     {
         if (rank == 0) {
             server.reset(new TcpServer);
@@ -518,7 +520,13 @@ struct TcpStore : KV {
                     if (s < 0) continue;
                     if (::connect(s, ai->ai_addr, ai->ai_addrlen) == 0) {
                         char g8[8];
-                        struct timeval tv = {10, 0};
+                        // a store that stops answering fails a call within the timeout
+                        struct timeval tv = {0, 0};
+                        if (!dl.forever) {
+                            long ms = std::max(1000L, (long)timeout_ms);
+                            tv.tv_sec = ms / 1000;
+                            tv.tv_usec = (ms % 1000) * 1000;
+                        }
                         setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
                         int one = 1;
                         setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -1030,7 +1038,8 @@ extern "C" int fsdp_gloo_connect_opts(const fsdp_gloo_opts *o, fsdp_gloo_ctx **o
         size_t at = c->address.find("addr=");
         if (at != std::string::npos) c->address = c->address.substr(at + 5);
         if (dir) c->store = std::make_shared<DirStore>(o->store_dir);
-        else c->store = std::make_shared<TcpStore>(o->master_addr, o->master_port, o->rank, dl);
+        else c->store = std::make_shared<TcpStore>(o->master_addr, o->master_port, o->rank, dl,
+                                                   o->timeout_ms);
         if (c->rank == 0) start_job(c.get(), o);
         join_job(c.get(), o, dl, o->timeout_ms);
         connect_mesh(c.get(), dl, o->timeout_ms);
