@@ -680,10 +680,14 @@ std::shared_ptr<gloo::transport::Device> make_device(const fsdp_gloo_opts *o, st
     }
 }
 
+// a is Gloo's "[ADDR]" or "[ADDR]:PORT", or a bare address
 bool is_loopback(const std::string &a)
 {
-    return a.find("127.") != std::string::npos || a.find("::1]") != std::string::npos ||
-           a == "::1";
+    std::string h = a;
+    if (!h.empty() && h[0] == '[') h = h.substr(1, h.find(']') == std::string::npos
+                                                       ? std::string::npos
+                                                       : h.find(']') - 1);
+    return h.compare(0, 4, "127.") == 0 || h == "::1" || h == "::ffff:127.0.0.1";
 }
 
 // ---------------------------------------------------------------- the mesh

@@ -17,7 +17,9 @@
    address that is not this machine's are refused naming them and the way
    to choose another. first_connect_timeout: a peer that published its
    address and never connects costs the timeout, not 5x. collective_names_rank:
-   a collective that times out names the rank that never came. */
+   a collective that times out names the rank that never came.
+   loopback_across_hosts: a rank on 127.0.0.1 in a job spanning hosts is
+   refused, named. */
 #define _XOPEN_SOURCE 700
 #include "fsdp.h"
 #include "check.h"
@@ -482,6 +484,16 @@ static void test_addresses(void)
     drop_dir();
 }
 
+/* The directories of job id's hellos (rank 0 may not have made them yet). */
+static void mkdir_hello(const char *id)
+{
+    char p[800];
+    snprintf(p, sizeof p, "%s/main/%s", g_dir, id);
+    mkdir(p, 0777);
+    snprintf(p, sizeof p, "%s/main/%s/hello", g_dir, id);
+    mkdir(p, 0777);
+}
+
 /* A fake rank 1 that publishes itself and an address that accepts TCP
    connections but never speaks Gloo: rank 0's first connection must give
    up within its timeout. */
@@ -532,6 +544,7 @@ static void test_first_connect_timeout(void)
         memset(&ga, 0, sizeof ga);
         memcpy(&ga.ss, &a, sizeof a);
         ga.seq = 0;
+        mkdir_hello(id);
         snprintf(p, sizeof p, "%s/main/%s/hello/1", g_dir, id);
         f = fopen(p, "w");
         if (f) {
@@ -553,6 +566,47 @@ static void test_first_connect_timeout(void)
     }
     CHECK(reap(r0, 0), "rank 0 against a peer that never connects (see above)");
     if (lfd >= 0) close(lfd);
+    drop_dir();
+}
+
+/* Rank 0 on 127.0.0.1, its peer (a fake hello) on another host: refused at
+   once, naming the loopback rank and the way out, instead of "Connection
+   refused" later. */
+static void test_loopback_across_hosts(void)
+{
+    char p[800], id[64] = {0}, line[128];
+    rank_spec s;
+    pid_t r0;
+    FILE *f;
+    double until;
+    make_dir();
+    s = spec(0, 2);
+    s.host = "127.0.0.1";
+    s.timeout_ms = 5000;
+    s.expect = FSDP_INVALID_ARGS;
+    s.want = "rank 0 listens on a loopback address";
+    s.max_ms = 4000;
+    r0 = spawn(&s);
+    snprintf(p, sizeof p, "%s/main/job", g_dir);
+    until = now_ms() + 10000;
+    while (!id[0] && now_ms() < until) {
+        f = fopen(p, "r");
+        if (f) {
+            while (fgets(line, sizeof line, f))
+                if (!strncmp(line, "id=", 3)) sscanf(line + 3, "%63s", id);
+            fclose(f);
+        }
+        if (!id[0]) sleep_ms(5);
+    }
+    CHECK(id[0] != 0, "rank 0 wrote no job record");
+    mkdir_hello(id);
+    snprintf(p, sizeof p, "%s/main/%s/hello/1", g_dir, id);
+    f = id[0] ? fopen(p, "w") : NULL;
+    if (f) {
+        fprintf(f, "size=2\nhost=some-other-host\naddr=[10.127.0.9]\npid=1\n");
+        fclose(f);
+    }
+    CHECK(reap(r0, 0), "rank 0 with a peer on another host (see above)");
     drop_dir();
 }
 
@@ -609,6 +663,7 @@ static const check_case CASES[] = {
     {"addresses", test_addresses},
     {"first_connect_timeout", test_first_connect_timeout},
     {"collective_names_rank", test_collective_names_rank},
+    {"loopback_across_hosts", test_loopback_across_hosts},
 };
 
 int main(int argc, char **argv)
