@@ -10,7 +10,8 @@
 set -u
 . "$(dirname "$0")/train_check.sh"
 exe=${1:?usage: check_gloo_jobs.sh path/to/train_gpt}
-args="--ranks 2 --steps 40 --quiet"
+small="--layers 1 --dim 32 --heads 4 --batch 32 --ntest 32 --eval-every 0 --seed 5 --quiet"
+args="--ranks 2 --steps 10 $small"
 dir=$(mktemp -d "${TMPDIR:-/tmp}/gloo_jobs_XXXXXX")
 trap 'rm -rf "$dir"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
@@ -18,9 +19,9 @@ fail() { echo "FAIL: $*"; exit 1; }
 run_loss local "$exe" $args --backend local
 
 # job A, held long enough for job B to try
-"$exe" --ranks 2 --steps 100 --quiet --backend gloo --rank 1 --store-dir "$dir" >"$dir.a1" 2>&1 &
+"$exe" --ranks 2 --steps 400 $small --backend gloo --rank 1 --store-dir "$dir" >"$dir.a1" 2>&1 &
 a1=$!
-"$exe" --ranks 2 --steps 100 --quiet --backend gloo --rank 0 --store-dir "$dir" >"$dir.a0" 2>&1 &
+"$exe" --ranks 2 --steps 400 $small --backend gloo --rank 0 --store-dir "$dir" >"$dir.a0" 2>&1 &
 a0=$!
 i=0
 while [ ! -f "$dir/train_gpt/job" ] && [ $i -lt 400 ]; do sleep 0.05; i=$((i + 1)); done
