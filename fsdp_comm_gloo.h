@@ -12,11 +12,38 @@
 
    Usage (start one process per rank yourself: a shell loop, a scheduler):
        fsdp_gloo_desc d = {0};
-       d.store_dir = "/shared/run42";   (exists, visible to every rank)
-       d.prefix = "job42";              (fresh per run: keys are never reused)
-       d.host = "10.0.0.5";             (this rank's address; NULL: 127.0.0.1)
+       d.store_dir = "/shared/run42";   (exists, visible to every rank), or
+       d.master_addr = "node0"; d.master_port = 29500;   (TCP: rank 0 serves)
        d.rank = r; d.size = n; d.dev = dev;
        fsdp_comm_gloo_create(&d, &comm);
+
+   Rendezvous. A directory every rank sees (store_dir), or a TCP store that
+   rank 0 serves on master_addr:master_port (torchrun's MASTER_ADDR /
+   MASTER_PORT, read from the environment when neither store_dir nor
+   master_addr is set; the port defaults to 29500). Rank 0 binds the port
+   on every address of its host.
+
+   Jobs. One job at a time per store and prefix (NULL prefix: "fsdp").
+   Rank 0 creates the job's record (a fresh job id, or job_id) exclusively;
+   every other rank reads it and claims its rank in that job once, so two
+   jobs never form one world: a second job's rank 0 fails at once naming
+   the running job and what to change, its other ranks fail at the timeout
+   (their rank is taken). A TCP store's job lives in rank 0 (a second job
+   on the same port: "address in use"). When rank 0 destroys the comm, the
+   job's keys and record go: the prefix can be reused by the next job. A
+   record left by a crashed job is taken over by the next rank 0 when its
+   rank 0 ran on the same host and is gone, or its heartbeat (rank 0
+   touches the record every second) is more than 10 s old. Two jobs whose
+   ranks meet at the same moment on one prefix cannot be told apart without
+   a job_id: give one (the same on every rank) where a scheduler has one.
+
+   Addresses (as torch's Gloo process group): ifname or
+   $GLOO_SOCKET_IFNAME names the interface; else host; else (NULL or
+   "0.0.0.0") the address the host name resolves to, if this machine can
+   listen on it, else 127.0.0.1 (a sandbox without DNS: single host only).
+   A rank on a loopback address in a job whose ranks run on several hosts
+   is refused naming it; an address that cannot be listened on or reached
+   gives an error naming it and host / GLOO_SOCKET_IFNAME.
 
    Semantics: those of the comm vtable in fsdp.h, run by fsdp.h's engine
    like the local backend and fsdp_comm_mpi.h: program order, asynchronous on d.dev's streams (NULL
@@ -26,9 +53,10 @@
    the next one travels; all_reduce pads to a multiple of the
    world size for the alltoall, then all-gathers.
 
-   Failures, each an error within the timeout (d.timeout_ms, default 30 s),
-   never a hang:
+   Failures, each an error within the timeout (d.timeout_ms, default 30 s;
+   also the first connection's), never a hang:
    - a rank that never arrives at create: FSDP_COMM_TIMEOUT naming it;
+   - a collective that times out names the ranks whose data did not come;
    - ranks started with different world sizes: FSDP_INVALID_ARGS naming the
      rank that disagrees (on every rank that sees it);
    - a peer that exits or crashes later: its TCP connections close and the
@@ -49,19 +77,31 @@ extern "C" {
 typedef struct fsdp_gloo_desc {
     fsdp_hooks hooks;
     fsdp_device *dev;           /* runs asynchronous collectives; NULL: stream-less only */
-    const char *store_dir;      /* an existing directory every rank sees (required) */
-    const char *prefix;         /* keys' prefix, fresh per run; NULL: "fsdp" */
-    const char *host;           /* address to listen on; NULL: "127.0.0.1" */
+    const char *store_dir;      /* an existing directory every rank sees (or master_addr) */
+    const char *prefix;         /* keys' prefix: one job at a time per prefix; NULL: "fsdp" */
+    const char *host;           /* address to listen on; NULL or "0.0.0.0": the host name's
+                                   address (127.0.0.1 when it has none) */
     int rank, size;
     int timeout_ms;             /* 0: 30000; negative: wait forever */
     int disable_mismatch_check; /* every rank must pass the same value */
+    /* Additions; zero keeps the behaviour above. */
+    const char *master_addr;    /* TCP rendezvous, no shared directory: rank 0's host (it
+                                   serves the store); NULL: $MASTER_ADDR when store_dir is
+                                   NULL too */
+    int master_port;            /* the store's port; 0: $MASTER_PORT, else 29500 */
+    const char *ifname;         /* listen on this network interface (wins over host);
+                                   NULL: $GLOO_SOCKET_IFNAME */
+    const char *job_id;         /* optional, the same on every rank of one job (a scheduler's
+                                   job id): ranks then never join another job's rank 0, even
+                                   when two jobs meet at once; NULL: rank 0 makes one up */
 } fsdp_gloo_desc;
 
 /* Rendezvous and a full TCP mesh of desc->size ranks.
    Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS (bad desc, different world
-   sizes or options across ranks); FSDP_COMM_TIMEOUT (a rank did not
-   arrive: named in desc->hooks.error); FSDP_COMM_ERROR; FSDP_OUT_OF_MEMORY.
-   Collective: yes. Thread safety: one thread per call. */
+   sizes or options across ranks, the store and prefix in use by another
+   live job, an address this rank cannot listen on); FSDP_COMM_TIMEOUT (a
+   rank did not arrive: named in desc->hooks.error); FSDP_COMM_ERROR;
+   FSDP_OUT_OF_MEMORY. Collective: yes. Thread safety: one thread per call. */
 FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm **out);
 
 #ifndef FSDP_NO_DEPRECATED
@@ -85,6 +125,7 @@ FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm
 #include "gloo/fsdp_gloo_shim.h"
 
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #define FSDP__GLO static FSDP__UNUSED
@@ -175,15 +216,38 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
 {
     char msg[FSDP_ERROR_MAX];
     fsdp_gloo_ctx *g = NULL;
+    fsdp_gloo_opts o;
     fsdp_transport_desc td;
     const fsdp_hooks *h = desc ? &desc->hooks : NULL;
     int rc, timeout, check, *all;
     if (!out) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: out is NULL");
     *out = NULL;
     if (!desc) return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: desc is NULL");
-    if (!desc->store_dir || !desc->store_dir[0])
-        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: store_dir is "
-                               "not set (an existing directory every rank sees)");
+    memset(&o, 0, sizeof o);
+    o.store_dir = desc->store_dir && desc->store_dir[0] ? desc->store_dir : NULL;
+    o.master_addr = desc->master_addr && desc->master_addr[0] ? desc->master_addr : NULL;
+    o.master_port = desc->master_port;
+    if (!o.store_dir && !o.master_addr) {
+        o.master_addr = getenv("MASTER_ADDR");
+        if (o.master_addr && !o.master_addr[0]) o.master_addr = NULL;
+    }
+    if (o.store_dir && o.master_addr)
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: both store_dir "
+                               "(%s) and master_addr (%s) are set; set one", o.store_dir,
+                               o.master_addr);
+    if (!o.store_dir && !o.master_addr)
+        return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: no rendezvous: "
+                               "set store_dir (an existing directory every rank sees) or "
+                               "master_addr (rank 0's host; or $MASTER_ADDR)");
+    if (o.master_addr && o.master_port == 0) {
+        const char *p = getenv("MASTER_PORT");
+        char *end = NULL;
+        long v = p && *p ? strtol(p, &end, 10) : 29500;
+        if (p && *p && (*end || v < 1 || v > 65535))
+            return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: MASTER_PORT "
+                                   "'%s' is not a port number", p);
+        o.master_port = (int)v;
+    }
     if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
         return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: rank %d is "
                                "not in [0, %d)", desc->rank, desc->size);
@@ -192,12 +256,19 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
                                "allocator alloc, realloc and free, or none");
     timeout = desc->timeout_ms == 0 ? 30000 : desc->timeout_ms < 0 ? -1 : desc->timeout_ms;
     check = !desc->disable_mismatch_check;
-    rc = fsdp_gloo_connect(desc->store_dir, desc->prefix, desc->host, desc->rank, desc->size,
-                           timeout, &g, msg, sizeof msg);
+    o.prefix = desc->prefix;
+    o.host = desc->host;
+    o.ifname = desc->ifname;
+    o.job_id = desc->job_id;
+    o.rank = desc->rank;
+    o.size = desc->size;
+    o.timeout_ms = timeout;
+    rc = fsdp_gloo_connect_opts(&o, &g, msg, sizeof msg);
     if (rc != FSDP_GLOO_OK)
         return fsdp_hooks_fail(h, rc == FSDP_GLOO_TIMEOUT ? FSDP_COMM_TIMEOUT
-                               : strstr(msg, "wrong world size") ? FSDP_INVALID_ARGS
-                                                                 : FSDP_COMM_ERROR,
+                               : rc == FSDP_GLOO_INVALID || strstr(msg, "wrong world size")
+                                   ? FSDP_INVALID_ARGS
+                                   : FSDP_COMM_ERROR,
                                "%s", msg);
     /* the ranks must agree on whether fingerprints travel before each call */
     all = (int *)fsdp_hooks_alloc(h, sizeof(int) * (size_t)desc->size);

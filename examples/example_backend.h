@@ -25,6 +25,7 @@ typedef struct example_backend {
     /* whether `size` MPI ranks can run; fills err when not */
     int (*check)(void *user, int size, char *err, size_t nerr);
     void *user;
+    const char *master; /* gloo: --master HOST:PORT (TCP rendezvous), or NULL */
 } example_backend;
 
 #ifdef FSDP_HAVE_MPI
@@ -46,6 +47,39 @@ static void example_mpi_end(int ok)
     MPI_Abort(MPI_COMM_WORLD, 1);
 }
 #endif
+/* The Gloo options' help, the same in both examples. */
+#define EXAMPLE_GLOO_HELP                                                                      \
+    "           gloo: forks --ranks processes (store files in a fresh directory under\n"       \
+    "           $TMPDIR, removed at the end; or TCP: --master HOST:PORT), or runs one rank\n" \
+    "           started by you on any host: --rank R --ranks N and either --store-dir D\n"   \
+    "           (a directory every rank sees) or --master HOST:PORT (rank 0's host and a\n" \
+    "           free port: rank 0 serves the store; else $MASTER_ADDR/$MASTER_PORT);\n"      \
+    "           [--prefix P] (one job at a time per store and prefix: a second job fails,\n" \
+    "           saying so; rank 0 removes the job's store files at the end)\n"              \
+    "           [--host ADDR] (this rank's address; default: the host name's, or the\n"     \
+    "           interface $GLOO_SOCKET_IFNAME names)\n"
+
+/* --master HOST:PORT (HOST may be [v6]): 1 and host, port; 0 when malformed. */
+static int example_parse_master(const char *v, char *host, size_t cap, int *port)
+{
+    const char *colon = strrchr(v, ':');
+    size_t n;
+    char *end;
+    long p;
+    if (!colon || colon == v) return 0;
+    n = (size_t)(colon - v);
+    if (v[0] == '[' && n >= 2 && v[n - 1] == ']') {
+        v++;
+        n -= 2;
+    }
+    if (n == 0 || n >= cap) return 0;
+    memcpy(host, v, n);
+    host[n] = 0;
+    p = strtol(colon + 1, &end, 10);
+    if (!colon[1] || *end || p < 1 || p > 65535) return 0;
+    *port = (int)p;
+    return 1;
+}
 
 #ifdef FSDP_HAVE_GLOO
 static int example_rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
@@ -57,8 +91,8 @@ static int example_rm_entry(const char *path, const struct stat *sb, int flag, s
 
 /* Returns -1 when this process goes on as a rank (b->rank set, b->ranks the
    world size), else an exit status: the Gloo launcher's (it forks b->ranks
-   processes with a fresh store directory and waits for them) or a
-   failure's. */
+   processes with a fresh store directory, or the TCP store of b->master,
+   and waits for them) or a failure's. */
 static int example_backend_start(example_backend *b, int *argc, char ***argv)
 {
     (void)argc, (void)argv;
@@ -93,19 +127,23 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
         pid_t *pids;
         int j, failed = 0, st;
         if (b->rank >= 0) { /* one rank, started by the user */
-            if (!b->store_dir || b->rank >= b->ranks) {
-                fprintf(stderr, "%s: --backend gloo --rank R needs --store-dir and R < "
-                        "--ranks\n", b->prog);
+            const char *env = getenv("MASTER_ADDR");
+            if ((!b->store_dir && !b->master && !(env && *env)) || b->rank >= b->ranks) {
+                fprintf(stderr, "%s: --backend gloo --rank R needs --store-dir DIR or --master "
+                        "HOST:PORT (or $MASTER_ADDR), and R < --ranks\n", b->prog);
                 return 2;
             }
             if (b->rank > 0 && !freopen("/dev/null", "w", stdout)) return 1;
             return -1;
         }
         if (b->ranks < 1 || b->ranks > b->max_ranks) return 2;
-        snprintf(dir, sizeof dir, "%s/%s_gloo_XXXXXX", tmp && *tmp ? tmp : "/tmp", b->prog);
-        if (!mkdtemp(dir)) {
-            fprintf(stderr, "%s: cannot create a store directory %s\n", b->prog, dir);
-            return 1;
+        dir[0] = 0; /* --master: TCP rendezvous, no store directory at all */
+        if (!b->master) {
+            snprintf(dir, sizeof dir, "%s/%s_gloo_XXXXXX", tmp && *tmp ? tmp : "/tmp", b->prog);
+            if (!mkdtemp(dir)) {
+                fprintf(stderr, "%s: cannot create a store directory %s\n", b->prog, dir);
+                return 1;
+            }
         }
         pids = (pid_t *)calloc((size_t)b->ranks, sizeof *pids);
         if (!pids) return 1;
@@ -117,7 +155,7 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
                 memcpy(store, dir, sizeof store);
                 free(pids);
                 b->rank = j;
-                b->store_dir = store;
+                b->store_dir = dir[0] ? store : NULL;
                 if (j > 0 && !freopen("/dev/null", "w", stdout)) _exit(1);
                 return -1;
             }
@@ -150,7 +188,7 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
             }
         }
         free(pids);
-        nftw(dir, example_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        if (dir[0]) nftw(dir, example_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
         return failed;
     }
 #else

@@ -43,8 +43,9 @@
                     [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
                     [--metrics FILE]
                     [--capacity BYTES] [--backend local|mpi|gloo]  (mpi: mpirun -np N train_gpt ...;
-                    gloo: forks --ranks processes over loopback TCP, or runs one
-                    rank: --rank R --store-dir DIR [--host ADDR])
+                    gloo: forks --ranks processes, or runs one rank: --rank R
+                    --ranks N, --store-dir DIR or --master HOST:PORT, [--prefix P]
+                    [--host ADDR]; --help says more)
                     [--timeout SEC]  (mpi, gloo: a silent peer is an error after SEC)
 
    Checkpoints: --save DIR writes a sharded checkpoint (parameters, AdamW
@@ -78,6 +79,10 @@ typedef struct backend_opts {
     int backend, rank;
     const char *store_dir, *host;
     int timeout_s; /* --timeout: the communicator's deadline (0: its default) */
+    /* gloo: --master HOST:PORT (split into master_host, master_port), --prefix */
+    const char *master, *prefix;
+    char master_host[256];
+    int master_port;
 } backend_opts;
 
 static void usage(const char *argv0)
@@ -90,8 +95,7 @@ static void usage(const char *argv0)
             "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
             "          [--metrics FILE] (JSON lines: a record per logged step)\n"
             "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
-            "           gloo: forks --ranks processes, or one rank: --rank R --store-dir D\n"
-            "           [--host ADDR])\n"
+            EXAMPLE_GLOO_HELP
             "          [--timeout SEC] (mpi, gloo: a peer silent this long is an error; the\n"
             "           default is the backend's: 60 s mpi, 30 s gloo)\n",
             argv0);
@@ -142,8 +146,13 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
             else if (!strcmp(a, "--host")) b->host = v;
             else if (!strcmp(a, "--timeout"))
                 good = parse_int(v, &b->timeout_s) && b->timeout_s >= 1 && b->timeout_s <= 86400;
-            else if (!strcmp(a, "--save")) c->save_dir = v;
             else if (!strcmp(a, "--metrics")) metrics_path = v;
+            else if (!strcmp(a, "--prefix")) b->prefix = v;
+            else if (!strcmp(a, "--master")) {
+                b->master = v;
+                good = example_parse_master(v, b->master_host, sizeof b->master_host,
+                                            &b->master_port);
+            } else if (!strcmp(a, "--save")) c->save_dir = v;
             else if (!strcmp(a, "--resume")) c->resume_dir = v;
             else if (!strcmp(a, "--capacity")) { /* bytes of each rank's device */
                 char *end;
@@ -231,6 +240,7 @@ static int backend_start(gpt_config *c, backend_opts *bo, int *argc, char ***arg
     b.ranks = c->ranks;
     b.max_ranks = GPT_MAX_RANKS;
     b.store_dir = bo->store_dir;
+    b.master = bo->master;
     b.check = gpt_check_world;
     b.user = c;
     r = example_backend_start(&b, argc, argv);
@@ -278,7 +288,11 @@ static int run_one_rank(const gpt_config *cfg, const backend_opts *b, const fsdp
         d.hooks.error = &err;
         d.dev = dev;
         d.store_dir = b->store_dir;
-        d.prefix = "train_gpt";
+        if (b->master) {
+            d.master_addr = b->master_host;
+            d.master_port = b->master_port;
+        }
+        d.prefix = b->prefix ? b->prefix : "train_gpt";
         d.host = b->host;
         d.rank = rank;
         d.size = nranks;
@@ -301,7 +315,7 @@ int main(int argc, char **argv)
     static gpt_result res;
     static char err[FSDP_ERROR_MAX + 128];
     gpt_config cfg = gpt_default_config();
-    backend_opts bo = {0, -1, NULL, NULL, 0};
+    backend_opts bo = {0, -1, NULL, NULL, 0, NULL, NULL, {0}, 0};
     int i, pa = parse_args(argc, argv, &cfg, &bo);
     if (pa <= 0) {
         usage(argv[0]);

@@ -46,9 +46,10 @@
                     [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
                     [--metrics FILE]
                     [--backend local|mpi|gloo|nccl]  (mpi: mpirun -np N train_mlp
-                    ...; gloo: forks --ranks processes over loopback TCP, or runs
-                    one rank: --rank R --store-dir DIR [--host ADDR]; nccl: see
-                    above) [--device cpu|cuda]
+                    ...; gloo: forks --ranks processes, or runs one rank: --rank R
+                    --ranks N, --store-dir DIR or --master HOST:PORT, [--prefix P]
+                    [--host ADDR] (--help says more); nccl: see above)
+                    [--device cpu|cuda]
 
    Checkpoints: --save DIR writes a sharded checkpoint (parameters, AdamW
    state, step) every --save-every K steps and at the end, asynchronously;
@@ -113,6 +114,10 @@ typedef struct config {
        NCCL's id through a file in store_dir (--rank) rather than MPI */
     int device, device_given, ranks_given, gpu, nccl_file, mpi_up;
     const char *store_dir, *host;
+    /* gloo: --master HOST:PORT (split into master_host, master_port), --prefix */
+    const char *master, *prefix;
+    char master_host[256];
+    int master_port;
     double lr;
     unsigned long long seed;
     fsdp_sharding_strategy strategy;
@@ -809,7 +814,11 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
         d.hooks.error = &err;
         d.dev = dev;
         d.store_dir = cfg->store_dir;
-        d.prefix = "train_mlp";
+        if (cfg->master) {
+            d.master_addr = cfg->master_host;
+            d.master_port = cfg->master_port;
+        }
+        d.prefix = cfg->prefix ? cfg->prefix : "train_mlp";
         d.host = cfg->host;
         d.rank = rank;
         d.size = nranks;
@@ -1056,8 +1065,8 @@ static void usage(const char *argv0)
             "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
             "          [--metrics FILE] (JSON lines: a record per logged step)\n"
             "          [--backend local|mpi|gloo|nccl] (mpi: under mpirun, one process per rank;\n"
-            "           gloo: forks --ranks processes, or one rank: --rank R --store-dir D\n"
-            "           [--host ADDR]; nccl: one process per GPU, under mpirun, or one rank:\n"
+            EXAMPLE_GLOO_HELP
+            "           nccl: one process per GPU, under mpirun, or one rank:\n"
             "           --rank R --ranks N --store-dir D, or else a world of one)\n"
             "          [--device cpu|cuda] (cuda: the forward and backward on the GPU;\n"
             "           backends local and nccl; f32 parameters)\n",
@@ -1160,6 +1169,13 @@ static int parse_args(int argc, char **argv, config *c)
                 c->store_dir = v;
             } else if (!strcmp(a, "--host")) {
                 c->host = v;
+            } else if (!strcmp(a, "--prefix")) {
+                c->prefix = v;
+            } else if (!strcmp(a, "--master")) {
+                c->master = v;
+                if (!example_parse_master(v, c->master_host, sizeof c->master_host,
+                                          &c->master_port))
+                    goto bad;
             } else if (!strcmp(a, "--ranks")) {
                 if (!parse_int(v, &c->ranks)) goto bad;
                 c->ranks_given = 1;
@@ -1330,6 +1346,7 @@ static int backend_start(config *c, int *argc, char ***argv)
     b.ranks = c->ranks;
     b.max_ranks = MAX_RANKS;
     b.store_dir = c->store_dir;
+    b.master = c->master;
     b.check = mlp_check_world;
     b.user = c;
     r = example_backend_start(&b, argc, argv);

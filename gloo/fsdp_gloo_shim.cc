@@ -1,47 +1,88 @@
-// fsdp_gloo_shim.cc - the C API of fsdp_gloo_shim.h over Gloo's new-style
-// collectives (TCP transport, FileStore rendezvous).
+// fsdp_gloo_shim.cc - the C API of fsdp_gloo_shim.h over Gloo's TCP
+// transport: our own rendezvous stores (a directory, or a small TCP store
+// served by rank 0), our own full-mesh connect, and collectives built from
+// point-to-point unbound buffers.
 //
-// Why not Gloo's ReduceScatterHalvingDoubling: on the Debian snapshot it
-// leaves the context slow for every later large collective (a 64 MiB
-// allgather goes from ~11 ms to ~19 s); fsdp_comm_gloo.h builds
-// reduce-scatter from all_to_all plus a local sum instead.
+// Why our own stores: Gloo's FileStore cannot tell two jobs apart, refuses
+// a reused directory with an internal "File already exists", and Debian's
+// snapshot has no TCP store. Why our own mesh connect: Gloo's waits 5x the
+// timeout for the first connection and does not say which rank it waited
+// for. Why point-to-point collectives: a timeout then names the rank whose
+// data did not come. Why not Gloo's ReduceScatterHalvingDoubling: on the
+// Debian snapshot it leaves the context slow for every later large
+// collective (a 64 MiB allgather goes from ~11 ms to ~19 s);
+// fsdp_comm_gloo.h builds reduce-scatter from all_to_all plus a local sum.
 #include "fsdp_gloo_shim.h"
 
-#include <gloo/allgather.h>
-#include <gloo/alltoall.h>
-#include <gloo/barrier.h>
-#include <gloo/broadcast.h>
-#include <gloo/rendezvous/context.h>
-#include <gloo/rendezvous/file_store.h>
-#include <gloo/rendezvous/prefix_store.h>
+#include <gloo/context.h>
+#include <gloo/transport/context.h>
+#include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
+#include <gloo/transport/unbound_buffer.h>
+
+#include <arpa/inet.h>
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <ifaddrs.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
+#include <cstdint>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <memory>
+#include <mutex>
+#include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
 
-struct fsdp_gloo_ctx {
-    std::shared_ptr<gloo::rendezvous::FileStore> store;
-    std::shared_ptr<gloo::transport::Device> dev;
-    std::shared_ptr<gloo::Context> ctx; // null when size == 1
-    std::string prefix;
-    int rank = 0, size = 1;
-    unsigned splits = 0;
-};
-
 namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A failure with its shim result code; every entry point turns it into
+// (code, message).
+struct Failure : std::runtime_error {
+    int code;
+    Failure(int c, const std::string &m) : std::runtime_error(m), code(c) {}
+};
 
 std::chrono::milliseconds to_ms(int timeout_ms)
 {
     // negative: "forever", which Gloo spells as a very long timeout
     return std::chrono::milliseconds(timeout_ms < 0 ? 24 * 3600 * 1000 : timeout_ms);
 }
+
+struct Deadline {
+    Clock::time_point at;
+    bool forever;
+    explicit Deadline(int timeout_ms)
+        : at(Clock::now() + to_ms(timeout_ms)), forever(timeout_ms < 0) {}
+    bool passed() const { return !forever && Clock::now() >= at; }
+    std::chrono::milliseconds left() const
+    {
+        if (forever) return to_ms(-1);
+        auto l = std::chrono::duration_cast<std::chrono::milliseconds>(at - Clock::now());
+        return l.count() > 0 ? l : std::chrono::milliseconds(0);
+    }
+};
 
 int fail(char *err, size_t cap, int code, const std::string &msg)
 {
@@ -53,6 +94,7 @@ int fail(char *err, size_t cap, int code, const std::string &msg)
 // only the message tells them apart.
 int fail_exception(char *err, size_t cap, const char *what, const std::exception &e)
 {
+    if (auto f = dynamic_cast<const Failure *>(&e)) return fail(err, cap, f->code, f->what());
     std::string m = e.what();
     bool timeout = m.find("imed out") != std::string::npos ||
                    m.find("imeout") != std::string::npos;
@@ -60,85 +102,951 @@ int fail_exception(char *err, size_t cap, const char *what, const std::exception
                 std::string(what) + ": " + m);
 }
 
-bool has_key(gloo::rendezvous::Store &s, const std::string &key)
+std::string str(int v) { return std::to_string(v); }
+
+std::string rank_list(const std::vector<int> &ranks)
 {
-    try {
-        s.wait({key}, std::chrono::milliseconds(1));
+    std::string m = ranks.size() > 1 ? "ranks" : "rank";
+    for (size_t i = 0; i < ranks.size(); i++) m += (i ? ", " : " ") + str(ranks[i]);
+    return m;
+}
+
+std::string this_host()
+{
+    char h[256] = {0};
+    if (gethostname(h, sizeof h - 1) != 0) return "unknown";
+    return h;
+}
+
+std::string fresh_id()
+{
+    std::random_device rd;
+    uint64_t v = ((uint64_t)rd() << 32) ^ rd() ^ ((uint64_t)getpid() << 16) ^
+                 (uint64_t)Clock::now().time_since_epoch().count();
+    char b[32];
+    std::snprintf(b, sizeof b, "%016llx", (unsigned long long)v);
+    return b;
+}
+
+// "k=v" lines
+std::map<std::string, std::string> parse_kv(const std::string &s)
+{
+    std::map<std::string, std::string> m;
+    size_t i = 0;
+    while (i < s.size()) {
+        size_t e = s.find('\n', i);
+        if (e == std::string::npos) e = s.size();
+        std::string line = s.substr(i, e - i);
+        size_t eq = line.find('=');
+        if (eq != std::string::npos) m[line.substr(0, eq)] = line.substr(eq + 1);
+        i = e + 1;
+    }
+    return m;
+}
+
+// ---------------------------------------------------------------- stores
+
+// What the rendezvous needs of a store: plain set/get, an exclusive create
+// (the job record and each rank's claim), removal, and for the directory
+// store the age of the job record's heartbeat.
+struct KV {
+    virtual ~KV() {}
+    virtual void set(const std::string &k, const std::string &v) = 0;
+    virtual bool create(const std::string &k, const std::string &v) = 0; // false: exists
+    virtual bool get(const std::string &k, std::string *v) = 0;          // false: missing
+    virtual void remove(const std::string &k) = 0;                       // k and k/...
+    // milliseconds since rank 0 last touched k; < 0 unknown
+    virtual long age_ms(const std::string &) { return -1; }
+    virtual void touch(const std::string &) {}
+    // true when the store itself proves that the job owning it is alive
+    virtual bool owner_alive() const { return false; }
+    virtual void cleanup_prefix(const std::string &) {}
+    virtual std::string where() const = 0;
+};
+
+// Keys are files under a directory every rank sees: "a/b" is dir/a/b.
+// create is link(2) of a complete temporary file: exclusive, never half
+// written, also on NFS.
+struct DirStore : KV {
+    std::string dir;
+    std::atomic<unsigned> seq{0};
+    explicit DirStore(const std::string &d) : dir(d)
+    {
+        struct stat st;
+        if (stat(d.c_str(), &st) != 0 || !S_ISDIR(st.st_mode))
+            throw Failure(FSDP_GLOO_INVALID, "store directory " + d +
+                                                 " does not exist (or is not a directory): "
+                                                 "create it first, on a file system every rank sees");
+    }
+    std::string path(const std::string &k) const { return dir + "/" + k; }
+    void mkparents(const std::string &p)
+    {
+        for (size_t i = dir.size() + 1; i < p.size(); i++)
+            if (p[i] == '/') {
+                std::string d = p.substr(0, i);
+                if (mkdir(d.c_str(), 0777) != 0 && errno != EEXIST)
+                    throw Failure(FSDP_GLOO_ERROR, "cannot create " + d + ": " + strerror(errno));
+            }
+    }
+    std::string write_tmp(const std::string &k, const std::string &v)
+    {
+        std::string p = path(k);
+        mkparents(p);
+        std::string tmp = p + ".tmp." + str((int)getpid()) + "." + str((int)seq++);
+        int fd = open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+        if (fd < 0) throw Failure(FSDP_GLOO_ERROR, "cannot write " + tmp + ": " + strerror(errno));
+        size_t off = 0;
+        while (off < v.size()) {
+            ssize_t w = write(fd, v.data() + off, v.size() - off);
+            if (w < 0 && errno == EINTR) continue;
+            if (w <= 0) {
+                int e = errno;
+                close(fd);
+                unlink(tmp.c_str());
+                throw Failure(FSDP_GLOO_ERROR, "cannot write " + tmp + ": " + strerror(e));
+            }
+            off += (size_t)w;
+        }
+        close(fd);
+        return tmp;
+    }
+    void set(const std::string &k, const std::string &v) override
+    {
+        std::string tmp = write_tmp(k, v);
+        if (rename(tmp.c_str(), path(k).c_str()) != 0) {
+            int e = errno;
+            unlink(tmp.c_str());
+            throw Failure(FSDP_GLOO_ERROR, "cannot write " + path(k) + ": " + strerror(e));
+        }
+    }
+    bool create(const std::string &k, const std::string &v) override
+    {
+        std::string tmp = write_tmp(k, v);
+        int rc = link(tmp.c_str(), path(k).c_str()), e = errno;
+        unlink(tmp.c_str());
+        if (rc == 0) return true;
+        if (e == EEXIST) return false;
+        throw Failure(FSDP_GLOO_ERROR, "cannot create " + path(k) + ": " + strerror(e));
+    }
+    bool get(const std::string &k, std::string *v) override
+    {
+        int fd = open(path(k).c_str(), O_RDONLY);
+        if (fd < 0) {
+            if (errno == ENOENT || errno == ENOTDIR) return false;
+            throw Failure(FSDP_GLOO_ERROR, "cannot read " + path(k) + ": " + strerror(errno));
+        }
+        v->clear();
+        char b[4096];
+        for (;;) {
+            ssize_t r = read(fd, b, sizeof b);
+            if (r < 0 && errno == EINTR) continue;
+            if (r <= 0) break;
+            v->append(b, (size_t)r);
+        }
+        close(fd);
         return true;
-    } catch (const std::exception &) {
-        return false;
+    }
+    static void rm_tree(const std::string &p)
+    {
+        struct stat st;
+        if (lstat(p.c_str(), &st) != 0) return;
+        if (S_ISDIR(st.st_mode)) {
+            DIR *d = opendir(p.c_str());
+            if (d) {
+                std::vector<std::string> names;
+                while (struct dirent *e = readdir(d))
+                    if (strcmp(e->d_name, ".") && strcmp(e->d_name, ".."))
+                        names.push_back(e->d_name);
+                closedir(d);
+                for (auto &n : names) rm_tree(p + "/" + n);
+            }
+            rmdir(p.c_str());
+        } else {
+            unlink(p.c_str());
+        }
+    }
+    void remove(const std::string &k) override { rm_tree(path(k)); }
+    long age_ms(const std::string &k) override
+    {
+        // compare with a file written now on the same file system: the
+        // server's clock on both, whatever this host's clock says
+        struct stat rec, now;
+        std::string probe = path(k) + ".probe." + this_host() + "." + str((int)getpid());
+        if (stat(path(k).c_str(), &rec) != 0) return -1;
+        int fd = open(probe.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0666);
+        if (fd < 0) return -1;
+        close(fd);
+        int rc = stat(probe.c_str(), &now);
+        unlink(probe.c_str());
+        if (rc != 0) return -1;
+        long ms = (long)(now.st_mtim.tv_sec - rec.st_mtim.tv_sec) * 1000 +
+                  (long)(now.st_mtim.tv_nsec - rec.st_mtim.tv_nsec) / 1000000;
+        return ms < 0 ? 0 : ms;
+    }
+    void touch(const std::string &k) override { utimensat(AT_FDCWD, path(k).c_str(), nullptr, 0); }
+    void cleanup_prefix(const std::string &prefix) override
+    {
+        // the prefix's directories, when nothing else is left in them
+        std::string p = path(prefix);
+        while (p.size() > dir.size() && rmdir(p.c_str()) == 0) {
+            size_t s = p.rfind('/');
+            if (s == std::string::npos || s <= dir.size()) break;
+            p = p.substr(0, s);
+        }
+    }
+    std::string where() const override { return "store directory " + dir; }
+};
+
+// The TCP store: a map in rank 0, served on master_addr:master_port by a
+// thread; every rank (rank 0 too) talks to it over one connection.
+// Messages: op (1 byte), key length (4), key, value length (4), value;
+// replies: status (1), value length (4), value. A greeting first, so that
+// another program on the port is named as such.
+const char kGreeting[8] = {'F', 'S', 'D', 'P', 'K', 'V', '1', '\n'};
+
+bool write_all(int fd, const void *p, size_t n)
+{
+    const char *c = static_cast<const char *>(p);
+    while (n) {
+        ssize_t w = send(fd, c, n, MSG_NOSIGNAL);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return false;
+        c += w;
+        n -= (size_t)w;
+    }
+    return true;
+}
+
+bool read_all(int fd, void *p, size_t n)
+{
+    char *c = static_cast<char *>(p);
+    while (n) {
+        ssize_t r = recv(fd, c, n, 0);
+        if (r < 0 && errno == EINTR) continue;
+        if (r <= 0) return false;
+        c += r;
+        n -= (size_t)r;
+    }
+    return true;
+}
+
+bool read_str(int fd, std::string *s)
+{
+    uint32_t n;
+    if (!read_all(fd, &n, 4)) return false;
+    n = ntohl(n);
+    if (n > (64u << 20)) return false;
+    s->resize(n);
+    return n == 0 || read_all(fd, &(*s)[0], n);
+}
+
+bool write_str(int fd, const std::string &s)
+{
+    uint32_t n = htonl((uint32_t)s.size());
+    return write_all(fd, &n, 4) && write_all(fd, s.data(), s.size());
+}
+
+struct TcpServer {
+    int lfd = -1, wake[2] = {-1, -1};
+    std::thread th;
+    std::map<std::string, std::string> kv;
+
+    ~TcpServer() { stop(); }
+    void stop()
+    {
+        if (th.joinable()) {
+            char c = 0;
+            if (write(wake[1], &c, 1) < 0) {
+                // the thread also wakes every 200 ms on its own
+            }
+            th.join();
+        }
+        if (lfd >= 0) close(lfd);
+        if (wake[0] >= 0) close(wake[0]);
+        if (wake[1] >= 0) close(wake[1]);
+        lfd = wake[0] = wake[1] = -1;
+    }
+    void start(const std::string &addr, int port)
+    {
+        lfd = socket(AF_INET6, SOCK_STREAM, 0);
+        bool v6 = lfd >= 0;
+        if (!v6) lfd = socket(AF_INET, SOCK_STREAM, 0);
+        if (lfd < 0) throw Failure(FSDP_GLOO_ERROR, std::string("socket: ") + strerror(errno));
+        int one = 1, zero = 0;
+        setsockopt(lfd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        int rc;
+        if (v6) {
+            // every address of this host, IPv4 too, as torch's TCPStore
+            setsockopt(lfd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+            struct sockaddr_in6 a;
+            memset(&a, 0, sizeof a);
+            a.sin6_family = AF_INET6;
+            a.sin6_addr = in6addr_any;
+            a.sin6_port = htons((uint16_t)port);
+            rc = bind(lfd, (struct sockaddr *)&a, sizeof a);
+        } else {
+            struct sockaddr_in a;
+            memset(&a, 0, sizeof a);
+            a.sin_family = AF_INET;
+            a.sin_addr.s_addr = htonl(INADDR_ANY);
+            a.sin_port = htons((uint16_t)port);
+            rc = bind(lfd, (struct sockaddr *)&a, sizeof a);
+        }
+        if (rc != 0 || listen(lfd, 128) != 0) {
+            int e = errno;
+            throw Failure(e == EADDRINUSE ? FSDP_GLOO_INVALID : FSDP_GLOO_ERROR,
+                          "rank 0 cannot serve the TCP store on port " + str(port) + " (" +
+                              addr + ":" + str(port) + "): " + strerror(e) +
+                              (e == EADDRINUSE ? "; another job (or program) uses that port: "
+                                                 "give this job another port (master_port, "
+                                                 "MASTER_PORT, --master HOST:PORT)"
+                                               : ""));
+        }
+        if (pipe(wake) != 0) throw Failure(FSDP_GLOO_ERROR, std::string("pipe: ") + strerror(errno));
+        th = std::thread([this] { loop(); });
+    }
+    bool serve(int fd)
+    {
+        unsigned char op;
+        std::string k, v, out;
+        if (!read_all(fd, &op, 1) || !read_str(fd, &k) || !read_str(fd, &v)) return false;
+        unsigned char st = 0;
+        if (op == 'S') {
+            kv[k] = v;
+        } else if (op == 'C') {
+            auto it = kv.find(k);
+            if (it == kv.end()) kv[k] = v;
+            else st = 1;
+        } else if (op == 'G') {
+            auto it = kv.find(k);
+            if (it == kv.end()) st = 1;
+            else out = it->second;
+        } else if (op == 'D') {
+            for (auto it = kv.begin(); it != kv.end();)
+                if (it->first == k || it->first.compare(0, k.size() + 1, k + "/") == 0)
+                    it = kv.erase(it);
+                else ++it;
+        } else {
+            return false;
+        }
+        return write_all(fd, &st, 1) && write_str(fd, out);
+    }
+    void loop()
+    {
+        std::vector<int> clients;
+        std::vector<bool> greeted;
+        for (;;) {
+            std::vector<struct pollfd> p;
+            p.push_back({wake[0], POLLIN, 0});
+            p.push_back({lfd, POLLIN, 0});
+            for (int c : clients) p.push_back({c, POLLIN, 0});
+            if (poll(p.data(), p.size(), 200) < 0 && errno != EINTR) break;
+            if (p[0].revents) break;
+            if (p[1].revents & POLLIN) {
+                int c = accept(lfd, nullptr, nullptr);
+                if (c >= 0) {
+                    // a client that stalls mid-message does not stall the others for long
+                    struct timeval tv = {2, 0};
+                    setsockopt(c, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+                    int one = 1;
+                    setsockopt(c, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                    clients.push_back(c);
+                    greeted.push_back(false);
+                }
+            }
+            for (size_t i = 2; i < p.size(); i++) {
+                size_t ci = i - 2;
+                if (!(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+                bool ok;
+                if (!greeted[ci]) {
+                    char g[8];
+                    ok = read_all(clients[ci], g, 8) && !memcmp(g, kGreeting, 8) &&
+                         write_all(clients[ci], kGreeting, 8);
+                    greeted[ci] = ok;
+                } else {
+                    ok = serve(clients[ci]);
+                }
+                if (!ok) {
+                    close(clients[ci]);
+                    clients[ci] = -1;
+                }
+            }
+            for (size_t i = clients.size(); i-- > 0;)
+                if (clients[i] < 0) {
+                    clients.erase(clients.begin() + (long)i);
+                    greeted.erase(greeted.begin() + (long)i);
+                }
+        }
+        for (int c : clients) close(c);
+    }
+};
+
+struct TcpStore : KV {
+    std::string addr;
+    int port;
+    int fd = -1;
+    std::unique_ptr<TcpServer> server; // rank 0's
+    std::mutex mu;
+
+    int timeout_ms;
+    TcpStore(const std::string &a, int p, int rank, const Deadline &dl, int t)
+        : addr(a), port(p), timeout_ms(t)
+    {
+        if (rank == 0) {
+            server.reset(new TcpServer);
+            server->start(a, p);
+        }
+        connect_to(rank, dl);
+    }
+    ~TcpStore() override
+    {
+        if (fd >= 0) close(fd);
+        server.reset();
+    }
+    void connect_to(int rank, const Deadline &dl)
+    {
+        std::string last = "no attempt";
+        for (;;) {
+            struct addrinfo hints, *res = nullptr;
+            memset(&hints, 0, sizeof hints);
+            hints.ai_family = AF_UNSPEC;
+            hints.ai_socktype = SOCK_STREAM;
+            int g = getaddrinfo(addr.c_str(), str(port).c_str(), &hints, &res);
+            if (g != 0) {
+                last = std::string("cannot resolve ") + addr + ": " + gai_strerror(g);
+            } else {
+                for (struct addrinfo *ai = res; ai; ai = ai->ai_next) {
+                    int s = socket(ai->ai_family, ai->ai_socktype, ai->ai_protocol);
+                    if (s < 0) continue;
+                    if (::connect(s, ai->ai_addr, ai->ai_addrlen) == 0) {
+                        char g8[8];
+                        // a store that stops answering fails a call within the timeout
+                        struct timeval tv = {0, 0};
+                        if (!dl.forever) {
+                            long ms = std::max(1000L, (long)timeout_ms);
+                            tv.tv_sec = ms / 1000;
+                            tv.tv_usec = (ms % 1000) * 1000;
+                        }
+                        setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+                        int one = 1;
+                        setsockopt(s, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+                        if (write_all(s, kGreeting, 8) && read_all(s, g8, 8) &&
+                            !memcmp(g8, kGreeting, 8)) {
+                            fd = s;
+                            freeaddrinfo(res);
+                            return;
+                        }
+                        close(s);
+                        freeaddrinfo(res);
+                        throw Failure(FSDP_GLOO_INVALID,
+                                      "fsdp_gloo_connect on rank " + str(rank) + ": " + addr + ":" + str(port) +
+                                          " answers, but is not an fsdp.h Gloo store (another "
+                                          "program, or another job's rank 0 is still greeting): "
+                                          "give this job another port (master_port, MASTER_PORT, "
+                                          "--master HOST:PORT)");
+                    }
+                    last = std::string(strerror(errno));
+                    close(s);
+                }
+                freeaddrinfo(res);
+            }
+            if (dl.passed())
+                throw Failure(FSDP_GLOO_TIMEOUT,
+                              "fsdp_gloo_connect on rank " + str(rank) + ": no TCP store at " + addr + ":" + str(port) +
+                                  " within the timeout (last attempt: " + last +
+                                  "): rank 0 was not started, has failed, or master_addr does "
+                                  "not name rank 0's host as this host reaches it");
+            std::this_thread::sleep_for(std::chrono::milliseconds(50));
+        }
+    }
+    bool call(char op, const std::string &k, const std::string &v, std::string *out)
+    {
+        std::lock_guard<std::mutex> g(mu);
+        unsigned char o = (unsigned char)op, st = 0;
+        std::string r;
+        if (fd < 0 || !write_all(fd, &o, 1) || !write_str(fd, k) || !write_str(fd, v) ||
+            !read_all(fd, &st, 1) || !read_str(fd, &r))
+            throw Failure(FSDP_GLOO_ERROR, "the TCP store at " + addr + ":" + str(port) +
+                                               " stopped answering (rank 0 gone?)");
+        if (out) *out = r;
+        return st == 0;
+    }
+    void set(const std::string &k, const std::string &v) override { call('S', k, v, nullptr); }
+    bool create(const std::string &k, const std::string &v) override
+    {
+        return call('C', k, v, nullptr);
+    }
+    bool get(const std::string &k, std::string *v) override { return call('G', k, "", v); }
+    void remove(const std::string &k) override { call('D', k, "", nullptr); }
+    bool owner_alive() const override { return true; }
+    std::string where() const override { return "TCP store " + addr + ":" + str(port); }
+};
+
+// ---------------------------------------------------------------- addresses
+
+// The address this rank listens on, chosen as torch's Gloo process group
+// does: an interface (ifname / GLOO_SOCKET_IFNAME), else the given host,
+// else the address the host name resolves to, if this machine can listen on
+// it, else the loopback address.
+std::shared_ptr<gloo::transport::Device> make_device(const fsdp_gloo_opts *o, std::string *how)
+{
+    gloo::transport::tcp::attr attr;
+    const char *env = getenv("GLOO_SOCKET_IFNAME");
+    std::string hint = "choose this rank's address with host (--host ADDR) or its network "
+                       "interface with GLOO_SOCKET_IFNAME=NAME (or ifname)";
+    if (o->ifname && *o->ifname) {
+        attr.iface = o->ifname;
+        *how = "interface " + attr.iface + " (ifname)";
+    } else if (env && *env) {
+        attr.iface = env;
+        *how = "interface " + attr.iface + " (GLOO_SOCKET_IFNAME)";
+    } else if (o->host && *o->host && strcmp(o->host, "0.0.0.0") != 0) {
+        attr.hostname = o->host;
+        *how = std::string("address ") + o->host + " (host)";
+    } else {
+        std::string h = this_host(), found;
+        struct addrinfo hints, *res = nullptr;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        if (getaddrinfo(h.c_str(), nullptr, &hints, &res) == 0) {
+            for (struct addrinfo *ai = res; ai && found.empty(); ai = ai->ai_next) {
+                int s = socket(ai->ai_family, SOCK_STREAM, 0);
+                if (s < 0) continue;
+                if (bind(s, ai->ai_addr, ai->ai_addrlen) == 0) {
+                    char nb[NI_MAXHOST];
+                    if (getnameinfo(ai->ai_addr, ai->ai_addrlen, nb, sizeof nb, nullptr, 0,
+                                    NI_NUMERICHOST) == 0)
+                        found = nb;
+                }
+                close(s);
+            }
+            freeaddrinfo(res);
+        }
+        if (!found.empty()) {
+            attr.hostname = found;
+            *how = "address " + found + " (of the host name " + h + ")";
+        } else {
+            attr.hostname = "127.0.0.1";
+            *how = "address 127.0.0.1 (loopback: the host name " + h +
+                   " has no address this machine can listen on)";
+        }
+    }
+    // Check first what Gloo would throw on: its throwing paths leak (the
+    // Debian snapshot does not free getaddrinfo's / getifaddrs' lists there)
+    if (!attr.iface.empty()) {
+        struct ifaddrs *ifs = nullptr;
+        bool found = false;
+        if (getifaddrs(&ifs) == 0) {
+            for (struct ifaddrs *i = ifs; i; i = i->ifa_next)
+                if (i->ifa_addr && attr.iface == i->ifa_name &&
+                    (i->ifa_addr->sa_family == AF_INET || i->ifa_addr->sa_family == AF_INET6))
+                    found = true;
+            freeifaddrs(ifs);
+        }
+        if (!found)
+            throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect: cannot listen on " + *how +
+                                                 ": no such interface with an IP address "
+                                                 "(see ip -br addr); " + hint);
+    } else {
+        struct addrinfo hints, *res = nullptr;
+        memset(&hints, 0, sizeof hints);
+        hints.ai_family = AF_UNSPEC;
+        hints.ai_socktype = SOCK_STREAM;
+        int g = getaddrinfo(attr.hostname.c_str(), nullptr, &hints, &res);
+        if (g != 0)
+            throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect: cannot listen on " + *how +
+                                                 ": cannot resolve it (" + gai_strerror(g) +
+                                                 "); " + hint);
+        std::string why = "no address";
+        bool ok = false;
+        for (struct addrinfo *ai = res; ai && !ok; ai = ai->ai_next) {
+            int fd = socket(ai->ai_family, SOCK_STREAM, 0);
+            if (fd < 0) continue;
+            if (bind(fd, ai->ai_addr, ai->ai_addrlen) == 0) ok = true;
+            else why = strerror(errno);
+            close(fd);
+        }
+        freeaddrinfo(res);
+        if (!ok)
+            throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect: cannot listen on " + *how +
+                                                 ": " + why + " (not an address of this "
+                                                 "machine?); " + hint);
+    }
+    try {
+        return gloo::transport::tcp::CreateDevice(attr);
+    } catch (const std::exception &e) {
+        throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect: cannot listen on " + *how + ": " + e.what() + "; " + hint);
     }
 }
 
-int connect_ctx(fsdp_gloo_ctx *c, int timeout_ms)
+// a is Gloo's "[ADDR]" or "[ADDR]:PORT", or a bare address
+bool is_loopback(const std::string &a)
 {
-    if (c->size == 1) return FSDP_GLOO_OK;
-    gloo::rendezvous::PrefixStore ps(c->prefix + "/mesh", *c->store);
-    auto ctx = std::make_shared<gloo::rendezvous::Context>(c->rank, c->size);
-    ctx->setTimeout(to_ms(timeout_ms));
-    ctx->connectFullMesh(ps, c->dev);
-    c->ctx = ctx;
-    return FSDP_GLOO_OK;
+    std::string h = a;
+    if (!h.empty() && h[0] == '[') h = h.substr(1, h.find(']') == std::string::npos
+                                                       ? std::string::npos
+                                                       : h.find(']') - 1);
+    return h.compare(0, 4, "127.") == 0 || h == "::1" || h == "::ffff:127.0.0.1";
+}
+
+// ---------------------------------------------------------------- the mesh
+
+// A gloo::Context whose pairs we connect ourselves (Gloo's connectFullMesh
+// waits 5x the timeout and names no rank).
+struct Mesh : gloo::Context {
+    Mesh(int r, int s) : gloo::Context(r, s) {}
+    void attach(const std::shared_ptr<gloo::transport::Device> &d,
+                const std::shared_ptr<gloo::transport::Context> &t)
+    {
+        device_ = d;
+        transportContext_ = t;
+    }
+};
+
+} // namespace
+
+struct fsdp_gloo_ctx {
+    std::shared_ptr<KV> store;
+    std::shared_ptr<gloo::transport::Device> dev;
+    std::shared_ptr<Mesh> ctx; // null when size == 1
+    std::string prefix;        // the user's prefix
+    std::string keys;          // this context's keys: prefix/job id[/split...]
+    std::string job, record, address;
+    std::vector<std::string> peers; // each rank's address and host, for messages
+    int rank = 0, size = 1;
+    unsigned splits = 0;
+    bool owner = false; // rank 0 of the world: ends the job at free
+    // rank 0's heartbeat on a directory store's job record
+    std::thread beat;
+    std::mutex beat_mu;
+    std::condition_variable beat_cv;
+    bool beat_stop = false;
+
+    ~fsdp_gloo_ctx()
+    {
+        if (beat.joinable()) {
+            {
+                std::lock_guard<std::mutex> g(beat_mu);
+                beat_stop = true;
+            }
+            beat_cv.notify_all();
+            beat.join();
+        }
+        ctx.reset();
+        if (owner && store) {
+            try {
+                std::string cur;
+                store->remove(keys);
+                if (store->get(prefix + "/job", &cur) && cur == record) store->remove(prefix + "/job");
+                store->cleanup_prefix(prefix);
+            } catch (...) {
+                // a store that cannot be cleaned only leaves files behind
+            }
+        }
+    }
+};
+
+namespace {
+
+std::string peer(const fsdp_gloo_ctx *c, int j)
+{
+    std::string m = "rank " + str(j);
+    if (j >= 0 && (size_t)j < c->peers.size() && !c->peers[(size_t)j].empty())
+        m += " (" + c->peers[(size_t)j] + ")";
+    return m;
+}
+
+// Connects every pair through keys under c->keys + "/mesh", within dl.
+void connect_mesh(fsdp_gloo_ctx *c, const Deadline &dl, int timeout_ms)
+{
+    if (c->size == 1) return;
+    auto mesh = std::make_shared<Mesh>(c->rank, c->size);
+    mesh->setTimeout(to_ms(timeout_ms));
+    auto tc = c->dev->createContext(c->rank, c->size);
+    // Gloo waits 5x a pair's timeout for its first connection
+    auto left = dl.left();
+    tc->setTimeout(std::max(std::chrono::milliseconds(200), left / 5));
+    std::string mine;
+    for (int j = 0; j < c->size; j++) {
+        if (j == c->rank) continue;
+        auto &pair = tc->createPair(j);
+        auto b = pair->address().bytes();
+        uint32_t n = htonl((uint32_t)b.size());
+        mine.append(reinterpret_cast<const char *>(&n), 4);
+        mine.append(b.begin(), b.end());
+    }
+    c->store->set(c->keys + "/mesh/" + str(c->rank), mine);
+    for (int j = 0; j < c->size; j++) {
+        if (j == c->rank) continue;
+        std::string theirs;
+        while (!c->store->get(c->keys + "/mesh/" + str(j), &theirs)) {
+            if (dl.passed())
+                throw Failure(FSDP_GLOO_TIMEOUT,
+                              "fsdp_gloo_connect on rank " + str(c->rank) + ": " + peer(c, j) +
+                                  " did not publish its connection addresses within " +
+                                  str(timeout_ms) + " ms (" + c->store->where() + ")");
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        // the entry for this rank: the peer skips itself
+        size_t off = 0;
+        std::vector<char> addr;
+        for (int k = 0; k < c->size; k++) {
+            if (k == j) continue;
+            uint32_t n;
+            if (off + 4 > theirs.size()) break;
+            memcpy(&n, theirs.data() + off, 4);
+            n = ntohl(n);
+            if (k == c->rank) addr.assign(theirs.begin() + (long)off + 4,
+                                          theirs.begin() + (long)(off + 4 + n));
+            off += 4 + n;
+        }
+        if (addr.empty())
+            throw Failure(FSDP_GLOO_ERROR, "fsdp_gloo_connect on rank " + str(c->rank) + ": " + peer(c, j) +
+                                               " published a malformed address list");
+        try {
+            tc->getPair(j)->connect(addr);
+        } catch (const std::exception &e) {
+            std::string m = e.what();
+            bool to = m.find("imeout") != std::string::npos || m.find("imed out") != std::string::npos;
+            throw Failure(to ? FSDP_GLOO_TIMEOUT : FSDP_GLOO_ERROR,
+                          "fsdp_gloo_connect on rank " + str(c->rank) + ": connecting to " + peer(c, j) + " failed" +
+                              (to ? " within " + str(timeout_ms) + " ms" : std::string()) + ": " +
+                              m + "; if that address is not reachable from this host, start " +
+                              "that rank with host (--host ADDR) set to an address the other "
+                              "hosts reach, or with GLOO_SOCKET_IFNAME=NAME (or ifname)");
+        }
+    }
+    mesh->attach(c->dev, std::shared_ptr<gloo::transport::Context>(std::move(tc)));
+    c->ctx = mesh;
+}
+
+std::string hello_value(const fsdp_gloo_ctx *c)
+{
+    return "size=" + str(c->size) + "\nhost=" + this_host() + "\naddr=" + c->address +
+           "\npid=" + str((int)getpid()) + "\n";
+}
+
+// Whether the job record rec is dead, and why. A directory store's record
+// is dead when its rank 0 ran on this host and is gone, or its heartbeat
+// stopped more than kStaleMs ago. A TCP store's record lives with rank 0.
+const long kStaleMs = 10000;
+bool record_dead(KV &kv, const std::string &key, const std::string &rec, std::string *why)
+{
+    if (kv.owner_alive()) return false;
+    auto m = parse_kv(rec);
+    int pid = atoi(m["pid"].c_str());
+    if (m["host"] == this_host() && pid > 0 && kill(pid, 0) != 0 && errno == ESRCH) {
+        *why = "its rank 0 (pid " + str(pid) + " on this host) is gone";
+        return true;
+    }
+    long age = kv.age_ms(key);
+    if (age > kStaleMs) {
+        *why = "its heartbeat stopped " + str((int)(age / 1000)) + " s ago";
+        return true;
+    }
+    return false;
+}
+
+std::string describe(const std::string &rec)
+{
+    auto m = parse_kv(rec);
+    return "job " + m["id"] + " (rank 0: pid " + m["pid"] + " on host " + m["host"] + ", " +
+           m["size"] + " ranks)";
+}
+
+std::string use_another(const fsdp_gloo_ctx *)
+{
+    return "give each job its own prefix (fsdp_gloo_desc.prefix; the examples' --prefix) or "
+           "store (store_dir, --store-dir; master_port, --master HOST:PORT)";
+}
+
+// Rank 0: the job record, created exclusively; a dead job's is taken over.
+void start_job(fsdp_gloo_ctx *c, const fsdp_gloo_opts *o)
+{
+    KV &kv = *c->store;
+    std::string key = c->prefix + "/job";
+    c->job = o->job_id && *o->job_id ? o->job_id : fresh_id();
+    c->record = "id=" + c->job + "\nhost=" + this_host() + "\npid=" + str((int)getpid()) +
+                "\nsize=" + str(c->size) + "\n";
+    for (int attempt = 0;; attempt++) {
+        if (kv.create(key, c->record)) break;
+        std::string old, why;
+        if (!kv.get(key, &old)) continue; // just ended
+        if (attempt > 20 || !record_dead(kv, key, old, &why))
+            throw Failure(FSDP_GLOO_INVALID,
+                          "fsdp_gloo_connect on rank 0: " + kv.where() + ", prefix " + c->prefix +
+                              " is in use by " +
+                              describe(old) + ", which is still running; two jobs never share "
+                              "a prefix: " + use_another(c) + ", or wait for that job to end");
+        // a dead job: move its record aside (one taker wins), then its keys
+        std::string aside = key + ".dead." + fresh_id();
+        DirStore *ds = dynamic_cast<DirStore *>(&kv);
+        if (ds && rename(ds->path(key).c_str(), ds->path(aside).c_str()) == 0) {
+            std::string moved;
+            if (kv.get(aside, &moved) && moved == old) {
+                kv.remove(c->prefix + "/" + parse_kv(old)["id"]);
+            } else if (!moved.empty()) {
+                // someone replaced it meanwhile: give it back
+                link(ds->path(aside).c_str(), ds->path(key).c_str());
+            }
+            kv.remove(aside);
+        }
+    }
+    c->owner = true;
+    c->keys = c->prefix + "/" + c->job;
+    if (!c->store->owner_alive()) {
+        // the heartbeat that tells later jobs this one is alive
+        fsdp_gloo_ctx *self = c;
+        c->beat = std::thread([self, key] {
+            std::unique_lock<std::mutex> g(self->beat_mu);
+            while (!self->beat_cv.wait_for(g, std::chrono::seconds(1),
+                                           [self] { return self->beat_stop; })) {
+                try {
+                    self->store->touch(key);
+                } catch (...) {
+                }
+            }
+        });
+    }
+    c->store->set(c->keys + "/hello/0", hello_value(c));
+}
+
+// Every rank: wait for all ranks of the job; others first find the job
+// (the live record rank 0 created) and claim their rank in it once.
+void join_job(fsdp_gloo_ctx *c, const fsdp_gloo_opts *o, const Deadline &dl, int timeout_ms)
+{
+    KV &kv = *c->store;
+    std::string key = c->prefix + "/job", joined = c->rank == 0 ? c->job : "", conflict,
+                foreign, dead;
+    std::vector<int> missing;
+    std::vector<std::string> hellos((size_t)c->size);
+    for (;;) {
+        if (c->rank != 0) {
+            std::string rec, why;
+            if (kv.get(key, &rec)) {
+                std::string id = parse_kv(rec)["id"];
+                if (id != joined) {
+                    if (!joined.empty()) { // our job's record is gone: it died
+                        kv.remove(c->prefix + "/" + joined + "/hello/" + str(c->rank));
+                        joined.clear();
+                    }
+                    if (o->job_id && *o->job_id && id != o->job_id) {
+                        foreign = rec;
+                    } else if (record_dead(kv, key, rec, &why)) {
+                        dead = describe(rec) + ": " + why;
+                    } else if (kv.create(c->prefix + "/" + id + "/hello/" + str(c->rank),
+                                         hello_value(c))) {
+                        joined = id;
+                        conflict.clear();
+                    } else {
+                        conflict = rec;
+                    }
+                }
+            }
+        }
+        missing.clear();
+        if (!joined.empty())
+            for (int k = 0; k < c->size; k++)
+                if (hellos[(size_t)k].empty() &&
+                    !kv.get(c->prefix + "/" + joined + "/hello/" + str(k), &hellos[(size_t)k]))
+                    missing.push_back(k);
+        if (!joined.empty() && missing.empty()) break;
+        if (dl.passed()) {
+            std::string m = "fsdp_gloo_connect on rank " + str(c->rank) + ": ";
+            if (!joined.empty()) {
+                m = "fsdp_gloo_connect on rank " + str(c->rank) + ": " + rank_list(missing) +
+                    " of " + str(c->size) + " did not arrive within " + str(timeout_ms) +
+                    " ms (" + kv.where() + ", prefix " + c->prefix + ", job " + joined + ")";
+                throw Failure(FSDP_GLOO_TIMEOUT, m);
+            }
+            if (!conflict.empty())
+                throw Failure(FSDP_GLOO_INVALID,
+                              m + kv.where() + ", prefix " + c->prefix + " belongs to " +
+                                  describe(conflict) + ", which already has a rank " +
+                                  str(c->rank) + ": another job uses this store and prefix; " +
+                                  use_another(c));
+            if (!foreign.empty())
+                throw Failure(FSDP_GLOO_TIMEOUT,
+                              m + "rank 0 of job " + o->job_id + " did not arrive within " +
+                                  str(timeout_ms) + " ms; " + kv.where() + ", prefix " +
+                                  c->prefix + " holds " + describe(foreign) + " instead");
+            throw Failure(FSDP_GLOO_TIMEOUT,
+                          "fsdp_gloo_connect on rank " + str(c->rank) + ": rank 0 of " +
+                              str(c->size) + " did not arrive within " + str(timeout_ms) +
+                              " ms (" + kv.where() + ", prefix " + c->prefix + ": " +
+                              (dead.empty() ? "no job record" : "only the dead " + dead) + ")");
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    c->job = joined;
+    c->keys = c->prefix + "/" + joined;
+    // every rank started with the same world size; loopback across hosts
+    std::string mine = std::to_string(c->size);
+    c->peers.resize((size_t)c->size);
+    std::string host0, loop_rank;
+    bool hosts_differ = false;
+    for (int k = 0; k < c->size; k++) {
+        auto m = parse_kv(hellos[(size_t)k]);
+        c->peers[(size_t)k] = m["addr"] + " on " + m["host"];
+        if (m["size"] != mine)
+            throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect on rank " + str(c->rank) +
+                                                 ": wrong world size: rank " + str(k) +
+                                                 " was started with " + m["size"] +
+                                                 " ranks, this rank with " + mine);
+        if (k == 0) host0 = m["host"];
+        else if (m["host"] != host0) hosts_differ = true;
+        if (loop_rank.empty() && is_loopback(m["addr"])) loop_rank = str(k);
+    }
+    if (hosts_differ && !loop_rank.empty())
+        throw Failure(FSDP_GLOO_INVALID,
+                      "fsdp_gloo_connect on rank " + str(c->rank) + ": rank " + loop_rank +
+                          " listens on a loopback address (" + c->peers[(size_t)atoi(loop_rank.c_str())] +
+                          ") but the ranks run on several hosts; start it with host (--host ADDR) "
+                          "set to an address the other hosts reach, or GLOO_SOCKET_IFNAME=NAME "
+                          "(or ifname)");
 }
 
 } // namespace
 
-extern "C" int fsdp_gloo_connect(const char *store_dir, const char *prefix, const char *host,
-                                 int rank, int size, int timeout_ms, fsdp_gloo_ctx **out,
-                                 char *err, size_t cap)
+extern "C" int fsdp_gloo_connect_opts(const fsdp_gloo_opts *o, fsdp_gloo_ctx **out, char *err,
+                                      size_t cap)
 {
     if (!out) return fail(err, cap, FSDP_GLOO_ERROR, "fsdp_gloo_connect: out is NULL");
     *out = nullptr;
-    if (!store_dir || !*store_dir)
-        return fail(err, cap, FSDP_GLOO_ERROR, "fsdp_gloo_connect: no store directory");
-    if (size < 1 || rank < 0 || rank >= size)
-        return fail(err, cap, FSDP_GLOO_ERROR,
-                    "fsdp_gloo_connect: rank " + std::to_string(rank) + " is not in [0, " +
-                        std::to_string(size) + ")");
+    if (!o) return fail(err, cap, FSDP_GLOO_ERROR, "fsdp_gloo_connect: opts is NULL");
+    bool dir = o->store_dir && *o->store_dir, tcp = o->master_addr && *o->master_addr;
+    if (dir == tcp)
+        return fail(err, cap, FSDP_GLOO_INVALID,
+                    dir ? "fsdp_gloo_connect: both a store directory and a master address; "
+                          "set one"
+                        : "fsdp_gloo_connect: no store: set a store directory or a master "
+                          "address");
+    if (tcp && (o->master_port < 1 || o->master_port > 65535))
+        return fail(err, cap, FSDP_GLOO_INVALID,
+                    "fsdp_gloo_connect: master port " + str(o->master_port) +
+                        " is not in [1, 65535]");
+    if (o->size < 1 || o->rank < 0 || o->rank >= o->size)
+        return fail(err, cap, FSDP_GLOO_INVALID,
+                    "fsdp_gloo_connect: rank " + str(o->rank) + " is not in [0, " +
+                        str(o->size) + ")");
     try {
+        Deadline dl(o->timeout_ms);
         std::unique_ptr<fsdp_gloo_ctx> c(new fsdp_gloo_ctx);
-        c->rank = rank;
-        c->size = size;
-        c->prefix = prefix && *prefix ? prefix : "fsdp";
-        c->store = std::make_shared<gloo::rendezvous::FileStore>(store_dir);
-        gloo::transport::tcp::attr attr;
-        attr.hostname = host && *host ? host : "127.0.0.1";
-        c->dev = gloo::transport::tcp::CreateDevice(attr);
-        // Our own arrival check before Gloo's: it names the missing ranks
-        // and catches a different world size before anyone connects.
-        gloo::rendezvous::PrefixStore ps(c->prefix + "/hello", *c->store);
-        std::string mine = std::to_string(size);
-        ps.set(std::to_string(rank), std::vector<char>(mine.begin(), mine.end()));
-        auto deadline = std::chrono::steady_clock::now() + to_ms(timeout_ms);
-        std::vector<int> missing;
-        for (;;) {
-            missing.clear();
-            for (int k = 0; k < size; k++)
-                if (k != rank && !has_key(ps, std::to_string(k))) missing.push_back(k);
-            if (missing.empty() || std::chrono::steady_clock::now() > deadline) break;
-            std::this_thread::sleep_for(std::chrono::milliseconds(10));
-        }
-        if (!missing.empty()) {
-            std::string m = "fsdp_gloo_connect on rank " + std::to_string(rank) + ": rank";
-            if (missing.size() > 1) m += "s";
-            for (size_t i = 0; i < missing.size(); i++)
-                m += (i ? ", " : " ") + std::to_string(missing[i]);
-            m += " of " + std::to_string(size) + " did not arrive within " +
-                 std::to_string(timeout_ms) + " ms (store " + store_dir + ", prefix " +
-                 c->prefix + ")";
-            return fail(err, cap, FSDP_GLOO_TIMEOUT, m);
-        }
-        for (int k = 0; k < size; k++) {
-            std::vector<char> v = ps.get(std::to_string(k));
-            std::string theirs(v.begin(), v.end());
-            if (theirs != mine)
-                return fail(err, cap, FSDP_GLOO_ERROR,
-                            "fsdp_gloo_connect on rank " + std::to_string(rank) +
-                                ": wrong world size: rank " + std::to_string(k) +
-                                " was started with " + theirs + " ranks, this rank with " +
-                                mine);
-        }
-        connect_ctx(c.get(), timeout_ms);
+        c->rank = o->rank;
+        c->size = o->size;
+        c->prefix = o->prefix && *o->prefix ? o->prefix : "fsdp";
+        std::string how;
+        c->dev = make_device(o, &how);
+        c->address = c->dev->str(); // "tcp, pci=, iface=lo, speed=-1, addr=[127.0.0.1]"
+        size_t at = c->address.find("addr=");
+        if (at != std::string::npos) c->address = c->address.substr(at + 5);
+        if (dir) c->store = std::make_shared<DirStore>(o->store_dir);
+        else c->store = std::make_shared<TcpStore>(o->master_addr, o->master_port, o->rank, dl,
+                                                   o->timeout_ms);
+        if (c->rank == 0) start_job(c.get(), o);
+        join_job(c.get(), o, dl, o->timeout_ms);
+        connect_mesh(c.get(), dl, o->timeout_ms);
         *out = c.release();
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
@@ -148,50 +1056,101 @@ extern "C" int fsdp_gloo_connect(const char *store_dir, const char *prefix, cons
     }
 }
 
+extern "C" int fsdp_gloo_connect(const char *store_dir, const char *prefix, const char *host,
+                                 int rank, int size, int timeout_ms, fsdp_gloo_ctx **out,
+                                 char *err, size_t cap)
+{
+    fsdp_gloo_opts o;
+    memset(&o, 0, sizeof o);
+    o.store_dir = store_dir;
+    o.prefix = prefix;
+    o.host = host;
+    o.rank = rank;
+    o.size = size;
+    o.timeout_ms = timeout_ms;
+    return fsdp_gloo_connect_opts(&o, out, err, cap);
+}
+
 extern "C" int fsdp_gloo_rank(const fsdp_gloo_ctx *c) { return c ? c->rank : -1; }
 extern "C" int fsdp_gloo_size(const fsdp_gloo_ctx *c) { return c ? c->size : 0; }
+extern "C" const char *fsdp_gloo_job_id(const fsdp_gloo_ctx *c) { return c ? c->job.c_str() : ""; }
+extern "C" const char *fsdp_gloo_address(const fsdp_gloo_ctx *c)
+{
+    return c ? c->address.c_str() : "";
+}
+
+namespace {
+
+typedef std::unique_ptr<gloo::transport::UnboundBuffer> UB;
+
+// Waits for the receives of bufs (one per peer; null: none), naming every
+// peer whose data did not come within the deadline, or whose connection
+// broke.
+void wait_recvs(fsdp_gloo_ctx *c, std::vector<UB> &bufs, const char *what, const Deadline &dl,
+                int timeout_ms, bool send)
+{
+    std::vector<int> late;
+    for (size_t j = 0; j < bufs.size(); j++) {
+        if (!bufs[j]) continue;
+        // after the first late peer, only look whether the others are done
+        auto t = late.empty() ? dl.left() : std::chrono::milliseconds(1);
+        bool ok;
+        try {
+            ok = send ? bufs[j]->waitSend(nullptr, t) : bufs[j]->waitRecv(nullptr, t);
+        } catch (const std::exception &e) {
+            // this Gloo throws on a timeout too
+            std::string m = e.what();
+            if (m.find("Timed out") != std::string::npos) {
+                late.push_back((int)j);
+                continue;
+            }
+            throw Failure(FSDP_GLOO_ERROR, std::string(what) + " on rank " + str(c->rank) +
+                                               ": the connection to " + peer(c, (int)j) +
+                                               " failed: " + e.what());
+        }
+        if (!ok) late.push_back((int)j);
+    }
+    if (late.empty()) return;
+    std::string who = rank_list(late);
+    if (late.size() == 1) who = peer(c, late[0]);
+    throw Failure(FSDP_GLOO_TIMEOUT,
+                  std::string(what) + " on rank " + str(c->rank) + ": " +
+                      (send ? "sending to " + who + " did not complete"
+                            : "nothing arrived from " + who) +
+                      " within " + str(timeout_ms) +
+                      " ms (not at this collective yet, stuck, or gone)");
+}
+
+} // namespace
 
 extern "C" int fsdp_gloo_all_gather(fsdp_gloo_ctx *c, const void *send, void *recv,
                                     size_t bytes, int timeout_ms, char *err, size_t cap)
 {
     try {
         char *out = static_cast<char *>(recv);
-        if (send && send != out + (size_t)c->rank * bytes)
-            std::memcpy(out + (size_t)c->rank * bytes, send, bytes);
-        if (c->size == 1 || bytes == 0) return FSDP_GLOO_OK;
-        // no input buffer: Gloo then sends this rank's block of the output
-        gloo::AllgatherOptions opts(c->ctx);
-        opts.setOutput(out, bytes * (size_t)c->size);
-        opts.setTimeout(to_ms(timeout_ms));
-        gloo::allgather(opts);
-        return FSDP_GLOO_OK;
-    } catch (const std::exception &e) {
-        return fail_exception(err, cap, "gloo::allgather", e);
-    } catch (...) {
-        return fail(err, cap, FSDP_GLOO_ERROR, "gloo::allgather: unknown C++ exception");
-    }
-}
-
-extern "C" int fsdp_gloo_all_to_all(fsdp_gloo_ctx *c, const void *send, void *recv,
-                                    size_t bytes, int timeout_ms, char *err, size_t cap)
-{
-    try {
-        if (c->size == 1) {
-            if (send != recv) std::memmove(recv, send, bytes);
-            return FSDP_GLOO_OK;
+        size_t n = (size_t)c->size, r = (size_t)c->rank;
+        if (send && send != out + r * bytes) std::memcpy(out + r * bytes, send, bytes);
+        if (n == 1 || bytes == 0) return FSDP_GLOO_OK;
+        Deadline dl(timeout_ms);
+        uint64_t slot = (uint64_t)c->ctx->nextSlot();
+        std::vector<UB> rb(n), sb(n);
+        for (size_t j = 0; j < n; j++)
+            if (j != r) {
+                rb[j] = c->ctx->createUnboundBuffer(out + j * bytes, bytes);
+                rb[j]->recv((int)j, slot);
+            }
+        for (size_t i = 1; i < n; i++) {
+            size_t to = (r + i) % n; // start at our right neighbour: no hot spot
+            sb[to] = c->ctx->createUnboundBuffer(out + r * bytes, bytes);
+            sb[to]->send((int)to, slot);
         }
-        if (bytes == 0) return FSDP_GLOO_OK;
-        gloo::AlltoallOptions opts(c->ctx);
-        // Gloo's options take non-const pointers; it only reads the input
-        opts.setInput(static_cast<char *>(const_cast<void *>(send)), bytes * (size_t)c->size);
-        opts.setOutput(static_cast<char *>(recv), bytes * (size_t)c->size);
-        opts.setTimeout(to_ms(timeout_ms));
-        gloo::alltoall(opts);
+        wait_recvs(c, rb, "all_gather", dl, timeout_ms, false);
+        wait_recvs(c, sb, "all_gather", dl, timeout_ms, true);
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
-        return fail_exception(err, cap, "gloo::alltoall", e);
+        return fail_exception(err, cap, "all_gather", e);
     } catch (...) {
-        return fail(err, cap, FSDP_GLOO_ERROR, "gloo::alltoall: unknown C++ exception");
+        return fail(err, cap, FSDP_GLOO_ERROR, "all_gather: unknown C++ exception");
     }
 }
 
@@ -209,75 +1168,116 @@ extern "C" int fsdp_gloo_all_to_all_chunked(fsdp_gloo_ctx *c, const void *send,
             for (k = 0; k < nch; k++) done(user, k * chunk, std::min(chunk, bytes - k * chunk));
             return FSDP_GLOO_OK;
         }
+        if (nch == 0) return FSDP_GLOO_OK;
+        Deadline dl(timeout_ms);
         // Point-to-point on unbound buffers, every chunk posted at once: the
         // transport's thread moves later chunks while done() sums earlier ones.
         uint64_t slot = (uint64_t)c->ctx->nextSlot();
-        auto sbuf = c->ctx->createUnboundBuffer(const_cast<char *>(in), bytes * n);
-        std::vector<std::unique_ptr<gloo::transport::UnboundBuffer>> rbuf(n);
+        std::vector<UB> rbuf(n), sbuf(n);
         for (j = 0; j < n; j++)
-            if (j != r) rbuf[j] = c->ctx->createUnboundBuffer(recv_blocks[j], bytes);
+            if (j != r) {
+                rbuf[j] = c->ctx->createUnboundBuffer(recv_blocks[j], bytes);
+                sbuf[j] = c->ctx->createUnboundBuffer(const_cast<char *>(in) + j * bytes, bytes);
+            }
         for (k = 0; k < nch; k++)
             for (j = 0; j < n; j++)
                 if (j != r) rbuf[j]->recv((int)j, slot, k * chunk, std::min(chunk, bytes - k * chunk));
         for (k = 0; k < nch; k++)
             for (size_t i = 1; i < n; i++) {
                 size_t to = (r + i) % n; // start at our right neighbour: no hot spot
-                sbuf->send((int)to, slot, to * bytes + k * chunk, std::min(chunk, bytes - k * chunk));
+                sbuf[to]->send((int)to, slot, k * chunk, std::min(chunk, bytes - k * chunk));
             }
         for (k = 0; k < nch; k++) {
-            for (j = 0; j < n; j++) {
-                int from = -1;
-                if (j == r) continue;
-                if (!rbuf[j]->waitRecv(&from, to_ms(timeout_ms)))
-                    return fail(err, cap, FSDP_GLOO_TIMEOUT,
-                                "alltoall: chunk " + std::to_string(k) + " from rank " +
-                                    std::to_string(j) + " did not arrive within " +
-                                    std::to_string(timeout_ms) + " ms");
-            }
+            // one receive completes per chunk and peer
+            wait_recvs(c, rbuf, "all_to_all", dl, timeout_ms, false);
             done(user, k * chunk, std::min(chunk, bytes - k * chunk));
         }
-        for (k = 0; k < nch * (n - 1); k++)
-            if (!sbuf->waitSend(to_ms(timeout_ms)))
-                return fail(err, cap, FSDP_GLOO_TIMEOUT, "alltoall: a send did not complete within " +
-                                                             std::to_string(timeout_ms) + " ms");
+        for (k = 0; k < nch; k++) wait_recvs(c, sbuf, "all_to_all", dl, timeout_ms, true);
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
-        return fail_exception(err, cap, "alltoall (chunked)", e);
+        return fail_exception(err, cap, "all_to_all", e);
     } catch (...) {
-        return fail(err, cap, FSDP_GLOO_ERROR, "alltoall (chunked): unknown C++ exception");
+        return fail(err, cap, FSDP_GLOO_ERROR, "all_to_all: unknown C++ exception");
     }
+}
+
+namespace {
+void no_done(void *, size_t, size_t) {}
+} // namespace
+
+extern "C" int fsdp_gloo_all_to_all(fsdp_gloo_ctx *c, const void *send, void *recv,
+                                    size_t bytes, int timeout_ms, char *err, size_t cap)
+{
+    size_t n = (size_t)c->size, r = (size_t)c->rank;
+    char *out = static_cast<char *>(recv);
+    if (n == 1 || bytes == 0) {
+        if (send != recv) std::memmove(recv, send, bytes * n);
+        return FSDP_GLOO_OK;
+    }
+    std::vector<char> copy;
+    if (send == recv) { // in place: the blocks to send must outlive the receives
+        copy.assign(static_cast<const char *>(send), static_cast<const char *>(send) + bytes * n);
+        send = copy.data();
+    }
+    std::memcpy(out + r * bytes, static_cast<const char *>(send) + r * bytes, bytes);
+    std::vector<void *> blocks(n);
+    for (size_t j = 0; j < n; j++) blocks[j] = out + j * bytes;
+    return fsdp_gloo_all_to_all_chunked(c, send, blocks.data(), bytes, bytes, no_done, nullptr,
+                                        timeout_ms, err, cap);
 }
 
 extern "C" int fsdp_gloo_broadcast(fsdp_gloo_ctx *c, void *buf, size_t bytes, int root,
                                    int timeout_ms, char *err, size_t cap)
 {
     try {
-        if (c->size == 1 || bytes == 0) return FSDP_GLOO_OK;
-        gloo::BroadcastOptions opts(c->ctx);
-        opts.setOutput(static_cast<char *>(buf), bytes);
-        opts.setRoot(root);
-        opts.setTimeout(to_ms(timeout_ms));
-        gloo::broadcast(opts);
+        size_t n = (size_t)c->size, r = (size_t)c->rank;
+        if (n == 1 || bytes == 0) return FSDP_GLOO_OK;
+        Deadline dl(timeout_ms);
+        uint64_t slot = (uint64_t)c->ctx->nextSlot();
+        std::vector<UB> b(n);
+        if ((int)r == root) {
+            for (size_t i = 1; i < n; i++) {
+                size_t to = (r + i) % n;
+                b[to] = c->ctx->createUnboundBuffer(buf, bytes);
+                b[to]->send((int)to, slot);
+            }
+            wait_recvs(c, b, "broadcast", dl, timeout_ms, true);
+        } else {
+            b[(size_t)root] = c->ctx->createUnboundBuffer(buf, bytes);
+            b[(size_t)root]->recv(root, slot);
+            wait_recvs(c, b, "broadcast", dl, timeout_ms, false);
+        }
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
-        return fail_exception(err, cap, "gloo::broadcast", e);
+        return fail_exception(err, cap, "broadcast", e);
     } catch (...) {
-        return fail(err, cap, FSDP_GLOO_ERROR, "gloo::broadcast: unknown C++ exception");
+        return fail(err, cap, FSDP_GLOO_ERROR, "broadcast: unknown C++ exception");
     }
 }
 
 extern "C" int fsdp_gloo_barrier(fsdp_gloo_ctx *c, int timeout_ms, char *err, size_t cap)
 {
     try {
-        if (c->size == 1) return FSDP_GLOO_OK;
-        gloo::BarrierOptions opts(c->ctx);
-        opts.setTimeout(to_ms(timeout_ms));
-        gloo::barrier(opts);
+        size_t n = (size_t)c->size, r = (size_t)c->rank;
+        if (n == 1) return FSDP_GLOO_OK;
+        Deadline dl(timeout_ms);
+        uint64_t slot = (uint64_t)c->ctx->nextSlot();
+        std::vector<char> in(n), token(1, 1);
+        std::vector<UB> rb(n), sb(n);
+        for (size_t j = 0; j < n; j++)
+            if (j != r) {
+                rb[j] = c->ctx->createUnboundBuffer(&in[j], 1);
+                rb[j]->recv((int)j, slot);
+                sb[j] = c->ctx->createUnboundBuffer(token.data(), 1);
+                sb[j]->send((int)j, slot);
+            }
+        wait_recvs(c, rb, "barrier", dl, timeout_ms, false);
+        wait_recvs(c, sb, "barrier", dl, timeout_ms, true);
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
-        return fail_exception(err, cap, "gloo::barrier", e);
+        return fail_exception(err, cap, "barrier", e);
     } catch (...) {
-        return fail(err, cap, FSDP_GLOO_ERROR, "gloo::barrier: unknown C++ exception");
+        return fail(err, cap, FSDP_GLOO_ERROR, "barrier: unknown C++ exception");
     }
 }
 
@@ -287,31 +1287,43 @@ extern "C" int fsdp_gloo_split(fsdp_gloo_ctx *c, int color, int key, int timeout
     *out = nullptr;
     try {
         // every rank learns every (color, key), then each group connects
-        // through its own prefix of the same store
+        // through its own keys in the same store
         std::vector<int> mine = {color, key}, all((size_t)c->size * 2);
         int r = fsdp_gloo_all_gather(c, mine.data(), all.data(), sizeof(int) * 2, timeout_ms, err,
                                      cap);
         if (r != FSDP_GLOO_OK) return r;
         unsigned n = c->splits++;
-        if (color < 0) return FSDP_GLOO_OK;
-        std::vector<std::pair<int, int>> members; // (key, rank)
-        for (int j = 0; j < c->size; j++)
-            if (all[2 * (size_t)j] == color) members.push_back({all[2 * (size_t)j + 1], j});
-        std::sort(members.begin(), members.end());
-        std::unique_ptr<fsdp_gloo_ctx> nc(new fsdp_gloo_ctx);
-        nc->store = c->store;
-        nc->dev = c->dev;
-        nc->prefix = c->prefix + "/split" + std::to_string(n) + "/" + std::to_string(color);
-        nc->size = (int)members.size();
-        for (size_t i = 0; i < members.size(); i++)
-            if (members[i].second == c->rank) nc->rank = (int)i;
-        connect_ctx(nc.get(), timeout_ms);
+        std::unique_ptr<fsdp_gloo_ctx> nc;
+        if (color >= 0) {
+            std::vector<std::pair<int, int>> members; // (key, rank)
+            for (int j = 0; j < c->size; j++)
+                if (all[2 * (size_t)j] == color) members.push_back({all[2 * (size_t)j + 1], j});
+            std::sort(members.begin(), members.end());
+            nc.reset(new fsdp_gloo_ctx);
+            nc->store = c->store;
+            nc->dev = c->dev;
+            nc->prefix = c->prefix;
+            nc->job = c->job;
+            nc->address = c->address;
+            nc->keys = c->keys + "/split" + std::to_string(n) + "/" + std::to_string(color);
+            nc->size = (int)members.size();
+            for (size_t i = 0; i < members.size(); i++) {
+                if (members[i].second == c->rank) nc->rank = (int)i;
+                nc->peers.push_back(c->peers.empty() ? std::string()
+                                                     : c->peers[(size_t)members[i].second]);
+            }
+            Deadline dl(timeout_ms);
+            connect_mesh(nc.get(), dl, timeout_ms);
+        }
+        // every group has read its keys before anyone (rank 0) may end the job
+        r = fsdp_gloo_barrier(c, timeout_ms, err, cap);
+        if (r != FSDP_GLOO_OK) return r;
         *out = nc.release();
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
-        return fail_exception(err, cap, "fsdp_gloo_split", e);
+        return fail_exception(err, cap, "split", e);
     } catch (...) {
-        return fail(err, cap, FSDP_GLOO_ERROR, "fsdp_gloo_split: unknown C++ exception");
+        return fail(err, cap, FSDP_GLOO_ERROR, "split: unknown C++ exception");
     }
 }
 

@@ -5,9 +5,11 @@
    exception. Build fsdp_gloo_shim.cc as C++11 or later and link -lgloo (a
    C executable linked by gcc also needs -lstdc++).
 
-   Results: 0 success, FSDP_GLOO_TIMEOUT, FSDP_GLOO_ERROR; on failure `err`
-   (cap bytes, may be NULL) holds what failed and why. Thread safety: one
-   thread at a time per context. Collective: every call but free. */
+   Results: 0 success, FSDP_GLOO_TIMEOUT, FSDP_GLOO_ERROR, FSDP_GLOO_INVALID
+   (the ranks' options disagree, or the store/prefix belongs to another
+   job); on failure `err` (cap bytes, may be NULL) holds what failed and
+   why. Thread safety: one thread at a time per context. Collective: every
+   call but free. */
 #ifndef FSDP_GLOO_SHIM_H
 #define FSDP_GLOO_SHIM_H
 
@@ -20,18 +22,40 @@ extern "C" {
 #define FSDP_GLOO_OK 0
 #define FSDP_GLOO_TIMEOUT 1
 #define FSDP_GLOO_ERROR 2
+#define FSDP_GLOO_INVALID 3
 
 typedef struct fsdp_gloo_ctx fsdp_gloo_ctx;
 
-/* Rendezvous of `size` ranks through files in store_dir (it must exist;
-   use a fresh prefix per run: keys of an earlier run with the same prefix
-   make it fail), then a full mesh of TCP pairs on `host`'s interface.
-   A rank that does not arrive within timeout_ms is named in err. The
-   timeout also bounds every later collective. */
+/* How the ranks meet (fsdp_gloo_connect_opts). Exactly one store: a
+   directory every rank sees (store_dir), or a TCP store served by rank 0
+   (master_addr:master_port). NULL/0 fields: see fsdp_comm_gloo.h. */
+typedef struct fsdp_gloo_opts {
+    const char *store_dir;   /* directory store */
+    const char *master_addr; /* TCP store: rank 0's host */
+    int master_port;         /* TCP store: its port */
+    const char *prefix;      /* NULL: "fsdp" */
+    const char *host;        /* this rank's address; NULL or "0.0.0.0": the host name's */
+    const char *ifname;      /* this rank's interface (wins over host) */
+    const char *job_id;      /* NULL: rank 0 makes one up */
+    int rank, size;
+    int timeout_ms;          /* negative: forever */
+} fsdp_gloo_opts;
+
+/* Rendezvous of `size` ranks through the store, one job at a time per
+   (store, prefix): rank 0 creates the job's record exclusively, the others
+   join the job it names, each claiming its rank once. Then a full mesh of
+   TCP pairs. A rank that does not arrive within timeout_ms is named in
+   err. The timeout also bounds every later collective. */
+int fsdp_gloo_connect_opts(const fsdp_gloo_opts *opts, fsdp_gloo_ctx **out, char *err,
+                           size_t cap);
+/* The same through a directory store, host address only. */
 int fsdp_gloo_connect(const char *store_dir, const char *prefix, const char *host, int rank,
                       int size, int timeout_ms, fsdp_gloo_ctx **out, char *err, size_t cap);
 int fsdp_gloo_rank(const fsdp_gloo_ctx *ctx);
 int fsdp_gloo_size(const fsdp_gloo_ctx *ctx);
+/* This job's id and this rank's listening address (valid until free). */
+const char *fsdp_gloo_job_id(const fsdp_gloo_ctx *ctx);
+const char *fsdp_gloo_address(const fsdp_gloo_ctx *ctx);
 /* recv holds size * bytes; send NULL: this rank's block is already in place */
 int fsdp_gloo_all_gather(fsdp_gloo_ctx *ctx, const void *send, void *recv, size_t bytes,
                          int timeout_ms, char *err, size_t cap);
@@ -56,6 +80,9 @@ int fsdp_gloo_barrier(fsdp_gloo_ctx *ctx, int timeout_ms, char *err, size_t cap)
 /* color < 0: this rank joins no group (*out NULL). Ranks ordered by (key, rank). */
 int fsdp_gloo_split(fsdp_gloo_ctx *ctx, int color, int key, int timeout_ms, fsdp_gloo_ctx **out,
                     char *err, size_t cap);
+/* Not collective. Rank 0 of the world (not of a split) ends the job: it
+   removes the job's record and keys from a directory store, or stops the
+   TCP store. */
 void fsdp_gloo_free(fsdp_gloo_ctx *ctx);
 
 #ifdef __cplusplus
