@@ -16,7 +16,7 @@
    Also printed: fsdp.h's step at each FSDP_ISA level (scalar, sse, avx2,
    avx512, where the CPU runs it), as the speed-up of the wide kernels.
 
-   Usage: bench_optim [--python PY] [--rounds R] [--reps K] [--elements N]...
+   Usage: bench_optim [--python PY] [--script PATH] [--rounds R] [--reps K] [--elements N]...
                       [--threads T]... [--levels]
    Defaults: no peers (fsdp.h alone), 4 rounds of 10 steps, 16.8 M and
    67 M elements, 1 and 2 threads. Example with the peers:
@@ -171,7 +171,7 @@ static void peers_round(const char *py, const char *script, size_t n, int T, int
         if (sscanf(line, "%63s %llu %d %lf", name, &nn, &tt, &ms) == 4) {
             if (!strcmp(name, "torch_fused")) *torch = ms;
             else if (!strcmp(name, "deepspeed")) *ds = ms;
-        } else if (verbose && (!strncmp(line, "skip", 4) || strstr(line, "Error"))) {
+        } else if (verbose) {
             printf("  peers: %s", line);
         }
     }
@@ -196,10 +196,14 @@ int main(int argc, char **argv)
     char script[4096];
     size_t sizes[8] = {(size_t)1 << 24, (size_t)1 << 26};
     int threads[8] = {1, 2}, nsizes = 2, nthreads = 2, rounds = 4, reps = 10, levels = 0;
-    int sizes_set = 0, threads_set = 0, i, si, ti, r;
+    int sizes_set = 0, threads_set = 0, script_set = 0, i, si, ti, r;
     fsdp_optim_config c = fsdp_optim_defaults(FSDP_ADAMW);
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--python") && i + 1 < argc) py = argv[++i];
+        else if (!strcmp(argv[i], "--script") && i + 1 < argc) {
+            snprintf(script, sizeof script, "%s", argv[++i]);
+            script_set = 1;
+        }
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--levels")) levels = 1;
@@ -210,7 +214,7 @@ int main(int argc, char **argv)
             if (!threads_set) nthreads = 0, threads_set = 1;
             if (nthreads < 8) threads[nthreads++] = atoi(argv[++i]);
         } else {
-            fprintf(stderr, "usage: %s [--python PY] [--rounds R] [--reps K] [--elements N]... "
+            fprintf(stderr, "usage: %s [--python PY] [--script PATH] [--rounds R] [--reps K] [--elements N]... "
                     "[--threads T]... [--levels]\n", argv[0]);
             return 2;
         }
@@ -224,13 +228,30 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_optim: --threads 1..64\n");
             return 2;
         }
-    /* the script beside this source file, or beside the binary's build dir */
-    snprintf(script, sizeof script, "%s", __FILE__);
-    {
-        char *slash = strrchr(script, '/');
-        if (slash) snprintf(slash + 1, sizeof script - (size_t)(slash + 1 - script),
-                            "bench_optim_peers.py");
-        else snprintf(script, sizeof script, "bench_optim_peers.py");
+    /* the peers' script: --script, else bench/ under the working directory,
+       else beside this source file as the compiler named it, else two
+       levels above the binary (meson's build/bench/) */
+    if (py && !script_set) {
+        const char *slash;
+        FILE *f;
+        int k, found = 0;
+        for (k = 0; k < 3 && !found; k++) {
+            if (k == 0) snprintf(script, sizeof script, "bench/bench_optim_peers.py");
+            else if (k == 1) {
+                slash = strrchr(__FILE__, '/');
+                snprintf(script, sizeof script, "%.*sbench_optim_peers.py",
+                         slash ? (int)(slash + 1 - __FILE__) : 0, __FILE__);
+            } else {
+                slash = strrchr(argv[0], '/');
+                snprintf(script, sizeof script, "%.*s../../bench/bench_optim_peers.py",
+                         slash ? (int)(slash + 1 - argv[0]) : 0, argv[0]);
+            }
+            if ((f = fopen(script, "r")) != NULL) found = 1, fclose(f);
+        }
+        if (!found) {
+            fprintf(stderr, "bench_optim: bench_optim_peers.py not found; give --script PATH\n");
+            return 2;
+        }
     }
     printf("AdamW step (torch defaults, weight_decay 0.01), f32, one flat tensor; medians of "
            "%d rounds x %d steps, alternating\n", rounds, reps);
