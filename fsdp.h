@@ -2908,6 +2908,31 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k,
 #if defined(__SSE__) || defined(_M_X64)
 #include <xmmintrin.h>
 #define FSDP__HAVE_SSE 1
+/* The vector kernels' multiply, add and subtract, as operators of the
+   compilers' vector types rather than intrinsics: clang compiles an
+   intrinsic's body under the command line's -ffp-contract, so that
+   _mm256_add_ps(_mm256_mul_ps(a, b), c) may become one vfmadd despite the
+   caller's pragma; an operator follows the pragma (GCC: the attribute). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__VMUL(a, b) ((a) * (b))
+#define FSDP__VADD(a, b) ((a) + (b))
+#define FSDP__VSUB(a, b) ((a) - (b))
+#else
+#define FSDP__VMUL(a, b) _mm_mul_ps(a, b)
+#define FSDP__VADD(a, b) _mm_add_ps(a, b)
+#define FSDP__VSUB(a, b) _mm_sub_ps(a, b)
+#endif
+/* A rounded product that no later pass can fuse with an add: clang's
+   -ffp-contract=fast fuses a multiply and an add in its back end whatever
+   the function's pragma says; an empty asm that may change the value ends
+   that (it costs no instruction). */
+FSDP__INLINE __m128 fsdp__keep128(__m128 x)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__("" : "+x"(x));
+#endif
+    return x;
+}
 /* Four elements at a time with the same IEEE operations in the same order
    as fsdp__adam_plain_loop (so the same bits): an explicit vector loop,
    because compilers keep sqrtf scalar while errno semantics are on, the
@@ -2917,6 +2942,9 @@ FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k
                                                            float *vm, size_t n, int adamw,
                                                            int l2, int ams, int lerp)
 {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
     const __m128 decay = _mm_set1_ps(k->decay), wd = _mm_set1_ps(k->wd);
     const __m128 b1 = _mm_set1_ps(k->b1), b2 = _mm_set1_ps(k->b2);
     const __m128 omb1 = _mm_set1_ps(k->omb1), omb2 = _mm_set1_ps(k->omb2);
@@ -2926,23 +2954,25 @@ FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k
     size_t i;
     for (i = 0; i + 4 <= n; i += 4) {
         __m128 pi = _mm_loadu_ps(p + i), gi = _mm_loadu_ps(g + i), mi, vi, denom;
-        if (adamw) pi = _mm_mul_ps(pi, decay);
-        if (l2) gi = _mm_add_ps(_mm_mul_ps(pi, wd), gi);
+        if (adamw) pi = fsdp__keep128(FSDP__VMUL(pi, decay));
+        if (l2) gi = FSDP__VADD(fsdp__keep128(FSDP__VMUL(pi, wd)), gi);
         if (lerp) {
             __m128 mo = _mm_loadu_ps(m + i);
-            mi = _mm_add_ps(small ? mo : gi, _mm_mul_ps(lw, _mm_sub_ps(gi, mo)));
+            mi = FSDP__VADD(small ? mo : gi, fsdp__keep128(FSDP__VMUL(lw, FSDP__VSUB(gi, mo))));
         } else {
-            mi = _mm_add_ps(_mm_mul_ps(gi, omb1), _mm_mul_ps(_mm_loadu_ps(m + i), b1));
+            mi = FSDP__VADD(fsdp__keep128(FSDP__VMUL(gi, omb1)),
+                            fsdp__keep128(FSDP__VMUL(_mm_loadu_ps(m + i), b1)));
         }
-        vi = _mm_add_ps(_mm_mul_ps(_mm_mul_ps(omb2, gi), gi), _mm_mul_ps(_mm_loadu_ps(v + i), b2));
+        vi = FSDP__VADD(fsdp__keep128(FSDP__VMUL(FSDP__VMUL(omb2, gi), gi)),
+                        fsdp__keep128(FSDP__VMUL(_mm_loadu_ps(v + i), b2)));
         _mm_storeu_ps(m + i, mi);
         _mm_storeu_ps(v + i, vi);
         if (ams) {
             vi = _mm_max_ps(_mm_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
             _mm_storeu_ps(vm + i, vi);
         }
-        denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
-        _mm_storeu_ps(p + i, _mm_add_ps(pi, _mm_div_ps(_mm_mul_ps(neg_step, mi), denom)));
+        denom = FSDP__VADD(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
+        _mm_storeu_ps(p + i, FSDP__VADD(pi, _mm_div_ps(FSDP__VMUL(neg_step, mi), denom)));
     }
     return i;
 }
@@ -2959,6 +2989,9 @@ FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k
 #define FSDP__HAVE_AVX2_FMA 1
 #define FSDP__AVX2_FMA __attribute__((target("avx2,fma")))
 #define FSDP__AVX512 __attribute__((target("avx512f,avx2,fma")))
+/* the kernels are never contracted, as the scalar loops: GCC would make
+   an intrinsic multiply and add one vfmadd under -ffp-contract=fast, its
+   default outside ISO C mode */
 
 FSDP__DEF int fsdp__cpu_avx2_fma(void)
 {
@@ -3041,18 +3074,36 @@ FSDP__DEF int fsdp__adam_recip(const fsdp__adam_k *k)
     return k->recip_ok && (_mm_getcsr() & 0x6000u) == 0; /* MXCSR: round to nearest */
 }
 
+/* fsdp__keep128 for 8 and 16 floats */
+FSDP__INLINE FSDP__AVX2_FMA __m256 fsdp__keep256(__m256 x)
+{
+    __asm__("" : "+x"(x));
+    return x;
+}
+
+FSDP__INLINE FSDP__AVX512 __m512 fsdp__keep512(__m512 x)
+{
+    __asm__("" : "+v"(x));
+    return x;
+}
+
 #define FSDP__MADD256(f, a, b, c)                                                           \
-    ((f) ? _mm256_fmadd_ps(a, b, c) : _mm256_add_ps(_mm256_mul_ps(a, b), c))
+    ((f) ? _mm256_fmadd_ps(a, b, c)                                                      \
+         : (__m256)FSDP__VADD(fsdp__keep256(FSDP__VMUL(a, b)), fsdp__keep256(c)))
 #define FSDP__MADD512(f, a, b, c)                                                           \
-    ((f) ? _mm512_fmadd_ps(a, b, c) : _mm512_add_ps(_mm512_mul_ps(a, b), c))
+    ((f) ? _mm512_fmadd_ps(a, b, c)                                                      \
+         : (__m512)FSDP__VADD(fsdp__keep512(FSDP__VMUL(a, b)), fsdp__keep512(c)))
 
 /* Returns how many leading elements it stepped (a multiple of 8). fma: the
    FMA recipe (fsdp__adam_fma's scalar loop), else the plain one
    (fsdp__adam_plain_loop). */
-FSDP__DEF FSDP__AVX2_FMA size_t fsdp__adam_avx2(const fsdp__adam_k *k, float *p, const float *g,
+FSDP__DEF FSDP__AVX2_FMA FSDP__NO_CONTRACT size_t fsdp__adam_avx2(const fsdp__adam_k *k, float *p, const float *g,
                                                 float *m, float *v, float *vm, size_t n,
                                                 int fma, int adamw, int l2, int ams, int lerp)
 {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
     const __m256 decay = _mm256_set1_ps(k->decay), wd = _mm256_set1_ps(k->wd);
     const __m256 b1 = _mm256_set1_ps(k->b1), b2 = _mm256_set1_ps(k->b2);
     const __m256 omb1 = _mm256_set1_ps(k->omb1), omb2 = _mm256_set1_ps(k->omb2);
@@ -3064,17 +3115,17 @@ FSDP__DEF FSDP__AVX2_FMA size_t fsdp__adam_avx2(const fsdp__adam_k *k, float *p,
     for (i = 0; i + 8 <= n; i += 8) {
         __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
         __m256 mo = _mm256_loadu_ps(m + i), mi, vi, s;
-        if (adamw) pi = _mm256_mul_ps(pi, decay);
+        if (adamw) pi = fsdp__keep256(FSDP__VMUL(pi, decay));
         else if (l2) gi = FSDP__MADD256(fma, pi, wd, gi);
         if (lerp) {
-            __m256 d = _mm256_sub_ps(gi, mo);
+            __m256 d = FSDP__VSUB(gi, mo);
             mi = fma ? _mm256_fmadd_ps(lw, d, small ? mo : gi)
-                     : _mm256_add_ps(small ? mo : gi, _mm256_mul_ps(lw, d));
+                     : (__m256)FSDP__VADD(small ? mo : gi, fsdp__keep256(FSDP__VMUL(lw, d)));
         } else {
-            mi = FSDP__MADD256(fma, gi, omb1, _mm256_mul_ps(mo, b1));
+            mi = FSDP__MADD256(fma, gi, omb1, FSDP__VMUL(mo, b1));
         }
-        vi = FSDP__MADD256(fma, _mm256_mul_ps(omb2, gi), gi,
-                           _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
+        vi = FSDP__MADD256(fma, FSDP__VMUL(omb2, gi), gi,
+                           FSDP__VMUL(_mm256_loadu_ps(v + i), b2));
         _mm256_storeu_ps(m + i, mi);
         _mm256_storeu_ps(v + i, vi);
         if (ams) {
@@ -3089,17 +3140,20 @@ FSDP__DEF FSDP__AVX2_FMA size_t fsdp__adam_avx2(const fsdp__adam_k *k, float *p,
         } else {
             s = _mm256_div_ps(s, sbc2);
         }
-        s = _mm256_add_ps(s, eps);
-        _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(neg_step, mi), s)));
+        s = FSDP__VADD(s, eps);
+        _mm256_storeu_ps(p + i, FSDP__VADD(pi, _mm256_div_ps(FSDP__VMUL(neg_step, mi), s)));
     }
     return i;
 }
 
 /* fsdp__adam_avx2, 16 elements at a time (a multiple of 16 returned). */
-FSDP__DEF FSDP__AVX512 size_t fsdp__adam_avx512(const fsdp__adam_k *k, float *p, const float *g,
+FSDP__DEF FSDP__AVX512 FSDP__NO_CONTRACT size_t fsdp__adam_avx512(const fsdp__adam_k *k, float *p, const float *g,
                                                 float *m, float *v, float *vm, size_t n,
                                                 int fma, int adamw, int l2, int ams, int lerp)
 {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
     const __m512 decay = _mm512_set1_ps(k->decay), wd = _mm512_set1_ps(k->wd);
     const __m512 b1 = _mm512_set1_ps(k->b1), b2 = _mm512_set1_ps(k->b2);
     const __m512 omb1 = _mm512_set1_ps(k->omb1), omb2 = _mm512_set1_ps(k->omb2);
@@ -3111,17 +3165,17 @@ FSDP__DEF FSDP__AVX512 size_t fsdp__adam_avx512(const fsdp__adam_k *k, float *p,
     for (i = 0; i + 16 <= n; i += 16) {
         __m512 pi = _mm512_loadu_ps(p + i), gi = _mm512_loadu_ps(g + i);
         __m512 mo = _mm512_loadu_ps(m + i), mi, vi, s;
-        if (adamw) pi = _mm512_mul_ps(pi, decay);
+        if (adamw) pi = fsdp__keep512(FSDP__VMUL(pi, decay));
         else if (l2) gi = FSDP__MADD512(fma, pi, wd, gi);
         if (lerp) {
-            __m512 d = _mm512_sub_ps(gi, mo);
+            __m512 d = FSDP__VSUB(gi, mo);
             mi = fma ? _mm512_fmadd_ps(lw, d, small ? mo : gi)
-                     : _mm512_add_ps(small ? mo : gi, _mm512_mul_ps(lw, d));
+                     : (__m512)FSDP__VADD(small ? mo : gi, fsdp__keep512(FSDP__VMUL(lw, d)));
         } else {
-            mi = FSDP__MADD512(fma, gi, omb1, _mm512_mul_ps(mo, b1));
+            mi = FSDP__MADD512(fma, gi, omb1, FSDP__VMUL(mo, b1));
         }
-        vi = FSDP__MADD512(fma, _mm512_mul_ps(omb2, gi), gi,
-                           _mm512_mul_ps(_mm512_loadu_ps(v + i), b2));
+        vi = FSDP__MADD512(fma, FSDP__VMUL(omb2, gi), gi,
+                           FSDP__VMUL(_mm512_loadu_ps(v + i), b2));
         _mm512_storeu_ps(m + i, mi);
         _mm512_storeu_ps(v + i, vi);
         if (ams) {
@@ -3140,18 +3194,21 @@ FSDP__DEF FSDP__AVX512 size_t fsdp__adam_avx512(const fsdp__adam_k *k, float *p,
         } else {
             s = _mm512_div_ps(s, sbc2);
         }
-        s = _mm512_add_ps(s, eps);
-        _mm512_storeu_ps(p + i, _mm512_add_ps(pi, _mm512_div_ps(_mm512_mul_ps(neg_step, mi), s)));
+        s = FSDP__VADD(s, eps);
+        _mm512_storeu_ps(p + i, FSDP__VADD(pi, _mm512_div_ps(FSDP__VMUL(neg_step, mi), s)));
     }
     return i;
 }
 
 /* SGD (fsdp__sgd_loop's recipe), 8 elements at a time; fma as above. */
-FSDP__DEF FSDP__AVX2_FMA size_t fsdp__sgd_avx2(float *p, const float *g, float *buf, size_t n,
+FSDP__DEF FSDP__AVX2_FMA FSDP__NO_CONTRACT size_t fsdp__sgd_avx2(float *p, const float *g, float *buf, size_t n,
                                                float wd_, float mom_, float omd_, float neg_lr_,
                                                int fma, int use_wd, int use_mom, int first,
                                                int nest)
 {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
     const __m256 wd = _mm256_set1_ps(wd_), mom = _mm256_set1_ps(mom_);
     const __m256 omd = _mm256_set1_ps(omd_), neg_lr = _mm256_set1_ps(neg_lr_);
     size_t i;
@@ -3161,7 +3218,7 @@ FSDP__DEF FSDP__AVX2_FMA size_t fsdp__sgd_avx2(float *p, const float *g, float *
         if (use_mom) {
             __m256 b = first ? gi
                              : FSDP__MADD256(fma, gi, omd,
-                                             _mm256_mul_ps(_mm256_loadu_ps(buf + i), mom));
+                                             FSDP__VMUL(_mm256_loadu_ps(buf + i), mom));
             _mm256_storeu_ps(buf + i, b);
             gi = nest ? FSDP__MADD256(fma, b, mom, gi) : b;
         }
@@ -3171,11 +3228,14 @@ FSDP__DEF FSDP__AVX2_FMA size_t fsdp__sgd_avx2(float *p, const float *g, float *
 }
 
 /* fsdp__sgd_avx2, 16 elements at a time. */
-FSDP__DEF FSDP__AVX512 size_t fsdp__sgd_avx512(float *p, const float *g, float *buf, size_t n,
+FSDP__DEF FSDP__AVX512 FSDP__NO_CONTRACT size_t fsdp__sgd_avx512(float *p, const float *g, float *buf, size_t n,
                                                float wd_, float mom_, float omd_, float neg_lr_,
                                                int fma, int use_wd, int use_mom, int first,
                                                int nest)
 {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
     const __m512 wd = _mm512_set1_ps(wd_), mom = _mm512_set1_ps(mom_);
     const __m512 omd = _mm512_set1_ps(omd_), neg_lr = _mm512_set1_ps(neg_lr_);
     size_t i;
@@ -3185,7 +3245,7 @@ FSDP__DEF FSDP__AVX512 size_t fsdp__sgd_avx512(float *p, const float *g, float *
         if (use_mom) {
             __m512 b = first ? gi
                              : FSDP__MADD512(fma, gi, omd,
-                                             _mm512_mul_ps(_mm512_loadu_ps(buf + i), mom));
+                                             FSDP__VMUL(_mm512_loadu_ps(buf + i), mom));
             _mm512_storeu_ps(buf + i, b);
             gi = nest ? FSDP__MADD512(fma, b, mom, gi) : b;
         }
@@ -3283,10 +3343,13 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, in
     }
 }
 
-FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p,
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p,
                               const float *g, const fsdp_optim_state *st, size_t n, int lerp,
                               int isa)
 {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
     const int adamw = c->kind == FSDP_ADAMW, ams = c->amsgrad;
     const int l2 = !adamw && c->weight_decay != 0.0; /* torch tests the Python float */
     fsdp__adam_k k;
