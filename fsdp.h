@@ -351,7 +351,10 @@ typedef struct fsdp_optim_state {
 /* One torch.optim step over n f32 elements on the host. step is 1 for the
    first step (torch's state['step'] after its increment). The arithmetic is
    the recipe of tests/vectors/README.md, element by element, so splitting a
-   tensor into shards changes no bit. */
+   tensor into shards changes no bit. On x86 it runs the widest kernel the
+   CPU has (AVX-512F, AVX2+FMA, SSE, scalar: chosen at run time, each gives
+   the same bits); the environment variable FSDP_ISA=scalar|sse|avx2|avx512,
+   read once at the first step, caps that level (tests, bisection, timing). */
 FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
                                           const float *grad, const fsdp_optim_state *state,
                                           size_t n);
