@@ -3090,6 +3090,16 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__keep512(__m512 x)
     return x;
 }
 
+/* Software prefetch FSDP__PF_BYTES ahead of each stream. From DRAM the
+   kernels wait on memory; the divider's long chain fills the reorder
+   buffer with few iterations, so fewer lines are in flight than the
+   hardware prefetchers allow, and an explicit prefetch a kilobyte ahead
+   gained 13-16% at 67 M elements (bench_optim, alternating). An address past the end
+   (prefetch never faults) is formed as an integer. */
+#define FSDP__PF_BYTES 1024
+#define FSDP__PREFETCH(ptr)                                                                   \
+    _mm_prefetch((const char *)((uintptr_t)(ptr) + FSDP__PF_BYTES), _MM_HINT_T0)
+
 #define FSDP__MADD256(f, a, b, c)                                                           \
     ((f) ? _mm256_fmadd_ps(a, b, c)                                                      \
          : (__m256)FSDP__VADD(fsdp__keep256(FSDP__VMUL(a, b)), fsdp__keep256(c)))
@@ -3116,6 +3126,9 @@ FSDP__DEF FSDP__AVX2_FMA FSDP__NO_CONTRACT size_t fsdp__adam_avx2(const fsdp__ad
     const int small = k->lerp_small, recip = fsdp__adam_recip(k);
     size_t i;
     for (i = 0; i + 8 <= n; i += 8) {
+        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i), FSDP__PREFETCH(m + i);
+        FSDP__PREFETCH(v + i);
+        if (ams) FSDP__PREFETCH(vm + i);
         __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
         __m256 mo = _mm256_loadu_ps(m + i), mi, vi, s;
         if (adamw) pi = fsdp__keep256(FSDP__VMUL(pi, decay));
@@ -3166,6 +3179,9 @@ FSDP__DEF FSDP__AVX512 FSDP__NO_CONTRACT size_t fsdp__adam_avx512(const fsdp__ad
     const int small = k->lerp_small, recip = fsdp__adam_recip(k);
     size_t i;
     for (i = 0; i + 16 <= n; i += 16) {
+        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i), FSDP__PREFETCH(m + i);
+        FSDP__PREFETCH(v + i);
+        if (ams) FSDP__PREFETCH(vm + i);
         __m512 pi = _mm512_loadu_ps(p + i), gi = _mm512_loadu_ps(g + i);
         __m512 mo = _mm512_loadu_ps(m + i), mi, vi, s;
         if (adamw) pi = fsdp__keep512(FSDP__VMUL(pi, decay));
@@ -3216,6 +3232,8 @@ FSDP__DEF FSDP__AVX2_FMA FSDP__NO_CONTRACT size_t fsdp__sgd_avx2(float *p, const
     const __m256 omd = _mm256_set1_ps(omd_), neg_lr = _mm256_set1_ps(neg_lr_);
     size_t i;
     for (i = 0; i + 8 <= n; i += 8) {
+        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i);
+        if (use_mom && !first) FSDP__PREFETCH(buf + i);
         __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
         if (use_wd) gi = FSDP__MADD256(fma, pi, wd, gi);
         if (use_mom) {
@@ -3243,6 +3261,8 @@ FSDP__DEF FSDP__AVX512 FSDP__NO_CONTRACT size_t fsdp__sgd_avx512(float *p, const
     const __m512 omd = _mm512_set1_ps(omd_), neg_lr = _mm512_set1_ps(neg_lr_);
     size_t i;
     for (i = 0; i + 16 <= n; i += 16) {
+        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i);
+        if (use_mom && !first) FSDP__PREFETCH(buf + i);
         __m512 pi = _mm512_loadu_ps(p + i), gi = _mm512_loadu_ps(g + i);
         if (use_wd) gi = FSDP__MADD512(fma, pi, wd, gi);
         if (use_mom) {
