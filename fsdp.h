@@ -3094,8 +3094,8 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__keep512(__m512 x)
    kernels wait on memory; the divider's long chain fills the reorder
    buffer with few iterations, so fewer lines are in flight than the
    hardware prefetchers allow, and an explicit prefetch a kilobyte ahead
-   gained 13-16% at 67 M elements (bench_optim, alternating). An address past the end
-   (prefetch never faults) is formed as an integer. */
+   gained 10-16% at 67 M elements (bench_optim, alternating). An address
+   past the end (prefetch never faults) is formed as an integer. */
 #define FSDP__PF_BYTES 1024
 #define FSDP__PREFETCH(ptr)                                                                   \
     _mm_prefetch((const char *)((uintptr_t)(ptr) + FSDP__PF_BYTES), _MM_HINT_T0)
