@@ -3448,6 +3448,7 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int6
     const int use_wd = c->weight_decay != 0.0, use_mom = c->momentum != 0.0, nest = c->nesterov;
     const int first = step == 1;
     size_t done = 0;
+    (void)isa; /* unused where the build has no wide kernels */
 #ifdef FSDP__HAVE_AVX2_FMA
     if (isa >= FSDP__ISA_AVX512)
         done = fsdp__sgd_avx512(p, g, buf, n, wd, mom, omd, neg_lr, fma, use_wd, use_mom, first,
