@@ -358,7 +358,10 @@ typedef struct fsdp_optim_state {
 /* One torch.optim step over n f32 elements on the host. step is 1 for the
    first step (torch's state['step'] after its increment). The arithmetic is
    the recipe of tests/vectors/README.md, element by element, so splitting a
-   tensor into shards changes no bit. */
+   tensor into shards changes no bit. On x86 it runs the widest kernel the
+   CPU has (AVX-512F, AVX2+FMA, SSE, scalar: chosen at run time, each gives
+   the same bits); the environment variable FSDP_ISA=scalar|sse|avx2|avx512,
+   read once at the first step, caps that level (tests, bisection, timing). */
 FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
                                           const float *grad, const fsdp_optim_state *state,
                                           size_t n);
@@ -3058,7 +3061,21 @@ typedef struct fsdp__adam_k {
     float decay, wd, b1, b2, omb1, omb2, sbc2, eps, neg_step;
     float lerp_w; /* torch 2.x: the lerp's weight, 1 - beta1 or (1 - beta1) - 1 */
     int lerp_small; /* torch 2.x: |1 - beta1| < 0.5, lerp from exp_avg (else from grad) */
+    /* The wide kernels' sqrt(v) / sbc2 without a division (see
+       fsdp__adam_avx2): 1 / sbc2 rounded to double, and whether sbc2 is in
+       the range where that gives the quotient's bits. */
+    double rsbc2;
+    int recip_ok;
 } fsdp__adam_k;
+
+/* The optimizer kernels' instruction-set levels. fsdp__optim_isa() is the
+   widest the CPU runs, capped by the environment variable FSDP_ISA
+   (scalar, sse, avx2, avx512), read once, at the first step. Every level
+   gives the same bits. */
+#define FSDP__ISA_SCALAR 0
+#define FSDP__ISA_SSE 1
+#define FSDP__ISA_AVX2 2   /* AVX2 and FMA */
+#define FSDP__ISA_AVX512 3 /* AVX-512F */
 
 FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k, float *p, const float *g,
                                         float *m, float *v, float *vm, size_t n, int adamw,
@@ -3093,6 +3110,31 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k,
 #if defined(__SSE__) || defined(_M_X64)
 #include <xmmintrin.h>
 #define FSDP__HAVE_SSE 1
+/* The vector kernels' multiply, add and subtract, as operators of the
+   compilers' vector types rather than intrinsics: clang compiles an
+   intrinsic's body under the command line's -ffp-contract, so that
+   _mm256_add_ps(_mm256_mul_ps(a, b), c) may become one vfmadd despite the
+   caller's pragma; an operator follows the pragma (GCC: the attribute). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__VMUL(a, b) ((a) * (b))
+#define FSDP__VADD(a, b) ((a) + (b))
+#define FSDP__VSUB(a, b) ((a) - (b))
+#else
+#define FSDP__VMUL(a, b) _mm_mul_ps(a, b)
+#define FSDP__VADD(a, b) _mm_add_ps(a, b)
+#define FSDP__VSUB(a, b) _mm_sub_ps(a, b)
+#endif
+/* A rounded product that no later pass can fuse with an add: clang's
+   -ffp-contract=fast fuses a multiply and an add in its back end whatever
+   the function's pragma says; an empty asm that may change the value ends
+   that (it costs no instruction). */
+FSDP__INLINE __m128 fsdp__keep128(__m128 x)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    __asm__("" : "+x"(x));
+#endif
+    return x;
+}
 /* Four elements at a time with the same IEEE operations in the same order
    as fsdp__adam_plain_loop (so the same bits): an explicit vector loop,
    because compilers keep sqrtf scalar while errno semantics are on, the
@@ -3102,6 +3144,9 @@ FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k
                                                            float *vm, size_t n, int adamw,
                                                            int l2, int ams, int lerp)
 {
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
     const __m128 decay = _mm_set1_ps(k->decay), wd = _mm_set1_ps(k->wd);
     const __m128 b1 = _mm_set1_ps(k->b1), b2 = _mm_set1_ps(k->b2);
     const __m128 omb1 = _mm_set1_ps(k->omb1), omb2 = _mm_set1_ps(k->omb2);
@@ -3111,36 +3156,354 @@ FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k
     size_t i;
     for (i = 0; i + 4 <= n; i += 4) {
         __m128 pi = _mm_loadu_ps(p + i), gi = _mm_loadu_ps(g + i), mi, vi, denom;
-        if (adamw) pi = _mm_mul_ps(pi, decay);
-        if (l2) gi = _mm_add_ps(_mm_mul_ps(pi, wd), gi);
+        if (adamw) pi = fsdp__keep128(FSDP__VMUL(pi, decay));
+        if (l2) gi = FSDP__VADD(fsdp__keep128(FSDP__VMUL(pi, wd)), gi);
         if (lerp) {
             __m128 mo = _mm_loadu_ps(m + i);
-            mi = _mm_add_ps(small ? mo : gi, _mm_mul_ps(lw, _mm_sub_ps(gi, mo)));
+            mi = FSDP__VADD(small ? mo : gi, fsdp__keep128(FSDP__VMUL(lw, FSDP__VSUB(gi, mo))));
         } else {
-            mi = _mm_add_ps(_mm_mul_ps(gi, omb1), _mm_mul_ps(_mm_loadu_ps(m + i), b1));
+            mi = FSDP__VADD(fsdp__keep128(FSDP__VMUL(gi, omb1)),
+                            fsdp__keep128(FSDP__VMUL(_mm_loadu_ps(m + i), b1)));
         }
-        vi = _mm_add_ps(_mm_mul_ps(_mm_mul_ps(omb2, gi), gi), _mm_mul_ps(_mm_loadu_ps(v + i), b2));
+        vi = FSDP__VADD(fsdp__keep128(FSDP__VMUL(FSDP__VMUL(omb2, gi), gi)),
+                        fsdp__keep128(FSDP__VMUL(_mm_loadu_ps(v + i), b2)));
         _mm_storeu_ps(m + i, mi);
         _mm_storeu_ps(v + i, vi);
         if (ams) {
             vi = _mm_max_ps(_mm_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
             _mm_storeu_ps(vm + i, vi);
         }
-        denom = _mm_add_ps(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
-        _mm_storeu_ps(p + i, _mm_add_ps(pi, _mm_div_ps(_mm_mul_ps(neg_step, mi), denom)));
+        denom = FSDP__VADD(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
+        _mm_storeu_ps(p + i, FSDP__VADD(pi, _mm_div_ps(FSDP__VMUL(neg_step, mi), denom)));
     }
     return i;
 }
 #endif
 
+#if defined(FSDP__HAVE_AVX2_CVT)
+/* torch's AVX2 kernels fuse their multiply-adds; so do these in the FMA
+   modes (every vfmadd is one rounding, as fmaf), and the plain modes use a
+   multiply and an add, each rounded, as the scalar loops: 8 (AVX2) or 16
+   (AVX-512) elements at a time with the very operations of the scalar
+   recipe, so the bits are the scalar recipe's whatever the vector width and
+   wherever the tail falls. Chosen at run time: the library is built for the
+   baseline. */
+#define FSDP__HAVE_AVX2_FMA 1
+#define FSDP__AVX2_FMA __attribute__((target("avx2,fma")))
+#define FSDP__AVX512 __attribute__((target("avx512f,avx2,fma")))
+/* the kernels are never contracted, as the scalar loops: GCC would make
+   an intrinsic multiply and add one vfmadd under -ffp-contract=fast, its
+   default outside ISO C mode */
+
+FSDP__DEF int fsdp__cpu_avx2_fma(void)
+{
+#if defined(__AVX2__) && defined(__FMA__)
+    return 1;
+#else
+    static int cached; /* 0 unknown, 1 no, 2 yes; atomic, as fsdp__cpu_avx2_f16c */
+    int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (!c) {
+        __builtin_cpu_init();
+        c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
+        __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
+    }
+    return c == 2;
+#endif
+}
+
+/* AVX-512F with the OS's saving of the ZMM state (__builtin_cpu_supports
+   checks XCR0). */
+FSDP__DEF int fsdp__cpu_avx512f(void)
+{
+    static int cached; /* 0 unknown, 1 no, 2 yes */
+    int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (!c) {
+        __builtin_cpu_init();
+        c = __builtin_cpu_supports("avx512f") && fsdp__cpu_avx2_fma() ? 2 : 1;
+        __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
+    }
+    return c == 2;
+}
+#endif
+
+/* The widest level the CPU runs, capped by FSDP_ISA. Computed once; the
+   cache is an atomic int (level + 1, 0 unknown), so that concurrent first
+   calls are no data race (both compute the same value). */
+FSDP__DEF int fsdp__optim_isa(void)
+{
+#if defined(__GNUC__) || defined(__clang__)
+    static int cached;
+    int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (c) return c - 1;
+#endif
+    {
+        const char *env = getenv("FSDP_ISA");
+        int cpu = FSDP__ISA_SCALAR, cap = FSDP__ISA_AVX512;
+#ifdef FSDP__HAVE_SSE
+        cpu = FSDP__ISA_SSE;
+#endif
+#ifdef FSDP__HAVE_AVX2_FMA
+        if (fsdp__cpu_avx2_fma()) cpu = fsdp__cpu_avx512f() ? FSDP__ISA_AVX512 : FSDP__ISA_AVX2;
+#endif
+        if (env && !strcmp(env, "scalar")) cap = FSDP__ISA_SCALAR;
+        else if (env && !strcmp(env, "sse")) cap = FSDP__ISA_SSE;
+        else if (env && !strcmp(env, "avx2")) cap = FSDP__ISA_AVX2;
+        c = cpu < cap ? cpu : cap;
+    }
+#if defined(__GNUC__) || defined(__clang__)
+    __atomic_store_n(&cached, c + 1, __ATOMIC_RELAXED);
+#endif
+    return c;
+}
+
+#if defined(FSDP__HAVE_AVX2_FMA)
+/* The wide kernels' sqrt(v) / sbc2 is s * (1 / sbc2) in double, rounded to
+   float: the same bits as the division while rounding is to nearest and s
+   and the quotient are normal, zero, Inf or NaN. Why: y = RN64(1 / sbc2)
+   and RN64(s * y) are within 2^-52 (relative) of s / sbc2, while a
+   quotient of two floats is never a float midpoint and lies at least 2^-49
+   (relative) away from one (s = S 2^e, sbc2 = B 2^f, S and B < 2^24
+   integers; a midpoint M = (2K + 1) 2^(u-1) with 2^23 <= K < 2^24 gives
+   |s - sbc2 M| >= 2^min(e, f+u-1), so |s / sbc2 - M| >= 2^(u-25)); so the
+   float nearest to s * y is the float nearest to s / sbc2. s = sqrt(v) is
+   0, Inf, NaN (the same NaN after the round trip) or normal in
+   [2^-75, 2^64], so sbc2 in [2^-60, 1] keeps the quotient normal. The
+   divider is the kernel's bottleneck (a square root and two divisions per
+   element); this removes one of the three. The other division, by a
+   per-element denominator, stays. */
+FSDP__DEF int fsdp__adam_recip(const fsdp__adam_k *k)
+{
+    return k->recip_ok && (_mm_getcsr() & 0x6000u) == 0; /* MXCSR: round to nearest */
+}
+
+/* fsdp__keep128 for 8 and 16 floats */
+FSDP__INLINE FSDP__AVX2_FMA __m256 fsdp__keep256(__m256 x)
+{
+    __asm__("" : "+x"(x));
+    return x;
+}
+
+FSDP__INLINE FSDP__AVX512 __m512 fsdp__keep512(__m512 x)
+{
+    __asm__("" : "+v"(x));
+    return x;
+}
+
+/* Software prefetch FSDP__PF_BYTES ahead of each stream. From DRAM the
+   kernels wait on memory; the divider's long chain fills the reorder
+   buffer with few iterations, so fewer lines are in flight than the
+   hardware prefetchers allow, and an explicit prefetch a kilobyte ahead
+   gained 10-16% at 67 M elements (bench_optim, alternating). An address
+   past the end (prefetch never faults) is formed as an integer. */
+#define FSDP__PF_BYTES 1024
+#define FSDP__PREFETCH(ptr)                                                                   \
+    _mm_prefetch((const char *)((uintptr_t)(ptr) + FSDP__PF_BYTES), _MM_HINT_T0)
+
+#define FSDP__MADD256(f, a, b, c)                                                           \
+    ((f) ? _mm256_fmadd_ps(a, b, c)                                                      \
+         : (__m256)FSDP__VADD(fsdp__keep256(FSDP__VMUL(a, b)), fsdp__keep256(c)))
+#define FSDP__MADD512(f, a, b, c)                                                           \
+    ((f) ? _mm512_fmadd_ps(a, b, c)                                                      \
+         : (__m512)FSDP__VADD(fsdp__keep512(FSDP__VMUL(a, b)), fsdp__keep512(c)))
+
+/* Returns how many leading elements it stepped (a multiple of 8). fma: the
+   FMA recipe (fsdp__adam_fma's scalar loop), else the plain one
+   (fsdp__adam_plain_loop). */
+FSDP__DEF FSDP__AVX2_FMA FSDP__NO_CONTRACT size_t fsdp__adam_avx2(const fsdp__adam_k *k, float *p, const float *g,
+                                                float *m, float *v, float *vm, size_t n,
+                                                int fma, int adamw, int l2, int ams, int lerp)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const __m256 decay = _mm256_set1_ps(k->decay), wd = _mm256_set1_ps(k->wd);
+    const __m256 b1 = _mm256_set1_ps(k->b1), b2 = _mm256_set1_ps(k->b2);
+    const __m256 omb1 = _mm256_set1_ps(k->omb1), omb2 = _mm256_set1_ps(k->omb2);
+    const __m256 sbc2 = _mm256_set1_ps(k->sbc2), eps = _mm256_set1_ps(k->eps);
+    const __m256 neg_step = _mm256_set1_ps(k->neg_step), lw = _mm256_set1_ps(k->lerp_w);
+    const __m256d rs = _mm256_set1_pd(k->rsbc2);
+    const int small = k->lerp_small, recip = fsdp__adam_recip(k);
+    size_t i;
+    for (i = 0; i + 8 <= n; i += 8) {
+        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i), FSDP__PREFETCH(m + i);
+        FSDP__PREFETCH(v + i);
+        if (ams) FSDP__PREFETCH(vm + i);
+        __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
+        __m256 mo = _mm256_loadu_ps(m + i), mi, vi, s;
+        if (adamw) pi = fsdp__keep256(FSDP__VMUL(pi, decay));
+        else if (l2) gi = FSDP__MADD256(fma, pi, wd, gi);
+        if (lerp) {
+            __m256 d = FSDP__VSUB(gi, mo);
+            mi = fma ? _mm256_fmadd_ps(lw, d, small ? mo : gi)
+                     : (__m256)FSDP__VADD(small ? mo : gi, fsdp__keep256(FSDP__VMUL(lw, d)));
+        } else {
+            mi = FSDP__MADD256(fma, gi, omb1, FSDP__VMUL(mo, b1));
+        }
+        vi = FSDP__MADD256(fma, FSDP__VMUL(omb2, gi), gi,
+                           FSDP__VMUL(_mm256_loadu_ps(v + i), b2));
+        _mm256_storeu_ps(m + i, mi);
+        _mm256_storeu_ps(v + i, vi);
+        if (ams) {
+            vi = _mm256_max_ps(_mm256_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
+            _mm256_storeu_ps(vm + i, vi);
+        }
+        s = _mm256_sqrt_ps(vi);
+        if (recip) {
+            __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(s)), rs));
+            __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(s, 1)), rs));
+            s = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+        } else {
+            s = _mm256_div_ps(s, sbc2);
+        }
+        s = FSDP__VADD(s, eps);
+        _mm256_storeu_ps(p + i, FSDP__VADD(pi, _mm256_div_ps(FSDP__VMUL(neg_step, mi), s)));
+    }
+    return i;
+}
+
+/* fsdp__adam_avx2, 16 elements at a time (a multiple of 16 returned). */
+FSDP__DEF FSDP__AVX512 FSDP__NO_CONTRACT size_t fsdp__adam_avx512(const fsdp__adam_k *k, float *p, const float *g,
+                                                float *m, float *v, float *vm, size_t n,
+                                                int fma, int adamw, int l2, int ams, int lerp)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const __m512 decay = _mm512_set1_ps(k->decay), wd = _mm512_set1_ps(k->wd);
+    const __m512 b1 = _mm512_set1_ps(k->b1), b2 = _mm512_set1_ps(k->b2);
+    const __m512 omb1 = _mm512_set1_ps(k->omb1), omb2 = _mm512_set1_ps(k->omb2);
+    const __m512 sbc2 = _mm512_set1_ps(k->sbc2), eps = _mm512_set1_ps(k->eps);
+    const __m512 neg_step = _mm512_set1_ps(k->neg_step), lw = _mm512_set1_ps(k->lerp_w);
+    const __m512d rs = _mm512_set1_pd(k->rsbc2);
+    const int small = k->lerp_small, recip = fsdp__adam_recip(k);
+    size_t i;
+    for (i = 0; i + 16 <= n; i += 16) {
+        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i), FSDP__PREFETCH(m + i);
+        FSDP__PREFETCH(v + i);
+        if (ams) FSDP__PREFETCH(vm + i);
+        __m512 pi = _mm512_loadu_ps(p + i), gi = _mm512_loadu_ps(g + i);
+        __m512 mo = _mm512_loadu_ps(m + i), mi, vi, s;
+        if (adamw) pi = fsdp__keep512(FSDP__VMUL(pi, decay));
+        else if (l2) gi = FSDP__MADD512(fma, pi, wd, gi);
+        if (lerp) {
+            __m512 d = FSDP__VSUB(gi, mo);
+            mi = fma ? _mm512_fmadd_ps(lw, d, small ? mo : gi)
+                     : (__m512)FSDP__VADD(small ? mo : gi, fsdp__keep512(FSDP__VMUL(lw, d)));
+        } else {
+            mi = FSDP__MADD512(fma, gi, omb1, FSDP__VMUL(mo, b1));
+        }
+        vi = FSDP__MADD512(fma, FSDP__VMUL(omb2, gi), gi,
+                           FSDP__VMUL(_mm512_loadu_ps(v + i), b2));
+        _mm512_storeu_ps(m + i, mi);
+        _mm512_storeu_ps(v + i, vi);
+        if (ams) {
+            vi = _mm512_max_ps(_mm512_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
+            _mm512_storeu_ps(vm + i, vi);
+        }
+        s = _mm512_sqrt_ps(vi);
+        if (recip) {
+            __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
+            __m512d hi = _mm512_cvtps_pd(
+                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+            __m256 lf = _mm512_cvtpd_ps(_mm512_mul_pd(lo, rs));
+            __m256 hf = _mm512_cvtpd_ps(_mm512_mul_pd(hi, rs));
+            s = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lf)),
+                                                    _mm256_castps_pd(hf), 1));
+        } else {
+            s = _mm512_div_ps(s, sbc2);
+        }
+        s = FSDP__VADD(s, eps);
+        _mm512_storeu_ps(p + i, FSDP__VADD(pi, _mm512_div_ps(FSDP__VMUL(neg_step, mi), s)));
+    }
+    return i;
+}
+
+/* SGD (fsdp__sgd_loop's recipe), 8 elements at a time; fma as above. */
+FSDP__DEF FSDP__AVX2_FMA FSDP__NO_CONTRACT size_t fsdp__sgd_avx2(float *p, const float *g, float *buf, size_t n,
+                                               float wd_, float mom_, float omd_, float neg_lr_,
+                                               int fma, int use_wd, int use_mom, int first,
+                                               int nest)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const __m256 wd = _mm256_set1_ps(wd_), mom = _mm256_set1_ps(mom_);
+    const __m256 omd = _mm256_set1_ps(omd_), neg_lr = _mm256_set1_ps(neg_lr_);
+    size_t i;
+    for (i = 0; i + 8 <= n; i += 8) {
+        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i);
+        if (use_mom && !first) FSDP__PREFETCH(buf + i);
+        __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
+        if (use_wd) gi = FSDP__MADD256(fma, pi, wd, gi);
+        if (use_mom) {
+            __m256 b = first ? gi
+                             : FSDP__MADD256(fma, gi, omd,
+                                             FSDP__VMUL(_mm256_loadu_ps(buf + i), mom));
+            _mm256_storeu_ps(buf + i, b);
+            gi = nest ? FSDP__MADD256(fma, b, mom, gi) : b;
+        }
+        _mm256_storeu_ps(p + i, FSDP__MADD256(fma, gi, neg_lr, pi));
+    }
+    return i;
+}
+
+/* fsdp__sgd_avx2, 16 elements at a time. */
+FSDP__DEF FSDP__AVX512 FSDP__NO_CONTRACT size_t fsdp__sgd_avx512(float *p, const float *g, float *buf, size_t n,
+                                               float wd_, float mom_, float omd_, float neg_lr_,
+                                               int fma, int use_wd, int use_mom, int first,
+                                               int nest)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const __m512 wd = _mm512_set1_ps(wd_), mom = _mm512_set1_ps(mom_);
+    const __m512 omd = _mm512_set1_ps(omd_), neg_lr = _mm512_set1_ps(neg_lr_);
+    size_t i;
+    for (i = 0; i + 16 <= n; i += 16) {
+        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i);
+        if (use_mom && !first) FSDP__PREFETCH(buf + i);
+        __m512 pi = _mm512_loadu_ps(p + i), gi = _mm512_loadu_ps(g + i);
+        if (use_wd) gi = FSDP__MADD512(fma, pi, wd, gi);
+        if (use_mom) {
+            __m512 b = first ? gi
+                             : FSDP__MADD512(fma, gi, omd,
+                                             FSDP__VMUL(_mm512_loadu_ps(buf + i), mom));
+            _mm512_storeu_ps(buf + i, b);
+            gi = nest ? FSDP__MADD512(fma, b, mom, gi) : b;
+        }
+        _mm512_storeu_ps(p + i, FSDP__MADD512(fma, gi, neg_lr, pi));
+    }
+    return i;
+}
+#endif
+
+/* The leading elements an AVX2 or AVX-512 Adam kernel steps at level isa
+   (0 below AVX2). */
+FSDP__DEF size_t fsdp__adam_wide(const fsdp__adam_k *k, float *p, const float *g, float *m,
+                                 float *v, float *vm, size_t n, int isa, int fma, int adamw,
+                                 int l2, int ams, int lerp)
+{
+#ifdef FSDP__HAVE_AVX2_FMA
+    if (isa >= FSDP__ISA_AVX512)
+        return fsdp__adam_avx512(k, p, g, m, v, vm, n, fma, adamw, l2, ams, lerp);
+    if (isa >= FSDP__ISA_AVX2)
+        return fsdp__adam_avx2(k, p, g, m, v, vm, n, fma, adamw, l2, ams, lerp);
+#endif
+    (void)k, (void)p, (void)g, (void)m, (void)v, (void)vm, (void)n, (void)isa, (void)fma;
+    (void)adamw, (void)l2, (void)ams, (void)lerp;
+    return 0;
+}
+
 FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_any(const fsdp__adam_k *k, float *p,
                                                          const float *g, float *m, float *v,
                                                          float *vm, size_t n, int adamw, int l2,
-                                                         int ams, int lerp)
+                                                         int ams, int lerp, int isa)
 {
-    size_t done = 0;
+    size_t done = fsdp__adam_wide(k, p, g, m, v, vm, n, isa, 0, adamw, l2, ams, lerp);
 #ifdef FSDP__HAVE_SSE
-    done = fsdp__adam_plain_sse(k, p, g, m, v, vm, n, adamw, l2, ams, lerp);
+    if (isa >= FSDP__ISA_SSE)
+        done += fsdp__adam_plain_sse(k, p + done, g + done, m + done, v + done,
+                                     ams ? vm + done : vm, n - done, adamw, l2, ams, lerp);
 #endif
     fsdp__adam_plain_loop(k, p + done, g + done, m + done, v + done, ams ? vm + done : vm,
                           n - done, adamw, l2, ams, lerp);
@@ -3163,12 +3526,16 @@ FSDP__DEF void fsdp__adam_consts(const fsdp_optim_config *c, int64_t step, fsdp_
        else grad - (1 - w) * (grad - exp_avg); w - 1 is exact in float there */
     k->lerp_small = fabsf(k->omb1) < 0.5f;
     k->lerp_w = k->lerp_small ? k->omb1 : k->omb1 - 1.0f;
+    /* 2^-60 <= sbc2 <= 1: see fsdp__adam_recip */
+    k->recip_ok = k->sbc2 >= 0x1p-60f && k->sbc2 <= 1.0f;
+    k->rsbc2 = k->recip_ok ? 1.0 / (double)k->sbc2 : 0.0;
 }
 
 /* lerp: torch 2.x's exp_avg (else 1.13's) */
 FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, int64_t step,
                                                   float *p, const float *g,
-                                                  const fsdp_optim_state *st, size_t n, int lerp)
+                                                  const fsdp_optim_state *st, size_t n, int lerp,
+                                                  int isa)
 {
     fsdp__adam_k k;
     float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
@@ -3177,126 +3544,46 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_plain(const fsdp_optim_config *c, in
     /* constant flags in every call: each variant is its own branch-free loop */
     if (lerp) {
         if (c->amsgrad) {
-            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1, 1);
-            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1, 1);
-            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1, 1);
+            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1, 1, isa);
+            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1, 1, isa);
+            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1, 1, isa);
         } else {
-            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0, 1);
-            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0, 1);
-            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0, 1);
+            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0, 1, isa);
+            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0, 1, isa);
+            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0, 1, isa);
         }
     } else {
         if (c->amsgrad) {
-            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1, 0);
-            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1, 0);
-            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1, 0);
+            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 1, 0, isa);
+            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 1, 0, isa);
+            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 1, 0, isa);
         } else {
-            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0, 0);
-            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0, 0);
-            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0, 0);
+            if (adamw) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 1, 0, 0, 0, isa);
+            else if (l2) fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 1, 0, 0, isa);
+            else fsdp__adam_plain_any(&k, p, g, m, v, vm, n, 0, 0, 0, 0, isa);
         }
     }
 }
 
-#if defined(FSDP__HAVE_AVX2_CVT)
-/* torch's AVX2 kernels fuse their multiply-adds; so do these, eight
-   elements at a time with the very operations of the scalar loops below
-   (every vfmadd is one rounding, as fmaf; the rest round once each), so the
-   bits are the scalar recipe's whatever the vector width and wherever the
-   tail falls. Chosen at run time: the library is built for the baseline. */
-#define FSDP__HAVE_AVX2_FMA 1
-#define FSDP__AVX2_FMA __attribute__((target("avx2,fma")))
-
-FSDP__DEF int fsdp__cpu_avx2_fma(void)
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p,
+                              const float *g, const fsdp_optim_state *st, size_t n, int lerp,
+                              int isa)
 {
-#if defined(__AVX2__) && defined(__FMA__)
-    return 1;
-#else
-    static int cached; /* 0 unknown, 1 no, 2 yes; atomic, as fsdp__cpu_avx2_f16c */
-    int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
-    if (!c) {
-        __builtin_cpu_init();
-        c = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
-        __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
-    }
-    return c == 2;
+#ifdef __clang__
+#pragma clang fp contract(off)
 #endif
-}
-
-/* Returns how many leading elements it stepped (a multiple of 8). */
-FSDP__DEF FSDP__AVX2_FMA size_t fsdp__adam_fma_avx2(const fsdp__adam_k *k, float *p,
-                                                    const float *g, float *m, float *v,
-                                                    float *vm, size_t n, int adamw, int l2,
-                                                    int ams, int lerp)
-{
-    const __m256 decay = _mm256_set1_ps(k->decay), wd = _mm256_set1_ps(k->wd);
-    const __m256 b1 = _mm256_set1_ps(k->b1), b2 = _mm256_set1_ps(k->b2);
-    const __m256 omb1 = _mm256_set1_ps(k->omb1), omb2 = _mm256_set1_ps(k->omb2);
-    const __m256 sbc2 = _mm256_set1_ps(k->sbc2), eps = _mm256_set1_ps(k->eps);
-    const __m256 neg_step = _mm256_set1_ps(k->neg_step), lw = _mm256_set1_ps(k->lerp_w);
-    const int small = k->lerp_small;
-    size_t i;
-    for (i = 0; i + 8 <= n; i += 8) {
-        __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
-        __m256 mo = _mm256_loadu_ps(m + i), mi, vi, t;
-        if (adamw) pi = _mm256_mul_ps(pi, decay);
-        else if (l2) gi = _mm256_fmadd_ps(pi, wd, gi);
-        if (lerp) mi = _mm256_fmadd_ps(lw, _mm256_sub_ps(gi, mo), small ? mo : gi);
-        else mi = _mm256_fmadd_ps(gi, omb1, _mm256_mul_ps(mo, b1));
-        vi = _mm256_fmadd_ps(_mm256_mul_ps(omb2, gi), gi,
-                             _mm256_mul_ps(_mm256_loadu_ps(v + i), b2));
-        _mm256_storeu_ps(m + i, mi);
-        _mm256_storeu_ps(v + i, vi);
-        if (ams) {
-            vi = _mm256_max_ps(_mm256_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
-            _mm256_storeu_ps(vm + i, vi);
-        }
-        t = _mm256_add_ps(_mm256_div_ps(_mm256_sqrt_ps(vi), sbc2), eps);
-        _mm256_storeu_ps(p + i, _mm256_add_ps(pi, _mm256_div_ps(_mm256_mul_ps(neg_step, mi), t)));
-    }
-    return i;
-}
-
-FSDP__DEF FSDP__AVX2_FMA size_t fsdp__sgd_fma_avx2(float *p, const float *g, float *buf,
-                                                   size_t n, float wd_, float mom_, float omd_,
-                                                   float neg_lr_, int use_wd, int use_mom,
-                                                   int first, int nest)
-{
-    const __m256 wd = _mm256_set1_ps(wd_), mom = _mm256_set1_ps(mom_);
-    const __m256 omd = _mm256_set1_ps(omd_), neg_lr = _mm256_set1_ps(neg_lr_);
-    size_t i;
-    for (i = 0; i + 8 <= n; i += 8) {
-        __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
-        if (use_wd) gi = _mm256_fmadd_ps(pi, wd, gi);
-        if (use_mom) {
-            __m256 b = first ? gi
-                             : _mm256_fmadd_ps(gi, omd,
-                                               _mm256_mul_ps(_mm256_loadu_ps(buf + i), mom));
-            _mm256_storeu_ps(buf + i, b);
-            gi = nest ? _mm256_fmadd_ps(b, mom, gi) : b;
-        }
-        _mm256_storeu_ps(p + i, _mm256_fmadd_ps(gi, neg_lr, pi));
-    }
-    return i;
-}
-#endif
-
-FSDP__DEF void fsdp__adam_fma(const fsdp_optim_config *c, int64_t step, float *p,
-                              const float *g, const fsdp_optim_state *st, size_t n, int lerp)
-{
     const int adamw = c->kind == FSDP_ADAMW, ams = c->amsgrad;
     const int l2 = !adamw && c->weight_decay != 0.0; /* torch tests the Python float */
     fsdp__adam_k k;
     float decay, wd, b1, b2, omb1, omb2, sbc2, eps, neg_step, lw;
     int small;
     float *m = st->exp_avg, *v = st->exp_avg_sq, *vm = st->max_exp_avg_sq;
-    size_t i = 0;
+    size_t i;
     fsdp__adam_consts(c, step, &k);
     decay = k.decay, wd = k.wd, b1 = k.b1, b2 = k.b2, omb1 = k.omb1, omb2 = k.omb2;
     sbc2 = k.sbc2, eps = k.eps, neg_step = k.neg_step, lw = k.lerp_w, small = k.lerp_small;
-#ifdef FSDP__HAVE_AVX2_FMA
-    if (fsdp__cpu_avx2_fma()) i = fsdp__adam_fma_avx2(&k, p, g, m, v, vm, n, adamw, l2, ams, lerp);
-#endif
+    /* SSE has no fused multiply-add: below AVX2 the loop below is fmaf's */
+    i = fsdp__adam_wide(&k, p, g, m, v, vm, n, isa, 1, adamw, l2, ams, lerp);
     for (; i < n; i++) {
         float pi = p[i], gi = g[i], mi, vi, denom, t;
         if (adamw) pi = pi * decay;
@@ -3351,25 +3638,33 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__sgd_loop(float *p, const float *g, flo
 
 FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int64_t step,
                                                 float *p, const float *g,
-                                                const fsdp_optim_state *st, size_t n, int fma)
+                                                const fsdp_optim_state *st, size_t n, int fma,
+                                                int isa)
 {
     const float wd = (float)c->weight_decay, mom = (float)c->momentum;
     const float omd = (float)(1.0 - c->dampening), neg_lr = (float)(-c->lr);
     float *buf = st->momentum_buffer;
     const int use_wd = c->weight_decay != 0.0, use_mom = c->momentum != 0.0, nest = c->nesterov;
     const int first = step == 1;
-    if (fma) {
-        size_t done = 0;
+    size_t done = 0;
+    (void)isa; /* unused where the build has no wide kernels */
 #ifdef FSDP__HAVE_AVX2_FMA
-        if (fsdp__cpu_avx2_fma())
-            done = fsdp__sgd_fma_avx2(p, g, buf, n, wd, mom, omd, neg_lr, use_wd, use_mom, first,
-                                      nest);
+    if (isa >= FSDP__ISA_AVX512)
+        done = fsdp__sgd_avx512(p, g, buf, n, wd, mom, omd, neg_lr, fma, use_wd, use_mom, first,
+                                nest);
+    else if (isa >= FSDP__ISA_AVX2)
+        done = fsdp__sgd_avx2(p, g, buf, n, wd, mom, omd, neg_lr, fma, use_wd, use_mom, first,
+                              nest);
 #endif
-        fsdp__sgd_loop(p + done, g + done, buf ? buf + done : buf, n - done, wd, mom, omd,
-                       neg_lr, 1, use_wd, use_mom, first, nest);
+    p += done, g += done, n -= done;
+    if (buf) buf += done;
+    if (fma) {
+        fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 1, use_wd, use_mom, first, nest);
         return;
     }
-    /* the common plain variants get constant flags, hence vectorised loops */
+    /* the common plain variants get constant flags, hence vectorised loops
+       (the compiler's SSE: the same operations, so levels scalar and sse
+       are one loop here) */
     if (!use_mom) {
         if (use_wd) fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 1, 0, 0, 0);
         else fsdp__sgd_loop(p, g, buf, n, wd, mom, omd, neg_lr, 0, 0, 0, 0, 0);
@@ -3384,14 +3679,27 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int6
     }
 }
 
+/* fsdp_optim_step_host's arithmetic at instruction-set level isa (an
+   FSDP__ISA_* level the CPU runs), on checked arguments. */
+FSDP__DEF void fsdp__optim_step_isa(const fsdp_optim_config *c, int64_t step, float *param,
+                                    const float *grad, const fsdp_optim_state *state, size_t n,
+                                    int isa)
+{
+    const fsdp_optim_numerics nu =
+        c->numerics == FSDP_NUMERICS_DEFAULT ? FSDP_TORCH2_FMA : c->numerics;
+    const int fma = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH1_13_FMA;
+    const int lerp = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH2_PLAIN;
+    if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, fma, isa);
+    else if (fma) fsdp__adam_fma(c, step, param, grad, state, n, lerp, isa);
+    else fsdp__adam_plain(c, step, param, grad, state, n, lerp, isa);
+}
+
 FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
                                           const float *grad, const fsdp_optim_state *state,
                                           size_t n)
 {
     unsigned mask;
     fsdp_optim_config cc;
-    fsdp_optim_numerics nu;
-    int fma, lerp;
     fsdp_result r = fsdp_optim_check(c, NULL);
     if (r != FSDP_SUCCESS) return r;
     if (c->kind == FSDP_OPTIM_DEFAULT) { /* documented as AdamW */
@@ -3406,12 +3714,7 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
     if (((mask & 1u) && !state->exp_avg) || ((mask & 2u) && !state->exp_avg_sq) ||
         ((mask & 4u) && !state->max_exp_avg_sq) || ((mask & 8u) && !state->momentum_buffer))
         return FSDP_INVALID_ARGS;
-    nu = c->numerics == FSDP_NUMERICS_DEFAULT ? FSDP_TORCH2_FMA : c->numerics;
-    fma = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH1_13_FMA;
-    lerp = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH2_PLAIN;
-    if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, fma);
-    else if (fma) fsdp__adam_fma(c, step, param, grad, state, n, lerp);
-    else fsdp__adam_plain(c, step, param, grad, state, n, lerp);
+    fsdp__optim_step_isa(c, step, param, grad, state, n, fsdp__optim_isa());
     return FSDP_SUCCESS;
 }
 

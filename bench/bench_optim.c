@@ -1,0 +1,320 @@
+/* bench_optim: fsdp.h's AdamW step on the CPU against torch's fused AdamW
+   and DeepSpeed's CPUAdam, on the same sizes, in one run.
+
+   fsdp.h's side is fsdp_optim_step_host over one flat f32 tensor, split
+   between T threads as cpu_offload's fsdp_step splits it (threads started
+   per step, boundaries on multiples of 16 elements; the split changes no
+   bit). The peers' side is bench_optim_peers.py (beside this file), run
+   with the Python given by --python for each size, thread count and round:
+   torch.optim.AdamW(fused=True) and DeepSpeedCPUAdam, each where it
+   imports. Rounds alternate (fsdp.h, then the peers, for each size and
+   thread count), so both see the same machine load; every figure is the
+   median over rounds of each round's median step time, and the ratio is
+   fsdp.h's time over the peer's (< 1: fsdp.h is faster). The load average
+   is printed with the figures: on a shared machine, re-run.
+
+   Also printed: fsdp.h's step at each FSDP_ISA level (scalar, sse, avx2,
+   avx512, where the CPU runs it), as the speed-up of the wide kernels.
+
+   Usage: bench_optim [--python PY] [--script PATH] [--rounds R] [--reps K] [--elements N]...
+                      [--threads T]... [--levels]
+   Defaults: no peers (fsdp.h alone), 4 rounds of 10 steps, 16.8 M and
+   67 M elements, 1 and 2 threads. Example with the peers:
+       bench_optim --python /work/venv-bench/bin/python                   */
+#define _POSIX_C_SOURCE 200809L
+#include "fsdp.h"
+
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+static double loadavg(void)
+{
+    double l = -1.0;
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (f) {
+        if (fscanf(f, "%lf", &l) != 1) l = -1.0;
+        fclose(f);
+    }
+    return l;
+}
+
+typedef struct job {
+    const fsdp_optim_config *c;
+    int64_t step;
+    float *p, *g, *m, *v;
+    size_t n;
+    fsdp_result r;
+} job;
+
+static void *job_run(void *arg)
+{
+    job *j = (job *)arg;
+    fsdp_optim_state st = {j->m, j->v, NULL, NULL};
+    j->r = fsdp_optim_step_host(j->c, j->step, j->p, j->g, &st, j->n);
+    return NULL;
+}
+
+/* One step over n elements at T threads; its time in ms, or -1 on error. */
+static double fsdp_step_ms(const fsdp_optim_config *c, int64_t step, float *p, float *g,
+                           float *m, float *v, size_t n, int T)
+{
+    job jobs[64];
+    pthread_t th[64];
+    int started[64], t;
+    size_t begin = 0;
+    double t0 = now_ms(), t1;
+    for (t = 0; t < T; t++) {
+        size_t end = t == T - 1 ? n : ((n * (size_t)(t + 1) / (size_t)T) & ~(size_t)15);
+        jobs[t].c = c;
+        jobs[t].step = step;
+        jobs[t].p = p + begin;
+        jobs[t].g = g + begin;
+        jobs[t].m = m + begin;
+        jobs[t].v = v + begin;
+        jobs[t].n = end - begin;
+        begin = end;
+        started[t] = 0;
+    }
+    for (t = 1; t < T; t++) started[t] = pthread_create(&th[t], NULL, job_run, &jobs[t]) == 0;
+    job_run(&jobs[0]);
+    for (t = 1; t < T; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else job_run(&jobs[t]);
+    }
+    t1 = now_ms();
+    for (t = 0; t < T; t++)
+        if (jobs[t].r != FSDP_SUCCESS) return -1.0;
+    return t1 - t0;
+}
+
+typedef struct bufs {
+    float *p, *g, *m, *v;
+    size_t n;
+    int64_t step;
+} bufs;
+
+static int bufs_make(bufs *b, size_t n)
+{
+    size_t i;
+    uint64_t s = 88172645463325252ull;
+    b->n = n;
+    b->step = 0;
+    b->p = (float *)malloc(n * 4);
+    b->g = (float *)malloc(n * 4);
+    b->m = (float *)calloc(n, 4);
+    b->v = (float *)calloc(n, 4);
+    if (!b->p || !b->g || !b->m || !b->v) return 0;
+    for (i = 0; i < n; i++) {
+        s ^= s << 13, s ^= s >> 7, s ^= s << 17;
+        b->p[i] = (float)((double)(s >> 40) / 16777216.0 - 0.5);
+        b->g[i] = (float)(((double)((s >> 16) & 0xffffff) / 16777216.0 - 0.5) * 2e-3);
+    }
+    return 1;
+}
+
+static void bufs_free(bufs *b)
+{
+    free(b->p), free(b->g), free(b->m), free(b->v);
+}
+
+/* Median of reps steps (after one warm-up step). */
+static double fsdp_round(const fsdp_optim_config *c, bufs *b, int T, int reps)
+{
+    double t[256];
+    int r;
+    if (fsdp_step_ms(c, ++b->step, b->p, b->g, b->m, b->v, b->n, T) < 0) return -1.0;
+    for (r = 0; r < reps; r++)
+        if ((t[r] = fsdp_step_ms(c, ++b->step, b->p, b->g, b->m, b->v, b->n, T)) < 0)
+            return -1.0;
+    return median(t, reps);
+}
+
+/* Runs the peers' script once; fills torch / ds with its medians (-1: not
+   measured) and prints its skip lines the first time. */
+static void peers_round(const char *py, const char *script, size_t n, int T, int reps,
+                        double *torch, double *ds, int verbose)
+{
+    char cmd[9000], line[512];
+    FILE *f;
+    *torch = *ds = -1.0;
+    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d '%s' '%s' --elements %zu --threads %d "
+             "--reps %d 2>&1", T, py, script, n, T, reps);
+    f = popen(cmd, "r");
+    if (!f) return;
+    while (fgets(line, sizeof line, f)) {
+        char name[64];
+        unsigned long long nn;
+        int tt;
+        double ms;
+        if (sscanf(line, "%63s %llu %d %lf", name, &nn, &tt, &ms) == 4) {
+            if (!strcmp(name, "torch_fused")) *torch = ms;
+            else if (!strcmp(name, "deepspeed")) *ds = ms;
+        } else if (verbose) {
+            printf("  peers: %s", line);
+        }
+    }
+    pclose(f);
+}
+
+static void fmt_ms(char *out, size_t cap, double ms)
+{
+    if (ms < 0) snprintf(out, cap, "-");
+    else snprintf(out, cap, "%.1f ms", ms);
+}
+
+static void fmt_ratio(char *out, size_t cap, double a, double b)
+{
+    if (a < 0 || b < 0) snprintf(out, cap, "-");
+    else snprintf(out, cap, "%.2f", a / b);
+}
+
+int main(int argc, char **argv)
+{
+    const char *py = NULL;
+    char script[4096];
+    size_t sizes[8] = {(size_t)1 << 24, (size_t)1 << 26};
+    int threads[8] = {1, 2}, nsizes = 2, nthreads = 2, rounds = 4, reps = 10, levels = 0;
+    int sizes_set = 0, threads_set = 0, script_set = 0, i, si, ti, r;
+    fsdp_optim_config c = fsdp_optim_defaults(FSDP_ADAMW);
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--python") && i + 1 < argc) py = argv[++i];
+        else if (!strcmp(argv[i], "--script") && i + 1 < argc) {
+            snprintf(script, sizeof script, "%s", argv[++i]);
+            script_set = 1;
+        }
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--levels")) levels = 1;
+        else if (!strcmp(argv[i], "--elements") && i + 1 < argc) {
+            if (!sizes_set) nsizes = 0, sizes_set = 1;
+            if (nsizes < 8) sizes[nsizes++] = (size_t)strtoull(argv[++i], NULL, 10);
+        } else if (!strcmp(argv[i], "--threads") && i + 1 < argc) {
+            if (!threads_set) nthreads = 0, threads_set = 1;
+            if (nthreads < 8) threads[nthreads++] = atoi(argv[++i]);
+        } else {
+            fprintf(stderr, "usage: %s [--python PY] [--script PATH] [--rounds R] [--reps K] [--elements N]... "
+                    "[--threads T]... [--levels]\n", argv[0]);
+            return 2;
+        }
+    }
+    if (rounds < 1 || rounds > 64 || reps < 1 || reps > 256) {
+        fprintf(stderr, "bench_optim: --rounds 1..64, --reps 1..256\n");
+        return 2;
+    }
+    for (ti = 0; ti < nthreads; ti++)
+        if (threads[ti] < 1 || threads[ti] > 64) {
+            fprintf(stderr, "bench_optim: --threads 1..64\n");
+            return 2;
+        }
+    /* the peers' script: --script, else bench/ under the working directory,
+       else beside this source file as the compiler named it, else two
+       levels above the binary (meson's build/bench/) */
+    if (py && !script_set) {
+        const char *slash;
+        FILE *f;
+        int k, found = 0;
+        for (k = 0; k < 3 && !found; k++) {
+            if (k == 0) snprintf(script, sizeof script, "bench/bench_optim_peers.py");
+            else if (k == 1) {
+                slash = strrchr(__FILE__, '/');
+                snprintf(script, sizeof script, "%.*sbench_optim_peers.py",
+                         slash ? (int)(slash + 1 - __FILE__) : 0, __FILE__);
+            } else {
+                slash = strrchr(argv[0], '/');
+                snprintf(script, sizeof script, "%.*s../../bench/bench_optim_peers.py",
+                         slash ? (int)(slash + 1 - argv[0]) : 0, argv[0]);
+            }
+            if ((f = fopen(script, "r")) != NULL) found = 1, fclose(f);
+        }
+        if (!found) {
+            fprintf(stderr, "bench_optim: bench_optim_peers.py not found; give --script PATH\n");
+            return 2;
+        }
+    }
+    printf("AdamW step (torch defaults, weight_decay 0.01), f32, one flat tensor; medians of "
+           "%d rounds x %d steps, alternating\n", rounds, reps);
+    printf("load average at start: %.2f\n\n", loadavg());
+    printf("| parameters | threads | fsdp.h | torch fused AdamW | DeepSpeed CPUAdam | "
+           "fsdp.h / torch | fsdp.h / DeepSpeed | load |\n");
+    printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
+    for (si = 0; si < nsizes; si++) {
+        bufs b;
+        if (!bufs_make(&b, sizes[si])) {
+            fprintf(stderr, "bench_optim: out of memory for %zu elements\n", sizes[si]);
+            return 1;
+        }
+        for (ti = 0; ti < nthreads; ti++) {
+            double f[64], tq[64], dq[64], fm, tm = -1, dm = -1, la0 = loadavg();
+            int nt = 0, nd = 0;
+            char s1[32], s2[32], s3[32], s4[32], s5[32];
+            for (r = 0; r < rounds; r++) {
+                double tt, dd;
+                f[r] = fsdp_round(&c, &b, threads[ti], reps);
+                if (f[r] < 0) {
+                    fprintf(stderr, "bench_optim: fsdp_optim_step_host failed\n");
+                    return 1;
+                }
+                if (py) {
+                    peers_round(py, script, sizes[si], threads[ti], reps, &tt, &dd,
+                                r == 0 && si == 0 && ti == 0);
+                    if (tt >= 0) tq[nt++] = tt;
+                    if (dd >= 0) dq[nd++] = dd;
+                }
+            }
+            fm = median(f, rounds);
+            if (nt) tm = median(tq, nt);
+            if (nd) dm = median(dq, nd);
+            fmt_ms(s1, sizeof s1, fm);
+            fmt_ms(s2, sizeof s2, tm);
+            fmt_ms(s3, sizeof s3, dm);
+            fmt_ratio(s4, sizeof s4, fm, tm);
+            fmt_ratio(s5, sizeof s5, fm, dm);
+            printf("| %.1f M | %d | %s | %s | %s | %s | %s | %.1f-%.1f |\n",
+                   (double)sizes[si] / 1e6, threads[ti], s1, s2, s3, s4, s5, la0, loadavg());
+            fflush(stdout);
+        }
+        bufs_free(&b);
+    }
+    if (levels) {
+        /* fsdp.h's own levels: a child per level, FSDP_ISA set (it is read
+           once per process) */
+        static const char *const names[] = {"scalar", "sse", "avx2", "avx512"};
+        printf("\nfsdp.h per FSDP_ISA level (this binary, --rounds %d --reps %d, threads 1):\n",
+               rounds, reps);
+        for (i = 0; i < 4; i++) {
+            char cmd[9000], line[512];
+            FILE *f;
+            snprintf(cmd, sizeof cmd, "FSDP_ISA=%s '%s' --rounds %d --reps %d --elements %zu "
+                     "--threads 1", names[i], argv[0], rounds, reps, sizes[0]);
+            f = popen(cmd, "r");
+            if (!f) continue;
+            while (fgets(line, sizeof line, f))
+                if (line[0] == '|' && line[2] != 'p' && line[2] != '-')
+                    printf("  %-6s %s", names[i], line);
+            pclose(f);
+        }
+    }
+    return 0;
+}
