@@ -959,8 +959,16 @@ typedef struct fsdp_unit_info {
     const fsdp_shared_entry *shared;
     int64_t numel;            /* unpadded flat numel */
     fsdp_dtype dtype;         /* f32 when the unit is empty */
-    int requires_grad;
+    int requires_grad;        /* 1 when any parameter is trainable */
     fsdp_unit_options options;/* the root's options with the overrides applied */
+    /* 1: the unit mixes frozen and trainable parameters (LoRA adapters
+       beside base weights). It then holds two flat parameters, its groups
+       (fsdp_units_groups): the frozen ones, then the trainable ones, each
+       with the padded flat layout and shard metadata PyTorch gives a unit
+       holding only those parameters, in the unit's order. entries and
+       numel above stay those of the whole unit; gradients, their
+       reduction and optimizer state exist for the trainable group only. */
+    int mixed;
 } fsdp_unit_info;
 
 /* Shard metadata of one rank, exactly as FlatParamHandle.shard() computes it:
@@ -1082,8 +1090,9 @@ typedef struct fsdp_wrap_desc {
 } fsdp_wrap_desc;
 
 /* Applies the policy to the model and builds the units in wrap order
-   (post-order, the root last), each with its flat parameter. Errors (mixed
-   dtypes or requires_grad in one unit, ...) go to fsdp_model_last_error. */
+   (post-order, the root last), each with its flat parameter (two for a
+   unit mixing frozen and trainable parameters: fsdp_unit_info.mixed).
+   Errors (mixed dtypes in one unit, ...) go to fsdp_model_last_error. */
 FSDP_API fsdp_result fsdp_wrap(fsdp_model *m, const fsdp_wrap_desc *desc, fsdp_units **out);
 FSDP_API void fsdp_units_destroy(fsdp_units *u);
 FSDP_API int fsdp_units_count(const fsdp_units *u);
@@ -1092,6 +1101,11 @@ FSDP_API const fsdp_unit_info *fsdp_units_get(const fsdp_units *u, int i);
 FSDP_API int fsdp_units_find(const fsdp_units *u, const char *fqn);
 /* The walk's second return value (total wrapped numel). */
 FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u);
+/* The flat parameters of unit i: 1 and out[0] = the unit itself, or for a
+   mixed unit 2: out[0] its frozen group, out[1] its trainable group (their
+   index, fqn, module and options are the unit's; entries, shared, numel and
+   requires_grad their own). 0 when i is out of range. out holds 2. */
+FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info **out);
 /* PyTorch FSDP 1.x names of what named_parameters() lists on the wrapped
    model ("_fsdp_wrapped_module.flat_param", ignored parameters under their
    wrapper path), in its order: for interop with PyTorch's local names. */
@@ -1542,6 +1556,14 @@ FSDP_API void fsdp_divide_factors(int world, double *pre, double *post);
 FSDP_API float *fsdp_shard_params(fsdp_ctx *ctx, int unit);
 FSDP_API float *fsdp_shard_grads(fsdp_ctx *ctx, int unit);
 FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *ctx, int unit, fsdp_shard_layout *out);
+/* The same for one group of a unit (fsdp_units_groups): group 0 of a
+   uniform unit is the unit; a mixed unit's group 0 is its frozen flat
+   parameter (no gradients: NULL, as for a frozen unit), 1 its trainable
+   one. The three calls above refuse a mixed unit, naming these. */
+FSDP_API float *fsdp_shard_params_group(fsdp_ctx *ctx, int unit, int group);
+FSDP_API float *fsdp_shard_grads_group(fsdp_ctx *ctx, int unit, int group);
+FSDP_API fsdp_result fsdp_ctx_shard_layout_group(const fsdp_ctx *ctx, int unit, int group,
+                                                 fsdp_shard_layout *out);
 
 /* ======================================================================== */
 /* >>zero                                                                    */
@@ -7281,6 +7303,10 @@ typedef struct fsdp__unit {
     char **strings;  /* everything the infos point to */
     int nstrings, cap_strings;
     int cap_entries, cap_shared;
+    /* a mixed unit's groups (frozen, trainable): their own entries */
+    fsdp_unit_info group[2];
+    fsdp_flat_entry *gentries[2];
+    fsdp_shared_entry *gshared[2];
 } fsdp__unit;
 
 struct fsdp_units {
@@ -7596,6 +7622,64 @@ FSDP__DEF const char *fsdp__relative(const char *fqn, const char *unit_fqn)
     return fqn;
 }
 
+/* A mixed unit's groups: group 0 the frozen entries, group 1 the trainable
+   ones, each in the unit's order with offsets as if it were a unit alone
+   (so its padded layout and shard metadata are PyTorch's for it); a tie
+   goes with its primary. Entries' param fields are public indices here. */
+FSDP__DEF int fsdp__param_trains(const fsdp_model *m, int param)
+{
+    fsdp_param_info pi;
+    memset(&pi, 0, sizeof pi);
+    if (fsdp_model_param(m, param, &pi) != FSDP_SUCCESS) return 0;
+    return pi.requires_grad != 0;
+}
+
+FSDP__DEF fsdp_result fsdp__make_groups(fsdp_model *m, fsdp_units *u, fsdp__unit *un)
+{
+    int g, k, *gidx;
+    gidx = (int *)fsdp__alloc(&u->hooks, (size_t)(un->info.nentries + 1) * sizeof(int));
+    if (!gidx) return FSDP_OUT_OF_MEMORY;
+    for (g = 0; g < 2; g++) {
+        fsdp_unit_info *gi = &un->group[g];
+        int64_t off = 0;
+        int ne = 0, ns = 0;
+        *gi = un->info;
+        gi->mixed = 0;
+        gi->requires_grad = g;
+        gi->nentries = gi->nshared = 0;
+        un->gentries[g] = (fsdp_flat_entry *)fsdp__alloc(
+            &u->hooks, (size_t)(un->info.nentries + 1) * sizeof(fsdp_flat_entry));
+        un->gshared[g] = (fsdp_shared_entry *)fsdp__alloc(
+            &u->hooks, (size_t)(un->info.nshared + 1) * sizeof(fsdp_shared_entry));
+        if (!un->gentries[g] || !un->gshared[g]) {
+            fsdp__free(&u->hooks, gidx);
+            return FSDP_OUT_OF_MEMORY;
+        }
+        for (k = 0; k < un->info.nentries; k++) {
+            fsdp_flat_entry *fe = &un->gentries[g][ne];
+            if (fsdp__param_trains(m, un->entries[k].param) != g) continue;
+            *fe = un->entries[k];
+            fe->offset = off;
+            off += fe->numel;
+            gidx[k] = ne++;
+        }
+        for (k = 0; k < un->info.nshared; k++) {
+            const fsdp_flat_entry *pe = &un->entries[un->shared[k].entry];
+            if (fsdp__param_trains(m, pe->param) != g) continue;
+            un->gshared[g][ns] = un->shared[k];
+            un->gshared[g][ns].entry = gidx[un->shared[k].entry];
+            ns++;
+        }
+        gi->nentries = ne;
+        gi->nshared = ns;
+        gi->entries = un->gentries[g];
+        gi->shared = un->gshared[g];
+        gi->numel = off;
+    }
+    fsdp__free(&u->hooks, gidx);
+    return FSDP_SUCCESS;
+}
+
 /* Builds unit `mod`'s flat parameter: the module walk of its subtree minus
    nested units, deduplicated by parameter object (first occurrence wins,
    later ones become shared entries). Only the root honours ignored
@@ -7709,24 +7793,20 @@ FSDP__DEF fsdp_result fsdp__make_unit(fsdp__walk *w, int mod, int by_policy, int
                                     ufqn[0] ? ufqn : "(root)", ufqn[0] ? "'" : "", p0->fqn,
                                     fsdp_dtype_name(p0->dtype), p->fqn,
                                     fsdp_dtype_name(p->dtype));
-        if (p->requires_grad != p0->requires_grad)
-            return fsdp__model_fail(m, FSDP_INVALID_MODEL,
-                                    "unit %d %s%s%s: parameter '%s' is %s but '%s' is %s; a flat "
-                                    "parameter has one requires_grad (wrap them in different "
-                                    "units)", idx, ufqn[0] ? "'" : "",
-                                    ufqn[0] ? ufqn : "(root)", ufqn[0] ? "'" : "", p0->fqn,
-                                    p0->requires_grad ? "trainable" : "frozen", p->fqn,
-                                    p->requires_grad ? "trainable" : "frozen");
+        /* frozen and trainable together make a mixed unit (two groups) */
+        if (p->requires_grad != p0->requires_grad) un->info.mixed = 1;
     }
     if (un->info.nentries) {
         un->info.dtype = m->params[un->entries[0].param].dtype;
         un->info.requires_grad = m->params[un->entries[0].param].requires_grad;
+        if (un->info.mixed) un->info.requires_grad = 1;
     }
     /* from raw indices to the public (state_dict) ones */
     for (k = 0; k < un->info.nentries; k++) un->entries[k].param = m->params[un->entries[k].param].order;
     for (k = 0; k < un->info.nshared; k++) un->shared[k].param = m->params[un->shared[k].param].order;
     un->info.entries = un->entries;
     un->info.shared = un->shared;
+    if (un->info.mixed) return fsdp__make_groups(m, u, un);
     return FSDP_SUCCESS;
 oom:
     fsdp__free(&m->hooks, stack);
@@ -7781,6 +7861,10 @@ FSDP_API void fsdp_units_destroy(fsdp_units *u)
         fsdp__free(&h, un->entries);
         fsdp__free(&h, un->shared);
         fsdp__free(&h, un->shapes);
+        for (k = 0; k < 2; k++) {
+            fsdp__free(&h, un->gentries[k]);
+            fsdp__free(&h, un->gshared[k]);
+        }
     }
     fsdp__free(&h, u->units);
     for (i = 0; i < u->nmods; i++) {
@@ -8000,6 +8084,20 @@ FSDP_API const fsdp_unit_info *fsdp_units_get(const fsdp_units *u, int i)
 {
     if (!u || i < 0 || i >= u->count) return NULL;
     return &u->units[i].info;
+}
+
+FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info **out)
+{
+    const fsdp__unit *un;
+    if (!u || i < 0 || i >= u->count || !out) return 0;
+    un = &u->units[i];
+    if (!un->info.mixed) {
+        out[0] = &un->info;
+        return 1;
+    }
+    out[0] = &un->group[0];
+    out[1] = &un->group[1];
+    return 2;
 }
 
 FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u)
@@ -9764,6 +9862,7 @@ typedef struct fsdp__cunit {
     int dbg_last_slot;            /* debug: the shared slot it held last, or -1 */
     int fwd_runs;                 /* forwards not yet matched by a backward */
     int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
+    int pub;                      /* the fsdp_units index it belongs to */
 } fsdp__cunit;
 
 /* A buffer of the plan lent to a phase outside training (fsdp__lend_open). */
@@ -9801,8 +9900,10 @@ struct fsdp_ctx {
     int rank, nranks;
     int hybrid_size;   /* ranks per shard group */
     int max_unsharded; /* pool slots at most */
-    int nunits;
+    int nunits;        /* flat parameters: a mixed unit has two (its groups) */
     fsdp__cunit *u;
+    int npub;          /* fsdp_units' units */
+    int *pub_first;    /* unit -> its first flat parameter; [npub] = nunits */
     fsdp__slot *slots;
     int nslots;
     void *red_in, *red_out;
@@ -9926,9 +10027,9 @@ FSDP__DEF const char *fsdp__pref_key(const void *ctx, int i)
 
 FSDP__DEF fsdp_result fsdp__check_unit(fsdp_ctx *c, int unit, const char *fn)
 {
-    if (unit < 0 || unit >= c->nunits)
+    if (unit < 0 || unit >= c->npub)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: unit %d out of range (%d units)", fn,
-                              unit, c->nunits);
+                              unit, c->npub);
     return FSDP_SUCCESS;
 }
 
@@ -10053,6 +10154,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     if (c->shard_comm) fsdp_comm_destroy(c->shard_comm);
     if (c->rep_comm) fsdp_comm_destroy(c->rep_comm);
     fsdp__free(&c->hooks, c->u);
+    fsdp__free(&c->hooks, c->pub_first);
     fsdp__free(&c->hooks, c->slots);
     fsdp__free(&c->hooks, c->fwd_order);
     fsdp__free(&c->hooks, c->bwd_order);
@@ -10150,7 +10252,12 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
         c->rank = fsdp_comm_rank(d->comm);
         c->nranks = fsdp_comm_size(d->comm);
     }
-    c->nunits = fsdp_units_count(d->units);
+    c->npub = fsdp_units_count(d->units);
+    c->nunits = 0;
+    for (i = 0; i < c->npub; i++) {
+        const fsdp_unit_info *gs[2];
+        c->nunits += fsdp_units_groups(d->units, i, gs);
+    }
     c->hybrid_size = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
     c->max_unsharded = d->max_unsharded ? d->max_unsharded : 2;
     c->prefetch_fwd = !d->disable_forward_prefetch;
@@ -10218,9 +10325,20 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
     int i, k;
     c->u = (fsdp__cunit *)fsdp__calloc(&c->hooks, (size_t)(c->nunits ? c->nunits : 1),
                                        sizeof(fsdp__cunit));
-    if (!c->u) return fsdp__ctx_create_oom(d);
+    c->pub_first = (int *)fsdp__alloc(&c->hooks, (size_t)(c->npub + 1) * sizeof(int));
+    if (!c->u || !c->pub_first) return fsdp__ctx_create_oom(d);
+    for (i = k = 0; i < c->npub; i++) {
+        const fsdp_unit_info *gs[2];
+        int g, ng = fsdp_units_groups(d->units, i, gs);
+        c->pub_first[i] = k;
+        for (g = 0; g < ng; g++, k++) {
+            c->u[k].info = gs[g];
+            c->u[k].pub = i;
+        }
+    }
+    c->pub_first[c->npub] = k;
     for (i = 0; i < c->nunits; i++) {
-        const fsdp_unit_info *ui = fsdp_units_get(d->units, i);
+        const fsdp_unit_info *ui = c->u[i].info;
         fsdp__cunit *cu = &c->u[i];
         fsdp_sharding_strategy s = ui->options.sharding ? ui->options.sharding : FSDP_FULL_SHARD;
         int shard_size;
@@ -10376,6 +10494,11 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         }
     }
     z->nslots = nshared < c->max_unsharded ? nshared : c->max_unsharded;
+    /* a mixed unit's two groups are gathered together: two buffers at least */
+    for (i = 0; i < c->nunits; i++)
+        if (!c->u[i].resident && c->u[i].info != fsdp_units_get(c->units, c->u[i].pub) &&
+            z->nslots < 2)
+            z->nslots = 2;
     p->pool += (size_t)z->nslots * z->slot_bytes;
     p->scratch = z->red_in + z->red_out + z->off_f32;
     p->host_staging = z->hstage;
@@ -10734,15 +10857,43 @@ FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *c)
 FSDP__DEF int fsdp__bad_unit(const fsdp_ctx *c, int unit, const char *fn)
 {
     if (!c) return 1;
-    if (unit >= 0 && unit < c->nunits) return 0;
+    if (unit >= 0 && unit < c->npub) return 0;
     fsdp__check_unit((fsdp_ctx *)(uintptr_t)c, unit, fn);
     return 1;
+}
+
+/* The flat parameter of a getter that has one per unit: a mixed unit has
+   two, so it is refused (naming the group calls); -1 after an error. */
+FSDP__DEF int fsdp__one_flat(const fsdp_ctx *c, int unit, const char *fn)
+{
+    if (fsdp__bad_unit(c, unit, fn)) return -1;
+    if (c->pub_first[unit + 1] - c->pub_first[unit] == 1) return c->pub_first[unit];
+    fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
+                   "%s: unit %d %s mixes frozen and trainable parameters, so it has two flat "
+                   "parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
+                   fn);
+    return -1;
+}
+
+/* A unit's group g (0 for a uniform unit; a mixed unit's 0 frozen, 1
+   trainable) as a flat parameter index, or -1 after an error. */
+FSDP__DEF int fsdp__group_flat(const fsdp_ctx *c, int unit, int group, const char *fn)
+{
+    int n;
+    if (fsdp__bad_unit(c, unit, fn)) return -1;
+    n = c->pub_first[unit + 1] - c->pub_first[unit];
+    if (group >= 0 && group < n) return c->pub_first[unit] + group;
+    fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
+                   "%s: unit %d %s has %d group%s, not group %d", fn, unit,
+                   c->u[c->pub_first[unit]].qname, n, n == 1 ? "" : "s", group);
+    return -1;
 }
 
 FSDP_API fsdp_unit_state fsdp_ctx_unit_state(const fsdp_ctx *c, int unit)
 {
     if (fsdp__bad_unit(c, unit, "fsdp_ctx_unit_state")) return FSDP_UNIT_IDLE;
-    return c->u[unit].state;
+    /* a mixed unit: its trainable group's (the frozen one has no reduction) */
+    return c->u[c->pub_first[unit + 1] - 1].state;
 }
 
 FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
@@ -10755,7 +10906,7 @@ FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *c, int unit)
 {
     if (fsdp__bad_unit(c, unit, "fsdp_param_dtype")) return FSDP_DTYPE_DEFAULT;
-    return c->u[unit].pdt;
+    return c->u[c->pub_first[unit]].pdt;
 }
 
 FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *c)
@@ -10765,23 +10916,49 @@ FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *c)
 
 FSDP_API float *fsdp_shard_params(fsdp_ctx *c, int unit)
 {
-    if (fsdp__bad_unit(c, unit, "fsdp_shard_params")) return NULL;
-    return c->u[unit].master;
+    int f = fsdp__one_flat(c, unit, "fsdp_shard_params");
+    return f < 0 ? NULL : c->u[f].master;
 }
 
 FSDP_API float *fsdp_shard_grads(fsdp_ctx *c, int unit)
 {
-    if (fsdp__bad_unit(c, unit, "fsdp_shard_grads")) return NULL;
-    return c->u[unit].grad;
+    int f = fsdp__one_flat(c, unit, "fsdp_shard_grads");
+    return f < 0 ? NULL : c->u[f].grad;
 }
 
 FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *c, int unit, fsdp_shard_layout *out)
 {
+    int f;
     if (!c) return FSDP_INVALID_ARGS;
     if (!out) return fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
                                     "fsdp_ctx_shard_layout: out is NULL");
-    if (fsdp__bad_unit(c, unit, "fsdp_ctx_shard_layout")) return FSDP_INVALID_ARGS;
-    *out = c->u[unit].lay;
+    if ((f = fsdp__one_flat(c, unit, "fsdp_ctx_shard_layout")) < 0) return FSDP_INVALID_ARGS;
+    *out = c->u[f].lay;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API float *fsdp_shard_params_group(fsdp_ctx *c, int unit, int group)
+{
+    int f = fsdp__group_flat(c, unit, group, "fsdp_shard_params_group");
+    return f < 0 ? NULL : c->u[f].master;
+}
+
+FSDP_API float *fsdp_shard_grads_group(fsdp_ctx *c, int unit, int group)
+{
+    int f = fsdp__group_flat(c, unit, group, "fsdp_shard_grads_group");
+    return f < 0 ? NULL : c->u[f].grad;
+}
+
+FSDP_API fsdp_result fsdp_ctx_shard_layout_group(const fsdp_ctx *c, int unit, int group,
+                                                 fsdp_shard_layout *out)
+{
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!out) return fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
+                                    "fsdp_ctx_shard_layout_group: out is NULL");
+    if ((f = fsdp__group_flat(c, unit, group, "fsdp_ctx_shard_layout_group")) < 0)
+        return FSDP_INVALID_ARGS;
+    *out = c->u[f].lay;
     return FSDP_SUCCESS;
 }
 
@@ -11590,12 +11767,11 @@ FSDP__DEF void fsdp__maybe_new_iteration(fsdp_ctx *c, int unit)
     c->fpos = c->bpos = 0;
 }
 
-FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *c, int unit)
+FSDP__DEF fsdp_result fsdp__begin_forward_flat(fsdp_ctx *c, int unit)
 {
     fsdp_result r;
     int pos;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_forward")) != FSDP_SUCCESS) return r;
     if (c->state == FSDP_CTX_SUMMON_FULL_PARAMS)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_forward: unit %d %s: parameters are summoned; call "
@@ -11624,12 +11800,23 @@ FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
-FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *c, int unit)
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP_API fsdp_result fsdp_begin_forward(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_forward")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__begin_forward_flat(c, f)) != FSDP_SUCCESS) return r;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__end_forward_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_end_forward")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_FORWARD, "fsdp_end_forward")) != FSDP_SUCCESS)
         return r;
     cu = &c->u[unit];
@@ -11648,13 +11835,24 @@ FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *c, int unit)
     return r;
 }
 
-FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP_API fsdp_result fsdp_end_forward(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_end_forward")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__end_forward_flat(c, f)) != FSDP_SUCCESS) return r;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r;
     int pos;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_backward")) != FSDP_SUCCESS) return r;
     cu = &c->u[unit];
     if (cu->state == FSDP_UNIT_BACKWARD_POST) cu->state = FSDP_UNIT_IDLE; /* accumulation */
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_begin_backward")) != FSDP_SUCCESS)
@@ -11717,6 +11915,18 @@ FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
     cu->state = FSDP_UNIT_BACKWARD_PRE;
     c->state = FSDP_CTX_FORWARD_BACKWARD;
     if (c->debug) return fsdp__dbg_begin(c, unit);
+    return FSDP_SUCCESS;
+}
+
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP_API fsdp_result fsdp_begin_backward(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_backward")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__begin_backward_flat(c, f)) != FSDP_SUCCESS) return r;
     return FSDP_SUCCESS;
 }
 
@@ -11879,12 +12089,11 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
     return FSDP_SUCCESS;
 }
 
-FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *c, int unit)
+FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r, dr = FSDP_SUCCESS;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_end_backward")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_BACKWARD_PRE, "fsdp_end_backward")) != FSDP_SUCCESS)
         return r;
     cu = &c->u[unit];
@@ -11909,6 +12118,18 @@ FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *c, int unit)
     else cu->gathered = fsdp__shard_is_view(c, cu);
     fsdp__update_state(c);
     return dr;
+}
+
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP_API fsdp_result fsdp_end_backward(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_end_backward")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__end_backward_flat(c, f)) != FSDP_SUCCESS) return r;
+    return FSDP_SUCCESS;
 }
 
 /* The views of name i (an index into prefs). */
@@ -12540,13 +12761,12 @@ FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
     return FSDP_SUCCESS;
 }
 
-FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, float *host)
+FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned flags, float *host)
 {
     fsdp__cunit *cu;
     fsdp_result r;
     int keep;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_begin")) != FSDP_SUCCESS) return r;
     cu = &c->u[unit];
     if ((flags & FSDP_SUMMON_WRITEBACK) && (flags & FSDP_SUMMON_RANK0_ONLY))
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
@@ -12616,12 +12836,28 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
     return FSDP_SUCCESS;
 }
 
-FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, float *host)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_begin")) != FSDP_SUCCESS) return r;
+    if ((flags & FSDP_SUMMON_OFFLOAD) && c->pub_first[unit + 1] - c->pub_first[unit] > 1)
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
+                              "fsdp_summon_begin: unit %d %s mixes frozen and trainable "
+                              "parameters: FSDP_SUMMON_OFFLOAD is not supported for it (summon "
+                              "into device views instead)", unit, c->u[c->pub_first[unit]].qname);
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__summon_begin_flat(c, f, flags, host)) != FSDP_SUCCESS) return r;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__summon_end_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_end")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_SUMMON_FULL_PARAMS, "fsdp_summon_end")) !=
         FSDP_SUCCESS)
         return r;
@@ -12661,6 +12897,18 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
     cu->summon_keep = 0;
     cu->state = FSDP_UNIT_IDLE;
     fsdp__update_state(c);
+    return FSDP_SUCCESS;
+}
+
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_end")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__summon_end_flat(c, f)) != FSDP_SUCCESS) return r;
     return FSDP_SUCCESS;
 }
 
