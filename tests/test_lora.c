@@ -1,0 +1,496 @@
+/* test_lora: units mixing frozen and trainable parameters (issue 17).
+   A block holds frozen base weights and trainable LoRA adapters. Wrapped
+   with the adapters inside the block's unit (a mixed unit: two groups) it
+   must train bitwise as the same model with the adapters wrapped as units
+   of their own, at 1, 2 and 3 ranks, FULL_SHARD, SHARD_GRAD_OP, NO_SHARD
+   and HYBRID_SHARD; the plan's gradients and optimizer state are the
+   trainable parameters' share only; views of frozen parameters work and
+   their gradient views are refused; checkpoints round trip.
+   Ranks are threads of the local backend. */
+#define _POSIX_C_SOURCE 200809L
+#include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
+#include "fixtures_files.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NL 2     /* blocks */
+#define D 3      /* width */
+#define R 2      /* adapter rank */
+#define STEPS 3
+#define MAXT 64  /* tensors in a full dict with optimizer state */
+
+/* Per block: name, shape, frozen. */
+typedef struct pdef {
+    const char *mod, *name;
+    int ndim;
+    int64_t d0, d1;
+    int frozen;
+} pdef;
+
+static const pdef BLOCK[] = {
+    {"attn", "weight", 2, 2 * D, D, 1},
+    {"attn.lora_a", "weight", 2, R, D, 0},
+    {"attn.lora_b", "weight", 2, 2 * D, R, 0},
+    {"attn", "bias", 1, 2 * D, 0, 1},
+    {"mlp", "weight", 2, D, D, 1},
+    {"mlp.lora_a", "weight", 2, R, D, 0},
+    {"mlp.lora_b", "weight", 2, D, R, 0},
+};
+#define NBP ((int)(sizeof BLOCK / sizeof BLOCK[0]))
+
+static fsdp_model *lora_model(void)
+{
+    fsdp_model_desc md;
+    fsdp_model *m = NULL;
+    int l, k;
+    char mod[64];
+    memset(&md, 0, sizeof md);
+    md.root_type = "Net";
+    OK(fsdp_model_create(&md, &m));
+    if (!m) return NULL;
+    OK(fsdp_model_add_module(m, "h", "ModuleList"));
+    for (l = 0; l < NL; l++) {
+        snprintf(mod, sizeof mod, "h.%d", l);
+        OK(fsdp_model_add_module(m, mod, "Block"));
+        snprintf(mod, sizeof mod, "h.%d.attn", l);
+        OK(fsdp_model_add_module(m, mod, "Linear"));
+        snprintf(mod, sizeof mod, "h.%d.attn.lora_a", l);
+        OK(fsdp_model_add_module(m, mod, "Linear"));
+        snprintf(mod, sizeof mod, "h.%d.attn.lora_b", l);
+        OK(fsdp_model_add_module(m, mod, "Linear"));
+        snprintf(mod, sizeof mod, "h.%d.mlp", l);
+        OK(fsdp_model_add_module(m, mod, "Linear"));
+        snprintf(mod, sizeof mod, "h.%d.mlp.lora_a", l);
+        OK(fsdp_model_add_module(m, mod, "Linear"));
+        snprintf(mod, sizeof mod, "h.%d.mlp.lora_b", l);
+        OK(fsdp_model_add_module(m, mod, "Linear"));
+    }
+    OK(fsdp_model_add_module(m, "ln_f", "LayerNorm"));
+    for (l = 0; l < NL; l++)
+        for (k = 0; k < NBP; k++) {
+            fsdp_param_desc p;
+            memset(&p, 0, sizeof p);
+            snprintf(mod, sizeof mod, "h.%d.%s", l, BLOCK[k].mod);
+            p.module = mod;
+            p.name = BLOCK[k].name;
+            p.ndim = BLOCK[k].ndim;
+            p.shape[0] = BLOCK[k].d0;
+            p.shape[1] = BLOCK[k].d1;
+            p.frozen = BLOCK[k].frozen;
+            OK(fsdp_model_add_param(m, &p));
+        }
+    {
+        fsdp_param_desc p;
+        memset(&p, 0, sizeof p);
+        p.module = "ln_f";
+        p.name = "weight";
+        p.ndim = 1;
+        p.shape[0] = D;
+        OK(fsdp_model_add_param(m, &p));
+    }
+    return m;
+}
+
+static int64_t pnumel(int k)
+{
+    return BLOCK[k].ndim == 1 ? BLOCK[k].d0 : BLOCK[k].d0 * BLOCK[k].d1;
+}
+
+/* mixed: a unit per block ("h.l"); separate: the adapters' modules as units
+   of their own, then the block (its frozen weights). */
+static fsdp_units *lora_wrap(fsdp_model *m, int separate, fsdp_sharding_strategy s)
+{
+    static const char *const ad[] = {"attn.lora_a", "attn.lora_b", "mlp.lora_a", "mlp.lora_b"};
+    static char pre[NL * 5][32];
+    fsdp_unit_spec specs[NL * 5];
+    fsdp_wrap_policy pol;
+    fsdp_wrap_desc wd;
+    fsdp_units *u = NULL;
+    int l, a, n = 0;
+    memset(specs, 0, sizeof specs);
+    for (l = 0; l < NL; l++) {
+        if (separate)
+            for (a = 0; a < 4; a++) {
+                snprintf(pre[n], sizeof pre[n], "h.%d.%s", l, ad[a]);
+                specs[n].prefix = pre[n];
+                n++;
+            }
+        snprintf(pre[n], sizeof pre[n], "h.%d", l);
+        specs[n].prefix = pre[n];
+        n++;
+    }
+    memset(&pol, 0, sizeof pol);
+    memset(&wd, 0, sizeof wd);
+    pol.kind = FSDP_WRAP_UNITS;
+    pol.units = specs;
+    pol.n_units = n;
+    wd.policy = &pol;
+    wd.root.sharding = s;
+    OK(fsdp_wrap(m, &wd, &u));
+    return u;
+}
+
+static float initv(const char *fqn, int64_t i)
+{
+    uint32_t h = 2166136261u;
+    const char *p;
+    for (p = fqn; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+    h = (h ^ (uint32_t)i) * 16777619u;
+    return (float)((h >> 8) % 1000) / 1000.0f - 0.5f;
+}
+
+static void init_all(fsdp_ctx *c, const fsdp_model *mm, int *bad)
+{
+    int i, n = fsdp_model_num_params(mm);
+    for (i = 0; i < n; i++) {
+        fsdp_param_info pi;
+        float buf[64];
+        int64_t k;
+        if (fsdp_model_param(mm, i, &pi) != FSDP_SUCCESS || pi.primary != i) continue;
+        for (k = 0; k < pi.numel; k++) buf[k] = initv(pi.fqn, k);
+        if (fsdp_set_full_param(c, pi.fqn, buf, FSDP_F32) != FSDP_SUCCESS) (*bad)++;
+    }
+}
+
+/* The engine: a deterministic "backward" from the gathered values. Every
+   trainable parameter's gradient depends on its block's frozen weights (so
+   they must be gathered in backward), its own value and the rank. */
+typedef struct lstats {
+    int bad;
+    int frozen_grad_refused;
+    char msg[FSDP_ERROR_MAX];
+} lstats;
+
+static void block_backward(fsdp_ctx *c, int l, int rank, int step, lstats *st)
+{
+    char fq[64];
+    float fs = 0.0f;
+    int k;
+    for (k = 0; k < NBP; k++) {
+        const float *p;
+        int64_t i;
+        if (!BLOCK[k].frozen) continue;
+        snprintf(fq, sizeof fq, "h.%d.%s.%s", l, BLOCK[k].mod, BLOCK[k].name);
+        p = (const float *)fsdp_param(c, fq);
+        if (!p) {
+            st->bad++;
+            snprintf(st->msg, sizeof st->msg, "param %s: %s", fq, fsdp_ctx_last_error(c));
+            continue;
+        }
+        for (i = 0; i < pnumel(k); i++) fs += p[i] * (float)(i + 1);
+        /* a frozen parameter has no gradient view: NULL and a message */
+        if (fsdp_grad(c, fq) == NULL && contains(fsdp_ctx_last_error(c), "frozen"))
+            st->frozen_grad_refused++;
+        else
+            st->bad++;
+    }
+    for (k = 0; k < NBP; k++) {
+        const float *p;
+        float *g;
+        int64_t i;
+        if (BLOCK[k].frozen) continue;
+        snprintf(fq, sizeof fq, "h.%d.%s.%s", l, BLOCK[k].mod, BLOCK[k].name);
+        p = (const float *)fsdp_param(c, fq);
+        g = (float *)fsdp_grad(c, fq);
+        if (!p || !g) {
+            st->bad++;
+            snprintf(st->msg, sizeof st->msg, "views of %s: %s", fq, fsdp_ctx_last_error(c));
+            continue;
+        }
+        for (i = 0; i < pnumel(k); i++)
+            g[i] += 0.05f * p[i] + 0.001f * fs + 0.01f * (float)(rank + 1) * (float)(step + 1);
+    }
+}
+
+static void run_step(fsdp_ctx *c, const fsdp_units *u, int rank, int step, lstats *st)
+{
+    int n = fsdp_units_count(u), root = n - 1, i, l;
+    /* the units covering block l: those whose module is h.l or below */
+    char pre[16];
+#define FOR_BLOCK_UNITS(l, i, body)                                                         \
+    for (i = 0; i < root; i++) {                                                           \
+        const char *f_ = fsdp_units_get(u, i)->fqn;                                        \
+        snprintf(pre, sizeof pre, "h.%d", l);                                              \
+        if (strncmp(f_, pre, strlen(pre)) == 0 &&                                          \
+            (f_[strlen(pre)] == 0 || f_[strlen(pre)] == '.')) {                            \
+            body;                                                                          \
+        }                                                                                  \
+    }
+    if (fsdp_begin_forward(c, root) != FSDP_SUCCESS) st->bad++;
+    for (l = 0; l < NL; l++) {
+        FOR_BLOCK_UNITS(l, i, if (fsdp_begin_forward(c, i) != FSDP_SUCCESS) st->bad++);
+        FOR_BLOCK_UNITS(l, i, if (fsdp_end_forward(c, i) != FSDP_SUCCESS) st->bad++);
+    }
+    if (fsdp_end_forward(c, root) != FSDP_SUCCESS) st->bad++;
+    if (fsdp_begin_backward(c, root) != FSDP_SUCCESS) st->bad++;
+    {
+        float *g = (float *)fsdp_grad(c, "ln_f.weight");
+        const float *p = (const float *)fsdp_param(c, "ln_f.weight");
+        int k;
+        if (!g || !p) st->bad++;
+        else
+            for (k = 0; k < D; k++) g[k] += 0.1f * p[k] + (float)rank;
+    }
+    for (l = NL - 1; l >= 0; l--) {
+        for (i = root - 1; i >= 0; i--) {
+            const char *f_ = fsdp_units_get(u, i)->fqn;
+            snprintf(pre, sizeof pre, "h.%d", l);
+            if (strncmp(f_, pre, strlen(pre)) == 0 &&
+                (f_[strlen(pre)] == 0 || f_[strlen(pre)] == '.'))
+                if (fsdp_begin_backward(c, i) != FSDP_SUCCESS) {
+                    st->bad++;
+                    snprintf(st->msg, sizeof st->msg, "begin_backward %d: %s", i,
+                             fsdp_ctx_last_error(c));
+                }
+        }
+        block_backward(c, l, rank, step, st);
+        FOR_BLOCK_UNITS(l, i, if (fsdp_end_backward(c, i) != FSDP_SUCCESS) st->bad++);
+    }
+    if (fsdp_end_backward(c, root) != FSDP_SUCCESS) st->bad++;
+    if (fsdp_step(c) != FSDP_SUCCESS) st->bad++;
+#undef FOR_BLOCK_UNITS
+}
+
+/* What a run leaves: the full dict with optimizer state (rank 0), the plan. */
+typedef struct result {
+    int nt;
+    char names[MAXT][64];
+    int64_t numel[MAXT];
+    unsigned char data[MAXT][256];
+    fsdp_memory_plan plan;
+} result;
+
+typedef struct job {
+    fsdp_model *m;
+    fsdp_units *u;
+    int hybrid;
+    int maxu;
+    result *res;
+    lstats st[4];
+    const char *save_dir;   /* save a checkpoint after training */
+    unsigned save_flags;
+} job;
+
+static void keep_dict(const fsdp_state_dict *sd, result *res)
+{
+    int i, n = fsdp_state_dict_count(sd);
+    res->nt = 0;
+    for (i = 0; i < n && i < MAXT; i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        size_t b = (size_t)t->numel * fsdp_dtype_size(t->dtype);
+        snprintf(res->names[i], sizeof res->names[i], "%s", t->name);
+        res->numel[i] = t->numel;
+        if (b > sizeof res->data[i]) b = sizeof res->data[i];
+        memcpy(res->data[i], t->data, b);
+        res->nt++;
+    }
+}
+
+static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    job *j = (job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *c = NULL;
+    fsdp_ctx_desc cd;
+    lstats *st = &j->st[rank];
+    fsdp_memory_plan only;
+    size_t base;
+    int s;
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
+    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
+    memset(&cd, 0, sizeof cd);
+    cd.device = dev;
+    cd.comm = comm;
+    cd.model = j->m;
+    cd.units = j->u;
+    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    cd.optim.lr = 0.01;
+    cd.hybrid_shard_size = j->hybrid;
+    /* the separate wrapping holds a block's five units at once; a mixed
+       unit's two groups need two buffers even when 1 is asked for */
+    cd.max_unsharded = j->maxu;
+    {
+        fsdp_memory_stats ms;
+        fsdp_ctx_desc pd = cd;
+        pd.comm = NULL;
+        if (fsdp_ctx_plan_only(&pd, nranks, &only) != FSDP_SUCCESS) st->bad++;
+        fsdp_device_memory(dev, &ms);
+        base = ms.device_in_use;
+        fsdp_device_reset_peak(dev);
+    }
+    if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS) {
+        snprintf(st->msg, sizeof st->msg, "create: %s", fsdp_ctx_last_error(c));
+        st->bad++;
+        fsdp_comm_destroy(comm);
+        fsdp_device_destroy(dev);
+        return 0;
+    }
+    init_all(c, j->m, &st->bad);
+    for (s = 0; s < STEPS; s++) run_step(c, j->u, rank, s, st);
+    {
+        fsdp_memory_stats ms;
+        fsdp_memory_plan plan;
+        fsdp_ctx_plan(c, &plan);
+        fsdp_device_memory(dev, &ms);
+        /* training allocates nothing beyond the plan, which is exactly what
+           plan-only predicts */
+        if (ms.device_peak - base != plan.total || memcmp(&plan, &only, sizeof plan)) {
+            st->bad++;
+            snprintf(st->msg, sizeof st->msg, "peak %zu, plan %zu, plan-only %zu",
+                     ms.device_peak - base, plan.total, only.total);
+        }
+    }
+    {
+        fsdp_state_dict *sd = NULL;
+        if (fsdp_get_full_state_dict(c, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &sd) != FSDP_SUCCESS) {
+            st->bad++;
+            snprintf(st->msg, sizeof st->msg, "full dict: %s", fsdp_ctx_last_error(c));
+        } else if (rank == 0) {
+            keep_dict(sd, j->res);
+        }
+        fsdp_state_dict_destroy(sd);
+    }
+    if (rank == 0) fsdp_ctx_plan(c, &j->res->plan);
+    if (j->save_dir && fsdp_ckpt_save(c, j->save_dir, j->save_flags) != FSDP_SUCCESS) {
+        st->bad++;
+        snprintf(st->msg, sizeof st->msg, "save: %s", fsdp_ctx_last_error(c));
+    }
+    fsdp_ctx_destroy(c);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 0;
+}
+
+static void check_job(const job *j, int n, const char *what)
+{
+    int r;
+    for (r = 0; r < n; r++) {
+        CHECK(j->st[r].bad == 0, "%s: rank %d: %d failures (%s)", what, r, j->st[r].bad,
+              j->st[r].msg);
+        CHECK(j->st[r].frozen_grad_refused == STEPS * NL * 3,
+              "%s: rank %d: frozen grad views refused %d times, want %d", what, r,
+              j->st[r].frozen_grad_refused, STEPS * NL * 3);
+    }
+}
+
+static int find_t(const result *r, const char *name)
+{
+    int i;
+    for (i = 0; i < r->nt; i++)
+        if (!strcmp(r->names[i], name)) return i;
+    return -1;
+}
+
+static int same_result(const result *a, const result *b, const char *what)
+{
+    int i, ok = a->nt == b->nt && a->nt > 0;
+    CHECK(ok, "%s: %d tensors vs %d", what, a->nt, b->nt);
+    for (i = 0; ok && i < a->nt; i++) {
+        size_t bytes = (size_t)a->numel[i] * 4;
+        if (bytes > sizeof a->data[i]) bytes = sizeof a->data[i];
+        if (strcmp(a->names[i], b->names[i]) || a->numel[i] != b->numel[i] ||
+            memcmp(a->data[i], b->data[i], bytes)) {
+            CHECK(0, "%s: tensor %d '%s' differs from '%s'", what, i, a->names[i], b->names[i]);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+/* The bytes the plan should give gradients / optimizer state: the
+   trainable flat parameters' shards. */
+static size_t trainable_shard_bytes(const fsdp_units *u, int W)
+{
+    size_t b = 0;
+    int i, g;
+    for (i = 0; i < fsdp_units_count(u); i++) {
+        const fsdp_unit_info *gs[2];
+        int ng = fsdp_units_groups(u, i, gs);
+        for (g = 0; g < ng; g++) {
+            int64_t n = gs[g]->numel;
+            int w = gs[g]->options.sharding == FSDP_NO_SHARD ? 1 : W;
+            if (!gs[g]->requires_grad) continue;
+            b += (size_t)((n + w - 1) / w) * 4;
+        }
+    }
+    return b;
+}
+
+static void test_bitwise_as_separate_units(void)
+{
+    static const fsdp_sharding_strategy strats[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                    FSDP_NO_SHARD, FSDP_HYBRID_SHARD};
+    static const char *const sname[] = {"FULL_SHARD", "SHARD_GRAD_OP", "NO_SHARD", "HYBRID"};
+    fsdp_model *m = lora_model();
+    int si, n;
+    if (!m) return;
+    for (si = 0; si < 4; si++)
+        for (n = 1; n <= 3; n++) {
+            static result ra, rb;
+            job ja, jb;
+            char what[96];
+            int hybrid = strats[si] == FSDP_HYBRID_SHARD ? (n == 2 ? 1 : n) : 0;
+            memset(&ja, 0, sizeof ja);
+            memset(&jb, 0, sizeof jb);
+            memset(&ra, 0, sizeof ra);
+            memset(&rb, 0, sizeof rb);
+            ja.m = jb.m = m;
+            ja.hybrid = jb.hybrid = hybrid;
+            ja.u = lora_wrap(m, 0, strats[si]);
+            jb.u = lora_wrap(m, 1, strats[si]);
+            ja.maxu = 1;
+            jb.maxu = 8;
+            ja.res = &ra;
+            jb.res = &rb;
+            if (!ja.u || !jb.u) break;
+            CHECK(fsdp_units_count(ja.u) == NL + 1 && fsdp_units_get(ja.u, 0)->mixed == 1,
+                  "mixed wrapping: %d units, unit 0 mixed %d", fsdp_units_count(ja.u),
+                  fsdp_units_get(ja.u, 0)->mixed);
+            snprintf(what, sizeof what, "%s at %d ranks (mixed units)", sname[si], n);
+            run_ranks(n, train_rank, &ja);
+            check_job(&ja, n, what);
+            snprintf(what, sizeof what, "%s at %d ranks (separate units)", sname[si], n);
+            run_ranks(n, train_rank, &jb);
+            check_job(&jb, n, what);
+            snprintf(what, sizeof what, "%s at %d ranks: mixed vs separate", sname[si], n);
+            same_result(&ra, &rb, what);
+            /* it trained: an adapter moved, a frozen weight did not */
+            {
+                int fi = find_t(&ra, "h.0.attn.weight"), ai = find_t(&ra, "h.0.attn.lora_a.weight");
+                CHECK(fi >= 0 && ai >= 0 &&
+                      ((const float *)ra.data[fi])[1] == initv("h.0.attn.weight", 1) &&
+                      ((const float *)ra.data[ai])[1] != initv("h.0.attn.lora_a.weight", 1),
+                  "%s: frozen weights changed or adapters did not", what);
+            }
+            {
+                /* gradients and optimizer state: the trainable share only */
+                int W = strats[si] == FSDP_HYBRID_SHARD ? (hybrid ? hybrid : n) : n;
+                size_t tb = trainable_shard_bytes(ja.u, W);
+                CHECK(ra.plan.sharded_grads == tb && ra.plan.optimizer_state == 2 * tb,
+                      "%s: plan grads %zu optimizer %zu, want %zu and %zu (trainable)", what,
+                      ra.plan.sharded_grads, ra.plan.optimizer_state, tb, 2 * tb);
+                CHECK(ra.plan.sharded_grads == rb.plan.sharded_grads &&
+                          ra.plan.optimizer_state == rb.plan.optimizer_state,
+                      "%s: grads %zu / %zu, optimizer %zu / %zu", what, ra.plan.sharded_grads,
+                      rb.plan.sharded_grads, ra.plan.optimizer_state, rb.plan.optimizer_state);
+            }
+            fsdp_units_destroy(ja.u);
+            fsdp_units_destroy(jb.u);
+        }
+    fsdp_model_destroy(m);
+}
+
+static const check_case CASES[] = {
+    {"bitwise_as_separate_units", test_bitwise_as_separate_units},
+};
+
+int main(int argc, char **argv)
+{
+    return check_main(argc, argv, CASES, CHECK_COUNT(CASES));
+}
