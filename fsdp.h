@@ -1175,8 +1175,13 @@ enum {
     FSDP_SD_OFFLOAD = 1u << 2,    /* get: tensors in host memory (else in
                                      device memory, like tensors on the GPU) */
     FSDP_SD_PINNED = 1u << 3,     /* with OFFLOAD: pinned host memory */
-    FSDP_SD_NOT_STRICT = 1u << 4  /* load: missing and unexpected keys are
+    FSDP_SD_NOT_STRICT = 1u << 4, /* load: missing and unexpected keys are
                                      allowed (missing ones keep their values) */
+    FSDP_SD_TRAINABLE_ONLY = 1u << 10 /* get and checkpoint save: only the
+                                     trainable parameters (and with
+                                     FSDP_SD_OPTIM their optimizer state):
+                                     a LoRA adapter checkpoint. Load it
+                                     with FSDP_SD_NOT_STRICT */
 };
 
 /* An empty dict of the given kind, to fill with fsdp_state_dict_add. dev
@@ -1897,7 +1902,8 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
    without these checks; ids on only some of a checkpoint's files are
    refused. */
 
-/* Save flags (with FSDP_SD_OPTIM to include the optimizer state). */
+/* Save flags (with FSDP_SD_OPTIM to include the optimizer state, with
+   FSDP_SD_TRAINABLE_ONLY to leave the frozen parameters out). */
 enum {
     FSDP_CKPT_SHARDED = 1u << 8 /* a directory of rank files plus an index */
 };
@@ -14752,6 +14758,7 @@ FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_s
     int u, w, lent = 0;
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
+        if ((o->flags & FSDP_SD_TRAINABLE_ONLY) && !cu->info->requires_grad) continue;
         if (o->kind == FSDP_SD_FULL && cu->W > 1 && (size_t)cu->S * (size_t)cu->W * 4 > scratch_bytes)
             scratch_bytes = (size_t)cu->S * (size_t)cu->W * 4;
     }
@@ -14765,6 +14772,7 @@ FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_s
     }
     for (u = 0; u < c->nunits && r == FSDP_SUCCESS; u++) {
         if (o->kind == FSDP_SD_SHARDED && o->for_ckpt && c->rank >= c->u[u].W) continue;
+        if ((o->flags & FSDP_SD_TRAINABLE_ONLY) && !c->u[u].info->requires_grad) continue;
         for (w = 0; w < nwhat && r == FSDP_SUCCESS; w++)
             r = fsdp__build_buf(c, o, sd, &c->u[u], w, keep, mem, scratch,
                                 &blocks[fsdp__bufi(u, w)], fn);
@@ -14830,6 +14838,7 @@ FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsd
             fsdp__cunit *cu = &c->u[u];
             if (o->for_ckpt && c->rank >= cu->W) continue;
             if (!blocks[fsdp__bufi(u, w)]) continue;
+            if ((o->flags & FSDP_SD_TRAINABLE_ONLY) && !cu->info->requires_grad) continue;
             for (p = 0; p < cu->lay.npieces; p++) {
                 const fsdp_shard_piece *pc = &cu->pieces[p];
                 const fsdp_flat_entry *fe = &cu->info->entries[pc->entry];
@@ -14889,10 +14898,20 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
     if (o->kind == FSDP_SD_LOCAL && (o->flags & FSDP_SD_OPTIM))
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds parameters "
                               "only (use a sharded one for the optimizer state)", fn);
+    if (o->kind == FSDP_SD_LOCAL && (c->nunits != c->npub || (o->flags & FSDP_SD_TRAINABLE_ONLY)))
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: %s: not supported for a local state "
+                              "dict (one flat parameter per unit); use a sharded one", fn,
+                              c->nunits != c->npub ? "a unit mixing frozen and trainable "
+                              "parameters" : "FSDP_SD_TRAINABLE_ONLY");
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
     if ((r = fsdp__sd_new(&c->hooks, o->kind, c->dev, &sd)) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, r, "%s: out of memory", fn);
     if ((r = fsdp__plocs(c, &pl)) != FSDP_SUCCESS) goto fail;
+    if (o->flags & FSDP_SD_TRAINABLE_ONLY) { /* frozen parameters are left out */
+        int j, np = fsdp_model_num_params(c->model);
+        for (j = 0; j < np; j++)
+            if (pl[j].unit >= 0 && !c->u[pl[j].unit].info->requires_grad) pl[j].unit = -1;
+    }
     blocks = (void **)fsdp__calloc(&c->hooks, fsdp__bufi(c->nunits, 0) + 1, sizeof *blocks);
     if (!blocks) {
         r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
@@ -15133,6 +15152,10 @@ FSDP__DEF fsdp_result fsdp__ld_init(fsdp__ld *L, fsdp_ctx *c, fsdp_sd_kind kind,
     fsdp_result r;
     memset(L, 0, sizeof *L);
     L->c = c;
+    if (kind == FSDP_SD_LOCAL && c->nunits != c->npub)
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict with a unit mixing "
+                              "frozen and trainable parameters is not supported (one flat "
+                              "parameter per unit); use a sharded one", where);
     L->kind = kind;
     L->flags = flags;
     snprintf(L->where, sizeof L->where, "%s", where);
@@ -16463,10 +16486,10 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
                                              "fsdp_ckpt_wait before the next save", fn, w->path));
     if (!path || !path[0])
         return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: path is empty", fn));
-    if (flags & ~(unsigned)(FSDP_SD_OPTIM | FSDP_CKPT_SHARDED))
+    if (flags & ~(unsigned)(FSDP_SD_OPTIM | FSDP_CKPT_SHARDED | FSDP_SD_TRAINABLE_ONLY))
         return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: flags 0x%x: only "
-                                             "FSDP_SD_OPTIM and FSDP_CKPT_SHARDED apply", fn,
-                                             flags));
+                                             "FSDP_SD_OPTIM, FSDP_CKPT_SHARDED and "
+                                             "FSDP_SD_TRAINABLE_ONLY apply", fn, flags));
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return fsdp__wfail(w, r);
     w->flags = flags;
     w->steps = c->steps;
@@ -16489,7 +16512,7 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
     /* stage: the caller may change the parameters once this returns */
     memset(&o, 0, sizeof o);
     o.kind = sharded ? FSDP_SD_SHARDED : FSDP_SD_FULL;
-    o.flags = (flags & FSDP_SD_OPTIM) | FSDP_SD_OFFLOAD | FSDP_SD_PINNED |
+    o.flags = (flags & (FSDP_SD_OPTIM | FSDP_SD_TRAINABLE_ONLY)) | FSDP_SD_OFFLOAD | FSDP_SD_PINNED |
               (sharded ? 0u : (unsigned)FSDP_SD_RANK0_ONLY);
     o.for_ckpt = 1;
     o.stage = &w->stage;
@@ -16621,6 +16644,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             if (pl[j].first != j || pl[j].unit < 0) continue;
             cu = &c->u[pl[j].unit];
             if (!fsdp__unit_has(cu, what)) continue;
+            if ((w->flags & FSDP_SD_TRAINABLE_ONLY) && !cu->info->requires_grad) continue;
             fe = &cu->info->entries[pl[j].entry];
             if (!(tname = fsdp__what_key(&nb, fsdp__pname(c, j), what))) goto oom;
             fsdp__sb_str(&b, first ? "\n  {\"name\": " : ",\n  {\"name\": ");

@@ -43,7 +43,14 @@ static const pdef BLOCK[] = {
 };
 #define NBP ((int)(sizeof BLOCK / sizeof BLOCK[0]))
 
+static fsdp_model *lora_model_x(int adapters);
 static fsdp_model *lora_model(void)
+{
+    return lora_model_x(1);
+}
+
+/* adapters 0: the base model, every parameter trainable, no adapters. */
+static fsdp_model *lora_model_x(int adapters)
 {
     fsdp_model_desc md;
     fsdp_model *m = NULL;
@@ -74,6 +81,7 @@ static fsdp_model *lora_model(void)
     for (l = 0; l < NL; l++)
         for (k = 0; k < NBP; k++) {
             fsdp_param_desc p;
+            if (!adapters && !BLOCK[k].frozen) continue;
             memset(&p, 0, sizeof p);
             snprintf(mod, sizeof mod, "h.%d.%s", l, BLOCK[k].mod);
             p.module = mod;
@@ -81,7 +89,7 @@ static fsdp_model *lora_model(void)
             p.ndim = BLOCK[k].ndim;
             p.shape[0] = BLOCK[k].d0;
             p.shape[1] = BLOCK[k].d1;
-            p.frozen = BLOCK[k].frozen;
+            p.frozen = adapters && BLOCK[k].frozen;
             OK(fsdp_model_add_param(m, &p));
         }
     {
@@ -274,6 +282,8 @@ typedef struct job {
     lstats st[4];
     const char *save_dir;   /* save a checkpoint after training */
     unsigned save_flags;
+    const char *save_dir2;  /* and another */
+    unsigned save_flags2;
 } job;
 
 static void keep_dict(const fsdp_state_dict *sd, result *res)
@@ -360,6 +370,33 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     if (j->save_dir && fsdp_ckpt_save(c, j->save_dir, j->save_flags) != FSDP_SUCCESS) {
         st->bad++;
         snprintf(st->msg, sizeof st->msg, "save: %s", fsdp_ctx_last_error(c));
+    }
+    if (j->save_dir2 && fsdp_ckpt_save(c, j->save_dir2, j->save_flags2) != FSDP_SUCCESS) {
+        st->bad++;
+        snprintf(st->msg, sizeof st->msg, "save: %s", fsdp_ctx_last_error(c));
+    }
+    {
+        /* an adapter dict holds the trainable parameters and their state */
+        fsdp_state_dict *sd = NULL;
+        int i;
+        if (fsdp_get_full_state_dict(c, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD | FSDP_SD_TRAINABLE_ONLY,
+                                     &sd) != FSDP_SUCCESS) {
+            st->bad++;
+        } else {
+            for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+                const char *nm = fsdp_state_dict_tensor(sd, i)->name;
+                if (!contains(nm, "lora") && !contains(nm, "ln_f")) {
+                    st->bad++;
+                    snprintf(st->msg, sizeof st->msg, "adapter dict holds '%s'", nm);
+                }
+            }
+            if (fsdp_state_dict_count(sd) != NL * 4 * 4 + 4) {
+                st->bad++;
+                snprintf(st->msg, sizeof st->msg, "adapter dict has %d tensors, want %d",
+                         fsdp_state_dict_count(sd), NL * 4 * 4 + 4);
+            }
+        }
+        fsdp_state_dict_destroy(sd);
     }
     fsdp_ctx_destroy(c);
     fsdp_comm_destroy(comm);
@@ -486,7 +523,208 @@ static void test_bitwise_as_separate_units(void)
     fsdp_model_destroy(m);
 }
 
+/* --- checkpoints: adapters only, base + adapters at another world size --- */
+
+static char g_dir[64];
+
+static float basev(const char *fqn, int64_t i)
+{
+    return initv(fqn, i + 1000) * 2.0f;
+}
+
+/* The base model (no adapters) with its own values, saved whole. */
+static int base_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    job *j = (job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *c = NULL;
+    fsdp_ctx_desc cd;
+    int i, n = fsdp_model_num_params(j->m);
+    (void)nranks;
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
+    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
+    memset(&cd, 0, sizeof cd);
+    cd.device = dev;
+    cd.comm = comm;
+    cd.model = j->m;
+    cd.units = j->u;
+    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS) return 1;
+    for (i = 0; i < n; i++) {
+        fsdp_param_info pi;
+        float buf[64];
+        int64_t k;
+        if (fsdp_model_param(j->m, i, &pi) != FSDP_SUCCESS) continue;
+        for (k = 0; k < pi.numel; k++) buf[k] = basev(pi.fqn, k);
+        if (fsdp_set_full_param(c, pi.fqn, buf, FSDP_F32) != FSDP_SUCCESS) j->st[rank].bad++;
+    }
+    if (fsdp_ckpt_save(c, j->save_dir, j->save_flags) != FSDP_SUCCESS) {
+        j->st[rank].bad++;
+        snprintf(j->st[rank].msg, sizeof j->st[rank].msg, "base save: %s", fsdp_ctx_last_error(c));
+    }
+    fsdp_ctx_destroy(c);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 0;
+}
+
+typedef struct ljob {
+    fsdp_model *m;
+    fsdp_units *u;
+    const char *base, *adapters, *all;
+    result *res_two, *res_all;
+    fsdp_result fwd_base_only[4];
+    char msg_base_only[4][FSDP_ERROR_MAX];
+    int bad[4];
+    char msg[4][FSDP_ERROR_MAX];
+} ljob;
+
+static int load_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    ljob *j = (ljob *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *c = NULL, *c2 = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_state_dict *sd = NULL;
+    (void)nranks;
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
+    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
+    memset(&cd, 0, sizeof cd);
+    cd.device = dev;
+    cd.comm = comm;
+    cd.model = j->m;
+    cd.units = j->u;
+    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    cd.optim.lr = 0.01;
+    if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS || fsdp_ctx_create(&cd, &c2) != FSDP_SUCCESS)
+        return 1;
+#define L_OK(call, what)                                                                     \
+    do {                                                                                     \
+        if ((call) != FSDP_SUCCESS) {                                                        \
+            j->bad[rank]++;                                                                  \
+            snprintf(j->msg[rank], sizeof j->msg[rank], "%s: %s", what,                      \
+                     fsdp_ctx_last_error(c));                                                \
+        }                                                                                    \
+    } while (0)
+    /* the base into the frozen part: the adapters stay never initialised */
+    L_OK(fsdp_ckpt_load(c, j->base, FSDP_SD_NOT_STRICT), "base load");
+    j->fwd_base_only[rank] = fsdp_begin_forward(c, 0);
+    snprintf(j->msg_base_only[rank], sizeof j->msg_base_only[rank], "%s", fsdp_ctx_last_error(c));
+    if (j->fwd_base_only[rank] == FSDP_SUCCESS) fsdp_end_forward(c, 0);
+    /* then the adapters and their optimizer state */
+    L_OK(fsdp_ckpt_load(c, j->adapters, FSDP_SD_NOT_STRICT | FSDP_SD_OPTIM), "adapter load");
+    L_OK(fsdp_get_full_state_dict(c, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &sd), "full dict");
+    if (sd && rank == 0) keep_dict(sd, j->res_two);
+    fsdp_state_dict_destroy(sd);
+    sd = NULL;
+    L_OK(fsdp_begin_forward(c, 0), "forward after both loads");
+    L_OK(fsdp_end_forward(c, 0), "end forward");
+    /* a whole save of the mixed model round trips */
+    {
+        fsdp_ctx *keep = c;
+        c = c2;
+        L_OK(fsdp_ckpt_load(c2, j->all, FSDP_SD_OPTIM), "whole load");
+        L_OK(fsdp_get_full_state_dict(c2, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &sd), "full dict");
+        c = keep;
+    }
+#undef L_OK
+    if (sd && rank == 0) keep_dict(sd, j->res_all);
+    fsdp_state_dict_destroy(sd);
+    fsdp_ctx_destroy(c);
+    fsdp_ctx_destroy(c2);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 0;
+}
+
+static void test_checkpoints(void)
+{
+    fsdp_model *m = lora_model(), *mb = lora_model_x(0);
+    int n1, n2, sh;
+    snprintf(g_dir, sizeof g_dir, "/tmp/fsdp_lora_XXXXXX");
+    CHECK(mkdtemp(g_dir) != NULL, "mkdtemp");
+    if (!m || !mb) return;
+    for (sh = 0; sh < 2; sh++)
+        for (n1 = 1; n1 <= 3; n1++) {
+            static result ra, rtwo, rall;
+            char base[96], adapters[96], all[96], what[128];
+            job ja, jbase;
+            ljob lj;
+            int r, i;
+            unsigned kind = sh ? FSDP_CKPT_SHARDED : 0;
+            n2 = n1 % 3 + 1; /* another world size */
+            snprintf(base, sizeof base, "%s/base%d_%d", g_dir, sh, n1);
+            snprintf(adapters, sizeof adapters, "%s/adapters%d_%d", g_dir, sh, n1);
+            snprintf(all, sizeof all, "%s/all%d_%d", g_dir, sh, n1);
+            snprintf(what, sizeof what, "%s checkpoints saved at %d ranks, loaded at %d",
+                     sh ? "sharded" : "full", n1, n2);
+            memset(&jbase, 0, sizeof jbase);
+            jbase.m = mb;
+            jbase.u = lora_wrap(mb, 0, FSDP_FULL_SHARD);
+            jbase.save_dir = base;
+            jbase.save_flags = kind;
+            run_ranks(n1, base_rank, &jbase);
+            for (r = 0; r < n1; r++)
+                CHECK(jbase.st[r].bad == 0, "%s: base rank %d: %s", what, r, jbase.st[r].msg);
+            memset(&ja, 0, sizeof ja);
+            memset(&ra, 0, sizeof ra);
+            ja.m = m;
+            ja.u = lora_wrap(m, 0, FSDP_FULL_SHARD);
+            ja.maxu = 1;
+            ja.res = &ra;
+            ja.save_dir = adapters;
+            ja.save_flags = kind | FSDP_SD_OPTIM | FSDP_SD_TRAINABLE_ONLY;
+            ja.save_dir2 = all;
+            ja.save_flags2 = kind | FSDP_SD_OPTIM;
+            run_ranks(n1, train_rank, &ja);
+            check_job(&ja, n1, what);
+            memset(&lj, 0, sizeof lj);
+            memset(&rtwo, 0, sizeof rtwo);
+            memset(&rall, 0, sizeof rall);
+            lj.m = m;
+            lj.u = ja.u;
+            lj.base = base;
+            lj.adapters = adapters;
+            lj.all = all;
+            lj.res_two = &rtwo;
+            lj.res_all = &rall;
+            run_ranks(n2, load_rank, &lj);
+            for (r = 0; r < n2; r++) {
+                CHECK(lj.bad[r] == 0, "%s: rank %d: %s", what, r, lj.msg[r]);
+                CHECK(lj.fwd_base_only[r] == FSDP_INVALID_STATE &&
+                          contains(lj.msg_base_only[r], "lora") &&
+                          !contains(lj.msg_base_only[r], "attn.weight'"),
+                      "%s: rank %d: with the base alone begin_forward must refuse the "
+                      "adapters: %d %s", what, r, (int)lj.fwd_base_only[r], lj.msg_base_only[r]);
+            }
+            same_result(&ra, &rall, what);
+            /* base + adapters: the base's frozen values, the run's trainable
+               values and optimizer state */
+            CHECK(rtwo.nt == ra.nt, "%s: %d tensors, want %d", what, rtwo.nt, ra.nt);
+            for (i = 0; i < rtwo.nt && rtwo.nt == ra.nt; i++) {
+                int k, frozen = !strncmp(rtwo.names[i], "h.", 2) && !contains(rtwo.names[i], "lora");
+                int ok = !strcmp(rtwo.names[i], ra.names[i]);
+                for (k = 0; ok && k < rtwo.numel[i] && k < 64; k++) {
+                    float v = ((const float *)rtwo.data[i])[k];
+                    if (frozen) ok = v == basev(rtwo.names[i], k);
+                }
+                if (ok && !frozen)
+                    ok = !memcmp(rtwo.data[i], ra.data[i], sizeof ra.data[i]);
+                CHECK(ok, "%s: '%s' is not the %s's", what, rtwo.names[i],
+                      frozen ? "base" : "adapter run");
+            }
+            fsdp_units_destroy(jbase.u);
+            fsdp_units_destroy(ja.u);
+        }
+    if (!getenv("KEEP")) rm_rf(g_dir);
+    fsdp_model_destroy(m);
+    fsdp_model_destroy(mb);
+}
+
 static const check_case CASES[] = {
+    {"checkpoints", test_checkpoints},
     {"bitwise_as_separate_units", test_bitwise_as_separate_units},
 };
 
