@@ -10044,7 +10044,7 @@ FSDP__DEF fsdp_result fsdp__expect(fsdp_ctx *c, int unit, fsdp_unit_state want, 
     fsdp__cunit *cu = &c->u[unit];
     if (cu->state == want) return FSDP_SUCCESS;
     return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                          "%s: unit %d %s: expected state %s, got %s", fn, unit,
+                          "%s: unit %d %s: expected state %s, got %s", fn, c->u[unit].pub,
                           cu->qname, fsdp_unit_state_name(want),
                           fsdp_unit_state_name(cu->state));
 }
@@ -10352,19 +10352,21 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         cu->slot = -1;
         cu->dbg_last_slot = -1;
         cu->grad_zero = 1;
-        cu->qname = (char *)fsdp__alloc(&c->hooks, strlen(ui->fqn) + 8);
+        cu->qname = (char *)fsdp__alloc(&c->hooks, strlen(ui->fqn) + 24);
         cu->inited = (unsigned char *)fsdp__calloc(&c->hooks, (size_t)ui->nentries + 1, 1);
         cu->dbg_sum = (uint64_t *)fsdp__calloc(&c->hooks, (size_t)ui->nentries + 1,
                                                sizeof(uint64_t));
         if (!cu->qname || !cu->inited || !cu->dbg_sum) return fsdp__ctx_create_oom(d);
         if (ui->fqn[0]) snprintf(cu->qname, strlen(ui->fqn) + 8, "'%s'", ui->fqn);
         else snprintf(cu->qname, 8, "(root)");
+        if (c->pub_first[cu->pub + 1] - c->pub_first[cu->pub] > 1) /* a mixed unit's group */
+            strcat(cu->qname, ui->requires_grad ? " (trainable)" : " (frozen)");
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
         if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt))
             return fsdp__fail_create(uh, FSDP_INVALID_DTYPE,
                                      "fsdp_ctx_create: unit %d %s%s%s: param dtype %s and reduce "
-                                     "dtype %s must be float dtypes", i, ui->fqn[0] ? "'" : "",
+                                     "dtype %s must be float dtypes", cu->pub, ui->fqn[0] ? "'" : "",
                                      ui->fqn[0] ? ui->fqn : "(root)", ui->fqn[0] ? "'" : "",
                                      fsdp_dtype_name(cu->pdt), fsdp_dtype_name(cu->rdt));
         /* one replica is plain sharding; a group of one rank, no sharding */
@@ -11145,7 +11147,7 @@ FSDP__DEF fsdp_result fsdp__poison_report(fsdp_ctx *c, const char *who, int unit
                           "%s: debug: the unsharded buffer unit %d %s retired at fsdp_end_%s "
                           "was written where it held the %s of %s%s%s (element %lld): a view "
                           "from %s was kept past its unit's end%s; fetch views after each "
-                          "begin and drop them at the end", who, unit, cu->qname,
+                          "begin and drop them at the end", who, cu->pub, cu->qname,
                           phase == 2 ? "backward" : "forward", grad ? "gradient" : "value",
                           pname ? "parameter '" : "the padding", pname ? pname : "",
                           pname ? "'" : "", (long long)k,
@@ -11169,10 +11171,10 @@ FSDP__DEF fsdp_result fsdp__dbg_check_slot(fsdp_ctx *c, int s, const char *who, 
     fsdp_result r = FSDP_SUCCESS;
     size_t off;
     if (u < 0) return FSDP_SUCCESS;
-    off = fsdp__poison_find(sl->base, sl->bytes, c->u[u].pdt, u);
+    off = fsdp__poison_find(sl->base, sl->bytes, c->u[u].pdt, c->u[u].pub);
     if (off != SIZE_MAX) {
         r = fsdp__poison_report(c, who, u, off, fsdp__dbg_pbytes(c, &c->u[u]), sl->poison_phase);
-        fsdp__poison_fill(sl->base, sl->bytes, c->u[u].pdt, u);
+        fsdp__poison_fill(sl->base, sl->bytes, c->u[u].pdt, c->u[u].pub);
     }
     if (take) sl->poison_unit = -1;
     return r;
@@ -11184,10 +11186,10 @@ FSDP__DEF fsdp_result fsdp__dbg_check_block(fsdp_ctx *c, int unit, const char *w
     fsdp_result r = FSDP_SUCCESS;
     size_t off;
     if (!cu->dbg_poisoned) return FSDP_SUCCESS;
-    off = fsdp__poison_find(cu->res_base, cu->res_bytes, cu->pdt, unit);
+    off = fsdp__poison_find(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
     if (off != SIZE_MAX) {
         r = fsdp__poison_report(c, who, unit, off, fsdp__dbg_pbytes(c, cu), cu->dbg_poisoned);
-        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, unit);
+        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
     }
     if (take) cu->dbg_poisoned = 0;
     return r;
@@ -11275,7 +11277,7 @@ FSDP__DEF fsdp_result fsdp__dbg_end(fsdp_ctx *c, int unit, const char *fn, const
                                   "since %s: parameter views are read-only (gradients go to "
                                   "fsdp_grad), and a view kept from another unit, or from "
                                   "forward into backward, may point into this unit's buffer "
-                                  "now", fn, fe->fqn, unit, cu->qname, began);
+                                  "now", fn, fe->fqn, cu->pub, cu->qname, began);
     }
     return FSDP_SUCCESS;
 }
@@ -11290,11 +11292,11 @@ FSDP__DEF fsdp_result fsdp__dbg_retire(fsdp_ctx *c, int unit, int phase)
     if ((r = fsdp__dbg_quiesce(c, phase == 2)) != FSDP_SUCCESS) return r;
     if (!cu->resident && cu->slot >= 0) {
         fsdp__slot *sl = &c->slots[cu->slot];
-        fsdp__poison_fill(sl->base, sl->bytes, cu->pdt, unit);
+        fsdp__poison_fill(sl->base, sl->bytes, cu->pdt, cu->pub);
         sl->poison_unit = unit;
         sl->poison_phase = phase;
     } else if (cu->resident && cu->res_base) {
-        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, unit);
+        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
         cu->dbg_poisoned = phase;
     }
     return FSDP_SUCCESS;
@@ -11627,12 +11629,12 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
         return fsdp__ctx_fail(c, FSDP_POOL_EXHAUSTED,
                               "unit %d %s needs an unsharded buffer but all %d are held (by "
                               "units %s); end those units first or raise max_unsharded",
-                              unit, cu->qname, c->nslots, held);
+                              cu->pub, cu->qname, c->nslots, held);
     }
     if (c->debug && c->slots[pick].poison_unit >= 0) {
         char who[96];
         fsdp_result r;
-        snprintf(who, sizeof who, "unit %d %s taking a free buffer", unit, cu->qname);
+        snprintf(who, sizeof who, "unit %d %s taking a free buffer", cu->pub, cu->qname);
         if ((r = fsdp__dbg_check_slot(c, pick, who, 1)) != FSDP_SUCCESS) return r;
     }
     c->slots[pick].owner = unit;
@@ -11741,8 +11743,8 @@ FSDP__DEF int fsdp__order(fsdp_ctx *c, int unit, int backward)
                   "rank %d: execution order changed: %s call %d was unit %d %s in the "
                   "recorded iteration, now unit %d %s; prefetching follows the new order "
                   "from the next iteration", c->rank, backward ? "backward" : "forward", here,
-                  here < *n ? order[here] : -1,
-                  here < *n ? c->u[order[here]].qname : "(none)", unit,
+                  here < *n ? c->u[order[here]].pub : -1,
+                  here < *n ? c->u[order[here]].qname : "(none)", c->u[unit].pub,
                   c->u[unit].qname);
         c->rerecord = 1;
     }
@@ -11781,7 +11783,7 @@ FSDP__DEF fsdp_result fsdp__begin_forward_flat(fsdp_ctx *c, int unit)
     if (c->state == FSDP_CTX_SUMMON_FULL_PARAMS)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_forward: unit %d %s: parameters are summoned; call "
-                              "fsdp_summon_end first", unit, c->u[unit].qname);
+                              "fsdp_summon_end first", c->u[unit].pub, c->u[unit].qname);
     if (c->u[unit].state == FSDP_UNIT_BACKWARD_POST) /* accumulating with communication */
         c->u[unit].state = FSDP_UNIT_IDLE;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_begin_forward")) != FSDP_SUCCESS)
@@ -11867,7 +11869,7 @@ FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
     if (c->state == FSDP_CTX_SUMMON_FULL_PARAMS)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_backward: unit %d %s: parameters are summoned",
-                              unit, cu->qname);
+                              cu->pub, cu->qname);
     /* PyTorch's pre-backward hook is registered on a forward's outputs: a
        unit that did not run forward gets no backward (and no all-gather);
        recomputed activations run forward again first */
@@ -11875,7 +11877,7 @@ FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_backward: unit %d %s did not run forward in this "
                               "iteration (every backward needs its own begin/end_forward "
-                              "since the last fsdp_step)", unit, cu->qname);
+                              "since the last fsdp_step)", cu->pub, cu->qname);
     cu->fwd_runs--;
     if (!cu->info->requires_grad && cu->info->nentries)
         fsdp__log(&c->hooks, FSDP_LOG_DEBUG, "unit %s is frozen: no gradient reduction",
@@ -12147,7 +12149,7 @@ FSDP__DEF void *fsdp__param_view(fsdp_ctx *c, int i, const char *fn)
         cu->state != FSDP_UNIT_SUMMON_FULL_PARAMS) {
         fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                        "%s: '%s' belongs to unit %d %s in state %s; views exist "
-                       "between begin and end of its unit", fn, fqn, c->prefs[i].unit,
+                       "between begin and end of its unit", fn, fqn, cu->pub,
                        cu->qname, fsdp_unit_state_name(cu->state));
         return NULL;
     }
@@ -12169,7 +12171,7 @@ FSDP__DEF void *fsdp__grad_view(fsdp_ctx *c, int i, const char *fn)
         fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                        "%s: '%s' belongs to unit %d %s in state %s; gradient views "
                        "exist between begin_backward and end_backward", fn, fqn,
-                       c->prefs[i].unit, cu->qname, fsdp_unit_state_name(cu->state));
+                       cu->pub, cu->qname, fsdp_unit_state_name(cu->state));
         return NULL;
     }
     if (!cu->info->requires_grad) {
@@ -12254,7 +12256,7 @@ FSDP__DEF fsdp_result fsdp__sync_units(fsdp_ctx *c, const char *fn, int allow_su
         if (c->u[i].state == FSDP_UNIT_FORWARD || c->u[i].state == FSDP_UNIT_BACKWARD_PRE ||
             (c->u[i].state == FSDP_UNIT_SUMMON_FULL_PARAMS && !allow_summoned))
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                                  "%s: unit %d %s is in state %s; end it first", fn, i,
+                                  "%s: unit %d %s is in state %s; end it first", fn, c->u[i].pub,
                                   c->u[i].qname, fsdp_unit_state_name(c->u[i].state));
     r = fsdp_stream_synchronize(c->dev, c->cs);
     if (r != FSDP_SUCCESS) {
@@ -12623,7 +12625,7 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c)
             const fsdp__cunit *cu = &c->u[it->unit];
             r = fsdp__ctx_fail(c, jobs[t].r, "fsdp_step: unit %d %s parameter '%s': the "
                                "host optimizer refused its configuration or state",
-                               it->unit, cu->qname, cu->info->entries[it->entry].fqn);
+                               cu->pub, cu->qname, cu->info->entries[it->entry].fqn);
         }
     fsdp__free(&c->hooks, items);
     return r;
@@ -12676,7 +12678,7 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
             r = fsdp_device_optim_step(c->dev, &c->groups[grp], c->group_steps[grp],
                                        cu->master + off, cu->grad + off, &st, (size_t)n, c->cs);
             if (r != FSDP_SUCCESS)
-                return fsdp__ctx_fail(c, r, "fsdp_step: unit %d %s parameter '%s': %s", i,
+                return fsdp__ctx_fail(c, r, "fsdp_step: unit %d %s parameter '%s': %s", cu->pub,
                                       cu->qname, cu->info->entries[pc->entry].fqn,
                                       fsdp_device_last_error(c->dev));
         }
@@ -12800,7 +12802,7 @@ FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned fl
                                       "writeback copies the parameters into the gradients "
                                       "(grad_views_in_place plans no other room), which hold "
                                       "pending values: call fsdp_step or fsdp_zero_grad "
-                                      "first, or summon with FSDP_SUMMON_WRITEBACK", unit,
+                                      "first, or summon with FSDP_SUMMON_WRITEBACK", cu->pub,
                                       cu->qname);
         }
         if (cu->S && cu->uparam != (void *)cu->master) {

@@ -723,7 +723,126 @@ static void test_checkpoints(void)
     fsdp_model_destroy(mb);
 }
 
+/* --- the per-unit calls on a mixed unit --- */
+
+typedef struct ajob {
+    fsdp_model *m;
+    fsdp_units *u;
+    int debug;
+    lstats st[4];
+    int bad[4];
+    char msg[4][FSDP_ERROR_MAX];
+} ajob;
+
+static int api_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    ajob *j = (ajob *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *c = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_shard_layout lay, lay0, lay1;
+    fsdp_state_dict *sd = NULL;
+    const fsdp_unit_info *gs[2];
+    int *bad = &j->bad[rank];
+    char *msg = j->msg[rank];
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
+    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
+    memset(&cd, 0, sizeof cd);
+    cd.device = dev;
+    cd.comm = comm;
+    cd.model = j->m;
+    cd.units = j->u;
+    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    cd.debug = j->debug;
+    if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS) return 1;
+#define A_CHECK(cond, ...)                                                                    \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            (*bad)++;                                                                         \
+            snprintf(msg, FSDP_ERROR_MAX, __VA_ARGS__);                                       \
+        }                                                                                     \
+    } while (0)
+    init_all(c, j->m, bad);
+    /* one flat parameter per call: a mixed unit names the group calls */
+    A_CHECK(fsdp_shard_params(c, 1) == NULL && contains(fsdp_ctx_last_error(c), "unit 1 'h.1'") &&
+                contains(fsdp_ctx_last_error(c), "fsdp_shard_params_group"),
+            "fsdp_shard_params of a mixed unit: %s", fsdp_ctx_last_error(c));
+    A_CHECK(fsdp_ctx_shard_layout(c, 0, &lay) == FSDP_INVALID_ARGS, "shard_layout of a mixed unit");
+    A_CHECK(fsdp_shard_params_group(c, 0, 0) && fsdp_shard_params_group(c, 0, 1) &&
+                !fsdp_shard_grads_group(c, 0, 0) && fsdp_shard_grads_group(c, 0, 1),
+            "group shards: frozen params, trainable params and grads, no frozen grads");
+    A_CHECK(fsdp_shard_params_group(c, 0, 2) == NULL &&
+                contains(fsdp_ctx_last_error(c), "has 2 groups, not group 2"),
+            "group 2: %s", fsdp_ctx_last_error(c));
+    A_CHECK(fsdp_shard_params_group(c, NL, 0) && !fsdp_shard_params_group(c, NL, 1),
+            "the root (uniform) has group 0 only");
+    fsdp_units_groups(j->u, 0, gs);
+    A_CHECK(fsdp_ctx_shard_layout_group(c, 0, 0, &lay0) == FSDP_SUCCESS &&
+                fsdp_ctx_shard_layout_group(c, 0, 1, &lay1) == FSDP_SUCCESS &&
+                lay0.shard_numel == (gs[0]->numel + nranks - 1) / nranks &&
+                lay1.shard_numel == (gs[1]->numel + nranks - 1) / nranks,
+            "group layouts: %lld and %lld", (long long)lay0.shard_numel,
+            (long long)lay1.shard_numel);
+    /* messages name the unit by its index, and the group */
+    A_CHECK(fsdp_end_forward(c, 1) == FSDP_INVALID_STATE &&
+                contains(fsdp_ctx_last_error(c), "unit 1 'h.1' (frozen)"),
+            "end_forward without begin: %s", fsdp_ctx_last_error(c));
+    /* no local state dicts (two flat parameters in one unit) */
+    A_CHECK(fsdp_get_local_state_dict(c, 0, &sd) == FSDP_NOT_SUPPORTED &&
+                contains(fsdp_ctx_last_error(c), "mixing frozen and trainable"),
+            "local state dict: %s", fsdp_ctx_last_error(c));
+    fsdp_state_dict_destroy(sd);
+    /* summon: both groups' values; into host memory is not supported */
+    A_CHECK(fsdp_summon_begin(c, 0, FSDP_SUMMON_OFFLOAD, NULL) == FSDP_NOT_SUPPORTED,
+            "summon offload of a mixed unit: %s", fsdp_ctx_last_error(c));
+    A_CHECK(fsdp_summon_begin(c, 0, 0, NULL) == FSDP_SUCCESS, "summon: %s",
+            fsdp_ctx_last_error(c));
+    {
+        const float *w = (const float *)fsdp_param(c, "h.0.attn.weight");
+        const float *a = (const float *)fsdp_param(c, "h.0.attn.lora_a.weight");
+        A_CHECK(w && a && w[5] == initv("h.0.attn.weight", 5) &&
+                    a[5] == initv("h.0.attn.lora_a.weight", 5),
+                "summoned views of both groups");
+    }
+    A_CHECK(fsdp_ctx_unit_state(c, 0) == FSDP_UNIT_SUMMON_FULL_PARAMS, "summoned state");
+    A_CHECK(fsdp_summon_end(c, 0) == FSDP_SUCCESS, "summon end: %s", fsdp_ctx_last_error(c));
+    run_step(c, j->u, rank, 0, &j->st[rank]);
+    run_step(c, j->u, rank, 1, &j->st[rank]);
+#undef A_CHECK
+    fsdp_ctx_destroy(c);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 0;
+}
+
+static void test_unit_calls(void)
+{
+    fsdp_model *m = lora_model();
+    int n, dbg;
+    if (!m) return;
+    for (dbg = 0; dbg < 2; dbg++)
+        for (n = 1; n <= 2; n++) {
+            ajob j;
+            int r;
+            memset(&j, 0, sizeof j);
+            j.m = m;
+            j.u = lora_wrap(m, 0, FSDP_FULL_SHARD);
+            j.debug = dbg;
+            run_ranks(n, api_rank, &j);
+            for (r = 0; r < n; r++) {
+                CHECK(j.bad[r] == 0, "%d ranks%s: rank %d: %d failures, last: %s", n,
+                      dbg ? " (debug)" : "", r, j.bad[r], j.msg[r]);
+                CHECK(j.st[r].bad == 0, "%d ranks%s: rank %d: training: %s", n,
+                      dbg ? " (debug)" : "", r, j.st[r].msg);
+            }
+            fsdp_units_destroy(j.u);
+        }
+    fsdp_model_destroy(m);
+}
+
 static const check_case CASES[] = {
+    {"unit_calls", test_unit_calls},
     {"checkpoints", test_checkpoints},
     {"bitwise_as_separate_units", test_bitwise_as_separate_units},
 };
