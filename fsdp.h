@@ -10053,7 +10053,8 @@ FSDP__DEF fsdp_result fsdp__expect(fsdp_ctx *c, int unit, fsdp_unit_state want, 
 FSDP__DEF size_t fsdp__block_bytes(const fsdp__cunit *cu)
 {
     size_t n = (size_t)cu->lay.shard_numel * (size_t)cu->W;
-    size_t b = 2 * n * fsdp_dtype_size(cu->pdt);
+    /* parameters, then gradients: a frozen flat parameter has none */
+    size_t b = (cu->info->requires_grad ? 2 : 1) * n * fsdp_dtype_size(cu->pdt);
     if (b < n * 4) b = n * 4; /* a summon gathers f32 into the same block */
     return (b + 63) & ~(size_t)63;
 }
