@@ -793,13 +793,20 @@ typedef enum fsdp_sharding_strategy {
 enum {
     FSDP_OPT_SHARDING = 1u << 0,
     FSDP_OPT_PARAM_DTYPE = 1u << 1,
-    FSDP_OPT_REDUCE_DTYPE = 1u << 2
+    FSDP_OPT_REDUCE_DTYPE = 1u << 2,
+    FSDP_OPT_KEEP_FROZEN_GATHERED = 1u << 3
 };
 typedef struct fsdp_unit_options {
     uint32_t set;
     fsdp_sharding_strategy sharding;
     fsdp_dtype param_dtype;  /* dtype parameters are gathered in; 0: storage */
     fsdp_dtype reduce_dtype; /* dtype gradients are reduced in; 0: param dtype */
+    /* 1: the unit's frozen flat parameter (a mixed unit's frozen group, or
+       a unit with no trainable parameter) stays gathered from its forward
+       through its backward, as SHARD_GRAD_OP keeps a unit, in a buffer of
+       its own that the plan counts: no second all-gather in backward for
+       the memory of the frozen weights unsharded. 0: the strategy's. */
+    int keep_frozen_gathered;
 } fsdp_unit_options;
 
 typedef struct fsdp_model_desc {
@@ -7603,6 +7610,7 @@ FSDP__DEF fsdp_unit_options fsdp__apply_overrides(fsdp_unit_options base,
     if (ov->set & FSDP_OPT_SHARDING) base.sharding = ov->sharding;
     if (ov->set & FSDP_OPT_PARAM_DTYPE) base.param_dtype = ov->param_dtype;
     if (ov->set & FSDP_OPT_REDUCE_DTYPE) base.reduce_dtype = ov->reduce_dtype;
+    if (ov->set & FSDP_OPT_KEEP_FROZEN_GATHERED) base.keep_frozen_gathered = ov->keep_frozen_gathered;
     base.set |= ov->set;
     return base;
 }
@@ -10382,7 +10390,8 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         /* the root stays unsharded through forward and backward, as in
            PyTorch; SHARD_GRAD_OP keeps every unit unsharded in between */
         cu->resident = s == FSDP_NO_SHARD || s == FSDP_SHARD_GRAD_OP || ui->module == 0 ||
-                       c->plan_no_sync;
+                       c->plan_no_sync ||
+                       (ui->options.keep_frozen_gathered && !ui->requires_grad);
         cu->groups = (int *)fsdp__alloc(&c->hooks, (size_t)(ui->nentries + 1) * sizeof(int));
         if (!cu->groups) return fsdp__ctx_create_oom(d);
         for (k = 0; k < ui->nentries; k++) {

@@ -111,6 +111,8 @@ static int64_t pnumel(int k)
 
 /* mixed: a unit per block ("h.l"); separate: the adapters' modules as units
    of their own, then the block (its frozen weights). */
+static int g_keep; /* fsdp_unit_options.keep_frozen_gathered */
+
 static fsdp_units *lora_wrap(fsdp_model *m, int separate, fsdp_sharding_strategy s)
 {
     static const char *const ad[] = {"attn.lora_a", "attn.lora_b", "mlp.lora_a", "mlp.lora_b"};
@@ -139,6 +141,7 @@ static fsdp_units *lora_wrap(fsdp_model *m, int separate, fsdp_sharding_strategy
     pol.n_units = n;
     wd.policy = &pol;
     wd.root.sharding = s;
+    wd.root.keep_frozen_gathered = g_keep;
     OK(fsdp_wrap(m, &wd, &u));
     return u;
 }
@@ -841,7 +844,48 @@ static void test_unit_calls(void)
     fsdp_model_destroy(m);
 }
 
+/* Frozen groups kept gathered from forward to backward: the same bits, a
+   buffer of their own each in the plan. */
+static void test_keep_frozen_gathered(void)
+{
+    fsdp_model *m = lora_model();
+    int n;
+    if (!m) return;
+    for (n = 1; n <= 3; n++) {
+        static result ra, rb;
+        job ja, jb;
+        char what[96];
+        memset(&ja, 0, sizeof ja);
+        memset(&jb, 0, sizeof jb);
+        memset(&ra, 0, sizeof ra);
+        memset(&rb, 0, sizeof rb);
+        ja.m = jb.m = m;
+        g_keep = 1;
+        ja.u = lora_wrap(m, 0, FSDP_FULL_SHARD);
+        g_keep = 0;
+        jb.u = lora_wrap(m, 1, FSDP_FULL_SHARD);
+        ja.maxu = 1;
+        jb.maxu = 8;
+        ja.res = &ra;
+        jb.res = &rb;
+        if (!ja.u || !jb.u) break;
+        snprintf(what, sizeof what, "kept gathered at %d ranks", n);
+        run_ranks(n, train_rank, &ja);
+        check_job(&ja, n, what);
+        run_ranks(n, train_rank, &jb);
+        check_job(&jb, n, what);
+        same_result(&ra, &rb, what);
+        /* the root and every block's frozen group are resident */
+        CHECK(ra.plan.resident_units == (n == 1 ? 2 * NL + 1 : NL + 1),
+              "%s: %d resident flat parameters", what, ra.plan.resident_units);
+        fsdp_units_destroy(ja.u);
+        fsdp_units_destroy(jb.u);
+    }
+    fsdp_model_destroy(m);
+}
+
 static const check_case CASES[] = {
+    {"keep_frozen_gathered", test_keep_frozen_gathered},
     {"unit_calls", test_unit_calls},
     {"checkpoints", test_checkpoints},
     {"bitwise_as_separate_units", test_bitwise_as_separate_units},
