@@ -112,6 +112,7 @@ static int64_t pnumel(int k)
 /* mixed: a unit per block ("h.l"); separate: the adapters' modules as units
    of their own, then the block (its frozen weights). */
 static int g_keep; /* fsdp_unit_options.keep_frozen_gathered */
+static fsdp_dtype g_pdt; /* fsdp_unit_options.param_dtype */
 
 static fsdp_units *lora_wrap(fsdp_model *m, int separate, fsdp_sharding_strategy s)
 {
@@ -142,6 +143,7 @@ static fsdp_units *lora_wrap(fsdp_model *m, int separate, fsdp_sharding_strategy
     wd.policy = &pol;
     wd.root.sharding = s;
     wd.root.keep_frozen_gathered = g_keep;
+    wd.root.param_dtype = g_pdt;
     OK(fsdp_wrap(m, &wd, &u));
     return u;
 }
@@ -177,23 +179,38 @@ typedef struct lstats {
     char msg[FSDP_ERROR_MAX];
 } lstats;
 
+/* Views are in the gathered dtype (f32 or bf16 here). */
+static float vget(const void *v, fsdp_dtype dt, int64_t i)
+{
+    return dt == FSDP_BF16 ? fsdp_bf16_to_f32(((const uint16_t *)v)[i]) : ((const float *)v)[i];
+}
+
+static void vadd(void *v, fsdp_dtype dt, int64_t i, float x)
+{
+    if (dt == FSDP_BF16)
+        ((uint16_t *)v)[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(((uint16_t *)v)[i]) + x);
+    else
+        ((float *)v)[i] += x;
+}
+
 static void block_backward(fsdp_ctx *c, int l, int rank, int step, lstats *st)
 {
+    fsdp_dtype dt = fsdp_param_dtype(c, 0);
     char fq[64];
     float fs = 0.0f;
     int k;
     for (k = 0; k < NBP; k++) {
-        const float *p;
+        const void *p;
         int64_t i;
         if (!BLOCK[k].frozen) continue;
         snprintf(fq, sizeof fq, "h.%d.%s.%s", l, BLOCK[k].mod, BLOCK[k].name);
-        p = (const float *)fsdp_param(c, fq);
+        p = fsdp_param(c, fq);
         if (!p) {
             st->bad++;
             snprintf(st->msg, sizeof st->msg, "param %s: %s", fq, fsdp_ctx_last_error(c));
             continue;
         }
-        for (i = 0; i < pnumel(k); i++) fs += p[i] * (float)(i + 1);
+        for (i = 0; i < pnumel(k); i++) fs += vget(p, dt, i) * (float)(i + 1);
         /* a frozen parameter has no gradient view: NULL and a message */
         if (fsdp_grad(c, fq) == NULL && contains(fsdp_ctx_last_error(c), "frozen"))
             st->frozen_grad_refused++;
@@ -201,20 +218,21 @@ static void block_backward(fsdp_ctx *c, int l, int rank, int step, lstats *st)
             st->bad++;
     }
     for (k = 0; k < NBP; k++) {
-        const float *p;
-        float *g;
+        const void *p;
+        void *g;
         int64_t i;
         if (BLOCK[k].frozen) continue;
         snprintf(fq, sizeof fq, "h.%d.%s.%s", l, BLOCK[k].mod, BLOCK[k].name);
-        p = (const float *)fsdp_param(c, fq);
-        g = (float *)fsdp_grad(c, fq);
+        p = fsdp_param(c, fq);
+        g = fsdp_grad(c, fq);
         if (!p || !g) {
             st->bad++;
             snprintf(st->msg, sizeof st->msg, "views of %s: %s", fq, fsdp_ctx_last_error(c));
             continue;
         }
         for (i = 0; i < pnumel(k); i++)
-            g[i] += 0.05f * p[i] + 0.001f * fs + 0.01f * (float)(rank + 1) * (float)(step + 1);
+            vadd(g, dt, i, 0.05f * vget(p, dt, i) + 0.001f * fs +
+                               0.01f * (float)(rank + 1) * (float)(step + 1));
     }
 }
 
@@ -240,12 +258,13 @@ static void run_step(fsdp_ctx *c, const fsdp_units *u, int rank, int step, lstat
     if (fsdp_end_forward(c, root) != FSDP_SUCCESS) st->bad++;
     if (fsdp_begin_backward(c, root) != FSDP_SUCCESS) st->bad++;
     {
-        float *g = (float *)fsdp_grad(c, "ln_f.weight");
-        const float *p = (const float *)fsdp_param(c, "ln_f.weight");
+        void *g = fsdp_grad(c, "ln_f.weight");
+        const void *p = fsdp_param(c, "ln_f.weight");
+        fsdp_dtype dt = fsdp_param_dtype(c, 0);
         int k;
         if (!g || !p) st->bad++;
         else
-            for (k = 0; k < D; k++) g[k] += 0.1f * p[k] + (float)rank;
+            for (k = 0; k < D; k++) vadd(g, dt, k, 0.1f * vget(p, dt, k) + (float)rank);
     }
     for (l = NL - 1; l >= 0; l--) {
         for (i = root - 1; i >= 0; i--) {
@@ -281,6 +300,7 @@ typedef struct job {
     fsdp_units *u;
     int hybrid;
     int maxu;
+    int offload;
     result *res;
     lstats st[4];
     const char *save_dir;   /* save a checkpoint after training */
@@ -325,6 +345,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
     cd.optim.lr = 0.01;
     cd.hybrid_shard_size = j->hybrid;
+    cd.cpu_offload = j->offload;
     /* the separate wrapping holds a block's five units at once; a mixed
        unit's two groups need two buffers even when 1 is asked for */
     cd.max_unsharded = j->maxu;
@@ -884,7 +905,46 @@ static void test_keep_frozen_gathered(void)
     fsdp_model_destroy(m);
 }
 
+/* CPU offload and bf16 gathering: the same bits as the adapters apart. */
+static void test_offload_and_bf16(void)
+{
+    fsdp_model *m = lora_model();
+    int n, v;
+    if (!m) return;
+    for (v = 0; v < 2; v++)
+        for (n = 1; n <= 3; n++) {
+            static result ra, rb;
+            job ja, jb;
+            char what[96];
+            memset(&ja, 0, sizeof ja);
+            memset(&jb, 0, sizeof jb);
+            memset(&ra, 0, sizeof ra);
+            memset(&rb, 0, sizeof rb);
+            ja.m = jb.m = m;
+            g_pdt = v ? FSDP_BF16 : FSDP_DTYPE_DEFAULT;
+            ja.u = lora_wrap(m, 0, FSDP_FULL_SHARD);
+            jb.u = lora_wrap(m, 1, FSDP_FULL_SHARD);
+            g_pdt = FSDP_DTYPE_DEFAULT;
+            ja.offload = jb.offload = !v;
+            ja.maxu = 1;
+            jb.maxu = 8;
+            ja.res = &ra;
+            jb.res = &rb;
+            if (!ja.u || !jb.u) break;
+            snprintf(what, sizeof what, "%s at %d ranks", v ? "bf16 params" : "cpu offload", n);
+            run_ranks(n, train_rank, &ja);
+            check_job(&ja, n, what);
+            run_ranks(n, train_rank, &jb);
+            check_job(&jb, n, what);
+            same_result(&ra, &rb, what);
+            fsdp_units_destroy(ja.u);
+            fsdp_units_destroy(jb.u);
+        }
+    fsdp_model_destroy(m);
+}
+
 static const check_case CASES[] = {
+    {"offload_and_bf16", test_offload_and_bf16},
     {"keep_frozen_gathered", test_keep_frozen_gathered},
     {"unit_calls", test_unit_calls},
     {"checkpoints", test_checkpoints},
