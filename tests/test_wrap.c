@@ -3,8 +3,8 @@
    type lists, module type, lambda, custom with overrides, OR, annotated),
    PyTorch's recursive walk (the policy-call trace, post-order units, the
    root last), ignored modules and parameters, tied weights (once per unit as
-   a shared entry, untied across units), the units' flat layout, mixed dtype /
-   requires_grad errors, shard metadata with PyTorch's rule (S = ceil(T/W),
+   a shared entry, untied across units), the units' flat layout, mixed dtype
+   errors, mixed requires_grad units (two groups), shard metadata with PyTorch's rule (S = ceil(T/W),
    padding only at the end), parameter views, PyTorch's wrapped names, and bad
    input. Cases and command line: check.h. */
 #define _POSIX_C_SOURCE 200809L
