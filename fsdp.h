@@ -996,7 +996,10 @@ typedef struct fsdp_shard_layout {
     int npieces;
 } fsdp_shard_layout;
 
-/* Fills out and pieces (capacity unit->nentries, may be NULL when 0). */
+/* Fills out and pieces (capacity unit->nentries, may be NULL when 0). A
+   mixed unit's flat parameters are its groups (fsdp_units_groups): shard
+   those; the unit's own info gives the layout its parameters would have in
+   one flat parameter. */
 FSDP_API fsdp_result fsdp_unit_shard(const fsdp_unit_info *unit, int rank, int world,
                                      fsdp_shard_layout *out, fsdp_shard_piece *pieces);
 /* Shard metadata from a list of numels (the same rules, no model needed). */
