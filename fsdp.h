@@ -831,13 +831,20 @@ typedef enum fsdp_sharding_strategy {
 enum {
     FSDP_OPT_SHARDING = 1u << 0,
     FSDP_OPT_PARAM_DTYPE = 1u << 1,
-    FSDP_OPT_REDUCE_DTYPE = 1u << 2
+    FSDP_OPT_REDUCE_DTYPE = 1u << 2,
+    FSDP_OPT_KEEP_FROZEN_GATHERED = 1u << 3
 };
 typedef struct fsdp_unit_options {
     uint32_t set;
     fsdp_sharding_strategy sharding;
     fsdp_dtype param_dtype;  /* dtype parameters are gathered in; 0: storage */
     fsdp_dtype reduce_dtype; /* dtype gradients are reduced in; 0: param dtype */
+    /* 1: the unit's frozen flat parameter (a mixed unit's frozen group, or
+       a unit with no trainable parameter) stays gathered from its forward
+       through its backward, as SHARD_GRAD_OP keeps a unit, in a buffer of
+       its own that the plan counts: no second all-gather in backward for
+       the memory of the frozen weights unsharded. 0: the strategy's. */
+    int keep_frozen_gathered;
 } fsdp_unit_options;
 
 typedef struct fsdp_model_desc {
@@ -997,8 +1004,16 @@ typedef struct fsdp_unit_info {
     const fsdp_shared_entry *shared;
     int64_t numel;            /* unpadded flat numel */
     fsdp_dtype dtype;         /* f32 when the unit is empty */
-    int requires_grad;
+    int requires_grad;        /* 1 when any parameter is trainable */
     fsdp_unit_options options;/* the root's options with the overrides applied */
+    /* 1: the unit mixes frozen and trainable parameters (LoRA adapters
+       beside base weights). It then holds two flat parameters, its groups
+       (fsdp_units_groups): the frozen ones, then the trainable ones, each
+       with the padded flat layout and shard metadata PyTorch gives a unit
+       holding only those parameters, in the unit's order. entries and
+       numel above stay those of the whole unit; gradients, their
+       reduction and optimizer state exist for the trainable group only. */
+    int mixed;
 } fsdp_unit_info;
 
 /* Shard metadata of one rank, exactly as FlatParamHandle.shard() computes it:
@@ -1019,7 +1034,10 @@ typedef struct fsdp_shard_layout {
     int npieces;
 } fsdp_shard_layout;
 
-/* Fills out and pieces (capacity unit->nentries, may be NULL when 0). */
+/* Fills out and pieces (capacity unit->nentries, may be NULL when 0). A
+   mixed unit's flat parameters are its groups (fsdp_units_groups): shard
+   those; the unit's own info gives the layout its parameters would have in
+   one flat parameter. */
 FSDP_API fsdp_result fsdp_unit_shard(const fsdp_unit_info *unit, int rank, int world,
                                      fsdp_shard_layout *out, fsdp_shard_piece *pieces);
 /* Shard metadata from a list of numels (the same rules, no model needed). */
@@ -1120,8 +1138,9 @@ typedef struct fsdp_wrap_desc {
 } fsdp_wrap_desc;
 
 /* Applies the policy to the model and builds the units in wrap order
-   (post-order, the root last), each with its flat parameter. Errors (mixed
-   dtypes or requires_grad in one unit, ...) go to fsdp_model_last_error. */
+   (post-order, the root last), each with its flat parameter (two for a
+   unit mixing frozen and trainable parameters: fsdp_unit_info.mixed).
+   Errors (mixed dtypes in one unit, ...) go to fsdp_model_last_error. */
 FSDP_API fsdp_result fsdp_wrap(fsdp_model *m, const fsdp_wrap_desc *desc, fsdp_units **out);
 FSDP_API void fsdp_units_destroy(fsdp_units *u);
 FSDP_API int fsdp_units_count(const fsdp_units *u);
@@ -1130,6 +1149,11 @@ FSDP_API const fsdp_unit_info *fsdp_units_get(const fsdp_units *u, int i);
 FSDP_API int fsdp_units_find(const fsdp_units *u, const char *fqn);
 /* The walk's second return value (total wrapped numel). */
 FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u);
+/* The flat parameters of unit i: 1 and out[0] = the unit itself, or for a
+   mixed unit 2: out[0] its frozen group, out[1] its trainable group (their
+   index, fqn, module and options are the unit's; entries, shared, numel and
+   requires_grad their own). 0 when i is out of range. out holds 2. */
+FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info **out);
 /* PyTorch FSDP 1.x names of what named_parameters() lists on the wrapped
    model ("_fsdp_wrapped_module.flat_param", ignored parameters under their
    wrapper path), in its order: for interop with PyTorch's local names. */
@@ -1199,8 +1223,13 @@ enum {
     FSDP_SD_OFFLOAD = 1u << 2,    /* get: tensors in host memory (else in
                                      device memory, like tensors on the GPU) */
     FSDP_SD_PINNED = 1u << 3,     /* with OFFLOAD: pinned host memory */
-    FSDP_SD_NOT_STRICT = 1u << 4  /* load: missing and unexpected keys are
+    FSDP_SD_NOT_STRICT = 1u << 4, /* load: missing and unexpected keys are
                                      allowed (missing ones keep their values) */
+    FSDP_SD_TRAINABLE_ONLY = 1u << 10 /* get and checkpoint save: only the
+                                     trainable parameters (and with
+                                     FSDP_SD_OPTIM their optimizer state):
+                                     a LoRA adapter checkpoint. Load it
+                                     with FSDP_SD_NOT_STRICT */
 };
 
 /* An empty dict of the given kind, to fill with fsdp_state_dict_add. dev
@@ -1580,6 +1609,14 @@ FSDP_API void fsdp_divide_factors(int world, double *pre, double *post);
 FSDP_API float *fsdp_shard_params(fsdp_ctx *ctx, int unit);
 FSDP_API float *fsdp_shard_grads(fsdp_ctx *ctx, int unit);
 FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *ctx, int unit, fsdp_shard_layout *out);
+/* The same for one group of a unit (fsdp_units_groups): group 0 of a
+   uniform unit is the unit; a mixed unit's group 0 is its frozen flat
+   parameter (no gradients: NULL, as for a frozen unit), 1 its trainable
+   one. The three calls above refuse a mixed unit, naming these. */
+FSDP_API float *fsdp_shard_params_group(fsdp_ctx *ctx, int unit, int group);
+FSDP_API float *fsdp_shard_grads_group(fsdp_ctx *ctx, int unit, int group);
+FSDP_API fsdp_result fsdp_ctx_shard_layout_group(const fsdp_ctx *ctx, int unit, int group,
+                                                 fsdp_shard_layout *out);
 
 /* ======================================================================== */
 /* >>zero                                                                    */
@@ -1916,7 +1953,8 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
    without these checks; ids on only some of a checkpoint's files are
    refused. */
 
-/* Save flags (with FSDP_SD_OPTIM to include the optimizer state). */
+/* Save flags (with FSDP_SD_OPTIM to include the optimizer state, with
+   FSDP_SD_TRAINABLE_ONLY to leave the frozen parameters out). */
 enum {
     FSDP_CKPT_SHARDED = 1u << 8 /* a directory of rank files plus an index */
 };
@@ -7953,6 +7991,10 @@ typedef struct fsdp__unit {
     char **strings;  /* everything the infos point to */
     int nstrings, cap_strings;
     int cap_entries, cap_shared;
+    /* a mixed unit's groups (frozen, trainable): their own entries */
+    fsdp_unit_info group[2];
+    fsdp_flat_entry *gentries[2];
+    fsdp_shared_entry *gshared[2];
 } fsdp__unit;
 
 struct fsdp_units {
@@ -8243,6 +8285,7 @@ FSDP__DEF fsdp_unit_options fsdp__apply_overrides(fsdp_unit_options base,
     if (ov->set & FSDP_OPT_SHARDING) base.sharding = ov->sharding;
     if (ov->set & FSDP_OPT_PARAM_DTYPE) base.param_dtype = ov->param_dtype;
     if (ov->set & FSDP_OPT_REDUCE_DTYPE) base.reduce_dtype = ov->reduce_dtype;
+    if (ov->set & FSDP_OPT_KEEP_FROZEN_GATHERED) base.keep_frozen_gathered = ov->keep_frozen_gathered;
     base.set |= ov->set;
     return base;
 }
@@ -8266,6 +8309,64 @@ FSDP__DEF const char *fsdp__relative(const char *fqn, const char *unit_fqn)
     if (!strncmp(fqn, unit_fqn, n) && fqn[n] == '.') return fqn + n + 1;
     if (!strcmp(fqn, unit_fqn)) return "";
     return fqn;
+}
+
+/* A mixed unit's groups: group 0 the frozen entries, group 1 the trainable
+   ones, each in the unit's order with offsets as if it were a unit alone
+   (so its padded layout and shard metadata are PyTorch's for it); a tie
+   goes with its primary. Entries' param fields are public indices here. */
+FSDP__DEF int fsdp__param_trains(const fsdp_model *m, int param)
+{
+    fsdp_param_info pi;
+    memset(&pi, 0, sizeof pi);
+    if (fsdp_model_param(m, param, &pi) != FSDP_SUCCESS) return 0;
+    return pi.requires_grad != 0;
+}
+
+FSDP__DEF fsdp_result fsdp__make_groups(fsdp_model *m, fsdp_units *u, fsdp__unit *un)
+{
+    int g, k, *gidx;
+    gidx = (int *)fsdp__alloc(&u->hooks, (size_t)(un->info.nentries + 1) * sizeof(int));
+    if (!gidx) return FSDP_OUT_OF_MEMORY;
+    for (g = 0; g < 2; g++) {
+        fsdp_unit_info *gi = &un->group[g];
+        int64_t off = 0;
+        int ne = 0, ns = 0;
+        *gi = un->info;
+        gi->mixed = 0;
+        gi->requires_grad = g;
+        gi->nentries = gi->nshared = 0;
+        un->gentries[g] = (fsdp_flat_entry *)fsdp__alloc(
+            &u->hooks, (size_t)(un->info.nentries + 1) * sizeof(fsdp_flat_entry));
+        un->gshared[g] = (fsdp_shared_entry *)fsdp__alloc(
+            &u->hooks, (size_t)(un->info.nshared + 1) * sizeof(fsdp_shared_entry));
+        if (!un->gentries[g] || !un->gshared[g]) {
+            fsdp__free(&u->hooks, gidx);
+            return FSDP_OUT_OF_MEMORY;
+        }
+        for (k = 0; k < un->info.nentries; k++) {
+            fsdp_flat_entry *fe = &un->gentries[g][ne];
+            if (fsdp__param_trains(m, un->entries[k].param) != g) continue;
+            *fe = un->entries[k];
+            fe->offset = off;
+            off += fe->numel;
+            gidx[k] = ne++;
+        }
+        for (k = 0; k < un->info.nshared; k++) {
+            const fsdp_flat_entry *pe = &un->entries[un->shared[k].entry];
+            if (fsdp__param_trains(m, pe->param) != g) continue;
+            un->gshared[g][ns] = un->shared[k];
+            un->gshared[g][ns].entry = gidx[un->shared[k].entry];
+            ns++;
+        }
+        gi->nentries = ne;
+        gi->nshared = ns;
+        gi->entries = un->gentries[g];
+        gi->shared = un->gshared[g];
+        gi->numel = off;
+    }
+    fsdp__free(&u->hooks, gidx);
+    return FSDP_SUCCESS;
 }
 
 /* Builds unit `mod`'s flat parameter: the module walk of its subtree minus
@@ -8381,24 +8482,20 @@ FSDP__DEF fsdp_result fsdp__make_unit(fsdp__walk *w, int mod, int by_policy, int
                                     ufqn[0] ? ufqn : "(root)", ufqn[0] ? "'" : "", p0->fqn,
                                     fsdp_dtype_name(p0->dtype), p->fqn,
                                     fsdp_dtype_name(p->dtype));
-        if (p->requires_grad != p0->requires_grad)
-            return fsdp__model_fail(m, FSDP_INVALID_MODEL,
-                                    "unit %d %s%s%s: parameter '%s' is %s but '%s' is %s; a flat "
-                                    "parameter has one requires_grad (wrap them in different "
-                                    "units)", idx, ufqn[0] ? "'" : "",
-                                    ufqn[0] ? ufqn : "(root)", ufqn[0] ? "'" : "", p0->fqn,
-                                    p0->requires_grad ? "trainable" : "frozen", p->fqn,
-                                    p->requires_grad ? "trainable" : "frozen");
+        /* frozen and trainable together make a mixed unit (two groups) */
+        if (p->requires_grad != p0->requires_grad) un->info.mixed = 1;
     }
     if (un->info.nentries) {
         un->info.dtype = m->params[un->entries[0].param].dtype;
         un->info.requires_grad = m->params[un->entries[0].param].requires_grad;
+        if (un->info.mixed) un->info.requires_grad = 1;
     }
     /* from raw indices to the public (state_dict) ones */
     for (k = 0; k < un->info.nentries; k++) un->entries[k].param = m->params[un->entries[k].param].order;
     for (k = 0; k < un->info.nshared; k++) un->shared[k].param = m->params[un->shared[k].param].order;
     un->info.entries = un->entries;
     un->info.shared = un->shared;
+    if (un->info.mixed) return fsdp__make_groups(m, u, un);
     return FSDP_SUCCESS;
 oom:
     fsdp__free(&m->hooks, stack);
@@ -8453,6 +8550,10 @@ FSDP_API void fsdp_units_destroy(fsdp_units *u)
         fsdp__free(&h, un->entries);
         fsdp__free(&h, un->shared);
         fsdp__free(&h, un->shapes);
+        for (k = 0; k < 2; k++) {
+            fsdp__free(&h, un->gentries[k]);
+            fsdp__free(&h, un->gshared[k]);
+        }
     }
     fsdp__free(&h, u->units);
     for (i = 0; i < u->nmods; i++) {
@@ -8672,6 +8773,20 @@ FSDP_API const fsdp_unit_info *fsdp_units_get(const fsdp_units *u, int i)
 {
     if (!u || i < 0 || i >= u->count) return NULL;
     return &u->units[i].info;
+}
+
+FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info **out)
+{
+    const fsdp__unit *un;
+    if (!u || i < 0 || i >= u->count || !out) return 0;
+    un = &u->units[i];
+    if (!un->info.mixed) {
+        out[0] = &un->info;
+        return 1;
+    }
+    out[0] = &un->group[0];
+    out[1] = &un->group[1];
+    return 2;
 }
 
 FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u)
@@ -10436,6 +10551,7 @@ typedef struct fsdp__cunit {
     int dbg_last_slot;            /* debug: the shared slot it held last, or -1 */
     int fwd_runs;                 /* forwards not yet matched by a backward */
     int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
+    int pub;                      /* the fsdp_units index it belongs to */
 } fsdp__cunit;
 
 /* A buffer of the plan lent to a phase outside training (fsdp__lend_open). */
@@ -10473,8 +10589,10 @@ struct fsdp_ctx {
     int rank, nranks;
     int hybrid_size;   /* ranks per shard group */
     int max_unsharded; /* pool slots at most */
-    int nunits;
+    int nunits;        /* flat parameters: a mixed unit has two (its groups) */
     fsdp__cunit *u;
+    int npub;          /* fsdp_units' units */
+    int *pub_first;    /* unit -> its first flat parameter; [npub] = nunits */
     fsdp__slot *slots;
     int nslots;
     void *red_in, *red_out;
@@ -10598,9 +10716,9 @@ FSDP__DEF const char *fsdp__pref_key(const void *ctx, int i)
 
 FSDP__DEF fsdp_result fsdp__check_unit(fsdp_ctx *c, int unit, const char *fn)
 {
-    if (unit < 0 || unit >= c->nunits)
+    if (unit < 0 || unit >= c->npub)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: unit %d out of range (%d units)", fn,
-                              unit, c->nunits);
+                              unit, c->npub);
     return FSDP_SUCCESS;
 }
 
@@ -10609,7 +10727,7 @@ FSDP__DEF fsdp_result fsdp__expect(fsdp_ctx *c, int unit, fsdp_unit_state want, 
     fsdp__cunit *cu = &c->u[unit];
     if (cu->state == want) return FSDP_SUCCESS;
     return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                          "%s: unit %d %s: expected state %s, got %s", fn, unit,
+                          "%s: unit %d %s: expected state %s, got %s", fn, c->u[unit].pub,
                           cu->qname, fsdp_unit_state_name(want),
                           fsdp_unit_state_name(cu->state));
 }
@@ -10618,7 +10736,8 @@ FSDP__DEF fsdp_result fsdp__expect(fsdp_ctx *c, int unit, fsdp_unit_state want, 
 FSDP__DEF size_t fsdp__block_bytes(const fsdp__cunit *cu)
 {
     size_t n = (size_t)cu->lay.shard_numel * (size_t)cu->W;
-    size_t b = 2 * n * fsdp_dtype_size(cu->pdt);
+    /* parameters, then gradients: a frozen flat parameter has none */
+    size_t b = (cu->info->requires_grad ? 2 : 1) * n * fsdp_dtype_size(cu->pdt);
     if (b < n * 4) b = n * 4; /* a summon gathers f32 into the same block */
     return (b + 63) & ~(size_t)63;
 }
@@ -10725,6 +10844,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     if (c->shard_comm) fsdp_comm_destroy(c->shard_comm);
     if (c->rep_comm) fsdp_comm_destroy(c->rep_comm);
     fsdp__free(&c->hooks, c->u);
+    fsdp__free(&c->hooks, c->pub_first);
     fsdp__free(&c->hooks, c->slots);
     fsdp__free(&c->hooks, c->fwd_order);
     fsdp__free(&c->hooks, c->bwd_order);
@@ -10822,7 +10942,12 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
         c->rank = fsdp_comm_rank(d->comm);
         c->nranks = fsdp_comm_size(d->comm);
     }
-    c->nunits = fsdp_units_count(d->units);
+    c->npub = fsdp_units_count(d->units);
+    c->nunits = 0;
+    for (i = 0; i < c->npub; i++) {
+        const fsdp_unit_info *gs[2];
+        c->nunits += fsdp_units_groups(d->units, i, gs);
+    }
     c->hybrid_size = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
     c->max_unsharded = d->max_unsharded ? d->max_unsharded : 2;
     c->prefetch_fwd = !d->disable_forward_prefetch;
@@ -10890,9 +11015,20 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
     int i, k;
     c->u = (fsdp__cunit *)fsdp__calloc(&c->hooks, (size_t)(c->nunits ? c->nunits : 1),
                                        sizeof(fsdp__cunit));
-    if (!c->u) return fsdp__ctx_create_oom(d);
+    c->pub_first = (int *)fsdp__alloc(&c->hooks, (size_t)(c->npub + 1) * sizeof(int));
+    if (!c->u || !c->pub_first) return fsdp__ctx_create_oom(d);
+    for (i = k = 0; i < c->npub; i++) {
+        const fsdp_unit_info *gs[2];
+        int g, ng = fsdp_units_groups(d->units, i, gs);
+        c->pub_first[i] = k;
+        for (g = 0; g < ng; g++, k++) {
+            c->u[k].info = gs[g];
+            c->u[k].pub = i;
+        }
+    }
+    c->pub_first[c->npub] = k;
     for (i = 0; i < c->nunits; i++) {
-        const fsdp_unit_info *ui = fsdp_units_get(d->units, i);
+        const fsdp_unit_info *ui = c->u[i].info;
         fsdp__cunit *cu = &c->u[i];
         fsdp_sharding_strategy s = ui->options.sharding ? ui->options.sharding : FSDP_FULL_SHARD;
         int shard_size;
@@ -10900,19 +11036,21 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         cu->slot = -1;
         cu->dbg_last_slot = -1;
         cu->grad_zero = 1;
-        cu->qname = (char *)fsdp__alloc(&c->hooks, strlen(ui->fqn) + 8);
+        cu->qname = (char *)fsdp__alloc(&c->hooks, strlen(ui->fqn) + 24);
         cu->inited = (unsigned char *)fsdp__calloc(&c->hooks, (size_t)ui->nentries + 1, 1);
         cu->dbg_sum = (uint64_t *)fsdp__calloc(&c->hooks, (size_t)ui->nentries + 1,
                                                sizeof(uint64_t));
         if (!cu->qname || !cu->inited || !cu->dbg_sum) return fsdp__ctx_create_oom(d);
         if (ui->fqn[0]) snprintf(cu->qname, strlen(ui->fqn) + 8, "'%s'", ui->fqn);
         else snprintf(cu->qname, 8, "(root)");
+        if (c->pub_first[cu->pub + 1] - c->pub_first[cu->pub] > 1) /* a mixed unit's group */
+            strcat(cu->qname, ui->requires_grad ? " (trainable)" : " (frozen)");
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
         if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt))
             return fsdp__fail_create(uh, FSDP_INVALID_DTYPE,
                                      "fsdp_ctx_create: unit %d %s%s%s: param dtype %s and reduce "
-                                     "dtype %s must be float dtypes", i, ui->fqn[0] ? "'" : "",
+                                     "dtype %s must be float dtypes", cu->pub, ui->fqn[0] ? "'" : "",
                                      ui->fqn[0] ? ui->fqn : "(root)", ui->fqn[0] ? "'" : "",
                                      fsdp_dtype_name(cu->pdt), fsdp_dtype_name(cu->rdt));
         /* one replica is plain sharding; a group of one rank, no sharding */
@@ -10927,7 +11065,8 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         /* the root stays unsharded through forward and backward, as in
            PyTorch; SHARD_GRAD_OP keeps every unit unsharded in between */
         cu->resident = s == FSDP_NO_SHARD || s == FSDP_SHARD_GRAD_OP || ui->module == 0 ||
-                       c->plan_no_sync;
+                       c->plan_no_sync ||
+                       (ui->options.keep_frozen_gathered && !ui->requires_grad);
         cu->groups = (int *)fsdp__alloc(&c->hooks, (size_t)(ui->nentries + 1) * sizeof(int));
         if (!cu->groups) return fsdp__ctx_create_oom(d);
         for (k = 0; k < ui->nentries; k++) {
@@ -11048,6 +11187,11 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         }
     }
     z->nslots = nshared < c->max_unsharded ? nshared : c->max_unsharded;
+    /* a mixed unit's two groups are gathered together: two buffers at least */
+    for (i = 0; i < c->nunits; i++)
+        if (!c->u[i].resident && c->u[i].info != fsdp_units_get(c->units, c->u[i].pub) &&
+            z->nslots < 2)
+            z->nslots = 2;
     p->pool += (size_t)z->nslots * z->slot_bytes;
     p->scratch = z->red_in + z->red_out + z->off_f32;
     p->host_staging = z->hstage;
@@ -11406,15 +11550,43 @@ FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *c)
 FSDP__DEF int fsdp__bad_unit(const fsdp_ctx *c, int unit, const char *fn)
 {
     if (!c) return 1;
-    if (unit >= 0 && unit < c->nunits) return 0;
+    if (unit >= 0 && unit < c->npub) return 0;
     fsdp__check_unit((fsdp_ctx *)(uintptr_t)c, unit, fn);
     return 1;
+}
+
+/* The flat parameter of a getter that has one per unit: a mixed unit has
+   two, so it is refused (naming the group calls); -1 after an error. */
+FSDP__DEF int fsdp__one_flat(const fsdp_ctx *c, int unit, const char *fn)
+{
+    if (fsdp__bad_unit(c, unit, fn)) return -1;
+    if (c->pub_first[unit + 1] - c->pub_first[unit] == 1) return c->pub_first[unit];
+    fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
+                   "%s: unit %d %s mixes frozen and trainable parameters, so it has two flat "
+                   "parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
+                   fn);
+    return -1;
+}
+
+/* A unit's group g (0 for a uniform unit; a mixed unit's 0 frozen, 1
+   trainable) as a flat parameter index, or -1 after an error. */
+FSDP__DEF int fsdp__group_flat(const fsdp_ctx *c, int unit, int group, const char *fn)
+{
+    int n;
+    if (fsdp__bad_unit(c, unit, fn)) return -1;
+    n = c->pub_first[unit + 1] - c->pub_first[unit];
+    if (group >= 0 && group < n) return c->pub_first[unit] + group;
+    fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
+                   "%s: unit %d %s has %d group%s, not group %d", fn, unit,
+                   c->u[c->pub_first[unit]].qname, n, n == 1 ? "" : "s", group);
+    return -1;
 }
 
 FSDP_API fsdp_unit_state fsdp_ctx_unit_state(const fsdp_ctx *c, int unit)
 {
     if (fsdp__bad_unit(c, unit, "fsdp_ctx_unit_state")) return FSDP_UNIT_IDLE;
-    return c->u[unit].state;
+    /* a mixed unit: its trainable group's (the frozen one has no reduction) */
+    return c->u[c->pub_first[unit + 1] - 1].state;
 }
 
 FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
@@ -11427,7 +11599,7 @@ FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *c, int unit)
 {
     if (fsdp__bad_unit(c, unit, "fsdp_param_dtype")) return FSDP_DTYPE_DEFAULT;
-    return c->u[unit].pdt;
+    return c->u[c->pub_first[unit]].pdt;
 }
 
 FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *c)
@@ -11437,23 +11609,49 @@ FSDP_API int64_t fsdp_ctx_steps(const fsdp_ctx *c)
 
 FSDP_API float *fsdp_shard_params(fsdp_ctx *c, int unit)
 {
-    if (fsdp__bad_unit(c, unit, "fsdp_shard_params")) return NULL;
-    return c->u[unit].master;
+    int f = fsdp__one_flat(c, unit, "fsdp_shard_params");
+    return f < 0 ? NULL : c->u[f].master;
 }
 
 FSDP_API float *fsdp_shard_grads(fsdp_ctx *c, int unit)
 {
-    if (fsdp__bad_unit(c, unit, "fsdp_shard_grads")) return NULL;
-    return c->u[unit].grad;
+    int f = fsdp__one_flat(c, unit, "fsdp_shard_grads");
+    return f < 0 ? NULL : c->u[f].grad;
 }
 
 FSDP_API fsdp_result fsdp_ctx_shard_layout(const fsdp_ctx *c, int unit, fsdp_shard_layout *out)
 {
+    int f;
     if (!c) return FSDP_INVALID_ARGS;
     if (!out) return fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
                                     "fsdp_ctx_shard_layout: out is NULL");
-    if (fsdp__bad_unit(c, unit, "fsdp_ctx_shard_layout")) return FSDP_INVALID_ARGS;
-    *out = c->u[unit].lay;
+    if ((f = fsdp__one_flat(c, unit, "fsdp_ctx_shard_layout")) < 0) return FSDP_INVALID_ARGS;
+    *out = c->u[f].lay;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API float *fsdp_shard_params_group(fsdp_ctx *c, int unit, int group)
+{
+    int f = fsdp__group_flat(c, unit, group, "fsdp_shard_params_group");
+    return f < 0 ? NULL : c->u[f].master;
+}
+
+FSDP_API float *fsdp_shard_grads_group(fsdp_ctx *c, int unit, int group)
+{
+    int f = fsdp__group_flat(c, unit, group, "fsdp_shard_grads_group");
+    return f < 0 ? NULL : c->u[f].grad;
+}
+
+FSDP_API fsdp_result fsdp_ctx_shard_layout_group(const fsdp_ctx *c, int unit, int group,
+                                                 fsdp_shard_layout *out)
+{
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!out) return fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
+                                    "fsdp_ctx_shard_layout_group: out is NULL");
+    if ((f = fsdp__group_flat(c, unit, group, "fsdp_ctx_shard_layout_group")) < 0)
+        return FSDP_INVALID_ARGS;
+    *out = c->u[f].lay;
     return FSDP_SUCCESS;
 }
 
@@ -11634,7 +11832,7 @@ FSDP__DEF fsdp_result fsdp__poison_report(fsdp_ctx *c, const char *who, int unit
                           "%s: debug: the unsharded buffer unit %d %s retired at fsdp_end_%s "
                           "was written where it held the %s of %s%s%s (element %lld): a view "
                           "from %s was kept past its unit's end%s; fetch views after each "
-                          "begin and drop them at the end", who, unit, cu->qname,
+                          "begin and drop them at the end", who, cu->pub, cu->qname,
                           phase == 2 ? "backward" : "forward", grad ? "gradient" : "value",
                           pname ? "parameter '" : "the padding", pname ? pname : "",
                           pname ? "'" : "", (long long)k,
@@ -11658,10 +11856,10 @@ FSDP__DEF fsdp_result fsdp__dbg_check_slot(fsdp_ctx *c, int s, const char *who, 
     fsdp_result r = FSDP_SUCCESS;
     size_t off;
     if (u < 0) return FSDP_SUCCESS;
-    off = fsdp__poison_find(sl->base, sl->bytes, c->u[u].pdt, u);
+    off = fsdp__poison_find(sl->base, sl->bytes, c->u[u].pdt, c->u[u].pub);
     if (off != SIZE_MAX) {
         r = fsdp__poison_report(c, who, u, off, fsdp__dbg_pbytes(c, &c->u[u]), sl->poison_phase);
-        fsdp__poison_fill(sl->base, sl->bytes, c->u[u].pdt, u);
+        fsdp__poison_fill(sl->base, sl->bytes, c->u[u].pdt, c->u[u].pub);
     }
     if (take) sl->poison_unit = -1;
     return r;
@@ -11673,10 +11871,10 @@ FSDP__DEF fsdp_result fsdp__dbg_check_block(fsdp_ctx *c, int unit, const char *w
     fsdp_result r = FSDP_SUCCESS;
     size_t off;
     if (!cu->dbg_poisoned) return FSDP_SUCCESS;
-    off = fsdp__poison_find(cu->res_base, cu->res_bytes, cu->pdt, unit);
+    off = fsdp__poison_find(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
     if (off != SIZE_MAX) {
         r = fsdp__poison_report(c, who, unit, off, fsdp__dbg_pbytes(c, cu), cu->dbg_poisoned);
-        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, unit);
+        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
     }
     if (take) cu->dbg_poisoned = 0;
     return r;
@@ -11764,7 +11962,7 @@ FSDP__DEF fsdp_result fsdp__dbg_end(fsdp_ctx *c, int unit, const char *fn, const
                                   "since %s: parameter views are read-only (gradients go to "
                                   "fsdp_grad), and a view kept from another unit, or from "
                                   "forward into backward, may point into this unit's buffer "
-                                  "now", fn, fe->fqn, unit, cu->qname, began);
+                                  "now", fn, fe->fqn, cu->pub, cu->qname, began);
     }
     return FSDP_SUCCESS;
 }
@@ -11779,11 +11977,11 @@ FSDP__DEF fsdp_result fsdp__dbg_retire(fsdp_ctx *c, int unit, int phase)
     if ((r = fsdp__dbg_quiesce(c, phase == 2)) != FSDP_SUCCESS) return r;
     if (!cu->resident && cu->slot >= 0) {
         fsdp__slot *sl = &c->slots[cu->slot];
-        fsdp__poison_fill(sl->base, sl->bytes, cu->pdt, unit);
+        fsdp__poison_fill(sl->base, sl->bytes, cu->pdt, cu->pub);
         sl->poison_unit = unit;
         sl->poison_phase = phase;
     } else if (cu->resident && cu->res_base) {
-        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, unit);
+        fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
         cu->dbg_poisoned = phase;
     }
     return FSDP_SUCCESS;
@@ -12116,12 +12314,12 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
         return fsdp__ctx_fail(c, FSDP_POOL_EXHAUSTED,
                               "unit %d %s needs an unsharded buffer but all %d are held (by "
                               "units %s); end those units first or raise max_unsharded",
-                              unit, cu->qname, c->nslots, held);
+                              cu->pub, cu->qname, c->nslots, held);
     }
     if (c->debug && c->slots[pick].poison_unit >= 0) {
         char who[96];
         fsdp_result r;
-        snprintf(who, sizeof who, "unit %d %s taking a free buffer", unit, cu->qname);
+        snprintf(who, sizeof who, "unit %d %s taking a free buffer", cu->pub, cu->qname);
         if ((r = fsdp__dbg_check_slot(c, pick, who, 1)) != FSDP_SUCCESS) return r;
     }
     c->slots[pick].owner = unit;
@@ -12230,8 +12428,8 @@ FSDP__DEF int fsdp__order(fsdp_ctx *c, int unit, int backward)
                   "rank %d: execution order changed: %s call %d was unit %d %s in the "
                   "recorded iteration, now unit %d %s; prefetching follows the new order "
                   "from the next iteration", c->rank, backward ? "backward" : "forward", here,
-                  here < *n ? order[here] : -1,
-                  here < *n ? c->u[order[here]].qname : "(none)", unit,
+                  here < *n ? c->u[order[here]].pub : -1,
+                  here < *n ? c->u[order[here]].qname : "(none)", c->u[unit].pub,
                   c->u[unit].qname);
         c->rerecord = 1;
     }
@@ -12262,16 +12460,15 @@ FSDP__DEF void fsdp__maybe_new_iteration(fsdp_ctx *c, int unit)
     c->fpos = c->bpos = 0;
 }
 
-FSDP__DEF fsdp_result fsdp__begin_forward(fsdp_ctx *c, int unit)
+FSDP__DEF fsdp_result fsdp__begin_forward_flat(fsdp_ctx *c, int unit)
 {
     fsdp_result r;
     int pos;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_forward")) != FSDP_SUCCESS) return r;
     if (c->state == FSDP_CTX_SUMMON_FULL_PARAMS)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_forward: unit %d %s: parameters are summoned; call "
-                              "fsdp_summon_end first", unit, c->u[unit].qname);
+                              "fsdp_summon_end first", c->u[unit].pub, c->u[unit].qname);
     if (c->u[unit].state == FSDP_UNIT_BACKWARD_POST) /* accumulating with communication */
         c->u[unit].state = FSDP_UNIT_IDLE;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_begin_forward")) != FSDP_SUCCESS)
@@ -12296,12 +12493,23 @@ FSDP__DEF fsdp_result fsdp__begin_forward(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
-FSDP__DEF fsdp_result fsdp__end_forward(fsdp_ctx *c, int unit)
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP__DEF fsdp_result fsdp__begin_forward(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_forward")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__begin_forward_flat(c, f)) != FSDP_SUCCESS) return r;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__end_forward_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_end_forward")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_FORWARD, "fsdp_end_forward")) != FSDP_SUCCESS)
         return r;
     cu = &c->u[unit];
@@ -12320,13 +12528,24 @@ FSDP__DEF fsdp_result fsdp__end_forward(fsdp_ctx *c, int unit)
     return r;
 }
 
-FSDP__DEF fsdp_result fsdp__begin_backward(fsdp_ctx *c, int unit)
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP__DEF fsdp_result fsdp__end_forward(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_end_forward")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__end_forward_flat(c, f)) != FSDP_SUCCESS) return r;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r;
     int pos;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_backward")) != FSDP_SUCCESS) return r;
     cu = &c->u[unit];
     if (cu->state == FSDP_UNIT_BACKWARD_POST) cu->state = FSDP_UNIT_IDLE; /* accumulation */
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_begin_backward")) != FSDP_SUCCESS)
@@ -12335,7 +12554,7 @@ FSDP__DEF fsdp_result fsdp__begin_backward(fsdp_ctx *c, int unit)
     if (c->state == FSDP_CTX_SUMMON_FULL_PARAMS)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_backward: unit %d %s: parameters are summoned",
-                              unit, cu->qname);
+                              cu->pub, cu->qname);
     /* PyTorch's pre-backward hook is registered on a forward's outputs: a
        unit that did not run forward gets no backward (and no all-gather);
        recomputed activations run forward again first */
@@ -12343,7 +12562,7 @@ FSDP__DEF fsdp_result fsdp__begin_backward(fsdp_ctx *c, int unit)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_backward: unit %d %s did not run forward in this "
                               "iteration (every backward needs its own begin/end_forward "
-                              "since the last fsdp_step)", unit, cu->qname);
+                              "since the last fsdp_step)", cu->pub, cu->qname);
     cu->fwd_runs--;
     if (!cu->info->requires_grad && cu->info->nentries)
         fsdp__log(&c->hooks, FSDP_LOG_DEBUG, "unit %s is frozen: no gradient reduction",
@@ -12389,6 +12608,18 @@ FSDP__DEF fsdp_result fsdp__begin_backward(fsdp_ctx *c, int unit)
     cu->state = FSDP_UNIT_BACKWARD_PRE;
     c->state = FSDP_CTX_FORWARD_BACKWARD;
     if (c->debug) return fsdp__dbg_begin(c, unit);
+    return FSDP_SUCCESS;
+}
+
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP__DEF fsdp_result fsdp__begin_backward(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_begin_backward")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__begin_backward_flat(c, f)) != FSDP_SUCCESS) return r;
     return FSDP_SUCCESS;
 }
 
@@ -12551,12 +12782,11 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
     return FSDP_SUCCESS;
 }
 
-FSDP__DEF fsdp_result fsdp__end_backward(fsdp_ctx *c, int unit)
+FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r, dr = FSDP_SUCCESS;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_end_backward")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_BACKWARD_PRE, "fsdp_end_backward")) != FSDP_SUCCESS)
         return r;
     cu = &c->u[unit];
@@ -12583,6 +12813,18 @@ FSDP__DEF fsdp_result fsdp__end_backward(fsdp_ctx *c, int unit)
     return dr;
 }
 
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP__DEF fsdp_result fsdp__end_backward(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_end_backward")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__end_backward_flat(c, f)) != FSDP_SUCCESS) return r;
+    return FSDP_SUCCESS;
+}
+
 /* The views of name i (an index into prefs). */
 FSDP__DEF void *fsdp__param_view(fsdp_ctx *c, int i, const char *fn)
 {
@@ -12592,7 +12834,7 @@ FSDP__DEF void *fsdp__param_view(fsdp_ctx *c, int i, const char *fn)
         cu->state != FSDP_UNIT_SUMMON_FULL_PARAMS) {
         fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                        "%s: '%s' belongs to unit %d %s in state %s; views exist "
-                       "between begin and end of its unit", fn, fqn, c->prefs[i].unit,
+                       "between begin and end of its unit", fn, fqn, cu->pub,
                        cu->qname, fsdp_unit_state_name(cu->state));
         return NULL;
     }
@@ -12614,7 +12856,7 @@ FSDP__DEF void *fsdp__grad_view(fsdp_ctx *c, int i, const char *fn)
         fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                        "%s: '%s' belongs to unit %d %s in state %s; gradient views "
                        "exist between begin_backward and end_backward", fn, fqn,
-                       c->prefs[i].unit, cu->qname, fsdp_unit_state_name(cu->state));
+                       cu->pub, cu->qname, fsdp_unit_state_name(cu->state));
         return NULL;
     }
     if (!cu->info->requires_grad) {
@@ -12699,7 +12941,7 @@ FSDP__DEF fsdp_result fsdp__sync_units(fsdp_ctx *c, const char *fn, int allow_su
         if (c->u[i].state == FSDP_UNIT_FORWARD || c->u[i].state == FSDP_UNIT_BACKWARD_PRE ||
             (c->u[i].state == FSDP_UNIT_SUMMON_FULL_PARAMS && !allow_summoned))
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
-                                  "%s: unit %d %s is in state %s; end it first", fn, i,
+                                  "%s: unit %d %s is in state %s; end it first", fn, c->u[i].pub,
                                   c->u[i].qname, fsdp_unit_state_name(c->u[i].state));
     r = fsdp_stream_synchronize(c->dev, c->cs);
     if (r != FSDP_SUCCESS) {
@@ -13068,7 +13310,7 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c)
             const fsdp__cunit *cu = &c->u[it->unit];
             r = fsdp__ctx_fail(c, jobs[t].r, "fsdp_step: unit %d %s parameter '%s': the "
                                "host optimizer refused its configuration or state",
-                               it->unit, cu->qname, cu->info->entries[it->entry].fqn);
+                               cu->pub, cu->qname, cu->info->entries[it->entry].fqn);
         }
     fsdp__free(&c->hooks, items);
     return r;
@@ -13121,7 +13363,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
             r = fsdp_device_optim_step(c->dev, &c->groups[grp], c->group_steps[grp],
                                        cu->master + off, cu->grad + off, &st, (size_t)n, c->cs);
             if (r != FSDP_SUCCESS)
-                return fsdp__ctx_fail(c, r, "fsdp_step: unit %d %s parameter '%s': %s", i,
+                return fsdp__ctx_fail(c, r, "fsdp_step: unit %d %s parameter '%s': %s", cu->pub,
                                       cu->qname, cu->info->entries[pc->entry].fqn,
                                       fsdp_device_last_error(c->dev));
         }
@@ -13212,13 +13454,12 @@ FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
     return FSDP_SUCCESS;
 }
 
-FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, float *host)
+FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned flags, float *host)
 {
     fsdp__cunit *cu;
     fsdp_result r;
     int keep;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_begin")) != FSDP_SUCCESS) return r;
     cu = &c->u[unit];
     if ((flags & FSDP_SUMMON_WRITEBACK) && (flags & FSDP_SUMMON_RANK0_ONLY))
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
@@ -13246,7 +13487,7 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
                                       "writeback copies the parameters into the gradients "
                                       "(grad_views_in_place plans no other room), which hold "
                                       "pending values: call fsdp_step or fsdp_zero_grad "
-                                      "first, or summon with FSDP_SUMMON_WRITEBACK", unit,
+                                      "first, or summon with FSDP_SUMMON_WRITEBACK", cu->pub,
                                       cu->qname);
         }
         if (cu->S && cu->uparam != (void *)cu->master) {
@@ -13288,12 +13529,28 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
     return FSDP_SUCCESS;
 }
 
-FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, float *host)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_begin")) != FSDP_SUCCESS) return r;
+    if ((flags & FSDP_SUMMON_OFFLOAD) && c->pub_first[unit + 1] - c->pub_first[unit] > 1)
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
+                              "fsdp_summon_begin: unit %d %s mixes frozen and trainable "
+                              "parameters: FSDP_SUMMON_OFFLOAD is not supported for it (summon "
+                              "into device views instead)", unit, c->u[c->pub_first[unit]].qname);
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__summon_begin_flat(c, f, flags, host)) != FSDP_SUCCESS) return r;
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__summon_end_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
     fsdp_result r;
     if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_end")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_SUMMON_FULL_PARAMS, "fsdp_summon_end")) !=
         FSDP_SUCCESS)
         return r;
@@ -13344,10 +13601,11 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
 FSDP__DEF void fsdp__ctx_label(fsdp_ctx *c, const char *call, int unit)
 {
     char label[FSDP_COLL_LABEL_MAX] = "";
-    if (call && unit >= 0 && unit < c->nunits)
+    if (call && unit >= 0 && unit < c->npub) { /* the engine's unit, not a group */
+        const fsdp__cunit *cu = &c->u[c->pub_first[unit]];
         snprintf(label, sizeof label, "%s of unit '%s'", call,
-                 c->u[unit].info->fqn[0] ? c->u[unit].info->fqn : "(root)");
-    else if (call)
+                 cu->info->fqn[0] ? cu->info->fqn : "(root)");
+    } else if (call)
         snprintf(label, sizeof label, "%s", call);
     fsdp_comm_set_label(c->world, label);
     if (c->shard_comm) fsdp_comm_set_label(c->shard_comm, label);
@@ -13378,6 +13636,18 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
     r = fsdp__step(c);
     fsdp__ctx_label(c, NULL, -1);
     return r;
+}
+
+/* Every flat parameter of the unit (a mixed unit's two groups), in order. */
+FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
+{
+    fsdp_result r;
+    int f;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__check_unit(c, unit, "fsdp_summon_end")) != FSDP_SUCCESS) return r;
+    for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
+        if ((r = fsdp__summon_end_flat(c, f)) != FSDP_SUCCESS) return r;
+    return FSDP_SUCCESS;
 }
 
 /* >>runtime end */
@@ -15220,6 +15490,7 @@ FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_s
     int u, w, lent = 0;
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
+        if ((o->flags & FSDP_SD_TRAINABLE_ONLY) && !cu->info->requires_grad) continue;
         if (o->kind == FSDP_SD_FULL && cu->W > 1 && (size_t)cu->S * (size_t)cu->W * 4 > scratch_bytes)
             scratch_bytes = (size_t)cu->S * (size_t)cu->W * 4;
     }
@@ -15233,6 +15504,7 @@ FSDP__DEF fsdp_result fsdp__build_copy(fsdp_ctx *c, const fsdp__bopts *o, fsdp_s
     }
     for (u = 0; u < c->nunits && r == FSDP_SUCCESS; u++) {
         if (o->kind == FSDP_SD_SHARDED && o->for_ckpt && c->rank >= c->u[u].W) continue;
+        if ((o->flags & FSDP_SD_TRAINABLE_ONLY) && !c->u[u].info->requires_grad) continue;
         for (w = 0; w < nwhat && r == FSDP_SUCCESS; w++)
             r = fsdp__build_buf(c, o, sd, &c->u[u], w, keep, mem, scratch,
                                 &blocks[fsdp__bufi(u, w)], fn);
@@ -15298,6 +15570,7 @@ FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsd
             fsdp__cunit *cu = &c->u[u];
             if (o->for_ckpt && c->rank >= cu->W) continue;
             if (!blocks[fsdp__bufi(u, w)]) continue;
+            if ((o->flags & FSDP_SD_TRAINABLE_ONLY) && !cu->info->requires_grad) continue;
             for (p = 0; p < cu->lay.npieces; p++) {
                 const fsdp_shard_piece *pc = &cu->pieces[p];
                 const fsdp_flat_entry *fe = &cu->info->entries[pc->entry];
@@ -15357,10 +15630,20 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
     if (o->kind == FSDP_SD_LOCAL && (o->flags & FSDP_SD_OPTIM))
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict holds parameters "
                               "only (use a sharded one for the optimizer state)", fn);
+    if (o->kind == FSDP_SD_LOCAL && (c->nunits != c->npub || (o->flags & FSDP_SD_TRAINABLE_ONLY)))
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: %s: not supported for a local state "
+                              "dict (one flat parameter per unit); use a sharded one", fn,
+                              c->nunits != c->npub ? "a unit mixing frozen and trainable "
+                              "parameters" : "FSDP_SD_TRAINABLE_ONLY");
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
     if ((r = fsdp__sd_new(&c->hooks, o->kind, c->dev, &sd)) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, r, "%s: out of memory", fn);
     if ((r = fsdp__plocs(c, &pl)) != FSDP_SUCCESS) goto fail;
+    if (o->flags & FSDP_SD_TRAINABLE_ONLY) { /* frozen parameters are left out */
+        int j, np = fsdp_model_num_params(c->model);
+        for (j = 0; j < np; j++)
+            if (pl[j].unit >= 0 && !c->u[pl[j].unit].info->requires_grad) pl[j].unit = -1;
+    }
     blocks = (void **)fsdp__calloc(&c->hooks, fsdp__bufi(c->nunits, 0) + 1, sizeof *blocks);
     if (!blocks) {
         r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
@@ -15601,6 +15884,10 @@ FSDP__DEF fsdp_result fsdp__ld_init(fsdp__ld *L, fsdp_ctx *c, fsdp_sd_kind kind,
     fsdp_result r;
     memset(L, 0, sizeof *L);
     L->c = c;
+    if (kind == FSDP_SD_LOCAL && c->nunits != c->npub)
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: a local state dict with a unit mixing "
+                              "frozen and trainable parameters is not supported (one flat "
+                              "parameter per unit); use a sharded one", where);
     L->kind = kind;
     L->flags = flags;
     snprintf(L->where, sizeof L->where, "%s", where);
@@ -16951,10 +17238,10 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
                                              "fsdp_ckpt_wait before the next save", fn, w->path));
     if (!path || !path[0])
         return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: path is empty", fn));
-    if (flags & ~(unsigned)(FSDP_SD_OPTIM | FSDP_CKPT_SHARDED))
+    if (flags & ~(unsigned)(FSDP_SD_OPTIM | FSDP_CKPT_SHARDED | FSDP_SD_TRAINABLE_ONLY))
         return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: flags 0x%x: only "
-                                             "FSDP_SD_OPTIM and FSDP_CKPT_SHARDED apply", fn,
-                                             flags));
+                                             "FSDP_SD_OPTIM, FSDP_CKPT_SHARDED and "
+                                             "FSDP_SD_TRAINABLE_ONLY apply", fn, flags));
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return fsdp__wfail(w, r);
     w->flags = flags;
     w->steps = c->steps;
@@ -16977,7 +17264,7 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
     /* stage: the caller may change the parameters once this returns */
     memset(&o, 0, sizeof o);
     o.kind = sharded ? FSDP_SD_SHARDED : FSDP_SD_FULL;
-    o.flags = (flags & FSDP_SD_OPTIM) | FSDP_SD_OFFLOAD | FSDP_SD_PINNED |
+    o.flags = (flags & (FSDP_SD_OPTIM | FSDP_SD_TRAINABLE_ONLY)) | FSDP_SD_OFFLOAD | FSDP_SD_PINNED |
               (sharded ? 0u : (unsigned)FSDP_SD_RANK0_ONLY);
     o.for_ckpt = 1;
     o.stage = &w->stage;
@@ -17111,6 +17398,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             if (pl[j].first != j || pl[j].unit < 0) continue;
             cu = &c->u[pl[j].unit];
             if (!fsdp__unit_has(cu, what)) continue;
+            if ((w->flags & FSDP_SD_TRAINABLE_ONLY) && !cu->info->requires_grad) continue;
             fe = &cu->info->entries[pl[j].entry];
             if (!(tname = fsdp__what_key(&nb, fsdp__pname(c, j), what))) goto oom;
             fsdp__sb_str(&b, first ? "\n  {\"name\": " : ",\n  {\"name\": ");

@@ -3,8 +3,8 @@
    type lists, module type, lambda, custom with overrides, OR, annotated),
    PyTorch's recursive walk (the policy-call trace, post-order units, the
    root last), ignored modules and parameters, tied weights (once per unit as
-   a shared entry, untied across units), the units' flat layout, mixed dtype /
-   requires_grad errors, shard metadata with PyTorch's rule (S = ceil(T/W),
+   a shared entry, untied across units), the units' flat layout, mixed dtype
+   errors, mixed requires_grad units (two groups), shard metadata with PyTorch's rule (S = ceil(T/W),
    padding only at the end), parameter views, PyTorch's wrapped names, and bad
    input. Cases and command line: check.h. */
 #define _POSIX_C_SOURCE 200809L
@@ -1244,7 +1244,8 @@ static void test_mixed(void)
     if (u) fsdp_units_destroy(u);
     fsdp_model_destroy(m);
 
-    /* frozen and trainable parameters in one unit */
+    /* frozen and trainable parameters in one unit: a mixed unit of two
+       groups, each laid out as a unit of its parameters alone */
     m = new_model(NULL);
     if (!m) return;
     OK(fsdp_model_add_module(m, "enc", "Linear"));
@@ -1253,13 +1254,30 @@ static void test_mixed(void)
     OK(addp(m, "dec", "weight", FSDP_F32, 2, 3, 3, 0));
     u = NULL;
     r = fsdp_wrap(m, &d, &u);
-    msg = fsdp_model_last_error(m);
-    CHECK(r == FSDP_INVALID_MODEL || r == FSDP_INVALID_ARGS,
-          "root only with frozen and trainable parameters returned %d, want an error", (int)r);
-    CHECK(u == NULL, "a failed wrap returned units %p", (void *)u);
-    CHECK(msg && strstr(msg, "enc.weight") && strstr(msg, "dec.weight"),
-          "mixed requires_grad: message '%s' does not name enc.weight and dec.weight", S(msg));
-    if (u) fsdp_units_destroy(u);
+    CHECK(r == FSDP_SUCCESS && u, "root only with frozen and trainable parameters returned %d "
+          "(%s), want a mixed unit", (int)r, S(fsdp_model_last_error(m)));
+    if (u) {
+        const fsdp_unit_info *ui = fsdp_units_get(u, 0), *gs[2] = {NULL, NULL};
+        int ng = fsdp_units_groups(u, 0, gs);
+        CHECK(ui && ui->mixed == 1 && ui->requires_grad == 1 && ui->numel == 18,
+              "mixed unit: mixed %d requires_grad %d numel %lld", ui ? ui->mixed : -1,
+              ui ? ui->requires_grad : -1, ui ? (long long)ui->numel : -1LL);
+        CHECK(ng == 2 && gs[0] && gs[1], "mixed unit has %d groups, want 2", ng);
+        if (ng == 2 && gs[0] && gs[1]) {
+            CHECK(gs[0]->requires_grad == 0 && gs[0]->nentries == 1 && gs[0]->numel == 9 &&
+                      !strcmp(gs[0]->entries[0].fqn, "enc.weight") && gs[0]->entries[0].offset == 0,
+                  "frozen group: requires_grad %d, %d entries, numel %lld, first '%s'",
+                  gs[0]->requires_grad, gs[0]->nentries, (long long)gs[0]->numel,
+                  gs[0]->nentries ? gs[0]->entries[0].fqn : "");
+            CHECK(gs[1]->requires_grad == 1 && gs[1]->nentries == 1 && gs[1]->numel == 9 &&
+                      !strcmp(gs[1]->entries[0].fqn, "dec.weight") && gs[1]->entries[0].offset == 0,
+                  "trainable group: requires_grad %d, %d entries, numel %lld, first '%s'",
+                  gs[1]->requires_grad, gs[1]->nentries, (long long)gs[1]->numel,
+                  gs[1]->nentries ? gs[1]->entries[0].fqn : "");
+        }
+        CHECK(fsdp_units_groups(u, 1, gs) == 0, "fsdp_units_groups out of range is not 0");
+        fsdp_units_destroy(u);
+    }
     /* in separate units it is fine; the frozen unit does not require grad */
     {
         static const char *const lin[] = {"Linear"};
