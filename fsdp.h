@@ -1149,10 +1149,12 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
 
    Hostile files: the header is at most FSDP_SAFETENSORS_MAX_HEADER bytes
    (the official reader's limit) and FSDP_JSON_MAX_VALUES JSON values.
-   Parsing is linear in its size (hashed lookups) and its memory is at
-   most 20 bytes per header byte (the text 1, decoded strings 1, JSON
-   nodes 16, tensor records 2; counted before anything is built) plus a
-   few KiB; the data is read only after the whole header was checked. */
+   Parsing takes O(n log n) time in its size n (hashed lookups, sorts; no
+   scan per key) and at most 24 bytes of memory per header byte (the text
+   1, decoded strings 1, JSON nodes 16, counted before any is allocated,
+   the tensors' records and lookup tables the rest) plus a few KiB,
+   whatever the header holds; the data is read only after the whole header
+   was checked. A sharded checkpoint's index.json has the same bounds. */
 #define FSDP_SAFETENSORS_MAX_HEADER ((int64_t)100 << 20)
 #define FSDP_JSON_MAX_VALUES (1 << 24)
 
@@ -8534,16 +8536,26 @@ FSDP__DEF int fsdp__j_get(const fsdp__json *j, int obj, const char *key)
 /* --- hashed lookups: FNV-1a over a string; tables of node ids with open
    addressing, sized to a power of two at least twice the entries --- */
 
-FSDP__DEF uint64_t fsdp__strhash(const char *s)
+FSDP__DEF uint64_t fsdp__strhash(const char *s, uint64_t seed)
 {
-    uint64_t v = 1469598103934665603ull;
+    uint64_t v = 1469598103934665603ull ^ seed;
     for (; *s; s++) v = (v ^ (unsigned char)*s) * 1099511628211ull;
-    return v;
+    v = (v ^ (v >> 30)) * 0xBF58476D1CE4E5B9ull; /* splitmix64's finalizer */
+    v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
+    return v ^ (v >> 31);
 }
 
+FSDP__DEF uint64_t fsdp__jseed(const void *p)
+{
+    return fsdp__strhash("fsdp", (uint64_t)(uintptr_t)p);
+}
+
+/* The seed comes from the table's address: keys crafted to collide in one
+   process's table (quadratic probing) do not collide in another's. */
 typedef struct fsdp__jhash {
     int *slot; /* node ids, -1 empty */
     size_t mask;
+    uint64_t seed;
 } fsdp__jhash;
 
 /* Indexes the members of object obj by key (unique: the parser checked);
@@ -8558,9 +8570,10 @@ FSDP__DEF int fsdp__jhash_build(fsdp__jhash *t, const fsdp_hooks *h, const fsdp_
     while (n < 2 * (size_t)j->n[obj].count) n *= 2;
     if (!(t->slot = (int *)fsdp__alloc(h, n * sizeof(int)))) return -1;
     t->mask = n - 1;
+    t->seed = fsdp__jseed(t->slot);
     for (k = 0; k < n; k++) t->slot[k] = -1;
     for (c = j->n[obj].first; c >= 0; c = j->n[c].next) {
-        k = (size_t)fsdp__strhash(j->n[c].key) & t->mask;
+        k = (size_t)fsdp__strhash(j->n[c].key, t->seed) & t->mask;
         while (t->slot[k] >= 0) k = (k + 1) & t->mask;
         t->slot[k] = c;
     }
@@ -8571,7 +8584,7 @@ FSDP__DEF int fsdp__jhash_get(const fsdp__jhash *t, const fsdp__json *j, const c
 {
     size_t k;
     if (!t->slot) return -1;
-    for (k = (size_t)fsdp__strhash(key) & t->mask; t->slot[k] >= 0; k = (k + 1) & t->mask)
+    for (k = (size_t)fsdp__strhash(key, t->seed) & t->mask; t->slot[k] >= 0; k = (k + 1) & t->mask)
         if (!strcmp(j->n[t->slot[k]].key, key)) return t->slot[k];
     return -1;
 }
@@ -15815,8 +15828,12 @@ FSDP__DEF fsdp_result fsdp__index_check(const fsdp__json *j, const char *ipath,
         FSDP__IX("index '%s': \"files\" must list %lld file names", ipath, (long long)ii->world);
     if (ii->tensors < 0 || j->n[ii->tensors].type != FSDP__J_ARR)
         FSDP__IX("index '%s': \"tensors\" is not an array", ipath);
-    cnt = j->n[ii->files].count > j->n[ii->tensors].count ? j->n[ii->files].count
-                                                          : j->n[ii->tensors].count;
+    /* names: the files, then the tensors that can be valid (objects of 4
+       members or more, 50 bytes of text at least), not one per "0," */
+    cnt = 0;
+    for (n = j->n[ii->tensors].first; n >= 0; n = j->n[n].next)
+        if (j->n[n].type == FSDP__J_OBJ && j->n[n].count >= 4) cnt++;
+    if (cnt < j->n[ii->files].count) cnt = j->n[ii->files].count;
     names = (const char **)fsdp__alloc(h, ((size_t)cnt + 1) * sizeof *names);
     stamp = (int *)fsdp__alloc(h, ((size_t)ii->world + 1) * sizeof *stamp);
     if (!names || !stamp) goto oom;
