@@ -904,6 +904,8 @@ static void test_parse_memory(void)
     CHECK(mc.peak <= 24 * strlen(h) + (1u << 20), "parsing a %zu-byte header took %zu bytes at "
           "the peak (%.1f a byte)", strlen(h), mc.peak, (double)mc.peak / (double)strlen(h));
     EXPECT_EQ(mc.now, (size_t)0);
+    printf("# parse_memory: a %zu-byte header of one-byte values: %zu bytes at the peak "
+           "(%.1f a byte)\n", strlen(h), mc.peak, (double)mc.peak / (double)strlen(h));
     unlink(p);
     /* the same in an index */
     dir = (char *)malloc(700);
@@ -926,6 +928,8 @@ static void test_parse_memory(void)
               r, err.message);
         CHECK(mc.peak <= 24 * strlen(h) + (1u << 20), "parsing a %zu-byte index took %zu "
               "bytes at the peak", strlen(h), mc.peak);
+        printf("# parse_memory: a %zu-byte index of one-byte values: %zu bytes at the peak "
+               "(%.1f a byte)\n", strlen(h), mc.peak, (double)mc.peak / (double)strlen(h));
         EXPECT_EQ(mc.now, (size_t)0);
     }
     free(dir);
