@@ -8488,8 +8488,9 @@ FSDP__DEF int fsdp__json_parse(fsdp__json *j, const fsdp_hooks *h, const char *t
     {
         size_t nv = fsdp__j_count(text, len);
         if (nv > (size_t)FSDP_JSON_MAX_VALUES) {
-            snprintf(j->err, sizeof j->err, "%llu values or more, above the limit of %d "
-                     "(FSDP_JSON_MAX_VALUES)", (unsigned long long)nv, FSDP_JSON_MAX_VALUES);
+            snprintf(j->err, sizeof j->err, "up to %llu values (counting its commas and "
+                     "brackets), above the limit of %d (FSDP_JSON_MAX_VALUES)",
+                     (unsigned long long)nv, FSDP_JSON_MAX_VALUES);
             return -1;
         }
         j->n = (fsdp__jn *)fsdp__alloc(h, nv * sizeof *j->n);

@@ -935,6 +935,24 @@ static void test_parse_memory(void)
     free(dir);
     free(ipath);
     free(h);
+    /* above FSDP_JSON_MAX_VALUES: refused before any node is allocated */
+    len = 16 + 2 * ((size_t)FSDP_JSON_MAX_VALUES + 1);
+    if (!(h = (char *)malloc(len))) return;
+    k = (size_t)snprintf(h, len, "{\"a\":[0");
+    while (k + 4 < len) {
+        h[k++] = ',';
+        h[k++] = '0';
+    }
+    snprintf(h + k, len - k, "]}");
+    CHECK(write_raw(p, h, NULL, 0), "write");
+    mc.peak = mc.now = 0;
+    r = fsdp_safetensors_load(p, &hooks, &sd, &err);
+    CHECK(r == FSDP_CKPT_FORMAT && contains(err.message, "FSDP_JSON_MAX_VALUES"), "%d: %s", r,
+          err.message);
+    CHECK(mc.peak <= strlen(h) + (1u << 20), "a refused %zu-byte header took %zu bytes",
+          strlen(h), mc.peak);
+    unlink(p);
+    free(h);
 }
 
 static const check_case CASES[] = {
