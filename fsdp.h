@@ -1285,11 +1285,45 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
    tensor as a 1-D tensor of its numel) with checksums, atomically. load:
    reads a whole file into a FULL dict in host memory, validating the header
    (length, JSON, dtypes, shapes, offsets: inside the data, no overlap, no
-   gap) and the checksums when present. Errors name the file. */
+   gap) and the checksums when present. Errors name the file.
+
+   Checksums (CRC-32, in __metadata__): "fsdp.crc32.<name>" covers a
+   tensor's bytes; "fsdp.layout_crc32" (since 0.6.0) covers the header
+   itself: every tensor's name, dtype, shape and offsets and every metadata
+   entry (the tensors' checksums, the save's identity and step). A file
+   fsdp.h wrote is refused when its layout checksum does not match or a
+   tensor's checksum is missing (one was removed). Files of earlier
+   versions (fsdp.* metadata, no layout checksum) load as legacy; foreign
+   files (Python's: no checksums) load unverified. fsdp_state_dict_verified
+   says which.
+
+   Hostile files: the header is at most FSDP_SAFETENSORS_MAX_HEADER bytes
+   (the official reader's limit) and FSDP_JSON_MAX_VALUES JSON values.
+   Parsing takes O(n log n) time in its size n (hashed lookups, sorts; no
+   scan per key) and at most 24 bytes of memory per header byte (the text
+   1, decoded strings 1, JSON nodes 16, counted before any is allocated,
+   the tensors' records and lookup tables the rest) plus a few KiB,
+   whatever the header holds; the data is read only after the whole header
+   was checked. A sharded checkpoint's index.json has the same bounds. */
+#define FSDP_SAFETENSORS_MAX_HEADER ((int64_t)100 << 20)
+#define FSDP_JSON_MAX_VALUES (1 << 24)
+
+/* What a load verified (fsdp_state_dict_verified, fsdp_ckpt_verify). */
+enum {
+    FSDP_VERIFIED_DATA = 1u << 0,   /* every tensor's bytes matched its checksum */
+    FSDP_VERIFIED_LAYOUT = 1u << 1, /* the header (and index) matched theirs */
+    FSDP_VERIFIED_LEGACY = 1u << 2  /* written by fsdp.h before 0.6.0: data
+                                       checksums, the layout unverified */
+};
+
 FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_dict *sd,
                                            fsdp_error *err);
 FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
                                            fsdp_state_dict **out, fsdp_error *err);
+/* FSDP_VERIFIED_* of a dict fsdp_safetensors_load returned: LAYOUT|DATA for
+   a file fsdp.h wrote, LEGACY|DATA for one of an earlier version, 0 for a
+   foreign file (not verified) and for dicts built in memory. */
+FSDP_API unsigned fsdp_state_dict_verified(const fsdp_state_dict *sd);
 
 /* >>safetensors end (declarations) */
 
@@ -1952,6 +1986,28 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
    "fsdp.save_id", no "save_id") and load as before, as "unknown, legacy",
    without these checks; ids on only some of a checkpoint's files are
    refused. */
+
+/* Hostile checkpoints. Before any rank file is opened, the index is
+   checked whole: at most FSDP_CKPT_MAX_INDEX bytes (and the JSON limits of
+   >>safetensors), each file named once, each tensor listed once, its
+   pieces in the index's files (one per file), non-overlapping and
+   covering it exactly; each rank file is then opened once. The index's
+   "layout_crc32" (since 0.6.0) covers all of it (files, tensors, shapes,
+   dtypes, piece offsets, save id, steps), as each file's covers its
+   header: a checkpoint fsdp.h wrote is refused when a checksum does not
+   match or was removed. One written before 0.6.0 (no layout checksums
+   anywhere) loads as legacy, its layout unverified (a warning is logged);
+   fsdp_ckpt_verify says what a checkpoint's checksums cover. */
+#define FSDP_CKPT_MAX_INDEX ((int64_t)256 << 20)
+
+/* Reads a whole checkpoint (a file or a sharded directory) and checks
+   everything a load checks that needs no context, every tensor's bytes
+   included. FSDP_SUCCESS with *verified = FSDP_VERIFIED_* (LAYOUT|DATA:
+   written by this version and intact; LEGACY|DATA: by one before 0.6.0;
+   0: a foreign file, nothing to verify against), or the load's error.
+   hooks may be NULL. Collective: no. */
+FSDP_API fsdp_result fsdp_ckpt_verify(const char *path, const fsdp_hooks *hooks,
+                                      unsigned *verified, fsdp_error *err);
 
 /* Save flags (with FSDP_SD_OPTIM to include the optimizer state, with
    FSDP_SD_TRAINABLE_ONLY to leave the frozen parameters out). */
@@ -8884,6 +8940,7 @@ struct fsdp_state_dict {
     fsdp__block *b; /* memory the dict owns; tensors point into it */
     int nb, capb;
     size_t bytes;
+    unsigned verified; /* FSDP_VERIFIED_* of the file it was loaded from */
 };
 
 /* Element count of a shape; -1 when it overflows or a dim is negative. */
@@ -9425,13 +9482,20 @@ FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
 enum { FSDP__J_OBJ = 1, FSDP__J_ARR, FSDP__J_STR, FSDP__J_NUM, FSDP__J_TRUE, FSDP__J_FALSE,
        FSDP__J_NULL };
 
+/* One value: 32 bytes. Memory is bounded before anything is built: the
+   values are counted first (fsdp__j_count: at most one per 2 bytes of
+   text, and at most FSDP_JSON_MAX_VALUES) and the nodes allocated once, so
+   a parse holds at most 16 bytes of nodes and 1 byte of decoded strings
+   per byte of text, never more, whatever the text. */
 typedef struct fsdp__jn {
-    int type;
+    const char *key; /* in an object: the member's name */
+    union {
+        const char *str; /* strings: decoded (NUL-terminated); other numbers:
+                            their text (count bytes) */
+        int64_t i;       /* numbers: the integer, when is_int */
+    };
     int first, next, count; /* children (objects: values with keys) */
-    const char *key;        /* in an object: the member's name */
-    const char *str;        /* decoded string (NUL-terminated) */
-    int64_t i;              /* numbers: the integer, when is_int */
-    int is_int;
+    unsigned char type, is_int;
 } fsdp__jn;
 
 typedef struct fsdp__json {
@@ -9443,6 +9507,28 @@ typedef struct fsdp__json {
     size_t plen, pcap;
     char err[160];
 } fsdp__json;
+
+/* An upper bound of the values in text[0..len): the root, one per ','
+   and one per '[' or '{' outside strings (a container of k > 0 values
+   holds k - 1 commas). The parser reads strings the same way, so it never
+   makes more nodes than this before it fails or ends. */
+FSDP__DEF size_t fsdp__j_count(const char *p, size_t len)
+{
+    size_t n = 1, i;
+    int in = 0;
+    for (i = 0; i < len; i++) {
+        char ch = p[i];
+        if (in) {
+            if (ch == '\\') i++;
+            else if (ch == '"') in = 0;
+        } else if (ch == '"') {
+            in = 1;
+        } else if (ch == ',' || ch == '[' || ch == '{') {
+            n++;
+        }
+    }
+    return n;
+}
 
 FSDP__DEF int fsdp__j_fail(fsdp__json *j, const char *what)
 {
@@ -9460,11 +9546,10 @@ FSDP__DEF void fsdp__j_ws(fsdp__json *j)
 FSDP__DEF int fsdp__j_node(fsdp__json *j, int type)
 {
     fsdp__jn *n;
-    if (!fsdp__grow(j->h, (void **)&j->n, &j->cap, j->nn + 1, sizeof *j->n))
-        return fsdp__j_fail(j, "out of memory");
+    if (j->nn >= j->cap) return fsdp__j_fail(j, "more values than counted"); /* never */
     n = &j->n[j->nn];
     memset(n, 0, sizeof *n);
-    n->type = type;
+    n->type = (unsigned char)type;
     n->first = n->next = -1;
     return j->nn++;
 }
@@ -9653,6 +9738,9 @@ FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth)
         if (is_int && !ovf && v <= (uint64_t)INT64_MAX) {
             j->n[id].is_int = 1;
             j->n[id].i = neg ? -(int64_t)v : (int64_t)v;
+        } else {
+            j->n[id].str = j->p; /* the text, for the layout checksums */
+            j->n[id].count = (int)(q - j->p);
         }
         j->p = q;
         return id;
@@ -9688,14 +9776,25 @@ FSDP__DEF int fsdp__json_parse(fsdp__json *j, const fsdp_hooks *h, const char *t
     j->h = h;
     j->p = j->start = text;
     j->end = text + len;
+    {
+        size_t nv = fsdp__j_count(text, len);
+        if (nv > (size_t)FSDP_JSON_MAX_VALUES) {
+            snprintf(j->err, sizeof j->err, "up to %llu values (counting its commas and "
+                     "brackets), above the limit of %d (FSDP_JSON_MAX_VALUES)",
+                     (unsigned long long)nv, FSDP_JSON_MAX_VALUES);
+            return -1;
+        }
+        j->n = (fsdp__jn *)fsdp__alloc(h, nv * sizeof *j->n);
+        j->cap = (int)nv;
+    }
     j->pool = (char *)fsdp__alloc(h, len + 1);
-    if (!j->pool) return fsdp__j_fail(j, "out of memory");
+    if (!j->pool || !j->n) return fsdp__j_fail(j, "out of memory");
     if (fsdp__j_value(j, 0) < 0) return -1;
     fsdp__j_ws(j);
     if (j->p != j->end) return fsdp__j_fail(j, "trailing characters after the JSON value");
     for (i = 0; i < j->nn; i++) {
         if (j->n[i].key) j->n[i].key = j->pool + ((intptr_t)j->n[i].key - 1);
-        if (j->n[i].str) j->n[i].str = j->pool + ((intptr_t)j->n[i].str - 1);
+        if (j->n[i].type == FSDP__J_STR) j->n[i].str = j->pool + ((intptr_t)j->n[i].str - 1);
     }
     /* unique keys: sort each object's key pointers */
     for (i = 0; i < j->nn; i++) {
@@ -9724,6 +9823,173 @@ FSDP__DEF int fsdp__j_get(const fsdp__json *j, int obj, const char *key)
     for (c = j->n[obj].first; c >= 0; c = j->n[c].next)
         if (!strcmp(j->n[c].key, key)) return c;
     return -1;
+}
+
+/* --- hashed lookups: FNV-1a over a string; tables of node ids with open
+   addressing, sized to a power of two at least twice the entries --- */
+
+FSDP__DEF uint64_t fsdp__strhash(const char *s, uint64_t seed)
+{
+    uint64_t v = 1469598103934665603ull ^ seed;
+    for (; *s; s++) v = (v ^ (unsigned char)*s) * 1099511628211ull;
+    v = (v ^ (v >> 30)) * 0xBF58476D1CE4E5B9ull; /* splitmix64's finalizer */
+    v = (v ^ (v >> 27)) * 0x94D049BB133111EBull;
+    return v ^ (v >> 31);
+}
+
+FSDP__DEF uint64_t fsdp__jseed(const void *p)
+{
+    return fsdp__strhash("fsdp", (uint64_t)(uintptr_t)p);
+}
+
+/* The seed comes from the table's address: keys crafted to collide in one
+   process's table (quadratic probing) do not collide in another's. */
+typedef struct fsdp__jhash {
+    int *slot; /* node ids, -1 empty */
+    size_t mask;
+    uint64_t seed;
+} fsdp__jhash;
+
+/* Indexes the members of object obj by key (unique: the parser checked);
+   0 on success, -1 out of memory. */
+FSDP__DEF int fsdp__jhash_build(fsdp__jhash *t, const fsdp_hooks *h, const fsdp__json *j, int obj)
+{
+    size_t n = 16, k;
+    int c;
+    t->slot = NULL;
+    t->mask = 0;
+    if (obj < 0) return 0;
+    while (n < 2 * (size_t)j->n[obj].count) n *= 2;
+    if (!(t->slot = (int *)fsdp__alloc(h, n * sizeof(int)))) return -1;
+    t->mask = n - 1;
+    t->seed = fsdp__jseed(t->slot);
+    for (k = 0; k < n; k++) t->slot[k] = -1;
+    for (c = j->n[obj].first; c >= 0; c = j->n[c].next) {
+        k = (size_t)fsdp__strhash(j->n[c].key, t->seed) & t->mask;
+        while (t->slot[k] >= 0) k = (k + 1) & t->mask;
+        t->slot[k] = c;
+    }
+    return 0;
+}
+
+FSDP__DEF int fsdp__jhash_get(const fsdp__jhash *t, const fsdp__json *j, const char *key)
+{
+    size_t k;
+    if (!t->slot) return -1;
+    for (k = (size_t)fsdp__strhash(key, t->seed) & t->mask; t->slot[k] >= 0; k = (k + 1) & t->mask)
+        if (!strcmp(j->n[t->slot[k]].key, key)) return t->slot[k];
+    return -1;
+}
+
+FSDP__DEF void fsdp__jhash_free(fsdp__jhash *t, const fsdp_hooks *h)
+{
+    fsdp__free(h, t->slot);
+    t->slot = NULL;
+}
+
+/* --- the layout checksum: CRC-32 of a canonical form of a JSON value,
+   which depends on what the value says and not on how it is written
+   (spacing, escapes, the order of an object's members): objects are
+   '{' then their members sorted by key, each the key, NUL, the value, then
+   '}'; arrays '[' values ']'; strings 's' bytes NUL; integers 'i' decimal
+   ';'; other numbers 'n' their text ';'; 't', 'f', 'z' for true, false,
+   null. Node skip (with its key) is left out: where the checksum itself is
+   stored. The header's (or index's) text is parsed as the loader parses
+   it, so writer and reader agree by construction. --- */
+
+typedef struct fsdp__canon {
+    const fsdp__json *j;
+    const fsdp__crc *t;
+    uint32_t crc;
+    int skip, oom;
+    const fsdp_hooks *h;
+} fsdp__canon;
+
+typedef struct fsdp__canon_kid {
+    const char *key;
+    int id;
+} fsdp__canon_kid;
+
+FSDP__DEF int fsdp__canon_cmp(const void *a, const void *b)
+{
+    return strcmp(((const fsdp__canon_kid *)a)->key, ((const fsdp__canon_kid *)b)->key);
+}
+
+FSDP__DEF void fsdp__canon_put(fsdp__canon *k, const char *s, size_t n)
+{
+    k->crc = fsdp__crc_update(k->t, k->crc, s, n);
+}
+
+FSDP__DEF void fsdp__canon_value(fsdp__canon *k, int id)
+{
+    const fsdp__jn *n = &k->j->n[id];
+    char num[32];
+    int c;
+    switch (n->type) {
+    case FSDP__J_OBJ: {
+        fsdp__canon_kid *kids;
+        int m = 0, q;
+        fsdp__canon_put(k, "{", 1);
+        kids = (fsdp__canon_kid *)fsdp__alloc(k->h, ((size_t)n->count + 1) * sizeof *kids);
+        if (!kids) {
+            k->oom = 1;
+            return;
+        }
+        for (c = n->first; c >= 0; c = k->j->n[c].next) {
+            if (c == k->skip) continue;
+            kids[m].key = k->j->n[c].key;
+            kids[m++].id = c;
+        }
+        qsort(kids, (size_t)m, sizeof *kids, fsdp__canon_cmp);
+        for (q = 0; q < m; q++) {
+            fsdp__canon_put(k, kids[q].key, strlen(kids[q].key) + 1);
+            fsdp__canon_value(k, kids[q].id);
+        }
+        fsdp__free(k->h, kids);
+        fsdp__canon_put(k, "}", 1);
+        return;
+    }
+    case FSDP__J_ARR:
+        fsdp__canon_put(k, "[", 1);
+        for (c = n->first; c >= 0; c = k->j->n[c].next)
+            if (c != k->skip) fsdp__canon_value(k, c);
+        fsdp__canon_put(k, "]", 1);
+        return;
+    case FSDP__J_STR:
+        fsdp__canon_put(k, "s", 1);
+        fsdp__canon_put(k, n->str, strlen(n->str) + 1);
+        return;
+    case FSDP__J_NUM:
+        if (n->is_int) {
+            snprintf(num, sizeof num, "i%lld;", (long long)n->i);
+            fsdp__canon_put(k, num, strlen(num));
+        } else {
+            fsdp__canon_put(k, "n", 1);
+            fsdp__canon_put(k, n->str, (size_t)n->count);
+            fsdp__canon_put(k, ";", 1);
+        }
+        return;
+    case FSDP__J_TRUE: fsdp__canon_put(k, "t", 1); return;
+    case FSDP__J_FALSE: fsdp__canon_put(k, "f", 1); return;
+    default: fsdp__canon_put(k, "z", 1); return;
+    }
+}
+
+/* The layout checksum of a parsed document without node skip; 0 on
+   success, -1 out of memory. */
+FSDP__DEF int fsdp__layout_crc(const fsdp__json *j, int skip, const fsdp__crc *t,
+                               const fsdp_hooks *h, uint32_t *out)
+{
+    fsdp__canon k;
+    k.j = j;
+    k.t = t;
+    k.crc = fsdp__crc_update(t, 0, "fsdp.layout.1\n", 14);
+    k.skip = skip;
+    k.oom = 0;
+    k.h = h;
+    fsdp__canon_value(&k, 0);
+    *out = k.crc;
+    return k.oom ? -1 : 0;
 }
 
 /* An integer node in [lo, hi]. */
@@ -9826,7 +10092,7 @@ FSDP__DEF void fsdp__fsync_dir(const char *path)
 
 /* --- safetensors files --- */
 
-#define FSDP__ST_MAX_HEADER ((int64_t)100 << 20) /* the official reader's limit */
+#define FSDP__ST_MAX_HEADER FSDP_SAFETENSORS_MAX_HEADER
 
 typedef struct fsdp__st_entry {
     const char *name;
@@ -9850,6 +10116,8 @@ typedef struct fsdp__st_file {
     int ne;
     int *sorted; /* entry indices sorted by name, for lookups */
     int meta;    /* node of __metadata__, or -1 */
+    fsdp__jhash mh; /* __metadata__'s members by key */
+    unsigned verified; /* FSDP_VERIFIED_*: what the header's checks found */
 } fsdp__st_file;
 
 FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
@@ -9860,6 +10128,7 @@ FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
     fsdp__free(f->h, f->header);
     fsdp__free(f->h, f->e);
     fsdp__free(f->h, f->sorted);
+    fsdp__jhash_free(&f->mh, f->h);
     f->header = NULL;
     f->e = NULL;
     f->sorted = NULL;
@@ -9868,7 +10137,7 @@ FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
 
 FSDP__DEF const char *fsdp__st_meta(const fsdp__st_file *f, const char *key)
 {
-    int n = fsdp__j_get(&f->j, f->meta, key);
+    int n = fsdp__jhash_get(&f->mh, &f->j, key);
     return n >= 0 ? f->j.n[n].str : NULL;
 }
 
@@ -9967,6 +10236,47 @@ FSDP__DEF int fsdp__open_regular(const char *path, const char **kind)
 
 #define FSDP__STF(code, ...) fsdp__fail(err, h, code, __VA_ARGS__)
 
+#define FSDP__LAYOUT_KEY "fsdp.layout_crc32"
+
+/* The header's own checksum. A file with one ("fsdp.layout_crc32" in
+   __metadata__, written since 0.6.0) must match it: it covers every
+   tensor's name, dtype, shape and offsets and every metadata entry, the
+   tensors' checksums and the save's identity included. A file without one
+   but with fsdp.* metadata was written by an earlier fsdp.h: legacy, its
+   layout unverified. A file with neither is foreign (Python's): nothing
+   is verified beyond the format's own rules. */
+FSDP__DEF fsdp_result fsdp__st_verify_layout(fsdp__st_file *f, fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    int node = fsdp__jhash_get(&f->mh, &f->j, FSDP__LAYOUT_KEY), c;
+    uint32_t want, got;
+    fsdp__crc *crc;
+    f->verified = 0;
+    if (node < 0) {
+        for (c = f->meta >= 0 ? f->j.n[f->meta].first : -1; c >= 0; c = f->j.n[c].next)
+            if (!strncmp(f->j.n[c].key, "fsdp.", 5)) {
+                f->verified = FSDP_VERIFIED_LEGACY;
+                break;
+            }
+        return FSDP_SUCCESS;
+    }
+    if (!fsdp__parse_hex32(f->j.n[node].str, &want))
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': bad layout checksum '%.20s' in __metadata__",
+                         f->path, f->j.n[node].str);
+    if (!(crc = (fsdp__crc *)fsdp__alloc(h, sizeof *crc)))
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    fsdp__crc_init(crc);
+    c = fsdp__layout_crc(&f->j, node, crc, h, &got);
+    fsdp__free(h, crc);
+    if (c != 0) return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    if (got != want)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': layout checksum mismatch (stored %08x, header "
+                         "%08x): the header's tensors, shapes, dtypes, offsets or metadata were "
+                         "changed or are corrupt", f->path, (unsigned)want, (unsigned)got);
+    f->verified = FSDP_VERIFIED_LAYOUT;
+    return FSDP_SUCCESS;
+}
+
 /* Opens and validates a safetensors file: everything the header says is
    checked against the file before any data is trusted. */
 FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const char *path,
@@ -10041,9 +10351,15 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
         FSDP__STF(r, "'%s': the header is not a JSON object", path);
         goto fail;
     }
-    f->e = (fsdp__st_entry *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof *f->e);
-    f->sorted = (int *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof(int));
-    ord = (fsdp__sort_ctx_e *)fsdp__calloc(h, (size_t)f->j.n[0].count + 1, sizeof *ord);
+    /* entries only for members that can be tensors (objects of 3 fields,
+       45 bytes of text at least): 132 bytes each, so the entries cost at
+       most 3 bytes per byte of header, not 132 per "x":0 */
+    for (node = f->j.n[0].first; node >= 0; node = f->j.n[node].next)
+        if (f->j.n[node].type == FSDP__J_OBJ && f->j.n[node].count == 3) ne++;
+    f->e = (fsdp__st_entry *)fsdp__calloc(h, (size_t)ne + 1, sizeof *f->e);
+    f->sorted = (int *)fsdp__calloc(h, (size_t)ne + 1, sizeof(int));
+    ord = (fsdp__sort_ctx_e *)fsdp__calloc(h, (size_t)ne + 1, sizeof *ord);
+    ne = 0;
     if (!f->e || !f->sorted || !ord) {
         r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
         goto fail;
@@ -10065,6 +10381,10 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
                     goto fail;
                 }
             f->meta = node;
+            if (fsdp__jhash_build(&f->mh, h, &f->j, node) != 0) {
+                r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+                goto fail;
+            }
             continue;
         }
         e = &f->e[ne];
@@ -10168,6 +10488,8 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
     }
     qsort(ord, (size_t)ne, sizeof *ord, fsdp__st_cmp_name);
     for (k = 0; k < ne; k++) f->sorted[k] = (int)(ord[k].e - f->e);
+    if ((r = fsdp__st_verify_layout(f, err)) != FSDP_SUCCESS) goto fail;
+    r = FSDP_CKPT_FORMAT;
     for (k = 0; k < ne; k++) {
         fsdp__st_entry *e = &f->e[k];
         fsdp__nbuf nb;
@@ -10186,8 +10508,15 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
                 goto fail;
             }
             e->has_crc = 1;
+        } else if (f->verified & (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_LEGACY)) {
+            /* fsdp.h writes every tensor's checksum: one missing was removed */
+            FSDP__STF(r, "'%s': tensor '%.80s' has no checksum (no fsdp.crc32.%.80s in "
+                      "__metadata__), but the file was written by fsdp.h, which writes one for "
+                      "every tensor: a checksum was removed; refused", path, e->name, e->name);
+            goto fail;
         }
     }
+    if (f->verified & (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_LEGACY)) f->verified |= FSDP_VERIFIED_DATA;
     fsdp__free(h, ord);
     return FSDP_SUCCESS;
 fail:
@@ -10243,7 +10572,7 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
 {
     fsdp__sb sb;
     fsdp__crc *crc = NULL;
-    size_t *crcpos = NULL, hlen;
+    size_t *crcpos = NULL, hlen, layoutpos;
     char *tmp = NULL;
     void *bounce = NULL;
     size_t bounce_bytes = 0;
@@ -10273,8 +10602,12 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
         fsdp__sb_str(&sb, ":");
         fsdp__sb_json(&sb, kv[i].value);
     }
+    /* the layout checksum, computed once the data's checksums are known */
+    fsdp__sb_str(&sb, nkv ? ",\"" FSDP__LAYOUT_KEY "\":\"" : "\"" FSDP__LAYOUT_KEY "\":\"");
+    layoutpos = sb.len;
+    fsdp__sb_str(&sb, "00000000\"");
     for (i = 0; i < n; i++) {
-        if (nkv || i) fsdp__sb_str(&sb, ",");
+        fsdp__sb_str(&sb, ",");
         fsdp__sb_str(&sb, "\"fsdp.crc32.");
         fsdp__sb_json_body(&sb, t[i].name);
         fsdp__sb_str(&sb, "\"");
@@ -10347,6 +10680,25 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
         snprintf(hex, sizeof hex, "%08x", (unsigned)c);
         memcpy(sb.s + crcpos[i], hex, 8);
         if (bytes && fsdp__write_all(fd, src, bytes) != 0) goto io;
+    }
+    {
+        /* parsed as a loader parses it: the checksum covers what it reads */
+        fsdp__json jj;
+        int mnode, lnode, bad;
+        uint32_t lc = 0;
+        char hex[9];
+        bad = fsdp__json_parse(&jj, h, sb.s, hlen) != 0 ||
+              (mnode = fsdp__j_get(&jj, 0, "__metadata__")) < 0 ||
+              (lnode = fsdp__j_get(&jj, mnode, FSDP__LAYOUT_KEY)) < 0 ||
+              fsdp__layout_crc(&jj, lnode, crc, h, &lc) != 0;
+        fsdp__json_free(&jj);
+        if (bad) {
+            r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header's checksum",
+                          path);
+            goto done;
+        }
+        snprintf(hex, sizeof hex, "%08x", (unsigned)lc);
+        memcpy(sb.s + layoutpos, hex, 8);
     }
     if (lseek(fd, 0, SEEK_SET) < 0 || fsdp__write_all(fd, len8, 8) != 0 ||
         fsdp__write_all(fd, sb.s, hlen) != 0)
@@ -10486,12 +10838,18 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
         }
         pos += ((size_t)(e->end - e->begin) + 15) & ~(size_t)15;
     }
+    sd->verified = f.verified;
 done:
     fsdp__st_close(&f);
     fsdp__free(hooks, crc);
     if (r != FSDP_SUCCESS) fsdp_state_dict_destroy(sd);
     else *out = sd;
     return r;
+}
+
+FSDP_API unsigned fsdp_state_dict_verified(const fsdp_state_dict *sd)
+{
+    return sd ? sd->verified : 0;
 }
 
 /* >>safetensors end */
@@ -17038,6 +17396,7 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *c, const fsdp_layout_entry *entr
 /* ------------------------------------------------------------------------ */
 
 #define FSDP__INDEX_NAME "index.json"
+#define FSDP__INDEX_MAX FSDP_CKPT_MAX_INDEX
 
 struct fsdp_ckpt_writer {
     fsdp__ctx_dep dep;   /* first: the context's destroy finds the writer */
@@ -17347,6 +17706,35 @@ FSDP__DEF int fsdp__sweep_tmp(const fsdp_hooks *h, const char *dir, const char *
     return removed;
 }
 
+/* Adds the index's layout checksum ("layout_crc32", the last member; see
+   fsdp__layout_crc) to its text, which ends with "}\n". 0, or -1 when out
+   of memory. */
+FSDP__DEF int fsdp__index_seal(fsdp__sb *b, const fsdp_hooks *h)
+{
+    fsdp__json j;
+    fsdp__crc *crc;
+    size_t pos;
+    int node, bad;
+    uint32_t v = 0;
+    char hex[9];
+    if (b->oom || b->len < 2 || strcmp(b->s + b->len - 2, "}\n")) return -1;
+    b->len -= 2;
+    fsdp__sb_str(b, ",\n\"layout_crc32\": \"");
+    pos = b->len;
+    fsdp__sb_str(b, "00000000\"\n}\n");
+    if (b->oom || !(crc = (fsdp__crc *)fsdp__alloc(h, sizeof *crc))) return -1;
+    fsdp__crc_init(crc);
+    bad = fsdp__json_parse(&j, h, b->s, b->len) != 0 ||
+          (node = fsdp__j_get(&j, 0, "layout_crc32")) < 0 ||
+          fsdp__layout_crc(&j, node, crc, h, &v) != 0;
+    fsdp__json_free(&j);
+    fsdp__free(h, crc);
+    if (bad) return -1;
+    snprintf(hex, sizeof hex, "%08x", (unsigned)v);
+    memcpy(b->s + pos, hex, 8);
+    return 0;
+}
+
 /* Rank 0's index of a sharded checkpoint: every tensor's pieces, computed
    from the layouts (the rank files hold exactly these). */
 FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
@@ -17426,7 +17814,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             fsdp__sb_str(&b, "]}");
         }
     fsdp__sb_str(&b, "\n]\n}\n");
-    if (b.oom) goto oom;
+    if (b.oom || fsdp__index_seal(&b, &c->hooks) != 0) goto oom;
     path = fsdp__path_join(&c->hooks, w->path, FSDP__INDEX_NAME);
     tmp = (char *)fsdp__alloc(&c->hooks, strlen(w->path) + sizeof FSDP__INDEX_NAME + 40);
     if (!path || !tmp) goto oom;
@@ -17592,40 +17980,64 @@ FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *c, const char *path, unsigned flag
 
 /* --- loading --- */
 
-FSDP__DEF fsdp_result fsdp__read_small_file(fsdp_ctx *c, const char *path, int64_t limit,
-                                            char **out, size_t *len)
+/* The whole of a small regular file (an index); errno stays that of a
+   failed open. */
+FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, int64_t limit,
+                                       char **out, size_t *len, fsdp_error *err)
 {
     const char *kind;
-    int fd = fsdp__open_regular(path, &kind), rc;
+    int fd = fsdp__open_regular(path, &kind), rc, e;
     off_t end;
     char *buf;
     *out = NULL;
     if (fd == -2)
-        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
-                              kind);
-    if (fd < 0) return fsdp__ctx_fail(c, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
-    end = lseek(fd, 0, SEEK_END);
-    if (end < 0 || (int64_t)end > limit) {
-        close(fd);
-        return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "'%s': %s", path,
-                              end < 0 ? strerror(errno) : "too large for an index");
+        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
+                          kind);
+    if (fd < 0) {
+        e = errno;
+        fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(e));
+        errno = e;
+        return FSDP_CKPT_IO;
     }
-    buf = (char *)fsdp__alloc(&c->hooks, (size_t)end + 1);
+    end = lseek(fd, 0, SEEK_END);
+    if (end < 0) {
+        e = errno;
+        close(fd);
+        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': %s", path, strerror(e));
+    }
+    if ((int64_t)end > limit) {
+        close(fd);
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s': too large for an index: %lld bytes, "
+                          "above the limit of %lld (FSDP_CKPT_MAX_INDEX)", path, (long long)end,
+                          (long long)limit);
+    }
+    buf = (char *)fsdp__alloc(h, (size_t)end + 1);
     if (!buf) {
         close(fd);
-        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
     }
     rc = fsdp__read_at(fd, 0, buf, (size_t)end);
     close(fd);
     if (rc != 0) {
-        fsdp__free(&c->hooks, buf);
-        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "'%s': %s", path,
-                              rc == -2 ? "unexpected end of file" : strerror(errno));
+        fsdp__free(h, buf);
+        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': %s", path,
+                          rc == -2 ? "unexpected end of file" : strerror(errno));
     }
     buf[end] = 0;
     *out = buf;
     *len = (size_t)end;
     return FSDP_SUCCESS;
+}
+
+FSDP__DEF fsdp_result fsdp__read_small_file(fsdp_ctx *c, const char *path, int64_t limit,
+                                            char **out, size_t *len)
+{
+    fsdp_error e;
+    fsdp_result r = fsdp__read_small(&c->hooks, path, limit, out, len, &e);
+    int keep = errno;
+    if (r != FSDP_SUCCESS) fsdp__ctx_fail(c, r, "%s", e.message);
+    errno = keep;
+    return r;
 }
 
 /* A save id as written: 16 lowercase hex digits, not 0. */
@@ -17668,7 +18080,7 @@ FSDP__DEF fsdp_result fsdp__ld_index_moved(fsdp__ld *L, const char *ipath, const
     char *now = NULL;
     size_t nlen = 0;
     fsdp_error keep = c->err;
-    if (fsdp__read_small_file(c, ipath, (int64_t)1 << 30, &now, &nlen) != FSDP_SUCCESS) {
+    if (fsdp__read_small_file(c, ipath, FSDP__INDEX_MAX, &now, &nlen) != FSDP_SUCCESS) {
         c->err = keep;
         return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint changed while loading: rank file "
                               "'%s' of save %016llx is gone and so is the index '%s'; load "
@@ -17686,18 +18098,262 @@ FSDP__DEF fsdp_result fsdp__ld_index_moved(fsdp__ld *L, const char *ipath, const
                           ipath);
 }
 
-/* Reads and validates a sharded checkpoint's index and every rank file's
-   header; fills the loader's sources. */
+/* --- the index of a sharded checkpoint, checked whole before any rank
+   file is opened --- */
+
+/* What an index says, once checked. */
+typedef struct fsdp__index_info {
+    int64_t world, steps; /* steps -1: none */
+    uint64_t save_id;     /* 0: none (written before save ids) */
+    int files, tensors;   /* nodes of the arrays */
+    int crc_node;         /* "layout_crc32", or -1 (written before 0.6.0) */
+    uint32_t crc;
+    int64_t npieces;
+} fsdp__index_info;
+
+typedef struct fsdp__ipiece {
+    int64_t off, cnt;
+    int file;
+} fsdp__ipiece;
+
+FSDP__DEF int fsdp__ipiece_cmp(const void *a, const void *b)
+{
+    const fsdp__ipiece *x = (const fsdp__ipiece *)a, *y = (const fsdp__ipiece *)b;
+    if (x->off != y->off) return x->off < y->off ? -1 : 1;
+    return x->file - y->file;
+}
+
+FSDP__DEF int fsdp__strp_cmp(const void *a, const void *b)
+{
+    return strcmp(*(const char *const *)a, *(const char *const *)b);
+}
+
+/* A tensor of the index: name, dtype, shape (at most FSDP_MAX_DIMS dims,
+   non-negative, numel not overflowing); 0 or an error. */
+FSDP__DEF fsdp_result fsdp__index_tensor(const fsdp__json *j, int n, int k, const char *ipath,
+                                         const fsdp_hooks *h, fsdp_error *err, int *nm,
+                                         fsdp_dtype *dtype, int *ndim, int64_t *shape,
+                                         int64_t *total, int *pcs)
+{
+    int dt = fsdp__j_get(j, n, "dtype"), sh = fsdp__j_get(j, n, "shape"), c2, d;
+    *nm = fsdp__j_get(j, n, "name");
+    *pcs = fsdp__j_get(j, n, "pieces");
+    if (j->n[n].type != FSDP__J_OBJ || *nm < 0 || j->n[*nm].type != FSDP__J_STR ||
+        !j->n[*nm].str[0])
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': tensors[%d] has no name", ipath,
+                          k);
+    if (dt < 0 || j->n[dt].type != FSDP__J_STR ||
+        (*dtype = fsdp__st_dtype(j->n[dt].str)) == FSDP_DTYPE_DEFAULT)
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': tensor '%.80s': unknown dtype",
+                          ipath, j->n[*nm].str);
+    if (sh < 0 || j->n[sh].type != FSDP__J_ARR || j->n[sh].count > FSDP_MAX_DIMS)
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': tensor '%.80s': bad shape", ipath,
+                          j->n[*nm].str);
+    for (c2 = j->n[sh].first, d = 0; c2 >= 0; c2 = j->n[c2].next, d++)
+        if (!fsdp__j_int(j, c2, 0, INT64_MAX, &shape[d]))
+            return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': tensor '%.80s': bad shape",
+                              ipath, j->n[*nm].str);
+    *ndim = d;
+    if ((*total = fsdp__shape_numel(d, shape)) < 0)
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': tensor '%.80s': the shape "
+                          "overflows", ipath, j->n[*nm].str);
+    if (*pcs < 0 || j->n[*pcs].type != FSDP__J_ARR)
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': tensor '%.80s': no pieces",
+                          ipath, j->n[*nm].str);
+    return FSDP_SUCCESS;
+}
+
+/* A piece: [file, offset, numel] of three integers, the file one of the
+   index's, the range inside the tensor and not empty. */
+FSDP__DEF int fsdp__index_piece(const fsdp__json *j, int c2, int64_t world, int64_t total,
+                                fsdp__ipiece *p)
+{
+    int a = j->n[c2].first;
+    int64_t f;
+    if (j->n[c2].type != FSDP__J_ARR || j->n[c2].count != 3 ||
+        !fsdp__j_int(j, a, 0, world - 1, &f) ||
+        !fsdp__j_int(j, j->n[a].next, 0, INT64_MAX, &p->off) ||
+        !fsdp__j_int(j, j->n[j->n[a].next].next, 1, INT64_MAX, &p->cnt) || p->cnt > total ||
+        p->off > total - p->cnt)
+        return 0;
+    p->file = (int)f;
+    return 1;
+}
+
+/* Checks a parsed index whole: version, world size, save id, the files
+   (plain names, each named once), the tensors (each named once, a known
+   dtype and a valid shape) and their pieces (each in one of the files, at
+   most one per file, non-overlapping and together covering the tensor
+   exactly). Only then are rank files opened, each once, whatever the index
+   says: a crafted index cannot make a load open, parse or hold a file
+   twice. Time O(n log n) in the index's size, memory O(its values). */
+FSDP__DEF fsdp_result fsdp__index_check(const fsdp__json *j, const char *ipath,
+                                        const fsdp_hooks *h, fsdp__index_info *ii,
+                                        fsdp_error *err)
+{
+    const char **names = NULL;
+    fsdp__ipiece *pc = NULL;
+    int *stamp = NULL;
+    int n, k, sid, maxp = 0, cnt;
+    fsdp_result r = FSDP_CKPT_FORMAT;
+    memset(ii, 0, sizeof *ii);
+    ii->crc_node = -1;
+#define FSDP__IX(...) do { fsdp__fail(err, h, FSDP_CKPT_FORMAT, __VA_ARGS__); goto done; } while (0)
+    if (j->n[0].type != FSDP__J_OBJ) FSDP__IX("index '%s': not a JSON object", ipath);
+    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "version"), 1, 1, &ii->world))
+        FSDP__IX("index '%s': missing or unsupported \"version\" (1 is supported)", ipath);
+    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "world_size"), 1, 1 << 20, &ii->world))
+        FSDP__IX("index '%s': bad \"world_size\"", ipath);
+    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "steps"), 0, INT64_MAX, &ii->steps)) ii->steps = -1;
+    sid = fsdp__j_get(j, 0, "save_id");
+    if (sid >= 0 && (j->n[sid].type != FSDP__J_STR || !fsdp__parse_save_id(j->n[sid].str,
+                                                                          &ii->save_id)))
+        FSDP__IX("index '%s': \"save_id\" is not 16 hex digits", ipath);
+    if ((ii->crc_node = fsdp__j_get(j, 0, "layout_crc32")) >= 0 &&
+        (j->n[ii->crc_node].type != FSDP__J_STR ||
+         !fsdp__parse_hex32(j->n[ii->crc_node].str, &ii->crc)))
+        FSDP__IX("index '%s': \"layout_crc32\" is not 8 hex digits", ipath);
+    ii->files = fsdp__j_get(j, 0, "files");
+    ii->tensors = fsdp__j_get(j, 0, "tensors");
+    if (ii->files < 0 || j->n[ii->files].type != FSDP__J_ARR ||
+        j->n[ii->files].count != ii->world)
+        FSDP__IX("index '%s': \"files\" must list %lld file names", ipath, (long long)ii->world);
+    if (ii->tensors < 0 || j->n[ii->tensors].type != FSDP__J_ARR)
+        FSDP__IX("index '%s': \"tensors\" is not an array", ipath);
+    /* names: the files, then the tensors that can be valid (objects of 4
+       members or more, 50 bytes of text at least), not one per "0," */
+    cnt = 0;
+    for (n = j->n[ii->tensors].first; n >= 0; n = j->n[n].next)
+        if (j->n[n].type == FSDP__J_OBJ && j->n[n].count >= 4) cnt++;
+    if (cnt < j->n[ii->files].count) cnt = j->n[ii->files].count;
+    names = (const char **)fsdp__alloc(h, ((size_t)cnt + 1) * sizeof *names);
+    stamp = (int *)fsdp__alloc(h, ((size_t)ii->world + 1) * sizeof *stamp);
+    if (!names || !stamp) goto oom;
+    for (k = 0, n = j->n[ii->files].first; n >= 0; n = j->n[n].next, k++) {
+        if (j->n[n].type != FSDP__J_STR || !fsdp__plain_name(j->n[n].str))
+            FSDP__IX("index '%s': files[%d] is not a file name", ipath, k);
+        names[k] = j->n[n].str;
+        stamp[k] = -1;
+    }
+    qsort((void *)names, (size_t)k, sizeof *names, fsdp__strp_cmp);
+    for (n = 1; n < k; n++)
+        if (!strcmp(names[n - 1], names[n]))
+            FSDP__IX("index '%s': file '%.80s' is named twice in \"files\" (a rank file holds "
+                     "one rank's pieces)", ipath, names[n]);
+    for (k = 0, n = j->n[ii->tensors].first; n >= 0; n = j->n[n].next, k++) {
+        int pcs = fsdp__j_get(j, n, "pieces");
+        if (pcs >= 0 && j->n[pcs].type == FSDP__J_ARR && j->n[pcs].count > maxp)
+            maxp = j->n[pcs].count;
+    }
+    pc = (fsdp__ipiece *)fsdp__alloc(h, ((size_t)maxp + 1) * sizeof *pc);
+    if (!pc) goto oom;
+    for (k = 0, n = j->n[ii->tensors].first; n >= 0; n = j->n[n].next, k++) {
+        int nm, pcs, ndim, c2, np = 0, q;
+        fsdp_dtype dtype;
+        int64_t shape[FSDP_MAX_DIMS], total, pos = 0;
+        if ((r = fsdp__index_tensor(j, n, k, ipath, h, err, &nm, &dtype, &ndim, shape, &total,
+                                    &pcs)) != FSDP_SUCCESS)
+            goto done;
+        r = FSDP_CKPT_FORMAT;
+        names[k] = j->n[nm].str;
+        for (c2 = j->n[pcs].first; c2 >= 0; c2 = j->n[c2].next, np++) {
+            if (!fsdp__index_piece(j, c2, ii->world, total, &pc[np]))
+                FSDP__IX("index '%s': tensor '%.80s': pieces[%d] is not [file, offset, numel] "
+                         "inside the tensor", ipath, j->n[nm].str, np);
+            if (stamp[pc[np].file] == k)
+                FSDP__IX("index '%s': tensor '%.80s': two pieces in file %d (a rank file holds "
+                         "one piece of a tensor)", ipath, j->n[nm].str, pc[np].file);
+            stamp[pc[np].file] = k;
+        }
+        qsort(pc, (size_t)np, sizeof *pc, fsdp__ipiece_cmp);
+        for (q = 0; q < np; q++) {
+            if (pc[q].off != pos)
+                FSDP__IX("index '%s': tensor '%.80s': %s at element %lld (pieces must cover "
+                         "the tensor exactly once)", ipath, j->n[nm].str,
+                         pc[q].off < pos ? "pieces overlap" : "a gap", (long long)pos);
+            pos += pc[q].cnt;
+        }
+        if (pos != total)
+            FSDP__IX("index '%s': tensor '%.80s': the pieces cover %lld of its %lld elements",
+                     ipath, j->n[nm].str, (long long)pos, (long long)total);
+        ii->npieces += np;
+    }
+    qsort((void *)names, (size_t)k, sizeof *names, fsdp__strp_cmp);
+    for (n = 1; n < k; n++)
+        if (!strcmp(names[n - 1], names[n]))
+            FSDP__IX("index '%s': tensor '%.80s' is listed twice", ipath, names[n]);
+    r = FSDP_SUCCESS;
+    goto done;
+oom:
+    r = fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
+done:
+#undef FSDP__IX
+    fsdp__free(h, (void *)names);
+    fsdp__free(h, pc);
+    fsdp__free(h, stamp);
+    return r;
+}
+
+/* The index's and its rank files' layout checksums, once the files are
+   open. An index with one must match it, and so must all its files; an
+   index without one is legacy only if its files are too: a stripped
+   checksum is refused, not taken for an old checkpoint. *verified gets
+   FSDP_VERIFIED_LAYOUT or FSDP_VERIFIED_LEGACY (with DATA: every tensor has
+   its checksum, checked when read), or 0 (foreign rank files). */
+FSDP__DEF fsdp_result fsdp__index_seal_check(const fsdp__json *j, const fsdp__index_info *ii,
+                                             const fsdp__st_file *files, int nfiles,
+                                             const char *ipath, const fsdp__crc *crc,
+                                             const fsdp_hooks *h, fsdp_error *err,
+                                             unsigned *verified)
+{
+    int k, with = 0, legacy = 0;
+    uint32_t got;
+    *verified = 0;
+    for (k = 0; k < nfiles; k++) {
+        if (files[k].verified & FSDP_VERIFIED_LAYOUT) with++;
+        else if (files[k].verified & FSDP_VERIFIED_LEGACY) legacy++;
+    }
+    if (ii->crc_node >= 0) {
+        if (fsdp__layout_crc(j, ii->crc_node, crc, h, &got) != 0)
+            return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
+        if (got != ii->crc)
+            return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': layout checksum mismatch "
+                              "(stored %08x, index %08x): its tensors, shapes, dtypes, pieces "
+                              "or files were changed or are corrupt", ipath, (unsigned)ii->crc,
+                              (unsigned)got);
+        for (k = 0; k < nfiles; k++)
+            if (!(files[k].verified & FSDP_VERIFIED_LAYOUT))
+                return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "rank file '%s' has no layout "
+                                  "checksum, but its index '%s' (fsdp.h 0.6.0 or later) has "
+                                  "one: the file's checksum was removed, or the file is not "
+                                  "the one saved", files[k].path, ipath);
+        *verified = FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA;
+        return FSDP_SUCCESS;
+    }
+    if (with)
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s' has no layout checksum, but "
+                          "its rank files were written by fsdp.h 0.6.0 or later, which writes "
+                          "one: it was removed; refused", ipath);
+    if (legacy == nfiles) *verified = FSDP_VERIFIED_LEGACY | FSDP_VERIFIED_DATA;
+    return FSDP_SUCCESS;
+}
+
+/* Reads and validates a sharded checkpoint's index (whole, before any rank
+   file is opened), then every rank file's header; fills the loader's
+   sources. */
 FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json *j, char **text)
 {
     fsdp_ctx *c = L->c;
     char *ipath = fsdp__path_join(&c->hooks, dir, FSDP__INDEX_NAME);
     size_t len = 0;
-    int files, tensors, n, k, sid;
+    int n, k;
     int64_t world = 0;
+    fsdp__index_info ii;
+    fsdp_error e;
+    unsigned verified = 0;
     fsdp_result r;
     if (!ipath) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
-    r = fsdp__read_small_file(c, ipath, (int64_t)1 << 30, text, &len);
+    r = fsdp__read_small_file(c, ipath, FSDP__INDEX_MAX, text, &len);
     if (r != FSDP_SUCCESS) {
         if (r == FSDP_CKPT_IO && errno == ENOENT)
             fsdp__ctx_fail(c, r, "%s: no index '%s' (not a checkpoint, or a save never "
@@ -17714,36 +18370,23 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
 #define FSDP__IDX(...) do { r = fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, __VA_ARGS__); goto done; } while (0)
     if (fsdp__json_parse(j, &c->hooks, *text, len) != 0)
         FSDP__IDX("%s: index '%s': bad JSON: %s", L->where, ipath, j->err);
-    if (j->n[0].type != FSDP__J_OBJ)
-        FSDP__IDX("%s: index '%s': not a JSON object", L->where, ipath);
-    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "version"), 1, 1, &world))
-        FSDP__IDX("%s: index '%s': missing or unsupported \"version\" (1 is supported)", L->where,
-                  ipath);
-    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "world_size"), 1, 1 << 20, &world))
-        FSDP__IDX("%s: index '%s': bad \"world_size\"", L->where, ipath);
-    if (!fsdp__j_int(j, fsdp__j_get(j, 0, "steps"), 0, INT64_MAX, &L->save_steps))
-        L->save_steps = -1;
-    sid = fsdp__j_get(j, 0, "save_id");
-    if (sid >= 0 && (j->n[sid].type != FSDP__J_STR || !fsdp__parse_save_id(j->n[sid].str,
-                                                                          &L->save_id)))
-        FSDP__IDX("%s: index '%s': \"save_id\" is not 16 hex digits", L->where, ipath);
-    files = fsdp__j_get(j, 0, "files");
-    tensors = fsdp__j_get(j, 0, "tensors");
-    if (files < 0 || j->n[files].type != FSDP__J_ARR || j->n[files].count != world)
-        FSDP__IDX("%s: index '%s': \"files\" must list %lld file names", L->where, ipath,
-                  (long long)world);
-    if (tensors < 0 || j->n[tensors].type != FSDP__J_ARR)
-        FSDP__IDX("%s: index '%s': \"tensors\" is not an array", L->where, ipath);
+    if ((r = fsdp__index_check(j, ipath, &c->hooks, &ii, &e)) != FSDP_SUCCESS) {
+        r = fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
+        goto done;
+    }
+    world = ii.world;
+    L->save_id = ii.save_id;
+    L->save_steps = ii.steps;
     L->files = (fsdp__st_file *)fsdp__calloc(&c->hooks, (size_t)world, sizeof *L->files);
-    if (!L->files) {
+    /* the sources: one per piece, allocated once */
+    L->s = (fsdp__src *)fsdp__alloc(&c->hooks, ((size_t)ii.npieces + 1) * sizeof *L->s);
+    if (!L->files || !L->s) {
         r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
         goto done;
     }
-    for (k = 0, n = j->n[files].first; n >= 0; n = j->n[n].next, k++) {
+    L->scap = (int)ii.npieces + 1;
+    for (k = 0, n = j->n[ii.files].first; n >= 0; n = j->n[n].next, k++) {
         char *fp;
-        fsdp_error e;
-        if (j->n[n].type != FSDP__J_STR || !fsdp__plain_name(j->n[n].str))
-            FSDP__IDX("%s: index '%s': files[%d] is not a file name", L->where, ipath, k);
         if (!(fp = fsdp__path_join(&c->hooks, dir, j->n[n].str))) {
             r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
             goto done;
@@ -17800,49 +18443,42 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
                           "says %lld", L->where, j->n[n].str, ws, ipath, (long long)world);
         }
     }
-    for (k = 0, n = j->n[tensors].first; n >= 0; n = j->n[n].next, k++) {
-        int nm = fsdp__j_get(j, n, "name"), dt = fsdp__j_get(j, n, "dtype");
-        int sh = fsdp__j_get(j, n, "shape"), pcs = fsdp__j_get(j, n, "pieces"), c2, d;
+    if ((r = fsdp__index_seal_check(j, &ii, L->files, L->nfiles, ipath, L->crc, &c->hooks, &e,
+                                    &verified)) != FSDP_SUCCESS) {
+        r = fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
+        goto done;
+    }
+    if (!(verified & FSDP_VERIFIED_LAYOUT) && c->rank == 0)
+        fsdp__log(&c->hooks, FSDP_LOG_WARN, "%s: %s: its layout (shapes, dtypes, pieces) is not "
+                  "verified", L->where, verified ? "written before fsdp.h 0.6.0 (no layout "
+                  "checksums)" : "rank files without checksums");
+    for (k = 0, n = j->n[ii.tensors].first; n >= 0; n = j->n[n].next, k++) {
+        int nm, pcs, ndim, c2;
         fsdp_dtype dtype;
         int64_t shape[FSDP_MAX_DIMS], total;
-        if (nm < 0 || j->n[nm].type != FSDP__J_STR || !j->n[nm].str[0])
-            FSDP__IDX("%s: index '%s': tensors[%d] has no name", L->where, ipath, k);
-        if (dt < 0 || j->n[dt].type != FSDP__J_STR ||
-            (dtype = fsdp__st_dtype(j->n[dt].str)) == FSDP_DTYPE_DEFAULT)
-            FSDP__IDX("%s: index '%s': tensor '%.80s': unknown dtype", L->where, ipath,
-                      j->n[nm].str);
-        if (sh < 0 || j->n[sh].type != FSDP__J_ARR || j->n[sh].count > FSDP_MAX_DIMS)
-            FSDP__IDX("%s: index '%s': tensor '%.80s': bad shape", L->where, ipath, j->n[nm].str);
-        for (c2 = j->n[sh].first, d = 0; c2 >= 0; c2 = j->n[c2].next, d++)
-            if (!fsdp__j_int(j, c2, 0, INT64_MAX, &shape[d]))
-                FSDP__IDX("%s: index '%s': tensor '%.80s': bad shape", L->where, ipath,
-                          j->n[nm].str);
-        if ((total = fsdp__shape_numel(d, shape)) < 0)
-            FSDP__IDX("%s: index '%s': tensor '%.80s': the shape overflows", L->where, ipath,
-                      j->n[nm].str);
-        if (pcs < 0 || j->n[pcs].type != FSDP__J_ARR)
-            FSDP__IDX("%s: index '%s': tensor '%.80s': no pieces", L->where, ipath, j->n[nm].str);
+        /* checked above: this only reads the fields again */
+        if ((r = fsdp__index_tensor(j, n, k, ipath, &c->hooks, &e, &nm, &dtype, &ndim, shape,
+                                    &total, &pcs)) != FSDP_SUCCESS) {
+            r = fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
+            goto done;
+        }
         for (c2 = j->n[pcs].first; c2 >= 0; c2 = j->n[c2].next) {
-            int a = j->n[c2].first, e;
-            int64_t f, off, cnt;
+            fsdp__ipiece p;
             fsdp__src *s;
             const fsdp__st_entry *en;
-            if (j->n[c2].type != FSDP__J_ARR || j->n[c2].count != 3 ||
-                !fsdp__j_int(j, a, 0, world - 1, &f) ||
-                !fsdp__j_int(j, j->n[a].next, 0, INT64_MAX, &off) ||
-                !fsdp__j_int(j, j->n[j->n[a].next].next, 0, INT64_MAX, &cnt) ||
-                off > total - cnt || cnt > total)
+            int ei;
+            if (!fsdp__index_piece(j, c2, world, total, &p)) /* never: checked */
                 FSDP__IDX("%s: index '%s': tensor '%.80s': a piece is not [file, offset, numel] "
                           "inside the tensor", L->where, ipath, j->n[nm].str);
-            e = fsdp__st_find(&L->files[f], j->n[nm].str);
-            if (e < 0)
+            ei = fsdp__st_find(&L->files[p.file], j->n[nm].str);
+            if (ei < 0)
                 FSDP__IDX("%s: rank file '%s': no tensor '%.80s' (the index lists it)", L->where,
-                          L->files[f].path, j->n[nm].str);
-            en = &L->files[f].e[e];
-            if (en->dtype != dtype || en->numel != cnt)
+                          L->files[p.file].path, j->n[nm].str);
+            en = &L->files[p.file].e[ei];
+            if (en->dtype != dtype || en->numel != p.cnt)
                 FSDP__IDX("%s: rank file '%s': tensor '%.80s' is %lld elements of %s, the index "
-                          "says %lld of %s", L->where, L->files[f].path, j->n[nm].str,
-                          (long long)en->numel, fsdp_dtype_name(en->dtype), (long long)cnt,
+                          "says %lld of %s", L->where, L->files[p.file].path, j->n[nm].str,
+                          (long long)en->numel, fsdp_dtype_name(en->dtype), (long long)p.cnt,
                           fsdp_dtype_name(dtype));
             if (!(s = fsdp__ld_add(L))) {
                 r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
@@ -17850,12 +18486,12 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
             }
             s->name = j->n[nm].str;
             s->dtype = dtype;
-            s->ndim = d;
+            s->ndim = ndim;
             memcpy(s->shape, shape, sizeof shape);
-            s->offset = off;
-            s->numel = cnt;
-            s->file = (int)f;
-            s->entry = e;
+            s->offset = p.off;
+            s->numel = p.cnt;
+            s->file = p.file;
+            s->entry = ei;
         }
     }
     r = FSDP_SUCCESS;
@@ -17880,6 +18516,11 @@ FSDP__DEF fsdp_result fsdp__ld_single(fsdp__ld *L, const char *path)
     if (fsdp__file_save_id(&L->files[0], &L->save_id) < 0)
         return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: fsdp.save_id '%.40s' is not 16 hex "
                               "digits", L->where, fsdp__st_meta(&L->files[0], "fsdp.save_id"));
+    if (!(L->files[0].verified & FSDP_VERIFIED_LAYOUT) && c->rank == 0)
+        fsdp__log(&c->hooks, FSDP_LOG_WARN, "%s: %s", L->where,
+                  L->files[0].verified ? "written before fsdp.h 0.6.0 (no layout checksum): "
+                  "its layout is not verified" : "not written by fsdp.h (no checksums): "
+                  "nothing is verified");
     for (i = 0; i < L->files[0].ne; i++) {
         const fsdp__st_entry *en = &L->files[0].e[i];
         fsdp__src *s = fsdp__ld_add(L);
@@ -17987,6 +18628,143 @@ done:
     fsdp__ld_free(&L);
     fsdp__json_free(&j);
     fsdp__free(&c->hooks, text);
+    return r;
+}
+
+/* Reads every tensor of an open file, checking its checksum. */
+FSDP__DEF fsdp_result fsdp__verify_data(fsdp__st_file *f, const fsdp__crc *crc, void **buf,
+                                        size_t *cap, fsdp_error *err)
+{
+    int i;
+    fsdp_result r;
+    for (i = 0; i < f->ne; i++) {
+        size_t n = (size_t)(f->e[i].end - f->e[i].begin);
+        if (n > *cap) {
+            fsdp__free(f->h, *buf);
+            *cap = 0;
+            if (!(*buf = fsdp__alloc(f->h, n)))
+                return fsdp__fail(err, f->h, FSDP_OUT_OF_MEMORY, "'%s': out of memory for "
+                                  "tensor '%.80s'", f->path, f->e[i].name);
+            *cap = n;
+        }
+        if ((r = fsdp__st_read(f, i, *buf, crc, err)) != FSDP_SUCCESS) return r;
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_ckpt_verify(const char *path, const fsdp_hooks *hooks,
+                                      unsigned *verified, fsdp_error *err)
+{
+    const fsdp_hooks *h = hooks;
+    fsdp__st_file *files = NULL;
+    fsdp__crc *crc = NULL;
+    fsdp__json j;
+    fsdp__index_info ii;
+    struct stat st;
+    char *ipath = NULL, *text = NULL;
+    void *buf = NULL;
+    size_t len = 0, cap = 0;
+    int nfiles = 0, k, n;
+    fsdp_result r;
+    memset(&j, 0, sizeof j);
+    if (!path || !verified)
+        return fsdp__fail(err, h, FSDP_INVALID_ARGS, "fsdp_ckpt_verify: %s is NULL",
+                          path ? "verified" : "path");
+    *verified = 0;
+    if (!fsdp__hooks_valid(hooks))
+        return fsdp__fail(err, h, FSDP_INVALID_ARGS, "fsdp_ckpt_verify: allocator needs alloc, "
+                          "realloc and free");
+    if (!fsdp__host_little_endian())
+        return fsdp__fail(err, h, FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; "
+                          "this host is not", path);
+    if (stat(path, &st) != 0)
+        return fsdp__fail(err, h, FSDP_CKPT_IO, "checkpoint '%s': %s", path, strerror(errno));
+    if (!(crc = (fsdp__crc *)fsdp__alloc(h, sizeof *crc)))
+        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "checkpoint '%s': out of memory", path);
+    fsdp__crc_init(crc);
+    if (!S_ISDIR(st.st_mode)) {
+        files = (fsdp__st_file *)fsdp__calloc(h, 1, sizeof *files);
+        if (!files) {
+            r = fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "checkpoint '%s': out of memory", path);
+            goto done;
+        }
+        if ((r = fsdp__st_open(&files[0], h, path, err)) != FSDP_SUCCESS) goto done;
+        nfiles = 1;
+        if ((r = fsdp__verify_data(&files[0], crc, &buf, &cap, err)) == FSDP_SUCCESS)
+            *verified = files[0].verified;
+        goto done;
+    }
+    if (!(ipath = fsdp__path_join(h, path, FSDP__INDEX_NAME))) {
+        r = fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "checkpoint '%s': out of memory", path);
+        goto done;
+    }
+    if ((r = fsdp__read_small(h, ipath, FSDP__INDEX_MAX, &text, &len, err)) != FSDP_SUCCESS)
+        goto done;
+    if (fsdp__json_parse(&j, h, text, len) != 0) {
+        r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': bad JSON: %s", ipath, j.err);
+        goto done;
+    }
+    if ((r = fsdp__index_check(&j, ipath, h, &ii, err)) != FSDP_SUCCESS) goto done;
+    if (!(files = (fsdp__st_file *)fsdp__calloc(h, (size_t)ii.world, sizeof *files))) {
+        r = fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "checkpoint '%s': out of memory", path);
+        goto done;
+    }
+    for (k = 0, n = j.n[ii.files].first; n >= 0; n = j.n[n].next, k++) {
+        char *fp = fsdp__path_join(h, path, j.n[n].str);
+        uint64_t fid;
+        if (!fp) {
+            r = fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "checkpoint '%s': out of memory", path);
+            goto done;
+        }
+        r = fsdp__st_open(&files[k], h, fp, err);
+        fsdp__free(h, fp);
+        files[k].path = j.n[n].str;
+        if (r != FSDP_SUCCESS) goto done;
+        nfiles = k + 1;
+        if (fsdp__file_save_id(&files[k], &fid) < 0 || fid != ii.save_id) {
+            r = fsdp__fail(err, h, FSDP_CKPT_MISMATCH, "rank file '%s' (files[%d]) is not of "
+                           "the save its index '%s' names", j.n[n].str, k, ipath);
+            goto done;
+        }
+    }
+    if ((r = fsdp__index_seal_check(&j, &ii, files, nfiles, ipath, crc, h, err, verified)) !=
+        FSDP_SUCCESS)
+        goto done;
+    for (k = 0, n = j.n[ii.tensors].first; n >= 0; n = j.n[n].next, k++) {
+        int nm, pcs, ndim, c2;
+        fsdp_dtype dtype;
+        int64_t shape[FSDP_MAX_DIMS], total;
+        if ((r = fsdp__index_tensor(&j, n, k, ipath, h, err, &nm, &dtype, &ndim, shape, &total,
+                                    &pcs)) != FSDP_SUCCESS)
+            goto done;
+        for (c2 = j.n[pcs].first; c2 >= 0; c2 = j.n[c2].next) {
+            fsdp__ipiece p;
+            int ei;
+            if (!fsdp__index_piece(&j, c2, ii.world, total, &p)) continue; /* checked */
+            ei = fsdp__st_find(&files[p.file], j.n[nm].str);
+            if (ei < 0 || files[p.file].e[ei].dtype != dtype ||
+                files[p.file].e[ei].numel != p.cnt) {
+                r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "rank file '%s': tensor '%.80s' is "
+                               "not the piece the index '%s' lists", files[p.file].path,
+                               j.n[nm].str, ipath);
+                goto done;
+            }
+        }
+    }
+    for (k = 0; k < nfiles; k++)
+        if ((r = fsdp__verify_data(&files[k], crc, &buf, &cap, err)) != FSDP_SUCCESS) {
+            *verified = 0;
+            goto done;
+        }
+done:
+    if (r != FSDP_SUCCESS) *verified = 0;
+    for (k = 0; k < nfiles; k++) fsdp__st_close(&files[k]);
+    fsdp__free(h, files);
+    fsdp__free(h, crc);
+    fsdp__free(h, buf);
+    fsdp__free(h, ipath);
+    fsdp__free(h, text);
+    fsdp__json_free(&j);
     return r;
 }
 

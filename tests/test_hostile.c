@@ -26,6 +26,7 @@
 #include "fsdp.h"
 #include "examples/gpt.h"
 #include "fixtures_tnet.h"
+#include "fixtures_files.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -238,6 +239,11 @@ static void test_step_overflow(void)
 }
 
 /* --- 2. misaligned tensors --- */
+
+static int write_raw_text(const char *path, const char *text)
+{
+    return write_file(path, text, strlen(text));
+}
 
 /* A safetensors file from a header and the data section, as given. */
 static int write_raw(const char *path, const char *header, const void *data, size_t n)
@@ -536,12 +542,430 @@ static void test_resume_range(void)
     CHECK(gpt_train(&c, &res, err, sizeof err), "resuming a finished run: %s", err);
 }
 
+/* --- 5. the index, checked whole before any rank file is opened --- */
+
+/* A checkpoint directory holding only an index (its rank files do not
+   exist): a load that opened a file before checking the whole index would
+   fail with "cannot open", not with the index's error. */
+static void index_case(const char *name, const char *index, const char *msg)
+{
+    job j;
+    char p[1400];
+    memset(&j, 0, sizeof j);
+    snprintf(j.path, sizeof j.path, "%s/%s", g_tmp, name);
+    CHECK(mkdir(j.path, 0777) == 0, "mkdir '%s'", j.path);
+    snprintf(p, sizeof p, "%s/index.json", j.path);
+    CHECK(write_raw_text(p, index), "write '%s'", p);
+    j.fn = job_load;
+    j.expect = FSDP_CKPT_FORMAT;
+    j.msg1 = msg;
+    j.msg2 = "index.json";
+    run_ranks(2, rank_main, &j);
+}
+
+#define IDX_HEAD "{\"version\": 1, \"world_size\": 2, \"files\": [\"a.safetensors\", " \
+                 "\"b.safetensors\"], \"tensors\": ["
+#define IDX_T(pieces) "{\"name\": \"scale\", \"dtype\": \"F32\", \"shape\": [4], " \
+                      "\"pieces\": " pieces "}"
+
+static void test_index_whole(void)
+{
+    char *big;
+    size_t k, n;
+    index_case("ix_overlap", IDX_HEAD IDX_T("[[0, 0, 3], [1, 2, 2]]") "]}", "pieces overlap");
+    index_case("ix_gap", IDX_HEAD IDX_T("[[0, 0, 1], [1, 2, 2]]") "]}", "a gap");
+    index_case("ix_short", IDX_HEAD IDX_T("[[0, 0, 3]]") "]}", "cover 3 of its 4");
+    index_case("ix_same_file", IDX_HEAD IDX_T("[[0, 0, 2], [0, 2, 2]]") "]}",
+               "two pieces in file 0");
+    index_case("ix_empty_piece", IDX_HEAD IDX_T("[[0, 0, 4], [1, 4, 0]]") "]}",
+               "pieces[1] is not");
+    index_case("ix_twice", IDX_HEAD IDX_T("[[0, 0, 4]]") ", " IDX_T("[[1, 0, 4]]") "]}",
+               "'scale' is listed twice");
+    /* amplification: one file named by every rank of 100 (each entry was
+       opened, parsed and held at once) */
+    n = 200 + 100 * 20;
+    big = (char *)malloc(n);
+    if (!big) return;
+    k = (size_t)snprintf(big, n, "{\"version\": 1, \"world_size\": 100, \"files\": [");
+    for (int i = 0; i < 100; i++)
+        k += (size_t)snprintf(big + k, n - k, "%s\"a.safetensors\"", i ? ", " : "");
+    snprintf(big + k, n - k, "], \"tensors\": []}");
+    index_case("ix_amplify", big, "'a.safetensors' is named twice");
+    free(big);
+}
+
+/* --- 6. layout checksums, and checksums that cannot be stripped --- */
+
+/* Replaces the first occurrence of a by b (same length) in a file. */
+static int patch1(const char *path, const char *a, const char *b)
+{
+    char *buf = NULL;
+    long n = read_file(path, &buf), i;
+    size_t m = strlen(a);
+    int ok = 0;
+    if (n > 0 && m == strlen(b))
+        for (i = 0; i + (long)m <= n; i++) /* binary files: no strstr */
+            if (!memcmp(buf + i, a, m)) {
+                memcpy(buf + i, b, m);
+                ok = write_file(path, buf, (size_t)n);
+                break;
+            }
+    free(buf);
+    return ok;
+}
+
+static int copy_tree(const char *from, const char *to)
+{
+    char cmd[3400];
+    snprintf(cmd, sizeof cmd, "rm -rf '%.1000s' && cp -r '%.1000s' '%.1000s'", to, from, to);
+    return system(cmd) == 0;
+}
+
+static void load_expect(const char *path, fsdp_result expect, const char *m1, const char *m2)
+{
+    job j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.path, sizeof j.path, "%s", path);
+    j.fn = job_load;
+    j.flags = FSDP_SD_OPTIM;
+    j.expect = expect;
+    j.msg1 = m1;
+    j.msg2 = m2;
+    run_ranks(2, rank_main, &j);
+}
+
+static void test_layout_sharded(void)
+{
+    char a[600], b[600], idx[700], f0[1400], f1[1400];
+    unsigned v = 0;
+    fsdp_error err;
+    job j;
+    memset(&j, 0, sizeof j);
+    snprintf(a, sizeof a, "%s/lay_a", g_tmp);
+    snprintf(j.path, sizeof j.path, "%s", a);
+    j.flags = FSDP_SD_OPTIM | FSDP_CKPT_SHARDED;
+    j.fn = job_save;
+    run_ranks(2, rank_main, &j);
+    memset(&err, 0, sizeof err);
+    CHECK(fsdp_ckpt_verify(a, NULL, &v, &err) == FSDP_SUCCESS, "verify: %s", err.message);
+    EXPECT_EQ(v, FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA);
+    snprintf(b, sizeof b, "%s/lay_b", g_tmp);
+    snprintf(idx, sizeof idx, "%s/index.json", b);
+    /* two pieces' offsets swapped: still tiling the tensor, the rank files
+       untouched, the values scrambled (this loaded with success) */
+    CHECK(copy_tree(a, b), "copy");
+    CHECK(patch1(idx, "\"pieces\": [[0, 0, 21], [1, 21, 15]]",
+                 "\"pieces\": [[0, 15, 21], [1, 0, 15]]"), "swap offsets in %s", idx);
+    load_expect(b, FSDP_CKPT_FORMAT, "layout checksum mismatch", "index.json");
+    /* a shape changed in the index */
+    CHECK(copy_tree(a, b), "copy");
+    CHECK(patch1(idx, "\"shape\": [10, 6]", "\"shape\": [6, 10]"), "reshape in %s", idx);
+    load_expect(b, FSDP_CKPT_FORMAT, "layout checksum mismatch", "index.json");
+    /* the index's layout checksum removed: its files say it had one */
+    CHECK(copy_tree(a, b), "copy");
+    CHECK(patch1(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\""), "strip %s", idx);
+    load_expect(b, FSDP_CKPT_FORMAT, "no layout checksum", "was removed");
+    /* a rank file's removed: the index says it had one */
+    CHECK(copy_tree(a, b), "copy");
+    CHECK(find_name(b, "-rank00001-", f1, sizeof f1), "rank file");
+    CHECK(patch1(f1, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\""), "strip %s", f1);
+    load_expect(b, FSDP_CKPT_FORMAT, "has no layout checksum", "-rank00001-");
+    /* a tensor's data checksum removed from a rank file whose layout
+       checksum went too */
+    CHECK(find_name(b, "-rank00000-", f0, sizeof f0), "rank file");
+    CHECK(patch1(f0, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
+              patch1(f0, "\"fsdp.crc32.scale\"", "\"fsdp.crc32.xxxxx\""), "strip %s", f0);
+    CHECK(patch1(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\""), "strip %s", idx);
+    load_expect(b, FSDP_CKPT_FORMAT, "'scale' has no checksum", "removed");
+    /* every layout checksum gone (a checkpoint of fsdp.h before 0.6.0):
+       loads, reported as legacy */
+    CHECK(copy_tree(a, b), "copy");
+    CHECK(find_name(b, "-rank00000-", f0, sizeof f0) && find_name(b, "-rank00001-", f1, sizeof f1),
+          "rank files");
+    CHECK(patch1(f0, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
+              patch1(f1, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
+              patch1(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\""), "strip all");
+    load_expect(b, FSDP_SUCCESS, NULL, NULL);
+    CHECK(fsdp_ckpt_verify(b, NULL, &v, &err) == FSDP_SUCCESS, "verify: %s", err.message);
+    EXPECT_EQ(v, FSDP_VERIFIED_LEGACY | FSDP_VERIFIED_DATA);
+    /* ... and a legacy index with swapped offsets is what the layout
+       checksum now catches: fsdp_ckpt_verify reads it as legacy */
+    /* a flipped data byte: verify reads every tensor */
+    CHECK(copy_tree(a, b), "copy");
+    CHECK(find_name(b, "-rank00001-", f1, sizeof f1) && damage(f1, 1), "damage");
+    CHECK(fsdp_ckpt_verify(b, NULL, &v, &err) == FSDP_CKPT_FORMAT &&
+              contains(err.message, "checksum mismatch"), "verify a damaged file: %s",
+          err.message);
+    EXPECT_EQ(v, 0u);
+}
+
+/* a two-tensor file through fsdp_safetensors_save */
+static int plain_file(const char *path)
+{
+    fsdp_state_dict *sd = NULL;
+    fsdp_tensor t;
+    float v[12];
+    int i, ok;
+    for (i = 0; i < 12; i++) v[i] = (float)i * 0.5f;
+    if (fsdp_state_dict_create(FSDP_SD_FULL, NULL, NULL, &sd) != FSDP_SUCCESS) return 0;
+    memset(&t, 0, sizeof t);
+    t.name = "layer.weight";
+    t.dtype = FSDP_F32;
+    t.ndim = 2;
+    t.shape[0] = 3;
+    t.shape[1] = 4;
+    t.data = v;
+    ok = fsdp_state_dict_add(sd, &t, 1) == FSDP_SUCCESS;
+    t.name = "layer.bias";
+    t.ndim = 1;
+    t.shape[0] = 3;
+    ok = ok && fsdp_state_dict_add(sd, &t, 1) == FSDP_SUCCESS;
+    ok = ok && fsdp_safetensors_save(path, sd, NULL) == FSDP_SUCCESS;
+    fsdp_state_dict_destroy(sd);
+    return ok;
+}
+
+/* loads path; r and *verified, the message in msg */
+static fsdp_result st_load(const char *path, unsigned *verified, char *msg)
+{
+    fsdp_state_dict *sd = NULL;
+    fsdp_error err;
+    fsdp_result r;
+    memset(&err, 0, sizeof err);
+    r = fsdp_safetensors_load(path, NULL, &sd, &err);
+    *verified = fsdp_state_dict_verified(sd);
+    snprintf(msg, FSDP_ERROR_MAX, "%s", err.message);
+    fsdp_state_dict_destroy(sd);
+    return r;
+}
+
+static void test_layout_file(void)
+{
+    char p[600], msg[FSDP_ERROR_MAX];
+    unsigned v = 9;
+    fsdp_result r;
+    float four[4] = {1, 2, 3, 4};
+    snprintf(p, sizeof p, "%s/plain.safetensors", g_tmp);
+    CHECK(plain_file(p), "save");
+    r = st_load(p, &v, msg);
+    CHECK(r == FSDP_SUCCESS && v == (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA),
+          "a file fsdp.h wrote: %d, verified %u: %s", r, v, msg);
+    /* a shape changed, the data untouched: this loaded as a 4x3 tensor */
+    CHECK(patch1(p, "\"shape\":[3,4]", "\"shape\":[4,3]"), "reshape");
+    r = st_load(p, &v, msg);
+    CHECK(r == FSDP_CKPT_FORMAT && contains(msg, "layout checksum mismatch") && contains(msg, p),
+          "reshaped: %d: %s", r, msg);
+    EXPECT_EQ(v, 0u);
+    /* a tensor's checksum removed (with the layout's, else that fails
+       first): it loaded unverified with success */
+    CHECK(plain_file(p), "save");
+    CHECK(patch1(p, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
+              patch1(p, "\"fsdp.crc32.layer.bias\"", "\"fsdp.crc32.layer.xxxx\""), "strip");
+    r = st_load(p, &v, msg);
+    CHECK(r == FSDP_CKPT_FORMAT && contains(msg, "'layer.bias' has no checksum") &&
+              contains(msg, "removed"), "stripped: %d: %s", r, msg);
+    /* the layout checksum alone removed: a legacy file, reported */
+    CHECK(plain_file(p), "save");
+    CHECK(patch1(p, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\""), "strip");
+    r = st_load(p, &v, msg);
+    CHECK(r == FSDP_SUCCESS && v == (FSDP_VERIFIED_LEGACY | FSDP_VERIFIED_DATA),
+          "legacy: %d, verified %u: %s", r, v, msg);
+    /* a foreign file (Python's: no checksums): loads, verified 0 */
+    CHECK(write_raw(p, "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"F32\","
+                       "\"shape\":[4],\"data_offsets\":[0,16]}}", four, sizeof four), "write");
+    r = st_load(p, &v, msg);
+    CHECK(r == FSDP_SUCCESS && v == 0, "foreign: %d, verified %u: %s", r, v, msg);
+    CHECK(fsdp_ckpt_verify(p, NULL, &v, NULL) == FSDP_SUCCESS && v == 0, "verify foreign: %u", v);
+    /* a damaged layout checksum value */
+    CHECK(plain_file(p), "save");
+    {
+        char *buf = NULL, *q;
+        long n = read_file(p, &buf);
+        q = n > 8 ? strstr(buf + 8, "\"fsdp.layout_crc32\":\"") : NULL;
+        CHECK(q != NULL, "layout key in %s", p);
+        if (q) {
+            q += strlen("\"fsdp.layout_crc32\":\"");
+            *q = *q == '0' ? '1' : '0';
+            CHECK(write_file(p, buf, (size_t)n), "write");
+        }
+        free(buf);
+    }
+    r = st_load(p, &v, msg);
+    CHECK(r == FSDP_CKPT_FORMAT && contains(msg, "layout checksum mismatch"), "%d: %s", r, msg);
+}
+
+/* --- 7. linear time: a header of many tensors with their checksums --- */
+
+static void test_linear(void)
+{
+    /* 200000 tensors: each checksum was found by a scan of the metadata
+       (about 2e10 string compares: minutes); hashed, well under a second.
+       The alarm turns the quadratic parse into a failure. */
+    enum { N = 200000 };
+    size_t cap = (size_t)N * 100 + 64, k = 0;
+    char *h = (char *)malloc(cap), p[600], msg[FSDP_ERROR_MAX];
+    unsigned v = 0;
+    fsdp_result r;
+    int i;
+    if (!h) return;
+    k += (size_t)snprintf(h + k, cap - k, "{\"__metadata__\":{\"format\":\"pt\"");
+    for (i = 0; i < N; i++)
+        k += (size_t)snprintf(h + k, cap - k, ",\"fsdp.crc32.t%06d\":\"00000000\"", i);
+    k += (size_t)snprintf(h + k, cap - k, "}");
+    for (i = 0; i < N; i++)
+        k += (size_t)snprintf(h + k, cap - k,
+                              ",\"t%06d\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}", i);
+    snprintf(h + k, cap - k, "}");
+    snprintf(p, sizeof p, "%s/many.safetensors", g_tmp);
+    CHECK(write_raw(p, h, NULL, 0), "write");
+    free(h);
+    alarm(120);
+    r = st_load(p, &v, msg);
+    alarm(0);
+    CHECK(r == FSDP_SUCCESS && v == (FSDP_VERIFIED_LEGACY | FSDP_VERIFIED_DATA),
+          "%d tensors: %d, verified %u: %s", N, r, v, msg);
+    unlink(p);
+}
+
+/* --- 8. bounded parse memory --- */
+
+/* an allocator that counts the bytes held and their peak */
+typedef struct mcount {
+    size_t now, peak;
+} mcount;
+
+static void *mc_alloc(void *u, size_t n)
+{
+    mcount *m = (mcount *)u;
+    size_t *p = (size_t *)malloc(n + 16);
+    if (!p) return NULL;
+    p[0] = n;
+    m->now += n;
+    if (m->now > m->peak) m->peak = m->now;
+    return (char *)p + 16;
+}
+
+static void mc_free(void *u, void *q)
+{
+    mcount *m = (mcount *)u;
+    size_t *p;
+    if (!q) return;
+    p = (size_t *)(void *)((char *)q - 16);
+    m->now -= p[0];
+    free(p);
+}
+
+static void *mc_realloc(void *u, void *q, size_t n)
+{
+    void *r;
+    size_t old;
+    if (!q) return mc_alloc(u, n);
+    old = ((size_t *)(void *)((char *)q - 16))[0];
+    if (!(r = mc_alloc(u, n))) return NULL;
+    memcpy(r, q, old < n ? old : n);
+    mc_free(u, q);
+    return r;
+}
+
+static void test_parse_memory(void)
+{
+    /* a header of 2 million one-byte values (a value per 2 bytes): each
+       cost a 48-byte node, grown by doubling (peak 36 bytes a byte); now
+       counted first, 32 bytes each: at most 24 bytes a byte of header, as
+       documented */
+    enum { N = 2000000 };
+    size_t len = 16 + 2 * (size_t)N, k = 0;
+    char *h = (char *)malloc(len), p[600], *ipath = NULL, *dir = NULL;
+    mcount mc;
+    fsdp_hooks hooks;
+    fsdp_state_dict *sd = NULL;
+    fsdp_error err;
+    fsdp_result r;
+    unsigned v;
+    int i;
+    if (!h) return;
+    k += (size_t)snprintf(h, len, "{\"a\":[0");
+    for (i = 1; i < N; i++) {
+        h[k++] = ',';
+        h[k++] = '0';
+    }
+    snprintf(h + k, len - k, "]}");
+    snprintf(p, sizeof p, "%s/dense.safetensors", g_tmp);
+    CHECK(write_raw(p, h, NULL, 0), "write");
+    memset(&mc, 0, sizeof mc);
+    memset(&hooks, 0, sizeof hooks);
+    hooks.allocator.alloc = mc_alloc;
+    hooks.allocator.realloc = mc_realloc;
+    hooks.allocator.free = mc_free;
+    hooks.allocator.user = &mc;
+    memset(&err, 0, sizeof err);
+    r = fsdp_safetensors_load(p, &hooks, &sd, &err);
+    CHECK(r == FSDP_CKPT_FORMAT && contains(err.message, "'a'"), "%d: %s", r, err.message);
+    CHECK(mc.peak <= 24 * strlen(h) + (1u << 20), "parsing a %zu-byte header took %zu bytes at "
+          "the peak (%.1f a byte)", strlen(h), mc.peak, (double)mc.peak / (double)strlen(h));
+    EXPECT_EQ(mc.now, (size_t)0);
+    printf("# parse_memory: a %zu-byte header of one-byte values: %zu bytes at the peak "
+           "(%.1f a byte)\n", strlen(h), mc.peak, (double)mc.peak / (double)strlen(h));
+    unlink(p);
+    /* the same in an index */
+    dir = (char *)malloc(700);
+    ipath = (char *)malloc(800);
+    if (dir && ipath) {
+        snprintf(dir, 700, "%s/dense_dir", g_tmp);
+        snprintf(ipath, 800, "%s/index.json", dir);
+        CHECK(mkdir(dir, 0777) == 0, "mkdir");
+        k = (size_t)snprintf(h, len, "{\"version\":1,\"world_size\":1,\"files\":[\"a\"],"
+                                     "\"tensors\":[0");
+        for (; k + 4 < len; k += 2) {
+            h[k] = ',';
+            h[k + 1] = '0';
+        }
+        snprintf(h + k, len - k, "]}");
+        CHECK(write_raw_text(ipath, h), "write");
+        mc.peak = mc.now = 0;
+        r = fsdp_ckpt_verify(dir, &hooks, &v, &err);
+        CHECK(r == FSDP_CKPT_FORMAT && contains(err.message, "tensors[0] has no name"), "%d: %s",
+              r, err.message);
+        CHECK(mc.peak <= 24 * strlen(h) + (1u << 20), "parsing a %zu-byte index took %zu "
+              "bytes at the peak", strlen(h), mc.peak);
+        printf("# parse_memory: a %zu-byte index of one-byte values: %zu bytes at the peak "
+               "(%.1f a byte)\n", strlen(h), mc.peak, (double)mc.peak / (double)strlen(h));
+        EXPECT_EQ(mc.now, (size_t)0);
+    }
+    free(dir);
+    free(ipath);
+    free(h);
+    /* above FSDP_JSON_MAX_VALUES: refused before any node is allocated */
+    len = 16 + 2 * ((size_t)FSDP_JSON_MAX_VALUES + 1);
+    if (!(h = (char *)malloc(len))) return;
+    k = (size_t)snprintf(h, len, "{\"a\":[0");
+    while (k + 4 < len) {
+        h[k++] = ',';
+        h[k++] = '0';
+    }
+    snprintf(h + k, len - k, "]}");
+    CHECK(write_raw(p, h, NULL, 0), "write");
+    mc.peak = mc.now = 0;
+    r = fsdp_safetensors_load(p, &hooks, &sd, &err);
+    CHECK(r == FSDP_CKPT_FORMAT && contains(err.message, "FSDP_JSON_MAX_VALUES"), "%d: %s", r,
+          err.message);
+    CHECK(mc.peak <= strlen(h) + (1u << 20), "a refused %zu-byte header took %zu bytes",
+          strlen(h), mc.peak);
+    unlink(p);
+    free(h);
+}
+
 static const check_case CASES[] = {
     {"step_overflow", test_step_overflow},
     {"misaligned", test_misaligned},
     {"fifo", test_fifo},
     {"verdict", test_verdict},
     {"resume_range", test_resume_range},
+    {"index_whole", test_index_whole},
+    {"layout_sharded", test_layout_sharded},
+    {"layout_file", test_layout_file},
+    {"linear", test_linear},
+    {"parse_memory", test_parse_memory},
 };
 
 int main(int argc, char **argv)

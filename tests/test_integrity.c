@@ -311,6 +311,12 @@ static void test_identity(void)
               patch(p1, "\"fsdp.save_id\"", "\"fsdp.xxxx_id\"") == 1 &&
               patch(full, "\"fsdp.save_id\"", "\"fsdp.xxxx_id\"") == 1,
           "strip the ids");
+    /* (those versions wrote no layout checksums either: test_hostile) */
+    CHECK(patch(p0, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") == 1 &&
+              patch(p1, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") == 1 &&
+              patch(full, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") == 1 &&
+              patch(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\"") == 1,
+          "strip the layout checksums");
     memset(&j, 0, sizeof j);
     j.fn = job_load;
     j.flags = FSDP_SD_OPTIM;

@@ -47,5 +47,24 @@ run_suite clang build-clang "CC=clang CXX=clang++"
 run_suite asan+ubsan build-asan "" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
 run_suite tsan build-tsan "" -Db_sanitize=thread -Db_lundef=false -Dbuildtype=debug
 
+# libFuzzer harnesses (fuzz/), briefly: a fixed number of executions each
+# under ASan+UBSan; skipped cleanly without clang's libFuzzer
+echo "=== fuzz (libFuzzer, ASan+UBSan; tools/fuzz.sh)"
+sh tools/fuzz.sh --runs 500 >build-fuzz.log 2>&1
+rc=$?
+grep -E '^fuzz' build-fuzz.log
+if [ "$rc" != 77 ]; then
+    ok=$(sed -n 's/^fuzz: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' build-fuzz.log | tail -n 1)
+    fail=$(sed -n 's/^fuzz: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' build-fuzz.log | tail -n 1)
+    [ -n "$fail" ] || fail=1
+    if [ "$rc" != 0 ]; then
+        tail -n 40 build-fuzz.log
+        [ "$fail" = 0 ] && fail=1
+        status=1
+    fi
+    total_ok=$((total_ok + ${ok:-0}))
+    total_fail=$((total_fail + fail))
+fi
+
 echo "$total_ok passed, $total_fail failed"
 exit $status
