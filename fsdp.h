@@ -16741,12 +16741,13 @@ FSDP__DEF fsdp_result fsdp__ld_agree_loaded(fsdp__ld *L, unsigned char *ok)
     unsigned char *all = NULL;
     void *dbuf = NULL;
     fsdp_result r;
-    int i;
+    int i, lent = 0;
     size_t k;
     if (c->nranks == 1 || !n) return FSDP_SUCCESS;
     all = (unsigned char *)fsdp__alloc(&c->hooks, bytes);
     if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
-    r = fsdp_device_alloc(c->dev, bytes, &dbuf);
+    fsdp__lend_open(c); /* the votes go through the plan's idle buffers */
+    r = fsdp__phase_alloc(c, bytes, &dbuf, &lent);
     if (r == FSDP_SUCCESS)
         r = fsdp_device_copy(c->dev, (char *)dbuf + n * (size_t)c->rank, ok, n, FSDP_COPY_H2D,
                              NULL);
@@ -16768,7 +16769,8 @@ FSDP__DEF fsdp_result fsdp__ld_agree_loaded(fsdp__ld *L, unsigned char *ok)
         for (k = 0; k < n; k++)
             if (!all[(size_t)i * n + k]) ok[k] = 0;
 done:
-    if (dbuf) fsdp_device_free(c->dev, dbuf, bytes);
+    if (dbuf) fsdp__phase_free(c, dbuf, bytes, lent);
+    fsdp__lend_close(c);
     fsdp__free(&c->hooks, all);
     return r;
 }
