@@ -427,7 +427,8 @@ static int lora_main(gpt_config cfg, const backend_opts *bo)
                100.0 * res.accuracy, res.correct, res.ntest);
     }
     /* the comparison (its own line), then the usual last line */
-    printf("lora: accuracy_before=%.4f full_plan_bytes=%zu\n", res.accuracy_before, fp->total);
+    printf("lora: accuracy_before=%.4f grad_bytes=%zu full_plan_bytes=%zu\n",
+           res.accuracy_before, res.plan0.sharded_grads, fp->total);
     printf("final_loss=%.6f accuracy=%.4f peak_bytes=%zu plan_bytes=%zu trainable=%lld\n",
            res.final_loss, res.accuracy, res.peak[0], res.plan[0], (long long)res.trainable);
     status = 0;
