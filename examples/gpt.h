@@ -142,11 +142,11 @@ static void gpt_encode(int digits, uint64_t a, uint64_t b, int *seq)
     for (k = 0; k <= digits; k++, s /= 10) seq[2 * digits + 2 + k] = (int)(s % 10);
 }
 
-/* The fine-tuning task (task 1): |a-b| in the same format ("123+456="
-   then the difference's D+1 digits reversed, its last one always 0): the
-   vocabulary has no '-', so the operator token stays and its meaning
-   changes, as a new task given to a pretrained model does. Borrows play the
-   carries' part. Task 0 is gpt_encode. */
+/* The fine-tuning task (task 1): subtraction in the same format, the
+   larger operand first ("456+123=" then 333's D+1 digits reversed, the
+   last one always 0): the vocabulary has no '-', so the operator token
+   stays and its meaning changes, as a new task given to a pretrained model
+   does. Borrows play the carries' part. Task 0 is gpt_encode. */
 static void gpt_encode_task(int task, int digits, uint64_t a, uint64_t b, int *seq)
 {
     int k;
@@ -155,8 +155,13 @@ static void gpt_encode_task(int task, int digits, uint64_t a, uint64_t b, int *s
         gpt_encode(digits, a, b, seq);
         return;
     }
+    if (a < b) {
+        s = a;
+        a = b;
+        b = s;
+    }
     gpt_encode(digits, a, b, seq);
-    s = a >= b ? a - b : b - a;
+    s = a - b;
     for (k = 0; k <= digits; k++, s /= 10) seq[2 * digits + 2 + k] = (int)(s % 10);
 }
 

@@ -66,8 +66,9 @@
    --lora-alpha / R, default 1) on c_attn, attn.c_proj, c_fc and
    mlp.c_proj of every block, declared inside the block's unit (mixed
    units), loads the base checkpoint into its frozen weights and
-   fine-tunes the adapters for --lora-steps K (default 400) at --lora-lr X
-   (default 1e-2) on subtraction: "123+456=" now asks |123-456|, reversed.
+   fine-tunes the adapters for --lora-steps K (default 1000) at --lora-lr X
+   (default 1e-2) on subtraction: "456+123=" now asks 456-123 (the larger
+   operand first), reversed.
    It reports the held-out accuracy on subtraction before and after, the
    trainable parameter count, and per rank the peak and plan bytes against
    the plan of full fine-tuning (fsdp_ctx_plan_only of the base model,
@@ -396,7 +397,7 @@ static int lora_main(gpt_config cfg, const backend_opts *bo)
     ft.lora = lora_rank;
     ft.lora_alpha = lora_alpha;
     ft.task = 1;
-    ft.steps = lora_steps > 0 ? lora_steps : 400;
+    ft.steps = lora_steps > 0 ? lora_steps : 1000;
     ft.lr = lora_lr > 0.0 ? lora_lr : 1e-2;
     if (!cfg.quiet)
         printf("LoRA, 2/2: adapters of rank %d (alpha %g) on c_attn, attn.c_proj, c_fc, "
