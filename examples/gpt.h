@@ -1545,6 +1545,8 @@ static int gpt_check_config(const gpt_config *c, char *err, size_t cap)
         snprintf(err, cap, "--digits must be 1..%d", GPT_MAX_DIGITS);
     else if (c->ntest < 1 || c->ntest > 1 << 20)
         snprintf(err, cap, "the held-out set needs 1..%d problems", 1 << 20);
+    else if (c->lora < 0 || c->lora > c->dim) /* a rank above dim adds nothing */
+        snprintf(err, cap, "--lora must be 1..--dim (%d)", c->dim);
     else
         return 1;
     return 0;

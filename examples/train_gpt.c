@@ -366,6 +366,10 @@ static int lora_main(gpt_config cfg, const backend_opts *bo)
                         "--layers >= 1 and without --metrics and --stop-after\n");
         return 2;
     }
+    if (lora_rank > cfg.dim) { /* before the base run: gpt_check_config says it after */
+        fprintf(stderr, "train_gpt: --lora must be 1..--dim (%d)\n", cfg.dim);
+        return 2;
+    }
     if (cfg.resume_dir) {
         ft.base_dir = cfg.resume_dir;
     } else {
