@@ -46,6 +46,16 @@ typedef struct gpt_config {
     int cpu_offload; /* shards, gradients and optimizer state in pinned host memory */
     FILE *metrics;   /* --metrics: rank 0's JSON lines (examples/example_metrics.h); NULL: off */
     size_t capacity; /* > 0: each rank's device capacity in bytes (fsdp_device_set_capacity) */
+    /* LoRA fine-tuning (train_gpt --lora R): lora > 0 freezes every base
+       parameter and adds adapters of rank lora (A [R, in], B [out, R], B
+       zero-initialised, output scaled by lora_alpha / R; lora_alpha 0: R)
+       to c_attn, attn.c_proj, c_fc and mlp.c_proj of every block, inside
+       the block's unit; base_dir is the base checkpoint loaded into the
+       frozen weights (FSDP_SD_NOT_STRICT) before training. task: 0 the
+       addition, 1 subtraction (see gpt_encode_task). 0 / NULL: off. */
+    int lora, task;
+    double lora_alpha;
+    const char *base_dir;
 } gpt_config;
 
 /* The defaults of train_gpt: ~100k parameters, learns 3-digit addition to
@@ -129,6 +139,29 @@ static void gpt_encode(int digits, uint64_t a, uint64_t b, int *seq)
     seq[digits] = GPT_PLUS;
     for (k = 2 * digits; k > digits; k--, b /= 10) seq[k] = (int)(b % 10);
     seq[2 * digits + 1] = GPT_EQ;
+    for (k = 0; k <= digits; k++, s /= 10) seq[2 * digits + 2 + k] = (int)(s % 10);
+}
+
+/* The fine-tuning task (task 1): subtraction in the same format, the
+   larger operand first ("456+123=" then 333's D+1 digits reversed, the
+   last one always 0): the vocabulary has no '-', so the operator token
+   stays and its meaning changes, as a new task given to a pretrained model
+   does. Borrows play the carries' part. Task 0 is gpt_encode. */
+static void gpt_encode_task(int task, int digits, uint64_t a, uint64_t b, int *seq)
+{
+    int k;
+    uint64_t s;
+    if (!task) {
+        gpt_encode(digits, a, b, seq);
+        return;
+    }
+    if (a < b) {
+        s = a;
+        a = b;
+        b = s;
+    }
+    gpt_encode(digits, a, b, seq);
+    s = a - b;
     for (k = 0; k <= digits; k++, s /= 10) seq[2 * digits + 2 + k] = (int)(s % 10);
 }
 
@@ -297,18 +330,29 @@ enum {
     GPT_LN1W, GPT_LN1B, GPT_QKVW, GPT_QKVB, GPT_PROJW, GPT_PROJB,
     GPT_LN2W, GPT_LN2B, GPT_FCW, GPT_FCB, GPT_MPW, GPT_MPB, GPT_BLOCK_NT
 };
+/* With LoRA (gpt_dims.lora > 0) a block also holds, after its own
+   tensors, the adapters of its four matrices: A then B of c_attn,
+   attn.c_proj, c_fc, mlp.c_proj (adapter j: A at GPT_LORA0 + 2j). */
+enum { GPT_LORA0 = GPT_BLOCK_NT, GPT_LORA_NT = GPT_BLOCK_NT + 8 };
 enum { GPT_WTE, GPT_WPE, GPT_LNFW, GPT_LNFB, GPT_ROOT_NT };
-#define GPT_MAX_NT GPT_BLOCK_NT
+#define GPT_MAX_NT GPT_LORA_NT
 
 static const char *const gpt_block_suffix[GPT_BLOCK_NT] = {
     "ln_1.weight", "ln_1.bias", "attn.c_attn.weight", "attn.c_attn.bias",
     "attn.c_proj.weight", "attn.c_proj.bias", "ln_2.weight", "ln_2.bias",
     "mlp.c_fc.weight", "mlp.c_fc.bias", "mlp.c_proj.weight", "mlp.c_proj.bias"};
+static const char *const gpt_lora_suffix[8] = {
+    "attn.c_attn.lora_a.weight", "attn.c_attn.lora_b.weight",
+    "attn.c_proj.lora_a.weight", "attn.c_proj.lora_b.weight",
+    "mlp.c_fc.lora_a.weight",    "mlp.c_fc.lora_b.weight",
+    "mlp.c_proj.lora_a.weight",  "mlp.c_proj.lora_b.weight"};
 static const char *const gpt_root_name[GPT_ROOT_NT] = {"wte.weight", "wpe.weight", "ln_f.weight",
                                                        "ln_f.bias"};
 
 typedef struct gpt_dims {
     int layers, C, H, L, V, digits;
+    int lora;         /* adapters' rank; 0: none */
+    float lora_scale; /* alpha / rank */
 } gpt_dims;
 
 static gpt_dims gpt_dims_of(const gpt_config *c)
@@ -320,7 +364,19 @@ static gpt_dims gpt_dims_of(const gpt_config *c)
     d.digits = c->digits;
     d.L = gpt_seq_len(c->digits);
     d.V = GPT_VOCAB;
+    d.lora = c->lora > 0 ? c->lora : 0;
+    d.lora_scale = d.lora ? (float)((c->lora_alpha > 0.0 ? c->lora_alpha : (double)d.lora) /
+                                    (double)d.lora)
+                          : 0.0f;
     return d;
+}
+
+/* Adapter j (0 c_attn, 1 attn.c_proj, 2 c_fc, 3 mlp.c_proj): the base
+   matrix's input and output widths. */
+static void gpt_lora_io(const gpt_dims *d, int j, int *in, int *out)
+{
+    *in = j == 3 ? 4 * d->C : d->C;
+    *out = j == 0 ? 3 * d->C : j == 2 ? 4 * d->C : d->C;
 }
 
 /* Elements of tensor k of a unit (unit == layers: the root). */
@@ -329,6 +385,11 @@ static size_t gpt_tensor_numel(const gpt_dims *d, int unit, int k)
     size_t C = (size_t)d->C;
     if (unit == d->layers) {
         return k == GPT_WTE ? (size_t)d->V * C : k == GPT_WPE ? (size_t)d->L * C : C;
+    }
+    if (k >= GPT_LORA0) { /* A [R, in], B [out, R] */
+        int in, out;
+        gpt_lora_io(d, (k - GPT_LORA0) / 2, &in, &out);
+        return (size_t)d->lora * (size_t)((k - GPT_LORA0) % 2 ? out : in);
     }
     switch (k) {
     case GPT_QKVW: return 3 * C * C;
@@ -343,13 +404,14 @@ static size_t gpt_tensor_numel(const gpt_dims *d, int unit, int k)
 
 static int gpt_unit_ntensors(const gpt_dims *d, int unit)
 {
-    return unit == d->layers ? GPT_ROOT_NT : GPT_BLOCK_NT;
+    return unit == d->layers ? GPT_ROOT_NT : d->lora ? GPT_LORA_NT : GPT_BLOCK_NT;
 }
 
 static void gpt_tensor_name(const gpt_dims *d, int unit, int k, char *out, size_t cap)
 {
     if (unit == d->layers) snprintf(out, cap, "%s", gpt_root_name[k]);
-    else snprintf(out, cap, "h.%d.%s", unit, gpt_block_suffix[k]);
+    else snprintf(out, cap, "h.%d.%s", unit,
+                  k >= GPT_LORA0 ? gpt_lora_suffix[k - GPT_LORA0] : gpt_block_suffix[k]);
 }
 
 /* Where the arithmetic gets its parameters: begin fills p[] (and g[] when
@@ -365,6 +427,7 @@ struct gpt_src {
 /* Activations of nb sequences (host memory, outside the device). */
 typedef struct gpt_layer_acts {
     float *x, *xhat1, *rstd1, *y1, *qkv, *att, *atty, *x2, *xhat2, *rstd2, *y2, *fc, *gl, *gd;
+    float *lu[4]; /* LoRA: each adapter's A x (N x R) */
 } gpt_layer_acts;
 
 typedef struct gpt_acts {
@@ -372,6 +435,7 @@ typedef struct gpt_acts {
     gpt_layer_acts l[GPT_MAX_LAYERS];
     float *xf, *xhatf, *rstdf, *yf, *logits, *dlogits;
     float *dx, *dy, *dqkv, *dfc, *dp, *wt;
+    float *lv, *ldu; /* LoRA scratch: N x 4C, N x R */
 } gpt_acts;
 
 static void gpt_acts_free(gpt_acts *a)
@@ -382,7 +446,9 @@ static void gpt_acts_free(gpt_acts *a)
         free(l->x); free(l->xhat1); free(l->rstd1); free(l->y1); free(l->qkv); free(l->att);
         free(l->atty); free(l->x2); free(l->xhat2); free(l->rstd2); free(l->y2); free(l->fc);
         free(l->gl); free(l->gd);
+        free(l->lu[0]); free(l->lu[1]); free(l->lu[2]); free(l->lu[3]);
     }
+    free(a->lv); free(a->ldu);
     free(a->xf); free(a->xhatf); free(a->rstdf); free(a->yf); free(a->logits); free(a->dlogits);
     free(a->dx); free(a->dy); free(a->dqkv); free(a->dfc); free(a->dp); free(a->wt);
     memset(a, 0, sizeof *a);
@@ -403,6 +469,13 @@ static int gpt_acts_alloc(gpt_acts *a, const gpt_dims *d, int nb)
         GPT__A(l->atty, N * C); GPT__A(l->x2, N * C); GPT__A(l->xhat2, N * C);
         GPT__A(l->rstd2, N); GPT__A(l->y2, N * C); GPT__A(l->fc, N * 4 * C);
         GPT__A(l->gl, N * 4 * C); GPT__A(l->gd, N * 4 * C);
+        if (d->lora) {
+            GPT__A(l->lu[0], N * (size_t)d->lora); GPT__A(l->lu[1], N * (size_t)d->lora);
+            GPT__A(l->lu[2], N * (size_t)d->lora); GPT__A(l->lu[3], N * (size_t)d->lora);
+        }
+    }
+    if (d->lora) {
+        GPT__A(a->lv, N * 4 * C); GPT__A(a->ldu, N * (size_t)d->lora);
     }
     GPT__A(a->xf, N * C); GPT__A(a->xhatf, N * C); GPT__A(a->rstdf, N); GPT__A(a->yf, N * C);
     GPT__A(a->logits, N * (size_t)d->V); GPT__A(a->dlogits, N * (size_t)d->V);
@@ -427,12 +500,13 @@ static void gpt_linear_fwd(const float *x, const float *w, const float *b, float
     gpt_gemm(n, out, in, x, in, 1, wt, out, y, out);
 }
 
-/* gw += dy^T x, gb += column sums of dy, dx += dy w (dx may be NULL). */
+/* gw += dy^T x, gb += column sums of dy, dx += dy w (gw, gb, dx may be
+   NULL: a frozen weight or bias, no input gradient). */
 static void gpt_linear_bwd(const float *x, const float *w, const float *dy, float *gw, float *gb,
                            float *dx, int n, int in, int out)
 {
     int i, o;
-    gpt_gemm(out, in, n, dy, 1, out, x, in, gw, in);
+    if (gw) gpt_gemm(out, in, n, dy, 1, out, x, in, gw, in);
     if (gb)
         for (i = 0; i < n; i++)
             for (o = 0; o < out; o++) gb[o] += dy[(size_t)i * (size_t)out + (size_t)o];
@@ -461,7 +535,8 @@ static void gpt_layernorm_fwd(const float *x, const float *g, const float *b, fl
     }
 }
 
-/* dx += the input gradient; gg, gb += the parameter gradients. */
+/* dx += the input gradient; gg, gb += the parameter gradients (NULL:
+   frozen, both). */
 static void gpt_layernorm_bwd(const float *xhat, const float *rstd, const float *g,
                               const float *dy, float *gg, float *gb, float *dx, int n, int C)
 {
@@ -471,8 +546,10 @@ static void gpt_layernorm_bwd(const float *xhat, const float *rstd, const float 
         float m1 = 0.0f, m2 = 0.0f;
         for (i = 0; i < C; i++) {
             float dh = dr[i] * g[i];
-            gg[i] += dr[i] * hr[i];
-            gb[i] += dr[i];
+            if (gg) {
+                gg[i] += dr[i] * hr[i];
+                gb[i] += dr[i];
+            }
             m1 += dh;
             m2 += dh * hr[i];
         }
@@ -582,21 +659,56 @@ static void gpt_attention_bwd(const float *qkv, const float *att, const float *d
             }
 }
 
+/* LoRA adapter j of a block: y += scale B (A x), u = A x kept for
+   backward (p: the block's tensors). */
+static void gpt_lora_fwd(const gpt_dims *d, gpt_layer_acts *l, float *const *p, int j,
+                         const float *x, float *y, float *wt, float *v, int N)
+{
+    int in, out;
+    size_t i, n;
+    gpt_lora_io(d, j, &in, &out);
+    n = (size_t)N * (size_t)out;
+    gpt_linear_fwd(x, p[GPT_LORA0 + 2 * j], NULL, l->lu[j], wt, N, in, d->lora);
+    gpt_linear_fwd(l->lu[j], p[GPT_LORA0 + 2 * j + 1], NULL, v, wt, N, d->lora, out);
+    for (i = 0; i < n; i++) y[i] += d->lora_scale * v[i];
+}
+
+/* Its backward from dy (d(y)): gA, gB += their gradients, dx += the input
+   gradient through the adapter (the frozen W's part is gpt_linear_bwd's). */
+static void gpt_lora_bwd(const gpt_dims *d, gpt_layer_acts *l, float *const *p, float *const *g,
+                         int j, const float *x, const float *dy, float *dx, gpt_acts *a, int N)
+{
+    int in, out;
+    size_t i, n;
+    gpt_lora_io(d, j, &in, &out);
+    n = (size_t)N * (size_t)out;
+    for (i = 0; i < n; i++) a->lv[i] = d->lora_scale * dy[i];
+    memset(a->ldu, 0, (size_t)N * (size_t)d->lora * sizeof(float));
+    gpt_linear_bwd(l->lu[j], p[GPT_LORA0 + 2 * j + 1], a->lv, g[GPT_LORA0 + 2 * j + 1], NULL,
+                   a->ldu, N, d->lora, out);
+    gpt_linear_bwd(x, p[GPT_LORA0 + 2 * j], a->ldu, g[GPT_LORA0 + 2 * j], NULL, dx, N, in,
+                   d->lora);
+}
+
 /* One block: x -> x2 = x + attn(ln_1(x)) -> out = x2 + mlp(ln_2(x2)). */
 static void gpt_block_fwd(const gpt_dims *d, gpt_layer_acts *l, float *const *p, float *out,
-                          float *wt, int nb)
+                          float *wt, float *lv, int nb)
 {
     int N = nb * d->L, C = d->C;
     size_t i, NC = (size_t)N * (size_t)C;
     gpt_layernorm_fwd(l->x, p[GPT_LN1W], p[GPT_LN1B], l->xhat1, l->rstd1, l->y1, N, C);
     gpt_linear_fwd(l->y1, p[GPT_QKVW], p[GPT_QKVB], l->qkv, wt, N, C, 3 * C);
+    if (d->lora) gpt_lora_fwd(d, l, p, 0, l->y1, l->qkv, wt, lv, N);
     gpt_attention_fwd(l->qkv, l->att, l->atty, nb, d->L, C, d->H);
     gpt_linear_fwd(l->atty, p[GPT_PROJW], p[GPT_PROJB], l->x2, wt, N, C, C);
+    if (d->lora) gpt_lora_fwd(d, l, p, 1, l->atty, l->x2, wt, lv, N);
     for (i = 0; i < NC; i++) l->x2[i] += l->x[i];
     gpt_layernorm_fwd(l->x2, p[GPT_LN2W], p[GPT_LN2B], l->xhat2, l->rstd2, l->y2, N, C);
     gpt_linear_fwd(l->y2, p[GPT_FCW], p[GPT_FCB], l->fc, wt, N, C, 4 * C);
+    if (d->lora) gpt_lora_fwd(d, l, p, 2, l->y2, l->fc, wt, lv, N);
     gpt_gelu_fwd(l->fc, l->gl, l->gd, 4 * NC);
     gpt_linear_fwd(l->gl, p[GPT_MPW], p[GPT_MPB], out, wt, N, 4 * C, C);
+    if (d->lora) gpt_lora_fwd(d, l, p, 3, l->gl, out, wt, lv, N);
     for (i = 0; i < NC; i++) out[i] += l->x2[i];
 }
 
@@ -610,16 +722,20 @@ static void gpt_block_bwd(const gpt_dims *d, gpt_layer_acts *l, float *const *p,
     /* MLP: dx is d(out) = d(x2) through the residual, plus the branch */
     memset(a->dfc, 0, 4 * NC * sizeof(float));
     gpt_linear_bwd(l->gl, p[GPT_MPW], dx, g[GPT_MPW], g[GPT_MPB], a->dfc, N, 4 * C, C);
+    if (d->lora) gpt_lora_bwd(d, l, p, g, 3, l->gl, dx, a->dfc, a, N);
     for (i = 0; i < 4 * NC; i++) a->dfc[i] *= l->gd[i];
     memset(dy, 0, NC * sizeof(float));
     gpt_linear_bwd(l->y2, p[GPT_FCW], a->dfc, g[GPT_FCW], g[GPT_FCB], dy, N, C, 4 * C);
+    if (d->lora) gpt_lora_bwd(d, l, p, g, 2, l->y2, a->dfc, dy, a, N);
     gpt_layernorm_bwd(l->xhat2, l->rstd2, p[GPT_LN2W], dy, g[GPT_LN2W], g[GPT_LN2B], dx, N, C);
     /* attention: dx is now d(x2) */
     memset(dy, 0, NC * sizeof(float));
     gpt_linear_bwd(l->atty, p[GPT_PROJW], dx, g[GPT_PROJW], g[GPT_PROJB], dy, N, C, C);
+    if (d->lora) gpt_lora_bwd(d, l, p, g, 1, l->atty, dx, dy, a, N);
     gpt_attention_bwd(l->qkv, l->att, dy, a->dqkv, a->dp, nb, d->L, C, d->H);
     memset(dy, 0, NC * sizeof(float));
     gpt_linear_bwd(l->y1, p[GPT_QKVW], a->dqkv, g[GPT_QKVW], g[GPT_QKVB], dy, N, C, 3 * C);
+    if (d->lora) gpt_lora_bwd(d, l, p, g, 0, l->y1, a->dqkv, dy, a, N);
     gpt_layernorm_bwd(l->xhat1, l->rstd1, p[GPT_LN1W], dy, g[GPT_LN1W], g[GPT_LN1B], dx, N, C);
 }
 
@@ -642,7 +758,7 @@ static int gpt_forward(const gpt_dims *d, gpt_acts *a, gpt_src *src, const int *
     for (layer = 0; layer < d->layers; layer++) {
         float *out = layer + 1 < d->layers ? a->l[layer + 1].x : a->xf;
         if (!src->begin(src, layer, 0, p, NULL)) return 0;
-        gpt_block_fwd(d, &a->l[layer], p, out, a->wt, nb);
+        gpt_block_fwd(d, &a->l[layer], p, out, a->wt, a->lv, nb);
         if (!src->end(src, layer, 0)) return 0;
     }
     gpt_layernorm_fwd(a->xf, rp[GPT_LNFW], rp[GPT_LNFB], a->xhatf, a->rstdf, a->yf, N, C);
@@ -698,8 +814,8 @@ static int gpt_backward(const gpt_dims *d, gpt_acts *a, gpt_src *src, const int 
         gpt_block_bwd(d, &a->l[layer], p, g, a, nb);
         if (!src->end(src, layer, 1)) return 0;
     }
-    /* embeddings: both receive d(x0) */
-    for (b = 0; b < nb; b++)
+    /* embeddings: both receive d(x0) (frozen under LoRA: nothing to add) */
+    for (b = 0; b < nb && rg[GPT_WTE]; b++)
         for (t = 0; t < d->L; t++) {
             const float *dx = a->dx + ((size_t)b * (size_t)d->L + (size_t)t) * (size_t)C;
             float *te = rg[GPT_WTE] + (size_t)tokens[b * (d->L + 1) + t] * (size_t)C;
@@ -765,8 +881,8 @@ static double gpt_thread_cpu_ms(void) { return gpt_now_ms(); }
 static fsdp_model *gpt_build_model(const gpt_config *c, char *err, size_t cap)
 {
     gpt_dims d = gpt_dims_of(c);
-    const int64_t C = d.C, n = d.layers;
-    const fsdp_layout_entry table[] = {
+    const int64_t C = d.C, n = d.layers, R = d.lora;
+    fsdp_layout_entry table[] = {
         /* name, offset (unused here), ndim, shape, count */
         {"wte.weight", 0, 2, {GPT_VOCAB, C}, 0, 0, FSDP_F32, 0},
         {"wpe.weight", 0, 2, {d.L, C}, 0, 0, FSDP_F32, 0},
@@ -784,8 +900,20 @@ static fsdp_model *gpt_build_model(const gpt_config *c, char *err, size_t cap)
         {"h.{L}.mlp.c_proj.bias", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
         {"ln_f.weight", 0, 1, {C}, 0, 0, FSDP_F32, 0},
         {"ln_f.bias", 0, 1, {C}, 0, 0, FSDP_F32, 0}};
+    /* --lora: the adapters, trainable, beside the frozen base */
+    const fsdp_layout_entry adapters[] = {
+        {"h.{L}.attn.c_attn.lora_a.weight", 0, 2, {R, C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.attn.c_attn.lora_b.weight", 0, 2, {3 * C, R}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.attn.c_proj.lora_a.weight", 0, 2, {R, C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.attn.c_proj.lora_b.weight", 0, 2, {C, R}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.mlp.c_fc.lora_a.weight", 0, 2, {R, C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.mlp.c_fc.lora_b.weight", 0, 2, {4 * C, R}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.mlp.c_proj.lora_a.weight", 0, 2, {R, 4 * C}, (int)n, 0, FSDP_F32, 0},
+        {"h.{L}.mlp.c_proj.lora_b.weight", 0, 2, {C, R}, (int)n, 0, FSDP_F32, 0}};
     fsdp_model *m = NULL;
     fsdp_model_desc desc;
+    size_t k;
+    for (k = 0; k < sizeof table / sizeof table[0]; k++) table[k].frozen = R > 0;
     memset(&desc, 0, sizeof desc);
     desc.root_type = "GPT";
     desc.implied_modules = 1;
@@ -794,6 +922,9 @@ static fsdp_model *gpt_build_model(const gpt_config *c, char *err, size_t cap)
         return NULL;
     }
     if (fsdp_model_add_layout(m, table, (int)(sizeof table / sizeof table[0])) != FSDP_SUCCESS ||
+        (R > 0 && n > 0 &&
+         fsdp_model_add_layout(m, adapters, (int)(sizeof adapters / sizeof adapters[0])) !=
+             FSDP_SUCCESS) ||
         fsdp_model_add_shared_param(m, NULL, "head.weight", "wte.weight") != FSDP_SUCCESS) {
         snprintf(err, cap, "building the model failed: %s", fsdp_model_last_error(m));
         fsdp_model_destroy(m);
@@ -850,10 +981,15 @@ static fsdp_init_spec gpt_init_choose(void *user, const char *fqn, int ndim, con
     const gpt_config *c = (const gpt_config *)user;
     fsdp_init_spec s;
     size_t len = strlen(fqn);
-    (void)shape;
     (void)module_type;
     memset(&s, 0, sizeof s);
-    if (ndim == 2) {
+    if (strstr(fqn, ".lora_a.")) { /* LoRA's A: U(-1/sqrt(in), 1/sqrt(in)); B: zeros */
+        s.kind = FSDP_INIT_UNIFORM;
+        s.b = 1.0 / sqrt((double)shape[1]);
+        s.a = -s.b;
+    } else if (strstr(fqn, ".lora_b.")) {
+        s.kind = FSDP_INIT_ZEROS;
+    } else if (ndim == 2) {
         s.kind = FSDP_INIT_NORMAL;
         s.b = 0.02;
         if (len > 13 && !strcmp(fqn + len - 13, "c_proj.weight"))
@@ -887,6 +1023,15 @@ typedef struct gpt_result {
     int correct, ntest;
     size_t peak[GPT_MAX_RANKS], plan[GPT_MAX_RANKS];
     fsdp_memory_plan plan0; /* rank 0's plan, itemised */
+    /* LoRA (gpt_config.lora): held-out accuracy on the new task before
+       fine-tuning, the trainable parameters (the adapters), and the plan
+       full fine-tuning of the same model would make per rank
+       (fsdp_ctx_plan_only: every parameter trainable, no adapters) */
+    double accuracy_before;
+    int correct_before;
+    int64_t trainable;
+    fsdp_memory_plan full_plan;
+    size_t load_peak[GPT_MAX_RANKS]; /* the device peak up to the base checkpoint's load */
     double compute_ms[GPT_MAX_RANKS]; /* engine compute (thread CPU time), all steps */
     double fsdp_ms[GPT_MAX_RANKS];    /* wall time inside fsdp_* calls */
     char msg[GPT_MAX_RANKS][FSDP_ERROR_MAX + 96];
@@ -911,6 +1056,7 @@ typedef struct gpt_engine {
     int unit_of[GPT_MAX_LAYERS + 1]; /* gpt unit -> fsdp unit */
     gpt_tensor *t;                   /* (layers + 1) x GPT_MAX_NT */
     int bf16, rank;
+    int lora; /* the base is frozen: no gradient views but the adapters' */
     double cpu_mark, compute_ms, fsdp_ms;
     char *msg;
     size_t msg_cap;
@@ -955,6 +1101,11 @@ static int gpt__begin(gpt_src *s, int unit, int backward, float **p, float **g)
         }
         p[k] = (float *)v;
         if (!backward) continue;
+        if (e->lora && (unit == e->d.layers || k < GPT_LORA0)) { /* frozen */
+            g[k] = NULL;
+            t->gview = NULL;
+            continue;
+        }
         if (!(t->gview = fsdp_grad(e->ctx, t->fqn))) return gpt__fail(e, t->fqn);
         if (e->bf16) memset(t->g32, 0, t->n * sizeof(float));
         g[k] = e->bf16 ? t->g32 : (float *)t->gview;
@@ -973,6 +1124,7 @@ static int gpt__end(gpt_src *s, int unit, int backward)
             gpt_tensor *t = &e->t[unit * GPT_MAX_NT + k];
             uint16_t *h = (uint16_t *)t->gview;
             size_t i;
+            if (!h) continue; /* frozen */
             for (i = 0; i < t->n; i++) h[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(h[i]) + t->g32[i]);
         }
     gpt__enter_lib(e, &wall);
@@ -1007,13 +1159,13 @@ static int gpt__evaluate(gpt_engine *e, gpt_acts *a, int *tok, int chunk, fsdp_c
         uint64_t x, y;
         for (i = 0; i < nb; i++) {
             gpt_problem(D, e->cfg->seed, 1, (uint64_t)(lo + i), &x, &y);
-            gpt_encode(D, x, y, tok + (size_t)i * row);
+            gpt_encode_task(e->cfg->task, D, x, y, tok + (size_t)i * row);
         }
         if (!gpt_generate(&e->d, a, &e->src, tok, nb)) return 0;
         for (i = 0; i < nb; i++) {
             int ref[3 * GPT_MAX_DIGITS + 3], same = 1;
             gpt_problem(D, e->cfg->seed, 1, (uint64_t)(lo + i), &x, &y);
-            gpt_encode(D, x, y, ref);
+            gpt_encode_task(e->cfg->task, D, x, y, ref);
             for (j = 2 * D + 2; j <= e->d.L; j++) same &= ref[j] == tok[(size_t)i * row + (size_t)j];
             count += same;
         }
@@ -1059,6 +1211,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     e.cfg = cfg;
     e.d = gpt_dims_of(cfg);
     e.bf16 = cfg->bf16;
+    e.lora = cfg->lora > 0;
     e.rank = rank;
     e.msg = res->msg[rank];
     e.msg_cap = sizeof res->msg[rank];
@@ -1122,6 +1275,52 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         gpt__fail(&e, "fsdp_init_params");
         goto done;
     }
+    /* LoRA: the base checkpoint into the frozen weights; the adapters are
+       not in it and keep their initial values (A random, B zero) */
+    if (cfg->base_dir && fsdp_ckpt_load(e.ctx, cfg->base_dir, FSDP_SD_NOT_STRICT) != FSDP_SUCCESS) {
+        gpt__fail(&e, "fsdp_ckpt_load of the base checkpoint");
+        goto done;
+    }
+    if (cfg->base_dir) {
+        /* the load's own peak, reported apart (it exceeds the plan by a
+           few bytes for mixed units); the peak reported then is training's */
+        fsdp_device_memory(dev, &ms);
+        res->load_peak[rank] = ms.device_peak;
+        fsdp_device_reset_peak(dev);
+    }
+    if (cfg->lora > 0 && rank == 0) {
+        /* what trains, and what full fine-tuning would plan per rank */
+        gpt_config fc = *cfg;
+        fsdp_model *fm;
+        fsdp_units *fu = NULL;
+        fsdp_ctx_desc fd = cd;
+        fsdp_error ferr;
+        char why[FSDP_ERROR_MAX];
+        int np = fsdp_model_num_params(sh->model);
+        res->trainable = 0;
+        for (i = 0; i < np; i++) {
+            fsdp_param_info pi;
+            if (fsdp_model_param(sh->model, i, &pi) == FSDP_SUCCESS && pi.primary == i &&
+                pi.requires_grad)
+                res->trainable += pi.numel;
+        }
+        fc.lora = 0;
+        fm = gpt_build_model(&fc, why, sizeof why);
+        if (fm) fu = gpt_wrap(fm, &fc, why, sizeof why);
+        memset(&ferr, 0, sizeof ferr);
+        fd.model = fm;
+        fd.units = fu;
+        fd.device = NULL;
+        fd.comm = NULL;
+        fd.hooks.error = &ferr;
+        r = fu ? fsdp_ctx_plan_only(&fd, nranks, &res->full_plan) : FSDP_INVALID_ARGS;
+        if (r != FSDP_SUCCESS)
+            snprintf(e.msg, e.msg_cap, "rank 0: the plan of full fine-tuning: %s",
+                     fu ? ferr.message : why);
+        fsdp_units_destroy(fu);
+        fsdp_model_destroy(fm);
+        if (r != FSDP_SUCCESS) goto done;
+    }
     /* a resumed run continues from the checkpoint's step (which also places
        the lr schedule and the data stream), at any number of ranks */
     if (cfg->resume_dir && fsdp_ckpt_load(e.ctx, cfg->resume_dir, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
@@ -1150,6 +1349,14 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         gpt__fail(&e, "fsdp_ckpt_writer_create");
         goto done;
     }
+    if (cfg->lora > 0) { /* the new task's held-out accuracy before fine-tuning */
+        int correct;
+        if (!gpt__evaluate(&e, &a, tok, chunk, comm, cfg->ntest, &correct)) goto done;
+        if (rank == 0) {
+            res->correct_before = correct;
+            res->accuracy_before = (double)correct / (double)cfg->ntest;
+        }
+    }
     tokens_per_step = (double)cfg->batch * (double)e.d.L;
     t_start = t_last = gpt_now_ms();
     e.cpu_mark = gpt_thread_cpu_ms();
@@ -1164,7 +1371,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
                 uint64_t idx = (uint64_t)(step - 1) * (uint64_t)cfg->batch +
                                (uint64_t)(m * (cfg->batch / K) + rank * mb + i), x, y;
                 gpt_problem(cfg->digits, cfg->seed, 0, idx, &x, &y);
-                gpt_encode(cfg->digits, x, y, tok + (size_t)i * row);
+                gpt_encode_task(cfg->task, cfg->digits, x, y, tok + (size_t)i * row);
             }
             if (!gpt_forward(&e.d, &a, &e.src, tok, mb)) goto done;
             /* d(this rank's mean loss over the step); FSDP averages ranks */
@@ -1338,6 +1545,8 @@ static int gpt_check_config(const gpt_config *c, char *err, size_t cap)
         snprintf(err, cap, "--digits must be 1..%d", GPT_MAX_DIGITS);
     else if (c->ntest < 1 || c->ntest > 1 << 20)
         snprintf(err, cap, "the held-out set needs 1..%d problems", 1 << 20);
+    else if (c->lora < 0 || c->lora > c->dim) /* a rank above dim adds nothing */
+        snprintf(err, cap, "--lora must be 1..--dim (%d)", c->dim);
     else
         return 1;
     return 0;

@@ -103,7 +103,10 @@ static double loss_of(plain_src *ps, gpt_acts *a, const int *tok, int nb)
     return gpt_loss(&ps->d, a, tok, nb, 1.0f, NULL);
 }
 
-static void test_gradients(void)
+/* lora > 0: the block's LoRA adapters too (rank lora, alpha 1.5 x lora),
+   every tensor's gradient checked, the frozen ones' included: the input
+   gradient flows through W and through the adapter */
+static void gradients_of(int lora)
 {
     gpt_config c = gpt_default_config();
     plain_src ps;
@@ -116,6 +119,8 @@ static void test_gradients(void)
     c.dim = 8;
     c.heads = 2;
     c.digits = 2;
+    c.lora = lora;
+    c.lora_alpha = 1.5 * lora;
     memset(&ps, 0, sizeof ps);
     ps.src.begin = plain_begin;
     ps.src.end = plain_end;
@@ -135,9 +140,10 @@ static void test_gradients(void)
         for (k = 0; k < gpt_unit_ntensors(&ps.d, u); k++) {
             size_t n = gpt_tensor_numel(&ps.d, u, k);
             int is_ln_w = u < ps.d.layers ? (k == GPT_LN1W || k == GPT_LN2W) : k == GPT_LNFW;
+            float amp = k >= GPT_LORA0 && u < ps.d.layers ? 0.2f : 0.4f; /* adapters: smaller */
             ps.p[u][k] = (float *)malloc(n * sizeof(float));
             ps.g[u][k] = (float *)calloc(n, sizeof(float));
-            for (j = 0; j < n; j++) ps.p[u][k][j] = (is_ln_w ? 1.0f : 0.0f) + 0.4f * rnd(&seed);
+            for (j = 0; j < n; j++) ps.p[u][k][j] = (is_ln_w ? 1.0f : 0.0f) + amp * rnd(&seed);
         }
     gpt_forward(&ps.d, &a, &ps.src, tok, nb);
     gpt_loss(&ps.d, &a, tok, nb, 1.0f, NULL);
@@ -173,7 +179,8 @@ static void test_gradients(void)
             CHECK(ana2 > 0.0, "%s: the gradient is identically zero", name);
         }
     printf("gradient check: %zu elements in %d tensors, worst tensor |num - ana| / |num| "
-           "%.2g\n", checked, ps.d.layers * GPT_BLOCK_NT + GPT_ROOT_NT, overall);
+           "%.2g\n", checked, ps.d.layers * gpt_unit_ntensors(&ps.d, 0) + GPT_ROOT_NT,
+           overall);
     for (u = 0; u <= ps.d.layers; u++)
         for (k = 0; k < GPT_MAX_NT; k++) {
             free(ps.p[u][k]);
@@ -265,10 +272,14 @@ static void test_ranks_agree(void)
     }
 }
 
+static void test_gradients(void) { gradients_of(0); }
+static void test_lora_gradients(void) { gradients_of(2); }
+
 static const check_case CASES[] = {
     {"gemm", test_gemm},
     {"gradients", test_gradients},
     {"ranks_agree", test_ranks_agree},
+    {"lora_gradients", test_lora_gradients},
 };
 
 int main(int argc, char **argv)
