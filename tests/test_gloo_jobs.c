@@ -75,6 +75,24 @@ static void touch_file(const char *p)
     if (f) fclose(f);
 }
 
+/* A store key written the way the store writes it: whole, then renamed into
+   place, so that a rank polling for it never reads it half written (under
+   the sanitizers' slowness it did). */
+static FILE *fopen_tmp(const char *p, const char *mode)
+{
+    char t[1024];
+    snprintf(t, sizeof t, "%s.part", p);
+    return fopen(t, mode);
+}
+
+static void publish(FILE *f, const char *p)
+{
+    char t[1024];
+    snprintf(t, sizeof t, "%s.part", p);
+    fclose(f);
+    if (rename(t, p) != 0) remove(t);
+}
+
 /* A port nobody listens on now (the kernel's pick). */
 static int free_port(void)
 {
@@ -546,22 +564,22 @@ static void test_first_connect_timeout(void)
         ga.seq = 0;
         mkdir_hello(id);
         snprintf(p, sizeof p, "%s/main/%s/hello/1", g_dir, id);
-        f = fopen(p, "w");
+        f = fopen_tmp(p, "w");
         if (f) {
             char host[256] = {0};
             gethostname(host, sizeof host - 1); /* one host: loopback is fine */
             fprintf(f, "size=2\nhost=%s\naddr=[127.0.0.1]:%d\npid=%d\n", host,
                     ntohs(a.sin_port), (int)getpid());
-            fclose(f);
+            publish(f, p);
         }
         snprintf(p, sizeof p, "%s/main/%s/mesh", g_dir, id);
         mkdir(p, 0777);
         snprintf(p, sizeof p, "%s/main/%s/mesh/1", g_dir, id);
-        f = fopen(p, "wb");
+        f = fopen_tmp(p, "wb");
         if (f) {
             fwrite(&n, 4, 1, f);
             fwrite(&ga, sizeof ga, 1, f);
-            fclose(f);
+            publish(f, p);
         }
     }
     CHECK(reap(r0, 0), "rank 0 against a peer that never connects (see above)");
@@ -601,10 +619,10 @@ static void test_loopback_across_hosts(void)
     CHECK(id[0] != 0, "rank 0 wrote no job record");
     mkdir_hello(id);
     snprintf(p, sizeof p, "%s/main/%s/hello/1", g_dir, id);
-    f = id[0] ? fopen(p, "w") : NULL;
+    f = id[0] ? fopen_tmp(p, "w") : NULL;
     if (f) {
         fprintf(f, "size=2\nhost=some-other-host\naddr=[10.127.0.9]\npid=1\n");
-        fclose(f);
+        publish(f, p);
     }
     CHECK(reap(r0, 0), "rank 0 with a peer on another host (see above)");
     drop_dir();
@@ -631,11 +649,12 @@ static void test_collective_names_rank(void)
             d.store_dir = g_dir;
             d.rank = j;
             d.size = 3;
-            d.timeout_ms = 1000;
+            /* long enough for three ranks to connect under the sanitizers */
+            d.timeout_ms = 3000;
             d.disable_mismatch_check = 1; /* the data's own wait, not the fingerprints' */
             res = fsdp_comm_gloo_create(&d, &comm);
             CHECK_RANK(res == FSDP_SUCCESS, j, "create: %s", err.message);
-            if (comm && j == 2) sleep_ms(2500);
+            if (comm && j == 2) sleep_ms(6500);
             else if (comm) {
                 res = fsdp_all_gather(comm, v, out, 4, FSDP_F32, NULL);
                 CHECK_RANK(res == FSDP_COMM_TIMEOUT, j, "all_gather without rank 2 gave %s: %s",
