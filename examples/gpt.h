@@ -1282,11 +1282,10 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         goto done;
     }
     if (cfg->base_dir) {
-        /* the load's own peak, reported apart (it exceeds the plan by a
-           few bytes for mixed units); the peak reported then is training's */
+        /* the load's own peak, reported apart; the run's peak includes it
+           (loads stream through the plan's buffers) */
         fsdp_device_memory(dev, &ms);
         res->load_peak[rank] = ms.device_peak;
-        fsdp_device_reset_peak(dev);
     }
     if (cfg->lora > 0 && rank == 0) {
         /* what trains, and what full fine-tuning would plan per rank */
