@@ -656,7 +656,8 @@ static int tiny_reference_plan(const tiny *t, const tiny_plan *plan, int nranks,
 {
     fsdp_local_desc ld;
     ref_job job;
-    int res[8] = {0}, j;
+    int res[64] = {0}, j;
+    if (nranks > 64) return 0;
     memset(&ld, 0, sizeof ld);
     ld.nranks = nranks;
     job.t = t;
@@ -899,7 +900,8 @@ static int zero_reference(const zero_run *cfg, int nranks, float *out, fsdp_stat
 {
     fsdp_local_desc ld;
     zero_ref job;
-    int res[8] = {0}, j;
+    int res[64] = {0}, j;
+    if (nranks > 64) return 0;
     memset(&ld, 0, sizeof ld);
     ld.nranks = nranks;
     job.cfg = cfg;
