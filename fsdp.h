@@ -696,6 +696,25 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
    (the engine names the call and the rank around them) and returns
    FSDP_COMM_TIMEOUT once the deadline passed, else FSDP_COMM_ERROR (or
    another result). t is the transport's own pointer. */
+/* Optional, for fsdp_transport_desc.all_to_all_headed (NULL: the engine
+   exchanges the fingerprints first, then the data: one more round trip).
+   The mismatch check and the data in one round: head (head_bytes, the
+   same on every rank) goes to every peer and rank j's lands at heads + j *
+   head_bytes (this rank's own included); send_blocks[j] (bytes_per_rank, 0
+   for none) goes to rank j and rank j's lands at recv_blocks[j] (this
+   rank's own block is not moved). A peer whose head differs from this
+   rank's in its first key_bytes made another call: nothing of its data is
+   received or waited for, so recv_blocks[j] keeps its bytes, and the call
+   still returns FSDP_SUCCESS once every head arrived: the engine names the
+   mismatch, and the comm is broken from then on (data sent to such a peer
+   may stay undelivered). Nothing lands in recv_blocks after the call
+   returned. Deadlines and errors as for the vtable's primitives. */
+typedef fsdp_result (*fsdp_transport_headed_fn)(void *t, const void *head, void *heads,
+                                                size_t head_bytes, size_t key_bytes,
+                                                const void *const *send_blocks,
+                                                void *const *recv_blocks, size_t bytes_per_rank,
+                                                double deadline_ms, fsdp_error *err);
+
 typedef struct fsdp_transport_vtable {
     uint32_t size;    /* sizeof(fsdp_transport_vtable) as the transport was compiled */
     const char *name; /* the comm's name ("mpi"), outliving every comm */
@@ -746,6 +765,10 @@ typedef struct fsdp_transport_desc {
     int timeout_ms;           /* each collective's, from when its turn comes: 0:
                                  60000; negative: none */
     int disable_mismatch_check; /* every rank must pass the same value */
+    /* Optional: the check and the data in one round (see the type); the
+       comm's splits use it on their transports too. A descriptor field, not
+       a vtable entry, so vtables written for 0.6.0 compile unchanged. */
+    fsdp_transport_headed_fn all_to_all_headed;
 } fsdp_transport_desc;
 
 /* Builds a comm on a connected transport, which is the comm's from the call
@@ -5717,6 +5740,7 @@ typedef fsdp_result (*fsdp__eng_split_fn)(fsdp__eng *e, int color, int key, fsdp
 
 struct fsdp__eng {
     fsdp_transport_vtable xp; /* a copy */
+    fsdp_transport_headed_fn headed; /* fsdp_transport_desc.all_to_all_headed */
     void *t;
     fsdp__eng_run_fn native_run;     /* NULL: the transport's primitives */
     fsdp__eng_split_fn native_split;
@@ -5747,6 +5771,7 @@ struct fsdp__eng {
     fsdp_error broken;   /* a transport's sticky failure (sticky points here) */
     fsdp_coll_desc *fps; /* size fingerprints, used by the running call only */
     const void **blocks; /* size block pointers for a sum, same owner as fps */
+    void **rblocks;      /* size block pointers to receive into, the same */
 };
 
 /* A collective queued on a stream. Ops are recycled and keep their scratch
@@ -5772,9 +5797,12 @@ FSDP__DEF fsdp__eng *fsdp__eng_new(const fsdp_hooks *hooks, const fsdp_transport
     if (e && bytes) {
         e->fps = (fsdp_coll_desc *)fsdp__calloc(&h, (size_t)size, sizeof *e->fps);
         e->blocks = (const void **)fsdp__calloc(&h, (size_t)size, sizeof *e->blocks);
+        e->rblocks = (void **)fsdp__calloc(&h, (size_t)size, sizeof *e->rblocks);
     }
-    if (!e || (bytes && (!e->fps || !e->blocks)) || !fsdp__sync_init(&e->mu, &e->cv)) {
+    if (!e || (bytes && (!e->fps || !e->blocks || !e->rblocks)) ||
+        !fsdp__sync_init(&e->mu, &e->cv)) {
         if (e) {
+            fsdp__free(&h, (void *)e->rblocks);
             fsdp__free(&h, (void *)e->blocks);
             fsdp__free(&h, e->fps);
         }
@@ -5816,6 +5844,7 @@ FSDP__DEF void fsdp__eng_destroy(fsdp__eng *e)
     if (e->xp.destroy) e->xp.destroy(e->t);
     fsdp__sync_destroy(&e->mu, &e->cv);
     fsdp__free(&h, (void *)e->blocks);
+    fsdp__free(&h, (void *)e->rblocks);
     fsdp__free(&h, e->fps);
     fsdp__free(&h, e);
 }
@@ -5920,14 +5949,28 @@ FSDP__DEF int fsdp__eng_inband(const fsdp__eng *e, const fsdp_coll_desc *c)
 {
     size_t es = fsdp_dtype_size(c->dt);
     if (!e->check || e->size < 2 || e->native_run || !es || !c->count) return 0;
+    if (e->headed) return 0; /* the data travels beside the head instead */
     if (c->kind != FSDP_COLL_ALL_GATHER && c->kind != FSDP_COLL_REDUCE_SCATTER) return 0;
     return c->count <= fsdp__eng_block_payload(e->size) / es;
 }
 
-/* The staging of the first exchange: send and receive, size blocks each. */
+/* With all_to_all_headed a head is the call's key, the fields
+   fsdp_coll_same compares (so heads agree in their first FSDP__ENG_KEY
+   bytes exactly when the calls are the same), then its fsdp_coll_desc,
+   label included, for the message. */
+typedef struct fsdp__eng_key {
+    uint64_t seq, count;
+    int32_t kind, dt, op, root;
+} fsdp__eng_key;
+#define FSDP__ENG_KEY ((sizeof(fsdp__eng_key) + 15) / 16 * 16)
+#define FSDP__ENG_HEAD (FSDP__ENG_KEY + FSDP__ENG_HDR)
+
+/* The staging of the first exchange: send and receive, size blocks each
+   (with all_to_all_headed: this rank's head and every rank's). */
 FSDP__DEF size_t fsdp__eng_staging_bytes(const fsdp__eng *e)
 {
     if (!e->check || e->size < 2 || e->native_run) return 0;
+    if (e->headed) return ((size_t)e->size + 1) * FSDP__ENG_HEAD;
     return 2 * (size_t)e->size * (FSDP__ENG_HDR + fsdp__eng_block_payload(e->size));
 }
 
@@ -5958,20 +6001,104 @@ FSDP__DEF fsdp_result fsdp__eng_mismatch(const fsdp__eng *e, fsdp_error *err)
     return fsdp_error_set(err, FSDP_COMM_MISMATCH, "%s; seen on rank %d%s", msg, e->rank, e->where);
 }
 
-/* The first exchange of a checked call (staging: fsdp__eng_staging_bytes):
-   every rank's fingerprint, compared with rank 0's, and for a small
-   all-gather or reduce-scatter the data itself (*done = 1). */
+/* A failed first exchange, in the engine's words. */
+FSDP__DEF fsdp_result fsdp__eng_check_failed(const fsdp__eng *e, const fsdp_coll_desc *c,
+                                             fsdp_result r, const fsdp_error *xe, int data,
+                                             fsdp_error *err)
+{
+    char call[256];
+    fsdp__coll_describe_labeled(call, sizeof call, c);
+    return fsdp_error_set(err, r, "%s on rank %d%s: %s%s", call, e->rank, e->where,
+                          r != FSDP_COMM_TIMEOUT ? ""
+                          : data ? "timed out exchanging call fingerprints and data: "
+                                 : "timed out exchanging call fingerprints: ",
+                          xe->message);
+}
+
+/* 1 when c's data travels beside its head (all_to_all_headed): an
+   all-gather, or a reduce-scatter summed here (not by the transport). */
+FSDP__DEF int fsdp__eng_fused(const fsdp__eng *e, const fsdp_coll_desc *c)
+{
+    if (!c->count) return 0;
+    if (c->kind == FSDP_COLL_ALL_GATHER) return 1;
+    return c->kind == FSDP_COLL_REDUCE_SCATTER &&
+           !(e->xp.reduce_scatter && (c->dt == FSDP_F32 || c->dt == FSDP_F64));
+}
+
+/* fsdp__eng_check over all_to_all_headed: the heads and, for an all-gather
+   or reduce-scatter, the data in one round (scratch: fsdp__eng_move_bytes,
+   staging: fsdp__eng_staging_bytes). Nothing is summed or copied unless
+   every head agrees. */
+FSDP__DEF fsdp_result fsdp__eng_headed(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
+                                       void *recv, void *scratch, void *staging, double deadline,
+                                       int *done, fsdp_error *err)
+{
+    size_t hb = FSDP__ENG_HEAD, n = (size_t)e->size;
+    size_t bytes = c->count * fsdp_dtype_size(c->dt);
+    unsigned char *head = (unsigned char *)staging, *heads = head + hb;
+    const unsigned char *in = (const unsigned char *)send;
+    unsigned char *out = (unsigned char *)recv;
+    int fused = fsdp__eng_fused(e, c), ag = c->kind == FSDP_COLL_ALL_GATHER, j;
+    fsdp__eng_key k;
+    fsdp_error xe;
+    fsdp_result r;
+    *done = 0;
+    memset(&k, 0, sizeof k);
+    k.seq = c->seq;
+    k.count = c->count;
+    k.kind = (int32_t)c->kind;
+    k.dt = (int32_t)c->dt;
+    k.op = (int32_t)c->op;
+    k.root = (int32_t)c->root;
+    memset(head, 0, hb);
+    memcpy(head, &k, sizeof k);
+    memcpy(head + FSDP__ENG_KEY, c, sizeof *c);
+    /* an all-gather sends its one block to all; a reduce-scatter block j to
+       rank j, and one peer's block lands in recv itself when recv is apart
+       from send (the sum then reads it in cache, as fsdp__eng_move's) */
+    for (j = 0; fused && j < e->size; j++) {
+        e->blocks[j] = ag ? (const void *)in : in + (size_t)j * bytes;
+        e->rblocks[j] = ag ? out + (size_t)j * bytes : (unsigned char *)scratch + (size_t)j * bytes;
+    }
+    if (fused && !ag) {
+        uintptr_t ui = (uintptr_t)in, uo = (uintptr_t)out;
+        if (uo + bytes <= ui || ui + n * bytes <= uo) e->rblocks[e->rank == 0 ? 1 : 0] = out;
+    }
+    memset(&xe, 0, sizeof xe);
+    r = e->headed(e->t, head, heads, hb, FSDP__ENG_KEY, e->blocks, e->rblocks,
+                                fused ? bytes : 0, deadline, &xe);
+    if (r != FSDP_SUCCESS) return fsdp__eng_check_failed(e, c, r, &xe, fused, err);
+    for (j = 0; j < e->size; j++) memcpy(&e->fps[j], heads + (size_t)j * hb + FSDP__ENG_KEY, sizeof *c);
+    r = fsdp__eng_mismatch(e, err);
+    if (r != FSDP_SUCCESS || !fused) return r;
+    *done = 1;
+    if (ag) {
+        if (in != out + (size_t)e->rank * bytes) memcpy(out + (size_t)e->rank * bytes, in, bytes);
+        return FSDP_SUCCESS;
+    }
+    for (j = 0; j < e->size; j++)
+        e->blocks[j] = j == e->rank ? in + (size_t)j * bytes : (const void *)e->rblocks[j];
+    fsdp_reduce_blocks(recv, c->dt, e->blocks, e->size, 0, c->count, c->op);
+    return FSDP_SUCCESS;
+}
+
+/* The first exchange of a checked call (staging: fsdp__eng_staging_bytes,
+   scratch: fsdp__eng_move_bytes, NULL when there is no data): every rank's
+   fingerprint, compared with rank 0's, and for a small all-gather or
+   reduce-scatter (any size with all_to_all_headed) the data itself
+   (*done = 1). */
 FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
-                                      void *recv, void *staging, double deadline, int *done,
-                                      fsdp_error *err)
+                                      void *recv, void *scratch, void *staging, double deadline,
+                                      int *done, fsdp_error *err)
 {
     size_t H = FSDP__ENG_HDR, blk = H + fsdp__eng_block_payload(e->size), n = (size_t)e->size;
     size_t bytes = c->count * fsdp_dtype_size(c->dt);
     unsigned char *out = (unsigned char *)staging, *in = out + n * blk;
     int inband = fsdp__eng_inband(e, c), j;
-    char call[256];
     fsdp_error xe;
     fsdp_result r;
+    if (e->headed)
+        return fsdp__eng_headed(e, c, send, recv, scratch, staging, deadline, done, err);
     *done = 0;
     for (j = 0; j < e->size; j++) {
         unsigned char *b = out + (size_t)j * blk;
@@ -5983,13 +6110,7 @@ FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, con
     }
     memset(&xe, 0, sizeof xe);
     r = e->xp.all_to_all(e->t, out, in, blk, deadline, &xe);
-    if (r != FSDP_SUCCESS) {
-        fsdp__coll_describe_labeled(call, sizeof call, c);
-        return fsdp_error_set(err, r, "%s on rank %d%s: %s%s", call, e->rank, e->where,
-                              r == FSDP_COMM_TIMEOUT ? "timed out exchanging call fingerprints: "
-                                                     : "",
-                              xe.message);
-    }
+    if (r != FSDP_SUCCESS) return fsdp__eng_check_failed(e, c, r, &xe, 0, err);
     for (j = 0; j < e->size; j++) memcpy(&e->fps[j], in + (size_t)j * blk, sizeof *c);
     r = fsdp__eng_mismatch(e, err);
     if (r != FSDP_SUCCESS || !inband) return r;
@@ -6143,7 +6264,7 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
     fsdp_result r;
     if (e->check && e->size > 1) {
         int done;
-        r = fsdp__eng_check(e, c, send, recv,
+        r = fsdp__eng_check(e, c, send, recv, scratch,
                             (unsigned char *)scratch + fsdp__eng_move_bytes(e, c) *
                                                            !fsdp__eng_inband(e, c),
                             deadline, &done, err);
@@ -6360,7 +6481,7 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
             fsdp__eng_break(e, err); /* the peers wait for this rank's fingerprint */
             goto done;
         }
-        r = fsdp__eng_check(e, &c, NULL, NULL, staging, deadline, &inband_done, err);
+        r = fsdp__eng_check(e, &c, NULL, NULL, NULL, staging, deadline, &inband_done, err);
         fsdp__free(&e->hooks, staging);
         if (r != FSDP_SUCCESS) {
             fsdp__eng_break(e, err);
@@ -6376,6 +6497,7 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
     }
     if (nt) {
         *out = fsdp__eng_new(&e->hooks, &e->xp, nt, nrank, nsize, e->dev, e->timeout_ms, e->check);
+        if (*out) (*out)->headed = e->headed;
         if (!*out)
             r = fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "%s on rank %d: out of memory", call,
                                e->rank);
@@ -6432,6 +6554,7 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     int timeout;
     if (out) *out = NULL;
     if (!desc) return fsdp__fail_create(NULL, r, "fsdp_comm_transport_create: desc is NULL");
+
     if (fsdp__vtable_check(h, "fsdp_comm_transport_create", vt, vt ? vt->size : 0,
                            (unsigned)sizeof(fsdp_transport_vtable), "fsdp_transport_vtable",
                            "transport") != FSDP_SUCCESS)
@@ -6463,6 +6586,7 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
                       !desc->disable_mismatch_check);
     if (!e)
         return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_transport_create: out of memory");
+    e->headed = desc->all_to_all_headed;
     return fsdp__eng_comm(e, vt->name ? vt->name : "?", h, out);
 }
 

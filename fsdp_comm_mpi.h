@@ -154,6 +154,7 @@ typedef struct fsdp__mpi {
     fsdp__mpi_shared *sh;
     MPI_Comm comm;
     int rank, size;
+    MPI_Request *reqs; /* 5 * size, for fsdp__headed__mpi */
 } fsdp__mpi;
 
 FSDP__MPI void fsdp__lock__mpi(fsdp__mpi *m)
@@ -279,6 +280,100 @@ FSDP__MPI fsdp_result fsdp__exchange__mpi(fsdp__mpi *m, int a_to_a, const void *
         if (rc != MPI_SUCCESS && r == FSDP_SUCCESS) r = fsdp__err__mpi(err, rc, what);
     }
     return r;
+}
+
+/* Tags of fsdp__headed__mpi: a head never matches a data message. */
+enum { FSDP__HEAD_TAG__MPI = 1, FSDP__DATA_TAG__MPI = 2 };
+
+/* all_to_all_headed of the transport kit. Every head and every data block
+   is sent at once; a peer's data is received once its head arrived and
+   agrees, into exactly the bytes this call expects (a peer that made
+   another call is never received from, so its data cannot land anywhere).
+   Data sent to such a peer stays unmatched: its request is freed, and the
+   peer's comm is broken so nothing will ever receive it. */
+FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, void *heads, size_t head_bytes,
+                                        size_t key_bytes, const void *const *send_blocks,
+                                        void *const *recv_blocks, size_t bytes, double deadline,
+                                        fsdp_error *err)
+{
+    fsdp__mpi *m = (fsdp__mpi *)t;
+    const char *what = "the fingerprints and data (MPI_Isend/MPI_Irecv)";
+    unsigned char *hs = (unsigned char *)heads;
+    int np = m->size - 1, k, i, n = 0, owned = 0, nrest = 0, left = np, got, spins = 0;
+    MPI_Request *hr = m->reqs, *sr = hr + m->size, *rest = sr + m->size;
+    int *idx = (int *)(rest + 3 * m->size); /* the arrays' tail: see fsdp__alloc_reqs__mpi */
+    MPI_Datatype ty = MPI_BYTE;
+    fsdp_result r;
+    int rc = MPI_SUCCESS;
+    if (head_bytes > (size_t)INT_MAX)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "heads of %zu bytes", head_bytes);
+    if (bytes && (r = fsdp__type__mpi(bytes, &n, &ty, &owned, err)) != FSDP_SUCCESS) return r;
+    memcpy(hs + (size_t)m->rank * head_bytes, head, head_bytes);
+    fsdp__lock__mpi(m);
+    for (k = 1; k <= np && rc == MPI_SUCCESS; k++) {
+        int from = (m->rank - k + m->size) % m->size, to = (m->rank + k) % m->size;
+        hr[k - 1] = sr[k - 1] = MPI_REQUEST_NULL;
+        rc = MPI_Irecv(hs + (size_t)from * head_bytes, (int)head_bytes, MPI_BYTE, from,
+                       FSDP__HEAD_TAG__MPI, m->comm, &hr[k - 1]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Isend(head, (int)head_bytes, MPI_BYTE, to, FSDP__HEAD_TAG__MPI, m->comm,
+                           &rest[nrest++]);
+        if (rc == MPI_SUCCESS && bytes)
+            rc = MPI_Isend(send_blocks[to], n, ty, to, FSDP__DATA_TAG__MPI, m->comm, &sr[k - 1]);
+    }
+    for (; k <= np; k++) hr[k - 1] = sr[k - 1] = MPI_REQUEST_NULL;
+    fsdp__unlock__mpi(m);
+    if (rc != MPI_SUCCESS) {
+        /* what was posted cannot be taken back: the comm is broken */
+        if (owned) MPI_Type_free(&ty);
+        return fsdp__err__mpi(err, rc, what);
+    }
+    /* the heads, and each agreeing peer's data as soon as its head is in */
+    while (left > 0) {
+        fsdp__lock__mpi(m);
+        rc = MPI_Testsome(np, hr, &got, idx, MPI_STATUSES_IGNORE);
+        for (i = 0; rc == MPI_SUCCESS && got != MPI_UNDEFINED && i < got; i++) {
+            int from = (m->rank - (idx[i] + 1) + m->size) % m->size;
+            left--;
+            if (bytes && !memcmp(hs + (size_t)from * head_bytes, head, key_bytes))
+                rc = MPI_Irecv(recv_blocks[from], n, ty, from, FSDP__DATA_TAG__MPI, m->comm,
+                               &rest[nrest++]);
+        }
+        fsdp__unlock__mpi(m);
+        if (rc != MPI_SUCCESS || got == MPI_UNDEFINED) break;
+        if (got > 0 || ++spins < 64) continue;
+        sched_yield();
+        if ((spins & 63) == 0 && deadline >= 0 && fsdp_clock_ms() > deadline) {
+            if (owned) MPI_Type_free(&ty);
+            return fsdp_error_set(err, FSDP_COMM_TIMEOUT,
+                                  "%d of %d peers' fingerprints did not arrive (MPI does not say "
+                                  "which); the comm is unusable from now on", left, np);
+        }
+    }
+    if (rc != MPI_SUCCESS) {
+        if (owned) MPI_Type_free(&ty);
+        return fsdp__err__mpi(err, rc, what);
+    }
+    /* data for a peer that made another call will never be received */
+    for (k = 1; k <= np && bytes; k++) {
+        int to = (m->rank + k) % m->size;
+        if (!memcmp(hs + (size_t)to * head_bytes, head, key_bytes)) rest[nrest++] = sr[k - 1];
+        else if (sr[k - 1] != MPI_REQUEST_NULL) {
+            fsdp__lock__mpi(m);
+            MPI_Request_free(&sr[k - 1]);
+            fsdp__unlock__mpi(m);
+        }
+    }
+    r = fsdp__waitall__mpi(m, nrest, rest, deadline, what, err);
+    if (owned) MPI_Type_free(&ty);
+    return r;
+}
+
+/* The request arrays of fsdp__headed__mpi for a comm of `size` ranks:
+   head receives, data sends, the rest (3 per peer), then size ints. */
+FSDP__MPI MPI_Request *fsdp__alloc_reqs__mpi(const fsdp_hooks *h, int size)
+{
+    return (MPI_Request *)fsdp_hooks_alloc(h, (size_t)size * (5 * sizeof(MPI_Request) + sizeof(int)));
 }
 
 /* Without a deadline (timeout_ms < 0) and without the SERIALIZED lock, the
@@ -427,6 +522,7 @@ FSDP__MPI void fsdp__xdestroy__mpi(void *t)
         MPI_Comm_free(&m->comm);
         fsdp__unlock__mpi(m);
     }
+    fsdp_hooks_free(&h, m->reqs);
     fsdp_hooks_free(&h, m);
     fsdp__shared_unref__mpi(sh);
 }
@@ -445,15 +541,19 @@ FSDP__MPI fsdp_result fsdp__split__mpi(void *t, int color, int key, double deadl
     if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, "MPI_Comm_split");
     if (nc == MPI_COMM_NULL) return FSDP_SUCCESS;
     nm = (fsdp__mpi *)fsdp_hooks_alloc(&m->sh->hooks, sizeof *nm);
-    if (!nm) {
+    if (nm) {
+        MPI_Comm_rank(nc, &nm->rank);
+        MPI_Comm_size(nc, &nm->size);
+        nm->reqs = fsdp__alloc_reqs__mpi(&m->sh->hooks, nm->size);
+    }
+    if (!nm || !nm->reqs) {
+        if (nm) fsdp_hooks_free(&m->sh->hooks, nm);
         MPI_Comm_free(&nc);
         return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "out of memory");
     }
     nm->sh = m->sh;
     nm->comm = nc;
     MPI_Comm_set_errhandler(nc, MPI_ERRORS_RETURN);
-    MPI_Comm_rank(nc, &nm->rank);
-    MPI_Comm_size(nc, &nm->size);
     pthread_mutex_lock(&m->sh->ref_mu);
     m->sh->refs++;
     pthread_mutex_unlock(&m->sh->ref_mu);
@@ -545,6 +645,7 @@ FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     sh->hooks.error = NULL;
     m->sh = sh;
     m->comm = MPI_COMM_NULL;
+    m->reqs = NULL;
     rc = MPI_Comm_dup(mpi_comm, &m->comm);
     if (rc != MPI_SUCCESS) {
         fsdp__xdestroy__mpi(m);
@@ -556,6 +657,11 @@ FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     MPI_Comm_set_errhandler(m->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(m->comm, &m->rank);
     MPI_Comm_size(m->comm, &m->size);
+    m->reqs = fsdp__alloc_reqs__mpi(h, m->size);
+    if (!m->reqs) {
+        fsdp__xdestroy__mpi(m);
+        return fsdp_hooks_fail(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_mpi_create: out of memory");
+    }
     if (d.expected_size > 0 && d.expected_size != m->size) {
         int rank = m->rank, size = m->size;
         fsdp__xdestroy__mpi(m);
@@ -597,6 +703,7 @@ FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     td.dev = d.dev;
     td.timeout_ms = timeout;
     td.disable_mismatch_check = !opts[0];
+    td.all_to_all_headed = fsdp__headed__mpi;
     return fsdp_comm_transport_create(&td, out);
 }
 

@@ -411,6 +411,37 @@ static void test_mismatch(fsdp_comm *c)
             fsdp_comm_destroy(dup);
         }
     }
+    /* an all-gather whose data would travel with its fingerprint against a
+       call that sends none: a mismatch, not a hang, and no rank's block
+       lands from the rank that called something else */
+    {
+        /* each rank's own: the local backend's ranks are threads */
+        size_t count = 8192 / (size_t)n, i;
+        float *big_buf = (float *)malloc((size_t)n * count * sizeof(float));
+        int untouched = 1;
+        CHECK_RANK(big_buf != NULL, r, "out of memory");
+        if (!big_buf) return;
+        dup = NULL;
+        CHECK_RANK(fsdp_comm_split(c, 0, r, &dup) == FSDP_SUCCESS && dup, r,
+                   "split for a duplicate: %s", fsdp_comm_last_error(c));
+        if (!dup) {
+            free(big_buf);
+            return;
+        }
+        for (i = 0; i < (size_t)n * count; i++) big_buf[i] = -1.0f;
+        if (r == 1)
+            res = fsdp_broadcast(dup, big_buf, big_buf, count, FSDP_F32, 0, NULL);
+        else
+            res = fsdp_all_gather(dup, big_buf + (size_t)r * count, big_buf, count, FSDP_F32, NULL);
+        CHECK_RANK(res == FSDP_COMM_MISMATCH, r, "all_gather against broadcast gave %s: %s",
+                   fsdp_result_string(res), fsdp_comm_last_error(dup));
+        CHECK_RANK(strstr(fsdp_comm_last_error(dup), "rank 1 called broadcast") != NULL, r,
+                   "the message does not name rank 1's broadcast: %s", fsdp_comm_last_error(dup));
+        for (i = count; r != 1 && i < 2 * count; i++) untouched &= big_buf[i] == -1.0f;
+        CHECK_RANK(untouched, r, "rank 1's block was written though rank 1 called broadcast");
+        fsdp_comm_destroy(dup);
+        free(big_buf);
+    }
 }
 
 /* ---------------------------------------------------------------------- */
