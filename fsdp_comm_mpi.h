@@ -154,7 +154,7 @@ typedef struct fsdp__mpi {
     fsdp__mpi_shared *sh;
     MPI_Comm comm;
     int rank, size;
-    MPI_Request *reqs; /* 5 * size, for fsdp__headed__mpi */
+    MPI_Request *reqs; /* for fsdp__headed__mpi: fsdp__alloc_reqs__mpi */
 } fsdp__mpi;
 
 FSDP__MPI void fsdp__lock__mpi(fsdp__mpi *m)
@@ -285,12 +285,69 @@ FSDP__MPI fsdp_result fsdp__exchange__mpi(fsdp__mpi *m, int a_to_a, const void *
 /* Tags of fsdp__headed__mpi: a head never matches a data message. */
 enum { FSDP__HEAD_TAG__MPI = 1, FSDP__DATA_TAG__MPI = 2 };
 
+/* Ranks whose request in reqs[0..np) is still pending, request k - 1
+   being the one with rank - k: "ranks 2, 3" into buf. */
+FSDP__MPI void fsdp__pending__mpi(const fsdp__mpi *m, const MPI_Request *reqs, char *buf,
+                                  size_t cap)
+{
+    size_t len = 0;
+    int k, count = 0;
+    buf[0] = '\0';
+    for (k = 1; k < m->size; k++) {
+        if (reqs[k - 1] == MPI_REQUEST_NULL) continue;
+        if (len + 16 >= cap) {
+            snprintf(buf + len, cap - len, ", ...");
+            return;
+        }
+        len += (size_t)snprintf(buf + len, cap - len, "%s%d", count++ ? ", " : "",
+                                (m->rank - k + m->size) % m->size);
+    }
+}
+
+/* A call given up: receives still pending are cancelled, so nothing lands
+   in the caller's buffers or our staging after we return; sends are let go
+   (a head is small enough to have left already; a data block stays the
+   caller's, as with any timed-out collective). */
+FSDP__MPI void fsdp__drop__mpi(fsdp__mpi *m, MPI_Request *reqs, int n, int cancel)
+{
+    int i;
+    fsdp__lock__mpi(m);
+    for (i = 0; i < n; i++) {
+        if (reqs[i] == MPI_REQUEST_NULL) continue;
+        if (cancel) MPI_Cancel(&reqs[i]);
+        MPI_Request_free(&reqs[i]);
+    }
+    fsdp__unlock__mpi(m);
+}
+
+/* Polls reqs[0..n) once with MPI_Testsome: *got completions at idx[]
+   (MPI_UNDEFINED when none was left), or the spin/yield/deadline step of
+   fsdp__waitall__mpi when none arrived (FSDP_COMM_TIMEOUT past the
+   deadline). */
+FSDP__MPI fsdp_result fsdp__some__mpi(fsdp__mpi *m, int n, MPI_Request *reqs, int *idx, int *got,
+                                      int *spins, double deadline, const char *what,
+                                      fsdp_error *err)
+{
+    int rc;
+    fsdp__lock__mpi(m);
+    rc = MPI_Testsome(n, reqs, got, idx, MPI_STATUSES_IGNORE);
+    fsdp__unlock__mpi(m);
+    if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, what);
+    if (*got != 0 || ++*spins < 64) return FSDP_SUCCESS;
+    sched_yield();
+    if ((*spins & 63) == 0 && deadline >= 0 && fsdp_clock_ms() > deadline)
+        return FSDP_COMM_TIMEOUT;
+    return FSDP_SUCCESS;
+}
+
 /* all_to_all_headed of the transport kit. Every head and every data block
    is sent at once; a peer's data is received once its head arrived and
    agrees, into exactly the bytes this call expects (a peer that made
    another call is never received from, so its data cannot land anywhere).
    Data sent to such a peer stays unmatched: its request is freed, and the
-   peer's comm is broken so nothing will ever receive it. */
+   peer's comm is broken so nothing will ever receive it. Point to point,
+   a timeout can name the ranks that sent nothing. Requests are indexed by
+   k - 1 for the peers rank - k (receives) and rank + k (sends). */
 FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, void *heads, size_t head_bytes,
                                         size_t key_bytes, const void *const *send_blocks,
                                         void *const *recv_blocks, size_t bytes, double deadline,
@@ -299,81 +356,76 @@ FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, void *heads, 
     fsdp__mpi *m = (fsdp__mpi *)t;
     const char *what = "the fingerprints and data (MPI_Isend/MPI_Irecv)";
     unsigned char *hs = (unsigned char *)heads;
-    int np = m->size - 1, k, i, n = 0, owned = 0, nrest = 0, left = np, got, spins = 0;
-    MPI_Request *hr = m->reqs, *sr = hr + m->size, *rest = sr + m->size;
-    int *idx = (int *)(rest + 3 * m->size); /* the arrays' tail: see fsdp__alloc_reqs__mpi */
+    int np = m->size - 1, k, i, n = 0, owned = 0, left = np, got = 0, spins = 0, phase;
+    MPI_Request *hr = m->reqs, *dr = hr + m->size, *hsr = dr + m->size, *sr = hsr + m->size;
+    int *idx = (int *)(sr + m->size); /* see fsdp__alloc_reqs__mpi */
     MPI_Datatype ty = MPI_BYTE;
-    fsdp_result r;
+    fsdp_result r = FSDP_SUCCESS;
+    char ranks[128];
     int rc = MPI_SUCCESS;
     if (head_bytes > (size_t)INT_MAX)
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "heads of %zu bytes", head_bytes);
     if (bytes && (r = fsdp__type__mpi(bytes, &n, &ty, &owned, err)) != FSDP_SUCCESS) return r;
     memcpy(hs + (size_t)m->rank * head_bytes, head, head_bytes);
+    for (k = 0; k < 4 * m->size; k++) hr[k] = MPI_REQUEST_NULL;
     fsdp__lock__mpi(m);
     for (k = 1; k <= np && rc == MPI_SUCCESS; k++) {
         int from = (m->rank - k + m->size) % m->size, to = (m->rank + k) % m->size;
-        hr[k - 1] = sr[k - 1] = MPI_REQUEST_NULL;
         rc = MPI_Irecv(hs + (size_t)from * head_bytes, (int)head_bytes, MPI_BYTE, from,
                        FSDP__HEAD_TAG__MPI, m->comm, &hr[k - 1]);
         if (rc == MPI_SUCCESS)
             rc = MPI_Isend(head, (int)head_bytes, MPI_BYTE, to, FSDP__HEAD_TAG__MPI, m->comm,
-                           &rest[nrest++]);
+                           &hsr[k - 1]);
         if (rc == MPI_SUCCESS && bytes)
             rc = MPI_Isend(send_blocks[to], n, ty, to, FSDP__DATA_TAG__MPI, m->comm, &sr[k - 1]);
     }
-    for (; k <= np; k++) hr[k - 1] = sr[k - 1] = MPI_REQUEST_NULL;
     fsdp__unlock__mpi(m);
-    if (rc != MPI_SUCCESS) {
-        /* what was posted cannot be taken back: the comm is broken */
-        if (owned) MPI_Type_free(&ty);
-        return fsdp__err__mpi(err, rc, what);
-    }
-    /* the heads, and each agreeing peer's data as soon as its head is in */
-    while (left > 0) {
-        fsdp__lock__mpi(m);
-        rc = MPI_Testsome(np, hr, &got, idx, MPI_STATUSES_IGNORE);
-        for (i = 0; rc == MPI_SUCCESS && got != MPI_UNDEFINED && i < got; i++) {
-            int from = (m->rank - (idx[i] + 1) + m->size) % m->size;
-            left--;
-            if (bytes && !memcmp(hs + (size_t)from * head_bytes, head, key_bytes))
+    if (rc != MPI_SUCCESS) r = fsdp__err__mpi(err, rc, what);
+    /* phase 0: the heads, and each agreeing peer's data receive posted as
+       soon as its head is in; phase 1: the data */
+    for (phase = 0; phase < 2 && r == FSDP_SUCCESS; phase++) {
+        MPI_Request *q = phase ? dr : hr;
+        for (left = np; left > 0 && r == FSDP_SUCCESS;) {
+            r = fsdp__some__mpi(m, np, q, idx, &got, &spins, deadline, what, err);
+            if (r != FSDP_SUCCESS || got == MPI_UNDEFINED) break;
+            for (i = 0; i < got; i++) {
+                int from = (m->rank - (idx[i] + 1) + m->size) % m->size;
+                left--;
+                if (phase || !bytes || memcmp(hs + (size_t)from * head_bytes, head, key_bytes))
+                    continue;
+                fsdp__lock__mpi(m);
                 rc = MPI_Irecv(recv_blocks[from], n, ty, from, FSDP__DATA_TAG__MPI, m->comm,
-                               &rest[nrest++]);
+                               &dr[idx[i]]);
+                fsdp__unlock__mpi(m);
+                if (rc != MPI_SUCCESS) r = fsdp__err__mpi(err, rc, what);
+            }
         }
-        fsdp__unlock__mpi(m);
-        if (rc != MPI_SUCCESS || got == MPI_UNDEFINED) break;
-        if (got > 0 || ++spins < 64) continue;
-        sched_yield();
-        if ((spins & 63) == 0 && deadline >= 0 && fsdp_clock_ms() > deadline) {
-            if (owned) MPI_Type_free(&ty);
-            return fsdp_error_set(err, FSDP_COMM_TIMEOUT,
-                                  "%d of %d peers' fingerprints did not arrive (MPI does not say "
-                                  "which); the comm is unusable from now on", left, np);
+        if (r == FSDP_COMM_TIMEOUT) {
+            fsdp__pending__mpi(m, q, ranks, sizeof ranks);
+            fsdp_error_set(err, r, "%s rank%s %s did not arrive within the timeout; the comm "
+                           "is unusable from now on", phase ? "the data of" : "the call of",
+                           strchr(ranks, ',') ? "s" : "", ranks);
         }
-    }
-    if (rc != MPI_SUCCESS) {
-        if (owned) MPI_Type_free(&ty);
-        return fsdp__err__mpi(err, rc, what);
     }
     /* data for a peer that made another call will never be received */
-    for (k = 1; k <= np && bytes; k++) {
-        int to = (m->rank + k) % m->size;
-        if (!memcmp(hs + (size_t)to * head_bytes, head, key_bytes)) rest[nrest++] = sr[k - 1];
-        else if (sr[k - 1] != MPI_REQUEST_NULL) {
-            fsdp__lock__mpi(m);
-            MPI_Request_free(&sr[k - 1]);
-            fsdp__unlock__mpi(m);
-        }
+    for (k = 1; k <= np && bytes && r == FSDP_SUCCESS; k++)
+        if (memcmp(hs + (size_t)((m->rank + k) % m->size) * head_bytes, head, key_bytes))
+            fsdp__drop__mpi(m, &sr[k - 1], 1, 0);
+    if (r == FSDP_SUCCESS) r = fsdp__waitall__mpi(m, 2 * m->size, hsr, deadline, what, err);
+    if (r != FSDP_SUCCESS) {
+        fsdp__drop__mpi(m, hr, 2 * m->size, 1);
+        fsdp__drop__mpi(m, hsr, 2 * m->size, 0);
     }
-    r = fsdp__waitall__mpi(m, nrest, rest, deadline, what, err);
     if (owned) MPI_Type_free(&ty);
     return r;
 }
 
-/* The request arrays of fsdp__headed__mpi for a comm of `size` ranks:
-   head receives, data sends, the rest (3 per peer), then size ints. */
+/* The request arrays of fsdp__headed__mpi for a comm of `size` ranks: head
+   receives, data receives, head sends, data sends (size each, in this
+   order), then size ints. */
 FSDP__MPI MPI_Request *fsdp__alloc_reqs__mpi(const fsdp_hooks *h, int size)
 {
-    return (MPI_Request *)fsdp_hooks_alloc(h, (size_t)size * (5 * sizeof(MPI_Request) + sizeof(int)));
+    return (MPI_Request *)fsdp_hooks_alloc(h, (size_t)size * (4 * sizeof(MPI_Request) + sizeof(int)));
 }
 
 /* Without a deadline (timeout_ms < 0) and without the SERIALIZED lock, the

@@ -1365,6 +1365,35 @@ static int run_mpi(int argc, char **argv, const char *level)
             }
             MPI_Barrier(MPI_COMM_WORLD);
             fsdp_comm_destroy(t);
+            /* the same with the check on: the calls travel point to point,
+               so the message names the late rank, and the receives given
+               up are cancelled (the late rank's call and data arriving
+               after the comm is gone must land nowhere: ASan) */
+            d.disable_mismatch_check = 0;
+            res = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &t);
+            CHECK_RANK(res == FSDP_SUCCESS, rank, "comm with a timeout: %s", err.message);
+            if (t) {
+                static float ag_send[4096], ag_recv[4096 * 16];
+                char want[32];
+                snprintf(want, sizeof want, "rank %d", size - 1);
+                if (rank != size - 1 && size <= 16) {
+                    res = fsdp_all_gather(t, ag_send, ag_recv, 4096, FSDP_F32, NULL);
+                    CHECK_RANK(res == FSDP_COMM_TIMEOUT, rank, "late peer, checked: %s: %s",
+                               fsdp_result_string(res), fsdp_comm_last_error(t));
+                    CHECK_RANK(strstr(fsdp_comm_last_error(t), want) != NULL, rank,
+                               "the message does not name %s: %s", want, fsdp_comm_last_error(t));
+                    fsdp_comm_destroy(t);
+                    t = NULL;
+                    MPI_Barrier(MPI_COMM_WORLD);
+                } else if (size <= 16) {
+                    sleep_ms(700);
+                    res = fsdp_all_gather(t, ag_send, ag_recv, 4096, FSDP_F32, NULL);
+                    CHECK_RANK(res == FSDP_SUCCESS || res == FSDP_COMM_TIMEOUT, rank,
+                               "late rank, checked: %s", fsdp_comm_last_error(t));
+                    MPI_Barrier(MPI_COMM_WORLD);
+                }
+                fsdp_comm_destroy(t);
+            }
         }
     }
     fsdp_comm_destroy(comm);
