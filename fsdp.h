@@ -3406,6 +3406,25 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__keep512(__m512 x)
     return x;
 }
 
+/* s * rs in double, rounded back to float: sqrt(v) / sbc2 without the
+   division (fsdp__adam_recip), for 8 and 16 floats */
+FSDP__INLINE FSDP__AVX2_FMA __m256 fsdp__rscale256(__m256 s, __m256d rs)
+{
+    __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(s)), rs));
+    __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(s, 1)), rs));
+    return _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
+}
+
+FSDP__INLINE FSDP__AVX512 __m512 fsdp__rscale512(__m512 s, __m512d rs)
+{
+    __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
+    __m512d hi = _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
+    __m256 lf = _mm512_cvtpd_ps(_mm512_mul_pd(lo, rs));
+    __m256 hf = _mm512_cvtpd_ps(_mm512_mul_pd(hi, rs));
+    return _mm512_castpd_ps(
+        _mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lf)), _mm256_castps_pd(hf), 1));
+}
+
 /* Software prefetch FSDP__PF_BYTES ahead of each stream. From DRAM the
    kernels wait on memory; the divider's long chain fills the reorder
    buffer with few iterations, so fewer lines are in flight than the
@@ -3416,182 +3435,109 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__keep512(__m512 x)
 #define FSDP__PREFETCH(ptr)                                                                   \
     _mm_prefetch((const char *)((uintptr_t)(ptr) + FSDP__PF_BYTES), _MM_HINT_T0)
 
-#define FSDP__MADD256(f, a, b, c)                                                           \
-    ((f) ? _mm256_fmadd_ps(a, b, c)                                                      \
-         : (__m256)FSDP__VADD(fsdp__keep256(FSDP__VMUL(a, b)), fsdp__keep256(c)))
-#define FSDP__MADD512(f, a, b, c)                                                           \
-    ((f) ? _mm512_fmadd_ps(a, b, c)                                                      \
-         : (__m512)FSDP__VADD(fsdp__keep512(FSDP__VMUL(a, b)), fsdp__keep512(c)))
-
-/* Returns how many leading elements it stepped (a multiple of 8). fma: the
-   FMA recipe (fsdp__adam_fma's scalar loop), else the plain one
-   (fsdp__adam_plain_loop). */
-FSDP__DEF FSDP__AVX2_FMA FSDP__NO_CONTRACT size_t fsdp__adam_avx2(const fsdp__adam_k *k, float *p, const float *g,
-                                                float *m, float *v, float *vm, size_t n,
-                                                int fma, int adamw, int l2, int ams, int lerp)
-{
+/* The AVX2 and AVX-512 kernels differ in nothing but the vector width, so
+   each is written once, as a macro that defines it for a width: bits (256
+   or 512) names the types (__m256, __m256d) and intrinsics (_mm256_*) by
+   token pasting, an iteration steps bits / 32 floats, target is the
+   function's target attribute. FSDP__MADD(bits, f, a, b, c) is a * b + c,
+   fused where f (one rounding, as fmaf), else a rounded product and a
+   rounded add that nothing fuses. In a macro, clang's contract pragma is
+   _Pragma. */
+#define FSDP__MADD(bits, f, a, b, c)                                                              \
+    ((f) ? _mm##bits##_fmadd_ps(a, b, c)                                                          \
+         : (__m##bits)FSDP__VADD(fsdp__keep##bits(FSDP__VMUL(a, b)), fsdp__keep##bits(c)))
 #ifdef __clang__
-#pragma clang fp contract(off)
+#define FSDP__PRAGMA_NO_CONTRACT _Pragma("clang fp contract(off)")
+#else
+#define FSDP__PRAGMA_NO_CONTRACT
 #endif
-    const __m256 decay = _mm256_set1_ps(k->decay), wd = _mm256_set1_ps(k->wd);
-    const __m256 b1 = _mm256_set1_ps(k->b1), b2 = _mm256_set1_ps(k->b2);
-    const __m256 omb1 = _mm256_set1_ps(k->omb1), omb2 = _mm256_set1_ps(k->omb2);
-    const __m256 sbc2 = _mm256_set1_ps(k->sbc2), eps = _mm256_set1_ps(k->eps);
-    const __m256 neg_step = _mm256_set1_ps(k->neg_step), lw = _mm256_set1_ps(k->lerp_w);
-    const __m256d rs = _mm256_set1_pd(k->rsbc2);
-    const int small = k->lerp_small, recip = fsdp__adam_recip(k);
-    size_t i;
-    for (i = 0; i + 8 <= n; i += 8) {
-        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i), FSDP__PREFETCH(m + i);
-        FSDP__PREFETCH(v + i);
-        if (ams) FSDP__PREFETCH(vm + i);
-        __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
-        __m256 mo = _mm256_loadu_ps(m + i), mi, vi, s;
-        if (adamw) pi = fsdp__keep256(FSDP__VMUL(pi, decay));
-        else if (l2) gi = FSDP__MADD256(fma, pi, wd, gi);
-        if (lerp) {
-            __m256 d = FSDP__VSUB(gi, mo);
-            mi = fma ? _mm256_fmadd_ps(lw, d, small ? mo : gi)
-                     : (__m256)FSDP__VADD(small ? mo : gi, fsdp__keep256(FSDP__VMUL(lw, d)));
-        } else {
-            mi = FSDP__MADD256(fma, gi, omb1, FSDP__VMUL(mo, b1));
-        }
-        vi = FSDP__MADD256(fma, FSDP__VMUL(omb2, gi), gi,
-                           FSDP__VMUL(_mm256_loadu_ps(v + i), b2));
-        _mm256_storeu_ps(m + i, mi);
-        _mm256_storeu_ps(v + i, vi);
-        if (ams) {
-            vi = _mm256_max_ps(_mm256_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
-            _mm256_storeu_ps(vm + i, vi);
-        }
-        s = _mm256_sqrt_ps(vi);
-        if (recip) {
-            __m128 lo = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_castps256_ps128(s)), rs));
-            __m128 hi = _mm256_cvtpd_ps(_mm256_mul_pd(_mm256_cvtps_pd(_mm256_extractf128_ps(s, 1)), rs));
-            s = _mm256_insertf128_ps(_mm256_castps128_ps256(lo), hi, 1);
-        } else {
-            s = _mm256_div_ps(s, sbc2);
-        }
-        s = FSDP__VADD(s, eps);
-        _mm256_storeu_ps(p + i, FSDP__VADD(pi, _mm256_div_ps(FSDP__VMUL(neg_step, mi), s)));
-    }
-    return i;
-}
 
-/* fsdp__adam_avx2, 16 elements at a time (a multiple of 16 returned). */
-FSDP__DEF FSDP__AVX512 FSDP__NO_CONTRACT size_t fsdp__adam_avx512(const fsdp__adam_k *k, float *p, const float *g,
-                                                float *m, float *v, float *vm, size_t n,
-                                                int fma, int adamw, int l2, int ams, int lerp)
-{
-#ifdef __clang__
-#pragma clang fp contract(off)
-#endif
-    const __m512 decay = _mm512_set1_ps(k->decay), wd = _mm512_set1_ps(k->wd);
-    const __m512 b1 = _mm512_set1_ps(k->b1), b2 = _mm512_set1_ps(k->b2);
-    const __m512 omb1 = _mm512_set1_ps(k->omb1), omb2 = _mm512_set1_ps(k->omb2);
-    const __m512 sbc2 = _mm512_set1_ps(k->sbc2), eps = _mm512_set1_ps(k->eps);
-    const __m512 neg_step = _mm512_set1_ps(k->neg_step), lw = _mm512_set1_ps(k->lerp_w);
-    const __m512d rs = _mm512_set1_pd(k->rsbc2);
-    const int small = k->lerp_small, recip = fsdp__adam_recip(k);
-    size_t i;
-    for (i = 0; i + 16 <= n; i += 16) {
-        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i), FSDP__PREFETCH(m + i);
-        FSDP__PREFETCH(v + i);
-        if (ams) FSDP__PREFETCH(vm + i);
-        __m512 pi = _mm512_loadu_ps(p + i), gi = _mm512_loadu_ps(g + i);
-        __m512 mo = _mm512_loadu_ps(m + i), mi, vi, s;
-        if (adamw) pi = fsdp__keep512(FSDP__VMUL(pi, decay));
-        else if (l2) gi = FSDP__MADD512(fma, pi, wd, gi);
-        if (lerp) {
-            __m512 d = FSDP__VSUB(gi, mo);
-            mi = fma ? _mm512_fmadd_ps(lw, d, small ? mo : gi)
-                     : (__m512)FSDP__VADD(small ? mo : gi, fsdp__keep512(FSDP__VMUL(lw, d)));
-        } else {
-            mi = FSDP__MADD512(fma, gi, omb1, FSDP__VMUL(mo, b1));
-        }
-        vi = FSDP__MADD512(fma, FSDP__VMUL(omb2, gi), gi,
-                           FSDP__VMUL(_mm512_loadu_ps(v + i), b2));
-        _mm512_storeu_ps(m + i, mi);
-        _mm512_storeu_ps(v + i, vi);
-        if (ams) {
-            vi = _mm512_max_ps(_mm512_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
-            _mm512_storeu_ps(vm + i, vi);
-        }
-        s = _mm512_sqrt_ps(vi);
-        if (recip) {
-            __m512d lo = _mm512_cvtps_pd(_mm512_castps512_ps256(s));
-            __m512d hi = _mm512_cvtps_pd(
-                _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(s), 1)));
-            __m256 lf = _mm512_cvtpd_ps(_mm512_mul_pd(lo, rs));
-            __m256 hf = _mm512_cvtpd_ps(_mm512_mul_pd(hi, rs));
-            s = _mm512_castpd_ps(_mm512_insertf64x4(_mm512_castps_pd(_mm512_castps256_ps512(lf)),
-                                                    _mm256_castps_pd(hf), 1));
-        } else {
-            s = _mm512_div_ps(s, sbc2);
-        }
-        s = FSDP__VADD(s, eps);
-        _mm512_storeu_ps(p + i, FSDP__VADD(pi, _mm512_div_ps(FSDP__VMUL(neg_step, mi), s)));
+/* fsdp__adam_avx2 and fsdp__adam_avx512: return how many leading elements
+   they stepped (a multiple of 8, 16). fma: the FMA recipe (fsdp__adam_fma's
+   scalar loop), else the plain one (fsdp__adam_plain_loop). */
+#define FSDP__ADAM_WIDE(isa, bits, target)                                                        \
+    FSDP__DEF target FSDP__NO_CONTRACT size_t fsdp__adam_##isa(                                   \
+        const fsdp__adam_k *k, float *p, const float *g, float *m, float *v, float *vm,           \
+        size_t n, int fma, int adamw, int l2, int ams, int lerp)                                  \
+    {                                                                                             \
+        FSDP__PRAGMA_NO_CONTRACT                                                                  \
+        const __m##bits decay = _mm##bits##_set1_ps(k->decay), wd = _mm##bits##_set1_ps(k->wd);   \
+        const __m##bits b1 = _mm##bits##_set1_ps(k->b1), b2 = _mm##bits##_set1_ps(k->b2);         \
+        const __m##bits omb1 = _mm##bits##_set1_ps(k->omb1),                                      \
+                        omb2 = _mm##bits##_set1_ps(k->omb2);                                      \
+        const __m##bits sbc2 = _mm##bits##_set1_ps(k->sbc2), eps = _mm##bits##_set1_ps(k->eps);   \
+        const __m##bits neg_step = _mm##bits##_set1_ps(k->neg_step),                              \
+                        lw = _mm##bits##_set1_ps(k->lerp_w);                                      \
+        const __m##bits##d rs = _mm##bits##_set1_pd(k->rsbc2);                                    \
+        const int small = k->lerp_small, recip = fsdp__adam_recip(k);                             \
+        size_t i;                                                                                 \
+        for (i = 0; i + bits / 32 <= n; i += bits / 32) {                                         \
+            FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i), FSDP__PREFETCH(m + i);                  \
+            FSDP__PREFETCH(v + i);                                                                \
+            if (ams) FSDP__PREFETCH(vm + i);                                                      \
+            __m##bits pi = _mm##bits##_loadu_ps(p + i), gi = _mm##bits##_loadu_ps(g + i);         \
+            __m##bits mo = _mm##bits##_loadu_ps(m + i), mi, vi, s;                                \
+            if (adamw) pi = fsdp__keep##bits(FSDP__VMUL(pi, decay));                              \
+            else if (l2) gi = FSDP__MADD(bits, fma, pi, wd, gi);                                  \
+            if (lerp) {                                                                           \
+                __m##bits d = FSDP__VSUB(gi, mo);                                                 \
+                mi = fma ? _mm##bits##_fmadd_ps(lw, d, small ? mo : gi)                           \
+                         : (__m##bits)FSDP__VADD(small ? mo : gi,                                 \
+                                                 fsdp__keep##bits(FSDP__VMUL(lw, d)));            \
+            } else {                                                                              \
+                mi = FSDP__MADD(bits, fma, gi, omb1, FSDP__VMUL(mo, b1));                         \
+            }                                                                                     \
+            vi = FSDP__MADD(bits, fma, FSDP__VMUL(omb2, gi), gi,                                  \
+                            FSDP__VMUL(_mm##bits##_loadu_ps(v + i), b2));                         \
+            _mm##bits##_storeu_ps(m + i, mi);                                                     \
+            _mm##bits##_storeu_ps(v + i, vi);                                                     \
+            if (ams) {                                                                            \
+                vi = _mm##bits##_max_ps(_mm##bits##_loadu_ps(vm + i), vi); /* vm > v ? vm : v */  \
+                _mm##bits##_storeu_ps(vm + i, vi);                                                \
+            }                                                                                     \
+            s = _mm##bits##_sqrt_ps(vi);                                                          \
+            if (recip) s = fsdp__rscale##bits(s, rs);                                             \
+            else s = _mm##bits##_div_ps(s, sbc2);                                                 \
+            s = FSDP__VADD(s, eps);                                                               \
+            _mm##bits##_storeu_ps(p + i,                                                          \
+                FSDP__VADD(pi, _mm##bits##_div_ps(FSDP__VMUL(neg_step, mi), s)));                 \
+        }                                                                                         \
+        return i;                                                                                 \
     }
-    return i;
-}
 
-/* SGD (fsdp__sgd_loop's recipe), 8 elements at a time; fma as above. */
-FSDP__DEF FSDP__AVX2_FMA FSDP__NO_CONTRACT size_t fsdp__sgd_avx2(float *p, const float *g, float *buf, size_t n,
-                                               float wd_, float mom_, float omd_, float neg_lr_,
-                                               int fma, int use_wd, int use_mom, int first,
-                                               int nest)
-{
-#ifdef __clang__
-#pragma clang fp contract(off)
-#endif
-    const __m256 wd = _mm256_set1_ps(wd_), mom = _mm256_set1_ps(mom_);
-    const __m256 omd = _mm256_set1_ps(omd_), neg_lr = _mm256_set1_ps(neg_lr_);
-    size_t i;
-    for (i = 0; i + 8 <= n; i += 8) {
-        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i);
-        if (use_mom && !first) FSDP__PREFETCH(buf + i);
-        __m256 pi = _mm256_loadu_ps(p + i), gi = _mm256_loadu_ps(g + i);
-        if (use_wd) gi = FSDP__MADD256(fma, pi, wd, gi);
-        if (use_mom) {
-            __m256 b = first ? gi
-                             : FSDP__MADD256(fma, gi, omd,
-                                             FSDP__VMUL(_mm256_loadu_ps(buf + i), mom));
-            _mm256_storeu_ps(buf + i, b);
-            gi = nest ? FSDP__MADD256(fma, b, mom, gi) : b;
-        }
-        _mm256_storeu_ps(p + i, FSDP__MADD256(fma, gi, neg_lr, pi));
+/* fsdp__sgd_avx2 and fsdp__sgd_avx512: SGD (fsdp__sgd_loop's recipe), 8 or
+   16 elements at a time; fma as above. */
+#define FSDP__SGD_WIDE(isa, bits, target)                                                         \
+    FSDP__DEF target FSDP__NO_CONTRACT size_t fsdp__sgd_##isa(                                    \
+        float *p, const float *g, float *buf, size_t n, float wd_, float mom_, float omd_,        \
+        float neg_lr_, int fma, int use_wd, int use_mom, int first, int nest)                     \
+    {                                                                                             \
+        FSDP__PRAGMA_NO_CONTRACT                                                                  \
+        const __m##bits wd = _mm##bits##_set1_ps(wd_), mom = _mm##bits##_set1_ps(mom_);           \
+        const __m##bits omd = _mm##bits##_set1_ps(omd_);                                          \
+        const __m##bits neg_lr = _mm##bits##_set1_ps(neg_lr_);                                    \
+        size_t i;                                                                                 \
+        for (i = 0; i + bits / 32 <= n; i += bits / 32) {                                         \
+            FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i);                                         \
+            if (use_mom && !first) FSDP__PREFETCH(buf + i);                                       \
+            __m##bits pi = _mm##bits##_loadu_ps(p + i), gi = _mm##bits##_loadu_ps(g + i);         \
+            if (use_wd) gi = FSDP__MADD(bits, fma, pi, wd, gi);                                   \
+            if (use_mom) {                                                                        \
+                __m##bits b = first ? gi                                                          \
+                                    : FSDP__MADD(bits, fma, gi, omd,                              \
+                                                 FSDP__VMUL(_mm##bits##_loadu_ps(buf + i), mom)); \
+                _mm##bits##_storeu_ps(buf + i, b);                                                \
+                gi = nest ? FSDP__MADD(bits, fma, b, mom, gi) : b;                                \
+            }                                                                                     \
+            _mm##bits##_storeu_ps(p + i, FSDP__MADD(bits, fma, gi, neg_lr, pi));                  \
+        }                                                                                         \
+        return i;                                                                                 \
     }
-    return i;
-}
 
-/* fsdp__sgd_avx2, 16 elements at a time. */
-FSDP__DEF FSDP__AVX512 FSDP__NO_CONTRACT size_t fsdp__sgd_avx512(float *p, const float *g, float *buf, size_t n,
-                                               float wd_, float mom_, float omd_, float neg_lr_,
-                                               int fma, int use_wd, int use_mom, int first,
-                                               int nest)
-{
-#ifdef __clang__
-#pragma clang fp contract(off)
-#endif
-    const __m512 wd = _mm512_set1_ps(wd_), mom = _mm512_set1_ps(mom_);
-    const __m512 omd = _mm512_set1_ps(omd_), neg_lr = _mm512_set1_ps(neg_lr_);
-    size_t i;
-    for (i = 0; i + 16 <= n; i += 16) {
-        FSDP__PREFETCH(p + i), FSDP__PREFETCH(g + i);
-        if (use_mom && !first) FSDP__PREFETCH(buf + i);
-        __m512 pi = _mm512_loadu_ps(p + i), gi = _mm512_loadu_ps(g + i);
-        if (use_wd) gi = FSDP__MADD512(fma, pi, wd, gi);
-        if (use_mom) {
-            __m512 b = first ? gi
-                             : FSDP__MADD512(fma, gi, omd,
-                                             FSDP__VMUL(_mm512_loadu_ps(buf + i), mom));
-            _mm512_storeu_ps(buf + i, b);
-            gi = nest ? FSDP__MADD512(fma, b, mom, gi) : b;
-        }
-        _mm512_storeu_ps(p + i, FSDP__MADD512(fma, gi, neg_lr, pi));
-    }
-    return i;
-}
+FSDP__ADAM_WIDE(avx2, 256, FSDP__AVX2_FMA)
+FSDP__ADAM_WIDE(avx512, 512, FSDP__AVX512)
+FSDP__SGD_WIDE(avx2, 256, FSDP__AVX2_FMA)
+FSDP__SGD_WIDE(avx512, 512, FSDP__AVX512)
 #endif
 
 /* The leading elements an AVX2 or AVX-512 Adam kernel steps at level isa

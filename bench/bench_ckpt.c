@@ -20,6 +20,7 @@
    Usage: bench_ckpt [--ranks N] [--units U] [--params P] [--iters K] [--dir D] */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "bench_util.h"
 
 #include <dirent.h>
 #include <stdio.h>
@@ -45,19 +46,6 @@ typedef struct bench {
     char msg[MAX_RANKS][FSDP_ERROR_MAX];
 } bench;
 
-static double now_s(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_d(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
 /* median over iterations of the slowest rank */
 static double med_max(double v[MAX_RANKS][MAX_ITERS], int ranks, int iters)
 {
@@ -68,8 +56,7 @@ static double med_max(double v[MAX_RANKS][MAX_ITERS], int ranks, int iters)
         for (r = 0; r < ranks; r++)
             if (v[r][i] > m[i]) m[i] = v[r][i];
     }
-    qsort(m, (size_t)iters, sizeof m[0], cmp_d);
-    return m[iters / 2];
+    return bench_median_upper(m, iters);
 }
 
 static fsdp_init_spec init_choose(void *user, const char *fqn, int ndim, const int64_t *shape,
@@ -130,19 +117,19 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
         goto fail;
     b->staged[rank][0] = fsdp_ckpt_writer_staging_bytes(w);
     for (i = 0; i < b->iters; i++) {
-        double t0 = now_s(), t1, t2;
+        double t0 = bench_now_s(), t1, t2;
         /* sync and async take turns, so that a drifting disk weighs on both */
         if (fsdp_ckpt_save(ctx, path, FSDP_CKPT_SHARDED) != FSDP_SUCCESS) goto fail;
-        t1 = now_s();
+        t1 = bench_now_s();
         b->sync_s[rank][i] = t1 - t0;
         if (fsdp_ckpt_save_async(w, path, FSDP_CKPT_SHARDED) != FSDP_SUCCESS) goto fail;
-        t2 = now_s();
+        t2 = bench_now_s();
         b->blocked_s[rank][i] = t2 - t1;
         /* "the next steps" run while the file is written */
         sleep_s(b->sync_s[rank][i]);
-        t1 = now_s();
+        t1 = bench_now_s();
         if (fsdp_ckpt_wait(w) != FSDP_SUCCESS) goto fail;
-        b->wait_s[rank][i] = now_s() - t1;
+        b->wait_s[rank][i] = bench_now_s() - t1;
         b->staged[rank][i + 1] = fsdp_ckpt_writer_staging_bytes(w);
         /* (c) no wait: one poll per "step" commits the save */
         {
@@ -151,9 +138,9 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
             if (fsdp_ckpt_save_async(w, path, FSDP_CKPT_SHARDED) != FSDP_SUCCESS) goto fail;
             while (!committed) {
                 sleep_s(0.001);
-                t1 = now_s();
+                t1 = bench_now_s();
                 if (fsdp_ckpt_poll(w, &committed) != FSDP_SUCCESS) goto fail;
-                t2 = now_s() - t1;
+                t2 = bench_now_s() - t1;
                 if (!committed) {
                     pending += t2;
                     n++;

@@ -19,6 +19,7 @@
           bench_comm gloo --rank R --world N --store-dir DIR            */
 #define _XOPEN_SOURCE 700
 #include "fsdp.h"
+#include "bench_util.h"
 #ifdef FSDP_HAVE_MPI
 #define FSDP_COMM_MPI_IMPLEMENTATION
 #include "fsdp_comm_mpi.h"
@@ -34,29 +35,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 enum { NSIZES = 8, ROUNDS = 7 };
 enum { RAW, LIB, LIB_NOCHECK, LIB_BLOCKING, NVAR };
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 /* What one backend offers the timing loop: op 0 all-gather, 1 reduce-scatter;
    var RAW, LIB or LIB_NOCHECK; count is per rank (elements of f32). */
@@ -92,12 +73,12 @@ static int run_table(const bench_if *b, const char *name)
                 for (var = 0; var < NVAR; var++) {
                     double t0;
                     b->sync(b->self);
-                    t0 = now_s();
+                    t0 = bench_now_s();
                     for (k = 0; k < reps; k++) failed |= b->call(b->self, op, var, send, recv, count);
-                    samples[var][round] = (now_s() - t0) / reps;
+                    samples[var][round] = (bench_now_s() - t0) / reps;
                 }
             for (var = 0; var < NVAR && !failed; var++)
-                t[op][var][s] = median(samples[var], ROUNDS);
+                t[op][var][s] = bench_median_upper(samples[var], ROUNDS);
         }
     }
     if (!failed && b->rank == 0) {

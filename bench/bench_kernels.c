@@ -14,30 +14,11 @@
 
    Usage: bench_kernels [--elements N] [--reps R]                          */
 #include "fsdp.h"
+#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 int main(int argc, char **argv)
 {
@@ -92,16 +73,16 @@ int main(int argc, char **argv)
         g[i] = (float)(i % 777) * 1e-4f - 0.03f;
     }
     for (r = 0; r < reps + 1; r++) {
-        double t0 = now_ms();
+        double t0 = bench_now_ms();
         memcpy(dst, p, n * 4);
-        t[r] = now_ms() - t0;
+        t[r] = bench_now_ms() - t0;
     }
-    copy_gbs = 8.0 * (double)n / median(t + 1, reps) / 1e6;
+    copy_gbs = 8.0 * (double)n / bench_median_upper(t + 1, reps) / 1e6;
     printf("elements %zu (%.0f MiB per f32 buffer), median of %d\n", n, (double)n * 4 / 1048576.0,
            reps);
     printf("%-22s %9s %9s %8s %14s\n", "kernel", "ms", "GB/s", "/memcpy", "memcpy GB/s");
-    printf("%-22s %9.3f %9.2f %8.2f %14.2f\n", "memcpy (alone)", median(t + 1, reps), copy_gbs,
-           1.0, copy_gbs);
+    printf("%-22s %9.3f %9.2f %8.2f %14.2f\n", "memcpy (alone)", bench_median_upper(t + 1, reps),
+           copy_gbs, 1.0, copy_gbs);
     for (k = 0; k < (int)(sizeof opts / sizeof opts[0]); k++) {
         fsdp_optim_config c = fsdp_optim_defaults(opts[k].kind);
         double ms, gbs;
@@ -113,15 +94,15 @@ int main(int argc, char **argv)
         st.max_exp_avg_sq = vm;
         st.momentum_buffer = buf;
         for (r = 0; r < reps + 1; r++) {
-            double t0 = now_ms();
+            double t0 = bench_now_ms();
             memcpy(dst, p, n * 4);
-            tc[r] = now_ms() - t0;
-            t0 = now_ms();
+            tc[r] = bench_now_ms() - t0;
+            t0 = bench_now_ms();
             if (fsdp_optim_step_host(&c, r + 2, p, g, &st, n) != FSDP_SUCCESS) return 1;
-            t[r] = now_ms() - t0;
+            t[r] = bench_now_ms() - t0;
         }
-        ms = median(t + 1, reps);
-        copy_gbs = 8.0 * (double)n / median(tc + 1, reps) / 1e6;
+        ms = bench_median_upper(t + 1, reps);
+        copy_gbs = 8.0 * (double)n / bench_median_upper(tc + 1, reps) / 1e6;
         gbs = opts[k].bytes * (double)n / ms / 1e6;
         printf("%-22s %9.3f %9.2f %8.2f %14.2f\n", opts[k].name, ms, gbs, gbs / copy_gbs,
                copy_gbs);
@@ -139,15 +120,15 @@ int main(int argc, char **argv)
             const void *s = casts[k].src == FSDP_F32 ? (const void *)p : (const void *)h16;
             double ms, gbs;
             for (r = 0; r < reps + 1; r++) {
-                double t0 = now_ms();
+                double t0 = bench_now_ms();
                 memcpy(buf, p, n * 4);
-                tc[r] = now_ms() - t0;
-                t0 = now_ms();
+                tc[r] = bench_now_ms() - t0;
+                t0 = bench_now_ms();
                 if (fsdp_convert(d, casts[k].dst, s, casts[k].src, n) != FSDP_SUCCESS) return 1;
-                t[r] = now_ms() - t0;
+                t[r] = bench_now_ms() - t0;
             }
-            ms = median(t + 1, reps);
-            copy_gbs = 8.0 * (double)n / median(tc + 1, reps) / 1e6;
+            ms = bench_median_upper(t + 1, reps);
+            copy_gbs = 8.0 * (double)n / bench_median_upper(tc + 1, reps) / 1e6;
             gbs = 6.0 * (double)n / ms / 1e6;
             printf("%-22s %9.3f %9.2f %8.2f %14.2f\n", casts[k].name, ms, gbs, gbs / copy_gbs,
                    copy_gbs);

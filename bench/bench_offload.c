@@ -19,30 +19,11 @@
    Usage: bench_offload [--units U] [--params P] [--threads T] [--iters K] */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_s(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return v[n / 2];
-}
 
 typedef struct job {
     const fsdp_model *model;
@@ -103,14 +84,14 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
             fsdp_ctx_shard_layout(ctx, u, &lay);
             for (k = 0; k < lay.shard_numel; k++) g[k] = 1e-3f * (float)((k % 7) - 3);
         }
-        t0 = now_s();
+        t0 = bench_now_s();
         if (fsdp_step(ctx) != FSDP_SUCCESS) {
             fprintf(stderr, "bench_offload: fsdp_step: %s\n", fsdp_ctx_last_error(ctx));
             goto out;
         }
-        if (i >= 0) t[i] = now_s() - t0;
+        if (i >= 0) t[i] = bench_now_s() - t0;
     }
-    j->seconds = median(t, j->iters);
+    j->seconds = bench_median_upper(t, j->iters);
     j->ok = 1;
 out:
     fsdp_ctx_destroy(ctx);
@@ -188,11 +169,11 @@ int main(int argc, char **argv)
     memset(a, 1, n * 4);
     memset(b, 0, n * 4);
     for (i = -1; i < iters; i++) {
-        double t0 = now_s();
+        double t0 = bench_now_s();
         memcpy(i % 2 ? a : b, i % 2 ? b : a, n * 4);
-        if (i >= 0) ct[i] = now_s() - t0;
+        if (i >= 0) ct[i] = bench_now_s() - t0;
     }
-    copy_s = median(ct, iters);
+    copy_s = bench_median_upper(ct, iters);
     printf("bench_offload: %d units x %lld f32 = %zu elements, AdamW, 1 rank, median of %d\n",
            units, params, n, iters);
     printf("memcpy: %.2f GB/s (read + write)\n", 8.0 * (double)n / copy_s * 1e-9);

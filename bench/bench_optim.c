@@ -23,42 +23,12 @@
        bench_optim --python /work/venv-bench/bin/python                   */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "bench_util.h"
 
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static double loadavg(void)
-{
-    double l = -1.0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1) l = -1.0;
-        fclose(f);
-    }
-    return l;
-}
 
 typedef struct job {
     const fsdp_optim_config *c;
@@ -84,7 +54,7 @@ static double fsdp_step_ms(const fsdp_optim_config *c, int64_t step, float *p, f
     pthread_t th[64];
     int started[64], t;
     size_t begin = 0;
-    double t0 = now_ms(), t1;
+    double t0 = bench_now_ms(), t1;
     for (t = 0; t < T; t++) {
         size_t end = t == T - 1 ? n : ((n * (size_t)(t + 1) / (size_t)T) & ~(size_t)15);
         jobs[t].c = c;
@@ -103,7 +73,7 @@ static double fsdp_step_ms(const fsdp_optim_config *c, int64_t step, float *p, f
         if (started[t]) pthread_join(th[t], NULL);
         else job_run(&jobs[t]);
     }
-    t1 = now_ms();
+    t1 = bench_now_ms();
     for (t = 0; t < T; t++)
         if (jobs[t].r != FSDP_SUCCESS) return -1.0;
     return t1 - t0;
@@ -148,7 +118,7 @@ static double fsdp_round(const fsdp_optim_config *c, bufs *b, int T, int reps)
     for (r = 0; r < reps; r++)
         if ((t[r] = fsdp_step_ms(c, ++b->step, b->p, b->g, b->m, b->v, b->n, T)) < 0)
             return -1.0;
-    return median(t, reps);
+    return bench_median(t, reps);
 }
 
 /* Runs the peers' script once; fills torch / ds with its medians (-1: not
@@ -255,7 +225,7 @@ int main(int argc, char **argv)
     }
     printf("AdamW step (torch defaults, weight_decay 0.01), f32, one flat tensor; medians of "
            "%d rounds x %d steps, alternating\n", rounds, reps);
-    printf("load average at start: %.2f\n\n", loadavg());
+    printf("load average at start: %.2f\n\n", bench_loadavg());
     printf("| parameters | threads | fsdp.h | torch fused AdamW | DeepSpeed CPUAdam | "
            "fsdp.h / torch | fsdp.h / DeepSpeed | load |\n");
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
@@ -266,7 +236,7 @@ int main(int argc, char **argv)
             return 1;
         }
         for (ti = 0; ti < nthreads; ti++) {
-            double f[64], tq[64], dq[64], fm, tm = -1, dm = -1, la0 = loadavg();
+            double f[64], tq[64], dq[64], fm, tm = -1, dm = -1, la0 = bench_loadavg();
             int nt = 0, nd = 0;
             char s1[32], s2[32], s3[32], s4[32], s5[32];
             for (r = 0; r < rounds; r++) {
@@ -283,16 +253,16 @@ int main(int argc, char **argv)
                     if (dd >= 0) dq[nd++] = dd;
                 }
             }
-            fm = median(f, rounds);
-            if (nt) tm = median(tq, nt);
-            if (nd) dm = median(dq, nd);
+            fm = bench_median(f, rounds);
+            if (nt) tm = bench_median(tq, nt);
+            if (nd) dm = bench_median(dq, nd);
             fmt_ms(s1, sizeof s1, fm);
             fmt_ms(s2, sizeof s2, tm);
             fmt_ms(s3, sizeof s3, dm);
             fmt_ratio(s4, sizeof s4, fm, tm);
             fmt_ratio(s5, sizeof s5, fm, dm);
             printf("| %.1f M | %d | %s | %s | %s | %s | %s | %.1f-%.1f |\n",
-                   (double)sizes[si] / 1e6, threads[ti], s1, s2, s3, s4, s5, la0, loadavg());
+                   (double)sizes[si] / 1e6, threads[ti], s1, s2, s3, s4, s5, la0, bench_loadavg());
             fflush(stdout);
         }
         bufs_free(&b);

@@ -41,6 +41,7 @@
                      [--offload 0|1]                                         */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "bench_util.h"
 
 #include <errno.h>
 #include <math.h>
@@ -93,13 +94,6 @@ typedef struct shared {
     double blocked[NRUNS][4][MAX_RANKS];
     char msg[MAX_RANKS][FSDP_ERROR_MAX + 64];
 } shared;
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
-}
 
 static void sleep_ms(double ms)
 {
@@ -174,11 +168,11 @@ static void calibrate(shared *sh, size_t n)
     forward_kernel(p, n, n);
     backward_kernel(p, g, n, n);
     for (rep = 0; rep < 3; rep++) {
-        double t0 = now_ms(), t1, t2;
+        double t0 = bench_now_ms(), t1, t2;
         forward_kernel(p, n, 4 * n);
-        t1 = now_ms();
+        t1 = bench_now_ms();
         backward_kernel(p, g, n, 4 * n);
-        t2 = now_ms();
+        t2 = bench_now_ms();
         if (t1 - t0 < best_f) best_f = t1 - t0;
         if (t2 - t1 < best_b) best_b = t2 - t1;
     }
@@ -189,18 +183,6 @@ static void calibrate(shared *sh, size_t n)
 }
 
 /* --- one rank -------------------------------------------------------------- */
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 static fsdp_init_spec init_choose(void *user, const char *fqn, int ndim, const int64_t *shape,
                                   const char *module_type)
@@ -236,23 +218,23 @@ static int measure_comm(shared *sh, fsdp_comm *comm, int rank, int nranks)
     for (k = 0; k < 12; k++) {
         double t0, t1, t2;
         if (fsdp_barrier(comm, NULL) != FSDP_SUCCESS) FAIL("rank %d: barrier: %s", rank, fsdp_comm_last_error(comm));
-        t0 = now_ms();
+        t0 = bench_now_ms();
         if (fsdp_all_gather(comm, shard, full, S, FSDP_F32, NULL) != FSDP_SUCCESS)
             FAIL("rank %d: all_gather: %s", rank, fsdp_comm_last_error(comm));
-        t1 = now_ms();
+        t1 = bench_now_ms();
         if (fsdp_barrier(comm, NULL) != FSDP_SUCCESS) FAIL("rank %d: barrier: %s", rank, fsdp_comm_last_error(comm));
         t1 -= t0;
-        t0 = now_ms();
+        t0 = bench_now_ms();
         if (fsdp_reduce_scatter(comm, full, shard, S, FSDP_F32, FSDP_REDUCE_SUM, NULL) != FSDP_SUCCESS)
             FAIL("rank %d: reduce_scatter: %s", rank, fsdp_comm_last_error(comm));
-        t2 = now_ms();
+        t2 = bench_now_ms();
         if (k >= 2) {
             ag[k - 2] = t1;
             rs[k - 2] = t2 - t0;
         }
     }
-    sh->ag_ms[rank] = median(ag, 10);
-    sh->rs_ms[rank] = median(rs, 10);
+    sh->ag_ms[rank] = bench_median(ag, 10);
+    sh->rs_ms[rank] = bench_median(rs, 10);
     ok = 1;
 done:
     free(shard);
@@ -283,11 +265,11 @@ static int fsdp_iteration(shared *sh, fsdp_ctx *ctx, int run, int rank, int rec)
     int u;
 #define TIMED(k, call)                                                     \
     do {                                                                   \
-        double tc_ = now_ms();                                             \
+        double tc_ = bench_now_ms();                                       \
         if ((call) != FSDP_SUCCESS) return 0;                              \
-        if (rec >= 0) sh->blocked[run][k][rank] += now_ms() - tc_;         \
+        if (rec >= 0) sh->blocked[run][k][rank] += bench_now_ms() - tc_;   \
     } while (0)
-    t0 = now_ms();
+    t0 = bench_now_ms();
     TIMED(0, fsdp_begin_forward(ctx, sh->root));
     for (u = 0; u < cfg->units; u++) {
         const float *w;
@@ -311,11 +293,11 @@ static int fsdp_iteration(shared *sh, fsdp_ctx *ctx, int run, int rank, int rec)
     }
     TIMED(3, fsdp_end_backward(ctx, sh->root));
 #undef TIMED
-    t1 = now_ms();
+    t1 = bench_now_ms();
     if (fsdp_step(ctx) != FSDP_SUCCESS) return 0; /* waits, then the optimizer */
-    t2 = now_ms();
+    t2 = bench_now_ms();
     if (fsdp_step(ctx) != FSDP_SUCCESS) return 0; /* the optimizer alone */
-    t3 = now_ms();
+    t3 = bench_now_ms();
     if (rec >= 0) {
         sh->t[run][T_FB][rank][rec] = t1 - t0;
         sh->t[run][T_STEP1][rank][rec] = t2 - t1;
@@ -391,9 +373,9 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         double t0;
         if (fsdp_barrier(comm, NULL) != FSDP_SUCCESS)
             FAIL("rank %d: barrier: %s", rank, fsdp_comm_last_error(comm));
-        t0 = now_ms();
+        t0 = bench_now_ms();
         compute_iteration(sh, p, n);
-        sh->compute_t[rank][it] = now_ms() - t0;
+        sh->compute_t[rank][it] = bench_now_ms() - t0;
         for (k = 0; k < NRUNS; k++) {
             if (fsdp_barrier(comm, NULL) != FSDP_SUCCESS)
                 FAIL("rank %d: barrier: %s", rank, fsdp_comm_last_error(comm));
@@ -444,7 +426,7 @@ static double stat(const shared *sh, int nranks, int iters, int run, int what)
         }
         v[i] = worst;
     }
-    return median(v, iters);
+    return bench_median(v, iters);
 }
 
 static int parse_long(const char *s, long lo, long hi, long *out)

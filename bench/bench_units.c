@@ -13,11 +13,11 @@
                       [--rounds R]                                          */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
+#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define MAX_RANKS 16
 #define MAX_SAMPLES 4096
@@ -34,36 +34,6 @@ typedef struct shared {
     double t[MAX_RANKS][MAX_SAMPLES];
     char msg[MAX_RANKS][FSDP_ERROR_MAX + 64];
 } shared;
-
-static double now_us(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec * 1e6 + (double)ts.tv_nsec / 1e3;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
-
-static double loadavg(void)
-{
-    double l = -1.0;
-    FILE *f = fopen("/proc/loadavg", "r");
-    if (f) {
-        if (fscanf(f, "%lf", &l) != 1) l = -1.0;
-        fclose(f);
-    }
-    return l;
-}
 
 static fsdp_init_spec init_choose(void *user, const char *fqn, int ndim, const int64_t *shape,
                                   const char *module_type)
@@ -109,7 +79,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *w, void *user)
     if (fsdp_init_params(ctx, 1, init_choose, NULL) != FSDP_SUCCESS)
         FAIL("rank %d: fsdp_init_params: %s", rank, fsdp_ctx_last_error(ctx));
     for (it = -2; it < cfg->iters; it++) { /* two warm-up iterations */
-        double t0 = now_us();
+        double t0 = bench_now_us();
         /* the root around the layers, each layer begun and ended in turn */
         if (fsdp_begin_forward(ctx, sh->order[0]) != FSDP_SUCCESS) goto fail;
         for (k = 1; k < nu; k++)
@@ -122,7 +92,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *w, void *user)
                 fsdp_end_backward(ctx, sh->order[k]) != FSDP_SUCCESS)
                 goto fail;
         if (fsdp_step(ctx) != FSDP_SUCCESS) goto fail;
-        if (it >= 0) sh->t[rank][it] = now_us() - t0;
+        if (it >= 0) sh->t[rank][it] = bench_now_us() - t0;
     }
     ok = 1;
     goto done;
@@ -240,18 +210,18 @@ int main(int argc, char **argv)
         fprintf(stderr, "bench_units: cannot build the model\n");
         return 1;
     }
-    load0 = loadavg();
+    load0 = bench_loadavg();
     for (round = 0; round < cfg.rounds; round++) {
         if (!run_world(&sh, 1, one, &n1)) return 1;
         if (cfg.ranks > 1 && !run_world(&sh, cfg.ranks, many, &nn)) return 1;
     }
-    load1 = loadavg();
+    load1 = bench_loadavg();
     printf("bench_units: %d units of %d f32, FULL_SHARD, local backend, fwd+bwd+step, "
            "median of %d iterations (%d rounds alternating), load average %.2f -> %.2f\n",
            cfg.units, cfg.params, cfg.iters * cfg.rounds, cfg.rounds, load0, load1);
     printf("| ranks | us per unit per iteration |\n|---|---|\n");
-    printf("| 1 | %.1f |\n", median(one, n1));
-    if (cfg.ranks > 1) printf("| %d | %.1f |\n", cfg.ranks, median(many, nn));
+    printf("| 1 | %.1f |\n", bench_median(one, n1));
+    if (cfg.ranks > 1) printf("| %d | %.1f |\n", cfg.ranks, bench_median(many, nn));
     free(sh.order);
     fsdp_units_destroy(sh.units);
     fsdp_model_destroy(sh.model);

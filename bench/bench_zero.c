@@ -20,11 +20,11 @@
 
    Usage: bench_zero [--ranks N] [--iters K] [--layers L] [--width D]     */
 #include "fsdp.h"
+#include "bench_util.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <time.h>
 
 #define BZ_MAXP 64
 #define BZ_MODES 4
@@ -41,19 +41,6 @@ typedef struct bench {
     double *rank_times;      /* ranks * 2, the current iteration */
     int failed;
 } bench;
-
-static double now_s(void)
-{
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
-}
-
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
 
 static void add_param(bench *b, const char *name, int64_t numel)
 {
@@ -119,7 +106,7 @@ static int bench_rank(int rank, int nranks, fsdp_local_world *world, void *user)
                 m = (mm + it) % 2 ? zm : 0;
                 slot = m == 0 ? 0 : 1;
                 if (fsdp_barrier(comm, NULL) != FSDP_SUCCESS) goto done;
-                t0 = now_s();
+                t0 = bench_now_s();
                 if (m == 0) {
                     /* the unsharded optimizer: DDP's all-reduce, then
                        every parameter on every rank */
@@ -139,7 +126,7 @@ static int bench_rank(int rank, int nranks, fsdp_local_world *world, void *user)
                     fprintf(stderr, "rank %d: %s\n", rank, fsdp_zero_last_error(z[m - 1]));
                     goto done;
                 }
-                b->rank_times[rank * 2 + slot] = now_s() - t0;
+                b->rank_times[rank * 2 + slot] = bench_now_s() - t0;
                 if (fsdp_barrier(comm, NULL) != FSDP_SUCCESS) goto done;
                 if (rank == 0) {
                     double worst = 0.0;
@@ -237,10 +224,8 @@ int main(int argc, char **argv)
                 s[i] = t[0];
                 s[iters + i] = t[1];
             }
-            qsort(s, (size_t)iters, sizeof *s, cmp_double);
-            qsort(s + iters, (size_t)iters, sizeof *s, cmp_double);
-            mu = s[iters / 2];
-            mz = s[iters + iters / 2];
+            mu = bench_median_upper(s, iters);
+            mz = bench_median_upper(s + iters, iters);
             if (m == 1) med[0] = mu;
             ratio[m] = mz / mu;
             free(s);

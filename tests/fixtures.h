@@ -1,6 +1,8 @@
 /* fixtures.h - what several test programs share besides check.h: a
    counting allocator that can be told to fail, the model tests' OK(),
-   float bits, clocks, and a local run whose ranks are checked.
+   float bits, clocks, a local run whose ranks are checked, the steps of
+   building a model and wrapping it, and a rank's device, comm and context
+   descriptor.
 
    POSIX (nanosleep): define _POSIX_C_SOURCE 200809L before any include.
    Static inline functions only, since each program uses a few of them. */
@@ -11,6 +13,7 @@
 #include "check.h"
 
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -138,6 +141,116 @@ static inline void run_ranks(int nranks, fsdp_rank_fn fn, void *user)
           "fsdp_local_run");
     for (r = 0; r < nranks && r < FIXTURE_MAX_RANKS; r++)
         CHECK(res[r] == 0, "rank %d of %d failed", r, nranks);
+}
+
+/* --- models and units --- */
+
+/* An empty model with a root of type root_type (NULL: the default) and,
+   where implied_modules, modules implied by dotted names; NULL (a failed
+   check) where it cannot be created. */
+static inline fsdp_model *model_new(const char *root_type, int implied_modules)
+{
+    fsdp_model_desc md;
+    fsdp_model *m = NULL;
+    memset(&md, 0, sizeof md);
+    md.root_type = root_type;
+    md.implied_modules = implied_modules;
+    OK(fsdp_model_create(&md, &m));
+    return m;
+}
+
+/* fsdp_model_add_module of the FQN that fmt prints with l ("h.%d.attn") */
+static inline fsdp_result add_module_l(fsdp_model *m, const char *fmt, int l, const char *type)
+{
+    char fqn[128];
+    snprintf(fqn, sizeof fqn, fmt, l);
+    return fsdp_model_add_module(m, fqn, type);
+}
+
+/* fsdp_model_add_param of name (under module, NULL: the root or the
+   dotted name's own), shape [d0] for ndim 1, [d0, d1] for ndim 2 */
+static inline fsdp_result add_param_nd(fsdp_model *m, const char *module, const char *name,
+                                       int ndim, int64_t d0, int64_t d1, int frozen)
+{
+    fsdp_param_desc p;
+    memset(&p, 0, sizeof p);
+    p.module = module;
+    p.name = name;
+    p.ndim = ndim;
+    p.shape[0] = d0;
+    p.shape[1] = d1;
+    p.frozen = frozen;
+    return fsdp_model_add_param(m, &p);
+}
+
+/* fsdp_wrap with a module-type policy of one type; every unit sharded by s */
+static inline fsdp_result wrap_type(fsdp_model *m, const char *type, fsdp_sharding_strategy s,
+                                    fsdp_units **u)
+{
+    const char *types[1];
+    fsdp_wrap_policy pol;
+    fsdp_wrap_desc wd;
+    types[0] = type;
+    memset(&pol, 0, sizeof pol);
+    memset(&wd, 0, sizeof wd);
+    pol.kind = FSDP_WRAP_MODULE_TYPE;
+    pol.module_types = types;
+    pol.n_module_types = 1;
+    wd.policy = &pol;
+    wd.root.sharding = s;
+    *u = NULL;
+    return fsdp_wrap(m, &wd, u);
+}
+
+/* fsdp_wrap of the units specs give (FSDP_WRAP_UNITS), every unit with the
+   options root (NULL: the defaults) */
+static inline fsdp_result wrap_units(fsdp_model *m, const fsdp_unit_spec *specs, int n,
+                                     const fsdp_unit_options *root, fsdp_units **u)
+{
+    fsdp_wrap_policy pol;
+    fsdp_wrap_desc wd;
+    memset(&pol, 0, sizeof pol);
+    memset(&wd, 0, sizeof wd);
+    pol.kind = FSDP_WRAP_UNITS;
+    pol.units = specs;
+    pol.n_units = n;
+    wd.policy = &pol;
+    if (root) wd.root = *root;
+    *u = NULL;
+    return fsdp_wrap(m, &wd, u);
+}
+
+/* --- a rank's device, comm and context descriptor --- */
+
+/* A CPU device, this rank's comm on the local world, and *cd zeroed then
+   naming them, the model m, its units u and AdamW at its defaults: what a
+   rank sets up before fsdp_ctx_create. 1 on success; 0 with nothing left
+   open. */
+static inline int rank_open(fsdp_local_world *world, int rank, const fsdp_model *m,
+                            const fsdp_units *u, fsdp_device **dev, fsdp_comm **comm,
+                            fsdp_ctx_desc *cd)
+{
+    *comm = NULL;
+    if (fsdp_device_cpu_create(NULL, dev) != FSDP_SUCCESS) return 0;
+    if (fsdp_comm_local_create(world, rank, *dev, comm) != FSDP_SUCCESS) {
+        fsdp_device_destroy(*dev);
+        *dev = NULL;
+        return 0;
+    }
+    memset(cd, 0, sizeof *cd);
+    cd->device = *dev;
+    cd->comm = *comm;
+    cd->model = m;
+    cd->units = u;
+    cd->optim = fsdp_optim_defaults(FSDP_ADAMW);
+    return 1;
+}
+
+/* Closes what rank_open opened; the caller destroys its contexts first. */
+static inline void rank_close(fsdp_device *dev, fsdp_comm *comm)
+{
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
 }
 
 #endif

@@ -86,18 +86,8 @@ static fsdp_model *build_model(int wide)
 
 static fsdp_units *make_units(fsdp_model *m, fsdp_sharding_strategy strat)
 {
-    static const char *const types[] = {"Block"};
-    fsdp_wrap_policy pol;
-    fsdp_wrap_desc wd;
     fsdp_units *u = NULL;
-    memset(&pol, 0, sizeof pol);
-    memset(&wd, 0, sizeof wd);
-    pol.kind = FSDP_WRAP_MODULE_TYPE;
-    pol.module_types = types;
-    pol.n_module_types = 1;
-    wd.policy = &pol;
-    wd.root.sharding = strat;
-    if (fsdp_wrap(m, &wd, &u) != FSDP_SUCCESS) {
+    if (wrap_type(m, "Block", strat, &u) != FSDP_SUCCESS) {
         printf("fsdp_wrap: %s\n", fsdp_model_last_error(m));
         return NULL;
     }

@@ -155,56 +155,31 @@ static int strided_table(fsdp_layout_entry *t, float *b)
 /* The module tree, as an engine with modules describes it. */
 static fsdp_model *tree_model(void)
 {
-    fsdp_model_desc md;
-    fsdp_model *m = NULL;
+    static const char *const block_mods[][2] = {{"h.%d", "Block"}, {"h.%d.ln", "LayerNorm"},
+                                                {"h.%d.attn", "Linear"}, {"h.%d.mlp", "Linear"}};
+    const int nmods = (int)(sizeof block_mods / sizeof block_mods[0]);
+    fsdp_model *m = model_new("GPT", 0);
     int l, k;
-    char mod[64];
-    memset(&md, 0, sizeof md);
-    md.root_type = "GPT";
-    OK(fsdp_model_create(&md, &m));
     if (!m) return NULL;
     OK(fsdp_model_add_module(m, "wte", "Embedding"));
     OK(fsdp_model_add_module(m, "h", "ModuleList"));
-    for (l = 0; l < NL; l++) {
-        snprintf(mod, sizeof mod, "h.%d", l);
-        OK(fsdp_model_add_module(m, mod, "Block"));
-        snprintf(mod, sizeof mod, "h.%d.ln", l);
-        OK(fsdp_model_add_module(m, mod, "LayerNorm"));
-        snprintf(mod, sizeof mod, "h.%d.attn", l);
-        OK(fsdp_model_add_module(m, mod, "Linear"));
-        snprintf(mod, sizeof mod, "h.%d.mlp", l);
-        OK(fsdp_model_add_module(m, mod, "Linear"));
-    }
+    for (l = 0; l < NL; l++)
+        for (k = 0; k < nmods; k++) OK(add_module_l(m, block_mods[k][0], l, block_mods[k][1]));
     OK(fsdp_model_add_module(m, "ln_f", "LayerNorm"));
     OK(fsdp_model_add_module(m, "head", "Linear"));
-    {
-        fsdp_param_desc p;
-        memset(&p, 0, sizeof p);
-        p.module = "wte";
-        p.name = "weight";
-        p.ndim = 2;
-        p.shape[0] = V;
-        p.shape[1] = C;
-        OK(fsdp_model_add_param(m, &p));
-        for (l = 0; l < NL; l++)
-            for (k = 0; k < NB; k++) {
-                char full[64], *dot;
-                snprintf(full, sizeof full, "h.%d.%s", l, BLOCK_SUFFIX[k]);
-                dot = strrchr(full, '.');
-                *dot = 0;
-                memset(&p, 0, sizeof p);
-                p.module = full;
-                p.name = dot + 1;
-                block_shape(k, &p.ndim, p.shape);
-                OK(fsdp_model_add_param(m, &p));
-            }
-        memset(&p, 0, sizeof p);
-        p.module = "ln_f";
-        p.name = "weight";
-        p.ndim = 1;
-        p.shape[0] = C;
-        OK(fsdp_model_add_param(m, &p));
-    }
+    OK(add_param_nd(m, "wte", "weight", 2, V, C, 0));
+    for (l = 0; l < NL; l++)
+        for (k = 0; k < NB; k++) {
+            char full[64], *dot;
+            int ndim;
+            int64_t shape[2];
+            snprintf(full, sizeof full, "h.%d.%s", l, BLOCK_SUFFIX[k]);
+            dot = strrchr(full, '.');
+            *dot = 0;
+            block_shape(k, &ndim, shape);
+            OK(add_param_nd(m, full, dot + 1, ndim, shape[0], shape[1], 0));
+        }
+    OK(add_param_nd(m, "ln_f", "weight", 1, C, 0, 0));
     OK(fsdp_model_add_shared_param(m, "head", "weight", "wte.weight"));
     return m;
 }
@@ -212,14 +187,9 @@ static fsdp_model *tree_model(void)
 /* No module tree: the layout table declares the parameters. */
 static fsdp_model *implied_model(void)
 {
-    fsdp_model_desc md;
-    fsdp_model *m = NULL;
     fsdp_layout_entry t[8];
     int n = gpt_table(t);
-    memset(&md, 0, sizeof md);
-    md.root_type = "GPT";
-    md.implied_modules = 1;
-    OK(fsdp_model_create(&md, &m));
+    fsdp_model *m = model_new("GPT", 1);
     if (!m) return NULL;
     OK(fsdp_model_add_layout(m, t, n));
     OK(fsdp_model_add_shared_param(m, NULL, "head.weight", "wte.weight"));
@@ -228,32 +198,9 @@ static fsdp_model *implied_model(void)
 
 static fsdp_units *wrap_types(fsdp_model *m)
 {
-    static const char *const types[] = {"Block"};
-    fsdp_wrap_policy pol;
-    fsdp_wrap_desc wd;
     fsdp_units *u = NULL;
-    memset(&pol, 0, sizeof pol);
-    memset(&wd, 0, sizeof wd);
-    pol.kind = FSDP_WRAP_MODULE_TYPE;
-    pol.module_types = types;
-    pol.n_module_types = 1;
-    wd.policy = &pol;
-    OK(fsdp_wrap(m, &wd, &u));
+    OK(wrap_type(m, "Block", FSDP_SHARDING_DEFAULT, &u));
     return u;
-}
-
-static fsdp_result wrap_specs(fsdp_model *m, const fsdp_unit_spec *specs, int n, fsdp_units **u)
-{
-    fsdp_wrap_policy pol;
-    fsdp_wrap_desc wd;
-    memset(&pol, 0, sizeof pol);
-    memset(&wd, 0, sizeof wd);
-    pol.kind = FSDP_WRAP_UNITS;
-    pol.units = specs;
-    pol.n_units = n;
-    wd.policy = &pol;
-    *u = NULL;
-    return fsdp_wrap(m, &wd, u);
 }
 
 static fsdp_units *wrap_prefixes(fsdp_model *m)
@@ -264,7 +211,7 @@ static fsdp_units *wrap_prefixes(fsdp_model *m)
     int l;
     memset(s, 0, sizeof s);
     for (l = 0; l < NL; l++) s[l].prefix = prefixes[l];
-    OK(wrap_specs(m, s, NL, &u));
+    OK(wrap_units(m, s, NL, NULL, &u));
     return u;
 }
 
@@ -285,7 +232,7 @@ static fsdp_units *wrap_lists(fsdp_model *m)
         s[l].params = g_lists[l];
         s[l].nparams = NB;
     }
-    OK(wrap_specs(m, s, NL, &u));
+    OK(wrap_units(m, s, NL, NULL, &u));
     return u;
 }
 
@@ -405,47 +352,34 @@ static void test_implied_same_as_tree(void)
    overrides, in an OR with another policy. */
 static void test_dotted_params(void)
 {
-    fsdp_model_desc md;
     fsdp_model *m = NULL, *tree = tree_model();
     fsdp_units *u = NULL, *ut = NULL;
     fsdp_unit_spec s[2];
     fsdp_wrap_policy pols[2], orp;
     fsdp_wrap_desc wd;
     int l, k;
-    memset(&md, 0, sizeof md);
-    md.root_type = "GPT";
-    md.implied_modules = 1;
-    OK(fsdp_model_create(&md, &m));
+    m = model_new("GPT", 1);
     if (!m || !tree) return;
     {
-        fsdp_param_desc p;
         char name[64];
-        memset(&p, 0, sizeof p);
-        p.name = "wte.weight";
-        p.ndim = 2;
-        p.shape[0] = V;
-        p.shape[1] = C;
-        OK(fsdp_model_add_param(m, &p));
+        int ndim;
+        int64_t shape[2];
+        OK(add_param_nd(m, NULL, "wte.weight", 2, V, C, 0));
         for (l = 0; l < NL; l++)
             for (k = 0; k < NB; k++) {
                 /* half of them relative to an existing module */
-                memset(&p, 0, sizeof p);
+                const char *mod = NULL;
                 if (l == 1) {
                     snprintf(name, sizeof name, "%s", BLOCK_SUFFIX[k]);
                     if (k == 0) OK(fsdp_model_add_module(m, "h.1", "Block"));
-                    p.module = "h.1";
+                    mod = "h.1";
                 } else {
                     snprintf(name, sizeof name, "h.%d.%s", l, BLOCK_SUFFIX[k]);
                 }
-                p.name = name;
-                block_shape(k, &p.ndim, p.shape);
-                OK(fsdp_model_add_param(m, &p));
+                block_shape(k, &ndim, shape);
+                OK(add_param_nd(m, mod, name, ndim, shape[0], shape[1], 0));
             }
-        memset(&p, 0, sizeof p);
-        p.name = "ln_f.weight";
-        p.ndim = 1;
-        p.shape[0] = C;
-        OK(fsdp_model_add_param(m, &p));
+        OK(add_param_nd(m, NULL, "ln_f.weight", 1, C, 0, 0));
         OK(fsdp_model_add_shared_param(m, "", "head.weight", "wte.weight"));
     }
     same_model(tree, m);
@@ -486,7 +420,6 @@ static void test_dotted_params(void)
 
 static void test_implied_errors(void)
 {
-    fsdp_model_desc md;
     fsdp_model *m = NULL;
     fsdp_param_desc p;
     fsdp_unit_spec s[2];
@@ -496,8 +429,7 @@ static void test_implied_errors(void)
     const char *rootlist[2] = {"h.0.ln.weight", "wte.weight"};
     fsdp_result r;
     /* without implied_modules a dotted name is refused, saying how */
-    memset(&md, 0, sizeof md);
-    OK(fsdp_model_create(&md, &m));
+    m = model_new(NULL, 0);
     if (!m) return;
     memset(&p, 0, sizeof p);
     p.name = "a.b.weight";
@@ -528,39 +460,39 @@ static void test_implied_errors(void)
 
     memset(s, 0, sizeof s);
     s[0].prefix = "h.7.";
-    r = wrap_specs(m, s, 1, &u);
+    r = wrap_units(m, s, 1, NULL, &u);
     CHECK(r == FSDP_NOT_FOUND && contains(fsdp_model_last_error(m), "'h.7.'"),
           "a prefix naming no module: %s", fsdp_model_last_error(m));
     s[0].prefix = "";
-    r = wrap_specs(m, s, 1, &u);
+    r = wrap_units(m, s, 1, NULL, &u);
     CHECK(r != FSDP_SUCCESS && contains(fsdp_model_last_error(m), "root"),
           "the root as a prefix: %s", fsdp_model_last_error(m));
     s[0].prefix = "h.0.";
     s[0].params = bad_list;
     s[0].nparams = 2;
-    r = wrap_specs(m, s, 1, &u);
+    r = wrap_units(m, s, 1, NULL, &u);
     CHECK(r == FSDP_INVALID_ARGS && contains(fsdp_model_last_error(m), "both"),
           "a prefix and a list: %s", fsdp_model_last_error(m));
     s[0].prefix = NULL;
-    r = wrap_specs(m, s, 1, &u);
+    r = wrap_units(m, s, 1, NULL, &u);
     CHECK(r == FSDP_INVALID_MODEL && contains(fsdp_model_last_error(m), "'h.0.attn.bias'") &&
               contains(fsdp_model_last_error(m), "leaves out"),
           "a list that leaves a parameter of its module out: %s", fsdp_model_last_error(m));
     s[0].params = nolist;
     s[0].nparams = 1;
-    r = wrap_specs(m, s, 1, &u);
+    r = wrap_units(m, s, 1, NULL, &u);
     CHECK(r == FSDP_NOT_FOUND && contains(fsdp_model_last_error(m), "'h.0.nope'"),
           "a list naming no parameter: %s", fsdp_model_last_error(m));
     s[0].params = rootlist;
     s[0].nparams = 2;
-    r = wrap_specs(m, s, 1, &u);
+    r = wrap_units(m, s, 1, NULL, &u);
     CHECK(r == FSDP_INVALID_ARGS && contains(fsdp_model_last_error(m), "root"),
           "a list spanning the root: %s", fsdp_model_last_error(m));
     s[0].params = NULL;
     s[0].nparams = 0;
     s[0].prefix = "h.1";
     s[1].prefix = "h.1.";
-    r = wrap_specs(m, s, 2, &u);
+    r = wrap_units(m, s, 2, NULL, &u);
     CHECK(r == FSDP_DUPLICATE_NAME && contains(fsdp_model_last_error(m), "'h.1'"),
           "one module twice: %s", fsdp_model_last_error(m));
     /* a list of a module whose child is a unit lists only what it flattens */
@@ -574,7 +506,7 @@ static void test_implied_errors(void)
         s[0].nparams = 2;
         s[1].params = rest_list;
         s[1].nparams = 2;
-        r = wrap_specs(m, s, 2, &u);
+        r = wrap_units(m, s, 2, NULL, &u);
         CHECK(r == FSDP_SUCCESS, "nested lists: %s", fsdp_model_last_error(m));
         if (u) {
             EXPECT_EQ(fsdp_units_find(u, "h.0.attn"), 0);
@@ -584,7 +516,7 @@ static void test_implied_errors(void)
         fsdp_units_destroy(u);
         s[1].params = all_list;
         s[1].nparams = 4;
-        r = wrap_specs(m, s, 2, &u);
+        r = wrap_units(m, s, 2, NULL, &u);
         CHECK(r == FSDP_INVALID_MODEL && contains(fsdp_model_last_error(m), "does not flatten"),
               "a list naming a nested unit's parameter: %s", fsdp_model_last_error(m));
     }
@@ -686,7 +618,6 @@ static void test_random_trees(void)
     int trial, failed_before = 0, with_units = 0, with_lists = 0, with_ties = 0;
     for (trial = 0; trial < 60; trial++) {
         rtree *t = (rtree *)calloc(1, sizeof *t);
-        fsdp_model_desc md;
         fsdp_model *tree = NULL, *imp = NULL, *m = NULL;
         fsdp_units *ut = NULL, *up = NULL, *ul = NULL;
         fsdp_wrap_policy pol;
@@ -697,15 +628,11 @@ static void test_random_trees(void)
         int i, k, n, fails;
         char what[64];
         rt_gen(t, &rng, "", 0);
-        memset(&md, 0, sizeof md);
-        OK(fsdp_model_create(&md, &tree));
-        m = tree;
+        m = tree = model_new(NULL, 0);
         for (i = 1; i < t->nmods; i++)
             OK(fsdp_model_add_module(m, t->mod[i], t->block[i] ? "Block" : "Module"));
         for (i = 0; i < t->nmods; i++) rt_params(m, t, i);
-        md.implied_modules = 1;
-        OK(fsdp_model_create(&md, &imp));
-        m = imp;
+        m = imp = model_new(NULL, 1);
         rt_params(m, t, -1);
         /* every leaf module holds a parameter, so every module is implied */
         same_model(tree, imp);
@@ -730,7 +657,7 @@ static void test_random_trees(void)
         for (i = 0; i < t->np; i++) with_ties += t->tie[i] >= 0;
         if (n > 0) {
             with_units++;
-            OK(wrap_specs(m, specs, n, &up));
+            OK(wrap_units(m, specs, n, NULL, &up));
             snprintf(what, sizeof what, "random tree %d, prefixes", trial);
             if (up) same_units(ut, up, what);
             for (i = 0; i < n; i++) {
@@ -745,7 +672,7 @@ static void test_random_trees(void)
                 specs[i].params = lists[i];
                 specs[i].nparams = ui->nentries;
             }
-            OK(wrap_specs(m, specs, n, &ul));
+            OK(wrap_units(m, specs, n, NULL, &ul));
             snprintf(what, sizeof what, "random tree %d, lists", trial);
             if (ul) same_units(ut, ul, what);
         }
@@ -811,14 +738,7 @@ static int ld_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     unsigned flags = 0;
     float *got[8];
     (void)nranks;
-    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
-    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
-    memset(&cd, 0, sizeof cd);
-    cd.model = g_model;
-    cd.units = g_units;
-    cd.device = dev;
-    cd.comm = comm;
-    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    if (!rank_open(world, rank, g_model, g_units, &dev, &comm, &cd)) return 1;
     if (fsdp_ctx_create(&cd, &ctx) != FSDP_SUCCESS) return 1;
     memset(blob, 0, sizeof blob_store[0]);
     if (j->scenario == LD_STRIDED) {
@@ -912,8 +832,7 @@ static int ld_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     }
     for (u = 0; u < np; u++) free(got[u]);
     fsdp_ctx_destroy(ctx);
-    fsdp_comm_destroy(comm);
-    fsdp_device_destroy(dev);
+    rank_close(dev, comm);
     return 0;
 }
 
@@ -1013,14 +932,7 @@ static int ns_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_state_dict *sd = NULL;
     char dir[96];
     (void)nranks;
-    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
-    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
-    memset(&cd, 0, sizeof cd);
-    cd.device = dev;
-    cd.comm = comm;
-    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
-    cd.model = g_nox;
-    cd.units = g_unox;
+    if (!rank_open(world, rank, g_nox, g_unox, &dev, &comm, &cd)) return 1;
     if (fsdp_ctx_create(&cd, &src) != FSDP_SUCCESS) return 1;
     cd.model = g_full;
     cd.units = g_ufull;
@@ -1058,20 +970,15 @@ static int ns_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     }
     fsdp_ctx_destroy(src);
     fsdp_ctx_destroy(dst);
-    fsdp_comm_destroy(comm);
-    fsdp_device_destroy(dev);
+    rank_close(dev, comm);
     return 0;
 }
 
 static fsdp_model *one_unit_model(int with_x, fsdp_units **u)
 {
-    fsdp_model_desc md;
-    fsdp_model *m = NULL;
+    fsdp_model *m = model_new(NULL, 1);
     fsdp_layout_entry t[2];
     fsdp_wrap_desc wd;
-    memset(&md, 0, sizeof md);
-    md.implied_modules = 1;
-    OK(fsdp_model_create(&md, &m));
     if (!m) return NULL;
     memset(t, 0, sizeof t);
     t[0].name = "big.weight";

@@ -240,25 +240,6 @@ static void test_step_overflow(void)
 
 /* --- 2. misaligned tensors --- */
 
-static int write_raw_text(const char *path, const char *text)
-{
-    return write_file(path, text, strlen(text));
-}
-
-/* A safetensors file from a header and the data section, as given. */
-static int write_raw(const char *path, const char *header, const void *data, size_t n)
-{
-    unsigned char len8[8];
-    size_t h = strlen(header), k;
-    FILE *f = fopen(path, "wb");
-    int ok;
-    if (!f) return 0;
-    for (k = 0; k < 8; k++) len8[k] = (unsigned char)((uint64_t)h >> (8 * k));
-    ok = fwrite(len8, 1, 8, f) == 8 && fwrite(header, 1, h, f) == h &&
-         (!n || fwrite(data, 1, n, f) == n);
-    return fclose(f) == 0 && ok;
-}
-
 /* a one-byte tensor first, so every later one starts at an odd offset */
 static int misaligned_file(const char *path)
 {
@@ -277,7 +258,7 @@ static int misaligned_file(const char *path)
     memcpy(data + 17, v, 16);
     memcpy(data + 33, &step, 8);
     memcpy(data + 41, d, 16);
-    return write_raw(path, hdr, data, sizeof data);
+    return write_safetensors_raw(path, hdr, data, sizeof data);
 }
 
 static int misaligned_rank(int rank, fsdp_local_world *world)
@@ -355,19 +336,6 @@ static void test_misaligned(void) { run_ranks(1, misaligned_main, NULL); }
 
 /* --- 3. FIFOs --- */
 
-static int find_name(const char *dir, const char *sub, char *out, size_t n)
-{
-    DIR *d = opendir(dir);
-    struct dirent *de;
-    int found = 0;
-    while (!found && d && (de = readdir(d)) != NULL)
-        if (strstr(de->d_name, sub)) {
-            found = (size_t)snprintf(out, n, "%.1000s/%.255s", dir, de->d_name) < n;
-        }
-    if (d) closedir(d);
-    return found;
-}
-
 static int job_save(job *j, int rank, int nranks, rank_env *e)
 {
     fsdp_result r;
@@ -404,7 +372,7 @@ static void fifo_case(const char *name, unsigned flags, const char *sub)
     j.fn = job_save;
     run_ranks(2, rank_main, &j);
     if (sub) {
-        if (!find_name(j.path, sub, victim, sizeof victim)) {
+        if (!find_path(j.path, sub, victim, sizeof victim)) {
             check_fail(__FILE__, __LINE__, "%s: no file named like '%s'", j.path, sub);
             return;
         }
@@ -445,17 +413,7 @@ static int job_load_record(job *j, int rank, int nranks, rank_env *e)
    (data: the checksum fails) */
 static int damage(const char *path, int how)
 {
-    FILE *f = fopen(path, "r+b");
-    long n;
-    int c, ok;
-    if (!f) return 0;
-    if (how == 0) {
-        fclose(f);
-        return truncate(path, 12) == 0;
-    }
-    ok = fseek(f, -1, SEEK_END) == 0 && (n = ftell(f)) > 0 && (c = fgetc(f)) != EOF &&
-         fseek(f, n, SEEK_SET) == 0 && fputc(c ^ 0x5a, f) != EOF;
-    return fclose(f) == 0 && ok;
+    return how == 0 ? truncate(path, 12) == 0 : corrupt_last_byte(path);
 }
 
 /* each world size saves and loads, then also loads at the other (each rank
@@ -477,7 +435,7 @@ static void test_verdict(void)
                 j.fn = job_save;
                 run_ranks(n, rank_main, &j);
                 snprintf(sub, sizeof sub, "-rank%05d-of-", victim);
-                if (!find_name(j.path, sub, file, sizeof file) || !damage(file, how)) {
+                if (!find_path(j.path, sub, file, sizeof file) || !damage(file, how)) {
                     check_fail(__FILE__, __LINE__, "damaging rank %d's file of '%s'",
                                victim, j.path);
                     continue;
@@ -555,7 +513,7 @@ static void index_case(const char *name, const char *index, const char *msg)
     snprintf(j.path, sizeof j.path, "%s/%s", g_tmp, name);
     CHECK(mkdir(j.path, 0777) == 0, "mkdir '%s'", j.path);
     snprintf(p, sizeof p, "%s/index.json", j.path);
-    CHECK(write_raw_text(p, index), "write '%s'", p);
+    CHECK(write_text(p, index), "write '%s'", p);
     j.fn = job_load;
     j.expect = FSDP_CKPT_FORMAT;
     j.msg1 = msg;
@@ -596,31 +554,6 @@ static void test_index_whole(void)
 
 /* --- 6. layout checksums, and checksums that cannot be stripped --- */
 
-/* Replaces the first occurrence of a by b (same length) in a file. */
-static int patch1(const char *path, const char *a, const char *b)
-{
-    char *buf = NULL;
-    long n = read_file(path, &buf), i;
-    size_t m = strlen(a);
-    int ok = 0;
-    if (n > 0 && m == strlen(b))
-        for (i = 0; i + (long)m <= n; i++) /* binary files: no strstr */
-            if (!memcmp(buf + i, a, m)) {
-                memcpy(buf + i, b, m);
-                ok = write_file(path, buf, (size_t)n);
-                break;
-            }
-    free(buf);
-    return ok;
-}
-
-static int copy_tree(const char *from, const char *to)
-{
-    char cmd[3400];
-    snprintf(cmd, sizeof cmd, "rm -rf '%.1000s' && cp -r '%.1000s' '%.1000s'", to, from, to);
-    return system(cmd) == 0;
-}
-
 static void load_expect(const char *path, fsdp_result expect, const char *m1, const char *m2)
 {
     job j;
@@ -654,37 +587,37 @@ static void test_layout_sharded(void)
     /* two pieces' offsets swapped: still tiling the tensor, the rank files
        untouched, the values scrambled (this loaded with success) */
     CHECK(copy_tree(a, b), "copy");
-    CHECK(patch1(idx, "\"pieces\": [[0, 0, 21], [1, 21, 15]]",
-                 "\"pieces\": [[0, 15, 21], [1, 0, 15]]"), "swap offsets in %s", idx);
+    CHECK(patch_first(idx, "\"pieces\": [[0, 0, 21], [1, 21, 15]]",
+                      "\"pieces\": [[0, 15, 21], [1, 0, 15]]"), "swap offsets in %s", idx);
     load_expect(b, FSDP_CKPT_FORMAT, "layout checksum mismatch", "index.json");
     /* a shape changed in the index */
     CHECK(copy_tree(a, b), "copy");
-    CHECK(patch1(idx, "\"shape\": [10, 6]", "\"shape\": [6, 10]"), "reshape in %s", idx);
+    CHECK(patch_first(idx, "\"shape\": [10, 6]", "\"shape\": [6, 10]"), "reshape in %s", idx);
     load_expect(b, FSDP_CKPT_FORMAT, "layout checksum mismatch", "index.json");
     /* the index's layout checksum removed: its files say it had one */
     CHECK(copy_tree(a, b), "copy");
-    CHECK(patch1(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\""), "strip %s", idx);
+    CHECK(patch_first(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\""), "strip %s", idx);
     load_expect(b, FSDP_CKPT_FORMAT, "no layout checksum", "was removed");
     /* a rank file's removed: the index says it had one */
     CHECK(copy_tree(a, b), "copy");
-    CHECK(find_name(b, "-rank00001-", f1, sizeof f1), "rank file");
-    CHECK(patch1(f1, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\""), "strip %s", f1);
+    CHECK(find_path(b, "-rank00001-", f1, sizeof f1), "rank file");
+    CHECK(patch_first(f1, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\""), "strip %s", f1);
     load_expect(b, FSDP_CKPT_FORMAT, "has no layout checksum", "-rank00001-");
     /* a tensor's data checksum removed from a rank file whose layout
        checksum went too */
-    CHECK(find_name(b, "-rank00000-", f0, sizeof f0), "rank file");
-    CHECK(patch1(f0, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
-              patch1(f0, "\"fsdp.crc32.scale\"", "\"fsdp.crc32.xxxxx\""), "strip %s", f0);
-    CHECK(patch1(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\""), "strip %s", idx);
+    CHECK(find_path(b, "-rank00000-", f0, sizeof f0), "rank file");
+    CHECK(patch_first(f0, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
+              patch_first(f0, "\"fsdp.crc32.scale\"", "\"fsdp.crc32.xxxxx\""), "strip %s", f0);
+    CHECK(patch_first(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\""), "strip %s", idx);
     load_expect(b, FSDP_CKPT_FORMAT, "'scale' has no checksum", "removed");
     /* every layout checksum gone (a checkpoint of fsdp.h before 0.6.0):
        loads, reported as legacy */
     CHECK(copy_tree(a, b), "copy");
-    CHECK(find_name(b, "-rank00000-", f0, sizeof f0) && find_name(b, "-rank00001-", f1, sizeof f1),
+    CHECK(find_path(b, "-rank00000-", f0, sizeof f0) && find_path(b, "-rank00001-", f1, sizeof f1),
           "rank files");
-    CHECK(patch1(f0, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
-              patch1(f1, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
-              patch1(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\""), "strip all");
+    CHECK(patch_first(f0, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
+              patch_first(f1, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
+              patch_first(idx, "\"layout_crc32\"", "\"xxxxxx_crc32\""), "strip all");
     load_expect(b, FSDP_SUCCESS, NULL, NULL);
     CHECK(fsdp_ckpt_verify(b, NULL, &v, &err) == FSDP_SUCCESS, "verify: %s", err.message);
     EXPECT_EQ(v, FSDP_VERIFIED_LEGACY | FSDP_VERIFIED_DATA);
@@ -692,7 +625,7 @@ static void test_layout_sharded(void)
        checksum now catches: fsdp_ckpt_verify reads it as legacy */
     /* a flipped data byte: verify reads every tensor */
     CHECK(copy_tree(a, b), "copy");
-    CHECK(find_name(b, "-rank00001-", f1, sizeof f1) && damage(f1, 1), "damage");
+    CHECK(find_path(b, "-rank00001-", f1, sizeof f1) && damage(f1, 1), "damage");
     CHECK(fsdp_ckpt_verify(b, NULL, &v, &err) == FSDP_CKPT_FORMAT &&
               contains(err.message, "checksum mismatch"), "verify a damaged file: %s",
           err.message);
@@ -751,7 +684,7 @@ static void test_layout_file(void)
     CHECK(r == FSDP_SUCCESS && v == (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA),
           "a file fsdp.h wrote: %d, verified %u: %s", r, v, msg);
     /* a shape changed, the data untouched: this loaded as a 4x3 tensor */
-    CHECK(patch1(p, "\"shape\":[3,4]", "\"shape\":[4,3]"), "reshape");
+    CHECK(patch_first(p, "\"shape\":[3,4]", "\"shape\":[4,3]"), "reshape");
     r = st_load(p, &v, msg);
     CHECK(r == FSDP_CKPT_FORMAT && contains(msg, "layout checksum mismatch") && contains(msg, p),
           "reshaped: %d: %s", r, msg);
@@ -759,19 +692,19 @@ static void test_layout_file(void)
     /* a tensor's checksum removed (with the layout's, else that fails
        first): it loaded unverified with success */
     CHECK(plain_file(p), "save");
-    CHECK(patch1(p, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
-              patch1(p, "\"fsdp.crc32.layer.bias\"", "\"fsdp.crc32.layer.xxxx\""), "strip");
+    CHECK(patch_first(p, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\"") &&
+              patch_first(p, "\"fsdp.crc32.layer.bias\"", "\"fsdp.crc32.layer.xxxx\""), "strip");
     r = st_load(p, &v, msg);
     CHECK(r == FSDP_CKPT_FORMAT && contains(msg, "'layer.bias' has no checksum") &&
               contains(msg, "removed"), "stripped: %d: %s", r, msg);
     /* the layout checksum alone removed: a legacy file, reported */
     CHECK(plain_file(p), "save");
-    CHECK(patch1(p, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\""), "strip");
+    CHECK(patch_first(p, "\"fsdp.layout_crc32\"", "\"fsdp.xxxxxx_crc32\""), "strip");
     r = st_load(p, &v, msg);
     CHECK(r == FSDP_SUCCESS && v == (FSDP_VERIFIED_LEGACY | FSDP_VERIFIED_DATA),
           "legacy: %d, verified %u: %s", r, v, msg);
     /* a foreign file (Python's: no checksums): loads, verified 0 */
-    CHECK(write_raw(p, "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"F32\","
+    CHECK(write_safetensors_raw(p, "{\"__metadata__\":{\"format\":\"pt\"},\"w\":{\"dtype\":\"F32\","
                        "\"shape\":[4],\"data_offsets\":[0,16]}}", four, sizeof four), "write");
     r = st_load(p, &v, msg);
     CHECK(r == FSDP_SUCCESS && v == 0, "foreign: %d, verified %u: %s", r, v, msg);
@@ -817,7 +750,7 @@ static void test_linear(void)
                               ",\"t%06d\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[0,0]}", i);
     snprintf(h + k, cap - k, "}");
     snprintf(p, sizeof p, "%s/many.safetensors", g_tmp);
-    CHECK(write_raw(p, h, NULL, 0), "write");
+    CHECK(write_safetensors_raw(p, h, NULL, 0), "write");
     free(h);
     alarm(120);
     r = st_load(p, &v, msg);
@@ -891,7 +824,7 @@ static void test_parse_memory(void)
     }
     snprintf(h + k, len - k, "]}");
     snprintf(p, sizeof p, "%s/dense.safetensors", g_tmp);
-    CHECK(write_raw(p, h, NULL, 0), "write");
+    CHECK(write_safetensors_raw(p, h, NULL, 0), "write");
     memset(&mc, 0, sizeof mc);
     memset(&hooks, 0, sizeof hooks);
     hooks.allocator.alloc = mc_alloc;
@@ -921,7 +854,7 @@ static void test_parse_memory(void)
             h[k + 1] = '0';
         }
         snprintf(h + k, len - k, "]}");
-        CHECK(write_raw_text(ipath, h), "write");
+        CHECK(write_text(ipath, h), "write");
         mc.peak = mc.now = 0;
         r = fsdp_ckpt_verify(dir, &hooks, &v, &err);
         CHECK(r == FSDP_CKPT_FORMAT && contains(err.message, "tensors[0] has no name"), "%d: %s",
@@ -944,7 +877,7 @@ static void test_parse_memory(void)
         h[k++] = '0';
     }
     snprintf(h + k, len - k, "]}");
-    CHECK(write_raw(p, h, NULL, 0), "write");
+    CHECK(write_safetensors_raw(p, h, NULL, 0), "write");
     mc.peak = mc.now = 0;
     r = fsdp_safetensors_load(p, &hooks, &sd, &err);
     CHECK(r == FSDP_CKPT_FORMAT && contains(err.message, "FSDP_JSON_MAX_VALUES"), "%d: %s", r,

@@ -52,55 +52,27 @@ static fsdp_model *lora_model(void)
 /* adapters 0: the base model, every parameter trainable, no adapters. */
 static fsdp_model *lora_model_x(int adapters)
 {
-    fsdp_model_desc md;
-    fsdp_model *m = NULL;
+    static const char *const block_mods[][2] = {
+        {"h.%d", "Block"}, {"h.%d.attn", "Linear"}, {"h.%d.attn.lora_a", "Linear"},
+        {"h.%d.attn.lora_b", "Linear"}, {"h.%d.mlp", "Linear"}, {"h.%d.mlp.lora_a", "Linear"},
+        {"h.%d.mlp.lora_b", "Linear"}};
+    const int nmods = (int)(sizeof block_mods / sizeof block_mods[0]);
+    fsdp_model *m = model_new("Net", 0);
     int l, k;
     char mod[64];
-    memset(&md, 0, sizeof md);
-    md.root_type = "Net";
-    OK(fsdp_model_create(&md, &m));
     if (!m) return NULL;
     OK(fsdp_model_add_module(m, "h", "ModuleList"));
-    for (l = 0; l < NL; l++) {
-        snprintf(mod, sizeof mod, "h.%d", l);
-        OK(fsdp_model_add_module(m, mod, "Block"));
-        snprintf(mod, sizeof mod, "h.%d.attn", l);
-        OK(fsdp_model_add_module(m, mod, "Linear"));
-        snprintf(mod, sizeof mod, "h.%d.attn.lora_a", l);
-        OK(fsdp_model_add_module(m, mod, "Linear"));
-        snprintf(mod, sizeof mod, "h.%d.attn.lora_b", l);
-        OK(fsdp_model_add_module(m, mod, "Linear"));
-        snprintf(mod, sizeof mod, "h.%d.mlp", l);
-        OK(fsdp_model_add_module(m, mod, "Linear"));
-        snprintf(mod, sizeof mod, "h.%d.mlp.lora_a", l);
-        OK(fsdp_model_add_module(m, mod, "Linear"));
-        snprintf(mod, sizeof mod, "h.%d.mlp.lora_b", l);
-        OK(fsdp_model_add_module(m, mod, "Linear"));
-    }
+    for (l = 0; l < NL; l++)
+        for (k = 0; k < nmods; k++) OK(add_module_l(m, block_mods[k][0], l, block_mods[k][1]));
     OK(fsdp_model_add_module(m, "ln_f", "LayerNorm"));
     for (l = 0; l < NL; l++)
         for (k = 0; k < NBP; k++) {
-            fsdp_param_desc p;
             if (!adapters && !BLOCK[k].frozen) continue;
-            memset(&p, 0, sizeof p);
             snprintf(mod, sizeof mod, "h.%d.%s", l, BLOCK[k].mod);
-            p.module = mod;
-            p.name = BLOCK[k].name;
-            p.ndim = BLOCK[k].ndim;
-            p.shape[0] = BLOCK[k].d0;
-            p.shape[1] = BLOCK[k].d1;
-            p.frozen = adapters && BLOCK[k].frozen;
-            OK(fsdp_model_add_param(m, &p));
+            OK(add_param_nd(m, mod, BLOCK[k].name, BLOCK[k].ndim, BLOCK[k].d0, BLOCK[k].d1,
+                            adapters && BLOCK[k].frozen));
         }
-    {
-        fsdp_param_desc p;
-        memset(&p, 0, sizeof p);
-        p.module = "ln_f";
-        p.name = "weight";
-        p.ndim = 1;
-        p.shape[0] = D;
-        OK(fsdp_model_add_param(m, &p));
-    }
+    OK(add_param_nd(m, "ln_f", "weight", 1, D, 0, 0));
     return m;
 }
 
@@ -119,8 +91,7 @@ static fsdp_units *lora_wrap(fsdp_model *m, int separate, fsdp_sharding_strategy
     static const char *const ad[] = {"attn.lora_a", "attn.lora_b", "mlp.lora_a", "mlp.lora_b"};
     static char pre[NL * 5][32];
     fsdp_unit_spec specs[NL * 5];
-    fsdp_wrap_policy pol;
-    fsdp_wrap_desc wd;
+    fsdp_unit_options opt;
     fsdp_units *u = NULL;
     int l, a, n = 0;
     memset(specs, 0, sizeof specs);
@@ -135,16 +106,11 @@ static fsdp_units *lora_wrap(fsdp_model *m, int separate, fsdp_sharding_strategy
         specs[n].prefix = pre[n];
         n++;
     }
-    memset(&pol, 0, sizeof pol);
-    memset(&wd, 0, sizeof wd);
-    pol.kind = FSDP_WRAP_UNITS;
-    pol.units = specs;
-    pol.n_units = n;
-    wd.policy = &pol;
-    wd.root.sharding = s;
-    wd.root.keep_frozen_gathered = g_keep;
-    wd.root.param_dtype = g_pdt;
-    OK(fsdp_wrap(m, &wd, &u));
+    memset(&opt, 0, sizeof opt);
+    opt.sharding = s;
+    opt.keep_frozen_gathered = g_keep;
+    opt.param_dtype = g_pdt;
+    OK(wrap_units(m, specs, n, &opt, &u));
     return u;
 }
 
@@ -335,14 +301,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_memory_plan only;
     size_t base;
     int s;
-    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
-    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
-    memset(&cd, 0, sizeof cd);
-    cd.device = dev;
-    cd.comm = comm;
-    cd.model = j->m;
-    cd.units = j->u;
-    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    if (!rank_open(world, rank, j->m, j->u, &dev, &comm, &cd)) return 1;
     cd.optim.lr = 0.01;
     cd.hybrid_shard_size = j->hybrid;
     cd.cpu_offload = j->offload;
@@ -361,8 +320,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS) {
         snprintf(st->msg, sizeof st->msg, "create: %s", fsdp_ctx_last_error(c));
         st->bad++;
-        fsdp_comm_destroy(comm);
-        fsdp_device_destroy(dev);
+        rank_close(dev, comm);
         return 0;
     }
     init_all(c, j->m, &st->bad);
@@ -423,8 +381,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         fsdp_state_dict_destroy(sd);
     }
     fsdp_ctx_destroy(c);
-    fsdp_comm_destroy(comm);
-    fsdp_device_destroy(dev);
+    rank_close(dev, comm);
     return 0;
 }
 
@@ -483,6 +440,41 @@ static size_t trainable_shard_bytes(const fsdp_units *u, int W)
     return b;
 }
 
+/* The two wrappings the tests compare: ja the adapters inside the blocks'
+   units (mixed units; keep: keep_frozen_gathered), jb the adapters as
+   units of their own; the runs leave their results in ra and rb. 0 where
+   one of them failed to wrap. */
+static int pair_make(job *ja, job *jb, result *ra, result *rb, fsdp_model *m,
+                     fsdp_sharding_strategy s, int keep)
+{
+    memset(ja, 0, sizeof *ja);
+    memset(jb, 0, sizeof *jb);
+    memset(ra, 0, sizeof *ra);
+    memset(rb, 0, sizeof *rb);
+    ja->m = jb->m = m;
+    g_keep = keep;
+    ja->u = lora_wrap(m, 0, s);
+    g_keep = 0;
+    jb->u = lora_wrap(m, 1, s);
+    ja->maxu = 1;
+    jb->maxu = 8;
+    ja->res = ra;
+    jb->res = rb;
+    return ja->u && jb->u;
+}
+
+/* Trains both at n ranks, checks each run (what_a, what_b) and that they
+   end in the same bits (what). */
+static void pair_run(job *ja, job *jb, int n, const char *what_a, const char *what_b,
+                     const char *what)
+{
+    run_ranks(n, train_rank, ja);
+    check_job(ja, n, what_a);
+    run_ranks(n, train_rank, jb);
+    check_job(jb, n, what_b);
+    same_result(ja->res, jb->res, what);
+}
+
 static void test_bitwise_as_separate_units(void)
 {
     static const fsdp_sharding_strategy strats[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
@@ -495,32 +487,17 @@ static void test_bitwise_as_separate_units(void)
         for (n = 1; n <= 3; n++) {
             static result ra, rb;
             job ja, jb;
-            char what[96];
+            char wa[96], wb[96], what[96];
             int hybrid = strats[si] == FSDP_HYBRID_SHARD ? (n == 2 ? 1 : n) : 0;
-            memset(&ja, 0, sizeof ja);
-            memset(&jb, 0, sizeof jb);
-            memset(&ra, 0, sizeof ra);
-            memset(&rb, 0, sizeof rb);
-            ja.m = jb.m = m;
+            if (!pair_make(&ja, &jb, &ra, &rb, m, strats[si], 0)) break;
             ja.hybrid = jb.hybrid = hybrid;
-            ja.u = lora_wrap(m, 0, strats[si]);
-            jb.u = lora_wrap(m, 1, strats[si]);
-            ja.maxu = 1;
-            jb.maxu = 8;
-            ja.res = &ra;
-            jb.res = &rb;
-            if (!ja.u || !jb.u) break;
             CHECK(fsdp_units_count(ja.u) == NL + 1 && fsdp_units_get(ja.u, 0)->mixed == 1,
                   "mixed wrapping: %d units, unit 0 mixed %d", fsdp_units_count(ja.u),
                   fsdp_units_get(ja.u, 0)->mixed);
-            snprintf(what, sizeof what, "%s at %d ranks (mixed units)", sname[si], n);
-            run_ranks(n, train_rank, &ja);
-            check_job(&ja, n, what);
-            snprintf(what, sizeof what, "%s at %d ranks (separate units)", sname[si], n);
-            run_ranks(n, train_rank, &jb);
-            check_job(&jb, n, what);
+            snprintf(wa, sizeof wa, "%s at %d ranks (mixed units)", sname[si], n);
+            snprintf(wb, sizeof wb, "%s at %d ranks (separate units)", sname[si], n);
             snprintf(what, sizeof what, "%s at %d ranks: mixed vs separate", sname[si], n);
-            same_result(&ra, &rb, what);
+            pair_run(&ja, &jb, n, wa, wb, what);
             /* it trained: an adapter moved, a frozen weight did not */
             {
                 int fi = find_t(&ra, "h.0.attn.weight"), ai = find_t(&ra, "h.0.attn.lora_a.weight");
@@ -566,14 +543,7 @@ static int base_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_ctx_desc cd;
     int i, n = fsdp_model_num_params(j->m);
     (void)nranks;
-    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
-    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
-    memset(&cd, 0, sizeof cd);
-    cd.device = dev;
-    cd.comm = comm;
-    cd.model = j->m;
-    cd.units = j->u;
-    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    if (!rank_open(world, rank, j->m, j->u, &dev, &comm, &cd)) return 1;
     if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS) return 1;
     for (i = 0; i < n; i++) {
         fsdp_param_info pi;
@@ -588,8 +558,7 @@ static int base_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         snprintf(j->st[rank].msg, sizeof j->st[rank].msg, "base save: %s", fsdp_ctx_last_error(c));
     }
     fsdp_ctx_destroy(c);
-    fsdp_comm_destroy(comm);
-    fsdp_device_destroy(dev);
+    rank_close(dev, comm);
     return 0;
 }
 
@@ -613,14 +582,7 @@ static int load_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_ctx_desc cd;
     fsdp_state_dict *sd = NULL;
     (void)nranks;
-    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
-    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
-    memset(&cd, 0, sizeof cd);
-    cd.device = dev;
-    cd.comm = comm;
-    cd.model = j->m;
-    cd.units = j->u;
-    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    if (!rank_open(world, rank, j->m, j->u, &dev, &comm, &cd)) return 1;
     cd.optim.lr = 0.01;
     if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS || fsdp_ctx_create(&cd, &c2) != FSDP_SUCCESS)
         return 1;
@@ -658,8 +620,7 @@ static int load_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_state_dict_destroy(sd);
     fsdp_ctx_destroy(c);
     fsdp_ctx_destroy(c2);
-    fsdp_comm_destroy(comm);
-    fsdp_device_destroy(dev);
+    rank_close(dev, comm);
     return 0;
 }
 
@@ -770,14 +731,7 @@ static int api_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     const fsdp_unit_info *gs[2];
     int *bad = &j->bad[rank];
     char *msg = j->msg[rank];
-    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
-    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
-    memset(&cd, 0, sizeof cd);
-    cd.device = dev;
-    cd.comm = comm;
-    cd.model = j->m;
-    cd.units = j->u;
-    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    if (!rank_open(world, rank, j->m, j->u, &dev, &comm, &cd)) return 1;
     cd.debug = j->debug;
     if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS) return 1;
 #define A_CHECK(cond, ...)                                                                    \
@@ -835,8 +789,7 @@ static int api_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     run_step(c, j->u, rank, 1, &j->st[rank]);
 #undef A_CHECK
     fsdp_ctx_destroy(c);
-    fsdp_comm_destroy(comm);
-    fsdp_device_destroy(dev);
+    rank_close(dev, comm);
     return 0;
 }
 
@@ -876,26 +829,9 @@ static void test_keep_frozen_gathered(void)
         static result ra, rb;
         job ja, jb;
         char what[96];
-        memset(&ja, 0, sizeof ja);
-        memset(&jb, 0, sizeof jb);
-        memset(&ra, 0, sizeof ra);
-        memset(&rb, 0, sizeof rb);
-        ja.m = jb.m = m;
-        g_keep = 1;
-        ja.u = lora_wrap(m, 0, FSDP_FULL_SHARD);
-        g_keep = 0;
-        jb.u = lora_wrap(m, 1, FSDP_FULL_SHARD);
-        ja.maxu = 1;
-        jb.maxu = 8;
-        ja.res = &ra;
-        jb.res = &rb;
-        if (!ja.u || !jb.u) break;
+        if (!pair_make(&ja, &jb, &ra, &rb, m, FSDP_FULL_SHARD, 1)) break;
         snprintf(what, sizeof what, "kept gathered at %d ranks", n);
-        run_ranks(n, train_rank, &ja);
-        check_job(&ja, n, what);
-        run_ranks(n, train_rank, &jb);
-        check_job(&jb, n, what);
-        same_result(&ra, &rb, what);
+        pair_run(&ja, &jb, n, what, what, what);
         /* the root and every block's frozen group are resident */
         CHECK(ra.plan.resident_units == (n == 1 ? 2 * NL + 1 : NL + 1),
               "%s: %d resident flat parameters", what, ra.plan.resident_units);
@@ -916,27 +852,14 @@ static void test_offload_and_bf16(void)
             static result ra, rb;
             job ja, jb;
             char what[96];
-            memset(&ja, 0, sizeof ja);
-            memset(&jb, 0, sizeof jb);
-            memset(&ra, 0, sizeof ra);
-            memset(&rb, 0, sizeof rb);
-            ja.m = jb.m = m;
+            int ok;
             g_pdt = v ? FSDP_BF16 : FSDP_DTYPE_DEFAULT;
-            ja.u = lora_wrap(m, 0, FSDP_FULL_SHARD);
-            jb.u = lora_wrap(m, 1, FSDP_FULL_SHARD);
+            ok = pair_make(&ja, &jb, &ra, &rb, m, FSDP_FULL_SHARD, 0);
             g_pdt = FSDP_DTYPE_DEFAULT;
+            if (!ok) break;
             ja.offload = jb.offload = !v;
-            ja.maxu = 1;
-            jb.maxu = 8;
-            ja.res = &ra;
-            jb.res = &rb;
-            if (!ja.u || !jb.u) break;
             snprintf(what, sizeof what, "%s at %d ranks", v ? "bf16 params" : "cpu offload", n);
-            run_ranks(n, train_rank, &ja);
-            check_job(&ja, n, what);
-            run_ranks(n, train_rank, &jb);
-            check_job(&jb, n, what);
-            same_result(&ra, &rb, what);
+            pair_run(&ja, &jb, n, what, what, what);
             fsdp_units_destroy(ja.u);
             fsdp_units_destroy(jb.u);
         }
