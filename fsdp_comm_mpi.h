@@ -50,10 +50,15 @@
 
    What MPI lets the backend detect (and what it does not):
    - Mismatched collectives (different kind, count, dtype, op, root, or one
-     rank a call ahead): detected when checking is on (the default). Before
-     each call the ranks all-gather a 48-byte fingerprint; every rank then
-     returns FSDP_COMM_MISMATCH naming rank 0's call, the first differing
-     rank and its call, and the data call is not made.
+     rank a call ahead): detected when checking is on (the default). Every
+     call starts with each rank sending its call's description to every
+     peer (all_to_all_headed of the transport kit), with an all-gather's or
+     reduce-scatter's data right behind it; a peer's data is received only
+     once its description agrees, so a disagreeing rank's data lands
+     nowhere. Every rank then returns FSDP_COMM_MISMATCH naming rank 0's
+     call, the first differing rank and its call. No extra round trip: at
+     2 ranks a checked 64 KiB all-gather costs 1.1 times MPI_Allgather
+     (bench_comm), against 1.5 with a separate fingerprint exchange.
    - A hang (a rank never reaches a collective, or is stuck): every call is
      nonblocking MPI polled with MPI_Testall until a deadline
      (desc.timeout_ms, default 60 s), then FSDP_COMM_TIMEOUT. All-gathers
@@ -63,7 +68,9 @@
      blocking calls (MPI_Allgather, ...) and a hang stays a hang. MPI cannot cancel a collective, so the request is
      abandoned: the comm is broken from then on (FSDP_COMM_ABORTED), the
      buffers of that call must stay allocated, and the only clean exit is to
-     report the error and MPI_Abort. MPI does not say which rank is missing.
+     report the error and MPI_Abort. With the check on, the timeout names
+     the ranks whose call (or data) did not arrive; for the unchecked calls
+     and MPI_Ibcast/MPI_Ibarrier MPI does not say which rank is missing.
    - A rank that exits or crashes: Open MPI's runtime normally kills the
      whole job (mpirun reports the dead rank); a survivor cannot get an
      error it could handle. A rank that calls MPI_Finalize early looks like
