@@ -98,6 +98,9 @@
               Memory plan: device capacities, fsdp_ctx_plan_only, peak <=
               plan around loads, saves and state dicts too,
               grad_views_in_place (16 bytes/parameter at one rank).
+              Collectives: the mismatch check travels with the data
+              (fsdp_transport_desc.all_to_all_headed, MPI); send and recv
+              that overlap other than in place are refused.
        0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
        0.4.0  state dicts and safetensors checkpoints
        0.3.0  the ZeRO optimizer
@@ -5257,6 +5260,21 @@ FSDP__DEF fsdp_result fsdp__comm_check(fsdp_comm *comm, const char *fn, const vo
     if (count && recvn && !recv)
         return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS,
                           "%s: recv is NULL with count %zu", fn, count);
+    if (count && sendn && recvn) {
+        /* in place is the one overlap: the smaller buffer is this rank's
+           block of the larger (the same buffer when they are one size).
+           Any other would have the transports read bytes already
+           overwritten, differently on each backend. */
+        uintptr_t s0 = (uintptr_t)send, r0 = (uintptr_t)recv, blk = (uintptr_t)(count * es);
+        uintptr_t mine = blk * (uintptr_t)comm->rank;
+        int inplace = sendn == recvn ? s0 == r0 : sendn < recvn ? s0 == r0 + mine : r0 == s0 + mine;
+        if (s0 < r0 + blk * recvn && r0 < s0 + blk * sendn && !inplace)
+            return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS,
+                              "%s: send and recv overlap, but not in place (in place, %s)", fn,
+                              sendn == recvn ? "send == recv"
+                              : sendn < recvn ? "send is this rank's block of recv"
+                                              : "recv is this rank's block of send");
+    }
     return FSDP_SUCCESS;
 }
 

@@ -1032,6 +1032,13 @@ static void test_bad_input(void)
     BAD(fsdp_broadcast(c, NULL, y, 1, FSDP_F32, 0, NULL), FSDP_INVALID_ARGS, "send");
     BAD(fsdp_broadcast(c, x, NULL, 1, FSDP_F32, 0, NULL), FSDP_INVALID_ARGS, "recv");
     BAD(fsdp_broadcast(c, x, y, 1, FSDP_DTYPE_COUNT, 0, NULL), FSDP_INVALID_DTYPE, "dtype");
+    /* buffers that overlap other than in place */
+    BAD(fsdp_all_gather(c, x + 1, x, 2, FSDP_F32, NULL), FSDP_INVALID_ARGS, "overlap");
+    BAD(fsdp_reduce_scatter(c, x, x + 1, 2, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_INVALID_ARGS,
+        "overlap");
+    BAD(fsdp_all_reduce(c, x + 2, x, 4, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_INVALID_ARGS,
+        "overlap");
+    BAD(fsdp_broadcast(c, x, x + 1, 2, FSDP_F32, 0, NULL), FSDP_INVALID_ARGS, "overlap");
     BAD(fsdp_comm_split(c, 0, 0, NULL), FSDP_INVALID_ARGS, "out");
     BAD(fsdp_comm_split(c, -7, 0, &sub), FSDP_INVALID_ARGS, "color");
     /* a stream needs a device */
@@ -1046,6 +1053,9 @@ static void test_bad_input(void)
     EXPECT_EQ(fsdp_all_gather(c, x, y, 1, FSDP_F32, NULL), FSDP_SUCCESS);
     EXPECT(y[0] == 3);
     EXPECT_EQ(fsdp_all_reduce(c, x, y, 0, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_all_reduce(c, x, x, 2, FSDP_F32, FSDP_REDUCE_SUM, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_all_gather(c, x, x, 2, FSDP_F32, NULL), FSDP_SUCCESS);
+    EXPECT(x[0] == 3);
     EXPECT_EQ(fsdp_comm_split(c, FSDP_COMM_NO_COLOR, 0, &sub), FSDP_SUCCESS);
     EXPECT(sub == NULL);
     EXPECT_EQ(fsdp_comm_split(c, 5, 0, &sub), FSDP_SUCCESS);
