@@ -12783,6 +12783,10 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
     return FSDP_SUCCESS;
 }
 
+/* Unsharded gradients above this many bytes are zeroed on the comm stream
+   (fsdp__gather); smaller ones by begin_backward. */
+#define FSDP__ZERO_ON_STREAM ((size_t)64 << 10)
+
 /* Bytes of the unit's unsharded gradient. */
 FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu)
 {
@@ -12831,7 +12835,11 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only, int bwd)
         r = fsdp_all_gather(cu->comm, shard, cu->uparam, (size_t)cu->S, cu->pdt, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "all-gather of parameters");
     }
-    if (bwd && !cu->resident && fsdp__needs_zero_grad(cu)) {
+    /* a small gradient is zeroed where it is used: a queued memset would
+       cost a small unit a hand-off to the stream's worker, more than the
+       zeroing itself */
+    if (bwd && !cu->resident && fsdp__needs_zero_grad(cu) &&
+        fsdp__ugrad_bytes(cu) > FSDP__ZERO_ON_STREAM) {
         r = fsdp_device_memset(c->dev, cu->ugrad, 0, fsdp__ugrad_bytes(cu), c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "zeroing the unsharded gradient");
         cu->ugrad_zeroed = 1;
