@@ -513,8 +513,8 @@ static void mkdir_hello(const char *id)
 }
 
 /* A fake rank 1 that publishes itself and an address that accepts TCP
-   connections but never speaks Gloo: rank 0's first connection must give
-   up within its timeout. */
+   connections but never answers: rank 0's first connection must give up
+   within its timeout. */
 static void test_first_connect_timeout(void)
 {
     char p[800], id[64] = {0}, line[128];
@@ -537,7 +537,7 @@ static void test_first_connect_timeout(void)
     s.timeout_ms = 1500;
     s.expect = FSDP_COMM_TIMEOUT;
     s.want = "rank 1";
-    s.max_ms = 4000; /* Gloo alone: 5 x 1500 */
+    s.max_ms = 4000; /* the timeout, not Gloo's own 5 x 1500 */
     r0 = spawn(&s);
     snprintf(p, sizeof p, "%s/main/job", g_dir);
     until = now_ms() + 10000;
@@ -552,16 +552,11 @@ static void test_first_connect_timeout(void)
     }
     CHECK(id[0] != 0, "rank 0 wrote no job record");
     if (id[0]) {
-        /* the fake's hello, then its address list: gloo's tcp address is a
-           sockaddr_storage and a sequence number */
-        struct {
-            struct sockaddr_storage ss;
-            ssize_t seq;
-        } ga;
-        uint32_t n = htonl((uint32_t)sizeof ga);
+        /* the fake's hello, then its connection address: the shim's
+           "FSDPNET1" and a sockaddr_storage */
+        struct sockaddr_storage ga;
         memset(&ga, 0, sizeof ga);
-        memcpy(&ga.ss, &a, sizeof a);
-        ga.seq = 0;
+        memcpy(&ga, &a, sizeof a);
         mkdir_hello(id);
         snprintf(p, sizeof p, "%s/main/%s/hello/1", g_dir, id);
         f = fopen_tmp(p, "w");
@@ -577,7 +572,7 @@ static void test_first_connect_timeout(void)
         snprintf(p, sizeof p, "%s/main/%s/mesh/1", g_dir, id);
         f = fopen_tmp(p, "wb");
         if (f) {
-            fwrite(&n, 4, 1, f);
+            fwrite("FSDPNET1", 8, 1, f);
             fwrite(&ga, sizeof ga, 1, f);
             publish(f, p);
         }
