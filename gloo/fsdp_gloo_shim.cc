@@ -1,15 +1,20 @@
-// fsdp_gloo_shim.cc - the C API of fsdp_gloo_shim.h over Gloo's TCP
-// transport: our own rendezvous stores (a directory, or a small TCP store
-// served by rank 0), our own full-mesh connect, and collectives built from
-// point-to-point unbound buffers.
+// fsdp_gloo_shim.cc - the C API of fsdp_gloo_shim.h: Gloo's TCP device
+// chooses this rank's address (interface, host, the host name's), and the
+// rest is ours: rendezvous stores (a directory, or a small TCP store served
+// by rank 0), a full mesh of plain TCP connections, and collectives that
+// move the bytes on the calling thread over those connections.
 //
 // Why our own stores: Gloo's FileStore cannot tell two jobs apart, refuses
 // a reused directory with an internal "File already exists", and Debian's
 // snapshot has no TCP store. Why our own mesh connect: Gloo's waits 5x the
 // timeout for the first connection and does not say which rank it waited
-// for. Why point-to-point collectives: a timeout then names the rank whose
-// data did not come. Why not Gloo's ReduceScatterHalvingDoubling: on the
-// Debian snapshot it leaves the context slow for every later large
+// for. Why our own data path: Gloo's pairs read every message on the
+// device's thread, wake the caller through a condition variable, and
+// announce each unbound buffer to the peer before its bytes may travel; on
+// 2 cores those threads fight the ranks' and train_gpt took 3-10x its MPI
+// time (now about 1x). Why point-to-point collectives: a timeout names the
+// rank whose data did not come. Why not Gloo's ReduceScatterHalvingDoubling:
+// on the Debian snapshot it leaves the context slow for every later large
 // collective (a 64 MiB allgather goes from ~11 ms to ~19 s);
 // fsdp_comm_gloo.h builds reduce-scatter from all_to_all plus a local sum.
 #include "fsdp_gloo_shim.h"

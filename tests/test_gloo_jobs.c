@@ -665,6 +665,55 @@ static void test_collective_names_rank(void)
     drop_dir();
 }
 
+/* With the fingerprints off, ranks that pass different sizes to one
+   collective still get an error naming the peer and both calls, from the
+   header every message carries, instead of a hang or one rank's bytes
+   read as another call's. */
+static void test_sizes_disagree_unchecked(void)
+{
+    pid_t p[2];
+    int j;
+    make_dir();
+    for (j = 0; j < 2; j++) {
+        fflush(NULL);
+        p[j] = fork();
+        if (p[j] == 0) {
+            fsdp_gloo_desc d;
+            fsdp_error err;
+            fsdp_comm *comm = NULL;
+            float v[8] = {0}, out[16];
+            fsdp_result res;
+            const char *m;
+            memset(&d, 0, sizeof d);
+            memset(&err, 0, sizeof err);
+            d.hooks.error = &err;
+            d.store_dir = g_dir;
+            d.rank = j;
+            d.size = 2;
+            d.timeout_ms = 5000;
+            d.disable_mismatch_check = 1;
+            res = fsdp_comm_gloo_create(&d, &comm);
+            CHECK_RANK(res == FSDP_SUCCESS, j, "create: %s", err.message);
+            if (comm) {
+                double t0 = now_ms();
+                res = fsdp_all_gather(comm, v, out, j == 0 ? 4 : 8, FSDP_F32, NULL);
+                m = fsdp_comm_last_error(comm);
+                CHECK_RANK(res == FSDP_COMM_ERROR, j, "all_gather of 4 against 8 floats gave %s: %s",
+                           fsdp_result_string(res), m);
+                CHECK_RANK(strstr(m, j == 0 ? "rank 1" : "rank 0") != NULL &&
+                               strstr(m, "16 bytes") != NULL && strstr(m, "32 bytes") != NULL,
+                           j, "the error does not name the peer and both sizes: %s", m);
+                CHECK_RANK(now_ms() - t0 < 4000, j, "the mismatch took %.0f ms to surface",
+                           now_ms() - t0);
+            }
+            fsdp_comm_destroy(comm);
+            exit(check_failed() ? 1 : 0);
+        }
+    }
+    for (j = 0; j < 2; j++) CHECK(reap(p[j], 0), "rank %d (see above)", j);
+    drop_dir();
+}
+
 static const check_case CASES[] = {
     {"two_jobs", test_two_jobs},
     {"reuse_finished", test_reuse_finished},
@@ -678,6 +727,7 @@ static const check_case CASES[] = {
     {"first_connect_timeout", test_first_connect_timeout},
     {"collective_names_rank", test_collective_names_rank},
     {"loopback_across_hosts", test_loopback_across_hosts},
+    {"sizes_disagree_unchecked", test_sizes_disagree_unchecked},
 };
 
 int main(int argc, char **argv)
