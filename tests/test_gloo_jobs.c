@@ -714,6 +714,51 @@ static void test_sizes_disagree_unchecked(void)
     drop_dir();
 }
 
+/* This process's Cpus_allowed_list ("0-1", "3") from /proc, or "" */
+static void cpus_allowed(char *out, size_t cap)
+{
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    out[0] = 0;
+    if (!f) return;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Cpus_allowed_list:", 18)) {
+            sscanf(line + 18, "%255s", line);
+            snprintf(out, cap, "%s", line);
+        }
+    fclose(f);
+}
+
+/* The launchers' pinning: one CPU per rank where the ranks fit, nothing
+   for a lone rank or more ranks than CPUs (in a child: it changes the
+   process). */
+static void test_pin_local_rank(void)
+{
+    pid_t p;
+    fflush(NULL);
+    p = fork();
+    if (p == 0) {
+        char before[256], after[256];
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        cpus_allowed(before, sizeof before);
+        CHECK(before[0] != 0, "no Cpus_allowed_list in /proc/self/status");
+        CHECK(fsdp_gloo_pin_local_rank(0, 1) == 0, "a lone rank was pinned");
+        CHECK(fsdp_gloo_pin_local_rank(0, 100000) == 0, "100000 ranks were pinned");
+        CHECK(fsdp_gloo_pin_local_rank(2, 2) == -1, "rank 2 of 2 was accepted");
+        cpus_allowed(after, sizeof after);
+        CHECK(!strcmp(before, after), "the affinity changed from %s to %s without pinning",
+              before, after);
+        if (ncpu >= 2 && strpbrk(before, ",-")) {
+            CHECK(fsdp_gloo_pin_local_rank(1, 2) == 1, "rank 1 of 2 was not pinned");
+            cpus_allowed(after, sizeof after);
+            CHECK(after[0] && !strpbrk(after, ",-") && strcmp(after, before),
+                  "rank 1 of 2 runs on %s (of %s), not on one CPU", after, before);
+        }
+        exit(check_failed() ? 1 : 0);
+    }
+    CHECK(reap(p, 0), "the pinned child (see above)");
+}
+
 static const check_case CASES[] = {
     {"two_jobs", test_two_jobs},
     {"reuse_finished", test_reuse_finished},
@@ -728,6 +773,7 @@ static const check_case CASES[] = {
     {"collective_names_rank", test_collective_names_rank},
     {"loopback_across_hosts", test_loopback_across_hosts},
     {"sizes_disagree_unchecked", test_sizes_disagree_unchecked},
+    {"pin_local_rank", test_pin_local_rank},
 };
 
 int main(int argc, char **argv)
