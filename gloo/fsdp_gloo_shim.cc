@@ -1629,11 +1629,12 @@ extern "C" int fsdp_gloo_pin_local_rank(int rank, int size)
         return -1;
     }
     if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
-    // a lone rank keeps every CPU; oversubscribed: the scheduler places them
-    if (size == 1 || size > CPU_COUNT(&allowed)) return 0;
+    // a lone rank keeps every CPU; more ranks than CPUs: round robin
+    int n = CPU_COUNT(&allowed);
+    if (size == 1 || n < 1) return 0;
     CPU_ZERO(&one);
     for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++)
-        if (CPU_ISSET(cpu, &allowed) && k++ == rank) {
+        if (CPU_ISSET(cpu, &allowed) && k++ == rank % n) {
             CPU_SET(cpu, &one);
             break;
         }

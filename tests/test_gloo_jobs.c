@@ -729,8 +729,8 @@ static void cpus_allowed(char *out, size_t cap)
     fclose(f);
 }
 
-/* The launchers' pinning: one CPU per rank where the ranks fit, nothing
-   for a lone rank or more ranks than CPUs (in a child: it changes the
+/* The launchers' pinning: one CPU per rank, round robin when the ranks
+   outnumber the CPUs, nothing for a lone rank (in a child: it changes the
    process). */
 static void test_pin_local_rank(void)
 {
@@ -743,17 +743,22 @@ static void test_pin_local_rank(void)
         cpus_allowed(before, sizeof before);
         CHECK(before[0] != 0, "no Cpus_allowed_list in /proc/self/status");
         CHECK(fsdp_gloo_pin_local_rank(0, 1) == 0, "a lone rank was pinned");
-        CHECK(fsdp_gloo_pin_local_rank(0, 100000) == 0, "100000 ranks were pinned");
         CHECK(fsdp_gloo_pin_local_rank(2, 2) == -1, "rank 2 of 2 was accepted");
         cpus_allowed(after, sizeof after);
         CHECK(!strcmp(before, after), "the affinity changed from %s to %s without pinning",
               before, after);
         if (ncpu >= 2 && strpbrk(before, ",-")) {
+            char first[256];
             CHECK(fsdp_gloo_pin_local_rank(1, 2) == 1, "rank 1 of 2 was not pinned");
-            cpus_allowed(after, sizeof after);
-            CHECK(after[0] && !strpbrk(after, ",-") && strcmp(after, before),
-                  "rank 1 of 2 runs on %s (of %s), not on one CPU", after, before);
+            cpus_allowed(first, sizeof first);
+            CHECK(first[0] && !strpbrk(first, ",-") && strcmp(first, before),
+                  "rank 1 of 2 runs on %s (of %s), not on one CPU", first, before);
         }
+        /* oversubscribed: round robin over what is left (now one CPU) */
+        CHECK(fsdp_gloo_pin_local_rank(ncpu > 0 ? (int)ncpu * 3 + 1 : 1, (int)ncpu * 4 + 2) == 1,
+              "an oversubscribed rank was not pinned");
+        cpus_allowed(after, sizeof after);
+        CHECK(after[0] && !strpbrk(after, ",-"), "an oversubscribed rank runs on %s", after);
         exit(check_failed() ? 1 : 0);
     }
     CHECK(reap(p, 0), "the pinned child (see above)");
