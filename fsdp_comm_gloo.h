@@ -7,8 +7,10 @@
    in *one* C file, and build gloo/fsdp_gloo_shim.cc (C++11 or later) into
    the program; link -lgloo (and -lstdc++ when gcc links). Needs
    gloo/fsdp_gloo_shim.h. It is a transport of fsdp.h's kit
-   (fsdp_comm_transport_create): Gloo moves the bytes, the engine in fsdp.h
-   does the rest.
+   (fsdp_comm_transport_create): the shim moves the bytes (Gloo's TCP device
+   picks the address; one plain TCP connection per peer carries the data,
+   read and written on the calling thread), the engine in fsdp.h does the
+   rest.
 
    Usage (start one process per rank yourself: a shell loop, a scheduler):
        fsdp_gloo_desc d = {0};

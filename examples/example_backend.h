@@ -156,6 +156,8 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
                 free(pids);
                 b->rank = j;
                 b->store_dir = dir[0] ? store : NULL;
+                /* a core per rank (round robin), as mpirun binds its ranks */
+                fsdp_gloo_pin_local_rank(j, b->ranks);
                 if (j > 0 && !freopen("/dev/null", "w", stdout)) _exit(1);
                 return -1;
             }

@@ -1,24 +1,26 @@
-// fsdp_gloo_shim.cc - the C API of fsdp_gloo_shim.h over Gloo's TCP
-// transport: our own rendezvous stores (a directory, or a small TCP store
-// served by rank 0), our own full-mesh connect, and collectives built from
-// point-to-point unbound buffers.
+// fsdp_gloo_shim.cc - the C API of fsdp_gloo_shim.h: Gloo's TCP device
+// chooses this rank's address (interface, host, the host name's), and the
+// rest is ours: rendezvous stores (a directory, or a small TCP store served
+// by rank 0), a full mesh of plain TCP connections, and collectives that
+// move the bytes on the calling thread over those connections.
 //
 // Why our own stores: Gloo's FileStore cannot tell two jobs apart, refuses
 // a reused directory with an internal "File already exists", and Debian's
 // snapshot has no TCP store. Why our own mesh connect: Gloo's waits 5x the
 // timeout for the first connection and does not say which rank it waited
-// for. Why point-to-point collectives: a timeout then names the rank whose
-// data did not come. Why not Gloo's ReduceScatterHalvingDoubling: on the
-// Debian snapshot it leaves the context slow for every later large
+// for. Why our own data path: Gloo's pairs read every message on the
+// device's thread, wake the caller through a condition variable, and
+// announce each unbound buffer to the peer before its bytes may travel; on
+// 2 cores those threads fight the ranks' and train_gpt took 3-10x its MPI
+// time (now about 1x). Why point-to-point collectives: a timeout names the
+// rank whose data did not come. Why not Gloo's ReduceScatterHalvingDoubling:
+// on the Debian snapshot it leaves the context slow for every later large
 // collective (a 64 MiB allgather goes from ~11 ms to ~19 s);
 // fsdp_comm_gloo.h builds reduce-scatter from all_to_all plus a local sum.
 #include "fsdp_gloo_shim.h"
 
-#include <gloo/context.h>
-#include <gloo/transport/context.h>
 #include <gloo/transport/tcp/attr.h>
 #include <gloo/transport/tcp/device.h>
-#include <gloo/transport/unbound_buffer.h>
 
 #include <arpa/inet.h>
 #include <dirent.h>
@@ -29,9 +31,11 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <sys/types.h>
 #include <unistd.h>
 
@@ -588,7 +592,8 @@ struct TcpStore : KV {
 // does: an interface (ifname / GLOO_SOCKET_IFNAME), else the given host,
 // else the address the host name resolves to, if this machine can listen on
 // it, else the loopback address.
-std::shared_ptr<gloo::transport::Device> make_device(const fsdp_gloo_opts *o, std::string *how)
+std::shared_ptr<gloo::transport::Device> make_device(const fsdp_gloo_opts *o, std::string *how,
+                                                     struct sockaddr_storage *ss)
 {
     gloo::transport::tcp::attr attr;
     const char *env = getenv("GLOO_SOCKET_IFNAME");
@@ -674,6 +679,8 @@ std::shared_ptr<gloo::transport::Device> make_device(const fsdp_gloo_opts *o, st
                                                  "machine?); " + hint);
     }
     try {
+        // the address Gloo chose: the data connections listen there too
+        *ss = gloo::transport::tcp::CreateDeviceAttr(attr).ai_addr;
         return gloo::transport::tcp::CreateDevice(attr);
     } catch (const std::exception &e) {
         throw Failure(FSDP_GLOO_INVALID, "fsdp_gloo_connect: cannot listen on " + *how + ": " + e.what() + "; " + hint);
@@ -692,24 +699,15 @@ bool is_loopback(const std::string &a)
 
 // ---------------------------------------------------------------- the mesh
 
-// A gloo::Context whose pairs we connect ourselves (Gloo's connectFullMesh
-// waits 5x the timeout and names no rank).
-struct Mesh : gloo::Context {
-    Mesh(int r, int s) : gloo::Context(r, s) {}
-    void attach(const std::shared_ptr<gloo::transport::Device> &d,
-                const std::shared_ptr<gloo::transport::Context> &t)
-    {
-        device_ = d;
-        transportContext_ = t;
-    }
-};
-
 } // namespace
 
 struct fsdp_gloo_ctx {
     std::shared_ptr<KV> store;
     std::shared_ptr<gloo::transport::Device> dev;
-    std::shared_ptr<Mesh> ctx; // null when size == 1
+    // the data path: one TCP connection per peer (-1: none, this rank)
+    std::vector<int> fds;
+    struct sockaddr_storage laddr{}; // this rank's address (port 0)
+    uint64_t calls = 0;            // collectives so far, the same count on every rank
     std::string prefix;        // the user's prefix
     std::string keys;          // this context's keys: prefix/job id[/split...]
     std::string job, record, address;
@@ -733,7 +731,8 @@ struct fsdp_gloo_ctx {
             beat_cv.notify_all();
             beat.join();
         }
-        ctx.reset();
+        for (int fd : fds)
+            if (fd >= 0) close(fd);
         if (owner && store) {
             try {
                 std::string cur;
@@ -757,68 +756,197 @@ std::string peer(const fsdp_gloo_ctx *c, int j)
     return m;
 }
 
-// Connects every pair through keys under c->keys + "/mesh", within dl.
+// A socket closed at scope exit unless released.
+struct Sock {
+    int fd = -1;
+    Sock() {}
+    explicit Sock(int f) : fd(f) {}
+    Sock(const Sock &) = delete;
+    Sock &operator=(const Sock &) = delete;
+    ~Sock()
+    {
+        if (fd >= 0) close(fd);
+    }
+    int release()
+    {
+        int f = fd;
+        fd = -1;
+        return f;
+    }
+};
+
+// Waits until fd is ready for events or dl passes (false).
+bool wait_fd(int fd, short events, const Deadline &dl)
+{
+    for (;;) {
+        struct pollfd p = {fd, events, 0};
+        long ms = dl.forever ? -1 : (long)dl.left().count();
+        int rc = poll(&p, 1, ms > INT32_MAX ? INT32_MAX : (int)ms);
+        if (rc > 0) return true;
+        if (rc < 0 && errno != EINTR) return true; // the caller's I/O reports it
+        if (rc == 0 && dl.passed()) return false;
+    }
+}
+
+// Reads or writes n bytes on a nonblocking socket within dl: 1 done, 0 the
+// deadline passed, -1 the connection failed or closed (errno; 0: closed).
+int io_all(int fd, void *p, size_t n, bool out, const Deadline &dl)
+{
+    char *b = static_cast<char *>(p);
+    while (n) {
+        ssize_t k = out ? send(fd, b, n, MSG_NOSIGNAL) : recv(fd, b, n, 0);
+        if (k > 0) {
+            b += k;
+            n -= (size_t)k;
+            continue;
+        }
+        if (k == 0 && !out) {
+            errno = 0;
+            return -1;
+        }
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) return -1;
+        if (!wait_fd(fd, out ? POLLOUT : POLLIN, dl)) return 0;
+    }
+    return 1;
+}
+
+void data_socket(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+}
+
+socklen_t sa_len(const struct sockaddr_storage &a)
+{
+    return a.ss_family == AF_INET6 ? sizeof(struct sockaddr_in6) : sizeof(struct sockaddr_in);
+}
+
+// What a connecting rank says first, and the one byte its peer answers.
+const char kNetHello[8] = {'F', 'S', 'D', 'P', 'N', 'E', 'T', '1'};
+
+std::string connect_hint()
+{
+    return "; if that address is not reachable from this host, start that rank with host "
+           "(--host ADDR) set to an address the other hosts reach, or with "
+           "GLOO_SOCKET_IFNAME=NAME (or ifname)";
+}
+
+// The full mesh of data connections, within dl: every rank listens on its
+// address (a fresh port, published under c->keys + "/mesh"), connects to
+// the ranks above it and accepts those below it. A connection counts once
+// its hello (this context's keys and the rank) is answered, so a listener
+// that accepts but never speaks is a timeout naming its rank.
 void connect_mesh(fsdp_gloo_ctx *c, const Deadline &dl, int timeout_ms)
 {
     if (c->size == 1) return;
-    auto mesh = std::make_shared<Mesh>(c->rank, c->size);
-    mesh->setTimeout(to_ms(timeout_ms));
-    auto tc = c->dev->createContext(c->rank, c->size);
-    // Gloo waits 5x a pair's timeout for its first connection
-    auto left = dl.left();
-    tc->setTimeout(std::max(std::chrono::milliseconds(200), left / 5));
-    std::string mine;
-    for (int j = 0; j < c->size; j++) {
-        if (j == c->rank) continue;
-        auto &pair = tc->createPair(j);
-        auto b = pair->address().bytes();
-        uint32_t n = htonl((uint32_t)b.size());
-        mine.append(reinterpret_cast<const char *>(&n), 4);
-        mine.append(b.begin(), b.end());
-    }
+    const std::string me = "fsdp_gloo_connect on rank " + str(c->rank) + ": ";
+    struct sockaddr_storage a = c->laddr;
+    if (a.ss_family == AF_INET6) reinterpret_cast<struct sockaddr_in6 *>(&a)->sin6_port = 0;
+    else reinterpret_cast<struct sockaddr_in *>(&a)->sin_port = 0;
+    Sock lfd(socket(a.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    socklen_t len = sa_len(a);
+    if (lfd.fd < 0 || bind(lfd.fd, (struct sockaddr *)&a, len) != 0 ||
+        listen(lfd.fd, c->size + 8) != 0 ||
+        getsockname(lfd.fd, (struct sockaddr *)&a, &len) != 0)
+        throw Failure(FSDP_GLOO_ERROR, me + "cannot listen on " + c->address + ": " +
+                                           strerror(errno));
+    fcntl(lfd.fd, F_SETFL, fcntl(lfd.fd, F_GETFL) | O_NONBLOCK);
+    std::string mine(kNetHello, sizeof kNetHello);
+    mine.append(reinterpret_cast<const char *>(&a), sizeof a);
     c->store->set(c->keys + "/mesh/" + str(c->rank), mine);
-    for (int j = 0; j < c->size; j++) {
-        if (j == c->rank) continue;
+    std::vector<Sock> fds((size_t)c->size);
+    std::string hello(kNetHello, sizeof kNetHello);
+    uint32_t nr = htonl((uint32_t)c->rank), nk = htonl((uint32_t)c->keys.size());
+    hello.append(reinterpret_cast<const char *>(&nr), 4);
+    hello.append(reinterpret_cast<const char *>(&nk), 4);
+    hello += c->keys;
+    auto fail_io = [&](int j, int rc) {
+        bool to = rc == 0;
+        throw Failure(to ? FSDP_GLOO_TIMEOUT : FSDP_GLOO_ERROR,
+                      me + "connecting to " + peer(c, j) + " failed" +
+                          (to ? " within " + str(timeout_ms) + " ms: no answer"
+                              : std::string(": ") +
+                                    (errno ? strerror(errno) : "connection closed")) +
+                          connect_hint());
+    };
+    for (int j = c->rank + 1; j < c->size; j++) {
         std::string theirs;
         while (!c->store->get(c->keys + "/mesh/" + str(j), &theirs)) {
             if (dl.passed())
                 throw Failure(FSDP_GLOO_TIMEOUT,
-                              "fsdp_gloo_connect on rank " + str(c->rank) + ": " + peer(c, j) +
-                                  " did not publish its connection addresses within " +
+                              me + peer(c, j) + " did not publish its connection address within " +
                                   str(timeout_ms) + " ms (" + c->store->where() + ")");
-            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+            std::this_thread::sleep_for(std::chrono::milliseconds(2));
         }
-        // the entry for this rank: the peer skips itself
-        size_t off = 0;
-        std::vector<char> addr;
-        for (int k = 0; k < c->size; k++) {
-            if (k == j) continue;
-            uint32_t n;
-            if (off + 4 > theirs.size()) break;
-            memcpy(&n, theirs.data() + off, 4);
-            n = ntohl(n);
-            if (k == c->rank) addr.assign(theirs.begin() + (long)off + 4,
-                                          theirs.begin() + (long)(off + 4 + n));
-            off += 4 + n;
+        struct sockaddr_storage pa;
+        if (theirs.size() != sizeof kNetHello + sizeof pa ||
+            theirs.compare(0, sizeof kNetHello, kNetHello, sizeof kNetHello) != 0)
+            throw Failure(FSDP_GLOO_ERROR, me + peer(c, j) + " published a malformed address");
+        memcpy(&pa, theirs.data() + sizeof kNetHello, sizeof pa);
+        Sock s(socket(pa.ss_family, SOCK_STREAM | SOCK_CLOEXEC, 0));
+        if (s.fd < 0) fail_io(j, -1);
+        data_socket(s.fd);
+        if (connect(s.fd, (struct sockaddr *)&pa, sa_len(pa)) != 0) {
+            if (errno != EINPROGRESS) fail_io(j, -1);
+            if (!wait_fd(s.fd, POLLOUT, dl)) fail_io(j, 0);
+            int e = 0;
+            socklen_t el = sizeof e;
+            getsockopt(s.fd, SOL_SOCKET, SO_ERROR, &e, &el);
+            if (e) {
+                errno = e;
+                fail_io(j, -1);
+            }
         }
-        if (addr.empty())
-            throw Failure(FSDP_GLOO_ERROR, "fsdp_gloo_connect on rank " + str(c->rank) + ": " + peer(c, j) +
-                                               " published a malformed address list");
-        try {
-            tc->getPair(j)->connect(addr);
-        } catch (const std::exception &e) {
-            std::string m = e.what();
-            bool to = m.find("imeout") != std::string::npos || m.find("imed out") != std::string::npos;
-            throw Failure(to ? FSDP_GLOO_TIMEOUT : FSDP_GLOO_ERROR,
-                          "fsdp_gloo_connect on rank " + str(c->rank) + ": connecting to " + peer(c, j) + " failed" +
-                              (to ? " within " + str(timeout_ms) + " ms" : std::string()) + ": " +
-                              m + "; if that address is not reachable from this host, start " +
-                              "that rank with host (--host ADDR) set to an address the other "
-                              "hosts reach, or with GLOO_SOCKET_IFNAME=NAME (or ifname)");
-        }
+        int rc = io_all(s.fd, &hello[0], hello.size(), true, dl);
+        if (rc != 1) fail_io(j, rc);
+        fds[(size_t)j].fd = s.release();
     }
-    mesh->attach(c->dev, std::shared_ptr<gloo::transport::Context>(std::move(tc)));
-    c->ctx = mesh;
+    // the ranks below this one connect here
+    for (int got = 0; got < c->rank;) {
+        int fd = accept4(lfd.fd, nullptr, nullptr, SOCK_CLOEXEC);
+        if (fd < 0) {
+            if (errno == EINTR || errno == ECONNABORTED) continue;
+            if (errno != EAGAIN && errno != EWOULDBLOCK)
+                throw Failure(FSDP_GLOO_ERROR, me + "accept: " + strerror(errno));
+            if (!wait_fd(lfd.fd, POLLIN, dl)) {
+                std::vector<int> missing;
+                for (int j = 0; j < c->rank; j++)
+                    if (fds[(size_t)j].fd < 0) missing.push_back(j);
+                std::string who = missing.size() == 1 ? peer(c, missing[0]) : rank_list(missing);
+                throw Failure(FSDP_GLOO_TIMEOUT, me + who + " did not connect within " +
+                                                     str(timeout_ms) + " ms" + connect_hint());
+            }
+            continue;
+        }
+        Sock s(fd);
+        data_socket(fd);
+        char h[sizeof kNetHello + 8];
+        uint32_t jr, kl;
+        if (io_all(fd, h, sizeof h, false, dl) != 1 ||
+            memcmp(h, kNetHello, sizeof kNetHello) != 0)
+            continue; // not one of ours (or too late): drop it
+        memcpy(&jr, h + sizeof kNetHello, 4);
+        memcpy(&kl, h + sizeof kNetHello + 4, 4);
+        jr = ntohl(jr);
+        kl = ntohl(kl);
+        if (kl != c->keys.size()) continue;
+        std::string k(kl, '\0');
+        if (kl && io_all(fd, &k[0], kl, false, dl) != 1) continue;
+        if (k != c->keys || (int)jr >= c->rank || fds[jr].fd >= 0) continue;
+        char ok = 1;
+        if (io_all(fd, &ok, 1, true, dl) != 1) continue;
+        fds[jr].fd = s.release();
+        got++;
+    }
+    for (int j = c->rank + 1; j < c->size; j++) {
+        char ok = 0;
+        int rc = io_all(fds[(size_t)j].fd, &ok, 1, false, dl);
+        if (rc != 1) fail_io(j, rc);
+    }
+    c->fds.assign((size_t)c->size, -1);
+    for (int j = 0; j < c->size; j++) c->fds[(size_t)j] = fds[(size_t)j].release();
 }
 
 std::string hello_value(const fsdp_gloo_ctx *c)
@@ -1037,7 +1165,7 @@ extern "C" int fsdp_gloo_connect_opts(const fsdp_gloo_opts *o, fsdp_gloo_ctx **o
         c->size = o->size;
         c->prefix = o->prefix && *o->prefix ? o->prefix : "fsdp";
         std::string how;
-        c->dev = make_device(o, &how);
+        c->dev = make_device(o, &how, &c->laddr);
         c->address = c->dev->str(); // "tcp, pci=, iface=lo, speed=-1, addr=[127.0.0.1]"
         size_t at = c->address.find("addr=");
         if (at != std::string::npos) c->address = c->address.substr(at + 5);
@@ -1081,45 +1209,219 @@ extern "C" const char *fsdp_gloo_address(const fsdp_gloo_ctx *c)
 
 namespace {
 
-typedef std::unique_ptr<gloo::transport::UnboundBuffer> UB;
+// ---------------------------------------------------------------- the data path
+//
+// Collectives run on the calling thread over the mesh's sockets: each
+// message is a header (which collective, the call's number, offset and
+// length) and the bytes, written and read straight from the caller's
+// buffers with nonblocking send/recv, poll() only when no socket can move.
+// Gloo's own pairs hand every message to their device thread and wake the
+// caller through a condition variable, and rendezvous each unbound buffer
+// with a notification: on few cores the threads fight for them and
+// train_gpt ran 3-10x as long as over MPI.
 
-// Waits for the receives of bufs (one per peer; null: none), naming every
-// peer whose data did not come within the deadline, or whose connection
-// broke.
-void wait_recvs(fsdp_gloo_ctx *c, std::vector<UB> &bufs, const char *what, const Deadline &dl,
-                int timeout_ms, bool send)
+const uint32_t kMsgMagic = 0x46534450u; // "FSDP"
+
+struct Hdr {
+    uint32_t magic, op;
+    uint64_t call, off, len;
+};
+
+const char *op_name(uint32_t op)
 {
-    std::vector<int> late;
-    for (size_t j = 0; j < bufs.size(); j++) {
-        if (!bufs[j]) continue;
-        // after the first late peer, only look whether the others are done
-        auto t = late.empty() ? dl.left() : std::chrono::milliseconds(1);
-        bool ok;
-        try {
-            ok = send ? bufs[j]->waitSend(nullptr, t) : bufs[j]->waitRecv(nullptr, t);
-        } catch (const std::exception &e) {
-            // this Gloo throws on a timeout too
-            std::string m = e.what();
-            if (m.find("Timed out") != std::string::npos) {
-                late.push_back((int)j);
+    static const char *const names[] = {"?", "all_gather", "all_to_all", "broadcast", "barrier"};
+    return op < 5 ? names[op] : "?";
+}
+
+struct Xfer {
+    Hdr h;       // to send, or expected
+    Hdr got;     // as received
+    char *p;     // the bytes
+    size_t done; // of sizeof(Hdr) + h.len
+};
+
+// One collective's messages to and from each peer, moved in order per peer.
+struct Exchange {
+    fsdp_gloo_ctx *c;
+    uint32_t op;
+    uint64_t call;
+    std::vector<std::vector<Xfer>> sq, rq; // per peer
+    std::vector<size_t> si, ri;            // first unfinished message per peer
+    size_t left = 0;                       // messages not finished
+    Exchange(fsdp_gloo_ctx *ctx, uint32_t o)
+        : c(ctx), op(o), call(ctx->calls++), sq((size_t)ctx->size), rq((size_t)ctx->size),
+          si((size_t)ctx->size), ri((size_t)ctx->size)
+    {
+    }
+    void add(std::vector<std::vector<Xfer>> &q, int j, const void *p, size_t off, size_t len)
+    {
+        Xfer x;
+        x.h.magic = kMsgMagic;
+        x.h.op = op;
+        x.h.call = call;
+        x.h.off = off;
+        x.h.len = len;
+        memset(&x.got, 0, sizeof x.got);
+        x.p = static_cast<char *>(const_cast<void *>(p));
+        x.done = 0;
+        q[(size_t)j].push_back(x);
+        left++;
+    }
+    void send(int j, const void *p, size_t off, size_t len) { add(sq, j, p, off, len); }
+    void recv(int j, void *p, size_t off, size_t len) { add(rq, j, p, off, len); }
+
+    [[noreturn]] void broken(int j, int e)
+    {
+        throw Failure(FSDP_GLOO_ERROR,
+                      std::string(op_name(op)) + " on rank " + str(c->rank) +
+                          ": the connection to " + peer(c, j) + " failed: " +
+                          (e ? strerror(e) : "closed by the peer (it exited or crashed)"));
+    }
+    void check(int j, const Xfer &x)
+    {
+        const Hdr &g = x.got, &w = x.h;
+        if (g.magic == w.magic && g.op == w.op && g.call == w.call && g.off == w.off &&
+            g.len == w.len)
+            return;
+        if (g.magic != kMsgMagic)
+            throw Failure(FSDP_GLOO_ERROR, std::string(op_name(op)) + " on rank " +
+                                               str(c->rank) + ": " + peer(c, j) +
+                                               " sent bytes that are not a message");
+        throw Failure(FSDP_GLOO_ERROR,
+                      std::string(op_name(op)) + " on rank " + str(c->rank) + ": " + peer(c, j) +
+                          " sent " + op_name(g.op) + " #" + std::to_string(g.call) + " (" +
+                          std::to_string(g.len) + " bytes at " + std::to_string(g.off) +
+                          ") where this rank runs " + op_name(op) + " #" +
+                          std::to_string(call) + " (" + std::to_string(w.len) + " bytes at " +
+                          std::to_string(w.off) + "): the ranks called different collectives "
+                                                  "or sizes");
+    }
+    // Moves what the sockets take without blocking; true if anything moved.
+    bool pump(int j)
+    {
+        int fd = c->fds[(size_t)j];
+        bool moved = false;
+        while (si[(size_t)j] < sq[(size_t)j].size()) {
+            Xfer &x = sq[(size_t)j][si[(size_t)j]];
+            struct iovec v[2];
+            int nv = 0;
+            size_t hb = sizeof(Hdr);
+            if (x.done < hb) v[nv++] = {reinterpret_cast<char *>(&x.h) + x.done, hb - x.done};
+            size_t pd = x.done > hb ? x.done - hb : 0;
+            if (x.h.len > pd) v[nv++] = {x.p + pd, (size_t)x.h.len - pd};
+            struct msghdr m;
+            memset(&m, 0, sizeof m);
+            m.msg_iov = v;
+            m.msg_iovlen = (size_t)nv;
+            ssize_t k = sendmsg(fd, &m, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (k < 0) {
+                if (errno == EINTR) continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+                broken(j, errno);
+            }
+            moved = moved || k > 0;
+            x.done += (size_t)k;
+            if (x.done < hb + x.h.len) break;
+            si[(size_t)j]++;
+            left--;
+        }
+        while (ri[(size_t)j] < rq[(size_t)j].size()) {
+            Xfer &x = rq[(size_t)j][ri[(size_t)j]];
+            struct iovec v[2];
+            int nv = 0;
+            size_t hb = sizeof(Hdr);
+            if (x.done < hb) v[nv++] = {reinterpret_cast<char *>(&x.got) + x.done, hb - x.done};
+            size_t pd = x.done > hb ? x.done - hb : 0;
+            if (x.h.len > pd) v[nv++] = {x.p + pd, (size_t)x.h.len - pd};
+            ssize_t k = readv(fd, v, nv);
+            if (k < 0) {
+                if (errno == EINTR) continue;
+                if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+                broken(j, errno);
+            }
+            if (k == 0) broken(j, 0);
+            moved = true;
+            bool had = x.done >= hb;
+            x.done += (size_t)k;
+            // the header decides before any more is read
+            if (!had && x.done >= hb) check(j, x);
+            if (x.done < hb + x.h.len) break;
+            ri[(size_t)j]++;
+            left--;
+        }
+        return moved;
+    }
+    // Runs until every message is through, calling progress() after every
+    // pass that moved something; past dl, a timeout naming the peers whose
+    // data did not come (or, with all received, that did not take ours).
+    template <class F> void run(const Deadline &dl, int timeout_ms, F progress)
+    {
+        std::vector<struct pollfd> p;
+        std::vector<int> who;
+        // Most waits in a training step are 20-100 us (train_gpt, 2 ranks):
+        // polling that long, giving the core away between polls, saves a
+        // sleep and a wake-up each; longer waits sleep in poll().
+        const auto spin = std::chrono::microseconds(100);
+        Clock::time_point idle;
+        int spins = 0;
+        while (left) {
+            bool moved = false;
+            for (int j = 0; j < c->size; j++)
+                if (j != c->rank && pump(j)) moved = true;
+            if (moved) {
+                spins = 0;
+                progress();
                 continue;
             }
-            throw Failure(FSDP_GLOO_ERROR, std::string(what) + " on rank " + str(c->rank) +
-                                               ": the connection to " + peer(c, (int)j) +
-                                               " failed: " + e.what());
+            if (!left) break;
+            if (spins == 0) idle = Clock::now();
+            if (++spins < 16) continue;
+            if (Clock::now() - idle < spin) {
+                sched_yield();
+                continue;
+            }
+            p.clear();
+            who.clear();
+            for (int j = 0; j < c->size; j++) {
+                if (j == c->rank) continue;
+                short ev = 0;
+                if (ri[(size_t)j] < rq[(size_t)j].size()) ev |= POLLIN;
+                if (si[(size_t)j] < sq[(size_t)j].size()) ev |= POLLOUT;
+                if (!ev) continue;
+                p.push_back({c->fds[(size_t)j], ev, 0});
+                who.push_back(j);
+            }
+            long ms = dl.forever ? -1 : (long)dl.left().count();
+            int rc = poll(p.data(), (nfds_t)p.size(), ms > INT32_MAX ? INT32_MAX : (int)ms);
+            if (rc < 0 && errno != EINTR)
+                throw Failure(FSDP_GLOO_ERROR, std::string(op_name(op)) + " on rank " +
+                                                   str(c->rank) + ": poll: " + strerror(errno));
+            if (rc == 0 && dl.passed()) late(timeout_ms);
         }
-        if (!ok) late.push_back((int)j);
     }
-    if (late.empty()) return;
-    std::string who = rank_list(late);
-    if (late.size() == 1) who = peer(c, late[0]);
-    throw Failure(FSDP_GLOO_TIMEOUT,
-                  std::string(what) + " on rank " + str(c->rank) + ": " +
-                      (send ? "sending to " + who + " did not complete"
-                            : "nothing arrived from " + who) +
-                      " within " + str(timeout_ms) +
-                      " ms (not at this collective yet, stuck, or gone)");
-}
+    void run(const Deadline &dl, int timeout_ms)
+    {
+        run(dl, timeout_ms, [] {});
+    }
+    [[noreturn]] void late(int timeout_ms)
+    {
+        std::vector<int> in, out;
+        for (int j = 0; j < c->size; j++) {
+            if (j == c->rank) continue;
+            if (ri[(size_t)j] < rq[(size_t)j].size()) in.push_back(j);
+            else if (si[(size_t)j] < sq[(size_t)j].size()) out.push_back(j);
+        }
+        bool send = in.empty();
+        std::vector<int> &l = send ? out : in;
+        std::string who = l.size() == 1 ? peer(c, l[0]) : rank_list(l);
+        throw Failure(FSDP_GLOO_TIMEOUT,
+                      std::string(op_name(op)) + " on rank " + str(c->rank) + ": " +
+                          (send ? "sending to " + who + " did not complete"
+                                : "nothing arrived from " + who) +
+                          " within " + str(timeout_ms) +
+                          " ms (not at this collective yet, stuck, or gone)");
+    }
+};
 
 } // namespace
 
@@ -1132,20 +1434,12 @@ extern "C" int fsdp_gloo_all_gather(fsdp_gloo_ctx *c, const void *send, void *re
         if (send && send != out + r * bytes) std::memcpy(out + r * bytes, send, bytes);
         if (n == 1 || bytes == 0) return FSDP_GLOO_OK;
         Deadline dl(timeout_ms);
-        uint64_t slot = (uint64_t)c->ctx->nextSlot();
-        std::vector<UB> rb(n), sb(n);
+        Exchange x(c, 1);
         for (size_t j = 0; j < n; j++)
-            if (j != r) {
-                rb[j] = c->ctx->createUnboundBuffer(out + j * bytes, bytes);
-                rb[j]->recv((int)j, slot);
-            }
-        for (size_t i = 1; i < n; i++) {
-            size_t to = (r + i) % n; // start at our right neighbour: no hot spot
-            sb[to] = c->ctx->createUnboundBuffer(out + r * bytes, bytes);
-            sb[to]->send((int)to, slot);
-        }
-        wait_recvs(c, rb, "all_gather", dl, timeout_ms, false);
-        wait_recvs(c, sb, "all_gather", dl, timeout_ms, true);
+            if (j != r) x.recv((int)j, out + j * bytes, 0, bytes);
+        for (size_t i = 1; i < n; i++) // start at our right neighbour: no hot spot
+            x.send((int)((r + i) % n), out + r * bytes, 0, bytes);
+        x.run(dl, timeout_ms);
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
         return fail_exception(err, cap, "all_gather", e);
@@ -1170,29 +1464,30 @@ extern "C" int fsdp_gloo_all_to_all_chunked(fsdp_gloo_ctx *c, const void *send,
         }
         if (nch == 0) return FSDP_GLOO_OK;
         Deadline dl(timeout_ms);
-        // Point-to-point on unbound buffers, every chunk posted at once: the
-        // transport's thread moves later chunks while done() sums earlier ones.
-        uint64_t slot = (uint64_t)c->ctx->nextSlot();
-        std::vector<UB> rbuf(n), sbuf(n);
-        for (j = 0; j < n; j++)
-            if (j != r) {
-                rbuf[j] = c->ctx->createUnboundBuffer(recv_blocks[j], bytes);
-                sbuf[j] = c->ctx->createUnboundBuffer(const_cast<char *>(in) + j * bytes, bytes);
-            }
+        // every chunk queued at once, each peer's in order: done() sums chunk
+        // k while the kernel's buffers take the later ones
+        Exchange x(c, 2);
         for (k = 0; k < nch; k++)
             for (j = 0; j < n; j++)
-                if (j != r) rbuf[j]->recv((int)j, slot, k * chunk, std::min(chunk, bytes - k * chunk));
+                if (j != r)
+                    x.recv((int)j, static_cast<char *>(recv_blocks[j]) + k * chunk, k * chunk,
+                           std::min(chunk, bytes - k * chunk));
         for (k = 0; k < nch; k++)
             for (size_t i = 1; i < n; i++) {
                 size_t to = (r + i) % n; // start at our right neighbour: no hot spot
-                sbuf[to]->send((int)to, slot, k * chunk, std::min(chunk, bytes - k * chunk));
+                x.send((int)to, in + to * bytes + k * chunk, k * chunk,
+                       std::min(chunk, bytes - k * chunk));
             }
-        for (k = 0; k < nch; k++) {
-            // one receive completes per chunk and peer
-            wait_recvs(c, rbuf, "all_to_all", dl, timeout_ms, false);
-            done(user, k * chunk, std::min(chunk, bytes - k * chunk));
-        }
-        for (k = 0; k < nch; k++) wait_recvs(c, sbuf, "all_to_all", dl, timeout_ms, true);
+        size_t reported = 0;
+        auto report = [&] {
+            size_t ready = nch;
+            for (size_t p = 0; p < n; p++)
+                if (p != r) ready = std::min(ready, x.ri[p]);
+            for (; reported < ready; reported++)
+                done(user, reported * chunk, std::min(chunk, bytes - reported * chunk));
+        };
+        x.run(dl, timeout_ms, report);
+        report();
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
         return fail_exception(err, cap, "all_to_all", e);
@@ -1233,20 +1528,13 @@ extern "C" int fsdp_gloo_broadcast(fsdp_gloo_ctx *c, void *buf, size_t bytes, in
         size_t n = (size_t)c->size, r = (size_t)c->rank;
         if (n == 1 || bytes == 0) return FSDP_GLOO_OK;
         Deadline dl(timeout_ms);
-        uint64_t slot = (uint64_t)c->ctx->nextSlot();
-        std::vector<UB> b(n);
+        Exchange x(c, 3);
         if ((int)r == root) {
-            for (size_t i = 1; i < n; i++) {
-                size_t to = (r + i) % n;
-                b[to] = c->ctx->createUnboundBuffer(buf, bytes);
-                b[to]->send((int)to, slot);
-            }
-            wait_recvs(c, b, "broadcast", dl, timeout_ms, true);
+            for (size_t i = 1; i < n; i++) x.send((int)((r + i) % n), buf, 0, bytes);
         } else {
-            b[(size_t)root] = c->ctx->createUnboundBuffer(buf, bytes);
-            b[(size_t)root]->recv(root, slot);
-            wait_recvs(c, b, "broadcast", dl, timeout_ms, false);
+            x.recv(root, buf, 0, bytes);
         }
+        x.run(dl, timeout_ms);
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
         return fail_exception(err, cap, "broadcast", e);
@@ -1261,18 +1549,14 @@ extern "C" int fsdp_gloo_barrier(fsdp_gloo_ctx *c, int timeout_ms, char *err, si
         size_t n = (size_t)c->size, r = (size_t)c->rank;
         if (n == 1) return FSDP_GLOO_OK;
         Deadline dl(timeout_ms);
-        uint64_t slot = (uint64_t)c->ctx->nextSlot();
         std::vector<char> in(n), token(1, 1);
-        std::vector<UB> rb(n), sb(n);
+        Exchange x(c, 4);
         for (size_t j = 0; j < n; j++)
             if (j != r) {
-                rb[j] = c->ctx->createUnboundBuffer(&in[j], 1);
-                rb[j]->recv((int)j, slot);
-                sb[j] = c->ctx->createUnboundBuffer(token.data(), 1);
-                sb[j]->send((int)j, slot);
+                x.recv((int)j, &in[j], 0, 1);
+                x.send((int)j, token.data(), 0, 1);
             }
-        wait_recvs(c, rb, "barrier", dl, timeout_ms, false);
-        wait_recvs(c, sb, "barrier", dl, timeout_ms, true);
+        x.run(dl, timeout_ms);
         return FSDP_GLOO_OK;
     } catch (const std::exception &e) {
         return fail_exception(err, cap, "barrier", e);
@@ -1302,6 +1586,7 @@ extern "C" int fsdp_gloo_split(fsdp_gloo_ctx *c, int color, int key, int timeout
             nc.reset(new fsdp_gloo_ctx);
             nc->store = c->store;
             nc->dev = c->dev;
+            nc->laddr = c->laddr;
             nc->prefix = c->prefix;
             nc->job = c->job;
             nc->address = c->address;
@@ -1334,4 +1619,24 @@ extern "C" void fsdp_gloo_free(fsdp_gloo_ctx *c)
     } catch (...) {
         // a destructor that throws has nothing left to tell anyone
     }
+}
+
+extern "C" int fsdp_gloo_pin_local_rank(int rank, int size)
+{
+    cpu_set_t allowed, one;
+    if (rank < 0 || size < 1 || rank >= size) {
+        errno = EINVAL;
+        return -1;
+    }
+    if (sched_getaffinity(0, sizeof allowed, &allowed) != 0) return -1;
+    // a lone rank keeps every CPU; more ranks than CPUs: round robin
+    int n = CPU_COUNT(&allowed);
+    if (size == 1 || n < 1) return 0;
+    CPU_ZERO(&one);
+    for (int cpu = 0, k = 0; cpu < CPU_SETSIZE; cpu++)
+        if (CPU_ISSET(cpu, &allowed) && k++ == rank % n) {
+            CPU_SET(cpu, &one);
+            break;
+        }
+    return sched_setaffinity(0, sizeof one, &one) == 0 ? 1 : -1;
 }

@@ -80,6 +80,16 @@ int fsdp_gloo_barrier(fsdp_gloo_ctx *ctx, int timeout_ms, char *err, size_t cap)
 /* color < 0: this rank joins no group (*out NULL). Ranks ordered by (key, rank). */
 int fsdp_gloo_split(fsdp_gloo_ctx *ctx, int color, int key, int timeout_ms, fsdp_gloo_ctx **out,
                     char *err, size_t cap);
+/* For a launcher that starts every rank of a job on this host (after
+   fork, before the rank's threads): pins the calling process to one of
+   the CPUs it may run on, the (rank % their count)-th, as mpirun binds its
+   ranks to cores when they fit; with more ranks than CPUs they go round
+   robin (mpirun leaves those unbound). One rank: affinity left alone. On
+   a loaded 2-core machine this kept train_gpt at MPI's pace: unpinned, 2
+   ranks took twice as long on either backend, and 4 Gloo ranks 4.9 s
+   instead of 3.3 s. Returns 1 pinned, 0 left alone, -1 failed (errno).
+   Not collective. */
+int fsdp_gloo_pin_local_rank(int rank, int size);
 /* Not collective. Rank 0 of the world (not of a split) ends the job: it
    removes the job's record and keys from a directory store, or stops the
    TCP store. */

@@ -513,8 +513,8 @@ static void mkdir_hello(const char *id)
 }
 
 /* A fake rank 1 that publishes itself and an address that accepts TCP
-   connections but never speaks Gloo: rank 0's first connection must give
-   up within its timeout. */
+   connections but never answers: rank 0's first connection must give up
+   within its timeout. */
 static void test_first_connect_timeout(void)
 {
     char p[800], id[64] = {0}, line[128];
@@ -537,7 +537,7 @@ static void test_first_connect_timeout(void)
     s.timeout_ms = 1500;
     s.expect = FSDP_COMM_TIMEOUT;
     s.want = "rank 1";
-    s.max_ms = 4000; /* Gloo alone: 5 x 1500 */
+    s.max_ms = 4000; /* the timeout, not Gloo's own 5 x 1500 */
     r0 = spawn(&s);
     snprintf(p, sizeof p, "%s/main/job", g_dir);
     until = now_ms() + 10000;
@@ -552,16 +552,11 @@ static void test_first_connect_timeout(void)
     }
     CHECK(id[0] != 0, "rank 0 wrote no job record");
     if (id[0]) {
-        /* the fake's hello, then its address list: gloo's tcp address is a
-           sockaddr_storage and a sequence number */
-        struct {
-            struct sockaddr_storage ss;
-            ssize_t seq;
-        } ga;
-        uint32_t n = htonl((uint32_t)sizeof ga);
+        /* the fake's hello, then its connection address: the shim's
+           "FSDPNET1" and a sockaddr_storage */
+        struct sockaddr_storage ga;
         memset(&ga, 0, sizeof ga);
-        memcpy(&ga.ss, &a, sizeof a);
-        ga.seq = 0;
+        memcpy(&ga, &a, sizeof a);
         mkdir_hello(id);
         snprintf(p, sizeof p, "%s/main/%s/hello/1", g_dir, id);
         f = fopen_tmp(p, "w");
@@ -577,7 +572,7 @@ static void test_first_connect_timeout(void)
         snprintf(p, sizeof p, "%s/main/%s/mesh/1", g_dir, id);
         f = fopen_tmp(p, "wb");
         if (f) {
-            fwrite(&n, 4, 1, f);
+            fwrite("FSDPNET1", 8, 1, f);
             fwrite(&ga, sizeof ga, 1, f);
             publish(f, p);
         }
@@ -670,6 +665,105 @@ static void test_collective_names_rank(void)
     drop_dir();
 }
 
+/* With the fingerprints off, ranks that pass different sizes to one
+   collective still get an error naming the peer and both calls, from the
+   header every message carries, instead of a hang or one rank's bytes
+   read as another call's. */
+static void test_sizes_disagree_unchecked(void)
+{
+    pid_t p[2];
+    int j;
+    make_dir();
+    for (j = 0; j < 2; j++) {
+        fflush(NULL);
+        p[j] = fork();
+        if (p[j] == 0) {
+            fsdp_gloo_desc d;
+            fsdp_error err;
+            fsdp_comm *comm = NULL;
+            float v[8] = {0}, out[16];
+            fsdp_result res;
+            const char *m;
+            memset(&d, 0, sizeof d);
+            memset(&err, 0, sizeof err);
+            d.hooks.error = &err;
+            d.store_dir = g_dir;
+            d.rank = j;
+            d.size = 2;
+            d.timeout_ms = 5000;
+            d.disable_mismatch_check = 1;
+            res = fsdp_comm_gloo_create(&d, &comm);
+            CHECK_RANK(res == FSDP_SUCCESS, j, "create: %s", err.message);
+            if (comm) {
+                double t0 = now_ms();
+                res = fsdp_all_gather(comm, v, out, j == 0 ? 4 : 8, FSDP_F32, NULL);
+                m = fsdp_comm_last_error(comm);
+                CHECK_RANK(res == FSDP_COMM_ERROR, j, "all_gather of 4 against 8 floats gave %s: %s",
+                           fsdp_result_string(res), m);
+                CHECK_RANK(strstr(m, j == 0 ? "rank 1" : "rank 0") != NULL &&
+                               strstr(m, "16 bytes") != NULL && strstr(m, "32 bytes") != NULL,
+                           j, "the error does not name the peer and both sizes: %s", m);
+                CHECK_RANK(now_ms() - t0 < 4000, j, "the mismatch took %.0f ms to surface",
+                           now_ms() - t0);
+            }
+            fsdp_comm_destroy(comm);
+            exit(check_failed() ? 1 : 0);
+        }
+    }
+    for (j = 0; j < 2; j++) CHECK(reap(p[j], 0), "rank %d (see above)", j);
+    drop_dir();
+}
+
+/* This process's Cpus_allowed_list ("0-1", "3") from /proc, or "" */
+static void cpus_allowed(char *out, size_t cap)
+{
+    char line[256];
+    FILE *f = fopen("/proc/self/status", "r");
+    out[0] = 0;
+    if (!f) return;
+    while (fgets(line, sizeof line, f))
+        if (!strncmp(line, "Cpus_allowed_list:", 18)) {
+            sscanf(line + 18, "%255s", line);
+            snprintf(out, cap, "%s", line);
+        }
+    fclose(f);
+}
+
+/* The launchers' pinning: one CPU per rank, round robin when the ranks
+   outnumber the CPUs, nothing for a lone rank (in a child: it changes the
+   process). */
+static void test_pin_local_rank(void)
+{
+    pid_t p;
+    fflush(NULL);
+    p = fork();
+    if (p == 0) {
+        char before[256], after[256];
+        long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+        cpus_allowed(before, sizeof before);
+        CHECK(before[0] != 0, "no Cpus_allowed_list in /proc/self/status");
+        CHECK(fsdp_gloo_pin_local_rank(0, 1) == 0, "a lone rank was pinned");
+        CHECK(fsdp_gloo_pin_local_rank(2, 2) == -1, "rank 2 of 2 was accepted");
+        cpus_allowed(after, sizeof after);
+        CHECK(!strcmp(before, after), "the affinity changed from %s to %s without pinning",
+              before, after);
+        if (ncpu >= 2 && strpbrk(before, ",-")) {
+            char first[256];
+            CHECK(fsdp_gloo_pin_local_rank(1, 2) == 1, "rank 1 of 2 was not pinned");
+            cpus_allowed(first, sizeof first);
+            CHECK(first[0] && !strpbrk(first, ",-") && strcmp(first, before),
+                  "rank 1 of 2 runs on %s (of %s), not on one CPU", first, before);
+        }
+        /* oversubscribed: round robin over what is left (now one CPU) */
+        CHECK(fsdp_gloo_pin_local_rank(ncpu > 0 ? (int)ncpu * 3 + 1 : 1, (int)ncpu * 4 + 2) == 1,
+              "an oversubscribed rank was not pinned");
+        cpus_allowed(after, sizeof after);
+        CHECK(after[0] && !strpbrk(after, ",-"), "an oversubscribed rank runs on %s", after);
+        exit(check_failed() ? 1 : 0);
+    }
+    CHECK(reap(p, 0), "the pinned child (see above)");
+}
+
 static const check_case CASES[] = {
     {"two_jobs", test_two_jobs},
     {"reuse_finished", test_reuse_finished},
@@ -683,6 +777,8 @@ static const check_case CASES[] = {
     {"first_connect_timeout", test_first_connect_timeout},
     {"collective_names_rank", test_collective_names_rank},
     {"loopback_across_hosts", test_loopback_across_hosts},
+    {"sizes_disagree_unchecked", test_sizes_disagree_unchecked},
+    {"pin_local_rank", test_pin_local_rank},
 };
 
 int main(int argc, char **argv)
