@@ -355,8 +355,9 @@ FSDP__MPI fsdp_result fsdp__some__mpi(fsdp__mpi *m, int n, MPI_Request *reqs, in
    peer's comm is broken so nothing will ever receive it. Point to point,
    a timeout can name the ranks that sent nothing. Requests are indexed by
    k - 1 for the peers rank - k (receives) and rank + k (sends). */
-FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, void *heads, size_t head_bytes,
-                                        size_t key_bytes, const void *const *send_blocks,
+FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, size_t head_used, void *heads,
+                                        size_t head_bytes, size_t key_bytes,
+                                        const void *const *send_blocks,
                                         void *const *recv_blocks, size_t bytes, double deadline,
                                         fsdp_error *err)
 {
@@ -373,7 +374,7 @@ FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, void *heads, 
     if (head_bytes > (size_t)INT_MAX)
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "heads of %zu bytes", head_bytes);
     if (bytes && (r = fsdp__type__mpi(bytes, &n, &ty, &owned, err)) != FSDP_SUCCESS) return r;
-    memcpy(hs + (size_t)m->rank * head_bytes, head, head_bytes);
+    memcpy(hs + (size_t)m->rank * head_bytes, head, head_used);
     for (k = 0; k < 4 * m->size; k++) hr[k] = MPI_REQUEST_NULL;
     fsdp__lock__mpi(m);
     for (k = 1; k <= np && rc == MPI_SUCCESS; k++) {
@@ -381,7 +382,7 @@ FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, void *heads, 
         rc = MPI_Irecv(hs + (size_t)from * head_bytes, (int)head_bytes, MPI_BYTE, from,
                        FSDP__HEAD_TAG__MPI, m->comm, &hr[k - 1]);
         if (rc == MPI_SUCCESS)
-            rc = MPI_Isend(head, (int)head_bytes, MPI_BYTE, to, FSDP__HEAD_TAG__MPI, m->comm,
+            rc = MPI_Isend(head, (int)head_used, MPI_BYTE, to, FSDP__HEAD_TAG__MPI, m->comm,
                            &hsr[k - 1]);
         if (rc == MPI_SUCCESS && bytes)
             rc = MPI_Isend(send_blocks[to], n, ty, to, FSDP__DATA_TAG__MPI, m->comm, &sr[k - 1]);
