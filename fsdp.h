@@ -6043,7 +6043,8 @@ FSDP__DEF fsdp_result fsdp__eng_headed(fsdp__eng *e, const fsdp_coll_desc *c, co
     r = e->headed(e->t, head, FSDP__ENG_HEAD + (packed ? bytes : 0), heads, hb, FSDP__ENG_KEY,
                   e->blocks, e->rblocks, fused && !packed ? bytes : 0, deadline, &xe);
     if (r != FSDP_SUCCESS) return fsdp__eng_check_failed(e, c, r, &xe, fused, err);
-    for (j = 0; j < e->size; j++) memcpy(&e->fps[j], heads + (size_t)j * hb + FSDP__ENG_KEY, sizeof *c);
+    for (j = 0; j < e->size; j++)
+        memcpy(&e->fps[j], heads + (size_t)j * hb + FSDP__ENG_KEY, sizeof *c);
     r = fsdp__eng_mismatch(e, err);
     if (r != FSDP_SUCCESS || !fused) return r;
     *done = 1;

@@ -65,8 +65,10 @@
      and all-to-alls (which carry reduce-scatters) are MPI_Isend/MPI_Irecv
      exchanges, as fast as Open MPI's tuned blocking calls; broadcast and
      barrier are MPI_Ibcast and MPI_Ibarrier. timeout_ms < 0 switches to the
-     blocking calls (MPI_Allgather, ...) and a hang stays a hang. MPI cannot cancel a collective, so the request is
-     abandoned: the comm is broken from then on (FSDP_COMM_ABORTED), the
+     blocking calls (MPI_Allgather, ...) and a hang stays a hang. MPI
+     cannot cancel a collective, so the request is abandoned (the receives
+     of a point-to-point exchange are cancelled): the comm is broken from
+     then on (FSDP_COMM_ABORTED), the
      buffers of that call must stay allocated, and the only clean exit is to
      report the error and MPI_Abort. With the check on, the timeout names
      the ranks whose call (or data) did not arrive; for the unchecked calls
@@ -433,7 +435,8 @@ FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, size_t head_u
    order), then size ints. */
 FSDP__MPI MPI_Request *fsdp__alloc_reqs__mpi(const fsdp_hooks *h, int size)
 {
-    return (MPI_Request *)fsdp_hooks_alloc(h, (size_t)size * (4 * sizeof(MPI_Request) + sizeof(int)));
+    size_t each = 4 * sizeof(MPI_Request) + sizeof(int);
+    return (MPI_Request *)fsdp_hooks_alloc(h, (size_t)size * each);
 }
 
 /* Without a deadline (timeout_ms < 0) and without the SERIALIZED lock, the
