@@ -170,19 +170,6 @@ FSDP__GLO fsdp_result fsdp__all_to_all_chunked__gloo(void *t, const void *send,
     return fsdp__result__gloo(rc, err, msg);
 }
 
-FSDP__GLO fsdp_result fsdp__headed__gloo(void *t, const void *head, size_t head_used,
-                                         void *heads, size_t head_bytes, size_t key_bytes,
-                                         const void *const *send_blocks, void *const *recv_blocks,
-                                         size_t bytes, double deadline, fsdp_error *err)
-{
-    char msg[FSDP_ERROR_MAX];
-    int rc = fsdp_gloo_all_to_all_headed((fsdp_gloo_ctx *)t, head, head_used, heads, head_bytes,
-                                         key_bytes,
-                                         send_blocks, recv_blocks, bytes,
-                                         fsdp_deadline_left_ms(deadline), msg, sizeof msg);
-    return fsdp__result__gloo(rc, err, msg);
-}
-
 FSDP__GLO fsdp_result fsdp__broadcast__gloo(void *t, void *buf, size_t bytes, int root,
                                             double deadline, fsdp_error *err)
 {
@@ -318,7 +305,6 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
     td.dev = desc->dev;
     td.timeout_ms = timeout;
     td.disable_mismatch_check = !check;
-    td.all_to_all_headed = fsdp__headed__gloo;
     return fsdp_comm_transport_create(&td, out);
 }
 

@@ -1229,9 +1229,8 @@ struct Hdr {
 
 const char *op_name(uint32_t op)
 {
-    static const char *const names[] = {"?",       "all_gather", "all_to_all",    "broadcast",
-                                        "barrier", "call heads", "headed data"};
-    return op < 7 ? names[op] : "?";
+    static const char *const names[] = {"?", "all_gather", "all_to_all", "broadcast", "barrier"};
+    return op < 5 ? names[op] : "?";
 }
 
 struct Xfer {
@@ -1254,12 +1253,11 @@ struct Exchange {
           si((size_t)ctx->size), ri((size_t)ctx->size)
     {
     }
-    void add(std::vector<std::vector<Xfer>> &q, int j, const void *p, size_t off, size_t len,
-             uint32_t o)
+    void add(std::vector<std::vector<Xfer>> &q, int j, const void *p, size_t off, size_t len)
     {
         Xfer x;
         x.h.magic = kMsgMagic;
-        x.h.op = o ? o : op;
+        x.h.op = op;
         x.h.call = call;
         x.h.off = off;
         x.h.len = len;
@@ -1269,26 +1267,8 @@ struct Exchange {
         q[(size_t)j].push_back(x);
         left++;
     }
-    // o: this message's op when it is not the exchange's (0)
-    void send(int j, const void *p, size_t off, size_t len, uint32_t o = 0)
-    {
-        add(sq, j, p, off, len, o);
-    }
-    void recv(int j, void *p, size_t off, size_t len, uint32_t o = 0)
-    {
-        add(rq, j, p, off, len, o);
-    }
-    // What is still queued for peer j is never sent (the peer will not read
-    // it); a message cut short leaves the stream broken, which the caller's
-    // comm then is anyway.
-    void drop_sends(int j)
-    {
-        std::vector<Xfer> &q = sq[(size_t)j];
-        while (q.size() > si[(size_t)j]) {
-            q.pop_back();
-            left--;
-        }
-    }
+    void send(int j, const void *p, size_t off, size_t len) { add(sq, j, p, off, len); }
+    void recv(int j, void *p, size_t off, size_t len) { add(rq, j, p, off, len); }
 
     [[noreturn]] void broken(int j, int e)
     {
@@ -1297,19 +1277,12 @@ struct Exchange {
                           ": the connection to " + peer(c, j) + " failed: " +
                           (e ? strerror(e) : "closed by the peer (it exited or crashed)"));
     }
-    void check(int j, Xfer &x)
+    void check(int j, const Xfer &x)
     {
         const Hdr &g = x.got, &w = x.h;
         if (g.magic == w.magic && g.op == w.op && g.call == w.call && g.off == w.off &&
             g.len == w.len)
             return;
-        // heads may be shorter than their slot (all_to_all_headed): read
-        // what was sent
-        if (g.magic == w.magic && g.op == 5 && w.op == 5 && g.call == w.call && g.off == w.off &&
-            g.len < w.len) {
-            x.h.len = g.len;
-            return;
-        }
         if (g.magic != kMsgMagic)
             throw Failure(FSDP_GLOO_ERROR, std::string(op_name(op)) + " on rank " +
                                                str(c->rank) + ": " + peer(c, j) +
@@ -1359,10 +1332,7 @@ struct Exchange {
             size_t hb = sizeof(Hdr);
             if (x.done < hb) v[nv++] = {reinterpret_cast<char *>(&x.got) + x.done, hb - x.done};
             size_t pd = x.done > hb ? x.done - hb : 0;
-            // a head's length is known from its header only (it may be
-            // shorter than its slot): nothing past the header before that
-            if (x.h.len > pd && !(x.done < hb && x.h.op == 5))
-                v[nv++] = {x.p + pd, (size_t)x.h.len - pd};
+            if (x.h.len > pd) v[nv++] = {x.p + pd, (size_t)x.h.len - pd};
             ssize_t k = readv(fd, v, nv);
             if (k < 0) {
                 if (errno == EINTR) continue;
@@ -1529,50 +1499,6 @@ extern "C" int fsdp_gloo_all_to_all_chunked(fsdp_gloo_ctx *c, const void *send,
 namespace {
 void no_done(void *, size_t, size_t) {}
 } // namespace
-
-// The transport kit's all_to_all_headed: to each peer a heads message and
-// right behind it the data. A peer's data is read only once its head is in
-// and agrees in its first key_bytes (the socket holds the rest meanwhile);
-// a peer that made another call is never read from again, and what is
-// still queued for it is dropped, so neither side waits for the other.
-extern "C" int fsdp_gloo_all_to_all_headed(fsdp_gloo_ctx *c, const void *head,
-                                           size_t head_used, void *heads,
-                                           size_t head_bytes, size_t key_bytes,
-                                           const void *const *send_blocks,
-                                           void *const *recv_blocks, size_t bytes,
-                                           int timeout_ms, char *err, size_t cap)
-{
-    try {
-        size_t n = (size_t)c->size, r = (size_t)c->rank;
-        char *hs = static_cast<char *>(heads);
-        std::memcpy(hs + r * head_bytes, head, head_used);
-        if (n == 1) return FSDP_GLOO_OK;
-        Deadline dl(timeout_ms);
-        Exchange x(c, 5);
-        for (size_t j = 0; j < n; j++)
-            if (j != r) x.recv((int)j, hs + j * head_bytes, 0, head_bytes);
-        for (size_t i = 1; i < n; i++) { // start at our right neighbour: no hot spot
-            size_t to = (r + i) % n;
-            x.send((int)to, head, 0, head_used);
-            if (bytes) x.send((int)to, send_blocks[to], 0, bytes, 6);
-        }
-        std::vector<char> seen(n, 0);
-        auto arrived = [&] {
-            for (size_t j = 0; j < n; j++) {
-                if (j == r || seen[j] || x.ri[j] < 1) continue;
-                seen[j] = 1;
-                if (std::memcmp(hs + j * head_bytes, head, key_bytes)) x.drop_sends((int)j);
-                else if (bytes) x.recv((int)j, recv_blocks[j], 0, bytes, 6);
-            }
-        };
-        x.run(dl, timeout_ms, arrived);
-        return FSDP_GLOO_OK;
-    } catch (const std::exception &e) {
-        return fail_exception(err, cap, "all_to_all_headed", e);
-    } catch (...) {
-        return fail(err, cap, FSDP_GLOO_ERROR, "all_to_all_headed: unknown C++ exception");
-    }
-}
 
 extern "C" int fsdp_gloo_all_to_all(fsdp_gloo_ctx *c, const void *send, void *recv,
                                     size_t bytes, int timeout_ms, char *err, size_t cap)

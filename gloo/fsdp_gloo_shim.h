@@ -74,15 +74,6 @@ int fsdp_gloo_all_to_all_chunked(fsdp_gloo_ctx *ctx, const void *send, void *con
                                  size_t bytes_per_rank, size_t chunk_bytes,
                                  void (*done)(void *user, size_t off, size_t len), void *user,
                                  int timeout_ms, char *err, size_t cap);
-/* fsdp.h's fsdp_transport_headed_fn: head (head_used bytes, at most
-   head_bytes) to every peer, rank j's (as long as it sent) at heads + j *
-   head_bytes; send_blocks[j] to rank j and rank j's at
-   recv_blocks[j], read only when rank j's head agrees with this rank's in
-   its first key_bytes (a disagreeing peer's data is never read). */
-int fsdp_gloo_all_to_all_headed(fsdp_gloo_ctx *ctx, const void *head, size_t head_used,
-                                void *heads, size_t head_bytes, size_t key_bytes,
-                                const void *const *send_blocks, void *const *recv_blocks,
-                                size_t bytes_per_rank, int timeout_ms, char *err, size_t cap);
 int fsdp_gloo_broadcast(fsdp_gloo_ctx *ctx, void *buf, size_t bytes, int root, int timeout_ms,
                         char *err, size_t cap);
 int fsdp_gloo_barrier(fsdp_gloo_ctx *ctx, int timeout_ms, char *err, size_t cap);
