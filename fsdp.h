@@ -5982,6 +5982,18 @@ FSDP__DEF fsdp_result fsdp__eng_check_failed(const fsdp__eng *e, const fsdp_coll
                           xe->message);
 }
 
+/* The peer whose reduce-scatter block lands in recv itself, or -1: when
+   recv is apart from send, rank 0's or 1's block (the f32 sum starts from
+   it in place, reading it while it is in cache instead of streaming one
+   more block through memory). */
+FSDP__DEF int fsdp__eng_rs_direct(const fsdp__eng *e, const void *send, const void *recv,
+                                  size_t bytes)
+{
+    uintptr_t ui = (uintptr_t)send, uo = (uintptr_t)recv, n = (uintptr_t)e->size;
+    int apart = uo + bytes <= ui || ui + n * bytes <= uo;
+    return apart && e->size > 1 ? (e->rank == 0 ? 1 : 0) : -1;
+}
+
 /* 1 when c's data travels beside its head (all_to_all_headed): an
    all-gather, or a reduce-scatter summed here (not by the transport). */
 FSDP__DEF int fsdp__eng_fused(const fsdp__eng *e, const fsdp_coll_desc *c)
@@ -6006,7 +6018,7 @@ FSDP__DEF fsdp_result fsdp__eng_headed(fsdp__eng *e, const fsdp_coll_desc *c, co
                                        void *recv, void *scratch, void *staging, double deadline,
                                        int *done, fsdp_error *err)
 {
-    size_t hb = FSDP__ENG_HEAD + fsdp__eng_block_payload(e->size), n = (size_t)e->size;
+    size_t hb = FSDP__ENG_HEAD + fsdp__eng_block_payload(e->size);
     size_t bytes = c->count * fsdp_dtype_size(c->dt);
     unsigned char *head = (unsigned char *)staging, *heads = head + hb;
     const unsigned char *in = (const unsigned char *)send;
@@ -6029,16 +6041,12 @@ FSDP__DEF fsdp_result fsdp__eng_headed(fsdp__eng *e, const fsdp_coll_desc *c, co
     memcpy(head + FSDP__ENG_KEY, c, sizeof *c);
     if (packed) memcpy(head + FSDP__ENG_HEAD, in, bytes);
     /* an all-gather sends its one block to all; a reduce-scatter block j to
-       rank j, and one peer's block lands in recv itself when recv is apart
-       from send (the sum then reads it in cache, as fsdp__eng_move's) */
+       rank j, one peer's landing in recv itself (fsdp__eng_rs_direct) */
     for (j = 0; fused && j < e->size; j++) {
         e->blocks[j] = ag ? (const void *)in : in + (size_t)j * bytes;
         e->rblocks[j] = ag ? out + (size_t)j * bytes : (unsigned char *)scratch + (size_t)j * bytes;
     }
-    if (fused && !ag) {
-        uintptr_t ui = (uintptr_t)in, uo = (uintptr_t)out;
-        if (uo + bytes <= ui || ui + n * bytes <= uo) e->rblocks[e->rank == 0 ? 1 : 0] = out;
-    }
+    if (fused && !ag && (j = fsdp__eng_rs_direct(e, in, out, bytes)) >= 0) e->rblocks[j] = out;
     memset(&xe, 0, sizeof xe);
     r = e->headed(e->t, head, FSDP__ENG_HEAD + (packed ? bytes : 0), heads, hb, FSDP__ENG_KEY,
                   e->blocks, e->rblocks, fused && !packed ? bytes : 0, deadline, &xe);
@@ -6177,10 +6185,7 @@ FSDP__DEF fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp_coll_desc *c, cons
                read where it is, in send. */
             const unsigned char *in = (const unsigned char *)send;
             unsigned char *out = (unsigned char *)recv, *parts = (unsigned char *)scratch;
-            uintptr_t ui = (uintptr_t)in, uo = (uintptr_t)out;
-            int apart = uo + bytes <= ui || ui + n * bytes <= uo, j;
-            /* rank 0's or 1's block: the f32 sum starts from it in place */
-            int direct = apart && e->size > 1 ? (e->rank == 0 ? 1 : 0) : -1;
+            int direct = fsdp__eng_rs_direct(e, in, out, bytes), j;
             fsdp__eng_rs rs;
             for (j = 0; j < e->size; j++)
                 e->blocks[j] = j == e->rank ? in + (size_t)j * bytes

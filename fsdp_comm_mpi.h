@@ -184,6 +184,16 @@ FSDP__MPI fsdp_result fsdp__err__mpi(fsdp_error *err, int rc, const char *what)
     return fsdp_error_set(err, FSDP_COMM_ERROR, "%s returned %d: %s", what, rc, s);
 }
 
+/* One idle step of a polling loop: spin 64 polls, then give the core away
+   each time (on an oversubscribed node the peer we wait for may need it)
+   and look at the clock every 64. Returns 1 once the deadline passed. */
+FSDP__MPI int fsdp__idle__mpi(int *spins, double deadline)
+{
+    if (++*spins < 64) return 0;
+    sched_yield();
+    return (*spins & 63) == 0 && deadline >= 0 && fsdp_clock_ms() > deadline;
+}
+
 /* Polls started requests until all complete or the deadline passes. Why
    not MPI_Waitall: it cannot time out, and under SERIALIZED it would hold
    the lock while peers need another comm's progress. */
@@ -201,11 +211,7 @@ FSDP__MPI fsdp_result fsdp__waitall__mpi(fsdp__mpi *m, int n, MPI_Request *reqs,
         fsdp__unlock__mpi(m);
         if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, what);
         if (flag) return FSDP_SUCCESS;
-        if (++spins < 64) continue;
-        /* past the first spins, give the core away: on an oversubscribed
-           node the peer we wait for may need it */
-        sched_yield();
-        if ((spins & 63) == 0 && deadline >= 0 && fsdp_clock_ms() > deadline)
+        if (fsdp__idle__mpi(&spins, deadline))
             return fsdp_error_set(err, FSDP_COMM_TIMEOUT,
                                   "%s did not complete: not every rank reached it (MPI does not "
                                   "say which); the comm is unusable from now on", what);
@@ -330,9 +336,8 @@ FSDP__MPI void fsdp__drop__mpi(fsdp__mpi *m, MPI_Request *reqs, int n, int cance
 }
 
 /* Polls reqs[0..n) once with MPI_Testsome: *got completions at idx[]
-   (MPI_UNDEFINED when none was left), or the spin/yield/deadline step of
-   fsdp__waitall__mpi when none arrived (FSDP_COMM_TIMEOUT past the
-   deadline). */
+   (MPI_UNDEFINED when none was left), or an idle step when none arrived
+   (FSDP_COMM_TIMEOUT past the deadline). */
 FSDP__MPI fsdp_result fsdp__some__mpi(fsdp__mpi *m, int n, MPI_Request *reqs, int *idx, int *got,
                                       int *spins, double deadline, const char *what,
                                       fsdp_error *err)
@@ -342,10 +347,7 @@ FSDP__MPI fsdp_result fsdp__some__mpi(fsdp__mpi *m, int n, MPI_Request *reqs, in
     rc = MPI_Testsome(n, reqs, got, idx, MPI_STATUSES_IGNORE);
     fsdp__unlock__mpi(m);
     if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, what);
-    if (*got != 0 || ++*spins < 64) return FSDP_SUCCESS;
-    sched_yield();
-    if ((*spins & 63) == 0 && deadline >= 0 && fsdp_clock_ms() > deadline)
-        return FSDP_COMM_TIMEOUT;
+    if (*got == 0 && fsdp__idle__mpi(spins, deadline)) return FSDP_COMM_TIMEOUT;
     return FSDP_SUCCESS;
 }
 

@@ -502,6 +502,25 @@ static void test_addresses(void)
     drop_dir();
 }
 
+/* The job id rank 0 wrote in its record into id (64 bytes), waiting up to
+   10 s; "" when none came. */
+static void wait_job_id(char *id)
+{
+    char p[600], line[256];
+    double until = now_ms() + 10000;
+    FILE *f;
+    snprintf(p, sizeof p, "%s/main/job", g_dir);
+    while (!id[0] && now_ms() < until) {
+        f = fopen(p, "r");
+        if (f) {
+            while (fgets(line, sizeof line, f))
+                if (!strncmp(line, "id=", 3)) sscanf(line + 3, "%63s", id);
+            fclose(f);
+        }
+        if (!id[0]) sleep_ms(5);
+    }
+}
+
 /* The directories of job id's hellos (rank 0 may not have made them yet). */
 static void mkdir_hello(const char *id)
 {
@@ -517,14 +536,13 @@ static void mkdir_hello(const char *id)
    within its timeout. */
 static void test_first_connect_timeout(void)
 {
-    char p[800], id[64] = {0}, line[128];
+    char p[800], id[64] = {0};
     struct sockaddr_in a;
     socklen_t len = sizeof a;
     rank_spec s;
     pid_t r0;
     int lfd;
     FILE *f;
-    double until;
     make_dir();
     lfd = socket(AF_INET, SOCK_STREAM, 0);
     memset(&a, 0, sizeof a);
@@ -539,17 +557,7 @@ static void test_first_connect_timeout(void)
     s.want = "rank 1";
     s.max_ms = 4000; /* the timeout, not Gloo's own 5 x 1500 */
     r0 = spawn(&s);
-    snprintf(p, sizeof p, "%s/main/job", g_dir);
-    until = now_ms() + 10000;
-    while (!id[0] && now_ms() < until) {
-        f = fopen(p, "r");
-        if (f) {
-            while (fgets(line, sizeof line, f))
-                if (!strncmp(line, "id=", 3)) sscanf(line + 3, "%63s", id);
-            fclose(f);
-        }
-        if (!id[0]) sleep_ms(5);
-    }
+    wait_job_id(id);
     CHECK(id[0] != 0, "rank 0 wrote no job record");
     if (id[0]) {
         /* the fake's hello, then its connection address: the shim's
@@ -587,11 +595,10 @@ static void test_first_connect_timeout(void)
    refused" later. */
 static void test_loopback_across_hosts(void)
 {
-    char p[800], id[64] = {0}, line[128];
+    char p[800], id[64] = {0};
     rank_spec s;
     pid_t r0;
     FILE *f;
-    double until;
     make_dir();
     s = spec(0, 2);
     s.host = "127.0.0.1";
@@ -600,17 +607,7 @@ static void test_loopback_across_hosts(void)
     s.want = "rank 0 listens on a loopback address";
     s.max_ms = 4000;
     r0 = spawn(&s);
-    snprintf(p, sizeof p, "%s/main/job", g_dir);
-    until = now_ms() + 10000;
-    while (!id[0] && now_ms() < until) {
-        f = fopen(p, "r");
-        if (f) {
-            while (fgets(line, sizeof line, f))
-                if (!strncmp(line, "id=", 3)) sscanf(line + 3, "%63s", id);
-            fclose(f);
-        }
-        if (!id[0]) sleep_ms(5);
-    }
+    wait_job_id(id);
     CHECK(id[0] != 0, "rank 0 wrote no job record");
     mkdir_hello(id);
     snprintf(p, sizeof p, "%s/main/%s/hello/1", g_dir, id);
