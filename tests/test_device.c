@@ -732,6 +732,51 @@ static void test_bad_input(fsdp_device *dev)
     }
 }
 
+/* Large blocks: with the default allocator, device and host blocks of
+   4 MiB or more are 2 MiB aligned (advised huge pages on Linux x86-64 and
+   AArch64), and every byte is usable; a caller's allocator still gets
+   every block. */
+static void test_huge_blocks(void)
+{
+    const size_t sizes[] = {(size_t)4 << 20, ((size_t)4 << 20) + 100, ((size_t)9 << 20) + 3};
+    counting cnt = {0, 0, 0, 0};
+    fsdp_cpu_device_desc desc;
+    fsdp_device *dev = NULL, *own = NULL;
+    size_t i, k;
+    EXPECT_EQ(fsdp_device_cpu_create(NULL, &dev), FSDP_SUCCESS);
+    memset(&desc, 0, sizeof desc);
+    desc.hooks.allocator = counting_allocator(&cnt);
+    EXPECT_EQ(fsdp_device_cpu_create(&desc, &own), FSDP_SUCCESS);
+    if (!dev || !own) goto done;
+    for (i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        unsigned char *d = NULL, *h = NULL, *o = NULL;
+        size_t n = sizes[i];
+        long before = cnt.total;
+        EXPECT_EQ(fsdp_device_alloc(dev, n, (void **)&d), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_device_host_alloc(dev, n, (void **)&h), FSDP_SUCCESS);
+        EXPECT_EQ(fsdp_device_alloc(own, n, (void **)&o), FSDP_SUCCESS);
+        if (!d || !h || !o) continue;
+#if defined(__linux__) && (defined(__x86_64__) || defined(__aarch64__))
+        EXPECT(((uintptr_t)d & ((2u << 20) - 1)) == 0);
+        EXPECT(((uintptr_t)h & ((2u << 20) - 1)) == 0);
+#endif
+        EXPECT(((uintptr_t)o & 63u) == 0);
+        EXPECT(cnt.total == before + 1);
+        memset(d, 0x5a, n), memset(h, 0xa5, n), memset(o, 0x3c, n);
+        for (k = 0; k < n; k += 4093)
+            EXPECT(d[k] == 0x5a && h[k] == 0xa5 && o[k] == 0x3c);
+        EXPECT(d[n - 1] == 0x5a && h[n - 1] == 0xa5 && o[n - 1] == 0x3c);
+        fsdp_device_free(dev, d, n);
+        fsdp_device_host_free(dev, h, n);
+        fsdp_device_free(own, o, n);
+    }
+    EXPECT(strcmp(fsdp_device_last_error(dev), "") == 0);
+done:
+    if (dev) fsdp_device_destroy(dev);
+    if (own) fsdp_device_destroy(own);
+    EXPECT(cnt.live == 0 && cnt.bad_frees == 0);
+}
+
 /* the CPU device the kernel, stream and argument cases share */
 static fsdp_device *g_dev;
 
@@ -768,6 +813,7 @@ static const check_case CASES[] = {
     {"streams", test_streams_cpu},
     {"bad_input", test_bad_input_cpu},
     {"custom_backend", test_custom_backend},
+    {"huge_blocks", test_huge_blocks},
 };
 
 int main(int argc, char **argv)

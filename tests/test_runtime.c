@@ -863,6 +863,19 @@ static void train_step(eng *e, int s)
     } else if (LIB(e, fsdp_step(e->ctx))) {
         return;
     }
+    { /* the step leaves every sharded gradient at zero, padding included
+         (with cpu_offload the host threads zero what they stepped) */
+        int k, bad = 0;
+        for (k = 0; k < NLAYER; k++) {
+            fsdp_shard_layout lay;
+            const float *g = fsdp_shard_grads(e->ctx, e->unit[k]);
+            int64_t j;
+            fsdp_ctx_shard_layout(e->ctx, e->unit[k], &lay);
+            for (j = 0; g && j < lay.shard_numel; j++) bad += g[j] != 0.0f;
+        }
+        CHECK(bad == 0, "%s rank %d step %d: %d gradient elements not zero after the step",
+              c->name, e->rank, s + 1, bad);
+    }
     CHECK(fsdp_ctx_steps(e->ctx) == s + 1 && fsdp_ctx_state(e->ctx) == FSDP_CTX_IDLE,
           "%s rank %d: after step %d: steps %lld, state %d", c->name, e->rank, s + 1,
           (long long)fsdp_ctx_steps(e->ctx), (int)fsdp_ctx_state(e->ctx));
