@@ -3,8 +3,9 @@
 
    fsdp.h's side is fsdp_optim_step_host over one flat f32 tensor, split
    between T threads as cpu_offload's fsdp_step splits it (threads started
-   per step, boundaries on multiples of 16 elements; the split changes no
-   bit). The peers' side is bench_optim_peers.py (beside this file), run
+   once and woken for each step, boundaries on multiples of 16 elements; the
+   split changes no bit; fsdp_step also zeroes each block's gradient as it
+   goes, which the peers' step does not do and this bench leaves out). The peers' side is bench_optim_peers.py (beside this file), run
    with the Python given by --python for each size, thread count and round:
    torch.optim.AdamW(fused=True) and DeepSpeedCPUAdam, each where it
    imports. Rounds alternate (fsdp.h, then the peers, for each size and
@@ -16,8 +17,13 @@
    Also printed: fsdp.h's step at each FSDP_ISA level (scalar, sse, avx2,
    avx512, where the CPU runs it), as the speed-up of the wide kernels.
 
+   fsdp.h's arrays come from the CPU device (fsdp_device_host_alloc), as
+   cpu_offload's do, so they get the transparent huge pages the device
+   advises; torch allocates with 4 KiB pages unless THP_MEM_ALLOC_ENABLE=1,
+   which --peers-thp sets for the peers' runs (the like-for-like figure).
+
    Usage: bench_optim [--python PY] [--script PATH] [--rounds R] [--reps K] [--elements N]...
-                      [--threads T]... [--levels]
+                      [--threads T]... [--levels] [--peers-thp]
    Defaults: no peers (fsdp.h alone), 4 rounds of 10 steps, 16.8 M and
    67 M elements, 1 and 2 threads. Example with the peers:
        bench_optim --python /work/venv-bench/bin/python                   */
@@ -46,15 +52,77 @@ static void *job_run(void *arg)
     return NULL;
 }
 
+/* The threads of the step, started once and parked between steps, as
+   cpu_offload's fsdp_step keeps its team (a thread started per step can sit
+   on the caller's core for a while after the machine idled). */
+static struct {
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    pthread_t th[64];
+    int idx[64], nth, busy, quit, njobs;
+    unsigned gen, seen0[64]; /* a thread's first generation is the next */
+    job *jobs;
+} team;
+
+static void *team_main(void *arg)
+{
+    int i = *(int *)arg;
+    unsigned seen = team.seen0[i];
+    pthread_mutex_lock(&team.mu);
+    for (;;) {
+        while (team.gen == seen && !team.quit) pthread_cond_wait(&team.go, &team.mu);
+        if (team.quit) break;
+        seen = team.gen;
+        pthread_mutex_unlock(&team.mu);
+        if (i + 1 < team.njobs) job_run(&team.jobs[i + 1]);
+        pthread_mutex_lock(&team.mu);
+        if (--team.busy == 0) pthread_cond_signal(&team.done);
+    }
+    pthread_mutex_unlock(&team.mu);
+    return NULL;
+}
+
+/* Starts the team's threads up to T - 1 (between steps: none is running). */
+static int team_grow(int T)
+{
+    static int inited;
+    if (!inited) {
+        if (pthread_mutex_init(&team.mu, NULL) || pthread_cond_init(&team.go, NULL) ||
+            pthread_cond_init(&team.done, NULL))
+            return 0;
+        inited = 1;
+    }
+    while (team.nth < T - 1) {
+        team.idx[team.nth] = team.nth;
+        team.seen0[team.nth] = team.gen;
+        if (pthread_create(&team.th[team.nth], NULL, team_main, &team.idx[team.nth]) != 0)
+            return 0;
+        team.nth++;
+    }
+    return 1;
+}
+
+static void team_stop(void)
+{
+    int i;
+    if (!team.nth) return;
+    pthread_mutex_lock(&team.mu);
+    team.quit = 1;
+    pthread_cond_broadcast(&team.go);
+    pthread_mutex_unlock(&team.mu);
+    for (i = 0; i < team.nth; i++) pthread_join(team.th[i], NULL);
+}
+
 /* One step over n elements at T threads; its time in ms, or -1 on error. */
 static double fsdp_step_ms(const fsdp_optim_config *c, int64_t step, float *p, float *g,
                            float *m, float *v, size_t n, int T)
 {
     job jobs[64];
-    pthread_t th[64];
-    int started[64], t;
+    int t;
     size_t begin = 0;
-    double t0 = bench_now_ms(), t1;
+    double t0, t1;
+    if (!team_grow(T)) return -1.0;
+    t0 = bench_now_ms();
     for (t = 0; t < T; t++) {
         size_t end = t == T - 1 ? n : ((n * (size_t)(t + 1) / (size_t)T) & ~(size_t)15);
         jobs[t].c = c;
@@ -65,21 +133,28 @@ static double fsdp_step_ms(const fsdp_optim_config *c, int64_t step, float *p, f
         jobs[t].v = v + begin;
         jobs[t].n = end - begin;
         begin = end;
-        started[t] = 0;
     }
-    for (t = 1; t < T; t++) started[t] = pthread_create(&th[t], NULL, job_run, &jobs[t]) == 0;
+    pthread_mutex_lock(&team.mu);
+    team.jobs = jobs;
+    team.njobs = T;
+    team.busy = team.nth;
+    team.gen++;
+    pthread_cond_broadcast(&team.go);
+    pthread_mutex_unlock(&team.mu);
     job_run(&jobs[0]);
-    for (t = 1; t < T; t++) {
-        if (started[t]) pthread_join(th[t], NULL);
-        else job_run(&jobs[t]);
-    }
+    pthread_mutex_lock(&team.mu);
+    while (team.busy) pthread_cond_wait(&team.done, &team.mu);
+    pthread_mutex_unlock(&team.mu);
     t1 = bench_now_ms();
     for (t = 0; t < T; t++)
         if (jobs[t].r != FSDP_SUCCESS) return -1.0;
     return t1 - t0;
 }
 
+/* The arrays are the CPU device's host blocks, the memory cpu_offload keeps
+   the shards and the optimizer state in (so huge pages where it gets them). */
 typedef struct bufs {
+    fsdp_device *dev;
     float *p, *g, *m, *v;
     size_t n;
     int64_t step;
@@ -89,13 +164,16 @@ static int bufs_make(bufs *b, size_t n)
 {
     size_t i;
     uint64_t s = 88172645463325252ull;
+    memset(b, 0, sizeof *b);
     b->n = n;
-    b->step = 0;
-    b->p = (float *)malloc(n * 4);
-    b->g = (float *)malloc(n * 4);
-    b->m = (float *)calloc(n, 4);
-    b->v = (float *)calloc(n, 4);
-    if (!b->p || !b->g || !b->m || !b->v) return 0;
+    if (fsdp_device_cpu_create(NULL, &b->dev) != FSDP_SUCCESS ||
+        fsdp_device_host_alloc(b->dev, n * 4, (void **)&b->p) != FSDP_SUCCESS ||
+        fsdp_device_host_alloc(b->dev, n * 4, (void **)&b->g) != FSDP_SUCCESS ||
+        fsdp_device_host_alloc(b->dev, n * 4, (void **)&b->m) != FSDP_SUCCESS ||
+        fsdp_device_host_alloc(b->dev, n * 4, (void **)&b->v) != FSDP_SUCCESS)
+        return 0;
+    memset(b->m, 0, n * 4);
+    memset(b->v, 0, n * 4);
     for (i = 0; i < n; i++) {
         s ^= s << 13, s ^= s >> 7, s ^= s << 17;
         b->p[i] = (float)((double)(s >> 40) / 16777216.0 - 0.5);
@@ -106,7 +184,12 @@ static int bufs_make(bufs *b, size_t n)
 
 static void bufs_free(bufs *b)
 {
-    free(b->p), free(b->g), free(b->m), free(b->v);
+    if (!b->dev) return;
+    fsdp_device_host_free(b->dev, b->p, b->n * 4);
+    fsdp_device_host_free(b->dev, b->g, b->n * 4);
+    fsdp_device_host_free(b->dev, b->m, b->n * 4);
+    fsdp_device_host_free(b->dev, b->v, b->n * 4);
+    fsdp_device_destroy(b->dev);
 }
 
 /* Median of reps steps (after one warm-up step). */
@@ -124,13 +207,13 @@ static double fsdp_round(const fsdp_optim_config *c, bufs *b, int T, int reps)
 /* Runs the peers' script once; fills torch / ds with its medians (-1: not
    measured) and prints its skip lines the first time. */
 static void peers_round(const char *py, const char *script, size_t n, int T, int reps,
-                        double *torch, double *ds, int verbose)
+                        int thp, double *torch, double *ds, int verbose)
 {
     char cmd[9000], line[512];
     FILE *f;
     *torch = *ds = -1.0;
-    snprintf(cmd, sizeof cmd, "OMP_NUM_THREADS=%d '%s' '%s' --elements %zu --threads %d "
-             "--reps %d 2>&1", T, py, script, n, T, reps);
+    snprintf(cmd, sizeof cmd, "%sOMP_NUM_THREADS=%d '%s' '%s' --elements %zu --threads %d "
+             "--reps %d 2>&1", thp ? "THP_MEM_ALLOC_ENABLE=1 " : "", T, py, script, n, T, reps);
     f = popen(cmd, "r");
     if (!f) return;
     while (fgets(line, sizeof line, f)) {
@@ -166,6 +249,7 @@ int main(int argc, char **argv)
     char script[4096];
     size_t sizes[8] = {(size_t)1 << 24, (size_t)1 << 26};
     int threads[8] = {1, 2}, nsizes = 2, nthreads = 2, rounds = 4, reps = 10, levels = 0;
+    int peers_thp = 0;
     int sizes_set = 0, threads_set = 0, script_set = 0, i, si, ti, r;
     fsdp_optim_config c = fsdp_optim_defaults(FSDP_ADAMW);
     for (i = 1; i < argc; i++) {
@@ -177,6 +261,7 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--reps") && i + 1 < argc) reps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--levels")) levels = 1;
+        else if (!strcmp(argv[i], "--peers-thp")) peers_thp = 1;
         else if (!strcmp(argv[i], "--elements") && i + 1 < argc) {
             if (!sizes_set) nsizes = 0, sizes_set = 1;
             if (nsizes < 8) sizes[nsizes++] = (size_t)strtoull(argv[++i], NULL, 10);
@@ -185,7 +270,7 @@ int main(int argc, char **argv)
             if (nthreads < 8) threads[nthreads++] = atoi(argv[++i]);
         } else {
             fprintf(stderr, "usage: %s [--python PY] [--script PATH] [--rounds R] [--reps K] [--elements N]... "
-                    "[--threads T]... [--levels]\n", argv[0]);
+                    "[--threads T]... [--levels] [--peers-thp]\n", argv[0]);
             return 2;
         }
     }
@@ -225,6 +310,7 @@ int main(int argc, char **argv)
     }
     printf("AdamW step (torch defaults, weight_decay 0.01), f32, one flat tensor; medians of "
            "%d rounds x %d steps, alternating\n", rounds, reps);
+    printf("peers with THP_MEM_ALLOC_ENABLE=1: %s\n", peers_thp ? "yes" : "no");
     printf("load average at start: %.2f\n\n", bench_loadavg());
     printf("| parameters | threads | fsdp.h | torch fused AdamW | DeepSpeed CPUAdam | "
            "fsdp.h / torch | fsdp.h / DeepSpeed | load |\n");
@@ -247,7 +333,7 @@ int main(int argc, char **argv)
                     return 1;
                 }
                 if (py) {
-                    peers_round(py, script, sizes[si], threads[ti], reps, &tt, &dd,
+                    peers_round(py, script, sizes[si], threads[ti], reps, peers_thp, &tt, &dd,
                                 r == 0 && si == 0 && ti == 0);
                     if (tt >= 0) tq[nt++] = tt;
                     if (dd >= 0) dq[nd++] = dd;
@@ -286,5 +372,6 @@ int main(int argc, char **argv)
             pclose(f);
         }
     }
+    team_stop();
     return 0;
 }
