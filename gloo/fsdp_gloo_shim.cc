@@ -1296,6 +1296,17 @@ struct Exchange {
                           std::to_string(w.off) + "): the ranks called different collectives "
                                                   "or sizes");
     }
+    // What is left of message x: the rest of its header (hdr: the one to
+    // send, or where the received one lands), then the rest of its bytes.
+    static int rest(Xfer &x, Hdr *hdr, struct iovec v[2])
+    {
+        int nv = 0;
+        size_t hb = sizeof(Hdr);
+        if (x.done < hb) v[nv++] = {reinterpret_cast<char *>(hdr) + x.done, hb - x.done};
+        size_t pd = x.done > hb ? x.done - hb : 0;
+        if (x.h.len > pd) v[nv++] = {x.p + pd, (size_t)x.h.len - pd};
+        return nv;
+    }
     // Moves what the sockets take without blocking; true if anything moved.
     bool pump(int j)
     {
@@ -1304,11 +1315,8 @@ struct Exchange {
         while (si[(size_t)j] < sq[(size_t)j].size()) {
             Xfer &x = sq[(size_t)j][si[(size_t)j]];
             struct iovec v[2];
-            int nv = 0;
+            int nv = rest(x, &x.h, v);
             size_t hb = sizeof(Hdr);
-            if (x.done < hb) v[nv++] = {reinterpret_cast<char *>(&x.h) + x.done, hb - x.done};
-            size_t pd = x.done > hb ? x.done - hb : 0;
-            if (x.h.len > pd) v[nv++] = {x.p + pd, (size_t)x.h.len - pd};
             struct msghdr m;
             memset(&m, 0, sizeof m);
             m.msg_iov = v;
@@ -1328,11 +1336,8 @@ struct Exchange {
         while (ri[(size_t)j] < rq[(size_t)j].size()) {
             Xfer &x = rq[(size_t)j][ri[(size_t)j]];
             struct iovec v[2];
-            int nv = 0;
+            int nv = rest(x, &x.got, v);
             size_t hb = sizeof(Hdr);
-            if (x.done < hb) v[nv++] = {reinterpret_cast<char *>(&x.got) + x.done, hb - x.done};
-            size_t pd = x.done > hb ? x.done - hb : 0;
-            if (x.h.len > pd) v[nv++] = {x.p + pd, (size_t)x.h.len - pd};
             ssize_t k = readv(fd, v, nv);
             if (k < 0) {
                 if (errno == EINTR) continue;

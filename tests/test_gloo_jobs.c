@@ -620,6 +620,27 @@ static void test_loopback_across_hosts(void)
     drop_dir();
 }
 
+/* In a forked rank: its comm of the job in g_dir, without the mismatch
+   check, or NULL (the failure checked). */
+static fsdp_comm *unchecked_comm(int rank, int size, int timeout_ms)
+{
+    fsdp_gloo_desc d;
+    fsdp_error err;
+    fsdp_comm *comm = NULL;
+    fsdp_result res;
+    memset(&d, 0, sizeof d);
+    memset(&err, 0, sizeof err);
+    d.hooks.error = &err;
+    d.store_dir = g_dir;
+    d.rank = rank;
+    d.size = size;
+    d.timeout_ms = timeout_ms;
+    d.disable_mismatch_check = 1;
+    res = fsdp_comm_gloo_create(&d, &comm);
+    CHECK_RANK(res == FSDP_SUCCESS, rank, "create: %s", err.message);
+    return comm;
+}
+
 static void test_collective_names_rank(void)
 {
     /* rank 2 stays away from the all_gather: ranks 0 and 1 time out naming it */
@@ -630,22 +651,11 @@ static void test_collective_names_rank(void)
         fflush(NULL);
         p[j] = fork();
         if (p[j] == 0) {
-            fsdp_gloo_desc d;
-            fsdp_error err;
-            fsdp_comm *comm = NULL;
             float v[4] = {0}, out[12];
             fsdp_result res;
-            memset(&d, 0, sizeof d);
-            memset(&err, 0, sizeof err);
-            d.hooks.error = &err;
-            d.store_dir = g_dir;
-            d.rank = j;
-            d.size = 3;
-            /* long enough for three ranks to connect under the sanitizers */
-            d.timeout_ms = 3000;
-            d.disable_mismatch_check = 1; /* the data's own wait, not the fingerprints' */
-            res = fsdp_comm_gloo_create(&d, &comm);
-            CHECK_RANK(res == FSDP_SUCCESS, j, "create: %s", err.message);
+            /* long enough for three ranks to connect under the sanitizers;
+               the data's own wait, not the fingerprints' */
+            fsdp_comm *comm = unchecked_comm(j, 3, 3000);
             if (comm && j == 2) sleep_ms(6500);
             else if (comm) {
                 res = fsdp_all_gather(comm, v, out, 4, FSDP_F32, NULL);
@@ -675,22 +685,10 @@ static void test_sizes_disagree_unchecked(void)
         fflush(NULL);
         p[j] = fork();
         if (p[j] == 0) {
-            fsdp_gloo_desc d;
-            fsdp_error err;
-            fsdp_comm *comm = NULL;
             float v[8] = {0}, out[16];
             fsdp_result res;
             const char *m;
-            memset(&d, 0, sizeof d);
-            memset(&err, 0, sizeof err);
-            d.hooks.error = &err;
-            d.store_dir = g_dir;
-            d.rank = j;
-            d.size = 2;
-            d.timeout_ms = 5000;
-            d.disable_mismatch_check = 1;
-            res = fsdp_comm_gloo_create(&d, &comm);
-            CHECK_RANK(res == FSDP_SUCCESS, j, "create: %s", err.message);
+            fsdp_comm *comm = unchecked_comm(j, 2, 5000);
             if (comm) {
                 double t0 = now_ms();
                 res = fsdp_all_gather(comm, v, out, j == 0 ? 4 : 8, FSDP_F32, NULL);
