@@ -99,8 +99,11 @@
               plan around loads, saves and state dicts too,
               grad_views_in_place (16 bytes/parameter at one rank).
               Collectives: the mismatch check travels with the data
-              (fsdp_transport_desc.all_to_all_headed, MPI); send and recv
-              that overlap other than in place are refused.
+              (fsdp_transport_desc.all_to_all_headed, MPI; between ranks
+              of one machine through shared memory, fsdp_mpi_desc
+              .message_heads); send and recv that overlap other than in
+              place are refused; an MPI comm that saw a mismatch or a
+              timeout keeps its MPI communicator at destroy.
               cpu_offload's step (and the CPU device's without offload):
               a team of threads kept between steps, gradients zeroed as
               they are stepped; the CPU device's blocks of 4 MiB or more

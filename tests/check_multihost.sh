@@ -5,7 +5,10 @@
 # train_gpt runs across them
 #   - over MPI: mpirun in host A, a hostfile naming both addresses, a launch
 #     agent (plm_rsh_agent) that enters host B's namespace instead of ssh,
-#     TCP only on the veth (btl tcp,self; btl/oob_tcp_if_include);
+#     TCP only on the veth (btl tcp,self; btl/oob_tcp_if_include); once
+#     with one rank per host, once with two (against the local backend at
+#     4 ranks: ranks of one host exchange call descriptions through shared
+#     memory, the hosts as messages);
 #   - over Gloo, each rank started by hand in its host: directory
 #     rendezvous (--store-dir on the shared file system), and TCP
 #     rendezvous (--master HOST:PORT) when train_gpt --help offers it;
@@ -106,8 +109,9 @@ EOF
     for v in ASAN_OPTIONS TSAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS; do
         eval "[ -n \"\${$v:-}\" ]" && xs="$xs -x $v"
     done
+    np=2
     mpi() {
-        in_host $A "$mpirun" --allow-run-as-root $xs --hostfile "$work/hostfile" -np 2 \
+        in_host $A "$mpirun" --allow-run-as-root $xs --hostfile "$work/hostfile" -np $np \
             --mca plm_rsh_agent "$work/agent.sh" --mca pml ob1 --mca btl tcp,self \
             --mca btl_tcp_if_include mh0 --mca oob_tcp_if_include mh0 \
             --mca oob_tcp_keepalive_time 2 --mca oob_tcp_keepalive_intvl 1 \
@@ -116,6 +120,21 @@ EOF
     log=$(mpi "$exe" --backend mpi --steps $steps $args --save "$work/mpi" 2>&1) ||
         fail "mpi run failed: $log"
     same "mpi, 2 hosts" "$log" "$work/mpi"
+    # two ranks on each host: the call descriptions go through shared memory
+    # within a host and as MPI messages between the hosts (fsdp_comm_mpi.h)
+    ref2_loss=$ref_loss ref2_state=$ref_state
+    ref_log=$("$exe" --ranks 4 --steps $steps $args --save "$work/ref4" 2>&1) || {
+        echo "the local 4-rank run failed:"; echo "$ref_log"; exit 1; }
+    ref_loss=$(final_loss "$ref_log")
+    ref_state=$(state "$work/ref4")
+    echo "local, 4 ranks: final_loss $ref_loss, state $ref_state"
+    printf '%s slots=2\n%s slots=2\n' $IPA $IPB > "$work/hostfile"
+    np=4
+    log=$(mpi "$exe" --backend mpi --steps $steps $args --save "$work/mpi4" 2>&1) ||
+        fail "mpi run on 2 hosts x 2 ranks failed: $log"
+    same "mpi, 2 hosts x 2 ranks" "$log" "$work/mpi4"
+    np=2 ref_loss=$ref2_loss ref_state=$ref2_state
+    printf '%s slots=1\n%s slots=1\n' $IPA $IPB > "$work/hostfile"
 fi
 
 # --- Gloo, ranks started by hand on each host -------------------------------

@@ -1284,7 +1284,10 @@ static int run_local(int nranks)
 #ifdef FSDP_HAVE_MPI
 /* level: the thread level to ask MPI_Init_thread for. SERIALIZED runs
    everything through the backend's lock; FUNNELED must be refused for a
-   comm with a device (asynchronous collectives run on stream threads). */
+   comm with a device (asynchronous collectives run on stream threads).
+   "messages": every test with message_heads, the call descriptions sent
+   as MPI messages as between nodes (by default ranks of one node read
+   them from shared memory). */
 static int run_mpi(int argc, char **argv, const char *level)
 {
     int provided = 0, rank = 0, size = 1;
@@ -1306,6 +1309,7 @@ static int run_mpi(int argc, char **argv, const char *level)
     memset(&d, 0, sizeof d);
     memset(&err, 0, sizeof err);
     d.hooks.error = &err;
+    d.message_heads = !strcmp(level, "messages");
     /* wrong world size first: it must fail on every rank, cleanly */
     if (check_selected("world_size")) {
         d.expected_size = size + 1;
