@@ -50,7 +50,9 @@
    Semantics: those of the comm vtable in fsdp.h, run by fsdp.h's engine
    like the local backend and fsdp_comm_mpi.h: program order, asynchronous on d.dev's streams (NULL
    stream: synchronous), rank-order f32 sums (bitwise the local backend's),
-   mismatch fingerprints (disable_mismatch_check), split. reduce_scatter is
+   mismatch fingerprints (disable_mismatch_check; when every rank runs on
+   this machine they go through a segment in /dev/shm instead of a Gloo
+   exchange before each call, unless d.message_heads), split. reduce_scatter is
    a chunked point-to-point all-to-all plus a local sum of each chunk while
    the next one travels; all_reduce pads to a multiple of the
    world size for the alltoall, then all-gathers.
@@ -62,7 +64,9 @@
    - ranks started with different world sizes: FSDP_INVALID_ARGS naming the
      rank that disagrees (on every rank that sees it);
    - a peer that exits or crashes later: its TCP connections close and the
-     next collective fails at once (FSDP_COMM_ERROR); a peer that hangs:
+     next collective fails at once (FSDP_COMM_ERROR; on one machine, the
+     check sees its process gone, or, while its parent has not reaped it,
+     waits out the timeout: FSDP_COMM_TIMEOUT); a peer that hangs:
      FSDP_COMM_TIMEOUT. The comm is then broken (FSDP_COMM_ABORTED after).
 */
 #ifndef FSDP_H_INCLUDED
@@ -96,6 +100,10 @@ typedef struct fsdp_gloo_desc {
     const char *job_id;         /* optional, the same on every rank of one job (a scheduler's
                                    job id): ranks then never join another job's rank 0, even
                                    when two jobs meet at once; NULL: rank 0 makes one up */
+    int message_heads;          /* 1: the mismatch check's call descriptions travel over
+                                   Gloo even when every rank runs on this machine (else
+                                   they go through a segment in /dev/shm); every rank must
+                                   pass the same */
 } fsdp_gloo_desc;
 
 /* Rendezvous and a full TCP mesh of desc->size ranks.
@@ -257,7 +265,6 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
         return fsdp_hooks_fail(h, FSDP_INVALID_ARGS, "fsdp_comm_gloo_create: set all of "
                                "allocator alloc, realloc and free, or none");
     timeout = desc->timeout_ms == 0 ? 30000 : desc->timeout_ms < 0 ? -1 : desc->timeout_ms;
-    check = !desc->disable_mismatch_check;
     o.prefix = desc->prefix;
     o.host = desc->host;
     o.ifname = desc->ifname;
@@ -272,7 +279,9 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
                                    ? FSDP_INVALID_ARGS
                                    : FSDP_COMM_ERROR,
                                "%s", msg);
-    /* the ranks must agree on whether fingerprints travel before each call */
+    /* the ranks must agree on whether fingerprints travel before each call,
+       and how: check + 2 * message_heads */
+    check = !desc->disable_mismatch_check + 2 * !!desc->message_heads;
     all = (int *)fsdp_hooks_alloc(h, sizeof(int) * (size_t)desc->size);
     if (!all) {
         fsdp_gloo_free(g);
@@ -283,9 +292,14 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
         int j;
         for (j = 0; j < desc->size; j++) {
             if (all[j] == check) continue;
-            snprintf(msg, sizeof msg, "fsdp_comm_gloo_create on rank %d: rank %d passed "
-                     "disable_mismatch_check=%d but this rank %d; every rank must pass the same",
-                     desc->rank, j, !all[j], !check);
+            if ((all[j] ^ check) & 1)
+                snprintf(msg, sizeof msg, "fsdp_comm_gloo_create on rank %d: rank %d passed "
+                         "disable_mismatch_check=%d but this rank %d; every rank must pass "
+                         "the same", desc->rank, j, !(all[j] & 1), !(check & 1));
+            else
+                snprintf(msg, sizeof msg, "fsdp_comm_gloo_create on rank %d: rank %d passed "
+                         "message_heads=%d but this rank %d; every rank must pass the same",
+                         desc->rank, j, all[j] >> 1, check >> 1);
             rc = -1;
             break;
         }
@@ -304,7 +318,8 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
     td.size = desc->size;
     td.dev = desc->dev;
     td.timeout_ms = timeout;
-    td.disable_mismatch_check = !check;
+    td.disable_mismatch_check = !(check & 1);
+    td.same_machine_check = !(check >> 1);
     return fsdp_comm_transport_create(&td, out);
 }
 

@@ -7,7 +7,7 @@
                                                thread levels
        test_backend gloo --launch N            forks N ranks (a fresh store
                                                directory, loopback TCP)
-       test_backend gloo --launch N --scenario missing|worldsize|exit
+       test_backend gloo --launch N --scenario missing|worldsize|exit|messages
    each with --case NAME to run one case on every rank (check.h; --list
    names them), and every rank checks itself: every collective (all dtypes, uneven and
    zero counts, in place, asynchronous on two streams), bitwise agreement of
@@ -1427,6 +1427,9 @@ static int gloo_rank(const char *dir, int rank, int size, const char *scenario)
     d.prefix = "main";
     d.rank = rank;
     d.size = size;
+    /* "messages": every case with the call descriptions over Gloo (by
+       default ranks of one machine pass them through shared memory) */
+    d.message_heads = !strcmp(scenario, "messages");
     t0 = now_ms();
     if (!strcmp(scenario, "missing")) {
         /* the launcher started every rank but the last */
