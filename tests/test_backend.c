@@ -1219,6 +1219,7 @@ static const check_case CASES[] = {
     {"all_gather", NULL}, {"reductions", NULL}, {"broadcast", NULL}, {"on_stream", NULL},
     {"async", NULL},      {"split", NULL},      {"runtime", NULL},   {"zero", NULL},
     {"ckpt", NULL},       {"mismatch", NULL},   {"world_size", NULL}, {"timeout", NULL},
+    {"options", NULL},
 };
 
 static void run_common(fsdp_comm *c, fsdp_device *dev)
@@ -1317,6 +1318,19 @@ static int run_mpi(int argc, char **argv, const char *level)
         CHECK_RANK(res == FSDP_INVALID_ARGS && strstr(err.message, "expected_size"), rank,
                    "expected_size %d with %d ranks gave %s: %s", size + 1, size,
                    fsdp_result_string(res), err.message);
+    }
+    /* ranks disagreeing on how the call descriptions travel: refused on
+       every rank, naming the option (some would wait on shared memory,
+       the others on messages) */
+    if (size > 1 && check_selected("options")) {
+        d.expected_size = size;
+        d.message_heads = rank == 0 ? !d.message_heads : d.message_heads;
+        res = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);
+        CHECK_RANK(res == FSDP_INVALID_ARGS && strstr(err.message, "message_heads"), rank,
+                   "message_heads on rank 0 only gave %s: %s", fsdp_result_string(res),
+                   err.message);
+        d.message_heads = !strcmp(level, "messages");
+        comm = NULL;
     }
     d.expected_size = size;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
@@ -1468,6 +1482,19 @@ static int gloo_rank(const char *dir, int rank, int size, const char *scenario)
         }
     } else {
         d.timeout_ms = 30000;
+        if (size > 1 && check_selected("options")) {
+            /* ranks disagreeing on how the call descriptions travel:
+               refused on every rank, naming the option */
+            d.prefix = "options";
+            d.message_heads = rank == 0 ? !d.message_heads : d.message_heads;
+            res = fsdp_comm_gloo_create(&d, &comm);
+            CHECK_RANK(res == FSDP_INVALID_ARGS && strstr(err.message, "message_heads"), rank,
+                       "message_heads on rank 0 only gave %s: %s", fsdp_result_string(res),
+                       err.message);
+            d.prefix = "main";
+            d.message_heads = !strcmp(scenario, "messages");
+            comm = NULL;
+        }
         res = fsdp_comm_gloo_create(&d, &comm);
         CHECK_RANK(res == FSDP_SUCCESS, rank, "fsdp_comm_gloo_create: %s", err.message);
         if (comm) run_common(comm, dev);
