@@ -103,7 +103,7 @@
               of one machine through shared memory, fsdp_mpi_desc
               .message_heads; Gloo on one machine through shared memory,
               fsdp_transport_desc.same_machine_check, fsdp_gloo_desc
-              .message_heads); send and recv that overlap other than in
+              .message_heads; fsdp_shm_create and its kin); send and recv that overlap other than in
               place are refused; an MPI comm that saw a mismatch or a
               timeout keeps its MPI communicator at destroy.
               cpu_offload's step (and the CPU device's without offload):
@@ -809,6 +809,20 @@ typedef struct fsdp_transport_desc {
    issues, collectives on streams run on their workers). */
 FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
                                                 fsdp_comm **out);
+
+/* A segment the ranks of one machine map (the mismatch check's call
+   descriptions go through one: the engine's same_machine_check,
+   fsdp_comm_mpi.h). One rank makes it with fsdp_shm_create: a file of
+   `bytes` zeros in /dev/shm, owner-only, named from the process and `tag`
+   into name (cap bytes; "" on failure), mapped. The others map it by name
+   with fsdp_shm_open; once every rank has, the maker unlinks it with
+   fsdp_shm_unlink, so nothing is left behind. Each rank unmaps its own with
+   fsdp_shm_close. NULL where a call fails, or off Linux (no /dev/shm).
+   Thread safety: any thread. Collective: no. */
+FSDP_API void *fsdp_shm_create(const void *tag, char *name, size_t cap, size_t bytes);
+FSDP_API void *fsdp_shm_open(const char *name, size_t bytes);
+FSDP_API void fsdp_shm_unlink(const char *name);
+FSDP_API void fsdp_shm_close(void *p, size_t bytes);
 
 /* The clock of every deadline: milliseconds on CLOCK_MONOTONIC when the
    implementing file's <time.h> declares it (POSIX feature macros), else
@@ -5862,11 +5876,76 @@ extern int kill(pid_t pid, int sig); /* POSIX; strict C11's signal.h leaves it o
 /* [the call's number, padding to 64 bytes][its fsdp_coll_desc] */
 #define FSDP__ENG_SLOT ((64 + sizeof(fsdp_coll_desc) + 63) / 64 * 64)
 
-FSDP__DEF void fsdp__eng_shm_unmap(fsdp__eng *e)
+FSDP_API void *fsdp_shm_create(const void *tag, char *name, size_t cap, size_t bytes)
 {
 #if FSDP__ENG_SHM
-    if (e->shm) munmap(e->shm, e->shm_bytes);
+    unsigned char zero[4096];
+    size_t i;
+    int fd = -1, tries;
+    void *p = MAP_FAILED;
+    memset(zero, 0, sizeof zero);
+    for (tries = 0; fd < 0 && tries < 8; tries++) {
+        /* O_EXCL refuses anything already there; pid and tag tell this
+           process's segments apart */
+        snprintf(name, cap, "/dev/shm/fsdp-%ld-%lx-%d", (long)getpid(), (unsigned long)(uintptr_t)tag,
+                 tries);
+        fd = open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    /* sized by writing zeros: ftruncate is hidden under strict C11 */
+    for (i = 0; fd >= 0 && i < bytes;) {
+        ssize_t w = write(fd, zero, bytes - i < sizeof zero ? bytes - i : sizeof zero);
+        if (w <= 0) break;
+        i += (size_t)w;
+    }
+    if (fd >= 0 && i == bytes) p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+    if (fd >= 0) close(fd);
+    if (p != MAP_FAILED) return p;
+    if (fd >= 0) unlink(name);
+#else
+    (void)tag, (void)bytes;
 #endif
+    if (cap) name[0] = '\0';
+    return NULL;
+}
+
+FSDP_API void *fsdp_shm_open(const char *name, size_t bytes)
+{
+#if FSDP__ENG_SHM
+    void *p = MAP_FAILED;
+    int fd = name && name[0] ? open(name, O_RDWR) : -1;
+    if (fd >= 0) {
+        p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        close(fd);
+    }
+    return p == MAP_FAILED ? NULL : p;
+#else
+    (void)name, (void)bytes;
+    return NULL;
+#endif
+}
+
+FSDP_API void fsdp_shm_unlink(const char *name)
+{
+#if FSDP__ENG_SHM
+    if (name && name[0]) unlink(name);
+#else
+    (void)name;
+#endif
+}
+
+FSDP_API void fsdp_shm_close(void *p, size_t bytes)
+{
+#if FSDP__ENG_SHM
+    if (p) munmap(p, bytes);
+#else
+    (void)p, (void)bytes;
+#endif
+}
+
+FSDP__DEF void fsdp__eng_shm_unmap(fsdp__eng *e)
+{
+    fsdp_shm_close(e->shm, e->shm_bytes);
     fsdp__free(&e->hooks, e->shm_pids);
     e->shm_pids = NULL;
     e->shm = NULL;
@@ -5902,37 +5981,6 @@ FSDP__DEF void fsdp__eng_host_id(char *id, size_t cap)
     if (uname(&u) != 0) return; /* an empty id: no segment */
     snprintf(id, cap, "%s|%s", u.nodename, boot);
 }
-
-/* Rank 0's file of `bytes` zeros, its name into name (NAME bytes; "" when
-   it could not be made). */
-FSDP__DEF int fsdp__eng_shm_file(const fsdp__eng *e, char *name, size_t cap, size_t bytes)
-{
-    unsigned char zero[4096];
-    size_t i;
-    int fd = -1, tries;
-    memset(zero, 0, sizeof zero);
-    for (tries = 0; fd < 0 && tries < 8; tries++) {
-        /* O_EXCL refuses anything already there; pid and address tell
-           this process's comms apart */
-        snprintf(name, cap, "/dev/shm/fsdp-calls-%ld-%lx-%d", (long)getpid(),
-                 (unsigned long)(uintptr_t)e, tries);
-        fd = open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
-        if (fd < 0 && errno != EEXIST) break;
-    }
-    /* sized by writing zeros: ftruncate is hidden under strict C11 */
-    for (i = 0; fd >= 0 && i < bytes;) {
-        ssize_t w = write(fd, zero, bytes - i < sizeof zero ? bytes - i : sizeof zero);
-        if (w <= 0) {
-            close(fd);
-            unlink(name);
-            fd = -1;
-        } else {
-            i += (size_t)w;
-        }
-    }
-    if (fd < 0) name[0] = '\0';
-    return fd;
-}
 #endif
 
 /* Maps the segment when every rank is on this machine (e->shm, else NULL).
@@ -5945,7 +5993,7 @@ FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
     size_t n = (size_t)e->size, bytes = n * 2 * FSDP__ENG_SLOT;
     unsigned char *ids, *name, *oks, *base = NULL;
     double deadline;
-    int j, same = 1, all = 1, fd = -1;
+    int j, same = 1, all = 1;
     fsdp_result r;
     if (!e->shm_wanted || !e->check || e->size < 2 || e->native_run || e->headed ||
         !e->xp.all_gather)
@@ -5968,19 +6016,13 @@ FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
         fsdp__free(&e->hooks, ids);
         return r;
     }
-    if (e->rank == 0) fd = fsdp__eng_shm_file(e, (char *)name, ID, bytes);
+    if (e->rank == 0) base = (unsigned char *)fsdp_shm_create(e, (char *)name, ID, bytes);
     r = e->xp.broadcast(e->t, name, ID, 0, deadline, err);
-    if (r == FSDP_SUCCESS && name[ID - 1] == '\0' && name[0]) {
-        if (e->rank != 0) fd = open((const char *)name, O_RDWR);
-        if (fd >= 0) {
-            void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (p != MAP_FAILED) base = (unsigned char *)p;
-        }
-    }
-    if (fd >= 0) close(fd);
+    if (r == FSDP_SUCCESS && e->rank != 0 && name[ID - 1] == '\0')
+        base = (unsigned char *)fsdp_shm_open((const char *)name, bytes);
     oks[(size_t)e->rank * 16] = base != NULL;
     if (r == FSDP_SUCCESS) r = e->xp.all_gather(e->t, NULL, oks, 16, deadline, err);
-    if (e->rank == 0 && name[0]) unlink((const char *)name); /* every rank mapped it, or gave up */
+    if (e->rank == 0) fsdp_shm_unlink((const char *)name); /* every rank mapped it, or gave up */
     for (j = 0; j < e->size; j++) all &= oks[(size_t)j * 16] == 1;
     if (r == FSDP_SUCCESS && all) {
         e->shm = base;
@@ -5989,8 +6031,8 @@ FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
         e->shm_pids = (long *)fsdp__calloc(&e->hooks, n, sizeof(long));
         for (j = 0; e->shm_pids && j < e->size; j++)
             e->shm_pids[j] = strtol((const char *)ids + (size_t)j * ID + ID - 16, NULL, 10);
-    } else if (base) {
-        munmap(base, bytes);
+    } else {
+        fsdp_shm_close(base, bytes);
     }
     fsdp__free(&e->hooks, ids);
     return r;

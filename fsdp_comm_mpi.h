@@ -147,15 +147,11 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
 #ifndef FSDP_COMM_MPI_IMPLEMENTATION_DONE
 #define FSDP_COMM_MPI_IMPLEMENTATION_DONE
 
-#include <errno.h>
-#include <fcntl.h>
 #include <limits.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 
 #define FSDP__MPI static FSDP__UNUSED
 
@@ -328,12 +324,12 @@ FSDP__MPI fsdp_result fsdp__exchange__mpi(fsdp__mpi *m, int a_to_a, const void *
    every head g. Ranks on other nodes still get messages. A head is
    compared whole, as before; only the carrier changes.
 
-   The segment is a file in /dev/shm, unlinked once every rank of the node
-   has mapped it, and unmapped by each rank on its own at destroy: an MPI
-   shared window would need a collective MPI_Win_free, which hangs when
-   ranks destroy comms in different orders or one rank is gone. Where the
-   file cannot be made or mapped on some rank of a node, that node's ranks
-   all use messages. */
+   The segment is fsdp.h's (fsdp_shm_create): a file in /dev/shm, unlinked
+   once every rank of the node has mapped it, and unmapped by each rank on
+   its own at destroy. An MPI shared window would need a collective
+   MPI_Win_free, which hangs when ranks destroy comms in different orders
+   or one rank is gone. Where the file cannot be made or mapped on some
+   rank, every rank uses messages. */
 #define FSDP__SHM_HEAD__MPI ((size_t)4096 + 256) /* head bytes a slot holds */
 #define FSDP__SHM_SLOT__MPI (64 + FSDP__SHM_HEAD__MPI) /* [gen, used, pad][head] */
 #if defined(__GNUC__) || defined(__clang__)
@@ -371,8 +367,8 @@ FSDP__MPI fsdp_result fsdp__shm_setup__mpi(fsdp__mpi *m, double deadline, fsdp_e
     enum { NAME = 128 };
     char *host, *file, proc[MPI_MAX_PROCESSOR_NAME];
     unsigned char *base = NULL;
-    size_t bytes = 0, i, n = (size_t)m->size;
-    int ns = 0, leader = -1, *ok, fd = -1, tries, len = 0, keep = 0, j;
+    size_t bytes = 0, n = (size_t)m->size;
+    int ns = 0, leader = -1, *ok, len = 0, keep = 0, j;
     MPI_Request req;
     fsdp_result r;
     if (!FSDP__SHM_OK__MPI || !m->sh->shm_heads || m->size < 2) return FSDP_SUCCESS;
@@ -405,52 +401,20 @@ FSDP__MPI fsdp_result fsdp__shm_setup__mpi(fsdp__mpi *m, double deadline, fsdp_e
         ns++;
     }
     bytes = (size_t)ns * 2 * FSDP__SHM_SLOT__MPI;
-    for (tries = 0; r == FSDP_SUCCESS && ns > 1 && leader == m->rank && fd < 0 && tries < 8;
-         tries++) {
-        /* unique per job and comm; O_EXCL refuses anything already there */
-        char *f = file + (size_t)m->rank * NAME;
-        snprintf(f, NAME, "/dev/shm/fsdp-heads-%ld-%lx-%d", (long)getpid(),
-                 (unsigned long)(uintptr_t)m, tries);
-        fd = open(f, O_RDWR | O_CREAT | O_EXCL, 0600);
-        if (fd >= 0) {
-            /* sized by writing zeros: ftruncate is hidden under strict C11 */
-            unsigned char zero[4096];
-            memset(zero, 0, sizeof zero);
-            for (i = 0; i < bytes;) {
-                size_t k = bytes - i < sizeof zero ? bytes - i : sizeof zero;
-                ssize_t w = write(fd, zero, k);
-                if (w <= 0) break;
-                i += (size_t)w;
-            }
-            if (i < bytes) {
-                close(fd);
-                unlink(f);
-                fd = -1;
-                break;
-            }
-        } else if (errno != EEXIST) {
-            break;
-        }
-    }
-    if (leader == m->rank && fd < 0) file[(size_t)m->rank * NAME] = '\0';
+    if (r == FSDP_SUCCESS && ns > 1 && leader == m->rank)
+        base = (unsigned char *)fsdp_shm_create(m, file + (size_t)m->rank * NAME, NAME, bytes);
     if (r == FSDP_SUCCESS)
         r = fsdp__shm_wait__mpi(m, MPI_Iallgather(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, file,
                                                   NAME, MPI_CHAR, m->comm, &req),
                                 &req, deadline, "MPI_Iallgather (segment names)", &keep, err);
-    if (r == FSDP_SUCCESS && ns > 1 && file[(size_t)leader * NAME]) {
-        if (leader != m->rank) fd = open(file + (size_t)leader * NAME, O_RDWR);
-        if (fd >= 0) {
-            void *p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-            if (p != MAP_FAILED) base = (unsigned char *)p;
-        }
-    }
-    if (fd >= 0) close(fd);
+    if (r == FSDP_SUCCESS && ns > 1 && leader != m->rank)
+        base = (unsigned char *)fsdp_shm_open(file + (size_t)leader * NAME, bytes);
     ok[0] = ns < 2 || base != NULL;
     if (r == FSDP_SUCCESS)
         r = fsdp__shm_wait__mpi(m, MPI_Iallreduce(ok, ok + 1, 1, MPI_INT, MPI_MIN, m->comm, &req),
                                 &req, deadline, "MPI_Iallreduce (segments mapped)", &keep, err);
     /* every rank of the node mapped it, or gave up */
-    if (leader == m->rank && file[(size_t)m->rank * NAME]) unlink(file + (size_t)m->rank * NAME);
+    if (leader == m->rank) fsdp_shm_unlink(file + (size_t)m->rank * NAME);
     if (r == FSDP_SUCCESS && ok[1] && base) {
         int k = 0;
         for (j = 0; j < m->size; j++) {
@@ -461,7 +425,7 @@ FSDP__MPI fsdp_result fsdp__shm_setup__mpi(fsdp__mpi *m, double deadline, fsdp_e
         m->shm_bytes = bytes;
         base = NULL;
     }
-    if (base) munmap(base, bytes);
+    fsdp_shm_close(base, bytes);
     if (!m->shm) {
         fsdp_hooks_free(&m->sh->hooks, m->slot);
         m->slot = NULL;
@@ -836,7 +800,7 @@ FSDP__MPI void fsdp__xdestroy__mpi(void *t)
         MPI_Comm_free(&m->comm);
         fsdp__unlock__mpi(m);
     }
-    if (m->shm) munmap(m->shm, m->shm_bytes);
+    fsdp_shm_close(m->shm, m->shm_bytes);
     fsdp_hooks_free(&h, m->slot);
     fsdp_hooks_free(&h, m->reqs);
     fsdp_hooks_free(&h, m);
