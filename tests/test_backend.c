@@ -383,13 +383,15 @@ static void test_mismatch(fsdp_comm *c)
     CHECK_RANK(res == FSDP_COMM_ABORTED || res == FSDP_COMM_MISMATCH, r,
                "a call after the mismatch gave %s", fsdp_result_string(res));
     fsdp_comm_destroy(dup);
-    /* different kinds, small (fingerprints in band) and large, named by
-       their labels on every rank */
+    /* different kinds, small (fingerprints in band) and large, and rank
+       1's small against the others' large (Gloo on one machine: one in
+       band, the others through shared memory), named by their labels on
+       every rank */
     {
         static float big_send[4 * 8192], big_recv[4 * 8192];
         int big;
-        for (big = 0; big < 2; big++) {
-            size_t count = big ? 8192 / (size_t)n : 4;
+        for (big = 0; big < 3; big++) {
+            size_t count = big == 1 || (big == 2 && r != 1) ? 8192 / (size_t)n : 4;
             dup = NULL;
             CHECK_RANK(fsdp_comm_split(c, 0, r, &dup) == FSDP_SUCCESS && dup, r,
                        "split for a duplicate: %s", fsdp_comm_last_error(c));
