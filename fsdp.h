@@ -720,7 +720,8 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
    shorter head leaves the rest of its slot as it was); send_blocks[j]
    (bytes_per_rank, 0
    for none) goes to rank j and rank j's lands at recv_blocks[j] (this
-   rank's own block is not moved). A peer whose head differs from this
+   rank's own block is not moved, unless the descriptor's
+   headed_moves_own). A peer whose head differs from this
    rank's in its first key_bytes made another call: nothing of its data is
    received or waited for, so recv_blocks[j] keeps its bytes, and the call
    still returns FSDP_SUCCESS once every head arrived: the engine names the
@@ -794,6 +795,12 @@ typedef struct fsdp_transport_desc {
        become collective: they ask every rank where it runs. Every rank
        must pass the same value. */
     int same_machine_check;
+    /* 1: all_to_all_headed also copies this rank's own block, from
+       send_blocks[rank] to recv_blocks[rank] when both are set and differ
+       (MPI does, in the time it waits for its peers); the engine then
+       passes recv_blocks[rank] NULL for any block it does not want
+       copied. 0: the engine copies it after the call. */
+    int headed_moves_own;
 } fsdp_transport_desc;
 
 /* Builds a comm on a connected transport, which is the comm's from the call
@@ -5798,6 +5805,7 @@ typedef fsdp_result (*fsdp__eng_split_fn)(fsdp__eng *e, int color, int key, fsdp
 struct fsdp__eng {
     fsdp_transport_vtable xp; /* a copy */
     fsdp_transport_headed_fn headed; /* fsdp_transport_desc.all_to_all_headed */
+    int headed_own;                  /* fsdp_transport_desc.headed_moves_own */
     void *t;
     fsdp__eng_run_fn native_run;     /* NULL: the transport's primitives */
     fsdp__eng_split_fn native_split;
@@ -6316,6 +6324,8 @@ FSDP__DEF fsdp_result fsdp__eng_headed(fsdp__eng *e, const fsdp_coll_desc *c, co
     unsigned char *out = (unsigned char *)recv;
     int fused = fsdp__eng_fused(e, c), ag = c->kind == FSDP_COLL_ALL_GATHER, j;
     int packed = fused && ag && bytes <= hb - FSDP__ENG_HEAD;
+    /* the transport copies this rank's all-gather block while it waits */
+    int own = e->headed_own && fused && ag && !packed;
     fsdp__eng_key k;
     fsdp_error xe;
     fsdp_result r;
@@ -6338,6 +6348,7 @@ FSDP__DEF fsdp_result fsdp__eng_headed(fsdp__eng *e, const fsdp_coll_desc *c, co
         e->rblocks[j] = ag ? out + (size_t)j * bytes : (unsigned char *)scratch + (size_t)j * bytes;
     }
     if (fused && !ag && (j = fsdp__eng_rs_direct(e, in, out, bytes)) >= 0) e->rblocks[j] = out;
+    if (!own) e->rblocks[e->rank] = NULL;
     memset(&xe, 0, sizeof xe);
     r = e->headed(e->t, head, FSDP__ENG_HEAD + (packed ? bytes : 0), heads, hb, FSDP__ENG_KEY,
                   e->blocks, e->rblocks, fused && !packed ? bytes : 0, deadline, &xe);
@@ -6352,7 +6363,8 @@ FSDP__DEF fsdp_result fsdp__eng_headed(fsdp__eng *e, const fsdp_coll_desc *c, co
         for (j = 0; packed && j < e->size; j++)
             if (j != e->rank)
                 memcpy(out + (size_t)j * bytes, heads + (size_t)j * hb + FSDP__ENG_HEAD, bytes);
-        if (in != out + (size_t)e->rank * bytes) memcpy(out + (size_t)e->rank * bytes, in, bytes);
+        if (!own && in != out + (size_t)e->rank * bytes)
+            memcpy(out + (size_t)e->rank * bytes, in, bytes);
         return FSDP_SUCCESS;
     }
     for (j = 0; j < e->size; j++)
@@ -6884,6 +6896,7 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
         *out = fsdp__eng_new(&e->hooks, &e->xp, nt, nrank, nsize, e->dev, e->timeout_ms, e->check);
         if (*out) {
             (*out)->headed = e->headed;
+            (*out)->headed_own = e->headed_own;
             (*out)->shm_wanted = e->shm_wanted;
             memset(&xe, 0, sizeof xe);
             r = fsdp__eng_shm_setup(*out, &xe); /* collective over the new comm */
@@ -6985,6 +6998,7 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     if (!e)
         return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_transport_create: out of memory");
     e->headed = desc->all_to_all_headed;
+    e->headed_own = desc->headed_moves_own;
     e->shm_wanted = desc->same_machine_check;
     r = fsdp__eng_shm_setup(e, &xe);
     if (r != FSDP_SUCCESS) {

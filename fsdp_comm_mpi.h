@@ -331,7 +331,11 @@ FSDP__MPI fsdp_result fsdp__exchange__mpi(fsdp__mpi *m, int a_to_a, const void *
    or one rank is gone. Where the file cannot be made or mapped on some
    rank, every rank uses messages. */
 #define FSDP__SHM_HEAD__MPI ((size_t)4096 + 256) /* head bytes a slot holds */
-#define FSDP__SHM_SLOT__MPI (64 + FSDP__SHM_HEAD__MPI) /* [gen, used, pad][head] */
+/* [gen, used][head], 64-byte aligned: the head's key shares gen's cache
+   line, one line fewer to fetch from the other core before the data
+   receive is posted (a tight loop of 64 KiB all-gathers on 2 ranks, head
+   at 64 instead: 0.02 slower) */
+#define FSDP__SHM_SLOT__MPI ((16 + FSDP__SHM_HEAD__MPI + 63) / 64 * 64)
 #if defined(__GNUC__) || defined(__clang__)
 #define FSDP__SHM_OK__MPI 1
 #define FSDP__SHM_LOAD__MPI(p) __atomic_load_n((p), __ATOMIC_ACQUIRE)
@@ -474,6 +478,23 @@ FSDP__MPI void fsdp__drop__mpi(fsdp__mpi *m, MPI_Request *reqs, int n, int cance
     fsdp__unlock__mpi(m);
 }
 
+/* Up to `chunk` more bytes of this rank's own block (headed_moves_own),
+   copied while the call waits for its peers rather than after the
+   exchange, where it stood alone on the critical path: with the slot's
+   key beside its number, a 64 KiB all-gather on 2 ranks went from 1.10
+   to 1.04 times MPI_Allgather (bench_comm, medians of 10 alternating
+   runs; a tight loop put the copy's share at 0.02-0.04). */
+FSDP__MPI void fsdp__own__mpi(void *const *recv_blocks, const void *const *send_blocks, int rank,
+                              size_t bytes, size_t *done, size_t chunk)
+{
+    unsigned char *to = bytes ? (unsigned char *)recv_blocks[rank] : NULL;
+    const unsigned char *from = bytes ? (const unsigned char *)send_blocks[rank] : NULL;
+    if (!to || to == from || *done >= bytes) return;
+    if (chunk > bytes - *done) chunk = bytes - *done;
+    memcpy(to + *done, from + *done, chunk);
+    *done += chunk;
+}
+
 /* all_to_all_headed of the transport kit. Every head and every data block
    is sent at once; a peer's data is received once its head arrived and
    agrees, into exactly the bytes this call expects (a peer that made
@@ -498,7 +519,7 @@ FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, size_t head_u
     MPI_Request *hr = m->reqs, *dr = hr + m->size, *hsr = dr + m->size, *sr = hsr + m->size;
     int *idx = (int *)(sr + m->size), *wait = idx + m->size; /* fsdp__alloc_reqs__mpi */
     uint64_t gen = ++m->gen;
-    size_t off = (size_t)(gen & 1) * FSDP__SHM_SLOT__MPI;
+    size_t off = (size_t)(gen & 1) * FSDP__SHM_SLOT__MPI, own = 0;
     int shm = m->shm && head_bytes <= FSDP__SHM_HEAD__MPI; /* the same on every rank */
     MPI_Datatype ty = MPI_BYTE;
     fsdp_result r = FSDP_SUCCESS;
@@ -511,7 +532,7 @@ FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, size_t head_u
     if (shm) {
         unsigned char *s = m->slot[m->rank] + off;
         uint64_t used = head_used;
-        memcpy(s + 64, head, head_used);
+        memcpy(s + 16, head, head_used);
         memcpy(s + 8, &used, sizeof used);
         FSDP__SHM_STORE__MPI((uint64_t *)(void *)s, gen);
     }
@@ -546,7 +567,7 @@ FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, size_t head_u
                 continue;
             memcpy(&used, s + 8, sizeof used);
             if (used > head_bytes) used = head_bytes; /* cannot be; never overrun */
-            memcpy(hs + (size_t)from * head_bytes, s + 64, (size_t)used);
+            memcpy(hs + (size_t)from * head_bytes, s + 16, (size_t)used);
             idx[got++] = k - 1;
             prog = 1;
         }
@@ -576,6 +597,7 @@ FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, size_t head_u
             fsdp__unlock__mpi(m);
             if (rc != MPI_SUCCESS) r = fsdp__err__mpi(err, rc, what);
         }
+        if (!prog) fsdp__own__mpi(recv_blocks, send_blocks, m->rank, bytes, &own, 4096);
         /* a look at the slots takes nanoseconds, an MPI poll far longer:
            8 looks count as one idle step, else fsdp__idle__mpi would start
            yielding (0.3 us a call) within a microsecond */
@@ -612,11 +634,15 @@ FSDP__MPI fsdp_result fsdp__headed__mpi(void *t, const void *head, size_t head_u
        together): each MPI call takes Open MPI's locks */
     for (spins = 0; r == FSDP_SUCCESS;) {
         int flag = 0;
+        fsdp__own__mpi(recv_blocks, send_blocks, m->rank, bytes, &own, 8192);
         fsdp__lock__mpi(m);
         rc = MPI_Testall(3 * m->size, dr, &flag, MPI_STATUSES_IGNORE);
         fsdp__unlock__mpi(m);
         if (rc != MPI_SUCCESS) r = fsdp__err__mpi(err, rc, what);
-        else if (flag) break;
+        else if (flag) {
+            fsdp__own__mpi(recv_blocks, send_blocks, m->rank, bytes, &own, bytes);
+            break;
+        }
         else if (fsdp__idle__mpi(&spins, deadline)) {
             fsdp__pending__mpi(m, dr, NULL, ranks, sizeof ranks);
             if (ranks[0])
@@ -1004,6 +1030,7 @@ FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     td.timeout_ms = timeout;
     td.disable_mismatch_check = !opts[0];
     td.all_to_all_headed = fsdp__headed__mpi;
+    td.headed_moves_own = 1;
     return fsdp_comm_transport_create(&td, out);
 }
 
