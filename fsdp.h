@@ -103,7 +103,8 @@
               of one machine through shared memory, fsdp_mpi_desc
               .message_heads; Gloo on one machine through shared memory,
               fsdp_transport_desc.same_machine_check, fsdp_gloo_desc
-              .message_heads; fsdp_shm_create and its kin); send and recv that overlap other than in
+              .message_heads; fsdp_shm_create and its kin;
+              fsdp_transport_desc.headed_moves_own); send and recv that overlap other than in
               place are refused; an MPI comm that saw a mismatch or a
               timeout keeps its MPI communicator at destroy.
               cpu_offload's step (and the CPU device's without offload):
