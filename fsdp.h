@@ -104,7 +104,7 @@
               .message_heads; Gloo on one machine through shared memory,
               fsdp_transport_desc.same_machine_check, fsdp_gloo_desc
               .message_heads; fsdp_shm_create and its kin;
-              fsdp_transport_desc.headed_moves_own); send and recv that overlap other than in
+              fsdp_transport_desc.headed_moves_own, call_check); send and recv that overlap other than in
               place are refused; an MPI comm that saw a mismatch or a
               timeout keeps its MPI communicator at destroy.
               cpu_offload's step (and the CPU device's without offload):
@@ -802,6 +802,19 @@ typedef struct fsdp_transport_desc {
        passes recv_blocks[rank] NULL for any block it does not want
        copied. 0: the engine copies it after the call. */
     int headed_moves_own;
+    /* Optional, with same_machine_check: no rank waits for the others'
+       descriptions before its data moves; each peer's is checked as its
+       data comes in. Before a collective's data the engine calls it with
+       the call's key and peer_ok, and after the data with 0 and NULL.
+       Between the two, with a nonzero key the transport reads none of
+       peer j's bytes before peer_ok(user, j) returned 1 (j made this
+       call), and may refuse a message whose key differs
+       (FSDP_COMM_MISMATCH); with either key (0 for the engine's own
+       fixed-size exchange, whose bytes are safe to read) it asks at least
+       every millisecond while it waits on j (to send or to receive), and
+       ends the call with FSDP_COMM_MISMATCH when peer_ok returns -1 (j
+       made another call and will not take part). Gloo sets it. */
+    void (*call_check)(void *t, uint64_t key, int (*peer_ok)(void *user, int peer), void *user);
 } fsdp_transport_desc;
 
 /* Builds a comm on a connected transport, which is the comm's from the call
@@ -5807,6 +5820,9 @@ struct fsdp__eng {
     fsdp_transport_vtable xp; /* a copy */
     fsdp_transport_headed_fn headed; /* fsdp_transport_desc.all_to_all_headed */
     int headed_own;                  /* fsdp_transport_desc.headed_moves_own */
+    /* fsdp_transport_desc.call_check */
+    void (*call_check)(void *t, uint64_t key, int (*peer_ok)(void *user, int peer), void *user);
+    int shm_after;                   /* the data moves, then the descriptions are compared */
     void *t;
     fsdp__eng_run_fn native_run;     /* NULL: the transport's primitives */
     fsdp__eng_split_fn native_split;
@@ -6414,24 +6430,20 @@ FSDP__DEF fsdp_result fsdp__eng_inband_round(fsdp__eng *e, const fsdp_coll_desc 
                                              const void *send, int inband, void *staging,
                                              double deadline, fsdp_error *err);
 
-/* fsdp__eng_check through the shared segment (e->shm): every rank's
-   description, compared; the data moves afterwards. A call small enough
-   for the in-band exchange goes there instead (one round over the
-   transport, 1.05 times a 4 KiB Gloo all-gather against 1.22 through the
-   segment), its description published here first: a rank here that finds
-   such a description joins that exchange with its own, so the ranks of a
-   mismatch meet in it and report the mismatch rather than time out. */
-FSDP__DEF fsdp_result fsdp__eng_shm_check(fsdp__eng *e, const fsdp_coll_desc *c, void *staging,
-                                          double deadline, fsdp_error *err)
+/* Waits for every peer's description of this rank's current call (the
+   one it published last) and compares them; *join: a peer's call is small
+   enough for the in-band exchange. */
+FSDP__DEF fsdp_result fsdp__eng_shm_wait(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
+                                         int *join, fsdp_error *err)
 {
-    uint64_t gen = fsdp__eng_shm_publish(e, c);
+    uint64_t gen = e->shm_gen;
     size_t half = (size_t)(gen & 1) * FSDP__ENG_SLOT;
     char ranks[128];
     size_t len = 0;
-    int j, late = 0, join = 0;
+    int j, late = 0;
     fsdp_error xe;
-    e->fps[e->rank] = *c;
     ranks[0] = '\0';
+    *join = 0;
     for (j = 0; j < e->size; j++) {
         const unsigned char *s = e->shm + (size_t)j * 2 * FSDP__ENG_SLOT + half;
         const uint64_t *g = (const uint64_t *)(const void *)s;
@@ -6458,7 +6470,7 @@ FSDP__DEF fsdp_result fsdp__eng_shm_check(fsdp__eng *e, const fsdp_coll_desc *c,
             continue;
         }
         memcpy(&e->fps[j], s + 64, sizeof *c);
-        join |= fsdp__eng_inband(e, &e->fps[j]);
+        *join |= fsdp__eng_inband(e, &e->fps[j]);
     }
     if (late) {
         memset(&xe, 0, sizeof xe);
@@ -6466,10 +6478,76 @@ FSDP__DEF fsdp_result fsdp__eng_shm_check(fsdp__eng *e, const fsdp_coll_desc *c,
                        "timeout; the comm is unusable from now on", late > 1 ? "s" : "", ranks);
         return fsdp__eng_check_failed(e, c, FSDP_COMM_TIMEOUT, &xe, 0, err);
     }
+    return fsdp__eng_mismatch(e, err);
+}
+
+/* fsdp__eng_check through the shared segment (e->shm): every rank's
+   description, compared; the data moves afterwards. A call small enough
+   for the in-band exchange goes there instead (one round over the
+   transport, 1.05 times a 4 KiB Gloo all-gather against 1.22 through the
+   segment), its description published here first: a rank here that finds
+   such a description joins that exchange with its own, so the ranks of a
+   mismatch meet in it and report the mismatch rather than time out. */
+FSDP__DEF fsdp_result fsdp__eng_shm_check(fsdp__eng *e, const fsdp_coll_desc *c, void *staging,
+                                          double deadline, fsdp_error *err)
+{
+    fsdp_result r;
+    int join;
+    fsdp__eng_shm_publish(e, c);
+    e->fps[e->rank] = *c;
+    r = fsdp__eng_shm_wait(e, c, deadline, &join, err);
     /* the exchange's own result is the same mismatch, or a failure that
        matters less than it */
-    if (join) fsdp__eng_inband_round(e, c, NULL, 0, staging, deadline, err);
-    return fsdp__eng_mismatch(e, err);
+    if (r == FSDP_COMM_MISMATCH && join) fsdp__eng_inband_round(e, c, NULL, 0, staging, deadline, err);
+    return r;
+}
+
+/* call_check's peer_ok: 1 when peer j published this rank's current call
+   as the same one (its data may be read), -1 as another one (it will not
+   take part), 0 not yet. */
+FSDP__DEF int fsdp__eng_shm_peer(void *user, int j)
+{
+    fsdp__eng *e = (fsdp__eng *)user;
+    uint64_t gen = e->shm_gen;
+    const unsigned char *s = e->shm + (size_t)j * 2 * FSDP__ENG_SLOT +
+                             (size_t)(gen & 1) * FSDP__ENG_SLOT;
+    fsdp_coll_desc d;
+    if (j < 0 || j >= e->size || FSDP__LOAD_U64((const uint64_t *)(const void *)s) != gen)
+        return 0;
+    memcpy(&d, s + 64, sizeof d);
+    return fsdp_coll_same(&d, &e->fps[e->rank]) ? 1 : -1;
+}
+
+/* The key a transport's messages carry with call_check: the fields
+   fsdp_coll_same compares, hashed (FNV-1a); never 0. */
+FSDP__DEF uint64_t fsdp__eng_key_hash(const fsdp_coll_desc *c)
+{
+    uint64_t v[4], h = 14695981039346656037ull;
+    const unsigned char *p = (const unsigned char *)v;
+    size_t i;
+    v[0] = c->seq;
+    v[1] = c->count;
+    v[2] = (uint64_t)(uint32_t)c->kind << 32 | (uint32_t)c->dt;
+    v[3] = (uint64_t)(uint32_t)c->op << 32 | (uint32_t)c->root;
+    for (i = 0; i < sizeof v; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h ? h : 1;
+}
+
+/* A call that failed with call_check: 1 when every peer's description of
+   it is there (looking until the deadline, or for at most 100 ms more)
+   and they disagree, which is then what went wrong and goes into err. */
+FSDP__DEF int fsdp__eng_shm_settle(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
+                                   fsdp_error *err)
+{
+    double soon = fsdp_clock_ms() + 100.0;
+    fsdp_error xe;
+    int join;
+    memset(&xe, 0, sizeof xe);
+    if (fsdp__eng_shm_wait(e, c, deadline >= 0 && deadline < soon ? deadline : soon, &join,
+                           &xe) != FSDP_COMM_MISMATCH)
+        return 0;
+    fsdp_error_set(err, FSDP_COMM_MISMATCH, "%s", xe.message);
+    return 1;
 }
 
 /* The in-band exchange: every rank's description, with c's data when
@@ -6499,21 +6577,41 @@ FSDP__DEF fsdp_result fsdp__eng_inband_round(fsdp__eng *e, const fsdp_coll_desc 
     return FSDP_SUCCESS;
 }
 
+/* later: the caller moves the data after a successful return that left
+   *done 0, and then compares the descriptions when e->shm_after (as
+   fsdp__eng_exchange does; call_check needs it). */
 FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
                                       void *recv, void *scratch, void *staging, double deadline,
-                                      int *done, fsdp_error *err)
+                                      int later, int *done, fsdp_error *err)
 {
     size_t blk = FSDP__ENG_HDR + fsdp__eng_block_payload(e->size);
     size_t bytes = c->count * fsdp_dtype_size(c->dt);
     const unsigned char *in = (const unsigned char *)staging + (size_t)e->size * blk + FSDP__ENG_HDR;
-    int inband = fsdp__eng_inband(e, c), j;
+    int inband = fsdp__eng_inband(e, c), after = e->shm && e->call_check && later, j;
     fsdp_result r;
     if (e->headed)
         return fsdp__eng_headed(e, c, send, recv, scratch, staging, deadline, done, err);
     *done = 0;
-    if (e->shm && !inband) return fsdp__eng_shm_check(e, c, staging, deadline, err);
+    if (e->shm && !inband && !after) return fsdp__eng_shm_check(e, c, staging, deadline, err);
     if (e->shm) fsdp__eng_shm_publish(e, c); /* for a rank that made another call */
+    if (after) {
+        /* the data moves at once; a peer already here with another call
+           is a mismatch before any of it */
+        e->fps[e->rank] = *c;
+        for (j = 0; !inband && j < e->size; j++)
+            if (j != e->rank && fsdp__eng_shm_peer(e, j) < 0)
+                return fsdp__eng_shm_wait(e, c, deadline, &j, err);
+        e->call_check(e->t, inband ? 0 : fsdp__eng_key_hash(c), fsdp__eng_shm_peer, e);
+        if (!inband) {
+            e->shm_after = 1;
+            return FSDP_SUCCESS;
+        }
+    }
     r = fsdp__eng_inband_round(e, c, send, inband, staging, deadline, err);
+    if (after) {
+        e->call_check(e->t, 0, NULL, NULL);
+        if (r != FSDP_SUCCESS) return fsdp__eng_shm_settle(e, c, deadline, err) ? FSDP_COMM_MISMATCH : r;
+    }
     if (r == FSDP_SUCCESS) r = fsdp__eng_mismatch(e, err);
     if (r != FSDP_SUCCESS || !inband) return r;
     *done = 1;
@@ -6665,7 +6763,7 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
         r = fsdp__eng_check(e, c, send, recv, scratch,
                             (unsigned char *)scratch + fsdp__eng_move_bytes(e, c) *
                                                            !fsdp__eng_inband(e, c),
-                            deadline, &done, err);
+                            deadline, 1, &done, err);
         if (r != FSDP_SUCCESS) {
             fsdp__eng_break(e, err);
             return r;
@@ -6674,6 +6772,22 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
     }
     memset(&xe, 0, sizeof xe);
     r = fsdp__eng_move(e, c, send, recv, scratch, deadline, &xe);
+    if (e->shm_after) {
+        /* every peer's description, compared: each peer published it
+           before its data moved, so after an all-gather or reduce-scatter
+           nothing is waited for; and a rank writes its slot again only
+           after every peer reached this call, which keeps two slots
+           enough. After a failure: the mismatch in words, if that was it. */
+        int join, settled = r != FSDP_SUCCESS && fsdp__eng_shm_settle(e, c, deadline, err);
+        e->shm_after = 0;
+        e->call_check(e->t, 0, NULL, NULL);
+        if (r == FSDP_SUCCESS || settled) {
+            if (settled) r = FSDP_COMM_MISMATCH;
+            else r = fsdp__eng_shm_wait(e, c, deadline, &join, err);
+            if (r != FSDP_SUCCESS) fsdp__eng_break(e, err);
+            return r;
+        }
+    }
     if (r == FSDP_SUCCESS) return r;
     if (r == FSDP_COMM_TIMEOUT) {
         fsdp__eng_timed_out(e, c, xe.message, err);
@@ -6879,7 +6993,7 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
             fsdp__eng_break(e, err); /* the peers wait for this rank's fingerprint */
             goto done;
         }
-        r = fsdp__eng_check(e, &c, NULL, NULL, NULL, staging, deadline, &inband_done, err);
+        r = fsdp__eng_check(e, &c, NULL, NULL, NULL, staging, deadline, 0, &inband_done, err);
         fsdp__free(&e->hooks, staging);
         if (r != FSDP_SUCCESS) {
             fsdp__eng_break(e, err);
@@ -6898,6 +7012,7 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
         if (*out) {
             (*out)->headed = e->headed;
             (*out)->headed_own = e->headed_own;
+            (*out)->call_check = e->call_check;
             (*out)->shm_wanted = e->shm_wanted;
             memset(&xe, 0, sizeof xe);
             r = fsdp__eng_shm_setup(*out, &xe); /* collective over the new comm */
@@ -7000,6 +7115,7 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
         return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_comm_transport_create: out of memory");
     e->headed = desc->all_to_all_headed;
     e->headed_own = desc->headed_moves_own;
+    e->call_check = desc->call_check;
     e->shm_wanted = desc->same_machine_check;
     r = fsdp__eng_shm_setup(e, &xe);
     if (r != FSDP_SUCCESS) {

@@ -143,8 +143,16 @@ FSDP_API fsdp_result fsdp_gloo_comm_create(const fsdp_gloo_desc *desc, fsdp_comm
 FSDP__GLO fsdp_result fsdp__result__gloo(int rc, fsdp_error *err, const char *msg)
 {
     if (rc == FSDP_GLOO_OK) return FSDP_SUCCESS;
-    return fsdp_error_set(err, rc == FSDP_GLOO_TIMEOUT ? FSDP_COMM_TIMEOUT : FSDP_COMM_ERROR, "%s",
-                          msg);
+    return fsdp_error_set(err, rc == FSDP_GLOO_TIMEOUT    ? FSDP_COMM_TIMEOUT
+                               : rc == FSDP_GLOO_MISMATCH ? FSDP_COMM_MISMATCH
+                                                          : FSDP_COMM_ERROR,
+                          "%s", msg);
+}
+
+FSDP__GLO void fsdp__call_check__gloo(void *t, uint64_t key, int (*peer_ok)(void *user, int peer),
+                                      void *user)
+{
+    fsdp_gloo_set_check((fsdp_gloo_ctx *)t, (unsigned long long)key, peer_ok, user);
 }
 
 FSDP__GLO fsdp_result fsdp__all_gather__gloo(void *t, const void *send, void *recv, size_t bytes,
@@ -320,6 +328,7 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
     td.timeout_ms = timeout;
     td.disable_mismatch_check = !(check & 1);
     td.same_machine_check = !(check >> 1);
+    if (td.same_machine_check) td.call_check = fsdp__call_check__gloo;
     return fsdp_comm_transport_create(&td, out);
 }
 

@@ -708,6 +708,9 @@ struct fsdp_gloo_ctx {
     std::vector<int> fds;
     struct sockaddr_storage laddr{}; // this rank's address (port 0)
     uint64_t calls = 0;            // collectives so far, the same count on every rank
+    uint64_t key = 0;              // fsdp_gloo_set_check
+    int (*peer_ok)(void *, int) = nullptr;
+    void *peer_user = nullptr;
     std::string prefix;        // the user's prefix
     std::string keys;          // this context's keys: prefix/job id[/split...]
     std::string job, record, address;
@@ -1224,7 +1227,7 @@ const uint32_t kMsgMagic = 0x46534450u; // "FSDP"
 
 struct Hdr {
     uint32_t magic, op;
-    uint64_t call, off, len;
+    uint64_t call, off, len, key;
 };
 
 const char *op_name(uint32_t op)
@@ -1244,14 +1247,31 @@ struct Xfer {
 struct Exchange {
     fsdp_gloo_ctx *c;
     uint32_t op;
-    uint64_t call;
+    uint64_t call, key;
     std::vector<std::vector<Xfer>> sq, rq; // per peer
     std::vector<size_t> si, ri;            // first unfinished message per peer
+    std::vector<char> ok;                  // peer_ok said 1 (fsdp_gloo_set_check)
     size_t left = 0;                       // messages not finished
     Exchange(fsdp_gloo_ctx *ctx, uint32_t o)
-        : c(ctx), op(o), call(ctx->calls++), sq((size_t)ctx->size), rq((size_t)ctx->size),
-          si((size_t)ctx->size), ri((size_t)ctx->size)
+        : c(ctx), op(o), call(ctx->calls++), key(ctx->key), sq((size_t)ctx->size),
+          rq((size_t)ctx->size),
+          si((size_t)ctx->size), ri((size_t)ctx->size),
+          ok((size_t)ctx->size, !ctx->peer_ok || !ctx->key)
     {
+    }
+    // Whether peer j's bytes may be read: its call is known to be this one
+    // (with key 0 they may be read at once: only waits look). A peer that
+    // made another call ends this one.
+    bool allowed(int j) { return ok[(size_t)j] || look(j); }
+    bool look(int j)
+    {
+        int v = c->peer_ok(c->peer_user, j);
+        if (v < 0)
+            throw Failure(FSDP_GLOO_MISMATCH, std::string(op_name(op)) + " on rank " +
+                                                  str(c->rank) + ": " + peer(c, j) +
+                                                  " made another call");
+        ok[(size_t)j] = v > 0;
+        return v > 0;
     }
     void add(std::vector<std::vector<Xfer>> &q, int j, const void *p, size_t off, size_t len)
     {
@@ -1261,6 +1281,7 @@ struct Exchange {
         x.h.call = call;
         x.h.off = off;
         x.h.len = len;
+        x.h.key = key;
         memset(&x.got, 0, sizeof x.got);
         x.p = static_cast<char *>(const_cast<void *>(p));
         x.done = 0;
@@ -1281,8 +1302,12 @@ struct Exchange {
     {
         const Hdr &g = x.got, &w = x.h;
         if (g.magic == w.magic && g.op == w.op && g.call == w.call && g.off == w.off &&
-            g.len == w.len)
+            g.len == w.len && g.key == w.key)
             return;
+        if (g.magic == w.magic && g.key != w.key)
+            throw Failure(FSDP_GLOO_MISMATCH, std::string(op_name(op)) + " on rank " +
+                                                  str(c->rank) + ": " + peer(c, j) +
+                                                  " sent the data of another call");
         if (g.magic != kMsgMagic)
             throw Failure(FSDP_GLOO_ERROR, std::string(op_name(op)) + " on rank " +
                                                str(c->rank) + ": " + peer(c, j) +
@@ -1333,7 +1358,7 @@ struct Exchange {
             si[(size_t)j]++;
             left--;
         }
-        while (ri[(size_t)j] < rq[(size_t)j].size()) {
+        while (ri[(size_t)j] < rq[(size_t)j].size() && allowed(j)) {
             Xfer &x = rq[(size_t)j][ri[(size_t)j]];
             struct iovec v[2];
             int nv = rest(x, &x.got, v);
@@ -1379,6 +1404,11 @@ struct Exchange {
                 continue;
             }
             if (!left) break;
+            // a peer waited on may have made another call
+            for (int j = 0; c->peer_ok && j < c->size; j++)
+                if (j != c->rank && (!ok[(size_t)j] || !key) &&
+                    (si[(size_t)j] < sq[(size_t)j].size() || ri[(size_t)j] < rq[(size_t)j].size()))
+                    look(j);
             if (spins == 0) idle = Clock::now();
             if (++spins < 16) continue;
             if (Clock::now() - idle < spin) {
@@ -1397,11 +1427,23 @@ struct Exchange {
                 who.push_back(j);
             }
             long ms = dl.forever ? -1 : (long)dl.left().count();
+            if (c->peer_ok && (ms < 0 || ms > 1)) ms = 1; // peer_ok's look, every millisecond
             int rc = poll(p.data(), (nfds_t)p.size(), ms > INT32_MAX ? INT32_MAX : (int)ms);
             if (rc < 0 && errno != EINTR)
                 throw Failure(FSDP_GLOO_ERROR, std::string(op_name(op)) + " on rank " +
                                                    str(c->rank) + ": poll: " + strerror(errno));
-            if (rc == 0 && dl.passed()) late(timeout_ms);
+            // a peer whose bytes are not read yet (peer_ok) but whose socket
+            // woke us: gone, unless its bytes are there (then its call shows)
+            for (size_t i = 0; rc > 0 && i < p.size(); i++) {
+                int j = who[i];
+                if (ok[(size_t)j] || !(p[i].revents & (POLLIN | POLLHUP | POLLERR))) continue;
+                char b;
+                ssize_t k = ::recv(p[i].fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+                if (k == 0) broken(j, 0);
+                if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR)
+                    broken(j, errno);
+            }
+            if (dl.passed()) late(timeout_ms);
         }
     }
     void run(const Deadline &dl, int timeout_ms)
@@ -1615,6 +1657,15 @@ extern "C" int fsdp_gloo_split(fsdp_gloo_ctx *c, int color, int key, int timeout
     } catch (...) {
         return fail(err, cap, FSDP_GLOO_ERROR, "split: unknown C++ exception");
     }
+}
+
+extern "C" void fsdp_gloo_set_check(fsdp_gloo_ctx *c, unsigned long long key,
+                                    int (*peer_ok)(void *user, int peer), void *user)
+{
+    if (!c) return;
+    c->key = key;
+    c->peer_ok = peer_ok;
+    c->peer_user = user;
 }
 
 extern "C" void fsdp_gloo_free(fsdp_gloo_ctx *c)

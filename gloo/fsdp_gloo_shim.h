@@ -23,6 +23,7 @@ extern "C" {
 #define FSDP_GLOO_TIMEOUT 1
 #define FSDP_GLOO_ERROR 2
 #define FSDP_GLOO_INVALID 3
+#define FSDP_GLOO_MISMATCH 4 /* a peer made another call (fsdp_gloo_set_check) */
 
 typedef struct fsdp_gloo_ctx fsdp_gloo_ctx;
 
@@ -94,6 +95,17 @@ int fsdp_gloo_pin_local_rank(int rank, int size);
    removes the job's record and keys from a directory store, or stops the
    TCP store. */
 void fsdp_gloo_free(fsdp_gloo_ctx *ctx);
+
+/* For the collectives that follow (until set again): every message carries
+   key, and a peer's message whose key differs ends the call
+   (FSDP_GLOO_MISMATCH). With peer_ok and a nonzero key, a peer's bytes are
+   read only once peer_ok(user, peer) returned 1 in this call (its call is
+   this one); with either key it is asked at least every millisecond while
+   the call waits on that peer, and -1 (the peer made another call) ends
+   the call with FSDP_GLOO_MISMATCH. key 0 and peer_ok NULL, the default: no check beyond
+   the collective's kind and sizes. Not collective. */
+void fsdp_gloo_set_check(fsdp_gloo_ctx *ctx, unsigned long long key,
+                         int (*peer_ok)(void *user, int peer), void *user);
 
 #ifdef __cplusplus
 }
