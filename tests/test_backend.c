@@ -413,6 +413,27 @@ static void test_mismatch(fsdp_comm *c)
             fsdp_comm_destroy(dup);
         }
     }
+    /* a split against a small all-gather (Gloo on one machine: the split's
+       descriptions through shared memory, the all-gather in band): a
+       mismatch on every rank, long before the timeout */
+    {
+        fsdp_comm *sub = NULL;
+        float s2[4] = {0}, r2[4 * 64];
+        double t0;
+        dup = NULL;
+        CHECK_RANK(fsdp_comm_split(c, 0, r, &dup) == FSDP_SUCCESS && dup, r,
+                   "split for a duplicate: %s", fsdp_comm_last_error(c));
+        if (!dup) return;
+        t0 = now_ms();
+        if (r == 1) res = fsdp_comm_split(dup, 0, r, &sub);
+        else res = fsdp_all_gather(dup, s2, r2, 4, FSDP_F32, NULL);
+        CHECK_RANK(res == FSDP_COMM_MISMATCH, r, "split against all_gather gave %s: %s",
+                   fsdp_result_string(res), fsdp_comm_last_error(dup));
+        CHECK_RANK(now_ms() - t0 < 10000, r, "the mismatch took %.0f ms to surface",
+                   now_ms() - t0);
+        if (sub) fsdp_comm_destroy(sub);
+        fsdp_comm_destroy(dup);
+    }
     /* an all-gather whose data would travel with its fingerprint against a
        call that sends none: a mismatch, not a hang, and no rank's block
        lands from the rank that called something else */
