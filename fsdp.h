@@ -6245,6 +6245,19 @@ typedef struct fsdp__eng_key {
     int32_t kind, dt, op, root;
 } fsdp__eng_key;
 #define FSDP__ENG_KEY ((sizeof(fsdp__eng_key) + 15) / 16 * 16)
+
+FSDP__DEF fsdp__eng_key fsdp__eng_key_of(const fsdp_coll_desc *c)
+{
+    fsdp__eng_key k;
+    memset(&k, 0, sizeof k); /* padding too: keys are compared and hashed as bytes */
+    k.seq = c->seq;
+    k.count = c->count;
+    k.kind = (int32_t)c->kind;
+    k.dt = (int32_t)c->dt;
+    k.op = (int32_t)c->op;
+    k.root = (int32_t)c->root;
+    return k;
+}
 #define FSDP__ENG_HEAD (FSDP__ENG_KEY + FSDP__ENG_HDR)
 
 /* The staging of the first exchange: send and receive, size blocks each
@@ -6347,13 +6360,7 @@ FSDP__DEF fsdp_result fsdp__eng_headed(fsdp__eng *e, const fsdp_coll_desc *c, co
     fsdp_error xe;
     fsdp_result r;
     *done = 0;
-    memset(&k, 0, sizeof k);
-    k.seq = c->seq;
-    k.count = c->count;
-    k.kind = (int32_t)c->kind;
-    k.dt = (int32_t)c->dt;
-    k.op = (int32_t)c->op;
-    k.root = (int32_t)c->root;
+    k = fsdp__eng_key_of(c);
     memset(head, 0, FSDP__ENG_HEAD);
     memcpy(head, &k, sizeof k);
     memcpy(head + FSDP__ENG_KEY, c, sizeof *c);
@@ -6415,12 +6422,17 @@ FSDP__DEF int fsdp__eng_shm_spin(const uint64_t *g, uint64_t gen, int crowded)
     }
 }
 
+/* Rank j's slot for call gen. */
+FSDP__DEF unsigned char *fsdp__eng_slot(const fsdp__eng *e, int j, uint64_t gen)
+{
+    return e->shm + ((size_t)j * 2 + (size_t)(gen & 1)) * FSDP__ENG_SLOT;
+}
+
 /* Writes c into this rank's slot for its next call and publishes it. */
 FSDP__DEF uint64_t fsdp__eng_shm_publish(fsdp__eng *e, const fsdp_coll_desc *c)
 {
     uint64_t gen = ++e->shm_gen;
-    unsigned char *mine = e->shm + (size_t)e->rank * 2 * FSDP__ENG_SLOT +
-                          (size_t)(gen & 1) * FSDP__ENG_SLOT;
+    unsigned char *mine = fsdp__eng_slot(e, e->rank, gen);
     memcpy(mine + 64, c, sizeof *c);
     FSDP__STORE_U64((uint64_t *)(void *)mine, gen);
     return gen;
@@ -6431,21 +6443,18 @@ FSDP__DEF fsdp_result fsdp__eng_inband_round(fsdp__eng *e, const fsdp_coll_desc 
                                              double deadline, fsdp_error *err);
 
 /* Waits for every peer's description of this rank's current call (the
-   one it published last) and compares them; *join: a peer's call is small
-   enough for the in-band exchange. */
+   one it published last, into e->fps) and compares them. */
 FSDP__DEF fsdp_result fsdp__eng_shm_wait(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
-                                         int *join, fsdp_error *err)
+                                         fsdp_error *err)
 {
     uint64_t gen = e->shm_gen;
-    size_t half = (size_t)(gen & 1) * FSDP__ENG_SLOT;
     char ranks[128];
     size_t len = 0;
     int j, late = 0;
     fsdp_error xe;
     ranks[0] = '\0';
-    *join = 0;
     for (j = 0; j < e->size; j++) {
-        const unsigned char *s = e->shm + (size_t)j * 2 * FSDP__ENG_SLOT + half;
+        const unsigned char *s = fsdp__eng_slot(e, j, gen);
         const uint64_t *g = (const uint64_t *)(const void *)s;
         if (j == e->rank) continue;
         /* a slot holds g - 2 until its rank reaches call g. Polls for 20
@@ -6470,7 +6479,6 @@ FSDP__DEF fsdp_result fsdp__eng_shm_wait(fsdp__eng *e, const fsdp_coll_desc *c, 
             continue;
         }
         memcpy(&e->fps[j], s + 64, sizeof *c);
-        *join |= fsdp__eng_inband(e, &e->fps[j]);
     }
     if (late) {
         memset(&xe, 0, sizeof xe);
@@ -6492,13 +6500,14 @@ FSDP__DEF fsdp_result fsdp__eng_shm_check(fsdp__eng *e, const fsdp_coll_desc *c,
                                           double deadline, fsdp_error *err)
 {
     fsdp_result r;
-    int join;
+    int j, join = 0;
     fsdp__eng_shm_publish(e, c);
     e->fps[e->rank] = *c;
-    r = fsdp__eng_shm_wait(e, c, deadline, &join, err);
+    r = fsdp__eng_shm_wait(e, c, deadline, err);
+    for (j = 0; r == FSDP_COMM_MISMATCH && j < e->size; j++) join |= fsdp__eng_inband(e, &e->fps[j]);
     /* the exchange's own result is the same mismatch, or a failure that
        matters less than it */
-    if (r == FSDP_COMM_MISMATCH && join) fsdp__eng_inband_round(e, c, NULL, 0, staging, deadline, err);
+    if (join) fsdp__eng_inband_round(e, c, NULL, 0, staging, deadline, err);
     return r;
 }
 
@@ -6509,27 +6518,24 @@ FSDP__DEF int fsdp__eng_shm_peer(void *user, int j)
 {
     fsdp__eng *e = (fsdp__eng *)user;
     uint64_t gen = e->shm_gen;
-    const unsigned char *s = e->shm + (size_t)j * 2 * FSDP__ENG_SLOT +
-                             (size_t)(gen & 1) * FSDP__ENG_SLOT;
+    const unsigned char *s;
     fsdp_coll_desc d;
-    if (j < 0 || j >= e->size || FSDP__LOAD_U64((const uint64_t *)(const void *)s) != gen)
-        return 0;
+    if (j < 0 || j >= e->size) return 0;
+    s = fsdp__eng_slot(e, j, gen);
+    if (FSDP__LOAD_U64((const uint64_t *)(const void *)s) != gen) return 0;
     memcpy(&d, s + 64, sizeof d);
     return fsdp_coll_same(&d, &e->fps[e->rank]) ? 1 : -1;
 }
 
-/* The key a transport's messages carry with call_check: the fields
-   fsdp_coll_same compares, hashed (FNV-1a); never 0. */
+/* The key a transport's messages carry with call_check: the call's key
+   (the fields fsdp_coll_same compares), hashed (FNV-1a); never 0. */
 FSDP__DEF uint64_t fsdp__eng_key_hash(const fsdp_coll_desc *c)
 {
-    uint64_t v[4], h = 14695981039346656037ull;
-    const unsigned char *p = (const unsigned char *)v;
+    fsdp__eng_key k = fsdp__eng_key_of(c);
+    const unsigned char *p = (const unsigned char *)&k;
+    uint64_t h = 14695981039346656037ull;
     size_t i;
-    v[0] = c->seq;
-    v[1] = c->count;
-    v[2] = (uint64_t)(uint32_t)c->kind << 32 | (uint32_t)c->dt;
-    v[3] = (uint64_t)(uint32_t)c->op << 32 | (uint32_t)c->root;
-    for (i = 0; i < sizeof v; i++) h = (h ^ p[i]) * 1099511628211ull;
+    for (i = 0; i < sizeof k; i++) h = (h ^ p[i]) * 1099511628211ull;
     return h ? h : 1;
 }
 
@@ -6541,10 +6547,9 @@ FSDP__DEF int fsdp__eng_shm_settle(fsdp__eng *e, const fsdp_coll_desc *c, double
 {
     double soon = fsdp_clock_ms() + 100.0;
     fsdp_error xe;
-    int join;
     memset(&xe, 0, sizeof xe);
-    if (fsdp__eng_shm_wait(e, c, deadline >= 0 && deadline < soon ? deadline : soon, &join,
-                           &xe) != FSDP_COMM_MISMATCH)
+    if (fsdp__eng_shm_wait(e, c, deadline >= 0 && deadline < soon ? deadline : soon, &xe) !=
+        FSDP_COMM_MISMATCH)
         return 0;
     fsdp_error_set(err, FSDP_COMM_MISMATCH, "%s", xe.message);
     return 1;
@@ -6600,7 +6605,7 @@ FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, con
         e->fps[e->rank] = *c;
         for (j = 0; !inband && j < e->size; j++)
             if (j != e->rank && fsdp__eng_shm_peer(e, j) < 0)
-                return fsdp__eng_shm_wait(e, c, deadline, &j, err);
+                return fsdp__eng_shm_wait(e, c, deadline, err);
         e->call_check(e->t, inband ? 0 : fsdp__eng_key_hash(c), fsdp__eng_shm_peer, e);
         if (!inband) {
             e->shm_after = 1;
@@ -6778,12 +6783,10 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
            nothing is waited for; and a rank writes its slot again only
            after every peer reached this call, which keeps two slots
            enough. After a failure: the mismatch in words, if that was it. */
-        int join, settled = r != FSDP_SUCCESS && fsdp__eng_shm_settle(e, c, deadline, err);
         e->shm_after = 0;
         e->call_check(e->t, 0, NULL, NULL);
-        if (r == FSDP_SUCCESS || settled) {
-            if (settled) r = FSDP_COMM_MISMATCH;
-            else r = fsdp__eng_shm_wait(e, c, deadline, &join, err);
+        if (r == FSDP_SUCCESS || fsdp__eng_shm_settle(e, c, deadline, err)) {
+            r = r == FSDP_SUCCESS ? fsdp__eng_shm_wait(e, c, deadline, err) : FSDP_COMM_MISMATCH;
             if (r != FSDP_SUCCESS) fsdp__eng_break(e, err);
             return r;
         }
