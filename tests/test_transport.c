@@ -1,56 +1,148 @@
 /* Tests of the transport kit (fsdp_comm_transport_create) on a transport
    written here, the way an engine would write its own: ranks are threads
    that meet at a hub and copy from each other's buffers. Each collective
-   is checked with the engine's three ways of running the mismatch check:
-   the fingerprint exchange over the transport (no all_to_all_headed),
+   is checked with every way the engine runs the mismatch check: the
+   fingerprint exchange over the transport (no all_to_all_headed),
    all_to_all_headed with the engine copying the rank's own all-gather
-   block, and all_to_all_headed moving it itself (headed_moves_own), plus
-   a mismatch in each, which must be reported on every rank with no peer's
-   block landing. MPI and Gloo reach these paths too, but only in the
-   variant each of them picks. */
+   block, all_to_all_headed moving it itself (headed_moves_own), the call
+   descriptions in shared memory before the data (same_machine_check), and
+   with the data (call_check), plus a mismatch in each, which must be
+   reported on every rank with no peer's block landing. MPI and Gloo reach
+   these paths too, but only in the variant each of them picks. */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "check.h"
 
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 enum { N = 3 };
 
-/* The ranks' meeting point: each exchange posts this rank's buffers, meets
-   the others, copies from theirs, and meets again before the buffers may
-   change. */
+/* The ranks' meeting point. A rank in a transport call posts its buffers,
+   copies from each peer once that peer posted the same call, and leaves
+   once every peer has copied from it. With call_check it also asks
+   peer_ok, as a transport must: it copies nothing of a peer before
+   peer_ok says 1 (key set), and ends the call on -1. So a rank that gives
+   up, or never comes (its engine saw the mismatch before any data),
+   leaves no one waiting: each rank of a mismatch has a peer that made
+   another call. */
 typedef struct hub {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    int arrived;
-    unsigned gen;
+    unsigned seq[N];  /* the call each rank is in, or was in last */
+    unsigned read[N]; /* the last call for which the rank copied from every peer */
+    unsigned over[N]; /* the last call the rank left */
     const void *post[N];
     const void *const *blocks[N];
     size_t used[N];
+    uint64_t key[N];
 } hub;
 
 typedef struct xport {
     hub *h;
     int rank, moves_own;
     int own_misuse; /* the engine offered an own block it should not have */
+    /* call_check's state, as the engine set it last */
+    uint64_t key;
+    int (*peer_ok)(void *user, int peer);
+    void *user;
+    int calls;       /* transport calls made */
+    int keyed;       /* calls with a nonzero key */
+    int key_differs; /* a peer that made this call had another key */
 } xport;
 
-static void hub_meet(hub *h)
+typedef struct take {
+    void (*fn)(xport *x, int j, const struct take *t);
+    void *recv, *heads;
+    const void *head;
+    void *const *recv_blocks;
+    size_t bytes, head_bytes, key_bytes;
+    int root;
+} take;
+
+static void x_call_check(void *t, uint64_t key, int (*peer_ok)(void *user, int peer), void *user)
 {
-    unsigned g;
+    xport *x = (xport *)t;
+    x->key = key;
+    x->peer_ok = peer_ok;
+    x->user = user;
+    x->keyed += key != 0;
+}
+
+/* Waits for a change at the hub, at most 1 ms: call_check asks peer_ok at
+   least that often while a rank waits. 0 past the deadline. */
+static int hub_wait(hub *h, double deadline)
+{
+    struct timespec ts;
+    if (deadline >= 0 && fsdp_clock_ms() > deadline) return 0;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_nsec += 1000000;
+    if (ts.tv_nsec >= 1000000000) ts.tv_sec++, ts.tv_nsec -= 1000000000;
+    pthread_cond_timedwait(&h->cv, &h->mu, &ts);
+    return 1;
+}
+
+static fsdp_result hub_call(xport *x, const void *post, const void *const *blocks, size_t used,
+                            const take *tk, double deadline, fsdp_error *err)
+{
+    hub *h = x->h;
+    int r = x->rank, j, left = N - 1, took[N] = {0}, ok;
+    unsigned s;
+    fsdp_result res = FSDP_SUCCESS;
     pthread_mutex_lock(&h->mu);
-    g = h->gen;
-    if (++h->arrived == N) {
-        h->arrived = 0;
-        h->gen++;
-        pthread_cond_broadcast(&h->cv);
-    } else {
-        while (g == h->gen) pthread_cond_wait(&h->cv, &h->mu);
+    x->calls++;
+    s = ++h->seq[r];
+    h->post[r] = post;
+    h->blocks[r] = blocks;
+    h->used[r] = used;
+    h->key[r] = x->key;
+    pthread_cond_broadcast(&h->cv);
+    while (left) {
+        for (j = 0; j < N; j++) {
+            if (j == r || took[j]) continue;
+            ok = x->peer_ok ? x->peer_ok(x->user, j) : 1;
+            if (ok < 0) {
+                res = fsdp_error_set(err, FSDP_COMM_MISMATCH, "rank %d made another call", j);
+                goto out;
+            }
+            if (h->seq[j] != s || h->over[j] == s) continue; /* not here */
+            if (x->key && ok != 1) continue;                 /* not known to be this call */
+            if (x->key && h->key[j] != x->key) x->key_differs = 1;
+            tk->fn(x, j, tk);
+            took[j] = 1;
+            left--;
+        }
+        if (left && !hub_wait(h, deadline)) {
+            res = fsdp_error_set(err, FSDP_COMM_TIMEOUT, "rank %d: a peer did not come", r);
+            goto out;
+        }
     }
+    h->read[r] = s;
+    pthread_cond_broadcast(&h->cv);
+    /* the buffers stay until every peer copied from them, or left */
+    for (;;) {
+        for (j = 0; j < N; j++)
+            if (j != r && h->read[j] < s && h->over[j] < s) break;
+        if (j == N) break;
+        if (!hub_wait(h, deadline)) {
+            res = fsdp_error_set(err, FSDP_COMM_TIMEOUT, "rank %d: rank %d did not copy", r, j);
+            break;
+        }
+    }
+out:
+    h->over[r] = s;
+    pthread_cond_broadcast(&h->cv);
     pthread_mutex_unlock(&h->mu);
+    return res;
+}
+
+static void take_block(xport *x, int j, const take *t)
+{
+    memcpy((unsigned char *)t->recv + (size_t)j * t->bytes, x->h->post[j], t->bytes);
 }
 
 static fsdp_result x_all_gather(void *t, const void *send, void *recv, size_t bytes,
@@ -58,77 +150,101 @@ static fsdp_result x_all_gather(void *t, const void *send, void *recv, size_t by
 {
     xport *x = (xport *)t;
     unsigned char *out = (unsigned char *)recv;
-    int j;
-    (void)deadline, (void)err;
-    x->h->post[x->rank] = send ? send : out + (size_t)x->rank * bytes;
-    hub_meet(x->h);
-    for (j = 0; j < N; j++)
-        if (j != x->rank || send) memcpy(out + (size_t)j * bytes, x->h->post[j], bytes);
-    hub_meet(x->h);
-    return FSDP_SUCCESS;
+    take tk;
+    fsdp_result r;
+    memset(&tk, 0, sizeof tk);
+    tk.fn = take_block;
+    tk.recv = recv;
+    tk.bytes = bytes;
+    r = hub_call(x, send ? send : out + (size_t)x->rank * bytes, NULL, 0, &tk, deadline, err);
+    if (r == FSDP_SUCCESS && send) memcpy(out + (size_t)x->rank * bytes, send, bytes);
+    return r;
+}
+
+static void take_slice(xport *x, int j, const take *t)
+{
+    memcpy((unsigned char *)t->recv + (size_t)j * t->bytes,
+           (const unsigned char *)x->h->post[j] + (size_t)x->rank * t->bytes, t->bytes);
 }
 
 static fsdp_result x_all_to_all(void *t, const void *send, void *recv, size_t bytes,
                                 double deadline, fsdp_error *err)
 {
     xport *x = (xport *)t;
-    int j;
-    (void)deadline, (void)err;
-    x->h->post[x->rank] = send;
-    hub_meet(x->h);
-    for (j = 0; j < N; j++)
-        memcpy((unsigned char *)recv + (size_t)j * bytes,
-               (const unsigned char *)x->h->post[j] + (size_t)x->rank * bytes, bytes);
-    hub_meet(x->h);
-    return FSDP_SUCCESS;
+    take tk;
+    fsdp_result r;
+    memset(&tk, 0, sizeof tk);
+    tk.fn = take_slice;
+    tk.recv = recv;
+    tk.bytes = bytes;
+    r = hub_call(x, send, NULL, 0, &tk, deadline, err);
+    if (r == FSDP_SUCCESS)
+        memcpy((unsigned char *)recv + (size_t)x->rank * bytes,
+               (const unsigned char *)send + (size_t)x->rank * bytes, bytes);
+    return r;
+}
+
+static void take_root(xport *x, int j, const take *t)
+{
+    if (j == t->root) memcpy(t->recv, x->h->post[j], t->bytes);
 }
 
 static fsdp_result x_broadcast(void *t, void *buf, size_t bytes, int root, double deadline,
                                fsdp_error *err)
 {
-    xport *x = (xport *)t;
-    (void)deadline, (void)err;
-    x->h->post[x->rank] = buf;
-    hub_meet(x->h);
-    if (x->rank != root) memcpy(buf, x->h->post[root], bytes);
-    hub_meet(x->h);
-    return FSDP_SUCCESS;
+    take tk;
+    memset(&tk, 0, sizeof tk);
+    tk.fn = take_root;
+    tk.recv = buf;
+    tk.bytes = bytes;
+    tk.root = root;
+    return hub_call((xport *)t, buf, NULL, 0, &tk, deadline, err);
 }
+
+static void take_nothing(xport *x, int j, const take *t) { (void)x, (void)j, (void)t; }
 
 static fsdp_result x_barrier(void *t, double deadline, fsdp_error *err)
 {
-    (void)deadline, (void)err;
-    hub_meet(((xport *)t)->h);
-    return FSDP_SUCCESS;
+    take tk;
+    memset(&tk, 0, sizeof tk);
+    tk.fn = take_nothing;
+    return hub_call((xport *)t, NULL, NULL, 0, &tk, deadline, err);
 }
 
 /* all_to_all_headed as its contract says: every head lands, and a peer's
    data only when its key agrees with this rank's. */
+static void take_headed(xport *x, int j, const take *t)
+{
+    hub *h = x->h;
+    memcpy((unsigned char *)t->heads + (size_t)j * t->head_bytes, h->post[j], h->used[j]);
+    if (t->bytes && !memcmp(h->post[j], t->head, t->key_bytes))
+        memcpy(t->recv_blocks[j], h->blocks[j][x->rank], t->bytes);
+}
+
 static fsdp_result x_headed(void *t, const void *head, size_t head_used, void *heads,
                             size_t head_bytes, size_t key_bytes, const void *const *send_blocks,
                             void *const *recv_blocks, size_t bytes, double deadline,
                             fsdp_error *err)
 {
     xport *x = (xport *)t;
-    hub *h = x->h;
-    unsigned char *hs = (unsigned char *)heads;
-    int j;
-    (void)deadline, (void)err;
-    h->post[x->rank] = head;
-    h->used[x->rank] = head_used;
-    h->blocks[x->rank] = send_blocks;
-    hub_meet(h);
-    for (j = 0; j < N; j++) {
-        memcpy(hs + (size_t)j * head_bytes, h->post[j], h->used[j]);
-        if (j == x->rank || !bytes || memcmp(h->post[j], head, key_bytes)) continue;
-        memcpy(recv_blocks[j], h->blocks[j][x->rank], bytes);
-    }
+    take tk;
+    fsdp_result r;
+    memset(&tk, 0, sizeof tk);
+    tk.fn = take_headed;
+    tk.heads = heads;
+    tk.head = head;
+    tk.recv_blocks = recv_blocks;
+    tk.bytes = bytes;
+    tk.head_bytes = head_bytes;
+    tk.key_bytes = key_bytes;
+    r = hub_call(x, head, send_blocks, head_used, &tk, deadline, err);
+    if (r != FSDP_SUCCESS) return r;
+    memcpy((unsigned char *)heads + (size_t)x->rank * head_bytes, head, head_used);
     if (bytes && recv_blocks[x->rank]) {
         if (!x->moves_own) x->own_misuse = 1; /* offered though not asked for */
         else if (recv_blocks[x->rank] != send_blocks[x->rank])
             memcpy(recv_blocks[x->rank], send_blocks[x->rank], bytes);
     }
-    hub_meet(h);
     return FSDP_SUCCESS;
 }
 
@@ -137,14 +253,19 @@ static const fsdp_transport_vtable VT = {
     NULL, NULL, NULL, NULL, NULL};
 
 /* mode 0: no all_to_all_headed; 1: headed, the engine copies its own
-   block; 2: headed_moves_own */
+   block; 2: headed_moves_own; 3: same_machine_check; 4: with call_check.
+   variant 0: rank 1 mismatches with another count; 1: with another kind */
 typedef struct job {
     hub *h;
     xport x;
-    int mode;
+    int mode, variant;
 } job;
 
 static const size_t COUNTS[] = {1, 5, 300, 700, 5000};
+
+/* transport calls a large all-gather takes: the check is a round of its
+   own only in mode 0 */
+static const int CALLS[] = {2, 1, 1, 1, 1};
 
 static void *rank_main(void *arg)
 {
@@ -159,8 +280,11 @@ static void *rank_main(void *arg)
     d.transport = &jb->x;
     d.rank = r;
     d.size = N;
-    d.all_to_all_headed = m ? x_headed : NULL;
+    d.timeout_ms = 20000; /* a hang fails the test instead of stalling it */
+    d.all_to_all_headed = m == 1 || m == 2 ? x_headed : NULL;
     d.headed_moves_own = m == 2;
+    d.same_machine_check = m >= 3;
+    d.call_check = m == 4 ? x_call_check : NULL;
     jb->x.moves_own = m == 2;
     res = fsdp_comm_transport_create(&d, &c);
     CHECK_RANK(res == FSDP_SUCCESS && c, r, "mode %d: create gave %s", m, fsdp_result_string(res));
@@ -169,7 +293,7 @@ static void *rank_main(void *arg)
         size_t count = COUNTS[k];
         float *send = (float *)malloc(N * count * sizeof(float));
         float *recv = (float *)malloc(N * count * sizeof(float));
-        int ok = 1;
+        int ok = 1, calls;
         CHECK_RANK(send && recv, r, "out of memory");
         if (!send || !recv) {
             free(send), free(recv);
@@ -178,11 +302,18 @@ static void *rank_main(void *arg)
         /* all-gather, apart and in place */
         for (i = 0; i < count; i++) send[i] = (float)(r * 1000) + (float)i;
         for (i = 0; i < N * count; i++) recv[i] = -1.0f;
+        calls = jb->x.calls;
         res = fsdp_all_gather(c, send, recv, count, FSDP_F32, NULL);
+        calls = jb->x.calls - calls;
         for (j = 0; j < N; j++)
             for (i = 0; i < count; i++) ok &= recv[(size_t)j * count + i] == (float)(j * 1000) + (float)i;
         CHECK_RANK(res == FSDP_SUCCESS && ok, r, "mode %d: all_gather of %zu: %s, blocks %s", m,
                    count, fsdp_result_string(res), ok ? "right" : "wrong");
+        CHECK_RANK(count * N * sizeof(float) <= 4096 || calls == CALLS[m], r,
+                   "mode %d: all_gather of %zu took %d transport calls, not %d", m, count, calls,
+                   CALLS[m]);
+        CHECK_RANK(!jb->x.key && !jb->x.peer_ok, r, "mode %d: call_check still set after the call",
+                   m);
         for (i = 0; i < N * count; i++) recv[i] = -1.0f;
         for (i = 0; i < count; i++) recv[(size_t)r * count + i] = (float)(r * 1000) + (float)i;
         res = fsdp_all_gather(c, recv + (size_t)r * count, recv, count, FSDP_F32, NULL);
@@ -198,29 +329,45 @@ static void *rank_main(void *arg)
             ok &= recv[i] == (float)(7 * (0 + 1 + 2) + 3 * N * r) + (float)(N * (int)(i % 5));
         CHECK_RANK(res == FSDP_SUCCESS && ok, r, "mode %d: reduce_scatter of %zu: %s, %s", m, count,
                    fsdp_result_string(res), ok ? "right" : "wrong");
+        /* broadcast from the last rank */
+        for (i = 0; i < count; i++) recv[i] = r == N - 1 ? (float)i : -1.0f;
+        res = fsdp_broadcast(c, recv, recv, count, FSDP_F32, N - 1, NULL);
+        for (ok = 1, i = 0; i < count; i++) ok &= recv[i] == (float)i;
+        CHECK_RANK(res == FSDP_SUCCESS && ok, r, "mode %d: broadcast of %zu: %s, %s", m, count,
+                   fsdp_result_string(res), ok ? "right" : "wrong");
+        CHECK_RANK(!jb->x.key && !jb->x.peer_ok, r, "mode %d: call_check still set after the calls",
+                   m);
         free(send);
         free(recv);
     }
     CHECK_RANK(!jb->x.own_misuse, r, "mode %d: the engine offered its own block to a transport "
                "without headed_moves_own", m);
-    /* rank 1 calls another count: a mismatch on every rank, and rank 1's
-       block lands nowhere */
+    CHECK_RANK(m != 4 || jb->x.keyed > 0, r, "mode 4: call_check was never given a key");
+    CHECK_RANK(!jb->x.key_differs, r, "mode %d: a peer that made the same call had another key",
+               m);
+    /* rank 1 calls another count, or another kind: a mismatch on every
+       rank, and rank 1's block lands nowhere */
     {
         size_t count = 5000;
         float *send = (float *)calloc(N * (count + 1), sizeof(float));
         float *recv = (float *)malloc(N * (count + 1) * sizeof(float));
+        const char *other = jb->variant ? "reduce_scatter" : "count=5001";
         int untouched = 1;
         if (send && recv) {
             for (i = 0; i < N * (count + 1); i++) recv[i] = -1.0f;
-            res = fsdp_all_gather(c, send, recv, r == 1 ? count + 1 : count, FSDP_F32, NULL);
-            CHECK_RANK(res == FSDP_COMM_MISMATCH, r, "mode %d: mismatched all_gather gave %s: %s",
-                       m, fsdp_result_string(res), fsdp_comm_last_error(c));
-            CHECK_RANK(strstr(fsdp_comm_last_error(c), "count=5001") != NULL, r,
-                       "mode %d: the message does not name rank 1's call: %s", m,
+            if (r == 1 && jb->variant)
+                res = fsdp_reduce_scatter(c, send, recv, count, FSDP_F32, FSDP_REDUCE_SUM, NULL);
+            else
+                res = fsdp_all_gather(c, send, recv, r == 1 ? count + 1 : count, FSDP_F32, NULL);
+            CHECK_RANK(res == FSDP_COMM_MISMATCH, r, "mode %d: mismatched call gave %s: %s", m,
+                       fsdp_result_string(res), fsdp_comm_last_error(c));
+            CHECK_RANK(strstr(fsdp_comm_last_error(c), other) != NULL, r,
+                       "mode %d: the message does not name rank 1's call (%s): %s", m, other,
                        fsdp_comm_last_error(c));
             for (i = count; r != 1 && i < 2 * count; i++) untouched &= recv[i] == -1.0f;
-            CHECK_RANK(untouched, r, "mode %d: rank 1's block landed though it called another "
-                       "count", m);
+            for (i = 0; r == 1 && i < count; i++) untouched &= recv[i] == -1.0f;
+            CHECK_RANK(untouched, r, "mode %d: a block landed though rank 1 made another call",
+                       m);
         }
         free(send);
         free(recv);
@@ -229,7 +376,7 @@ static void *rank_main(void *arg)
     return NULL;
 }
 
-static void run_mode(int mode)
+static void run_mode(int mode, int variant)
 {
     hub h;
     job jobs[N];
@@ -244,6 +391,7 @@ static void run_mode(int mode)
         jobs[r].x.h = &h;
         jobs[r].x.rank = r;
         jobs[r].mode = mode;
+        jobs[r].variant = variant;
         pthread_create(&th[r], NULL, rank_main, &jobs[r]);
     }
     for (r = 0; r < N; r++) pthread_join(th[r], NULL);
@@ -251,14 +399,35 @@ static void run_mode(int mode)
     pthread_mutex_destroy(&h.mu);
 }
 
-static void test_exchange(void) { run_mode(0); }
-static void test_headed(void) { run_mode(1); }
-static void test_headed_moves_own(void) { run_mode(2); }
+static void test_exchange(void) { run_mode(0, 0), run_mode(0, 1); }
+static void test_headed(void) { run_mode(1, 0), run_mode(1, 1); }
+static void test_headed_moves_own(void) { run_mode(2, 0), run_mode(2, 1); }
+
+/* the shared segment is Linux's /dev/shm */
+static void test_same_machine(void)
+{
+#ifdef __linux__
+    run_mode(3, 0), run_mode(3, 1);
+#else
+    check_skip("no /dev/shm");
+#endif
+}
+
+static void test_call_check(void)
+{
+#ifdef __linux__
+    run_mode(4, 0), run_mode(4, 1);
+#else
+    check_skip("no /dev/shm");
+#endif
+}
 
 static const check_case CASES[] = {
     {"exchange", test_exchange},
     {"headed", test_headed},
     {"headed_moves_own", test_headed_moves_own},
+    {"same_machine", test_same_machine},
+    {"call_check", test_call_check},
 };
 
 int main(int argc, char **argv) { return check_main(argc, argv, CASES, CHECK_COUNT(CASES)); }
