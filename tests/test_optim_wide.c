@@ -23,6 +23,9 @@
                 betas: the wide levels against the scalar one
      rounding   with MXCSR rounding toward zero, the wide levels still
                 equal the scalar loop (they fall back to the division)
+     reduce     the collectives' f32 rank sum (fsdp_reduce_blocks, sum and
+                avg, 2-5 ranks, the result apart or in place of any rank's
+                block, every tail): every level against a plain loop
 
    Two NaNs meeting in one operation leave a payload that depends on the
    operand order, which C leaves to the compiler; so where both sides are
@@ -471,9 +474,74 @@ static void test_rounding(void)
 #endif
 }
 
+/* The rank sum, element by element in rank order, as fsdp_reduce_blocks
+   documents it: the reference for every level of fsdp__reduce_f32_isa. */
+static void reduce_ref(float *d, float *const *src, int n, size_t off, size_t count, int avg)
+{
+    size_t i;
+    int j;
+    for (i = 0; i < count; i++) {
+        float a = src[0][off + i];
+        for (j = 1; j < n; j++) a = a + src[j][off + i];
+        d[i] = avg ? a / (float)n : a;
+    }
+}
+
+static void test_reduce(void)
+{
+    static const size_t counts[] = {0, 1, 3, 7, 8, 9, 15, 16, 17, 31, 33, 63, 64, 65,
+                                    511, 512, 513, 1000, 1031, 1537};
+    enum { CAP = 1600, OFF = 3 };
+    int top = cpu_level(), lev, n, alias, avg, j;
+    size_t ci, i, off, bad = 0, runs = 0;
+    float *src[5], *keep[5], *ref = (float *)malloc(CAP * sizeof(float));
+    float *out = (float *)malloc((CAP + OFF) * sizeof(float));
+    for (j = 0; j < 5; j++) {
+        src[j] = (float *)malloc((CAP + OFF) * sizeof(float));
+        keep[j] = (float *)malloc((CAP + OFF) * sizeof(float));
+    }
+    for (lev = FSDP__ISA_SCALAR; lev <= top; lev++)
+        for (n = 2; n <= 5; n++)
+            for (ci = 0; ci < sizeof counts / sizeof counts[0]; ci++)
+                for (off = 0; off <= OFF; off += OFF)
+                    for (alias = -1; alias < n; alias++)
+                        for (avg = 0; avg < 2; avg++) {
+                            size_t count = counts[ci];
+                            float *dst;
+                            for (j = 0; j < n; j++)
+                                for (i = 0; i < CAP + OFF; i++) keep[j][i] = src[j][i] = draw(1);
+                            reduce_ref(ref, keep, n, off, count, avg);
+                            /* apart (at a misaligned address when off is), or
+                               in place of rank alias's block */
+                            dst = alias < 0 ? out + off : src[alias] + off;
+                            fsdp__reduce_f32_isa(dst, (const void *const *)src, n, off, count,
+                                                 avg, lev);
+                            runs++;
+                            for (i = 0; i < count; i++) {
+                                uint32_t g = f_bits(dst[i]), w = f_bits(ref[i]);
+                                if (g == w || (dst[i] != dst[i] && ref[i] != ref[i])) continue;
+                                if (bad++ < 5)
+                                    CHECK(0, "reduce at %s, %d ranks, %zu elements, off %zu, "
+                                          "result %s%d, %s: element %zu is %08x, not %08x",
+                                          LEVEL_NAMES[lev], n, count, off,
+                                          alias < 0 ? "apart" : "on rank ", alias < 0 ? 0 : alias,
+                                          avg ? "avg" : "sum", i, (unsigned)g, (unsigned)w);
+                            }
+                            /* the other ranks' blocks are read, never written */
+                            for (j = 0; j < n; j++)
+                                if (j != alias && memcmp(src[j], keep[j], (CAP + OFF) * sizeof(float)))
+                                    CHECK(0, "reduce at %s wrote rank %d's block", LEVEL_NAMES[lev], j);
+                        }
+    CHECK(bad == 0, "%zu elements of %zu sums differ from the plain loop", bad, runs);
+    printf("optim_wide: %zu rank sums at levels scalar..%s\n", runs, LEVEL_NAMES[top]);
+    for (j = 0; j < 5; j++) free(src[j]), free(keep[j]);
+    free(ref);
+    free(out);
+}
+
 static const check_case CASES[] = {
     {"levels", test_levels}, {"adam", test_adam},         {"sgd", test_sgd},
-    {"recip", test_recip},   {"rounding", test_rounding},
+    {"recip", test_recip},   {"rounding", test_rounding}, {"reduce", test_reduce},
 };
 
 int main(int argc, char **argv)
