@@ -792,9 +792,11 @@ typedef struct fsdp_transport_desc {
     /* 1: when every rank runs on this machine and there is no
        all_to_all_headed, the check's call descriptions go through a shared
        segment in /dev/shm instead of a fingerprint exchange over the
-       transport (Gloo sets it). fsdp_comm_transport_create and split then
-       become collective: they ask every rank where it runs. Every rank
-       must pass the same value. */
+       transport (Gloo sets it), and so does the data of all-gathers and
+       reduce-scatters of up to 4 KiB in all, which then make no transport
+       call. fsdp_comm_transport_create and split then become collective:
+       they ask every rank where it runs. Every rank must pass the same
+       value. */
     int same_machine_check;
     /* 1: all_to_all_headed also copies this rank's own block, from
        send_blocks[rank] to recv_blocks[rank] when both are set and differ
@@ -5934,8 +5936,12 @@ struct fsdp__eop {
    segment in /dev/shm instead: rank r writes call g's description into its
    slot g % 2 and publishes g (release); the others wait until they read g
    there (acquire), compare the calls as before and only then move the
-   data. Two slots suffice: a rank writes description g + 2 only after
-   reading every rank's g + 1, which each wrote after reading every g. The
+   data (or, with call_check, move it at once and read a peer only once its
+   slot holds this call). All-gathers and reduce-scatters of up to
+   FSDP__ENG_INBAND bytes put their data in the slot too and never touch
+   the transport. Two slots suffice: a rank writes description g + 2 only
+   after it saw every rank at g + 1, which each reached only after it had
+   read every slot of call g. The
    file is unlinked once every rank mapped it, and unmapped by each rank on
    its own at destroy. Ranks on several machines keep the exchange. */
 #if (defined(__GNUC__) || defined(__clang__)) && defined(__linux__)
@@ -5949,8 +5955,13 @@ extern int kill(pid_t pid, int sig); /* POSIX; strict C11's signal.h leaves it o
 #else
 #define FSDP__ENG_SHM 0
 #endif
-/* [the call's number, padding to 64 bytes][its fsdp_coll_desc] */
-#define FSDP__ENG_SLOT ((64 + sizeof(fsdp_coll_desc) + 63) / 64 * 64)
+#ifndef FSDP__ENG_INBAND
+#define FSDP__ENG_INBAND ((size_t)4 << 10) /* see "fingerprints in band" */
+#endif
+/* [the call's number, padding to 64 bytes][its fsdp_coll_desc][a small
+   call's payload: FSDP__ENG_INBAND bytes at FSDP__ENG_SLOT_PAY] */
+#define FSDP__ENG_SLOT_PAY ((64 + sizeof(fsdp_coll_desc) + 63) / 64 * 64)
+#define FSDP__ENG_SLOT (FSDP__ENG_SLOT_PAY + FSDP__ENG_INBAND)
 
 FSDP_API void *fsdp_shm_create(const void *tag, char *name, size_t cap, size_t bytes)
 {
@@ -6261,15 +6272,13 @@ FSDP__DEF const void *const *fsdp__eng_strided(fsdp__eng *e, const void *base, s
    reported in words, naming both calls. The headers are compared before
    any payload is used, so disagreeing ranks never read each other's data. */
 #define FSDP__ENG_HDR ((sizeof(fsdp_coll_desc) + 15) / 16 * 16)
-/* Bytes of payload in band, summed over the ranks: every checked call moves
-   this much. On Open MPI's shared memory at 2 ranks (bench_comm, same run),
-   4 KiB took a 4 KiB all-gather from 1.61 to 1.13 times the raw call and a
+/* FSDP__ENG_INBAND (defined with the shared-memory slots above): bytes of
+   payload in band, summed over the ranks: every checked call moves this
+   much. On Open MPI's shared memory at 2 ranks (bench_comm, same run), 4
+   KiB took a 4 KiB all-gather from 1.61 to 1.13 times the raw call and a
    reduce-scatter from 1.40 to 0.73-0.95, while 16 KiB made 4 KiB calls
    slower than the separate round trip (2.8-3.7): the padding every call
    carries costs more than the round trip it saves. */
-#ifndef FSDP__ENG_INBAND
-#define FSDP__ENG_INBAND ((size_t)4 << 10)
-#endif
 /* Collectives up to this many bytes over all ranks may run on the issuing
    thread when their stream is idle (fsdp_device_launch_short). */
 #define FSDP__ENG_INLINE ((size_t)16 << 10)
@@ -6541,25 +6550,48 @@ FSDP__DEF fsdp_result fsdp__eng_shm_wait(fsdp__eng *e, const fsdp_coll_desc *c, 
 }
 
 /* fsdp__eng_check through the shared segment (e->shm): every rank's
-   description, compared; the data moves afterwards. A call small enough
-   for the in-band exchange goes there instead (one round over the
-   transport, 1.05 times a 4 KiB Gloo all-gather against 1.22 through the
-   segment), its description published here first: a rank here that finds
-   such a description joins that exchange with its own, so the ranks of a
-   mismatch meet in it and report the mismatch rather than time out. */
-FSDP__DEF fsdp_result fsdp__eng_shm_check(fsdp__eng *e, const fsdp_coll_desc *c, void *staging,
-                                          double deadline, fsdp_error *err)
+   description, compared; the data moves afterwards. */
+FSDP__DEF fsdp_result fsdp__eng_shm_check(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
+                                          fsdp_error *err)
 {
-    fsdp_result r;
-    int j, join = 0;
     fsdp__eng_shm_publish(e, c);
     e->fps[e->rank] = *c;
+    return fsdp__eng_shm_wait(e, c, deadline, err);
+}
+
+/* A call small enough for the in-band exchange, done in the shared segment
+   alone: its description and its payload (an all-gather's block, a
+   reduce-scatter's whole input: at most FSDP__ENG_INBAND bytes) go into
+   this rank's slot, and once every peer's slot holds the same call the
+   payloads are read from there; no byte crosses the transport. The two
+   slots stay safe as for every call through the segment: a rank writes
+   call g + 2 over g only after it saw every peer at g + 1, which each peer
+   reached after it had read every slot of call g. */
+FSDP__DEF fsdp_result fsdp__eng_shm_inband(fsdp__eng *e, const fsdp_coll_desc *c,
+                                           const void *send, void *recv, double deadline,
+                                           fsdp_error *err)
+{
+    size_t bytes = c->count * fsdp_dtype_size(c->dt), n = (size_t)e->size;
+    int ag = c->kind == FSDP_COLL_ALL_GATHER, j;
+    uint64_t gen = ++e->shm_gen;
+    unsigned char *mine = fsdp__eng_slot(e, e->rank, gen);
+    fsdp_result r;
+    memcpy(mine + 64, c, sizeof *c);
+    memcpy(mine + FSDP__ENG_SLOT_PAY, send, ag ? bytes : n * bytes);
+    FSDP__STORE_U64((uint64_t *)(void *)mine, gen);
+    e->fps[e->rank] = *c;
     r = fsdp__eng_shm_wait(e, c, deadline, err);
-    for (j = 0; r == FSDP_COMM_MISMATCH && j < e->size; j++) join |= fsdp__eng_inband(e, &e->fps[j]);
-    /* the exchange's own result is the same mismatch, or a failure that
-       matters less than it */
-    if (join) fsdp__eng_inband_round(e, c, NULL, 0, staging, deadline, err);
-    return r;
+    if (r != FSDP_SUCCESS) return r;
+    if (ag) {
+        for (j = 0; j < e->size; j++)
+            memcpy((unsigned char *)recv + (size_t)j * bytes,
+                   fsdp__eng_slot(e, j, gen) + FSDP__ENG_SLOT_PAY, bytes);
+        return FSDP_SUCCESS;
+    }
+    for (j = 0; j < e->size; j++)
+        e->blocks[j] = fsdp__eng_slot(e, j, gen) + FSDP__ENG_SLOT_PAY + (size_t)e->rank * bytes;
+    fsdp_reduce_blocks(recv, c->dt, e->blocks, e->size, 0, c->count, c->op);
+    return FSDP_SUCCESS;
 }
 
 /* call_check's peer_ok: 1 when peer j published this rank's current call
@@ -6648,26 +6680,25 @@ FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, con
     if (e->headed)
         return fsdp__eng_headed(e, c, send, recv, scratch, staging, deadline, done, err);
     *done = 0;
-    if (e->shm && !inband && !after) return fsdp__eng_shm_check(e, c, staging, deadline, err);
-    if (e->shm) fsdp__eng_shm_publish(e, c); /* for a rank that made another call */
+    if (e->shm && inband) {
+        r = fsdp__eng_shm_inband(e, c, send, recv, deadline, err);
+        *done = r == FSDP_SUCCESS;
+        return r;
+    }
+    if (e->shm && !after) return fsdp__eng_shm_check(e, c, deadline, err);
     if (after) {
         /* the data moves at once; a peer already here with another call
            is a mismatch before any of it */
+        fsdp__eng_shm_publish(e, c);
         e->fps[e->rank] = *c;
-        for (j = 0; !inband && j < e->size; j++)
+        for (j = 0; j < e->size; j++)
             if (j != e->rank && fsdp__eng_shm_peer(e, j) < 0)
                 return fsdp__eng_shm_wait(e, c, deadline, err);
-        e->call_check(e->t, inband ? 0 : fsdp__eng_key_hash(c), fsdp__eng_shm_peer, e);
-        if (!inband) {
-            e->shm_after = 1;
-            return FSDP_SUCCESS;
-        }
+        e->call_check(e->t, fsdp__eng_key_hash(c), fsdp__eng_shm_peer, e);
+        e->shm_after = 1;
+        return FSDP_SUCCESS;
     }
     r = fsdp__eng_inband_round(e, c, send, inband, staging, deadline, err);
-    if (after) {
-        e->call_check(e->t, 0, NULL, NULL);
-        if (r != FSDP_SUCCESS) return fsdp__eng_shm_settle(e, c, deadline, err) ? FSDP_COMM_MISMATCH : r;
-    }
     if (r == FSDP_SUCCESS) r = fsdp__eng_mismatch(e, err);
     if (r != FSDP_SUCCESS || !inband) return r;
     *done = 1;

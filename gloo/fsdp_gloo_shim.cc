@@ -1374,7 +1374,10 @@ struct Exchange {
             moved = true;
             bool had = x.done >= hb;
             x.done += (size_t)k;
-            // the header decides before any more is read
+            // the header is checked once it is in. The same readv may
+            // have put payload bytes behind it into this call's buffer,
+            // which is why a peer is read only once allowed(j); a header
+            // that disagrees ends the call with an error.
             if (!had && x.done >= hb) check(j, x);
             if (x.done < hb + x.h.len) break;
             ri[(size_t)j]++;

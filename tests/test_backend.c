@@ -365,7 +365,7 @@ static void test_split(fsdp_comm *c)
 /* A rank calling something else is an error on every rank, not a hang. */
 static void test_mismatch(fsdp_comm *c)
 {
-    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c);
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c), k;
     fsdp_comm *dup = NULL;
     float send[8] = {0}, recv[64];
     fsdp_result res;
@@ -383,10 +383,11 @@ static void test_mismatch(fsdp_comm *c)
     CHECK_RANK(res == FSDP_COMM_ABORTED || res == FSDP_COMM_MISMATCH, r,
                "a call after the mismatch gave %s", fsdp_result_string(res));
     fsdp_comm_destroy(dup);
-    /* different kinds, small (fingerprints in band) and large, and rank
-       1's small against the others' large (Gloo on one machine: one in
-       band, the others through shared memory), named by their labels on
-       every rank */
+    /* different kinds, small (fingerprints in band; Gloo on one machine:
+       the data too, through shared memory) and large, and rank 1's small
+       against the others' large (Gloo on one machine: rank 1's data in its
+       shared-memory slot, the others' over the sockets after their
+       descriptions), named by their labels on every rank */
     {
         static float big_send[4 * 8192], big_recv[4 * 8192];
         int big;
@@ -414,8 +415,8 @@ static void test_mismatch(fsdp_comm *c)
         }
     }
     /* a split against a small all-gather (Gloo on one machine: the split's
-       descriptions through shared memory, the all-gather in band): a
-       mismatch on every rank, long before the timeout */
+       description and the all-gather's, with its data, through shared
+       memory): a mismatch on every rank, long before the timeout */
     {
         fsdp_comm *sub = NULL;
         float s2[4] = {0}, r2[4 * 64];
@@ -430,6 +431,41 @@ static void test_mismatch(fsdp_comm *c)
         CHECK_RANK(res == FSDP_COMM_MISMATCH, r, "split against all_gather gave %s: %s",
                    fsdp_result_string(res), fsdp_comm_last_error(dup));
         CHECK_RANK(now_ms() - t0 < 10000, r, "the mismatch took %.0f ms to surface",
+                   now_ms() - t0);
+        if (sub) fsdp_comm_destroy(sub);
+        fsdp_comm_destroy(dup);
+    }
+    /* three calls at once, from 3 ranks up: rank 0 a small all-gather,
+       rank 1 a split, the others a large all-gather (coming late, so that
+       it may see the mismatch before its data moves) or a broadcast from
+       rank 0 (which sends them nothing to wait on): every rank reports the
+       mismatch well within the timeout. A split that waited for an in-band
+       round no peer entered sat there until the timeout. */
+    for (k = 0; n >= 3 && k < 2; k++) {
+        static float b3[3 * 8192], r3[3 * 8192];
+        fsdp_comm *sub = NULL;
+        double t0;
+        dup = NULL;
+        CHECK_RANK(fsdp_comm_split(c, 0, r, &dup) == FSDP_SUCCESS && dup, r,
+                   "split for a duplicate: %s", fsdp_comm_last_error(c));
+        if (!dup) return;
+        t0 = now_ms();
+        if (r == 0) {
+            res = fsdp_all_gather(dup, b3, r3, 4, FSDP_F32, NULL);
+        } else if (r == 1) {
+            res = fsdp_comm_split(dup, 0, r, &sub);
+        } else if (k == 0) {
+            sleep_ms(50);
+            res = fsdp_all_gather(dup, b3, r3, 8192 / (size_t)n, FSDP_F32, NULL);
+        } else {
+            res = fsdp_broadcast(dup, b3, b3, 8192, FSDP_F32, 0, NULL);
+        }
+        CHECK_RANK(res == FSDP_COMM_MISMATCH, r, "three-way mismatch %d gave %s: %s", k,
+                   fsdp_result_string(res), fsdp_comm_last_error(dup));
+        CHECK_RANK(strstr(fsdp_comm_last_error(dup), "split") != NULL, r,
+                   "three-way mismatch %d: the message does not name the split: %s", k,
+                   fsdp_comm_last_error(dup));
+        CHECK_RANK(now_ms() - t0 < 10000, r, "three-way mismatch %d took %.0f ms to surface", k,
                    now_ms() - t0);
         if (sub) fsdp_comm_destroy(sub);
         fsdp_comm_destroy(dup);
