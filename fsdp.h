@@ -5949,6 +5949,7 @@ struct fsdp__eop {
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/stat.h>
 #include <sys/utsname.h>
 #include <unistd.h>
 extern int kill(pid_t pid, int sig); /* POSIX; strict C11's signal.h leaves it out */
@@ -6051,22 +6052,31 @@ FSDP__DEF int fsdp__eng_shm_gone(const fsdp__eng *e, int j)
 }
 
 #if FSDP__ENG_SHM
-/* "host name|boot id" into id (cap bytes, zero padded): equal on two ranks
-   only when they run on one machine (boot id: containers of one name on
-   several machines). */
+/* "host name|boot id|pid namespace" into id (cap bytes, zero padded):
+   equal on two ranks only when they run on one machine (boot id:
+   containers of one name on several machines) and see each other's
+   processes (the namespace: a peer's process id is checked with kill(2)
+   while it is waited for, and in another namespace a live peer would read
+   as gone). */
 FSDP__DEF void fsdp__eng_host_id(char *id, size_t cap)
 {
     struct utsname u;
-    char boot[64] = "";
+    struct stat st;
+    char boot[64] = "", ns[48] = "";
     FILE *f = fopen("/proc/sys/kernel/random/boot_id", "r");
     if (f) {
         if (!fgets(boot, sizeof boot, f)) boot[0] = '\0';
         fclose(f);
     }
     boot[strcspn(boot, "\n")] = '\0';
+    /* the namespace is the link's inode (readlink is not in strict C11's
+       headers; stat is) */
+    if (stat("/proc/self/ns/pid", &st) == 0)
+        snprintf(ns, sizeof ns, "%llu:%llu", (unsigned long long)st.st_dev,
+                 (unsigned long long)st.st_ino);
     memset(id, 0, cap);
     if (uname(&u) != 0) return; /* an empty id: no segment */
-    snprintf(id, cap, "%s|%s", u.nodename, boot);
+    snprintf(id, cap, "%s|%s|%s", u.nodename, boot, ns);
 }
 #endif
 
@@ -6076,7 +6086,7 @@ FSDP__DEF void fsdp__eng_host_id(char *id, size_t cap)
 FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
 {
 #if FSDP__ENG_SHM
-    enum { ID = 128 };
+    enum { ID = 192 }; /* [host id: 65 + 1 + 36 + 1 + 41 bytes at most][pid, 16 bytes] */
     size_t n = (size_t)e->size, bytes = n * 2 * FSDP__ENG_SLOT;
     unsigned char *ids, *name, *oks, *base = NULL;
     double deadline;
@@ -6089,10 +6099,12 @@ FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
        not let some ranks give up while others go on */
     deadline = e->timeout_ms < 0 ? -1.0 : fsdp_deadline_ms(e->timeout_ms > 60000 ? e->timeout_ms
                                                                                 : 60000);
-    ids = (unsigned char *)fsdp__calloc(&e->hooks, n + 2, ID);
+    /* [every rank's id, ID bytes each][the segment's name, ID][every
+       rank's "mapped it", 16 bytes each] */
+    ids = (unsigned char *)fsdp__calloc(&e->hooks, n + 1, ID + 16);
     if (!ids) return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "out of memory");
     name = ids + n * ID;
-    oks = name + ID; /* 16 bytes a rank */
+    oks = name + ID;
     /* [host id, ID - 16 bytes][pid as text] */
     fsdp__eng_host_id((char *)ids + (size_t)e->rank * ID, ID - 16);
     snprintf((char *)ids + (size_t)e->rank * ID + ID - 16, 16, "%ld", (long)getpid());
