@@ -104,7 +104,11 @@
               .message_heads; Gloo on one machine through shared memory,
               fsdp_transport_desc.same_machine_check, fsdp_gloo_desc
               .message_heads; fsdp_shm_create and its kin;
-              fsdp_transport_desc.headed_moves_own, call_check); send and recv that overlap other than in
+              fsdp_transport_desc.headed_moves_own, call_check; there
+              all-gathers and reduce-scatters of up to 4 KiB move their
+              data through the segment, with no transport call; the f32
+              rank sum with AVX2 where the CPU has it, the same bits);
+              send and recv that overlap other than in
               place are refused; an MPI comm that saw a mismatch or a
               timeout keeps its MPI communicator at destroy.
               cpu_offload's step (and the CPU device's without offload):
