@@ -9,7 +9,12 @@
              fsdp_gloo_all_to_all: the same socket path the library uses;
              the library's reduce-scatter moves the same bytes point to
              point in chunks and sums each chunk while the next one
-             travels, a sum the bare all-to-all does not do)
+             travels, a sum the bare all-to-all does not do). Gloo has no
+             reduce-scatter of its own on that path, so its reduce-scatter
+             gets a second baseline, what a user of the raw calls writes:
+             the all-to-all, then the rank-order sum (fsdp_reduce_blocks,
+             the library's own, so that only the library's overhead and
+             its overlap of the sum with the transfer tell)
    Three library columns: the defaults (the mismatch check on: MPI carries
    each call's description with its data, Gloo on one machine through
    shared memory; nonblocking calls polled against the timeout), without
@@ -43,12 +48,14 @@
 
 enum { NSIZES = 8, MAX_ROUNDS = 101 };
 static int rounds = 7; /* --rounds */
-enum { RAW, LIB, LIB_NOCHECK, LIB_BLOCKING, NVAR };
+enum { RAW, LIB, LIB_NOCHECK, LIB_BLOCKING, RAW_SUM, NVAR };
 
 /* What one backend offers the timing loop: op 0 all-gather, 1 reduce-scatter;
-   var RAW, LIB or LIB_NOCHECK; count is per rank (elements of f32). */
+   var RAW, LIB, LIB_NOCHECK, LIB_BLOCKING, and RAW_SUM (reduce-scatter only,
+   where raw_sum is set); count is per rank (elements of f32). */
 typedef struct bench_if {
     int rank, size;
+    int raw_sum; /* the backend times RAW_SUM: raw data movement, then the sum */
     int (*call)(void *self, int op, int var, const float *send, float *recv, size_t count);
     void (*sync)(void *self);
     void *self;
@@ -73,17 +80,18 @@ static int run_table(const bench_if *b, const char *name)
         for (op = 0; op < 2; op++) {
             double samples[NVAR][MAX_ROUNDS];
             /* one warm-up call of each, then alternate the variants */
-            for (var = 0; var < NVAR; var++)
+            int nvar = op == 1 && b->raw_sum ? NVAR : RAW_SUM;
+            for (var = 0; var < nvar; var++)
                 failed |= b->call(b->self, op, var, send, recv, count);
             for (round = 0; round < rounds && !failed; round++)
-                for (var = 0; var < NVAR; var++) {
+                for (var = 0; var < nvar; var++) {
                     double t0;
                     b->sync(b->self);
                     t0 = bench_now_s();
                     for (k = 0; k < reps; k++) failed |= b->call(b->self, op, var, send, recv, count);
                     samples[var][round] = (bench_now_s() - t0) / reps;
                 }
-            for (var = 0; var < NVAR && !failed; var++)
+            for (var = 0; var < nvar && !failed; var++)
                 t[op][var][s] = bench_median_upper(samples[var], rounds);
         }
     }
@@ -91,17 +99,22 @@ static int run_table(const bench_if *b, const char *name)
         printf("bench_comm %s, %d ranks: library time / raw time (f32; size = all-gather "
                "output = reduce-scatter input)\n", name, b->size);
         printf("| size | all_gather raw ms | ratio | no check | no check, no timeout | "
-               "reduce_scatter raw ms | ratio | no check | no check, no timeout |\n");
-        printf("|---|---|---|---|---|---|---|---|---|\n");
+               "reduce_scatter raw ms | ratio | no check | no check, no timeout |%s\n",
+               b->raw_sum ? " raw + sum ms | ratio to raw + sum | no check |" : "");
+        printf("|---|---|---|---|---|---|---|---|---|%s\n", b->raw_sum ? "---|---|---|" : "");
         for (s = 0; s < NSIZES; s++) {
             char sz[32];
             if (sizes[s] >= ((size_t)1 << 20)) snprintf(sz, sizeof sz, "%zu MiB", sizes[s] >> 20);
             else snprintf(sz, sizeof sz, "%zu KiB", sizes[s] >> 10);
-            printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", sz,
+            printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |", sz,
                    t[0][RAW][s] * 1e3, t[0][LIB][s] / t[0][RAW][s],
                    t[0][LIB_NOCHECK][s] / t[0][RAW][s], t[0][LIB_BLOCKING][s] / t[0][RAW][s],
                    t[1][RAW][s] * 1e3, t[1][LIB][s] / t[1][RAW][s],
                    t[1][LIB_NOCHECK][s] / t[1][RAW][s], t[1][LIB_BLOCKING][s] / t[1][RAW][s]);
+            if (b->raw_sum)
+                printf(" %.3f | %.3f | %.3f |", t[1][RAW_SUM][s] * 1e3,
+                       t[1][LIB][s] / t[1][RAW_SUM][s], t[1][LIB_NOCHECK][s] / t[1][RAW_SUM][s]);
+            printf("\n");
         }
         fflush(stdout);
     }
@@ -176,6 +189,7 @@ done:
 #ifdef FSDP_HAVE_GLOO
 typedef struct gloo_bench {
     fsdp_gloo_ctx *raw;
+    int size;
     fsdp_comm *lib[3];
     float *scratch; /* the raw all-to-all's output */
 } gloo_bench;
@@ -185,12 +199,20 @@ static int gloo_call(void *self, int op, int var, const float *send, float *recv
     gloo_bench *g = (gloo_bench *)self;
     fsdp_comm *c = g->lib[var - LIB < 0 ? 0 : var - LIB];
     char msg[512];
-    if (var == RAW) {
+    if (var == RAW || var == RAW_SUM) {
         int rc = op == 0 ? fsdp_gloo_all_gather(g->raw, send, recv, count * sizeof(float), 60000,
                                                 msg, sizeof msg)
                          : fsdp_gloo_all_to_all(g->raw, send, g->scratch, count * sizeof(float),
                                                 60000, msg, sizeof msg);
         if (rc) fprintf(stderr, "bench_comm: %s\n", msg);
+        if (!rc && var == RAW_SUM) {
+            /* scratch block j holds rank j's slice for this rank */
+            const void *blocks[64];
+            int j;
+            for (j = 0; j < g->size; j++) blocks[j] = g->scratch + (size_t)j * count;
+            rc = fsdp_reduce_blocks(recv, FSDP_F32, blocks, g->size, 0, count, FSDP_REDUCE_SUM) !=
+                 FSDP_SUCCESS;
+        }
         return rc != 0;
     }
     if ((op == 0 ? fsdp_all_gather(c, send, recv, count, FSDP_F32, NULL)
@@ -241,6 +263,8 @@ static int bench_gloo_rank(const char *dir, int rank, int size)
     }
     b.rank = rank;
     b.size = size;
+    b.raw_sum = 1;
+    g.size = size;
     b.call = gloo_call;
     b.sync = gloo_sync;
     b.self = &g;
