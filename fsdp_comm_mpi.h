@@ -57,8 +57,9 @@
      once its description agrees, so a disagreeing rank's data lands
      nowhere. Every rank then returns FSDP_COMM_MISMATCH naming rank 0's
      call, the first differing rank and its call. No extra round trip: at
-     2 ranks a checked 64 KiB all-gather costs 1.04 times MPI_Allgather
-     (bench_comm), against 1.5 with a separate fingerprint exchange.
+     2 ranks a checked 64 KiB all-gather costs 1.04-1.07 times
+     MPI_Allgather (bench_comm, medians of two sessions; 1.03 unchecked),
+     against 1.5 with a separate fingerprint exchange.
      Ranks of one machine read each other's descriptions from a shared
      segment in /dev/shm instead of receiving a message (desc.message_heads
      turns that off); other machines' ranks send messages.
