@@ -189,9 +189,9 @@ done:
 #ifdef FSDP_HAVE_GLOO
 typedef struct gloo_bench {
     fsdp_gloo_ctx *raw;
-    int size;
     fsdp_comm *lib[3];
-    float *scratch; /* the raw all-to-all's output */
+    float *scratch;      /* the raw all-to-all's output */
+    const void **blocks; /* RAW_SUM's view of scratch: one per rank */
 } gloo_bench;
 
 static int gloo_call(void *self, int op, int var, const float *send, float *recv, size_t count)
@@ -207,10 +207,9 @@ static int gloo_call(void *self, int op, int var, const float *send, float *recv
         if (rc) fprintf(stderr, "bench_comm: %s\n", msg);
         if (!rc && var == RAW_SUM) {
             /* scratch block j holds rank j's slice for this rank */
-            const void *blocks[64];
-            int j;
-            for (j = 0; j < g->size; j++) blocks[j] = g->scratch + (size_t)j * count;
-            rc = fsdp_reduce_blocks(recv, FSDP_F32, blocks, g->size, 0, count, FSDP_REDUCE_SUM) !=
+            int j, n = fsdp_gloo_size(g->raw);
+            for (j = 0; j < n; j++) g->blocks[j] = g->scratch + (size_t)j * count;
+            rc = fsdp_reduce_blocks(recv, FSDP_F32, g->blocks, n, 0, count, FSDP_REDUCE_SUM) !=
                  FSDP_SUCCESS;
         }
         return rc != 0;
@@ -240,9 +239,10 @@ static int bench_gloo_rank(const char *dir, int rank, int size)
     memset(&g, 0, sizeof g);
     memset(&b, 0, sizeof b);
     g.scratch = (float *)malloc((size_t)64 << 20);
-    if (!g.scratch ||
+    g.blocks = (const void **)malloc((size_t)size * sizeof *g.blocks);
+    if (!g.scratch || !g.blocks ||
         fsdp_gloo_connect(dir, "raw", "127.0.0.1", rank, size, 30000, &g.raw, msg, sizeof msg)) {
-        fprintf(stderr, "bench_comm: %s\n", g.scratch ? msg : "out of memory");
+        fprintf(stderr, "bench_comm: %s\n", g.scratch && g.blocks ? msg : "out of memory");
         goto done;
     }
     for (j = 0; j < 3; j++) {
@@ -264,7 +264,6 @@ static int bench_gloo_rank(const char *dir, int rank, int size)
     b.rank = rank;
     b.size = size;
     b.raw_sum = 1;
-    g.size = size;
     b.call = gloo_call;
     b.sync = gloo_sync;
     b.self = &g;
@@ -273,6 +272,7 @@ done:
     for (j = 0; j < 3; j++) fsdp_comm_destroy(g.lib[j]);
     fsdp_gloo_free(g.raw);
     free(g.scratch);
+    free(g.blocks);
     return failed;
 }
 
