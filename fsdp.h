@@ -785,7 +785,9 @@ typedef struct fsdp_transport_desc {
     void *transport;                 /* connected; the comm's from the call on */
     int rank, size;
     fsdp_device *dev;         /* runs asynchronous collectives on its streams; NULL:
-                                 stream-less only */
+                                 stream-less only. Its memory must be host
+                                 accessible (the engine moves data with the
+                                 CPU): another device is refused */
     int timeout_ms;           /* each collective's, from when its turn comes: 0:
                                  60000; negative: none */
     int disable_mismatch_check; /* every rank must pass the same value */
@@ -877,9 +879,13 @@ FSDP_API fsdp_result fsdp_local_world_create(const fsdp_local_desc *desc,
 /* After every comm of the world (and its splits) is destroyed. */
 FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world);
 /* Rank `rank`'s communicator. dev runs its asynchronous collectives (streams
-   of that device); NULL allows only stream-less (synchronous) calls.
+   of that device); NULL allows only stream-less (synchronous) calls. The
+   collectives read and write with the CPU: dev's memory must be host
+   accessible (fsdp_device_host_accessible; a CUDA device with managed
+   memory).
    Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS (NULL world or out, rank not in
-   [0, nranks)); FSDP_INVALID_STATE (the rank has a comm already);
+   [0, nranks), a device whose memory the CPU cannot read);
+   FSDP_INVALID_STATE (the rank has a comm already);
    FSDP_OUT_OF_MEMORY. Collective: no. Thread safety: any thread. */
 FSDP_API fsdp_result fsdp_comm_local_create(fsdp_local_world *world, int rank,
                                             fsdp_device *dev, fsdp_comm **out);
@@ -6145,6 +6151,20 @@ FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
 #endif
 }
 
+/* The engine moves and sums every byte with the CPU, on the device's
+   streams: a device whose memory the host cannot read (the CUDA device with
+   FSDP_CUDA_MEMORY_DEVICE) would crash a stream's task at the first
+   collective, so it is refused when the communicator is made. */
+FSDP__DEF fsdp_result fsdp__eng_dev_check(fsdp_error *e, const char *fn, fsdp_device *dev)
+{
+    if (!dev || fsdp_device_host_accessible(dev)) return FSDP_SUCCESS;
+    return fsdp_error_set(e, FSDP_INVALID_ARGS,
+                          "%s: device '%s' keeps its memory where the CPU cannot read it, and "
+                          "this backend moves data with the CPU (on a GPU: managed memory, "
+                          "FSDP_CUDA_MEMORY_MANAGED, or the NCCL backend)",
+                          fn, fsdp_device_name(dev));
+}
+
 /* Takes ownership of the transport t (destroyed on failure too). */
 FSDP__DEF fsdp__eng *fsdp__eng_new(const fsdp_hooks *hooks, const fsdp_transport_vtable *xp,
                                    void *t, int rank, int size, fsdp_device *dev, int timeout_ms,
@@ -7203,6 +7223,8 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     else if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
         fsdp__fail_create(h, r, "fsdp_comm_transport_create: rank %d is not in [0, %d)",
                           desc->rank, desc->size);
+    else if (fsdp__eng_dev_check(&xe, "fsdp_comm_transport_create", desc->dev) != FSDP_SUCCESS)
+        fsdp__fail_create(h, r, "%s", xe.message);
     else
         r = FSDP_SUCCESS;
     if (r != FSDP_SUCCESS) {
@@ -7698,6 +7720,13 @@ FSDP_API fsdp_result fsdp_comm_local_create(fsdp_local_world *world, int rank, f
     if (rank < 0 || rank >= world->nranks)
         return fsdp__fail(NULL, &world->hooks, FSDP_INVALID_ARGS,
                           "fsdp_comm_local_create: rank %d is not in [0, %d)", rank, world->nranks);
+    {
+        fsdp_error de;
+        if (fsdp__eng_dev_check(&de, "fsdp_comm_local_create", dev) != FSDP_SUCCESS) {
+            fsdp__log(&world->hooks, FSDP_LOG_ERROR, "%s", de.message);
+            return FSDP_INVALID_ARGS;
+        }
+    }
     e = fsdp__local_eng_new(world, dev);
     if (!e) return fsdp__fail(NULL, &world->hooks, FSDP_OUT_OF_MEMORY, "fsdp_comm_local_create: out of memory");
     fsdp__lock(&world->mu);
