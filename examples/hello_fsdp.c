@@ -14,11 +14,11 @@
 #include <stdio.h>
 #include <string.h>
 
-enum { IN = 4, HID = 16, BATCH = 8, STEPS = 40, SAVE_AT = 20 }; /* BATCH: per rank */
+enum { IN = 4, HID = 16, BATCH = 8, STEPS = 40, SAVE_AT = 20 }; // BATCH: per rank
 static const char *path = "hello_fsdp.ckpt";
 static fsdp_units *units;
-static int same = -1; /* rank 0: 1 when run B ended where run A did */
-/* Every fallible call returns an fsdp_result; the detail is the object's last error. */
+static int same = -1; // rank 0: 1 when run B ended where run A did
+// Every fallible call returns an fsdp_result; the detail is the object's last error.
 #define CHECK(call, detail) do { if ((call) != FSDP_SUCCESS) { \
     fprintf(stderr, "hello_fsdp: %s: %s\n", #call, detail); return 1; } } while (0)
 #define TRY(call) CHECK(call, fsdp_ctx_last_error(ctx))
@@ -36,23 +36,23 @@ static fsdp_result add_linear(fsdp_model *m, const char *fqn, int out, int in)
 static fsdp_init_spec init(void *user, const char *fqn, int ndim, const int64_t *shape,
                            const char *type)
 {
-    fsdp_init_spec s = {0}; /* FSDP_INIT_ZEROS, for the biases */
+    fsdp_init_spec s = {0}; // FSDP_INIT_ZEROS, for the biases
     (void)user; (void)fqn; (void)type;
     if (ndim == 2) { s.kind = FSDP_INIT_NORMAL; s.b = 1.0 / sqrt((double)shape[1]); }
     return s;
 }
 
-/* Steps from fsdp_ctx_steps + 1 to STEPS on one rank; saves after SAVE_AT if asked. */
+// Steps from fsdp_ctx_steps + 1 to STEPS on one rank; saves after SAVE_AT if asked.
 static int train(fsdp_ctx *ctx, int rank, int save)
 {
     int u1 = fsdp_units_find(units, "fc1"), u2 = fsdp_units_find(units, "fc2"), i, j, k;
     float x[BATCH][IN], y[BATCH], h[BATCH][HID], dy[BATCH], loss = 0;
-    for (i = 0; i < BATCH; i++) { /* this rank's slice of one fixed global batch */
+    for (i = 0; i < BATCH; i++) { // this rank's slice of one fixed global batch
         for (y[i] = 0, k = 0; k < IN; k++) y[i] += x[i][k] = sinf(0.7f * (rank * BATCH + i) + k);
         y[i] = sinf(y[i]);
     }
     for (int step = (int)fsdp_ctx_steps(ctx) + 1; step <= STEPS; step++) {
-        TRY(fsdp_begin_forward(ctx, u1));             /* all-gathers fc1's parameters */
+        TRY(fsdp_begin_forward(ctx, u1));             // all-gathers fc1's parameters
         const float *w1 = fsdp_param(ctx, "fc1.weight"), *b1 = fsdp_param(ctx, "fc1.bias");
         for (i = 0; i < BATCH; i++)
             for (j = 0; j < HID; j++) {
@@ -60,10 +60,10 @@ static int train(fsdp_ctx *ctx, int rank, int save)
                 for (k = 0; k < IN; k++) z += w1[j * IN + k] * x[i][k];
                 h[i][j] = tanhf(z);
             }
-        TRY(fsdp_end_forward(ctx, u1));               /* w1 and b1 are dead from here */
+        TRY(fsdp_end_forward(ctx, u1));               // w1 and b1 are dead from here
         TRY(fsdp_begin_forward(ctx, u2));
         const float *w2 = fsdp_param(ctx, "fc2.weight"), *b2 = fsdp_param(ctx, "fc2.bias");
-        for (loss = 0, i = 0; i < BATCH; i++) {     /* loss: this rank's mean squared error */
+        for (loss = 0, i = 0; i < BATCH; i++) {       // loss: this rank's mean squared error
             float out = b2[0];
             for (j = 0; j < HID; j++) out += w2[j] * h[i][j];
             loss += (out - y[i]) * (out - y[i]) / BATCH;
@@ -73,17 +73,17 @@ static int train(fsdp_ctx *ctx, int rank, int save)
         if (rank == 0 && (step == 1 || step == STEPS))
             printf("%s, step %d: loss %.6f (rank 0)\n", save ? "run A" : "run B", step, loss);
 
-        TRY(fsdp_begin_backward(ctx, u2));            /* gathers again, zeroes the grads */
-        w2 = fsdp_param(ctx, "fc2.weight");           /* views again after every begin */
+        TRY(fsdp_begin_backward(ctx, u2));            // gathers again, zeroes the grads
+        w2 = fsdp_param(ctx, "fc2.weight");           // views again after every begin
         float *gw2 = fsdp_grad(ctx, "fc2.weight"), *gb2 = fsdp_grad(ctx, "fc2.bias");
         for (i = 0; i < BATCH; i++) {
-            gb2[0] += dy[i];                          /* add into gradients, never assign */
+            gb2[0] += dy[i];                          // add into gradients, never assign
             for (j = 0; j < HID; j++) {
                 gw2[j] += dy[i] * h[i][j];
-                h[i][j] = dy[i] * w2[j] * (1.0f - h[i][j] * h[i][j]); /* now d loss/d z */
+                h[i][j] = dy[i] * w2[j] * (1.0f - h[i][j] * h[i][j]); // now d loss/d z
             }
         }
-        TRY(fsdp_end_backward(ctx, u2));              /* reduce-scatters, asynchronously */
+        TRY(fsdp_end_backward(ctx, u2));              // reduce-scatters, asynchronously
         TRY(fsdp_begin_backward(ctx, u1));
         float *gw1 = fsdp_grad(ctx, "fc1.weight"), *gb1 = fsdp_grad(ctx, "fc1.bias");
         for (i = 0; i < BATCH; i++)
@@ -92,7 +92,7 @@ static int train(fsdp_ctx *ctx, int rank, int save)
                 for (k = 0; k < IN; k++) gw1[j * IN + k] += h[i][j] * x[i][k];
             }
         TRY(fsdp_end_backward(ctx, u1));
-        TRY(fsdp_step(ctx));                          /* AdamW on this rank's shards */
+        TRY(fsdp_step(ctx));                          // AdamW on this rank's shards
         if (save && step == SAVE_AT) TRY(fsdp_ckpt_save(ctx, path, FSDP_SD_OPTIM));
     }
     return 0;
@@ -112,14 +112,14 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *model)
     cd.model = model; cd.units = units; cd.device = dev; cd.comm = comm;
     cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
     cd.optim.lr = 1e-2;
-    cd.hooks.error = &err;                            /* where a failed create explains */
-    for (int run = 0; run < 2; run++) {               /* run A, then run B */
-        CHECK(fsdp_ctx_create(&cd, &ctx), err.message); /* allocates the whole plan */
-        if (run == 0) TRY(fsdp_init_params(ctx, 42, init, NULL)); /* each rank its shard */
-        else TRY(fsdp_ckpt_load(ctx, path, FSDP_SD_OPTIM)); /* any world size; steps too */
+    cd.hooks.error = &err;                            // where a failed create explains
+    for (int run = 0; run < 2; run++) {               // run A, then run B
+        CHECK(fsdp_ctx_create(&cd, &ctx), err.message); // allocates the whole plan
+        if (run == 0) TRY(fsdp_init_params(ctx, 42, init, NULL)); // each rank its shard
+        else TRY(fsdp_ckpt_load(ctx, path, FSDP_SD_OPTIM)); // any world size; steps too
         if (train(ctx, rank, run == 0)) return 1;
         TRY(fsdp_get_full_state_dict(ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD | FSDP_SD_RANK0_ONLY,
-                                     &sd[run]));      /* gathered whole on rank 0 */
+                                     &sd[run]));      // gathered whole on rank 0
         fsdp_ctx_destroy(ctx);
     }
     if (rank == 0) same = fsdp_state_dict_count(sd[0]) > 0 &&
@@ -154,11 +154,11 @@ int main(int argc, char **argv)
     CHECK(add_linear(model, "fc1", HID, IN), fsdp_model_last_error(model));
     CHECK(add_linear(model, "fc2", 1, HID), fsdp_model_last_error(model));
     pol.kind = FSDP_WRAP_MODULE_TYPE; pol.module_types = linear; pol.n_module_types = 1;
-    wd.policy = &pol;                                 /* units: fc1, fc2, the root last */
+    wd.policy = &pol;                                 // units: fc1, fc2, the root last
     CHECK(fsdp_wrap(model, &wd, &units), fsdp_model_last_error(model));
 
-    ld.nranks = 2;                                    /* 2 ranks as 2 threads */
-    ld.timeout_ms = 10000;                            /* a rank that fails ends the other */
+    ld.nranks = 2;                                    // 2 ranks as 2 threads
+    ld.timeout_ms = 10000;                            // a rank that fails ends the other
     CHECK(fsdp_local_run(&ld, run_rank, model, results), "fsdp_local_run");
     fsdp_units_destroy(units);
     fsdp_model_destroy(model);
