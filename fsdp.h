@@ -1650,7 +1650,7 @@ FSDP_API unsigned fsdp_state_dict_verified(const fsdp_state_dict *sd);
    over the context's communicator (every rank, same order), because it may
    all-gather or reduce-scatter.
 
-   The engine's side of the contract (the README's "Porting an engine"):
+   The engine's side of the contract (docs/porting.md, "The rules"):
    a view is valid from its unit's begin to its end only (the next begin
    may hand the unit another pooled buffer, so fetch views after every
    begin); parameter views are read-only; gradient views start at zero at
@@ -2881,8 +2881,8 @@ FSDP__DEF FSDP__VECTORISE void fsdp__f32_to_f16_c(uint16_t *d, const float *s, s
 /* Software prefetch of the source's and the destination's lines that the
    loop reaches FSDP__CVT_AHEAD elements later, once per 32 elements: the
    hardware prefetchers alone left these loops waiting on memory (the casts
-   ran 1.3 to 2 times faster with it on the 2-core machine of the README's
-   figures). Plain prefetcht0 (the data is used soon, no non-temporal
+   ran 1.3 to 2 times faster with it on the 2-core development machine).
+   Plain prefetcht0 (the data is used soon, no non-temporal
    hint); only addresses inside the arrays are formed. */
 #define FSDP__CVT_AHEAD 512
 #define FSDP__CVT_PREFETCH(d, s, i, n)                                                       \
