@@ -1749,8 +1749,12 @@ typedef struct fsdp_ctx_desc {
        unit's gathered parameters are checksummed from begin to end. A
        write through a view kept past its unit's end, or into parameters,
        fails with FSDP_INVALID_STATE naming the unit and the parameter;
-       reads of such a view give those NaNs (fsdp_debug_poison_unit). Free
-       shared buffers are also handed out in rotation, so a view kept from
+       reads of such a view give those NaNs (fsdp_debug_poison_unit), and
+       where they reach a gradient about to be reduced (fsdp_end_backward)
+       or a parameter (fsdp_step) the call fails with FSDP_INVALID_STATE
+       naming the unit whose retired memory was read and the unit and
+       parameter it reached (after finishing its work, so no peer waits).
+       Free shared buffers are also handed out in rotation, so a view kept from
        forward never points at the same unit's buffer in backward. Needs a
        device whose memory the host can read (the CPU device); elsewhere it
        is logged and off. It changes no bit of a correct run and allocates
@@ -13343,6 +13347,70 @@ FSDP__DEF size_t fsdp__poison_find(const void *p, size_t bytes, fsdp_dtype dt, i
     return SIZE_MAX;
 }
 
+/* The unit (fsdp_units index) whose poison a value of a unit's dtype dt
+   carries, quieted or not, or -1. An f32 value also counts when it is a
+   16-bit unit's poison widened to f32 (its gradients are summed in f32). */
+FSDP__DEF int fsdp__poison_in(const void *v, fsdp_dtype dt, fsdp_dtype unit_dt)
+{
+    uint32_t w;
+    int u = fsdp_debug_poison_unit(v, dt);
+    if (u >= 0 || dt != FSDP_F32 || unit_dt == FSDP_F32) return u;
+    memcpy(&w, v, 4);
+    if ((w & 0x7F800000u) != 0x7F800000u) return -1;
+    if (unit_dt == FSDP_BF16 && !(w & 0xFFFFu)) {
+        uint16_t h = (uint16_t)(w >> 16);
+        return fsdp_debug_poison_unit(&h, FSDP_BF16);
+    }
+    if (unit_dt == FSDP_F16 && !(w & 0x1FFFu) && ((w >> 13) & 0x1FFu))
+        return (int)((w >> 13) & 0x1FFu) - 1;
+    return -1;
+}
+
+/* The first of n elements at p holding a poison, its unit in *unit; -1. */
+FSDP__DEF int64_t fsdp__poison_scan(const void *p, fsdp_dtype dt, fsdp_dtype unit_dt, int64_t n,
+                                    int *unit)
+{
+    size_t es = fsdp_dtype_size(dt);
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        const unsigned char *e = (const unsigned char *)p + (size_t)i * es;
+        /* cheap test first: an all-ones exponent in the top bytes */
+        if (es == 4 && (e[3] & 0x7Fu) != 0x7Fu) continue;
+        if ((*unit = fsdp__poison_in(e, dt, unit_dt)) >= 0) return i;
+    }
+    return -1;
+}
+
+/* 'fqn' of the unit whose poison was found, by its fsdp_units index; a
+   16-bit poison names units modulo 63 (bf16) or 511 (f16). */
+FSDP__DEF void fsdp__poison_who(const fsdp_ctx *c, int pub, fsdp_dtype dt, char *buf, size_t cap)
+{
+    int mod = dt == FSDP_BF16 ? 63 : dt == FSDP_F16 ? 511 : 0;
+    if (pub < 0 || pub >= c->npub) {
+        snprintf(buf, cap, "unit %d", pub);
+        return;
+    }
+    snprintf(buf, cap, "unit %d %s%s", pub, c->u[c->pub_first[pub]].qname,
+             mod && c->npub > mod ? " (or another whose index is the same modulo the 16-bit "
+                                    "poison's range)" : "");
+}
+
+/* Flat index k of a unit's parameter: the entry that holds it, or NULL
+   (padding); *at receives k's position inside it. */
+FSDP__DEF const fsdp_flat_entry *fsdp__entry_at(const fsdp__cunit *cu, int64_t k, int64_t *at)
+{
+    int e;
+    for (e = 0; e < cu->info->nentries; e++) {
+        const fsdp_flat_entry *fe = &cu->info->entries[e];
+        if (k >= fe->offset && k < fe->offset + fe->numel) {
+            *at = k - fe->offset;
+            return fe;
+        }
+    }
+    *at = k;
+    return NULL;
+}
+
 /* Names what a write into retired memory hit: offset `off` of a block of
    unit `unit` whose first pbytes are parameters, then gradients. */
 FSDP__DEF fsdp_result fsdp__poison_report(fsdp_ctx *c, const char *who, int unit, size_t off,
@@ -14349,6 +14417,73 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
     return FSDP_SUCCESS;
 }
 
+#define FSDP__POISON_READ_WHY                                                                  \
+    "a view was read after its unit's end (an engine that keeps fsdp_param pointers from "     \
+    "forward and reads them in backward does this); fetch views after each begin and drop "    \
+    "them at the end"
+
+/* Before a unit's unsharded gradient is reduced: a poison in it came from
+   retired memory the engine read (a stale view). */
+FSDP__DEF fsdp_result fsdp__dbg_grad_poison(fsdp_ctx *c, int unit)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    const fsdp_flat_entry *fe;
+    int64_t k, at;
+    int from = -1;
+    char who[160];
+    fsdp_result r;
+    if (!cu->ugrad || !cu->info->requires_grad) return FSDP_SUCCESS;
+    if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
+    k = fsdp__poison_scan(cu->ugrad, cu->pdt, cu->pdt,
+                          (int64_t)(fsdp__ugrad_bytes(cu) / fsdp_dtype_size(cu->pdt)), &from);
+    if (k < 0) return FSDP_SUCCESS;
+    fe = fsdp__entry_at(cu, k, &at);
+    fsdp__poison_who(c, from, cu->pdt, who, sizeof who);
+    return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                          "fsdp_end_backward: debug: the gradient of unit %d %s (%s%s%s, element "
+                          "%lld) was computed from retired memory: it holds the poison %s left "
+                          "in the buffer it retired; " FSDP__POISON_READ_WHY,
+                          cu->pub, cu->qname, fe ? "parameter '" : "the padding",
+                          fe ? fe->fqn : "", fe ? "'" : "", (long long)at, who);
+}
+
+/* After a step: a poison in a parameter shard came through the gradients
+   (this rank's, or another's summed into them). */
+FSDP__DEF fsdp_result fsdp__dbg_param_poison(fsdp_ctx *c)
+{
+    int i, p, from = -1;
+    char who[160];
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        if (!cu->master) continue;
+        for (p = 0; p < cu->lay.npieces; p++) {
+            const fsdp_shard_piece *pc = &cu->pieces[p];
+            int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin;
+            int64_t n = pc->end - pc->start + 1, k;
+            if (n <= 0) continue;
+            k = fsdp__poison_scan(cu->master + off, FSDP_F32, cu->pdt, n, &from);
+            if (k < 0) continue;
+            fsdp__poison_who(c, from, cu->pdt, who, sizeof who);
+            /* an f32 poison's unit index is in its low 16 bits, which a
+               16-bit reduction drops: such a poison reads as unit 0's */
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                                  "fsdp_step: debug: parameter '%s' (element %lld) of unit %d %s "
+                                  "holds, after the step, the poison %s%s left in the buffer it "
+                                  "retired: it came through the gradients (this rank's, or "
+                                  "another's summed with them) computed from retired memory; "
+                                  FSDP__POISON_READ_WHY,
+                                  cu->info->entries[pc->entry].fqn, (long long)(pc->start + k),
+                                  cu->pub, cu->qname, who,
+                                  from == 0 && cu->pdt == FSDP_F32 && cu->rdt != FSDP_F32 &&
+                                          cu->rdt != FSDP_F64
+                                      ? " (or another unit: the gradients were reduced in 16 "
+                                        "bits, which keep no unit index)"
+                                      : "");
+        }
+    }
+    return FSDP_SUCCESS;
+}
+
 FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
@@ -14359,6 +14494,9 @@ FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
     cu = &c->u[unit];
     if ((r = fsdp__cs_after_compute(c)) != FSDP_SUCCESS) return r;
     if (c->debug) dr = fsdp__dbg_end(c, unit, "fsdp_end_backward", "fsdp_begin_backward");
+    /* reported after the reduction is issued: the peers are not left
+       waiting for this rank's part */
+    if (c->debug && dr == FSDP_SUCCESS) dr = fsdp__dbg_grad_poison(c, unit);
     if (c->no_sync) {
         cu->accum = 1; /* keep the unsharded gradient for the next backward */
         cu->state = FSDP_UNIT_IDLE;
@@ -15168,6 +15306,7 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
     if (!c) return FSDP_INVALID_ARGS;
     fsdp__ctx_label(c, "step", -1);
     r = fsdp__step(c);
+    if (r == FSDP_SUCCESS && c->debug) r = fsdp__dbg_param_poison(c);
     fsdp__ctx_label(c, NULL, -1);
     return r;
 }
