@@ -10397,10 +10397,80 @@ FSDP__DEF void fsdp__crc_init(fsdp__crc *c)
         for (k = 1; k < 8; k++) c->t[k][i] = (c->t[k - 1][i] >> 8) ^ c->t[0][c->t[k - 1][i] & 0xffu];
 }
 
+/* The register (not inverted) extended by n bytes, one at a time. */
+FSDP__DEF uint32_t fsdp__crc_bytes(const fsdp__crc *c, uint32_t reg, const unsigned char *b,
+                                   size_t n)
+{
+    while (n--) reg = (reg >> 8) ^ c->t[0][(reg ^ *b++) & 0xffu];
+    return reg;
+}
+
+#if defined(FSDP__HAVE_AVX2_CVT)
+/* Carry-less multiplication (PCLMULQDQ): the checksums of a checkpoint at
+   memory speed instead of slice-by-8's ~1.5 GB/s, the same values. */
+#define FSDP__HAVE_CLMUL 1
+#define FSDP__CLMUL __attribute__((target("pclmul,sse4.1")))
+
+/* PCLMULQDQ and SSE4.1 on this CPU, and FSDP_ISA above scalar. */
+FSDP__DEF int fsdp__cpu_clmul(void)
+{
+    static int cached; /* 0 unknown, 1 no, 2 yes */
+    int c = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+    if (!c) {
+        __builtin_cpu_init();
+        c = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1") &&
+                    fsdp__optim_isa() > FSDP__ISA_SCALAR
+                ? 2
+                : 1;
+        __atomic_store_n(&cached, c, __ATOMIC_RELAXED);
+    }
+    return c == 2;
+}
+
+/* x = x.lo * k.lo + x.hi * k.hi + d over GF(2): 128 bits of the message
+   moved forward by the distance k encodes (x^(d+32) mod P, reflected). */
+FSDP__INLINE FSDP__CLMUL __m128i fsdp__crc_fold(__m128i x, __m128i k, __m128i d)
+{
+    __m128i lo = _mm_clmulepi64_si128(x, k, 0x00), hi = _mm_clmulepi64_si128(x, k, 0x11);
+    return _mm_xor_si128(_mm_xor_si128(lo, hi), d);
+}
+
+/* The reflected CRC-32 by folding (Gopal et al., "Fast CRC computation for
+   generic polynomials using PCLMULQDQ", Intel, 2009): four 128-bit lanes
+   fold 64 bytes a round, then into one lane; what is left (16 bytes, then
+   the tail) goes through the table, which also does the final reduction:
+   the folded lane is congruent to the message, so its 16 bytes, fed to a
+   register starting at 0, leave the same remainder. reg is not inverted;
+   n >= 64. */
+FSDP__DEF FSDP__CLMUL uint32_t fsdp__crc_clmul(const fsdp__crc *c, uint32_t reg,
+                                               const unsigned char *b, size_t n)
+{
+    const __m128i k4 = _mm_set_epi64x(0x1c6e41596LL, 0x154442bd4LL);  /* 4 x 128 bits */
+    const __m128i k1 = _mm_set_epi64x(0x0ccaa009eLL, 0x1751997d0LL);  /* 128 bits */
+    __m128i x0 = _mm_loadu_si128((const __m128i *)b), x1 = _mm_loadu_si128((const __m128i *)(b + 16));
+    __m128i x2 = _mm_loadu_si128((const __m128i *)(b + 32)), x3 = _mm_loadu_si128((const __m128i *)(b + 48));
+    unsigned char lane[16];
+    x0 = _mm_xor_si128(x0, _mm_cvtsi32_si128((int)reg));
+    for (b += 64, n -= 64; n >= 64; b += 64, n -= 64) {
+        x0 = fsdp__crc_fold(x0, k4, _mm_loadu_si128((const __m128i *)b));
+        x1 = fsdp__crc_fold(x1, k4, _mm_loadu_si128((const __m128i *)(b + 16)));
+        x2 = fsdp__crc_fold(x2, k4, _mm_loadu_si128((const __m128i *)(b + 32)));
+        x3 = fsdp__crc_fold(x3, k4, _mm_loadu_si128((const __m128i *)(b + 48)));
+    }
+    x0 = fsdp__crc_fold(fsdp__crc_fold(fsdp__crc_fold(x0, k1, x1), k1, x2), k1, x3);
+    for (; n >= 16; b += 16, n -= 16) x0 = fsdp__crc_fold(x0, k1, _mm_loadu_si128((const __m128i *)b));
+    _mm_storeu_si128((__m128i *)lane, x0);
+    return fsdp__crc_bytes(c, fsdp__crc_bytes(c, 0, lane, 16), b, n);
+}
+#endif
+
 /* crc of the previous bytes (0 to start) extended by p[0..n) */
 FSDP__DEF uint32_t fsdp__crc_update(const fsdp__crc *c, uint32_t crc, const void *p, size_t n)
 {
     const unsigned char *b = (const unsigned char *)p;
+#if defined(FSDP__HAVE_CLMUL)
+    if (n >= 256 && fsdp__cpu_clmul()) return ~fsdp__crc_clmul(c, ~crc, b, n);
+#endif
     crc = ~crc;
     while (n >= 8) {
         uint32_t lo = crc ^ ((uint32_t)b[0] | (uint32_t)b[1] << 8 | (uint32_t)b[2] << 16 |
@@ -10413,8 +10483,7 @@ FSDP__DEF uint32_t fsdp__crc_update(const fsdp__crc *c, uint32_t crc, const void
         b += 8;
         n -= 8;
     }
-    while (n--) crc = (crc >> 8) ^ c->t[0][(crc ^ *b++) & 0xffu];
-    return ~crc;
+    return ~fsdp__crc_bytes(c, crc, b, n);
 }
 
 /* --- a growable string --- */
