@@ -18,9 +18,11 @@
 #   tools/gpu.sh --plan DIR OUT        HERE: everything --prebuilt does
 #       before the GPU (library lookup, ldd of every binary, the parts and
 #       their limits against the budget), no GPU needed.
-#   tools/gpu.sh --rehearse WORK       HERE: a stand-in of the GPU machine
-#       (tools/gpu_rehearse.sh: NCCL and cuBLAS only as the pip wheels, a
-#       CUDA root without them), then --prebuild and --plan against it.
+#   tools/gpu.sh --rehearse WORK [BUILD]   HERE: a stand-in of the GPU
+#       machine (tools/gpu_rehearse.sh: NCCL and cuBLAS only as the pip
+#       wheels, a CUDA root without them), then --prebuild and --plan
+#       against it, and --plan of BUILD's binaries (built against the full
+#       toolkit, as --prebuild here builds them) in that layout.
 #   tools/gpu.sh --gather BUILD DIR    gathers an existing cuda build's
 #       binaries into DIR; tools/gpu.sh --libs DIR checks DIR's libraries.
 #
@@ -78,7 +80,7 @@ usage: tools/gpu.sh --prebuild DIR
        tools/gpu.sh --prebuilt DIR OUT [--only NAMES]
        tools/gpu.sh OUT [--only NAMES]
        tools/gpu.sh --plan DIR OUT
-       tools/gpu.sh --rehearse WORK
+       tools/gpu.sh --rehearse WORK [BUILD]
        tools/gpu.sh --gather BUILD DIR
        tools/gpu.sh --libs DIR
 EOF
@@ -95,7 +97,7 @@ case ${1:-} in
     --prebuild) [ $# = 2 ] || usage; mode=prebuild; DIR=$(abspath "$2") ;;
     --prebuilt) [ $# -ge 3 ] || usage; mode=prebuilt; DIR=$(abspath "$2"); OUT=$3; shift 3 ;;
     --plan) [ $# = 3 ] || usage; mode=plan; DIR=$(abspath "$2"); OUT=$3 ;;
-    --rehearse) [ $# = 2 ] || usage; exec sh "$ROOT/tools/gpu_rehearse.sh" "$2" ;;
+    --rehearse) [ $# = 2 ] || [ $# = 3 ] || usage; shift; exec sh "$ROOT/tools/gpu_rehearse.sh" "$@" ;;
     --gather) [ $# = 3 ] || usage; mode=gather; BUILD=$(abspath "$2"); DIR=$(abspath "$3") ;;
     --libs) [ $# = 2 ] || usage; mode=libs; DIR=$(abspath "$2") ;;
     -*|'') usage ;;
@@ -316,8 +318,8 @@ prebuild() { # DIR SETUP_LIMIT COMPILE_LIMIT
     setup_path
     setup_tools meson ninja cmake cc nvcc || return 1
     if ! lookup_libs; then return 1; fi
-    print_libs | sed 's/^/gpu.sh: /'
     mkdir -p "$tree" || return 1
+    print_libs | grep -v '^LD_LIBRARY_PATH' | sed 's/^/gpu.sh: /'
     # the nvcc of CUDA_ROOT, whatever meson would find first
     printf "[binaries]\nnvcc = '%s'\n" "$CUDA_ROOT/bin/nvcc" >"$tree/gpu_sh_native.ini"
     opts="-Dcuda=enabled -Dmpi=disabled -Dgloo=disabled -Dwerror=false -Dbuildtype=release -Dtests=true"

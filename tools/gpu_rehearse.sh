@@ -1,5 +1,5 @@
 #!/bin/sh
-# tools/gpu_rehearse.sh WORK (tools/gpu.sh --rehearse WORK): the lent GPU
+# tools/gpu_rehearse.sh WORK [BUILD] (tools/gpu.sh --rehearse): the lent GPU
 # machine's layout, made here, and everything tools/gpu.sh does there up to
 # executing on the GPU. The GPU machine has NCCL only as the
 # nvidia-nccl-cu13 wheel and cuBLAS only as CUDA 13's nvidia-cublas wheel
@@ -19,11 +19,15 @@
 # tools found through python3's bin, the libraries through the wheels)
 # and tools/gpu.sh --plan (ldd of every binary resolving NCCL and cuBLAS in
 # the wheels, glibc symbols no newer than 2.36, the parts within the 360 s
-# budget). The virtual environment and the meson tree stay for later runs.
+# budget). With BUILD (a cuda build against the whole toolkit, as
+# tools/gpu.sh --prebuild makes here for the lease), its binaries too must
+# find everything in the stand-in, NCCL and cuBLAS in the wheels. The
+# virtual environment and the meson tree stay for later runs.
 # Exit status: 0 passed, 1 failed, 77 only when pip cannot download the
 # wheels (no network, no index).
 set -u
-WORK=${1:?usage: tools/gpu_rehearse.sh WORK}
+WORK=${1:?usage: tools/gpu_rehearse.sh WORK [BUILD]}
+BUILD=${2:-}
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 SRC_CUDA=${FSDP_CUDA_ROOT:-/usr/local/cuda}
 WHEELS="nvidia-nccl-cu13==2.28.9 nvidia-cublas==13.1.0.3 nvidia-cuda-runtime==13.0.96"
@@ -148,6 +152,20 @@ for lib in libnccl libcublas libcublasLt; do
     grep -q "^train_mlp:.* $lib => $site/nvidia/" "$WORK/plan.log" || fail "train_mlp's $lib is not the wheel's"
 done
 grep -q "^test_cuda:.* libnccl => $site/nvidia/nccl/lib/" "$WORK/plan.log" || fail "test_cuda's libnccl is not the wheel's"
+if [ -n "$BUILD" ]; then
+    sh "$ROOT/tools/gpu.sh" --gather "$BUILD" "$WORK/toolkit_built" >"$WORK/plan_toolkit.log" 2>&1 ||
+        { cat "$WORK/plan_toolkit.log"; fail "tools/gpu.sh --gather $BUILD failed"; }
+    sh "$ROOT/tools/gpu.sh" --plan "$WORK/toolkit_built" "$WORK/out" >>"$WORK/plan_toolkit.log" 2>&1
+    rc=$?
+    grep -E '^(FAIL|plan|train_mlp:.*=>)' "$WORK/plan_toolkit.log" | sed 's/^/  toolkit-built: /'
+    [ "$rc" = 0 ] || { cat "$WORK/plan_toolkit.log"; fail "$BUILD's binaries (built against the whole toolkit) are not ready in the stand-in (exit $rc)"; }
+    for lib in libnccl libcublas libcublasLt; do
+        grep -q "^train_mlp:.* $lib => $site/nvidia/" "$WORK/plan_toolkit.log" ||
+            fail "$BUILD's train_mlp: $lib is not the wheel's in the stand-in"
+    done
+    rm -rf "$WORK/toolkit_built"
+    say "$BUILD's binaries (built against the whole toolkit) find NCCL and cuBLAS in the wheels"
+fi
 say "passed in $(( $(date +%s) - t0 )) s: the wheels' NCCL and cuBLAS found, built against, resolved by ldd; the plan within the budget"
 echo "1 passed, 0 failed"
 exit 0
