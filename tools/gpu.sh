@@ -88,6 +88,10 @@ EOF
 }
 
 say() { printf 'gpu.sh: %s\n' "$*"; }
+commit_desc() { # the checkout's commit, where git and its history are here
+    c=$(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null) || { echo "unknown (no git history here)"; return; }
+    git -C "$ROOT" diff --quiet HEAD 2>/dev/null && echo "$c" || echo "$c (with uncommitted changes)"
+}
 abspath() { # a path that may not exist yet, made absolute
     case $1 in /*) printf '%s\n' "$1" ;; *) printf '%s\n' "$(pwd)/$1" ;; esac
 }
@@ -286,7 +290,7 @@ gather() { # BUILD DIR
         return 1
     fi
     {
-        echo "commit: $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)')"
+        echo "commit: $(commit_desc)"
         echo "built: $(date -u '+%Y-%m-%d %H:%M UTC') on $(uname -srm), $(getconf GNU_LIBC_VERSION 2>/dev/null)"
         [ -f "$1/meson-info/intro-buildoptions.json" ] && timeout -k 2 20 "$PY" - "$1/meson-info/intro-buildoptions.json" 2>/dev/null <<'PYEOF'
 import json, sys
@@ -581,7 +585,7 @@ run_parts() {
     {
         echo "# fsdp.h GPU report"
         echo
-        echo "Made by \`tools/gpu.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(git -C "$ROOT" rev-parse --short HEAD 2>/dev/null || echo '?')$(git -C "$ROOT" diff --quiet HEAD 2>/dev/null || echo ' (with uncommitted changes)'), binaries from $DIR${ONLY:+, only: $ONLY}."
+        echo "Made by \`tools/gpu.sh\` on $(date -u '+%Y-%m-%d %H:%M UTC'), commit $(commit_desc), binaries from $DIR${ONLY:+, only: $ONLY}."
         echo
         echo "## Machine"
         echo
