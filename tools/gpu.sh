@@ -29,7 +29,8 @@
 # --only NAMES (comma-separated) re-runs some parts: a name selects the part
 # of that name and the parts NAME:* (test_cuda selects every case,
 # test_cuda:arith one of them); the library check and the machine probes
-# always run.
+# always run. The names in a failed verdict can be given back as they are
+# (loss_comparison selects train_mlp, device_line test_cuda).
 #
 # The lease protocol (docs/gpu.md says the same):
 #   1. At the start of a session ask the device tool's `status` (free). If
@@ -111,7 +112,19 @@ ONLY=""
 if [ "$mode" = run ] || [ "$mode" = prebuilt ]; then
     if [ $# -gt 0 ]; then
         [ $# = 2 ] && [ "$1" = --only ] || usage
-        ONLY=$(printf '%s' "$2" | tr ',' ' ')
+        # the verdict's names go back as they are: the checks that are not
+        # parts select the parts they check; the ones that always run, none
+        ONLY=""
+        for o in $(printf '%s' "$2" | tr ',' ' '); do
+            case $o in
+                loss_comparison) ONLY="$ONLY train_mlp" ;;
+                device_line) ONLY="$ONLY test_cuda" ;;
+                libs|lookup|list|budget) ;;
+                *) ONLY="$ONLY $o" ;;
+            esac
+        done
+        ONLY=${ONLY# }
+        [ -n "$ONLY" ] || ONLY=always_run_parts_only
     fi
 fi
 
@@ -574,7 +587,7 @@ run_parts() {
     done
 
     for o in $ONLY; do
-        case " $MATCHED " in *" $o "*) ;; *) fail_part only "--only $o: no part of that name" ;; esac
+        case " $MATCHED always_run_parts_only " in *" $o "*) ;; *) fail_part only "--only $o: no part of that name" ;; esac
     done
     # test_cuda's device: line answers whether the pageable paths were taken
     if ls "$SCRATCH"/test_cuda:*.out >/dev/null 2>&1 && ! grep -q '^device:' "$SCRATCH"/test_cuda:*.out; then
