@@ -176,13 +176,10 @@ has_lib() { # folder, stem: a libSTEM.so or libSTEM.so.N in it
     for f in "$1/$2.so" "$1/$2".so.*; do [ -e "$f" ] && return 0; done
     return 1
 }
-lookup_one() { # var, header, lib stem, wheel subfolders...
-    v=$1 hdr=$2 stem=$3
-    shift 3
-    if [ -f "$CUDA_ROOT/include/$hdr" ] && has_lib "$CUDA_ROOT/lib64" "$stem"; then
-        eval "${v}_INC=\$CUDA_ROOT/include ${v}_LIB=\$CUDA_ROOT/lib64 ${v}_FROM=toolkit"
-        return 0
-    fi
+lookup_one() { # var, header, lib stem, toolkit-first|wheel-first, wheel subfolders...
+    v=$1 hdr=$2 stem=$3 order=$4
+    shift 4
+    if [ "$order" = toolkit-first ] && lookup_toolkit; then return 0; fi
     for s in $SITES; do
         for w in "$@"; do
             if [ -f "$s/nvidia/$w/include/$hdr" ] && has_lib "$s/nvidia/$w/lib" "$stem"; then
@@ -192,8 +189,13 @@ lookup_one() { # var, header, lib stem, wheel subfolders...
             fi
         done
     done
+    if [ "$order" = wheel-first ] && lookup_toolkit; then return 0; fi
     eval "${v}_INC= ${v}_LIB= ${v}_FROM="
     return 1
+}
+lookup_toolkit() { # lookup_one's variables
+    [ -f "$CUDA_ROOT/include/$hdr" ] && has_lib "$CUDA_ROOT/lib64" "$stem" || return 1
+    eval "${v}_INC=\$CUDA_ROOT/include ${v}_LIB=\$CUDA_ROOT/lib64 ${v}_FROM=toolkit"
 }
 add_dir() { # var, dir: appended to the comma-separated list once
     eval "cur=\${$1}"
@@ -204,9 +206,12 @@ lookup_libs() {
     SITES=$(site_dirs)
     ok=0
     GPU_INC_DIRS="" GPU_LIB_DIRS="" RUN_LIB_DIRS=""
-    lookup_one NCCL nccl.h libnccl nccl || { ok=1; say "libraries: no NCCL: nccl.h and libnccl.so* neither in $CUDA_ROOT nor in $PY's site-packages (nvidia/nccl: the nvidia-nccl-cu13 wheel)"; }
-    lookup_one CUBLAS cublas_v2.h libcublas cu13 cublas || { ok=1; say "libraries: no cuBLAS: cublas_v2.h and libcublas.so* neither in $CUDA_ROOT nor in $PY's site-packages (nvidia/cu13: the CUDA 13 nvidia-cublas wheel; nvidia/cublas)"; }
-    lookup_one CUDART cuda_runtime_api.h libcudart cu13 cuda_runtime || { ok=1; say "libraries: no cudart in $CUDA_ROOT nor in $PY's site-packages"; }
+    lookup_one NCCL nccl.h libnccl toolkit-first nccl || { ok=1; say "libraries: no NCCL: nccl.h and libnccl.so* neither in $CUDA_ROOT nor in $PY's site-packages (nvidia/nccl: the nvidia-nccl-cu13 wheel)"; }
+    lookup_one CUBLAS cublas_v2.h libcublas toolkit-first cu13 cublas || { ok=1; say "libraries: no cuBLAS: cublas_v2.h and libcublas.so* neither in $CUDA_ROOT nor in $PY's site-packages (nvidia/cu13: the CUDA 13 nvidia-cublas wheel; nvidia/cublas)"; }
+    # cudart matters at run time only (nvcc brings its own): the wheel's
+    # first, so that the toolkit's lib64 (cuDNN and all) stays off
+    # LD_LIBRARY_PATH where the wheels have everything, as for torch there
+    lookup_one CUDART cuda_runtime_api.h libcudart wheel-first cu13 cuda_runtime || { ok=1; say "libraries: no cudart in $CUDA_ROOT nor in $PY's site-packages"; }
     for v in NCCL CUBLAS CUDART; do
         eval "from=\$${v}_FROM inc=\$${v}_INC lib=\$${v}_LIB"
         [ -n "$from" ] || continue

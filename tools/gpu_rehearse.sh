@@ -152,6 +152,9 @@ for lib in libnccl libcublas libcublasLt; do
     grep -q "^train_mlp:.* $lib => $site/nvidia/" "$WORK/plan.log" || fail "train_mlp's $lib is not the wheel's"
 done
 grep -q "^test_cuda:.* libnccl => $site/nvidia/nccl/lib/" "$WORK/plan.log" || fail "test_cuda's libnccl is not the wheel's"
+# the wheels hold everything there: the CUDA root's lib64 (cuDNN and all,
+# which torch in bench_cuda's comparison must not meet) stays off it
+grep "^LD_LIBRARY_PATH=" "$WORK/plan.log" | grep -q "$cuda" && fail "LD_LIBRARY_PATH holds the CUDA root: $(grep '^LD_LIBRARY_PATH=' "$WORK/plan.log")"
 if [ -n "$BUILD" ]; then
     sh "$ROOT/tools/gpu.sh" --gather "$BUILD" "$WORK/toolkit_built" >"$WORK/plan_toolkit.log" 2>&1 ||
         { cat "$WORK/plan_toolkit.log"; fail "tools/gpu.sh --gather $BUILD failed"; }
