@@ -1,8 +1,9 @@
 #!/bin/sh
 # Installs what building and testing fsdp.h needs, only when it is missing:
 # meson, ninja, a C and a C++ compiler, clang (the tests build with both),
-# and the optional backends' dependencies: Open MPI (libopenmpi-dev,
-# openmpi-bin) and Gloo (libgloo-dev). Safe to run any number of times.
+# python3 with venv (the GPU rehearsal), and the optional backends'
+# dependencies: Open MPI (libopenmpi-dev, openmpi-bin) and Gloo
+# (libgloo-dev). Safe to run any number of times.
 set -e
 need=""
 command -v meson >/dev/null 2>&1 || need="$need meson"
@@ -12,6 +13,12 @@ command -v c++ >/dev/null 2>&1 || need="$need g++"
 command -v clang >/dev/null 2>&1 || need="$need clang"
 command -v pkg-config >/dev/null 2>&1 || need="$need pkg-config"
 command -v cmake >/dev/null 2>&1 || need="$need cmake"  # tests/check_consumers.sh's CMake route
+# tools/gpu.sh --rehearse: a virtual environment for the NCCL and cuBLAS wheels
+if ! command -v python3 >/dev/null 2>&1; then
+    need="$need python3 python3-venv"
+elif ! python3 -c 'import venv, ensurepip' >/dev/null 2>&1; then
+    need="$need python3-venv"
+fi
 if [ -n "$need" ]; then
     echo "deps: installing$need"
     SUDO=""

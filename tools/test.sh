@@ -1,7 +1,11 @@
 #!/bin/sh
 # The README's second command (and CI's): builds and runs every test with gcc,
-# with clang, under AddressSanitizer+UBSan and under ThreadSanitizer, then
-# prints one closing line "N passed, M failed" over all of them.
+# with clang in a release build (-O3), under AddressSanitizer+UBSan and under
+# ThreadSanitizer, every build with -Dwerror=true (meson.build leaves werror
+# off for a user's build), then prints one closing line "N passed, M failed"
+# over all of them. The gcc build also rehearses the GPU machine
+# (-Dgpu_rehearsal=true: tools/gpu.sh --rehearse, about 620 MB of wheels
+# from PyPI the first time).
 set -u
 cd "$(dirname "$0")/.."
 sh tools/deps.sh || exit 1
@@ -16,6 +20,12 @@ run_suite() { # name, build dir, env for setup, meson setup options...
     if [ ! -f "$dir/build.ninja" ]; then
         env $env_setup meson setup "$dir" "$@" >"$dir.setup.log" 2>&1 || {
             cat "$dir.setup.log"; echo "$name: meson setup failed"
+            total_fail=$((total_fail + 1)); status=1; return; }
+    else
+        # a tree set up earlier takes this script's options too (werror, the
+        # release build, the rehearsal); its compiler stays the one it has
+        meson setup --reconfigure "$dir" "$@" >"$dir.setup.log" 2>&1 || {
+            cat "$dir.setup.log"; echo "$name: meson setup --reconfigure failed"
             total_fail=$((total_fail + 1)); status=1; return; }
     fi
     if ! meson compile -C "$dir" >"$dir.compile.log" 2>&1; then
@@ -42,10 +52,10 @@ export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
-run_suite gcc build "" 
-run_suite clang build-clang "CC=clang CXX=clang++"
-run_suite asan+ubsan build-asan "" -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
-run_suite tsan build-tsan "" -Db_sanitize=thread -Db_lundef=false -Dbuildtype=debug
+run_suite gcc build "" -Dwerror=true -Dgpu_rehearsal=true
+run_suite "clang, release" build-clang "CC=clang CXX=clang++" -Dwerror=true -Dbuildtype=release
+run_suite asan+ubsan build-asan "" -Dwerror=true -Db_sanitize=address,undefined -Db_lundef=false -Dbuildtype=debug
+run_suite tsan build-tsan "" -Dwerror=true -Db_sanitize=thread -Db_lundef=false -Dbuildtype=debug
 
 # libFuzzer harnesses (fuzz/), briefly: a fixed number of executions each
 # under ASan+UBSan; skipped cleanly without clang's libFuzzer
