@@ -2199,7 +2199,7 @@ FSDP_API const char *fsdp_ckpt_writer_last_error(const fsdp_ckpt_writer *w);
    trainable ones. The others are not part of the call: a load leaves them
    as they are. Ignored parameters named by the table are skipped by a
    load (they are the engine's) and refused by a save (FSDP holds none of
-   their values).
+   their values); without a table a save leaves them out.
 
    Load. Strict: every parameter of the call is in the files, every
    tensor of the files is one of them, matches desc.ignore, or is a

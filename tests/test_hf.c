@@ -5,13 +5,15 @@
    adapters under PEFT's names.
      roundtrip  saved at 1, 2 and 3 ranks (one file; shards of a few KiB,
                 each rank writing its own; bf16), loaded at 1, 2 and 3: the
-                same parameters bitwise (bf16: rounded to nearest even); the
-                files hold (in, out) and the prefix, the index the shards
+                same parameters bitwise (bf16: rounded to nearest even);
+                the same with cpu_offload; the files hold (in, out) and the
+                prefix, the index the shards
      written    a directory laid out as transformers writes one, made here
                 ("transformer." prefix, (in, out) weights, f16, bf16 and
                 f32 tensors, an index over 3 shards, an old causal-mask
-                buffer to ignore), loaded at 1, 2 and 3 ranks; and the same
-                names without the prefix (the published gpt2's)
+                buffer to ignore), loaded at 1, 2 and 3 ranks; the same
+                names without the prefix (the published gpt2's); and its
+                files as symbolic links, as in Hugging Face's cache
      strict     a missing, an unexpected, a doubled (with and without the
                 prefix), a mis-shaped and an integer tensor are refused,
                 naming them; not strict, the rest loads and the missing
@@ -60,6 +62,7 @@
 
 static char g_tmp[512];
 static const char *g_pydir;
+static int g_offload; /* cpu_offload of the contexts hopen creates */
 
 /* The table (hf names where they differ; Conv1D weights transposed).
    big: the memory case's model, with wider matrices. */
@@ -253,6 +256,7 @@ static int hopen_on(hctx *h, int rank, fsdp_local_world *world, int kind, int se
     cd.hooks.allocator.realloc = bc_realloc;
     cd.hooks.allocator.free = bc_free;
     cd.hooks.log = quiet;
+    cd.cpu_offload = g_offload;
     if (capped) {
         if (fsdp_ctx_plan_only(&cd, fsdp_comm_size(h->comm), &h->plan) != FSDP_SUCCESS) return 0;
         fsdp_device_memory(h->dev, &ms);
@@ -451,6 +455,20 @@ static void test_roundtrip(void)
                 run(&j, wl);
             }
         }
+    /* with cpu_offload (the shards in host memory): saved at 2 ranks,
+       loaded at 3 */
+    memset(&j, 0, sizeof j);
+    j.desc = desc_of(t, 0);
+    j.desc.max_shard_bytes = 3000;
+    j.seed = 17;
+    snprintf(j.dir, sizeof j.dir, "%s/rt_offload", g_tmp);
+    g_offload = 1;
+    j.fn = save_rank;
+    run(&j, 2);
+    j.fn = load_rank;
+    run(&j, 3);
+    run(&j, 1);
+    g_offload = 0;
     /* what the files hold: names with the prefix, (in, out) weights, the
        index's weight_map over several shards */
     {
@@ -669,6 +687,30 @@ static void test_written(void)
         j.desc.n_ignore = 1;
         j.fn = written_rank;
         for (w = 1; w <= MAXW; w++) run(&j, w);
+    }
+    /* a snapshot of the Hugging Face cache: every file a symbolic link
+       into blobs/ */
+    {
+        static const char *const files[] = {"model.safetensors.index.json",
+                                            "model-00001-of-00003.safetensors",
+                                            "model-00002-of-00003.safetensors",
+                                            "model-00003-of-00003.safetensors"};
+        char blobs[800], from[1600], to[1600];
+        memset(&j, 0, sizeof j);
+        snprintf(blobs, sizeof blobs, "%s/written0", g_tmp);
+        snprintf(j.dir, sizeof j.dir, "%s/snapshot", g_tmp);
+        mkdir(j.dir, 0777);
+        for (v = 0; v < CHECK_COUNT(files); v++) {
+            snprintf(from, sizeof from, "%s/%s", blobs, files[v]);
+            snprintf(to, sizeof to, "%s/%s", j.dir, files[v]);
+            CHECK(symlink(from, to) == 0, "symlink: %s", strerror(errno));
+        }
+        j.seed = 21;
+        j.desc = desc_of(t, 0);
+        j.desc.ignore = ign;
+        j.desc.n_ignore = 1;
+        j.fn = written_rank;
+        run(&j, 2);
     }
 }
 
