@@ -65,11 +65,14 @@ typedef struct gpt_config {
        after the run save_hf gets the model (the frozen base under LoRA),
        save_peft the adapters, with their config.json and
        adapter_config.json; dump_logits the logits of the first held-out
-       problem as JSON (rank 0). positions: wpe's rows (a directory's
+       problem's input as JSON (rank 0), or of dump_tokens[0..n_dump_tokens)
+       when n_dump_tokens > 0 (at most the sequence length; the rows of a
+       causal model do not depend on what follows). positions: wpe's rows (a directory's
        n_positions, at least the sequence length, the rows past it kept as
        they are; 0: the sequence length). hf_dtype: the saved files' dtype
        (0: f32); hf_max_shard: bytes per shard (0: one file). */
     const char *init_hf, *init_peft, *save_hf, *save_peft, *dump_logits;
+    int dump_tokens[3 * GPT_MAX_DIGITS + 2], n_dump_tokens;
     int positions;
     fsdp_dtype hf_dtype;
     int64_t hf_max_shard;
@@ -1510,15 +1513,18 @@ static int gpt__hf(gpt_engine *e, const char *dir, int peft, int save)
 }
 
 /* --dump-logits: the logits of the first held-out problem's input (L
-   tokens), computed by every rank (the forward is collective); rank 0
-   keeps them in *out (L x V floats, freed by the caller) for
-   gpt__write_logits. */
+   tokens), or of the tokens given (the rest of the L positions 0), computed
+   by every rank (the forward is collective); rank 0 keeps them in *out
+   (L x V floats, freed by the caller) for gpt__write_logits. */
 static int gpt__dump_logits(gpt_engine *e, gpt_acts *a, int *tok, float **out)
 {
     uint64_t x, y;
     size_t n = (size_t)e->d.L * (size_t)e->d.V;
+    int t;
     gpt_problem(e->d.digits, e->cfg->seed, 1, 0, &x, &y);
     gpt_encode_task(e->cfg->task, e->d.digits, x, y, tok);
+    if (e->cfg->n_dump_tokens > 0)
+        for (t = 0; t <= e->d.L; t++) tok[t] = t < e->cfg->n_dump_tokens ? e->cfg->dump_tokens[t] : 0;
     if (!gpt_forward(&e->d, a, &e->src, tok, 1)) return 0;
     if (e->rank != 0) return 1;
     if (!(*out = (float *)malloc(n * sizeof(float)))) {
@@ -1534,16 +1540,16 @@ static int gpt__dump_logits(gpt_engine *e, gpt_acts *a, int *tok, float **out)
 static int gpt__write_logits(gpt_engine *e, const int *tok, const float *logits)
 {
     FILE *f = fopen(e->cfg->dump_logits, "w");
-    int t, v, ok;
+    int t, v, ok, T = e->cfg->n_dump_tokens > 0 ? e->cfg->n_dump_tokens : e->d.L;
     if (!f) {
         snprintf(e->msg, e->msg_cap, "rank 0: --dump-logits '%s': %s", e->cfg->dump_logits,
                  strerror(errno));
         return 0;
     }
     fprintf(f, "{\"tokens\": [");
-    for (t = 0; t < e->d.L; t++) fprintf(f, "%s%d", t ? ", " : "", tok[t]);
+    for (t = 0; t < T; t++) fprintf(f, "%s%d", t ? ", " : "", tok[t]);
     fprintf(f, "],\n \"logits\": [");
-    for (t = 0; t < e->d.L; t++) {
+    for (t = 0; t < T; t++) {
         fprintf(f, "%s[", t ? ",\n  " : "\n  ");
         for (v = 0; v < e->d.V; v++)
             fprintf(f, "%s%.9g", v ? ", " : "", (double)logits[t * e->d.V + v]);
@@ -1934,6 +1940,9 @@ static int gpt_check_config(const gpt_config *c, char *err, size_t cap)
     else if (c->positions && c->positions < gpt_seq_len(c->digits))
         snprintf(err, cap, "the model's %d positions (n_positions) are fewer than the %d tokens "
                  "--digits %d needs", c->positions, gpt_seq_len(c->digits), c->digits);
+    else if (c->n_dump_tokens > gpt_seq_len(c->digits))
+        snprintf(err, cap, "--dump-tokens gives %d tokens; the model reads %d (--digits %d)",
+                 c->n_dump_tokens, gpt_seq_len(c->digits), c->digits);
     else if (c->positions > 1 << 20)
         snprintf(err, cap, "the model's %d positions (n_positions) are above %d", c->positions,
                  1 << 20);

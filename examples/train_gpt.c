@@ -85,7 +85,8 @@
    --init-peft DIR loads PEFT adapters, --save-hf writes the frozen base
    and --save-peft DIR the adapters in PEFT's layout. --dump-logits FILE
    writes the logits of the first held-out problem as JSON ({"tokens":
-   [...], "logits": [[...], ...]}); with --steps 0 the run only loads and
+   [...], "logits": [[...], ...]}), or of --dump-tokens T,T,... (token ids,
+   at most the sequence length); with --steps 0 the run only loads and
    evaluates. */
 #define _XOPEN_SOURCE 700 /* clock_gettime(CLOCK_THREAD_CPUTIME_ID); fork, mkdtemp, nftw */
 #include "fsdp.h"
@@ -139,8 +140,9 @@ static void usage(const char *argv0)
             "          [--init-peft DIR] (with --lora: PEFT adapters to start from)\n"
             "          [--save-hf DIR [--hf-dtype f32|bf16|f16] [--hf-max-shard BYTES]]\n"
             "          [--save-peft DIR] (with --lora: the adapters in PEFT's layout)\n"
-            "          [--dump-logits FILE] (JSON: the logits of the first held-out problem;\n"
-            "           --steps 0 only loads and evaluates)\n",
+            "          [--dump-logits FILE [--dump-tokens T,T,...]] (JSON: the logits of the\n"
+            "           first held-out problem, or of the tokens given; --steps 0 only loads\n"
+            "           and evaluates)\n",
             argv0);
 }
 
@@ -204,6 +206,20 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
             else if (!strcmp(a, "--save-hf")) c->save_hf = v;
             else if (!strcmp(a, "--save-peft")) c->save_peft = v;
             else if (!strcmp(a, "--dump-logits")) c->dump_logits = v;
+            else if (!strcmp(a, "--dump-tokens")) { /* token ids, comma-separated */
+                const char *q = v;
+                char *end;
+                c->n_dump_tokens = 0;
+                while (good && *q) {
+                    long t = strtol(q, &end, 10);
+                    good = end != q && t >= 0 && t < GPT_VOCAB &&
+                           c->n_dump_tokens < (int)(sizeof c->dump_tokens / sizeof(int)) &&
+                           (*end == ',' || !*end);
+                    if (good) c->dump_tokens[c->n_dump_tokens++] = (int)t;
+                    q = *end ? end + 1 : end;
+                }
+                good = good && c->n_dump_tokens > 0;
+            }
             else if (!strcmp(a, "--hf-dtype")) {
                 c->hf_dtype = !strcmp(v, "f32") ? FSDP_F32 : !strcmp(v, "bf16") ? FSDP_BF16
                               : !strcmp(v, "f16") ? FSDP_F16 : FSDP_DTYPE_DEFAULT;

@@ -8,12 +8,14 @@ numpy (no PyTorch): tests/check_hf.sh runs this in a virtual environment.
    three shards and model.safetensors.index.json, a causal-mask buffer to
    ignore) loads at 1, 2 and 3 ranks with the values Python wrote
    (test_hf --case python DIR, against DIR/expected.safetensors).
-2. GPT-2's forward in numpy (float64), checked first against the logits
-   transformers computed for ../shared/hf (gpt2_tiny_logits.json, and with
-   the PEFT adapters gpt2_tiny_lora_logits.json), then against
-   train_gpt --dump-logits after --init-from-hf (one file, the sharded
-   directory, and a published-style directory without the prefix and with
-   old buffers), at 1, 2 and 3 ranks, with and without --lora/--init-peft.
+2. train_gpt --init-from-hf ../shared/hf/gpt2_tiny --dump-logits of
+   transformers' own token rows (--dump-tokens) against the logits
+   transformers computed (gpt2_tiny_logits.json; with --lora --init-peft
+   of the PEFT adapters, gpt2_tiny_lora_logits.json). And GPT-2's forward
+   in numpy (float64), checked against those logits too, then against
+   train_gpt --dump-logits after --init-from-hf of the one file, the
+   sharded directory, and a published-style directory without the prefix
+   and with old buffers, at 1, 2 and 3 ranks, with and without --lora.
 3. train_gpt --save-hf (f32 and bf16, one file and shards) read back here:
    every name, dtype, shape and value (bf16: the f32 values rounded to
    nearest even), the index (weight_map, total_size), config.json; the
@@ -21,17 +23,20 @@ numpy (no PyTorch): tests/check_hf.sh runs this in a virtual environment.
 4. A trained model exported and read back: numpy's forward of the saved
    weights gives train_gpt's logits, and --init-from-hf of the export gives
    the same logits bitwise.
+5. Configurations train_gpt cannot run (another vocabulary, gelu_new,
+   fewer positions than its sequence, ...) are refused, named.
 Without FIXTURES_DIR (no ../shared beside the clone) the parts that need
-transformers' files are skipped and said so; 1 and 4 run everywhere.
+transformers' files are skipped and said so; 1, 4 and 5 run everywhere.
 
 Tolerance of the logits: numpy computes in float64; train_gpt in float32
 with its own summation order (a blocked matmul) and an erf GELU of
 absolute error < 1.5e-7, and transformers in float32 too. For these
 models (width <= 32, 2 layers, logits below 2 in magnitude) the f32
-results differ from the f64 ones by about 1e-7 (measured: 1.6e-7 for
-transformers' with the adapters, 8.7e-8 for train_gpt's); the check allows
-1e-5 absolute, 60x that, while a transposed weight, a wrong head split or
-a missing adapter moves the logits by more than 1e-2."""
+results differ from the f64 ones, and from each other, by about 1e-7
+(measured: train_gpt's from transformers' 1.4e-7, transformers' from
+numpy's 1.6e-7 with the adapters, train_gpt's from numpy's 8.7e-8); the
+check allows 1e-5 absolute, 60x that, while a transposed weight, a wrong
+head split or a missing adapter moves the logits by more than 1e-2."""
 import json
 import math
 import os
@@ -297,6 +302,28 @@ def fixtures_part(train_gpt, work, fx):
     lmax = max(close(forward(w, t, heads, ad, scale), lg, "numpy (LoRA) vs transformers")
                for t, lg in zip(j["tokens"], j["logits"]))
     print("numpy's forward vs transformers: max |diff| %.3g, with LoRA %.3g" % (dmax, lmax))
+    # train_gpt's logits of transformers' own token rows, against transformers'
+    # (the first 11 positions: train_gpt reads 11 tokens, and a causal
+    # model's rows do not depend on the tokens after them)
+    f = os.path.join(work, "rows.json")
+    tmax = 0.0
+    for name, extra in (("gpt2_tiny_logits.json", []),
+                        ("gpt2_tiny_lora_logits.json",
+                         ["--lora", str(lcfg["r"]), "--init-peft",
+                          os.path.join(fx, "gpt2_tiny_lora")])):
+        j = json.load(open(os.path.join(fx, name)))
+        for t, lg in zip(j["tokens"], j["logits"]):
+            if gpt(train_gpt, "--init-from-hf", base, "--steps", "0", "--dump-logits", f,
+                   "--dump-tokens", ",".join(str(x) for x in t[:11]), *extra,
+                   ranks=2).returncode:
+                continue
+            toks, got = dump(f)
+            if toks != t[:11]:
+                fail("--dump-tokens: dumped %s for %s" % (toks, t[:11]))
+            tmax = max(tmax, close(got, np.array(lg)[:11], "train_gpt vs transformers (%s, %s)"
+                                   % (name, t[:11])))
+    print("train_gpt --dump-logits of transformers' token rows: within %.3g of transformers' "
+          "logits, base and PEFT adapters" % tmax)
     # a published-style directory: no prefix, old buffers and the tied head
     pub = os.path.join(work, "published")
     shutil.rmtree(pub, ignore_errors=True)
