@@ -2213,9 +2213,11 @@ FSDP_API const char *fsdp_ckpt_writer_last_error(const fsdp_ckpt_writer *w);
    model's (transposed for hf_transpose); f32, f16, bf16 and f64 tensors
    are converted to the f32 masters. Each rank reads only the byte ranges
    its shards need (for an hf_transpose tensor, the rows of the model's
-   matrix they touch), through host staging of at most
-   desc.staging_bytes, and stages the new shards as fsdp_ckpt_load does,
-   in the plan's idle buffers (peak <= plan). Nothing changes before
+   matrix they touch), through staging of at most desc.staging_bytes, and
+   stages the new shards as fsdp_ckpt_load does, in the plan's idle
+   buffers (peak <= plan). Where the device's memory is the host's (the
+   CPU device) the staging too is taken from those buffers when they have
+   room; else, and on a GPU, it is host memory. Nothing changes before
    every rank has opened and checked every header; Hugging Face files
    carry no checksums, so the data is not verified (a FSDP_LOG_WARN line
    on rank 0 says so, as for a foreign checkpoint file), and when the
@@ -2245,7 +2247,8 @@ FSDP_API const char *fsdp_ckpt_writer_last_error(const fsdp_ckpt_writer *w);
    total_parameters, weight_map), plus desc.config_json as config.json.
    Each unit is gathered once through the plan's idle buffers (as a full
    state dict is) and each shard file written by one rank (file k by rank
-   k mod world size), through host staging of at most desc.staging_bytes.
+   k mod world size), through staging of at most desc.staging_bytes (from
+   the plan's idle buffers where a load's would be, else host memory).
    Atomic: every file goes to a new directory "<dir>.tmp.<pid>.<id>" beside
    dir, fsynced; once every rank's files are complete rank 0 renames it to
    dir (a missing or empty dir: one step). Into a dir that holds files
@@ -2263,7 +2266,7 @@ enum {
                                parameters only (FSDP_SD_TRAINABLE_ONLY) */
 };
 
-/* Host staging of fsdp_hf_load and fsdp_hf_save when staging_bytes is 0. */
+/* Staging of fsdp_hf_load and fsdp_hf_save when staging_bytes is 0. */
 #define FSDP_HF_STAGING_DEFAULT ((size_t)4 << 20)
 
 typedef struct fsdp_hf_desc {
@@ -2290,7 +2293,7 @@ typedef struct fsdp_hf_desc {
     /* save: the text of config.json (adapter_config.json with
        FSDP_HF_PEFT), a JSON object; NULL: none is written */
     const char *config_json;
-    /* host memory for conversions, per rank; 0: FSDP_HF_STAGING_DEFAULT */
+    /* staging of conversions, per rank; 0: FSDP_HF_STAGING_DEFAULT */
     size_t staging_bytes;
 } fsdp_hf_desc;
 
@@ -20498,30 +20501,80 @@ FSDP__DEF void fsdp__hf_blocks(int64_t R, int64_t C, int64_t per, int64_t *rb, i
     if (*rb < 1) *rb = 1;
 }
 
-/* Grows a host buffer to bytes; 0 or -1 when out of memory. */
-FSDP__DEF int fsdp__hf_buf(const fsdp_hooks *h, void **p, size_t *cap, size_t bytes)
+/* The staging of a load: raw file bytes and their transpose, per elements
+   of the widest dtype each. Where the device's memory is the host's (the
+   CPU device) they are pieces of the plan's idle buffers when these have
+   room (mem FSDP_MEM_DEVICE: the loader then converts straight into the
+   new shards, so the whole staging is within the plan); else host memory
+   of at most the staging size, converted through the loader's host
+   buffer (mem FSDP_MEM_HOST). */
+typedef struct fsdp__hf_rbuf {
+    void *raw, *tr;
+    size_t bytes;     /* each */
+    int64_t per;      /* elements of the widest dtype in each */
+    fsdp_memory_kind mem;
+} fsdp__hf_rbuf;
+
+FSDP__DEF fsdp_result fsdp__hf_rbuf_get(fsdp__hf *H, fsdp__ld *L, fsdp__hf_rbuf *B)
 {
-    if (bytes <= *cap) return 0;
-    fsdp__free(h, *p);
-    *cap = 0;
-    if (!(*p = fsdp__alloc(h, bytes))) return -1;
-    *cap = bytes;
-    return 0;
+    fsdp_ctx *c = H->c;
+    size_t es = 1;
+    int i;
+    memset(B, 0, sizeof *B);
+    for (i = 0; i < L->ns; i++)
+        if (fsdp_dtype_size(L->s[i].dtype) > es) es = fsdp_dtype_size(L->s[i].dtype);
+    if (L->lending && fsdp_device_host_accessible(c->dev)) {
+        size_t room = fsdp__lend_largest(c) & ~(size_t)63;
+        B->bytes = H->staging / 2 < room / 2 ? H->staging / 2 : room / 2;
+        B->bytes -= B->bytes % es;
+        if (B->bytes >= 64 * es && (B->raw = fsdp__lend_take(c, B->bytes)) != NULL) {
+            if ((B->tr = fsdp__lend_take(c, B->bytes)) != NULL) {
+                B->per = (int64_t)(B->bytes / es);
+                B->mem = FSDP_MEM_DEVICE;
+                return FSDP_SUCCESS;
+            }
+            fsdp__lend_give(c, B->raw, B->bytes);
+            B->raw = NULL;
+        }
+    }
+    /* host memory: raw, transposed, and the loader's f32 conversion */
+    B->per = (int64_t)(H->staging / (2 * es + 4));
+    if (B->per < 1) B->per = 1;
+    B->bytes = (size_t)B->per * es;
+    B->mem = FSDP_MEM_HOST;
+    B->raw = fsdp__alloc(&c->hooks, B->bytes);
+    B->tr = fsdp__alloc(&c->hooks, B->bytes);
+    if (!B->raw || !B->tr)
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory for the staging",
+                              H->where);
+    return FSDP_SUCCESS;
 }
 
-/* Reads what this rank's shard needs of source s, in pieces of at most the
+FSDP__DEF void fsdp__hf_rbuf_free(fsdp__hf *H, fsdp__hf_rbuf *B)
+{
+    if (B->mem == FSDP_MEM_DEVICE) {
+        fsdp__lend_give(H->c, B->tr, B->bytes); /* the last piece first */
+        fsdp__lend_give(H->c, B->raw, B->bytes);
+    } else {
+        fsdp__free(&H->c->hooks, B->raw);
+        fsdp__free(&H->c->hooks, B->tr);
+    }
+    memset(B, 0, sizeof *B);
+}
+
+/* Reads what this rank's shard needs of source s, in pieces that fit the
    staging, and applies them: ranges of the file, or for a transposed
    tensor blocks of the model's rows, each read as strips of the file's
    rows and transposed. */
-FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s, void **tbuf,
-                                    size_t *tcap)
+FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s,
+                                    fsdp__hf_rbuf *B)
 {
     fsdp_ctx *c = L->c;
     const fsdp__tgt *t;
     fsdp__st_file *f = &L->files[s->file];
     const fsdp__st_entry *en = &f->e[s->entry];
     size_t es = fsdp_dtype_size(s->dtype);
-    int64_t lo, hi, base = f->data_start + en->begin, per;
+    int64_t lo, hi, base = f->data_start + en->begin, per = (int64_t)(B->bytes / es);
     fsdp__src piece = *s;
     fsdp_result r;
     int rc = 0;
@@ -20530,21 +20583,15 @@ FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s
     lo = t->need_off > 0 ? t->need_off : 0;
     hi = t->need_off + t->need_n < s->numel ? t->need_off + t->need_n : s->numel;
     if (lo >= hi) return FSDP_SUCCESS;
-    per = (int64_t)(H->staging / (2 * es + 4));
-    if (per < 1) per = 1;
-    if (fsdp__hf_buf(&c->hooks, &L->hbuf, &L->hbuf_bytes, (size_t)per * es) != 0 ||
-        (s->transpose && fsdp__hf_buf(&c->hooks, tbuf, tcap, (size_t)per * es) != 0))
-        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory for the staging",
-                              H->where);
     if (!s->transpose) {
         int64_t k, m;
         for (k = lo; k < hi; k += m) {
             m = hi - k < per ? hi - k : per;
-            if ((rc = fsdp__read_at(f->fd, base + k * (int64_t)es, L->hbuf, (size_t)m * es)))
+            if ((rc = fsdp__read_at(f->fd, base + k * (int64_t)es, B->raw, (size_t)m * es)))
                 goto io;
             piece.offset = k;
             piece.numel = m;
-            if ((r = fsdp__ld_apply(L, &piece, L->hbuf, FSDP_MEM_HOST)) != FSDP_SUCCESS) return r;
+            if ((r = fsdp__ld_apply(L, &piece, B->raw, B->mem)) != FSDP_SUCCESS) return r;
         }
         return FSDP_SUCCESS;
     }
@@ -20560,14 +20607,13 @@ FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s
                 /* file row i0+i holds the model's column: its elements o..o+nr-1 */
                 for (i = 0; i < nc; i++)
                     if ((rc = fsdp__read_at(f->fd, base + ((i0 + i) * R + o) * (int64_t)es,
-                                            (char *)L->hbuf + (size_t)(i * nr) * es,
+                                            (char *)B->raw + (size_t)(i * nr) * es,
                                             (size_t)nr * es)))
                         goto io;
-                fsdp__hf_transpose(*tbuf, L->hbuf, nc, nr, es);
+                fsdp__hf_transpose(B->tr, B->raw, nc, nr, es);
                 piece.offset = o * C + i0;
                 piece.numel = nr * nc;
-                if ((r = fsdp__ld_apply(L, &piece, *tbuf, FSDP_MEM_HOST)) != FSDP_SUCCESS)
-                    return r;
+                if ((r = fsdp__ld_apply(L, &piece, B->tr, B->mem)) != FSDP_SUCCESS) return r;
             }
         }
     }
@@ -20584,8 +20630,7 @@ FSDP_API fsdp_result fsdp_hf_load(fsdp_ctx *c, const char *dir, const fsdp_hf_de
     fsdp__hf H;
     fsdp__ld L;
     fsdp__hf_dir D;
-    void *tbuf = NULL;
-    size_t tcap = 0;
+    fsdp__hf_rbuf B;
     fsdp_result r;
     int i;
     if (!c) return FSDP_INVALID_ARGS;
@@ -20593,6 +20638,7 @@ FSDP_API fsdp_result fsdp_hf_load(fsdp_ctx *c, const char *dir, const fsdp_hf_de
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
     memset(&L, 0, sizeof L);
     memset(&D, 0, sizeof D);
+    memset(&B, 0, sizeof B);
     L.c = c;
     if (!fsdp__host_little_endian()) {
         r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: safetensors are little-endian; this host "
@@ -20624,14 +20670,15 @@ agree1:
     /* the headers were checked against the files: with nothing more to
        verify the data is read once, also when written in place (DIRECT) */
     r = fsdp__ld_stage(&L);
-    for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) r = fsdp__hf_read(&H, &L, &L.s[i], &tbuf, &tcap);
+    if (r == FSDP_SUCCESS) r = fsdp__hf_rbuf_get(&H, &L, &B);
+    for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) r = fsdp__hf_read(&H, &L, &L.s[i], &B);
+    if (B.raw || B.tr) fsdp__hf_rbuf_free(&H, &B);
     if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) goto done;
     r = fsdp__ld_commit(&L);
 done:
     fsdp__ld_free(&L);
     fsdp__hf_dir_free(&D, &c->hooks);
     fsdp__hf_free(&H);
-    fsdp__free(&c->hooks, tbuf);
     return r;
 }
 
@@ -20804,12 +20851,16 @@ FSDP__DEF fsdp_result fsdp__hf_create(fsdp__hf *H, fsdp__hf_save *S, int k)
     return r;
 }
 
-/* Host staging of a save: per elements in f32 twice and in the files'
-   dtype, within H->staging. */
+/* The staging of a save, per elements: f the device's values copied to
+   the host (NULL where the host reads device memory in place, the CPU
+   device), t their transpose, o converted to the files' dtype. Pieces of
+   the plan's idle buffers when the host reads device memory and they have
+   room (lent), else host memory within H->staging. */
 typedef struct fsdp__hf_wbuf {
     float *f, *t;
     void *o;
     int64_t per;
+    int lent;
 } fsdp__hf_wbuf;
 
 FSDP__DEF fsdp_result fsdp__hf_put(fsdp__hf *H, int fd, int64_t pos, const void *p, size_t n,
@@ -20847,15 +20898,18 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
     if (!o->it->transpose) {
         int64_t k, m;
         for (k = 0; k < o->numel && r == FSDP_SUCCESS; k += m) {
-            const void *data = w->f;
+            const void *data = src + k;
             m = o->numel - k < w->per ? o->numel - k : w->per;
-            r = fsdp_device_copy(c->dev, w->f, src + k, (size_t)m * 4, kind, NULL);
-            if (r != FSDP_SUCCESS) {
-                r = fsdp__ctx_dev(c, r, H->where);
-                break;
+            if (w->f) {
+                r = fsdp_device_copy(c->dev, w->f, src + k, (size_t)m * 4, kind, NULL);
+                if (r != FSDP_SUCCESS) {
+                    r = fsdp__ctx_dev(c, r, H->where);
+                    break;
+                }
+                data = w->f;
             }
             if (S->dt != FSDP_F32) {
-                fsdp_convert(w->o, S->dt, w->f, FSDP_F32, (size_t)m);
+                fsdp_convert(w->o, S->dt, data, FSDP_F32, (size_t)m);
                 data = w->o;
             }
             r = fsdp__hf_put(H, fd, pos0 + k * eso, data, (size_t)(m * eso), path, o);
@@ -20867,14 +20921,17 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
             nr = R - q < rb ? R - q : rb;
             for (i0 = 0; i0 < C && r == FSDP_SUCCESS; i0 += nc) {
                 const char *data = (const char *)w->t;
+                const float *blk = src + q * C + i0;
                 nc = C - i0 < cc ? C - i0 : cc;
-                r = fsdp_device_copy(c->dev, w->f, src + q * C + i0, (size_t)(nr * nc) * 4, kind,
-                                     NULL);
-                if (r != FSDP_SUCCESS) {
-                    r = fsdp__ctx_dev(c, r, H->where);
-                    break;
+                if (w->f) {
+                    r = fsdp_device_copy(c->dev, w->f, blk, (size_t)(nr * nc) * 4, kind, NULL);
+                    if (r != FSDP_SUCCESS) {
+                        r = fsdp__ctx_dev(c, r, H->where);
+                        break;
+                    }
+                    blk = w->f;
                 }
-                fsdp__hf_transpose(w->t, w->f, nr, nc, 4); /* nc file rows of nr */
+                fsdp__hf_transpose(w->t, blk, nr, nc, 4); /* nc file rows of nr */
                 if (S->dt != FSDP_F32) {
                     fsdp_convert(w->o, S->dt, w->t, FSDP_F32, (size_t)(nr * nc));
                     data = (const char *)w->o;
@@ -20913,14 +20970,6 @@ FSDP__DEF fsdp_result fsdp__hf_write_all(fsdp__hf *H, fsdp__hf_save *S, fsdp_res
     int u, i, lent = 0;
     memset(&w, 0, sizeof w);
     has = (unsigned char *)fsdp__calloc(h, (size_t)c->nunits + 1, 1);
-    w.per = (int64_t)(H->staging / (8 + S->eso));
-    if (w.per < 1) w.per = 1;
-    w.f = (float *)fsdp__alloc(h, (size_t)w.per * 4);
-    w.t = (float *)fsdp__alloc(h, (size_t)w.per * 4);
-    w.o = fsdp__alloc(h, (size_t)w.per * S->eso);
-    if ((!has || !w.f || !w.t || !w.o) && mine == FSDP_SUCCESS)
-        mine = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: rank %d: out of memory for the "
-                              "staging", H->where, c->rank);
     for (i = 0; has && i < S->nout; i++) has[S->out[i].unit] = 1;
     for (u = 0; has && u < c->nunits; u++)
         if (has[u] && c->u[u].W > 1 && (size_t)c->u[u].S * (size_t)c->u[u].W * 4 > scratch_bytes)
@@ -20929,6 +20978,28 @@ FSDP__DEF fsdp_result fsdp__hf_write_all(fsdp__hf *H, fsdp__hf_save *S, fsdp_res
     r = fsdp__phase_alloc(c, scratch_bytes, &scratch, &lent);
     if (r != FSDP_SUCCESS && mine == FSDP_SUCCESS)
         mine = fsdp__ctx_dev(c, r, "allocating the gather buffer of a save");
+    if (fsdp_device_host_accessible(c->dev)) {
+        /* the host reads the values in place: t and o from the plan */
+        size_t room = fsdp__lend_largest(c) & ~(size_t)63;
+        w.per = (int64_t)(H->staging / (4 + S->eso));
+        if ((size_t)w.per * (4 + S->eso) + 128 > room)
+            w.per = room > 128 ? (int64_t)((room - 128) / (4 + S->eso)) : 0;
+        if (w.per >= 64 && (w.t = (float *)fsdp__lend_take(c, (size_t)w.per * 4)) != NULL) {
+            if ((w.o = fsdp__lend_take(c, (size_t)w.per * S->eso)) != NULL) w.lent = 1;
+            else fsdp__lend_give(c, w.t, (size_t)w.per * 4);
+        }
+    }
+    if (!w.lent) {
+        int in_place = fsdp_device_host_accessible(c->dev);
+        w.per = (int64_t)(H->staging / ((in_place ? 4 : 8) + S->eso));
+        if (w.per < 1) w.per = 1;
+        w.f = in_place ? NULL : (float *)fsdp__alloc(h, (size_t)w.per * 4);
+        w.t = (float *)fsdp__alloc(h, (size_t)w.per * 4);
+        w.o = fsdp__alloc(h, (size_t)w.per * S->eso);
+        if ((!has || (!in_place && !w.f) || !w.t || !w.o) && mine == FSDP_SUCCESS)
+            mine = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: rank %d: out of memory for the "
+                                  "staging", H->where, c->rank);
+    }
     /* every rank gathers, or none: the peers would wait in the first */
     r = fsdp__agree(c, mine, H->fn);
     for (u = 0; r == FSDP_SUCCESS && u < c->nunits; u++) {
@@ -20961,12 +21032,17 @@ FSDP__DEF fsdp_result fsdp__hf_write_all(fsdp__hf *H, fsdp__hf_save *S, fsdp_res
                 mine = fsdp__hf_write(H, S, &S->out[i], from, from_host, &w);
     }
     if (r != FSDP_SUCCESS && mine == FSDP_SUCCESS) mine = r;
+    if (w.lent) {
+        fsdp__lend_give(c, w.o, (size_t)w.per * S->eso); /* the last piece first */
+        fsdp__lend_give(c, w.t, (size_t)w.per * 4);
+    } else {
+        fsdp__free(h, w.f);
+        fsdp__free(h, w.t);
+        fsdp__free(h, w.o);
+    }
     fsdp__phase_free(c, scratch, scratch_bytes, lent);
     fsdp__lend_close(c);
     fsdp__free(h, has);
-    fsdp__free(h, w.f);
-    fsdp__free(h, w.t);
-    fsdp__free(h, w.o);
     return mine;
 }
 

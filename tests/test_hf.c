@@ -32,8 +32,9 @@
                 a target that is a file, and a temporary directory a killed
                 save left
      memory     device peak <= plan while saving and loading at 1, 2 and 3
-                ranks (capacity = plan), and host memory within the
-                staging: no rank holds a tensor whole
+                ranks (capacity = plan, the staging counted in it where it
+                comes from the plan's idle buffers), and host memory within
+                the staging: no rank holds a tensor whole
      args       bad descriptors and tables refused with clear messages
      python     (tests/check_hf.sh) a directory Python's safetensors wrote
                 with a shard index, at 1, 2 and 3 ranks, against the values
@@ -1193,11 +1194,12 @@ static void test_memory(void)
     memset(&mj, 0, sizeof mj);
     snprintf(mj.dir, sizeof mj.dir, "%s/memory", g_tmp);
     /* staging 16 KiB; the bound adds 48 KiB for names, headers, the CRC
-       table and the loader's records (a load peaked at 49 KB when this was
-       written). The big model's wte is 2048 x 64: a third of it is 85 KiB
-       in the files' bf16 and 171 KiB in f32, above the bound at every
-       world size; with staging_bytes at 1 MiB a load's peak was 731 KB
-       (the staging sets it) */
+       table and the loader's records. When this was written a load peaked
+       at 49 KB of host memory at 1 rank (no idle buffers in the plan: the
+       staging in host memory) and 35 KB at 2 and 3 (the staging in the
+       plan's buffers), a save at 8 to 11 KB. The big model's wte is
+       2048 x 64: a third of it is 85 KiB in the files' bf16 and 171 KiB
+       in f32, above the bound at every world size. */
     mj.staging = 16 << 10;
     for (w = 1; w <= MAXW; w++) {
         mj.phase = 0;
