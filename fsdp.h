@@ -1230,7 +1230,13 @@ FSDP_API fsdp_result fsdp_model_add_param(fsdp_model *m, const fsdp_param_desc *
      stride  a stack: elements from a layer's slice to the next; 0: the
              slice's numel (a contiguous [count, shape...] array)
      dtype, frozen  the parameter's, for fsdp_model_add_layout (0: f32,
-             trainable); loads ignore them (the buffer has one dtype) */
+             trainable); loads ignore them (the buffer has one dtype)
+     hf_name, hf_transpose  how Hugging Face files name and store it
+             (fsdp_hf_load, fsdp_hf_save, >>ckpt): hf_name is its name
+             there (with "{L}" where name has it; NULL: name), hf_transpose
+             1 says the file holds the transpose of the 2-D parameter (GPT-2's
+             Conv1D keeps its weight as (in, out); the model's shape, given
+             here, is (out, in)). The other calls ignore both. */
 #define FSDP_LAYOUT_NEXT ((int64_t)-1)
 typedef struct fsdp_layout_entry {
     const char *name;
@@ -1241,6 +1247,8 @@ typedef struct fsdp_layout_entry {
     int64_t stride;
     fsdp_dtype dtype;
     int frozen;
+    const char *hf_name;
+    int hf_transpose;
 } fsdp_layout_entry;
 
 /* Declares the parameters of a layout table, in the table's order (a
@@ -2393,6 +2401,133 @@ FSDP_API int fsdp_ckpt_pending(const fsdp_ckpt_writer *w);
 /* Pinned host bytes the staging cache holds. */
 FSDP_API size_t fsdp_ckpt_writer_staging_bytes(const fsdp_ckpt_writer *w);
 FSDP_API const char *fsdp_ckpt_writer_last_error(const fsdp_ckpt_writer *w);
+
+/* --- Hugging Face model directories ---
+
+   A Hugging Face model directory holds config.json and the weights: one
+   "model.safetensors", or shards ("model-00001-of-00003.safetensors", ...)
+   that "model.safetensors.index.json" lists ({"metadata": {"total_size":
+   bytes}, "weight_map": {tensor name: file}}); PEFT adapters are
+   "adapter_model.safetensors" beside "adapter_config.json". fsdp_hf_load
+   reads such a directory into a context at any world size; fsdp_hf_save
+   writes one that transformers, PEFT and Python's safetensors open. The
+   library knows no architecture: names and layouts go through the
+   engine's layout table (fsdp_layout_entry: name, shape, "{L}" stacks,
+   hf_name, hf_transpose; offsets, strides and dtypes are not used here),
+   and the engine supplies config.json's text.
+
+   Which parameters: those the table names (NULL table: every parameter,
+   under its own FQN, a tied one under each of its names on load and its
+   first on save), with FSDP_SD_TRAINABLE_ONLY (or FSDP_HF_PEFT) only the
+   trainable ones. The others are not part of the call: a load leaves them
+   as they are. Ignored parameters named by the table are skipped by a
+   load (they are the engine's) and refused by a save (FSDP holds none of
+   their values); without a table a save leaves them out.
+
+   Load. Strict: every parameter of the call is in the files, every
+   tensor of the files is one of them, matches desc.ignore, or is a
+   parameter the table names outside the call (FSDP_CKPT_MISMATCH naming
+   what is missing and what is unexpected, and where). With
+   FSDP_SD_NOT_STRICT both are allowed and reported (a FSDP_LOG_WARN
+   line on rank 0); every rank marks the same parameters loaded (the
+   others keep their values, initialised or not). A tensor matches its
+   parameter's name with or without desc.prefix; two tensors for one
+   parameter (with and without it) are refused. Shapes must be the
+   model's (transposed for hf_transpose); f32, f16, bf16 and f64 tensors
+   are converted to the f32 masters. Each rank reads only the byte ranges
+   its shards need (for an hf_transpose tensor, the rows of the model's
+   matrix they touch), through staging of at most desc.staging_bytes, and
+   stages the new shards as fsdp_ckpt_load does, in the plan's idle
+   buffers (peak <= plan). Where the device's memory is the host's (the
+   CPU device) the staging too is taken from those buffers when they have
+   room; else, and on a GPU, it is host memory. Nothing changes before
+   every rank has opened and checked every header; Hugging Face files
+   carry no checksums, so the data is not verified (a FSDP_LOG_WARN line
+   on rank 0 says so, as for a foreign checkpoint file), and when the
+   plan's buffers cannot hold copies of the new shards they are written
+   in place: a read failure then leaves the context partly loaded, which
+   the error says.
+
+   Hostile directories: the index is checked whole before any shard is
+   opened (at most FSDP_CKPT_MAX_INDEX bytes and the JSON limits of
+   >>safetensors; weight_map an object of plain file names inside the
+   directory, no '/', "." or ".."; metadata.total_size a non-negative
+   integer when present); each shard is opened once and its header checked
+   as every safetensors file's is (sizes and offsets inside the file, no
+   overlap, no gap); then a tensor the index maps to a file that lacks it,
+   a tensor a file holds that the index does not map to that file (a
+   second copy, or one the index misses) and a total_size above the
+   tensors' bytes are refused, naming the file and the tensor. Every rank
+   checks that it read the same index and headers as rank 0 (else "changed
+   while loading") and every rank returns the same result.
+
+   Save: the parameters' f32 master values, converted to desc.dtype
+   (FSDP_BF16: round to nearest even), hf_transpose ones transposed, under
+   desc.prefix + hf_name ("base_model.model." first with FSDP_HF_PEFT), in
+   one file, or with desc.max_shard_bytes in shards of at most that many
+   bytes (a larger tensor alone in its own; transformers' rule) named
+   "model-00001-of-0000N.safetensors" with the index (total_size,
+   total_parameters, weight_map), plus desc.config_json as config.json.
+   Each unit is gathered once through the plan's idle buffers (as a full
+   state dict is) and each shard file written by one rank (file k by rank
+   k mod world size), through staging of at most desc.staging_bytes (from
+   the plan's idle buffers where a load's would be, else host memory).
+   Atomic: every file goes to a new directory "<dir>.tmp.<pid>.<id>" beside
+   dir, fsynced; once every rank's files are complete rank 0 renames it to
+   dir (a missing or empty dir: one step). Into a dir that holds files
+   already (tokenizer files, an earlier save), rank 0 moves the new files
+   in after removing the previous weights' index and single file, the
+   weights (index or single file) last, then removes shards no index names:
+   a reader sees the previous weights, none, or the new ones, never a mix.
+   A failed save leaves dir as it was (the temporary directory is removed;
+   one a killed save left behind is removed by the next save of dir).
+   Every rank returns the same result. */
+enum {
+    FSDP_HF_PEFT = 1u << 12 /* PEFT adapters: adapter_model.safetensors and
+                               adapter_config.json, names under
+                               "base_model.model.", the trainable
+                               parameters only (FSDP_SD_TRAINABLE_ONLY) */
+};
+
+/* Staging of fsdp_hf_load and fsdp_hf_save when staging_bytes is 0. */
+#define FSDP_HF_STAGING_DEFAULT ((size_t)4 << 20)
+
+typedef struct fsdp_hf_desc {
+    /* names and layouts; NULL: every parameter under its own FQN, as the
+       model holds it */
+    const fsdp_layout_entry *entries;
+    int n;
+    /* a prefix of the files' names (transformers 5 saves GPT2LMHeadModel's
+       tensors as "transformer.h.0.ln_1.weight", the published gpt2 as
+       "h.0.ln_1.weight"): a load matches names with and without it, a save
+       writes it. NULL: none */
+    const char *prefix;
+    /* load: tensors of the files no parameter takes that are not an error
+       (an old causal-mask buffer "h.{L}.attn.bias"): names, where "{L}"
+       matches a layer number, tried with and without prefix */
+    const char *const *ignore;
+    int n_ignore;
+    /* FSDP_SD_NOT_STRICT (load), FSDP_SD_TRAINABLE_ONLY, FSDP_HF_PEFT */
+    unsigned flags;
+    /* save: the files' dtype (0: f32; FSDP_BF16, FSDP_F16, FSDP_F64) */
+    fsdp_dtype dtype;
+    /* save: 0: one file; else shards of at most this many bytes */
+    int64_t max_shard_bytes;
+    /* save: the text of config.json (adapter_config.json with
+       FSDP_HF_PEFT), a JSON object; NULL: none is written */
+    const char *config_json;
+    /* staging of conversions, per rank; 0: FSDP_HF_STAGING_DEFAULT */
+    size_t staging_bytes;
+} fsdp_hf_desc;
+
+/* Loads a Hugging Face model directory (or PEFT adapters) into the
+   context; desc may be NULL (every parameter under its FQN, strict).
+   Errors name the file, tensor and what was wrong. Collective: yes. */
+FSDP_API fsdp_result fsdp_hf_load(fsdp_ctx *ctx, const char *dir, const fsdp_hf_desc *desc);
+/* Writes the context's parameters as a Hugging Face model directory (or
+   PEFT adapters); desc may be NULL (f32, one file, no config.json). The
+   context must be between iterations. Collective: yes. */
+FSDP_API fsdp_result fsdp_hf_save(fsdp_ctx *ctx, const char *dir, const fsdp_hf_desc *desc);
 
 /* >>ckpt end (declarations) */
 
@@ -17543,6 +17678,7 @@ typedef struct fsdp__src {
     fsdp_memory_kind mem;
     int file, entry;  /* file sources (file -1: memory) */
     int tgt, what, occ;
+    int transpose;    /* a Hugging Face file's 2-D tensor, stored transposed */
 } fsdp__src;
 
 /* A target: a managed parameter (one flat entry), or a unit (LOCAL). */
@@ -20151,6 +20287,1508 @@ done:
     fsdp__free(h, ipath);
     fsdp__free(h, text);
     fsdp__json_free(&j);
+    return r;
+}
+
+/* --- Hugging Face model directories (fsdp_hf_load, fsdp_hf_save) --- */
+
+#define FSDP__HF_PEFT_PREFIX "base_model.model."
+
+/* A parameter as the files name it: a table entry's layer, or (no table)
+   an occurrence of the model. */
+typedef struct fsdp__hf_item {
+    char *hf;           /* the files' name without prefixes (owned) */
+    char *fqn;          /* the model's name (owned) */
+    int param, primary; /* the occurrence named, and its primary */
+    int transpose;      /* the files hold the 2-D parameter transposed */
+    int skip;           /* named, but not part of the call (ignored, frozen) */
+    int unit, entry;    /* the flat entry holding it; -1: ignored */
+    int k, layer;       /* the table's entry and layer (k -1: no table) */
+} fsdp__hf_item;
+
+typedef struct fsdp__hf_key {
+    const char *s;
+    int i;
+} fsdp__hf_key;
+
+typedef struct fsdp__hf {
+    fsdp_ctx *c;
+    fsdp_hf_desc d;
+    const char *fn;
+    char where[320];   /* the start of messages: "fsdp_hf_load 'dir'" */
+    const char *stem;  /* "model" or "adapter_model" */
+    const char *config;
+    const char *peft;  /* FSDP__HF_PEFT_PREFIX or "" */
+    size_t staging;
+    fsdp__ploc *pl;
+    fsdp__hf_item *it;
+    int n;
+    fsdp__hf_key *keys; /* the items by hf name */
+    int *loaded;        /* load: primary -> a source took it */
+} fsdp__hf;
+
+FSDP__DEF int fsdp__hf_key_cmp(const void *a, const void *b)
+{
+    const fsdp__hf_key *x = (const fsdp__hf_key *)a, *y = (const fsdp__hf_key *)b;
+    int c = strcmp(x->s, y->s);
+    return c ? c : x->i - y->i;
+}
+
+FSDP__DEF void fsdp__hf_free(fsdp__hf *H)
+{
+    const fsdp_hooks *h = &H->c->hooks;
+    int i;
+    for (i = 0; H->it && i < H->n; i++) {
+        fsdp__free(h, H->it[i].hf);
+        fsdp__free(h, H->it[i].fqn);
+    }
+    fsdp__free(h, H->it);
+    fsdp__free(h, H->keys);
+    fsdp__free(h, H->pl);
+    fsdp__free(h, H->loaded);
+    H->it = NULL;
+    H->keys = NULL;
+    H->pl = NULL;
+    H->loaded = NULL;
+}
+
+/* The arguments both calls take; nothing collective. */
+FSDP__DEF fsdp_result fsdp__hf_init(fsdp__hf *H, fsdp_ctx *c, const char *dir,
+                                    const fsdp_hf_desc *desc, const char *fn, int save)
+{
+    unsigned allowed = FSDP_SD_NOT_STRICT | FSDP_SD_TRAINABLE_ONLY | FSDP_HF_PEFT;
+    memset(H, 0, sizeof *H);
+    H->c = c;
+    H->fn = fn;
+    if (desc) H->d = *desc;
+    snprintf(H->where, sizeof H->where, "%s '%.250s'", fn, dir ? dir : "(null)");
+    if (!dir || !dir[0])
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: dir is %s", fn, dir ? "empty" : "NULL");
+    if (H->d.flags & ~allowed)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: flags 0x%x: only FSDP_SD_NOT_STRICT, "
+                              "FSDP_SD_TRAINABLE_ONLY and FSDP_HF_PEFT apply", H->where,
+                              H->d.flags);
+    if (H->d.n < 0 || (H->d.n > 0 && !H->d.entries) || H->d.n_ignore < 0 ||
+        (H->d.n_ignore > 0 && !H->d.ignore))
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: %s", H->where,
+                              H->d.n < 0 || (H->d.n > 0 && !H->d.entries)
+                                  ? "entries is NULL or n negative"
+                                  : "ignore is NULL or n_ignore negative");
+    if (save) {
+        fsdp_dtype dt = H->d.dtype ? H->d.dtype : FSDP_F32;
+        if (!fsdp_dtype_is_float(dt))
+            return fsdp__ctx_fail(c, FSDP_INVALID_DTYPE, "%s: dtype %s: a float dtype (f32, "
+                                  "bf16, f16, f64) is needed", H->where, fsdp_dtype_name(dt));
+        if (H->d.max_shard_bytes < 0)
+            return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: max_shard_bytes %lld is negative",
+                                  H->where, (long long)H->d.max_shard_bytes);
+    }
+    H->staging = H->d.staging_bytes ? H->d.staging_bytes : FSDP_HF_STAGING_DEFAULT;
+    if (H->staging < 64) H->staging = 64; /* room for a few elements of any dtype */
+    if (H->d.flags & FSDP_HF_PEFT) {
+        H->stem = "adapter_model";
+        H->config = "adapter_config.json";
+        H->peft = FSDP__HF_PEFT_PREFIX;
+    } else {
+        H->stem = "model";
+        H->config = "config.json";
+        H->peft = "";
+    }
+    if (!H->d.prefix) H->d.prefix = "";
+    return FSDP_SUCCESS;
+}
+
+/* pat with its "{L}" replaced by layer (no "{L}": pat), in a buffer the
+   caller frees; NULL when out of memory. */
+FSDP__DEF char *fsdp__hf_expand(const fsdp_hooks *h, const char *pat, int layer)
+{
+    const char *at = strstr(pat, "{L}");
+    size_t n = strlen(pat) + 16;
+    char *out = (char *)fsdp__alloc(h, n);
+    if (!out) return NULL;
+    if (!at) snprintf(out, n, "%s", pat);
+    else snprintf(out, n, "%.*s%d%s", (int)(at - pat), pat, layer, at + 3);
+    return out;
+}
+
+/* The item whose files' name is s, or -1. */
+FSDP__DEF int fsdp__hf_find(const fsdp__hf *H, const char *s)
+{
+    int lo = 0, hi = H->n - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(H->keys[mid].s, s);
+        if (!c) {
+            while (mid > 0 && !strcmp(H->keys[mid - 1].s, s)) mid--;
+            return H->keys[mid].i;
+        }
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+/* Does name s match pattern pat, whose "{L}" stands for a layer number? */
+FSDP__DEF int fsdp__hf_match(const char *pat, const char *s)
+{
+    const char *at = strstr(pat, "{L}");
+    size_t a;
+    if (!at) return !strcmp(pat, s);
+    a = (size_t)(at - pat);
+    if (strncmp(s, pat, a)) return 0;
+    for (s += a; *s >= '0' && *s <= '9';)
+        if (!strcmp(++s, at + 3)) return 1;
+    return 0;
+}
+
+/* The items: the table's entries layer by layer (or every occurrence of the
+   model), checked against the model; sorted by the files' names. */
+FSDP__DEF fsdp_result fsdp__hf_items(fsdp__hf *H, int save)
+{
+    fsdp_ctx *c = H->c;
+    const fsdp_hf_desc *d = &H->d;
+    const fsdp_hooks *h = &c->hooks;
+    int np = fsdp_model_num_params(c->model), k, l, j, cnt = 0;
+    int only_trainable = (d->flags & (FSDP_SD_TRAINABLE_ONLY | FSDP_HF_PEFT)) != 0;
+    int *taken = NULL; /* primary -> item + 1 */
+    char why[FSDP_ERROR_MAX / 2];
+    fsdp_result r = FSDP_SUCCESS;
+    if ((r = fsdp__plocs(c, &H->pl)) != FSDP_SUCCESS) return r;
+    if (d->entries) {
+        for (k = 0; k < d->n; k++) {
+            int64_t slice;
+            int layers;
+            if (!fsdp__layout_entry_ok(&d->entries[k], k, &slice, &layers, why, sizeof why))
+                return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: %s", H->where, why);
+            if (cnt > INT32_MAX / 2 - layers)
+                return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: the table has too many tensors",
+                                      H->where);
+            cnt += layers;
+        }
+    } else {
+        cnt = np;
+    }
+    H->it = (fsdp__hf_item *)fsdp__calloc(h, (size_t)cnt + 1, sizeof *H->it);
+    H->keys = (fsdp__hf_key *)fsdp__alloc(h, ((size_t)cnt + 1) * sizeof *H->keys);
+    H->loaded = (int *)fsdp__calloc(h, (size_t)np + 1, sizeof(int));
+    taken = (int *)fsdp__calloc(h, (size_t)np + 1, sizeof(int));
+    if (!H->it || !H->keys || !H->loaded || !taken) {
+        r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+        goto done;
+    }
+#define FSDP__HFI(code, ...) do { r = fsdp__ctx_fail(c, code, __VA_ARGS__); goto done; } while (0)
+    for (k = 0; k < (d->entries ? d->n : np); k++) {
+        const fsdp_layout_entry *e = d->entries ? &d->entries[k] : NULL;
+        const char *hpat = e ? (e->hf_name ? e->hf_name : e->name) : NULL;
+        int layers = e && e->count > 1 ? e->count : 1;
+        if (e) {
+            const char *a = strstr(e->name, "{L}"), *b = strstr(hpat, "{L}");
+            if (!hpat[0])
+                FSDP__HFI(FSDP_INVALID_ARGS, "%s: entry %d '%s': hf_name is empty", H->where, k,
+                          e->name);
+            if (!a != !b || (b && strstr(b + 3, "{L}")))
+                FSDP__HFI(FSDP_INVALID_ARGS, "%s: entry %d '%s': hf_name '%s' must hold one "
+                          "\"{L}\" where name holds one, and none where it has none", H->where, k,
+                          e->name, hpat);
+            if (e->hf_transpose && e->ndim != 2)
+                FSDP__HFI(FSDP_INVALID_ARGS, "%s: entry %d '%s': hf_transpose needs a 2-D "
+                          "parameter; the entry has %d dimension%s", H->where, k, e->name, e->ndim,
+                          e->ndim == 1 ? "" : "s");
+        }
+        for (l = 0; l < layers; l++) {
+            fsdp__hf_item *it = &H->it[H->n];
+            fsdp_param_info pi;
+            memset(it, 0, sizeof *it);
+            it->k = e ? k : -1;
+            it->layer = l;
+            if (e) {
+                it->fqn = fsdp__hf_expand(h, e->name, l);
+                it->hf = fsdp__hf_expand(h, hpat, l);
+            } else {
+                fsdp__pinfo(c, k, &pi);
+                it->fqn = fsdp__strdup(h, pi.fqn);
+                it->hf = fsdp__strdup(h, pi.fqn);
+            }
+            H->n++; /* owns its names from here */
+            if (!it->fqn || !it->hf)
+                FSDP__HFI(FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+            j = e ? fsdp_model_find_param(c->model, it->fqn) : k;
+            if (j < 0) {
+                char at[32] = "";
+                if (strstr(e->name, "{L}")) snprintf(at, sizeof at, " (layer %d)", l);
+                FSDP__HFI(FSDP_NOT_FOUND, "%s: entry %d '%s'%s names '%s', which is no parameter "
+                          "of the model", H->where, k, e->name, at, it->fqn);
+            }
+            fsdp__pinfo(c, j, &pi);
+            if (e) {
+                int dd, same = pi.ndim == e->ndim;
+                for (dd = 0; same && dd < e->ndim; dd++) same = pi.shape[dd] == e->shape[dd];
+                if (!same) {
+                    char want[160], have[160];
+                    fsdp__shape_str(want, sizeof want, e->ndim, e->shape);
+                    fsdp__shape_str(have, sizeof have, pi.ndim, pi.shape);
+                    FSDP__HFI(FSDP_INVALID_ARGS, "%s: entry %d gives '%s' the shape %s; the "
+                              "model's is %s", H->where, k, it->fqn, want, have);
+                }
+                it->transpose = e->hf_transpose != 0;
+            }
+            it->param = j;
+            it->primary = pi.primary;
+            it->unit = H->pl[j].unit;
+            it->entry = H->pl[j].entry;
+            it->skip = only_trainable && !pi.requires_grad;
+            if (it->unit < 0 && !it->skip) {
+                /* ignored: the engine's own; a save has nothing to write */
+                if (save && e)
+                    FSDP__HFI(FSDP_INVALID_ARGS, "%s: entry %d names '%s', which FSDP ignores "
+                              "(the engine holds its values): it cannot be saved; leave it out "
+                              "of the table", H->where, k, it->fqn);
+                it->skip = 1;
+            }
+            if (!e && save && pi.primary != j) it->skip = 1; /* a tie: once, first name */
+            if (it->skip || !e) continue;
+            if (taken[pi.primary]) {
+                const fsdp__hf_item *o = &H->it[taken[pi.primary] - 1];
+                FSDP__HFI(FSDP_DUPLICATE_NAME, "%s: '%s' is named twice: by entry %d as '%s' and "
+                          "by entry %d as '%s'%s", H->where, it->fqn, o->k, o->fqn, k, it->fqn,
+                          o->param != j ? " (tied names are one parameter: give one)" : "");
+            }
+            taken[pi.primary] = H->n;
+        }
+    }
+    for (k = 0; k < H->n; k++) {
+        H->keys[k].s = H->it[k].hf;
+        H->keys[k].i = k;
+    }
+    qsort(H->keys, (size_t)H->n, sizeof *H->keys, fsdp__hf_key_cmp);
+    for (k = 1; k < H->n; k++)
+        if (!strcmp(H->keys[k - 1].s, H->keys[k].s)) {
+            const fsdp__hf_item *a = &H->it[H->keys[k - 1].i], *b = &H->it[H->keys[k].i];
+            FSDP__HFI(FSDP_DUPLICATE_NAME, "%s: '%s' and '%s' have one name in the files, '%s'",
+                      H->where, a->fqn, b->fqn, a->hf);
+        }
+#undef FSDP__HFI
+done:
+    fsdp__free(h, taken);
+    return r;
+}
+
+/* --- reading a directory --- */
+
+/* What a checked index says. */
+typedef struct fsdp__hf_index {
+    int wm;             /* the weight_map node */
+    int64_t total;      /* metadata.total_size; -1: none */
+    const char **files; /* the distinct file names, sorted (the JSON's strings) */
+    int nfiles;
+} fsdp__hf_index;
+
+/* Checks a Hugging Face index whole, before any shard is opened: an object
+   whose "weight_map" is an object of tensor names (not empty) to plain
+   file names inside the directory, and whose "metadata.total_size", when
+   present, is a non-negative integer. ix->files (freed by the caller with
+   h) lists each file once. */
+FSDP__DEF fsdp_result fsdp__hf_index_check(const fsdp__json *j, const char *ipath,
+                                           const fsdp_hooks *h, fsdp__hf_index *ix,
+                                           fsdp_error *err)
+{
+    int meta, ts, n, k;
+    memset(ix, 0, sizeof *ix);
+    ix->total = -1;
+#define FSDP__HX(...) return fsdp__fail(err, h, FSDP_CKPT_FORMAT, __VA_ARGS__)
+    if (j->n[0].type != FSDP__J_OBJ) FSDP__HX("index '%s': not a JSON object", ipath);
+    ix->wm = fsdp__j_get(j, 0, "weight_map");
+    if (ix->wm < 0 || j->n[ix->wm].type != FSDP__J_OBJ)
+        FSDP__HX("index '%s': no \"weight_map\" object", ipath);
+    if (!j->n[ix->wm].count) FSDP__HX("index '%s': \"weight_map\" is empty", ipath);
+    meta = fsdp__j_get(j, 0, "metadata");
+    if (meta >= 0 && j->n[meta].type != FSDP__J_OBJ)
+        FSDP__HX("index '%s': \"metadata\" is not an object", ipath);
+    ts = meta >= 0 ? fsdp__j_get(j, meta, "total_size") : -1;
+    if (ts >= 0 && !fsdp__j_int(j, ts, 0, INT64_MAX, &ix->total))
+        FSDP__HX("index '%s': \"metadata.total_size\" is not a non-negative integer", ipath);
+    for (n = j->n[ix->wm].first; n >= 0; n = j->n[n].next) {
+        if (!j->n[n].key[0]) FSDP__HX("index '%s': weight_map names a tensor ''", ipath);
+        if (j->n[n].type != FSDP__J_STR || !fsdp__plain_name(j->n[n].str))
+            FSDP__HX("index '%s': weight_map['%.80s'] is not a file name inside the directory "
+                     "(a plain name: no '/', not \".\" or \"..\", under 256 bytes)", ipath,
+                     j->n[n].key);
+    }
+#undef FSDP__HX
+    ix->files = (const char **)fsdp__alloc(h, ((size_t)j->n[ix->wm].count + 1) * sizeof *ix->files);
+    if (!ix->files)
+        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
+    for (k = 0, n = j->n[ix->wm].first; n >= 0; n = j->n[n].next) ix->files[k++] = j->n[n].str;
+    qsort((void *)ix->files, (size_t)k, sizeof *ix->files, fsdp__strp_cmp);
+    for (n = 0, ix->nfiles = 0; n < k; n++)
+        if (!ix->nfiles || strcmp(ix->files[ix->nfiles - 1], ix->files[n]))
+            ix->files[ix->nfiles++] = ix->files[n];
+    return FSDP_SUCCESS;
+}
+
+/* The file k of ix named s, or -1. */
+FSDP__DEF int fsdp__hf_file_of(const fsdp__hf_index *ix, const char *s)
+{
+    int lo = 0, hi = ix->nfiles - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(ix->files[mid], s);
+        if (!c) return mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+/* The index against the opened shards: every tensor the weight_map lists
+   is in its file, every tensor of a file is listed for that file (so each
+   is in exactly one), and total_size is not above the tensors' bytes. */
+FSDP__DEF fsdp_result fsdp__hf_cross_check(const fsdp__json *j, const fsdp__hf_index *ix,
+                                           const fsdp__st_file *files, const char *ipath,
+                                           const fsdp_hooks *h, fsdp_error *err)
+{
+    fsdp__jhash wh;
+    int64_t sum = 0;
+    int k, e, n;
+    fsdp_result r = FSDP_SUCCESS;
+    if (fsdp__jhash_build(&wh, h, j, ix->wm) != 0)
+        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
+    for (k = 0; k < ix->nfiles && r == FSDP_SUCCESS; k++)
+        for (e = 0; e < files[k].ne && r == FSDP_SUCCESS; e++) {
+            const fsdp__st_entry *en = &files[k].e[e];
+            n = fsdp__jhash_get(&wh, j, en->name);
+            if (n < 0)
+                r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%.80s', which the "
+                               "weight_map of '%s' does not list", files[k].path, en->name,
+                               ipath);
+            else if (strcmp(j->n[n].str, ix->files[k]))
+                r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%.80s', which the "
+                               "weight_map of '%s' places in '%.80s' (a second copy, or a "
+                               "misplaced one)", files[k].path, en->name, ipath, j->n[n].str);
+            else
+                sum += en->end - en->begin; /* bounded by the file's size */
+        }
+    for (n = j->n[ix->wm].first; n >= 0 && r == FSDP_SUCCESS; n = j->n[n].next) {
+        k = fsdp__hf_file_of(ix, j->n[n].str);
+        if (k < 0 || fsdp__st_find(&files[k], j->n[n].key) < 0)
+            r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "the weight_map of '%s' places tensor "
+                           "'%.80s' in '%.80s', which has no such tensor", ipath, j->n[n].key,
+                           j->n[n].str);
+    }
+    if (r == FSDP_SUCCESS && ix->total > sum)
+        r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': metadata.total_size %lld is "
+                       "above the %lld bytes its files' tensors hold", ipath,
+                       (long long)ix->total, (long long)sum);
+    fsdp__jhash_free(&wh, h);
+    return r;
+}
+
+/* The files of a directory, checked: one "<stem>.safetensors" (preferred,
+   as transformers prefers it), else the index and its shards. */
+typedef struct fsdp__hf_dir {
+    char *ipath, *text;
+    size_t tlen;
+    fsdp__json j;
+    fsdp__hf_index ix;
+    const char *single[1];
+    char single_name[64];
+    uint32_t digest; /* of what was read: the index and every header */
+} fsdp__hf_dir;
+
+FSDP__DEF void fsdp__hf_dir_free(fsdp__hf_dir *D, const fsdp_hooks *h)
+{
+    if (D->ix.files != D->single) fsdp__free(h, (void *)D->ix.files);
+    D->ix.files = NULL;
+    fsdp__json_free(&D->j);
+    fsdp__free(h, D->text);
+    fsdp__free(h, D->ipath);
+    D->text = D->ipath = NULL;
+}
+
+FSDP__DEF fsdp_result fsdp__hf_open(fsdp__hf *H, fsdp__ld *L, const char *dir, fsdp__hf_dir *D)
+{
+    fsdp_ctx *c = H->c;
+    const fsdp_hooks *h = &c->hooks;
+    char *path = NULL, iname[96];
+    struct stat st;
+    fsdp_error e;
+    fsdp_result r = FSDP_SUCCESS;
+    int k;
+    memset(D, 0, sizeof *D);
+    snprintf(D->single_name, sizeof D->single_name, "%s.safetensors", H->stem);
+    snprintf(iname, sizeof iname, "%s.safetensors.index.json", H->stem);
+    if (stat(dir, &st) != 0)
+        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: %s", H->where, strerror(errno));
+    if (!S_ISDIR(st.st_mode))
+        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: not a directory", H->where);
+    if (!(path = fsdp__path_join(h, dir, D->single_name)))
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    if (stat(path, &st) == 0 || errno != ENOENT) {
+        D->single[0] = D->single_name;
+        D->ix.files = D->single;
+        D->ix.nfiles = 1;
+        D->ix.total = -1;
+        D->ix.wm = -1;
+    } else {
+        fsdp__free(h, path);
+        path = NULL;
+        if (!(D->ipath = fsdp__path_join(h, dir, iname)))
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+        r = fsdp__read_small(h, D->ipath, FSDP__INDEX_MAX, &D->text, &D->tlen, &e);
+        if (r != FSDP_SUCCESS) {
+            if (r == FSDP_CKPT_IO && errno == ENOENT) {
+                char *bin = fsdp__path_join(h, dir, "pytorch_model.bin");
+                int has_bin = bin && stat(bin, &st) == 0;
+                fsdp__free(h, bin);
+                if (has_bin)
+                    return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: the weights are "
+                                          "pytorch_model.bin (PyTorch's pickle format), which "
+                                          "fsdp.h does not read: save them as safetensors "
+                                          "(save_pretrained(dir, safe_serialization=True))",
+                                          H->where);
+                return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: no '%s' or '%s' in the directory",
+                                      H->where, D->single_name, iname);
+            }
+            return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
+        }
+        if (fsdp__json_parse(&D->j, h, D->text, D->tlen) != 0)
+            return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: index '%s': bad JSON: %s", H->where,
+                                  iname, D->j.err);
+        if ((r = fsdp__hf_index_check(&D->j, iname, h, &D->ix, &e)) != FSDP_SUCCESS)
+            return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
+    }
+    fsdp__free(h, path);
+    /* every file once, whatever the index says */
+    L->files = (fsdp__st_file *)fsdp__calloc(h, (size_t)D->ix.nfiles, sizeof *L->files);
+    if (!L->files) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    D->digest = fsdp__crc_update(L->crc, 0, D->text ? D->text : "", D->tlen);
+    for (k = 0; k < D->ix.nfiles; k++) {
+        char *fp = fsdp__path_join(h, dir, D->ix.files[k]);
+        int64_t sz[2];
+        if (!fp) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+        r = fsdp__st_open(&L->files[k], h, fp, &e);
+        fsdp__free(h, fp);
+        L->files[k].path = D->ix.files[k]; /* messages name the file in the directory */
+        if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
+        L->nfiles = k + 1;
+        sz[0] = L->files[k].size;
+        sz[1] = L->files[k].data_start;
+        D->digest = fsdp__crc_update(L->crc, D->digest, sz, sizeof sz);
+        D->digest = fsdp__crc_update(L->crc, D->digest, L->files[k].header,
+                                     (size_t)(L->files[k].data_start - 8));
+    }
+    if (D->ipath &&
+        (r = fsdp__hf_cross_check(&D->j, &D->ix, L->files, iname, h, &e)) != FSDP_SUCCESS)
+        return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
+    return FSDP_SUCCESS;
+}
+
+/* Does the files' name s match one of desc.ignore (with or without the
+   prefix)? */
+FSDP__DEF int fsdp__hf_ignored(const fsdp__hf *H, const char *s)
+{
+    size_t plen = strlen(H->d.prefix);
+    int i;
+    for (i = 0; i < H->d.n_ignore; i++) {
+        const char *pat = H->d.ignore[i];
+        if (!pat) continue;
+        if (fsdp__hf_match(pat, s) || (plen && !strncmp(s, H->d.prefix, plen) &&
+                                       fsdp__hf_match(pat, s + plen)))
+            return 1;
+    }
+    return 0;
+}
+
+/* The files' tensors as the loader's sources: each name, without PEFT's
+   prefix, matched with or without desc.prefix to an item, and checked (a
+   float dtype; the model's shape, or its transpose); the others are
+   ignored, named by the table outside the call, or unexpected. Strict:
+   unexpected tensors and parameters of the call that no tensor gives are
+   refused; not strict, reported. */
+FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
+{
+    fsdp_ctx *c = H->c;
+    const char *pre = H->d.prefix;
+    size_t plen = strlen(pre), qlen = strlen(H->peft);
+    int strict = !(H->d.flags & FSDP_SD_NOT_STRICT), k, e, i;
+    char unexp[320] = "", miss[320] = "", a[40] = "", b[40] = "", first[200] = "";
+    int nunexp = 0, nmiss = 0;
+    for (k = 0; k < L->nfiles; k++)
+        for (e = 0; e < L->files[k].ne; e++) {
+            const fsdp__st_entry *en = &L->files[k].e[e];
+            const char *rest = en->name;
+            fsdp__hf_item *it;
+            fsdp_param_info pi;
+            fsdp__src *s;
+            int d, same;
+            i = -1;
+            if (!qlen || !strncmp(rest, H->peft, qlen)) {
+                rest += qlen;
+                i = fsdp__hf_find(H, rest);
+                if (i < 0 && plen && !strncmp(rest, pre, plen)) i = fsdp__hf_find(H, rest + plen);
+            }
+            if (i < 0) {
+                if (fsdp__hf_ignored(H, rest)) continue;
+                if (!nunexp)
+                    snprintf(first, sizeof first, " (the first in '%.120s')", L->files[k].path);
+                fsdp__namelist(unexp, sizeof unexp, &nunexp, en->name);
+                continue;
+            }
+            it = &H->it[i];
+            if (it->skip) continue;
+            if (H->loaded[it->primary]) {
+                const fsdp__src *o = &L->s[H->loaded[it->primary] - 1];
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: tensors '%.120s' ('%s') and "
+                                      "'%.120s' ('%s') are both parameter '%s' (the name with "
+                                      "and without the prefix?)", H->where,
+                                      L->files[o->file].e[o->entry].name,
+                                      L->files[o->file].path, en->name, L->files[k].path,
+                                      it->fqn);
+            }
+            if (!fsdp_dtype_is_float(en->dtype))
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%.120s' has "
+                                      "dtype %s; parameter '%s' needs a float dtype", H->where,
+                                      L->files[k].path, en->name, fsdp_dtype_name(en->dtype),
+                                      it->fqn);
+            fsdp__pinfo(c, it->param, &pi);
+            same = en->ndim == pi.ndim;
+            for (d = 0; same && d < pi.ndim; d++)
+                same = en->shape[d] == pi.shape[it->transpose ? pi.ndim - 1 - d : d];
+            if (!same) {
+                char sa[128], sb[128];
+                int64_t tr[2];
+                fsdp__shape_str(sa, sizeof sa, en->ndim, en->shape);
+                if (it->transpose) {
+                    tr[0] = pi.shape[1];
+                    tr[1] = pi.shape[0];
+                    fsdp__shape_str(sb, sizeof sb, 2, tr);
+                } else {
+                    fsdp__shape_str(sb, sizeof sb, pi.ndim, pi.shape);
+                }
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%.120s' has "
+                                      "shape %s; parameter '%s' needs %s%s", H->where,
+                                      L->files[k].path, en->name, sa, it->fqn, sb,
+                                      it->transpose ? " (stored transposed: hf_transpose)" : "");
+            }
+            if (!(s = fsdp__ld_add(L)))
+                return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+            s->name = it->fqn;
+            s->dtype = en->dtype;
+            s->ndim = pi.ndim;
+            memcpy(s->shape, pi.shape, (size_t)pi.ndim * sizeof(int64_t));
+            s->offset = 0;
+            s->numel = pi.numel;
+            s->file = k;
+            s->entry = e;
+            s->transpose = it->transpose;
+            H->loaded[it->primary] = L->ns;
+        }
+    for (i = 0; i < H->n; i++) {
+        fsdp__hf_item *it = &H->it[i];
+        if (it->skip || H->loaded[it->primary]) continue;
+        H->loaded[it->primary] = -1; /* listed once, whatever its names */
+        fsdp__namelist(miss, sizeof miss, &nmiss, it->fqn);
+    }
+    if (!nunexp && !nmiss) return FSDP_SUCCESS;
+    if (nunexp > 6) snprintf(a, sizeof a, " (+%d more)", nunexp - 6);
+    if (nmiss > 6) snprintf(b, sizeof b, " (+%d more)", nmiss - 6);
+    if (strict)
+        return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: %s%s%s%s%s%s%s%s (FSDP_SD_NOT_STRICT "
+                              "loads what matches)", H->where,
+                              nmiss ? "parameters no tensor gives: " : "", miss, b,
+                              nmiss && nunexp ? "; " : "",
+                              nunexp ? "unexpected tensors: " : "", unexp, a,
+                              nunexp ? first : "");
+    if (c->rank == 0)
+        fsdp__log(&c->hooks, FSDP_LOG_WARN, "%s: not strict: %d parameter%s no tensor gives%s%s%s; "
+                  "%d unexpected tensor%s%s%s%s%s", H->where, nmiss, nmiss == 1 ? "" : "s",
+                  nmiss ? ": " : "", miss, b, nunexp, nunexp == 1 ? "" : "s",
+                  nunexp ? ": " : "", unexp, a, nunexp ? first : "");
+    return FSDP_SUCCESS;
+}
+
+/* dst[q][i] = src[i][q]: src is rows x cols elements of es bytes. */
+FSDP__DEF void fsdp__hf_transpose(void *dst, const void *src, int64_t rows, int64_t cols,
+                                  size_t es)
+{
+    int64_t i, q;
+    switch (es) {
+    case 2: {
+        const uint16_t *s = (const uint16_t *)src;
+        uint16_t *d = (uint16_t *)dst;
+        for (i = 0; i < rows; i++)
+            for (q = 0; q < cols; q++) d[q * rows + i] = s[i * cols + q];
+        return;
+    }
+    case 4: {
+        const uint32_t *s = (const uint32_t *)src;
+        uint32_t *d = (uint32_t *)dst;
+        for (i = 0; i < rows; i++)
+            for (q = 0; q < cols; q++) d[q * rows + i] = s[i * cols + q];
+        return;
+    }
+    default: {
+        const char *s = (const char *)src;
+        char *d = (char *)dst;
+        for (i = 0; i < rows; i++)
+            for (q = 0; q < cols; q++)
+                memcpy(d + (size_t)(q * rows + i) * es, s + (size_t)(i * cols + q) * es, es);
+        return;
+    }
+    }
+}
+
+/* Blocks of a transposed 2-D tensor of R x C (the model's shape) that fit
+   `per` elements: rb whole rows of C, or (C above per) one row in pieces
+   of cc; either way a block is a contiguous range of the model's matrix. */
+FSDP__DEF void fsdp__hf_blocks(int64_t R, int64_t C, int64_t per, int64_t *rb, int64_t *cc)
+{
+    if (C <= per) {
+        *rb = per / C < R ? per / C : R;
+        *cc = C;
+    } else {
+        *rb = 1;
+        *cc = per;
+    }
+    if (*rb < 1) *rb = 1;
+}
+
+/* The staging of a load: raw file bytes and their transpose, per elements
+   of the widest dtype each. Where the device's memory is the host's (the
+   CPU device) they are pieces of the plan's idle buffers when these have
+   room (mem FSDP_MEM_DEVICE: the loader then converts straight into the
+   new shards, so the whole staging is within the plan); else host memory
+   of at most the staging size, converted through the loader's host
+   buffer (mem FSDP_MEM_HOST). */
+typedef struct fsdp__hf_rbuf {
+    void *raw, *tr;
+    size_t bytes;     /* each */
+    int64_t per;      /* elements of the widest dtype in each */
+    fsdp_memory_kind mem;
+} fsdp__hf_rbuf;
+
+FSDP__DEF fsdp_result fsdp__hf_rbuf_get(fsdp__hf *H, fsdp__ld *L, fsdp__hf_rbuf *B)
+{
+    fsdp_ctx *c = H->c;
+    size_t es = 1;
+    int i;
+    memset(B, 0, sizeof *B);
+    for (i = 0; i < L->ns; i++)
+        if (fsdp_dtype_size(L->s[i].dtype) > es) es = fsdp_dtype_size(L->s[i].dtype);
+    if (L->lending && fsdp_device_host_accessible(c->dev)) {
+        size_t room = fsdp__lend_largest(c) & ~(size_t)63;
+        B->bytes = H->staging / 2 < room / 2 ? H->staging / 2 : room / 2;
+        B->bytes -= B->bytes % es;
+        if (B->bytes >= 64 * es && (B->raw = fsdp__lend_take(c, B->bytes)) != NULL) {
+            if ((B->tr = fsdp__lend_take(c, B->bytes)) != NULL) {
+                B->per = (int64_t)(B->bytes / es);
+                B->mem = FSDP_MEM_DEVICE;
+                return FSDP_SUCCESS;
+            }
+            fsdp__lend_give(c, B->raw, B->bytes);
+            B->raw = NULL;
+        }
+    }
+    /* host memory: raw, transposed, and the loader's f32 conversion */
+    B->per = (int64_t)(H->staging / (2 * es + 4));
+    if (B->per < 1) B->per = 1;
+    B->bytes = (size_t)B->per * es;
+    B->mem = FSDP_MEM_HOST;
+    B->raw = fsdp__alloc(&c->hooks, B->bytes);
+    B->tr = fsdp__alloc(&c->hooks, B->bytes);
+    if (!B->raw || !B->tr)
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory for the staging",
+                              H->where);
+    return FSDP_SUCCESS;
+}
+
+FSDP__DEF void fsdp__hf_rbuf_free(fsdp__hf *H, fsdp__hf_rbuf *B)
+{
+    if (B->mem == FSDP_MEM_DEVICE) {
+        fsdp__lend_give(H->c, B->tr, B->bytes); /* the last piece first */
+        fsdp__lend_give(H->c, B->raw, B->bytes);
+    } else {
+        fsdp__free(&H->c->hooks, B->raw);
+        fsdp__free(&H->c->hooks, B->tr);
+    }
+    memset(B, 0, sizeof *B);
+}
+
+/* Reads what this rank's shard needs of source s, in pieces that fit the
+   staging, and applies them: ranges of the file, or for a transposed
+   tensor blocks of the model's rows, each read as strips of the file's
+   rows and transposed. */
+FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s,
+                                    fsdp__hf_rbuf *B)
+{
+    fsdp_ctx *c = L->c;
+    const fsdp__tgt *t;
+    fsdp__st_file *f = &L->files[s->file];
+    const fsdp__st_entry *en = &f->e[s->entry];
+    size_t es = fsdp_dtype_size(s->dtype);
+    int64_t lo, hi, base = f->data_start + en->begin, per = (int64_t)(B->bytes / es);
+    fsdp__src piece = *s;
+    fsdp_result r;
+    int rc = 0;
+    if (!fsdp__ld_wanted(L, s)) return FSDP_SUCCESS;
+    t = &L->t[s->tgt];
+    lo = t->need_off > 0 ? t->need_off : 0;
+    hi = t->need_off + t->need_n < s->numel ? t->need_off + t->need_n : s->numel;
+    if (lo >= hi) return FSDP_SUCCESS;
+    if (!s->transpose) {
+        int64_t k, m;
+        for (k = lo; k < hi; k += m) {
+            m = hi - k < per ? hi - k : per;
+            if ((rc = fsdp__read_at(f->fd, base + k * (int64_t)es, B->raw, (size_t)m * es)))
+                goto io;
+            piece.offset = k;
+            piece.numel = m;
+            if ((r = fsdp__ld_apply(L, &piece, B->raw, B->mem)) != FSDP_SUCCESS) return r;
+        }
+        return FSDP_SUCCESS;
+    }
+    {
+        int64_t R = s->shape[0], C = s->shape[1], o0 = lo / C, o1 = (hi - 1) / C + 1;
+        int64_t o, i0, i, nr, nc, rb, cc;
+        fsdp__hf_blocks(R, C, per, &rb, &cc);
+        for (o = o0; o < o1; o += nr) {
+            nr = o1 - o < rb ? o1 - o : rb;
+            for (i0 = 0; i0 < C; i0 += nc) {
+                nc = C - i0 < cc ? C - i0 : cc;
+                if (nr == 1 && (o * C + i0 + nc <= lo || o * C + i0 >= hi)) continue;
+                /* file row i0+i holds the model's column: its elements o..o+nr-1 */
+                for (i = 0; i < nc; i++)
+                    if ((rc = fsdp__read_at(f->fd, base + ((i0 + i) * R + o) * (int64_t)es,
+                                            (char *)B->raw + (size_t)(i * nr) * es,
+                                            (size_t)nr * es)))
+                        goto io;
+                fsdp__hf_transpose(B->tr, B->raw, nc, nr, es);
+                piece.offset = o * C + i0;
+                piece.numel = nr * nc;
+                if ((r = fsdp__ld_apply(L, &piece, B->tr, B->mem)) != FSDP_SUCCESS) return r;
+            }
+        }
+    }
+    return FSDP_SUCCESS;
+io:
+    return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: '%s': reading tensor '%.120s': %s", H->where,
+                          f->path, en->name,
+                          rc == -2 ? "unexpected end of file (truncated)" : strerror(errno));
+}
+
+FSDP_API fsdp_result fsdp_hf_load(fsdp_ctx *c, const char *dir, const fsdp_hf_desc *desc)
+{
+    const char *fn = "fsdp_hf_load";
+    fsdp__hf H;
+    fsdp__ld L;
+    fsdp__hf_dir D;
+    fsdp__hf_rbuf B;
+    fsdp_result r;
+    int i;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__hf_init(&H, c, dir, desc, fn, 0)) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
+    memset(&L, 0, sizeof L);
+    memset(&D, 0, sizeof D);
+    memset(&B, 0, sizeof B);
+    L.c = c;
+    if (!fsdp__host_little_endian()) {
+        r = fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: safetensors are little-endian; this host "
+                           "is not", H.where);
+        goto agree1;
+    }
+    /* NOT_STRICT for the loader: a call may load part of the model, and
+       the ranks then agree on what was loaded (the strictness of the call
+       is fsdp__hf_sources') */
+    r = fsdp__ld_init(&L, c, FSDP_SD_FULL, FSDP_SD_NOT_STRICT, H.where);
+    if (r == FSDP_SUCCESS) r = fsdp__hf_items(&H, 0);
+    if (r == FSDP_SUCCESS) r = fsdp__hf_open(&H, &L, dir, &D);
+    if (r == FSDP_SUCCESS) r = fsdp__hf_sources(&H, &L);
+    if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
+agree1:
+    if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    if (c->nranks > 1) {
+        /* each rank read the directory itself: the same files, or none */
+        uint64_t d0 = D.digest;
+        if ((r = fsdp__bcast_bytes(c, &d0, sizeof d0, fn)) == FSDP_SUCCESS && d0 != D.digest)
+            r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: changed while loading: rank %d read "
+                               "another index or other headers than rank 0 (a process wrote "
+                               "the directory meanwhile); load again", H.where, c->rank);
+        if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+    }
+    if (c->rank == 0)
+        fsdp__log(&c->hooks, FSDP_LOG_WARN, "%s: Hugging Face files carry no checksums: the "
+                  "data is not verified", H.where);
+    /* the headers were checked against the files: with nothing more to
+       verify the data is read once, also when written in place (DIRECT) */
+    r = fsdp__ld_stage(&L);
+    if (r == FSDP_SUCCESS) r = fsdp__hf_rbuf_get(&H, &L, &B);
+    for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) r = fsdp__hf_read(&H, &L, &L.s[i], &B);
+    if (B.raw || B.tr) fsdp__hf_rbuf_free(&H, &B);
+    if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) goto done;
+    r = fsdp__ld_commit(&L);
+done:
+    fsdp__ld_free(&L);
+    fsdp__hf_dir_free(&D, &c->hooks);
+    fsdp__hf_free(&H);
+    return r;
+}
+
+/* --- writing a directory --- */
+
+/* A tensor of a save and its place. */
+typedef struct fsdp__hf_out {
+    const fsdp__hf_item *it;
+    char *name;            /* in the files (owned) */
+    int unit;
+    int64_t flat_off;      /* its first element in the unit's flat parameter */
+    int ndim;
+    int64_t shape[FSDP_MAX_DIMS]; /* the model's */
+    int64_t numel;
+    int file;
+    int64_t begin, bytes;  /* in the file's data section */
+} fsdp__hf_out;
+
+typedef struct fsdp__hf_ofile {
+    char name[64];
+    int64_t bytes;      /* of data */
+    int64_t data_start; /* 8 + the header's length (the writing rank's) */
+} fsdp__hf_ofile;
+
+typedef struct fsdp__hf_save {
+    fsdp__hf_out *out;
+    int nout;
+    fsdp__hf_ofile *files;
+    int nfiles;
+    fsdp_dtype dt;
+    size_t eso;
+    char *target, *tmp; /* dir without trailing '/', and its temporary twin */
+} fsdp__hf_save;
+
+FSDP__DEF int fsdp__hf_out_cmp(const void *a, const void *b)
+{
+    const fsdp__hf_out *x = (const fsdp__hf_out *)a, *y = (const fsdp__hf_out *)b;
+    if (x->unit != y->unit) return x->unit < y->unit ? -1 : 1;
+    if (x->flat_off != y->flat_off) return x->flat_off < y->flat_off ? -1 : 1;
+    return 0;
+}
+
+FSDP__DEF int fsdp__hf_outp_cmp(const void *a, const void *b)
+{
+    return strcmp((*(const fsdp__hf_out *const *)a)->name, (*(const fsdp__hf_out *const *)b)->name);
+}
+
+FSDP__DEF void fsdp__hf_save_free(fsdp__hf_save *S, const fsdp_hooks *h)
+{
+    int i;
+    for (i = 0; S->out && i < S->nout; i++) fsdp__free(h, S->out[i].name);
+    fsdp__free(h, S->out);
+    fsdp__free(h, S->files);
+    fsdp__free(h, S->target);
+    fsdp__free(h, S->tmp);
+    memset(S, 0, sizeof *S);
+}
+
+/* What goes where: the parameters of the call in their units' order (a
+   shard holds whole units where it can), cut into files at
+   max_shard_bytes as transformers cuts (a tensor above it alone). The
+   same on every rank. */
+FSDP__DEF fsdp_result fsdp__hf_plan(fsdp__hf *H, fsdp__hf_save *S)
+{
+    fsdp_ctx *c = H->c;
+    const fsdp_hooks *h = &c->hooks;
+    int64_t max = H->d.max_shard_bytes;
+    int i, k;
+    S->dt = H->d.dtype ? H->d.dtype : FSDP_F32;
+    S->eso = fsdp_dtype_size(S->dt);
+    S->out = (fsdp__hf_out *)fsdp__calloc(h, (size_t)H->n + 1, sizeof *S->out);
+    if (!S->out) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    for (i = 0; i < H->n; i++) {
+        const fsdp__hf_item *it = &H->it[i];
+        fsdp__hf_out *o = &S->out[S->nout];
+        const fsdp_flat_entry *fe;
+        size_t len;
+        if (it->skip) continue;
+        fe = &c->u[it->unit].info->entries[it->entry];
+        len = strlen(H->peft) + strlen(H->d.prefix) + strlen(it->hf) + 1;
+        if (!(o->name = (char *)fsdp__alloc(h, len)))
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+        snprintf(o->name, len, "%s%s%s", H->peft, H->d.prefix, it->hf);
+        S->nout++;
+        o->it = it;
+        o->unit = it->unit;
+        o->flat_off = fe->offset;
+        o->ndim = fe->ndim;
+        memcpy(o->shape, fe->shape, (size_t)fe->ndim * sizeof(int64_t));
+        o->numel = fe->numel;
+        if (o->numel > INT64_MAX / (int64_t)S->eso)
+            return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: '%s' is too large", H->where,
+                                  it->fqn);
+        o->bytes = o->numel * (int64_t)S->eso;
+    }
+    if (!S->nout)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: nothing to save: no parameter of the "
+                              "call (the table's%s)", H->where,
+                              H->d.flags & (FSDP_SD_TRAINABLE_ONLY | FSDP_HF_PEFT)
+                                  ? ", trainable ones" : "");
+    qsort(S->out, (size_t)S->nout, sizeof *S->out, fsdp__hf_out_cmp);
+    S->files = (fsdp__hf_ofile *)fsdp__calloc(h, (size_t)S->nout + 1, sizeof *S->files);
+    if (!S->files) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    for (i = 0, k = -1; i < S->nout; i++) {
+        fsdp__hf_out *o = &S->out[i];
+        if (k < 0 || (max > 0 && S->files[k].bytes > 0 && o->bytes > max - S->files[k].bytes))
+            k = S->nfiles++;
+        o->file = k;
+        o->begin = S->files[k].bytes;
+        S->files[k].bytes += o->bytes;
+    }
+    if (S->nfiles > 99999)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: %d shards of at most %lld bytes: more "
+                              "than 99999 (the names have five digits); raise max_shard_bytes",
+                              H->where, S->nfiles, (long long)max);
+    for (k = 0; k < S->nfiles; k++) {
+        if (S->nfiles == 1)
+            snprintf(S->files[k].name, sizeof S->files[k].name, "%s.safetensors", H->stem);
+        else
+            snprintf(S->files[k].name, sizeof S->files[k].name, "%s-%05d-of-%05d.safetensors",
+                     H->stem, k + 1, S->nfiles);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* Creates file k in the temporary directory with its header (the tensors,
+   their dtype, shapes in the files and offsets, and "format": "pt", which
+   Python's loaders expect), padded to 8 bytes as Python pads. */
+FSDP__DEF fsdp_result fsdp__hf_create(fsdp__hf *H, fsdp__hf_save *S, int k)
+{
+    fsdp_ctx *c = H->c;
+    fsdp__sb sb;
+    char *path;
+    unsigned char len8[8];
+    const char *dn = fsdp__st_dtype_name(S->dt);
+    int i, d, fd;
+    fsdp_result r = FSDP_SUCCESS;
+    memset(&sb, 0, sizeof sb);
+    sb.h = &c->hooks;
+    fsdp__sb_str(&sb, "{\"__metadata__\":{\"format\":\"pt\"}");
+    for (i = 0; i < S->nout; i++) {
+        const fsdp__hf_out *o = &S->out[i];
+        if (o->file != k) continue;
+        fsdp__sb_str(&sb, ",");
+        fsdp__sb_json(&sb, o->name);
+        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", dn);
+        for (d = 0; d < o->ndim; d++)
+            fsdp__sb_printf(&sb, "%s%lld", d ? "," : "",
+                            (long long)o->shape[o->it->transpose ? o->ndim - 1 - d : d]);
+        fsdp__sb_printf(&sb, "],\"data_offsets\":[%lld,%lld]}", (long long)o->begin,
+                        (long long)(o->begin + o->bytes));
+    }
+    fsdp__sb_str(&sb, "}");
+    while ((sb.len + 8) % 8) fsdp__sb_str(&sb, " ");
+    if (sb.oom || !(path = fsdp__path_join(&c->hooks, S->tmp, S->files[k].name))) {
+        fsdp__free(&c->hooks, sb.s);
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    }
+    S->files[k].data_start = 8 + (int64_t)sb.len;
+    for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)sb.len >> (8 * i));
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || fsdp__write_all(fd, len8, 8) != 0 || fsdp__write_all(fd, sb.s, sb.len) != 0)
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: rank %d: writing '%s': %s", H->where, c->rank,
+                           path, strerror(errno));
+    if (fd >= 0 && close(fd) != 0 && r == FSDP_SUCCESS)
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: rank %d: writing '%s': %s", H->where, c->rank,
+                           path, strerror(errno));
+    fsdp__free(&c->hooks, path);
+    fsdp__free(&c->hooks, sb.s);
+    return r;
+}
+
+/* The staging of a save, per elements: f the device's values copied to
+   the host (NULL where the host reads device memory in place, the CPU
+   device), t their transpose, o converted to the files' dtype. Pieces of
+   the plan's idle buffers when the host reads device memory and they have
+   room (lent), else host memory within H->staging. */
+typedef struct fsdp__hf_wbuf {
+    float *f, *t;
+    void *o;
+    int64_t per;
+    int lent;
+} fsdp__hf_wbuf;
+
+FSDP__DEF fsdp_result fsdp__hf_put(fsdp__hf *H, int fd, int64_t pos, const void *p, size_t n,
+                                   const char *path, const fsdp__hf_out *o)
+{
+    if (lseek(fd, (off_t)pos, SEEK_SET) < 0 || fsdp__write_all(fd, p, n) != 0)
+        return fsdp__ctx_fail(H->c, FSDP_CKPT_IO, "%s: rank %d: writing '%s' (tensor '%.120s'): "
+                              "%s", H->where, H->c->rank, path, o->name, strerror(errno));
+    return FSDP_SUCCESS;
+}
+
+/* Writes tensor o from `from` (its unit's gathered flat parameter, device
+   memory, or host memory when from_host) into its file: converted, and
+   transposed in blocks of the model's rows (each block's columns are
+   strips of the file's rows; whole file rows when a block holds every
+   row). */
+FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__hf_out *o,
+                                     const float *from, int from_host, fsdp__hf_wbuf *w)
+{
+    fsdp_ctx *c = H->c;
+    const fsdp__hf_ofile *f = &S->files[o->file];
+    fsdp_copy_kind kind = from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H;
+    const float *src = from + o->flat_off;
+    int64_t pos0 = f->data_start + o->begin, eso = (int64_t)S->eso;
+    char *path = fsdp__path_join(&c->hooks, S->tmp, f->name);
+    fsdp_result r = FSDP_SUCCESS;
+    int fd;
+    if (!path) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    if ((fd = open(path, O_WRONLY)) < 0) {
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: rank %d: opening '%s': %s", H->where, c->rank,
+                           path, strerror(errno));
+        fsdp__free(&c->hooks, path);
+        return r;
+    }
+    if (!o->it->transpose) {
+        int64_t k, m;
+        for (k = 0; k < o->numel && r == FSDP_SUCCESS; k += m) {
+            const void *data = src + k;
+            m = o->numel - k < w->per ? o->numel - k : w->per;
+            if (w->f) {
+                r = fsdp_device_copy(c->dev, w->f, src + k, (size_t)m * 4, kind, NULL);
+                if (r != FSDP_SUCCESS) {
+                    r = fsdp__ctx_dev(c, r, H->where);
+                    break;
+                }
+                data = w->f;
+            }
+            if (S->dt != FSDP_F32) {
+                fsdp_convert(w->o, S->dt, data, FSDP_F32, (size_t)m);
+                data = w->o;
+            }
+            r = fsdp__hf_put(H, fd, pos0 + k * eso, data, (size_t)(m * eso), path, o);
+        }
+    } else {
+        int64_t R = o->shape[0], C = o->shape[1], rb, cc, q, i0, i, nr, nc;
+        fsdp__hf_blocks(R, C, w->per, &rb, &cc);
+        for (q = 0; q < R && r == FSDP_SUCCESS; q += nr) {
+            nr = R - q < rb ? R - q : rb;
+            for (i0 = 0; i0 < C && r == FSDP_SUCCESS; i0 += nc) {
+                const char *data = (const char *)w->t;
+                const float *blk = src + q * C + i0;
+                nc = C - i0 < cc ? C - i0 : cc;
+                if (w->f) {
+                    r = fsdp_device_copy(c->dev, w->f, blk, (size_t)(nr * nc) * 4, kind, NULL);
+                    if (r != FSDP_SUCCESS) {
+                        r = fsdp__ctx_dev(c, r, H->where);
+                        break;
+                    }
+                    blk = w->f;
+                }
+                fsdp__hf_transpose(w->t, blk, nr, nc, 4); /* nc file rows of nr */
+                if (S->dt != FSDP_F32) {
+                    fsdp_convert(w->o, S->dt, w->t, FSDP_F32, (size_t)(nr * nc));
+                    data = (const char *)w->o;
+                }
+                if (nr == R) /* whole file rows i0..i0+nc-1: one range */
+                    r = fsdp__hf_put(H, fd, pos0 + i0 * R * eso, data, (size_t)(nc * nr * eso),
+                                     path, o);
+                else
+                    for (i = 0; i < nc && r == FSDP_SUCCESS; i++)
+                        r = fsdp__hf_put(H, fd, pos0 + ((i0 + i) * R + q) * eso,
+                                         data + i * nr * eso, (size_t)(nr * eso), path, o);
+            }
+        }
+    }
+    if (close(fd) != 0 && r == FSDP_SUCCESS)
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: rank %d: writing '%s': %s", H->where, c->rank,
+                           path, strerror(errno));
+    fsdp__free(&c->hooks, path);
+    return r;
+}
+
+/* The units' values to the files: each unit with a tensor of the save is
+   gathered (the whole world takes part) through the plan's idle buffers,
+   then each rank writes the tensors of the files it owns. prior: this
+   rank's result so far (a failure anywhere skips the loop on every rank).
+   Returns this rank's result; a failed gather ends the loop everywhere. */
+FSDP__DEF fsdp_result fsdp__hf_write_all(fsdp__hf *H, fsdp__hf_save *S, fsdp_result prior)
+{
+    fsdp_ctx *c = H->c;
+    const fsdp_hooks *h = &c->hooks;
+    fsdp__hf_wbuf w;
+    unsigned char *has = NULL;
+    size_t scratch_bytes = 0;
+    void *scratch = NULL;
+    fsdp_result mine = prior, r;
+    int u, i, lent = 0;
+    memset(&w, 0, sizeof w);
+    has = (unsigned char *)fsdp__calloc(h, (size_t)c->nunits + 1, 1);
+    for (i = 0; has && i < S->nout; i++) has[S->out[i].unit] = 1;
+    for (u = 0; has && u < c->nunits; u++)
+        if (has[u] && c->u[u].W > 1 && (size_t)c->u[u].S * (size_t)c->u[u].W * 4 > scratch_bytes)
+            scratch_bytes = (size_t)c->u[u].S * (size_t)c->u[u].W * 4;
+    fsdp__lend_open(c);
+    r = fsdp__phase_alloc(c, scratch_bytes, &scratch, &lent);
+    if (r != FSDP_SUCCESS && mine == FSDP_SUCCESS)
+        mine = fsdp__ctx_dev(c, r, "allocating the gather buffer of a save");
+    if (fsdp_device_host_accessible(c->dev)) {
+        /* the host reads the values in place: t and o from the plan */
+        size_t room = fsdp__lend_largest(c) & ~(size_t)63;
+        w.per = (int64_t)(H->staging / (4 + S->eso));
+        if ((size_t)w.per * (4 + S->eso) + 128 > room)
+            w.per = room > 128 ? (int64_t)((room - 128) / (4 + S->eso)) : 0;
+        if (w.per >= 64 && (w.t = (float *)fsdp__lend_take(c, (size_t)w.per * 4)) != NULL) {
+            if ((w.o = fsdp__lend_take(c, (size_t)w.per * S->eso)) != NULL) w.lent = 1;
+            else fsdp__lend_give(c, w.t, (size_t)w.per * 4);
+        }
+    }
+    if (!w.lent) {
+        int in_place = fsdp_device_host_accessible(c->dev);
+        w.per = (int64_t)(H->staging / ((in_place ? 4 : 8) + S->eso));
+        if (w.per < 1) w.per = 1;
+        w.f = in_place ? NULL : (float *)fsdp__alloc(h, (size_t)w.per * 4);
+        w.t = (float *)fsdp__alloc(h, (size_t)w.per * 4);
+        w.o = fsdp__alloc(h, (size_t)w.per * S->eso);
+        if ((!has || (!in_place && !w.f) || !w.t || !w.o) && mine == FSDP_SUCCESS)
+            mine = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: rank %d: out of memory for the "
+                                  "staging", H->where, c->rank);
+    }
+    /* every rank gathers, or none: the peers would wait in the first */
+    r = fsdp__agree(c, mine, H->fn);
+    for (u = 0; r == FSDP_SUCCESS && u < c->nunits; u++) {
+        fsdp__cunit *cu = &c->u[u];
+        const float *from = cu->master;
+        int from_host = c->offload;
+        if (!has[u]) continue;
+        if (cu->W > 1) {
+            const float *send = cu->master;
+            if (c->offload) { /* collectives take device memory: in place */
+                float *slice = (float *)scratch + (size_t)cu->r * (size_t)cu->S;
+                r = fsdp_device_copy(c->dev, slice, cu->master, (size_t)cu->S * 4,
+                                     FSDP_COPY_H2D, NULL);
+                if (r != FSDP_SUCCESS) {
+                    r = fsdp__ctx_dev(c, r, H->where);
+                    break;
+                }
+                send = slice;
+            }
+            r = fsdp_all_gather(cu->comm, send, scratch, (size_t)cu->S, FSDP_F32, NULL);
+            if (r != FSDP_SUCCESS) {
+                r = fsdp__ctx_comm(c, cu->comm, r, H->where);
+                break;
+            }
+            from = (const float *)scratch;
+            from_host = 0;
+        }
+        for (i = 0; mine == FSDP_SUCCESS && i < S->nout; i++)
+            if (S->out[i].unit == u && S->out[i].file % c->nranks == c->rank)
+                mine = fsdp__hf_write(H, S, &S->out[i], from, from_host, &w);
+    }
+    if (r != FSDP_SUCCESS && mine == FSDP_SUCCESS) mine = r;
+    if (w.lent) {
+        fsdp__lend_give(c, w.o, (size_t)w.per * S->eso); /* the last piece first */
+        fsdp__lend_give(c, w.t, (size_t)w.per * 4);
+    } else {
+        fsdp__free(h, w.f);
+        fsdp__free(h, w.t);
+        fsdp__free(h, w.o);
+    }
+    fsdp__phase_free(c, scratch, scratch_bytes, lent);
+    fsdp__lend_close(c);
+    fsdp__free(h, has);
+    return mine;
+}
+
+/* Writes a small file of the save (config, index) into the temporary
+   directory, fsynced; rank 0's. */
+FSDP__DEF fsdp_result fsdp__hf_small(fsdp__hf *H, const char *dir, const char *name,
+                                     const char *text, size_t len)
+{
+    fsdp_ctx *c = H->c;
+    char *path = fsdp__path_join(&c->hooks, dir, name);
+    fsdp_result r = FSDP_SUCCESS;
+    int fd;
+    if (!path) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    fd = open(path, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || fsdp__write_all(fd, text, len) != 0 || fsync(fd) != 0)
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: writing '%s': %s", H->where, path,
+                           strerror(errno));
+    if (fd >= 0 && close(fd) != 0 && r == FSDP_SUCCESS)
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: writing '%s': %s", H->where, path,
+                           strerror(errno));
+    fsdp__free(&c->hooks, path);
+    return r;
+}
+
+/* The index of a sharded save: metadata (the data's bytes and the
+   parameters' count) and the weight_map, names sorted as transformers
+   writes them. */
+FSDP__DEF fsdp_result fsdp__hf_write_index(fsdp__hf *H, fsdp__hf_save *S, const char *name)
+{
+    fsdp_ctx *c = H->c;
+    const fsdp__hf_out **by = (const fsdp__hf_out **)fsdp__alloc(&c->hooks, ((size_t)S->nout + 1) * sizeof *by);
+    fsdp__sb sb;
+    int64_t total = 0, params = 0;
+    fsdp_result r;
+    int i;
+    if (!by) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    memset(&sb, 0, sizeof sb);
+    sb.h = &c->hooks;
+    for (i = 0; i < S->nout; i++) {
+        by[i] = &S->out[i];
+        total += S->out[i].bytes;
+        params += S->out[i].numel;
+    }
+    qsort((void *)by, (size_t)S->nout, sizeof *by, fsdp__hf_outp_cmp);
+    fsdp__sb_printf(&sb, "{\n  \"metadata\": {\n    \"total_parameters\": %lld,\n    "
+                    "\"total_size\": %lld\n  },\n  \"weight_map\": {", (long long)params,
+                    (long long)total);
+    for (i = 0; i < S->nout; i++) {
+        fsdp__sb_str(&sb, i ? ",\n    " : "\n    ");
+        fsdp__sb_json(&sb, by[i]->name);
+        fsdp__sb_str(&sb, ": ");
+        fsdp__sb_json(&sb, S->files[by[i]->file].name);
+    }
+    fsdp__sb_str(&sb, "\n  }\n}\n");
+    fsdp__free(&c->hooks, (void *)by);
+    if (sb.oom) {
+        fsdp__free(&c->hooks, sb.s);
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    }
+    r = fsdp__hf_small(H, S->tmp, name, sb.s, sb.len);
+    fsdp__free(&c->hooks, sb.s);
+    return r;
+}
+
+/* Removes a temporary directory of a save: its files, then itself. */
+FSDP__DEF void fsdp__hf_rmtmp(const fsdp_hooks *h, const char *tmp)
+{
+    DIR *d = opendir(tmp);
+    struct dirent *de;
+    while (d && (de = readdir(d)) != NULL) {
+        char *p;
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        if ((p = fsdp__path_join(h, tmp, de->d_name)) != NULL) unlink(p);
+        fsdp__free(h, p);
+    }
+    if (d) closedir(d);
+    rmdir(tmp);
+}
+
+/* The temporary directories "<target>.tmp.<pid>.<8 hex>" that saves killed
+   midway left beside target: those whose process is gone on this host are
+   removed (best effort). */
+FSDP__DEF void fsdp__hf_sweep(const fsdp_hooks *h, const char *target)
+{
+    char dir[4096];
+    const char *base = strrchr(target, '/');
+    size_t blen;
+    DIR *d;
+    struct dirent *de;
+    base = base ? base + 1 : target;
+    blen = strlen(base);
+    fsdp__dirname(target, dir, sizeof dir);
+    if (!(d = opendir(dir))) return;
+    while ((de = readdir(d)) != NULL) {
+        const char *nm = de->d_name, *q;
+        long long pid = 0;
+        int k;
+        char *p;
+        if (strncmp(nm, base, blen) || strncmp(nm + blen, ".tmp.", 5)) continue;
+        for (q = nm + blen + 5; *q >= '0' && *q <= '9' && pid < (1ll << 40); q++)
+            pid = pid * 10 + (*q - '0');
+        if (q == nm + blen + 5 || *q != '.' || pid <= 0 || pid >= (1ll << 40)) continue;
+        for (k = 1; k <= 8; k++)
+            if (!((q[k] >= '0' && q[k] <= '9') || (q[k] >= 'a' && q[k] <= 'f'))) break;
+        if (k <= 8 || q[9]) continue;
+        if ((pid_t)pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
+        if ((p = fsdp__path_join(h, dir, nm)) != NULL) fsdp__hf_rmtmp(h, p);
+        fsdp__free(h, p);
+    }
+    closedir(d);
+}
+
+/* Is nm "<stem>-NNNNN-of-NNNNN.safetensors" other than one of this save's
+   nfiles shards? */
+FSDP__DEF int fsdp__hf_stale_shard(const char *nm, const char *stem, int nfiles)
+{
+    size_t sl = strlen(stem);
+    int a = 0, b = 0, k;
+    if (strncmp(nm, stem, sl) || nm[sl] != '-' || strlen(nm) != sl + 27 ||
+        strcmp(nm + sl + 15, ".safetensors") || strncmp(nm + sl + 6, "-of-", 4))
+        return 0;
+    for (k = 0; k < 5; k++) {
+        char x = nm[sl + 1 + k], y = nm[sl + 10 + k];
+        if (x < '0' || x > '9' || y < '0' || y > '9') return 0;
+        a = a * 10 + (x - '0');
+        b = b * 10 + (y - '0');
+    }
+    return !(nfiles > 1 && b == nfiles && a >= 1 && a <= nfiles);
+}
+
+/* Rank 0's commit: the temporary directory becomes target in one rename
+   when target is missing or empty; else its files move in, after the
+   previous weights' index and single file are removed, the new weights
+   (index or single file) last; then shards no index names go. */
+FSDP__DEF fsdp_result fsdp__hf_commit(fsdp__hf *H, fsdp__hf_save *S)
+{
+    fsdp_ctx *c = H->c;
+    const fsdp_hooks *h = &c->hooks;
+    char iname[96], sname[64], *a = NULL, *b = NULL;
+    const char *names[3];
+    int k, n;
+    fsdp_result r = FSDP_SUCCESS;
+    DIR *d;
+    struct dirent *de;
+    snprintf(iname, sizeof iname, "%s.safetensors.index.json", H->stem);
+    snprintf(sname, sizeof sname, "%s.safetensors", H->stem);
+    if (rename(S->tmp, S->target) == 0) {
+        fsdp__fsync_dir(S->target);
+        return FSDP_SUCCESS;
+    }
+    if (errno != EEXIST && errno != ENOTEMPTY)
+        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: renaming '%s' to '%s': %s", H->where,
+                              S->tmp, S->target, strerror(errno));
+#define FSDP__HFC(call, what)                                                              \
+    do {                                                                                   \
+        if ((call) != 0 && errno != ENOENT) {                                              \
+            r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: %s '%s': %s", H->where, what, b,      \
+                               strerror(errno));                                           \
+            goto done;                                                                     \
+        }                                                                                  \
+    } while (0)
+    /* no weights from here until the new ones are in: never a mix */
+    for (k = 0; k < 2; k++) {
+        fsdp__free(h, b);
+        if (!(b = fsdp__path_join(h, S->target, k ? sname : iname))) goto oom;
+        FSDP__HFC(unlink(b), "removing the previous weights");
+    }
+    for (k = 0; k < S->nfiles + 2; k++) {
+        if (k < S->nfiles && S->nfiles == 1) continue; /* the single file goes last */
+        n = 0;
+        if (k < S->nfiles) names[n++] = S->files[k].name;
+        else if (k == S->nfiles && H->d.config_json) names[n++] = H->config;
+        else if (k == S->nfiles + 1) names[n++] = S->nfiles > 1 ? iname : sname;
+        if (!n) continue;
+        fsdp__free(h, a);
+        fsdp__free(h, b);
+        a = fsdp__path_join(h, S->tmp, names[0]);
+        b = fsdp__path_join(h, S->target, names[0]);
+        if (!a || !b) goto oom;
+        FSDP__HFC(rename(a, b), "moving the new file to");
+    }
+#undef FSDP__HFC
+    if ((d = opendir(S->target)) != NULL) {
+        while ((de = readdir(d)) != NULL)
+            if (fsdp__hf_stale_shard(de->d_name, H->stem, S->nfiles)) {
+                fsdp__free(h, b);
+                if ((b = fsdp__path_join(h, S->target, de->d_name)) != NULL) unlink(b);
+            }
+        closedir(d);
+    }
+    rmdir(S->tmp);
+    fsdp__free(h, b);
+    if ((b = fsdp__path_join(h, S->target, sname)) != NULL) fsdp__fsync_dir(b);
+    goto done;
+oom:
+    r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+done:
+    fsdp__free(h, a);
+    fsdp__free(h, b);
+    return r;
+}
+
+FSDP_API fsdp_result fsdp_hf_save(fsdp_ctx *c, const char *dir, const fsdp_hf_desc *desc)
+{
+    const char *fn = "fsdp_hf_save";
+    fsdp__hf H;
+    fsdp__hf_save S;
+    fsdp_result r, mine;
+    uint64_t ids[2] = {0, 0}; /* rank 0's pid and a random id: the temporary's name */
+    size_t len;
+    int k, made = 0, committed = 0;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__hf_init(&H, c, dir, desc, fn, 1)) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
+    memset(&S, 0, sizeof S);
+    mine = fsdp__hf_items(&H, 1);
+    if (mine == FSDP_SUCCESS && H.d.config_json) {
+        fsdp__json j;
+        if (fsdp__json_parse(&j, &c->hooks, H.d.config_json, strlen(H.d.config_json)) != 0)
+            mine = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: config_json is not JSON: %s",
+                                  H.where, j.err);
+        else if (j.n[0].type != FSDP__J_OBJ)
+            mine = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: config_json is not a JSON object",
+                                  H.where);
+        fsdp__json_free(&j);
+    }
+    if (mine == FSDP_SUCCESS) mine = fsdp__hf_plan(&H, &S);
+    if (mine == FSDP_SUCCESS) {
+        len = strlen(dir);
+        while (len > 1 && dir[len - 1] == '/') len--;
+        S.target = (char *)fsdp__alloc(&c->hooks, len + 1);
+        S.tmp = (char *)fsdp__alloc(&c->hooks, len + 48);
+        if (!S.target || !S.tmp)
+            mine = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H.where);
+        else if (len == 1 && dir[0] == '/')
+            mine = fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: cannot replace the root directory",
+                                  H.where);
+        else
+            snprintf(S.target, len + 1, "%s", dir);
+    }
+    if (c->rank == 0) {
+        ids[0] = (uint64_t)getpid();
+        ids[1] = fsdp__draw_save_id(&S);
+    }
+    if ((r = fsdp__bcast_bytes(c, ids, sizeof ids, fn)) != FSDP_SUCCESS) goto done;
+    if (mine == FSDP_SUCCESS) {
+        sprintf(S.tmp, "%s.tmp.%llu.%08x", S.target, (unsigned long long)ids[0],
+                (unsigned)(ids[1] & 0xffffffffu));
+        if (c->rank == 0 && mkdir(S.tmp, 0777) != 0)
+            mine = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: creating the temporary directory '%s': "
+                                  "%s", H.where, S.tmp, strerror(errno));
+        else if (c->rank == 0)
+            made = 1;
+    }
+    if ((r = fsdp__agree(c, mine, fn)) != FSDP_SUCCESS) goto done;
+    /* every rank its files: headers, data, fsync */
+    for (k = c->rank; mine == FSDP_SUCCESS && k < S.nfiles; k += c->nranks)
+        mine = fsdp__hf_create(&H, &S, k);
+    mine = fsdp__hf_write_all(&H, &S, mine);
+    for (k = c->rank; mine == FSDP_SUCCESS && k < S.nfiles; k += c->nranks) {
+        char *p = fsdp__path_join(&c->hooks, S.tmp, S.files[k].name);
+        int fd = p ? open(p, O_WRONLY) : -1;
+        if (!p) mine = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H.where);
+        else if (fd < 0 || fsync(fd) != 0)
+            mine = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: rank %d: syncing '%s': %s", H.where,
+                                  c->rank, p, strerror(errno));
+        if (fd >= 0) close(fd);
+        fsdp__free(&c->hooks, p);
+    }
+    r = fsdp__agree(c, mine, fn);
+    if (r == FSDP_SUCCESS && c->rank == 0) {
+        /* every rank's files are complete: the rest, then the commit */
+        char iname[96];
+        snprintf(iname, sizeof iname, "%s.safetensors.index.json", H.stem);
+        mine = FSDP_SUCCESS;
+        if (H.d.config_json)
+            mine = fsdp__hf_small(&H, S.tmp, H.config, H.d.config_json, strlen(H.d.config_json));
+        if (mine == FSDP_SUCCESS && S.nfiles > 1) mine = fsdp__hf_write_index(&H, &S, iname);
+        if (mine == FSDP_SUCCESS) {
+            int dfd = open(S.tmp, O_RDONLY); /* the names in it, before it moves */
+            if (dfd >= 0) {
+                fsync(dfd);
+                close(dfd);
+            }
+            mine = fsdp__hf_commit(&H, &S);
+            committed = mine == FSDP_SUCCESS;
+        }
+        if (committed) fsdp__hf_sweep(&c->hooks, S.target);
+    }
+    if (r == FSDP_SUCCESS) r = fsdp__agree(c, mine, fn);
+done:
+    /* not committed: the temporary directory goes (a merge that failed
+       midway leaves what it moved, the previous weights already gone) */
+    if (made && !committed) fsdp__hf_rmtmp(&c->hooks, S.tmp);
+    fsdp__hf_save_free(&S, &c->hooks);
+    fsdp__hf_free(&H);
     return r;
 }
 

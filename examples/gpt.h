@@ -13,6 +13,7 @@
 #ifndef GPT_H_INCLUDED
 #define GPT_H_INCLUDED
 
+#include <errno.h>
 #include <math.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -56,6 +57,25 @@ typedef struct gpt_config {
     int lora, task;
     double lora_alpha;
     const char *base_dir;
+    /* Hugging Face directories (train_gpt --init-from-hf, --init-peft,
+       --save-hf, --save-peft, --dump-logits; NULL: off): init_hf's weights
+       replace the initialisation (the model's GPT-2 names, Conv1D weights
+       stored (in, out), with or without transformers' "transformer."
+       prefix), init_peft's adapters (PEFT's layout) then the adapters';
+       after the run save_hf gets the model (the frozen base under LoRA),
+       save_peft the adapters, with their config.json and
+       adapter_config.json; dump_logits the logits of the first held-out
+       problem's input as JSON (rank 0), or of dump_tokens[0..n_dump_tokens)
+       when n_dump_tokens > 0 (at most the sequence length; the rows of a
+       causal model do not depend on what follows). positions: wpe's rows (a directory's
+       n_positions, at least the sequence length, the rows past it kept as
+       they are; 0: the sequence length). hf_dtype: the saved files' dtype
+       (0: f32); hf_max_shard: bytes per shard (0: one file). */
+    const char *init_hf, *init_peft, *save_hf, *save_peft, *dump_logits;
+    int dump_tokens[3 * GPT_MAX_DIGITS + 2], n_dump_tokens;
+    int positions;
+    fsdp_dtype hf_dtype;
+    int64_t hf_max_shard;
 } gpt_config;
 
 /* The defaults of train_gpt: ~100k parameters, learns 3-digit addition to
@@ -351,6 +371,7 @@ static const char *const gpt_root_name[GPT_ROOT_NT] = {"wte.weight", "wpe.weight
 
 typedef struct gpt_dims {
     int layers, C, H, L, V, digits;
+    int P;            /* wpe's rows (>= L) */
     int lora;         /* adapters' rank; 0: none */
     float lora_scale; /* alpha / rank */
 } gpt_dims;
@@ -363,6 +384,7 @@ static gpt_dims gpt_dims_of(const gpt_config *c)
     d.H = c->heads;
     d.digits = c->digits;
     d.L = gpt_seq_len(c->digits);
+    d.P = c->positions > d.L ? c->positions : d.L;
     d.V = GPT_VOCAB;
     d.lora = c->lora > 0 ? c->lora : 0;
     d.lora_scale = d.lora ? (float)((c->lora_alpha > 0.0 ? c->lora_alpha : (double)d.lora) /
@@ -384,7 +406,7 @@ static size_t gpt_tensor_numel(const gpt_dims *d, int unit, int k)
 {
     size_t C = (size_t)d->C;
     if (unit == d->layers) {
-        return k == GPT_WTE ? (size_t)d->V * C : k == GPT_WPE ? (size_t)d->L * C : C;
+        return k == GPT_WTE ? (size_t)d->V * C : k == GPT_WPE ? (size_t)d->P * C : C;
     }
     if (k >= GPT_LORA0) { /* A [R, in], B [out, R] */
         int in, out;
@@ -877,43 +899,70 @@ static double gpt_thread_cpu_ms(void) { return gpt_now_ms(); }
    imply the module tree (fsdp_model_desc.implied_modules); a "{L}" entry is
    one tensor per block ("h.{L}.ln_1.weight": h.0.ln_1.weight,
    h.1.ln_1.weight, ...). The root keeps wte, wpe, ln_f and the head, whose
-   weight is wte's. */
+   weight is wte's. The same tables say how Hugging Face files hold them:
+   the names are GPT-2's (GPT2Model's), the four matrices are Conv1D
+   weights stored (in, out) (hf_transpose), and the adapters are PEFT's
+   lora_A and lora_B. base: GPT_BASE_NT entries, adapters: GPT_ADAPTER_NT
+   (--lora: trainable, the base frozen). */
+enum { GPT_BASE_NT = 16, GPT_ADAPTER_NT = 8 };
+static void gpt_tables(const gpt_config *c, fsdp_layout_entry *base, fsdp_layout_entry *adapters)
+{
+    gpt_dims d = gpt_dims_of(c);
+    const int64_t C = d.C, R = d.lora;
+    const int n = d.layers;
+    /* name, offset (unused here), ndim, shape, count, stride, dtype, frozen,
+       hf_name (NULL: the name), hf_transpose */
+    const fsdp_layout_entry b[GPT_BASE_NT] = {
+        {"wte.weight", 0, 2, {GPT_VOCAB, C}, 0, 0, FSDP_F32, 0, NULL, 0},
+        {"wpe.weight", 0, 2, {d.P, C}, 0, 0, FSDP_F32, 0, NULL, 0},
+        {"h.{L}.ln_1.weight", 0, 1, {C}, n, 0, FSDP_F32, 0, NULL, 0},
+        {"h.{L}.ln_1.bias", 0, 1, {C}, n, 0, FSDP_F32, 0, NULL, 0},
+        {"h.{L}.attn.c_attn.weight", 0, 2, {3 * C, C}, n, 0, FSDP_F32, 0, NULL, 1},
+        {"h.{L}.attn.c_attn.bias", 0, 1, {3 * C}, n, 0, FSDP_F32, 0, NULL, 0},
+        {"h.{L}.attn.c_proj.weight", 0, 2, {C, C}, n, 0, FSDP_F32, 0, NULL, 1},
+        {"h.{L}.attn.c_proj.bias", 0, 1, {C}, n, 0, FSDP_F32, 0, NULL, 0},
+        {"h.{L}.ln_2.weight", 0, 1, {C}, n, 0, FSDP_F32, 0, NULL, 0},
+        {"h.{L}.ln_2.bias", 0, 1, {C}, n, 0, FSDP_F32, 0, NULL, 0},
+        {"h.{L}.mlp.c_fc.weight", 0, 2, {4 * C, C}, n, 0, FSDP_F32, 0, NULL, 1},
+        {"h.{L}.mlp.c_fc.bias", 0, 1, {4 * C}, n, 0, FSDP_F32, 0, NULL, 0},
+        {"h.{L}.mlp.c_proj.weight", 0, 2, {C, 4 * C}, n, 0, FSDP_F32, 0, NULL, 1},
+        {"h.{L}.mlp.c_proj.bias", 0, 1, {C}, n, 0, FSDP_F32, 0, NULL, 0},
+        {"ln_f.weight", 0, 1, {C}, 0, 0, FSDP_F32, 0, NULL, 0},
+        {"ln_f.bias", 0, 1, {C}, 0, 0, FSDP_F32, 0, NULL, 0}};
+    /* A [R, in] and B [out, R], PEFT's own orientation (no transpose) */
+    const fsdp_layout_entry a[GPT_ADAPTER_NT] = {
+        {"h.{L}.attn.c_attn.lora_a.weight", 0, 2, {R, C}, n, 0, FSDP_F32, 0,
+         "h.{L}.attn.c_attn.lora_A.weight", 0},
+        {"h.{L}.attn.c_attn.lora_b.weight", 0, 2, {3 * C, R}, n, 0, FSDP_F32, 0,
+         "h.{L}.attn.c_attn.lora_B.weight", 0},
+        {"h.{L}.attn.c_proj.lora_a.weight", 0, 2, {R, C}, n, 0, FSDP_F32, 0,
+         "h.{L}.attn.c_proj.lora_A.weight", 0},
+        {"h.{L}.attn.c_proj.lora_b.weight", 0, 2, {C, R}, n, 0, FSDP_F32, 0,
+         "h.{L}.attn.c_proj.lora_B.weight", 0},
+        {"h.{L}.mlp.c_fc.lora_a.weight", 0, 2, {R, C}, n, 0, FSDP_F32, 0,
+         "h.{L}.mlp.c_fc.lora_A.weight", 0},
+        {"h.{L}.mlp.c_fc.lora_b.weight", 0, 2, {4 * C, R}, n, 0, FSDP_F32, 0,
+         "h.{L}.mlp.c_fc.lora_B.weight", 0},
+        {"h.{L}.mlp.c_proj.lora_a.weight", 0, 2, {R, 4 * C}, n, 0, FSDP_F32, 0,
+         "h.{L}.mlp.c_proj.lora_A.weight", 0},
+        {"h.{L}.mlp.c_proj.lora_b.weight", 0, 2, {C, R}, n, 0, FSDP_F32, 0,
+         "h.{L}.mlp.c_proj.lora_B.weight", 0}};
+    int k;
+    for (k = 0; k < GPT_BASE_NT; k++) {
+        base[k] = b[k];
+        base[k].frozen = R > 0;
+    }
+    for (k = 0; k < GPT_ADAPTER_NT; k++) adapters[k] = a[k];
+}
+
 static fsdp_model *gpt_build_model(const gpt_config *c, char *err, size_t cap)
 {
     gpt_dims d = gpt_dims_of(c);
-    const int64_t C = d.C, n = d.layers, R = d.lora;
-    fsdp_layout_entry table[] = {
-        /* name, offset (unused here), ndim, shape, count */
-        {"wte.weight", 0, 2, {GPT_VOCAB, C}, 0, 0, FSDP_F32, 0},
-        {"wpe.weight", 0, 2, {d.L, C}, 0, 0, FSDP_F32, 0},
-        {"h.{L}.ln_1.weight", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.ln_1.bias", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.attn.c_attn.weight", 0, 2, {3 * C, C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.attn.c_attn.bias", 0, 1, {3 * C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.attn.c_proj.weight", 0, 2, {C, C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.attn.c_proj.bias", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.ln_2.weight", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.ln_2.bias", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.mlp.c_fc.weight", 0, 2, {4 * C, C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.mlp.c_fc.bias", 0, 1, {4 * C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.mlp.c_proj.weight", 0, 2, {C, 4 * C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.mlp.c_proj.bias", 0, 1, {C}, (int)n, 0, FSDP_F32, 0},
-        {"ln_f.weight", 0, 1, {C}, 0, 0, FSDP_F32, 0},
-        {"ln_f.bias", 0, 1, {C}, 0, 0, FSDP_F32, 0}};
-    /* --lora: the adapters, trainable, beside the frozen base */
-    const fsdp_layout_entry adapters[] = {
-        {"h.{L}.attn.c_attn.lora_a.weight", 0, 2, {R, C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.attn.c_attn.lora_b.weight", 0, 2, {3 * C, R}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.attn.c_proj.lora_a.weight", 0, 2, {R, C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.attn.c_proj.lora_b.weight", 0, 2, {C, R}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.mlp.c_fc.lora_a.weight", 0, 2, {R, C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.mlp.c_fc.lora_b.weight", 0, 2, {4 * C, R}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.mlp.c_proj.lora_a.weight", 0, 2, {R, 4 * C}, (int)n, 0, FSDP_F32, 0},
-        {"h.{L}.mlp.c_proj.lora_b.weight", 0, 2, {C, R}, (int)n, 0, FSDP_F32, 0}};
+    const int64_t n = d.layers, R = d.lora;
+    fsdp_layout_entry table[GPT_BASE_NT], adapters[GPT_ADAPTER_NT];
     fsdp_model *m = NULL;
     fsdp_model_desc desc;
-    size_t k;
-    for (k = 0; k < sizeof table / sizeof table[0]; k++) table[k].frozen = R > 0;
+    gpt_tables(c, table, adapters);
     memset(&desc, 0, sizeof desc);
     desc.root_type = "GPT";
     desc.implied_modules = 1;
@@ -921,10 +970,8 @@ static fsdp_model *gpt_build_model(const gpt_config *c, char *err, size_t cap)
         snprintf(err, cap, "fsdp_model_create failed");
         return NULL;
     }
-    if (fsdp_model_add_layout(m, table, (int)(sizeof table / sizeof table[0])) != FSDP_SUCCESS ||
-        (R > 0 && n > 0 &&
-         fsdp_model_add_layout(m, adapters, (int)(sizeof adapters / sizeof adapters[0])) !=
-             FSDP_SUCCESS) ||
+    if (fsdp_model_add_layout(m, table, GPT_BASE_NT) != FSDP_SUCCESS ||
+        (R > 0 && n > 0 && fsdp_model_add_layout(m, adapters, GPT_ADAPTER_NT) != FSDP_SUCCESS) ||
         fsdp_model_add_shared_param(m, NULL, "head.weight", "wte.weight") != FSDP_SUCCESS) {
         snprintf(err, cap, "building the model failed: %s", fsdp_model_last_error(m));
         fsdp_model_destroy(m);
@@ -1000,6 +1047,254 @@ static fsdp_init_spec gpt_init_choose(void *user, const char *fqn, int ndim, con
         s.kind = FSDP_INIT_ZEROS;
     }
     return s;
+}
+
+/* The readers below are train_gpt's; the other programs that include
+   this file do not call them. */
+#if defined(__GNUC__) || defined(__clang__)
+#define GPT__MAYBE_UNUSED __attribute__((unused))
+#else
+#define GPT__MAYBE_UNUSED
+#endif
+
+/* --- Hugging Face's config.json and adapter_config.json ---
+   The model is GPT-2 (GPT2LMHeadModel) with activation_function "gelu",
+   the erf form gpt_gelu_fwd computes, LayerNorm eps 1e-5 and the head
+   tied to wte; the vocabulary is this task's 12 tokens. */
+
+/* Member `key` of the top-level object of a JSON text: a string's
+   characters (escapes other than \" and \\ kept as '?'), other values as
+   written ("null", "1e-05", "[...]"). *type: 's' string, 'v' anything
+   else. Returns 1 found, 0 absent, -1 when the text is not an object this
+   small reader can walk (it checks what it walks, not all of JSON). */
+static int gpt__json_member(const char *p, const char *key, char *out, size_t cap, char *type)
+{
+    char k[256];
+#define GPT__WS() while (*p == ' ' || *p == '\t' || *p == '\n' || *p == '\r') p++
+    GPT__WS();
+    if (*p++ != '{') return -1;
+    for (;;) {
+        size_t n = 0;
+        const char *v;
+        int depth, found;
+        GPT__WS();
+        if (*p == '}') return 0;
+        if (*p++ != '"') return -1;
+        for (; *p && *p != '"'; p++) {
+            if (*p == '\\' && !*++p) return -1;
+            if (n + 1 < sizeof k) k[n++] = *p;
+        }
+        if (*p++ != '"') return -1;
+        k[n] = 0;
+        found = !strcmp(k, key);
+        GPT__WS();
+        if (*p++ != ':') return -1;
+        GPT__WS();
+        v = p;
+        n = 0;
+        if (*p == '"') {
+            for (p++; *p && *p != '"'; p++) {
+                char ch = *p;
+                if (ch == '\\') {
+                    if (!*++p) return -1;
+                    ch = *p == '"' || *p == '\\' ? *p : '?';
+                }
+                if (found && n + 1 < cap) out[n++] = ch;
+            }
+            if (*p++ != '"') return -1;
+            if (found) *type = 's';
+        } else {
+            for (depth = 0; *p && (depth > 0 || (*p != ',' && *p != '}')); p++) {
+                if (*p == '"') { /* a string inside an array or object */
+                    for (p++; *p && *p != '"'; p++)
+                        if (*p == '\\' && !*++p) return -1;
+                    if (!*p) return -1;
+                } else if (*p == '[' || *p == '{') {
+                    depth++;
+                } else if (*p == ']' || *p == '}') {
+                    depth--;
+                }
+            }
+            if (depth || p == v) return -1;
+            while (p > v && (p[-1] == ' ' || p[-1] == '\n' || p[-1] == '\r' || p[-1] == '\t')) p--;
+            if (found) {
+                n = (size_t)(p - v) < cap - 1 ? (size_t)(p - v) : cap - 1;
+                memcpy(out, v, n);
+                *type = 'v';
+            }
+        }
+        if (found) {
+            out[n] = 0;
+            return 1;
+        }
+        GPT__WS();
+        if (*p == ',') p++;
+        else if (*p != '}') return -1;
+    }
+#undef GPT__WS
+}
+
+/* A whole file (at most 1 MiB) into a buffer the caller frees. */
+static char *gpt__read_text(const char *path, char *err, size_t cap)
+{
+    FILE *f = fopen(path, "rb");
+    char *buf;
+    size_t n;
+    if (!f) {
+        snprintf(err, cap, "'%.300s': %s", path, strerror(errno));
+        return NULL;
+    }
+    buf = (char *)malloc((1 << 20) + 1);
+    n = buf ? fread(buf, 1, 1 << 20, f) : 0;
+    if (!buf || ferror(f) || (n == 1 << 20 && fgetc(f) != EOF)) {
+        snprintf(err, cap, "'%.300s': %s", path, buf ? "unreadable, or above 1 MiB" : "out of memory");
+        free(buf);
+        fclose(f);
+        return NULL;
+    }
+    fclose(f);
+    buf[n] = 0;
+    return buf;
+}
+
+/* An integer member, required, in [lo, hi]. */
+static int gpt__json_int(const char *text, const char *file, const char *key, long lo, long hi,
+                         long *out, char *err, size_t cap)
+{
+    char v[64], t = 0, *end;
+    int got = gpt__json_member(text, key, v, sizeof v, &t);
+    if (got < 0) snprintf(err, cap, "'%.300s' is not a JSON object", file);
+    else if (!got) snprintf(err, cap, "'%.300s' has no \"%s\"", file, key);
+    else if (t != 'v' || (*out = strtol(v, &end, 10), *end) || *out < lo || *out > hi)
+        snprintf(err, cap, "'%.300s': \"%s\" is %s, this example runs %ld..%ld", file, key, v, lo, hi);
+    else
+        return 1;
+    return 0;
+}
+
+/* A member that is absent or equal to want (one of the values given, as
+   written, strings without quotes); else an error naming it. */
+static int gpt__json_is(const char *text, const char *file, const char *key, const char *want,
+                        const char *want2, int required, const char *why, char *err, size_t cap)
+{
+    char v[256], t = 0;
+    int got = gpt__json_member(text, key, v, sizeof v, &t);
+    if (got < 0) snprintf(err, cap, "'%.300s' is not a JSON object", file);
+    else if (!got && required) snprintf(err, cap, "'%.300s' has no \"%s\" (%s)", file, key, why);
+    else if (got && strcmp(v, want) && (!want2 || strcmp(v, want2)))
+        snprintf(err, cap, "'%.300s': \"%s\" is %s; this example runs %s only (%s)", file, key, v,
+                 want, why);
+    else
+        return 1;
+    return 0;
+}
+
+/* Reads DIR/config.json into c (layers, dim, heads, positions), refusing
+   a model this example cannot run, naming what differs. 1 on success. */
+GPT__MAYBE_UNUSED static int gpt_read_hf_config(const char *dir, gpt_config *c, char *err,
+                                                size_t cap)
+{
+    char path[4096], v[64], t = 0;
+    char *text;
+    long layers, dim, heads, pos, vocab;
+    int ok;
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    if (!(text = gpt__read_text(path, err, cap))) return 0;
+    ok = gpt__json_int(text, path, "vocab_size", 1, 1L << 30, &vocab, err, cap);
+    if (ok && vocab != GPT_VOCAB) {
+        snprintf(err, cap, "'%.300s': \"vocab_size\" is %ld; this example's vocabulary is %d "
+                 "tokens ('0'..'9', '+', '=')", path, vocab, GPT_VOCAB);
+        ok = 0;
+    }
+    ok = ok && gpt__json_int(text, path, "n_layer", 0, GPT_MAX_LAYERS, &layers, err, cap) &&
+         gpt__json_int(text, path, "n_embd", 1, 4096, &dim, err, cap) &&
+         gpt__json_int(text, path, "n_head", 1, 4096, &heads, err, cap) &&
+         gpt__json_int(text, path, "n_positions", 1, 1 << 20, &pos, err, cap) &&
+         gpt__json_is(text, path, "model_type", "gpt2", NULL, 0, "GPT-2", err, cap) &&
+         gpt__json_is(text, path, "activation_function", "gelu", NULL, 1,
+                      "the erf GELU; GPT-2's default is gelu_new, the tanh form", err, cap) &&
+         gpt__json_is(text, path, "layer_norm_epsilon", "1e-05", "1e-5", 0, "LayerNorm eps 1e-5",
+                      err, cap) &&
+         gpt__json_is(text, path, "tie_word_embeddings", "true", NULL, 0, "the head is wte",
+                      err, cap) &&
+         gpt__json_is(text, path, "scale_attn_weights", "true", NULL, 0, "1/sqrt(head dim)",
+                      err, cap) &&
+         gpt__json_is(text, path, "scale_attn_by_inverse_layer_idx", "false", NULL, 0,
+                      "no per-layer scaling", err, cap) &&
+         gpt__json_is(text, path, "add_cross_attention", "false", NULL, 0, "a decoder alone",
+                      err, cap);
+    if (ok && gpt__json_member(text, "n_inner", v, sizeof v, &t) == 1 && strcmp(v, "null") &&
+        strtol(v, NULL, 10) != 4 * dim) {
+        snprintf(err, cap, "'%.300s': \"n_inner\" is %s; this example's MLP is 4 x n_embd (%ld)", path,
+                 v, 4 * dim);
+        ok = 0;
+    }
+    free(text);
+    if (!ok) return 0;
+    c->layers = (int)layers;
+    c->dim = (int)dim;
+    c->heads = (int)heads;
+    c->positions = (int)pos;
+    return 1;
+}
+
+/* Reads DIR/adapter_config.json: *r and *alpha of LoRA adapters with
+   PEFT's plain scale alpha / r. 1 on success. */
+GPT__MAYBE_UNUSED static int gpt_read_peft_config(const char *dir, int *r, double *alpha,
+                                                  char *err, size_t cap)
+{
+    char path[4096], v[64], t = 0;
+    char *text;
+    long rank;
+    int ok;
+    snprintf(path, sizeof path, "%s/adapter_config.json", dir);
+    if (!(text = gpt__read_text(path, err, cap))) return 0;
+    ok = gpt__json_is(text, path, "peft_type", "LORA", NULL, 1, "LoRA adapters", err, cap) &&
+         gpt__json_int(text, path, "r", 1, 4096, &rank, err, cap) &&
+         gpt__json_is(text, path, "use_rslora", "false", NULL, 0, "scale alpha / r", err, cap) &&
+         gpt__json_is(text, path, "use_dora", "false", NULL, 0, "plain LoRA", err, cap) &&
+         gpt__json_is(text, path, "bias", "none", NULL, 0, "no bias adapters", err, cap);
+    if (ok) {
+        if (gpt__json_member(text, "lora_alpha", v, sizeof v, &t) != 1 || t != 'v' ||
+            !(*alpha = strtod(v, NULL), *alpha > 0.0)) {
+            snprintf(err, cap, "'%.300s': no positive \"lora_alpha\"", path);
+            ok = 0;
+        }
+        *r = (int)rank;
+    }
+    free(text);
+    return ok;
+}
+
+/* The config.json of the model c describes (n_positions: wpe's rows). */
+static void gpt_hf_config_json(const gpt_config *c, char *out, size_t cap)
+{
+    gpt_dims d = gpt_dims_of(c);
+    snprintf(out, cap,
+             "{\n  \"architectures\": [\"GPT2LMHeadModel\"],\n  \"model_type\": \"gpt2\",\n"
+             "  \"vocab_size\": %d,\n  \"n_positions\": %d,\n  \"n_embd\": %d,\n"
+             "  \"n_layer\": %d,\n  \"n_head\": %d,\n  \"n_inner\": null,\n"
+             "  \"activation_function\": \"gelu\",\n  \"layer_norm_epsilon\": 1e-05,\n"
+             "  \"resid_pdrop\": 0.0,\n  \"embd_pdrop\": 0.0,\n  \"attn_pdrop\": 0.0,\n"
+             "  \"tie_word_embeddings\": true,\n  \"scale_attn_weights\": true,\n"
+             "  \"dtype\": \"%s\"\n}\n",
+             d.V, d.P, d.C, d.layers, d.H, c->hf_dtype == FSDP_BF16 ? "bfloat16"
+                                           : c->hf_dtype == FSDP_F16 ? "float16" : "float32");
+}
+
+/* PEFT's adapter_config.json of the adapters (--lora R, --lora-alpha):
+   LoRA on every c_attn, c_proj (attn's and mlp's) and c_fc; GPT-2's
+   Conv1D layers are fan_in_fan_out. */
+static void gpt_peft_config_json(const gpt_config *c, char *out, size_t cap)
+{
+    snprintf(out, cap,
+             "{\n  \"peft_type\": \"LORA\",\n  \"task_type\": null,\n"
+             "  \"base_model_name_or_path\": null,\n  \"r\": %d,\n  \"lora_alpha\": %.17g,\n"
+             "  \"lora_dropout\": 0.0,\n  \"target_modules\": [\"c_attn\", \"c_proj\", \"c_fc\"],\n"
+             "  \"fan_in_fan_out\": true,\n  \"bias\": \"none\",\n  \"use_rslora\": false,\n"
+             "  \"use_dora\": false,\n  \"inference_mode\": true,\n"
+             "  \"modules_to_save\": null\n}\n",
+             c->lora, c->lora_alpha > 0.0 ? c->lora_alpha : (double)c->lora);
 }
 
 /* Warm-up over the first 5% of steps, then cosine decay to lr/10. */
@@ -1180,6 +1475,95 @@ static int gpt__evaluate(gpt_engine *e, gpt_acts *a, int *tok, int chunk, fsdp_c
     return 1;
 }
 
+/* --init-from-hf, --init-peft (save 0), --save-hf, --save-peft (save 1):
+   the base table or the adapters' (peft) through fsdp_hf_load and
+   fsdp_hf_save, names with or without transformers' "transformer."
+   prefix (written with it, as transformers 5 writes GPT2LMHeadModel),
+   and the tensors an older GPT-2 directory holds beside the weights (the
+   causal-mask buffers, a copy of the tied head) ignored. Collective. */
+static int gpt__hf(gpt_engine *e, const char *dir, int peft, int save)
+{
+    static const char *const ignore[] = {"h.{L}.attn.bias", "h.{L}.attn.masked_bias",
+                                         "lm_head.weight"};
+    fsdp_layout_entry base[GPT_BASE_NT], ad[GPT_ADAPTER_NT];
+    fsdp_hf_desc d;
+    fsdp_result r;
+    char json[1024], what[4200];
+    gpt_tables(e->cfg, base, ad);
+    memset(&d, 0, sizeof d);
+    d.entries = peft ? ad : base;
+    d.n = peft ? GPT_ADAPTER_NT : GPT_BASE_NT;
+    d.prefix = "transformer.";
+    d.flags = peft ? FSDP_HF_PEFT : 0;
+    if (save) {
+        (peft ? gpt_peft_config_json : gpt_hf_config_json)(e->cfg, json, sizeof json);
+        d.config_json = json;
+        d.dtype = e->cfg->hf_dtype;
+        d.max_shard_bytes = e->cfg->hf_max_shard;
+        r = fsdp_hf_save(e->ctx, dir, &d);
+    } else {
+        d.ignore = ignore;
+        d.n_ignore = (int)(sizeof ignore / sizeof ignore[0]);
+        r = fsdp_hf_load(e->ctx, dir, &d);
+    }
+    if (r == FSDP_SUCCESS) return 1;
+    snprintf(what, sizeof what, "%s '%s'", save ? (peft ? "--save-peft" : "--save-hf")
+                                                : (peft ? "--init-peft" : "--init-from-hf"), dir);
+    return gpt__fail(e, what);
+}
+
+/* --dump-logits: the logits of the first held-out problem's input (L
+   tokens), or of the tokens given (the rest of the L positions 0), computed
+   by every rank (the forward is collective); rank 0 keeps them in *out
+   (L x V floats, freed by the caller) for gpt__write_logits. */
+static int gpt__dump_logits(gpt_engine *e, gpt_acts *a, int *tok, float **out)
+{
+    uint64_t x, y;
+    size_t n = (size_t)e->d.L * (size_t)e->d.V;
+    int t;
+    gpt_problem(e->d.digits, e->cfg->seed, 1, 0, &x, &y);
+    gpt_encode_task(e->cfg->task, e->d.digits, x, y, tok);
+    if (e->cfg->n_dump_tokens > 0)
+        for (t = 0; t <= e->d.L; t++) tok[t] = t < e->cfg->n_dump_tokens ? e->cfg->dump_tokens[t] : 0;
+    if (!gpt_forward(&e->d, a, &e->src, tok, 1)) return 0;
+    if (e->rank != 0) return 1;
+    if (!(*out = (float *)malloc(n * sizeof(float)))) {
+        snprintf(e->msg, e->msg_cap, "rank 0: out of host memory");
+        return 0;
+    }
+    memcpy(*out, a->logits, n * sizeof(float));
+    return 1;
+}
+
+/* Writes {"tokens": [...], "logits": [[...] one row per position]}, every
+   float with the 9 significant digits that give its bits back. */
+static int gpt__write_logits(gpt_engine *e, const int *tok, const float *logits)
+{
+    FILE *f = fopen(e->cfg->dump_logits, "w");
+    int t, v, ok, T = e->cfg->n_dump_tokens > 0 ? e->cfg->n_dump_tokens : e->d.L;
+    if (!f) {
+        snprintf(e->msg, e->msg_cap, "rank 0: --dump-logits '%s': %s", e->cfg->dump_logits,
+                 strerror(errno));
+        return 0;
+    }
+    fprintf(f, "{\"tokens\": [");
+    for (t = 0; t < T; t++) fprintf(f, "%s%d", t ? ", " : "", tok[t]);
+    fprintf(f, "],\n \"logits\": [");
+    for (t = 0; t < T; t++) {
+        fprintf(f, "%s[", t ? ",\n  " : "\n  ");
+        for (v = 0; v < e->d.V; v++)
+            fprintf(f, "%s%.9g", v ? ", " : "", (double)logits[t * e->d.V + v]);
+        fprintf(f, "]");
+    }
+    fprintf(f, "]}\n");
+    ok = !ferror(f);
+    if (fclose(f) != 0) ok = 0;
+    if (!ok)
+        snprintf(e->msg, e->msg_cap, "rank 0: --dump-logits '%s': write failed",
+                 e->cfg->dump_logits);
+    return ok;
+}
+
 /* One rank's whole job on any communicator and device: create the
    context, initialise, train, evaluate. Collective over comm. */
 static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm *comm,
@@ -1196,6 +1580,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     fsdp_result r;
     int K = cfg->accum, mb = cfg->batch / (nranks * K), ok = 0, step, m, i, k;
     int first_step, last_step;
+    float *dump = NULL; /* --dump-logits: rank 0's logits */
     fsdp_ckpt_writer *writer = NULL;
     int chunk = mb > 64 ? mb : 64, *tok = NULL;
     int print_every = cfg->print_every > 0 ? cfg->print_every
@@ -1275,6 +1660,9 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         gpt__fail(&e, "fsdp_init_params");
         goto done;
     }
+    /* a Hugging Face model (the base, under LoRA), then PEFT adapters */
+    if (cfg->init_hf && !gpt__hf(&e, cfg->init_hf, 0, 0)) goto done;
+    if (cfg->init_peft && !gpt__hf(&e, cfg->init_peft, 1, 0)) goto done;
     /* LoRA: the base checkpoint into the frozen weights; the adapters are
        not in it and keep their initial values (A random, B zero) */
     if (cfg->base_dir && fsdp_ckpt_load(e.ctx, cfg->base_dir, FSDP_SD_NOT_STRICT) != FSDP_SUCCESS) {
@@ -1482,12 +1870,19 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
                  fsdp_ckpt_writer_last_error(writer));
         goto done;
     }
+    /* the trained model to Hugging Face directories; the logits' file is
+       rank 0's alone, so it comes after every collective */
+    if (cfg->dump_logits && !gpt__dump_logits(&e, &a, tok, &dump)) goto done;
+    if (cfg->save_hf && !gpt__hf(&e, cfg->save_hf, 0, 1)) goto done;
+    if (cfg->save_peft && !gpt__hf(&e, cfg->save_peft, 1, 1)) goto done;
+    if (dump && !gpt__write_logits(&e, tok, dump)) goto done;
     fsdp_device_memory(dev, &ms);
     res->peak[rank] = ms.device_peak;
     res->plan[rank] = plan.total;
     if (rank == 0) res->plan0 = plan;
     ok = 1;
 done:
+    free(dump);
     fsdp_ckpt_writer_destroy(writer); /* before its context */
     fsdp_ctx_destroy(e.ctx);
     gpt_acts_free(&a);
@@ -1527,8 +1922,8 @@ static int gpt_check_config(const gpt_config *c, char *err, size_t cap)
 {
     if (c->ranks < 1 || c->ranks > GPT_MAX_RANKS)
         snprintf(err, cap, "--ranks must be 1..%d", GPT_MAX_RANKS);
-    else if (c->steps < 1 || c->batch < 1 || c->accum < 1 || !(c->lr > 0.0) || !(c->lr < 10.0))
-        snprintf(err, cap, "--steps, --batch and --accum must be >= 1 and --lr in (0, 10)");
+    else if (c->steps < 0 || c->batch < 1 || c->accum < 1 || !(c->lr > 0.0) || !(c->lr < 10.0))
+        snprintf(err, cap, "--steps must be >= 0, --batch and --accum >= 1 and --lr in (0, 10)");
     else if (c->batch % (c->ranks * c->accum))
         snprintf(err, cap,
                  "the global batch %d does not split into %d micro-batches on each of %d "
@@ -1542,6 +1937,15 @@ static int gpt_check_config(const gpt_config *c, char *err, size_t cap)
         snprintf(err, cap, "--dim must be a multiple of --heads (and at most 4096)");
     else if (c->digits < 1 || c->digits > GPT_MAX_DIGITS)
         snprintf(err, cap, "--digits must be 1..%d", GPT_MAX_DIGITS);
+    else if (c->positions && c->positions < gpt_seq_len(c->digits))
+        snprintf(err, cap, "the model's %d positions (n_positions) are fewer than the %d tokens "
+                 "--digits %d needs", c->positions, gpt_seq_len(c->digits), c->digits);
+    else if (c->n_dump_tokens > gpt_seq_len(c->digits))
+        snprintf(err, cap, "--dump-tokens gives %d tokens; the model reads %d (--digits %d)",
+                 c->n_dump_tokens, gpt_seq_len(c->digits), c->digits);
+    else if (c->positions > 1 << 20)
+        snprintf(err, cap, "the model's %d positions (n_positions) are above %d", c->positions,
+                 1 << 20);
     else if (c->ntest < 1 || c->ntest > 1 << 20)
         snprintf(err, cap, "the held-out set needs 1..%d problems", 1 << 20);
     else if (c->lora < 0 || c->lora > c->dim) /* a rank above dim adds nothing */

@@ -73,7 +73,21 @@
    trainable parameter count, and per rank the peak and plan bytes against
    the plan of full fine-tuning (fsdp_ctx_plan_only of the base model,
    every parameter trainable). Local backend, f32 only. The last line adds
-   trainable=<n>. */
+   trainable=<n>.
+
+   Hugging Face (docs/hf.md): --init-from-hf DIR starts from a GPT-2
+   directory (GPT2LMHeadModel with activation_function "gelu"; its
+   config.json gives --layers, --dim and --heads, n_positions may exceed
+   the sequence and its extra rows of wpe are kept; another vocabulary or
+   shape is refused, named). --save-hf DIR writes the model after the run
+   as one transformers opens (--hf-dtype bf16, --hf-max-shard BYTES). With
+   --lora R the base comes from --init-from-hf instead of a base run,
+   --init-peft DIR loads PEFT adapters, --save-hf writes the frozen base
+   and --save-peft DIR the adapters in PEFT's layout. --dump-logits FILE
+   writes the logits of the first held-out problem as JSON ({"tokens":
+   [...], "logits": [[...], ...]}), or of --dump-tokens T,T,... (token ids,
+   at most the sequence length); with --steps 0 the run only loads and
+   evaluates. */
 #define _XOPEN_SOURCE 700 /* clock_gettime(CLOCK_THREAD_CPUTIME_ID); fork, mkdtemp, nftw */
 #include "fsdp.h"
 #include "gpt.h"
@@ -120,7 +134,15 @@ static void usage(const char *argv0)
             "           default is the backend's: 60 s mpi, 30 s gloo)\n"
             "          [--lora R [--lora-steps K] [--lora-lr X] [--lora-alpha X]] (train the\n"
             "           base, or --resume DIR a base checkpoint, then fine-tune LoRA adapters\n"
-            "           of rank R on subtraction; local backend, f32)\n",
+            "           of rank R on subtraction; local backend, f32)\n"
+            "          [--init-from-hf DIR] (start from a Hugging Face GPT-2 directory; its\n"
+            "           config.json gives --layers, --dim, --heads; with --lora the frozen base)\n"
+            "          [--init-peft DIR] (with --lora: PEFT adapters to start from)\n"
+            "          [--save-hf DIR [--hf-dtype f32|bf16|f16] [--hf-max-shard BYTES]]\n"
+            "          [--save-peft DIR] (with --lora: the adapters in PEFT's layout)\n"
+            "          [--dump-logits FILE [--dump-tokens T,T,...]] (JSON: the logits of the\n"
+            "           first held-out problem, or of the tokens given; --steps 0 only loads\n"
+            "           and evaluates)\n",
             argv0);
 }
 
@@ -179,6 +201,34 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
                 b->master = v;
                 good = example_parse_master(v, b->master_host, sizeof b->master_host,
                                             &b->master_port);
+            } else if (!strcmp(a, "--init-from-hf")) c->init_hf = v;
+            else if (!strcmp(a, "--init-peft")) c->init_peft = v;
+            else if (!strcmp(a, "--save-hf")) c->save_hf = v;
+            else if (!strcmp(a, "--save-peft")) c->save_peft = v;
+            else if (!strcmp(a, "--dump-logits")) c->dump_logits = v;
+            else if (!strcmp(a, "--dump-tokens")) { /* token ids, comma-separated */
+                const char *q = v;
+                char *end;
+                c->n_dump_tokens = 0;
+                while (good && *q) {
+                    long t = strtol(q, &end, 10);
+                    good = end != q && t >= 0 && t < GPT_VOCAB &&
+                           c->n_dump_tokens < (int)(sizeof c->dump_tokens / sizeof(int)) &&
+                           (*end == ',' || !*end);
+                    if (good) c->dump_tokens[c->n_dump_tokens++] = (int)t;
+                    q = *end ? end + 1 : end;
+                }
+                good = good && c->n_dump_tokens > 0;
+            }
+            else if (!strcmp(a, "--hf-dtype")) {
+                c->hf_dtype = !strcmp(v, "f32") ? FSDP_F32 : !strcmp(v, "bf16") ? FSDP_BF16
+                              : !strcmp(v, "f16") ? FSDP_F16 : FSDP_DTYPE_DEFAULT;
+                good = c->hf_dtype != FSDP_DTYPE_DEFAULT;
+            } else if (!strcmp(a, "--hf-max-shard")) {
+                char *end;
+                long long b = strtoll(v, &end, 10);
+                good = *v && !*end && b >= 1;
+                c->hf_max_shard = (int64_t)b;
             } else if (!strcmp(a, "--save")) c->save_dir = v;
             else if (!strcmp(a, "--resume")) c->resume_dir = v;
             else if (!strcmp(a, "--capacity")) { /* bytes of each rank's device */
@@ -370,9 +420,28 @@ static int lora_main(gpt_config cfg, const backend_opts *bo)
         fprintf(stderr, "train_gpt: --lora must be 1..--dim (%d)\n", cfg.dim);
         return 2;
     }
+    if (cfg.init_peft) { /* the adapters' rank and scale are the directory's */
+        int r = 0;
+        double alpha = 0.0;
+        if (!gpt_read_peft_config(cfg.init_peft, &r, &alpha, err, sizeof err)) {
+            fprintf(stderr, "train_gpt: --init-peft: %s\n", err);
+            return 2;
+        }
+        if (r != lora_rank || (lora_alpha > 0.0 && lora_alpha != alpha)) {
+            fprintf(stderr, "train_gpt: --init-peft '%s' holds adapters of r %d, lora_alpha %g; "
+                            "--lora %d%s\n", cfg.init_peft, r, alpha, lora_rank,
+                    lora_alpha > 0.0 && lora_alpha != alpha ? " and another --lora-alpha" : "");
+            return 2;
+        }
+        lora_alpha = alpha;
+    }
     if (cfg.resume_dir) {
         ft.base_dir = cfg.resume_dir;
+    } else if (cfg.init_hf) {
+        ft.base_dir = NULL; /* the frozen base is the Hugging Face model's */
     } else {
+        gpt_config bc = cfg; /* what --save-hf and the others write is the fine-tuned run's */
+        bc.init_peft = bc.save_hf = bc.save_peft = bc.dump_logits = NULL;
         if (!cfg.save_dir) {
             const char *t = getenv("TMPDIR");
             snprintf(tmp, sizeof tmp, "%s/train_gpt_lora_XXXXXX", t && *t ? t : "/tmp");
@@ -384,7 +453,8 @@ static int lora_main(gpt_config cfg, const backend_opts *bo)
             cfg.save_dir = tmp;
         }
         if (!cfg.quiet) printf("LoRA, 1/2: the base model learns addition\n");
-        if (!gpt_train(&cfg, &base, err, sizeof err)) {
+        bc.save_dir = cfg.save_dir;
+        if (!gpt_train(&bc, &base, err, sizeof err)) {
             fprintf(stderr, "train_gpt: the base run: %s\n", err);
             goto done;
         }
@@ -401,13 +471,13 @@ static int lora_main(gpt_config cfg, const backend_opts *bo)
     ft.lora = lora_rank;
     ft.lora_alpha = lora_alpha;
     ft.task = 1;
-    ft.steps = lora_steps > 0 ? lora_steps : 1000;
+    ft.steps = !cfg.steps ? 0 : lora_steps > 0 ? lora_steps : 1000; /* --steps 0: none */
     ft.lr = lora_lr > 0.0 ? lora_lr : 1e-2;
     if (!cfg.quiet)
         printf("LoRA, 2/2: adapters of rank %d (alpha %g) on c_attn, attn.c_proj, c_fc, "
                "mlp.c_proj of %d blocks learn subtraction from '%s': %d steps, lr %g\n",
                lora_rank, lora_alpha > 0.0 ? lora_alpha : (double)lora_rank, cfg.layers,
-               ft.base_dir, ft.steps, ft.lr);
+               ft.base_dir ? ft.base_dir : ft.init_hf, ft.steps, ft.lr);
     if (!gpt_train(&ft, &res, err, sizeof err)) {
         fprintf(stderr, "train_gpt: the LoRA run: %s\n", err);
         goto done;
@@ -452,6 +522,15 @@ int main(int argc, char **argv)
     if (pa <= 0) {
         usage(argv[0]);
         return pa < 0 ? 0 : 2;
+    }
+    /* a Hugging Face model's dimensions are its config.json's */
+    if (cfg.init_hf && !gpt_read_hf_config(cfg.init_hf, &cfg, err, sizeof err)) {
+        fprintf(stderr, "train_gpt: --init-from-hf: %s\n", err);
+        return 2;
+    }
+    if ((cfg.init_peft || cfg.save_peft) && lora_rank <= 0) {
+        fprintf(stderr, "train_gpt: --init-peft and --save-peft need --lora R\n");
+        return 2;
     }
     if (!gpt_check_config(&cfg, err, sizeof err)) {
         fprintf(stderr, "train_gpt: %s\n", err);

@@ -14,6 +14,10 @@
                   file as a single-file checkpoint
      zero         a safetensors file as ZeRO's optimizer state
                   (fsdp_zero_state_from_state_dict), then one step
+     hfindex      a Hugging Face directory's model.safetensors.index.json
+                  (the shards are a real fsdp_hf_save of the model, in 3
+                  files): fsdp_hf_load at world size 1 and, for one input
+                  in eight, 2 (one verdict)
 
    Seeds are files the library writes, made at start-up: with FSDP_FUZZ_SEEDS
    set to a directory, they are written there (give the same directory as
@@ -42,12 +46,13 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed);
 
-enum { FZ_JSON, FZ_ST, FZ_INDEX, FZ_SD, FZ_ZERO };
+enum { FZ_JSON, FZ_ST, FZ_INDEX, FZ_SD, FZ_ZERO, FZ_HF };
 
 static int g_target = FZ_JSON;
 static char g_dir[512];   /* this process's scratch directory */
 static char g_ckpt[600];  /* the 2-rank sharded checkpoint (index target) */
 static char g_file[600];  /* where an input file is written */
+static char g_hf[600];    /* a Hugging Face directory (hfindex target) */
 static fsdp_model *g_model;
 static fsdp_units *g_units;
 static fsdp_local_world *g_world;
@@ -164,6 +169,11 @@ static void write_seeds(const char *seeds)
     char p[1200];
     fsdp_state_dict *sd = NULL;
     mkdir(seeds, 0777);
+    if (g_target == FZ_HF) {
+        snprintf(p, sizeof p, "%s/model.safetensors.index.json", g_hf);
+        seed_copy(seeds, "hf_index.json", p);
+        return;
+    }
     if (g_target == FZ_INDEX) {
         snprintf(p, sizeof p, "%s/index.json", g_ckpt);
         seed_copy(seeds, "index.json", p);
@@ -252,9 +262,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     else if (!strcmp(t, "index")) g_target = FZ_INDEX;
     else if (!strcmp(t, "statedict")) g_target = FZ_SD;
     else if (!strcmp(t, "zero")) g_target = FZ_ZERO;
+    else if (!strcmp(t, "hfindex")) g_target = FZ_HF;
     else {
         fprintf(stderr, "fsdp_fuzz: FSDP_FUZZ=%s: one of json, safetensors, index, statedict, "
-                "zero\n", t);
+                "zero, hfindex\n", t);
         exit(2);
     }
     snprintf(g_dir, sizeof g_dir, "%s/fsdp_fuzz_XXXXXX", base && base[0] ? base : "/tmp");
@@ -264,6 +275,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     }
     snprintf(g_file, sizeof g_file, "%s/input.safetensors", g_dir);
     snprintf(g_ckpt, sizeof g_ckpt, "%s/ckpt", g_dir);
+    snprintf(g_hf, sizeof g_hf, "%s/hf", g_dir);
     g_model = build_model(0);
     g_units = g_model ? make_units(g_model, FSDP_FULL_SHARD) : NULL;
     memset(&ld, 0, sizeof ld);
@@ -279,6 +291,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     }
     /* the rank files the index target's inputs name, and seeds */
     run_ranks(2, save_rank, g_ckpt);
+    if (g_target == FZ_HF) {
+        /* the shards the hfindex target's inputs name: 3 files */
+        fsdp_hf_desc d;
+        memset(&d, 0, sizeof d);
+        d.max_shard_bytes = 400;
+        if (fsdp_hf_save(g_env.ctx, g_hf, &d) != FSDP_SUCCESS) {
+            fprintf(stderr, "fsdp_fuzz: fsdp_hf_save: %s\n", fsdp_ctx_last_error(g_env.ctx));
+            exit(2);
+        }
+    }
     if (seeds && seeds[0]) write_seeds(seeds);
     return 0;
 }
@@ -362,6 +384,47 @@ static void fuzz_index(const uint8_t *data, size_t size)
     }
 }
 
+static int load_hf2(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    rank_env e;
+    fsdp_result *res = (fsdp_result *)user;
+    (void)nranks;
+    if (!ctx_open(&e, rank, world)) return 1;
+    res[rank] = fsdp_hf_load(e.ctx, g_hf, NULL);
+    env_close(&e);
+    return 0;
+}
+
+static void fuzz_hf(const uint8_t *data, size_t size)
+{
+    char p[700];
+    fsdp__json j;
+    fsdp_result r;
+    snprintf(p, sizeof p, "%s/model.safetensors.index.json", g_hf);
+    if (!put_file(p, data, size)) return;
+    r = fsdp_hf_load(g_env.ctx, g_hf, NULL);
+    /* what the load accepted, the index checker accepts: every file named
+       is a plain name in the directory */
+    memset(&j, 0, sizeof j);
+    if (r == FSDP_SUCCESS) {
+        fsdp__hf_index ix;
+        fsdp_error err;
+        int k;
+        FZ_ASSERT(fsdp__json_parse(&j, NULL, (const char *)data, size) == 0);
+        FZ_ASSERT(fsdp__hf_index_check(&j, "index", NULL, &ix, &err) == FSDP_SUCCESS);
+        for (k = 0; k < ix.nfiles; k++)
+            FZ_ASSERT(fsdp__plain_name(ix.files[k]) && !strchr(ix.files[k], '/'));
+        free((void *)ix.files);
+    }
+    fsdp__json_free(&j);
+    if (size % 8 == 5) {
+        fsdp_result res[2] = {FSDP_SUCCESS, FSDP_SUCCESS};
+        run_ranks(2, load_hf2, res);
+        FZ_ASSERT(res[0] == res[1]); /* one verdict */
+        FZ_ASSERT((res[0] == FSDP_SUCCESS) == (r == FSDP_SUCCESS));
+    }
+}
+
 static void fuzz_sd(size_t size)
 {
     fsdp_state_dict *sd = NULL, *loc = NULL;
@@ -402,6 +465,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
     }
     if (g_target == FZ_INDEX) {
         fuzz_index(data, size);
+        return 0;
+    }
+    if (g_target == FZ_HF) {
+        fuzz_hf(data, size);
         return 0;
     }
     if (!put_file(g_file, data, size)) return 0;
@@ -476,7 +543,8 @@ static size_t edit_json(char *b, size_t n, size_t tn, size_t max, uint64_t *s)
         "4611686018427387904", "9223372036854775807", "9223372036854775808",
         "-9223372036854775808", "1e400", "1.5", "00"};
     static const char *const strs[] = {"F32", "F64", "F16", "BF16", "U8", "I8", "I32", "I64",
-                                       "F8_E4M3", "BOOL", "", "..", "a/b", "fsdp.steps"};
+                                       "F8_E4M3", "BOOL", "", "..", "a/b", "fsdp.steps",
+                                       "/etc/passwd", "../x.safetensors"};
     tok t[4096];
     int k = tokens(b, tn, t, 4096), a, c;
     char num[48];
@@ -663,6 +731,9 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
         fix_layout((char *)data, size, NULL, "layout_crc32", &crc);
         return size;
     }
+    if (g_target == FZ_HF) /* no checksums to fix */
+        return rnd(&s) % 2 ? LLVMFuzzerMutate(data, size, max_size)
+                           : edit_json((char *)data, size, size, max_size, &s);
     /* a safetensors file */
     if (rnd(&s) % 2 || size < 8) {
         size = LLVMFuzzerMutate(data, size, max_size);

@@ -1,6 +1,6 @@
 #!/bin/sh
 # The libFuzzer harnesses of fuzz/fsdp_fuzz.c (json, safetensors, index,
-# statedict, zero) under AddressSanitizer and UBSan, every finding fatal
+# statedict, zero, hfindex) under AddressSanitizer and UBSan, every finding fatal
 # (-fno-sanitize-recover=all).
 #   tools/fuzz.sh                  each harness for 500 executions (the test
 #                                  command's brief run, seconds)
@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     *) names="$names $1"; shift ;;
     esac
 done
-[ -n "$names" ] || names="json safetensors index statedict zero"
+[ -n "$names" ] || names="json safetensors index statedict zero hfindex"
 out=build-fuzz
 bin=$out/fsdp_fuzz
 mkdir -p "$out"
