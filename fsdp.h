@@ -697,7 +697,7 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
    nothing sent and no lock shared between ranks), and after a timeout or
    a transport error every rank's ring is collected through a side channel
    that does not depend on the stuck collectives (fsdp_rendezvous_side_channel,
-   fsdp_comm_mpi.h's fsdp_mpi_side_channel_create). fsdp_stall_diagnose
+   fsdp_comm_mpi.h's fsdp_mpi_side_create). fsdp_stall_diagnose
    compares them: the first call where ranks differ, naming both sides, or
    the ranks that stopped and what they last called. The engine below
    (fsdp_transport_desc.side_channel) and fsdp_comm_nccl.h do this; the
@@ -713,7 +713,7 @@ typedef struct fsdp_call_ring {
     int32_t failed;     /* the comm's first failure (an fsdp_result), or 0 */
     uint64_t issued;    /* calls recorded so far: the last one's number */
     uint64_t completed; /* calls the comm finished; 0: not known */
-    char failure[256];  /* failed's message, cut */
+    char failure[FSDP_ERROR_MAX]; /* failed's message */
     fsdp_coll_desc calls[FSDP_CALL_RING_LEN];
 } fsdp_call_ring;
 #define FSDP_CALL_RING_MAGIC 0x46524e47u /* "FRNG" */
@@ -5928,6 +5928,10 @@ FSDP__DEF int fsdp__rank_list(char *buf, size_t cap, const unsigned char *set, i
     return k;
 }
 
+/* What separates the failed call from the diagnosis in fsdp_side_diagnose's
+   words; a ring's failure is shown from there on. */
+#define FSDP__SHOW " side channel) show: "
+
 FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *rings,
                                  const int *status, int n, int self)
 {
@@ -5935,7 +5939,7 @@ FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *ri
     unsigned char *set;
     const fsdp_coll_desc *ca, *cb;
     uint64_t lo = 0, hi = 0, s;
-    int j, first = -1, kind = 0, ndiff = 0, bad = -1, slow = -1, ahead = -1, k;
+    int j, first = -1, kind = 0, ndiff = 0, bad = -1, slow = -1, ahead = -1, failed = -1, k;
     if (!buf || !cap) return 0;
     buf[0] = '\0';
     if (!rings || !status || n < 1) {
@@ -6046,6 +6050,11 @@ FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *ri
             fsdp__append(buf, cap, " sent an unreadable ring (another build?)");
         kind = kind ? kind : 2;
     }
+    /* a rank whose comm had failed already (and so issued nothing since):
+       its own words say more, unless the calls differ, which says it all */
+    for (j = 0; j < n && failed < 0 && kind != 1; j++)
+        if (j != self && FSDP__RING_OK(j) && rings[j].failed && (slow < 0 || rings[j].issued < hi))
+            failed = j;
     if (!kind && first >= 0) {
         ca = fsdp__ring_call(&rings[first], hi);
         if (ca) {
@@ -6055,16 +6064,19 @@ FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *ri
         } else {
             snprintf(a, sizeof a, "none");
         }
-        snprintf(buf, cap, "every rank issued the same %llu calls (last: %s); none is behind",
-                 (unsigned long long)hi, a);
+        snprintf(buf, cap, "every rank issued the same %llu calls (last: %s)%s",
+                 (unsigned long long)hi, a, failed < 0 ? "; none is behind" : "");
     }
-    /* a rank whose comm had failed already: its own words */
-    for (j = 0; j < n; j++)
-        if (j != self && FSDP__RING_OK(j) && rings[j].failed) {
-            fsdp__append(buf, cap, "; rank %d had failed: %.*s", j, (int)sizeof rings[j].failure,
-                         rings[j].failure);
-            break;
+    if (failed >= 0) {
+        /* its own diagnosis, without the call it failed in when it has one */
+        const char *f = rings[failed].failure, *d;
+        int len = (int)sizeof rings[failed].failure;
+        if ((d = strstr(f, FSDP__SHOW)) != NULL) {
+            len -= (int)(d + strlen(FSDP__SHOW) - f);
+            f = d + strlen(FSDP__SHOW);
         }
+        fsdp__append(buf, cap, "; rank %d had failed: %.*s", failed, len, f);
+    }
 #undef FSDP__RING_OK
     fsdp__free(NULL, set);
     return kind;
@@ -6773,8 +6785,8 @@ FSDP_API fsdp_result fsdp_side_diagnose(const fsdp_side_channel *side, const fsd
     kind = fsdp_stall_diagnose(diag, FSDP_ERROR_MAX, (const fsdp_call_ring *)(void *)out, status,
                                size, rank);
     if (kind == 1) r = FSDP_COMM_MISMATCH;
-    fsdp_error_set(err, r, "%s on rank %d: the ranks' recent calls (%s side channel) show: %s [%s]",
-                   call, rank, side->vt->name ? side->vt->name : "?", diag, was.message);
+    fsdp_error_set(err, r, "%s on rank %d: the ranks' recent calls (%s" FSDP__SHOW "%s [%s]", call,
+                   rank, side->vt->name ? side->vt->name : "?", diag, was.message);
     fsdp__free(h, out);
     return r;
 }
