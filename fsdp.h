@@ -1,11 +1,26 @@
 /* fsdp.h - v0.6.0 - Fully Sharded Data Parallel for C11 training engines
-   MIT license (the text is at the end of this file)
+   MIT license; the revision history and the license text are at the end of
+   this file, every change in CHANGELOG.md.
+
+   What PyTorch users get from FullyShardedDataParallel and
+   ZeroRedundancyOptimizer, for an engine that writes its own forward and
+   backward in C or CUDA: each unit's parameters flattened into one padded
+   buffer and sharded across ranks, all-gathered around the engine's forward
+   and backward, gradients reduce-scattered, the optimizer run on the local
+   shard, checkpoints that reshard, with PyTorch's exact semantics. This
+   comment is the manual: how to build it in, a STEP BY STEP walk through a
+   complete program, and short chapters. The guides in docs/ say the rest.
 
    Do this:
        #define FSDP_IMPLEMENTATION
    before you include this file in *one* C file to create the implementation.
    Every other file includes it without the define. The implementation is C11
    (it uses POSIX threads); the declarations are valid C11 and C++.
+       cc -std=c11 -O2 -ffp-contract=off train.c -o train -pthread -lm
+   (-ffp-contract=off keeps the optimizers bit-exact with torch where the
+   compiler may fuse multiply-adds.) The backends are headers beside this
+   one: fsdp_comm_mpi.h, fsdp_comm_gloo.h, fsdp_comm_nccl.h with
+   fsdp_cuda.cuh; included after fsdp.h, the same define implements them.
 
    Options (define before the implementing include):
        FSDP_STATIC            make every public function static to that file
@@ -24,6 +39,9 @@
                               use non-temporal stores (default: a quarter of
                               the L3 cache, read with cpuid, in [4, 64] MiB)
    Per object, fsdp_hooks overrides allocation and logging at run time.
+   In the environment: FSDP_DEBUG=1 (the debug mode, read by
+   fsdp_ctx_create), FSDP_ISA=scalar|sse|avx2|avx512 (caps the kernels
+   chosen at run time).
 
    CONTENTS (grep ">>tag"), in the order of dependencies: a section calls
    only the sections above it.
@@ -61,8 +79,9 @@
    owns its comm, device and everything built on them.
 
    Collective calls: every rank of a communicator calls the same collectives
-   in the same order. The local backend checks this and returns
-   FSDP_COMM_MISMATCH naming both calls instead of hanging.
+   in the same order. The local, MPI and Gloo backends check this and return
+   FSDP_COMM_MISMATCH naming both calls instead of hanging (NCCL does not
+   check; its watchdog timeout ends a call that never completes).
 
    Errors, one convention: every call that can fail returns an fsdp_result
    (FSDP_SUCCESS = 0, errors negative in bands; fsdp_result_string). The
@@ -79,49 +98,243 @@
    Calls from 0.5.0 that filled a `char *msg` instead keep working and are
    marked deprecated beside their replacements.
 
-   Revision history:
-       0.6.0  layout v2: sections in the order of their dependencies, one
-              collective engine as a public transport kit, one error
-              convention, one naming rule (the old names remain).
-              Optimizer arithmetic: torch 2.x's by default
-              (fsdp_optim_config.numerics; 0.5.0's bits are
-              FSDP_TORCH1_13_FMA / _PLAIN; fused_multiply_add is ignored).
-              An Adam config with beta1, beta2 and eps all 0 is refused.
-              Engine safety: a parameter never initialised is an error at
-              the first begin (fsdp_init_zeros for zeros on purpose); the
-              debug mode (FSDP_DEBUG=1); index views, fsdp_units_find,
-              fsdp_set_optim, fsdp_set_steps, FSDP_GRAD_SUM.
-              Engines' own layouts: implied modules (dotted names),
-              FSDP_WRAP_UNITS (prefixes, parameter lists), layout tables
-              (fsdp_model_add_layout, fsdp_load_layout); a not-strict
-              load's initialised set is agreed across ranks.
-              Memory plan: device capacities, fsdp_ctx_plan_only, peak <=
-              plan around loads, saves and state dicts too,
-              grad_views_in_place (16 bytes/parameter at one rank).
-              Collectives: the mismatch check travels with the data
-              (fsdp_transport_desc.all_to_all_headed, MPI; between ranks
-              of one machine through shared memory, fsdp_mpi_desc
-              .message_heads; Gloo on one machine through shared memory,
-              fsdp_transport_desc.same_machine_check, fsdp_gloo_desc
-              .message_heads; fsdp_shm_create and its kin;
-              fsdp_transport_desc.headed_moves_own, call_check; there
-              all-gathers and reduce-scatters of up to 4 KiB move their
-              data through the segment, with no transport call; the f32
-              rank sum with AVX2 where the CPU has it, the same bits);
-              send and recv that overlap other than in
-              place are refused; an MPI comm that saw a mismatch or a
-              timeout keeps its MPI communicator at destroy.
-              cpu_offload's step (and the CPU device's without offload):
-              a team of threads kept between steps, gradients zeroed as
-              they are stepped; the CPU device's blocks of 4 MiB or more
-              on transparent huge pages.
-       0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
-       0.4.0  state dicts and safetensors checkpoints
-       0.3.0  the ZeRO optimizer
-       0.2.0  the runtime (all sharding strategies, mixed precision,
-              prefetch, planned memory) and the sharded optimizers
-       0.1.0  core: errors, dtypes, CPU device, local backend, model,
-              flat parameters, wrap policies
+
+   STEP BY STEP
+   ============
+   The code below is examples/hello_fsdp.c, its lines as they are there
+   ("..." marks lines left out). The test command builds and runs it: a
+   two-layer MLP trains on 2 ranks, saves a checkpoint, resumes from it in
+   a fresh context, and must end where the uninterrupted run does, bit for
+   bit. Its two helpers: CHECK(call, detail) prints detail and returns 1
+   when call does not return FSDP_SUCCESS; TRY(call) is CHECK with
+   fsdp_ctx_last_error(ctx) as the detail.
+
+   1. Describe the model. Modules by fully qualified name and type (the
+      root is "", its type md.root_type), parameters by module, name,
+      dtype (0: f32) and shape, once per process (every rank may share it):
+
+          fsdp_param_desc w = {0}, b = {0};
+          fsdp_result r = fsdp_model_add_module(m, fqn, "Linear");
+          w.module = b.module = fqn; w.name = "weight"; b.name = "bias";
+          w.ndim = 2; w.shape[0] = out; w.shape[1] = in; b.ndim = 1; b.shape[0] = out;
+          if (r == FSDP_SUCCESS) r = fsdp_model_add_param(m, &w);
+          return r == FSDP_SUCCESS ? fsdp_model_add_param(m, &b) : r;
+          ...
+          md.root_type = "MLP";
+          CHECK(fsdp_model_create(&md, &model), "fsdp_model_create");
+          CHECK(add_linear(model, "fc1", HID, IN), fsdp_model_last_error(model));
+          CHECK(add_linear(model, "fc2", 1, HID), fsdp_model_last_error(model));
+
+      Tied weights are shared parameters (fsdp_model_add_shared_param),
+      frozen ones have fsdp_param_desc.frozen = 1, and an engine that keeps
+      one array per tensor kind describes its model with a layout table
+      (fsdp_model_add_layout, >>model).
+
+   2. Wrap it into units. A policy chooses the modules that become units,
+      as PyTorch's auto_wrap_policy does; the root is always a unit, the
+      last one. Here every Linear is a unit:
+
+          pol.kind = FSDP_WRAP_MODULE_TYPE; pol.module_types = linear; pol.n_module_types = 1;
+          wd.policy = &pol;                                 // units: fc1, fc2, the root last
+          CHECK(fsdp_wrap(model, &wd, &units), fsdp_model_last_error(model));
+
+      wd.root holds the options of every unit (sharding strategy,
+      param_dtype and reduce_dtype for mixed precision); the custom policy
+      overrides them per unit.
+
+   3. A device and a communicator, on every rank. The built-in CPU device
+      counts every byte it allocates; its streams are worker threads. The
+      built-in local backend runs the ranks as threads of this process:
+      fsdp_local_run calls run_rank(rank, nranks, world, user) on each.
+
+          ld.nranks = 2;                                    // 2 ranks as 2 threads
+          ld.timeout_ms = 10000;                            // a rank that fails ends the other
+          CHECK(fsdp_local_run(&ld, run_rank, model, results), "fsdp_local_run");
+          ...
+          CHECK(fsdp_device_cpu_create(NULL, &dev), "fsdp_device_cpu_create");
+          CHECK(fsdp_comm_local_create(world, rank, dev, &comm), "fsdp_comm_local_create");
+
+   4. Create the context and initialise. The context allocates everything
+      its memory plan holds (shards, gradients, optimizer state, the pool
+      of unsharded buffers) up front; fsdp_ctx_plan tells how much. Every
+      parameter must then be initialised: fsdp_init_params fills each
+      rank's shard from a generator keyed by the seed, the parameter's name
+      and the element's index, so the model is the same at every world size
+      and never whole on one rank (init() is the example's choice per
+      parameter: normal for weights, zeros for biases).
+
+          cd.model = model; cd.units = units; cd.device = dev; cd.comm = comm;
+          cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+          cd.optim.lr = 1e-2;
+          cd.hooks.error = &err;                            // where a failed create explains
+          ...
+              CHECK(fsdp_ctx_create(&cd, &ctx), err.message); // allocates the whole plan
+              if (run == 0) TRY(fsdp_init_params(ctx, 42, init, NULL)); // each rank its shard
+
+   5. The loop: begin and end around each unit, views in between.
+      fsdp_begin_forward all-gathers the unit's parameters (or waits for a
+      prefetch); fsdp_param gives the unsharded view, valid until the
+      unit's end. fsdp_begin_backward gathers again and gives gradient
+      views that start at zero; the engine adds into them, and
+      fsdp_end_backward reduce-scatters them asynchronously. Each rank's
+      loss is the mean over its own samples (the reduction averages).
+
+          for (int step = (int)fsdp_ctx_steps(ctx) + 1; step <= STEPS; step++) {
+              TRY(fsdp_begin_forward(ctx, u1));             // all-gathers fc1's parameters
+              const float *w1 = fsdp_param(ctx, "fc1.weight"), *b1 = fsdp_param(ctx, "fc1.bias");
+              for (i = 0; i < BATCH; i++)
+                  for (j = 0; j < HID; j++) {
+                      float z = b1[j];
+                      for (k = 0; k < IN; k++) z += w1[j * IN + k] * x[i][k];
+                      h[i][j] = tanhf(z);
+                  }
+              TRY(fsdp_end_forward(ctx, u1));               // w1 and b1 are dead from here
+              TRY(fsdp_begin_forward(ctx, u2));
+              const float *w2 = fsdp_param(ctx, "fc2.weight"), *b2 = fsdp_param(ctx, "fc2.bias");
+              ...
+              TRY(fsdp_end_forward(ctx, u2));
+              ...
+              TRY(fsdp_begin_backward(ctx, u2));            // gathers again, zeroes the grads
+              w2 = fsdp_param(ctx, "fc2.weight");           // views again after every begin
+              float *gw2 = fsdp_grad(ctx, "fc2.weight"), *gb2 = fsdp_grad(ctx, "fc2.bias");
+              for (i = 0; i < BATCH; i++) {
+                  gb2[0] += dy[i];                          // add into gradients, never assign
+                  for (j = 0; j < HID; j++) {
+                      gw2[j] += dy[i] * h[i][j];
+                      h[i][j] = dy[i] * w2[j] * (1.0f - h[i][j] * h[i][j]); // now d loss/d z
+                  }
+              }
+              TRY(fsdp_end_backward(ctx, u2));              // reduce-scatters, asynchronously
+              TRY(fsdp_begin_backward(ctx, u1));
+              ...
+              TRY(fsdp_end_backward(ctx, u1));
+
+      Units are indices (fsdp_units_find gives one by name); views are
+      found by FQN, or once by index (fsdp_param_index, fsdp_param_at).
+
+   6. Step. The optimizer runs on this rank's shards, with torch.optim's
+      arithmetic bit for bit, after waiting for this rank's reductions.
+      Before it, fsdp_set_lr(ctx, group, lr) sets a parameter group's
+      learning rate and fsdp_clip_grad_norm clips by the global norm.
+
+              TRY(fsdp_step(ctx));                          // AdamW on this rank's shards
+
+   7. Save and resume. fsdp_ckpt_save writes parameters, optimizer state
+      and the step counter as safetensors (one file here; a directory of
+      rank files with FSDP_CKPT_SHARDED), atomically. A fresh context loads
+      it at any world size and carries on from fsdp_ctx_steps:
+
+              if (save && step == SAVE_AT) TRY(fsdp_ckpt_save(ctx, path, FSDP_SD_OPTIM));
+          ...
+              else TRY(fsdp_ckpt_load(ctx, path, FSDP_SD_OPTIM)); // any world size; steps too
+          ...
+          for (int step = (int)fsdp_ctx_steps(ctx) + 1; step <= STEPS; step++) {
+
+      For saves that barely pause training: fsdp_ckpt_writer_create,
+      fsdp_ckpt_save_async (returns once the shards are staged), and
+      fsdp_ckpt_poll once per step on every rank, which commits the save as
+      soon as every rank's files are written (>>ckpt).
+
+   8. Several ranks and several hosts. Only the communicator changes
+      (this step's code is not from the example). One process per rank
+      over MPI (#include "fsdp_comm_mpi.h" after fsdp.h):
+          MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
+          fsdp_mpi_desc d = {0};  d.dev = dev;
+          fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);
+      started by mpirun -np N (a hostfile for several hosts). Or over Gloo
+      (#include "fsdp_comm_gloo.h", link gloo/fsdp_gloo_shim.cc and -lgloo),
+      each process started by hand or by a scheduler:
+          fsdp_gloo_desc d = {0};  d.rank = r;  d.size = n;  d.dev = dev;
+          d.master_addr = "10.0.0.1";  d.master_port = 29500;  // or d.store_dir
+          fsdp_comm_gloo_create(&d, &comm);
+      On GPUs: fsdp_device_cuda_create and fsdp_comm_nccl_create
+      (fsdp_cuda.cuh, fsdp_comm_nccl.h). Everything above the communicator
+      stays as it is, and results are bitwise those of the local backend at
+      the same rank count. On several hosts a checkpoint directory must be
+      one every host sees. Under MPI, end a rank that got an error with
+      MPI_Abort, never MPI_Finalize (it would wait for the failed peer).
+
+
+   PORTING RULES
+   =============
+   Each of these fails silently when broken; the debug mode (FSDP_DEBUG=1
+   or fsdp_ctx_desc.debug) makes the first two loud, naming the unit and
+   the parameter.
+   1. Views live between begin and end of their unit. After the end the
+      buffer goes to another unit, and the same unit may get a different
+      buffer in backward than in forward: fetch views after every begin.
+      Parameter views are read-only.
+   2. Gradients are zeroed at fsdp_begin_backward and accumulated: add
+      (+=) once per use of the parameter (a tied weight used twice adds
+      twice), never write after fsdp_end_backward.
+   3. Losses are local means: the reduced gradient is the average over the
+      ranks (FSDP_GRAD_AVG, PyTorch's rule); FSDP_GRAD_SUM divides nothing,
+      for an engine that divides by the global batch itself.
+   4. Activation checkpointing is recomputation inside the backward
+      bracket: recompute the unit's forward after fsdp_begin_backward, from
+      the views gathered there.
+   5. Every parameter is initialised (fsdp_init_params,
+      fsdp_set_full_param, fsdp_load_layout, a state-dict or checkpoint
+      load, or fsdp_init_zeros on purpose); the first fsdp_begin_forward
+      refuses, by name, parameters nobody set.
+   6. A backward needs its forward since the last fsdp_step; every rank
+      makes the same calls on the same units in the same order.
+   docs/porting.md has the rules with examples, the layout tables of
+   engines without a module tree, and the debug mode.
+
+   CHECKPOINTS
+   ===========
+   State-dict keys are the clean FQNs of model.state_dict(); optimizer
+   state follows as optim.<fqn>.exp_avg, exp_avg_sq, max_exp_avg_sq,
+   momentum_buffer (f32) and optim.<fqn>.step (i64). fsdp_get_full_state_dict,
+   fsdp_get_sharded_state_dict and fsdp_get_local_state_dict take them,
+   fsdp_load_state_dict loads any of them (FSDP_SD_RANK0_ONLY: rank 0 holds
+   the dict and broadcasts it). On disk they are safetensors files Python
+   reads; a sharded checkpoint is a directory of rank files and an
+   index.json, loadable at any world size. What a checkpoint guarantees:
+   files are written to a temporary name, fsynced and renamed, the index
+   last, so a failed save leaves the previous one loadable; every tensor
+   and every header carry a CRC-32; each save has an id that every file
+   names, so a load is one whole save or an error; the latest save that
+   fsdp_ckpt_poll committed survives a crash; hostile files are refused by
+   bounded, checked parsing, the same verdict on every rank. >>ckpt and
+   docs/checkpoints.md say how.
+
+   MEMORY
+   ======
+   fsdp_ctx_create allocates the whole plan up front (fsdp_ctx_plan):
+   f32 master shards, low-precision shards, f32 sharded gradients,
+   optimizer state, a pool of max_unsharded (default 2) unsharded buffers
+   and reduction scratch. The measured peak never exceeds it, in training
+   and in every load, save, state dict and summon, which borrow the plan's
+   idle buffers. A device capacity (fsdp_cpu_device_desc.capacity, the free
+   memory of a CUDA device) turns a plan that does not fit into an error
+   before anything is allocated, naming the shortfall and what would fit;
+   fsdp_ctx_plan_only plans any model at any world size without a device
+   or a communicator (tools/fsdp_plan.c). cpu_offload keeps shards,
+   gradients and optimizer state in pinned host memory and steps on the
+   host. docs/memory.md.
+
+   BACKENDS
+   ========
+   local (built in): ranks as threads, fsdp_local_run. MPI
+   (fsdp_comm_mpi.h), Gloo (fsdp_comm_gloo.h and its C++ shim) and NCCL
+   (fsdp_comm_nccl.h, with the CUDA device of fsdp_cuda.cuh). Collectives
+   take NCCL's argument order and in-place rules; reductions sum in rank
+   order, so every backend gives the local backend's bits. Every backend
+   but NCCL runs on one engine (>>comm's transport kit) that checks each
+   call against the peers' (FSDP_COMM_MISMATCH, naming both calls and the
+   fsdp call and unit behind each), times out a peer that never arrives
+   (FSDP_COMM_TIMEOUT, naming it), and then fails every later call
+   (FSDP_COMM_ABORTED); fsdp.h never exits. A new transport only moves
+   bytes: fill an fsdp_transport_vtable and call
+   fsdp_comm_transport_create. docs/backends.md (several hosts, the fault
+   table, writing a backend) and docs/gpu.md.
+
+   FURTHER READING, in docs/: tour.md (every call of the steps above and
+   the runtime's features), porting.md, checkpoints.md, memory.md, lora.md,
+   backends.md, gpu.md, vendoring.md, pytorch.md (what is reproduced and
+   where we differ), examples.md, PERFORMANCE.md (the benchmarks' figures).
 */
 #ifndef FSDP_H_INCLUDED
 #define FSDP_H_INCLUDED
@@ -887,7 +1100,9 @@ typedef struct fsdp_transport_desc {
     void *transport;                 /* connected; the comm's from the call on */
     int rank, size;
     fsdp_device *dev;         /* runs asynchronous collectives on its streams; NULL:
-                                 stream-less only */
+                                 stream-less only. Its memory must be host
+                                 accessible (the engine moves data with the
+                                 CPU): another device is refused */
     int timeout_ms;           /* each collective's, from when its turn comes: 0:
                                  60000; negative: none */
     int disable_mismatch_check; /* every rank must pass the same value */
@@ -990,9 +1205,13 @@ FSDP_API fsdp_result fsdp_local_world_create(const fsdp_local_desc *desc,
 /* After every comm of the world (and its splits) is destroyed. */
 FSDP_API void fsdp_local_world_destroy(fsdp_local_world *world);
 /* Rank `rank`'s communicator. dev runs its asynchronous collectives (streams
-   of that device); NULL allows only stream-less (synchronous) calls.
+   of that device); NULL allows only stream-less (synchronous) calls. The
+   collectives read and write with the CPU: dev's memory must be host
+   accessible (fsdp_device_host_accessible; a CUDA device with managed
+   memory).
    Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS (NULL world or out, rank not in
-   [0, nranks)); FSDP_INVALID_STATE (the rank has a comm already);
+   [0, nranks), a device whose memory the CPU cannot read);
+   FSDP_INVALID_STATE (the rank has a comm already);
    FSDP_OUT_OF_MEMORY. Collective: no. Thread safety: any thread. */
 FSDP_API fsdp_result fsdp_comm_local_create(fsdp_local_world *world, int rank,
                                             fsdp_device *dev, fsdp_comm **out);
@@ -1686,7 +1905,7 @@ FSDP_API unsigned fsdp_state_dict_verified(const fsdp_state_dict *sd);
    over the context's communicator (every rank, same order), because it may
    all-gather or reduce-scatter.
 
-   The engine's side of the contract (the README's "Porting an engine"):
+   The engine's side of the contract (docs/porting.md, "The rules"):
    a view is valid from its unit's begin to its end only (the next begin
    may hand the unit another pooled buffer, so fetch views after every
    begin); parameter views are read-only; gradient views start at zero at
@@ -1779,8 +1998,12 @@ typedef struct fsdp_ctx_desc {
        unit's gathered parameters are checksummed from begin to end. A
        write through a view kept past its unit's end, or into parameters,
        fails with FSDP_INVALID_STATE naming the unit and the parameter;
-       reads of such a view give those NaNs (fsdp_debug_poison_unit). Free
-       shared buffers are also handed out in rotation, so a view kept from
+       reads of such a view give those NaNs (fsdp_debug_poison_unit), and
+       where they reach a gradient about to be reduced (fsdp_end_backward)
+       or a parameter (fsdp_step) the call fails with FSDP_INVALID_STATE
+       naming the unit whose retired memory was read and the unit and
+       parameter it reached (after finishing its work, so no peer waits).
+       Free shared buffers are also handed out in rotation, so a view kept from
        forward never points at the same unit's buffer in backward. Needs a
        device whose memory the host can read (the CPU device); elsewhere it
        is logged and off. It changes no bit of a correct run and allocates
@@ -2917,8 +3140,8 @@ FSDP__DEF FSDP__VECTORISE void fsdp__f32_to_f16_c(uint16_t *d, const float *s, s
 /* Software prefetch of the source's and the destination's lines that the
    loop reaches FSDP__CVT_AHEAD elements later, once per 32 elements: the
    hardware prefetchers alone left these loops waiting on memory (the casts
-   ran 1.3 to 2 times faster with it on the 2-core machine of the README's
-   figures). Plain prefetcht0 (the data is used soon, no non-temporal
+   ran 1.3 to 2 times faster with it on the 2-core development machine).
+   Plain prefetcht0 (the data is used soon, no non-temporal
    hint); only addresses inside the arrays are formed. */
 #define FSDP__CVT_AHEAD 512
 #define FSDP__CVT_PREFETCH(d, s, i, n)                                                       \
@@ -6607,6 +6830,20 @@ FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
 #endif
 }
 
+/* The engine moves and sums every byte with the CPU, on the device's
+   streams: a device whose memory the host cannot read (the CUDA device with
+   FSDP_CUDA_MEMORY_DEVICE) would crash a stream's task at the first
+   collective, so it is refused when the communicator is made. */
+FSDP__DEF fsdp_result fsdp__eng_dev_check(fsdp_error *e, const char *fn, fsdp_device *dev)
+{
+    if (!dev || fsdp_device_host_accessible(dev)) return FSDP_SUCCESS;
+    return fsdp_error_set(e, FSDP_INVALID_ARGS,
+                          "%s: device '%s' keeps its memory where the CPU cannot read it, and "
+                          "this backend moves data with the CPU (on a GPU: managed memory, "
+                          "FSDP_CUDA_MEMORY_MANAGED, or the NCCL backend)",
+                          fn, fsdp_device_name(dev));
+}
+
 /* Takes ownership of the transport t (destroyed on failure too). */
 FSDP__DEF fsdp__eng *fsdp__eng_new(const fsdp_hooks *hooks, const fsdp_transport_vtable *xp,
                                    void *t, int rank, int size, fsdp_device *dev, int timeout_ms,
@@ -7819,6 +8056,8 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     else if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
         fsdp__fail_create(h, r, "fsdp_comm_transport_create: rank %d is not in [0, %d)",
                           desc->rank, desc->size);
+    else if (fsdp__eng_dev_check(&xe, "fsdp_comm_transport_create", desc->dev) != FSDP_SUCCESS)
+        fsdp__fail_create(h, r, "%s", xe.message);
     else
         r = FSDP_SUCCESS;
     if (r != FSDP_SUCCESS) {
@@ -8320,6 +8559,13 @@ FSDP_API fsdp_result fsdp_comm_local_create(fsdp_local_world *world, int rank, f
     if (rank < 0 || rank >= world->nranks)
         return fsdp__fail(NULL, &world->hooks, FSDP_INVALID_ARGS,
                           "fsdp_comm_local_create: rank %d is not in [0, %d)", rank, world->nranks);
+    {
+        fsdp_error de;
+        if (fsdp__eng_dev_check(&de, "fsdp_comm_local_create", dev) != FSDP_SUCCESS) {
+            fsdp__log(&world->hooks, FSDP_LOG_ERROR, "%s", de.message);
+            return FSDP_INVALID_ARGS;
+        }
+    }
     e = fsdp__local_eng_new(world, dev);
     if (!e) return fsdp__fail(NULL, &world->hooks, FSDP_OUT_OF_MEMORY, "fsdp_comm_local_create: out of memory");
     fsdp__lock(&world->mu);
@@ -15285,6 +15531,70 @@ FSDP__DEF size_t fsdp__poison_find(const void *p, size_t bytes, fsdp_dtype dt, i
     return SIZE_MAX;
 }
 
+/* The unit (fsdp_units index) whose poison a value of a unit's dtype dt
+   carries, quieted or not, or -1. An f32 value also counts when it is a
+   16-bit unit's poison widened to f32 (its gradients are summed in f32). */
+FSDP__DEF int fsdp__poison_in(const void *v, fsdp_dtype dt, fsdp_dtype unit_dt)
+{
+    uint32_t w;
+    int u = fsdp_debug_poison_unit(v, dt);
+    if (u >= 0 || dt != FSDP_F32 || unit_dt == FSDP_F32) return u;
+    memcpy(&w, v, 4);
+    if ((w & 0x7F800000u) != 0x7F800000u) return -1;
+    if (unit_dt == FSDP_BF16 && !(w & 0xFFFFu)) {
+        uint16_t h = (uint16_t)(w >> 16);
+        return fsdp_debug_poison_unit(&h, FSDP_BF16);
+    }
+    if (unit_dt == FSDP_F16 && !(w & 0x1FFFu) && ((w >> 13) & 0x1FFu))
+        return (int)((w >> 13) & 0x1FFu) - 1;
+    return -1;
+}
+
+/* The first of n elements at p holding a poison, its unit in *unit; -1. */
+FSDP__DEF int64_t fsdp__poison_scan(const void *p, fsdp_dtype dt, fsdp_dtype unit_dt, int64_t n,
+                                    int *unit)
+{
+    size_t es = fsdp_dtype_size(dt);
+    int64_t i;
+    for (i = 0; i < n; i++) {
+        const unsigned char *e = (const unsigned char *)p + (size_t)i * es;
+        /* cheap test first: an all-ones exponent in the top bytes */
+        if (es == 4 && (e[3] & 0x7Fu) != 0x7Fu) continue;
+        if ((*unit = fsdp__poison_in(e, dt, unit_dt)) >= 0) return i;
+    }
+    return -1;
+}
+
+/* 'fqn' of the unit whose poison was found, by its fsdp_units index; a
+   16-bit poison names units modulo 63 (bf16) or 511 (f16). */
+FSDP__DEF void fsdp__poison_who(const fsdp_ctx *c, int pub, fsdp_dtype dt, char *buf, size_t cap)
+{
+    int mod = dt == FSDP_BF16 ? 63 : dt == FSDP_F16 ? 511 : 0;
+    if (pub < 0 || pub >= c->npub) {
+        snprintf(buf, cap, "unit %d", pub);
+        return;
+    }
+    snprintf(buf, cap, "unit %d %s%s", pub, c->u[c->pub_first[pub]].qname,
+             mod && c->npub > mod ? " (or another whose index is the same modulo the 16-bit "
+                                    "poison's range)" : "");
+}
+
+/* Flat index k of a unit's parameter: the entry that holds it, or NULL
+   (padding); *at receives k's position inside it. */
+FSDP__DEF const fsdp_flat_entry *fsdp__entry_at(const fsdp__cunit *cu, int64_t k, int64_t *at)
+{
+    int e;
+    for (e = 0; e < cu->info->nentries; e++) {
+        const fsdp_flat_entry *fe = &cu->info->entries[e];
+        if (k >= fe->offset && k < fe->offset + fe->numel) {
+            *at = k - fe->offset;
+            return fe;
+        }
+    }
+    *at = k;
+    return NULL;
+}
+
 /* Names what a write into retired memory hit: offset `off` of a block of
    unit `unit` whose first pbytes are parameters, then gradients. */
 FSDP__DEF fsdp_result fsdp__poison_report(fsdp_ctx *c, const char *who, int unit, size_t off,
@@ -16291,6 +16601,73 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
     return FSDP_SUCCESS;
 }
 
+#define FSDP__POISON_READ_WHY                                                                  \
+    "a view was read after its unit's end (an engine that keeps fsdp_param pointers from "     \
+    "forward and reads them in backward does this); fetch views after each begin and drop "    \
+    "them at the end"
+
+/* Before a unit's unsharded gradient is reduced: a poison in it came from
+   retired memory the engine read (a stale view). */
+FSDP__DEF fsdp_result fsdp__dbg_grad_poison(fsdp_ctx *c, int unit)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    const fsdp_flat_entry *fe;
+    int64_t k, at;
+    int from = -1;
+    char who[160];
+    fsdp_result r;
+    if (!cu->ugrad || !cu->info->requires_grad) return FSDP_SUCCESS;
+    if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
+    k = fsdp__poison_scan(cu->ugrad, cu->pdt, cu->pdt,
+                          (int64_t)(fsdp__ugrad_bytes(cu) / fsdp_dtype_size(cu->pdt)), &from);
+    if (k < 0) return FSDP_SUCCESS;
+    fe = fsdp__entry_at(cu, k, &at);
+    fsdp__poison_who(c, from, cu->pdt, who, sizeof who);
+    return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                          "fsdp_end_backward: debug: the gradient of unit %d %s (%s%s%s, element "
+                          "%lld) was computed from retired memory: it holds the poison %s left "
+                          "in the buffer it retired; " FSDP__POISON_READ_WHY,
+                          cu->pub, cu->qname, fe ? "parameter '" : "the padding",
+                          fe ? fe->fqn : "", fe ? "'" : "", (long long)at, who);
+}
+
+/* After a step: a poison in a parameter shard came through the gradients
+   (this rank's, or another's summed into them). */
+FSDP__DEF fsdp_result fsdp__dbg_param_poison(fsdp_ctx *c)
+{
+    int i, p, from = -1;
+    char who[160];
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        if (!cu->master) continue;
+        for (p = 0; p < cu->lay.npieces; p++) {
+            const fsdp_shard_piece *pc = &cu->pieces[p];
+            int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin;
+            int64_t n = pc->end - pc->start + 1, k;
+            if (n <= 0) continue;
+            k = fsdp__poison_scan(cu->master + off, FSDP_F32, cu->pdt, n, &from);
+            if (k < 0) continue;
+            fsdp__poison_who(c, from, cu->pdt, who, sizeof who);
+            /* an f32 poison's unit index is in its low 16 bits, which a
+               16-bit reduction drops: such a poison reads as unit 0's */
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                                  "fsdp_step: debug: parameter '%s' (element %lld) of unit %d %s "
+                                  "holds, after the step, the poison %s%s left in the buffer it "
+                                  "retired: it came through the gradients (this rank's, or "
+                                  "another's summed with them) computed from retired memory; "
+                                  FSDP__POISON_READ_WHY,
+                                  cu->info->entries[pc->entry].fqn, (long long)(pc->start + k),
+                                  cu->pub, cu->qname, who,
+                                  from == 0 && cu->pdt == FSDP_F32 && cu->rdt != FSDP_F32 &&
+                                          cu->rdt != FSDP_F64
+                                      ? " (or another unit: the gradients were reduced in 16 "
+                                        "bits, which keep no unit index)"
+                                      : "");
+        }
+    }
+    return FSDP_SUCCESS;
+}
+
 FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
@@ -16301,6 +16678,9 @@ FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
     cu = &c->u[unit];
     if ((r = fsdp__cs_after_compute(c)) != FSDP_SUCCESS) return r;
     if (c->debug) dr = fsdp__dbg_end(c, unit, "fsdp_end_backward", "fsdp_begin_backward");
+    /* reported after the reduction is issued: the peers are not left
+       waiting for this rank's part */
+    if (c->debug && dr == FSDP_SUCCESS) dr = fsdp__dbg_grad_poison(c, unit);
     if (c->no_sync) {
         cu->accum = 1; /* keep the unsharded gradient for the next backward */
         cu->state = FSDP_UNIT_IDLE;
@@ -17110,6 +17490,7 @@ FSDP_API fsdp_result fsdp_step(fsdp_ctx *c)
     if (!c) return FSDP_INVALID_ARGS;
     fsdp__ctx_label(c, "step", -1);
     r = fsdp__step(c);
+    if (r == FSDP_SUCCESS && c->debug) r = fsdp__dbg_param_poison(c);
     fsdp__ctx_label(c, NULL, -1);
     return r;
 }
@@ -21892,6 +22273,16 @@ done:
 
 #endif /* FSDP_IMPLEMENTATION_DONE */
 #endif /* FSDP_IMPLEMENTATION */
+
+/*
+   Revision history, one line per version (every change: CHANGELOG.md)
+       0.6.0  torch 2.x optimizer bits, unset parameters refused, layout tables, LoRA units
+       0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
+       0.4.0  state dicts and safetensors checkpoints
+       0.3.0  the ZeRO optimizer
+       0.2.0  the runtime (all strategies, mixed precision, prefetch, planned memory), optimizers
+       0.1.0  core: errors, dtypes, CPU device, local backend, model, flat parameters, wrapping
+*/
 
 /*
    ------------------------------------------------------------------------------

@@ -21,8 +21,9 @@
    A collective with a stream is enqueued on that stream's cudaStream_t
    (fsdp_cuda_stream_handle) and returns; with stream NULL it runs on the
    backend's own stream and returns when done (host buffers are staged
-   through device memory then, so fsdp_clip_grad_norm's host all-gather
-   works).
+   through a device buffer made with the communicator, 1 MiB, grown only by
+   a larger host collective, so fsdp_clip_grad_norm's host all-gather
+   allocates nothing).
 
    Errors, not hangs: the communicator is non-blocking. A watchdog thread
    per communicator checks every collective's completion event and
@@ -43,7 +44,10 @@
                                  before this header, or FSDP_NCCL_MPI is set)
    or the id itself (desc.unique_id, e.g. from your launcher).
 
-   Thread safety: one thread per communicator (the watchdog is internal). */
+   Thread safety: one thread per communicator. The watchdog is internal:
+   NCCL allows one thread at a time on a communicator, so every NCCL call on
+   it, the watchdog's abort included, holds one lock (never for long: the
+   communicator is non-blocking), and none follows the abort. */
 #ifndef FSDP_COMM_NCCL_H_INCLUDED
 #define FSDP_COMM_NCCL_H_INCLUDED
 
@@ -137,6 +141,8 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_mpi(void *user, int rank, int nranks, void
 #endif
 
 #define FSDP__NCCL_RING 512 /* collectives in flight per communicator */
+#define FSDP__NCCL_STAGE ((size_t)1 << 20) /* device staging for host buffers, made
+                                              with the communicator */
 
 typedef struct fsdp__nccl {
     fsdp_hooks hooks;
@@ -144,6 +150,15 @@ typedef struct fsdp__nccl {
     int rank, nranks, device, timeout_ms;
     cudaStream_t own;  /* stream NULL */
     void *scratch;     /* barrier: one float on the device */
+    void *stage;       /* host buffers with stream NULL go through here; grown
+                          (cudaMalloc, which may synchronise the device) only
+                          by a host collective larger than any before */
+    size_t stage_bytes;
+    /* NCCL lets one thread at a time use a communicator, and the watchdog
+       aborts from its own: every NCCL call on comm holds call_mu (never for
+       long: the communicator is non-blocking) and none follows the abort.
+       Lock order: mu, then call_mu. */
+    pthread_mutex_t call_mu;
     pthread_mutex_t mu;
     pthread_cond_t cv;
     pthread_t watchdog;
@@ -190,8 +205,51 @@ FSDP__NCCL_DEF void fsdp__nccl_break(fsdp__nccl *n, fsdp_result code, const char
 {
     fsdp_error_stick(&n->broken, code, "%s", msg);
     if (!n->aborted && n->comm) {
+        pthread_mutex_lock(&n->call_mu);
         n->aborted = 1;
         ncclCommAbort(n->comm);
+        pthread_mutex_unlock(&n->call_mu);
+    }
+}
+
+/* Takes call_mu for an NCCL call on n->comm: 1, or 0 (not taken) once the
+   communicator was aborted. */
+FSDP__NCCL_DEF int fsdp__nccl_enter(fsdp__nccl *n)
+{
+    pthread_mutex_lock(&n->call_mu);
+    if (!n->aborted && n->comm) return 1;
+    pthread_mutex_unlock(&n->call_mu);
+    return 0;
+}
+
+FSDP__NCCL_DEF void fsdp__nccl_leave(fsdp__nccl *n)
+{
+    pthread_mutex_unlock(&n->call_mu);
+}
+
+/* ncclCommGetAsyncError on comm: n's own (under call_mu; ncclInternalError
+   once aborted) or a communicator no other thread sees yet. */
+FSDP__NCCL_DEF ncclResult_t fsdp__nccl_async(fsdp__nccl *n, ncclComm_t comm, ncclResult_t *state)
+{
+    ncclResult_t r;
+    if (comm != n->comm) return ncclCommGetAsyncError(comm, state);
+    if (!fsdp__nccl_enter(n)) return ncclInternalError;
+    r = ncclCommGetAsyncError(comm, state);
+    fsdp__nccl_leave(n);
+    return r;
+}
+
+/* ncclGetLastError's words for a message ("" once aborted). */
+FSDP__NCCL_DEF void fsdp__nccl_last(fsdp__nccl *n, ncclComm_t comm, char *buf, size_t cap)
+{
+    buf[0] = 0;
+    if (!comm) {
+        snprintf(buf, cap, "%s", ncclGetLastError(NULL));
+    } else if (comm != n->comm) {
+        snprintf(buf, cap, "%s", ncclGetLastError(comm));
+    } else if (fsdp__nccl_enter(n)) {
+        snprintf(buf, cap, "%s", ncclGetLastError(comm));
+        fsdp__nccl_leave(n);
     }
 }
 
@@ -233,11 +291,12 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_settle(fsdp__nccl *n, ncclComm_t comm, ncc
             pthread_mutex_unlock(&n->mu);
             if (gone) return fsdp__nccl_check_broken(n, err);
         }
-        if (ncclCommGetAsyncError(comm, &r) != ncclSuccess) break;
+        if (fsdp__nccl_async(n, comm, &r) != ncclSuccess) break;
     }
     if (r == ncclSuccess) return FSDP_SUCCESS;
+    fsdp__nccl_last(n, comm, msg, sizeof msg);
     return fsdp_error_set(err, FSDP_COMM_ERROR, "nccl: %s on rank %d: %s (%s)", what, n->rank,
-                          ncclGetErrorString(r), comm ? ncclGetLastError(comm) : "");
+                          ncclGetErrorString(r), msg);
 }
 
 /* The watchdog: completion of the collectives in flight, asynchronous
@@ -270,11 +329,12 @@ FSDP__NCCL_DEF void *fsdp__nccl_watch(void *arg)
             }
             break;
         }
-        if (!n->aborted && n->comm && ncclCommGetAsyncError(n->comm, &ar) == ncclSuccess &&
+        if (!n->aborted && n->comm && fsdp__nccl_async(n, n->comm, &ar) == ncclSuccess &&
             ar != ncclSuccess && ar != ncclInProgress) {
+            char last[FSDP_ERROR_MAX / 2];
+            fsdp__nccl_last(n, n->comm, last, sizeof last);
             snprintf(msg, sizeof msg, "nccl: asynchronous error on rank %d: %s (%s); "
-                     "communicator aborted", n->rank, ncclGetErrorString(ar),
-                     ncclGetLastError(n->comm));
+                     "communicator aborted", n->rank, ncclGetErrorString(ar), last);
             fsdp__nccl_break(n, FSDP_COMM_ERROR, msg);
         }
         if (n->aborted) { /* nothing will complete: release waiters */
@@ -350,10 +410,10 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
     const char *name = fsdp__nccl_op_names[op];
     size_t es = fsdp_dtype_size(dt), sbytes, rbytes;
     cudaStream_t h;
-    void *dsend = NULL, *drecv = NULL;
     const void *use_send = send;
     void *use_recv = recv;
     fsdp_result r;
+    ncclResult_t nr;
     unsigned k;
     if (!fsdp__nccl_dtype(dt, &t))
         return fsdp_error_set(err, FSDP_INVALID_DTYPE, "nccl %s: invalid dtype %d", name, (int)dt);
@@ -384,15 +444,21 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
                                   "buffers)", name);
     } else {
         h = n->own;
-        /* host buffers: staged through device memory (out of place) */
+        /* host buffers: staged through the device buffer (out of place) */
         if (count && (!fsdp__nccl_on_device(send) || !fsdp__nccl_on_device(recv))) {
-            if (cudaMalloc(&dsend, sbytes) != cudaSuccess || cudaMalloc(&drecv, rbytes) != cudaSuccess ||
-                cudaMemcpy(dsend, send, sbytes, cudaMemcpyDefault) != cudaSuccess) {
-                r = fsdp__nccl_cuda(err, cudaGetLastError(), "staging host buffers");
-                goto done;
+            size_t at = (sbytes + 255) & ~(size_t)255;
+            if (at + rbytes > n->stage_bytes) {
+                void *grown = NULL;
+                if (cudaMalloc(&grown, at + rbytes) != cudaSuccess)
+                    return fsdp__nccl_cuda(err, cudaGetLastError(), "growing the staging buffer");
+                cudaFree(n->stage);
+                n->stage = grown;
+                n->stage_bytes = at + rbytes;
             }
-            use_send = dsend;
-            use_recv = drecv;
+            use_send = n->stage;
+            use_recv = (char *)n->stage + at;
+            if (cudaMemcpyAsync((void *)use_send, send, sbytes, cudaMemcpyDefault, h) != cudaSuccess)
+                return fsdp__nccl_cuda(err, cudaGetLastError(), "staging host buffers");
         }
     }
     pthread_mutex_lock(&n->mu);
@@ -407,10 +473,12 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
         }
     }
     pthread_mutex_unlock(&n->mu);
-    if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) goto done;
-    r = fsdp__nccl_settle(n, n->comm, fsdp__nccl_call(n, op, use_send, use_recv, count, t, ro, root, h),
-                          name, err);
-    if (r != FSDP_SUCCESS) goto done;
+    if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
+    if (!fsdp__nccl_enter(n)) return fsdp__nccl_check_broken(n, err);
+    nr = fsdp__nccl_call(n, op, use_send, use_recv, count, t, ro, root, h);
+    fsdp__nccl_leave(n);
+    r = fsdp__nccl_settle(n, n->comm, nr, name, err);
+    if (r != FSDP_SUCCESS) return r;
     pthread_mutex_lock(&n->mu);
     k = n->tail % FSDP__NCCL_RING;
     if (n->tail - n->head < FSDP__NCCL_RING && cudaEventRecord(n->ev[k], h) == cudaSuccess) {
@@ -423,20 +491,16 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
     if (!s) {
         cudaError_t q;
         while ((q = cudaStreamQuery(h)) == cudaErrorNotReady) {
-            if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) goto done;
+            if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
             fsdp__nccl_sleep_us(20);
         }
-        if (q != cudaSuccess) {
-            r = fsdp__nccl_cuda(err, q, name);
-            goto done;
-        }
-        if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) goto done;
-        if (use_recv != recv && cudaMemcpy(recv, use_recv, rbytes, cudaMemcpyDefault) != cudaSuccess)
-            r = fsdp__nccl_cuda(err, cudaGetLastError(), "cudaMemcpy (staging)");
+        if (q != cudaSuccess) return fsdp__nccl_cuda(err, q, name);
+        if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
+        if (use_recv != recv &&
+            (cudaMemcpyAsync(recv, use_recv, rbytes, cudaMemcpyDefault, h) != cudaSuccess ||
+             cudaStreamSynchronize(h) != cudaSuccess))
+            return fsdp__nccl_cuda(err, cudaGetLastError(), "copying a staged result back");
     }
-done:
-    if (dsend) cudaFree(dsend);
-    if (drecv) cudaFree(drecv);
     return r;
 }
 
@@ -510,8 +574,10 @@ FSDP__NCCL_DEF void fsdp__destroy__nccl(void *self)
     for (i = 0; i < FSDP__NCCL_RING; i++)
         if (n->ev[i]) cudaEventDestroy(n->ev[i]);
     if (n->scratch) cudaFree(n->scratch);
+    if (n->stage) cudaFree(n->stage);
     if (n->own) cudaStreamDestroy(n->own);
     pthread_cond_destroy(&n->cv);
+    pthread_mutex_destroy(&n->call_mu);
     pthread_mutex_destroy(&n->mu);
     fsdp_hooks_free(&h, n);
 }
@@ -538,6 +604,12 @@ FSDP__NCCL_DEF fsdp__nccl *fsdp__nccl_new(const fsdp_hooks *hooks, int device, i
         fsdp_error_set(err, FSDP_ERROR, "nccl: cannot create a mutex");
         return NULL;
     }
+    if (pthread_mutex_init(&n->call_mu, NULL) != 0) {
+        pthread_mutex_destroy(&n->mu);
+        fsdp_hooks_free(hooks, n);
+        fsdp_error_set(err, FSDP_ERROR, "nccl: cannot create a mutex");
+        return NULL;
+    }
     pthread_cond_init(&n->cv, NULL);
     if (fsdp__nccl_cuda(err, cudaSetDevice(device), "cudaSetDevice") != FSDP_SUCCESS) goto fail;
     if (fsdp__nccl_cuda(err, cudaStreamCreateWithFlags(&n->own, cudaStreamNonBlocking),
@@ -545,6 +617,10 @@ FSDP__NCCL_DEF fsdp__nccl *fsdp__nccl_new(const fsdp_hooks *hooks, int device, i
         goto fail;
     if (fsdp__nccl_cuda(err, cudaMalloc(&n->scratch, 16), "cudaMalloc") != FSDP_SUCCESS) goto fail;
     if (fsdp__nccl_cuda(err, cudaMemset(n->scratch, 0, 16), "cudaMemset") != FSDP_SUCCESS) goto fail;
+    if (fsdp__nccl_cuda(err, cudaMalloc(&n->stage, FSDP__NCCL_STAGE), "cudaMalloc (staging buffer)") !=
+        FSDP_SUCCESS)
+        goto fail;
+    n->stage_bytes = FSDP__NCCL_STAGE;
     for (i = 0; i < FSDP__NCCL_RING; i++)
         if (fsdp__nccl_cuda(err, cudaEventCreateWithFlags(&n->ev[i], cudaEventDisableTiming),
                             "cudaEventCreateWithFlags") != FSDP_SUCCESS)
@@ -567,10 +643,16 @@ FSDP__NCCL_DEF fsdp_result fsdp__split__nccl(void *self, int color, int key, voi
     c = fsdp__nccl_new(&n->hooks, n->device, n->timeout_ms, err);
     if (!c) return err->code;
     cfg.blocking = 0;
-    r = fsdp__nccl_settle(n, n->comm,
-                          ncclCommSplit(n->comm, color == FSDP_COMM_NO_COLOR ? NCCL_SPLIT_NOCOLOR : color,
-                                        key, &nc, &cfg),
-                          "ncclCommSplit", err);
+    if (!fsdp__nccl_enter(n)) {
+        fsdp__destroy__nccl(c);
+        return fsdp__nccl_check_broken(n, err);
+    }
+    {
+        ncclResult_t sr = ncclCommSplit(n->comm, color == FSDP_COMM_NO_COLOR ? NCCL_SPLIT_NOCOLOR : color,
+                                        key, &nc, &cfg);
+        fsdp__nccl_leave(n);
+        r = fsdp__nccl_settle(n, n->comm, sr, "ncclCommSplit", err);
+    }
     if (r == FSDP_SUCCESS && nc) {
         ncclResult_t st = ncclInProgress;
         ncclCommGetAsyncError(nc, &st);

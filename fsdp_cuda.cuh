@@ -24,14 +24,31 @@
        host_alloc/free   pinned host memory (cudaMallocHost)
        streams, events   non-blocking cudaStreams, cudaEvents without timing;
                          fsdp_cuda_stream_handle gives a stream's cudaStream_t
-       launch            cudaLaunchHostFunc; a failing task's error sticks to
-                         the stream and fsdp_stream_synchronize returns it
+       launch            the task runs on the calling thread once the
+                         stream's earlier work is done (no GPU-side wait on
+                         host memory, which can deadlock: see
+                         fsdp__launch__cuda); the call returns after it ran.
+                         A failing task's error sticks to the stream and
+                         fsdp_stream_synchronize returns it
        copy, memset      cudaMemcpyAsync (kind inferred, UVA), cudaMemsetAsync
        kernels           cast, scale, accumulate, sum_squares, optim_step;
-                         each one pass, 16-byte loads where aligned; results
-                         bit-identical to the CPU device (sum_squares: an f64
-                         sum in a fixed tree order, deterministic run to run
-                         but not the CPU's sequential order)
+                         each one pass, 16-byte loads where aligned
+   What "the same results as the CPU device" means here:
+       cast              bit-identical to fsdp_convert for every input, NaNs
+                         included (sign and payload kept, made quiet, as x86
+                         and AArch64 convert them)
+       scale, accumulate, optim_step
+                         bit-identical for every result that is not a NaN;
+                         where the CPU's result is a NaN, the GPU's is a NaN
+                         too, but its sign and payload are the GPU's: NVIDIA
+                         arithmetic returns the canonical NaN 0x7fffffff
+                         where x86 returns 0xffc00000 (inf - inf) or keeps an
+                         input NaN's payload. Nothing depends on a NaN's bits
+                         (the debug mode's poison is checked before such
+                         arithmetic), so no kernel reproduces them
+       sum_squares       an f64 sum in a fixed tree order: the same bits run
+                         to run, not the CPU's sequential order (relative
+                         differences of about 1e-15)
    stream NULL means "now": the work runs on a private stream of the device
    and the call waits for it. CUDA errors become FSDP_DEVICE_ERROR (or
    FSDP_OUT_OF_MEMORY) with CUDA's name and message.
@@ -43,7 +60,9 @@
 
    Memory modes (fsdp_cuda_device_desc.memory):
        FSDP_CUDA_MEMORY_DEVICE   cudaMalloc; host_accessible 0. Use NCCL (or
-                                 another GPU backend) and fsdp_set_full_param.
+                                 another GPU backend) and fsdp_set_full_param;
+                                 the local, MPI and Gloo backends refuse it
+                                 (they move data with the CPU).
        FSDP_CUDA_MEMORY_MANAGED  cudaMallocManaged; host_accessible 1: the
                                  `local` backend (ranks as threads on one
                                  GPU), fsdp_init_params and
@@ -79,6 +98,11 @@ typedef struct fsdp_cuda_device_desc {
     fsdp_hooks hooks;
     int device;              /* CUDA ordinal (made current in every call) */
     fsdp_cuda_memory memory; /* 0: device memory */
+    int stage_pageable;      /* 1: treat pageable host memory as out of the
+                                GPU's reach even where it reads it (HMM, ATS):
+                                casts with stream NULL stage it through the
+                                host, other kernels refuse it, as on a GPU
+                                without such access (tests of those paths) */
 } fsdp_cuda_device_desc;
 
 /* A zeroed descriptor (C++ has no compound literals). */
@@ -105,10 +129,11 @@ FSDP_CUDA_API void *fsdp_cuda_stream_handle(const fsdp_stream *s);
 /* The CUDA ordinal a CUDA stream belongs to; -1 for anything else. */
 FSDP_CUDA_API int fsdp_cuda_stream_device(const fsdp_stream *s);
 
-/* For tests: n f32 <-> bf16/f16 conversions on the host with the very
-   functions the kernels run (__host__ __device__), so a machine without a
-   GPU checks them against fsdp.h. dst_dt/src_dt: FSDP_F32 with FSDP_BF16 or
-   FSDP_F16. Returns 0, or -1 for another pair. Thread safety: any thread. */
+/* For tests: n conversions on the host with the very functions the kernels
+   run (__host__ __device__), so a machine without a GPU checks them against
+   fsdp_convert, NaN payloads included. dst_dt/src_dt: any two of FSDP_F32,
+   FSDP_F64, FSDP_F16, FSDP_BF16 (0.6.0 took only f32 with bf16 or f16).
+   Returns 0, or -1 for another dtype. Thread safety: any thread. */
 FSDP_CUDA_API int fsdp_cuda_convert_host(void *dst, fsdp_dtype dst_dt, const void *src,
                                          fsdp_dtype src_dt, size_t n);
 
@@ -151,13 +176,6 @@ FSDP_CUDA_API int fsdp__cuda_convert_host(void *dst, fsdp_dtype dst_dt, const vo
 
 typedef struct fsdp__cuda fsdp__cuda;
 
-typedef struct fsdp__cuda_job {
-    fsdp_task_fn fn;
-    void *arg;
-    uint32_t seq;
-    struct fsdp__cuda_job *next;
-} fsdp__cuda_job;
-
 typedef struct fsdp__cuda_stream {
     uint32_t magic;
     int device;
@@ -165,18 +183,8 @@ typedef struct fsdp__cuda_stream {
     cudaStream_t h;
     pthread_mutex_t mu;
     fsdp_error sticky; /* first failure of a host task on this stream */
-    /* host tasks (launch): a host function hands the task to this stream's
-       worker thread and the stream waits for the worker's flag, so a task
-       may block (a collective waiting for its peers) without stalling
-       CUDA's shared callback thread */
-    pthread_t worker;
-    pthread_cond_t cv;
-    int worker_on, stop;
-    fsdp__cuda_job *qhead, *qtail;
-    uint32_t *flag;     /* pinned, mapped: the last task done */
-    uint32_t *flag_dev; /* its device address */
-    uint32_t issued;
-    /* sum_squares scratch, made on first use */
+    /* sum_squares scratch, made with the stream: allocating it later could
+       synchronise the device in the middle of a step */
     double *partials;  /* device, FSDP__CUDA_SS_BLOCKS */
     double *slots;     /* pinned, FSDP__CUDA_SS_SLOTS: the kernel writes here */
     volatile int busy[FSDP__CUDA_SS_SLOTS];
@@ -190,9 +198,6 @@ struct fsdp__cuda {
     int pageable_ok;          /* the GPU reads pageable host memory (HMM/ATS) */
     int max_blocks;           /* grid size cap for elementwise kernels */
     fsdp__cuda_stream nowst;  /* stream NULL: work runs here and is waited for */
-    /* cuStreamWaitValue32 through the runtime's driver entry point (no
-       libcuda at link time); NULL or failing: a one-thread polling kernel */
-    int (*wait_value32)(cudaStream_t, unsigned long long, uint32_t, unsigned int);
 };
 
 typedef struct fsdp__cuda_event {
@@ -343,27 +348,98 @@ __host__ __device__ static inline float fsdp__cu_f16_to_f32(uint16_t h)
     return fsdp__cu_u2f(sign | ((exp + 112) << 23) | (mant << 13));
 }
 
-/* (float)v as an x86 or AArch64 host computes it, NaN payload included
-   (GPUs return a canonical NaN). */
-__device__ static inline float fsdp__cu_d2f(double v)
+__host__ __device__ static inline uint64_t fsdp__cu_d2u(double v)
+{
+#ifdef __CUDA_ARCH__
+    return (uint64_t)__double_as_longlong(v);
+#else
+    uint64_t u;
+    memcpy(&u, &v, 8);
+    return u;
+#endif
+}
+
+__host__ __device__ static inline double fsdp__cu_u2d(uint64_t u)
+{
+#ifdef __CUDA_ARCH__
+    return __longlong_as_double((long long)u);
+#else
+    double v;
+    memcpy(&v, &u, 8);
+    return v;
+#endif
+}
+
+/* The NaN rule of the casts: a NaN keeps its sign and payload and comes out
+   quiet, as x86 and AArch64 convert it (cvtss2sd, fcvt). The GPU's own
+   conversion instructions return a canonical NaN instead, so NaNs are
+   converted here from their bits; every other value goes through the
+   hardware conversion, which rounds to nearest even like the host. */
+
+/* (double)f, NaN payload included. */
+__host__ __device__ static inline double fsdp__cu_f2d(float f)
+{
+    uint32_t u = fsdp__cu_f2u(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u)
+        return fsdp__cu_u2d(((uint64_t)(u & 0x80000000u) << 32) | 0x7ff8000000000000ull |
+                            ((uint64_t)(u & 0x3fffffu) << 29));
+    return (double)f;
+}
+
+/* (float)v, NaN payload included (its top 22 bits, as the host keeps). */
+__host__ __device__ static inline float fsdp__cu_d2f(double v)
 {
     if (v != v) {
-        unsigned long long b = (unsigned long long)__double_as_longlong(v);
+        uint64_t b = fsdp__cu_d2u(v);
         uint32_t sign = (uint32_t)(b >> 32) & 0x80000000u;
-        return __uint_as_float(sign | 0x7fc00000u | (uint32_t)((b >> 29) & 0x3fffffu));
+        return fsdp__cu_u2f(sign | 0x7fc00000u | (uint32_t)((b >> 29) & 0x3fffffu));
     }
+#ifdef __CUDA_ARCH__
     return __double2float_rn(v);
+#else
+    return (float)v;
+#endif
 }
 
 /* f64 -> 16 bits in fsdp_convert: round to odd into f32 first. */
-__device__ static inline float fsdp__cu_d2f_odd(double v)
+__host__ __device__ static inline float fsdp__cu_d2f_odd(double v)
 {
     float f = fsdp__cu_d2f(v);
     if ((double)f != v && v == v) {
-        if (fabs((double)f) > fabs(v)) f = __uint_as_float(__float_as_uint(f) - 1u);
-        f = __uint_as_float(__float_as_uint(f) | 1u);
+        if (fabs((double)f) > fabs(v)) f = fsdp__cu_u2f(fsdp__cu_f2u(f) - 1u);
+        f = fsdp__cu_u2f(fsdp__cu_f2u(f) | 1u);
     }
     return f;
+}
+
+/* Element i of src (sdt) to dst (ddt), any two float dtypes: fsdp_convert's
+   rules (16-bit pairs through f32, f64 to 16 bits rounded to odd first).
+   The f64 kernels run it, and fsdp_cuda_convert_host runs it on the host. */
+__host__ __device__ static inline void fsdp__cu_cast1(void *dst, int ddt, const void *src,
+                                                      int sdt, size_t i)
+{
+    double v;
+    float f;
+    if (sdt == ddt) {
+        if (sdt == FSDP_F64) ((double *)dst)[i] = ((const double *)src)[i];
+        else if (sdt == FSDP_F32) ((float *)dst)[i] = ((const float *)src)[i];
+        else ((uint16_t *)dst)[i] = ((const uint16_t *)src)[i];
+        return;
+    }
+    if (sdt == FSDP_F64) {
+        v = ((const double *)src)[i];
+        if (ddt == FSDP_F32) ((float *)dst)[i] = fsdp__cu_d2f(v);
+        else if (ddt == FSDP_F16) ((uint16_t *)dst)[i] = fsdp__cu_f32_to_f16(fsdp__cu_d2f_odd(v));
+        else ((uint16_t *)dst)[i] = fsdp__cu_f32_to_bf16(fsdp__cu_d2f_odd(v));
+        return;
+    }
+    if (sdt == FSDP_F32) f = ((const float *)src)[i];
+    else if (sdt == FSDP_F16) f = fsdp__cu_f16_to_f32(((const uint16_t *)src)[i]);
+    else f = fsdp__cu_bf16_to_f32(((const uint16_t *)src)[i]);
+    if (ddt == FSDP_F64) ((double *)dst)[i] = fsdp__cu_f2d(f);
+    else if (ddt == FSDP_F32) ((float *)dst)[i] = f;
+    else if (ddt == FSDP_F16) ((uint16_t *)dst)[i] = fsdp__cu_f32_to_f16(f);
+    else ((uint16_t *)dst)[i] = fsdp__cu_f32_to_bf16(f);
 }
 
 /* >>cuda element access: F is an fsdp_dtype; 4-wide forms need alignment */
@@ -412,10 +488,10 @@ template <int F> __device__ static inline void fsdp__st4(void *p, size_t i, cons
 __device__ static inline double fsdp__ldd(const void *p, int dt, size_t i)
 {
     switch (dt) {
-    case FSDP_F32: return ((const float *)p)[i];
+    case FSDP_F32: return fsdp__cu_f2d(((const float *)p)[i]);
     case FSDP_F64: return ((const double *)p)[i];
-    case FSDP_F16: return fsdp__cu_f16_to_f32(((const uint16_t *)p)[i]);
-    default: return fsdp__cu_bf16_to_f32(((const uint16_t *)p)[i]);
+    case FSDP_F16: return fsdp__cu_f2d(fsdp__cu_f16_to_f32(((const uint16_t *)p)[i]));
+    default: return fsdp__cu_f2d(fsdp__cu_bf16_to_f32(((const uint16_t *)p)[i]));
     }
 }
 
@@ -502,17 +578,7 @@ struct fsdp__op_cast64 {
     const void *src;
     void *dst;
     int sdt, ddt;
-    __device__ void one(size_t i) const
-    {
-        if (ddt == FSDP_F64) {
-            ((double *)dst)[i] = fsdp__ldd(src, sdt, i);
-        } else {
-            double v = ((const double *)src)[i];
-            if (ddt == FSDP_F32) ((float *)dst)[i] = fsdp__cu_d2f(v);
-            else if (ddt == FSDP_F16) ((uint16_t *)dst)[i] = fsdp__cu_f32_to_f16(fsdp__cu_d2f_odd(v));
-            else ((uint16_t *)dst)[i] = fsdp__cu_f32_to_bf16(fsdp__cu_d2f_odd(v));
-        }
-    }
+    __device__ void one(size_t i) const { fsdp__cu_cast1(dst, ddt, src, sdt, i); }
     __device__ void four(size_t i) const
     {
         for (int k = 0; k < 4; k++) one(i + k);
@@ -781,16 +847,6 @@ static void fsdp__host_free__cuda(void *self, void *ptr, size_t bytes)
 static void fsdp__cuda_stream_fini(fsdp__cuda_stream *st)
 {
     if (st->h) cudaStreamSynchronize(st->h);
-    if (st->worker_on) {
-        pthread_mutex_lock(&st->mu);
-        st->stop = 1;
-        pthread_cond_broadcast(&st->cv);
-        pthread_mutex_unlock(&st->mu);
-        pthread_join(st->worker, NULL);
-        st->worker_on = 0;
-    }
-    if (st->flag) cudaFreeHost(st->flag);
-    pthread_cond_destroy(&st->cv);
     if (st->partials) cudaFree(st->partials);
     if (st->slots) cudaFreeHost(st->slots);
     if (st->h) cudaStreamDestroy(st->h);
@@ -806,16 +862,19 @@ static fsdp_result fsdp__cuda_stream_init(fsdp__cuda *d, fsdp__cuda_stream *st, 
     st->dev = d;
     if (pthread_mutex_init(&st->mu, NULL) != 0)
         return fsdp_error_set(err, FSDP_ERROR, "cuda: cannot create a mutex");
-    if (pthread_cond_init(&st->cv, NULL) != 0) {
-        pthread_mutex_destroy(&st->mu);
-        return fsdp_error_set(err, FSDP_ERROR, "cuda: cannot create a condition variable");
-    }
     e = cudaStreamCreateWithFlags(&st->h, cudaStreamNonBlocking);
+    if (e == cudaSuccess) e = cudaMalloc((void **)&st->partials, FSDP__CUDA_SS_BLOCKS * sizeof(double));
+    if (e == cudaSuccess) e = cudaMallocHost((void **)&st->slots, FSDP__CUDA_SS_SLOTS * sizeof(double));
     if (e != cudaSuccess) {
+        cudaGetLastError();
+        if (st->slots) cudaFreeHost(st->slots);
+        if (st->partials) cudaFree(st->partials);
+        if (st->h) cudaStreamDestroy(st->h);
         st->h = NULL;
-        pthread_cond_destroy(&st->cv);
+        st->partials = st->slots = NULL;
         pthread_mutex_destroy(&st->mu);
-        return fsdp__cuda_check(err, e, "cudaStreamCreateWithFlags");
+        return fsdp__cuda_check(err, e, "creating a stream (cudaStreamCreateWithFlags and "
+                                        "its sum_squares scratch)");
     }
     return FSDP_SUCCESS;
 }
@@ -929,112 +988,34 @@ static fsdp_result fsdp__event_synchronize__cuda(void *self, fsdp_event *e, fsdp
     return FSDP_SUCCESS;
 }
 
-/* The stream's worker: runs tasks in order (tasks after a failure still run,
-   as on the CPU device, so peers in a collective are not left hanging),
-   keeps the first failure, then raises the flag the stream waits on. */
-static void *fsdp__cuda_worker(void *arg)
-{
-    fsdp__cuda_stream *st = (fsdp__cuda_stream *)arg;
-    pthread_mutex_lock(&st->mu);
-    for (;;) {
-        fsdp__cuda_job *j;
-        fsdp_error e;
-        fsdp_result r;
-        while (!st->qhead && !st->stop) pthread_cond_wait(&st->cv, &st->mu);
-        if (!st->qhead) break;
-        j = st->qhead;
-        st->qhead = j->next;
-        if (!st->qhead) st->qtail = NULL;
-        pthread_mutex_unlock(&st->mu);
-        memset(&e, 0, sizeof e);
-        r = j->fn(j->arg, &e);
-        pthread_mutex_lock(&st->mu);
-        if (r != FSDP_SUCCESS && e.message[0])
-            fsdp_error_stick(&st->sticky, r, "%s", e.message);
-        else if (r != FSDP_SUCCESS)
-            fsdp_error_stick(&st->sticky, r, "a task on a cuda stream failed (%d)", (int)r);
-        __atomic_store_n(st->flag, j->seq, __ATOMIC_RELEASE);
-        fsdp_hooks_free(&st->dev->hooks, j);
-    }
-    pthread_mutex_unlock(&st->mu);
-    return NULL;
-}
-
-/* A host function: hands the job to the worker and returns at once. */
-static void CUDART_CB fsdp__cuda_post(void *data)
-{
-    fsdp__cuda_job *j = (fsdp__cuda_job *)data;
-    fsdp__cuda_stream *st = (fsdp__cuda_stream *)j->next; /* carried here until queued */
-    j->next = NULL;
-    pthread_mutex_lock(&st->mu);
-    if (st->qtail) st->qtail->next = j;
-    else st->qhead = j;
-    st->qtail = j;
-    pthread_cond_signal(&st->cv);
-    pthread_mutex_unlock(&st->mu);
-}
-
-/* The stream waits until the worker has raised the flag to seq or past it. */
-__global__ void fsdp__k_wait_flag(const volatile uint32_t *flag, uint32_t seq)
-{
-    while ((int32_t)(*flag - seq) < 0) {
-#if __CUDA_ARCH__ >= 700
-        __nanosleep(2000);
-#endif
-    }
-}
-
-static fsdp_result fsdp__cuda_worker_start(fsdp__cuda *d, fsdp__cuda_stream *st, fsdp_error *err)
-{
-    FSDP__CUDA_TRY(err, cudaHostAlloc((void **)&st->flag, 64, cudaHostAllocMapped | cudaHostAllocPortable),
-                   "cudaHostAlloc (task flag)");
-    *st->flag = 0;
-    st->issued = 0;
-    if (cudaHostGetDevicePointer((void **)&st->flag_dev, st->flag, 0) != cudaSuccess) {
-        cudaFreeHost(st->flag);
-        st->flag = NULL;
-        return fsdp__cuda_check(err, cudaGetLastError(), "cudaHostGetDevicePointer (task flag)");
-    }
-    if (pthread_create(&st->worker, NULL, fsdp__cuda_worker, st) != 0) {
-        cudaFreeHost(st->flag);
-        st->flag = NULL;
-        return fsdp_error_set(err, FSDP_ERROR, "cuda launch: cannot start a worker thread");
-    }
-    st->worker_on = 1;
-    (void)d;
-    return FSDP_SUCCESS;
-}
-
+/* A host task runs on the calling thread once everything queued on the
+   stream before it is done, and work queued after it is queued after it
+   ran. Nothing on the GPU waits for host memory: a stream parked on a wait
+   for a host flag (cuStreamWaitValue32 or a polling kernel) holds its
+   hardware queue, and with more streams than queues
+   (CUDA_DEVICE_MAX_CONNECTIONS) another rank's stream can sit behind it
+   while its task is the one the parked task waits for: a deadlock that
+   CUDA documents for such waits. The price is that a host task (the
+   local, MPI and Gloo backends' collectives on a CUDA device) does not
+   overlap the calling thread; the GPU still runs what was queued before
+   it. A failing task's error sticks to the stream, as on the CPU device. */
 static fsdp_result fsdp__launch__cuda(void *self, fsdp_stream *s, fsdp_task_fn fn, void *arg,
                                       fsdp_error *err)
 {
     fsdp__cuda *d = (fsdp__cuda *)self;
     fsdp__cuda_stream *st = (fsdp__cuda_stream *)s;
-    fsdp__cuda_job *j;
-    cudaError_t e;
+    fsdp_error e;
     fsdp_result r;
     if (!s) return fn(arg, err); /* now, on the calling thread */
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
-    if (!st->worker_on && (r = fsdp__cuda_worker_start(d, st, err)) != FSDP_SUCCESS) return r;
-    j = (fsdp__cuda_job *)fsdp_hooks_alloc(&d->hooks, sizeof *j);
-    if (!j) return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "cuda launch: out of memory");
-    j->fn = fn;
-    j->arg = arg;
-    j->seq = st->issued + 1;
-    j->next = (fsdp__cuda_job *)(void *)st;
-    e = cudaLaunchHostFunc(st->h, fsdp__cuda_post, j);
-    if (e != cudaSuccess) {
-        fsdp_hooks_free(&d->hooks, j);
-        return fsdp__cuda_check(err, e, "cudaLaunchHostFunc");
-    }
-    st->issued++;
-    /* from here the job belongs to the worker; the wait must be enqueued or
-       the stream would run ahead of the task */
-    if (!d->wait_value32 ||
-        d->wait_value32(st->h, (unsigned long long)(uintptr_t)st->flag_dev, st->issued, 0) != 0) {
-        d->wait_value32 = NULL;
-        fsdp__k_wait_flag<<<1, 1, 0, st->h>>>(st->flag_dev, st->issued);
-        FSDP__CUDA_TRY(err, cudaGetLastError(), "launch (waiting for a host task)");
+    FSDP__CUDA_TRY(err, cudaStreamSynchronize(st->h), "cudaStreamSynchronize (before a host task)");
+    memset(&e, 0, sizeof e);
+    r = fn(arg, &e);
+    if (r != FSDP_SUCCESS) {
+        pthread_mutex_lock(&st->mu);
+        if (e.message[0]) fsdp_error_stick(&st->sticky, r, "%s", e.message);
+        else fsdp_error_stick(&st->sticky, r, "a task on a cuda stream failed (%d)", (int)r);
+        pthread_mutex_unlock(&st->mu);
     }
     return FSDP_SUCCESS;
 }
@@ -1069,6 +1050,11 @@ static fsdp_result fsdp__memset__cuda(void *self, void *dst, int value, size_t b
 static int fsdp__cuda_is16(fsdp_dtype t)
 {
     return t == FSDP_F32 || t == FSDP_F16 || t == FSDP_BF16;
+}
+
+static int fsdp__cuda_is_float4(fsdp_dtype t)
+{
+    return fsdp__cuda_is16(t) || t == FSDP_F64;
 }
 
 template <int S, int D>
@@ -1240,16 +1226,6 @@ static fsdp_result fsdp__sum_squares__cuda(void *self, const void *x, fsdp_dtype
                               fsdp_dtype_name(dt));
     FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
     if (n && fsdp__cuda_need(d, x, "sum_squares", "x", err) != FSDP_SUCCESS) return err->code;
-    if (!st->partials) {
-        FSDP__CUDA_TRY(err, cudaMalloc((void **)&st->partials, FSDP__CUDA_SS_BLOCKS * sizeof(double)),
-                       "cudaMalloc (sum_squares scratch)");
-        if (cudaMallocHost((void **)&st->slots, FSDP__CUDA_SS_SLOTS * sizeof(double)) != cudaSuccess) {
-            cudaFree(st->partials);
-            st->partials = NULL;
-            st->slots = NULL;
-            return fsdp__cuda_check(err, cudaGetLastError(), "cudaMallocHost (sum_squares slots)");
-        }
-    }
     slot = st->next_slot++ % FSDP__CUDA_SS_SLOTS;
     if (__atomic_load_n(&st->busy[slot], __ATOMIC_ACQUIRE)) /* 64 results not yet stored */
         FSDP__CUDA_TRY(err, cudaStreamSynchronize(st->h), "cudaStreamSynchronize");
@@ -1264,9 +1240,10 @@ static fsdp_result fsdp__sum_squares__cuda(void *self, const void *x, fsdp_dtype
         t->out = out;
     }
     __atomic_store_n(&st->busy[slot], 1, __ATOMIC_RELEASE);
-    nb = (int)((n + FSDP__CUDA_THREADS - 1) / FSDP__CUDA_THREADS);
-    if (nb < 1) nb = 1;
-    if (nb > FSDP__CUDA_SS_BLOCKS) nb = FSDP__CUDA_SS_BLOCKS;
+    {   /* capped before the cast: n / 256 can pass INT_MAX */
+        size_t want = (n + FSDP__CUDA_THREADS - 1) / FSDP__CUDA_THREADS;
+        nb = want < 1 ? 1 : want > FSDP__CUDA_SS_BLOCKS ? FSDP__CUDA_SS_BLOCKS : (int)want;
+    }
     switch (dt) {
     case FSDP_F32: fsdp__k_ss_partial<FSDP_F32><<<nb, FSDP__CUDA_THREADS, 0, st->h>>>(x, n, st->partials); break;
     case FSDP_F64: fsdp__k_ss_partial<FSDP_F64><<<nb, FSDP__CUDA_THREADS, 0, st->h>>>(x, n, st->partials); break;
@@ -1512,7 +1489,8 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
     d->hooks.error = NULL;
     d->device = dd.device;
     d->managed = dd.memory == FSDP_CUDA_MEMORY_MANAGED;
-    if (cudaDeviceGetAttribute(&v, cudaDevAttrPageableMemoryAccess, dd.device) == cudaSuccess)
+    if (!dd.stage_pageable &&
+        cudaDeviceGetAttribute(&v, cudaDevAttrPageableMemoryAccess, dd.device) == cudaSuccess)
         d->pageable_ok = v != 0;
     v = 0;
     if (cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dd.device) != cudaSuccess || v < 1)
@@ -1528,14 +1506,6 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
             fsdp_hooks_free(hooks, d);
             return fsdp__cuda_create_fail(hooks, &e);
         }
-    }
-    {
-        void *fn = NULL;
-        enum cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
-        if (cudaGetDriverEntryPointByVersion("cuStreamWaitValue32", &fn, 12000, cudaEnableDefault,
-                                             &q) == cudaSuccess &&
-            q == cudaDriverEntryPointSuccess && fn)
-            d->wait_value32 = (int (*)(cudaStream_t, unsigned long long, uint32_t, unsigned int))fn;
     }
     cudaGetLastError();
     r = fsdp__cuda_stream_init(d, &d->nowst, &e);
@@ -1607,18 +1577,8 @@ extern "C" FSDP_CUDA_API int fsdp_cuda_convert_host(void *dst, fsdp_dtype ddt, c
                                                     fsdp_dtype sdt, size_t n)
 {
     size_t i;
-    const float *f = (const float *)src;
-    const uint16_t *h = (const uint16_t *)src;
-    if (sdt == FSDP_F32 && ddt == FSDP_BF16)
-        for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = fsdp__cu_f32_to_bf16(f[i]);
-    else if (sdt == FSDP_F32 && ddt == FSDP_F16)
-        for (i = 0; i < n; i++) ((uint16_t *)dst)[i] = fsdp__cu_f32_to_f16(f[i]);
-    else if (sdt == FSDP_BF16 && ddt == FSDP_F32)
-        for (i = 0; i < n; i++) ((float *)dst)[i] = fsdp__cu_bf16_to_f32(h[i]);
-    else if (sdt == FSDP_F16 && ddt == FSDP_F32)
-        for (i = 0; i < n; i++) ((float *)dst)[i] = fsdp__cu_f16_to_f32(h[i]);
-    else
-        return -1;
+    if (!fsdp__cuda_is_float4(ddt) || !fsdp__cuda_is_float4(sdt)) return -1;
+    for (i = 0; i < n; i++) fsdp__cu_cast1(dst, (int)ddt, src, (int)sdt, i);
     return 0;
 }
 

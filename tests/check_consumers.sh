@@ -1,5 +1,5 @@
 #!/bin/sh
-# Vendoring, every route a user takes (README "Vendoring"), built and run the
+# Vendoring, every route a user takes (docs/vendoring.md), built and run the
 # way the user would: tests/consumers/consumer.c (2-rank training of a tiny
 # MLP that checks its own result) built
 #   (a) meson: a project with subprojects/fsdp.wrap (the checkout linked in),
@@ -86,7 +86,7 @@ run_all() {
 m=$work/meson
 mkdir -p "$m/subprojects"
 cp "$src/tests/consumers/meson/meson.build" "$src/tests/consumers/consumer.c" "$m/"
-# the README's git wrap; the directory exists (the checkout under test), so
+# docs/vendoring.md's git wrap; the directory exists (the checkout under test), so
 # meson uses it as it is and clones nothing
 ln -s "$src" "$m/subprojects/fsdp"
 cat >"$m/subprojects/fsdp.wrap" <<WRAP

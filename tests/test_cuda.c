@@ -11,21 +11,42 @@
    - casts between f32, f64, f16 and bf16 against fsdp_convert: all 65536
      16-bit patterns, random f32/f64 bits (NaN payloads included), halfway
      cases, every alignment of head and tail;
-   - scale and accumulate (every dtype pair) against the CPU device, bitwise;
+   - scale and accumulate (every dtype pair) against the CPU device: the
+     CPU's bits for every result that is not a NaN, a NaN where the CPU has
+     one (nan_compare.h: the contract fsdp_cuda.cuh documents);
      sum_squares against the CPU (relative 1e-12) and run-to-run identical;
    - copies, memset, events across streams, host tasks in order with a sticky
-     failure, pageable host memory refused with a message;
+     failure; pageable host memory staged (casts with stream NULL) or refused
+     with a message, also on a GPU that reads it (stage_pageable);
+   - 48 streams, more than the GPU's hardware queues, chained by events with
+     host tasks on each, and 4 local ranks with 12 streams each running
+     collectives: no deadlock (each wait is bounded by the test timeout);
    - the runtime: a two-layer network trained 3 steps, the same on the CPU
      device and on the CUDA device bit for bit: the local backend with ranks
      as threads on one GPU (managed memory) at world sizes 1, 2, 3, and NCCL
      at world size 1 (device memory, compute on a CUDA stream);
+   - fsdp_clip_grad_norm on the CUDA device (local ranks on managed memory,
+     NCCL at world size 1 with its host all-reduce staged) against the CPU:
+     the norm within 1e-12 relative, the parameters within 1e-5;
+   - checkpoints saved from and loaded into GPU memory: 2 local ranks save
+     sharded (with the optimizer) and full; 3 local ranks and NCCL at world
+     size 1 (device memory) load them and train on, bitwise the CPU's;
+   - the ZeRO optimizer on the CUDA device (stages 1 and 2, with and
+     without bucket views) against the CPU device, bitwise;
    - NCCL collectives at world size 1 (all_gather, reduce_scatter avg,
-     all_reduce, broadcast, barrier, split, host buffers staged).
+     all_reduce, broadcast, barrier, split, host buffers staged), and the
+     watchdog: a collective stuck behind a host task that sleeps past
+     timeout_ms aborts the communicator with FSDP_COMM_TIMEOUT.
+   FSDP_TEST_TIMEOUT_MS, when set, bounds every collective's wait (tools/gpu.sh
+   sets 15000, so a hang costs seconds); without it, 60000. The first line
+   printed starts with "device:" (the GPU and what it can do).
    Cases and command line: check.h. */
+#define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #define FSDP_COMM_NCCL_IMPLEMENTATION
 #include "fsdp_comm_nccl.h"
 #include "check.h"
+#include "nan_compare.h"
 #include "vectors.h"
 
 #include <math.h>
@@ -33,9 +54,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
+#include <unistd.h>
 
 static fsdp_device *g_dev; /* the CUDA device (device memory) */
 static fsdp_device *g_cpu;
+
+/* Every collective's timeout: FSDP_TEST_TIMEOUT_MS, else 60 s. */
+static int test_timeout_ms(void)
+{
+    const char *v = getenv("FSDP_TEST_TIMEOUT_MS");
+    long t = v ? strtol(v, NULL, 10) : 0;
+    return t > 0 && t < 3600000 ? (int)t : 60000;
+}
 
 static uint64_t g_rng = 0x243f6a8885a308d3ULL;
 static uint64_t rnd64(void)
@@ -285,8 +316,13 @@ static void test_arith(void)
                 CHECK(fsdp_device_scale(g_dev, X.p, dt, alphas[k], n, k ? s : NULL) == FSDP_SUCCESS &&
                           (!k || fsdp_stream_synchronize(g_dev, s) == FSDP_SUCCESS),
                       "scale %s: %s", fsdp_dtype_name(dt), fsdp_device_last_error(g_dev));
-                CHECK(dget(got, &X, n * es) && !memcmp(got, x, n * es), "scale %s (alpha %g) is "
-                      "bitwise the CPU's", fsdp_dtype_name(dt), alphas[k]);
+                if (dget(got, &X, n * es)) {
+                    size_t at = nan_contract_diff(got, x, dt, n);
+                    CHECK(at == (size_t)-1, "scale %s (alpha %g): element %zu is not the CPU's "
+                          "(bitwise, or NaN for NaN)", fsdp_dtype_name(dt), alphas[k], at);
+                } else {
+                    CHECK(0, "scale %s: reading back", fsdp_dtype_name(dt));
+                }
             }
             dfree(&X);
             free(x);
@@ -307,9 +343,14 @@ static void test_arith(void)
                 CHECK(fsdp_device_accumulate(g_dev, D.p, ddt, S.p, sdt, -0.7, n, s) == FSDP_SUCCESS &&
                           fsdp_stream_synchronize(g_dev, s) == FSDP_SUCCESS,
                       "accumulate: %s", fsdp_device_last_error(g_dev));
-                CHECK(dget(got, &D, n * ds) && !memcmp(got, d, n * ds),
-                      "accumulate %s += %s is bitwise the CPU's", fsdp_dtype_name(ddt),
-                      fsdp_dtype_name(sdt));
+                if (dget(got, &D, n * ds)) {
+                    size_t at = nan_contract_diff(got, d, ddt, n);
+                    CHECK(at == (size_t)-1, "accumulate %s += %s: element %zu is not the CPU's "
+                          "(bitwise, or NaN for NaN)", fsdp_dtype_name(ddt), fsdp_dtype_name(sdt),
+                          at);
+                } else {
+                    CHECK(0, "accumulate: reading back");
+                }
             }
             dfree(&D);
             dfree(&S);
@@ -364,18 +405,65 @@ static void test_arith(void)
         }
         dfree(&X);
     }
-    /* pageable host memory in a kernel: a clear error, not a crash */
-    {
-        float h[8] = {0};
-        fsdp_result r = fsdp_device_scale(g_dev, h, FSDP_F32, 2.0, 8, s);
-        int pageable_ok = 0;
-        cudaDeviceGetAttribute(&pageable_ok, cudaDevAttrPageableMemoryAccess, 0);
-        if (!pageable_ok)
-            CHECK(r == FSDP_INVALID_ARGS && strstr(fsdp_device_last_error(g_dev), "pageable"),
-                  "pageable memory refused: %s", fsdp_device_last_error(g_dev));
-        fsdp_stream_synchronize(g_dev, s);
-    }
     fsdp_stream_destroy(g_dev, s);
+}
+
+/* Pageable host memory: on a GPU that reads it (HMM, ATS) kernels use it;
+   else, and on a device made with stage_pageable, a cast with stream NULL
+   stages it through the host (fsdp_set_full_param's path) and any other
+   kernel refuses it with a message, never a crash. Both ways run on every
+   GPU: the device without stage_pageable takes whichever its GPU has. */
+static void test_pageable(void)
+{
+    int pageable_ok = 0, way;
+    cudaDeviceGetAttribute(&pageable_ok, cudaDevAttrPageableMemoryAccess, 0);
+    printf("pageable_memory_access=%d: the default device %s\n", pageable_ok,
+           pageable_ok ? "reads pageable memory in kernels" : "stages or refuses it");
+    for (way = 0; way < 2; way++) {
+        fsdp_cuda_device_desc dd = fsdp_cuda_device_desc_default();
+        fsdp_device *dev = NULL;
+        fsdp_stream *s = NULL;
+        float h[8], back[8];
+        uint16_t want[8], got[8];
+        void *d = NULL;
+        int i, staged = way == 1 || !pageable_ok;
+        dd.stage_pageable = way;
+        if (fsdp_device_cuda_create(&dd, &dev) != FSDP_SUCCESS || fsdp_stream_create(dev, &s) != FSDP_SUCCESS ||
+            fsdp_device_alloc(dev, 16, &d) != FSDP_SUCCESS) {
+            CHECK(0, "device (stage_pageable %d)", way);
+            if (s) fsdp_stream_destroy(dev, s);
+            fsdp_device_destroy(dev);
+            continue;
+        }
+        for (i = 0; i < 8; i++) h[i] = (float)i * 1.25f - 3.0f;
+        fsdp_convert(want, FSDP_BF16, h, FSDP_F32, 8);
+        CHECK(fsdp_device_cast(dev, d, FSDP_BF16, h, FSDP_F32, 8, NULL) == FSDP_SUCCESS &&
+                  fsdp_device_copy(dev, got, d, 16, FSDP_COPY_D2H, NULL) == FSDP_SUCCESS &&
+                  !memcmp(got, want, 16),
+              "stage_pageable %d: cast from pageable memory, stream NULL: %s", way,
+              fsdp_device_last_error(dev));
+        CHECK(fsdp_device_cast(dev, back, FSDP_F32, d, FSDP_BF16, 8, NULL) == FSDP_SUCCESS,
+              "stage_pageable %d: cast to pageable memory, stream NULL", way);
+        for (i = 0; i < 8; i++) CHECK(back[i] == h[i], "value %d back", i);
+        {
+            fsdp_result r = fsdp_device_scale(dev, h, FSDP_F32, 2.0, 8, s);
+            if (staged)
+                CHECK(r == FSDP_INVALID_ARGS && strstr(fsdp_device_last_error(dev), "pageable"),
+                      "stage_pageable %d: a kernel on pageable memory is refused: %s", way,
+                      fsdp_device_last_error(dev));
+            else
+                CHECK(r == FSDP_SUCCESS && fsdp_stream_synchronize(dev, s) == FSDP_SUCCESS &&
+                          h[1] == 2.0f * (1.25f - 3.0f),
+                      "the GPU reads pageable memory: a kernel on it runs");
+            r = fsdp_device_cast(dev, d, FSDP_BF16, h, FSDP_F32, 8, s);
+            CHECK(staged ? r == FSDP_INVALID_ARGS : r == FSDP_SUCCESS,
+                  "stage_pageable %d: a cast from pageable memory on a stream", way);
+        }
+        fsdp_stream_synchronize(dev, s);
+        fsdp_device_free(dev, d, 16);
+        fsdp_stream_destroy(dev, s);
+        fsdp_device_destroy(dev);
+    }
 }
 
 typedef struct task_log {
@@ -468,6 +556,13 @@ typedef struct run_cfg {
     fsdp_optim_kind optim;
     fsdp_dtype param_dtype;
     int offload;     /* cpu_offload */
+    int steps;       /* 0: STEPS; negative: none */
+    double clip;     /* > 0: fsdp_clip_grad_norm to this norm every step */
+    const char *load;   /* a checkpoint loaded before training, with load_flags */
+    unsigned load_flags;
+    const char *save;   /* a checkpoint saved after training */
+    unsigned save_flags;
+    double norm;     /* rank 0's last total norm (clip) */
     float result[IN * HID + HID + HID * OUT + OUT]; /* rank 0's final parameters */
     int ok;
 } run_cfg;
@@ -507,6 +602,7 @@ typedef struct rank_ctx {
     fsdp_device *dev;
     fsdp_stream *cs; /* the engine's compute stream (NCCL run) */
     fsdp_dtype pdt;
+    double clip, norm;
 } rank_ctx;
 
 /* a view (device or host memory, any float dtype) as host f32 */
@@ -613,6 +709,7 @@ static int train_step(rank_ctx *rc, int u0, int u1, int ur, int r0, int nb)
         return 0;
     TRY(fsdp_end_backward(c, u0));
     TRY(fsdp_end_backward(c, ur));
+    if (rc->clip > 0) TRY(fsdp_clip_grad_norm(c, rc->clip, 2.0, &rc->norm));
     TRY(fsdp_step(c));
     (void)y;
     return 1;
@@ -668,7 +765,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         fsdp_nccl_desc nd = fsdp_nccl_desc_default();
         nd.nranks = 1;
         nd.bootstrap = nccl_boot_none;
-        nd.timeout_ms = 60000;
+        nd.timeout_ms = test_timeout_ms();
         if (fsdp_comm_nccl_create(&nd, &comm) != FSDP_SUCCESS) goto out;
         if (fsdp_stream_create(rc.dev, &rc.cs) != FSDP_SUCCESS) goto out;
     } else if (fsdp_comm_local_create(world, rank, rc.dev, &comm) != FSDP_SUCCESS) {
@@ -695,8 +792,18 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     u0 = find_unit(units, "l0");
     u1 = find_unit(units, "l1");
     ur = find_unit(units, "");
-    for (s = 0; s < STEPS; s++)
+    rc.clip = cfg->clip;
+    if (cfg->load && fsdp_ckpt_load(rc.ctx, cfg->load, cfg->load_flags) != FSDP_SUCCESS) {
+        printf("  loading %s: %s\n", cfg->load, fsdp_ctx_last_error(rc.ctx));
+        goto out;
+    }
+    for (s = 0; s < (cfg->steps ? cfg->steps : STEPS); s++) /* none when negative */
         if (!train_step(&rc, u0, u1, ur, rank * per, per)) goto out;
+    if (rank == 0) cfg->norm = rc.norm;
+    if (cfg->save && fsdp_ckpt_save(rc.ctx, cfg->save, cfg->save_flags) != FSDP_SUCCESS) {
+        printf("  saving %s: %s\n", cfg->save, fsdp_ctx_last_error(rc.ctx));
+        goto out;
+    }
     /* the full parameters, offloaded to the host */
     {
         float full[IN * HID + HID + HID * OUT + OUT];
@@ -731,22 +838,32 @@ static int run(run_cfg *cfg)
     int results[8] = {0}, r, ok = 1;
     memset(&ld, 0, sizeof ld);
     ld.nranks = cfg->nranks;
-    ld.timeout_ms = 60000;
+    ld.timeout_ms = test_timeout_ms();
     if (cfg->kind == DEV_NCCL) return cfg->ok = run_rank(0, 1, NULL, cfg);
     if (fsdp_local_run(&ld, run_rank, cfg, results) != FSDP_SUCCESS) return cfg->ok = 0;
     for (r = 0; r < cfg->nranks; r++) ok = ok && results[r] == 1;
     return cfg->ok = ok;
 }
 
-static void test_runtime(void)
+/* The toy network's data and initial parameters (any case may run alone). */
+static void init_data(void)
 {
-    int i, w, o, p;
-    static const fsdp_optim_kind optims[2] = {FSDP_ADAMW, FSDP_SGD};
-    static const fsdp_dtype pdts[2] = {FSDP_DTYPE_DEFAULT, FSDP_BF16};
+    uint64_t saved = g_rng;
+    int i;
+    g_rng = 0x6a09e667f3bcc908ULL;
     for (i = 0; i < BATCH * IN; i++) g_X[i] = (float)((int)(rnd64() % 2001) - 1000) / 1000.0f;
     for (i = 0; i < BATCH * OUT; i++) g_T[i] = (float)((int)(rnd64() % 2001) - 1000) / 1000.0f;
     for (i = 0; i < (int)(sizeof g_init / 4); i++)
         g_init[i] = (float)((int)(rnd64() % 2001) - 1000) / 2000.0f;
+    g_rng = saved;
+}
+
+static void test_runtime(void)
+{
+    int w, o, p;
+    static const fsdp_optim_kind optims[2] = {FSDP_ADAMW, FSDP_SGD};
+    static const fsdp_dtype pdts[2] = {FSDP_DTYPE_DEFAULT, FSDP_BF16};
+    init_data();
     for (o = 0; o < 2; o++)
         for (p = 0; p < 2; p++)
             for (w = 1; w <= 3; w++) {
@@ -816,7 +933,7 @@ static void test_nccl(void)
     nd.nranks = 1;
     nd.bootstrap = fsdp_nccl_bootstrap_file;
     nd.bootstrap_user = &nf;
-    nd.timeout_ms = 30000;
+    nd.timeout_ms = test_timeout_ms();
     if (fsdp_comm_nccl_create(&nd, &c) != FSDP_SUCCESS) {
         CHECK(0, "NCCL comm (file bootstrap)");
         return;
@@ -865,16 +982,471 @@ static void test_nccl(void)
     dfree(&B);
 }
 
+
+/* ------------------------------------------------------------------------ */
+/* clipping, checkpoints and ZeRO on the GPU                                 */
+/* ------------------------------------------------------------------------ */
+
+static int close_params(const float *a, const float *b, int n, double rel)
+{
+    int i;
+    for (i = 0; i < n; i++) {
+        double d = fabs((double)a[i] - (double)b[i]), m = fabs((double)b[i]);
+        if (d > rel * (m > 1e-3 ? m : 1e-3)) return 0;
+    }
+    return 1;
+}
+
+/* fsdp_clip_grad_norm: the sum of squares runs on the GPU in a tree order,
+   so the norm matches the CPU's to rounding, not bit for bit; clipping to a
+   norm the gradients exceed then scales them by a coefficient that differs
+   in the last bits at most. */
+static void test_clip(void)
+{
+    int w;
+    init_data();
+    for (w = 1; w <= 2; w++) {
+        run_cfg ref, gpu;
+        int k;
+        memset(&ref, 0, sizeof ref);
+        ref.kind = DEV_CPU;
+        ref.nranks = w;
+        ref.optim = FSDP_ADAMW;
+        ref.clip = 0.05;
+        CHECK(run(&ref), "CPU run with clipping (world %d)", w);
+        for (k = 0; k < (w == 1 ? 2 : 1); k++) {
+            gpu = ref;
+            gpu.kind = k ? DEV_NCCL : DEV_MANAGED_LOCAL;
+            CHECK(run(&gpu), "%s run with clipping (world %d)", k ? "NCCL" : "local", w);
+            CHECK(ref.ok && gpu.ok && ref.norm > ref.clip &&
+                      fabs(gpu.norm - ref.norm) <= 1e-12 * ref.norm,
+                  "%s world %d: total norm %.17g, CPU %.17g (clipped to %g)", k ? "NCCL" : "local",
+                  w, gpu.norm, ref.norm, ref.clip);
+            CHECK(ref.ok && gpu.ok &&
+                      close_params(gpu.result, ref.result, (int)(sizeof ref.result / 4), 1e-5),
+                  "%s world %d: clipped training within 1e-5 of the CPU's", k ? "NCCL" : "local", w);
+        }
+    }
+}
+
+/* A temporary directory for checkpoints, removed with its files. */
+static int tmp_dir(char *buf, size_t cap)
+{
+    snprintf(buf, cap, "/tmp/fsdp_test_cuda_XXXXXX");
+    return mkdtemp(buf) != NULL;
+}
+
+static void rm_tree(const char *dir)
+{
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) printf("  (could not remove %s)\n", dir);
+}
+
+/* Checkpoints written from GPU memory and read back into it, resharded:
+   2 local ranks train and save (sharded with the optimizer, and full);
+   3 local ranks and NCCL at world size 1 (device memory) load and train
+   on. The CPU does the same from its own files; every result is the CPU's,
+   bit for bit (a checkpoint moves bytes, the step is the CPU's arithmetic). */
+static void test_ckpt(void)
+{
+    char dir[128], cs[256], gs[256], gf[256];
+    run_cfg ref, gpu, a, b;
+    int k;
+    init_data();
+    if (!tmp_dir(dir, sizeof dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    snprintf(cs, sizeof cs, "%s/cpu_sharded", dir);
+    snprintf(gs, sizeof gs, "%s/gpu_sharded", dir);
+    snprintf(gf, sizeof gf, "%s/gpu_full.safetensors", dir);
+    memset(&ref, 0, sizeof ref);
+    ref.kind = DEV_CPU;
+    ref.nranks = 2;
+    ref.optim = FSDP_ADAMW;
+    ref.steps = 2;
+    ref.save = cs;
+    ref.save_flags = FSDP_CKPT_SHARDED | FSDP_SD_OPTIM;
+    gpu = ref;
+    gpu.kind = DEV_MANAGED_LOCAL;
+    gpu.save = gs;
+    CHECK(run(&ref), "CPU: 2 ranks train and save sharded");
+    CHECK(run(&gpu), "GPU: 2 local ranks train and save sharded from GPU memory");
+    CHECK(ref.ok && gpu.ok && !memcmp(ref.result, gpu.result, sizeof ref.result),
+          "the saved runs agree bitwise");
+    gpu.save = gf;
+    gpu.save_flags = 0;
+    CHECK(run(&gpu), "GPU: 2 local ranks save a full checkpoint");
+    for (k = 0; k < 2; k++) {
+        /* 2 -> 3 local ranks (managed memory), 2 -> 1 on NCCL (device memory) */
+        memset(&a, 0, sizeof a);
+        a.kind = DEV_CPU;
+        a.nranks = k ? 1 : 3;
+        a.optim = FSDP_ADAMW;
+        a.steps = 1;
+        a.load = cs;
+        a.load_flags = FSDP_SD_OPTIM;
+        b = a;
+        b.kind = k ? DEV_NCCL : DEV_MANAGED_LOCAL;
+        b.load = gs;
+        CHECK(run(&a), "CPU loads at world %d", a.nranks);
+        CHECK(run(&b), "GPU (%s) loads the GPU's sharded checkpoint at world %d",
+              k ? "NCCL, device memory" : "local, managed", b.nranks);
+        CHECK(a.ok && b.ok && !memcmp(a.result, b.result, sizeof a.result),
+              "resharded 2 -> %d on the GPU (%s) and trained on: bitwise the CPU's", b.nranks,
+              k ? "NCCL" : "local");
+    }
+    /* the full file into device memory (NCCL, world 1): the parameters as
+       the GPU's 2 ranks had them, and as the CPU's */
+    memset(&b, 0, sizeof b);
+    b.kind = DEV_NCCL;
+    b.nranks = 1;
+    b.optim = FSDP_ADAMW;
+    b.steps = -1;
+    b.load = gf;
+    CHECK(run(&b), "GPU (NCCL, device memory) loads the full checkpoint");
+    CHECK(b.ok && gpu.ok && !memcmp(b.result, gpu.result, sizeof b.result) &&
+              !memcmp(b.result, ref.result, sizeof b.result),
+          "the full checkpoint loaded into device memory holds the saved parameters bitwise");
+    rm_tree(dir);
+}
+
+/* ZeRO on the GPU: the same parameters, gradients and steps on the CPU
+   device and on the CUDA device, stage 1 and 2, with and without bucket
+   views; every rank's parameters afterwards bitwise equal. */
+enum { ZP = 3 };
+static const int64_t ZNUMEL[ZP] = {37, 64, 5};
+
+typedef struct zero_cfg {
+    int kind; /* DEV_CPU, DEV_MANAGED_LOCAL or DEV_NCCL */
+    fsdp_zero_stage stage;
+    int buckets;
+    float result[2][37 + 64 + 5]; /* per rank */
+    int ok;
+} zero_cfg;
+
+static int zero_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    zero_cfg *cfg = (zero_cfg *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_zero *z = NULL;
+    fsdp_zero_desc zd;
+    fsdp_zero_param zp[ZP];
+    void *data[ZP] = {0}, *grad[ZP] = {0};
+    int ok = 0, k, step;
+    int64_t i, off;
+    if (cfg->kind == DEV_CPU) {
+        if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 0;
+    } else {
+        fsdp_cuda_device_desc dd = fsdp_cuda_device_desc_default();
+        dd.memory = cfg->kind == DEV_MANAGED_LOCAL ? FSDP_CUDA_MEMORY_MANAGED : FSDP_CUDA_MEMORY_DEVICE;
+        if (fsdp_device_cuda_create(&dd, &dev) != FSDP_SUCCESS) return 0;
+    }
+    if (cfg->kind == DEV_NCCL) {
+        fsdp_nccl_desc nd = fsdp_nccl_desc_default();
+        nd.nranks = 1;
+        nd.bootstrap = nccl_boot_none;
+        nd.timeout_ms = test_timeout_ms();
+        if (fsdp_comm_nccl_create(&nd, &comm) != FSDP_SUCCESS) goto out;
+    } else if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
+        goto out;
+    }
+    memset(zp, 0, sizeof zp);
+    for (k = 0; k < ZP; k++) {
+        float host[64];
+        static const char *const names[ZP] = {"p0", "p1", "p2"};
+        if (fsdp_device_alloc(dev, (size_t)ZNUMEL[k] * 4, &data[k]) != FSDP_SUCCESS ||
+            fsdp_device_alloc(dev, (size_t)ZNUMEL[k] * 4, &grad[k]) != FSDP_SUCCESS)
+            goto out;
+        for (i = 0; i < ZNUMEL[k]; i++) host[i] = (float)((k * 131 + (int)i * 17) % 97 - 48) / 64.0f;
+        if (fsdp_device_copy(dev, data[k], host, (size_t)ZNUMEL[k] * 4, FSDP_COPY_H2D, NULL) !=
+            FSDP_SUCCESS)
+            goto out;
+        zp[k].name = names[k];
+        zp[k].data = (float *)data[k];
+        zp[k].grad = (float *)grad[k];
+        zp[k].numel = ZNUMEL[k];
+    }
+    memset(&zd, 0, sizeof zd);
+    zd.comm = comm;
+    zd.device = dev;
+    zd.params = zp;
+    zd.nparams = ZP;
+    zd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    zd.optim.lr = 0.01;
+    zd.parameters_as_bucket_view = cfg->buckets;
+    zd.stage = cfg->stage;
+    if (fsdp_zero_create(&zd, &z) != FSDP_SUCCESS) goto out;
+    for (step = 0; step < 3; step++) {
+        for (k = 0; k < ZP; k++) {
+            float host[64];
+            for (i = 0; i < ZNUMEL[k]; i++)
+                host[i] = (float)(((int)i * 7 + k * 3 + step * 5 + rank * 11) % 23 - 11) / 8.0f;
+            if (fsdp_device_copy(dev, grad[k], host, (size_t)ZNUMEL[k] * 4, FSDP_COPY_H2D, NULL) !=
+                FSDP_SUCCESS)
+                goto out;
+        }
+        if (fsdp_zero_step(z) != FSDP_SUCCESS) {
+            printf("  zero step (rank %d): %s\n", rank, fsdp_zero_last_error(z));
+            goto out;
+        }
+    }
+    for (k = 0, off = 0; k < ZP; off += ZNUMEL[k], k++)
+        if (fsdp_device_copy(dev, cfg->result[rank] + off, fsdp_zero_param_data(z, k),
+                             (size_t)ZNUMEL[k] * 4, FSDP_COPY_D2H, NULL) != FSDP_SUCCESS)
+            goto out;
+    ok = 1;
+out:
+    fsdp_zero_destroy(z);
+    for (k = 0; k < ZP; k++) {
+        if (data[k]) fsdp_device_free(dev, data[k], (size_t)ZNUMEL[k] * 4);
+        if (grad[k]) fsdp_device_free(dev, grad[k], (size_t)ZNUMEL[k] * 4);
+    }
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    (void)nranks;
+    return ok;
+}
+
+static int zero_run(zero_cfg *cfg, int nranks)
+{
+    fsdp_local_desc ld;
+    int results[2] = {0, 0};
+    memset(&ld, 0, sizeof ld);
+    ld.nranks = nranks;
+    ld.timeout_ms = test_timeout_ms();
+    if (cfg->kind == DEV_NCCL) return cfg->ok = zero_rank(0, 1, NULL, cfg);
+    if (fsdp_local_run(&ld, zero_rank, cfg, results) != FSDP_SUCCESS) return cfg->ok = 0;
+    return cfg->ok = results[0] == 1 && (nranks < 2 || results[1] == 1);
+}
+
+static void test_zero(void)
+{
+    int st, bk, k;
+    for (st = 1; st <= 2; st++)
+        for (bk = 0; bk < 2; bk++)
+            for (k = 0; k < 2; k++) {
+                zero_cfg ref, gpu;
+                int w = k ? 1 : 2;
+                memset(&ref, 0, sizeof ref);
+                ref.kind = DEV_CPU;
+                ref.stage = (fsdp_zero_stage)st;
+                ref.buckets = bk;
+                gpu = ref;
+                gpu.kind = k ? DEV_NCCL : DEV_MANAGED_LOCAL;
+                CHECK(zero_run(&ref, w) && zero_run(&gpu, w), "ZeRO runs (stage %d, buckets %d, %s)",
+                      st, bk, k ? "NCCL" : "local");
+                CHECK(ref.ok && gpu.ok && !memcmp(ref.result, gpu.result, sizeof ref.result),
+                      "ZeRO stage %d, bucket views %d, %s world %d: bitwise the CPU device's", st, bk,
+                      k ? "NCCL" : "local", w);
+            }
+}
+
+/* ------------------------------------------------------------------------ */
+/* more streams than hardware queues                                         */
+/* ------------------------------------------------------------------------ */
+
+enum { MANY = 48, RANK_STREAMS = 12, MS_N = 1 << 16 };
+
+typedef struct order_log {
+    int next, bad;
+} order_log;
+
+typedef struct order_arg {
+    order_log *log;
+    int want;
+} order_arg;
+
+static fsdp_result order_task(void *arg, fsdp_error *err)
+{
+    order_arg *a = (order_arg *)arg;
+    (void)err;
+    if (a->log->next != a->want) a->log->bad++;
+    a->log->next++;
+    return FSDP_SUCCESS;
+}
+
+static int many_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    fsdp_cuda_device_desc dd = fsdp_cuda_device_desc_default();
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_stream *st[RANK_STREAMS] = {0};
+    float *buf[RANK_STREAMS] = {0};
+    int ok = 0, k, i;
+    (void)user;
+    dd.memory = FSDP_CUDA_MEMORY_MANAGED;
+    if (fsdp_device_cuda_create(&dd, &dev) != FSDP_SUCCESS) return 0;
+    if (fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) goto out;
+    for (k = 0; k < RANK_STREAMS; k++) {
+        if (fsdp_stream_create(dev, &st[k]) != FSDP_SUCCESS ||
+            fsdp_device_alloc(dev, 1024 * 4, (void **)&buf[k]) != FSDP_SUCCESS)
+            goto out;
+        for (i = 0; i < 1024; i++) buf[k][i] = (float)(rank + k);
+    }
+    /* a kernel, a collective (a host task) and a kernel on every stream */
+    for (k = 0; k < RANK_STREAMS; k++)
+        if (fsdp_device_scale(dev, buf[k], FSDP_F32, 2.0, 1024, st[k]) != FSDP_SUCCESS ||
+            fsdp_all_reduce(comm, buf[k], buf[k], 1024, FSDP_F32, FSDP_REDUCE_SUM, st[k]) != FSDP_SUCCESS ||
+            fsdp_device_scale(dev, buf[k], FSDP_F32, 0.5, 1024, st[k]) != FSDP_SUCCESS)
+            goto out;
+    ok = 1;
+    for (k = 0; k < RANK_STREAMS; k++) {
+        float want = 0;
+        if (fsdp_stream_synchronize(dev, st[k]) != FSDP_SUCCESS) ok = 0;
+        for (i = 0; i < nranks; i++) want += (float)(i + k);
+        for (i = 0; i < 1024 && ok; i++) ok = buf[k][i] == want;
+    }
+out:
+    if (!ok) printf("  rank %d: %s / %s\n", rank, fsdp_device_last_error(dev), fsdp_comm_last_error(comm));
+    for (k = 0; k < RANK_STREAMS; k++) {
+        if (st[k]) fsdp_stream_destroy(dev, st[k]);
+        if (buf[k]) fsdp_device_free(dev, buf[k], 1024 * 4);
+    }
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return ok;
+}
+
+static void test_many_streams(void)
+{
+    fsdp_stream *st[MANY] = {0};
+    fsdp_event *ev[MANY] = {0};
+    order_arg args[MANY];
+    order_log log = {0, 0};
+    dbuf B;
+    float *h = (float *)malloc(MS_N * 4);
+    int k, i, ok = 1;
+    memset(&B, 0, sizeof B);
+    for (k = 0; k < MANY && ok; k++)
+        ok = fsdp_stream_create(g_dev, &st[k]) == FSDP_SUCCESS &&
+             fsdp_event_create(g_dev, &ev[k]) == FSDP_SUCCESS;
+    CHECK(ok && h, "%d streams and events", MANY);
+    if (ok && h && dput(&B, NULL, MS_N * 4, 0)) {
+        /* one chain through every stream: each waits for the one before,
+           runs a host task and two kernels on the buffer, records */
+        for (i = 0; i < MS_N; i++) h[i] = 1.0f;
+        fsdp_device_copy(g_dev, B.p, h, MS_N * 4, FSDP_COPY_H2D, NULL);
+        for (k = 0; k < MANY; k++) {
+            args[k].log = &log;
+            args[k].want = k;
+            if (k) fsdp_stream_wait_event(g_dev, st[k], ev[k - 1]);
+            ok = ok && fsdp_device_scale(g_dev, B.p, FSDP_F32, 2.0, MS_N, st[k]) == FSDP_SUCCESS;
+            ok = ok && fsdp_device_launch(g_dev, st[k], order_task, &args[k]) == FSDP_SUCCESS;
+            ok = ok && fsdp_device_scale(g_dev, B.p, FSDP_F32, 0.75, MS_N, st[k]) == FSDP_SUCCESS;
+            ok = ok && fsdp_event_record(g_dev, ev[k], st[k]) == FSDP_SUCCESS;
+        }
+        ok = ok && fsdp_event_synchronize(g_dev, ev[MANY - 1]) == FSDP_SUCCESS;
+        CHECK(ok, "the chain ran: %s", fsdp_device_last_error(g_dev));
+        CHECK(log.next == MANY && log.bad == 0, "host tasks in chain order (%d ran, %d out of order)",
+              log.next, log.bad);
+        if (dget(h, &B, MS_N * 4)) {
+            float want = 1.0f;
+            for (k = 0; k < MANY; k++) want = want * 2.0f * 0.75f;
+            for (i = 0; i < MS_N && ok; i++) ok = h[i] == want;
+            CHECK(ok, "every kernel of the chain ran once, in order");
+        }
+    }
+    dfree(&B);
+    for (k = 0; k < MANY; k++) {
+        if (ev[k]) fsdp_event_destroy(g_dev, ev[k]);
+        if (st[k]) fsdp_stream_destroy(g_dev, st[k]);
+    }
+    free(h);
+    {   /* 4 ranks as threads on this GPU, 12 streams each, a collective on
+           every stream: 48 streams whose host tasks wait for each other */
+        fsdp_local_desc ld;
+        int results[4] = {0};
+        memset(&ld, 0, sizeof ld);
+        ld.nranks = 4;
+        ld.timeout_ms = test_timeout_ms();
+        CHECK(fsdp_local_run(&ld, many_rank, NULL, results) == FSDP_SUCCESS && results[0] == 1 &&
+                  results[1] == 1 && results[2] == 1 && results[3] == 1,
+              "4 local ranks x %d streams with collectives on each: no deadlock, right sums",
+              RANK_STREAMS);
+    }
+}
+
+/* ------------------------------------------------------------------------ */
+/* the NCCL watchdog                                                         */
+/* ------------------------------------------------------------------------ */
+
+static void CUDART_CB sleep_host(void *ms)
+{
+    struct timespec ts;
+    long v = *(const long *)ms;
+    ts.tv_sec = v / 1000;
+    ts.tv_nsec = (v % 1000) * 1000000L;
+    nanosleep(&ts, NULL);
+}
+
+/* A collective stuck behind a host function that sleeps past timeout_ms:
+   the watchdog aborts the communicator, fsdp_comm_async_error and every
+   later call say FSDP_COMM_TIMEOUT with the reason, and nothing hangs. */
+static void test_nccl_watchdog(void)
+{
+    fsdp_nccl_desc nd = fsdp_nccl_desc_default();
+    fsdp_comm *c = NULL;
+    fsdp_stream *s = NULL;
+    static long sleep_ms = 2500;
+    dbuf A;
+    double t0;
+    fsdp_result r = FSDP_SUCCESS;
+    memset(&A, 0, sizeof A);
+    nd.nranks = 1;
+    nd.bootstrap = nccl_boot_none;
+    nd.timeout_ms = 500;
+    if (fsdp_comm_nccl_create(&nd, &c) != FSDP_SUCCESS || fsdp_stream_create(g_dev, &s) != FSDP_SUCCESS ||
+        !dput(&A, NULL, 256, 0)) {
+        CHECK(0, "NCCL comm, stream, buffer");
+        fsdp_comm_destroy(c);
+        if (s) fsdp_stream_destroy(g_dev, s);
+        dfree(&A);
+        return;
+    }
+    CHECK(cudaLaunchHostFunc((cudaStream_t)fsdp_cuda_stream_handle(s), sleep_host, &sleep_ms) ==
+              cudaSuccess,
+          "a sleeping host function on the stream");
+    CHECK(fsdp_all_reduce(c, A.p, A.p, 64, FSDP_F32, FSDP_REDUCE_SUM, s) == FSDP_SUCCESS,
+          "the collective is enqueued behind it");
+    t0 = fsdp_clock_ms();
+    while (fsdp_clock_ms() - t0 < 5000 && (r = fsdp_comm_async_error(c)) == FSDP_SUCCESS) {
+        struct timespec ts = {0, 20000000L};
+        nanosleep(&ts, NULL);
+    }
+    CHECK(r == FSDP_COMM_TIMEOUT && strstr(fsdp_comm_last_error(c), "500 ms") != NULL,
+          "the watchdog's timeout after %.0f ms: %s (%s)", fsdp_clock_ms() - t0,
+          fsdp_result_string(r), fsdp_comm_last_error(c));
+    r = fsdp_all_reduce(c, A.p, A.p, 64, FSDP_F32, FSDP_REDUCE_SUM, s);
+    CHECK(r == FSDP_COMM_TIMEOUT || r == FSDP_COMM_ABORTED, "a later call is refused: %s",
+          fsdp_comm_last_error(c));
+    t0 = fsdp_clock_ms();
+    fsdp_stream_synchronize(g_dev, s); /* the sleep ends; the aborted kernel must not hang */
+    CHECK(fsdp_clock_ms() - t0 < 10000, "the stream drains after the abort");
+    fsdp_comm_destroy(c);
+    fsdp_stream_destroy(g_dev, s);
+    dfree(&A);
+}
+
 static const char *g_vectors = "tests/vectors";
 
 static void test_optim_vectors_gpu(void) { test_optim_vectors(g_vectors); }
 
+/* runtime* cases run ranks as threads on the GPU: tools/gpu.sh runs them last */
 static const check_case CASES[] = {
     {"optim_vectors", test_optim_vectors_gpu},
     {"casts", test_casts},
     {"arith", test_arith},
     {"streams", test_streams},
+    {"pageable", test_pageable},
     {"nccl", test_nccl},
+    {"nccl_watchdog", test_nccl_watchdog},
+    {"zero", test_zero},
+    {"many_streams", test_many_streams},
+    {"runtime_clip", test_clip},
+    {"runtime_ckpt", test_ckpt},
     {"runtime", test_runtime},
 };
 
@@ -893,6 +1465,22 @@ int main(int argc, char **argv)
         fsdp_device_cpu_create(NULL, &g_cpu) != FSDP_SUCCESS) {
         printf("FAIL: cannot create the devices\n");
         return 1;
+    }
+    {   /* what this GPU is and can do, for tools/gpu.sh's report */
+        struct cudaDeviceProp prop;
+        int drv = 0, rt = 0, nccl = 0, pageable = 0, managed = 0;
+        memset(&prop, 0, sizeof prop);
+        cudaGetDeviceProperties(&prop, 0);
+        cudaDriverGetVersion(&drv);
+        cudaRuntimeGetVersion(&rt);
+        ncclGetVersion(&nccl);
+        cudaDeviceGetAttribute(&pageable, cudaDevAttrPageableMemoryAccess, 0);
+        cudaDeviceGetAttribute(&managed, cudaDevAttrConcurrentManagedAccess, 0);
+        printf("device: %s, sm_%d%d, %d SMs, %.1f GiB, driver CUDA %d.%d, runtime %d.%d, NCCL %d, "
+               "pageable_memory_access=%d, concurrent_managed=%d\n",
+               prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+               (double)prop.totalGlobalMem / 1073741824.0, drv / 1000, drv % 1000 / 10, rt / 1000,
+               rt % 1000 / 10, nccl, pageable, managed);
     }
     check_run();
     /* whichever cases ran gave every device byte back */

@@ -14,7 +14,9 @@
 #include "fsdp_comm_nccl.h"
 #include "check.h"
 #include "fixtures.h"
+#include "nan_compare.h"
 
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -85,8 +87,8 @@ static void test_conversions(void)
             }
         CHECK(!bad, "f32 -> %s matches fsdp.h on %d values", fsdp_dtype_name(dt), (int)NF);
     }
-    CHECK(fsdp_cuda_convert_host(fa, FSDP_F64, h, FSDP_F16, 1) == -1, "unsupported pair refused");
-    CHECK(fsdp__cuda_convert_host(fa, FSDP_F64, h, FSDP_F16, 1) == -1,
+    CHECK(fsdp_cuda_convert_host(fa, FSDP_I32, h, FSDP_F16, 1) == -1, "a non-float dtype refused");
+    CHECK(fsdp__cuda_convert_host(fa, FSDP_F32, h, FSDP_U8, 1) == -1,
           "0.5.0's name still exported, same answer");
 done:
     free(h);
@@ -95,6 +97,155 @@ done:
     free(fa);
     free(fb);
     free(src);
+}
+
+/* The casts with f64 on one side, run on the host with the kernels' own
+   element function, against fsdp_convert: bit for bit, NaNs included (their
+   sign and payload survive as on the host; the GPU's hardware conversion
+   alone would give a canonical NaN). */
+static void test_conversions_f64(void)
+{
+    enum { N = 65536 + 4096 };
+    static const fsdp_dtype FL[4] = {FSDP_F32, FSDP_F64, FSDP_F16, FSDP_BF16};
+    static const uint64_t special64[] = {
+        0x7ff8000000000000ull, 0xfff8000000000000ull, 0x7ff0000000000001ull, /* sNaN */
+        0xfff4000000000123ull, 0x7fffffffffffffffull, 0x7ff80000e0000000ull,
+        0x7ff0000020000000ull, 0x7ff0000000000000ull, 0xfff0000000000000ull,
+        0x0000000000000001ull, 0x8000000000000000ull, 0x3ff0000010000000ull, /* halfway f32 */
+        0x3ff0000010000001ull, 0x3ff0000030000000ull, 0x3ff0020000000000ull, /* halfway f16 */
+        0x3ff0100000000000ull, 0x47efffffefffffffull, 0x47effffff0000000ull,
+        0x36a0000000000000ull, 0x3e70000000000000ull};
+    static const uint32_t special32[] = {0x7fc00000u, 0xffc00000u, 0x7f800001u, 0xff812345u,
+                                         0x7fbfffffu, 0x7fffffffu, 0x00000001u, 0x80800000u};
+    void *src = malloc(N * 8), *got = malloc(N * 8), *want = malloc(N * 8);
+    int a, b, bad;
+    size_t i, k;
+    if (!src || !got || !want) {
+        CHECK(0, "out of memory");
+        goto done;
+    }
+    for (a = 0; a < 4; a++)
+        for (b = 0; b < 4; b++) {
+            fsdp_dtype sdt = FL[a], ddt = FL[b];
+            size_t es = fsdp_dtype_size(sdt), ds = fsdp_dtype_size(ddt);
+            if (sdt != FSDP_F64 && ddt != FSDP_F64 && sdt != ddt) continue; /* test_conversions */
+            for (i = 0; i < N; i++) {
+                uint64_t r = ((uint64_t)rnd32() << 32) | rnd32();
+                if (sdt == FSDP_F64) {
+                    uint64_t u = r;
+                    k = sizeof special64 / sizeof special64[0];
+                    if (i < k) u = special64[i];
+                    else if (i % 5 == 1) u = (r | 0x7ff0000000000000ull) | 1u; /* NaN, any payload */
+                    else if (i % 5 == 2) u = (r & 0x800fffffffffffffull) | 0x3f00000000000000ull;
+                    memcpy((char *)src + 8 * i, &u, 8);
+                } else if (sdt == FSDP_F32) {
+                    uint32_t u = (uint32_t)r;
+                    k = sizeof special32 / sizeof special32[0];
+                    if (i < k) u = special32[i];
+                    else if (i % 4 == 1) u = (u | 0x7f800000u) | 1u;
+                    memcpy((char *)src + 4 * i, &u, 4);
+                } else {
+                    ((uint16_t *)src)[i] = (uint16_t)i;
+                }
+            }
+            memset(got, 0xa5, N * ds);
+            memset(want, 0x5a, N * ds);
+            CHECK(fsdp_cuda_convert_host(got, ddt, src, sdt, N) == 0, "%s -> %s accepted",
+                  fsdp_dtype_name(sdt), fsdp_dtype_name(ddt));
+            fsdp_convert(want, ddt, src, sdt, N);
+            bad = 0;
+            for (i = 0; i < N && !bad; i++)
+                if (memcmp((char *)got + i * ds, (char *)want + i * ds, ds) != 0) {
+                    uint64_t in = 0, g = 0, w = 0;
+                    memcpy(&in, (char *)src + i * es, es);
+                    memcpy(&g, (char *)got + i * ds, ds);
+                    memcpy(&w, (char *)want + i * ds, ds);
+                    CHECK(0, "%s 0x%llx -> %s: 0x%llx, fsdp_convert 0x%llx", fsdp_dtype_name(sdt),
+                          (unsigned long long)in, fsdp_dtype_name(ddt), (unsigned long long)g,
+                          (unsigned long long)w);
+                    bad = 1;
+                }
+            CHECK(!bad, "%s -> %s: the kernels' element cast is fsdp_convert's bits on %d values "
+                  "(NaN payloads included)", fsdp_dtype_name(sdt), fsdp_dtype_name(ddt), (int)N);
+        }
+done:
+    free(src);
+    free(got);
+    free(want);
+}
+
+/* test_cuda's comparison of the arithmetic kernels (nan_compare.h), checked
+   here on what the CPU device computes: a result whose NaNs are all made
+   canonical, as NVIDIA's arithmetic makes them, passes; a NaN where the
+   CPU has a number, a number where it has a NaN, or one bit off a number
+   fails. */
+static void test_nan_contract(void)
+{
+    enum { N = 4096 };
+    static const fsdp_dtype FL[4] = {FSDP_F32, FSDP_F64, FSDP_F16, FSDP_BF16};
+    static const uint64_t CANON[4] = {0x7fffffffu, 0x7fffffffffffffffull, 0x7fffu, 0x7fffu};
+    fsdp_device *cpu = NULL;
+    int a;
+    if (fsdp_device_cpu_create(NULL, &cpu) != FSDP_SUCCESS) {
+        CHECK(0, "cpu device");
+        return;
+    }
+    for (a = 0; a < 4; a++) {
+        fsdp_dtype dt = FL[a];
+        size_t es = fsdp_dtype_size(dt), i, nans = 0, first_num = (size_t)-1, first_nan = (size_t)-1;
+        char *x = (char *)malloc(N * es), *y = (char *)malloc(N * es), *got = (char *)malloc(N * es);
+        double v[N];
+        if (!x || !y || !got) {
+            CHECK(0, "out of memory");
+            free(x), free(y), free(got);
+            break;
+        }
+        for (i = 0; i < N; i++) {
+            v[i] = ((double)(rnd32() % 20001) - 10000.0) / 997.0;
+            if (i % 13 == 1) v[i] = i % 2 ? INFINITY : -INFINITY; /* inf - inf below */
+            if (i % 31 == 2) v[i] = NAN;
+        }
+        for (i = 0; i < N; i++) {
+            double w = i % 13 == 1 ? -v[i] : v[(i * 7) % N];
+            fsdp_convert(x + i * es, dt, &v[i], FSDP_F64, 1);
+            fsdp_convert(y + i * es, dt, &w, FSDP_F64, 1);
+        }
+        CHECK(fsdp_device_accumulate(cpu, x, dt, y, dt, 1.0, N, NULL) == FSDP_SUCCESS &&
+                  fsdp_device_scale(cpu, x, dt, -0.3, N, NULL) == FSDP_SUCCESS,
+              "cpu arithmetic (%s)", fsdp_dtype_name(dt));
+        memcpy(got, x, N * es);
+        for (i = 0; i < N; i++) {
+            if (nan_at(x, dt, i)) {
+                memcpy(got + i * es, &CANON[a], es); /* little-endian */
+                nans++;
+                if (first_nan == (size_t)-1) first_nan = i;
+            } else if (first_num == (size_t)-1) {
+                first_num = i;
+            }
+        }
+        CHECK(nans > N / 20 && first_num != (size_t)-1, "%s: the inputs make NaNs (%zu)",
+              fsdp_dtype_name(dt), nans);
+        CHECK(nan_contract_diff(got, x, dt, N) == (size_t)-1,
+              "%s: canonical NaNs where the CPU has its own: within the contract",
+              fsdp_dtype_name(dt));
+        if (first_num != (size_t)-1 && first_nan != (size_t)-1) {
+            got[first_num * es] ^= 1; /* the lowest bit of a number */
+            CHECK(nan_contract_diff(got, x, dt, N) == first_num, "%s: one bit off a number fails",
+                  fsdp_dtype_name(dt));
+            got[first_num * es] ^= 1;
+            memcpy(got + first_num * es, &CANON[a], es);
+            CHECK(nan_contract_diff(got, x, dt, N) == first_num,
+                  "%s: a NaN where the CPU has a number fails", fsdp_dtype_name(dt));
+            memcpy(got + first_num * es, x + first_num * es, es);
+            memset(got + first_nan * es, 0, es);
+            CHECK(nan_contract_diff(got, x, dt, N) == first_nan,
+                  "%s: a number where the CPU has a NaN fails", fsdp_dtype_name(dt));
+        }
+        free(x);
+        free(y);
+        free(got);
+    }
+    fsdp_device_destroy(cpu);
 }
 
 static void test_no_gpu(void)
@@ -234,6 +385,8 @@ static void test_file_bootstrap(void)
 
 static const check_case CASES[] = {
     {"conversions", test_conversions},
+    {"conversions_f64", test_conversions_f64},
+    {"nan_contract", test_nan_contract},
     {"no_gpu", test_no_gpu},
     {"file_bootstrap", test_file_bootstrap},
 };

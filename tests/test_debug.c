@@ -2,7 +2,9 @@
    (fsdp_ctx_desc.debug, or FSDP_DEBUG=1) on the CPU device: a gradient view
    written after fsdp_end_backward, a parameter view kept from forward and
    written or read after its unit ended, parameters written through their
-   views; never-initialised parameters refused without it; and the engine
+   views, parameter pointers cached in forward and computed with in
+   backward (llm.c's habit): the poison they read named where it reaches a
+   gradient or a parameter; never-initialised parameters refused without it; and the engine
    API around them: index views, units by name, the root named (root),
    per-step optimizer settings, the step counter, the SUM reduction.
    Ranks are threads of the local backend. */
@@ -73,7 +75,9 @@ enum {
     SC_INDEX,          /* index views */
     SC_OPTIM,          /* fsdp_set_optim + fsdp_set_steps against create's config */
     SC_SUM,            /* FSDP_GRAD_SUM against FSDP_GRAD_AVG */
-    SC_LOADED          /* a state-dict load initialises a fresh context */
+    SC_LOADED,         /* a state-dict load initialises a fresh context */
+    SC_CACHED,         /* every rank computes b's gradients from b's cached forward pointers */
+    SC_CACHED_RANK0    /* rank 0 alone does it, for a's gradients */
 };
 
 typedef struct job {
@@ -132,12 +136,15 @@ static int64_t numel_of(const char *fqn)
 static void iteration(eng *e)
 {
     job *j = e->j;
-    int u, p;
-    float *kept = NULL;
+    int u, p, cached_unit = -1;
+    float *kept = NULL, *cache[NUNITS][2];
+    if (j->scenario == SC_CACHED) cached_unit = 1;
+    if (j->scenario == SC_CACHED_RANK0 && e->rank == 0) cached_unit = 0;
     for (u = 0; u < NUNITS && !failed(e); u++) {
         if (!call(e, fsdp_begin_forward(e->ctx, u), "fsdp_begin_forward")) return;
         for (p = 0; p < 2 && UNIT_PARAMS[u][p]; p++) {
             float *w = (float *)fsdp_param(e->ctx, UNIT_PARAMS[u][p]);
+            cache[u][p] = w; /* the pointers an llm.c-style engine keeps for backward */
             if (!w) j->checks_failed[e->rank]++;
             else if (u == 0 && p == 0) {
                 kept = w; /* the mistake of SC_PARAM_KEPT and SC_PARAM_READ */
@@ -165,6 +172,8 @@ static void iteration(eng *e)
             for (k = 0; k < n; k++)
                 g[k] += j->scenario == SC_SUM ? (float)(e->rank + 1)
                                               : (float)(0.01 * (double)(k + 1) * (e->rank + 1));
+            if (u == cached_unit) /* the mistake: the forward pointer, retired since */
+                for (k = 0; k < n; k++) g[k] += 0.5f * cache[u][p][k];
         }
         if (!call(e, fsdp_end_backward(e->ctx, u), "fsdp_end_backward")) return;
         if (u == 1 && j->scenario == SC_GRAD_AFTER_END) g0[1] += 1.0f; /* the mistake */
@@ -497,6 +506,41 @@ static void test_param_view_read(void)
     }
 }
 
+/* llm.c's habit: parameter pointers cached in forward, used to compute the
+   gradients in backward. The unit has another buffer by then and the old
+   one holds its poison, which the arithmetic carries into the gradient:
+   fsdp_end_backward names it on every rank, instead of NaN losses from the
+   next step on and exit status 0. */
+static void test_cached_pointers(void)
+{
+    static const char *const n[] = {
+        "fsdp_end_backward: debug: the gradient of unit 1 'b' (parameter 'b.weight', element 0) "
+        "was computed from retired memory: it holds the poison unit 1 'b' left",
+        "read after its unit's end"};
+    /* (at one rank the views are the parameters themselves: nothing retires) */
+    expect_caught(SC_CACHED, n, 2, 0, 2);
+}
+
+/* One rank makes the mistake: it is named there at fsdp_end_backward (after
+   the reduction was issued, so the other rank is not left waiting), and the
+   poison the reduction summed into the other rank's shard is named there at
+   fsdp_step. */
+static void test_cached_pointers_one_rank(void)
+{
+    static job j;
+    run(&j, SC_CACHED_RANK0, 1, 2);
+    go(&j);
+    CHECK(j.r[0] == FSDP_INVALID_STATE && !strcmp(j.where[0], "fsdp_end_backward") &&
+              contains(j.msg[0], "the gradient of unit 0 'a' (parameter 'a.weight', element 0) was "
+                                 "computed from retired memory: it holds the poison unit"),
+          "rank 0: %s: %s", j.where[0], j.msg[0]);
+    CHECK(j.r[1] == FSDP_INVALID_STATE && !strcmp(j.where[1], "fsdp_step") &&
+              contains(j.msg[1], "fsdp_step: debug: parameter 'a.weight' (element 7) of unit 0 "
+                                 "'a' holds, after the step, the poison unit"),
+          "rank 1: %s: %s", j.where[1], j.msg[1]);
+    printf("  rank 0: %s\n  rank 1: %s\n", j.msg[0], j.msg[1]);
+}
+
 static void test_uninitialised(void)
 {
     static job j;
@@ -579,6 +623,8 @@ static const check_case CASES[] = {
     {"param_view_kept", test_param_view_kept},
     {"param_view_read", test_param_view_read},
     {"param_write", test_param_write},
+    {"cached_pointers", test_cached_pointers},
+    {"cached_pointers_one_rank", test_cached_pointers_one_rank},
     {"uninitialised", test_uninitialised},
     {"loaded", test_loaded},
     {"index_views", test_index_views},

@@ -564,6 +564,12 @@ static fsdp_device_vtable fake_vtable(void)
     return vt;
 }
 
+static void keep_log(void *user, fsdp_log_level level, const char *msg)
+{
+    (void)level;
+    snprintf((char *)user, FSDP_ERROR_MAX, "%s", msg);
+}
+
 static void test_custom_backend(void)
 {
     fsdp_device_vtable vt = fake_vtable();
@@ -631,6 +637,28 @@ static void test_custom_backend(void)
     EXPECT_EQ(fsdp_stream_create(dev, &s), FSDP_DEVICE_ERROR);
     EXPECT(s == NULL);
     EXPECT(strstr(fsdp_device_last_error(dev), "fake") != NULL);
+    /* the local backend moves data with the CPU: a device whose memory the
+       CPU cannot read is refused when the comm is made, not at the first
+       collective (a crash in a stream's task) */
+    {
+        fsdp_local_desc ld;
+        fsdp_local_world *w = NULL;
+        fsdp_comm *c = NULL;
+        char logged[FSDP_ERROR_MAX] = "";
+        memset(&ld, 0, sizeof ld);
+        ld.nranks = 2;
+        ld.hooks.log = keep_log; /* the world's failures go to its log */
+        ld.hooks.log_user = logged;
+        EXPECT_EQ(fsdp_local_world_create(&ld, &w), FSDP_SUCCESS);
+        if (w) {
+            EXPECT_EQ(fsdp_comm_local_create(w, 0, dev, &c), FSDP_INVALID_ARGS);
+            EXPECT(c == NULL);
+            EXPECT(strstr(logged, "'fake'") != NULL && strstr(logged, "CPU") != NULL);
+            EXPECT_EQ(fsdp_comm_local_create(w, 0, NULL, &c), FSDP_SUCCESS); /* rank still free */
+            fsdp_comm_destroy(c);
+            fsdp_local_world_destroy(w);
+        }
+    }
     fsdp_device_destroy(dev);
     EXPECT_EQ(f.destroyed, 1);
 }

@@ -580,7 +580,11 @@ static void rt_gen(rtree *t, uint32_t *rng, const char *fqn, int depth)
     }
     for (k = 0; k < nchildren; k++) {
         char c[48];
-        snprintf(c, sizeof c, "%s%s%c%d", fqn, *fqn ? "." : "", "abc"[k % 3], k);
+        /* depth <= 3 keeps names short; a name that would not fit is left out
+           rather than cut (two cut names could collide) */
+        if (snprintf(c, sizeof c, "%s%s%c%d", fqn, *fqn ? "." : "", "abc"[k % 3], k) >=
+            (int)sizeof c)
+            continue;
         rt_gen(t, rng, c, depth + 1);
     }
 }
