@@ -8930,12 +8930,16 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
         const char *why = NULL;
         if (o == c || !o->found) continue;
         if (mpi_pair && (o->size != c->size || o->rank != c->rank))
-            why = "two MPI launchers' variables, which must agree";
+            why = "two MPI launchers' variables must agree";
         else if (o->size > c->size)
-            why = "it counts more processes: the processes it started would form separate jobs "
-                  "(a stale variable, or a launcher that starts one job per process)";
+            why = "it counts more processes, so the processes it started would form separate "
+                  "jobs (a stale variable, or a launcher that starts one job per process)";
         else if (o->size == c->size && o->rank != c->rank && !(c->agent))
-            why = "as many processes, another rank";
+            why = c->who == FSDP_LAUNCHER_TORCHRUN
+                      ? "the same number of processes but another rank (RANK without "
+                        "TORCHELASTIC_RUN_ID was not set by torchrun's agent, which numbers its "
+                        "workers itself)"
+                      : "the same number of processes but another rank";
         if (!why) continue;
         fsdp__launch_says(a, sizeof a, c);
         fsdp__launch_says(b, sizeof b, o);

@@ -10,6 +10,8 @@
        test_launch --hold-port P SECONDS
                    (listens on P meanwhile, as torchrun's agent store does
                    on MASTER_PORT; for tests/check_launchers.sh)
+       test_launch --free-port      (prints a port the kernel picks)
+       test_launch --port-free P    (exit 0 when P can be listened on now)
 
    launch_*: fsdp_launch_info_get on the environments torchrun, srun,
    mpirun (Open MPI) and MPICH's mpiexec (PMI) set, given as tables: the
@@ -953,6 +955,16 @@ int main(int argc, char **argv)
         sleep_ms(1000 * (argc >= 4 ? atoi(argv[3]) : 60));
         close(fd);
         return 0;
+    }
+    if (argc >= 2 && !strcmp(argv[1], "--free-port")) {
+        int port = free_port();
+        printf("%d\n", port);
+        return port > 0 ? 0 : 1;
+    }
+    if (argc >= 3 && !strcmp(argv[1], "--port-free")) {
+        int fd = listen_on(atoi(argv[2]));
+        if (fd >= 0) close(fd);
+        return fd >= 0 ? 0 : 1;
     }
     if (argc >= 2 && !strcmp(argv[1], "--rank")) return one_rank(argc, argv);
     return check_main(argc, argv, CASES, CHECK_COUNT(CASES));
