@@ -54,7 +54,10 @@
        >>comm         the collectives vtable; the transport kit (one engine
                       for MPI, Gloo and your own byte transports); the
                       built-in `local` backend (N ranks as N threads,
-                      timeouts, mismatch detection)
+                      timeouts, mismatch detection); launchers'
+                      environments (torchrun, srun, mpirun), a TCP
+                      rendezvous, the stall diagnosis (a ring of recent
+                      calls per comm, compared through a side channel)
        >>model        modules, parameters, shared parameters, ignored items
        >>flatparam    units' flat parameters and PyTorch-exact shard metadata
        >>wrap         wrap policies and PyTorch's recursive walk
@@ -1238,7 +1241,7 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, f
    place from the environment:
      torchrun      RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
                    MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID and
-                   _RESTART_COUNT (the job id: "RUN_ID/restart N"); also
+                   _RESTART_COUNT (the job id: "RUN_ID.restartN"); also
                    torch.distributed.launch, DeepSpeed's and accelerate's
                    launchers, which set the same
      Open MPI      OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE;
@@ -1284,7 +1287,8 @@ typedef struct fsdp_launch_info {
     int local_rank, local_world_size; /* -1: the launcher does not say */
     char master_addr[256];            /* "": none */
     int master_port;                  /* the rendezvous port (see above); 0: none */
-    char job_id[128];                 /* "": none */
+    char job_id[128];                 /* "": none; letters, digits, '.', '-', '_' (any
+                                         other character of the launcher's becomes '_') */
     /* For messages: the variables the values came from, "RANK=1
        WORLD_SIZE=2 LOCAL_RANK=1 ..." (cut at the end). */
     char vars[384];
@@ -8911,7 +8915,7 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
         const char *restart = fsdp__env_get(&v, "TORCHELASTIC_RESTART_COUNT");
         all[0].agent = 1;
         /* a restarted attempt is another job: its ranks never meet the old one's */
-        snprintf(all[0].job, sizeof all[0].job, "%.80s/restart %.20s", s, restart ? restart : "0");
+        snprintf(all[0].job, sizeof all[0].job, "%.80s.restart%.20s", s, restart ? restart : "0");
         fsdp__launch_var(&all[0], "TORCHELASTIC_RUN_ID", s);
     }
     if (all[1].found) {
@@ -8952,11 +8956,18 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     out->local_rank = c->lrank;
     out->local_world_size = c->lsize;
     snprintf(out->vars, sizeof out->vars, "%s", c->vars);
-    /* the job id: this launcher's, else one describing the same processes */
+    /* the job id: this launcher's, else one describing the same processes;
+       safe in a file name (Gloo's directory store keys by it) */
     for (j = -1; j < 4 && !out->job_id[0]; j++) {
         const fsdp__launch *o = j < 0 ? c : &all[j];
         if (o->found && o->size == c->size && o->job[0])
             snprintf(out->job_id, sizeof out->job_id, "%.127s", o->job);
+    }
+    for (i = 0; out->job_id[i]; i++) {
+        char ch = out->job_id[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '-' || ch == '_'))
+            out->job_id[i] = '_';
     }
     /* the rendezvous */
     addr = fsdp__env_get(&v, "MASTER_ADDR");

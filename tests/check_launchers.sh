@@ -7,8 +7,8 @@
 #     MASTER_PORT, TORCHELASTIC_RUN_ID, TORCHELASTIC_USE_AGENT_STORE=True, ...),
 #     two processes, with MASTER_PORT held by a listener as torchrun's agent
 #     store holds it (torchrun itself needs PyTorch, which this machine does
-#     not have); train_gpt and train_mlp with no --backend (Gloo) and with
-#     --backend gloo;
+#     not have); train_gpt and train_mlp with no --backend (Gloo), with
+#     --backend gloo, and with --store-dir (Gloo's directory rendezvous);
 #   - srun: a SLURM job step's environment (SLURM_PROCID, SLURM_STEP_ID,
 #     SLURM_STEP_NODELIST=localhost, ...), no MASTER_*: the port derived from
 #     the job id;
@@ -106,6 +106,10 @@ while "$tl" --port-free "$port" && [ $i -lt 100 ]; do sleep 0.05; i=$((i + 1)); 
 pair torchrun_gpt torchrun_env "$port" "$gpt" $gargs && same_gpt torchrun_gpt
 pair torchrun_gpt_gloo torchrun_env "$port" "$gpt" $gargs --backend gloo && same_gpt torchrun_gpt_gloo
 pair torchrun_mlp torchrun_env "$port" "$mlp" $margs && same_mlp torchrun_mlp
+# --store-dir still chooses Gloo's directory rendezvous (keyed by the job id)
+mkdir "$work/store"
+pair torchrun_gpt_dir torchrun_env "$port" "$gpt" $gargs --store-dir "$work/store" &&
+    same_gpt torchrun_gpt_dir
 
 # refused NAME WANT... -- COMMAND...: exit status 2 and every WANT in the output
 refused() {

@@ -163,7 +163,7 @@ static void test_launch_torchrun(void)
     CHECK(!strcmp(li.master_addr, "127.0.0.1"), "master_addr '%s'", li.master_addr);
     /* torchrun's agent serves its own store on MASTER_PORT */
     EXPECT_EQ(li.master_port, 29501);
-    CHECK(!strcmp(li.job_id, "none/restart 0"), "job_id '%s'", li.job_id);
+    CHECK(!strcmp(li.job_id, "none.restart0"), "job_id '%s'", li.job_id);
     CHECK(strstr(li.vars, "RANK=1 WORLD_SIZE=2") != NULL, "vars '%s'", li.vars);
     /* without the agent's store (TORCHELASTIC_USE_AGENT_STORE=False, as
        older c10d rendezvous set it), MASTER_PORT itself; another restart is
@@ -177,7 +177,7 @@ static void test_launch_torchrun(void)
     kv[n] = NULL;
     EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
     EXPECT_EQ(li.master_port, 29500);
-    CHECK(!strcmp(li.job_id, "none/restart 2"), "job_id '%s'", li.job_id);
+    CHECK(!strcmp(li.job_id, "none.restart2"), "job_id '%s'", li.job_id);
     {
         /* RANK and WORLD_SIZE by hand (no agent): no job id, no local rank */
         static const char *const hand[] = {"RANK", "0", "WORLD_SIZE", "3", "MASTER_ADDR", "h0",
@@ -251,6 +251,14 @@ static void test_launch_mpi(void)
     EXPECT_EQ(li.local_world_size, 2);
     CHECK(!strcmp(li.job_id, "1100939265"), "job_id '%s'", li.job_id);
     EXPECT(li.master_addr[0] == 0 && li.master_port == 0); /* mpirun gives no rendezvous */
+    {
+        /* Open MPI 5's namespace: safe in a file name once read */
+        static const char *const ompi5[] = {"OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE",
+                                            "2", "PMIX_NAMESPACE", "prterun-vm-123@1", NULL};
+        fsdp_launch_info l5;
+        EXPECT_EQ(launch(ompi5, &l5, &err), FSDP_SUCCESS);
+        CHECK(!strcmp(l5.job_id, "prterun-vm-123_1"), "job_id '%s'", l5.job_id);
+    }
     EXPECT_EQ(launch(pmi, &li, &err), FSDP_SUCCESS);
     EXPECT_EQ(li.launcher, FSDP_LAUNCHER_PMI);
     EXPECT_EQ(li.rank, 3);
