@@ -1086,8 +1086,10 @@ done:
     if (rs.es) fsdp_stream_destroy(dev, rs.es);
     fsdp_comm_destroy(comm);
 #ifdef FSDP_HAVE_CUDA
-    fsdp_rendezvous_destroy(nccl_rdzv); /* after the comm it served */
-    nccl_rdzv = NULL;
+    if (cfg->backend == BACKEND_NCCL) { /* one rank per process: its own */
+        fsdp_rendezvous_destroy(nccl_rdzv); /* after the comm it served */
+        nccl_rdzv = NULL;
+    }
 #endif
     fsdp_device_destroy(dev);
     acts_free(&a);
