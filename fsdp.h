@@ -955,11 +955,12 @@ typedef enum fsdp_side_status {
      "collective #57 differs: rank 0 called begin_forward of unit 'h.1'
       (all_gather(count=64, dtype=f32)) but rank 1 called end_backward of
       unit 'h.0' (reduce_scatter(count=64, dtype=f32, op=avg))"
-     "rank 1 stopped after call #56 (...), while rank 0 issued #57 (...)"
+     "rank 1 stopped after call #56 (...), while rank 0 issued #57: ..."
      "rank 2 did not answer (frozen, or unreachable)" / "... is gone"
-   followed by a rank that had failed before ("rank 0 had failed: ..."),
    or, when nothing differs, "every rank issued the same 57 calls (last:
-   ...); none is behind". Returns 1 when the calls differ (a mismatch), 2
+   ...); none is behind"; unless the calls differ, followed by the words of
+   a rank whose comm had failed before (it stopped issuing then): "rank 0
+   had failed: ...". Returns 1 when the calls differ (a mismatch), 2
    when ranks are behind or did not answer, 0 otherwise. Collective: no.
    Thread safety: any. */
 FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *rings,

@@ -21,6 +21,8 @@
    fails naming rank 0's failure.
    checked_stopped: the same with the mismatch check on: the diagnosis
    comes on top of the engine's own timeout message.
+   side_checks: a side channel of another world is refused; one channel
+   serves one comm at a time, and the next once that one is gone.
    Each collective's timeout is 1500 ms; every rank must have its error
    within 8 s. */
 #define _XOPEN_SOURCE 700
@@ -109,7 +111,9 @@ static void barrier(world *w)
     }
 }
 
-static fsdp_comm *make_comm(world *w, const char *name, int check)
+/* A comm on side (NULL: w's); *res and err get the create's outcome. */
+static fsdp_comm *make_comm_on(world *w, const char *name, int check, const fsdp_side_channel *side,
+                               fsdp_result *res, fsdp_error *errp)
 {
     fsdp_comm *comm = NULL;
     fsdp_error err;
@@ -122,7 +126,7 @@ static fsdp_comm *make_comm(world *w, const char *name, int check)
         d.hooks.error = &err;
         d.timeout_ms = TIMEOUT_MS;
         d.disable_mismatch_check = !check;
-        d.side_channel = &w->side;
+        d.side_channel = side ? side : &w->side;
         r = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);
     }
 #endif
@@ -137,13 +141,51 @@ static fsdp_comm *make_comm(world *w, const char *name, int check)
         d.size = w->size;
         d.timeout_ms = TIMEOUT_MS;
         d.disable_mismatch_check = !check;
-        d.side_channel = &w->side;
+        d.side_channel = side ? side : &w->side;
         r = fsdp_comm_gloo_create(&d, &comm);
     }
 #endif
     (void)name;
+    *res = r;
+    *errp = err;
+    return comm;
+}
+
+static fsdp_comm *make_comm(world *w, const char *name, int check)
+{
+    fsdp_result r;
+    fsdp_error err;
+    fsdp_comm *comm = make_comm_on(w, name, check, NULL, &r, &err);
     CHECK_RANK(r == FSDP_SUCCESS, w->rank, "the comm: %s", err.message);
     return comm;
+}
+
+/* A side channel of another world is refused; one channel serves one comm
+   at a time, and again once that comm is gone. */
+static void case_side_checks(world *w)
+{
+    fsdp_side_channel other = w->side;
+    fsdp_comm *a, *b;
+    fsdp_result r;
+    fsdp_error err;
+    other.rank = (w->rank + 1) % w->size;
+    b = make_comm_on(w, "stall_side_other", 0, &other, &r, &err);
+    CHECK_RANK(r == FSDP_INVALID_ARGS && strstr(err.message, "side_channel: it is rank") != NULL,
+               w->rank, "another world's channel gave %s: %s", fsdp_result_string(r), err.message);
+    fsdp_comm_destroy(b);
+    a = make_comm(w, "stall_side_a", 0);
+    b = make_comm_on(w, "stall_side_b", 0, NULL, &r, &err);
+    CHECK_RANK(r == FSDP_INVALID_STATE && strstr(err.message, "serves another comm") != NULL,
+               w->rank, "a second comm on one channel gave %s: %s", fsdp_result_string(r),
+               err.message);
+    fsdp_comm_destroy(b);
+    barrier(w);
+    fsdp_comm_destroy(a);
+    barrier(w);
+    b = make_comm_on(w, "stall_side_c", 0, NULL, &r, &err);
+    CHECK_RANK(r == FSDP_SUCCESS, w->rank, "a comm once the first is gone: %s", err.message);
+    fsdp_comm_destroy(b);
+    barrier(w);
 }
 
 /* Calls #1 and #2, alike on every rank, as the runtime labels them. */
@@ -245,6 +287,7 @@ static void case_stopped(world *w, int check)
 
 static void run_cases(world *w)
 {
+    if (check_selected("side_checks")) case_side_checks(w);
     if (check_selected("mismatch")) case_mismatch(w);
     if (check_selected("stopped")) case_stopped(w, 0);
     if (check_selected("checked_stopped")) case_stopped(w, 1);
@@ -275,6 +318,7 @@ static const check_case CASES[] = {
     {"mismatch", NULL},
     {"stopped", NULL},
     {"checked_stopped", NULL},
+    {"side_checks", NULL},
 };
 
 static int rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
