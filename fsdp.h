@@ -54,7 +54,10 @@
        >>comm         the collectives vtable; the transport kit (one engine
                       for MPI, Gloo and your own byte transports); the
                       built-in `local` backend (N ranks as N threads,
-                      timeouts, mismatch detection)
+                      timeouts, mismatch detection); launchers'
+                      environments (torchrun, srun, mpirun), a TCP
+                      rendezvous, the stall diagnosis (a ring of recent
+                      calls per comm, compared through a side channel)
        >>model        modules, parameters, shared parameters, ignored items
        >>flatparam    units' flat parameters and PyTorch-exact shard metadata
        >>wrap         wrap policies and PyTorch's recursive walk
@@ -902,6 +905,109 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
 FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src, int nsrc,
                                  size_t offset, size_t count, fsdp_reduce_op op);
 
+/* --- for backend authors: stall diagnosis (a ring of recent calls) ---
+   A collective that stalls (a timeout) or fails on one rank tells that rank
+   only that time ran out. Which rank is behind, or which called something
+   else, is known to the others. So each communicator keeps its recent
+   calls in a ring (a copy of each call's fsdp_coll_desc when it is issued,
+   nothing sent and no lock shared between ranks), and after a timeout or
+   a transport error every rank's ring is collected through a side channel
+   that does not depend on the stuck collectives (fsdp_rendezvous_side_channel,
+   fsdp_comm_mpi.h's fsdp_mpi_side_create). fsdp_stall_diagnose
+   compares them: the first call where ranks differ, naming both sides, or
+   the ranks that stopped and what they last called. The engine below
+   (fsdp_transport_desc.side_channel) and fsdp_comm_nccl.h do this; the
+   pieces are public so that a backend of yours can do the same. */
+#define FSDP_CALL_RING_LEN 64
+
+/* One rank's recent calls: call number s (1, 2, ...) is calls[(s - 1) %
+   FSDP_CALL_RING_LEN] while s > issued - FSDP_CALL_RING_LEN. Plain bytes
+   (no pointers): the processes of one build exchange it as is. */
+typedef struct fsdp_call_ring {
+    uint32_t magic;     /* FSDP_CALL_RING_MAGIC once initialised */
+    int32_t rank, size; /* of the comm */
+    int32_t failed;     /* the comm's first failure (an fsdp_result), or 0 */
+    uint64_t issued;    /* calls recorded so far: the last one's number */
+    uint64_t completed; /* calls the comm finished; 0: not known */
+    char failure[FSDP_ERROR_MAX]; /* failed's message */
+    fsdp_coll_desc calls[FSDP_CALL_RING_LEN];
+} fsdp_call_ring;
+#define FSDP_CALL_RING_MAGIC 0x46524e47u /* "FRNG" */
+
+/* Zeroes ring and sets rank and size. */
+FSDP_API void fsdp_call_ring_init(fsdp_call_ring *ring, int rank, int size);
+/* Records c (its seq must be ring->issued + 1, else the ring restarts its
+   numbering at c->seq). Not thread safe: the owner serialises record and
+   any copy of the ring. */
+FSDP_API void fsdp_call_ring_record(fsdp_call_ring *ring, const fsdp_coll_desc *c);
+
+/* How a side channel's collection went for one rank. */
+typedef enum fsdp_side_status {
+    FSDP_SIDE_ANSWERED = 0, /* its bytes are there */
+    FSDP_SIDE_SILENT = 1,   /* no answer before the deadline (frozen, or unreachable) */
+    FSDP_SIDE_GONE = 2,     /* its side channel closed (the process exited or crashed) */
+    FSDP_SIDE_EMPTY = 3     /* alive, but it publishes nothing (no comm attached) */
+} fsdp_side_status;
+
+/* rings[j] is rank j's ring when status[j] is FSDP_SIDE_ANSWERED (else
+   ignored); n ranks; self is the rank that reports. Writes one paragraph
+   (cap bytes) naming what differs, in this order of precedence:
+     "collective #57 differs: rank 0 called begin_forward of unit 'h.1'
+      (all_gather(count=64, dtype=f32)) but rank 1 called end_backward of
+      unit 'h.0' (reduce_scatter(count=64, dtype=f32, op=avg))"
+     "rank 1 stopped after call #56 (...), while rank 0 issued #57: ..."
+     "rank 2 did not answer (frozen, or unreachable)" / "... is gone"
+   or, when nothing differs, "every rank issued the same 57 calls (last:
+   ...); none is behind"; unless the calls differ, followed by the words of
+   a rank whose comm had failed before (it stopped issuing then): "rank 0
+   had failed: ...". Returns 1 when the calls differ (a mismatch), 2
+   when ranks are behind or did not answer, 0 otherwise. Collective: no.
+   Thread safety: any. */
+FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *rings,
+                                 const int *status, int n, int self);
+
+/* What a rank answers when another collects: copies at most cap bytes into
+   buf and returns how many. Called from the side channel's own thread. */
+typedef size_t (*fsdp_side_publish_fn)(void *user, void *buf, size_t cap);
+
+/* A way the ranks reach each other outside a comm's collectives, which
+   keeps working while those are stuck. */
+typedef struct fsdp_side_channel_vtable {
+    uint32_t size;    /* sizeof(fsdp_side_channel_vtable) as the channel was compiled */
+    const char *name; /* "tcp", "mpi" */
+    /* Sets what this rank answers (fn NULL: nothing). Once it returned, the
+       previous fn is never called again. FSDP_INVALID_STATE when another
+       fn is set and fn is not NULL. */
+    fsdp_result (*publish)(void *self, fsdp_side_publish_fn fn, void *user, fsdp_error *err);
+    /* Every rank's answer, this rank's included: rank j's bytes at out + j *
+       cap, lens[j] of them, status[j] (fsdp_side_status); waits for the
+       answers until deadline_ms (fsdp_clock_ms). An error only when the
+       channel itself failed (this rank cannot reach it). */
+    fsdp_result (*collect)(void *self, void *out, size_t cap, size_t *lens, int *status,
+                           double deadline_ms, fsdp_error *err);
+} fsdp_side_channel_vtable;
+
+typedef struct fsdp_side_channel {
+    const fsdp_side_channel_vtable *vt;
+    void *self;
+    int rank, size; /* this rank's place in the channel's world */
+} fsdp_side_channel;
+
+/* For a backend whose call (described in `call`, e.g. by
+   fsdp_coll_describe) failed on this rank with r and *err: when r is
+   FSDP_COMM_TIMEOUT or FSDP_COMM_ERROR and side is set, collects every
+   rank's ring (each rank publishes one through side), waiting at most
+   timeout_ms clamped to [2, 10] s (negative: 10 s), and rewrites err as
+   "<call> on rank R: the ranks' recent calls (tcp side channel) show:
+   <fsdp_stall_diagnose's words> [<err's old message>]". Returns
+   FSDP_COMM_MISMATCH when the calls differ, else r (also when side is NULL
+   or the collection failed, which err then says). Collective: no (the
+   peers answer from their channel's thread). Thread safety: any thread
+   that holds none of the locks the channel's publisher takes. */
+FSDP_API fsdp_result fsdp_side_diagnose(const fsdp_side_channel *side, const fsdp_hooks *hooks,
+                                        int rank, int size, int timeout_ms, const char *call,
+                                        fsdp_result r, fsdp_error *err);
+
 /* --- for backend authors: the transport kit ---
    What makes a backend behave like the local one does not depend on how
    bytes travel: program order across streams, asynchronous completion on
@@ -1036,6 +1142,17 @@ typedef struct fsdp_transport_desc {
        ends the call with FSDP_COMM_MISMATCH when peer_ok returns -1 (j
        made another call and will not take part). Gloo sets it. */
     void (*call_check)(void *t, uint64_t key, int (*peer_ok)(void *user, int peer), void *user);
+    /* Optional (NULL: none): the stall diagnosis. After a collective timed
+       out or its transport failed, every rank's recent calls are collected
+       through this channel and the error names the first call where the
+       ranks differ, or the ranks that stopped and what they last called
+       (fsdp_stall_diagnose; FSDP_COMM_MISMATCH when the calls differ). It
+       matters most with disable_mismatch_check, where nothing else names
+       a mismatch. Its rank and size must be the comm's; it must outlive
+       the comm, and serves one comm at a time (splits do not inherit it).
+       Costs a copy of each call's description when it is issued; nothing
+       travels between ranks until a collective fails. */
+    const fsdp_side_channel *side_channel;
 } fsdp_transport_desc;
 
 /* Builds a comm on a connected transport, which is the comm's from the call
@@ -1119,6 +1236,143 @@ FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn
 FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, fsdp_device *dev,
                                             fsdp_comm **out);
 #endif
+
+/* --- launchers: the environments of torchrun, srun and mpirun ---
+   A process that a launcher started as one rank of several learns its
+   place from the environment:
+     torchrun      RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+                   MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID and
+                   _RESTART_COUNT (the job id: "RUN_ID.restartN"); also
+                   torch.distributed.launch, DeepSpeed's and accelerate's
+                   launchers, which set the same
+     Open MPI      OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE;
+                   the job id from OMPI_MCA_ess_base_jobid or PMIX_NAMESPACE
+     PMI           PMI_RANK, PMI_SIZE, MPI_LOCALRANKID, MPI_LOCALNRANKS
+                   (MPICH's and Intel MPI's mpiexec, srun --mpi=pmi2)
+     SLURM (srun)  a job step: SLURM_STEP_ID (or SLURM_STEPID) with
+                   SLURM_PROCID, SLURM_STEP_NUM_TASKS (else SLURM_NTASKS),
+                   SLURM_LOCALID, SLURM_NODEID and SLURM_STEP_TASKS_PER_NODE
+                   (else SLURM_TASKS_PER_NODE) for the local size, job id
+                   "SLURM_JOB_ID.SLURM_STEP_ID". A batch script's own
+                   variables (no step id) are not a launch.
+   Precedence: torchrun, Open MPI, PMI, SLURM; the first found gives rank
+   and world size. Launchers nest (torchrun or mpirun inside an srun step),
+   and the innermost started this process. Every other one found must be
+   consistent with it, else FSDP_INVALID_ARGS naming both sets of
+   variables: it may not count more processes (the processes of its launch
+   would form several separate jobs), and when it counts as many, the same
+   rank, unless torchrun's agent set the chosen variables
+   (TORCHELASTIC_RUN_ID), since it numbers its workers itself. Open MPI's
+   and PMI's variables together must agree.
+   Rendezvous (for fsdp_rendezvous_create and Gloo's TCP store):
+   MASTER_ADDR, else for a SLURM step the first host of
+   SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST:
+   "node[01-04,07],gpu3" gives "node01"), else none. The port: MASTER_PORT;
+   plus 1 under torchrun when TORCHELASTIC_USE_AGENT_STORE is True (its
+   agent's own store listens on MASTER_PORT then); for a SLURM step
+   without MASTER_PORT, 15000 + (SLURM_JOB_ID mod 1000) * 10 +
+   (SLURM_STEP_ID mod 10), which every task of the step computes alike
+   (below the kernel's ephemeral ports, and distinct for up to 10 steps of
+   one job running at once); else 0 (none). */
+typedef enum fsdp_launcher {
+    FSDP_LAUNCHER_NONE = 0, /* not launched: no launcher's variables */
+    FSDP_LAUNCHER_TORCHRUN = 1,
+    FSDP_LAUNCHER_OPENMPI = 2,
+    FSDP_LAUNCHER_PMI = 3,
+    FSDP_LAUNCHER_SLURM = 4
+} fsdp_launcher;
+
+typedef struct fsdp_launch_info {
+    fsdp_launcher launcher;
+    int rank, world_size;
+    int local_rank, local_world_size; /* -1: the launcher does not say */
+    char master_addr[256];            /* "": none */
+    int master_port;                  /* the rendezvous port (see above); 0: none */
+    char job_id[128];                 /* "": none; letters, digits, '.', '-', '_' (any
+                                         other character of the launcher's becomes '_') */
+    /* For messages: the variables the values came from, "RANK=1
+       WORLD_SIZE=2 LOCAL_RANK=1 ..." (cut at the end). */
+    char vars[384];
+} fsdp_launch_info;
+
+/* Reads a variable: NULL when unset. */
+typedef const char *(*fsdp_getenv_fn)(void *user, const char *name);
+
+/* "torchrun", "Open MPI", "PMI", "SLURM", "none". */
+FSDP_API const char *fsdp_launcher_name(fsdp_launcher launcher);
+/* Fills *out from the environment (getenv_fn NULL: the process's, through
+   getenv; else getenv_fn(user, name), for a table of your own). Returns
+   FSDP_SUCCESS, with out->launcher FSDP_LAUNCHER_NONE when no launcher's
+   variables are set (not an error); FSDP_INVALID_ARGS when a variable is
+   malformed or out of range, one of a pair is missing (RANK without
+   WORLD_SIZE), or two launchers disagree (above), naming the variables in
+   err. Collective: no. Thread safety: any (getenv itself is not safe
+   against a concurrent setenv). */
+FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
+                                          fsdp_launch_info *out, fsdp_error *err);
+/* The first host of a SLURM host list ("node[01-04,07],gpu3" -> "node01";
+   "a[1-2]-b[3-4]" -> "a1-b3"; "gpu3" -> "gpu3") into host (cap bytes).
+   FSDP_INVALID_ARGS for an empty or malformed list or a host longer than
+   cap - 1. Thread safety: any. */
+FSDP_API fsdp_result fsdp_hostlist_first(const char *list, char *host, size_t cap,
+                                         fsdp_error *err);
+
+/* --- a TCP rendezvous: rank 0 serves, the others connect ---
+   For backends that need bytes from rank 0 before they can talk (NCCL's
+   unique id) and for the stall diagnosis's side channel, with no MPI, no
+   Gloo and no shared file system. Rank 0 checks that addr is an address
+   of its host, then listens on port on every address of the host; the
+   others connect, retrying until the timeout. Each says hello with its
+   rank, the world size and the job id; rank 0 answers once all `size`
+   ranks are there. Errors, never a hang (each within the timeout):
+     - addr not an address of rank 0's host, or the port in use there
+       (another job, another program): rank 0 fails naming it;
+     - a rank whose world size differs from rank 0's: every rank that
+       arrives before the timeout fails naming both sizes;
+     - a rank of another job (another job id) on the port: that rank fails
+       naming both jobs; the serving job goes on;
+     - a rank that never arrives: every rank that did fails naming it;
+     - a rank that arrives twice: every rank fails naming it.
+   It stays open until destroyed: rank 0's thread serves, and every rank
+   keeps a thread that answers side-channel collections. Idle, neither
+   costs anything (both wait in poll). */
+typedef struct fsdp_rendezvous fsdp_rendezvous;
+
+/* Zero means default. */
+typedef struct fsdp_rendezvous_desc {
+    fsdp_hooks hooks;
+    const char *addr;  /* rank 0's host (a name or an address); NULL: $MASTER_ADDR */
+    int port;          /* 1..65535; 0: $MASTER_PORT */
+    int rank, size;
+    const char *job_id; /* the same on every rank (fsdp_launch_info.job_id); NULL: "" */
+    int timeout_ms;     /* to meet, and each later broadcast; 0: 300000; negative: forever */
+} fsdp_rendezvous_desc;
+
+/* Meets the other ranks (above). Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS
+   (bad desc, addr not this host's on rank 0, the port in use, world sizes
+   or jobs that differ, a rank twice); FSDP_COMM_TIMEOUT (a rank did not
+   arrive, or rank 0 did not answer); FSDP_COMM_ERROR (a socket failed, or
+   something that is not an fsdp.h rendezvous answers on the port);
+   FSDP_NOT_SUPPORTED (no sockets on this platform); FSDP_OUT_OF_MEMORY.
+   Details in desc->hooks.error. Collective: yes. Thread safety: any
+   thread; the object then one thread at a time (its own threads aside). */
+FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc,
+                                            fsdp_rendezvous **out);
+/* Ends this rank's part; rank 0's ends the rendezvous for every rank (a
+   later collection there reports the channel gone). Not collective. */
+FSDP_API void fsdp_rendezvous_destroy(fsdp_rendezvous *rdzv);
+FSDP_API int fsdp_rendezvous_rank(const fsdp_rendezvous *rdzv);
+FSDP_API int fsdp_rendezvous_size(const fsdp_rendezvous *rdzv);
+FSDP_API const char *fsdp_rendezvous_last_error(const fsdp_rendezvous *rdzv);
+/* root's bytes (bytes of them, at most 1 MiB, the same count on every
+   rank) into buf on every rank. Returns FSDP_SUCCESS; FSDP_INVALID_ARGS
+   (counts that differ: named); FSDP_COMM_TIMEOUT; FSDP_COMM_ERROR (rank 0
+   gone). Collective: yes. */
+FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *rdzv, void *buf, size_t bytes,
+                                               int root);
+/* The rendezvous as a side channel (fsdp_transport_desc.side_channel,
+   fsdp_nccl_desc.side_channel), valid until it is destroyed. */
+FSDP_API fsdp_side_channel fsdp_rendezvous_side_channel(fsdp_rendezvous *rdzv);
 
 /* ======================================================================== */
 /* >>model                                                                   */
@@ -5984,6 +6238,213 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
     return ndiff;
 }
 
+/* --- the call ring and the stall diagnosis --------------------------------- */
+
+FSDP_API void fsdp_call_ring_init(fsdp_call_ring *ring, int rank, int size)
+{
+    if (!ring) return;
+    memset(ring, 0, sizeof *ring);
+    ring->magic = FSDP_CALL_RING_MAGIC;
+    ring->rank = rank;
+    ring->size = size;
+}
+
+FSDP_API void fsdp_call_ring_record(fsdp_call_ring *ring, const fsdp_coll_desc *c)
+{
+    if (!ring || !c || !c->seq) return;
+    /* a call out of sequence leaves older slots with other numbers: every
+       read checks a slot's own seq */
+    ring->issued = c->seq;
+    ring->calls[(c->seq - 1) % FSDP_CALL_RING_LEN] = *c;
+}
+
+/* Call s of ring r, or NULL when the ring no longer (or never) held it. */
+FSDP__DEF const fsdp_coll_desc *fsdp__ring_call(const fsdp_call_ring *r, uint64_t s)
+{
+    const fsdp_coll_desc *c;
+    if (!s || s > r->issued || r->issued - s >= FSDP_CALL_RING_LEN) return NULL;
+    c = &r->calls[(s - 1) % FSDP_CALL_RING_LEN];
+    return c->seq == s ? c : NULL;
+}
+
+/* Appends a formatted piece to buf (cap bytes), cutting at the end. */
+FSDP__DEF void fsdp__append(char *buf, size_t cap, const char *fmt, ...) FSDP__PRINTF(3, 4);
+FSDP__DEF void fsdp__append(char *buf, size_t cap, const char *fmt, ...)
+{
+    size_t len = strlen(buf);
+    va_list ap;
+    if (len + 1 >= cap) return;
+    va_start(ap, fmt);
+    vsnprintf(buf + len, cap - len, fmt, ap);
+    va_end(ap);
+}
+
+/* "rank 2" or "ranks 1, 3" (the ranks whose flag is set), and how many. */
+FSDP__DEF int fsdp__rank_list(char *buf, size_t cap, const unsigned char *set, int n)
+{
+    int j, k = 0;
+    buf[0] = '\0';
+    for (j = 0; j < n; j++) k += set[j] != 0;
+    fsdp__append(buf, cap, "%s", k > 1 ? "ranks" : "rank");
+    for (j = 0, k = 0; j < n; j++)
+        if (set[j]) fsdp__append(buf, cap, "%s %d", k++ ? "," : "", j);
+    return k;
+}
+
+/* What separates the failed call from the diagnosis in fsdp_side_diagnose's
+   words; a ring's failure is shown from there on. */
+#define FSDP__SHOW " side channel) show: "
+
+FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *rings,
+                                 const int *status, int n, int self)
+{
+    char a[256], b[256], list[160];
+    unsigned char *set;
+    const fsdp_coll_desc *ca, *cb;
+    uint64_t lo = 0, hi = 0, s;
+    int j, first = -1, kind = 0, ndiff = 0, bad = -1, slow = -1, ahead = -1, failed = -1, k;
+    if (!buf || !cap) return 0;
+    buf[0] = '\0';
+    if (!rings || !status || n < 1) {
+        snprintf(buf, cap, "no rings to compare");
+        return 0;
+    }
+    /* a flag per rank; the lists of ranks are built from it */
+    set = (unsigned char *)fsdp__calloc(NULL, (size_t)n, 1);
+    if (!set) {
+        snprintf(buf, cap, "out of memory comparing the calls of %d ranks", n);
+        return 0;
+    }
+#define FSDP__RING_OK(j) (status[j] == FSDP_SIDE_ANSWERED && rings[j].magic == FSDP_CALL_RING_MAGIC)
+    for (j = 0; j < n; j++) {
+        uint64_t start;
+        if (!FSDP__RING_OK(j)) continue;
+        start = rings[j].issued > FSDP_CALL_RING_LEN ? rings[j].issued - FSDP_CALL_RING_LEN + 1 : 1;
+        if (first < 0 || start < lo) lo = start;
+        if (first < 0 || rings[j].issued > hi) hi = rings[j].issued;
+        if (first < 0) first = j;
+    }
+    /* the first call that two ranks both hold and describe differently */
+    for (s = lo; first >= 0 && s <= hi && bad < 0; s++) {
+        int ref = -1;
+        for (j = 0; j < n; j++) {
+            const fsdp_coll_desc *c = FSDP__RING_OK(j) ? fsdp__ring_call(&rings[j], s) : NULL;
+            if (!c) continue;
+            if (ref < 0) {
+                ref = j;
+                continue;
+            }
+            if (fsdp_coll_same(fsdp__ring_call(&rings[ref], s), c)) continue;
+            if (bad < 0) {
+                bad = j;
+                first = ref;
+            }
+            set[j] = 1;
+            ndiff++;
+        }
+        if (bad >= 0) {
+            fsdp_coll_desc x = *fsdp__ring_call(&rings[first], s), y = *fsdp__ring_call(&rings[bad], s);
+            x.seq = y.seq = 0; /* the number goes in front */
+            fsdp__coll_describe_labeled(a, sizeof a, &x);
+            fsdp__coll_describe_labeled(b, sizeof b, &y);
+            snprintf(buf, cap, "collective #%llu differs: rank %d called %s but rank %d called %s",
+                     (unsigned long long)s, first, a, bad, b);
+            if (ndiff > 1) {
+                fsdp__rank_list(list, sizeof list, set, n);
+                fsdp__append(buf, cap, " (%d ranks differ from rank %d: %s)", ndiff, first, list);
+            }
+            kind = 1;
+        }
+    }
+    /* else: ranks that issued fewer calls than the others */
+    if (!kind && first >= 0) {
+        memset(set, 0, (size_t)n);
+        for (j = 0; j < n; j++) {
+            if (!FSDP__RING_OK(j) || rings[j].issued == hi) continue;
+            set[j] = 1;
+            if (slow < 0 || rings[j].issued < rings[slow].issued) slow = j;
+        }
+        if (slow >= 0) {
+            s = rings[slow].issued;
+            for (j = 0; j < n && ahead < 0; j++)
+                if (FSDP__RING_OK(j) && fsdp__ring_call(&rings[j], s + 1)) ahead = j;
+            ca = s ? fsdp__ring_call(&rings[slow], s) : NULL;
+            cb = ahead >= 0 ? fsdp__ring_call(&rings[ahead], s + 1) : NULL;
+            if (ca) {
+                fsdp_coll_desc x = *ca;
+                x.seq = 0;
+                fsdp__coll_describe_labeled(a, sizeof a, &x);
+            } else {
+                snprintf(a, sizeof a, s ? "no longer in its ring" : "none");
+            }
+            if (cb) {
+                fsdp_coll_desc y = *cb;
+                y.seq = 0;
+                fsdp__coll_describe_labeled(b, sizeof b, &y);
+            }
+            k = fsdp__rank_list(list, sizeof list, set, n);
+            if (k > 1) fsdp__append(buf, cap, "%s are behind: ", list);
+            fsdp__append(buf, cap, "rank %d stopped after call #%llu (%s)", slow,
+                         (unsigned long long)s, a);
+            if (cb)
+                fsdp__append(buf, cap, ", while rank %d issued #%llu: %s", ahead,
+                             (unsigned long long)(s + 1), b);
+            kind = 2;
+        }
+    }
+    /* ranks whose ring did not come */
+    for (k = FSDP_SIDE_SILENT; k <= FSDP_SIDE_EMPTY + 1; k++) {
+        int many;
+        memset(set, 0, (size_t)n);
+        for (j = 0; j < n; j++)
+            set[j] = k <= FSDP_SIDE_EMPTY ? status[j] == k
+                                          : status[j] == FSDP_SIDE_ANSWERED && !FSDP__RING_OK(j);
+        many = fsdp__rank_list(list, sizeof list, set, n);
+        if (!many) continue;
+        fsdp__append(buf, cap, "%s%s", buf[0] ? "; " : "", list);
+        if (k == FSDP_SIDE_SILENT)
+            fsdp__append(buf, cap, " did not answer (frozen, or unreachable)");
+        else if (k == FSDP_SIDE_GONE)
+            fsdp__append(buf, cap, " %s gone (the side channel closed: the process exited or "
+                         "crashed)", many > 1 ? "are" : "is");
+        else if (k == FSDP_SIDE_EMPTY)
+            fsdp__append(buf, cap, " %s no comm on the side channel", many > 1 ? "have" : "has");
+        else
+            fsdp__append(buf, cap, " sent an unreadable ring (another build?)");
+        kind = kind ? kind : 2;
+    }
+    /* a rank whose comm had failed already (and so issued nothing since):
+       its own words say more, unless the calls differ, which says it all */
+    for (j = 0; j < n && failed < 0 && kind != 1; j++)
+        if (j != self && FSDP__RING_OK(j) && rings[j].failed && (slow < 0 || rings[j].issued < hi))
+            failed = j;
+    if (!kind && first >= 0) {
+        ca = fsdp__ring_call(&rings[first], hi);
+        if (ca) {
+            fsdp_coll_desc x = *ca;
+            x.seq = 0;
+            fsdp__coll_describe_labeled(a, sizeof a, &x);
+        } else {
+            snprintf(a, sizeof a, "none");
+        }
+        snprintf(buf, cap, "every rank issued the same %llu calls (last: %s)%s",
+                 (unsigned long long)hi, a, failed < 0 ? "; none is behind" : "");
+    }
+    if (failed >= 0) {
+        /* its own diagnosis, without the call it failed in when it has one */
+        const char *f = rings[failed].failure, *d;
+        int len = (int)sizeof rings[failed].failure;
+        if ((d = strstr(f, FSDP__SHOW)) != NULL) {
+            len -= (int)(d + strlen(FSDP__SHOW) - f);
+            f = d + strlen(FSDP__SHOW);
+        }
+        fsdp__append(buf, cap, "; rank %d had failed: %.*s", failed, len, f);
+    }
+#undef FSDP__RING_OK
+    fsdp__free(NULL, set);
+    return kind;
+}
+
 /* restrict is C99 and C11; C++ compilers spell it __restrict */
 #if defined(__cplusplus)
 #if defined(__GNUC__) || defined(_MSC_VER)
@@ -6275,6 +6736,12 @@ struct fsdp__eng {
     uint64_t shm_gen;    /* checked calls through shm so far */
     const void **blocks; /* size block pointers for a sum, same owner as fps */
     void **rblocks;      /* size block pointers to receive into, the same */
+    /* the stall diagnosis (fsdp_transport_desc.side_channel; side.vt NULL:
+       none): the calls issued, under ring_mu, which the side channel's
+       thread also takes to copy them */
+    fsdp_side_channel side;
+    fsdp_call_ring *ring;
+    pthread_mutex_t ring_mu;
 };
 
 /* A collective queued on a stream. Ops are recycled and keep their scratch
@@ -6567,6 +7034,13 @@ FSDP__DEF void fsdp__eng_destroy(fsdp__eng *e)
     while (e->inflight > 0) pthread_cond_wait(&e->cv, &e->mu);
     pthread_mutex_unlock(&e->mu);
     h = e->hooks;
+    if (e->ring) {
+        /* once publish returned, the channel's thread no longer reads e */
+        fsdp_error xe;
+        e->side.vt->publish(e->side.self, NULL, NULL, &xe);
+        pthread_mutex_destroy(&e->ring_mu);
+        fsdp__free(&h, e->ring);
+    }
     while ((op = e->spare)) {
         e->spare = op->next;
         fsdp__free(&h, op->scratch);
@@ -6599,6 +7073,108 @@ FSDP__DEF fsdp_result fsdp__eng_timed_out(const fsdp__eng *e, const fsdp_coll_de
     fsdp__coll_describe_labeled(call, sizeof call, c);
     return fsdp_error_set(err, FSDP_COMM_TIMEOUT, "%s timed out after %d ms on rank %d%s: %s",
                           call, e->timeout_ms, e->rank, e->where, why);
+}
+
+/* --- the stall diagnosis of the engine (fsdp_transport_desc.side_channel) ---
+   A copy of each call's description goes into the ring when it is issued,
+   under a lock only the side channel's thread also takes (when a peer
+   collects); nothing else happens until a collective fails. */
+FSDP__DEF void fsdp__eng_record(fsdp__eng *e, const fsdp_coll_desc *c)
+{
+    if (!e->ring) return;
+    fsdp__lock(&e->ring_mu);
+    fsdp_call_ring_record(e->ring, c);
+    pthread_mutex_unlock(&e->ring_mu);
+}
+
+/* A call that was numbered but never ran (its queueing failed). */
+FSDP__DEF void fsdp__eng_unrecord(fsdp__eng *e)
+{
+    if (!e->ring) return;
+    fsdp__lock(&e->ring_mu);
+    if (e->ring->issued) e->ring->issued--;
+    pthread_mutex_unlock(&e->ring_mu);
+}
+
+/* What this rank answers a collection: its ring, how far it got, and its
+   comm's failure if it had one. Runs on the side channel's thread. */
+FSDP__DEF size_t fsdp__eng_publish(void *user, void *buf, size_t cap)
+{
+    fsdp__eng *e = (fsdp__eng *)user;
+    fsdp_call_ring *r = (fsdp_call_ring *)buf;
+    if (cap < sizeof *r) return 0;
+    fsdp__lock(&e->ring_mu);
+    memcpy(r, e->ring, sizeof *r);
+    pthread_mutex_unlock(&e->ring_mu);
+    fsdp__lock(e->omu);
+    r->completed = e->finished;
+    r->failed = (int32_t)e->sticky->code;
+    if (e->sticky->code != FSDP_SUCCESS) {
+        size_t n = strlen(e->sticky->message);
+        if (n >= sizeof r->failure) n = sizeof r->failure - 1; /* cut */
+        memcpy(r->failure, e->sticky->message, n);
+        r->failure[n] = '\0';
+    }
+    pthread_mutex_unlock(e->omu);
+    return sizeof *r;
+}
+
+/* How long a diagnosis waits for the peers' rings: they answer from a
+   thread of their own, so at once unless a process is frozen. */
+FSDP__DEF int fsdp__side_wait_ms(int timeout_ms)
+{
+    if (timeout_ms < 0 || timeout_ms > 10000) return 10000;
+    return timeout_ms < 2000 ? 2000 : timeout_ms;
+}
+
+FSDP_API fsdp_result fsdp_side_diagnose(const fsdp_side_channel *side, const fsdp_hooks *h,
+                                        int rank, int size, int timeout_ms, const char *call,
+                                        fsdp_result r, fsdp_error *err)
+{
+    size_t cap = sizeof(fsdp_call_ring), n = (size_t)size;
+    unsigned char *out;
+    size_t *lens;
+    int *status, j, kind;
+    char *diag;
+    fsdp_error xe, was;
+    fsdp_result cr;
+    if (!side || !side->vt || (r != FSDP_COMM_TIMEOUT && r != FSDP_COMM_ERROR)) return r;
+    was = *err;
+    out = (unsigned char *)fsdp__alloc(h, n * cap + n * (sizeof *lens + sizeof *status) +
+                                              FSDP_ERROR_MAX);
+    if (!out) return r;
+    lens = (size_t *)(void *)(out + n * cap);
+    status = (int *)(void *)(lens + n);
+    diag = (char *)(status + n);
+    memset(&xe, 0, sizeof xe);
+    cr = side->vt->collect(side->self, out, cap, lens, status,
+                           fsdp_deadline_ms(fsdp__side_wait_ms(timeout_ms)), &xe);
+    if (cr != FSDP_SUCCESS) {
+        fsdp_error_set(err, r, "%s; the stall diagnosis could not collect the ranks' calls (%s "
+                       "side channel: %s)", was.message, side->vt->name ? side->vt->name : "?",
+                       xe.message);
+        fsdp__free(h, out);
+        return r;
+    }
+    for (j = 0; j < size; j++) /* a short answer is unreadable, not a ring */
+        if (status[j] == FSDP_SIDE_ANSWERED && lens[j] != cap)
+            ((fsdp_call_ring *)(void *)(out + (size_t)j * cap))->magic = 0;
+    kind = fsdp_stall_diagnose(diag, FSDP_ERROR_MAX, (const fsdp_call_ring *)(void *)out, status,
+                               size, rank);
+    if (kind == 1) r = FSDP_COMM_MISMATCH;
+    fsdp_error_set(err, r, "%s on rank %d: the ranks' recent calls (%s" FSDP__SHOW "%s [%s]", call,
+                   rank, side->vt->name ? side->vt->name : "?", diag, was.message);
+    fsdp__free(h, out);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__eng_diagnose(fsdp__eng *e, const fsdp_coll_desc *c, fsdp_result r,
+                                         fsdp_error *err)
+{
+    char call[256];
+    if (!e->ring) return r;
+    fsdp__coll_describe_labeled(call, sizeof call, c);
+    return fsdp_side_diagnose(&e->side, &e->hooks, e->rank, e->size, e->timeout_ms, call, r, err);
 }
 
 /* Waits until the collectives issued before c finished (program order
@@ -7240,6 +7816,7 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
                                                            !fsdp__eng_inband(e, c),
                             deadline, 1, &done, err);
         if (r != FSDP_SUCCESS) {
+            r = fsdp__eng_diagnose(e, c, r, err);
             fsdp__eng_break(e, err);
             return r;
         }
@@ -7268,6 +7845,7 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
         fsdp__coll_describe_labeled(call, sizeof call, c);
         fsdp_error_set(err, r, "%s failed on rank %d%s: %s", call, e->rank, e->where, xe.message);
     }
+    r = fsdp__eng_diagnose(e, c, r, err);
     fsdp__eng_break(e, err);
     return r;
 }
@@ -7331,6 +7909,7 @@ FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const voi
     memcpy(c->label, e->label, sizeof c->label);
     if (!s && !need) { /* nothing outlives the call: no op */
         c->seq = ++e->issued;
+        fsdp__eng_record(e, c);
         return fsdp__eng_run(e, c, send, recv, NULL, err);
     }
     fsdp__lock(&e->mu);
@@ -7353,6 +7932,7 @@ FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const voi
                               e->rank, need);
     }
     c->seq = ++e->issued;
+    fsdp__eng_record(e, c);
     op->e = e;
     op->c = *c;
     op->send = send;
@@ -7373,6 +7953,7 @@ FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const voi
         r = fsdp_device_launch(e->dev, s, fsdp__eng_task, op);
     if (r != FSDP_SUCCESS) {
         e->issued--; /* it never ran and no peer saw the number */
+        fsdp__eng_unrecord(e);
         fsdp__eng_recycle(e, op, 1);
         return fsdp_error_set(err, r, "%s on rank %d: cannot queue on the stream: %s", kind,
                               e->rank, fsdp_device_last_error(e->dev));
@@ -7452,6 +8033,7 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
     c.key = key;
     c.seq = ++e->issued;
     memcpy(c.label, e->label, sizeof c.label);
+    fsdp__eng_record(e, &c);
     fsdp__coll_describe_labeled(call, sizeof call, &c);
     if ((r = fsdp__eng_turn(e, &c, err)) != FSDP_SUCCESS) goto done;
     pthread_mutex_unlock(e->omu);
@@ -7469,6 +8051,7 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
         r = fsdp__eng_check(e, &c, NULL, NULL, NULL, staging, deadline, 0, &inband_done, err);
         fsdp__free(&e->hooks, staging);
         if (r != FSDP_SUCCESS) {
+            r = fsdp__eng_diagnose(e, &c, r, err);
             fsdp__eng_break(e, err);
             goto done;
         }
@@ -7477,7 +8060,10 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
     r = e->xp.split(e->t, color, key, deadline, &nt, &nrank, &nsize, &xe);
     if (r != FSDP_SUCCESS) {
         fsdp_error_set(err, r, "%s failed on rank %d%s: %s", call, e->rank, e->where, xe.message);
-        if (r == FSDP_COMM_TIMEOUT) fsdp__eng_break(e, err);
+        if (r == FSDP_COMM_TIMEOUT) {
+            r = fsdp__eng_diagnose(e, &c, r, err);
+            fsdp__eng_break(e, err);
+        }
         goto done;
     }
     if (nt) {
@@ -7542,6 +8128,41 @@ FSDP__DEF fsdp_result fsdp__eng_comm(fsdp__eng *e, const char *name, const fsdp_
     return r;
 }
 
+/* Attaches the stall diagnosis's side channel to a new engine. */
+FSDP__DEF fsdp_result fsdp__eng_side(fsdp__eng *e, const fsdp_side_channel *sc, fsdp_error *err)
+{
+    const fsdp_side_channel_vtable *vt = sc->vt;
+    fsdp_result r;
+    if (!vt || vt->size != (uint32_t)sizeof(fsdp_side_channel_vtable) || !vt->publish ||
+        !vt->collect)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "side_channel: %s",
+                              !vt ? "its vt is NULL"
+                              : vt->size != (uint32_t)sizeof(fsdp_side_channel_vtable)
+                                  ? "its vtable is of another size (another fsdp.h version)"
+                                  : "its vtable has no publish or collect");
+    if (sc->rank != e->rank || sc->size != e->size)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "side_channel: it is rank %d of %d, the "
+                              "comm rank %d of %d; they must be the same world", sc->rank,
+                              sc->size, e->rank, e->size);
+    e->ring = (fsdp_call_ring *)fsdp__alloc(&e->hooks, sizeof *e->ring);
+    if (!e->ring) return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "out of memory");
+    if (!fsdp__sync_init(&e->ring_mu, NULL)) {
+        fsdp__free(&e->hooks, e->ring);
+        e->ring = NULL;
+        return fsdp_error_set(err, FSDP_ERROR, "cannot create a mutex");
+    }
+    fsdp_call_ring_init(e->ring, e->rank, e->size);
+    e->side = *sc;
+    r = vt->publish(sc->self, fsdp__eng_publish, e, err);
+    if (r != FSDP_SUCCESS) {
+        pthread_mutex_destroy(&e->ring_mu);
+        fsdp__free(&e->hooks, e->ring);
+        e->ring = NULL;
+        memset(&e->side, 0, sizeof e->side);
+    }
+    return r;
+}
+
 FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc, fsdp_comm **out)
 {
     const fsdp_hooks *h = desc ? &desc->hooks : NULL;
@@ -7592,6 +8213,12 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     e->headed_own = desc->headed_moves_own;
     e->call_check = desc->call_check;
     e->shm_wanted = desc->same_machine_check;
+    if (desc->side_channel && fsdp__eng_side(e, desc->side_channel, &xe) != FSDP_SUCCESS) {
+        r = xe.code;
+        fsdp__eng_destroy(e);
+        return fsdp__fail_create(h, r, "fsdp_comm_transport_create on rank %d: %s", desc->rank,
+                                 xe.message);
+    }
     r = fsdp__eng_shm_setup(e, &xe);
     if (r != FSDP_SUCCESS) {
         fsdp__eng_destroy(e);
@@ -8150,6 +8777,1579 @@ FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn
         return fsdp__fail_create(&desc->hooks, FSDP_ERROR, "fsdp_local_run: cannot start the thread of rank %d",
                                  failed - 1);
     return FSDP_SUCCESS;
+}
+
+/* --- launchers ------------------------------------------------------------ */
+
+FSDP_API const char *fsdp_launcher_name(fsdp_launcher launcher)
+{
+    switch (launcher) {
+    case FSDP_LAUNCHER_TORCHRUN: return "torchrun";
+    case FSDP_LAUNCHER_OPENMPI: return "Open MPI";
+    case FSDP_LAUNCHER_PMI: return "PMI";
+    case FSDP_LAUNCHER_SLURM: return "SLURM";
+    default: return "none";
+    }
+}
+
+/* The environment being read; an empty value counts as unset. */
+typedef struct fsdp__env {
+    fsdp_getenv_fn fn;
+    void *user;
+} fsdp__env;
+
+FSDP__DEF const char *fsdp__env_get(const fsdp__env *v, const char *name)
+{
+    const char *s = v->fn ? v->fn(v->user, name) : getenv(name);
+    return s && *s ? s : NULL;
+}
+
+/* The first of names that is set (its name in *which). */
+FSDP__DEF const char *fsdp__env_any(const fsdp__env *v, const char *const *names, int n,
+                                    const char **which)
+{
+    int i;
+    for (i = 0; i < n; i++) {
+        const char *s = fsdp__env_get(v, names[i]);
+        if (s) {
+            *which = names[i];
+            return s;
+        }
+    }
+    *which = names[0];
+    return NULL;
+}
+
+/* A whole decimal number in [lo, hi] into *out: 1, else 0. */
+FSDP__DEF int fsdp__parse_long(const char *s, long lo, long hi, long *out)
+{
+    char *end;
+    long v;
+    if (!s || !*s) return 0;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (*end || errno || v < lo || v > hi) return 0;
+    *out = v;
+    return 1;
+}
+
+/* What one launcher says. */
+typedef struct fsdp__launch {
+    fsdp_launcher who;
+    int found, rank, size, lrank, lsize;
+    int agent; /* torchrun's agent set it (TORCHELASTIC_RUN_ID) */
+    char job[128];
+    char vars[384];
+} fsdp__launch;
+
+/* name=value into l->vars */
+FSDP__DEF void fsdp__launch_var(fsdp__launch *l, const char *name, const char *value)
+{
+    if (value) fsdp__append(l->vars, sizeof l->vars, "%s%s=%.64s", l->vars[0] ? " " : "", name, value);
+}
+
+/* A rank variable and its world size (both, or neither), and optionally
+   the local pair; l->found when set. */
+FSDP__DEF fsdp_result fsdp__launch_pair(const fsdp__env *v, fsdp__launch *l, const char *rname,
+                                        const char *sname, const char *lrname, const char *lsname,
+                                        fsdp_error *err)
+{
+    const char *r = fsdp__env_get(v, rname), *z = fsdp__env_get(v, sname);
+    const char *lr = lrname ? fsdp__env_get(v, lrname) : NULL;
+    const char *lz = lsname ? fsdp__env_get(v, lsname) : NULL;
+    const char *who = fsdp_launcher_name(l->who);
+    long rank, size, x;
+    l->lrank = l->lsize = -1;
+    if (!r && !z) return FSDP_SUCCESS;
+    if (!r || !z)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is set but %s "
+                              "is not (%s's variables come together)", r ? rname : sname,
+                              r ? r : z, r ? sname : rname, who);
+    if (!fsdp__parse_long(r, 0, 0x7fffffffL, &rank) || !fsdp__parse_long(z, 1, 1L << 24, &size))
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s %s=%s (%s): "
+                              "not a rank >= 0 and a world size in [1, %ld]", rname, r, sname, z,
+                              who, 1L << 24);
+    if (rank >= size)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is not below "
+                              "%s=%s (%s)", rname, r, sname, z, who);
+    l->found = 1;
+    l->rank = (int)rank;
+    l->size = (int)size;
+    fsdp__launch_var(l, rname, r);
+    fsdp__launch_var(l, sname, z);
+    if (lr) {
+        if (!fsdp__parse_long(lr, 0, 0x7fffffffL, &x))
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s (%s) is "
+                                  "not a rank >= 0", lrname, lr, who);
+        l->lrank = (int)x;
+        fsdp__launch_var(l, lrname, lr);
+    }
+    if (lz) {
+        if (!fsdp__parse_long(lz, 1, 1L << 24, &x))
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s (%s) is "
+                                  "not a size >= 1", lsname, lz, who);
+        l->lsize = (int)x;
+        fsdp__launch_var(l, lsname, lz);
+    }
+    if (l->lrank >= 0 && l->lsize > 0 && l->lrank >= l->lsize)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is not below "
+                              "%s=%s (%s)", lrname, lr, lsname, lz, who);
+    return FSDP_SUCCESS;
+}
+
+/* SLURM's tasks per node ("2(x3),1") on node `node`: the count, or -1. */
+FSDP__DEF int fsdp__slurm_tasks_on(const char *s, long node)
+{
+    long first = 0;
+    while (s && *s) {
+        char *end;
+        long count = strtol(s, &end, 10), times = 1;
+        if (end == s || count < 1) return -1;
+        s = end;
+        if (s[0] == '(' && s[1] == 'x') {
+            times = strtol(s + 2, &end, 10);
+            if (end == s + 2 || *end != ')' || times < 1) return -1;
+            s = end + 1;
+        }
+        if (node < first + times) return count > 0x7fffffffL ? -1 : (int)count;
+        first += times;
+        if (*s == ',') s++;
+        else if (*s) return -1;
+    }
+    return -1;
+}
+
+FSDP__DEF fsdp_result fsdp__launch_slurm(const fsdp__env *v, fsdp__launch *l, fsdp_error *err)
+{
+    static const char *const steps[] = {"SLURM_STEP_ID", "SLURM_STEPID"};
+    static const char *const sizes[] = {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"};
+    static const char *const jobs[] = {"SLURM_JOB_ID", "SLURM_JOBID"};
+    static const char *const tpn[] = {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
+    const char *sname, *jname, *tname, *step = fsdp__env_any(v, steps, 2, &sname);
+    const char *size, *job, *tasks, *node;
+    long x;
+    fsdp_result r;
+    l->lrank = l->lsize = -1;
+    if (!step) return FSDP_SUCCESS; /* a batch script, or not SLURM at all */
+    size = fsdp__env_any(v, sizes, 3, &sname);
+    if (!fsdp__env_get(v, "SLURM_PROCID"))
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: SLURM_STEP_ID=%s says "
+                              "this is a SLURM job step, but SLURM_PROCID is not set", step);
+    if (!size)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: SLURM_STEP_ID=%s says "
+                              "this is a SLURM job step, but SLURM_STEP_NUM_TASKS (or SLURM_NTASKS) "
+                              "is not set", step);
+    r = fsdp__launch_pair(v, l, "SLURM_PROCID", sname, "SLURM_LOCALID", NULL, err);
+    if (r != FSDP_SUCCESS) return r;
+    tasks = fsdp__env_any(v, tpn, 2, &tname);
+    node = fsdp__env_get(v, "SLURM_NODEID");
+    if (tasks && node && fsdp__parse_long(node, 0, 1L << 24, &x)) {
+        l->lsize = fsdp__slurm_tasks_on(tasks, x);
+        if (l->lsize > 0) {
+            fsdp__launch_var(l, "SLURM_NODEID", node);
+            fsdp__launch_var(l, tname, tasks);
+        }
+        if (l->lrank >= l->lsize) l->lsize = -1; /* not this node's count: unknown */
+    }
+    fsdp__launch_var(l, "SLURM_STEP_ID", step);
+    job = fsdp__env_any(v, jobs, 2, &jname);
+    if (job) {
+        snprintf(l->job, sizeof l->job, "%.60s.%.60s", job, step);
+        fsdp__launch_var(l, jname, job);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* "TRUE", "true", "1": torchrun writes Python's str(True). */
+FSDP__DEF int fsdp__env_true(const char *s)
+{
+    return s && (!strcmp(s, "1") || !strcmp(s, "True") || !strcmp(s, "true") ||
+                 !strcmp(s, "TRUE"));
+}
+
+FSDP_API fsdp_result fsdp_hostlist_first(const char *list, char *host, size_t cap, fsdp_error *err)
+{
+    const char *p = list;
+    size_t n = 0;
+    if (!host || !cap) return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: host is NULL");
+    host[0] = '\0';
+    if (!list || !*list || *list == ',')
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: the host list '%s' is "
+                              "empty", list ? list : "(null)");
+    while (*p && *p != ',') {
+        if (*p == '[') {
+            /* the first element of the first range: "[01-04,07]" -> "01" */
+            const char *q = ++p;
+            while (*p >= '0' && *p <= '9') p++;
+            if (p == q || (*p != '-' && *p != ',' && *p != ']'))
+                return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: '%s' is not "
+                                      "a SLURM host list (a range in [] must start with a number)",
+                                      list);
+            if (n + (size_t)(p - q) >= cap)
+                return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: the first host "
+                                      "of '%s' is longer than %zu bytes", list, cap - 1);
+            memcpy(host + n, q, (size_t)(p - q));
+            n += (size_t)(p - q);
+            while (*p && *p != ']' && *p != '[') p++;
+            if (*p != ']')
+                return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: '%s' is not "
+                                      "a SLURM host list (a '[' without its ']')", list);
+            p++;
+            continue;
+        }
+        if (*p == ']' || *p == ' ')
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: '%s' is not a "
+                                  "SLURM host list", list);
+        if (n + 1 >= cap)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: the first host of "
+                                  "'%s' is longer than %zu bytes", list, cap - 1);
+        host[n++] = *p++;
+    }
+    host[n] = '\0';
+    return FSDP_SUCCESS;
+}
+
+/* "rank 1 of 2 (RANK=1 WORLD_SIZE=2)" */
+FSDP__DEF void fsdp__launch_says(char *buf, size_t cap, const fsdp__launch *l)
+{
+    snprintf(buf, cap, "%s says rank %d of %d (%s)", fsdp_launcher_name(l->who), l->rank, l->size,
+             l->vars);
+}
+
+FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
+                                          fsdp_launch_info *out, fsdp_error *err)
+{
+    fsdp__env v;
+    fsdp__launch all[4], *c = NULL;
+    const char *s, *port, *addr;
+    char a[480], b[480];
+    long p;
+    int i, j;
+    fsdp_result r;
+    if (!out) return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: out is NULL");
+    memset(out, 0, sizeof *out);
+    out->rank = 0;
+    out->world_size = 1;
+    out->local_rank = out->local_world_size = -1;
+    v.fn = getenv_fn;
+    v.user = user;
+    memset(all, 0, sizeof all);
+    all[0].who = FSDP_LAUNCHER_TORCHRUN;
+    all[1].who = FSDP_LAUNCHER_OPENMPI;
+    all[2].who = FSDP_LAUNCHER_PMI;
+    all[3].who = FSDP_LAUNCHER_SLURM;
+    r = fsdp__launch_pair(&v, &all[0], "RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", err);
+    if (r == FSDP_SUCCESS)
+        r = fsdp__launch_pair(&v, &all[1], "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE",
+                              "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE", err);
+    if (r == FSDP_SUCCESS)
+        r = fsdp__launch_pair(&v, &all[2], "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID",
+                              "MPI_LOCALNRANKS", err);
+    if (r == FSDP_SUCCESS) r = fsdp__launch_slurm(&v, &all[3], err);
+    if (r != FSDP_SUCCESS) return r;
+    if (all[0].found && (s = fsdp__env_get(&v, "TORCHELASTIC_RUN_ID"))) {
+        const char *restart = fsdp__env_get(&v, "TORCHELASTIC_RESTART_COUNT");
+        all[0].agent = 1;
+        /* a restarted attempt is another job: its ranks never meet the old one's */
+        snprintf(all[0].job, sizeof all[0].job, "%.80s.restart%.20s", s, restart ? restart : "0");
+        fsdp__launch_var(&all[0], "TORCHELASTIC_RUN_ID", s);
+    }
+    if (all[1].found) {
+        static const char *const ids[] = {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"};
+        const char *which, *id = fsdp__env_any(&v, ids, 2, &which);
+        if (id) snprintf(all[1].job, sizeof all[1].job, "%.100s", id);
+    }
+    for (i = 0; i < 4 && !c; i++)
+        if (all[i].found) c = &all[i];
+    if (!c) return FSDP_SUCCESS; /* not launched */
+    /* the others must be consistent with the innermost launcher */
+    for (i = 0; i < 4; i++) {
+        fsdp__launch *o = &all[i];
+        int mpi_pair = (c->who == FSDP_LAUNCHER_OPENMPI && o->who == FSDP_LAUNCHER_PMI) ||
+                       (c->who == FSDP_LAUNCHER_PMI && o->who == FSDP_LAUNCHER_OPENMPI);
+        const char *why = NULL;
+        if (o == c || !o->found) continue;
+        if (mpi_pair && (o->size != c->size || o->rank != c->rank))
+            why = "two MPI launchers' variables must agree";
+        else if (o->size > c->size)
+            why = "it counts more processes, so the processes it started would form separate "
+                  "jobs (a stale variable, or a launcher that starts one job per process)";
+        else if (o->size == c->size && o->rank != c->rank && !(c->agent))
+            why = c->who == FSDP_LAUNCHER_TORCHRUN
+                      ? "the same number of processes but another rank (RANK without "
+                        "TORCHELASTIC_RUN_ID was not set by torchrun's agent, which numbers its "
+                        "workers itself)"
+                      : "the same number of processes but another rank";
+        if (!why) continue;
+        fsdp__launch_says(a, sizeof a, c);
+        fsdp__launch_says(b, sizeof b, o);
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: the launchers "
+                              "disagree: %s, but %s: %s", a, b, why);
+    }
+    out->launcher = c->who;
+    out->rank = c->rank;
+    out->world_size = c->size;
+    out->local_rank = c->lrank;
+    out->local_world_size = c->lsize;
+    snprintf(out->vars, sizeof out->vars, "%s", c->vars);
+    /* the job id: this launcher's, else one describing the same processes;
+       safe in a file name (Gloo's directory store keys by it) */
+    for (j = -1; j < 4 && !out->job_id[0]; j++) {
+        const fsdp__launch *o = j < 0 ? c : &all[j];
+        if (o->found && o->size == c->size && o->job[0])
+            snprintf(out->job_id, sizeof out->job_id, "%.127s", o->job);
+    }
+    for (i = 0; out->job_id[i]; i++) {
+        char ch = out->job_id[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '-' || ch == '_'))
+            out->job_id[i] = '_';
+    }
+    /* the rendezvous */
+    addr = fsdp__env_get(&v, "MASTER_ADDR");
+    port = fsdp__env_get(&v, "MASTER_PORT");
+    if (addr) {
+        if (strlen(addr) >= sizeof out->master_addr)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: MASTER_ADDR is "
+                                  "longer than %zu bytes", sizeof out->master_addr - 1);
+        snprintf(out->master_addr, sizeof out->master_addr, "%s", addr);
+        fsdp__append(out->vars, sizeof out->vars, " MASTER_ADDR=%.64s", addr);
+    } else if (all[3].found && all[3].size == c->size) {
+        static const char *const lists[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
+                                            "SLURM_NODELIST"};
+        const char *which, *list = fsdp__env_any(&v, lists, 3, &which);
+        if (list) {
+            r = fsdp_hostlist_first(list, out->master_addr, sizeof out->master_addr, err);
+            if (r != FSDP_SUCCESS) return r;
+            fsdp__append(out->vars, sizeof out->vars, " %s=%.64s", which, list);
+        }
+    }
+    if (port) {
+        int agent_store = c->who == FSDP_LAUNCHER_TORCHRUN &&
+                          fsdp__env_true(fsdp__env_get(&v, "TORCHELASTIC_USE_AGENT_STORE"));
+        if (!fsdp__parse_long(port, 1, agent_store ? 65534 : 65535, &p))
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: MASTER_PORT=%s "
+                                  "is not a port number%s", port,
+                                  agent_store ? " below 65535 (torchrun's agent holds it: the "
+                                                "rendezvous takes the next one)" : "");
+        /* torchrun's agent serves its own store on MASTER_PORT */
+        out->master_port = (int)p + agent_store;
+        fsdp__append(out->vars, sizeof out->vars, " MASTER_PORT=%s%s", port,
+                     agent_store ? " TORCHELASTIC_USE_AGENT_STORE=True" : "");
+    } else if (all[3].found && all[3].size == c->size && all[3].job[0]) {
+        /* 15000 + (job mod 1000) * 10 + (step mod 10): the same on every task */
+        static const char *const jobs[] = {"SLURM_JOB_ID", "SLURM_JOBID"};
+        static const char *const steps[] = {"SLURM_STEP_ID", "SLURM_STEPID"};
+        const char *which;
+        long job = 0, step = 0;
+        if (fsdp__parse_long(fsdp__env_any(&v, jobs, 2, &which), 0, 0x7fffffffL, &job) &&
+            fsdp__parse_long(fsdp__env_any(&v, steps, 2, &which), 0, 0x7fffffffL, &step))
+            out->master_port = (int)(15000 + (job % 1000) * 10 + step % 10);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* --- the TCP rendezvous ----------------------------------------------------
+   Rank 0 runs a small server on a thread: it admits the ranks (hello:
+   magic, version, world size, rank, job id, host, pid), answers them all
+   at once when the last arrives, relays broadcasts, and runs side-channel
+   collections (asks every rank for its bytes, waits for the answers until a
+   deadline, hands the lot to whoever asked). Every rank, rank 0 too, is a
+   client with one connection and a thread that reads it: it answers a
+   collection's query from its publisher and hands broadcasts and
+   collections to the caller waiting for them. Frames: a type byte, the
+   payload's length (4 bytes, network order), the payload. */
+#if defined(__unix__) || defined(__APPLE__)
+#define FSDP__NET 1
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/utsname.h>
+#include <fcntl.h>
+#include <unistd.h>
+#if defined(__GLIBC__) && !defined(__USE_XOPEN2K)
+/* Strict C11 (no _POSIX_C_SOURCE in the implementing file) hides
+   getaddrinfo; these are glibc's own declarations, as for madvise. */
+struct addrinfo {
+    int ai_flags;
+    int ai_family;
+    int ai_socktype;
+    int ai_protocol;
+    socklen_t ai_addrlen;
+    struct sockaddr *ai_addr;
+    char *ai_canonname;
+    struct addrinfo *ai_next;
+};
+extern int getaddrinfo(const char *name, const char *service, const struct addrinfo *req,
+                       struct addrinfo **pai);
+extern void freeaddrinfo(struct addrinfo *ai);
+extern const char *gai_strerror(int ecode);
+#endif
+#ifdef MSG_NOSIGNAL
+#define FSDP__NOSIGPIPE MSG_NOSIGNAL
+#else
+#define FSDP__NOSIGPIPE 0
+#endif
+#else
+#define FSDP__NET 0
+#endif
+
+#define FSDP__RDZV_VERSION 1u
+#define FSDP__RDZV_FRAME_MAX ((uint32_t)64 << 20) /* a collection of 8k rings fits */
+#define FSDP__RDZV_BCAST_MAX ((size_t)1 << 20)
+#define FSDP__RDZV_PUBLISH_MAX ((size_t)64 << 10)
+static const char fsdp__rdzv_magic[8] = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '1'};
+
+/* A broadcast that arrived before its caller asked for it. */
+typedef struct fsdp__rdzv_msg {
+    struct fsdp__rdzv_msg *next;
+    uint64_t seq;
+    size_t len;
+    unsigned char data[1];
+} fsdp__rdzv_msg;
+
+typedef struct fsdp__rdzv_server fsdp__rdzv_server;
+
+struct fsdp_rendezvous {
+    fsdp_hooks hooks;
+    fsdp_error err;
+    int rank, size, timeout_ms;
+    char addr[256], where[300], job[128];
+    int port;
+    int fd;                /* this rank's connection to rank 0's server */
+    pthread_t agent;
+    int agent_up;
+    pthread_mutex_t mu;    /* closed, msgs, coll* */
+    pthread_cond_t cv;
+    pthread_mutex_t wmu;   /* whole frames on fd */
+    pthread_mutex_t pmu;   /* the publisher, held while it runs */
+    int closed;
+    char closed_why[160];
+    fsdp__rdzv_msg *msgs;  /* broadcasts not yet taken */
+    uint64_t bcast_seq;    /* broadcasts this rank called */
+    uint64_t coll_gen;     /* collections received */
+    unsigned char *coll;   /* the latest one's payload */
+    uint32_t coll_len;
+    fsdp_side_publish_fn pub;
+    void *pub_user;
+    unsigned char *pubbuf; /* FSDP__RDZV_PUBLISH_MAX, the agent's */
+    fsdp__rdzv_server *server; /* rank 0's */
+};
+
+#if FSDP__NET
+/* 1 ready, 0 the deadline passed, -1 failed. deadline < 0: none. */
+FSDP__DEF int fsdp__net_wait(int fd, short ev, double deadline)
+{
+    for (;;) {
+        struct pollfd p;
+        int ms = deadline < 0 ? -1 : fsdp_deadline_left_ms(deadline), rc;
+        if (deadline >= 0 && fsdp_clock_ms() >= deadline) return 0;
+        p.fd = fd;
+        p.events = ev;
+        p.revents = 0;
+        rc = poll(&p, 1, ms);
+        if (rc > 0) return (p.revents & (POLLERR | POLLNVAL)) && !(p.revents & ev) ? -1 : 1;
+        if (rc < 0 && errno != EINTR) return -1;
+    }
+}
+
+/* 0 sent, 1 the deadline passed, -1 the connection failed. */
+FSDP__DEF int fsdp__net_write(int fd, const void *buf, size_t n, double deadline)
+{
+    const unsigned char *p = (const unsigned char *)buf;
+    while (n) {
+        ssize_t w = send(fd, p, n, FSDP__NOSIGPIPE);
+        if (w > 0) {
+            p += w;
+            n -= (size_t)w;
+            continue;
+        }
+        if (w < 0 && errno == EINTR) continue;
+        if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            int rc = fsdp__net_wait(fd, POLLOUT, deadline);
+            if (rc <= 0) return rc == 0 ? 1 : -1;
+            continue;
+        }
+        return -1;
+    }
+    return 0;
+}
+
+/* 0 read, 1 the deadline passed, -1 closed or failed. */
+FSDP__DEF int fsdp__net_read(int fd, void *buf, size_t n, double deadline)
+{
+    unsigned char *p = (unsigned char *)buf;
+    while (n) {
+        ssize_t r = recv(fd, p, n, 0);
+        if (r > 0) {
+            p += r;
+            n -= (size_t)r;
+            continue;
+        }
+        if (r == 0) return -1;
+        if (errno == EINTR) continue;
+        if (errno == EAGAIN || errno == EWOULDBLOCK) {
+            int rc = fsdp__net_wait(fd, POLLIN, deadline);
+            if (rc <= 0) return rc == 0 ? 1 : -1;
+            continue;
+        }
+        return -1;
+    }
+    return 0;
+}
+
+FSDP__DEF void fsdp__put_u32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24);
+    p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8);
+    p[3] = (unsigned char)v;
+}
+
+FSDP__DEF uint32_t fsdp__get_u32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+FSDP__DEF void fsdp__put_u64(unsigned char *p, uint64_t v)
+{
+    fsdp__put_u32(p, (uint32_t)(v >> 32));
+    fsdp__put_u32(p + 4, (uint32_t)v);
+}
+
+FSDP__DEF uint64_t fsdp__get_u64(const unsigned char *p)
+{
+    return (uint64_t)fsdp__get_u32(p) << 32 | fsdp__get_u32(p + 4);
+}
+
+/* A frame of type t whose payload is a then b. */
+FSDP__DEF int fsdp__frame_send(int fd, char t, const void *a, size_t na, const void *b, size_t nb,
+                               double deadline)
+{
+    unsigned char h[5];
+    int rc;
+    h[0] = (unsigned char)t;
+    fsdp__put_u32(h + 1, (uint32_t)(na + nb));
+    rc = fsdp__net_write(fd, h, 5, deadline);
+    if (!rc && na) rc = fsdp__net_write(fd, a, na, deadline);
+    if (!rc && nb) rc = fsdp__net_write(fd, b, nb, deadline);
+    return rc;
+}
+
+/* A frame into *payload (allocated, NUL-terminated; *len bytes). 0, 1 the
+   deadline passed, -1 closed or failed, -2 not a frame of ours. */
+FSDP__DEF int fsdp__frame_recv(const fsdp_hooks *h, int fd, char *t, unsigned char **payload,
+                               uint32_t *len, double deadline)
+{
+    unsigned char hd[5];
+    int rc = fsdp__net_read(fd, hd, 5, deadline);
+    *payload = NULL;
+    if (rc) return rc;
+    *t = (char)hd[0];
+    *len = fsdp__get_u32(hd + 1);
+    if (*len > FSDP__RDZV_FRAME_MAX || !strchr("HWXQACRBb", *t) || !*t) return -2;
+    *payload = (unsigned char *)fsdp__alloc(h, (size_t)*len + 1);
+    if (!*payload) return -1;
+    rc = *len ? fsdp__net_read(fd, *payload, *len, deadline) : 0;
+    if (rc) {
+        fsdp__free(h, *payload);
+        *payload = NULL;
+        return rc;
+    }
+    (*payload)[*len] = 0;
+    return 0;
+}
+
+FSDP__DEF void fsdp__net_setup(int fd)
+{
+    int one = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+    fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) | O_NONBLOCK);
+#ifdef SO_NOSIGPIPE
+    setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
+#endif
+}
+
+/* ---- rank 0's server ---- */
+
+typedef struct fsdp__rdzv_peer {
+    int fd, rank;
+    long pid;
+    char host[64];
+} fsdp__rdzv_peer;
+
+struct fsdp__rdzv_server {
+    fsdp_hooks hooks;
+    int size, lfd, wake[2];
+    pthread_t th;
+    int started;
+    char job[128], where[300];
+    double arrive_deadline; /* < 0: none */
+    int timeout_ms;
+    fsdp__rdzv_peer *peers;
+    int npeers, peer_cap, req_cap;
+    int *by_rank;         /* peer index per rank, -1 */
+    unsigned char *heard; /* per rank: told the job's failure */
+    int arrived;
+    int phase;            /* 0 arriving, 1 running, 2 failed */
+    fsdp_result fail_code;
+    char fail_msg[FSDP_ERROR_MAX];
+    /* the collection in progress */
+    int coll_active;
+    uint32_t qid;
+    double coll_deadline;
+    unsigned char *cstatus;
+    unsigned char **cdata;
+    uint32_t *clen;
+    int *requesters, nreq;
+    /* what rank 0's create waits for after a failure: every rank told, or
+       the arrival deadline */
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int done;
+};
+
+FSDP__DEF void fsdp__srv_close_peer(fsdp__rdzv_server *s, int i)
+{
+    fsdp__rdzv_peer *p = &s->peers[i];
+    if (p->fd >= 0) close(p->fd);
+    p->fd = -1;
+    if (p->rank >= 0 && s->by_rank[p->rank] == i) {
+        s->by_rank[p->rank] = -1;
+        if (s->phase == 0) s->arrived--; /* it left before the job began */
+    }
+    if (s->phase != 1) p->rank = -1;
+}
+
+FSDP__DEF void fsdp__srv_refuse(fsdp__rdzv_server *s, int i, fsdp_result code, const char *msg)
+{
+    unsigned char c[4];
+    fsdp__put_u32(c, (uint32_t)(int32_t)code);
+    if (s->peers[i].fd >= 0)
+        fsdp__frame_send(s->peers[i].fd, 'X', c, 4, msg, strlen(msg), fsdp_clock_ms() + 2000.0);
+}
+
+FSDP__DEF void fsdp__srv_done(fsdp__rdzv_server *s)
+{
+    pthread_mutex_lock(&s->mu);
+    s->done = 1;
+    pthread_cond_broadcast(&s->cv);
+    pthread_mutex_unlock(&s->mu);
+}
+
+/* The job failed: every rank there now is told, and every rank that comes
+   later until the deadline. */
+FSDP__DEF void fsdp__srv_fail(fsdp__rdzv_server *s, fsdp_result code, const char *msg)
+{
+    int i, all = 1;
+    if (s->phase == 2) return;
+    s->phase = 2;
+    s->fail_code = code;
+    snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg);
+    for (i = 0; i < s->npeers; i++)
+        if (s->peers[i].fd >= 0 && s->peers[i].rank >= 0) {
+            fsdp__srv_refuse(s, i, code, msg);
+            s->heard[s->peers[i].rank] = 1;
+        }
+    for (i = 0; i < s->size; i++) all &= s->heard[i];
+    if (all) fsdp__srv_done(s);
+}
+
+/* A hello: admitted, refused (another job), or the job fails. */
+FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char *m, uint32_t len)
+{
+    char msg[FSDP_ERROR_MAX], job[128], host[64];
+    fsdp__rdzv_peer *p = &s->peers[i];
+    uint32_t version, jl, hl, size, rank;
+    long pid;
+    if (len < 36 || memcmp(m, fsdp__rdzv_magic, 8) != 0) {
+        fsdp__srv_close_peer(s, i);
+        return;
+    }
+    version = fsdp__get_u32(m + 8);
+    size = fsdp__get_u32(m + 12);
+    rank = fsdp__get_u32(m + 16);
+    pid = (long)fsdp__get_u64(m + 20);
+    jl = fsdp__get_u32(m + 28);
+    if (version != FSDP__RDZV_VERSION || jl >= sizeof job || 32 + jl + 4 > len) {
+        snprintf(msg, sizeof msg, "%s speaks rendezvous version %u, this rank %u (another fsdp.h "
+                 "version)", s->where, FSDP__RDZV_VERSION, version);
+        fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
+        fsdp__srv_close_peer(s, i);
+        return;
+    }
+    memcpy(job, m + 32, jl);
+    job[jl] = 0;
+    hl = fsdp__get_u32(m + 32 + jl);
+    if (hl >= sizeof host || 36 + jl + hl > len) hl = 0;
+    memcpy(host, m + 36 + jl, hl);
+    host[hl] = 0;
+    if (strcmp(job, s->job) != 0) {
+        /* a stranger: it fails, the job goes on */
+        snprintf(msg, sizeof msg, "%.100s serves the rendezvous of job '%.60s' (%d ranks), but "
+                 "this rank (rank %u of %u, from host %.40s) is of job '%.60s': two jobs on one "
+                 "port; give each job its own port (MASTER_PORT)", s->where, s->job, s->size, rank, size,
+                 host, job);
+        fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
+        fsdp__srv_close_peer(s, i);
+        return;
+    }
+    p->rank = -1;
+    if (size != (uint32_t)s->size || rank >= size) {
+        snprintf(msg, sizeof msg, "the ranks of job '%s' disagree on the world size: rank 0 says "
+                 "%d ranks, rank %u (host %s) says %u; start every rank with the same world size "
+                 "(WORLD_SIZE, --ranks)", s->job, s->size, rank, host, size);
+        fsdp__srv_fail(s, FSDP_INVALID_ARGS, msg);
+        if (rank < (uint32_t)s->size) {
+            p->rank = (int)rank;
+            s->heard[rank] = 1;
+        }
+        fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
+        return;
+    }
+    if (s->by_rank[rank] >= 0) {
+        const fsdp__rdzv_peer *o = &s->peers[s->by_rank[rank]];
+        snprintf(msg, sizeof msg, "rank %u of job '%s' arrived twice: from host %s (pid %ld) and "
+                 "from host %s (pid %ld); each rank must be started once", rank, s->job, o->host,
+                 o->pid, host, pid);
+        fsdp__srv_fail(s, FSDP_INVALID_ARGS, msg);
+        fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
+        return;
+    }
+    p->rank = (int)rank;
+    p->pid = pid;
+    snprintf(p->host, sizeof p->host, "%s", host);
+    if (s->phase == 2) { /* the job failed already: this rank hears why */
+        fsdp__srv_refuse(s, i, s->fail_code, s->fail_msg);
+        s->heard[rank] = 1;
+        for (i = 0; i < s->size && s->heard[i]; i++) {}
+        if (i == s->size) fsdp__srv_done(s);
+        return;
+    }
+    s->by_rank[rank] = i;
+    if (++s->arrived < s->size) return;
+    s->phase = 1;
+    for (i = 0; i < s->npeers; i++)
+        if (s->peers[i].fd >= 0 && s->peers[i].rank >= 0)
+            fsdp__frame_send(s->peers[i].fd, 'W', NULL, 0, NULL, 0, fsdp_clock_ms() + 5000.0);
+    fsdp__srv_done(s);
+}
+
+/* The collection's answers to everyone who asked. */
+FSDP__DEF void fsdp__srv_coll_end(fsdp__rdzv_server *s)
+{
+    size_t bytes = 4, off;
+    unsigned char *out;
+    int j, k;
+    for (j = 0; j < s->size; j++) bytes += 5 + s->clen[j];
+    out = (unsigned char *)fsdp__alloc(&s->hooks, bytes);
+    if (out) {
+        fsdp__put_u32(out, (uint32_t)s->size);
+        for (j = 0, off = 4; j < s->size; j++) {
+            out[off] = s->cstatus[j];
+            fsdp__put_u32(out + off + 1, s->clen[j]);
+            if (s->clen[j]) memcpy(out + off + 5, s->cdata[j], s->clen[j]);
+            off += 5 + s->clen[j];
+        }
+        for (k = 0; k < s->nreq; k++) {
+            int i = s->requesters[k];
+            if (i >= 0 && i < s->npeers && s->peers[i].fd >= 0)
+                fsdp__frame_send(s->peers[i].fd, 'R', out, bytes, NULL, 0, fsdp_clock_ms() + 5000.0);
+        }
+        fsdp__free(&s->hooks, out);
+    }
+    for (j = 0; j < s->size; j++) {
+        fsdp__free(&s->hooks, s->cdata[j]);
+        s->cdata[j] = NULL;
+        s->clen[j] = 0;
+    }
+    s->nreq = 0;
+    s->coll_active = 0;
+}
+
+FSDP__DEF void fsdp__srv_coll_check(fsdp__rdzv_server *s)
+{
+    int j;
+    if (!s->coll_active) return;
+    for (j = 0; j < s->size; j++) {
+        if (s->cstatus[j] == FSDP_SIDE_SILENT && s->by_rank[j] < 0) s->cstatus[j] = FSDP_SIDE_GONE;
+        if (s->cstatus[j] == FSDP_SIDE_SILENT && fsdp_clock_ms() < s->coll_deadline) return;
+    }
+    fsdp__srv_coll_end(s);
+}
+
+FSDP__DEF void fsdp__srv_message(fsdp__rdzv_server *s, int i, char t, unsigned char *m,
+                                 uint32_t len)
+{
+    int j, rank = s->peers[i].rank;
+    if (t == 'H') {
+        if (rank < 0) fsdp__srv_hello(s, i, m, len);
+        return;
+    }
+    if (rank < 0 || s->phase != 1) return; /* only admitted ranks of a running job */
+    if (t == 'C' && len >= 4) {
+        if (!fsdp__grow(&s->hooks, (void **)&s->requesters, &s->req_cap, s->nreq + 1, sizeof(int)))
+            return;
+        s->requesters[s->nreq++] = i;
+        if (s->coll_active) return;
+        s->coll_active = 1;
+        s->qid++;
+        s->coll_deadline = fsdp_clock_ms() + (double)fsdp__get_u32(m);
+        for (j = 0; j < s->size; j++) {
+            unsigned char q[4];
+            int pi = s->by_rank[j];
+            fsdp__put_u32(q, s->qid);
+            s->cstatus[j] = FSDP_SIDE_SILENT;
+            if (pi < 0 || fsdp__frame_send(s->peers[pi].fd, 'Q', q, 4, NULL, 0,
+                                           fsdp_clock_ms() + 1000.0) < 0)
+                s->cstatus[j] = FSDP_SIDE_GONE;
+        }
+        fsdp__srv_coll_check(s);
+    } else if (t == 'A' && len >= 5) {
+        if (!s->coll_active || fsdp__get_u32(m) != s->qid) return; /* late: a finished one's */
+        s->cstatus[rank] = m[4];
+        s->clen[rank] = len - 5;
+        if (len > 5) {
+            s->cdata[rank] = (unsigned char *)fsdp__alloc(&s->hooks, len - 5);
+            if (s->cdata[rank]) memcpy(s->cdata[rank], m + 5, len - 5);
+            else s->clen[rank] = 0;
+        }
+        fsdp__srv_coll_check(s);
+    } else if (t == 'B' && len >= 12) {
+        /* a broadcast: to every other rank, as it came */
+        for (j = 0; j < s->size; j++) {
+            int pi = s->by_rank[j];
+            if (j != rank && pi >= 0)
+                fsdp__frame_send(s->peers[pi].fd, 'b', m, len, NULL, 0, fsdp_clock_ms() + 30000.0);
+        }
+    }
+}
+
+FSDP__DEF void *fsdp__srv_main(void *arg)
+{
+    fsdp__rdzv_server *s = (fsdp__rdzv_server *)arg;
+    struct pollfd *pf = NULL;
+    int npf = 0;
+    for (;;) {
+        int i, n = 0, ms = -1, rc;
+        double now = fsdp_clock_ms(), next = -1.0;
+        if (s->npeers + 2 > npf) {
+            struct pollfd *np = (struct pollfd *)fsdp__realloc(&s->hooks, pf,
+                                                               sizeof *pf * (size_t)(s->npeers + 16));
+            if (!np) break;
+            pf = np;
+            npf = s->npeers + 16;
+        }
+        pf[n].fd = s->wake[0];
+        pf[n++].events = POLLIN;
+        pf[n].fd = s->lfd;
+        pf[n++].events = POLLIN;
+        for (i = 0; i < s->npeers; i++) {
+            pf[n].fd = s->peers[i].fd; /* -1: ignored by poll */
+            pf[n++].events = POLLIN;
+        }
+        for (i = 0; i < n; i++) pf[i].revents = 0;
+        if (s->phase != 1 && s->arrive_deadline >= 0) next = s->arrive_deadline;
+        if (s->coll_active && (next < 0 || s->coll_deadline < next)) next = s->coll_deadline;
+        if (next >= 0) ms = next > now ? (int)(next - now) + 1 : 0;
+        rc = poll(pf, (nfds_t)n, ms);
+        if (rc < 0 && errno != EINTR) break;
+        if (pf[0].revents) break;
+        if (pf[1].revents & POLLIN) {
+            int fd = accept(s->lfd, NULL, NULL);
+            if (fd >= 0 && fsdp__grow(&s->hooks, (void **)&s->peers, &s->peer_cap, s->npeers + 1,
+                                      sizeof *s->peers)) {
+                fsdp__rdzv_peer *p = &s->peers[s->npeers++];
+                memset(p, 0, sizeof *p);
+                p->fd = fd;
+                p->rank = -1;
+                fsdp__net_setup(fd);
+            } else if (fd >= 0) {
+                close(fd);
+            }
+        }
+        for (i = 0; i < n - 2 && i < s->npeers; i++) {
+            char t = 0;
+            unsigned char *m = NULL;
+            uint32_t len = 0;
+            if (!(pf[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) || s->peers[i].fd < 0) continue;
+            /* a peer that stalls in the middle of a frame is dropped after 2 s */
+            rc = fsdp__frame_recv(&s->hooks, s->peers[i].fd, &t, &m, &len, fsdp_clock_ms() + 2000.0);
+            if (rc) {
+                fsdp__srv_close_peer(s, i);
+                fsdp__srv_coll_check(s);
+                continue;
+            }
+            fsdp__srv_message(s, i, t, m, len);
+            fsdp__free(&s->hooks, m);
+        }
+        now = fsdp_clock_ms();
+        if (s->coll_active) fsdp__srv_coll_check(s);
+        if (s->phase == 0 && s->arrive_deadline >= 0 && now >= s->arrive_deadline) {
+            char msg[FSDP_ERROR_MAX];
+            unsigned char *missing = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
+            char list[160] = "";
+            int k = 0;
+            for (i = 0; missing && i < s->size; i++) {
+                missing[i] = s->by_rank[i] < 0;
+                k += missing[i];
+            }
+            if (missing) fsdp__rank_list(list, sizeof list, missing, s->size);
+            fsdp__free(&s->hooks, missing);
+            snprintf(msg, sizeof msg, "%d of the %d ranks of job '%.60s' did not arrive at the "
+                     "rendezvous (%.100s) within %d ms: %.120s; a rank that was never started, "
+                     "or started with another address or port", k, s->size, s->job, s->where,
+                     s->timeout_ms, list);
+            fsdp__srv_fail(s, FSDP_COMM_TIMEOUT, msg);
+            fsdp__srv_done(s);
+        } else if (s->phase == 2 && s->arrive_deadline >= 0 && now >= s->arrive_deadline) {
+            fsdp__srv_done(s);
+        }
+    }
+    fsdp__free(&s->hooks, pf);
+    fsdp__srv_done(s);
+    return NULL;
+}
+
+FSDP__DEF void fsdp__srv_stop(fsdp__rdzv_server *s)
+{
+    int i;
+    if (!s) return;
+    if (s->started) {
+        char c = 0;
+        if (write(s->wake[1], &c, 1) < 0) {
+            /* the pipe is ours and empty: a write cannot fail for space */
+        }
+        pthread_join(s->th, NULL);
+    }
+    for (i = 0; i < s->npeers; i++)
+        if (s->peers[i].fd >= 0) close(s->peers[i].fd);
+    if (s->lfd >= 0) close(s->lfd);
+    if (s->wake[0] >= 0) close(s->wake[0]);
+    if (s->wake[1] >= 0) close(s->wake[1]);
+    for (i = 0; s->cdata && i < s->size; i++) fsdp__free(&s->hooks, s->cdata[i]);
+    fsdp__free(&s->hooks, s->cdata);
+    fsdp__free(&s->hooks, s->clen);
+    fsdp__free(&s->hooks, s->cstatus);
+    fsdp__free(&s->hooks, s->requesters);
+    fsdp__free(&s->hooks, s->heard);
+    fsdp__free(&s->hooks, s->by_rank);
+    fsdp__free(&s->hooks, s->peers);
+    fsdp__sync_destroy(&s->mu, &s->cv);
+    fsdp__free(&s->hooks, s);
+}
+
+/* Resolves host (numeric or a name) into a list (freeaddrinfo it). */
+FSDP__DEF int fsdp__net_resolve(const char *host, int port, struct addrinfo **res, char *why,
+                                size_t cap)
+{
+    struct addrinfo hints;
+    char p[16];
+    int rc;
+    memset(&hints, 0, sizeof hints);
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    snprintf(p, sizeof p, "%d", port);
+    *res = NULL;
+    rc = getaddrinfo(host, p, &hints, res);
+    if (rc != 0) {
+        snprintf(why, cap, "%s", gai_strerror(rc));
+        return 0;
+    }
+    return 1;
+}
+
+/* Rank 0: addr must be an address of this host (it can bind one of them),
+   then the server listens on the port on every address. */
+FSDP__DEF fsdp_result fsdp__srv_start(fsdp_rendezvous *z, fsdp__rdzv_server **out)
+{
+    fsdp__rdzv_server *s;
+    struct addrinfo *res = NULL, *ai;
+    char why[160] = "";
+    int local = 0, one = 1, zero = 0, e = 0, fd;
+    *out = NULL;
+    if (!fsdp__net_resolve(z->addr, 0, &res, why, sizeof why))
+        return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank 0: "
+                              "cannot resolve the rendezvous address '%s' (MASTER_ADDR): %s",
+                              z->addr, why);
+    for (ai = res; ai && !local; ai = ai->ai_next) {
+        int t = socket(ai->ai_family, SOCK_STREAM, 0);
+        if (t < 0) continue;
+        local = bind(t, ai->ai_addr, ai->ai_addrlen) == 0; /* port 0: any free one */
+        if (!local) e = errno;
+        close(t);
+    }
+    freeaddrinfo(res);
+    if (!local)
+        return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank 0: the "
+                              "rendezvous address '%s' is not an address of this host (%s); rank "
+                              "0 serves the rendezvous, so MASTER_ADDR must name rank 0's host "
+                              "as the other ranks reach it", z->addr,
+                              e ? strerror(e) : "no address");
+    s = (fsdp__rdzv_server *)fsdp__calloc(&z->hooks, 1, sizeof *s);
+    if (!s) return fsdp_error_set(&z->err, FSDP_OUT_OF_MEMORY, "out of memory");
+    s->hooks = z->hooks;
+    s->lfd = s->wake[0] = s->wake[1] = -1;
+    s->size = z->size;
+    s->timeout_ms = z->timeout_ms;
+    snprintf(s->job, sizeof s->job, "%s", z->job);
+    snprintf(s->where, sizeof s->where, "%s", z->where);
+    s->arrive_deadline = fsdp_deadline_ms(z->timeout_ms);
+    s->by_rank = (int *)fsdp__calloc(&s->hooks, (size_t)s->size, sizeof(int));
+    s->heard = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
+    s->cstatus = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
+    s->clen = (uint32_t *)fsdp__calloc(&s->hooks, (size_t)s->size, sizeof(uint32_t));
+    s->cdata = (unsigned char **)fsdp__calloc(&s->hooks, (size_t)s->size, sizeof(void *));
+    if (!s->by_rank || !s->heard || !s->cstatus || !s->clen || !s->cdata ||
+        !fsdp__sync_init(&s->mu, &s->cv)) {
+        fsdp__free(&s->hooks, s->cdata);
+        fsdp__free(&s->hooks, s->clen);
+        fsdp__free(&s->hooks, s->cstatus);
+        fsdp__free(&s->hooks, s->heard);
+        fsdp__free(&s->hooks, s->by_rank);
+        fsdp__free(&s->hooks, s);
+        return fsdp_error_set(&z->err, FSDP_OUT_OF_MEMORY, "out of memory");
+    }
+    memset(s->by_rank, 0xff, sizeof(int) * (size_t)s->size); /* -1 */
+    /* every address of the host, IPv4 too (as torch's TCPStore) */
+    fd = socket(AF_INET6, SOCK_STREAM, 0);
+    if (fd >= 0) {
+        struct sockaddr_in6 a;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
+        memset(&a, 0, sizeof a);
+        a.sin6_family = AF_INET6;
+        a.sin6_addr = in6addr_any;
+        a.sin6_port = htons((uint16_t)z->port);
+        if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+            e = errno;
+            close(fd);
+            fd = e == EADDRINUSE ? -2 : -1;
+        }
+    }
+    if (fd == -1) { /* no IPv6 here */
+        struct sockaddr_in a;
+        fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd >= 0) {
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+            memset(&a, 0, sizeof a);
+            a.sin_family = AF_INET;
+            a.sin_addr.s_addr = htonl(INADDR_ANY);
+            a.sin_port = htons((uint16_t)z->port);
+            if (bind(fd, (struct sockaddr *)&a, sizeof a) != 0) {
+                e = errno;
+                close(fd);
+                fd = -1;
+            }
+        } else {
+            e = errno;
+        }
+    }
+    if (fd >= 0 && listen(fd, 1024) != 0) {
+        e = errno;
+        close(fd);
+        fd = -1;
+    }
+    if (fd < 0) {
+        fsdp__srv_stop(s);
+        if (e == EADDRINUSE)
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank 0: "
+                                  "port %d is in use on this host (%s): another job's rendezvous, "
+                                  "or another program; give this job another port (MASTER_PORT)",
+                                  z->port, z->where);
+        return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank 0: cannot "
+                              "listen on port %d: %s", z->port, strerror(e));
+    }
+    s->lfd = fd;
+    fsdp__net_setup(fd);
+    if (pipe(s->wake) != 0) {
+        e = errno;
+        fsdp__srv_stop(s);
+        return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create: pipe: %s",
+                              strerror(e));
+    }
+    if (pthread_create(&s->th, NULL, fsdp__srv_main, s) != 0) {
+        fsdp__srv_stop(s);
+        return fsdp_error_set(&z->err, FSDP_ERROR, "fsdp_rendezvous_create: cannot start the "
+                              "server thread");
+    }
+    s->started = 1;
+    *out = s;
+    return FSDP_SUCCESS;
+}
+
+/* ---- every rank: the connection and its reader ---- */
+
+FSDP__DEF void fsdp__rdzv_closed(fsdp_rendezvous *z, const char *why)
+{
+    pthread_mutex_lock(&z->mu);
+    if (!z->closed) {
+        z->closed = 1;
+        snprintf(z->closed_why, sizeof z->closed_why, "%s", why);
+    }
+    pthread_cond_broadcast(&z->cv);
+    pthread_mutex_unlock(&z->mu);
+}
+
+FSDP__DEF void *fsdp__rdzv_agent(void *arg)
+{
+    fsdp_rendezvous *z = (fsdp_rendezvous *)arg;
+    for (;;) {
+        char t = 0;
+        unsigned char *m = NULL;
+        uint32_t len = 0;
+        int rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len, -1.0);
+        if (rc) {
+            fsdp__rdzv_closed(z, rc == -2 ? "garbled" : "closed");
+            break;
+        }
+        if (t == 'Q' && len >= 4) {
+            unsigned char head[5];
+            size_t n = 0;
+            memcpy(head, m, 4);
+            head[4] = FSDP_SIDE_EMPTY;
+            pthread_mutex_lock(&z->pmu);
+            if (z->pub) {
+                n = z->pub(z->pub_user, z->pubbuf, FSDP__RDZV_PUBLISH_MAX);
+                if (n > FSDP__RDZV_PUBLISH_MAX) n = 0;
+                head[4] = FSDP_SIDE_ANSWERED;
+            }
+            pthread_mutex_lock(&z->wmu);
+            fsdp__frame_send(z->fd, 'A', head, 5, z->pubbuf, n, fsdp_clock_ms() + 5000.0);
+            pthread_mutex_unlock(&z->wmu);
+            pthread_mutex_unlock(&z->pmu);
+        } else if (t == 'R') {
+            pthread_mutex_lock(&z->mu);
+            fsdp__free(&z->hooks, z->coll);
+            z->coll = m;
+            z->coll_len = len;
+            m = NULL;
+            z->coll_gen++;
+            pthread_cond_broadcast(&z->cv);
+            pthread_mutex_unlock(&z->mu);
+        } else if (t == 'b' && len >= 12) {
+            fsdp__rdzv_msg *b = (fsdp__rdzv_msg *)fsdp__alloc(&z->hooks, sizeof *b + len - 12);
+            if (b) {
+                fsdp__rdzv_msg **tail;
+                b->next = NULL;
+                b->seq = fsdp__get_u64(m);
+                b->len = len - 12;
+                memcpy(b->data, m + 12, len - 12);
+                pthread_mutex_lock(&z->mu);
+                for (tail = &z->msgs; *tail; tail = &(*tail)->next) {}
+                *tail = b;
+                pthread_cond_broadcast(&z->cv);
+                pthread_mutex_unlock(&z->mu);
+            }
+        }
+        fsdp__free(&z->hooks, m);
+    }
+    return NULL;
+}
+
+/* Waits on z->cv until the deadline (< 0: none); 0 when it passed. Called
+   with z->mu held. */
+FSDP__DEF int fsdp__rdzv_cond_wait(fsdp_rendezvous *z, double deadline)
+{
+    struct timespec ts;
+    double left;
+    if (deadline < 0) {
+        pthread_cond_wait(&z->cv, &z->mu);
+        return 1;
+    }
+    left = deadline - fsdp_clock_ms();
+    if (left <= 0) return 0;
+    ts = fsdp__cond_deadline(left > 1000.0 ? 1000 : (int)left + 1);
+    pthread_cond_timedwait(&z->cv, &z->mu, &ts);
+    return 1;
+}
+
+/* Connects to rank 0's server, retrying until the deadline. */
+FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
+{
+    char last[200] = "no attempt yet";
+    for (;;) {
+        struct addrinfo *res = NULL, *ai;
+        char why[160];
+        if (!fsdp__net_resolve(z->addr, z->port, &res, why, sizeof why)) {
+            snprintf(last, sizeof last, "cannot resolve '%.60s': %.100s", z->addr, why);
+        } else {
+            for (ai = res; ai; ai = ai->ai_next) {
+                int fd = socket(ai->ai_family, SOCK_STREAM, 0), rc, e = 0;
+                socklen_t el = sizeof e;
+                if (fd < 0) continue;
+                fsdp__net_setup(fd);
+                rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+                if (rc != 0 && errno == EINPROGRESS) {
+                    /* an address nobody answers must not take the whole timeout */
+                    double d = fsdp_clock_ms() + 2000.0;
+                    rc = fsdp__net_wait(fd, POLLOUT, deadline >= 0 && deadline < d ? deadline : d);
+                    if (rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e == 0) rc = 0;
+                    else {
+                        if (!e) e = rc == 0 ? ETIMEDOUT : errno;
+                        rc = -1;
+                    }
+                } else if (rc != 0) {
+                    e = errno;
+                }
+                if (rc == 0) {
+                    z->fd = fd;
+                    freeaddrinfo(res);
+                    return FSDP_SUCCESS;
+                }
+                snprintf(last, sizeof last, "%s", strerror(e));
+                close(fd);
+            }
+            freeaddrinfo(res);
+        }
+        if (deadline >= 0 && fsdp_clock_ms() >= deadline)
+            return fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: "
+                                  "no rendezvous at %s within %d ms (last attempt: %s): rank 0 was "
+                                  "not started, failed, or MASTER_ADDR does not name its host as "
+                                  "this host reaches it", z->rank, z->where, z->timeout_ms, last);
+        {
+            struct timespec ts = fsdp__cond_deadline(100);
+            pthread_mutex_lock(&z->mu);
+            pthread_cond_timedwait(&z->cv, &z->mu, &ts); /* nobody signals: a sleep */
+            pthread_mutex_unlock(&z->mu);
+        }
+    }
+}
+
+FSDP__DEF fsdp_result fsdp__rdzv_meet(fsdp_rendezvous *z, double deadline)
+{
+    unsigned char hello[36 + 128 + 64];
+    char host[64] = "?", t = 0;
+    unsigned char *m = NULL;
+    uint32_t len = 0, jl = (uint32_t)strlen(z->job), hl;
+    struct utsname u;
+    int rc;
+    fsdp_result r;
+    if (uname(&u) == 0) snprintf(host, sizeof host, "%.63s", u.nodename);
+    hl = (uint32_t)strlen(host);
+    memcpy(hello, fsdp__rdzv_magic, 8);
+    fsdp__put_u32(hello + 8, FSDP__RDZV_VERSION);
+    fsdp__put_u32(hello + 12, (uint32_t)z->size);
+    fsdp__put_u32(hello + 16, (uint32_t)z->rank);
+    fsdp__put_u64(hello + 20, (uint64_t)getpid());
+    fsdp__put_u32(hello + 28, jl);
+    memcpy(hello + 32, z->job, jl);
+    fsdp__put_u32(hello + 32 + jl, hl);
+    memcpy(hello + 36 + jl, host, hl);
+    r = fsdp__rdzv_connect(z, deadline);
+    if (r != FSDP_SUCCESS) return r;
+    if (fsdp__frame_send(z->fd, 'H', hello, 36 + jl + hl, NULL, 0, deadline) != 0)
+        return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s "
+                              "closed the connection: not an fsdp.h rendezvous (another program "
+                              "on that port?)", z->rank, z->where);
+    /* rank 0 answers once every rank arrived, or when the job failed: give
+       it a few seconds past this rank's own deadline to say why */
+    rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len, deadline < 0 ? -1.0 : deadline + 5000.0);
+    if (rc == 0 && t == 'W') r = FSDP_SUCCESS;
+    else if (rc == 0 && t == 'X' && len >= 4) {
+        fsdp_result code = (fsdp_result)(int32_t)fsdp__get_u32(m);
+        r = fsdp_error_set(&z->err, code, "fsdp_rendezvous_create on rank %d: %s", z->rank,
+                           (const char *)m + 4);
+    } else if (rc == 1) {
+        r = fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: rank 0 "
+                           "at %s did not answer within %d ms: it still waits for ranks that have "
+                           "not arrived (it names them)", z->rank, z->where, z->timeout_ms);
+    } else {
+        r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s %s: "
+                           "not an fsdp.h rendezvous of this version (another program on that "
+                           "port?), or rank 0 failed", z->rank, z->where,
+                           rc == -2 ? "answered something else" : "closed the connection");
+    }
+    fsdp__free(&z->hooks, m);
+    return r;
+}
+#endif /* FSDP__NET */
+
+FSDP_API void fsdp_rendezvous_destroy(fsdp_rendezvous *z)
+{
+    fsdp_hooks h;
+    if (!z) return;
+    h = z->hooks;
+#if FSDP__NET
+    if (z->fd >= 0) shutdown(z->fd, SHUT_RDWR); /* the reader sees the end and leaves */
+    if (z->agent_up) pthread_join(z->agent, NULL);
+    if (z->fd >= 0) close(z->fd);
+    fsdp__srv_stop(z->server);
+#endif
+    while (z->msgs) {
+        fsdp__rdzv_msg *b = z->msgs;
+        z->msgs = b->next;
+        fsdp__free(&h, b);
+    }
+    fsdp__free(&h, z->coll);
+    fsdp__free(&h, z->pubbuf);
+    pthread_mutex_destroy(&z->pmu);
+    pthread_mutex_destroy(&z->wmu);
+    fsdp__sync_destroy(&z->mu, &z->cv);
+    fsdp__free(&h, z);
+}
+
+FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fsdp_rendezvous **out)
+{
+    const fsdp_hooks *h = desc ? &desc->hooks : NULL;
+    const char *addr, *job;
+    fsdp_rendezvous *z;
+    fsdp_result r;
+    long port;
+    double deadline;
+    if (out) *out = NULL;
+    if (!desc || !out)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: %s is NULL",
+                                 desc ? "out" : "desc");
+    if (!fsdp__hooks_valid(h))
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: set all of "
+                                 "allocator alloc, realloc and free, or none");
+    if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: rank %d is not in "
+                                 "[0, %d)", desc->rank, desc->size);
+    addr = desc->addr && desc->addr[0] ? desc->addr : getenv("MASTER_ADDR");
+    if (!addr || !addr[0])
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank %d: no "
+                                 "address: set desc.addr (rank 0's host) or MASTER_ADDR",
+                                 desc->rank);
+    if (strlen(addr) >= 256)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: the address is "
+                                 "longer than 255 bytes");
+    port = desc->port;
+    if (port == 0) {
+        const char *p = getenv("MASTER_PORT");
+        if (!p || !*p)
+            return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank %d: no "
+                                     "port: set desc.port or MASTER_PORT", desc->rank);
+        if (!fsdp__parse_long(p, 1, 65535, &port))
+            return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: MASTER_PORT=%s "
+                                     "is not a port number", p);
+    }
+    if (port < 1 || port > 65535)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: port %ld is not "
+                                 "in [1, 65535]", port);
+    job = desc->job_id ? desc->job_id : "";
+    if (strlen(job) >= 128)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: the job id is "
+                                 "longer than 127 bytes");
+#if !FSDP__NET
+    (void)deadline, (void)r, (void)z;
+    return fsdp__fail_create(h, FSDP_NOT_SUPPORTED, "fsdp_rendezvous_create: no sockets on this "
+                             "platform in this build");
+#else
+    z = (fsdp_rendezvous *)fsdp__calloc(h, 1, sizeof *z);
+    if (!z) return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out of memory");
+    z->hooks = fsdp__hooks_copy(h);
+    z->fd = -1;
+    z->rank = desc->rank;
+    z->size = desc->size;
+    z->port = (int)port;
+    z->timeout_ms = desc->timeout_ms == 0 ? 300000 : desc->timeout_ms < 0 ? -1 : desc->timeout_ms;
+    snprintf(z->addr, sizeof z->addr, "%s", addr);
+    snprintf(z->job, sizeof z->job, "%s", job);
+    snprintf(z->where, sizeof z->where, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, (int)port);
+    if (!fsdp__sync_init(&z->mu, &z->cv)) {
+        fsdp__free(h, z);
+        return fsdp__fail_create(h, FSDP_ERROR, "fsdp_rendezvous_create: cannot create a mutex");
+    }
+    if (pthread_mutex_init(&z->wmu, NULL) != 0 || pthread_mutex_init(&z->pmu, NULL) != 0) {
+        fsdp__fail_create(h, FSDP_ERROR, "fsdp_rendezvous_create: cannot create a mutex");
+        fsdp__sync_destroy(&z->mu, &z->cv);
+        fsdp__free(h, z);
+        return FSDP_ERROR;
+    }
+    z->pubbuf = (unsigned char *)fsdp__alloc(&z->hooks, FSDP__RDZV_PUBLISH_MAX);
+    if (!z->pubbuf) {
+        fsdp_rendezvous_destroy(z);
+        return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out of memory");
+    }
+    deadline = fsdp_deadline_ms(z->timeout_ms);
+    r = z->rank == 0 ? fsdp__srv_start(z, &z->server) : FSDP_SUCCESS;
+    if (r == FSDP_SUCCESS) r = fsdp__rdzv_meet(z, deadline);
+    if (r != FSDP_SUCCESS && z->server) {
+        /* the ranks still arriving hear why, until every rank heard or the
+           deadline (the server decides) */
+        pthread_mutex_lock(&z->server->mu);
+        while (!z->server->done) pthread_cond_wait(&z->server->cv, &z->server->mu);
+        pthread_mutex_unlock(&z->server->mu);
+    }
+    if (r == FSDP_SUCCESS && pthread_create(&z->agent, NULL, fsdp__rdzv_agent, z) != 0)
+        r = fsdp_error_set(&z->err, FSDP_ERROR, "fsdp_rendezvous_create: cannot start its thread");
+    if (r != FSDP_SUCCESS) {
+        fsdp__fail_create(h, r, "%s", z->err.message);
+        fsdp_rendezvous_destroy(z);
+        return r;
+    }
+    z->agent_up = 1;
+    *out = z;
+    return FSDP_SUCCESS;
+#endif
+}
+
+FSDP_API int fsdp_rendezvous_rank(const fsdp_rendezvous *z) { return z ? z->rank : -1; }
+FSDP_API int fsdp_rendezvous_size(const fsdp_rendezvous *z) { return z ? z->size : 0; }
+FSDP_API const char *fsdp_rendezvous_last_error(const fsdp_rendezvous *z)
+{
+    return z ? z->err.message : "";
+}
+
+FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *z, void *buf, size_t bytes, int root)
+{
+#if FSDP__NET
+    double deadline;
+    uint64_t seq;
+    fsdp_result r = FSDP_SUCCESS;
+    if (!z) return FSDP_INVALID_ARGS;
+    if ((!buf && bytes) || bytes > FSDP__RDZV_BCAST_MAX || root < 0 || root >= z->size)
+        return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast on rank %d: "
+                              "%s", z->rank, root < 0 || root >= z->size ? "root is not a rank"
+                              : bytes > FSDP__RDZV_BCAST_MAX ? "more than 1 MiB" : "buf is NULL");
+    deadline = fsdp_deadline_ms(z->timeout_ms);
+    seq = ++z->bcast_seq;
+    if (z->rank == root) {
+        unsigned char head[12];
+        int rc;
+        fsdp__put_u64(head, seq);
+        fsdp__put_u32(head + 8, (uint32_t)root);
+        pthread_mutex_lock(&z->wmu);
+        rc = fsdp__frame_send(z->fd, 'B', head, 12, buf, bytes, deadline);
+        pthread_mutex_unlock(&z->wmu);
+        if (rc)
+            return fsdp_error_set(&z->err, rc > 0 ? FSDP_COMM_TIMEOUT : FSDP_COMM_ERROR,
+                                  "fsdp_rendezvous_broadcast on rank %d: cannot send to the "
+                                  "rendezvous at %s (%s)", z->rank, z->where,
+                                  rc > 0 ? "timed out" : "rank 0 gone");
+        return FSDP_SUCCESS;
+    }
+    pthread_mutex_lock(&z->mu);
+    for (;;) {
+        fsdp__rdzv_msg **p;
+        for (p = &z->msgs; *p && (*p)->seq != seq; p = &(*p)->next) {}
+        if (*p) {
+            fsdp__rdzv_msg *b = *p;
+            *p = b->next;
+            if (b->len != bytes)
+                r = fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast #%llu "
+                                   "on rank %d: root %d sent %zu bytes, this rank expects %zu; "
+                                   "every rank must pass the same count", (unsigned long long)seq,
+                                   z->rank, root, b->len, bytes);
+            else if (bytes)
+                memcpy(buf, b->data, bytes);
+            fsdp__free(&z->hooks, b);
+            break;
+        }
+        if (z->closed) {
+            r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_broadcast on rank %d: "
+                               "the rendezvous at %s %s (rank 0 gone?)", z->rank, z->where,
+                               z->closed_why);
+            break;
+        }
+        if (!fsdp__rdzv_cond_wait(z, deadline)) {
+            r = fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_broadcast #%llu on rank "
+                               "%d: nothing from root %d within %d ms", (unsigned long long)seq,
+                               z->rank, root, z->timeout_ms);
+            break;
+        }
+    }
+    pthread_mutex_unlock(&z->mu);
+    return r;
+#else
+    (void)buf, (void)bytes, (void)root;
+    return z ? FSDP_NOT_SUPPORTED : FSDP_INVALID_ARGS;
+#endif
+}
+
+/* ---- the rendezvous as a side channel ---- */
+
+FSDP__DEF fsdp_result fsdp__publish__rdzv(void *self, fsdp_side_publish_fn fn, void *user,
+                                          fsdp_error *err)
+{
+    fsdp_rendezvous *z = (fsdp_rendezvous *)self;
+    fsdp_result r = FSDP_SUCCESS;
+    pthread_mutex_lock(&z->pmu);
+    if (fn && z->pub && (z->pub != fn || z->pub_user != user))
+        r = fsdp_error_set(err, FSDP_INVALID_STATE, "the rendezvous at %s serves another comm's "
+                           "stall diagnosis already (one comm per side channel)", z->where);
+    else {
+        z->pub = fn;
+        z->pub_user = fn ? user : NULL;
+    }
+    pthread_mutex_unlock(&z->pmu);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__collect__rdzv(void *self, void *out, size_t cap, size_t *lens,
+                                          int *status, double deadline, fsdp_error *err)
+{
+#if FSDP__NET
+    fsdp_rendezvous *z = (fsdp_rendezvous *)self;
+    unsigned char w[4];
+    uint64_t gen;
+    double now = fsdp_clock_ms();
+    int rc, j;
+    uint32_t n, off;
+    fsdp_result r = FSDP_SUCCESS;
+    /* rank 0 waits for the answers until a little before this deadline */
+    double wait = deadline < 0 ? 10000.0 : deadline - now - 500.0;
+    fsdp__put_u32(w, (uint32_t)(wait < 100.0 ? 100.0 : wait));
+    pthread_mutex_lock(&z->mu);
+    gen = z->coll_gen;
+    pthread_mutex_unlock(&z->mu);
+    pthread_mutex_lock(&z->wmu);
+    rc = fsdp__frame_send(z->fd, 'C', w, 4, NULL, 0, deadline);
+    pthread_mutex_unlock(&z->wmu);
+    if (rc)
+        return fsdp_error_set(err, FSDP_COMM_ERROR, "the rendezvous at %s is gone (rank 0 exited?)",
+                              z->where);
+    pthread_mutex_lock(&z->mu);
+    while (z->coll_gen == gen && !z->closed && fsdp__rdzv_cond_wait(z, deadline)) {}
+    if (z->coll_gen == gen) {
+        r = fsdp_error_set(err, z->closed ? FSDP_COMM_ERROR : FSDP_COMM_TIMEOUT,
+                           "the rendezvous at %s %s", z->where,
+                           z->closed ? "closed: rank 0, which serves it, is gone"
+                                     : "did not answer: rank 0, which serves it, is frozen or "
+                                       "unreachable");
+        pthread_mutex_unlock(&z->mu);
+        return r;
+    }
+    n = z->coll_len >= 4 ? fsdp__get_u32(z->coll) : 0;
+    for (j = 0, off = 4; j < z->size; j++) {
+        uint32_t len;
+        status[j] = FSDP_SIDE_SILENT;
+        lens[j] = 0;
+        if ((uint32_t)j >= n || off + 5 > z->coll_len) continue;
+        len = fsdp__get_u32(z->coll + off + 1);
+        if (off + 5 + len > z->coll_len) break;
+        status[j] = z->coll[off];
+        lens[j] = len < cap ? len : cap;
+        if (len > cap) lens[j] = 0; /* longer than a ring: not one */
+        memcpy((unsigned char *)out + (size_t)j * cap, z->coll + off + 5, lens[j]);
+        off += 5 + len;
+    }
+    pthread_mutex_unlock(&z->mu);
+    return r;
+#else
+    (void)self, (void)out, (void)cap, (void)lens, (void)status, (void)deadline;
+    return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "no sockets");
+#endif
+}
+
+static const fsdp_side_channel_vtable fsdp__side__rdzv = {
+    (uint32_t)sizeof(fsdp_side_channel_vtable), "tcp", fsdp__publish__rdzv, fsdp__collect__rdzv};
+
+FSDP_API fsdp_side_channel fsdp_rendezvous_side_channel(fsdp_rendezvous *z)
+{
+    fsdp_side_channel sc;
+    memset(&sc, 0, sizeof sc);
+    if (!z) return sc;
+    sc.vt = &fsdp__side__rdzv;
+    sc.self = z;
+    sc.rank = z->rank;
+    sc.size = z->size;
+    return sc;
 }
 
 /* >>comm end */

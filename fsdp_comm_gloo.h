@@ -104,6 +104,12 @@ typedef struct fsdp_gloo_desc {
                                    Gloo even when every rank runs on this machine (else
                                    they go through a segment in /dev/shm); every rank must
                                    pass the same */
+    /* Optional: the stall diagnosis (fsdp_transport_desc.side_channel):
+       after a collective timed out or failed, every rank's recent calls are
+       compared and the error names the first that differs, or the ranks
+       that stopped and their last call; mostly for disable_mismatch_check.
+       fsdp_rendezvous_side_channel; it must outlive the comm. */
+    const fsdp_side_channel *side_channel;
 } fsdp_gloo_desc;
 
 /* Rendezvous and a full TCP mesh of desc->size ranks.
@@ -327,6 +333,7 @@ FSDP_API fsdp_result fsdp_comm_gloo_create(const fsdp_gloo_desc *desc, fsdp_comm
     td.dev = desc->dev;
     td.timeout_ms = timeout;
     td.disable_mismatch_check = !(check & 1);
+    td.side_channel = desc->side_channel;
     td.same_machine_check = !(check >> 1);
     if (td.same_machine_check) td.call_check = fsdp__call_check__gloo;
     return fsdp_comm_transport_create(&td, out);

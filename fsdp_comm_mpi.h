@@ -116,6 +116,13 @@ typedef struct fsdp_mpi_desc {
     int message_heads;           /* 1: call descriptions go to ranks of the same node as
                                     MPI messages, as to other nodes, instead of through a
                                     shared-memory segment; every rank must pass the same */
+    /* Optional: the stall diagnosis (fsdp_transport_desc.side_channel): after
+       a collective timed out or failed, every rank's recent calls are
+       compared and the error names the first that differs, or the ranks that
+       stopped and their last call. The point of it is disable_mismatch_check,
+       where nothing else names a mismatch. fsdp_rendezvous_side_channel or
+       fsdp_mpi_side_channel; it must outlive the comm. */
+    const fsdp_side_channel *side_channel;
 } fsdp_mpi_desc;
 
 /* Builds a comm over a duplicate of `mpi_comm` (MPI_COMM_WORLD, or one you
@@ -128,6 +135,21 @@ typedef struct fsdp_mpi_desc {
    Destroy the comm (fsdp_comm_destroy) before MPI_Finalize. */
 FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
                                           fsdp_comm **out);
+
+/* A side channel over MPI for the stall diagnosis (fsdp_mpi_desc.side_channel,
+   and fsdp_comm_nccl.h's fsdp_nccl_desc.side_channel when NCCL was
+   bootstrapped through MPI): a duplicate of mpi_comm, and on each rank a
+   thread that answers collections (it looks for a question every 2 ms;
+   nothing else in between). A rank that does not answer before the
+   deadline is reported silent; MPI cannot tell a dead process from a
+   frozen one. Needs MPI_THREAD_MULTIPLE (else FSDP_INVALID_ARGS).
+   Collective: create and destroy (over mpi_comm). hooks may be NULL. */
+typedef struct fsdp_mpi_side fsdp_mpi_side;
+FSDP_API fsdp_result fsdp_mpi_side_create(MPI_Comm mpi_comm, const fsdp_hooks *hooks,
+                                          fsdp_mpi_side **out);
+FSDP_API void fsdp_mpi_side_destroy(fsdp_mpi_side *side);
+/* The channel, valid until fsdp_mpi_side_destroy. */
+FSDP_API fsdp_side_channel fsdp_mpi_side_channel(fsdp_mpi_side *side);
 
 #ifndef FSDP_NO_DEPRECATED
 /* Deprecated: fsdp_comm_mpi_create (fsdp.h: backend constructors are named
@@ -153,6 +175,7 @@ FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
 #include <sched.h>
 #include <stdio.h>
 #include <string.h>
+#include <time.h>
 
 #define FSDP__MPI static FSDP__UNUSED
 
@@ -899,6 +922,284 @@ FSDP__MPI const char *fsdp__level_name__mpi(int level)
     }
 }
 
+/* --- the side channel over MPI ------------------------------------------------
+   Questions carry the asker's collection number; answers come back on a
+   tag made from it, so that an answer too late for one collection is never
+   taken for the next one's. */
+#define FSDP__SIDE_Q__MPI 1
+#define FSDP__SIDE_A__MPI(q) (2 + (int)((q) % 30000u))
+#define FSDP__SIDE_MAX__MPI ((size_t)64 << 10)
+
+struct fsdp_mpi_side {
+    fsdp_hooks hooks;
+    MPI_Comm comm;
+    int rank, size;
+    pthread_t agent;
+    int agent_up;
+    pthread_mutex_t mu; /* stop */
+    pthread_mutex_t pmu; /* the publisher, held while it runs */
+    int stop;
+    unsigned qid;
+    fsdp_side_publish_fn pub;
+    void *pub_user;
+    unsigned char *buf; /* the agent's answer: a status byte, then the bytes */
+};
+
+/* About `ms` milliseconds (C11 and pthreads only). */
+FSDP__MPI void fsdp__nap__mpi(int ms)
+{
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct timespec ts;
+    timespec_get(&ts, TIME_UTC);
+    ts.tv_nsec += (long)ms * 1000000L;
+    while (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&cv, NULL);
+    pthread_mutex_lock(&mu);
+    while (pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
+    }
+    pthread_mutex_unlock(&mu);
+    pthread_cond_destroy(&cv);
+    pthread_mutex_destroy(&mu);
+}
+
+/* What this rank answers: a status byte (fsdp_side_status), the bytes. */
+FSDP__MPI size_t fsdp__side_answer__mpi(fsdp_mpi_side *sd, unsigned char *buf)
+{
+    size_t n = 0;
+    pthread_mutex_lock(&sd->pmu);
+    buf[0] = FSDP_SIDE_EMPTY;
+    if (sd->pub) {
+        n = sd->pub(sd->pub_user, buf + 1, FSDP__SIDE_MAX__MPI);
+        if (n > FSDP__SIDE_MAX__MPI) n = 0;
+        buf[0] = FSDP_SIDE_ANSWERED;
+    }
+    pthread_mutex_unlock(&sd->pmu);
+    return n + 1;
+}
+
+FSDP__MPI void *fsdp__side_agent__mpi(void *arg)
+{
+    fsdp_mpi_side *sd = (fsdp_mpi_side *)arg;
+    for (;;) {
+        int flag = 0, stop;
+        MPI_Status st;
+        pthread_mutex_lock(&sd->mu);
+        stop = sd->stop;
+        pthread_mutex_unlock(&sd->mu);
+        if (stop) break;
+        if (MPI_Iprobe(MPI_ANY_SOURCE, FSDP__SIDE_Q__MPI, sd->comm, &flag, &st) != MPI_SUCCESS)
+            break;
+        if (!flag) {
+            fsdp__nap__mpi(2);
+            continue;
+        }
+        {
+            unsigned q = 0;
+            MPI_Request req;
+            double until = fsdp_clock_ms() + 5000.0;
+            size_t n;
+            int done = 0;
+            if (MPI_Recv(&q, 1, MPI_UNSIGNED, st.MPI_SOURCE, FSDP__SIDE_Q__MPI, sd->comm,
+                         MPI_STATUS_IGNORE) != MPI_SUCCESS)
+                break;
+            n = fsdp__side_answer__mpi(sd, sd->buf);
+            if (MPI_Isend(sd->buf, (int)n, MPI_BYTE, st.MPI_SOURCE, FSDP__SIDE_A__MPI(q), sd->comm,
+                          &req) != MPI_SUCCESS)
+                break;
+            /* an asker that gave up never takes it: let it go after a while */
+            while (!done && fsdp_clock_ms() < until && MPI_Test(&req, &done, MPI_STATUS_IGNORE) ==
+                                                        MPI_SUCCESS)
+                if (!done) fsdp__nap__mpi(1);
+            if (!done) MPI_Request_free(&req);
+        }
+    }
+    return NULL;
+}
+
+FSDP__MPI fsdp_result fsdp__side_publish__mpi(void *self, fsdp_side_publish_fn fn, void *user,
+                                              fsdp_error *err)
+{
+    fsdp_mpi_side *sd = (fsdp_mpi_side *)self;
+    fsdp_result r = FSDP_SUCCESS;
+    pthread_mutex_lock(&sd->pmu);
+    if (fn && sd->pub && (sd->pub != fn || sd->pub_user != user))
+        r = fsdp_error_set(err, FSDP_INVALID_STATE, "the MPI side channel serves another comm's "
+                           "stall diagnosis already (one comm per side channel)");
+    else {
+        sd->pub = fn;
+        sd->pub_user = fn ? user : NULL;
+    }
+    pthread_mutex_unlock(&sd->pmu);
+    return r;
+}
+
+FSDP__MPI fsdp_result fsdp__side_collect__mpi(void *self, void *out, size_t cap, size_t *lens,
+                                              int *status, double deadline, fsdp_error *err)
+{
+    fsdp_mpi_side *sd = (fsdp_mpi_side *)self;
+    size_t n = (size_t)sd->size, slot = cap + 1;
+    unsigned char *in = (unsigned char *)fsdp_hooks_alloc(&sd->hooks, n * slot);
+    MPI_Request *reqs = (MPI_Request *)fsdp_hooks_alloc(&sd->hooks, 2 * n * sizeof *reqs);
+    int *done = (int *)fsdp_hooks_alloc(&sd->hooks, n * sizeof *done);
+    unsigned q;
+    int j, left = 0, rc = MPI_SUCCESS;
+    if (!in || !reqs || !done) {
+        fsdp_hooks_free(&sd->hooks, in);
+        fsdp_hooks_free(&sd->hooks, reqs);
+        fsdp_hooks_free(&sd->hooks, done);
+        return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "out of memory");
+    }
+    pthread_mutex_lock(&sd->mu);
+    q = ++sd->qid;
+    pthread_mutex_unlock(&sd->mu);
+    for (j = 0; j < sd->size; j++) {
+        reqs[2 * j] = reqs[2 * j + 1] = MPI_REQUEST_NULL;
+        done[j] = j == sd->rank;
+        if (j == sd->rank || rc != MPI_SUCCESS) continue;
+        rc = MPI_Irecv(in + (size_t)j * slot, (int)slot, MPI_BYTE, j, FSDP__SIDE_A__MPI(q),
+                       sd->comm, &reqs[2 * j]);
+        if (rc == MPI_SUCCESS)
+            rc = MPI_Isend(&q, 1, MPI_UNSIGNED, j, FSDP__SIDE_Q__MPI, sd->comm, &reqs[2 * j + 1]);
+        left++;
+    }
+    /* this rank's own, straight from its publisher */
+    {
+        unsigned char *mine = in + (size_t)sd->rank * slot;
+        size_t m = fsdp__side_answer__mpi(sd, mine);
+        status[sd->rank] = mine[0];
+        lens[sd->rank] = m - 1 <= cap ? m - 1 : 0;
+        memcpy((unsigned char *)out + (size_t)sd->rank * cap, mine + 1, lens[sd->rank]);
+    }
+    while (left > 0 && rc == MPI_SUCCESS && (deadline < 0 || fsdp_clock_ms() < deadline)) {
+        int moved = 0;
+        for (j = 0; j < sd->size; j++) {
+            int flag = 0, count = 0;
+            MPI_Status st;
+            if (done[j]) continue;
+            if (MPI_Test(&reqs[2 * j], &flag, &st) != MPI_SUCCESS || !flag) continue;
+            done[j] = 1;
+            left--;
+            moved = 1;
+            MPI_Get_count(&st, MPI_BYTE, &count);
+            status[j] = count >= 1 ? in[(size_t)j * slot] : FSDP_SIDE_EMPTY;
+            lens[j] = count >= 1 ? (size_t)count - 1 : 0;
+            memcpy((unsigned char *)out + (size_t)j * cap, in + (size_t)j * slot + 1, lens[j]);
+        }
+        if (!moved) fsdp__nap__mpi(1);
+    }
+    for (j = 0; j < sd->size; j++) {
+        if (j == sd->rank) continue;
+        if (!done[j]) {
+            status[j] = FSDP_SIDE_SILENT;
+            lens[j] = 0;
+            if (reqs[2 * j] != MPI_REQUEST_NULL) { /* no answer may land here later */
+                MPI_Cancel(&reqs[2 * j]);
+                MPI_Wait(&reqs[2 * j], MPI_STATUS_IGNORE);
+            }
+        }
+        if (reqs[2 * j + 1] != MPI_REQUEST_NULL) {
+            int flag = 0;
+            MPI_Test(&reqs[2 * j + 1], &flag, MPI_STATUS_IGNORE);
+            if (!flag) MPI_Request_free(&reqs[2 * j + 1]); /* a question nobody took */
+        }
+    }
+    fsdp_hooks_free(&sd->hooks, in);
+    fsdp_hooks_free(&sd->hooks, reqs);
+    fsdp_hooks_free(&sd->hooks, done);
+    if (rc != MPI_SUCCESS) return fsdp__err__mpi(err, rc, "the MPI side channel");
+    return FSDP_SUCCESS;
+}
+
+static const fsdp_side_channel_vtable fsdp__side_vt__mpi = {
+    (uint32_t)sizeof(fsdp_side_channel_vtable), "mpi", fsdp__side_publish__mpi,
+    fsdp__side_collect__mpi};
+
+FSDP_API fsdp_result fsdp_mpi_side_create(MPI_Comm mpi_comm, const fsdp_hooks *hooks,
+                                          fsdp_mpi_side **out)
+{
+    fsdp_mpi_side *sd;
+    int inited = 0, fin = 0, level = 0;
+    if (!out) return fsdp_hooks_fail(hooks, FSDP_INVALID_ARGS, "fsdp_mpi_side_create: out is NULL");
+    *out = NULL;
+    if (!fsdp_hooks_valid(hooks))
+        return fsdp_hooks_fail(hooks, FSDP_INVALID_ARGS, "fsdp_mpi_side_create: set all of "
+                               "allocator alloc, realloc and free, or none");
+    MPI_Initialized(&inited);
+    MPI_Finalized(&fin);
+    if (!inited || fin)
+        return fsdp_hooks_fail(hooks, FSDP_INVALID_ARGS, "fsdp_mpi_side_create: MPI is %s",
+                               fin ? "finalised" : "not initialised");
+    MPI_Query_thread(&level);
+    if (level < MPI_THREAD_MULTIPLE)
+        return fsdp_hooks_fail(hooks, FSDP_INVALID_ARGS, "fsdp_mpi_side_create: MPI was "
+                               "initialised with %s; the side channel's thread needs "
+                               "MPI_THREAD_MULTIPLE (MPI_Init_thread)", fsdp__level_name__mpi(level));
+    sd = (fsdp_mpi_side *)fsdp_hooks_alloc(hooks, sizeof *sd);
+    if (!sd) return fsdp_hooks_fail(hooks, FSDP_OUT_OF_MEMORY, "fsdp_mpi_side_create: out of memory");
+    memset(sd, 0, sizeof *sd);
+    if (hooks) sd->hooks = *hooks;
+    sd->hooks.error = NULL;
+    sd->buf = (unsigned char *)fsdp_hooks_alloc(&sd->hooks, FSDP__SIDE_MAX__MPI + 1);
+    if (!sd->buf || pthread_mutex_init(&sd->mu, NULL) != 0) {
+        fsdp_hooks_free(&sd->hooks, sd->buf);
+        fsdp_hooks_free(&sd->hooks, sd);
+        return fsdp_hooks_fail(hooks, FSDP_OUT_OF_MEMORY, "fsdp_mpi_side_create: out of memory");
+    }
+    pthread_mutex_init(&sd->pmu, NULL);
+    if (MPI_Comm_dup(mpi_comm, &sd->comm) != MPI_SUCCESS) {
+        pthread_mutex_destroy(&sd->pmu);
+        pthread_mutex_destroy(&sd->mu);
+        fsdp_hooks_free(&sd->hooks, sd->buf);
+        fsdp_hooks_free(&sd->hooks, sd);
+        return fsdp_hooks_fail(hooks, FSDP_COMM_ERROR, "fsdp_mpi_side_create: MPI_Comm_dup failed");
+    }
+    MPI_Comm_set_errhandler(sd->comm, MPI_ERRORS_RETURN);
+    MPI_Comm_rank(sd->comm, &sd->rank);
+    MPI_Comm_size(sd->comm, &sd->size);
+    if (pthread_create(&sd->agent, NULL, fsdp__side_agent__mpi, sd) != 0) {
+        fsdp_mpi_side_destroy(sd);
+        return fsdp_hooks_fail(hooks, FSDP_ERROR, "fsdp_mpi_side_create: cannot start its thread");
+    }
+    sd->agent_up = 1;
+    *out = sd;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API void fsdp_mpi_side_destroy(fsdp_mpi_side *sd)
+{
+    fsdp_hooks h;
+    if (!sd) return;
+    h = sd->hooks;
+    if (sd->agent_up) {
+        pthread_mutex_lock(&sd->mu);
+        sd->stop = 1;
+        pthread_mutex_unlock(&sd->mu);
+        pthread_join(sd->agent, NULL);
+    }
+    MPI_Comm_free(&sd->comm);
+    pthread_mutex_destroy(&sd->pmu);
+    pthread_mutex_destroy(&sd->mu);
+    fsdp_hooks_free(&h, sd->buf);
+    fsdp_hooks_free(&h, sd);
+}
+
+FSDP_API fsdp_side_channel fsdp_mpi_side_channel(fsdp_mpi_side *sd)
+{
+    fsdp_side_channel sc;
+    memset(&sc, 0, sizeof sc);
+    if (!sd) return sc;
+    sc.vt = &fsdp__side_vt__mpi;
+    sc.self = sd;
+    sc.rank = sd->rank;
+    sc.size = sd->size;
+    return sc;
+}
+
 FSDP_API fsdp_result fsdp_mpi_comm_create(MPI_Comm mpi_comm, const fsdp_mpi_desc *desc,
                                           fsdp_comm **out)
 {
@@ -1032,6 +1333,7 @@ FSDP_API fsdp_result fsdp_comm_mpi_create(MPI_Comm mpi_comm, const fsdp_mpi_desc
     td.disable_mismatch_check = !opts[0];
     td.all_to_all_headed = fsdp__headed__mpi;
     td.headed_moves_own = 1;
+    td.side_channel = d.side_channel;
     return fsdp_comm_transport_create(&td, out);
 }
 

@@ -39,10 +39,34 @@
 
    Bootstrap: NCCL ranks need rank 0's ncclUniqueId. Give a callback that
    broadcasts it (desc.bootstrap), or one of the helpers:
+       fsdp_nccl_bootstrap_tcp   through fsdp.h's TCP rendezvous (no MPI, no
+                                 shared file system: torchrun, srun)
        fsdp_nccl_bootstrap_file  through a file on a shared file system
        fsdp_nccl_bootstrap_mpi   MPI_Bcast (declared when <mpi.h> is included
                                  before this header, or FSDP_NCCL_MPI is set)
-   or the id itself (desc.unique_id, e.g. from your launcher).
+   or the id itself (desc.unique_id, e.g. from your launcher). Under a
+   launcher:
+       fsdp_launch_info li;        fsdp_launch_info_get(NULL, NULL, &li, &err);
+       rd.addr = li.master_addr;   rd.port = li.master_port;
+       rd.rank = li.rank;          rd.size = li.world_size;  rd.job_id = li.job_id;
+       fsdp_rendezvous_create(&rd, &rdzv);
+       nd.bootstrap = fsdp_nccl_bootstrap_tcp;  nd.bootstrap_user = rdzv;
+       side = fsdp_rendezvous_side_channel(rdzv);  nd.side_channel = &side;
+       nd.device = li.local_rank % gpus;
+   (destroy the rendezvous after the comm).
+
+   Stalls explained (desc.side_channel): NCCL has no in-band check, so a
+   collective that differs between ranks hangs until the timeout. With a
+   side channel, each communicator keeps its recent calls in a ring (a copy
+   of the call's description, labelled by fsdp_comm_set_label as the
+   runtime does, under the lock the call takes anyway; nothing else per
+   call), and when the watchdog sees a timeout or an asynchronous error it
+   first collects every rank's ring through the side channel, then aborts:
+   the error names the first call where the ranks differ (both sides, fsdp
+   call and unit) or the ranks that stopped and their last call
+   (fsdp_stall_diagnose), FSDP_COMM_MISMATCH for a mismatch. The same code
+   runs on the CPU transports in CI (tests/test_stall.c); on NCCL it has
+   run only at world size 1 (there is no second GPU to stall).
 
    Thread safety: one thread per communicator. The watchdog is internal:
    NCCL allows one thread at a time on a communicator, so every NCCL call on
@@ -83,6 +107,10 @@ typedef struct fsdp_nccl_desc {
     void *bootstrap_user;
     const void *unique_id;          /* instead of bootstrap: the shared id
                                        (FSDP_NCCL_ID_BYTES), same on every rank */
+    /* Optional: the stall diagnosis (above): fsdp_rendezvous_side_channel,
+       or fsdp_mpi_side_channel (fsdp_comm_mpi.h). It must outlive the
+       comm; splits do not inherit it. */
+    const fsdp_side_channel *side_channel;
 } fsdp_nccl_desc;
 
 FSDP_NCCL_API fsdp_nccl_desc fsdp_nccl_desc_default(void);
@@ -104,6 +132,12 @@ typedef struct fsdp_nccl_file {
    again. Needs no GPU. */
 FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, void *id,
                                            size_t bytes, char *msg);
+
+/* user: an fsdp_rendezvous (fsdp.h) of the NCCL ranks, in order (its rank
+   and size must be rank and nranks): rank 0's id goes to every rank through
+   it (fsdp_rendezvous_broadcast). It stays the caller's, open. Needs no GPU. */
+FSDP_NCCL_API int fsdp_nccl_bootstrap_tcp(void *user, int rank, int nranks, void *id,
+                                          size_t bytes, char *msg);
 
 #if defined(FSDP_NCCL_MPI) || defined(MPI_VERSION)
 /* user: a pointer to an MPI_Comm whose ranks are the NCCL ranks, in order. */
@@ -168,6 +202,14 @@ typedef struct fsdp__nccl {
     const char *what[FSDP__NCCL_RING];
     unsigned head, tail; /* pending: [head, tail) */
     fsdp_error broken;   /* first failure; sticks */
+    /* The stall diagnosis (desc.side_channel; ring NULL without): the calls
+       issued, under mu; each event slot's call number; the calls the
+       watchdog saw complete. */
+    fsdp_side_channel side;
+    fsdp_call_ring *ring;
+    uint64_t seq[FSDP__NCCL_RING];
+    uint64_t completed;
+    char label[FSDP_COLL_LABEL_MAX]; /* of the calls issued next (issuing thread) */
 } fsdp__nccl;
 
 /* Sleeps about us microseconds (C11 and pthreads only: no POSIX macros). */
@@ -299,6 +341,56 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_settle(fsdp__nccl *n, ncclComm_t comm, ncc
                           ncclGetErrorString(r), msg);
 }
 
+/* The stall diagnosis's answer to a collection: this rank's ring, how far
+   it got, its failure. Runs on the side channel's thread. */
+FSDP__NCCL_DEF size_t fsdp__nccl_publish(void *user, void *buf, size_t cap)
+{
+    fsdp__nccl *n = (fsdp__nccl *)user;
+    fsdp_call_ring *r = (fsdp_call_ring *)buf;
+    if (cap < sizeof *r) return 0;
+    pthread_mutex_lock(&n->mu);
+    memcpy(r, n->ring, sizeof *r);
+    r->completed = n->completed;
+    r->failed = (int32_t)n->broken.code;
+    if (n->broken.code != FSDP_SUCCESS) memcpy(r->failure, n->broken.message, sizeof r->failure);
+    pthread_mutex_unlock(&n->mu);
+    return sizeof *r;
+}
+
+/* A timeout or an asynchronous error (call number seq) in the watchdog:
+   with a side channel, every rank's ring first (mu released meanwhile: the
+   publisher takes it), then the abort with what they show. Called with mu
+   held. */
+FSDP__NCCL_DEF void fsdp__nccl_diagnose_break(fsdp__nccl *n, uint64_t seq, fsdp_result code,
+                                              const char *msg)
+{
+    fsdp_error e;
+    char call[256];
+    const fsdp_coll_desc *c = NULL;
+    if (!n->ring) {
+        fsdp__nccl_break(n, code, msg);
+        return;
+    }
+    if (seq && seq <= n->ring->issued && n->ring->issued - seq < FSDP_CALL_RING_LEN &&
+        n->ring->calls[(seq - 1) % FSDP_CALL_RING_LEN].seq == seq)
+        c = &n->ring->calls[(seq - 1) % FSDP_CALL_RING_LEN];
+    if (c && c->label[0]) {
+        char d[160];
+        fsdp_coll_describe(d, sizeof d, c);
+        snprintf(call, sizeof call, "%.*s (%s)", FSDP_COLL_LABEL_MAX - 1, c->label, d);
+    } else if (c) {
+        fsdp_coll_describe(call, sizeof call, c);
+    } else {
+        snprintf(call, sizeof call, "collective #%llu", (unsigned long long)seq);
+    }
+    fsdp_error_set(&e, code, "%s", msg);
+    pthread_mutex_unlock(&n->mu);
+    code = fsdp_side_diagnose(&n->side, &n->hooks, n->rank, n->nranks, n->timeout_ms, call, code,
+                              &e);
+    pthread_mutex_lock(&n->mu);
+    fsdp__nccl_break(n, code, e.message);
+}
+
 /* The watchdog: completion of the collectives in flight, asynchronous
    errors, timeouts. */
 FSDP__NCCL_DEF void *fsdp__nccl_watch(void *arg)
@@ -314,6 +406,7 @@ FSDP__NCCL_DEF void *fsdp__nccl_watch(void *arg)
             cudaError_t q = cudaEventQuery(n->ev[k]);
             if (q == cudaSuccess) {
                 n->head++;
+                n->completed++;
                 pthread_cond_broadcast(&n->cv);
                 continue;
             }
@@ -325,7 +418,7 @@ FSDP__NCCL_DEF void *fsdp__nccl_watch(void *arg)
                 snprintf(msg, sizeof msg, "nccl: %s on rank %d did not complete in %d ms (a "
                          "peer is missing or issued another collective); communicator aborted",
                          n->what[k], n->rank, n->timeout_ms);
-                fsdp__nccl_break(n, FSDP_COMM_TIMEOUT, msg);
+                fsdp__nccl_diagnose_break(n, n->seq[k], FSDP_COMM_TIMEOUT, msg);
             }
             break;
         }
@@ -335,7 +428,9 @@ FSDP__NCCL_DEF void *fsdp__nccl_watch(void *arg)
             fsdp__nccl_last(n, n->comm, last, sizeof last);
             snprintf(msg, sizeof msg, "nccl: asynchronous error on rank %d: %s (%s); "
                      "communicator aborted", n->rank, ncclGetErrorString(ar), last);
-            fsdp__nccl_break(n, FSDP_COMM_ERROR, msg);
+            fsdp__nccl_diagnose_break(n, n->head != n->tail ? n->seq[n->head % FSDP__NCCL_RING]
+                                                            : n->ring ? n->ring->issued : 0,
+                                      FSDP_COMM_ERROR, msg);
         }
         if (n->aborted) { /* nothing will complete: release waiters */
             n->head = n->tail;
@@ -401,9 +496,29 @@ FSDP__NCCL_DEF int fsdp__nccl_on_device(const void *p)
 static const char *const fsdp__nccl_op_names[] = {"all_gather", "reduce_scatter", "all_reduce",
                                                   "broadcast"};
 
-FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *send, void *recv,
-                                           size_t count, fsdp_dtype dt, fsdp_reduce_op rop,
-                                           int root, fsdp_stream *s, fsdp_error *err)
+/* The call's description for the stall diagnosis's ring. */
+FSDP__NCCL_DEF void fsdp__nccl_record(fsdp__nccl *n, int op, int barrier, size_t count,
+                                      fsdp_dtype dt, fsdp_reduce_op rop, int root)
+{
+    static const fsdp_coll_kind kinds[] = {FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER,
+                                           FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST};
+    fsdp_coll_desc c = barrier ? fsdp_coll_make(FSDP_COLL_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0)
+                               : fsdp_coll_make(kinds[op], count, dt,
+                                                op == FSDP__NCCL_RS || op == FSDP__NCCL_AR
+                                                    ? rop
+                                                    : FSDP_REDUCE_SUM,
+                                                op == FSDP__NCCL_BC ? root : 0);
+    c.seq = n->ring->issued + 1;
+    memcpy(c.label, n->label, sizeof c.label);
+    fsdp_call_ring_record(n->ring, &c);
+}
+
+/* One collective; barrier: the all-reduce of one element that is a barrier
+   (so the ring calls it one). */
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll_kind(fsdp__nccl *n, int op, int barrier,
+                                                const void *send, void *recv, size_t count,
+                                                fsdp_dtype dt, fsdp_reduce_op rop, int root,
+                                                fsdp_stream *s, fsdp_error *err)
 {
     ncclDataType_t t;
     ncclRedOp_t ro = rop == FSDP_REDUCE_AVG ? ncclAvg : ncclSum;
@@ -480,10 +595,12 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
     r = fsdp__nccl_settle(n, n->comm, nr, name, err);
     if (r != FSDP_SUCCESS) return r;
     pthread_mutex_lock(&n->mu);
+    if (n->ring) fsdp__nccl_record(n, op, barrier, count, dt, rop, root);
     k = n->tail % FSDP__NCCL_RING;
     if (n->tail - n->head < FSDP__NCCL_RING && cudaEventRecord(n->ev[k], h) == cudaSuccess) {
         n->t0[k] = fsdp_clock_ms();
         n->what[k] = name;
+        n->seq[k] = n->ring ? n->ring->issued : 0;
         n->tail++;
         pthread_cond_broadcast(&n->cv);
     }
@@ -502,6 +619,13 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *se
             return fsdp__nccl_cuda(err, cudaGetLastError(), "copying a staged result back");
     }
     return r;
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll(fsdp__nccl *n, int op, const void *send, void *recv,
+                                           size_t count, fsdp_dtype dt, fsdp_reduce_op rop,
+                                           int root, fsdp_stream *s, fsdp_error *err)
+{
+    return fsdp__nccl_coll_kind(n, op, 0, send, recv, count, dt, rop, root, s, err);
 }
 
 FSDP__NCCL_DEF fsdp_result fsdp__all_gather__nccl(void *self, const void *send, void *recv,
@@ -538,8 +662,14 @@ FSDP__NCCL_DEF fsdp_result fsdp__broadcast__nccl(void *self, const void *send, v
 FSDP__NCCL_DEF fsdp_result fsdp__barrier__nccl(void *self, fsdp_stream *s, fsdp_error *err)
 {
     fsdp__nccl *n = (fsdp__nccl *)self;
-    return fsdp__nccl_coll(n, FSDP__NCCL_AR, n->scratch, n->scratch, 1, FSDP_F32, FSDP_REDUCE_SUM,
-                           0, s, err);
+    return fsdp__nccl_coll_kind(n, FSDP__NCCL_AR, 1, n->scratch, n->scratch, 1, FSDP_F32,
+                                FSDP_REDUCE_SUM, 0, s, err);
+}
+
+FSDP__NCCL_DEF void fsdp__set_label__nccl(void *self, const char *label)
+{
+    fsdp__nccl *n = (fsdp__nccl *)self;
+    snprintf(n->label, sizeof n->label, "%s", label);
 }
 
 FSDP__NCCL_DEF fsdp_result fsdp__async_error__nccl(void *self, fsdp_error *err)
@@ -553,6 +683,10 @@ FSDP__NCCL_DEF void fsdp__destroy__nccl(void *self)
     fsdp_hooks h = n->hooks;
     int i;
     cudaSetDevice(n->device);
+    if (n->ring) { /* once publish returned, the channel no longer reads n */
+        fsdp_error xe;
+        n->side.vt->publish(n->side.self, NULL, NULL, &xe);
+    }
     if (n->watching) {
         pthread_mutex_lock(&n->mu);
         n->stop = 1;
@@ -579,6 +713,7 @@ FSDP__NCCL_DEF void fsdp__destroy__nccl(void *self)
     pthread_cond_destroy(&n->cv);
     pthread_mutex_destroy(&n->call_mu);
     pthread_mutex_destroy(&n->mu);
+    fsdp_hooks_free(&h, n->ring);
     fsdp_hooks_free(&h, n);
 }
 
@@ -693,6 +828,7 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_wrap(fsdp__nccl *n, fsdp_comm **out, fsdp_
     vt.split = fsdp__split__nccl;
     vt.async_error = fsdp__async_error__nccl;
     vt.destroy = fsdp__destroy__nccl;
+    vt.set_label = fsdp__set_label__nccl;
     h.error = err;
     r = fsdp_comm_create(&vt, n, n->rank, n->nranks, &h, out);
     return r;
@@ -703,6 +839,31 @@ FSDP_NCCL_API fsdp_nccl_desc fsdp_nccl_desc_default(void)
     fsdp_nccl_desc d;
     memset(&d, 0, sizeof d);
     return d;
+}
+
+/* Attaches the stall diagnosis's side channel (desc.side_channel). */
+FSDP__NCCL_DEF fsdp_result fsdp__nccl_side(fsdp__nccl *n, const fsdp_side_channel *sc,
+                                           fsdp_error *err)
+{
+    fsdp_result r;
+    if (!sc->vt || sc->vt->size != (uint32_t)sizeof(fsdp_side_channel_vtable) ||
+        !sc->vt->publish || !sc->vt->collect)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_comm_nccl_create: side_channel has no "
+                              "vtable of this fsdp.h version");
+    if (sc->rank != n->rank || sc->size != n->nranks)
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_comm_nccl_create: the side channel is "
+                              "rank %d of %d, the communicator rank %d of %d; they must be the "
+                              "same world", sc->rank, sc->size, n->rank, n->nranks);
+    n->ring = (fsdp_call_ring *)fsdp_hooks_alloc(&n->hooks, sizeof *n->ring);
+    if (!n->ring) return fsdp_error_set(err, FSDP_OUT_OF_MEMORY, "nccl: out of memory");
+    fsdp_call_ring_init(n->ring, n->rank, n->nranks);
+    n->side = *sc;
+    r = sc->vt->publish(sc->self, fsdp__nccl_publish, n, err);
+    if (r != FSDP_SUCCESS) {
+        fsdp_hooks_free(&n->hooks, n->ring);
+        n->ring = NULL;
+    }
+    return r;
 }
 
 /* A create's failure, already worded in *e. */
@@ -795,6 +956,10 @@ FSDP_NCCL_API fsdp_result fsdp_comm_nccl_create(const fsdp_nccl_desc *desc, fsdp
             fsdp__destroy__nccl(n);
             return fsdp__nccl_create_fail(hooks, &e);
         }
+    }
+    if (desc->side_channel && fsdp__nccl_side(n, desc->side_channel, &e) != FSDP_SUCCESS) {
+        fsdp__destroy__nccl(n);
+        return fsdp__nccl_create_fail(hooks, &e);
     }
     if (pthread_create(&n->watchdog, NULL, fsdp__nccl_watch, n) != 0) {
         fsdp__destroy__nccl(n);
@@ -921,6 +1086,28 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, voi
         }
         fsdp__nccl_sleep_us(2000);
     }
+}
+
+FSDP_NCCL_API int fsdp_nccl_bootstrap_tcp(void *user, int rank, int nranks, void *id,
+                                          size_t bytes, char *msg)
+{
+    fsdp_rendezvous *z = (fsdp_rendezvous *)user;
+    if (!z || !id) {
+        if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_tcp: %s is NULL", z ? "id" : "user (the rendezvous)");
+        return 1;
+    }
+    if (fsdp_rendezvous_rank(z) != rank || fsdp_rendezvous_size(z) != nranks) {
+        if (msg)
+            snprintf(msg, FSDP_ERROR_MAX, "bootstrap_tcp: the rendezvous is rank %d of %d, NCCL's "
+                     "rank %d of %d", fsdp_rendezvous_rank(z), fsdp_rendezvous_size(z), rank,
+                     nranks);
+        return 1;
+    }
+    if (fsdp_rendezvous_broadcast(z, id, bytes, 0) != FSDP_SUCCESS) {
+        if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_tcp: %s", fsdp_rendezvous_last_error(z));
+        return 1;
+    }
+    return 0;
 }
 
 #if defined(FSDP_NCCL_MPI) || defined(MPI_VERSION)

@@ -1,7 +1,16 @@
 /* The examples' process launcher for --backend local|mpi|gloo, shared by
    train_mlp and train_gpt (include it after fsdp.h and, when built with them,
    fsdp_comm_mpi.h / fsdp_comm_gloo.h). Ranks other than 0 print nothing on
-   stdout, so the output is the same as with the local backend. */
+   stdout, so the output is the same as with the local backend.
+
+   Under a launcher (torchrun, srun, mpirun: fsdp_launch_info_get finds its
+   variables) a process is one rank of the launcher's world, never a job of
+   its own: example_launch takes rank, world size and rendezvous from the
+   environment, picks Gloo when no backend is named (NCCL with --device
+   cuda; MPI under mpirun or mpiexec when the build has MPI and no
+   MASTER_ADDR is set), and refuses --backend local and a --ranks or --rank
+   that contradicts the launcher, naming it and its variables. --master,
+   --store-dir and --backend still choose. */
 #ifndef EXAMPLE_BACKEND_H
 #define EXAMPLE_BACKEND_H
 
@@ -26,7 +35,104 @@ typedef struct example_backend {
     int (*check)(void *user, int size, char *err, size_t nerr);
     void *user;
     const char *master; /* gloo: --master HOST:PORT (TCP rendezvous), or NULL */
+    /* Under a launcher (example_launch): its world, which MPI's must match */
+    const fsdp_launch_info *launched;
 } example_backend;
+
+/* Backends, as --backend names them */
+#define EXAMPLE_LOCAL 0
+#define EXAMPLE_MPI 1
+#define EXAMPLE_GLOO 2
+#define EXAMPLE_NCCL 3
+
+/* What the options said, and what a launcher's environment makes of them
+   (example_launch). */
+typedef struct example_launch {
+    const char *prog;
+    int backend, backend_given; /* in and out */
+    int ranks, ranks_given;     /* in and out: the world size */
+    int rank;                   /* in and out: --rank, -1 when not given */
+    int cuda;                   /* --device cuda: NCCL by default */
+    const char *backends;       /* for messages: "gloo or mpi" */
+    const char *store_dir;      /* --store-dir (Gloo's directory rendezvous) */
+    const char *master;         /* --master HOST:PORT, or NULL */
+    /* out, under a launcher: the rendezvous (unless --master or
+       --store-dir), its job id, and this process's rank on its node */
+    char master_host[256];
+    int master_port;
+    char master_text[300];      /* "HOST:PORT" */
+    const char *job_id;         /* NULL: none */
+    int local_rank;
+    int mpi_bootstrap;          /* nccl under mpirun (a build with MPI): MPI carries its id */
+    fsdp_launch_info info;      /* launcher FSDP_LAUNCHER_NONE: not launched */
+} example_launch;
+
+/* Applies the launcher's environment to l (see the top of this file).
+   Returns -1 to go on, else an exit status (2: refused, saying why). */
+static int example_launch_resolve(example_launch *l)
+{
+    fsdp_error err;
+    const fsdp_launch_info *li = &l->info;
+    const char *name;
+    memset(&err, 0, sizeof err);
+    l->local_rank = -1;
+    if (fsdp_launch_info_get(NULL, NULL, &l->info, &err) != FSDP_SUCCESS) {
+        fprintf(stderr, "%s: %s\n", l->prog, err.message);
+        return 2;
+    }
+    if (li->launcher == FSDP_LAUNCHER_NONE) return -1;
+    name = fsdp_launcher_name(li->launcher);
+    if (l->backend_given && l->backend == EXAMPLE_LOCAL) {
+        fprintf(stderr, "%s: --backend local runs every rank as a thread of this one process, but "
+                "%s started this process as rank %d of %d (%s): name a backend for one process "
+                "per rank (%s), or run it without the launcher\n", l->prog, name, li->rank,
+                li->world_size, li->vars, l->backends ? l->backends : "gloo or mpi");
+        return 2;
+    }
+    if (l->ranks_given && l->ranks != li->world_size) {
+        fprintf(stderr, "%s: --ranks %d contradicts %s, which started %d processes (%s); leave "
+                "--ranks out under a launcher\n", l->prog, l->ranks, name, li->world_size, li->vars);
+        return 2;
+    }
+    if (l->rank >= 0 && l->rank != li->rank) {
+        fprintf(stderr, "%s: --rank %d contradicts %s, which started this process as rank %d "
+                "(%s)\n", l->prog, l->rank, name, li->rank, li->vars);
+        return 2;
+    }
+    {
+        int mpi_launcher = li->launcher == FSDP_LAUNCHER_OPENMPI || li->launcher == FSDP_LAUNCHER_PMI;
+        if (!l->backend_given) l->backend = l->cuda ? EXAMPLE_NCCL : EXAMPLE_GLOO;
+#ifdef FSDP_HAVE_MPI
+        if (!l->backend_given && !l->cuda && mpi_launcher && !li->master_addr[0])
+            l->backend = EXAMPLE_MPI;
+        l->mpi_bootstrap = l->backend == EXAMPLE_NCCL && mpi_launcher && !l->master &&
+                           !li->master_addr[0];
+#else
+        (void)mpi_launcher;
+#endif
+    }
+    l->ranks = li->world_size;
+    l->rank = li->rank;
+    l->local_rank = li->local_rank >= 0 ? li->local_rank : li->rank;
+    l->job_id = li->job_id[0] ? li->job_id : NULL;
+    if ((l->backend == EXAMPLE_GLOO || l->backend == EXAMPLE_NCCL) && !l->master && !l->store_dir &&
+        !l->mpi_bootstrap) {
+        if (!li->master_addr[0] || !li->master_port) {
+            fprintf(stderr, "%s: --backend %s needs a rendezvous, and %s gives %s (%s): set "
+                    "MASTER_ADDR and MASTER_PORT (mpirun: -x MASTER_ADDR=HOST -x MASTER_PORT=PORT), "
+                    "or pass --master HOST:PORT%s\n", l->prog,
+                    l->backend == EXAMPLE_GLOO ? "gloo" : "nccl", name,
+                    li->master_addr[0] ? "no port" : "no address", li->vars,
+                    l->backend == EXAMPLE_GLOO ? " or --store-dir DIR" : "");
+            return 2;
+        }
+        snprintf(l->master_host, sizeof l->master_host, "%s", li->master_addr);
+        l->master_port = li->master_port;
+        snprintf(l->master_text, sizeof l->master_text, "%s:%d", li->master_addr, li->master_port);
+        l->master = l->master_text;
+    }
+    return -1;
+}
 
 #ifdef FSDP_HAVE_MPI
 /* How a rank of an MPI job ends. On success, MPI_Finalize. After a
@@ -58,6 +164,14 @@ static void example_mpi_end(int ok)
     "           saying so; rank 0 removes the job's store files at the end)\n"              \
     "           [--host ADDR] (this rank's address; default: the host name's, or the\n"     \
     "           interface $GLOO_SOCKET_IFNAME names)\n"
+
+/* Launchers' help, the same in both examples. */
+#define EXAMPLE_LAUNCH_HELP                                                                    \
+    "          Under a launcher (torchrun --no-python, srun, mpirun) each process is one rank\n" \
+    "           of the launcher's world, rank, size and rendezvous from its variables\n"      \
+    "           (RANK/WORLD_SIZE/MASTER_ADDR, SLURM_PROCID/..., OMPI_COMM_WORLD_*): no\n"      \
+    "           --backend means gloo (mpi under mpirun without MASTER_ADDR); --backend local\n" \
+    "           and a --ranks or --rank that contradicts the launcher are refused\n"
 
 /* --master HOST:PORT (HOST may be [v6]): 1 and host, port; 0 when malformed. */
 static int example_parse_master(const char *v, char *host, size_t cap, int *port)
@@ -107,6 +221,18 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
         }
         MPI_Comm_rank(MPI_COMM_WORLD, &b->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);
+        if (b->launched && b->launched->launcher != FSDP_LAUNCHER_NONE &&
+            (size != b->launched->world_size || b->rank != b->launched->rank)) {
+            /* torchrun or srun without MPI's launcher: each process would
+               be an MPI world of its own */
+            fprintf(stderr, "%s: --backend mpi: MPI says rank %d of %d, but %s started this "
+                    "process as rank %d of %d (%s): start MPI ranks with mpirun (or srun "
+                    "--mpi=...), or use --backend gloo\n", b->prog, b->rank, size,
+                    fsdp_launcher_name(b->launched->launcher), b->launched->rank,
+                    b->launched->world_size, b->launched->vars);
+            MPI_Finalize();
+            return 2;
+        }
         b->ranks = size;
         if (!b->check(b->user, size, err, sizeof err)) {
             if (b->rank == 0) fprintf(stderr, "%s: %d MPI ranks: %s\n", b->prog, size, err);

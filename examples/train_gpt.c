@@ -47,6 +47,8 @@
                     --ranks N, --store-dir DIR or --master HOST:PORT, [--prefix P]
                     [--host ADDR]; --help says more)
                     [--timeout SEC]  (mpi, gloo: a silent peer is an error after SEC)
+   Under torchrun --no-python, srun or mpirun each process is one rank of the
+   launcher's world (examples/example_backend.h, docs/launch.md).
 
    Checkpoints: --save DIR writes a sharded checkpoint (parameters, AdamW
    state, step) every --save-every K steps and at the end, asynchronously;
@@ -111,6 +113,8 @@
    is this process's rank (-1: local, or gloo's launcher) */
 typedef struct backend_opts {
     int backend, rank;
+    int backend_given, ranks_given; /* --backend, --ranks (against a launcher's) */
+    const char *job_id;             /* gloo: a launcher's job id, or NULL */
     const char *store_dir, *host;
     int timeout_s; /* --timeout: the communicator's deadline (0: its default) */
     /* gloo: --master HOST:PORT (split into master_host, master_port), --prefix */
@@ -130,6 +134,7 @@ static void usage(const char *argv0)
             "          [--metrics FILE] (JSON lines: a record per logged step)\n"
             "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
             EXAMPLE_GLOO_HELP
+            EXAMPLE_LAUNCH_HELP
             "          [--timeout SEC] (mpi, gloo: a peer silent this long is an error; the\n"
             "           default is the backend's: 60 s mpi, 30 s gloo)\n"
             "          [--lora R [--lora-steps K] [--lora-lr X] [--lora-alpha X]] (train the\n"
@@ -165,6 +170,9 @@ static int parse_double(const char *s, double *out)
 /* --metrics FILE (examples/example_metrics.h), opened by main for rank 0 */
 static const char *metrics_path;
 
+/* The launcher this process runs under, if any (example_launch_resolve) */
+static example_launch launch;
+
 /* --lora R and its fine-tuning run's options (0: the defaults) */
 static int lora_rank, lora_steps;
 static double lora_lr, lora_alpha;
@@ -186,6 +194,7 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
         } else {
             i++;
             if (!strcmp(a, "--backend")) {
+                b->backend_given = 1;
                 if (!strcmp(v, "local")) b->backend = 0;
                 else if (!strcmp(v, "mpi")) b->backend = 1;
                 else if (!strcmp(v, "gloo")) b->backend = 2;
@@ -249,7 +258,10 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
                 good = parse_double(v, &lora_lr) && lora_lr > 0.0 && lora_lr < 10.0;
             else if (!strcmp(a, "--lora-alpha"))
                 good = parse_double(v, &lora_alpha) && lora_alpha > 0.0;
-            else if (!strcmp(a, "--ranks")) good = parse_int(v, &c->ranks);
+            else if (!strcmp(a, "--ranks")) {
+                good = parse_int(v, &c->ranks);
+                b->ranks_given = 1;
+            }
             else if (!strcmp(a, "--steps")) good = parse_int(v, &c->steps);
             else if (!strcmp(a, "--layers")) good = parse_int(v, &c->layers);
             else if (!strcmp(a, "--dim")) good = parse_int(v, &c->dim);
@@ -328,6 +340,7 @@ static int backend_start(gpt_config *c, backend_opts *bo, int *argc, char ***arg
     b.master = bo->master;
     b.check = gpt_check_world;
     b.user = c;
+    b.launched = &launch.info;
     r = example_backend_start(&b, argc, argv);
     bo->rank = b.rank;
     c->ranks = b.ranks;
@@ -378,6 +391,7 @@ static int run_one_rank(const gpt_config *cfg, const backend_opts *b, const fsdp
             d.master_port = b->master_port;
         }
         d.prefix = b->prefix ? b->prefix : "train_gpt";
+        d.job_id = b->job_id;
         d.host = b->host;
         d.rank = rank;
         d.size = nranks;
@@ -517,11 +531,36 @@ int main(int argc, char **argv)
     static gpt_result res;
     static char err[FSDP_ERROR_MAX + 128];
     gpt_config cfg = gpt_default_config();
-    backend_opts bo = {0, -1, NULL, NULL, 0, NULL, NULL, {0}, 0};
+    backend_opts bo = {0, -1, 0, 0, NULL, NULL, NULL, 0, NULL, NULL, {0}, 0};
     int i, pa = parse_args(argc, argv, &cfg, &bo);
     if (pa <= 0) {
         usage(argv[0]);
         return pa < 0 ? 0 : 2;
+    }
+    /* a launcher's process is one rank of its world (example_backend.h) */
+    launch.prog = "train_gpt";
+    launch.backend = bo.backend;
+    launch.backend_given = bo.backend_given;
+    launch.ranks = cfg.ranks;
+    launch.ranks_given = bo.ranks_given;
+    launch.rank = bo.rank;
+    launch.store_dir = bo.store_dir;
+    launch.master = bo.master;
+    if ((i = example_launch_resolve(&launch)) >= 0) return i;
+    if (launch.info.launcher != FSDP_LAUNCHER_NONE) {
+        if (launch.backend == EXAMPLE_NCCL) {
+            fprintf(stderr, "train_gpt: no NCCL backend here (train_mlp --device cuda has it)\n");
+            return 2;
+        }
+        bo.backend = launch.backend;
+        cfg.ranks = launch.ranks;
+        bo.rank = launch.rank;
+        bo.job_id = launch.job_id;
+        if (launch.master == launch.master_text) {
+            bo.master = launch.master;
+            memcpy(bo.master_host, launch.master_host, sizeof bo.master_host);
+            bo.master_port = launch.master_port;
+        }
     }
     /* a Hugging Face model's dimensions are its config.json's */
     if (cfg.init_hf && !gpt_read_hf_config(cfg.init_hf, &cfg, err, sizeof err)) {

@@ -50,6 +50,10 @@
                     --ranks N, --store-dir DIR or --master HOST:PORT, [--prefix P]
                     [--host ADDR] (--help says more); nccl: see above)
                     [--device cpu|cuda]
+   Under torchrun --no-python, srun or mpirun each process is one rank of the
+   launcher's world (examples/example_backend.h, docs/launch.md); --backend
+   nccl then meets over TCP at the launcher's MASTER_ADDR/MASTER_PORT (or
+   --master HOST:PORT) with no MPI and no shared directory.
 
    Checkpoints: --save DIR writes a sharded checkpoint (parameters, AdamW
    state, step) every --save-every K steps and at the end, asynchronously;
@@ -113,6 +117,11 @@ typedef struct config {
     /* --device; which options were given; the GPU of this process's ranks;
        NCCL's id through a file in store_dir (--rank) rather than MPI */
     int device, device_given, ranks_given, gpu, nccl_file, mpi_up;
+    /* --backend given; NCCL's id over fsdp.h's TCP rendezvous (a launcher's
+       or --master's address); a launcher refused the options (said why);
+       this process's rank on its node (-1: unknown); a launcher's job id */
+    int backend_given, nccl_tcp, refused, local_rank;
+    const char *job_id;
     const char *store_dir, *host;
     /* gloo: --master HOST:PORT (split into master_host, master_port), --prefix */
     const char *master, *prefix;
@@ -682,7 +691,14 @@ static int global_mean(rank_state *rs, fsdp_comm *comm, float *v, int rank)
     return 0;
 }
 
+/* The launcher this process runs under, if any (example_launch_resolve) */
+static example_launch launch;
+
 #ifdef FSDP_HAVE_CUDA
+/* --backend nccl over TCP: the rendezvous and its side channel */
+static fsdp_rendezvous *nccl_rdzv;
+static fsdp_side_channel nccl_side;
+
 static int nccl_boot_alone(void *user, int rank, int nranks, void *id, size_t bytes, char *msg)
 {
     (void)user, (void)rank, (void)nranks, (void)id, (void)bytes, (void)msg;
@@ -766,6 +782,26 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
     memset(&err, 0, sizeof err);
     (void)nranks;
     if (cfg->backend == 0) return fsdp_comm_local_create(world, rank, dev, comm);
+#ifdef FSDP_HAVE_CUDA
+    if (cfg->backend == BACKEND_NCCL && cfg->nccl_tcp) {
+        /* the rendezvous carries NCCL's id, then stays open as the stall
+           diagnosis's side channel; it goes after the comm (run_rank) */
+        fsdp_rendezvous_desc rd;
+        memset(&rd, 0, sizeof rd);
+        rd.hooks.error = &err;
+        rd.addr = cfg->master_host;
+        rd.port = cfg->master_port;
+        rd.rank = rank;
+        rd.size = nranks;
+        rd.job_id = cfg->job_id;
+        rd.timeout_ms = 120000;
+        if ((r = fsdp_rendezvous_create(&rd, &nccl_rdzv)) != FSDP_SUCCESS) {
+            fprintf(stderr, "train_mlp: rank %d: %s\n", rank, err.message);
+            return r;
+        }
+        nccl_side = fsdp_rendezvous_side_channel(nccl_rdzv);
+    }
+#endif
 #ifdef FSDP_HAVE_MPI
     if (cfg->backend == 1) {
         fsdp_mpi_desc d;
@@ -789,7 +825,11 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
         nd.nranks = nranks;
         nd.device = cfg->gpu;
         nd.timeout_ms = 120000;
-        if (nranks == 1) {
+        if (cfg->nccl_tcp) {
+            nd.bootstrap = fsdp_nccl_bootstrap_tcp;
+            nd.bootstrap_user = nccl_rdzv;
+            nd.side_channel = &nccl_side;
+        } else if (nranks == 1) {
             nd.bootstrap = nccl_boot_alone;
         } else if (cfg->nccl_file) {
             memset(&nf, 0, sizeof nf);
@@ -819,6 +859,7 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
             d.master_port = cfg->master_port;
         }
         d.prefix = cfg->prefix ? cfg->prefix : "train_mlp";
+        d.job_id = cfg->job_id;
         d.host = cfg->host;
         d.rank = rank;
         d.size = nranks;
@@ -1044,6 +1085,12 @@ done:
 #endif
     if (rs.es) fsdp_stream_destroy(dev, rs.es);
     fsdp_comm_destroy(comm);
+#ifdef FSDP_HAVE_CUDA
+    if (cfg->backend == BACKEND_NCCL) { /* one rank per process: its own */
+        fsdp_rendezvous_destroy(nccl_rdzv); /* after the comm it served */
+        nccl_rdzv = NULL;
+    }
+#endif
     fsdp_device_destroy(dev);
     acts_free(&a);
     for (k = 0; k < NT; k++) {
@@ -1153,6 +1200,7 @@ static int parse_args(int argc, char **argv, config *c)
         } else {
             i++;
             if (!strcmp(a, "--backend")) {
+                c->backend_given = 1;
                 if (!strcmp(v, "local")) c->backend = 0;
                 else if (!strcmp(v, "mpi")) c->backend = 1;
                 else if (!strcmp(v, "gloo")) c->backend = 2;
@@ -1218,6 +1266,37 @@ static int parse_args(int argc, char **argv, config *c)
         bad:
             fprintf(stderr, "train_mlp: bad value for %s: '%s'\n", a, v);
             return 0;
+        }
+    }
+    {
+        /* a launcher's process is one rank of its world (example_backend.h) */
+        example_launch *l = &launch;
+        l->prog = "train_mlp";
+        l->backend = c->backend;
+        l->backend_given = c->backend_given;
+        l->ranks = c->ranks;
+        l->ranks_given = c->ranks_given;
+        l->rank = c->rank;
+        l->cuda = c->device == DEVICE_CUDA;
+        l->backends = "gloo, mpi or nccl";
+        l->store_dir = c->store_dir;
+        l->master = c->master;
+        if (example_launch_resolve(l) >= 0) {
+            c->refused = 1;
+            return 0;
+        }
+        c->local_rank = l->local_rank;
+        if (l->info.launcher != FSDP_LAUNCHER_NONE) {
+            c->backend = l->backend;
+            c->ranks = l->ranks;
+            /* nccl under mpirun: MPI numbers the ranks and carries the id */
+            c->rank = l->mpi_bootstrap ? -1 : l->rank;
+            c->job_id = l->job_id;
+            if (l->master == l->master_text) {
+                c->master = l->master;
+                memcpy(c->master_host, l->master_host, sizeof c->master_host);
+                c->master_port = l->master_port;
+            }
         }
     }
     if (!check_device_args(c)) return 0;
@@ -1293,13 +1372,15 @@ static int nccl_start(config *c, int *argc, char ***argv, int ngpu)
 {
     (void)argc, (void)argv;
     if (c->rank >= 0) {
-        if (!c->store_dir || c->rank >= c->ranks) {
-            fprintf(stderr, "train_mlp: --backend nccl --rank R needs --store-dir and R < "
-                    "--ranks\n");
+        if ((!c->store_dir && !c->master) || c->rank >= c->ranks) {
+            fprintf(stderr, "train_mlp: --backend nccl --rank R needs --master HOST:PORT (or a "
+                    "launcher's MASTER_ADDR) or --store-dir, and R < --ranks\n");
             return 2;
         }
-        c->nccl_file = 1;
-        c->gpu = c->rank % ngpu;
+        /* TCP (no MPI, no shared directory) where an address is known */
+        c->nccl_tcp = c->master != NULL;
+        c->nccl_file = !c->nccl_tcp;
+        c->gpu = (c->local_rank >= 0 ? c->local_rank : c->rank) % ngpu;
     } else {
 #ifdef FSDP_HAVE_MPI
         int size = 1, local = 0;
@@ -1312,6 +1393,14 @@ static int nccl_start(config *c, int *argc, char ***argv, int ngpu)
         c->mpi_up = 1;
         MPI_Comm_rank(MPI_COMM_WORLD, &c->rank);
         MPI_Comm_size(MPI_COMM_WORLD, &size);
+        if (launch.info.launcher != FSDP_LAUNCHER_NONE && size != launch.info.world_size) {
+            if (c->rank == 0)
+                fprintf(stderr, "train_mlp: --backend nccl: MPI counts %d ranks, but %s started "
+                        "%d processes (%s)\n", size, fsdp_launcher_name(launch.info.launcher),
+                        launch.info.world_size, launch.info.vars);
+            MPI_Finalize();
+            return 2;
+        }
         c->ranks = size;
         MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, c->rank, MPI_INFO_NULL, &node);
         MPI_Comm_rank(node, &local);
@@ -1349,6 +1438,7 @@ static int backend_start(config *c, int *argc, char ***argv)
     b.master = c->master;
     b.check = mlp_check_world;
     b.user = c;
+    b.launched = &launch.info;
     r = example_backend_start(&b, argc, argv);
     c->rank = b.rank;
     c->ranks = b.ranks;
@@ -1377,8 +1467,9 @@ int main(int argc, char **argv)
     cfg.strategy = FSDP_FULL_SHARD;
     cfg.strategy_name = "full";
     cfg.rank = -1;
+    cfg.local_rank = -1;
     if (!parse_args(argc, argv, &cfg)) {
-        usage(argv[0]);
+        if (!cfg.refused) usage(argv[0]); /* a launcher's refusal said why */
         return 2;
     }
 #if defined(FSDP_HAVE_CUDA)

@@ -1,0 +1,979 @@
+/* test_launch.c - launchers' environments, the TCP rendezvous and the stall
+   diagnosis's pieces (fsdp.h >>comm), with real processes where it counts:
+
+       test_launch [--case NAME]...
+       test_launch --rank R --ranks N --addr HOST --port P [--job J]
+                   [--timeout-ms T] [--expect ok|RESULT] [--want TEXT]
+                   (one rank of a rendezvous, for tests/check_launch_multihost.sh:
+                   it meets the others, broadcasts from rank 0, collects
+                   every rank's bytes, prints "rendezvous ok" or the error)
+       test_launch --hold-port P SECONDS
+                   (listens on P meanwhile, as torchrun's agent store does
+                   on MASTER_PORT; for tests/check_launchers.sh)
+       test_launch --free-port      (prints a port the kernel picks)
+       test_launch --port-free P    (exit 0 when P can be listened on now)
+
+   launch_*: fsdp_launch_info_get on the environments torchrun, srun,
+   mpirun (Open MPI) and MPICH's mpiexec (PMI) set, given as tables: the
+   exact variables torchrun 2.x sets for its workers, a SLURM job step's,
+   nested launchers (torchrun and mpirun inside an srun step), and
+   launchers that disagree (each refused naming both sets of variables).
+   hostlist: SLURM host lists. diagnose: fsdp_stall_diagnose on rings made
+   here (a mismatch, a rank behind, ranks that did not answer, a rank that
+   had failed, nothing wrong). rdzv_*: fsdp_rendezvous_create with forked
+   ranks on 127.0.0.1: a world meets and broadcasts; a wrong world size,
+   a second job on the port, an address that is not this host's, a port in
+   use, a rank that never arrives, a rank twice, something else on the port:
+   each an error naming it, on every rank that can know, within the
+   timeout; side_channel: a collection through the rendezvous with a rank
+   that answers, one frozen (SIGSTOP) and one that exited. */
+#define _XOPEN_SOURCE 700
+#include "fsdp.h"
+#include "check.h"
+
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+static double now_ms(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+static void sleep_ms(int ms)
+{
+    struct timespec ts;
+    ts.tv_sec = ms / 1000;
+    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
+    nanosleep(&ts, NULL);
+}
+
+/* A port nobody listens on now (the kernel's pick). */
+static int free_port(void)
+{
+    struct sockaddr_in a;
+    socklen_t len = sizeof a;
+    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
+        getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    if (s >= 0) close(s);
+    return port;
+}
+
+/* A socket listening on port (every address), or -1. */
+static int listen_on(int port)
+{
+    struct sockaddr_in a;
+    int one = 1, s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) return -1;
+    setsockopt(s, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_ANY);
+    a.sin_port = htons((unsigned short)port);
+    if (bind(s, (struct sockaddr *)&a, sizeof a) != 0 || listen(s, 16) != 0) {
+        close(s);
+        return -1;
+    }
+    return s;
+}
+
+/* ------------------------------------------------------------------------ */
+/* launchers' environments, as tables                                       */
+/* ------------------------------------------------------------------------ */
+
+/* NULL-terminated name, value pairs */
+static const char *tab_get(void *user, const char *name)
+{
+    const char *const *kv = (const char *const *)user;
+    for (; kv[0]; kv += 2)
+        if (!strcmp(kv[0], name)) return kv[1];
+    return NULL;
+}
+
+static fsdp_result launch(const char *const *kv, fsdp_launch_info *li, fsdp_error *err)
+{
+    memset(err, 0, sizeof *err);
+    return fsdp_launch_info_get(tab_get, (void *)kv, li, err);
+}
+
+/* What torchrun 2.x (static rendezvous, the default of --nproc-per-node
+   without --rdzv-backend) sets for worker 1 of `torchrun --nproc-per-node 2`,
+   every variable of LocalElasticAgent._start_workers. */
+static const char *const TORCHRUN_1_OF_2[] = {
+    "LOCAL_RANK", "1", "RANK", "1", "GROUP_RANK", "0", "ROLE_RANK", "1", "ROLE_NAME", "default",
+    "LOCAL_WORLD_SIZE", "2", "WORLD_SIZE", "2", "GROUP_WORLD_SIZE", "1", "ROLE_WORLD_SIZE", "2",
+    "MASTER_ADDR", "127.0.0.1", "MASTER_PORT", "29500", "TORCHELASTIC_RESTART_COUNT", "0",
+    "TORCHELASTIC_MAX_RESTARTS", "0", "TORCHELASTIC_RUN_ID", "none",
+    "TORCHELASTIC_USE_AGENT_STORE", "True", "TORCH_NCCL_ASYNC_ERROR_HANDLING", "1",
+    "TORCHELASTIC_ERROR_FILE", "/tmp/torchelastic_x/none_y/attempt_0/1/error.json", NULL};
+
+/* Task 2 of 4 of step 0 of job 123456 on node02, two tasks per node. */
+static const char *const SLURM_2_OF_4[] = {
+    "SLURM_JOB_ID", "123456", "SLURM_JOBID", "123456", "SLURM_STEP_ID", "0", "SLURM_STEPID", "0",
+    "SLURM_PROCID", "2", "SLURM_LOCALID", "0", "SLURM_NODEID", "1", "SLURM_NTASKS", "4",
+    "SLURM_NPROCS", "4", "SLURM_STEP_NUM_TASKS", "4", "SLURM_STEP_NUM_NODES", "2",
+    "SLURM_STEP_NODELIST", "node[01-02]", "SLURM_JOB_NODELIST", "node[01-02]",
+    "SLURM_NODELIST", "node[01-02]", "SLURM_STEP_TASKS_PER_NODE", "2(x2)",
+    "SLURM_TASKS_PER_NODE", "2(x2)", "SLURMD_NODENAME", "node02", NULL};
+
+static void test_launch_none(void)
+{
+    static const char *const empty[] = {NULL};
+    /* a batch script's own variables: no step id, so not a launch */
+    static const char *const batch[] = {"SLURM_JOB_ID", "77", "SLURM_PROCID", "0", "SLURM_NTASKS",
+                                        "8", "SLURM_NODELIST", "n[1-2]", NULL};
+    fsdp_launch_info li;
+    fsdp_error err;
+    EXPECT_EQ(launch(empty, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.launcher, FSDP_LAUNCHER_NONE);
+    EXPECT_EQ(li.world_size, 1);
+    EXPECT_EQ(launch(batch, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.launcher, FSDP_LAUNCHER_NONE);
+    EXPECT(!strcmp(fsdp_launcher_name(FSDP_LAUNCHER_NONE), "none"));
+    EXPECT_EQ(fsdp_launch_info_get(tab_get, (void *)empty, NULL, &err), FSDP_INVALID_ARGS);
+}
+
+static void test_launch_torchrun(void)
+{
+    const char *kv[64];
+    fsdp_launch_info li;
+    fsdp_error err;
+    int i, n;
+    EXPECT_EQ(launch(TORCHRUN_1_OF_2, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.launcher, FSDP_LAUNCHER_TORCHRUN);
+    EXPECT_EQ(li.rank, 1);
+    EXPECT_EQ(li.world_size, 2);
+    EXPECT_EQ(li.local_rank, 1);
+    EXPECT_EQ(li.local_world_size, 2);
+    CHECK(!strcmp(li.master_addr, "127.0.0.1"), "master_addr '%s'", li.master_addr);
+    /* torchrun's agent serves its own store on MASTER_PORT */
+    EXPECT_EQ(li.master_port, 29501);
+    CHECK(!strcmp(li.job_id, "none.restart0"), "job_id '%s'", li.job_id);
+    CHECK(strstr(li.vars, "RANK=1 WORLD_SIZE=2") != NULL, "vars '%s'", li.vars);
+    /* without the agent's store (TORCHELASTIC_USE_AGENT_STORE=False, as
+       older c10d rendezvous set it), MASTER_PORT itself; another restart is
+       another job */
+    for (i = n = 0; TORCHRUN_1_OF_2[i]; i += 2) {
+        kv[n++] = TORCHRUN_1_OF_2[i];
+        kv[n++] = !strcmp(TORCHRUN_1_OF_2[i], "TORCHELASTIC_USE_AGENT_STORE") ? "False"
+                  : !strcmp(TORCHRUN_1_OF_2[i], "TORCHELASTIC_RESTART_COUNT") ? "2"
+                                                                               : TORCHRUN_1_OF_2[i + 1];
+    }
+    kv[n] = NULL;
+    EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.master_port, 29500);
+    CHECK(!strcmp(li.job_id, "none.restart2"), "job_id '%s'", li.job_id);
+    {
+        /* RANK and WORLD_SIZE by hand (no agent): no job id, no local rank */
+        static const char *const hand[] = {"RANK", "0", "WORLD_SIZE", "3", "MASTER_ADDR", "h0",
+                                           "MASTER_PORT", "1234", NULL};
+        EXPECT_EQ(launch(hand, &li, &err), FSDP_SUCCESS);
+        EXPECT_EQ(li.world_size, 3);
+        EXPECT_EQ(li.local_rank, -1);
+        EXPECT_EQ(li.master_port, 1234);
+        EXPECT(li.job_id[0] == 0);
+    }
+}
+
+static void test_launch_slurm(void)
+{
+    const char *kv[64];
+    fsdp_launch_info li;
+    fsdp_error err;
+    int i, n;
+    EXPECT_EQ(launch(SLURM_2_OF_4, &li, &err), FSDP_SUCCESS);
+    CHECK(li.launcher == FSDP_LAUNCHER_SLURM, "launcher %s: %s", fsdp_launcher_name(li.launcher),
+          err.message);
+    EXPECT_EQ(li.rank, 2);
+    EXPECT_EQ(li.world_size, 4);
+    EXPECT_EQ(li.local_rank, 0);
+    EXPECT_EQ(li.local_world_size, 2);
+    CHECK(!strcmp(li.master_addr, "node01"), "master_addr '%s'", li.master_addr);
+    /* 15000 + (123456 mod 1000) * 10 + (0 mod 10) */
+    EXPECT_EQ(li.master_port, 19560);
+    CHECK(!strcmp(li.job_id, "123456.0"), "job_id '%s'", li.job_id);
+    /* MASTER_ADDR and MASTER_PORT win; step 3; tasks per node "3,1" on node 1 */
+    for (i = n = 0; SLURM_2_OF_4[i]; i += 2) {
+        const char *k = SLURM_2_OF_4[i], *v = SLURM_2_OF_4[i + 1];
+        if (!strcmp(k, "SLURM_STEP_ID") || !strcmp(k, "SLURM_STEPID")) v = "3";
+        if (!strcmp(k, "SLURM_STEP_TASKS_PER_NODE")) v = "3,1";
+        if (!strcmp(k, "SLURM_LOCALID")) v = "0";
+        kv[n++] = k;
+        kv[n++] = v;
+    }
+    kv[n] = NULL;
+    EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.master_port, 19563);
+    EXPECT_EQ(li.local_world_size, 1);
+    CHECK(!strcmp(li.job_id, "123456.3"), "job_id '%s'", li.job_id);
+    kv[n++] = "MASTER_ADDR";
+    kv[n++] = "10.0.0.9";
+    kv[n++] = "MASTER_PORT";
+    kv[n++] = "40000";
+    kv[n] = NULL;
+    EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
+    CHECK(!strcmp(li.master_addr, "10.0.0.9"), "master_addr '%s'", li.master_addr);
+    EXPECT_EQ(li.master_port, 40000);
+}
+
+static void test_launch_mpi(void)
+{
+    /* what Open MPI 4.1's mpirun -np 2 sets (checked on this machine) */
+    static const char *const ompi[] = {
+        "OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2", "OMPI_COMM_WORLD_LOCAL_RANK",
+        "1", "OMPI_COMM_WORLD_LOCAL_SIZE", "2", "OMPI_COMM_WORLD_NODE_RANK", "1",
+        "OMPI_MCA_ess_base_jobid", "1100939265", "PMIX_NAMESPACE", "1100939265", "PMIX_RANK",
+        "1", "OMPI_UNIVERSE_SIZE", "2", NULL};
+    static const char *const pmi[] = {"PMI_RANK", "3", "PMI_SIZE", "4", "MPI_LOCALRANKID", "1",
+                                      "MPI_LOCALNRANKS", "2", NULL};
+    fsdp_launch_info li;
+    fsdp_error err;
+    EXPECT_EQ(launch(ompi, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.launcher, FSDP_LAUNCHER_OPENMPI);
+    EXPECT_EQ(li.rank, 1);
+    EXPECT_EQ(li.world_size, 2);
+    EXPECT_EQ(li.local_rank, 1);
+    EXPECT_EQ(li.local_world_size, 2);
+    CHECK(!strcmp(li.job_id, "1100939265"), "job_id '%s'", li.job_id);
+    EXPECT(li.master_addr[0] == 0 && li.master_port == 0); /* mpirun gives no rendezvous */
+    {
+        /* Open MPI 5's namespace: safe in a file name once read */
+        static const char *const ompi5[] = {"OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE",
+                                            "2", "PMIX_NAMESPACE", "prterun-vm-123@1", NULL};
+        fsdp_launch_info l5;
+        EXPECT_EQ(launch(ompi5, &l5, &err), FSDP_SUCCESS);
+        CHECK(!strcmp(l5.job_id, "prterun-vm-123_1"), "job_id '%s'", l5.job_id);
+    }
+    EXPECT_EQ(launch(pmi, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.launcher, FSDP_LAUNCHER_PMI);
+    EXPECT_EQ(li.rank, 3);
+    EXPECT_EQ(li.world_size, 4);
+    EXPECT_EQ(li.local_rank, 1);
+    EXPECT_EQ(li.local_world_size, 2);
+}
+
+static void test_launch_nested(void)
+{
+    /* torchrun inside an srun step (one agent per node, 4 workers each):
+       the workers are 8, SLURM's tasks 2, and RANK is torchrun's own */
+    static const char *const torch_in_srun[] = {
+        "RANK", "5", "WORLD_SIZE", "8", "LOCAL_RANK", "1", "LOCAL_WORLD_SIZE", "4", "GROUP_RANK",
+        "1", "MASTER_ADDR", "node01", "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "job7",
+        "TORCHELASTIC_RESTART_COUNT", "0", "TORCHELASTIC_USE_AGENT_STORE", "True",
+        "SLURM_JOB_ID", "7", "SLURM_STEP_ID", "0", "SLURM_PROCID", "1", "SLURM_NTASKS", "2",
+        "SLURM_STEP_NUM_TASKS", "2", "SLURM_LOCALID", "0", "SLURM_STEP_NODELIST", "node[01-02]",
+        NULL};
+    /* one torchrun worker per SLURM task: as many, ranks of its own */
+    static const char *const torch_same[] = {
+        "RANK", "0", "WORLD_SIZE", "2", "TORCHELASTIC_RUN_ID", "j", "MASTER_ADDR", "a",
+        "MASTER_PORT", "9", "SLURM_JOB_ID", "7", "SLURM_STEP_ID", "0", "SLURM_PROCID", "1",
+        "SLURM_STEP_NUM_TASKS", "2", NULL};
+    /* mpirun inside an allocation: its daemons are the step's 2 tasks */
+    static const char *const mpirun_in_srun[] = {
+        "OMPI_COMM_WORLD_RANK", "3", "OMPI_COMM_WORLD_SIZE", "4", "SLURM_JOB_ID", "7",
+        "SLURM_STEP_ID", "1", "SLURM_PROCID", "1", "SLURM_STEP_NUM_TASKS", "2", NULL};
+    /* srun --mpi=pmi2 of MPICH ranks: both say the same */
+    static const char *const pmi_srun[] = {
+        "PMI_RANK", "1", "PMI_SIZE", "2", "SLURM_JOB_ID", "42", "SLURM_STEP_ID", "0",
+        "SLURM_PROCID", "1", "SLURM_STEP_NUM_TASKS", "2", "SLURM_STEP_NODELIST", "gpu[3-4]", NULL};
+    fsdp_launch_info li;
+    fsdp_error err;
+    EXPECT_EQ(launch(torch_in_srun, &li, &err), FSDP_SUCCESS);
+    CHECK(li.launcher == FSDP_LAUNCHER_TORCHRUN && li.rank == 5 && li.world_size == 8, "%s %d/%d: %s",
+          fsdp_launcher_name(li.launcher), li.rank, li.world_size, err.message);
+    EXPECT_EQ(li.master_port, 29401);
+    CHECK(!strcmp(li.master_addr, "node01"), "master_addr '%s'", li.master_addr);
+    EXPECT_EQ(launch(torch_same, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.rank, 0);
+    EXPECT_EQ(launch(mpirun_in_srun, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.launcher, FSDP_LAUNCHER_OPENMPI);
+    EXPECT(li.master_addr[0] == 0 && li.master_port == 0); /* not the daemons' step's */
+    EXPECT_EQ(launch(pmi_srun, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.launcher, FSDP_LAUNCHER_PMI);
+    /* the same processes: SLURM's job id, host and port */
+    CHECK(!strcmp(li.job_id, "42.0"), "job_id '%s'", li.job_id);
+    CHECK(!strcmp(li.master_addr, "gpu3"), "master_addr '%s'", li.master_addr);
+    EXPECT_EQ(li.master_port, 15000 + 42 * 10);
+}
+
+/* Each environment is refused with FSDP_INVALID_ARGS and a message holding
+   every string of want. */
+static void refused(const char *const *kv, const char *const *want)
+{
+    fsdp_launch_info li;
+    fsdp_error err;
+    fsdp_result r = launch(kv, &li, &err);
+    CHECK(r == FSDP_INVALID_ARGS, "accepted (%s) an environment with %s=%s", fsdp_result_string(r),
+          kv[0], kv[1]);
+    for (; r == FSDP_INVALID_ARGS && *want; want++)
+        CHECK(strstr(err.message, *want) != NULL, "'%s' not in: %s", *want, err.message);
+}
+
+static void test_launch_conflicts(void)
+{
+    /* RANK and WORLD_SIZE set by hand (no torchrun agent) against a SLURM
+       step of as many tasks: another rank */
+    static const char *const rank_vs_procid[] = {
+        "RANK", "1", "WORLD_SIZE", "4", "SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0",
+        "SLURM_PROCID", "2", "SLURM_STEP_NUM_TASKS", "4", NULL};
+    static const char *const w1[] = {"RANK=1", "SLURM_PROCID=2", "torchrun", "SLURM", NULL};
+    /* a stale WORLD_SIZE=1 under srun -n 4: four separate jobs */
+    static const char *const stale[] = {
+        "RANK", "0", "WORLD_SIZE", "1", "TORCHELASTIC_RUN_ID", "x", "SLURM_JOB_ID", "9",
+        "SLURM_STEP_ID", "0", "SLURM_PROCID", "3", "SLURM_NTASKS", "4", NULL};
+    static const char *const w2[] = {"WORLD_SIZE=1", "SLURM_NTASKS=4", "separate jobs", NULL};
+    static const char *const mpis[] = {"OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE", "2",
+                                       "PMI_RANK", "1", "PMI_SIZE", "2", NULL};
+    static const char *const w3[] = {"OMPI_COMM_WORLD_RANK=0", "PMI_RANK=1", NULL};
+    static const char *const half[] = {"RANK", "1", NULL};
+    static const char *const w4[] = {"RANK=1", "WORLD_SIZE", NULL};
+    static const char *const beyond[] = {"RANK", "2", "WORLD_SIZE", "2", NULL};
+    static const char *const w5[] = {"RANK=2", "WORLD_SIZE=2", NULL};
+    static const char *const word[] = {"RANK", "one", "WORLD_SIZE", "2", NULL};
+    static const char *const w6[] = {"RANK=one", NULL};
+    static const char *const port[] = {"RANK", "0", "WORLD_SIZE", "2", "MASTER_ADDR", "h",
+                                       "MASTER_PORT", "70000", NULL};
+    static const char *const w7[] = {"MASTER_PORT=70000", NULL};
+    static const char *const noproc[] = {"SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0", "SLURM_NTASKS",
+                                         "2", NULL};
+    static const char *const w8[] = {"SLURM_PROCID", NULL};
+    static const char *const badlist[] = {"SLURM_JOB_ID", "9", "SLURM_STEP_ID", "0",
+                                          "SLURM_PROCID", "0", "SLURM_NTASKS", "2",
+                                          "SLURM_STEP_NODELIST", "node[01-02", NULL};
+    static const char *const w9[] = {"node[01-02", NULL};
+    refused(rank_vs_procid, w1);
+    refused(stale, w2);
+    refused(mpis, w3);
+    refused(half, w4);
+    refused(beyond, w5);
+    refused(word, w6);
+    refused(port, w7);
+    refused(noproc, w8);
+    refused(badlist, w9);
+}
+
+static void test_hostlist(void)
+{
+    static const char *const cases[][2] = {
+        {"node[01-04,07],gpu3", "node01"}, {"gpu3", "gpu3"}, {"gpu3,gpu4", "gpu3"},
+        {"a[1-2]-b[3-4]", "a1-b3"}, {"n[7]", "n7"}, {"n[007,9]x", "n007x"},
+        {"10.0.0.1", "10.0.0.1"}};
+    static const char *const bad[] = {"", ",a", "n[", "n[a-b]", "n]", "n[1-2"};
+    char host[64];
+    fsdp_error err;
+    size_t i;
+    for (i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        fsdp_result r = fsdp_hostlist_first(cases[i][0], host, sizeof host, &err);
+        CHECK(r == FSDP_SUCCESS && !strcmp(host, cases[i][1]), "'%s' gave %s '%s' (%s)",
+              cases[i][0], fsdp_result_string(r), host, err.message);
+    }
+    for (i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        memset(&err, 0, sizeof err);
+        CHECK(fsdp_hostlist_first(bad[i], host, sizeof host, &err) == FSDP_INVALID_ARGS,
+              "'%s' accepted as '%s'", bad[i], host);
+        CHECK(err.message[0] != 0, "'%s': no message", bad[i]);
+    }
+    CHECK(fsdp_hostlist_first("averyveryverylonghostname", host, 8, &err) == FSDP_INVALID_ARGS,
+          "a host longer than the buffer accepted");
+}
+
+/* ------------------------------------------------------------------------ */
+/* the stall diagnosis on rings made here                                   */
+/* ------------------------------------------------------------------------ */
+
+static fsdp_coll_desc call(fsdp_coll_kind k, size_t count, const char *label)
+{
+    fsdp_coll_desc c = fsdp_coll_make(k, count, FSDP_F32,
+                                      k == FSDP_COLL_REDUCE_SCATTER ? FSDP_REDUCE_AVG
+                                                                    : FSDP_REDUCE_SUM, 0);
+    snprintf(c.label, sizeof c.label, "%s", label);
+    return c;
+}
+
+/* A training loop's calls: per unit u, an all-gather then a reduce-scatter. */
+static void play(fsdp_call_ring *r, int ncalls)
+{
+    int s;
+    for (s = 1; s <= ncalls; s++) {
+        char label[64];
+        fsdp_coll_desc c;
+        snprintf(label, sizeof label, "%s of unit 'h.%d'", s % 2 ? "begin_forward" : "end_backward",
+                 (s - 1) / 2 % 3);
+        c = call(s % 2 ? FSDP_COLL_ALL_GATHER : FSDP_COLL_REDUCE_SCATTER, 64 + (size_t)(s % 3), label);
+        c.seq = (uint64_t)s;
+        fsdp_call_ring_record(r, &c);
+    }
+}
+
+static void test_diagnose(void)
+{
+    static fsdp_call_ring rings[4];
+    int status[4] = {0, 0, 0, 0}, j, kind;
+    char msg[FSDP_ERROR_MAX];
+    fsdp_coll_desc odd;
+    /* nothing wrong */
+    for (j = 0; j < 3; j++) {
+        fsdp_call_ring_init(&rings[j], j, 3);
+        play(&rings[j], 100); /* more than the ring holds */
+    }
+    kind = fsdp_stall_diagnose(msg, sizeof msg, rings, status, 3, 0);
+    EXPECT_EQ(kind, 0);
+    CHECK(strstr(msg, "every rank issued the same 100 calls") != NULL, "%s", msg);
+    /* rank 2 stopped after call 97 */
+    fsdp_call_ring_init(&rings[2], 2, 3);
+    play(&rings[2], 97);
+    kind = fsdp_stall_diagnose(msg, sizeof msg, rings, status, 3, 0);
+    EXPECT_EQ(kind, 2);
+    CHECK(strstr(msg, "rank 2 stopped after call #97 (begin_forward of unit 'h.0' (all_gather("
+                      "count=65, dtype=f32)))") != NULL &&
+              strstr(msg, "while rank 0 issued #98: end_backward of unit 'h.0' (reduce_scatter("
+                          "count=66, dtype=f32, op=avg))") != NULL,
+          "%s", msg);
+    /* rank 1's call 99 differs: a mismatch, named before anything else */
+    odd = call(FSDP_COLL_BROADCAST, 7, "summon_full_params of unit 'h.1'");
+    odd.seq = 99;
+    fsdp_call_ring_record(&rings[1], &odd);
+    kind = fsdp_stall_diagnose(msg, sizeof msg, rings, status, 3, 2);
+    EXPECT_EQ(kind, 1);
+    CHECK(strstr(msg, "collective #99 differs: rank 0 called begin_forward of unit 'h.1' "
+                      "(all_gather(count=64, dtype=f32)) but rank 1 called summon_full_params of "
+                      "unit 'h.1' (broadcast(count=7, dtype=f32, root=0))") != NULL,
+          "%s", msg);
+    /* ranks that did not answer, and one whose comm had failed */
+    play(&rings[1], 100);
+    fsdp_call_ring_init(&rings[3], 3, 4);
+    play(&rings[3], 100);
+    status[1] = FSDP_SIDE_SILENT;
+    status[2] = FSDP_SIDE_GONE;
+    rings[3].failed = FSDP_COMM_TIMEOUT;
+    snprintf(rings[3].failure, sizeof rings[3].failure, "all_gather #101 timed out on rank 3");
+    kind = fsdp_stall_diagnose(msg, sizeof msg, rings, status, 4, 0);
+    EXPECT_EQ(kind, 2);
+    CHECK(strstr(msg, "rank 1 did not answer") != NULL && strstr(msg, "rank 2 is gone") != NULL &&
+              strstr(msg, "rank 3 had failed: all_gather #101 timed out on rank 3") != NULL,
+          "%s", msg);
+    /* an unreadable answer is not taken for a ring */
+    status[1] = status[2] = FSDP_SIDE_ANSWERED;
+    rings[1].magic = 0;
+    rings[3].failed = 0;
+    kind = fsdp_stall_diagnose(msg, sizeof msg, rings, status, 4, 0);
+    CHECK(kind == 2 && strstr(msg, "rank 1 sent an unreadable ring") != NULL, "%d %s", kind, msg);
+    /* a message cut to a small buffer stays a string */
+    kind = fsdp_stall_diagnose(msg, 16, rings, status, 4, 0);
+    EXPECT(strlen(msg) < 16);
+}
+
+/* ------------------------------------------------------------------------ */
+/* the rendezvous, with forked ranks                                        */
+/* ------------------------------------------------------------------------ */
+
+typedef struct rdzv_spec {
+    const char *addr, *job;
+    int port, rank, size, timeout_ms;
+    fsdp_result expect;
+    const char *want, *want2; /* in the message, when it fails */
+    int bcast;                /* after meeting: broadcasts and a collection */
+    int hold_ms;              /* stays connected this long before destroying */
+    int delay_ms;             /* starts this late */
+    double max_ms;            /* create returns within this */
+} rdzv_spec;
+
+/* What rank r publishes: its rank as text. */
+static size_t publish_rank(void *user, void *buf, size_t cap)
+{
+    return (size_t)snprintf((char *)buf, cap, "rank %d here", *(const int *)user) + 1;
+}
+
+static void rdzv_rank(const rdzv_spec *s)
+{
+    fsdp_rendezvous_desc d;
+    fsdp_rendezvous *z = NULL;
+    fsdp_error err;
+    fsdp_result r;
+    double t0;
+    if (s->delay_ms) sleep_ms(s->delay_ms);
+    t0 = now_ms();
+    memset(&d, 0, sizeof d);
+    memset(&err, 0, sizeof err);
+    d.hooks.error = &err;
+    d.addr = s->addr ? s->addr : "127.0.0.1";
+    d.port = s->port;
+    d.rank = s->rank;
+    d.size = s->size;
+    d.job_id = s->job;
+    d.timeout_ms = s->timeout_ms ? s->timeout_ms : 10000;
+    r = fsdp_rendezvous_create(&d, &z);
+    CHECK_RANK(r == s->expect, s->rank, "create gave %s, wanted %s: %s", fsdp_result_string(r),
+               fsdp_result_string(s->expect), err.message);
+    if (r != FSDP_SUCCESS) {
+        if (s->want)
+            CHECK_RANK(strstr(err.message, s->want) != NULL, s->rank, "'%s' not in: %s", s->want,
+                       err.message);
+        if (s->want2)
+            CHECK_RANK(strstr(err.message, s->want2) != NULL, s->rank, "'%s' not in: %s",
+                       s->want2, err.message);
+    }
+    if (s->max_ms > 0)
+        CHECK_RANK(now_ms() - t0 < s->max_ms, s->rank, "create took %.0f ms (bound %.0f)",
+                   now_ms() - t0, s->max_ms);
+    if (r != FSDP_SUCCESS) return;
+    EXPECT_EQ(fsdp_rendezvous_rank(z), s->rank);
+    EXPECT_EQ(fsdp_rendezvous_size(z), s->size);
+    if (s->bcast) {
+        unsigned char id[128];
+        char text[32];
+        int j, ok = 1, me = s->rank;
+        fsdp_side_channel sc = fsdp_rendezvous_side_channel(z);
+        char out[8][64];
+        size_t lens[8];
+        int status[8];
+        /* an NCCL id's worth from rank 0, then a short text from the last rank */
+        for (j = 0; j < 128; j++) id[j] = (unsigned char)(s->rank == 0 ? j * 7 + 1 : 0);
+        r = fsdp_rendezvous_broadcast(z, id, sizeof id, 0);
+        CHECK_RANK(r == FSDP_SUCCESS, s->rank, "broadcast: %s", fsdp_rendezvous_last_error(z));
+        for (j = 0; j < 128; j++) ok &= id[j] == (unsigned char)(j * 7 + 1);
+        CHECK_RANK(ok, s->rank, "the broadcast bytes differ from rank 0's");
+        snprintf(text, sizeof text, "%s", s->rank == s->size - 1 ? "from the last" : "");
+        r = fsdp_rendezvous_broadcast(z, text, sizeof text, s->size - 1);
+        CHECK_RANK(r == FSDP_SUCCESS && !strcmp(text, "from the last"), s->rank, "broadcast 2: %s",
+                   fsdp_rendezvous_last_error(z));
+        /* a count that differs is named */
+        r = fsdp_rendezvous_broadcast(z, id, s->rank == 0 ? 16 : 32, 0);
+        CHECK_RANK(s->rank == 0 ? r == FSDP_SUCCESS
+                                : r == FSDP_INVALID_ARGS &&
+                                      strstr(fsdp_rendezvous_last_error(z), "sent 16 bytes") != NULL,
+                   s->rank, "broadcast of 16 vs 32 bytes: %s", fsdp_rendezvous_last_error(z));
+        /* every rank's published bytes, from every rank at once */
+        EXPECT_EQ(sc.vt->publish(sc.self, publish_rank, &me, &err), FSDP_SUCCESS);
+        EXPECT_EQ(sc.vt->publish(sc.self, publish_rank, text, &err), FSDP_INVALID_STATE);
+        /* a barrier (each rank roots one broadcast after it published) */
+        for (j = 0; j < s->size; j++) {
+            r = fsdp_rendezvous_broadcast(z, NULL, 0, j);
+            CHECK_RANK(r == FSDP_SUCCESS, s->rank, "barrier broadcast %d: %s", j,
+                       fsdp_rendezvous_last_error(z));
+        }
+        r = sc.vt->collect(sc.self, out, sizeof out[0], lens, status, fsdp_deadline_ms(5000), &err);
+        CHECK_RANK(r == FSDP_SUCCESS, s->rank, "collect: %s", err.message);
+        for (j = 0; r == FSDP_SUCCESS && j < s->size; j++) {
+            char want[32];
+            snprintf(want, sizeof want, "rank %d here", j);
+            CHECK_RANK(status[j] == FSDP_SIDE_ANSWERED && lens[j] == strlen(want) + 1 &&
+                           !strcmp(out[j], want),
+                       s->rank, "rank %d's answer: status %d, '%.*s'", j, status[j], (int)lens[j],
+                       out[j]);
+        }
+        /* no one leaves before everyone collected */
+        for (j = 0; j < s->size; j++) {
+            r = fsdp_rendezvous_broadcast(z, NULL, 0, j);
+            CHECK_RANK(r == FSDP_SUCCESS, s->rank, "last barrier %d: %s", j,
+                       fsdp_rendezvous_last_error(z));
+        }
+        EXPECT_EQ(sc.vt->publish(sc.self, NULL, NULL, &err), FSDP_SUCCESS);
+    }
+    if (s->hold_ms) sleep_ms(s->hold_ms);
+    fsdp_rendezvous_destroy(z);
+}
+
+static pid_t spawn(const rdzv_spec *s)
+{
+    pid_t p;
+    fflush(NULL);
+    p = fork();
+    if (p == 0) {
+        long before = check_failed(); /* the parent's, copied */
+        rdzv_rank(s);
+        exit(check_failed() > before ? 1 : 0);
+    }
+    return p;
+}
+
+/* 1 when pid exited 0 within 60 s (a hung one is killed). */
+static int reap(pid_t pid)
+{
+    double until = now_ms() + 60000;
+    int st = 0;
+    pid_t got;
+    while ((got = waitpid(pid, &st, WNOHANG)) == 0 && now_ms() < until) sleep_ms(5);
+    if (got == 0) {
+        kill(pid, SIGKILL);
+        waitpid(pid, &st, 0);
+        printf("process %d hung; killed\n", (int)pid);
+        return 0;
+    }
+    return WIFEXITED(st) && WEXITSTATUS(st) == 0;
+}
+
+/* Runs the specs as processes at once; each checks itself. */
+static void run_all(const rdzv_spec *specs, int n)
+{
+    pid_t pids[16];
+    int i, ok = 1;
+    for (i = 0; i < n; i++) pids[i] = spawn(&specs[i]);
+    for (i = 0; i < n; i++) {
+        int good = reap(pids[i]);
+        CHECK(good, "process %d (rank %d of job '%s') failed", i, specs[i].rank,
+              specs[i].job ? specs[i].job : "");
+        ok &= good;
+    }
+    (void)ok;
+}
+
+static rdzv_spec spec(int port, int rank, int size)
+{
+    rdzv_spec s;
+    memset(&s, 0, sizeof s);
+    s.port = port;
+    s.rank = rank;
+    s.size = size;
+    s.job = "job-a";
+    s.expect = FSDP_SUCCESS;
+    return s;
+}
+
+static void test_rdzv_world(void)
+{
+    rdzv_spec s[3];
+    int j, port = free_port();
+    for (j = 0; j < 3; j++) {
+        s[j] = spec(port, j, 3);
+        s[j].bcast = 1;
+        s[j].delay_ms = (2 - j) * 150; /* rank 0 last: the others retry until it serves */
+    }
+    run_all(s, 3);
+    /* a world of one */
+    s[0] = spec(free_port(), 0, 1);
+    s[0].bcast = 1;
+    run_all(s, 1);
+}
+
+static void test_rdzv_world_size(void)
+{
+    /* rank 2 says 4 ranks, the others 3: every rank names both sizes */
+    rdzv_spec s[3];
+    int j, port = free_port();
+    for (j = 0; j < 3; j++) {
+        s[j] = spec(port, j, j == 2 ? 4 : 3);
+        s[j].expect = FSDP_INVALID_ARGS;
+        s[j].want = "rank 0 says 3 ranks, rank 2";
+        s[j].want2 = "says 4";
+        s[j].timeout_ms = 8000;
+        s[j].max_ms = 7000;
+        s[j].delay_ms = j == 1 ? 300 : 0; /* rank 1 arrives after the failure: told too */
+    }
+    run_all(s, 3);
+}
+
+static void test_rdzv_two_jobs(void)
+{
+    /* job A meets on the port and stays; job B's rank 0 finds the port in
+       use, job B's rank 1 reaches job A's rank 0 and is refused naming
+       both jobs; job A is unharmed */
+    rdzv_spec s[4];
+    int port = free_port();
+    s[0] = spec(port, 0, 2);
+    s[1] = spec(port, 1, 2);
+    s[0].bcast = s[1].bcast = 1;
+    s[0].hold_ms = s[1].hold_ms = 1500;
+    s[2] = spec(port, 0, 2);
+    s[3] = spec(port, 1, 2);
+    s[2].job = s[3].job = "job-b";
+    s[2].delay_ms = s[3].delay_ms = 500;
+    s[2].expect = FSDP_INVALID_ARGS;
+    s[2].want = "port";
+    s[2].want2 = "in use";
+    s[3].expect = FSDP_INVALID_ARGS;
+    s[3].want = "serves the rendezvous of job 'job-a'";
+    s[3].want2 = "is of job 'job-b'";
+    s[2].max_ms = s[3].max_ms = 3000;
+    run_all(s, 4);
+}
+
+static void test_rdzv_not_this_host(void)
+{
+    /* 192.0.2.1 is TEST-NET-1: never an address of this machine */
+    rdzv_spec s = spec(free_port(), 0, 2);
+    s.addr = "192.0.2.1";
+    s.expect = FSDP_INVALID_ARGS;
+    s.want = "'192.0.2.1' is not an address of this host";
+    s.max_ms = 2000;
+    run_all(&s, 1);
+    s.addr = "no-such-host.invalid";
+    s.want = "cannot resolve the rendezvous address 'no-such-host.invalid'";
+    s.max_ms = 10000;
+    run_all(&s, 1);
+}
+
+static void test_rdzv_port_in_use(void)
+{
+    int port = free_port(), fd = listen_on(port);
+    rdzv_spec s = spec(port, 0, 2);
+    CHECK(fd >= 0, "cannot listen on %d", port);
+    s.expect = FSDP_INVALID_ARGS;
+    s.want = "is in use on this host";
+    s.max_ms = 2000;
+    if (fd >= 0) run_all(&s, 1);
+    if (fd >= 0) close(fd);
+}
+
+static void test_rdzv_missing_rank(void)
+{
+    /* rank 2 of 3 never comes: ranks 0 and 1 fail naming it, within the
+       timeout (and a little for rank 0's verdict to travel) */
+    rdzv_spec s[2];
+    int j, port = free_port();
+    for (j = 0; j < 2; j++) {
+        s[j] = spec(port, j, 3);
+        s[j].timeout_ms = 1500;
+        s[j].expect = FSDP_COMM_TIMEOUT;
+        s[j].want = "did not arrive";
+        s[j].want2 = "rank 2;";
+        s[j].max_ms = 5000;
+    }
+    run_all(s, 2);
+    /* rank 0 never comes: rank 1 says so */
+    s[0] = spec(free_port(), 1, 2);
+    s[0].timeout_ms = 800;
+    s[0].expect = FSDP_COMM_TIMEOUT;
+    s[0].want = "no rendezvous at 127.0.0.1:";
+    s[0].max_ms = 4000;
+    run_all(s, 1);
+}
+
+static void test_rdzv_twice(void)
+{
+    /* rank 1 started twice: every rank hears it */
+    rdzv_spec s[3];
+    int j, port = free_port();
+    for (j = 0; j < 3; j++) {
+        s[j] = spec(port, j == 2 ? 1 : j, 3);
+        s[j].timeout_ms = 2000; /* rank 2 never comes: rank 0 tells until then */
+        s[j].expect = FSDP_INVALID_ARGS;
+        s[j].want = "rank 1 of job 'job-a' arrived twice";
+        s[j].delay_ms = j * 200;
+    }
+    run_all(s, 3);
+}
+
+static void test_rdzv_not_ours(void)
+{
+    /* something else answers on the port: it says a few bytes and closes */
+    int port = free_port(), fd = listen_on(port);
+    pid_t p;
+    rdzv_spec s = spec(port, 1, 2);
+    CHECK(fd >= 0, "cannot listen on %d", port);
+    if (fd < 0) return;
+    fflush(NULL);
+    p = fork();
+    if (p == 0) {
+        int c = accept(fd, NULL, NULL);
+        if (c >= 0) {
+            if (write(c, "HTTP/1.0 400 Bad\r\n\r\n", 20) < 0) _exit(1);
+            sleep_ms(200);
+            close(c);
+        }
+        _exit(0);
+    }
+    close(fd);
+    s.expect = FSDP_COMM_ERROR;
+    s.want = "not an fsdp.h rendezvous";
+    s.max_ms = 3000;
+    run_all(&s, 1);
+    reap(p);
+}
+
+/* side_channel: rank 1 answers, rank 2 is frozen (SIGSTOP), rank 3 exited;
+   rank 0 collects and names each. */
+static void test_side_channel(void)
+{
+    int port = free_port(), j, fds[4][2], go[2];
+    pid_t pids[4];
+    if (pipe(go) != 0) {
+        CHECK(0, "pipe: %s", strerror(errno));
+        return;
+    }
+    for (j = 0; j < 4; j++) {
+        if (pipe(fds[j]) != 0) {
+            CHECK(0, "pipe: %s", strerror(errno));
+            return;
+        }
+    }
+    fflush(NULL);
+    for (j = 0; j < 4; j++) {
+        pids[j] = fork();
+        if (pids[j] == 0) {
+            long before = check_failed(); /* the parent's, copied */
+            fsdp_rendezvous_desc d;
+            fsdp_rendezvous *z = NULL;
+            fsdp_error err;
+            fsdp_side_channel sc;
+            char c = 0, out[4][64];
+            size_t lens[4];
+            int status[4], me = j;
+            fsdp_result r;
+            memset(&d, 0, sizeof d);
+            memset(&err, 0, sizeof err);
+            d.hooks.error = &err;
+            d.addr = "127.0.0.1";
+            d.port = port;
+            d.rank = j;
+            d.size = 4;
+            d.timeout_ms = 10000;
+            r = fsdp_rendezvous_create(&d, &z);
+            CHECK_RANK(r == FSDP_SUCCESS, j, "create: %s", err.message);
+            if (r != FSDP_SUCCESS) exit(1);
+            sc = fsdp_rendezvous_side_channel(z);
+            if (j != 3) sc.vt->publish(sc.self, publish_rank, &me, &err);
+            /* "ready" to the parent, then rank 3 leaves and rank 0 waits for "go" */
+            if (write(fds[j][1], &c, 1) != 1) exit(1);
+            if (j == 3) _exit(check_failed() > before ? 1 : 0); /* gone, unannounced */
+            if (j != 0) { /* rank 2 is stopped meanwhile; rank 1 waits to be ended */
+                for (;;) sleep_ms(1000);
+            }
+            if (read(go[0], &c, 1) != 1) exit(1);
+            {
+                double t0 = now_ms();
+                r = sc.vt->collect(sc.self, out, sizeof out[0], lens, status,
+                                   fsdp_deadline_ms(1500), &err);
+                CHECK_RANK(r == FSDP_SUCCESS, j, "collect: %s", err.message);
+                CHECK_RANK(now_ms() - t0 < 4000, j, "collect took %.0f ms", now_ms() - t0);
+            }
+            if (r == FSDP_SUCCESS) {
+                CHECK_RANK(status[0] == FSDP_SIDE_ANSWERED && !strcmp(out[0], "rank 0 here"), j,
+                           "rank 0: %d", status[0]);
+                CHECK_RANK(status[1] == FSDP_SIDE_ANSWERED && !strcmp(out[1], "rank 1 here"), j,
+                           "rank 1: %d", status[1]);
+                CHECK_RANK(status[2] == FSDP_SIDE_SILENT, j, "rank 2 (frozen): %d", status[2]);
+                CHECK_RANK(status[3] == FSDP_SIDE_GONE, j, "rank 3 (exited): %d", status[3]);
+            }
+            fsdp_rendezvous_destroy(z);
+            exit(check_failed() > before ? 1 : 0);
+        }
+    }
+    {
+        char c;
+        for (j = 0; j < 4; j++) CHECK(read(fds[j][0], &c, 1) == 1, "rank %d never got ready", j);
+        CHECK(reap(pids[3]), "rank 3 failed");
+        sleep_ms(200); /* rank 0's server sees rank 3's connection close */
+        kill(pids[2], SIGSTOP);
+        CHECK(write(go[1], &c, 1) == 1, "cannot tell rank 0 to go");
+        CHECK(reap(pids[0]), "rank 0 failed");
+        kill(pids[1], SIGKILL);
+        kill(pids[2], SIGKILL);
+        kill(pids[2], SIGCONT);
+        waitpid(pids[1], NULL, 0);
+        waitpid(pids[2], NULL, 0);
+    }
+    for (j = 0; j < 4; j++) {
+        close(fds[j][0]);
+        close(fds[j][1]);
+    }
+    close(go[0]);
+    close(go[1]);
+}
+
+/* ------------------------------------------------------------------------ */
+/* modes for the check scripts                                              */
+/* ------------------------------------------------------------------------ */
+
+/* One rank of a rendezvous, its outcome on stdout. */
+static int one_rank(int argc, char **argv)
+{
+    rdzv_spec s;
+    const char *expect = "ok";
+    int i;
+    memset(&s, 0, sizeof s);
+    s.expect = FSDP_SUCCESS;
+    s.rank = -1;
+    for (i = 1; i + 1 < argc; i += 2) {
+        const char *a = argv[i], *v = argv[i + 1];
+        if (!strcmp(a, "--rank")) s.rank = atoi(v);
+        else if (!strcmp(a, "--ranks")) s.size = atoi(v);
+        else if (!strcmp(a, "--addr")) s.addr = v;
+        else if (!strcmp(a, "--port")) s.port = atoi(v);
+        else if (!strcmp(a, "--job")) s.job = v;
+        else if (!strcmp(a, "--timeout-ms")) s.timeout_ms = atoi(v);
+        else if (!strcmp(a, "--expect")) expect = v;
+        else if (!strcmp(a, "--want")) s.want = v;
+        else {
+            fprintf(stderr, "test_launch: unknown option %s\n", a);
+            return 2;
+        }
+    }
+    if (strcmp(expect, "ok") != 0) {
+        static const fsdp_result rs[] = {FSDP_INVALID_ARGS, FSDP_COMM_TIMEOUT, FSDP_COMM_ERROR};
+        size_t k;
+        for (k = 0; k < sizeof rs / sizeof rs[0]; k++)
+            if (!strcmp(expect, fsdp_result_string(rs[k]))) s.expect = rs[k];
+        if (s.expect == FSDP_SUCCESS) {
+            fprintf(stderr, "test_launch: --expect ok, or one of: %s, %s, %s\n",
+                    fsdp_result_string(rs[0]), fsdp_result_string(rs[1]), fsdp_result_string(rs[2]));
+            return 2;
+        }
+    }
+    s.bcast = s.expect == FSDP_SUCCESS;
+    setvbuf(stdout, NULL, _IOLBF, 0);
+    rdzv_rank(&s);
+    printf("%s\n", check_failed() ? "rendezvous FAILED" : "rendezvous ok");
+    return check_failed() ? 1 : 0;
+}
+
+static const check_case CASES[] = {
+    {"launch_none", test_launch_none},
+    {"launch_torchrun", test_launch_torchrun},
+    {"launch_slurm", test_launch_slurm},
+    {"launch_mpi", test_launch_mpi},
+    {"launch_nested", test_launch_nested},
+    {"launch_conflicts", test_launch_conflicts},
+    {"hostlist", test_hostlist},
+    {"diagnose", test_diagnose},
+    {"rdzv_world", test_rdzv_world},
+    {"rdzv_world_size", test_rdzv_world_size},
+    {"rdzv_two_jobs", test_rdzv_two_jobs},
+    {"rdzv_not_this_host", test_rdzv_not_this_host},
+    {"rdzv_port_in_use", test_rdzv_port_in_use},
+    {"rdzv_missing_rank", test_rdzv_missing_rank},
+    {"rdzv_twice", test_rdzv_twice},
+    {"rdzv_not_ours", test_rdzv_not_ours},
+    {"side_channel", test_side_channel},
+};
+
+int main(int argc, char **argv)
+{
+    if (argc >= 3 && !strcmp(argv[1], "--hold-port")) {
+        int fd = listen_on(atoi(argv[2]));
+        if (fd < 0) {
+            fprintf(stderr, "test_launch: cannot listen on port %s\n", argv[2]);
+            return 1;
+        }
+        sleep_ms(1000 * (argc >= 4 ? atoi(argv[3]) : 60));
+        close(fd);
+        return 0;
+    }
+    if (argc >= 2 && !strcmp(argv[1], "--free-port")) {
+        int port = free_port();
+        printf("%d\n", port);
+        return port > 0 ? 0 : 1;
+    }
+    if (argc >= 3 && !strcmp(argv[1], "--port-free")) {
+        int fd = listen_on(atoi(argv[2]));
+        if (fd >= 0) close(fd);
+        return fd >= 0 ? 0 : 1;
+    }
+    if (argc >= 2 && !strcmp(argv[1], "--rank")) return one_rank(argc, argv);
+    return check_main(argc, argv, CASES, CHECK_COUNT(CASES));
+}
