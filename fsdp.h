@@ -73,9 +73,12 @@
                       loading them (rank-0 broadcast, resharding)
        >>ckpt         checkpoints: sharded directories and single files,
                       resharding on load, the async writer with cached
-                      pinned staging, committed by a per-step poll
+                      pinned staging, committed by a per-step poll;
+                      Hugging Face model directories and PEFT adapters in
+                      and out (fsdp_hf_load, fsdp_hf_save)
 
-   fsdp.h DOES NOT: launch processes, do autograd, choose your GPU.
+   fsdp.h DOES NOT: launch processes (it reads what torchrun, srun or
+   mpirun tell them), do autograd, choose your GPU.
 
    Thread safety: an object is used by one thread at a time unless its
    functions say otherwise. The local backend's ranks are threads; each rank
@@ -23999,6 +24002,7 @@ done:
 
 /*
    Revision history, one line per version (every change: CHANGELOG.md)
+       next   launchers and a TCP rendezvous, stalls named, Hugging Face directories, GPU fixes
        0.6.0  torch 2.x optimizer bits, unset parameters refused, layout tables, LoRA units
        0.5.0  MPI and Gloo backends, the CUDA device and NCCL, CPU offload
        0.4.0  state dicts and safetensors checkpoints
