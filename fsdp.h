@@ -57,7 +57,10 @@
                       timeouts, mismatch detection); launchers'
                       environments (torchrun, srun, mpirun), a TCP
                       rendezvous, the stall diagnosis (a ring of recent
-                      calls per comm, compared through a side channel)
+                      calls per comm, compared through a side channel).
+                      Inside: >>comm:vtable >>comm:kit >>comm:ring
+                      >>comm:clock >>comm:engine >>comm:shm >>comm:side
+                      >>comm:inband >>comm:local >>comm:launch >>comm:rdzv
        >>model        modules, parameters, shared parameters, ignored items
        >>flatparam    units' flat parameters and PyTorch-exact shard metadata
        >>wrap         wrap policies and PyTorch's recursive walk
@@ -66,7 +69,12 @@
        >>safetensors  the file format: CRC-32, a strict JSON reader, plain
                       safetensors files read and written atomically
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
-                      memory, init, clipping, summon, the sharded step
+                      memory, init, clipping, summon, the sharded step.
+                      Inside: >>runtime:ctx >>runtime:create
+                      >>runtime:shards >>runtime:debug >>runtime:init
+                      >>runtime:pool >>runtime:gather >>runtime:reduce
+                      >>runtime:views >>runtime:lend >>runtime:step
+                      >>runtime:summon >>runtime:label
        >>zero         the ZeRO optimizer (ZeroRedundancyOptimizer): partition,
                       sharded step, bucket views, stage 1/2, state dicts
        >>getload      a context's full, sharded and local state dicts, and
@@ -5892,6 +5900,8 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
 /* >>comm (implementation)                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* --- >>comm:vtable the communicator and its calls ------------------------ */
+
 struct fsdp_comm {
     fsdp_comm_vtable vt; /* a copy: the caller's table may be a local */
     void *self;
@@ -6130,7 +6140,7 @@ FSDP_API void fsdp_comm_set_label(fsdp_comm *comm, const char *label)
     comm->vt.set_label(comm->self, buf);
 }
 
-/* --- for backend authors -------------------------------------------------- */
+/* --- >>comm:kit for backend authors -------------------------------------- */
 
 FSDP_API fsdp_coll_desc fsdp_coll_make(fsdp_coll_kind kind, size_t count, fsdp_dtype dt,
                                        fsdp_reduce_op op, int root)
@@ -6241,7 +6251,7 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
     return ndiff;
 }
 
-/* --- the call ring and the stall diagnosis --------------------------------- */
+/* --- >>comm:ring the call ring and the stall diagnosis ------------------- */
 
 FSDP_API void fsdp_call_ring_init(fsdp_call_ring *ring, int rank, int size)
 {
@@ -6631,7 +6641,7 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
     return FSDP_SUCCESS;
 }
 
-/* --- the clock ------------------------------------------------------------ */
+/* --- >>comm:clock the clock ---------------------------------------------- */
 
 FSDP_API double fsdp_clock_ms(void)
 {
@@ -6675,7 +6685,7 @@ FSDP__DEF struct timespec fsdp__cond_deadline(int ms)
     return ts;
 }
 
-/* --- the engine ------------------------------------------------------------
+/* --- >>comm:engine the engine -----------------------------------------------
    The fsdp_comm_vtable of the local backend and of every transport (NCCL,
    which completes on the GPU, has its own). A collective is numbered when
    issued (seq), waits for its turn (the comm's earlier collectives
@@ -6701,7 +6711,6 @@ struct fsdp__eng {
     int headed_own;                  /* fsdp_transport_desc.headed_moves_own */
     /* fsdp_transport_desc.call_check */
     void (*call_check)(void *t, uint64_t key, int (*peer_ok)(void *user, int peer), void *user);
-    int shm_after;                   /* the data moves, then the descriptions are compared */
     void *t;
     fsdp__eng_run_fn native_run;     /* NULL: the transport's primitives */
     fsdp__eng_split_fn native_split;
@@ -6731,12 +6740,15 @@ struct fsdp__eng {
     fsdp_error async;
     fsdp_error broken;   /* a transport's sticky failure (sticky points here) */
     fsdp_coll_desc *fps; /* size fingerprints, used by the running call only */
-    int shm_wanted;      /* fsdp_transport_desc.same_machine_check */
-    unsigned char *shm;  /* the descriptions' slots when every rank is on this machine */
-    size_t shm_bytes;
-    long *shm_pids;      /* size process ids, to tell a rank that exited from a late one */
-    int shm_crowded;     /* more ranks than this machine's processors: yield at once */
-    uint64_t shm_gen;    /* checked calls through shm so far */
+    struct {             /* the call descriptions through shared memory */
+        int wanted;          /* fsdp_transport_desc.same_machine_check */
+        unsigned char *seg;  /* the slots when every rank is on this machine, or NULL */
+        size_t bytes;
+        long *pids;          /* size process ids, to tell a rank that exited from a late one */
+        int crowded;         /* more ranks than this machine's processors: yield at once */
+        uint64_t gen;        /* checked calls through the segment so far */
+        int after;           /* the data moves, then the descriptions are compared */
+    } shm;
     const void **blocks; /* size block pointers for a sum, same owner as fps */
     void **rblocks;      /* size block pointers to receive into, the same */
     /* the stall diagnosis (fsdp_transport_desc.side_channel; side.vt NULL:
@@ -6759,7 +6771,7 @@ struct fsdp__eop {
     size_t scratch_cap;
 };
 
-/* --- call descriptions through shared memory ---------------------------------
+/* --- >>comm:shm call descriptions through shared memory ---------------------
    Without all_to_all_headed (Gloo), the check is a fingerprint exchange of
    its own before the data: a round trip over the transport, 1.5-1.9 times
    a Gloo all-gather of 16-64 KiB on one machine (bench_comm). When every
@@ -6865,10 +6877,10 @@ FSDP_API void fsdp_shm_close(void *p, size_t bytes)
 
 FSDP__DEF void fsdp__eng_shm_unmap(fsdp__eng *e)
 {
-    fsdp_shm_close(e->shm, e->shm_bytes);
-    fsdp__free(&e->hooks, e->shm_pids);
-    e->shm_pids = NULL;
-    e->shm = NULL;
+    fsdp_shm_close(e->shm.seg, e->shm.bytes);
+    fsdp__free(&e->hooks, e->shm.pids);
+    e->shm.pids = NULL;
+    e->shm.seg = NULL;
 }
 
 /* 1 when rank j's process is gone (it exited or was killed): its call will
@@ -6876,7 +6888,7 @@ FSDP__DEF void fsdp__eng_shm_unmap(fsdp__eng *e)
 FSDP__DEF int fsdp__eng_shm_gone(const fsdp__eng *e, int j)
 {
 #if FSDP__ENG_SHM
-    return e->shm_pids && kill((pid_t)e->shm_pids[j], 0) != 0 && errno == ESRCH;
+    return e->shm.pids && kill((pid_t)e->shm.pids[j], 0) != 0 && errno == ESRCH;
 #else
     (void)e, (void)j;
     return 0;
@@ -6912,7 +6924,7 @@ FSDP__DEF void fsdp__eng_host_id(char *id, size_t cap)
 }
 #endif
 
-/* Maps the segment when every rank is on this machine (e->shm, else NULL).
+/* Maps the segment when every rank is on this machine (e->shm.seg, else NULL).
    Collective over the transport, right after the comm was made; an error
    only when a transport call failed. */
 FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
@@ -6924,7 +6936,7 @@ FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
     double deadline;
     int j, same = 1, all = 1;
     fsdp_result r;
-    if (!e->shm_wanted || !e->check || e->size < 2 || e->native_run || e->headed ||
+    if (!e->shm.wanted || !e->check || e->size < 2 || e->native_run || e->headed ||
         !e->xp.all_gather)
         return FSDP_SUCCESS;
     /* every rank is here (the comm was just made): a short timeout_ms must
@@ -6956,12 +6968,12 @@ FSDP__DEF fsdp_result fsdp__eng_shm_setup(fsdp__eng *e, fsdp_error *err)
     if (e->rank == 0) fsdp_shm_unlink((const char *)name); /* every rank mapped it, or gave up */
     for (j = 0; j < e->size; j++) all &= oks[(size_t)j * 16] == 1;
     if (r == FSDP_SUCCESS && all) {
-        e->shm = base;
-        e->shm_bytes = bytes;
-        e->shm_crowded = sysconf(_SC_NPROCESSORS_ONLN) < (long)e->size;
-        e->shm_pids = (long *)fsdp__calloc(&e->hooks, n, sizeof(long));
-        for (j = 0; e->shm_pids && j < e->size; j++)
-            e->shm_pids[j] = strtol((const char *)ids + (size_t)j * ID + ID - 16, NULL, 10);
+        e->shm.seg = base;
+        e->shm.bytes = bytes;
+        e->shm.crowded = sysconf(_SC_NPROCESSORS_ONLN) < (long)e->size;
+        e->shm.pids = (long *)fsdp__calloc(&e->hooks, n, sizeof(long));
+        for (j = 0; e->shm.pids && j < e->size; j++)
+            e->shm.pids[j] = strtol((const char *)ids + (size_t)j * ID + ID - 16, NULL, 10);
     } else {
         fsdp_shm_close(base, bytes);
     }
@@ -7078,7 +7090,7 @@ FSDP__DEF fsdp_result fsdp__eng_timed_out(const fsdp__eng *e, const fsdp_coll_de
                           call, e->timeout_ms, e->rank, e->where, why);
 }
 
-/* --- the stall diagnosis of the engine (fsdp_transport_desc.side_channel) ---
+/* --- >>comm:side the engine's stall diagnosis (transport side_channel) ------
    A copy of each call's description goes into the ring when it is issued,
    under a lock only the side channel's thread also takes (when a peer
    collects); nothing else happens until a collective fails. */
@@ -7223,7 +7235,7 @@ FSDP__DEF const void *const *fsdp__eng_strided(fsdp__eng *e, const void *base, s
     return e->blocks;
 }
 
-/* --- fingerprints in band ---------------------------------------------------
+/* --- >>comm:inband fingerprints in band -------------------------------------
    A separate fingerprint exchange before a small collective costs about as
    much as the collective, so the fingerprint travels with the data: the
    first transport call of every checked collective is an all-to-all whose
@@ -7452,13 +7464,13 @@ FSDP__DEF int fsdp__eng_shm_spin(const uint64_t *g, uint64_t gen, int crowded)
 /* Rank j's slot for call gen. */
 FSDP__DEF unsigned char *fsdp__eng_slot(const fsdp__eng *e, int j, uint64_t gen)
 {
-    return e->shm + ((size_t)j * 2 + (size_t)(gen & 1)) * FSDP__ENG_SLOT;
+    return e->shm.seg + ((size_t)j * 2 + (size_t)(gen & 1)) * FSDP__ENG_SLOT;
 }
 
 /* Writes c into this rank's slot for its next call and publishes it. */
 FSDP__DEF uint64_t fsdp__eng_shm_publish(fsdp__eng *e, const fsdp_coll_desc *c)
 {
-    uint64_t gen = ++e->shm_gen;
+    uint64_t gen = ++e->shm.gen;
     unsigned char *mine = fsdp__eng_slot(e, e->rank, gen);
     memcpy(mine + 64, c, sizeof *c);
     FSDP__STORE_U64((uint64_t *)(void *)mine, gen);
@@ -7474,7 +7486,7 @@ FSDP__DEF fsdp_result fsdp__eng_inband_round(fsdp__eng *e, const fsdp_coll_desc 
 FSDP__DEF fsdp_result fsdp__eng_shm_wait(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
                                          fsdp_error *err)
 {
-    uint64_t gen = e->shm_gen;
+    uint64_t gen = e->shm.gen;
     char ranks[128];
     size_t len = 0;
     int j, late = 0;
@@ -7489,13 +7501,13 @@ FSDP__DEF fsdp_result fsdp__eng_shm_wait(fsdp__eng *e, const fsdp_coll_desc *c, 
            polls, as fsdp__spin_u64 does, measured 0.05-0.1 slower at 4-64
            KiB over Gloo on 2 ranks, the peer's description landing during
            the system call. */
-        while (FSDP__LOAD_U64(g) < gen && !fsdp__eng_shm_spin(g, gen, e->shm_crowded)) {
+        while (FSDP__LOAD_U64(g) < gen && !fsdp__eng_shm_spin(g, gen, e->shm.crowded)) {
             if (deadline >= 0 && fsdp_clock_ms() > deadline) break;
             if (fsdp__eng_shm_gone(e, j)) {
                 memset(&xe, 0, sizeof xe);
                 fsdp_error_set(&xe, FSDP_COMM_ERROR, "rank %d (process %ld) exited before "
                                "making this call; the comm is unusable from now on", j,
-                               e->shm_pids[j]);
+                               e->shm.pids[j]);
                 return fsdp__eng_check_failed(e, c, FSDP_COMM_ERROR, &xe, 0, err);
             }
         }
@@ -7516,7 +7528,7 @@ FSDP__DEF fsdp_result fsdp__eng_shm_wait(fsdp__eng *e, const fsdp_coll_desc *c, 
     return fsdp__eng_mismatch(e, err);
 }
 
-/* fsdp__eng_check through the shared segment (e->shm): every rank's
+/* fsdp__eng_check through the shared segment (e->shm.seg): every rank's
    description, compared; the data moves afterwards. */
 FSDP__DEF fsdp_result fsdp__eng_shm_check(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
                                           fsdp_error *err)
@@ -7540,7 +7552,7 @@ FSDP__DEF fsdp_result fsdp__eng_shm_inband(fsdp__eng *e, const fsdp_coll_desc *c
 {
     size_t bytes = c->count * fsdp_dtype_size(c->dt), n = (size_t)e->size;
     int ag = c->kind == FSDP_COLL_ALL_GATHER, j;
-    uint64_t gen = ++e->shm_gen;
+    uint64_t gen = ++e->shm.gen;
     unsigned char *mine = fsdp__eng_slot(e, e->rank, gen);
     fsdp_result r;
     memcpy(mine + 64, c, sizeof *c);
@@ -7567,7 +7579,7 @@ FSDP__DEF fsdp_result fsdp__eng_shm_inband(fsdp__eng *e, const fsdp_coll_desc *c
 FSDP__DEF int fsdp__eng_shm_peer(void *user, int j)
 {
     fsdp__eng *e = (fsdp__eng *)user;
-    uint64_t gen = e->shm_gen;
+    uint64_t gen = e->shm.gen;
     const unsigned char *s;
     fsdp_coll_desc d;
     if (j < 0 || j >= e->size) return 0;
@@ -7633,7 +7645,7 @@ FSDP__DEF fsdp_result fsdp__eng_inband_round(fsdp__eng *e, const fsdp_coll_desc 
 }
 
 /* later: the caller moves the data after a successful return that left
-   *done 0, and then compares the descriptions when e->shm_after (as
+   *done 0, and then compares the descriptions when e->shm.after (as
    fsdp__eng_exchange does; call_check needs it). */
 FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, const void *send,
                                       void *recv, void *scratch, void *staging, double deadline,
@@ -7642,17 +7654,17 @@ FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, con
     size_t blk = FSDP__ENG_HDR + fsdp__eng_block_payload(e->size);
     size_t bytes = c->count * fsdp_dtype_size(c->dt);
     const unsigned char *in = (const unsigned char *)staging + (size_t)e->size * blk + FSDP__ENG_HDR;
-    int inband = fsdp__eng_inband(e, c), after = e->shm && e->call_check && later, j;
+    int inband = fsdp__eng_inband(e, c), after = e->shm.seg && e->call_check && later, j;
     fsdp_result r;
     if (e->headed)
         return fsdp__eng_headed(e, c, send, recv, scratch, staging, deadline, done, err);
     *done = 0;
-    if (e->shm && inband) {
+    if (e->shm.seg && inband) {
         r = fsdp__eng_shm_inband(e, c, send, recv, deadline, err);
         *done = r == FSDP_SUCCESS;
         return r;
     }
-    if (e->shm && !after) return fsdp__eng_shm_check(e, c, deadline, err);
+    if (e->shm.seg && !after) return fsdp__eng_shm_check(e, c, deadline, err);
     if (after) {
         /* the data moves at once; a peer already here with another call
            is a mismatch before any of it */
@@ -7662,7 +7674,7 @@ FSDP__DEF fsdp_result fsdp__eng_check(fsdp__eng *e, const fsdp_coll_desc *c, con
             if (j != e->rank && fsdp__eng_shm_peer(e, j) < 0)
                 return fsdp__eng_shm_wait(e, c, deadline, err);
         e->call_check(e->t, fsdp__eng_key_hash(c), fsdp__eng_shm_peer, e);
-        e->shm_after = 1;
+        e->shm.after = 1;
         return FSDP_SUCCESS;
     }
     r = fsdp__eng_inband_round(e, c, send, inband, staging, deadline, err);
@@ -7827,13 +7839,13 @@ FSDP__DEF fsdp_result fsdp__eng_exchange(fsdp__eng *e, const fsdp_coll_desc *c, 
     }
     memset(&xe, 0, sizeof xe);
     r = fsdp__eng_move(e, c, send, recv, scratch, deadline, &xe);
-    if (e->shm_after) {
+    if (e->shm.after) {
         /* every peer's description, compared: each peer published it
            before its data moved, so after an all-gather or reduce-scatter
            nothing is waited for; and a rank writes its slot again only
            after every peer reached this call, which keeps two slots
            enough. After a failure: the mismatch in words, if that was it. */
-        e->shm_after = 0;
+        e->shm.after = 0;
         e->call_check(e->t, 0, NULL, NULL);
         if (r == FSDP_SUCCESS || fsdp__eng_shm_settle(e, c, deadline, err)) {
             r = r == FSDP_SUCCESS ? fsdp__eng_shm_wait(e, c, deadline, err) : FSDP_COMM_MISMATCH;
@@ -8075,7 +8087,7 @@ FSDP__DEF fsdp_result fsdp__eng_split(fsdp__eng *e, int color, int key, fsdp__en
             (*out)->headed = e->headed;
             (*out)->headed_own = e->headed_own;
             (*out)->call_check = e->call_check;
-            (*out)->shm_wanted = e->shm_wanted;
+            (*out)->shm.wanted = e->shm.wanted;
             memset(&xe, 0, sizeof xe);
             r = fsdp__eng_shm_setup(*out, &xe); /* collective over the new comm */
             if (r != FSDP_SUCCESS) {
@@ -8215,7 +8227,7 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     e->headed = desc->all_to_all_headed;
     e->headed_own = desc->headed_moves_own;
     e->call_check = desc->call_check;
-    e->shm_wanted = desc->same_machine_check;
+    e->shm.wanted = desc->same_machine_check;
     if (desc->side_channel && fsdp__eng_side(e, desc->side_channel, &xe) != FSDP_SUCCESS) {
         r = xe.code;
         fsdp__eng_destroy(e);
@@ -8231,7 +8243,7 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     return fsdp__eng_comm(e, vt->name ? vt->name : "?", h, out);
 }
 
-/* --- the local backend ------------------------------------------------------
+/* --- >>comm:local the local backend -----------------------------------------
    Every rank is a thread of this process, so a collective is one
    rendezvous in shared memory rather than transport primitives. That keeps
    what a byte transport could not: the calls are compared in the same
@@ -8782,7 +8794,7 @@ FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn
     return FSDP_SUCCESS;
 }
 
-/* --- launchers ------------------------------------------------------------ */
+/* --- >>comm:launch launchers --------------------------------------------- */
 
 FSDP_API const char *fsdp_launcher_name(fsdp_launcher launcher)
 {
@@ -9152,7 +9164,7 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     return FSDP_SUCCESS;
 }
 
-/* --- the TCP rendezvous ----------------------------------------------------
+/* --- >>comm:rdzv the TCP rendezvous -----------------------------------------
    Rank 0 runs a small server on a thread: it admits the ranks (hello:
    magic, version, world size, rank, job id, host, pid), answers them all
    at once when the last arrives, relays broadcasts, and runs side-channel
@@ -14272,6 +14284,8 @@ FSDP_API unsigned fsdp_state_dict_verified(const fsdp_state_dict *sd)
 /* >>runtime (implementation)                                                */
 /* ------------------------------------------------------------------------ */
 
+/* --- >>runtime:ctx the context: structs, errors, memory, the host team --- */
+
 #define FSDP__MAX_GROUPS 64
 
 typedef struct fsdp__slot {
@@ -14304,24 +14318,32 @@ typedef struct fsdp__cunit {
     size_t res_bytes;
     int slot;                     /* shared slot held, -1 */
     void *uparam, *ugrad;         /* current unsharded buffers */
-    int gathered;                 /* uparam holds the current parameters */
-    int summon_f32;               /* uparam holds f32 master values (summon) */
-    float *summon_host;
-    unsigned summon_flags;
-    int summon_keep;              /* this rank sees the summoned values */
-    fsdp_event *ag_ev;
-    int ag_pending;
-    int ugrad_zeroed;             /* zeroed on the comm stream after its all-gather */
-    fsdp_event *rs_ev;            /* the unit's last reduction finished */
-    int rs_pending;
-    int accum;                    /* unsharded grads hold no_sync accumulation */
-    int grad_zero;                /* the sharded gradient is all zeros */
+    struct {                      /* the all-gather of the parameters */
+        fsdp_event *ev;
+        int pending;              /* issued, not yet waited for */
+        int held;                 /* uparam holds the current parameters */
+        int grad_zeroed;          /* ugrad zeroed on the comm stream behind it */
+    } ag;
+    struct {                      /* the reduction of the gradient */
+        fsdp_event *ev;           /* the unit's last reduction finished */
+        int pending;
+        int accum;                /* unsharded grads hold no_sync accumulation */
+        int grad_zero;            /* the sharded gradient is all zeros */
+    } rs;
+    struct {                      /* summon_full_params */
+        int f32;                  /* uparam holds f32 master values */
+        float *host;
+        unsigned flags;
+        int keep;                 /* this rank sees the summoned values */
+    } summon;
+    struct {                      /* the debug mode */
+        uint64_t *sum;            /* entry -> checksum of its gathered values */
+        int summed;               /* sum is current */
+        int poisoned;             /* the resident block holds the poison */
+        int last_slot;            /* the shared slot it held last, or -1 */
+    } dbg;
     char *qname;                  /* 'fqn' quoted, or (root): for messages */
     unsigned char *inited;        /* entry -> initialised (or loaded) */
-    uint64_t *dbg_sum;            /* debug: entry -> checksum of its gathered values */
-    int dbg_summed;               /* debug: dbg_sum is current */
-    int dbg_poisoned;             /* debug: the resident block holds the poison */
-    int dbg_last_slot;            /* debug: the shared slot it held last, or -1 */
     int fwd_runs;                 /* forwards not yet matched by a backward */
     int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
     int pub;                      /* the fsdp_units index it belongs to */
@@ -14766,13 +14788,13 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
         fsdp__free_shard(c, cu->lp, fsdp__shard_bytes(cu, fsdp_dtype_size(cu->pdt)));
         for (k = 0; k < 4; k++) fsdp__free_shard(c, cu->ostate[k], fsdp__shard_bytes(cu, 4));
         fsdp__free_dev(c, cu->res_base, cu->res_bytes);
-        if (cu->ag_ev) fsdp_event_destroy(c->dev, cu->ag_ev);
-        if (cu->rs_ev) fsdp_event_destroy(c->dev, cu->rs_ev);
+        if (cu->ag.ev) fsdp_event_destroy(c->dev, cu->ag.ev);
+        if (cu->rs.ev) fsdp_event_destroy(c->dev, cu->rs.ev);
         fsdp__free(&c->hooks, cu->pieces);
         fsdp__free(&c->hooks, cu->groups);
         fsdp__free(&c->hooks, cu->qname);
         fsdp__free(&c->hooks, cu->inited);
-        fsdp__free(&c->hooks, cu->dbg_sum);
+        fsdp__free(&c->hooks, cu->dbg.sum);
     }
     for (i = 0; i < c->nslots && c->slots; i++) {
         fsdp__free_dev(c, c->slots[i].base, c->slots[i].bytes);
@@ -14811,11 +14833,12 @@ FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_
     return g;
 }
 
-/* --- fsdp_ctx_create, in the steps of a setup: check the descriptor, fill
-   its defaults, validate them, resolve the units, connect them to their
-   communicators, compute the plan (allocating nothing), allocate it, index
-   the names. Each step reports its own failure through hooks.error; the
-   caller destroys the half-built context. --- */
+/* --- >>runtime:create fsdp_ctx_create --------------------------------------
+   In the steps of a setup: check the descriptor, fill its defaults,
+   validate them, resolve the units, connect them to their communicators,
+   compute the plan (allocating nothing), allocate it, index the names.
+   Each step reports its own failure through hooks.error; the caller
+   destroys the half-built context. --- */
 
 FSDP__DEF fsdp_result fsdp__ctx_create_oom(const fsdp_ctx_desc *d)
 {
@@ -14977,13 +15000,13 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         int shard_size;
         cu->info = ui;
         cu->slot = -1;
-        cu->dbg_last_slot = -1;
-        cu->grad_zero = 1;
+        cu->dbg.last_slot = -1;
+        cu->rs.grad_zero = 1;
         cu->qname = (char *)fsdp__alloc(&c->hooks, strlen(ui->fqn) + 24);
         cu->inited = (unsigned char *)fsdp__calloc(&c->hooks, (size_t)ui->nentries + 1, 1);
-        cu->dbg_sum = (uint64_t *)fsdp__calloc(&c->hooks, (size_t)ui->nentries + 1,
+        cu->dbg.sum = (uint64_t *)fsdp__calloc(&c->hooks, (size_t)ui->nentries + 1,
                                                sizeof(uint64_t));
-        if (!cu->qname || !cu->inited || !cu->dbg_sum) return fsdp__ctx_create_oom(d);
+        if (!cu->qname || !cu->inited || !cu->dbg.sum) return fsdp__ctx_create_oom(d);
         if (ui->fqn[0]) snprintf(cu->qname, strlen(ui->fqn) + 8, "'%s'", ui->fqn);
         else snprintf(cu->qname, 8, "(root)");
         if (c->pub_first[cu->pub + 1] - c->pub_first[cu->pub] > 1) /* a mixed unit's group */
@@ -15178,8 +15201,8 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
                 FSDP_SUCCESS)
                 goto fail;
         }
-        r = fsdp_event_create(c->dev, &cu->ag_ev);
-        if (r == FSDP_SUCCESS) r = fsdp_event_create(c->dev, &cu->rs_ev);
+        r = fsdp_event_create(c->dev, &cu->ag.ev);
+        if (r == FSDP_SUCCESS) r = fsdp_event_create(c->dev, &cu->rs.ev);
         if (r != FSDP_SUCCESS) {
             fsdp__ctx_dev(c, r, "creating an event");
             goto fail;
@@ -15483,6 +15506,8 @@ FSDP_API const char *fsdp_ctx_last_error(const fsdp_ctx *c)
     return c ? c->err.message : "fsdp_ctx_last_error: ctx is NULL";
 }
 
+/* --- >>runtime:shards states, plans and the shards of a context ---------- */
+
 FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *c)
 {
     return c ? c->state : FSDP_CTX_IDLE;
@@ -15612,7 +15637,7 @@ FSDP__DEF fsdp_result fsdp__refresh_lp(fsdp_ctx *c, fsdp__cunit *cu)
     return fsdp__ctx_dev(c, r, "refreshing the low-precision shard");
 }
 
-/* --- initialisation tracking and the debug mode --- */
+/* --- >>runtime:debug initialisation tracking and the debug mode --- */
 
 FSDP__DEF void fsdp__invalidate_buffers(fsdp_ctx *c, fsdp__cunit *cu);
 
@@ -15877,13 +15902,13 @@ FSDP__DEF fsdp_result fsdp__dbg_check_block(fsdp_ctx *c, int unit, const char *w
     fsdp__cunit *cu = &c->u[unit];
     fsdp_result r = FSDP_SUCCESS;
     size_t off;
-    if (!cu->dbg_poisoned) return FSDP_SUCCESS;
+    if (!cu->dbg.poisoned) return FSDP_SUCCESS;
     off = fsdp__poison_find(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
     if (off != SIZE_MAX) {
-        r = fsdp__poison_report(c, who, unit, off, fsdp__dbg_pbytes(c, cu), cu->dbg_poisoned);
+        r = fsdp__poison_report(c, who, unit, off, fsdp__dbg_pbytes(c, cu), cu->dbg.poisoned);
         fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
     }
-    if (take) cu->dbg_poisoned = 0;
+    if (take) cu->dbg.poisoned = 0;
     return r;
 }
 
@@ -15940,14 +15965,14 @@ FSDP__DEF fsdp_result fsdp__dbg_begin(fsdp_ctx *c, int unit)
     size_t es = fsdp_dtype_size(cu->pdt);
     fsdp_result r;
     int e;
-    if (!cu->uparam || cu->summon_f32) return FSDP_SUCCESS;
+    if (!cu->uparam || cu->summon.f32) return FSDP_SUCCESS;
     if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
     for (e = 0; e < cu->info->nentries; e++) {
         const fsdp_flat_entry *fe = &cu->info->entries[e];
-        cu->dbg_sum[e] = fsdp__dbg_hash((const char *)cu->uparam + (size_t)fe->offset * es,
+        cu->dbg.sum[e] = fsdp__dbg_hash((const char *)cu->uparam + (size_t)fe->offset * es,
                                         (size_t)fe->numel * es);
     }
-    cu->dbg_summed = 1;
+    cu->dbg.summed = 1;
     return FSDP_SUCCESS;
 }
 
@@ -15957,13 +15982,13 @@ FSDP__DEF fsdp_result fsdp__dbg_end(fsdp_ctx *c, int unit, const char *fn, const
     size_t es = fsdp_dtype_size(cu->pdt);
     fsdp_result r;
     int e;
-    if (!cu->dbg_summed) return FSDP_SUCCESS;
-    cu->dbg_summed = 0;
+    if (!cu->dbg.summed) return FSDP_SUCCESS;
+    cu->dbg.summed = 0;
     if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
     for (e = 0; e < cu->info->nentries; e++) {
         const fsdp_flat_entry *fe = &cu->info->entries[e];
         if (fsdp__dbg_hash((const char *)cu->uparam + (size_t)fe->offset * es,
-                           (size_t)fe->numel * es) != cu->dbg_sum[e])
+                           (size_t)fe->numel * es) != cu->dbg.sum[e])
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                                   "%s: debug: the values of parameter '%s' of unit %d %s changed "
                                   "since %s: parameter views are read-only (gradients go to "
@@ -15989,7 +16014,7 @@ FSDP__DEF fsdp_result fsdp__dbg_retire(fsdp_ctx *c, int unit, int phase)
         sl->poison_phase = phase;
     } else if (cu->resident && cu->res_base) {
         fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
-        cu->dbg_poisoned = phase;
+        cu->dbg.poisoned = phase;
     }
     return FSDP_SUCCESS;
 }
@@ -16017,7 +16042,7 @@ FSDP_API fsdp_result fsdp_init_zeros(fsdp_ctx *c)
     return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
 }
 
-/* --- the counter-based generator --- */
+/* --- >>runtime:init the counter-based generator --- */
 
 FSDP__DEF uint64_t fsdp__mix64(uint64_t z)
 {
@@ -16223,7 +16248,7 @@ FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *c, const char *fqn, const voi
     return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
 }
 
-/* --- unsharded buffers --- */
+/* --- >>runtime:pool unsharded buffers --- */
 
 /* Waits for the compute stream to be done with what is queued so far, on
    the comm stream (compute-stream engines only). */
@@ -16247,10 +16272,10 @@ FSDP__DEF void fsdp__release_slot(fsdp_ctx *c, fsdp__cunit *cu)
         s->released = ++c->slot_clock;
         cu->slot = -1;
         cu->uparam = cu->ugrad = NULL;
-        cu->ugrad_zeroed = 0;
+        cu->ag.grad_zeroed = 0;
     }
-    cu->gathered = fsdp__shard_is_view(c, cu);
-    cu->summon_f32 = 0;
+    cu->ag.held = fsdp__shard_is_view(c, cu);
+    cu->summon.f32 = 0;
 }
 
 /* The shard changed outside training (init, set_full_param, writeback):
@@ -16258,8 +16283,8 @@ FSDP__DEF void fsdp__release_slot(fsdp_ctx *c, fsdp__cunit *cu)
 FSDP__DEF void fsdp__invalidate_buffers(fsdp_ctx *c, fsdp__cunit *cu)
 {
     if (cu->slot >= 0) fsdp__release_slot(c, cu);
-    cu->gathered = fsdp__shard_is_view(c, cu);
-    cu->summon_f32 = 0;
+    cu->ag.held = fsdp__shard_is_view(c, cu);
+    cu->summon.f32 = 0;
 }
 
 /* The whole shard of the unit was written (init, a load): also marks its
@@ -16280,7 +16305,7 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
     size_t n = (size_t)cu->lay.shard_numel * (size_t)cu->W;
     int i, pick = -1;
     if (cu->resident) {
-        if (c->debug && cu->dbg_poisoned) {
+        if (c->debug && cu->dbg.poisoned) {
             fsdp_result r = fsdp__dbg_check_block(c, unit, "beginning the unit again", 1);
             if (r != FSDP_SUCCESS) return r;
         }
@@ -16300,7 +16325,7 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
            when the same slot would be free */
         const fsdp__slot *a = &c->slots[i], *b = pick >= 0 ? &c->slots[pick] : NULL;
         if (a->owner >= 0) continue;
-        if (!b || (i != cu->dbg_last_slot && (pick == cu->dbg_last_slot ||
+        if (!b || (i != cu->dbg.last_slot && (pick == cu->dbg.last_slot ||
                                               a->released < b->released)))
             pick = i;
     }
@@ -16332,7 +16357,7 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
     }
     c->slots[pick].owner = unit;
     cu->slot = pick;
-    cu->dbg_last_slot = pick;
+    cu->dbg.last_slot = pick;
     cu->uparam = c->slots[pick].base;
     cu->ugrad = (char *)c->slots[pick].base + n * fsdp_dtype_size(cu->pdt);
     if (c->slots[pick].done_recorded) {
@@ -16357,8 +16382,10 @@ FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu)
 /* 1 when begin_backward must hand the engine a zeroed unsharded gradient. */
 FSDP__DEF int fsdp__needs_zero_grad(const fsdp__cunit *cu)
 {
-    return !cu->accum && cu->info->requires_grad && !cu->grad_in_place;
+    return !cu->rs.accum && cu->info->requires_grad && !cu->grad_in_place;
 }
+
+/* --- >>runtime:gather all-gathers, prefetch, forward --------------------- */
 
 /* Issues the all-gather of a unit's parameters on the comm stream; for
    backward (bwd) also the zeroing of its unsharded gradient, behind the
@@ -16372,11 +16399,11 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only, int bwd)
     fsdp_result r;
     const void *shard = cu->lp ? cu->lp : (const void *)cu->master;
     if (fsdp__shard_is_view(c, cu)) { /* the shard is the whole parameter */
-        cu->summon_f32 = 0;
-        cu->gathered = 1;
+        cu->summon.f32 = 0;
+        cu->ag.held = 1;
         return fsdp__acquire(c, unit, try_only);
     }
-    if (cu->gathered && !cu->summon_f32) return FSDP_SUCCESS;
+    if (cu->ag.held && !cu->summon.f32) return FSDP_SUCCESS;
     r = fsdp__acquire(c, unit, try_only);
     if (r != FSDP_SUCCESS) return r;
     if (c->offload) {
@@ -16402,13 +16429,13 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only, int bwd)
         fsdp__ugrad_bytes(cu) > FSDP__ZERO_ON_STREAM) {
         r = fsdp_device_memset(c->dev, cu->ugrad, 0, fsdp__ugrad_bytes(cu), c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "zeroing the unsharded gradient");
-        cu->ugrad_zeroed = 1;
+        cu->ag.grad_zeroed = 1;
     }
-    r = fsdp_event_record(c->dev, cu->ag_ev, c->cs);
+    r = fsdp_event_record(c->dev, cu->ag.ev, c->cs);
     if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "recording the all-gather");
-    cu->gathered = 1;
-    cu->summon_f32 = 0;
-    cu->ag_pending = 1;
+    cu->ag.held = 1;
+    cu->summon.f32 = 0;
+    cu->ag.pending = 1;
     return FSDP_SUCCESS;
 }
 
@@ -16417,10 +16444,10 @@ FSDP__DEF fsdp_result fsdp__wait_gather(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu = &c->u[unit];
     fsdp_result r = FSDP_SUCCESS;
-    if (!cu->ag_pending) return FSDP_SUCCESS;
-    cu->ag_pending = 0;
-    if (c->compute) r = fsdp_stream_wait_event(c->dev, c->compute, cu->ag_ev);
-    else r = fsdp_event_synchronize(c->dev, cu->ag_ev);
+    if (!cu->ag.pending) return FSDP_SUCCESS;
+    cu->ag.pending = 0;
+    if (c->compute) r = fsdp_stream_wait_event(c->dev, c->compute, cu->ag.ev);
+    else r = fsdp_event_synchronize(c->dev, cu->ag.ev);
     if (r != FSDP_SUCCESS) {
         fsdp_result cr = fsdp_comm_async_error(cu->comm);
         if (cr != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, cr, "all-gather");
@@ -16437,7 +16464,7 @@ FSDP__DEF fsdp_result fsdp__prefetch(fsdp_ctx *c, const int *order, int n, int p
     if (pos + 1 >= n) return FSDP_SUCCESS;
     v = order[pos + 1];
     if (v == cur || v < 0 || v >= c->nunits) return FSDP_SUCCESS;
-    if (c->u[v].state != FSDP_UNIT_IDLE || (c->u[v].gathered && !c->u[v].summon_f32))
+    if (c->u[v].state != FSDP_UNIT_IDLE || (c->u[v].ag.held && !c->u[v].summon.f32))
         return FSDP_SUCCESS;
     /* only into a free buffer: prefetch never blocks or fails the step,
        except to report what the debug mode found in that buffer */
@@ -16580,6 +16607,8 @@ FSDP__DEF fsdp_result fsdp__end_forward(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
+/* --- >>runtime:reduce backward and the reduction of gradients ------------ */
+
 FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
 {
     fsdp__cunit *cu;
@@ -16621,9 +16650,9 @@ FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
         cu->state = FSDP_UNIT_IDLE;
         return r;
     }
-    if (cu->grad_in_place) cu->grad_zero = 0; /* the engine adds into it from now */
-    if (fsdp__needs_zero_grad(cu) && cu->ugrad_zeroed) {
-        cu->ugrad_zeroed = 0; /* by fsdp__gather, behind the all-gather just waited for */
+    if (cu->grad_in_place) cu->rs.grad_zero = 0; /* the engine adds into it from now */
+    if (fsdp__needs_zero_grad(cu) && cu->ag.grad_zeroed) {
+        cu->ag.grad_zeroed = 0; /* by fsdp__gather, behind the all-gather just waited for */
     } else if (fsdp__needs_zero_grad(cu)) {
         /* Not gathered for backward here (kept from forward, resident):
            zeroed on the compute side, not queued on the comm stream behind
@@ -16632,10 +16661,10 @@ FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
            was ordered before the all-gather; a resident one waits for its
            own last reduction. */
         size_t gb = fsdp__ugrad_bytes(cu);
-        if (cu->rs_pending) {
-            cu->rs_pending = 0;
-            r = c->compute ? fsdp_stream_wait_event(c->dev, c->compute, cu->rs_ev)
-                           : fsdp_event_synchronize(c->dev, cu->rs_ev);
+        if (cu->rs.pending) {
+            cu->rs.pending = 0;
+            r = c->compute ? fsdp_stream_wait_event(c->dev, c->compute, cu->rs.ev)
+                           : fsdp_event_synchronize(c->dev, cu->rs.ev);
             if (r != FSDP_SUCCESS) {
                 cu->state = FSDP_UNIT_IDLE;
                 return fsdp__ctx_dev(c, r, "waiting for the last reduction");
@@ -16675,9 +16704,9 @@ FSDP__DEF fsdp_result fsdp__reduce(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r = fsdp__reduce_chain(c, cu);
     if (r != FSDP_SUCCESS) return r;
-    r = fsdp_event_record(c->dev, cu->rs_ev, c->cs);
+    r = fsdp_event_record(c->dev, cu->rs.ev, c->cs);
     if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "recording the reduction");
-    cu->rs_pending = 1;
+    cu->rs.pending = 1;
     return FSDP_SUCCESS;
 }
 
@@ -16700,7 +16729,7 @@ FSDP__DEF fsdp_result fsdp__land_grad(fsdp_ctx *c, fsdp__cunit *cu, const void *
 {
     fsdp_result r;
     size_t S = (size_t)cu->S;
-    if (cu->grad_zero) {
+    if (cu->rs.grad_zero) {
         if (dt != FSDP_F32) {
             r = fsdp_device_memset(c->dev, c->off_f32, 0, S * 4, c->cs);
             if (r == FSDP_SUCCESS)
@@ -16721,7 +16750,7 @@ FSDP__DEF fsdp_result fsdp__land_grad(fsdp_ctx *c, fsdp__cunit *cu, const void *
         }
         fsdp__k_accumulate(cu->grad, FSDP_F32, c->hstage, dt, 1.0, S);
     }
-    cu->grad_zero = 0;
+    cu->rs.grad_zero = 0;
     return FSDP_SUCCESS;
 }
 
@@ -16743,10 +16772,10 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
        sum/W once, which is PyTorch's (sum/pre)/post since pre is a power of
        two; otherwise the reduction lands in scratch and is added. With
        cpu_offload the gradient is in host memory: always scratch. */
-    int direct = cu->grad_zero && cu->rdt == FSDP_F32 && !c->offload;
+    int direct = cu->rs.grad_zero && cu->rdt == FSDP_F32 && !c->offload;
     if (!S || !cu->info->requires_grad) return FSDP_SUCCESS;
     if (cu->grad_in_place) { /* the engine added into the gradient itself */
-        cu->grad_zero = 0;
+        cu->rs.grad_zero = 0;
         return FSDP_SUCCESS;
     }
     if (cu->rdt != cu->pdt) {
@@ -16759,7 +16788,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
         if (c->nranks == 1) {
             if (c->offload) return fsdp__land_grad(c, cu, in, cu->rdt);
             r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, in, cu->rdt, 1.0, S, c->cs);
-            cu->grad_zero = 0;
+            cu->rs.grad_zero = 0;
             return fsdp__ctx_dev(c, r, "accumulating the gradient");
         }
         if (fsdp__wide(cu->rdt)) {
@@ -16781,7 +16810,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
             r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, in, cu->rdt, 1.0, S, c->cs);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "accumulating the gradient");
         }
-        cu->grad_zero = 0;
+        cu->rs.grad_zero = 0;
         return FSDP_SUCCESS;
     }
     outb = direct ? (void *)cu->grad : c->red_out;
@@ -16820,7 +16849,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
         r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, outb, cu->rdt, 1.0, S, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "accumulating the gradient");
     }
-    cu->grad_zero = 0;
+    cu->rs.grad_zero = 0;
     return FSDP_SUCCESS;
 }
 
@@ -16905,13 +16934,13 @@ FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
        waiting for this rank's part */
     if (c->debug && dr == FSDP_SUCCESS) dr = fsdp__dbg_grad_poison(c, unit);
     if (c->no_sync) {
-        cu->accum = 1; /* keep the unsharded gradient for the next backward */
+        cu->rs.accum = 1; /* keep the unsharded gradient for the next backward */
         cu->state = FSDP_UNIT_IDLE;
         fsdp__update_state(c);
         return dr;
     }
     if ((r = fsdp__reduce(c, cu)) != FSDP_SUCCESS) return r;
-    cu->accum = 0;
+    cu->rs.accum = 0;
     cu->state = FSDP_UNIT_BACKWARD_POST;
     /* poisoned once the reduction has read the gradient: the debug mode
        gives up the overlap to see later writes */
@@ -16920,7 +16949,7 @@ FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
     /* resharding after backward: later work on the comm stream is ordered
        after this reduction, so the buffer can be handed out at once */
     if (!cu->resident) fsdp__release_slot(c, cu);
-    else cu->gathered = fsdp__shard_is_view(c, cu);
+    else cu->ag.held = fsdp__shard_is_view(c, cu);
     fsdp__update_state(c);
     return dr;
 }
@@ -16937,6 +16966,8 @@ FSDP__DEF fsdp_result fsdp__end_backward(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
+/* --- >>runtime:views views, no_sync, waiting for the units --------------- */
+
 /* The views of name i (an index into prefs). */
 FSDP__DEF void *fsdp__param_view(fsdp_ctx *c, int i, const char *fn)
 {
@@ -16950,14 +16981,14 @@ FSDP__DEF void *fsdp__param_view(fsdp_ctx *c, int i, const char *fn)
                        cu->qname, fsdp_unit_state_name(cu->state));
         return NULL;
     }
-    if (cu->state == FSDP_UNIT_SUMMON_FULL_PARAMS && !cu->summon_keep) {
+    if (cu->state == FSDP_UNIT_SUMMON_FULL_PARAMS && !cu->summon.keep) {
         fsdp__ctx_fail(c, FSDP_INVALID_STATE, "%s: '%s' is summoned to rank 0 only", fn, fqn);
         return NULL;
     }
-    if (cu->state == FSDP_UNIT_SUMMON_FULL_PARAMS && cu->summon_host)
-        return cu->summon_host + cu->info->entries[c->prefs[i].entry].offset;
+    if (cu->state == FSDP_UNIT_SUMMON_FULL_PARAMS && cu->summon.host)
+        return cu->summon.host + cu->info->entries[c->prefs[i].entry].offset;
     return fsdp_unit_param_view(cu->info, c->prefs[i].entry, cu->uparam,
-                                cu->summon_f32 ? FSDP_F32 : cu->pdt);
+                                cu->summon.f32 ? FSDP_F32 : cu->pdt);
 }
 
 FSDP__DEF void *fsdp__grad_view(fsdp_ctx *c, int i, const char *fn)
@@ -17072,7 +17103,7 @@ FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn)
     return fsdp__sync_units(c, fn, 0);
 }
 
-/* --- the plan's buffers lent outside training ---
+/* --- >>runtime:lend the plan's buffers lent outside training ---
    Between iterations the unsharded pool, the reduction scratch and the
    resident blocks hold nothing that cannot be gathered again, so saves,
    loads and state dicts stream through them instead of allocating: the
@@ -17127,7 +17158,7 @@ FSDP__DEF fsdp_result fsdp__lend_open(fsdp_ctx *c)
     }
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];
-        if (cu->resident && cu->state == FSDP_UNIT_IDLE && cu->fwd_runs <= 0 && !cu->accum)
+        if (cu->resident && cu->state == FSDP_UNIT_IDLE && cu->fwd_runs <= 0 && !cu->rs.accum)
             fsdp__lend_add(c, cu->res_base, cu->res_bytes, i, -1);
     }
     return FSDP_SUCCESS;
@@ -17145,7 +17176,7 @@ FSDP__DEF void *fsdp__lend_take(fsdp_ctx *c, size_t bytes)
             if (l->unit >= 0 && !l->taken) { /* its gathered values are gone */
                 fsdp__cunit *cu = &c->u[l->unit];
                 fsdp__invalidate_buffers(c, cu);
-                cu->dbg_poisoned = 0; /* overwritten: fsdp__sync_all checked it */
+                cu->dbg.poisoned = 0; /* overwritten: fsdp__sync_all checked it */
             }
             if (l->slot >= 0) c->slots[l->slot].poison_unit = -1; /* likewise */
             l->used += want;
@@ -17214,6 +17245,8 @@ FSDP__DEF void fsdp__phase_free(fsdp_ctx *c, void *p, size_t bytes, int lent)
     if (lent) fsdp__lend_give(c, p, bytes);
     else fsdp_device_free(c->dev, p, bytes);
 }
+
+/* --- >>runtime:step clipping, the step, optimizer settings --------------- */
 
 FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double norm_type,
                                          double *total_norm)
@@ -17416,10 +17449,10 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
             fsdp__cunit *cu = &c->u[i];
             if (!cu->grad) continue;
             fsdp__zero_grad_gaps(cu);
-            cu->grad_zero = 1;
+            cu->rs.grad_zero = 1;
             if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
             if (cu->slot >= 0) fsdp__release_slot(c, cu); /* stale prefetch */
-            cu->gathered = fsdp__shard_is_view(c, cu);
+            cu->ag.held = fsdp__shard_is_view(c, cu);
         }
         c->steps++;
         if (!c->offload && (r = fsdp_stream_synchronize(c->dev, c->cs)) != FSDP_SUCCESS)
@@ -17448,10 +17481,10 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
         }
         r = fsdp_device_memset(c->dev, cu->grad, 0, (size_t)cu->S * 4, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "zeroing gradients");
-        cu->grad_zero = 1;
+        cu->rs.grad_zero = 1;
         if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
         if (cu->slot >= 0) fsdp__release_slot(c, cu); /* stale prefetch */
-        cu->gathered = fsdp__shard_is_view(c, cu);
+        cu->ag.held = fsdp__shard_is_view(c, cu);
     }
     c->steps++;
     r = fsdp_stream_synchronize(c->dev, c->cs);
@@ -17471,9 +17504,9 @@ FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *c)
             if (c->offload) memset(c->u[i].grad, 0, (size_t)c->u[i].S * 4);
             else r = fsdp_device_memset(c->dev, c->u[i].grad, 0, (size_t)c->u[i].S * 4, NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_zero_grad");
-            c->u[i].grad_zero = 1;
+            c->u[i].rs.grad_zero = 1;
         }
-        c->u[i].accum = 0;
+        c->u[i].rs.accum = 0;
     }
     c->state = FSDP_CTX_IDLE;
     return FSDP_SUCCESS;
@@ -17533,6 +17566,8 @@ FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
     return FSDP_SUCCESS;
 }
 
+/* --- >>runtime:summon summon_full_params --------------------------------- */
+
 FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned flags, float *host)
 {
     fsdp__cunit *cu;
@@ -17555,11 +17590,11 @@ FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned fl
     keep = !(flags & FSDP_SUMMON_RANK0_ONLY) || c->rank == 0;
     if (cu->strat == FSDP_NO_SHARD) {
         /* a copy, so that changes without writeback are discarded */
-        cu->dbg_poisoned = 0; /* checked by fsdp__sync_units just now */
+        cu->dbg.poisoned = 0; /* checked by fsdp__sync_units just now */
         cu->uparam = cu->res_base;
         if (cu->grad_in_place) { /* no block: the parameters, or the zero gradients */
             if (flags & FSDP_SUMMON_WRITEBACK) cu->uparam = cu->master;
-            else if (cu->grad_zero) cu->uparam = cu->grad;
+            else if (cu->rs.grad_zero) cu->uparam = cu->grad;
             else
                 return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                                       "fsdp_summon_begin: unit %d %s: a summon without "
@@ -17574,8 +17609,8 @@ FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned fl
                                  fsdp__from_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
         }
-        if (c->offload) cu->gathered = 0;
-        cu->summon_f32 = 1;
+        if (c->offload) cu->ag.held = 0;
+        cu->summon.f32 = 1;
     } else {
         const float *src = cu->master;
         if ((r = fsdp__acquire(c, unit, 0)) != FSDP_SUCCESS) return r;
@@ -17589,20 +17624,20 @@ FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned fl
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "fsdp_summon_begin");
         r = fsdp_stream_synchronize(c->dev, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
-        cu->gathered = 0;
-        cu->summon_f32 = 1;
+        cu->ag.held = 0;
+        cu->summon.f32 = 1;
     }
-    cu->summon_flags = flags;
-    cu->summon_host = NULL;
+    cu->summon.flags = flags;
+    cu->summon.host = NULL;
     if (flags & FSDP_SUMMON_OFFLOAD) {
         if (keep && cu->info->numel) {
             r = fsdp_device_copy(c->dev, host, cu->uparam, (size_t)cu->info->numel * 4,
                                  FSDP_COPY_D2H, NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_begin");
-            cu->summon_host = host;
+            cu->summon.host = host;
         }
     }
-    cu->summon_keep = keep;
+    cu->summon.keep = keep;
     cu->state = FSDP_UNIT_SUMMON_FULL_PARAMS;
     fsdp__update_state(c);
     return FSDP_SUCCESS;
@@ -17634,14 +17669,14 @@ FSDP__DEF fsdp_result fsdp__summon_end_flat(fsdp_ctx *c, int unit)
         FSDP_SUCCESS)
         return r;
     cu = &c->u[unit];
-    if ((cu->summon_flags & FSDP_SUMMON_WRITEBACK) && cu->summon_keep) {
+    if ((cu->summon.flags & FSDP_SUMMON_WRITEBACK) && cu->summon.keep) {
         /* each rank copies its own range of the full values back */
-        const float *full = cu->summon_host ? cu->summon_host : (const float *)cu->uparam;
+        const float *full = cu->summon.host ? cu->summon.host : (const float *)cu->uparam;
         int64_t valid = cu->lay.valid_numel;
         if (valid > 0 && full != cu->master) {
             r = fsdp_device_copy(c->dev, cu->master, full + cu->lay.flat_begin,
                                  (size_t)valid * 4,
-                                 cu->summon_host ? (c->offload ? FSDP_COPY_H2H : FSDP_COPY_H2D)
+                                 cu->summon.host ? (c->offload ? FSDP_COPY_H2H : FSDP_COPY_H2D)
                                                  : fsdp__to_shard(c), NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_end");
         }
@@ -17652,8 +17687,8 @@ FSDP__DEF fsdp_result fsdp__summon_end_flat(fsdp_ctx *c, int unit)
     if (cu->strat != FSDP_NO_SHARD) {
         if (!cu->resident) fsdp__release_slot(c, cu);
         else {
-            cu->gathered = 0;
-            cu->summon_f32 = 0;
+            cu->ag.held = 0;
+            cu->summon.f32 = 0;
         }
     } else {
         if (cu->grad_in_place && cu->uparam == (void *)cu->grad && cu->S) {
@@ -17662,17 +17697,17 @@ FSDP__DEF fsdp_result fsdp__summon_end_flat(fsdp_ctx *c, int unit)
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_summon_end");
         }
         cu->uparam = NULL; /* the next gather points it at the shard again */
-        cu->summon_f32 = 0;
-        cu->gathered = fsdp__shard_is_view(c, cu); /* offload: the block held f32 */
+        cu->summon.f32 = 0;
+        cu->ag.held = fsdp__shard_is_view(c, cu); /* offload: the block held f32 */
     }
-    cu->summon_host = NULL;
-    cu->summon_keep = 0;
+    cu->summon.host = NULL;
+    cu->summon.keep = 0;
     cu->state = FSDP_UNIT_IDLE;
     fsdp__update_state(c);
     return FSDP_SUCCESS;
 }
 
-/* --- labels: which fsdp call a collective belongs to ----------------------
+/* --- >>runtime:label labels: which fsdp call a collective belongs to --------
    Set on every comm of the context for the length of the call, so that a
    mismatch or timeout, even one found later on the comm stream, names the
    call and the unit each rank was in; cleared after, so that a collective
