@@ -1203,6 +1203,9 @@ FSDP_API double fsdp_deadline_ms(int timeout_ms);
 /* What is left of a deadline as a timeout for an API that takes one: -1
    for none, else 1 .. 2e9 ms (1 once it passed: let the call fail itself). */
 FSDP_API int fsdp_deadline_left_ms(double deadline_ms);
+/* Sleeps about us microseconds (C11 and pthreads only, no POSIX feature
+   macros): for backends that poll. Thread safety: any thread. */
+FSDP_API void fsdp_sleep_us(long us);
 
 /* --- the built-in local backend: N ranks as N threads of one process --- */
 typedef struct fsdp_local_world fsdp_local_world;
@@ -6665,6 +6668,29 @@ FSDP_API int fsdp_deadline_left_ms(double deadline_ms)
     if (deadline_ms < 0) return -1;
     left = deadline_ms - fsdp_clock_ms();
     return left < 1.0 ? 1 : left > 2e9 ? 2000000000 : (int)left;
+}
+
+FSDP_API void fsdp_sleep_us(long us)
+{
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    struct timespec ts;
+    if (us <= 0) return;
+    timespec_get(&ts, TIME_UTC);
+    ts.tv_sec += us / 1000000L;
+    ts.tv_nsec += (us % 1000000L) * 1000L;
+    if (ts.tv_nsec >= 1000000000L) {
+        ts.tv_sec += 1;
+        ts.tv_nsec -= 1000000000L;
+    }
+    pthread_mutex_init(&mu, NULL);
+    pthread_cond_init(&cv, NULL);
+    pthread_mutex_lock(&mu);
+    while (pthread_cond_timedwait(&cv, &mu, &ts) == 0) { /* nobody signals: a sleep */
+    }
+    pthread_mutex_unlock(&mu);
+    pthread_cond_destroy(&cv);
+    pthread_mutex_destroy(&mu);
 }
 
 /* ms from now as pthread_cond_timedwait wants it: on TIME_UTC, the default

@@ -945,28 +945,6 @@ struct fsdp_mpi_side {
     unsigned char *buf; /* the agent's answer: a status byte, then the bytes */
 };
 
-/* About `ms` milliseconds (C11 and pthreads only). */
-FSDP__MPI void fsdp__nap__mpi(int ms)
-{
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    ts.tv_nsec += (long)ms * 1000000L;
-    while (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec += 1;
-        ts.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_init(&mu, NULL);
-    pthread_cond_init(&cv, NULL);
-    pthread_mutex_lock(&mu);
-    while (pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
-    }
-    pthread_mutex_unlock(&mu);
-    pthread_cond_destroy(&cv);
-    pthread_mutex_destroy(&mu);
-}
-
 /* What this rank answers: a status byte (fsdp_side_status), the bytes. */
 FSDP__MPI size_t fsdp__side_answer__mpi(fsdp_mpi_side *sd, unsigned char *buf)
 {
@@ -995,7 +973,7 @@ FSDP__MPI void *fsdp__side_agent__mpi(void *arg)
         if (MPI_Iprobe(MPI_ANY_SOURCE, FSDP__SIDE_Q__MPI, sd->comm, &flag, &st) != MPI_SUCCESS)
             break;
         if (!flag) {
-            fsdp__nap__mpi(2);
+            fsdp_sleep_us(2000);
             continue;
         }
         {
@@ -1014,7 +992,7 @@ FSDP__MPI void *fsdp__side_agent__mpi(void *arg)
             /* an asker that gave up never takes it: let it go after a while */
             while (!done && fsdp_clock_ms() < until && MPI_Test(&req, &done, MPI_STATUS_IGNORE) ==
                                                         MPI_SUCCESS)
-                if (!done) fsdp__nap__mpi(1);
+                if (!done) fsdp_sleep_us(1000);
             if (!done) MPI_Request_free(&req);
         }
     }
@@ -1090,7 +1068,7 @@ FSDP__MPI fsdp_result fsdp__side_collect__mpi(void *self, void *out, size_t cap,
             lens[j] = count >= 1 ? (size_t)count - 1 : 0;
             memcpy((unsigned char *)out + (size_t)j * cap, in + (size_t)j * slot + 1, lens[j]);
         }
-        if (!moved) fsdp__nap__mpi(1);
+        if (!moved) fsdp_sleep_us(1000);
     }
     for (j = 0; j < sd->size; j++) {
         if (j == sd->rank) continue;

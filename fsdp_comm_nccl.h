@@ -212,28 +212,6 @@ typedef struct fsdp__nccl {
     char label[FSDP_COLL_LABEL_MAX]; /* of the calls issued next (issuing thread) */
 } fsdp__nccl;
 
-/* Sleeps about us microseconds (C11 and pthreads only: no POSIX macros). */
-FSDP__NCCL_DEF void fsdp__nccl_sleep_us(long us)
-{
-    pthread_mutex_t mu;
-    pthread_cond_t cv;
-    struct timespec ts;
-    timespec_get(&ts, TIME_UTC);
-    ts.tv_nsec += us * 1000L;
-    while (ts.tv_nsec >= 1000000000L) {
-        ts.tv_sec += 1;
-        ts.tv_nsec -= 1000000000L;
-    }
-    pthread_mutex_init(&mu, NULL);
-    pthread_cond_init(&cv, NULL);
-    pthread_mutex_lock(&mu);
-    while (pthread_cond_timedwait(&cv, &mu, &ts) == 0) {
-    }
-    pthread_mutex_unlock(&mu);
-    pthread_cond_destroy(&cv);
-    pthread_mutex_destroy(&mu);
-}
-
 FSDP__NCCL_DEF fsdp_result fsdp__nccl_cuda(fsdp_error *err, cudaError_t e, const char *what)
 {
     if (e == cudaSuccess) return FSDP_SUCCESS;
@@ -325,7 +303,7 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_settle(fsdp__nccl *n, ncclComm_t comm, ncc
             pthread_mutex_unlock(&n->mu);
             return fsdp_error_set(err, FSDP_COMM_TIMEOUT, "%s", msg);
         }
-        fsdp__nccl_sleep_us(100);
+        fsdp_sleep_us(100);
         if (comm == n->comm) { /* the watchdog may have aborted it meanwhile */
             int gone;
             pthread_mutex_lock(&n->mu);
@@ -609,7 +587,7 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll_kind(fsdp__nccl *n, int op, int barri
         cudaError_t q;
         while ((q = cudaStreamQuery(h)) == cudaErrorNotReady) {
             if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
-            fsdp__nccl_sleep_us(20);
+            fsdp_sleep_us(20);
         }
         if (q != cudaSuccess) return fsdp__nccl_cuda(err, q, name);
         if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
@@ -1040,7 +1018,7 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, voi
                 remove(f->path);
                 return 1;
             }
-            fsdp__nccl_sleep_us(2000);
+            fsdp_sleep_us(2000);
         }
         for (k = 1; k < nranks; k++) {
             snprintf(ack, sizeof ack, "%s.ack.%d", f->path, k);
@@ -1084,7 +1062,7 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, voi
                          "within %d ms", rank, f->path, timeout);
             return 1;
         }
-        fsdp__nccl_sleep_us(2000);
+        fsdp_sleep_us(2000);
     }
 }
 
