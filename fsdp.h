@@ -13729,251 +13729,251 @@ FSDP__DEF fsdp_result fsdp__st_verify_layout(fsdp__st_file *f, fsdp_error *err)
     return FSDP_SUCCESS;
 }
 
+/* fsdp__st_open's steps. Each reports its failure as FSDP__STF's return
+   value; fsdp__st_open closes the file. */
+
+/* The file, a regular one, and its size. */
+FSDP__DEF fsdp_result fsdp__st_open_file(fsdp__st_file *f, fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    const char *kind;
+    off_t end;
+    f->fd = fsdp__open_regular(f->path, &kind);
+    if (f->fd == -2) {
+        f->fd = -1;
+        return FSDP__STF(FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", f->path, kind);
+    }
+    if (f->fd < 0)
+        return FSDP__STF(FSDP_CKPT_IO, "'%s': cannot open: %s", f->path, strerror(errno));
+    if ((end = lseek(f->fd, 0, SEEK_END)) < 0)
+        return FSDP__STF(FSDP_CKPT_IO, "'%s': cannot seek: %s", f->path, strerror(errno));
+    f->size = (int64_t)end;
+    return FSDP_SUCCESS;
+}
+
+/* The header: its length within bounds, its bytes, a JSON object. */
+FSDP__DEF fsdp_result fsdp__st_read_header(fsdp__st_file *f, fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    unsigned char len8[8];
+    uint64_t hlen = 0;
+    int k, rc;
+    if (f->size < 8)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': truncated: %lld bytes, less than the 8-byte "
+                         "header length", f->path, (long long)f->size);
+    if ((rc = fsdp__read_at(f->fd, 0, len8, 8)) != 0)
+        return FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header length: %s", f->path,
+                         rc == -2 ? "unexpected end of file" : strerror(errno));
+    for (k = 7; k >= 0; k--) hlen = hlen << 8 | len8[k];
+    if (hlen < 2 || hlen > (uint64_t)FSDP__ST_MAX_HEADER || (int64_t)hlen > f->size - 8)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': header length %llu is impossible (file of "
+                         "%lld bytes, limit %lld)", f->path, (unsigned long long)hlen,
+                         (long long)f->size, (long long)FSDP__ST_MAX_HEADER);
+    f->data_start = 8 + (int64_t)hlen;
+    if (!(f->header = (char *)fsdp__alloc(h, (size_t)hlen + 1)))
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", f->path);
+    if ((rc = fsdp__read_at(f->fd, 8, f->header, (size_t)hlen)) != 0)
+        return FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header: %s", f->path,
+                         rc == -2 ? "unexpected end of file" : strerror(errno));
+    f->header[hlen] = 0;
+    if (fsdp__json_parse(&f->j, h, f->header, (size_t)hlen) != 0)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': bad JSON header: %s", f->path, f->j.err);
+    if (f->j.n[0].type != FSDP__J_OBJ)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': the header is not a JSON object", f->path);
+    return FSDP_SUCCESS;
+}
+
+/* __metadata__: an object of strings, hashed by key. */
+FSDP__DEF fsdp_result fsdp__st_parse_meta(fsdp__st_file *f, int node, fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    const fsdp__jn *n = &f->j.n[node];
+    int c;
+    if (n->type != FSDP__J_OBJ)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': __metadata__ is not an object", f->path);
+    for (c = n->first; c >= 0; c = f->j.n[c].next)
+        if (f->j.n[c].type != FSDP__J_STR)
+            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': __metadata__ value '%.80s' is not a string",
+                             f->path, f->j.n[c].key);
+    f->meta = node;
+    if (fsdp__jhash_build(&f->mh, h, &f->j, node) != 0)
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    return FSDP_SUCCESS;
+}
+
+/* One tensor's entry: exactly dtype, shape and data_offsets, a known dtype,
+   a shape whose bytes are the offsets' span, within the data. */
+FSDP__DEF fsdp_result fsdp__st_parse_entry(fsdp__st_file *f, int node, fsdp__st_entry *e,
+                                           fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    const fsdp__jn *n = &f->j.n[node];
+    const char *path = f->path;
+    int c, dt = -1, sh = -1, off = -1, d;
+    int64_t b, en, data_len = f->size - f->data_start;
+    e->name = n->key;
+    if (!n->key[0]) return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': a tensor has an empty name", path);
+    if (n->type != FSDP__J_OBJ)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': not an object", path, n->key);
+    for (c = n->first; c >= 0; c = f->j.n[c].next) {
+        const char *k2 = f->j.n[c].key;
+        if (!strcmp(k2, "dtype")) dt = c;
+        else if (!strcmp(k2, "shape")) sh = c;
+        else if (!strcmp(k2, "data_offsets")) off = c;
+        else
+            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': unknown field '%.40s'", path,
+                             n->key, k2);
+    }
+    if (dt < 0 || sh < 0 || off < 0)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': missing '%s'", path, n->key,
+                         dt < 0 ? "dtype" : sh < 0 ? "shape" : "data_offsets");
+    if (f->j.n[dt].type != FSDP__J_STR ||
+        (e->dtype = fsdp__st_dtype(f->j.n[dt].str)) == FSDP_DTYPE_DEFAULT)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': unknown dtype '%.20s'", path,
+                         n->key, f->j.n[dt].type == FSDP__J_STR ? f->j.n[dt].str : "(not a string)");
+    if (f->j.n[sh].type != FSDP__J_ARR || f->j.n[sh].count > FSDP_MAX_DIMS)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': shape is not an array of at most "
+                         "%d dims", path, n->key, FSDP_MAX_DIMS);
+    for (c = f->j.n[sh].first, d = 0; c >= 0; c = f->j.n[c].next, d++)
+        if (!fsdp__j_int(&f->j, c, 0, INT64_MAX, &e->shape[d]))
+            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': shape[%d] is not a "
+                             "non-negative integer", path, n->key, d);
+    e->ndim = d;
+    if ((e->numel = fsdp__shape_numel(e->ndim, e->shape)) < 0 ||
+        e->numel > INT64_MAX / (int64_t)fsdp_dtype_size(e->dtype))
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': the shape's size overflows",
+                         path, n->key);
+    if (f->j.n[off].type != FSDP__J_ARR || f->j.n[off].count != 2 ||
+        !fsdp__j_int(&f->j, f->j.n[off].first, 0, INT64_MAX, &b) ||
+        !fsdp__j_int(&f->j, f->j.n[f->j.n[off].first].next, 0, INT64_MAX, &en) || en < b)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': data_offsets is not [begin, "
+                         "end] with 0 <= begin <= end", path, n->key);
+    if (en > data_len)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': data_offsets [%lld, %lld] past "
+                         "the end of the data (%lld bytes; the file is truncated?)", path, n->key,
+                         (long long)b, (long long)en, (long long)data_len);
+    if (en - b != e->numel * (int64_t)fsdp_dtype_size(e->dtype))
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': data_offsets span %lld bytes, "
+                         "the shape needs %lld", path, n->key, (long long)(en - b),
+                         (long long)(e->numel * (int64_t)fsdp_dtype_size(e->dtype)));
+    e->begin = b;
+    e->end = en;
+    return FSDP_SUCCESS;
+}
+
+/* Every member of the header: __metadata__ and the tensors, the entries
+   listed in ord too. Entries only for members that can be tensors (objects
+   of 3 fields, 45 bytes of text at least): 132 bytes each, so the entries
+   cost at most 3 bytes per byte of header, not 132 per "x":0. */
+FSDP__DEF fsdp_result fsdp__st_parse_entries(fsdp__st_file *f, fsdp__sort_ctx_e **ord,
+                                             fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    int node, ne = 0;
+    fsdp_result r;
+    for (node = f->j.n[0].first; node >= 0; node = f->j.n[node].next)
+        if (f->j.n[node].type == FSDP__J_OBJ && f->j.n[node].count == 3) ne++;
+    f->e = (fsdp__st_entry *)fsdp__calloc(h, (size_t)ne + 1, sizeof *f->e);
+    f->sorted = (int *)fsdp__calloc(h, (size_t)ne + 1, sizeof(int));
+    *ord = (fsdp__sort_ctx_e *)fsdp__calloc(h, (size_t)ne + 1, sizeof **ord);
+    if (!f->e || !f->sorted || !*ord)
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    ne = 0;
+    for (node = f->j.n[0].first; node >= 0; node = f->j.n[node].next) {
+        if (!strcmp(f->j.n[node].key, "__metadata__")) {
+            if ((r = fsdp__st_parse_meta(f, node, err)) != FSDP_SUCCESS) return r;
+            continue;
+        }
+        if ((r = fsdp__st_parse_entry(f, node, &f->e[ne], err)) != FSDP_SUCCESS) return r;
+        (*ord)[ne].e = &f->e[ne];
+        (*ord)[ne].idx = ne;
+        ne++;
+    }
+    f->ne = ne;
+    return FSDP_SUCCESS;
+}
+
+/* The data section is exactly the tensors, back to back; then the entries
+   sorted by name for lookups. */
+FSDP__DEF fsdp_result fsdp__st_check_data(fsdp__st_file *f, fsdp__sort_ctx_e *ord,
+                                          fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    int64_t pos = 0, data_len = f->size - f->data_start;
+    int k;
+    qsort(ord, (size_t)f->ne, sizeof *ord, fsdp__st_cmp_begin);
+    for (k = 0; k < f->ne; k++) {
+        if (ord[k].e->begin < pos)
+            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s' data_offsets [%lld, %lld] "
+                             "overlap tensor '%.80s'", f->path, ord[k].e->name,
+                             (long long)ord[k].e->begin, (long long)ord[k].e->end,
+                             ord[k - 1].e->name);
+        if (ord[k].e->begin > pos)
+            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': a gap of %lld bytes before tensor '%.80s'",
+                             f->path, (long long)(ord[k].e->begin - pos), ord[k].e->name);
+        pos = ord[k].e->end;
+    }
+    if (pos != data_len)
+        return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': %lld bytes of data after the last tensor (the "
+                         "header covers %lld of %lld)", f->path, (long long)(data_len - pos),
+                         (long long)pos, (long long)data_len);
+    qsort(ord, (size_t)f->ne, sizeof *ord, fsdp__st_cmp_name);
+    for (k = 0; k < f->ne; k++) f->sorted[k] = (int)(ord[k].e - f->e);
+    return FSDP_SUCCESS;
+}
+
+/* Each tensor's checksum from __metadata__: required in a file fsdp.h wrote
+   (verified layout or legacy), optional in a foreign one. */
+FSDP__DEF fsdp_result fsdp__st_read_crcs(fsdp__st_file *f, fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    int k;
+    for (k = 0; k < f->ne; k++) {
+        fsdp__st_entry *e = &f->e[k];
+        fsdp__nbuf nb;
+        const char *v, *key;
+        fsdp__nbuf_init(&nb, h);
+        if (!(key = fsdp__nbuf_fmt(&nb, "fsdp.crc32.%s", e->name)))
+            return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+        v = fsdp__st_meta(f, key);
+        fsdp__nbuf_free(&nb);
+        if (v) {
+            if (!fsdp__parse_hex32(v, &e->crc))
+                return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': bad checksum '%.20s' in "
+                                 "__metadata__", f->path, e->name, v);
+            e->has_crc = 1;
+        } else if (f->verified & (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_LEGACY)) {
+            /* fsdp.h writes every tensor's checksum: one missing was removed */
+            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s' has no checksum (no "
+                             "fsdp.crc32.%.80s in __metadata__), but the file was written by "
+                             "fsdp.h, which writes one for every tensor: a checksum was removed; "
+                             "refused", f->path, e->name, e->name);
+        }
+    }
+    if (f->verified & (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_LEGACY)) f->verified |= FSDP_VERIFIED_DATA;
+    return FSDP_SUCCESS;
+}
+
 /* Opens and validates a safetensors file: everything the header says is
    checked against the file before any data is trusted. */
 FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const char *path,
                                     fsdp_error *err)
 {
-    unsigned char len8[8];
-    uint64_t hlen = 0;
-    int64_t data_len;
-    int k, rc, node, ne = 0;
     fsdp__sort_ctx_e *ord = NULL;
-    fsdp_result r = FSDP_CKPT_FORMAT;
+    fsdp_result r;
     memset(f, 0, sizeof *f);
     f->h = h;
     f->path = path;
+    f->fd = -1;
     f->meta = -1;
-    {
-        const char *kind;
-        f->fd = fsdp__open_regular(path, &kind);
-        if (f->fd == -2) {
-            f->fd = -1;
-            return FSDP__STF(FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
-                             kind);
-        }
-    }
-    if (f->fd < 0)
-        return FSDP__STF(FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(errno));
-    {
-        off_t end = lseek(f->fd, 0, SEEK_END);
-        if (end < 0) {
-            FSDP__STF(FSDP_CKPT_IO, "'%s': cannot seek: %s", path, strerror(errno));
-            r = FSDP_CKPT_IO;
-            goto fail;
-        }
-        f->size = (int64_t)end;
-    }
-    if (f->size < 8) {
-        FSDP__STF(r, "'%s': truncated: %lld bytes, less than the 8-byte header length", path,
-                  (long long)f->size);
-        goto fail;
-    }
-    if ((rc = fsdp__read_at(f->fd, 0, len8, 8)) != 0) {
-        FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header length: %s", path,
-                  rc == -2 ? "unexpected end of file" : strerror(errno));
-        r = FSDP_CKPT_IO;
-        goto fail;
-    }
-    for (k = 7; k >= 0; k--) hlen = hlen << 8 | len8[k];
-    if (hlen < 2 || hlen > (uint64_t)FSDP__ST_MAX_HEADER || (int64_t)hlen > f->size - 8) {
-        FSDP__STF(r, "'%s': header length %llu is impossible (file of %lld bytes, limit %lld)",
-                  path, (unsigned long long)hlen, (long long)f->size,
-                  (long long)FSDP__ST_MAX_HEADER);
-        goto fail;
-    }
-    f->data_start = 8 + (int64_t)hlen;
-    data_len = f->size - f->data_start;
-    f->header = (char *)fsdp__alloc(h, (size_t)hlen + 1);
-    if (!f->header) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", path);
-        goto fail;
-    }
-    if ((rc = fsdp__read_at(f->fd, 8, f->header, (size_t)hlen)) != 0) {
-        r = FSDP__STF(FSDP_CKPT_IO, "'%s': reading the header: %s", path,
-                      rc == -2 ? "unexpected end of file" : strerror(errno));
-        goto fail;
-    }
-    f->header[hlen] = 0;
-    if (fsdp__json_parse(&f->j, h, f->header, (size_t)hlen) != 0) {
-        FSDP__STF(r, "'%s': bad JSON header: %s", path, f->j.err);
-        goto fail;
-    }
-    if (f->j.n[0].type != FSDP__J_OBJ) {
-        FSDP__STF(r, "'%s': the header is not a JSON object", path);
-        goto fail;
-    }
-    /* entries only for members that can be tensors (objects of 3 fields,
-       45 bytes of text at least): 132 bytes each, so the entries cost at
-       most 3 bytes per byte of header, not 132 per "x":0 */
-    for (node = f->j.n[0].first; node >= 0; node = f->j.n[node].next)
-        if (f->j.n[node].type == FSDP__J_OBJ && f->j.n[node].count == 3) ne++;
-    f->e = (fsdp__st_entry *)fsdp__calloc(h, (size_t)ne + 1, sizeof *f->e);
-    f->sorted = (int *)fsdp__calloc(h, (size_t)ne + 1, sizeof(int));
-    ord = (fsdp__sort_ctx_e *)fsdp__calloc(h, (size_t)ne + 1, sizeof *ord);
-    ne = 0;
-    if (!f->e || !f->sorted || !ord) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-        goto fail;
-    }
-    for (node = f->j.n[0].first; node >= 0; node = f->j.n[node].next) {
-        const fsdp__jn *n = &f->j.n[node];
-        fsdp__st_entry *e;
-        int c, dt = -1, sh = -1, off = -1, d;
-        int64_t b, en;
-        if (!strcmp(n->key, "__metadata__")) {
-            if (n->type != FSDP__J_OBJ) {
-                FSDP__STF(r, "'%s': __metadata__ is not an object", path);
-                goto fail;
-            }
-            for (c = n->first; c >= 0; c = f->j.n[c].next)
-                if (f->j.n[c].type != FSDP__J_STR) {
-                    FSDP__STF(r, "'%s': __metadata__ value '%.80s' is not a string", path,
-                              f->j.n[c].key);
-                    goto fail;
-                }
-            f->meta = node;
-            if (fsdp__jhash_build(&f->mh, h, &f->j, node) != 0) {
-                r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-                goto fail;
-            }
-            continue;
-        }
-        e = &f->e[ne];
-        e->name = n->key;
-        if (!n->key[0]) {
-            FSDP__STF(r, "'%s': a tensor has an empty name", path);
-            goto fail;
-        }
-        if (n->type != FSDP__J_OBJ) {
-            FSDP__STF(r, "'%s': tensor '%.80s': not an object", path, n->key);
-            goto fail;
-        }
-        for (c = n->first; c >= 0; c = f->j.n[c].next) {
-            const char *k2 = f->j.n[c].key;
-            if (!strcmp(k2, "dtype")) dt = c;
-            else if (!strcmp(k2, "shape")) sh = c;
-            else if (!strcmp(k2, "data_offsets")) off = c;
-            else {
-                FSDP__STF(r, "'%s': tensor '%.80s': unknown field '%.40s'", path, n->key, k2);
-                goto fail;
-            }
-        }
-        if (dt < 0 || sh < 0 || off < 0) {
-            FSDP__STF(r, "'%s': tensor '%.80s': missing '%s'", path, n->key,
-                      dt < 0 ? "dtype" : sh < 0 ? "shape" : "data_offsets");
-            goto fail;
-        }
-        if (f->j.n[dt].type != FSDP__J_STR ||
-            (e->dtype = fsdp__st_dtype(f->j.n[dt].str)) == FSDP_DTYPE_DEFAULT) {
-            FSDP__STF(r, "'%s': tensor '%.80s': unknown dtype '%.20s'", path, n->key,
-                      f->j.n[dt].type == FSDP__J_STR ? f->j.n[dt].str : "(not a string)");
-            goto fail;
-        }
-        if (f->j.n[sh].type != FSDP__J_ARR || f->j.n[sh].count > FSDP_MAX_DIMS) {
-            FSDP__STF(r, "'%s': tensor '%.80s': shape is not an array of at most %d dims", path,
-                      n->key, FSDP_MAX_DIMS);
-            goto fail;
-        }
-        for (c = f->j.n[sh].first, d = 0; c >= 0; c = f->j.n[c].next, d++)
-            if (!fsdp__j_int(&f->j, c, 0, INT64_MAX, &e->shape[d])) {
-                FSDP__STF(r, "'%s': tensor '%.80s': shape[%d] is not a non-negative integer",
-                          path, n->key, d);
-                goto fail;
-            }
-        e->ndim = d;
-        if ((e->numel = fsdp__shape_numel(e->ndim, e->shape)) < 0 ||
-            e->numel > INT64_MAX / (int64_t)fsdp_dtype_size(e->dtype)) {
-            FSDP__STF(r, "'%s': tensor '%.80s': the shape's size overflows", path, n->key);
-            goto fail;
-        }
-        if (f->j.n[off].type != FSDP__J_ARR || f->j.n[off].count != 2 ||
-            !fsdp__j_int(&f->j, f->j.n[off].first, 0, INT64_MAX, &b) ||
-            !fsdp__j_int(&f->j, f->j.n[f->j.n[off].first].next, 0, INT64_MAX, &en) || en < b) {
-            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets is not [begin, end] with 0 <= "
-                      "begin <= end", path, n->key);
-            goto fail;
-        }
-        if (en > data_len) {
-            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets [%lld, %lld] past the end of the "
-                      "data (%lld bytes; the file is truncated?)", path, n->key, (long long)b,
-                      (long long)en, (long long)data_len);
-            goto fail;
-        }
-        if (en - b != e->numel * (int64_t)fsdp_dtype_size(e->dtype)) {
-            FSDP__STF(r, "'%s': tensor '%.80s': data_offsets span %lld bytes, the shape needs "
-                      "%lld", path, n->key, (long long)(en - b),
-                      (long long)(e->numel * (int64_t)fsdp_dtype_size(e->dtype)));
-            goto fail;
-        }
-        e->begin = b;
-        e->end = en;
-        ord[ne].e = e;
-        ord[ne].idx = ne;
-        ne++;
-    }
-    f->ne = ne;
-    /* the data section is exactly the tensors, back to back */
-    qsort(ord, (size_t)ne, sizeof *ord, fsdp__st_cmp_begin);
-    {
-        int64_t pos = 0;
-        for (k = 0; k < ne; k++) {
-            if (ord[k].e->begin < pos) {
-                FSDP__STF(r, "'%s': tensor '%.80s' data_offsets [%lld, %lld] overlap tensor "
-                          "'%.80s'", path, ord[k].e->name, (long long)ord[k].e->begin,
-                          (long long)ord[k].e->end, ord[k - 1].e->name);
-                goto fail;
-            }
-            if (ord[k].e->begin > pos) {
-                FSDP__STF(r, "'%s': a gap of %lld bytes before tensor '%.80s'", path,
-                          (long long)(ord[k].e->begin - pos), ord[k].e->name);
-                goto fail;
-            }
-            pos = ord[k].e->end;
-        }
-        if (pos != data_len) {
-            FSDP__STF(r, "'%s': %lld bytes of data after the last tensor (the header covers %lld "
-                      "of %lld)", path, (long long)(data_len - pos), (long long)pos,
-                      (long long)pos, (long long)data_len);
-            goto fail;
-        }
-    }
-    qsort(ord, (size_t)ne, sizeof *ord, fsdp__st_cmp_name);
-    for (k = 0; k < ne; k++) f->sorted[k] = (int)(ord[k].e - f->e);
-    if ((r = fsdp__st_verify_layout(f, err)) != FSDP_SUCCESS) goto fail;
-    r = FSDP_CKPT_FORMAT;
-    for (k = 0; k < ne; k++) {
-        fsdp__st_entry *e = &f->e[k];
-        fsdp__nbuf nb;
-        const char *v, *key;
-        fsdp__nbuf_init(&nb, h);
-        if (!(key = fsdp__nbuf_fmt(&nb, "fsdp.crc32.%s", e->name))) {
-            r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-            goto fail;
-        }
-        v = fsdp__st_meta(f, key);
-        fsdp__nbuf_free(&nb);
-        if (v) {
-            if (!fsdp__parse_hex32(v, &e->crc)) {
-                FSDP__STF(r, "'%s': tensor '%.80s': bad checksum '%.20s' in __metadata__", path,
-                          e->name, v);
-                goto fail;
-            }
-            e->has_crc = 1;
-        } else if (f->verified & (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_LEGACY)) {
-            /* fsdp.h writes every tensor's checksum: one missing was removed */
-            FSDP__STF(r, "'%s': tensor '%.80s' has no checksum (no fsdp.crc32.%.80s in "
-                      "__metadata__), but the file was written by fsdp.h, which writes one for "
-                      "every tensor: a checksum was removed; refused", path, e->name, e->name);
-            goto fail;
-        }
-    }
-    if (f->verified & (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_LEGACY)) f->verified |= FSDP_VERIFIED_DATA;
+    if ((r = fsdp__st_open_file(f, err)) == FSDP_SUCCESS &&
+        (r = fsdp__st_read_header(f, err)) == FSDP_SUCCESS &&
+        (r = fsdp__st_parse_entries(f, &ord, err)) == FSDP_SUCCESS &&
+        (r = fsdp__st_check_data(f, ord, err)) == FSDP_SUCCESS &&
+        (r = fsdp__st_verify_layout(f, err)) == FSDP_SUCCESS)
+        r = fsdp__st_read_crcs(f, err);
     fsdp__free(h, ord);
-    return FSDP_SUCCESS;
-fail:
-    fsdp__free(h, ord);
-    fsdp__st_close(f);
+    if (r != FSDP_SUCCESS) fsdp__st_close(f);
     return r;
 }
 
