@@ -22163,152 +22163,136 @@ FSDP__DEF fsdp_result fsdp__index_seal_check(const fsdp__json *j, const fsdp__in
     return FSDP_SUCCESS;
 }
 
-/* Reads and validates a sharded checkpoint's index (whole, before any rank
-   file is opened), then every rank file's header; fills the loader's
-   sources. */
-FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json *j, char **text)
+/* fsdp__ld_sharded's steps; each reports its failure through
+   fsdp__ctx_fail (prefixed with L->where) and returns its code. */
+#define FSDP__IDX(...) fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, __VA_ARGS__)
+
+/* The index, read whole and checked before any rank file is opened; the
+   loader's files and sources allocated for it. */
+FSDP__DEF fsdp_result fsdp__ld_read_index(fsdp__ld *L, const char *ipath, fsdp__json *j,
+                                          char **text, size_t *len, fsdp__index_info *ii)
 {
     fsdp_ctx *c = L->c;
-    char *ipath = fsdp__path_join(&c->hooks, dir, FSDP__INDEX_NAME);
-    size_t len = 0;
-    int n, k;
-    int64_t world = 0;
-    fsdp__index_info ii;
     fsdp_error e;
-    unsigned verified = 0;
-    fsdp_result r;
-    if (!ipath) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
-    r = fsdp__read_small_file(c, ipath, FSDP__INDEX_MAX, text, &len);
+    fsdp_result r = fsdp__read_small_file(c, ipath, FSDP__INDEX_MAX, text, len);
     if (r != FSDP_SUCCESS) {
+        char msg[FSDP_ERROR_MAX];
         if (r == FSDP_CKPT_IO && errno == ENOENT)
-            fsdp__ctx_fail(c, r, "%s: no index '%s' (not a checkpoint, or a save never "
-                           "completed)", L->where, ipath);
+            return fsdp__ctx_fail(c, r, "%s: no index '%s' (not a checkpoint, or a save never "
+                                  "completed)", L->where, ipath);
+        snprintf(msg, sizeof msg, "%s", c->err.message);
+        return fsdp__ctx_fail(c, r, "%s: %s", L->where, msg);
+    }
+    if (fsdp__json_parse(j, &c->hooks, *text, *len) != 0)
+        return FSDP__IDX("%s: index '%s': bad JSON: %s", L->where, ipath, j->err);
+    if ((r = fsdp__index_check(j, ipath, &c->hooks, ii, &e)) != FSDP_SUCCESS)
+        return fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
+    L->save_id = ii->save_id;
+    L->save_steps = ii->steps;
+    L->files = (fsdp__st_file *)fsdp__calloc(&c->hooks, (size_t)ii->world, sizeof *L->files);
+    /* the sources: one per piece, allocated once */
+    L->s = (fsdp__src *)fsdp__alloc(&c->hooks, ((size_t)ii->npieces + 1) * sizeof *L->s);
+    if (!L->files || !L->s) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    L->scap = (int)ii->npieces + 1;
+    return FSDP_SUCCESS;
+}
+
+/* Rank file k (index node n), opened and checked: of this save, at the
+   place the index gives it. A file gone while another save replaced this
+   one is FSDP_CKPT_IO (fsdp__ld_index_moved said so). */
+FSDP__DEF fsdp_result fsdp__ld_open_rank_file(fsdp__ld *L, const char *dir, const char *ipath,
+                                              const fsdp__json *j, int n, int k,
+                                              const char *text, size_t len, int64_t world)
+{
+    fsdp_ctx *c = L->c;
+    const char *name = j->n[n].str, *rk, *ws;
+    char *fp, want[24];
+    uint64_t fid;
+    fsdp_error e;
+    fsdp_result r;
+    int has;
+    if (!(fp = fsdp__path_join(&c->hooks, dir, name)))
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    /* the st_file keeps the path pointer: the names live in the JSON pool */
+    r = fsdp__st_open(&L->files[k], &c->hooks, fp, &e);
+    L->files[k].path = name;
+    if (r != FSDP_SUCCESS) {
+        struct stat st;
+        if (stat(fp, &st) != 0 && errno == ENOENT &&
+            fsdp__ld_index_moved(L, ipath, text, len, name) != FSDP_SUCCESS)
+            r = FSDP_CKPT_IO; /* another save replaced the one this load began */
         else
-        {
-            char msg[FSDP_ERROR_MAX];
-            snprintf(msg, sizeof msg, "%s", c->err.message);
-            fsdp__ctx_fail(c, r, "%s: %s", L->where, msg);
-        }
-        fsdp__free(&c->hooks, ipath);
+            fsdp__ctx_fail(c, r, "%s: rank file %d of %lld: %s", L->where, k, (long long)world,
+                           e.message);
+        fsdp__free(&c->hooks, fp);
         return r;
     }
-#define FSDP__IDX(...) do { r = fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, __VA_ARGS__); goto done; } while (0)
-    if (fsdp__json_parse(j, &c->hooks, *text, len) != 0)
-        FSDP__IDX("%s: index '%s': bad JSON: %s", L->where, ipath, j->err);
-    if ((r = fsdp__index_check(j, ipath, &c->hooks, &ii, &e)) != FSDP_SUCCESS) {
-        r = fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
-        goto done;
+    fsdp__free(&c->hooks, fp);
+    L->nfiles = k + 1;
+    has = fsdp__file_save_id(&L->files[k], &fid);
+    rk = fsdp__st_meta(&L->files[k], "fsdp.rank");
+    ws = fsdp__st_meta(&L->files[k], "fsdp.world_size");
+    if (has < 0)
+        return FSDP__IDX("%s: rank file '%s': fsdp.save_id '%.40s' is not 16 hex digits",
+                         L->where, name, fsdp__st_meta(&L->files[k], "fsdp.save_id"));
+    if (fid != L->save_id) {
+        char a[24], b[24];
+        const char *steps = fsdp__st_meta(&L->files[k], "fsdp.steps");
+        snprintf(a, sizeof a, fid ? "%016llx" : "none", (unsigned long long)fid);
+        snprintf(b, sizeof b, L->save_id ? "%016llx" : "none", (unsigned long long)L->save_id);
+        return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: rank file '%s' (files[%d]) belongs to "
+                              "save %s (step %s), the index '%s' to save %s (step %lld): a file "
+                              "of another save under this save's name", L->where, name, k, a,
+                              steps ? steps : "?", ipath, b, (long long)L->save_steps);
     }
-    world = ii.world;
-    L->save_id = ii.save_id;
-    L->save_steps = ii.steps;
-    L->files = (fsdp__st_file *)fsdp__calloc(&c->hooks, (size_t)world, sizeof *L->files);
-    /* the sources: one per piece, allocated once */
-    L->s = (fsdp__src *)fsdp__alloc(&c->hooks, ((size_t)ii.npieces + 1) * sizeof *L->s);
-    if (!L->files || !L->s) {
-        r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
-        goto done;
-    }
-    L->scap = (int)ii.npieces + 1;
-    for (k = 0, n = j->n[ii.files].first; n >= 0; n = j->n[n].next, k++) {
-        char *fp;
-        if (!(fp = fsdp__path_join(&c->hooks, dir, j->n[n].str))) {
-            r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
-            goto done;
-        }
-        /* the st_file keeps the path pointer: the names live in the JSON pool */
-        r = fsdp__st_open(&L->files[k], &c->hooks, fp, &e);
-        L->files[k].path = j->n[n].str;
-        if (r != FSDP_SUCCESS) {
-            struct stat st;
-            if (stat(fp, &st) != 0 && errno == ENOENT &&
-                fsdp__ld_index_moved(L, ipath, *text, len, j->n[n].str) != FSDP_SUCCESS) {
-                r = FSDP_CKPT_IO; /* another save replaced the one this load began */
-            } else {
-                fsdp__ctx_fail(c, r, "%s: rank file %d of %lld: %s", L->where, k,
-                               (long long)world, e.message);
-            }
-            fsdp__free(&c->hooks, fp);
-            goto done;
-        }
-        fsdp__free(&c->hooks, fp);
-        L->nfiles = k + 1;
-        {
-            /* every file must be of this save, at the place the index gives */
-            uint64_t fid;
-            int has = fsdp__file_save_id(&L->files[k], &fid);
-            const char *rk = fsdp__st_meta(&L->files[k], "fsdp.rank");
-            const char *ws = fsdp__st_meta(&L->files[k], "fsdp.world_size");
-            char want[24];
-            if (has < 0)
-                FSDP__IDX("%s: rank file '%s': fsdp.save_id '%.40s' is not 16 hex digits",
-                          L->where, j->n[n].str, fsdp__st_meta(&L->files[k], "fsdp.save_id"));
-            if (fid != L->save_id) {
-                char a[24], b[24];
-                snprintf(a, sizeof a, fid ? "%016llx" : "none", (unsigned long long)fid);
-                snprintf(b, sizeof b, L->save_id ? "%016llx" : "none",
-                         (unsigned long long)L->save_id);
-                r = fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: rank file '%s' (files[%d]) "
-                                   "belongs to save %s (step %s), the index '%s' to save %s "
-                                   "(step %lld): a file of another save under this save's "
-                                   "name", L->where, j->n[n].str, k, a,
-                                   fsdp__st_meta(&L->files[k], "fsdp.steps")
-                                       ? fsdp__st_meta(&L->files[k], "fsdp.steps") : "?",
-                                   ipath, b, (long long)L->save_steps);
-                goto done;
-            }
-            snprintf(want, sizeof want, "%d", k);
-            if (rk && strcmp(rk, want))
-                FSDP__IDX("%s: rank file '%s' holds rank %.20s's pieces, the index '%s' lists "
-                          "it as files[%d] (rank %d's)", L->where, j->n[n].str, rk, ipath, k,
-                          k);
-            snprintf(want, sizeof want, "%lld", (long long)world);
-            if (ws && strcmp(ws, want))
-                FSDP__IDX("%s: rank file '%s' was written at world size %.20s, the index '%s' "
-                          "says %lld", L->where, j->n[n].str, ws, ipath, (long long)world);
-        }
-    }
-    if ((r = fsdp__index_seal_check(j, &ii, L->files, L->nfiles, ipath, L->crc, &c->hooks, &e,
-                                    &verified)) != FSDP_SUCCESS) {
-        r = fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
-        goto done;
-    }
-    if (!(verified & FSDP_VERIFIED_LAYOUT) && c->rank == 0)
-        fsdp__log(&c->hooks, FSDP_LOG_WARN, "%s: %s: its layout (shapes, dtypes, pieces) is not "
-                  "verified", L->where, verified ? "written before fsdp.h 0.6.0 (no layout "
-                  "checksums)" : "rank files without checksums");
-    for (k = 0, n = j->n[ii.tensors].first; n >= 0; n = j->n[n].next, k++) {
+    snprintf(want, sizeof want, "%d", k);
+    if (rk && strcmp(rk, want))
+        return FSDP__IDX("%s: rank file '%s' holds rank %.20s's pieces, the index '%s' lists it "
+                         "as files[%d] (rank %d's)", L->where, name, rk, ipath, k, k);
+    snprintf(want, sizeof want, "%lld", (long long)world);
+    if (ws && strcmp(ws, want))
+        return FSDP__IDX("%s: rank file '%s' was written at world size %.20s, the index '%s' "
+                         "says %lld", L->where, name, ws, ipath, (long long)world);
+    return FSDP_SUCCESS;
+}
+
+/* The index's tensors, piece by piece, as the loader's sources: each piece
+   a tensor of its rank file, of the dtype and size the index gives. */
+FSDP__DEF fsdp_result fsdp__ld_index_sources(fsdp__ld *L, const char *ipath, const fsdp__json *j,
+                                             const fsdp__index_info *ii)
+{
+    fsdp_ctx *c = L->c;
+    fsdp_error e;
+    fsdp_result r;
+    int k, n;
+    for (k = 0, n = j->n[ii->tensors].first; n >= 0; n = j->n[n].next, k++) {
         int nm, pcs, ndim, c2;
         fsdp_dtype dtype;
         int64_t shape[FSDP_MAX_DIMS], total;
-        /* checked above: this only reads the fields again */
+        /* checked by fsdp__index_check: this only reads the fields again */
         if ((r = fsdp__index_tensor(j, n, k, ipath, &c->hooks, &e, &nm, &dtype, &ndim, shape,
-                                    &total, &pcs)) != FSDP_SUCCESS) {
-            r = fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
-            goto done;
-        }
+                                    &total, &pcs)) != FSDP_SUCCESS)
+            return fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
         for (c2 = j->n[pcs].first; c2 >= 0; c2 = j->n[c2].next) {
             fsdp__ipiece p;
             fsdp__src *s;
             const fsdp__st_entry *en;
             int ei;
-            if (!fsdp__index_piece(j, c2, world, total, &p)) /* never: checked */
-                FSDP__IDX("%s: index '%s': tensor '%.80s': a piece is not [file, offset, numel] "
-                          "inside the tensor", L->where, ipath, j->n[nm].str);
+            if (!fsdp__index_piece(j, c2, ii->world, total, &p)) /* never: checked */
+                return FSDP__IDX("%s: index '%s': tensor '%.80s': a piece is not [file, offset, "
+                                 "numel] inside the tensor", L->where, ipath, j->n[nm].str);
             ei = fsdp__st_find(&L->files[p.file], j->n[nm].str);
             if (ei < 0)
-                FSDP__IDX("%s: rank file '%s': no tensor '%.80s' (the index lists it)", L->where,
-                          L->files[p.file].path, j->n[nm].str);
+                return FSDP__IDX("%s: rank file '%s': no tensor '%.80s' (the index lists it)",
+                                 L->where, L->files[p.file].path, j->n[nm].str);
             en = &L->files[p.file].e[ei];
             if (en->dtype != dtype || en->numel != p.cnt)
-                FSDP__IDX("%s: rank file '%s': tensor '%.80s' is %lld elements of %s, the index "
-                          "says %lld of %s", L->where, L->files[p.file].path, j->n[nm].str,
-                          (long long)en->numel, fsdp_dtype_name(en->dtype), (long long)p.cnt,
-                          fsdp_dtype_name(dtype));
-            if (!(s = fsdp__ld_add(L))) {
-                r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
-                goto done;
-            }
+                return FSDP__IDX("%s: rank file '%s': tensor '%.80s' is %lld elements of %s, the "
+                                 "index says %lld of %s", L->where, L->files[p.file].path,
+                                 j->n[nm].str, (long long)en->numel, fsdp_dtype_name(en->dtype),
+                                 (long long)p.cnt, fsdp_dtype_name(dtype));
+            if (!(s = fsdp__ld_add(L)))
+                return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
             s->name = j->n[nm].str;
             s->dtype = dtype;
             s->ndim = ndim;
@@ -22319,9 +22303,37 @@ FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json 
             s->entry = ei;
         }
     }
-    r = FSDP_SUCCESS;
-done:
+    return FSDP_SUCCESS;
+}
 #undef FSDP__IDX
+
+/* Reads and validates a sharded checkpoint's index (whole, before any rank
+   file is opened), then every rank file's header; fills the loader's
+   sources. */
+FSDP__DEF fsdp_result fsdp__ld_sharded(fsdp__ld *L, const char *dir, fsdp__json *j, char **text)
+{
+    fsdp_ctx *c = L->c;
+    char *ipath = fsdp__path_join(&c->hooks, dir, FSDP__INDEX_NAME);
+    size_t len = 0;
+    int n, k;
+    fsdp__index_info ii;
+    fsdp_error e;
+    unsigned verified = 0;
+    fsdp_result r;
+    if (!ipath) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    r = fsdp__ld_read_index(L, ipath, j, text, &len, &ii);
+    for (k = 0, n = r == FSDP_SUCCESS ? j->n[ii.files].first : -1; n >= 0 && r == FSDP_SUCCESS;
+         n = j->n[n].next, k++)
+        r = fsdp__ld_open_rank_file(L, dir, ipath, j, n, k, *text, len, ii.world);
+    if (r == FSDP_SUCCESS &&
+        (r = fsdp__index_seal_check(j, &ii, L->files, L->nfiles, ipath, L->crc, &c->hooks, &e,
+                                    &verified)) != FSDP_SUCCESS)
+        r = fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
+    if (r == FSDP_SUCCESS && !(verified & FSDP_VERIFIED_LAYOUT) && c->rank == 0)
+        fsdp__log(&c->hooks, FSDP_LOG_WARN, "%s: %s: its layout (shapes, dtypes, pieces) is not "
+                  "verified", L->where, verified ? "written before fsdp.h 0.6.0 (no layout "
+                  "checksums)" : "rank files without checksums");
+    if (r == FSDP_SUCCESS) r = fsdp__ld_index_sources(L, ipath, j, &ii);
     fsdp__free(&c->hooks, ipath);
     return r;
 }
