@@ -2402,6 +2402,55 @@ FSDP_API int fsdp_ckpt_pending(const fsdp_ckpt_writer *w);
 FSDP_API size_t fsdp_ckpt_writer_staging_bytes(const fsdp_ckpt_writer *w);
 FSDP_API const char *fsdp_ckpt_writer_last_error(const fsdp_ckpt_writer *w);
 
+/* How a context's checkpoints move their data (fsdp_ckpt_set_options);
+   zero fields keep the defaults. */
+typedef struct fsdp_ckpt_options {
+    /* nonzero: saves and loads time their phases (fsdp_ckpt_stats_get);
+       off, nothing reads a clock */
+    int stats;
+} fsdp_ckpt_options;
+
+/* Sets the options of the context's later saves and loads (an async save
+   in flight keeps those it started with). Collective: no (every rank
+   should set the same). */
+FSDP_API fsdp_result fsdp_ckpt_set_options(fsdp_ctx *ctx, const fsdp_ckpt_options *opts);
+
+/* Where a checkpoint's time went on this rank, in seconds of wall time
+   (fsdp_clock_ms), with fsdp_ckpt_options.stats on. Phases that several
+   threads run at once (checksum_s, io_s) add every thread's time up;
+   data_s is their wall time. What is 0 did not happen. */
+typedef struct fsdp_ckpt_stats {
+    int64_t bytes;     /* tensor data this rank wrote or read (and checked) */
+    int files;         /* safetensors files this rank wrote or read */
+    int threads;       /* threads that moved the data, per file (the most) */
+    double total_s;    /* the whole call; an async save: from fsdp_ckpt_save_async
+                          to the fsdp_ckpt_wait or fsdp_ckpt_poll that committed it */
+    double prepare_s;  /* save: the save id, the directory, the state dict's
+                          tensors; load: the index and headers read and checked,
+                          each file piece matched to the shards */
+    double stage_s;    /* save: the copy into the staging buffers (all an
+                          async save blocks its caller for); load: the
+                          current shards copied where the new ones are staged */
+    double checksum_s; /* CRC-32 of the data (every thread's time) */
+    double io_s;       /* write or read calls of the data, and copies through
+                          host buffers (every thread's time) */
+    double data_s;     /* the data's pass: checksums and I/O, wall time */
+    double header_s;   /* save: the header's layout checksum, and its write */
+    double sync_s;     /* save: fsync of the files */
+    double rename_s;   /* save: renames into place, fsync of the directory */
+    double index_s;    /* save, rank 0 of a sharded one: the index built,
+                          written, fsynced and renamed, older files removed */
+    double apply_s;    /* load: the values put into the staged shards where
+                          not read there directly, and the commit */
+    double agree_s;    /* waiting for the other ranks: results agreed, the
+                          save id and the write's end (fsdp_ckpt_wait) */
+} fsdp_ckpt_stats;
+
+/* The timings of the context's latest committed save and latest load
+   (either pointer may be NULL); zeros when none was timed. Collective: no. */
+FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *ctx, fsdp_ckpt_stats *save,
+                                         fsdp_ckpt_stats *load);
+
 /* --- Hugging Face model directories ---
 
    A Hugging Face model directory holds config.json and the weights: one
@@ -11241,6 +11290,13 @@ FSDP__DEF fsdp_dtype fsdp__st_dtype(const char *s)
 
 /* --- file helpers: whole reads and writes over file descriptors --- */
 
+/* Seconds on fsdp_clock_ms for a checkpoint's timings (fsdp_ckpt_stats);
+   0 without reading the clock when they are off. */
+FSDP__DEF double fsdp__tick(int on)
+{
+    return on ? fsdp_clock_ms() * 1e-3 : 0.0;
+}
+
 FSDP__DEF int fsdp__write_all(int fd, const void *p, size_t n)
 {
     const char *b = (const char *)p;
@@ -11738,17 +11794,29 @@ fail:
 
 /* Reads entry k's bytes into buf and checks its checksum. */
 FSDP__DEF fsdp_result fsdp__st_read(fsdp__st_file *f, int k, void *buf, const fsdp__crc *crc,
-                                    fsdp_error *err)
+                                    fsdp_ckpt_stats *st, fsdp_error *err)
 {
     const fsdp__st_entry *e = &f->e[k];
     const fsdp_hooks *h = f->h;
     size_t n = (size_t)(e->end - e->begin);
-    int rc;
+    int rc, on = st != NULL;
+    double t0 = fsdp__tick(on), t1;
     if (n && (rc = fsdp__read_at(f->fd, f->data_start + e->begin, buf, n)) != 0)
         return FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
                          rc == -2 ? "unexpected end of file (truncated)" : strerror(errno));
+    t1 = fsdp__tick(on);
+    if (on) {
+        st->io_s += t1 - t0;
+        st->data_s += t1 - t0;
+        st->bytes += (int64_t)n;
+    }
     if (e->has_crc) {
         uint32_t got = fsdp__crc_update(crc, 0, buf, n);
+        if (on) {
+            t0 = fsdp__tick(on);
+            st->checksum_s += t0 - t1;
+            st->data_s += t0 - t1;
+        }
         if (got != e->crc)
             return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': checksum mismatch (stored "
                              "%08x, data %08x): the file is corrupt", f->path, e->name,
@@ -11776,11 +11844,14 @@ typedef struct fsdp__kv {
 /* Writes a safetensors file atomically: "<path>.tmp.<pid>", data, then the
    header with the checksums (their width is fixed, so the header's length
    is known before the data is written), fsync, rename, fsync of the
-   directory. A failure removes the temporary and leaves path as it was. */
+   directory. A failure removes the temporary and leaves path as it was.
+   st (NULL: not timed) gets the phases' times added. */
 FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n, const fsdp__kv *kv,
                                      int nkv, fsdp_device *dev, const fsdp_hooks *h,
-                                     fsdp_error *err)
+                                     fsdp_ckpt_stats *st, fsdp_error *err)
 {
+    int on = st != NULL;
+    double t0, t1;
     fsdp__sb sb;
     fsdp__crc *crc = NULL;
     size_t *crcpos = NULL, hlen, layoutpos;
@@ -11859,6 +11930,7 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
         goto done;
     }
     if (lseek(fd, (off_t)(8 + hlen), SEEK_SET) < 0) goto io;
+    t0 = fsdp__tick(on);
     for (i = 0; i < n; i++) {
         size_t bytes = (size_t)t[i].numel * fsdp_dtype_size(t[i].dtype);
         const void *src = t[i].data;
@@ -11879,18 +11951,34 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
                 }
                 bounce_bytes = bytes;
             }
+            t1 = fsdp__tick(on);
             if ((r = fsdp_device_copy(dev, bounce, src, bytes, FSDP_COPY_D2H, NULL)) !=
                 FSDP_SUCCESS) {
                 FSDP__STF(r, "'%s': tensor '%s': %s", path, t[i].name,
                           fsdp_device_last_error(dev));
                 goto done;
             }
+            if (on) st->io_s += fsdp__tick(on) - t1;
             src = bounce;
         }
+        t1 = fsdp__tick(on);
         c = fsdp__crc_update(crc, 0, src, bytes);
+        if (on) st->checksum_s += fsdp__tick(on) - t1;
         snprintf(hex, sizeof hex, "%08x", (unsigned)c);
         memcpy(sb.s + crcpos[i], hex, 8);
+        t1 = fsdp__tick(on);
         if (bytes && fsdp__write_all(fd, src, bytes) != 0) goto io;
+        if (on) {
+            st->io_s += fsdp__tick(on) - t1;
+            st->bytes += (int64_t)bytes;
+        }
+    }
+    if (on) {
+        t1 = fsdp__tick(on);
+        st->data_s += t1 - t0;
+        t0 = t1;
+        st->files++;
+        if (st->threads < 1) st->threads = 1;
     }
     {
         /* parsed as a loader parses it: the checksum covers what it reads */
@@ -11914,7 +12002,11 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
     if (lseek(fd, 0, SEEK_SET) < 0 || fsdp__write_all(fd, len8, 8) != 0 ||
         fsdp__write_all(fd, sb.s, hlen) != 0)
         goto io;
+    t1 = fsdp__tick(on);
+    if (on) st->header_s += t1 - t0;
     if (fsync(fd) != 0) goto io;
+    t0 = fsdp__tick(on);
+    if (on) st->sync_s += t0 - t1;
     if (close(fd) != 0) {
         fd = -1;
         goto io;
@@ -11927,6 +12019,7 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
         goto done;
     }
     fsdp__fsync_dir(path);
+    if (on) st->rename_s += fsdp__tick(on) - t0;
     goto done;
 io:
     r = FSDP__STF(FSDP_CKPT_IO, "'%s': writing '%s': %s", path, tmp, strerror(errno));
@@ -11948,7 +12041,8 @@ done:
 
 /* Writes a dict's tensors to one file; pieces become 1-D tensors. */
 FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd,
-                                     const fsdp__kv *kvs, int nkv, fsdp_error *err)
+                                     const fsdp__kv *kvs, int nkv, fsdp_ckpt_stats *st,
+                                     fsdp_error *err)
 {
     fsdp__wt *t;
     fsdp_result r;
@@ -11979,7 +12073,7 @@ FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd
         t[i].data = s->data;
         t[i].mem = s->mem;
     }
-    r = fsdp__st_write(path, t, sd->n, kvs, nkv, sd->dev, h, err);
+    r = fsdp__st_write(path, t, sd->n, kvs, nkv, sd->dev, h, st, err);
     fsdp__free(h, t);
     return r;
 }
@@ -11991,7 +12085,7 @@ FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_di
     const fsdp_hooks *h = sd ? &sd->hooks : NULL;
     if (!path || !sd) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_save: %s is NULL",
                                        path ? "sd" : "path");
-    return fsdp__sd_write(path, sd, &kv, 1, err);
+    return fsdp__sd_write(path, sd, &kv, 1, NULL, err);
 }
 
 FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
@@ -12041,7 +12135,7 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
     /* in file order of the header (the order the writer chose) */
     for (i = 0; i < f.ne; i++) {
         const fsdp__st_entry *e = &f.e[i];
-        if ((r = fsdp__st_read(&f, i, base + pos, crc, err)) != FSDP_SUCCESS) goto done;
+        if ((r = fsdp__st_read(&f, i, base + pos, crc, NULL, err)) != FSDP_SUCCESS) goto done;
         if ((r = fsdp__sd_push(sd, e->name, e->dtype, e->ndim, e->shape, 0, e->numel,
                                base + pos, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
             FSDP__STF(r, "'%s': out of memory", path);
@@ -12198,6 +12292,8 @@ struct fsdp_ctx {
     fsdp__ctx_dep *deps;
     fsdp__lend *lend;    /* the plan's idle buffers while lent (fsdp__lend_open) */
     int nlend, lend_depth;
+    fsdp_ckpt_options ckpt_opt;                 /* fsdp_ckpt_set_options (>>ckpt) */
+    fsdp_ckpt_stats ckpt_save_st, ckpt_load_st; /* the latest timed save and load */
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -17715,6 +17811,7 @@ typedef struct fsdp__ld {
     int stage_mode; /* FSDP__STAGE_*: where the new shards are written */
     int lending;    /* the plan's idle buffers are lent (fsdp__lend_open) */
     char *names; /* owned names of broadcast metadata */
+    fsdp_ckpt_stats *st; /* timings (fsdp_ckpt_options.stats), or NULL */
     uint64_t save_id;   /* of a checkpoint's files; 0: none (written before ids) */
     int64_t save_steps; /* the index's "steps" */
 } fsdp__ld;
@@ -18940,6 +19037,11 @@ struct fsdp_ckpt_writer {
     int nkv;
     fsdp_result result; /* of the thread */
     fsdp_error werr;
+    /* timings (fsdp_ckpt_options.stats when the save began): the caller's
+       phases, and the thread's, added at the commit */
+    int timing;
+    double t_start;
+    fsdp_ckpt_stats st, wst;
     /* the thread's "finished", read by fsdp_ckpt_poll while it runs */
     pthread_mutex_t mu;
     int mu_ok, done;
@@ -18965,7 +19067,8 @@ FSDP__DEF char *fsdp__path_join(const fsdp_hooks *h, const char *dir, const char
 FSDP__DEF void *fsdp__writer_main(void *arg)
 {
     fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)arg;
-    w->result = fsdp__sd_write(w->file, w->sd, w->kv, w->nkv, &w->werr);
+    w->result = fsdp__sd_write(w->file, w->sd, w->kv, w->nkv, w->timing ? &w->wst : NULL,
+                               &w->werr);
     if (w->mu_ok) pthread_mutex_lock(&w->mu);
     w->done = 1;
     if (w->mu_ok) pthread_mutex_unlock(&w->mu);
@@ -19109,6 +19212,7 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
     fsdp_result r;
     const char *fn = "fsdp_ckpt_save_async";
     int sharded = (flags & FSDP_CKPT_SHARDED) != 0;
+    double t0, t1;
     if (!w) return FSDP_INVALID_ARGS;
     if (!w->c) return fsdp__writer_dead(w, fn);
     c = w->c;
@@ -19123,6 +19227,10 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         return fsdp__wfail(w, fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: flags 0x%x: only "
                                              "FSDP_SD_OPTIM, FSDP_CKPT_SHARDED and "
                                              "FSDP_SD_TRAINABLE_ONLY apply", fn, flags));
+    w->timing = c->ckpt_opt.stats != 0;
+    memset(&w->st, 0, sizeof w->st);
+    memset(&w->wst, 0, sizeof w->wst);
+    w->t_start = t0 = fsdp__tick(w->timing);
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return fsdp__wfail(w, r);
     w->flags = flags;
     w->steps = c->steps;
@@ -19133,14 +19241,18 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         /* the save's identity, the same on every rank: every file and the
            index carry it, so a load can tell a file of another save */
         uint64_t id = c->rank == 0 ? fsdp__draw_save_id(w) : 0;
+        t1 = fsdp__tick(w->timing);
         if ((r = fsdp__bcast_bytes(c, &id, sizeof id, fn)) != FSDP_SUCCESS) goto fail;
+        w->st.agree_s += fsdp__tick(w->timing) - t1;
         w->gen = id;
     }
     if (sharded) {
         if (mkdir(path, 0777) != 0 && errno != EEXIST)
             r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': cannot create the "
                                "directory: %s", fn, path, strerror(errno));
+        t1 = fsdp__tick(w->timing);
         if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto fail;
+        w->st.agree_s += fsdp__tick(w->timing) - t1;
     }
     /* stage: the caller may change the parameters once this returns */
     memset(&o, 0, sizeof o);
@@ -19149,7 +19261,11 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
               (sharded ? 0u : (unsigned)FSDP_SD_RANK0_ONLY);
     o.for_ckpt = 1;
     o.stage = &w->stage;
+    t1 = fsdp__tick(w->timing);
+    w->st.prepare_s += t1 - t0;
     r = fsdp__build(c, &o, &w->sd, fn);
+    t0 = fsdp__tick(w->timing);
+    w->st.stage_s += t0 - t1;
     if (r == FSDP_SUCCESS && (sharded || c->rank == 0)) {
         char name[128];
         if (sharded) {
@@ -19161,6 +19277,7 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         if (!w->file) r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
     if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto fail;
+    w->st.agree_s += fsdp__tick(w->timing) - t0;
     w->pending = 1;
     if (w->file) {
         snprintf(w->kvtext[0], 64, "%s", sharded ? "sharded" : "full");
@@ -19400,15 +19517,23 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
 {
     fsdp_ctx *c = w->c;
     fsdp_result r = FSDP_SUCCESS;
+    int on = w->timing;
+    double t0, t1;
     if (w->thread_started) pthread_join(w->th, NULL);
     w->thread_started = 0;
     if (w->file && w->result != FSDP_SUCCESS)
         r = fsdp__ctx_fail(c, w->result, "%s: rank %d: %s", fn, c->rank, w->werr.message);
+    t0 = fsdp__tick(on);
     r = fsdp__agree(c, r, fn);
+    t1 = fsdp__tick(on);
+    w->st.agree_s += t1 - t0;
     if (w->flags & FSDP_CKPT_SHARDED) {
         if (r == FSDP_SUCCESS) {
             fsdp_result r0 = c->rank == 0 ? fsdp__write_index(w) : FSDP_SUCCESS;
+            t0 = fsdp__tick(on);
+            w->st.index_s += t0 - t1;
             r = fsdp__agree(c, r0, fn);
+            w->st.agree_s += fsdp__tick(on) - t0;
         }
         /* not committed: this generation's files are orphans */
         if (r != FSDP_SUCCESS && w->file) unlink(w->file);
@@ -19417,6 +19542,21 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
         const char *base = strrchr(w->path, '/');
         fsdp__dirname(w->path, dir, sizeof dir);
         fsdp__sweep_tmp(&c->hooks, dir, base ? base + 1 : w->path);
+    }
+    if (on && r == FSDP_SUCCESS) { /* the caller's phases and the thread's */
+        fsdp_ckpt_stats *s = &w->st;
+        const fsdp_ckpt_stats *q = &w->wst;
+        s->bytes += q->bytes;
+        s->files += q->files;
+        s->threads = q->threads > s->threads ? q->threads : s->threads;
+        s->checksum_s += q->checksum_s;
+        s->io_s += q->io_s;
+        s->data_s += q->data_s;
+        s->header_s += q->header_s;
+        s->sync_s += q->sync_s;
+        s->rename_s += q->rename_s;
+        s->total_s = fsdp__tick(on) - w->t_start;
+        c->ckpt_save_st = *s;
     }
     fsdp__writer_reset(w);
     return fsdp__wfail(w, r);
@@ -19498,6 +19638,23 @@ FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *c, const char *path, unsigned flag
     if (r == FSDP_SUCCESS) r = fsdp_ckpt_wait(w);
     fsdp_ckpt_writer_destroy(w);
     return r;
+}
+
+FSDP_API fsdp_result fsdp_ckpt_set_options(fsdp_ctx *c, const fsdp_ckpt_options *o)
+{
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!o) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_ckpt_set_options: opts is NULL");
+    c->ckpt_opt = *o;
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *c, fsdp_ckpt_stats *save,
+                                         fsdp_ckpt_stats *load)
+{
+    if (!c) return FSDP_INVALID_ARGS;
+    if (save) *save = c->ckpt_save_st;
+    if (load) *load = c->ckpt_load_st;
+    return FSDP_SUCCESS;
 }
 
 /* --- loading --- */
@@ -20074,7 +20231,7 @@ FSDP__DEF fsdp_result fsdp__ld_read(fsdp__ld *L, const fsdp__src *s)
                                   L->where, s->name);
         L->hbuf_bytes = bytes;
     }
-    r = fsdp__st_read(f, s->entry, L->hbuf, L->crc, &e);
+    r = fsdp__st_read(f, s->entry, L->hbuf, L->crc, L->st, &e);
     if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
     return FSDP_SUCCESS;
 }
@@ -20086,8 +20243,10 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     char *text = NULL, where[300];
     struct stat st;
     fsdp_result r;
-    int i, sharded;
+    int i, sharded, on;
     const char *fn = "fsdp_ckpt_load";
+    fsdp_ckpt_stats ts;
+    double t0, t1, tstart;
     if (!c) return FSDP_INVALID_ARGS;
     if (!path) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: path is NULL", fn);
     if (flags & ~(unsigned)(FSDP_SD_OPTIM | FSDP_SD_NOT_STRICT))
@@ -20096,6 +20255,9 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
     memset(&j, 0, sizeof j);
     memset(&L, 0, sizeof L);
+    memset(&ts, 0, sizeof ts);
+    on = c->ckpt_opt.stats != 0;
+    tstart = t0 = fsdp__tick(on);
     L.c = c;
     snprintf(where, sizeof where, "checkpoint '%s'", path);
     if (!fsdp__host_little_endian()) {
@@ -20110,9 +20272,13 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     sharded = S_ISDIR(st.st_mode);
     r = fsdp__ld_init(&L, c, sharded ? FSDP_SD_SHARDED : FSDP_SD_FULL, flags, where);
     if (r != FSDP_SUCCESS) goto agree1;
+    L.st = on ? &ts : NULL;
     r = sharded ? fsdp__ld_sharded(&L, path, &j, &text) : fsdp__ld_single(&L, path);
     if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
 agree1:
+    t1 = fsdp__tick(on);
+    ts.prepare_s += t1 - t0;
+    ts.files = L.nfiles;
     if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
     if (c->nranks > 1) {
         /* each rank opened the files itself: a save between two ranks'
@@ -20126,7 +20292,12 @@ agree1:
                                (unsigned long long)L.save_id);
         if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
     }
+    t0 = fsdp__tick(on);
+    ts.agree_s += t0 - t1;
     r = fsdp__ld_stage(&L);
+    t1 = fsdp__tick(on);
+    ts.stage_s += t1 - t0;
+    ts.threads = 1;
     if (r == FSDP_SUCCESS && L.stage_mode == FSDP__STAGE_DIRECT) {
         /* in place (the plan has no room for copies): everything is read
            and checked once before any shard is written */
@@ -20141,11 +20312,23 @@ agree1:
     for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
         const fsdp__src *s = &L.s[i];
         if (!fsdp__ld_wanted(&L, s)) continue;
-        if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS)
+        if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS) {
+            t0 = fsdp__tick(on);
             r = fsdp__ld_apply(&L, s, L.hbuf, FSDP_MEM_HOST);
+            ts.apply_s += fsdp__tick(on) - t0;
+        }
     }
+    t0 = fsdp__tick(on);
     if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) goto done;
+    t1 = fsdp__tick(on);
+    ts.agree_s += t1 - t0;
     r = fsdp__ld_commit(&L);
+    if (on && r == FSDP_SUCCESS) {
+        t0 = fsdp__tick(on);
+        ts.apply_s += t0 - t1;
+        ts.total_s = t0 - tstart;
+        c->ckpt_load_st = ts;
+    }
 done:
     fsdp__ld_free(&L);
     fsdp__json_free(&j);
@@ -20169,7 +20352,7 @@ FSDP__DEF fsdp_result fsdp__verify_data(fsdp__st_file *f, const fsdp__crc *crc, 
                                   "tensor '%.80s'", f->path, f->e[i].name);
             *cap = n;
         }
-        if ((r = fsdp__st_read(f, i, *buf, crc, err)) != FSDP_SUCCESS) return r;
+        if ((r = fsdp__st_read(f, i, *buf, crc, NULL, err)) != FSDP_SUCCESS) return r;
     }
     return FSDP_SUCCESS;
 }

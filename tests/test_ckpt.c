@@ -9,7 +9,8 @@
    loadable; the safetensors reader survives thousands of mutated headers;
    every dtype round-trips; async saves stage, let training go on, refuse a
    second save in flight, reuse their pinned staging, and report I/O errors
-   at wait.
+   at wait; timings (fsdp_ckpt_stats) are off by default and, on, count the
+   bytes the files hold.
 
    Usage: test_ckpt [VECTORS_DIR]          the tests
           test_ckpt --interop OUT_DIR      writes OUT_DIR/full.safetensors and
@@ -753,6 +754,104 @@ static void async_tests(void)
     }
 }
 
+/* --- timings (fsdp_ckpt_options.stats) --- */
+
+/* The bytes of the data section of a safetensors file: its size less the
+   8-byte length and the header; -1 when it cannot be read. */
+static long long data_bytes(const char *path)
+{
+    unsigned char len8[8];
+    unsigned long long hlen = 0;
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    int i;
+    if (!f) return -1;
+    if (fread(len8, 1, 8, f) != 8 || stat(path, &st) != 0) {
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    for (i = 0; i < 8; i++) hlen |= (unsigned long long)len8[i] << (8 * i);
+    return (long long)st.st_size - 8 - (long long)hlen;
+}
+
+static int stats_sane(const fsdp_ckpt_stats *s)
+{
+    double parts = s->prepare_s + s->stage_s + s->data_s + s->header_s + s->sync_s +
+                   s->rename_s + s->index_s + s->apply_s + s->agree_s;
+    return s->prepare_s >= 0 && s->stage_s >= 0 && s->checksum_s >= 0 && s->io_s >= 0 &&
+           s->data_s >= 0 && s->header_s >= 0 && s->sync_s >= 0 && s->rename_s >= 0 &&
+           s->index_s >= 0 && s->apply_s >= 0 && s->agree_s >= 0 &&
+           /* the phases are disjoint parts of the call (clock reads apart) */
+           parts <= s->total_s * 1.001 + 1e-4 && s->total_s > 0;
+}
+
+static int job_stats(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_ckpt_stats sv, ld;
+    fsdp_ckpt_options o;
+    char file[1200], name[128];
+    long long mine = -1, all = 0;
+    int q;
+    memset(&o, 0, sizeof o);
+    if (!train_n(e, g_model, g_units, 2)) return 0;
+    /* off (the default): nothing is timed */
+    CHECK(fsdp_ckpt_save(e->ctx, j->path, j->flags) == FSDP_SUCCESS, "save: %s",
+          fsdp_ctx_last_error(e->ctx));
+    CHECK(fsdp_ckpt_load(e->ctx, j->path, FSDP_SD_OPTIM) == FSDP_SUCCESS, "load: %s",
+          fsdp_ctx_last_error(e->ctx));
+    CHECK(fsdp_ckpt_stats_get(e->ctx, &sv, &ld) == FSDP_SUCCESS, "stats_get");
+    CHECK(sv.bytes == 0 && sv.total_s == 0 && ld.bytes == 0 && ld.total_s == 0,
+          "rank %d: timings without fsdp_ckpt_options.stats", rank);
+    o.stats = 1;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_SUCCESS, "set_options");
+    CHECK(fsdp_ckpt_set_options(e->ctx, NULL) == FSDP_INVALID_ARGS, "set_options(NULL)");
+    CHECK(fsdp_ckpt_save(e->ctx, j->path, j->flags) == FSDP_SUCCESS, "save: %s",
+          fsdp_ctx_last_error(e->ctx));
+    CHECK(fsdp_ckpt_load(e->ctx, j->path, FSDP_SD_OPTIM) == FSDP_SUCCESS, "load: %s",
+          fsdp_ctx_last_error(e->ctx));
+    CHECK(fsdp_ckpt_stats_get(e->ctx, &sv, NULL) == FSDP_SUCCESS &&
+              fsdp_ckpt_stats_get(e->ctx, NULL, &ld) == FSDP_SUCCESS, "stats_get");
+    /* what the rank files hold is what the save says it wrote */
+    for (q = 0; q < nranks; q++) {
+        char dir[1100];
+        long long n;
+        snprintf(dir, sizeof dir, "%s", j->path);
+        snprintf(name, sizeof name, "rank%05d-of-%05d.safetensors", q, nranks);
+        if (!find_path(dir, name, file, sizeof file)) {
+            CHECK(0, "no rank file %s in %s", name, dir);
+            return 0;
+        }
+        n = data_bytes(file);
+        all += n;
+        if (q == rank) mine = n;
+    }
+    CHECK(mine > 0 && sv.bytes == mine && sv.files == 1 && sv.threads >= 1,
+          "rank %d: save: %lld bytes in %d files by %d threads, the file holds %lld", rank,
+          (long long)sv.bytes, sv.files, sv.threads, mine);
+    CHECK(stats_sane(&sv), "rank %d: save phases: total %g, data %g, sync %g", rank, sv.total_s,
+          sv.data_s, sv.sync_s);
+    CHECK(rank != 0 || sv.index_s > 0, "rank 0 writes the index: %g s", sv.index_s);
+    /* twice where the plan holds no copy of the new shards (read to check,
+       then into the shards) */
+    CHECK(ld.files == nranks && ld.bytes >= mine && ld.bytes <= 2 * all && ld.threads >= 1,
+          "rank %d: load: %lld bytes from %d files (its file %lld, all %lld)", rank,
+          (long long)ld.bytes, ld.files, mine, all);
+    CHECK(stats_sane(&ld), "rank %d: load phases: total %g, data %g, apply %g", rank, ld.total_s,
+          ld.data_s, ld.apply_s);
+    return 1;
+}
+
+static void stats_test(void)
+{
+    static job j;
+    memset(&j, 0, sizeof j);
+    j.fn = job_stats;
+    j.flags = FSDP_SD_OPTIM | FSDP_CKPT_SHARDED;
+    snprintf(j.path, sizeof j.path, "%s/stats", g_tmp);
+    run(&j, 2);
+}
+
 /* --- the file check_safetensors.sh reads --- */
 
 static int job_interop(job *j, int rank, int nranks, rank_env *e)
@@ -850,6 +949,7 @@ static const check_case CASES[] = {
     {"fuzz", fuzz},
     {"dtypes", dtypes},
     {"async", async_tests},
+    {"stats", stats_test},
 };
 
 /* --read FILE: prints a file Python wrote */
