@@ -852,6 +852,167 @@ static void stats_test(void)
     run(&j, 2);
 }
 
+/* --- data split among threads and chunks (fsdp_ckpt_options) --- */
+
+/* Flips a byte in the middle of a safetensors file's data. */
+static int flip_middle(const char *path)
+{
+    long long n = data_bytes(path);
+    struct stat st;
+    FILE *f;
+    int c, ok;
+    if (n <= 0 || stat(path, &st) != 0 || !(f = fopen(path, "r+b"))) return 0;
+    ok = fseek(f, (long)(st.st_size - n + n / 2), SEEK_SET) == 0 && (c = fgetc(f)) != EOF &&
+         fseek(f, (long)(st.st_size - n + n / 2), SEEK_SET) == 0 && fputc(c ^ 0x21, f) != EOF;
+    return fclose(f) == 0 && ok;
+}
+
+/* CRC-32 (zlib's), a bit at a time: the reference the files' checksums
+   are compared with, whatever threads and chunks wrote them */
+static uint32_t crc_bits(const unsigned char *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    int k;
+    while (n--) {
+        c ^= *p++;
+        for (k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+/* Every tensor's "fsdp.crc32.<name>" in a file's header is the reference
+   CRC of its bytes; the number of tensors checked, or -1. */
+static int crcs_match(const char *path)
+{
+    char *buf = NULL, key[300], *hdr;
+    long len = read_file(path, &buf);
+    unsigned long long hlen = 0;
+    int i, n = 0, ok = len > 8;
+    for (i = 7; ok && i >= 0; i--) hlen = hlen << 8 | (unsigned char)buf[i];
+    ok = ok && hlen < (unsigned long long)len - 8;
+    hdr = ok ? buf + 8 : NULL;
+    while (ok && hdr) {
+        /* each tensor: "name":{"dtype":...,"data_offsets":[a,b]} */
+        char *t = strstr(hdr, "\"data_offsets\":["), *q, *nm;
+        long long a, b;
+        unsigned stored;
+        if (!t || t > buf + 8 + hlen) break;
+        q = t;
+        while (q > buf + 8 && *q != '{') q--;                /* the tensor's object */
+        nm = q - 3;                                          /* '"name":{' */
+        while (nm > buf + 8 && *nm != '"') nm--;
+        snprintf(key, sizeof key, "\"fsdp.crc32.%.*s\":\"", (int)(q - 2 - nm - 1), nm + 1);
+        ok = sscanf(t + 16, "%lld,%lld", &a, &b) == 2 && strstr(buf + 8, key) &&
+             sscanf(strstr(buf + 8, key) + strlen(key), "%8x", &stored) == 1 &&
+             stored == crc_bits((unsigned char *)buf + 8 + hlen + a, (size_t)(b - a));
+        n++;
+        hdr = t + 16;
+    }
+    free(buf);
+    return ok ? n : -1;
+}
+
+static int job_threads(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_ckpt_options o;
+    fsdp_ckpt_stats sv;
+    char a[1200], b[1200], bad[1200];
+    static float want[MAXV];
+    static int nwant;
+    unsigned ver = 0;
+    fsdp_error err;
+    fsdp_result r;
+    int k;
+    (void)nranks;
+    memset(&o, 0, sizeof o);
+    o.threads = -1;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_INVALID_ARGS &&
+              contains(fsdp_ctx_last_error(e->ctx), "threads -1"), "threads -1: %s",
+          fsdp_ctx_last_error(e->ctx));
+    o.threads = 65;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_INVALID_ARGS, "threads 65");
+    o.threads = 0;
+    o.chunk_bytes = 255;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_INVALID_ARGS &&
+              contains(fsdp_ctx_last_error(e->ctx), "chunk_bytes 255"), "chunk 255: %s",
+          fsdp_ctx_last_error(e->ctx));
+    /* three threads, chunks that cut tensors anywhere (not a multiple of an
+       element): the checksums of the parts are combined */
+    o.threads = 3;
+    o.chunk_bytes = 300;
+    o.stats = 1;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_SUCCESS, "options");
+    if (!train_n(e, g_model, g_units, 2)) return 0;
+    if (!full_values(e->ctx, want, MAXV, &k, rank)) return 0;
+    if (rank == 0) nwant = k;
+    snprintf(a, sizeof a, "%s/sharded", j->path);
+    snprintf(b, sizeof b, "%s/full.safetensors", j->path);
+    CHECK(fsdp_ckpt_save(e->ctx, a, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM) == FSDP_SUCCESS,
+          "save: %s", fsdp_ctx_last_error(e->ctx));
+    fsdp_ckpt_stats_get(e->ctx, &sv, NULL);
+    CHECK(sv.threads == 3 && sv.bytes > 3 * 300, "rank %d: %lld bytes written by %d threads", rank,
+          (long long)sv.bytes, sv.threads);
+    CHECK(fsdp_ckpt_save(e->ctx, b, FSDP_SD_OPTIM) == FSDP_SUCCESS, "save: %s",
+          fsdp_ctx_last_error(e->ctx));
+    if (rank == 0) { /* the checksums are those of the bytes, parts combined */
+        char rf[1200];
+        int q;
+        CHECK(crcs_match(b) > 10, "%s: checksums (%d tensors)", b, crcs_match(b));
+        for (q = 0; q < nranks; q++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "rank%05d-of-%05d", q, nranks);
+            CHECK(find_path(a, nm, rf, sizeof rf) && crcs_match(rf) > 5, "%s: checksums (%d)",
+                  rf, crcs_match(rf));
+        }
+    }
+    if (rank == 0) { /* the one-thread reader agrees with the three writers */
+        CHECK(fsdp_ckpt_verify(a, NULL, &ver, &err) == FSDP_SUCCESS &&
+                  ver == (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA), "verify %s: %s", a,
+              err.message);
+        CHECK(fsdp_ckpt_verify(b, NULL, &ver, &err) == FSDP_SUCCESS &&
+                  ver == (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA), "verify %s: %s", b,
+              err.message);
+    }
+    /* loads: one thread of the default chunk, then three of 300 bytes */
+    for (k = 0; k < 2; k++) {
+        float got[MAXV];
+        int n = 0;
+        o.threads = k ? 3 : 1;
+        o.chunk_bytes = k ? 300 : 0;
+        CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_SUCCESS, "options");
+        CHECK(fsdp_init_params(e->ctx, 77, choose_init, NULL) == FSDP_SUCCESS, "init");
+        CHECK(fsdp_ckpt_load(e->ctx, k ? b : a, FSDP_SD_OPTIM) == FSDP_SUCCESS, "load: %s",
+              fsdp_ctx_last_error(e->ctx));
+        if (!full_values(e->ctx, got, MAXV, &n, rank)) return 0;
+        CHECK(rank != 0 || (n == nwant && bits_equal(got, want, n)),
+              "%s loaded with %d threads differs from the save", k ? b : a, o.threads);
+    }
+    /* a byte flipped mid-file: every rank refuses it, naming the tensor */
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", j->path);
+    if (rank == 0) {
+        char *buf = NULL;
+        long len = read_file(b, &buf);
+        CHECK(len > 0 && write_file(bad, buf, (size_t)len) && flip_middle(bad), "flip");
+        free(buf);
+    }
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    r = fsdp_ckpt_load(e->ctx, bad, FSDP_SD_OPTIM);
+    CHECK(r == FSDP_CKPT_FORMAT && contains(fsdp_ctx_last_error(e->ctx), "checksum mismatch") &&
+              contains(fsdp_ctx_last_error(e->ctx), "tensor '"),
+          "rank %d: a flipped byte: %d %s", rank, r, fsdp_ctx_last_error(e->ctx));
+    return 1;
+}
+
+static void threads_test(void)
+{
+    static job j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.path, sizeof j.path, "%s/threads", g_tmp);
+    mkdir(j.path, 0777);
+    j.fn = job_threads;
+    run(&j, 2);
+}
+
 /* --- the file check_safetensors.sh reads --- */
 
 static int job_interop(job *j, int rank, int nranks, rank_env *e)
@@ -950,6 +1111,7 @@ static const check_case CASES[] = {
     {"dtypes", dtypes},
     {"async", async_tests},
     {"stats", stats_test},
+    {"threads", threads_test},
 };
 
 /* --read FILE: prints a file Python wrote */
