@@ -2303,9 +2303,12 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
    on Linux the write-back of each part starts while the next chunks are
    written, so the final fsync waits for the tail. A synchronous sharded
    save writes from the shards themselves where the host can read them (the
-   CPU device, cpu_offload): nothing is staged. bench_ckpt measures it
-   against dd and Python's safetensors on the same bytes. The files are the
-   same whatever the threads and chunks.
+   CPU device, cpu_offload): nothing is staged. Loads read each file once,
+   split the same way, f32 pieces straight into the staged shards, checksums
+   checked as the chunks arrive; of the current shards, only what no piece
+   overwrites is staged. bench_ckpt measures both against dd and Python's
+   safetensors on the same bytes. The files are the same whatever the
+   threads and chunks.
 
    Identity: each save draws a random 64-bit id (rank 0, broadcast), the
    generation name of a sharded save. Every file carries it in __metadata__
@@ -11848,39 +11851,6 @@ fail:
     return r;
 }
 
-/* Reads entry k's bytes into buf and checks its checksum. */
-FSDP__DEF fsdp_result fsdp__st_read(fsdp__st_file *f, int k, void *buf, const fsdp__crc *crc,
-                                    fsdp_ckpt_stats *st, fsdp_error *err)
-{
-    const fsdp__st_entry *e = &f->e[k];
-    const fsdp_hooks *h = f->h;
-    size_t n = (size_t)(e->end - e->begin);
-    int rc, on = st != NULL;
-    double t0 = fsdp__tick(on), t1;
-    if (n && (rc = fsdp__read_at(f->fd, f->data_start + e->begin, buf, n)) != 0)
-        return FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
-                         rc == -2 ? "unexpected end of file (truncated)" : strerror(errno));
-    t1 = fsdp__tick(on);
-    if (on) {
-        st->io_s += t1 - t0;
-        st->data_s += t1 - t0;
-        st->bytes += (int64_t)n;
-    }
-    if (e->has_crc) {
-        uint32_t got = fsdp__crc_update(crc, 0, buf, n);
-        if (on) {
-            t0 = fsdp__tick(on);
-            st->checksum_s += t0 - t1;
-            st->data_s += t0 - t1;
-        }
-        if (got != e->crc)
-            return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': checksum mismatch (stored "
-                             "%08x, data %08x): the file is corrupt", f->path, e->name,
-                             (unsigned)e->crc, (unsigned)got);
-    }
-    return FSDP_SUCCESS;
-}
-
 /* A tensor to write: host data, or device data copied through a bounce
    buffer of the device. */
 typedef struct fsdp__wt {
@@ -12317,6 +12287,324 @@ done:
     return r;
 }
 
+/* --- reading a file's tensors: chunked, checked, split among threads --- */
+
+/* One tensor of a file to read (entry `entry`, every byte read for its
+   checksum): its bytes [lo, hi) go to dst (host memory); or, with dst
+   NULL and put set, every chunk (element-aligned) goes to put, in order, in
+   the calling thread; with neither, it is only checked. */
+typedef struct fsdp__rd_item {
+    int entry;
+    int64_t lo, hi;
+    char *dst;
+    int put;
+    const void *user; /* for put */
+} fsdp__rd_item;
+
+/* put(user, item, at, p, n, err): bytes [at, at + n) of the item's
+   tensor; a failure fills err */
+typedef fsdp_result (*fsdp__rd_put_fn)(void *user, const fsdp__rd_item *it, int64_t at,
+                                       const void *p, size_t n, fsdp_error *err);
+
+/* The items in the file's order, for qsort */
+typedef struct fsdp__rd_key {
+    int64_t begin;
+    int i;
+} fsdp__rd_key;
+
+FSDP__DEF int fsdp__rd_key_cmp(const void *a, const void *b)
+{
+    const fsdp__rd_key *x = (const fsdp__rd_key *)a, *y = (const fsdp__rd_key *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin ? 1 : (x->i > y->i) - (x->i < y->i);
+}
+
+/* One thread's part: items [i0, i1], from byte b0 of item i0 to byte b1 of
+   item i1 (relative to each tensor's start); crc[k] is the CRC-32 of the
+   part's bytes of item i0 + k. */
+typedef struct fsdp__rpart {
+    const fsdp__st_file *f;
+    const fsdp__rd_item *it;
+    int i0, i1;
+    int64_t b0, b1;
+    uint32_t *crc;
+    size_t chunk;
+    const fsdp__crc *tab;
+    int fd;
+    char *scratch; /* a chunk, for bytes nobody wants (checked only) */
+    int timed;
+    double crc_s, io_s;
+    int failed;   /* 0, 1: read error (err), 2: end of file */
+    int err;
+    int item;     /* the item that failed */
+    pthread_t th;
+    int started;
+} fsdp__rpart;
+
+FSDP__DEF fsdp_result fsdp__crc_mismatch(const fsdp__st_file *f, const fsdp__st_entry *e,
+                                         uint32_t got, fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    return FSDP__STF(FSDP_CKPT_FORMAT, "'%s': tensor '%.80s': checksum mismatch (stored %08x, "
+                     "data %08x): the file is corrupt", f->path, e->name, (unsigned)e->crc,
+                     (unsigned)got);
+}
+
+/* Reads n bytes at the file's data offset pos into p and checksums them. */
+FSDP__DEF int fsdp__rpart_read(fsdp__rpart *p, int64_t pos, char *buf, size_t n, uint32_t *crc,
+                               int k)
+{
+    double t0 = fsdp__tick(p->timed), t1;
+    int rc = fsdp__read_at(p->fd, p->f->data_start + pos, buf, n);
+    if (rc != 0) {
+        p->failed = rc == -2 ? 2 : 1;
+        p->err = errno;
+        p->item = k;
+        return 0;
+    }
+    t1 = fsdp__tick(p->timed);
+    *crc = fsdp__crc_update(p->tab, *crc, buf, n);
+    if (p->timed) {
+        p->io_s += t1 - t0;
+        p->crc_s += fsdp__tick(1) - t1;
+    }
+    return 1;
+}
+
+FSDP__DEF void *fsdp__rpart_run(void *arg)
+{
+    fsdp__rpart *p = (fsdp__rpart *)arg;
+    int k;
+    for (k = p->i0; k <= p->i1; k++) {
+        const fsdp__rd_item *it = &p->it[k];
+        const fsdp__st_entry *e = &p->f->e[it->entry];
+        int64_t a = k == p->i0 ? p->b0 : 0, b = k == p->i1 ? p->b1 : e->end - e->begin;
+        uint32_t *crc = &p->crc[k - p->i0];
+        if (it->put) continue; /* read by the calling thread */
+        while (a < b) {
+            /* a chunk, cut where the wanted bytes begin and end: they are
+               read straight into dst, the others into the scratch */
+            int64_t stop = a + (int64_t)p->chunk < b ? a + (int64_t)p->chunk : b;
+            int want = it->dst && a >= it->lo && a < it->hi;
+            char *buf;
+            if (want && stop > it->hi) stop = it->hi;
+            if (!want && it->dst && a < it->lo && stop > it->lo) stop = it->lo;
+            buf = want ? it->dst + (a - it->lo) : p->scratch;
+            if (!fsdp__rpart_read(p, e->begin + a, buf, (size_t)(stop - a), crc, k)) return NULL;
+            a = stop;
+        }
+    }
+    return NULL;
+}
+
+/* Reads items[0..n) of an open file (in the file's order), every tensor's
+   checksum checked when it has one, the bytes going where each item says:
+   the items that put run first, in this thread, one chunk at a time; the
+   others are split among threads (o, world: fsdp__io_resolve), each
+   reading its contiguous part through its own descriptor of the same file,
+   the checksums of a tensor's parts combined at the end. st, when not
+   NULL, gets the times added. */
+FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item *in, int n,
+                                          const fsdp_ckpt_options *o, int world,
+                                          fsdp__rd_put_fn put, void *user,
+                                          const fsdp__crc *tab, fsdp_ckpt_stats *st,
+                                          fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    fsdp__io mv;
+    fsdp__rpart *parts = NULL;
+    fsdp__rd_item *items = NULL;
+    fsdp__rd_key *keys = NULL;
+    uint32_t *pcrc = NULL, *whole = NULL;
+    char *scratch = NULL;
+    int64_t total = 0, nchunks, acc, *start = NULL;
+    int i, k, np = 0, on = st != NULL;
+    size_t ncrc = 0;
+    double t0 = fsdp__tick(on), put_s = 0.0; /* the puts' time is apply_s, not data_s */
+    fsdp_result r = FSDP_SUCCESS;
+    whole = (uint32_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *whole);
+    start = (int64_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *start);
+    items = (fsdp__rd_item *)fsdp__calloc(h, (size_t)n + 1, sizeof *items);
+    keys = (fsdp__rd_key *)fsdp__calloc(h, (size_t)n + 1, sizeof *keys);
+    if (!whole || !start || !items || !keys) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+        goto done;
+    }
+    for (i = 0; i < n; i++) {
+        keys[i].begin = f->e[in[i].entry].begin;
+        keys[i].i = i;
+    }
+    qsort(keys, (size_t)n, sizeof *keys, fsdp__rd_key_cmp);
+    for (i = 0; i < n; i++) {
+        items[i] = in[keys[i].i];
+        if (!items[i].put) total += f->e[items[i].entry].end - f->e[items[i].entry].begin;
+    }
+    mv = fsdp__io_resolve(o, world, total, st);
+    /* the items that put: element-aligned chunks, in order, here */
+    for (i = 0; i < n && r == FSDP_SUCCESS; i++) {
+        const fsdp__st_entry *e = &f->e[items[i].entry];
+        size_t es = fsdp_dtype_size(e->dtype), step = mv.chunk - mv.chunk % (es ? es : 1);
+        int64_t a = 0, len = e->end - e->begin;
+        fsdp__rpart one;
+        if (!items[i].put) continue;
+        if (!scratch && !(scratch = (char *)fsdp__alloc(h, mv.chunk))) {
+            r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+            goto done;
+        }
+        memset(&one, 0, sizeof one);
+        one.f = f;
+        one.tab = tab;
+        one.fd = f->fd;
+        one.timed = on;
+        while (a < len && r == FSDP_SUCCESS) {
+            size_t m = (size_t)(len - a) < step ? (size_t)(len - a) : step;
+            double t1;
+            if (!fsdp__rpart_read(&one, e->begin + a, scratch, m, &whole[i], i)) {
+                r = FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
+                              one.failed == 2 ? "unexpected end of file (truncated)"
+                                              : strerror(one.err));
+                goto done;
+            }
+            /* a tensor of one chunk (a step) is checked before it is used */
+            if (m == (size_t)len && e->has_crc && whole[i] != e->crc) {
+                r = fsdp__crc_mismatch(f, e, whole[i], err);
+                goto done;
+            }
+            t1 = fsdp__tick(on);
+            r = put(user, &items[i], a, scratch, m, err);
+            t1 = fsdp__tick(on) - t1;
+            put_s += t1;
+            if (on) st->apply_s += t1;
+            a += (int64_t)m;
+        }
+        if (on) {
+            st->io_s += one.io_s;
+            st->checksum_s += one.crc_s;
+            st->bytes += len;
+        }
+    }
+    if (r != FSDP_SUCCESS) goto done;
+    /* the others: the bytes of their tensors in file order, cut in whole
+       chunks among the parts */
+    for (i = 0, acc = 0; i < n; i++) {
+        start[i] = acc;
+        if (!items[i].put) acc += f->e[items[i].entry].end - f->e[items[i].entry].begin;
+    }
+    start[n] = acc;
+    nchunks = (total + (int64_t)mv.chunk - 1) / (int64_t)mv.chunk;
+    np = mv.threads;
+    if ((int64_t)np > nchunks) np = (int)nchunks;
+    if (np < 1) goto checks;
+    parts = (fsdp__rpart *)fsdp__calloc(h, (size_t)np, sizeof *parts);
+    if (!parts) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+        goto done;
+    }
+    for (k = 0; k < np; k++) parts[k].fd = -1;
+    parts[0].fd = f->fd;
+#ifdef __linux__
+    for (k = 1; k < np; k++) { /* the same file, its own offset: no path to race with */
+        char self[64];
+        struct stat a, b;
+        snprintf(self, sizeof self, "/proc/self/fd/%d", f->fd);
+        parts[k].fd = open(self, O_RDONLY);
+        if (parts[k].fd < 0 || fstat(parts[k].fd, &a) != 0 || fstat(f->fd, &b) != 0 ||
+            a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+            if (parts[k].fd >= 0) close(parts[k].fd);
+            parts[k].fd = -1;
+            np = k; /* fewer threads */
+            break;
+        }
+    }
+#else
+    np = 1;
+#endif
+    for (k = 0; k < np; k++) {
+        fsdp__rpart *p = &parts[k];
+        int64_t g0 = nchunks * k / np * (int64_t)mv.chunk, g1 = k == np - 1 ? total
+                                                           : nchunks * (k + 1) / np * (int64_t)mv.chunk;
+        /* the items holding global bytes g0 and g1 - 1 */
+        for (p->i0 = 0; p->i0 < n && (items[p->i0].put || start[p->i0 + 1] <= g0); p->i0++) {
+        }
+        for (p->i1 = p->i0; p->i1 < n && (items[p->i1].put || start[p->i1 + 1] < g1); p->i1++) {
+        }
+        p->b0 = g0 - start[p->i0];
+        p->b1 = g1 - start[p->i1];
+        ncrc += (size_t)(p->i1 - p->i0 + 1);
+    }
+    pcrc = (uint32_t *)fsdp__calloc(h, ncrc + 1, sizeof *pcrc);
+    if (!pcrc) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+        goto done;
+    }
+    for (k = 0, ncrc = 0; k < np; k++) {
+        fsdp__rpart *p = &parts[k];
+        p->f = f;
+        p->it = items;
+        p->crc = pcrc + ncrc;
+        ncrc += (size_t)(p->i1 - p->i0 + 1);
+        p->chunk = mv.chunk;
+        p->tab = tab;
+        p->timed = on;
+        if (!(p->scratch = (char *)fsdp__alloc(h, mv.chunk))) {
+            r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+            goto done;
+        }
+    }
+    for (k = 1; k < np; k++)
+        parts[k].started = pthread_create(&parts[k].th, NULL, fsdp__rpart_run, &parts[k]) == 0;
+    fsdp__rpart_run(&parts[0]);
+    for (k = 1; k < np; k++) {
+        if (parts[k].started) pthread_join(parts[k].th, NULL);
+        else fsdp__rpart_run(&parts[k]);
+    }
+    for (k = 0; k < np && r == FSDP_SUCCESS; k++)
+        if (parts[k].failed) {
+            const fsdp__st_entry *e = &f->e[items[parts[k].item].entry];
+            r = FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
+                          parts[k].failed == 2 ? "unexpected end of file (truncated)"
+                                               : strerror(parts[k].err));
+        }
+    if (r != FSDP_SUCCESS) goto done;
+    for (i = 0; i < n; i++) /* each tensor's checksum from its parts' */
+        for (k = 0; k < np; k++) {
+            const fsdp__rpart *p = &parts[k];
+            const fsdp__st_entry *e = &f->e[items[i].entry];
+            int64_t a, b;
+            if (items[i].put || i < p->i0 || i > p->i1) continue;
+            a = i == p->i0 ? p->b0 : 0;
+            b = i == p->i1 ? p->b1 : e->end - e->begin;
+            if (b > a) whole[i] = fsdp__crc_combine(tab, whole[i], p->crc[i - p->i0], (uint64_t)(b - a));
+        }
+    if (on) {
+        for (k = 0; k < np; k++) {
+            st->io_s += parts[k].io_s;
+            st->checksum_s += parts[k].crc_s;
+        }
+        st->bytes += total;
+        if (st->threads < np) st->threads = np;
+    }
+checks:
+    for (i = 0; i < n && r == FSDP_SUCCESS; i++) {
+        const fsdp__st_entry *e = &f->e[items[i].entry];
+        if (e->has_crc && whole[i] != e->crc) r = fsdp__crc_mismatch(f, e, whole[i], err);
+    }
+done:
+    if (on) st->data_s += fsdp__tick(on) - t0 - put_s;
+    if (parts)
+        for (k = 0; k < np; k++) {
+            if (k > 0 && parts[k].fd >= 0) close(parts[k].fd);
+            fsdp__free(h, parts[k].scratch);
+        }
+    fsdp__free(h, parts);
+    fsdp__free(h, pcrc);
+    fsdp__free(h, whole);
+    fsdp__free(h, start);
+    fsdp__free(h, items);
+    fsdp__free(h, keys);
+    fsdp__free(h, scratch);
+    return r;
+}
+
 /* Writes a dict's tensors to one file; pieces become 1-D tensors. */
 FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd,
                                      const fsdp__kv *kvs, int nkv, const fsdp_ckpt_options *o,
@@ -12372,6 +12660,7 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
     fsdp__st_file f;
     fsdp_state_dict *sd = NULL;
     fsdp__crc *crc = NULL;
+    fsdp__rd_item *items = NULL;
     fsdp_result r;
     const fsdp_hooks *h = hooks;
     char *base = NULL;
@@ -12410,21 +12699,33 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
         FSDP__STF(r, "'%s': %s", path, sd->err.message);
         goto done;
     }
-    /* in file order of the header (the order the writer chose) */
+    if (!(items = (fsdp__rd_item *)fsdp__calloc(hooks, (size_t)f.ne + 1, sizeof *items))) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+        goto done;
+    }
+    for (i = 0; i < f.ne; i++) {
+        items[i].entry = i;
+        items[i].hi = f.e[i].end - f.e[i].begin;
+        items[i].dst = base + pos;
+        pos += ((size_t)(f.e[i].end - f.e[i].begin) + 15) & ~(size_t)15;
+    }
+    if ((r = fsdp__st_read_items(&f, items, f.ne, NULL, 1, NULL, NULL, crc, NULL, err)) !=
+        FSDP_SUCCESS)
+        goto done;
+    /* in the header's order (the order the writer chose) */
     for (i = 0; i < f.ne; i++) {
         const fsdp__st_entry *e = &f.e[i];
-        if ((r = fsdp__st_read(&f, i, base + pos, crc, NULL, err)) != FSDP_SUCCESS) goto done;
         if ((r = fsdp__sd_push(sd, e->name, e->dtype, e->ndim, e->shape, 0, e->numel,
-                               base + pos, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
+                               items[i].dst, FSDP_MEM_HOST)) != FSDP_SUCCESS) {
             FSDP__STF(r, "'%s': out of memory", path);
             goto done;
         }
-        pos += ((size_t)(e->end - e->begin) + 15) & ~(size_t)15;
     }
     sd->verified = f.verified;
 done:
     fsdp__st_close(&f);
     fsdp__free(hooks, crc);
+    fsdp__free(hooks, items);
     if (r != FSDP_SUCCESS) fsdp_state_dict_destroy(sd);
     else *out = sd;
     return r;
@@ -18091,8 +18392,8 @@ typedef struct fsdp__ld {
     fsdp__st_file *files;
     int nfiles;
     fsdp__crc *crc;
-    void *hbuf, *hbuf2;
-    size_t hbuf_bytes, hbuf2_bytes;
+    void *hbuf2;
+    size_t hbuf2_bytes;
     void *dbuf;
     size_t dbuf_bytes;
     int dbuf_lent;  /* dbuf is a piece of the plan (fsdp__phase_alloc) */
@@ -18100,6 +18401,9 @@ typedef struct fsdp__ld {
     int lending;    /* the plan's idle buffers are lent (fsdp__lend_open) */
     char *names; /* owned names of broadcast metadata */
     fsdp_ckpt_stats *st; /* timings (fsdp_ckpt_options.stats), or NULL */
+    int put_failed;      /* fsdp__ld_put's failure: the message is the context's */
+    int keep_uncovered;  /* LENT staging copies only what no wanted piece writes
+                            (fsdp_ckpt_load: pieces map to shard ranges) */
     uint64_t save_id;   /* of a checkpoint's files; 0: none (written before ids) */
     int64_t save_steps; /* the index's "steps" */
 } fsdp__ld;
@@ -18135,7 +18439,6 @@ FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
     fsdp__free(&c->hooks, L->s);
     fsdp__free(&c->hooks, L->order);
     fsdp__free(&c->hooks, L->crc);
-    fsdp__free(&c->hooks, L->hbuf);
     fsdp__free(&c->hooks, L->hbuf2);
     fsdp__free(&c->hooks, L->names);
 }
@@ -18465,6 +18768,73 @@ FSDP__DEF fsdp_result fsdp__ld_resolve(fsdp__ld *L)
     return FSDP_SUCCESS;
 }
 
+/* A range of elements of a staged shard buffer (fsdp__bufi) a wanted
+   piece writes. */
+typedef struct fsdp__span {
+    size_t buf;
+    int64_t a, b;
+} fsdp__span;
+
+FSDP__DEF int fsdp__span_cmp(const void *x, const void *y)
+{
+    const fsdp__span *p = (const fsdp__span *)x, *q = (const fsdp__span *)y;
+    if (p->buf != q->buf) return p->buf < q->buf ? -1 : 1;
+    return p->a < q->a ? -1 : p->a > q->a;
+}
+
+FSDP__DEF int fsdp__ld_wanted(const fsdp__ld *L, const fsdp__src *s);
+
+/* The LENT staging of a load whose pieces map to shard ranges: the staged
+   copies get the current values only where no wanted piece will write
+   (the padding, parameters a not-strict load lacks), instead of a whole
+   copy of every shard that the pieces then overwrite. */
+FSDP__DEF fsdp_result fsdp__ld_stage_gaps(fsdp__ld *L, int nwhat)
+{
+    fsdp_ctx *c = L->c;
+    fsdp__span *sp = (fsdp__span *)fsdp__calloc(&c->hooks, (size_t)L->ns + 1, sizeof *sp);
+    int i, n = 0, u, w, k = 0;
+    fsdp_result r = FSDP_SUCCESS;
+    if (!sp) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    for (i = 0; i < L->ns; i++) {
+        const fsdp__src *s = &L->s[i];
+        const fsdp__tgt *t;
+        int64_t lo, hi;
+        if (s->what == FSDP__WHAT_STEP || s->what >= nwhat || !fsdp__ld_wanted(L, s)) continue;
+        t = &L->t[s->tgt];
+        lo = s->offset > t->need_off ? s->offset : t->need_off;
+        hi = s->offset + s->numel < t->need_off + t->need_n ? s->offset + s->numel
+                                                             : t->need_off + t->need_n;
+        if (hi <= lo) continue;
+        sp[n].buf = fsdp__bufi(t->unit, s->what);
+        sp[n].a = t->dst + (lo - t->need_off);
+        sp[n].b = sp[n].a + (hi - lo);
+        n++;
+    }
+    qsort(sp, (size_t)n, sizeof *sp, fsdp__span_cmp);
+    for (u = 0; u < c->nunits && r == FSDP_SUCCESS; u++)
+        for (w = 0; w < nwhat && r == FSDP_SUCCESS; w++) {
+            fsdp__cunit *cu = &c->u[u];
+            float *src = fsdp__src_buf(cu, w), *p = L->stage[fsdp__bufi(u, w)];
+            int64_t pos = 0, end;
+            if (!src || !cu->S || !p) continue;
+            while (k < n && sp[k].buf < fsdp__bufi(u, w)) k++;
+            for (;; k++) {
+                int last = k >= n || sp[k].buf != fsdp__bufi(u, w);
+                end = last ? cu->S : sp[k].a;
+                if (end > pos)
+                    r = fsdp_device_copy(c->dev, p + pos, src + pos, (size_t)(end - pos) * 4,
+                                         fsdp__from_shard(c), NULL);
+                if (r != FSDP_SUCCESS || last) break;
+                if (sp[k].b > pos) pos = sp[k].b;
+            }
+        }
+    fsdp__free(&c->hooks, sp);
+    if (r != FSDP_SUCCESS)
+        return fsdp__ctx_fail(c, r, "%s: rank %d: staging the new shards: %s", L->where, c->rank,
+                              fsdp_device_last_error(c->dev));
+    return FSDP_SUCCESS;
+}
+
 FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
@@ -18509,6 +18879,7 @@ FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
                 if (c->u[u].S) L->stage[fsdp__bufi(u, w)] = fsdp__src_buf(&c->u[u], w);
         return FSDP_SUCCESS;
     }
+    if (L->keep_uncovered) return fsdp__ld_stage_gaps(L, nwhat);
     for (u = 0; u < c->nunits; u++)
         for (w = 0; w < nwhat; w++) {
             fsdp__cunit *cu = &c->u[u];
@@ -20572,25 +20943,77 @@ FSDP__DEF fsdp_result fsdp__ld_single(fsdp__ld *L, const char *path)
     return FSDP_SUCCESS;
 }
 
-/* Reads source s's bytes (whole piece, checksum checked) into L->hbuf. */
-FSDP__DEF fsdp_result fsdp__ld_read(fsdp__ld *L, const fsdp__src *s)
+/* The loader's put (fsdp__st_read_items): a chunk of source s's bytes is
+   applied as a source of its own, the elements it holds. */
+FSDP__DEF fsdp_result fsdp__ld_put(void *user, const fsdp__rd_item *it, int64_t at,
+                                   const void *p, size_t n, fsdp_error *err)
+{
+    fsdp__ld *L = (fsdp__ld *)user;
+    fsdp__src sub = *(const fsdp__src *)it->user;
+    int64_t es = (int64_t)fsdp_dtype_size(sub.dtype);
+    fsdp_result r;
+    sub.offset += at / es;
+    sub.numel = (int64_t)n / es;
+    r = fsdp__ld_apply(L, &sub, p, FSDP_MEM_HOST);
+    if (r != FSDP_SUCCESS) {
+        L->put_failed = 1;
+        fsdp__fail(err, &L->c->hooks, r, "%s", L->c->err.message);
+    }
+    return r;
+}
+
+/* Reads what this rank needs of every file, each file once, in its order:
+   with check_only (the first pass of a DIRECT load) every wanted piece is
+   read and checked and only the steps are applied; else the values go to
+   the staged shards too: f32 pieces straight from the file into them
+   where the host writes the device's memory (split among the threads of
+   fsdp_ckpt_options), the rest converted or copied chunk by chunk. */
+FSDP__DEF fsdp_result fsdp__ld_files(fsdp__ld *L, int check_only)
 {
     fsdp_ctx *c = L->c;
-    fsdp__st_file *f = &L->files[s->file];
-    size_t bytes = (size_t)(f->e[s->entry].end - f->e[s->entry].begin);
+    fsdp__rd_item *items = (fsdp__rd_item *)fsdp__calloc(&c->hooks, (size_t)L->ns + 1,
+                                                         sizeof *items);
+    int direct = fsdp_device_host_accessible(c->dev), k, i, n;
+    fsdp_result r = FSDP_SUCCESS;
     fsdp_error e;
-    fsdp_result r;
-    if (bytes > L->hbuf_bytes) {
-        fsdp__free(&c->hooks, L->hbuf);
-        L->hbuf_bytes = 0;
-        if (!(L->hbuf = fsdp__alloc(&c->hooks, bytes)))
-            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory reading '%s'",
-                                  L->where, s->name);
-        L->hbuf_bytes = bytes;
+    if (!items) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", L->where);
+    for (k = 0; k < L->nfiles && r == FSDP_SUCCESS; k++) {
+        for (i = 0, n = 0; i < L->ns; i++) {
+            const fsdp__src *s = &L->s[i];
+            fsdp__rd_item *it;
+            if (s->file != k || !fsdp__ld_wanted(L, s)) continue;
+            it = &items[n++];
+            memset(it, 0, sizeof *it);
+            it->entry = s->entry;
+            it->user = s;
+            if (s->what == FSDP__WHAT_STEP) {
+                it->put = 1;
+            } else if (check_only) {
+                continue; /* read and checked only */
+            } else if (direct && s->dtype == FSDP_F32) {
+                const fsdp__tgt *t = &L->t[s->tgt];
+                float *dst = L->stage[fsdp__bufi(t->unit, s->what)];
+                int64_t lo = s->offset > t->need_off ? s->offset : t->need_off;
+                int64_t hi = s->offset + s->numel < t->need_off + t->need_n
+                                 ? s->offset + s->numel : t->need_off + t->need_n;
+                if (!dst) continue;
+                it->dst = (char *)(dst + t->dst + (lo - t->need_off));
+                it->lo = (lo - s->offset) * 4;
+                it->hi = (hi - s->offset) * 4;
+            } else {
+                it->put = 1;
+            }
+        }
+        L->put_failed = 0;
+        r = fsdp__st_read_items(&L->files[k], items, n, &c->ckpt_opt, c->nranks, fsdp__ld_put, L,
+                                L->crc, L->st, &e);
+        if (r != FSDP_SUCCESS) {
+            if (L->put_failed) fsdp__ctx_fail(c, r, "%s", e.message);
+            else fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
+        }
     }
-    r = fsdp__st_read(f, s->entry, L->hbuf, L->crc, L->st, &e);
-    if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
-    return FSDP_SUCCESS;
+    fsdp__free(&c->hooks, items);
+    return r;
 }
 
 FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flags)
@@ -20600,7 +21023,7 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     char *text = NULL, where[300];
     struct stat st;
     fsdp_result r;
-    int i, sharded, on;
+    int sharded, on;
     const char *fn = "fsdp_ckpt_load";
     fsdp_ckpt_stats ts;
     double t0, t1, tstart;
@@ -20630,6 +21053,7 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     r = fsdp__ld_init(&L, c, sharded ? FSDP_SD_SHARDED : FSDP_SD_FULL, flags, where);
     if (r != FSDP_SUCCESS) goto agree1;
     L.st = on ? &ts : NULL;
+    L.keep_uncovered = 1;
     r = sharded ? fsdp__ld_sharded(&L, path, &j, &text) : fsdp__ld_single(&L, path);
     if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
 agree1:
@@ -20654,27 +21078,15 @@ agree1:
     r = fsdp__ld_stage(&L);
     t1 = fsdp__tick(on);
     ts.stage_s += t1 - t0;
-    ts.threads = 1;
     if (r == FSDP_SUCCESS && L.stage_mode == FSDP__STAGE_DIRECT) {
         /* in place (the plan has no room for copies): everything is read
            and checked once before any shard is written */
-        for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
-            const fsdp__src *s = &L.s[i];
-            if (!fsdp__ld_wanted(&L, s)) continue;
-            if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS && s->what == FSDP__WHAT_STEP)
-                r = fsdp__ld_apply(&L, s, L.hbuf, FSDP_MEM_HOST);
-        }
+        r = fsdp__ld_files(&L, 1);
+        t0 = fsdp__tick(on);
         if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto done;
+        ts.agree_s += fsdp__tick(on) - t0;
     }
-    for (i = 0; i < L.ns && r == FSDP_SUCCESS; i++) {
-        const fsdp__src *s = &L.s[i];
-        if (!fsdp__ld_wanted(&L, s)) continue;
-        if ((r = fsdp__ld_read(&L, s)) == FSDP_SUCCESS) {
-            t0 = fsdp__tick(on);
-            r = fsdp__ld_apply(&L, s, L.hbuf, FSDP_MEM_HOST);
-            ts.apply_s += fsdp__tick(on) - t0;
-        }
-    }
+    if (r == FSDP_SUCCESS) r = fsdp__ld_files(&L, 0);
     t0 = fsdp__tick(on);
     if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) goto done;
     t1 = fsdp__tick(on);
@@ -20694,24 +21106,16 @@ done:
 }
 
 /* Reads every tensor of an open file, checking its checksum. */
-FSDP__DEF fsdp_result fsdp__verify_data(fsdp__st_file *f, const fsdp__crc *crc, void **buf,
-                                        size_t *cap, fsdp_error *err)
+FSDP__DEF fsdp_result fsdp__verify_data(fsdp__st_file *f, const fsdp__crc *crc, fsdp_error *err)
 {
-    int i;
+    fsdp__rd_item *items = (fsdp__rd_item *)fsdp__calloc(f->h, (size_t)f->ne + 1, sizeof *items);
     fsdp_result r;
-    for (i = 0; i < f->ne; i++) {
-        size_t n = (size_t)(f->e[i].end - f->e[i].begin);
-        if (n > *cap) {
-            fsdp__free(f->h, *buf);
-            *cap = 0;
-            if (!(*buf = fsdp__alloc(f->h, n)))
-                return fsdp__fail(err, f->h, FSDP_OUT_OF_MEMORY, "'%s': out of memory for "
-                                  "tensor '%.80s'", f->path, f->e[i].name);
-            *cap = n;
-        }
-        if ((r = fsdp__st_read(f, i, *buf, crc, NULL, err)) != FSDP_SUCCESS) return r;
-    }
-    return FSDP_SUCCESS;
+    int i;
+    if (!items) return fsdp__fail(err, f->h, FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    for (i = 0; i < f->ne; i++) items[i].entry = i;
+    r = fsdp__st_read_items(f, items, f->ne, NULL, 1, NULL, NULL, crc, NULL, err);
+    fsdp__free(f->h, items);
+    return r;
 }
 
 FSDP_API fsdp_result fsdp_ckpt_verify(const char *path, const fsdp_hooks *hooks,
@@ -20724,8 +21128,7 @@ FSDP_API fsdp_result fsdp_ckpt_verify(const char *path, const fsdp_hooks *hooks,
     fsdp__index_info ii;
     struct stat st;
     char *ipath = NULL, *text = NULL;
-    void *buf = NULL;
-    size_t len = 0, cap = 0;
+    size_t len = 0;
     int nfiles = 0, k, n;
     fsdp_result r;
     memset(&j, 0, sizeof j);
@@ -20752,7 +21155,7 @@ FSDP_API fsdp_result fsdp_ckpt_verify(const char *path, const fsdp_hooks *hooks,
         }
         if ((r = fsdp__st_open(&files[0], h, path, err)) != FSDP_SUCCESS) goto done;
         nfiles = 1;
-        if ((r = fsdp__verify_data(&files[0], crc, &buf, &cap, err)) == FSDP_SUCCESS)
+        if ((r = fsdp__verify_data(&files[0], crc, err)) == FSDP_SUCCESS)
             *verified = files[0].verified;
         goto done;
     }
@@ -20814,7 +21217,7 @@ FSDP_API fsdp_result fsdp_ckpt_verify(const char *path, const fsdp_hooks *hooks,
         }
     }
     for (k = 0; k < nfiles; k++)
-        if ((r = fsdp__verify_data(&files[k], crc, &buf, &cap, err)) != FSDP_SUCCESS) {
+        if ((r = fsdp__verify_data(&files[k], crc, err)) != FSDP_SUCCESS) {
             *verified = 0;
             goto done;
         }
@@ -20823,7 +21226,6 @@ done:
     for (k = 0; k < nfiles; k++) fsdp__st_close(&files[k]);
     fsdp__free(h, files);
     fsdp__free(h, crc);
-    fsdp__free(h, buf);
     fsdp__free(h, ipath);
     fsdp__free(h, text);
     fsdp__json_free(&j);
