@@ -2465,8 +2465,10 @@ typedef struct fsdp_ckpt_stats {
     double header_s;   /* save: the header's layout checksum, and its write */
     double sync_s;     /* save: fsync of the files */
     double rename_s;   /* save: renames into place, fsync of the directory */
-    double index_s;    /* save, rank 0 of a sharded one: the index built,
-                          written, fsynced and renamed, older files removed */
+    double index_s;    /* sharded save: the index built, written, fsynced and
+                          renamed (rank 0); the previous save's files removed
+                          (each rank its share; an async save removes them in
+                          the background, untimed) */
     double apply_s;    /* load: the values put into the staged shards where
                           not read there directly, and the commit */
     double agree_s;    /* waiting for the other ranks: results agreed, the

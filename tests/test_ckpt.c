@@ -680,7 +680,6 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
     fsdp_result r;
     int s;
     char later[1100], nodir[512];
-    (void)nranks;
     if (!train_n(e, g_model, g_units, 3)) return 0;
     CHECK(fsdp_ckpt_writer_create(e->ctx, &w) == FSDP_SUCCESS, "writer");
     r = fsdp_ckpt_save_async(w, j->path, j->flags);
@@ -719,6 +718,11 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
               fsdp_ckpt_writer_last_error(w));
     }
     fsdp_ckpt_writer_destroy(w);
+    /* the earlier saves' files, removed in the background after each
+       commit, are gone once the writer is */
+    CHECK(!(j->flags & FSDP_CKPT_SHARDED) || count_files(later, ".safetensors") == nranks,
+          "rank %d: %d rank files in %s after three saves", rank,
+          count_files(later, ".safetensors"), later);
     return 1;
 }
 
