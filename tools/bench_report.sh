@@ -142,6 +142,7 @@ title() {
     zero) echo "The ZeRO optimizer (bench_zero)" ;;
     kernels_dram) echo "Optimizer and cast kernels, from DRAM (bench_kernels)" ;;
     kernels_cache) echo "Optimizer and cast kernels, in cache (bench_kernels)" ;;
+    ckpt) echo "Checkpoints: sync, async and polled saves (bench_ckpt)" ;;
     ckpt_*) n=${1#ckpt_}; echo "Checkpoints, ${n%%rank*} rank(s), ${n##*_}: against dd and safetensors; async and polled saves (bench_ckpt)" ;;
     offload) echo "cpu_offload's optimizer step (bench_offload)" ;;
     gpt) echo "The GPT example (bench_gpt)" ;;
@@ -243,7 +244,7 @@ kind == "ckpt" && /^ratio / { nr++; s = $0; sub(/^ratio /, "", s)
     o = s; sub(/.*\(fsdp.h /, "", o); bs = o; sub(/ s,.*/, "", o); sub(/^[^,]*, /, "", bs); sub(/; target.*/, "", bs)
     rr[nr] = "| " n " | " o " s | " bs " | **" v "** | <= 1.0 |" }
 function end_ckpt() {
-    print cap "; page cache " cache "; baselines " bases "."
+    print cap (cache != "" ? "; page cache " cache : "") (bases != "" ? "; baselines " bases : "") "."
     print ""
     print "| figure | value | target |"; print "|---|---:|---|"
     for (i = 1; i <= nf; i++) print fr[i]
