@@ -34,8 +34,10 @@
        blocked/sync = X   (the target is well under 0.5)
        staging/checkpoint = Y (the target is 1x, the same bytes every save)
        ratio save/safetensors = ...  ratio load/dd = ...  (target <= 1.0)
+   --threads and --chunk set fsdp_ckpt_options (0: the defaults).
    Usage: bench_ckpt [--ranks N] [--units U] [--params P] [--iters K] [--dir D]
-                     [--python PY] [--script PATH] [--reshard R]            */
+                     [--python PY] [--script PATH] [--reshard R] [--threads T]
+                     [--chunk BYTES]                                         */
 #define _XOPEN_SOURCE 700
 #include "fsdp.h"
 #include "bench_util.h"
@@ -60,8 +62,8 @@ typedef struct peer {
 } peer;
 
 typedef struct bench {
-    int ranks, units, iters, reshard;
-    long long params;
+    int ranks, units, iters, reshard, threads;
+    long long params, chunk;
     char dir[512];
     fsdp_model *model;
     fsdp_units *u;
@@ -273,6 +275,8 @@ static int setup(bench *b, int rank, fsdp_local_world *world, fsdp_device **dev,
     d.optim.lr = 0.01;
     memset(&o, 0, sizeof o);
     o.stats = 1;
+    o.threads = b->threads;
+    o.chunk_bytes = (size_t)b->chunk;
     if (fsdp_ctx_create(&d, ctx) != FSDP_SUCCESS ||
         (init && fsdp_init_params(*ctx, 7, init_choose, NULL) != FSDP_SUCCESS) ||
         fsdp_ckpt_set_options(*ctx, &o) != FSDP_SUCCESS) {
@@ -559,18 +563,22 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--python")) py = argv[i + 1];
         else if (!strcmp(argv[i], "--script")) snprintf(script, sizeof script, "%s", argv[i + 1]);
         else if (!strcmp(argv[i], "--reshard")) b.reshard = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--threads")) b.threads = atoi(argv[i + 1]);
+        else if (!strcmp(argv[i], "--chunk")) b.chunk = atoll(argv[i + 1]);
         else break;
     }
     if (i < argc) {
         fprintf(stderr, "usage: bench_ckpt [--ranks N] [--units U] [--params P] [--iters K] "
-                        "[--dir D] [--python PY] [--script PATH] [--reshard R]\n");
+                        "[--dir D] [--python PY] [--script PATH] [--reshard R] [--threads T] "
+                        "[--chunk BYTES]\n");
         return 2;
     }
     if (b.reshard < 0) b.reshard = b.ranks + 1;
     if (b.ranks < 1 || b.ranks > MAX_RANKS || b.units < 1 || b.units > 64 || b.params < 1 ||
-        b.iters < 1 || b.iters > MAX_ITERS || b.reshard > MAX_RANKS) {
+        b.iters < 1 || b.iters > MAX_ITERS || b.reshard > MAX_RANKS || b.threads < 0 ||
+        b.threads > 64 || b.chunk < 0 || (b.chunk > 0 && b.chunk < 256)) {
         fprintf(stderr, "bench_ckpt: --ranks 1..%d, --units 1..64, --iters 1..%d, --reshard "
-                "0..%d\n", MAX_RANKS, MAX_ITERS, MAX_RANKS);
+                "0..%d, --threads 0..64, --chunk 0 or 256..\n", MAX_RANKS, MAX_ITERS, MAX_RANKS);
         return 2;
     }
     snprintf(b.dir, sizeof b.dir, "%s/bench_ckpt_XXXXXX",
