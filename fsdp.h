@@ -2304,9 +2304,11 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
    written, so the final fsync waits for the tail. A synchronous sharded
    save writes from the shards themselves where the host can read them (the
    CPU device, cpu_offload): nothing is staged. Loads read each file once,
-   split the same way, f32 pieces straight into the staged shards, checksums
-   checked as the chunks arrive; of the current shards, only what no piece
-   overwrites is staged. bench_ckpt measures both against dd and Python's
+   split the same way, checksums checked as the chunks arrive; f32 pieces
+   go straight into the shards where the host writes them, each chunk's
+   previous values saved in the plan's idle buffers right before (while
+   the disk fetches the next ones), else into copies staged there, of the
+   current shards only what no piece overwrites. bench_ckpt measures both against dd and Python's
    safetensors on the same bytes. The files are the same whatever the
    threads and chunks.
 
@@ -2359,10 +2361,14 @@ enum {
 FSDP_API fsdp_result fsdp_ckpt_save(fsdp_ctx *ctx, const char *path, unsigned flags);
 /* Loads a checkpoint written at any world size (a file: full; a directory:
    sharded). flags: FSDP_SD_OPTIM, FSDP_SD_NOT_STRICT. Everything is read
-   and verified before the context changes (when the plan's idle buffers
-   cannot hold a copy of the new shards, by reading every file twice: once
-   to verify, once into the shards; a file changed between the two is
-   reported, the context then partly loaded). No device memory beyond the
+   and verified on every rank before the load commits: the new shards are
+   staged in the plan's idle buffers, or, where the host writes the shards
+   (the CPU device) and the pieces are f32, read into the shards while
+   those buffers keep the values they replace, put back when any rank
+   fails; a failed load leaves the context as it was. When the plan's idle
+   buffers cannot hold a copy of the new shards, every file is read twice:
+   once to verify, once into the shards; a file changed between the two is
+   reported, the context then partly loaded. No device memory beyond the
    plan. Files that are not regular
    files (a FIFO, a device) are refused (FSDP_CKPT_IO) rather than read,
    steps above FSDP_STEP_MAX are refused (FSDP_CKPT_MISMATCH), and every
@@ -12299,9 +12305,25 @@ typedef struct fsdp__rd_item {
     int entry;
     int64_t lo, hi;
     char *dst;
+    char *bak; /* with dst: where dst's previous bytes go, each chunk right
+                  before it is overwritten (NULL: none) */
     int put;
     const void *user; /* for put */
 } fsdp__rd_item;
+
+/* What the reads overwrote: n bytes at dst whose previous values are at
+   bak (fsdp__rd_item.bak), to put back when the load fails. */
+typedef struct fsdp__bk_span {
+    char *dst;
+    const char *bak;
+    size_t n;
+} fsdp__bk_span;
+
+typedef struct fsdp__bk_list {
+    const fsdp_hooks *h;
+    fsdp__bk_span *s;
+    int n, cap;
+} fsdp__bk_list;
 
 /* put(user, item, at, p, n, err): bytes [at, at + n) of the item's
    tensor; a failure fills err */
@@ -12333,6 +12355,8 @@ typedef struct fsdp__rpart {
     const fsdp__crc *tab;
     int fd;
     char *scratch; /* a chunk, for bytes nobody wants (checked only) */
+    int64_t *bk;   /* per item from i0: its wanted bytes saved to bak so far,
+                      from the first one the part writes */
     int timed;
     double crc_s, io_s;
     int failed;   /* 0, 1: read error (err), 2: end of file */
@@ -12391,6 +12415,12 @@ FSDP__DEF void *fsdp__rpart_run(void *arg)
             if (want && stop > it->hi) stop = it->hi;
             if (!want && it->dst && a < it->lo && stop > it->lo) stop = it->lo;
             buf = want ? it->dst + (a - it->lo) : p->scratch;
+            if (want && it->bak) { /* the bytes about to be overwritten */
+                double t0 = fsdp__tick(p->timed);
+                memcpy(it->bak + (a - it->lo), buf, (size_t)(stop - a));
+                p->bk[k - p->i0] += stop - a;
+                if (p->timed) p->io_s += fsdp__tick(1) - t0;
+            }
             if (!fsdp__rpart_read(p, e->begin + a, buf, (size_t)(stop - a), crc, k)) return NULL;
             a = stop;
         }
@@ -12408,8 +12438,8 @@ FSDP__DEF void *fsdp__rpart_run(void *arg)
 FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item *in, int n,
                                           const fsdp_ckpt_options *o, int world,
                                           fsdp__rd_put_fn put, void *user,
-                                          const fsdp__crc *tab, fsdp_ckpt_stats *st,
-                                          fsdp_error *err)
+                                          const fsdp__crc *tab, fsdp__bk_list *bk,
+                                          fsdp_ckpt_stats *st, fsdp_error *err)
 {
     const fsdp_hooks *h = f->h;
     fsdp__io mv;
@@ -12534,7 +12564,9 @@ FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item 
         ncrc += (size_t)(p->i1 - p->i0 + 1);
     }
     pcrc = (uint32_t *)fsdp__calloc(h, ncrc + 1, sizeof *pcrc);
-    if (!pcrc) {
+    /* a span per part and item at most, recorded whatever happens */
+    if (!pcrc || (bk && !fsdp__grow(bk->h, (void **)&bk->s, &bk->cap, bk->n + (int)ncrc + 1,
+                                    sizeof *bk->s))) {
         r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
         goto done;
     }
@@ -12547,7 +12579,8 @@ FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item 
         p->chunk = mv.chunk;
         p->tab = tab;
         p->timed = on;
-        if (!(p->scratch = (char *)fsdp__alloc(h, mv.chunk))) {
+        p->bk = (int64_t *)fsdp__calloc(h, (size_t)(p->i1 - p->i0 + 1), sizeof *p->bk);
+        if (!(p->scratch = (char *)fsdp__alloc(h, mv.chunk)) || !p->bk) {
             r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
             goto done;
         }
@@ -12559,6 +12592,17 @@ FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item 
         if (parts[k].started) pthread_join(parts[k].th, NULL);
         else fsdp__rpart_run(&parts[k]);
     }
+    for (k = 0; bk && k < np; k++) /* what each part overwrote, failed or not */
+        for (i = parts[k].i0; i <= parts[k].i1; i++) {
+            const fsdp__rd_item *it = &items[i];
+            int64_t w0 = i == parts[k].i0 && parts[k].b0 > it->lo ? parts[k].b0 : it->lo;
+            fsdp__bk_span *sp;
+            if (!it->bak || parts[k].bk[i - parts[k].i0] <= 0) continue;
+            sp = &bk->s[bk->n++]; /* room made before the reads */
+            sp->dst = it->dst + (w0 - it->lo);
+            sp->bak = it->bak + (w0 - it->lo);
+            sp->n = (size_t)parts[k].bk[i - parts[k].i0];
+        }
     for (k = 0; k < np && r == FSDP_SUCCESS; k++)
         if (parts[k].failed) {
             const fsdp__st_entry *e = &f->e[items[parts[k].item].entry];
@@ -12596,6 +12640,7 @@ done:
         for (k = 0; k < np; k++) {
             if (k > 0 && parts[k].fd >= 0) close(parts[k].fd);
             fsdp__free(h, parts[k].scratch);
+            fsdp__free(h, parts[k].bk);
         }
     fsdp__free(h, parts);
     fsdp__free(h, pcrc);
@@ -12711,7 +12756,7 @@ FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *h
         items[i].dst = base + pos;
         pos += ((size_t)(f.e[i].end - f.e[i].begin) + 15) & ~(size_t)15;
     }
-    if ((r = fsdp__st_read_items(&f, items, f.ne, NULL, 1, NULL, NULL, crc, NULL, err)) !=
+    if ((r = fsdp__st_read_items(&f, items, f.ne, NULL, 1, NULL, NULL, crc, NULL, NULL, err)) !=
         FSDP_SUCCESS)
         goto done;
     /* in the header's order (the order the writer chose) */
@@ -18404,8 +18449,9 @@ typedef struct fsdp__ld {
     char *names; /* owned names of broadcast metadata */
     fsdp_ckpt_stats *st; /* timings (fsdp_ckpt_options.stats), or NULL */
     int put_failed;      /* fsdp__ld_put's failure: the message is the context's */
-    int keep_uncovered;  /* LENT staging copies only what no wanted piece writes
-                            (fsdp_ckpt_load: pieces map to shard ranges) */
+    int keep_uncovered;  /* LENT staging copies only what no wanted piece writes,
+                            or BACKUP (fsdp_ckpt_load: pieces map to shard ranges) */
+    fsdp__bk_list bk;    /* BACKUP: what the reads overwrote */
     uint64_t save_id;   /* of a checkpoint's files; 0: none (written before ids) */
     int64_t save_steps; /* the index's "steps" */
 } fsdp__ld;
@@ -18416,8 +18462,15 @@ typedef struct fsdp__ld {
    not fit the plan; everything is read and checked once before anything is
    written, so only a file changing between the two reads, or a device or
    transport failure, can leave a load half done, and that is said).
-   ALLOC: the copies in memory allocated beyond the plan (none now). */
-enum { FSDP__STAGE_ALLOC = 0, FSDP__STAGE_LENT = 1, FSDP__STAGE_DIRECT = 2 };
+   ALLOC: the copies in memory allocated beyond the plan (none now).
+   BACKUP: where LENT's copies fit, the host writes the shards and every
+   wanted piece is f32 (fsdp_ckpt_load on the CPU device): the pieces are
+   read straight into the shards and the staging buffers keep the values
+   they overwrite, each chunk saved right before its read (while the disk
+   fetches the next ones) instead of a copy of everything after the
+   reads; a failure on any rank puts them back, so the context is as it
+   was, as with LENT. */
+enum { FSDP__STAGE_ALLOC = 0, FSDP__STAGE_LENT = 1, FSDP__STAGE_DIRECT = 2, FSDP__STAGE_BACKUP = 3 };
 
 FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
 {
@@ -18443,6 +18496,7 @@ FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
     fsdp__free(&c->hooks, L->crc);
     fsdp__free(&c->hooks, L->hbuf2);
     fsdp__free(&c->hooks, L->names);
+    fsdp__free(&c->hooks, L->bk.s);
 }
 
 FSDP__DEF fsdp_result fsdp__ld_init(fsdp__ld *L, fsdp_ctx *c, fsdp_sd_kind kind, unsigned flags,
@@ -18837,6 +18891,28 @@ FSDP__DEF fsdp_result fsdp__ld_stage_gaps(fsdp__ld *L, int nwhat)
     return FSDP_SUCCESS;
 }
 
+/* BACKUP applies (see FSDP__STAGE_BACKUP): the host writes the shards and
+   every wanted piece but the steps is f32. */
+FSDP__DEF int fsdp__ld_backup_ok(const fsdp__ld *L, int nwhat)
+{
+    int i;
+    if (!fsdp_device_host_accessible(L->c->dev)) return 0;
+    for (i = 0; i < L->ns; i++) {
+        const fsdp__src *s = &L->s[i];
+        if (s->what == FSDP__WHAT_STEP || !fsdp__ld_wanted(L, s)) continue;
+        if (s->dtype != FSDP_F32 || s->what >= nwhat || s->transpose) return 0;
+    }
+    return 1;
+}
+
+/* BACKUP: puts back what the reads overwrote (the load failed). */
+FSDP__DEF void fsdp__ld_restore(fsdp__ld *L)
+{
+    int i;
+    for (i = L->bk.n - 1; i >= 0; i--) memcpy(L->bk.s[i].dst, L->bk.s[i].bak, L->bk.s[i].n);
+    L->bk.n = 0;
+}
+
 FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
 {
     fsdp_ctx *c = L->c;
@@ -18879,6 +18955,10 @@ FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
         for (u = 0; u < c->nunits; u++)
             for (w = 0; w < nwhat; w++)
                 if (c->u[u].S) L->stage[fsdp__bufi(u, w)] = fsdp__src_buf(&c->u[u], w);
+        return FSDP_SUCCESS;
+    }
+    if (L->keep_uncovered && fsdp__ld_backup_ok(L, nwhat)) {
+        L->stage_mode = FSDP__STAGE_BACKUP; /* nothing to copy now */
         return FSDP_SUCCESS;
     }
     if (L->keep_uncovered) return fsdp__ld_stage_gaps(L, nwhat);
@@ -19077,7 +19157,9 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
     for (u = 0; u < c->nunits; u++) {
         fsdp__cunit *cu = &c->u[u];
         for (w = 0; w < FSDP__NBUFS; w++) {
-            if (!L->stage[fsdp__bufi(u, w)] || L->stage_mode == FSDP__STAGE_DIRECT) continue;
+            if (!L->stage[fsdp__bufi(u, w)] || L->stage_mode == FSDP__STAGE_DIRECT ||
+                L->stage_mode == FSDP__STAGE_BACKUP)
+                continue;
             r = fsdp_device_copy(c->dev, fsdp__src_buf(cu, w), L->stage[fsdp__bufi(u, w)],
                                  (size_t)cu->S * 4, fsdp__to_shard(c), NULL);
             if (r != FSDP_SUCCESS) {
@@ -20998,8 +21080,13 @@ FSDP__DEF fsdp_result fsdp__ld_files(fsdp__ld *L, int check_only)
                 int64_t lo = s->offset > t->need_off ? s->offset : t->need_off;
                 int64_t hi = s->offset + s->numel < t->need_off + t->need_n
                                  ? s->offset + s->numel : t->need_off + t->need_n;
+                size_t at = (size_t)(t->dst + (lo - t->need_off));
                 if (!dst) continue;
-                it->dst = (char *)(dst + t->dst + (lo - t->need_off));
+                it->dst = (char *)(dst + at);
+                if (L->stage_mode == FSDP__STAGE_BACKUP) { /* the shard, its values saved */
+                    it->bak = it->dst;
+                    it->dst = (char *)(fsdp__src_buf(&c->u[t->unit], s->what) + at);
+                }
                 it->lo = (lo - s->offset) * 4;
                 it->hi = (hi - s->offset) * 4;
             } else {
@@ -21008,7 +21095,8 @@ FSDP__DEF fsdp_result fsdp__ld_files(fsdp__ld *L, int check_only)
         }
         L->put_failed = 0;
         r = fsdp__st_read_items(&L->files[k], items, n, &c->ckpt_opt, c->nranks, fsdp__ld_put, L,
-                                L->crc, L->st, &e);
+                                L->crc, L->stage_mode == FSDP__STAGE_BACKUP ? &L->bk : NULL,
+                                L->st, &e);
         if (r != FSDP_SUCCESS) {
             if (L->put_failed) fsdp__ctx_fail(c, r, "%s", e.message);
             else fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
@@ -21056,6 +21144,7 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     if (r != FSDP_SUCCESS) goto agree1;
     L.st = on ? &ts : NULL;
     L.keep_uncovered = 1;
+    L.bk.h = &c->hooks;
     r = sharded ? fsdp__ld_sharded(&L, path, &j, &text) : fsdp__ld_single(&L, path);
     if (r == FSDP_SUCCESS) r = fsdp__ld_resolve(&L);
 agree1:
@@ -21090,10 +21179,14 @@ agree1:
     }
     if (r == FSDP_SUCCESS) r = fsdp__ld_files(&L, 0);
     t0 = fsdp__tick(on);
-    if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) goto done;
+    if ((r = fsdp__agree(c, fsdp__ld_partly(&L, r), fn)) != FSDP_SUCCESS) {
+        fsdp__ld_restore(&L); /* BACKUP: the context as it was */
+        goto done;
+    }
     t1 = fsdp__tick(on);
     ts.agree_s += t1 - t0;
     r = fsdp__ld_commit(&L);
+    if (r != FSDP_SUCCESS) fsdp__ld_restore(&L);
     if (on && r == FSDP_SUCCESS) {
         t0 = fsdp__tick(on);
         ts.apply_s += t0 - t1;
@@ -21115,7 +21208,7 @@ FSDP__DEF fsdp_result fsdp__verify_data(fsdp__st_file *f, const fsdp__crc *crc, 
     int i;
     if (!items) return fsdp__fail(err, f->h, FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
     for (i = 0; i < f->ne; i++) items[i].entry = i;
-    r = fsdp__st_read_items(f, items, f->ne, NULL, 1, NULL, NULL, crc, NULL, err);
+    r = fsdp__st_read_items(f, items, f->ne, NULL, 1, NULL, NULL, crc, NULL, NULL, err);
     fsdp__free(f->h, items);
     return r;
 }

@@ -1017,10 +1017,13 @@ static void threads_test(void)
     run(&j, 2);
 }
 
-/* --- loads staged in the plan's idle buffers: only what the pieces do not
-   write is copied from the current shards first --- */
+/* --- loads staged in the plan's idle buffers: f32 pieces read straight
+   into the shards, what they overwrite saved there first and put back when
+   the load fails (BACKUP); else copies staged there, of the current shards
+   only what no piece overwrites (LENT) --- */
 
 #define LENT_SKIP "blocks.0.fc.weight" /* left out of the partial file */
+#define LENT_F64 "norm.bias"           /* f64 in the partial file: not read in place */
 
 /* rank 0's full state dict of the parameters (host) */
 static fsdp_state_dict *params_dict(rank_env *e)
@@ -1032,18 +1035,29 @@ static fsdp_state_dict *params_dict(rank_env *e)
     return sd;
 }
 
-/* Every tensor of `got` equals the one of the same name in `want`, or in
-   `keep` where want lacks it; -1 when all do, else the first that differs. */
+/* Element k of a tensor as a float (f32 or f64). */
+static float elem(const fsdp_tensor *t, int64_t k)
+{
+    return t->dtype == FSDP_F64 ? (float)((const double *)t->data)[k]
+                                : ((const float *)t->data)[k];
+}
+
+/* Every tensor of `got` has the values of the one of the same name in
+   `want`, or in `keep` where want lacks it; -1 when all do, else the first
+   that differs. */
 static int dict_diff(const fsdp_state_dict *got, const fsdp_state_dict *want,
                      const fsdp_state_dict *keep)
 {
     int i;
     for (i = 0; i < fsdp_state_dict_count(got); i++) {
-        const fsdp_tensor *t = fsdp_state_dict_tensor(got, i);
+        const fsdp_tensor *t = fsdp_state_dict_tensor(got, i), *w;
         int k = fsdp_state_dict_find(want, t->name);
-        const fsdp_tensor *w = k >= 0 ? fsdp_state_dict_tensor(want, k)
-                                      : fsdp_state_dict_tensor(keep, fsdp_state_dict_find(keep, t->name));
-        if (!w || w->numel != t->numel || memcmp(w->data, t->data, (size_t)t->numel * 4)) return i;
+        int64_t e;
+        w = k >= 0 ? fsdp_state_dict_tensor(want, k)
+                   : fsdp_state_dict_tensor(keep, fsdp_state_dict_find(keep, t->name));
+        if (!w || w->numel != t->numel) return i;
+        for (e = 0; e < t->numel; e++)
+            if (f2u(elem(w, e)) != f2u(elem(t, e))) return i;
     }
     return -1;
 }
@@ -1061,17 +1075,34 @@ static int job_lent_save(job *j, int rank, int nranks, rank_env *e)
     if (rank == 0 && sd) {
         fsdp_state_dict *part = NULL;
         fsdp_error err;
+        double wide[64];
         int i;
         snprintf(p, sizeof p, "%s/ref.safetensors", j->path);
         CHECK(fsdp_safetensors_save(p, sd, &err) == FSDP_SUCCESS, "ref: %s", err.message);
         CHECK(fsdp_state_dict_create(FSDP_SD_FULL, NULL, NULL, &part) == FSDP_SUCCESS, "create");
-        for (i = 0; part && i < fsdp_state_dict_count(sd); i++)
-            if (strcmp(fsdp_state_dict_tensor(sd, i)->name, LENT_SKIP))
-                CHECK(fsdp_state_dict_add(part, fsdp_state_dict_tensor(sd, i), 0) == FSDP_SUCCESS,
-                      "add");
+        for (i = 0; part && i < fsdp_state_dict_count(sd); i++) {
+            fsdp_tensor t = *fsdp_state_dict_tensor(sd, i);
+            int64_t k;
+            if (!strcmp(t.name, LENT_SKIP)) continue;
+            if (!strcmp(t.name, LENT_F64) && t.numel <= 64) { /* exact in f64 */
+                for (k = 0; k < t.numel; k++) wide[k] = ((const float *)t.data)[k];
+                t.dtype = FSDP_F64;
+                t.data = wide;
+            }
+            CHECK(fsdp_state_dict_add(part, &t, 1) == FSDP_SUCCESS, "add %s", t.name);
+        }
         snprintf(p, sizeof p, "%s/partial.safetensors", j->path);
         CHECK(fsdp_safetensors_save(p, part, &err) == FSDP_SUCCESS, "partial: %s", err.message);
         fsdp_state_dict_destroy(part);
+        /* a copy of the sharded checkpoint with one byte flipped in the
+           middle of rank 1's file: read after much of the rest */
+        {
+            char a[1200], b[1200], f[1200];
+            snprintf(a, sizeof a, "%s/sharded", j->path);
+            snprintf(b, sizeof b, "%s/flipped", j->path);
+            CHECK(copy_tree(a, b) && find_path(b, "rank00001-of-00002", f, sizeof f) &&
+                      flip_middle(f), "the flipped copy");
+        }
     }
     fsdp_state_dict_destroy(sd);
     return sd != NULL;
@@ -1083,6 +1114,7 @@ static int job_lent_load(job *j, int rank, int nranks, rank_env *e)
     fsdp_ckpt_options o;
     fsdp_ckpt_stats ld;
     fsdp_error err;
+    fsdp_result r;
     char p[1200];
     int k, pass;
     (void)nranks;
@@ -1097,33 +1129,39 @@ static int job_lent_load(job *j, int rank, int nranks, rank_env *e)
     snprintf(p, sizeof p, "%s/partial.safetensors", j->path);
     CHECK(rank != 0 || fsdp_safetensors_load(p, NULL, &part, &err) == FSDP_SUCCESS,
           "partial: %s", err.message);
-    for (pass = 0; pass < 2; pass++) {
+    /* 0: the sharded save (in place, BACKUP); 1: the flipped copy, refused,
+       the values as before; 2: the partial file (an f64 tensor: LENT) */
+    for (pass = 0; pass < 3; pass++) {
+        if (pass) /* other values, so that what a load keeps is seen */
+            CHECK(fsdp_init_params(e->ctx, 4321 + (uint64_t)pass, choose_init, NULL) ==
+                      FSDP_SUCCESS, "init");
         before = params_dict(e);
-        snprintf(p, sizeof p, "%s/%s", j->path, pass ? "partial.safetensors" : "sharded");
-        CHECK(fsdp_ckpt_load(e->ctx, p, pass ? FSDP_SD_NOT_STRICT : 0) == FSDP_SUCCESS,
-              "load %s: %s", p, fsdp_ctx_last_error(e->ctx));
+        snprintf(p, sizeof p, "%s/%s", j->path,
+                 pass == 0 ? "sharded" : pass == 1 ? "flipped" : "partial.safetensors");
+        r = fsdp_ckpt_load(e->ctx, p, pass == 2 ? FSDP_SD_NOT_STRICT : 0);
+        CHECK(pass == 1 ? r == FSDP_CKPT_FORMAT &&
+                              contains(fsdp_ctx_last_error(e->ctx), "checksum mismatch")
+                        : r == FSDP_SUCCESS,
+              "rank %d: load %s: %d %s", rank, p, r, fsdp_ctx_last_error(e->ctx));
         fsdp_ckpt_stats_get(e->ctx, NULL, &ld);
         after = params_dict(e);
         if (rank == 0 && before && after && ref && part) {
-            /* the sharded load reads each piece once: staged in the plan */
+            /* the sharded load reads each piece once: in the plan's buffers */
             CHECK(pass || ld.bytes < (int64_t)fsdp_state_dict_bytes(ref), "rank 0 read %lld "
                   "bytes of %zu: not staged in the plan's buffers", (long long)ld.bytes,
                   fsdp_state_dict_bytes(ref));
-            k = dict_diff(after, pass ? part : ref, before);
-            CHECK(k < 0, "%s: '%s' is neither the file's nor the value before", p,
+            k = dict_diff(after, pass == 0 ? ref : pass == 1 ? before : part, before);
+            CHECK(k < 0, "%s: '%s' is not what the load should leave", p,
                   k >= 0 ? fsdp_state_dict_tensor(after, k)->name : "");
             k = fsdp_state_dict_find(after, LENT_SKIP);
-            CHECK(!pass || (k >= 0 && !memcmp(fsdp_state_dict_tensor(after, k)->data,
-                                              fsdp_state_dict_tensor(before, fsdp_state_dict_find(before, LENT_SKIP))->data,
-                                              (size_t)fsdp_state_dict_tensor(after, k)->numel * 4)),
+            CHECK(pass != 2 || (k >= 0 && !memcmp(fsdp_state_dict_tensor(after, k)->data,
+                                                  fsdp_state_dict_tensor(before, fsdp_state_dict_find(before, LENT_SKIP))->data,
+                                                  (size_t)fsdp_state_dict_tensor(after, k)->numel * 4)),
                   "the parameter the partial file lacks kept its value");
         }
         fsdp_state_dict_destroy(before);
         fsdp_state_dict_destroy(after);
         before = after = NULL;
-        if (!pass) { /* other values, so that what the partial load keeps is seen */
-            CHECK(fsdp_init_params(e->ctx, 4321, choose_init, NULL) == FSDP_SUCCESS, "init");
-        }
     }
     fsdp_state_dict_destroy(ref);
     fsdp_state_dict_destroy(part);
