@@ -2398,8 +2398,10 @@ FSDP_API void fsdp_ckpt_writer_destroy(fsdp_ckpt_writer *w);
 FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
                                           unsigned flags);
 /* Waits for the write, commits it (the index of a sharded checkpoint) and
-   returns its result, I/O errors included, the same on every rank.
-   FSDP_SUCCESS when no save is pending. Collective: yes. */
+   returns its result, I/O errors included, the same on every rank. The
+   previous save's files are then removed in the background (the next save
+   and fsdp_ckpt_writer_destroy wait for that). With no save pending it
+   returns FSDP_SUCCESS once that removal is over. Collective: yes. */
 FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w);
 /* Commits a save as soon as it is complete, without waiting for it: the
    rule that makes the latest completed save always resumable. Call it at
@@ -20372,7 +20374,10 @@ FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w)
     const char *fn = "fsdp_ckpt_wait";
     if (!w) return FSDP_INVALID_ARGS;
     if (!w->c) return fsdp__writer_dead(w, fn);
-    if (!w->pending) return FSDP_SUCCESS;
+    if (!w->pending) {
+        fsdp__writer_gc_join(w); /* the earlier saves' files are gone */
+        return FSDP_SUCCESS;
+    }
     return fsdp__writer_commit(w, fn);
 }
 

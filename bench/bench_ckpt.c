@@ -19,6 +19,9 @@
      (d) polled: fsdp_ckpt_save_async, then fsdp_ckpt_poll every 1 ms (a
          training step's place) until it commits the save: the time of one
          poll while the write is in flight, and of the poll that commits;
+         then fsdp_ckpt_wait, untimed, so that the previous save's files,
+         removed in the background after the commit, are gone before the
+         load;
      (e) load: fsdp_ckpt_load of the checkpoint at the same world size
          (checksums verified), then safetensors' load_file of its file and
          `dd of=/dev/null bs=4M` of it;
@@ -382,6 +385,9 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
             }
             b->poll_s[rank][i] = n ? pending / n : 0.0;
             b->commit_s[rank][i] = t2;
+            /* the previous save's files, removed in the background, are
+               gone before anything else is timed */
+            if (fsdp_ckpt_wait(w) != FSDP_SUCCESS) goto fail;
         }
         /* (e) the load at the same world size, then its baselines */
         BARRIER();

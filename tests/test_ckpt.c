@@ -702,6 +702,12 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
         CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "wait %d: %s", s, fsdp_ckpt_writer_last_error(w));
     }
     if (rank == 0) j->staged[1] = fsdp_ckpt_writer_staging_bytes(w);
+    /* with no save pending, wait returns once the earlier saves' files are
+       removed (in the background after each commit) */
+    CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "wait with no save pending");
+    CHECK(!(j->flags & FSDP_CKPT_SHARDED) || count_files(later, ".safetensors") == nranks,
+          "rank %d: %d rank files in %s after a wait", rank, count_files(later, ".safetensors"),
+          later);
     /* an I/O error comes back from wait, on every rank */
     snprintf(nodir, sizeof nodir, "%s/no/such/dir/x.safetensors", g_tmp);
     r = fsdp_ckpt_save_async(w, nodir, j->flags & ~(unsigned)FSDP_CKPT_SHARDED);
