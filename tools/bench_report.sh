@@ -101,9 +101,9 @@ if [ "$mode" = run ]; then
     [ -n "$st_python" ] && c="$c --python $st_python"
     run ckpt_2ranks_256MiB "$c --ranks 2 --iters 5" "$c --ranks 2 --units 4 --params 1000000"
     run ckpt_1rank_256MiB "$c --ranks 1 --iters 5" "$c --ranks 1 --units 4 --params 1000000"
-    run ckpt_2ranks_1GiB "$c --ranks 2 --params 33554432 --iters 3" \
+    run ckpt_2ranks_1GiB "$c --ranks 2 --params 33554432 --iters 5" \
         "$c --ranks 2 --units 4 --params 4000000"
-    run ckpt_1rank_1GiB "$c --ranks 1 --params 33554432 --iters 3" \
+    run ckpt_1rank_1GiB "$c --ranks 1 --params 33554432 --iters 5" \
         "$c --ranks 1 --units 4 --params 4000000"
     run offload "$B/bench_offload --units 4 --params 4194304 --threads 2" \
         "$B/bench_offload --units 4 --params 1048576 --threads 2 --iters 5"
