@@ -2399,9 +2399,10 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
                                           unsigned flags);
 /* Waits for the write, commits it (the index of a sharded checkpoint) and
    returns its result, I/O errors included, the same on every rank. The
-   previous save's files are then removed in the background (the next save
-   and fsdp_ckpt_writer_destroy wait for that). With no save pending it
-   returns FSDP_SUCCESS once that removal is over. Collective: yes. */
+   previous save's files are then removed in the background, each rank its
+   share (the next save and fsdp_ckpt_writer_destroy wait for that). With
+   no save pending it returns FSDP_SUCCESS once this rank's share of that
+   removal is over, communicating nothing. Collective: yes. */
 FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w);
 /* Commits a save as soon as it is complete, without waiting for it: the
    rule that makes the latest completed save always resumable. Call it at

@@ -702,9 +702,11 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
         CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "wait %d: %s", s, fsdp_ckpt_writer_last_error(w));
     }
     if (rank == 0) j->staged[1] = fsdp_ckpt_writer_staging_bytes(w);
-    /* with no save pending, wait returns once the earlier saves' files are
-       removed (in the background after each commit) */
+    /* with no save pending, wait returns once this rank's share of the
+       earlier saves' files is removed (in the background after each
+       commit): once every rank has waited, all are gone */
     CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "wait with no save pending");
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
     CHECK(!(j->flags & FSDP_CKPT_SHARDED) || count_files(later, ".safetensors") == nranks,
           "rank %d: %d rank files in %s after a wait", rank, count_files(later, ".safetensors"),
           later);
@@ -725,7 +727,8 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
     }
     fsdp_ckpt_writer_destroy(w);
     /* the earlier saves' files, removed in the background after each
-       commit, are gone once the writer is */
+       commit, are gone once every rank's writer is */
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
     CHECK(!(j->flags & FSDP_CKPT_SHARDED) || count_files(later, ".safetensors") == nranks,
           "rank %d: %d rank files in %s after three saves", rank,
           count_files(later, ".safetensors"), later);
