@@ -9,7 +9,8 @@
    loadable; the safetensors reader survives thousands of mutated headers;
    every dtype round-trips; async saves stage, let training go on, refuse a
    second save in flight, reuse their pinned staging, and report I/O errors
-   at wait.
+   at wait; timings (fsdp_ckpt_stats) are off by default and, on, count the
+   bytes the files hold.
 
    Usage: test_ckpt [VECTORS_DIR]          the tests
           test_ckpt --interop OUT_DIR      writes OUT_DIR/full.safetensors and
@@ -679,7 +680,6 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
     fsdp_result r;
     int s;
     char later[1100], nodir[512];
-    (void)nranks;
     if (!train_n(e, g_model, g_units, 3)) return 0;
     CHECK(fsdp_ckpt_writer_create(e->ctx, &w) == FSDP_SUCCESS, "writer");
     r = fsdp_ckpt_save_async(w, j->path, j->flags);
@@ -702,6 +702,14 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
         CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "wait %d: %s", s, fsdp_ckpt_writer_last_error(w));
     }
     if (rank == 0) j->staged[1] = fsdp_ckpt_writer_staging_bytes(w);
+    /* with no save pending, wait returns once this rank's share of the
+       earlier saves' files is removed (in the background after each
+       commit): once every rank has waited, all are gone */
+    CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "wait with no save pending");
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    CHECK(!(j->flags & FSDP_CKPT_SHARDED) || count_files(later, ".safetensors") == nranks,
+          "rank %d: %d rank files in %s after a wait", rank, count_files(later, ".safetensors"),
+          later);
     /* an I/O error comes back from wait, on every rank */
     snprintf(nodir, sizeof nodir, "%s/no/such/dir/x.safetensors", g_tmp);
     r = fsdp_ckpt_save_async(w, nodir, j->flags & ~(unsigned)FSDP_CKPT_SHARDED);
@@ -718,6 +726,12 @@ static int job_async(job *j, int rank, int nranks, rank_env *e)
               fsdp_ckpt_writer_last_error(w));
     }
     fsdp_ckpt_writer_destroy(w);
+    /* the earlier saves' files, removed in the background after each
+       commit, are gone once every rank's writer is */
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    CHECK(!(j->flags & FSDP_CKPT_SHARDED) || count_files(later, ".safetensors") == nranks,
+          "rank %d: %d rank files in %s after three saves", rank,
+          count_files(later, ".safetensors"), later);
     return 1;
 }
 
@@ -751,6 +765,429 @@ static void async_tests(void)
               "the %s async checkpoint%s holds the state when save_async returned",
               sharded ? "sharded" : "full", off ? " (cpu_offload)" : "");
     }
+}
+
+/* --- timings (fsdp_ckpt_options.stats) --- */
+
+/* The bytes of the data section of a safetensors file: its size less the
+   8-byte length and the header; -1 when it cannot be read. */
+static long long data_bytes(const char *path)
+{
+    unsigned char len8[8];
+    unsigned long long hlen = 0;
+    struct stat st;
+    FILE *f = fopen(path, "rb");
+    int i;
+    if (!f) return -1;
+    if (fread(len8, 1, 8, f) != 8 || stat(path, &st) != 0) {
+        fclose(f);
+        return -1;
+    }
+    fclose(f);
+    for (i = 0; i < 8; i++) hlen |= (unsigned long long)len8[i] << (8 * i);
+    return (long long)st.st_size - 8 - (long long)hlen;
+}
+
+static int stats_sane(const fsdp_ckpt_stats *s)
+{
+    double parts = s->prepare_s + s->stage_s + s->data_s + s->header_s + s->sync_s +
+                   s->rename_s + s->index_s + s->apply_s + s->agree_s;
+    return s->prepare_s >= 0 && s->stage_s >= 0 && s->checksum_s >= 0 && s->io_s >= 0 &&
+           s->data_s >= 0 && s->header_s >= 0 && s->sync_s >= 0 && s->rename_s >= 0 &&
+           s->index_s >= 0 && s->apply_s >= 0 && s->agree_s >= 0 &&
+           /* the phases are disjoint parts of the call (clock reads apart) */
+           parts <= s->total_s * 1.001 + 1e-4 && s->total_s > 0;
+}
+
+static int job_stats(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_ckpt_stats sv, ld;
+    fsdp_ckpt_options o;
+    char file[1200], name[128];
+    long long mine = -1, all = 0;
+    int q;
+    memset(&o, 0, sizeof o);
+    if (!train_n(e, g_model, g_units, 2)) return 0;
+    /* off (the default): nothing is timed */
+    CHECK(fsdp_ckpt_save(e->ctx, j->path, j->flags) == FSDP_SUCCESS, "save: %s",
+          fsdp_ctx_last_error(e->ctx));
+    CHECK(fsdp_ckpt_load(e->ctx, j->path, FSDP_SD_OPTIM) == FSDP_SUCCESS, "load: %s",
+          fsdp_ctx_last_error(e->ctx));
+    CHECK(fsdp_ckpt_stats_get(e->ctx, &sv, &ld) == FSDP_SUCCESS, "stats_get");
+    CHECK(sv.bytes == 0 && sv.total_s == 0 && ld.bytes == 0 && ld.total_s == 0,
+          "rank %d: timings without fsdp_ckpt_options.stats", rank);
+    o.stats = 1;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_SUCCESS, "set_options");
+    CHECK(fsdp_ckpt_set_options(e->ctx, NULL) == FSDP_INVALID_ARGS, "set_options(NULL)");
+    CHECK(fsdp_ckpt_save(e->ctx, j->path, j->flags) == FSDP_SUCCESS, "save: %s",
+          fsdp_ctx_last_error(e->ctx));
+    CHECK(fsdp_ckpt_load(e->ctx, j->path, FSDP_SD_OPTIM) == FSDP_SUCCESS, "load: %s",
+          fsdp_ctx_last_error(e->ctx));
+    CHECK(fsdp_ckpt_stats_get(e->ctx, &sv, NULL) == FSDP_SUCCESS &&
+              fsdp_ckpt_stats_get(e->ctx, NULL, &ld) == FSDP_SUCCESS, "stats_get");
+    /* what the rank files hold is what the save says it wrote */
+    for (q = 0; q < nranks; q++) {
+        char dir[1100];
+        long long n;
+        snprintf(dir, sizeof dir, "%s", j->path);
+        snprintf(name, sizeof name, "rank%05d-of-%05d.safetensors", q, nranks);
+        if (!find_path(dir, name, file, sizeof file)) {
+            CHECK(0, "no rank file %s in %s", name, dir);
+            return 0;
+        }
+        n = data_bytes(file);
+        all += n;
+        if (q == rank) mine = n;
+    }
+    CHECK(mine > 0 && sv.bytes == mine && sv.files == 1 && sv.threads >= 1,
+          "rank %d: save: %lld bytes in %d files by %d threads, the file holds %lld", rank,
+          (long long)sv.bytes, sv.files, sv.threads, mine);
+    CHECK(stats_sane(&sv), "rank %d: save phases: total %g, data %g, sync %g", rank, sv.total_s,
+          sv.data_s, sv.sync_s);
+    CHECK(rank != 0 || sv.index_s > 0, "rank 0 writes the index: %g s", sv.index_s);
+    /* twice where the plan holds no copy of the new shards (read to check,
+       then into the shards) */
+    CHECK(ld.files == nranks && ld.bytes >= mine && ld.bytes <= 2 * all && ld.threads >= 1,
+          "rank %d: load: %lld bytes from %d files (its file %lld, all %lld)", rank,
+          (long long)ld.bytes, ld.files, mine, all);
+    CHECK(stats_sane(&ld), "rank %d: load phases: total %g, data %g, apply %g", rank, ld.total_s,
+          ld.data_s, ld.apply_s);
+    return 1;
+}
+
+static void stats_test(void)
+{
+    static job j;
+    memset(&j, 0, sizeof j);
+    j.fn = job_stats;
+    j.flags = FSDP_SD_OPTIM | FSDP_CKPT_SHARDED;
+    snprintf(j.path, sizeof j.path, "%s/stats", g_tmp);
+    run(&j, 2);
+}
+
+/* --- data split among threads and chunks (fsdp_ckpt_options) --- */
+
+/* Flips a byte in the middle of a safetensors file's data. */
+static int flip_middle(const char *path)
+{
+    long long n = data_bytes(path);
+    struct stat st;
+    FILE *f;
+    int c, ok;
+    if (n <= 0 || stat(path, &st) != 0 || !(f = fopen(path, "r+b"))) return 0;
+    ok = fseek(f, (long)(st.st_size - n + n / 2), SEEK_SET) == 0 && (c = fgetc(f)) != EOF &&
+         fseek(f, (long)(st.st_size - n + n / 2), SEEK_SET) == 0 && fputc(c ^ 0x21, f) != EOF;
+    return fclose(f) == 0 && ok;
+}
+
+/* CRC-32 (zlib's), a bit at a time: the reference the files' checksums
+   are compared with, whatever threads and chunks wrote them */
+static uint32_t crc_bits(const unsigned char *p, size_t n)
+{
+    uint32_t c = 0xFFFFFFFFu;
+    int k;
+    while (n--) {
+        c ^= *p++;
+        for (k = 0; k < 8; k++) c = (c >> 1) ^ (0xEDB88320u & (0u - (c & 1u)));
+    }
+    return ~c;
+}
+
+/* Every tensor's "fsdp.crc32.<name>" in a file's header is the reference
+   CRC of its bytes; the number of tensors checked, or -1. */
+static int crcs_match(const char *path)
+{
+    char *buf = NULL, key[300], *hdr;
+    long len = read_file(path, &buf);
+    unsigned long long hlen = 0;
+    int i, n = 0, ok = len > 8;
+    for (i = 7; ok && i >= 0; i--) hlen = hlen << 8 | (unsigned char)buf[i];
+    ok = ok && hlen < (unsigned long long)len - 8;
+    hdr = ok ? buf + 8 : NULL;
+    while (ok && hdr) {
+        /* each tensor: "name":{"dtype":...,"data_offsets":[a,b]} */
+        char *t = strstr(hdr, "\"data_offsets\":["), *q, *nm;
+        long long a, b;
+        unsigned stored;
+        if (!t || t > buf + 8 + hlen) break;
+        q = t;
+        while (q > buf + 8 && *q != '{') q--;                /* the tensor's object */
+        nm = q - 3;                                          /* '"name":{' */
+        while (nm > buf + 8 && *nm != '"') nm--;
+        snprintf(key, sizeof key, "\"fsdp.crc32.%.*s\":\"", (int)(q - 2 - nm - 1), nm + 1);
+        ok = sscanf(t + 16, "%lld,%lld", &a, &b) == 2 && strstr(buf + 8, key) &&
+             sscanf(strstr(buf + 8, key) + strlen(key), "%8x", &stored) == 1 &&
+             stored == crc_bits((unsigned char *)buf + 8 + hlen + a, (size_t)(b - a));
+        n++;
+        hdr = t + 16;
+    }
+    free(buf);
+    return ok ? n : -1;
+}
+
+static int job_threads(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_ckpt_options o;
+    fsdp_ckpt_stats sv;
+    char a[1200], b[1200], bad[1200];
+    static float want[MAXV];
+    static int nwant;
+    unsigned ver = 0;
+    fsdp_error err;
+    fsdp_result r;
+    int k;
+    (void)nranks;
+    memset(&o, 0, sizeof o);
+    o.threads = -1;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_INVALID_ARGS &&
+              contains(fsdp_ctx_last_error(e->ctx), "threads -1"), "threads -1: %s",
+          fsdp_ctx_last_error(e->ctx));
+    o.threads = 65;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_INVALID_ARGS, "threads 65");
+    o.threads = 0;
+    o.chunk_bytes = 255;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_INVALID_ARGS &&
+              contains(fsdp_ctx_last_error(e->ctx), "chunk_bytes 255"), "chunk 255: %s",
+          fsdp_ctx_last_error(e->ctx));
+    /* three threads, chunks that cut tensors anywhere (not a multiple of an
+       element): the checksums of the parts are combined */
+    o.threads = 3;
+    o.chunk_bytes = 300;
+    o.stats = 1;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_SUCCESS, "options");
+    if (!train_n(e, g_model, g_units, 2)) return 0;
+    if (!full_values(e->ctx, want, MAXV, &k, rank)) return 0;
+    if (rank == 0) nwant = k;
+    snprintf(a, sizeof a, "%s/sharded", j->path);
+    snprintf(b, sizeof b, "%s/full.safetensors", j->path);
+    CHECK(fsdp_ckpt_save(e->ctx, a, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM) == FSDP_SUCCESS,
+          "save: %s", fsdp_ctx_last_error(e->ctx));
+    fsdp_ckpt_stats_get(e->ctx, &sv, NULL);
+    CHECK(sv.threads == 3 && sv.bytes > 3 * 300, "rank %d: %lld bytes written by %d threads", rank,
+          (long long)sv.bytes, sv.threads);
+    CHECK(fsdp_ckpt_save(e->ctx, b, FSDP_SD_OPTIM) == FSDP_SUCCESS, "save: %s",
+          fsdp_ctx_last_error(e->ctx));
+    if (rank == 0) { /* the checksums are those of the bytes, parts combined */
+        char rf[1200];
+        int q;
+        CHECK(crcs_match(b) > 10, "%s: checksums (%d tensors)", b, crcs_match(b));
+        for (q = 0; q < nranks; q++) {
+            char nm[64];
+            snprintf(nm, sizeof nm, "rank%05d-of-%05d", q, nranks);
+            CHECK(find_path(a, nm, rf, sizeof rf) && crcs_match(rf) > 5, "%s: checksums (%d)",
+                  rf, crcs_match(rf));
+        }
+    }
+    if (rank == 0) { /* the one-thread reader agrees with the three writers */
+        CHECK(fsdp_ckpt_verify(a, NULL, &ver, &err) == FSDP_SUCCESS &&
+                  ver == (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA), "verify %s: %s", a,
+              err.message);
+        CHECK(fsdp_ckpt_verify(b, NULL, &ver, &err) == FSDP_SUCCESS &&
+                  ver == (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA), "verify %s: %s", b,
+              err.message);
+    }
+    /* loads: one thread of the default chunk, then three of 300 bytes */
+    for (k = 0; k < 2; k++) {
+        float got[MAXV];
+        int n = 0;
+        o.threads = k ? 3 : 1;
+        o.chunk_bytes = k ? 300 : 0;
+        CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_SUCCESS, "options");
+        CHECK(fsdp_init_params(e->ctx, 77, choose_init, NULL) == FSDP_SUCCESS, "init");
+        CHECK(fsdp_ckpt_load(e->ctx, k ? b : a, FSDP_SD_OPTIM) == FSDP_SUCCESS, "load: %s",
+              fsdp_ctx_last_error(e->ctx));
+        if (!full_values(e->ctx, got, MAXV, &n, rank)) return 0;
+        CHECK(rank != 0 || (n == nwant && bits_equal(got, want, n)),
+              "%s loaded with %d threads differs from the save", k ? b : a, o.threads);
+    }
+    /* a byte flipped mid-file: every rank refuses it, naming the tensor */
+    snprintf(bad, sizeof bad, "%s/bad.safetensors", j->path);
+    if (rank == 0) {
+        char *buf = NULL;
+        long len = read_file(b, &buf);
+        CHECK(len > 0 && write_file(bad, buf, (size_t)len) && flip_middle(bad), "flip");
+        free(buf);
+    }
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    r = fsdp_ckpt_load(e->ctx, bad, FSDP_SD_OPTIM);
+    CHECK(r == FSDP_CKPT_FORMAT && contains(fsdp_ctx_last_error(e->ctx), "checksum mismatch") &&
+              contains(fsdp_ctx_last_error(e->ctx), "tensor '"),
+          "rank %d: a flipped byte: %d %s", rank, r, fsdp_ctx_last_error(e->ctx));
+    return 1;
+}
+
+static void threads_test(void)
+{
+    static job j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.path, sizeof j.path, "%s/threads", g_tmp);
+    mkdir(j.path, 0777);
+    j.fn = job_threads;
+    run(&j, 2);
+}
+
+/* --- loads staged in the plan's idle buffers: f32 pieces read straight
+   into the shards, what they overwrite saved there first and put back when
+   the load fails (BACKUP); else copies staged there, of the current shards
+   only what no piece overwrites (LENT) --- */
+
+#define LENT_SKIP "blocks.0.fc.weight" /* left out of the partial file */
+#define LENT_F64 "norm.bias"           /* f64 in the partial file: not read in place */
+
+/* rank 0's full state dict of the parameters (host) */
+static fsdp_state_dict *params_dict(rank_env *e)
+{
+    fsdp_state_dict *sd = NULL;
+    if (fsdp_get_full_state_dict(e->ctx, FSDP_SD_OFFLOAD | FSDP_SD_RANK0_ONLY, &sd) !=
+        FSDP_SUCCESS)
+        return NULL;
+    return sd;
+}
+
+/* Element k of a tensor as a float (f32 or f64). */
+static float elem(const fsdp_tensor *t, int64_t k)
+{
+    return t->dtype == FSDP_F64 ? (float)((const double *)t->data)[k]
+                                : ((const float *)t->data)[k];
+}
+
+/* Every tensor of `got` has the values of the one of the same name in
+   `want`, or in `keep` where want lacks it; -1 when all do, else the first
+   that differs. */
+static int dict_diff(const fsdp_state_dict *got, const fsdp_state_dict *want,
+                     const fsdp_state_dict *keep)
+{
+    int i;
+    for (i = 0; i < fsdp_state_dict_count(got); i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(got, i), *w;
+        int k = fsdp_state_dict_find(want, t->name);
+        int64_t e;
+        w = k >= 0 ? fsdp_state_dict_tensor(want, k)
+                   : fsdp_state_dict_tensor(keep, fsdp_state_dict_find(keep, t->name));
+        if (!w || w->numel != t->numel) return i;
+        for (e = 0; e < t->numel; e++)
+            if (f2u(elem(w, e)) != f2u(elem(t, e))) return i;
+    }
+    return -1;
+}
+
+static int job_lent_save(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_state_dict *sd;
+    char p[1200];
+    (void)nranks;
+    if (!train_n(e, g_model, g_units, 2)) return 0;
+    snprintf(p, sizeof p, "%s/sharded", j->path);
+    CHECK(fsdp_ckpt_save(e->ctx, p, FSDP_CKPT_SHARDED) == FSDP_SUCCESS, "save: %s",
+          fsdp_ctx_last_error(e->ctx));
+    sd = params_dict(e);
+    if (rank == 0 && sd) {
+        fsdp_state_dict *part = NULL;
+        fsdp_error err;
+        double wide[64];
+        int i;
+        snprintf(p, sizeof p, "%s/ref.safetensors", j->path);
+        CHECK(fsdp_safetensors_save(p, sd, &err) == FSDP_SUCCESS, "ref: %s", err.message);
+        CHECK(fsdp_state_dict_create(FSDP_SD_FULL, NULL, NULL, &part) == FSDP_SUCCESS, "create");
+        for (i = 0; part && i < fsdp_state_dict_count(sd); i++) {
+            fsdp_tensor t = *fsdp_state_dict_tensor(sd, i);
+            int64_t k;
+            if (!strcmp(t.name, LENT_SKIP)) continue;
+            if (!strcmp(t.name, LENT_F64) && t.numel <= 64) { /* exact in f64 */
+                for (k = 0; k < t.numel; k++) wide[k] = ((const float *)t.data)[k];
+                t.dtype = FSDP_F64;
+                t.data = wide;
+            }
+            CHECK(fsdp_state_dict_add(part, &t, 1) == FSDP_SUCCESS, "add %s", t.name);
+        }
+        snprintf(p, sizeof p, "%s/partial.safetensors", j->path);
+        CHECK(fsdp_safetensors_save(p, part, &err) == FSDP_SUCCESS, "partial: %s", err.message);
+        fsdp_state_dict_destroy(part);
+        /* a copy of the sharded checkpoint with one byte flipped in the
+           middle of rank 1's file: read after much of the rest */
+        {
+            char a[1200], b[1200], f[1200];
+            snprintf(a, sizeof a, "%s/sharded", j->path);
+            snprintf(b, sizeof b, "%s/flipped", j->path);
+            CHECK(copy_tree(a, b) && find_path(b, "rank00001-of-00002", f, sizeof f) &&
+                      flip_middle(f), "the flipped copy");
+        }
+    }
+    fsdp_state_dict_destroy(sd);
+    return sd != NULL;
+}
+
+static int job_lent_load(job *j, int rank, int nranks, rank_env *e)
+{
+    fsdp_state_dict *before = NULL, *after = NULL, *ref = NULL, *part = NULL;
+    fsdp_ckpt_options o;
+    fsdp_ckpt_stats ld;
+    fsdp_error err;
+    fsdp_result r;
+    char p[1200];
+    int k, pass;
+    (void)nranks;
+    memset(&o, 0, sizeof o);
+    o.stats = 1;
+    o.threads = 3; /* more threads than pieces, and chunks cutting pieces */
+    o.chunk_bytes = 300;
+    CHECK(fsdp_ckpt_set_options(e->ctx, &o) == FSDP_SUCCESS, "options");
+    snprintf(p, sizeof p, "%s/ref.safetensors", j->path);
+    CHECK(rank != 0 || fsdp_safetensors_load(p, NULL, &ref, &err) == FSDP_SUCCESS, "ref: %s",
+          err.message);
+    snprintf(p, sizeof p, "%s/partial.safetensors", j->path);
+    CHECK(rank != 0 || fsdp_safetensors_load(p, NULL, &part, &err) == FSDP_SUCCESS,
+          "partial: %s", err.message);
+    /* 0: the sharded save (in place, BACKUP); 1: the flipped copy, refused,
+       the values as before; 2: the partial file (an f64 tensor: LENT) */
+    for (pass = 0; pass < 3; pass++) {
+        if (pass) /* other values, so that what a load keeps is seen */
+            CHECK(fsdp_init_params(e->ctx, 4321 + (uint64_t)pass, choose_init, NULL) ==
+                      FSDP_SUCCESS, "init");
+        before = params_dict(e);
+        snprintf(p, sizeof p, "%s/%s", j->path,
+                 pass == 0 ? "sharded" : pass == 1 ? "flipped" : "partial.safetensors");
+        r = fsdp_ckpt_load(e->ctx, p, pass == 2 ? FSDP_SD_NOT_STRICT : 0);
+        CHECK(pass == 1 ? r == FSDP_CKPT_FORMAT &&
+                              contains(fsdp_ctx_last_error(e->ctx), "checksum mismatch")
+                        : r == FSDP_SUCCESS,
+              "rank %d: load %s: %d %s", rank, p, r, fsdp_ctx_last_error(e->ctx));
+        fsdp_ckpt_stats_get(e->ctx, NULL, &ld);
+        after = params_dict(e);
+        if (rank == 0 && before && after && ref && part) {
+            /* the sharded load reads each piece once: in the plan's buffers */
+            CHECK(pass || ld.bytes < (int64_t)fsdp_state_dict_bytes(ref), "rank 0 read %lld "
+                  "bytes of %zu: not staged in the plan's buffers", (long long)ld.bytes,
+                  fsdp_state_dict_bytes(ref));
+            k = dict_diff(after, pass == 0 ? ref : pass == 1 ? before : part, before);
+            CHECK(k < 0, "%s: '%s' is not what the load should leave", p,
+                  k >= 0 ? fsdp_state_dict_tensor(after, k)->name : "");
+            k = fsdp_state_dict_find(after, LENT_SKIP);
+            CHECK(pass != 2 || (k >= 0 && !memcmp(fsdp_state_dict_tensor(after, k)->data,
+                                                  fsdp_state_dict_tensor(before, fsdp_state_dict_find(before, LENT_SKIP))->data,
+                                                  (size_t)fsdp_state_dict_tensor(after, k)->numel * 4)),
+                  "the parameter the partial file lacks kept its value");
+        }
+        fsdp_state_dict_destroy(before);
+        fsdp_state_dict_destroy(after);
+        before = after = NULL;
+    }
+    fsdp_state_dict_destroy(ref);
+    fsdp_state_dict_destroy(part);
+    return 1;
+}
+
+static void lent_test(void)
+{
+    static job j;
+    memset(&j, 0, sizeof j);
+    snprintf(j.path, sizeof j.path, "%s/lent", g_tmp);
+    mkdir(j.path, 0777);
+    j.fn = job_lent_save;
+    run(&j, 2);
+    j.fn = job_lent_load;
+    j.seed = 99;
+    run(&j, 3);
 }
 
 /* --- the file check_safetensors.sh reads --- */
@@ -850,6 +1287,9 @@ static const check_case CASES[] = {
     {"fuzz", fuzz},
     {"dtypes", dtypes},
     {"async", async_tests},
+    {"stats", stats_test},
+    {"lent", lent_test},
+    {"threads", threads_test},
 };
 
 /* --read FILE: prints a file Python wrote */

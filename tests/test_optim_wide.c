@@ -29,8 +29,9 @@
      crc        the checkpoints' CRC-32 (carry-less multiplication where the
                 CPU has it and FSDP_ISA is above scalar, else the table)
                 against a bit-at-a-time reference: every length to 1100 at
-                four alignments, chained updates, 16 MiB; meson runs it with
-                FSDP_ISA=scalar too
+                four alignments, chained updates, 16 MiB, and CRCs of pieces
+                combined (every split up to 300 bytes, 16 MiB); meson runs
+                it with FSDP_ISA=scalar too
 
    Two NaNs meeting in one operation leave a payload that depends on the
    operand order, which C leaves to the compiler; so where both sides are
@@ -591,6 +592,17 @@ static void test_crc(void)
         }
     CHECK(bad == 0, "crc: %d lengths differ from the reference", bad);
     CHECK(fsdp__crc_update(t, 7, buf + 3, BIG) == crc_ref(7, buf + 3, BIG), "crc of 16 MiB");
+    /* combined from pieces checksummed apart (threads writing one tensor):
+       every split of 0..300 bytes, and 16 MiB after 5 bytes */
+    for (len = 0, bad = 0; len <= 300; len++)
+        for (off = 0; off <= len; off++) {
+            uint32_t a = crc_ref(0, buf, off), b = crc_ref(0, buf + off, len - off);
+            if (fsdp__crc_combine(t, a, b, len - off) != crc_ref(0, buf, len) && bad++ < 3)
+                CHECK(0, "crc combined at %zu of %zu bytes differs from the reference", off, len);
+        }
+    CHECK(bad == 0, "crc: %d splits combine wrong", bad);
+    CHECK(fsdp__crc_combine(t, crc_ref(0, buf, 5), fsdp__crc_update(t, 0, buf + 5, BIG), BIG) ==
+              fsdp__crc_update(t, 0, buf, BIG + 5), "crc of 16 MiB combined");
     free(buf);
     free(t);
 }

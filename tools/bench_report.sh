@@ -12,8 +12,10 @@
 # Options: --build DIR (default build; set up if missing), --logs DIR (where
 # a run keeps its logs; default BUILD/bench-logs/DATE), --python PY (a Python
 # with torch and DeepSpeed for bench_optim's peers; without it they are
-# reported as not run), --note TEXT (said under the machine, e.g. that it was
-# shared), --out FILE (default docs/PERFORMANCE.md), --only NAME,... (run
+# reported as not run), --st-python PY (a Python with safetensors and numpy
+# for bench_ckpt's baseline; default: the virtual environment that
+# tests/check_safetensors.sh keeps in BUILD/tests), --note TEXT (said under
+# the machine, e.g. that it was shared), --out FILE (default docs/PERFORMANCE.md), --only NAME,... (run
 # only these; with --from-logs, report only these).
 # A logs directory holds machine.txt (key=value lines: cpu, cores, os,
 # date, commit, load, note), runs.txt (one line per run: NAME<TAB>COMMAND)
@@ -21,7 +23,7 @@
 # re-measurement by hand writes the same files and runs --from-logs.
 set -u
 cd "$(dirname "$0")/.."
-mode=run quick=0 build=build logs="" python="" note="" out=docs/PERFORMANCE.md only=""
+mode=run quick=0 build=build logs="" python="" st_python="" note="" out=docs/PERFORMANCE.md only=""
 while [ $# -gt 0 ]; do
     case "$1" in
     --quick) quick=1; shift ;;
@@ -29,6 +31,7 @@ while [ $# -gt 0 ]; do
     --build) build=${2:?}; shift 2 ;;
     --logs) logs=${2:?}; shift 2 ;;
     --python) python=${2:?}; shift 2 ;;
+    --st-python) st_python=${2:?}; shift 2 ;;
     --note) note=${2:?}; shift 2 ;;
     --out) out=${2:?}; shift 2 ;;
     --only) only=$(echo "${2:?}" | tr ',' ' '); shift 2 ;;
@@ -90,7 +93,18 @@ if [ "$mode" = run ]; then
     run zero "$B/bench_zero" "$B/bench_zero --iters 5"
     run kernels_dram "$B/bench_kernels" "$B/bench_kernels --elements 134217728 --reps 3"
     run kernels_cache "$B/bench_kernels --elements 8388608" "$B/bench_kernels --elements 8388608 --reps 5"
-    run ckpt "$B/bench_ckpt" "$B/bench_ckpt --units 4 --params 1000000"
+    # a Python with safetensors and numpy for bench_ckpt's baseline: --st-python,
+    # else the one tests/check_safetensors.sh keeps in the build directory
+    c="$B/bench_ckpt"
+    [ -z "$st_python" ] && [ -x "$build/tests/safetensors_venv/bin/python" ] &&
+        st_python=$build/tests/safetensors_venv/bin/python
+    [ -n "$st_python" ] && c="$c --python $st_python"
+    run ckpt_2ranks_256MiB "$c --ranks 2 --iters 5" "$c --ranks 2 --units 4 --params 1000000"
+    run ckpt_1rank_256MiB "$c --ranks 1 --iters 5" "$c --ranks 1 --units 4 --params 1000000"
+    run ckpt_2ranks_1GiB "$c --ranks 2 --params 33554432 --iters 5" \
+        "$c --ranks 2 --units 4 --params 4000000"
+    run ckpt_1rank_1GiB "$c --ranks 1 --params 33554432 --iters 5" \
+        "$c --ranks 1 --units 4 --params 4000000"
     run offload "$B/bench_offload --units 4 --params 4194304 --threads 2" \
         "$B/bench_offload --units 4 --params 1048576 --threads 2 --iters 5"
     run gpt "$B/bench_gpt" "$B/bench_gpt --quick"
@@ -129,6 +143,7 @@ title() {
     kernels_dram) echo "Optimizer and cast kernels, from DRAM (bench_kernels)" ;;
     kernels_cache) echo "Optimizer and cast kernels, in cache (bench_kernels)" ;;
     ckpt) echo "Checkpoints: sync, async and polled saves (bench_ckpt)" ;;
+    ckpt_*) n=${1#ckpt_}; echo "Checkpoints, ${n%%rank*} rank(s), ${n##*_}: against dd and safetensors; async and polled saves (bench_ckpt)" ;;
     offload) echo "cpu_offload's optimizer step (bench_offload)" ;;
     gpt) echo "The GPT example (bench_gpt)" ;;
     comm_mpi_*) echo "Collectives against raw MPI, ${1#comm_mpi_} ranks (bench_comm)" ;;
@@ -209,14 +224,35 @@ kind == "kernels" && NF >= 5 && $1 != "kernel" && $1 != "elements" && $0 !~ /^me
     k = $0; sub(/ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ *$/, "", k)
     printf "| %s | %s | %s | **%s** |\n", k, $(NF-3), $(NF-2), $(NF-1) }
 function end_kernels() { print ""; print "Target: >= 0.80 of memcpy." }
-kind == "ckpt" && /^bench_ckpt:/ { cap = $0; sub(/ into .*/, "", cap); print cap "."; print ""
-    print "| figure | value | target |"; print "|---|---:|---|" }
-kind == "ckpt" && /^sync save/ { s = $0; sub(/^sync save /, "", s); sub(/;.*/, "", s); print "| synchronous sharded save | " s " | |"
-    s = $0; sub(/.*caller blocked /, "", s); sub(/,.*/, "", s); print "| asynchronous save: caller blocked | " s " | |" }
-kind == "ckpt" && /^blocked\/sync/ { print "| blocked / sync | **" $3 "** | well under 0.5 |" }
-kind == "ckpt" && /^polled/ { s = $0; sub(/.*in flight /, "", s); sub(/,.*/, "", s); print "| a poll while the write is in flight | " s " | |"
-    s = $0; sub(/.*that commits /, "", s); print "| the poll that commits the save | " s " | |" }
-kind == "ckpt" && /^staging\/checkpoint/ { print "| pinned staging / checkpoint bytes | **" $3 "** | 1.000 |" }
+kind == "ckpt" && /^bench_ckpt:/ { cap = $0; sub(/ into .*/, "", cap) }
+kind == "ckpt" && /^page cache:/ { cache = $0; sub(/^page cache: /, "", cache) }
+kind == "ckpt" && /^baselines:/ { bases = $0; sub(/^baselines: /, "", bases) }
+kind == "ckpt" && /breakdown \(rank/ { nbd++; bd[nbd] = $0 }
+kind == "ckpt" && /^sync save/ { s = $0; sub(/^sync save /, "", s); sub(/;.*/, "", s); fr[++nf] = "| synchronous sharded save | " s " | |"
+    s = $0; sub(/.*caller blocked /, "", s); sub(/,.*/, "", s); fr[++nf] = "| asynchronous save: caller blocked | " s " | |" }
+kind == "ckpt" && /^blocked\/sync/ { fr[++nf] = "| blocked / sync | **" $3 "** | well under 0.5 |" }
+kind == "ckpt" && /^polled/ { s = $0; sub(/.*in flight /, "", s); sub(/,.*/, "", s); fr[++nf] = "| a poll while the write is in flight | " s " | |"
+    s = $0; sub(/.*that commits /, "", s); fr[++nf] = "| the poll that commits the save | " s " | |" }
+kind == "ckpt" && /^staging\/checkpoint/ { fr[++nf] = "| pinned staging / checkpoint bytes | **" $3 "** | 1.000 |" }
+kind == "ckpt" && /^load [0-9.]+ s/ { s = $0; sub(/^load /, "", s); sub(/;.*/, "", s); r2 = ""
+    if (s ~ /resharded/) { r2 = s; sub(/.*resharded /, "", r2); sub(/, resharded.*/, "", s) }
+    fr[++nf] = "| load, same world size (checksums verified) | " s " | |"
+    if (r2 != "") { w = r2; sub(/ [0-9.]+ s.*/, "", w); sub(/^[^ ]+ -> [^ ]+ /, "", r2); fr[++nf] = "| load resharded " w " | " r2 " | |" } }
+kind == "ckpt" && /^ratio / { nr++; s = $0; sub(/^ratio /, "", s)
+    if (s ~ /: not run/) { n = s; sub(/: not run.*/, "", n); w = s; sub(/^[^:]*: /, "", w); rr[nr] = "| " n " | | " w " | - | <= 1.0 |"; next }
+    n = s; sub(/ = .*/, "", n); v = s; sub(/^[^=]*= /, "", v); sub(/ .*/, "", v)
+    o = s; sub(/.*\(fsdp.h /, "", o); bs = o; sub(/ s,.*/, "", o); sub(/^[^,]*, /, "", bs); sub(/; target.*/, "", bs)
+    rr[nr] = "| " n " | " o " s | " bs " | **" v "** | <= 1.0 |" }
+function end_ckpt() {
+    print cap (cache != "" ? "; page cache " cache : "") (bases != "" ? "; baselines " bases : "") "."
+    print ""
+    print "| figure | value | target |"; print "|---|---:|---|"
+    for (i = 1; i <= nf; i++) print fr[i]
+    if (nr) { print ""; print "Against the disk and Python on the same bytes (each ratio the median over rounds of fsdp.h's time / the baseline's in the same round):"; print ""
+        print "| fsdp.h / baseline | fsdp.h | baseline | ratio | target |"; print "|---|---:|---|---:|---|"
+        for (i = 1; i <= nr; i++) print rr[i] }
+    if (nbd) { print ""; print "Where the time goes:"; print ""
+        for (i = 1; i <= nbd; i++) { b = bd[i]; sub(/ \(rank 0, medians, s\): /, " (rank 0, medians, s): ", b); print "- " b } } }
 kind == "offload" && /^bench_offload:/ { print $0 "; AdamW traffic (32 bytes an element) against memcpy's rate in the same run."; print "" }
 kind == "offload" && /^memcpy:/ { print "memcpy: " $2 " GB/s (read + write)."; print ""
     print "| step | ms | GB/s moved | / memcpy | speed-up over 1 thread |"; print "|---|---:|---:|---:|---:|" }
@@ -258,7 +294,8 @@ kind == "cuda" && /ratio/ && /GB\/s/ { k = $0; sub(/: .*/, "", k); g = $0; sub(/
     printf "| %s | %s | **%s** | %s |\n", k, g, r, t }
 kind == "cuda" && /^AdamW step:|^AdamW vs/ { print ""; print $0 }
 END { if (kind == "step") end_step(); else if (kind == "zero") end_zero(); else if (kind == "kernels") end_kernels()
-      else if (kind == "comm") end_comm(); else if (kind == "optim") end_optim() }
+      else if (kind == "comm") end_comm(); else if (kind == "optim") end_optim()
+      else if (kind == "ckpt") end_ckpt() }
 AWK
 }
 
@@ -283,6 +320,7 @@ AWK
         wanted "$name" || continue
         case "$name" in
         step_*) kind=step ;; kernels_*) kind=kernels ;; comm_*) kind=comm ;; optim*) kind=optim ;;
+        ckpt*) kind=ckpt ;;
         *) kind=$name ;;
         esac
         section "$name" "$cmd" "$kind"
