@@ -14270,165 +14270,184 @@ FSDP__DEF void *fsdp__wpart_run(void *arg)
     return NULL;
 }
 
-/* Writes a safetensors file atomically: "<path>.tmp.<pid>", data, then the
-   header with the checksums (their width is fixed, so the header's length
-   is known before the data is written), fsync, rename, fsync of the
-   directory. A failure removes the temporary and leaves path as it was.
-   The data goes in one pass over memory, split among threads
-   (fsdp_ckpt_options o, NULL for the defaults; world: the ranks sharing
-   the CPUs); st (NULL: not timed) gets the phases' times added. */
-FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n, const fsdp__kv *kv,
-                                     int nkv, fsdp_device *dev, const fsdp_hooks *h,
-                                     const fsdp_ckpt_options *o, int world, fsdp_ckpt_stats *st,
-                                     fsdp_error *err)
-{
-    fsdp__sb sb;
-    fsdp__crc *crc = NULL;
-    size_t *crcpos = NULL, hlen, layoutpos, ncrc = 0;
-    char *tmp = NULL;
-    int64_t off = 0, *offs = NULL, nchunks;
-    fsdp__wpart *parts = NULL;
-    uint32_t *pcrc = NULL;
-    void *bounce = NULL;
-    struct stat fst;
+/* fsdp__st_write's state, shared by its steps; each step reports its
+   failure as FSDP__STF's value (h and err are its locals' names). */
+typedef struct fsdp__stw {
+    const char *path;
+    const fsdp__wt *t;
+    int n;
+    fsdp_device *dev;
+    const fsdp_hooks *h;
+    fsdp_error *err;
+    fsdp_ckpt_stats *st; /* NULL: not timed */
+    int on;              /* st != NULL */
+    double t0;           /* the running phase's start */
+    fsdp__sb sb;         /* the header */
+    fsdp__crc *crc;
+    size_t *crcpos;      /* tensor i's checksum in the header */
+    size_t layoutpos;    /* the layout checksum in the header */
+    size_t hlen;
+    char *tmp;           /* "<path>.tmp.<pid>" */
+    int64_t off;         /* the data section's bytes */
+    int64_t *offs;       /* tensor i is data bytes [offs[i], offs[i + 1]) */
+    int need_bounce;     /* device memory the host cannot read */
     fsdp__io mv;
-    int fd = -1, i, k, np = 1, need_bounce = 0, on = st != NULL;
-    unsigned char len8[8];
-    double t0, t1;
-    fsdp_result r = FSDP_SUCCESS;
-    memset(&sb, 0, sizeof sb);
-    sb.h = h;
-    if (!fsdp__host_little_endian())
-        return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
-                         "is not", path);
-    crc = (fsdp__crc *)fsdp__alloc(h, sizeof *crc);
-    crcpos = (size_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *crcpos);
-    offs = (int64_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *offs);
-    tmp = (char *)fsdp__alloc(h, strlen(path) + 32);
-    if (!crc || !crcpos || !offs || !tmp) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-        goto done;
-    }
-    fsdp__crc_init(crc);
-    sprintf(tmp, "%s.tmp.%ld", path, (long)getpid());
-    /* header: metadata first (so Python sees it), then tensors in order */
-    fsdp__sb_str(&sb, "{\"__metadata__\":{");
+    fsdp__wpart *parts;
+    int np;
+    uint32_t *pcrc;      /* the parts' per-tensor checksums */
+    void *bounce;
+    int fd;
+} fsdp__stw;
+
+/* The header: metadata first (so Python sees it) with room for every
+   checksum (their width is fixed, so the header's length is known before
+   the data is written), then the tensors in order; the data offsets. */
+FSDP__DEF fsdp_result fsdp__stw_header(fsdp__stw *w, const fsdp__kv *kv, int nkv)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    fsdp__sb *sb = &w->sb;
+    int i;
+    fsdp__sb_str(sb, "{\"__metadata__\":{");
     for (i = 0; i < nkv; i++) {
-        if (i) fsdp__sb_str(&sb, ",");
-        fsdp__sb_json(&sb, kv[i].key);
-        fsdp__sb_str(&sb, ":");
-        fsdp__sb_json(&sb, kv[i].value);
+        if (i) fsdp__sb_str(sb, ",");
+        fsdp__sb_json(sb, kv[i].key);
+        fsdp__sb_str(sb, ":");
+        fsdp__sb_json(sb, kv[i].value);
     }
     /* the layout checksum, computed once the data's checksums are known */
-    fsdp__sb_str(&sb, nkv ? ",\"" FSDP__LAYOUT_KEY "\":\"" : "\"" FSDP__LAYOUT_KEY "\":\"");
-    layoutpos = sb.len;
-    fsdp__sb_str(&sb, "00000000\"");
-    for (i = 0; i < n; i++) {
-        fsdp__sb_str(&sb, ",");
-        fsdp__sb_str(&sb, "\"fsdp.crc32.");
-        fsdp__sb_json_body(&sb, t[i].name);
-        fsdp__sb_str(&sb, "\"");
-        fsdp__sb_str(&sb, ":\"");
-        crcpos[i] = sb.len;
-        fsdp__sb_str(&sb, "00000000\"");
+    fsdp__sb_str(sb, nkv ? ",\"" FSDP__LAYOUT_KEY "\":\"" : "\"" FSDP__LAYOUT_KEY "\":\"");
+    w->layoutpos = sb->len;
+    fsdp__sb_str(sb, "00000000\"");
+    for (i = 0; i < w->n; i++) {
+        fsdp__sb_str(sb, ",");
+        fsdp__sb_str(sb, "\"fsdp.crc32.");
+        fsdp__sb_json_body(sb, w->t[i].name);
+        fsdp__sb_str(sb, "\"");
+        fsdp__sb_str(sb, ":\"");
+        w->crcpos[i] = sb->len;
+        fsdp__sb_str(sb, "00000000\"");
     }
-    fsdp__sb_str(&sb, "}");
-    for (i = 0; i < n; i++) {
-        int64_t bytes = t[i].numel * (int64_t)fsdp_dtype_size(t[i].dtype);
+    fsdp__sb_str(sb, "}");
+    for (i = 0; i < w->n; i++) {
+        const fsdp__wt *t = &w->t[i];
+        int64_t bytes = t->numel * (int64_t)fsdp_dtype_size(t->dtype);
         int d;
-        const char *dn = fsdp__st_dtype_name(t[i].dtype);
-        if (!dn) {
-            r = FSDP__STF(FSDP_INVALID_DTYPE, "'%s': tensor '%s': dtype %s has no safetensors "
-                          "name", path, t[i].name, fsdp_dtype_name(t[i].dtype));
-            goto done;
+        const char *dn = fsdp__st_dtype_name(t->dtype);
+        if (!dn)
+            return FSDP__STF(FSDP_INVALID_DTYPE, "'%s': tensor '%s': dtype %s has no safetensors "
+                             "name", w->path, t->name, fsdp_dtype_name(t->dtype));
+        if (bytes && t->mem == FSDP_MEM_DEVICE && !(w->dev && fsdp_device_host_accessible(w->dev))) {
+            if (!w->dev)
+                return FSDP__STF(FSDP_INVALID_ARGS, "'%s': tensor '%s' is in device memory and "
+                                 "there is no device", w->path, t->name);
+            w->need_bounce = 1;
         }
-        if (bytes && t[i].mem == FSDP_MEM_DEVICE && !(dev && fsdp_device_host_accessible(dev))) {
-            if (!dev) {
-                r = FSDP__STF(FSDP_INVALID_ARGS, "'%s': tensor '%s' is in device memory and "
-                              "there is no device", path, t[i].name);
-                goto done;
-            }
-            need_bounce = 1;
-        }
-        fsdp__sb_str(&sb, ",");
-        fsdp__sb_json(&sb, t[i].name);
-        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", dn);
-        for (d = 0; d < t[i].ndim; d++)
-            fsdp__sb_printf(&sb, "%s%lld", d ? "," : "", (long long)t[i].shape[d]);
-        fsdp__sb_printf(&sb, "],\"data_offsets\":[%lld,%lld]}", (long long)off,
-                        (long long)(off + bytes));
-        offs[i] = off;
-        off += bytes;
+        fsdp__sb_str(sb, ",");
+        fsdp__sb_json(sb, t->name);
+        fsdp__sb_printf(sb, ":{\"dtype\":\"%s\",\"shape\":[", dn);
+        for (d = 0; d < t->ndim; d++)
+            fsdp__sb_printf(sb, "%s%lld", d ? "," : "", (long long)t->shape[d]);
+        fsdp__sb_printf(sb, "],\"data_offsets\":[%lld,%lld]}", (long long)w->off,
+                        (long long)(w->off + bytes));
+        w->offs[i] = w->off;
+        w->off += bytes;
     }
-    offs[n] = off;
-    fsdp__sb_str(&sb, "}");
-    while ((sb.len + 8) % 8) fsdp__sb_str(&sb, " "); /* data 8-byte aligned, as Python pads */
-    if (sb.oom) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", path);
-        goto done;
-    }
-    hlen = sb.len;
-    for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
-    /* the parts: whole chunks each; device memory the host cannot read
-       goes through one bounce buffer, the device used by one thread */
-    mv = fsdp__io_resolve(o, world, off, st);
-    nchunks = (off + (int64_t)mv.chunk - 1) / (int64_t)mv.chunk;
-    np = need_bounce ? 1 : mv.threads;
-    if ((int64_t)np > nchunks) np = nchunks > 0 ? (int)nchunks : 1;
-    parts = (fsdp__wpart *)fsdp__calloc(h, (size_t)np, sizeof *parts);
-    if (!parts) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-        goto done;
-    }
-    for (k = 0; k < np; k++) {
-        fsdp__wpart *p = &parts[k];
-        int64_t c0 = nchunks * k / np, c1 = nchunks * (k + 1) / np;
-        p->begin = c0 * (int64_t)mv.chunk;
-        p->end = k == np - 1 ? off : c1 * (int64_t)mv.chunk;
-        for (p->first = 0; p->first < n - 1 && offs[p->first + 1] <= p->begin; p->first++) {
+    w->offs[w->n] = w->off;
+    fsdp__sb_str(sb, "}");
+    while ((sb->len + 8) % 8) fsdp__sb_str(sb, " "); /* data 8-byte aligned, as Python pads */
+    if (sb->oom) return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", w->path);
+    w->hlen = sb->len;
+    return FSDP_SUCCESS;
+}
+
+/* The parts: whole chunks each, the tensors each covers; device memory the
+   host cannot read goes through one bounce buffer, the device used by one
+   thread. */
+FSDP__DEF fsdp_result fsdp__stw_plan(fsdp__stw *w, const fsdp_ckpt_options *o, int world)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    int64_t nchunks;
+    size_t ncrc = 0;
+    int k;
+    w->mv = fsdp__io_resolve(o, world, w->off, w->st);
+    nchunks = (w->off + (int64_t)w->mv.chunk - 1) / (int64_t)w->mv.chunk;
+    w->np = w->need_bounce ? 1 : w->mv.threads;
+    if ((int64_t)w->np > nchunks) w->np = nchunks > 0 ? (int)nchunks : 1;
+    if (!(w->parts = (fsdp__wpart *)fsdp__calloc(h, (size_t)w->np, sizeof *w->parts)))
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", w->path);
+    for (k = 0; k < w->np; k++) {
+        fsdp__wpart *p = &w->parts[k];
+        int64_t c0 = nchunks * k / w->np, c1 = nchunks * (k + 1) / w->np;
+        p->begin = c0 * (int64_t)w->mv.chunk;
+        p->end = k == w->np - 1 ? w->off : c1 * (int64_t)w->mv.chunk;
+        for (p->first = 0; p->first < w->n - 1 && w->offs[p->first + 1] <= p->begin; p->first++) {
         }
-        for (p->last = p->first; p->last < n - 1 && offs[p->last + 1] < p->end; p->last++) {
+        for (p->last = p->first; p->last < w->n - 1 && w->offs[p->last + 1] < p->end; p->last++) {
         }
-        ncrc += n ? (size_t)(p->last - p->first + 1) : 0;
+        ncrc += w->n ? (size_t)(p->last - p->first + 1) : 0;
         p->fd = -1;
     }
-    pcrc = (uint32_t *)fsdp__calloc(h, ncrc + 1, sizeof *pcrc);
-    if (!pcrc || (need_bounce && !(bounce = fsdp__alloc(h, mv.chunk)))) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-        goto done;
-    }
-    fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
-    if (fd < 0) {
-        r = FSDP__STF(FSDP_CKPT_IO, "'%s': cannot create: %s", tmp, strerror(errno));
-        goto done;
-    }
-    if (fstat(fd, &fst) != 0) goto io;
-    t0 = fsdp__tick(on);
-    for (k = 0, ncrc = 0; k < np; k++) {
-        fsdp__wpart *p = &parts[k];
-        p->tmp = tmp;
-        p->t = t;
-        p->off = offs;
-        p->base = 8 + (int64_t)hlen;
-        p->crc = pcrc + ncrc;
-        ncrc += n ? (size_t)(p->last - p->first + 1) : 0;
-        p->chunk = mv.chunk;
-        p->tab = crc;
-        p->dev = dev;
-        p->bounce = bounce;
+    w->pcrc = (uint32_t *)fsdp__calloc(h, ncrc + 1, sizeof *w->pcrc);
+    if (!w->pcrc || (w->need_bounce && !(w->bounce = fsdp__alloc(h, w->mv.chunk))))
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", w->path);
+    return FSDP_SUCCESS;
+}
+
+/* A failed write call on the temporary (errno): named, the temporary gone. */
+FSDP__DEF fsdp_result fsdp__stw_io(fsdp__stw *w)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    fsdp_result r = FSDP__STF(FSDP_CKPT_IO, "'%s': writing '%s': %s", w->path, w->tmp,
+                              strerror(errno));
+    if (w->fd >= 0) close(w->fd);
+    w->fd = -1;
+    unlink(w->tmp);
+    return r;
+}
+
+/* The data, in one pass over memory: the temporary created, its parts
+   written by as many threads (part 0 by this one, through the file's own
+   descriptor), their checksums kept per part. */
+FSDP__DEF fsdp_result fsdp__stw_data(fsdp__stw *w)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    struct stat fst;
+    fsdp_result r = FSDP_SUCCESS;
+    size_t ncrc = 0;
+    int k;
+    w->fd = open(w->tmp, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (w->fd < 0) return FSDP__STF(FSDP_CKPT_IO, "'%s': cannot create: %s", w->tmp, strerror(errno));
+    if (fstat(w->fd, &fst) != 0) return fsdp__stw_io(w);
+    w->t0 = fsdp__tick(w->on);
+    for (k = 0; k < w->np; k++) {
+        fsdp__wpart *p = &w->parts[k];
+        p->tmp = w->tmp;
+        p->t = w->t;
+        p->off = w->offs;
+        p->base = 8 + (int64_t)w->hlen;
+        p->crc = w->pcrc + ncrc;
+        ncrc += w->n ? (size_t)(p->last - p->first + 1) : 0;
+        p->chunk = w->mv.chunk;
+        p->tab = w->crc;
+        p->dev = w->dev;
+        p->bounce = w->bounce;
         p->st_dev = fst.st_dev;
         p->st_ino = fst.st_ino;
-        p->timed = on;
-        if (k == 0) p->fd = fd;
+        p->timed = w->on;
+        if (k == 0) p->fd = w->fd;
         else p->started = pthread_create(&p->th, NULL, fsdp__wpart_run, p) == 0;
     }
-    fsdp__wpart_run(&parts[0]);
-    for (k = 1; k < np; k++) { /* a part whose thread did not start runs here */
-        if (parts[k].started) pthread_join(parts[k].th, NULL);
-        else fsdp__wpart_run(&parts[k]);
+    fsdp__wpart_run(&w->parts[0]);
+    for (k = 1; k < w->np; k++) { /* a part whose thread did not start runs here */
+        if (w->parts[k].started) pthread_join(w->parts[k].th, NULL);
+        else fsdp__wpart_run(&w->parts[k]);
     }
-    for (k = 0; k < np; k++) {
-        fsdp__wpart *p = &parts[k];
+    for (k = 0; k < w->np; k++) {
+        fsdp__wpart *p = &w->parts[k];
         if (k > 0 && p->fd >= 0 && close(p->fd) != 0 && p->r == FSDP_SUCCESS) {
             p->r = FSDP_CKPT_IO;
             p->err = errno;
@@ -14437,105 +14456,159 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
         if (k > 0) p->fd = -1;
         if (p->r != FSDP_SUCCESS && r == FSDP_SUCCESS) {
             if (p->r == FSDP_CKPT_IO)
-                r = FSDP__STF(FSDP_CKPT_IO, "'%s': %s '%s': %s", path, p->what, tmp,
+                r = FSDP__STF(FSDP_CKPT_IO, "'%s': %s '%s': %s", w->path, p->what, w->tmp,
                               p->err ? strerror(p->err) : "");
             else
-                r = FSDP__STF(p->r, "'%s': %s: %s", path, p->what, fsdp_device_last_error(dev));
+                r = FSDP__STF(p->r, "'%s': %s: %s", w->path, p->what,
+                              fsdp_device_last_error(w->dev));
         }
     }
     if (r != FSDP_SUCCESS) {
-        close(fd);
-        fd = -1;
-        unlink(tmp);
-        goto done;
+        close(w->fd);
+        w->fd = -1;
+        unlink(w->tmp);
     }
-    for (i = 0; i < n; i++) { /* each tensor's checksum from its parts' */
+    return r;
+}
+
+/* The checksums into the header: each tensor's from its parts', then the
+   layout's over the header as a loader parses it. */
+FSDP__DEF fsdp_result fsdp__stw_seal(fsdp__stw *w)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    fsdp__json jj;
+    int i, k, mnode, lnode, bad;
+    uint32_t lc = 0;
+    char hex[9];
+    for (i = 0; i < w->n; i++) {
         uint32_t c = 0;
-        char hex[9];
-        for (k = 0; k < np; k++) {
-            const fsdp__wpart *p = &parts[k];
-            int64_t a = p->begin > offs[i] ? p->begin : offs[i];
-            int64_t b = p->end < offs[i + 1] ? p->end : offs[i + 1];
+        for (k = 0; k < w->np; k++) {
+            const fsdp__wpart *p = &w->parts[k];
+            int64_t a = p->begin > w->offs[i] ? p->begin : w->offs[i];
+            int64_t b = p->end < w->offs[i + 1] ? p->end : w->offs[i + 1];
             if (i >= p->first && i <= p->last && b > a)
-                c = fsdp__crc_combine(crc, c, p->crc[i - p->first], (uint64_t)(b - a));
+                c = fsdp__crc_combine(w->crc, c, p->crc[i - p->first], (uint64_t)(b - a));
         }
         snprintf(hex, sizeof hex, "%08x", (unsigned)c);
-        memcpy(sb.s + crcpos[i], hex, 8);
+        memcpy(w->sb.s + w->crcpos[i], hex, 8);
     }
-    if (on) {
-        t1 = fsdp__tick(on);
-        st->data_s += t1 - t0;
-        t0 = t1;
-        for (k = 0; k < np; k++) {
-            st->checksum_s += parts[k].crc_s;
-            st->io_s += parts[k].io_s;
+    if (w->on) {
+        double t1 = fsdp__tick(w->on);
+        w->st->data_s += t1 - w->t0;
+        w->t0 = t1;
+        for (k = 0; k < w->np; k++) {
+            w->st->checksum_s += w->parts[k].crc_s;
+            w->st->io_s += w->parts[k].io_s;
         }
-        st->bytes += off;
-        st->files++;
-        if (st->threads < np) st->threads = np;
+        w->st->bytes += w->off;
+        w->st->files++;
+        if (w->st->threads < w->np) w->st->threads = w->np;
     }
-    {
-        /* parsed as a loader parses it: the checksum covers what it reads */
-        fsdp__json jj;
-        int mnode, lnode, bad;
-        uint32_t lc = 0;
-        char hex[9];
-        bad = fsdp__json_parse(&jj, h, sb.s, hlen) != 0 ||
-              (mnode = fsdp__j_get(&jj, 0, "__metadata__")) < 0 ||
-              (lnode = fsdp__j_get(&jj, mnode, FSDP__LAYOUT_KEY)) < 0 ||
-              fsdp__layout_crc(&jj, lnode, crc, h, &lc) != 0;
-        fsdp__json_free(&jj);
-        if (bad) {
-            r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header's checksum",
-                          path);
-            goto done;
-        }
-        snprintf(hex, sizeof hex, "%08x", (unsigned)lc);
-        memcpy(sb.s + layoutpos, hex, 8);
+    bad = fsdp__json_parse(&jj, h, w->sb.s, w->hlen) != 0 ||
+          (mnode = fsdp__j_get(&jj, 0, "__metadata__")) < 0 ||
+          (lnode = fsdp__j_get(&jj, mnode, FSDP__LAYOUT_KEY)) < 0 ||
+          fsdp__layout_crc(&jj, lnode, w->crc, h, &lc) != 0;
+    fsdp__json_free(&jj);
+    if (bad)
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header's checksum",
+                         w->path);
+    snprintf(hex, sizeof hex, "%08x", (unsigned)lc);
+    memcpy(w->sb.s + w->layoutpos, hex, 8);
+    return FSDP_SUCCESS;
+}
+
+/* The header at the start, fsync, then the temporary renamed into place
+   and the directory synced. */
+FSDP__DEF fsdp_result fsdp__stw_commit(fsdp__stw *w)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    unsigned char len8[8];
+    double t1;
+    int i;
+    for (i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)w->hlen >> (8 * i));
+    if (lseek(w->fd, 0, SEEK_SET) < 0 || fsdp__write_all(w->fd, len8, 8) != 0 ||
+        fsdp__write_all(w->fd, w->sb.s, w->hlen) != 0)
+        return fsdp__stw_io(w);
+    t1 = fsdp__tick(w->on);
+    if (w->on) w->st->header_s += t1 - w->t0;
+    if (fsync(w->fd) != 0) return fsdp__stw_io(w);
+    w->t0 = fsdp__tick(w->on);
+    if (w->on) w->st->sync_s += w->t0 - t1;
+    if (close(w->fd) != 0) {
+        w->fd = -1;
+        return fsdp__stw_io(w);
     }
-    if (lseek(fd, 0, SEEK_SET) < 0 || fsdp__write_all(fd, len8, 8) != 0 ||
-        fsdp__write_all(fd, sb.s, hlen) != 0)
-        goto io;
-    t1 = fsdp__tick(on);
-    if (on) st->header_s += t1 - t0;
-    if (fsync(fd) != 0) goto io;
-    t0 = fsdp__tick(on);
-    if (on) st->sync_s += t0 - t1;
-    if (close(fd) != 0) {
-        fd = -1;
-        goto io;
+    w->fd = -1;
+    if (rename(w->tmp, w->path) != 0) {
+        fsdp_result r = FSDP__STF(FSDP_CKPT_IO, "'%s': renaming the temporary '%s' into place: %s",
+                                  w->path, w->tmp, strerror(errno));
+        unlink(w->tmp);
+        return r;
     }
-    fd = -1;
-    if (rename(tmp, path) != 0) {
-        r = FSDP__STF(FSDP_CKPT_IO, "'%s': renaming the temporary '%s' into place: %s", path,
-                      tmp, strerror(errno));
-        unlink(tmp);
-        goto done;
+    fsdp__fsync_dir(w->path);
+    if (w->on) w->st->rename_s += fsdp__tick(w->on) - w->t0;
+    return FSDP_SUCCESS;
+}
+
+/* Writes a safetensors file atomically: "<path>.tmp.<pid>", data, then the
+   header with the checksums, fsync, rename, fsync of the directory. A
+   failure removes the temporary and leaves path as it was. The data goes
+   in one pass over memory, split among threads (fsdp_ckpt_options o, NULL
+   for the defaults; world: the ranks sharing the CPUs); st (NULL: not
+   timed) gets the phases' times added. */
+FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n, const fsdp__kv *kv,
+                                     int nkv, fsdp_device *dev, const fsdp_hooks *h,
+                                     const fsdp_ckpt_options *o, int world, fsdp_ckpt_stats *st,
+                                     fsdp_error *err)
+{
+    fsdp__stw w;
+    fsdp_result r;
+    int k;
+    if (!fsdp__host_little_endian())
+        return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
+                         "is not", path);
+    memset(&w, 0, sizeof w);
+    w.path = path;
+    w.t = t;
+    w.n = n;
+    w.dev = dev;
+    w.h = h;
+    w.err = err;
+    w.st = st;
+    w.on = st != NULL;
+    w.fd = -1;
+    w.sb.h = h;
+    w.crc = (fsdp__crc *)fsdp__alloc(h, sizeof *w.crc);
+    w.crcpos = (size_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *w.crcpos);
+    w.offs = (int64_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *w.offs);
+    w.tmp = (char *)fsdp__alloc(h, strlen(path) + 32);
+    if (!w.crc || !w.crcpos || !w.offs || !w.tmp) {
+        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+    } else {
+        fsdp__crc_init(w.crc);
+        sprintf(w.tmp, "%s.tmp.%ld", path, (long)getpid());
+        if ((r = fsdp__stw_header(&w, kv, nkv)) == FSDP_SUCCESS &&
+            (r = fsdp__stw_plan(&w, o, world)) == FSDP_SUCCESS &&
+            (r = fsdp__stw_data(&w)) == FSDP_SUCCESS && (r = fsdp__stw_seal(&w)) == FSDP_SUCCESS)
+            r = fsdp__stw_commit(&w);
     }
-    fsdp__fsync_dir(path);
-    if (on) st->rename_s += fsdp__tick(on) - t0;
-    goto done;
-io:
-    r = FSDP__STF(FSDP_CKPT_IO, "'%s': writing '%s': %s", path, tmp, strerror(errno));
-    if (fd >= 0) close(fd);
-    fd = -1;
-    unlink(tmp);
-done:
-    if (fd >= 0) {
-        close(fd);
-        unlink(tmp);
+    if (w.fd >= 0) { /* a step failed with the temporary open */
+        close(w.fd);
+        unlink(w.tmp);
     }
-    if (parts)
-        for (k = 1; k < np; k++)
-            if (parts[k].fd >= 0) close(parts[k].fd);
-    fsdp__free(h, sb.s);
-    fsdp__free(h, crc);
-    fsdp__free(h, crcpos);
-    fsdp__free(h, offs);
-    fsdp__free(h, parts);
-    fsdp__free(h, pcrc);
-    fsdp__free(h, tmp);
-    fsdp__free(h, bounce);
+    if (w.parts)
+        for (k = 1; k < w.np; k++)
+            if (w.parts[k].fd >= 0) close(w.parts[k].fd);
+    fsdp__free(h, w.sb.s);
+    fsdp__free(h, w.crc);
+    fsdp__free(h, w.crcpos);
+    fsdp__free(h, w.offs);
+    fsdp__free(h, w.parts);
+    fsdp__free(h, w.pcrc);
+    fsdp__free(h, w.tmp);
+    fsdp__free(h, w.bounce);
     return r;
 }
 
@@ -14672,6 +14745,227 @@ FSDP__DEF void *fsdp__rpart_run(void *arg)
     return NULL;
 }
 
+/* fsdp__st_read_items' state, shared by its steps; each step reports its
+   failure as FSDP__STF's value (h and err are its locals' names). */
+typedef struct fsdp__rdw {
+    fsdp__st_file *f;
+    const fsdp_hooks *h;
+    fsdp_error *err;
+    int n;
+    fsdp__rd_item *items; /* in the file's order */
+    fsdp__rd_key *keys;
+    uint32_t *whole;      /* each item's tensor's checksum */
+    int64_t *start;       /* item i's first byte among the threads' bytes */
+    int64_t total;        /* the threads' bytes: the tensors of items that do not put */
+    fsdp__io mv;
+    fsdp__rpart *parts;
+    int np;
+    uint32_t *pcrc;
+    char *scratch;        /* a chunk, for the items that put */
+    const fsdp__crc *tab;
+    fsdp__bk_list *bk;
+    fsdp_ckpt_stats *st;  /* NULL: not timed */
+    int on;
+    double put_s;         /* the puts' time is apply_s, not data_s */
+} fsdp__rdw;
+
+/* The items in the file's order, and the bytes the threads will read. */
+FSDP__DEF fsdp_result fsdp__rd_order(fsdp__rdw *w, const fsdp__rd_item *in)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    fsdp__st_file *f = w->f;
+    int i, n = w->n;
+    w->whole = (uint32_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *w->whole);
+    w->start = (int64_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *w->start);
+    w->items = (fsdp__rd_item *)fsdp__calloc(h, (size_t)n + 1, sizeof *w->items);
+    w->keys = (fsdp__rd_key *)fsdp__calloc(h, (size_t)n + 1, sizeof *w->keys);
+    if (!w->whole || !w->start || !w->items || !w->keys)
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    for (i = 0; i < n; i++) {
+        w->keys[i].begin = f->e[in[i].entry].begin;
+        w->keys[i].i = i;
+    }
+    qsort(w->keys, (size_t)n, sizeof *w->keys, fsdp__rd_key_cmp);
+    for (i = 0; i < n; i++) {
+        w->items[i] = in[w->keys[i].i];
+        if (!w->items[i].put) w->total += f->e[w->items[i].entry].end - f->e[w->items[i].entry].begin;
+    }
+    return FSDP_SUCCESS;
+}
+
+/* The items that put: element-aligned chunks, in order, in this thread. */
+FSDP__DEF fsdp_result fsdp__rd_puts(fsdp__rdw *w, fsdp__rd_put_fn put, void *user)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    fsdp__st_file *f = w->f;
+    fsdp_result r = FSDP_SUCCESS;
+    int i;
+    for (i = 0; i < w->n && r == FSDP_SUCCESS; i++) {
+        const fsdp__st_entry *e = &f->e[w->items[i].entry];
+        size_t es = fsdp_dtype_size(e->dtype), step = w->mv.chunk - w->mv.chunk % (es ? es : 1);
+        int64_t a = 0, len = e->end - e->begin;
+        fsdp__rpart one;
+        if (!w->items[i].put) continue;
+        if (!w->scratch && !(w->scratch = (char *)fsdp__alloc(h, w->mv.chunk)))
+            return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+        memset(&one, 0, sizeof one);
+        one.f = f;
+        one.tab = w->tab;
+        one.fd = f->fd;
+        one.timed = w->on;
+        while (a < len && r == FSDP_SUCCESS) {
+            size_t m = (size_t)(len - a) < step ? (size_t)(len - a) : step;
+            double t1;
+            if (!fsdp__rpart_read(&one, e->begin + a, w->scratch, m, &w->whole[i], i))
+                return FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path,
+                                 e->name, one.failed == 2 ? "unexpected end of file (truncated)"
+                                                          : strerror(one.err));
+            /* a tensor of one chunk (a step) is checked before it is used */
+            if (m == (size_t)len && e->has_crc && w->whole[i] != e->crc)
+                return fsdp__crc_mismatch(f, e, w->whole[i], err);
+            t1 = fsdp__tick(w->on);
+            r = put(user, &w->items[i], a, w->scratch, m, err);
+            t1 = fsdp__tick(w->on) - t1;
+            w->put_s += t1;
+            if (w->on) w->st->apply_s += t1;
+            a += (int64_t)m;
+        }
+        if (w->on) {
+            w->st->io_s += one.io_s;
+            w->st->checksum_s += one.crc_s;
+            w->st->bytes += len;
+        }
+    }
+    return r;
+}
+
+/* The others' parts: the bytes of their tensors in file order, cut in
+   whole chunks, each part with its own descriptor of the same file (Linux:
+   /proc/self/fd, no path to race with; fewer threads when one cannot be
+   had), its checksums, its scratch and its record of what it saves. */
+FSDP__DEF fsdp_result fsdp__rd_plan(fsdp__rdw *w)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    fsdp__st_file *f = w->f;
+    int64_t nchunks, acc;
+    size_t ncrc = 0;
+    int i, k, n = w->n;
+    for (i = 0, acc = 0; i < n; i++) {
+        w->start[i] = acc;
+        if (!w->items[i].put) acc += f->e[w->items[i].entry].end - f->e[w->items[i].entry].begin;
+    }
+    w->start[n] = acc;
+    nchunks = (w->total + (int64_t)w->mv.chunk - 1) / (int64_t)w->mv.chunk;
+    w->np = w->mv.threads;
+    if ((int64_t)w->np > nchunks) w->np = (int)nchunks;
+    if (w->np < 1) return FSDP_SUCCESS;
+    if (!(w->parts = (fsdp__rpart *)fsdp__calloc(h, (size_t)w->np, sizeof *w->parts)))
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    for (k = 0; k < w->np; k++) w->parts[k].fd = -1;
+    w->parts[0].fd = f->fd;
+#ifdef __linux__
+    for (k = 1; k < w->np; k++) {
+        char self[64];
+        struct stat a, b;
+        snprintf(self, sizeof self, "/proc/self/fd/%d", f->fd);
+        w->parts[k].fd = open(self, O_RDONLY);
+        if (w->parts[k].fd < 0 || fstat(w->parts[k].fd, &a) != 0 || fstat(f->fd, &b) != 0 ||
+            a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
+            if (w->parts[k].fd >= 0) close(w->parts[k].fd);
+            w->parts[k].fd = -1;
+            w->np = k; /* fewer threads */
+            break;
+        }
+    }
+#else
+    w->np = 1;
+#endif
+    for (k = 0; k < w->np; k++) {
+        fsdp__rpart *p = &w->parts[k];
+        int64_t g0 = nchunks * k / w->np * (int64_t)w->mv.chunk,
+                g1 = k == w->np - 1 ? w->total : nchunks * (k + 1) / w->np * (int64_t)w->mv.chunk;
+        /* the items holding global bytes g0 and g1 - 1 */
+        for (p->i0 = 0; p->i0 < n && (w->items[p->i0].put || w->start[p->i0 + 1] <= g0); p->i0++) {
+        }
+        for (p->i1 = p->i0; p->i1 < n && (w->items[p->i1].put || w->start[p->i1 + 1] < g1); p->i1++) {
+        }
+        p->b0 = g0 - w->start[p->i0];
+        p->b1 = g1 - w->start[p->i1];
+        ncrc += (size_t)(p->i1 - p->i0 + 1);
+    }
+    w->pcrc = (uint32_t *)fsdp__calloc(h, ncrc + 1, sizeof *w->pcrc);
+    /* a span per part and item at most, recorded whatever happens */
+    if (!w->pcrc || (w->bk && !fsdp__grow(w->bk->h, (void **)&w->bk->s, &w->bk->cap,
+                                          w->bk->n + (int)ncrc + 1, sizeof *w->bk->s)))
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    for (k = 0, ncrc = 0; k < w->np; k++) {
+        fsdp__rpart *p = &w->parts[k];
+        p->f = f;
+        p->it = w->items;
+        p->crc = w->pcrc + ncrc;
+        ncrc += (size_t)(p->i1 - p->i0 + 1);
+        p->chunk = w->mv.chunk;
+        p->tab = w->tab;
+        p->timed = w->on;
+        p->bk = (int64_t *)fsdp__calloc(h, (size_t)(p->i1 - p->i0 + 1), sizeof *p->bk);
+        if (!(p->scratch = (char *)fsdp__alloc(h, w->mv.chunk)) || !p->bk)
+            return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* After the threads: what each part overwrote (failed or not), its
+   failure, each tensor's checksum from its parts', the times. */
+FSDP__DEF fsdp_result fsdp__rd_collect(fsdp__rdw *w)
+{
+    const fsdp_hooks *h = w->h;
+    fsdp_error *err = w->err;
+    fsdp__st_file *f = w->f;
+    int i, k;
+    for (k = 0; w->bk && k < w->np; k++)
+        for (i = w->parts[k].i0; i <= w->parts[k].i1; i++) {
+            const fsdp__rd_item *it = &w->items[i];
+            int64_t w0 = i == w->parts[k].i0 && w->parts[k].b0 > it->lo ? w->parts[k].b0 : it->lo;
+            fsdp__bk_span *sp;
+            if (!it->bak || w->parts[k].bk[i - w->parts[k].i0] <= 0) continue;
+            sp = &w->bk->s[w->bk->n++]; /* room made before the reads */
+            sp->dst = it->dst + (w0 - it->lo);
+            sp->bak = it->bak + (w0 - it->lo);
+            sp->n = (size_t)w->parts[k].bk[i - w->parts[k].i0];
+        }
+    for (k = 0; k < w->np; k++)
+        if (w->parts[k].failed) {
+            const fsdp__st_entry *e = &f->e[w->items[w->parts[k].item].entry];
+            return FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
+                             w->parts[k].failed == 2 ? "unexpected end of file (truncated)"
+                                                     : strerror(w->parts[k].err));
+        }
+    for (i = 0; i < w->n; i++)
+        for (k = 0; k < w->np; k++) {
+            const fsdp__rpart *p = &w->parts[k];
+            const fsdp__st_entry *e = &f->e[w->items[i].entry];
+            int64_t a, b;
+            if (w->items[i].put || i < p->i0 || i > p->i1) continue;
+            a = i == p->i0 ? p->b0 : 0;
+            b = i == p->i1 ? p->b1 : e->end - e->begin;
+            if (b > a)
+                w->whole[i] = fsdp__crc_combine(w->tab, w->whole[i], p->crc[i - p->i0],
+                                                (uint64_t)(b - a));
+        }
+    if (w->on) {
+        for (k = 0; k < w->np; k++) {
+            w->st->io_s += w->parts[k].io_s;
+            w->st->checksum_s += w->parts[k].crc_s;
+        }
+        w->st->bytes += w->total;
+        if (w->st->threads < w->np) w->st->threads = w->np;
+    }
+    return FSDP_SUCCESS;
+}
+
 /* Reads items[0..n) of an open file (in the file's order), every tensor's
    checksum checked when it has one, the bytes going where each item says:
    the items that put run first, in this thread, one chunk at a time; the
@@ -14686,213 +14980,53 @@ FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item 
                                           fsdp_ckpt_stats *st, fsdp_error *err)
 {
     const fsdp_hooks *h = f->h;
-    fsdp__io mv;
-    fsdp__rpart *parts = NULL;
-    fsdp__rd_item *items = NULL;
-    fsdp__rd_key *keys = NULL;
-    uint32_t *pcrc = NULL, *whole = NULL;
-    char *scratch = NULL;
-    int64_t total = 0, nchunks, acc, *start = NULL;
-    int i, k, np = 0, on = st != NULL;
-    size_t ncrc = 0;
-    double t0 = fsdp__tick(on), put_s = 0.0; /* the puts' time is apply_s, not data_s */
-    fsdp_result r = FSDP_SUCCESS;
-    whole = (uint32_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *whole);
-    start = (int64_t *)fsdp__calloc(h, (size_t)n + 1, sizeof *start);
-    items = (fsdp__rd_item *)fsdp__calloc(h, (size_t)n + 1, sizeof *items);
-    keys = (fsdp__rd_key *)fsdp__calloc(h, (size_t)n + 1, sizeof *keys);
-    if (!whole || !start || !items || !keys) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
-        goto done;
-    }
-    for (i = 0; i < n; i++) {
-        keys[i].begin = f->e[in[i].entry].begin;
-        keys[i].i = i;
-    }
-    qsort(keys, (size_t)n, sizeof *keys, fsdp__rd_key_cmp);
-    for (i = 0; i < n; i++) {
-        items[i] = in[keys[i].i];
-        if (!items[i].put) total += f->e[items[i].entry].end - f->e[items[i].entry].begin;
-    }
-    mv = fsdp__io_resolve(o, world, total, st);
-    /* the items that put: element-aligned chunks, in order, here */
-    for (i = 0; i < n && r == FSDP_SUCCESS; i++) {
-        const fsdp__st_entry *e = &f->e[items[i].entry];
-        size_t es = fsdp_dtype_size(e->dtype), step = mv.chunk - mv.chunk % (es ? es : 1);
-        int64_t a = 0, len = e->end - e->begin;
-        fsdp__rpart one;
-        if (!items[i].put) continue;
-        if (!scratch && !(scratch = (char *)fsdp__alloc(h, mv.chunk))) {
-            r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
-            goto done;
-        }
-        memset(&one, 0, sizeof one);
-        one.f = f;
-        one.tab = tab;
-        one.fd = f->fd;
-        one.timed = on;
-        while (a < len && r == FSDP_SUCCESS) {
-            size_t m = (size_t)(len - a) < step ? (size_t)(len - a) : step;
-            double t1;
-            if (!fsdp__rpart_read(&one, e->begin + a, scratch, m, &whole[i], i)) {
-                r = FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
-                              one.failed == 2 ? "unexpected end of file (truncated)"
-                                              : strerror(one.err));
-                goto done;
+    fsdp__rdw w;
+    fsdp_result r;
+    double t0;
+    int i, k;
+    memset(&w, 0, sizeof w);
+    w.f = f;
+    w.h = h;
+    w.err = err;
+    w.n = n;
+    w.tab = tab;
+    w.bk = bk;
+    w.st = st;
+    w.on = st != NULL;
+    t0 = fsdp__tick(w.on);
+    if ((r = fsdp__rd_order(&w, in)) == FSDP_SUCCESS) {
+        w.mv = fsdp__io_resolve(o, world, w.total, st);
+        if ((r = fsdp__rd_puts(&w, put, user)) == FSDP_SUCCESS &&
+            (r = fsdp__rd_plan(&w)) == FSDP_SUCCESS && w.np > 0) {
+            for (k = 1; k < w.np; k++)
+                w.parts[k].started =
+                    pthread_create(&w.parts[k].th, NULL, fsdp__rpart_run, &w.parts[k]) == 0;
+            fsdp__rpart_run(&w.parts[0]);
+            for (k = 1; k < w.np; k++) {
+                if (w.parts[k].started) pthread_join(w.parts[k].th, NULL);
+                else fsdp__rpart_run(&w.parts[k]);
             }
-            /* a tensor of one chunk (a step) is checked before it is used */
-            if (m == (size_t)len && e->has_crc && whole[i] != e->crc) {
-                r = fsdp__crc_mismatch(f, e, whole[i], err);
-                goto done;
-            }
-            t1 = fsdp__tick(on);
-            r = put(user, &items[i], a, scratch, m, err);
-            t1 = fsdp__tick(on) - t1;
-            put_s += t1;
-            if (on) st->apply_s += t1;
-            a += (int64_t)m;
-        }
-        if (on) {
-            st->io_s += one.io_s;
-            st->checksum_s += one.crc_s;
-            st->bytes += len;
+            r = fsdp__rd_collect(&w);
         }
     }
-    if (r != FSDP_SUCCESS) goto done;
-    /* the others: the bytes of their tensors in file order, cut in whole
-       chunks among the parts */
-    for (i = 0, acc = 0; i < n; i++) {
-        start[i] = acc;
-        if (!items[i].put) acc += f->e[items[i].entry].end - f->e[items[i].entry].begin;
-    }
-    start[n] = acc;
-    nchunks = (total + (int64_t)mv.chunk - 1) / (int64_t)mv.chunk;
-    np = mv.threads;
-    if ((int64_t)np > nchunks) np = (int)nchunks;
-    if (np < 1) goto checks;
-    parts = (fsdp__rpart *)fsdp__calloc(h, (size_t)np, sizeof *parts);
-    if (!parts) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
-        goto done;
-    }
-    for (k = 0; k < np; k++) parts[k].fd = -1;
-    parts[0].fd = f->fd;
-#ifdef __linux__
-    for (k = 1; k < np; k++) { /* the same file, its own offset: no path to race with */
-        char self[64];
-        struct stat a, b;
-        snprintf(self, sizeof self, "/proc/self/fd/%d", f->fd);
-        parts[k].fd = open(self, O_RDONLY);
-        if (parts[k].fd < 0 || fstat(parts[k].fd, &a) != 0 || fstat(f->fd, &b) != 0 ||
-            a.st_dev != b.st_dev || a.st_ino != b.st_ino) {
-            if (parts[k].fd >= 0) close(parts[k].fd);
-            parts[k].fd = -1;
-            np = k; /* fewer threads */
-            break;
-        }
-    }
-#else
-    np = 1;
-#endif
-    for (k = 0; k < np; k++) {
-        fsdp__rpart *p = &parts[k];
-        int64_t g0 = nchunks * k / np * (int64_t)mv.chunk, g1 = k == np - 1 ? total
-                                                           : nchunks * (k + 1) / np * (int64_t)mv.chunk;
-        /* the items holding global bytes g0 and g1 - 1 */
-        for (p->i0 = 0; p->i0 < n && (items[p->i0].put || start[p->i0 + 1] <= g0); p->i0++) {
-        }
-        for (p->i1 = p->i0; p->i1 < n && (items[p->i1].put || start[p->i1 + 1] < g1); p->i1++) {
-        }
-        p->b0 = g0 - start[p->i0];
-        p->b1 = g1 - start[p->i1];
-        ncrc += (size_t)(p->i1 - p->i0 + 1);
-    }
-    pcrc = (uint32_t *)fsdp__calloc(h, ncrc + 1, sizeof *pcrc);
-    /* a span per part and item at most, recorded whatever happens */
-    if (!pcrc || (bk && !fsdp__grow(bk->h, (void **)&bk->s, &bk->cap, bk->n + (int)ncrc + 1,
-                                    sizeof *bk->s))) {
-        r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
-        goto done;
-    }
-    for (k = 0, ncrc = 0; k < np; k++) {
-        fsdp__rpart *p = &parts[k];
-        p->f = f;
-        p->it = items;
-        p->crc = pcrc + ncrc;
-        ncrc += (size_t)(p->i1 - p->i0 + 1);
-        p->chunk = mv.chunk;
-        p->tab = tab;
-        p->timed = on;
-        p->bk = (int64_t *)fsdp__calloc(h, (size_t)(p->i1 - p->i0 + 1), sizeof *p->bk);
-        if (!(p->scratch = (char *)fsdp__alloc(h, mv.chunk)) || !p->bk) {
-            r = FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
-            goto done;
-        }
-    }
-    for (k = 1; k < np; k++)
-        parts[k].started = pthread_create(&parts[k].th, NULL, fsdp__rpart_run, &parts[k]) == 0;
-    fsdp__rpart_run(&parts[0]);
-    for (k = 1; k < np; k++) {
-        if (parts[k].started) pthread_join(parts[k].th, NULL);
-        else fsdp__rpart_run(&parts[k]);
-    }
-    for (k = 0; bk && k < np; k++) /* what each part overwrote, failed or not */
-        for (i = parts[k].i0; i <= parts[k].i1; i++) {
-            const fsdp__rd_item *it = &items[i];
-            int64_t w0 = i == parts[k].i0 && parts[k].b0 > it->lo ? parts[k].b0 : it->lo;
-            fsdp__bk_span *sp;
-            if (!it->bak || parts[k].bk[i - parts[k].i0] <= 0) continue;
-            sp = &bk->s[bk->n++]; /* room made before the reads */
-            sp->dst = it->dst + (w0 - it->lo);
-            sp->bak = it->bak + (w0 - it->lo);
-            sp->n = (size_t)parts[k].bk[i - parts[k].i0];
-        }
-    for (k = 0; k < np && r == FSDP_SUCCESS; k++)
-        if (parts[k].failed) {
-            const fsdp__st_entry *e = &f->e[items[parts[k].item].entry];
-            r = FSDP__STF(FSDP_CKPT_IO, "'%s': reading tensor '%.80s': %s", f->path, e->name,
-                          parts[k].failed == 2 ? "unexpected end of file (truncated)"
-                                               : strerror(parts[k].err));
-        }
-    if (r != FSDP_SUCCESS) goto done;
-    for (i = 0; i < n; i++) /* each tensor's checksum from its parts' */
-        for (k = 0; k < np; k++) {
-            const fsdp__rpart *p = &parts[k];
-            const fsdp__st_entry *e = &f->e[items[i].entry];
-            int64_t a, b;
-            if (items[i].put || i < p->i0 || i > p->i1) continue;
-            a = i == p->i0 ? p->b0 : 0;
-            b = i == p->i1 ? p->b1 : e->end - e->begin;
-            if (b > a) whole[i] = fsdp__crc_combine(tab, whole[i], p->crc[i - p->i0], (uint64_t)(b - a));
-        }
-    if (on) {
-        for (k = 0; k < np; k++) {
-            st->io_s += parts[k].io_s;
-            st->checksum_s += parts[k].crc_s;
-        }
-        st->bytes += total;
-        if (st->threads < np) st->threads = np;
-    }
-checks:
     for (i = 0; i < n && r == FSDP_SUCCESS; i++) {
-        const fsdp__st_entry *e = &f->e[items[i].entry];
-        if (e->has_crc && whole[i] != e->crc) r = fsdp__crc_mismatch(f, e, whole[i], err);
+        const fsdp__st_entry *e = &f->e[w.items[i].entry];
+        if (e->has_crc && w.whole[i] != e->crc) r = fsdp__crc_mismatch(f, e, w.whole[i], err);
     }
-done:
-    if (on) st->data_s += fsdp__tick(on) - t0 - put_s;
-    if (parts)
-        for (k = 0; k < np; k++) {
-            if (k > 0 && parts[k].fd >= 0) close(parts[k].fd);
-            fsdp__free(h, parts[k].scratch);
-            fsdp__free(h, parts[k].bk);
+    if (w.on) st->data_s += fsdp__tick(w.on) - t0 - w.put_s;
+    if (w.parts)
+        for (k = 0; k < w.np; k++) {
+            if (k > 0 && w.parts[k].fd >= 0) close(w.parts[k].fd);
+            fsdp__free(h, w.parts[k].scratch);
+            fsdp__free(h, w.parts[k].bk);
         }
-    fsdp__free(h, parts);
-    fsdp__free(h, pcrc);
-    fsdp__free(h, whole);
-    fsdp__free(h, start);
-    fsdp__free(h, items);
-    fsdp__free(h, keys);
-    fsdp__free(h, scratch);
+    fsdp__free(h, w.parts);
+    fsdp__free(h, w.pcrc);
+    fsdp__free(h, w.whole);
+    fsdp__free(h, w.start);
+    fsdp__free(h, w.items);
+    fsdp__free(h, w.keys);
+    fsdp__free(h, w.scratch);
     return r;
 }
 
