@@ -608,7 +608,7 @@ int main(int argc, char **argv)
         snprintf(arg, sizeof arg, "%d %lld", b.units, b.params);
         b.py_ok = peer_start(&b.py, py, script, why, sizeof why) && peer_cmd(&b.py, "init", arg) == 0.0;
         if (!b.py_ok && !strcmp(why, "no --python"))
-            snprintf(why, sizeof why, "%s %s: init failed", py, script);
+            snprintf(why, sizeof why, "%.200s %.280s: init failed", py, script);
         if (!b.py_ok) peer_stop(&b.py);
     }
     memset(&md, 0, sizeof md);
