@@ -978,7 +978,9 @@ FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *ri
                                  const int *status, int n, int self);
 
 /* What a rank answers when another collects: copies at most cap bytes into
-   buf and returns how many. Called from the side channel's own thread. */
+   buf and returns how many. buf is bytes of no particular alignment (a
+   channel may put a header before them): copy in with memcpy, never
+   through a cast. Called from the side channel's own thread. */
 typedef size_t (*fsdp_side_publish_fn)(void *user, void *buf, size_t cap);
 
 /* A way the ranks reach each other outside a comm's collectives, which
@@ -7229,22 +7231,27 @@ FSDP__DEF void fsdp__eng_unrecord(fsdp__eng *e)
 FSDP__DEF size_t fsdp__eng_publish(void *user, void *buf, size_t cap)
 {
     fsdp__eng *e = (fsdp__eng *)user;
-    fsdp_call_ring *r = (fsdp_call_ring *)buf;
-    if (cap < sizeof *r) return 0;
+    unsigned char *p = (unsigned char *)buf; /* bytes, of no particular alignment */
+    uint64_t done;
+    int32_t failed;
+    size_t n = 0;
+    if (cap < sizeof(fsdp_call_ring)) return 0;
     fsdp__lock(&e->ring_mu);
-    memcpy(r, e->ring, sizeof *r);
+    memcpy(p, e->ring, sizeof(fsdp_call_ring));
     pthread_mutex_unlock(&e->ring_mu);
     fsdp__lock(e->omu);
-    r->completed = e->finished;
-    r->failed = (int32_t)e->sticky->code;
-    if (e->sticky->code != FSDP_SUCCESS) {
-        size_t n = strlen(e->sticky->message);
-        if (n >= sizeof r->failure) n = sizeof r->failure - 1; /* cut */
-        memcpy(r->failure, e->sticky->message, n);
-        r->failure[n] = '\0';
+    done = e->finished;
+    failed = (int32_t)e->sticky->code;
+    if (failed != FSDP_SUCCESS) {
+        n = strlen(e->sticky->message);
+        if (n >= FSDP_ERROR_MAX) n = FSDP_ERROR_MAX - 1; /* cut */
+        memcpy(p + offsetof(fsdp_call_ring, failure), e->sticky->message, n);
+        p[offsetof(fsdp_call_ring, failure) + n] = '\0';
     }
     pthread_mutex_unlock(e->omu);
-    return sizeof *r;
+    memcpy(p + offsetof(fsdp_call_ring, completed), &done, sizeof done);
+    memcpy(p + offsetof(fsdp_call_ring, failed), &failed, sizeof failed);
+    return sizeof(fsdp_call_ring);
 }
 
 /* How long a diagnosis waits for the peers' rings: they answer from a
