@@ -1,8 +1,8 @@
 #!/bin/sh
 # Hugging Face directories against Python (issue 36), without PyTorch:
 # tests/check_hf.py, with safetensors and numpy in a virtual environment in
-# the build directory (the one tests/check_safetensors.sh makes, kept for
-# later runs). Exit 77 (skip) only when python3, venv or pip cannot provide
+# the build directory or $FSDP_TEST_VENV (the one tests/check_safetensors.sh
+# makes, kept for later runs). Exit 77 (skip) only when python3, venv or pip cannot provide
 # them. The parts that need transformers' own files use FIXTURES_DIR
 # (../shared/hf beside the clone) and are skipped, saying so, without it.
 # Usage: check_hf.sh path/to/train_gpt path/to/test_hf BUILD_DIR FIXTURES_DIR
@@ -12,7 +12,7 @@ test_hf=${2:?usage: check_hf.sh train_gpt test_hf BUILD_DIR FIXTURES_DIR}
 build=${3:?usage: check_hf.sh train_gpt test_hf BUILD_DIR FIXTURES_DIR}
 fixtures=${4:?usage: check_hf.sh train_gpt test_hf BUILD_DIR FIXTURES_DIR}
 work="$build/hf_interop"
-venv="$build/safetensors_venv"
+venv=${FSDP_TEST_VENV:-$build/safetensors_venv} # tools/test.sh: one for its four builds
 rm -rf "$work"
 mkdir -p "$work" || exit 1
 py="$venv/bin/python"

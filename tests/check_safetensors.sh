@@ -4,14 +4,14 @@
 # and value matches what the library holds; the per-tensor CRC-32 in
 # __metadata__ matches zlib's. The other way, a file Python writes (several
 # dtypes, a scalar, an empty tensor) reads back exactly (test_ckpt --read). The packages go into a virtual environment in
-# the build directory (kept for later runs). Exit 77 (skip) only when
+# the build directory, or $FSDP_TEST_VENV (kept for later runs). Exit 77 (skip) only when
 # python3, venv or pip cannot provide them.
 # Usage: check_safetensors.sh path/to/test_ckpt BUILD_DIR
 set -u
 exe=${1:?usage: check_safetensors.sh path/to/test_ckpt BUILD_DIR}
 build=${2:?usage: check_safetensors.sh path/to/test_ckpt BUILD_DIR}
 work="$build/safetensors_interop"
-venv="$build/safetensors_venv"
+venv=${FSDP_TEST_VENV:-$build/safetensors_venv} # tools/test.sh: one for its four builds
 rm -rf "$work"
 mkdir -p "$work" || exit 1
 "$exe" --interop "$work" > "$work/log.txt" 2>&1 || {

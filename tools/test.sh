@@ -48,6 +48,9 @@ run_suite() { # name, build dir, env for setup, meson setup options...
     total_fail=$((total_fail + fail + to))
 }
 
+# safetensors and numpy for the interop checks: one virtual environment for
+# the four builds (made by the first that needs it, kept for the next run)
+export FSDP_TEST_VENV="$PWD/build-venv"
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0
 export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
 export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
