@@ -94,10 +94,13 @@ if [ "$mode" = run ]; then
     run kernels_dram "$B/bench_kernels" "$B/bench_kernels --elements 134217728 --reps 3"
     run kernels_cache "$B/bench_kernels --elements 8388608" "$B/bench_kernels --elements 8388608 --reps 5"
     # a Python with safetensors and numpy for bench_ckpt's baseline: --st-python,
-    # else the one tests/check_safetensors.sh keeps in the build directory
+    # else the one tests/check_safetensors.sh keeps (build-venv beside the
+    # build directory after tools/test.sh, in the build directory after a
+    # plain meson test)
     c="$B/bench_ckpt"
-    [ -z "$st_python" ] && [ -x "$build/tests/safetensors_venv/bin/python" ] &&
-        st_python=$build/tests/safetensors_venv/bin/python
+    for v in "$(dirname "$build")/build-venv" "$build/tests/safetensors_venv"; do
+        [ -z "$st_python" ] && [ -x "$v/bin/python" ] && st_python=$v/bin/python
+    done
     [ -n "$st_python" ] && c="$c --python $st_python"
     run ckpt_2ranks_256MiB "$c --ranks 2 --iters 5" "$c --ranks 2 --units 4 --params 1000000"
     run ckpt_1rank_256MiB "$c --ranks 1 --iters 5" "$c --ranks 1 --units 4 --params 1000000"
