@@ -1357,6 +1357,9 @@ typedef struct fsdp_rendezvous fsdp_rendezvous;
 /* Zero means default. */
 typedef struct fsdp_rendezvous_desc {
     fsdp_hooks hooks;
+    /* Unset, these read the variables as they are: under a launcher pass
+       fsdp_launch_info's master_addr and master_port instead (torchrun's
+       agent may hold MASTER_PORT; a SLURM step may set neither). */
     const char *addr;  /* rank 0's host (a name or an address); NULL: $MASTER_ADDR */
     int port;          /* 1..65535; 0: $MASTER_PORT */
     int rank, size;
