@@ -40,7 +40,7 @@ static inline float u2f(uint32_t u)
     return f;
 }
 
-static inline double now_ms(void) { return check_now() * 1e3; }
+static inline double now_ms(void) { return fsdp_clock_ms(); } /* monotonic */
 
 static inline void sleep_ms(int ms)
 {

@@ -30,6 +30,8 @@
 #define _XOPEN_SOURCE 700
 #include "fsdp.h"
 #include "check.h"
+#include "fixtures.h"
+#include "fixtures_net.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -42,37 +44,6 @@
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
-
-static double now_ms(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
-}
-
-static void sleep_ms(int ms)
-{
-    struct timespec ts;
-    ts.tv_sec = ms / 1000;
-    ts.tv_nsec = (long)(ms % 1000) * 1000000L;
-    nanosleep(&ts, NULL);
-}
-
-/* A port nobody listens on now (the kernel's pick). */
-static int free_port(void)
-{
-    struct sockaddr_in a;
-    socklen_t len = sizeof a;
-    int s = socket(AF_INET, SOCK_STREAM, 0), port = 0;
-    memset(&a, 0, sizeof a);
-    a.sin_family = AF_INET;
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    if (s >= 0 && bind(s, (struct sockaddr *)&a, sizeof a) == 0 &&
-        getsockname(s, (struct sockaddr *)&a, &len) == 0)
-        port = ntohs(a.sin_port);
-    if (s >= 0) close(s);
-    return port;
-}
 
 /* A socket listening on port (every address), or -1. */
 static int listen_on(int port)
