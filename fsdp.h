@@ -14134,7 +14134,6 @@ typedef struct fsdp__kv {
 typedef struct fsdp__io {
     int threads;
     size_t chunk;
-    fsdp_ckpt_stats *st;
 } fsdp__io;
 
 #define FSDP__IO_CHUNK ((size_t)1 << 20)
@@ -14144,14 +14143,12 @@ typedef struct fsdp__io {
 /* The threads of fsdp_ckpt_options.threads (0: the default for `world`
    ranks sharing this host's CPUs) for `bytes` of data; the chunk of
    chunk_bytes. */
-FSDP__DEF fsdp__io fsdp__io_resolve(const fsdp_ckpt_options *o, int world, int64_t bytes,
-                                    fsdp_ckpt_stats *st)
+FSDP__DEF fsdp__io fsdp__io_resolve(const fsdp_ckpt_options *o, int world, int64_t bytes)
 {
     fsdp__io io;
     long cpus = sysconf(_SC_NPROCESSORS_ONLN);
     io.threads = o ? o->threads : 0;
     io.chunk = o && o->chunk_bytes ? o->chunk_bytes : FSDP__IO_CHUNK;
-    io.st = o && o->stats ? st : NULL;
     if (io.threads <= 0) {
         io.threads = cpus > 0 && world > 0 ? (int)(cpus / world) : 1;
         if (io.threads > 4) io.threads = 4;
@@ -14381,7 +14378,7 @@ FSDP__DEF fsdp_result fsdp__stw_plan(fsdp__stw *w, const fsdp_ckpt_options *o, i
     int64_t nchunks;
     size_t ncrc = 0;
     int k;
-    w->mv = fsdp__io_resolve(o, world, w->off, w->st);
+    w->mv = fsdp__io_resolve(o, world, w->off);
     nchunks = (w->off + (int64_t)w->mv.chunk - 1) / (int64_t)w->mv.chunk;
     w->np = w->need_bounce ? 1 : w->mv.threads;
     if ((int64_t)w->np > nchunks) w->np = nchunks > 0 ? (int)nchunks : 1;
@@ -15005,7 +15002,7 @@ FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item 
     w.on = st != NULL;
     t0 = fsdp__tick(w.on);
     if ((r = fsdp__rd_order(&w, in)) == FSDP_SUCCESS) {
-        w.mv = fsdp__io_resolve(o, world, w.total, st);
+        w.mv = fsdp__io_resolve(o, world, w.total);
         if ((r = fsdp__rd_puts(&w, put, user)) == FSDP_SUCCESS &&
             (r = fsdp__rd_plan(&w)) == FSDP_SUCCESS && w.np > 0) {
             for (k = 1; k < w.np; k++)
@@ -21368,11 +21365,11 @@ FSDP__DEF fsdp_result fsdp__ld_stage(fsdp__ld *L)
                 if (c->u[u].S) L->stage[fsdp__bufi(u, w)] = fsdp__src_buf(&c->u[u], w);
         return FSDP_SUCCESS;
     }
-    if (L->keep_uncovered && fsdp__ld_backup_ok(L, nwhat)) {
+    if (L->keep_uncovered) {
+        if (!fsdp__ld_backup_ok(L, nwhat)) return fsdp__ld_stage_gaps(L, nwhat);
         L->stage_mode = FSDP__STAGE_BACKUP; /* nothing to copy now */
         return FSDP_SUCCESS;
     }
-    if (L->keep_uncovered) return fsdp__ld_stage_gaps(L, nwhat);
     for (u = 0; u < c->nunits; u++)
         for (w = 0; w < nwhat; w++) {
             fsdp__cunit *cu = &c->u[u];
