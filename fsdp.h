@@ -21246,6 +21246,15 @@ FSDP__DEF int fsdp__span_cmp(const void *x, const void *y)
     return p->a < q->a ? -1 : p->a > q->a;
 }
 
+/* The part of source s that its target wants: elements [*lo, *hi) of the
+   flat buffer (empty when *hi <= *lo). */
+FSDP__DEF void fsdp__ld_clip(const fsdp__tgt *t, const fsdp__src *s, int64_t *lo, int64_t *hi)
+{
+    *lo = s->offset > t->need_off ? s->offset : t->need_off;
+    *hi = s->offset + s->numel < t->need_off + t->need_n ? s->offset + s->numel
+                                                         : t->need_off + t->need_n;
+}
+
 FSDP__DEF int fsdp__ld_wanted(const fsdp__ld *L, const fsdp__src *s);
 
 /* The LENT staging of a load whose pieces map to shard ranges: the staged
@@ -21265,9 +21274,7 @@ FSDP__DEF fsdp_result fsdp__ld_stage_gaps(fsdp__ld *L, int nwhat)
         int64_t lo, hi;
         if (s->what == FSDP__WHAT_STEP || s->what >= nwhat || !fsdp__ld_wanted(L, s)) continue;
         t = &L->t[s->tgt];
-        lo = s->offset > t->need_off ? s->offset : t->need_off;
-        hi = s->offset + s->numel < t->need_off + t->need_n ? s->offset + s->numel
-                                                             : t->need_off + t->need_n;
+        fsdp__ld_clip(t, s, &lo, &hi);
         if (hi <= lo) continue;
         sp[n].buf = fsdp__bufi(t->unit, s->what);
         sp[n].a = t->dst + (lo - t->need_off);
@@ -21462,12 +21469,13 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
         return FSDP_SUCCESS;
     }
     {
-        int64_t lo = s->offset > t->need_off ? s->offset : t->need_off;
-        int64_t hi = s->offset + s->numel < t->need_off + t->need_n ? s->offset + s->numel
-                                                                      : t->need_off + t->need_n;
+        int64_t lo, hi;
         float *dst = L->stage[fsdp__bufi(t->unit, s->what)];
-        size_t n = (size_t)(hi - lo);
-        const char *src = (const char *)data + (size_t)(lo - s->offset) * es;
+        size_t n;
+        const char *src;
+        fsdp__ld_clip(t, s, &lo, &hi);
+        n = (size_t)(hi - lo);
+        src = (const char *)data + (size_t)(lo - s->offset) * es;
         if (!dst) return FSDP_SUCCESS;
         dst += t->dst + (lo - t->need_off);
         if (mem == FSDP_MEM_DEVICE) {
@@ -23539,10 +23547,10 @@ FSDP__DEF fsdp_result fsdp__ld_files(fsdp__ld *L, int check_only)
             } else if (direct && s->dtype == FSDP_F32) {
                 const fsdp__tgt *t = &L->t[s->tgt];
                 float *dst = L->stage[fsdp__bufi(t->unit, s->what)];
-                int64_t lo = s->offset > t->need_off ? s->offset : t->need_off;
-                int64_t hi = s->offset + s->numel < t->need_off + t->need_n
-                                 ? s->offset + s->numel : t->need_off + t->need_n;
-                size_t at = (size_t)(t->dst + (lo - t->need_off));
+                int64_t lo, hi;
+                size_t at;
+                fsdp__ld_clip(t, s, &lo, &hi);
+                at = (size_t)(t->dst + (lo - t->need_off));
                 if (!dst) continue;
                 it->dst = (char *)(dst + at);
                 if (L->stage_mode == FSDP__STAGE_BACKUP) { /* the shard, its values saved */
