@@ -951,6 +951,13 @@ FSDP_API void fsdp_call_ring_init(fsdp_call_ring *ring, int rank, int size);
    numbering at c->seq). Not thread safe: the owner serialises record and
    any copy of the ring. */
 FSDP_API void fsdp_call_ring_record(fsdp_call_ring *ring, const fsdp_coll_desc *c);
+/* A comm's answer to a stall diagnosis (what its fsdp_side_publish_fn
+   returns): ring, with `completed` and the comm's first failure (NULL or
+   FSDP_SUCCESS: none) in place of the ring's own, copied into buf, bytes
+   of any alignment. Returns sizeof(fsdp_call_ring), or 0 when cap is
+   smaller. The caller holds what guards ring and failure. */
+FSDP_API size_t fsdp_call_ring_answer(void *buf, size_t cap, const fsdp_call_ring *ring,
+                                      uint64_t completed, const fsdp_error *failure);
 
 /* How a side channel's collection went for one rank. */
 typedef enum fsdp_side_status {
@@ -6366,6 +6373,24 @@ FSDP_API void fsdp_call_ring_record(fsdp_call_ring *ring, const fsdp_coll_desc *
     ring->calls[(c->seq - 1) % FSDP_CALL_RING_LEN] = *c;
 }
 
+FSDP_API size_t fsdp_call_ring_answer(void *buf, size_t cap, const fsdp_call_ring *ring,
+                                      uint64_t completed, const fsdp_error *failure)
+{
+    unsigned char *p = (unsigned char *)buf; /* never through a cast: see above */
+    int32_t failed = failure ? (int32_t)failure->code : 0;
+    if (!buf || !ring || cap < sizeof(fsdp_call_ring)) return 0;
+    memcpy(p, ring, sizeof(fsdp_call_ring));
+    memcpy(p + offsetof(fsdp_call_ring, completed), &completed, sizeof completed);
+    memcpy(p + offsetof(fsdp_call_ring, failed), &failed, sizeof failed);
+    if (failed != FSDP_SUCCESS) {
+        const char *z = (const char *)memchr(failure->message, '\0', FSDP_ERROR_MAX - 1);
+        size_t n = z ? (size_t)(z - failure->message) : FSDP_ERROR_MAX - 1; /* cut */
+        memcpy(p + offsetof(fsdp_call_ring, failure), failure->message, n);
+        p[offsetof(fsdp_call_ring, failure) + n] = '\0';
+    }
+    return sizeof(fsdp_call_ring);
+}
+
 /* Call s of ring r, or NULL when the ring no longer (or never) held it. */
 FSDP__DEF const fsdp_coll_desc *fsdp__ring_call(const fsdp_call_ring *r, uint64_t s)
 {
@@ -7234,27 +7259,17 @@ FSDP__DEF void fsdp__eng_unrecord(fsdp__eng *e)
 FSDP__DEF size_t fsdp__eng_publish(void *user, void *buf, size_t cap)
 {
     fsdp__eng *e = (fsdp__eng *)user;
-    unsigned char *p = (unsigned char *)buf; /* bytes, of no particular alignment */
+    fsdp_error failure;
     uint64_t done;
-    int32_t failed;
-    size_t n = 0;
-    if (cap < sizeof(fsdp_call_ring)) return 0;
-    fsdp__lock(&e->ring_mu);
-    memcpy(p, e->ring, sizeof(fsdp_call_ring));
-    pthread_mutex_unlock(&e->ring_mu);
+    size_t n;
     fsdp__lock(e->omu);
     done = e->finished;
-    failed = (int32_t)e->sticky->code;
-    if (failed != FSDP_SUCCESS) {
-        n = strlen(e->sticky->message);
-        if (n >= FSDP_ERROR_MAX) n = FSDP_ERROR_MAX - 1; /* cut */
-        memcpy(p + offsetof(fsdp_call_ring, failure), e->sticky->message, n);
-        p[offsetof(fsdp_call_ring, failure) + n] = '\0';
-    }
+    failure = *e->sticky;
     pthread_mutex_unlock(e->omu);
-    memcpy(p + offsetof(fsdp_call_ring, completed), &done, sizeof done);
-    memcpy(p + offsetof(fsdp_call_ring, failed), &failed, sizeof failed);
-    return sizeof(fsdp_call_ring);
+    fsdp__lock(&e->ring_mu);
+    n = fsdp_call_ring_answer(buf, cap, e->ring, done, &failure);
+    pthread_mutex_unlock(&e->ring_mu);
+    return n;
 }
 
 /* How long a diagnosis waits for the peers' rings: they answer from a

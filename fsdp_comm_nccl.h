@@ -324,20 +324,11 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_settle(fsdp__nccl *n, ncclComm_t comm, ncc
 FSDP__NCCL_DEF size_t fsdp__nccl_publish(void *user, void *buf, size_t cap)
 {
     fsdp__nccl *n = (fsdp__nccl *)user;
-    unsigned char *p = (unsigned char *)buf; /* bytes, of no particular alignment */
-    uint64_t done;
-    int32_t failed;
-    if (cap < sizeof(fsdp_call_ring)) return 0;
+    size_t len;
     pthread_mutex_lock(&n->mu);
-    memcpy(p, n->ring, sizeof(fsdp_call_ring));
-    done = n->completed;
-    failed = (int32_t)n->broken.code;
-    if (failed != FSDP_SUCCESS)
-        memcpy(p + offsetof(fsdp_call_ring, failure), n->broken.message, FSDP_ERROR_MAX);
+    len = fsdp_call_ring_answer(buf, cap, n->ring, n->completed, &n->broken);
     pthread_mutex_unlock(&n->mu);
-    memcpy(p + offsetof(fsdp_call_ring, completed), &done, sizeof done);
-    memcpy(p + offsetof(fsdp_call_ring, failed), &failed, sizeof failed);
-    return sizeof(fsdp_call_ring);
+    return len;
 }
 
 /* A timeout or an asynchronous error (call number seq) in the watchdog:

@@ -20,7 +20,8 @@
    launchers that disagree (each refused naming both sets of variables).
    hostlist: SLURM host lists. diagnose: fsdp_stall_diagnose on rings made
    here (a mismatch, a rank behind, ranks that did not answer, a rank that
-   had failed, nothing wrong). rdzv_*: fsdp_rendezvous_create with forked
+   had failed, nothing wrong), and fsdp_call_ring_answer into unaligned
+   bytes. rdzv_*: fsdp_rendezvous_create with forked
    ranks on 127.0.0.1: a world meets and broadcasts; a wrong world size,
    a second job on the port, an address that is not this host's, a port in
    use, a rank that never arrives, a rank twice, something else on the port:
@@ -447,6 +448,29 @@ static void test_diagnose(void)
     /* a message cut to a small buffer stays a string */
     kind = fsdp_stall_diagnose(msg, 16, rings, status, 4, 0);
     EXPECT(strlen(msg) < 16);
+    /* a comm's answer, into bytes one past an aligned address */
+    {
+        static unsigned char bytes[sizeof(fsdp_call_ring) + 1];
+        static fsdp_call_ring back;
+        fsdp_error fail;
+        memset(&fail, 0, sizeof fail);
+        EXPECT_EQ(fsdp_call_ring_answer(bytes + 1, sizeof(fsdp_call_ring) - 1, &rings[0], 7, NULL),
+                  0);
+        EXPECT_EQ(fsdp_call_ring_answer(bytes + 1, sizeof(fsdp_call_ring), &rings[0], 98, &fail),
+                  sizeof(fsdp_call_ring));
+        memcpy(&back, bytes + 1, sizeof back);
+        CHECK(back.magic == FSDP_CALL_RING_MAGIC && back.issued == 100 && back.completed == 98 &&
+                  back.failed == 0 && back.calls[3].seq == rings[0].calls[3].seq,
+              "%llu %llu %d", (unsigned long long)back.issued,
+              (unsigned long long)back.completed, (int)back.failed);
+        fail.code = FSDP_COMM_TIMEOUT;
+        memset(fail.message, 'x', sizeof fail.message); /* no end: cut */
+        fsdp_call_ring_answer(bytes + 1, sizeof bytes - 1, &rings[0], 99, &fail);
+        memcpy(&back, bytes + 1, sizeof back);
+        CHECK(back.failed == FSDP_COMM_TIMEOUT && back.completed == 99 &&
+                  strlen(back.failure) == FSDP_ERROR_MAX - 1,
+              "%d %zu", (int)back.failed, strlen(back.failure));
+    }
 }
 
 /* ------------------------------------------------------------------------ */
