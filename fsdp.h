@@ -14189,11 +14189,38 @@ FSDP__DEF fsdp__io fsdp__io_resolve(const fsdp_ckpt_options *o, int world, int64
 int sync_file_range(int fd, off_t offset, off_t nbytes, unsigned int flags);
 #endif
 
+/* A part of a file's work for a thread of its own: the first member of
+   each part (fsdp__wpart, fsdp__rpart), for fsdp__par_run. */
+typedef struct fsdp__par {
+    pthread_t th;
+    int started;
+} fsdp__par;
+
+/* Runs fn on the n parts at parts + k * stride, each beginning with an
+   fsdp__par: parts 1..n-1 on threads of their own and part 0 on this one,
+   then waits for them; a part whose thread did not start runs here. */
+FSDP__DEF void fsdp__par_run(void *(*fn)(void *), void *parts, size_t stride, int n)
+{
+    char *b = (char *)parts;
+    int k;
+    for (k = 1; k < n; k++) {
+        fsdp__par *p = (fsdp__par *)(void *)(b + (size_t)k * stride);
+        p->started = pthread_create(&p->th, NULL, fn, p) == 0;
+    }
+    if (n > 0) fn(b);
+    for (k = 1; k < n; k++) {
+        fsdp__par *p = (fsdp__par *)(void *)(b + (size_t)k * stride);
+        if (p->started) pthread_join(p->th, NULL);
+        else fn(p);
+    }
+}
+
 /* One thread's part of a file's data: bytes [begin, end) of the data
    section, written through its own descriptor of the temporary, chunk by
    chunk: the checksum of the chunk, then its write, while it is in the
    cache. crc[i - first] is the CRC-32 of the part's bytes of tensor i. */
 typedef struct fsdp__wpart {
+    fsdp__par par; /* first */
     const char *tmp;
     const fsdp__wt *t;
     const int64_t *off; /* tensor i is data bytes [off[i], off[i + 1]) */
@@ -14213,8 +14240,6 @@ typedef struct fsdp__wpart {
     fsdp_result r;
     int err;          /* errno of a failed call */
     const char *what; /* what failed */
-    pthread_t th;
-    int started;
 } fsdp__wpart;
 
 FSDP__DEF void *fsdp__wpart_run(void *arg)
@@ -14461,13 +14486,8 @@ FSDP__DEF fsdp_result fsdp__stw_data(fsdp__stw *w)
         p->st_ino = fst.st_ino;
         p->timed = w->on;
         if (k == 0) p->fd = w->fd;
-        else p->started = pthread_create(&p->th, NULL, fsdp__wpart_run, p) == 0;
     }
-    fsdp__wpart_run(&w->parts[0]);
-    for (k = 1; k < w->np; k++) { /* a part whose thread did not start runs here */
-        if (w->parts[k].started) pthread_join(w->parts[k].th, NULL);
-        else fsdp__wpart_run(&w->parts[k]);
-    }
+    fsdp__par_run(fsdp__wpart_run, w->parts, sizeof *w->parts, w->np);
     for (k = 0; k < w->np; k++) {
         fsdp__wpart *p = &w->parts[k];
         if (k > 0 && p->fd >= 0 && close(p->fd) != 0 && p->r == FSDP_SUCCESS) {
@@ -14685,6 +14705,7 @@ FSDP__DEF int fsdp__rd_key_cmp(const void *a, const void *b)
    item i1 (relative to each tensor's start); crc[k] is the CRC-32 of the
    part's bytes of item i0 + k. */
 typedef struct fsdp__rpart {
+    fsdp__par par; /* first */
     const fsdp__st_file *f;
     const fsdp__rd_item *it;
     int i0, i1;
@@ -14701,8 +14722,6 @@ typedef struct fsdp__rpart {
     int failed;   /* 0, 1: read error (err), 2: end of file */
     int err;
     int item;     /* the item that failed */
-    pthread_t th;
-    int started;
 } fsdp__rpart;
 
 FSDP__DEF fsdp_result fsdp__crc_mismatch(const fsdp__st_file *f, const fsdp__st_entry *e,
@@ -15020,14 +15039,7 @@ FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item 
         w.mv = fsdp__io_resolve(o, world, w.total);
         if ((r = fsdp__rd_puts(&w, put, user)) == FSDP_SUCCESS &&
             (r = fsdp__rd_plan(&w)) == FSDP_SUCCESS && w.np > 0) {
-            for (k = 1; k < w.np; k++)
-                w.parts[k].started =
-                    pthread_create(&w.parts[k].th, NULL, fsdp__rpart_run, &w.parts[k]) == 0;
-            fsdp__rpart_run(&w.parts[0]);
-            for (k = 1; k < w.np; k++) {
-                if (w.parts[k].started) pthread_join(w.parts[k].th, NULL);
-                else fsdp__rpart_run(&w.parts[k]);
-            }
+            fsdp__par_run(fsdp__rpart_run, w.parts, sizeof *w.parts, w.np);
             r = fsdp__rd_collect(&w);
         }
     }
