@@ -958,6 +958,12 @@ FSDP_API void fsdp_call_ring_record(fsdp_call_ring *ring, const fsdp_coll_desc *
    smaller. The caller holds what guards ring and failure. */
 FSDP_API size_t fsdp_call_ring_answer(void *buf, size_t cap, const fsdp_call_ring *ring,
                                       uint64_t completed, const fsdp_error *failure);
+/* Call number seq of ring as the diagnosis names it, into buf (cap bytes):
+   "begin_forward of unit 'h.1' (all_gather #3 (count=8, dtype=f32))" (its
+   label, then fsdp_coll_describe's words), or "collective #seq" once the
+   ring no longer holds it. */
+FSDP_API void fsdp_call_ring_describe(char *buf, size_t cap, const fsdp_call_ring *ring,
+                                      uint64_t seq);
 
 /* How a side channel's collection went for one rank. */
 typedef enum fsdp_side_status {
@@ -6400,6 +6406,15 @@ FSDP__DEF const fsdp_coll_desc *fsdp__ring_call(const fsdp_call_ring *r, uint64_
     return c->seq == s ? c : NULL;
 }
 
+FSDP_API void fsdp_call_ring_describe(char *buf, size_t cap, const fsdp_call_ring *ring,
+                                      uint64_t seq)
+{
+    const fsdp_coll_desc *c = ring ? fsdp__ring_call(ring, seq) : NULL;
+    if (!buf || !cap) return;
+    if (c) fsdp__coll_describe_labeled(buf, cap, c);
+    else snprintf(buf, cap, "collective #%llu", (unsigned long long)seq);
+}
+
 /* Appends a formatted piece to buf (cap bytes), cutting at the end. */
 FSDP__DEF void fsdp__append(char *buf, size_t cap, const char *fmt, ...) FSDP__PRINTF(3, 4);
 FSDP__DEF void fsdp__append(char *buf, size_t cap, const char *fmt, ...)
@@ -7245,9 +7260,11 @@ FSDP__DEF void fsdp__eng_record(fsdp__eng *e, const fsdp_coll_desc *c)
     pthread_mutex_unlock(&e->ring_mu);
 }
 
-/* A call that was numbered but never ran (its queueing failed). */
-FSDP__DEF void fsdp__eng_unrecord(fsdp__eng *e)
+/* A call that was numbered but never ran (its queueing failed): no peer
+   saw the number, which goes back, in the ring too. */
+FSDP__DEF void fsdp__eng_unissue(fsdp__eng *e)
 {
+    e->issued--;
     if (!e->ring) return;
     fsdp__lock(&e->ring_mu);
     if (e->ring->issued) e->ring->issued--;
@@ -8105,8 +8122,7 @@ FSDP__DEF fsdp_result fsdp__eng_issue(fsdp__eng *e, fsdp_coll_desc *c, const voi
     else
         r = fsdp_device_launch(e->dev, s, fsdp__eng_task, op);
     if (r != FSDP_SUCCESS) {
-        e->issued--; /* it never ran and no peer saw the number */
-        fsdp__eng_unrecord(e);
+        fsdp__eng_unissue(e);
         fsdp__eng_recycle(e, op, 1);
         return fsdp_error_set(err, r, "%s on rank %d: cannot queue on the stream: %s", kind,
                               e->rank, fsdp_device_last_error(e->dev));
@@ -22276,7 +22292,7 @@ struct fsdp_ckpt_writer {
     int gc_started;
     char *gc_dir;
     uint64_t gc_gen;
-    int gc_rank, gc_world;
+    int gc_rank;
     /* the thread's "finished", read by fsdp_ckpt_poll while it runs */
     pthread_mutex_t mu;
     int mu_ok, done;
@@ -22389,7 +22405,7 @@ FSDP__DEF void fsdp__remove_old(const fsdp_hooks *h, const char *dir, uint64_t g
 FSDP__DEF void *fsdp__writer_gc_main(void *arg)
 {
     fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)arg;
-    fsdp__remove_old(&w->hooks, w->gc_dir, w->gc_gen, w->gc_rank, w->gc_world);
+    fsdp__remove_old(&w->hooks, w->gc_dir, w->gc_gen, w->gc_rank, w->world);
     return NULL;
 }
 
@@ -22813,7 +22829,6 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
         if (r == FSDP_SUCCESS && (w->gc_dir = fsdp__strdup(&w->hooks, w->path)) != NULL) {
             w->gc_gen = w->gen;
             w->gc_rank = c->rank;
-            w->gc_world = c->nranks;
             if (w->inline_write || pthread_create(&w->gc_th, NULL, fsdp__writer_gc_main, w) != 0) {
                 fsdp__writer_gc_main(w);
                 fsdp__writer_gc_join(w);

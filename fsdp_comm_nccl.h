@@ -340,23 +340,11 @@ FSDP__NCCL_DEF void fsdp__nccl_diagnose_break(fsdp__nccl *n, uint64_t seq, fsdp_
 {
     fsdp_error e;
     char call[256];
-    const fsdp_coll_desc *c = NULL;
     if (!n->ring) {
         fsdp__nccl_break(n, code, msg);
         return;
     }
-    if (seq && seq <= n->ring->issued && n->ring->issued - seq < FSDP_CALL_RING_LEN &&
-        n->ring->calls[(seq - 1) % FSDP_CALL_RING_LEN].seq == seq)
-        c = &n->ring->calls[(seq - 1) % FSDP_CALL_RING_LEN];
-    if (c && c->label[0]) {
-        char d[160];
-        fsdp_coll_describe(d, sizeof d, c);
-        snprintf(call, sizeof call, "%.*s (%s)", FSDP_COLL_LABEL_MAX - 1, c->label, d);
-    } else if (c) {
-        fsdp_coll_describe(call, sizeof call, c);
-    } else {
-        snprintf(call, sizeof call, "collective #%llu", (unsigned long long)seq);
-    }
+    fsdp_call_ring_describe(call, sizeof call, n->ring, seq);
     fsdp_error_set(&e, code, "%s", msg);
     pthread_mutex_unlock(&n->mu);
     code = fsdp_side_diagnose(&n->side, &n->hooks, n->rank, n->nranks, n->timeout_ms, call, code,

@@ -20,8 +20,8 @@
    launchers that disagree (each refused naming both sets of variables).
    hostlist: SLURM host lists. diagnose: fsdp_stall_diagnose on rings made
    here (a mismatch, a rank behind, ranks that did not answer, a rank that
-   had failed, nothing wrong), and fsdp_call_ring_answer into unaligned
-   bytes. rdzv_*: fsdp_rendezvous_create with forked
+   had failed, nothing wrong), fsdp_call_ring_describe, and
+   fsdp_call_ring_answer into unaligned bytes. rdzv_*: fsdp_rendezvous_create with forked
    ranks on 127.0.0.1: a world meets and broadcasts; a wrong world size,
    a second job on the port, an address that is not this host's, a port in
    use, a rank that never arrives, a rank twice, something else on the port:
@@ -448,6 +448,12 @@ static void test_diagnose(void)
     /* a message cut to a small buffer stays a string */
     kind = fsdp_stall_diagnose(msg, 16, rings, status, 4, 0);
     EXPECT(strlen(msg) < 16);
+    /* a call as the diagnosis names it, and one the ring no longer holds */
+    fsdp_call_ring_describe(msg, sizeof msg, &rings[0], 98);
+    CHECK(!strcmp(msg, "end_backward of unit 'h.0' (reduce_scatter #98 (count=66, dtype=f32, "
+                       "op=avg))"), "%s", msg);
+    fsdp_call_ring_describe(msg, sizeof msg, &rings[0], 1);
+    CHECK(!strcmp(msg, "collective #1"), "%s", msg);
     /* a comm's answer, into bytes one past an aligned address */
     {
         static unsigned char bytes[sizeof(fsdp_call_ring) + 1];
