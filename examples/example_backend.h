@@ -17,8 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <ftw.h> /* nftw: the includer defines _XOPEN_SOURCE 700 */
 #ifdef FSDP_HAVE_GLOO
-#include <ftw.h>
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -195,13 +195,69 @@ static int example_parse_master(const char *v, char *host, size_t cap, int *port
     return 1;
 }
 
+/* What example_comm_create needs: the options of --backend mpi or gloo. */
+typedef struct example_comm_args {
+    int backend;             /* EXAMPLE_MPI or EXAMPLE_GLOO */
+    int rank, ranks;
+    fsdp_device *dev;
+    const char *store_dir;   /* gloo: a directory every rank sees, or NULL */
+    const char *master_host; /* gloo: rank 0's TCP store (--master), or NULL */
+    int master_port;
+    const char *prefix, *job_id, *host; /* gloo; NULL: the backend's defaults */
+    int timeout_ms;          /* 0: the backend's default */
+    fsdp_error *err;         /* the create call's message */
+} example_comm_args;
+
+/* This rank's communicator when each rank is a process of its own (MPI
+   under mpirun, or Gloo). FSDP_NOT_SUPPORTED, with no message, when this
+   build lacks the backend. */
+static fsdp_result example_comm_create(const example_comm_args *a, fsdp_comm **out)
+{
+    fsdp_result r = FSDP_NOT_SUPPORTED;
+    (void)a, (void)out;
+#ifdef FSDP_HAVE_MPI
+    if (a->backend == EXAMPLE_MPI) {
+        fsdp_mpi_desc d;
+        memset(&d, 0, sizeof d);
+        d.hooks.error = a->err;
+        d.dev = a->dev;
+        d.expected_size = a->ranks;
+        d.timeout_ms = a->timeout_ms;
+        r = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, out);
+    }
+#endif
 #ifdef FSDP_HAVE_GLOO
+    if (a->backend == EXAMPLE_GLOO) {
+        fsdp_gloo_desc d;
+        memset(&d, 0, sizeof d);
+        d.hooks.error = a->err;
+        d.dev = a->dev;
+        d.store_dir = a->store_dir;
+        d.master_addr = a->master_host;
+        d.master_port = a->master_host ? a->master_port : 0;
+        d.prefix = a->prefix;
+        d.job_id = a->job_id;
+        d.host = a->host;
+        d.rank = a->rank;
+        d.size = a->ranks;
+        d.timeout_ms = a->timeout_ms;
+        r = fsdp_comm_gloo_create(&d, out);
+    }
+#endif
+    return r;
+}
+
 static int example_rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
 {
     (void)sb, (void)flag, (void)ftw;
     return remove(path);
 }
-#endif
+
+/* Removes dir and everything in it (a run's scratch directory). */
+static inline void example_rm_tree(const char *dir)
+{
+    nftw(dir, example_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+}
 
 /* Returns -1 when this process goes on as a rank (b->rank set, b->ranks the
    world size), else an exit status: the Gloo launcher's (it forks b->ranks
@@ -316,7 +372,7 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
             }
         }
         free(pids);
-        if (dir[0]) nftw(dir, example_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+        if (dir[0]) example_rm_tree(dir);
         return failed;
     }
 #else

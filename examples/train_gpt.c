@@ -106,7 +106,6 @@
 #endif
 #include "example_backend.h"
 #include <errno.h>
-#include <ftw.h>
 #include <sys/stat.h>
 
 /* --backend: 0 local (threads), 1 mpi (one process per rank), 2 gloo; rank
@@ -368,37 +367,23 @@ static int run_one_rank(const gpt_config *cfg, const backend_opts *b, const fsdp
         fprintf(stderr, "train_gpt: rank %d: cannot create the device\n", rank);
         return 0;
     }
-#ifdef FSDP_HAVE_MPI
-    if (b->backend == 1) {
-        fsdp_mpi_desc d;
-        memset(&d, 0, sizeof d);
-        d.hooks.error = &err;
-        d.dev = dev;
-        d.expected_size = nranks;
-        d.timeout_ms = b->timeout_s * 1000;
-        r = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, &comm);
+    {
+        example_comm_args a;
+        memset(&a, 0, sizeof a);
+        a.backend = b->backend;
+        a.rank = rank;
+        a.ranks = nranks;
+        a.dev = dev;
+        a.store_dir = b->store_dir;
+        a.master_host = b->master ? b->master_host : NULL;
+        a.master_port = b->master_port;
+        a.prefix = b->prefix ? b->prefix : "train_gpt";
+        a.job_id = b->job_id;
+        a.host = b->host;
+        a.timeout_ms = b->timeout_s * 1000;
+        a.err = &err;
+        r = example_comm_create(&a, &comm);
     }
-#endif
-#ifdef FSDP_HAVE_GLOO
-    if (b->backend == 2) {
-        fsdp_gloo_desc d;
-        memset(&d, 0, sizeof d);
-        d.hooks.error = &err;
-        d.dev = dev;
-        d.store_dir = b->store_dir;
-        if (b->master) {
-            d.master_addr = b->master_host;
-            d.master_port = b->master_port;
-        }
-        d.prefix = b->prefix ? b->prefix : "train_gpt";
-        d.job_id = b->job_id;
-        d.host = b->host;
-        d.rank = rank;
-        d.size = nranks;
-        d.timeout_ms = b->timeout_s * 1000;
-        r = fsdp_comm_gloo_create(&d, &comm);
-    }
-#endif
     if (r != FSDP_SUCCESS)
         fprintf(stderr, "train_gpt: rank %d: %s\n", rank,
                 err.message[0] ? err.message : "this build has no such backend");
@@ -407,12 +392,6 @@ static int run_one_rank(const gpt_config *cfg, const backend_opts *b, const fsdp
     fsdp_comm_destroy(comm);
     fsdp_device_destroy(dev);
     return ok;
-}
-
-static int lora_rm_entry(const char *path, const struct stat *sb, int flag, struct FTW *ftw)
-{
-    (void)sb, (void)flag, (void)ftw;
-    return remove(path);
 }
 
 /* --lora R: the base run (unless --resume names its checkpoint), then the
@@ -522,7 +501,7 @@ static int lora_main(gpt_config cfg, const backend_opts *bo)
            res.final_loss, res.accuracy, res.peak[0], res.plan[0], (long long)res.trainable);
     status = 0;
 done:
-    if (tmp[0]) nftw(tmp, lora_rm_entry, 16, FTW_DEPTH | FTW_PHYS);
+    if (tmp[0]) example_rm_tree(tmp);
     return status;
 }
 

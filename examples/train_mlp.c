@@ -802,16 +802,6 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
         nccl_side = fsdp_rendezvous_side_channel(nccl_rdzv);
     }
 #endif
-#ifdef FSDP_HAVE_MPI
-    if (cfg->backend == 1) {
-        fsdp_mpi_desc d;
-        memset(&d, 0, sizeof d);
-        d.hooks.error = &err;
-        d.dev = dev;
-        d.expected_size = nranks;
-        r = fsdp_comm_mpi_create(MPI_COMM_WORLD, &d, comm);
-    }
-#endif
 #ifdef FSDP_HAVE_CUDA
     if (cfg->backend == BACKEND_NCCL) {
         fsdp_nccl_desc nd = fsdp_nccl_desc_default();
@@ -847,25 +837,22 @@ static fsdp_result make_comm(const config *cfg, fsdp_local_world *world, int ran
         r = fsdp_comm_nccl_create(&nd, comm);
     }
 #endif
-#ifdef FSDP_HAVE_GLOO
-    if (cfg->backend == 2) {
-        fsdp_gloo_desc d;
-        memset(&d, 0, sizeof d);
-        d.hooks.error = &err;
-        d.dev = dev;
-        d.store_dir = cfg->store_dir;
-        if (cfg->master) {
-            d.master_addr = cfg->master_host;
-            d.master_port = cfg->master_port;
-        }
-        d.prefix = cfg->prefix ? cfg->prefix : "train_mlp";
-        d.job_id = cfg->job_id;
-        d.host = cfg->host;
-        d.rank = rank;
-        d.size = nranks;
-        r = fsdp_comm_gloo_create(&d, comm);
+    if (cfg->backend == BACKEND_MPI || cfg->backend == BACKEND_GLOO) {
+        example_comm_args a;
+        memset(&a, 0, sizeof a);
+        a.backend = cfg->backend;
+        a.rank = rank;
+        a.ranks = nranks;
+        a.dev = dev;
+        a.store_dir = cfg->store_dir;
+        a.master_host = cfg->master ? cfg->master_host : NULL;
+        a.master_port = cfg->master_port;
+        a.prefix = cfg->prefix ? cfg->prefix : "train_mlp";
+        a.job_id = cfg->job_id;
+        a.host = cfg->host;
+        a.err = &err;
+        r = example_comm_create(&a, comm);
     }
-#endif
     if (r != FSDP_SUCCESS)
         fprintf(stderr, "train_mlp: rank %d: %s\n", rank,
                 err.message[0] ? err.message : "this build has no such backend");
