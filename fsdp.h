@@ -24490,7 +24490,10 @@ FSDP__DEF void fsdp__hf_transpose(void *dst, const void *src, int64_t rows, int6
    of cc; either way a block is a contiguous range of the model's matrix. */
 FSDP__DEF void fsdp__hf_blocks(int64_t R, int64_t C, int64_t per, int64_t *rb, int64_t *cc)
 {
-    if (C <= per) {
+    if (C < 1) { /* no columns: no block holds anything (and per / C would trap) */
+        *rb = R > 1 ? R : 1;
+        *cc = 1;
+    } else if (C <= per) {
         *rb = per / C < R ? per / C : R;
         *cc = C;
     } else {

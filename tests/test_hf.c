@@ -8,6 +8,9 @@
                 same parameters bitwise (bf16: rounded to nearest even);
                 the same with cpu_offload; the files hold (in, out) and the
                 prefix, the index the shards
+     empty      Conv1D weights of (4, 0) and (0, 3) saved (one file,
+                shards) at 1, 2 and 3 ranks and loaded at another count;
+                the file holds them (in, out)
      written    a directory laid out as transformers writes one, made here
                 ("transformer." prefix, (in, out) weights, f16, bf16 and
                 f32 tensors, an index over 3 shards, an old causal-mask
@@ -66,10 +69,11 @@ static const char *g_pydir;
 static int g_offload; /* cpu_offload of the contexts hopen creates */
 
 /* The table (hf names where they differ; Conv1D weights transposed).
-   big: the memory case's model, with wider matrices. */
+   big 1: the memory case's model, with wider matrices; 2: the model with
+   transposed matrices of no rows and of no columns (the empty case). */
 static int table(fsdp_layout_entry *t, int lora, int big)
 {
-    int n = 0, c = big ? 64 : HC;
+    int n = 0, c = big == 1 ? 64 : HC;
     memset(t, 0, 16 * sizeof *t);
 #define ENT(nm, nd, d0, d1, cnt, tr)                                                       \
     do {                                                                                   \
@@ -82,7 +86,7 @@ static int table(fsdp_layout_entry *t, int lora, int big)
         t[n].frozen = lora;                                                                \
         n++;                                                                               \
     } while (0)
-    ENT("wte.weight", 2, big ? 2048 : HV, c, 0, 0);
+    ENT("wte.weight", 2, big == 1 ? 2048 : HV, c, 0, 0);
     ENT("wpe.weight", 2, HP, c, 0, 0);
     ENT("h.{L}.ln_1.weight", 1, c, 0, HL, 0);
     ENT("h.{L}.attn.c_attn.weight", 2, 3 * c, c, HL, 1);
@@ -90,6 +94,10 @@ static int table(fsdp_layout_entry *t, int lora, int big)
     ENT("h.{L}.mlp.c_fc.weight", 2, 4 * c, c, HL, 1);
     ENT("h.{L}.mlp.c_proj.weight", 2, c, 4 * c, HL, 1);
     ENT("ln_f.bias", 1, c, 0, 0, 0);
+    if (big == 2) {
+        ENT("h.{L}.attn.none.weight", 2, 4, 0, HL, 1);
+        ENT("ln_f.none.weight", 2, 0, 3, 0, 1);
+    }
 #undef ENT
     return n;
 }
@@ -112,8 +120,8 @@ static int adapters(fsdp_layout_entry *t)
     return 2;
 }
 
-static fsdp_model *g_model, *g_lmodel, *g_bmodel;
-static fsdp_units *g_units, *g_lunits, *g_bunits;
+static fsdp_model *g_model, *g_lmodel, *g_bmodel, *g_zmodel;
+static fsdp_units *g_units, *g_lunits, *g_bunits, *g_zunits;
 
 static fsdp_model *build(int lora, int big, fsdp_units **u)
 {
@@ -229,15 +237,16 @@ typedef struct hctx {
     int borrowed; /* dev and comm are another hctx's */
 } hctx;
 
-/* kind: 0 the model, 1 with adapters, 2 the big one. seed > 0: initialised
+/* kind: 0 the model, 1 with adapters, 2 the big one, 3 with empty
+   matrices. seed > 0: initialised
    from val(seed). capped: the device's capacity is the plan. */
 static int hopen_on(hctx *h, int rank, fsdp_local_world *world, int kind, int seed, int capped,
                     const hctx *share)
 {
     fsdp_ctx_desc cd;
     fsdp_memory_stats ms;
-    const fsdp_model *m = kind == 1 ? g_lmodel : kind == 2 ? g_bmodel : g_model;
-    const fsdp_units *u = kind == 1 ? g_lunits : kind == 2 ? g_bunits : g_units;
+    const fsdp_model *m = kind == 1 ? g_lmodel : kind == 2 ? g_bmodel : kind == 3 ? g_zmodel : g_model;
+    const fsdp_units *u = kind == 1 ? g_lunits : kind == 2 ? g_bunits : kind == 3 ? g_zunits : g_units;
     memset(h, 0, sizeof *h);
     if (share) {
         h->dev = share->dev;
@@ -504,6 +513,43 @@ static void test_roundtrip(void)
               "index: %s", S(idx));
         free(idx);
         CHECK(!file_exists(g_tmp, "rt1_3/model.safetensors"), "a single file beside shards");
+    }
+}
+
+/* --- empty: transposed matrices of no columns and of no rows --- */
+
+static void test_empty(void)
+{
+    fsdp_layout_entry t[16];
+    hjob j;
+    int ws, v;
+    for (v = 0; v < 2; v++) /* one file; shards */
+        for (ws = 1; ws <= MAXW; ws++) {
+            memset(&j, 0, sizeof j);
+            j.desc = desc_of(t, 2);
+            j.kind = 3;
+            j.seed = 31 + ws;
+            if (v) j.desc.max_shard_bytes = 1500;
+            snprintf(j.dir, sizeof j.dir, "%s/empty%d_%d", g_tmp, v, ws);
+            j.fn = save_rank;
+            run(&j, ws);
+            j.fn = load_rank;
+            run(&j, ws % MAXW + 1);
+        }
+    {
+        fsdp_state_dict *sd = NULL;
+        fsdp_error err;
+        char p[1000];
+        const fsdp_tensor *a, *b;
+        snprintf(p, sizeof p, "%s/empty0_2/model.safetensors", g_tmp);
+        CHECK(fsdp_safetensors_load(p, NULL, &sd, &err) == FSDP_SUCCESS, "%s", err.message);
+        a = file_tensor(sd, "transformer.h.2.attn.none.weight");
+        b = file_tensor(sd, "transformer.ln_f.none.weight");
+        CHECK(a && a->ndim == 2 && a->shape[0] == 0 && a->shape[1] == 4,
+              "a (4, 0) matrix is not stored (in, out) = (0, 4)");
+        CHECK(b && b->ndim == 2 && b->shape[0] == 3 && b->shape[1] == 0,
+              "a (0, 3) matrix is not stored (in, out) = (3, 0)");
+        fsdp_state_dict_destroy(sd);
     }
 }
 
@@ -1358,7 +1404,8 @@ static void test_python(void)
 }
 
 static const check_case CASES[] = {
-    {"roundtrip", test_roundtrip}, {"written", test_written}, {"strict", test_strict},
+    {"roundtrip", test_roundtrip}, {"empty", test_empty},   {"written", test_written},
+    {"strict", test_strict},
     {"hostile", test_hostile},     {"peft", test_peft},       {"atomic", test_atomic},
     {"memory", test_memory},       {"args", test_args},       {"python", test_python},
 };
@@ -1377,13 +1424,16 @@ int main(int argc, char **argv)
     g_model = build(0, 0, &g_units);
     g_lmodel = build(1, 0, &g_lunits);
     g_bmodel = build(0, 1, &g_bunits);
-    if (!g_units || !g_lunits || !g_bunits) return 1;
+    g_zmodel = build(0, 2, &g_zunits);
+    if (!g_units || !g_lunits || !g_bunits || !g_zunits) return 1;
     check_run();
     rc = check_finish();
     fsdp_units_destroy(g_units);
     fsdp_units_destroy(g_lunits);
     fsdp_units_destroy(g_bunits);
+    fsdp_units_destroy(g_zunits);
     fsdp_model_destroy(g_model);
+    fsdp_model_destroy(g_zmodel);
     fsdp_model_destroy(g_lmodel);
     fsdp_model_destroy(g_bmodel);
     if (!rc) rm_rf(g_tmp);
