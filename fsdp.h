@@ -2884,7 +2884,8 @@ typedef struct fsdp_hf_desc {
     unsigned flags;
     /* save: the files' dtype (0: f32; FSDP_BF16, FSDP_F16, FSDP_F64) */
     fsdp_dtype dtype;
-    /* save: 0: one file; else shards of at most this many bytes */
+    /* save: 0: one file; else shards of at most this many bytes (not
+       with FSDP_HF_PEFT: PEFT reads one adapter_model.safetensors) */
     int64_t max_shard_bytes;
     /* save: the text of config.json (adapter_config.json with
        FSDP_HF_PEFT), a JSON object; NULL: none is written */
@@ -23930,6 +23931,13 @@ FSDP__DEF fsdp_result fsdp__hf_init(fsdp__hf *H, fsdp_ctx *c, const char *dir,
                                   "bf16, f16, f64) is needed", H->where, fsdp_dtype_name(dt));
         if (H->d.max_shard_bytes < 0)
             return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: max_shard_bytes %lld is negative",
+                                  H->where, (long long)H->d.max_shard_bytes);
+        /* PEFT reads adapter_model.safetensors and nothing else: shards
+           would be a save it cannot open */
+        if (H->d.max_shard_bytes > 0 && (H->d.flags & FSDP_HF_PEFT))
+            return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: max_shard_bytes %lld with "
+                                  "FSDP_HF_PEFT: PEFT reads adapters from one file "
+                                  "(adapter_model.safetensors); set max_shard_bytes to 0",
                                   H->where, (long long)H->d.max_shard_bytes);
     }
     H->staging = H->d.staging_bytes ? H->d.staging_bytes : FSDP_HF_STAGING_DEFAULT;

@@ -1238,8 +1238,29 @@ GPT__MAYBE_UNUSED static int gpt_read_hf_config(const char *dir, gpt_config *c, 
     return 1;
 }
 
+/* 1 when member key of text is absent, null or an empty object or array
+   (PEFT writes "alpha_pattern": {}); else 0 with err naming it and what
+   this example does instead. */
+static int gpt__json_none(const char *text, const char *path, const char *key, const char *what,
+                          char *err, size_t cap)
+{
+    char v[256], t = 0, *q, *e;
+    int found = gpt__json_member(text, key, v, sizeof v, &t);
+    if (found == 0) return 1;
+    if (found == 1 && t == 'v') {
+        for (q = v, e = v; *q; q++)
+            if (*q != ' ' && *q != '\t' && *q != '\n' && *q != '\r') *e++ = *q;
+        *e = 0;
+        if (!strcmp(v, "null") || !strcmp(v, "{}") || !strcmp(v, "[]")) return 1;
+    }
+    snprintf(err, cap, "'%.300s': \"%s\" is %.80s%s; this example has %s", path, key,
+             found < 0 ? "unreadable" : v, found == 1 && t == 's' ? " (a string)" : "", what);
+    return 0;
+}
+
 /* Reads DIR/adapter_config.json: *r and *alpha of LoRA adapters with
-   PEFT's plain scale alpha / r. 1 on success. */
+   PEFT's plain scale alpha / r, the same for every module. 1 on
+   success. */
 GPT__MAYBE_UNUSED static int gpt_read_peft_config(const char *dir, int *r, double *alpha,
                                                   char *err, size_t cap)
 {
@@ -1253,7 +1274,13 @@ GPT__MAYBE_UNUSED static int gpt_read_peft_config(const char *dir, int *r, doubl
          gpt__json_int(text, path, "r", 1, 4096, &rank, err, cap) &&
          gpt__json_is(text, path, "use_rslora", "false", NULL, 0, "scale alpha / r", err, cap) &&
          gpt__json_is(text, path, "use_dora", "false", NULL, 0, "plain LoRA", err, cap) &&
-         gpt__json_is(text, path, "bias", "none", NULL, 0, "no bias adapters", err, cap);
+         gpt__json_is(text, path, "bias", "none", NULL, 0, "no bias adapters", err, cap) &&
+         /* per-module overrides of the scale or the rank (else a scale
+            silently not PEFT's) and adapters in some layers only */
+         gpt__json_none(text, path, "alpha_pattern", "one lora_alpha for every module", err,
+                        cap) &&
+         gpt__json_none(text, path, "rank_pattern", "one r for every module", err, cap) &&
+         gpt__json_none(text, path, "layers_to_transform", "adapters in every layer", err, cap);
     if (ok) {
         if (gpt__json_member(text, "lora_alpha", v, sizeof v, &t) != 1 || t != 'v' ||
             !(*alpha = strtod(v, NULL), *alpha > 0.0)) {
@@ -1499,7 +1526,7 @@ static int gpt__hf(gpt_engine *e, const char *dir, int peft, int save)
         (peft ? gpt_peft_config_json : gpt_hf_config_json)(e->cfg, json, sizeof json);
         d.config_json = json;
         d.dtype = e->cfg->hf_dtype;
-        d.max_shard_bytes = e->cfg->hf_max_shard;
+        d.max_shard_bytes = peft ? 0 : e->cfg->hf_max_shard; /* PEFT reads one file */
         r = fsdp_hf_save(e->ctx, dir, &d);
     } else {
         d.ignore = ignore;

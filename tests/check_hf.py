@@ -356,17 +356,24 @@ def fixtures_part(train_gpt, work, fx):
     f = os.path.join(work, "lora_logits.json")
     outb, outp = os.path.join(work, "lora_base_out"), os.path.join(work, "lora_peft_out")
     for ranks in (1, 2):
+        # at 2 ranks --hf-max-shard: the base in shards, the adapters still
+        # in the one file PEFT reads
+        shard = ["--hf-max-shard", "20000"] if ranks == 2 else []
         r = gpt(train_gpt, "--init-from-hf", base, "--lora", str(lcfg["r"]), "--init-peft",
                 os.path.join(fx, "gpt2_tiny_lora"), "--steps", "0", "--dump-logits", f,
-                "--save-hf", outb, "--save-peft", outp, ranks=ranks)
+                "--save-hf", outb, "--save-peft", outp, *shard, ranks=ranks)
         if r.returncode:
             continue
         toks, lg = dump(f)
         gmax = close(forward(w, toks, heads, ad, scale), lg,
                      "train_gpt --lora --init-peft (%d ranks)" % ranks)
-        check_export(outb, {k: v[1] for k, v in ref.items()}, "F32", "--save-hf of the base")
+        check_export(outb, {k: v[1] for k, v in ref.items()}, "F32", "--save-hf of the base",
+                     sharded=bool(shard))
         check_export(outp, {k: v[1] for k, v in lora.items()}, "F32", "--save-peft",
                      stem="adapter_model")
+        if sorted(os.listdir(outp)) != ["adapter_config.json", "adapter_model.safetensors"]:
+            fail("--save-peft %s: %s (PEFT reads adapter_model.safetensors)"
+                 % (" ".join(shard), sorted(os.listdir(outp))))
         pc = json.load(open(os.path.join(outp, "adapter_config.json")))
         if (pc["r"], pc["lora_alpha"], pc["fan_in_fan_out"], pc["peft_type"]) != \
                 (lcfg["r"], lcfg["lora_alpha"], True, "LORA") or \
@@ -374,6 +381,22 @@ def fixtures_part(train_gpt, work, fx):
             fail("adapter_config.json: %s" % pc)
     print("train_gpt --lora --init-peft: logits within %.3g of numpy's; --save-peft and the "
           "base's --save-hf give the fixtures' tensors bitwise" % gmax)
+    # adapters whose scale or rank differs per module, or that sit in some
+    # layers only: refused, naming the key (else a scale PEFT would not use)
+    odd = os.path.join(work, "odd_adapters")
+    for key, value in (("alpha_pattern", {"c_fc": 32}), ("rank_pattern", {"c_fc": 2}),
+                       ("layers_to_transform", [0])):
+        shutil.rmtree(odd, ignore_errors=True)
+        shutil.copytree(os.path.join(fx, "gpt2_tiny_lora"), odd)
+        c = dict(lcfg)
+        c[key] = value
+        json.dump(c, open(os.path.join(odd, "adapter_config.json"), "w"))
+        r = run([train_gpt, "--init-from-hf", base, "--lora", str(lcfg["r"]), "--init-peft", odd,
+                 "--steps", "0", "--quiet"], expect_ok=False)
+        if r.returncode == 0 or key not in r.stderr:
+            fail("adapter_config.json with %s %s: status %d, '%s' (expected a refusal naming it)"
+                 % (key, value, r.returncode, r.stderr.strip()))
+    print("train_gpt --init-peft refuses alpha_pattern, rank_pattern and layers_to_transform")
     # --save-hf of the loaded model: the fixture's tensors, f32 and bf16
     for dtype, shard, ranks in (("F32", None, 1), ("BF16", "20000", 3)):
         out = os.path.join(work, "export_" + dtype)

@@ -1300,6 +1300,10 @@ static int args_rank(hjob *j, int rank, int nranks, fsdp_local_world *world)
     d = desc_of(t, 0);
     d.max_shard_bytes = -5;
     REFUSED(fsdp_hf_save(h.ctx, dir, &d), FSDP_INVALID_ARGS, "max_shard_bytes -5");
+    d = desc_of(t, 0);
+    d.flags = FSDP_HF_PEFT; /* PEFT reads one adapter_model.safetensors */
+    d.max_shard_bytes = 1500;
+    REFUSED(fsdp_hf_save(h.ctx, dir, &d), FSDP_INVALID_ARGS, "PEFT reads adapters from one file");
     memcpy(bad, t, sizeof bad);
     d = desc_of(t, 0);
     d.entries = bad;
