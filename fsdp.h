@@ -2848,8 +2848,9 @@ FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *ctx, fsdp_ckpt_stats *s
    Atomic: every file goes to a new directory "<dir>.tmp.<pid>.<id>" beside
    dir, fsynced; once every rank's files are complete rank 0 renames it to
    dir (a missing or empty dir: one step). Into a dir that holds files
-   already (tokenizer files, an earlier save), rank 0 moves the new files
-   in after removing the previous weights' index and single file, the
+   already (tokenizer files, an earlier save), or that no rename can
+   replace ("." or a symbolic link to a directory, on the same file
+   system as the temporary beside it), rank 0 moves the new files in after removing the previous weights' index and single file, the
    weights (index or single file) last, then removes shards no index names:
    a reader sees the previous weights, none, or the new ones, never a mix.
    A failed save leaves dir as it was (the temporary directory is removed;
@@ -25184,7 +25185,8 @@ FSDP__DEF int fsdp__hf_stale_shard(const char *nm, const char *stem, int nfiles)
 }
 
 /* Rank 0's commit: the temporary directory becomes target in one rename
-   when target is missing or empty; else its files move in, after the
+   when target is missing or empty (and a rename can replace it); else its
+   files move in, after the
    previous weights' index and single file are removed, the new weights
    (index or single file) last; then shards no index names go. */
 FSDP__DEF fsdp_result fsdp__hf_commit(fsdp__hf *H, fsdp__hf_save *S)
@@ -25203,9 +25205,22 @@ FSDP__DEF fsdp_result fsdp__hf_commit(fsdp__hf *H, fsdp__hf_save *S)
         fsdp__fsync_dir(S->target);
         return FSDP_SUCCESS;
     }
-    if (errno != EEXIST && errno != ENOTEMPTY)
-        return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: renaming '%s' to '%s': %s", H->where,
-                              S->tmp, S->target, strerror(errno));
+    if (errno != EEXIST && errno != ENOTEMPTY) {
+        /* "." or ".." (EBUSY), a symbolic link to a directory (ENOTDIR):
+           no rename replaces them, but the files can move in, one by one
+           as below, where they stay on one file system (checked before
+           anything of the previous weights goes) */
+        int e = errno;
+        struct stat ts, ds;
+        if (stat(S->target, &ts) != 0 || !S_ISDIR(ts.st_mode))
+            return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: renaming '%s' to '%s': %s", H->where,
+                                  S->tmp, S->target, strerror(e));
+        if (stat(S->tmp, &ds) != 0 || ds.st_dev != ts.st_dev)
+            return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: '%s' is a directory on another file "
+                                  "system than '%s' beside it (a symbolic link?): no file "
+                                  "could move in whole; save to the directory's own path",
+                                  H->where, S->target, S->tmp);
+    }
 #define FSDP__HFC(call, what)                                                              \
     do {                                                                                   \
         if ((call) != 0 && errno != ENOENT) {                                              \

@@ -32,8 +32,9 @@
                 the frozen base untouched
      atomic     a save into a new directory, over an earlier save of the
                 other layout with a foreign file beside it, a failed save,
-                a target that is a file, and a temporary directory a killed
-                save left
+                a target that is a file, a temporary directory a killed
+                save left, a symbolic link to a directory and a path
+                ending in ".."
      memory     device peak <= plan while saving and loading at 1, 2 and 3
                 ranks (capacity = plan, the staging counted in it where it
                 comes from the plan's idle buffers), and host memory within
@@ -1190,6 +1191,39 @@ static void test_atomic(void)
         free(text);
     }
     CHECK(temporaries(p, "afile") == 0, "a temporary directory is left");
+    /* a symbolic link to a directory, and a path ending in "..": no
+       rename replaces them; the files move in */
+    {
+        char real[900], sub[1000];
+        struct stat st;
+        snprintf(real, sizeof real, "%s/atomic/real", g_tmp);
+        mkdir(real, 0777);
+        snprintf(sub, sizeof sub, "%s/foreign.txt", real);
+        write_text(sub, "keep");
+        snprintf(j.dir, sizeof j.dir, "%s/atomic/link", g_tmp);
+        CHECK(symlink("real", j.dir) == 0, "symlink: %s", strerror(errno));
+        run(&j, 2);
+        same_verdict(&j, 2, FSDP_SUCCESS, "", NULL, "a link to a directory");
+        listing(real, after, sizeof after);
+        CHECK(!strcmp(after, "foreign.txt model.safetensors "), "through the link: '%s'", after);
+        CHECK(lstat(j.dir, &st) == 0 && S_ISLNK(st.st_mode), "the link is no longer a link");
+        CHECK(temporaries(p, "link") == 0 && temporaries(p, "real") == 0,
+              "a temporary directory is left");
+        snprintf(sub, sizeof sub, "%s/sub", real);
+        mkdir(sub, 0777);
+        snprintf(j.dir, sizeof j.dir, "%s/atomic/real/sub/..", g_tmp);
+        j.desc.max_shard_bytes = 4000;
+        run(&j, 3);
+        same_verdict(&j, 3, FSDP_SUCCESS, "", NULL, "a path ending in '..'");
+        CHECK(shards_ok(real) >= 3 && !file_exists(real, "model.safetensors") &&
+                  file_exists(real, "foreign.txt"),
+              "real/sub/..: %d shards", shards_ok(real));
+        listing(sub, after, sizeof after);
+        CHECK(!strcmp(after, ""), "a temporary directory is left in real/sub: '%s'", after);
+        j.fn = load_rank;
+        j.seed = 61;
+        run(&j, 2);
+    }
 }
 
 /* --- memory --- */
