@@ -13081,6 +13081,37 @@ FSDP__DEF void fsdp__sb_json_body(fsdp__sb *b, const char *s)
     }
 }
 
+/* NULL when name can be a tensor's in a safetensors header; else why not
+   (in a static string). Python's safetensors refuses a header that is not
+   UTF-8, and "__metadata__" is the header's own key: a file holding
+   either would be written whole and then opened by no reader. */
+FSDP__DEF const char *fsdp__st_name_bad(const char *name)
+{
+    const unsigned char *p = (const unsigned char *)name;
+    if (!strcmp(name, "__metadata__")) return "is the header's metadata key";
+    while (*p) {
+        unsigned c = *p, n, k;
+        uint32_t v;
+        if (c < 0x80) {
+            p++;
+            continue;
+        }
+        n = c >= 0xc2 && c <= 0xdf ? 1 : c >= 0xe0 && c <= 0xef ? 2 : c >= 0xf0 && c <= 0xf4 ? 3 : 0;
+        if (!n) return "is not UTF-8";
+        v = c & (0x3fu >> n);
+        for (k = 1; k <= n; k++) {
+            if ((p[k] & 0xc0) != 0x80) return "is not UTF-8";
+            v = v << 6 | (p[k] & 0x3fu);
+        }
+        /* overlong forms, UTF-16 surrogates, above U+10FFFF */
+        if ((n == 2 && v < 0x800) || (n == 3 && v < 0x10000) || (v >= 0xd800 && v <= 0xdfff) ||
+            v > 0x10ffff)
+            return "is not UTF-8";
+        p += n + 1;
+    }
+    return NULL;
+}
+
 /* A JSON string literal. */
 FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
 {
@@ -14565,14 +14596,21 @@ FSDP__DEF fsdp_result fsdp__stw_seal(fsdp__stw *w)
         w->st->files++;
         if (w->st->threads < w->np) w->st->threads = w->np;
     }
+    /* the header as a reader parses it; names are checked before (the
+       writer's own header fails here only for want of memory, or a bug) */
     bad = fsdp__json_parse(&jj, h, w->sb.s, w->hlen) != 0 ||
           (mnode = fsdp__j_get(&jj, 0, "__metadata__")) < 0 ||
           (lnode = fsdp__j_get(&jj, mnode, FSDP__LAYOUT_KEY)) < 0 ||
           fsdp__layout_crc(&jj, lnode, w->crc, h, &lc) != 0;
+    if (bad) {
+        char why[sizeof jj.err];
+        memcpy(why, jj.err, sizeof why);
+        why[sizeof why - 1] = 0;
+        fsdp__json_free(&jj);
+        return FSDP__STF(FSDP_ERROR, "'%s': the header's checksum: %s", w->path,
+                         why[0] ? why : "out of memory");
+    }
     fsdp__json_free(&jj);
-    if (bad)
-        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header's checksum",
-                         w->path);
     snprintf(hex, sizeof hex, "%08x", (unsigned)lc);
     memcpy(w->sb.s + w->layoutpos, hex, 8);
     return FSDP_SUCCESS;
@@ -15095,8 +15133,14 @@ FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd
     if (!t) return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
     for (i = 0; i < sd->n; i++) {
         const fsdp_tensor *s = &sd->t[i];
+        const char *bad = fsdp__st_name_bad(s->name);
         int d;
         int whole = s->offset == 0 && s->numel == fsdp__shape_numel(s->ndim, s->shape);
+        if (bad) {
+            fsdp__free(h, t);
+            return FSDP__STF(FSDP_INVALID_ARGS, "'%s': tensor name '%.200s' %s (no safetensors "
+                             "reader would open the file)", path, s->name, bad);
+        }
         for (d = i + 1; d < sd->n; d++)
             if (!strcmp(sd->t[d].name, s->name)) {
                 fsdp__free(h, t);
@@ -24774,6 +24818,10 @@ FSDP__DEF fsdp_result fsdp__hf_plan(fsdp__hf *H, fsdp__hf_save *S)
             return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
         snprintf(o->name, len, "%s%s%s", H->peft, H->d.prefix, it->hf);
         S->nout++;
+        if (fsdp__st_name_bad(o->name))
+            return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: tensor name '%.200s' %s (no "
+                                  "safetensors reader would open the file)", H->where, o->name,
+                                  fsdp__st_name_bad(o->name));
         o->it = it;
         o->unit = it->unit;
         o->flat_off = fe->offset;

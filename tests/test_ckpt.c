@@ -670,6 +670,44 @@ static void dtypes(void)
                   contains(err.message, "'scalar' appears twice"), "duplicate: %s", err.message);
     }
     fsdp_state_dict_destroy(sd);
+    /* names no reader opens: the header's own key, and bytes that are not
+       UTF-8 (a lone continuation, an overlong '/', a surrogate, a cut
+       sequence); UTF-8 of 2, 3 and 4 bytes is fine. The file stays as it
+       was. */
+    {
+        static const char *const bad[] = {"__metadata__", "a\x80" "b", "\xc0\xaf", "\xed\xa0\x80",
+                                          "x\xe2\x82", "\xf4\x90\x80\x80"};
+        fsdp_tensor t;
+        char *before = NULL, *after = NULL;
+        long nb, na;
+        size_t k;
+        nb = read_file(path, &before);
+        for (k = 0; k <= sizeof bad / sizeof bad[0]; k++) {
+            fsdp_result r;
+            CHECK(fsdp_state_dict_create(FSDP_SD_FULL, NULL, NULL, &sd) == FSDP_SUCCESS, "create");
+            memset(&t, 0, sizeof t);
+            t.name = k < sizeof bad / sizeof bad[0] ? bad[k] : "\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80";
+            t.dtype = FSDP_F32;
+            t.ndim = 1;
+            t.shape[0] = 4;
+            t.data = raw;
+            fsdp_state_dict_add(sd, &t, 1);
+            r = fsdp_safetensors_save(path, sd, &err);
+            if (k < sizeof bad / sizeof bad[0])
+                CHECK(r == FSDP_INVALID_ARGS && contains(err.message, k ? "is not UTF-8" : "metadata key"),
+                      "name %zu: %d %s", k, (int)r, err.message);
+            else
+                CHECK(r == FSDP_SUCCESS, "a UTF-8 name: %s", err.message);
+            fsdp_state_dict_destroy(sd);
+            if (k + 1 == sizeof bad / sizeof bad[0]) {
+                na = read_file(path, &after);
+                CHECK(na == nb && nb > 0 && !memcmp(before, after, (size_t)nb),
+                      "a refused save changed the file");
+            }
+        }
+        free(before);
+        free(after);
+    }
 }
 
 /* --- async saves --- */
