@@ -23,34 +23,8 @@ gloo=${3:-}
 case $tl in /*) ;; *) tl=$(pwd)/$tl ;; esac
 case $gpt in /*) ;; *) gpt=$(pwd)/$gpt ;; esac
 
-skip() { echo "SKIP: $*"; exit 77; }
-[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
-command -v ip > /dev/null || skip "no ip command (iproute2)"
-command -v unshare > /dev/null || skip "no unshare (util-linux)"
-
-A=fsdplnA$$ B=fsdplnB$$
-IPA=10.232.0.1 IPB=10.232.0.2
-work=$(mktemp -d "${TMPDIR:-/tmp}/fsdp_launch_mh_XXXXXX") || exit 1
-cleanup() {
-    for n in $A $B; do
-        for p in $(ip netns pids $n 2> /dev/null); do kill -KILL "$p" 2> /dev/null; done
-        ip netns del $n 2> /dev/null
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-ip netns add $A 2> "$work/err" || skip "ip netns add failed: $(cat "$work/err")"
-ip netns add $B || exit 1
-ip link add ln0 netns $A type veth peer name ln0 netns $B || exit 1
-ip -n $A addr add $IPA/24 dev ln0 && ip -n $B addr add $IPB/24 dev ln0 || exit 1
-for n in $A $B; do ip -n $n link set lo up && ip -n $n link set ln0 up || exit 1; done
-
-in_host() {
-    ns=$1
-    shift
-    ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "host-$ns" "$@"
-}
+. "$(dirname "$0")/two_hosts.sh"
+two_hosts ln 232 ln0
 fails=0
 fail() { echo "FAIL: $*"; fails=$((fails + 1)); }
 

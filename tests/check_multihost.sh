@@ -29,39 +29,9 @@ mpirun=${2:-}
 gloo=${3:-}
 case $exe in /*) ;; *) exe=$(pwd)/$exe ;; esac
 
-skip() { echo "SKIP: $*"; exit 77; }
-[ "$(id -u)" = 0 ] || skip "needs root (network namespaces)"
-command -v ip > /dev/null || skip "no ip command (iproute2)"
-command -v unshare > /dev/null || skip "no unshare (util-linux)"
+. "$(dirname "$0")/two_hosts.sh"
 [ -n "$mpirun$gloo" ] || skip "this build has neither MPI nor Gloo"
-
-A=fsdpmhA$$ B=fsdpmhB$$
-IPA=10.231.0.1 IPB=10.231.0.2
-work=$(mktemp -d "${TMPDIR:-/tmp}/fsdp_multihost_XXXXXX") || exit 1
-pids=""
-cleanup() {
-    for p in $pids; do kill -KILL "$p" 2> /dev/null; done
-    for n in $A $B; do # whatever still runs in a host
-        for p in $(ip netns pids $n 2> /dev/null); do kill -KILL "$p" 2> /dev/null; done
-        ip netns del $n 2> /dev/null
-    done
-    rm -rf "$work"
-}
-trap cleanup EXIT
-trap 'exit 1' INT TERM HUP
-ip netns add $A 2> "$work/err" || skip "ip netns add failed: $(cat "$work/err")"
-ip netns add $B || exit 1
-# the veth is created inside the namespaces: it never exists outside them
-ip link add mh0 netns $A type veth peer name mh0 netns $B || exit 1
-ip -n $A addr add $IPA/24 dev mh0 && ip -n $B addr add $IPB/24 dev mh0 || exit 1
-for n in $A $B; do ip -n $n link set lo up && ip -n $n link set mh0 up || exit 1; done
-
-# in_host NS COMMAND...: COMMAND inside the host NS, with its own host name
-in_host() {
-    ns=$1
-    shift
-    ip netns exec "$ns" unshare --uts sh -c 'hostname "$0" && exec "$@"' "host-$ns" "$@"
-}
+two_hosts mh 231 mh0
 
 args="--layers 1 --dim 32 --heads 4 --batch 32 --ntest 32 --eval-every 0 --seed 5 --quiet"
 steps=20
