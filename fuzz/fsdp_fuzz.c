@@ -35,6 +35,7 @@
 #define FSDP_IMPLEMENTATION
 #include "fsdp.h"
 #include "fixtures_tnet.h"
+#include "fixtures_files.h"
 
 #include <dirent.h>
 #include <stdint.h>
@@ -247,6 +248,13 @@ static int zero_open(void)
     return fsdp_zero_step(g_zero) == FSDP_SUCCESS;
 }
 
+/* libFuzzer ends the process with exit(): the scratch directory goes then
+   (it was left in $TMPDIR, one per run of the test command's fuzz build) */
+static void remove_scratch(void)
+{
+    if (g_dir[0]) rm_rf(g_dir);
+}
+
 int LLVMFuzzerInitialize(int *argc, char ***argv)
 {
     const char *t = getenv("FSDP_FUZZ"), *seeds = getenv("FSDP_FUZZ_SEEDS");
@@ -273,6 +281,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
         perror("fsdp_fuzz: mkdtemp");
         exit(2);
     }
+    atexit(remove_scratch);
     snprintf(g_file, sizeof g_file, "%s/input.safetensors", g_dir);
     snprintf(g_ckpt, sizeof g_ckpt, "%s/ckpt", g_dir);
     snprintf(g_hf, sizeof g_hf, "%s/hf", g_dir);
