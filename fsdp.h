@@ -2210,11 +2210,14 @@ FSDP_API fsdp_result fsdp_set_no_sync(fsdp_ctx *ctx, int on);
 
 /* Global-norm clipping of the sharded gradients (clip_grad_norm_): norm_type
    2.0 (any p >= 1) or INFINITY; returns the total norm before clipping.
-   Collective: yes. */
+   As torch: a NaN gradient makes the norm NaN (either norm type) and every
+   gradient NaN; an infinite norm scales them by 0. Refused while no_sync
+   holds unreduced gradients. Collective: yes. */
 FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *ctx, double max_norm, double norm_type,
                                          double *total_norm);
 /* Optimizer step on the local shards, then zeroes the sharded gradients.
-   Collective: no (but waits for this rank's reductions). */
+   Refused (FSDP_INVALID_STATE) while no_sync holds gradients no backward
+   has reduced. Collective: no (but waits for this rank's reductions). */
 FSDP_API fsdp_result fsdp_step(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_set_lr(fsdp_ctx *ctx, int group, double lr);
@@ -17276,6 +17279,15 @@ FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu)
     fsdp__ctx_mark_loaded(c, (int)(cu - c->u), -1);
 }
 
+/* Where a resident unit keeps its unsharded gradient (no_sync's
+   accumulation between iterations). */
+FSDP__DEF void *fsdp__resident_ugrad(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    size_t n = (size_t)cu->lay.shard_numel * (size_t)cu->W;
+    if (fsdp__shard_is_view(c, cu)) return cu->grad_in_place ? (void *)cu->grad : cu->res_base;
+    return (char *)cu->res_base + n * fsdp_dtype_size(cu->pdt);
+}
+
 /* Points uparam/ugrad at the unit's unsharded block, taking a shared slot if
    needed (evicting an idle prefetched unit). Returns FSDP_POOL_EXHAUSTED
    (with the holders named) when every slot is in use; with `try_only`,
@@ -17290,13 +17302,9 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
             fsdp_result r = fsdp__dbg_check_block(c, unit, "beginning the unit again", 1);
             if (r != FSDP_SUCCESS) return r;
         }
-        if (fsdp__shard_is_view(c, cu)) {
-            cu->uparam = cu->lp ? cu->lp : (void *)cu->master;
-            cu->ugrad = cu->grad_in_place ? (void *)cu->grad : cu->res_base;
-        } else {
-            cu->uparam = cu->res_base;
-            cu->ugrad = (char *)cu->res_base + n * fsdp_dtype_size(cu->pdt);
-        }
+        cu->uparam = fsdp__shard_is_view(c, cu) ? (cu->lp ? cu->lp : (void *)cu->master)
+                                                 : cu->res_base;
+        cu->ugrad = fsdp__resident_ugrad(c, cu);
         return FSDP_SUCCESS;
     }
     if (cu->slot >= 0) return FSDP_SUCCESS;
@@ -18229,6 +18237,22 @@ FSDP__DEF void fsdp__phase_free(fsdp_ctx *c, void *p, size_t bytes, int lent)
 
 /* --- >>runtime:step clipping, the step, optimizer settings --------------- */
 
+/* Refused while a unit holds gradients accumulated under no_sync that no
+   backward has reduced: the shards would miss them (and the next backward
+   would add to them instead of starting from zero). */
+FSDP__DEF fsdp_result fsdp__no_accum_pending(fsdp_ctx *c, const char *fn)
+{
+    int i;
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].rs.accum)
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "%s: unit %d %s holds gradients "
+                                  "accumulated under no_sync that no backward has reduced: "
+                                  "turn no_sync off for the iteration's last backward (or drop "
+                                  "them with fsdp_zero_grad) first", fn, c->u[i].pub,
+                                  c->u[i].qname);
+    return FSDP_SUCCESS;
+}
+
 FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double norm_type,
                                          double *total_norm)
 {
@@ -18250,6 +18274,7 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
                               "read) only the 2-norm is supported, through its sum_squares "
                               "kernel", fsdp_device_name(c->dev));
     if ((r = fsdp__sync_all(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__no_accum_pending(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
         /* replicated gradients count once: NO_SHARD on world rank 0, HYBRID
@@ -18272,7 +18297,7 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
             }
             for (k = 0; k < n; k++) {
                 double a = fabs((double)g[k]);
-                if (inf) local = a > local ? a : local;
+                if (inf) local = a > local || a != a ? a : local; /* NaN wins, as torch's max */
                 else if (norm_type == 2.0) local += a * a;
                 else local += pow(a, norm_type);
             }
@@ -18287,15 +18312,17 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
         return fsdp__ctx_comm(c, c->world, r, "fsdp_clip_grad_norm");
     }
     for (i = 0; i < c->nranks; i++) {
-        if (inf) total = all[i] > total ? all[i] : total;
+        if (inf) total = all[i] > total || all[i] != all[i] ? all[i] : total;
         else total += all[i];
     }
     fsdp__free(&c->hooks, all);
     if (!inf) total = norm_type == 2.0 ? sqrt(total) : pow(total, 1.0 / norm_type);
     if (total_norm) *total_norm = total;
     {
+        /* torch multiplies by min(coef, 1): a NaN norm makes every
+           gradient NaN, an infinite one zero (NaN where it was infinite) */
         double coef = max_norm / (total + 1e-6);
-        if (coef < 1.0)
+        if (coef < 1.0 || coef != coef)
             for (i = 0; i < c->nunits; i++)
                 if (c->u[i].grad && c->u[i].S) {
                     if (c->offload) {
@@ -18408,6 +18435,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     int i, p, g;
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__no_accum_pending(c, "fsdp_step")) != FSDP_SUCCESS) return r;
     /* refused before anything changes: a counter at INT64_MAX (set, not
        loaded: loads stop at FSDP_STEP_MAX) would overflow, which is UB */
     if (c->steps == INT64_MAX)
@@ -18549,6 +18577,27 @@ FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
 
 /* --- >>runtime:summon summon_full_params --------------------------------- */
 
+/* A summon's f32 values go to dst (bytes): refused where no_sync's
+   accumulated gradients are (a NO_SHARD unit's block is its gradient; a
+   16-bit param_dtype's block holds it after the parameters), which the
+   values would overwrite, unnoticed, before the next backward adds to
+   them. */
+FSDP__DEF fsdp_result fsdp__summon_spares_accum(fsdp_ctx *c, const fsdp__cunit *cu, const void *dst,
+                                               size_t bytes)
+{
+    const char *d = (const char *)dst, *g;
+    size_t gb = fsdp__ugrad_bytes(cu);
+    if (!cu->rs.accum || !cu->resident || !bytes || !gb) return FSDP_SUCCESS;
+    g = (const char *)fsdp__resident_ugrad(c, cu);
+    if (d >= g + gb || g >= d + bytes) return FSDP_SUCCESS;
+    return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_summon_begin: unit %d %s holds gradients "
+                          "accumulated under no_sync where the summon would put its f32 "
+                          "parameters (%s): summon before the accumulation, or after the "
+                          "backward outside no_sync", cu->pub, cu->qname,
+                          cu->strat == FSDP_NO_SHARD ? "NO_SHARD keeps them in its block"
+                                                     : "the block of a 16-bit param_dtype");
+}
+
 FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned flags, float *host)
 {
     fsdp__cunit *cu;
@@ -18585,6 +18634,11 @@ FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned fl
                                       "first, or summon with FSDP_SUMMON_WRITEBACK", cu->pub,
                                       cu->qname);
         }
+        if (cu->uparam != (void *)cu->master &&
+            (r = fsdp__summon_spares_accum(c, cu, cu->uparam, (size_t)cu->S * 4)) != FSDP_SUCCESS) {
+            cu->uparam = NULL; /* as fsdp_summon_end leaves it */
+            return r;
+        }
         if (cu->S && cu->uparam != (void *)cu->master) {
             r = fsdp_device_copy(c->dev, cu->uparam, cu->master, (size_t)cu->S * 4,
                                  fsdp__from_shard(c), NULL);
@@ -18595,6 +18649,9 @@ FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned fl
     } else {
         const float *src = cu->master;
         if ((r = fsdp__acquire(c, unit, 0)) != FSDP_SUCCESS) return r;
+        r = fsdp__summon_spares_accum(c, cu, cu->uparam,
+                                      (size_t)cu->lay.shard_numel * (size_t)cu->W * 4);
+        if (r != FSDP_SUCCESS) return r;
         if (c->offload && cu->S) { /* in place, from this rank's slice */
             float *slice = (float *)cu->uparam + (size_t)cu->r * (size_t)cu->S;
             r = fsdp_device_copy(c->dev, slice, src, (size_t)cu->S * 4, FSDP_COPY_H2D, c->cs);

@@ -13,7 +13,10 @@
    prefetch on/off, a changed execution order, max_unsharded = 1; global-norm
    clipping (2 and inf); summon_full_params (writeback, rank0_only, offload);
    parameter groups and fsdp_set_lr; a per-unit mixed-precision override; bad
-   input. Cases and command line: check.h. */
+   input; no_sync's pending gradients (a summon that would overwrite them,
+   a step or a clip before they are reduced: refused, the result as without
+   the call) and NaN or infinite gradients in clipping (pending). Cases and
+   command line: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "check.h"
@@ -2770,6 +2773,212 @@ static void test_offload(void)
 }
 
 /* ------------------------------------------------------------------------ */
+/* no_sync's pending gradients, and NaN in clipping                          */
+/* ------------------------------------------------------------------------ */
+
+/* One Linear "fc" (3 x 5, weights 5) as its own unit; SGD lr 1. */
+typedef struct pend_job {
+    fsdp_model *m;
+    fsdp_units *u;
+    fsdp_sharding_strategy strat;
+    fsdp_dtype pdt;
+    int what; /* 0 summon, 1 step, 2 clip */
+} pend_job;
+
+static fsdp_init_spec pend_init(void *user, const char *fqn, int ndim, const int64_t *shape,
+                                const char *type)
+{
+    fsdp_init_spec s;
+    (void)user, (void)fqn, (void)ndim, (void)shape, (void)type;
+    memset(&s, 0, sizeof s);
+    s.kind = FSDP_INIT_CONSTANT;
+    s.a = 5.0;
+    return s;
+}
+
+/* forward and backward of every unit, adding `add` to fc.bias's gradient */
+static int pend_iter(fsdp_ctx *ctx, int fc, int root, float add)
+{
+    int i, ok;
+    fsdp_dtype pdt;
+    void *g;
+    ok = fsdp_begin_forward(ctx, root) == FSDP_SUCCESS &&
+         fsdp_begin_forward(ctx, fc) == FSDP_SUCCESS && fsdp_end_forward(ctx, fc) == FSDP_SUCCESS &&
+         fsdp_end_forward(ctx, root) == FSDP_SUCCESS &&
+         fsdp_begin_backward(ctx, root) == FSDP_SUCCESS &&
+         fsdp_begin_backward(ctx, fc) == FSDP_SUCCESS;
+    if (!ok || !(g = fsdp_grad(ctx, "fc.bias"))) return 0;
+    pdt = fsdp_param_dtype(ctx, fc); /* the gathered dtype (the default: f32) */
+    for (i = 0; i < 3; i++) {
+        float v;
+        fsdp_convert(&v, FSDP_F32, (char *)g + i * fsdp_dtype_size(pdt), pdt, 1);
+        v += add;
+        fsdp_convert((char *)g + i * fsdp_dtype_size(pdt), pdt, &v, FSDP_F32, 1);
+    }
+    return fsdp_end_backward(ctx, fc) == FSDP_SUCCESS &&
+           fsdp_end_backward(ctx, root) == FSDP_SUCCESS;
+}
+
+static int pend_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    pend_job *j = (pend_job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_state_dict *sd = NULL;
+    fsdp_result r;
+    int fc = fsdp_units_find(j->u, "fc"), root = fsdp_units_count(j->u) - 1;
+    (void)nranks;
+    if (!rank_open(world, rank, j->m, j->u, &dev, &comm, &cd)) return 1;
+    cd.optim = fsdp_optim_defaults(FSDP_SGD);
+    cd.optim.lr = 1.0;
+    cd.plan_no_sync = 1;
+    if (fsdp_ctx_create(&cd, &ctx) != FSDP_SUCCESS ||
+        fsdp_init_params(ctx, 1, pend_init, NULL) != FSDP_SUCCESS ||
+        fsdp_set_no_sync(ctx, 1) != FSDP_SUCCESS || !pend_iter(ctx, fc, root, 1.0f)) {
+        CHECK_RANK(0, rank, "set-up: %s", ctx ? fsdp_ctx_last_error(ctx) : "create");
+        goto done;
+    }
+    /* gradient 1 accumulated, not reduced */
+    if (j->what == 0) {
+        r = fsdp_summon_begin(ctx, fc, 0, NULL);
+        if (r == FSDP_SUCCESS) r = fsdp_summon_end(ctx, fc);
+        /* where the summon's values would land on the gradient: refused */
+        if (j->strat == FSDP_NO_SHARD || j->pdt == FSDP_BF16)
+            CHECK_RANK(r == FSDP_INVALID_STATE &&
+                           contains(fsdp_ctx_last_error(ctx), "accumulated under no_sync"),
+                       rank, "summon over pending gradients (strategy %d, %s): %d %s",
+                       (int)j->strat, j->pdt ? "bf16" : "f32", (int)r, fsdp_ctx_last_error(ctx));
+        else
+            CHECK_RANK(r == FSDP_SUCCESS, rank, "summon beside pending gradients: %s",
+                       fsdp_ctx_last_error(ctx));
+    } else {
+        double norm = 0.0;
+        r = j->what == 1 ? fsdp_step(ctx) : fsdp_clip_grad_norm(ctx, 1.0, 2.0, &norm);
+        CHECK_RANK(r == FSDP_INVALID_STATE &&
+                       contains(fsdp_ctx_last_error(ctx), "no backward has reduced"),
+                   rank, "%s over pending gradients: %d %s", j->what == 1 ? "step" : "clip",
+                   (int)r, fsdp_ctx_last_error(ctx));
+    }
+    /* then the synced micro-batch (gradient 1 more) and the step: 5 - 2 */
+    if (fsdp_set_no_sync(ctx, 0) != FSDP_SUCCESS || !pend_iter(ctx, fc, root, 1.0f) ||
+        fsdp_step(ctx) != FSDP_SUCCESS ||
+        fsdp_get_full_state_dict(ctx, FSDP_SD_OFFLOAD, &sd) != FSDP_SUCCESS) {
+        CHECK_RANK(0, rank, "the synced iteration: %s", fsdp_ctx_last_error(ctx));
+        goto done;
+    }
+    {
+        const fsdp_tensor *b = fsdp_state_dict_tensor(sd, fsdp_state_dict_find(sd, "fc.bias"));
+        float v = b ? ((const float *)b->data)[0] : -1.0f;
+        CHECK_RANK(v == 3.0f, rank, "strategy %d %s, %s: fc.bias %g after the step (5 - 2 = 3)",
+                   (int)j->strat, j->pdt ? "bf16" : "f32",
+                   j->what == 0 ? "summon" : j->what == 1 ? "step" : "clip", (double)v);
+    }
+done:
+    fsdp_state_dict_destroy(sd);
+    fsdp_ctx_destroy(ctx);
+    rank_close(dev, comm);
+    return 0;
+}
+
+/* A gradient that holds a NaN: both norms are NaN and every gradient
+   becomes NaN (torch's clip_grad_norm_); an infinite one gives an infinite
+   2-norm and scales the others by 0. */
+static int clip_nan_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    pend_job *j = (pend_job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_ctx_desc cd;
+    int fc = fsdp_units_find(j->u, "fc"), root = fsdp_units_count(j->u) - 1, t;
+    (void)nranks;
+    if (!rank_open(world, rank, j->m, j->u, &dev, &comm, &cd)) return 1;
+    if (fsdp_ctx_create(&cd, &ctx) != FSDP_SUCCESS ||
+        fsdp_init_params(ctx, 1, pend_init, NULL) != FSDP_SUCCESS) {
+        CHECK_RANK(0, rank, "set-up");
+        goto done;
+    }
+    for (t = 0; t < 3; t++) {
+        double norm = 0.0, bad = t == 2 ? INFINITY : NAN;
+        float *g;
+        fsdp_shard_layout lay;
+        int64_t k, S;
+        int finite_ok = 1, nan_seen = 0;
+        if (!pend_iter(ctx, fc, root, 1.0f)) {
+            CHECK_RANK(0, rank, "iteration: %s", fsdp_ctx_last_error(ctx));
+            goto done;
+        }
+        /* one bad element on rank 0's shard; every rank sees the norm */
+        g = fsdp_shard_grads(ctx, fc);
+        S = fsdp_ctx_shard_layout(ctx, fc, &lay) == FSDP_SUCCESS ? lay.shard_numel : 0;
+        if (rank == 0 && S > 0) g[0] = (float)bad;
+        if (fsdp_clip_grad_norm(ctx, 1.0, t == 1 ? INFINITY : 2.0, &norm) != FSDP_SUCCESS) {
+            CHECK_RANK(0, rank, "clip: %s", fsdp_ctx_last_error(ctx));
+            goto done;
+        }
+        for (k = 0; k < S; k++) {
+            if (g[k] != g[k]) nan_seen++;
+            else if (g[k] != 0.0f) finite_ok = 0;
+        }
+        if (t < 2)
+            CHECK_RANK(norm != norm && nan_seen == S, rank, "a NaN gradient, %s-norm: norm %g, "
+                       "%d of %lld gradients NaN (all)", t ? "inf" : "2", norm, nan_seen,
+                       (long long)S);
+        else
+            CHECK_RANK(isinf(norm) && finite_ok && nan_seen == (rank == 0 && S > 0),
+                       rank, "an infinite gradient: norm %g, the others 0: %d, NaN %d", norm,
+                       finite_ok, nan_seen);
+        if (fsdp_zero_grad(ctx) != FSDP_SUCCESS) goto done;
+    }
+done:
+    fsdp_ctx_destroy(ctx);
+    rank_close(dev, comm);
+    return 0;
+}
+
+static void pend_model(pend_job *j, fsdp_sharding_strategy strat, fsdp_dtype pdt)
+{
+    fsdp_unit_spec spec;
+    fsdp_unit_options o;
+    memset(&spec, 0, sizeof spec);
+    memset(&o, 0, sizeof o);
+    o.sharding = strat;
+    o.param_dtype = pdt;
+    spec.prefix = "fc";
+    fsdp_model *m = model_new("Net", 1);
+    j->m = m;
+    j->u = NULL;
+    j->strat = strat;
+    j->pdt = pdt;
+    if (!m || fsdp_model_add_module(m, "fc", "Linear") != FSDP_SUCCESS ||
+        add_param_nd(m, "fc", "weight", 2, 3, 5, 0) != FSDP_SUCCESS ||
+        add_param_nd(m, "fc", "bias", 1, 3, 0, 0) != FSDP_SUCCESS)
+        return;
+    OK(wrap_units(m, &spec, 1, &o, &j->u));
+}
+
+static void test_pending(void)
+{
+    static const fsdp_sharding_strategy ss[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP,
+                                                FSDP_NO_SHARD};
+    pend_job j;
+    int s, p, w;
+    for (s = 0; s < 3; s++)
+        for (p = 0; p < 2; p++) {
+            pend_model(&j, ss[s], p ? FSDP_BF16 : FSDP_DTYPE_DEFAULT);
+            for (w = 0; w < 3 && j.u; w++) {
+                j.what = w;
+                run_ranks(2, pend_rank, &j);
+            }
+            if (s == 0 && p == 0 && j.u) run_ranks(2, clip_nan_rank, &j);
+            fsdp_units_destroy(j.u);
+            fsdp_model_destroy(j.m);
+        }
+}
+
+/* ------------------------------------------------------------------------ */
 
 static const check_case CASES[] = {
     {"bad_create", test_bad_create},
@@ -2784,6 +2993,7 @@ static const check_case CASES[] = {
     {"override", test_override},
     {"equivalence", test_equivalence},
     {"offload", test_offload},
+    {"pending", test_pending},
 };
 
 int main(int argc, char **argv)
