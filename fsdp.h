@@ -1775,7 +1775,9 @@ FSDP_API fsdp_result fsdp_units_torch_names(const fsdp_units *u, fsdp_name_fn fn
    state follows, per trainable parameter under its first name (the name
    named_parameters() gives it), in that order:
        optim.<fqn>.exp_avg, optim.<fqn>.exp_avg_sq, optim.<fqn>.max_exp_avg_sq,
-       optim.<fqn>.momentum_buffer   (those the configuration keeps, f32)
+       optim.<fqn>.momentum_buffer   (those the parameter's group keeps, f32;
+                                      loads also take those of its unit's
+                                      other groups, which 0.6 wrote)
        optim.<fqn>.step              (i64 scalar: torch's state['step'])
    Ignored parameters belong to the engine and never appear.
 
@@ -20525,12 +20527,25 @@ FSDP__DEF float *fsdp__src_buf(fsdp__cunit *cu, int what)
 
 /* Does a state dict with the optimizer state hold `what` for the unit's
    parameters? The values always; the state and the step only where the
-   unit trains, each state buffer where the configuration keeps it. */
+   unit trains, each state buffer where one of its groups keeps it
+   (fsdp__entry_has: the parameter's own group). */
 FSDP__DEF int fsdp__unit_has(const fsdp__cunit *cu, int what)
 {
     if (what == FSDP__WHAT_PARAM) return 1;
     if (!cu->grad) return 0;
     return what == FSDP__WHAT_STEP || cu->ostate[what - FSDP__WHAT_EXP_AVG] != NULL;
+}
+
+/* The same for one parameter (entry) of the unit: a state buffer only
+   where its own group keeps it, as torch's optimizer state does (the
+   unit's buffer serves the union of its parameters' groups). Loads accept
+   the union's keys too: checkpoints before 0.7 wrote them. */
+FSDP__DEF int fsdp__entry_has(const fsdp_ctx *c, const fsdp__cunit *cu, int entry, int what)
+{
+    if (!fsdp__unit_has(cu, what)) return 0;
+    if (what == FSDP__WHAT_PARAM || what == FSDP__WHAT_STEP || !cu->groups) return 1;
+    return (fsdp_optim_state_mask(&c->groups[cu->groups[entry]]) >>
+            (what - FSDP__WHAT_EXP_AVG)) & 1u;
 }
 
 /* The key of `what` of parameter fqn: "fqn", "optim.fqn.exp_avg", ...,
@@ -20704,7 +20719,7 @@ FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const f
         fe = &cu->info->entries[pl[j].entry];
         for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++) {
             void *blk = blocks[fsdp__bufi(pl[j].unit, w)];
-            if (!fsdp__unit_has(cu, w)) continue;
+            if (!fsdp__entry_has(c, cu, pl[j].entry, w)) continue;
             if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), w))) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
             r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
                               blk ? (float *)blk + fe->offset : NULL, mem);
@@ -20736,7 +20751,7 @@ FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsd
                 const fsdp_flat_entry *fe = &cu->info->entries[pc->entry];
                 int64_t n = pc->end - pc->start + 1;
                 fsdp_param_info pi;
-                if (n <= 0) continue;
+                if (n <= 0 || !fsdp__entry_has(c, cu, pc->entry, w)) continue;
                 fsdp__pinfo(c, fe->param, &pi);
                 if (!(name = fsdp__what_key(&nb, fsdp__pname(c, pl[pi.primary].first), w)))
                     return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
@@ -21298,7 +21313,7 @@ FSDP__DEF void fsdp__ld_coverage(fsdp__ld *L, fsdp__ld_keys *keys)
             fsdp__nbuf nb;
             const char *key;
             if (w > FSDP__WHAT_PARAM && (!optim || L->kind == FSDP_SD_LOCAL)) break;
-            if (!fsdp__unit_has(cu, w)) continue;
+            if (!fsdp__entry_has(c, cu, t->entry, w)) continue;
             fsdp__nbuf_init(&nb, &c->hooks);
             if (L->kind == FSDP_SD_LOCAL) {
                 snprintf(nm, sizeof nm, "%s%sflat_param", cu->info->fqn,
@@ -22833,7 +22848,7 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             const char *tname;
             if (pl[j].first != j || pl[j].unit < 0) continue;
             cu = &c->u[pl[j].unit];
-            if (!fsdp__unit_has(cu, what)) continue;
+            if (!fsdp__entry_has(c, cu, pl[j].entry, what)) continue;
             if ((w->flags & FSDP_SD_TRAINABLE_ONLY) && !cu->info->requires_grad) continue;
             fe = &cu->info->entries[pl[j].entry];
             if (!(tname = fsdp__what_key(&nb, fsdp__pname(c, j), what))) goto oom;

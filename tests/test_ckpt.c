@@ -675,7 +675,7 @@ static void dtypes(void)
        sequence); UTF-8 of 2, 3 and 4 bytes is fine. The file stays as it
        was. */
     {
-        static const char *const bad[] = {"__metadata__", "a\x80" "b", "\xc0\xaf", "\xed\xa0\x80",
+        static const char *const bad[] = {"__metadata__", "a\200b", "\xc0\xaf", "\xed\xa0\x80",
                                           "x\xe2\x82", "\xf4\x90\x80\x80"};
         fsdp_tensor t;
         char *before = NULL, *after = NULL;

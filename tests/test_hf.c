@@ -1344,7 +1344,7 @@ static int args_rank(hjob *j, int rank, int nranks, fsdp_local_world *world)
     bad[2].hf_transpose = 1; /* a 1-D ln_1 weight */
     REFUSED(fsdp_hf_save(h.ctx, dir, &d), FSDP_INVALID_ARGS, "hf_transpose needs a 2-D");
     memcpy(bad, t, sizeof bad);
-    bad[7].hf_name = "ln_f.\xff" "bias"; /* no safetensors reader opens a name not UTF-8 */
+    bad[7].hf_name = "ln_f.\377bias"; /* no safetensors reader opens a name not UTF-8 */
     REFUSED(fsdp_hf_save(h.ctx, dir, &d), FSDP_INVALID_ARGS, "is not UTF-8");
     memcpy(bad, t, sizeof bad);
     bad[3].hf_name = "h.attn.c_attn.weight"; /* no "{L}" */

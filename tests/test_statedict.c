@@ -8,12 +8,15 @@
    strict mode's missing/unexpected keys by name, shape mismatches, the
    model untouched by a failed load, the similarity check, host copies
    (pinned, non-blocking on a stream), resharding the optimizer state in
-   memory (W = 2 -> 3, bitwise equal to an uninterrupted run), and the
-   state_dict_names vectors (argv[1]: the vectors directory).
+   memory (W = 2 -> 3, bitwise equal to an uninterrupted run), a unit whose
+   parameters' groups keep different state (max_exp_avg_sq only where the
+   group has amsgrad, as torch; dicts with the union's keys still load),
+   and the state_dict_names vectors (argv[1]: the vectors directory).
    Cases and command line: check.h. */
 #define _POSIX_C_SOURCE 200809L
 #include "fixtures_tnet.h"
 #include "vectors.h"
+#include "fixtures_files.h"
 
 #include <pthread.h>
 
@@ -591,6 +594,116 @@ static void test_optim_reshard(void)
     fsdp_state_dict_destroy(j.keep);
 }
 
+/* --- group_state: a unit whose parameters are in groups of other state --- */
+
+/* weights in group 0 (AdamW, amsgrad), biases in group 1 (AdamW) */
+static int gs_group(void *user, const char *fqn, int ndim, const char *module_type)
+{
+    (void)user, (void)fqn, (void)module_type;
+    return ndim == 1 ? 1 : 0;
+}
+
+static int gs_has(const fsdp_state_dict *sd, const char *name)
+{
+    return fsdp_state_dict_find(sd, name) >= 0;
+}
+
+static char g_gs_dir[512];
+
+static int gs_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_optim_config g[2];
+    fsdp_state_dict *full = NULL, *sh = NULL, *old = NULL;
+    char path[700];
+    int i, k, kind;
+    (void)nranks, (void)user;
+    if (!rank_open(world, rank, g_model, g_units, &dev, &comm, &cd)) return 1;
+    g[0] = fsdp_optim_defaults(FSDP_ADAMW);
+    g[0].amsgrad = 1;
+    g[1] = fsdp_optim_defaults(FSDP_ADAMW);
+    cd.groups = g;
+    cd.ngroups = 2;
+    cd.group_fn = gs_group;
+    if (fsdp_ctx_create(&cd, &ctx) != FSDP_SUCCESS || fsdp_init_zeros(ctx) != FSDP_SUCCESS ||
+        fsdp_step(ctx) != FSDP_SUCCESS) {
+        CHECK_RANK(0, rank, "set-up: %s", ctx ? fsdp_ctx_last_error(ctx) : "create");
+        goto done;
+    }
+    /* as torch's optimizer: max_exp_avg_sq where the group keeps it */
+    for (kind = 0; kind < 2; kind++) {
+        fsdp_state_dict **sd = kind ? &sh : &full;
+        fsdp_result r = kind ? fsdp_get_sharded_state_dict(ctx, FSDP_SD_OPTIM, sd)
+                             : fsdp_get_full_state_dict(ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, sd);
+        CHECK_RANK(r == FSDP_SUCCESS, rank, "state dict: %s", fsdp_ctx_last_error(ctx));
+        if (r != FSDP_SUCCESS) goto done;
+        /* (a sharded dict holds this rank's pieces: those of the full) */
+        CHECK_RANK((kind || (gs_has(*sd, "optim.blocks.0.fc.weight.max_exp_avg_sq") &&
+                             gs_has(*sd, "optim.blocks.0.fc.bias.exp_avg_sq"))) &&
+                       !gs_has(*sd, "optim.blocks.0.fc.bias.max_exp_avg_sq") &&
+                       !gs_has(*sd, "optim.head.bias.max_exp_avg_sq"),
+                   rank, "%s dict: max_exp_avg_sq not exactly where the group keeps it",
+                   kind ? "sharded" : "full");
+    }
+    /* strict loads of both take them; so does a dict of the union's keys,
+       as checkpoints before 0.7 hold them */
+    CHECK_RANK(fsdp_load_state_dict(ctx, full, FSDP_SD_OPTIM) == FSDP_SUCCESS, rank,
+               "full load: %s", fsdp_ctx_last_error(ctx));
+    CHECK_RANK(fsdp_load_state_dict(ctx, sh, FSDP_SD_OPTIM) == FSDP_SUCCESS, rank,
+               "sharded load: %s", fsdp_ctx_last_error(ctx));
+    if (fsdp_state_dict_create(FSDP_SD_FULL, NULL, NULL, &old) == FSDP_SUCCESS) {
+        for (i = 0; i < fsdp_state_dict_count(full); i++)
+            fsdp_state_dict_add(old, fsdp_state_dict_tensor(full, i), 1);
+        k = fsdp_state_dict_find(full, "optim.blocks.0.fc.bias.exp_avg_sq");
+        if (k >= 0) {
+            fsdp_tensor t = *fsdp_state_dict_tensor(full, k);
+            t.name = "optim.blocks.0.fc.bias.max_exp_avg_sq";
+            fsdp_state_dict_add(old, &t, 1);
+        }
+        CHECK_RANK(fsdp_load_state_dict(ctx, old, FSDP_SD_OPTIM) == FSDP_SUCCESS, rank,
+                   "a dict with the union's keys: %s", fsdp_ctx_last_error(ctx));
+    }
+    /* checkpoints: the same keys, and they load */
+    for (k = 0; k < 2; k++) {
+        snprintf(path, sizeof path, "%s/%s", g_gs_dir, k ? "sharded" : "full.safetensors");
+        CHECK_RANK(fsdp_ckpt_save(ctx, path, FSDP_SD_OPTIM | (k ? FSDP_CKPT_SHARDED : 0)) ==
+                           FSDP_SUCCESS &&
+                       fsdp_ckpt_load(ctx, path, FSDP_SD_OPTIM) == FSDP_SUCCESS,
+                   rank, "checkpoint %s: %s", path, fsdp_ctx_last_error(ctx));
+    }
+done:
+    fsdp_state_dict_destroy(full);
+    fsdp_state_dict_destroy(sh);
+    fsdp_state_dict_destroy(old);
+    fsdp_ctx_destroy(ctx);
+    rank_close(dev, comm);
+    return 0;
+}
+
+static void test_group_state(void)
+{
+    const char *tmp = getenv("TMPDIR");
+    fsdp_state_dict *sd = NULL;
+    fsdp_error err;
+    char p[700];
+    snprintf(g_gs_dir, sizeof g_gs_dir, "%s/test_statedict_XXXXXX", tmp && *tmp ? tmp : "/tmp");
+    if (!mkdtemp(g_gs_dir)) {
+        CHECK(0, "mkdtemp");
+        return;
+    }
+    run_ranks(2, gs_rank, NULL);
+    snprintf(p, sizeof p, "%s/full.safetensors", g_gs_dir);
+    CHECK(fsdp_safetensors_load(p, NULL, &sd, &err) == FSDP_SUCCESS &&
+              fsdp_state_dict_find(sd, "optim.blocks.0.fc.weight.max_exp_avg_sq") >= 0 &&
+              fsdp_state_dict_find(sd, "optim.blocks.0.fc.bias.max_exp_avg_sq") < 0,
+          "the full checkpoint's keys");
+    fsdp_state_dict_destroy(sd);
+    rm_rf(g_gs_dir);
+}
+
 static const char *g_vectors;
 
 static void test_vectors(void)
@@ -604,6 +717,7 @@ static const check_case CASES[] = {
     {"sharded", test_sharded},
     {"rank0_load", test_rank0_load},
     {"optim_reshard", test_optim_reshard},
+    {"group_state", test_group_state},
     {"vectors", test_vectors},
 };
 
