@@ -2576,10 +2576,16 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
 
    Writes are atomic: a file goes to "<name>.tmp.<pid>", is fsynced and
    renamed; a sharded save writes its rank files under a new generation
-   name and replaces the index last, then removes the files of the previous
-   generation (each rank a share of them; after an asynchronous save in the
-   background, finished before the writer's next save), so a failed save
-   leaves the previous checkpoint intact. An
+   name and replaces the index last, then removes the rank files the
+   replaced index named (each rank a share of them; after an asynchronous
+   save in the background, finished before the writer's next save), so a
+   failed save leaves the previous checkpoint intact. Only those: a save of
+   another writer pending or committed meanwhile keeps its files, and files
+   that are not rank files ("model-00001-of-00002.safetensors") stay. A
+   save whose rank file is gone before the commit (another process removed
+   it) is refused (FSDP_CKPT_IO), not committed. Rank files of a save
+   killed between their rename and its index stay (no index names them;
+   another writer's save in flight looks the same). An
    asynchronous save is committed by fsdp_ckpt_wait, or as soon as every
    rank's write has finished by fsdp_ckpt_poll called once per training
    step: then the latest completed save is always the one a restart finds.
@@ -2634,7 +2640,8 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
 
 /* Reads a whole checkpoint (a file or a sharded directory) and checks
    everything a load checks that needs no context, every tensor's bytes
-   included. FSDP_SUCCESS with *verified = FSDP_VERIFIED_* (LAYOUT|DATA:
+   included (each rank file's save id, rank and world size against its
+   place in the index). FSDP_SUCCESS with *verified = FSDP_VERIFIED_* (LAYOUT|DATA:
    written by this version and intact; LEGACY|DATA: by one before 0.6.0;
    0: a foreign file, nothing to verify against), or the load's error.
    hooks may be NULL. Collective: no. */
@@ -2690,8 +2697,11 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
                                           unsigned flags);
 /* Waits for the write, commits it (the index of a sharded checkpoint) and
    returns its result, I/O errors included, the same on every rank. The
-   previous save's files are then removed in the background, each rank its
-   share (the next save and fsdp_ckpt_writer_destroy wait for that). With
+   files of the save whose index it replaced are then removed in the
+   background, each rank its share (the next save and
+   fsdp_ckpt_writer_destroy wait for that). The writer's threads call no
+   allocator hook (those need not be thread-safe): they allocate through
+   FSDP_MALLOC while the caller goes on with the context. With
    no save pending it returns FSDP_SUCCESS once this rank's share of that
    removal is over, communicating nothing. Collective: yes. */
 FSDP_API fsdp_result fsdp_ckpt_wait(fsdp_ckpt_writer *w);
@@ -22404,13 +22414,13 @@ struct fsdp_ckpt_writer {
     fsdp_ckpt_options opt; /* the context's when the save began */
     int world;
     int inline_write; /* fsdp_ckpt_save: the caller writes, from the shards themselves */
-    /* the previous saves' files this rank removes after a commit, in the
+    /* the replaced save's files this rank removes after a commit, in the
        background after an async save (joined before the next save) */
     pthread_t gc_th;
     int gc_started;
     char *gc_dir;
-    uint64_t gc_gen;
-    int gc_rank;
+    uint64_t gc_old; /* the replaced index's save */
+    int gc_old_world, gc_rank;
     /* the thread's "finished", read by fsdp_ckpt_poll while it runs */
     pthread_mutex_t mu;
     int mu_ok, done;
@@ -22433,14 +22443,24 @@ FSDP__DEF char *fsdp__path_join(const fsdp_hooks *h, const char *dir, const char
     return p;
 }
 
-FSDP__DEF void *fsdp__writer_main(void *arg)
+/* Writes this rank's file. own_thread: on the writer's thread, while the
+   caller trains with the context's allocator hooks, which need not be
+   thread-safe: the write allocates through FSDP_MALLOC instead (it frees
+   all it allocates, and the staged dict is only read). */
+FSDP__DEF void fsdp__writer_write(fsdp_ckpt_writer *w, int own_thread)
 {
-    fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)arg;
-    w->result = fsdp__sd_write(w->file, w->sd, w->kv, w->nkv, &w->opt, w->world,
+    fsdp_state_dict view = *w->sd;
+    if (own_thread) memset(&view.hooks.allocator, 0, sizeof view.hooks.allocator);
+    w->result = fsdp__sd_write(w->file, &view, w->kv, w->nkv, &w->opt, w->world,
                                w->timing ? &w->wst : NULL, &w->werr);
     if (w->mu_ok) pthread_mutex_lock(&w->mu);
     w->done = 1;
     if (w->mu_ok) pthread_mutex_unlock(&w->mu);
+}
+
+FSDP__DEF void *fsdp__writer_main(void *arg)
+{
+    fsdp__writer_write((fsdp_ckpt_writer *)arg, 1);
     return NULL;
 }
 
@@ -22455,16 +22475,98 @@ FSDP__DEF int fsdp__writer_done(fsdp_ckpt_writer *w)
     return d;
 }
 
+/* Whether name is one of this library's rank-file names, exactly as
+   fsdp__rank_file spells it (so "model-00001-of-00002.safetensors", a
+   Hugging Face shard, is not); its save id, rank and world size. */
+FSDP__DEF int fsdp__rank_file_of(const char *name, uint64_t *gen, int *rank, int *world)
+{
+    char again[128];
+    const char *p = name + 6;
+    char *q;
+    uint64_t g = 0;
+    long r, n;
+    int k;
+    if (strncmp(name, "model-", 6) || strlen(name) >= sizeof again) return 0;
+    for (k = 0; k < 16; k++, p++) {
+        int d = *p >= '0' && *p <= '9' ? *p - '0' : *p >= 'a' && *p <= 'f' ? *p - 'a' + 10 : -1;
+        if (d < 0) return 0;
+        g = g << 4 | (uint64_t)d;
+    }
+    if (strncmp(p, "-rank", 5)) return 0;
+    r = strtol(p + 5, &q, 10);
+    if (strncmp(q, "-of-", 4)) return 0;
+    n = strtol(q + 4, NULL, 10);
+    if (r < 0 || n < 1 || r >= n || n > 1 << 20) return 0;
+    fsdp__rank_file(again, sizeof again, g, (int)r, (int)n);
+    if (strcmp(again, name)) return 0; /* signs, spaces, other widths, other suffixes */
+    *gen = g;
+    *rank = (int)r;
+    *world = (int)n;
+    return 1;
+}
+
+FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, int64_t limit,
+                                       char **out, size_t *len, fsdp_error *err);
+
+/* The save a sharded checkpoint's index.json names, before a commit
+   replaces it: its id and world size when its files are exactly that
+   save's rank files, files[k] rank k's (what every index this library
+   wrote lists). 0 for none (no index, or one that is not readable or
+   lists other names): then nothing is removed. */
+FSDP__DEF int fsdp__index_save(const fsdp_hooks *h, const char *dir, uint64_t *gen, int *world)
+{
+    fsdp__json j;
+    fsdp_error e;
+    char *ipath = fsdp__path_join(h, dir, FSDP__INDEX_NAME), *text = NULL;
+    size_t len = 0;
+    int ok = 0, n, k, files;
+    memset(&j, 0, sizeof j);
+    if (ipath && fsdp__read_small(h, ipath, FSDP__INDEX_MAX, &text, &len, &e) == FSDP_SUCCESS &&
+        fsdp__json_parse(&j, h, text, len) == 0 && j.n[0].type == FSDP__J_OBJ &&
+        (files = fsdp__j_get(&j, 0, "files")) >= 0 && j.n[files].type == FSDP__J_ARR &&
+        j.n[files].count > 0) {
+        ok = 1;
+        for (k = 0, n = j.n[files].first; ok && n >= 0; n = j.n[n].next, k++) {
+            uint64_t g = 0;
+            int q = -1, w = 0;
+            ok = j.n[n].type == FSDP__J_STR && fsdp__rank_file_of(j.n[n].str, &g, &q, &w) &&
+                 q == k && w == j.n[files].count && (k == 0 || g == *gen);
+            if (ok) {
+                *gen = g;
+                *world = w;
+            }
+        }
+    }
+    fsdp__json_free(&j);
+    fsdp__free(h, text);
+    fsdp__free(h, ipath);
+    return ok;
+}
+
+/* unlink of dir/name without the allocator (a path the kernel takes fits
+   in PATH_MAX, 4096 bytes on Linux). */
+FSDP__DEF int fsdp__unlink_in(const char *dir, const char *name)
+{
+    char p[4096 + 256];
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p) {
+        errno = ENAMETOOLONG;
+        return -1;
+    }
+    return unlink(p);
+}
+
 /* A save killed between creating and renaming its temporary leaves
    "<name>.tmp.<pid>" forever; the next committed save of the same path
    removes those whose process is gone. A live process's temporary is a
    save in flight (another job's, or this process's) and stays: the pid is
    checked on this host, so a temporary of a process on another host
    sharing the file system stays too when the pid exists here. With prefix
-   NULL (a sharded directory) every rank file's and index's temporary is a
-   candidate; else only "<prefix>.tmp.<pid>". Best effort: returns how many
-   were removed. */
-FSDP__DEF int fsdp__sweep_tmp(const fsdp_hooks *h, const char *dir, const char *prefix)
+   NULL (a sharded directory) the temporaries of rank files (names as
+   fsdp__rank_file spells them) and of the index are candidates; else only
+   "<prefix>.tmp.<pid>". Allocates nothing: it runs on the writer's
+   background thread, and the allocator hooks need not be thread-safe.
+   Best effort: returns how many were removed. */
+FSDP__DEF int fsdp__sweep_tmp(const char *dir, const char *prefix)
 {
     DIR *d = opendir(dir);
     struct dirent *de;
@@ -22473,57 +22575,52 @@ FSDP__DEF int fsdp__sweep_tmp(const fsdp_hooks *h, const char *dir, const char *
     while (d && (de = readdir(d)) != NULL) {
         const char *nm = de->d_name, *t = strstr(nm, ".tmp."), *q;
         long long pid = 0;
-        char *full;
         if (!t) continue;
         while (strstr(t + 1, ".tmp.")) t = strstr(t + 1, ".tmp."); /* the last one */
-        if (prefix ? (size_t)(t - nm) != plen || strncmp(nm, prefix, plen)
-                   : strncmp(nm, "model-", 6) && strncmp(nm, FSDP__INDEX_NAME, 10))
-            continue;
+        if (prefix) {
+            if ((size_t)(t - nm) != plen || strncmp(nm, prefix, plen)) continue;
+        } else {
+            char stem[128];
+            uint64_t g;
+            int r, w;
+            if ((size_t)(t - nm) >= sizeof stem) continue;
+            memcpy(stem, nm, (size_t)(t - nm));
+            stem[t - nm] = 0;
+            if (strcmp(stem, FSDP__INDEX_NAME) && !fsdp__rank_file_of(stem, &g, &r, &w)) continue;
+        }
         for (q = t + 5; *q >= '0' && *q <= '9' && pid < (1ll << 40); q++) pid = pid * 10 + (*q - '0');
         if (*q || q == t + 5 || pid <= 0 || pid >= (1ll << 40)) continue;
         if ((pid_t)pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        if ((full = fsdp__path_join(h, dir, nm)) != NULL && unlink(full) == 0) removed++;
-        fsdp__free(h, full);
+        if (fsdp__unlink_in(dir, nm) == 0) removed++;
     }
     if (d) closedir(d);
     return removed;
 }
 
-/* Removes the files of the saves before save `gen` from a sharded
-   checkpoint's directory: this rank's share (the file of old rank q by rank
-   q mod world; names without a rank by rank 0), so that the ranks free the
-   old files' blocks at once (a 128 MiB file takes tens of milliseconds);
-   rank 0 also removes the temporaries of dead saves. Best effort: a file
-   left behind is removed by the next commit. */
-FSDP__DEF void fsdp__remove_old(const fsdp_hooks *h, const char *dir, uint64_t gen, int rank,
-                                int world)
+/* Removes the rank files of save `old` (world size old_world), the save
+   whose index a commit replaced, from a sharded checkpoint's directory:
+   this rank's share (old rank q's file by rank q mod world), so that the
+   ranks free the old files' blocks at once (a 128 MiB file takes tens of
+   milliseconds); rank 0 also removes the temporaries of dead saves. Only
+   names computed from the replaced index: never a file of another save
+   (one in flight, one committed since, by this writer or another), nor a
+   file that is not this library's. Allocates nothing (see
+   fsdp__sweep_tmp). Best effort: a file left behind stays. */
+FSDP__DEF void fsdp__remove_old(const char *dir, uint64_t old, int old_world, int rank, int world)
 {
-    DIR *d = opendir(dir);
-    char genstr[32];
-    struct dirent *de;
-    snprintf(genstr, sizeof genstr, "model-%016llx-", (unsigned long long)gen);
-    while (d && (de = readdir(d)) != NULL) {
-        size_t len = strlen(de->d_name);
-        const char *rk;
-        long q = 0;
-        char *old;
-        if (strncmp(de->d_name, "model-", 6) || len < 12 ||
-            strcmp(de->d_name + len - 12, ".safetensors") ||
-            !strncmp(de->d_name, genstr, strlen(genstr)))
-            continue;
-        if ((rk = strstr(de->d_name, "-rank")) != NULL) q = strtol(rk + 5, NULL, 10);
-        if (q < 0 || q % world != rank) continue;
-        if ((old = fsdp__path_join(h, dir, de->d_name)) != NULL) unlink(old);
-        fsdp__free(h, old);
+    char name[128];
+    int q;
+    for (q = rank; q < old_world; q += world) {
+        fsdp__rank_file(name, sizeof name, old, q, old_world);
+        fsdp__unlink_in(dir, name);
     }
-    if (d) closedir(d);
-    if (rank == 0) fsdp__sweep_tmp(h, dir, NULL);
+    if (rank == 0) fsdp__sweep_tmp(dir, NULL);
 }
 
 FSDP__DEF void *fsdp__writer_gc_main(void *arg)
 {
     fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)arg;
-    fsdp__remove_old(&w->hooks, w->gc_dir, w->gc_gen, w->gc_rank, w->world);
+    fsdp__remove_old(w->gc_dir, w->gc_old, w->gc_old_world, w->gc_rank, w->world);
     return NULL;
 }
 
@@ -22761,7 +22858,7 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         w->done = 0;
         if (!w->inline_write && w->mu_ok && pthread_create(&w->th, NULL, fsdp__writer_main, w) == 0)
             w->thread_started = 1;
-        else fsdp__writer_main(w); /* no thread: write now, report at wait */
+        else fsdp__writer_write(w, 0); /* no thread: write now, report at wait */
     }
     return FSDP_SUCCESS;
 fail:
@@ -22924,11 +23021,27 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
     fsdp_result r = FSDP_SUCCESS;
     int on = w->timing;
     double t0, t1;
+    uint64_t old[2] = {0, 0}; /* the save whose index this commit replaces: id, world size */
+    struct stat st;
     if (w->thread_started) pthread_join(w->th, NULL);
     w->thread_started = 0;
     if (w->file && w->result != FSDP_SUCCESS)
         r = fsdp__ctx_fail(c, w->result, "%s: rank %d: %s", fn, c->rank, w->werr.message);
+    else if (w->file && (w->flags & FSDP_CKPT_SHARDED) && stat(w->file, &st) != 0)
+        /* an index naming it would not load: refused, not committed */
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': rank %d's file '%s' is gone "
+                           "before the commit (%s): another process removed it; the save is "
+                           "not committed", fn, w->path, c->rank, w->file, strerror(errno));
     t0 = fsdp__tick(on);
+    if (w->flags & FSDP_CKPT_SHARDED) {
+        /* read before the index is replaced: its files, and only those, go
+           after the commit */
+        int ow = 0;
+        fsdp_result rb;
+        if (c->rank == 0 && fsdp__index_save(&w->hooks, w->path, &old[0], &ow) && old[0] != w->gen)
+            old[1] = (uint64_t)ow;
+        if ((rb = fsdp__bcast_bytes(c, old, sizeof old, fn)) != FSDP_SUCCESS) r = rb;
+    }
     r = fsdp__agree(c, r, fn);
     t1 = fsdp__tick(on);
     w->st.agree_s += t1 - t0;
@@ -22941,11 +23054,12 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
             t1 = fsdp__tick(on);
             w->st.agree_s += t1 - t0;
         }
-        /* committed: the previous saves' files are no longer referenced.
+        /* committed: the replaced save's files are no longer referenced.
            Every rank removes its share; after an async save in the
            background, not in the poll that committed it */
         if (r == FSDP_SUCCESS && (w->gc_dir = fsdp__strdup(&w->hooks, w->path)) != NULL) {
-            w->gc_gen = w->gen;
+            w->gc_old = old[0];
+            w->gc_old_world = old[1] <= 1u << 20 ? (int)old[1] : 0;
             w->gc_rank = c->rank;
             if (w->inline_write || pthread_create(&w->gc_th, NULL, fsdp__writer_gc_main, w) != 0) {
                 fsdp__writer_gc_main(w);
@@ -22961,7 +23075,7 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
         char dir[4096];
         const char *base = strrchr(w->path, '/');
         fsdp__dirname(w->path, dir, sizeof dir);
-        fsdp__sweep_tmp(&c->hooks, dir, base ? base + 1 : w->path);
+        fsdp__sweep_tmp(dir, base ? base + 1 : w->path);
     }
     if (on && r == FSDP_SUCCESS) { /* the caller's phases and the thread's */
         fsdp_ckpt_stats *s = &w->st;
@@ -23481,6 +23595,28 @@ FSDP__DEF fsdp_result fsdp__ld_read_index(fsdp__ld *L, const char *ipath, fsdp__
     return FSDP_SUCCESS;
 }
 
+/* Whether rank file k of an index of `world` files is in its place: the
+   rank and world size it was written at (fsdp.rank, fsdp.world_size, when
+   present) are k and world. The load and fsdp_ckpt_verify both check it:
+   two files swapped on disk keep their save id. */
+FSDP__DEF fsdp_result fsdp__rank_file_place(const fsdp__st_file *f, const char *name, int k,
+                                            int64_t world, const char *ipath,
+                                            const fsdp_hooks *h, fsdp_error *err)
+{
+    const char *rk = fsdp__st_meta(f, "fsdp.rank"), *ws = fsdp__st_meta(f, "fsdp.world_size");
+    char want[24];
+    snprintf(want, sizeof want, "%d", k);
+    if (rk && strcmp(rk, want))
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "rank file '%s' holds rank %.20s's pieces, "
+                          "the index '%s' lists it as files[%d] (rank %d's)", name, rk, ipath, k,
+                          k);
+    snprintf(want, sizeof want, "%lld", (long long)world);
+    if (ws && strcmp(ws, want))
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "rank file '%s' was written at world size "
+                          "%.20s, the index '%s' says %lld", name, ws, ipath, (long long)world);
+    return FSDP_SUCCESS;
+}
+
 /* Rank file k (index node n), opened and checked: of this save, at the
    place the index gives it. A file gone while another save replaced this
    one is FSDP_CKPT_IO (fsdp__ld_index_moved said so). */
@@ -23489,8 +23625,8 @@ FSDP__DEF fsdp_result fsdp__ld_open_rank_file(fsdp__ld *L, const char *dir, cons
                                               const char *text, size_t len, int64_t world)
 {
     fsdp_ctx *c = L->c;
-    const char *name = j->n[n].str, *rk, *ws;
-    char *fp, want[24];
+    const char *name = j->n[n].str;
+    char *fp;
     uint64_t fid;
     fsdp_error e;
     fsdp_result r;
@@ -23514,8 +23650,6 @@ FSDP__DEF fsdp_result fsdp__ld_open_rank_file(fsdp__ld *L, const char *dir, cons
     fsdp__free(&c->hooks, fp);
     L->nfiles = k + 1;
     has = fsdp__file_save_id(&L->files[k], &fid);
-    rk = fsdp__st_meta(&L->files[k], "fsdp.rank");
-    ws = fsdp__st_meta(&L->files[k], "fsdp.world_size");
     if (has < 0)
         return FSDP__IDX("%s: rank file '%s': fsdp.save_id '%.40s' is not 16 hex digits",
                          L->where, name, fsdp__st_meta(&L->files[k], "fsdp.save_id"));
@@ -23529,14 +23663,9 @@ FSDP__DEF fsdp_result fsdp__ld_open_rank_file(fsdp__ld *L, const char *dir, cons
                               "of another save under this save's name", L->where, name, k, a,
                               steps ? steps : "?", ipath, b, (long long)L->save_steps);
     }
-    snprintf(want, sizeof want, "%d", k);
-    if (rk && strcmp(rk, want))
-        return FSDP__IDX("%s: rank file '%s' holds rank %.20s's pieces, the index '%s' lists it "
-                         "as files[%d] (rank %d's)", L->where, name, rk, ipath, k, k);
-    snprintf(want, sizeof want, "%lld", (long long)world);
-    if (ws && strcmp(ws, want))
-        return FSDP__IDX("%s: rank file '%s' was written at world size %.20s, the index '%s' "
-                         "says %lld", L->where, name, ws, ipath, (long long)world);
+    if ((r = fsdp__rank_file_place(&L->files[k], name, k, world, ipath, &c->hooks, &e)) !=
+        FSDP_SUCCESS)
+        return fsdp__ctx_fail(c, r, "%s: %s", L->where, e.message);
     return FSDP_SUCCESS;
 }
 
@@ -23916,6 +24045,9 @@ FSDP_API fsdp_result fsdp_ckpt_verify(const char *path, const fsdp_hooks *hooks,
                            "the save its index '%s' names", j.n[n].str, k, ipath);
             goto done;
         }
+        if ((r = fsdp__rank_file_place(&files[k], j.n[n].str, k, ii.world, ipath, h, err)) !=
+            FSDP_SUCCESS)
+            goto done;
     }
     if ((r = fsdp__index_seal_check(&j, &ii, files, nfiles, ipath, crc, h, err, verified)) !=
         FSDP_SUCCESS)

@@ -9,8 +9,12 @@
    loadable; the safetensors reader survives thousands of mutated headers;
    every dtype round-trips; async saves stage, let training go on, refuse a
    second save in flight, reuse their pinned staging, and report I/O errors
-   at wait; timings (fsdp_ckpt_stats) are off by default and, on, count the
-   bytes the files hold.
+   at wait; a commit removes only the files of the index it replaced (not a
+   pending save's of another writer, nor Hugging Face shards beside it),
+   and refuses a save whose rank file is gone; fsdp_ckpt_verify refuses
+   rank files swapped on disk; the async writer's threads call no
+   allocator hook; timings (fsdp_ckpt_stats) are off by default and, on,
+   count the bytes the files hold.
 
    Usage: test_ckpt [VECTORS_DIR]          the tests
           test_ckpt --interop OUT_DIR      writes OUT_DIR/full.safetensors and
@@ -24,6 +28,7 @@
 #include "fixtures_files.h"
 
 #include <dirent.h>
+#include <pthread.h>
 #include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -805,6 +810,312 @@ static void async_tests(void)
     }
 }
 
+/* --- which files a commit removes --- */
+
+/* the rank files (of any save) dir holds, temporaries and others apart */
+static int count_rank_files(const char *dir)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int n = 0;
+    while (d && (de = readdir(d)) != NULL)
+        if (!strncmp(de->d_name, "model-", 6) && strstr(de->d_name, "-rank") &&
+            !strstr(de->d_name, ".tmp.") && contains(de->d_name, ".safetensors"))
+            n++;
+    if (d) closedir(d);
+    return n;
+}
+
+static int loads_as(job *j, rank_env *e, int rank, const float *want, int nwant, const char *what)
+{
+    fsdp_result r = fsdp_ckpt_load(e->ctx, j->path, FSDP_SD_OPTIM);
+    CHECK(r == FSDP_SUCCESS, "rank %d: %s: load: %s", rank, what, fsdp_ctx_last_error(e->ctx));
+    if (!record(j, e, rank)) return 0;
+    if (rank == 0)
+        CHECK(j->nvals == nwant && bits_equal(j->vals, want, nwant), "%s: the load holds the "
+              "state of the latest committed save", what);
+    return 1;
+}
+
+/* An async save written, not committed; a synchronous save (another
+   writer) of the same path commits; then the async one does: each commit
+   removes the files of the index it replaced, never those of the other
+   save (they removed each other's, both returned FSDP_SUCCESS, and the
+   checkpoint did not load). Then a wait and a synchronous save right
+   after it, while the wait's removal runs in the background; and files
+   that are not this library's rank files stay. */
+static int job_replace(job *j, int rank, int nranks, rank_env *e)
+{
+    static float at_async[MAXV];
+    static int n_async;
+    fsdp_ckpt_writer *w = NULL;
+    fsdp_result r;
+    double t0;
+    int k;
+    if (!train_n(e, g_model, g_units, 1) || !record(j, e, rank)) return 0;
+    if (rank == 0) {
+        memcpy(at_async, j->vals, sizeof at_async);
+        n_async = j->nvals;
+    }
+    CHECK(fsdp_ckpt_writer_create(e->ctx, &w) == FSDP_SUCCESS, "writer");
+    r = fsdp_ckpt_save_async(w, j->path, j->flags);
+    CHECK(r == FSDP_SUCCESS, "rank %d: save_async: %s", rank, fsdp_ctx_last_error(e->ctx));
+    /* its rank files renamed into place (the directory held none) */
+    for (t0 = check_now(); count_rank_files(j->path) < nranks && check_now() - t0 < 60.0;)
+        sleep_ms(1);
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    if (!train_n(e, g_model, g_units, 1)) return 0;
+    r = fsdp_ckpt_save(e->ctx, j->path, j->flags);
+    CHECK(r == FSDP_SUCCESS, "rank %d: save: %s", rank, fsdp_ctx_last_error(e->ctx));
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    CHECK(count_rank_files(j->path) == 2 * nranks, "rank %d: the synchronous save left the "
+          "pending save's files (%d rank files)", rank, count_rank_files(j->path));
+    r = fsdp_ckpt_wait(w);
+    CHECK(r == FSDP_SUCCESS, "rank %d: wait: %s", rank, fsdp_ckpt_writer_last_error(w));
+    CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "the removal is over");
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    CHECK(count_rank_files(j->path) == nranks, "rank %d: the replaced save's files are gone "
+          "(%d rank files)", rank, count_rank_files(j->path));
+    if (!loads_as(j, e, rank, at_async, n_async, "async after sync")) return 0;
+    /* a wait, then a save at once: the wait's removal (in the background)
+       takes only the files of the index the wait replaced. Rank files of
+       a save that was never committed, planted, stay, and make that
+       removal's walk of the directory long (it took every other name) */
+    if (rank == 0)
+        for (k = 0; k < 3000; k++) {
+            char p[1400];
+            snprintf(p, sizeof p, "%s/model-00000000000000aa-rank%05d-of-03000.safetensors",
+                     j->path, k);
+            write_file(p, "x", 1);
+        }
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    r = fsdp_ckpt_save_async(w, j->path, j->flags);
+    CHECK(r == FSDP_SUCCESS, "rank %d: save_async: %s", rank, fsdp_ckpt_writer_last_error(w));
+    CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "rank %d: wait: %s", rank,
+          fsdp_ckpt_writer_last_error(w));
+    if (!train_n(e, g_model, g_units, 1) || !record(j, e, rank)) return 0;
+    if (rank == 0) {
+        memcpy(at_async, j->vals, sizeof at_async);
+        n_async = j->nvals;
+    }
+    r = fsdp_ckpt_save(e->ctx, j->path, j->flags);
+    CHECK(r == FSDP_SUCCESS, "rank %d: save: %s", rank, fsdp_ctx_last_error(e->ctx));
+    fsdp_ckpt_writer_destroy(w);
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    if (!loads_as(j, e, rank, at_async, n_async, "a save right after a wait")) return 0;
+    CHECK(count_rank_files(j->path) == nranks + 3000, "rank %d: %d rank files: the save's "
+          "and the planted ones", rank, count_rank_files(j->path));
+    /* a rank file removed before its save's commit (by another process):
+       every rank refuses the commit, the committed save stays */
+    CHECK(fsdp_ckpt_writer_create(e->ctx, &w) == FSDP_SUCCESS, "writer");
+    r = fsdp_ckpt_save_async(w, j->path, j->flags);
+    CHECK(r == FSDP_SUCCESS, "rank %d: save_async: %s", rank, fsdp_ckpt_writer_last_error(w));
+    for (t0 = check_now();
+         count_rank_files(j->path) < 2 * nranks + 3000 && check_now() - t0 < 60.0;)
+        sleep_ms(1);
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    if (rank == 1) {
+        char idx[1200], *text = NULL, *id, victim[1400];
+        DIR *d;
+        struct dirent *de;
+        snprintf(idx, sizeof idx, "%s/index.json", j->path);
+        read_file(idx, &text);
+        id = text ? strstr(text, "\"save_id\": \"") : NULL;
+        victim[0] = 0;
+        d = id ? opendir(j->path) : NULL;
+        while (d && (de = readdir(d)) != NULL)
+            if (strstr(de->d_name, "-rank00001-of-00002.safetensors") &&
+                strncmp(de->d_name + 6, id + 12, 16) && !strstr(de->d_name, ".tmp."))
+                snprintf(victim, sizeof victim, "%s/%s", j->path, de->d_name);
+        if (d) closedir(d);
+        CHECK(victim[0] && unlink(victim) == 0, "remove the pending save's rank 1 file");
+        free(text);
+    }
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    r = fsdp_ckpt_wait(w);
+    CHECK(r == FSDP_CKPT_IO && contains(fsdp_ckpt_writer_last_error(w), "is gone before the "
+          "commit"), "rank %d: a commit without its rank 1 file: %d %s", rank, r,
+          fsdp_ckpt_writer_last_error(w));
+    fsdp_ckpt_writer_destroy(w);
+    CHECK(fsdp_barrier(e->comm, NULL) == FSDP_SUCCESS, "barrier");
+    return loads_as(j, e, rank, at_async, n_async, "a commit refused");
+}
+
+/* Files beside a sharded checkpoint that are not its rank files: Hugging
+   Face shards ("model-00001-of-00002.safetensors"), near misses of the
+   rank files' names. A save removed every "model-*.safetensors" but its
+   own (a name without "-rank" counted as rank 0's). */
+static void foreign_files(const char *dir)
+{
+    static job j;
+    static const char *const names[] = {
+        "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+        "model-notes.safetensors", "model-00000000000000ab-rank00000-of-00002.safetensors.bak",
+        "model-00000000000000AB-rank00000-of-00002.safetensors",
+        "model-00000000000000ab-rank0-of-2.safetensors", "model.safetensors"};
+    char p[1400];
+    size_t k;
+    int kept = 0;
+    memset(&j, 0, sizeof j);
+    j.fn = job_save;
+    j.steps = 1;
+    j.flags = FSDP_CKPT_SHARDED;
+    snprintf(j.path, sizeof j.path, "%s", dir);
+    mkdir(dir, 0777);
+    for (k = 0; k < sizeof names / sizeof names[0]; k++) {
+        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
+        write_file(p, "x", 1);
+    }
+    run(&j, 2);
+    run(&j, 2); /* replaces the first */
+    for (k = 0; k < sizeof names / sizeof names[0]; k++) {
+        struct stat st;
+        snprintf(p, sizeof p, "%s/%s", dir, names[k]);
+        if (stat(p, &st) == 0) kept++;
+        else CHECK(0, "a save removed '%s', not one of its files", names[k]);
+    }
+    CHECK(kept == (int)(sizeof names / sizeof names[0]), "every foreign file stays");
+    CHECK(count_files(dir, "-of-00002.safetensors") == 2 + 2 + 1, "the first save's rank files "
+          "are gone, the second's and the foreign ones stay (%d)",
+          count_files(dir, "-of-00002.safetensors"));
+}
+
+/* Two rank files of equal sizes swapped on disk: the same save id, every
+   tensor the size the index gives its file. fsdp_ckpt_verify passed them
+   as intact (LAYOUT|DATA), the load refused them. */
+static void verify_swapped(void)
+{
+    static job j;
+    fsdp_model *m = model_new("Net", 0);
+    fsdp_units *u = NULL;
+    char f0[1400], f1[1400], t[1500];
+    fsdp_error err;
+    unsigned v = 99;
+    fsdp_result r;
+    if (!m || fsdp_model_add_module(m, "blk", "Block") != FSDP_SUCCESS ||
+        add_param_nd(m, "blk", "w", 1, 8, 0, 0) != FSDP_SUCCESS ||
+        !(u = make_units(m, FSDP_FULL_SHARD))) {
+        CHECK(0, "model");
+        return;
+    }
+    memset(&j, 0, sizeof j);
+    j.fn = job_save;
+    j.model = m;
+    j.units = u;
+    j.flags = FSDP_CKPT_SHARDED;
+    snprintf(j.path, sizeof j.path, "%s/swapped", g_tmp);
+    run(&j, 2);
+    CHECK(find_path(j.path, "-rank00000-", f0, sizeof f0) &&
+              find_path(j.path, "-rank00001-", f1, sizeof f1), "rank files");
+    snprintf(t, sizeof t, "%s.x", f0);
+    CHECK(rename(f0, t) == 0 && rename(f1, f0) == 0 && rename(t, f1) == 0, "swap");
+    r = fsdp_ckpt_verify(j.path, NULL, &v, &err);
+    CHECK(r == FSDP_CKPT_FORMAT && v == 0 && contains(err.message, "holds rank 1's pieces") &&
+              contains(err.message, "files[0]"),
+          "verify of swapped rank files: %d (verified 0x%x) %s", r, v, err.message);
+    CHECK(rename(f0, t) == 0 && rename(f1, f0) == 0 && rename(t, f1) == 0, "swap back");
+    r = fsdp_ckpt_verify(j.path, NULL, &v, &err);
+    CHECK(r == FSDP_SUCCESS && v == (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA),
+          "verify once swapped back: %d 0x%x %s", r, v, err.message);
+    fsdp_units_destroy(u);
+    fsdp_model_destroy(m);
+}
+
+static void replace_tests(void)
+{
+    static job j;
+    char dir[512];
+    verify_swapped();
+    memset(&j, 0, sizeof j);
+    j.fn = job_replace;
+    j.flags = FSDP_SD_OPTIM | FSDP_CKPT_SHARDED;
+    snprintf(j.path, sizeof j.path, "%s/replace", g_tmp);
+    run(&j, 2);
+    snprintf(dir, sizeof dir, "%s/foreign", g_tmp);
+    foreign_files(dir);
+}
+
+/* --- the async writer's threads and the allocator hooks --- */
+
+/* malloc, counting the calls from threads other than the rank's own: the
+   hooks need not be thread-safe, so the writer's threads must not call
+   them while the rank trains */
+typedef struct owned_alloc {
+    pthread_t owner;
+    atomic_int foreign;
+} owned_alloc;
+
+static void oa_note(owned_alloc *a)
+{
+    if (!pthread_equal(pthread_self(), a->owner)) atomic_fetch_add(&a->foreign, 1);
+}
+static void *oa_alloc(void *u, size_t n)
+{
+    oa_note((owned_alloc *)u);
+    return malloc(n);
+}
+static void *oa_realloc(void *u, void *p, size_t n)
+{
+    oa_note((owned_alloc *)u);
+    return realloc(p, n);
+}
+static void oa_free(void *u, void *p)
+{
+    oa_note((owned_alloc *)u);
+    free(p);
+}
+
+static owned_alloc g_oa[2];
+
+static int writer_alloc_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    fsdp_device *dev;
+    fsdp_comm *comm;
+    fsdp_ctx *ctx = NULL;
+    fsdp_ctx_desc d;
+    fsdp_ckpt_writer *w = NULL;
+    owned_alloc *a = &g_oa[rank];
+    char path[600];
+    int sharded, s, committed;
+    (void)nranks;
+    (void)user;
+    if (!rank_open(world, rank, g_model, g_units, &dev, &comm, &d)) return 1;
+    a->owner = pthread_self();
+    atomic_store(&a->foreign, 0);
+    d.hooks.allocator.user = a;
+    d.hooks.allocator.alloc = oa_alloc;
+    d.hooks.allocator.realloc = oa_realloc;
+    d.hooks.allocator.free = oa_free;
+    CHECK(fsdp_ctx_create(&d, &ctx) == FSDP_SUCCESS, "rank %d: create", rank);
+    if (ctx && fsdp_init_params(ctx, 1, choose_init, NULL) == FSDP_SUCCESS &&
+        fsdp_ckpt_writer_create(ctx, &w) == FSDP_SUCCESS) {
+        for (sharded = 0; sharded < 2; sharded++)
+            for (s = 0; s < 3; s++) { /* the second and third replace an index */
+                snprintf(path, sizeof path, "%s/walloc%d%s", g_tmp, sharded,
+                         sharded ? "" : ".safetensors");
+                CHECK(fsdp_ckpt_save_async(w, path, FSDP_SD_OPTIM | (sharded ? FSDP_CKPT_SHARDED
+                                                                             : 0u)) ==
+                          FSDP_SUCCESS, "rank %d: save_async: %s", rank,
+                      fsdp_ckpt_writer_last_error(w));
+                for (committed = 0; !committed;) {
+                    CHECK(train_step(ctx, g_model, g_units), "rank %d: step", rank);
+                    CHECK(fsdp_ckpt_poll(w, &committed) == FSDP_SUCCESS, "rank %d: poll: %s",
+                          rank, fsdp_ckpt_writer_last_error(w));
+                }
+                CHECK(train_step(ctx, g_model, g_units), "rank %d: step", rank);
+            }
+        CHECK(fsdp_ckpt_wait(w) == FSDP_SUCCESS, "rank %d: wait", rank);
+    }
+    CHECK(atomic_load(&a->foreign) == 0, "rank %d: the writer's threads called the allocator "
+          "hooks %d times", rank, atomic_load(&a->foreign));
+    fsdp_ckpt_writer_destroy(w);
+    fsdp_ctx_destroy(ctx);
+    rank_close(dev, comm);
+    return 0;
+}
+
+static void writer_alloc_test(void) { run_ranks(2, writer_alloc_rank, NULL); }
+
 /* --- timings (fsdp_ckpt_options.stats) --- */
 
 /* The bytes of the data section of a safetensors file: its size less the
@@ -1325,6 +1636,8 @@ static const check_case CASES[] = {
     {"fuzz", fuzz},
     {"dtypes", dtypes},
     {"async", async_tests},
+    {"replace", replace_tests},
+    {"writer_alloc", writer_alloc_test},
     {"stats", stats_test},
     {"lent", lent_test},
     {"threads", threads_test},

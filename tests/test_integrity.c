@@ -306,6 +306,31 @@ static void test_identity(void)
     CHECK(swap_ranks(idx), "swap back");
     j.expect = FSDP_SUCCESS;
     run(&j, 2);
+    /* the files swapped on disk (same save id, same sizes): fsdp_ckpt_verify
+       refuses what the load refuses (it passed them as intact) */
+    {
+        char tmp[1500];
+        fsdp_error err;
+        unsigned v = 99;
+        fsdp_result r;
+        snprintf(tmp, sizeof tmp, "%s.swap", p0);
+        CHECK(rename(p0, tmp) == 0 && rename(p1, p0) == 0 && rename(tmp, p1) == 0, "swap");
+        r = fsdp_ckpt_verify(a, NULL, &v, &err);
+        CHECK(r == FSDP_CKPT_FORMAT && v == 0 && contains(err.message, f0) &&
+                  contains(err.message, "holds rank 1's pieces"),
+              "verify of swapped rank files: %d (verified 0x%x) %s", r, v, err.message);
+        j.expect = FSDP_CKPT_FORMAT;
+        j.msg1 = f0;
+        j.msg2 = "holds rank 1's pieces";
+        j.msg3 = NULL;
+        run(&j, 2);
+        CHECK(rename(p0, tmp) == 0 && rename(p1, p0) == 0 && rename(tmp, p1) == 0, "swap back");
+        r = fsdp_ckpt_verify(a, NULL, &v, &err);
+        CHECK(r == FSDP_SUCCESS && v == (FSDP_VERIFIED_LAYOUT | FSDP_VERIFIED_DATA),
+              "verify once swapped back: %d 0x%x %s", r, v, err.message);
+        j.expect = FSDP_SUCCESS;
+        run(&j, 2);
+    }
     /* a checkpoint from before save ids (none anywhere) loads ... */
     CHECK(patch(p0, "\"fsdp.save_id\"", "\"fsdp.xxxx_id\"") == 1 &&
               patch(p1, "\"fsdp.save_id\"", "\"fsdp.xxxx_id\"") == 1 &&
