@@ -1270,8 +1270,10 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, f
    A process that a launcher started as one rank of several learns its
    place from the environment:
      torchrun      RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-                   MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID and
-                   _RESTART_COUNT (the job id: "RUN_ID.restartN"); also
+                   MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID (the job
+                   id; not TORCHELASTIC_RESTART_COUNT, which each node's
+                   agent counts for itself, so nodes of one attempt differ
+                   after a node's failure); also
                    torch.distributed.launch, DeepSpeed's and accelerate's
                    launchers, which set the same
      Open MPI      OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE;
@@ -1292,7 +1294,7 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, f
    would form several separate jobs), and when it counts as many, the same
    rank, unless torchrun's agent set the chosen variables
    (TORCHELASTIC_RUN_ID), since it numbers its workers itself. Open MPI's
-   and PMI's variables together must agree.
+   and PMI's variables together must agree, whichever is chosen.
    Rendezvous (for fsdp_rendezvous_create and Gloo's TCP store):
    MASTER_ADDR, else for a SLURM step the first host of
    SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST:
@@ -9219,10 +9221,12 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     if (r == FSDP_SUCCESS) r = fsdp__launch_slurm(&v, &all[3], err);
     if (r != FSDP_SUCCESS) return r;
     if (all[0].found && (s = fsdp__env_get(&v, "TORCHELASTIC_RUN_ID"))) {
-        const char *restart = fsdp__env_get(&v, "TORCHELASTIC_RESTART_COUNT");
         all[0].agent = 1;
-        /* a restarted attempt is another job: its ranks never meet the old one's */
-        snprintf(all[0].job, sizeof all[0].job, "%.80s.restart%.20s", s, restart ? restart : "0");
+        /* not TORCHELASTIC_RESTART_COUNT: each node's agent counts only its
+           own workers' failures, so after one node's failure the nodes'
+           counts differ within one attempt (and the agents stop every
+           worker of an attempt before the next begins) */
+        snprintf(all[0].job, sizeof all[0].job, "%.100s", s);
         fsdp__launch_var(&all[0], "TORCHELASTIC_RUN_ID", s);
     }
     if (all[1].found) {
@@ -9233,26 +9237,29 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     for (i = 0; i < 4 && !c; i++)
         if (all[i].found) c = &all[i];
     if (!c) return FSDP_SUCCESS; /* not launched */
-    /* the others must be consistent with the innermost launcher */
-    for (i = 0; i < 4; i++) {
-        fsdp__launch *o = &all[i];
-        int mpi_pair = (c->who == FSDP_LAUNCHER_OPENMPI && o->who == FSDP_LAUNCHER_PMI) ||
-                       (c->who == FSDP_LAUNCHER_PMI && o->who == FSDP_LAUNCHER_OPENMPI);
+    /* the others must be consistent with the innermost launcher, and the
+       two MPI launchers with each other whichever is chosen (torchrun's
+       agent numbering its workers itself excuses only its own rank) */
+    for (i = 0; i < 5; i++) {
+        const fsdp__launch *k = i < 4 ? c : &all[1];
+        fsdp__launch *o = i < 4 ? &all[i] : &all[2];
+        int mpi_pair = (k->who == FSDP_LAUNCHER_OPENMPI && o->who == FSDP_LAUNCHER_PMI) ||
+                       (k->who == FSDP_LAUNCHER_PMI && o->who == FSDP_LAUNCHER_OPENMPI);
         const char *why = NULL;
-        if (o == c || !o->found) continue;
-        if (mpi_pair && (o->size != c->size || o->rank != c->rank))
+        if (o == k || !o->found || !k->found) continue;
+        if (mpi_pair && (o->size != k->size || o->rank != k->rank))
             why = "two MPI launchers' variables must agree";
-        else if (o->size > c->size)
+        else if (o->size > k->size)
             why = "it counts more processes, so the processes it started would form separate "
                   "jobs (a stale variable, or a launcher that starts one job per process)";
-        else if (o->size == c->size && o->rank != c->rank && !(c->agent))
-            why = c->who == FSDP_LAUNCHER_TORCHRUN
+        else if (o->size == k->size && o->rank != k->rank && !k->agent)
+            why = k->who == FSDP_LAUNCHER_TORCHRUN
                       ? "the same number of processes but another rank (RANK without "
                         "TORCHELASTIC_RUN_ID was not set by torchrun's agent, which numbers its "
                         "workers itself)"
                       : "the same number of processes but another rank";
         if (!why) continue;
-        fsdp__launch_says(a, sizeof a, c);
+        fsdp__launch_says(a, sizeof a, k);
         fsdp__launch_says(b, sizeof b, o);
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: the launchers "
                               "disagree: %s, but %s: %s", a, b, why);

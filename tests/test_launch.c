@@ -135,11 +135,11 @@ static void test_launch_torchrun(void)
     CHECK(!strcmp(li.master_addr, "127.0.0.1"), "master_addr '%s'", li.master_addr);
     /* torchrun's agent serves its own store on MASTER_PORT */
     EXPECT_EQ(li.master_port, 29501);
-    CHECK(!strcmp(li.job_id, "none.restart0"), "job_id '%s'", li.job_id);
+    CHECK(!strcmp(li.job_id, "none"), "job_id '%s'", li.job_id);
     CHECK(strstr(li.vars, "RANK=1 WORLD_SIZE=2") != NULL, "vars '%s'", li.vars);
     /* without the agent's store (TORCHELASTIC_USE_AGENT_STORE=False, as
-       older c10d rendezvous set it), MASTER_PORT itself; another restart is
-       another job */
+       older c10d rendezvous set it), MASTER_PORT itself; the restart count
+       is not in the job id */
     for (i = n = 0; TORCHRUN_1_OF_2[i]; i += 2) {
         kv[n++] = TORCHRUN_1_OF_2[i];
         kv[n++] = !strcmp(TORCHRUN_1_OF_2[i], "TORCHELASTIC_USE_AGENT_STORE") ? "False"
@@ -149,7 +149,27 @@ static void test_launch_torchrun(void)
     kv[n] = NULL;
     EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
     EXPECT_EQ(li.master_port, 29500);
-    CHECK(!strcmp(li.job_id, "none.restart2"), "job_id '%s'", li.job_id);
+    CHECK(!strcmp(li.job_id, "none"), "job_id '%s'", li.job_id);
+    {
+        /* torchrun --nnodes 2 (c10d) after node A's worker failed: A's agent
+           counted a restart, B's restarted for the membership change
+           without counting. One attempt, one job id */
+        static const char *const node_a[] = {
+            "RANK", "0", "WORLD_SIZE", "2", "GROUP_RANK", "0", "MASTER_ADDR", "n1",
+            "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "job42",
+            "TORCHELASTIC_RESTART_COUNT", "1", "TORCHELASTIC_MAX_RESTARTS", "3",
+            "TORCHELASTIC_USE_AGENT_STORE", "True", NULL};
+        static const char *const node_b[] = {
+            "RANK", "1", "WORLD_SIZE", "2", "GROUP_RANK", "1", "MASTER_ADDR", "n1",
+            "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "job42",
+            "TORCHELASTIC_RESTART_COUNT", "0", "TORCHELASTIC_MAX_RESTARTS", "3",
+            "TORCHELASTIC_USE_AGENT_STORE", "True", NULL};
+        fsdp_launch_info lb;
+        EXPECT_EQ(launch(node_a, &li, &err), FSDP_SUCCESS);
+        EXPECT_EQ(launch(node_b, &lb, &err), FSDP_SUCCESS);
+        CHECK(!strcmp(li.job_id, lb.job_id) && !strcmp(li.job_id, "job42"),
+              "node A's job id '%s', node B's '%s'", li.job_id, lb.job_id);
+    }
     {
         /* RANK and WORLD_SIZE by hand (no agent): no job id, no local rank */
         static const char *const hand[] = {"RANK", "0", "WORLD_SIZE", "3", "MASTER_ADDR", "h0",
@@ -312,6 +332,11 @@ static void test_launch_conflicts(void)
     static const char *const mpis[] = {"OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE", "2",
                                        "PMI_RANK", "1", "PMI_SIZE", "2", NULL};
     static const char *const w3[] = {"OMPI_COMM_WORLD_RANK=0", "PMI_RANK=1", NULL};
+    /* torchrun's agent chosen: it excuses its own rank, not the MPI pair's */
+    static const char *const mpis_torch[] = {
+        "RANK", "1", "WORLD_SIZE", "4", "TORCHELASTIC_RUN_ID", "x", "OMPI_COMM_WORLD_RANK",
+        "1", "OMPI_COMM_WORLD_SIZE", "4", "PMI_RANK", "2", "PMI_SIZE", "4", NULL};
+    static const char *const w3t[] = {"OMPI_COMM_WORLD_RANK=1", "PMI_RANK=2", "must agree", NULL};
     static const char *const half[] = {"RANK", "1", NULL};
     static const char *const w4[] = {"RANK=1", "WORLD_SIZE", NULL};
     static const char *const beyond[] = {"RANK", "2", "WORLD_SIZE", "2", NULL};
@@ -331,6 +356,7 @@ static void test_launch_conflicts(void)
     refused(rank_vs_procid, w1);
     refused(stale, w2);
     refused(mpis, w3);
+    refused(mpis_torch, w3t);
     refused(half, w4);
     refused(beyond, w5);
     refused(word, w6);
