@@ -1270,8 +1270,10 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, f
    A process that a launcher started as one rank of several learns its
    place from the environment:
      torchrun      RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
-                   MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID and
-                   _RESTART_COUNT (the job id: "RUN_ID.restartN"); also
+                   MASTER_ADDR, MASTER_PORT, TORCHELASTIC_RUN_ID (the job
+                   id; not TORCHELASTIC_RESTART_COUNT, which each node's
+                   agent counts for itself, so nodes of one attempt differ
+                   after a node's failure); also
                    torch.distributed.launch, DeepSpeed's and accelerate's
                    launchers, which set the same
      Open MPI      OMPI_COMM_WORLD_RANK, _SIZE, _LOCAL_RANK, _LOCAL_SIZE;
@@ -1292,7 +1294,7 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, f
    would form several separate jobs), and when it counts as many, the same
    rank, unless torchrun's agent set the chosen variables
    (TORCHELASTIC_RUN_ID), since it numbers its workers itself. Open MPI's
-   and PMI's variables together must agree.
+   and PMI's variables together must agree, whichever is chosen.
    Rendezvous (for fsdp_rendezvous_create and Gloo's TCP store):
    MASTER_ADDR, else for a SLURM step the first host of
    SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST:
@@ -1361,10 +1363,19 @@ FSDP_API fsdp_result fsdp_hostlist_first(const char *list, char *host, size_t ca
      - a rank of another job (another job id) on the port: that rank fails
        naming both jobs; the serving job goes on;
      - a rank that never arrives: every rank that did fails naming it;
-     - a rank that arrives twice: every rank fails naming it.
+     - a rank that arrives twice: every rank fails naming it;
+     - a process of the job that comes once it runs (a rank started again,
+       one that left and returns, another world size): that process fails
+       naming it; the running job goes on (a rank that left is gone for
+       good).
    It stays open until destroyed: rank 0's thread serves, and every rank
    keeps a thread that answers side-channel collections. Idle, neither
-   costs anything (both wait in poll). */
+   costs anything (both wait in poll). Rank 0's server queues what each
+   rank is owed (up to 64 MiB), so a rank that does not read (stopped,
+   frozen) holds up no other; one that takes nothing for the timeout is
+   given up, as if it had exited (its later calls fail). A rank whose
+   send to the server times out halfway gives its connection up the same
+   way: a message is never cut and followed by another. */
 typedef struct fsdp_rendezvous fsdp_rendezvous;
 
 /* Zero means default. */
@@ -1382,7 +1393,8 @@ typedef struct fsdp_rendezvous_desc {
 
 /* Meets the other ranks (above). Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS
    (bad desc, addr not this host's on rank 0, the port in use, world sizes
-   or jobs that differ, a rank twice); FSDP_COMM_TIMEOUT (a rank did not
+   or jobs that differ, a rank twice, the job already running);
+   FSDP_COMM_TIMEOUT (a rank did not
    arrive, or rank 0 did not answer); FSDP_COMM_ERROR (a socket failed, or
    something that is not an fsdp.h rendezvous answers on the port);
    FSDP_NOT_SUPPORTED (no sockets on this platform); FSDP_OUT_OF_MEMORY.
@@ -1396,10 +1408,13 @@ FSDP_API void fsdp_rendezvous_destroy(fsdp_rendezvous *rdzv);
 FSDP_API int fsdp_rendezvous_rank(const fsdp_rendezvous *rdzv);
 FSDP_API int fsdp_rendezvous_size(const fsdp_rendezvous *rdzv);
 FSDP_API const char *fsdp_rendezvous_last_error(const fsdp_rendezvous *rdzv);
-/* root's bytes (bytes of them, at most 1 MiB, the same count on every
-   rank) into buf on every rank. Returns FSDP_SUCCESS; FSDP_INVALID_ARGS
-   (counts that differ: named); FSDP_COMM_TIMEOUT; FSDP_COMM_ERROR (rank 0
-   gone). Collective: yes. */
+/* root's bytes (bytes of them, at most 1 MiB, the same count and root on
+   every rank) into buf on every rank. Returns FSDP_SUCCESS;
+   FSDP_INVALID_ARGS (counts or roots that differ: named, on each rank
+   that takes another root's bytes, and on a root when another root's
+   bytes for the same broadcast reach it, at the latest at its next
+   broadcast); FSDP_COMM_TIMEOUT; FSDP_COMM_ERROR (rank 0 gone, or the
+   connection given up, above). Collective: yes. */
 FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *rdzv, void *buf, size_t bytes,
                                                int root);
 /* The rendezvous as a side channel (fsdp_transport_desc.side_channel,
@@ -9234,10 +9249,12 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     if (r == FSDP_SUCCESS) r = fsdp__launch_slurm(&v, &all[3], err);
     if (r != FSDP_SUCCESS) return r;
     if (all[0].found && (s = fsdp__env_get(&v, "TORCHELASTIC_RUN_ID"))) {
-        const char *restart = fsdp__env_get(&v, "TORCHELASTIC_RESTART_COUNT");
         all[0].agent = 1;
-        /* a restarted attempt is another job: its ranks never meet the old one's */
-        snprintf(all[0].job, sizeof all[0].job, "%.80s.restart%.20s", s, restart ? restart : "0");
+        /* not TORCHELASTIC_RESTART_COUNT: each node's agent counts only its
+           own workers' failures, so after one node's failure the nodes'
+           counts differ within one attempt (and the agents stop every
+           worker of an attempt before the next begins) */
+        snprintf(all[0].job, sizeof all[0].job, "%.100s", s);
         fsdp__launch_var(&all[0], "TORCHELASTIC_RUN_ID", s);
     }
     if (all[1].found) {
@@ -9248,26 +9265,29 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     for (i = 0; i < 4 && !c; i++)
         if (all[i].found) c = &all[i];
     if (!c) return FSDP_SUCCESS; /* not launched */
-    /* the others must be consistent with the innermost launcher */
-    for (i = 0; i < 4; i++) {
-        fsdp__launch *o = &all[i];
-        int mpi_pair = (c->who == FSDP_LAUNCHER_OPENMPI && o->who == FSDP_LAUNCHER_PMI) ||
-                       (c->who == FSDP_LAUNCHER_PMI && o->who == FSDP_LAUNCHER_OPENMPI);
+    /* the others must be consistent with the innermost launcher, and the
+       two MPI launchers with each other whichever is chosen (torchrun's
+       agent numbering its workers itself excuses only its own rank) */
+    for (i = 0; i < 5; i++) {
+        const fsdp__launch *k = i < 4 ? c : &all[1];
+        fsdp__launch *o = i < 4 ? &all[i] : &all[2];
+        int mpi_pair = (k->who == FSDP_LAUNCHER_OPENMPI && o->who == FSDP_LAUNCHER_PMI) ||
+                       (k->who == FSDP_LAUNCHER_PMI && o->who == FSDP_LAUNCHER_OPENMPI);
         const char *why = NULL;
-        if (o == c || !o->found) continue;
-        if (mpi_pair && (o->size != c->size || o->rank != c->rank))
+        if (o == k || !o->found || !k->found) continue;
+        if (mpi_pair && (o->size != k->size || o->rank != k->rank))
             why = "two MPI launchers' variables must agree";
-        else if (o->size > c->size)
+        else if (o->size > k->size)
             why = "it counts more processes, so the processes it started would form separate "
                   "jobs (a stale variable, or a launcher that starts one job per process)";
-        else if (o->size == c->size && o->rank != c->rank && !(c->agent))
-            why = c->who == FSDP_LAUNCHER_TORCHRUN
+        else if (o->size == k->size && o->rank != k->rank && !k->agent)
+            why = k->who == FSDP_LAUNCHER_TORCHRUN
                       ? "the same number of processes but another rank (RANK without "
                         "TORCHELASTIC_RUN_ID was not set by torchrun's agent, which numbers its "
                         "workers itself)"
                       : "the same number of processes but another rank";
         if (!why) continue;
-        fsdp__launch_says(a, sizeof a, c);
+        fsdp__launch_says(a, sizeof a, k);
         fsdp__launch_says(b, sizeof b, o);
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: the launchers "
                               "disagree: %s, but %s: %s", a, b, why);
@@ -9393,6 +9413,7 @@ static const char fsdp__rdzv_magic[8] = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '1'}
 typedef struct fsdp__rdzv_msg {
     struct fsdp__rdzv_msg *next;
     uint64_t seq;
+    int root; /* the rank that sent it as root */
     size_t len;
     unsigned char data[1];
 } fsdp__rdzv_msg;
@@ -9413,9 +9434,10 @@ struct fsdp_rendezvous {
     pthread_mutex_t wmu;   /* whole frames on fd */
     pthread_mutex_t pmu;   /* the publisher, held while it runs */
     int closed;
-    char closed_why[160];
+    char closed_why[200]; /* "the rendezvous at X " + this */
     fsdp__rdzv_msg *msgs;  /* broadcasts not yet taken */
     uint64_t bcast_seq;    /* broadcasts this rank called */
+    int bcast_failed;      /* one failed here: a late root's bytes are no news */
     uint64_t coll_gen;     /* collections received */
     unsigned char *coll;   /* the latest one's payload */
     uint32_t coll_len;
@@ -9561,10 +9583,18 @@ FSDP__DEF void fsdp__net_setup(int fd)
 
 /* ---- rank 0's server ---- */
 
+/* What the server owes one peer, whole frames in order: a peer that does
+   not read (frozen, stopped) holds up only its own queue, never the
+   server, and a frame is never cut and followed by another. */
+#define FSDP__RDZV_QUEUE_MAX ((size_t)64 << 20)
+
 typedef struct fsdp__rdzv_peer {
     int fd, rank;
     long pid;
     char host[64];
+    unsigned char *out; /* [out_off, out_len) not yet sent */
+    size_t out_off, out_len, out_cap;
+    double out_moved;   /* when the queue last moved */
 } fsdp__rdzv_peer;
 
 struct fsdp__rdzv_server {
@@ -9603,6 +9633,9 @@ FSDP__DEF void fsdp__srv_close_peer(fsdp__rdzv_server *s, int i)
     fsdp__rdzv_peer *p = &s->peers[i];
     if (p->fd >= 0) close(p->fd);
     p->fd = -1;
+    fsdp__free(&s->hooks, p->out);
+    p->out = NULL;
+    p->out_off = p->out_len = p->out_cap = 0;
     if (p->rank >= 0 && s->by_rank[p->rank] == i) {
         s->by_rank[p->rank] = -1;
         if (s->phase == 0) s->arrived--; /* it left before the job began */
@@ -9610,12 +9643,81 @@ FSDP__DEF void fsdp__srv_close_peer(fsdp__rdzv_server *s, int i)
     if (s->phase != 1) p->rank = -1;
 }
 
+/* Sends what it can of peer i's queue without blocking; a peer whose
+   connection failed is closed (gone). */
+FSDP__DEF void fsdp__srv_flush(fsdp__rdzv_server *s, int i)
+{
+    fsdp__rdzv_peer *p = &s->peers[i];
+    while (p->fd >= 0 && p->out_off < p->out_len) {
+        ssize_t w = send(p->fd, p->out + p->out_off, p->out_len - p->out_off, FSDP__NOSIGPIPE);
+        if (w > 0) {
+            p->out_off += (size_t)w;
+            p->out_moved = fsdp_clock_ms();
+        } else if (w < 0 && errno == EINTR) {
+            continue;
+        } else if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+            return;
+        } else {
+            fsdp__srv_close_peer(s, i);
+            return;
+        }
+    }
+    p->out_off = p->out_len = 0;
+}
+
+/* Queues a frame of type t (payload a then b) for peer i. A peer that
+   cannot take it (FSDP__RDZV_QUEUE_MAX behind, or no memory) is closed:
+   gone for the job, as when its socket closes. */
+FSDP__DEF void fsdp__srv_send(fsdp__rdzv_server *s, int i, char t, const void *a, size_t na,
+                              const void *b, size_t nb)
+{
+    fsdp__rdzv_peer *p = &s->peers[i];
+    size_t n = 5 + na + nb, left;
+    if (p->fd < 0) return;
+    left = p->out_len - p->out_off;
+    if (left && left + n > FSDP__RDZV_QUEUE_MAX) {
+        fsdp__srv_close_peer(s, i);
+        return;
+    }
+    if (p->out_off && p->out_len + n > p->out_cap) {
+        memmove(p->out, p->out + p->out_off, left);
+        p->out_off = 0;
+        p->out_len = left;
+    }
+    if (p->out_len + n > p->out_cap) {
+        size_t cap = p->out_cap * 2 > p->out_len + n ? p->out_cap * 2 : p->out_len + n;
+        unsigned char *q = (unsigned char *)fsdp__realloc(&s->hooks, p->out, cap);
+        if (!q) {
+            fsdp__srv_close_peer(s, i);
+            return;
+        }
+        p->out = q;
+        p->out_cap = cap;
+    }
+    if (!left) p->out_moved = fsdp_clock_ms();
+    p->out[p->out_len] = (unsigned char)t;
+    fsdp__put_u32(p->out + p->out_len + 1, (uint32_t)(na + nb));
+    if (na) memcpy(p->out + p->out_len + 5, a, na);
+    if (nb) memcpy(p->out + p->out_len + 5 + na, b, nb);
+    p->out_len += n;
+    fsdp__srv_flush(s, i);
+}
+
+/* An 'X' to a peer that is refused (or told the job failed); closed when it
+   cannot be sent whole. Sent at once, not queued: the callers close the
+   connection right after. */
 FSDP__DEF void fsdp__srv_refuse(fsdp__rdzv_server *s, int i, fsdp_result code, const char *msg)
 {
     unsigned char c[4];
+    fsdp__rdzv_peer *p = &s->peers[i];
     fsdp__put_u32(c, (uint32_t)(int32_t)code);
-    if (s->peers[i].fd >= 0)
-        fsdp__frame_send(s->peers[i].fd, 'X', c, 4, msg, strlen(msg), fsdp_clock_ms() + 2000.0);
+    if (p->fd < 0) return;
+    if (p->out_off < p->out_len) { /* behind the frames it is owed */
+        fsdp__srv_send(s, i, 'X', c, 4, msg, strlen(msg));
+        return;
+    }
+    if (fsdp__frame_send(p->fd, 'X', c, 4, msg, strlen(msg), fsdp_clock_ms() + 2000.0) != 0)
+        fsdp__srv_close_peer(s, i);
 }
 
 FSDP__DEF void fsdp__srv_done(fsdp__rdzv_server *s)
@@ -9637,8 +9739,8 @@ FSDP__DEF void fsdp__srv_fail(fsdp__rdzv_server *s, fsdp_result code, const char
     snprintf(s->fail_msg, sizeof s->fail_msg, "%s", msg);
     for (i = 0; i < s->npeers; i++)
         if (s->peers[i].fd >= 0 && s->peers[i].rank >= 0) {
-            fsdp__srv_refuse(s, i, code, msg);
             s->heard[s->peers[i].rank] = 1;
+            fsdp__srv_refuse(s, i, code, msg);
         }
     for (i = 0; i < s->size; i++) all &= s->heard[i];
     if (all) fsdp__srv_done(s);
@@ -9683,6 +9785,17 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
         fsdp__srv_close_peer(s, i);
         return;
     }
+    if (s->phase == 1) {
+        /* The job runs with all its ranks: a rank that left is gone for
+           good, and a second one would fail the job it cannot join. */
+        snprintf(msg, sizeof msg, "job '%.60s' already runs with all its %d ranks at %.100s; this "
+                 "process (rank %u of %u, host %.40s, pid %ld) came after it began: each rank is "
+                 "started once, and a rank that left cannot rejoin (restart the whole job)",
+                 s->job, s->size, s->where, rank, size, host, pid);
+        fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
+        fsdp__srv_close_peer(s, i);
+        return;
+    }
     p->rank = -1;
     if (size != (uint32_t)s->size || rank >= size) {
         snprintf(msg, sizeof msg, "the ranks of job '%s' disagree on the world size: rank 0 says "
@@ -9720,7 +9833,7 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
     s->phase = 1;
     for (i = 0; i < s->npeers; i++)
         if (s->peers[i].fd >= 0 && s->peers[i].rank >= 0)
-            fsdp__frame_send(s->peers[i].fd, 'W', NULL, 0, NULL, 0, fsdp_clock_ms() + 5000.0);
+            fsdp__srv_send(s, i, 'W', NULL, 0, NULL, 0);
     fsdp__srv_done(s);
 }
 
@@ -9742,8 +9855,7 @@ FSDP__DEF void fsdp__srv_coll_end(fsdp__rdzv_server *s)
         }
         for (k = 0; k < s->nreq; k++) {
             int i = s->requesters[k];
-            if (i >= 0 && i < s->npeers && s->peers[i].fd >= 0)
-                fsdp__frame_send(s->peers[i].fd, 'R', out, bytes, NULL, 0, fsdp_clock_ms() + 5000.0);
+            if (i >= 0 && i < s->npeers) fsdp__srv_send(s, i, 'R', out, bytes, NULL, 0);
         }
         fsdp__free(&s->hooks, out);
     }
@@ -9789,9 +9901,8 @@ FSDP__DEF void fsdp__srv_message(fsdp__rdzv_server *s, int i, char t, unsigned c
             int pi = s->by_rank[j];
             fsdp__put_u32(q, s->qid);
             s->cstatus[j] = FSDP_SIDE_SILENT;
-            if (pi < 0 || fsdp__frame_send(s->peers[pi].fd, 'Q', q, 4, NULL, 0,
-                                           fsdp_clock_ms() + 1000.0) < 0)
-                s->cstatus[j] = FSDP_SIDE_GONE;
+            if (pi >= 0) fsdp__srv_send(s, pi, 'Q', q, 4, NULL, 0);
+            if (s->by_rank[j] < 0) s->cstatus[j] = FSDP_SIDE_GONE;
         }
         fsdp__srv_coll_check(s);
     } else if (t == 'A' && len >= 5) {
@@ -9808,8 +9919,7 @@ FSDP__DEF void fsdp__srv_message(fsdp__rdzv_server *s, int i, char t, unsigned c
         /* a broadcast: to every other rank, as it came */
         for (j = 0; j < s->size; j++) {
             int pi = s->by_rank[j];
-            if (j != rank && pi >= 0)
-                fsdp__frame_send(s->peers[pi].fd, 'b', m, len, NULL, 0, fsdp_clock_ms() + 30000.0);
+            if (j != rank && pi >= 0) fsdp__srv_send(s, pi, 'b', m, len, NULL, 0);
         }
     }
 }
@@ -9834,11 +9944,16 @@ FSDP__DEF void *fsdp__srv_main(void *arg)
         pf[n].fd = s->lfd;
         pf[n++].events = POLLIN;
         for (i = 0; i < s->npeers; i++) {
-            pf[n].fd = s->peers[i].fd; /* -1: ignored by poll */
-            pf[n++].events = POLLIN;
+            const fsdp__rdzv_peer *p = &s->peers[i];
+            pf[n].fd = p->fd; /* -1: ignored by poll */
+            pf[n++].events = (short)(POLLIN | (p->out_off < p->out_len ? POLLOUT : 0));
+            if (p->fd >= 0 && p->out_off < p->out_len && s->timeout_ms >= 0 &&
+                (next < 0 || p->out_moved + s->timeout_ms < next))
+                next = p->out_moved + s->timeout_ms;
         }
         for (i = 0; i < n; i++) pf[i].revents = 0;
-        if (s->phase != 1 && s->arrive_deadline >= 0) next = s->arrive_deadline;
+        if (s->phase != 1 && s->arrive_deadline >= 0 && (next < 0 || s->arrive_deadline < next))
+            next = s->arrive_deadline;
         if (s->coll_active && (next < 0 || s->coll_deadline < next)) next = s->coll_deadline;
         if (next >= 0) ms = next > now ? (int)(next - now) + 1 : 0;
         rc = poll(pf, (nfds_t)n, ms);
@@ -9861,6 +9976,11 @@ FSDP__DEF void *fsdp__srv_main(void *arg)
             char t = 0;
             unsigned char *m = NULL;
             uint32_t len = 0;
+            if ((pf[i + 2].revents & POLLOUT) && s->peers[i].fd >= 0) fsdp__srv_flush(s, i);
+            /* a peer that took nothing of its queue for the timeout is gone */
+            if (s->peers[i].fd >= 0 && s->peers[i].out_off < s->peers[i].out_len &&
+                s->timeout_ms >= 0 && fsdp_clock_ms() >= s->peers[i].out_moved + s->timeout_ms)
+                fsdp__srv_close_peer(s, i);
             if (!(pf[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) || s->peers[i].fd < 0) continue;
             /* a peer that stalls in the middle of a frame is dropped after 2 s */
             rc = fsdp__frame_recv(&s->hooks, s->peers[i].fd, &t, &m, &len, fsdp_clock_ms() + 2000.0);
@@ -9911,8 +10031,7 @@ FSDP__DEF void fsdp__srv_stop(fsdp__rdzv_server *s)
         }
         pthread_join(s->th, NULL);
     }
-    for (i = 0; i < s->npeers; i++)
-        if (s->peers[i].fd >= 0) close(s->peers[i].fd);
+    for (i = 0; i < s->npeers; i++) fsdp__srv_close_peer(s, i);
     if (s->lfd >= 0) close(s->lfd);
     if (s->wake[0] >= 0) close(s->wake[0]);
     if (s->wake[1] >= 0) close(s->wake[1]);
@@ -10080,6 +10199,30 @@ FSDP__DEF void fsdp__rdzv_closed(fsdp_rendezvous *z, const char *why)
     pthread_mutex_unlock(&z->mu);
 }
 
+/* A frame to rank 0's server. One cut short (timed out, failed) leaves
+   the stream mid-frame, and the server would read the next as its rest:
+   the connection is given up instead. 0 sent, 1 timed out, -1 failed. */
+FSDP__DEF int fsdp__rdzv_send(fsdp_rendezvous *z, char t, const void *a, size_t na, const void *b,
+                              size_t nb, double deadline)
+{
+    int rc, gone;
+    pthread_mutex_lock(&z->mu);
+    gone = z->closed;
+    pthread_mutex_unlock(&z->mu);
+    if (gone) return -1;
+    pthread_mutex_lock(&z->wmu);
+    rc = fsdp__frame_send(z->fd, t, a, na, b, nb, deadline);
+    if (rc) {
+        /* the why first: this rank's reader then sees the end too */
+        fsdp__rdzv_closed(z, rc > 0 ? "was given up by this rank: a message to it timed out "
+                                      "halfway (rank 0 frozen or unreachable?)"
+                                    : "failed while this rank sent to it (rank 0 gone?)");
+        shutdown(z->fd, SHUT_RDWR);
+    }
+    pthread_mutex_unlock(&z->wmu);
+    return rc;
+}
+
 FSDP__DEF void *fsdp__rdzv_agent(void *arg)
 {
     fsdp_rendezvous *z = (fsdp_rendezvous *)arg;
@@ -10089,7 +10232,10 @@ FSDP__DEF void *fsdp__rdzv_agent(void *arg)
         uint32_t len = 0;
         int rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len, -1.0);
         if (rc) {
-            fsdp__rdzv_closed(z, rc == -2 ? "garbled" : "closed");
+            fsdp__rdzv_closed(z, rc == -2 ? "sent something that is not a rendezvous message"
+                                          : "closed the connection (rank 0 gone, or it "
+                                            "gave this rank up: it read nothing for the "
+                                            "timeout)");
             break;
         }
         if (t == 'Q' && len >= 4) {
@@ -10103,9 +10249,7 @@ FSDP__DEF void *fsdp__rdzv_agent(void *arg)
                 if (n > FSDP__RDZV_PUBLISH_MAX) n = 0;
                 head[4] = FSDP_SIDE_ANSWERED;
             }
-            pthread_mutex_lock(&z->wmu);
-            fsdp__frame_send(z->fd, 'A', head, 5, z->pubbuf, n, fsdp_clock_ms() + 5000.0);
-            pthread_mutex_unlock(&z->wmu);
+            fsdp__rdzv_send(z, 'A', head, 5, z->pubbuf, n, fsdp_clock_ms() + 5000.0);
             pthread_mutex_unlock(&z->pmu);
         } else if (t == 'R') {
             pthread_mutex_lock(&z->mu);
@@ -10122,6 +10266,7 @@ FSDP__DEF void *fsdp__rdzv_agent(void *arg)
                 fsdp__rdzv_msg **tail;
                 b->next = NULL;
                 b->seq = fsdp__get_u64(m);
+                b->root = (int)fsdp__get_u32(m + 8);
                 b->len = len - 12;
                 memcpy(b->data, m + 12, len - 12);
                 pthread_mutex_lock(&z->mu);
@@ -10388,6 +10533,7 @@ FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *z, void *buf, si
     double deadline;
     uint64_t seq;
     fsdp_result r = FSDP_SUCCESS;
+    fsdp__rdzv_msg **p;
     if (!z) return FSDP_INVALID_ARGS;
     if ((!buf && bytes) || bytes > FSDP__RDZV_BCAST_MAX || root < 0 || root >= z->size)
         return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast on rank %d: "
@@ -10400,24 +10546,54 @@ FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *z, void *buf, si
         int rc;
         fsdp__put_u64(head, seq);
         fsdp__put_u32(head + 8, (uint32_t)root);
-        pthread_mutex_lock(&z->wmu);
-        rc = fsdp__frame_send(z->fd, 'B', head, 12, buf, bytes, deadline);
-        pthread_mutex_unlock(&z->wmu);
-        if (rc)
-            return fsdp_error_set(&z->err, rc > 0 ? FSDP_COMM_TIMEOUT : FSDP_COMM_ERROR,
-                                  "fsdp_rendezvous_broadcast on rank %d: cannot send to the "
-                                  "rendezvous at %s (%s)", z->rank, z->where,
-                                  rc > 0 ? "timed out" : "rank 0 gone");
-        return FSDP_SUCCESS;
+        rc = fsdp__rdzv_send(z, 'B', head, 12, buf, bytes, deadline);
+        if (rc) {
+            z->bcast_failed = 1;
+            pthread_mutex_lock(&z->mu);
+            r = fsdp_error_set(&z->err, rc > 0 ? FSDP_COMM_TIMEOUT : FSDP_COMM_ERROR,
+                               "fsdp_rendezvous_broadcast #%llu on rank %d: cannot send: the "
+                               "rendezvous at %s %s", (unsigned long long)seq, z->rank, z->where,
+                               z->closed_why);
+            pthread_mutex_unlock(&z->mu);
+            return r;
+        }
     }
     pthread_mutex_lock(&z->mu);
-    for (;;) {
-        fsdp__rdzv_msg **p;
+    while (r == FSDP_SUCCESS) {
+        /* Bytes of a broadcast this rank is done with (as its root, or with
+           another root's bytes) came from a second root: the ranks disagree
+           on that root. Unless one failed here: then they may be the late
+           bytes of the one that failed, already reported. A root also fails
+           when a second root's bytes for its own broadcast are here. Looked
+           for on every wake: rank 0's server relays in order, so they are
+           here by the time a later broadcast of their sender is. */
+        for (p = &z->msgs; *p;) {
+            fsdp__rdzv_msg *b = *p;
+            if (b->seq > seq || (b->seq == seq && z->rank != root)) {
+                p = &b->next;
+                continue;
+            }
+            *p = b->next;
+            if (!z->bcast_failed && r == FSDP_SUCCESS)
+                r = fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast #%llu "
+                                   "on rank %d: rank %d sent broadcast #%llu as its root, but this "
+                                   "rank %s; every rank must pass the same root",
+                                   (unsigned long long)seq, z->rank, b->root,
+                                   (unsigned long long)b->seq,
+                                   b->seq == seq ? "is its root" : "did it with another root");
+            fsdp__free(&z->hooks, b);
+        }
+        if (r != FSDP_SUCCESS || z->rank == root) break;
         for (p = &z->msgs; *p && (*p)->seq != seq; p = &(*p)->next) {}
         if (*p) {
             fsdp__rdzv_msg *b = *p;
             *p = b->next;
-            if (b->len != bytes)
+            if (b->root != root)
+                r = fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast #%llu "
+                                   "on rank %d: rank %d sent it as its root, but this rank names "
+                                   "root %d; every rank must pass the same root",
+                                   (unsigned long long)seq, z->rank, b->root, root);
+            else if (b->len != bytes)
                 r = fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast #%llu "
                                    "on rank %d: root %d sent %zu bytes, this rank expects %zu; "
                                    "every rank must pass the same count", (unsigned long long)seq,
@@ -10428,9 +10604,9 @@ FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *z, void *buf, si
             break;
         }
         if (z->closed) {
-            r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_broadcast on rank %d: "
-                               "the rendezvous at %s %s (rank 0 gone?)", z->rank, z->where,
-                               z->closed_why);
+            r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_broadcast #%llu on rank "
+                               "%d: the rendezvous at %s %s", (unsigned long long)seq, z->rank,
+                               z->where, z->closed_why);
             break;
         }
         if (!fsdp__rdzv_cond_wait(z, deadline)) {
@@ -10440,6 +10616,7 @@ FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *z, void *buf, si
             break;
         }
     }
+    if (r != FSDP_SUCCESS) z->bcast_failed = 1;
     pthread_mutex_unlock(&z->mu);
     return r;
 #else
@@ -10484,18 +10661,19 @@ FSDP__DEF fsdp_result fsdp__collect__rdzv(void *self, void *out, size_t cap, siz
     pthread_mutex_lock(&z->mu);
     gen = z->coll_gen;
     pthread_mutex_unlock(&z->mu);
-    pthread_mutex_lock(&z->wmu);
-    rc = fsdp__frame_send(z->fd, 'C', w, 4, NULL, 0, deadline);
-    pthread_mutex_unlock(&z->wmu);
-    if (rc)
-        return fsdp_error_set(err, FSDP_COMM_ERROR, "the rendezvous at %s is gone (rank 0 exited?)",
-                              z->where);
+    rc = fsdp__rdzv_send(z, 'C', w, 4, NULL, 0, deadline);
     pthread_mutex_lock(&z->mu);
+    if (rc) {
+        r = fsdp_error_set(err, FSDP_COMM_ERROR, "the rendezvous at %s %s", z->where,
+                           z->closed_why);
+        pthread_mutex_unlock(&z->mu);
+        return r;
+    }
     while (z->coll_gen == gen && !z->closed && fsdp__rdzv_cond_wait(z, deadline)) {}
     if (z->coll_gen == gen) {
         r = fsdp_error_set(err, z->closed ? FSDP_COMM_ERROR : FSDP_COMM_TIMEOUT,
                            "the rendezvous at %s %s", z->where,
-                           z->closed ? "closed: rank 0, which serves it, is gone"
+                           z->closed ? z->closed_why
                                      : "did not answer: rank 0, which serves it, is frozen or "
                                        "unreachable");
         pthread_mutex_unlock(&z->mu);

@@ -26,8 +26,12 @@
    a second job on the port, an address that is not this host's, a port in
    use, a rank that never arrives, a rank twice, something else on the port:
    each an error naming it, on every rank that can know, within the
-   timeout; side_channel: a collection through the rendezvous with a rank
-   that answers, one frozen (SIGSTOP) and one that exited. */
+   timeout; ranks that name different broadcast roots; late processes of
+   a running job (refused, the job goes on); a rank frozen while it is
+   owed more than the sockets hold, and rank 0 frozen while a rank sends
+   (whole broadcasts, then an error; never wrong bytes with success);
+   side_channel: a collection through the rendezvous with a rank that
+   answers, one frozen (SIGSTOP) and one that exited. */
 #define _XOPEN_SOURCE 700
 #include "fsdp.h"
 #include "check.h"
@@ -36,6 +40,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <poll.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
@@ -135,11 +140,11 @@ static void test_launch_torchrun(void)
     CHECK(!strcmp(li.master_addr, "127.0.0.1"), "master_addr '%s'", li.master_addr);
     /* torchrun's agent serves its own store on MASTER_PORT */
     EXPECT_EQ(li.master_port, 29501);
-    CHECK(!strcmp(li.job_id, "none.restart0"), "job_id '%s'", li.job_id);
+    CHECK(!strcmp(li.job_id, "none"), "job_id '%s'", li.job_id);
     CHECK(strstr(li.vars, "RANK=1 WORLD_SIZE=2") != NULL, "vars '%s'", li.vars);
     /* without the agent's store (TORCHELASTIC_USE_AGENT_STORE=False, as
-       older c10d rendezvous set it), MASTER_PORT itself; another restart is
-       another job */
+       older c10d rendezvous set it), MASTER_PORT itself; the restart count
+       is not in the job id */
     for (i = n = 0; TORCHRUN_1_OF_2[i]; i += 2) {
         kv[n++] = TORCHRUN_1_OF_2[i];
         kv[n++] = !strcmp(TORCHRUN_1_OF_2[i], "TORCHELASTIC_USE_AGENT_STORE") ? "False"
@@ -149,7 +154,27 @@ static void test_launch_torchrun(void)
     kv[n] = NULL;
     EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
     EXPECT_EQ(li.master_port, 29500);
-    CHECK(!strcmp(li.job_id, "none.restart2"), "job_id '%s'", li.job_id);
+    CHECK(!strcmp(li.job_id, "none"), "job_id '%s'", li.job_id);
+    {
+        /* torchrun --nnodes 2 (c10d) after node A's worker failed: A's agent
+           counted a restart, B's restarted for the membership change
+           without counting. One attempt, one job id */
+        static const char *const node_a[] = {
+            "RANK", "0", "WORLD_SIZE", "2", "GROUP_RANK", "0", "MASTER_ADDR", "n1",
+            "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "job42",
+            "TORCHELASTIC_RESTART_COUNT", "1", "TORCHELASTIC_MAX_RESTARTS", "3",
+            "TORCHELASTIC_USE_AGENT_STORE", "True", NULL};
+        static const char *const node_b[] = {
+            "RANK", "1", "WORLD_SIZE", "2", "GROUP_RANK", "1", "MASTER_ADDR", "n1",
+            "MASTER_PORT", "29400", "TORCHELASTIC_RUN_ID", "job42",
+            "TORCHELASTIC_RESTART_COUNT", "0", "TORCHELASTIC_MAX_RESTARTS", "3",
+            "TORCHELASTIC_USE_AGENT_STORE", "True", NULL};
+        fsdp_launch_info lb;
+        EXPECT_EQ(launch(node_a, &li, &err), FSDP_SUCCESS);
+        EXPECT_EQ(launch(node_b, &lb, &err), FSDP_SUCCESS);
+        CHECK(!strcmp(li.job_id, lb.job_id) && !strcmp(li.job_id, "job42"),
+              "node A's job id '%s', node B's '%s'", li.job_id, lb.job_id);
+    }
     {
         /* RANK and WORLD_SIZE by hand (no agent): no job id, no local rank */
         static const char *const hand[] = {"RANK", "0", "WORLD_SIZE", "3", "MASTER_ADDR", "h0",
@@ -312,6 +337,11 @@ static void test_launch_conflicts(void)
     static const char *const mpis[] = {"OMPI_COMM_WORLD_RANK", "0", "OMPI_COMM_WORLD_SIZE", "2",
                                        "PMI_RANK", "1", "PMI_SIZE", "2", NULL};
     static const char *const w3[] = {"OMPI_COMM_WORLD_RANK=0", "PMI_RANK=1", NULL};
+    /* torchrun's agent chosen: it excuses its own rank, not the MPI pair's */
+    static const char *const mpis_torch[] = {
+        "RANK", "1", "WORLD_SIZE", "4", "TORCHELASTIC_RUN_ID", "x", "OMPI_COMM_WORLD_RANK",
+        "1", "OMPI_COMM_WORLD_SIZE", "4", "PMI_RANK", "2", "PMI_SIZE", "4", NULL};
+    static const char *const w3t[] = {"OMPI_COMM_WORLD_RANK=1", "PMI_RANK=2", "must agree", NULL};
     static const char *const half[] = {"RANK", "1", NULL};
     static const char *const w4[] = {"RANK=1", "WORLD_SIZE", NULL};
     static const char *const beyond[] = {"RANK", "2", "WORLD_SIZE", "2", NULL};
@@ -331,6 +361,7 @@ static void test_launch_conflicts(void)
     refused(rank_vs_procid, w1);
     refused(stale, w2);
     refused(mpis, w3);
+    refused(mpis_torch, w3t);
     refused(half, w4);
     refused(beyond, w5);
     refused(word, w6);
@@ -492,6 +523,8 @@ typedef struct rdzv_spec {
     int hold_ms;              /* stays connected this long before destroying */
     int delay_ms;             /* starts this late */
     double max_ms;            /* create returns within this */
+    /* after meeting (instead of bcast), before hold_ms */
+    void (*then)(fsdp_rendezvous *z, const struct rdzv_spec *s);
 } rdzv_spec;
 
 /* What rank r publishes: its rank as text. */
@@ -586,6 +619,7 @@ static void rdzv_rank(const rdzv_spec *s)
         }
         EXPECT_EQ(sc.vt->publish(sc.self, NULL, NULL, &err), FSDP_SUCCESS);
     }
+    if (s->then) s->then(z, s);
     if (s->hold_ms) sleep_ms(s->hold_ms);
     fsdp_rendezvous_destroy(z);
 }
@@ -770,6 +804,371 @@ static void test_rdzv_twice(void)
     run_all(s, 3);
 }
 
+/* 1 when a byte came on fd within ms (a generous limit, not a timing). */
+static int wait_byte(int fd, int ms)
+{
+    struct pollfd p;
+    char c;
+    p.fd = fd;
+    p.events = POLLIN;
+    p.revents = 0;
+    return poll(&p, 1, ms) == 1 && read(fd, &c, 1) == 1;
+}
+
+static void put_byte(int fd)
+{
+    char c = 1;
+    CHECK(write(fd, &c, 1) == 1, "write: %s", strerror(errno));
+}
+
+/* rdzv_bcast_root: ranks that disagree on a broadcast's root. Rank 1
+   roots #1, rank 2 takes #1 from root 0 (rank 1's bytes are the only
+   ones there: rank 0 sends only after rank 2 returned), rank 0 roots it
+   too; #2 is rank 1's for every rank. */
+static int root_pipe[2];
+
+static void bcast_root_then(fsdp_rendezvous *z, const rdzv_spec *s)
+{
+    char buf[32] = "(unset)";
+    fsdp_result r1, r2;
+    if (s->rank == 0 && !wait_byte(root_pipe[0], 30000)) CHECK(0, "rank 2 never finished #1");
+    if (s->rank != 2) snprintf(buf, sizeof buf, "#1 from rank %d", s->rank);
+    r1 = fsdp_rendezvous_broadcast(z, buf, sizeof buf, s->rank == 1 ? 1 : 0);
+    if (s->rank == 2) {
+        /* never rank 1's bytes as root 0's */
+        CHECK_RANK(r1 == FSDP_INVALID_ARGS && strstr(fsdp_rendezvous_last_error(z),
+                                                     "rank 1 sent it as its root, but this rank "
+                                                     "names root 0") != NULL,
+                   2, "#1 from root 0 gave %s '%s': %s", fsdp_result_string(r1), buf,
+                   fsdp_rendezvous_last_error(z));
+        CHECK_RANK(!strcmp(buf, "(unset)"), 2, "buf '%s'", buf);
+        put_byte(root_pipe[1]);
+    }
+    snprintf(buf, sizeof buf, "%s", s->rank == 1 ? "#2 from rank 1" : "");
+    r2 = fsdp_rendezvous_broadcast(z, buf, sizeof buf, 1);
+    if (s->rank == 0) {
+        /* both roots of #1 sent: rank 0 hears of rank 1's at #1 or, at the
+           latest, at #2 (rank 1's #1 comes before its #2) */
+        fsdp_result bad = r1 != FSDP_SUCCESS ? r1 : r2, good = r1 != FSDP_SUCCESS ? r2 : r1;
+        CHECK_RANK(bad == FSDP_INVALID_ARGS && good == FSDP_SUCCESS &&
+                       strstr(fsdp_rendezvous_last_error(z), "rank 1 sent broadcast #1 as its "
+                                                             "root") != NULL,
+                   0, "#1 as root 0: %s, #2: %s: %s", fsdp_result_string(r1),
+                   fsdp_result_string(r2), fsdp_rendezvous_last_error(z));
+    } else if (s->rank == 1) {
+        /* rank 0's bytes for #1 may or may not be here by #2 */
+        CHECK_RANK(r1 == FSDP_SUCCESS, 1, "#1: %s", fsdp_rendezvous_last_error(z));
+        CHECK_RANK(r2 == FSDP_SUCCESS ||
+                       (r2 == FSDP_INVALID_ARGS &&
+                        strstr(fsdp_rendezvous_last_error(z), "rank 0 sent broadcast #1") != NULL),
+                   1, "#2: %s: %s", fsdp_result_string(r2), fsdp_rendezvous_last_error(z));
+    }
+    if (s->rank != 1 && r2 == FSDP_SUCCESS)
+        CHECK_RANK(!strcmp(buf, "#2 from rank 1"), s->rank, "#2 gave '%s'", buf);
+    if (s->rank == 2) CHECK_RANK(r2 == FSDP_SUCCESS, 2, "#2: %s", fsdp_rendezvous_last_error(z));
+}
+
+static void test_rdzv_bcast_root(void)
+{
+    rdzv_spec s[3];
+    int j, port = free_port();
+    if (pipe(root_pipe) != 0) {
+        CHECK(0, "pipe: %s", strerror(errno));
+        return;
+    }
+    for (j = 0; j < 3; j++) {
+        s[j] = spec(port, j, 3);
+        s[j].then = bcast_root_then;
+        s[j].timeout_ms = 20000;
+    }
+    s[0].hold_ms = 300; /* rank 0 serves: the others finish first */
+    run_all(s, 3);
+    close(root_pipe[0]);
+    close(root_pipe[1]);
+}
+
+/* rdzv_late: processes of the job that come once it runs are refused;
+   the job goes on. */
+static int late_go[2][2], late_ready[2];
+
+static void late_then(fsdp_rendezvous *z, const rdzv_spec *s)
+{
+    char buf[8] = "";
+    fsdp_side_channel sc = fsdp_rendezvous_side_channel(z);
+    fsdp_error err;
+    char out[2][64];
+    size_t lens[2];
+    int status[2], me = s->rank;
+    fsdp_result r;
+    memset(&err, 0, sizeof err);
+    EXPECT_EQ(sc.vt->publish(sc.self, publish_rank, &me, &err), FSDP_SUCCESS);
+    put_byte(late_ready[1]);
+    CHECK_RANK(wait_byte(late_go[s->rank][0], 30000), s->rank, "never told to go on");
+    /* after a second rank 1 and a rank of 3 ranks were refused */
+    if (s->rank == 0) snprintf(buf, sizeof buf, "still");
+    r = fsdp_rendezvous_broadcast(z, buf, sizeof buf, 0);
+    CHECK_RANK(r == FSDP_SUCCESS && !strcmp(buf, "still"), s->rank, "broadcast: %s",
+               fsdp_rendezvous_last_error(z));
+    r = sc.vt->collect(sc.self, out, sizeof out[0], lens, status, fsdp_deadline_ms(10000), &err);
+    CHECK_RANK(r == FSDP_SUCCESS && status[0] == FSDP_SIDE_ANSWERED &&
+                   status[1] == FSDP_SIDE_ANSWERED,
+               s->rank, "collect: %s (%d %d)", r ? err.message : "", status[0], status[1]);
+    r = fsdp_rendezvous_broadcast(z, NULL, 0, 1); /* both collected */
+    CHECK_RANK(r == FSDP_SUCCESS, s->rank, "barrier: %s", fsdp_rendezvous_last_error(z));
+    EXPECT_EQ(sc.vt->publish(sc.self, NULL, NULL, &err), FSDP_SUCCESS);
+    put_byte(late_ready[1]);
+    /* rank 1 leaves; rank 0 stays until a new rank 1 was refused */
+    if (s->rank == 0)
+        CHECK_RANK(wait_byte(late_go[0][0], 30000), 0, "never told to end");
+}
+
+static void test_rdzv_late(void)
+{
+    rdzv_spec s[2], late;
+    pid_t pids[2];
+    int j, port = free_port(), ok = 1;
+    if (pipe(late_go[0]) != 0 || pipe(late_go[1]) != 0 || pipe(late_ready) != 0) {
+        CHECK(0, "pipe: %s", strerror(errno));
+        return;
+    }
+    for (j = 0; j < 2; j++) {
+        s[j] = spec(port, j, 2);
+        s[j].then = late_then;
+        s[j].timeout_ms = 20000;
+        pids[j] = spawn(&s[j]);
+    }
+    for (j = 0; j < 2; j++) ok &= wait_byte(late_ready[0], 30000);
+    CHECK(ok, "the job never ran");
+    late = spec(port, 1, 2);
+    late.timeout_ms = 3000;
+    late.expect = FSDP_INVALID_ARGS;
+    late.want = "job 'job-a' already runs with all its 2 ranks";
+    late.want2 = "rank 1 of 2";
+    if (ok) run_all(&late, 1); /* a second rank 1 */
+    late.size = 3;
+    late.rank = 2;
+    late.want2 = "rank 2 of 3";
+    if (ok) run_all(&late, 1); /* another world size */
+    for (j = 0; j < 2; j++) put_byte(late_go[j][1]);
+    for (j = 0; j < 2; j++) CHECK(wait_byte(late_ready[0], 30000), "the job did not go on");
+    CHECK(reap(pids[1]), "rank 1 failed");
+    late.size = 2;
+    late.rank = 1;
+    late.want2 = "cannot rejoin";
+    run_all(&late, 1); /* rank 1 again, after it left */
+    put_byte(late_go[0][1]);
+    CHECK(reap(pids[0]), "rank 0 failed");
+    for (j = 0; j < 2; j++) {
+        close(late_go[j][0]);
+        close(late_go[j][1]);
+        close(late_ready[j]);
+    }
+}
+
+/* rdzv_frozen: rank 2 stopped (SIGSTOP) while rank 0 broadcasts more than
+   the sockets hold. Ranks 0 and 1 go on meanwhile, and a collection names
+   rank 2, not rank 0. Thawed within the timeout, rank 2 gets every byte;
+   frozen past it, rank 0's server gives it up: rank 2 then gets whole
+   broadcasts and an error, never a broadcast cut and spliced. */
+#define FROZEN_N 24
+#define FROZEN_BYTES ((size_t)1 << 20)
+
+static void frozen_rank(int j, int port, int timeout_ms, int give_up, int go, int done)
+{
+    fsdp_rendezvous_desc d;
+    fsdp_rendezvous *z = NULL;
+    fsdp_error err;
+    fsdp_side_channel sc;
+    unsigned char *buf = (unsigned char *)malloc(FROZEN_BYTES);
+    int me = j, i, failed = 0;
+    fsdp_result r;
+    memset(&d, 0, sizeof d);
+    memset(&err, 0, sizeof err);
+    d.hooks.error = &err;
+    d.addr = "127.0.0.1";
+    d.port = port;
+    d.rank = j;
+    d.size = 3;
+    d.timeout_ms = timeout_ms;
+    r = fsdp_rendezvous_create(&d, &z);
+    CHECK_RANK(r == FSDP_SUCCESS && buf, j, "create: %s", err.message);
+    if (r != FSDP_SUCCESS || !buf) {
+        put_byte(done);
+        return;
+    }
+    sc = fsdp_rendezvous_side_channel(z);
+    sc.vt->publish(sc.self, publish_rank, &me, &err);
+    if (j == 2) raise(SIGSTOP);
+    if (j == 0) CHECK_RANK(wait_byte(go, 30000), 0, "never told that rank 2 stopped");
+    for (i = 0; i < FROZEN_N; i++) {
+        size_t k, bad = 0;
+        for (k = 0; k < FROZEN_BYTES; k++) buf[k] = (unsigned char)(j == 0 ? k * 7 + (size_t)i : 0);
+        r = fsdp_rendezvous_broadcast(z, buf, FROZEN_BYTES, 0);
+        for (k = 0; r == FSDP_SUCCESS && k < FROZEN_BYTES; k++)
+            bad += buf[k] != (unsigned char)(k * 7 + (size_t)i);
+        CHECK_RANK(bad == 0, j, "broadcast %d succeeded with %zu of %zu bytes wrong", i, bad,
+                   FROZEN_BYTES);
+        if (j == 2 && give_up) {
+            /* given up: whole broadcasts, then only errors */
+            CHECK_RANK(!failed || r == FSDP_COMM_ERROR, 2, "broadcast %d after a failure: %s", i,
+                       fsdp_result_string(r));
+            failed |= r != FSDP_SUCCESS;
+        } else {
+            CHECK_RANK(r == FSDP_SUCCESS, j, "broadcast %d: %s", i, fsdp_rendezvous_last_error(z));
+        }
+    }
+    if (j == 2 && give_up)
+        CHECK_RANK(failed && strstr(fsdp_rendezvous_last_error(z), "closed the connection"), 2,
+                   "given up, yet: %s", failed ? fsdp_rendezvous_last_error(z) : "no error");
+    if (j == 1) {
+        /* rank 2 is still stopped: rank 1 hears from rank 0's server */
+        char out[3][64];
+        size_t lens[3];
+        int status[3];
+        r = sc.vt->collect(sc.self, out, sizeof out[0], lens, status, fsdp_deadline_ms(1500),
+                           &err);
+        CHECK_RANK(r == FSDP_SUCCESS && status[0] == FSDP_SIDE_ANSWERED &&
+                       status[1] == FSDP_SIDE_ANSWERED && status[2] != FSDP_SIDE_ANSWERED,
+                   1, "collect: %s (%d %d %d)", r ? err.message : "ok", status[0], status[1],
+                   status[2]);
+    }
+    if (j == 0 && give_up) {
+        /* rank 2 gone for the server once its queue stood still for the
+           timeout (a generous limit of tries) */
+        char out[3][64];
+        size_t lens[3];
+        int status[3] = {0, 0, 0};
+        for (i = 0; i < 60 && status[2] != FSDP_SIDE_GONE; i++)
+            if (sc.vt->collect(sc.self, out, sizeof out[0], lens, status, fsdp_deadline_ms(1000),
+                               &err) != FSDP_SUCCESS)
+                break;
+        CHECK_RANK(status[2] == FSDP_SIDE_GONE, 0, "rank 2 not given up: %d", status[2]);
+    }
+    put_byte(done);
+    if (j == 0) CHECK_RANK(wait_byte(go, 60000), 0, "never told to end");
+    sc.vt->publish(sc.self, NULL, NULL, &err);
+    fsdp_rendezvous_destroy(z);
+    free(buf);
+}
+
+static void frozen_round(int timeout_ms, int give_up)
+{
+    int port = free_port(), j, st, go[2], done[2];
+    pid_t pids[3];
+    if (pipe(go) != 0 || pipe(done) != 0) {
+        CHECK(0, "pipe: %s", strerror(errno));
+        return;
+    }
+    fflush(NULL);
+    for (j = 0; j < 3; j++) {
+        pids[j] = fork();
+        if (pids[j] == 0) {
+            long before = check_failed();
+            frozen_rank(j, port, timeout_ms, give_up, go[0], done[1]);
+            exit(check_failed() > before ? 1 : 0);
+        }
+    }
+    st = 0;
+    CHECK(waitpid(pids[2], &st, WUNTRACED) == pids[2] && WIFSTOPPED(st), "rank 2 did not stop");
+    put_byte(go[1]);
+    for (j = 0; j < 2; j++) CHECK(wait_byte(done[0], 60000), "ranks 0 and 1 did not finish");
+    kill(pids[2], SIGCONT);
+    CHECK(reap(pids[2]), "rank 2 failed (given up: %d)", give_up);
+    put_byte(go[1]);
+    CHECK(reap(pids[0]) && reap(pids[1]), "rank 0 or 1 failed (given up: %d)", give_up);
+    close(go[0]);
+    close(go[1]);
+    close(done[0]);
+    close(done[1]);
+}
+
+static void test_rdzv_frozen(void)
+{
+    frozen_round(20000, 0);
+    frozen_round(1000, 1);
+}
+
+/* The other way: rank 0 (the server) stopped while rank 1 roots
+   broadcasts. Rank 1's send times out halfway through one; it gives the
+   connection up (later calls fail naming that), so rank 0, thawed, gets
+   whole broadcasts and then none, never the cut one spliced with the
+   next. */
+static void frozen_server_rank(int j, int port, int go, int done)
+{
+    fsdp_rendezvous_desc d;
+    fsdp_rendezvous *z = NULL;
+    fsdp_error err;
+    unsigned char *buf = (unsigned char *)malloc(FROZEN_BYTES);
+    int i;
+    fsdp_result r;
+    memset(&d, 0, sizeof d);
+    memset(&err, 0, sizeof err);
+    d.hooks.error = &err;
+    d.addr = "127.0.0.1";
+    d.port = port;
+    d.rank = j;
+    d.size = 2;
+    d.timeout_ms = 1000;
+    r = fsdp_rendezvous_create(&d, &z);
+    CHECK_RANK(r == FSDP_SUCCESS && buf, j, "create: %s", err.message);
+    if (r != FSDP_SUCCESS || !buf) {
+        put_byte(done);
+        free(buf);
+        return;
+    }
+    if (j == 0) raise(SIGSTOP);
+    else CHECK_RANK(wait_byte(go, 30000), 1, "never told that rank 0 stopped");
+    for (i = 0, r = FSDP_SUCCESS; i < FROZEN_N && r == FSDP_SUCCESS; i++) {
+        size_t k, bad = 0;
+        for (k = 0; k < FROZEN_BYTES; k++) buf[k] = (unsigned char)(j == 1 ? k * 5 + (size_t)i : 0);
+        r = fsdp_rendezvous_broadcast(z, buf, FROZEN_BYTES, 1);
+        for (k = 0; r == FSDP_SUCCESS && k < FROZEN_BYTES; k++)
+            bad += buf[k] != (unsigned char)(k * 5 + (size_t)i);
+        CHECK_RANK(bad == 0, j, "broadcast %d succeeded with %zu of %zu bytes wrong", i, bad,
+                   FROZEN_BYTES);
+    }
+    CHECK_RANK(r == FSDP_COMM_TIMEOUT, j, "%d broadcasts with rank 0 stopped: %s", i,
+               r ? fsdp_rendezvous_last_error(z) : "all sent");
+    if (j == 1) {
+        r = fsdp_rendezvous_broadcast(z, buf, FROZEN_BYTES, 1);
+        CHECK_RANK(r == FSDP_COMM_ERROR && strstr(fsdp_rendezvous_last_error(z), "given up"), 1,
+                   "after a send cut halfway: %s: %s", fsdp_result_string(r),
+                   fsdp_rendezvous_last_error(z));
+    }
+    put_byte(done);
+    fsdp_rendezvous_destroy(z);
+    free(buf);
+}
+
+static void test_rdzv_frozen_server(void)
+{
+    int port = free_port(), j, st, go[2], done[2];
+    pid_t pids[2];
+    if (pipe(go) != 0 || pipe(done) != 0) {
+        CHECK(0, "pipe: %s", strerror(errno));
+        return;
+    }
+    fflush(NULL);
+    for (j = 0; j < 2; j++) {
+        pids[j] = fork();
+        if (pids[j] == 0) {
+            long before = check_failed();
+            frozen_server_rank(j, port, go[0], done[1]);
+            exit(check_failed() > before ? 1 : 0);
+        }
+    }
+    st = 0;
+    CHECK(waitpid(pids[0], &st, WUNTRACED) == pids[0] && WIFSTOPPED(st), "rank 0 did not stop");
+    put_byte(go[1]);
+    CHECK(wait_byte(done[0], 60000), "rank 1 did not finish");
+    kill(pids[0], SIGCONT);
+    CHECK(reap(pids[0]) && reap(pids[1]), "rank 0 or 1 failed");
+    close(go[0]);
+    close(go[1]);
+    close(done[0]);
+    close(done[1]);
+}
+
 static void test_rdzv_not_ours(void)
 {
     /* something else answers on the port: it says a few bytes and closes */
@@ -950,6 +1349,10 @@ static const check_case CASES[] = {
     {"rdzv_missing_rank", test_rdzv_missing_rank},
     {"rdzv_twice", test_rdzv_twice},
     {"rdzv_not_ours", test_rdzv_not_ours},
+    {"rdzv_bcast_root", test_rdzv_bcast_root},
+    {"rdzv_late", test_rdzv_late},
+    {"rdzv_frozen", test_rdzv_frozen},
+    {"rdzv_frozen_server", test_rdzv_frozen_server},
     {"side_channel", test_side_channel},
 };
 
