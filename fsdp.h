@@ -1027,7 +1027,8 @@ typedef struct fsdp_side_channel {
    "<call> on rank R: the ranks' recent calls (tcp side channel) show:
    <fsdp_stall_diagnose's words> [<err's old message>]". Returns
    FSDP_COMM_MISMATCH when the calls differ, else r (also when side is NULL
-   or the collection failed, which err then says). Collective: no (the
+   or the collection failed, or side->size is not size, which err then
+   says). Collective: no (the
    peers answer from their channel's thread). Thread safety: any thread
    that holds none of the locks the channel's publisher takes. */
 FSDP_API fsdp_result fsdp_side_diagnose(const fsdp_side_channel *side, const fsdp_hooks *hooks,
@@ -7342,6 +7343,12 @@ FSDP_API fsdp_result fsdp_side_diagnose(const fsdp_side_channel *side, const fsd
     fsdp_result cr;
     if (!side || !side->vt || (r != FSDP_COMM_TIMEOUT && r != FSDP_COMM_ERROR)) return r;
     was = *err;
+    if (size < 1 || side->size != size || rank < 0 || rank >= size) {
+        /* collect writes side->size answers: a buffer for `size` would overflow */
+        fsdp_error_set(err, r, "%s; no stall diagnosis: the side channel counts %d ranks, the "
+                       "comm %d (rank %d)", was.message, side->size, size, rank);
+        return r;
+    }
     out = (unsigned char *)fsdp__alloc(h, n * cap + n * (sizeof *lens + sizeof *status) +
                                               FSDP_ERROR_MAX);
     if (!out) return r;

@@ -423,6 +423,28 @@ static void play(fsdp_call_ring *r, int ncalls)
     }
 }
 
+/* A side channel whose every rank is silent; counts its collections. */
+static int g_fake_collects;
+
+static fsdp_result fake_publish(void *self, fsdp_side_publish_fn fn, void *user, fsdp_error *err)
+{
+    (void)self, (void)fn, (void)user, (void)err;
+    return FSDP_SUCCESS;
+}
+
+static fsdp_result fake_collect(void *self, void *out, size_t cap, size_t *lens, int *status,
+                                double deadline_ms, fsdp_error *err)
+{
+    int j;
+    (void)self, (void)out, (void)cap, (void)deadline_ms, (void)err;
+    g_fake_collects++;
+    for (j = 0; j < 2; j++) {
+        lens[j] = 0;
+        status[j] = FSDP_SIDE_SILENT;
+    }
+    return FSDP_SUCCESS;
+}
+
 static void test_diagnose(void)
 {
     static fsdp_call_ring rings[4];
@@ -507,6 +529,29 @@ static void test_diagnose(void)
         CHECK(back.failed == FSDP_COMM_TIMEOUT && back.completed == 99 &&
                   strlen(back.failure) == FSDP_ERROR_MAX - 1,
               "%d %zu", (int)back.failed, strlen(back.failure));
+    }
+    /* a side channel of another world size: no collection (it would write
+       that many answers), the error says so */
+    {
+        static const fsdp_side_channel_vtable vt = {sizeof vt, "fake", fake_publish, fake_collect};
+        fsdp_side_channel side;
+        fsdp_error e;
+        fsdp_result r;
+        memset(&side, 0, sizeof side);
+        side.vt = &vt;
+        side.size = 4;
+        memset(&e, 0, sizeof e);
+        snprintf(e.message, sizeof e.message, "all_gather #5 timed out");
+        g_fake_collects = 0;
+        r = fsdp_side_diagnose(&side, NULL, 0, 2, 1000, "all_gather #5", FSDP_COMM_TIMEOUT, &e);
+        CHECK(r == FSDP_COMM_TIMEOUT && g_fake_collects == 0 &&
+                  strstr(e.message, "all_gather #5 timed out; no stall diagnosis: the side "
+                                    "channel counts 4 ranks, the comm 2") != NULL,
+              "%d %d %s", (int)r, g_fake_collects, e.message);
+        side.size = 2;
+        r = fsdp_side_diagnose(&side, NULL, 0, 2, 1000, "all_gather #5", FSDP_COMM_TIMEOUT, &e);
+        CHECK(g_fake_collects == 1 && strstr(e.message, "fake") != NULL, "%d %s",
+              g_fake_collects, e.message);
     }
 }
 
