@@ -22983,7 +22983,9 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         w->gen = id;
     }
     if (sharded) {
-        if (mkdir(path, 0777) != 0 && errno != EEXIST)
+        if (mkdir(path, 0777) == 0)
+            fsdp__fsync_dir(path); /* its entry in the parent: a crash keeps a committed save */
+        else if (errno != EEXIST)
             r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': cannot create the "
                                "directory: %s", fn, path, strerror(errno));
         t1 = fsdp__tick(w->timing);
