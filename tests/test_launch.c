@@ -943,7 +943,7 @@ static void late_then(fsdp_rendezvous *z, const rdzv_spec *s)
     fsdp_error err;
     char out[2][64];
     size_t lens[2];
-    int status[2], me = s->rank;
+    int status[2], me = s->rank, j;
     fsdp_result r;
     memset(&err, 0, sizeof err);
     EXPECT_EQ(sc.vt->publish(sc.self, publish_rank, &me, &err), FSDP_SUCCESS);
@@ -958,8 +958,12 @@ static void late_then(fsdp_rendezvous *z, const rdzv_spec *s)
     CHECK_RANK(r == FSDP_SUCCESS && status[0] == FSDP_SIDE_ANSWERED &&
                    status[1] == FSDP_SIDE_ANSWERED,
                s->rank, "collect: %s (%d %d)", r ? err.message : "", status[0], status[1]);
-    r = fsdp_rendezvous_broadcast(z, NULL, 0, 1); /* both collected */
-    CHECK_RANK(r == FSDP_SUCCESS, s->rank, "barrier: %s", fsdp_rendezvous_last_error(z));
+    /* both collected before either stops answering: a root returns once
+       it sent, so each rank roots one and takes the other's */
+    for (j = 0; j < 2; j++) {
+        r = fsdp_rendezvous_broadcast(z, NULL, 0, j);
+        CHECK_RANK(r == FSDP_SUCCESS, s->rank, "barrier: %s", fsdp_rendezvous_last_error(z));
+    }
     EXPECT_EQ(sc.vt->publish(sc.self, NULL, NULL, &err), FSDP_SUCCESS);
     put_byte(late_ready[1]);
     /* rank 1 leaves; rank 0 stays until a new rank 1 was refused */
