@@ -2259,6 +2259,9 @@ enum {
 /* Gathers one unit's full f32 parameters (summon_full_params). With
    FSDP_SUMMON_OFFLOAD, host (unit numel f32) receives them, else the views
    fsdp_param(ctx, fqn) (f32 while summoned) point into device memory.
+   Refused (FSDP_INVALID_STATE) where the values would land on gradients
+   no_sync accumulated (a NO_SHARD unit, or a 16-bit param_dtype): summon
+   before the accumulation or after the backward outside no_sync.
    Collective: yes. */
 FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *ctx, int unit, unsigned flags, float *host);
 FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *ctx, int unit);
