@@ -1144,7 +1144,7 @@ static void test_rdzv_frozen(void)
    connection up (later calls fail naming that), so rank 0, thawed, gets
    whole broadcasts and then none, never the cut one spliced with the
    next. */
-static void frozen_server_rank(int j, int port, int go, int done)
+static void frozen_server_rank(int j, int port, int go, int done, int ready[2])
 {
     fsdp_rendezvous_desc d;
     fsdp_rendezvous *z = NULL;
@@ -1159,15 +1159,21 @@ static void frozen_server_rank(int j, int port, int go, int done)
     d.port = port;
     d.rank = j;
     d.size = 2;
-    d.timeout_ms = 3000; /* to meet too: 1 s failed once under ASan beside other tests */
+    d.timeout_ms = 1000;
     r = fsdp_rendezvous_create(&d, &z);
     CHECK_RANK(r == FSDP_SUCCESS && buf, j, "create: %s", err.message);
+    if (j == 1) put_byte(ready[1]);
     if (r != FSDP_SUCCESS || !buf) {
         put_byte(done);
         free(buf);
         return;
     }
-    if (j == 0) raise(SIGSTOP);
+    /* rank 0's create may return before its server sent rank 1 the word
+       to go: it stops only once rank 1's create returned too */
+    if (j == 0) {
+        CHECK_RANK(wait_byte(ready[0], 30000), 0, "rank 1's create never returned");
+        raise(SIGSTOP);
+    }
     else CHECK_RANK(wait_byte(go, 30000), 1, "never told that rank 0 stopped");
     for (i = 0, r = FSDP_SUCCESS; i < FROZEN_N && r == FSDP_SUCCESS; i++) {
         size_t k, bad = 0;
@@ -1193,9 +1199,9 @@ static void frozen_server_rank(int j, int port, int go, int done)
 
 static void test_rdzv_frozen_server(void)
 {
-    int port = free_port(), j, st, go[2], done[2];
+    int port = free_port(), j, st, go[2], done[2], ready[2];
     pid_t pids[2];
-    if (pipe(go) != 0 || pipe(done) != 0) {
+    if (pipe(go) != 0 || pipe(done) != 0 || pipe(ready) != 0) {
         CHECK(0, "pipe: %s", strerror(errno));
         return;
     }
@@ -1204,7 +1210,7 @@ static void test_rdzv_frozen_server(void)
         pids[j] = fork();
         if (pids[j] == 0) {
             long before = check_failed();
-            frozen_server_rank(j, port, go[0], done[1]);
+            frozen_server_rank(j, port, go[0], done[1], ready);
             exit(check_failed() > before ? 1 : 0);
         }
     }
@@ -1218,6 +1224,8 @@ static void test_rdzv_frozen_server(void)
     close(go[1]);
     close(done[0]);
     close(done[1]);
+    close(ready[0]);
+    close(ready[1]);
 }
 
 static void test_rdzv_not_ours(void)
