@@ -1919,7 +1919,10 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
    says which.
 
    Hostile files: the header is at most FSDP_SAFETENSORS_MAX_HEADER bytes
-   (the official reader's limit) and FSDP_JSON_MAX_VALUES JSON values.
+   and FSDP_JSON_MAX_VALUES JSON values. A save refuses a header above
+   FSDP_SAFETENSORS_MAX_WRITE_HEADER, the official reader's limit (100 MB,
+   which is less than 100 MiB): no other reader would open the file. The
+   reader keeps 100 MiB, so files earlier versions wrote still load.
    Parsing takes O(n log n) time in its size n (hashed lookups, sorts; no
    scan per key) and at most 24 bytes of memory per header byte (the text
    1, decoded strings 1, JSON nodes 16, counted before any is allocated,
@@ -1927,6 +1930,7 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
    whatever the header holds; the data is read only after the whole header
    was checked. A sharded checkpoint's index.json has the same bounds. */
 #define FSDP_SAFETENSORS_MAX_HEADER ((int64_t)100 << 20)
+#define FSDP_SAFETENSORS_MAX_WRITE_HEADER ((int64_t)100000000)
 #define FSDP_JSON_MAX_VALUES (1 << 24)
 
 /* What a load verified (fsdp_state_dict_verified, fsdp_ckpt_verify). */
@@ -14656,6 +14660,13 @@ FSDP__DEF fsdp_result fsdp__stw_header(fsdp__stw *w, const fsdp__kv *kv, int nkv
     fsdp__sb_str(sb, "}");
     while ((sb->len + 8) % 8) fsdp__sb_str(sb, " "); /* data 8-byte aligned, as Python pads */
     if (sb->oom) return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory for the header", w->path);
+    if ((uint64_t)sb->len > (uint64_t)FSDP_SAFETENSORS_MAX_WRITE_HEADER)
+        return FSDP__STF(FSDP_INVALID_ARGS, "'%s': the header would be %llu bytes, above the "
+                         "%lld that safetensors readers accept (%d tensors; names take room "
+                         "twice, as tensor and checksum): save fewer tensors per file (a "
+                         "sharded or size-capped save) or shorter names", w->path,
+                         (unsigned long long)sb->len,
+                         (long long)FSDP_SAFETENSORS_MAX_WRITE_HEADER, w->n);
     w->hlen = sb->len;
     return FSDP_SUCCESS;
 }

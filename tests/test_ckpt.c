@@ -713,6 +713,46 @@ static void dtypes(void)
         free(before);
         free(after);
     }
+    /* a header above the official reader's 100,000,000 bytes (here between
+       that and 100 MiB, which fsdp.h's own reader takes): refused before
+       the file is touched, and no temporary is left */
+    {
+        size_t len = 50500000;
+        char *name = (char *)malloc(len + 1), *before = NULL, *after = NULL;
+        long nb, na;
+        fsdp_tensor t;
+        fsdp_result r;
+        CHECK(name != NULL, "malloc");
+        if (name) {
+            memset(name, 'n', len);
+            name[len] = 0;
+            nb = read_file(path, &before);
+            CHECK(fsdp_state_dict_create(FSDP_SD_FULL, NULL, NULL, &sd) == FSDP_SUCCESS, "create");
+            memset(&t, 0, sizeof t);
+            t.name = name;
+            t.dtype = FSDP_F32;
+            t.ndim = 1;
+            t.shape[0] = 4;
+            t.data = raw;
+            fsdp_state_dict_add(sd, &t, 0);
+            r = fsdp_safetensors_save(path, sd, &err);
+            CHECK(r == FSDP_INVALID_ARGS && contains(err.message, "100000000") &&
+                      contains(err.message, "header would be"),
+                  "a header too large: %d %s", (int)r, err.message);
+            fsdp_state_dict_destroy(sd);
+            na = read_file(path, &after);
+            CHECK(na == nb && nb > 0 && !memcmp(before, after, (size_t)nb),
+                  "a refused large header changed the file");
+            {
+                char left[1300];
+                CHECK(!find_path(g_tmp, "dtypes.safetensors.tmp.", left, sizeof left),
+                      "a refused large header left '%s'", left);
+            }
+            free(before);
+            free(after);
+            free(name);
+        }
+    }
 }
 
 /* --- async saves --- */
