@@ -2239,7 +2239,11 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *ctx, double max_norm, double 
                                          double *total_norm);
 /* Optimizer step on the local shards, then zeroes the sharded gradients.
    Refused (FSDP_INVALID_STATE) while no_sync holds gradients no backward
-   has reduced. Collective: no (but waits for this rank's reductions). */
+   has reduced. A trainable unit no backward reached since the last step
+   or fsdp_zero_grad is stepped with a zero gradient, as torch after
+   zero_grad(set_to_none=False) (torch 2.x's default skips it); the first
+   such step logs a FSDP_LOG_WARN naming the unit, once per context.
+   Collective: no (but waits for this rank's reductions). */
 FSDP_API fsdp_result fsdp_step(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_set_lr(fsdp_ctx *ctx, int group, double lr);
@@ -15538,6 +15542,7 @@ typedef struct fsdp__cunit {
     char *qname;                  /* 'fqn' quoted, or (root): for messages */
     unsigned char *inited;        /* entry -> initialised (or loaded) */
     int fwd_runs;                 /* forwards not yet matched by a backward */
+    int bwd_since_step;           /* a backward ended since the last step or zero_grad */
     int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
     int pub;                      /* the fsdp_units index it belongs to */
 } fsdp__cunit;
@@ -15596,6 +15601,7 @@ struct fsdp_ctx {
     fsdp_training_state state;
     fsdp_optim_config groups[FSDP__MAX_GROUPS];
     int64_t group_steps[FSDP__MAX_GROUPS];
+    int said_no_bwd; /* fsdp_step logged units it steps without a backward */
     int ngroups;
     int64_t steps;
     int no_sync, plan_no_sync;
@@ -18129,6 +18135,7 @@ FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
         return r;
     cu = &c->u[unit];
     if ((r = fsdp__cs_after_compute(c)) != FSDP_SUCCESS) return r;
+    cu->bwd_since_step = 1;
     if (c->debug) dr = fsdp__dbg_end(c, unit, "fsdp_end_backward", "fsdp_begin_backward");
     /* reported after the reduction is issued: the peers are not left
        waiting for this rank's part */
@@ -18640,6 +18647,39 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c, int T)
     return r;
 }
 
+/* A trainable unit no backward reached since the last step or zero_grad
+   is stepped with a zero gradient (weight decay and momentum still move
+   it), as torch does after zero_grad(set_to_none=False), 1.13's default;
+   torch 2.x's default leaves its gradient None and the optimizer skips it.
+   Said once per context, at the first step where it happens, so that an
+   engine ported from torch 2.x learns of the difference. */
+FSDP__DEF void fsdp__say_no_bwd(fsdp_ctx *c)
+{
+    int u, f, n = 0, first = -1;
+    if (c->said_no_bwd) return;
+    for (u = 0; u < c->npub; u++) {
+        int trainable = 0, ran = 0;
+        for (f = c->pub_first[u]; f < c->pub_first[u + 1]; f++) {
+            if (c->u[f].info->requires_grad && c->u[f].info->numel) trainable = 1;
+            if (c->u[f].bwd_since_step) ran = 1;
+        }
+        if (trainable && !ran) {
+            if (first < 0) first = u;
+            n++;
+        }
+    }
+    if (!n) return;
+    c->said_no_bwd = 1;
+    fsdp__log(&c->hooks, FSDP_LOG_WARN,
+              "fsdp_step: %d unit%s with trainable parameters had no backward since the last "
+              "step or zero_grad (the first: unit %d %s): %s stepped with zero gradients, so "
+              "weight decay and momentum still move %s, as in torch after "
+              "zero_grad(set_to_none=False); torch 2.x's default (set_to_none=True) skips such "
+              "parameters. Said once per context", n, n == 1 ? "" : "s", first,
+              c->u[c->pub_first[first]].qname, n == 1 ? "it is" : "they are",
+              n == 1 ? "it" : "them");
+}
+
 FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
 {
     fsdp_result r;
@@ -18656,7 +18696,11 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
         if (c->group_steps[g] == INT64_MAX)
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: parameter group %d's step "
                                   "counter is at INT64_MAX and cannot count another step", g);
-    for (i = 0; i < c->nunits; i++) c->u[i].fwd_runs = 0; /* a new iteration */
+    fsdp__say_no_bwd(c);
+    for (i = 0; i < c->nunits; i++) { /* a new iteration */
+        c->u[i].fwd_runs = 0;
+        c->u[i].bwd_since_step = 0;
+    }
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     /* The built-in CPU device's optimizer kernel is fsdp_optim_step_host on
        its stream, then a memset of the gradients: on that device (the
@@ -18727,6 +18771,7 @@ FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *c)
             c->u[i].rs.grad_zero = 1;
         }
         c->u[i].rs.accum = 0;
+        c->u[i].bwd_since_step = 0; /* torch: zero_grad forgets the backward */
     }
     c->state = FSDP_CTX_IDLE;
     return FSDP_SUCCESS;

@@ -2938,6 +2938,87 @@ done:
     return 0;
 }
 
+/* The warnings of one rank's context */
+typedef struct warn_cap {
+    int n;
+    char first[FSDP_ERROR_MAX];
+} warn_cap;
+
+static void warn_cb(void *user, fsdp_log_level level, const char *msg)
+{
+    warn_cap *w = (warn_cap *)user;
+    if (level != FSDP_LOG_WARN) return;
+    if (!w->n++) snprintf(w->first, sizeof w->first, "%s", msg);
+}
+
+/* A trainable unit without a backward since the last step (or since
+   fsdp_zero_grad) is stepped with a zero gradient, as torch after
+   zero_grad(set_to_none=False): SGD's weight decay alone moves it. The
+   first such step says so, once per context. */
+static int no_bwd_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    pend_job *j = (pend_job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_state_dict *sd = NULL;
+    warn_cap w;
+    int fc = fsdp_units_find(j->u, "fc"), root = fsdp_units_count(j->u) - 1, zero = j->what;
+    float before = 0.0f, after = 0.0f, want;
+    (void)nranks;
+    memset(&w, 0, sizeof w);
+    if (!rank_open(world, rank, j->m, j->u, &dev, &comm, &cd)) return 1;
+    cd.hooks.log = warn_cb;
+    cd.hooks.log_user = &w;
+    cd.optim = fsdp_optim_defaults(FSDP_SGD);
+    cd.optim.lr = 0.1;
+    cd.optim.weight_decay = 0.5;
+    if (fsdp_ctx_create(&cd, &ctx) != FSDP_SUCCESS ||
+        fsdp_init_params(ctx, 1, pend_init, NULL) != FSDP_SUCCESS || !pend_iter(ctx, fc, root, 1.0f)) {
+        CHECK_RANK(0, rank, "set-up: %s", ctx ? fsdp_ctx_last_error(ctx) : "create");
+        goto done;
+    }
+    if (zero) { /* zero_grad drops the backward's gradient: none for the step */
+        CHECK_RANK(fsdp_zero_grad(ctx) == FSDP_SUCCESS, rank, "zero_grad");
+    } else {
+        CHECK_RANK(fsdp_step(ctx) == FSDP_SUCCESS && w.n == 0, rank,
+                   "a step after every unit's backward: %d warnings (%s)", w.n, w.first);
+        /* forward only */
+        CHECK_RANK(fsdp_begin_forward(ctx, root) == FSDP_SUCCESS &&
+                       fsdp_begin_forward(ctx, fc) == FSDP_SUCCESS &&
+                       fsdp_end_forward(ctx, fc) == FSDP_SUCCESS &&
+                       fsdp_end_forward(ctx, root) == FSDP_SUCCESS,
+                   rank, "forward: %s", fsdp_ctx_last_error(ctx));
+    }
+    if (fsdp_get_full_state_dict(ctx, FSDP_SD_OFFLOAD, &sd) == FSDP_SUCCESS) {
+        const fsdp_tensor *b = fsdp_state_dict_tensor(sd, fsdp_state_dict_find(sd, "fc.bias"));
+        if (b) before = ((const float *)b->data)[0];
+    }
+    fsdp_state_dict_destroy(sd);
+    sd = NULL;
+    CHECK_RANK(fsdp_step(ctx) == FSDP_SUCCESS, rank, "step: %s", fsdp_ctx_last_error(ctx));
+    CHECK_RANK(w.n == 1 && contains(w.first, "'fc'") && contains(w.first, "set_to_none") &&
+                   contains(w.first, "1 unit with"),
+               rank, "%s: %d warnings, first: %s", zero ? "after zero_grad" : "forward only",
+               w.n, w.first);
+    if (fsdp_get_full_state_dict(ctx, FSDP_SD_OFFLOAD, &sd) == FSDP_SUCCESS) {
+        const fsdp_tensor *b = fsdp_state_dict_tensor(sd, fsdp_state_dict_find(sd, "fc.bias"));
+        if (b) after = ((const float *)b->data)[0];
+    }
+    want = before - 0.1f * (0.5f * before); /* grad 0 + weight_decay * param */
+    CHECK_RANK(before != 0.0f && fabsf(after - want) <= 1e-6f * fabsf(want), rank,
+               "fc.bias stepped with a zero gradient: %.9g -> %.9g, want %.9g", (double)before,
+               (double)after, (double)want);
+    /* once per context: a step with no iteration at all says nothing more */
+    CHECK_RANK(fsdp_step(ctx) == FSDP_SUCCESS && w.n == 1, rank, "said again: %d warnings", w.n);
+done:
+    fsdp_state_dict_destroy(sd);
+    fsdp_ctx_destroy(ctx);
+    rank_close(dev, comm);
+    return 0;
+}
+
 static void pend_model(pend_job *j, fsdp_sharding_strategy strat, fsdp_dtype pdt)
 {
     fsdp_unit_spec spec;
@@ -2973,6 +3054,10 @@ static void test_pending(void)
                 run_ranks(2, pend_rank, &j);
             }
             if (s == 0 && p == 0 && j.u) run_ranks(2, clip_nan_rank, &j);
+            for (w = 0; w < 2 && j.u && p == 0; w++) {
+                j.what = w;
+                run_ranks(2, no_bwd_rank, &j);
+            }
             fsdp_units_destroy(j.u);
             fsdp_model_destroy(j.m);
         }
