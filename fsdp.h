@@ -4039,6 +4039,20 @@ typedef struct fsdp__adam_k {
 #define FSDP__ISA_AVX2 2   /* AVX2 and FMA */
 #define FSDP__ISA_AVX512 3 /* AVX-512F */
 
+/* A rounded product that no later pass fuses with an add. clang's
+   -ffp-contract=fast fuses in its back end whatever the pragma says; an
+   empty asm that may change the value ends that (no instruction), as
+   fsdp__keep128 does for the vector kernels. GCC obeys FSDP__NO_CONTRACT. */
+FSDP__INLINE float fsdp__keepf(float x)
+{
+#if defined(__clang__) && (defined(__SSE__) || defined(_M_X64))
+    __asm__("" : "+x"(x));
+#elif defined(__clang__) && defined(__aarch64__)
+    __asm__("" : "+w"(x));
+#endif
+    return x;
+}
+
 FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k, float *p, const float *g,
                                         float *m, float *v, float *vm, size_t n, int adamw,
                                         int l2, int ams, int lerp)
@@ -4053,11 +4067,11 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k,
     size_t i;
     for (i = 0; i < n; i++) {
         float pi = p[i], gi = g[i], mi, vi, denom;
-        if (adamw) pi = pi * decay;
-        if (l2) gi = pi * wd + gi;
-        if (lerp) mi = (small ? m[i] : gi) + lw * (gi - m[i]);
-        else mi = gi * omb1 + m[i] * b1;
-        vi = (omb2 * gi) * gi + v[i] * b2;
+        if (adamw) pi = fsdp__keepf(pi * decay);
+        if (l2) gi = fsdp__keepf(pi * wd) + gi;
+        if (lerp) mi = (small ? m[i] : gi) + fsdp__keepf(lw * (gi - m[i]));
+        else mi = fsdp__keepf(gi * omb1) + fsdp__keepf(m[i] * b1);
+        vi = fsdp__keepf((omb2 * gi) * gi) + fsdp__keepf(v[i] * b2);
         m[i] = mi;
         v[i] = vi;
         if (ams) {
@@ -4528,19 +4542,19 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__sgd_loop(float *p, const float *g, flo
     size_t i;
     for (i = 0; i < n; i++) {
         float gi = g[i], t;
-        if (use_wd) gi = fma ? fmaf(p[i], wd, gi) : p[i] * wd + gi;
+        if (use_wd) gi = fma ? fmaf(p[i], wd, gi) : fsdp__keepf(p[i] * wd) + gi;
         if (use_mom) {
             float b;
             if (first) {
                 b = gi; /* torch clones the gradient: no dampening on the first step */
             } else {
-                t = buf[i] * mom;
-                b = fma ? fmaf(gi, omd, t) : gi * omd + t;
+                t = fsdp__keepf(buf[i] * mom);
+                b = fma ? fmaf(gi, omd, t) : fsdp__keepf(gi * omd) + t;
             }
             buf[i] = b;
-            gi = nest ? (fma ? fmaf(b, mom, gi) : b * mom + gi) : b;
+            gi = nest ? (fma ? fmaf(b, mom, gi) : fsdp__keepf(b * mom) + gi) : b;
         }
-        p[i] = fma ? fmaf(gi, neg_lr, p[i]) : gi * neg_lr + p[i];
+        p[i] = fma ? fmaf(gi, neg_lr, p[i]) : fsdp__keepf(gi * neg_lr) + p[i];
     }
 }
 
