@@ -526,7 +526,8 @@ FSDP_API float fsdp_f16_to_f32(uint16_t h);
 
 /* Host conversion of n elements between float dtypes (the same dtype copies).
    Returns FSDP_INVALID_DTYPE for byte types of different kinds. dst and src
-   must not overlap unless they are equal and the dtypes have one size. */
+   must not overlap unless they are equal and the dtypes have one size
+   (FSDP_INVALID_ARGS otherwise; the same dtype may overlap: a memmove). */
 FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
                                   fsdp_dtype src_dt, size_t n);
 
@@ -754,6 +755,8 @@ FSDP_API fsdp_result fsdp_device_copy(fsdp_device *dev, void *dst, const void *s
                                       size_t bytes, fsdp_copy_kind kind, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_memset(fsdp_device *dev, void *dst, int value, size_t bytes,
                                         fsdp_stream *s);
+/* dst and src as for fsdp_convert: two dtypes overlap only at one address
+   with one element size (FSDP_INVALID_ARGS otherwise). */
 FSDP_API fsdp_result fsdp_device_cast(fsdp_device *dev, void *dst, fsdp_dtype dst_dt,
                                       const void *src, fsdp_dtype src_dt, size_t n,
                                       fsdp_stream *s);
@@ -912,7 +915,8 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
    rounded once to dt. dst may be the very elements it sums of one source
    (dst == src[j] + offset elements); otherwise it must not overlap them.
    Returns FSDP_INVALID_DTYPE (and touches nothing) unless dt is a float
-   type, FSDP_INVALID_ARGS for nsrc < 1 with count > 0. */
+   type, FSDP_INVALID_ARGS for nsrc < 1 with count > 0 or an op other than
+   sum and avg. */
 FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src, int nsrc,
                                  size_t offset, size_t count, fsdp_reduce_op op);
 
@@ -3866,6 +3870,17 @@ FSDP__DEF void fsdp__f32_to_f16_n(uint16_t *d, const float *s, size_t n)
     fsdp__f32_to_f16_c(d + i, s + i, n - i);
 }
 
+/* Whether a conversion of n elements from src (ss bytes each) to dst (ds
+   bytes each) would read what it already wrote: the ranges overlap, and
+   they are not one address with one element size (the only in-place form
+   an element-wise conversion gets right on every device). */
+FSDP__DEF int fsdp__overlap_bad(const void *dst, size_t ds, const void *src, size_t ss, size_t n)
+{
+    uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+    if (d == s && ds == ss) return 0;
+    return d < s + ss * n && s < d + ds * n;
+}
+
 FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
                                   fsdp_dtype src_dt, size_t n)
 {
@@ -3873,6 +3888,9 @@ FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
     if (n == 0) return FSDP_SUCCESS;
     if (!dst || !src) return FSDP_INVALID_ARGS;
     if (!fsdp_dtype_size(dst_dt) || !fsdp_dtype_size(src_dt)) return FSDP_INVALID_DTYPE;
+    if (dst_dt != src_dt &&
+        fsdp__overlap_bad(dst, fsdp_dtype_size(dst_dt), src, fsdp_dtype_size(src_dt), n))
+        return FSDP_INVALID_ARGS;
     if (dst_dt == src_dt) {
         if (dst != src) memmove(dst, src, n * fsdp_dtype_size(dst_dt));
         return FSDP_SUCCESS;
@@ -4801,22 +4819,29 @@ FSDP_API fsdp_result fsdp_device_alloc(fsdp_device *dev, size_t bytes, void **ou
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_alloc: out is NULL");
     *out = NULL;
     fsdp__clear(&e);
-    if (dev->capacity) { /* checked before asking the backend */
-        size_t in_use;
-        pthread_mutex_lock(&dev->mu);
-        in_use = dev->stats.device_in_use;
-        pthread_mutex_unlock(&dev->mu);
-        if (bytes > dev->capacity || in_use > dev->capacity - bytes)
+    /* the bytes are counted (reserved) before the backend is asked, under
+       the lock that checks the capacity: two threads sharing the device
+       cannot both pass the check for the same room */
+    pthread_mutex_lock(&dev->mu);
+    {
+        size_t in_use = dev->stats.device_in_use, cap = dev->capacity;
+        if (cap && (bytes > cap || in_use > cap - bytes)) {
+            pthread_mutex_unlock(&dev->mu);
             return fsdp__fail(&dev->err, &dev->hooks, FSDP_OUT_OF_MEMORY,
                               "fsdp_device_alloc: device '%s': %zu bytes with %zu in use "
                               "exceed its capacity of %zu bytes by %zu",
-                              fsdp_device_name(dev), bytes, in_use, dev->capacity,
-                              in_use + bytes - dev->capacity);
+                              fsdp_device_name(dev), bytes, in_use, cap, in_use + bytes - cap);
+        }
+        dev->stats.device_in_use += bytes;
     }
+    pthread_mutex_unlock(&dev->mu);
     r = dev->vt.alloc(dev->self, bytes, &p, &e);
-    if (r != FSDP_SUCCESS) return fsdp__device_done(dev, r, &e, "fsdp_device_alloc");
     pthread_mutex_lock(&dev->mu);
-    dev->stats.device_in_use += bytes;
+    if (r != FSDP_SUCCESS) {
+        dev->stats.device_in_use -= bytes;
+        pthread_mutex_unlock(&dev->mu);
+        return fsdp__device_done(dev, r, &e, "fsdp_device_alloc");
+    }
     if (dev->stats.device_in_use > dev->stats.device_peak)
         dev->stats.device_peak = dev->stats.device_in_use;
     dev->stats.device_allocs++;
@@ -4893,13 +4918,21 @@ FSDP_API void fsdp_device_memory(const fsdp_device *dev, fsdp_memory_stats *out)
 FSDP_API fsdp_result fsdp_device_set_capacity(fsdp_device *dev, size_t bytes)
 {
     if (!dev) return FSDP_INVALID_ARGS;
+    pthread_mutex_lock(&dev->mu);
     dev->capacity = bytes;
+    pthread_mutex_unlock(&dev->mu);
     return FSDP_SUCCESS;
 }
 
 FSDP_API size_t fsdp_device_capacity(const fsdp_device *dev)
 {
-    return dev ? dev->capacity : 0;
+    fsdp_device *d = (fsdp_device *)dev; /* the object itself is never const */
+    size_t cap;
+    if (!d) return 0;
+    pthread_mutex_lock(&d->mu);
+    cap = d->capacity;
+    pthread_mutex_unlock(&d->mu);
+    return cap;
 }
 
 FSDP_API void fsdp_device_reset_peak(fsdp_device *dev)
@@ -5074,6 +5107,12 @@ FSDP_API fsdp_result fsdp_device_cast(fsdp_device *dev, void *dst, fsdp_dtype ds
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_DTYPE,
                           "fsdp_device_cast: cannot convert %s to %s (only between float dtypes)",
                           fsdp_dtype_name(src_dt), fsdp_dtype_name(dst_dt));
+    if (n && dst_dt != src_dt &&
+        fsdp__overlap_bad(dst, fsdp_dtype_size(dst_dt), src, fsdp_dtype_size(src_dt), n))
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_device_cast: dst and src overlap (%s from %s, %zu elements): "
+                          "only the same address with dtypes of one size converts in place",
+                          fsdp_dtype_name(dst_dt), fsdp_dtype_name(src_dt), n);
     if (!dev->vt.cast)
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
                           "fsdp_device_cast: device '%s' has no cast", fsdp_device_name(dev));
@@ -5142,11 +5181,21 @@ FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_
                                             fsdp_stream *s)
 {
     fsdp_error e;
+    char why[FSDP_ERROR_MAX];
     if (!dev) return FSDP_INVALID_ARGS;
     if (!c || !st || (n && (!param || !grad)))
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
                           "fsdp_device_optim_step: %s is NULL",
                           !c ? "config" : !st ? "state" : !param ? "param" : "grad");
+    /* refused when queued, with the reason (a kernel on a stream could
+       only fail at the synchronize, and say less) */
+    if (fsdp_optim_check(c, why) != FSDP_SUCCESS)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_optim_step: %s",
+                          why);
+    if (step < 1)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_device_optim_step: step %lld must be >= 1 (torch's count after "
+                          "its increment)", (long long)step);
     if (!dev->vt.optim_step)
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
                           "fsdp_device_optim_step: device '%s' has no optimizer kernel",
@@ -6779,6 +6828,7 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
     size_t b, i, m;
     int j, n = nsrc, avg = op == FSDP_REDUCE_AVG;
     if (!fsdp_dtype_is_float(dt)) return FSDP_INVALID_DTYPE;
+    if (op != FSDP_REDUCE_SUM && op != FSDP_REDUCE_AVG) return FSDP_INVALID_ARGS;
     if (!count) return FSDP_SUCCESS;
     if (n < 1) return FSDP_INVALID_ARGS;
     if (dt == FSDP_F64) {

@@ -7,6 +7,7 @@
 #include "fixtures.h"
 
 #include <math.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -702,6 +703,40 @@ static void test_bad_input(fsdp_device *dev)
     BAD(fsdp_device_accumulate(dev, NULL, FSDP_F32, x, FSDP_F32, 1.0, 4, NULL), FSDP_INVALID_ARGS, "dst");
     BAD(fsdp_device_sum_squares(dev, x, FSDP_F32, 4, NULL, NULL), FSDP_INVALID_ARGS, "out");
     BAD(fsdp_device_sum_squares(dev, x, FSDP_DTYPE_DEFAULT, 4, &d, NULL), FSDP_INVALID_DTYPE, "dtype");
+    /* a widening cast onto its own source would read what it wrote: refused,
+       the buffer untouched; one size in place, or the same dtype
+       overlapping (a move), stay allowed */
+    {
+        uint16_t h[8];
+        float f4[4] = {1.0f, 2.0f, 3.0f, 4.0f};
+        int k, same = 1;
+        for (k = 0; k < 8; k++) h[k] = fsdp_f32_to_bf16((float)(k + 1));
+        BAD(fsdp_device_cast(dev, h, FSDP_F32, h, FSDP_BF16, 4, NULL), FSDP_INVALID_ARGS,
+            "overlap");
+        BAD(fsdp_device_cast(dev, h + 1, FSDP_BF16, h, FSDP_F16, 4, NULL), FSDP_INVALID_ARGS,
+            "overlap");
+        for (k = 0; k < 8; k++) same &= h[k] == fsdp_f32_to_bf16((float)(k + 1));
+        EXPECT(same);
+        EXPECT_EQ(fsdp_convert(h, FSDP_F32, h, FSDP_BF16, 4), FSDP_INVALID_ARGS);
+        EXPECT_EQ(fsdp_device_cast(dev, h, FSDP_F16, h, FSDP_BF16, 8, NULL), FSDP_SUCCESS);
+        /* narrowing in place works on one thread, not on a GPU's */
+        BAD(fsdp_device_cast(dev, f4, FSDP_BF16, f4, FSDP_F32, 4, NULL), FSDP_INVALID_ARGS,
+            "overlap");
+        EXPECT_EQ(fsdp_convert(x + 1, FSDP_F32, x, FSDP_F32, 3), FSDP_SUCCESS);
+    }
+    /* the optimizer kernel says why a configuration is refused */
+    {
+        fsdp_optim_config oc = fsdp_optim_defaults(FSDP_ADAMW);
+        float m4[4] = {0}, v4[4] = {0};
+        fsdp_optim_state ost;
+        memset(&ost, 0, sizeof ost);
+        ost.exp_avg = m4;
+        ost.exp_avg_sq = v4;
+        oc.beta2 = 1.5;
+        BAD(fsdp_device_optim_step(dev, &oc, 1, x, y, &ost, 4, NULL), FSDP_INVALID_ARGS, "beta2");
+        oc.beta2 = 0.999;
+        BAD(fsdp_device_optim_step(dev, &oc, 0, x, y, &ost, 4, NULL), FSDP_INVALID_ARGS, "step 0");
+    }
     /* zero elements with NULL pointers are fine */
     EXPECT_EQ(fsdp_device_copy(dev, NULL, NULL, 0, FSDP_COPY_DEFAULT, NULL), FSDP_SUCCESS);
     EXPECT_EQ(fsdp_device_scale(dev, NULL, FSDP_F32, 2.0, 0, NULL), FSDP_SUCCESS);
@@ -834,6 +869,57 @@ static void test_bad_input_cpu(void)
     if (g_dev) test_bad_input(g_dev);
 }
 
+/* Threads sharing one device with room for one block: the check and the
+   count are one step, so never two blocks at once (both used to pass). */
+typedef struct cap_job {
+    fsdp_device *dev;
+    int over, got;
+} cap_job;
+
+static void *cap_worker(void *arg)
+{
+    cap_job *j = (cap_job *)arg;
+    int i;
+    for (i = 0; i < 100000 && !j->over; i++) {
+        void *p = NULL;
+        if (fsdp_device_alloc(j->dev, 60, &p) == FSDP_SUCCESS) {
+            fsdp_memory_stats ms;
+            fsdp_device_memory(j->dev, &ms);
+            if (ms.device_in_use > 100) j->over = 1;
+            j->got++;
+            fsdp_device_free(j->dev, p, 60);
+        }
+    }
+    return NULL;
+}
+
+static void test_capacity_threads(void)
+{
+    fsdp_cpu_device_desc d;
+    fsdp_device *dev = NULL;
+    cap_job j[2];
+    pthread_t t[2];
+    fsdp_memory_stats ms;
+    int k;
+    memset(&d, 0, sizeof d);
+    d.capacity = 100;
+    EXPECT_EQ(fsdp_device_cpu_create(&d, &dev), FSDP_SUCCESS);
+    if (!dev) return;
+    for (k = 0; k < 2; k++) {
+        memset(&j[k], 0, sizeof j[k]);
+        j[k].dev = dev;
+        EXPECT_EQ(pthread_create(&t[k], NULL, cap_worker, &j[k]), 0);
+    }
+    for (k = 0; k < 2; k++) pthread_join(t[k], NULL);
+    fsdp_device_memory(dev, &ms);
+    EXPECT(!j[0].over && !j[1].over);
+    EXPECT(ms.device_peak <= 100 && ms.device_in_use == 0 && ms.device_allocs == 0);
+    EXPECT(j[0].got > 0 && j[1].got > 0);
+    EXPECT_EQ(fsdp_device_set_capacity(dev, 0), FSDP_SUCCESS);
+    EXPECT(fsdp_device_capacity(dev) == 0);
+    fsdp_device_destroy(dev);
+}
+
 static const check_case CASES[] = {
     {"memory", test_memory},
     {"kernels", test_kernels_now},
@@ -842,6 +928,7 @@ static const check_case CASES[] = {
     {"bad_input", test_bad_input_cpu},
     {"custom_backend", test_custom_backend},
     {"huge_blocks", test_huge_blocks},
+    {"capacity_threads", test_capacity_threads},
 };
 
 int main(int argc, char **argv)
