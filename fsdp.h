@@ -989,8 +989,10 @@ typedef enum fsdp_side_status {
    ...); none is behind"; unless the calls differ, followed by the words of
    a rank whose comm had failed before (it stopped issuing then): "rank 0
    had failed: ...". Returns 1 when the calls differ (a mismatch), 2
-   when ranks are behind or did not answer, 0 otherwise. Collective: no.
-   Thread safety: any. */
+   when ranks are behind or did not answer, 0 otherwise, whatever cap is
+   (cap 0 or a NULL buf: the verdict alone). The rings may come from other
+   processes as they are: any bytes are read safely, in time linear in the
+   calls the rings hold. Collective: no. Thread safety: any. */
 FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *rings,
                                  const int *status, int n, int self);
 
@@ -1204,7 +1206,8 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
    descriptions go through one: the engine's same_machine_check,
    fsdp_comm_mpi.h). One rank makes it with fsdp_shm_create: a file of
    `bytes` zeros in /dev/shm, owner-only, named from the process and `tag`
-   into name (cap bytes; "" on failure), mapped. The others map it by name
+   into name (cap bytes, 64 are enough; "" on failure, and a name that
+   does not fit fails), mapped. The others map it by name
    with fsdp_shm_open; once every rank has, the maker unlinks it with
    fsdp_shm_unlink, so nothing is left behind. Each rank unmaps its own with
    fsdp_shm_close. NULL where a call fails, or off Linux (no /dev/shm).
@@ -6546,6 +6549,25 @@ FSDP__DEF int fsdp__rank_list(char *buf, size_t cap, const unsigned char *set, i
     return k;
 }
 
+/* The smallest call number above s that a readable ring holds, or 0 when
+   none does (the rings hold the last FSDP_CALL_RING_LEN calls each). */
+FSDP__DEF uint64_t fsdp__ring_next(const fsdp_call_ring *rings, const int *status, int n,
+                                   uint64_t s)
+{
+    uint64_t next = 0;
+    int j;
+    if (s == UINT64_MAX) return 0;
+    for (j = 0; j < n; j++) {
+        uint64_t top = rings[j].issued, start;
+        if (status[j] != FSDP_SIDE_ANSWERED || rings[j].magic != FSDP_CALL_RING_MAGIC || top <= s)
+            continue;
+        start = top > FSDP_CALL_RING_LEN ? top - FSDP_CALL_RING_LEN + 1 : 1;
+        start = start > s + 1 ? start : s + 1;
+        if (!next || start < next) next = start;
+    }
+    return next;
+}
+
 /* What separates the failed call from the diagnosis in fsdp_side_diagnose's
    words; a ring's failure is shown from there on. */
 #define FSDP__SHOW " side channel) show: "
@@ -6553,12 +6575,15 @@ FSDP__DEF int fsdp__rank_list(char *buf, size_t cap, const unsigned char *set, i
 FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *rings,
                                  const int *status, int n, int self)
 {
-    char a[256], b[256], list[160];
+    char a[256], b[256], list[160], none[1];
     unsigned char *set;
     const fsdp_coll_desc *ca, *cb;
     uint64_t lo = 0, hi = 0, s;
     int j, first = -1, kind = 0, ndiff = 0, bad = -1, slow = -1, ahead = -1, failed = -1, k;
-    if (!buf || !cap) return 0;
+    if (!buf || !cap) { /* the verdict alone: every piece of text is cut */
+        buf = none;
+        cap = sizeof none;
+    }
     buf[0] = '\0';
     if (!rings || !status || n < 1) {
         snprintf(buf, cap, "no rings to compare");
@@ -6579,8 +6604,10 @@ FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *ri
         if (first < 0 || rings[j].issued > hi) hi = rings[j].issued;
         if (first < 0) first = j;
     }
-    /* the first call that two ranks both hold and describe differently */
-    for (s = lo; first >= 0 && s <= hi && bad < 0; s++) {
+    /* the first call that two ranks both hold and describe differently:
+       only the numbers some ring holds are visited (rings far apart, or
+       hostile counts, would make the range between them endless) */
+    for (s = lo; first >= 0 && s && s <= hi && bad < 0; s = fsdp__ring_next(rings, status, n, s)) {
         int ref = -1;
         for (j = 0; j < n; j++) {
             const fsdp_coll_desc *c = FSDP__RING_OK(j) ? fsdp__ring_call(&rings[j], s) : NULL;
@@ -6686,14 +6713,14 @@ FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *ri
                  (unsigned long long)hi, a, failed < 0 ? "; none is behind" : "");
     }
     if (failed >= 0) {
-        /* its own diagnosis, without the call it failed in when it has one */
-        const char *f = rings[failed].failure, *d;
-        int len = (int)sizeof rings[failed].failure;
-        if ((d = strstr(f, FSDP__SHOW)) != NULL) {
-            len -= (int)(d + strlen(FSDP__SHOW) - f);
-            f = d + strlen(FSDP__SHOW);
-        }
-        fsdp__append(buf, cap, "; rank %d had failed: %.*s", failed, len, f);
+        /* its own diagnosis, without the call it failed in when it has one;
+           a copy ended within the field, which came as bytes */
+        char text[sizeof rings[failed].failure];
+        const char *f = text, *d;
+        memcpy(text, rings[failed].failure, sizeof text);
+        text[sizeof text - 1] = '\0';
+        if ((d = strstr(f, FSDP__SHOW)) != NULL) f = d + strlen(FSDP__SHOW);
+        fsdp__append(buf, cap, "; rank %d had failed: %s", failed, f);
     }
 #undef FSDP__RING_OK
     fsdp__free(NULL, set);
@@ -7082,11 +7109,13 @@ FSDP_API void *fsdp_shm_create(const void *tag, char *name, size_t cap, size_t b
     int fd = -1, tries;
     void *p = MAP_FAILED;
     memset(zero, 0, sizeof zero);
-    for (tries = 0; fd < 0 && tries < 8; tries++) {
+    for (tries = 0; name && fd < 0 && tries < 8; tries++) {
         /* O_EXCL refuses anything already there; pid and tag tell this
-           process's segments apart */
-        snprintf(name, cap, "/dev/shm/fsdp-%ld-%lx-%d", (long)getpid(), (unsigned long)(uintptr_t)tag,
-                 tries);
+           process's segments apart. A name cut short (cap too small) is
+           never opened: it would be another path, or another segment's. */
+        int len = snprintf(name, cap, "/dev/shm/fsdp-%ld-%lx-%d", (long)getpid(),
+                           (unsigned long)(uintptr_t)tag, tries);
+        if (len < 0 || (size_t)len >= cap) break;
         fd = open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
         if (fd < 0 && errno != EEXIST) break;
     }
@@ -7103,7 +7132,7 @@ FSDP_API void *fsdp_shm_create(const void *tag, char *name, size_t cap, size_t b
 #else
     (void)tag, (void)bytes;
 #endif
-    if (cap) name[0] = '\0';
+    if (name && cap) name[0] = '\0';
     return NULL;
 }
 

@@ -498,9 +498,37 @@ static void test_diagnose(void)
     rings[3].failed = 0;
     kind = fsdp_stall_diagnose(msg, sizeof msg, rings, status, 4, 0);
     CHECK(kind == 2 && strstr(msg, "rank 1 sent an unreadable ring") != NULL, "%d %s", kind, msg);
-    /* a message cut to a small buffer stays a string */
+    /* a message cut to a small buffer stays a string; no buffer at all
+       still gives the verdict */
     kind = fsdp_stall_diagnose(msg, 16, rings, status, 4, 0);
     EXPECT(strlen(msg) < 16);
+    EXPECT_EQ(fsdp_stall_diagnose(NULL, 0, rings, status, 4, 0), kind);
+    EXPECT_EQ(fsdp_stall_diagnose(msg, 0, rings, status, 4, 0), kind);
+    /* rings from other processes as they come: counts far apart (one
+       at UINT64_MAX) take no longer than the calls the rings hold, and a
+       failure text without its end is read within its field */
+    {
+        static fsdp_call_ring far[2];
+        int st2[2] = {FSDP_SIDE_ANSWERED, FSDP_SIDE_ANSWERED};
+        double t0 = check_now();
+        fsdp_call_ring_init(&far[0], 0, 2);
+        fsdp_call_ring_init(&far[1], 1, 2);
+        play(&far[0], 10);
+        play(&far[1], 10);
+        far[1].issued = UINT64_MAX;
+        kind = fsdp_stall_diagnose(msg, sizeof msg, far, st2, 2, 0);
+        CHECK(kind == 2 && strstr(msg, "rank 0 stopped after call #10") != NULL, "%d %s", kind,
+              msg);
+        far[1].issued = (uint64_t)1 << 40;
+        kind = fsdp_stall_diagnose(msg, sizeof msg, far, st2, 2, 0);
+        CHECK(kind == 2, "%d %s", kind, msg);
+        CHECK(check_now() - t0 < 5.0, "two rings far apart took %.1f s", check_now() - t0);
+        far[1].issued = 9;
+        far[1].failed = FSDP_COMM_TIMEOUT;
+        memset(far[1].failure, 'x', sizeof far[1].failure);
+        kind = fsdp_stall_diagnose(msg, sizeof msg, far, st2, 2, 0);
+        CHECK(kind == 2 && strstr(msg, "rank 1 had failed: xxx") != NULL, "%d %s", kind, msg);
+    }
     /* a call as the diagnosis names it, and one the ring no longer holds */
     fsdp_call_ring_describe(msg, sizeof msg, &rings[0], 98);
     CHECK(!strcmp(msg, "end_backward of unit 'h.0' (reduce_scatter #98 (count=66, dtype=f32, "

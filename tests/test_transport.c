@@ -426,7 +426,30 @@ static void test_call_check(void)
 #endif
 }
 
+/* fsdp_shm_create never opens a name cut short by a small buffer (the
+   cut name is another path, or another segment's): NULL and "" */
+static void test_shm_name(void)
+{
+    char name[64], small[12];
+    void *p;
+    int tag = 0;
+    memcpy(small, "/tmp/xxxxxx", 12);
+    EXPECT(fsdp_shm_create(&tag, small, 0, 64) == NULL);
+    EXPECT(!strcmp(small, "/tmp/xxxxxx")); /* cap 0: not even the end written */
+    EXPECT(fsdp_shm_create(&tag, small, sizeof small, 64) == NULL && small[0] == '\0');
+    EXPECT(fsdp_shm_create(&tag, NULL, 16, 64) == NULL);
+    p = fsdp_shm_create(&tag, name, sizeof name, 64);
+#ifdef __linux__
+    CHECK(p != NULL && !strncmp(name, "/dev/shm/fsdp-", 14), "a segment in 64 bytes: '%s'", name);
+#endif
+    if (p) {
+        fsdp_shm_unlink(name);
+        fsdp_shm_close(p, 64);
+    }
+}
+
 static const check_case CASES[] = {
+    {"shm_name", test_shm_name},
     {"exchange", test_exchange},
     {"headed", test_headed},
     {"headed_moves_own", test_headed_moves_own},
