@@ -10939,7 +10939,13 @@ struct fsdp_model {
     int *stack;                 /* reindex scratch */
     int cap_order_mods, cap_order_params;
     int dirty;                  /* orders are stale; the next query refreshes */
+    int64_t numel_sum;          /* every name's numel, a shared one per name */
 };
+
+/* The elements a model may hold, every name counted (a shared parameter
+   once per name): any sum the wrap walk, a unit or its padded shards make
+   stays far from INT64_MAX. */
+#define FSDP__MODEL_NUMEL_MAX ((int64_t)1 << 62)
 
 FSDP__DEF const char *fsdp__mod_key(const void *ctx, int i)
 {
@@ -11335,7 +11341,13 @@ FSDP__DEF fsdp_result fsdp__add_param_raw(fsdp_model *m, int mod, const char *na
 {
     fsdp__module *md = &m->mods[mod];
     fsdp__param *p, proto = *proto_in; /* proto_in may live in m->params, which moves */
-    char *fqn = fsdp__join(&m->hooks, md->fqn, name);
+    char *fqn;
+    if (proto.numel > FSDP__MODEL_NUMEL_MAX - m->numel_sum)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS,
+                                "parameter '%s%s%s': %lld elements would make the model's "
+                                "parameters (every name counted) more than 2^62 elements",
+                                md->fqn, md->fqn[0] ? "." : "", name, (long long)proto.numel);
+    fqn = fsdp__join(&m->hooks, md->fqn, name);
     if (!fqn) return FSDP_OUT_OF_MEMORY;
     if (fsdp__find_param(m, fqn) >= 0 || fsdp__find_mod(m, fqn) >= 0) {
         fsdp__model_fail(m, FSDP_DUPLICATE_NAME,
@@ -11366,6 +11378,7 @@ FSDP__DEF fsdp_result fsdp__add_param_raw(fsdp_model *m, int mod, const char *na
     }
     md->params[md->nparams++] = m->nparams;
     m->nparams++;
+    m->numel_sum += proto.numel;
     m->dirty = 1;
     return FSDP_SUCCESS;
 }
@@ -12271,6 +12284,13 @@ FSDP__DEF fsdp_result fsdp__make_unit(fsdp__walk *w, int mod, int by_policy, int
     un->info.wrap_num_params = np;
     un->info.options = w->desc->root;
     if (has_ov) un->info.options = fsdp__apply_overrides(w->desc->root, ov);
+    /* an override's strategy (annotation, custom policy, unit spec) is
+       checked as the root's: an unknown one would run as FULL_SHARD */
+    if (un->info.options.sharding < FSDP_SHARDING_DEFAULT ||
+        un->info.options.sharding > FSDP_HYBRID_SHARD)
+        return fsdp__model_fail(m, FSDP_INVALID_ARGS, "fsdp_wrap: unit '%s': unknown sharding "
+                                "strategy %d", ufqn[0] ? ufqn : "(root)",
+                                (int)un->info.options.sharding);
     un->info.dtype = FSDP_F32;
     un->info.requires_grad = 1;
     stack = (int *)fsdp__alloc(&m->hooks, (size_t)m->nmods * sizeof(int));
@@ -16305,6 +16325,10 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         else snprintf(cu->qname, 8, "(root)");
         if (c->pub_first[cu->pub + 1] - c->pub_first[cu->pub] > 1) /* a mixed unit's group */
             strcat(cu->qname, ui->requires_grad ? " (trainable)" : " (frozen)");
+        if (ui->options.sharding < FSDP_SHARDING_DEFAULT || ui->options.sharding > FSDP_HYBRID_SHARD)
+            return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: unit %d %s: "
+                                     "unknown sharding strategy %d", cu->pub,
+                                     ui->fqn[0] ? ui->fqn : "(root)", (int)ui->options.sharding);
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
         if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt))

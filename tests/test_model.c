@@ -723,6 +723,46 @@ static void test_bad_input(void)
     fsdp_model_destroy(m);
 }
 
+/* A model holds at most 2^62 elements, every name counted (a shared one
+   per name): the sums of the wrap walk and of a unit's flat parameter
+   overflowed int64 (two parameters of 2^62 made a unit of INT64_MIN). */
+static void test_too_large(void)
+{
+    fsdp_model *m = new_model("Net");
+    fsdp_units *u = NULL;
+    int64_t half = (int64_t)1 << 61;
+    if (!m) return;
+    OK(fsdp_model_add_module(m, "a", "Linear"));
+    CHECK(add_param_nd(m, "a", "w", 2, half, 3, 0) == FSDP_INVALID_ARGS &&
+              strstr(fsdp_model_last_error(m), "more than 2^62") != NULL,
+          "one parameter above 2^62: %s", fsdp_model_last_error(m));
+    OK(add_param_nd(m, "a", "w", 1, half, 0, 0));
+    CHECK(fsdp_model_add_shared_param(m, "a", "tied", "a.w") == FSDP_SUCCESS, "2^62 exactly: %s",
+          fsdp_model_last_error(m));
+    CHECK(add_param_nd(m, "a", "v", 1, 1, 0, 0) == FSDP_INVALID_ARGS &&
+              strstr(fsdp_model_last_error(m), "'a.v'") != NULL,
+          "past the sum: %s", fsdp_model_last_error(m));
+    fsdp_model_destroy(m);
+    m = new_model("Net");
+    if (!m) return;
+    OK(fsdp_model_add_module(m, "a", "Linear"));
+    OK(add_param_nd(m, "a", "w", 1, half, 0, 0));
+    OK(add_param_nd(m, "a", "v", 1, half - 4, 0, 0));
+    CHECK(fsdp_model_add_shared_param(m, "a", "tied", "a.w") == FSDP_INVALID_ARGS,
+          "a shared name counts again: %s", fsdp_model_last_error(m));
+    CHECK(add_param_nd(m, "a", "b", 1, 5, 0, 0) == FSDP_INVALID_ARGS, "past the sum");
+    OK(add_param_nd(m, "a", "b", 1, 4, 0, 0));
+    CHECK(fsdp_model_num_params(m) == 3, "%d parameters", fsdp_model_num_params(m));
+    OK(wrap_type(m, "Linear", FSDP_FULL_SHARD, &u));
+    if (u) {
+        const fsdp_unit_info *ui = fsdp_units_get(u, 0);
+        CHECK(ui && ui->numel == (int64_t)1 << 62, "unit numel %lld",
+              ui ? (long long)ui->numel : -1LL);
+    }
+    fsdp_units_destroy(u);
+    fsdp_model_destroy(m);
+}
+
 /* One FQN names one thing: a parameter cannot take a child module's name and
    a module cannot take a parameter's (PyTorch: "attribute already exists").
    On a model of its own, so a failure here does not cascade. */
@@ -882,6 +922,7 @@ static const check_case CASES[] = {
     {"build_and_query", test_build_and_query},
     {"ignore", test_ignore},
     {"bad_input", test_bad_input},
+    {"too_large", test_too_large},
     {"name_collisions", test_name_collisions},
     {"many", test_many},
     /* last: a library that mishandles allocation failures may crash here */

@@ -942,6 +942,27 @@ static void test_custom_and_annotated(void)
         }
         fsdp_units_destroy(u);
     }
+    /* an override's unknown strategy is refused as the root's is (it ran
+       as FULL_SHARD) */
+    {
+        static const int bad[] = {7, -1};
+        fsdp_wrap_desc wd;
+        int k;
+        memset(&wd, 0, sizeof wd);
+        wd.policy = &pol;
+        for (k = 0; k < 2; k++) {
+            fsdp_result r;
+            oa.sharding = (fsdp_sharding_strategy)bad[k];
+            OK(fsdp_model_annotate(m, "blocks.1", &oa));
+            u = NULL;
+            r = fsdp_wrap(m, &wd, &u);
+            CHECK(r == FSDP_INVALID_ARGS && u == NULL &&
+                      strstr(fsdp_model_last_error(m), "unit 'blocks.1': unknown sharding "
+                                                       "strategy") != NULL,
+                  "sharding %d: %d %s", bad[k], (int)r, fsdp_model_last_error(m));
+            fsdp_units_destroy(u);
+        }
+    }
     fsdp_model_destroy(m);
 }
 
