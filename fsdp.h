@@ -2037,7 +2037,9 @@ typedef struct fsdp_ctx_desc {
     int hybrid_shard_size;     /* HYBRID_SHARD: ranks per shard group (divides
                                   the world size); 0: the whole world */
     int max_unsharded;         /* shared unsharded buffers (limit_all_gathers);
-                                  0: 2 */
+                                  0: 2. Nested units hold one each while
+                                  nested: a unit begun inside k others
+                                  needs k + 1 */
     int disable_forward_prefetch;
     int disable_backward_prefetch;
     int plan_no_sync;          /* reserve unsharded gradients of every unit, so
@@ -16699,8 +16701,30 @@ FSDP__DEF int fsdp__plan_min_world(const fsdp_ctx *c, const fsdp_ctx_desc *d, si
     return hi;
 }
 
+/* The shared buffers a chain of nested units holds at once (a unit's
+   forward runs inside its parent's, as module calls do): the most, over
+   the units, of the non-resident flat parameters of a unit and of every
+   unit it is nested in. Only the refusal below asks (O(units^2)). */
+FSDP__DEF int fsdp__nest_slots(const fsdp_ctx *c)
+{
+    int u, v, f, best = 0;
+    for (u = 0; u < c->npub; u++) {
+        const char *fu = fsdp_units_get(c->units, u)->fqn;
+        int n = 0;
+        for (v = 0; v < c->npub; v++) {
+            const char *fv = fsdp_units_get(c->units, v)->fqn;
+            size_t k = strlen(fv);
+            if (v != u && k && !(!strncmp(fu, fv, k) && fu[k] == '.')) continue;
+            for (f = c->pub_first[v]; f < c->pub_first[v + 1]; f++) n += !c->u[f].resident;
+        }
+        if (n > best) best = n;
+    }
+    return best;
+}
+
 /* A plan beyond what is left of the device's capacity is refused, naming
-   the shortfall and the changes that would fit. */
+   the shortfall and the changes that would fit; fewer shared buffers are
+   suggested only down to what nested units hold at once. */
 FSDP__DEF fsdp_result fsdp__ctx_fit(const fsdp_ctx *c, const fsdp_ctx_desc *d,
                                     const fsdp_memory_plan *p, const char *fn)
 {
@@ -16708,11 +16732,13 @@ FSDP__DEF fsdp_result fsdp__ctx_fit(const fsdp_ctx *c, const fsdp_ctx_desc *d,
     fsdp_memory_stats ms;
     char alt[FSDP_ERROR_MAX], more[FSDP_ERROR_MAX];
     size_t nalt = 0, nmore = 0;
-    int i, world, mixed = 0;
+    int i, world, mixed = 0, low;
     if (!d->device || !cap) return FSDP_SUCCESS;
     fsdp_device_memory(d->device, &ms);
     avail = cap > ms.device_in_use ? cap - ms.device_in_use : 0;
     if (p->total <= avail) return FSDP_SUCCESS;
+    low = fsdp__nest_slots(c);
+    if (low < 1) low = 1;
     alt[0] = more[0] = 0;
 #define FSDP__ALT(fits, ...)                                                                   \
     do {                                                                                       \
@@ -16730,10 +16756,11 @@ FSDP__DEF fsdp_result fsdp__ctx_fit(const fsdp_ctx *c, const fsdp_ctx_desc *d,
     } while (0)
     world = fsdp__plan_min_world(c, d, avail, &t);
     if (world) FSDP__ALT(1, "%d ranks (%zu bytes)", world, t);
-    if (c->max_unsharded > 1 && p->pool_slots > 1) {
-        fsdp__plan_mod m = {1, 0, 0};
+    if (c->max_unsharded > low && p->pool_slots > low) {
+        fsdp__plan_mod m = {0, 0, 0};
+        m.max_unsharded = low;
         t = fsdp__plan_trial(d, c->nranks, &m);
-        if (t) FSDP__ALT(t <= avail, "max_unsharded 1 (%zu bytes)", t);
+        if (t) FSDP__ALT(t <= avail, "max_unsharded %d (%zu bytes)", low, t);
     }
     if (!c->offload) {
         fsdp__plan_mod m = {0, 1, 0};
@@ -16747,9 +16774,9 @@ FSDP__DEF fsdp_result fsdp__ctx_fit(const fsdp_ctx *c, const fsdp_ctx_desc *d,
         t = fsdp__plan_trial(d, c->nranks, &m);
         if (t) FSDP__ALT(t <= avail, "reduce_dtype = param_dtype (%zu bytes)", t);
     }
-    if ((c->max_unsharded > 1 && p->pool_slots > 1) + !c->offload + mixed > 1) {
+    if ((c->max_unsharded > low && p->pool_slots > low) + !c->offload + mixed > 1) {
         fsdp__plan_mod m = {0, 0, 0};
-        m.max_unsharded = p->pool_slots > 1 ? 1 : 0;
+        m.max_unsharded = c->max_unsharded > low && p->pool_slots > low ? low : 0;
         m.offload = 1;
         m.reduce_as_param = mixed;
         if ((t = fsdp__plan_trial(d, c->nranks, &m)))

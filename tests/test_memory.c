@@ -753,7 +753,69 @@ done:
     fsdp_model_destroy(m);
 }
 
+/* Fewer shared buffers are suggested only down to what nested units hold
+   at once: with an Attn unit inside each Block unit, "max_unsharded 1"
+   fits the capacity but fails at the first nested forward (it was
+   suggested); with the Blocks alone it is still suggested. */
+static void test_nested_advice(void)
+{
+    int nested;
+    for (nested = 0; nested < 2; nested++) {
+        static const char *const types[] = {"Block", "Attn"};
+        fsdp_model *m = model_new("Net", 0);
+        fsdp_units *u = NULL;
+        fsdp_wrap_policy pol;
+        fsdp_wrap_desc wd;
+        fsdp_ctx_desc d;
+        fsdp_memory_plan p1, p;
+        fsdp_cpu_device_desc dd;
+        fsdp_device *dev = NULL;
+        fsdp_error err;
+        int i;
+        char mod[32];
+        if (!m) return;
+        for (i = 0; i < 2; i++) {
+            snprintf(mod, sizeof mod, "h%d", i);
+            OK(fsdp_model_add_module(m, mod, "Block"));
+            OK(add_param_nd(m, mod, "mlp", 1, 200, 0, 0));
+            snprintf(mod, sizeof mod, "h%d.attn", i);
+            OK(fsdp_model_add_module(m, mod, "Attn"));
+            OK(add_param_nd(m, mod, "qkv", 1, 200, 0, 0));
+        }
+        OK(add_param_nd(m, NULL, "emb", 1, 50, 0, 0));
+        memset(&pol, 0, sizeof pol);
+        memset(&wd, 0, sizeof wd);
+        pol.kind = FSDP_WRAP_MODULE_TYPE;
+        pol.module_types = types;
+        pol.n_module_types = nested ? 2 : 1;
+        wd.policy = &pol;
+        OK(fsdp_wrap(m, &wd, &u));
+        memset(&d, 0, sizeof d);
+        memset(&err, 0, sizeof err);
+        d.hooks.error = &err;
+        d.model = m;
+        d.units = u;
+        d.optim = fsdp_optim_defaults(FSDP_ADAMW);
+        d.max_unsharded = 1;
+        EXPECT(fsdp_ctx_plan_only(&d, 2, &p1) == FSDP_SUCCESS);
+        d.max_unsharded = 0;
+        memset(&dd, 0, sizeof dd);
+        dd.capacity = p1.total;
+        EXPECT(fsdp_device_cpu_create(&dd, &dev) == FSDP_SUCCESS);
+        d.device = dev;
+        EXPECT(fsdp_ctx_plan_only(&d, 2, &p) == FSDP_OUT_OF_MEMORY);
+        if (nested)
+            CHECK(!contains(err.message, "max_unsharded 1"), "nested units: %s", err.message);
+        else
+            CHECK(contains(err.message, "max_unsharded 1"), "flat units: %s", err.message);
+        fsdp_device_destroy(dev);
+        fsdp_units_destroy(u);
+        fsdp_model_destroy(m);
+    }
+}
+
 static const check_case CASES[] = {
+    {"nested_advice", test_nested_advice},
     {"phases_debug", test_phases_debug},
     {"grad_in_place", test_grad_in_place},
     {"refused_load_unchanged", test_refused_load_unchanged},
