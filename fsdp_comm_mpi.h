@@ -112,7 +112,9 @@ typedef struct fsdp_mpi_desc {
     int disable_mismatch_check;  /* every rank must pass the same value */
     int expected_size;           /* 0: any; else the comm must have this many ranks */
     int native_reduce;           /* 1: MPI_Reduce_scatter_block/MPI_Allreduce for f32 and
-                                    f64 sums (not bitwise the local backend's for > 2 ranks) */
+                                    f64 sums (not bitwise the local backend's for > 2 ranks;
+                                    at most INT_MAX elements per call, FSDP_NOT_SUPPORTED
+                                    beyond). Any size travels otherwise */
     int message_heads;           /* 1: call descriptions go to ranks of the same node as
                                     MPI messages, as to other nodes, instead of through a
                                     shared-memory segment; every rank must pass the same */
@@ -263,7 +265,10 @@ FSDP__MPI fsdp_result fsdp__wait__mpi(fsdp__mpi *m, MPI_Request *req, double dea
 }
 
 /* MPI counts are int: bytes travel as MPI_BYTE up to INT_MAX, beyond that
-   as larger contiguous units when the size allows. */
+   as larger contiguous units when the size allows, and otherwise as one
+   element of a struct type: whole GiB, then the remaining bytes (its
+   extent is the size, so block j of an all-gather still lands at j *
+   bytes). */
 FSDP__MPI fsdp_result fsdp__type__mpi(size_t bytes, int *count, MPI_Datatype *type, int *owned,
                                       fsdp_error *err)
 {
@@ -271,10 +276,37 @@ FSDP__MPI fsdp_result fsdp__type__mpi(size_t bytes, int *count, MPI_Datatype *ty
     *owned = 0;
     while (bytes / unit > (size_t)INT_MAX && unit < ((size_t)1 << 30) && bytes % (unit * 2) == 0)
         unit *= 2;
-    if (bytes / unit > (size_t)INT_MAX)
-        return fsdp_error_set(err, FSDP_NOT_SUPPORTED,
-                              "%zu bytes per rank cannot be described to MPI (int counts); use "
-                              "a size that is a multiple of a power of two", bytes);
+    if (bytes / unit > (size_t)INT_MAX) {
+        const size_t gib = (size_t)1 << 30;
+        MPI_Datatype whole, parts[2];
+        int lens[2];
+        MPI_Aint at[2];
+        if (bytes / gib > (size_t)INT_MAX)
+            return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "%zu bytes per rank cannot be "
+                                  "described to MPI", bytes);
+        if (MPI_Type_contiguous((int)gib, MPI_BYTE, &whole) != MPI_SUCCESS)
+            return fsdp_error_set(err, FSDP_COMM_ERROR, "MPI_Type_contiguous(%zu) failed", gib);
+        lens[0] = (int)(bytes / gib);
+        lens[1] = (int)(bytes % gib);
+        at[0] = 0;
+        at[1] = (MPI_Aint)(bytes / gib * gib);
+        parts[0] = whole;
+        parts[1] = MPI_BYTE;
+        if (MPI_Type_create_struct(2, lens, at, parts, type) != MPI_SUCCESS) {
+            MPI_Type_free(&whole);
+            return fsdp_error_set(err, FSDP_COMM_ERROR, "MPI_Type_create_struct for %zu bytes "
+                                  "failed", bytes);
+        }
+        MPI_Type_free(&whole); /* the struct keeps what it needs */
+        if (MPI_Type_commit(type) != MPI_SUCCESS) {
+            MPI_Type_free(type);
+            return fsdp_error_set(err, FSDP_COMM_ERROR, "MPI_Type_commit for %zu bytes failed",
+                                  bytes);
+        }
+        *count = 1;
+        *owned = 1;
+        return FSDP_SUCCESS;
+    }
     *count = (int)(bytes / unit);
     if (unit == 1) {
         *type = MPI_BYTE;
