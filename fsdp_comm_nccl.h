@@ -298,8 +298,9 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_settle(fsdp__nccl *n, ncclComm_t comm, ncc
             snprintf(msg, sizeof msg, "nccl: %s on rank %d did not complete in %d ms; "
                      "communicator aborted", what, n->rank, n->timeout_ms);
             pthread_mutex_lock(&n->mu);
+            /* another communicator (a split's new one) is aborted by its
+               caller, which owns it: aborting it here too freed it twice */
             if (comm == n->comm) fsdp__nccl_break(n, FSDP_COMM_TIMEOUT, msg);
-            else ncclCommAbort(comm);
             pthread_mutex_unlock(&n->mu);
             return fsdp_error_set(err, FSDP_COMM_TIMEOUT, "%s", msg);
         }
