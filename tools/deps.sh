@@ -30,7 +30,8 @@ fi
 # The MPI and Gloo backends are optional (meson turns them off when their
 # dependency is missing), so failing to install them is a warning, not an error.
 opt=""
-command -v mpicc >/dev/null 2>&1 || opt="$opt libopenmpi-dev"
+# the headers: mpicc comes with openmpi-bin, mpi.h with libopenmpi-dev
+pkg-config --exists ompi-c 2>/dev/null || opt="$opt libopenmpi-dev"
 command -v mpiexec >/dev/null 2>&1 || opt="$opt openmpi-bin"
 [ -f /usr/include/gloo/allgather.h ] || opt="$opt libgloo-dev"
 if [ -n "$opt" ]; then
