@@ -527,7 +527,8 @@ FSDP_API float fsdp_f16_to_f32(uint16_t h);
 /* Host conversion of n elements between float dtypes (the same dtype copies).
    Returns FSDP_INVALID_DTYPE for byte types of different kinds. dst and src
    must not overlap unless they are equal and the dtypes have one size
-   (FSDP_INVALID_ARGS otherwise; the same dtype may overlap: a memmove). */
+   (FSDP_INVALID_ARGS otherwise; the same dtype may overlap: a memmove on
+   the host, but see fsdp_device_copy for devices). */
 FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
                                   fsdp_dtype src_dt, size_t n);
 
@@ -751,6 +752,10 @@ FSDP_API fsdp_result fsdp_device_launch(fsdp_device *dev, fsdp_stream *s, fsdp_t
    as a queued task's would. The call returns what launching returns. */
 FSDP_API fsdp_result fsdp_device_launch_short(fsdp_device *dev, fsdp_stream *s, fsdp_task_fn fn,
                                               void *arg);
+/* dst and src apart, or the same address: ranges that partly overlap are a
+   memmove on the CPU device but undefined on CUDA (cudaMemcpyAsync), and
+   so on any device a portable engine may meet. The same holds for
+   fsdp_device_cast between one dtype. */
 FSDP_API fsdp_result fsdp_device_copy(fsdp_device *dev, void *dst, const void *src,
                                       size_t bytes, fsdp_copy_kind kind, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_memset(fsdp_device *dev, void *dst, int value, size_t bytes,
