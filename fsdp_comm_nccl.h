@@ -30,12 +30,16 @@
    ncclCommGetAsyncError; a collective not complete after timeout_ms (from
    when it was issued), or an asynchronous NCCL error, aborts the
    communicator (ncclCommAbort) and every later call returns
-   FSDP_COMM_TIMEOUT or FSDP_COMM_ERROR / FSDP_COMM_ABORTED with the reason
+   FSDP_COMM_TIMEOUT, FSDP_COMM_MISMATCH (a mismatch the stall diagnosis
+   found, below) or FSDP_COMM_ERROR / FSDP_COMM_ABORTED with the reason
    (fsdp_comm_last_error). Initialisation and finalisation time out too.
 
-   Differences from the local backend: NCCL sums floating point in its own
-   order (ring or tree), so a sum is bitwise the same on every rank of one
-   run but not in rank order; NCCL refuses two ranks on one GPU.
+   Differences from the local backend (fsdp_reduce_blocks' one rounding):
+   NCCL sums floating point in its own order (ring or tree), so a sum is
+   bitwise the same on every rank of one run but not in rank order; it
+   sums bf16 and f16 in those types, rounding at each step, and its avg
+   scales each input by 1/n before the sum; the same at world size 1.
+   NCCL refuses two ranks on one GPU.
 
    Bootstrap: NCCL ranks need rank 0's ncclUniqueId. Give a callback that
    broadcasts it (desc.bootstrap), or one of the helpers:
@@ -280,7 +284,9 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_check_broken(fsdp__nccl *n, fsdp_error *er
     r = n->broken.code;
     if (r != FSDP_SUCCESS && err) {
         *err = n->broken;
-        if (r != FSDP_COMM_TIMEOUT) err->code = r = FSDP_COMM_ABORTED;
+        /* a timeout and a diagnosed mismatch keep their codes (the
+           header's promise); any other failure aborted the comm */
+        if (r != FSDP_COMM_TIMEOUT && r != FSDP_COMM_MISMATCH) err->code = r = FSDP_COMM_ABORTED;
     }
     pthread_mutex_unlock(&n->mu);
     return r;
@@ -312,7 +318,13 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_settle(fsdp__nccl *n, ncclComm_t comm, ncc
             pthread_mutex_unlock(&n->mu);
             if (gone) return fsdp__nccl_check_broken(n, err);
         }
-        if (fsdp__nccl_async(n, comm, &r) != ncclSuccess) break;
+        {
+            ncclResult_t q = fsdp__nccl_async(n, comm, &r);
+            if (q != ncclSuccess) { /* say why the asking failed, not "in progress" */
+                r = q;
+                break;
+            }
+        }
     }
     if (r == ncclSuccess) return FSDP_SUCCESS;
     fsdp__nccl_last(n, comm, msg, sizeof msg);
