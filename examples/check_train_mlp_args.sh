@@ -24,6 +24,8 @@ expect() { # exit status, a piece of the message, arguments...
 expect 2 "bad value for --device: 'tpu'" --device tpu --steps 1
 expect 2 "missing value: --device" --steps 1 --device
 expect 2 "bad value for --backend: 'nccl2'" --backend nccl2 --steps 1
+expect 2 "bad value for --seed: '-1'" --seed -1 --steps 1
+expect 2 "bad value for --seed: '0x10'" --seed 0x10 --steps 1
 case $kind in
 none)
     expect 2 "this build has no CUDA" --device cuda --steps 1

@@ -29,6 +29,7 @@ typedef struct example_backend {
     int backend;      /* 0 local (threads), 1 mpi (one process per rank), 2 gloo */
     int rank;         /* this process's rank; -1: local, or gloo's launcher */
     int ranks;        /* the world size (set from MPI under mpirun) */
+    int ranks_given;  /* --ranks was given: MPI's world must have that size */
     int max_ranks;
     const char *store_dir;
     /* whether `size` MPI ranks can run; fills err when not */
@@ -286,6 +287,15 @@ static int example_backend_start(example_backend *b, int *argc, char ***argv)
                     "--mpi=...), or use --backend gloo\n", b->prog, b->rank, size,
                     fsdp_launcher_name(b->launched->launcher), b->launched->rank,
                     b->launched->world_size, b->launched->vars);
+            MPI_Finalize();
+            return 2;
+        }
+        if (b->ranks_given && size != b->ranks) {
+            /* e.g. started without mpirun: an MPI singleton of 1 process */
+            if (b->rank == 0)
+                fprintf(stderr, "%s: --ranks %d, but MPI started %d process%s: run `mpirun -np %d "
+                        "%s --backend mpi ...` (or leave --ranks out)\n", b->prog, b->ranks,
+                        size, size == 1 ? "" : "es", b->ranks, b->prog);
             MPI_Finalize();
             return 2;
         }

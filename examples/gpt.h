@@ -1616,6 +1616,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     double t_last, t_start, tokens_per_step, eval_ms = 0.0;
     double metrics_ms = 0.0; /* --metrics: the training time and step of the last record */
     int metrics_step;
+    int print_step; /* the step of the last progress line (tok/s since then) */
     memset(&e, 0, sizeof e);
     memset(&a, 0, sizeof a);
     e.src.begin = gpt__begin;
@@ -1751,6 +1752,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     }
     first_step = (int)fsdp_ctx_steps(e.ctx) + 1;
     metrics_step = first_step - 1;
+    print_step = first_step - 1;
     last_step = cfg->stop_after > 0 && cfg->stop_after < cfg->steps ? cfg->stop_after : cfg->steps;
     if (rank == 0) {
         /* a checkpoint of a finished run trains nothing: no loss is
@@ -1855,7 +1857,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         if (rank == 0 && !cfg->quiet &&
             (step % print_every == 0 || step == 1 || step == cfg->steps)) {
             double t = gpt_now_ms();
-            int n = step == 1 ? 1 : (step % print_every == 0 ? print_every : step % print_every);
+            int n = step - print_step; /* after --resume, not a whole print_every */
             fsdp_device_memory(dev, &ms);
             printf("step %5d/%d  loss %.4f  lr %.2e  norm %6.3f  %8.0f tok/s  "
                    "mem/rank %.1f KiB (plan %.1f KiB)\n",
@@ -1864,6 +1866,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
                    (double)plan.total / 1024.0);
             fflush(stdout);
             t_last = t;
+            print_step = step;
         }
         /* --metrics: the steps of the progress lines and of the accuracy
            checks; tokens/s over the training time since the last record */

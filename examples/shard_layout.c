@@ -15,6 +15,8 @@
    Usage: shard_layout [--ranks N] [--layers L] [--dim D] [--quiet]        */
 #include "fsdp.h"
 
+#include <errno.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -107,6 +109,12 @@ typedef struct shared_state {
     const fsdp_units *units;
 } shared_state;
 
+/* run_rank's results: every view correct, a wrong element, another failure
+   (memory, the communicator), which says what it was */
+#define RANK_OK 0
+#define RANK_MISMATCH 1
+#define RANK_FAILED 2
+
 static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
 {
     const shared_state *st = (const shared_state *)user;
@@ -114,26 +122,39 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_comm *comm = NULL;
     fsdp_shard_piece *pieces = NULL;
     float *shard = NULL, *full = NULL;
-    int u, e, bad = 0;
+    int u, e, bad = RANK_OK;
+    fsdp_result r;
     if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
         fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS) {
         fprintf(stderr, "rank %d: cannot create the device or communicator\n", rank);
         fsdp_device_destroy(dev);
-        return 1;
+        return RANK_FAILED;
     }
     for (u = 0; u < fsdp_units_count(st->units) && !bad; u++) {
         const fsdp_unit_info *ui = fsdp_units_get(st->units, u);
         fsdp_shard_layout lay;
         int p;
-        pieces = (fsdp_shard_piece *)realloc(pieces, (size_t)(ui->nentries + 1) * sizeof *pieces);
-        if (!pieces || fsdp_unit_shard(ui, rank, nranks, &lay, pieces) != FSDP_SUCCESS) {
-            bad = 1;
+        size_t nfull;
+        fsdp_shard_piece *more =
+            (fsdp_shard_piece *)realloc(pieces, (size_t)(ui->nentries + 1) * sizeof *pieces);
+        if (!more) {
+            fprintf(stderr, "rank %d: out of host memory\n", rank);
+            bad = RANK_FAILED;
             break;
         }
+        pieces = more;
+        if ((r = fsdp_unit_shard(ui, rank, nranks, &lay, pieces)) != FSDP_SUCCESS) {
+            fprintf(stderr, "rank %d: fsdp_unit_shard: %s\n", rank, fsdp_result_string(r));
+            bad = RANK_FAILED;
+            break;
+        }
+        nfull = (size_t)(lay.shard_numel * nranks) + 1;
         shard = (float *)calloc((size_t)lay.shard_numel + 1, sizeof(float));
-        full = (float *)calloc((size_t)(lay.shard_numel * nranks) + 1, sizeof(float));
+        full = (float *)calloc(nfull, sizeof(float));
         if (!shard || !full) {
-            bad = 1;
+            fprintf(stderr, "rank %d: out of host memory (%zu bytes for unit '%s' unsharded)\n",
+                    rank, nfull * sizeof(float), ui->fqn);
+            bad = RANK_FAILED;
             break;
         }
         /* this rank's pieces only; the padding stays zero */
@@ -146,7 +167,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         if (fsdp_all_gather(comm, shard, full, (size_t)lay.shard_numel, FSDP_F32, NULL) !=
             FSDP_SUCCESS) {
             fprintf(stderr, "rank %d: all_gather failed: %s\n", rank, fsdp_comm_last_error(comm));
-            bad = 1;
+            bad = RANK_FAILED;
         }
         for (e = 0; e < ui->nentries && !bad; e++) {
             const float *view = (const float *)fsdp_unit_param_view(ui, e, full, FSDP_F32);
@@ -155,7 +176,7 @@ static int run_rank(int rank, int nranks, fsdp_local_world *world, void *user)
                 if (view[k] != pattern(ui->entries[e].fqn, k)) {
                     fprintf(stderr, "rank %d: unit '%s' parameter '%s' element %lld is wrong\n",
                             rank, ui->fqn, ui->entries[e].fqn, (long long)k);
-                    bad = 1;
+                    bad = RANK_MISMATCH;
                     break;
                 }
         }
@@ -196,6 +217,18 @@ static void print_layout(const fsdp_units *units, int nranks)
     }
 }
 
+/* A decimal int option's value: 1, or 0 when it is not one */
+static int parse_int(const char *s, int *out)
+{
+    char *end;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (!*s || *end || errno == ERANGE || v < INT_MIN || v > INT_MAX) return 0;
+    *out = (int)v;
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     config cfg = {4, 2, 16, 0};
@@ -206,13 +239,20 @@ int main(int argc, char **argv)
     fsdp_local_desc ld;
     shared_state st;
     static const char *const block_types[] = {"Block"};
-    int *results, i, failed = 0;
+    int *results, i, failed = 0, mismatch = 0;
     fsdp_result r;
     for (i = 1; i < argc; i++) {
-        if (!strcmp(argv[i], "--ranks") && i + 1 < argc) cfg.ranks = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--layers") && i + 1 < argc) cfg.layers = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) cfg.dim = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--quiet")) cfg.quiet = 1;
+        int *opt = !strcmp(argv[i], "--ranks")    ? &cfg.ranks
+                   : !strcmp(argv[i], "--layers") ? &cfg.layers
+                   : !strcmp(argv[i], "--dim")    ? &cfg.dim
+                                                  : NULL;
+        if (opt && i + 1 < argc) {
+            if (!parse_int(argv[i + 1], opt)) {
+                fprintf(stderr, "shard_layout: bad value for %s: '%s'\n", argv[i], argv[i + 1]);
+                return 2;
+            }
+            i++;
+        } else if (!strcmp(argv[i], "--quiet")) cfg.quiet = 1;
         else {
             fprintf(stderr, "usage: %s [--ranks N] [--layers L] [--dim D] [--quiet]\n", argv[0]);
             return 2;
@@ -247,9 +287,13 @@ int main(int argc, char **argv)
         fprintf(stderr, "shard_layout: fsdp_local_run: %s\n", fsdp_result_string(r));
         failed = 1;
     }
-    for (i = 0; results && i < cfg.ranks; i++) failed |= results[i];
+    for (i = 0; results && i < cfg.ranks; i++) {
+        failed |= results[i] != RANK_OK;
+        mismatch |= results[i] == RANK_MISMATCH;
+    }
+    /* MISMATCH only for a wrong element; a rank that could not run says why above */
     printf("%d units sharded over %d ranks and gathered back: %s\n", fsdp_units_count(units),
-           cfg.ranks, failed ? "MISMATCH" : "every parameter view correct");
+           cfg.ranks, !failed ? "every parameter view correct" : mismatch ? "MISMATCH" : "FAILED");
     free(results);
     fsdp_units_destroy(units);
     fsdp_model_destroy(model);

@@ -159,6 +159,16 @@ static int parse_int(const char *s, int *out)
     return 1;
 }
 
+/* A non-negative decimal integer (no sign, no base prefix: 010 is ten) */
+static int parse_u64(const char *s, unsigned long long *out)
+{
+    char *end;
+    if (*s < '0' || *s > '9') return 0;
+    errno = 0;
+    *out = strtoull(s, &end, 10);
+    return !*end && errno != ERANGE;
+}
+
 static int parse_double(const char *s, double *out)
 {
     char *end;
@@ -172,6 +182,9 @@ static const char *metrics_path;
 /* The launcher this process runs under, if any (example_launch_resolve) */
 static example_launch launch;
 
+/* --layers, --dim, --heads given (against --init-from-hf's config.json) */
+static int layers_given, dim_given, heads_given;
+
 /* --lora R and its fine-tuning run's options (0: the defaults) */
 static int lora_rank, lora_steps;
 static double lora_lr, lora_alpha;
@@ -183,6 +196,7 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
     for (i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         int good = 1;
+        const char *why = NULL; /* what a bad value should be, when it helps */
         if (!strcmp(a, "--quiet")) c->quiet = 1;
         else if (!strcmp(a, "--bf16")) c->bf16 = 1;
         else if (!strcmp(a, "--cpu-offload")) c->cpu_offload = 1;
@@ -240,9 +254,9 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
             } else if (!strcmp(a, "--save")) c->save_dir = v;
             else if (!strcmp(a, "--resume")) c->resume_dir = v;
             else if (!strcmp(a, "--capacity")) { /* bytes of each rank's device */
-                char *end;
-                unsigned long long cap = strtoull(v, &end, 10);
-                good = *v && !*end && cap > 0 && cap <= (size_t)-1;
+                unsigned long long cap = 0;
+                good = parse_u64(v, &cap) && cap > 0 && cap <= (size_t)-1;
+                why = "a positive decimal number of bytes";
                 c->capacity = (size_t)cap;
             }
             else if (!strcmp(a, "--save-every"))
@@ -262,26 +276,31 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
                 b->ranks_given = 1;
             }
             else if (!strcmp(a, "--steps")) good = parse_int(v, &c->steps);
-            else if (!strcmp(a, "--layers")) good = parse_int(v, &c->layers);
-            else if (!strcmp(a, "--dim")) good = parse_int(v, &c->dim);
-            else if (!strcmp(a, "--heads")) good = parse_int(v, &c->heads);
+            else if (!strcmp(a, "--layers")) good = parse_int(v, &c->layers), layers_given = 1;
+            else if (!strcmp(a, "--dim")) good = parse_int(v, &c->dim), dim_given = 1;
+            else if (!strcmp(a, "--heads")) good = parse_int(v, &c->heads), heads_given = 1;
             else if (!strcmp(a, "--batch")) good = parse_int(v, &c->batch);
             else if (!strcmp(a, "--accum")) good = parse_int(v, &c->accum);
             else if (!strcmp(a, "--digits")) good = parse_int(v, &c->digits);
             else if (!strcmp(a, "--ntest")) good = parse_int(v, &c->ntest);
-            else if (!strcmp(a, "--eval-every")) good = parse_int(v, &c->eval_every);
+            else if (!strcmp(a, "--eval-every")) {
+                good = parse_int(v, &c->eval_every) && c->eval_every >= 0;
+                why = "a step count >= 0 (0: no evaluation during training)";
+            }
             else if (!strcmp(a, "--lr")) good = parse_double(v, &c->lr);
             else if (!strcmp(a, "--clip")) good = parse_double(v, &c->clip) && c->clip > 0.0;
             else if (!strcmp(a, "--seed")) {
-                char *end;
-                c->seed = strtoull(v, &end, 0);
-                good = *v && !*end;
+                unsigned long long seed = 0;
+                good = parse_u64(v, &seed);
+                why = "a non-negative decimal integer";
+                c->seed = seed;
             } else {
                 fprintf(stderr, "train_gpt: unknown option: %s\n", a);
                 return 0;
             }
             if (!good) {
-                fprintf(stderr, "train_gpt: bad value for %s: '%s'\n", a, v);
+                fprintf(stderr, "train_gpt: bad value for %s: '%s'%s%s\n", a, v,
+                        why ? ": it takes " : "", why ? why : "");
                 return 0;
             }
         }
@@ -339,6 +358,7 @@ static int backend_start(gpt_config *c, backend_opts *bo, int *argc, char ***arg
     b.master = bo->master;
     b.check = gpt_check_world;
     b.user = c;
+    b.ranks_given = bo->ranks_given;
     b.launched = &launch.info;
     r = example_backend_start(&b, argc, argv);
     bo->rank = b.rank;
@@ -542,9 +562,26 @@ int main(int argc, char **argv)
         }
     }
     /* a Hugging Face model's dimensions are its config.json's */
-    if (cfg.init_hf && !gpt_read_hf_config(cfg.init_hf, &cfg, err, sizeof err)) {
-        fprintf(stderr, "train_gpt: --init-from-hf: %s\n", err);
-        return 2;
+    if (cfg.init_hf) {
+        gpt_config given = cfg;
+        if (!gpt_read_hf_config(cfg.init_hf, &cfg, err, sizeof err)) {
+            fprintf(stderr, "train_gpt: --init-from-hf: %s\n", err);
+            return 2;
+        }
+        /* an explicit dimension must agree with the model's */
+        if ((layers_given && given.layers != cfg.layers) || (dim_given && given.dim != cfg.dim) ||
+            (heads_given && given.heads != cfg.heads)) {
+            const char *o = layers_given && given.layers != cfg.layers ? "--layers"
+                            : dim_given && given.dim != cfg.dim        ? "--dim"
+                                                                       : "--heads";
+            const char *key = o[2] == 'l' ? "n_layer" : o[2] == 'd' ? "n_embd" : "n_head";
+            int want = o[2] == 'l' ? given.layers : o[2] == 'd' ? given.dim : given.heads;
+            int has = o[2] == 'l' ? cfg.layers : o[2] == 'd' ? cfg.dim : cfg.heads;
+            fprintf(stderr, "train_gpt: %s %d, but --init-from-hf %s has %s %d in its config.json "
+                    "(leave %s out: the model's config gives it)\n", o, want, cfg.init_hf, key,
+                    has, o);
+            return 2;
+        }
     }
     if ((cfg.init_peft || cfg.save_peft) && lora_rank <= 0) {
         fprintf(stderr, "train_gpt: --init-peft and --save-peft need --lora R\n");

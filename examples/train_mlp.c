@@ -92,6 +92,7 @@
 #include "example_backend.h"
 #include "example_metrics.h" /* --metrics FILE */
 
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -1235,9 +1236,12 @@ static int parse_args(int argc, char **argv, config *c)
                 c->lr = strtod(v, &end);
                 if (!*v || *end) goto bad;
             } else if (!strcmp(a, "--seed")) {
+                /* decimal, no sign: 010 is ten, -1 is refused */
                 char *end;
-                c->seed = strtoull(v, &end, 0);
-                if (!*v || *end) goto bad;
+                if (*v < '0' || *v > '9') goto bad_seed;
+                errno = 0;
+                c->seed = strtoull(v, &end, 10);
+                if (*end || errno == ERANGE) goto bad_seed;
             } else if (!strcmp(a, "--strategy")) {
                 c->strategy_name = v;
                 if (!strcmp(v, "full")) c->strategy = FSDP_FULL_SHARD;
@@ -1250,6 +1254,10 @@ static int parse_args(int argc, char **argv, config *c)
                 return 0;
             }
             continue;
+        bad_seed:
+            fprintf(stderr, "train_mlp: bad value for --seed: '%s': it takes a non-negative "
+                    "decimal integer\n", v);
+            return 0;
         bad:
             fprintf(stderr, "train_mlp: bad value for %s: '%s'\n", a, v);
             return 0;
@@ -1425,6 +1433,7 @@ static int backend_start(config *c, int *argc, char ***argv)
     b.master = c->master;
     b.check = mlp_check_world;
     b.user = c;
+    b.ranks_given = c->ranks_given;
     b.launched = &launch.info;
     r = example_backend_start(&b, argc, argv);
     c->rank = b.rank;

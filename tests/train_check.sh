@@ -52,3 +52,18 @@ check_resume() {
 }
 
 resume_run() { "$@" || { echo "$(basename "$1") failed (exit $?)"; exit 1; }; }
+
+# refused MESSAGE COMMAND...: COMMAND must exit with status 2 and print
+# MESSAGE (a fixed string); otherwise the script ends
+refused() {
+    msg=$1
+    shift
+    log=$("$@" 2>&1)
+    rc=$?
+    if [ "$rc" != 2 ] || ! printf '%s\n' "$log" | grep -qF -- "$msg"; then
+        echo "FAIL: $* exited $rc (want 2 and \"$msg\"); it printed:"
+        printf '%s\n' "$log" | head -n 5
+        exit 1
+    fi
+    echo "refused: $(basename "$1") ${*#"$1" }"
+}

@@ -256,9 +256,9 @@ function end_ckpt() {
         for (i = 1; i <= nr; i++) print rr[i] }
     if (nbd) { print ""; print "Where the time goes:"; print ""
         for (i = 1; i <= nbd; i++) { b = bd[i]; sub(/ \(rank 0, medians, s\): /, " (rank 0, medians, s): ", b); print "- " b } } }
-kind == "offload" && /^bench_offload:/ { print $0 "; AdamW traffic (32 bytes an element) against memcpy's rate in the same run."; print "" }
-kind == "offload" && /^memcpy:/ { print "memcpy: " $2 " GB/s (read + write)."; print ""
-    print "| step | ms | GB/s moved | / memcpy | speed-up over 1 thread |"; print "|---|---:|---:|---:|---:|" }
+kind == "offload" && /^bench_offload:/ { print $0 "; AdamW traffic (32 bytes an element) relative to one thread's memcpy in the same run (not the memory's bandwidth: 1.0 is no bound)."; print "" }
+kind == "offload" && /^memcpy:/ { print "memcpy, one thread: " $2 " GB/s (read + write)."; print ""
+    print "| step | ms | GB/s moved | / one thread's memcpy | speed-up over 1 thread |"; print "|---|---:|---:|---:|---:|" }
 kind == "offload" && (/^device kernel/ || /^cpu_offload/) {
     k = $0; sub(/ +[0-9.]+ +[0-9.]+ +[0-9.]+ +[-0-9.]+ *$/, "", k)
     printf "| %s | %s | %s | **%s** | %s |\n", k, $(NF-3), $(NF-2), $(NF-1), $NF }
