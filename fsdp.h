@@ -2084,13 +2084,32 @@ typedef struct fsdp_ctx_desc {
        or a parameter (fsdp_step) the call fails with FSDP_INVALID_STATE
        naming the unit whose retired memory was read and the unit and
        parameter it reached (after finishing its work, so no peer waits).
+       Units that keep their buffer past their end (every unit at one rank,
+       NO_SHARD, SHARD_GRAD_OP, the root, plan_no_sync, keep_frozen_gathered)
+       retire nothing: their parameters are checksummed at each end and
+       checked at the next begin and at the calls that wait for the
+       reductions (before fsdp_step trains from them), and a gradient kept
+       under no_sync is checksummed at fsdp_end_backward and checked at the
+       unit's next backward, at fsdp_set_no_sync(ctx, 0) and at those calls.
        Free shared buffers are also handed out in rotation, so a view kept from
-       forward never points at the same unit's buffer in backward. Needs a
+       forward never points at the same unit's buffer in backward; a buffer
+       whose poison still has views to catch (the forward views of a unit
+       whose backward has not ended, the gradient views of this backward
+       pass) goes to another unit only when no other is free, never to a
+       prefetch (given up instead); and in backward a unit's gradient lies
+       where the buffer's last holder had its parameters, so a late write
+       through that holder's gradient view hits checksummed parameters (with
+       max_unsharded 1, a view two units back hits the gradient of the unit
+       holding the buffer, which nothing can tell apart). Needs a
        device whose memory the host can read (the CPU device); elsewhere it
        is logged and off. It changes no bit of a correct run and allocates
-       no device memory, but costs about four passes over each unit's
-       unsharded buffer per begin/end, and each reduction's overlap: for
-       finding bugs, not for training runs. */
+       no device memory beyond the plan, but it drops grad_views_in_place,
+       so with that set the plan grows by an unsharded gradient copy (20
+       bytes per parameter for AdamW instead of 16: a run sized to its
+       capacity without debug may be refused with FSDP_OUT_OF_MEMORY). It
+       costs about four passes over each unit's unsharded buffer per
+       begin/end, and each reduction's and prefetch's overlap: for finding
+       bugs, not for training runs. */
     int debug;
     fsdp_grad_reduce grad_reduce; /* AVG (0) or SUM: "The gradient" above */
     /* 1: on a world of one rank, a unit's gradient views (f32 parameters,
@@ -15614,6 +15633,7 @@ typedef struct fsdp__slot {
     int poison_unit;     /* debug: the unit whose retired memory it holds, or -1 */
     int poison_phase;    /* debug: 1 retired by end_forward, 2 by end_backward */
     int64_t released;    /* debug: when it was last freed (rotation) */
+    int flipped;         /* debug: its last holder had its gradient first */
 } fsdp__slot;
 
 typedef struct fsdp__cunit {
@@ -15658,6 +15678,13 @@ typedef struct fsdp__cunit {
         int summed;               /* sum is current */
         int poisoned;             /* the resident block holds the poison */
         int last_slot;            /* the shared slot it held last, or -1 */
+        /* A resident unit's buffer outlives its end, so nothing retires it:
+           sum then describes it as the unit ended (1 forward, 2 backward),
+           and a write through a kept view shows as a changed checksum */
+        int pkept;
+        const void *kept_at;      /* where sum was taken */
+        uint64_t gsum;            /* no_sync: checksum of the kept gradient */
+        const void *gat;          /* where gsum was taken, or NULL */
     } dbg;
     char *qname;                  /* 'fqn' quoted, or (root): for messages */
     unsigned char *inited;        /* entry -> initialised (or loaded) */
@@ -17240,7 +17267,9 @@ FSDP__DEF fsdp_result fsdp__dbg_check_slot(fsdp_ctx *c, int s, const char *who, 
     if (u < 0) return FSDP_SUCCESS;
     off = fsdp__poison_find(sl->base, sl->bytes, c->u[u].pdt, c->u[u].pub);
     if (off != SIZE_MAX) {
-        r = fsdp__poison_report(c, who, u, off, fsdp__dbg_pbytes(c, &c->u[u]), sl->poison_phase);
+        size_t pb = fsdp__dbg_pbytes(c, &c->u[u]);
+        if (sl->flipped && off < 2 * pb) off = off < pb ? off + pb : off - pb;
+        r = fsdp__poison_report(c, who, u, off, pb, sl->poison_phase);
         fsdp__poison_fill(sl->base, sl->bytes, c->u[u].pdt, c->u[u].pub);
     }
     if (take) sl->poison_unit = -1;
@@ -17262,8 +17291,14 @@ FSDP__DEF fsdp_result fsdp__dbg_check_block(fsdp_ctx *c, int unit, const char *w
     return r;
 }
 
+FSDP__DEF fsdp_result fsdp__dbg_check_kept(fsdp_ctx *c, int unit, const char *fn, int take);
+FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu);
+FSDP__DEF fsdp_result fsdp__dbg_check_kept_grad(fsdp_ctx *c, int unit, const char *fn, int take);
+
 /* Every poisoned buffer, where the context waits for everything anyway
-   (fsdp_step and the other calls between iterations). */
+   (fsdp_step and the other calls between iterations); also the kept
+   resident buffers, which the step (NO_SHARD: the views are its f32
+   parameters), a save or a reduction would otherwise take as they are. */
 FSDP__DEF fsdp_result fsdp__dbg_check_all(fsdp_ctx *c, const char *fn)
 {
     fsdp_result r = FSDP_SUCCESS, x;
@@ -17272,6 +17307,11 @@ FSDP__DEF fsdp_result fsdp__dbg_check_all(fsdp_ctx *c, const char *fn)
         if ((x = fsdp__dbg_check_slot(c, i, fn, 0)) != FSDP_SUCCESS && r == FSDP_SUCCESS) r = x;
     for (i = 0; i < c->nunits; i++)
         if ((x = fsdp__dbg_check_block(c, i, fn, 0)) != FSDP_SUCCESS && r == FSDP_SUCCESS) r = x;
+    for (i = 0; i < c->nunits; i++) {
+        if ((x = fsdp__dbg_check_kept(c, i, fn, 0)) != FSDP_SUCCESS && r == FSDP_SUCCESS) r = x;
+        if ((x = fsdp__dbg_check_kept_grad(c, i, fn, 0)) != FSDP_SUCCESS && r == FSDP_SUCCESS)
+            r = x;
+    }
     return r;
 }
 
@@ -17315,6 +17355,7 @@ FSDP__DEF fsdp_result fsdp__dbg_begin(fsdp_ctx *c, int unit)
     size_t es = fsdp_dtype_size(cu->pdt);
     fsdp_result r;
     int e;
+    cu->dbg.pkept = 0; /* fsdp__dbg_check_kept ran before the gather */
     if (!cu->uparam || cu->summon.f32) return FSDP_SUCCESS;
     if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
     for (e = 0; e < cu->info->nentries; e++) {
@@ -17326,27 +17367,103 @@ FSDP__DEF fsdp_result fsdp__dbg_begin(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
-FSDP__DEF fsdp_result fsdp__dbg_end(fsdp_ctx *c, int unit, const char *fn, const char *began)
+/* `keep`: the buffer stays as it is after the end (a resident unit; 1
+   forward, 2 backward): the sums go on describing it (fsdp__dbg_check_kept). */
+FSDP__DEF fsdp_result fsdp__dbg_end(fsdp_ctx *c, int unit, const char *fn, const char *began,
+                                    int keep)
 {
     fsdp__cunit *cu = &c->u[unit];
     size_t es = fsdp_dtype_size(cu->pdt);
     fsdp_result r;
     int e;
+    cu->dbg.pkept = 0;
     if (!cu->dbg.summed) return FSDP_SUCCESS;
     cu->dbg.summed = 0;
     if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
+    cu->dbg.pkept = keep;
+    cu->dbg.kept_at = cu->uparam;
     for (e = 0; e < cu->info->nentries; e++) {
         const fsdp_flat_entry *fe = &cu->info->entries[e];
         if (fsdp__dbg_hash((const char *)cu->uparam + (size_t)fe->offset * es,
-                           (size_t)fe->numel * es) != cu->dbg.sum[e])
+                           (size_t)fe->numel * es) != cu->dbg.sum[e]) {
+            cu->dbg.pkept = 0; /* reported here, not again at the next begin */
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                                   "%s: debug: the values of parameter '%s' of unit %d %s changed "
                                   "since %s: parameter views are read-only (gradients go to "
-                                  "fsdp_grad), and a view kept from another unit, or from "
-                                  "forward into backward, may point into this unit's buffer "
-                                  "now", fn, fe->fqn, cu->pub, cu->qname, began);
+                                  "fsdp_grad), and a view kept from another unit (a gradient "
+                                  "view from an earlier backward included), or from forward "
+                                  "into backward, may point into this unit's buffer now", fn,
+                                  fe->fqn, cu->pub, cu->qname, began);
+        }
     }
     return FSDP_SUCCESS;
+}
+
+/* A resident unit's parameters as its end left them (fsdp__dbg_end's
+   `keep`), checked at its next begin and where the context reads them
+   (fsdp__dbg_check_all: a NO_SHARD unit's views are its f32 parameters,
+   which the step would train from). Nothing that changes them on purpose
+   leaves the sums standing: a gather (fsdp__gather), a load or init
+   (fsdp__invalidate_buffers), the step. `take`: the unit begins again and
+   sums afresh. */
+FSDP__DEF fsdp_result fsdp__dbg_check_kept(fsdp_ctx *c, int unit, const char *fn, int take)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    size_t es = fsdp_dtype_size(cu->pdt);
+    int e, phase = cu->dbg.pkept, view = fsdp__shard_is_view(c, cu);
+    const void *cur = view ? (cu->lp ? cu->lp : (const void *)cu->master) : cu->res_base;
+    fsdp_result r;
+    if (!phase) return FSDP_SUCCESS;
+    if (take) cu->dbg.pkept = 0;
+    if (!cu->resident || cu->summon.f32 || cu->dbg.kept_at != cur ||
+        (!view && !cu->ag.held)) {
+        cu->dbg.pkept = 0; /* gathered again: nothing kept to compare */
+        return FSDP_SUCCESS;
+    }
+    if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
+    for (e = 0; e < cu->info->nentries; e++) {
+        const fsdp_flat_entry *fe = &cu->info->entries[e];
+        if (fsdp__dbg_hash((const char *)cur + (size_t)fe->offset * es, (size_t)fe->numel * es) ==
+            cu->dbg.sum[e])
+            continue;
+        cu->dbg.pkept = 0;
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                              "%s: debug: parameter '%s' of unit %d %s was written after "
+                              "fsdp_end_%s (the unit keeps its unsharded parameters, so its "
+                              "buffer is not retired): a view from fsdp_param was kept past its "
+                              "unit's end%s; parameter views are read-only, fetch them after "
+                              "each begin and drop them at the end", fn, fe->fqn, cu->pub,
+                              cu->qname, phase == 2 ? "backward" : "forward",
+                              view && !cu->lp ? " (the view is the unit's f32 parameters "
+                                                "themselves: the write changed them)" : "");
+    }
+    return FSDP_SUCCESS;
+}
+
+/* no_sync keeps a unit's unsharded gradient from its fsdp_end_backward to
+   its next backward: checksummed there (`gat` set), checked at that begin
+   (`take`), before a step, a clip, fsdp_set_no_sync(ctx, 0) and the other
+   calls that wait for the reductions. */
+FSDP__DEF fsdp_result fsdp__dbg_check_kept_grad(fsdp_ctx *c, int unit, const char *fn, int take)
+{
+    fsdp__cunit *cu = &c->u[unit];
+    const void *at = cu->dbg.gat;
+    fsdp_result r;
+    if (!at) return FSDP_SUCCESS;
+    if (take) cu->dbg.gat = NULL;
+    if (!cu->rs.accum) { /* dropped (fsdp_zero_grad) */
+        cu->dbg.gat = NULL;
+        return FSDP_SUCCESS;
+    }
+    if ((r = fsdp__dbg_quiesce(c, 0)) != FSDP_SUCCESS) return r;
+    if (fsdp__dbg_hash(at, fsdp__ugrad_bytes(cu)) == cu->dbg.gsum) return FSDP_SUCCESS;
+    cu->dbg.gat = NULL;
+    return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                          "%s: debug: the gradient unit %d %s accumulates under no_sync was "
+                          "written after its fsdp_end_backward: a view from fsdp_grad was kept "
+                          "past its unit's end (the write would be reduced with the "
+                          "accumulated gradient); fetch views after each begin and drop them at "
+                          "the end", fn, cu->pub, cu->qname);
 }
 
 /* A unit ended: its unsharded buffer (a shared slot, or its resident
@@ -17365,6 +17482,7 @@ FSDP__DEF fsdp_result fsdp__dbg_retire(fsdp_ctx *c, int unit, int phase)
     } else if (cu->resident && cu->res_base) {
         fsdp__poison_fill(cu->res_base, cu->res_bytes, cu->pdt, cu->pub);
         cu->dbg.poisoned = phase;
+        if (!fsdp__shard_is_view(c, cu)) cu->dbg.pkept = 0; /* its parameters were there */
     }
     return FSDP_SUCCESS;
 }
@@ -17632,6 +17750,7 @@ FSDP__DEF void fsdp__release_slot(fsdp_ctx *c, fsdp__cunit *cu)
    whatever is gathered is stale. */
 FSDP__DEF void fsdp__invalidate_buffers(fsdp_ctx *c, fsdp__cunit *cu)
 {
+    if (c->debug) cu->dbg.pkept = 0; /* changed on purpose */
     if (cu->slot >= 0) fsdp__release_slot(c, cu);
     cu->ag.held = fsdp__shard_is_view(c, cu);
     cu->summon.f32 = 0;
@@ -17654,15 +17773,33 @@ FSDP__DEF void *fsdp__resident_ugrad(const fsdp_ctx *c, const fsdp__cunit *cu)
     return (char *)cu->res_base + n * fsdp_dtype_size(cu->pdt);
 }
 
+/* debug: a free shared buffer whose poison still has views to catch: the
+   forward views of the unit that retired it at fsdp_end_forward, read in
+   that unit's backward (llm.c's cached pointers), or the gradient views of
+   a unit that retired it in this backward pass. Handed to another unit,
+   the stale views would see that unit's values instead of the poison. */
+FSDP__DEF int fsdp__dbg_slot_watched(const fsdp_ctx *c, int s)
+{
+    const fsdp__slot *sl = &c->slots[s];
+    const fsdp__cunit *o;
+    if (sl->poison_unit < 0) return 0;
+    o = &c->u[sl->poison_unit];
+    if (sl->poison_phase == 1) return o->fwd_runs > 0 || o->state == FSDP_UNIT_BACKWARD_PRE;
+    return c->phase == 2;
+}
+
+#define FSDP__ACQ_TRY 1 /* fsdp__acquire: fail silently, take no watched slot */
+#define FSDP__ACQ_BWD 2 /* fsdp__acquire: for backward (parameters then gradient) */
+
 /* Points uparam/ugrad at the unit's unsharded block, taking a shared slot if
    needed (evicting an idle prefetched unit). Returns FSDP_POOL_EXHAUSTED
-   (with the holders named) when every slot is in use; with `try_only`,
+   (with the holders named) when every slot is in use; with FSDP__ACQ_TRY,
    returns that code silently. */
-FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
+FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int how)
 {
     fsdp__cunit *cu = &c->u[unit];
     size_t n = (size_t)cu->lay.shard_numel * (size_t)cu->W;
-    int i, pick = -1;
+    int i, pick = -1, try_only = how & FSDP__ACQ_TRY, flip;
     if (cu->resident) {
         if (c->debug && cu->dbg.poisoned) {
             fsdp_result r = fsdp__dbg_check_block(c, unit, "beginning the unit again", 1);
@@ -17675,17 +17812,33 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
     }
     if (cu->slot >= 0) return FSDP_SUCCESS;
     for (i = 0; i < c->nslots && (pick < 0 || c->debug); i++) {
-        /* debug: the least recently freed slot other than the unit's last
-           one, so a view kept from forward goes stale in backward even
-           when the same slot would be free */
+        /* debug: a slot other than the unit's last one, so a view kept
+           from forward goes stale in backward even when the same slot
+           would be free; then one whose poison has no views left to catch
+           (fsdp__dbg_slot_watched), which a prefetch alone may take: it
+           is given up rather than hide a stale view; then the least
+           recently freed */
         const fsdp__slot *a = &c->slots[i], *b = pick >= 0 ? &c->slots[pick] : NULL;
+        int wa, wb;
         if (a->owner >= 0) continue;
-        if (!b || (i != cu->dbg.last_slot && (pick == cu->dbg.last_slot ||
-                                              a->released < b->released)))
+        if (!c->debug) {
             pick = i;
+            continue;
+        }
+        wa = fsdp__dbg_slot_watched(c, i);
+        if (wa && try_only) continue;
+        if (!b || (i != cu->dbg.last_slot && pick == cu->dbg.last_slot)) {
+            pick = i;
+            continue;
+        }
+        if ((i == cu->dbg.last_slot) != (pick == cu->dbg.last_slot)) continue;
+        wb = fsdp__dbg_slot_watched(c, pick);
+        if (wa < wb || (wa == wb && a->released < b->released)) pick = i;
     }
     for (i = 0; i < c->nslots && pick < 0; i++) {
-        fsdp__cunit *o = &c->u[c->slots[i].owner];
+        fsdp__cunit *o;
+        if (c->slots[i].owner < 0) continue; /* debug: free but watched */
+        o = &c->u[c->slots[i].owner];
         if (o->state == FSDP_UNIT_IDLE || o->state == FSDP_UNIT_BACKWARD_POST) {
             fsdp__release_slot(c, o); /* an unused prefetch, or a finished reduction */
             pick = i;
@@ -17710,11 +17863,20 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int try_only)
         snprintf(who, sizeof who, "unit %d %s taking a free buffer", cu->pub, cu->qname);
         if ((r = fsdp__dbg_check_slot(c, pick, who, 1)) != FSDP_SUCCESS) return r;
     }
+    /* debug: a backward holder lays its gradient over where the last
+       holder's parameters were, and its parameters over that holder's
+       gradient: a gradient view kept from an earlier unit's backward then
+       writes into parameters, which are checksummed (fsdp__dbg_end), where
+       it would add unnoticed into this unit's gradient when no other
+       buffer is free (a frozen unit's buffer has no room for a gradient) */
+    flip = c->debug && (how & FSDP__ACQ_BWD) && !c->slots[pick].flipped &&
+           cu->info->requires_grad && 2 * n * fsdp_dtype_size(cu->pdt) <= c->slots[pick].bytes;
+    c->slots[pick].flipped = flip;
     c->slots[pick].owner = unit;
     cu->slot = pick;
     cu->dbg.last_slot = pick;
-    cu->uparam = c->slots[pick].base;
-    cu->ugrad = (char *)c->slots[pick].base + n * fsdp_dtype_size(cu->pdt);
+    cu->uparam = (char *)c->slots[pick].base + (flip ? n * fsdp_dtype_size(cu->pdt) : 0);
+    cu->ugrad = (char *)c->slots[pick].base + (flip ? 0 : n * fsdp_dtype_size(cu->pdt));
     if (c->slots[pick].done_recorded) {
         fsdp_result r = fsdp_stream_wait_event(c->dev, c->cs, c->slots[pick].done);
         c->slots[pick].done_recorded = 0;
@@ -17759,8 +17921,9 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only, int bwd)
         return fsdp__acquire(c, unit, try_only);
     }
     if (cu->ag.held && !cu->summon.f32) return FSDP_SUCCESS;
-    r = fsdp__acquire(c, unit, try_only);
+    r = fsdp__acquire(c, unit, (try_only ? FSDP__ACQ_TRY : 0) | (bwd ? FSDP__ACQ_BWD : 0));
     if (r != FSDP_SUCCESS) return r;
+    if (c->debug) cu->dbg.pkept = 0; /* gathered afresh */
     if (c->offload) {
         /* the host shard goes to this rank's slice of the unsharded buffer
            on the comm stream, ahead of an in-place all-gather: a prefetch
@@ -17896,6 +18059,9 @@ FSDP__DEF fsdp_result fsdp__begin_forward_flat(fsdp_ctx *c, int unit)
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_begin_forward")) != FSDP_SUCCESS)
         return r;
     if ((r = fsdp__check_inited(c, "fsdp_begin_forward")) != FSDP_SUCCESS) return r;
+    /* before the gather, so a failed begin leaves the unit as it was */
+    if (c->debug && (r = fsdp__dbg_check_kept(c, unit, "fsdp_begin_forward", 1)) != FSDP_SUCCESS)
+        return r;
     fsdp__maybe_new_iteration(c, unit);
     c->phase = 1;
     pos = fsdp__order(c, unit, 0);
@@ -17939,7 +18105,8 @@ FSDP__DEF fsdp_result fsdp__end_forward_flat(fsdp_ctx *c, int unit)
     cu->fwd_runs++;
     if (c->debug) {
         /* the mistake is reported once the unit has ended as usual */
-        fsdp_result dr = fsdp__dbg_end(c, unit, "fsdp_end_forward", "fsdp_begin_forward");
+        fsdp_result dr = fsdp__dbg_end(c, unit, "fsdp_end_forward", "fsdp_begin_forward",
+                                       cu->resident);
         if (!cu->resident) r = fsdp__dbg_retire(c, unit, 1);
         if (dr != FSDP_SUCCESS) r = dr;
     }
@@ -17979,6 +18146,9 @@ FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_begin_backward: unit %d %s: parameters are summoned",
                               cu->pub, cu->qname);
+    if (c->debug && ((r = fsdp__dbg_check_kept(c, unit, "fsdp_begin_backward", 1)) ||
+                     (r = fsdp__dbg_check_kept_grad(c, unit, "fsdp_begin_backward", 1))))
+        return r;
     /* PyTorch's pre-backward hook is registered on a forward's outputs: a
        unit that did not run forward gets no backward (and no all-gather);
        recomputed activations run forward again first */
@@ -18285,12 +18455,22 @@ FSDP__DEF fsdp_result fsdp__end_backward_flat(fsdp_ctx *c, int unit)
     cu = &c->u[unit];
     if ((r = fsdp__cs_after_compute(c)) != FSDP_SUCCESS) return r;
     cu->bwd_since_step = 1;
-    if (c->debug) dr = fsdp__dbg_end(c, unit, "fsdp_end_backward", "fsdp_begin_backward");
+    /* a resident buffer that stays: its parameters under no_sync, and a
+       NO_SHARD unit's, which are its shard */
+    if (c->debug)
+        dr = fsdp__dbg_end(c, unit, "fsdp_end_backward", "fsdp_begin_backward",
+                           cu->resident && (c->no_sync || fsdp__shard_is_view(c, cu)) ? 2 : 0);
     /* reported after the reduction is issued: the peers are not left
        waiting for this rank's part */
     if (c->debug && dr == FSDP_SUCCESS) dr = fsdp__dbg_grad_poison(c, unit);
     if (c->no_sync) {
         cu->rs.accum = 1; /* keep the unsharded gradient for the next backward */
+        if (c->debug && dr == FSDP_SUCCESS && cu->ugrad && cu->info->requires_grad) {
+            /* nothing retires it: a later write through a view would be
+               reduced with it, so it is summed (fsdp__dbg_check_kept_grad) */
+            cu->dbg.gat = cu->ugrad;
+            cu->dbg.gsum = fsdp__dbg_hash(cu->ugrad, fsdp__ugrad_bytes(cu));
+        }
         cu->state = FSDP_UNIT_IDLE;
         fsdp__update_state(c);
         return dr;
@@ -18427,6 +18607,13 @@ FSDP_API fsdp_result fsdp_set_no_sync(fsdp_ctx *c, int on)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_set_no_sync: the plan has no room for unsharded gradients "
                               "of every unit; create the context with plan_no_sync = 1");
+    if (c->debug && !on && c->no_sync) {
+        int i;
+        for (i = 0; i < c->nunits; i++) {
+            fsdp_result r = fsdp__dbg_check_kept_grad(c, i, "fsdp_set_no_sync", 0);
+            if (r != FSDP_SUCCESS) return r;
+        }
+    }
     c->no_sync = on != 0;
     return FSDP_SUCCESS;
 }
@@ -18849,6 +19036,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     for (i = 0; i < c->nunits; i++) { /* a new iteration */
         c->u[i].fwd_runs = 0;
         c->u[i].bwd_since_step = 0;
+        if (c->debug) c->u[i].dbg.pkept = 0; /* the step changes them (checked by sync_all) */
     }
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     /* The built-in CPU device's optimizer kernel is fsdp_optim_step_host on
@@ -19020,6 +19208,8 @@ FSDP__DEF fsdp_result fsdp__summon_begin_flat(fsdp_ctx *c, int unit, unsigned fl
                               "%lld floats", (long long)cu->info->numel);
     /* several units may be summoned at once, as far as the pool allows */
     if ((r = fsdp__sync_units(c, "fsdp_summon_begin", 1)) != FSDP_SUCCESS) return r;
+    /* its views may be the parameters themselves (NO_SHARD), written on purpose */
+    if (c->debug) cu->dbg.pkept = 0;
     if ((r = fsdp__expect(c, unit, FSDP_UNIT_IDLE, "fsdp_summon_begin")) != FSDP_SUCCESS)
         return r;
     keep = !(flags & FSDP_SUMMON_RANK0_ONLY) || c->rank == 0;

@@ -3,8 +3,12 @@
    written after fsdp_end_backward, a parameter view kept from forward and
    written or read after its unit ended, parameters written through their
    views, parameter pointers cached in forward and computed with in
-   backward (llm.c's habit): the poison they read named where it reaches a
-   gradient or a parameter; never-initialised parameters refused without it; and the engine
+   backward (llm.c's habit, in every iteration, prefetching or not): the
+   poison they read named where it reaches a gradient or a parameter; the
+   same mistakes on units that keep their buffers (NO_SHARD, the root, a
+   gradient accumulated under no_sync), caught by checksums; a gradient view
+   written late into a buffer another unit holds now; never-initialised
+   parameters refused without it; and the engine
    API around them: index views, units by name, the root named (root),
    per-step optimizer settings, the step counter, the SUM reduction.
    Ranks are threads of the local backend. */
@@ -77,7 +81,10 @@ enum {
     SC_SUM,            /* FSDP_GRAD_SUM against FSDP_GRAD_AVG */
     SC_LOADED,         /* a state-dict load initialises a fresh context */
     SC_CACHED,         /* every rank computes b's gradients from b's cached forward pointers */
-    SC_CACHED_RANK0    /* rank 0 alone does it, for a's gradients */
+    SC_CACHED_RANK0,   /* rank 0 alone does it, for a's gradients */
+    SC_ROOT_PARAM_KEPT, /* the root's parameter view from forward written after its end */
+    SC_PARAM_AFTER_BWD, /* a's parameter view from backward written after end_backward */
+    SC_NOSYNC_GRAD     /* a's gradient view written after end_backward under no_sync */
 };
 
 typedef struct job {
@@ -85,6 +92,8 @@ typedef struct job {
     fsdp_grad_reduce reduce;
     int set_later; /* SC_OPTIM: configure through fsdp_set_optim */
     int reduce16;  /* g_units16 */
+    int from_iter; /* SC_CACHED: the first iteration (0, 1) that makes the mistake */
+    int nosync_iters; /* plan_no_sync; the first this many iterations under no_sync */
     /* per rank */
     fsdp_result r[4];
     char where[4][64], msg[4][FSDP_ERROR_MAX];
@@ -98,6 +107,7 @@ typedef struct job {
 typedef struct eng {
     job *j;
     int rank;
+    int it; /* iterations run */
     fsdp_ctx *ctx;
 } eng;
 
@@ -138,8 +148,9 @@ static void iteration(eng *e)
     job *j = e->j;
     int u, p, cached_unit = -1;
     float *kept = NULL, *cache[NUNITS][2];
-    if (j->scenario == SC_CACHED) cached_unit = 1;
+    if (j->scenario == SC_CACHED && e->it >= j->from_iter) cached_unit = 1;
     if (j->scenario == SC_CACHED_RANK0 && e->rank == 0) cached_unit = 0;
+    e->it++;
     for (u = 0; u < NUNITS && !failed(e); u++) {
         if (!call(e, fsdp_begin_forward(e->ctx, u), "fsdp_begin_forward")) return;
         for (p = 0; p < 2 && UNIT_PARAMS[u][p]; p++) {
@@ -153,10 +164,12 @@ static void iteration(eng *e)
         }
         if (!call(e, fsdp_end_forward(e->ctx, u), "fsdp_end_forward")) return;
         if (u == 0 && j->scenario == SC_PARAM_KEPT) kept[1] = 7.0f;
+        if (u == 2 && j->scenario == SC_ROOT_PARAM_KEPT) cache[2][0][3] = 5.0f;
     }
     for (u = NUNITS - 1; u >= 0 && !failed(e); u--) {
-        float *g0 = NULL;
+        float *g0 = NULL, *w0;
         if (!call(e, fsdp_begin_backward(e->ctx, u), "fsdp_begin_backward")) return;
+        w0 = (float *)fsdp_param(e->ctx, UNIT_PARAMS[u][0]);
         if (u == 0 && j->scenario == SC_PARAM_READ) {
             j->read[e->rank] = kept[0];
             j->poison[e->rank] = fsdp_debug_poison_unit(&kept[0], FSDP_F32);
@@ -178,6 +191,8 @@ static void iteration(eng *e)
         if (!call(e, fsdp_end_backward(e->ctx, u), "fsdp_end_backward")) return;
         if (u == 1 && j->scenario == SC_GRAD_AFTER_END) g0[1] += 1.0f; /* the mistake */
         if (u == 2 && j->scenario == SC_ROOT_GRAD) g0[4] = 0.0f;
+        if (u == 0 && j->scenario == SC_PARAM_AFTER_BWD && w0) w0[2] += 1.0f;
+        if (u == 0 && j->scenario == SC_NOSYNC_GRAD && e->it == 1) g0[1] += 1.0f;
     }
 }
 
@@ -296,6 +311,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     cd.comm = comm;
     cd.debug = j->debug;
     cd.grad_reduce = j->reduce;
+    cd.plan_no_sync = j->nosync_iters > 0;
     cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
     if (j->scenario == SC_OPTIM && !j->set_later) cd.optim = want;
     if (fsdp_ctx_create(&cd, &e.ctx) != FSDP_SUCCESS) {
@@ -377,8 +393,10 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
             if (!failed(&e)) capture(&e);
         } else {
             for (s = 0; s < 2 && !failed(&e); s++) {
+                if (j->nosync_iters)
+                    call(&e, fsdp_set_no_sync(e.ctx, s < j->nosync_iters), "fsdp_set_no_sync");
                 iteration(&e);
-                call(&e, fsdp_step(e.ctx), "fsdp_step");
+                if (s >= j->nosync_iters) call(&e, fsdp_step(e.ctx), "fsdp_step");
             }
             if (!failed(&e)) capture(&e);
         }
@@ -415,6 +433,20 @@ static void expect_ok(const job *j)
 /* The mistake is reported on every rank, by the debug mode only. `plain`:
    also run it without the debug mode, where it goes unnoticed (only for
    mistakes that are no data race with the comm stream there). */
+static void caught(job *j, const char *const *needles, int n)
+{
+    int r, k;
+    go(j);
+    for (r = 0; r < j->nranks; r++) {
+        CHECK(j->r[r] == FSDP_INVALID_STATE, "rank %d: got %d at %s: %s", r, (int)j->r[r],
+              j->where[r], j->msg[r]);
+        for (k = 0; k < n; k++)
+            CHECK(contains(j->msg[r], needles[k]), "rank %d: '%s' not in: %s", r, needles[k],
+                  j->msg[r]);
+    }
+    printf("  caught at %s: %s\n", j->where[0], j->msg[0]);
+}
+
 static void expect_caught(int scenario, const char *const *needles, int n, int plain_too,
                           int nranks)
 {
@@ -541,6 +573,245 @@ static void test_cached_pointers_one_rank(void)
     printf("  rank 0: %s\n  rank 1: %s\n", j.msg[0], j.msg[1]);
 }
 
+/* The same from the second iteration on, where backward prefetches: the
+   buffer b's forward views point at must not be handed to a while b's
+   backward may still read them. */
+static void test_cached_pointers_prefetch(void)
+{
+    static const char *const n[] = {
+        "fsdp_end_backward: debug: the gradient of unit 1 'b' (parameter 'b.weight', element 0) "
+        "was computed from retired memory"};
+    static job j;
+    run(&j, SC_CACHED, 1, 2);
+    j.from_iter = 1;
+    caught(&j, n, 1);
+}
+
+/* Units that keep their buffer past their end (nothing is retired, so no
+   poison): NO_SHARD at one rank, whose views are the f32 parameters
+   themselves, and the root. Checksummed at the end, checked at the next
+   begin. */
+static void test_resident_param_kept(void)
+{
+    static const char *const n1[] = {
+        "fsdp_begin_backward: debug: parameter 'a.weight' of unit 0 'a' was written after "
+        "fsdp_end_forward", "fsdp_param", "f32 parameters themselves"};
+    static const char *const n2[] = {
+        "fsdp_begin_backward: debug: parameter 'head.weight' of unit 2 (root) was written after "
+        "fsdp_end_forward", "fsdp_param"};
+    static job j;
+    run(&j, SC_PARAM_KEPT, 1, 1);
+    caught(&j, n1, 3);
+    run(&j, SC_ROOT_PARAM_KEPT, 1, 2);
+    caught(&j, n2, 2);
+    run(&j, SC_ROOT_PARAM_KEPT, 1, 1);
+    caught(&j, n2, 2);
+}
+
+/* A NO_SHARD parameter view from backward written after fsdp_end_backward:
+   the step would train from it. */
+static void test_resident_param_after_backward(void)
+{
+    static const char *const n[] = {
+        "fsdp_step: debug: parameter 'a.weight' of unit 0 'a' was written after "
+        "fsdp_end_backward"};
+    static job j;
+    run(&j, SC_PARAM_AFTER_BWD, 1, 1);
+    caught(&j, n, 1);
+}
+
+/* no_sync keeps the unsharded gradient: a write through a view after
+   fsdp_end_backward would be reduced with it at the next synchronising
+   backward. Caught when no_sync goes off, or at the unit's next backward. */
+static void test_nosync_grad_after_end(void)
+{
+    static const char *const n1[] = {
+        "fsdp_set_no_sync: debug: the gradient unit 0 'a' accumulates under no_sync was written "
+        "after its fsdp_end_backward", "fsdp_grad"};
+    static const char *const n2[] = {
+        "fsdp_begin_backward: debug: the gradient unit 0 'a' accumulates under no_sync"};
+    static job j;
+    run(&j, SC_NOSYNC_GRAD, 1, 2);
+    j.nosync_iters = 1;
+    caught(&j, n1, 2);
+    run(&j, SC_NOSYNC_GRAD, 1, 2);
+    j.nosync_iters = 2;
+    caught(&j, n2, 1);
+    run(&j, SC_NOSYNC_GRAD, 1, 1);
+    j.nosync_iters = 1;
+    caught(&j, n1, 2);
+}
+
+/* Correct programs on units that keep their buffers, no_sync included: the
+   debug mode reports nothing and changes no bit. */
+static void test_clean_resident_same_bits(void)
+{
+    static job a, b;
+    int r, u, nranks, ns;
+    for (nranks = 1; nranks <= 2; nranks++)
+        for (ns = 0; ns < 2; ns++) {
+            run(&a, SC_CLEAN, 0, nranks);
+            a.nosync_iters = ns;
+            go(&a);
+            run(&b, SC_CLEAN, 1, nranks);
+            b.nosync_iters = ns;
+            go(&b);
+            expect_ok(&a);
+            expect_ok(&b);
+            for (r = 0; r < nranks; r++)
+                for (u = 0; u < NUNITS; u++) {
+                    EXPECT(a.nshard[r][u] > 0 && a.nshard[r][u] == b.nshard[r][u]);
+                    EXPECT(memcmp(a.shards[r][u], b.shards[r][u], (size_t)a.nshard[r][u] * 4) ==
+                           0);
+                }
+        }
+}
+
+/* Three equal Blocks a, b, c and the root's head: a gradient view kept
+   from b's or c's backward and written during a's (a deferred
+   accumulation), in the second iteration, where backward prefetches. With
+   fewer free buffers than units, a takes the buffer the stale view points
+   at: the debug mode lays a's gradient where the last holder's parameters
+   were, so the write lands in a's checksummed parameters. */
+static fsdp_model *g_model3;
+static fsdp_units *g_units3;
+
+typedef struct job3 {
+    int debug, mistake, max_unsharded, kept; /* kept: the unit whose view is written late */
+    fsdp_result r[2];
+    char msg[2][FSDP_ERROR_MAX];
+    float grads[2][3][4]; /* a, b, c's reduced gradient shards */
+} job3;
+
+static void build3(void)
+{
+    static const char *const types[] = {"Block"}, *const mods[] = {"a", "b", "c"};
+    fsdp_model_desc md;
+    fsdp_param_desc d;
+    fsdp_wrap_policy pol;
+    fsdp_wrap_desc wd;
+    fsdp_model *m = NULL;
+    int i;
+    memset(&md, 0, sizeof md);
+    OK(fsdp_model_create(&md, &m));
+    g_model3 = m;
+    for (i = 0; i < 4; i++) {
+        memset(&d, 0, sizeof d);
+        if (i < 3) OK(fsdp_model_add_module(m, mods[i], "Block"));
+        d.module = i < 3 ? mods[i] : "";
+        d.name = i < 3 ? "weight" : "head";
+        d.ndim = 1;
+        d.shape[0] = i < 3 ? 8 : 4;
+        OK(fsdp_model_add_param(m, &d));
+    }
+    memset(&pol, 0, sizeof pol);
+    memset(&wd, 0, sizeof wd);
+    pol.kind = FSDP_WRAP_MODULE_TYPE;
+    pol.module_types = types;
+    pol.n_module_types = 1;
+    wd.policy = &pol;
+    OK(fsdp_wrap(m, &wd, &g_units3));
+}
+
+static int rank3(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    static const char *const W[4] = {"a.weight", "b.weight", "c.weight", "head"};
+    job3 *j = (job3 *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *ctx = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_result r = FSDP_SUCCESS;
+    float *kept = NULL;
+    double norm;
+    int u, it, k;
+    (void)nranks;
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS) return 1;
+    if (fsdp_local_comm_create(world, rank, dev, &comm) != FSDP_SUCCESS) return 1;
+    memset(&cd, 0, sizeof cd);
+    cd.model = g_model3;
+    cd.units = g_units3;
+    cd.device = dev;
+    cd.comm = comm;
+    cd.debug = j->debug;
+    cd.max_unsharded = j->max_unsharded;
+    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    if (fsdp_ctx_create(&cd, &ctx) != FSDP_SUCCESS) return 1;
+    r = fsdp_init_params(ctx, 1, choose, NULL);
+    for (it = 0; it < 2 && r == FSDP_SUCCESS; it++) {
+        for (u = 0; u < 4 && r == FSDP_SUCCESS; u++)
+            if ((r = fsdp_begin_forward(ctx, u)) == FSDP_SUCCESS) r = fsdp_end_forward(ctx, u);
+        for (u = 3; u >= 0 && r == FSDP_SUCCESS; u--) {
+            float *g;
+            if ((r = fsdp_begin_backward(ctx, u)) != FSDP_SUCCESS) break;
+            g = (float *)fsdp_grad(ctx, W[u]);
+            for (k = 0; k < (u < 3 ? 8 : 4); k++) g[k] += 1.0f;
+            if (u == j->kept) kept = g;
+            if (u == 0 && it == 1 && j->mistake)
+                for (k = 0; k < 8; k++) kept[k] += 5.0f; /* the stale view */
+            r = fsdp_end_backward(ctx, u);
+        }
+        if (r == FSDP_SUCCESS) r = fsdp_clip_grad_norm(ctx, 1e30, 2.0, &norm);
+        if (r == FSDP_SUCCESS && it == 1)
+            for (u = 0; u < 3; u++) memcpy(j->grads[rank][u], fsdp_shard_grads(ctx, u), 16);
+        if (r == FSDP_SUCCESS) r = fsdp_step(ctx);
+    }
+    j->r[rank] = r;
+    snprintf(j->msg[rank], sizeof j->msg[0], "%s", fsdp_ctx_last_error(ctx));
+    fsdp_ctx_destroy(ctx);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return 0;
+}
+
+static void test_stale_grad_reused_buffer(void)
+{
+    static job3 j, plain;
+    int mu, kept, r;
+    if (!g_model3) build3();
+    for (mu = 1; mu <= 3; mu++)
+        for (kept = 1; kept <= 2; kept++) {
+            memset(&j, 0, sizeof j);
+            j.debug = 1;
+            j.max_unsharded = mu;
+            j.kept = kept;
+            plain = j;
+            plain.debug = g_env_debug;
+            run_ranks(2, rank3, &plain); /* correct: the same bits with and without debug */
+            j.mistake = 1;
+            run_ranks(2, rank3, &j);
+            for (r = 0; r < 2; r++) {
+                CHECK(plain.r[r] == FSDP_SUCCESS, "max_unsharded %d, correct: %s", mu,
+                      plain.msg[r]);
+                /* c's view with one buffer: a's live gradient is where it points (nothing to
+                   tell the write from a's own) */
+                if (mu == 1 && kept == 2) continue;
+                CHECK(j.r[r] == FSDP_INVALID_STATE &&
+                          (contains(j.msg[r], "the values of parameter 'a.weight' of unit 0 'a' "
+                                              "changed since fsdp_begin_backward") ||
+                           contains(j.msg[r], kept == 1 ? "unit 1 'b' retired at "
+                                                          "fsdp_end_backward was written"
+                                                        : "unit 2 'c' retired at "
+                                                          "fsdp_end_backward was written")),
+                      "max_unsharded %d, %c's view: rank %d got %d: %s", mu, "abc"[kept], r,
+                      (int)j.r[r], j.msg[r]);
+            }
+            printf("  max_unsharded %d, %c's view: %s\n", mu, "abc"[kept], j.msg[0]);
+            if (mu == 1 && kept == 1) {
+                /* the debug mode's layouts change no bit of a correct run */
+                static job3 nodebug;
+                nodebug = plain;
+                nodebug.debug = 0;
+                plain.debug = 1;
+                run_ranks(2, rank3, &plain);
+                run_ranks(2, rank3, &nodebug);
+                for (r = 0; r < 2; r++)
+                    EXPECT(plain.r[r] == FSDP_SUCCESS && nodebug.r[r] == FSDP_SUCCESS &&
+                           !memcmp(plain.grads[r], nodebug.grads[r], sizeof plain.grads[r]));
+            }
+        }
+}
+
 static void test_uninitialised(void)
 {
     static job j;
@@ -625,6 +896,12 @@ static const check_case CASES[] = {
     {"param_write", test_param_write},
     {"cached_pointers", test_cached_pointers},
     {"cached_pointers_one_rank", test_cached_pointers_one_rank},
+    {"cached_pointers_prefetch", test_cached_pointers_prefetch},
+    {"resident_param_kept", test_resident_param_kept},
+    {"resident_param_after_backward", test_resident_param_after_backward},
+    {"nosync_grad_after_end", test_nosync_grad_after_end},
+    {"clean_resident_same_bits", test_clean_resident_same_bits},
+    {"stale_grad_reused_buffer", test_stale_grad_reused_buffer},
     {"uninitialised", test_uninitialised},
     {"loaded", test_loaded},
     {"index_views", test_index_views},
@@ -643,5 +920,7 @@ int main(int argc, char **argv)
     fsdp_units_destroy(g_units);
     fsdp_units_destroy(g_units16);
     fsdp_model_destroy(g_model);
+    fsdp_units_destroy(g_units3);
+    fsdp_model_destroy(g_model3);
     return check_finish();
 }
