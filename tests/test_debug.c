@@ -594,11 +594,11 @@ static void test_cached_pointers_prefetch(void)
 static void test_resident_param_kept(void)
 {
     static const char *const n1[] = {
-        "fsdp_begin_backward: debug: parameter 'a.weight' of unit 0 'a' was written after "
-        "fsdp_end_forward", "fsdp_param", "f32 parameters themselves"};
+        ("fsdp_begin_backward: debug: parameter 'a.weight' of unit 0 'a' was written after "
+         "fsdp_end_forward"), "fsdp_param", "f32 parameters themselves"};
     static const char *const n2[] = {
-        "fsdp_begin_backward: debug: parameter 'head.weight' of unit 2 (root) was written after "
-        "fsdp_end_forward", "fsdp_param"};
+        ("fsdp_begin_backward: debug: parameter 'head.weight' of unit 2 (root) was written "
+         "after fsdp_end_forward"), "fsdp_param"};
     static job j;
     run(&j, SC_PARAM_KEPT, 1, 1);
     caught(&j, n1, 3);
