@@ -685,11 +685,9 @@ typedef struct job3 {
 
 static void build3(void)
 {
-    static const char *const types[] = {"Block"}, *const mods[] = {"a", "b", "c"};
+    static const char *const mods[] = {"a", "b", "c"};
     fsdp_model_desc md;
     fsdp_param_desc d;
-    fsdp_wrap_policy pol;
-    fsdp_wrap_desc wd;
     fsdp_model *m = NULL;
     int i;
     memset(&md, 0, sizeof md);
@@ -704,13 +702,7 @@ static void build3(void)
         d.shape[0] = i < 3 ? 8 : 4;
         OK(fsdp_model_add_param(m, &d));
     }
-    memset(&pol, 0, sizeof pol);
-    memset(&wd, 0, sizeof wd);
-    pol.kind = FSDP_WRAP_MODULE_TYPE;
-    pol.module_types = types;
-    pol.n_module_types = 1;
-    wd.policy = &pol;
-    OK(fsdp_wrap(m, &wd, &g_units3));
+    OK(wrap_type(m, "Block", FSDP_SHARDING_DEFAULT, &g_units3));
 }
 
 static int rank3(int rank, int nranks, fsdp_local_world *world, void *user)
