@@ -6575,6 +6575,14 @@ FSDP__DEF int fsdp__rank_list(char *buf, size_t cap, const unsigned char *set, i
     return k;
 }
 
+#define FSDP__RING_OK(j) (status[j] == FSDP_SIDE_ANSWERED && rings[j].magic == FSDP_CALL_RING_MAGIC)
+
+/* The first call number a ring still holds */
+FSDP__DEF uint64_t fsdp__ring_first(const fsdp_call_ring *r)
+{
+    return r->issued > FSDP_CALL_RING_LEN ? r->issued - FSDP_CALL_RING_LEN + 1 : 1;
+}
+
 /* The smallest call number above s that a readable ring holds, or 0 when
    none does (the rings hold the last FSDP_CALL_RING_LEN calls each). */
 FSDP__DEF uint64_t fsdp__ring_next(const fsdp_call_ring *rings, const int *status, int n,
@@ -6584,10 +6592,9 @@ FSDP__DEF uint64_t fsdp__ring_next(const fsdp_call_ring *rings, const int *statu
     int j;
     if (s == UINT64_MAX) return 0;
     for (j = 0; j < n; j++) {
-        uint64_t top = rings[j].issued, start;
-        if (status[j] != FSDP_SIDE_ANSWERED || rings[j].magic != FSDP_CALL_RING_MAGIC || top <= s)
-            continue;
-        start = top > FSDP_CALL_RING_LEN ? top - FSDP_CALL_RING_LEN + 1 : 1;
+        uint64_t start;
+        if (!FSDP__RING_OK(j) || rings[j].issued <= s) continue;
+        start = fsdp__ring_first(&rings[j]);
         start = start > s + 1 ? start : s + 1;
         if (!next || start < next) next = start;
     }
@@ -6621,11 +6628,10 @@ FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *ri
         snprintf(buf, cap, "out of memory comparing the calls of %d ranks", n);
         return 0;
     }
-#define FSDP__RING_OK(j) (status[j] == FSDP_SIDE_ANSWERED && rings[j].magic == FSDP_CALL_RING_MAGIC)
     for (j = 0; j < n; j++) {
         uint64_t start;
         if (!FSDP__RING_OK(j)) continue;
-        start = rings[j].issued > FSDP_CALL_RING_LEN ? rings[j].issued - FSDP_CALL_RING_LEN + 1 : 1;
+        start = fsdp__ring_first(&rings[j]);
         if (first < 0 || start < lo) lo = start;
         if (first < 0 || rings[j].issued > hi) hi = rings[j].issued;
         if (first < 0) first = j;
@@ -16359,10 +16365,6 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         else snprintf(cu->qname, 8, "(root)");
         if (c->pub_first[cu->pub + 1] - c->pub_first[cu->pub] > 1) /* a mixed unit's group */
             strcat(cu->qname, ui->requires_grad ? " (trainable)" : " (frozen)");
-        if (ui->options.sharding < FSDP_SHARDING_DEFAULT || ui->options.sharding > FSDP_HYBRID_SHARD)
-            return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: unit %d %s: "
-                                     "unknown sharding strategy %d", cu->pub,
-                                     ui->fqn[0] ? ui->fqn : "(root)", (int)ui->options.sharding);
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
         if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt))
