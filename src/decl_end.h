@@ -1,0 +1,5 @@
+#ifdef __cplusplus
+}
+#endif
+#endif /* FSDP_H_INCLUDED */
+

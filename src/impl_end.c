@@ -1,0 +1,3 @@
+#endif /* FSDP_IMPLEMENTATION_DONE */
+#endif /* FSDP_IMPLEMENTATION */
+

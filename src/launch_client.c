@@ -1,0 +1,439 @@
+/* ---- every rank: the connection and its reader ---- */
+
+FSDP__DEF void fsdp__rdzv_closed(fsdp_rendezvous *z, const char *why)
+{
+    pthread_mutex_lock(&z->mu);
+    if (!z->closed) {
+        z->closed = 1;
+        snprintf(z->closed_why, sizeof z->closed_why, "%s", why);
+    }
+    pthread_cond_broadcast(&z->cv);
+    pthread_mutex_unlock(&z->mu);
+}
+
+/* A frame to rank 0's server. One cut short (timed out, failed) leaves
+   the stream mid-frame, and the server would read the next as its rest:
+   the connection is given up instead. 0 sent, 1 timed out, -1 failed. */
+FSDP__DEF int fsdp__rdzv_send(fsdp_rendezvous *z, char t, const void *a, size_t na, const void *b,
+                              size_t nb, double deadline)
+{
+    int rc, gone;
+    pthread_mutex_lock(&z->mu);
+    gone = z->closed;
+    pthread_mutex_unlock(&z->mu);
+    if (gone) return -1;
+    pthread_mutex_lock(&z->wmu);
+    rc = fsdp__frame_send(z->fd, t, a, na, b, nb, deadline);
+    if (rc) {
+        /* the why first: this rank's reader then sees the end too */
+        fsdp__rdzv_closed(z, rc > 0 ? "was given up by this rank: a message to it timed out "
+                                      "halfway (rank 0 frozen or unreachable?)"
+                                    : "failed while this rank sent to it (rank 0 gone?)");
+        shutdown(z->fd, SHUT_RDWR);
+    }
+    pthread_mutex_unlock(&z->wmu);
+    return rc;
+}
+
+FSDP__DEF void *fsdp__rdzv_agent(void *arg)
+{
+    fsdp_rendezvous *z = (fsdp_rendezvous *)arg;
+    for (;;) {
+        char t = 0;
+        unsigned char *m = NULL;
+        uint32_t len = 0;
+        int rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len, -1.0);
+        if (rc) {
+            fsdp__rdzv_closed(z, rc == -2 ? "sent something that is not a rendezvous message"
+                                          : "closed the connection (rank 0 gone, or it "
+                                            "gave this rank up: it read nothing for the "
+                                            "timeout)");
+            break;
+        }
+        if (t == 'Q' && len >= 4) {
+            unsigned char head[5];
+            size_t n = 0;
+            memcpy(head, m, 4);
+            head[4] = FSDP_SIDE_EMPTY;
+            pthread_mutex_lock(&z->pmu);
+            if (z->pub) {
+                n = z->pub(z->pub_user, z->pubbuf, FSDP__RDZV_PUBLISH_MAX);
+                if (n > FSDP__RDZV_PUBLISH_MAX) n = 0;
+                head[4] = FSDP_SIDE_ANSWERED;
+            }
+            fsdp__rdzv_send(z, 'A', head, 5, z->pubbuf, n, fsdp_clock_ms() + 5000.0);
+            pthread_mutex_unlock(&z->pmu);
+        } else if (t == 'R') {
+            pthread_mutex_lock(&z->mu);
+            fsdp__free(&z->hooks, z->coll);
+            z->coll = m;
+            z->coll_len = len;
+            m = NULL;
+            z->coll_gen++;
+            pthread_cond_broadcast(&z->cv);
+            pthread_mutex_unlock(&z->mu);
+        } else if (t == 'b' && len >= 12) {
+            fsdp__rdzv_msg *b = (fsdp__rdzv_msg *)fsdp__alloc(&z->hooks, sizeof *b + len - 12);
+            if (b) {
+                fsdp__rdzv_msg **tail;
+                b->next = NULL;
+                b->seq = fsdp__get_u64(m);
+                b->root = (int)fsdp__get_u32(m + 8);
+                b->len = len - 12;
+                memcpy(b->data, m + 12, len - 12);
+                pthread_mutex_lock(&z->mu);
+                for (tail = &z->msgs; *tail; tail = &(*tail)->next) {}
+                *tail = b;
+                pthread_cond_broadcast(&z->cv);
+                pthread_mutex_unlock(&z->mu);
+            }
+        }
+        fsdp__free(&z->hooks, m);
+    }
+    return NULL;
+}
+
+/* Waits on z->cv until the deadline (< 0: none); 0 when it passed. Called
+   with z->mu held. */
+FSDP__DEF int fsdp__rdzv_cond_wait(fsdp_rendezvous *z, double deadline)
+{
+    struct timespec ts;
+    double left;
+    if (deadline < 0) {
+        pthread_cond_wait(&z->cv, &z->mu);
+        return 1;
+    }
+    left = deadline - fsdp_clock_ms();
+    if (left <= 0) return 0;
+    ts = fsdp__cond_deadline(left > 1000.0 ? 1000 : (int)left + 1);
+    pthread_cond_timedwait(&z->cv, &z->mu, &ts);
+    return 1;
+}
+
+/* Connects to rank 0's server, retrying until the deadline. */
+FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
+{
+    char last[200] = "no attempt yet";
+    for (;;) {
+        struct addrinfo *res = NULL, *ai;
+        char why[160];
+        if (!fsdp__net_resolve(z->addr, z->port, &res, why, sizeof why)) {
+            snprintf(last, sizeof last, "cannot resolve '%.60s': %.100s", z->addr, why);
+        } else {
+            for (ai = res; ai; ai = ai->ai_next) {
+                int fd = socket(ai->ai_family, SOCK_STREAM, 0), rc, e = 0;
+                socklen_t el = sizeof e;
+                if (fd < 0) continue;
+                fsdp__net_setup(fd);
+                rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
+                if (rc != 0 && errno == EINPROGRESS) {
+                    /* an address nobody answers must not take the whole timeout */
+                    double d = fsdp_clock_ms() + 2000.0;
+                    rc = fsdp__net_wait(fd, POLLOUT, deadline >= 0 && deadline < d ? deadline : d);
+                    if (rc == 1 && getsockopt(fd, SOL_SOCKET, SO_ERROR, &e, &el) == 0 && e == 0) rc = 0;
+                    else {
+                        if (!e) e = rc == 0 ? ETIMEDOUT : errno;
+                        rc = -1;
+                    }
+                } else if (rc != 0) {
+                    e = errno;
+                }
+                if (rc == 0) {
+                    z->fd = fd;
+                    freeaddrinfo(res);
+                    return FSDP_SUCCESS;
+                }
+                snprintf(last, sizeof last, "%s", strerror(e));
+                close(fd);
+            }
+            freeaddrinfo(res);
+        }
+        if (deadline >= 0 && fsdp_clock_ms() >= deadline)
+            return fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: "
+                                  "no rendezvous at %s within %d ms (last attempt: %s): rank 0 was "
+                                  "not started, failed, or MASTER_ADDR does not name its host as "
+                                  "this host reaches it", z->rank, z->where, z->timeout_ms, last);
+        {
+            struct timespec ts = fsdp__cond_deadline(100);
+            pthread_mutex_lock(&z->mu);
+            pthread_cond_timedwait(&z->cv, &z->mu, &ts); /* nobody signals: a sleep */
+            pthread_mutex_unlock(&z->mu);
+        }
+    }
+}
+
+FSDP__DEF fsdp_result fsdp__rdzv_meet(fsdp_rendezvous *z, double deadline)
+{
+    unsigned char hello[36 + 128 + 64];
+    char host[64] = "?", t = 0;
+    unsigned char *m = NULL;
+    uint32_t len = 0, jl = (uint32_t)strlen(z->job), hl;
+    struct utsname u;
+    int rc;
+    fsdp_result r;
+    if (uname(&u) == 0) snprintf(host, sizeof host, "%.63s", u.nodename);
+    hl = (uint32_t)strlen(host);
+    memcpy(hello, fsdp__rdzv_magic, 8);
+    fsdp__put_u32(hello + 8, FSDP__RDZV_VERSION);
+    fsdp__put_u32(hello + 12, (uint32_t)z->size);
+    fsdp__put_u32(hello + 16, (uint32_t)z->rank);
+    fsdp__put_u64(hello + 20, (uint64_t)getpid());
+    fsdp__put_u32(hello + 28, jl);
+    memcpy(hello + 32, z->job, jl);
+    fsdp__put_u32(hello + 32 + jl, hl);
+    memcpy(hello + 36 + jl, host, hl);
+    r = fsdp__rdzv_connect(z, deadline);
+    if (r != FSDP_SUCCESS) return r;
+    if (fsdp__frame_send(z->fd, 'H', hello, 36 + jl + hl, NULL, 0, deadline) != 0)
+        return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s "
+                              "closed the connection: not an fsdp.h rendezvous (another program "
+                              "on that port?)", z->rank, z->where);
+    /* rank 0 answers once every rank arrived, or when the job failed: give
+       it a few seconds past this rank's own deadline to say why */
+    rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len, deadline < 0 ? -1.0 : deadline + 5000.0);
+    if (rc == 0 && t == 'W') r = FSDP_SUCCESS;
+    else if (rc == 0 && t == 'X' && len >= 4) {
+        fsdp_result code = (fsdp_result)(int32_t)fsdp__get_u32(m);
+        r = fsdp_error_set(&z->err, code, "fsdp_rendezvous_create on rank %d: %s", z->rank,
+                           (const char *)m + 4);
+    } else if (rc == 1) {
+        r = fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: rank 0 "
+                           "at %s did not answer within %d ms: it still waits for ranks that have "
+                           "not arrived (it names them)", z->rank, z->where, z->timeout_ms);
+    } else {
+        r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s %s: "
+                           "not an fsdp.h rendezvous of this version (another program on that "
+                           "port?), or rank 0 failed", z->rank, z->where,
+                           rc == -2 ? "answered something else" : "closed the connection");
+    }
+    fsdp__free(&z->hooks, m);
+    return r;
+}
+#endif /* FSDP__NET */
+
+FSDP_API void fsdp_rendezvous_destroy(fsdp_rendezvous *z)
+{
+    fsdp_hooks h;
+    if (!z) return;
+    h = z->hooks;
+#if FSDP__NET
+    if (z->fd >= 0) shutdown(z->fd, SHUT_RDWR); /* the reader sees the end and leaves */
+    if (z->agent_up) pthread_join(z->agent, NULL);
+    if (z->fd >= 0) close(z->fd);
+    fsdp__srv_stop(z->server);
+#endif
+    while (z->msgs) {
+        fsdp__rdzv_msg *b = z->msgs;
+        z->msgs = b->next;
+        fsdp__free(&h, b);
+    }
+    fsdp__free(&h, z->coll);
+    fsdp__free(&h, z->pubbuf);
+    pthread_mutex_destroy(&z->pmu);
+    pthread_mutex_destroy(&z->wmu);
+    fsdp__sync_destroy(&z->mu, &z->cv);
+    fsdp__free(&h, z);
+}
+
+FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fsdp_rendezvous **out)
+{
+    const fsdp_hooks *h = desc ? &desc->hooks : NULL;
+    const char *addr, *job;
+    fsdp_rendezvous *z;
+    fsdp_result r;
+    long port;
+    double deadline;
+    if (out) *out = NULL;
+    if (!desc || !out)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: %s is NULL",
+                                 desc ? "out" : "desc");
+    if (!fsdp__hooks_valid(h))
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: set all of "
+                                 "allocator alloc, realloc and free, or none");
+    if (desc->size < 1 || desc->rank < 0 || desc->rank >= desc->size)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: rank %d is not in "
+                                 "[0, %d)", desc->rank, desc->size);
+    addr = desc->addr && desc->addr[0] ? desc->addr : getenv("MASTER_ADDR");
+    if (!addr || !addr[0])
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank %d: no "
+                                 "address: set desc.addr (rank 0's host) or MASTER_ADDR",
+                                 desc->rank);
+    if (strlen(addr) >= 256)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: the address is "
+                                 "longer than 255 bytes");
+    port = desc->port;
+    if (port == 0) {
+        const char *p = getenv("MASTER_PORT");
+        if (!p || !*p)
+            return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank %d: no "
+                                     "port: set desc.port or MASTER_PORT", desc->rank);
+        if (!fsdp__parse_long(p, 1, 65535, &port))
+            return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: MASTER_PORT=%s "
+                                     "is not a port number", p);
+    }
+    if (port < 1 || port > 65535)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: port %ld is not "
+                                 "in [1, 65535]", port);
+    job = desc->job_id ? desc->job_id : "";
+    if (strlen(job) >= 128)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: the job id is "
+                                 "longer than 127 bytes");
+#if !FSDP__NET
+    (void)deadline, (void)r, (void)z;
+    return fsdp__fail_create(h, FSDP_NOT_SUPPORTED, "fsdp_rendezvous_create: no sockets on this "
+                             "platform in this build");
+#else
+    z = (fsdp_rendezvous *)fsdp__calloc(h, 1, sizeof *z);
+    if (!z) return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out of memory");
+    z->hooks = fsdp__hooks_copy(h);
+    z->fd = -1;
+    z->rank = desc->rank;
+    z->size = desc->size;
+    z->port = (int)port;
+    z->timeout_ms = desc->timeout_ms == 0 ? 300000 : desc->timeout_ms < 0 ? -1 : desc->timeout_ms;
+    snprintf(z->addr, sizeof z->addr, "%s", addr);
+    snprintf(z->job, sizeof z->job, "%s", job);
+    snprintf(z->where, sizeof z->where, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, (int)port);
+    if (!fsdp__sync_init(&z->mu, &z->cv)) {
+        fsdp__free(h, z);
+        return fsdp__fail_create(h, FSDP_ERROR, "fsdp_rendezvous_create: cannot create a mutex");
+    }
+    if (pthread_mutex_init(&z->wmu, NULL) != 0 || pthread_mutex_init(&z->pmu, NULL) != 0) {
+        fsdp__fail_create(h, FSDP_ERROR, "fsdp_rendezvous_create: cannot create a mutex");
+        fsdp__sync_destroy(&z->mu, &z->cv);
+        fsdp__free(h, z);
+        return FSDP_ERROR;
+    }
+    z->pubbuf = (unsigned char *)fsdp__alloc(&z->hooks, FSDP__RDZV_PUBLISH_MAX);
+    if (!z->pubbuf) {
+        fsdp_rendezvous_destroy(z);
+        return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out of memory");
+    }
+    deadline = fsdp_deadline_ms(z->timeout_ms);
+    r = z->rank == 0 ? fsdp__srv_start(z, &z->server) : FSDP_SUCCESS;
+    if (r == FSDP_SUCCESS) r = fsdp__rdzv_meet(z, deadline);
+    if (r != FSDP_SUCCESS && z->server) {
+        /* the ranks still arriving hear why, until every rank heard or the
+           deadline (the server decides) */
+        pthread_mutex_lock(&z->server->mu);
+        while (!z->server->done) pthread_cond_wait(&z->server->cv, &z->server->mu);
+        pthread_mutex_unlock(&z->server->mu);
+    }
+    if (r == FSDP_SUCCESS && pthread_create(&z->agent, NULL, fsdp__rdzv_agent, z) != 0)
+        r = fsdp_error_set(&z->err, FSDP_ERROR, "fsdp_rendezvous_create: cannot start its thread");
+    if (r != FSDP_SUCCESS) {
+        fsdp__fail_create(h, r, "%s", z->err.message);
+        fsdp_rendezvous_destroy(z);
+        return r;
+    }
+    z->agent_up = 1;
+    *out = z;
+    return FSDP_SUCCESS;
+#endif
+}
+
+FSDP_API int fsdp_rendezvous_rank(const fsdp_rendezvous *z) { return z ? z->rank : -1; }
+FSDP_API int fsdp_rendezvous_size(const fsdp_rendezvous *z) { return z ? z->size : 0; }
+FSDP_API const char *fsdp_rendezvous_last_error(const fsdp_rendezvous *z)
+{
+    return z ? z->err.message : "";
+}
+
+FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *z, void *buf, size_t bytes, int root)
+{
+#if FSDP__NET
+    double deadline;
+    uint64_t seq;
+    fsdp_result r = FSDP_SUCCESS;
+    fsdp__rdzv_msg **p;
+    if (!z) return FSDP_INVALID_ARGS;
+    if ((!buf && bytes) || bytes > FSDP__RDZV_BCAST_MAX || root < 0 || root >= z->size)
+        return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast on rank %d: "
+                              "%s", z->rank, root < 0 || root >= z->size ? "root is not a rank"
+                              : bytes > FSDP__RDZV_BCAST_MAX ? "more than 1 MiB" : "buf is NULL");
+    deadline = fsdp_deadline_ms(z->timeout_ms);
+    seq = ++z->bcast_seq;
+    if (z->rank == root) {
+        unsigned char head[12];
+        int rc;
+        fsdp__put_u64(head, seq);
+        fsdp__put_u32(head + 8, (uint32_t)root);
+        rc = fsdp__rdzv_send(z, 'B', head, 12, buf, bytes, deadline);
+        if (rc) {
+            z->bcast_failed = 1;
+            pthread_mutex_lock(&z->mu);
+            r = fsdp_error_set(&z->err, rc > 0 ? FSDP_COMM_TIMEOUT : FSDP_COMM_ERROR,
+                               "fsdp_rendezvous_broadcast #%llu on rank %d: cannot send: the "
+                               "rendezvous at %s %s", (unsigned long long)seq, z->rank, z->where,
+                               z->closed_why);
+            pthread_mutex_unlock(&z->mu);
+            return r;
+        }
+    }
+    pthread_mutex_lock(&z->mu);
+    while (r == FSDP_SUCCESS) {
+        /* Bytes of a broadcast this rank is done with (as its root, or with
+           another root's bytes) came from a second root: the ranks disagree
+           on that root. Unless one failed here: then they may be the late
+           bytes of the one that failed, already reported. A root also fails
+           when a second root's bytes for its own broadcast are here. Looked
+           for on every wake: rank 0's server relays in order, so they are
+           here by the time a later broadcast of their sender is. */
+        for (p = &z->msgs; *p;) {
+            fsdp__rdzv_msg *b = *p;
+            if (b->seq > seq || (b->seq == seq && z->rank != root)) {
+                p = &b->next;
+                continue;
+            }
+            *p = b->next;
+            if (!z->bcast_failed && r == FSDP_SUCCESS)
+                r = fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast #%llu "
+                                   "on rank %d: rank %d sent broadcast #%llu as its root, but this "
+                                   "rank %s; every rank must pass the same root",
+                                   (unsigned long long)seq, z->rank, b->root,
+                                   (unsigned long long)b->seq,
+                                   b->seq == seq ? "is its root" : "did it with another root");
+            fsdp__free(&z->hooks, b);
+        }
+        if (r != FSDP_SUCCESS || z->rank == root) break;
+        for (p = &z->msgs; *p && (*p)->seq != seq; p = &(*p)->next) {}
+        if (*p) {
+            fsdp__rdzv_msg *b = *p;
+            *p = b->next;
+            if (b->root != root)
+                r = fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast #%llu "
+                                   "on rank %d: rank %d sent it as its root, but this rank names "
+                                   "root %d; every rank must pass the same root",
+                                   (unsigned long long)seq, z->rank, b->root, root);
+            else if (b->len != bytes)
+                r = fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_broadcast #%llu "
+                                   "on rank %d: root %d sent %zu bytes, this rank expects %zu; "
+                                   "every rank must pass the same count", (unsigned long long)seq,
+                                   z->rank, root, b->len, bytes);
+            else if (bytes)
+                memcpy(buf, b->data, bytes);
+            fsdp__free(&z->hooks, b);
+            break;
+        }
+        if (z->closed) {
+            r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_broadcast #%llu on rank "
+                               "%d: the rendezvous at %s %s", (unsigned long long)seq, z->rank,
+                               z->where, z->closed_why);
+            break;
+        }
+        if (!fsdp__rdzv_cond_wait(z, deadline)) {
+            r = fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_broadcast #%llu on rank "
+                               "%d: nothing from root %d within %d ms", (unsigned long long)seq,
+                               z->rank, root, z->timeout_ms);
+            break;
+        }
+    }
+    if (r != FSDP_SUCCESS) z->bcast_failed = 1;
+    pthread_mutex_unlock(&z->mu);
+    return r;
+#else
+    (void)buf, (void)bytes, (void)root;
+    return z ? FSDP_NOT_SUPPORTED : FSDP_INVALID_ARGS;
+#endif
+}
+

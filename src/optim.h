@@ -1,0 +1,79 @@
+/* ======================================================================== */
+/* >>optim                                                                   */
+/* ======================================================================== */
+
+typedef enum fsdp_optim_kind {
+    FSDP_OPTIM_DEFAULT = 0, /* AdamW */
+    FSDP_ADAMW = 1,
+    FSDP_ADAM = 2,          /* weight_decay is L2 added to the gradient */
+    FSDP_SGD = 3
+} fsdp_optim_kind;
+
+/* Whose arithmetic an optimizer step reproduces, bit for bit. torch 2.x
+   computes exp_avg as a lerp (two formulas, by the size of 1 - beta1);
+   1.13 as two products and a sum. "FMA" is torch's AVX2 (and GPU) kernels,
+   whose multiply-adds are fused; "PLAIN" its no-vector kernels
+   (ATEN_CPU_CAPABILITY=default), where every operation rounds on its own.
+   The torch 2.x variants are its fused kernel's body (the vectors'
+   fusedbody_avx2 / fusedbody_default): the IEEE square root and no effect
+   of an element's position, so the bits depend neither on the processor
+   nor on how a tensor is sharded. SGD is the same in 2.x and 1.13. */
+typedef enum fsdp_optim_numerics {
+    FSDP_NUMERICS_DEFAULT = 0,   /* FSDP_TORCH2_FMA (since 0.6.0) */
+    FSDP_TORCH2_FMA = 1,         /* torch 2.x, AVX2 CPUs and GPUs */
+    FSDP_TORCH2_PLAIN = 2,       /* torch 2.x, no-vector CPU kernels */
+    FSDP_TORCH1_13_FMA = 3,      /* torch 1.13, AVX2 CPUs (0.5.0's fused_multiply_add = 1) */
+    FSDP_TORCH1_13_PLAIN = 4     /* torch 1.13, no-vector CPU kernels (0.5.0's default) */
+} fsdp_optim_numerics;
+
+/* torch.optim hyper-parameters. Start from fsdp_optim_defaults(kind), which
+   gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
+   weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
+   everything else 0), and change fields from there. A config left entirely
+   zero means AdamW's defaults where a descriptor takes one; an Adam-family
+   config whose beta1, beta2 and eps are all 0 (a zeroed config with only lr
+   set) is refused by fsdp_ctx_create and fsdp_zero_create. */
+typedef struct fsdp_optim_config {
+    fsdp_optim_kind kind;
+    double lr;
+    double beta1, beta2, eps;   /* Adam family */
+    double weight_decay;
+    int amsgrad;                /* Adam family */
+    double momentum, dampening; /* SGD */
+    int nesterov;               /* SGD; needs momentum > 0 and dampening 0 */
+    /* Deprecated since 0.6.0 and ignored: `numerics` says whether
+       multiply-adds are fused (0.5.0's 1 is FSDP_TORCH1_13_FMA, its 0
+       FSDP_TORCH1_13_PLAIN). */
+    int fused_multiply_add;
+    fsdp_optim_numerics numerics; /* 0: torch 2.x with fused multiply-adds */
+} fsdp_optim_config;
+
+FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
+/* Checks a configuration as torch's constructors do (lr >= 0, eps >= 0,
+   betas in [0, 1), momentum >= 0, weight_decay >= 0, nesterov needs
+   momentum > 0 and dampening 0). Returns FSDP_INVALID_ARGS with the reason
+   in err (may be NULL). Collective: no. */
+FSDP_API fsdp_result fsdp_optim_validate(const fsdp_optim_config *c, fsdp_error *err);
+/* Deprecated (0.5.0): fsdp_optim_validate, with the reason in msg
+   (optional, FSDP_ERROR_MAX bytes). */
+FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg);
+/* Which state buffers a configuration keeps, as torch names them:
+   bit 0 exp_avg, bit 1 exp_avg_sq, bit 2 max_exp_avg_sq, bit 3 momentum_buffer. */
+FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c);
+
+/* The optimizer state of one flat f32 range; NULL buffers the configuration
+   does not use. */
+typedef struct fsdp_optim_state {
+    float *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *momentum_buffer;
+} fsdp_optim_state;
+
+/* One torch.optim step over n f32 elements on the host. step is 1 for the
+   first step (torch's state['step'] after its increment). The arithmetic is
+   the recipe of tests/vectors/README.md, element by element, so splitting a
+   tensor into shards changes no bit. On x86 it runs the widest kernel the
+   CPU has (AVX-512F, AVX2+FMA, SSE, scalar: chosen at run time, each gives
+   the same bits); the environment variable FSDP_ISA=scalar|sse|avx2|avx512,
+   read once at the first step, caps that level (tests, bisection, timing). */
+FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
+                                          const float *grad, const fsdp_optim_state *state,
+                                          size_t n);

@@ -1,0 +1,69 @@
+/* --- file helpers: whole reads and writes over file descriptors --- */
+
+/* Seconds on fsdp_clock_ms for a checkpoint's timings (fsdp_ckpt_stats);
+   0 without reading the clock when they are off. */
+FSDP__DEF double fsdp__tick(int on)
+{
+    return on ? fsdp_clock_ms() * 1e-3 : 0.0;
+}
+
+FSDP__DEF int fsdp__write_all(int fd, const void *p, size_t n)
+{
+    const char *b = (const char *)p;
+    while (n) {
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t w = write(fd, b, chunk);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (w == 0) {
+            errno = EIO;
+            return -1;
+        }
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+/* Reads exactly n bytes at offset off; -1 with errno, or -2 at end of file. */
+FSDP__DEF int fsdp__read_at(int fd, int64_t off, void *p, size_t n)
+{
+    char *b = (char *)p;
+    if (lseek(fd, (off_t)off, SEEK_SET) < 0) return -1;
+    while (n) {
+        size_t chunk = n > ((size_t)1 << 30) ? ((size_t)1 << 30) : n;
+        ssize_t r = read(fd, b, chunk);
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        if (r == 0) return -2;
+        b += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+/* The directory part of path ("." when none), for fsyncing a rename. */
+FSDP__DEF void fsdp__dirname(const char *path, char *out, size_t n)
+{
+    const char *slash = strrchr(path, '/');
+    if (!slash) snprintf(out, n, ".");
+    else if (slash == path) snprintf(out, n, "/");
+    else snprintf(out, n, "%.*s", (int)(slash - path), path);
+}
+
+FSDP__DEF void fsdp__fsync_dir(const char *path)
+{
+    char dir[4096];
+    int fd;
+    fsdp__dirname(path, dir, sizeof dir);
+    fd = open(dir, O_RDONLY);
+    if (fd >= 0) {
+        fsync(fd); /* best effort: some file systems refuse it on directories */
+        close(fd);
+    }
+}
+
