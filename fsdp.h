@@ -44,30 +44,44 @@
    chosen at run time).
 
    CONTENTS (grep ">>tag"), in the order of dependencies: a section calls
-   only the sections above it.
+   only the sections above it. fsdp.h is generated from src/, one file per
+   section's declarations and per implementation part (">>comm:ring" is
+   src/comm_ring.c); a banner before each part names its file.
        >>errors       results, last-error messages, allocation and log hooks
        >>dtypes       f32 f64 f16 bf16 and byte types, round-to-nearest-even
        >>optim        AdamW, Adam, SGD with torch.optim's exact arithmetic
                       on one flat f32 range (the device kernels run it)
        >>device       the device vtable; the built-in CPU device (streams are
-                      worker threads, events order them)
+                      worker threads, events order them).
+                      Inside: >>device:vtable >>device:cpu
        >>comm         the collectives vtable; the transport kit (one engine
                       for MPI, Gloo and your own byte transports); the
                       built-in `local` backend (N ranks as N threads,
-                      timeouts, mismatch detection); launchers'
-                      environments (torchrun, srun, mpirun), a TCP
-                      rendezvous, the stall diagnosis (a ring of recent
-                      calls per comm, compared through a side channel).
+                      timeouts, mismatch detection); the stall diagnosis
+                      (a ring of recent calls per comm, compared through a
+                      side channel).
                       Inside: >>comm:vtable >>comm:kit >>comm:ring
                       >>comm:clock >>comm:engine >>comm:shm >>comm:side
-                      >>comm:inband >>comm:local >>comm:launch >>comm:rdzv
-       >>model        modules, parameters, shared parameters, ignored items
+                      >>comm:inband >>comm:local
+       >>launch       launchers' environments (torchrun, srun, mpirun) and
+                      the TCP rendezvous (also a side channel); no function
+                      below calls it. FSDP_NO_NET compiles its sockets out.
+                      Inside: >>launch:env >>launch:rdzv >>launch:server
+                      >>launch:client >>launch:side
+       >>model        modules, parameters, shared parameters, ignored items.
+                      Inside: >>model:tree >>model:layout
        >>flatparam    units' flat parameters and PyTorch-exact shard metadata
        >>wrap         wrap policies and PyTorch's recursive walk
        >>statedict    the state-dict container: named tensors and pieces,
-                      compare, host copies
+                      compare, host copies.
+                      Inside: >>statedict:pieces >>statedict:dict
        >>safetensors  the file format: CRC-32, a strict JSON reader, plain
-                      safetensors files read and written atomically
+                      safetensors files read and written atomically.
+                      Inside: >>safetensors:names >>safetensors:crc
+                      >>safetensors:string >>safetensors:json
+                      >>safetensors:hash >>safetensors:checksum
+                      >>safetensors:dtypes >>safetensors:io
+                      >>safetensors:file >>safetensors:read
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
                       memory, init, clipping, summon, the sharded step.
                       Inside: >>runtime:ctx >>runtime:create
@@ -76,14 +90,19 @@
                       >>runtime:views >>runtime:lend >>runtime:step
                       >>runtime:summon >>runtime:label
        >>zero         the ZeRO optimizer (ZeroRedundancyOptimizer): partition,
-                      sharded step, bucket views, stage 1/2, state dicts
+                      sharded step, bucket views, stage 1/2, state dicts.
+                      Inside: >>zero:optim >>zero:statedict
        >>getload      a context's full, sharded and local state dicts, and
-                      loading them (rank-0 broadcast, resharding)
+                      loading them (rank-0 broadcast, resharding).
+                      Inside: >>getload:get >>getload:load >>getload:meta
+                      >>getload:layout
        >>ckpt         checkpoints: sharded directories and single files,
                       resharding on load, the async writer with cached
-                      pinned staging, committed by a per-step poll;
-                      Hugging Face model directories and PEFT adapters in
-                      and out (fsdp_hf_load, fsdp_hf_save)
+                      pinned staging, committed by a per-step poll.
+                      Inside: >>ckpt:writer >>ckpt:load >>ckpt:index
+       >>hf           Hugging Face model directories and PEFT adapters in
+                      and out (fsdp_hf_load, fsdp_hf_save).
+                      Inside: >>hf:items >>hf:read >>hf:write
 
    fsdp.h DOES NOT: launch processes (it reads what torchrun, srun or
    mpirun tell them), do autograd, choose your GPU.
@@ -350,6 +369,7 @@
    backends.md, gpu.md, vendoring.md, pytorch.md (what is reproduced and
    where we differ), examples.md, PERFORMANCE.md (the benchmarks' figures).
 */
+/* ---- src/prelude.h (fsdp.h is generated: edit this file) ---- */
 #ifndef FSDP_H_INCLUDED
 #define FSDP_H_INCLUDED
 
@@ -378,6 +398,7 @@
 extern "C" {
 #endif
 
+/* ---- src/errors.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>errors                                                                  */
 /* ======================================================================== */
@@ -492,6 +513,7 @@ FSDP_API int fsdp_hooks_valid(const fsdp_hooks *hooks);
 FSDP_API void *fsdp_hooks_alloc(const fsdp_hooks *hooks, size_t bytes);
 FSDP_API void fsdp_hooks_free(const fsdp_hooks *hooks, void *p);
 
+/* ---- src/dtypes.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>dtypes                                                                  */
 /* ======================================================================== */
@@ -532,6 +554,7 @@ FSDP_API float fsdp_f16_to_f32(uint16_t h);
 FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
                                   fsdp_dtype src_dt, size_t n);
 
+/* ---- src/optim.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>optim                                                                   */
 /* ======================================================================== */
@@ -611,6 +634,7 @@ typedef struct fsdp_optim_state {
 FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
                                           const float *grad, const fsdp_optim_state *state,
                                           size_t n);
+/* ---- src/device.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>device                                                                  */
 /* ======================================================================== */
@@ -778,6 +802,7 @@ FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_
                                             const struct fsdp_optim_state *st, size_t n,
                                             fsdp_stream *s);
 
+/* ---- src/comm.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>comm                                                                    */
 /* ======================================================================== */
@@ -1279,6 +1304,11 @@ FSDP_API fsdp_result fsdp_local_comm_create(fsdp_local_world *world, int rank, f
                                             fsdp_comm **out);
 #endif
 
+/* ---- src/launch.h (fsdp.h is generated: edit this file) ---- */
+/* ======================================================================== */
+/* >>launch                                                                  */
+/* ======================================================================== */
+
 /* --- launchers: the environments of torchrun, srun and mpirun ---
    A process that a launcher started as one rank of several learns its
    place from the environment:
@@ -1434,6 +1464,7 @@ FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *rdzv, void *buf,
    fsdp_nccl_desc.side_channel), valid until it is destroyed. */
 FSDP_API fsdp_side_channel fsdp_rendezvous_side_channel(fsdp_rendezvous *rdzv);
 
+/* ---- src/model.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>model                                                                   */
 /* ======================================================================== */
@@ -1546,7 +1577,7 @@ FSDP_API fsdp_result fsdp_model_add_param(fsdp_model *m, const fsdp_param_desc *
      dtype, frozen  the parameter's, for fsdp_model_add_layout (0: f32,
              trainable); loads ignore them (the buffer has one dtype)
      hf_name, hf_transpose  how Hugging Face files name and store it
-             (fsdp_hf_load, fsdp_hf_save, >>ckpt): hf_name is its name
+             (fsdp_hf_load, fsdp_hf_save, >>hf): hf_name is its name
              there (with "{L}" where name has it; NULL: name), hf_transpose
              1 says the file holds the transpose of the 2-D parameter (GPT-2's
              Conv1D keeps its weight as (in, out); the model's shape, given
@@ -1595,6 +1626,7 @@ FSDP_API int fsdp_model_num_params(const fsdp_model *m);
 FSDP_API fsdp_result fsdp_model_param(const fsdp_model *m, int i, fsdp_param_info *out);
 FSDP_API int fsdp_model_find_param(const fsdp_model *m, const char *fqn);
 
+/* ---- src/flatparam.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>flatparam                                                               */
 /* ======================================================================== */
@@ -1678,6 +1710,7 @@ FSDP_API fsdp_result fsdp_flat_shard(const int64_t *numels, int n, int rank, int
 FSDP_API void *fsdp_unit_param_view(const fsdp_unit_info *unit, int entry, void *flat,
                                     fsdp_dtype dt);
 
+/* ---- src/wrap.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>wrap                                                                    */
 /* ======================================================================== */
@@ -1791,6 +1824,7 @@ FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info 
 typedef void (*fsdp_name_fn)(void *user, const char *name, int64_t numel);
 FSDP_API fsdp_result fsdp_units_torch_names(const fsdp_units *u, fsdp_name_fn fn, void *user);
 
+/* ---- src/statedict.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>statedict                                                               */
 /* ======================================================================== */
@@ -1910,6 +1944,7 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
 
 /* >>statedict end (declarations) */
 
+/* ---- src/safetensors.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>safetensors                                                             */
 /* ======================================================================== */
@@ -1964,6 +1999,7 @@ FSDP_API unsigned fsdp_state_dict_verified(const fsdp_state_dict *sd);
 
 /* >>safetensors end (declarations) */
 
+/* ---- src/runtime.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>runtime                                                                 */
 /* ======================================================================== */
@@ -2326,6 +2362,7 @@ FSDP_API float *fsdp_shard_grads_group(fsdp_ctx *ctx, int unit, int group);
 FSDP_API fsdp_result fsdp_ctx_shard_layout_group(const fsdp_ctx *ctx, int unit, int group,
                                                  fsdp_shard_layout *out);
 
+/* ---- src/zero.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>zero                                                                    */
 /* ======================================================================== */
@@ -2544,6 +2581,7 @@ FSDP_API void fsdp_zero_state_dict_free(fsdp_zero_state_dict *sd);
 FSDP_API fsdp_result fsdp_zero_state_to_state_dict(fsdp_zero *z, int to, fsdp_state_dict **out);
 FSDP_API fsdp_result fsdp_zero_state_from_state_dict(fsdp_zero *z, const fsdp_state_dict *sd);
 
+/* ---- src/getload.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>getload                                                                 */
 /* ======================================================================== */
@@ -2617,6 +2655,7 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
 
 /* >>getload end (declarations) */
 
+/* ---- src/ckpt.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /* >>ckpt                                                                    */
 /* ======================================================================== */
@@ -2850,7 +2889,14 @@ typedef struct fsdp_ckpt_stats {
 FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *ctx, fsdp_ckpt_stats *save,
                                          fsdp_ckpt_stats *load);
 
-/* --- Hugging Face model directories ---
+/* >>ckpt end (declarations) */
+
+/* ---- src/hf.h (fsdp.h is generated: edit this file) ---- */
+/* ======================================================================== */
+/* >>hf                                                                      */
+/* ======================================================================== */
+
+/* Hugging Face model directories.
 
    A Hugging Face model directory holds config.json and the weights: one
    "model.safetensors", or shards ("model-00001-of-00003.safetensors", ...)
@@ -2979,13 +3025,15 @@ FSDP_API fsdp_result fsdp_hf_load(fsdp_ctx *ctx, const char *dir, const fsdp_hf_
    context must be between iterations. Collective: yes. */
 FSDP_API fsdp_result fsdp_hf_save(fsdp_ctx *ctx, const char *dir, const fsdp_hf_desc *desc);
 
-/* >>ckpt end (declarations) */
+/* >>hf end (declarations) */
 
+/* ---- src/decl_end.h (fsdp.h is generated: edit this file) ---- */
 #ifdef __cplusplus
 }
 #endif
 #endif /* FSDP_H_INCLUDED */
 
+/* ---- src/impl_begin.c (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
 /*                           IMPLEMENTATION                                  */
 /* ======================================================================== */
@@ -3028,6 +3076,7 @@ FSDP_API fsdp_result fsdp_hf_save(fsdp_ctx *ctx, const char *dir, const fsdp_hf_
 
 #define FSDP__DEF static FSDP__UNUSED
 
+/* ---- src/errors.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>errors (implementation)                                                 */
 /* ------------------------------------------------------------------------ */
@@ -3232,6 +3281,7 @@ FSDP_API void fsdp_hooks_free(const fsdp_hooks *h, void *p) { fsdp__free(h, p); 
 
 /* >>errors end */
 
+/* ---- src/dtypes.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>dtypes (implementation)                                                 */
 /* ------------------------------------------------------------------------ */
@@ -3956,6 +4006,7 @@ FSDP_API fsdp_result fsdp_convert(void *dst, fsdp_dtype dst_dt, const void *src,
 
 /* >>dtypes end */
 
+/* ---- src/optim.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>optim (implementation)                                                  */
 /* ------------------------------------------------------------------------ */
@@ -4689,9 +4740,12 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
 
 /* >>optim end */
 
+/* ---- src/device_vtable.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>device (implementation)                                                 */
 /* ------------------------------------------------------------------------ */
+
+/* --- >>device:vtable the device object and its calls --------------------- */
 
 struct fsdp_device {
     fsdp_device_vtable vt; /* a copy: the caller's table may be a local */
@@ -5234,7 +5288,8 @@ FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_
                              &e, "fsdp_device_optim_step");
 }
 
-/* --- the CPU device ------------------------------------------------------ */
+/* ---- src/device_cpu.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>device:cpu the CPU device ----------------------------------------- */
 
 /* The kernels, as data so that a queued one needs no allocation of its own. */
 enum {
@@ -5368,8 +5423,7 @@ typedef struct fsdp__cpu {
     fsdp_hooks hooks;
 } fsdp__cpu;
 
-/* --- spin, then park ---------------------------------------------------------
-   A hand-off between threads (rank thread to stream worker, worker to the
+/* Spin, then park. A hand-off between threads (rank thread to stream worker, worker to the
    peers' workers, back to the rank thread) parked on a condition variable
    costs a futex wake-up, tens of microseconds across cores, several times
    per unit. A waiter therefore first watches the counter it waits on for
@@ -6140,6 +6194,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
 
 /* >>device end */
 
+/* ---- src/comm_vtable.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>comm (implementation)                                                   */
 /* ------------------------------------------------------------------------ */
@@ -6384,6 +6439,7 @@ FSDP_API void fsdp_comm_set_label(fsdp_comm *comm, const char *label)
     comm->vt.set_label(comm->self, buf);
 }
 
+/* ---- src/comm_kit.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>comm:kit for backend authors -------------------------------------- */
 
 FSDP_API fsdp_coll_desc fsdp_coll_make(fsdp_coll_kind kind, size_t count, fsdp_dtype dt,
@@ -6495,6 +6551,7 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
     return ndiff;
 }
 
+/* ---- src/comm_ring.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>comm:ring the call ring and the stall diagnosis ------------------- */
 
 FSDP_API void fsdp_call_ring_init(fsdp_call_ring *ring, int rank, int size)
@@ -6943,6 +7000,7 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
     return FSDP_SUCCESS;
 }
 
+/* ---- src/comm_clock.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>comm:clock the clock ---------------------------------------------- */
 
 FSDP_API double fsdp_clock_ms(void)
@@ -7010,6 +7068,7 @@ FSDP__DEF struct timespec fsdp__cond_deadline(int ms)
     return ts;
 }
 
+/* ---- src/comm_engine.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>comm:engine the engine -----------------------------------------------
    The fsdp_comm_vtable of the local backend and of every transport (NCCL,
    which completes on the GPU, has its own). A collective is numbered when
@@ -7096,6 +7155,7 @@ struct fsdp__eop {
     size_t scratch_cap;
 };
 
+/* ---- src/comm_shm.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>comm:shm call descriptions through shared memory ---------------------
    Without all_to_all_headed (Gloo), the check is a fingerprint exchange of
    its own before the data: a round trip over the transport, 1.5-1.9 times
@@ -7417,6 +7477,7 @@ FSDP__DEF fsdp_result fsdp__eng_timed_out(const fsdp__eng *e, const fsdp_coll_de
                           call, e->timeout_ms, e->rank, e->where, why);
 }
 
+/* ---- src/comm_side.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>comm:side the engine's stall diagnosis (transport side_channel) ------
    A copy of each call's description goes into the ring when it is issued,
    under a lock only the side channel's thread also takes (when a peer
@@ -7565,6 +7626,7 @@ FSDP__DEF const void *const *fsdp__eng_strided(fsdp__eng *e, const void *base, s
     return e->blocks;
 }
 
+/* ---- src/comm_inband.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>comm:inband fingerprints in band -------------------------------------
    A separate fingerprint exchange before a small collective costs about as
    much as the collective, so the fingerprint travels with the data: the
@@ -8572,6 +8634,7 @@ FSDP_API fsdp_result fsdp_comm_transport_create(const fsdp_transport_desc *desc,
     return fsdp__eng_comm(e, vt->name ? vt->name : "?", h, out);
 }
 
+/* ---- src/comm_local.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>comm:local the local backend -----------------------------------------
    Every rank is a thread of this process, so a collective is one
    rendezvous in shared memory rather than transport primitives. That keeps
@@ -9123,7 +9186,14 @@ FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn
     return FSDP_SUCCESS;
 }
 
-/* --- >>comm:launch launchers --------------------------------------------- */
+/* >>comm end */
+
+/* ---- src/launch_env.c (fsdp.h is generated: edit this file) ---- */
+/* ------------------------------------------------------------------------ */
+/* >>launch (implementation)                                                 */
+/* ------------------------------------------------------------------------ */
+
+/* --- >>launch:env launchers' environments -------------------------------- */
 
 FSDP_API const char *fsdp_launcher_name(fsdp_launcher launcher)
 {
@@ -9498,7 +9568,8 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     return FSDP_SUCCESS;
 }
 
-/* --- >>comm:rdzv the TCP rendezvous -----------------------------------------
+/* ---- src/launch_rdzv.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>launch:rdzv the TCP rendezvous ---------------------------------------
    Rank 0 runs a small server on a thread: it admits the ranks (hello:
    magic, version, world size, rank, job id, host, pid), answers them all
    at once when the last arrives, relays broadcasts, and runs side-channel
@@ -9724,7 +9795,8 @@ FSDP__DEF void fsdp__net_setup(int fd)
 #endif
 }
 
-/* ---- rank 0's server ---- */
+/* ---- src/launch_server.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>launch:server rank 0's server ------------------------------------- */
 
 /* What the server owes one peer, whole frames in order: a peer that does
    not read (frozen, stopped) holds up only its own queue, never the
@@ -10329,7 +10401,8 @@ FSDP__DEF fsdp_result fsdp__srv_start(fsdp_rendezvous *z, fsdp__rdzv_server **ou
     return FSDP_SUCCESS;
 }
 
-/* ---- every rank: the connection and its reader ---- */
+/* ---- src/launch_client.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>launch:client every rank: the connection and its reader ----------- */
 
 FSDP__DEF void fsdp__rdzv_closed(fsdp_rendezvous *z, const char *why)
 {
@@ -10768,7 +10841,8 @@ FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *z, void *buf, si
 #endif
 }
 
-/* ---- the rendezvous as a side channel ---- */
+/* ---- src/launch_side.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>launch:side the rendezvous as a side channel ---------------------- */
 
 FSDP__DEF fsdp_result fsdp__publish__rdzv(void *self, fsdp_side_publish_fn fn, void *user,
                                           fsdp_error *err)
@@ -10859,11 +10933,14 @@ FSDP_API fsdp_side_channel fsdp_rendezvous_side_channel(fsdp_rendezvous *z)
     return sc;
 }
 
-/* >>comm end */
+/* >>launch end */
 
+/* ---- src/model_tree.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>model (implementation)                                                  */
 /* ------------------------------------------------------------------------ */
+
+/* --- >>model:tree modules, parameters, the tree's checks ----------------- */
 
 /* String -> index map (open addressing, FNV-1a), so descriptions of
    thousands of modules build in linear time. Keys are owned elsewhere. */
@@ -11706,7 +11783,8 @@ FSDP_API int fsdp_model_find_param(const fsdp_model *m, const char *fqn)
     return raw < 0 ? -1 : m->params[raw].order;
 }
 
-/* --- layout tables (fsdp_layout_entry) --- */
+/* ---- src/model_layout.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>model:layout layout tables (fsdp_layout_entry) -------------------- */
 
 /* Checks entry k of a table (not the model): count against "{L}", shape,
    stride. Fills *slice (one parameter's numel) and *layers. */
@@ -11806,6 +11884,7 @@ FSDP_API fsdp_result fsdp_model_add_layout(fsdp_model *m, const fsdp_layout_entr
 
 /* >>model end */
 
+/* ---- src/flatparam.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>flatparam (implementation)                                              */
 /* ------------------------------------------------------------------------ */
@@ -11896,6 +11975,7 @@ FSDP_API void *fsdp_unit_param_view(const fsdp_unit_info *unit, int entry, void 
 
 /* >>flatparam end */
 
+/* ---- src/wrap.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>wrap (implementation)                                                   */
 /* ------------------------------------------------------------------------ */
@@ -12789,9 +12869,12 @@ FSDP_API fsdp_result fsdp_units_torch_names(const fsdp_units *u, fsdp_name_fn fn
 
 /* >>wrap end */
 
+/* ---- src/statedict_pieces.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>statedict (implementation)                                              */
 /* ------------------------------------------------------------------------ */
+
+/* --- >>statedict:pieces blocks and tensors ------------------------------- */
 
 typedef struct fsdp__block {
     void *p;
@@ -12843,7 +12926,8 @@ FSDP__DEF int fsdp__host_little_endian(void)
     return b == 1;
 }
 
-/* --- the dict object --- */
+/* ---- src/statedict_dict.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>statedict:dict the dict object ------------------------------------ */
 
 FSDP__DEF void fsdp__block_free(fsdp_state_dict *sd, fsdp__block *b)
 {
@@ -13171,6 +13255,7 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
 
 /* >>statedict end */
 
+/* ---- src/safetensors_names.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>safetensors (implementation)                                            */
 /* ------------------------------------------------------------------------ */
@@ -13188,7 +13273,7 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
 #include <signal.h>
 extern int kill(pid_t pid, int sig);
 
-/* --- names: no length limit. A name built from parts goes to a stack
+/* --- >>safetensors:names no length limit. A name built from parts goes to a stack
    buffer when it fits, else to the heap; NULL only when out of memory. */
 typedef struct fsdp__nbuf {
     const fsdp_hooks *h;
@@ -13240,7 +13325,8 @@ FSDP__DEF fsdp_result fsdp__nbuf_ret(fsdp__nbuf *b, fsdp_result r)
     return r;
 }
 
-/* --- CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
+/* ---- src/safetensors_crc.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>safetensors:crc CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
    caller, so there is no global state --- */
 
 typedef struct fsdp__crc {
@@ -13380,7 +13466,8 @@ FSDP__DEF uint32_t fsdp__crc_update(const fsdp__crc *c, uint32_t crc, const void
     return ~fsdp__crc_bytes(c, crc, b, n);
 }
 
-/* --- a growable string --- */
+/* ---- src/safetensors_string.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>safetensors:string a growable string ------------------------------ */
 
 typedef struct fsdp__sb {
     const fsdp_hooks *h;
@@ -13476,7 +13563,8 @@ FSDP__DEF void fsdp__sb_json(fsdp__sb *b, const char *s)
     fsdp__sb_put(b, "\"", 1);
 }
 
-/* --- a small strict JSON reader (RFC 8259): the whole text is one value,
+/* ---- src/safetensors_json.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>safetensors:json a small strict JSON reader (RFC 8259): the whole text is one value,
    strings are valid escapes without NUL, numbers follow the grammar, object
    keys are unique, nesting is at most 64 deep --- */
 
@@ -13826,7 +13914,8 @@ FSDP__DEF int fsdp__j_get(const fsdp__json *j, int obj, const char *key)
     return -1;
 }
 
-/* --- hashed lookups: FNV-1a over a string; tables of node ids with open
+/* ---- src/safetensors_hash.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>safetensors:hash hashed lookups: FNV-1a over a string; tables of node ids with open
    addressing, sized to a power of two at least twice the entries --- */
 
 FSDP__DEF uint64_t fsdp__strhash(const char *s, uint64_t seed)
@@ -13888,7 +13977,8 @@ FSDP__DEF void fsdp__jhash_free(fsdp__jhash *t, const fsdp_hooks *h)
     t->slot = NULL;
 }
 
-/* --- the layout checksum: CRC-32 of a canonical form of a JSON value,
+/* ---- src/safetensors_checksum.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>safetensors:checksum the layout checksum: CRC-32 of a canonical form of a JSON value,
    which depends on what the value says and not on how it is written
    (spacing, escapes, the order of an object's members): objects are
    '{' then their members sorted by key, each the key, NUL, the value, then
@@ -14002,7 +14092,8 @@ FSDP__DEF int fsdp__j_int(const fsdp__json *j, int node, int64_t lo, int64_t hi,
     return 1;
 }
 
-/* --- safetensors dtypes --- */
+/* ---- src/safetensors_dtypes.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>safetensors:dtypes safetensors dtypes ----------------------------- */
 
 FSDP__DEF const char *fsdp__st_dtype_name(fsdp_dtype dt)
 {
@@ -14029,7 +14120,8 @@ FSDP__DEF fsdp_dtype fsdp__st_dtype(const char *s)
     return FSDP_DTYPE_DEFAULT;
 }
 
-/* --- file helpers: whole reads and writes over file descriptors --- */
+/* ---- src/safetensors_io.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>safetensors:io file helpers: whole reads and writes over file descriptors --- */
 
 /* Seconds on fsdp_clock_ms for a checkpoint's timings (fsdp_ckpt_stats);
    0 without reading the clock when they are off. */
@@ -14098,7 +14190,8 @@ FSDP__DEF void fsdp__fsync_dir(const char *path)
     }
 }
 
-/* --- safetensors files --- */
+/* ---- src/safetensors_file.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>safetensors:file safetensors files: write, header, open ----------- */
 
 #define FSDP__ST_MAX_HEADER FSDP_SAFETENSORS_MAX_HEADER
 
@@ -15073,7 +15166,8 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
     return r;
 }
 
-/* --- reading a file's tensors: chunked, checked, split among threads --- */
+/* ---- src/safetensors_read.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>safetensors:read reading a file's tensors: chunked, checked, split among threads --- */
 
 /* One tensor of a file to read (entry `entry`, every byte read for its
    checksum): its bytes [lo, hi) go to dst (host memory); or, with dst
@@ -15622,6 +15716,7 @@ FSDP_API unsigned fsdp_state_dict_verified(const fsdp_state_dict *sd)
 
 /* >>safetensors end */
 
+/* ---- src/runtime_ctx.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>runtime (implementation)                                                */
 /* ------------------------------------------------------------------------ */
@@ -16187,6 +16282,7 @@ FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_
     return g;
 }
 
+/* ---- src/runtime_create.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:create fsdp_ctx_create --------------------------------------
    In the steps of a setup: check the descriptor, fill its defaults,
    validate them, resolve the units, connect them to their communicators,
@@ -16885,6 +16981,7 @@ FSDP_API const char *fsdp_ctx_last_error(const fsdp_ctx *c)
     return c ? c->err.message : "fsdp_ctx_last_error: ctx is NULL";
 }
 
+/* ---- src/runtime_shards.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:shards states, plans and the shards of a context ---------- */
 
 FSDP_API fsdp_training_state fsdp_ctx_state(const fsdp_ctx *c)
@@ -17016,6 +17113,7 @@ FSDP__DEF fsdp_result fsdp__refresh_lp(fsdp_ctx *c, fsdp__cunit *cu)
     return fsdp__ctx_dev(c, r, "refreshing the low-precision shard");
 }
 
+/* ---- src/runtime_debug.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:debug initialisation tracking and the debug mode --- */
 
 FSDP__DEF void fsdp__invalidate_buffers(fsdp_ctx *c, fsdp__cunit *cu);
@@ -17512,6 +17610,7 @@ FSDP_API fsdp_result fsdp_init_zeros(fsdp_ctx *c)
     return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
 }
 
+/* ---- src/runtime_init.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:init the counter-based generator --- */
 
 FSDP__DEF uint64_t fsdp__mix64(uint64_t z)
@@ -17718,6 +17817,7 @@ FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *c, const char *fqn, const voi
     return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
 }
 
+/* ---- src/runtime_pool.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:pool unsharded buffers --- */
 
 /* Waits for the compute stream to be done with what is queued so far, on
@@ -17904,6 +18004,7 @@ FSDP__DEF int fsdp__needs_zero_grad(const fsdp__cunit *cu)
     return !cu->rs.accum && cu->info->requires_grad && !cu->grad_in_place;
 }
 
+/* ---- src/runtime_gather.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:gather all-gathers, prefetch, forward --------------------- */
 
 /* Issues the all-gather of a unit's parameters on the comm stream; for
@@ -18131,6 +18232,7 @@ FSDP__DEF fsdp_result fsdp__end_forward(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
+/* ---- src/runtime_reduce.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:reduce backward and the reduction of gradients ------------ */
 
 FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
@@ -18504,6 +18606,7 @@ FSDP__DEF fsdp_result fsdp__end_backward(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
+/* ---- src/runtime_views.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:views views, no_sync, waiting for the units --------------- */
 
 /* The views of name i (an index into prefs). */
@@ -18648,6 +18751,7 @@ FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn)
     return fsdp__sync_units(c, fn, 0);
 }
 
+/* ---- src/runtime_lend.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:lend the plan's buffers lent outside training ---
    Between iterations the unsharded pool, the reduction scratch and the
    resident blocks hold nothing that cannot be gathered again, so saves,
@@ -18791,6 +18895,7 @@ FSDP__DEF void fsdp__phase_free(fsdp_ctx *c, void *p, size_t bytes, int lent)
     else fsdp_device_free(c->dev, p, bytes);
 }
 
+/* ---- src/runtime_step.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:step clipping, the step, optimizer settings --------------- */
 
 /* Refused while a unit holds gradients accumulated under no_sync that no
@@ -19170,6 +19275,7 @@ FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
     return FSDP_SUCCESS;
 }
 
+/* ---- src/runtime_summon.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:summon summon_full_params --------------------------------- */
 
 /* A summon's f32 values go to dst (bytes): refused where no_sync's
@@ -19342,6 +19448,7 @@ FSDP__DEF fsdp_result fsdp__summon_end_flat(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
+/* ---- src/runtime_label.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:label labels: which fsdp call a collective belongs to --------
    Set on every comm of the context for the length of the call, so that a
    mismatch or timeout, even one found later on the comm stream, names the
@@ -19402,9 +19509,12 @@ FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *c, int unit)
 
 /* >>runtime end */
 
+/* ---- src/zero_optim.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>zero (implementation)                                                   */
 /* ------------------------------------------------------------------------ */
+
+/* --- >>zero:optim the partition and the sharded step --------------------- */
 
 /* One parameter as the ZeRO optimizer sees it. Every rank keeps the
    bookkeeping of every parameter (owner, step, whether it has state), so
@@ -20331,7 +20441,8 @@ FSDP_API fsdp_result fsdp_zero_step(fsdp_zero *z)
     return FSDP_SUCCESS;
 }
 
-/* --- state dicts --- */
+/* ---- src/zero_statedict.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>zero:statedict state dicts ---------------------------------------- */
 
 FSDP_API void fsdp_zero_state_dict_free(fsdp_zero_state_dict *sd)
 {
@@ -20935,11 +21046,12 @@ done:
 
 /* >>zero end */
 
+/* ---- src/getload_get.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>getload (implementation)                                                */
 /* ------------------------------------------------------------------------ */
 
-/* --- from a context to a state dict --- */
+/* --- >>getload:get from a context to a state dict ------------------------ */
 
 /* The async writer's staging cache: one pinned buffer per source buffer
    (a shard, an optimizer-state shard, the step counters), kept across
@@ -21478,7 +21590,8 @@ FSDP_API fsdp_result fsdp_get_local_state_dict(fsdp_ctx *c, unsigned flags, fsdp
     return fsdp__get_sd(c, FSDP_SD_LOCAL, flags, out, "fsdp_get_local_state_dict");
 }
 
-/* --- from a state dict (or a checkpoint) into the context --- */
+/* ---- src/getload_load.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>getload:load from a state dict (or a checkpoint) into the context --- */
 
 /* The ranks agree on a result: each contributes its code; every rank
    returns the first failure in rank order, with that rank's message (which
@@ -22368,7 +22481,8 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
     return fsdp__ctx_dev(c, r, L->where);
 }
 
-/* --- the metadata rank 0 broadcasts --- */
+/* ---- src/getload_meta.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>getload:meta the metadata rank 0 broadcasts ----------------------- */
 
 FSDP__DEF void fsdp__put64(fsdp__sb *b, int64_t v)
 {
@@ -22693,7 +22807,8 @@ done:
     return r;
 }
 
-/* --- engines' own layouts --- */
+/* ---- src/getload_layout.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>getload:layout engines' own layouts ------------------------------- */
 
 typedef struct fsdp__lrange {
     int64_t start, len;
@@ -22964,9 +23079,12 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *c, const fsdp_layout_entry *entr
 
 /* >>getload end */
 
+/* ---- src/ckpt_writer.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>ckpt (implementation)                                                   */
 /* ------------------------------------------------------------------------ */
+
+/* --- >>ckpt:writer saves: staging, the writer, commits ------------------- */
 
 #define FSDP__INDEX_NAME "index.json"
 #define FSDP__INDEX_MAX FSDP_CKPT_MAX_INDEX
@@ -23788,7 +23906,8 @@ FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *c, fsdp_ckpt_stats *sav
     return FSDP_SUCCESS;
 }
 
-/* --- loading --- */
+/* ---- src/ckpt_load.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>ckpt:load loading ------------------------------------------------- */
 
 /* The whole of a small regular file (an index); errno stays that of a
    failed open. */
@@ -23908,7 +24027,8 @@ FSDP__DEF fsdp_result fsdp__ld_index_moved(fsdp__ld *L, const char *ipath, const
                           ipath);
 }
 
-/* --- the index of a sharded checkpoint, checked whole before any rank
+/* ---- src/ckpt_index.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>ckpt:index the index of a sharded checkpoint, checked whole before any rank
    file is opened --- */
 
 /* What an index says, once checked. */
@@ -24676,7 +24796,14 @@ done:
     return r;
 }
 
-/* --- Hugging Face model directories (fsdp_hf_load, fsdp_hf_save) --- */
+/* >>ckpt end */
+
+/* ---- src/hf.c (fsdp.h is generated: edit this file) ---- */
+/* ------------------------------------------------------------------------ */
+/* >>hf (implementation)                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* --- >>hf:items the parameters a directory names ------------------------- */
 
 #define FSDP__HF_PEFT_PREFIX "base_model.model."
 
@@ -24965,7 +25092,8 @@ done:
     return r;
 }
 
-/* --- reading a directory --- */
+/* ---- src/hf_read.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>hf:read reading a directory (fsdp_hf_load) ------------------------ */
 
 /* What a checked index says. */
 typedef struct fsdp__hf_index {
@@ -25528,7 +25656,8 @@ done:
     return r;
 }
 
-/* --- writing a directory --- */
+/* ---- src/hf_write.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>hf:write writing a directory (fsdp_hf_save) ----------------------- */
 
 /* A tensor of a save and its place. */
 typedef struct fsdp__hf_out {
@@ -26206,11 +26335,13 @@ done:
     return r;
 }
 
-/* >>ckpt end */
+/* >>hf end */
 
+/* ---- src/impl_end.c (fsdp.h is generated: edit this file) ---- */
 #endif /* FSDP_IMPLEMENTATION_DONE */
 #endif /* FSDP_IMPLEMENTATION */
 
+/* ---- src/history.h (fsdp.h is generated: edit this file) ---- */
 /*
    Revision history, one line per version (every change: CHANGELOG.md)
        next   launchers and a TCP rendezvous, stalls named, Hugging Face directories, GPU fixes

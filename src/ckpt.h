@@ -231,3 +231,5 @@ typedef struct fsdp_ckpt_stats {
 FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *ctx, fsdp_ckpt_stats *save,
                                          fsdp_ckpt_stats *load);
 
+/* >>ckpt end (declarations) */
+

@@ -1,4 +1,4 @@
-/* --- the index of a sharded checkpoint, checked whole before any rank
+/* --- >>ckpt:index the index of a sharded checkpoint, checked whole before any rank
    file is opened --- */
 
 /* What an index says, once checked. */
@@ -765,4 +765,6 @@ done:
     fsdp__json_free(&j);
     return r;
 }
+
+/* >>ckpt end */
 

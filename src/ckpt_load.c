@@ -1,4 +1,4 @@
-/* --- loading --- */
+/* --- >>ckpt:load loading ------------------------------------------------- */
 
 /* The whole of a small regular file (an index); errno stays that of a
    failed open. */

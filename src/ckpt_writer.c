@@ -2,6 +2,8 @@
 /* >>ckpt (implementation)                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* --- >>ckpt:writer saves: staging, the writer, commits ------------------- */
+
 #define FSDP__INDEX_NAME "index.json"
 #define FSDP__INDEX_MAX FSDP_CKPT_MAX_INDEX
 

@@ -549,3 +549,5 @@ FSDP_API fsdp_result fsdp_local_run(const fsdp_local_desc *desc, fsdp_rank_fn fn
     return FSDP_SUCCESS;
 }
 
+/* >>comm end */
+

@@ -1,4 +1,4 @@
-/* --- the CPU device ------------------------------------------------------ */
+/* --- >>device:cpu the CPU device ----------------------------------------- */
 
 /* The kernels, as data so that a queued one needs no allocation of its own. */
 enum {
@@ -132,8 +132,7 @@ typedef struct fsdp__cpu {
     fsdp_hooks hooks;
 } fsdp__cpu;
 
-/* --- spin, then park ---------------------------------------------------------
-   A hand-off between threads (rank thread to stream worker, worker to the
+/* Spin, then park. A hand-off between threads (rank thread to stream worker, worker to the
    peers' workers, back to the rank thread) parked on a condition variable
    costs a futex wake-up, tens of microseconds across cores, several times
    per unit. A waiter therefore first watches the counter it waits on for

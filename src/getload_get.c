@@ -2,7 +2,7 @@
 /* >>getload (implementation)                                                */
 /* ------------------------------------------------------------------------ */
 
-/* --- from a context to a state dict --- */
+/* --- >>getload:get from a context to a state dict ------------------------ */
 
 /* The async writer's staging cache: one pinned buffer per source buffer
    (a shard, an optimizer-state shard, the step counters), kept across

@@ -1,4 +1,4 @@
-/* --- engines' own layouts --- */
+/* --- >>getload:layout engines' own layouts ------------------------------- */
 
 typedef struct fsdp__lrange {
     int64_t start, len;

@@ -1,4 +1,4 @@
-/* --- from a state dict (or a checkpoint) into the context --- */
+/* --- >>getload:load from a state dict (or a checkpoint) into the context --- */
 
 /* The ranks agree on a result: each contributes its code; every rank
    returns the first failure in rank order, with that rank's message (which

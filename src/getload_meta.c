@@ -1,4 +1,4 @@
-/* --- the metadata rank 0 broadcasts --- */
+/* --- >>getload:meta the metadata rank 0 broadcasts ----------------------- */
 
 FSDP__DEF void fsdp__put64(fsdp__sb *b, int64_t v)
 {

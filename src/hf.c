@@ -1,4 +1,8 @@
-/* --- Hugging Face model directories (fsdp_hf_load, fsdp_hf_save) --- */
+/* ------------------------------------------------------------------------ */
+/* >>hf (implementation)                                                     */
+/* ------------------------------------------------------------------------ */
+
+/* --- >>hf:items the parameters a directory names ------------------------- */
 
 #define FSDP__HF_PEFT_PREFIX "base_model.model."
 

@@ -1,4 +1,8 @@
-/* --- Hugging Face model directories ---
+/* ======================================================================== */
+/* >>hf                                                                      */
+/* ======================================================================== */
+
+/* Hugging Face model directories.
 
    A Hugging Face model directory holds config.json and the weights: one
    "model.safetensors", or shards ("model-00001-of-00003.safetensors", ...)
@@ -127,5 +131,5 @@ FSDP_API fsdp_result fsdp_hf_load(fsdp_ctx *ctx, const char *dir, const fsdp_hf_
    context must be between iterations. Collective: yes. */
 FSDP_API fsdp_result fsdp_hf_save(fsdp_ctx *ctx, const char *dir, const fsdp_hf_desc *desc);
 
-/* >>ckpt end (declarations) */
+/* >>hf end (declarations) */
 

@@ -1,4 +1,4 @@
-/* --- reading a directory --- */
+/* --- >>hf:read reading a directory (fsdp_hf_load) ------------------------ */
 
 /* What a checked index says. */
 typedef struct fsdp__hf_index {

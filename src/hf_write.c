@@ -1,4 +1,4 @@
-/* --- writing a directory --- */
+/* --- >>hf:write writing a directory (fsdp_hf_save) ----------------------- */
 
 /* A tensor of a save and its place. */
 typedef struct fsdp__hf_out {
@@ -676,5 +676,5 @@ done:
     return r;
 }
 
-/* >>ckpt end */
+/* >>hf end */
 

@@ -1,3 +1,7 @@
+/* ======================================================================== */
+/* >>launch                                                                  */
+/* ======================================================================== */
+
 /* --- launchers: the environments of torchrun, srun and mpirun ---
    A process that a launcher started as one rank of several learns its
    place from the environment:

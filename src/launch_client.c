@@ -1,4 +1,4 @@
-/* ---- every rank: the connection and its reader ---- */
+/* --- >>launch:client every rank: the connection and its reader ----------- */
 
 FSDP__DEF void fsdp__rdzv_closed(fsdp_rendezvous *z, const char *why)
 {

@@ -1,4 +1,4 @@
-/* --- >>comm:rdzv the TCP rendezvous -----------------------------------------
+/* --- >>launch:rdzv the TCP rendezvous ---------------------------------------
    Rank 0 runs a small server on a thread: it admits the ranks (hello:
    magic, version, world size, rank, job id, host, pid), answers them all
    at once when the last arrives, relays broadcasts, and runs side-channel

@@ -1,4 +1,4 @@
-/* ---- rank 0's server ---- */
+/* --- >>launch:server rank 0's server ------------------------------------- */
 
 /* What the server owes one peer, whole frames in order: a peer that does
    not read (frozen, stopped) holds up only its own queue, never the

@@ -1,4 +1,4 @@
-/* ---- the rendezvous as a side channel ---- */
+/* --- >>launch:side the rendezvous as a side channel ---------------------- */
 
 FSDP__DEF fsdp_result fsdp__publish__rdzv(void *self, fsdp_side_publish_fn fn, void *user,
                                           fsdp_error *err)
@@ -89,5 +89,5 @@ FSDP_API fsdp_side_channel fsdp_rendezvous_side_channel(fsdp_rendezvous *z)
     return sc;
 }
 
-/* >>comm end */
+/* >>launch end */
 

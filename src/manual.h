@@ -44,30 +44,44 @@
    chosen at run time).
 
    CONTENTS (grep ">>tag"), in the order of dependencies: a section calls
-   only the sections above it.
+   only the sections above it. fsdp.h is generated from src/, one file per
+   section's declarations and per implementation part (">>comm:ring" is
+   src/comm_ring.c); a banner before each part names its file.
        >>errors       results, last-error messages, allocation and log hooks
        >>dtypes       f32 f64 f16 bf16 and byte types, round-to-nearest-even
        >>optim        AdamW, Adam, SGD with torch.optim's exact arithmetic
                       on one flat f32 range (the device kernels run it)
        >>device       the device vtable; the built-in CPU device (streams are
-                      worker threads, events order them)
+                      worker threads, events order them).
+                      Inside: >>device:vtable >>device:cpu
        >>comm         the collectives vtable; the transport kit (one engine
                       for MPI, Gloo and your own byte transports); the
                       built-in `local` backend (N ranks as N threads,
-                      timeouts, mismatch detection); launchers'
-                      environments (torchrun, srun, mpirun), a TCP
-                      rendezvous, the stall diagnosis (a ring of recent
-                      calls per comm, compared through a side channel).
+                      timeouts, mismatch detection); the stall diagnosis
+                      (a ring of recent calls per comm, compared through a
+                      side channel).
                       Inside: >>comm:vtable >>comm:kit >>comm:ring
                       >>comm:clock >>comm:engine >>comm:shm >>comm:side
-                      >>comm:inband >>comm:local >>comm:launch >>comm:rdzv
-       >>model        modules, parameters, shared parameters, ignored items
+                      >>comm:inband >>comm:local
+       >>launch       launchers' environments (torchrun, srun, mpirun) and
+                      the TCP rendezvous (also a side channel); no function
+                      below calls it. FSDP_NO_NET compiles its sockets out.
+                      Inside: >>launch:env >>launch:rdzv >>launch:server
+                      >>launch:client >>launch:side
+       >>model        modules, parameters, shared parameters, ignored items.
+                      Inside: >>model:tree >>model:layout
        >>flatparam    units' flat parameters and PyTorch-exact shard metadata
        >>wrap         wrap policies and PyTorch's recursive walk
        >>statedict    the state-dict container: named tensors and pieces,
-                      compare, host copies
+                      compare, host copies.
+                      Inside: >>statedict:pieces >>statedict:dict
        >>safetensors  the file format: CRC-32, a strict JSON reader, plain
-                      safetensors files read and written atomically
+                      safetensors files read and written atomically.
+                      Inside: >>safetensors:names >>safetensors:crc
+                      >>safetensors:string >>safetensors:json
+                      >>safetensors:hash >>safetensors:checksum
+                      >>safetensors:dtypes >>safetensors:io
+                      >>safetensors:file >>safetensors:read
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
                       memory, init, clipping, summon, the sharded step.
                       Inside: >>runtime:ctx >>runtime:create
@@ -76,14 +90,19 @@
                       >>runtime:views >>runtime:lend >>runtime:step
                       >>runtime:summon >>runtime:label
        >>zero         the ZeRO optimizer (ZeroRedundancyOptimizer): partition,
-                      sharded step, bucket views, stage 1/2, state dicts
+                      sharded step, bucket views, stage 1/2, state dicts.
+                      Inside: >>zero:optim >>zero:statedict
        >>getload      a context's full, sharded and local state dicts, and
-                      loading them (rank-0 broadcast, resharding)
+                      loading them (rank-0 broadcast, resharding).
+                      Inside: >>getload:get >>getload:load >>getload:meta
+                      >>getload:layout
        >>ckpt         checkpoints: sharded directories and single files,
                       resharding on load, the async writer with cached
-                      pinned staging, committed by a per-step poll;
-                      Hugging Face model directories and PEFT adapters in
-                      and out (fsdp_hf_load, fsdp_hf_save)
+                      pinned staging, committed by a per-step poll.
+                      Inside: >>ckpt:writer >>ckpt:load >>ckpt:index
+       >>hf           Hugging Face model directories and PEFT adapters in
+                      and out (fsdp_hf_load, fsdp_hf_save).
+                      Inside: >>hf:items >>hf:read >>hf:write
 
    fsdp.h DOES NOT: launch processes (it reads what torchrun, srun or
    mpirun tell them), do autograd, choose your GPU.

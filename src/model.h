@@ -110,7 +110,7 @@ FSDP_API fsdp_result fsdp_model_add_param(fsdp_model *m, const fsdp_param_desc *
      dtype, frozen  the parameter's, for fsdp_model_add_layout (0: f32,
              trainable); loads ignore them (the buffer has one dtype)
      hf_name, hf_transpose  how Hugging Face files name and store it
-             (fsdp_hf_load, fsdp_hf_save, >>ckpt): hf_name is its name
+             (fsdp_hf_load, fsdp_hf_save, >>hf): hf_name is its name
              there (with "{L}" where name has it; NULL: name), hf_transpose
              1 says the file holds the transpose of the 2-D parameter (GPT-2's
              Conv1D keeps its weight as (in, out); the model's shape, given

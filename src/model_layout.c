@@ -1,4 +1,4 @@
-/* --- layout tables (fsdp_layout_entry) --- */
+/* --- >>model:layout layout tables (fsdp_layout_entry) -------------------- */
 
 /* Checks entry k of a table (not the model): count against "{L}", shape,
    stride. Fills *slice (one parameter's numel) and *layers. */

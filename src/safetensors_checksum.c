@@ -1,4 +1,4 @@
-/* --- the layout checksum: CRC-32 of a canonical form of a JSON value,
+/* --- >>safetensors:checksum the layout checksum: CRC-32 of a canonical form of a JSON value,
    which depends on what the value says and not on how it is written
    (spacing, escapes, the order of an object's members): objects are
    '{' then their members sorted by key, each the key, NUL, the value, then

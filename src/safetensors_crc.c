@@ -1,4 +1,4 @@
-/* --- CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
+/* --- >>safetensors:crc CRC-32 (zlib's polynomial), slice-by-8; the table lives with the
    caller, so there is no global state --- */
 
 typedef struct fsdp__crc {

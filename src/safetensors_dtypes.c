@@ -1,4 +1,4 @@
-/* --- safetensors dtypes --- */
+/* --- >>safetensors:dtypes safetensors dtypes ----------------------------- */
 
 FSDP__DEF const char *fsdp__st_dtype_name(fsdp_dtype dt)
 {

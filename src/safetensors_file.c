@@ -1,4 +1,4 @@
-/* --- safetensors files --- */
+/* --- >>safetensors:file safetensors files: write, header, open ----------- */
 
 #define FSDP__ST_MAX_HEADER FSDP_SAFETENSORS_MAX_HEADER
 

@@ -1,4 +1,4 @@
-/* --- hashed lookups: FNV-1a over a string; tables of node ids with open
+/* --- >>safetensors:hash hashed lookups: FNV-1a over a string; tables of node ids with open
    addressing, sized to a power of two at least twice the entries --- */
 
 FSDP__DEF uint64_t fsdp__strhash(const char *s, uint64_t seed)

@@ -1,4 +1,4 @@
-/* --- file helpers: whole reads and writes over file descriptors --- */
+/* --- >>safetensors:io file helpers: whole reads and writes over file descriptors --- */
 
 /* Seconds on fsdp_clock_ms for a checkpoint's timings (fsdp_ckpt_stats);
    0 without reading the clock when they are off. */

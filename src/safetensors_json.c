@@ -1,4 +1,4 @@
-/* --- a small strict JSON reader (RFC 8259): the whole text is one value,
+/* --- >>safetensors:json a small strict JSON reader (RFC 8259): the whole text is one value,
    strings are valid escapes without NUL, numbers follow the grammar, object
    keys are unique, nesting is at most 64 deep --- */
 

@@ -15,7 +15,7 @@
 #include <signal.h>
 extern int kill(pid_t pid, int sig);
 
-/* --- names: no length limit. A name built from parts goes to a stack
+/* --- >>safetensors:names no length limit. A name built from parts goes to a stack
    buffer when it fits, else to the heap; NULL only when out of memory. */
 typedef struct fsdp__nbuf {
     const fsdp_hooks *h;

@@ -1,4 +1,4 @@
-/* --- reading a file's tensors: chunked, checked, split among threads --- */
+/* --- >>safetensors:read reading a file's tensors: chunked, checked, split among threads --- */
 
 /* One tensor of a file to read (entry `entry`, every byte read for its
    checksum): its bytes [lo, hi) go to dst (host memory); or, with dst

@@ -1,4 +1,4 @@
-/* --- a growable string --- */
+/* --- >>safetensors:string a growable string ------------------------------ */
 
 typedef struct fsdp__sb {
     const fsdp_hooks *h;

@@ -1,4 +1,4 @@
-/* --- the dict object --- */
+/* --- >>statedict:dict the dict object ------------------------------------ */
 
 FSDP__DEF void fsdp__block_free(fsdp_state_dict *sd, fsdp__block *b)
 {

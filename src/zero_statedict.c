@@ -1,4 +1,4 @@
-/* --- state dicts --- */
+/* --- >>zero:statedict state dicts ---------------------------------------- */
 
 FSDP_API void fsdp_zero_state_dict_free(fsdp_zero_state_dict *sd)
 {

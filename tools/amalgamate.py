@@ -36,12 +36,22 @@ def read_part(name, src=SRC):
     return text
 
 
+def banner(name):
+    """The line before a part in fsdp.h, naming its file (the first part,
+    the manual, has none: fsdp.h's first line is its title)."""
+    return "/* ---- src/%s (fsdp.h is generated: edit this file) ---- */\n" % name
+
+
 def amalgamate(src=SRC):
     """fsdp.h's text, and for each of its lines the part it came from:
-    a list of (first line in fsdp.h, part name, lines)."""
+    a list of (first line in fsdp.h, part name, lines); a part's banner
+    is its line 0."""
     out, where, line = [], [], 1
-    for name in read_parts(src):
+    for k, name in enumerate(read_parts(src)):
         text = read_part(name, src)
+        if k:
+            out.append(banner(name))
+            line += 1
         n = text.count("\n")
         where.append((line, name, n))
         out.append(text)
@@ -52,7 +62,7 @@ def amalgamate(src=SRC):
 def locate(where, line):
     """The part and the line inside it of fsdp.h's line `line`."""
     for first, name, n in where:
-        if first <= line < first + n:
+        if first - 1 <= line < first + n:
             return name, line - first + 1
     return None, None
 

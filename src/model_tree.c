@@ -2,6 +2,8 @@
 /* >>model (implementation)                                                  */
 /* ------------------------------------------------------------------------ */
 
+/* --- >>model:tree modules, parameters, the tree's checks ----------------- */
+
 /* String -> index map (open addressing, FNV-1a), so descriptions of
    thousands of modules build in linear time. Keys are owned elsewhere. */
 typedef struct fsdp__map {

@@ -2,6 +2,8 @@
 /* >>statedict (implementation)                                              */
 /* ------------------------------------------------------------------------ */
 
+/* --- >>statedict:pieces blocks and tensors ------------------------------- */
+
 typedef struct fsdp__block {
     void *p;
     size_t bytes;

@@ -2,6 +2,8 @@
 /* >>zero (implementation)                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* --- >>zero:optim the partition and the sharded step --------------------- */
+
 /* One parameter as the ZeRO optimizer sees it. Every rank keeps the
    bookkeeping of every parameter (owner, step, whether it has state), so
    consolidation needs no metadata exchange; only the owner holds the state

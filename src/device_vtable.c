@@ -2,6 +2,8 @@
 /* >>device (implementation)                                                 */
 /* ------------------------------------------------------------------------ */
 
+/* --- >>device:vtable the device object and its calls --------------------- */
+
 struct fsdp_device {
     fsdp_device_vtable vt; /* a copy: the caller's table may be a local */
     void *self;
