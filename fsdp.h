@@ -85,9 +85,9 @@
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
                       memory, init, clipping, summon, the sharded step.
                       Inside: >>runtime:ctx >>runtime:create
-                      >>runtime:shards >>runtime:debug >>runtime:init
-                      >>runtime:pool >>runtime:gather >>runtime:reduce
-                      >>runtime:views >>runtime:lend >>runtime:step
+                      >>runtime:shards >>runtime:debug >>runtime:pool
+                      >>runtime:gather >>runtime:reduce >>runtime:views
+                      >>runtime:init >>runtime:lend >>runtime:step
                       >>runtime:summon >>runtime:label
        >>zero         the ZeRO optimizer (ZeroRedundancyOptimizer): partition,
                       sharded step, bucket views, stage 1/2, state dicts.
@@ -1418,7 +1418,12 @@ FSDP_API fsdp_result fsdp_hostlist_first(const char *list, char *host, size_t ca
    frozen) holds up no other; one that takes nothing for the timeout is
    given up, as if it had exited (its later calls fail). A rank whose
    send to the server times out halfway gives its connection up the same
-   way: a message is never cut and followed by another. */
+   way: a message is never cut and followed by another.
+   FSDP_NO_NET, defined where FSDP_IMPLEMENTATION is, compiles every socket
+   of fsdp.h out (no socket, connect, bind or poll is referenced): the
+   calls below that need the network fail with FSDP_NOT_SUPPORTED, "not
+   built: FSDP_NO_NET", and so does fsdp_nccl_bootstrap_tcp. The launchers'
+   environment readers above still work. */
 typedef struct fsdp_rendezvous fsdp_rendezvous;
 
 /* Zero means default. */
@@ -4084,7 +4089,7 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
 
 /* torch's names of the state buffers, in the bit order of fsdp_optim_state_mask;
    state dicts, checkpoints and ZeRO all name them from here. */
-static const char *const fsdp__ostate_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+static const char *const fsdp__ostate_names[4] FSDP__UNUSED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
                                                   "momentum_buffer"};
 
 FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
@@ -6194,11 +6199,28 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
 
 /* >>device end */
 
-/* ---- src/comm_vtable.c (fsdp.h is generated: edit this file) ---- */
+/* ---- src/comm_internal.h (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>comm (implementation)                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* The section's internal declarations: what one part calls before the
+   part that defines it (mutual recursion, or a caller above its callee).
+   Each is defined in the part named beside it. */
+
+struct fsdp__eng;
+
+/* >>comm:ring */
+FSDP__DEF void fsdp__append(char *buf, size_t cap, const char *fmt, ...) FSDP__PRINTF(3, 4);
+/* >>comm:inband (its callers in >>comm:inband come before it) */
+FSDP__DEF fsdp_result fsdp__eng_inband_round(struct fsdp__eng *e, const fsdp_coll_desc *c,
+                                             const void *send, int inband, void *staging,
+                                             double deadline, fsdp_error *err);
+/* >>comm:local (a split of the local backend's engine) */
+FSDP__DEF fsdp_result fsdp__local_split(struct fsdp__eng *e, int color, int key,
+                                        struct fsdp__eng **out, fsdp_error *err);
+
+/* ---- src/comm_vtable.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>comm:vtable the communicator and its calls ------------------------ */
 
 struct fsdp_comm {
@@ -6609,7 +6631,6 @@ FSDP_API void fsdp_call_ring_describe(char *buf, size_t cap, const fsdp_call_rin
 }
 
 /* Appends a formatted piece to buf (cap bytes), cutting at the end. */
-FSDP__DEF void fsdp__append(char *buf, size_t cap, const char *fmt, ...) FSDP__PRINTF(3, 4);
 FSDP__DEF void fsdp__append(char *buf, size_t cap, const char *fmt, ...)
 {
     size_t len = strlen(buf);
@@ -6661,6 +6682,37 @@ FSDP__DEF uint64_t fsdp__ring_next(const fsdp_call_ring *rings, const int *statu
 /* What separates the failed call from the diagnosis in fsdp_side_diagnose's
    words; a ring's failure is shown from there on. */
 #define FSDP__SHOW " side channel) show: "
+
+/* fsdp_stall_diagnose's list of the ranks whose ring did not come (silent,
+   gone, no comm, unreadable), appended to buf; set is n flags of scratch.
+   1 when there was one. */
+FSDP__DEF int fsdp__diagnose_missing(char *buf, size_t cap, const fsdp_call_ring *rings,
+                                     const int *status, int n, unsigned char *set)
+{
+    char list[160];
+    int j, k, any = 0;
+    for (k = FSDP_SIDE_SILENT; k <= FSDP_SIDE_EMPTY + 1; k++) {
+        int many;
+        memset(set, 0, (size_t)n);
+        for (j = 0; j < n; j++)
+            set[j] = k <= FSDP_SIDE_EMPTY ? status[j] == k
+                                          : status[j] == FSDP_SIDE_ANSWERED && !FSDP__RING_OK(j);
+        many = fsdp__rank_list(list, sizeof list, set, n);
+        if (!many) continue;
+        fsdp__append(buf, cap, "%s%s", buf[0] ? "; " : "", list);
+        if (k == FSDP_SIDE_SILENT)
+            fsdp__append(buf, cap, " did not answer (frozen, or unreachable)");
+        else if (k == FSDP_SIDE_GONE)
+            fsdp__append(buf, cap, " %s gone (the side channel closed: the process exited or "
+                         "crashed)", many > 1 ? "are" : "is");
+        else if (k == FSDP_SIDE_EMPTY)
+            fsdp__append(buf, cap, " %s no comm on the side channel", many > 1 ? "have" : "has");
+        else
+            fsdp__append(buf, cap, " sent an unreadable ring (another build?)");
+        any = 1;
+    }
+    return any;
+}
 
 FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *rings,
                                  const int *status, int n, int self)
@@ -6764,26 +6816,7 @@ FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *ri
         }
     }
     /* ranks whose ring did not come */
-    for (k = FSDP_SIDE_SILENT; k <= FSDP_SIDE_EMPTY + 1; k++) {
-        int many;
-        memset(set, 0, (size_t)n);
-        for (j = 0; j < n; j++)
-            set[j] = k <= FSDP_SIDE_EMPTY ? status[j] == k
-                                          : status[j] == FSDP_SIDE_ANSWERED && !FSDP__RING_OK(j);
-        many = fsdp__rank_list(list, sizeof list, set, n);
-        if (!many) continue;
-        fsdp__append(buf, cap, "%s%s", buf[0] ? "; " : "", list);
-        if (k == FSDP_SIDE_SILENT)
-            fsdp__append(buf, cap, " did not answer (frozen, or unreachable)");
-        else if (k == FSDP_SIDE_GONE)
-            fsdp__append(buf, cap, " %s gone (the side channel closed: the process exited or "
-                         "crashed)", many > 1 ? "are" : "is");
-        else if (k == FSDP_SIDE_EMPTY)
-            fsdp__append(buf, cap, " %s no comm on the side channel", many > 1 ? "have" : "has");
-        else
-            fsdp__append(buf, cap, " sent an unreadable ring (another build?)");
-        kind = kind ? kind : 2;
-    }
+    if (fsdp__diagnose_missing(buf, cap, rings, status, n, set)) kind = kind ? kind : 2;
     /* a rank whose comm had failed already (and so issued nothing since):
        its own words say more, unless the calls differ, which says it all */
     for (j = 0; j < n && failed < 0 && kind != 1; j++)
@@ -7869,10 +7902,6 @@ FSDP__DEF uint64_t fsdp__eng_shm_publish(fsdp__eng *e, const fsdp_coll_desc *c)
     return gen;
 }
 
-FSDP__DEF fsdp_result fsdp__eng_inband_round(fsdp__eng *e, const fsdp_coll_desc *c,
-                                             const void *send, int inband, void *staging,
-                                             double deadline, fsdp_error *err);
-
 /* Waits for every peer's description of this rank's current call (the
    one it published last, into e->fps) and compares them. */
 FSDP__DEF fsdp_result fsdp__eng_shm_wait(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,
@@ -8941,9 +8970,6 @@ FSDP__DEF void fsdp__local_member_free(void *t)
     fsdp__local_world_unref(w);
 }
 
-FSDP__DEF fsdp_result fsdp__local_split(fsdp__eng *e, int color, int key, fsdp__eng **out,
-                                        fsdp_error *err);
-
 /* A comm of the world, not yet in a group (fsdp__local_join). */
 FSDP__DEF fsdp__eng *fsdp__local_eng_new(fsdp_local_world *w, fsdp_device *dev)
 {
@@ -9579,7 +9605,12 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
    collection's query from its publisher and hands broadcasts and
    collections to the caller waiting for them. Frames: a type byte, the
    payload's length (4 bytes, network order), the payload. */
-#if defined(__unix__) || defined(__APPLE__)
+#if defined(FSDP_NO_NET)
+/* The engine asked for no sockets at all: every call of this section that
+   needs the network fails with this text, FSDP_NOT_SUPPORTED. */
+#define FSDP__NET 0
+#define FSDP__NET_WHY "not built: FSDP_NO_NET (this build compiled the sockets out)"
+#elif defined(__unix__) || defined(__APPLE__)
 #define FSDP__NET 1
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -9615,13 +9646,14 @@ extern const char *gai_strerror(int ecode);
 #endif
 #else
 #define FSDP__NET 0
+#define FSDP__NET_WHY "no sockets on this platform in this build"
 #endif
 
 #define FSDP__RDZV_VERSION 1u
 #define FSDP__RDZV_FRAME_MAX ((uint32_t)64 << 20) /* a collection of 8k rings fits */
 #define FSDP__RDZV_BCAST_MAX ((size_t)1 << 20)
 #define FSDP__RDZV_PUBLISH_MAX ((size_t)64 << 10)
-static const char fsdp__rdzv_magic[8] = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '1'};
+static const char fsdp__rdzv_magic[8] FSDP__UNUSED = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '1'};
 
 /* A broadcast that arrived before its caller asked for it. */
 typedef struct fsdp__rdzv_msg {
@@ -9795,9 +9827,12 @@ FSDP__DEF void fsdp__net_setup(int fd)
 #endif
 }
 
+#endif /* FSDP__NET */
+
 /* ---- src/launch_server.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>launch:server rank 0's server ------------------------------------- */
 
+#if FSDP__NET
 /* What the server owes one peer, whole frames in order: a peer that does
    not read (frozen, stopped) holds up only its own queue, never the
    server, and a frame is never cut and followed by another. */
@@ -10401,9 +10436,12 @@ FSDP__DEF fsdp_result fsdp__srv_start(fsdp_rendezvous *z, fsdp__rdzv_server **ou
     return FSDP_SUCCESS;
 }
 
+#endif /* FSDP__NET */
+
 /* ---- src/launch_client.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>launch:client every rank: the connection and its reader ----------- */
 
+#if FSDP__NET
 FSDP__DEF void fsdp__rdzv_closed(fsdp_rendezvous *z, const char *why)
 {
     pthread_mutex_lock(&z->mu);
@@ -10684,8 +10722,7 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
                                  "longer than 127 bytes");
 #if !FSDP__NET
     (void)deadline, (void)r, (void)z;
-    return fsdp__fail_create(h, FSDP_NOT_SUPPORTED, "fsdp_rendezvous_create: no sockets on this "
-                             "platform in this build");
+    return fsdp__fail_create(h, FSDP_NOT_SUPPORTED, "fsdp_rendezvous_create: %s", FSDP__NET_WHY);
 #else
     z = (fsdp_rendezvous *)fsdp__calloc(h, 1, sizeof *z);
     if (!z) return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out of memory");
@@ -10914,7 +10951,7 @@ FSDP__DEF fsdp_result fsdp__collect__rdzv(void *self, void *out, size_t cap, siz
     return r;
 #else
     (void)self, (void)out, (void)cap, (void)lens, (void)status, (void)deadline;
-    return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "no sockets");
+    return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "the rendezvous: %s", FSDP__NET_WHY);
 #endif
 }
 
@@ -13255,11 +13292,21 @@ FSDP_API fsdp_result fsdp_state_dict_copy(fsdp_state_dict *dst, const fsdp_state
 
 /* >>statedict end */
 
-/* ---- src/safetensors_names.c (fsdp.h is generated: edit this file) ---- */
+/* ---- src/safetensors_internal.h (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>safetensors (implementation)                                            */
 /* ------------------------------------------------------------------------ */
 
+/* The section's internal declarations: what one part calls before the
+   part that defines it (mutual recursion, or a caller above its callee).
+   Each is defined in the part named beside it. */
+
+struct fsdp__json;
+
+/* >>safetensors:json (a value holds values: the reader recurses) */
+FSDP__DEF int fsdp__j_value(struct fsdp__json *j, int depth);
+
+/* ---- src/safetensors_names.c (fsdp.h is generated: edit this file) ---- */
 /* The POSIX file calls checkpoints need. They are declared by these headers
    even under -std=c11 (open, read, write, lseek, fsync, close, rename,
    unlink, mkdir, opendir); pread and fileno are not, so they are not used. */
@@ -13736,8 +13783,6 @@ FSDP__DEF int fsdp__j_keycmp(const void *a, const void *b)
 {
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
-
-FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth);
 
 /* Children are linked in order; pool offsets become pointers at the end
    (the pool is fixed, but keeping offsets is simpler to reason about). */
@@ -15716,11 +15761,24 @@ FSDP_API unsigned fsdp_state_dict_verified(const fsdp_state_dict *sd)
 
 /* >>safetensors end */
 
-/* ---- src/runtime_ctx.c (fsdp.h is generated: edit this file) ---- */
+/* ---- src/runtime_internal.h (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>runtime (implementation)                                                */
 /* ------------------------------------------------------------------------ */
 
+/* The section's internal declarations: what one part calls before the
+   part that defines it (mutual recursion, or a caller above its callee).
+   Each is defined in the part named beside it. */
+
+struct fsdp__cunit;
+
+/* >>runtime:debug (the checks of kept buffers, called above their part) */
+FSDP__DEF fsdp_result fsdp__dbg_check_kept(fsdp_ctx *c, int unit, const char *fn, int take);
+FSDP__DEF fsdp_result fsdp__dbg_check_kept_grad(fsdp_ctx *c, int unit, const char *fn, int take);
+/* >>runtime:reduce (fsdp__reduce waits on the chain it queues) */
+FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, struct fsdp__cunit *cu);
+
+/* ---- src/runtime_ctx.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:ctx the context: structs, errors, memory, the host team --- */
 
 #define FSDP__MAX_GROUPS 64
@@ -15890,9 +15948,6 @@ FSDP__DEF void fsdp__ctx_dep_remove(fsdp_ctx *c, fsdp__ctx_dep *d)
     d->next = d->prev = NULL;
 }
 
-FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu);
-FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn);
-
 /* The context's state follows its units: forward/backward while any unit is
    between begin and end, summon while any is summoned, else idle. */
 FSDP__DEF void fsdp__update_state(fsdp_ctx *c)
@@ -16024,6 +16079,13 @@ FSDP__DEF void fsdp__free_shard(fsdp_ctx *c, void *p, size_t bytes)
     if (!p) return;
     if (c->offload) fsdp_device_host_free(c->dev, p, bytes);
     else fsdp_device_free(c->dev, p, bytes);
+}
+
+/* Bytes of the unit's unsharded gradient. */
+FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu)
+{
+    if (cu->strat == FSDP_NO_SHARD) return (size_t)cu->S * fsdp_dtype_size(cu->pdt);
+    return (size_t)cu->lay.shard_numel * (size_t)cu->W * fsdp_dtype_size(cu->pdt);
 }
 
 /* NO_SHARD without offload computes on the shard itself: its parameters are
@@ -17116,8 +17178,6 @@ FSDP__DEF fsdp_result fsdp__refresh_lp(fsdp_ctx *c, fsdp__cunit *cu)
 /* ---- src/runtime_debug.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:debug initialisation tracking and the debug mode --- */
 
-FSDP__DEF void fsdp__invalidate_buffers(fsdp_ctx *c, fsdp__cunit *cu);
-
 /* Marks parameters initialised: entry `entry` of unit `unit`, every entry
    of the unit (entry -1), or every unit (unit -1). Every load of >>getload
    and >>ckpt commits through fsdp__invalidate, which marks its whole unit;
@@ -17391,10 +17451,6 @@ FSDP__DEF fsdp_result fsdp__dbg_check_block(fsdp_ctx *c, int unit, const char *w
     return r;
 }
 
-FSDP__DEF fsdp_result fsdp__dbg_check_kept(fsdp_ctx *c, int unit, const char *fn, int take);
-FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu);
-FSDP__DEF fsdp_result fsdp__dbg_check_kept_grad(fsdp_ctx *c, int unit, const char *fn, int take);
-
 /* Every poisoned buffer, where the context waits for everything anyway
    (fsdp_step and the other calls between iterations); also the kept
    resident buffers, which the step (NO_SHARD: the views are its f32
@@ -17426,7 +17482,13 @@ FSDP__DEF fsdp_result fsdp__dbg_quiesce(fsdp_ctx *c, int reduction)
     return fsdp__ctx_dev(c, r, "debug: waiting for the streams");
 }
 
-FSDP__DEF uint64_t fsdp__mix64(uint64_t z);
+/* splitmix64's finalizer */
+FSDP__DEF uint64_t fsdp__mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
 
 /* Four independent lanes: the multiplies overlap, so the checksum runs
    near memory speed instead of at one multiply's latency per word. */
@@ -17585,236 +17647,6 @@ FSDP__DEF fsdp_result fsdp__dbg_retire(fsdp_ctx *c, int unit, int phase)
         if (!fsdp__shard_is_view(c, cu)) cu->dbg.pkept = 0; /* its parameters were there */
     }
     return FSDP_SUCCESS;
-}
-
-FSDP_API fsdp_result fsdp_init_zeros(fsdp_ctx *c)
-{
-    fsdp_result r;
-    int i;
-    if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__sync_all(c, "fsdp_init_zeros")) != FSDP_SUCCESS) return r;
-    for (i = 0; i < c->nunits; i++) {
-        fsdp__cunit *cu = &c->u[i];
-        if (!cu->S) {
-            fsdp__invalidate(c, cu);
-            continue;
-        }
-        if (c->offload) memset(cu->master, 0, fsdp__shard_bytes(cu, 4));
-        else if ((r = fsdp_device_memset(c->dev, cu->master, 0, fsdp__shard_bytes(cu, 4),
-                                         c->cs)) != FSDP_SUCCESS)
-            return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
-        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
-        fsdp__invalidate(c, cu);
-    }
-    r = fsdp_stream_synchronize(c->dev, c->cs);
-    return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
-}
-
-/* ---- src/runtime_init.c (fsdp.h is generated: edit this file) ---- */
-/* --- >>runtime:init the counter-based generator --- */
-
-FSDP__DEF uint64_t fsdp__mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
-
-FSDP__DEF uint64_t fsdp__name_key(uint64_t seed, const char *fqn)
-{
-    uint64_t h = 1469598103934665603ULL ^ fsdp__mix64(seed + 0x9E3779B97F4A7C15ULL);
-    while (*fqn) h = (h ^ (uint8_t)*fqn++) * 1099511628211ULL;
-    return fsdp__mix64(h);
-}
-
-/* 24 random bits of draw `stream` of element k, as a float in [0, 1). */
-FSDP__DEF double fsdp__u01(uint64_t key, int64_t k, uint64_t stream)
-{
-    uint64_t z = fsdp__mix64(key ^ fsdp__mix64((uint64_t)k * 0x9E3779B97F4A7C15ULL + stream));
-    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
-}
-
-FSDP__DEF double fsdp__normal(uint64_t key, int64_t k, uint64_t attempt)
-{
-    double u1 = 1.0 - fsdp__u01(key, k, 2 * attempt); /* (0, 1] */
-    double u2 = fsdp__u01(key, k, 2 * attempt + 1);
-    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
-}
-
-FSDP_API float fsdp_random_normal(uint64_t seed, const char *fqn, int64_t k)
-{
-    return fqn ? (float)fsdp__normal(fsdp__name_key(seed, fqn), k, 0) : 0.0f;
-}
-
-FSDP_API float fsdp_random_uniform(uint64_t seed, const char *fqn, int64_t k)
-{
-    return fqn ? (float)fsdp__u01(fsdp__name_key(seed, fqn), k, 0) : 0.0f;
-}
-
-/* The name the model's initial values are keyed by: the first occurrence of
-   the parameter object, so a weight PyTorch unties across units starts equal. */
-FSDP__DEF const char *fsdp__object_name(fsdp_ctx *c, const fsdp_flat_entry *fe)
-{
-    fsdp_param_info pi, pp;
-    if (fsdp_model_param(c->model, fe->param, &pi) != FSDP_SUCCESS) return fe->fqn;
-    if (fsdp_model_param(c->model, pi.primary, &pp) != FSDP_SUCCESS) return fe->fqn;
-    return pp.fqn;
-}
-
-FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *c, uint64_t seed, fsdp_init_choose_fn choose,
-                                      void *user)
-{
-    int i, p;
-    fsdp_result r;
-    if (!c) return FSDP_INVALID_ARGS;
-    if (!choose) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_init_params: choose is NULL");
-    if ((r = fsdp__sync_all(c, "fsdp_init_params")) != FSDP_SUCCESS) return r;
-    r = fsdp_stream_synchronize(c->dev, c->cs);
-    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_init_params");
-    for (i = 0; i < c->nunits; i++) {
-        fsdp__cunit *cu = &c->u[i];
-        const fsdp_unit_info *ui = cu->info;
-        fsdp_shard_layout *lay = &cu->lay;
-        for (p = 0; p < lay->npieces; p++) {
-            const fsdp_flat_entry *fe = &ui->entries[cu->pieces[p].entry];
-            const char *key_name = fsdp__object_name(c, fe);
-            fsdp_param_info pi;
-            fsdp_module_info mi;
-            fsdp_init_spec sp;
-            uint64_t key = fsdp__name_key(seed, key_name);
-            int64_t k, start = cu->pieces[p].start, end = cu->pieces[p].end;
-            float *shard_dst = cu->master + (fe->offset + start - lay->flat_begin), *dst;
-            int staged = !c->offload && !fsdp_device_host_accessible(c->dev);
-            if (end < start) continue;
-            /* memory the host cannot write is filled through a host buffer */
-            dst = staged ? (float *)fsdp__alloc(&c->hooks, (size_t)(end - start + 1) * 4)
-                         : shard_dst;
-            if (!dst)
-                return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY,
-                                      "fsdp_init_params: out of host memory staging '%s'",
-                                      fe->fqn);
-            fsdp_model_param(c->model, fe->param, &pi);
-            fsdp_model_module(c->model, pi.module, &mi);
-            sp = choose(user, fe->fqn, fe->ndim, fe->shape, mi.type);
-            switch (sp.kind) {
-            case FSDP_INIT_ZEROS:
-            case FSDP_INIT_ONES:
-            case FSDP_INIT_CONSTANT: {
-                float v = sp.kind == FSDP_INIT_ZEROS ? 0.0f
-                          : sp.kind == FSDP_INIT_ONES ? 1.0f : (float)sp.a;
-                for (k = start; k <= end; k++) dst[k - start] = v;
-                break;
-            }
-            case FSDP_INIT_UNIFORM:
-                for (k = start; k <= end; k++)
-                    dst[k - start] = (float)(sp.a + (sp.b - sp.a) * fsdp__u01(key, k, 0));
-                break;
-            case FSDP_INIT_NORMAL:
-                for (k = start; k <= end; k++)
-                    dst[k - start] = (float)(sp.a + sp.b * fsdp__normal(key, k, 0));
-                break;
-            case FSDP_INIT_TRUNC_NORMAL:
-                if (!(sp.lo <= sp.hi)) {
-                    if (staged) fsdp__free(&c->hooks, dst);
-                    return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
-                                          "fsdp_init_params: '%s': truncated normal needs lo <= "
-                                          "hi", fe->fqn);
-                }
-                for (k = start; k <= end; k++) {
-                    double v = sp.a + sp.b * fsdp__normal(key, k, 0);
-                    uint64_t at;
-                    for (at = 1; (v < sp.lo || v > sp.hi) && at < 64; at++)
-                        v = sp.a + sp.b * fsdp__normal(key, k, at);
-                    if (v < sp.lo) v = sp.lo; /* 64 misses: only for absurd bounds */
-                    if (v > sp.hi) v = sp.hi;
-                    dst[k - start] = (float)v;
-                }
-                break;
-            case FSDP_INIT_USER:
-                if (!sp.fn) {
-                    if (staged) fsdp__free(&c->hooks, dst);
-                    return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
-                                          "fsdp_init_params: '%s': FSDP_INIT_USER without fn",
-                                          fe->fqn);
-                }
-                sp.fn(sp.user, key_name, start, end - start + 1, dst);
-                break;
-            default:
-                if (staged) fsdp__free(&c->hooks, dst);
-                return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
-                                      "fsdp_init_params: '%s': unknown init kind %d", fe->fqn,
-                                      (int)sp.kind);
-            }
-            if (staged) {
-                r = fsdp_device_copy(c->dev, shard_dst, dst, (size_t)(end - start + 1) * 4,
-                                     FSDP_COPY_H2D, NULL);
-                fsdp__free(&c->hooks, dst);
-                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_init_params");
-            }
-        }
-        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
-        fsdp__invalidate(c, cu);
-    }
-    r = fsdp_stream_synchronize(c->dev, c->cs);
-    return fsdp__ctx_dev(c, r, "fsdp_init_params");
-}
-
-FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *c, const char *fqn, const void *data,
-                                         fsdp_dtype dt)
-{
-    int i, e, p, found = 0, target;
-    fsdp_param_info pi;
-    fsdp_result r;
-    if (!c) return FSDP_INVALID_ARGS;
-    if (!fqn || !data)
-        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_full_param: %s is NULL",
-                              fqn ? "data" : "fqn");
-    if (!fsdp_dtype_is_float(dt))
-        return fsdp__ctx_fail(c, FSDP_INVALID_DTYPE, "fsdp_set_full_param: '%s': dtype %s is "
-                              "not a float dtype", fqn, fsdp_dtype_name(dt));
-    if ((r = fsdp__sync_all(c, "fsdp_set_full_param")) != FSDP_SUCCESS) return r;
-    target = fsdp_model_find_param(c->model, fqn);
-    if (target < 0)
-        return fsdp__ctx_fail(c, FSDP_NOT_FOUND, "fsdp_set_full_param: no parameter '%s'", fqn);
-    fsdp_model_param(c->model, target, &pi);
-    target = pi.primary;
-    r = fsdp_stream_synchronize(c->dev, c->cs);
-    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
-    for (i = 0; i < c->nunits; i++) {
-        fsdp__cunit *cu = &c->u[i];
-        for (e = 0; e < cu->info->nentries; e++) {
-            fsdp_param_info ei;
-            fsdp_model_param(c->model, cu->info->entries[e].param, &ei);
-            if (ei.primary != target) continue;
-            found = 1;
-            for (p = 0; p < cu->lay.npieces; p++) {
-                const fsdp_shard_piece *pc = &cu->pieces[p];
-                int64_t n = pc->end - pc->start + 1;
-                float *dst;
-                if (pc->entry != e || n <= 0) continue;
-                dst = cu->master + (cu->info->entries[e].offset + pc->start - cu->lay.flat_begin);
-                if (c->offload)
-                    r = fsdp_convert(dst, FSDP_F32,
-                                     (const char *)data + (size_t)pc->start * fsdp_dtype_size(dt),
-                                     dt, (size_t)n);
-                else
-                    r = fsdp_device_cast(c->dev, dst, FSDP_F32,
-                                         (const char *)data + (size_t)pc->start *
-                                                                  fsdp_dtype_size(dt),
-                                         dt, (size_t)n, NULL);
-                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
-            }
-            if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
-            fsdp__invalidate_buffers(c, cu);
-            fsdp__ctx_mark_loaded(c, i, e);
-        }
-    }
-    if (!found)
-        return fsdp__ctx_fail(c, FSDP_NOT_FOUND,
-                              "fsdp_set_full_param: parameter '%s' is ignored (FSDP does not "
-                              "manage it)", fqn);
-    r = fsdp_stream_synchronize(c->dev, c->cs);
-    return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
 }
 
 /* ---- src/runtime_pool.c (fsdp.h is generated: edit this file) ---- */
@@ -17990,13 +17822,6 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int how)
 /* Unsharded gradients above this many bytes are zeroed on the comm stream
    (fsdp__gather); smaller ones by begin_backward. */
 #define FSDP__ZERO_ON_STREAM ((size_t)64 << 10)
-
-/* Bytes of the unit's unsharded gradient. */
-FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu)
-{
-    if (cu->strat == FSDP_NO_SHARD) return (size_t)cu->S * fsdp_dtype_size(cu->pdt);
-    return (size_t)cu->lay.shard_numel * (size_t)cu->W * fsdp_dtype_size(cu->pdt);
-}
 
 /* 1 when begin_backward must hand the engine a zeroed unsharded gradient. */
 FSDP__DEF int fsdp__needs_zero_grad(const fsdp__cunit *cu)
@@ -18323,12 +18148,6 @@ FSDP__DEF fsdp_result fsdp__begin_backward(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
-/* Reduces the unit's unsharded gradient into its f32 sharded gradient, on
-   the comm stream: cast to the reduce dtype, divide by the pre factor,
-   reduce-scatter (all-reduce for NO_SHARD), divide by the post factor,
-   all-reduce across replicas (HYBRID), accumulate. */
-FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu);
-
 FSDP__DEF fsdp_result fsdp__reduce(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r = fsdp__reduce_chain(c, cu);
@@ -18390,6 +18209,10 @@ FSDP__DEF void fsdp__factors(const fsdp_ctx *c, int world, double *pre, double *
     else fsdp_divide_factors(world, pre, post);
 }
 
+/* Reduces the unit's unsharded gradient into its f32 sharded gradient, on
+   the comm stream: cast to the reduce dtype, divide by the pre factor,
+   reduce-scatter (all-reduce for NO_SHARD), divide by the post factor,
+   all-reduce across replicas (HYBRID), accumulate. */
 FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r;
@@ -18749,6 +18572,229 @@ FSDP__DEF fsdp_result fsdp__sync_units(fsdp_ctx *c, const char *fn, int allow_su
 FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn)
 {
     return fsdp__sync_units(c, fn, 0);
+}
+
+/* ---- src/runtime_init.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>runtime:init initialisation: the counter-based generator, init_zeros, set_full_param --- */
+
+FSDP__DEF uint64_t fsdp__name_key(uint64_t seed, const char *fqn)
+{
+    uint64_t h = 1469598103934665603ULL ^ fsdp__mix64(seed + 0x9E3779B97F4A7C15ULL);
+    while (*fqn) h = (h ^ (uint8_t)*fqn++) * 1099511628211ULL;
+    return fsdp__mix64(h);
+}
+
+/* 24 random bits of draw `stream` of element k, as a float in [0, 1). */
+FSDP__DEF double fsdp__u01(uint64_t key, int64_t k, uint64_t stream)
+{
+    uint64_t z = fsdp__mix64(key ^ fsdp__mix64((uint64_t)k * 0x9E3779B97F4A7C15ULL + stream));
+    return (double)(z >> 11) * (1.0 / 9007199254740992.0);
+}
+
+FSDP__DEF double fsdp__normal(uint64_t key, int64_t k, uint64_t attempt)
+{
+    double u1 = 1.0 - fsdp__u01(key, k, 2 * attempt); /* (0, 1] */
+    double u2 = fsdp__u01(key, k, 2 * attempt + 1);
+    return sqrt(-2.0 * log(u1)) * cos(6.283185307179586476925 * u2);
+}
+
+FSDP_API float fsdp_random_normal(uint64_t seed, const char *fqn, int64_t k)
+{
+    return fqn ? (float)fsdp__normal(fsdp__name_key(seed, fqn), k, 0) : 0.0f;
+}
+
+FSDP_API float fsdp_random_uniform(uint64_t seed, const char *fqn, int64_t k)
+{
+    return fqn ? (float)fsdp__u01(fsdp__name_key(seed, fqn), k, 0) : 0.0f;
+}
+
+/* The name the model's initial values are keyed by: the first occurrence of
+   the parameter object, so a weight PyTorch unties across units starts equal. */
+FSDP__DEF const char *fsdp__object_name(fsdp_ctx *c, const fsdp_flat_entry *fe)
+{
+    fsdp_param_info pi, pp;
+    if (fsdp_model_param(c->model, fe->param, &pi) != FSDP_SUCCESS) return fe->fqn;
+    if (fsdp_model_param(c->model, pi.primary, &pp) != FSDP_SUCCESS) return fe->fqn;
+    return pp.fqn;
+}
+
+FSDP_API fsdp_result fsdp_init_zeros(fsdp_ctx *c)
+{
+    fsdp_result r;
+    int i;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__sync_all(c, "fsdp_init_zeros")) != FSDP_SUCCESS) return r;
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        if (!cu->S) {
+            fsdp__invalidate(c, cu);
+            continue;
+        }
+        if (c->offload) memset(cu->master, 0, fsdp__shard_bytes(cu, 4));
+        else if ((r = fsdp_device_memset(c->dev, cu->master, 0, fsdp__shard_bytes(cu, 4),
+                                         c->cs)) != FSDP_SUCCESS)
+            return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
+        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+        fsdp__invalidate(c, cu);
+    }
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
+}
+
+FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *c, uint64_t seed, fsdp_init_choose_fn choose,
+                                      void *user)
+{
+    int i, p;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!choose) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_init_params: choose is NULL");
+    if ((r = fsdp__sync_all(c, "fsdp_init_params")) != FSDP_SUCCESS) return r;
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_init_params");
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        const fsdp_unit_info *ui = cu->info;
+        fsdp_shard_layout *lay = &cu->lay;
+        for (p = 0; p < lay->npieces; p++) {
+            const fsdp_flat_entry *fe = &ui->entries[cu->pieces[p].entry];
+            const char *key_name = fsdp__object_name(c, fe);
+            fsdp_param_info pi;
+            fsdp_module_info mi;
+            fsdp_init_spec sp;
+            uint64_t key = fsdp__name_key(seed, key_name);
+            int64_t k, start = cu->pieces[p].start, end = cu->pieces[p].end;
+            float *shard_dst = cu->master + (fe->offset + start - lay->flat_begin), *dst;
+            int staged = !c->offload && !fsdp_device_host_accessible(c->dev);
+            if (end < start) continue;
+            /* memory the host cannot write is filled through a host buffer */
+            dst = staged ? (float *)fsdp__alloc(&c->hooks, (size_t)(end - start + 1) * 4)
+                         : shard_dst;
+            if (!dst)
+                return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY,
+                                      "fsdp_init_params: out of host memory staging '%s'",
+                                      fe->fqn);
+            fsdp_model_param(c->model, fe->param, &pi);
+            fsdp_model_module(c->model, pi.module, &mi);
+            sp = choose(user, fe->fqn, fe->ndim, fe->shape, mi.type);
+            switch (sp.kind) {
+            case FSDP_INIT_ZEROS:
+            case FSDP_INIT_ONES:
+            case FSDP_INIT_CONSTANT: {
+                float v = sp.kind == FSDP_INIT_ZEROS ? 0.0f
+                          : sp.kind == FSDP_INIT_ONES ? 1.0f : (float)sp.a;
+                for (k = start; k <= end; k++) dst[k - start] = v;
+                break;
+            }
+            case FSDP_INIT_UNIFORM:
+                for (k = start; k <= end; k++)
+                    dst[k - start] = (float)(sp.a + (sp.b - sp.a) * fsdp__u01(key, k, 0));
+                break;
+            case FSDP_INIT_NORMAL:
+                for (k = start; k <= end; k++)
+                    dst[k - start] = (float)(sp.a + sp.b * fsdp__normal(key, k, 0));
+                break;
+            case FSDP_INIT_TRUNC_NORMAL:
+                if (!(sp.lo <= sp.hi)) {
+                    if (staged) fsdp__free(&c->hooks, dst);
+                    return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                                          "fsdp_init_params: '%s': truncated normal needs lo <= "
+                                          "hi", fe->fqn);
+                }
+                for (k = start; k <= end; k++) {
+                    double v = sp.a + sp.b * fsdp__normal(key, k, 0);
+                    uint64_t at;
+                    for (at = 1; (v < sp.lo || v > sp.hi) && at < 64; at++)
+                        v = sp.a + sp.b * fsdp__normal(key, k, at);
+                    if (v < sp.lo) v = sp.lo; /* 64 misses: only for absurd bounds */
+                    if (v > sp.hi) v = sp.hi;
+                    dst[k - start] = (float)v;
+                }
+                break;
+            case FSDP_INIT_USER:
+                if (!sp.fn) {
+                    if (staged) fsdp__free(&c->hooks, dst);
+                    return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                                          "fsdp_init_params: '%s': FSDP_INIT_USER without fn",
+                                          fe->fqn);
+                }
+                sp.fn(sp.user, key_name, start, end - start + 1, dst);
+                break;
+            default:
+                if (staged) fsdp__free(&c->hooks, dst);
+                return fsdp__ctx_fail(c, FSDP_INVALID_ARGS,
+                                      "fsdp_init_params: '%s': unknown init kind %d", fe->fqn,
+                                      (int)sp.kind);
+            }
+            if (staged) {
+                r = fsdp_device_copy(c->dev, shard_dst, dst, (size_t)(end - start + 1) * 4,
+                                     FSDP_COPY_H2D, NULL);
+                fsdp__free(&c->hooks, dst);
+                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_init_params");
+            }
+        }
+        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+        fsdp__invalidate(c, cu);
+    }
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    return fsdp__ctx_dev(c, r, "fsdp_init_params");
+}
+
+FSDP_API fsdp_result fsdp_set_full_param(fsdp_ctx *c, const char *fqn, const void *data,
+                                         fsdp_dtype dt)
+{
+    int i, e, p, found = 0, target;
+    fsdp_param_info pi;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!fqn || !data)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_full_param: %s is NULL",
+                              fqn ? "data" : "fqn");
+    if (!fsdp_dtype_is_float(dt))
+        return fsdp__ctx_fail(c, FSDP_INVALID_DTYPE, "fsdp_set_full_param: '%s': dtype %s is "
+                              "not a float dtype", fqn, fsdp_dtype_name(dt));
+    if ((r = fsdp__sync_all(c, "fsdp_set_full_param")) != FSDP_SUCCESS) return r;
+    target = fsdp_model_find_param(c->model, fqn);
+    if (target < 0)
+        return fsdp__ctx_fail(c, FSDP_NOT_FOUND, "fsdp_set_full_param: no parameter '%s'", fqn);
+    fsdp_model_param(c->model, target, &pi);
+    target = pi.primary;
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        for (e = 0; e < cu->info->nentries; e++) {
+            fsdp_param_info ei;
+            fsdp_model_param(c->model, cu->info->entries[e].param, &ei);
+            if (ei.primary != target) continue;
+            found = 1;
+            for (p = 0; p < cu->lay.npieces; p++) {
+                const fsdp_shard_piece *pc = &cu->pieces[p];
+                int64_t n = pc->end - pc->start + 1;
+                float *dst;
+                if (pc->entry != e || n <= 0) continue;
+                dst = cu->master + (cu->info->entries[e].offset + pc->start - cu->lay.flat_begin);
+                if (c->offload)
+                    r = fsdp_convert(dst, FSDP_F32,
+                                     (const char *)data + (size_t)pc->start * fsdp_dtype_size(dt),
+                                     dt, (size_t)n);
+                else
+                    r = fsdp_device_cast(c->dev, dst, FSDP_F32,
+                                         (const char *)data + (size_t)pc->start *
+                                                                  fsdp_dtype_size(dt),
+                                         dt, (size_t)n, NULL);
+                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
+            }
+            if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+            fsdp__invalidate_buffers(c, cu);
+            fsdp__ctx_mark_loaded(c, i, e);
+        }
+    }
+    if (!found)
+        return fsdp__ctx_fail(c, FSDP_NOT_FOUND,
+                              "fsdp_set_full_param: parameter '%s' is ignored (FSDP does not "
+                              "manage it)", fqn);
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    return fsdp__ctx_dev(c, r, "fsdp_set_full_param");
 }
 
 /* ---- src/runtime_lend.c (fsdp.h is generated: edit this file) ---- */
@@ -21046,11 +21092,22 @@ done:
 
 /* >>zero end */
 
-/* ---- src/getload_get.c (fsdp.h is generated: edit this file) ---- */
+/* ---- src/getload_internal.h (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>getload (implementation)                                                */
 /* ------------------------------------------------------------------------ */
 
+/* The section's internal declarations: what one part calls before the
+   part that defines it (mutual recursion, or a caller above its callee).
+   Each is defined in the part named beside it. */
+
+struct fsdp__ld;
+struct fsdp__src;
+
+/* >>getload:load (the staging plan asks it before the loader's part defines it) */
+FSDP__DEF int fsdp__ld_wanted(const struct fsdp__ld *L, const struct fsdp__src *s);
+
+/* ---- src/getload_get.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>getload:get from a context to a state dict ------------------------ */
 
 /* The async writer's staging cache: one pinned buffer per source buffer
@@ -22123,8 +22180,6 @@ FSDP__DEF void fsdp__ld_clip(const fsdp__tgt *t, const fsdp__src *s, int64_t *lo
     *hi = s->offset + s->numel < t->need_off + t->need_n ? s->offset + s->numel
                                                          : t->need_off + t->need_n;
 }
-
-FSDP__DEF int fsdp__ld_wanted(const fsdp__ld *L, const fsdp__src *s);
 
 /* The LENT staging of a load whose pieces map to shard ranges: the staged
    copies get the current values only where no wanted piece will write
@@ -23208,8 +23263,54 @@ FSDP__DEF int fsdp__rank_file_of(const char *name, uint64_t *gen, int *rank, int
     return 1;
 }
 
+/* The whole of a small regular file (an index); errno stays that of a
+   failed open. */
 FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, int64_t limit,
-                                       char **out, size_t *len, fsdp_error *err);
+                                       char **out, size_t *len, fsdp_error *err)
+{
+    const char *kind;
+    int fd = fsdp__open_regular(path, &kind), rc, e;
+    off_t end;
+    char *buf;
+    *out = NULL;
+    if (fd == -2)
+        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
+                          kind);
+    if (fd < 0) {
+        e = errno;
+        fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(e));
+        errno = e;
+        return FSDP_CKPT_IO;
+    }
+    end = lseek(fd, 0, SEEK_END);
+    if (end < 0) {
+        e = errno;
+        close(fd);
+        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': %s", path, strerror(e));
+    }
+    if ((int64_t)end > limit) {
+        close(fd);
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s': too large for an index: %lld bytes, "
+                          "above the limit of %lld (FSDP_CKPT_MAX_INDEX)", path, (long long)end,
+                          (long long)limit);
+    }
+    buf = (char *)fsdp__alloc(h, (size_t)end + 1);
+    if (!buf) {
+        close(fd);
+        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
+    }
+    rc = fsdp__read_at(fd, 0, buf, (size_t)end);
+    close(fd);
+    if (rc != 0) {
+        fsdp__free(h, buf);
+        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': %s", path,
+                          rc == -2 ? "unexpected end of file" : strerror(errno));
+    }
+    buf[end] = 0;
+    *out = buf;
+    *len = (size_t)end;
+    return FSDP_SUCCESS;
+}
 
 /* The save a sharded checkpoint's index.json names, before a commit
    replaces it: its id and world size when its files are exactly that
@@ -23908,55 +24009,6 @@ FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *c, fsdp_ckpt_stats *sav
 
 /* ---- src/ckpt_load.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>ckpt:load loading ------------------------------------------------- */
-
-/* The whole of a small regular file (an index); errno stays that of a
-   failed open. */
-FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, int64_t limit,
-                                       char **out, size_t *len, fsdp_error *err)
-{
-    const char *kind;
-    int fd = fsdp__open_regular(path, &kind), rc, e;
-    off_t end;
-    char *buf;
-    *out = NULL;
-    if (fd == -2)
-        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
-                          kind);
-    if (fd < 0) {
-        e = errno;
-        fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(e));
-        errno = e;
-        return FSDP_CKPT_IO;
-    }
-    end = lseek(fd, 0, SEEK_END);
-    if (end < 0) {
-        e = errno;
-        close(fd);
-        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': %s", path, strerror(e));
-    }
-    if ((int64_t)end > limit) {
-        close(fd);
-        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s': too large for an index: %lld bytes, "
-                          "above the limit of %lld (FSDP_CKPT_MAX_INDEX)", path, (long long)end,
-                          (long long)limit);
-    }
-    buf = (char *)fsdp__alloc(h, (size_t)end + 1);
-    if (!buf) {
-        close(fd);
-        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-    }
-    rc = fsdp__read_at(fd, 0, buf, (size_t)end);
-    close(fd);
-    if (rc != 0) {
-        fsdp__free(h, buf);
-        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': %s", path,
-                          rc == -2 ? "unexpected end of file" : strerror(errno));
-    }
-    buf[end] = 0;
-    *out = buf;
-    *len = (size_t)end;
-    return FSDP_SUCCESS;
-}
 
 FSDP__DEF fsdp_result fsdp__read_small_file(fsdp_ctx *c, const char *path, int64_t limit,
                                             char **out, size_t *len)

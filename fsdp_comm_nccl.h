@@ -139,7 +139,8 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_file(void *user, int rank, int nranks, voi
 
 /* user: an fsdp_rendezvous (fsdp.h) of the NCCL ranks, in order (its rank
    and size must be rank and nranks): rank 0's id goes to every rank through
-   it (fsdp_rendezvous_broadcast). It stays the caller's, open. Needs no GPU. */
+   it (fsdp_rendezvous_broadcast). It stays the caller's, open. Needs no GPU.
+   Built with FSDP_NO_NET it fails, saying so ("not built: FSDP_NO_NET"). */
 FSDP_NCCL_API int fsdp_nccl_bootstrap_tcp(void *user, int rank, int nranks, void *id,
                                           size_t bytes, char *msg);
 
@@ -1067,6 +1068,12 @@ FSDP_NCCL_API int fsdp_nccl_bootstrap_tcp(void *user, int rank, int nranks, void
                                           size_t bytes, char *msg)
 {
     fsdp_rendezvous *z = (fsdp_rendezvous *)user;
+#ifdef FSDP_NO_NET
+    (void)z, (void)rank, (void)nranks, (void)id, (void)bytes;
+    if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_tcp: not built: FSDP_NO_NET (this build "
+                      "compiled the sockets out; bootstrap through MPI or your own function)");
+    return 1;
+#endif
     if (!z || !id) {
         if (msg) snprintf(msg, FSDP_ERROR_MAX, "bootstrap_tcp: %s is NULL", z ? "id" : "user (the rendezvous)");
         return 1;

@@ -1,54 +1,5 @@
 /* --- >>ckpt:load loading ------------------------------------------------- */
 
-/* The whole of a small regular file (an index); errno stays that of a
-   failed open. */
-FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, int64_t limit,
-                                       char **out, size_t *len, fsdp_error *err)
-{
-    const char *kind;
-    int fd = fsdp__open_regular(path, &kind), rc, e;
-    off_t end;
-    char *buf;
-    *out = NULL;
-    if (fd == -2)
-        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
-                          kind);
-    if (fd < 0) {
-        e = errno;
-        fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(e));
-        errno = e;
-        return FSDP_CKPT_IO;
-    }
-    end = lseek(fd, 0, SEEK_END);
-    if (end < 0) {
-        e = errno;
-        close(fd);
-        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': %s", path, strerror(e));
-    }
-    if ((int64_t)end > limit) {
-        close(fd);
-        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s': too large for an index: %lld bytes, "
-                          "above the limit of %lld (FSDP_CKPT_MAX_INDEX)", path, (long long)end,
-                          (long long)limit);
-    }
-    buf = (char *)fsdp__alloc(h, (size_t)end + 1);
-    if (!buf) {
-        close(fd);
-        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "'%s': out of memory", path);
-    }
-    rc = fsdp__read_at(fd, 0, buf, (size_t)end);
-    close(fd);
-    if (rc != 0) {
-        fsdp__free(h, buf);
-        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': %s", path,
-                          rc == -2 ? "unexpected end of file" : strerror(errno));
-    }
-    buf[end] = 0;
-    *out = buf;
-    *len = (size_t)end;
-    return FSDP_SUCCESS;
-}
-
 FSDP__DEF fsdp_result fsdp__read_small_file(fsdp_ctx *c, const char *path, int64_t limit,
                                             char **out, size_t *len)
 {

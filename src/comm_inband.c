@@ -240,10 +240,6 @@ FSDP__DEF uint64_t fsdp__eng_shm_publish(fsdp__eng *e, const fsdp_coll_desc *c)
     return gen;
 }
 
-FSDP__DEF fsdp_result fsdp__eng_inband_round(fsdp__eng *e, const fsdp_coll_desc *c,
-                                             const void *send, int inband, void *staging,
-                                             double deadline, fsdp_error *err);
-
 /* Waits for every peer's description of this rank's current call (the
    one it published last, into e->fps) and compares them. */
 FSDP__DEF fsdp_result fsdp__eng_shm_wait(fsdp__eng *e, const fsdp_coll_desc *c, double deadline,

@@ -304,9 +304,6 @@ FSDP__DEF void fsdp__local_member_free(void *t)
     fsdp__local_world_unref(w);
 }
 
-FSDP__DEF fsdp_result fsdp__local_split(fsdp__eng *e, int color, int key, fsdp__eng **out,
-                                        fsdp_error *err);
-
 /* A comm of the world, not yet in a group (fsdp__local_join). */
 FSDP__DEF fsdp__eng *fsdp__local_eng_new(fsdp_local_world *w, fsdp_device *dev)
 {

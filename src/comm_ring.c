@@ -55,7 +55,6 @@ FSDP_API void fsdp_call_ring_describe(char *buf, size_t cap, const fsdp_call_rin
 }
 
 /* Appends a formatted piece to buf (cap bytes), cutting at the end. */
-FSDP__DEF void fsdp__append(char *buf, size_t cap, const char *fmt, ...) FSDP__PRINTF(3, 4);
 FSDP__DEF void fsdp__append(char *buf, size_t cap, const char *fmt, ...)
 {
     size_t len = strlen(buf);
@@ -107,6 +106,37 @@ FSDP__DEF uint64_t fsdp__ring_next(const fsdp_call_ring *rings, const int *statu
 /* What separates the failed call from the diagnosis in fsdp_side_diagnose's
    words; a ring's failure is shown from there on. */
 #define FSDP__SHOW " side channel) show: "
+
+/* fsdp_stall_diagnose's list of the ranks whose ring did not come (silent,
+   gone, no comm, unreadable), appended to buf; set is n flags of scratch.
+   1 when there was one. */
+FSDP__DEF int fsdp__diagnose_missing(char *buf, size_t cap, const fsdp_call_ring *rings,
+                                     const int *status, int n, unsigned char *set)
+{
+    char list[160];
+    int j, k, any = 0;
+    for (k = FSDP_SIDE_SILENT; k <= FSDP_SIDE_EMPTY + 1; k++) {
+        int many;
+        memset(set, 0, (size_t)n);
+        for (j = 0; j < n; j++)
+            set[j] = k <= FSDP_SIDE_EMPTY ? status[j] == k
+                                          : status[j] == FSDP_SIDE_ANSWERED && !FSDP__RING_OK(j);
+        many = fsdp__rank_list(list, sizeof list, set, n);
+        if (!many) continue;
+        fsdp__append(buf, cap, "%s%s", buf[0] ? "; " : "", list);
+        if (k == FSDP_SIDE_SILENT)
+            fsdp__append(buf, cap, " did not answer (frozen, or unreachable)");
+        else if (k == FSDP_SIDE_GONE)
+            fsdp__append(buf, cap, " %s gone (the side channel closed: the process exited or "
+                         "crashed)", many > 1 ? "are" : "is");
+        else if (k == FSDP_SIDE_EMPTY)
+            fsdp__append(buf, cap, " %s no comm on the side channel", many > 1 ? "have" : "has");
+        else
+            fsdp__append(buf, cap, " sent an unreadable ring (another build?)");
+        any = 1;
+    }
+    return any;
+}
 
 FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *rings,
                                  const int *status, int n, int self)
@@ -210,26 +240,7 @@ FSDP_API int fsdp_stall_diagnose(char *buf, size_t cap, const fsdp_call_ring *ri
         }
     }
     /* ranks whose ring did not come */
-    for (k = FSDP_SIDE_SILENT; k <= FSDP_SIDE_EMPTY + 1; k++) {
-        int many;
-        memset(set, 0, (size_t)n);
-        for (j = 0; j < n; j++)
-            set[j] = k <= FSDP_SIDE_EMPTY ? status[j] == k
-                                          : status[j] == FSDP_SIDE_ANSWERED && !FSDP__RING_OK(j);
-        many = fsdp__rank_list(list, sizeof list, set, n);
-        if (!many) continue;
-        fsdp__append(buf, cap, "%s%s", buf[0] ? "; " : "", list);
-        if (k == FSDP_SIDE_SILENT)
-            fsdp__append(buf, cap, " did not answer (frozen, or unreachable)");
-        else if (k == FSDP_SIDE_GONE)
-            fsdp__append(buf, cap, " %s gone (the side channel closed: the process exited or "
-                         "crashed)", many > 1 ? "are" : "is");
-        else if (k == FSDP_SIDE_EMPTY)
-            fsdp__append(buf, cap, " %s no comm on the side channel", many > 1 ? "have" : "has");
-        else
-            fsdp__append(buf, cap, " sent an unreadable ring (another build?)");
-        kind = kind ? kind : 2;
-    }
+    if (fsdp__diagnose_missing(buf, cap, rings, status, n, set)) kind = kind ? kind : 2;
     /* a rank whose comm had failed already (and so issued nothing since):
        its own words say more, unless the calls differ, which says it all */
     for (j = 0; j < n && failed < 0 && kind != 1; j++)

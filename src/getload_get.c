@@ -1,7 +1,3 @@
-/* ------------------------------------------------------------------------ */
-/* >>getload (implementation)                                                */
-/* ------------------------------------------------------------------------ */
-
 /* --- >>getload:get from a context to a state dict ------------------------ */
 
 /* The async writer's staging cache: one pinned buffer per source buffer

@@ -531,8 +531,6 @@ FSDP__DEF void fsdp__ld_clip(const fsdp__tgt *t, const fsdp__src *s, int64_t *lo
                                                          : t->need_off + t->need_n;
 }
 
-FSDP__DEF int fsdp__ld_wanted(const fsdp__ld *L, const fsdp__src *s);
-
 /* The LENT staging of a load whose pieces map to shard ranges: the staged
    copies get the current values only where no wanted piece will write
    (the padding, parameters a not-strict load lacks), instead of a whole

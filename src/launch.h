@@ -111,7 +111,12 @@ FSDP_API fsdp_result fsdp_hostlist_first(const char *list, char *host, size_t ca
    frozen) holds up no other; one that takes nothing for the timeout is
    given up, as if it had exited (its later calls fail). A rank whose
    send to the server times out halfway gives its connection up the same
-   way: a message is never cut and followed by another. */
+   way: a message is never cut and followed by another.
+   FSDP_NO_NET, defined where FSDP_IMPLEMENTATION is, compiles every socket
+   of fsdp.h out (no socket, connect, bind or poll is referenced): the
+   calls below that need the network fail with FSDP_NOT_SUPPORTED, "not
+   built: FSDP_NO_NET", and so does fsdp_nccl_bootstrap_tcp. The launchers'
+   environment readers above still work. */
 typedef struct fsdp_rendezvous fsdp_rendezvous;
 
 /* Zero means default. */

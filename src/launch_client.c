@@ -1,5 +1,6 @@
 /* --- >>launch:client every rank: the connection and its reader ----------- */
 
+#if FSDP__NET
 FSDP__DEF void fsdp__rdzv_closed(fsdp_rendezvous *z, const char *why)
 {
     pthread_mutex_lock(&z->mu);
@@ -280,8 +281,7 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
                                  "longer than 127 bytes");
 #if !FSDP__NET
     (void)deadline, (void)r, (void)z;
-    return fsdp__fail_create(h, FSDP_NOT_SUPPORTED, "fsdp_rendezvous_create: no sockets on this "
-                             "platform in this build");
+    return fsdp__fail_create(h, FSDP_NOT_SUPPORTED, "fsdp_rendezvous_create: %s", FSDP__NET_WHY);
 #else
     z = (fsdp_rendezvous *)fsdp__calloc(h, 1, sizeof *z);
     if (!z) return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out of memory");

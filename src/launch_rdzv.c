@@ -8,7 +8,12 @@
    collection's query from its publisher and hands broadcasts and
    collections to the caller waiting for them. Frames: a type byte, the
    payload's length (4 bytes, network order), the payload. */
-#if defined(__unix__) || defined(__APPLE__)
+#if defined(FSDP_NO_NET)
+/* The engine asked for no sockets at all: every call of this section that
+   needs the network fails with this text, FSDP_NOT_SUPPORTED. */
+#define FSDP__NET 0
+#define FSDP__NET_WHY "not built: FSDP_NO_NET (this build compiled the sockets out)"
+#elif defined(__unix__) || defined(__APPLE__)
 #define FSDP__NET 1
 #include <arpa/inet.h>
 #include <netdb.h>
@@ -44,13 +49,14 @@ extern const char *gai_strerror(int ecode);
 #endif
 #else
 #define FSDP__NET 0
+#define FSDP__NET_WHY "no sockets on this platform in this build"
 #endif
 
 #define FSDP__RDZV_VERSION 1u
 #define FSDP__RDZV_FRAME_MAX ((uint32_t)64 << 20) /* a collection of 8k rings fits */
 #define FSDP__RDZV_BCAST_MAX ((size_t)1 << 20)
 #define FSDP__RDZV_PUBLISH_MAX ((size_t)64 << 10)
-static const char fsdp__rdzv_magic[8] = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '1'};
+static const char fsdp__rdzv_magic[8] FSDP__UNUSED = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '1'};
 
 /* A broadcast that arrived before its caller asked for it. */
 typedef struct fsdp__rdzv_msg {
@@ -223,4 +229,6 @@ FSDP__DEF void fsdp__net_setup(int fd)
     setsockopt(fd, SOL_SOCKET, SO_NOSIGPIPE, &one, sizeof one);
 #endif
 }
+
+#endif /* FSDP__NET */
 

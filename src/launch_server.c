@@ -1,5 +1,6 @@
 /* --- >>launch:server rank 0's server ------------------------------------- */
 
+#if FSDP__NET
 /* What the server owes one peer, whole frames in order: a peer that does
    not read (frozen, stopped) holds up only its own queue, never the
    server, and a frame is never cut and followed by another. */
@@ -602,4 +603,6 @@ FSDP__DEF fsdp_result fsdp__srv_start(fsdp_rendezvous *z, fsdp__rdzv_server **ou
     *out = s;
     return FSDP_SUCCESS;
 }
+
+#endif /* FSDP__NET */
 

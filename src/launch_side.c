@@ -70,7 +70,7 @@ FSDP__DEF fsdp_result fsdp__collect__rdzv(void *self, void *out, size_t cap, siz
     return r;
 #else
     (void)self, (void)out, (void)cap, (void)lens, (void)status, (void)deadline;
-    return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "no sockets");
+    return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "the rendezvous: %s", FSDP__NET_WHY);
 #endif
 }
 

@@ -85,9 +85,9 @@
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
                       memory, init, clipping, summon, the sharded step.
                       Inside: >>runtime:ctx >>runtime:create
-                      >>runtime:shards >>runtime:debug >>runtime:init
-                      >>runtime:pool >>runtime:gather >>runtime:reduce
-                      >>runtime:views >>runtime:lend >>runtime:step
+                      >>runtime:shards >>runtime:debug >>runtime:pool
+                      >>runtime:gather >>runtime:reduce >>runtime:views
+                      >>runtime:init >>runtime:lend >>runtime:step
                       >>runtime:summon >>runtime:label
        >>zero         the ZeRO optimizer (ZeroRedundancyOptimizer): partition,
                       sharded step, bucket views, stage 1/2, state dicts.

@@ -75,7 +75,7 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
 
 /* torch's names of the state buffers, in the bit order of fsdp_optim_state_mask;
    state dicts, checkpoints and ZeRO all name them from here. */
-static const char *const fsdp__ostate_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+static const char *const fsdp__ostate_names[4] FSDP__UNUSED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
                                                   "momentum_buffer"};
 
 FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)

@@ -1,7 +1,3 @@
-/* ------------------------------------------------------------------------ */
-/* >>runtime (implementation)                                                */
-/* ------------------------------------------------------------------------ */
-
 /* --- >>runtime:ctx the context: structs, errors, memory, the host team --- */
 
 #define FSDP__MAX_GROUPS 64
@@ -171,9 +167,6 @@ FSDP__DEF void fsdp__ctx_dep_remove(fsdp_ctx *c, fsdp__ctx_dep *d)
     d->next = d->prev = NULL;
 }
 
-FSDP__DEF void fsdp__invalidate(fsdp_ctx *c, fsdp__cunit *cu);
-FSDP__DEF fsdp_result fsdp__sync_all(fsdp_ctx *c, const char *fn);
-
 /* The context's state follows its units: forward/backward while any unit is
    between begin and end, summon while any is summoned, else idle. */
 FSDP__DEF void fsdp__update_state(fsdp_ctx *c)
@@ -305,6 +298,13 @@ FSDP__DEF void fsdp__free_shard(fsdp_ctx *c, void *p, size_t bytes)
     if (!p) return;
     if (c->offload) fsdp_device_host_free(c->dev, p, bytes);
     else fsdp_device_free(c->dev, p, bytes);
+}
+
+/* Bytes of the unit's unsharded gradient. */
+FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu)
+{
+    if (cu->strat == FSDP_NO_SHARD) return (size_t)cu->S * fsdp_dtype_size(cu->pdt);
+    return (size_t)cu->lay.shard_numel * (size_t)cu->W * fsdp_dtype_size(cu->pdt);
 }
 
 /* NO_SHARD without offload computes on the shard itself: its parameters are

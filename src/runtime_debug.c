@@ -1,7 +1,5 @@
 /* --- >>runtime:debug initialisation tracking and the debug mode --- */
 
-FSDP__DEF void fsdp__invalidate_buffers(fsdp_ctx *c, fsdp__cunit *cu);
-
 /* Marks parameters initialised: entry `entry` of unit `unit`, every entry
    of the unit (entry -1), or every unit (unit -1). Every load of >>getload
    and >>ckpt commits through fsdp__invalidate, which marks its whole unit;
@@ -275,10 +273,6 @@ FSDP__DEF fsdp_result fsdp__dbg_check_block(fsdp_ctx *c, int unit, const char *w
     return r;
 }
 
-FSDP__DEF fsdp_result fsdp__dbg_check_kept(fsdp_ctx *c, int unit, const char *fn, int take);
-FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu);
-FSDP__DEF fsdp_result fsdp__dbg_check_kept_grad(fsdp_ctx *c, int unit, const char *fn, int take);
-
 /* Every poisoned buffer, where the context waits for everything anyway
    (fsdp_step and the other calls between iterations); also the kept
    resident buffers, which the step (NO_SHARD: the views are its f32
@@ -310,7 +304,13 @@ FSDP__DEF fsdp_result fsdp__dbg_quiesce(fsdp_ctx *c, int reduction)
     return fsdp__ctx_dev(c, r, "debug: waiting for the streams");
 }
 
-FSDP__DEF uint64_t fsdp__mix64(uint64_t z);
+/* splitmix64's finalizer */
+FSDP__DEF uint64_t fsdp__mix64(uint64_t z)
+{
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
 
 /* Four independent lanes: the multiplies overlap, so the checksum runs
    near memory speed instead of at one multiply's latency per word. */
@@ -469,28 +469,5 @@ FSDP__DEF fsdp_result fsdp__dbg_retire(fsdp_ctx *c, int unit, int phase)
         if (!fsdp__shard_is_view(c, cu)) cu->dbg.pkept = 0; /* its parameters were there */
     }
     return FSDP_SUCCESS;
-}
-
-FSDP_API fsdp_result fsdp_init_zeros(fsdp_ctx *c)
-{
-    fsdp_result r;
-    int i;
-    if (!c) return FSDP_INVALID_ARGS;
-    if ((r = fsdp__sync_all(c, "fsdp_init_zeros")) != FSDP_SUCCESS) return r;
-    for (i = 0; i < c->nunits; i++) {
-        fsdp__cunit *cu = &c->u[i];
-        if (!cu->S) {
-            fsdp__invalidate(c, cu);
-            continue;
-        }
-        if (c->offload) memset(cu->master, 0, fsdp__shard_bytes(cu, 4));
-        else if ((r = fsdp_device_memset(c->dev, cu->master, 0, fsdp__shard_bytes(cu, 4),
-                                         c->cs)) != FSDP_SUCCESS)
-            return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
-        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
-        fsdp__invalidate(c, cu);
-    }
-    r = fsdp_stream_synchronize(c->dev, c->cs);
-    return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
 }
 

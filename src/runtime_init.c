@@ -1,11 +1,4 @@
-/* --- >>runtime:init the counter-based generator --- */
-
-FSDP__DEF uint64_t fsdp__mix64(uint64_t z)
-{
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    return z ^ (z >> 31);
-}
+/* --- >>runtime:init initialisation: the counter-based generator, init_zeros, set_full_param --- */
 
 FSDP__DEF uint64_t fsdp__name_key(uint64_t seed, const char *fqn)
 {
@@ -46,6 +39,29 @@ FSDP__DEF const char *fsdp__object_name(fsdp_ctx *c, const fsdp_flat_entry *fe)
     if (fsdp_model_param(c->model, fe->param, &pi) != FSDP_SUCCESS) return fe->fqn;
     if (fsdp_model_param(c->model, pi.primary, &pp) != FSDP_SUCCESS) return fe->fqn;
     return pp.fqn;
+}
+
+FSDP_API fsdp_result fsdp_init_zeros(fsdp_ctx *c)
+{
+    fsdp_result r;
+    int i;
+    if (!c) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__sync_all(c, "fsdp_init_zeros")) != FSDP_SUCCESS) return r;
+    for (i = 0; i < c->nunits; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        if (!cu->S) {
+            fsdp__invalidate(c, cu);
+            continue;
+        }
+        if (c->offload) memset(cu->master, 0, fsdp__shard_bytes(cu, 4));
+        else if ((r = fsdp_device_memset(c->dev, cu->master, 0, fsdp__shard_bytes(cu, 4),
+                                         c->cs)) != FSDP_SUCCESS)
+            return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
+        if ((r = fsdp__refresh_lp(c, cu)) != FSDP_SUCCESS) return r;
+        fsdp__invalidate(c, cu);
+    }
+    r = fsdp_stream_synchronize(c->dev, c->cs);
+    return fsdp__ctx_dev(c, r, "fsdp_init_zeros");
 }
 
 FSDP_API fsdp_result fsdp_init_params(fsdp_ctx *c, uint64_t seed, fsdp_init_choose_fn choose,

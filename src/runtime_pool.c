@@ -171,13 +171,6 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int how)
    (fsdp__gather); smaller ones by begin_backward. */
 #define FSDP__ZERO_ON_STREAM ((size_t)64 << 10)
 
-/* Bytes of the unit's unsharded gradient. */
-FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu)
-{
-    if (cu->strat == FSDP_NO_SHARD) return (size_t)cu->S * fsdp_dtype_size(cu->pdt);
-    return (size_t)cu->lay.shard_numel * (size_t)cu->W * fsdp_dtype_size(cu->pdt);
-}
-
 /* 1 when begin_backward must hand the engine a zeroed unsharded gradient. */
 FSDP__DEF int fsdp__needs_zero_grad(const fsdp__cunit *cu)
 {

@@ -88,12 +88,6 @@ FSDP__DEF fsdp_result fsdp__begin_backward(fsdp_ctx *c, int unit)
     return FSDP_SUCCESS;
 }
 
-/* Reduces the unit's unsharded gradient into its f32 sharded gradient, on
-   the comm stream: cast to the reduce dtype, divide by the pre factor,
-   reduce-scatter (all-reduce for NO_SHARD), divide by the post factor,
-   all-reduce across replicas (HYBRID), accumulate. */
-FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu);
-
 FSDP__DEF fsdp_result fsdp__reduce(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r = fsdp__reduce_chain(c, cu);
@@ -155,6 +149,10 @@ FSDP__DEF void fsdp__factors(const fsdp_ctx *c, int world, double *pre, double *
     else fsdp_divide_factors(world, pre, post);
 }
 
+/* Reduces the unit's unsharded gradient into its f32 sharded gradient, on
+   the comm stream: cast to the reduce dtype, divide by the pre factor,
+   reduce-scatter (all-reduce for NO_SHARD), divide by the post factor,
+   all-reduce across replicas (HYBRID), accumulate. */
 FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r;

@@ -171,8 +171,6 @@ FSDP__DEF int fsdp__j_keycmp(const void *a, const void *b)
     return strcmp(*(const char *const *)a, *(const char *const *)b);
 }
 
-FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth);
-
 /* Children are linked in order; pool offsets become pointers at the end
    (the pool is fixed, but keeping offsets is simpler to reason about). */
 FSDP__DEF int fsdp__j_value(fsdp__json *j, int depth)

@@ -1,7 +1,3 @@
-/* ------------------------------------------------------------------------ */
-/* >>safetensors (implementation)                                            */
-/* ------------------------------------------------------------------------ */
-
 /* The POSIX file calls checkpoints need. They are declared by these headers
    even under -std=c11 (open, read, write, lseek, fsync, close, rename,
    unlink, mkdir, opendir); pread and fileno are not, so they are not used. */

@@ -32,7 +32,7 @@
 # always run. The names in a failed verdict can be given back as they are
 # (loss_comparison selects train_mlp, device_line test_cuda).
 #
-# The lease protocol (docs/gpu.md says the same):
+# The lease protocol (CONTRIBUTING.md says the same):
 #   1. At the start of a session ask the device tool's `status` (free). If
 #      can_start_another is false there is no GPU in this session: stop.
 #   2. Here: `sh tools/gpu.sh --prebuild build-gpu` (a few minutes, no GPU).

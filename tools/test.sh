@@ -1,5 +1,6 @@
 #!/bin/sh
-# The README's second command (and CI's): builds and runs every test with gcc,
+# The README's second command (and CI's): checks that fsdp.h is what src/
+# gives and that src/'s parts keep their layers, then builds and runs every test with gcc,
 # with clang in a release build (-O3), under AddressSanitizer+UBSan and under
 # ThreadSanitizer, every build with -Dwerror=true (meson.build leaves werror
 # off for a user's build), then prints one closing line "N passed, M failed"
@@ -12,6 +13,30 @@ sh tools/deps.sh || exit 1
 total_ok=0
 total_fail=0
 status=0
+
+# fsdp.h is generated from src/ (CONTRIBUTING.md): a committed fsdp.h that
+# is not what src/ gives (a hand edit, or a src/ change not regenerated) is
+# refused before anything is built from it.
+echo "=== fsdp.h from src/ (tools/amalgamate.py --check)"
+if ! python3 tools/amalgamate.py --check; then
+    echo "0 passed, 1 failed"
+    exit 1
+fi
+# the layering rule as a compiler fact: each part of src/ compiles with only
+# the parts before it, with gcc and clang (about 20 s)
+echo "=== layers (tools/amalgamate.py --layers gcc clang)"
+python3 tools/amalgamate.py --layers gcc clang >build-layers.log 2>&1
+rc=$?
+tail -n 1 build-layers.log
+ok=$(sed -n 's/^layers: .*: \([0-9]*\) passed, \([0-9]*\) failed$/\1/p' build-layers.log)
+fail=$(sed -n 's/^layers: .*: \([0-9]*\) passed, \([0-9]*\) failed$/\2/p' build-layers.log)
+if [ "$rc" != 0 ]; then
+    head -n 60 build-layers.log
+    [ "${fail:-0}" = 0 ] && fail=1
+    status=1
+fi
+total_ok=$((total_ok + ${ok:-0}))
+total_fail=$((total_fail + ${fail:-0}))
 
 run_suite() { # name, build dir, env for setup, meson setup options...
     name=$1 dir=$2 env_setup=$3
