@@ -630,7 +630,9 @@ typedef struct fsdp_optim_state {
    tensor into shards changes no bit. On x86 it runs the widest kernel the
    CPU has (AVX-512F, AVX2+FMA, SSE, scalar: chosen at run time, each gives
    the same bits); the environment variable FSDP_ISA=scalar|sse|avx2|avx512,
-   read once at the first step, caps that level (tests, bisection, timing). */
+   read once at the first step, caps that level (tests, bisection, timing);
+   any other value is refused (FSDP_INVALID_ARGS, and the devices, contexts
+   and ZeRO optimizers refuse to be created, naming it). */
 FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
                                           const float *grad, const fsdp_optim_state *state,
                                           size_t n);
@@ -945,8 +947,8 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
    rounded once to dt. dst may be the very elements it sums of one source
    (dst == src[j] + offset elements); otherwise it must not overlap them.
    Returns FSDP_INVALID_DTYPE (and touches nothing) unless dt is a float
-   type, FSDP_INVALID_ARGS for nsrc < 1 with count > 0 or an op other than
-   sum and avg. */
+   type, FSDP_INVALID_ARGS for nsrc < 1 with count > 0, an op other than
+   sum and avg, or an FSDP_ISA in the environment that names no level. */
 FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src, int nsrc,
                                  size_t offset, size_t count, fsdp_reduce_op op);
 
@@ -4135,8 +4137,9 @@ typedef struct fsdp__adam_k {
 
 /* The optimizer kernels' instruction-set levels. fsdp__optim_isa() is the
    widest the CPU runs, capped by the environment variable FSDP_ISA
-   (scalar, sse, avx2, avx512), read once, at the first step. Every level
-   gives the same bits. */
+   (scalar, sse, avx2, avx512), read once, at the first step; any other
+   value is refused by the calls that run kernels (fsdp__isa_refuse). Every
+   level gives the same bits. */
 #define FSDP__ISA_SCALAR 0
 #define FSDP__ISA_SSE 1
 #define FSDP__ISA_AVX2 2   /* AVX2 and FMA */
@@ -4304,6 +4307,31 @@ FSDP__DEF int fsdp__cpu_avx512f(void)
     return c == 2;
 }
 #endif
+
+/* FSDP_ISA's value when it names no level (so that a typo such as "avx"
+   is not taken for no cap), else NULL; unset and "" are no cap. The calls
+   that run kernels refuse such a value, naming it (fsdp__isa_refuse). */
+#define FSDP__ISA_NAMES "scalar, sse, avx2, avx512"
+FSDP__DEF const char *fsdp__isa_env_unknown(void)
+{
+    const char *env = getenv("FSDP_ISA");
+    if (!env || !env[0] || !strcmp(env, "scalar") || !strcmp(env, "sse") ||
+        !strcmp(env, "avx2") || !strcmp(env, "avx512"))
+        return NULL;
+    return env;
+}
+
+/* FSDP_INVALID_ARGS with a message naming FSDP_ISA's value and the levels,
+   through the caller's hooks (may be NULL); FSDP_SUCCESS when it is fine. */
+FSDP__DEF fsdp_result fsdp__isa_refuse(const fsdp_hooks *h, const char *fn)
+{
+    const char *bad = fsdp__isa_env_unknown();
+    if (!bad) return FSDP_SUCCESS;
+    return fsdp_hooks_fail(h, FSDP_INVALID_ARGS,
+                          "%s: the environment's FSDP_ISA=\"%.64s\" is not a kernel level: set "
+                          "one of " FSDP__ISA_NAMES ", or unset it (the widest the CPU runs)",
+                          fn, bad);
+}
 
 /* The widest level the CPU runs, capped by FSDP_ISA. Computed once; the
    cache is an atomic int (level + 1, 0 unknown), so that concurrent first
@@ -4735,6 +4763,7 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
     if (step < 1 || !state) return FSDP_INVALID_ARGS;
     if (n == 0) return FSDP_SUCCESS;
     if (!param || !grad) return FSDP_INVALID_ARGS;
+    if (fsdp__isa_env_unknown()) return FSDP_INVALID_ARGS;
     mask = fsdp_optim_state_mask(c);
     if (((mask & 1u) && !state->exp_avg) || ((mask & 2u) && !state->exp_avg_sq) ||
         ((mask & 4u) && !state->max_exp_avg_sq) || ((mask & 8u) && !state->momentum_buffer))
@@ -6161,6 +6190,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
         return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
                                  "fsdp_device_cpu_create: set all of allocator alloc, realloc "
                                  "and free, or none");
+    if ((r = fsdp__isa_refuse(hooks, "fsdp_device_cpu_create")) != FSDP_SUCCESS) return r;
     h = fsdp__hooks_copy(hooks);
     cpu = (fsdp__cpu *)fsdp__calloc(&h, 1, sizeof *cpu);
     if (!cpu) return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_device_cpu_create: out of memory");
@@ -6979,7 +7009,7 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
     if (!fsdp_dtype_is_float(dt)) return FSDP_INVALID_DTYPE;
     if (op != FSDP_REDUCE_SUM && op != FSDP_REDUCE_AVG) return FSDP_INVALID_ARGS;
     if (!count) return FSDP_SUCCESS;
-    if (n < 1) return FSDP_INVALID_ARGS;
+    if (n < 1 || fsdp__isa_env_unknown()) return FSDP_INVALID_ARGS;
     if (dt == FSDP_F64) {
         double *d = (double *)dst;
         double acc[FSDP__RBLOCK];
@@ -16362,9 +16392,11 @@ FSDP__DEF fsdp_result fsdp__ctx_create_oom(const fsdp_ctx_desc *d)
 FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d, int plan_only)
 {
     const fsdp_hooks *uh = &d->hooks;
+    fsdp_result r;
     if (!fsdp__hooks_valid(uh))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: allocator needs alloc, realloc and free");
+    if (!plan_only && (r = fsdp__isa_refuse(uh, "fsdp_ctx_create")) != FSDP_SUCCESS) return r;
     if (plan_only && (!d->model || !d->units))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_plan_only: model and units are required (%s is "
@@ -20015,6 +20047,7 @@ FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **ou
     if (!out) return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: out is NULL");
     *out = NULL;
     if (!desc) return fsdp__fail_create(NULL, FSDP_INVALID_ARGS, "fsdp_zero_create: desc is NULL");
+    if ((r = fsdp__isa_refuse(dh, "fsdp_zero_create")) != FSDP_SUCCESS) return r;
     if (!fsdp__hooks_valid(dh))
         return fsdp__fail_create(dh, FSDP_INVALID_ARGS,
                                  "fsdp_zero_create: allocator needs alloc, realloc and free");

@@ -140,8 +140,8 @@ FSDP_API int fsdp_coll_mismatch(char *buf, size_t cap, const fsdp_coll_desc *cal
    rounded once to dt. dst may be the very elements it sums of one source
    (dst == src[j] + offset elements); otherwise it must not overlap them.
    Returns FSDP_INVALID_DTYPE (and touches nothing) unless dt is a float
-   type, FSDP_INVALID_ARGS for nsrc < 1 with count > 0 or an op other than
-   sum and avg. */
+   type, FSDP_INVALID_ARGS for nsrc < 1 with count > 0, an op other than
+   sum and avg, or an FSDP_ISA in the environment that names no level. */
 FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *const *src, int nsrc,
                                  size_t offset, size_t count, fsdp_reduce_op op);
 

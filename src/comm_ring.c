@@ -403,7 +403,7 @@ FSDP_API fsdp_result fsdp_reduce_blocks(void *dst, fsdp_dtype dt, const void *co
     if (!fsdp_dtype_is_float(dt)) return FSDP_INVALID_DTYPE;
     if (op != FSDP_REDUCE_SUM && op != FSDP_REDUCE_AVG) return FSDP_INVALID_ARGS;
     if (!count) return FSDP_SUCCESS;
-    if (n < 1) return FSDP_INVALID_ARGS;
+    if (n < 1 || fsdp__isa_env_unknown()) return FSDP_INVALID_ARGS;
     if (dt == FSDP_F64) {
         double *d = (double *)dst;
         double acc[FSDP__RBLOCK];

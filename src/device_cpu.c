@@ -865,6 +865,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
         return fsdp__fail_create(hooks, FSDP_INVALID_ARGS,
                                  "fsdp_device_cpu_create: set all of allocator alloc, realloc "
                                  "and free, or none");
+    if ((r = fsdp__isa_refuse(hooks, "fsdp_device_cpu_create")) != FSDP_SUCCESS) return r;
     h = fsdp__hooks_copy(hooks);
     cpu = (fsdp__cpu *)fsdp__calloc(&h, 1, sizeof *cpu);
     if (!cpu) return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_device_cpu_create: out of memory");

@@ -121,8 +121,9 @@ typedef struct fsdp__adam_k {
 
 /* The optimizer kernels' instruction-set levels. fsdp__optim_isa() is the
    widest the CPU runs, capped by the environment variable FSDP_ISA
-   (scalar, sse, avx2, avx512), read once, at the first step. Every level
-   gives the same bits. */
+   (scalar, sse, avx2, avx512), read once, at the first step; any other
+   value is refused by the calls that run kernels (fsdp__isa_refuse). Every
+   level gives the same bits. */
 #define FSDP__ISA_SCALAR 0
 #define FSDP__ISA_SSE 1
 #define FSDP__ISA_AVX2 2   /* AVX2 and FMA */
@@ -290,6 +291,31 @@ FSDP__DEF int fsdp__cpu_avx512f(void)
     return c == 2;
 }
 #endif
+
+/* FSDP_ISA's value when it names no level (so that a typo such as "avx"
+   is not taken for no cap), else NULL; unset and "" are no cap. The calls
+   that run kernels refuse such a value, naming it (fsdp__isa_refuse). */
+#define FSDP__ISA_NAMES "scalar, sse, avx2, avx512"
+FSDP__DEF const char *fsdp__isa_env_unknown(void)
+{
+    const char *env = getenv("FSDP_ISA");
+    if (!env || !env[0] || !strcmp(env, "scalar") || !strcmp(env, "sse") ||
+        !strcmp(env, "avx2") || !strcmp(env, "avx512"))
+        return NULL;
+    return env;
+}
+
+/* FSDP_INVALID_ARGS with a message naming FSDP_ISA's value and the levels,
+   through the caller's hooks (may be NULL); FSDP_SUCCESS when it is fine. */
+FSDP__DEF fsdp_result fsdp__isa_refuse(const fsdp_hooks *h, const char *fn)
+{
+    const char *bad = fsdp__isa_env_unknown();
+    if (!bad) return FSDP_SUCCESS;
+    return fsdp_hooks_fail(h, FSDP_INVALID_ARGS,
+                          "%s: the environment's FSDP_ISA=\"%.64s\" is not a kernel level: set "
+                          "one of " FSDP__ISA_NAMES ", or unset it (the widest the CPU runs)",
+                          fn, bad);
+}
 
 /* The widest level the CPU runs, capped by FSDP_ISA. Computed once; the
    cache is an atomic int (level + 1, 0 unknown), so that concurrent first
@@ -721,6 +747,7 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
     if (step < 1 || !state) return FSDP_INVALID_ARGS;
     if (n == 0) return FSDP_SUCCESS;
     if (!param || !grad) return FSDP_INVALID_ARGS;
+    if (fsdp__isa_env_unknown()) return FSDP_INVALID_ARGS;
     mask = fsdp_optim_state_mask(c);
     if (((mask & 1u) && !state->exp_avg) || ((mask & 2u) && !state->exp_avg_sq) ||
         ((mask & 4u) && !state->max_exp_avg_sq) || ((mask & 8u) && !state->momentum_buffer))

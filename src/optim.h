@@ -73,7 +73,9 @@ typedef struct fsdp_optim_state {
    tensor into shards changes no bit. On x86 it runs the widest kernel the
    CPU has (AVX-512F, AVX2+FMA, SSE, scalar: chosen at run time, each gives
    the same bits); the environment variable FSDP_ISA=scalar|sse|avx2|avx512,
-   read once at the first step, caps that level (tests, bisection, timing). */
+   read once at the first step, caps that level (tests, bisection, timing);
+   any other value is refused (FSDP_INVALID_ARGS, and the devices, contexts
+   and ZeRO optimizers refuse to be created, naming it). */
 FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
                                           const float *grad, const fsdp_optim_state *state,
                                           size_t n);

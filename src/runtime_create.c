@@ -15,9 +15,11 @@ FSDP__DEF fsdp_result fsdp__ctx_create_oom(const fsdp_ctx_desc *d)
 FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d, int plan_only)
 {
     const fsdp_hooks *uh = &d->hooks;
+    fsdp_result r;
     if (!fsdp__hooks_valid(uh))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: allocator needs alloc, realloc and free");
+    if (!plan_only && (r = fsdp__isa_refuse(uh, "fsdp_ctx_create")) != FSDP_SUCCESS) return r;
     if (plan_only && (!d->model || !d->units))
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_plan_only: model and units are required (%s is "

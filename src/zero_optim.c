@@ -457,6 +457,7 @@ FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **ou
     if (!out) return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: out is NULL");
     *out = NULL;
     if (!desc) return fsdp__fail_create(NULL, FSDP_INVALID_ARGS, "fsdp_zero_create: desc is NULL");
+    if ((r = fsdp__isa_refuse(dh, "fsdp_zero_create")) != FSDP_SUCCESS) return r;
     if (!fsdp__hooks_valid(dh))
         return fsdp__fail_create(dh, FSDP_INVALID_ARGS,
                                  "fsdp_zero_create: allocator needs alloc, realloc and free");

@@ -920,6 +920,56 @@ static void test_capacity_threads(void)
     fsdp_device_destroy(dev);
 }
 
+/* FSDP_ISA naming no level (a typo) is refused, naming it, by the calls
+   that run kernels; unset, "" and the four levels are accepted. */
+static void test_isa_env(void)
+{
+    static const char *const good[] = {"scalar", "sse", "avx2", "avx512", ""};
+    const char *was = getenv("FSDP_ISA");
+    char keep[64] = "";
+    fsdp_cpu_device_desc d;
+    fsdp_error err;
+    fsdp_device *dev = NULL;
+    fsdp_optim_config oc;
+    fsdp_optim_state st;
+    float p[4] = {1, 2, 3, 4}, g[4] = {1, 1, 1, 1}, m[4] = {0}, v[4] = {0}, out[4];
+    const void *src[1];
+    size_t i;
+    if (was) snprintf(keep, sizeof keep, "%s", was);
+    memset(&d, 0, sizeof d);
+    memset(&err, 0, sizeof err);
+    d.hooks.error = &err;
+    memset(&oc, 0, sizeof oc);
+    oc.kind = FSDP_ADAMW;
+    oc.lr = 1e-3;
+    oc.beta1 = 0.9;
+    oc.beta2 = 0.999;
+    oc.eps = 1e-8;
+    memset(&st, 0, sizeof st);
+    st.exp_avg = m;
+    st.exp_avg_sq = v;
+    src[0] = p;
+    setenv("FSDP_ISA", "avx3", 1);
+    EXPECT_EQ(fsdp_device_cpu_create(&d, &dev), FSDP_INVALID_ARGS);
+    EXPECT(dev == NULL);
+    CHECK(strstr(err.message, "FSDP_ISA=\"avx3\"") && strstr(err.message, "scalar, sse, avx2, avx512"),
+          "the refusal names neither the value nor the levels: '%s'", err.message);
+    EXPECT_EQ(fsdp_optim_step_host(&oc, 1, p, g, &st, 4), FSDP_INVALID_ARGS);
+    CHECK(p[0] == 1 && m[0] == 0, "a refused step changed the parameters or the state");
+    EXPECT_EQ(fsdp_reduce_blocks(out, FSDP_F32, src, 1, 0, 4, FSDP_REDUCE_SUM), FSDP_INVALID_ARGS);
+    for (i = 0; i < sizeof good / sizeof *good; i++) {
+        setenv("FSDP_ISA", good[i], 1);
+        dev = NULL;
+        CHECK(fsdp_device_cpu_create(&d, &dev) == FSDP_SUCCESS, "FSDP_ISA=\"%s\" refused: %s",
+              good[i], err.message);
+        if (dev) fsdp_device_destroy(dev);
+        EXPECT_EQ(fsdp_reduce_blocks(out, FSDP_F32, src, 1, 0, 4, FSDP_REDUCE_SUM), FSDP_SUCCESS);
+    }
+    if (was) setenv("FSDP_ISA", keep, 1);
+    else unsetenv("FSDP_ISA");
+    EXPECT_EQ(fsdp_optim_step_host(&oc, 1, p, g, &st, 4), FSDP_SUCCESS);
+}
+
 static const check_case CASES[] = {
     {"memory", test_memory},
     {"kernels", test_kernels_now},
@@ -929,6 +979,7 @@ static const check_case CASES[] = {
     {"custom_backend", test_custom_backend},
     {"huge_blocks", test_huge_blocks},
     {"capacity_threads", test_capacity_threads},
+    {"isa_env", test_isa_env},
 };
 
 int main(int argc, char **argv)
