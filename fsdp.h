@@ -100,6 +100,7 @@
                       resharding on load, the async writer with cached
                       pinned staging, committed by a per-step poll.
                       Inside: >>ckpt:writer >>ckpt:load >>ckpt:index
+                      >>ckpt:clean
        >>hf           Hugging Face model directories and PEFT adapters in
                       and out (fsdp_hf_load, fsdp_hf_save).
                       Inside: >>hf:items >>hf:read >>hf:write
@@ -2690,8 +2691,18 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *ctx, const fsdp_layout_entry *en
    that are not rank files ("model-00001-of-00002.safetensors") stay. A
    save whose rank file is gone before the commit (another process removed
    it) is refused (FSDP_CKPT_IO), not committed. Rank files of a save
-   killed between their rename and its index stay (no index names them;
-   another writer's save in flight looks the same). An
+   killed between their rename and its index (orphans) go at the next
+   committed save of the directory: a writer holds its rank file (an open
+   file description lock, Linux) from its rename until its commit is
+   agreed, after its index is in place, and the committing ranks remove
+   each rank file that no writer holds and the index, read after taking
+   the file's lock, does not name; so a live save's files and a committed
+   save's are never removed. After any crash the directory holds at most
+   the committed save and the saves in flight. Where there are no such
+   locks (not Linux, a file system without them) orphans stay until
+   fsdp_ckpt_clean. Every writer of a directory must be of this version or
+   later (an older one holds no lock: its save in flight may lose its file,
+   and its commit then fails, naming it). An
    asynchronous save is committed by fsdp_ckpt_wait, or as soon as every
    rank's write has finished by fsdp_ckpt_poll called once per training
    step: then the latest completed save is always the one a restart finds.
@@ -2895,6 +2906,40 @@ typedef struct fsdp_ckpt_stats {
    (either pointer may be NULL); zeros when none was timed. Collective: no. */
 FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *ctx, fsdp_ckpt_stats *save,
                                          fsdp_ckpt_stats *load);
+
+/* What fsdp_ckpt_clean removed. */
+typedef struct fsdp_ckpt_clean_report {
+    int removed;      /* files removed (FSDP_CKPT_CLEAN_DRY_RUN: that would be) */
+    int64_t bytes;    /* their sizes */
+    int in_use;       /* kept: rank files a save in flight holds, temporaries of
+                         live processes, files an unreadable index may name */
+    char names[2048]; /* the removed files' names, one a line, "...\n" last
+                         when the list was cut */
+} fsdp_ckpt_clean_report;
+
+enum {
+    FSDP_CKPT_CLEAN_DRY_RUN = 1u << 0,   /* report, remove nothing */
+    FSDP_CKPT_CLEAN_MISSING_OK = 1u << 1 /* a path that does not exist: nothing to
+                                            clean (a job's first start), not an error */
+};
+
+/* Removes what crashed saves left in a checkpoint: for a sharded directory,
+   every rank file that its index.json does not name (all of them when it
+   has no index: nothing was ever committed) and the temporaries of dead
+   processes; for a single file, the temporaries "<file>.tmp.<pid>" of dead
+   processes beside it. For a directory no job is writing (before a job
+   starts, or by hand): a rank file that a live writer holds, a temporary
+   of a live process on this host, and everything when the index exists
+   but cannot be read (FSDP_CKPT_FORMAT, nothing removed) are kept. Files
+   that are not this library's ("model-00001-of-00002.safetensors", your
+   own) are never touched. report (may be NULL) says what went; err (may be
+   NULL) why it failed: FSDP_INVALID_ARGS (path NULL or empty, unknown
+   flags), FSDP_CKPT_IO (path missing, unless FSDP_CKPT_CLEAN_MISSING_OK,
+   or unreadable), FSDP_CKPT_FORMAT.
+   Collective: no (call it on one rank, or on one rank per host for
+   directories on each host's own disk). Thread safety: any. */
+FSDP_API fsdp_result fsdp_ckpt_clean(const char *path, unsigned flags,
+                                     fsdp_ckpt_clean_report *report, fsdp_error *err);
 
 /* >>ckpt end (declarations) */
 
@@ -14265,6 +14310,49 @@ FSDP__DEF void fsdp__fsync_dir(const char *path)
     }
 }
 
+/* Open file description locks (Linux 3.15 and later): a lock belongs to
+   one open() of the file, so two ranks of one process (the local backend's
+   threads) conflict as two processes do, and a process's death releases
+   its locks. Strict C11 hides F_OFD_SETLK: 37 on every Linux architecture.
+   Elsewhere there are none, and no sweep removes what a crash left
+   (fsdp_ckpt_clean does, for a directory no job writes). The checkpoints'
+   writers hold their files with them (fsdp__hold). */
+#if defined(F_OFD_SETLK)
+#define FSDP__OFD_SETLK F_OFD_SETLK
+#elif defined(__linux__)
+#define FSDP__OFD_SETLK 37
+#endif
+
+/* A lock of `type` (F_RDLCK, F_WRLCK) on the whole of fd's file, without
+   waiting: 0 taken, 1 another holds it, -1 no such lock here (another
+   system, a file system without them). */
+FSDP__DEF int fsdp__ofd_lock(int fd, int type)
+{
+#ifdef FSDP__OFD_SETLK
+    struct flock l;
+    memset(&l, 0, sizeof l);
+    l.l_type = (short)type;
+    l.l_whence = SEEK_SET;
+    if (fcntl(fd, FSDP__OFD_SETLK, &l) == 0) return 0;
+    return errno == EAGAIN || errno == EACCES ? 1 : -1;
+#else
+    (void)fd, (void)type;
+    return -1;
+#endif
+}
+
+/* A file written for a checkpoint, held by its writer until the save is
+   committed: open, and read-locked where locks exist (a sweep of another
+   writer takes a write lock before it removes a rank file, >>ckpt:writer).
+   Taken on the temporary before its rename, so the name never shows
+   unheld. The descriptor, or -1 when it cannot be opened. */
+FSDP__DEF int fsdp__hold(const char *file)
+{
+    int fd = open(file, O_RDONLY);
+    if (fd >= 0) (void)fsdp__ofd_lock(fd, F_RDLCK);
+    return fd;
+}
+
 /* ---- src/safetensors_file.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>safetensors:file safetensors files: write, header, open ----------- */
 
@@ -14917,6 +15005,7 @@ typedef struct fsdp__stw {
     uint32_t *pcrc;      /* the parts' per-tensor checksums */
     void *bounce;
     int fd;
+    int *hold;           /* NULL, or where the held file's descriptor goes */
 } fsdp__stw;
 
 /* The header: metadata first (so Python sees it) with room for every
@@ -15170,10 +15259,13 @@ FSDP__DEF fsdp_result fsdp__stw_commit(fsdp__stw *w)
         return fsdp__stw_io(w);
     }
     w->fd = -1;
+    if (w->hold) *w->hold = fsdp__hold(w->tmp); /* the inode keeps it through the rename */
     if (rename(w->tmp, w->path) != 0) {
         fsdp_result r = FSDP__STF(FSDP_CKPT_IO, "'%s': renaming the temporary '%s' into place: %s",
                                   w->path, w->tmp, strerror(errno));
         unlink(w->tmp);
+        if (w->hold && *w->hold >= 0) close(*w->hold);
+        if (w->hold) *w->hold = -1;
         return r;
     }
     fsdp__fsync_dir(w->path);
@@ -15190,7 +15282,7 @@ FSDP__DEF fsdp_result fsdp__stw_commit(fsdp__stw *w)
 FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n, const fsdp__kv *kv,
                                      int nkv, fsdp_device *dev, const fsdp_hooks *h,
                                      const fsdp_ckpt_options *o, int world, fsdp_ckpt_stats *st,
-                                     fsdp_error *err)
+                                     fsdp_error *err, int *hold)
 {
     fsdp__stw w;
     fsdp_result r;
@@ -15199,6 +15291,8 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
         return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
                          "is not", path);
     memset(&w, 0, sizeof w);
+    w.hold = hold;
+    if (hold) *hold = -1;
     w.path = path;
     w.t = t;
     w.n = n;
@@ -15652,10 +15746,12 @@ FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item 
     return r;
 }
 
-/* Writes a dict's tensors to one file; pieces become 1-D tensors. */
+/* Writes a dict's tensors to one file; pieces become 1-D tensors. hold:
+   NULL, or where the written file's held descriptor goes (fsdp__hold; -1
+   when none). */
 FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd,
                                      const fsdp__kv *kvs, int nkv, const fsdp_ckpt_options *o,
-                                     int world, fsdp_ckpt_stats *st, fsdp_error *err)
+                                     int world, fsdp_ckpt_stats *st, fsdp_error *err, int *hold)
 {
     fsdp__wt *t;
     fsdp_result r;
@@ -15692,7 +15788,7 @@ FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd
         t[i].data = s->data;
         t[i].mem = s->mem;
     }
-    r = fsdp__st_write(path, t, sd->n, kvs, nkv, sd->dev, h, o, world, st, err);
+    r = fsdp__st_write(path, t, sd->n, kvs, nkv, sd->dev, h, o, world, st, err, hold);
     fsdp__free(h, t);
     return r;
 }
@@ -15704,7 +15800,7 @@ FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_di
     const fsdp_hooks *h = sd ? &sd->hooks : NULL;
     if (!path || !sd) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_save: %s is NULL",
                                        path ? "sd" : "path");
-    return fsdp__sd_write(path, sd, &kv, 1, NULL, 1, NULL, err);
+    return fsdp__sd_write(path, sd, &kv, 1, NULL, 1, NULL, err, NULL);
 }
 
 FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
@@ -23203,19 +23299,50 @@ struct fsdp_ckpt_writer {
     double t_start;
     fsdp_ckpt_stats st, wst;
     fsdp_ckpt_options opt; /* the context's when the save began */
-    int world;
+    int world, rank;
     int inline_write; /* fsdp_ckpt_save: the caller writes, from the shards themselves */
+    /* this rank's file of a sharded save, open and read-locked from before
+       its rename until the commit is agreed (fsdp__hold): a sweep of
+       another writer never takes it, and the commit checks it is still the
+       file under that name; -1 none */
+    int hold;
     /* the replaced save's files this rank removes after a commit, in the
        background after an async save (joined before the next save) */
     pthread_t gc_th;
     int gc_started;
     char *gc_dir;
-    uint64_t gc_old; /* the replaced index's save */
+    uint64_t gc_old;  /* the replaced index's save */
+    uint64_t gc_keep; /* the save just committed */
     int gc_old_world, gc_rank;
     /* the thread's "finished", read by fsdp_ckpt_poll while it runs */
     pthread_mutex_t mu;
     int mu_ok, done;
 };
+
+#ifdef FSDP_TEST_HOOKS
+/* Fault injection for tests/test_ckpt_crash.c, which alone builds the
+   library with FSDP_TEST_HOOKS: FSDP_TEST_KILL_AT="STAGE[:RANK][@STEPS]"
+   kills the process (SIGKILL, 9) at that point of a save (of that rank, of
+   the save at that step count). Never compiled otherwise. */
+FSDP__DEF void fsdp__test_stop(const char *stage, int rank, int64_t steps)
+{
+    const char *at = getenv("FSDP_TEST_KILL_AT"), *p;
+    size_t n = strlen(stage);
+    if (!at || strncmp(at, stage, n)) return;
+    p = at + n;
+    if (*p == ':') {
+        if (strtol(p + 1, (char **)&p, 10) != rank) return;
+    }
+    if (*p == '@') {
+        if (strtoll(p + 1, (char **)&p, 10) != steps) return;
+    }
+    if (*p) return;
+    kill(getpid(), 9);
+}
+#define FSDP__TEST_STOP(stage, rank, steps) fsdp__test_stop(stage, rank, steps)
+#else
+#define FSDP__TEST_STOP(stage, rank, steps) ((void)0)
+#endif
 
 FSDP__DEF void fsdp__rank_file(char *out, size_t n, uint64_t gen, int rank, int world)
 {
@@ -23243,7 +23370,10 @@ FSDP__DEF void fsdp__writer_write(fsdp_ckpt_writer *w, int own_thread)
     fsdp_state_dict view = *w->sd;
     if (own_thread) memset(&view.hooks.allocator, 0, sizeof view.hooks.allocator);
     w->result = fsdp__sd_write(w->file, &view, w->kv, w->nkv, &w->opt, w->world,
-                               w->timing ? &w->wst : NULL, &w->werr);
+                               w->timing ? &w->wst : NULL, &w->werr,
+                               (w->flags & FSDP_CKPT_SHARDED) ? &w->hold : NULL);
+    if (w->result == FSDP_SUCCESS && (w->flags & FSDP_CKPT_SHARDED))
+        FSDP__TEST_STOP("renamed", w->rank, w->steps);
     if (w->mu_ok) pthread_mutex_lock(&w->mu);
     w->done = 1;
     if (w->mu_ok) pthread_mutex_unlock(&w->mu);
@@ -23392,6 +23522,34 @@ FSDP__DEF int fsdp__unlink_in(const char *dir, const char *name)
     return unlink(p);
 }
 
+/* The size of dir/name, 0 when it cannot be read. Allocates nothing. */
+FSDP__DEF int64_t fsdp__size_in(const char *dir, const char *name)
+{
+    char p[4096 + 256];
+    struct stat st;
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p || stat(p, &st) != 0) return 0;
+    return (int64_t)st.st_size;
+}
+
+/* Counts a file a sweep removes (or would) in fsdp_ckpt_clean's report
+   (NULL: none), its name on a line of its own; a list that does not fit
+   ends with "...". Allocates nothing. */
+FSDP__DEF void fsdp__report_add(fsdp_ckpt_clean_report *rep, const char *name, int64_t bytes)
+{
+    size_t len, n = strlen(name);
+    if (!rep) return;
+    rep->removed++;
+    rep->bytes += bytes;
+    len = strlen(rep->names);
+    if (len >= 4 && !strcmp(rep->names + len - 4, "...\n")) return; /* already cut */
+    if (len + n + 2 + 4 < sizeof rep->names) {
+        memcpy(rep->names + len, name, n);
+        memcpy(rep->names + len + n, "\n", 2);
+    } else if (len + 5 <= sizeof rep->names) {
+        memcpy(rep->names + len, "...\n", 5);
+    }
+}
+
 /* A save killed between creating and renaming its temporary leaves
    "<name>.tmp.<pid>" forever; the next committed save of the same path
    removes those whose process is gone. A live process's temporary is a
@@ -23403,7 +23561,8 @@ FSDP__DEF int fsdp__unlink_in(const char *dir, const char *name)
    "<prefix>.tmp.<pid>". Allocates nothing: it runs on the writer's
    background thread, and the allocator hooks need not be thread-safe.
    Best effort: returns how many were removed. */
-FSDP__DEF int fsdp__sweep_tmp(const char *dir, const char *prefix)
+FSDP__DEF int fsdp__sweep_tmp_r(const char *dir, const char *prefix, int dry_run,
+                                fsdp_ckpt_clean_report *rep)
 {
     DIR *d = opendir(dir);
     struct dirent *de;
@@ -23412,6 +23571,7 @@ FSDP__DEF int fsdp__sweep_tmp(const char *dir, const char *prefix)
     while (d && (de = readdir(d)) != NULL) {
         const char *nm = de->d_name, *t = strstr(nm, ".tmp."), *q;
         long long pid = 0;
+        int64_t bytes;
         if (!t) continue;
         while (strstr(t + 1, ".tmp.")) t = strstr(t + 1, ".tmp."); /* the last one */
         if (prefix) {
@@ -23427,11 +23587,23 @@ FSDP__DEF int fsdp__sweep_tmp(const char *dir, const char *prefix)
         }
         for (q = t + 5; *q >= '0' && *q <= '9' && pid < (1ll << 40); q++) pid = pid * 10 + (*q - '0');
         if (*q || q == t + 5 || pid <= 0 || pid >= (1ll << 40)) continue;
-        if ((pid_t)pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        if (fsdp__unlink_in(dir, nm) == 0) removed++;
+        if ((pid_t)pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) {
+            if (rep) rep->in_use++; /* a live process's save in flight */
+            continue;
+        }
+        bytes = rep ? fsdp__size_in(dir, nm) : 0;
+        if (dry_run || fsdp__unlink_in(dir, nm) == 0) {
+            removed++;
+            fsdp__report_add(rep, nm, bytes);
+        }
     }
     if (d) closedir(d);
     return removed;
+}
+
+FSDP__DEF int fsdp__sweep_tmp(const char *dir, const char *prefix)
+{
+    return fsdp__sweep_tmp_r(dir, prefix, 0, NULL);
 }
 
 /* Removes the rank files of save `old` (world size old_world), the save
@@ -23454,10 +23626,78 @@ FSDP__DEF void fsdp__remove_old(const char *dir, uint64_t old, int old_world, in
     if (rank == 0) fsdp__sweep_tmp(dir, NULL);
 }
 
+/* Whether the index of the sharded checkpoint in dir names save `gen`'s
+   rank file of world size `world`: 1 it does, 0 it does not (or there is
+   no index at all: nothing is committed), -1 there is an index this cannot
+   read (keep everything). Reads through FSDP_MALLOC, never the hooks. */
+FSDP__DEF int fsdp__index_names(const char *dir, uint64_t gen, int world)
+{
+    char p[4096 + 256];
+    struct stat st;
+    uint64_t ig = 0;
+    int iw = 0;
+    if (fsdp__index_save(NULL, dir, &ig, &iw)) return ig == gen && iw == world;
+    if ((size_t)snprintf(p, sizeof p, "%s/" FSDP__INDEX_NAME, dir) >= sizeof p) return -1;
+    return stat(p, &st) != 0 && errno == ENOENT ? 0 : -1;
+}
+
+/* Removes the rank files in dir that no committed save needs and no live
+   save holds (what saves killed after their rename left): this caller's
+   share, a file of rank q when q mod world is rank, apart from save
+   `keep`'s. A file goes when a write lock on it is granted (its writer
+   committed, gave up or died: a writer holds its file from its rename
+   until its commit is agreed, which is after its index is in place) and
+   the index, read once the lock is granted, does not name it; so a file
+   the index names, now or later, is never removed. unlocked_ok: where
+   there are no locks, remove anyway (fsdp_ckpt_clean, for a directory no
+   job writes); otherwise such a file stays. A file that cannot be opened
+   for writing stays. Allocates nothing but the index's reading, through
+   FSDP_MALLOC (it runs on the writer's background thread). Returns how
+   many it removed (dry_run: would remove). */
+FSDP__DEF int fsdp__sweep_orphans(const char *dir, uint64_t keep, int rank, int world,
+                                  int unlocked_ok, int dry_run, fsdp_ckpt_clean_report *rep)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int removed = 0;
+    while (d && (de = readdir(d)) != NULL) {
+        char p[4096 + 256];
+        uint64_t g;
+        int q, n, fd, lk, named;
+        struct stat st;
+        if (!fsdp__rank_file_of(de->d_name, &g, &q, &n) || g == keep || q % world != rank) continue;
+        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= sizeof p) continue;
+        if ((fd = open(p, O_RDWR)) < 0) continue; /* gone since, or not ours to remove */
+        lk = fsdp__ofd_lock(fd, F_WRLCK);
+        if (lk == 1 || (lk < 0 && !unlocked_ok)) {
+            if (rep) rep->in_use++; /* a save in flight holds it (or no locks here) */
+            close(fd);
+            continue;
+        }
+        named = fsdp__index_names(dir, g, n);
+        if (named != 0) {
+            if (rep && named < 0) rep->in_use++;
+            close(fd);
+            continue;
+        }
+        st.st_size = 0;
+        if (fstat(fd, &st) != 0) st.st_size = 0;
+        if (dry_run || unlink(p) == 0) {
+            removed++;
+            fsdp__report_add(rep, de->d_name, (int64_t)st.st_size);
+        }
+        close(fd);
+    }
+    if (d) closedir(d);
+    return removed;
+}
+
 FSDP__DEF void *fsdp__writer_gc_main(void *arg)
 {
     fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)arg;
     fsdp__remove_old(w->gc_dir, w->gc_old, w->gc_old_world, w->gc_rank, w->world);
+    /* then what saves killed after their rename left (each rank its share) */
+    fsdp__sweep_orphans(w->gc_dir, w->gc_keep, w->gc_rank, w->world, 0, 0, NULL);
     return NULL;
 }
 
@@ -23476,6 +23716,8 @@ FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
     w->thread_started = 0;
     fsdp_state_dict_destroy(w->sd);
     w->sd = NULL;
+    if (w->hold >= 0) close(w->hold); /* after the commit's agreement: see fsdp__sweep_orphans */
+    w->hold = -1;
     fsdp__free(&w->hooks, w->path);
     fsdp__free(&w->hooks, w->file);
     w->path = w->file = NULL;
@@ -23530,6 +23772,7 @@ FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *c, fsdp_ckpt_writer **out
     w->dep.ctx_gone = fsdp__writer_ctx_gone;
     /* without the mutex, a poll only commits once the thread is joined */
     w->mu_ok = pthread_mutex_init(&w->mu, NULL) == 0;
+    w->hold = -1;
     fsdp__ctx_dep_add(c, &w->dep);
     *out = w;
     return FSDP_SUCCESS;
@@ -23616,6 +23859,7 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
     w->timing = c->ckpt_opt.stats != 0;
     w->opt = c->ckpt_opt;
     w->world = c->nranks;
+    w->rank = c->rank;
     memset(&w->st, 0, sizeof w->st);
     memset(&w->wst, 0, sizeof w->wst);
     w->t_start = t0 = fsdp__tick(w->timing);
@@ -23851,6 +24095,15 @@ done:
     return r;
 }
 
+/* Whether the file held open as `hold` is no longer the one `now` describes
+   (removed, and another of the same name written since). */
+FSDP__DEF int fsdp__replaced(int hold, const struct stat *now)
+{
+    struct stat h;
+    if (hold < 0 || fstat(hold, &h) != 0) return 0;
+    return h.st_dev != now->st_dev || h.st_ino != now->st_ino;
+}
+
 /* Joins the pending save's thread and commits the save (fsdp_ckpt_wait's
    and fsdp_ckpt_poll's commit): every rank's write result is agreed, then
    rank 0 writes the index of a sharded checkpoint, agreed again. */
@@ -23871,6 +24124,11 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
         r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': rank %d's file '%s' is gone "
                            "before the commit (%s): another process removed it; the save is "
                            "not committed", fn, w->path, c->rank, w->file, strerror(errno));
+    else if (w->file && (w->flags & FSDP_CKPT_SHARDED) && fsdp__replaced(w->hold, &st))
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': rank %d's file '%s' was "
+                           "removed and another put in its place before the commit (another "
+                           "process's sweep?); the save is not committed", fn, w->path, c->rank,
+                           w->file);
     t0 = fsdp__tick(on);
     if (w->flags & FSDP_CKPT_SHARDED) {
         /* read before the index is replaced: its files, and only those, go
@@ -23886,7 +24144,10 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
     w->st.agree_s += t1 - t0;
     if (w->flags & FSDP_CKPT_SHARDED) {
         if (r == FSDP_SUCCESS) {
-            fsdp_result r0 = c->rank == 0 ? fsdp__write_index(w) : FSDP_SUCCESS;
+            fsdp_result r0;
+            if (c->rank == 0) FSDP__TEST_STOP("before_index", 0, w->steps);
+            r0 = c->rank == 0 ? fsdp__write_index(w) : FSDP_SUCCESS;
+            if (c->rank == 0 && r0 == FSDP_SUCCESS) FSDP__TEST_STOP("after_index", 0, w->steps);
             t0 = fsdp__tick(on);
             w->st.index_s += t0 - t1;
             r = fsdp__agree(c, r0, fn);
@@ -23898,6 +24159,7 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
            background, not in the poll that committed it */
         if (r == FSDP_SUCCESS && (w->gc_dir = fsdp__strdup(&w->hooks, w->path)) != NULL) {
             w->gc_old = old[0];
+            w->gc_keep = w->gen;
             w->gc_old_world = old[1] <= 1u << 20 ? (int)old[1] : 0;
             w->gc_rank = c->rank;
             if (w->inline_write || pthread_create(&w->gc_th, NULL, fsdp__writer_gc_main, w) != 0) {
@@ -23908,8 +24170,13 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
                 w->gc_started = 1;
             }
         }
-        /* not committed: this generation's files are orphans */
-        if (r != FSDP_SUCCESS && w->file) unlink(w->file);
+        /* not committed: this generation's files are orphans. Unless rank 0
+           put the index in place and then failed (the agreement after it
+           did not come): then the index names this file, the save is the
+           checkpoint, and removing the file would break it */
+        if (r != FSDP_SUCCESS && w->file &&
+            fsdp__index_names(w->path, w->gen, w->world) == 0)
+            unlink(w->file);
     } else if (r == FSDP_SUCCESS && w->file) {
         char dir[4096];
         const char *base = strrchr(w->path, '/');
@@ -24879,6 +25146,50 @@ done:
     fsdp__free(h, text);
     fsdp__json_free(&j);
     return r;
+}
+
+/* ---- src/ckpt_clean.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>ckpt:clean what crashed saves left (fsdp_ckpt_clean) ------------- */
+
+FSDP_API fsdp_result fsdp_ckpt_clean(const char *path, unsigned flags,
+                                     fsdp_ckpt_clean_report *report, fsdp_error *err)
+{
+    fsdp_ckpt_clean_report local;
+    fsdp_ckpt_clean_report *rep = report ? report : &local;
+    int dry = (flags & FSDP_CKPT_CLEAN_DRY_RUN) != 0;
+    struct stat st;
+    memset(rep, 0, sizeof *rep);
+    if (!path || !path[0])
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_ckpt_clean: path is %s",
+                              path ? "empty" : "NULL");
+    if (flags & ~(unsigned)(FSDP_CKPT_CLEAN_DRY_RUN | FSDP_CKPT_CLEAN_MISSING_OK))
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_ckpt_clean: flags 0x%x: only "
+                              "FSDP_CKPT_CLEAN_DRY_RUN and FSDP_CKPT_CLEAN_MISSING_OK apply",
+                              flags);
+    if (stat(path, &st) != 0) {
+        if (errno == ENOENT && (flags & FSDP_CKPT_CLEAN_MISSING_OK)) return FSDP_SUCCESS;
+        return fsdp_error_set(err, FSDP_CKPT_IO, "fsdp_ckpt_clean: '%s': %s", path,
+                              strerror(errno));
+    }
+    if (S_ISDIR(st.st_mode)) {
+        /* an index this cannot read may name any rank file: keep them all */
+        if (fsdp__index_names(path, 0, 0) < 0)
+            return fsdp_error_set(err, FSDP_CKPT_FORMAT, "fsdp_ckpt_clean: '%s/" FSDP__INDEX_NAME
+                                  "' is not an index this library can read (fsdp_ckpt_verify "
+                                  "says why); nothing removed", path);
+        fsdp__sweep_orphans(path, 0, 0, 1, 1, dry, rep);
+        fsdp__sweep_tmp_r(path, NULL, dry, rep);
+        return FSDP_SUCCESS;
+    }
+    if (S_ISREG(st.st_mode)) {
+        char dir[4096];
+        const char *base = strrchr(path, '/');
+        fsdp__dirname(path, dir, sizeof dir);
+        fsdp__sweep_tmp_r(dir, base ? base + 1 : path, dry, rep);
+        return FSDP_SUCCESS;
+    }
+    return fsdp_error_set(err, FSDP_CKPT_IO, "fsdp_ckpt_clean: '%s' is neither a checkpoint file "
+                          "nor a sharded checkpoint's directory", path);
 }
 
 /* >>ckpt end */

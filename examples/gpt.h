@@ -44,6 +44,7 @@ typedef struct gpt_config {
        run after step N, as an interruption would */
     const char *save_dir, *resume_dir;
     int save_every, stop_after;
+    int clean_save; /* rank 0 removes what crashed saves left in save_dir first (fsdp_ckpt_clean) */
     int cpu_offload; /* shards, gradients and optimizer state in pinned host memory */
     FILE *metrics;   /* --metrics: rank 0's JSON lines (examples/example_metrics.h); NULL: off */
     size_t capacity; /* > 0: each rank's device capacity in bytes (fsdp_device_set_capacity) */
@@ -1760,6 +1761,21 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         res->start_step = first_step - 1;
         res->steps_run = last_step >= first_step ? last_step - first_step + 1 : 0;
         if (!res->steps_run) res->initial_loss = res->final_loss = NAN;
+    }
+    if (cfg->clean_save && cfg->save_dir && rank == 0) {
+        /* before this job's first save, while no job writes the directory:
+           what saves killed mid-commit left (on Linux the next commit also
+           removes them; elsewhere only this does) */
+        fsdp_ckpt_clean_report rep;
+        fsdp_error cerr;
+        memset(&cerr, 0, sizeof cerr);
+        if (fsdp_ckpt_clean(cfg->save_dir, FSDP_CKPT_CLEAN_MISSING_OK, &rep, &cerr) !=
+            FSDP_SUCCESS) /* nothing removed; training goes on */
+            fprintf(stderr, "train_gpt: warning: --clean: %s\n", cerr.message);
+        else if (rep.removed) {
+            printf("clean: removed %d file(s), %lld bytes, that crashed saves left in %s\n",
+                   rep.removed, (long long)rep.bytes, cfg->save_dir);
+        }
     }
     if (cfg->save_dir && fsdp_ckpt_writer_create(e.ctx, &writer) != FSDP_SUCCESS) {
         gpt__fail(&e, "fsdp_ckpt_writer_create");

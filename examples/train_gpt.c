@@ -40,7 +40,7 @@
    Usage: train_gpt [--ranks N] [--steps K] [--layers L] [--dim C] [--heads H]
                     [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]
                     [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload] [--quiet]
-                    [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]
+                    [--save DIR] [--save-every K] [--resume DIR] [--stop-after N] [--clean]
                     [--metrics FILE]
                     [--capacity BYTES] [--backend local|mpi|gloo]  (mpi: mpirun -np N train_gpt ...;
                     gloo: forks --ranks processes, or runs one rank: --rank R
@@ -55,7 +55,9 @@
    --resume DIR continues from it at any --ranks, exactly where it stopped
    (--steps is the whole run's length, which the lr schedule follows, and
    the data stream resumes at the checkpoint's step; --stop-after N ends the
-   run after step N, as an interruption would).
+   run after step N, as an interruption would). --clean first removes from
+   --save DIR what saves killed mid-commit left (fsdp_ckpt_clean; on Linux
+   the next committed save removes them anyway, elsewhere only this does).
 
    --eval-every K (default 100; 0: off) decodes 256 held-out problems every K
    steps and reports the training time until accuracy first reached 90%.
@@ -129,7 +131,7 @@ static void usage(const char *argv0)
             "          [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]\n"
             "          [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload]\n"
             "          [--quiet] [--capacity BYTES]\n"
-            "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N]\n"
+            "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N] [--clean]\n"
             "          [--metrics FILE] (JSON lines: a record per logged step)\n"
             "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
             EXAMPLE_GLOO_HELP
@@ -200,6 +202,7 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
         if (!strcmp(a, "--quiet")) c->quiet = 1;
         else if (!strcmp(a, "--bf16")) c->bf16 = 1;
         else if (!strcmp(a, "--cpu-offload")) c->cpu_offload = 1;
+        else if (!strcmp(a, "--clean")) c->clean_save = 1;
         else if (!strcmp(a, "--help") || !strcmp(a, "-h")) return -1;
         else if (!v) {
             fprintf(stderr, "train_gpt: unknown option or missing value: %s\n", a);

@@ -25,8 +25,18 @@
    that are not rank files ("model-00001-of-00002.safetensors") stay. A
    save whose rank file is gone before the commit (another process removed
    it) is refused (FSDP_CKPT_IO), not committed. Rank files of a save
-   killed between their rename and its index stay (no index names them;
-   another writer's save in flight looks the same). An
+   killed between their rename and its index (orphans) go at the next
+   committed save of the directory: a writer holds its rank file (an open
+   file description lock, Linux) from its rename until its commit is
+   agreed, after its index is in place, and the committing ranks remove
+   each rank file that no writer holds and the index, read after taking
+   the file's lock, does not name; so a live save's files and a committed
+   save's are never removed. After any crash the directory holds at most
+   the committed save and the saves in flight. Where there are no such
+   locks (not Linux, a file system without them) orphans stay until
+   fsdp_ckpt_clean. Every writer of a directory must be of this version or
+   later (an older one holds no lock: its save in flight may lose its file,
+   and its commit then fails, naming it). An
    asynchronous save is committed by fsdp_ckpt_wait, or as soon as every
    rank's write has finished by fsdp_ckpt_poll called once per training
    step: then the latest completed save is always the one a restart finds.
@@ -230,6 +240,40 @@ typedef struct fsdp_ckpt_stats {
    (either pointer may be NULL); zeros when none was timed. Collective: no. */
 FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *ctx, fsdp_ckpt_stats *save,
                                          fsdp_ckpt_stats *load);
+
+/* What fsdp_ckpt_clean removed. */
+typedef struct fsdp_ckpt_clean_report {
+    int removed;      /* files removed (FSDP_CKPT_CLEAN_DRY_RUN: that would be) */
+    int64_t bytes;    /* their sizes */
+    int in_use;       /* kept: rank files a save in flight holds, temporaries of
+                         live processes, files an unreadable index may name */
+    char names[2048]; /* the removed files' names, one a line, "...\n" last
+                         when the list was cut */
+} fsdp_ckpt_clean_report;
+
+enum {
+    FSDP_CKPT_CLEAN_DRY_RUN = 1u << 0,   /* report, remove nothing */
+    FSDP_CKPT_CLEAN_MISSING_OK = 1u << 1 /* a path that does not exist: nothing to
+                                            clean (a job's first start), not an error */
+};
+
+/* Removes what crashed saves left in a checkpoint: for a sharded directory,
+   every rank file that its index.json does not name (all of them when it
+   has no index: nothing was ever committed) and the temporaries of dead
+   processes; for a single file, the temporaries "<file>.tmp.<pid>" of dead
+   processes beside it. For a directory no job is writing (before a job
+   starts, or by hand): a rank file that a live writer holds, a temporary
+   of a live process on this host, and everything when the index exists
+   but cannot be read (FSDP_CKPT_FORMAT, nothing removed) are kept. Files
+   that are not this library's ("model-00001-of-00002.safetensors", your
+   own) are never touched. report (may be NULL) says what went; err (may be
+   NULL) why it failed: FSDP_INVALID_ARGS (path NULL or empty, unknown
+   flags), FSDP_CKPT_IO (path missing, unless FSDP_CKPT_CLEAN_MISSING_OK,
+   or unreadable), FSDP_CKPT_FORMAT.
+   Collective: no (call it on one rank, or on one rank per host for
+   directories on each host's own disk). Thread safety: any. */
+FSDP_API fsdp_result fsdp_ckpt_clean(const char *path, unsigned flags,
+                                     fsdp_ckpt_clean_report *report, fsdp_error *err);
 
 /* >>ckpt end (declarations) */
 

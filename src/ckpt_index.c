@@ -766,5 +766,3 @@ done:
     return r;
 }
 
-/* >>ckpt end */
-

@@ -33,19 +33,50 @@ struct fsdp_ckpt_writer {
     double t_start;
     fsdp_ckpt_stats st, wst;
     fsdp_ckpt_options opt; /* the context's when the save began */
-    int world;
+    int world, rank;
     int inline_write; /* fsdp_ckpt_save: the caller writes, from the shards themselves */
+    /* this rank's file of a sharded save, open and read-locked from before
+       its rename until the commit is agreed (fsdp__hold): a sweep of
+       another writer never takes it, and the commit checks it is still the
+       file under that name; -1 none */
+    int hold;
     /* the replaced save's files this rank removes after a commit, in the
        background after an async save (joined before the next save) */
     pthread_t gc_th;
     int gc_started;
     char *gc_dir;
-    uint64_t gc_old; /* the replaced index's save */
+    uint64_t gc_old;  /* the replaced index's save */
+    uint64_t gc_keep; /* the save just committed */
     int gc_old_world, gc_rank;
     /* the thread's "finished", read by fsdp_ckpt_poll while it runs */
     pthread_mutex_t mu;
     int mu_ok, done;
 };
+
+#ifdef FSDP_TEST_HOOKS
+/* Fault injection for tests/test_ckpt_crash.c, which alone builds the
+   library with FSDP_TEST_HOOKS: FSDP_TEST_KILL_AT="STAGE[:RANK][@STEPS]"
+   kills the process (SIGKILL, 9) at that point of a save (of that rank, of
+   the save at that step count). Never compiled otherwise. */
+FSDP__DEF void fsdp__test_stop(const char *stage, int rank, int64_t steps)
+{
+    const char *at = getenv("FSDP_TEST_KILL_AT"), *p;
+    size_t n = strlen(stage);
+    if (!at || strncmp(at, stage, n)) return;
+    p = at + n;
+    if (*p == ':') {
+        if (strtol(p + 1, (char **)&p, 10) != rank) return;
+    }
+    if (*p == '@') {
+        if (strtoll(p + 1, (char **)&p, 10) != steps) return;
+    }
+    if (*p) return;
+    kill(getpid(), 9);
+}
+#define FSDP__TEST_STOP(stage, rank, steps) fsdp__test_stop(stage, rank, steps)
+#else
+#define FSDP__TEST_STOP(stage, rank, steps) ((void)0)
+#endif
 
 FSDP__DEF void fsdp__rank_file(char *out, size_t n, uint64_t gen, int rank, int world)
 {
@@ -73,7 +104,10 @@ FSDP__DEF void fsdp__writer_write(fsdp_ckpt_writer *w, int own_thread)
     fsdp_state_dict view = *w->sd;
     if (own_thread) memset(&view.hooks.allocator, 0, sizeof view.hooks.allocator);
     w->result = fsdp__sd_write(w->file, &view, w->kv, w->nkv, &w->opt, w->world,
-                               w->timing ? &w->wst : NULL, &w->werr);
+                               w->timing ? &w->wst : NULL, &w->werr,
+                               (w->flags & FSDP_CKPT_SHARDED) ? &w->hold : NULL);
+    if (w->result == FSDP_SUCCESS && (w->flags & FSDP_CKPT_SHARDED))
+        FSDP__TEST_STOP("renamed", w->rank, w->steps);
     if (w->mu_ok) pthread_mutex_lock(&w->mu);
     w->done = 1;
     if (w->mu_ok) pthread_mutex_unlock(&w->mu);
@@ -222,6 +256,34 @@ FSDP__DEF int fsdp__unlink_in(const char *dir, const char *name)
     return unlink(p);
 }
 
+/* The size of dir/name, 0 when it cannot be read. Allocates nothing. */
+FSDP__DEF int64_t fsdp__size_in(const char *dir, const char *name)
+{
+    char p[4096 + 256];
+    struct stat st;
+    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p || stat(p, &st) != 0) return 0;
+    return (int64_t)st.st_size;
+}
+
+/* Counts a file a sweep removes (or would) in fsdp_ckpt_clean's report
+   (NULL: none), its name on a line of its own; a list that does not fit
+   ends with "...". Allocates nothing. */
+FSDP__DEF void fsdp__report_add(fsdp_ckpt_clean_report *rep, const char *name, int64_t bytes)
+{
+    size_t len, n = strlen(name);
+    if (!rep) return;
+    rep->removed++;
+    rep->bytes += bytes;
+    len = strlen(rep->names);
+    if (len >= 4 && !strcmp(rep->names + len - 4, "...\n")) return; /* already cut */
+    if (len + n + 2 + 4 < sizeof rep->names) {
+        memcpy(rep->names + len, name, n);
+        memcpy(rep->names + len + n, "\n", 2);
+    } else if (len + 5 <= sizeof rep->names) {
+        memcpy(rep->names + len, "...\n", 5);
+    }
+}
+
 /* A save killed between creating and renaming its temporary leaves
    "<name>.tmp.<pid>" forever; the next committed save of the same path
    removes those whose process is gone. A live process's temporary is a
@@ -233,7 +295,8 @@ FSDP__DEF int fsdp__unlink_in(const char *dir, const char *name)
    "<prefix>.tmp.<pid>". Allocates nothing: it runs on the writer's
    background thread, and the allocator hooks need not be thread-safe.
    Best effort: returns how many were removed. */
-FSDP__DEF int fsdp__sweep_tmp(const char *dir, const char *prefix)
+FSDP__DEF int fsdp__sweep_tmp_r(const char *dir, const char *prefix, int dry_run,
+                                fsdp_ckpt_clean_report *rep)
 {
     DIR *d = opendir(dir);
     struct dirent *de;
@@ -242,6 +305,7 @@ FSDP__DEF int fsdp__sweep_tmp(const char *dir, const char *prefix)
     while (d && (de = readdir(d)) != NULL) {
         const char *nm = de->d_name, *t = strstr(nm, ".tmp."), *q;
         long long pid = 0;
+        int64_t bytes;
         if (!t) continue;
         while (strstr(t + 1, ".tmp.")) t = strstr(t + 1, ".tmp."); /* the last one */
         if (prefix) {
@@ -257,11 +321,23 @@ FSDP__DEF int fsdp__sweep_tmp(const char *dir, const char *prefix)
         }
         for (q = t + 5; *q >= '0' && *q <= '9' && pid < (1ll << 40); q++) pid = pid * 10 + (*q - '0');
         if (*q || q == t + 5 || pid <= 0 || pid >= (1ll << 40)) continue;
-        if ((pid_t)pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) continue;
-        if (fsdp__unlink_in(dir, nm) == 0) removed++;
+        if ((pid_t)pid == getpid() || kill((pid_t)pid, 0) == 0 || errno != ESRCH) {
+            if (rep) rep->in_use++; /* a live process's save in flight */
+            continue;
+        }
+        bytes = rep ? fsdp__size_in(dir, nm) : 0;
+        if (dry_run || fsdp__unlink_in(dir, nm) == 0) {
+            removed++;
+            fsdp__report_add(rep, nm, bytes);
+        }
     }
     if (d) closedir(d);
     return removed;
+}
+
+FSDP__DEF int fsdp__sweep_tmp(const char *dir, const char *prefix)
+{
+    return fsdp__sweep_tmp_r(dir, prefix, 0, NULL);
 }
 
 /* Removes the rank files of save `old` (world size old_world), the save
@@ -284,10 +360,78 @@ FSDP__DEF void fsdp__remove_old(const char *dir, uint64_t old, int old_world, in
     if (rank == 0) fsdp__sweep_tmp(dir, NULL);
 }
 
+/* Whether the index of the sharded checkpoint in dir names save `gen`'s
+   rank file of world size `world`: 1 it does, 0 it does not (or there is
+   no index at all: nothing is committed), -1 there is an index this cannot
+   read (keep everything). Reads through FSDP_MALLOC, never the hooks. */
+FSDP__DEF int fsdp__index_names(const char *dir, uint64_t gen, int world)
+{
+    char p[4096 + 256];
+    struct stat st;
+    uint64_t ig = 0;
+    int iw = 0;
+    if (fsdp__index_save(NULL, dir, &ig, &iw)) return ig == gen && iw == world;
+    if ((size_t)snprintf(p, sizeof p, "%s/" FSDP__INDEX_NAME, dir) >= sizeof p) return -1;
+    return stat(p, &st) != 0 && errno == ENOENT ? 0 : -1;
+}
+
+/* Removes the rank files in dir that no committed save needs and no live
+   save holds (what saves killed after their rename left): this caller's
+   share, a file of rank q when q mod world is rank, apart from save
+   `keep`'s. A file goes when a write lock on it is granted (its writer
+   committed, gave up or died: a writer holds its file from its rename
+   until its commit is agreed, which is after its index is in place) and
+   the index, read once the lock is granted, does not name it; so a file
+   the index names, now or later, is never removed. unlocked_ok: where
+   there are no locks, remove anyway (fsdp_ckpt_clean, for a directory no
+   job writes); otherwise such a file stays. A file that cannot be opened
+   for writing stays. Allocates nothing but the index's reading, through
+   FSDP_MALLOC (it runs on the writer's background thread). Returns how
+   many it removed (dry_run: would remove). */
+FSDP__DEF int fsdp__sweep_orphans(const char *dir, uint64_t keep, int rank, int world,
+                                  int unlocked_ok, int dry_run, fsdp_ckpt_clean_report *rep)
+{
+    DIR *d = opendir(dir);
+    struct dirent *de;
+    int removed = 0;
+    while (d && (de = readdir(d)) != NULL) {
+        char p[4096 + 256];
+        uint64_t g;
+        int q, n, fd, lk, named;
+        struct stat st;
+        if (!fsdp__rank_file_of(de->d_name, &g, &q, &n) || g == keep || q % world != rank) continue;
+        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= sizeof p) continue;
+        if ((fd = open(p, O_RDWR)) < 0) continue; /* gone since, or not ours to remove */
+        lk = fsdp__ofd_lock(fd, F_WRLCK);
+        if (lk == 1 || (lk < 0 && !unlocked_ok)) {
+            if (rep) rep->in_use++; /* a save in flight holds it (or no locks here) */
+            close(fd);
+            continue;
+        }
+        named = fsdp__index_names(dir, g, n);
+        if (named != 0) {
+            if (rep && named < 0) rep->in_use++;
+            close(fd);
+            continue;
+        }
+        st.st_size = 0;
+        if (fstat(fd, &st) != 0) st.st_size = 0;
+        if (dry_run || unlink(p) == 0) {
+            removed++;
+            fsdp__report_add(rep, de->d_name, (int64_t)st.st_size);
+        }
+        close(fd);
+    }
+    if (d) closedir(d);
+    return removed;
+}
+
 FSDP__DEF void *fsdp__writer_gc_main(void *arg)
 {
     fsdp_ckpt_writer *w = (fsdp_ckpt_writer *)arg;
     fsdp__remove_old(w->gc_dir, w->gc_old, w->gc_old_world, w->gc_rank, w->world);
+    /* then what saves killed after their rename left (each rank its share) */
+    fsdp__sweep_orphans(w->gc_dir, w->gc_keep, w->gc_rank, w->world, 0, 0, NULL);
     return NULL;
 }
 
@@ -306,6 +450,8 @@ FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
     w->thread_started = 0;
     fsdp_state_dict_destroy(w->sd);
     w->sd = NULL;
+    if (w->hold >= 0) close(w->hold); /* after the commit's agreement: see fsdp__sweep_orphans */
+    w->hold = -1;
     fsdp__free(&w->hooks, w->path);
     fsdp__free(&w->hooks, w->file);
     w->path = w->file = NULL;
@@ -360,6 +506,7 @@ FSDP_API fsdp_result fsdp_ckpt_writer_create(fsdp_ctx *c, fsdp_ckpt_writer **out
     w->dep.ctx_gone = fsdp__writer_ctx_gone;
     /* without the mutex, a poll only commits once the thread is joined */
     w->mu_ok = pthread_mutex_init(&w->mu, NULL) == 0;
+    w->hold = -1;
     fsdp__ctx_dep_add(c, &w->dep);
     *out = w;
     return FSDP_SUCCESS;
@@ -446,6 +593,7 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
     w->timing = c->ckpt_opt.stats != 0;
     w->opt = c->ckpt_opt;
     w->world = c->nranks;
+    w->rank = c->rank;
     memset(&w->st, 0, sizeof w->st);
     memset(&w->wst, 0, sizeof w->wst);
     w->t_start = t0 = fsdp__tick(w->timing);
@@ -681,6 +829,15 @@ done:
     return r;
 }
 
+/* Whether the file held open as `hold` is no longer the one `now` describes
+   (removed, and another of the same name written since). */
+FSDP__DEF int fsdp__replaced(int hold, const struct stat *now)
+{
+    struct stat h;
+    if (hold < 0 || fstat(hold, &h) != 0) return 0;
+    return h.st_dev != now->st_dev || h.st_ino != now->st_ino;
+}
+
 /* Joins the pending save's thread and commits the save (fsdp_ckpt_wait's
    and fsdp_ckpt_poll's commit): every rank's write result is agreed, then
    rank 0 writes the index of a sharded checkpoint, agreed again. */
@@ -701,6 +858,11 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
         r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': rank %d's file '%s' is gone "
                            "before the commit (%s): another process removed it; the save is "
                            "not committed", fn, w->path, c->rank, w->file, strerror(errno));
+    else if (w->file && (w->flags & FSDP_CKPT_SHARDED) && fsdp__replaced(w->hold, &st))
+        r = fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: checkpoint '%s': rank %d's file '%s' was "
+                           "removed and another put in its place before the commit (another "
+                           "process's sweep?); the save is not committed", fn, w->path, c->rank,
+                           w->file);
     t0 = fsdp__tick(on);
     if (w->flags & FSDP_CKPT_SHARDED) {
         /* read before the index is replaced: its files, and only those, go
@@ -716,7 +878,10 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
     w->st.agree_s += t1 - t0;
     if (w->flags & FSDP_CKPT_SHARDED) {
         if (r == FSDP_SUCCESS) {
-            fsdp_result r0 = c->rank == 0 ? fsdp__write_index(w) : FSDP_SUCCESS;
+            fsdp_result r0;
+            if (c->rank == 0) FSDP__TEST_STOP("before_index", 0, w->steps);
+            r0 = c->rank == 0 ? fsdp__write_index(w) : FSDP_SUCCESS;
+            if (c->rank == 0 && r0 == FSDP_SUCCESS) FSDP__TEST_STOP("after_index", 0, w->steps);
             t0 = fsdp__tick(on);
             w->st.index_s += t0 - t1;
             r = fsdp__agree(c, r0, fn);
@@ -728,6 +893,7 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
            background, not in the poll that committed it */
         if (r == FSDP_SUCCESS && (w->gc_dir = fsdp__strdup(&w->hooks, w->path)) != NULL) {
             w->gc_old = old[0];
+            w->gc_keep = w->gen;
             w->gc_old_world = old[1] <= 1u << 20 ? (int)old[1] : 0;
             w->gc_rank = c->rank;
             if (w->inline_write || pthread_create(&w->gc_th, NULL, fsdp__writer_gc_main, w) != 0) {
@@ -738,8 +904,13 @@ FSDP__DEF fsdp_result fsdp__writer_commit(fsdp_ckpt_writer *w, const char *fn)
                 w->gc_started = 1;
             }
         }
-        /* not committed: this generation's files are orphans */
-        if (r != FSDP_SUCCESS && w->file) unlink(w->file);
+        /* not committed: this generation's files are orphans. Unless rank 0
+           put the index in place and then failed (the agreement after it
+           did not come): then the index names this file, the save is the
+           checkpoint, and removing the file would break it */
+        if (r != FSDP_SUCCESS && w->file &&
+            fsdp__index_names(w->path, w->gen, w->world) == 0)
+            unlink(w->file);
     } else if (r == FSDP_SUCCESS && w->file) {
         char dir[4096];
         const char *base = strrchr(w->path, '/');

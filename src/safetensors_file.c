@@ -649,6 +649,7 @@ typedef struct fsdp__stw {
     uint32_t *pcrc;      /* the parts' per-tensor checksums */
     void *bounce;
     int fd;
+    int *hold;           /* NULL, or where the held file's descriptor goes */
 } fsdp__stw;
 
 /* The header: metadata first (so Python sees it) with room for every
@@ -902,10 +903,13 @@ FSDP__DEF fsdp_result fsdp__stw_commit(fsdp__stw *w)
         return fsdp__stw_io(w);
     }
     w->fd = -1;
+    if (w->hold) *w->hold = fsdp__hold(w->tmp); /* the inode keeps it through the rename */
     if (rename(w->tmp, w->path) != 0) {
         fsdp_result r = FSDP__STF(FSDP_CKPT_IO, "'%s': renaming the temporary '%s' into place: %s",
                                   w->path, w->tmp, strerror(errno));
         unlink(w->tmp);
+        if (w->hold && *w->hold >= 0) close(*w->hold);
+        if (w->hold) *w->hold = -1;
         return r;
     }
     fsdp__fsync_dir(w->path);
@@ -922,7 +926,7 @@ FSDP__DEF fsdp_result fsdp__stw_commit(fsdp__stw *w)
 FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n, const fsdp__kv *kv,
                                      int nkv, fsdp_device *dev, const fsdp_hooks *h,
                                      const fsdp_ckpt_options *o, int world, fsdp_ckpt_stats *st,
-                                     fsdp_error *err)
+                                     fsdp_error *err, int *hold)
 {
     fsdp__stw w;
     fsdp_result r;
@@ -931,6 +935,8 @@ FSDP__DEF fsdp_result fsdp__st_write(const char *path, const fsdp__wt *t, int n,
         return FSDP__STF(FSDP_NOT_SUPPORTED, "'%s': safetensors are little-endian; this host "
                          "is not", path);
     memset(&w, 0, sizeof w);
+    w.hold = hold;
+    if (hold) *hold = -1;
     w.path = path;
     w.t = t;
     w.n = n;

@@ -67,3 +67,46 @@ FSDP__DEF void fsdp__fsync_dir(const char *path)
     }
 }
 
+/* Open file description locks (Linux 3.15 and later): a lock belongs to
+   one open() of the file, so two ranks of one process (the local backend's
+   threads) conflict as two processes do, and a process's death releases
+   its locks. Strict C11 hides F_OFD_SETLK: 37 on every Linux architecture.
+   Elsewhere there are none, and no sweep removes what a crash left
+   (fsdp_ckpt_clean does, for a directory no job writes). The checkpoints'
+   writers hold their files with them (fsdp__hold). */
+#if defined(F_OFD_SETLK)
+#define FSDP__OFD_SETLK F_OFD_SETLK
+#elif defined(__linux__)
+#define FSDP__OFD_SETLK 37
+#endif
+
+/* A lock of `type` (F_RDLCK, F_WRLCK) on the whole of fd's file, without
+   waiting: 0 taken, 1 another holds it, -1 no such lock here (another
+   system, a file system without them). */
+FSDP__DEF int fsdp__ofd_lock(int fd, int type)
+{
+#ifdef FSDP__OFD_SETLK
+    struct flock l;
+    memset(&l, 0, sizeof l);
+    l.l_type = (short)type;
+    l.l_whence = SEEK_SET;
+    if (fcntl(fd, FSDP__OFD_SETLK, &l) == 0) return 0;
+    return errno == EAGAIN || errno == EACCES ? 1 : -1;
+#else
+    (void)fd, (void)type;
+    return -1;
+#endif
+}
+
+/* A file written for a checkpoint, held by its writer until the save is
+   committed: open, and read-locked where locks exist (a sweep of another
+   writer takes a write lock before it removes a rank file, >>ckpt:writer).
+   Taken on the temporary before its rename, so the name never shows
+   unheld. The descriptor, or -1 when it cannot be opened. */
+FSDP__DEF int fsdp__hold(const char *file)
+{
+    int fd = open(file, O_RDONLY);
+    if (fd >= 0) (void)fsdp__ofd_lock(fd, F_RDLCK);
+    return fd;
+}
+

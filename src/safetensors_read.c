@@ -408,10 +408,12 @@ FSDP__DEF fsdp_result fsdp__st_read_items(fsdp__st_file *f, const fsdp__rd_item 
     return r;
 }
 
-/* Writes a dict's tensors to one file; pieces become 1-D tensors. */
+/* Writes a dict's tensors to one file; pieces become 1-D tensors. hold:
+   NULL, or where the written file's held descriptor goes (fsdp__hold; -1
+   when none). */
 FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd,
                                      const fsdp__kv *kvs, int nkv, const fsdp_ckpt_options *o,
-                                     int world, fsdp_ckpt_stats *st, fsdp_error *err)
+                                     int world, fsdp_ckpt_stats *st, fsdp_error *err, int *hold)
 {
     fsdp__wt *t;
     fsdp_result r;
@@ -448,7 +450,7 @@ FSDP__DEF fsdp_result fsdp__sd_write(const char *path, const fsdp_state_dict *sd
         t[i].data = s->data;
         t[i].mem = s->mem;
     }
-    r = fsdp__st_write(path, t, sd->n, kvs, nkv, sd->dev, h, o, world, st, err);
+    r = fsdp__st_write(path, t, sd->n, kvs, nkv, sd->dev, h, o, world, st, err, hold);
     fsdp__free(h, t);
     return r;
 }
@@ -460,7 +462,7 @@ FSDP_API fsdp_result fsdp_safetensors_save(const char *path, const fsdp_state_di
     const fsdp_hooks *h = sd ? &sd->hooks : NULL;
     if (!path || !sd) return FSDP__STF(FSDP_INVALID_ARGS, "fsdp_safetensors_save: %s is NULL",
                                        path ? "sd" : "path");
-    return fsdp__sd_write(path, sd, &kv, 1, NULL, 1, NULL, err);
+    return fsdp__sd_write(path, sd, &kv, 1, NULL, 1, NULL, err, NULL);
 }
 
 FSDP_API fsdp_result fsdp_safetensors_load(const char *path, const fsdp_hooks *hooks,
