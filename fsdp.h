@@ -1422,6 +1422,22 @@ FSDP_API fsdp_result fsdp_hostlist_first(const char *list, char *host, size_t ca
    given up, as if it had exited (its later calls fail). A rank whose
    send to the server times out halfway gives its connection up the same
    way: a message is never cut and followed by another.
+   Strangers: without a secret the rendezvous trusts the network (as
+   torch's TCPStore and Gloo's store do): any process that reaches the
+   port and knows the job id (often "" or "none") can take a free rank's
+   place, read rank 0's broadcasts (NCCL's unique id) or fail the job with
+   a wrong world size. With the job's secret (desc.secret, else the
+   environment's FSDP_RDZV_SECRET, else the file FSDP_RDZV_SECRET_FILE
+   names; the same bytes on every rank) each connection is proven both
+   ways by challenge and response (HMAC-SHA-256 over fresh nonces; the
+   secret never crosses the wire): a process without it is refused before
+   its hello counts for anything, and two jobs with different secrets
+   never join. Rank 0 serves every connection without blocking: a peer
+   that stalls mid-message, connects and says nothing (5 s for a whole
+   hello), or floods the port costs the job nothing (at most 64 strangers
+   wait at once, the oldest closed first; running out of file descriptors
+   is named in the errors). desc.bind_addr limits the addresses rank 0
+   listens on.
    FSDP_NO_NET, defined where FSDP_IMPLEMENTATION is, compiles every socket
    of fsdp.h out (no socket, connect, bind or poll is referenced): the
    calls below that need the network fail with FSDP_NOT_SUPPORTED, "not
@@ -1440,6 +1456,16 @@ typedef struct fsdp_rendezvous_desc {
     int rank, size;
     const char *job_id; /* the same on every rank (fsdp_launch_info.job_id); NULL: "" */
     int timeout_ms;     /* to meet, and each later broadcast; 0: 300000; negative: forever */
+    /* The job's secret (above), secret_len bytes, the same on every rank;
+       NULL: $FSDP_RDZV_SECRET, else the contents of the file
+       $FSDP_RDZV_SECRET_FILE (one trailing newline dropped), else none.
+       Every rank must have one when any has. */
+    const void *secret;
+    size_t secret_len;
+    /* Rank 0 listens on this address only (a name or an address of its
+       host, e.g. the cluster network's, or "127.0.0.1" for one host);
+       NULL: every address of the host. */
+    const char *bind_addr;
 } fsdp_rendezvous_desc;
 
 /* Meets the other ranks (above). Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS
@@ -1471,6 +1497,11 @@ FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *rdzv, void *buf,
 /* The rendezvous as a side channel (fsdp_transport_desc.side_channel,
    fsdp_nccl_desc.side_channel), valid until it is destroyed. */
 FSDP_API fsdp_side_channel fsdp_rendezvous_side_channel(fsdp_rendezvous *rdzv);
+/* HMAC-SHA-256 (RFC 2104 over FIPS 180-4) of msg under key into out: what
+   the rendezvous proves its secret with, for tests and tools (RFC 4231's
+   vectors hold). NULL key or msg: empty. Thread safety: any. */
+FSDP_API void fsdp_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
+                               unsigned char out[32]);
 
 /* ---- src/model.h (fsdp.h is generated: edit this file) ---- */
 /* ======================================================================== */
@@ -9669,6 +9700,159 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     return FSDP_SUCCESS;
 }
 
+/* ---- src/launch_hmac.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>launch:hmac SHA-256 (FIPS 180-4) and HMAC (RFC 2104) -------------- */
+
+/* The rendezvous proves the job's secret with these, in both directions,
+   without the secret on the wire. Plain C on bytes: the same digest on
+   every host whatever its byte order. */
+
+typedef struct fsdp__sha256 {
+    uint32_t h[8];
+    unsigned char buf[64];
+    uint64_t bytes; /* hashed so far */
+    size_t nbuf;
+} fsdp__sha256;
+
+static const uint32_t fsdp__sha256_k[64] FSDP__UNUSED = {
+    0x428a2f98u, 0x71374491u, 0xb5c0fbcfu, 0xe9b5dba5u, 0x3956c25bu, 0x59f111f1u, 0x923f82a4u,
+    0xab1c5ed5u, 0xd807aa98u, 0x12835b01u, 0x243185beu, 0x550c7dc3u, 0x72be5d74u, 0x80deb1feu,
+    0x9bdc06a7u, 0xc19bf174u, 0xe49b69c1u, 0xefbe4786u, 0x0fc19dc6u, 0x240ca1ccu, 0x2de92c6fu,
+    0x4a7484aau, 0x5cb0a9dcu, 0x76f988dau, 0x983e5152u, 0xa831c66du, 0xb00327c8u, 0xbf597fc7u,
+    0xc6e00bf3u, 0xd5a79147u, 0x06ca6351u, 0x14292967u, 0x27b70a85u, 0x2e1b2138u, 0x4d2c6dfcu,
+    0x53380d13u, 0x650a7354u, 0x766a0abbu, 0x81c2c92eu, 0x92722c85u, 0xa2bfe8a1u, 0xa81a664bu,
+    0xc24b8b70u, 0xc76c51a3u, 0xd192e819u, 0xd6990624u, 0xf40e3585u, 0x106aa070u, 0x19a4c116u,
+    0x1e376c08u, 0x2748774cu, 0x34b0bcb5u, 0x391c0cb3u, 0x4ed8aa4au, 0x5b9cca4fu, 0x682e6ff3u,
+    0x748f82eeu, 0x78a5636fu, 0x84c87814u, 0x8cc70208u, 0x90befffau, 0xa4506cebu, 0xbef9a3f7u,
+    0xc67178f2u};
+
+#define FSDP__ROTR(x, n) (((x) >> (n)) | ((x) << (32 - (n))))
+
+FSDP__DEF void fsdp__sha256_block(fsdp__sha256 *c, const unsigned char *p)
+{
+    uint32_t w[64], a, b, d, e, f, g, h, cc, t1, t2;
+    int i;
+    for (i = 0; i < 16; i++)
+        w[i] = (uint32_t)p[4 * i] << 24 | (uint32_t)p[4 * i + 1] << 16 |
+               (uint32_t)p[4 * i + 2] << 8 | p[4 * i + 3];
+    for (i = 16; i < 64; i++) {
+        uint32_t s0 = FSDP__ROTR(w[i - 15], 7) ^ FSDP__ROTR(w[i - 15], 18) ^ (w[i - 15] >> 3);
+        uint32_t s1 = FSDP__ROTR(w[i - 2], 17) ^ FSDP__ROTR(w[i - 2], 19) ^ (w[i - 2] >> 10);
+        w[i] = w[i - 16] + s0 + w[i - 7] + s1;
+    }
+    a = c->h[0], b = c->h[1], cc = c->h[2], d = c->h[3];
+    e = c->h[4], f = c->h[5], g = c->h[6], h = c->h[7];
+    for (i = 0; i < 64; i++) {
+        t1 = h + (FSDP__ROTR(e, 6) ^ FSDP__ROTR(e, 11) ^ FSDP__ROTR(e, 25)) + ((e & f) ^ (~e & g)) +
+             fsdp__sha256_k[i] + w[i];
+        t2 = (FSDP__ROTR(a, 2) ^ FSDP__ROTR(a, 13) ^ FSDP__ROTR(a, 22)) +
+             ((a & b) ^ (a & cc) ^ (b & cc));
+        h = g, g = f, f = e, e = d + t1;
+        d = cc, cc = b, b = a, a = t1 + t2;
+    }
+    c->h[0] += a, c->h[1] += b, c->h[2] += cc, c->h[3] += d;
+    c->h[4] += e, c->h[5] += f, c->h[6] += g, c->h[7] += h;
+}
+
+FSDP__DEF void fsdp__sha256_init(fsdp__sha256 *c)
+{
+    static const uint32_t iv[8] = {0x6a09e667u, 0xbb67ae85u, 0x3c6ef372u, 0xa54ff53au,
+                                   0x510e527fu, 0x9b05688cu, 0x1f83d9abu, 0x5be0cd19u};
+    memcpy(c->h, iv, sizeof iv);
+    c->bytes = 0;
+    c->nbuf = 0;
+}
+
+FSDP__DEF void fsdp__sha256_update(fsdp__sha256 *c, const void *data, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)data;
+    c->bytes += n;
+    while (n) {
+        size_t take = 64 - c->nbuf < n ? 64 - c->nbuf : n;
+        if (c->nbuf == 0 && n >= 64) { /* whole blocks straight from the input */
+            fsdp__sha256_block(c, p);
+            p += 64;
+            n -= 64;
+            continue;
+        }
+        memcpy(c->buf + c->nbuf, p, take);
+        c->nbuf += take;
+        p += take;
+        n -= take;
+        if (c->nbuf == 64) {
+            fsdp__sha256_block(c, c->buf);
+            c->nbuf = 0;
+        }
+    }
+}
+
+FSDP__DEF void fsdp__sha256_final(fsdp__sha256 *c, unsigned char out[32])
+{
+    uint64_t bits = c->bytes * 8;
+    unsigned char pad[72];
+    size_t np = (c->nbuf < 56 ? 56 : 120) - c->nbuf;
+    int i;
+    memset(pad, 0, sizeof pad);
+    pad[0] = 0x80;
+    for (i = 0; i < 8; i++) pad[np + (size_t)i] = (unsigned char)(bits >> (56 - 8 * i));
+    fsdp__sha256_update(c, pad, np + 8);
+    for (i = 0; i < 8; i++) {
+        out[4 * i] = (unsigned char)(c->h[i] >> 24);
+        out[4 * i + 1] = (unsigned char)(c->h[i] >> 16);
+        out[4 * i + 2] = (unsigned char)(c->h[i] >> 8);
+        out[4 * i + 3] = (unsigned char)c->h[i];
+    }
+}
+
+/* HMAC-SHA-256 of the concatenation of n parts (parts[k], lens[k]). */
+FSDP__DEF void fsdp__hmac_parts(const void *key, size_t klen, const void *const *parts,
+                                const size_t *lens, int n, unsigned char out[32])
+{
+    unsigned char k0[64], pad[64], inner[32];
+    fsdp__sha256 c;
+    int i;
+    memset(k0, 0, sizeof k0);
+    if (klen > 64) { /* a long key is hashed first */
+        fsdp__sha256_init(&c);
+        fsdp__sha256_update(&c, key, klen);
+        fsdp__sha256_final(&c, k0);
+    } else if (klen) {
+        memcpy(k0, key, klen);
+    }
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k0[i] ^ 0x36);
+    fsdp__sha256_init(&c);
+    fsdp__sha256_update(&c, pad, 64);
+    for (i = 0; i < n; i++) fsdp__sha256_update(&c, parts[i], lens[i]);
+    fsdp__sha256_final(&c, inner);
+    for (i = 0; i < 64; i++) pad[i] = (unsigned char)(k0[i] ^ 0x5c);
+    fsdp__sha256_init(&c);
+    fsdp__sha256_update(&c, pad, 64);
+    fsdp__sha256_update(&c, inner, 32);
+    fsdp__sha256_final(&c, out);
+}
+
+FSDP_API void fsdp_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
+                               unsigned char out[32])
+{
+    const void *parts[1];
+    size_t lens[1];
+    parts[0] = msg ? msg : "";
+    lens[0] = msg ? msg_len : 0;
+    fsdp__hmac_parts(key ? key : "", key ? key_len : 0, parts, lens, 1, out);
+}
+
+/* Equal 32-byte digests, in a time that does not depend on where they
+   differ (a peer learns nothing from how long a refusal takes). */
+FSDP__DEF int fsdp__digest_equal(const unsigned char *a, const unsigned char *b)
+{
+    unsigned d = 0;
+    int i;
+    for (i = 0; i < 32; i++) d |= (unsigned)(a[i] ^ b[i]);
+    return d == 0;
+}
+
+#undef FSDP__ROTR
+
 /* ---- src/launch_rdzv.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>launch:rdzv the TCP rendezvous ---------------------------------------
    Rank 0 runs a small server on a thread: it admits the ranks (hello:
@@ -9724,10 +9908,19 @@ extern const char *gai_strerror(int ecode);
 #define FSDP__NET_WHY "no sockets on this platform in this build"
 #endif
 
-#define FSDP__RDZV_VERSION 1u
+/* Version 2: rank 0 challenges every connection (frame 'N', a nonce and
+   whether the job has a secret) before the hello, which then carries the
+   rank's own nonce and its proof; with a secret, rank 0 proves itself
+   back (frame 'P') before its answer. */
+#define FSDP__RDZV_VERSION 2u
 #define FSDP__RDZV_FRAME_MAX ((uint32_t)64 << 20) /* a collection of 8k rings fits */
 #define FSDP__RDZV_BCAST_MAX ((size_t)1 << 20)
 #define FSDP__RDZV_PUBLISH_MAX ((size_t)64 << 10)
+#define FSDP__RDZV_HELLO_MAX 1024u   /* a whole hello is about 330 bytes */
+#define FSDP__RDZV_HELLO_MS 5000.0   /* from connect to a whole hello */
+#define FSDP__RDZV_STRANGERS_MAX 64  /* connections not yet admitted, at once */
+#define FSDP__RDZV_NONCE 32
+#define FSDP__RDZV_SECRET_MAX 4096   /* bytes of a secret (a file's too) */
 static const char fsdp__rdzv_magic[8] FSDP__UNUSED = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '1'};
 
 /* A broadcast that arrived before its caller asked for it. */
@@ -9766,6 +9959,9 @@ struct fsdp_rendezvous {
     void *pub_user;
     unsigned char *pubbuf; /* FSDP__RDZV_PUBLISH_MAX, the agent's */
     fsdp__rdzv_server *server; /* rank 0's */
+    unsigned char *secret; /* the job's secret (secret_len bytes), or NULL */
+    size_t secret_len;
+    char bind_addr[256];   /* rank 0 listens there only; "": every address */
 };
 
 #if FSDP__NET
@@ -9879,7 +10075,7 @@ FSDP__DEF int fsdp__frame_recv(const fsdp_hooks *h, int fd, char *t, unsigned ch
     if (rc) return rc;
     *t = (char)hd[0];
     *len = fsdp__get_u32(hd + 1);
-    if (*len > FSDP__RDZV_FRAME_MAX || !strchr("HWXQACRBb", *t) || !*t) return -2;
+    if (*len > FSDP__RDZV_FRAME_MAX || !strchr("HWXQACRBbNP", *t) || !*t) return -2;
     *payload = (unsigned char *)fsdp__alloc(h, (size_t)*len + 1);
     if (!*payload) return -1;
     rc = *len ? fsdp__net_read(fd, *payload, *len, deadline) : 0;
@@ -9890,6 +10086,71 @@ FSDP__DEF int fsdp__frame_recv(const fsdp_hooks *h, int fd, char *t, unsigned ch
     }
     (*payload)[*len] = 0;
     return 0;
+}
+
+/* FSDP__RDZV_NONCE unpredictable bytes: the kernel's, mixed with the time
+   and the address of out, so two draws never repeat even without it. */
+FSDP__DEF void fsdp__rdzv_nonce(unsigned char *out)
+{
+    unsigned char seed[FSDP__RDZV_NONCE + 24];
+    struct timespec ts;
+    uintptr_t a = (uintptr_t)out;
+    static const char label[] = "fsdp.h rendezvous nonce";
+    int fd = open("/dev/urandom", O_RDONLY);
+    memset(seed, 0, sizeof seed);
+    if (fd >= 0) {
+        /* short or failed: the time and address below still differ */
+        if (read(fd, seed, FSDP__RDZV_NONCE) < 0) seed[0] = 0;
+        close(fd);
+    }
+    timespec_get(&ts, TIME_UTC);
+    memcpy(seed + FSDP__RDZV_NONCE, &ts.tv_sec, sizeof ts.tv_sec < 8 ? sizeof ts.tv_sec : 8);
+    memcpy(seed + FSDP__RDZV_NONCE + 8, &ts.tv_nsec, sizeof ts.tv_nsec < 8 ? sizeof ts.tv_nsec : 8);
+    memcpy(seed + FSDP__RDZV_NONCE + 16, &a, sizeof a < 8 ? sizeof a : 8);
+    fsdp_hmac_sha256(seed, sizeof seed, label, sizeof label - 1, out);
+}
+
+/* s (a NUL-terminated string in cap bytes) with every byte below 0x20
+   and 0x7f written as \n, \t or \xHH, cut to fit: what a peer or the
+   environment sent goes into a message as one printable line. */
+FSDP__DEF void fsdp__escape_in_place(char *s, size_t cap)
+{
+    char src[512];
+    size_t i, o = 0;
+    if (!cap) return;
+    snprintf(src, sizeof src, "%s", s);
+    for (i = 0; src[i] && o + 1 < cap; i++) {
+        unsigned char c = (unsigned char)src[i];
+        char e[5];
+        size_t n;
+        if (c >= 0x20 && c != 0x7f) {
+            s[o++] = (char)c;
+            continue;
+        }
+        if (c == '\n') snprintf(e, sizeof e, "\\n");
+        else if (c == '\t') snprintf(e, sizeof e, "\\t");
+        else snprintf(e, sizeof e, "\\x%02x", c);
+        n = strlen(e);
+        if (o + n + 1 > cap) break;
+        memcpy(s + o, e, n);
+        o += n;
+    }
+    s[o] = 0;
+}
+
+/* What a failed connect's errno means to someone reading the error. */
+FSDP__DEF const char *fsdp__net_cause(int e)
+{
+    switch (e) {
+    case ECONNREFUSED: return "connection refused: nothing listens on that port there (rank 0 "
+                              "not started yet, or it failed)";
+    case ETIMEDOUT: return "timed out: no answer from that host (a firewall, or a wrong address)";
+    case EADDRNOTAVAIL: return "no free local port on this host (its ephemeral ports are in use: "
+                               "many connections open or in TIME_WAIT)";
+    case EHOSTUNREACH:
+    case ENETUNREACH: return "no route to that host";
+    default: return NULL;
+    }
 }
 
 FSDP__DEF void fsdp__net_setup(int fd)
@@ -9914,12 +10175,20 @@ FSDP__DEF void fsdp__net_setup(int fd)
 #define FSDP__RDZV_QUEUE_MAX ((size_t)64 << 20)
 
 typedef struct fsdp__rdzv_peer {
-    int fd, rank;
+    int fd, rank;       /* rank -1: not admitted (a stranger until its hello) */
     long pid;
     char host[64];
     unsigned char *out; /* [out_off, out_len) not yet sent */
     size_t out_off, out_len, out_cap;
     double out_moved;   /* when the queue last moved */
+    /* what it sent, read without blocking: a frame in the making, never a
+       wait on one peer (a peer that stalls mid-frame holds up nothing) */
+    unsigned char *in;
+    size_t in_len, in_cap;
+    uint32_t skip;      /* payload bytes of an oversized answer still to drop */
+    double since;       /* accepted at (its hello is due within FSDP__RDZV_HELLO_MS) */
+    int closing;        /* refused: closed once its last frame is sent (or 2 s) */
+    unsigned char nonce[FSDP__RDZV_NONCE]; /* the challenge it was sent */
 } fsdp__rdzv_peer;
 
 struct fsdp__rdzv_server {
@@ -9930,14 +10199,22 @@ struct fsdp__rdzv_server {
     char job[128], where[300];
     double arrive_deadline; /* < 0: none */
     int timeout_ms;
+    const unsigned char *secret; /* the rendezvous object's; NULL: none */
+    size_t secret_len;
     fsdp__rdzv_peer *peers;
     int npeers, peer_cap, req_cap;
+    int nclosed;          /* entries of peers[] closed since the last compaction */
     int *by_rank;         /* peer index per rank, -1 */
     unsigned char *heard; /* per rank: told the job's failure */
     int arrived;
     int phase;            /* 0 arriving, 1 running, 2 failed */
     fsdp_result fail_code;
     char fail_msg[FSDP_ERROR_MAX];
+    /* accept ran out of file descriptors: when, which errno (for the
+       errors), and listening paused until */
+    int fd_errno;
+    double listen_paused_until;
+    int strangers_closed; /* strangers closed to make room or for silence */
     /* the collection in progress */
     int coll_active;
     uint32_t qid;
@@ -9956,11 +10233,18 @@ struct fsdp__rdzv_server {
 FSDP__DEF void fsdp__srv_close_peer(fsdp__rdzv_server *s, int i)
 {
     fsdp__rdzv_peer *p = &s->peers[i];
-    if (p->fd >= 0) close(p->fd);
+    if (p->fd >= 0) {
+        close(p->fd);
+        s->nclosed++; /* its entry goes at the next compaction */
+    }
     p->fd = -1;
     fsdp__free(&s->hooks, p->out);
     p->out = NULL;
     p->out_off = p->out_len = p->out_cap = 0;
+    fsdp__free(&s->hooks, p->in);
+    p->in = NULL;
+    p->in_len = p->in_cap = 0;
+    p->skip = 0;
     if (p->rank >= 0 && s->by_rank[p->rank] == i) {
         s->by_rank[p->rank] = -1;
         if (s->phase == 0) s->arrived--; /* it left before the job began */
@@ -10028,21 +10312,30 @@ FSDP__DEF void fsdp__srv_send(fsdp__rdzv_server *s, int i, char t, const void *a
     fsdp__srv_flush(s, i);
 }
 
-/* An 'X' to a peer that is refused (or told the job failed); closed when it
-   cannot be sent whole. Sent at once, not queued: the callers close the
-   connection right after. */
+/* An 'X' to a peer that is refused (or told the job failed), queued as
+   every frame is: the server never waits on one peer. */
 FSDP__DEF void fsdp__srv_refuse(fsdp__rdzv_server *s, int i, fsdp_result code, const char *msg)
 {
     unsigned char c[4];
-    fsdp__rdzv_peer *p = &s->peers[i];
     fsdp__put_u32(c, (uint32_t)(int32_t)code);
+    fsdp__srv_send(s, i, 'X', c, 4, msg, strlen(msg));
+}
+
+/* The same, then the connection ends: nothing more it sends is read, and
+   it is closed once the refusal is sent (or after 2 s, a peer that does
+   not read). */
+FSDP__DEF void fsdp__srv_refuse_close(fsdp__rdzv_server *s, int i, fsdp_result code,
+                                      const char *msg)
+{
+    fsdp__rdzv_peer *p = &s->peers[i];
+    fsdp__srv_refuse(s, i, code, msg);
     if (p->fd < 0) return;
-    if (p->out_off < p->out_len) { /* behind the frames it is owed */
-        fsdp__srv_send(s, i, 'X', c, 4, msg, strlen(msg));
+    if (p->out_off >= p->out_len) {
+        fsdp__srv_close_peer(s, i);
         return;
     }
-    if (fsdp__frame_send(p->fd, 'X', c, 4, msg, strlen(msg), fsdp_clock_ms() + 2000.0) != 0)
-        fsdp__srv_close_peer(s, i);
+    p->closing = 1;
+    p->since = fsdp_clock_ms();
 }
 
 FSDP__DEF void fsdp__srv_done(fsdp__rdzv_server *s)
@@ -10071,43 +10364,96 @@ FSDP__DEF void fsdp__srv_fail(fsdp__rdzv_server *s, fsdp_result code, const char
     if (all) fsdp__srv_done(s);
 }
 
-/* A hello: admitted, refused (another job), or the job fails. */
+/* A hello: admitted, refused (no proof, another job), or the job fails.
+   Its bytes: magic (8), version, size, rank (4 each), pid (8), the job id
+   and the host (a 4-byte length each, then the bytes), the rank's nonce
+   (32), 1 when a proof follows, the proof (32): HMAC-SHA-256 under the
+   secret of "fsdp.h rendezvous hello", the nonce this peer was sent and
+   the hello up to the proof. */
 FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char *m, uint32_t len)
 {
+    static const char hello_label[] = "fsdp.h rendezvous hello";
+    static const char rank0_label[] = "fsdp.h rendezvous rank 0";
     char msg[FSDP_ERROR_MAX], job[128], host[64];
     fsdp__rdzv_peer *p = &s->peers[i];
-    uint32_t version, jl, hl, size, rank;
+    uint32_t version, jl, hl, size, rank, body;
+    const unsigned char *cnonce, *proof;
     long pid;
     if (len < 36 || memcmp(m, fsdp__rdzv_magic, 8) != 0) {
-        fsdp__srv_close_peer(s, i);
+        fsdp__srv_close_peer(s, i); /* not ours: nothing to say to it */
         return;
     }
     version = fsdp__get_u32(m + 8);
+    jl = fsdp__get_u32(m + 28);
+    hl = jl < sizeof job && 36 + jl <= len ? fsdp__get_u32(m + 32 + jl) : 0;
+    if (version != FSDP__RDZV_VERSION || jl >= sizeof job || hl >= sizeof host ||
+        36 + jl + hl + 1 + 2 * FSDP__RDZV_NONCE > len) {
+        snprintf(msg, sizeof msg, "%s speaks rendezvous version %u, this rank %u (another fsdp.h "
+                 "version)", s->where, FSDP__RDZV_VERSION, version);
+        fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
+        return;
+    }
+    body = 36 + jl + hl + FSDP__RDZV_NONCE + 1;
+    cnonce = m + 36 + jl + hl;
+    proof = m + body;
+    /* the proof first: without the secret, nothing else it says counts
+       (not its job, not its world size: a stranger cannot fail the job) */
+    if (s->secret && m[body - 1] != 1) {
+        snprintf(msg, sizeof msg, "%.100s requires the job's secret, and this process has none "
+                 "(set FSDP_RDZV_SECRET or FSDP_RDZV_SECRET_FILE, or fsdp_rendezvous_desc.secret, "
+                 "the same on every rank)", s->where);
+        fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
+        return;
+    }
+    if (s->secret) {
+        unsigned char want[32];
+        const void *parts[3];
+        size_t lens[3];
+        parts[0] = hello_label, lens[0] = sizeof hello_label - 1;
+        parts[1] = p->nonce, lens[1] = FSDP__RDZV_NONCE;
+        parts[2] = m, lens[2] = body;
+        fsdp__hmac_parts(s->secret, s->secret_len, parts, lens, 3, want);
+        if (!fsdp__digest_equal(want, proof)) {
+            snprintf(msg, sizeof msg, "%.100s refused this process: its proof of the job's secret "
+                     "does not match (another job's secret, or none of this job's); the job goes "
+                     "on", s->where);
+            fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
+            return;
+        }
+    } else if (m[body - 1] == 1) {
+        snprintf(msg, sizeof msg, "this rank has a rendezvous secret, but rank 0 at %.100s has "
+                 "none: give every rank the same secret (FSDP_RDZV_SECRET, FSDP_RDZV_SECRET_FILE "
+                 "or fsdp_rendezvous_desc.secret), or none", s->where);
+        fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
+        return;
+    }
     size = fsdp__get_u32(m + 12);
     rank = fsdp__get_u32(m + 16);
     pid = (long)fsdp__get_u64(m + 20);
-    jl = fsdp__get_u32(m + 28);
-    if (version != FSDP__RDZV_VERSION || jl >= sizeof job || 32 + jl + 4 > len) {
-        snprintf(msg, sizeof msg, "%s speaks rendezvous version %u, this rank %u (another fsdp.h "
-                 "version)", s->where, FSDP__RDZV_VERSION, version);
-        fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
-        fsdp__srv_close_peer(s, i);
-        return;
-    }
     memcpy(job, m + 32, jl);
     job[jl] = 0;
-    hl = fsdp__get_u32(m + 32 + jl);
-    if (hl >= sizeof host || 36 + jl + hl > len) hl = 0;
     memcpy(host, m + 36 + jl, hl);
     host[hl] = 0;
+    fsdp__escape_in_place(job, sizeof job);
+    fsdp__escape_in_place(host, sizeof host);
+    if (s->secret) { /* rank 0 proves itself before anything it tells */
+        unsigned char mine[32];
+        const void *parts[3];
+        size_t lens[3];
+        parts[0] = rank0_label, lens[0] = sizeof rank0_label - 1;
+        parts[1] = cnonce, lens[1] = FSDP__RDZV_NONCE;
+        parts[2] = p->nonce, lens[2] = FSDP__RDZV_NONCE;
+        fsdp__hmac_parts(s->secret, s->secret_len, parts, lens, 3, mine);
+        fsdp__srv_send(s, i, 'P', mine, 32, NULL, 0);
+        if (p->fd < 0) return;
+    }
     if (strcmp(job, s->job) != 0) {
         /* a stranger: it fails, the job goes on */
         snprintf(msg, sizeof msg, "%.100s serves the rendezvous of job '%.60s' (%d ranks), but "
                  "this rank (rank %u of %u, from host %.40s) is of job '%.60s': two jobs on one "
                  "port; give each job its own port (MASTER_PORT)", s->where, s->job, s->size, rank, size,
                  host, job);
-        fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
-        fsdp__srv_close_peer(s, i);
+        fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
         return;
     }
     if (s->phase == 1) {
@@ -10117,8 +10463,7 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
                  "process (rank %u of %u, host %.40s, pid %ld) came after it began: each rank is "
                  "started once, and a rank that left cannot rejoin (restart the whole job)",
                  s->job, s->size, s->where, rank, size, host, pid);
-        fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
-        fsdp__srv_close_peer(s, i);
+        fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
         return;
     }
     p->rank = -1;
@@ -10169,6 +10514,17 @@ FSDP__DEF void fsdp__srv_coll_end(fsdp__rdzv_server *s)
     unsigned char *out;
     int j, k;
     for (j = 0; j < s->size; j++) bytes += 5 + s->clen[j];
+    /* a frame the requesters' readers take: past the limit (a world of
+       thousands of full answers) the largest answers go, as unreadable */
+    while (bytes > FSDP__RDZV_FRAME_MAX) {
+        int big = 0;
+        for (j = 1; j < s->size; j++)
+            if (s->clen[j] > s->clen[big]) big = j;
+        bytes -= s->clen[big];
+        fsdp__free(&s->hooks, s->cdata[big]);
+        s->cdata[big] = NULL;
+        s->clen[big] = 0;
+    }
     out = (unsigned char *)fsdp__alloc(&s->hooks, bytes);
     if (out) {
         fsdp__put_u32(out, (uint32_t)s->size);
@@ -10233,6 +10589,8 @@ FSDP__DEF void fsdp__srv_message(fsdp__rdzv_server *s, int i, char t, unsigned c
     } else if (t == 'A' && len >= 5) {
         if (!s->coll_active || fsdp__get_u32(m) != s->qid) return; /* late: a finished one's */
         s->cstatus[rank] = m[4];
+        fsdp__free(&s->hooks, s->cdata[rank]); /* a repeated answer replaces the first */
+        s->cdata[rank] = NULL;
         s->clen[rank] = len - 5;
         if (len > 5) {
             s->cdata[rank] = (unsigned char *)fsdp__alloc(&s->hooks, len - 5);
@@ -10249,14 +10607,227 @@ FSDP__DEF void fsdp__srv_message(fsdp__rdzv_server *s, int i, char t, unsigned c
     }
 }
 
+/* Closes the stranger (a connection not admitted) that came first, among
+   those that sent nothing for 100 ms if there are any: a rank says its
+   hello as soon as it has the challenge, a flood of idle connections
+   never does, so a rank that just connected is not the one to go. 1 when
+   there was one. */
+FSDP__DEF int fsdp__srv_drop_stranger(fsdp__rdzv_server *s)
+{
+    double idle = fsdp_clock_ms() - 100.0;
+    int i, old = -1, pass;
+    for (pass = 0; pass < 2 && old < 0; pass++)
+        for (i = 0; i < s->npeers; i++) {
+            const fsdp__rdzv_peer *p = &s->peers[i];
+            if (p->fd < 0 || p->rank >= 0 || p->closing) continue;
+            if (pass == 0 && (p->in_len || p->since > idle)) continue;
+            if (old < 0 || p->since < s->peers[old].since) old = i;
+        }
+    if (old < 0) return 0;
+    fsdp__srv_close_peer(s, old);
+    s->strangers_closed++;
+    return 1;
+}
+
+/* Takes every connection waiting, each sent its challenge at once. At most
+   FSDP__RDZV_STRANGERS_MAX not yet admitted: the oldest goes for a new
+   one. Out of file descriptors, a stranger goes to make room, else
+   listening pauses 100 ms (the socket stays readable: polling it again at
+   once would spin) and the errors say so. */
+FSDP__DEF void fsdp__srv_accept(fsdp__rdzv_server *s)
+{
+    int round;
+    /* a bounded batch: the peers' hellos are read between batches */
+    for (round = 0; round < 16; round++) {
+        fsdp__rdzv_peer *p;
+        unsigned char chal[FSDP__RDZV_NONCE + 1];
+        int fd = accept(s->lfd, NULL, NULL), i, strangers = 0;
+        if (fd < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EMFILE || errno == ENFILE) {
+                s->fd_errno = errno;
+                if (fsdp__srv_drop_stranger(s)) continue;
+                s->listen_paused_until = fsdp_clock_ms() + 100.0;
+            }
+            return; /* EAGAIN: none waiting; anything else: the next round */
+        }
+        for (i = 0; i < s->npeers; i++) strangers += s->peers[i].fd >= 0 && s->peers[i].rank < 0;
+        if (strangers >= FSDP__RDZV_STRANGERS_MAX) fsdp__srv_drop_stranger(s);
+        if (!fsdp__grow(&s->hooks, (void **)&s->peers, &s->peer_cap, s->npeers + 1,
+                        sizeof *s->peers)) {
+            close(fd);
+            return;
+        }
+        p = &s->peers[s->npeers++];
+        memset(p, 0, sizeof *p);
+        p->fd = fd;
+        p->rank = -1;
+        p->since = fsdp_clock_ms();
+        fsdp__net_setup(fd);
+        fsdp__rdzv_nonce(p->nonce);
+        memcpy(chal, p->nonce, FSDP__RDZV_NONCE);
+        chal[FSDP__RDZV_NONCE] = s->secret ? 1 : 0; /* whether a proof is required */
+        fsdp__srv_send(s, s->npeers - 1, 'N', chal, sizeof chal, NULL, 0);
+    }
+}
+
+/* The largest frame of type t a peer may send: 0 for a type it never
+   sends. An admitted rank's answer above the publish limit is dropped
+   unread (FSDP__RDZV_PUBLISH_MAX + 1: see fsdp__srv_feed). */
+FSDP__DEF uint32_t fsdp__srv_frame_limit(const fsdp__rdzv_peer *p, char t)
+{
+    if (p->rank < 0) return t == 'H' ? FSDP__RDZV_HELLO_MAX : 0;
+    switch (t) {
+    case 'H': return FSDP__RDZV_HELLO_MAX; /* a second hello: ignored */
+    case 'C': return 64;
+    case 'A': return 5 + (uint32_t)FSDP__RDZV_PUBLISH_MAX;
+    case 'B': return 12 + (uint32_t)FSDP__RDZV_BCAST_MAX;
+    default: return 0;
+    }
+}
+
+/* Bytes peer i sent, into frames, each handled when whole. A frame of a
+   type it never sends, or larger than its type's limit, ends the
+   connection, except an answer above the publish limit: its payload is
+   dropped as it comes and the rank counts as having answered nothing
+   readable, so the collection (and rank 0's own link) stays within its
+   bounds. */
+FSDP__DEF void fsdp__srv_feed(fsdp__rdzv_server *s, int i, const unsigned char *b, size_t n)
+{
+    while (n && s->peers[i].fd >= 0 && !s->peers[i].closing) {
+        fsdp__rdzv_peer *p = &s->peers[i];
+        size_t take;
+        uint32_t len, lim;
+        char t;
+        if (p->skip) {
+            take = p->skip < n ? p->skip : n;
+            p->skip -= (uint32_t)take;
+            b += take;
+            n -= take;
+            continue;
+        }
+        if (p->in_len < 5) {
+            if (!p->in && !(p->in = (unsigned char *)fsdp__alloc(&s->hooks, p->in_cap = 256))) {
+                fsdp__srv_close_peer(s, i);
+                return;
+            }
+            take = 5 - p->in_len < n ? 5 - p->in_len : n;
+            memcpy(p->in + p->in_len, b, take);
+            p->in_len += take;
+            b += take;
+            n -= take;
+            if (p->in_len < 5) return;
+        }
+        t = (char)p->in[0];
+        len = fsdp__get_u32(p->in + 1);
+        lim = fsdp__srv_frame_limit(p, t);
+        if (len > lim && t == 'A' && lim) {
+            p->skip = len;
+            p->in_len = 0;
+            if (s->coll_active && p->rank >= 0 && s->cstatus[p->rank] == FSDP_SIDE_SILENT) {
+                s->cstatus[p->rank] = FSDP_SIDE_ANSWERED; /* with nothing readable */
+                fsdp__srv_coll_check(s);
+            }
+            continue;
+        }
+        if (!lim || len > lim) {
+            fsdp__srv_close_peer(s, i);
+            fsdp__srv_coll_check(s);
+            return;
+        }
+        if (p->in_cap < (size_t)len + 6) {
+            unsigned char *q = (unsigned char *)fsdp__realloc(&s->hooks, p->in, (size_t)len + 6);
+            if (!q) {
+                fsdp__srv_close_peer(s, i);
+                return;
+            }
+            p->in = q;
+            p->in_cap = (size_t)len + 6;
+        }
+        take = 5 + (size_t)len - p->in_len < n ? 5 + (size_t)len - p->in_len : n;
+        memcpy(p->in + p->in_len, b, take);
+        p->in_len += take;
+        b += take;
+        n -= take;
+        if (p->in_len < 5 + (size_t)len) return;
+        p->in[5 + len] = 0;
+        p->in_len = 0;
+        fsdp__srv_message(s, i, t, p->in + 5, len);
+    }
+}
+
+/* What peer i sent since, without blocking; its end closes it. */
+FSDP__DEF void fsdp__srv_read(fsdp__rdzv_server *s, int i)
+{
+    unsigned char buf[16384];
+    int rounds;
+    for (rounds = 0; rounds < 64 && s->peers[i].fd >= 0; rounds++) {
+        ssize_t r = recv(s->peers[i].fd, buf, sizeof buf, 0);
+        if (r > 0) {
+            if (!s->peers[i].closing) fsdp__srv_feed(s, i, buf, (size_t)r);
+            continue;
+        }
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) return;
+        fsdp__srv_close_peer(s, i);
+        fsdp__srv_coll_check(s);
+        return;
+    }
+}
+
+/* Forgets the closed connections: each entry's memory is freed at its
+   close, and here the entries themselves go, so that a long job that
+   sees many connections keeps a table of those open. */
+FSDP__DEF void fsdp__srv_compact(fsdp__rdzv_server *s)
+{
+    int i, k = 0, n;
+    int *map = (int *)fsdp__alloc(&s->hooks, sizeof(int) * (size_t)(s->npeers + 1));
+    if (!map) return;
+    for (i = 0; i < s->npeers; i++) {
+        if (s->peers[i].fd < 0) {
+            map[i] = -1;
+            continue;
+        }
+        map[i] = k;
+        if (k != i) s->peers[k] = s->peers[i];
+        k++;
+    }
+    for (i = 0; i < s->size; i++)
+        if (s->by_rank[i] >= 0) s->by_rank[i] = map[s->by_rank[i]];
+    for (i = 0, n = 0; i < s->nreq; i++)
+        if (s->requesters[i] >= 0 && s->requesters[i] < s->npeers && map[s->requesters[i]] >= 0)
+            s->requesters[n++] = map[s->requesters[i]];
+    s->nreq = n;
+    s->npeers = k;
+    s->nclosed = 0;
+    fsdp__free(&s->hooks, map);
+}
+
+/* Why the ranks that did not arrive may have been kept out, for the
+   arrival's error: rank 0's own trouble, not theirs. */
+FSDP__DEF void fsdp__srv_hindrance(const fsdp__rdzv_server *s, char *out, size_t cap)
+{
+    out[0] = 0;
+    if (s->fd_errno)
+        snprintf(out, cap, "; rank 0 ran out of file descriptors accepting connections (%s: "
+                 "raise 'ulimit -n', or stop what floods the port)", strerror(s->fd_errno));
+    else if (s->strangers_closed)
+        snprintf(out, cap, "; rank 0 closed %d connection(s) that did not say a whole hello "
+                 "within %.0f s or crowded the port (something else connects to it)",
+                 s->strangers_closed, FSDP__RDZV_HELLO_MS / 1000.0);
+}
+
 FSDP__DEF void *fsdp__srv_main(void *arg)
 {
     fsdp__rdzv_server *s = (fsdp__rdzv_server *)arg;
     struct pollfd *pf = NULL;
     int npf = 0;
     for (;;) {
-        int i, n = 0, ms = -1, rc;
+        int i, n = 0, ms = -1, rc, listening;
         double now = fsdp_clock_ms(), next = -1.0;
+        /* only open connections in the poll: poll refuses more entries
+           than the process may have descriptors (EINVAL) */
+        if (s->nclosed) fsdp__srv_compact(s);
         if (s->npeers + 2 > npf) {
             struct pollfd *np = (struct pollfd *)fsdp__realloc(&s->hooks, pf,
                                                                sizeof *pf * (size_t)(s->npeers + 16));
@@ -10264,17 +10835,22 @@ FSDP__DEF void *fsdp__srv_main(void *arg)
             pf = np;
             npf = s->npeers + 16;
         }
+        listening = now >= s->listen_paused_until;
         pf[n].fd = s->wake[0];
         pf[n++].events = POLLIN;
-        pf[n].fd = s->lfd;
+        pf[n].fd = listening ? s->lfd : -1;
         pf[n++].events = POLLIN;
+        if (!listening) next = s->listen_paused_until;
         for (i = 0; i < s->npeers; i++) {
             const fsdp__rdzv_peer *p = &s->peers[i];
+            double due = -1.0;
             pf[n].fd = p->fd; /* -1: ignored by poll */
-            pf[n++].events = (short)(POLLIN | (p->out_off < p->out_len ? POLLOUT : 0));
-            if (p->fd >= 0 && p->out_off < p->out_len && s->timeout_ms >= 0 &&
-                (next < 0 || p->out_moved + s->timeout_ms < next))
-                next = p->out_moved + s->timeout_ms;
+            pf[n++].events = (short)((p->closing ? 0 : POLLIN) | (p->out_off < p->out_len ? POLLOUT : 0));
+            if (p->fd < 0) continue;
+            if (p->out_off < p->out_len && s->timeout_ms >= 0) due = p->out_moved + s->timeout_ms;
+            if (p->closing) due = p->since + 2000.0;
+            else if (p->rank < 0) due = p->since + FSDP__RDZV_HELLO_MS;
+            if (due >= 0 && (next < 0 || due < next)) next = due;
         }
         for (i = 0; i < n; i++) pf[i].revents = 0;
         if (s->phase != 1 && s->arrive_deadline >= 0 && (next < 0 || s->arrive_deadline < next))
@@ -10282,45 +10858,46 @@ FSDP__DEF void *fsdp__srv_main(void *arg)
         if (s->coll_active && (next < 0 || s->coll_deadline < next)) next = s->coll_deadline;
         if (next >= 0) ms = next > now ? (int)(next - now) + 1 : 0;
         rc = poll(pf, (nfds_t)n, ms);
-        if (rc < 0 && errno != EINTR) break;
-        if (pf[0].revents) break;
-        if (pf[1].revents & POLLIN) {
-            int fd = accept(s->lfd, NULL, NULL);
-            if (fd >= 0 && fsdp__grow(&s->hooks, (void **)&s->peers, &s->peer_cap, s->npeers + 1,
-                                      sizeof *s->peers)) {
-                fsdp__rdzv_peer *p = &s->peers[s->npeers++];
-                memset(p, 0, sizeof *p);
-                p->fd = fd;
-                p->rank = -1;
-                fsdp__net_setup(fd);
-            } else if (fd >= 0) {
-                close(fd);
-            }
+        if (rc < 0 && errno != EINTR) {
+            /* the server cannot go on: every rank hears it, none waits for it */
+            char msg[200];
+            snprintf(msg, sizeof msg, "rank 0's rendezvous server stopped: poll: %s",
+                     strerror(errno));
+            if (s->phase != 2) fsdp__srv_fail(s, FSDP_COMM_ERROR, msg);
+            for (i = 0; i < s->npeers; i++) fsdp__srv_flush(s, i);
+            break;
         }
+        if (pf[0].revents) break;
         for (i = 0; i < n - 2 && i < s->npeers; i++) {
-            char t = 0;
-            unsigned char *m = NULL;
-            uint32_t len = 0;
-            if ((pf[i + 2].revents & POLLOUT) && s->peers[i].fd >= 0) fsdp__srv_flush(s, i);
-            /* a peer that took nothing of its queue for the timeout is gone */
-            if (s->peers[i].fd >= 0 && s->peers[i].out_off < s->peers[i].out_len &&
-                s->timeout_ms >= 0 && fsdp_clock_ms() >= s->peers[i].out_moved + s->timeout_ms)
-                fsdp__srv_close_peer(s, i);
-            if (!(pf[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) || s->peers[i].fd < 0) continue;
-            /* a peer that stalls in the middle of a frame is dropped after 2 s */
-            rc = fsdp__frame_recv(&s->hooks, s->peers[i].fd, &t, &m, &len, fsdp_clock_ms() + 2000.0);
-            if (rc) {
-                fsdp__srv_close_peer(s, i);
-                fsdp__srv_coll_check(s);
+            fsdp__rdzv_peer *p = &s->peers[i];
+            if ((pf[i + 2].revents & POLLOUT) && p->fd >= 0) fsdp__srv_flush(s, i);
+            if (p->fd >= 0 && p->closing && p->out_off >= p->out_len) {
+                fsdp__srv_close_peer(s, i); /* its refusal is sent */
                 continue;
             }
-            fsdp__srv_message(s, i, t, m, len);
-            fsdp__free(&s->hooks, m);
+            if ((pf[i + 2].revents & (POLLIN | POLLHUP | POLLERR)) && p->fd >= 0)
+                fsdp__srv_read(s, i);
         }
+        /* after the reads: a rank's hello that came with a flood counts
+           before the flood's next connections */
+        if (pf[1].revents & POLLIN) fsdp__srv_accept(s);
         now = fsdp_clock_ms();
+        for (i = 0; i < s->npeers; i++) {
+            fsdp__rdzv_peer *p = &s->peers[i];
+            if (p->fd < 0) continue;
+            /* a peer that took nothing of its queue for the timeout is gone */
+            if (p->out_off < p->out_len && s->timeout_ms >= 0 && now >= p->out_moved + s->timeout_ms)
+                fsdp__srv_close_peer(s, i);
+            else if (p->closing && now >= p->since + 2000.0)
+                fsdp__srv_close_peer(s, i);
+            else if (p->rank < 0 && !p->closing && now >= p->since + FSDP__RDZV_HELLO_MS) {
+                fsdp__srv_close_peer(s, i); /* no whole hello in time: a stranger */
+                s->strangers_closed++;
+            }
+        }
         if (s->coll_active) fsdp__srv_coll_check(s);
         if (s->phase == 0 && s->arrive_deadline >= 0 && now >= s->arrive_deadline) {
-            char msg[FSDP_ERROR_MAX];
+            char msg[FSDP_ERROR_MAX], why[200];
             unsigned char *missing = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
             char list[160] = "";
             int k = 0;
@@ -10330,10 +10907,11 @@ FSDP__DEF void *fsdp__srv_main(void *arg)
             }
             if (missing) fsdp__rank_list(list, sizeof list, missing, s->size);
             fsdp__free(&s->hooks, missing);
+            fsdp__srv_hindrance(s, why, sizeof why);
             snprintf(msg, sizeof msg, "%d of the %d ranks of job '%.60s' did not arrive at the "
                      "rendezvous (%.100s) within %d ms: %.120s; a rank that was never started, "
-                     "or started with another address or port", k, s->size, s->job, s->where,
-                     s->timeout_ms, list);
+                     "or started with another address or port%s", k, s->size, s->job, s->where,
+                     s->timeout_ms, list, why);
             fsdp__srv_fail(s, FSDP_COMM_TIMEOUT, msg);
             fsdp__srv_done(s);
         } else if (s->phase == 2 && s->arrive_deadline >= 0 && now >= s->arrive_deadline) {
@@ -10370,6 +10948,41 @@ FSDP__DEF void fsdp__srv_stop(fsdp__rdzv_server *s)
     fsdp__free(&s->hooks, s->peers);
     fsdp__sync_destroy(&s->mu, &s->cv);
     fsdp__free(&s->hooks, s);
+}
+
+/* A server's state for the rendezvous z, not yet listening (fsdp__srv_stop
+   frees it); NULL when out of memory. fuzz/fsdp_fuzz.c feeds one bytes
+   through fsdp__srv_feed without a network. */
+FSDP__DEF fsdp__rdzv_server *fsdp__srv_new(const fsdp_rendezvous *z)
+{
+    fsdp__rdzv_server *s = (fsdp__rdzv_server *)fsdp__calloc(&z->hooks, 1, sizeof *s);
+    if (!s) return NULL;
+    s->hooks = z->hooks;
+    s->lfd = s->wake[0] = s->wake[1] = -1;
+    s->size = z->size;
+    s->secret = z->secret;
+    s->secret_len = z->secret_len;
+    s->timeout_ms = z->timeout_ms;
+    snprintf(s->job, sizeof s->job, "%s", z->job);
+    snprintf(s->where, sizeof s->where, "%s", z->where);
+    s->arrive_deadline = fsdp_deadline_ms(z->timeout_ms);
+    s->by_rank = (int *)fsdp__calloc(&s->hooks, (size_t)s->size, sizeof(int));
+    s->heard = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
+    s->cstatus = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
+    s->clen = (uint32_t *)fsdp__calloc(&s->hooks, (size_t)s->size, sizeof(uint32_t));
+    s->cdata = (unsigned char **)fsdp__calloc(&s->hooks, (size_t)s->size, sizeof(void *));
+    if (!s->by_rank || !s->heard || !s->cstatus || !s->clen || !s->cdata ||
+        !fsdp__sync_init(&s->mu, &s->cv)) {
+        fsdp__free(&s->hooks, s->cdata);
+        fsdp__free(&s->hooks, s->clen);
+        fsdp__free(&s->hooks, s->cstatus);
+        fsdp__free(&s->hooks, s->heard);
+        fsdp__free(&s->hooks, s->by_rank);
+        fsdp__free(&s->hooks, s);
+        return NULL;
+    }
+    memset(s->by_rank, 0xff, sizeof(int) * (size_t)s->size); /* -1 */
+    return s;
 }
 
 /* Resolves host (numeric or a name) into a list (freeaddrinfo it). */
@@ -10419,34 +11032,40 @@ FSDP__DEF fsdp_result fsdp__srv_start(fsdp_rendezvous *z, fsdp__rdzv_server **ou
                               "0 serves the rendezvous, so MASTER_ADDR must name rank 0's host "
                               "as the other ranks reach it", z->addr,
                               e ? strerror(e) : "no address");
-    s = (fsdp__rdzv_server *)fsdp__calloc(&z->hooks, 1, sizeof *s);
+    s = fsdp__srv_new(z);
     if (!s) return fsdp_error_set(&z->err, FSDP_OUT_OF_MEMORY, "out of memory");
-    s->hooks = z->hooks;
-    s->lfd = s->wake[0] = s->wake[1] = -1;
-    s->size = z->size;
-    s->timeout_ms = z->timeout_ms;
-    snprintf(s->job, sizeof s->job, "%s", z->job);
-    snprintf(s->where, sizeof s->where, "%s", z->where);
-    s->arrive_deadline = fsdp_deadline_ms(z->timeout_ms);
-    s->by_rank = (int *)fsdp__calloc(&s->hooks, (size_t)s->size, sizeof(int));
-    s->heard = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
-    s->cstatus = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
-    s->clen = (uint32_t *)fsdp__calloc(&s->hooks, (size_t)s->size, sizeof(uint32_t));
-    s->cdata = (unsigned char **)fsdp__calloc(&s->hooks, (size_t)s->size, sizeof(void *));
-    if (!s->by_rank || !s->heard || !s->cstatus || !s->clen || !s->cdata ||
-        !fsdp__sync_init(&s->mu, &s->cv)) {
-        fsdp__free(&s->hooks, s->cdata);
-        fsdp__free(&s->hooks, s->clen);
-        fsdp__free(&s->hooks, s->cstatus);
-        fsdp__free(&s->hooks, s->heard);
-        fsdp__free(&s->hooks, s->by_rank);
-        fsdp__free(&s->hooks, s);
-        return fsdp_error_set(&z->err, FSDP_OUT_OF_MEMORY, "out of memory");
+    fd = -1;
+    if (z->bind_addr[0]) {
+        /* one address only: the first of bind_addr's that binds */
+        if (!fsdp__net_resolve(z->bind_addr, z->port, &res, why, sizeof why)) {
+            fsdp__srv_stop(s);
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank "
+                                  "0: cannot resolve the bind address '%s': %s", z->bind_addr,
+                                  why);
+        }
+        e = EADDRNOTAVAIL;
+        for (ai = res; ai && fd < 0; ai = ai->ai_next) {
+            fd = socket(ai->ai_family, SOCK_STREAM, 0);
+            if (fd < 0) continue;
+            setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+            if (bind(fd, ai->ai_addr, ai->ai_addrlen) != 0) {
+                e = errno;
+                close(fd);
+                fd = -1;
+            }
+        }
+        freeaddrinfo(res);
+        if (fd < 0 && e != EADDRINUSE) {
+            fsdp__srv_stop(s);
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank "
+                                  "0: cannot listen on the bind address '%s' (port %d): %s", z->bind_addr,
+                                  z->port, strerror(e));
+        }
+    } else {
+        /* every address of the host, IPv4 too (as torch's TCPStore) */
+        fd = socket(AF_INET6, SOCK_STREAM, 0);
     }
-    memset(s->by_rank, 0xff, sizeof(int) * (size_t)s->size); /* -1 */
-    /* every address of the host, IPv4 too (as torch's TCPStore) */
-    fd = socket(AF_INET6, SOCK_STREAM, 0);
-    if (fd >= 0) {
+    if (fd >= 0 && !z->bind_addr[0]) {
         struct sockaddr_in6 a;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
         setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof zero);
@@ -10460,7 +11079,7 @@ FSDP__DEF fsdp_result fsdp__srv_start(fsdp_rendezvous *z, fsdp__rdzv_server **ou
             fd = e == EADDRINUSE ? -2 : -1;
         }
     }
-    if (fd == -1) { /* no IPv6 here */
+    if (fd == -1 && !z->bind_addr[0]) { /* no IPv6 here */
         struct sockaddr_in a;
         fd = socket(AF_INET, SOCK_STREAM, 0);
         if (fd >= 0) {
@@ -10627,6 +11246,59 @@ FSDP__DEF int fsdp__rdzv_cond_wait(fsdp_rendezvous *z, double deadline)
     return 1;
 }
 
+/* The job's secret: desc's, else $FSDP_RDZV_SECRET, else the contents of
+   the file $FSDP_RDZV_SECRET_FILE names (one trailing newline dropped, so
+   that `echo secret > file` and `head -c 32 /dev/urandom > file` both
+   work); none when none is set. */
+FSDP__DEF fsdp_result fsdp__rdzv_secret(fsdp_rendezvous *z, const fsdp_rendezvous_desc *d)
+{
+    const char *env = getenv("FSDP_RDZV_SECRET"), *file = getenv("FSDP_RDZV_SECRET_FILE");
+    unsigned char buf[FSDP__RDZV_SECRET_MAX + 2];
+    const void *src = NULL;
+    size_t n = 0;
+    if (d->secret) {
+        src = d->secret;
+        n = d->secret_len;
+    } else if (env && env[0]) {
+        src = env;
+        n = strlen(env);
+        if (n > FSDP__RDZV_SECRET_MAX)
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: "
+                                  "FSDP_RDZV_SECRET is longer than %d bytes",
+                                  FSDP__RDZV_SECRET_MAX);
+    } else if (file && file[0]) {
+        int fd = open(file, O_RDONLY);
+        ssize_t got = 0, r = 0;
+        if (fd < 0)
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: "
+                                  "FSDP_RDZV_SECRET_FILE '%.200s': %s", file, strerror(errno));
+        while ((size_t)got < sizeof buf && (r = read(fd, buf + got, sizeof buf - (size_t)got)) > 0)
+            got += r;
+        close(fd);
+        if (r < 0 || got <= 0 || (size_t)got > FSDP__RDZV_SECRET_MAX + 1)
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: "
+                                  "FSDP_RDZV_SECRET_FILE '%.200s' %s", file,
+                                  r < 0 ? "cannot be read" : got <= 0 ? "is empty"
+                                        : "holds more than 4096 bytes");
+        n = (size_t)got;
+        if (buf[n - 1] == '\n') n--;
+        if (!n)
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: "
+                                  "FSDP_RDZV_SECRET_FILE '%.200s' is empty", file);
+        src = buf;
+    }
+    if (!src) return FSDP_SUCCESS;
+    z->secret = (unsigned char *)fsdp__alloc(&z->hooks, n);
+    if (z->secret) {
+        memcpy(z->secret, src, n);
+        z->secret_len = n;
+    }
+    memset(buf, 0, sizeof buf);
+    return z->secret ? FSDP_SUCCESS
+                     : fsdp_error_set(&z->err, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out "
+                                      "of memory");
+}
+
 /* Connects to rank 0's server, retrying until the deadline. */
 FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
 {
@@ -10640,7 +11312,10 @@ FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
             for (ai = res; ai; ai = ai->ai_next) {
                 int fd = socket(ai->ai_family, SOCK_STREAM, 0), rc, e = 0;
                 socklen_t el = sizeof e;
-                if (fd < 0) continue;
+                if (fd < 0) {
+                    snprintf(last, sizeof last, "cannot open a socket: %s", strerror(errno));
+                    continue;
+                }
                 fsdp__net_setup(fd);
                 rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
                 if (rc != 0 && errno == EINPROGRESS) {
@@ -10660,7 +11335,8 @@ FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
                     freeaddrinfo(res);
                     return FSDP_SUCCESS;
                 }
-                snprintf(last, sizeof last, "%s", strerror(e));
+                snprintf(last, sizeof last, "%s", fsdp__net_cause(e) ? fsdp__net_cause(e)
+                                                                      : strerror(e));
                 close(fd);
             }
             freeaddrinfo(res);
@@ -10679,12 +11355,71 @@ FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
     }
 }
 
+/* rank 0's answer to the hello: its proof first when the job has a
+   secret (checked before anything it says is believed), then 'W' (every
+   rank arrived) or 'X' (why not). */
+FSDP__DEF fsdp_result fsdp__rdzv_answer(fsdp_rendezvous *z, const unsigned char *snonce,
+                                        const unsigned char *cnonce, double deadline)
+{
+    static const char rank0_label[] = "fsdp.h rendezvous rank 0";
+    int proven = z->secret == NULL, rc;
+    fsdp_result r = FSDP_SUCCESS;
+    for (;;) {
+        char t = 0;
+        unsigned char *m = NULL;
+        uint32_t len = 0;
+        /* rank 0 answers once every rank arrived, or when the job failed:
+           give it a few seconds past this rank's own deadline to say why */
+        rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len,
+                              deadline < 0 ? -1.0 : deadline + 5000.0);
+        if (rc == 0 && t == 'P' && len == 32 && z->secret && !proven) {
+            unsigned char want[32];
+            const void *parts[3];
+            size_t lens[3];
+            parts[0] = rank0_label, lens[0] = sizeof rank0_label - 1;
+            parts[1] = cnonce, lens[1] = FSDP__RDZV_NONCE;
+            parts[2] = snonce, lens[2] = FSDP__RDZV_NONCE;
+            fsdp__hmac_parts(z->secret, z->secret_len, parts, lens, 3, want);
+            proven = fsdp__digest_equal(want, m);
+            fsdp__free(&z->hooks, m);
+            if (!proven)
+                return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank "
+                                      "%d: what answers at %s does not prove the job's secret: "
+                                      "not this job's rank 0 (another job's, or an impostor); "
+                                      "nothing it said is used", z->rank, z->where);
+            continue;
+        }
+        if (rc == 0 && t == 'W' && proven) r = FSDP_SUCCESS;
+        else if (rc == 0 && t == 'X' && len >= 4) {
+            fsdp_result code = (fsdp_result)(int32_t)fsdp__get_u32(m);
+            r = fsdp_error_set(&z->err, code, "fsdp_rendezvous_create on rank %d: %s%s", z->rank,
+                               (const char *)m + 4,
+                               proven ? "" : " (said by what answers there before it proved the "
+                                             "job's secret)");
+        } else if (rc == 1) {
+            r = fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: "
+                               "rank 0 at %s did not answer within %d ms: it still waits for "
+                               "ranks that have not arrived (it names them)", z->rank, z->where,
+                               z->timeout_ms);
+        } else {
+            r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s "
+                               "%s: not an fsdp.h rendezvous of this version (another program "
+                               "on that port?), or rank 0 failed", z->rank, z->where,
+                               rc == -2 || rc == 0 ? "answered something else"
+                                                   : "closed the connection");
+        }
+        fsdp__free(&z->hooks, m);
+        return r;
+    }
+}
+
 FSDP__DEF fsdp_result fsdp__rdzv_meet(fsdp_rendezvous *z, double deadline)
 {
-    unsigned char hello[36 + 128 + 64];
+    static const char hello_label[] = "fsdp.h rendezvous hello";
+    unsigned char hello[36 + 128 + 64 + 1 + 2 * FSDP__RDZV_NONCE], snonce[FSDP__RDZV_NONCE];
+    unsigned char *cnonce, *m = NULL;
     char host[64] = "?", t = 0;
-    unsigned char *m = NULL;
-    uint32_t len = 0, jl = (uint32_t)strlen(z->job), hl;
+    uint32_t len = 0, jl = (uint32_t)strlen(z->job), hl, body;
     struct utsname u;
     int rc;
     fsdp_result r;
@@ -10699,32 +11434,53 @@ FSDP__DEF fsdp_result fsdp__rdzv_meet(fsdp_rendezvous *z, double deadline)
     memcpy(hello + 32, z->job, jl);
     fsdp__put_u32(hello + 32 + jl, hl);
     memcpy(hello + 36 + jl, host, hl);
+    cnonce = hello + 36 + jl + hl;
+    fsdp__rdzv_nonce(cnonce);
+    body = 36 + jl + hl + FSDP__RDZV_NONCE + 1;
+    hello[body - 1] = z->secret ? 1 : 0;
+    memset(hello + body, 0, 32);
     r = fsdp__rdzv_connect(z, deadline);
     if (r != FSDP_SUCCESS) return r;
-    if (fsdp__frame_send(z->fd, 'H', hello, 36 + jl + hl, NULL, 0, deadline) != 0)
+    /* rank 0's challenge comes first, whatever this rank brings */
+    rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len, deadline);
+    if (rc != 0 || t != 'N' || len != FSDP__RDZV_NONCE + 1) {
+        fsdp__free(&z->hooks, m);
+        if (rc == 1)
+            return fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: "
+                                  "%s accepted the connection but sent no challenge within %d ms "
+                                  "(rank 0 busy or out of file descriptors, or an fsdp.h before "
+                                  "rendezvous version %u)", z->rank, z->where, z->timeout_ms,
+                                  FSDP__RDZV_VERSION);
+        return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s "
+                              "%s: not an fsdp.h rendezvous of version %u (another program on "
+                              "that port, or another fsdp.h version?)", z->rank, z->where,
+                              rc == 0 || rc == -2 ? "answered something else"
+                                                  : "closed the connection",
+                              FSDP__RDZV_VERSION);
+    }
+    memcpy(snonce, m, FSDP__RDZV_NONCE);
+    if (m[FSDP__RDZV_NONCE] && !z->secret) {
+        fsdp__free(&z->hooks, m);
+        return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank %d: "
+                              "the rendezvous at %s requires the job's secret, and this rank has "
+                              "none: set FSDP_RDZV_SECRET or FSDP_RDZV_SECRET_FILE (or "
+                              "fsdp_rendezvous_desc.secret), the same on every rank", z->rank,
+                              z->where);
+    }
+    fsdp__free(&z->hooks, m);
+    if (z->secret) {
+        const void *parts[3];
+        size_t lens[3];
+        parts[0] = hello_label, lens[0] = sizeof hello_label - 1;
+        parts[1] = snonce, lens[1] = FSDP__RDZV_NONCE;
+        parts[2] = hello, lens[2] = body;
+        fsdp__hmac_parts(z->secret, z->secret_len, parts, lens, 3, hello + body);
+    }
+    if (fsdp__frame_send(z->fd, 'H', hello, body + 32, NULL, 0, deadline) != 0)
         return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s "
                               "closed the connection: not an fsdp.h rendezvous (another program "
                               "on that port?)", z->rank, z->where);
-    /* rank 0 answers once every rank arrived, or when the job failed: give
-       it a few seconds past this rank's own deadline to say why */
-    rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len, deadline < 0 ? -1.0 : deadline + 5000.0);
-    if (rc == 0 && t == 'W') r = FSDP_SUCCESS;
-    else if (rc == 0 && t == 'X' && len >= 4) {
-        fsdp_result code = (fsdp_result)(int32_t)fsdp__get_u32(m);
-        r = fsdp_error_set(&z->err, code, "fsdp_rendezvous_create on rank %d: %s", z->rank,
-                           (const char *)m + 4);
-    } else if (rc == 1) {
-        r = fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: rank 0 "
-                           "at %s did not answer within %d ms: it still waits for ranks that have "
-                           "not arrived (it names them)", z->rank, z->where, z->timeout_ms);
-    } else {
-        r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s %s: "
-                           "not an fsdp.h rendezvous of this version (another program on that "
-                           "port?), or rank 0 failed", z->rank, z->where,
-                           rc == -2 ? "answered something else" : "closed the connection");
-    }
-    fsdp__free(&z->hooks, m);
-    return r;
+    return fsdp__rdzv_answer(z, snonce, cnonce, deadline);
 }
 #endif /* FSDP__NET */
 
@@ -10746,6 +11502,12 @@ FSDP_API void fsdp_rendezvous_destroy(fsdp_rendezvous *z)
     }
     fsdp__free(&h, z->coll);
     fsdp__free(&h, z->pubbuf);
+    if (z->secret) {
+        volatile unsigned char *v = z->secret; /* no copy of it outlives the object */
+        size_t i;
+        for (i = 0; i < z->secret_len; i++) v[i] = 0;
+        fsdp__free(&h, z->secret);
+    }
     pthread_mutex_destroy(&z->pmu);
     pthread_mutex_destroy(&z->wmu);
     fsdp__sync_destroy(&z->mu, &z->cv);
@@ -10795,6 +11557,14 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
     if (strlen(job) >= 128)
         return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: the job id is "
                                  "longer than 127 bytes");
+    if (desc->bind_addr && strlen(desc->bind_addr) >= 256)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: the bind address "
+                                 "is longer than 255 bytes");
+    if (desc->secret ? desc->secret_len == 0 || desc->secret_len > FSDP__RDZV_SECRET_MAX
+                     : desc->secret_len != 0)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: secret_len %zu "
+                                 "%s", desc->secret_len, desc->secret ? "is not in [1, 4096]"
+                                                                    : "without a secret");
 #if !FSDP__NET
     (void)deadline, (void)r, (void)z;
     return fsdp__fail_create(h, FSDP_NOT_SUPPORTED, "fsdp_rendezvous_create: %s", FSDP__NET_WHY);
@@ -10810,6 +11580,8 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
     snprintf(z->addr, sizeof z->addr, "%s", addr);
     snprintf(z->job, sizeof z->job, "%s", job);
     snprintf(z->where, sizeof z->where, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, (int)port);
+    fsdp__escape_in_place(z->where, sizeof z->where);
+    if (desc->bind_addr) snprintf(z->bind_addr, sizeof z->bind_addr, "%s", desc->bind_addr);
     if (!fsdp__sync_init(&z->mu, &z->cv)) {
         fsdp__free(h, z);
         return fsdp__fail_create(h, FSDP_ERROR, "fsdp_rendezvous_create: cannot create a mutex");
@@ -10824,6 +11596,11 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
     if (!z->pubbuf) {
         fsdp_rendezvous_destroy(z);
         return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out of memory");
+    }
+    if ((r = fsdp__rdzv_secret(z, desc)) != FSDP_SUCCESS) {
+        fsdp__fail_create(h, r, "%s", z->err.message);
+        fsdp_rendezvous_destroy(z);
+        return r;
     }
     deadline = fsdp_deadline_ms(z->timeout_ms);
     r = z->rank == 0 ? fsdp__srv_start(z, &z->server) : FSDP_SUCCESS;

@@ -974,8 +974,43 @@ struct fsdp_mpi_side {
     unsigned qid;
     fsdp_side_publish_fn pub;
     void *pub_user;
-    unsigned char *buf; /* the agent's answer: a status byte, then the bytes */
+    /* Nonblocking sends whose buffers must live until each send completes
+       (MPI forbids touching or freeing a send buffer before; an asker that
+       gave up may never take its answer): the agent's answers, and the
+       questions to each rank. One block, kept even past destroy when a
+       send never completes (see fsdp_mpi_side_destroy). */
+    struct fsdp__side_sends__mpi *sends;
 };
+
+#define FSDP__SIDE_SLOTS__MPI 4
+struct fsdp__side_sends__mpi {
+    MPI_Request answer_req[FSDP__SIDE_SLOTS__MPI];
+    unsigned char *answer[FSDP__SIDE_SLOTS__MPI]; /* FSDP__SIDE_MAX__MPI + 1 each */
+    MPI_Request *question_req; /* per rank */
+    unsigned *question;        /* per rank */
+};
+
+/* Whether the send req is over (or there is none); completes it then. */
+FSDP__MPI int fsdp__send_done__mpi(MPI_Request *req)
+{
+    int flag = 0;
+    if (*req == MPI_REQUEST_NULL) return 1;
+    if (MPI_Test(req, &flag, MPI_STATUS_IGNORE) != MPI_SUCCESS) return 0;
+    return flag;
+}
+
+/* Cancels a send nobody took, and waits up to ms for it to complete
+   (cancelled, or taken meanwhile); 1 when it did. */
+FSDP__MPI int fsdp__send_cancel__mpi(MPI_Request *req, double ms)
+{
+    double until = fsdp_clock_ms() + ms;
+    if (fsdp__send_done__mpi(req)) return 1;
+    MPI_Cancel(req);
+    while (!fsdp__send_done__mpi(req))
+        if (fsdp_clock_ms() >= until) return 0;
+        else fsdp_sleep_us(500);
+    return 1;
+}
 
 /* What this rank answers: a status byte (fsdp_side_status), the bytes. */
 FSDP__MPI size_t fsdp__side_answer__mpi(fsdp_mpi_side *sd, unsigned char *buf)
@@ -1009,23 +1044,27 @@ FSDP__MPI void *fsdp__side_agent__mpi(void *arg)
             continue;
         }
         {
+            struct fsdp__side_sends__mpi *ss = sd->sends;
             unsigned q = 0;
-            MPI_Request req;
-            double until = fsdp_clock_ms() + 5000.0;
             size_t n;
-            int done = 0;
+            int k, slot = -1;
             if (MPI_Recv(&q, 1, MPI_UNSIGNED, st.MPI_SOURCE, FSDP__SIDE_Q__MPI, sd->comm,
                          MPI_STATUS_IGNORE) != MPI_SUCCESS)
                 break;
-            n = fsdp__side_answer__mpi(sd, sd->buf);
-            if (MPI_Isend(sd->buf, (int)n, MPI_BYTE, st.MPI_SOURCE, FSDP__SIDE_A__MPI(q), sd->comm,
-                          &req) != MPI_SUCCESS)
+            for (k = 0; k < FSDP__SIDE_SLOTS__MPI && slot < 0; k++)
+                if (fsdp__send_done__mpi(&ss->answer_req[k])) slot = k;
+            if (slot < 0) {
+                /* every slot's answer is still unsent (askers that gave up):
+                   the oldest is withdrawn; failing that, this asker hears
+                   nothing, as from a rank that is stuck */
+                for (k = 0; k < FSDP__SIDE_SLOTS__MPI && slot < 0; k++)
+                    if (fsdp__send_cancel__mpi(&ss->answer_req[k], 100.0)) slot = k;
+                if (slot < 0) continue;
+            }
+            n = fsdp__side_answer__mpi(sd, ss->answer[slot]);
+            if (MPI_Isend(ss->answer[slot], (int)n, MPI_BYTE, st.MPI_SOURCE, FSDP__SIDE_A__MPI(q),
+                          sd->comm, &ss->answer_req[slot]) != MPI_SUCCESS)
                 break;
-            /* an asker that gave up never takes it: let it go after a while */
-            while (!done && fsdp_clock_ms() < until && MPI_Test(&req, &done, MPI_STATUS_IGNORE) ==
-                                                        MPI_SUCCESS)
-                if (!done) fsdp_sleep_us(1000);
-            if (!done) MPI_Request_free(&req);
         }
     }
     return NULL;
@@ -1068,13 +1107,22 @@ FSDP__MPI fsdp_result fsdp__side_collect__mpi(void *self, void *out, size_t cap,
     q = ++sd->qid;
     pthread_mutex_unlock(&sd->mu);
     for (j = 0; j < sd->size; j++) {
+        MPI_Request *qr = &sd->sends->question_req[j];
         reqs[2 * j] = reqs[2 * j + 1] = MPI_REQUEST_NULL;
         done[j] = j == sd->rank;
         if (j == sd->rank || rc != MPI_SUCCESS) continue;
+        /* the last question to j, if j never took it, is withdrawn before
+           its buffer takes this one; failing that, j counts as silent */
+        if (!fsdp__send_cancel__mpi(qr, 100.0)) {
+            done[j] = -1;
+            continue;
+        }
         rc = MPI_Irecv(in + (size_t)j * slot, (int)slot, MPI_BYTE, j, FSDP__SIDE_A__MPI(q),
                        sd->comm, &reqs[2 * j]);
+        sd->sends->question[j] = q;
         if (rc == MPI_SUCCESS)
-            rc = MPI_Isend(&q, 1, MPI_UNSIGNED, j, FSDP__SIDE_Q__MPI, sd->comm, &reqs[2 * j + 1]);
+            rc = MPI_Isend(&sd->sends->question[j], 1, MPI_UNSIGNED, j, FSDP__SIDE_Q__MPI,
+                           sd->comm, qr);
         left++;
     }
     /* this rank's own, straight from its publisher */
@@ -1090,7 +1138,7 @@ FSDP__MPI fsdp_result fsdp__side_collect__mpi(void *self, void *out, size_t cap,
         for (j = 0; j < sd->size; j++) {
             int flag = 0, count = 0;
             MPI_Status st;
-            if (done[j]) continue;
+            if (done[j]) continue; /* answered, this rank, or not asked (-1) */
             if (MPI_Test(&reqs[2 * j], &flag, &st) != MPI_SUCCESS || !flag) continue;
             done[j] = 1;
             left--;
@@ -1104,7 +1152,7 @@ FSDP__MPI fsdp_result fsdp__side_collect__mpi(void *self, void *out, size_t cap,
     }
     for (j = 0; j < sd->size; j++) {
         if (j == sd->rank) continue;
-        if (!done[j]) {
+        if (done[j] <= 0) {
             status[j] = FSDP_SIDE_SILENT;
             lens[j] = 0;
             if (reqs[2 * j] != MPI_REQUEST_NULL) { /* no answer may land here later */
@@ -1112,11 +1160,8 @@ FSDP__MPI fsdp_result fsdp__side_collect__mpi(void *self, void *out, size_t cap,
                 MPI_Wait(&reqs[2 * j], MPI_STATUS_IGNORE);
             }
         }
-        if (reqs[2 * j + 1] != MPI_REQUEST_NULL) {
-            int flag = 0;
-            MPI_Test(&reqs[2 * j + 1], &flag, MPI_STATUS_IGNORE);
-            if (!flag) MPI_Request_free(&reqs[2 * j + 1]); /* a question nobody took */
-        }
+        /* a question nobody took stays in flight with its buffer (the
+           object's): the next collection or the destroy withdraws it */
     }
     fsdp_hooks_free(&sd->hooks, in);
     fsdp_hooks_free(&sd->hooks, reqs);
@@ -1128,6 +1173,40 @@ FSDP__MPI fsdp_result fsdp__side_collect__mpi(void *self, void *out, size_t cap,
 static const fsdp_side_channel_vtable fsdp__side_vt__mpi = {
     (uint32_t)sizeof(fsdp_side_channel_vtable), "mpi", fsdp__side_publish__mpi,
     fsdp__side_collect__mpi};
+
+FSDP__MPI void fsdp__side_sends_free__mpi(fsdp_mpi_side *sd, struct fsdp__side_sends__mpi *ss)
+{
+    int k;
+    for (k = 0; k < FSDP__SIDE_SLOTS__MPI; k++) fsdp_hooks_free(&sd->hooks, ss->answer[k]);
+    fsdp_hooks_free(&sd->hooks, ss->question_req);
+    fsdp_hooks_free(&sd->hooks, ss->question);
+    fsdp_hooks_free(&sd->hooks, ss);
+}
+
+FSDP__MPI int fsdp__side_sends_new__mpi(fsdp_mpi_side *sd)
+{
+    struct fsdp__side_sends__mpi *ss =
+        (struct fsdp__side_sends__mpi *)fsdp_hooks_alloc(&sd->hooks, sizeof *ss);
+    int k, ok;
+    if (!ss) return 0;
+    memset(ss, 0, sizeof *ss);
+    ok = (ss->question_req = (MPI_Request *)fsdp_hooks_alloc(
+              &sd->hooks, sizeof(MPI_Request) * (size_t)sd->size)) != NULL &&
+         (ss->question = (unsigned *)fsdp_hooks_alloc(&sd->hooks,
+                                                      sizeof(unsigned) * (size_t)sd->size)) != NULL;
+    for (k = 0; k < FSDP__SIDE_SLOTS__MPI; k++) {
+        ss->answer_req[k] = MPI_REQUEST_NULL;
+        if (ok) ok = (ss->answer[k] = (unsigned char *)fsdp_hooks_alloc(
+                          &sd->hooks, FSDP__SIDE_MAX__MPI + 1)) != NULL;
+    }
+    for (k = 0; ok && k < sd->size; k++) ss->question_req[k] = MPI_REQUEST_NULL;
+    if (!ok) {
+        fsdp__side_sends_free__mpi(sd, ss);
+        return 0;
+    }
+    sd->sends = ss;
+    return 1;
+}
 
 FSDP_API fsdp_result fsdp_mpi_side_create(MPI_Comm mpi_comm, const fsdp_hooks *hooks,
                                           fsdp_mpi_side **out)
@@ -1154,9 +1233,7 @@ FSDP_API fsdp_result fsdp_mpi_side_create(MPI_Comm mpi_comm, const fsdp_hooks *h
     memset(sd, 0, sizeof *sd);
     if (hooks) sd->hooks = *hooks;
     sd->hooks.error = NULL;
-    sd->buf = (unsigned char *)fsdp_hooks_alloc(&sd->hooks, FSDP__SIDE_MAX__MPI + 1);
-    if (!sd->buf || pthread_mutex_init(&sd->mu, NULL) != 0) {
-        fsdp_hooks_free(&sd->hooks, sd->buf);
+    if (pthread_mutex_init(&sd->mu, NULL) != 0) {
         fsdp_hooks_free(&sd->hooks, sd);
         return fsdp_hooks_fail(hooks, FSDP_OUT_OF_MEMORY, "fsdp_mpi_side_create: out of memory");
     }
@@ -1164,13 +1241,16 @@ FSDP_API fsdp_result fsdp_mpi_side_create(MPI_Comm mpi_comm, const fsdp_hooks *h
     if (MPI_Comm_dup(mpi_comm, &sd->comm) != MPI_SUCCESS) {
         pthread_mutex_destroy(&sd->pmu);
         pthread_mutex_destroy(&sd->mu);
-        fsdp_hooks_free(&sd->hooks, sd->buf);
         fsdp_hooks_free(&sd->hooks, sd);
         return fsdp_hooks_fail(hooks, FSDP_COMM_ERROR, "fsdp_mpi_side_create: MPI_Comm_dup failed");
     }
     MPI_Comm_set_errhandler(sd->comm, MPI_ERRORS_RETURN);
     MPI_Comm_rank(sd->comm, &sd->rank);
     MPI_Comm_size(sd->comm, &sd->size);
+    if (!fsdp__side_sends_new__mpi(sd)) {
+        fsdp_mpi_side_destroy(sd);
+        return fsdp_hooks_fail(hooks, FSDP_OUT_OF_MEMORY, "fsdp_mpi_side_create: out of memory");
+    }
     if (pthread_create(&sd->agent, NULL, fsdp__side_agent__mpi, sd) != 0) {
         fsdp_mpi_side_destroy(sd);
         return fsdp_hooks_fail(hooks, FSDP_ERROR, "fsdp_mpi_side_create: cannot start its thread");
@@ -1191,10 +1271,20 @@ FSDP_API void fsdp_mpi_side_destroy(fsdp_mpi_side *sd)
         pthread_mutex_unlock(&sd->mu);
         pthread_join(sd->agent, NULL);
     }
+    if (sd->sends) {
+        /* sends nobody took are withdrawn; a send that still cannot be
+           (taken meanwhile by a peer that is now stuck) keeps its buffer
+           for ever: freeing it under MPI would be undefined */
+        struct fsdp__side_sends__mpi *ss = sd->sends;
+        int k, all = 1;
+        for (k = 0; k < FSDP__SIDE_SLOTS__MPI; k++)
+            all &= fsdp__send_cancel__mpi(&ss->answer_req[k], 200.0);
+        for (k = 0; k < sd->size; k++) all &= fsdp__send_cancel__mpi(&ss->question_req[k], 200.0);
+        if (all) fsdp__side_sends_free__mpi(sd, ss);
+    }
     MPI_Comm_free(&sd->comm);
     pthread_mutex_destroy(&sd->pmu);
     pthread_mutex_destroy(&sd->mu);
-    fsdp_hooks_free(&h, sd->buf);
     fsdp_hooks_free(&h, sd);
 }
 

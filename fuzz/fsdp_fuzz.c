@@ -18,6 +18,12 @@
                   (the shards are a real fsdp_hf_save of the model, in 3
                   files): fsdp_hf_load at world size 1 and, for one input
                   in eight, 2 (one verdict)
+     rdzv         the bytes a peer sends rank 0's rendezvous server (frames
+                  read as they come, fsdp__srv_feed, over a socket pair):
+                  the first byte picks a stranger or an admitted rank of a
+                  running job, a job with or without a secret, and how the
+                  rest is cut into reads; every buffer stays within its
+                  bound
 
    Seeds are files the library writes, made at start-up: with FSDP_FUZZ_SEEDS
    set to a directory, they are written there (give the same directory as
@@ -39,6 +45,7 @@
 
 #include <dirent.h>
 #include <stdint.h>
+#include <sys/socket.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -47,7 +54,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsigned int seed);
 
-enum { FZ_JSON, FZ_ST, FZ_INDEX, FZ_SD, FZ_ZERO, FZ_HF };
+enum { FZ_JSON, FZ_ST, FZ_INDEX, FZ_SD, FZ_ZERO, FZ_HF, FZ_RDZV };
 
 static int g_target = FZ_JSON;
 static char g_dir[512];   /* this process's scratch directory */
@@ -170,6 +177,28 @@ static void write_seeds(const char *seeds)
     char p[1200];
     fsdp_state_dict *sd = NULL;
     mkdir(seeds, 0777);
+    if (g_target == FZ_RDZV) {
+        static const unsigned char hello[] = {
+            0, 7, 'H', 0, 0, 0, 110, 'F', 'S', 'D', 'P', 'R', 'D', 'V', '1', 0, 0, 0, 2,
+            0, 0, 0, 3, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 5, 'j', 'o', 'b', '-', 'a',
+            0, 0, 0, 4, 'h', 'o', 's', 't'};
+        static const unsigned char frames[] = {
+            2, 5, 'C', 0, 0, 0, 4, 0, 0, 3, 0xe8, 'A', 0, 0, 0, 9, 0, 0, 0, 1, 0, 'r', 'i',
+            'n', 'g', 'B', 0, 0, 0, 12, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0, 1};
+        FILE *f;
+        snprintf(p, sizeof p, "%s/stranger_hello", seeds);
+        if ((f = fopen(p, "wb")) != NULL) {
+            fwrite(hello, 1, sizeof hello, f);
+            for (int k = 0; k < 65; k++) fputc(k == 32 ? 0 : 0x5a, f); /* nonce, flag, proof */
+            fclose(f);
+        }
+        snprintf(p, sizeof p, "%s/rank_frames", seeds);
+        if ((f = fopen(p, "wb")) != NULL) {
+            fwrite(frames, 1, sizeof frames, f);
+            fclose(f);
+        }
+        return;
+    }
     if (g_target == FZ_HF) {
         snprintf(p, sizeof p, "%s/model.safetensors.index.json", g_hf);
         seed_copy(seeds, "hf_index.json", p);
@@ -271,9 +300,10 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
     else if (!strcmp(t, "statedict")) g_target = FZ_SD;
     else if (!strcmp(t, "zero")) g_target = FZ_ZERO;
     else if (!strcmp(t, "hfindex")) g_target = FZ_HF;
+    else if (!strcmp(t, "rdzv")) g_target = FZ_RDZV;
     else {
         fprintf(stderr, "fsdp_fuzz: FSDP_FUZZ=%s: one of json, safetensors, index, statedict, "
-                "zero, hfindex\n", t);
+                "zero, hfindex, rdzv\n", t);
         exit(2);
     }
     snprintf(g_dir, sizeof g_dir, "%s/fsdp_fuzz_XXXXXX", base && base[0] ? base : "/tmp");
@@ -315,6 +345,61 @@ int LLVMFuzzerInitialize(int *argc, char ***argv)
 }
 
 /* --- the harnesses --- */
+
+static void fuzz_rdzv(const uint8_t *data, size_t size)
+{
+    fsdp_rendezvous z;
+    fsdp__rdzv_server *s;
+    fsdp__rdzv_peer *p;
+    int sv[2], admitted, i;
+    size_t off = 2, chunk;
+    unsigned char drain[65536];
+    if (size < 2) return;
+    memset(&z, 0, sizeof z);
+    z.size = 3;
+    z.timeout_ms = 1000;
+    snprintf(z.job, sizeof z.job, "job-a");
+    snprintf(z.where, sizeof z.where, "fuzz:1");
+    if (data[0] & 1) {
+        z.secret = (unsigned char *)"fuzz secret";
+        z.secret_len = 11;
+    }
+    admitted = (data[0] & 2) != 0;
+    chunk = 1 + (size_t)data[1] % 97;
+    if (!(s = fsdp__srv_new(&z))) return;
+    if (socketpair(AF_UNIX, SOCK_STREAM, 0, sv) != 0) {
+        fsdp__srv_stop(s);
+        return;
+    }
+    fsdp__net_setup(sv[0]);
+    fsdp__net_setup(sv[1]);
+    FZ_ASSERT(fsdp__grow(&s->hooks, (void **)&s->peers, &s->peer_cap, 1, sizeof *s->peers));
+    p = &s->peers[s->npeers++];
+    memset(p, 0, sizeof *p);
+    p->fd = sv[0];
+    p->rank = -1;
+    p->since = fsdp_clock_ms();
+    if (admitted) { /* rank 1 of a job that runs */
+        p->rank = 1;
+        s->by_rank[1] = 0;
+        s->arrived = 3;
+        s->phase = 1;
+    }
+    while (off < size && s->peers[0].fd >= 0) {
+        size_t n = size - off < chunk ? size - off : chunk;
+        fsdp__srv_feed(s, 0, data + off, n);
+        off += n;
+        p = &s->peers[0];
+        if (p->fd >= 0)
+            FZ_ASSERT(p->in_cap <= (p->rank < 0 ? FSDP__RDZV_HELLO_MAX
+                                                : 12 + FSDP__RDZV_BCAST_MAX) + 6 || p->in_cap == 256);
+        while (recv(sv[1], drain, sizeof drain, 0) > 0) {} /* what the server answers */
+        if (s->coll_active) fsdp__srv_coll_check(s);
+    }
+    for (i = 0; i < s->size; i++) FZ_ASSERT(s->clen[i] <= FSDP__RDZV_PUBLISH_MAX);
+    fsdp__srv_stop(s);
+    close(sv[1]);
+}
 
 static void fuzz_json(const uint8_t *data, size_t size)
 {
@@ -481,6 +566,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
         return 0;
     }
     if (!put_file(g_file, data, size)) return 0;
+    if (g_target == FZ_RDZV) {
+        fuzz_rdzv(data, size);
+        return 0;
+    }
     if (g_target == FZ_ST) fuzz_st();
     else if (g_target == FZ_SD) fuzz_sd(size);
     else fuzz_zero();
@@ -743,6 +832,7 @@ size_t LLVMFuzzerCustomMutator(uint8_t *data, size_t size, size_t max_size, unsi
     if (g_target == FZ_HF) /* no checksums to fix */
         return rnd(&s) % 2 ? LLVMFuzzerMutate(data, size, max_size)
                            : edit_json((char *)data, size, size, max_size, &s);
+    if (g_target == FZ_RDZV) return LLVMFuzzerMutate(data, size, max_size);
     /* a safetensors file */
     if (rnd(&s) % 2 || size < 8) {
         size = LLVMFuzzerMutate(data, size, max_size);

@@ -112,6 +112,22 @@ FSDP_API fsdp_result fsdp_hostlist_first(const char *list, char *host, size_t ca
    given up, as if it had exited (its later calls fail). A rank whose
    send to the server times out halfway gives its connection up the same
    way: a message is never cut and followed by another.
+   Strangers: without a secret the rendezvous trusts the network (as
+   torch's TCPStore and Gloo's store do): any process that reaches the
+   port and knows the job id (often "" or "none") can take a free rank's
+   place, read rank 0's broadcasts (NCCL's unique id) or fail the job with
+   a wrong world size. With the job's secret (desc.secret, else the
+   environment's FSDP_RDZV_SECRET, else the file FSDP_RDZV_SECRET_FILE
+   names; the same bytes on every rank) each connection is proven both
+   ways by challenge and response (HMAC-SHA-256 over fresh nonces; the
+   secret never crosses the wire): a process without it is refused before
+   its hello counts for anything, and two jobs with different secrets
+   never join. Rank 0 serves every connection without blocking: a peer
+   that stalls mid-message, connects and says nothing (5 s for a whole
+   hello), or floods the port costs the job nothing (at most 64 strangers
+   wait at once, the oldest closed first; running out of file descriptors
+   is named in the errors). desc.bind_addr limits the addresses rank 0
+   listens on.
    FSDP_NO_NET, defined where FSDP_IMPLEMENTATION is, compiles every socket
    of fsdp.h out (no socket, connect, bind or poll is referenced): the
    calls below that need the network fail with FSDP_NOT_SUPPORTED, "not
@@ -130,6 +146,16 @@ typedef struct fsdp_rendezvous_desc {
     int rank, size;
     const char *job_id; /* the same on every rank (fsdp_launch_info.job_id); NULL: "" */
     int timeout_ms;     /* to meet, and each later broadcast; 0: 300000; negative: forever */
+    /* The job's secret (above), secret_len bytes, the same on every rank;
+       NULL: $FSDP_RDZV_SECRET, else the contents of the file
+       $FSDP_RDZV_SECRET_FILE (one trailing newline dropped), else none.
+       Every rank must have one when any has. */
+    const void *secret;
+    size_t secret_len;
+    /* Rank 0 listens on this address only (a name or an address of its
+       host, e.g. the cluster network's, or "127.0.0.1" for one host);
+       NULL: every address of the host. */
+    const char *bind_addr;
 } fsdp_rendezvous_desc;
 
 /* Meets the other ranks (above). Returns: FSDP_SUCCESS; FSDP_INVALID_ARGS
@@ -161,4 +187,9 @@ FSDP_API fsdp_result fsdp_rendezvous_broadcast(fsdp_rendezvous *rdzv, void *buf,
 /* The rendezvous as a side channel (fsdp_transport_desc.side_channel,
    fsdp_nccl_desc.side_channel), valid until it is destroyed. */
 FSDP_API fsdp_side_channel fsdp_rendezvous_side_channel(fsdp_rendezvous *rdzv);
+/* HMAC-SHA-256 (RFC 2104 over FIPS 180-4) of msg under key into out: what
+   the rendezvous proves its secret with, for tests and tools (RFC 4231's
+   vectors hold). NULL key or msg: empty. Thread safety: any. */
+FSDP_API void fsdp_hmac_sha256(const void *key, size_t key_len, const void *msg, size_t msg_len,
+                               unsigned char out[32]);
 

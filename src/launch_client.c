@@ -111,6 +111,59 @@ FSDP__DEF int fsdp__rdzv_cond_wait(fsdp_rendezvous *z, double deadline)
     return 1;
 }
 
+/* The job's secret: desc's, else $FSDP_RDZV_SECRET, else the contents of
+   the file $FSDP_RDZV_SECRET_FILE names (one trailing newline dropped, so
+   that `echo secret > file` and `head -c 32 /dev/urandom > file` both
+   work); none when none is set. */
+FSDP__DEF fsdp_result fsdp__rdzv_secret(fsdp_rendezvous *z, const fsdp_rendezvous_desc *d)
+{
+    const char *env = getenv("FSDP_RDZV_SECRET"), *file = getenv("FSDP_RDZV_SECRET_FILE");
+    unsigned char buf[FSDP__RDZV_SECRET_MAX + 2];
+    const void *src = NULL;
+    size_t n = 0;
+    if (d->secret) {
+        src = d->secret;
+        n = d->secret_len;
+    } else if (env && env[0]) {
+        src = env;
+        n = strlen(env);
+        if (n > FSDP__RDZV_SECRET_MAX)
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: "
+                                  "FSDP_RDZV_SECRET is longer than %d bytes",
+                                  FSDP__RDZV_SECRET_MAX);
+    } else if (file && file[0]) {
+        int fd = open(file, O_RDONLY);
+        ssize_t got = 0, r = 0;
+        if (fd < 0)
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: "
+                                  "FSDP_RDZV_SECRET_FILE '%.200s': %s", file, strerror(errno));
+        while ((size_t)got < sizeof buf && (r = read(fd, buf + got, sizeof buf - (size_t)got)) > 0)
+            got += r;
+        close(fd);
+        if (r < 0 || got <= 0 || (size_t)got > FSDP__RDZV_SECRET_MAX + 1)
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: "
+                                  "FSDP_RDZV_SECRET_FILE '%.200s' %s", file,
+                                  r < 0 ? "cannot be read" : got <= 0 ? "is empty"
+                                        : "holds more than 4096 bytes");
+        n = (size_t)got;
+        if (buf[n - 1] == '\n') n--;
+        if (!n)
+            return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: "
+                                  "FSDP_RDZV_SECRET_FILE '%.200s' is empty", file);
+        src = buf;
+    }
+    if (!src) return FSDP_SUCCESS;
+    z->secret = (unsigned char *)fsdp__alloc(&z->hooks, n);
+    if (z->secret) {
+        memcpy(z->secret, src, n);
+        z->secret_len = n;
+    }
+    memset(buf, 0, sizeof buf);
+    return z->secret ? FSDP_SUCCESS
+                     : fsdp_error_set(&z->err, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out "
+                                      "of memory");
+}
+
 /* Connects to rank 0's server, retrying until the deadline. */
 FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
 {
@@ -124,7 +177,10 @@ FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
             for (ai = res; ai; ai = ai->ai_next) {
                 int fd = socket(ai->ai_family, SOCK_STREAM, 0), rc, e = 0;
                 socklen_t el = sizeof e;
-                if (fd < 0) continue;
+                if (fd < 0) {
+                    snprintf(last, sizeof last, "cannot open a socket: %s", strerror(errno));
+                    continue;
+                }
                 fsdp__net_setup(fd);
                 rc = connect(fd, ai->ai_addr, ai->ai_addrlen);
                 if (rc != 0 && errno == EINPROGRESS) {
@@ -144,7 +200,8 @@ FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
                     freeaddrinfo(res);
                     return FSDP_SUCCESS;
                 }
-                snprintf(last, sizeof last, "%s", strerror(e));
+                snprintf(last, sizeof last, "%s", fsdp__net_cause(e) ? fsdp__net_cause(e)
+                                                                      : strerror(e));
                 close(fd);
             }
             freeaddrinfo(res);
@@ -163,12 +220,71 @@ FSDP__DEF fsdp_result fsdp__rdzv_connect(fsdp_rendezvous *z, double deadline)
     }
 }
 
+/* rank 0's answer to the hello: its proof first when the job has a
+   secret (checked before anything it says is believed), then 'W' (every
+   rank arrived) or 'X' (why not). */
+FSDP__DEF fsdp_result fsdp__rdzv_answer(fsdp_rendezvous *z, const unsigned char *snonce,
+                                        const unsigned char *cnonce, double deadline)
+{
+    static const char rank0_label[] = "fsdp.h rendezvous rank 0";
+    int proven = z->secret == NULL, rc;
+    fsdp_result r = FSDP_SUCCESS;
+    for (;;) {
+        char t = 0;
+        unsigned char *m = NULL;
+        uint32_t len = 0;
+        /* rank 0 answers once every rank arrived, or when the job failed:
+           give it a few seconds past this rank's own deadline to say why */
+        rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len,
+                              deadline < 0 ? -1.0 : deadline + 5000.0);
+        if (rc == 0 && t == 'P' && len == 32 && z->secret && !proven) {
+            unsigned char want[32];
+            const void *parts[3];
+            size_t lens[3];
+            parts[0] = rank0_label, lens[0] = sizeof rank0_label - 1;
+            parts[1] = cnonce, lens[1] = FSDP__RDZV_NONCE;
+            parts[2] = snonce, lens[2] = FSDP__RDZV_NONCE;
+            fsdp__hmac_parts(z->secret, z->secret_len, parts, lens, 3, want);
+            proven = fsdp__digest_equal(want, m);
+            fsdp__free(&z->hooks, m);
+            if (!proven)
+                return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank "
+                                      "%d: what answers at %s does not prove the job's secret: "
+                                      "not this job's rank 0 (another job's, or an impostor); "
+                                      "nothing it said is used", z->rank, z->where);
+            continue;
+        }
+        if (rc == 0 && t == 'W' && proven) r = FSDP_SUCCESS;
+        else if (rc == 0 && t == 'X' && len >= 4) {
+            fsdp_result code = (fsdp_result)(int32_t)fsdp__get_u32(m);
+            r = fsdp_error_set(&z->err, code, "fsdp_rendezvous_create on rank %d: %s%s", z->rank,
+                               (const char *)m + 4,
+                               proven ? "" : " (said by what answers there before it proved the "
+                                             "job's secret)");
+        } else if (rc == 1) {
+            r = fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: "
+                               "rank 0 at %s did not answer within %d ms: it still waits for "
+                               "ranks that have not arrived (it names them)", z->rank, z->where,
+                               z->timeout_ms);
+        } else {
+            r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s "
+                               "%s: not an fsdp.h rendezvous of this version (another program "
+                               "on that port?), or rank 0 failed", z->rank, z->where,
+                               rc == -2 || rc == 0 ? "answered something else"
+                                                   : "closed the connection");
+        }
+        fsdp__free(&z->hooks, m);
+        return r;
+    }
+}
+
 FSDP__DEF fsdp_result fsdp__rdzv_meet(fsdp_rendezvous *z, double deadline)
 {
-    unsigned char hello[36 + 128 + 64];
+    static const char hello_label[] = "fsdp.h rendezvous hello";
+    unsigned char hello[36 + 128 + 64 + 1 + 2 * FSDP__RDZV_NONCE], snonce[FSDP__RDZV_NONCE];
+    unsigned char *cnonce, *m = NULL;
     char host[64] = "?", t = 0;
-    unsigned char *m = NULL;
-    uint32_t len = 0, jl = (uint32_t)strlen(z->job), hl;
+    uint32_t len = 0, jl = (uint32_t)strlen(z->job), hl, body;
     struct utsname u;
     int rc;
     fsdp_result r;
@@ -183,32 +299,53 @@ FSDP__DEF fsdp_result fsdp__rdzv_meet(fsdp_rendezvous *z, double deadline)
     memcpy(hello + 32, z->job, jl);
     fsdp__put_u32(hello + 32 + jl, hl);
     memcpy(hello + 36 + jl, host, hl);
+    cnonce = hello + 36 + jl + hl;
+    fsdp__rdzv_nonce(cnonce);
+    body = 36 + jl + hl + FSDP__RDZV_NONCE + 1;
+    hello[body - 1] = z->secret ? 1 : 0;
+    memset(hello + body, 0, 32);
     r = fsdp__rdzv_connect(z, deadline);
     if (r != FSDP_SUCCESS) return r;
-    if (fsdp__frame_send(z->fd, 'H', hello, 36 + jl + hl, NULL, 0, deadline) != 0)
+    /* rank 0's challenge comes first, whatever this rank brings */
+    rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len, deadline);
+    if (rc != 0 || t != 'N' || len != FSDP__RDZV_NONCE + 1) {
+        fsdp__free(&z->hooks, m);
+        if (rc == 1)
+            return fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: "
+                                  "%s accepted the connection but sent no challenge within %d ms "
+                                  "(rank 0 busy or out of file descriptors, or an fsdp.h before "
+                                  "rendezvous version %u)", z->rank, z->where, z->timeout_ms,
+                                  FSDP__RDZV_VERSION);
+        return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s "
+                              "%s: not an fsdp.h rendezvous of version %u (another program on "
+                              "that port, or another fsdp.h version?)", z->rank, z->where,
+                              rc == 0 || rc == -2 ? "answered something else"
+                                                  : "closed the connection",
+                              FSDP__RDZV_VERSION);
+    }
+    memcpy(snonce, m, FSDP__RDZV_NONCE);
+    if (m[FSDP__RDZV_NONCE] && !z->secret) {
+        fsdp__free(&z->hooks, m);
+        return fsdp_error_set(&z->err, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank %d: "
+                              "the rendezvous at %s requires the job's secret, and this rank has "
+                              "none: set FSDP_RDZV_SECRET or FSDP_RDZV_SECRET_FILE (or "
+                              "fsdp_rendezvous_desc.secret), the same on every rank", z->rank,
+                              z->where);
+    }
+    fsdp__free(&z->hooks, m);
+    if (z->secret) {
+        const void *parts[3];
+        size_t lens[3];
+        parts[0] = hello_label, lens[0] = sizeof hello_label - 1;
+        parts[1] = snonce, lens[1] = FSDP__RDZV_NONCE;
+        parts[2] = hello, lens[2] = body;
+        fsdp__hmac_parts(z->secret, z->secret_len, parts, lens, 3, hello + body);
+    }
+    if (fsdp__frame_send(z->fd, 'H', hello, body + 32, NULL, 0, deadline) != 0)
         return fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s "
                               "closed the connection: not an fsdp.h rendezvous (another program "
                               "on that port?)", z->rank, z->where);
-    /* rank 0 answers once every rank arrived, or when the job failed: give
-       it a few seconds past this rank's own deadline to say why */
-    rc = fsdp__frame_recv(&z->hooks, z->fd, &t, &m, &len, deadline < 0 ? -1.0 : deadline + 5000.0);
-    if (rc == 0 && t == 'W') r = FSDP_SUCCESS;
-    else if (rc == 0 && t == 'X' && len >= 4) {
-        fsdp_result code = (fsdp_result)(int32_t)fsdp__get_u32(m);
-        r = fsdp_error_set(&z->err, code, "fsdp_rendezvous_create on rank %d: %s", z->rank,
-                           (const char *)m + 4);
-    } else if (rc == 1) {
-        r = fsdp_error_set(&z->err, FSDP_COMM_TIMEOUT, "fsdp_rendezvous_create on rank %d: rank 0 "
-                           "at %s did not answer within %d ms: it still waits for ranks that have "
-                           "not arrived (it names them)", z->rank, z->where, z->timeout_ms);
-    } else {
-        r = fsdp_error_set(&z->err, FSDP_COMM_ERROR, "fsdp_rendezvous_create on rank %d: %s %s: "
-                           "not an fsdp.h rendezvous of this version (another program on that "
-                           "port?), or rank 0 failed", z->rank, z->where,
-                           rc == -2 ? "answered something else" : "closed the connection");
-    }
-    fsdp__free(&z->hooks, m);
-    return r;
+    return fsdp__rdzv_answer(z, snonce, cnonce, deadline);
 }
 #endif /* FSDP__NET */
 
@@ -230,6 +367,12 @@ FSDP_API void fsdp_rendezvous_destroy(fsdp_rendezvous *z)
     }
     fsdp__free(&h, z->coll);
     fsdp__free(&h, z->pubbuf);
+    if (z->secret) {
+        volatile unsigned char *v = z->secret; /* no copy of it outlives the object */
+        size_t i;
+        for (i = 0; i < z->secret_len; i++) v[i] = 0;
+        fsdp__free(&h, z->secret);
+    }
     pthread_mutex_destroy(&z->pmu);
     pthread_mutex_destroy(&z->wmu);
     fsdp__sync_destroy(&z->mu, &z->cv);
@@ -279,6 +422,14 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
     if (strlen(job) >= 128)
         return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: the job id is "
                                  "longer than 127 bytes");
+    if (desc->bind_addr && strlen(desc->bind_addr) >= 256)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: the bind address "
+                                 "is longer than 255 bytes");
+    if (desc->secret ? desc->secret_len == 0 || desc->secret_len > FSDP__RDZV_SECRET_MAX
+                     : desc->secret_len != 0)
+        return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: secret_len %zu "
+                                 "%s", desc->secret_len, desc->secret ? "is not in [1, 4096]"
+                                                                    : "without a secret");
 #if !FSDP__NET
     (void)deadline, (void)r, (void)z;
     return fsdp__fail_create(h, FSDP_NOT_SUPPORTED, "fsdp_rendezvous_create: %s", FSDP__NET_WHY);
@@ -294,6 +445,8 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
     snprintf(z->addr, sizeof z->addr, "%s", addr);
     snprintf(z->job, sizeof z->job, "%s", job);
     snprintf(z->where, sizeof z->where, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, (int)port);
+    fsdp__escape_in_place(z->where, sizeof z->where);
+    if (desc->bind_addr) snprintf(z->bind_addr, sizeof z->bind_addr, "%s", desc->bind_addr);
     if (!fsdp__sync_init(&z->mu, &z->cv)) {
         fsdp__free(h, z);
         return fsdp__fail_create(h, FSDP_ERROR, "fsdp_rendezvous_create: cannot create a mutex");
@@ -308,6 +461,11 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
     if (!z->pubbuf) {
         fsdp_rendezvous_destroy(z);
         return fsdp__fail_create(h, FSDP_OUT_OF_MEMORY, "fsdp_rendezvous_create: out of memory");
+    }
+    if ((r = fsdp__rdzv_secret(z, desc)) != FSDP_SUCCESS) {
+        fsdp__fail_create(h, r, "%s", z->err.message);
+        fsdp_rendezvous_destroy(z);
+        return r;
     }
     deadline = fsdp_deadline_ms(z->timeout_ms);
     r = z->rank == 0 ? fsdp__srv_start(z, &z->server) : FSDP_SUCCESS;

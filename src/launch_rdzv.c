@@ -52,10 +52,19 @@ extern const char *gai_strerror(int ecode);
 #define FSDP__NET_WHY "no sockets on this platform in this build"
 #endif
 
-#define FSDP__RDZV_VERSION 1u
+/* Version 2: rank 0 challenges every connection (frame 'N', a nonce and
+   whether the job has a secret) before the hello, which then carries the
+   rank's own nonce and its proof; with a secret, rank 0 proves itself
+   back (frame 'P') before its answer. */
+#define FSDP__RDZV_VERSION 2u
 #define FSDP__RDZV_FRAME_MAX ((uint32_t)64 << 20) /* a collection of 8k rings fits */
 #define FSDP__RDZV_BCAST_MAX ((size_t)1 << 20)
 #define FSDP__RDZV_PUBLISH_MAX ((size_t)64 << 10)
+#define FSDP__RDZV_HELLO_MAX 1024u   /* a whole hello is about 330 bytes */
+#define FSDP__RDZV_HELLO_MS 5000.0   /* from connect to a whole hello */
+#define FSDP__RDZV_STRANGERS_MAX 64  /* connections not yet admitted, at once */
+#define FSDP__RDZV_NONCE 32
+#define FSDP__RDZV_SECRET_MAX 4096   /* bytes of a secret (a file's too) */
 static const char fsdp__rdzv_magic[8] FSDP__UNUSED = {'F', 'S', 'D', 'P', 'R', 'D', 'V', '1'};
 
 /* A broadcast that arrived before its caller asked for it. */
@@ -94,6 +103,9 @@ struct fsdp_rendezvous {
     void *pub_user;
     unsigned char *pubbuf; /* FSDP__RDZV_PUBLISH_MAX, the agent's */
     fsdp__rdzv_server *server; /* rank 0's */
+    unsigned char *secret; /* the job's secret (secret_len bytes), or NULL */
+    size_t secret_len;
+    char bind_addr[256];   /* rank 0 listens there only; "": every address */
 };
 
 #if FSDP__NET
@@ -207,7 +219,7 @@ FSDP__DEF int fsdp__frame_recv(const fsdp_hooks *h, int fd, char *t, unsigned ch
     if (rc) return rc;
     *t = (char)hd[0];
     *len = fsdp__get_u32(hd + 1);
-    if (*len > FSDP__RDZV_FRAME_MAX || !strchr("HWXQACRBb", *t) || !*t) return -2;
+    if (*len > FSDP__RDZV_FRAME_MAX || !strchr("HWXQACRBbNP", *t) || !*t) return -2;
     *payload = (unsigned char *)fsdp__alloc(h, (size_t)*len + 1);
     if (!*payload) return -1;
     rc = *len ? fsdp__net_read(fd, *payload, *len, deadline) : 0;
@@ -218,6 +230,71 @@ FSDP__DEF int fsdp__frame_recv(const fsdp_hooks *h, int fd, char *t, unsigned ch
     }
     (*payload)[*len] = 0;
     return 0;
+}
+
+/* FSDP__RDZV_NONCE unpredictable bytes: the kernel's, mixed with the time
+   and the address of out, so two draws never repeat even without it. */
+FSDP__DEF void fsdp__rdzv_nonce(unsigned char *out)
+{
+    unsigned char seed[FSDP__RDZV_NONCE + 24];
+    struct timespec ts;
+    uintptr_t a = (uintptr_t)out;
+    static const char label[] = "fsdp.h rendezvous nonce";
+    int fd = open("/dev/urandom", O_RDONLY);
+    memset(seed, 0, sizeof seed);
+    if (fd >= 0) {
+        /* short or failed: the time and address below still differ */
+        if (read(fd, seed, FSDP__RDZV_NONCE) < 0) seed[0] = 0;
+        close(fd);
+    }
+    timespec_get(&ts, TIME_UTC);
+    memcpy(seed + FSDP__RDZV_NONCE, &ts.tv_sec, sizeof ts.tv_sec < 8 ? sizeof ts.tv_sec : 8);
+    memcpy(seed + FSDP__RDZV_NONCE + 8, &ts.tv_nsec, sizeof ts.tv_nsec < 8 ? sizeof ts.tv_nsec : 8);
+    memcpy(seed + FSDP__RDZV_NONCE + 16, &a, sizeof a < 8 ? sizeof a : 8);
+    fsdp_hmac_sha256(seed, sizeof seed, label, sizeof label - 1, out);
+}
+
+/* s (a NUL-terminated string in cap bytes) with every byte below 0x20
+   and 0x7f written as \n, \t or \xHH, cut to fit: what a peer or the
+   environment sent goes into a message as one printable line. */
+FSDP__DEF void fsdp__escape_in_place(char *s, size_t cap)
+{
+    char src[512];
+    size_t i, o = 0;
+    if (!cap) return;
+    snprintf(src, sizeof src, "%s", s);
+    for (i = 0; src[i] && o + 1 < cap; i++) {
+        unsigned char c = (unsigned char)src[i];
+        char e[5];
+        size_t n;
+        if (c >= 0x20 && c != 0x7f) {
+            s[o++] = (char)c;
+            continue;
+        }
+        if (c == '\n') snprintf(e, sizeof e, "\\n");
+        else if (c == '\t') snprintf(e, sizeof e, "\\t");
+        else snprintf(e, sizeof e, "\\x%02x", c);
+        n = strlen(e);
+        if (o + n + 1 > cap) break;
+        memcpy(s + o, e, n);
+        o += n;
+    }
+    s[o] = 0;
+}
+
+/* What a failed connect's errno means to someone reading the error. */
+FSDP__DEF const char *fsdp__net_cause(int e)
+{
+    switch (e) {
+    case ECONNREFUSED: return "connection refused: nothing listens on that port there (rank 0 "
+                              "not started yet, or it failed)";
+    case ETIMEDOUT: return "timed out: no answer from that host (a firewall, or a wrong address)";
+    case EADDRNOTAVAIL: return "no free local port on this host (its ephemeral ports are in use: "
+                               "many connections open or in TIME_WAIT)";
+    case EHOSTUNREACH:
+    case ENETUNREACH: return "no route to that host";
+    default: return NULL;
+    }
 }
 
 FSDP__DEF void fsdp__net_setup(int fd)

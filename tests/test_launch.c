@@ -46,6 +46,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
@@ -598,6 +600,8 @@ typedef struct rdzv_spec {
     double max_ms;            /* create returns within this */
     /* after meeting (instead of bcast), before hold_ms */
     void (*then)(fsdp_rendezvous *z, const struct rdzv_spec *s);
+    const char *secret;       /* the job's secret (desc.secret); NULL: none */
+    const char *bind_addr;    /* rank 0's desc.bind_addr */
 } rdzv_spec;
 
 /* What rank r publishes: its rank as text. */
@@ -624,6 +628,9 @@ static void rdzv_rank(const rdzv_spec *s)
     d.size = s->size;
     d.job_id = s->job;
     d.timeout_ms = s->timeout_ms ? s->timeout_ms : 10000;
+    d.secret = s->secret;
+    d.secret_len = s->secret ? strlen(s->secret) : 0;
+    d.bind_addr = s->bind_addr;
     r = fsdp_rendezvous_create(&d, &z);
     CHECK_RANK(r == s->expect, s->rank, "create gave %s, wanted %s: %s", fsdp_result_string(r),
                fsdp_result_string(s->expect), err.message);
@@ -1385,6 +1392,633 @@ static void test_side_channel(void)
 /* ------------------------------------------------------------------------ */
 
 /* One rank of a rendezvous, its outcome on stdout. */
+/* ------------------------------------------------------------------------ */
+/* the rendezvous under attack and fault: strangers written as small raw     */
+/* clients of the documented protocol (version 2)                            */
+/* ------------------------------------------------------------------------ */
+
+/* A connection to 127.0.0.1:port, retried for up to 5 s (rank 0 may not
+   listen yet); -1 on failure. */
+static int raw_connect(int port)
+{
+    double until = now_ms() + 5000;
+    while (now_ms() < until) {
+        struct sockaddr_in a;
+        int fd = socket(AF_INET, SOCK_STREAM, 0);
+        if (fd < 0) return -1;
+        memset(&a, 0, sizeof a);
+        a.sin_family = AF_INET;
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        a.sin_port = htons((unsigned short)port);
+        if (connect(fd, (struct sockaddr *)&a, sizeof a) == 0) return fd;
+        close(fd);
+        sleep_ms(20);
+    }
+    return -1;
+}
+
+/* Closes with a reset (no TIME_WAIT left on this host's ports). */
+static void raw_reset(int fd)
+{
+    struct linger l;
+    l.l_onoff = 1;
+    l.l_linger = 0;
+    setsockopt(fd, SOL_SOCKET, SO_LINGER, &l, sizeof l);
+    close(fd);
+}
+
+static int raw_read(int fd, void *buf, size_t n, int ms)
+{
+    unsigned char *p = (unsigned char *)buf;
+    double until = now_ms() + ms;
+    while (n) {
+        struct pollfd q;
+        ssize_t r;
+        q.fd = fd;
+        q.events = POLLIN;
+        if (poll(&q, 1, (int)(until - now_ms()) > 0 ? (int)(until - now_ms()) : 0) <= 0) return -1;
+        r = recv(fd, p, n, 0);
+        if (r <= 0) return -1;
+        p += r;
+        n -= (size_t)r;
+    }
+    return 0;
+}
+
+static int raw_write(int fd, const void *buf, size_t n)
+{
+    const unsigned char *p = (const unsigned char *)buf;
+    while (n) {
+        ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
+        if (w <= 0) return -1;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+static void put32(unsigned char *p, uint32_t v)
+{
+    p[0] = (unsigned char)(v >> 24), p[1] = (unsigned char)(v >> 16);
+    p[2] = (unsigned char)(v >> 8), p[3] = (unsigned char)v;
+}
+
+static uint32_t get32(const unsigned char *p)
+{
+    return (uint32_t)p[0] << 24 | (uint32_t)p[1] << 16 | (uint32_t)p[2] << 8 | p[3];
+}
+
+/* One frame: its type, and its payload into buf (cap bytes; the rest is
+   read and dropped); the payload's length, or -1. */
+static long raw_frame(int fd, char *t, unsigned char *buf, size_t cap, int ms)
+{
+    unsigned char h[5], junk[4096];
+    uint32_t len, got = 0;
+    if (raw_read(fd, h, 5, ms) != 0) return -1;
+    *t = (char)h[0];
+    len = get32(h + 1);
+    while (got < len) {
+        size_t n = len - got < sizeof junk ? len - got : sizeof junk;
+        unsigned char *dst = got + n <= cap ? buf + got : junk;
+        if (raw_read(fd, dst, n, ms) != 0) return -1;
+        got += (uint32_t)n;
+    }
+    return (long)len;
+}
+
+static int raw_send_frame(int fd, char t, const void *p, uint32_t n)
+{
+    unsigned char h[5];
+    h[0] = (unsigned char)t;
+    put32(h + 1, n);
+    return raw_write(fd, h, 5) || (n && raw_write(fd, p, n)) ? -1 : 0;
+}
+
+/* The documented hello of version 2 for rank `rank` of `size` of `job`,
+   after reading rank 0's challenge; with a proof under `secret` (NULL:
+   none, or `flag_only`: the flag set and a proof of zeros). 0 sent. */
+static int raw_hello(int fd, int rank, int size, const char *job, const char *secret,
+                     int flag_only)
+{
+    unsigned char chal[64], hello[512], mac_in[600];
+    char t = 0;
+    uint32_t jl = (uint32_t)strlen(job), hl = 8, body;
+    static const char label[] = "fsdp.h rendezvous hello";
+    if (raw_frame(fd, &t, chal, sizeof chal, 5000) != 33 || t != 'N') return -1;
+    memcpy(hello, "FSDPRDV1", 8);
+    put32(hello + 8, 2);
+    put32(hello + 12, (uint32_t)size);
+    put32(hello + 16, (uint32_t)rank);
+    memset(hello + 20, 0, 8);
+    put32(hello + 28, jl);
+    memcpy(hello + 32, job, jl);
+    put32(hello + 32 + jl, hl);
+    memcpy(hello + 36 + jl, "stranger", hl);
+    memset(hello + 36 + jl + hl, 0x5a, 32); /* its nonce */
+    body = 36 + jl + hl + 32 + 1;
+    hello[body - 1] = secret || flag_only ? 1 : 0;
+    memset(hello + body, 0, 32);
+    if (secret) {
+        memcpy(mac_in, label, sizeof label - 1);
+        memcpy(mac_in + sizeof label - 1, chal, 32);
+        memcpy(mac_in + sizeof label - 1 + 32, hello, body);
+        fsdp_hmac_sha256(secret, strlen(secret), mac_in, sizeof label - 1 + 32 + body, hello + body);
+    }
+    return raw_send_frame(fd, 'H', hello, body + 32);
+}
+
+/* rank 0's answer to a raw hello: 'W' admitted, 'X' refused (the message
+   into msg), 0 nothing within ms; the frames before it ('P') skipped. */
+static char raw_answer(int fd, char *msg, size_t cap, int ms)
+{
+    unsigned char buf[2048];
+    for (;;) {
+        char t = 0;
+        long n = raw_frame(fd, &t, buf, sizeof buf - 1, ms);
+        if (n < 0) return 0;
+        if (t == 'P') continue;
+        if (t == 'X' && n >= 4 && msg) {
+            buf[n < (long)sizeof buf - 1 ? n : (long)sizeof buf - 1] = 0;
+            snprintf(msg, cap, "%.500s", (const char *)buf + 4);
+        }
+        return t;
+    }
+}
+
+/* Broadcasts timed while a connection that sent one byte and nothing
+   more is open: the server reads no peer with a blocking wait. */
+static void stalled_then(fsdp_rendezvous *z, const rdzv_spec *s)
+{
+    int fd = -1, k;
+    double t0;
+    if (s->rank == 0) {
+        fd = raw_connect(s->port);
+        if (fd >= 0) raw_write(fd, "H", 1);
+    }
+    t0 = now_ms();
+    for (k = 0; k < 5; k++) {
+        int v = k;
+        fsdp_result r = fsdp_rendezvous_broadcast(z, &v, sizeof v, 0);
+        CHECK_RANK(r == FSDP_SUCCESS && v == k, s->rank, "broadcast %d: %s", k,
+                   fsdp_rendezvous_last_error(z));
+    }
+    for (k = 0; k < s->size; k++) /* a barrier: none leaves before all took them */
+        CHECK_RANK(fsdp_rendezvous_broadcast(z, NULL, 0, k) == FSDP_SUCCESS, s->rank,
+                   "barrier: %s", fsdp_rendezvous_last_error(z));
+    CHECK_RANK(now_ms() - t0 < 1500, s->rank, "5 broadcasts took %.0f ms beside a stalled "
+               "connection (each waited for it)", now_ms() - t0);
+    if (fd >= 0) close(fd);
+}
+
+/* row 1: connections that send one byte and then nothing while a job
+   forms, and one while it runs, cost it nothing */
+static void test_rdzv_stalled(void)
+{
+    int port = free_port(), k, fds[10];
+    pid_t p[2];
+    rdzv_spec s[2];
+    for (k = 0; k < 2; k++) {
+        s[k] = spec(port, k, 2);
+        s[k].timeout_ms = 8000;
+        s[k].max_ms = 4000;
+        s[k].then = stalled_then;
+    }
+    s[1].delay_ms = 500;
+    p[0] = spawn(&s[0]);
+    for (k = 0; k < 10; k++) {
+        fds[k] = raw_connect(port);
+        if (fds[k] >= 0) raw_write(fds[k], "H", 1);
+    }
+    p[1] = spawn(&s[1]);
+    CHECK(reap(p[0]) && reap(p[1]), "the job formed and ran beside 10 stalled connections");
+    for (k = 0; k < 10; k++)
+        if (fds[k] >= 0) close(fds[k]);
+}
+
+/* row 2 and the secret: a stranger that knows the job id cannot take a
+   rank, read a broadcast or fail the job; jobs with different secrets
+   never join; a rank without the secret, or with one where rank 0 has
+   none, is told so */
+static void secret_stranger_then(fsdp_rendezvous *z, const rdzv_spec *s)
+{
+    unsigned char id[128];
+    int j;
+    for (j = 0; j < 128; j++) id[j] = (unsigned char)(s->rank == 0 ? 0xA0 + (j & 15) : 0);
+    CHECK_RANK(fsdp_rendezvous_broadcast(z, id, sizeof id, 0) == FSDP_SUCCESS && id[5] == 0xA5,
+               s->rank, "broadcast: %s", fsdp_rendezvous_last_error(z));
+    for (j = 0; j < s->size; j++)
+        CHECK_RANK(fsdp_rendezvous_broadcast(z, NULL, 0, j) == FSDP_SUCCESS, s->rank,
+                   "barrier: %s", fsdp_rendezvous_last_error(z));
+}
+
+static void test_rdzv_secret(void)
+{
+    int port = free_port(), fd, k;
+    char msg[512] = "";
+    pid_t p0, p1;
+    rdzv_spec s0 = spec(port, 0, 2), s1 = spec(port, 1, 2), s;
+    s0.secret = s1.secret = "correct horse battery staple";
+    s0.timeout_ms = s1.timeout_ms = 8000;
+    s0.then = s1.then = secret_stranger_then;
+    s1.delay_ms = 1500;
+    p0 = spawn(&s0);
+    /* strangers first, as rank 1 of the job, with its id: no proof, a
+       proof under another secret, a flag with a proof of zeros, a wrong
+       world size without proof (would fail a job without a secret) */
+    for (k = 0; k < 4; k++) {
+        char a;
+        fd = raw_connect(port);
+        CHECK(fd >= 0, "connect");
+        if (fd < 0) break;
+        CHECK(raw_hello(fd, 1, k == 3 ? 7 : 2, "job-a", k == 1 ? "another secret" : NULL,
+                        k == 2) == 0, "stranger %d's hello", k);
+        a = raw_answer(fd, msg, sizeof msg, 5000);
+        CHECK(a == 'X', "stranger %d: answered '%c', not refused", k, a ? a : '0');
+        CHECK(strstr(msg, k == 0 || k == 3 ? "requires the job's secret" : "does not match") != NULL,
+              "stranger %d: %s", k, msg);
+        CHECK(!strstr(msg, "job-a"), "stranger %d learnt the job's id: %s", k, msg);
+        close(fd);
+    }
+    p1 = spawn(&s1);
+    CHECK(reap(p0) && reap(p1), "the job with a secret formed after 4 strangers were refused");
+    /* a rank of another job with another secret and the same id */
+    port = free_port();
+    s0.port = s1.port = port;
+    s0.then = s1.then = NULL;
+    s1.delay_ms = 1200;
+    s = s1;
+    s.secret = "the other job's";
+    s.delay_ms = 300;
+    s.expect = FSDP_INVALID_ARGS;
+    s.want = "does not match";
+    s.max_ms = 3000;
+    {
+        rdzv_spec all[3];
+        all[0] = s0, all[1] = s, all[2] = s1;
+        run_all(all, 3);
+    }
+    /* a rank without the secret; a rank with one where rank 0 has none */
+    port = free_port();
+    s0 = spec(port, 0, 2);
+    s0.secret = "x";
+    s0.timeout_ms = 1500;
+    s0.expect = FSDP_COMM_TIMEOUT;
+    s = spec(port, 1, 2);
+    s.delay_ms = 200;
+    s.expect = FSDP_INVALID_ARGS;
+    s.want = "requires the job's secret";
+    s.max_ms = 3000;
+    {
+        rdzv_spec all[2];
+        all[0] = s0, all[1] = s;
+        run_all(all, 2);
+        port = free_port();
+        all[0] = spec(port, 0, 2);
+        all[0].timeout_ms = 1500;
+        all[0].expect = FSDP_COMM_TIMEOUT;
+        all[1] = spec(port, 1, 2);
+        all[1].delay_ms = 200;
+        all[1].secret = "y";
+        all[1].expect = FSDP_INVALID_ARGS;
+        all[1].want = "has none";
+        run_all(all, 2);
+    }
+}
+
+/* an impostor that holds the port and asks for a proof: a rank with the
+   secret refuses it, whatever it says next */
+static void test_rdzv_impostor(void)
+{
+    int port = free_port(), lfd = listen_on(port);
+    pid_t p;
+    rdzv_spec s = spec(port, 1, 2);
+    CHECK(lfd >= 0, "listen");
+    if (lfd < 0) return;
+    fflush(NULL);
+    p = fork();
+    if (p == 0) {
+        int c = accept(lfd, NULL, NULL);
+        unsigned char chal[33], junk[512], proof[32];
+        char t;
+        memset(chal, 7, sizeof chal);
+        chal[32] = 1;
+        memset(proof, 1, sizeof proof);
+        if (c >= 0 && raw_send_frame(c, 'N', chal, 33) == 0 &&
+            raw_frame(c, &t, junk, sizeof junk, 5000) > 0) {
+            raw_send_frame(c, 'P', proof, 32);
+            raw_send_frame(c, 'W', NULL, 0);
+        }
+        sleep_ms(500);
+        _exit(0);
+    }
+    close(lfd);
+    s.secret = "the job's";
+    s.expect = FSDP_COMM_ERROR;
+    s.want = "does not prove the job's secret";
+    s.max_ms = 4000;
+    run_all(&s, 1);
+    reap(p);
+}
+
+/* A counting allocator for the hooks of a rendezvous, whose server and
+   reader threads allocate at once. */
+static pthread_mutex_t g_count_mu = PTHREAD_MUTEX_INITIALIZER;
+static void *ts_alloc(void *u, size_t n)
+{
+    void *p;
+    pthread_mutex_lock(&g_count_mu);
+    p = c_alloc(u, n);
+    pthread_mutex_unlock(&g_count_mu);
+    return p;
+}
+static void *ts_realloc(void *u, void *q, size_t n)
+{
+    void *p;
+    pthread_mutex_lock(&g_count_mu);
+    p = c_realloc(u, q, n);
+    pthread_mutex_unlock(&g_count_mu);
+    return p;
+}
+static void ts_free(void *u, void *q)
+{
+    pthread_mutex_lock(&g_count_mu);
+    c_free(u, q);
+    pthread_mutex_unlock(&g_count_mu);
+}
+static long ts_live(counting *c)
+{
+    long v;
+    pthread_mutex_lock(&g_count_mu);
+    v = c->live;
+    pthread_mutex_unlock(&g_count_mu);
+    return v;
+}
+
+/* Rank 0 of a job of `size` in this process, with a counting allocator. */
+static fsdp_rendezvous *counted_rank0(int port, int size, counting *c, fsdp_error *err)
+{
+    fsdp_rendezvous_desc d;
+    fsdp_rendezvous *z = NULL;
+    memset(&d, 0, sizeof d);
+    memset(err, 0, sizeof *err);
+    d.hooks.error = err;
+    d.hooks.allocator.user = c;
+    d.hooks.allocator.alloc = ts_alloc;
+    d.hooks.allocator.realloc = ts_realloc;
+    d.hooks.allocator.free = ts_free;
+    d.addr = "127.0.0.1";
+    d.port = port;
+    d.rank = 0;
+    d.size = size;
+    d.job_id = "job-a";
+    d.timeout_ms = 8000;
+    CHECK(fsdp_rendezvous_create(&d, &z) == FSDP_SUCCESS, "rank 0: %s", err->message);
+    return z;
+}
+
+static size_t publish_small(void *user, void *buf, size_t cap)
+{
+    (void)user;
+    return (size_t)snprintf((char *)buf, cap, "rank 0 here") + 1;
+}
+
+/* What the raw rank 1 answers to each question, in turn: 30 copies of a
+   60 KiB answer; one of 64 MiB; then a short one. */
+static void raw_rank1(int port, int ready_fd)
+{
+    unsigned char q[64];
+    static unsigned char big[60 << 10];
+    int fd = raw_connect(port), silent, n = 0;
+    char t = 0;
+    /* rank 2 is admitted and never answers: each collection waits for it
+       until its deadline, while rank 1 repeats itself */
+    if (fd < 0 || raw_hello(fd, 1, 3, "job-a", NULL, 0) != 0) _exit(1);
+    silent = raw_connect(port);
+    if (silent < 0 || raw_hello(silent, 2, 3, "job-a", NULL, 0) != 0) _exit(1);
+    if (raw_answer(fd, NULL, 0, 8000) != 'W' || raw_answer(silent, NULL, 0, 8000) != 'W') _exit(1);
+    if (write(ready_fd, "r", 1) != 1) _exit(1);
+    memset(big, 'b', sizeof big);
+    while (raw_frame(fd, &t, q, sizeof q, 20000) >= 0) {
+        unsigned char head[5];
+        int k;
+        if (t != 'Q') continue;
+        memcpy(head, q, 4);
+        head[4] = 0; /* FSDP_SIDE_ANSWERED */
+        if (n == 0) {
+            for (k = 0; k < 30; k++) {
+                unsigned char hd[5];
+                hd[0] = 'A';
+                put32(hd + 1, 5 + sizeof big);
+                if (raw_write(fd, hd, 5) || raw_write(fd, head, 5) || raw_write(fd, big, sizeof big))
+                    _exit(1);
+            }
+        } else if (n == 1) {
+            unsigned char hd[5];
+            size_t left = (size_t)64 << 20;
+            hd[0] = 'A';
+            put32(hd + 1, (uint32_t)(5 + left));
+            if (raw_write(fd, hd, 5) || raw_write(fd, head, 5)) _exit(1);
+            while (left) {
+                size_t m = left < sizeof big ? left : sizeof big;
+                if (raw_write(fd, big, m)) _exit(1);
+                left -= m;
+            }
+        } else {
+            unsigned char a[5 + 16];
+            memcpy(a, head, 5);
+            memcpy(a + 5, "rank 1 answers", 15);
+            if (raw_send_frame(fd, 'A', a, 5 + 15)) _exit(1);
+        }
+        n++;
+    }
+    _exit(0);
+}
+
+/* rows 3 and 5: a rank that answers one question 30 times while the
+   collection waits for a silent rank (each repeat replaced the previous
+   answer without freeing it), then with 64 MiB (relayed, the collected
+   frame cut rank 0's own link) */
+static void test_rdzv_side_bounds(void)
+{
+    counting c;
+    fsdp_error err;
+    fsdp_rendezvous *z;
+    int port = free_port(), ready[2], k, status[3];
+    char out[3][128];
+    size_t lens[3];
+    long before, after;
+    pid_t p;
+    memset(&c, 0, sizeof c);
+    if (pipe(ready) != 0) return;
+    fflush(NULL);
+    p = fork();
+    if (p == 0) {
+        close(ready[0]);
+        raw_rank1(port, ready[1]);
+    }
+    close(ready[1]);
+    z = counted_rank0(port, 3, &c, &err);
+    if (z) {
+        fsdp_side_channel sc = fsdp_rendezvous_side_channel(z);
+        char r;
+        CHECK(read(ready[0], &r, 1) == 1, "rank 1 ready");
+        EXPECT_EQ(sc.vt->publish(sc.self, publish_small, NULL, &err), FSDP_SUCCESS);
+        for (k = 0; k < 3; k++) {
+            fsdp_result res;
+            sleep_ms(300);
+            before = ts_live(&c);
+            res = sc.vt->collect(sc.self, out, sizeof out[0], lens, status, fsdp_deadline_ms(1500),
+                                 &err);
+            CHECK(res == FSDP_SUCCESS, "collection %d: %s", k, err.message);
+            sleep_ms(100);
+            after = ts_live(&c);
+            printf("# side_bounds: collection %d: rank 1 status %d, %zu bytes; %ld blocks live "
+                   "before, %ld after\n", k, status[1], lens[1], before, after);
+            CHECK(after - before <= 2, "collection %d left %ld more blocks live (repeated answers "
+                  "leaked)", k, after - before);
+            CHECK(status[0] == FSDP_SIDE_ANSWERED && !strcmp(out[0], "rank 0 here"),
+                  "collection %d: rank 0's own answer came (its link is whole)", k);
+            CHECK(status[2] == FSDP_SIDE_SILENT, "collection %d: rank 2 silent (%d)", k, status[2]);
+        }
+        CHECK(status[1] == FSDP_SIDE_ANSWERED && lens[1] == 15 && !strcmp(out[1], "rank 1 answers"),
+              "after a 64 MiB answer the next collection works: status %d, '%.*s'", status[1],
+              (int)lens[1], out[1]);
+        fsdp_rendezvous_destroy(z);
+    }
+    kill(p, SIGKILL);
+    waitpid(p, NULL, 0);
+    close(ready[0]);
+    CHECK(c.live == 0 && c.bad_frees == 0, "the rendezvous freed all it allocated (%ld live)",
+          c.live);
+}
+
+/* row 6: 20,000 connect-and-close cycles against a running job: rank 0's
+   memory stays flat and the job still answers */
+static void test_rdzv_churn(void)
+{
+    counting c;
+    fsdp_error err;
+    fsdp_rendezvous *z;
+    int port = free_port(), k, at2k = -1;
+    memset(&c, 0, sizeof c);
+    z = counted_rank0(port, 1, &c, &err); /* a world of one: it runs at once */
+    if (!z) return;
+    for (k = 0; k < 20000; k++) {
+        int fd = raw_connect(port);
+        if (fd < 0) {
+            CHECK(0, "connect %d failed: %s", k, strerror(errno));
+            break;
+        }
+        raw_reset(fd);
+        if (k == 1999) {
+            sleep_ms(200);
+            at2k = (int)ts_live(&c);
+        }
+    }
+    sleep_ms(500);
+    printf("# churn: %ld blocks live after 2,000 cycles, %ld after 20,000\n", (long)at2k,
+           ts_live(&c));
+    CHECK(ts_live(&c) <= at2k + 4, "rank 0's blocks grew from %d to %ld over 18,000 cycles", at2k,
+          ts_live(&c));
+    {
+        int v = 42;
+        CHECK(fsdp_rendezvous_broadcast(z, &v, sizeof v, 0) == FSDP_SUCCESS, "broadcast after "
+              "the churn: %s", fsdp_rendezvous_last_error(z));
+    }
+    fsdp_rendezvous_destroy(z);
+    CHECK(c.live == 0, "all freed (%ld live)", c.live);
+}
+
+/* row 4: rank 0 short of file descriptors while idle connections crowd
+   the port: it does not spin, and the job still forms */
+static void test_rdzv_fd_exhaustion(void)
+{
+    int port = free_port(), k, fds[100];
+    rdzv_spec s1 = spec(port, 1, 2);
+    pid_t p0, p1;
+    fflush(NULL);
+    p0 = fork();
+    if (p0 == 0) {
+        struct rlimit rl;
+        struct rusage ru;
+        rdzv_spec s0 = spec(port, 0, 2);
+        double cpu;
+        long before = check_failed();
+        rl.rlim_cur = rl.rlim_max = 40;
+        setrlimit(RLIMIT_NOFILE, &rl);
+        s0.timeout_ms = 8000;
+        rdzv_rank(&s0);
+        getrusage(RUSAGE_SELF, &ru);
+        cpu = (double)ru.ru_utime.tv_sec + ru.ru_utime.tv_usec / 1e6 + (double)ru.ru_stime.tv_sec +
+              ru.ru_stime.tv_usec / 1e6;
+        printf("# fd_exhaustion: rank 0 used %.2f s of CPU\n", cpu);
+        CHECK(cpu < 1.0, "rank 0 spun: %.2f s of CPU while waiting", cpu);
+        exit(check_failed() > before ? 1 : 0);
+    }
+    for (k = 0; k < 100; k++) fds[k] = raw_connect(port);
+    s1.delay_ms = 1500;
+    s1.timeout_ms = 8000;
+    p1 = spawn(&s1);
+    CHECK(reap(p0) && reap(p1), "the job formed beside 100 idle connections at 40 descriptors");
+    for (k = 0; k < 100; k++)
+        if (fds[k] >= 0) close(fds[k]);
+}
+
+/* bind_addr: rank 0 listens on 127.0.0.1 only; an address this host does
+   not have is refused, named */
+static void test_rdzv_bind(void)
+{
+    int port = free_port();
+    rdzv_spec s[2];
+    s[0] = spec(port, 0, 2);
+    s[1] = spec(port, 1, 2);
+    s[0].bind_addr = "127.0.0.1";
+    s[1].delay_ms = 200;
+    run_all(s, 2);
+    s[0] = spec(free_port(), 0, 1);
+    s[0].bind_addr = "192.0.2.1"; /* TEST-NET-1: never this host's */
+    s[0].expect = FSDP_INVALID_ARGS;
+    s[0].want = "cannot listen on the bind address '192.0.2.1'";
+    run_all(s, 1);
+}
+
+/* RFC 4231's HMAC-SHA-256 test cases 1, 2, 4, 6 and 7 */
+static void test_hmac(void)
+{
+    static const struct {
+        const char *key, *msg, *mac;
+        int klen, mlen;
+    } v[] = {
+        {"\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b\x0b",
+         "Hi There", "b0344c61d8db38535ca8afceaf0bf12b881dc200c9833da726e9376c2e32cff7", 20, 8},
+        {"Jefe", "what do ya want for nothing?",
+         "5bdcc146bf60754e6a042426089575c75a003f089d2739839dec58b964ec3843", 4, 28},
+        {"\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10\x11\x12\x13\x14\x15"
+         "\x16\x17\x18\x19",
+         "\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd"
+         "\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd"
+         "\xcd\xcd\xcd\xcd\xcd\xcd\xcd\xcd",
+         "82558a389a443c0ea4cc819899f2083a85f0faa3e578f8077a2e3ff46729665b", 25, 50},
+        {NULL, "Test Using Larger Than Block-Size Key - Hash Key First",
+         "60e431591ee0b67f0d8a26aacbf5b77f8e0bc6213728c5140546040f0ee37f54", 131, 54},
+        {NULL,
+         "This is a test using a larger than block-size key and a larger than block-size data. "
+         "The key needs to be hashed before being used by the HMAC algorithm.",
+         "9b09ffa71b942fcb27635fbcd5b0e944bfdc63644f0713938a7f51535c3a35e2", 131, 152},
+    };
+    unsigned char key[131], mac[32];
+    size_t i;
+    memset(key, 0xaa, sizeof key);
+    for (i = 0; i < sizeof v / sizeof v[0]; i++) {
+        char hex[65];
+        int b;
+        fsdp_hmac_sha256(v[i].key ? (const void *)v[i].key : key, (size_t)v[i].klen, v[i].msg,
+                         (size_t)v[i].mlen, mac);
+        for (b = 0; b < 32; b++) snprintf(hex + 2 * b, 3, "%02x", mac[b]);
+        CHECK(!strcmp(hex, v[i].mac), "RFC 4231 case %zu: %s, wanted %s", i, hex, v[i].mac);
+    }
+}
+
 static int one_rank(int argc, char **argv)
 {
     rdzv_spec s;
@@ -1448,6 +2082,14 @@ static const check_case CASES[] = {
     {"rdzv_frozen", test_rdzv_frozen},
     {"rdzv_frozen_server", test_rdzv_frozen_server},
     {"side_channel", test_side_channel},
+    {"hmac", test_hmac},
+    {"rdzv_stalled", test_rdzv_stalled},
+    {"rdzv_secret", test_rdzv_secret},
+    {"rdzv_impostor", test_rdzv_impostor},
+    {"rdzv_side_bounds", test_rdzv_side_bounds},
+    {"rdzv_churn", test_rdzv_churn},
+    {"rdzv_fd_exhaustion", test_rdzv_fd_exhaustion},
+    {"rdzv_bind", test_rdzv_bind},
 };
 
 int main(int argc, char **argv)

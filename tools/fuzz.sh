@@ -24,7 +24,7 @@ while [ $# -gt 0 ]; do
     *) names="$names $1"; shift ;;
     esac
 done
-[ -n "$names" ] || names="json safetensors index statedict zero hfindex"
+[ -n "$names" ] || names="json safetensors index statedict zero hfindex rdzv"
 out=build-fuzz
 bin=$out/fsdp_fuzz
 mkdir -p "$out"
