@@ -213,26 +213,33 @@ FSDP__DEF fsdp_result fsdp__launch_pair(const fsdp__env *v, fsdp__launch *l, con
     return FSDP_SUCCESS;
 }
 
-/* SLURM's tasks per node ("2(x3),1") on node `node`: the count, or -1. */
-FSDP__DEF int fsdp__slurm_tasks_on(const char *s, long node)
+/* SLURM's tasks per node ("2(x3),1": 2 tasks on each of 3 nodes, then 1)
+   read whole: 1, with the count on node `node` in *count (0 when the list
+   has no such node) and the nodes in *nodes; 0 when malformed, or past
+   FSDP__LAUNCH_MAX tasks in all (each number is bounded before it is
+   added, so no sum overflows). */
+FSDP__DEF int fsdp__slurm_tasks_on(const char *s, long long node, long long *count,
+                                   long long *nodes)
 {
-    long first = 0;
-    while (s && *s) {
-        char *end;
-        long count = strtol(s, &end, 10), times = 1;
-        if (end == s || count < 1) return -1;
-        s = end;
-        if (s[0] == '(' && s[1] == 'x') {
-            times = strtol(s + 2, &end, 10);
-            if (end == s + 2 || *end != ')' || times < 1) return -1;
-            s = end + 1;
+    long long first = 0, total = 0;
+    *count = *nodes = 0;
+    for (;;) {
+        long long n, times = 1;
+        if (!fsdp__digits(&s, FSDP__LAUNCH_MAX, &n) || n < 1) return 0;
+        if (s[0] == '(') {
+            if (s[1] != 'x') return 0;
+            s += 2;
+            if (!fsdp__digits(&s, FSDP__LAUNCH_MAX, &times) || times < 1 || *s != ')') return 0;
+            s++;
         }
-        if (node < first + times) return count > 0x7fffffffL ? -1 : (int)count;
+        if (n * times > FSDP__LAUNCH_MAX - total) return 0;
+        total += n * times;
+        if (node >= first && node < first + times) *count = n;
         first += times;
-        if (*s == ',') s++;
-        else if (*s) return -1;
+        *nodes = first;
+        if (!*s) return 1;
+        if (*s++ != ',') return 0;
     }
-    return -1;
 }
 
 FSDP__DEF fsdp_result fsdp__launch_slurm(const fsdp__env *v, fsdp__launch *l, fsdp_error *err)
@@ -243,7 +250,8 @@ FSDP__DEF fsdp_result fsdp__launch_slurm(const fsdp__env *v, fsdp__launch *l, fs
     static const char *const tpn[] = {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
     const char *stname, *sname, *jname, *tname, *step = fsdp__env_any(v, steps, 2, 1, &stname);
     const char *size, *job, *tasks, *node;
-    long long nodeid = -1;
+    char shown[FSDP__SHOWN];
+    long long nodeid = -1, count, nodes;
     fsdp_result r;
     l->lrank = l->lsize = -1;
     l->job_no = l->step_no = -1;
@@ -266,13 +274,22 @@ FSDP__DEF fsdp_result fsdp__launch_slurm(const fsdp__env *v, fsdp__launch *l, fs
     if (node && !fsdp__parse_int(node, 0, FSDP__LAUNCH_MAX - 1, &nodeid))
         return fsdp__env_bad(err, "SLURM_NODEID", node, "SLURM", "a node's index", 0,
                              FSDP__LAUNCH_MAX - 1);
+    if (tasks && !fsdp__slurm_tasks_on(tasks, nodeid, &count, &nodes))
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is not SLURM's "
+                              "tasks per node: expected counts of tasks, each alone or as "
+                              "COUNT(xNODES), like 2(x3),1, in digits, at most %ld tasks in all",
+                              tname, fsdp__escape(shown, sizeof shown, tasks, 1), FSDP__LAUNCH_MAX);
     if (tasks && node) {
-        l->lsize = fsdp__slurm_tasks_on(tasks, nodeid);
+        /* tasks was read whole, so its echo below is digits, '(', 'x', ')' and ',' */
+        if (!count)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: SLURM_NODEID=%s "
+                                  "is beyond %s=%s, which lists %lld nodes", node, tname, tasks,
+                                  nodes);
+        l->lsize = l->lrank < count ? (int)count : -1; /* not this node's count: unknown */
         if (l->lsize > 0) {
             fsdp__launch_var(l, "SLURM_NODEID", node);
             fsdp__launch_var(l, tname, tasks);
         }
-        if (l->lrank >= l->lsize) l->lsize = -1; /* not this node's count: unknown */
     }
     fsdp__launch_var(l, stname, step);
     job = fsdp__env_any(v, jobs, 2, 1, &jname);

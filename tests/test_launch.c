@@ -18,8 +18,10 @@
    exact variables torchrun 2.x sets for its workers, a SLURM job step's,
    nested launchers (torchrun and mpirun inside an srun step), and
    launchers that disagree (each refused naming both sets of variables);
-   then each read as a whole, one variable of those changed a row: numbers
-   that are not digits only (" 1", "+1", "1 ", "", past int), and bytes that
+   then each read as a whole, one variable of those changed a row: SLURM's
+   tasks per node past any count (once a signed overflow) or missing the
+   node, numbers that
+   are not digits only (" 1", "+1", "1 ", "", past int), and bytes that
    would break a message's line (escaped, and refused in a host name).
    hostlist: SLURM host lists. diagnose: fsdp_stall_diagnose on rings made
    here (a mismatch, a rank behind, ranks that did not answer, a rank that
@@ -432,6 +434,41 @@ static void refused_rows(const env_row *rows, int n)
             CHECK(strstr(err.message, rows[i].want[k]) != NULL, "row %d: '%s' not in: %s", i,
                   rows[i].want[k], err.message);
     }
+}
+
+/* SLURM's tasks per node, counted without overflow, absurd counts and a
+   node beyond the list refused naming the variables. */
+static void test_launch_tasks_per_node(void)
+{
+    static const env_row rows[] = {
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "1(x1),1(x9223372036854775807)",
+         {"SLURM_STEP_TASKS_PER_NODE=1(x1),1(x9223372036854775807)", "tasks per node", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "9223372036854775807(x2)",
+         {"SLURM_STEP_TASKS_PER_NODE=9223372036854775807(x2)", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "16777216(x2)",
+         {"SLURM_STEP_TASKS_PER_NODE=16777216(x2)", "16777216", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "2(x0),2(x2)",
+         {"SLURM_STEP_TASKS_PER_NODE=2(x0),2(x2)", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "2(x2),",
+         {"SLURM_STEP_TASKS_PER_NODE=2(x2),", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "2( x2)",
+         {"SLURM_STEP_TASKS_PER_NODE=\"2( x2)\"", NULL}},
+        {SLURM_2_OF_4, "SLURM_NODEID", "2",
+         {"SLURM_NODEID=2", "SLURM_STEP_TASKS_PER_NODE=2(x2)", NULL}},
+    };
+    const char *kv[80];
+    fsdp_launch_info li;
+    fsdp_error err;
+    refused_rows(rows, (int)(sizeof rows / sizeof rows[0]));
+    /* 7 tasks on 4 nodes: node 3 runs 4 of them */
+    with(SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "1(x3),4", kv, 80);
+    with(kv, "SLURM_NODEID", "3", kv, 80);
+    with(kv, "SLURM_STEP_NUM_TASKS", "7", kv, 80);
+    with(kv, "SLURM_PROCID", "6", kv, 80);
+    with(kv, "SLURM_LOCALID", "3", kv, 80);
+    EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.local_rank, 3);
+    EXPECT_EQ(li.local_world_size, 4);
 }
 
 /* Digits only in every integer variable read: no sign, no spaces, nothing
@@ -1574,6 +1611,7 @@ static const check_case CASES[] = {
     {"launch_mpi", test_launch_mpi},
     {"launch_nested", test_launch_nested},
     {"launch_conflicts", test_launch_conflicts},
+    {"launch_tasks_per_node", test_launch_tasks_per_node},
     {"launch_integers", test_launch_integers},
     {"launch_escape", test_launch_escape},
     {"hostlist", test_hostlist},
