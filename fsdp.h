@@ -9456,7 +9456,8 @@ FSDP__DEF void fsdp__launch_var(fsdp__launch *l, const char *name, const char *v
 }
 
 /* A rank variable and its world size (both, or neither), and optionally
-   the local pair; l->found when set. */
+   the local pair, each checked against the world size (a rank on the node
+   is a rank of the job); l->found when set. */
 FSDP__DEF fsdp_result fsdp__launch_pair(const fsdp__env *v, fsdp__launch *l, const char *rname,
                                         const char *sname, const char *lrname, const char *lsname,
                                         fsdp_error *err)
@@ -9490,12 +9491,20 @@ FSDP__DEF fsdp_result fsdp__launch_pair(const fsdp__env *v, fsdp__launch *l, con
     if (lr) {
         if (!fsdp__parse_int(lr, 0, 0x7fffffffLL, &x))
             return fsdp__env_bad(err, lrname, lr, who, "a rank on the node", 0, 0x7fffffffLL);
+        if (x >= size)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is not "
+                                  "below %s=%s (%s): a rank on the node is one of the job's",
+                                  lrname, lr, sname, z, who);
         l->lrank = (int)x;
         fsdp__launch_var(l, lrname, lr);
     }
     if (lz) {
         if (!fsdp__parse_int(lz, 1, 0x7fffffffLL, &x))
             return fsdp__env_bad(err, lsname, lz, who, "a size on the node", 1, 0x7fffffffLL);
+        if (x > size)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is above "
+                                  "%s=%s (%s): the node's processes are some of the job's",
+                                  lsname, lz, sname, z, who);
         l->lsize = (int)x;
         fsdp__launch_var(l, lsname, lz);
     }
@@ -9577,11 +9586,17 @@ FSDP__DEF fsdp_result fsdp__launch_slurm(const fsdp__env *v, fsdp__launch *l, fs
             return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: SLURM_NODEID=%s "
                                   "is beyond %s=%s, which lists %lld nodes", node, tname, tasks,
                                   nodes);
-        l->lsize = l->lrank < count ? (int)count : -1; /* not this node's count: unknown */
-        if (l->lsize > 0) {
-            fsdp__launch_var(l, "SLURM_NODEID", node);
-            fsdp__launch_var(l, tname, tasks);
-        }
+        if (count > l->size)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s gives "
+                                  "node SLURM_NODEID=%s %lld tasks, more than the step's %s=%d",
+                                  tname, tasks, node, count, sname, l->size);
+        if (l->lrank >= count)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: SLURM_LOCALID=%d "
+                                  "is not below the %lld tasks that %s=%s gives node "
+                                  "SLURM_NODEID=%s", l->lrank, count, tname, tasks, node);
+        l->lsize = (int)count;
+        fsdp__launch_var(l, "SLURM_NODEID", node);
+        fsdp__launch_var(l, tname, tasks);
     }
     fsdp__launch_var(l, stname, step);
     job = fsdp__env_any(v, jobs, 2, 1, &jname);

@@ -20,7 +20,7 @@
    launchers that disagree (each refused naming both sets of variables);
    then each read as a whole, one variable of those changed a row: SLURM's
    tasks per node past any count (once a signed overflow) or missing the
-   node, numbers that
+   node, ranks and sizes on the node beyond the world size, numbers that
    are not digits only (" 1", "+1", "1 ", "", past int), and bytes that
    would break a message's line (escaped, and refused in a host name).
    hostlist: SLURM host lists. diagnose: fsdp_stall_diagnose on rings made
@@ -469,6 +469,38 @@ static void test_launch_tasks_per_node(void)
     EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
     EXPECT_EQ(li.local_rank, 3);
     EXPECT_EQ(li.local_world_size, 4);
+}
+
+/* The rank and size on the node against the world size, for every
+   launcher. */
+static void test_launch_local(void)
+{
+    /* without a size on the node, only the world size bounds the rank */
+    static const char *const torch[] = {"RANK", "1", "WORLD_SIZE", "2", NULL};
+    static const char *const ompi[] = {"OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2",
+                                       NULL};
+    static const char *const pmi[] = {"PMI_RANK", "3", "PMI_SIZE", "4", NULL};
+    static const env_row rows[] = {
+        {torch, "LOCAL_RANK", "7", {"LOCAL_RANK=7", "WORLD_SIZE=2", NULL}},
+        {ompi, "OMPI_COMM_WORLD_LOCAL_RANK", "2",
+         {"OMPI_COMM_WORLD_LOCAL_RANK=2", "OMPI_COMM_WORLD_SIZE=2", NULL}},
+        {pmi, "MPI_LOCALRANKID", "4", {"MPI_LOCALRANKID=4", "PMI_SIZE=4", NULL}},
+        {TORCHRUN_1_OF_2, "LOCAL_WORLD_SIZE", "8", {"LOCAL_WORLD_SIZE=8", "WORLD_SIZE=2", NULL}},
+        {OMPI_1_OF_2, "OMPI_COMM_WORLD_LOCAL_RANK", "2",
+         {"OMPI_COMM_WORLD_LOCAL_RANK=2", "OMPI_COMM_WORLD_SIZE=2", NULL}},
+        {OMPI_1_OF_2, "OMPI_COMM_WORLD_LOCAL_SIZE", "3",
+         {"OMPI_COMM_WORLD_LOCAL_SIZE=3", "OMPI_COMM_WORLD_SIZE=2", NULL}},
+        {PMI_3_OF_4, "MPI_LOCALRANKID", "4", {"MPI_LOCALRANKID=4", "PMI_SIZE=4", NULL}},
+        {PMI_3_OF_4, "MPI_LOCALNRANKS", "5", {"MPI_LOCALNRANKS=5", "PMI_SIZE=4", NULL}},
+        {SLURM_2_OF_4, "SLURM_LOCALID", "9", {"SLURM_LOCALID=9", "SLURM_STEP_NUM_TASKS=4", NULL}},
+        /* below the world size, but not below this node's 2 tasks */
+        {SLURM_2_OF_4, "SLURM_LOCALID", "3",
+         {"SLURM_LOCALID=3", "SLURM_STEP_TASKS_PER_NODE=2(x2)", "SLURM_NODEID=1", NULL}},
+        /* node 1 runs more tasks than the step has */
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "1,8",
+         {"SLURM_STEP_TASKS_PER_NODE=1,8", "SLURM_STEP_NUM_TASKS=4", NULL}},
+    };
+    refused_rows(rows, (int)(sizeof rows / sizeof rows[0]));
 }
 
 /* Digits only in every integer variable read: no sign, no spaces, nothing
@@ -1612,6 +1644,7 @@ static const check_case CASES[] = {
     {"launch_nested", test_launch_nested},
     {"launch_conflicts", test_launch_conflicts},
     {"launch_tasks_per_node", test_launch_tasks_per_node},
+    {"launch_local", test_launch_local},
     {"launch_integers", test_launch_integers},
     {"launch_escape", test_launch_escape},
     {"hostlist", test_hostlist},
