@@ -31,6 +31,17 @@
    rank, unless torchrun's agent set the chosen variables
    (TORCHELASTIC_RUN_ID), since it numbers its workers itself. Open MPI's
    and PMI's variables together must agree, whichever is chosen.
+   Each launcher's variables are checked as a whole: every number read is
+   digits only (no sign, no space, not empty: " 1", "+1", "1 " are a
+   script's mistakes, not ranks), within int; the rank below the world
+   size (at most 2^24); the rank on the node below the world size, the
+   size on the node at most it and above that rank; for SLURM, the tasks
+   per node read whole (at most 2^24 tasks), SLURM_NODEID one of its
+   nodes, its count at most the world size and above SLURM_LOCALID;
+   MASTER_ADDR (or the node list's first host) letters, digits and
+   . - _ : % [ ]; a port 1..65535. Else FSDP_INVALID_ARGS naming the
+   variables, their values escaped (\n, \xNN, in "" when empty or holding
+   a space) so that a message is one printable line, as in vars.
    Rendezvous (for fsdp_rendezvous_create and Gloo's TCP store):
    MASTER_ADDR, else for a SLURM step the first host of
    SLURM_STEP_NODELIST (else SLURM_JOB_NODELIST, SLURM_NODELIST:
@@ -58,7 +69,8 @@ typedef struct fsdp_launch_info {
     char job_id[128];                 /* "": none; letters, digits, '.', '-', '_' (any
                                          other character of the launcher's becomes '_') */
     /* For messages: the variables the values came from, "RANK=1
-       WORLD_SIZE=2 LOCAL_RANK=1 ..." (cut at the end). */
+       WORLD_SIZE=2 LOCAL_RANK=1 ..." (cut at the end), each value escaped
+       as above (64 bytes of it at most). */
     char vars[384];
 } fsdp_launch_info;
 

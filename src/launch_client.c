@@ -408,12 +408,14 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
     port = desc->port;
     if (port == 0) {
         const char *p = getenv("MASTER_PORT");
+        char shown[FSDP__SHOWN];
         if (!p || !*p)
             return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create on rank %d: no "
                                      "port: set desc.port or MASTER_PORT", desc->rank);
         if (!fsdp__parse_long(p, 1, 65535, &port))
             return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: MASTER_PORT=%s "
-                                     "is not a port number", p);
+                                     "is not a port: expected digits only (no sign, no spaces), "
+                                     "1 to 65535", fsdp__escape(shown, sizeof shown, p, 1));
     }
     if (port < 1 || port > 65535)
         return fsdp__fail_create(h, FSDP_INVALID_ARGS, "fsdp_rendezvous_create: port %ld is not "

@@ -15,25 +15,81 @@ FSDP_API const char *fsdp_launcher_name(fsdp_launcher launcher)
     }
 }
 
-/* The environment being read; an empty value counts as unset. */
+/* The largest world size read: a larger one is a mistake, not a job. */
+#define FSDP__LAUNCH_MAX (1L << 24)
+/* fsdp__escape's buffer: 64 bytes of a value at 4 each, quotes, "..." */
+#define FSDP__SHOWN 272
+
+/* s as one printable line for a message, into buf (FSDP__SHOWN bytes): a
+   newline or a terminal's escape sequence in a variable would forge or
+   hide lines of the log it goes to. A byte outside ' '..'~' becomes \n,
+   \t, \r or \xNN, a backslash "\\", so what is shown reads back
+   unambiguously; with quote, an empty value or one with a space or '"' is
+   shown in "" (RANK=" 1", RANK=""). At most 64 bytes of s, "..." after when
+   cut. */
+FSDP__DEF const char *fsdp__escape(char *buf, size_t cap, const char *s, int quote)
+{
+    size_t n = 0, i;
+    int q = quote && (!*s || strpbrk(s, " \"") != NULL);
+    if (q) buf[n++] = '"';
+    for (i = 0; s[i] && i < 64 && n + 8 < cap; i++) {
+        unsigned char c = (unsigned char)s[i];
+        const char *e = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r"
+                        : c == '\\' ? "\\\\" : c == '"' && q ? "\\\"" : NULL;
+        if (e) {
+            memcpy(buf + n, e, 2);
+            n += 2;
+        } else if (c < 0x20 || c > 0x7e) {
+            n += (size_t)snprintf(buf + n, cap - n, "\\x%02x", c);
+        } else {
+            buf[n++] = (char)c;
+        }
+    }
+    if (s[i]) {
+        memcpy(buf + n, "...", 3);
+        n += 3;
+    }
+    if (q) buf[n++] = '"';
+    buf[n] = '\0';
+    return buf;
+}
+
+/* name=value (escaped) onto the list in buf */
+FSDP__DEF void fsdp__env_var(char *buf, size_t cap, const char *name, const char *value)
+{
+    char shown[FSDP__SHOWN];
+    fsdp__append(buf, cap, "%s%s=%s", buf[0] ? " " : "", name,
+                 fsdp__escape(shown, sizeof shown, value, 1));
+}
+
+/* The environment being read. */
 typedef struct fsdp__env {
     fsdp_getenv_fn fn;
     void *user;
 } fsdp__env;
 
+/* A variable as set, NULL when unset: an empty number (RANK=) is a
+   mistake to name, not a launcher to miss. */
+FSDP__DEF const char *fsdp__env_raw(const fsdp__env *v, const char *name)
+{
+    return v->fn ? v->fn(v->user, name) : getenv(name);
+}
+
+/* A variable holding a name (a host, a job id): empty counts as unset. */
 FSDP__DEF const char *fsdp__env_get(const fsdp__env *v, const char *name)
 {
-    const char *s = v->fn ? v->fn(v->user, name) : getenv(name);
+    const char *s = fsdp__env_raw(v, name);
     return s && *s ? s : NULL;
 }
 
-/* The first of names that is set (its name in *which). */
-FSDP__DEF const char *fsdp__env_any(const fsdp__env *v, const char *const *names, int n,
+/* The first of names that is set (its name in *which); raw: an empty
+   value counts as set (a number's), else as unset (a name's). */
+FSDP__DEF const char *fsdp__env_any(const fsdp__env *v, const char *const *names, int n, int raw,
                                     const char **which)
 {
     int i;
     for (i = 0; i < n; i++) {
-        const char *s = fsdp__env_get(v, names[i]);
+        const char *s = raw ? fsdp__env_raw(v, names[i]) : fsdp__env_get(v, names[i]);
         if (s) {
             *which = names[i];
             return s;
@@ -43,17 +99,52 @@ FSDP__DEF const char *fsdp__env_any(const fsdp__env *v, const char *const *names
     return NULL;
 }
 
-/* A whole decimal number in [lo, hi] into *out: 1, else 0. */
+/* The digits at *p (one at least, the number at most hi) into *out, *p
+   past them: 1, else 0. */
+FSDP__DEF int fsdp__digits(const char **p, long long hi, long long *out)
+{
+    const char *s = *p;
+    long long x = 0;
+    if (*s < '0' || *s > '9') return 0;
+    for (; *s >= '0' && *s <= '9'; s++) {
+        int d = *s - '0';
+        if (x > hi / 10 || x * 10 > hi - d) return 0; /* past hi, before it overflows */
+        x = x * 10 + d;
+    }
+    *p = s;
+    *out = x;
+    return 1;
+}
+
+/* A whole number as launchers write it, in [lo, hi] into *out: 1, else 0.
+   Digits only: strtol would take leading spaces and a sign (" 1", "+1",
+   "-0"), a script's mistake, for a rank. Leading zeros are digits
+   (Python's int(), which torch reads these with, takes them too). */
+FSDP__DEF int fsdp__parse_int(const char *s, long long lo, long long hi, long long *out)
+{
+    long long x;
+    if (!s || !fsdp__digits(&s, hi, &x) || *s || x < lo) return 0;
+    *out = x;
+    return 1;
+}
+
+/* fsdp__parse_int into a long (the rendezvous's MASTER_PORT) */
 FSDP__DEF int fsdp__parse_long(const char *s, long lo, long hi, long *out)
 {
-    char *end;
-    long v;
-    if (!s || !*s) return 0;
-    errno = 0;
-    v = strtol(s, &end, 10);
-    if (*end || errno || v < lo || v > hi) return 0;
-    *out = v;
+    long long x;
+    if (!fsdp__parse_int(s, lo, hi, &x)) return 0;
+    *out = (long)x;
     return 1;
+}
+
+/* FSDP_INVALID_ARGS: name=value, of launcher who, is not what. */
+FSDP__DEF fsdp_result fsdp__env_bad(fsdp_error *err, const char *name, const char *value,
+                                    const char *who, const char *what, long long lo, long long hi)
+{
+    char shown[FSDP__SHOWN];
+    return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s (%s) is not %s: "
+                          "expected digits only (no sign, no spaces), %lld to %lld", name,
+                          fsdp__escape(shown, sizeof shown, value, 1), who, what, lo, hi);
 }
 
 /* What one launcher says. */
@@ -61,6 +152,7 @@ typedef struct fsdp__launch {
     fsdp_launcher who;
     int found, rank, size, lrank, lsize;
     int agent; /* torchrun's agent set it (TORCHELASTIC_RUN_ID) */
+    long long job_no, step_no; /* SLURM's, for the port; -1: none */
     char job[128];
     char vars[384];
 } fsdp__launch;
@@ -68,30 +160,34 @@ typedef struct fsdp__launch {
 /* name=value into l->vars */
 FSDP__DEF void fsdp__launch_var(fsdp__launch *l, const char *name, const char *value)
 {
-    if (value) fsdp__append(l->vars, sizeof l->vars, "%s%s=%.64s", l->vars[0] ? " " : "", name, value);
+    if (value) fsdp__env_var(l->vars, sizeof l->vars, name, value);
 }
 
 /* A rank variable and its world size (both, or neither), and optionally
-   the local pair; l->found when set. */
+   the local pair, each checked against the world size (a rank on the node
+   is a rank of the job); l->found when set. */
 FSDP__DEF fsdp_result fsdp__launch_pair(const fsdp__env *v, fsdp__launch *l, const char *rname,
                                         const char *sname, const char *lrname, const char *lsname,
                                         fsdp_error *err)
 {
-    const char *r = fsdp__env_get(v, rname), *z = fsdp__env_get(v, sname);
-    const char *lr = lrname ? fsdp__env_get(v, lrname) : NULL;
-    const char *lz = lsname ? fsdp__env_get(v, lsname) : NULL;
+    const char *r = fsdp__env_raw(v, rname), *z = fsdp__env_raw(v, sname);
+    const char *lr = lrname ? fsdp__env_raw(v, lrname) : NULL;
+    const char *lz = lsname ? fsdp__env_raw(v, lsname) : NULL;
     const char *who = fsdp_launcher_name(l->who);
-    long rank, size, x;
+    char shown[FSDP__SHOWN];
+    long long rank, size, x;
     l->lrank = l->lsize = -1;
     if (!r && !z) return FSDP_SUCCESS;
     if (!r || !z)
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is set but %s "
                               "is not (%s's variables come together)", r ? rname : sname,
-                              r ? r : z, r ? sname : rname, who);
-    if (!fsdp__parse_long(r, 0, 0x7fffffffL, &rank) || !fsdp__parse_long(z, 1, 1L << 24, &size))
-        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s %s=%s (%s): "
-                              "not a rank >= 0 and a world size in [1, %ld]", rname, r, sname, z,
-                              who, 1L << 24);
+                              fsdp__escape(shown, sizeof shown, r ? r : z, 1), r ? sname : rname,
+                              who);
+    if (!fsdp__parse_int(r, 0, 0x7fffffffLL, &rank))
+        return fsdp__env_bad(err, rname, r, who, "a rank", 0, 0x7fffffffLL);
+    if (!fsdp__parse_int(z, 1, FSDP__LAUNCH_MAX, &size))
+        return fsdp__env_bad(err, sname, z, who, "a world size", 1, FSDP__LAUNCH_MAX);
+    /* from here the values are digits: safe in a message as they are */
     if (rank >= size)
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is not below "
                               "%s=%s (%s)", rname, r, sname, z, who);
@@ -101,16 +197,22 @@ FSDP__DEF fsdp_result fsdp__launch_pair(const fsdp__env *v, fsdp__launch *l, con
     fsdp__launch_var(l, rname, r);
     fsdp__launch_var(l, sname, z);
     if (lr) {
-        if (!fsdp__parse_long(lr, 0, 0x7fffffffL, &x))
-            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s (%s) is "
-                                  "not a rank >= 0", lrname, lr, who);
+        if (!fsdp__parse_int(lr, 0, 0x7fffffffLL, &x))
+            return fsdp__env_bad(err, lrname, lr, who, "a rank on the node", 0, 0x7fffffffLL);
+        if (x >= size)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is not "
+                                  "below %s=%s (%s): a rank on the node is one of the job's",
+                                  lrname, lr, sname, z, who);
         l->lrank = (int)x;
         fsdp__launch_var(l, lrname, lr);
     }
     if (lz) {
-        if (!fsdp__parse_long(lz, 1, 1L << 24, &x))
-            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s (%s) is "
-                                  "not a size >= 1", lsname, lz, who);
+        if (!fsdp__parse_int(lz, 1, 0x7fffffffLL, &x))
+            return fsdp__env_bad(err, lsname, lz, who, "a size on the node", 1, 0x7fffffffLL);
+        if (x > size)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is above "
+                                  "%s=%s (%s): the node's processes are some of the job's",
+                                  lsname, lz, sname, z, who);
         l->lsize = (int)x;
         fsdp__launch_var(l, lsname, lz);
     }
@@ -120,26 +222,33 @@ FSDP__DEF fsdp_result fsdp__launch_pair(const fsdp__env *v, fsdp__launch *l, con
     return FSDP_SUCCESS;
 }
 
-/* SLURM's tasks per node ("2(x3),1") on node `node`: the count, or -1. */
-FSDP__DEF int fsdp__slurm_tasks_on(const char *s, long node)
+/* SLURM's tasks per node ("2(x3),1": 2 tasks on each of 3 nodes, then 1)
+   read whole: 1, with the count on node `node` in *count (0 when the list
+   has no such node) and the nodes in *nodes; 0 when malformed, or past
+   FSDP__LAUNCH_MAX tasks in all (each number is bounded before it is
+   added, so no sum overflows). */
+FSDP__DEF int fsdp__slurm_tasks_on(const char *s, long long node, long long *count,
+                                   long long *nodes)
 {
-    long first = 0;
-    while (s && *s) {
-        char *end;
-        long count = strtol(s, &end, 10), times = 1;
-        if (end == s || count < 1) return -1;
-        s = end;
-        if (s[0] == '(' && s[1] == 'x') {
-            times = strtol(s + 2, &end, 10);
-            if (end == s + 2 || *end != ')' || times < 1) return -1;
-            s = end + 1;
+    long long first = 0, total = 0;
+    *count = *nodes = 0;
+    for (;;) {
+        long long n, times = 1;
+        if (!fsdp__digits(&s, FSDP__LAUNCH_MAX, &n) || n < 1) return 0;
+        if (s[0] == '(') {
+            if (s[1] != 'x') return 0;
+            s += 2;
+            if (!fsdp__digits(&s, FSDP__LAUNCH_MAX, &times) || times < 1 || *s != ')') return 0;
+            s++;
         }
-        if (node < first + times) return count > 0x7fffffffL ? -1 : (int)count;
+        if (n * times > FSDP__LAUNCH_MAX - total) return 0;
+        total += n * times;
+        if (node >= first && node < first + times) *count = n;
         first += times;
-        if (*s == ',') s++;
-        else if (*s) return -1;
+        *nodes = first;
+        if (!*s) return 1;
+        if (*s++ != ',') return 0;
     }
-    return -1;
 }
 
 FSDP__DEF fsdp_result fsdp__launch_slurm(const fsdp__env *v, fsdp__launch *l, fsdp_error *err)
@@ -148,39 +257,76 @@ FSDP__DEF fsdp_result fsdp__launch_slurm(const fsdp__env *v, fsdp__launch *l, fs
     static const char *const sizes[] = {"SLURM_STEP_NUM_TASKS", "SLURM_NTASKS", "SLURM_NPROCS"};
     static const char *const jobs[] = {"SLURM_JOB_ID", "SLURM_JOBID"};
     static const char *const tpn[] = {"SLURM_STEP_TASKS_PER_NODE", "SLURM_TASKS_PER_NODE"};
-    const char *sname, *jname, *tname, *step = fsdp__env_any(v, steps, 2, &sname);
+    const char *stname, *sname, *jname, *tname, *step = fsdp__env_any(v, steps, 2, 1, &stname);
     const char *size, *job, *tasks, *node;
-    long x;
+    char shown[FSDP__SHOWN];
+    long long nodeid = -1, count, nodes;
     fsdp_result r;
     l->lrank = l->lsize = -1;
+    l->job_no = l->step_no = -1;
     if (!step) return FSDP_SUCCESS; /* a batch script, or not SLURM at all */
-    size = fsdp__env_any(v, sizes, 3, &sname);
-    if (!fsdp__env_get(v, "SLURM_PROCID"))
-        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: SLURM_STEP_ID=%s says "
-                              "this is a SLURM job step, but SLURM_PROCID is not set", step);
+    /* SLURM's ids are 32-bit unsigned (a federation's job ids pass 2^31) */
+    if (!fsdp__parse_int(step, 0, 0xffffffffLL, &l->step_no))
+        return fsdp__env_bad(err, stname, step, "SLURM", "a job step id", 0, 0xffffffffLL);
+    size = fsdp__env_any(v, sizes, 3, 1, &sname);
+    if (!fsdp__env_raw(v, "SLURM_PROCID"))
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s says this is "
+                              "a SLURM job step, but SLURM_PROCID is not set", stname, step);
     if (!size)
-        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: SLURM_STEP_ID=%s says "
-                              "this is a SLURM job step, but SLURM_STEP_NUM_TASKS (or SLURM_NTASKS) "
-                              "is not set", step);
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s says this is "
+                              "a SLURM job step, but SLURM_STEP_NUM_TASKS (or SLURM_NTASKS) is "
+                              "not set", stname, step);
     r = fsdp__launch_pair(v, l, "SLURM_PROCID", sname, "SLURM_LOCALID", NULL, err);
     if (r != FSDP_SUCCESS) return r;
-    tasks = fsdp__env_any(v, tpn, 2, &tname);
-    node = fsdp__env_get(v, "SLURM_NODEID");
-    if (tasks && node && fsdp__parse_long(node, 0, 1L << 24, &x)) {
-        l->lsize = fsdp__slurm_tasks_on(tasks, x);
-        if (l->lsize > 0) {
-            fsdp__launch_var(l, "SLURM_NODEID", node);
-            fsdp__launch_var(l, tname, tasks);
-        }
-        if (l->lrank >= l->lsize) l->lsize = -1; /* not this node's count: unknown */
+    tasks = fsdp__env_any(v, tpn, 2, 1, &tname);
+    node = fsdp__env_raw(v, "SLURM_NODEID");
+    if (node && !fsdp__parse_int(node, 0, FSDP__LAUNCH_MAX - 1, &nodeid))
+        return fsdp__env_bad(err, "SLURM_NODEID", node, "SLURM", "a node's index", 0,
+                             FSDP__LAUNCH_MAX - 1);
+    if (tasks && !fsdp__slurm_tasks_on(tasks, nodeid, &count, &nodes))
+        return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s is not SLURM's "
+                              "tasks per node: expected counts of tasks, each alone or as "
+                              "COUNT(xNODES), like 2(x3),1, in digits, at most %ld tasks in all",
+                              tname, fsdp__escape(shown, sizeof shown, tasks, 1), FSDP__LAUNCH_MAX);
+    if (tasks && node) {
+        /* tasks was read whole, so its echo below is digits, '(', 'x', ')' and ',' */
+        if (!count)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: SLURM_NODEID=%s "
+                                  "is beyond %s=%s, which lists %lld nodes", node, tname, tasks,
+                                  nodes);
+        if (count > l->size)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s gives "
+                                  "node SLURM_NODEID=%s %lld tasks, more than the step's %s=%d",
+                                  tname, tasks, node, count, sname, l->size);
+        if (l->lrank >= count)
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: SLURM_LOCALID=%d "
+                                  "is not below the %lld tasks that %s=%s gives node "
+                                  "SLURM_NODEID=%s", l->lrank, count, tname, tasks, node);
+        l->lsize = (int)count;
+        fsdp__launch_var(l, "SLURM_NODEID", node);
+        fsdp__launch_var(l, tname, tasks);
     }
-    fsdp__launch_var(l, "SLURM_STEP_ID", step);
-    job = fsdp__env_any(v, jobs, 2, &jname);
+    fsdp__launch_var(l, stname, step);
+    job = fsdp__env_any(v, jobs, 2, 1, &jname);
     if (job) {
+        if (!fsdp__parse_int(job, 0, 0xffffffffLL, &l->job_no))
+            return fsdp__env_bad(err, jname, job, "SLURM", "a job id", 0, 0xffffffffLL);
         snprintf(l->job, sizeof l->job, "%.60s.%.60s", job, step);
         fsdp__launch_var(l, jname, job);
     }
     return FSDP_SUCCESS;
+}
+
+/* A host name or a numeric address as getaddrinfo takes it (IPv6's ':',
+   a zone's '%', brackets): a space or a control byte is a script's
+   mistake, never a host. */
+FSDP__DEF int fsdp__host_ok(const char *s)
+{
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') ||
+              strchr(".-_:%[]", *s)))
+            return 0;
+    return 1;
 }
 
 /* "TRUE", "true", "1": torchrun writes Python's str(True). */
@@ -193,12 +339,14 @@ FSDP__DEF int fsdp__env_true(const char *s)
 FSDP_API fsdp_result fsdp_hostlist_first(const char *list, char *host, size_t cap, fsdp_error *err)
 {
     const char *p = list;
+    char shown[FSDP__SHOWN];
     size_t n = 0;
     if (!host || !cap) return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: host is NULL");
     host[0] = '\0';
     if (!list || !*list || *list == ',')
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: the host list '%s' is "
-                              "empty", list ? list : "(null)");
+                              "empty",
+                              list ? fsdp__escape(shown, sizeof shown, list, 0) : "(null)");
     while (*p && *p != ',') {
         if (*p == '[') {
             /* the first element of the first range: "[01-04,07]" -> "01" */
@@ -207,25 +355,28 @@ FSDP_API fsdp_result fsdp_hostlist_first(const char *list, char *host, size_t ca
             if (p == q || (*p != '-' && *p != ',' && *p != ']'))
                 return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: '%s' is not "
                                       "a SLURM host list (a range in [] must start with a number)",
-                                      list);
+                                      fsdp__escape(shown, sizeof shown, list, 0));
             if (n + (size_t)(p - q) >= cap)
                 return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: the first host "
-                                      "of '%s' is longer than %zu bytes", list, cap - 1);
+                                      "of '%s' is longer than %zu bytes",
+                                      fsdp__escape(shown, sizeof shown, list, 0), cap - 1);
             memcpy(host + n, q, (size_t)(p - q));
             n += (size_t)(p - q);
             while (*p && *p != ']' && *p != '[') p++;
             if (*p != ']')
                 return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: '%s' is not "
-                                      "a SLURM host list (a '[' without its ']')", list);
+                                      "a SLURM host list (a '[' without its ']')",
+                                      fsdp__escape(shown, sizeof shown, list, 0));
             p++;
             continue;
         }
         if (*p == ']' || *p == ' ')
             return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: '%s' is not a "
-                                  "SLURM host list", list);
+                                  "SLURM host list", fsdp__escape(shown, sizeof shown, list, 0));
         if (n + 1 >= cap)
             return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_hostlist_first: the first host of "
-                                  "'%s' is longer than %zu bytes", list, cap - 1);
+                                  "'%s' is longer than %zu bytes",
+                                  fsdp__escape(shown, sizeof shown, list, 0), cap - 1);
         host[n++] = *p++;
     }
     host[n] = '\0';
@@ -245,7 +396,7 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     fsdp__env v;
     fsdp__launch all[4], *c = NULL;
     const char *s, *port, *addr;
-    char a[480], b[480];
+    char a[480], b[480], shown[FSDP__SHOWN];
     long p;
     int i, j;
     fsdp_result r;
@@ -281,7 +432,7 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     }
     if (all[1].found) {
         static const char *const ids[] = {"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"};
-        const char *which, *id = fsdp__env_any(&v, ids, 2, &which);
+        const char *which, *id = fsdp__env_any(&v, ids, 2, 0, &which);
         if (id) snprintf(all[1].job, sizeof all[1].job, "%.100s", id);
     }
     for (i = 0; i < 4 && !c; i++)
@@ -335,21 +486,33 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
     }
     /* the rendezvous */
     addr = fsdp__env_get(&v, "MASTER_ADDR");
-    port = fsdp__env_get(&v, "MASTER_PORT");
+    port = fsdp__env_raw(&v, "MASTER_PORT");
     if (addr) {
         if (strlen(addr) >= sizeof out->master_addr)
             return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: MASTER_ADDR is "
                                   "longer than %zu bytes", sizeof out->master_addr - 1);
+        if (!fsdp__host_ok(addr))
+            return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: MASTER_ADDR=%s "
+                                  "is not a host name or address (letters, digits and . - _ : %% "
+                                  "[ ], no spaces or control bytes)",
+                                  fsdp__escape(shown, sizeof shown, addr, 1));
         snprintf(out->master_addr, sizeof out->master_addr, "%s", addr);
-        fsdp__append(out->vars, sizeof out->vars, " MASTER_ADDR=%.64s", addr);
+        fsdp__env_var(out->vars, sizeof out->vars, "MASTER_ADDR", addr);
     } else if (all[3].found && all[3].size == c->size) {
         static const char *const lists[] = {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST",
                                             "SLURM_NODELIST"};
-        const char *which, *list = fsdp__env_any(&v, lists, 3, &which);
+        const char *which, *list = fsdp__env_any(&v, lists, 3, 0, &which);
         if (list) {
             r = fsdp_hostlist_first(list, out->master_addr, sizeof out->master_addr, err);
             if (r != FSDP_SUCCESS) return r;
-            fsdp__append(out->vars, sizeof out->vars, " %s=%.64s", which, list);
+            if (!fsdp__host_ok(out->master_addr)) {
+                out->master_addr[0] = '\0';
+                return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: %s=%s: its "
+                                      "first host is not a host name (letters, digits and . - _, "
+                                      "no spaces or control bytes)", which,
+                                      fsdp__escape(shown, sizeof shown, list, 1));
+            }
+            fsdp__env_var(out->vars, sizeof out->vars, which, list);
         }
     }
     if (port) {
@@ -357,22 +520,18 @@ FSDP_API fsdp_result fsdp_launch_info_get(fsdp_getenv_fn getenv_fn, void *user,
                           fsdp__env_true(fsdp__env_get(&v, "TORCHELASTIC_USE_AGENT_STORE"));
         if (!fsdp__parse_long(port, 1, agent_store ? 65534 : 65535, &p))
             return fsdp_error_set(err, FSDP_INVALID_ARGS, "fsdp_launch_info_get: MASTER_PORT=%s "
-                                  "is not a port number%s", port,
-                                  agent_store ? " below 65535 (torchrun's agent holds it: the "
-                                                "rendezvous takes the next one)" : "");
+                                  "is not a port: expected digits only (no sign, no spaces), 1 "
+                                  "to %d%s", fsdp__escape(shown, sizeof shown, port, 1),
+                                  agent_store ? 65534 : 65535,
+                                  agent_store ? " (torchrun's agent holds it: the rendezvous "
+                                                "takes the next one)" : "");
         /* torchrun's agent serves its own store on MASTER_PORT */
         out->master_port = (int)p + agent_store;
         fsdp__append(out->vars, sizeof out->vars, " MASTER_PORT=%s%s", port,
                      agent_store ? " TORCHELASTIC_USE_AGENT_STORE=True" : "");
-    } else if (all[3].found && all[3].size == c->size && all[3].job[0]) {
+    } else if (all[3].found && all[3].size == c->size && all[3].job_no >= 0) {
         /* 15000 + (job mod 1000) * 10 + (step mod 10): the same on every task */
-        static const char *const jobs[] = {"SLURM_JOB_ID", "SLURM_JOBID"};
-        static const char *const steps[] = {"SLURM_STEP_ID", "SLURM_STEPID"};
-        const char *which;
-        long job = 0, step = 0;
-        if (fsdp__parse_long(fsdp__env_any(&v, jobs, 2, &which), 0, 0x7fffffffL, &job) &&
-            fsdp__parse_long(fsdp__env_any(&v, steps, 2, &which), 0, 0x7fffffffL, &step))
-            out->master_port = (int)(15000 + (job % 1000) * 10 + step % 10);
+        out->master_port = (int)(15000 + (all[3].job_no % 1000) * 10 + all[3].step_no % 10);
     }
     return FSDP_SUCCESS;
 }

@@ -81,8 +81,14 @@ if [ -n "$gloo" ]; then
     s1=$?
     got=$(final_loss "$(cat "$work/g0")")
     echo "train_gpt under torchrun's variables on 2 hosts: final_loss ${got:-none} (local: $ref)"
-    [ $s0 = 0 ] && [ $s1 = 0 ] && [ "$got" = "$ref" ] ||
-        fail "train_gpt across hosts: exit $s0 / $s1: $(tail -3 "$work/g0" "$work/g1")"
+    [ $s0 = 0 ] && [ $s1 = 0 ] && [ "$got" = "$ref" ] || {
+        fail "train_gpt across hosts: exit $s0 / $s1"
+        # one file at a time: GNU tail refuses -3 before two files
+        for f in "$work/g0" "$work/g1"; do
+            echo "== $f"
+            tail -n 3 "$f"
+        done
+    }
 fi
 
 [ $fails = 0 ] || exit 1

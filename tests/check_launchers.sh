@@ -83,7 +83,12 @@ pair() {
     s1=$?
     [ $s0 = 0 ] && [ $s1 = 0 ] && return 0
     fail "$name: exit $s0 and $s1"
-    tail -3 "$work/$name" "$work/$name.1"
+    # one file at a time: GNU tail refuses -3 before two files ("option
+    # used in invalid context"), which left a failure with nothing shown
+    for f in "$work/$name" "$work/$name.1"; do
+        echo "== $f"
+        tail -n 3 "$f"
+    done
     return 1
 }
 same_gpt() {

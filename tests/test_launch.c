@@ -17,7 +17,12 @@
    mpirun (Open MPI) and MPICH's mpiexec (PMI) set, given as tables: the
    exact variables torchrun 2.x sets for its workers, a SLURM job step's,
    nested launchers (torchrun and mpirun inside an srun step), and
-   launchers that disagree (each refused naming both sets of variables).
+   launchers that disagree (each refused naming both sets of variables);
+   then each read as a whole, one variable of those changed a row: SLURM's
+   tasks per node past any count (once a signed overflow) or missing the
+   node, ranks and sizes on the node beyond the world size, numbers that
+   are not digits only (" 1", "+1", "1 ", "", past int), and bytes that
+   would break a message's line (escaped, and refused in a host name).
    hostlist: SLURM host lists. diagnose: fsdp_stall_diagnose on rings made
    here (a mismatch, a rank behind, ranks that did not answer, a rank that
    had failed, nothing wrong), fsdp_call_ring_describe, and
@@ -109,6 +114,18 @@ static const char *const SLURM_2_OF_4[] = {
     "SLURM_STEP_NODELIST", "node[01-02]", "SLURM_JOB_NODELIST", "node[01-02]",
     "SLURM_NODELIST", "node[01-02]", "SLURM_STEP_TASKS_PER_NODE", "2(x2)",
     "SLURM_TASKS_PER_NODE", "2(x2)", "SLURMD_NODENAME", "node02", NULL};
+
+/* What Open MPI 4.1's mpirun -np 2 sets for rank 1 (checked on this
+   machine). */
+static const char *const OMPI_1_OF_2[] = {
+    "OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2", "OMPI_COMM_WORLD_LOCAL_RANK",
+    "1", "OMPI_COMM_WORLD_LOCAL_SIZE", "2", "OMPI_COMM_WORLD_NODE_RANK", "1",
+    "OMPI_MCA_ess_base_jobid", "1100939265", "PMIX_NAMESPACE", "1100939265", "PMIX_RANK",
+    "1", "OMPI_UNIVERSE_SIZE", "2", NULL};
+
+/* MPICH's mpiexec -n 4, two ranks a node: rank 3. */
+static const char *const PMI_3_OF_4[] = {"PMI_RANK", "3", "PMI_SIZE", "4", "MPI_LOCALRANKID",
+                                         "1", "MPI_LOCALNRANKS", "2", NULL};
 
 static void test_launch_none(void)
 {
@@ -232,14 +249,7 @@ static void test_launch_slurm(void)
 
 static void test_launch_mpi(void)
 {
-    /* what Open MPI 4.1's mpirun -np 2 sets (checked on this machine) */
-    static const char *const ompi[] = {
-        "OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2", "OMPI_COMM_WORLD_LOCAL_RANK",
-        "1", "OMPI_COMM_WORLD_LOCAL_SIZE", "2", "OMPI_COMM_WORLD_NODE_RANK", "1",
-        "OMPI_MCA_ess_base_jobid", "1100939265", "PMIX_NAMESPACE", "1100939265", "PMIX_RANK",
-        "1", "OMPI_UNIVERSE_SIZE", "2", NULL};
-    static const char *const pmi[] = {"PMI_RANK", "3", "PMI_SIZE", "4", "MPI_LOCALRANKID", "1",
-                                      "MPI_LOCALNRANKS", "2", NULL};
+    const char *const *ompi = OMPI_1_OF_2, *const *pmi = PMI_3_OF_4;
     fsdp_launch_info li;
     fsdp_error err;
     EXPECT_EQ(launch(ompi, &li, &err), FSDP_SUCCESS);
@@ -370,6 +380,206 @@ static void test_launch_conflicts(void)
     refused(port, w7);
     refused(noproc, w8);
     refused(badlist, w9);
+}
+
+/* One environment of the rows below: base with name=value (in place of
+   base's value, else added), refused naming what want holds. */
+typedef struct env_row {
+    const char *const *base;
+    const char *name, *value;
+    const char *want[4]; /* NULL-terminated */
+} env_row;
+
+static void with(const char *const *base, const char *name, const char *value, const char **kv,
+                 int cap)
+{
+    int i, n = 0, found = 0;
+    for (i = 0; base[i] && n + 3 < cap; i += 2) {
+        int it = !strcmp(base[i], name);
+        kv[n++] = base[i];
+        kv[n++] = it ? value : base[i + 1];
+        found |= it;
+    }
+    if (!found && n + 3 < cap) {
+        kv[n++] = name;
+        kv[n++] = value;
+    }
+    kv[n] = NULL;
+}
+
+/* A message is one printable line, whatever bytes the variables held. */
+static int one_line(const char *s)
+{
+    for (; *s; s++)
+        if ((unsigned char)*s < 0x20 || (unsigned char)*s > 0x7e) return 0;
+    return 1;
+}
+
+static void refused_rows(const env_row *rows, int n)
+{
+    const char *kv[80];
+    int i, k;
+    for (i = 0; i < n; i++) {
+        fsdp_launch_info li;
+        fsdp_error err;
+        fsdp_result r;
+        with(rows[i].base, rows[i].name, rows[i].value, kv, 80);
+        r = launch(kv, &li, &err);
+        /* the value's length, not its bytes: those would break the line */
+        CHECK(r == FSDP_INVALID_ARGS, "row %d: %s (%zu bytes) accepted (%s): rank %d of %d, "
+              "local %d of %d", i, rows[i].name, strlen(rows[i].value), fsdp_result_string(r),
+              li.rank, li.world_size, li.local_rank, li.local_world_size);
+        if (r != FSDP_INVALID_ARGS) continue;
+        CHECK(one_line(err.message), "row %d: %s: the message is not one printable line", i,
+              rows[i].name);
+        for (k = 0; rows[i].want[k]; k++)
+            CHECK(strstr(err.message, rows[i].want[k]) != NULL, "row %d: '%s' not in: %s", i,
+                  rows[i].want[k], err.message);
+    }
+}
+
+/* SLURM's tasks per node, counted without overflow, absurd counts and a
+   node beyond the list refused naming the variables. */
+static void test_launch_tasks_per_node(void)
+{
+    static const env_row rows[] = {
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "1(x1),1(x9223372036854775807)",
+         {"SLURM_STEP_TASKS_PER_NODE=1(x1),1(x9223372036854775807)", "tasks per node", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "9223372036854775807(x2)",
+         {"SLURM_STEP_TASKS_PER_NODE=9223372036854775807(x2)", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "16777216(x2)",
+         {"SLURM_STEP_TASKS_PER_NODE=16777216(x2)", "16777216", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "2(x0),2(x2)",
+         {"SLURM_STEP_TASKS_PER_NODE=2(x0),2(x2)", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "2(x2),",
+         {"SLURM_STEP_TASKS_PER_NODE=2(x2),", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "2( x2)",
+         {"SLURM_STEP_TASKS_PER_NODE=\"2( x2)\"", NULL}},
+        {SLURM_2_OF_4, "SLURM_NODEID", "2",
+         {"SLURM_NODEID=2", "SLURM_STEP_TASKS_PER_NODE=2(x2)", NULL}},
+    };
+    const char *kv[80];
+    fsdp_launch_info li;
+    fsdp_error err;
+    refused_rows(rows, (int)(sizeof rows / sizeof rows[0]));
+    /* 7 tasks on 4 nodes: node 3 runs 4 of them */
+    with(SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "1(x3),4", kv, 80);
+    with(kv, "SLURM_NODEID", "3", kv, 80);
+    with(kv, "SLURM_STEP_NUM_TASKS", "7", kv, 80);
+    with(kv, "SLURM_PROCID", "6", kv, 80);
+    with(kv, "SLURM_LOCALID", "3", kv, 80);
+    EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.local_rank, 3);
+    EXPECT_EQ(li.local_world_size, 4);
+}
+
+/* The rank and size on the node against the world size, for every
+   launcher. */
+static void test_launch_local(void)
+{
+    /* without a size on the node, only the world size bounds the rank */
+    static const char *const torch[] = {"RANK", "1", "WORLD_SIZE", "2", NULL};
+    static const char *const ompi[] = {"OMPI_COMM_WORLD_RANK", "1", "OMPI_COMM_WORLD_SIZE", "2",
+                                       NULL};
+    static const char *const pmi[] = {"PMI_RANK", "3", "PMI_SIZE", "4", NULL};
+    static const env_row rows[] = {
+        {torch, "LOCAL_RANK", "7", {"LOCAL_RANK=7", "WORLD_SIZE=2", NULL}},
+        {ompi, "OMPI_COMM_WORLD_LOCAL_RANK", "2",
+         {"OMPI_COMM_WORLD_LOCAL_RANK=2", "OMPI_COMM_WORLD_SIZE=2", NULL}},
+        {pmi, "MPI_LOCALRANKID", "4", {"MPI_LOCALRANKID=4", "PMI_SIZE=4", NULL}},
+        {TORCHRUN_1_OF_2, "LOCAL_WORLD_SIZE", "8", {"LOCAL_WORLD_SIZE=8", "WORLD_SIZE=2", NULL}},
+        {OMPI_1_OF_2, "OMPI_COMM_WORLD_LOCAL_RANK", "2",
+         {"OMPI_COMM_WORLD_LOCAL_RANK=2", "OMPI_COMM_WORLD_SIZE=2", NULL}},
+        {OMPI_1_OF_2, "OMPI_COMM_WORLD_LOCAL_SIZE", "3",
+         {"OMPI_COMM_WORLD_LOCAL_SIZE=3", "OMPI_COMM_WORLD_SIZE=2", NULL}},
+        {PMI_3_OF_4, "MPI_LOCALRANKID", "4", {"MPI_LOCALRANKID=4", "PMI_SIZE=4", NULL}},
+        {PMI_3_OF_4, "MPI_LOCALNRANKS", "5", {"MPI_LOCALNRANKS=5", "PMI_SIZE=4", NULL}},
+        {SLURM_2_OF_4, "SLURM_LOCALID", "9", {"SLURM_LOCALID=9", "SLURM_STEP_NUM_TASKS=4", NULL}},
+        /* below the world size, but not below this node's 2 tasks */
+        {SLURM_2_OF_4, "SLURM_LOCALID", "3",
+         {"SLURM_LOCALID=3", "SLURM_STEP_TASKS_PER_NODE=2(x2)", "SLURM_NODEID=1", NULL}},
+        /* node 1 runs more tasks than the step has */
+        {SLURM_2_OF_4, "SLURM_STEP_TASKS_PER_NODE", "1,8",
+         {"SLURM_STEP_TASKS_PER_NODE=1,8", "SLURM_STEP_NUM_TASKS=4", NULL}},
+    };
+    refused_rows(rows, (int)(sizeof rows / sizeof rows[0]));
+}
+
+/* Digits only in every integer variable read: no sign, no spaces, nothing
+   after, not empty, within int (ports 1..65535). */
+static void test_launch_integers(void)
+{
+    static const env_row rows[] = {
+        {TORCHRUN_1_OF_2, "RANK", " 1", {"RANK=\" 1\"", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "RANK", "+1", {"RANK=+1", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "RANK", "1 ", {"RANK=\"1 \"", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "RANK", "01x", {"RANK=01x", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "RANK", "", {"RANK=\"\"", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "RANK", "2147483648", {"RANK=2147483648", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "RANK", "99999999999999999999999", {"RANK=9999", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "WORLD_SIZE", "0x2", {"WORLD_SIZE=0x2", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "LOCAL_RANK", "+1", {"LOCAL_RANK=+1", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "LOCAL_WORLD_SIZE", "", {"LOCAL_WORLD_SIZE=\"\"", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "MASTER_PORT", " 29500", {"MASTER_PORT=\" 29500\"", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "MASTER_PORT", "+29500", {"MASTER_PORT=+29500", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "MASTER_PORT", "", {"MASTER_PORT=\"\"", "digits", NULL}},
+        {TORCHRUN_1_OF_2, "MASTER_PORT", "0", {"MASTER_PORT=0", "digits", NULL}},
+        {OMPI_1_OF_2, "OMPI_COMM_WORLD_RANK", "1 ",
+         {"OMPI_COMM_WORLD_RANK=\"1 \"", "digits", NULL}},
+        {OMPI_1_OF_2, "OMPI_COMM_WORLD_LOCAL_SIZE", "+2",
+         {"OMPI_COMM_WORLD_LOCAL_SIZE=+2", "digits", NULL}},
+        {PMI_3_OF_4, "PMI_SIZE", " 4", {"PMI_SIZE=\" 4\"", "digits", NULL}},
+        {PMI_3_OF_4, "MPI_LOCALRANKID", "-0", {"MPI_LOCALRANKID=-0", "digits", NULL}},
+        {SLURM_2_OF_4, "SLURM_PROCID", " 2", {"SLURM_PROCID=\" 2\"", "digits", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_NUM_TASKS", "4 ",
+         {"SLURM_STEP_NUM_TASKS=\"4 \"", "digits", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_ID", "+0", {"SLURM_STEP_ID=+0", "digits", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_ID", "", {"SLURM_STEP_ID=\"\"", "digits", NULL}},
+        {SLURM_2_OF_4, "SLURM_LOCALID", "+0", {"SLURM_LOCALID=+0", "digits", NULL}},
+        {SLURM_2_OF_4, "SLURM_NODEID", "+1", {"SLURM_NODEID=+1", "digits", NULL}},
+        {SLURM_2_OF_4, "SLURM_JOB_ID", "12x", {"SLURM_JOB_ID=12x", "digits", NULL}},
+    };
+    const char *kv[80];
+    fsdp_launch_info li;
+    fsdp_error err;
+    refused_rows(rows, (int)(sizeof rows / sizeof rows[0]));
+    /* leading zeros are digits (Python's int() takes them too) */
+    with(TORCHRUN_1_OF_2, "RANK", "01", kv, 80);
+    EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
+    EXPECT_EQ(li.rank, 1);
+}
+
+/* Bytes that would break a message's line are escaped, in messages and in
+   vars; a host name with a space or a control byte is refused. */
+static void test_launch_escape(void)
+{
+    /* a stale WORLD_SIZE=1 under srun -n 4, the run id holding a newline */
+    static const char *const stale[] = {
+        "RANK", "0", "WORLD_SIZE", "1", "TORCHELASTIC_RUN_ID", "x\ny", "SLURM_JOB_ID", "9",
+        "SLURM_STEP_ID", "0", "SLURM_PROCID", "3", "SLURM_NTASKS", "4", NULL};
+    static const env_row rows[] = {
+        {TORCHRUN_1_OF_2, "MASTER_ADDR", "host\nname",
+         {"MASTER_ADDR=host\\nname", "host name", NULL}},
+        {TORCHRUN_1_OF_2, "MASTER_ADDR", "my host", {"MASTER_ADDR=\"my host\"", "host name", NULL}},
+        {TORCHRUN_1_OF_2, "MASTER_ADDR", "\001h\x7f", {"MASTER_ADDR=\\x01h\\x7f", NULL}},
+        {TORCHRUN_1_OF_2, "RANK", "1\n", {"RANK=1\\n", NULL}},
+        {TORCHRUN_1_OF_2, "WORLD_SIZE", "2\033[31m", {"WORLD_SIZE=2\\x1b[31m", NULL}},
+        {TORCHRUN_1_OF_2, "MASTER_PORT", "29500\r", {"MASTER_PORT=29500\\r", NULL}},
+        {stale, "SLURM_NTASKS", "4", {"TORCHELASTIC_RUN_ID=x\\ny", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_NODELIST", "no\tde[01-02", {"no\\tde[01-02", NULL}},
+        {SLURM_2_OF_4, "SLURM_STEP_NODELIST", "no\001de[01-02]",
+         {"SLURM_STEP_NODELIST=no\\x01de[01-02]", "host name", NULL}},
+    };
+    const char *kv[80];
+    fsdp_launch_info li;
+    fsdp_error err;
+    refused_rows(rows, (int)(sizeof rows / sizeof rows[0]));
+    /* accepted: the run id's tab escaped in vars, '_' in the job id */
+    with(TORCHRUN_1_OF_2, "TORCHELASTIC_RUN_ID", "a\tb", kv, 80);
+    EXPECT_EQ(launch(kv, &li, &err), FSDP_SUCCESS);
+    CHECK(one_line(li.vars) && strstr(li.vars, "TORCHELASTIC_RUN_ID=a\\tb") != NULL,
+          "vars not escaped (%zu bytes)", strlen(li.vars));
+    CHECK(!strcmp(li.job_id, "a_b"), "job_id '%s'", li.job_id);
 }
 
 static void test_hostlist(void)
@@ -2067,6 +2277,10 @@ static const check_case CASES[] = {
     {"launch_mpi", test_launch_mpi},
     {"launch_nested", test_launch_nested},
     {"launch_conflicts", test_launch_conflicts},
+    {"launch_tasks_per_node", test_launch_tasks_per_node},
+    {"launch_local", test_launch_local},
+    {"launch_integers", test_launch_integers},
+    {"launch_escape", test_launch_escape},
     {"hostlist", test_hostlist},
     {"diagnose", test_diagnose},
     {"rdzv_world", test_rdzv_world},
