@@ -3003,9 +3003,11 @@ FSDP_API fsdp_result fsdp_ckpt_clean(const char *path, unsigned flags,
    overlap, no gap); then a tensor the index maps to a file that lacks it,
    a tensor a file holds that the index does not map to that file (a
    second copy, or one the index misses) and a total_size above the
-   tensors' bytes are refused, naming the file and the tensor. Every rank
-   checks that it read the same index and headers as rank 0 (else "changed
-   while loading") and every rank returns the same result.
+   tensors' bytes are refused, naming the file and the tensor. An index or
+   shard that is not a regular file (a FIFO, a directory, a device) is
+   refused without waiting on it, naming what it is. Every rank checks
+   that it read the same index and headers as rank 0 (else "changed while
+   loading") and every rank returns the same result.
 
    Save: the parameters' f32 master values, converted to desc.dtype
    (FSDP_BF16: round to nearest even), hf_transpose ones transposed, under
@@ -23471,7 +23473,9 @@ FSDP__DEF int fsdp__rank_file_of(const char *name, uint64_t *gen, int *rank, int
 }
 
 /* The whole of a small regular file (an index); errno stays that of a
-   failed open. */
+   failed open, and is 0 for a path that is there but no regular file (a
+   FIFO, a directory, a device), so that no caller takes it for a missing
+   one by an errno an earlier call left. */
 FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, int64_t limit,
                                        char **out, size_t *len, fsdp_error *err)
 {
@@ -23480,9 +23484,11 @@ FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, in
     off_t end;
     char *buf;
     *out = NULL;
-    if (fd == -2)
-        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
-                          kind);
+    if (fd == -2) {
+        fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path, kind);
+        errno = 0;
+        return FSDP_CKPT_IO;
+    }
     if (fd < 0) {
         e = errno;
         fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(e));

@@ -25,8 +25,10 @@
      hostile    indexes naming files outside the directory, a missing
                 shard, a tensor in two shards or not where the index says,
                 a huge or negative total_size, a weight_map that is not an
-                object, a FIFO as a shard: refused, the same code and
-                message on every rank, the context unchanged
+                object, a FIFO as a shard, an index that is a FIFO, a
+                directory or a link to /dev/zero: refused, the same code
+                and message (naming what the index is) on every rank, the
+                context unchanged
      peft       adapters saved in PEFT's layout (names, adapter_config.json)
                 and loaded back into another context: the adapters bitwise,
                 the frozen base untouched
@@ -990,6 +992,24 @@ static void test_hostile(void)
             same_verdict(&j, 2, FSDP_CKPT_FORMAT, "transformer.wpe.weight", "a second copy", j.dir);
         else
             same_verdict(&j, 2, FSDP_CKPT_IO, "FIFO", "model-00002-of-00003.safetensors", j.dir);
+    }
+    /* an index that is no regular file: refused without a hang, naming what
+       it is (not "no index": the errno of the look for model.safetensors) */
+    for (c = 0; c < 3; c++) {
+        static const char *const kind[] = {"is a FIFO, not a regular file", "is a directory",
+                                           "is a character device"};
+        int made;
+        memset(&j, 0, sizeof j);
+        snprintf(j.dir, sizeof j.dir, "%s/hostile_index%d", g_tmp, c);
+        CHECK(copy_tree(base, j.dir), "copy");
+        snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", j.dir);
+        unlink(idx);
+        made = c == 0 ? mkfifo(idx, 0644) : c == 1 ? mkdir(idx, 0755) : symlink("/dev/zero", idx);
+        CHECK(made == 0, "making '%s': %s", idx, strerror(errno));
+        j.desc = desc_of(t, 0);
+        j.fn = hostile_rank;
+        run(&j, 2);
+        same_verdict(&j, 2, FSDP_CKPT_IO, kind[c], "model.safetensors.index.json", j.dir);
     }
 }
 
