@@ -57,11 +57,13 @@
    overlap, no gap); then a tensor the index maps to a file that lacks it,
    a tensor a file holds that the index does not map to that file (a
    second copy, or one the index misses) and a total_size above the
-   tensors' bytes are refused, naming the file and the tensor. An index or
-   shard that is not a regular file (a FIFO, a directory, a device) is
-   refused without waiting on it, naming what it is. Every rank checks
-   that it read the same index and headers as rank 0 (else "changed while
-   loading") and every rank returns the same result.
+   tensors' bytes are refused, naming the file and the tensor (a name from
+   the files with its control bytes escaped, "\n", "\x01"; a long one cut,
+   with its length). An index or shard that is not a regular file (a FIFO,
+   a directory, a device) is refused without waiting on it, naming what it
+   is. Every rank checks that it read the same index and headers as rank 0
+   (else "changed while loading") and every rank returns the same
+   result.
 
    Save: the parameters' f32 master values, converted to desc.dtype
    (FSDP_BF16: round to nearest even), hf_transpose ones transposed, under

@@ -128,6 +128,7 @@ FSDP__DEF fsdp_result fsdp__hf_index_check(const fsdp__json *j, const char *ipat
                                            fsdp_error *err)
 {
     int meta, ts, wm, n;
+    char nm[FSDP__HF_SHOWN];
     memset(ix, 0, sizeof *ix);
     ix->total = -1;
 #define FSDP__HX(...) return fsdp__fail(err, h, FSDP_CKPT_FORMAT, __VA_ARGS__)
@@ -145,9 +146,9 @@ FSDP__DEF fsdp_result fsdp__hf_index_check(const fsdp__json *j, const char *ipat
     for (n = j->n[wm].first; n >= 0; n = j->n[n].next) {
         if (!j->n[n].key[0]) FSDP__HX("index '%s': weight_map names a tensor ''", ipath);
         if (j->n[n].type != FSDP__J_STR || !fsdp__plain_name(j->n[n].str))
-            FSDP__HX("index '%s': weight_map['%.80s'] is not a file name inside the directory "
+            FSDP__HX("index '%s': weight_map['%s'] is not a file name inside the directory "
                      "(a plain name: no '/', not \".\" or \"..\", under 256 bytes)", ipath,
-                     j->n[n].key);
+                     fsdp__hf_shown(nm, sizeof nm, j->n[n].key));
     }
 #undef FSDP__HX
     if (fsdp__hf_index_copy(j, wm, h, ix) != 0)
@@ -162,6 +163,7 @@ FSDP__DEF fsdp_result fsdp__hf_cross_check(const fsdp__hf_index *ix, const fsdp_
                                            const char *ipath, const fsdp_hooks *h,
                                            fsdp_error *err)
 {
+    char nm[FSDP__HF_SHOWN];
     int64_t sum = 0;
     int k, e, w;
     for (k = 0; k < ix->nfiles; k++)
@@ -169,21 +171,23 @@ FSDP__DEF fsdp_result fsdp__hf_cross_check(const fsdp__hf_index *ix, const fsdp_
             const fsdp__st_entry *en = &files[k].e[e];
             w = fsdp__hf_wm_find(ix, en->name);
             if (w < 0)
-                return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%.80s', which "
-                                  "the weight_map of '%s' does not list", files[k].path,
-                                  en->name, ipath);
+                return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%s', which the "
+                                  "weight_map of '%s' does not list", files[k].path,
+                                  fsdp__hf_shown(nm, sizeof nm, en->name), ipath);
             if (ix->wm[w].file != k)
-                return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%.80s', which "
-                                  "the weight_map of '%s' places in '%.80s' (a second copy, or "
-                                  "a misplaced one)", files[k].path, en->name, ipath,
+                return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%s', which the "
+                                  "weight_map of '%s' places in '%.80s' (a second copy, or a "
+                                  "misplaced one)", files[k].path,
+                                  fsdp__hf_shown(nm, sizeof nm, en->name), ipath,
                                   ix->files[ix->wm[w].file]);
             sum += en->end - en->begin; /* bounded by the file's size */
         }
     for (w = 0; w < ix->nwm; w++)
         if (fsdp__st_find(&files[ix->wm[w].file], ix->wm[w].name) < 0)
             return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "the weight_map of '%s' places tensor "
-                              "'%.80s' in '%.80s', which has no such tensor", ipath,
-                              ix->wm[w].name, ix->files[ix->wm[w].file]);
+                              "'%s' in '%.80s', which has no such tensor", ipath,
+                              fsdp__hf_shown(nm, sizeof nm, ix->wm[w].name),
+                              ix->files[ix->wm[w].file]);
     if (ix->total > sum)
         return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': metadata.total_size %lld is "
                           "above the %lld bytes its files' tensors hold", ipath,
@@ -329,7 +333,9 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
     size_t plen = strlen(pre), qlen = strlen(H->peft);
     int strict = !(H->d.flags & FSDP_SD_NOT_STRICT), k, e, i;
     char unexp[320] = "", miss[320] = "", a[40] = "", b[40] = "", first[200] = "";
-    int nunexp = 0, nmiss = 0;
+    char nm[FSDP__HF_SHOWN], nm2[FSDP__HF_SHOWN];
+    int nunexp = 0, nmiss = 0, lunexp = 0, lmiss = 0; /* l: those the lists hold */
+    size_t len;
     for (k = 0; k < L->nfiles; k++)
         for (e = 0; e < L->files[k].ne; e++) {
             const fsdp__st_entry *en = &L->files[k].e[e];
@@ -348,25 +354,30 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
                 if (fsdp__hf_ignored(H, rest)) continue;
                 if (!nunexp)
                     snprintf(first, sizeof first, " (the first in '%.120s')", L->files[k].path);
-                fsdp__namelist(unexp, sizeof unexp, &nunexp, en->name);
+                len = strlen(unexp);
+                fsdp__namelist(unexp, sizeof unexp, &nunexp,
+                               fsdp__hf_shown(nm, sizeof nm, en->name));
+                lunexp += strlen(unexp) != len;
                 continue;
             }
             it = &H->it[i];
             if (it->skip) continue;
             if (H->loaded[it->primary]) {
                 const fsdp__src *o = &L->s[H->loaded[it->primary] - 1];
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: tensors '%.120s' ('%s') and "
-                                      "'%.120s' ('%s') are both parameter '%s' (the name with "
-                                      "and without the prefix?)", H->where,
-                                      L->files[o->file].e[o->entry].name,
-                                      L->files[o->file].path, en->name, L->files[k].path,
-                                      it->fqn);
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: tensors '%s' ('%s') and '%s' "
+                                      "('%s') are both parameter '%s' (the name with and "
+                                      "without the prefix?)", H->where,
+                                      fsdp__hf_shown(nm, sizeof nm,
+                                                     L->files[o->file].e[o->entry].name),
+                                      L->files[o->file].path,
+                                      fsdp__hf_shown(nm2, sizeof nm2, en->name),
+                                      L->files[k].path, it->fqn);
             }
             if (!fsdp_dtype_is_float(en->dtype))
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%.120s' has "
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%s' has "
                                       "dtype %s; parameter '%s' needs a float dtype", H->where,
-                                      L->files[k].path, en->name, fsdp_dtype_name(en->dtype),
-                                      it->fqn);
+                                      L->files[k].path, fsdp__hf_shown(nm, sizeof nm, en->name),
+                                      fsdp_dtype_name(en->dtype), it->fqn);
             fsdp__pinfo(c, it->param, &pi);
             same = en->ndim == pi.ndim;
             for (d = 0; same && d < pi.ndim; d++)
@@ -382,9 +393,10 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
                 } else {
                     fsdp__shape_str(sb, sizeof sb, pi.ndim, pi.shape);
                 }
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%.120s' has "
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%s' has "
                                       "shape %s; parameter '%s' needs %s%s", H->where,
-                                      L->files[k].path, en->name, sa, it->fqn, sb,
+                                      L->files[k].path, fsdp__hf_shown(nm, sizeof nm, en->name),
+                                      sa, it->fqn, sb,
                                       it->transpose ? " (stored transposed: hf_transpose)" : "");
             }
             if (!(s = fsdp__ld_add(L)))
@@ -404,11 +416,13 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
         fsdp__hf_item *it = &H->it[i];
         if (it->skip || H->loaded[it->primary]) continue;
         H->loaded[it->primary] = -1; /* listed once, whatever its names */
-        fsdp__namelist(miss, sizeof miss, &nmiss, it->fqn);
+        len = strlen(miss);
+        fsdp__namelist(miss, sizeof miss, &nmiss, fsdp__hf_shown(nm, sizeof nm, it->fqn));
+        lmiss += strlen(miss) != len;
     }
     if (!nunexp && !nmiss) return FSDP_SUCCESS;
-    if (nunexp > 6) snprintf(a, sizeof a, " (+%d more)", nunexp - 6);
-    if (nmiss > 6) snprintf(b, sizeof b, " (+%d more)", nmiss - 6);
+    if (nunexp > lunexp) snprintf(a, sizeof a, " (+%d more)", nunexp - lunexp);
+    if (nmiss > lmiss) snprintf(b, sizeof b, " (+%d more)", nmiss - lmiss);
     if (strict)
         return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: %s%s%s%s%s%s%s%s (FSDP_SD_NOT_STRICT "
                               "loads what matches)", H->where,
@@ -549,6 +563,7 @@ FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s
     int64_t lo, hi, base = f->data_start + en->begin, per = (int64_t)(B->bytes / es);
     fsdp__src piece = *s;
     fsdp_result r;
+    char nm[FSDP__HF_SHOWN];
     int rc = 0;
     if (!fsdp__ld_wanted(L, s)) return FSDP_SUCCESS;
     t = &L->t[s->tgt];
@@ -591,8 +606,8 @@ FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s
     }
     return FSDP_SUCCESS;
 io:
-    return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: '%s': reading tensor '%.120s': %s", H->where,
-                          f->path, en->name,
+    return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: '%s': reading tensor '%s': %s", H->where,
+                          f->path, fsdp__hf_shown(nm, sizeof nm, en->name),
                           rc == -2 ? "unexpected end of file (truncated)" : strerror(errno));
 }
 

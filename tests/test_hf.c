@@ -21,7 +21,8 @@
                 prefix), a mis-shaped and an integer tensor are refused,
                 naming them; not strict, the rest loads and the missing
                 parameter is refused at the same fsdp_begin_forward on
-                every rank
+                every rank; an unexpected name with control bytes is
+                named escaped, one of 200 KB cut with its length
      hostile    indexes naming files outside the directory, a missing
                 shard, a tensor in two shards or not where the index says,
                 a huge or negative total_size, a weight_map that is not an
@@ -670,11 +671,13 @@ static int write_dir(const char *dir, int seed, const wopts *o)
     len = (size_t)snprintf(idx, sizeof idx, "{\"metadata\": {\"total_size\": %lld}, \"weight_map\": {\n",
                            (long long)total);
     for (k = 0; k < nn; k++) {
-        len += (size_t)snprintf(idx + len, sizeof idx - len, "%s", names[k]);
+        /* one file: no index (and names of any length) */
+        if (o->shards && len < sizeof idx)
+            len += (size_t)snprintf(idx + len, sizeof idx - len, "%s", names[k]);
         free(names[k]);
     }
-    snprintf(idx + len, sizeof idx - len, "\n}}\n");
-    if (o->shards) {
+    if (o->shards && (ok &= len + 4 < sizeof idx)) {
+        snprintf(idx + len, sizeof idx - len, "\n}}\n");
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         ok &= write_text(path, idx);
     }
@@ -878,6 +881,39 @@ static void test_strict(void)
         j.fn = strict_rank;
         run(&j, 2);
         same_verdict(&j, 2, FSDP_SUCCESS, "", NULL, "ignored");
+    }
+    /* names from the files as messages show them: control bytes escaped
+       (a name cannot break a log's line), a name of 200 KB cut with its
+       length, not left out of the list */
+    {
+        size_t big = 200000;
+        char *name = (char *)malloc(big + 1), want[64];
+        for (c = 0; name && c < 2; c++) {
+            memset(&j, 0, sizeof j);
+            memset(&o, 0, sizeof o);
+            o.prefix = "transformer.";
+            if (c == 0) {
+                snprintf(name, big + 1, "transformer.h.1.bad\nname\x01");
+                snprintf(want, sizeof want, "'transformer.h.1.bad\\nname\\x01'");
+            } else {
+                memcpy(name, "transformer.h.1.", 16);
+                memset(name + 16, 'z', big - 16);
+                name[big] = 0;
+                snprintf(want, sizeof want, "zzz... (%zu bytes)'", big);
+            }
+            o.extra = name;
+            j.seed = 31;
+            snprintf(j.dir, sizeof j.dir, "%s/strict_name%d", g_tmp, c);
+            if (!write_dir(j.dir, j.seed, &o)) break;
+            j.desc = desc_of(t, 0);
+            j.fn = strict_rank;
+            run(&j, 2);
+            same_verdict(&j, 2, FSDP_CKPT_MISMATCH, "unexpected tensors: 'transformer.h.1.",
+                         want, j.dir);
+            CHECK(!strchr(j.msg[0], '\n') && !strchr(j.msg[0], '\x01'), "a control byte in "
+                  "the message: %s", j.msg[0]);
+        }
+        free(name);
     }
 }
 
