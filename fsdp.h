@@ -3046,9 +3046,13 @@ FSDP_API fsdp_result fsdp_ckpt_clean(const char *path, unsigned flags,
    overlap, no gap); then a tensor the index maps to a file that lacks it,
    a tensor a file holds that the index does not map to that file (a
    second copy, or one the index misses) and a total_size above the
-   tensors' bytes are refused, naming the file and the tensor. Every rank
-   checks that it read the same index and headers as rank 0 (else "changed
-   while loading") and every rank returns the same result.
+   tensors' bytes are refused, naming the file and the tensor (a name from
+   the files with its control bytes escaped, "\n", "\x01"; a long one cut,
+   with its length). An index or shard that is not a regular file (a FIFO,
+   a directory, a device) is refused without waiting on it, naming what it
+   is. Every rank checks that it read the same index and headers as rank 0
+   (else "changed while loading") and every rank returns the same
+   result.
 
    Save: the parameters' f32 master values, converted to desc.dtype
    (FSDP_BF16: round to nearest even), hf_transpose ones transposed, under
@@ -3107,7 +3111,19 @@ typedef struct fsdp_hf_desc {
     /* save: the text of config.json (adapter_config.json with
        FSDP_HF_PEFT), a JSON object; NULL: none is written */
     const char *config_json;
-    /* staging of conversions, per rank; 0: FSDP_HF_STAGING_DEFAULT */
+    /* staging of conversions, per rank; 0: FSDP_HF_STAGING_DEFAULT.
+       Beyond it a load holds in host memory, per rank: the index while
+       it is parsed and checked (its text and JSON tree: 1 byte of
+       strings per byte and 32 per JSON value; measured: 83 MB for a
+       32 MiB weight_map, 157 MB for 32 MiB of short metadata strings,
+       566 MB for 30 MiB of small numbers, the worst), then its
+       weight_map (names and 16 bytes a tensor) until the shards are
+       checked; one shard's header at a time while it is checked (its
+       text, tree and metadata hash: about 5 bytes per byte of header,
+       measured 21.6 MB for 4 MiB of metadata, 443 MB for 91 MB); and to
+       the end the file names, each tensor's name and about 120 bytes
+       (dtype, shape, offsets) and the loader's records of the
+       parameters. */
     size_t staging_bytes;
 } fsdp_hf_desc;
 
@@ -15332,6 +15348,7 @@ typedef struct fsdp__st_file {
     int meta;    /* node of __metadata__, or -1 */
     fsdp__jhash mh; /* __metadata__'s members by key */
     unsigned verified; /* FSDP_VERIFIED_*: what the header's checks found */
+    char *names;       /* the entries' names once the header is dropped */
 } fsdp__st_file;
 
 FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
@@ -15343,7 +15360,9 @@ FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
     fsdp__free(f->h, f->e);
     fsdp__free(f->h, f->sorted);
     fsdp__jhash_free(&f->mh, f->h);
+    fsdp__free(f->h, f->names);
     f->header = NULL;
+    f->names = NULL;
     f->e = NULL;
     f->sorted = NULL;
     f->ne = 0;
@@ -15737,6 +15756,35 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
     fsdp__free(h, ord);
     if (r != FSDP_SUCCESS) fsdp__st_close(f);
     return r;
+}
+
+/* Drops the header of an opened file, keeping its entries (their names
+   copied into one block): the text, its JSON tree and the metadata's hash
+   cost about 6 bytes per byte of header (a header of many metadata
+   entries, up to FSDP_SAFETENSORS_MAX_HEADER), and a reader that only
+   needs the tensors' names, dtypes, shapes and offsets need not hold them
+   while it opens the next file. The metadata is gone after: fsdp__st_meta
+   finds nothing. */
+FSDP__DEF fsdp_result fsdp__st_drop_header(fsdp__st_file *f, fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    size_t total = 1, at = 0, n;
+    int k;
+    for (k = 0; k < f->ne; k++) total += strlen(f->e[k].name) + 1;
+    if (!(f->names = (char *)fsdp__alloc(h, total)))
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    for (k = 0; k < f->ne; k++) {
+        n = strlen(f->e[k].name) + 1;
+        memcpy(f->names + at, f->e[k].name, n);
+        f->e[k].name = f->names + at;
+        at += n;
+    }
+    fsdp__jhash_free(&f->mh, h);
+    fsdp__json_free(&f->j);
+    fsdp__free(h, f->header);
+    f->header = NULL;
+    f->meta = -1;
+    return FSDP_SUCCESS;
 }
 
 /* A tensor to write: host data, or device data copied through a bounce
@@ -24377,7 +24425,9 @@ FSDP__DEF int fsdp__rank_file_of(const char *name, uint64_t *gen, int *rank, int
 }
 
 /* The whole of a small regular file (an index); errno stays that of a
-   failed open. */
+   failed open, and is 0 for a path that is there but no regular file (a
+   FIFO, a directory, a device), so that no caller takes it for a missing
+   one by an errno an earlier call left. */
 FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, int64_t limit,
                                        char **out, size_t *len, fsdp_error *err)
 {
@@ -24386,9 +24436,11 @@ FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, in
     off_t end;
     char *buf;
     *out = NULL;
-    if (fd == -2)
-        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
-                          kind);
+    if (fd == -2) {
+        fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path, kind);
+        errno = 0;
+        return FSDP_CKPT_IO;
+    }
     if (fd < 0) {
         e = errno;
         fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(e));
@@ -26264,6 +26316,62 @@ FSDP__DEF fsdp_result fsdp__hf_init(fsdp__hf *H, fsdp_ctx *c, const char *dir,
     return FSDP_SUCCESS;
 }
 
+/* Room for a name from the files in a message. */
+#define FSDP__HF_SHOWN 96
+
+/* A name from the files as a message shows it, in buf (cap bytes, at least
+   48; returned): control bytes, '\' and bytes that are not UTF-8 escaped
+   ("\n", "\x01", "\\"), so that a name cannot break or fake a line of a
+   log; a name longer than buf cut at a character with "..." and its
+   length, so that it is still named. */
+FSDP__DEF const char *fsdp__hf_shown(char *buf, size_t cap, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)s;
+    char tail[48] = "", piece[4];
+    size_t need = 0, limit = cap - 1, o = 0, i, n, k, want;
+    int pass;
+    for (pass = 0; pass < 2; pass++) {
+        for (i = 0; p[i]; i += k) {
+            unsigned ch = p[i];
+            k = 1;
+            want = ch >= 0xc2 && ch <= 0xdf ? 1 : ch >= 0xe0 && ch <= 0xef ? 2
+                 : ch >= 0xf0 && ch <= 0xf4 ? 3 : 0;
+            while (k <= want && (p[i + k] & 0xc0) == 0x80) k++;
+            if (want && k == want + 1) {
+                memcpy(piece, p + i, k);
+                n = k;
+            } else if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
+                piece[0] = (char)ch;
+                n = k = 1;
+            } else {
+                k = 1;
+                n = ch == '\n' || ch == '\t' || ch == '\r' || ch == '\\' ? 2 : 4;
+                piece[0] = '\\';
+                piece[1] = ch == '\n' ? 'n' : ch == '\t' ? 't' : ch == '\r' ? 'r' : (char)ch;
+                if (n == 4) {
+                    piece[1] = 'x';
+                    piece[2] = hex[ch >> 4];
+                    piece[3] = hex[ch & 15];
+                }
+            }
+            if (!pass) {
+                need += n;
+                continue;
+            }
+            if (o + n > limit) break;
+            memcpy(buf + o, piece, n);
+            o += n;
+        }
+        if (!pass && need > limit) {
+            snprintf(tail, sizeof tail, "... (%llu bytes)", (unsigned long long)i);
+            limit -= strlen(tail);
+        }
+    }
+    memcpy(buf + o, tail, strlen(tail) + 1);
+    return buf;
+}
+
 /* pat with its "{L}" replaced by layer (no "{L}": pat), in a buffer the
    caller frees; NULL when out of memory. */
 FSDP__DEF char *fsdp__hf_expand(const fsdp_hooks *h, const char *pat, int layer)
@@ -26441,55 +26549,28 @@ done:
 /* ---- src/hf_read.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>hf:read reading a directory (fsdp_hf_load) ------------------------ */
 
-/* What a checked index says. */
+/* A tensor the weight_map places: its name and its file. */
+typedef struct fsdp__hf_wm {
+    const char *name; /* in wnames */
+    int file;         /* in files */
+} fsdp__hf_wm;
+
+/* What a checked index says, copied out of its JSON tree: the tree costs
+   up to 17 bytes per byte of text (16 of nodes, 1 of strings) and the text
+   may be FSDP_CKPT_MAX_INDEX bytes, so it is not held while the shards are
+   opened; these copies cost the names and 16 bytes a tensor. */
 typedef struct fsdp__hf_index {
-    int wm;             /* the weight_map node */
     int64_t total;      /* metadata.total_size; -1: none */
-    const char **files; /* the distinct file names, sorted (the JSON's strings) */
+    const char **files; /* the distinct file names, sorted */
     int nfiles;
+    fsdp__hf_wm *wm; /* the weight_map, sorted by name; NULL once checked */
+    int nwm;
+    char *fnames, *wnames; /* the files' names and the tensors' (owned) */
 } fsdp__hf_index;
 
-/* Checks a Hugging Face index whole, before any shard is opened: an object
-   whose "weight_map" is an object of tensor names (not empty) to plain
-   file names inside the directory, and whose "metadata.total_size", when
-   present, is a non-negative integer. ix->files (freed by the caller with
-   h) lists each file once. */
-FSDP__DEF fsdp_result fsdp__hf_index_check(const fsdp__json *j, const char *ipath,
-                                           const fsdp_hooks *h, fsdp__hf_index *ix,
-                                           fsdp_error *err)
+FSDP__DEF int fsdp__hf_wm_cmp(const void *a, const void *b)
 {
-    int meta, ts, n, k;
-    memset(ix, 0, sizeof *ix);
-    ix->total = -1;
-#define FSDP__HX(...) return fsdp__fail(err, h, FSDP_CKPT_FORMAT, __VA_ARGS__)
-    if (j->n[0].type != FSDP__J_OBJ) FSDP__HX("index '%s': not a JSON object", ipath);
-    ix->wm = fsdp__j_get(j, 0, "weight_map");
-    if (ix->wm < 0 || j->n[ix->wm].type != FSDP__J_OBJ)
-        FSDP__HX("index '%s': no \"weight_map\" object", ipath);
-    if (!j->n[ix->wm].count) FSDP__HX("index '%s': \"weight_map\" is empty", ipath);
-    meta = fsdp__j_get(j, 0, "metadata");
-    if (meta >= 0 && j->n[meta].type != FSDP__J_OBJ)
-        FSDP__HX("index '%s': \"metadata\" is not an object", ipath);
-    ts = meta >= 0 ? fsdp__j_get(j, meta, "total_size") : -1;
-    if (ts >= 0 && !fsdp__j_int(j, ts, 0, INT64_MAX, &ix->total))
-        FSDP__HX("index '%s': \"metadata.total_size\" is not a non-negative integer", ipath);
-    for (n = j->n[ix->wm].first; n >= 0; n = j->n[n].next) {
-        if (!j->n[n].key[0]) FSDP__HX("index '%s': weight_map names a tensor ''", ipath);
-        if (j->n[n].type != FSDP__J_STR || !fsdp__plain_name(j->n[n].str))
-            FSDP__HX("index '%s': weight_map['%.80s'] is not a file name inside the directory "
-                     "(a plain name: no '/', not \".\" or \"..\", under 256 bytes)", ipath,
-                     j->n[n].key);
-    }
-#undef FSDP__HX
-    ix->files = (const char **)fsdp__alloc(h, ((size_t)j->n[ix->wm].count + 1) * sizeof *ix->files);
-    if (!ix->files)
-        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
-    for (k = 0, n = j->n[ix->wm].first; n >= 0; n = j->n[n].next) ix->files[k++] = j->n[n].str;
-    qsort((void *)ix->files, (size_t)k, sizeof *ix->files, fsdp__strp_cmp);
-    for (n = 0, ix->nfiles = 0; n < k; n++)
-        if (!ix->nfiles || strcmp(ix->files[ix->nfiles - 1], ix->files[n]))
-            ix->files[ix->nfiles++] = ix->files[n];
-    return FSDP_SUCCESS;
+    return strcmp(((const fsdp__hf_wm *)a)->name, ((const fsdp__hf_wm *)b)->name);
 }
 
 /* The file k of ix named s, or -1. */
@@ -26505,51 +26586,169 @@ FSDP__DEF int fsdp__hf_file_of(const fsdp__hf_index *ix, const char *s)
     return -1;
 }
 
+/* The weight_map's entry for tensor s, or -1. */
+FSDP__DEF int fsdp__hf_wm_find(const fsdp__hf_index *ix, const char *s)
+{
+    int lo = 0, hi = ix->nwm - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(ix->wm[mid].name, s);
+        if (!c) return mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+/* The weight_map, once the shards are checked against it. */
+FSDP__DEF void fsdp__hf_wm_free(fsdp__hf_index *ix, const fsdp_hooks *h)
+{
+    fsdp__free(h, ix->wm);
+    fsdp__free(h, ix->wnames);
+    ix->wm = NULL;
+    ix->wnames = NULL;
+    ix->nwm = 0;
+}
+
+/* What ix holds (a directory's one file, single, is not its). */
+FSDP__DEF void fsdp__hf_index_free(fsdp__hf_index *ix, const char *const *single,
+                                   const fsdp_hooks *h)
+{
+    if (ix->files != single) fsdp__free(h, (void *)ix->files);
+    fsdp__free(h, ix->fnames);
+    ix->files = NULL;
+    ix->fnames = NULL;
+    ix->nfiles = 0;
+    fsdp__hf_wm_free(ix, h);
+}
+
+/* ix's copies of the weight_map of j: the distinct file names (sorted),
+   then the tensors' names and files (sorted by name). */
+FSDP__DEF int fsdp__hf_index_copy(const fsdp__json *j, int wm, const fsdp_hooks *h,
+                                  fsdp__hf_index *ix)
+{
+    const char **all;
+    size_t flen = 0, wlen = 0, at = 0, len;
+    int n, k, cnt = j->n[wm].count, nf = 0;
+    if (!(all = (const char **)fsdp__alloc(h, ((size_t)cnt + 1) * sizeof *all))) return -1;
+    for (k = 0, n = j->n[wm].first; n >= 0; n = j->n[n].next) {
+        all[k++] = j->n[n].str;
+        wlen += strlen(j->n[n].key) + 1;
+    }
+    qsort((void *)all, (size_t)k, sizeof *all, fsdp__strp_cmp);
+    for (n = 0; n < k; n++)
+        if (!nf || strcmp(all[nf - 1], all[n])) {
+            all[nf++] = all[n];
+            flen += strlen(all[n]) + 1;
+        }
+    ix->files = (const char **)fsdp__alloc(h, (size_t)nf * sizeof *ix->files);
+    ix->fnames = (char *)fsdp__alloc(h, flen);
+    if (ix->files && ix->fnames)
+        for (n = 0; n < nf; n++) {
+            len = strlen(all[n]) + 1;
+            memcpy(ix->fnames + at, all[n], len);
+            ix->files[n] = ix->fnames + at;
+            at += len;
+        }
+    fsdp__free(h, (void *)all);
+    if (!ix->files || !ix->fnames) return -1;
+    ix->nfiles = nf;
+    ix->wm = (fsdp__hf_wm *)fsdp__alloc(h, ((size_t)cnt + 1) * sizeof *ix->wm);
+    ix->wnames = (char *)fsdp__alloc(h, wlen + 1);
+    if (!ix->wm || !ix->wnames) return -1;
+    for (k = 0, at = 0, n = j->n[wm].first; n >= 0; n = j->n[n].next, k++) {
+        len = strlen(j->n[n].key) + 1;
+        memcpy(ix->wnames + at, j->n[n].key, len);
+        ix->wm[k].name = ix->wnames + at;
+        ix->wm[k].file = fsdp__hf_file_of(ix, j->n[n].str);
+        at += len;
+    }
+    ix->nwm = k;
+    qsort(ix->wm, (size_t)k, sizeof *ix->wm, fsdp__hf_wm_cmp);
+    return 0;
+}
+
+/* Checks a Hugging Face index whole, before any shard is opened: an object
+   whose "weight_map" is an object of tensor names (not empty) to plain
+   file names inside the directory, and whose "metadata.total_size", when
+   present, is a non-negative integer; then copies what it says into ix
+   (the caller frees it: fsdp__hf_index_free). */
+FSDP__DEF fsdp_result fsdp__hf_index_check(const fsdp__json *j, const char *ipath,
+                                           const fsdp_hooks *h, fsdp__hf_index *ix,
+                                           fsdp_error *err)
+{
+    int meta, ts, wm, n;
+    char nm[FSDP__HF_SHOWN];
+    memset(ix, 0, sizeof *ix);
+    ix->total = -1;
+#define FSDP__HX(...) return fsdp__fail(err, h, FSDP_CKPT_FORMAT, __VA_ARGS__)
+    if (j->n[0].type != FSDP__J_OBJ) FSDP__HX("index '%s': not a JSON object", ipath);
+    wm = fsdp__j_get(j, 0, "weight_map");
+    if (wm < 0 || j->n[wm].type != FSDP__J_OBJ)
+        FSDP__HX("index '%s': no \"weight_map\" object", ipath);
+    if (!j->n[wm].count) FSDP__HX("index '%s': \"weight_map\" is empty", ipath);
+    meta = fsdp__j_get(j, 0, "metadata");
+    if (meta >= 0 && j->n[meta].type != FSDP__J_OBJ)
+        FSDP__HX("index '%s': \"metadata\" is not an object", ipath);
+    ts = meta >= 0 ? fsdp__j_get(j, meta, "total_size") : -1;
+    if (ts >= 0 && !fsdp__j_int(j, ts, 0, INT64_MAX, &ix->total))
+        FSDP__HX("index '%s': \"metadata.total_size\" is not a non-negative integer", ipath);
+    for (n = j->n[wm].first; n >= 0; n = j->n[n].next) {
+        if (!j->n[n].key[0]) FSDP__HX("index '%s': weight_map names a tensor ''", ipath);
+        if (j->n[n].type != FSDP__J_STR || !fsdp__plain_name(j->n[n].str))
+            FSDP__HX("index '%s': weight_map['%s'] is not a file name inside the directory "
+                     "(a plain name: no '/', not \".\" or \"..\", under 256 bytes)", ipath,
+                     fsdp__hf_shown(nm, sizeof nm, j->n[n].key));
+    }
+#undef FSDP__HX
+    if (fsdp__hf_index_copy(j, wm, h, ix) != 0)
+        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
+    return FSDP_SUCCESS;
+}
+
 /* The index against the opened shards: every tensor the weight_map lists
    is in its file, every tensor of a file is listed for that file (so each
    is in exactly one), and total_size is not above the tensors' bytes. */
-FSDP__DEF fsdp_result fsdp__hf_cross_check(const fsdp__json *j, const fsdp__hf_index *ix,
-                                           const fsdp__st_file *files, const char *ipath,
-                                           const fsdp_hooks *h, fsdp_error *err)
+FSDP__DEF fsdp_result fsdp__hf_cross_check(const fsdp__hf_index *ix, const fsdp__st_file *files,
+                                           const char *ipath, const fsdp_hooks *h,
+                                           fsdp_error *err)
 {
-    fsdp__jhash wh;
+    char nm[FSDP__HF_SHOWN];
     int64_t sum = 0;
-    int k, e, n;
-    fsdp_result r = FSDP_SUCCESS;
-    if (fsdp__jhash_build(&wh, h, j, ix->wm) != 0)
-        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
-    for (k = 0; k < ix->nfiles && r == FSDP_SUCCESS; k++)
-        for (e = 0; e < files[k].ne && r == FSDP_SUCCESS; e++) {
+    int k, e, w;
+    for (k = 0; k < ix->nfiles; k++)
+        for (e = 0; e < files[k].ne; e++) {
             const fsdp__st_entry *en = &files[k].e[e];
-            n = fsdp__jhash_get(&wh, j, en->name);
-            if (n < 0)
-                r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%.80s', which the "
-                               "weight_map of '%s' does not list", files[k].path, en->name,
-                               ipath);
-            else if (strcmp(j->n[n].str, ix->files[k]))
-                r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%.80s', which the "
-                               "weight_map of '%s' places in '%.80s' (a second copy, or a "
-                               "misplaced one)", files[k].path, en->name, ipath, j->n[n].str);
-            else
-                sum += en->end - en->begin; /* bounded by the file's size */
+            w = fsdp__hf_wm_find(ix, en->name);
+            if (w < 0)
+                return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%s', which the "
+                                  "weight_map of '%s' does not list", files[k].path,
+                                  fsdp__hf_shown(nm, sizeof nm, en->name), ipath);
+            if (ix->wm[w].file != k)
+                return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%s', which the "
+                                  "weight_map of '%s' places in '%.80s' (a second copy, or a "
+                                  "misplaced one)", files[k].path,
+                                  fsdp__hf_shown(nm, sizeof nm, en->name), ipath,
+                                  ix->files[ix->wm[w].file]);
+            sum += en->end - en->begin; /* bounded by the file's size */
         }
-    for (n = j->n[ix->wm].first; n >= 0 && r == FSDP_SUCCESS; n = j->n[n].next) {
-        k = fsdp__hf_file_of(ix, j->n[n].str);
-        if (k < 0 || fsdp__st_find(&files[k], j->n[n].key) < 0)
-            r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "the weight_map of '%s' places tensor "
-                           "'%.80s' in '%.80s', which has no such tensor", ipath, j->n[n].key,
-                           j->n[n].str);
-    }
-    if (r == FSDP_SUCCESS && ix->total > sum)
-        r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': metadata.total_size %lld is "
-                       "above the %lld bytes its files' tensors hold", ipath,
-                       (long long)ix->total, (long long)sum);
-    fsdp__jhash_free(&wh, h);
-    return r;
+    for (w = 0; w < ix->nwm; w++)
+        if (fsdp__st_find(&files[ix->wm[w].file], ix->wm[w].name) < 0)
+            return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "the weight_map of '%s' places tensor "
+                              "'%s' in '%.80s', which has no such tensor", ipath,
+                              fsdp__hf_shown(nm, sizeof nm, ix->wm[w].name),
+                              ix->files[ix->wm[w].file]);
+    if (ix->total > sum)
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': metadata.total_size %lld is "
+                          "above the %lld bytes its files' tensors hold", ipath,
+                          (long long)ix->total, (long long)sum);
+    return FSDP_SUCCESS;
 }
 
 /* The files of a directory, checked: one "<stem>.safetensors" (preferred,
-   as transformers prefers it), else the index and its shards. */
+   as transformers prefers it), else the index and its shards. The index's
+   text and tree are held only while it is parsed and checked, each
+   shard's header only while it is checked: then the load holds the file
+   names and each shard's entries (names, dtypes, shapes, offsets). */
 typedef struct fsdp__hf_dir {
     char *ipath, *text;
     size_t tlen;
@@ -26562,8 +26761,7 @@ typedef struct fsdp__hf_dir {
 
 FSDP__DEF void fsdp__hf_dir_free(fsdp__hf_dir *D, const fsdp_hooks *h)
 {
-    if (D->ix.files != D->single) fsdp__free(h, (void *)D->ix.files);
-    D->ix.files = NULL;
+    fsdp__hf_index_free(&D->ix, D->single, h);
     fsdp__json_free(&D->j);
     fsdp__free(h, D->text);
     fsdp__free(h, D->ipath);
@@ -26588,12 +26786,12 @@ FSDP__DEF fsdp_result fsdp__hf_open(fsdp__hf *H, fsdp__ld *L, const char *dir, f
         return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: not a directory", H->where);
     if (!(path = fsdp__path_join(h, dir, D->single_name)))
         return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    D->digest = fsdp__crc_update(L->crc, 0, "", 0);
     if (stat(path, &st) == 0 || errno != ENOENT) {
         D->single[0] = D->single_name;
         D->ix.files = D->single;
         D->ix.nfiles = 1;
         D->ix.total = -1;
-        D->ix.wm = -1;
     } else {
         fsdp__free(h, path);
         path = NULL;
@@ -26616,17 +26814,21 @@ FSDP__DEF fsdp_result fsdp__hf_open(fsdp__hf *H, fsdp__ld *L, const char *dir, f
             }
             return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
         }
+        D->digest = fsdp__crc_update(L->crc, 0, D->text, D->tlen);
         if (fsdp__json_parse(&D->j, h, D->text, D->tlen) != 0)
             return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: index '%s': bad JSON: %s", H->where,
                                   iname, D->j.err);
-        if ((r = fsdp__hf_index_check(&D->j, iname, h, &D->ix, &e)) != FSDP_SUCCESS)
-            return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
+        /* the tree's strings are its own: the text is no longer needed */
+        fsdp__free(h, D->text);
+        D->text = NULL;
+        r = fsdp__hf_index_check(&D->j, iname, h, &D->ix, &e);
+        fsdp__json_free(&D->j);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
     }
     fsdp__free(h, path);
     /* every file once, whatever the index says */
     L->files = (fsdp__st_file *)fsdp__calloc(h, (size_t)D->ix.nfiles, sizeof *L->files);
     if (!L->files) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
-    D->digest = fsdp__crc_update(L->crc, 0, D->text ? D->text : "", D->tlen);
     for (k = 0; k < D->ix.nfiles; k++) {
         char *fp = fsdp__path_join(h, dir, D->ix.files[k]);
         int64_t sz[2];
@@ -26641,10 +26843,13 @@ FSDP__DEF fsdp_result fsdp__hf_open(fsdp__hf *H, fsdp__ld *L, const char *dir, f
         D->digest = fsdp__crc_update(L->crc, D->digest, sz, sizeof sz);
         D->digest = fsdp__crc_update(L->crc, D->digest, L->files[k].header,
                                      (size_t)(L->files[k].data_start - 8));
+        if ((r = fsdp__st_drop_header(&L->files[k], &e)) != FSDP_SUCCESS)
+            return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
     }
     if (D->ipath &&
-        (r = fsdp__hf_cross_check(&D->j, &D->ix, L->files, iname, h, &e)) != FSDP_SUCCESS)
+        (r = fsdp__hf_cross_check(&D->ix, L->files, iname, h, &e)) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
+    fsdp__hf_wm_free(&D->ix, h);
     return FSDP_SUCCESS;
 }
 
@@ -26677,7 +26882,9 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
     size_t plen = strlen(pre), qlen = strlen(H->peft);
     int strict = !(H->d.flags & FSDP_SD_NOT_STRICT), k, e, i;
     char unexp[320] = "", miss[320] = "", a[40] = "", b[40] = "", first[200] = "";
-    int nunexp = 0, nmiss = 0;
+    char nm[FSDP__HF_SHOWN], nm2[FSDP__HF_SHOWN];
+    int nunexp = 0, nmiss = 0, lunexp = 0, lmiss = 0; /* l: those the lists hold */
+    size_t len;
     for (k = 0; k < L->nfiles; k++)
         for (e = 0; e < L->files[k].ne; e++) {
             const fsdp__st_entry *en = &L->files[k].e[e];
@@ -26696,25 +26903,30 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
                 if (fsdp__hf_ignored(H, rest)) continue;
                 if (!nunexp)
                     snprintf(first, sizeof first, " (the first in '%.120s')", L->files[k].path);
-                fsdp__namelist(unexp, sizeof unexp, &nunexp, en->name);
+                len = strlen(unexp);
+                fsdp__namelist(unexp, sizeof unexp, &nunexp,
+                               fsdp__hf_shown(nm, sizeof nm, en->name));
+                lunexp += strlen(unexp) != len;
                 continue;
             }
             it = &H->it[i];
             if (it->skip) continue;
             if (H->loaded[it->primary]) {
                 const fsdp__src *o = &L->s[H->loaded[it->primary] - 1];
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: tensors '%.120s' ('%s') and "
-                                      "'%.120s' ('%s') are both parameter '%s' (the name with "
-                                      "and without the prefix?)", H->where,
-                                      L->files[o->file].e[o->entry].name,
-                                      L->files[o->file].path, en->name, L->files[k].path,
-                                      it->fqn);
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: tensors '%s' ('%s') and '%s' "
+                                      "('%s') are both parameter '%s' (the name with and "
+                                      "without the prefix?)", H->where,
+                                      fsdp__hf_shown(nm, sizeof nm,
+                                                     L->files[o->file].e[o->entry].name),
+                                      L->files[o->file].path,
+                                      fsdp__hf_shown(nm2, sizeof nm2, en->name),
+                                      L->files[k].path, it->fqn);
             }
             if (!fsdp_dtype_is_float(en->dtype))
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%.120s' has "
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%s' has "
                                       "dtype %s; parameter '%s' needs a float dtype", H->where,
-                                      L->files[k].path, en->name, fsdp_dtype_name(en->dtype),
-                                      it->fqn);
+                                      L->files[k].path, fsdp__hf_shown(nm, sizeof nm, en->name),
+                                      fsdp_dtype_name(en->dtype), it->fqn);
             fsdp__pinfo(c, it->param, &pi);
             same = en->ndim == pi.ndim;
             for (d = 0; same && d < pi.ndim; d++)
@@ -26730,9 +26942,10 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
                 } else {
                     fsdp__shape_str(sb, sizeof sb, pi.ndim, pi.shape);
                 }
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%.120s' has "
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%s' has "
                                       "shape %s; parameter '%s' needs %s%s", H->where,
-                                      L->files[k].path, en->name, sa, it->fqn, sb,
+                                      L->files[k].path, fsdp__hf_shown(nm, sizeof nm, en->name),
+                                      sa, it->fqn, sb,
                                       it->transpose ? " (stored transposed: hf_transpose)" : "");
             }
             if (!(s = fsdp__ld_add(L)))
@@ -26752,11 +26965,13 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
         fsdp__hf_item *it = &H->it[i];
         if (it->skip || H->loaded[it->primary]) continue;
         H->loaded[it->primary] = -1; /* listed once, whatever its names */
-        fsdp__namelist(miss, sizeof miss, &nmiss, it->fqn);
+        len = strlen(miss);
+        fsdp__namelist(miss, sizeof miss, &nmiss, fsdp__hf_shown(nm, sizeof nm, it->fqn));
+        lmiss += strlen(miss) != len;
     }
     if (!nunexp && !nmiss) return FSDP_SUCCESS;
-    if (nunexp > 6) snprintf(a, sizeof a, " (+%d more)", nunexp - 6);
-    if (nmiss > 6) snprintf(b, sizeof b, " (+%d more)", nmiss - 6);
+    if (nunexp > lunexp) snprintf(a, sizeof a, " (+%d more)", nunexp - lunexp);
+    if (nmiss > lmiss) snprintf(b, sizeof b, " (+%d more)", nmiss - lmiss);
     if (strict)
         return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: %s%s%s%s%s%s%s%s (FSDP_SD_NOT_STRICT "
                               "loads what matches)", H->where,
@@ -26897,6 +27112,7 @@ FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s
     int64_t lo, hi, base = f->data_start + en->begin, per = (int64_t)(B->bytes / es);
     fsdp__src piece = *s;
     fsdp_result r;
+    char nm[FSDP__HF_SHOWN];
     int rc = 0;
     if (!fsdp__ld_wanted(L, s)) return FSDP_SUCCESS;
     t = &L->t[s->tgt];
@@ -26939,8 +27155,8 @@ FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s
     }
     return FSDP_SUCCESS;
 io:
-    return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: '%s': reading tensor '%.120s': %s", H->where,
-                          f->path, en->name,
+    return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: '%s': reading tensor '%s': %s", H->where,
+                          f->path, fsdp__hf_shown(nm, sizeof nm, en->name),
                           rc == -2 ? "unexpected end of file (truncated)" : strerror(errno));
 }
 

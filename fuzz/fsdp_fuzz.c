@@ -508,7 +508,7 @@ static void fuzz_hf(const uint8_t *data, size_t size)
         FZ_ASSERT(fsdp__hf_index_check(&j, "index", NULL, &ix, &err) == FSDP_SUCCESS);
         for (k = 0; k < ix.nfiles; k++)
             FZ_ASSERT(fsdp__plain_name(ix.files[k]) && !strchr(ix.files[k], '/'));
-        free((void *)ix.files);
+        fsdp__hf_index_free(&ix, NULL, NULL);
     }
     fsdp__json_free(&j);
     if (size % 8 == 5) {

@@ -161,7 +161,9 @@ FSDP__DEF int fsdp__rank_file_of(const char *name, uint64_t *gen, int *rank, int
 }
 
 /* The whole of a small regular file (an index); errno stays that of a
-   failed open. */
+   failed open, and is 0 for a path that is there but no regular file (a
+   FIFO, a directory, a device), so that no caller takes it for a missing
+   one by an errno an earlier call left. */
 FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, int64_t limit,
                                        char **out, size_t *len, fsdp_error *err)
 {
@@ -170,9 +172,11 @@ FSDP__DEF fsdp_result fsdp__read_small(const fsdp_hooks *h, const char *path, in
     off_t end;
     char *buf;
     *out = NULL;
-    if (fd == -2)
-        return fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path,
-                          kind);
+    if (fd == -2) {
+        fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': is %s, not a regular file; refused", path, kind);
+        errno = 0;
+        return FSDP_CKPT_IO;
+    }
     if (fd < 0) {
         e = errno;
         fsdp__fail(err, h, FSDP_CKPT_IO, "'%s': cannot open: %s", path, strerror(e));

@@ -117,6 +117,62 @@ FSDP__DEF fsdp_result fsdp__hf_init(fsdp__hf *H, fsdp_ctx *c, const char *dir,
     return FSDP_SUCCESS;
 }
 
+/* Room for a name from the files in a message. */
+#define FSDP__HF_SHOWN 96
+
+/* A name from the files as a message shows it, in buf (cap bytes, at least
+   48; returned): control bytes, '\' and bytes that are not UTF-8 escaped
+   ("\n", "\x01", "\\"), so that a name cannot break or fake a line of a
+   log; a name longer than buf cut at a character with "..." and its
+   length, so that it is still named. */
+FSDP__DEF const char *fsdp__hf_shown(char *buf, size_t cap, const char *s)
+{
+    static const char hex[] = "0123456789abcdef";
+    const unsigned char *p = (const unsigned char *)s;
+    char tail[48] = "", piece[4];
+    size_t need = 0, limit = cap - 1, o = 0, i, n, k, want;
+    int pass;
+    for (pass = 0; pass < 2; pass++) {
+        for (i = 0; p[i]; i += k) {
+            unsigned ch = p[i];
+            k = 1;
+            want = ch >= 0xc2 && ch <= 0xdf ? 1 : ch >= 0xe0 && ch <= 0xef ? 2
+                 : ch >= 0xf0 && ch <= 0xf4 ? 3 : 0;
+            while (k <= want && (p[i + k] & 0xc0) == 0x80) k++;
+            if (want && k == want + 1) {
+                memcpy(piece, p + i, k);
+                n = k;
+            } else if (ch >= 0x20 && ch < 0x7f && ch != '\\') {
+                piece[0] = (char)ch;
+                n = k = 1;
+            } else {
+                k = 1;
+                n = ch == '\n' || ch == '\t' || ch == '\r' || ch == '\\' ? 2 : 4;
+                piece[0] = '\\';
+                piece[1] = ch == '\n' ? 'n' : ch == '\t' ? 't' : ch == '\r' ? 'r' : (char)ch;
+                if (n == 4) {
+                    piece[1] = 'x';
+                    piece[2] = hex[ch >> 4];
+                    piece[3] = hex[ch & 15];
+                }
+            }
+            if (!pass) {
+                need += n;
+                continue;
+            }
+            if (o + n > limit) break;
+            memcpy(buf + o, piece, n);
+            o += n;
+        }
+        if (!pass && need > limit) {
+            snprintf(tail, sizeof tail, "... (%llu bytes)", (unsigned long long)i);
+            limit -= strlen(tail);
+        }
+    }
+    memcpy(buf + o, tail, strlen(tail) + 1);
+    return buf;
+}
+
 /* pat with its "{L}" replaced by layer (no "{L}": pat), in a buffer the
    caller frees; NULL when out of memory. */
 FSDP__DEF char *fsdp__hf_expand(const fsdp_hooks *h, const char *pat, int layer)

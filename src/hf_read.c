@@ -1,54 +1,27 @@
 /* --- >>hf:read reading a directory (fsdp_hf_load) ------------------------ */
 
-/* What a checked index says. */
+/* A tensor the weight_map places: its name and its file. */
+typedef struct fsdp__hf_wm {
+    const char *name; /* in wnames */
+    int file;         /* in files */
+} fsdp__hf_wm;
+
+/* What a checked index says, copied out of its JSON tree: the tree costs
+   up to 17 bytes per byte of text (16 of nodes, 1 of strings) and the text
+   may be FSDP_CKPT_MAX_INDEX bytes, so it is not held while the shards are
+   opened; these copies cost the names and 16 bytes a tensor. */
 typedef struct fsdp__hf_index {
-    int wm;             /* the weight_map node */
     int64_t total;      /* metadata.total_size; -1: none */
-    const char **files; /* the distinct file names, sorted (the JSON's strings) */
+    const char **files; /* the distinct file names, sorted */
     int nfiles;
+    fsdp__hf_wm *wm; /* the weight_map, sorted by name; NULL once checked */
+    int nwm;
+    char *fnames, *wnames; /* the files' names and the tensors' (owned) */
 } fsdp__hf_index;
 
-/* Checks a Hugging Face index whole, before any shard is opened: an object
-   whose "weight_map" is an object of tensor names (not empty) to plain
-   file names inside the directory, and whose "metadata.total_size", when
-   present, is a non-negative integer. ix->files (freed by the caller with
-   h) lists each file once. */
-FSDP__DEF fsdp_result fsdp__hf_index_check(const fsdp__json *j, const char *ipath,
-                                           const fsdp_hooks *h, fsdp__hf_index *ix,
-                                           fsdp_error *err)
+FSDP__DEF int fsdp__hf_wm_cmp(const void *a, const void *b)
 {
-    int meta, ts, n, k;
-    memset(ix, 0, sizeof *ix);
-    ix->total = -1;
-#define FSDP__HX(...) return fsdp__fail(err, h, FSDP_CKPT_FORMAT, __VA_ARGS__)
-    if (j->n[0].type != FSDP__J_OBJ) FSDP__HX("index '%s': not a JSON object", ipath);
-    ix->wm = fsdp__j_get(j, 0, "weight_map");
-    if (ix->wm < 0 || j->n[ix->wm].type != FSDP__J_OBJ)
-        FSDP__HX("index '%s': no \"weight_map\" object", ipath);
-    if (!j->n[ix->wm].count) FSDP__HX("index '%s': \"weight_map\" is empty", ipath);
-    meta = fsdp__j_get(j, 0, "metadata");
-    if (meta >= 0 && j->n[meta].type != FSDP__J_OBJ)
-        FSDP__HX("index '%s': \"metadata\" is not an object", ipath);
-    ts = meta >= 0 ? fsdp__j_get(j, meta, "total_size") : -1;
-    if (ts >= 0 && !fsdp__j_int(j, ts, 0, INT64_MAX, &ix->total))
-        FSDP__HX("index '%s': \"metadata.total_size\" is not a non-negative integer", ipath);
-    for (n = j->n[ix->wm].first; n >= 0; n = j->n[n].next) {
-        if (!j->n[n].key[0]) FSDP__HX("index '%s': weight_map names a tensor ''", ipath);
-        if (j->n[n].type != FSDP__J_STR || !fsdp__plain_name(j->n[n].str))
-            FSDP__HX("index '%s': weight_map['%.80s'] is not a file name inside the directory "
-                     "(a plain name: no '/', not \".\" or \"..\", under 256 bytes)", ipath,
-                     j->n[n].key);
-    }
-#undef FSDP__HX
-    ix->files = (const char **)fsdp__alloc(h, ((size_t)j->n[ix->wm].count + 1) * sizeof *ix->files);
-    if (!ix->files)
-        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
-    for (k = 0, n = j->n[ix->wm].first; n >= 0; n = j->n[n].next) ix->files[k++] = j->n[n].str;
-    qsort((void *)ix->files, (size_t)k, sizeof *ix->files, fsdp__strp_cmp);
-    for (n = 0, ix->nfiles = 0; n < k; n++)
-        if (!ix->nfiles || strcmp(ix->files[ix->nfiles - 1], ix->files[n]))
-            ix->files[ix->nfiles++] = ix->files[n];
-    return FSDP_SUCCESS;
+    return strcmp(((const fsdp__hf_wm *)a)->name, ((const fsdp__hf_wm *)b)->name);
 }
 
 /* The file k of ix named s, or -1. */
@@ -64,51 +37,169 @@ FSDP__DEF int fsdp__hf_file_of(const fsdp__hf_index *ix, const char *s)
     return -1;
 }
 
+/* The weight_map's entry for tensor s, or -1. */
+FSDP__DEF int fsdp__hf_wm_find(const fsdp__hf_index *ix, const char *s)
+{
+    int lo = 0, hi = ix->nwm - 1;
+    while (lo <= hi) {
+        int mid = lo + (hi - lo) / 2, c = strcmp(ix->wm[mid].name, s);
+        if (!c) return mid;
+        if (c < 0) lo = mid + 1;
+        else hi = mid - 1;
+    }
+    return -1;
+}
+
+/* The weight_map, once the shards are checked against it. */
+FSDP__DEF void fsdp__hf_wm_free(fsdp__hf_index *ix, const fsdp_hooks *h)
+{
+    fsdp__free(h, ix->wm);
+    fsdp__free(h, ix->wnames);
+    ix->wm = NULL;
+    ix->wnames = NULL;
+    ix->nwm = 0;
+}
+
+/* What ix holds (a directory's one file, single, is not its). */
+FSDP__DEF void fsdp__hf_index_free(fsdp__hf_index *ix, const char *const *single,
+                                   const fsdp_hooks *h)
+{
+    if (ix->files != single) fsdp__free(h, (void *)ix->files);
+    fsdp__free(h, ix->fnames);
+    ix->files = NULL;
+    ix->fnames = NULL;
+    ix->nfiles = 0;
+    fsdp__hf_wm_free(ix, h);
+}
+
+/* ix's copies of the weight_map of j: the distinct file names (sorted),
+   then the tensors' names and files (sorted by name). */
+FSDP__DEF int fsdp__hf_index_copy(const fsdp__json *j, int wm, const fsdp_hooks *h,
+                                  fsdp__hf_index *ix)
+{
+    const char **all;
+    size_t flen = 0, wlen = 0, at = 0, len;
+    int n, k, cnt = j->n[wm].count, nf = 0;
+    if (!(all = (const char **)fsdp__alloc(h, ((size_t)cnt + 1) * sizeof *all))) return -1;
+    for (k = 0, n = j->n[wm].first; n >= 0; n = j->n[n].next) {
+        all[k++] = j->n[n].str;
+        wlen += strlen(j->n[n].key) + 1;
+    }
+    qsort((void *)all, (size_t)k, sizeof *all, fsdp__strp_cmp);
+    for (n = 0; n < k; n++)
+        if (!nf || strcmp(all[nf - 1], all[n])) {
+            all[nf++] = all[n];
+            flen += strlen(all[n]) + 1;
+        }
+    ix->files = (const char **)fsdp__alloc(h, (size_t)nf * sizeof *ix->files);
+    ix->fnames = (char *)fsdp__alloc(h, flen);
+    if (ix->files && ix->fnames)
+        for (n = 0; n < nf; n++) {
+            len = strlen(all[n]) + 1;
+            memcpy(ix->fnames + at, all[n], len);
+            ix->files[n] = ix->fnames + at;
+            at += len;
+        }
+    fsdp__free(h, (void *)all);
+    if (!ix->files || !ix->fnames) return -1;
+    ix->nfiles = nf;
+    ix->wm = (fsdp__hf_wm *)fsdp__alloc(h, ((size_t)cnt + 1) * sizeof *ix->wm);
+    ix->wnames = (char *)fsdp__alloc(h, wlen + 1);
+    if (!ix->wm || !ix->wnames) return -1;
+    for (k = 0, at = 0, n = j->n[wm].first; n >= 0; n = j->n[n].next, k++) {
+        len = strlen(j->n[n].key) + 1;
+        memcpy(ix->wnames + at, j->n[n].key, len);
+        ix->wm[k].name = ix->wnames + at;
+        ix->wm[k].file = fsdp__hf_file_of(ix, j->n[n].str);
+        at += len;
+    }
+    ix->nwm = k;
+    qsort(ix->wm, (size_t)k, sizeof *ix->wm, fsdp__hf_wm_cmp);
+    return 0;
+}
+
+/* Checks a Hugging Face index whole, before any shard is opened: an object
+   whose "weight_map" is an object of tensor names (not empty) to plain
+   file names inside the directory, and whose "metadata.total_size", when
+   present, is a non-negative integer; then copies what it says into ix
+   (the caller frees it: fsdp__hf_index_free). */
+FSDP__DEF fsdp_result fsdp__hf_index_check(const fsdp__json *j, const char *ipath,
+                                           const fsdp_hooks *h, fsdp__hf_index *ix,
+                                           fsdp_error *err)
+{
+    int meta, ts, wm, n;
+    char nm[FSDP__HF_SHOWN];
+    memset(ix, 0, sizeof *ix);
+    ix->total = -1;
+#define FSDP__HX(...) return fsdp__fail(err, h, FSDP_CKPT_FORMAT, __VA_ARGS__)
+    if (j->n[0].type != FSDP__J_OBJ) FSDP__HX("index '%s': not a JSON object", ipath);
+    wm = fsdp__j_get(j, 0, "weight_map");
+    if (wm < 0 || j->n[wm].type != FSDP__J_OBJ)
+        FSDP__HX("index '%s': no \"weight_map\" object", ipath);
+    if (!j->n[wm].count) FSDP__HX("index '%s': \"weight_map\" is empty", ipath);
+    meta = fsdp__j_get(j, 0, "metadata");
+    if (meta >= 0 && j->n[meta].type != FSDP__J_OBJ)
+        FSDP__HX("index '%s': \"metadata\" is not an object", ipath);
+    ts = meta >= 0 ? fsdp__j_get(j, meta, "total_size") : -1;
+    if (ts >= 0 && !fsdp__j_int(j, ts, 0, INT64_MAX, &ix->total))
+        FSDP__HX("index '%s': \"metadata.total_size\" is not a non-negative integer", ipath);
+    for (n = j->n[wm].first; n >= 0; n = j->n[n].next) {
+        if (!j->n[n].key[0]) FSDP__HX("index '%s': weight_map names a tensor ''", ipath);
+        if (j->n[n].type != FSDP__J_STR || !fsdp__plain_name(j->n[n].str))
+            FSDP__HX("index '%s': weight_map['%s'] is not a file name inside the directory "
+                     "(a plain name: no '/', not \".\" or \"..\", under 256 bytes)", ipath,
+                     fsdp__hf_shown(nm, sizeof nm, j->n[n].key));
+    }
+#undef FSDP__HX
+    if (fsdp__hf_index_copy(j, wm, h, ix) != 0)
+        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
+    return FSDP_SUCCESS;
+}
+
 /* The index against the opened shards: every tensor the weight_map lists
    is in its file, every tensor of a file is listed for that file (so each
    is in exactly one), and total_size is not above the tensors' bytes. */
-FSDP__DEF fsdp_result fsdp__hf_cross_check(const fsdp__json *j, const fsdp__hf_index *ix,
-                                           const fsdp__st_file *files, const char *ipath,
-                                           const fsdp_hooks *h, fsdp_error *err)
+FSDP__DEF fsdp_result fsdp__hf_cross_check(const fsdp__hf_index *ix, const fsdp__st_file *files,
+                                           const char *ipath, const fsdp_hooks *h,
+                                           fsdp_error *err)
 {
-    fsdp__jhash wh;
+    char nm[FSDP__HF_SHOWN];
     int64_t sum = 0;
-    int k, e, n;
-    fsdp_result r = FSDP_SUCCESS;
-    if (fsdp__jhash_build(&wh, h, j, ix->wm) != 0)
-        return fsdp__fail(err, h, FSDP_OUT_OF_MEMORY, "index '%s': out of memory", ipath);
-    for (k = 0; k < ix->nfiles && r == FSDP_SUCCESS; k++)
-        for (e = 0; e < files[k].ne && r == FSDP_SUCCESS; e++) {
+    int k, e, w;
+    for (k = 0; k < ix->nfiles; k++)
+        for (e = 0; e < files[k].ne; e++) {
             const fsdp__st_entry *en = &files[k].e[e];
-            n = fsdp__jhash_get(&wh, j, en->name);
-            if (n < 0)
-                r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%.80s', which the "
-                               "weight_map of '%s' does not list", files[k].path, en->name,
-                               ipath);
-            else if (strcmp(j->n[n].str, ix->files[k]))
-                r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%.80s', which the "
-                               "weight_map of '%s' places in '%.80s' (a second copy, or a "
-                               "misplaced one)", files[k].path, en->name, ipath, j->n[n].str);
-            else
-                sum += en->end - en->begin; /* bounded by the file's size */
+            w = fsdp__hf_wm_find(ix, en->name);
+            if (w < 0)
+                return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%s', which the "
+                                  "weight_map of '%s' does not list", files[k].path,
+                                  fsdp__hf_shown(nm, sizeof nm, en->name), ipath);
+            if (ix->wm[w].file != k)
+                return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "'%s' holds tensor '%s', which the "
+                                  "weight_map of '%s' places in '%.80s' (a second copy, or a "
+                                  "misplaced one)", files[k].path,
+                                  fsdp__hf_shown(nm, sizeof nm, en->name), ipath,
+                                  ix->files[ix->wm[w].file]);
+            sum += en->end - en->begin; /* bounded by the file's size */
         }
-    for (n = j->n[ix->wm].first; n >= 0 && r == FSDP_SUCCESS; n = j->n[n].next) {
-        k = fsdp__hf_file_of(ix, j->n[n].str);
-        if (k < 0 || fsdp__st_find(&files[k], j->n[n].key) < 0)
-            r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "the weight_map of '%s' places tensor "
-                           "'%.80s' in '%.80s', which has no such tensor", ipath, j->n[n].key,
-                           j->n[n].str);
-    }
-    if (r == FSDP_SUCCESS && ix->total > sum)
-        r = fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': metadata.total_size %lld is "
-                       "above the %lld bytes its files' tensors hold", ipath,
-                       (long long)ix->total, (long long)sum);
-    fsdp__jhash_free(&wh, h);
-    return r;
+    for (w = 0; w < ix->nwm; w++)
+        if (fsdp__st_find(&files[ix->wm[w].file], ix->wm[w].name) < 0)
+            return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "the weight_map of '%s' places tensor "
+                              "'%s' in '%.80s', which has no such tensor", ipath,
+                              fsdp__hf_shown(nm, sizeof nm, ix->wm[w].name),
+                              ix->files[ix->wm[w].file]);
+    if (ix->total > sum)
+        return fsdp__fail(err, h, FSDP_CKPT_FORMAT, "index '%s': metadata.total_size %lld is "
+                          "above the %lld bytes its files' tensors hold", ipath,
+                          (long long)ix->total, (long long)sum);
+    return FSDP_SUCCESS;
 }
 
 /* The files of a directory, checked: one "<stem>.safetensors" (preferred,
-   as transformers prefers it), else the index and its shards. */
+   as transformers prefers it), else the index and its shards. The index's
+   text and tree are held only while it is parsed and checked, each
+   shard's header only while it is checked: then the load holds the file
+   names and each shard's entries (names, dtypes, shapes, offsets). */
 typedef struct fsdp__hf_dir {
     char *ipath, *text;
     size_t tlen;
@@ -121,8 +212,7 @@ typedef struct fsdp__hf_dir {
 
 FSDP__DEF void fsdp__hf_dir_free(fsdp__hf_dir *D, const fsdp_hooks *h)
 {
-    if (D->ix.files != D->single) fsdp__free(h, (void *)D->ix.files);
-    D->ix.files = NULL;
+    fsdp__hf_index_free(&D->ix, D->single, h);
     fsdp__json_free(&D->j);
     fsdp__free(h, D->text);
     fsdp__free(h, D->ipath);
@@ -147,12 +237,12 @@ FSDP__DEF fsdp_result fsdp__hf_open(fsdp__hf *H, fsdp__ld *L, const char *dir, f
         return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: not a directory", H->where);
     if (!(path = fsdp__path_join(h, dir, D->single_name)))
         return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
+    D->digest = fsdp__crc_update(L->crc, 0, "", 0);
     if (stat(path, &st) == 0 || errno != ENOENT) {
         D->single[0] = D->single_name;
         D->ix.files = D->single;
         D->ix.nfiles = 1;
         D->ix.total = -1;
-        D->ix.wm = -1;
     } else {
         fsdp__free(h, path);
         path = NULL;
@@ -175,17 +265,21 @@ FSDP__DEF fsdp_result fsdp__hf_open(fsdp__hf *H, fsdp__ld *L, const char *dir, f
             }
             return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
         }
+        D->digest = fsdp__crc_update(L->crc, 0, D->text, D->tlen);
         if (fsdp__json_parse(&D->j, h, D->text, D->tlen) != 0)
             return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: index '%s': bad JSON: %s", H->where,
                                   iname, D->j.err);
-        if ((r = fsdp__hf_index_check(&D->j, iname, h, &D->ix, &e)) != FSDP_SUCCESS)
-            return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
+        /* the tree's strings are its own: the text is no longer needed */
+        fsdp__free(h, D->text);
+        D->text = NULL;
+        r = fsdp__hf_index_check(&D->j, iname, h, &D->ix, &e);
+        fsdp__json_free(&D->j);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
     }
     fsdp__free(h, path);
     /* every file once, whatever the index says */
     L->files = (fsdp__st_file *)fsdp__calloc(h, (size_t)D->ix.nfiles, sizeof *L->files);
     if (!L->files) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", H->where);
-    D->digest = fsdp__crc_update(L->crc, 0, D->text ? D->text : "", D->tlen);
     for (k = 0; k < D->ix.nfiles; k++) {
         char *fp = fsdp__path_join(h, dir, D->ix.files[k]);
         int64_t sz[2];
@@ -200,10 +294,13 @@ FSDP__DEF fsdp_result fsdp__hf_open(fsdp__hf *H, fsdp__ld *L, const char *dir, f
         D->digest = fsdp__crc_update(L->crc, D->digest, sz, sizeof sz);
         D->digest = fsdp__crc_update(L->crc, D->digest, L->files[k].header,
                                      (size_t)(L->files[k].data_start - 8));
+        if ((r = fsdp__st_drop_header(&L->files[k], &e)) != FSDP_SUCCESS)
+            return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
     }
     if (D->ipath &&
-        (r = fsdp__hf_cross_check(&D->j, &D->ix, L->files, iname, h, &e)) != FSDP_SUCCESS)
+        (r = fsdp__hf_cross_check(&D->ix, L->files, iname, h, &e)) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, r, "%s: %s", H->where, e.message);
+    fsdp__hf_wm_free(&D->ix, h);
     return FSDP_SUCCESS;
 }
 
@@ -236,7 +333,9 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
     size_t plen = strlen(pre), qlen = strlen(H->peft);
     int strict = !(H->d.flags & FSDP_SD_NOT_STRICT), k, e, i;
     char unexp[320] = "", miss[320] = "", a[40] = "", b[40] = "", first[200] = "";
-    int nunexp = 0, nmiss = 0;
+    char nm[FSDP__HF_SHOWN], nm2[FSDP__HF_SHOWN];
+    int nunexp = 0, nmiss = 0, lunexp = 0, lmiss = 0; /* l: those the lists hold */
+    size_t len;
     for (k = 0; k < L->nfiles; k++)
         for (e = 0; e < L->files[k].ne; e++) {
             const fsdp__st_entry *en = &L->files[k].e[e];
@@ -255,25 +354,30 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
                 if (fsdp__hf_ignored(H, rest)) continue;
                 if (!nunexp)
                     snprintf(first, sizeof first, " (the first in '%.120s')", L->files[k].path);
-                fsdp__namelist(unexp, sizeof unexp, &nunexp, en->name);
+                len = strlen(unexp);
+                fsdp__namelist(unexp, sizeof unexp, &nunexp,
+                               fsdp__hf_shown(nm, sizeof nm, en->name));
+                lunexp += strlen(unexp) != len;
                 continue;
             }
             it = &H->it[i];
             if (it->skip) continue;
             if (H->loaded[it->primary]) {
                 const fsdp__src *o = &L->s[H->loaded[it->primary] - 1];
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: tensors '%.120s' ('%s') and "
-                                      "'%.120s' ('%s') are both parameter '%s' (the name with "
-                                      "and without the prefix?)", H->where,
-                                      L->files[o->file].e[o->entry].name,
-                                      L->files[o->file].path, en->name, L->files[k].path,
-                                      it->fqn);
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: tensors '%s' ('%s') and '%s' "
+                                      "('%s') are both parameter '%s' (the name with and "
+                                      "without the prefix?)", H->where,
+                                      fsdp__hf_shown(nm, sizeof nm,
+                                                     L->files[o->file].e[o->entry].name),
+                                      L->files[o->file].path,
+                                      fsdp__hf_shown(nm2, sizeof nm2, en->name),
+                                      L->files[k].path, it->fqn);
             }
             if (!fsdp_dtype_is_float(en->dtype))
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%.120s' has "
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%s' has "
                                       "dtype %s; parameter '%s' needs a float dtype", H->where,
-                                      L->files[k].path, en->name, fsdp_dtype_name(en->dtype),
-                                      it->fqn);
+                                      L->files[k].path, fsdp__hf_shown(nm, sizeof nm, en->name),
+                                      fsdp_dtype_name(en->dtype), it->fqn);
             fsdp__pinfo(c, it->param, &pi);
             same = en->ndim == pi.ndim;
             for (d = 0; same && d < pi.ndim; d++)
@@ -289,9 +393,10 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
                 } else {
                     fsdp__shape_str(sb, sizeof sb, pi.ndim, pi.shape);
                 }
-                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%.120s' has "
+                return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s': tensor '%s' has "
                                       "shape %s; parameter '%s' needs %s%s", H->where,
-                                      L->files[k].path, en->name, sa, it->fqn, sb,
+                                      L->files[k].path, fsdp__hf_shown(nm, sizeof nm, en->name),
+                                      sa, it->fqn, sb,
                                       it->transpose ? " (stored transposed: hf_transpose)" : "");
             }
             if (!(s = fsdp__ld_add(L)))
@@ -311,11 +416,13 @@ FSDP__DEF fsdp_result fsdp__hf_sources(fsdp__hf *H, fsdp__ld *L)
         fsdp__hf_item *it = &H->it[i];
         if (it->skip || H->loaded[it->primary]) continue;
         H->loaded[it->primary] = -1; /* listed once, whatever its names */
-        fsdp__namelist(miss, sizeof miss, &nmiss, it->fqn);
+        len = strlen(miss);
+        fsdp__namelist(miss, sizeof miss, &nmiss, fsdp__hf_shown(nm, sizeof nm, it->fqn));
+        lmiss += strlen(miss) != len;
     }
     if (!nunexp && !nmiss) return FSDP_SUCCESS;
-    if (nunexp > 6) snprintf(a, sizeof a, " (+%d more)", nunexp - 6);
-    if (nmiss > 6) snprintf(b, sizeof b, " (+%d more)", nmiss - 6);
+    if (nunexp > lunexp) snprintf(a, sizeof a, " (+%d more)", nunexp - lunexp);
+    if (nmiss > lmiss) snprintf(b, sizeof b, " (+%d more)", nmiss - lmiss);
     if (strict)
         return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: %s%s%s%s%s%s%s%s (FSDP_SD_NOT_STRICT "
                               "loads what matches)", H->where,
@@ -456,6 +563,7 @@ FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s
     int64_t lo, hi, base = f->data_start + en->begin, per = (int64_t)(B->bytes / es);
     fsdp__src piece = *s;
     fsdp_result r;
+    char nm[FSDP__HF_SHOWN];
     int rc = 0;
     if (!fsdp__ld_wanted(L, s)) return FSDP_SUCCESS;
     t = &L->t[s->tgt];
@@ -498,8 +606,8 @@ FSDP__DEF fsdp_result fsdp__hf_read(fsdp__hf *H, fsdp__ld *L, const fsdp__src *s
     }
     return FSDP_SUCCESS;
 io:
-    return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: '%s': reading tensor '%.120s': %s", H->where,
-                          f->path, en->name,
+    return fsdp__ctx_fail(c, FSDP_CKPT_IO, "%s: '%s': reading tensor '%s': %s", H->where,
+                          f->path, fsdp__hf_shown(nm, sizeof nm, en->name),
                           rc == -2 ? "unexpected end of file (truncated)" : strerror(errno));
 }
 

@@ -26,6 +26,7 @@ typedef struct fsdp__st_file {
     int meta;    /* node of __metadata__, or -1 */
     fsdp__jhash mh; /* __metadata__'s members by key */
     unsigned verified; /* FSDP_VERIFIED_*: what the header's checks found */
+    char *names;       /* the entries' names once the header is dropped */
 } fsdp__st_file;
 
 FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
@@ -37,7 +38,9 @@ FSDP__DEF void fsdp__st_close(fsdp__st_file *f)
     fsdp__free(f->h, f->e);
     fsdp__free(f->h, f->sorted);
     fsdp__jhash_free(&f->mh, f->h);
+    fsdp__free(f->h, f->names);
     f->header = NULL;
+    f->names = NULL;
     f->e = NULL;
     f->sorted = NULL;
     f->ne = 0;
@@ -431,6 +434,35 @@ FSDP__DEF fsdp_result fsdp__st_open(fsdp__st_file *f, const fsdp_hooks *h, const
     fsdp__free(h, ord);
     if (r != FSDP_SUCCESS) fsdp__st_close(f);
     return r;
+}
+
+/* Drops the header of an opened file, keeping its entries (their names
+   copied into one block): the text, its JSON tree and the metadata's hash
+   cost about 6 bytes per byte of header (a header of many metadata
+   entries, up to FSDP_SAFETENSORS_MAX_HEADER), and a reader that only
+   needs the tensors' names, dtypes, shapes and offsets need not hold them
+   while it opens the next file. The metadata is gone after: fsdp__st_meta
+   finds nothing. */
+FSDP__DEF fsdp_result fsdp__st_drop_header(fsdp__st_file *f, fsdp_error *err)
+{
+    const fsdp_hooks *h = f->h;
+    size_t total = 1, at = 0, n;
+    int k;
+    for (k = 0; k < f->ne; k++) total += strlen(f->e[k].name) + 1;
+    if (!(f->names = (char *)fsdp__alloc(h, total)))
+        return FSDP__STF(FSDP_OUT_OF_MEMORY, "'%s': out of memory", f->path);
+    for (k = 0; k < f->ne; k++) {
+        n = strlen(f->e[k].name) + 1;
+        memcpy(f->names + at, f->e[k].name, n);
+        f->e[k].name = f->names + at;
+        at += n;
+    }
+    fsdp__jhash_free(&f->mh, h);
+    fsdp__json_free(&f->j);
+    fsdp__free(h, f->header);
+    f->header = NULL;
+    f->meta = -1;
+    return FSDP_SUCCESS;
 }
 
 /* A tensor to write: host data, or device data copied through a bounce

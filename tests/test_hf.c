@@ -21,12 +21,15 @@
                 prefix), a mis-shaped and an integer tensor are refused,
                 naming them; not strict, the rest loads and the missing
                 parameter is refused at the same fsdp_begin_forward on
-                every rank
+                every rank; an unexpected name with control bytes is
+                named escaped, one of 200 KB cut with its length
      hostile    indexes naming files outside the directory, a missing
                 shard, a tensor in two shards or not where the index says,
                 a huge or negative total_size, a weight_map that is not an
-                object, a FIFO as a shard: refused, the same code and
-                message on every rank, the context unchanged
+                object, a FIFO as a shard, an index that is a FIFO, a
+                directory or a link to /dev/zero: refused, the same code
+                and message (naming what the index is) on every rank, the
+                context unchanged
      peft       adapters saved in PEFT's layout (names, adapter_config.json)
                 and loaded back into another context: the adapters bitwise,
                 the frozen base untouched
@@ -39,6 +42,9 @@
                 ranks (capacity = plan, the staging counted in it where it
                 comes from the plan's idle buffers), and host memory within
                 the staging: no rank holds a tensor whole
+     headers    3 shards with 4 MiB of __metadata__ each, loaded at 1 and 2
+                ranks: the host memory a load holds is about one header's,
+                not three (each is dropped once its entries are taken)
      args       bad descriptors and tables refused with clear messages
      python     (tests/check_hf.sh) a directory Python's safetensors wrote
                 with a shard index, at 1, 2 and 3 ranks, against the values
@@ -344,6 +350,7 @@ typedef struct hjob {
     char msg[MAXW][FSDP_ERROR_MAX];
     int unit_fail[MAXW]; /* not strict: the result of the missing one's begin */
     char begin_msg[MAXW][FSDP_ERROR_MAX];
+    size_t peak[MAXW]; /* host bytes a load held at most, beyond the context's */
 } hjob;
 
 static int hjob_main(int rank, int nranks, fsdp_local_world *world, void *user)
@@ -664,11 +671,13 @@ static int write_dir(const char *dir, int seed, const wopts *o)
     len = (size_t)snprintf(idx, sizeof idx, "{\"metadata\": {\"total_size\": %lld}, \"weight_map\": {\n",
                            (long long)total);
     for (k = 0; k < nn; k++) {
-        len += (size_t)snprintf(idx + len, sizeof idx - len, "%s", names[k]);
+        /* one file: no index (and names of any length) */
+        if (o->shards && len < sizeof idx)
+            len += (size_t)snprintf(idx + len, sizeof idx - len, "%s", names[k]);
         free(names[k]);
     }
-    snprintf(idx + len, sizeof idx - len, "\n}}\n");
-    if (o->shards) {
+    if (o->shards && (ok &= len + 4 < sizeof idx)) {
+        snprintf(idx + len, sizeof idx - len, "\n}}\n");
         snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
         ok &= write_text(path, idx);
     }
@@ -684,13 +693,17 @@ static int written_rank(hjob *j, int rank, int nranks, fsdp_local_world *world)
     hctx h;
     fsdp_state_dict *sd = NULL;
     int i, bad = 0;
+    long live0;
     (void)nranks;
     if (!hopen(&h, rank, world, 0, 0, 0)) {
         CHECK_RANK(0, rank, "open");
         hclose(&h);
         return 1;
     }
+    live0 = atomic_load(&h.bytes.live);
+    atomic_store(&h.bytes.peak, live0);
     j->got[rank] = fsdp_hf_load(h.ctx, j->dir, &j->desc);
+    j->peak[rank] = (size_t)(atomic_load(&h.bytes.peak) - live0);
     CHECK_RANK(j->got[rank] == FSDP_SUCCESS, rank, "fsdp_hf_load '%s': %s", j->dir,
                fsdp_ctx_last_error(h.ctx));
     if (fsdp_get_full_state_dict(h.ctx, FSDP_SD_OFFLOAD | FSDP_SD_RANK0_ONLY, &sd) != FSDP_SUCCESS)
@@ -869,6 +882,39 @@ static void test_strict(void)
         run(&j, 2);
         same_verdict(&j, 2, FSDP_SUCCESS, "", NULL, "ignored");
     }
+    /* names from the files as messages show them: control bytes escaped
+       (a name cannot break a log's line), a name of 200 KB cut with its
+       length, not left out of the list */
+    {
+        size_t big = 200000;
+        char *name = (char *)malloc(big + 1), want[64];
+        for (c = 0; name && c < 2; c++) {
+            memset(&j, 0, sizeof j);
+            memset(&o, 0, sizeof o);
+            o.prefix = "transformer.";
+            if (c == 0) {
+                snprintf(name, big + 1, "transformer.h.1.bad\nname\x01");
+                snprintf(want, sizeof want, "'transformer.h.1.bad\\nname\\x01'");
+            } else {
+                memcpy(name, "transformer.h.1.", 16);
+                memset(name + 16, 'z', big - 16);
+                name[big] = 0;
+                snprintf(want, sizeof want, "zzz... (%zu bytes)'", big);
+            }
+            o.extra = name;
+            j.seed = 31;
+            snprintf(j.dir, sizeof j.dir, "%s/strict_name%d", g_tmp, c);
+            if (!write_dir(j.dir, j.seed, &o)) break;
+            j.desc = desc_of(t, 0);
+            j.fn = strict_rank;
+            run(&j, 2);
+            same_verdict(&j, 2, FSDP_CKPT_MISMATCH, "unexpected tensors: 'transformer.h.1.",
+                         want, j.dir);
+            CHECK(!strchr(j.msg[0], '\n') && !strchr(j.msg[0], '\x01'), "a control byte in "
+                  "the message: %s", j.msg[0]);
+        }
+        free(name);
+    }
 }
 
 /* --- hostile indexes --- */
@@ -982,6 +1028,24 @@ static void test_hostile(void)
             same_verdict(&j, 2, FSDP_CKPT_FORMAT, "transformer.wpe.weight", "a second copy", j.dir);
         else
             same_verdict(&j, 2, FSDP_CKPT_IO, "FIFO", "model-00002-of-00003.safetensors", j.dir);
+    }
+    /* an index that is no regular file: refused without a hang, naming what
+       it is (not "no index": the errno of the look for model.safetensors) */
+    for (c = 0; c < 3; c++) {
+        static const char *const kind[] = {"is a FIFO, not a regular file", "is a directory",
+                                           "is a character device"};
+        int made;
+        memset(&j, 0, sizeof j);
+        snprintf(j.dir, sizeof j.dir, "%s/hostile_index%d", g_tmp, c);
+        CHECK(copy_tree(base, j.dir), "copy");
+        snprintf(idx, sizeof idx, "%s/model.safetensors.index.json", j.dir);
+        unlink(idx);
+        made = c == 0 ? mkfifo(idx, 0644) : c == 1 ? mkdir(idx, 0755) : symlink("/dev/zero", idx);
+        CHECK(made == 0, "making '%s': %s", idx, strerror(errno));
+        j.desc = desc_of(t, 0);
+        j.fn = hostile_rank;
+        run(&j, 2);
+        same_verdict(&j, 2, FSDP_CKPT_IO, kind[c], "model.safetensors.index.json", j.dir);
     }
 }
 
@@ -1297,6 +1361,70 @@ static void test_memory(void)
     }
 }
 
+/* --- large headers --- */
+
+/* Replaces the __metadata__ of the safetensors file at path (the first
+   member of a header fsdp.h writes) by about `bytes` bytes of entries
+   ("m0000000": "v"), as a file with that much metadata holds. The file is
+   then a foreign one: it has no checksums to match. */
+static int big_metadata(const char *path, size_t bytes)
+{
+    char *old = NULL, *hdr = NULL;
+    const char *end = NULL;
+    long n = read_file(path, &old);
+    uint64_t hlen = 0;
+    size_t len = 0, k;
+    int ok = 0;
+    for (k = 0; n > 8 && k < 8; k++) hlen |= (uint64_t)(unsigned char)old[k] << (8 * k);
+    if (n > 8 && hlen <= (uint64_t)n - 8 && !strncmp(old + 8, "{\"__metadata__\":{", 17))
+        end = (const char *)memchr(old + 8, '}', (size_t)hlen);
+    if (end && (hdr = (char *)malloc(bytes + (size_t)hlen + 64)) != NULL) {
+        len = (size_t)sprintf(hdr, "{\"__metadata__\":{\"format\":\"pt\"");
+        for (k = 0; len < bytes; k++) len += (size_t)sprintf(hdr + len, ",\"m%07zu\":\"v\"", k);
+        memcpy(hdr + len, end, (size_t)(old + 8 + hlen - end));
+        hdr[len + (size_t)(old + 8 + hlen - end)] = 0;
+        ok = write_safetensors_raw(path, hdr, old + 8 + hlen, (size_t)n - 8 - (size_t)hlen);
+    }
+    free(hdr);
+    free(old);
+    return ok;
+}
+
+static void test_headers(void)
+{
+    fsdp_layout_entry t[16];
+    hjob j;
+    wopts o;
+    char p[1000];
+    size_t meta = (size_t)4 << 20;
+    int f, w, k;
+    memset(&j, 0, sizeof j);
+    memset(&o, 0, sizeof o);
+    o.prefix = "transformer.";
+    o.shards = 1;
+    j.seed = 61;
+    snprintf(j.dir, sizeof j.dir, "%s/headers", g_tmp);
+    if (!write_dir(j.dir, j.seed, &o)) return;
+    for (f = 1; f <= 3; f++) {
+        snprintf(p, sizeof p, "%s/model-%05d-of-00003.safetensors", j.dir, f);
+        CHECK(big_metadata(p, meta), "metadata into '%s'", p);
+    }
+    j.desc = desc_of(t, 0);
+    j.fn = written_rank;
+    /* a header's text, JSON tree and metadata hash cost about 5 bytes per
+       byte of metadata: the bound holds one of them and what the load
+       keeps, not three. When this was written a load held 21.6 MB here
+       (at 1 and 2 ranks); with every header held until the load's end,
+       64.6 to 67.4 MB */
+    for (w = 1; w <= 2; w++) {
+        run(&j, w);
+        for (k = 0; k < w; k++)
+            CHECK(j.peak[k] <= 8 * meta, "%d ranks: rank %d held %zu host bytes loading 3 "
+                  "shards of %zu bytes of metadata each, above %zu: more than one header "
+                  "at a time", w, k, j.peak[k], meta, 8 * meta);
+    }
+}
+
 /* --- bad arguments --- */
 
 static int args_rank(hjob *j, int rank, int nranks, fsdp_local_world *world)
@@ -1448,7 +1576,8 @@ static const check_case CASES[] = {
     {"roundtrip", test_roundtrip}, {"empty", test_empty},   {"written", test_written},
     {"strict", test_strict},
     {"hostile", test_hostile},     {"peft", test_peft},       {"atomic", test_atomic},
-    {"memory", test_memory},       {"args", test_args},       {"python", test_python},
+    {"memory", test_memory},       {"headers", test_headers}, {"args", test_args},
+    {"python", test_python},
 };
 
 int main(int argc, char **argv)
