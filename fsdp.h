@@ -17483,6 +17483,22 @@ FSDP__DEF fsdp_result fsdp__ctx_create_oom(const fsdp_ctx_desc *d)
 
 /* The descriptor as given: what no default can repair. A plan-only query
    (fsdp_ctx_plan_only) needs neither device nor communicator. */
+/* Whether this thread traps invalid operations (an engine's
+   feenableexcept(FE_INVALID)): x86's MXCSR invalid-operation mask, or
+   AArch64's FPCR IOE bit; 0 where neither can be read. */
+FSDP__DEF int fsdp__fp_traps_invalid(void)
+{
+#if defined(FSDP__HAVE_SSE)
+    return !(_mm_getcsr() & (1u << 7));
+#elif defined(__aarch64__) && (defined(__GNUC__) || defined(__clang__))
+    uint64_t fpcr;
+    __asm__ __volatile__("mrs %0, fpcr" : "=r"(fpcr));
+    return (fpcr >> 8) & 1u;
+#else
+    return 0;
+#endif
+}
+
 FSDP__DEF fsdp_result fsdp__ctx_check_desc(const fsdp_ctx_desc *d, int plan_only)
 {
     const fsdp_hooks *uh = &d->hooks;
@@ -17571,6 +17587,13 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
                   "host can read; device '%s' has none, so it is off", fsdp_device_name(c->dev));
         c->debug = 0;
     }
+    if (c->debug && fsdp__fp_traps_invalid())
+        fsdp__log(&c->hooks, FSDP_LOG_WARN, "fsdp_ctx_create: floating-point traps are on for "
+                  "invalid operations in this thread (FE_INVALID, e.g. feenableexcept): the "
+                  "debug mode fills retired buffers with signalling NaNs, so a read through a "
+                  "kept view will stop the engine with SIGFPE where it computes, instead of the "
+                  "debug mode's error naming the unit and parameter; to get the names, run the "
+                  "debug mode with that trap off");
     if (d->ngroups) {
         c->ngroups = d->ngroups;
         for (i = 0; i < d->ngroups; i++) c->groups[i] = d->groups[i];

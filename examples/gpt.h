@@ -1970,7 +1970,7 @@ static int gpt_check_config(const gpt_config *c, char *err, size_t cap)
         snprintf(err, cap, "--ranks must be 1..%d", GPT_MAX_RANKS);
     else if (c->steps < 0 || c->batch < 1 || c->accum < 1 || !(c->lr > 0.0) || !(c->lr < 10.0))
         snprintf(err, cap, "--steps must be >= 0, --batch and --accum >= 1 and --lr in (0, 10)");
-    else if (c->batch % (c->ranks * c->accum))
+    else if (c->steps > 0 && c->batch % (c->ranks * c->accum)) /* none trains at --steps 0 */
         snprintf(err, cap,
                  "the global batch %d does not split into %d micro-batches on each of %d "
                  "ranks; pick --batch as a multiple of --ranks x --accum", c->batch, c->accum,

@@ -324,6 +324,20 @@ def fixtures_part(train_gpt, work, fx):
                                    % (name, t[:11])))
     print("train_gpt --dump-logits of transformers' token rows: within %.3g of transformers' "
           "logits, base and PEFT adapters" % tmax)
+    # load and evaluate only, at 3 ranks with the default global batch (64,
+    # which does not split over 3): nothing trains, so nothing is refused,
+    # and the logits are the 2-rank run's, bit for bit
+    t0 = json.load(open(os.path.join(fx, "gpt2_tiny_logits.json")))["tokens"][0][:11]
+    rows = []
+    for rk in (2, 3):
+        out = os.path.join(work, "rows_%d.json" % rk)
+        run([train_gpt, "--ranks", str(rk), "--ntest", "12", "--eval-every", "0", "--quiet",
+             "--init-from-hf", base, "--steps", "0", "--dump-logits", out,
+             "--dump-tokens", ",".join(str(x) for x in t0)])
+        rows.append(dump(out)[1])
+    if not np.array_equal(rows[0], rows[1]):
+        fail("train_gpt --steps 0: the logits at 3 ranks differ from those at 2")
+    print("train_gpt --init-from-hf --steps 0 at 3 ranks (global batch 64): the 2-rank logits")
     # a published-style directory: no prefix, old buffers and the tied head
     pub = os.path.join(work, "published")
     shutil.rmtree(pub, ignore_errors=True)

@@ -879,6 +879,61 @@ static void test_grad_sum(void)
     }
 }
 
+/* Floating-point traps on for invalid operations (feenableexcept, as some
+   engines do): a stale read of the poison would stop the engine with
+   SIGFPE instead of the debug mode's names, so fsdp_ctx_create says so
+   when the debug mode is on, and not otherwise. x86 only (MXCSR). */
+static char g_trap_log[2048];
+static void trap_log(void *user, fsdp_log_level level, const char *msg)
+{
+    (void)user;
+    if (level <= FSDP_LOG_WARN && strstr(msg, "floating-point traps"))
+        snprintf(g_trap_log, sizeof g_trap_log, "%s", msg);
+}
+
+static int trap_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    int *debug = (int *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_ctx *ctx = NULL;
+    int ok = 1;
+    (void)nranks;
+    if (!rank_open(world, rank, g_model, g_units, &dev, &comm, &cd)) return 1;
+    cd.debug = *debug;
+    cd.hooks.log = trap_log;
+#if defined(__x86_64__) || defined(__i386__)
+    {
+        unsigned csr = __builtin_ia32_stmxcsr();
+        __builtin_ia32_ldmxcsr(csr & ~(1u << 7)); /* unmask invalid: a trap */
+        ok = fsdp_ctx_create(&cd, &ctx) == FSDP_SUCCESS;
+        __builtin_ia32_ldmxcsr(csr);
+    }
+#endif
+    if (ctx) fsdp_ctx_destroy(ctx);
+    rank_close(dev, comm);
+    return ok ? 0 : 1;
+}
+
+static void test_fp_traps(void)
+{
+#if (defined(__x86_64__) || defined(__i386__)) && (defined(__GNUC__) || defined(__clang__))
+    int debug;
+    for (debug = 0; debug < 2; debug++) {
+        g_trap_log[0] = 0;
+        run_ranks(1, trap_rank, &debug);
+        if (debug || g_env_debug)
+            CHECK(strstr(g_trap_log, "SIGFPE") && strstr(g_trap_log, "FE_INVALID"),
+                  "debug mode with traps on: the warning '%s'", g_trap_log);
+        else
+            CHECK(!g_trap_log[0], "no debug mode, yet a warning: %s", g_trap_log);
+    }
+#else
+    check_skip("reads x86's MXCSR");
+#endif
+}
+
 static const check_case CASES[] = {
     {"clean_same_bits", test_clean_same_bits},
     {"grad_after_end_backward", test_grad_after_end_backward},
@@ -900,6 +955,7 @@ static const check_case CASES[] = {
     {"units_find", test_units_find},
     {"set_optim", test_set_optim},
     {"grad_sum", test_grad_sum},
+    {"fp_traps", test_fp_traps},
 };
 
 int main(int argc, char **argv)
