@@ -99,8 +99,8 @@
        >>ckpt         checkpoints: sharded directories and single files,
                       resharding on load, the async writer with cached
                       pinned staging, committed by a per-step poll.
-                      Inside: >>ckpt:writer >>ckpt:load >>ckpt:index
-                      >>ckpt:clean
+                      Inside: >>ckpt:state >>ckpt:writer >>ckpt:load
+                      >>ckpt:index >>ckpt:clean
        >>hf           Hugging Face model directories and PEFT adapters in
                       and out (fsdp_hf_load, fsdp_hf_save).
                       Inside: >>hf:items >>hf:read >>hf:write
@@ -2949,6 +2949,40 @@ typedef struct fsdp_ckpt_stats {
    (either pointer may be NULL); zeros when none was timed. Collective: no. */
 FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *ctx, fsdp_ckpt_stats *save,
                                          fsdp_ckpt_stats *load);
+
+/* The engine's own state in the checkpoint: its data loader's position,
+   RNG states, scheduler, best validation loss, as named blobs written in
+   the same atomic save as the model (sync and async), checksummed with
+   the file's header, and read back by fsdp_ckpt_load, so that a side file
+   can never commit without the checkpoint or the other way round
+   (PyTorch DCP's Stateful, DeepSpeed's client_state).
+   fsdp_ckpt_state_set copies bytes (at most FSDP_CKPT_STATE_MAX) under
+   name (1 to FSDP_CKPT_STATE_NAME_MAX letters, digits, '.', '_', '-'); every
+   later save writes what is set then (set it again to change it; data
+   NULL and bytes 0 remove it). A global blob (flags 0) is rank 0's: set it
+   on every rank or on rank 0, the others' are not saved. A per-rank blob
+   (FSDP_CKPT_STATE_PER_RANK) is each rank's own, and needs a sharded
+   checkpoint (a single file is rank 0's alone: refused, naming it).
+   After fsdp_ckpt_load, every rank reads them all: fsdp_ckpt_state_get
+   with rank -1 for a global blob, or the saving rank's index for a
+   per-rank one, 0 to fsdp_ckpt_state_ranks() - 1, whatever the world size
+   now (a resumed run at another size decides how its ranks take the old
+   ranks' state: every one of them is there). It copies at most cap bytes
+   into buf and gives the blob's size in *bytes; FSDP_NOT_FOUND when the
+   loaded checkpoint has no such blob (an older checkpoint has none).
+   Collective: no. Thread safety: one thread per context. */
+#define FSDP_CKPT_STATE_MAX ((size_t)1 << 20)
+#define FSDP_CKPT_STATE_NAME_MAX 64
+enum {
+    FSDP_CKPT_STATE_PER_RANK = 1u << 0
+};
+FSDP_API fsdp_result fsdp_ckpt_state_set(fsdp_ctx *ctx, const char *name, const void *data,
+                                         size_t bytes, unsigned flags);
+FSDP_API fsdp_result fsdp_ckpt_state_get(fsdp_ctx *ctx, const char *name, int rank, void *buf,
+                                         size_t cap, size_t *bytes);
+/* The world size of the save fsdp_ckpt_load read (its per-rank blobs'
+   count); 0 before any load. */
+FSDP_API int fsdp_ckpt_state_ranks(const fsdp_ctx *ctx);
 
 /* What fsdp_ckpt_clean removed. */
 typedef struct fsdp_ckpt_clean_report {
@@ -11084,7 +11118,7 @@ FSDP__DEF void *fsdp__srv_main(void *arg)
         }
         if (s->coll_active) fsdp__srv_coll_check(s);
         if (s->phase == 0 && s->arrive_deadline >= 0 && now >= s->arrive_deadline) {
-            char msg[FSDP_ERROR_MAX], why[200];
+            char msg[FSDP_ERROR_MAX + 256], why[200]; /* cut to FSDP_ERROR_MAX by the fail */
             unsigned char *missing = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
             char list[160] = "";
             int k = 0;
@@ -17053,6 +17087,7 @@ struct fsdp_ctx {
     fsdp__lend *lend;    /* the plan's idle buffers while lent (fsdp__lend_open) */
     int nlend, lend_depth;
     fsdp_ckpt_options ckpt_opt;                 /* fsdp_ckpt_set_options (>>ckpt) */
+    struct fsdp__estate *estate;                /* the engine's state (>>ckpt:state) */
     fsdp_ckpt_stats ckpt_save_st, ckpt_load_st; /* the latest timed save and load */
 };
 
@@ -24284,11 +24319,295 @@ FSDP_API fsdp_result fsdp_load_layout(fsdp_ctx *c, const fsdp_layout_entry *entr
 
 /* >>getload end */
 
-/* ---- src/ckpt_writer.c (fsdp.h is generated: edit this file) ---- */
+/* ---- src/ckpt_state.c (fsdp.h is generated: edit this file) ---- */
 /* ------------------------------------------------------------------------ */
 /* >>ckpt (implementation)                                                   */
 /* ------------------------------------------------------------------------ */
 
+/* --- >>ckpt:state the engine's own state, saved with the checkpoint ------ */
+
+typedef struct fsdp__estate fsdp__estate;
+
+/* One blob: rank -1 global (rank 0's is saved), else the saving rank's. */
+typedef struct fsdp__eblob {
+    char *name;
+    unsigned char *data;
+    size_t bytes;
+    int rank;
+} fsdp__eblob;
+
+struct fsdp__estate {
+    fsdp__ctx_dep dep; /* first: the context's destroy frees this */
+    fsdp_hooks hooks;
+    fsdp__eblob *set;  /* this rank's, for the next saves */
+    int nset, capset;
+    fsdp__eblob *got;  /* what the latest load read: every saving rank's */
+    int ngot, capgot;
+    int got_world;     /* the loaded save's world size; 0: none loaded */
+};
+
+#define FSDP__ESTATE_KEY "fsdp.engine."           /* a global blob, in rank 0's file */
+#define FSDP__ESTATE_RANK_KEY "fsdp.engine_rank." /* a per-rank blob, in its rank's file */
+
+FSDP__DEF void fsdp__eblobs_free(const fsdp_hooks *h, fsdp__eblob *b, int n)
+{
+    int i;
+    for (i = 0; i < n; i++) {
+        fsdp__free(h, b[i].name);
+        fsdp__free(h, b[i].data);
+    }
+    fsdp__free(h, b);
+}
+
+FSDP__DEF void fsdp__estate_gone(fsdp__ctx_dep *d)
+{
+    fsdp__estate *s = (fsdp__estate *)d;
+    fsdp__eblobs_free(&s->hooks, s->set, s->nset);
+    fsdp__eblobs_free(&s->hooks, s->got, s->ngot);
+    fsdp__free(&s->hooks, s);
+}
+
+FSDP__DEF fsdp__estate *fsdp__estate_of(fsdp_ctx *c)
+{
+    if (!c->estate) {
+        fsdp__estate *s = (fsdp__estate *)fsdp__calloc(&c->hooks, 1, sizeof *s);
+        if (!s) return NULL;
+        s->hooks = c->hooks;
+        s->dep.ctx_gone = fsdp__estate_gone;
+        fsdp__ctx_dep_add(c, &s->dep);
+        c->estate = s;
+    }
+    return c->estate;
+}
+
+/* Letters, digits, '.', '_', '-': a metadata key's tail that every reader
+   takes, and no room for a name that is two names. */
+FSDP__DEF int fsdp__estate_name_ok(const char *name)
+{
+    size_t i, n = strlen(name);
+    if (n < 1 || n > FSDP_CKPT_STATE_NAME_MAX) return 0;
+    for (i = 0; i < n; i++) {
+        char ch = name[i];
+        if (!((ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+              ch == '.' || ch == '_' || ch == '-'))
+            return 0;
+    }
+    return 1;
+}
+
+FSDP_API fsdp_result fsdp_ckpt_state_set(fsdp_ctx *c, const char *name, const void *data,
+                                         size_t bytes, unsigned flags)
+{
+    const char *fn = "fsdp_ckpt_state_set";
+    fsdp__estate *s;
+    int i, rank;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!name || !fsdp__estate_name_ok(name))
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: name '%.80s' is not 1 to %d letters, "
+                              "digits, '.', '_' or '-'", fn, name ? name : "(null)",
+                              FSDP_CKPT_STATE_NAME_MAX);
+    if (flags & ~(unsigned)FSDP_CKPT_STATE_PER_RANK)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: flags 0x%x: only "
+                              "FSDP_CKPT_STATE_PER_RANK applies", fn, flags);
+    if (bytes > FSDP_CKPT_STATE_MAX || (bytes && !data))
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: '%s': %s", fn, name,
+                              bytes > FSDP_CKPT_STATE_MAX ? "more than FSDP_CKPT_STATE_MAX bytes "
+                              "(1 MiB; keep large arrays as parameters or your own files)"
+                                                          : "data is NULL");
+    if (!(s = fsdp__estate_of(c))) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+    rank = (flags & FSDP_CKPT_STATE_PER_RANK) ? c->rank : -1;
+    for (i = 0; i < s->nset; i++)
+        if (!strcmp(s->set[i].name, name)) break;
+    if (!data && !bytes) { /* removed */
+        if (i < s->nset) {
+            fsdp__free(&c->hooks, s->set[i].name);
+            fsdp__free(&c->hooks, s->set[i].data);
+            s->set[i] = s->set[--s->nset];
+        }
+        return FSDP_SUCCESS;
+    }
+    if (i == s->nset) {
+        if (!fsdp__grow(&c->hooks, (void **)&s->set, &s->capset, s->nset + 1, sizeof *s->set) ||
+            !(s->set[i].name = fsdp__strdup(&c->hooks, name)))
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+        s->set[i].data = NULL;
+        s->nset++;
+    }
+    {
+        unsigned char *d = (unsigned char *)fsdp__alloc(&c->hooks, bytes ? bytes : 1);
+        if (!d) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+        if (bytes) memcpy(d, data, bytes);
+        fsdp__free(&c->hooks, s->set[i].data);
+        s->set[i].data = d;
+        s->set[i].bytes = bytes;
+        s->set[i].rank = rank;
+    }
+    return FSDP_SUCCESS;
+}
+
+FSDP_API fsdp_result fsdp_ckpt_state_get(fsdp_ctx *c, const char *name, int rank, void *buf,
+                                         size_t cap, size_t *bytes)
+{
+    const fsdp__estate *s;
+    int i;
+    if (bytes) *bytes = 0;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!name || (cap && !buf) || rank < -1)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_ckpt_state_get: %s",
+                              !name ? "name is NULL" : rank < -1 ? "rank below -1"
+                                                                 : "buf is NULL with cap > 0");
+    s = c->estate;
+    for (i = 0; s && i < s->ngot; i++)
+        if (s->got[i].rank == rank && !strcmp(s->got[i].name, name)) {
+            size_t n = s->got[i].bytes < cap ? s->got[i].bytes : cap;
+            if (n) memcpy(buf, s->got[i].data, n);
+            if (bytes) *bytes = s->got[i].bytes;
+            return FSDP_SUCCESS;
+        }
+    return fsdp__ctx_fail(c, FSDP_NOT_FOUND, "fsdp_ckpt_state_get: no %s state '%.80s'%s in the "
+                          "checkpoint last loaded%s", rank < 0 ? "global" : "per-rank", name,
+                          rank < 0 ? "" : " of that rank",
+                          s && s->got_world ? "" : " (none was loaded into this context)");
+}
+
+FSDP_API int fsdp_ckpt_state_ranks(const fsdp_ctx *c)
+{
+    return c && c->estate ? c->estate->got_world : 0;
+}
+
+/* The metadata a save adds to this rank's file: rank 0 (the one writer of
+   a single file) its global blobs, every rank of a sharded save its
+   per-rank ones, as hex, in *kv (count *nkv) and text it owns (*text;
+   free both). A per-rank blob in a single-file save is refused: rank 0
+   alone writes that file. */
+FSDP__DEF fsdp_result fsdp__estate_kv(fsdp_ctx *c, int sharded, int writes, fsdp__kv **kv,
+                                      int *nkv, char **text, const char *fn)
+{
+    const fsdp__estate *s = c->estate;
+    size_t need = 0, off = 0;
+    int i, n = 0;
+    *kv = NULL;
+    *nkv = 0;
+    *text = NULL;
+    if (!s) return FSDP_SUCCESS;
+    for (i = 0; i < s->nset; i++) {
+        const fsdp__eblob *b = &s->set[i];
+        if (b->rank >= 0 && !sharded)
+            return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: per-rank state '%s' needs a sharded "
+                                  "checkpoint (FSDP_CKPT_SHARDED): a single file is rank 0's",
+                                  fn, b->name);
+        if (!writes || (b->rank < 0 && c->rank != 0)) continue;
+        need += sizeof FSDP__ESTATE_RANK_KEY + strlen(b->name) + 1 + 2 * b->bytes + 1;
+        n++;
+    }
+    if (!n) return FSDP_SUCCESS;
+    *kv = (fsdp__kv *)fsdp__alloc(&c->hooks, sizeof **kv * (size_t)n);
+    *text = (char *)fsdp__alloc(&c->hooks, need);
+    if (!*kv || !*text) {
+        fsdp__free(&c->hooks, *kv);
+        fsdp__free(&c->hooks, *text);
+        *kv = NULL;
+        *text = NULL;
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+    }
+    for (i = 0, n = 0; i < s->nset; i++) {
+        static const char hex[] = "0123456789abcdef";
+        const fsdp__eblob *b = &s->set[i];
+        size_t k;
+        if (b->rank < 0 && c->rank != 0) continue;
+        (*kv)[n].key = *text + off;
+        off += (size_t)sprintf(*text + off, "%s%s", b->rank < 0 ? FSDP__ESTATE_KEY
+                                                                : FSDP__ESTATE_RANK_KEY, b->name) + 1;
+        (*kv)[n].value = *text + off;
+        for (k = 0; k < b->bytes; k++) {
+            (*text)[off++] = hex[b->data[k] >> 4];
+            (*text)[off++] = hex[b->data[k] & 15];
+        }
+        (*text)[off++] = 0;
+        n++;
+    }
+    *nkv = n;
+    return FSDP_SUCCESS;
+}
+
+/* The engine's blobs in a loaded checkpoint's files (files[k] of a sharded
+   save is rank k's; a single file has only global ones), decoded into a
+   list for the context; the context takes it once the load commits. */
+FSDP__DEF fsdp_result fsdp__estate_read(fsdp_ctx *c, const fsdp__st_file *files, int nfiles,
+                                        const char *where, fsdp__eblob **out, int *nout)
+{
+    int k, cap = 0;
+    *out = NULL;
+    *nout = 0;
+    for (k = 0; k < nfiles; k++) {
+        const fsdp__st_file *f = &files[k];
+        int md = fsdp__j_get(&f->j, 0, "__metadata__"), n;
+        if (md < 0 || f->j.n[md].type != FSDP__J_OBJ) continue;
+        for (n = f->j.n[md].first; n >= 0; n = f->j.n[n].next) {
+            const char *key = f->j.n[n].key, *v = f->j.n[n].str, *name;
+            size_t len, i;
+            int rank;
+            fsdp__eblob *b;
+            if (!strncmp(key, FSDP__ESTATE_RANK_KEY, sizeof FSDP__ESTATE_RANK_KEY - 1)) {
+                name = key + sizeof FSDP__ESTATE_RANK_KEY - 1;
+                rank = k;
+            } else if (!strncmp(key, FSDP__ESTATE_KEY, sizeof FSDP__ESTATE_KEY - 1)) {
+                name = key + sizeof FSDP__ESTATE_KEY - 1;
+                rank = -1;
+            } else {
+                continue;
+            }
+            len = f->j.n[n].type == FSDP__J_STR ? strlen(v) : 1;
+            for (i = 0; i < len && len % 2 == 0; i++)
+                if (!((v[i] >= '0' && v[i] <= '9') || (v[i] >= 'a' && v[i] <= 'f'))) break;
+            if (len % 2 || i < len || len / 2 > FSDP_CKPT_STATE_MAX || !fsdp__estate_name_ok(name) ||
+                (rank < 0 && k != 0)) {
+                fsdp__eblobs_free(&c->hooks, *out, *nout);
+                *out = NULL;
+                *nout = 0;
+                return fsdp__ctx_fail(c, FSDP_CKPT_FORMAT, "%s: file '%s': engine state '%.80s' is "
+                                      "not this library's (a name, hex of at most 1 MiB, global "
+                                      "ones in the first file)", where, f->path, key);
+            }
+            if (!fsdp__grow(&c->hooks, (void **)out, &cap, *nout + 1, sizeof **out)) goto oom;
+            b = &(*out)[*nout];
+            b->rank = rank;
+            b->bytes = len / 2;
+            b->name = fsdp__strdup(&c->hooks, name);
+            b->data = (unsigned char *)fsdp__alloc(&c->hooks, b->bytes ? b->bytes : 1);
+            (*nout)++;
+            if (!b->name || !b->data) goto oom;
+            for (i = 0; i < b->bytes; i++) {
+                int hi = v[2 * i] <= '9' ? v[2 * i] - '0' : v[2 * i] - 'a' + 10;
+                int lo = v[2 * i + 1] <= '9' ? v[2 * i + 1] - '0' : v[2 * i + 1] - 'a' + 10;
+                b->data[i] = (unsigned char)(hi << 4 | lo);
+            }
+        }
+    }
+    return FSDP_SUCCESS;
+oom:
+    fsdp__eblobs_free(&c->hooks, *out, *nout);
+    *out = NULL;
+    *nout = 0;
+    return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory for the engine's state", where);
+}
+
+/* After a committed load: the context's loaded state is the load's (none
+   when the checkpoint has none). */
+FSDP__DEF void fsdp__estate_take(fsdp_ctx *c, fsdp__eblob *b, int n, int world)
+{
+    fsdp__estate *s = fsdp__estate_of(c);
+    if (!s) { /* out of memory: the previous load's state must not stay */
+        fsdp__eblobs_free(&c->hooks, b, n);
+        return;
+    }
+    fsdp__eblobs_free(&c->hooks, s->got, s->ngot);
+    s->got = b;
+    s->ngot = s->capgot = n;
+    s->got_world = world;
+}
+
+/* ---- src/ckpt_writer.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>ckpt:writer saves: staging, the writer, commits ------------------- */
 
 #define FSDP__INDEX_NAME "index.json"
@@ -24312,6 +24631,9 @@ struct fsdp_ckpt_writer {
     char kvtext[5][64];
     fsdp__kv kv[6];
     int nkv;
+    fsdp__kv *kvall;     /* kv then the engine's state (>>ckpt:state); NULL: kv alone */
+    int nekv;
+    char *kvstate;       /* the engine state's keys and hex values */
     fsdp_result result; /* of the thread */
     fsdp_error werr;
     /* timings (fsdp_ckpt_options.stats when the save began): the caller's
@@ -24390,7 +24712,7 @@ FSDP__DEF void fsdp__writer_write(fsdp_ckpt_writer *w, int own_thread)
 {
     fsdp_state_dict view = *w->sd;
     if (own_thread) memset(&view.hooks.allocator, 0, sizeof view.hooks.allocator);
-    w->result = fsdp__sd_write(w->file, &view, w->kv, w->nkv, &w->opt, w->world,
+    w->result = fsdp__sd_write(w->file, &view, w->kvall ? w->kvall : w->kv, w->nkv, &w->opt, w->world,
                                w->timing ? &w->wst : NULL, &w->werr,
                                (w->flags & FSDP_CKPT_SHARDED) ? &w->hold : NULL);
     if (w->result == FSDP_SUCCESS && (w->flags & FSDP_CKPT_SHARDED))
@@ -24746,6 +25068,10 @@ FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
     fsdp__free(&w->hooks, w->path);
     fsdp__free(&w->hooks, w->file);
     w->path = w->file = NULL;
+    fsdp__free(&w->hooks, w->kvall);
+    fsdp__free(&w->hooks, w->kvstate);
+    w->kvall = NULL;
+    w->kvstate = NULL;
     w->pending = 0;
 }
 
@@ -24939,6 +25265,20 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         }
         if (!w->file) r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
+    if (r == FSDP_SUCCESS) {
+        /* the engine's state as this save's metadata, copied now: the
+           caller may set another for the next save at once */
+        fsdp__kv *ekv = NULL;
+        int nekv = 0;
+        r = fsdp__estate_kv(c, sharded, w->file != NULL, &ekv, &nekv, &w->kvstate, fn);
+        if (r == FSDP_SUCCESS && nekv) {
+            w->kvall = (fsdp__kv *)fsdp__alloc(&w->hooks, sizeof *w->kvall * (size_t)(6 + nekv));
+            if (!w->kvall) r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+            else memcpy(w->kvall + 6, ekv, sizeof *ekv * (size_t)nekv);
+        }
+        w->nekv = nekv;
+        fsdp__free(&w->hooks, ekv);
+    }
     if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto fail;
     w->st.agree_s += fsdp__tick(w->timing) - t0;
     w->pending = 1;
@@ -24961,6 +25301,10 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         w->kv[5].key = "fsdp.save_id";
         w->kv[5].value = w->kvtext[4];
         w->nkv = 6;
+        if (w->kvall) {
+            memcpy(w->kvall, w->kv, sizeof w->kv);
+            w->nkv = 6 + w->nekv;
+        }
         fsdp__clear(&w->werr);
         w->result = FSDP_SUCCESS;
         w->done = 0;
@@ -25956,10 +26300,12 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     char *text = NULL, where[300];
     struct stat st;
     fsdp_result r;
-    int sharded, on;
+    int sharded = 0, on;
     const char *fn = "fsdp_ckpt_load";
     fsdp_ckpt_stats ts;
     double t0, t1, tstart;
+    fsdp__eblob *eb = NULL;
+    int neb = 0;
     if (!c) return FSDP_INVALID_ARGS;
     if (!path) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: path is NULL", fn);
     if (flags & ~(unsigned)(FSDP_SD_OPTIM | FSDP_SD_NOT_STRICT))
@@ -26028,8 +26374,25 @@ agree1:
     }
     t1 = fsdp__tick(on);
     ts.agree_s += t1 - t0;
+    /* the engine's state, decoded before the commit so that a bad one
+       leaves the context as it was (every rank read the same files) */
+    r = fsdp__estate_read(c, L.files, L.nfiles, where, &eb, &neb);
+    if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) {
+        fsdp__eblobs_free(&c->hooks, eb, neb);
+        eb = NULL;
+        neb = 0;
+        fsdp__ld_restore(&L);
+        goto done;
+    }
     r = fsdp__ld_commit(&L);
     if (r != FSDP_SUCCESS) fsdp__ld_restore(&L);
+    if (r == FSDP_SUCCESS) {
+        const char *ws = sharded || !L.nfiles ? NULL : fsdp__st_meta(&L.files[0], "fsdp.world_size");
+        fsdp__estate_take(c, eb, neb, sharded ? L.nfiles : ws ? atoi(ws) : 1);
+    } else {
+        fsdp__eblobs_free(&c->hooks, eb, neb);
+    }
+    eb = NULL;
     if (on && r == FSDP_SUCCESS) {
         t0 = fsdp__tick(on);
         ts.apply_s += t0 - t1;

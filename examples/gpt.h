@@ -139,6 +139,22 @@ static int gpt_is_held_out(uint64_t a, uint64_t b)
 
 /* Problem `index` of the training (test 0) or held-out (test 1) stream:
    fixed by (seed, index) whichever rank draws it. */
+/* Little-endian u64 in 8 bytes: the engine state it keeps in its
+   checkpoints reads the same on every host. */
+static void gpt_put_u64(unsigned char *p, uint64_t v)
+{
+    int i;
+    for (i = 0; i < 8; i++) p[i] = (unsigned char)(v >> (8 * i));
+}
+
+static uint64_t gpt_get_u64(const unsigned char *p)
+{
+    uint64_t v = 0;
+    int i;
+    for (i = 7; i >= 0; i--) v = v << 8 | p[i];
+    return v;
+}
+
 static void gpt_problem(int digits, uint64_t seed, int test, uint64_t index, uint64_t *a,
                         uint64_t *b)
 {
@@ -1608,6 +1624,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     fsdp_result r;
     int K = cfg->accum, mb = cfg->batch / (nranks * K), ok = 0, step, m, i, k;
     int first_step, last_step;
+    uint64_t data_base, data_seed; /* the training stream's first sample and seed */
     float *dump = NULL; /* --dump-logits: rank 0's logits */
     fsdp_ckpt_writer *writer = NULL;
     int chunk = mb > 64 ? mb : 64, *tok = NULL;
@@ -1752,6 +1769,21 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         goto done;
     }
     first_step = (int)fsdp_ctx_steps(e.ctx) + 1;
+    /* the data stream's place: the checkpoint's own record of it (the
+       sample the next step starts at, and the stream's seed) where it has
+       one, so that a resume goes on where the stream was even when the
+       batch changed; else, as before, the step times the batch */
+    data_base = (uint64_t)(first_step - 1) * (uint64_t)cfg->batch;
+    data_seed = cfg->seed;
+    if (cfg->resume_dir) {
+        unsigned char st[16];
+        size_t n = 0;
+        if (fsdp_ckpt_state_get(e.ctx, "train_gpt.data", -1, st, sizeof st, &n) == FSDP_SUCCESS &&
+            n == sizeof st) {
+            data_base = gpt_get_u64(st);
+            data_seed = gpt_get_u64(st + 8);
+        }
+    }
     metrics_step = first_step - 1;
     print_step = first_step - 1;
     last_step = cfg->stop_after > 0 && cfg->stop_after < cfg->steps ? cfg->stop_after : cfg->steps;
@@ -1800,9 +1832,9 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
             /* micro-batch m: rows [m*B/K, (m+1)*B/K) of the global batch,
                this rank's slice of them */
             for (i = 0; i < mb; i++) {
-                uint64_t idx = (uint64_t)(step - 1) * (uint64_t)cfg->batch +
+                uint64_t idx = data_base + (uint64_t)(step - first_step) * (uint64_t)cfg->batch +
                                (uint64_t)(m * (cfg->batch / K) + rank * mb + i), x, y;
-                gpt_problem(cfg->digits, cfg->seed, 0, idx, &x, &y);
+                gpt_problem(cfg->digits, data_seed, 0, idx, &x, &y);
                 gpt_encode_task(cfg->task, cfg->digits, x, y, tok + (size_t)i * row);
             }
             if (!gpt_forward(&e.d, &a, &e.src, tok, mb)) goto done;
@@ -1834,6 +1866,14 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
            the latest completed save is always resumable (a fault a few
            steps after a save loses nothing before it) */
         if (writer && (step == last_step || (cfg->save_every > 0 && step % cfg->save_every == 0))) {
+            /* the data stream's place goes into the same atomic save */
+            unsigned char st[16];
+            gpt_put_u64(st, data_base + (uint64_t)(step - first_step + 1) * (uint64_t)cfg->batch);
+            gpt_put_u64(st + 8, data_seed);
+            if (fsdp_ckpt_state_set(e.ctx, "train_gpt.data", st, sizeof st, 0) != FSDP_SUCCESS) {
+                gpt__fail(&e, "fsdp_ckpt_state_set");
+                goto done;
+            }
             if (fsdp_ckpt_wait(writer) != FSDP_SUCCESS ||
                 fsdp_ckpt_save_async(writer, cfg->save_dir, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM) !=
                     FSDP_SUCCESS) {

@@ -241,6 +241,40 @@ typedef struct fsdp_ckpt_stats {
 FSDP_API fsdp_result fsdp_ckpt_stats_get(const fsdp_ctx *ctx, fsdp_ckpt_stats *save,
                                          fsdp_ckpt_stats *load);
 
+/* The engine's own state in the checkpoint: its data loader's position,
+   RNG states, scheduler, best validation loss, as named blobs written in
+   the same atomic save as the model (sync and async), checksummed with
+   the file's header, and read back by fsdp_ckpt_load, so that a side file
+   can never commit without the checkpoint or the other way round
+   (PyTorch DCP's Stateful, DeepSpeed's client_state).
+   fsdp_ckpt_state_set copies bytes (at most FSDP_CKPT_STATE_MAX) under
+   name (1 to FSDP_CKPT_STATE_NAME_MAX letters, digits, '.', '_', '-'); every
+   later save writes what is set then (set it again to change it; data
+   NULL and bytes 0 remove it). A global blob (flags 0) is rank 0's: set it
+   on every rank or on rank 0, the others' are not saved. A per-rank blob
+   (FSDP_CKPT_STATE_PER_RANK) is each rank's own, and needs a sharded
+   checkpoint (a single file is rank 0's alone: refused, naming it).
+   After fsdp_ckpt_load, every rank reads them all: fsdp_ckpt_state_get
+   with rank -1 for a global blob, or the saving rank's index for a
+   per-rank one, 0 to fsdp_ckpt_state_ranks() - 1, whatever the world size
+   now (a resumed run at another size decides how its ranks take the old
+   ranks' state: every one of them is there). It copies at most cap bytes
+   into buf and gives the blob's size in *bytes; FSDP_NOT_FOUND when the
+   loaded checkpoint has no such blob (an older checkpoint has none).
+   Collective: no. Thread safety: one thread per context. */
+#define FSDP_CKPT_STATE_MAX ((size_t)1 << 20)
+#define FSDP_CKPT_STATE_NAME_MAX 64
+enum {
+    FSDP_CKPT_STATE_PER_RANK = 1u << 0
+};
+FSDP_API fsdp_result fsdp_ckpt_state_set(fsdp_ctx *ctx, const char *name, const void *data,
+                                         size_t bytes, unsigned flags);
+FSDP_API fsdp_result fsdp_ckpt_state_get(fsdp_ctx *ctx, const char *name, int rank, void *buf,
+                                         size_t cap, size_t *bytes);
+/* The world size of the save fsdp_ckpt_load read (its per-rank blobs'
+   count); 0 before any load. */
+FSDP_API int fsdp_ckpt_state_ranks(const fsdp_ctx *ctx);
+
 /* What fsdp_ckpt_clean removed. */
 typedef struct fsdp_ckpt_clean_report {
     int removed;      /* files removed (FSDP_CKPT_CLEAN_DRY_RUN: that would be) */

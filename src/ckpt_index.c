@@ -549,10 +549,12 @@ FSDP_API fsdp_result fsdp_ckpt_load(fsdp_ctx *c, const char *path, unsigned flag
     char *text = NULL, where[300];
     struct stat st;
     fsdp_result r;
-    int sharded, on;
+    int sharded = 0, on;
     const char *fn = "fsdp_ckpt_load";
     fsdp_ckpt_stats ts;
     double t0, t1, tstart;
+    fsdp__eblob *eb = NULL;
+    int neb = 0;
     if (!c) return FSDP_INVALID_ARGS;
     if (!path) return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: path is NULL", fn);
     if (flags & ~(unsigned)(FSDP_SD_OPTIM | FSDP_SD_NOT_STRICT))
@@ -621,8 +623,25 @@ agree1:
     }
     t1 = fsdp__tick(on);
     ts.agree_s += t1 - t0;
+    /* the engine's state, decoded before the commit so that a bad one
+       leaves the context as it was (every rank read the same files) */
+    r = fsdp__estate_read(c, L.files, L.nfiles, where, &eb, &neb);
+    if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) {
+        fsdp__eblobs_free(&c->hooks, eb, neb);
+        eb = NULL;
+        neb = 0;
+        fsdp__ld_restore(&L);
+        goto done;
+    }
     r = fsdp__ld_commit(&L);
     if (r != FSDP_SUCCESS) fsdp__ld_restore(&L);
+    if (r == FSDP_SUCCESS) {
+        const char *ws = sharded || !L.nfiles ? NULL : fsdp__st_meta(&L.files[0], "fsdp.world_size");
+        fsdp__estate_take(c, eb, neb, sharded ? L.nfiles : ws ? atoi(ws) : 1);
+    } else {
+        fsdp__eblobs_free(&c->hooks, eb, neb);
+    }
+    eb = NULL;
     if (on && r == FSDP_SUCCESS) {
         t0 = fsdp__tick(on);
         ts.apply_s += t0 - t1;

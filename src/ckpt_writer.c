@@ -1,7 +1,3 @@
-/* ------------------------------------------------------------------------ */
-/* >>ckpt (implementation)                                                   */
-/* ------------------------------------------------------------------------ */
-
 /* --- >>ckpt:writer saves: staging, the writer, commits ------------------- */
 
 #define FSDP__INDEX_NAME "index.json"
@@ -25,6 +21,9 @@ struct fsdp_ckpt_writer {
     char kvtext[5][64];
     fsdp__kv kv[6];
     int nkv;
+    fsdp__kv *kvall;     /* kv then the engine's state (>>ckpt:state); NULL: kv alone */
+    int nekv;
+    char *kvstate;       /* the engine state's keys and hex values */
     fsdp_result result; /* of the thread */
     fsdp_error werr;
     /* timings (fsdp_ckpt_options.stats when the save began): the caller's
@@ -103,7 +102,7 @@ FSDP__DEF void fsdp__writer_write(fsdp_ckpt_writer *w, int own_thread)
 {
     fsdp_state_dict view = *w->sd;
     if (own_thread) memset(&view.hooks.allocator, 0, sizeof view.hooks.allocator);
-    w->result = fsdp__sd_write(w->file, &view, w->kv, w->nkv, &w->opt, w->world,
+    w->result = fsdp__sd_write(w->file, &view, w->kvall ? w->kvall : w->kv, w->nkv, &w->opt, w->world,
                                w->timing ? &w->wst : NULL, &w->werr,
                                (w->flags & FSDP_CKPT_SHARDED) ? &w->hold : NULL);
     if (w->result == FSDP_SUCCESS && (w->flags & FSDP_CKPT_SHARDED))
@@ -459,6 +458,10 @@ FSDP__DEF void fsdp__writer_reset(fsdp_ckpt_writer *w)
     fsdp__free(&w->hooks, w->path);
     fsdp__free(&w->hooks, w->file);
     w->path = w->file = NULL;
+    fsdp__free(&w->hooks, w->kvall);
+    fsdp__free(&w->hooks, w->kvstate);
+    w->kvall = NULL;
+    w->kvstate = NULL;
     w->pending = 0;
 }
 
@@ -652,6 +655,20 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         }
         if (!w->file) r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
     }
+    if (r == FSDP_SUCCESS) {
+        /* the engine's state as this save's metadata, copied now: the
+           caller may set another for the next save at once */
+        fsdp__kv *ekv = NULL;
+        int nekv = 0;
+        r = fsdp__estate_kv(c, sharded, w->file != NULL, &ekv, &nekv, &w->kvstate, fn);
+        if (r == FSDP_SUCCESS && nekv) {
+            w->kvall = (fsdp__kv *)fsdp__alloc(&w->hooks, sizeof *w->kvall * (size_t)(6 + nekv));
+            if (!w->kvall) r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", fn);
+            else memcpy(w->kvall + 6, ekv, sizeof *ekv * (size_t)nekv);
+        }
+        w->nekv = nekv;
+        fsdp__free(&w->hooks, ekv);
+    }
     if ((r = fsdp__agree(c, r, fn)) != FSDP_SUCCESS) goto fail;
     w->st.agree_s += fsdp__tick(w->timing) - t0;
     w->pending = 1;
@@ -674,6 +691,10 @@ FSDP_API fsdp_result fsdp_ckpt_save_async(fsdp_ckpt_writer *w, const char *path,
         w->kv[5].key = "fsdp.save_id";
         w->kv[5].value = w->kvtext[4];
         w->nkv = 6;
+        if (w->kvall) {
+            memcpy(w->kvall, w->kv, sizeof w->kv);
+            w->nkv = 6 + w->nekv;
+        }
         fsdp__clear(&w->werr);
         w->result = FSDP_SUCCESS;
         w->done = 0;

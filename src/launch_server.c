@@ -729,7 +729,7 @@ FSDP__DEF void *fsdp__srv_main(void *arg)
         }
         if (s->coll_active) fsdp__srv_coll_check(s);
         if (s->phase == 0 && s->arrive_deadline >= 0 && now >= s->arrive_deadline) {
-            char msg[FSDP_ERROR_MAX], why[200];
+            char msg[FSDP_ERROR_MAX + 256], why[200]; /* cut to FSDP_ERROR_MAX by the fail */
             unsigned char *missing = (unsigned char *)fsdp__calloc(&s->hooks, (size_t)s->size, 1);
             char list[160] = "";
             int k = 0;

@@ -99,8 +99,8 @@
        >>ckpt         checkpoints: sharded directories and single files,
                       resharding on load, the async writer with cached
                       pinned staging, committed by a per-step poll.
-                      Inside: >>ckpt:writer >>ckpt:load >>ckpt:index
-                      >>ckpt:clean
+                      Inside: >>ckpt:state >>ckpt:writer >>ckpt:load
+                      >>ckpt:index >>ckpt:clean
        >>hf           Hugging Face model directories and PEFT adapters in
                       and out (fsdp_hf_load, fsdp_hf_save).
                       Inside: >>hf:items >>hf:read >>hf:write

@@ -148,6 +148,7 @@ struct fsdp_ctx {
     fsdp__lend *lend;    /* the plan's idle buffers while lent (fsdp__lend_open) */
     int nlend, lend_depth;
     fsdp_ckpt_options ckpt_opt;                 /* fsdp_ckpt_set_options (>>ckpt) */
+    struct fsdp__estate *estate;                /* the engine's state (>>ckpt:state) */
     fsdp_ckpt_stats ckpt_save_st, ckpt_load_st; /* the latest timed save and load */
 };
 

@@ -1,7 +1,8 @@
 #!/bin/sh
 # A preempted job that saves often leaves one checkpoint's worth of files
 # (issue 49): train_gpt --ranks 2 --steps 300 --save-every 25 --save DIR is
-# killed (SIGKILL, the whole process group) at pseudo-random moments and
+# killed (SIGKILL, the whole process group) at pseudo-random moments (0.2
+# to 0.9 s after each start) and
 # started again with --resume DIR (from scratch while there is no index),
 # KILLS times, then runs to the end. The directory must then hold the
 # committed save's 2 rank files and index.json and nothing else (no rank
@@ -39,13 +40,22 @@ run() {
         # its own process group, so that the kill takes every rank at once
         setsid "$exe" --ranks 2 "$@" $args --save "$dir" $more > "$log" 2>&1 &
         job=$!
-        # 0.3 to 1.5 s, from a fixed sequence
+        # 0.2 to 0.9 s, from a fixed sequence
         seed=$(((seed * 1103515245 + 12345) % 2147483648))
-        ms=$((300 + seed % 1200))
+        ms=$((200 + seed % 700))
         sleep "$(printf '%d.%03d' $((ms / 1000)) $((ms % 1000)))"
         if kill -0 $job 2> /dev/null; then
-            kill -KILL -- -$job 2> /dev/null || kill -KILL $job
+            # the external kill: dash's builtin takes no process group
+            env kill -KILL -- -$job 2> /dev/null || kill -KILL $job
             wait $job 2> /dev/null
+            # every rank gone, not only the one waited for: a rank killed
+            # in a system call (a rename, an fsync) finishes it first, and
+            # its commit must not land under the next run's load
+            n=0
+            while env kill -0 -- -$job 2> /dev/null && [ $n -lt 200 ]; do
+                sleep 0.05
+                n=$((n + 1))
+            done
             k=$((k + 1))
         elif wait $job; then
             loss=$(final_loss "$(cat "$log")" | head -n 1) # it finished before the kill

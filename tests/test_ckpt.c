@@ -1667,6 +1667,130 @@ static void test_reshard_sgd(void)
     reshard(4, 2, 1, 1, sgd->vals, sgd->nvals);
 }
 
+/* --- the engine's own state (issue 45, part 3) --- */
+
+/* Saves at 2 ranks: a global blob "loader" (rank 0's: the others set
+   something else, which is not saved) and a per-rank blob "rng" (each
+   rank's own), sync or async (the async save keeps what was set when it
+   began, though the engine changes it at once). */
+static int job_state_save(job *j, int rank, int nranks, rank_env *e)
+{
+    char loader[32], rng[32];
+    fsdp_result r;
+    (void)nranks;
+    if (!train_n(e, g_model, g_units, 1)) return 0;
+    snprintf(loader, sizeof loader, rank == 0 ? "position 4096" : "not saved");
+    snprintf(rng, sizeof rng, "rng of rank %d", rank);
+    CHECK_RANK(fsdp_ckpt_state_set(e->ctx, "loader", loader, strlen(loader) + 1, 0) ==
+                   FSDP_SUCCESS, rank, "%s", fsdp_ctx_last_error(e->ctx));
+    CHECK_RANK(fsdp_ckpt_state_set(e->ctx, "rng", rng, strlen(rng) + 1,
+                                   FSDP_CKPT_STATE_PER_RANK) == FSDP_SUCCESS, rank, "%s",
+               fsdp_ctx_last_error(e->ctx));
+    CHECK_RANK(fsdp_ckpt_state_set(e->ctx, "gone", "x", 1, 0) == FSDP_SUCCESS &&
+                   fsdp_ckpt_state_set(e->ctx, "gone", NULL, 0, 0) == FSDP_SUCCESS,
+               rank, "set then removed");
+    if (!j->seed) {
+        r = fsdp_ckpt_save(e->ctx, j->path, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM);
+    } else {
+        fsdp_ckpt_writer *w = NULL;
+        r = fsdp_ckpt_writer_create(e->ctx, &w);
+        if (r == FSDP_SUCCESS) r = fsdp_ckpt_save_async(w, j->path, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM);
+        /* changed while the save is in flight: the save keeps the old */
+        fsdp_ckpt_state_set(e->ctx, "loader", "changed", 8, 0);
+        if (r == FSDP_SUCCESS) r = fsdp_ckpt_wait(w);
+        fsdp_ckpt_writer_destroy(w);
+    }
+    CHECK_RANK(r == FSDP_SUCCESS, rank, "save: %s", fsdp_ctx_last_error(e->ctx));
+    return r == FSDP_SUCCESS;
+}
+
+/* Loads at 3 ranks: every rank reads the global blob and both old ranks'
+   per-rank blobs. */
+static int job_state_load(job *j, int rank, int nranks, rank_env *e)
+{
+    char buf[64];
+    size_t n = 0;
+    int k;
+    (void)nranks;
+    CHECK_RANK(fsdp_ckpt_state_ranks(e->ctx) == 0, rank, "state before a load");
+    if (fsdp_ckpt_load(e->ctx, j->path, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
+        CHECK_RANK(0, rank, "load: %s", fsdp_ctx_last_error(e->ctx));
+        return 0;
+    }
+    EXPECT_EQ(fsdp_ckpt_state_ranks(e->ctx), 2);
+    CHECK_RANK(fsdp_ckpt_state_get(e->ctx, "loader", -1, buf, sizeof buf, &n) == FSDP_SUCCESS &&
+                   n == 14 && !strcmp(buf, "position 4096"),
+               rank, "global blob: %zu bytes '%.*s'", n, (int)n, buf);
+    for (k = 0; k < 2; k++) {
+        char want[32];
+        snprintf(want, sizeof want, "rng of rank %d", k);
+        CHECK_RANK(fsdp_ckpt_state_get(e->ctx, "rng", k, buf, sizeof buf, &n) == FSDP_SUCCESS &&
+                       n == strlen(want) + 1 && !strcmp(buf, want),
+                   rank, "old rank %d's blob: '%.*s'", k, (int)n, buf);
+    }
+    /* cut to cap, the whole size said */
+    CHECK_RANK(fsdp_ckpt_state_get(e->ctx, "loader", -1, buf, 4, &n) == FSDP_SUCCESS && n == 14 &&
+                   !memcmp(buf, "posi", 4), rank, "a short buffer");
+    EXPECT_EQ(fsdp_ckpt_state_get(e->ctx, "gone", -1, buf, sizeof buf, &n), FSDP_NOT_FOUND);
+    EXPECT_EQ(fsdp_ckpt_state_get(e->ctx, "rng", 2, buf, sizeof buf, &n), FSDP_NOT_FOUND);
+    EXPECT_EQ(fsdp_ckpt_state_get(e->ctx, "rng", -1, buf, sizeof buf, &n), FSDP_NOT_FOUND);
+    CHECK_RANK(strstr(fsdp_ctx_last_error(e->ctx), "'rng'") != NULL, rank, "%s",
+               fsdp_ctx_last_error(e->ctx));
+    return 1;
+}
+
+/* Refusals, and a single-file checkpoint's global blob. */
+static int job_state_refusals(job *j, int rank, int nranks, rank_env *e)
+{
+    static char big[(1 << 20) + 1];
+    char buf[16];
+    size_t n = 0;
+    fsdp_result r;
+    (void)nranks;
+    EXPECT_EQ(fsdp_ckpt_state_set(e->ctx, "", "x", 1, 0), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_ckpt_state_set(e->ctx, "a b", "x", 1, 0), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_ckpt_state_set(e->ctx, "a/b", "x", 1, 0), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_ckpt_state_set(e->ctx, NULL, "x", 1, 0), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_ckpt_state_set(e->ctx, "big", big, sizeof big, 0), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_ckpt_state_set(e->ctx, "x", NULL, 4, 0), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_ckpt_state_set(e->ctx, "x", "x", 1, 8u), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_ckpt_state_get(e->ctx, "x", -1, buf, sizeof buf, &n), FSDP_NOT_FOUND);
+    CHECK_RANK(fsdp_ckpt_state_set(e->ctx, "epoch", "\x07\x00", 2, 0) == FSDP_SUCCESS, rank, "set");
+    r = fsdp_ckpt_save(e->ctx, j->path, FSDP_SD_OPTIM);
+    CHECK_RANK(r == FSDP_SUCCESS, rank, "single-file save: %s", fsdp_ctx_last_error(e->ctx));
+    CHECK_RANK(fsdp_ckpt_load(e->ctx, j->path, FSDP_SD_OPTIM) == FSDP_SUCCESS, rank, "load: %s",
+               fsdp_ctx_last_error(e->ctx));
+    CHECK_RANK(fsdp_ckpt_state_get(e->ctx, "epoch", -1, buf, sizeof buf, &n) == FSDP_SUCCESS &&
+                   n == 2 && buf[0] == 7 && buf[1] == 0, rank, "a single file's global blob");
+    /* a per-rank blob in a single file: refused on every rank, nothing written */
+    CHECK_RANK(fsdp_ckpt_state_set(e->ctx, "mine", "r", 1, FSDP_CKPT_STATE_PER_RANK) ==
+                   FSDP_SUCCESS, rank, "set");
+    r = fsdp_ckpt_save(e->ctx, j->path, FSDP_SD_OPTIM);
+    CHECK_RANK(r != FSDP_SUCCESS && strstr(fsdp_ctx_last_error(e->ctx), "needs a sharded"),
+               rank, "per-rank state in a single file: %d %s", (int)r, fsdp_ctx_last_error(e->ctx));
+    return 1;
+}
+
+static void test_engine_state(void)
+{
+    static job j;
+    int async;
+    for (async = 0; async < 2; async++) {
+        memset(&j, 0, sizeof j);
+        j.fn = job_state_save;
+        j.seed = async; /* 0: fsdp_ckpt_save; 1: save_async, changed in flight */
+        snprintf(j.path, sizeof j.path, "%s/engine_state_%d", g_tmp, async);
+        run(&j, 2);
+        j.fn = job_state_load;
+        j.seed = 0;
+        run(&j, 3);
+    }
+    memset(&j, 0, sizeof j);
+    j.fn = job_state_refusals;
+    snprintf(j.path, sizeof j.path, "%s/engine_state_single.safetensors", g_tmp);
+    run(&j, 2);
+}
+
 static const check_case CASES[] = {
     {"reshard", test_reshard},
     {"reshard_strategy", test_reshard_strategy},
@@ -1681,6 +1805,7 @@ static const check_case CASES[] = {
     {"stats", stats_test},
     {"lent", lent_test},
     {"threads", threads_test},
+    {"engine_state", test_engine_state},
 };
 
 /* --read FILE: prints a file Python wrote */
