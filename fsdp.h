@@ -564,8 +564,28 @@ typedef enum fsdp_optim_kind {
     FSDP_OPTIM_DEFAULT = 0, /* AdamW */
     FSDP_ADAMW = 1,
     FSDP_ADAM = 2,          /* weight_decay is L2 added to the gradient */
-    FSDP_SGD = 3
+    FSDP_SGD = 3,
+    FSDP_OPTIM_CUSTOM = 4   /* the engine's own rule: fsdp_optim_config.custom */
 } fsdp_optim_kind;
+
+struct fsdp_optim_config;
+/* An engine's own update rule (FSDP_OPTIM_CUSTOM): param[i] from grad[i]
+   and its state values state[0][i] .. state[k - 1][i] (k =
+   config->custom_state f32 values per element, zeroed before the first
+   step), for i < n, in place. step is the group's step (1 first); config
+   is the group's (lr as fsdp_set_lr left it, and custom_user). It is
+   called on contiguous ranges of the local shard (a parameter's piece, or
+   a block of one), in no promised order, possibly from several of the
+   library's threads at once on disjoint ranges (cpu_offload): it must
+   depend on nothing but its element's values, as torch's elementwise
+   optimizers do, so that the bits do not depend on the sharding. The
+   state is sharded, offloaded, planned, checkpointed and resharded exactly
+   like Adam's moments; in state dicts and checkpoints state k keeps the
+   name of torch's k-th buffer (exp_avg, exp_avg_sq, max_exp_avg_sq,
+   momentum_buffer). The CPU device and cpu_offload run it; a device whose
+   memory the host cannot read refuses it (FSDP_NOT_SUPPORTED). */
+typedef void (*fsdp_optim_fn)(void *user, const struct fsdp_optim_config *config, int64_t step,
+                              float *param, const float *grad, float *const *state, size_t n);
 
 /* Whose arithmetic an optimizer step reproduces, bit for bit. torch 2.x
    computes exp_avg as a lerp (two formulas, by the size of 1 - beta1);
@@ -604,6 +624,11 @@ typedef struct fsdp_optim_config {
        FSDP_TORCH1_13_PLAIN). */
     int fused_multiply_add;
     fsdp_optim_numerics numerics; /* 0: torch 2.x with fused multiply-adds */
+    /* FSDP_OPTIM_CUSTOM (above): the rule, its user pointer, and its state
+       values per element (0 to 4); unused by the other kinds */
+    fsdp_optim_fn custom;
+    void *custom_user;
+    int custom_state;
 } fsdp_optim_config;
 
 FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
@@ -4162,7 +4187,7 @@ FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind)
     memset(&c, 0, sizeof c);
     c.kind = kind == FSDP_OPTIM_DEFAULT ? FSDP_ADAMW : kind;
     c.lr = 1e-3;
-    if (c.kind != FSDP_SGD) {
+    if (c.kind != FSDP_SGD && c.kind != FSDP_OPTIM_CUSTOM) {
         c.beta1 = 0.9;
         c.beta2 = 0.999;
         c.eps = 1e-8;
@@ -4175,16 +4200,22 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
 {
     const char *why = NULL;
     char buf[FSDP_ERROR_MAX];
+    const int adam = c && c->kind != FSDP_SGD && c->kind != FSDP_OPTIM_CUSTOM;
     if (!c) why = "configuration is NULL";
-    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_SGD) why = "unknown optimizer kind";
+    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_OPTIM_CUSTOM)
+        why = "unknown optimizer kind";
+    else if (c->kind == FSDP_OPTIM_CUSTOM && !c->custom)
+        why = "FSDP_OPTIM_CUSTOM needs its rule (custom is NULL)";
+    else if (c->kind == FSDP_OPTIM_CUSTOM && (c->custom_state < 0 || c->custom_state > 4))
+        why = "custom_state must be 0 to 4 (state values per element)";
     else if (c->numerics < FSDP_NUMERICS_DEFAULT || c->numerics > FSDP_TORCH1_13_PLAIN)
         why = "unknown numerics (see fsdp_optim_numerics)";
     else if (!(c->lr >= 0.0)) why = "lr must be >= 0";
     else if (!(c->weight_decay >= 0.0)) why = "weight_decay must be >= 0";
-    else if (c->kind != FSDP_SGD && !(c->eps >= 0.0)) why = "eps must be >= 0";
-    else if (c->kind != FSDP_SGD && !(c->beta1 >= 0.0 && c->beta1 < 1.0))
+    else if (adam && !(c->eps >= 0.0)) why = "eps must be >= 0";
+    else if (adam && !(c->beta1 >= 0.0 && c->beta1 < 1.0))
         why = "beta1 must be in [0, 1)";
-    else if (c->kind != FSDP_SGD && !(c->beta2 >= 0.0 && c->beta2 < 1.0))
+    else if (adam && !(c->beta2 >= 0.0 && c->beta2 < 1.0))
         why = "beta2 must be in [0, 1)";
     else if (c->kind == FSDP_SGD && !(c->momentum >= 0.0)) why = "momentum must be >= 0";
     else if (c->kind == FSDP_SGD && c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
@@ -4236,6 +4267,8 @@ FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
 {
     if (!c) return 0;
     if (c->kind == FSDP_SGD) return c->momentum != 0.0 ? 8u : 0u;
+    if (c->kind == FSDP_OPTIM_CUSTOM) /* its k values in torch's first k slots */
+        return c->custom_state >= 0 && c->custom_state <= 4 ? (1u << c->custom_state) - 1u : 0u;
     return 3u | (c->amsgrad ? 4u : 0u);
 }
 
@@ -4880,7 +4913,14 @@ FSDP__DEF void fsdp__optim_step_isa(const fsdp_optim_config *c, int64_t step, fl
         c->numerics == FSDP_NUMERICS_DEFAULT ? FSDP_TORCH2_FMA : c->numerics;
     const int fma = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH1_13_FMA;
     const int lerp = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH2_PLAIN;
-    if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, fma, isa);
+    if (c->kind == FSDP_OPTIM_CUSTOM) {
+        float *st[4];
+        st[0] = state->exp_avg;
+        st[1] = state->exp_avg_sq;
+        st[2] = state->max_exp_avg_sq;
+        st[3] = state->momentum_buffer;
+        c->custom(c->custom_user, c, step, param, grad, st, n);
+    } else if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, fma, isa);
     else if (fma) fsdp__adam_fma(c, step, param, grad, state, n, lerp, isa);
     else fsdp__adam_plain(c, step, param, grad, state, n, lerp, isa);
 }
@@ -17660,6 +17700,14 @@ FSDP__DEF fsdp_result fsdp__ctx_validate(const fsdp_ctx *c, const fsdp_ctx_desc 
         else snprintf(field, sizeof field, "optim");
         if (fsdp__optim_check_zeroed(&c->groups[i], field, msg, sizeof msg) != FSDP_SUCCESS)
             return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: %s", msg);
+        /* the engine's rule is host code: it runs where the host reads the
+           shards (the CPU device, or cpu_offload's host copies) */
+        if (c->groups[i].kind == FSDP_OPTIM_CUSTOM && !c->offload && c->dev &&
+            !fsdp_device_host_accessible(c->dev))
+            return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: %s: "
+                                     "FSDP_OPTIM_CUSTOM runs on the host, and device '%s' keeps "
+                                     "the shards where the host cannot read them; use "
+                                     "cpu_offload", field, fsdp_device_name(c->dev));
     }
     if (c->hybrid_size < 1 || c->nranks % c->hybrid_size)
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
@@ -21094,6 +21142,11 @@ FSDP__DEF fsdp_result fsdp__zero_check_group(const fsdp_optim_config *c, fsdp_op
         fsdp__optim_check_zeroed(c, "", why, sizeof why) != FSDP_SUCCESS) {
         snprintf(msg, nmsg, "group %d: %.400s", g, why);
         return FSDP_INVALID_ARGS;
+    }
+    if (c->kind == FSDP_OPTIM_CUSTOM) {
+        snprintf(msg, nmsg, "group %d: FSDP_OPTIM_CUSTOM is not supported by the ZeRO optimizer "
+                 "(fsdp_ctx_create's contexts take it)", g);
+        return FSDP_NOT_SUPPORTED;
     }
     if (kind != FSDP_OPTIM_DEFAULT && c->kind != kind) {
         snprintf(msg, nmsg, "group %d: optimizer kind %d differs from group 0's %d (one wrapped "

@@ -1319,6 +1319,9 @@ static fsdp_result fsdp__optim_step__cuda(void *self, const struct fsdp_optim_co
     msg[0] = 0;
     if (fsdp_optim_check(c, msg) != FSDP_SUCCESS)
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "cuda optim_step: %s", msg);
+    if (c->kind == FSDP_OPTIM_CUSTOM) /* host code: cpu_offload runs it on host copies */
+        return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "cuda optim_step: FSDP_OPTIM_CUSTOM runs "
+                              "on the host; use cpu_offload");
     if (step < 1 || !st)
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "cuda optim_step: step %lld < 1 or no state",
                               (long long)step);

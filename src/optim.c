@@ -8,7 +8,7 @@ FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind)
     memset(&c, 0, sizeof c);
     c.kind = kind == FSDP_OPTIM_DEFAULT ? FSDP_ADAMW : kind;
     c.lr = 1e-3;
-    if (c.kind != FSDP_SGD) {
+    if (c.kind != FSDP_SGD && c.kind != FSDP_OPTIM_CUSTOM) {
         c.beta1 = 0.9;
         c.beta2 = 0.999;
         c.eps = 1e-8;
@@ -21,16 +21,22 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
 {
     const char *why = NULL;
     char buf[FSDP_ERROR_MAX];
+    const int adam = c && c->kind != FSDP_SGD && c->kind != FSDP_OPTIM_CUSTOM;
     if (!c) why = "configuration is NULL";
-    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_SGD) why = "unknown optimizer kind";
+    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_OPTIM_CUSTOM)
+        why = "unknown optimizer kind";
+    else if (c->kind == FSDP_OPTIM_CUSTOM && !c->custom)
+        why = "FSDP_OPTIM_CUSTOM needs its rule (custom is NULL)";
+    else if (c->kind == FSDP_OPTIM_CUSTOM && (c->custom_state < 0 || c->custom_state > 4))
+        why = "custom_state must be 0 to 4 (state values per element)";
     else if (c->numerics < FSDP_NUMERICS_DEFAULT || c->numerics > FSDP_TORCH1_13_PLAIN)
         why = "unknown numerics (see fsdp_optim_numerics)";
     else if (!(c->lr >= 0.0)) why = "lr must be >= 0";
     else if (!(c->weight_decay >= 0.0)) why = "weight_decay must be >= 0";
-    else if (c->kind != FSDP_SGD && !(c->eps >= 0.0)) why = "eps must be >= 0";
-    else if (c->kind != FSDP_SGD && !(c->beta1 >= 0.0 && c->beta1 < 1.0))
+    else if (adam && !(c->eps >= 0.0)) why = "eps must be >= 0";
+    else if (adam && !(c->beta1 >= 0.0 && c->beta1 < 1.0))
         why = "beta1 must be in [0, 1)";
-    else if (c->kind != FSDP_SGD && !(c->beta2 >= 0.0 && c->beta2 < 1.0))
+    else if (adam && !(c->beta2 >= 0.0 && c->beta2 < 1.0))
         why = "beta2 must be in [0, 1)";
     else if (c->kind == FSDP_SGD && !(c->momentum >= 0.0)) why = "momentum must be >= 0";
     else if (c->kind == FSDP_SGD && c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
@@ -82,6 +88,8 @@ FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
 {
     if (!c) return 0;
     if (c->kind == FSDP_SGD) return c->momentum != 0.0 ? 8u : 0u;
+    if (c->kind == FSDP_OPTIM_CUSTOM) /* its k values in torch's first k slots */
+        return c->custom_state >= 0 && c->custom_state <= 4 ? (1u << c->custom_state) - 1u : 0u;
     return 3u | (c->amsgrad ? 4u : 0u);
 }
 
@@ -726,7 +734,14 @@ FSDP__DEF void fsdp__optim_step_isa(const fsdp_optim_config *c, int64_t step, fl
         c->numerics == FSDP_NUMERICS_DEFAULT ? FSDP_TORCH2_FMA : c->numerics;
     const int fma = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH1_13_FMA;
     const int lerp = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH2_PLAIN;
-    if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, fma, isa);
+    if (c->kind == FSDP_OPTIM_CUSTOM) {
+        float *st[4];
+        st[0] = state->exp_avg;
+        st[1] = state->exp_avg_sq;
+        st[2] = state->max_exp_avg_sq;
+        st[3] = state->momentum_buffer;
+        c->custom(c->custom_user, c, step, param, grad, st, n);
+    } else if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, fma, isa);
     else if (fma) fsdp__adam_fma(c, step, param, grad, state, n, lerp, isa);
     else fsdp__adam_plain(c, step, param, grad, state, n, lerp, isa);
 }

@@ -6,8 +6,28 @@ typedef enum fsdp_optim_kind {
     FSDP_OPTIM_DEFAULT = 0, /* AdamW */
     FSDP_ADAMW = 1,
     FSDP_ADAM = 2,          /* weight_decay is L2 added to the gradient */
-    FSDP_SGD = 3
+    FSDP_SGD = 3,
+    FSDP_OPTIM_CUSTOM = 4   /* the engine's own rule: fsdp_optim_config.custom */
 } fsdp_optim_kind;
+
+struct fsdp_optim_config;
+/* An engine's own update rule (FSDP_OPTIM_CUSTOM): param[i] from grad[i]
+   and its state values state[0][i] .. state[k - 1][i] (k =
+   config->custom_state f32 values per element, zeroed before the first
+   step), for i < n, in place. step is the group's step (1 first); config
+   is the group's (lr as fsdp_set_lr left it, and custom_user). It is
+   called on contiguous ranges of the local shard (a parameter's piece, or
+   a block of one), in no promised order, possibly from several of the
+   library's threads at once on disjoint ranges (cpu_offload): it must
+   depend on nothing but its element's values, as torch's elementwise
+   optimizers do, so that the bits do not depend on the sharding. The
+   state is sharded, offloaded, planned, checkpointed and resharded exactly
+   like Adam's moments; in state dicts and checkpoints state k keeps the
+   name of torch's k-th buffer (exp_avg, exp_avg_sq, max_exp_avg_sq,
+   momentum_buffer). The CPU device and cpu_offload run it; a device whose
+   memory the host cannot read refuses it (FSDP_NOT_SUPPORTED). */
+typedef void (*fsdp_optim_fn)(void *user, const struct fsdp_optim_config *config, int64_t step,
+                              float *param, const float *grad, float *const *state, size_t n);
 
 /* Whose arithmetic an optimizer step reproduces, bit for bit. torch 2.x
    computes exp_avg as a lerp (two formulas, by the size of 1 - beta1);
@@ -46,6 +66,11 @@ typedef struct fsdp_optim_config {
        FSDP_TORCH1_13_PLAIN). */
     int fused_multiply_add;
     fsdp_optim_numerics numerics; /* 0: torch 2.x with fused multiply-adds */
+    /* FSDP_OPTIM_CUSTOM (above): the rule, its user pointer, and its state
+       values per element (0 to 4); unused by the other kinds */
+    fsdp_optim_fn custom;
+    void *custom_user;
+    int custom_state;
 } fsdp_optim_config;
 
 FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);

@@ -353,6 +353,11 @@ FSDP__DEF fsdp_result fsdp__zero_check_group(const fsdp_optim_config *c, fsdp_op
         snprintf(msg, nmsg, "group %d: %.400s", g, why);
         return FSDP_INVALID_ARGS;
     }
+    if (c->kind == FSDP_OPTIM_CUSTOM) {
+        snprintf(msg, nmsg, "group %d: FSDP_OPTIM_CUSTOM is not supported by the ZeRO optimizer "
+                 "(fsdp_ctx_create's contexts take it)", g);
+        return FSDP_NOT_SUPPORTED;
+    }
     if (kind != FSDP_OPTIM_DEFAULT && c->kind != kind) {
         snprintf(msg, nmsg, "group %d: optimizer kind %d differs from group 0's %d (one wrapped "
                  "optimizer class)", g, (int)c->kind, (int)kind);

@@ -1791,6 +1791,158 @@ static void test_engine_state(void)
     run(&j, 2);
 }
 
+/* --- an engine's own optimizer (FSDP_OPTIM_CUSTOM, issue 45 part 1) --- */
+
+/* SGD as an engine writes it: torch's fused multiply-add recipe. */
+static void sgd_rule(void *user, const fsdp_optim_config *c, int64_t step, float *p,
+                     const float *g, float *const *st, size_t n)
+{
+    float nlr = (float)(-c->lr);
+    size_t i;
+    (void)user, (void)step, (void)st;
+    for (i = 0; i < n; i++) p[i] = fmaf(g[i], nlr, p[i]);
+}
+
+/* RMSprop (torch's, no momentum, not centered): one value per element,
+   the running average of g^2. user counts the calls (a check that the
+   rule ran). */
+static void rmsprop_rule(void *user, const fsdp_optim_config *c, int64_t step, float *p,
+                         const float *g, float *const *st, size_t n)
+{
+    const float alpha = 0.99f, lr = (float)c->lr, eps = 1e-8f;
+    float *sq = st[0];
+    size_t i;
+    (void)step;
+    for (i = 0; i < n; i++) {
+        float v = alpha * sq[i] + (1.0f - alpha) * (g[i] * g[i]);
+        sq[i] = v;
+        p[i] = p[i] - lr * (g[i] / (sqrtf(v) + eps));
+    }
+    if (user) __atomic_fetch_add((int *)user, 1, __ATOMIC_RELAXED);
+}
+
+typedef struct custom_job {
+    fsdp_optim_config cfg;
+    const char *load, *save;
+    int steps, offload;
+    float vals[MAXV];
+    int nvals;
+} custom_job;
+
+static int custom_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    custom_job *j = (custom_job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx_desc d;
+    rank_env e;
+    int ok = 0, n = 0;
+    (void)nranks;
+    memset(&e, 0, sizeof e);
+    if (fsdp_device_cpu_create(NULL, &dev) != FSDP_SUCCESS ||
+        fsdp_comm_local_create(world, rank, dev, &comm) != FSDP_SUCCESS)
+        goto done;
+    memset(&d, 0, sizeof d);
+    d.model = g_model;
+    d.units = g_units;
+    d.device = dev;
+    d.comm = comm;
+    d.optim = j->cfg;
+    d.cpu_offload = j->offload;
+    if (fsdp_ctx_create(&d, &e.ctx) != FSDP_SUCCESS) {
+        CHECK_RANK(0, rank, "create: %s", "refused");
+        goto done;
+    }
+    e.dev = dev;
+    e.comm = comm;
+    if (j->load) {
+        if (fsdp_ckpt_load(e.ctx, j->load, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
+            CHECK_RANK(0, rank, "load: %s", fsdp_ctx_last_error(e.ctx));
+            goto done;
+        }
+    } else if (fsdp_init_params(e.ctx, 1234, choose_init, NULL) != FSDP_SUCCESS) {
+        goto done;
+    }
+    if (!train_n(&e, g_model, g_units, j->steps)) goto done;
+    if (j->save && fsdp_ckpt_save(e.ctx, j->save, FSDP_CKPT_SHARDED | FSDP_SD_OPTIM) != FSDP_SUCCESS) {
+        CHECK_RANK(0, rank, "save: %s", fsdp_ctx_last_error(e.ctx));
+        goto done;
+    }
+    if (!full_values(e.ctx, j->vals, MAXV, &n, rank)) goto done;
+    if (rank == 0) j->nvals = n;
+    ok = 1;
+done:
+    if (e.ctx) fsdp_ctx_destroy(e.ctx);
+    if (comm) fsdp_comm_destroy(comm);
+    if (dev) fsdp_device_destroy(dev);
+    return ok ? 0 : 1;
+}
+
+static void test_custom_optim(void)
+{
+    static custom_job a, b, c2;
+    static int calls;
+    fsdp_optim_config bad;
+    char path[1200];
+    int W, off;
+    /* SGD through the hook gives the built-in SGD's bits, at 1 and 3 ranks,
+       with and without cpu_offload (the rule then runs on the host threads) */
+    for (W = 1; W <= 3; W += 2)
+        for (off = 0; off < 2; off++) {
+            memset(&a, 0, sizeof a);
+            a.cfg = fsdp_optim_defaults(FSDP_SGD);
+            a.cfg.lr = 0.05;
+            a.steps = 3;
+            a.offload = off;
+            run_ranks(W, custom_rank, &a);
+            memset(&b, 0, sizeof b);
+            b.cfg = fsdp_optim_defaults(FSDP_OPTIM_CUSTOM);
+            b.cfg.lr = 0.05;
+            b.cfg.custom = sgd_rule;
+            b.steps = 3;
+            b.offload = off;
+            run_ranks(W, custom_rank, &b);
+            CHECK(a.nvals > 0 && a.nvals == b.nvals && bits_equal(a.vals, b.vals, a.nvals),
+                  "SGD through the hook at %d ranks%s: the built-in SGD's bits (%d values)", W,
+                  off ? " with cpu_offload" : "", a.nvals);
+        }
+    /* RMSprop as a hook: 4 steps straight at 2 ranks, against 2 steps saved
+       at 2 ranks and 2 more resumed at 3: the same bits (its state was
+       sharded, saved and resharded like Adam's moments) */
+    memset(&a, 0, sizeof a);
+    a.cfg = fsdp_optim_defaults(FSDP_OPTIM_CUSTOM);
+    a.cfg.lr = 0.01;
+    a.cfg.custom = rmsprop_rule;
+    a.cfg.custom_user = &calls;
+    a.cfg.custom_state = 1;
+    a.steps = 4;
+    calls = 0;
+    run_ranks(2, custom_rank, &a);
+    CHECK(calls > 0, "the rule ran (%d calls)", calls);
+    snprintf(path, sizeof path, "%s/custom_rmsprop", g_tmp);
+    b = a;
+    b.steps = 2;
+    b.save = path;
+    run_ranks(2, custom_rank, &b);
+    c2 = a;
+    c2.steps = 2;
+    c2.load = path;
+    run_ranks(3, custom_rank, &c2);
+    CHECK(a.nvals > 0 && a.nvals == c2.nvals && bits_equal(a.vals, c2.vals, a.nvals),
+          "RMSprop as a hook, saved at 2 ranks and resumed at 3: the uninterrupted run's bits "
+          "(%d values)", a.nvals);
+    CHECK(a.nvals != b.nvals || !bits_equal(a.vals, b.vals, a.nvals), "the resume trained on");
+    /* refusals */
+    bad = fsdp_optim_defaults(FSDP_OPTIM_CUSTOM);
+    EXPECT_EQ(fsdp_optim_validate(&bad, NULL), FSDP_INVALID_ARGS); /* no rule */
+    bad.custom = sgd_rule;
+    bad.custom_state = 5;
+    EXPECT_EQ(fsdp_optim_validate(&bad, NULL), FSDP_INVALID_ARGS);
+    bad.custom_state = 4;
+    EXPECT_EQ(fsdp_optim_validate(&bad, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_optim_state_mask(&bad), 15u);
+}
+
 static const check_case CASES[] = {
     {"reshard", test_reshard},
     {"reshard_strategy", test_reshard_strategy},
@@ -1806,6 +1958,7 @@ static const check_case CASES[] = {
     {"lent", lent_test},
     {"threads", threads_test},
     {"engine_state", test_engine_state},
+    {"custom_optim", test_custom_optim},
 };
 
 /* --read FILE: prints a file Python wrote */
