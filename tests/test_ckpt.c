@@ -1821,8 +1821,16 @@ static void rmsprop_rule(void *user, const fsdp_optim_config *c, int64_t step, f
     if (user) __atomic_fetch_add((int *)user, 1, __ATOMIC_RELAXED);
 }
 
+static int vectors_in_group1(void *user, const char *fqn, int ndim, const char *module_type)
+{
+    (void)user, (void)fqn, (void)module_type;
+    return ndim == 1;
+}
+
 typedef struct custom_job {
     fsdp_optim_config cfg;
+    fsdp_optim_config groups[2]; /* ngroups 2: vectors (ndim 1) in group 1 */
+    int ngroups;
     const char *load, *save;
     int steps, offload;
     float vals[MAXV];
@@ -1849,6 +1857,11 @@ static int custom_rank(int rank, int nranks, fsdp_local_world *world, void *user
     d.comm = comm;
     d.optim = j->cfg;
     d.cpu_offload = j->offload;
+    if (j->ngroups) {
+        d.groups = j->groups;
+        d.ngroups = j->ngroups;
+        d.group_fn = vectors_in_group1;
+    }
     if (fsdp_ctx_create(&d, &e.ctx) != FSDP_SUCCESS) {
         CHECK_RANK(0, rank, "create: %s", "refused");
         goto done;
@@ -1906,6 +1919,24 @@ static void test_custom_optim(void)
                   "SGD through the hook at %d ranks%s: the built-in SGD's bits (%d values)", W,
                   off ? " with cpu_offload" : "", a.nvals);
         }
+    /* parameter groups mix it with a built-in kind: AdamW for the matrices,
+       SGD as a rule for the vectors, equals AdamW and the built-in SGD */
+    memset(&a, 0, sizeof a);
+    a.ngroups = 2;
+    a.groups[0] = fsdp_optim_defaults(FSDP_ADAMW);
+    a.groups[1] = fsdp_optim_defaults(FSDP_SGD);
+    a.groups[1].lr = 0.05;
+    a.steps = 3;
+    run_ranks(2, custom_rank, &a);
+    b = a;
+    b.groups[1] = fsdp_optim_defaults(FSDP_OPTIM_CUSTOM);
+    b.groups[1].lr = 0.05;
+    b.groups[1].custom = sgd_rule;
+    b.nvals = 0;
+    run_ranks(2, custom_rank, &b);
+    CHECK(a.nvals > 0 && a.nvals == b.nvals && bits_equal(a.vals, b.vals, a.nvals),
+          "AdamW and SGD as a rule in two groups: AdamW and the built-in SGD's bits (%d values)",
+          a.nvals);
     /* RMSprop as a hook: 4 steps straight at 2 ranks, against 2 steps saved
        at 2 ranks and 2 more resumed at 3: the same bits (its state was
        sharded, saved and resharded like Adam's moments) */
