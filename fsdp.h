@@ -9442,7 +9442,7 @@ FSDP_API const char *fsdp_launcher_name(fsdp_launcher launcher)
 
 /* The largest world size read: a larger one is a mistake, not a job. */
 #define FSDP__LAUNCH_MAX (1L << 24)
-/* fsdp__escape's buffer: 64 bytes of a value at 4 each, quotes, "..." */
+/* fsdp__escape's buffer for 64 bytes of a value: 4 each, quotes, "..." */
 #define FSDP__SHOWN 272
 
 /* s as one printable line for a message, into buf (FSDP__SHOWN bytes): a
@@ -9450,14 +9450,14 @@ FSDP_API const char *fsdp_launcher_name(fsdp_launcher launcher)
    hide lines of the log it goes to. A byte outside ' '..'~' becomes \n,
    \t, \r or \xNN, a backslash "\\", so what is shown reads back
    unambiguously; with quote, an empty value or one with a space or '"' is
-   shown in "" (RANK=" 1", RANK=""). At most 64 bytes of s, "..." after when
-   cut. */
+   shown in "" (RANK=" 1", RANK=""). At most (cap - 16) / 4 bytes of s
+   (64 in FSDP__SHOWN), "..." after when cut. */
 FSDP__DEF const char *fsdp__escape(char *buf, size_t cap, const char *s, int quote)
 {
-    size_t n = 0, i;
+    size_t n = 0, i, most = cap > 16 ? (cap - 16) / 4 : 0;
     int q = quote && (!*s || strpbrk(s, " \"") != NULL);
     if (q) buf[n++] = '"';
-    for (i = 0; s[i] && i < 64 && n + 8 < cap; i++) {
+    for (i = 0; s[i] && i < most && n + 8 < cap; i++) {
         unsigned char c = (unsigned char)s[i];
         const char *e = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r"
                         : c == '\\' ? "\\\\" : c == '"' && q ? "\\\"" : NULL;
@@ -10371,34 +10371,6 @@ FSDP__DEF void fsdp__rdzv_nonce(unsigned char *out)
     fsdp_hmac_sha256(seed, sizeof seed, label, sizeof label - 1, out);
 }
 
-/* s (a NUL-terminated string in cap bytes) with every byte below 0x20
-   and 0x7f written as \n, \t or \xHH, cut to fit: what a peer or the
-   environment sent goes into a message as one printable line. */
-FSDP__DEF void fsdp__escape_in_place(char *s, size_t cap)
-{
-    char src[512];
-    size_t i, o = 0;
-    if (!cap) return;
-    snprintf(src, sizeof src, "%s", s);
-    for (i = 0; src[i] && o + 1 < cap; i++) {
-        unsigned char c = (unsigned char)src[i];
-        char e[5];
-        size_t n;
-        if (c >= 0x20 && c != 0x7f) {
-            s[o++] = (char)c;
-            continue;
-        }
-        if (c == '\n') snprintf(e, sizeof e, "\\n");
-        else if (c == '\t') snprintf(e, sizeof e, "\\t");
-        else snprintf(e, sizeof e, "\\x%02x", c);
-        n = strlen(e);
-        if (o + n + 1 > cap) break;
-        memcpy(s + o, e, n);
-        o += n;
-    }
-    s[o] = 0;
-}
-
 /* What a failed connect's errno means to someone reading the error. */
 FSDP__DEF const char *fsdp__net_cause(int e)
 {
@@ -10635,7 +10607,7 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
 {
     static const char hello_label[] = "fsdp.h rendezvous hello";
     static const char rank0_label[] = "fsdp.h rendezvous rank 0";
-    char msg[FSDP_ERROR_MAX], job[128], host[64];
+    char msg[FSDP_ERROR_MAX], job[128], host[64], jshown[FSDP__SHOWN], hshown[FSDP__SHOWN];
     fsdp__rdzv_peer *p = &s->peers[i];
     uint32_t version, jl, hl, size, rank, body;
     const unsigned char *cnonce, *proof;
@@ -10695,8 +10667,9 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
     job[jl] = 0;
     memcpy(host, m + 36 + jl, hl);
     host[hl] = 0;
-    fsdp__escape_in_place(job, sizeof job);
-    fsdp__escape_in_place(host, sizeof host);
+    /* what the peer sent goes into messages escaped; the job is compared raw */
+    fsdp__escape(jshown, sizeof jshown, job, 0);
+    fsdp__escape(hshown, sizeof hshown, host, 0);
     if (s->secret) { /* rank 0 proves itself before anything it tells */
         unsigned char mine[32];
         const void *parts[3];
@@ -10713,7 +10686,7 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
         snprintf(msg, sizeof msg, "%.100s serves the rendezvous of job '%.60s' (%d ranks), but "
                  "this rank (rank %u of %u, from host %.40s) is of job '%.60s': two jobs on one "
                  "port; give each job its own port (MASTER_PORT)", s->where, s->job, s->size, rank, size,
-                 host, job);
+                 hshown, jshown);
         fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
         return;
     }
@@ -10723,15 +10696,15 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
         snprintf(msg, sizeof msg, "job '%.60s' already runs with all its %d ranks at %.100s; this "
                  "process (rank %u of %u, host %.40s, pid %ld) came after it began: each rank is "
                  "started once, and a rank that left cannot rejoin (restart the whole job)",
-                 s->job, s->size, s->where, rank, size, host, pid);
+                 s->job, s->size, s->where, rank, size, hshown, pid);
         fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
         return;
     }
     p->rank = -1;
     if (size != (uint32_t)s->size || rank >= size) {
         snprintf(msg, sizeof msg, "the ranks of job '%s' disagree on the world size: rank 0 says "
-                 "%d ranks, rank %u (host %s) says %u; start every rank with the same world size "
-                 "(WORLD_SIZE, --ranks)", s->job, s->size, rank, host, size);
+                 "%d ranks, rank %u (host %.63s) says %u; start every rank with the same world size "
+                 "(WORLD_SIZE, --ranks)", s->job, s->size, rank, hshown, size);
         fsdp__srv_fail(s, FSDP_INVALID_ARGS, msg);
         if (rank < (uint32_t)s->size) {
             p->rank = (int)rank;
@@ -10743,15 +10716,15 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
     if (s->by_rank[rank] >= 0) {
         const fsdp__rdzv_peer *o = &s->peers[s->by_rank[rank]];
         snprintf(msg, sizeof msg, "rank %u of job '%s' arrived twice: from host %s (pid %ld) and "
-                 "from host %s (pid %ld); each rank must be started once", rank, s->job, o->host,
-                 o->pid, host, pid);
+                 "from host %.63s (pid %ld); each rank must be started once", rank, s->job, o->host,
+                 o->pid, hshown, pid);
         fsdp__srv_fail(s, FSDP_INVALID_ARGS, msg);
         fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
         return;
     }
     p->rank = (int)rank;
     p->pid = pid;
-    snprintf(p->host, sizeof p->host, "%s", host);
+    snprintf(p->host, sizeof p->host, "%.63s", hshown); /* for later messages */
     if (s->phase == 2) { /* the job failed already: this rank hears why */
         fsdp__srv_refuse(s, i, s->fail_code, s->fail_msg);
         s->heard[rank] = 1;
@@ -11843,7 +11816,15 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
     snprintf(z->addr, sizeof z->addr, "%s", addr);
     snprintf(z->job, sizeof z->job, "%s", job);
     snprintf(z->where, sizeof z->where, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, (int)port);
-    fsdp__escape_in_place(z->where, sizeof z->where);
+    {
+        /* the address comes from the environment or the engine: a message
+           shows it as one printable line */
+        char shown[4 * sizeof z->where + 16];
+        size_t n = strlen(fsdp__escape(shown, sizeof shown, z->where, 0));
+        if (n >= sizeof z->where) n = sizeof z->where - 1; /* cut, as it was */
+        memcpy(z->where, shown, n);
+        z->where[n] = 0;
+    }
     if (desc->bind_addr) snprintf(z->bind_addr, sizeof z->bind_addr, "%s", desc->bind_addr);
     if (!fsdp__sync_init(&z->mu, &z->cv)) {
         fsdp__free(h, z);
@@ -24910,24 +24891,30 @@ FSDP__DEF int fsdp__index_save(const fsdp_hooks *h, const char *dir, uint64_t *g
     return ok;
 }
 
-/* unlink of dir/name without the allocator (a path the kernel takes fits
-   in PATH_MAX, 4096 bytes on Linux). */
+/* dir/name into p without the allocator, for the sweeps that run on the
+   writer's background thread (a path the kernel takes fits in PATH_MAX,
+   4096 bytes on Linux): 1, or 0 with errno ENAMETOOLONG when it does not
+   fit. */
+#define FSDP__PATH_IN_MAX (4096 + 256)
+FSDP__DEF int fsdp__path_in(char *p, const char *dir, const char *name)
+{
+    if ((size_t)snprintf(p, FSDP__PATH_IN_MAX, "%s/%s", dir, name) < FSDP__PATH_IN_MAX) return 1;
+    errno = ENAMETOOLONG;
+    return 0;
+}
+
 FSDP__DEF int fsdp__unlink_in(const char *dir, const char *name)
 {
-    char p[4096 + 256];
-    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    return unlink(p);
+    char p[FSDP__PATH_IN_MAX];
+    return fsdp__path_in(p, dir, name) ? unlink(p) : -1;
 }
 
 /* The size of dir/name, 0 when it cannot be read. Allocates nothing. */
 FSDP__DEF int64_t fsdp__size_in(const char *dir, const char *name)
 {
-    char p[4096 + 256];
+    char p[FSDP__PATH_IN_MAX];
     struct stat st;
-    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p || stat(p, &st) != 0) return 0;
+    if (!fsdp__path_in(p, dir, name) || stat(p, &st) != 0) return 0;
     return (int64_t)st.st_size;
 }
 
@@ -25032,12 +25019,12 @@ FSDP__DEF void fsdp__remove_old(const char *dir, uint64_t old, int old_world, in
    read (keep everything). Reads through FSDP_MALLOC, never the hooks. */
 FSDP__DEF int fsdp__index_names(const char *dir, uint64_t gen, int world)
 {
-    char p[4096 + 256];
+    char p[FSDP__PATH_IN_MAX];
     struct stat st;
     uint64_t ig = 0;
     int iw = 0;
     if (fsdp__index_save(NULL, dir, &ig, &iw)) return ig == gen && iw == world;
-    if ((size_t)snprintf(p, sizeof p, "%s/" FSDP__INDEX_NAME, dir) >= sizeof p) return -1;
+    if (!fsdp__path_in(p, dir, FSDP__INDEX_NAME)) return -1;
     return stat(p, &st) != 0 && errno == ENOENT ? 0 : -1;
 }
 
@@ -25061,12 +25048,12 @@ FSDP__DEF int fsdp__sweep_orphans(const char *dir, uint64_t keep, int rank, int 
     struct dirent *de;
     int removed = 0;
     while (d && (de = readdir(d)) != NULL) {
-        char p[4096 + 256];
+        char p[FSDP__PATH_IN_MAX];
         uint64_t g;
         int q, n, fd, lk, named;
         struct stat st;
         if (!fsdp__rank_file_of(de->d_name, &g, &q, &n) || g == keep || q % world != rank) continue;
-        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= sizeof p) continue;
+        if (!fsdp__path_in(p, dir, de->d_name)) continue;
         if ((fd = open(p, O_RDWR)) < 0) continue; /* gone since, or not ours to remove */
         lk = fsdp__ofd_lock(fd, F_WRLCK);
         if (lk == 1 || (lk < 0 && !unlocked_ok)) {

@@ -247,24 +247,30 @@ FSDP__DEF int fsdp__index_save(const fsdp_hooks *h, const char *dir, uint64_t *g
     return ok;
 }
 
-/* unlink of dir/name without the allocator (a path the kernel takes fits
-   in PATH_MAX, 4096 bytes on Linux). */
+/* dir/name into p without the allocator, for the sweeps that run on the
+   writer's background thread (a path the kernel takes fits in PATH_MAX,
+   4096 bytes on Linux): 1, or 0 with errno ENAMETOOLONG when it does not
+   fit. */
+#define FSDP__PATH_IN_MAX (4096 + 256)
+FSDP__DEF int fsdp__path_in(char *p, const char *dir, const char *name)
+{
+    if ((size_t)snprintf(p, FSDP__PATH_IN_MAX, "%s/%s", dir, name) < FSDP__PATH_IN_MAX) return 1;
+    errno = ENAMETOOLONG;
+    return 0;
+}
+
 FSDP__DEF int fsdp__unlink_in(const char *dir, const char *name)
 {
-    char p[4096 + 256];
-    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p) {
-        errno = ENAMETOOLONG;
-        return -1;
-    }
-    return unlink(p);
+    char p[FSDP__PATH_IN_MAX];
+    return fsdp__path_in(p, dir, name) ? unlink(p) : -1;
 }
 
 /* The size of dir/name, 0 when it cannot be read. Allocates nothing. */
 FSDP__DEF int64_t fsdp__size_in(const char *dir, const char *name)
 {
-    char p[4096 + 256];
+    char p[FSDP__PATH_IN_MAX];
     struct stat st;
-    if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, name) >= sizeof p || stat(p, &st) != 0) return 0;
+    if (!fsdp__path_in(p, dir, name) || stat(p, &st) != 0) return 0;
     return (int64_t)st.st_size;
 }
 
@@ -369,12 +375,12 @@ FSDP__DEF void fsdp__remove_old(const char *dir, uint64_t old, int old_world, in
    read (keep everything). Reads through FSDP_MALLOC, never the hooks. */
 FSDP__DEF int fsdp__index_names(const char *dir, uint64_t gen, int world)
 {
-    char p[4096 + 256];
+    char p[FSDP__PATH_IN_MAX];
     struct stat st;
     uint64_t ig = 0;
     int iw = 0;
     if (fsdp__index_save(NULL, dir, &ig, &iw)) return ig == gen && iw == world;
-    if ((size_t)snprintf(p, sizeof p, "%s/" FSDP__INDEX_NAME, dir) >= sizeof p) return -1;
+    if (!fsdp__path_in(p, dir, FSDP__INDEX_NAME)) return -1;
     return stat(p, &st) != 0 && errno == ENOENT ? 0 : -1;
 }
 
@@ -398,12 +404,12 @@ FSDP__DEF int fsdp__sweep_orphans(const char *dir, uint64_t keep, int rank, int 
     struct dirent *de;
     int removed = 0;
     while (d && (de = readdir(d)) != NULL) {
-        char p[4096 + 256];
+        char p[FSDP__PATH_IN_MAX];
         uint64_t g;
         int q, n, fd, lk, named;
         struct stat st;
         if (!fsdp__rank_file_of(de->d_name, &g, &q, &n) || g == keep || q % world != rank) continue;
-        if ((size_t)snprintf(p, sizeof p, "%s/%s", dir, de->d_name) >= sizeof p) continue;
+        if (!fsdp__path_in(p, dir, de->d_name)) continue;
         if ((fd = open(p, O_RDWR)) < 0) continue; /* gone since, or not ours to remove */
         lk = fsdp__ofd_lock(fd, F_WRLCK);
         if (lk == 1 || (lk < 0 && !unlocked_ok)) {

@@ -447,7 +447,15 @@ FSDP_API fsdp_result fsdp_rendezvous_create(const fsdp_rendezvous_desc *desc, fs
     snprintf(z->addr, sizeof z->addr, "%s", addr);
     snprintf(z->job, sizeof z->job, "%s", job);
     snprintf(z->where, sizeof z->where, strchr(addr, ':') ? "[%s]:%d" : "%s:%d", addr, (int)port);
-    fsdp__escape_in_place(z->where, sizeof z->where);
+    {
+        /* the address comes from the environment or the engine: a message
+           shows it as one printable line */
+        char shown[4 * sizeof z->where + 16];
+        size_t n = strlen(fsdp__escape(shown, sizeof shown, z->where, 0));
+        if (n >= sizeof z->where) n = sizeof z->where - 1; /* cut, as it was */
+        memcpy(z->where, shown, n);
+        z->where[n] = 0;
+    }
     if (desc->bind_addr) snprintf(z->bind_addr, sizeof z->bind_addr, "%s", desc->bind_addr);
     if (!fsdp__sync_init(&z->mu, &z->cv)) {
         fsdp__free(h, z);

@@ -17,7 +17,7 @@ FSDP_API const char *fsdp_launcher_name(fsdp_launcher launcher)
 
 /* The largest world size read: a larger one is a mistake, not a job. */
 #define FSDP__LAUNCH_MAX (1L << 24)
-/* fsdp__escape's buffer: 64 bytes of a value at 4 each, quotes, "..." */
+/* fsdp__escape's buffer for 64 bytes of a value: 4 each, quotes, "..." */
 #define FSDP__SHOWN 272
 
 /* s as one printable line for a message, into buf (FSDP__SHOWN bytes): a
@@ -25,14 +25,14 @@ FSDP_API const char *fsdp_launcher_name(fsdp_launcher launcher)
    hide lines of the log it goes to. A byte outside ' '..'~' becomes \n,
    \t, \r or \xNN, a backslash "\\", so what is shown reads back
    unambiguously; with quote, an empty value or one with a space or '"' is
-   shown in "" (RANK=" 1", RANK=""). At most 64 bytes of s, "..." after when
-   cut. */
+   shown in "" (RANK=" 1", RANK=""). At most (cap - 16) / 4 bytes of s
+   (64 in FSDP__SHOWN), "..." after when cut. */
 FSDP__DEF const char *fsdp__escape(char *buf, size_t cap, const char *s, int quote)
 {
-    size_t n = 0, i;
+    size_t n = 0, i, most = cap > 16 ? (cap - 16) / 4 : 0;
     int q = quote && (!*s || strpbrk(s, " \"") != NULL);
     if (q) buf[n++] = '"';
-    for (i = 0; s[i] && i < 64 && n + 8 < cap; i++) {
+    for (i = 0; s[i] && i < most && n + 8 < cap; i++) {
         unsigned char c = (unsigned char)s[i];
         const char *e = c == '\n' ? "\\n" : c == '\t' ? "\\t" : c == '\r' ? "\\r"
                         : c == '\\' ? "\\\\" : c == '"' && q ? "\\\"" : NULL;

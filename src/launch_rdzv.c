@@ -254,34 +254,6 @@ FSDP__DEF void fsdp__rdzv_nonce(unsigned char *out)
     fsdp_hmac_sha256(seed, sizeof seed, label, sizeof label - 1, out);
 }
 
-/* s (a NUL-terminated string in cap bytes) with every byte below 0x20
-   and 0x7f written as \n, \t or \xHH, cut to fit: what a peer or the
-   environment sent goes into a message as one printable line. */
-FSDP__DEF void fsdp__escape_in_place(char *s, size_t cap)
-{
-    char src[512];
-    size_t i, o = 0;
-    if (!cap) return;
-    snprintf(src, sizeof src, "%s", s);
-    for (i = 0; src[i] && o + 1 < cap; i++) {
-        unsigned char c = (unsigned char)src[i];
-        char e[5];
-        size_t n;
-        if (c >= 0x20 && c != 0x7f) {
-            s[o++] = (char)c;
-            continue;
-        }
-        if (c == '\n') snprintf(e, sizeof e, "\\n");
-        else if (c == '\t') snprintf(e, sizeof e, "\\t");
-        else snprintf(e, sizeof e, "\\x%02x", c);
-        n = strlen(e);
-        if (o + n + 1 > cap) break;
-        memcpy(s + o, e, n);
-        o += n;
-    }
-    s[o] = 0;
-}
-
 /* What a failed connect's errno means to someone reading the error. */
 FSDP__DEF const char *fsdp__net_cause(int e)
 {

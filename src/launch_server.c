@@ -206,7 +206,7 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
 {
     static const char hello_label[] = "fsdp.h rendezvous hello";
     static const char rank0_label[] = "fsdp.h rendezvous rank 0";
-    char msg[FSDP_ERROR_MAX], job[128], host[64];
+    char msg[FSDP_ERROR_MAX], job[128], host[64], jshown[FSDP__SHOWN], hshown[FSDP__SHOWN];
     fsdp__rdzv_peer *p = &s->peers[i];
     uint32_t version, jl, hl, size, rank, body;
     const unsigned char *cnonce, *proof;
@@ -266,8 +266,9 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
     job[jl] = 0;
     memcpy(host, m + 36 + jl, hl);
     host[hl] = 0;
-    fsdp__escape_in_place(job, sizeof job);
-    fsdp__escape_in_place(host, sizeof host);
+    /* what the peer sent goes into messages escaped; the job is compared raw */
+    fsdp__escape(jshown, sizeof jshown, job, 0);
+    fsdp__escape(hshown, sizeof hshown, host, 0);
     if (s->secret) { /* rank 0 proves itself before anything it tells */
         unsigned char mine[32];
         const void *parts[3];
@@ -284,7 +285,7 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
         snprintf(msg, sizeof msg, "%.100s serves the rendezvous of job '%.60s' (%d ranks), but "
                  "this rank (rank %u of %u, from host %.40s) is of job '%.60s': two jobs on one "
                  "port; give each job its own port (MASTER_PORT)", s->where, s->job, s->size, rank, size,
-                 host, job);
+                 hshown, jshown);
         fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
         return;
     }
@@ -294,15 +295,15 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
         snprintf(msg, sizeof msg, "job '%.60s' already runs with all its %d ranks at %.100s; this "
                  "process (rank %u of %u, host %.40s, pid %ld) came after it began: each rank is "
                  "started once, and a rank that left cannot rejoin (restart the whole job)",
-                 s->job, s->size, s->where, rank, size, host, pid);
+                 s->job, s->size, s->where, rank, size, hshown, pid);
         fsdp__srv_refuse_close(s, i, FSDP_INVALID_ARGS, msg);
         return;
     }
     p->rank = -1;
     if (size != (uint32_t)s->size || rank >= size) {
         snprintf(msg, sizeof msg, "the ranks of job '%s' disagree on the world size: rank 0 says "
-                 "%d ranks, rank %u (host %s) says %u; start every rank with the same world size "
-                 "(WORLD_SIZE, --ranks)", s->job, s->size, rank, host, size);
+                 "%d ranks, rank %u (host %.63s) says %u; start every rank with the same world size "
+                 "(WORLD_SIZE, --ranks)", s->job, s->size, rank, hshown, size);
         fsdp__srv_fail(s, FSDP_INVALID_ARGS, msg);
         if (rank < (uint32_t)s->size) {
             p->rank = (int)rank;
@@ -314,15 +315,15 @@ FSDP__DEF void fsdp__srv_hello(fsdp__rdzv_server *s, int i, const unsigned char 
     if (s->by_rank[rank] >= 0) {
         const fsdp__rdzv_peer *o = &s->peers[s->by_rank[rank]];
         snprintf(msg, sizeof msg, "rank %u of job '%s' arrived twice: from host %s (pid %ld) and "
-                 "from host %s (pid %ld); each rank must be started once", rank, s->job, o->host,
-                 o->pid, host, pid);
+                 "from host %.63s (pid %ld); each rank must be started once", rank, s->job, o->host,
+                 o->pid, hshown, pid);
         fsdp__srv_fail(s, FSDP_INVALID_ARGS, msg);
         fsdp__srv_refuse(s, i, FSDP_INVALID_ARGS, msg);
         return;
     }
     p->rank = (int)rank;
     p->pid = pid;
-    snprintf(p->host, sizeof p->host, "%s", host);
+    snprintf(p->host, sizeof p->host, "%.63s", hshown); /* for later messages */
     if (s->phase == 2) { /* the job failed already: this rank hears why */
         fsdp__srv_refuse(s, i, s->fail_code, s->fail_msg);
         s->heard[rank] = 1;
