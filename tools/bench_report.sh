@@ -123,6 +123,8 @@ if [ "$mode" = run ]; then
     [ -n "$python" ] && o="$o --python $python"
     run optim "$o --levels" "$o --levels --elements 4194304 --rounds 2"
     [ -n "$python" ] && run optim_thp "$o --peers-thp" "$o --peers-thp --elements 4194304 --rounds 2"
+    run optim_rmsprop "$o --optim rmsprop --levels" "$o --optim rmsprop --elements 4194304 --rounds 2"
+    run optim_adagrad "$o --optim adagrad --levels" "$o --optim adagrad --elements 4194304 --rounds 2"
     run lora "$B/bench_lora" "$B/bench_lora"
     [ -x "$B/bench_cuda" ] && run cuda "$B/bench_cuda" "$B/bench_cuda 16"
     echo "load_after=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null)" >>"$logs/machine.txt"
@@ -153,6 +155,8 @@ title() {
     comm_gloo_*) echo "Collectives against raw Gloo, ${1#comm_gloo_} ranks (bench_comm)" ;;
     optim) echo "The CPU AdamW step against torch and DeepSpeed (bench_optim)" ;;
     optim_thp) echo "The same, the peers on huge pages (bench_optim --peers-thp)" ;;
+    optim_rmsprop) echo "The CPU RMSprop step against torch (bench_optim --optim rmsprop)" ;;
+    optim_adagrad) echo "The CPU Adagrad step against torch (bench_optim --optim adagrad)" ;;
     lora) echo "LoRA: the plan of mixed units (bench_lora)" ;;
     cuda) echo "The CUDA kernels (bench_cuda)" ;;
     *) echo "$1" ;;
@@ -276,7 +280,7 @@ kind == "gpt" && part == 2 && /^ +[0-9]+ / { printf "| %s | %s | %s | **%s** | %
 kind == "comm" && /^bench_comm/ { print $0 "; medians of the rounds, the library's call and the raw call alternating."; print "" }
 kind == "comm" && /^\|/ { print }
 function end_comm() { print ""; print "Targets (checks on, the \"ratio\" columns): <= 1.05 from 64 KiB, <= 1.2 at 4-16 KiB." }
-kind == "optim" && /^AdamW step/ { print $0 "."; print "" }
+kind == "optim" && /^(AdamW|RMSprop|Adagrad) step/ { print $0 "."; print "" }
 kind == "optim" && /^\|/ { print; if ($0 ~ /^\| [0-9]/) { orows++; if ($0 ~ /\| - \| - \| - \| - \|/) nopeer++ } }
 kind == "optim" && /^fsdp.h per FSDP_ISA/ { lv = 1 }
 kind == "optim" && lv && /^  [a-z0-9]+ +\|/ { nl++; lname[nl] = $1; split($0, f, "|"); lms[nl] = trim(f[4]); sub(/ ms/, "", lms[nl]) }

@@ -113,11 +113,6 @@ def worker():
     json.dump(out, sys.stdout)
 
 
-def hexf(b):
-    return float.hex(struct.unpack("f", struct.pack("I", b))[0]).replace("0x1.0p", "0x1p") \
-        if False else fmt(b)
-
-
 def fmt(b):
     """A float32 bit pattern as a C99 hex float that strtof reads back exactly."""
     x = struct.unpack("f", struct.pack("I", b))[0]
