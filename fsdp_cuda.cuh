@@ -683,7 +683,7 @@ struct fsdp__op_adam {
         *mi_io = mi;
         *vi_io = vi;
         if (o.ams) {
-            if (*vmi_io > vi) vi = *vmi_io;
+            if (*vmi_io > vi || *vmi_io != *vmi_io) vi = *vmi_io; /* torch.maximum: NaN wins */
             *vmi_io = vi;
         }
         t = __fdiv_rn(__fsqrt_rn(vi), o.sbc2);

@@ -257,7 +257,8 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k,
         m[i] = mi;
         v[i] = vi;
         if (ams) {
-            vi = vm[i] > vi ? vm[i] : vi;
+            /* torch.maximum: a NaN of either operand wins (a loaded NaN too) */
+            vi = vm[i] > vi || vm[i] != vm[i] ? vm[i] : vi;
             vm[i] = vi;
         }
         denom = sqrtf(vi) / sbc2 + eps;
@@ -328,7 +329,10 @@ FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k
         _mm_storeu_ps(m + i, mi);
         _mm_storeu_ps(v + i, vi);
         if (ams) {
-            vi = _mm_max_ps(_mm_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
+            /* vm > v || vm is NaN ? vm : v (torch.maximum keeps a NaN of either) */
+            __m128 vmo = _mm_loadu_ps(vm + i), nan = _mm_cmpunord_ps(vmo, vmo);
+            vi = _mm_max_ps(vmo, vi);
+            vi = _mm_or_ps(_mm_and_ps(nan, vmo), _mm_andnot_ps(nan, vi));
             _mm_storeu_ps(vm + i, vi);
         }
         denom = FSDP__VADD(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
@@ -472,6 +476,18 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__keep512(__m512 x)
     return x;
 }
 
+/* a > b || a is NaN ? a : b, 8 and 16 floats: max_ps gives b when either
+   is a NaN, so a NaN a is put back (torch.maximum keeps either NaN) */
+FSDP__INLINE FSDP__AVX2_FMA __m256 fsdp__nanmax256(__m256 a, __m256 b)
+{
+    return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+
+FSDP__INLINE FSDP__AVX512 __m512 fsdp__nanmax512(__m512 a, __m512 b)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_max_ps(a, b), a);
+}
+
 /* s * rs in double, rounded back to float: sqrt(v) / sbc2 without the
    division (fsdp__adam_recip), for 8 and 16 floats */
 FSDP__INLINE FSDP__AVX2_FMA __m256 fsdp__rscale256(__m256 s, __m256d rs)
@@ -558,7 +574,9 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__rscale512(__m512 s, __m512d rs)
             _mm##bits##_storeu_ps(m + i, mi);                                                     \
             _mm##bits##_storeu_ps(v + i, vi);                                                     \
             if (ams) {                                                                            \
-                vi = _mm##bits##_max_ps(_mm##bits##_loadu_ps(vm + i), vi); /* vm > v ? vm : v */  \
+                /* vm > v || vm is NaN ? vm : v: torch.maximum keeps either NaN */               \
+                __m##bits vmo = _mm##bits##_loadu_ps(vm + i);                                     \
+                vi = fsdp__nanmax##bits(vmo, vi);                                                 \
                 _mm##bits##_storeu_ps(vm + i, vi);                                                \
             }                                                                                     \
             s = _mm##bits##_sqrt_ps(vi);                                                          \
@@ -728,7 +746,7 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_fma(const fsdp_optim_config *c, int6
         m[i] = mi;
         v[i] = vi;
         if (ams) {
-            if (vm[i] > vi) vi = vm[i];
+            if (vm[i] > vi || vm[i] != vm[i]) vi = vm[i]; /* torch.maximum: NaN wins */
             vm[i] = vi;
         }
         t = sqrtf(vi) / sbc2;

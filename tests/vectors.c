@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -972,7 +973,15 @@ typedef struct t2_run {
     int ok;
 } t2_run;
 
-static void t2_run_do(t2_run *r, vec_optim_step step, fsdp_optim_config c, const ov_vector *v)
+/* optim_amsgrad_nan.txt's "inject": after step `after`, state slot `slot`
+   is set to NaN at the listed indices (those < n) */
+typedef struct t2_inject {
+    int after, slot, k;
+    long idx[64];
+} t2_inject;
+
+static void t2_run_do(t2_run *r, vec_optim_step step, fsdp_optim_config c, const ov_vector *v,
+                      const t2_inject *inj)
 {
     float *p = (float *)vec_calloc((size_t)v->n, sizeof(float));
     fsdp_optim_state st;
@@ -990,8 +999,18 @@ static void t2_run_do(t2_run *r, vec_optim_step step, fsdp_optim_config c, const
         r->ok &= step(&c, s + 1, p, v->grads[s], &st, (size_t)v->n) == FSDP_SUCCESS;
         r->p[s] = (float *)vec_calloc((size_t)v->n, sizeof(float));
         memcpy(r->p[s], p, (size_t)v->n * sizeof(float));
+        if (inj && s + 1 == inj->after)
+            for (j = 0; j < inj->k; j++)
+                if (inj->idx[j] < v->n) r->st[inj->slot][inj->idx[j]] = NAN;
     }
     free(p);
+}
+
+/* equal bits, or NaN for NaN (optim_amsgrad_nan: torch's payloads differ
+   by kernel level) */
+static int same_or_nan(float a, float b, int nan_any)
+{
+    return same_bits(a, b) || (nan_any && a != a && b != b);
 }
 
 static void t2_run_free(t2_run *r)
@@ -1004,8 +1023,9 @@ static void t2_run_free(t2_run *r)
 /* ref: the variants the default numerics and FSDP_TORCH2_PLAIN must equal;
    info: the two compared without failing (diff) */
 static int t2_check(const char *path, vec_optim_step step, int *checked, vec_torch2_diff *diff,
-                    const char *const ref_names[2], const char *const info_names[2])
+                    const char *const ref_names[2], const char *const info_names[2], int nan_any)
 {
+    t2_inject inj, *injp = NULL;
     toks t;
     ov_vector *vec = NULL;
     fsdp_optim_config *cfg = NULL;
@@ -1015,6 +1035,22 @@ static int t2_check(const char *path, vec_optim_step step, int *checked, vec_tor
     memset(diff, 0, sizeof *diff);
     if (tk_open(&t, path, NULL, 0) != 0) return -1;
     if (ov_read_inputs(&t, &vec, &nv, &cfg, &nc) != 0) goto bad;
+    if (tk_peek(&t) && !strcmp(tk_peek(&t), "inject")) {
+        const char *nm;
+        int j;
+        tk_next(&t, "inject");
+        memset(&inj, 0, sizeof inj);
+        inj.after = (int)tk_int(&t, "inject step", 1, 4);
+        nm = tk_next(&t, "inject state");
+        inj.slot = -1;
+        for (j = 0; nm && j < 4; j++)
+            if (!strcmp(nm, fsdp_optim_state_name(NULL, j))) inj.slot = j;
+        if (inj.slot < 0) tk_fail(&t, "unknown state '%.60s'", nm ? nm : "");
+        inj.k = (int)tk_int(&t, "inject count", 0, 64);
+        for (j = 0; j < inj.k && !t.err; j++) inj.idx[j] = (long)tk_int(&t, "index", 0, LONG_MAX);
+        if (t.err) goto bad;
+        injp = &inj;
+    }
     if (!tk_expect(&t, "nvariants")) goto bad;
     nvar = (long)tk_int(&t, "nvariants", 1, 64);
     for (i = 0; i < nvar && !t.err; i++) tk_next(&t, "variant name");
@@ -1036,7 +1072,7 @@ static int t2_check(const char *path, vec_optim_step step, int *checked, vec_tor
         for (r = 0; r < 2; r++) {
             fsdp_optim_config c = cfg[ci];
             c.numerics = r ? FSDP_TORCH2_PLAIN : FSDP_NUMERICS_DEFAULT;
-            t2_run_do(&run[r], step, c, &vec[vi]);
+            t2_run_do(&run[r], step, c, &vec[vi], injp);
         }
         for (k = 0; k < nsets; k++) {
             long nnames, j, s, nstate = 0;
@@ -1090,7 +1126,7 @@ static int t2_check(const char *path, vec_optim_step step, int *checked, vec_tor
                 for (r = 0; r < 2; r++)
                     if (is_ref[r] && !bad_bits[r])
                         for (e = 0; e < n; e++)
-                            if (!same_bits(mine[r][e], got[e])) {
+                            if (!same_or_nan(mine[r][e], got[e], nan_any)) {
                                 printf("  %s result %ld (config %ld, vector %ld) %s "
                                        "%s%ld element %ld: got %a expected %a\n", path, i, ci,
                                        vi, ref_names[r],
@@ -1103,7 +1139,8 @@ static int t2_check(const char *path, vec_optim_step step, int *checked, vec_tor
                 for (r = 0; r < 2; r++)
                     if (is_info[r]) {
                         for (e = 0; e < n; e++) {
-                            long long u = ulp_dist(mine[0][e], got[e]);
+                            long long u =
+                                same_or_nan(mine[0][e], got[e], nan_any) ? 0 : ulp_dist(mine[0][e], got[e]);
                             if (u) diff->differ[r]++;
                             if (u > diff->max_ulp[r]) diff->max_ulp[r] = (long)u;
                         }
@@ -1147,7 +1184,15 @@ int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
 {
     static const char *const ref[2] = {"fusedbody_avx2", "fusedbody_default"};
     static const char *const info[2] = {"single_avx2", "fused_avx2"};
-    return t2_check(path, step, checked, diff, ref, info);
+    return t2_check(path, step, checked, diff, ref, info, 0);
+}
+
+int vec_check_optim_amsgrad_nan(const char *path, vec_optim_step step, int *checked,
+                                vec_torch2_diff *diff)
+{
+    static const char *const ref[2] = {"fusedbody_avx2", "fusedbody_default"};
+    static const char *const info[2] = {"single_avx2", "fused_avx2"};
+    return t2_check(path, step, checked, diff, ref, info, 1);
 }
 
 int vec_check_optim_rmsprop_adagrad(const char *path, vec_optim_step step, int *checked,
@@ -1155,5 +1200,5 @@ int vec_check_optim_rmsprop_adagrad(const char *path, vec_optim_step step, int *
 {
     static const char *const ref[2] = {"ieeesqrt_avx2", "ieeesqrt_default"};
     static const char *const info[2] = {"single_avx2", "fused_avx2"};
-    return t2_check(path, step, checked, diff, ref, info);
+    return t2_check(path, step, checked, diff, ref, info, 0);
 }
