@@ -574,8 +574,9 @@ struct fsdp_optim_config;
 /* An engine's own update rule (FSDP_OPTIM_CUSTOM): param[i] from grad[i]
    and its state values state[0][i] .. state[k - 1][i] (k =
    config->custom_state f32 values per element, zeroed before the first
-   step), for i < n, in place. step is the group's step (1 first); config
-   is the group's (lr as fsdp_set_lr left it, and custom_user). It is
+   step), for i < n, in place. step is the unit's own step count (1
+   first, torch's per-parameter state['step']); config is the group's (lr
+   as fsdp_set_lr left it, and custom_user). It is
    called on contiguous ranges of the local shard (a parameter's piece, or
    a block of one), in no promised order, possibly from several of the
    library's threads at once on disjoint ranges (cpu_offload): it must
@@ -2276,6 +2277,16 @@ typedef struct fsdp_ctx_desc {
        parameters into the zero gradients (refused while gradients are
        pending). 0: every view starts at zero at fsdp_begin_backward. */
     int grad_views_in_place;
+    /* A trainable unit no backward reached since the last fsdp_step or
+       fsdp_zero_grad (on any rank: begin and end are collective). 0 (the
+       default since this version, torch 2.x's zero_grad(set_to_none=True)):
+       fsdp_step skips it, so it gets no update and no weight decay and its
+       step count stays; each unit counts its own steps (torch's per-
+       parameter state['step']), in state dicts and checkpoints as each of
+       its parameters' optim.<fqn>.step. 1: it is stepped with a zero
+       gradient (weight decay and the moments still move it), torch's
+       zero_grad(set_to_none=False), fsdp.h's behaviour before. */
+    int step_unreached;
 } fsdp_ctx_desc;
 
 /* Creates the context and allocates everything the plan holds: sharded f32
@@ -2426,10 +2437,12 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *ctx, double max_norm, double 
 /* Optimizer step on the local shards, then zeroes the sharded gradients.
    Refused (FSDP_INVALID_STATE) while no_sync holds gradients no backward
    has reduced. A trainable unit no backward reached since the last step
-   or fsdp_zero_grad is stepped with a zero gradient, as torch after
-   zero_grad(set_to_none=False) (torch 2.x's default skips it); the first
-   such step logs a FSDP_LOG_WARN naming the unit, once per context.
-   Collective: no (but waits for this rank's reductions). */
+   or fsdp_zero_grad is skipped, as torch 2.x's optimizers skip a None
+   gradient (no update, no weight decay, its own step count stays); with
+   fsdp_ctx_desc.step_unreached it is stepped with a zero gradient, as
+   torch after zero_grad(set_to_none=False), and the first such step logs
+   a FSDP_LOG_WARN naming the unit, once per context. Collective: no (but
+   waits for this rank's reductions). */
 FSDP_API fsdp_result fsdp_step(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_set_lr(fsdp_ctx *ctx, int group, double lr);
@@ -17420,6 +17433,8 @@ typedef struct fsdp__cunit {
     unsigned char *inited;        /* entry -> initialised (or loaded) */
     int fwd_runs;                 /* forwards not yet matched by a backward */
     int bwd_since_step;           /* a backward ended since the last step or zero_grad */
+    int64_t steps;                /* optimizer steps it took: each parameter's state['step'] */
+    int step_now;                 /* fsdp_step: steps this time (reached, or step_unreached) */
     int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
     int pub;                      /* the fsdp_units index it belongs to */
 } fsdp__cunit;
@@ -17493,6 +17508,7 @@ struct fsdp_ctx {
     int nprefs;
     fsdp__map pmap;
     int reduce_sum;      /* grad_reduce == FSDP_GRAD_SUM */
+    int step_unreached;  /* fsdp_ctx_desc.step_unreached */
     int init_checked;    /* every parameter was found initialised once */
     int debug;
     int64_t slot_clock;  /* debug: slot releases so far */
@@ -18049,6 +18065,7 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
     c->othreads = d->offload_threads > 0 ? d->offload_threads : 2;
     c->othreads_set = d->offload_threads > 0;
     c->reduce_sum = d->grad_reduce == FSDP_GRAD_SUM;
+    c->step_unreached = d->step_unreached != 0;
     {
         /* like TORCH_DISTRIBUTED_DEBUG: switched on without rebuilding */
         const char *env = getenv("FSDP_DEBUG");
@@ -20736,9 +20753,9 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c, int T)
             int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin;
             int grp = cu->groups[pc->entry];
             fsdp__hstep *it = &items[n];
-            if (pc->end < pc->start) continue;
+            if (pc->end < pc->start || !cu->step_now) continue;
             it->cfg = &c->groups[grp];
-            it->step = c->group_steps[grp];
+            it->step = cu->steps;
             it->p = cu->master + off;
             it->g = cu->grad + off;
             it->st = fsdp__state_at(cu, off);
@@ -20778,28 +20795,32 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c, int T)
     return r;
 }
 
-/* A trainable unit no backward reached since the last step or zero_grad
-   is stepped with a zero gradient (weight decay and momentum still move
-   it), as torch does after zero_grad(set_to_none=False), 1.13's default;
-   torch 2.x's default leaves its gradient None and the optimizer skips it.
-   Said once per context, at the first step where it happens, so that an
-   engine ported from torch 2.x learns of the difference. */
-FSDP__DEF void fsdp__say_no_bwd(fsdp_ctx *c)
+/* Which units step now: those a backward reached since the last step or
+   zero_grad (begin and end are collective, so every rank agrees), and with
+   step_unreached every trainable one. By default a unit no backward
+   reached is skipped, as torch 2.x's optimizers skip a parameter whose
+   gradient zero_grad(set_to_none=True) left None: no update, no weight
+   decay, its step count stays. With step_unreached it is stepped with a
+   zero gradient (weight decay and momentum still move it), torch's
+   zero_grad(set_to_none=False); that is said once per context, at the
+   first step where it happens. Returns how many trainable units sit out. */
+FSDP__DEF int fsdp__mark_stepping(fsdp_ctx *c)
 {
     int u, f, n = 0, first = -1;
-    if (c->said_no_bwd) return;
     for (u = 0; u < c->npub; u++) {
         int trainable = 0, ran = 0;
         for (f = c->pub_first[u]; f < c->pub_first[u + 1]; f++) {
             if (c->u[f].info->requires_grad && c->u[f].info->numel) trainable = 1;
             if (c->u[f].bwd_since_step) ran = 1;
         }
+        for (f = c->pub_first[u]; f < c->pub_first[u + 1]; f++)
+            c->u[f].step_now = c->u[f].grad && (ran || c->step_unreached);
         if (trainable && !ran) {
             if (first < 0) first = u;
             n++;
         }
     }
-    if (!n) return;
+    if (!n || !c->step_unreached || c->said_no_bwd) return n;
     c->said_no_bwd = 1;
     fsdp__log(&c->hooks, FSDP_LOG_WARN,
               "fsdp_step: %d unit%s with trainable parameters had no backward since the last "
@@ -20809,6 +20830,7 @@ FSDP__DEF void fsdp__say_no_bwd(fsdp_ctx *c)
               "parameters. Said once per context", n, n == 1 ? "" : "s", first,
               c->u[c->pub_first[first]].qname, n == 1 ? "it is" : "they are",
               n == 1 ? "it" : "them");
+    return n;
 }
 
 FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
@@ -20827,11 +20849,17 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
         if (c->group_steps[g] == INT64_MAX)
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: parameter group %d's step "
                                   "counter is at INT64_MAX and cannot count another step", g);
-    fsdp__say_no_bwd(c);
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].steps == INT64_MAX)
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: unit %d %s's step counter "
+                                  "is at INT64_MAX and cannot count another step", c->u[i].pub,
+                                  c->u[i].qname);
+    fsdp__mark_stepping(c);
     for (i = 0; i < c->nunits; i++) { /* a new iteration */
         c->u[i].fwd_runs = 0;
         c->u[i].bwd_since_step = 0;
         if (c->debug) c->u[i].dbg.pkept = 0; /* the step changes them (checked by sync_all) */
+        if (c->u[i].step_now) c->u[i].steps++;
     }
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     /* The built-in CPU device's optimizer kernel is fsdp_optim_step_host on
@@ -20859,7 +20887,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
         if (!cu->grad) continue;
-        for (p = 0; p < cu->lay.npieces; p++) {
+        for (p = 0; p < cu->lay.npieces && cu->step_now; p++) {
             const fsdp_shard_piece *pc = &cu->pieces[p];
             int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin;
             int64_t n = pc->end - pc->start + 1;
@@ -20868,7 +20896,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
             if (n <= 0) continue;
             st = fsdp__state_at(cu, off);
             /* on the device's stream: the kernel copies c and st */
-            r = fsdp_device_optim_step(c->dev, &c->groups[grp], c->group_steps[grp],
+            r = fsdp_device_optim_step(c->dev, &c->groups[grp], cu->steps,
                                        cu->master + off, cu->grad + off, &st, (size_t)n, c->cs);
             if (r != FSDP_SUCCESS)
                 return fsdp__ctx_fail(c, r, "fsdp_step: unit %d %s parameter '%s': %s", cu->pub,
@@ -20959,6 +20987,7 @@ FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_steps: %lld must be >= 0",
                               (long long)n);
     for (g = 0; g < c->ngroups; g++) c->group_steps[g] = n;
+    for (g = 0; g < c->nunits; g++) c->u[g].steps = n;
     c->steps = n;
     return FSDP_SUCCESS;
 }
@@ -23017,7 +23046,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     if (!host) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
     for (j = 0; j < np; j++)
         if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)
-            host[k++] = c->group_steps[c->u[pl[j].unit].groups[pl[j].entry]];
+            host[k++] = c->u[pl[j].unit].steps; /* the unit's: its parameters' state['step'] */
     if ((r = fsdp__bblock(c, sd, o, (const void *)c->group_steps, (size_t)n * 8, mem, &blk)) !=
         FSDP_SUCCESS)
         goto done;
@@ -23438,8 +23467,10 @@ typedef struct fsdp__ld {
     int ns, scap;
     int *order; /* sources sorted by (tgt, what, offset) */
     float **stage; /* [fsdp__bufi(unit, what)] */
-    int64_t new_step[FSDP__MAX_GROUPS];
+    int64_t new_step[FSDP__MAX_GROUPS]; /* the largest step of each group */
     int step_set[FSDP__MAX_GROUPS];
+    int64_t *ustep;          /* per unit: its parameters' step (one value) */
+    unsigned char *ustep_set;
     fsdp__st_file *files;
     int nfiles;
     fsdp__crc *crc;
@@ -23495,6 +23526,8 @@ FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
     fsdp__free(&c->hooks, L->pl);
     fsdp__free(&c->hooks, L->t);
     fsdp__free(&c->hooks, L->tgt_of);
+    fsdp__free(&c->hooks, L->ustep);
+    fsdp__free(&c->hooks, L->ustep_set);
     fsdp__free(&c->hooks, L->s);
     fsdp__free(&c->hooks, L->order);
     fsdp__free(&c->hooks, L->crc);
@@ -23522,7 +23555,9 @@ FSDP__DEF fsdp_result fsdp__ld_init(fsdp__ld *L, fsdp_ctx *c, fsdp_sd_kind kind,
     for (u = 0; u < c->nunits; u++) L->nt += kind == FSDP_SD_LOCAL ? 1 : c->u[u].info->nentries;
     L->t = (fsdp__tgt *)fsdp__calloc(&c->hooks, (size_t)L->nt + 1, sizeof *L->t);
     L->crc = (fsdp__crc *)fsdp__alloc(&c->hooks, sizeof *L->crc);
-    if (!L->tgt_of || !L->t || !L->crc)
+    L->ustep = (int64_t *)fsdp__calloc(&c->hooks, (size_t)c->nunits + 1, sizeof *L->ustep);
+    L->ustep_set = (unsigned char *)fsdp__calloc(&c->hooks, (size_t)c->nunits + 1, 1);
+    if (!L->tgt_of || !L->t || !L->crc || !L->ustep || !L->ustep_set)
         return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", where);
     fsdp__crc_init(L->crc);
     for (j = 0; j < np; j++) L->tgt_of[j] = -1;
@@ -24062,12 +24097,19 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
             return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld is above the largest "
                                   "step a checkpoint may hold (FSDP_STEP_MAX, 2^53)", L->where,
                                   s->name, (long long)v);
-        if (L->step_set[g] && L->new_step[g] != v)
+        /* steps are counted per unit (a unit steps as a whole, as FSDP's
+           flat parameter): its parameters must agree. Checkpoints before
+           per-unit counts hold one count per group, which agrees. */
+        if (L->ustep_set[t->unit] && L->ustep[t->unit] != v)
             return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld, but another parameter "
-                                  "of parameter group %d has step %lld", L->where, s->name,
-                                  (long long)v, g, (long long)L->new_step[g]);
+                                  "of unit %d %s has step %lld (fsdp.h counts steps per unit: "
+                                  "its parameters step together)", L->where, s->name,
+                                  (long long)v, c->u[t->unit].pub, c->u[t->unit].qname,
+                                  (long long)L->ustep[t->unit]);
+        L->ustep_set[t->unit] = 1;
+        L->ustep[t->unit] = v;
+        if (!L->step_set[g] || v > L->new_step[g]) L->new_step[g] = v;
         L->step_set[g] = 1;
-        L->new_step[g] = v;
         return FSDP_SUCCESS;
     }
     {
@@ -24203,6 +24245,8 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
             if (loaded[t]) fsdp__ctx_mark_loaded(c, L->t[t].unit, L->t[t].entry);
         fsdp__free(&c->hooks, loaded);
     }
+    for (g = 0; g < c->nunits; g++)
+        if (L->ustep_set[g]) c->u[g].steps = L->ustep[g];
     for (g = 0; g < c->ngroups; g++)
         if (L->step_set[g]) {
             c->group_steps[g] = L->new_step[g];

@@ -243,7 +243,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     if (!host) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
     for (j = 0; j < np; j++)
         if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)
-            host[k++] = c->group_steps[c->u[pl[j].unit].groups[pl[j].entry]];
+            host[k++] = c->u[pl[j].unit].steps; /* the unit's: its parameters' state['step'] */
     if ((r = fsdp__bblock(c, sd, o, (const void *)c->group_steps, (size_t)n * 8, mem, &blk)) !=
         FSDP_SUCCESS)
         goto done;

@@ -118,8 +118,10 @@ typedef struct fsdp__ld {
     int ns, scap;
     int *order; /* sources sorted by (tgt, what, offset) */
     float **stage; /* [fsdp__bufi(unit, what)] */
-    int64_t new_step[FSDP__MAX_GROUPS];
+    int64_t new_step[FSDP__MAX_GROUPS]; /* the largest step of each group */
     int step_set[FSDP__MAX_GROUPS];
+    int64_t *ustep;          /* per unit: its parameters' step (one value) */
+    unsigned char *ustep_set;
     fsdp__st_file *files;
     int nfiles;
     fsdp__crc *crc;
@@ -175,6 +177,8 @@ FSDP__DEF void fsdp__ld_free(fsdp__ld *L)
     fsdp__free(&c->hooks, L->pl);
     fsdp__free(&c->hooks, L->t);
     fsdp__free(&c->hooks, L->tgt_of);
+    fsdp__free(&c->hooks, L->ustep);
+    fsdp__free(&c->hooks, L->ustep_set);
     fsdp__free(&c->hooks, L->s);
     fsdp__free(&c->hooks, L->order);
     fsdp__free(&c->hooks, L->crc);
@@ -202,7 +206,9 @@ FSDP__DEF fsdp_result fsdp__ld_init(fsdp__ld *L, fsdp_ctx *c, fsdp_sd_kind kind,
     for (u = 0; u < c->nunits; u++) L->nt += kind == FSDP_SD_LOCAL ? 1 : c->u[u].info->nentries;
     L->t = (fsdp__tgt *)fsdp__calloc(&c->hooks, (size_t)L->nt + 1, sizeof *L->t);
     L->crc = (fsdp__crc *)fsdp__alloc(&c->hooks, sizeof *L->crc);
-    if (!L->tgt_of || !L->t || !L->crc)
+    L->ustep = (int64_t *)fsdp__calloc(&c->hooks, (size_t)c->nunits + 1, sizeof *L->ustep);
+    L->ustep_set = (unsigned char *)fsdp__calloc(&c->hooks, (size_t)c->nunits + 1, 1);
+    if (!L->tgt_of || !L->t || !L->crc || !L->ustep || !L->ustep_set)
         return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "%s: out of memory", where);
     fsdp__crc_init(L->crc);
     for (j = 0; j < np; j++) L->tgt_of[j] = -1;
@@ -742,12 +748,19 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
             return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld is above the largest "
                                   "step a checkpoint may hold (FSDP_STEP_MAX, 2^53)", L->where,
                                   s->name, (long long)v);
-        if (L->step_set[g] && L->new_step[g] != v)
+        /* steps are counted per unit (a unit steps as a whole, as FSDP's
+           flat parameter): its parameters must agree. Checkpoints before
+           per-unit counts hold one count per group, which agrees. */
+        if (L->ustep_set[t->unit] && L->ustep[t->unit] != v)
             return fsdp__ctx_fail(c, FSDP_CKPT_MISMATCH, "%s: '%s' = %lld, but another parameter "
-                                  "of parameter group %d has step %lld", L->where, s->name,
-                                  (long long)v, g, (long long)L->new_step[g]);
+                                  "of unit %d %s has step %lld (fsdp.h counts steps per unit: "
+                                  "its parameters step together)", L->where, s->name,
+                                  (long long)v, c->u[t->unit].pub, c->u[t->unit].qname,
+                                  (long long)L->ustep[t->unit]);
+        L->ustep_set[t->unit] = 1;
+        L->ustep[t->unit] = v;
+        if (!L->step_set[g] || v > L->new_step[g]) L->new_step[g] = v;
         L->step_set[g] = 1;
-        L->new_step[g] = v;
         return FSDP_SUCCESS;
     }
     {
@@ -883,6 +896,8 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
             if (loaded[t]) fsdp__ctx_mark_loaded(c, L->t[t].unit, L->t[t].entry);
         fsdp__free(&c->hooks, loaded);
     }
+    for (g = 0; g < c->nunits; g++)
+        if (L->ustep_set[g]) c->u[g].steps = L->ustep[g];
     for (g = 0; g < c->ngroups; g++)
         if (L->step_set[g]) {
             c->group_steps[g] = L->new_step[g];

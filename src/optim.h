@@ -16,8 +16,9 @@ struct fsdp_optim_config;
 /* An engine's own update rule (FSDP_OPTIM_CUSTOM): param[i] from grad[i]
    and its state values state[0][i] .. state[k - 1][i] (k =
    config->custom_state f32 values per element, zeroed before the first
-   step), for i < n, in place. step is the group's step (1 first); config
-   is the group's (lr as fsdp_set_lr left it, and custom_user). It is
+   step), for i < n, in place. step is the unit's own step count (1
+   first, torch's per-parameter state['step']); config is the group's (lr
+   as fsdp_set_lr left it, and custom_user). It is
    called on contiguous ranges of the local shard (a parameter's piece, or
    a block of one), in no promised order, possibly from several of the
    library's threads at once on disjoint ranges (cpu_offload): it must

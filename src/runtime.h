@@ -157,6 +157,16 @@ typedef struct fsdp_ctx_desc {
        parameters into the zero gradients (refused while gradients are
        pending). 0: every view starts at zero at fsdp_begin_backward. */
     int grad_views_in_place;
+    /* A trainable unit no backward reached since the last fsdp_step or
+       fsdp_zero_grad (on any rank: begin and end are collective). 0 (the
+       default since this version, torch 2.x's zero_grad(set_to_none=True)):
+       fsdp_step skips it, so it gets no update and no weight decay and its
+       step count stays; each unit counts its own steps (torch's per-
+       parameter state['step']), in state dicts and checkpoints as each of
+       its parameters' optim.<fqn>.step. 1: it is stepped with a zero
+       gradient (weight decay and the moments still move it), torch's
+       zero_grad(set_to_none=False), fsdp.h's behaviour before. */
+    int step_unreached;
 } fsdp_ctx_desc;
 
 /* Creates the context and allocates everything the plan holds: sharded f32
@@ -307,10 +317,12 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *ctx, double max_norm, double 
 /* Optimizer step on the local shards, then zeroes the sharded gradients.
    Refused (FSDP_INVALID_STATE) while no_sync holds gradients no backward
    has reduced. A trainable unit no backward reached since the last step
-   or fsdp_zero_grad is stepped with a zero gradient, as torch after
-   zero_grad(set_to_none=False) (torch 2.x's default skips it); the first
-   such step logs a FSDP_LOG_WARN naming the unit, once per context.
-   Collective: no (but waits for this rank's reductions). */
+   or fsdp_zero_grad is skipped, as torch 2.x's optimizers skip a None
+   gradient (no update, no weight decay, its own step count stays); with
+   fsdp_ctx_desc.step_unreached it is stepped with a zero gradient, as
+   torch after zero_grad(set_to_none=False), and the first such step logs
+   a FSDP_LOG_WARN naming the unit, once per context. Collective: no (but
+   waits for this rank's reductions). */
 FSDP_API fsdp_result fsdp_step(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *ctx);
 FSDP_API fsdp_result fsdp_set_lr(fsdp_ctx *ctx, int group, double lr);

@@ -106,6 +106,7 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
     c->othreads = d->offload_threads > 0 ? d->offload_threads : 2;
     c->othreads_set = d->offload_threads > 0;
     c->reduce_sum = d->grad_reduce == FSDP_GRAD_SUM;
+    c->step_unreached = d->step_unreached != 0;
     {
         /* like TORCH_DISTRIBUTED_DEBUG: switched on without rebuilding */
         const char *env = getenv("FSDP_DEBUG");

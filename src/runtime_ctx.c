@@ -68,6 +68,8 @@ typedef struct fsdp__cunit {
     unsigned char *inited;        /* entry -> initialised (or loaded) */
     int fwd_runs;                 /* forwards not yet matched by a backward */
     int bwd_since_step;           /* a backward ended since the last step or zero_grad */
+    int64_t steps;                /* optimizer steps it took: each parameter's state['step'] */
+    int step_now;                 /* fsdp_step: steps this time (reached, or step_unreached) */
     int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
     int pub;                      /* the fsdp_units index it belongs to */
 } fsdp__cunit;
@@ -141,6 +143,7 @@ struct fsdp_ctx {
     int nprefs;
     fsdp__map pmap;
     int reduce_sum;      /* grad_reduce == FSDP_GRAD_SUM */
+    int step_unreached;  /* fsdp_ctx_desc.step_unreached */
     int init_checked;    /* every parameter was found initialised once */
     int debug;
     int64_t slot_clock;  /* debug: slot releases so far */

@@ -150,9 +150,9 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c, int T)
             int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin;
             int grp = cu->groups[pc->entry];
             fsdp__hstep *it = &items[n];
-            if (pc->end < pc->start) continue;
+            if (pc->end < pc->start || !cu->step_now) continue;
             it->cfg = &c->groups[grp];
-            it->step = c->group_steps[grp];
+            it->step = cu->steps;
             it->p = cu->master + off;
             it->g = cu->grad + off;
             it->st = fsdp__state_at(cu, off);
@@ -192,28 +192,32 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c, int T)
     return r;
 }
 
-/* A trainable unit no backward reached since the last step or zero_grad
-   is stepped with a zero gradient (weight decay and momentum still move
-   it), as torch does after zero_grad(set_to_none=False), 1.13's default;
-   torch 2.x's default leaves its gradient None and the optimizer skips it.
-   Said once per context, at the first step where it happens, so that an
-   engine ported from torch 2.x learns of the difference. */
-FSDP__DEF void fsdp__say_no_bwd(fsdp_ctx *c)
+/* Which units step now: those a backward reached since the last step or
+   zero_grad (begin and end are collective, so every rank agrees), and with
+   step_unreached every trainable one. By default a unit no backward
+   reached is skipped, as torch 2.x's optimizers skip a parameter whose
+   gradient zero_grad(set_to_none=True) left None: no update, no weight
+   decay, its step count stays. With step_unreached it is stepped with a
+   zero gradient (weight decay and momentum still move it), torch's
+   zero_grad(set_to_none=False); that is said once per context, at the
+   first step where it happens. Returns how many trainable units sit out. */
+FSDP__DEF int fsdp__mark_stepping(fsdp_ctx *c)
 {
     int u, f, n = 0, first = -1;
-    if (c->said_no_bwd) return;
     for (u = 0; u < c->npub; u++) {
         int trainable = 0, ran = 0;
         for (f = c->pub_first[u]; f < c->pub_first[u + 1]; f++) {
             if (c->u[f].info->requires_grad && c->u[f].info->numel) trainable = 1;
             if (c->u[f].bwd_since_step) ran = 1;
         }
+        for (f = c->pub_first[u]; f < c->pub_first[u + 1]; f++)
+            c->u[f].step_now = c->u[f].grad && (ran || c->step_unreached);
         if (trainable && !ran) {
             if (first < 0) first = u;
             n++;
         }
     }
-    if (!n) return;
+    if (!n || !c->step_unreached || c->said_no_bwd) return n;
     c->said_no_bwd = 1;
     fsdp__log(&c->hooks, FSDP_LOG_WARN,
               "fsdp_step: %d unit%s with trainable parameters had no backward since the last "
@@ -223,6 +227,7 @@ FSDP__DEF void fsdp__say_no_bwd(fsdp_ctx *c)
               "parameters. Said once per context", n, n == 1 ? "" : "s", first,
               c->u[c->pub_first[first]].qname, n == 1 ? "it is" : "they are",
               n == 1 ? "it" : "them");
+    return n;
 }
 
 FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
@@ -241,11 +246,17 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
         if (c->group_steps[g] == INT64_MAX)
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: parameter group %d's step "
                                   "counter is at INT64_MAX and cannot count another step", g);
-    fsdp__say_no_bwd(c);
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].steps == INT64_MAX)
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: unit %d %s's step counter "
+                                  "is at INT64_MAX and cannot count another step", c->u[i].pub,
+                                  c->u[i].qname);
+    fsdp__mark_stepping(c);
     for (i = 0; i < c->nunits; i++) { /* a new iteration */
         c->u[i].fwd_runs = 0;
         c->u[i].bwd_since_step = 0;
         if (c->debug) c->u[i].dbg.pkept = 0; /* the step changes them (checked by sync_all) */
+        if (c->u[i].step_now) c->u[i].steps++;
     }
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     /* The built-in CPU device's optimizer kernel is fsdp_optim_step_host on
@@ -273,7 +284,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
         if (!cu->grad) continue;
-        for (p = 0; p < cu->lay.npieces; p++) {
+        for (p = 0; p < cu->lay.npieces && cu->step_now; p++) {
             const fsdp_shard_piece *pc = &cu->pieces[p];
             int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin;
             int64_t n = pc->end - pc->start + 1;
@@ -282,7 +293,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
             if (n <= 0) continue;
             st = fsdp__state_at(cu, off);
             /* on the device's stream: the kernel copies c and st */
-            r = fsdp_device_optim_step(c->dev, &c->groups[grp], c->group_steps[grp],
+            r = fsdp_device_optim_step(c->dev, &c->groups[grp], cu->steps,
                                        cu->master + off, cu->grad + off, &st, (size_t)n, c->cs);
             if (r != FSDP_SUCCESS)
                 return fsdp__ctx_fail(c, r, "fsdp_step: unit %d %s parameter '%s': %s", cu->pub,
@@ -373,6 +384,7 @@ FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_steps: %lld must be >= 0",
                               (long long)n);
     for (g = 0; g < c->ngroups; g++) c->group_steps[g] = n;
+    for (g = 0; g < c->nunits; g++) c->u[g].steps = n;
     c->steps = n;
     return FSDP_SUCCESS;
 }

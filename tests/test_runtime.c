@@ -2952,9 +2952,13 @@ static void warn_cb(void *user, fsdp_log_level level, const char *msg)
 }
 
 /* A trainable unit without a backward since the last step (or since
-   fsdp_zero_grad) is stepped with a zero gradient, as torch after
-   zero_grad(set_to_none=False): SGD's weight decay alone moves it. The
-   first such step says so, once per context. */
+   fsdp_zero_grad). By default (what & 2) it is skipped, as torch 2.x's
+   zero_grad(set_to_none=True) leaves its gradient None: no update, no
+   weight decay, its step count stays while the others' advance, and
+   nothing is logged. With step_unreached it is stepped with a zero
+   gradient, as torch after zero_grad(set_to_none=False): SGD's weight
+   decay alone moves it, and the first such step says so, once per
+   context. */
 static int no_bwd_rank(int rank, int nranks, fsdp_local_world *world, void *user)
 {
     pend_job *j = (pend_job *)user;
@@ -2964,7 +2968,9 @@ static int no_bwd_rank(int rank, int nranks, fsdp_local_world *world, void *user
     fsdp_ctx_desc cd;
     fsdp_state_dict *sd = NULL;
     warn_cap w;
-    int fc = fsdp_units_find(j->u, "fc"), root = fsdp_units_count(j->u) - 1, zero = j->what;
+    int fc = fsdp_units_find(j->u, "fc"), root = fsdp_units_count(j->u) - 1, zero = j->what & 1;
+    const int skip = (j->what & 2) != 0;
+    int64_t fc_step = -1, root_step = -1;
     float before = 0.0f, after = 0.0f, want;
     (void)nranks;
     memset(&w, 0, sizeof w);
@@ -2974,6 +2980,7 @@ static int no_bwd_rank(int rank, int nranks, fsdp_local_world *world, void *user
     cd.optim = fsdp_optim_defaults(FSDP_SGD);
     cd.optim.lr = 0.1;
     cd.optim.weight_decay = 0.5;
+    cd.step_unreached = !skip;
     if (fsdp_ctx_create(&cd, &ctx) != FSDP_SUCCESS ||
         fsdp_init_params(ctx, 1, pend_init, NULL) != FSDP_SUCCESS || !pend_iter(ctx, fc, root, 1.0f)) {
         CHECK_RANK(0, rank, "set-up: %s", ctx ? fsdp_ctx_last_error(ctx) : "create");
@@ -2998,6 +3005,27 @@ static int no_bwd_rank(int rank, int nranks, fsdp_local_world *world, void *user
     fsdp_state_dict_destroy(sd);
     sd = NULL;
     CHECK_RANK(fsdp_step(ctx) == FSDP_SUCCESS, rank, "step: %s", fsdp_ctx_last_error(ctx));
+    if (skip) {
+        if (fsdp_get_full_state_dict(ctx, FSDP_SD_OFFLOAD | FSDP_SD_OPTIM, &sd) == FSDP_SUCCESS) {
+            const fsdp_tensor *b = fsdp_state_dict_tensor(sd, fsdp_state_dict_find(sd, "fc.bias"));
+            const fsdp_tensor *fs =
+                fsdp_state_dict_tensor(sd, fsdp_state_dict_find(sd, "optim.fc.bias.step"));
+            const fsdp_tensor *rs =
+                fsdp_state_dict_tensor(sd, fsdp_state_dict_find(sd, "optim.out_bias.step"));
+            if (b) after = ((const float *)b->data)[0];
+            if (fs) memcpy(&fc_step, fs->data, 8);
+            if (rs) memcpy(&root_step, rs->data, 8);
+        }
+        CHECK_RANK(w.n == 0 && before != 0.0f && f2u(after) == f2u(before), rank,
+                   "%s: fc skipped (%.9g -> %.9g), %d warnings (%s)",
+                   zero ? "after zero_grad" : "forward only", (double)before, (double)after,
+                   w.n, w.first);
+        /* fc took the first step only (none after zero_grad) */
+        CHECK_RANK(fc_step == (zero ? 0 : 1) && root_step == -1, rank,
+                   "per-unit steps: fc %lld, root %lld", (long long)fc_step,
+                   (long long)root_step);
+        goto done;
+    }
     CHECK_RANK(w.n == 1 && contains(w.first, "'fc'") && contains(w.first, "set_to_none") &&
                    contains(w.first, "1 unit with"),
                rank, "%s: %d warnings, first: %s", zero ? "after zero_grad" : "forward only",
@@ -3054,7 +3082,7 @@ static void test_pending(void)
                 run_ranks(2, pend_rank, &j);
             }
             if (s == 0 && p == 0 && j.u) run_ranks(2, clip_nan_rank, &j);
-            for (w = 0; w < 2 && j.u && p == 0; w++) {
+            for (w = 0; w < 4 && j.u && p == 0; w++) {
                 j.what = w;
                 run_ranks(2, no_bwd_rank, &j);
             }
