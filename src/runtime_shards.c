@@ -58,7 +58,18 @@ FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
 
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *c, int unit)
 {
+    int f;
     if (fsdp__bad_unit(c, unit, "fsdp_param_dtype")) return FSDP_DTYPE_DEFAULT;
+    /* a unit of several dtypes has no one answer: asked per parameter */
+    for (f = c->pub_first[unit] + 1; f < c->pub_first[unit + 1]; f++)
+        if (c->u[f].pdt != c->u[c->pub_first[unit]].pdt) {
+            fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS, "fsdp_param_dtype: "
+                           "unit %d %s gathers parameters in several dtypes (%s and %s); "
+                           "use fsdp_param_view_dtype(ctx, fqn)", unit,
+                           c->u[f].qname, fsdp_dtype_name(c->u[c->pub_first[unit]].pdt),
+                           fsdp_dtype_name(c->u[f].pdt));
+            return FSDP_DTYPE_DEFAULT;
+        }
     return c->u[c->pub_first[unit]].pdt;
 }
 
