@@ -3214,6 +3214,10 @@ typedef struct fsdp_hf_desc {
        (dtype, shape, offsets) and the loader's records of the
        parameters. */
     size_t staging_bytes;
+    /* save, mixed dtypes (issue 46): 1 writes each tensor in its
+       parameter's own dtype (bf16 weights beside f32 norms stay so), and
+       dtype above is not used; 0: every tensor in dtype */
+    int keep_dtypes;
 } fsdp_hf_desc;
 
 /* Loads a Hugging Face model directory (or PEFT adapters) into the
@@ -17917,6 +17921,15 @@ FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
        (it then runs as NO_SHARD) */
     for (i = 0; i < c->nunits; i++)
         if (c->u[i].info->options.sharding == FSDP_HYBRID_SHARD && hs != c->nranks) hybrid = 1;
+    /* mixed dtypes' packed all-gather is proven on host memory only (the
+       CPU device, MPI, Gloo); a GPU run of it is not yet tested */
+    for (i = 0; i < c->npub; i++)
+        if (fsdp_units_get(c->units, i)->mixed_dtypes && !fsdp_device_host_accessible(c->dev))
+            return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: unit %d %s "
+                                     "holds parameters of several dtypes: not yet supported "
+                                     "on device '%s' (its packed all-gather is tested on "
+                                     "host memory only); wrap each dtype in a unit of its own",
+                                     i, c->u[c->pub_first[i]].qname, fsdp_device_name(c->dev));
     if (hybrid) {
         r = fsdp_comm_split(c->world, c->rank / hs, c->rank, &c->shard_comm);
         if (r == FSDP_SUCCESS) r = fsdp_comm_split(c->world, c->rank % hs, c->rank, &c->rep_comm);
@@ -18418,8 +18431,8 @@ FSDP__DEF int fsdp__one_flat(const fsdp_ctx *c, int unit, const char *fn)
     if (fsdp__bad_unit(c, unit, fn)) return -1;
     if (c->pub_first[unit + 1] - c->pub_first[unit] == 1) return c->pub_first[unit];
     fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
-                   "%s: unit %d %s mixes frozen and trainable parameters, so it has two flat "
-                   "parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
+                   "%s: unit %d %s mixes frozen and trainable parameters, or dtypes, so it has "
+                   "several flat parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
                    fn);
     return -1;
 }
@@ -20896,7 +20909,7 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
     if ((flags & FSDP_SUMMON_OFFLOAD) && c->pub_first[unit + 1] - c->pub_first[unit] > 1)
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
                               "fsdp_summon_begin: unit %d %s mixes frozen and trainable "
-                              "parameters: FSDP_SUMMON_OFFLOAD is not supported for it (summon "
+                              "parameters, or dtypes: FSDP_SUMMON_OFFLOAD is not supported for it (summon "
                               "into device views instead)", unit, c->u[c->pub_first[unit]].qname);
     for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
         if ((r = fsdp__summon_begin_flat(c, f, flags, host)) != FSDP_SUCCESS) return r;
@@ -23036,7 +23049,7 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: %s: not supported for a local state "
                               "dict (one flat parameter per unit); use a sharded one", fn,
                               c->nunits != c->npub ? "a unit mixing frozen and trainable "
-                              "parameters" : "FSDP_SD_TRAINABLE_ONLY");
+                              "parameters, or dtypes" : "FSDP_SD_TRAINABLE_ONLY");
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
     if ((r = fsdp__sd_new(&c->hooks, o->kind, c->dev, &sd)) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, r, "%s: out of memory", fn);
@@ -27901,6 +27914,8 @@ typedef struct fsdp__hf_out {
     int64_t numel;
     int file;
     int64_t begin, bytes;  /* in the file's data section */
+    fsdp_dtype dt;         /* in the file: desc.dtype, or with keep_dtypes its own */
+    int64_t eso;           /* its size */
 } fsdp__hf_out;
 
 typedef struct fsdp__hf_ofile {
@@ -27915,7 +27930,7 @@ typedef struct fsdp__hf_save {
     fsdp__hf_ofile *files;
     int nfiles;
     fsdp_dtype dt;
-    size_t eso;
+    size_t eso;         /* the largest of the tensors' element sizes (staging) */
     char *target, *tmp; /* dir without trailing '/', and its temporary twin */
 } fsdp__hf_save;
 
@@ -27979,10 +27994,14 @@ FSDP__DEF fsdp_result fsdp__hf_plan(fsdp__hf *H, fsdp__hf_save *S)
         o->ndim = fe->ndim;
         memcpy(o->shape, fe->shape, (size_t)fe->ndim * sizeof(int64_t));
         o->numel = fe->numel;
-        if (o->numel > INT64_MAX / (int64_t)S->eso)
+        /* keep_dtypes: the parameter's own (its flat parameter's dtype) */
+        o->dt = H->d.keep_dtypes ? c->u[it->unit].info->dtype : S->dt;
+        o->eso = (int64_t)fsdp_dtype_size(o->dt);
+        if ((size_t)o->eso > S->eso) S->eso = (size_t)o->eso;
+        if (o->numel > INT64_MAX / o->eso)
             return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: '%s' is too large", H->where,
                                   it->fqn);
-        o->bytes = o->numel * (int64_t)S->eso;
+        o->bytes = o->numel * o->eso;
     }
     if (!S->nout)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: nothing to save: no parameter of the "
@@ -28023,7 +28042,6 @@ FSDP__DEF fsdp_result fsdp__hf_create(fsdp__hf *H, fsdp__hf_save *S, int k)
     fsdp__sb sb;
     char *path;
     unsigned char len8[8];
-    const char *dn = fsdp__st_dtype_name(S->dt);
     int i, d, fd;
     fsdp_result r = FSDP_SUCCESS;
     memset(&sb, 0, sizeof sb);
@@ -28034,7 +28052,7 @@ FSDP__DEF fsdp_result fsdp__hf_create(fsdp__hf *H, fsdp__hf_save *S, int k)
         if (o->file != k) continue;
         fsdp__sb_str(&sb, ",");
         fsdp__sb_json(&sb, o->name);
-        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", dn);
+        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", fsdp__st_dtype_name(o->dt));
         for (d = 0; d < o->ndim; d++)
             fsdp__sb_printf(&sb, "%s%lld", d ? "," : "",
                             (long long)o->shape[o->it->transpose ? o->ndim - 1 - d : d]);
@@ -28094,7 +28112,7 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
     const fsdp__hf_ofile *f = &S->files[o->file];
     fsdp_copy_kind kind = from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H;
     const float *src = from + o->flat_off;
-    int64_t pos0 = f->data_start + o->begin, eso = (int64_t)S->eso;
+    int64_t pos0 = f->data_start + o->begin, eso = o->eso;
     char *path = fsdp__path_join(&c->hooks, S->tmp, f->name);
     fsdp_result r = FSDP_SUCCESS;
     int fd;
@@ -28118,8 +28136,8 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
                 }
                 data = w->f;
             }
-            if (S->dt != FSDP_F32) {
-                fsdp_convert(w->o, S->dt, data, FSDP_F32, (size_t)m);
+            if (o->dt != FSDP_F32) {
+                fsdp_convert(w->o, o->dt, data, FSDP_F32, (size_t)m);
                 data = w->o;
             }
             r = fsdp__hf_put(H, fd, pos0 + k * eso, data, (size_t)(m * eso), path, o);
@@ -28142,8 +28160,8 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
                     blk = w->f;
                 }
                 fsdp__hf_transpose(w->t, blk, nr, nc, 4); /* nc file rows of nr */
-                if (S->dt != FSDP_F32) {
-                    fsdp_convert(w->o, S->dt, w->t, FSDP_F32, (size_t)(nr * nc));
+                if (o->dt != FSDP_F32) {
+                    fsdp_convert(w->o, o->dt, w->t, FSDP_F32, (size_t)(nr * nc));
                     data = (const char *)w->o;
                 }
                 if (nr == R) /* whole file rows i0..i0+nc-1: one range */

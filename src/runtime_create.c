@@ -277,6 +277,15 @@ FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
        (it then runs as NO_SHARD) */
     for (i = 0; i < c->nunits; i++)
         if (c->u[i].info->options.sharding == FSDP_HYBRID_SHARD && hs != c->nranks) hybrid = 1;
+    /* mixed dtypes' packed all-gather is proven on host memory only (the
+       CPU device, MPI, Gloo); a GPU run of it is not yet tested */
+    for (i = 0; i < c->npub; i++)
+        if (fsdp_units_get(c->units, i)->mixed_dtypes && !fsdp_device_host_accessible(c->dev))
+            return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: unit %d %s "
+                                     "holds parameters of several dtypes: not yet supported "
+                                     "on device '%s' (its packed all-gather is tested on "
+                                     "host memory only); wrap each dtype in a unit of its own",
+                                     i, c->u[c->pub_first[i]].qname, fsdp_device_name(c->dev));
     if (hybrid) {
         r = fsdp_comm_split(c->world, c->rank / hs, c->rank, &c->shard_comm);
         if (r == FSDP_SUCCESS) r = fsdp_comm_split(c->world, c->rank % hs, c->rank, &c->rep_comm);

@@ -22,8 +22,8 @@ FSDP__DEF int fsdp__one_flat(const fsdp_ctx *c, int unit, const char *fn)
     if (fsdp__bad_unit(c, unit, fn)) return -1;
     if (c->pub_first[unit + 1] - c->pub_first[unit] == 1) return c->pub_first[unit];
     fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
-                   "%s: unit %d %s mixes frozen and trainable parameters, so it has two flat "
-                   "parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
+                   "%s: unit %d %s mixes frozen and trainable parameters, or dtypes, so it has "
+                   "several flat parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
                    fn);
     return -1;
 }

@@ -1,0 +1,931 @@
+/* test_mixed: units holding parameters of several dtypes (issue 46).
+   A block holds bf16 weights (one of them frozen) and an f32 norm. Wrapped
+   as one unit per block (a unit of three groups: bf16 frozen, bf16
+   trainable, f32 trainable) it must train bitwise as the same model with
+   the norm wrapped as a unit of its own, at 1, 2 and 3 ranks, with and
+   without cpu_offload, FULL_SHARD and SHARD_GRAD_OP, and with a bf16
+   param_dtype policy; each parameter's views keep its dtype; one
+   all-gather moves a block's groups (the calls are counted through a comm
+   that wraps the local backend); peak = plan = plan-only; checkpoints
+   saved by one wrapping at 2 ranks load into the other at 3; a Hugging
+   Face save keeps each tensor's dtype. Ranks are threads of the local
+   backend. */
+#define _POSIX_C_SOURCE 200809L
+#include "fsdp.h"
+#include "check.h"
+#include "fixtures.h"
+#include "fixtures_files.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define NL 2     /* blocks */
+#define D 4      /* width */
+#define STEPS 3
+#define MAXT 64  /* tensors in a full dict with optimizer state */
+
+typedef struct pdef {
+    const char *mod, *name;
+    int ndim;
+    int64_t d0, d1;
+    fsdp_dtype dt;
+    int frozen;
+} pdef;
+
+static const pdef BLOCK[] = {
+    {"attn", "weight", 2, 2 * D, D, FSDP_BF16, 0},
+    {"attn", "bias", 1, 2 * D, 0, FSDP_BF16, 1},
+    {"ln", "weight", 1, D, 0, FSDP_F32, 0},
+    {"ln", "bias", 1, D, 0, FSDP_F32, 0},
+    {"mlp", "weight", 2, D, 2 * D, FSDP_BF16, 0},
+};
+#define NBP ((int)(sizeof BLOCK / sizeof BLOCK[0]))
+
+static int64_t pnumel(int k)
+{
+    return BLOCK[k].ndim == 1 ? BLOCK[k].d0 : BLOCK[k].d0 * BLOCK[k].d1;
+}
+
+static fsdp_result addp(fsdp_model *m, const char *module, const char *name, int ndim,
+                        int64_t d0, int64_t d1, fsdp_dtype dt, int frozen)
+{
+    fsdp_param_desc p;
+    memset(&p, 0, sizeof p);
+    p.module = module;
+    p.name = name;
+    p.ndim = ndim;
+    p.shape[0] = d0;
+    p.shape[1] = d1;
+    p.dtype = dt;
+    p.frozen = frozen;
+    return fsdp_model_add_param(m, &p);
+}
+
+static fsdp_model *mixed_model(void)
+{
+    static const char *const block_mods[][2] = {
+        {"h.%d", "Block"}, {"h.%d.attn", "Linear"}, {"h.%d.ln", "LayerNorm"},
+        {"h.%d.mlp", "Linear"}};
+    fsdp_model *m = model_new("Net", 0);
+    int l, k;
+    char mod[64];
+    if (!m) return NULL;
+    OK(fsdp_model_add_module(m, "h", "ModuleList"));
+    for (l = 0; l < NL; l++)
+        for (k = 0; k < 4; k++) OK(add_module_l(m, block_mods[k][0], l, block_mods[k][1]));
+    OK(fsdp_model_add_module(m, "ln_f", "LayerNorm"));
+    for (l = 0; l < NL; l++)
+        for (k = 0; k < NBP; k++) {
+            snprintf(mod, sizeof mod, "h.%d.%s", l, BLOCK[k].mod);
+            OK(addp(m, mod, BLOCK[k].name, BLOCK[k].ndim, BLOCK[k].d0, BLOCK[k].d1, BLOCK[k].dt,
+                    BLOCK[k].frozen));
+        }
+    OK(addp(m, "ln_f", "weight", 1, D, 0, FSDP_F32, 0));
+    return m;
+}
+
+/* mixed: a unit per block ("h.l"); split: the norm ("h.l.ln") as a unit of
+   its own, then the block (its bf16 weights). */
+static fsdp_dtype g_pdt; /* fsdp_unit_options.param_dtype */
+
+static fsdp_units *mixed_wrap(fsdp_model *m, int split, fsdp_sharding_strategy s)
+{
+    static char pre[NL * 2][32];
+    fsdp_unit_spec specs[NL * 2];
+    fsdp_unit_options opt;
+    fsdp_units *u = NULL;
+    int l, n = 0;
+    memset(specs, 0, sizeof specs);
+    for (l = 0; l < NL; l++) {
+        if (split) {
+            snprintf(pre[n], sizeof pre[n], "h.%d.ln", l);
+            specs[n].prefix = pre[n];
+            n++;
+        }
+        snprintf(pre[n], sizeof pre[n], "h.%d", l);
+        specs[n].prefix = pre[n];
+        n++;
+    }
+    memset(&opt, 0, sizeof opt);
+    opt.sharding = s;
+    opt.param_dtype = g_pdt;
+    OK(wrap_units(m, specs, n, &opt, &u));
+    return u;
+}
+
+static float initv(const char *fqn, int64_t i)
+{
+    uint32_t h = 2166136261u;
+    const char *p;
+    for (p = fqn; *p; p++) h = (h ^ (unsigned char)*p) * 16777619u;
+    h = (h ^ (uint32_t)i) * 16777619u;
+    return (float)((h >> 8) % 1000) / 1000.0f - 0.5f;
+}
+
+static void init_all(fsdp_ctx *c, const fsdp_model *mm, int *bad)
+{
+    int i, n = fsdp_model_num_params(mm);
+    for (i = 0; i < n; i++) {
+        fsdp_param_info pi;
+        float buf[64];
+        int64_t k;
+        if (fsdp_model_param(mm, i, &pi) != FSDP_SUCCESS || pi.primary != i) continue;
+        for (k = 0; k < pi.numel; k++) buf[k] = initv(pi.fqn, k);
+        if (fsdp_set_full_param(c, pi.fqn, buf, FSDP_F32) != FSDP_SUCCESS) (*bad)++;
+    }
+}
+
+/* --- a comm that counts the calls of the local backend it wraps --- */
+
+typedef struct counts {
+    int all_gather, all_gather_u8, reduce_scatter;
+} counts;
+
+typedef struct ccomm {
+    fsdp_comm *inner;
+    counts *n;
+} ccomm;
+
+static fsdp_result cc_err(fsdp_comm *inner, fsdp_result r, fsdp_error *err)
+{
+    if (r != FSDP_SUCCESS && err) {
+        err->code = r;
+        snprintf(err->message, sizeof err->message, "%s", fsdp_comm_last_error(inner));
+    }
+    return r;
+}
+
+static fsdp_result cc_ag(void *self, const void *send, void *recv, size_t count, fsdp_dtype dt,
+                         fsdp_stream *s, fsdp_error *err)
+{
+    ccomm *x = (ccomm *)self;
+    x->n->all_gather++;
+    if (dt == FSDP_U8) x->n->all_gather_u8++;
+    return cc_err(x->inner, fsdp_all_gather(x->inner, send, recv, count, dt, s), err);
+}
+
+static fsdp_result cc_rs(void *self, const void *send, void *recv, size_t count, fsdp_dtype dt,
+                         fsdp_reduce_op op, fsdp_stream *s, fsdp_error *err)
+{
+    ccomm *x = (ccomm *)self;
+    x->n->reduce_scatter++;
+    return cc_err(x->inner, fsdp_reduce_scatter(x->inner, send, recv, count, dt, op, s), err);
+}
+
+static fsdp_result cc_ar(void *self, const void *send, void *recv, size_t count, fsdp_dtype dt,
+                         fsdp_reduce_op op, fsdp_stream *s, fsdp_error *err)
+{
+    ccomm *x = (ccomm *)self;
+    return cc_err(x->inner, fsdp_all_reduce(x->inner, send, recv, count, dt, op, s), err);
+}
+
+static fsdp_result cc_bc(void *self, const void *send, void *recv, size_t count, fsdp_dtype dt,
+                         int root, fsdp_stream *s, fsdp_error *err)
+{
+    ccomm *x = (ccomm *)self;
+    return cc_err(x->inner, fsdp_broadcast(x->inner, send, recv, count, dt, root, s), err);
+}
+
+static fsdp_result cc_barrier(void *self, fsdp_stream *s, fsdp_error *err)
+{
+    ccomm *x = (ccomm *)self;
+    return cc_err(x->inner, fsdp_barrier(x->inner, s), err);
+}
+
+static fsdp_result cc_split(void *self, int color, int key, void **out_self, int *out_rank,
+                            int *out_size, fsdp_error *err)
+{
+    ccomm *x = (ccomm *)self, *y;
+    fsdp_comm *sub = NULL;
+    fsdp_result r = fsdp_comm_split(x->inner, color, key, &sub);
+    *out_self = NULL;
+    if (r != FSDP_SUCCESS) return cc_err(x->inner, r, err);
+    if (!sub) return FSDP_SUCCESS;
+    y = (ccomm *)malloc(sizeof *y);
+    if (!y) {
+        fsdp_comm_destroy(sub);
+        return FSDP_OUT_OF_MEMORY;
+    }
+    y->inner = sub;
+    y->n = x->n;
+    *out_self = y;
+    *out_rank = fsdp_comm_rank(sub);
+    *out_size = fsdp_comm_size(sub);
+    return FSDP_SUCCESS;
+}
+
+static fsdp_result cc_async(void *self, fsdp_error *err)
+{
+    ccomm *x = (ccomm *)self;
+    return cc_err(x->inner, fsdp_comm_async_error(x->inner), err);
+}
+
+static void cc_destroy(void *self)
+{
+    ccomm *x = (ccomm *)self;
+    fsdp_comm_destroy(x->inner);
+    free(x);
+}
+
+static void cc_label(void *self, const char *label)
+{
+    fsdp_comm_set_label(((ccomm *)self)->inner, label);
+}
+
+/* rank_open with the comm wrapped to count into *n. */
+static int crank_open(fsdp_local_world *world, int rank, const fsdp_model *m,
+                      const fsdp_units *u, fsdp_device **dev, fsdp_comm **comm, fsdp_ctx_desc *cd,
+                      counts *n)
+{
+    fsdp_comm_vtable vt;
+    ccomm *x;
+    fsdp_comm *outer = NULL;
+    if (!rank_open(world, rank, m, u, dev, comm, cd)) return 0;
+    memset(&vt, 0, sizeof vt);
+    vt.size = sizeof vt;
+    vt.name = "counting";
+    vt.all_gather = cc_ag;
+    vt.reduce_scatter = cc_rs;
+    vt.all_reduce = cc_ar;
+    vt.broadcast = cc_bc;
+    vt.barrier = cc_barrier;
+    vt.split = cc_split;
+    vt.async_error = cc_async;
+    vt.destroy = cc_destroy;
+    vt.set_label = cc_label;
+    x = (ccomm *)malloc(sizeof *x);
+    if (!x) return 0;
+    x->inner = *comm;
+    x->n = n;
+    if (fsdp_comm_create(&vt, x, fsdp_comm_rank(*comm), fsdp_comm_size(*comm), NULL, &outer) !=
+        FSDP_SUCCESS) {
+        free(x);
+        rank_close(*dev, *comm);
+        return 0;
+    }
+    *comm = outer;
+    cd->comm = outer;
+    return 1;
+}
+
+/* --- the engine --- */
+
+typedef struct mstats {
+    int bad;
+    int frozen_grad_refused;
+    int wrong_dtype;
+    char msg[FSDP_ERROR_MAX];
+} mstats;
+
+static float vget(const void *v, fsdp_dtype dt, int64_t i)
+{
+    return dt == FSDP_BF16 ? fsdp_bf16_to_f32(((const uint16_t *)v)[i]) : ((const float *)v)[i];
+}
+
+static void vadd(void *v, fsdp_dtype dt, int64_t i, float x)
+{
+    if (dt == FSDP_BF16)
+        ((uint16_t *)v)[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(((uint16_t *)v)[i]) + x);
+    else
+        ((float *)v)[i] += x;
+}
+
+/* The dtype a view of block parameter k must have. */
+static fsdp_dtype want_dt(int k)
+{
+    return g_pdt ? g_pdt : BLOCK[k].dt;
+}
+
+/* A deterministic "backward" from the gathered values, each read in its
+   own dtype: every trainable parameter's gradient depends on every
+   parameter of its block (so all groups must be gathered). */
+static void block_backward(fsdp_ctx *c, int l, int rank, int step, mstats *st)
+{
+    char fq[64];
+    float fs = 0.0f;
+    int k;
+    for (k = 0; k < NBP; k++) {
+        const void *p;
+        int64_t i;
+        snprintf(fq, sizeof fq, "h.%d.%s.%s", l, BLOCK[k].mod, BLOCK[k].name);
+        if (fsdp_param_view_dtype(c, fq) != want_dt(k)) st->wrong_dtype++;
+        p = fsdp_param(c, fq);
+        if (!p) {
+            st->bad++;
+            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "param %s: %s", fq, fsdp_ctx_last_error(c));
+            continue;
+        }
+        for (i = 0; i < pnumel(k); i++) fs += vget(p, want_dt(k), i) * (float)(i + 1);
+        if (BLOCK[k].frozen) {
+            if (fsdp_grad(c, fq) == NULL && contains(fsdp_ctx_last_error(c), "frozen"))
+                st->frozen_grad_refused++;
+            else
+                st->bad++;
+        }
+    }
+    for (k = 0; k < NBP; k++) {
+        const void *p;
+        void *g;
+        int64_t i;
+        if (BLOCK[k].frozen) continue;
+        snprintf(fq, sizeof fq, "h.%d.%s.%s", l, BLOCK[k].mod, BLOCK[k].name);
+        p = fsdp_param(c, fq);
+        g = fsdp_grad(c, fq);
+        if (!p || !g) {
+            st->bad++;
+            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "views of %s: %s", fq, fsdp_ctx_last_error(c));
+            continue;
+        }
+        for (i = 0; i < pnumel(k); i++)
+            vadd(g, want_dt(k), i, 0.05f * vget(p, want_dt(k), i) + 0.001f * fs +
+                                       0.01f * (float)(rank + 1) * (float)(step + 1));
+    }
+}
+
+static int in_block(const fsdp_units *u, int i, int l)
+{
+    char pre[16];
+    const char *f = fsdp_units_get(u, i)->fqn;
+    size_t n;
+    snprintf(pre, sizeof pre, "h.%d", l);
+    n = strlen(pre);
+    return strncmp(f, pre, n) == 0 && (f[n] == 0 || f[n] == '.');
+}
+
+/* One training step; *ag_unit counts the all-gathers issued inside the
+   blocks' begin calls (prefetch off: their own only). */
+static void run_step(fsdp_ctx *c, const fsdp_units *u, int rank, int step, mstats *st,
+                     const counts *n, int *ag_block, int *block_begins)
+{
+    int nu = fsdp_units_count(u), root = nu - 1, i, l;
+    if (fsdp_begin_forward(c, root) != FSDP_SUCCESS) st->bad++;
+    for (l = 0; l < NL; l++) {
+        for (i = 0; i < root; i++)
+            if (in_block(u, i, l)) {
+                int before = n ? n->all_gather : 0;
+                if (fsdp_begin_forward(c, i) != FSDP_SUCCESS) {
+                    st->bad++;
+                    if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "begin_forward %d: %s", i,
+                             fsdp_ctx_last_error(c));
+                }
+                if (n) *ag_block += n->all_gather - before;
+                (*block_begins)++;
+            }
+        for (i = 0; i < root; i++)
+            if (in_block(u, i, l) && fsdp_end_forward(c, i) != FSDP_SUCCESS) st->bad++;
+    }
+    if (fsdp_end_forward(c, root) != FSDP_SUCCESS) st->bad++;
+    if (fsdp_begin_backward(c, root) != FSDP_SUCCESS) st->bad++;
+    {
+        void *g = fsdp_grad(c, "ln_f.weight");
+        const void *p = fsdp_param(c, "ln_f.weight");
+        fsdp_dtype dt = g_pdt ? g_pdt : FSDP_F32;
+        int k;
+        if (!g || !p) st->bad++;
+        else
+            for (k = 0; k < D; k++) vadd(g, dt, k, 0.1f * vget(p, dt, k) + (float)rank);
+    }
+    for (l = NL - 1; l >= 0; l--) {
+        for (i = root - 1; i >= 0; i--)
+            if (in_block(u, i, l)) {
+                int before = n ? n->all_gather : 0;
+                if (fsdp_begin_backward(c, i) != FSDP_SUCCESS) {
+                    st->bad++;
+                    if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "begin_backward %d: %s", i,
+                             fsdp_ctx_last_error(c));
+                }
+                if (n) *ag_block += n->all_gather - before;
+                (*block_begins)++;
+            }
+        block_backward(c, l, rank, step, st);
+        for (i = 0; i < root; i++)
+            if (in_block(u, i, l) && fsdp_end_backward(c, i) != FSDP_SUCCESS) st->bad++;
+    }
+    if (fsdp_end_backward(c, root) != FSDP_SUCCESS) st->bad++;
+    if (fsdp_step(c) != FSDP_SUCCESS) {
+        st->bad++;
+        if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "step: %s", fsdp_ctx_last_error(c));
+    }
+}
+
+/* What a run leaves: the full dict with optimizer state (rank 0), the plan. */
+typedef struct result {
+    int nt;
+    char names[MAXT][64];
+    int64_t numel[MAXT];
+    unsigned char data[MAXT][256];
+    fsdp_memory_plan plan;
+} result;
+
+typedef struct job {
+    fsdp_model *m;
+    fsdp_units *u;
+    int offload;
+    int no_prefetch;
+    int train;              /* 0: load (load_dir) and keep the dict, no training */
+    const char *load_dir;
+    unsigned load_flags;
+    result *res;
+    mstats st[4];
+    counts n[4];
+    int ag_block[4], block_begins[4];
+    const char *save_dir;   /* save a checkpoint after training */
+    unsigned save_flags;
+    const char *hf_dir;     /* and a Hugging Face directory, dtypes kept */
+} job;
+
+static void keep_dict(const fsdp_state_dict *sd, result *res)
+{
+    int i, n = fsdp_state_dict_count(sd);
+    res->nt = 0;
+    for (i = 0; i < n && i < MAXT; i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        size_t b = (size_t)t->numel * fsdp_dtype_size(t->dtype);
+        snprintf(res->names[i], sizeof res->names[i], "%s", t->name);
+        res->numel[i] = t->numel;
+        if (b > sizeof res->data[i]) b = sizeof res->data[i];
+        memcpy(res->data[i], t->data, b);
+        res->nt++;
+    }
+}
+
+static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    job *j = (job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *c = NULL;
+    fsdp_ctx_desc cd;
+    mstats *st = &j->st[rank];
+    fsdp_memory_plan only;
+    size_t base;
+    int s;
+    if (!crank_open(world, rank, j->m, j->u, &dev, &comm, &cd, &j->n[rank])) return 1;
+    cd.optim.lr = 0.01;
+    cd.cpu_offload = j->offload;
+    cd.disable_forward_prefetch = cd.disable_backward_prefetch = j->no_prefetch;
+    /* the split wrapping holds a block's three flat parameters at once */
+    cd.max_unsharded = 4;
+    {
+        fsdp_memory_stats ms;
+        fsdp_ctx_desc pd = cd;
+        pd.comm = NULL;
+        if (fsdp_ctx_plan_only(&pd, nranks, &only) != FSDP_SUCCESS) {
+            st->bad++;
+            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "plan only: %s", fsdp_ctx_last_error(NULL));
+        }
+        fsdp_device_memory(dev, &ms);
+        base = ms.device_in_use;
+        fsdp_device_reset_peak(dev);
+    }
+    if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS) {
+        if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "create failed");
+        st->bad++;
+        rank_close(dev, comm);
+        return 0;
+    }
+    if (j->train) {
+        init_all(c, j->m, &st->bad);
+        for (s = 0; s < STEPS; s++)
+            run_step(c, j->u, rank, s, st, &j->n[rank], &j->ag_block[rank],
+                     &j->block_begins[rank]);
+    }
+    if (j->load_dir && fsdp_ckpt_load(c, j->load_dir, j->load_flags) != FSDP_SUCCESS) {
+        st->bad++;
+        if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "load: %s", fsdp_ctx_last_error(c));
+    }
+    {
+        fsdp_memory_stats ms;
+        fsdp_memory_plan plan;
+        fsdp_ctx_plan(c, &plan);
+        fsdp_device_memory(dev, &ms);
+        /* training allocates nothing beyond the plan, which is exactly what
+           plan-only predicts */
+        if (ms.device_peak - base != plan.total || memcmp(&plan, &only, sizeof plan)) {
+            st->bad++;
+            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "peak %zu, plan %zu, plan-only %zu",
+                     ms.device_peak - base, plan.total, only.total);
+        }
+    }
+    {
+        fsdp_state_dict *sd = NULL;
+        if (fsdp_get_full_state_dict(c, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &sd) != FSDP_SUCCESS) {
+            st->bad++;
+            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "full dict: %s", fsdp_ctx_last_error(c));
+        } else if (rank == 0) {
+            keep_dict(sd, j->res);
+        }
+        fsdp_state_dict_destroy(sd);
+    }
+    if (rank == 0) fsdp_ctx_plan(c, &j->res->plan);
+    if (j->save_dir && fsdp_ckpt_save(c, j->save_dir, j->save_flags) != FSDP_SUCCESS) {
+        st->bad++;
+        if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "save: %s", fsdp_ctx_last_error(c));
+    }
+    if (j->hf_dir) {
+        fsdp_hf_desc hd;
+        memset(&hd, 0, sizeof hd);
+        hd.keep_dtypes = 1;
+        if (fsdp_hf_save(c, j->hf_dir, &hd) != FSDP_SUCCESS) {
+            st->bad++;
+            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "hf save: %s", fsdp_ctx_last_error(c));
+        }
+    }
+    fsdp_ctx_destroy(c);
+    rank_close(dev, comm);
+    return 0;
+}
+
+static void check_job(const job *j, int n, const char *what)
+{
+    int r;
+    for (r = 0; r < n; r++) {
+        CHECK(j->st[r].bad == 0, "%s: rank %d: %d failures (%s)", what, r, j->st[r].bad,
+              j->st[r].msg);
+        CHECK(j->st[r].wrong_dtype == 0, "%s: rank %d: %d views in the wrong dtype", what, r,
+              j->st[r].wrong_dtype);
+        if (j->train)
+            CHECK(j->st[r].frozen_grad_refused == STEPS * NL,
+                  "%s: rank %d: frozen grad views refused %d times, want %d", what, r,
+                  j->st[r].frozen_grad_refused, STEPS * NL);
+    }
+}
+
+static int same_result(const result *a, const result *b, const char *what)
+{
+    int i, ok = a->nt == b->nt && a->nt > 0;
+    CHECK(ok, "%s: %d tensors vs %d", what, a->nt, b->nt);
+    for (i = 0; ok && i < a->nt; i++) {
+        size_t bytes = (size_t)a->numel[i] * 4;
+        if (bytes > sizeof a->data[i]) bytes = sizeof a->data[i];
+        if (strcmp(a->names[i], b->names[i]) || a->numel[i] != b->numel[i] ||
+            memcmp(a->data[i], b->data[i], bytes)) {
+            CHECK(0, "%s: tensor %d '%s' differs from '%s'", what, i, a->names[i], b->names[i]);
+            ok = 0;
+        }
+    }
+    return ok;
+}
+
+static int find_t(const result *r, const char *name)
+{
+    int i;
+    for (i = 0; i < r->nt; i++)
+        if (!strcmp(r->names[i], name)) return i;
+    return -1;
+}
+
+static void job_init(job *j, fsdp_model *m, fsdp_units *u, result *res)
+{
+    memset(j, 0, sizeof *j);
+    memset(res, 0, sizeof *res);
+    j->m = m;
+    j->u = u;
+    j->res = res;
+    j->train = 1;
+}
+
+/* --- the cases --- */
+
+static void test_wrap_parts(void)
+{
+    fsdp_model *m = mixed_model();
+    fsdp_units *u;
+    const fsdp_unit_info *gs[FSDP_MAX_PARTS];
+    int np;
+    if (!m) return;
+    u = mixed_wrap(m, 0, FSDP_FULL_SHARD);
+    if (!u) return;
+    CHECK(fsdp_units_count(u) == NL + 1, "%d units", fsdp_units_count(u));
+    CHECK(fsdp_units_get(u, 0)->mixed_dtypes && fsdp_units_get(u, 0)->mixed &&
+              !fsdp_units_get(u, NL)->mixed_dtypes,
+          "blocks are mixed_dtypes, the root is not");
+    np = fsdp_units_parts(u, 0, gs, FSDP_MAX_PARTS);
+    CHECK(np == 3, "%d parts, want 3", np);
+    if (np == 3) {
+        CHECK(gs[0]->dtype == FSDP_BF16 && !gs[0]->requires_grad && gs[0]->nentries == 1 &&
+                  gs[0]->numel == 2 * D,
+              "part 0: bf16 frozen attn.bias");
+        CHECK(gs[1]->dtype == FSDP_BF16 && gs[1]->requires_grad && gs[1]->nentries == 2 &&
+                  gs[1]->numel == 4 * D * D && gs[1]->entries[1].offset == 2 * D * D,
+              "part 1: bf16 trainable attn.weight, mlp.weight");
+        CHECK(gs[2]->dtype == FSDP_F32 && gs[2]->requires_grad && gs[2]->nentries == 2 &&
+                  gs[2]->numel == 2 * D,
+              "part 2: f32 ln.weight, ln.bias");
+    }
+    CHECK(fsdp_units_groups(u, 0, gs) == 0, "fsdp_units_groups of a 3-part unit is not 0");
+    fsdp_units_destroy(u);
+    fsdp_model_destroy(m);
+}
+
+/* The mixed and the split wrapping end in the same bits. */
+static void test_bitwise_as_split(void)
+{
+    static const fsdp_sharding_strategy strats[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP};
+    fsdp_model *m = mixed_model();
+    int si, n, off, pd;
+    if (!m) return;
+    for (pd = 0; pd < 2; pd++)
+        for (si = 0; si < 2; si++)
+            for (off = 0; off < 2; off++)
+                for (n = 1; n <= 3; n++) {
+                    static result ra, rb;
+                    job ja, jb;
+                    char what[128];
+                    fsdp_units *ua, *ub;
+                    int r;
+                    if (pd && (si || off)) continue; /* the policy once, FULL_SHARD */
+                    g_pdt = pd ? FSDP_BF16 : FSDP_DTYPE_DEFAULT;
+                    ua = mixed_wrap(m, 0, strats[si]);
+                    ub = mixed_wrap(m, 1, strats[si]);
+                    if (!ua || !ub) return;
+                    job_init(&ja, m, ua, &ra);
+                    job_init(&jb, m, ub, &rb);
+                    ja.offload = jb.offload = off;
+                    snprintf(what, sizeof what, "%s%s%s at %d ranks",
+                             si ? "SHARD_GRAD_OP" : "FULL_SHARD", off ? ", cpu_offload" : "",
+                             pd ? ", param_dtype bf16" : "", n);
+                    run_ranks(n, train_rank, &ja);
+                    check_job(&ja, n, what);
+                    run_ranks(n, train_rank, &jb);
+                    check_job(&jb, n, what);
+                    same_result(&ra, &rb, what);
+                    /* it trained: the bf16 weight and the f32 norm moved, the
+                       frozen bias did not */
+                    {
+                        int wi = find_t(&ra, "h.0.attn.weight"), li = find_t(&ra, "h.1.ln.bias"),
+                            bi = find_t(&ra, "h.0.attn.bias");
+                        CHECK(wi >= 0 && li >= 0 && bi >= 0 &&
+                                  ((const float *)ra.data[wi])[1] != initv("h.0.attn.weight", 1) &&
+                                  ((const float *)ra.data[li])[1] != initv("h.1.ln.bias", 1) &&
+                                  ((const float *)ra.data[bi])[1] == initv("h.0.attn.bias", 1),
+                              "%s: trainable weights did not move or the frozen one did", what);
+                    }
+                    /* the plan counts every group's shard exactly: the same
+                       shards as the split wrapping */
+                    CHECK(ra.plan.sharded_params == rb.plan.sharded_params &&
+                              ra.plan.low_precision == rb.plan.low_precision &&
+                              ra.plan.sharded_grads == rb.plan.sharded_grads &&
+                              ra.plan.optimizer_state == rb.plan.optimizer_state,
+                          "%s: shards in the plan differ from the split wrapping's", what);
+                    for (r = 0; r < n; r++)
+                        CHECK(ja.n[r].all_gather_u8 == 0 || n > 1,
+                              "%s: rank %d: a packed all-gather at one rank", what, r);
+                    fsdp_units_destroy(ua);
+                    fsdp_units_destroy(ub);
+                }
+    g_pdt = FSDP_DTYPE_DEFAULT;
+    fsdp_model_destroy(m);
+}
+
+/* One all-gather per unit: with prefetch off, each begin of a block issues
+   one (bytes) where the split wrapping issues one per unit; with prefetch
+   on, the totals differ by the norms' units. */
+static void test_one_all_gather(void)
+{
+    fsdp_model *m = mixed_model();
+    int n, off, pf;
+    if (!m) return;
+    for (pf = 0; pf < 2; pf++)
+        for (off = 0; off < 2; off++)
+            for (n = 2; n <= 3; n++) {
+                static result ra, rb;
+                job ja, jb;
+                char what[96];
+                fsdp_units *ua = mixed_wrap(m, 0, FSDP_FULL_SHARD),
+                           *ub = mixed_wrap(m, 1, FSDP_FULL_SHARD);
+                int r;
+                if (!ua || !ub) return;
+                job_init(&ja, m, ua, &ra);
+                job_init(&jb, m, ub, &rb);
+                ja.offload = jb.offload = off;
+                ja.no_prefetch = jb.no_prefetch = !pf;
+                snprintf(what, sizeof what, "%d ranks%s%s", n, off ? ", cpu_offload" : "",
+                         pf ? ", prefetch" : "");
+                run_ranks(n, train_rank, &ja);
+                check_job(&ja, n, what);
+                run_ranks(n, train_rank, &jb);
+                check_job(&jb, n, what);
+                same_result(&ra, &rb, what);
+                for (r = 0; r < n; r++) {
+                    /* each block unit: a forward and a backward gather per step */
+                    CHECK(ja.n[r].all_gather_u8 == 2 * NL * STEPS,
+                          "%s: rank %d: %d packed all-gathers, want %d", what, r,
+                          ja.n[r].all_gather_u8, 2 * NL * STEPS);
+                    CHECK(jb.n[r].all_gather_u8 == 0, "%s: split: packed all-gathers", what);
+                    /* the split wrapping gathers three flat parameters per
+                       block (the norm's unit, the block's frozen and
+                       trainable groups) where the mixed one gathers one */
+                    CHECK(jb.n[r].all_gather - ja.n[r].all_gather == 4 * NL * STEPS,
+                          "%s: rank %d: %d all-gathers, split %d: want %d fewer", what, r,
+                          ja.n[r].all_gather, jb.n[r].all_gather, 4 * NL * STEPS);
+                    if (!pf) {
+                        CHECK(ja.ag_block[r] == ja.block_begins[r] &&
+                                  ja.block_begins[r] == 2 * NL * STEPS,
+                              "%s: rank %d: %d all-gathers in %d begins of mixed units", what,
+                              r, ja.ag_block[r], ja.block_begins[r]);
+                        CHECK(jb.ag_block[r] == 6 * NL * STEPS &&
+                                  jb.block_begins[r] == 4 * NL * STEPS,
+                              "%s: rank %d: split: %d all-gathers in %d begins", what, r,
+                              jb.ag_block[r], jb.block_begins[r]);
+                    }
+                    /* the reduction: one reduce-scatter per trainable group */
+                    CHECK(ja.n[r].reduce_scatter == jb.n[r].reduce_scatter,
+                          "%s: rank %d: reduce-scatters %d, split %d", what, r,
+                          ja.n[r].reduce_scatter, jb.n[r].reduce_scatter);
+                }
+                fsdp_units_destroy(ua);
+                fsdp_units_destroy(ub);
+            }
+    fsdp_model_destroy(m);
+}
+
+static char g_dir[64];
+
+/* Saved by one wrapping at 2 ranks, loaded by the other at 3 (both ways,
+   full and sharded checkpoints): the same parameters and optimizer state. */
+static void test_checkpoints(void)
+{
+    fsdp_model *m = mixed_model();
+    int dir, sh;
+    snprintf(g_dir, sizeof g_dir, "/tmp/fsdp_mixed_XXXXXX");
+    CHECK(mkdtemp(g_dir) != NULL, "mkdtemp");
+    if (!m) return;
+    for (sh = 0; sh < 2; sh++)
+        for (dir = 0; dir < 2; dir++) {
+            static result rs, rl;
+            job js, jl;
+            char path[128], what[128];
+            unsigned kind = sh ? FSDP_CKPT_SHARDED : 0;
+            fsdp_units *us = mixed_wrap(m, dir, FSDP_FULL_SHARD),
+                       *ul = mixed_wrap(m, !dir, FSDP_FULL_SHARD);
+            if (!us || !ul) return;
+            snprintf(path, sizeof path, "%s/ck%d_%d", g_dir, sh, dir);
+            snprintf(what, sizeof what, "%s checkpoint of the %s wrapping at 2 ranks, loaded "
+                     "%s at 3", sh ? "sharded" : "full", dir ? "split" : "mixed",
+                     dir ? "mixed" : "split");
+            job_init(&js, m, us, &rs);
+            js.save_dir = path;
+            js.save_flags = kind | FSDP_SD_OPTIM;
+            run_ranks(2, train_rank, &js);
+            check_job(&js, 2, what);
+            job_init(&jl, m, ul, &rl);
+            jl.train = 0;
+            jl.load_dir = path;
+            jl.load_flags = FSDP_SD_OPTIM;
+            run_ranks(3, train_rank, &jl);
+            check_job(&jl, 3, what);
+            same_result(&rs, &rl, what);
+            fsdp_units_destroy(us);
+            fsdp_units_destroy(ul);
+        }
+    if (!getenv("KEEP")) rm_rf(g_dir);
+    fsdp_model_destroy(m);
+}
+
+/* A Hugging Face save with keep_dtypes: bf16 tensors beside f32 ones, each
+   the master rounded once to its dtype. */
+static void test_hf_dtypes(void)
+{
+    fsdp_model *m = mixed_model();
+    static result ra;
+    job ja;
+    char dir[128], file[160];
+    fsdp_units *u;
+    fsdp_state_dict *sd = NULL;
+    fsdp_error err;
+    int i, l, k;
+    snprintf(g_dir, sizeof g_dir, "/tmp/fsdp_mixed_XXXXXX");
+    CHECK(mkdtemp(g_dir) != NULL, "mkdtemp");
+    if (!m) return;
+    u = mixed_wrap(m, 0, FSDP_FULL_SHARD);
+    if (!u) return;
+    snprintf(dir, sizeof dir, "%s/hf", g_dir);
+    job_init(&ja, m, u, &ra);
+    ja.hf_dir = dir;
+    run_ranks(2, train_rank, &ja);
+    check_job(&ja, 2, "hf save");
+    snprintf(file, sizeof file, "%s/model.safetensors", dir);
+    memset(&err, 0, sizeof err);
+    CHECK(fsdp_safetensors_load(file, NULL, &sd, &err) == FSDP_SUCCESS, "reading %s: %s", file,
+          err.message);
+    if (sd) {
+        CHECK(fsdp_state_dict_count(sd) == NL * NBP + 1, "%d tensors, want %d",
+              fsdp_state_dict_count(sd), NL * NBP + 1);
+        for (l = 0; l < NL; l++)
+            for (k = 0; k < NBP; k++) {
+                char fq[64];
+                const fsdp_tensor *t = NULL;
+                int ri;
+                snprintf(fq, sizeof fq, "h.%d.%s.%s", l, BLOCK[k].mod, BLOCK[k].name);
+                for (i = 0; i < fsdp_state_dict_count(sd); i++)
+                    if (!strcmp(fsdp_state_dict_tensor(sd, i)->name, fq))
+                        t = fsdp_state_dict_tensor(sd, i);
+                ri = find_t(&ra, fq);
+                CHECK(t && t->dtype == BLOCK[k].dt, "'%s': dtype %s, want %s", fq,
+                      t ? fsdp_dtype_name(t->dtype) : "(missing)", fsdp_dtype_name(BLOCK[k].dt));
+                if (!t || ri < 0 || t->dtype != BLOCK[k].dt) continue;
+                for (i = 0; i < pnumel(k) && i < 64; i++) {
+                    float master = ((const float *)ra.data[ri])[i];
+                    float got = vget(t->data, t->dtype, i);
+                    float want = BLOCK[k].dt == FSDP_BF16
+                                     ? fsdp_bf16_to_f32(fsdp_f32_to_bf16(master))
+                                     : master;
+                    if (f2u(got) != f2u(want)) {
+                        CHECK(0, "'%s'[%d]: %g, want %g", fq, i, (double)got, (double)want);
+                        break;
+                    }
+                }
+            }
+        fsdp_state_dict_destroy(sd);
+    }
+    fsdp_units_destroy(u);
+    if (!getenv("KEEP")) rm_rf(g_dir);
+    fsdp_model_destroy(m);
+}
+
+/* The per-unit calls that have one answer per flat parameter refuse a
+   unit of several dtypes, naming what to call instead. */
+typedef struct ajob {
+    fsdp_model *m;
+    fsdp_units *u;
+    int bad[4];
+    char msg[4][FSDP_ERROR_MAX];
+} ajob;
+
+static int api_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    ajob *j = (ajob *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx *c = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_shard_layout lay;
+    int *bad = &j->bad[rank];
+    char *msg = j->msg[rank];
+    (void)nranks;
+    if (!rank_open(world, rank, j->m, j->u, &dev, &comm, &cd)) return 1;
+    if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS) return 1;
+#define A_CHECK(cond, ...)                                                                    \
+    do {                                                                                      \
+        if (!(cond)) {                                                                        \
+            (*bad)++;                                                                         \
+            snprintf(msg, FSDP_ERROR_MAX, __VA_ARGS__);                                       \
+        }                                                                                     \
+    } while (0)
+    A_CHECK(fsdp_param_dtype(c, 0) == FSDP_DTYPE_DEFAULT &&
+                contains(fsdp_ctx_last_error(c), "fsdp_param_view_dtype"),
+            "fsdp_param_dtype of a mixed unit: %s", fsdp_ctx_last_error(c));
+    A_CHECK(fsdp_param_dtype(c, NL) == FSDP_F32, "fsdp_param_dtype of the root");
+    A_CHECK(fsdp_param_view_dtype(c, "h.1.mlp.weight") == FSDP_BF16 &&
+                fsdp_param_view_dtype(c, "h.1.ln.weight") == FSDP_F32,
+            "fsdp_param_view_dtype");
+    A_CHECK(fsdp_param_view_dtype(c, "nope") == FSDP_DTYPE_DEFAULT &&
+                contains(fsdp_ctx_last_error(c), "nope"),
+            "fsdp_param_view_dtype of an unknown name: %s", fsdp_ctx_last_error(c));
+    A_CHECK(fsdp_shard_params(c, 1) == NULL &&
+                contains(fsdp_ctx_last_error(c), "fsdp_shard_params_group"),
+            "fsdp_shard_params of a mixed unit: %s", fsdp_ctx_last_error(c));
+    A_CHECK(fsdp_ctx_shard_layout(c, 0, &lay) == FSDP_INVALID_ARGS, "shard_layout");
+    A_CHECK(fsdp_shard_params_group(c, 0, 2) && !fsdp_shard_grads_group(c, 0, 0) &&
+                fsdp_shard_grads_group(c, 0, 2) && !fsdp_shard_params_group(c, 0, 3),
+            "group shards");
+    A_CHECK(fsdp_end_forward(c, 1) == FSDP_INVALID_STATE &&
+                contains(fsdp_ctx_last_error(c), "unit 1 'h.1' (bf16 frozen)"),
+            "end_forward without begin: %s", fsdp_ctx_last_error(c));
+#undef A_CHECK
+    fsdp_ctx_destroy(c);
+    rank_close(dev, comm);
+    return 0;
+}
+
+static void test_unit_calls(void)
+{
+    fsdp_model *m = mixed_model();
+    ajob j;
+    int r;
+    if (!m) return;
+    memset(&j, 0, sizeof j);
+    j.m = m;
+    j.u = mixed_wrap(m, 0, FSDP_FULL_SHARD);
+    if (!j.u) return;
+    run_ranks(2, api_rank, &j);
+    for (r = 0; r < 2; r++) CHECK(j.bad[r] == 0, "rank %d: %s", r, j.msg[r]);
+    fsdp_units_destroy(j.u);
+    fsdp_model_destroy(m);
+}
+
+static const check_case CASES[] = {
+    {"wrap_parts", test_wrap_parts},
+    {"unit_calls", test_unit_calls},
+    {"one_all_gather", test_one_all_gather},
+    {"bitwise_as_split", test_bitwise_as_split},
+    {"checkpoints", test_checkpoints},
+    {"hf_dtypes", test_hf_dtypes},
+};
+
+int main(int argc, char **argv)
+{
+    return check_main(argc, argv, CASES, CHECK_COUNT(CASES));
+}
