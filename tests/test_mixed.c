@@ -39,6 +39,8 @@ static const pdef BLOCK[] = {
     {"ln", "weight", 1, D, 0, FSDP_F32, 0},
     {"ln", "bias", 1, D, 0, FSDP_F32, 0},
     {"mlp", "weight", 2, D, 2 * D, FSDP_BF16, 0},
+    {"gate", "weight", 1, D, 0, FSDP_F16, 0},
+    {"scale", "weight", 1, D, 0, FSDP_F64, 0},
 };
 #define NBP ((int)(sizeof BLOCK / sizeof BLOCK[0]))
 
@@ -66,14 +68,14 @@ static fsdp_model *mixed_model(void)
 {
     static const char *const block_mods[][2] = {
         {"h.%d", "Block"}, {"h.%d.attn", "Linear"}, {"h.%d.ln", "LayerNorm"},
-        {"h.%d.mlp", "Linear"}};
+        {"h.%d.mlp", "Linear"}, {"h.%d.gate", "Gate"}, {"h.%d.scale", "Scale"}};
     fsdp_model *m = model_new("Net", 0);
     int l, k;
     char mod[64];
     if (!m) return NULL;
     OK(fsdp_model_add_module(m, "h", "ModuleList"));
     for (l = 0; l < NL; l++)
-        for (k = 0; k < 4; k++) OK(add_module_l(m, block_mods[k][0], l, block_mods[k][1]));
+        for (k = 0; k < 6; k++) OK(add_module_l(m, block_mods[k][0], l, block_mods[k][1]));
     OK(fsdp_model_add_module(m, "ln_f", "LayerNorm"));
     for (l = 0; l < NL; l++)
         for (k = 0; k < NBP; k++) {
@@ -85,21 +87,25 @@ static fsdp_model *mixed_model(void)
     return m;
 }
 
-/* mixed: a unit per block ("h.l"); split: the norm ("h.l.ln") as a unit of
-   its own, then the block (its bf16 weights). */
+/* mixed: a unit per block ("h.l"); split: the norm ("h.l.ln"), the f16
+   gate and the f64 scale as units of their own, then the block (its bf16
+   weights). */
 static fsdp_dtype g_pdt; /* fsdp_unit_options.param_dtype */
+static int g_keep;       /* fsdp_unit_options.keep_frozen_gathered */
 
 static fsdp_units *mixed_wrap(fsdp_model *m, int split, fsdp_sharding_strategy s)
 {
-    static char pre[NL * 2][32];
-    fsdp_unit_spec specs[NL * 2];
+    static const char *const own[] = {"ln", "gate", "scale"};
+    static char pre[NL * 4][32];
+    fsdp_unit_spec specs[NL * 4];
     fsdp_unit_options opt;
     fsdp_units *u = NULL;
     int l, n = 0;
     memset(specs, 0, sizeof specs);
     for (l = 0; l < NL; l++) {
-        if (split) {
-            snprintf(pre[n], sizeof pre[n], "h.%d.ln", l);
+        int o;
+        for (o = 0; split && o < 3; o++) {
+            snprintf(pre[n], sizeof pre[n], "h.%d.%s", l, own[o]);
             specs[n].prefix = pre[n];
             n++;
         }
@@ -110,6 +116,7 @@ static fsdp_units *mixed_wrap(fsdp_model *m, int split, fsdp_sharding_strategy s
     memset(&opt, 0, sizeof opt);
     opt.sharding = s;
     opt.param_dtype = g_pdt;
+    opt.keep_frozen_gathered = g_keep;
     OK(wrap_units(m, specs, n, &opt, &u));
     return u;
 }
@@ -280,15 +287,41 @@ typedef struct mstats {
 
 static float vget(const void *v, fsdp_dtype dt, int64_t i)
 {
-    return dt == FSDP_BF16 ? fsdp_bf16_to_f32(((const uint16_t *)v)[i]) : ((const float *)v)[i];
+    switch (dt) {
+    case FSDP_BF16: return fsdp_bf16_to_f32(((const uint16_t *)v)[i]);
+    case FSDP_F16: return fsdp_f16_to_f32(((const uint16_t *)v)[i]);
+    case FSDP_F64: return (float)((const double *)v)[i];
+    default: return ((const float *)v)[i];
+    }
 }
 
 static void vadd(void *v, fsdp_dtype dt, int64_t i, float x)
 {
-    if (dt == FSDP_BF16)
+    switch (dt) {
+    case FSDP_BF16:
         ((uint16_t *)v)[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(((uint16_t *)v)[i]) + x);
-    else
-        ((float *)v)[i] += x;
+        break;
+    case FSDP_F16:
+        ((uint16_t *)v)[i] = fsdp_f32_to_f16(fsdp_f16_to_f32(((uint16_t *)v)[i]) + x);
+        break;
+    case FSDP_F64: ((double *)v)[i] += (double)x; break;
+    default: ((float *)v)[i] += x;
+    }
+}
+
+/* An f32 master value as a file of dtype dt holds it (rounded once). */
+static double in_dtype(float master, fsdp_dtype dt)
+{
+    switch (dt) {
+    case FSDP_BF16: return fsdp_bf16_to_f32(fsdp_f32_to_bf16(master));
+    case FSDP_F16: return fsdp_f16_to_f32(fsdp_f32_to_f16(master));
+    default: return master;
+    }
+}
+
+static double fget(const void *v, fsdp_dtype dt, int64_t i)
+{
+    return dt == FSDP_F64 ? ((const double *)v)[i] : (double)vget(v, dt, i);
 }
 
 /* The dtype a view of block parameter k must have. */
@@ -422,6 +455,7 @@ typedef struct job {
     fsdp_model *m;
     fsdp_units *u;
     int offload;
+    int hybrid;             /* hybrid_shard_size */
     int no_prefetch;
     int train;              /* 0: load (load_dir) and keep the dict, no training */
     const char *load_dir;
@@ -465,8 +499,9 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     cd.optim.lr = 0.01;
     cd.cpu_offload = j->offload;
     cd.disable_forward_prefetch = cd.disable_backward_prefetch = j->no_prefetch;
-    /* the split wrapping holds a block's three flat parameters at once */
-    cd.max_unsharded = 4;
+    cd.hybrid_shard_size = j->hybrid;
+    /* the split wrapping holds a block's five flat parameters at once */
+    cd.max_unsharded = 6;
     {
         fsdp_memory_stats ms;
         fsdp_ctx_desc pd = cd;
@@ -602,8 +637,8 @@ static void test_wrap_parts(void)
               !fsdp_units_get(u, NL)->mixed_dtypes,
           "blocks are mixed_dtypes, the root is not");
     np = fsdp_units_parts(u, 0, gs, FSDP_MAX_PARTS);
-    CHECK(np == 3, "%d parts, want 3", np);
-    if (np == 3) {
+    CHECK(np == 5, "%d parts, want 5", np);
+    if (np == 5) {
         CHECK(gs[0]->dtype == FSDP_BF16 && !gs[0]->requires_grad && gs[0]->nentries == 1 &&
                   gs[0]->numel == 2 * D,
               "part 0: bf16 frozen attn.bias");
@@ -613,68 +648,85 @@ static void test_wrap_parts(void)
         CHECK(gs[2]->dtype == FSDP_F32 && gs[2]->requires_grad && gs[2]->nentries == 2 &&
                   gs[2]->numel == 2 * D,
               "part 2: f32 ln.weight, ln.bias");
+        CHECK(gs[3]->dtype == FSDP_F16 && gs[3]->nentries == 1 && gs[3]->numel == D,
+              "part 3: f16 gate.weight");
+        CHECK(gs[4]->dtype == FSDP_F64 && gs[4]->nentries == 1 && gs[4]->numel == D,
+              "part 4: f64 scale.weight");
     }
-    CHECK(fsdp_units_groups(u, 0, gs) == 0, "fsdp_units_groups of a 3-part unit is not 0");
+    CHECK(fsdp_units_groups(u, 0, gs) == 0, "fsdp_units_groups of a 5-part unit is not 0");
     fsdp_units_destroy(u);
     fsdp_model_destroy(m);
 }
 
 /* The mixed and the split wrapping end in the same bits. */
+typedef struct config {
+    const char *name;
+    fsdp_sharding_strategy strat;
+    int offload, keep, hybrid, nmin, nmax;
+    fsdp_dtype pdt;
+} config;
+
 static void test_bitwise_as_split(void)
 {
-    static const fsdp_sharding_strategy strats[] = {FSDP_FULL_SHARD, FSDP_SHARD_GRAD_OP};
+    static const config cfgs[] = {
+        {"FULL_SHARD", FSDP_FULL_SHARD, 0, 0, 0, 1, 3, FSDP_DTYPE_DEFAULT},
+        {"FULL_SHARD, cpu_offload", FSDP_FULL_SHARD, 1, 0, 0, 1, 3, FSDP_DTYPE_DEFAULT},
+        {"SHARD_GRAD_OP", FSDP_SHARD_GRAD_OP, 0, 0, 0, 1, 3, FSDP_DTYPE_DEFAULT},
+        {"SHARD_GRAD_OP, cpu_offload", FSDP_SHARD_GRAD_OP, 1, 0, 0, 2, 3, FSDP_DTYPE_DEFAULT},
+        {"NO_SHARD", FSDP_NO_SHARD, 0, 0, 0, 2, 2, FSDP_DTYPE_DEFAULT},
+        {"HYBRID_SHARD 2x2", FSDP_HYBRID_SHARD, 0, 0, 2, 4, 4, FSDP_DTYPE_DEFAULT},
+        {"FULL_SHARD, param_dtype bf16", FSDP_FULL_SHARD, 0, 0, 0, 1, 3, FSDP_BF16},
+        {"FULL_SHARD, keep_frozen_gathered", FSDP_FULL_SHARD, 0, 1, 0, 2, 3,
+         FSDP_DTYPE_DEFAULT},
+    };
     fsdp_model *m = mixed_model();
-    int si, n, off, pd;
+    int ci, n;
     if (!m) return;
-    for (pd = 0; pd < 2; pd++)
-        for (si = 0; si < 2; si++)
-            for (off = 0; off < 2; off++)
-                for (n = 1; n <= 3; n++) {
-                    static result ra, rb;
-                    job ja, jb;
-                    char what[128];
-                    fsdp_units *ua, *ub;
-                    int r;
-                    if (pd && (si || off)) continue; /* the policy once, FULL_SHARD */
-                    g_pdt = pd ? FSDP_BF16 : FSDP_DTYPE_DEFAULT;
-                    ua = mixed_wrap(m, 0, strats[si]);
-                    ub = mixed_wrap(m, 1, strats[si]);
-                    if (!ua || !ub) return;
-                    job_init(&ja, m, ua, &ra);
-                    job_init(&jb, m, ub, &rb);
-                    ja.offload = jb.offload = off;
-                    snprintf(what, sizeof what, "%s%s%s at %d ranks",
-                             si ? "SHARD_GRAD_OP" : "FULL_SHARD", off ? ", cpu_offload" : "",
-                             pd ? ", param_dtype bf16" : "", n);
-                    run_ranks(n, train_rank, &ja);
-                    check_job(&ja, n, what);
-                    run_ranks(n, train_rank, &jb);
-                    check_job(&jb, n, what);
-                    same_result(&ra, &rb, what);
-                    /* it trained: the bf16 weight and the f32 norm moved, the
-                       frozen bias did not */
-                    {
-                        int wi = find_t(&ra, "h.0.attn.weight"), li = find_t(&ra, "h.1.ln.bias"),
-                            bi = find_t(&ra, "h.0.attn.bias");
-                        CHECK(wi >= 0 && li >= 0 && bi >= 0 &&
-                                  ((const float *)ra.data[wi])[1] != initv("h.0.attn.weight", 1) &&
-                                  ((const float *)ra.data[li])[1] != initv("h.1.ln.bias", 1) &&
-                                  ((const float *)ra.data[bi])[1] == initv("h.0.attn.bias", 1),
-                              "%s: trainable weights did not move or the frozen one did", what);
-                    }
-                    /* the plan counts every group's shard exactly: the same
-                       shards as the split wrapping */
-                    CHECK(ra.plan.sharded_params == rb.plan.sharded_params &&
-                              ra.plan.low_precision == rb.plan.low_precision &&
-                              ra.plan.sharded_grads == rb.plan.sharded_grads &&
-                              ra.plan.optimizer_state == rb.plan.optimizer_state,
-                          "%s: shards in the plan differ from the split wrapping's", what);
-                    for (r = 0; r < n; r++)
-                        CHECK(ja.n[r].all_gather_u8 == 0 || n > 1,
-                              "%s: rank %d: a packed all-gather at one rank", what, r);
-                    fsdp_units_destroy(ua);
-                    fsdp_units_destroy(ub);
-                }
+    for (ci = 0; ci < (int)(sizeof cfgs / sizeof cfgs[0]); ci++)
+        for (n = cfgs[ci].nmin; n <= cfgs[ci].nmax; n++) {
+            static result ra, rb;
+            const config *cf = &cfgs[ci];
+            job ja, jb;
+            char what[128];
+            fsdp_units *ua, *ub;
+            g_pdt = cf->pdt;
+            g_keep = cf->keep;
+            ua = mixed_wrap(m, 0, cf->strat);
+            ub = mixed_wrap(m, 1, cf->strat);
+            g_keep = 0;
+            if (!ua || !ub) return;
+            job_init(&ja, m, ua, &ra);
+            job_init(&jb, m, ub, &rb);
+            ja.offload = jb.offload = cf->offload;
+            ja.hybrid = jb.hybrid = cf->hybrid;
+            snprintf(what, sizeof what, "%s at %d ranks", cf->name, n);
+            run_ranks(n, train_rank, &ja);
+            check_job(&ja, n, what);
+            run_ranks(n, train_rank, &jb);
+            check_job(&jb, n, what);
+            same_result(&ra, &rb, what);
+            /* it trained: the bf16 weight, the f32 norm and the f64 scale
+               moved, the frozen bias did not */
+            {
+                int wi = find_t(&ra, "h.0.attn.weight"), li = find_t(&ra, "h.1.ln.bias"),
+                    si = find_t(&ra, "h.0.scale.weight"), bi = find_t(&ra, "h.0.attn.bias");
+                CHECK(wi >= 0 && li >= 0 && si >= 0 && bi >= 0 &&
+                          ((const float *)ra.data[wi])[1] != initv("h.0.attn.weight", 1) &&
+                          ((const float *)ra.data[li])[1] != initv("h.1.ln.bias", 1) &&
+                          ((const float *)ra.data[si])[1] != initv("h.0.scale.weight", 1) &&
+                          ((const float *)ra.data[bi])[1] == initv("h.0.attn.bias", 1),
+                      "%s: trainable weights did not move or the frozen one did", what);
+            }
+            /* the plan counts every group's shard exactly: the same shards
+               as the split wrapping */
+            CHECK(ra.plan.sharded_params == rb.plan.sharded_params &&
+                      ra.plan.low_precision == rb.plan.low_precision &&
+                      ra.plan.sharded_grads == rb.plan.sharded_grads &&
+                      ra.plan.optimizer_state == rb.plan.optimizer_state,
+                  "%s: shards in the plan differ from the split wrapping's", what);
+            fsdp_units_destroy(ua);
+            fsdp_units_destroy(ub);
+        }
     g_pdt = FSDP_DTYPE_DEFAULT;
     fsdp_model_destroy(m);
 }
@@ -714,19 +766,20 @@ static void test_one_all_gather(void)
                           "%s: rank %d: %d packed all-gathers, want %d", what, r,
                           ja.n[r].all_gather_u8, 2 * NL * STEPS);
                     CHECK(jb.n[r].all_gather_u8 == 0, "%s: split: packed all-gathers", what);
-                    /* the split wrapping gathers three flat parameters per
-                       block (the norm's unit, the block's frozen and
-                       trainable groups) where the mixed one gathers one */
-                    CHECK(jb.n[r].all_gather - ja.n[r].all_gather == 4 * NL * STEPS,
+                    /* the split wrapping gathers five flat parameters per
+                       block (the norm's, the gate's and the scale's units,
+                       the block's frozen and trainable groups) where the
+                       mixed one gathers one */
+                    CHECK(jb.n[r].all_gather - ja.n[r].all_gather == 8 * NL * STEPS,
                           "%s: rank %d: %d all-gathers, split %d: want %d fewer", what, r,
-                          ja.n[r].all_gather, jb.n[r].all_gather, 4 * NL * STEPS);
+                          ja.n[r].all_gather, jb.n[r].all_gather, 8 * NL * STEPS);
                     if (!pf) {
                         CHECK(ja.ag_block[r] == ja.block_begins[r] &&
                                   ja.block_begins[r] == 2 * NL * STEPS,
                               "%s: rank %d: %d all-gathers in %d begins of mixed units", what,
                               r, ja.ag_block[r], ja.block_begins[r]);
-                        CHECK(jb.ag_block[r] == 6 * NL * STEPS &&
-                                  jb.block_begins[r] == 4 * NL * STEPS,
+                        CHECK(jb.ag_block[r] == 10 * NL * STEPS &&
+                                  jb.block_begins[r] == 8 * NL * STEPS,
                               "%s: rank %d: split: %d all-gathers in %d begins", what, r,
                               jb.ag_block[r], jb.block_begins[r]);
                     }
@@ -784,8 +837,8 @@ static void test_checkpoints(void)
     fsdp_model_destroy(m);
 }
 
-/* A Hugging Face save with keep_dtypes: bf16 tensors beside f32 ones, each
-   the master rounded once to its dtype. */
+/* A Hugging Face save with keep_dtypes: bf16, f16 and f64 tensors beside
+   f32 ones, each the master rounded once to its dtype. */
 static void test_hf_dtypes(void)
 {
     fsdp_model *m = mixed_model();
@@ -828,11 +881,8 @@ static void test_hf_dtypes(void)
                 if (!t || ri < 0 || t->dtype != BLOCK[k].dt) continue;
                 for (i = 0; i < pnumel(k) && i < 64; i++) {
                     float master = ((const float *)ra.data[ri])[i];
-                    float got = vget(t->data, t->dtype, i);
-                    float want = BLOCK[k].dt == FSDP_BF16
-                                     ? fsdp_bf16_to_f32(fsdp_f32_to_bf16(master))
-                                     : master;
-                    if (f2u(got) != f2u(want)) {
+                    double got = fget(t->data, t->dtype, i), want = in_dtype(master, t->dtype);
+                    if (got != want) {
                         CHECK(0, "'%s'[%d]: %g, want %g", fq, i, (double)got, (double)want);
                         break;
                     }
@@ -889,11 +939,35 @@ static int api_rank(int rank, int nranks, fsdp_local_world *world, void *user)
             "fsdp_shard_params of a mixed unit: %s", fsdp_ctx_last_error(c));
     A_CHECK(fsdp_ctx_shard_layout(c, 0, &lay) == FSDP_INVALID_ARGS, "shard_layout");
     A_CHECK(fsdp_shard_params_group(c, 0, 2) && !fsdp_shard_grads_group(c, 0, 0) &&
-                fsdp_shard_grads_group(c, 0, 2) && !fsdp_shard_params_group(c, 0, 3),
+                fsdp_shard_grads_group(c, 0, 2) && fsdp_shard_params_group(c, 0, 4) &&
+                !fsdp_shard_params_group(c, 0, 5) &&
+                contains(fsdp_ctx_last_error(c), "has 5 groups"),
             "group shards");
     A_CHECK(fsdp_end_forward(c, 1) == FSDP_INVALID_STATE &&
                 contains(fsdp_ctx_last_error(c), "unit 1 'h.1' (bf16 frozen)"),
             "end_forward without begin: %s", fsdp_ctx_last_error(c));
+    /* summoned: every group's f32 masters; then a step gathers afresh */
+    init_all(c, j->m, bad);
+    A_CHECK(fsdp_summon_begin(c, 0, FSDP_SUMMON_OFFLOAD, NULL) == FSDP_NOT_SUPPORTED,
+            "summon offload of a mixed unit: %s", fsdp_ctx_last_error(c));
+    A_CHECK(fsdp_summon_begin(c, 0, 0, NULL) == FSDP_SUCCESS, "summon: %s",
+            fsdp_ctx_last_error(c));
+    {
+        const float *w = (const float *)fsdp_param(c, "h.0.attn.weight");
+        const float *sc = (const float *)fsdp_param(c, "h.0.scale.weight");
+        A_CHECK(w && sc && w[5] == initv("h.0.attn.weight", 5) &&
+                    sc[2] == initv("h.0.scale.weight", 2),
+                "summoned views of the bf16 and f64 groups (f32 masters)");
+    }
+    A_CHECK(fsdp_summon_end(c, 0) == FSDP_SUCCESS, "summon end: %s", fsdp_ctx_last_error(c));
+    {
+        mstats st;
+        int ag = 0, nb = 0;
+        memset(&st, 0, sizeof st);
+        run_step(c, j->u, rank, 0, &st, NULL, &ag, &nb);
+        run_step(c, j->u, rank, 1, &st, NULL, &ag, &nb);
+        A_CHECK(st.bad == 0 && st.wrong_dtype == 0, "training after a summon: %.300s", st.msg);
+    }
 #undef A_CHECK
     fsdp_ctx_destroy(c);
     rank_close(dev, comm);
