@@ -862,7 +862,7 @@ FSDP_API int fsdp_units_parts(const fsdp_units *u, int i, const fsdp_unit_info *
 {
     const fsdp__unit *un;
     int k;
-    if (!u || i < 0 || i >= u->count || !out) return 0;
+    if (!u || i < 0 || i >= u->count || (!out && cap > 0)) return 0;
     un = &u->units[i];
     if (!un->info.mixed) {
         if (cap >= 1) out[0] = &un->info;

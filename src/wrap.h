@@ -110,7 +110,8 @@ FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u);
    for one with more than 2 this returns 0; use fsdp_units_parts. */
 FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info **out);
 /* Every flat parameter (group) of unit i, for any unit: the count (at most
-   FSDP_MAX_PARTS), writing the first min(count, cap) into out. A uniform
+   FSDP_MAX_PARTS), writing the first min(count, cap) into out (NULL with
+   cap 0: the count alone). A uniform
    unit has 1 (the unit); a unit mixing frozen and trainable parameters of
    one dtype 2 (frozen, trainable); a unit of several dtypes one per
    (dtype, frozen/trainable) it holds, each with its own dtype, numel and
