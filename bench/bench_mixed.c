@@ -12,11 +12,15 @@
    wrapping: the collectives one iteration issues (counted through a comm
    that wraps the local one), the median iteration time of rank 0 over the
    rounds (each round runs both wrappings, alternating which goes first,
-   so a drifting load weighs on both), and peak / plan; then the mixed /
-   split time ratio.
+   so a drifting load weighs on both), the plan's unsharded buffers and
+   scratch (each of a mixed unit's groups takes a pool buffer, and the
+   packed all-gather a staging buffer), and peak / plan; then the mixed /
+   split time ratio. --max-unsharded M sets fsdp_ctx_desc.max_unsharded
+   (0: the default; a mixed unit holds as many buffers as it has groups,
+   so with the default 2 no other unit can be prefetched beside it).
 
    Usage: bench_mixed [--ranks N] [--blocks B] [--params P] [--norm Q]
-                      [--iters K] [--rounds R] [--quick]                    */
+                      [--iters K] [--rounds R] [--max-unsharded M] [--quick] */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "bench_util.h"
@@ -31,7 +35,7 @@
 #define WARMUP 2
 
 typedef struct config {
-    int ranks, blocks, iters, rounds;
+    int ranks, blocks, iters, rounds, maxu;
     int64_t params, norm;
 } config;
 
@@ -143,6 +147,7 @@ typedef struct shared {
     double t[MAX_SAMPLES];         /* rank 0's iteration times */
     counts per_iter[MAX_RANKS];    /* one iteration's calls */
     double peak_over_plan[MAX_RANKS];
+    fsdp_memory_plan plan;         /* rank 0's */
     char msg[MAX_RANKS][FSDP_ERROR_MAX + 64];
 } shared;
 
@@ -197,6 +202,7 @@ static int rank_fn(int rank, int nranks, fsdp_local_world *world, void *user)
     d.device = dev;
     d.comm = comm;
     d.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    d.max_unsharded = sh->cfg->maxu;
     fsdp_device_memory(dev, &ms);
     base = ms.device_in_use;
     fsdp_device_reset_peak(dev);
@@ -220,6 +226,7 @@ static int rank_fn(int rank, int nranks, fsdp_local_world *world, void *user)
         sh->per_iter[rank].reduce_scatter = n.reduce_scatter - before.reduce_scatter;
     }
     fsdp_ctx_plan(c, &plan);
+    if (rank == 0) sh->plan = plan;
     fsdp_device_memory(dev, &ms);
     sh->peak_over_plan[rank] = plan.total ? (double)(ms.device_peak - base) / (double)plan.total : 0;
     ok = 1;
@@ -310,7 +317,7 @@ out:
 
 int main(int argc, char **argv)
 {
-    config cfg = {2, 8, 7, 3, 1048576, 4096};
+    config cfg = {2, 8, 7, 3, 0, 1048576, 4096};
     static shared sh[2];
     static double all[2][MAX_SAMPLES];
     int nall[2] = {0, 0}, i, r, w;
@@ -328,9 +335,11 @@ int main(int argc, char **argv)
         else if (i + 1 < argc && !strcmp(argv[i], "--norm")) cfg.norm = atoll(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--iters")) cfg.iters = atoi(argv[++i]);
         else if (i + 1 < argc && !strcmp(argv[i], "--rounds")) cfg.rounds = atoi(argv[++i]);
+        else if (i + 1 < argc && !strcmp(argv[i], "--max-unsharded")) cfg.maxu = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: bench_mixed [--ranks N] [--blocks B] [--params P] "
-                            "[--norm Q] [--iters K] [--rounds R] [--quick]\n");
+                            "[--norm Q] [--iters K] [--rounds R] [--max-unsharded M] "
+                            "[--quick]\n");
             return 2;
         }
     }
@@ -345,10 +354,11 @@ int main(int argc, char **argv)
     u[1] = wrap(m, &cfg, 1);
     if (!u[0] || !u[1]) return 1;
     printf("bench_mixed: %d ranks on the local backend (%ld CPU cores online), FULL_SHARD, "
-           "%d blocks x (%lld bf16 + %lld f32) parameters, AdamW, no compute, %d iterations "
-           "x %d rounds after %d warm-up\n",
+           "%d blocks x (%lld bf16 + %lld f32) parameters, AdamW, no compute, max_unsharded "
+           "%d%s, %d iterations x %d rounds after %d warm-up\n",
            cfg.ranks, sysconf(_SC_NPROCESSORS_ONLN), cfg.blocks, (long long)cfg.params,
-           (long long)cfg.norm, cfg.iters, cfg.rounds, WARMUP);
+           (long long)cfg.norm, cfg.maxu, cfg.maxu ? "" : " (the default)", cfg.iters,
+           cfg.rounds, WARMUP);
     for (r = 0; r < cfg.rounds; r++)
         for (i = 0; i < 2; i++) {
             fsdp_local_desc ld;
@@ -371,8 +381,8 @@ int main(int argc, char **argv)
             for (int k = 0; k < sh[w].samples; k++) all[w][nall[w]++] = sh[w].t[k];
         }
     printf("| wrapping | units (flat parameters) | all-gathers per iteration | reduce-scatters "
-           "per iteration | iteration ms (median) | peak / plan |\n");
-    printf("|---|---:|---:|---:|---:|---:|\n");
+           "per iteration | iteration ms (median) | pool + scratch MiB | peak / plan |\n");
+    printf("|---|---:|---:|---:|---:|---:|---:|\n");
     for (w = 0; w < 2; w++) {
         int nf = 0;
         double worst = 1.0;
@@ -382,10 +392,11 @@ int main(int argc, char **argv)
                 1.0 - sh[w].peak_over_plan[r] > 1.0 - worst)
                 worst = sh[w].peak_over_plan[r];
         med[w] = bench_median(all[w], nall[w]);
-        printf("| %s | %d (%d) | %ld | %ld | %.2f | %.3f |\n",
+        printf("| %s | %d (%d) | %ld | %ld | %.2f | %.1f | %.3f |\n",
                w ? "split (a unit per dtype)" : "mixed (a unit per block)",
                fsdp_units_count(u[w]), nf, sh[w].per_iter[0].all_gather,
-               sh[w].per_iter[0].reduce_scatter, med[w], worst);
+               sh[w].per_iter[0].reduce_scatter, med[w],
+               (double)(sh[w].plan.pool + sh[w].plan.scratch) / 1048576.0, worst);
     }
     printf("mixed / split iteration time: %.2f; load average %.2f before, %.2f after\n",
            med[0] / med[1], load0, bench_loadavg());

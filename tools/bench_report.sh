@@ -125,6 +125,7 @@ if [ "$mode" = run ]; then
     [ -n "$python" ] && run optim_thp "$o --peers-thp" "$o --peers-thp --elements 4194304 --rounds 2"
     run lora "$B/bench_lora" "$B/bench_lora"
     run mixed "$B/bench_mixed" "$B/bench_mixed --quick"
+    run mixed_4 "$B/bench_mixed --max-unsharded 4" "$B/bench_mixed --max-unsharded 4 --quick"
     [ -x "$B/bench_cuda" ] && run cuda "$B/bench_cuda" "$B/bench_cuda 16"
     echo "load_after=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null)" >>"$logs/machine.txt"
     echo "bench_report.sh: logs in $logs" >&2
@@ -156,6 +157,7 @@ title() {
     optim_thp) echo "The same, the peers on huge pages (bench_optim --peers-thp)" ;;
     lora) echo "LoRA: the plan of mixed units (bench_lora)" ;;
     mixed) echo "Mixed dtypes: one all-gather per unit against a unit per dtype (bench_mixed)" ;;
+    mixed_4) echo "Mixed dtypes, 4 unsharded buffers (bench_mixed --max-unsharded 4)" ;;
     cuda) echo "The CUDA kernels (bench_cuda)" ;;
     *) echo "$1" ;;
     esac
@@ -329,7 +331,7 @@ AWK
         wanted "$name" || continue
         case "$name" in
         step_*) kind=step ;; kernels_*) kind=kernels ;; comm_*) kind=comm ;; optim*) kind=optim ;;
-        ckpt*) kind=ckpt ;;
+        ckpt*) kind=ckpt ;; mixed*) kind=mixed ;;
         *) kind=$name ;;
         esac
         section "$name" "$cmd" "$kind"
