@@ -91,6 +91,7 @@ static fsdp_model *mixed_model(void)
    gate and the f64 scale as units of their own, then the block (its bf16
    weights). */
 static fsdp_dtype g_pdt; /* fsdp_unit_options.param_dtype */
+static fsdp_dtype g_rdt; /* fsdp_unit_options.reduce_dtype */
 static int g_keep;       /* fsdp_unit_options.keep_frozen_gathered */
 
 static fsdp_units *mixed_wrap(fsdp_model *m, int split, fsdp_sharding_strategy s)
@@ -117,6 +118,7 @@ static fsdp_units *mixed_wrap(fsdp_model *m, int split, fsdp_sharding_strategy s
     opt.sharding = s;
     opt.param_dtype = g_pdt;
     opt.keep_frozen_gathered = g_keep;
+    opt.reduce_dtype = g_rdt;
     OK(wrap_units(m, specs, n, &opt, &u));
     return u;
 }
@@ -285,6 +287,12 @@ typedef struct mstats {
     char msg[FSDP_ERROR_MAX];
 } mstats;
 
+/* Keeps the first failure's message. */
+#define NOTE(st, ...)                                                                        \
+    do {                                                                                     \
+        if (!(st)->msg[0]) snprintf((st)->msg, sizeof(st)->msg, __VA_ARGS__);               \
+    } while (0)
+
 static float vget(const void *v, fsdp_dtype dt, int64_t i)
 {
     switch (dt) {
@@ -346,7 +354,7 @@ static void block_backward(fsdp_ctx *c, int l, int rank, int step, mstats *st)
         p = fsdp_param(c, fq);
         if (!p) {
             st->bad++;
-            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "param %s: %s", fq, fsdp_ctx_last_error(c));
+            NOTE(st, "param %s: %s", fq, fsdp_ctx_last_error(c));
             continue;
         }
         for (i = 0; i < pnumel(k); i++) fs += vget(p, want_dt(k), i) * (float)(i + 1);
@@ -367,7 +375,7 @@ static void block_backward(fsdp_ctx *c, int l, int rank, int step, mstats *st)
         g = fsdp_grad(c, fq);
         if (!p || !g) {
             st->bad++;
-            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "views of %s: %s", fq, fsdp_ctx_last_error(c));
+            NOTE(st, "views of %s: %s", fq, fsdp_ctx_last_error(c));
             continue;
         }
         for (i = 0; i < pnumel(k); i++)
@@ -388,8 +396,8 @@ static int in_block(const fsdp_units *u, int i, int l)
 
 /* One training step; *ag_unit counts the all-gathers issued inside the
    blocks' begin calls (prefetch off: their own only). */
-static void run_step(fsdp_ctx *c, const fsdp_units *u, int rank, int step, mstats *st,
-                     const counts *n, int *ag_block, int *block_begins)
+static void run_pass(fsdp_ctx *c, const fsdp_units *u, int rank, int step, mstats *st,
+                     const counts *n, int *ag_block, int *block_begins, int do_step)
 {
     int nu = fsdp_units_count(u), root = nu - 1, i, l;
     if (fsdp_begin_forward(c, root) != FSDP_SUCCESS) st->bad++;
@@ -399,7 +407,7 @@ static void run_step(fsdp_ctx *c, const fsdp_units *u, int rank, int step, mstat
                 int before = n ? n->all_gather : 0;
                 if (fsdp_begin_forward(c, i) != FSDP_SUCCESS) {
                     st->bad++;
-                    if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "begin_forward %d: %s", i,
+                    NOTE(st, "begin_forward %d: %s", i,
                              fsdp_ctx_last_error(c));
                 }
                 if (n) *ag_block += n->all_gather - before;
@@ -425,7 +433,7 @@ static void run_step(fsdp_ctx *c, const fsdp_units *u, int rank, int step, mstat
                 int before = n ? n->all_gather : 0;
                 if (fsdp_begin_backward(c, i) != FSDP_SUCCESS) {
                     st->bad++;
-                    if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "begin_backward %d: %s", i,
+                    NOTE(st, "begin_backward %d: %s", i,
                              fsdp_ctx_last_error(c));
                 }
                 if (n) *ag_block += n->all_gather - before;
@@ -436,10 +444,16 @@ static void run_step(fsdp_ctx *c, const fsdp_units *u, int rank, int step, mstat
             if (in_block(u, i, l) && fsdp_end_backward(c, i) != FSDP_SUCCESS) st->bad++;
     }
     if (fsdp_end_backward(c, root) != FSDP_SUCCESS) st->bad++;
-    if (fsdp_step(c) != FSDP_SUCCESS) {
+    if (do_step && fsdp_step(c) != FSDP_SUCCESS) {
         st->bad++;
-        if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "step: %s", fsdp_ctx_last_error(c));
+        NOTE(st, "step: %s", fsdp_ctx_last_error(c));
     }
+}
+
+static void run_step(fsdp_ctx *c, const fsdp_units *u, int rank, int step, mstats *st,
+                     const counts *n, int *ag_block, int *block_begins)
+{
+    run_pass(c, u, rank, step, st, n, ag_block, block_begins, 1);
 }
 
 /* What a run leaves: the full dict with optimizer state (rank 0), the plan. */
@@ -456,6 +470,7 @@ typedef struct job {
     fsdp_units *u;
     int offload;
     int hybrid;             /* hybrid_shard_size */
+    int accum;              /* a no_sync micro-batch before each step's */
     int no_prefetch;
     int train;              /* 0: load (load_dir) and keep the dict, no training */
     const char *load_dir;
@@ -500,6 +515,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     cd.cpu_offload = j->offload;
     cd.disable_forward_prefetch = cd.disable_backward_prefetch = j->no_prefetch;
     cd.hybrid_shard_size = j->hybrid;
+    cd.plan_no_sync = j->accum;
     /* the split wrapping holds a block's five flat parameters at once */
     cd.max_unsharded = 6;
     {
@@ -508,27 +524,34 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         pd.comm = NULL;
         if (fsdp_ctx_plan_only(&pd, nranks, &only) != FSDP_SUCCESS) {
             st->bad++;
-            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "plan only: %s", fsdp_ctx_last_error(NULL));
+            NOTE(st, "plan only: %s", fsdp_ctx_last_error(NULL));
         }
         fsdp_device_memory(dev, &ms);
         base = ms.device_in_use;
         fsdp_device_reset_peak(dev);
     }
     if (fsdp_ctx_create(&cd, &c) != FSDP_SUCCESS) {
-        if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "create failed");
+        NOTE(st, "create failed");
         st->bad++;
         rank_close(dev, comm);
         return 0;
     }
     if (j->train) {
         init_all(c, j->m, &st->bad);
-        for (s = 0; s < STEPS; s++)
+        for (s = 0; s < STEPS; s++) {
+            if (j->accum) { /* accumulated without communication, then reduced */
+                if (fsdp_set_no_sync(c, 1) != FSDP_SUCCESS) st->bad++;
+                run_pass(c, j->u, rank, s, st, &j->n[rank], &j->ag_block[rank],
+                         &j->block_begins[rank], 0);
+                if (fsdp_set_no_sync(c, 0) != FSDP_SUCCESS) st->bad++;
+            }
             run_step(c, j->u, rank, s, st, &j->n[rank], &j->ag_block[rank],
                      &j->block_begins[rank]);
+        }
     }
     if (j->load_dir && fsdp_ckpt_load(c, j->load_dir, j->load_flags) != FSDP_SUCCESS) {
         st->bad++;
-        if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "load: %s", fsdp_ctx_last_error(c));
+        NOTE(st, "load: %s", fsdp_ctx_last_error(c));
     }
     {
         fsdp_memory_stats ms;
@@ -539,7 +562,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
            plan-only predicts */
         if (ms.device_peak - base != plan.total || memcmp(&plan, &only, sizeof plan)) {
             st->bad++;
-            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "peak %zu, plan %zu, plan-only %zu",
+            NOTE(st, "peak %zu, plan %zu, plan-only %zu",
                      ms.device_peak - base, plan.total, only.total);
         }
     }
@@ -547,7 +570,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         fsdp_state_dict *sd = NULL;
         if (fsdp_get_full_state_dict(c, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &sd) != FSDP_SUCCESS) {
             st->bad++;
-            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "full dict: %s", fsdp_ctx_last_error(c));
+            NOTE(st, "full dict: %s", fsdp_ctx_last_error(c));
         } else if (rank == 0) {
             keep_dict(sd, j->res);
         }
@@ -556,7 +579,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     if (rank == 0) fsdp_ctx_plan(c, &j->res->plan);
     if (j->save_dir && fsdp_ckpt_save(c, j->save_dir, j->save_flags) != FSDP_SUCCESS) {
         st->bad++;
-        if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "save: %s", fsdp_ctx_last_error(c));
+        NOTE(st, "save: %s", fsdp_ctx_last_error(c));
     }
     if (j->hf_dir) {
         fsdp_hf_desc hd;
@@ -564,7 +587,7 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
         hd.keep_dtypes = 1;
         if (fsdp_hf_save(c, j->hf_dir, &hd) != FSDP_SUCCESS) {
             st->bad++;
-            if (!st->msg[0]) snprintf(st->msg, sizeof st->msg, "hf save: %s", fsdp_ctx_last_error(c));
+            NOTE(st, "hf save: %s", fsdp_ctx_last_error(c));
         }
     }
     fsdp_ctx_destroy(c);
@@ -581,9 +604,9 @@ static void check_job(const job *j, int n, const char *what)
         CHECK(j->st[r].wrong_dtype == 0, "%s: rank %d: %d views in the wrong dtype", what, r,
               j->st[r].wrong_dtype);
         if (j->train)
-            CHECK(j->st[r].frozen_grad_refused == STEPS * NL,
+            CHECK(j->st[r].frozen_grad_refused == STEPS * NL * (j->accum ? 2 : 1),
                   "%s: rank %d: frozen grad views refused %d times, want %d", what, r,
-                  j->st[r].frozen_grad_refused, STEPS * NL);
+                  j->st[r].frozen_grad_refused, STEPS * NL * (j->accum ? 2 : 1));
     }
 }
 
@@ -663,21 +686,28 @@ typedef struct config {
     const char *name;
     fsdp_sharding_strategy strat;
     int offload, keep, hybrid, nmin, nmax;
-    fsdp_dtype pdt;
+    fsdp_dtype pdt, rdt;
+    int accum;
 } config;
 
 static void test_bitwise_as_split(void)
 {
     static const config cfgs[] = {
-        {"FULL_SHARD", FSDP_FULL_SHARD, 0, 0, 0, 1, 3, FSDP_DTYPE_DEFAULT},
-        {"FULL_SHARD, cpu_offload", FSDP_FULL_SHARD, 1, 0, 0, 1, 3, FSDP_DTYPE_DEFAULT},
-        {"SHARD_GRAD_OP", FSDP_SHARD_GRAD_OP, 0, 0, 0, 1, 3, FSDP_DTYPE_DEFAULT},
-        {"SHARD_GRAD_OP, cpu_offload", FSDP_SHARD_GRAD_OP, 1, 0, 0, 2, 3, FSDP_DTYPE_DEFAULT},
-        {"NO_SHARD", FSDP_NO_SHARD, 0, 0, 0, 2, 2, FSDP_DTYPE_DEFAULT},
-        {"HYBRID_SHARD 2x2", FSDP_HYBRID_SHARD, 0, 0, 2, 4, 4, FSDP_DTYPE_DEFAULT},
-        {"FULL_SHARD, param_dtype bf16", FSDP_FULL_SHARD, 0, 0, 0, 1, 3, FSDP_BF16},
-        {"FULL_SHARD, keep_frozen_gathered", FSDP_FULL_SHARD, 0, 1, 0, 2, 3,
-         FSDP_DTYPE_DEFAULT},
+        /* name, strategy, offload, keep_frozen_gathered, hybrid size, ranks from, to,
+           param_dtype, reduce_dtype, no_sync accumulation */
+        {"FULL_SHARD", FSDP_FULL_SHARD, 0, 0, 0, 1, 3, 0, 0, 0},
+        {"FULL_SHARD, cpu_offload", FSDP_FULL_SHARD, 1, 0, 0, 1, 3, 0, 0, 0},
+        {"SHARD_GRAD_OP", FSDP_SHARD_GRAD_OP, 0, 0, 0, 1, 3, 0, 0, 0},
+        {"SHARD_GRAD_OP, cpu_offload", FSDP_SHARD_GRAD_OP, 1, 0, 0, 2, 3, 0, 0, 0},
+        {"NO_SHARD", FSDP_NO_SHARD, 0, 0, 0, 2, 2, 0, 0, 0},
+        {"HYBRID_SHARD 2x2", FSDP_HYBRID_SHARD, 0, 0, 2, 4, 4, 0, 0, 0},
+        {"FULL_SHARD, param_dtype bf16", FSDP_FULL_SHARD, 0, 0, 0, 1, 3, FSDP_BF16, 0, 0},
+        {"FULL_SHARD, keep_frozen_gathered", FSDP_FULL_SHARD, 0, 1, 0, 2, 3, 0, 0, 0},
+        {"FULL_SHARD, param_dtype bf16, reduce_dtype f32", FSDP_FULL_SHARD, 0, 0, 0, 2, 3,
+         FSDP_BF16, FSDP_F32, 0},
+        {"FULL_SHARD, no_sync accumulation", FSDP_FULL_SHARD, 0, 0, 0, 1, 3, 0, 0, 1},
+        {"FULL_SHARD, no_sync accumulation, cpu_offload", FSDP_FULL_SHARD, 1, 0, 0, 2, 2, 0, 0,
+         1},
     };
     fsdp_model *m = mixed_model();
     int ci, n;
@@ -690,15 +720,18 @@ static void test_bitwise_as_split(void)
             char what[128];
             fsdp_units *ua, *ub;
             g_pdt = cf->pdt;
+            g_rdt = cf->rdt;
             g_keep = cf->keep;
             ua = mixed_wrap(m, 0, cf->strat);
             ub = mixed_wrap(m, 1, cf->strat);
             g_keep = 0;
+            g_rdt = FSDP_DTYPE_DEFAULT;
             if (!ua || !ub) return;
             job_init(&ja, m, ua, &ra);
             job_init(&jb, m, ub, &rb);
             ja.offload = jb.offload = cf->offload;
             ja.hybrid = jb.hybrid = cf->hybrid;
+            ja.accum = jb.accum = cf->accum;
             snprintf(what, sizeof what, "%s at %d ranks", cf->name, n);
             run_ranks(n, train_rank, &ja);
             check_job(&ja, n, what);
