@@ -17395,6 +17395,16 @@ FSDP__DEF size_t fsdp__shard_bytes(const fsdp__cunit *cu, size_t elem)
     return (size_t)cu->S * elem;
 }
 
+/* Mixed dtypes: whether group cu's shared buffer (of slot_bytes) has room
+   for `need` bytes after its own block. The packed all-gather of its unit
+   then stages there, in memory the plan holds anyway: a bf16 layer's norm
+   group has a buffer sized for the layer's weights and uses a sliver of it. */
+FSDP__DEF int fsdp__fused_tail_fits(const fsdp__cunit *cu, size_t slot_bytes, size_t need)
+{
+    size_t b = fsdp__block_bytes(cu);
+    return !cu->resident && slot_bytes >= b && slot_bytes - b >= need;
+}
+
 /* Mixed dtypes: the bytes of one rank's packed chunk of unit pub's groups
    (those with take[f - first] set, or all when take is NULL), each group's
    shard in its gathered dtype at a multiple of FSDP__FUSE_ALIGN. */
@@ -18022,17 +18032,20 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
             z->nslots < 2)
             z->nslots = 2;
     /* mixed dtypes: all of a unit's groups at once, so a buffer for each of
-       them, and the packed buffer their one all-gather moves (the largest
-       unit's: the comm stream runs one gather at a time) */
+       them, and room for the packed buffer their one all-gather moves: the
+       spare end of one group's buffer where it fits, else a staging buffer
+       (the largest unit's: the comm stream runs one gather at a time) */
     for (i = 0; i < c->npub; i++) {
-        int f, n = 0;
+        int f, n = 0, fits = 0;
+        size_t all;
         if (!fsdp_units_get(c->units, i)->mixed_dtypes) continue;
         for (f = c->pub_first[i]; f < c->pub_first[i + 1]; f++) n += !c->u[f].resident;
         if (n > z->nslots) z->nslots = n;
-        if (c->u[c->pub_first[i]].strat != FSDP_NO_SHARD) {
-            size_t all = fsdp__fused_chunk(c, i, NULL) * (size_t)c->u[c->pub_first[i]].W;
-            if (all > z->ag_stage) z->ag_stage = all;
-        }
+        if (c->u[c->pub_first[i]].strat == FSDP_NO_SHARD) continue;
+        all = fsdp__fused_chunk(c, i, NULL) * (size_t)c->u[c->pub_first[i]].W;
+        for (f = c->pub_first[i]; f < c->pub_first[i + 1]; f++)
+            fits |= fsdp__fused_tail_fits(&c->u[f], z->slot_bytes, all);
+        if (!fits && all > z->ag_stage) z->ag_stage = all;
     }
     p->pool += (size_t)z->nslots * z->slot_bytes;
     p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage;
@@ -19234,8 +19247,9 @@ FSDP__DEF fsdp_result fsdp__gather_done(fsdp_ctx *c, fsdp__cunit *cu, int bwd)
 
 /* Mixed dtypes (issue 46): every group of unit pub not yet gathered, with
    one all-gather of bytes. Each group's shard is copied into this rank's
-   chunk of the staging buffer (FSDP__FUSE_ALIGN), the chunks are gathered
-   in place, and each rank's piece of each group is copied to the group's
+   chunk of a staging area (FSDP__FUSE_ALIGN; the spare end of a group's
+   shared buffer, or the plan's staging buffer), the chunks are gathered in
+   place, and each rank's piece of each group is copied to the group's
    unsharded buffer: the flat layout (and so every view) is the group's
    own, as in a unit of those parameters alone. Returns FSDP_NOT_FOUND
    (setting nothing) when fewer than two groups need gathering; the caller
@@ -19246,7 +19260,7 @@ FSDP__DEF fsdp_result fsdp__gather_fused(fsdp_ctx *c, int pub, int try_only, int
     int first = c->pub_first[pub], n = c->pub_first[pub + 1] - first, f, k, ntake = 0, q;
     fsdp__cunit *c0 = &c->u[first];
     size_t B, off;
-    char *stage = (char *)c->ag_stage, *mine;
+    char *stage, *mine;
     fsdp_result r = FSDP_SUCCESS;
     for (k = 0; k < n; k++) {
         const fsdp__cunit *cu = &c->u[first + k];
@@ -19256,10 +19270,6 @@ FSDP__DEF fsdp_result fsdp__gather_fused(fsdp_ctx *c, int pub, int try_only, int
     }
     if (ntake < 2) return FSDP_NOT_FOUND;
     B = fsdp__fused_chunk(c, pub, take);
-    if (B * (size_t)c0->W > c->ag_stage_bytes) /* the plan sized it: a bug if not */
-        return fsdp__ctx_fail(c, FSDP_ERROR, "unit %d %s: the packed all-gather needs %zu "
-                              "bytes, the plan has %zu", pub, c0->qname,
-                              B * (size_t)c0->W, c->ag_stage_bytes);
     c->fusing_pub = pub; /* no group of this unit evicts another */
     for (k = 0; k < n && r == FSDP_SUCCESS; k++) {
         fsdp__cunit *cu = &c->u[first + k];
@@ -19269,6 +19279,25 @@ FSDP__DEF fsdp_result fsdp__gather_fused(fsdp_ctx *c, int pub, int try_only, int
         if (r != FSDP_SUCCESS) got[k] = 0;
     }
     c->fusing_pub = -1;
+    /* where the chunks land: the spare end of a group's buffer (every
+       non-resident group holds one now), else the staging buffer; the plan
+       made sure of one (fsdp__ctx_compute_plan) */
+    stage = NULL;
+    for (k = 0; k < n && r == FSDP_SUCCESS && !stage; k++) {
+        const fsdp__cunit *cu = &c->u[first + k];
+        if (cu->slot >= 0 &&
+            fsdp__fused_tail_fits(cu, c->slots[cu->slot].bytes, B * (size_t)c0->W))
+            stage = (char *)c->slots[cu->slot].base + fsdp__block_bytes(cu);
+    }
+    if (!stage && r == FSDP_SUCCESS) {
+        if (B * (size_t)c0->W <= c->ag_stage_bytes) {
+            stage = (char *)c->ag_stage;
+        } else { /* a bug in the plan if ever */
+            r = fsdp__ctx_fail(c, FSDP_ERROR, "unit %d %s: the packed all-gather needs %zu "
+                               "bytes, the plan has %zu", pub, c0->qname,
+                               B * (size_t)c0->W, c->ag_stage_bytes);
+        }
+    }
     if (r != FSDP_SUCCESS) { /* all or nothing: a prefetch leaves no half */
         for (k = 0; k < n; k++)
             if (got[k]) fsdp__release_slot(c, &c->u[first + k]);

@@ -375,17 +375,20 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
             z->nslots < 2)
             z->nslots = 2;
     /* mixed dtypes: all of a unit's groups at once, so a buffer for each of
-       them, and the packed buffer their one all-gather moves (the largest
-       unit's: the comm stream runs one gather at a time) */
+       them, and room for the packed buffer their one all-gather moves: the
+       spare end of one group's buffer where it fits, else a staging buffer
+       (the largest unit's: the comm stream runs one gather at a time) */
     for (i = 0; i < c->npub; i++) {
-        int f, n = 0;
+        int f, n = 0, fits = 0;
+        size_t all;
         if (!fsdp_units_get(c->units, i)->mixed_dtypes) continue;
         for (f = c->pub_first[i]; f < c->pub_first[i + 1]; f++) n += !c->u[f].resident;
         if (n > z->nslots) z->nslots = n;
-        if (c->u[c->pub_first[i]].strat != FSDP_NO_SHARD) {
-            size_t all = fsdp__fused_chunk(c, i, NULL) * (size_t)c->u[c->pub_first[i]].W;
-            if (all > z->ag_stage) z->ag_stage = all;
-        }
+        if (c->u[c->pub_first[i]].strat == FSDP_NO_SHARD) continue;
+        all = fsdp__fused_chunk(c, i, NULL) * (size_t)c->u[c->pub_first[i]].W;
+        for (f = c->pub_first[i]; f < c->pub_first[i + 1]; f++)
+            fits |= fsdp__fused_tail_fits(&c->u[f], z->slot_bytes, all);
+        if (!fits && all > z->ag_stage) z->ag_stage = all;
     }
     p->pool += (size_t)z->nslots * z->slot_bytes;
     p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage;

@@ -342,6 +342,16 @@ FSDP__DEF size_t fsdp__shard_bytes(const fsdp__cunit *cu, size_t elem)
     return (size_t)cu->S * elem;
 }
 
+/* Mixed dtypes: whether group cu's shared buffer (of slot_bytes) has room
+   for `need` bytes after its own block. The packed all-gather of its unit
+   then stages there, in memory the plan holds anyway: a bf16 layer's norm
+   group has a buffer sized for the layer's weights and uses a sliver of it. */
+FSDP__DEF int fsdp__fused_tail_fits(const fsdp__cunit *cu, size_t slot_bytes, size_t need)
+{
+    size_t b = fsdp__block_bytes(cu);
+    return !cu->resident && slot_bytes >= b && slot_bytes - b >= need;
+}
+
 /* Mixed dtypes: the bytes of one rank's packed chunk of unit pub's groups
    (those with take[f - first] set, or all when take is NULL), each group's
    shard in its gathered dtype at a multiple of FSDP__FUSE_ALIGN. */

@@ -24,8 +24,9 @@ FSDP__DEF fsdp_result fsdp__gather_done(fsdp_ctx *c, fsdp__cunit *cu, int bwd)
 
 /* Mixed dtypes (issue 46): every group of unit pub not yet gathered, with
    one all-gather of bytes. Each group's shard is copied into this rank's
-   chunk of the staging buffer (FSDP__FUSE_ALIGN), the chunks are gathered
-   in place, and each rank's piece of each group is copied to the group's
+   chunk of a staging area (FSDP__FUSE_ALIGN; the spare end of a group's
+   shared buffer, or the plan's staging buffer), the chunks are gathered in
+   place, and each rank's piece of each group is copied to the group's
    unsharded buffer: the flat layout (and so every view) is the group's
    own, as in a unit of those parameters alone. Returns FSDP_NOT_FOUND
    (setting nothing) when fewer than two groups need gathering; the caller
@@ -36,7 +37,7 @@ FSDP__DEF fsdp_result fsdp__gather_fused(fsdp_ctx *c, int pub, int try_only, int
     int first = c->pub_first[pub], n = c->pub_first[pub + 1] - first, f, k, ntake = 0, q;
     fsdp__cunit *c0 = &c->u[first];
     size_t B, off;
-    char *stage = (char *)c->ag_stage, *mine;
+    char *stage, *mine;
     fsdp_result r = FSDP_SUCCESS;
     for (k = 0; k < n; k++) {
         const fsdp__cunit *cu = &c->u[first + k];
@@ -46,10 +47,6 @@ FSDP__DEF fsdp_result fsdp__gather_fused(fsdp_ctx *c, int pub, int try_only, int
     }
     if (ntake < 2) return FSDP_NOT_FOUND;
     B = fsdp__fused_chunk(c, pub, take);
-    if (B * (size_t)c0->W > c->ag_stage_bytes) /* the plan sized it: a bug if not */
-        return fsdp__ctx_fail(c, FSDP_ERROR, "unit %d %s: the packed all-gather needs %zu "
-                              "bytes, the plan has %zu", pub, c0->qname,
-                              B * (size_t)c0->W, c->ag_stage_bytes);
     c->fusing_pub = pub; /* no group of this unit evicts another */
     for (k = 0; k < n && r == FSDP_SUCCESS; k++) {
         fsdp__cunit *cu = &c->u[first + k];
@@ -59,6 +56,25 @@ FSDP__DEF fsdp_result fsdp__gather_fused(fsdp_ctx *c, int pub, int try_only, int
         if (r != FSDP_SUCCESS) got[k] = 0;
     }
     c->fusing_pub = -1;
+    /* where the chunks land: the spare end of a group's buffer (every
+       non-resident group holds one now), else the staging buffer; the plan
+       made sure of one (fsdp__ctx_compute_plan) */
+    stage = NULL;
+    for (k = 0; k < n && r == FSDP_SUCCESS && !stage; k++) {
+        const fsdp__cunit *cu = &c->u[first + k];
+        if (cu->slot >= 0 &&
+            fsdp__fused_tail_fits(cu, c->slots[cu->slot].bytes, B * (size_t)c0->W))
+            stage = (char *)c->slots[cu->slot].base + fsdp__block_bytes(cu);
+    }
+    if (!stage && r == FSDP_SUCCESS) {
+        if (B * (size_t)c0->W <= c->ag_stage_bytes) {
+            stage = (char *)c->ag_stage;
+        } else { /* a bug in the plan if ever */
+            r = fsdp__ctx_fail(c, FSDP_ERROR, "unit %d %s: the packed all-gather needs %zu "
+                               "bytes, the plan has %zu", pub, c0->qname,
+                               B * (size_t)c0->W, c->ag_stage_bytes);
+        }
+    }
     if (r != FSDP_SUCCESS) { /* all or nothing: a prefetch leaves no half */
         for (k = 0; k < n; k++)
             if (got[k]) fsdp__release_slot(c, &c->u[first + k]);

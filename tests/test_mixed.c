@@ -64,18 +64,25 @@ static fsdp_result addp(fsdp_model *m, const char *module, const char *name, int
     return fsdp_model_add_param(m, &p);
 }
 
+/* 1: each block also holds a large bf16 weight ("h.l.emb.weight", which
+   the engine leaves without gradient), so the bf16 group's buffer has room
+   for the packed all-gather after the f32 group's block. */
+static int g_big;
+#define BIG 2048
+
 static fsdp_model *mixed_model(void)
 {
     static const char *const block_mods[][2] = {
         {"h.%d", "Block"}, {"h.%d.attn", "Linear"}, {"h.%d.ln", "LayerNorm"},
-        {"h.%d.mlp", "Linear"}, {"h.%d.gate", "Gate"}, {"h.%d.scale", "Scale"}};
+        {"h.%d.mlp", "Linear"}, {"h.%d.gate", "Gate"}, {"h.%d.scale", "Scale"},
+        {"h.%d.emb", "Embedding"}};
     fsdp_model *m = model_new("Net", 0);
     int l, k;
     char mod[64];
     if (!m) return NULL;
     OK(fsdp_model_add_module(m, "h", "ModuleList"));
     for (l = 0; l < NL; l++)
-        for (k = 0; k < 6; k++) OK(add_module_l(m, block_mods[k][0], l, block_mods[k][1]));
+        for (k = 0; k < 6 + g_big; k++) OK(add_module_l(m, block_mods[k][0], l, block_mods[k][1]));
     OK(fsdp_model_add_module(m, "ln_f", "LayerNorm"));
     for (l = 0; l < NL; l++)
         for (k = 0; k < NBP; k++) {
@@ -83,6 +90,10 @@ static fsdp_model *mixed_model(void)
             OK(addp(m, mod, BLOCK[k].name, BLOCK[k].ndim, BLOCK[k].d0, BLOCK[k].d1, BLOCK[k].dt,
                     BLOCK[k].frozen));
         }
+    for (l = 0; l < NL && g_big; l++) {
+        snprintf(mod, sizeof mod, "h.%d.emb", l);
+        OK(addp(m, mod, "weight", 1, BIG, 0, FSDP_BF16, 0));
+    }
     OK(addp(m, "ln_f", "weight", 1, D, 0, FSDP_F32, 0));
     return m;
 }
@@ -137,7 +148,7 @@ static void init_all(fsdp_ctx *c, const fsdp_model *mm, int *bad)
     int i, n = fsdp_model_num_params(mm);
     for (i = 0; i < n; i++) {
         fsdp_param_info pi;
-        float buf[64];
+        float buf[BIG]; /* each rank's thread its own */
         int64_t k;
         if (fsdp_model_param(mm, i, &pi) != FSDP_SUCCESS || pi.primary != i) continue;
         for (k = 0; k < pi.numel; k++) buf[k] = initv(pi.fqn, k);
@@ -816,6 +827,11 @@ static void test_one_all_gather(void)
                               "%s: rank %d: split: %d all-gathers in %d begins", what, r,
                               jb.ag_block[r], jb.block_begins[r]);
                     }
+                    /* blocks this small leave no room in their buffers: the
+                       packed all-gather has a staging buffer in scratch */
+                    CHECK(ra.plan.scratch > rb.plan.scratch,
+                          "%s: scratch %zu, split %zu: the staging buffer is not planned",
+                          what, ra.plan.scratch, rb.plan.scratch);
                     /* the reduction: one reduce-scatter per trainable group */
                     CHECK(ja.n[r].reduce_scatter == jb.n[r].reduce_scatter,
                           "%s: rank %d: reduce-scatters %d, split %d", what, r,
@@ -824,6 +840,50 @@ static void test_one_all_gather(void)
                 fsdp_units_destroy(ua);
                 fsdp_units_destroy(ub);
             }
+    fsdp_model_destroy(m);
+}
+
+/* With a large bf16 weight in each block the packed all-gather stages in
+   the spare end of a group's buffer: the plan of the mixed wrapping is the
+   split one's, byte for byte, and the bits are the same. Without it (the
+   other cases' small blocks) the plan holds a staging buffer in scratch. */
+static void test_staging_in_a_buffer(void)
+{
+    fsdp_model *m;
+    int n, off;
+    g_big = 1;
+    m = mixed_model();
+    g_big = 0;
+    if (!m) return;
+    for (off = 0; off < 2; off++)
+        for (n = 2; n <= 3; n++) {
+            static result ra, rb;
+            job ja, jb;
+            char what[96];
+            fsdp_units *ua = mixed_wrap(m, 0, FSDP_FULL_SHARD),
+                       *ub = mixed_wrap(m, 1, FSDP_FULL_SHARD);
+            int r;
+            if (!ua || !ub) return;
+            job_init(&ja, m, ua, &ra);
+            job_init(&jb, m, ub, &rb);
+            ja.offload = jb.offload = off;
+            snprintf(what, sizeof what, "large blocks at %d ranks%s", n, off ? ", cpu_offload" : "");
+            run_ranks(n, train_rank, &ja);
+            check_job(&ja, n, what);
+            run_ranks(n, train_rank, &jb);
+            check_job(&jb, n, what);
+            same_result(&ra, &rb, what);
+            CHECK(ra.plan.scratch == rb.plan.scratch && ra.plan.pool == rb.plan.pool &&
+                      ra.plan.total == rb.plan.total,
+                  "%s: plan scratch %zu pool %zu total %zu, split %zu %zu %zu: want the same",
+                  what, ra.plan.scratch, ra.plan.pool, ra.plan.total, rb.plan.scratch,
+                  rb.plan.pool, rb.plan.total);
+            for (r = 0; r < n; r++)
+                CHECK(ja.n[r].all_gather_u8 == 2 * NL * STEPS, "%s: rank %d: %d packed "
+                      "all-gathers, want %d", what, r, ja.n[r].all_gather_u8, 2 * NL * STEPS);
+            fsdp_units_destroy(ua);
+            fsdp_units_destroy(ub);
+        }
     fsdp_model_destroy(m);
 }
 
@@ -1028,6 +1088,7 @@ static const check_case CASES[] = {
     {"unit_calls", test_unit_calls},
     {"one_all_gather", test_one_all_gather},
     {"bitwise_as_split", test_bitwise_as_split},
+    {"staging_in_a_buffer", test_staging_in_a_buffer},
     {"checkpoints", test_checkpoints},
     {"hf_dtypes", test_hf_dtypes},
 };
