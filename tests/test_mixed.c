@@ -867,7 +867,8 @@ static void test_staging_in_a_buffer(void)
             job_init(&ja, m, ua, &ra);
             job_init(&jb, m, ub, &rb);
             ja.offload = jb.offload = off;
-            snprintf(what, sizeof what, "large blocks at %d ranks%s", n, off ? ", cpu_offload" : "");
+            snprintf(what, sizeof what, "large blocks at %d ranks%s", n,
+                     off ? ", cpu_offload" : "");
             run_ranks(n, train_rank, &ja);
             check_job(&ja, n, what);
             run_ranks(n, train_rank, &jb);
