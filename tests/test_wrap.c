@@ -1280,6 +1280,8 @@ static void test_mixed(void)
     OK(addp(m, "sub", "beta", FSDP_BF16, 1, 3, 0, 0));
     OK(addp(m, "sub", "gamma", FSDP_BF16, 1, 2, 0, 1));
     OK(addp(m, "sub", "delta", FSDP_F32, 1, 5, 0, 1));
+    /* a tie goes with its primary's group */
+    OK(fsdp_model_add_shared_param(m, "", "beta_tied", "sub.beta"));
     u = NULL;
     r = fsdp_wrap(m, &d, &u);
     CHECK(r == FSDP_SUCCESS && u, "four parts: %d (%s)", (int)r, S(fsdp_model_last_error(m)));
@@ -1295,6 +1297,13 @@ static void test_mixed(void)
                       gs[3]->requires_grad && gs[3]->numel == 3,
                   "parts: want f32 frozen(5), f32 trainable(3), bf16 frozen(2), bf16 "
                   "trainable(3)");
+        if (np == 4)
+            /* the root's beta_tied is walked first: it is the entry */
+            CHECK(gs[3]->nshared == 1 && gs[3]->shared[0].entry == 0 &&
+                      !strcmp(gs[3]->shared[0].fqn, "sub.beta") &&
+                      !strcmp(gs[3]->entries[0].fqn, "beta_tied") && gs[0]->nshared == 0 &&
+                      gs[1]->nshared == 0 && gs[2]->nshared == 0,
+                  "the tie of sub.beta is not in the bf16 trainable group");
         CHECK(fsdp_units_groups(u, 0, gs) == 0, "fsdp_units_groups of a 4-part unit is not 0");
         CHECK(fsdp_units_parts(u, 1, gs, FSDP_MAX_PARTS) == 0, "parts out of range");
         fsdp_units_destroy(u);
