@@ -1084,7 +1084,128 @@ static void test_unit_calls(void)
     fsdp_model_destroy(m);
 }
 
+/* A device whose memory the host cannot read (as CUDA's): its calls are
+   never reached, fsdp_ctx_create refuses the unit first. */
+static fsdp_result fk_alloc(void *self, size_t bytes, void **out, fsdp_error *err)
+{
+    (void)self, (void)bytes, (void)err;
+    *out = NULL;
+    return FSDP_NOT_SUPPORTED;
+}
+static void fk_free(void *self, void *ptr, size_t bytes) { (void)self, (void)ptr, (void)bytes; }
+static fsdp_result fk_screate(void *self, fsdp_stream **out, fsdp_error *err)
+{
+    (void)self, (void)err;
+    *out = NULL;
+    return FSDP_NOT_SUPPORTED;
+}
+static void fk_sdestroy(void *self, fsdp_stream *s) { (void)self, (void)s; }
+static fsdp_result fk_ssync(void *self, fsdp_stream *s, fsdp_error *err)
+{
+    (void)self, (void)s, (void)err;
+    return FSDP_NOT_SUPPORTED;
+}
+static fsdp_result fk_ecreate(void *self, fsdp_event **out, fsdp_error *err)
+{
+    (void)self, (void)err;
+    *out = NULL;
+    return FSDP_NOT_SUPPORTED;
+}
+static void fk_edestroy(void *self, fsdp_event *e) { (void)self, (void)e; }
+static fsdp_result fk_record(void *self, fsdp_event *e, fsdp_stream *s, fsdp_error *err)
+{
+    (void)self, (void)e, (void)s, (void)err;
+    return FSDP_NOT_SUPPORTED;
+}
+static fsdp_result fk_wait(void *self, fsdp_stream *s, fsdp_event *e, fsdp_error *err)
+{
+    (void)self, (void)s, (void)e, (void)err;
+    return FSDP_NOT_SUPPORTED;
+}
+static fsdp_result fk_esync(void *self, fsdp_event *e, fsdp_error *err)
+{
+    (void)self, (void)e, (void)err;
+    return FSDP_NOT_SUPPORTED;
+}
+static fsdp_result fk_launch(void *self, fsdp_stream *s, fsdp_task_fn fn, void *arg,
+                             fsdp_error *err)
+{
+    (void)self, (void)s, (void)fn, (void)arg, (void)err;
+    return FSDP_NOT_SUPPORTED;
+}
+static fsdp_result fk_copy(void *self, void *dst, const void *src, size_t bytes,
+                           fsdp_copy_kind kind, fsdp_stream *s, fsdp_error *err)
+{
+    (void)self, (void)dst, (void)src, (void)bytes, (void)kind, (void)s, (void)err;
+    return FSDP_NOT_SUPPORTED;
+}
+static fsdp_result fk_memset(void *self, void *dst, int v, size_t bytes, fsdp_stream *s,
+                             fsdp_error *err)
+{
+    (void)self, (void)dst, (void)v, (void)bytes, (void)s, (void)err;
+    return FSDP_NOT_SUPPORTED;
+}
+
+static void test_device_refused(void)
+{
+    fsdp_model *m = mixed_model();
+    fsdp_units *u;
+    fsdp_device_vtable vt;
+    fsdp_device *dev = NULL;
+    fsdp_local_desc ld;
+    fsdp_local_world *w = NULL;
+    fsdp_comm *comm = NULL;
+    fsdp_ctx_desc cd;
+    fsdp_ctx *c = NULL;
+    fsdp_error err;
+    int self = 0;
+    if (!m) return;
+    u = mixed_wrap(m, 0, FSDP_FULL_SHARD);
+    memset(&vt, 0, sizeof vt);
+    vt.size = sizeof vt;
+    vt.name = "fakegpu";
+    vt.host_accessible = 0;
+    vt.alloc = vt.host_alloc = fk_alloc;
+    vt.free = vt.host_free = fk_free;
+    vt.stream_create = fk_screate;
+    vt.stream_destroy = fk_sdestroy;
+    vt.stream_synchronize = fk_ssync;
+    vt.event_create = fk_ecreate;
+    vt.event_destroy = fk_edestroy;
+    vt.event_record = fk_record;
+    vt.stream_wait_event = fk_wait;
+    vt.event_synchronize = fk_esync;
+    vt.launch = fk_launch;
+    vt.copy = fk_copy;
+    vt.memset = fk_memset;
+    memset(&ld, 0, sizeof ld);
+    ld.nranks = 1;
+    OK(fsdp_device_create(&vt, &self, NULL, &dev));
+    OK(fsdp_local_world_create(&ld, &w));
+    if (w) OK(fsdp_comm_local_create(w, 0, NULL, &comm));
+    CHECK(u && dev && comm, "the wrapping, the device or the comm failed");
+    if (u && dev && comm) {
+        memset(&cd, 0, sizeof cd);
+        memset(&err, 0, sizeof err);
+        cd.hooks.error = &err;
+        cd.model = m;
+        cd.units = u;
+        cd.device = dev;
+        cd.comm = comm;
+        CHECK(fsdp_ctx_create(&cd, &c) == FSDP_NOT_SUPPORTED && !c &&
+                  contains(err.message, "several dtypes") && contains(err.message, "fakegpu"),
+              "a mixed-dtype unit on a device the host cannot read: %s", err.message);
+        fsdp_ctx_destroy(c);
+    }
+    fsdp_comm_destroy(comm);
+    fsdp_local_world_destroy(w);
+    fsdp_device_destroy(dev);
+    fsdp_units_destroy(u);
+    fsdp_model_destroy(m);
+}
+
 static const check_case CASES[] = {
+    {"device_refused", test_device_refused},
     {"wrap_parts", test_wrap_parts},
     {"unit_calls", test_unit_calls},
     {"one_all_gather", test_one_all_gather},
