@@ -493,6 +493,7 @@ typedef struct job {
     const char *save_dir;   /* save a checkpoint after training */
     unsigned save_flags;
     const char *hf_dir;     /* and a Hugging Face directory, dtypes kept */
+    const char *hf_load;    /* a Hugging Face directory to load (with train 0) */
 } job;
 
 static void keep_dict(const fsdp_state_dict *sd, result *res)
@@ -560,6 +561,10 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
                      &j->block_begins[rank]);
         }
     }
+    if (j->hf_load && fsdp_hf_load(c, j->hf_load, NULL) != FSDP_SUCCESS) {
+        st->bad++;
+        NOTE(st, "hf load: %s", fsdp_ctx_last_error(c));
+    }
     if (j->load_dir && fsdp_ckpt_load(c, j->load_dir, j->load_flags) != FSDP_SUCCESS) {
         st->bad++;
         NOTE(st, "load: %s", fsdp_ctx_last_error(c));
@@ -579,7 +584,8 @@ static int train_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     }
     {
         fsdp_state_dict *sd = NULL;
-        if (fsdp_get_full_state_dict(c, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD, &sd) != FSDP_SUCCESS) {
+        unsigned fl = j->hf_load ? FSDP_SD_OFFLOAD : FSDP_SD_OPTIM | FSDP_SD_OFFLOAD;
+        if (fsdp_get_full_state_dict(c, fl, &sd) != FSDP_SUCCESS) {
             st->bad++;
             NOTE(st, "full dict: %s", fsdp_ctx_last_error(c));
         } else if (rank == 0) {
@@ -983,6 +989,39 @@ static void test_hf_dtypes(void)
                 }
             }
         fsdp_state_dict_destroy(sd);
+    }
+    {
+        /* loaded back into the split wrapping at 3 ranks: each master is
+           the file's value (the original rounded once to its dtype) */
+        static result rl;
+        job jl;
+        fsdp_units *us = mixed_wrap(m, 1, FSDP_FULL_SHARD);
+        if (us) {
+            job_init(&jl, m, us, &rl);
+            jl.train = 0;
+            jl.hf_load = dir;
+            run_ranks(3, train_rank, &jl);
+            check_job(&jl, 3, "hf load at 3 ranks, split wrapping");
+            for (l = 0; l < NL; l++)
+                for (k = 0; k < NBP; k++) {
+                    char fq[64];
+                    int ri, li;
+                    snprintf(fq, sizeof fq, "h.%d.%s.%s", l, BLOCK[k].mod, BLOCK[k].name);
+                    ri = find_t(&ra, fq);
+                    li = find_t(&rl, fq);
+                    CHECK(ri >= 0 && li >= 0, "'%s' missing after the hf load", fq);
+                    for (i = 0; ri >= 0 && li >= 0 && i < pnumel(k) && i < 64; i++) {
+                        double want = in_dtype(((const float *)ra.data[ri])[i], BLOCK[k].dt);
+                        float got = ((const float *)rl.data[li])[i];
+                        if ((double)got != want) {
+                            CHECK(0, "'%s'[%d] after the hf load: %g, want %g", fq, i,
+                                  (double)got, want);
+                            break;
+                        }
+                    }
+                }
+            fsdp_units_destroy(us);
+        }
     }
     fsdp_units_destroy(u);
     if (!getenv("KEEP")) rm_rf(g_dir);
