@@ -567,7 +567,9 @@ typedef enum fsdp_optim_kind {
     FSDP_ADAMW = 1,
     FSDP_ADAM = 2,          /* weight_decay is L2 added to the gradient */
     FSDP_SGD = 3,
-    FSDP_OPTIM_CUSTOM = 4   /* the engine's own rule: fsdp_optim_config.custom */
+    FSDP_OPTIM_CUSTOM = 4,  /* the engine's own rule: fsdp_optim_config.custom */
+    FSDP_RMSPROP = 5,       /* torch.optim.RMSprop: alpha, eps, momentum, centered */
+    FSDP_ADAGRAD = 6        /* torch.optim.Adagrad: lr_decay, initial_accumulator_value, eps */
 } fsdp_optim_kind;
 
 struct fsdp_optim_config;
@@ -609,10 +611,14 @@ typedef enum fsdp_optim_numerics {
 /* torch.optim hyper-parameters. Start from fsdp_optim_defaults(kind), which
    gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
    weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
-   everything else 0), and change fields from there. A config left entirely
-   zero means AdamW's defaults where a descriptor takes one; an Adam-family
-   config whose beta1, beta2 and eps are all 0 (a zeroed config with only lr
-   set) is refused by fsdp_ctx_create and fsdp_zero_create. */
+   everything else 0; RMSprop: lr 1e-2, alpha 0.99, eps 1e-8, the rest 0;
+   Adagrad: lr 1e-2, eps 1e-10, the rest 0), and change fields from there.
+   A config left entirely zero means AdamW's defaults where a descriptor
+   takes one. Configs whose step is lr * g / |g| (NaN wherever a gradient
+   is 0), the mark of a zeroed config with only kind and lr set, are
+   refused by fsdp_ctx_create and fsdp_zero_create: Adam-family beta1,
+   beta2 and eps all 0; RMSprop alpha and eps 0; Adagrad eps and
+   initial_accumulator_value 0. */
 typedef struct fsdp_optim_config {
     fsdp_optim_kind kind;
     double lr;
@@ -631,6 +637,17 @@ typedef struct fsdp_optim_config {
     fsdp_optim_fn custom;
     void *custom_user;
     int custom_state;
+    /* RMSprop: the smoothing constant of square_avg, and
+       whether the step divides by the centred variance (square_avg -
+       grad_avg^2, torch's centered=True); momentum, eps and weight_decay
+       are the fields above */
+    double alpha;
+    int centered;
+    /* Adagrad: clr = lr / (1 + (step - 1) * lr_decay), and the
+       value every element of `sum` starts from (at create; a load
+       replaces it); eps and weight_decay are the fields above */
+    double lr_decay;
+    double initial_accumulator_value;
 } fsdp_optim_config;
 
 FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
@@ -642,12 +659,24 @@ FSDP_API fsdp_result fsdp_optim_validate(const fsdp_optim_config *c, fsdp_error 
 /* Deprecated (0.5.0): fsdp_optim_validate, with the reason in msg
    (optional, FSDP_ERROR_MAX bytes). */
 FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg);
-/* Which state buffers a configuration keeps, as torch names them:
-   bit 0 exp_avg, bit 1 exp_avg_sq, bit 2 max_exp_avg_sq, bit 3 momentum_buffer. */
+/* Which state buffers a configuration keeps: bit k is the k-th buffer of
+   fsdp_optim_state (bit 0 exp_avg, bit 1 exp_avg_sq, bit 2 max_exp_avg_sq,
+   bit 3 momentum_buffer). RMSprop and Adagrad keep theirs in the same
+   slots, under torch's names (fsdp_optim_state_name): RMSprop's grad_avg
+   (centered) in bit 0, square_avg in bit 1, momentum_buffer (momentum > 0)
+   in bit 3; Adagrad's sum in bit 1. */
 FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c);
+/* torch's name of state buffer `bit` (0 to 3) of a configuration's kind, as
+   state dicts and checkpoints write it ("optim.<fqn>.<name>"): exp_avg,
+   exp_avg_sq, max_exp_avg_sq, momentum_buffer; RMSprop grad_avg,
+   square_avg, -, momentum_buffer; Adagrad -, sum, -, -. NULL where the kind
+   has no such buffer or bit is out of range. */
+FSDP_API const char *fsdp_optim_state_name(const fsdp_optim_config *c, int bit);
 
 /* The optimizer state of one flat f32 range; NULL buffers the configuration
-   does not use. */
+   does not use. RMSprop keeps grad_avg in exp_avg, square_avg in
+   exp_avg_sq and its momentum_buffer in momentum_buffer; Adagrad keeps sum
+   in exp_avg_sq (fsdp_optim_state_mask). */
 typedef struct fsdp_optim_state {
     float *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *momentum_buffer;
 } fsdp_optim_state;
@@ -4224,7 +4253,14 @@ FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind)
     memset(&c, 0, sizeof c);
     c.kind = kind == FSDP_OPTIM_DEFAULT ? FSDP_ADAMW : kind;
     c.lr = 1e-3;
-    if (c.kind != FSDP_SGD && c.kind != FSDP_OPTIM_CUSTOM) {
+    if (c.kind == FSDP_RMSPROP) {
+        c.lr = 1e-2;
+        c.alpha = 0.99;
+        c.eps = 1e-8;
+    } else if (c.kind == FSDP_ADAGRAD) {
+        c.lr = 1e-2;
+        c.eps = 1e-10;
+    } else if (c.kind != FSDP_SGD && c.kind != FSDP_OPTIM_CUSTOM) {
         c.beta1 = 0.9;
         c.beta2 = 0.999;
         c.eps = 1e-8;
@@ -4237,9 +4273,10 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
 {
     const char *why = NULL;
     char buf[FSDP_ERROR_MAX];
-    const int adam = c && c->kind != FSDP_SGD && c->kind != FSDP_OPTIM_CUSTOM;
+    const int adam = c && (c->kind == FSDP_OPTIM_DEFAULT || c->kind == FSDP_ADAMW ||
+                           c->kind == FSDP_ADAM);
     if (!c) why = "configuration is NULL";
-    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_OPTIM_CUSTOM)
+    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_ADAGRAD)
         why = "unknown optimizer kind";
     else if (c->kind == FSDP_OPTIM_CUSTOM && !c->custom)
         why = "FSDP_OPTIM_CUSTOM needs its rule (custom is NULL)";
@@ -4247,14 +4284,24 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
         why = "custom_state must be 0 to 4 (state values per element)";
     else if (c->numerics < FSDP_NUMERICS_DEFAULT || c->numerics > FSDP_TORCH1_13_PLAIN)
         why = "unknown numerics (see fsdp_optim_numerics)";
+    else if ((c->kind == FSDP_RMSPROP || c->kind == FSDP_ADAGRAD) &&
+             (c->numerics == FSDP_TORCH1_13_FMA || c->numerics == FSDP_TORCH1_13_PLAIN))
+        why = "RMSprop and Adagrad reproduce torch 2.x only: numerics must be "
+              "FSDP_TORCH2_FMA (the default) or FSDP_TORCH2_PLAIN";
     else if (!(c->lr >= 0.0)) why = "lr must be >= 0";
     else if (!(c->weight_decay >= 0.0)) why = "weight_decay must be >= 0";
-    else if (adam && !(c->eps >= 0.0)) why = "eps must be >= 0";
+    else if ((adam || c->kind == FSDP_RMSPROP || c->kind == FSDP_ADAGRAD) && !(c->eps >= 0.0))
+        why = "eps must be >= 0";
     else if (adam && !(c->beta1 >= 0.0 && c->beta1 < 1.0))
         why = "beta1 must be in [0, 1)";
     else if (adam && !(c->beta2 >= 0.0 && c->beta2 < 1.0))
         why = "beta2 must be in [0, 1)";
-    else if (c->kind == FSDP_SGD && !(c->momentum >= 0.0)) why = "momentum must be >= 0";
+    else if ((c->kind == FSDP_SGD || c->kind == FSDP_RMSPROP) && !(c->momentum >= 0.0))
+        why = "momentum must be >= 0";
+    else if (c->kind == FSDP_RMSPROP && !(c->alpha >= 0.0)) why = "alpha must be >= 0";
+    else if (c->kind == FSDP_ADAGRAD && !(c->lr_decay >= 0.0)) why = "lr_decay must be >= 0";
+    else if (c->kind == FSDP_ADAGRAD && !(c->initial_accumulator_value >= 0.0))
+        why = "initial_accumulator_value must be >= 0";
     else if (c->kind == FSDP_SGD && c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
         why = "nesterov momentum requires a momentum and zero dampening";
     if (!why) return FSDP_SUCCESS;
@@ -4284,6 +4331,23 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
                                                char *msg, size_t cap)
 {
     const char *dot = field[0] ? "." : "";
+    if (c->kind == FSDP_RMSPROP) { /* square_avg = g^2: the step is lr * g / |g| */
+        if (c->alpha != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
+        snprintf(msg, cap, "%s%salpha and %s%seps are both 0 (a zeroed fsdp_optim_config with "
+                 "only kind and lr set?), an RMSprop step of lr * g / |g| that is NaN where a "
+                 "gradient is 0; start from fsdp_optim_defaults(FSDP_RMSPROP) for torch's alpha "
+                 "0.99 and eps 1e-8", field, dot, field, dot);
+        return FSDP_INVALID_ARGS;
+    }
+    if (c->kind == FSDP_ADAGRAD) { /* sum = g^2 at the first step: the same */
+        if (c->eps != 0.0 || c->initial_accumulator_value != 0.0) return FSDP_SUCCESS;
+        snprintf(msg, cap, "%s%seps and %s%sinitial_accumulator_value are both 0 (a zeroed "
+                 "fsdp_optim_config with only kind and lr set?), a first Adagrad step of "
+                 "lr * g / |g| that is NaN where a gradient is 0; start from "
+                 "fsdp_optim_defaults(FSDP_ADAGRAD) for torch's eps 1e-10", field, dot, field,
+                 dot);
+        return FSDP_INVALID_ARGS;
+    }
     if (c->kind != FSDP_OPTIM_DEFAULT && c->kind != FSDP_ADAMW && c->kind != FSDP_ADAM)
         return FSDP_SUCCESS;
     if (c->beta1 != 0.0 || c->beta2 != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
@@ -4296,14 +4360,63 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
 }
 
 /* torch's names of the state buffers, in the bit order of fsdp_optim_state_mask;
-   state dicts, checkpoints and ZeRO all name them from here. */
+   state dicts, checkpoints and ZeRO all name them from here (through
+   fsdp_optim_state_name, which knows RMSprop's and Adagrad's). */
 static const char *const fsdp__ostate_names[4] FSDP__UNUSED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
                                                   "momentum_buffer"};
+
+FSDP_API const char *fsdp_optim_state_name(const fsdp_optim_config *c, int bit)
+{
+    static const char *const rms[4] = {"grad_avg", "square_avg", NULL, "momentum_buffer"};
+    static const char *const ada[4] = {NULL, "sum", NULL, NULL};
+    if (bit < 0 || bit > 3) return NULL;
+    if (c && c->kind == FSDP_RMSPROP) return rms[bit];
+    if (c && c->kind == FSDP_ADAGRAD) return ada[bit];
+    return fsdp__ostate_names[bit];
+}
+
+/* The slot (fsdp_optim_state_mask bit) a state name of any kind means, -1
+   for none: a loader maps a key to its buffer with it, then checks that
+   the target's own kind uses that name (fsdp_optim_state_name). */
+FSDP__DEF int fsdp__ostate_slot(const char *name)
+{
+    int k;
+    for (k = 0; k < 4; k++)
+        if (!strcmp(name, fsdp__ostate_names[k])) return k;
+    if (!strcmp(name, "grad_avg")) return 0;
+    if (!strcmp(name, "square_avg") || !strcmp(name, "sum")) return 1;
+    return -1;
+}
+
+/* The kinds whose step exists for the host only (the engine's rule; RMSprop
+   and Adagrad, which have no device kernels yet). */
+FSDP__DEF int fsdp__optim_host_only(const fsdp_optim_config *c)
+{
+    return c->kind == FSDP_OPTIM_CUSTOM || c->kind == FSDP_RMSPROP || c->kind == FSDP_ADAGRAD;
+}
+
+/* The enumerator's name, for messages. */
+FSDP__DEF const char *fsdp__optim_kind_name(fsdp_optim_kind k)
+{
+    switch (k) {
+    case FSDP_OPTIM_DEFAULT: return "FSDP_OPTIM_DEFAULT";
+    case FSDP_ADAMW: return "FSDP_ADAMW";
+    case FSDP_ADAM: return "FSDP_ADAM";
+    case FSDP_SGD: return "FSDP_SGD";
+    case FSDP_OPTIM_CUSTOM: return "FSDP_OPTIM_CUSTOM";
+    case FSDP_RMSPROP: return "FSDP_RMSPROP";
+    case FSDP_ADAGRAD: return "FSDP_ADAGRAD";
+    }
+    return "an unknown optimizer kind";
+}
 
 FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
 {
     if (!c) return 0;
     if (c->kind == FSDP_SGD) return c->momentum != 0.0 ? 8u : 0u;
+    if (c->kind == FSDP_RMSPROP)
+        return 2u | (c->centered ? 1u : 0u) | (c->momentum > 0.0 ? 8u : 0u);
+    if (c->kind == FSDP_ADAGRAD) return 2u;
     if (c->kind == FSDP_OPTIM_CUSTOM) /* its k values in torch's first k slots */
         return c->custom_state >= 0 && c->custom_state <= 4 ? (1u << c->custom_state) - 1u : 0u;
     return 3u | (c->amsgrad ? 4u : 0u);
@@ -4389,7 +4502,8 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k,
         m[i] = mi;
         v[i] = vi;
         if (ams) {
-            vi = vm[i] > vi ? vm[i] : vi;
+            /* torch.maximum: a NaN of either operand wins (a loaded NaN too) */
+            vi = vm[i] > vi || vm[i] != vm[i] ? vm[i] : vi;
             vm[i] = vi;
         }
         denom = sqrtf(vi) / sbc2 + eps;
@@ -4460,7 +4574,10 @@ FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k
         _mm_storeu_ps(m + i, mi);
         _mm_storeu_ps(v + i, vi);
         if (ams) {
-            vi = _mm_max_ps(_mm_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
+            /* vm > v || vm is NaN ? vm : v (torch.maximum keeps a NaN of either) */
+            __m128 vmo = _mm_loadu_ps(vm + i), nan = _mm_cmpunord_ps(vmo, vmo);
+            vi = _mm_max_ps(vmo, vi);
+            vi = _mm_or_ps(_mm_and_ps(nan, vmo), _mm_andnot_ps(nan, vi));
             _mm_storeu_ps(vm + i, vi);
         }
         denom = FSDP__VADD(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
@@ -4604,6 +4721,18 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__keep512(__m512 x)
     return x;
 }
 
+/* a > b || a is NaN ? a : b, 8 and 16 floats: max_ps gives b when either
+   is a NaN, so a NaN a is put back (torch.maximum keeps either NaN) */
+FSDP__INLINE FSDP__AVX2_FMA __m256 fsdp__nanmax256(__m256 a, __m256 b)
+{
+    return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+
+FSDP__INLINE FSDP__AVX512 __m512 fsdp__nanmax512(__m512 a, __m512 b)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_max_ps(a, b), a);
+}
+
 /* s * rs in double, rounded back to float: sqrt(v) / sbc2 without the
    division (fsdp__adam_recip), for 8 and 16 floats */
 FSDP__INLINE FSDP__AVX2_FMA __m256 fsdp__rscale256(__m256 s, __m256d rs)
@@ -4690,7 +4819,9 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__rscale512(__m512 s, __m512d rs)
             _mm##bits##_storeu_ps(m + i, mi);                                                     \
             _mm##bits##_storeu_ps(v + i, vi);                                                     \
             if (ams) {                                                                            \
-                vi = _mm##bits##_max_ps(_mm##bits##_loadu_ps(vm + i), vi); /* vm > v ? vm : v */  \
+                /* vm > v || vm is NaN ? vm : v: torch.maximum keeps either NaN */               \
+                __m##bits vmo = _mm##bits##_loadu_ps(vm + i);                                     \
+                vi = fsdp__nanmax##bits(vmo, vi);                                                 \
                 _mm##bits##_storeu_ps(vm + i, vi);                                                \
             }                                                                                     \
             s = _mm##bits##_sqrt_ps(vi);                                                          \
@@ -4860,7 +4991,7 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_fma(const fsdp_optim_config *c, int6
         m[i] = mi;
         v[i] = vi;
         if (ams) {
-            if (vm[i] > vi) vi = vm[i];
+            if (vm[i] > vi || vm[i] != vm[i]) vi = vm[i]; /* torch.maximum: NaN wins */
             vm[i] = vi;
         }
         t = sqrtf(vi) / sbc2;
@@ -4940,6 +5071,188 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int6
     }
 }
 
+/* RMSprop and Adagrad: torch's per-tensor path (foreach=False, its
+   default on the CPU) element by element, with the IEEE square root where
+   torch calls MKL's (tests/vectors/README.md, optim_rmsprop_adagrad). fma:
+   the multiply-adds torch's AVX2 kernels fuse (add's alpha, addcmul, lerp)
+   are fmaf's one rounding, else a rounded product and a rounded add.
+   addcdiv (x + (v * a) / b) has nothing to fuse. */
+typedef struct fsdp__rms_k {
+    float wd, alpha, oma, lerp_w, eps, mom, neg_lr;
+    int lerp_small; /* torch's lerp_(grad, 1 - alpha): from grad_avg when |w| < 0.5 */
+} fsdp__rms_k;
+
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__rms_loop(const fsdp__rms_k *k, float *p, const float *g,
+                                                   float *sq, float *ga, float *buf, size_t n,
+                                                   int fma, int use_wd, int centered, int use_mom)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float gi = g[i], s, avg, t;
+        if (use_wd) gi = fma ? fmaf(p[i], k->wd, gi) : fsdp__keepf(p[i] * k->wd) + gi;
+        t = fsdp__keepf(sq[i] * k->alpha);
+        s = fma ? fmaf(k->oma * gi, gi, t) : fsdp__keepf(fsdp__keepf(k->oma * gi) * gi) + t;
+        sq[i] = s;
+        if (centered) {
+            float a = ga[i], d = gi - a, base = k->lerp_small ? a : gi;
+            a = fma ? fmaf(k->lerp_w, d, base) : base + fsdp__keepf(k->lerp_w * d);
+            ga[i] = a;
+            /* addcmul(grad_avg, grad_avg, value=-1): (-1 * a) * a, a product (NaN signs) */
+            s = fma ? fmaf(-1.0f * a, a, s) : s + fsdp__keepf(fsdp__keepf(-1.0f * a) * a);
+        }
+        avg = sqrtf(s) + k->eps;
+        if (use_mom) {
+            float b = fsdp__keepf(buf[i] * k->mom) + gi / avg;
+            buf[i] = b;
+            p[i] = fma ? fmaf(b, k->neg_lr, p[i]) : fsdp__keepf(b * k->neg_lr) + p[i];
+        } else {
+            p[i] = p[i] + fsdp__keepf(k->neg_lr * gi) / avg;
+        }
+    }
+}
+
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adagrad_loop(float *p, const float *g, float *sum,
+                                                       size_t n, float wd, float eps,
+                                                       float neg_clr, int fma, int use_wd)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float gi = g[i], s, std;
+        if (use_wd) gi = fma ? fmaf(p[i], wd, gi) : fsdp__keepf(p[i] * wd) + gi;
+        s = fma ? fmaf(gi, gi, sum[i]) : fsdp__keepf(gi * gi) + sum[i];
+        sum[i] = s;
+        std = sqrtf(s) + eps;
+        p[i] = p[i] + fsdp__keepf(neg_clr * gi) / std;
+    }
+}
+
+#if defined(FSDP__HAVE_AVX2_FMA)
+/* fsdp__rms_avx2/avx512 and fsdp__adagrad_avx2/avx512: the loops above, 8
+   or 16 elements at a time with the same operations in the same order;
+   they return how many leading elements they stepped. */
+#define FSDP__RMS_WIDE(isa, bits, target)                                                         \
+    FSDP__DEF target FSDP__NO_CONTRACT size_t fsdp__rms_##isa(                                    \
+        const fsdp__rms_k *k, float *p, const float *g, float *sq, float *ga, float *buf,        \
+        size_t n, int fma, int use_wd, int centered, int use_mom)                                 \
+    {                                                                                             \
+        FSDP__PRAGMA_NO_CONTRACT                                                                  \
+        const __m##bits wd = _mm##bits##_set1_ps(k->wd), alpha = _mm##bits##_set1_ps(k->alpha);   \
+        const __m##bits oma = _mm##bits##_set1_ps(k->oma), lw = _mm##bits##_set1_ps(k->lerp_w);   \
+        const __m##bits eps = _mm##bits##_set1_ps(k->eps), mom = _mm##bits##_set1_ps(k->mom);     \
+        const __m##bits neg_lr = _mm##bits##_set1_ps(k->neg_lr);                                  \
+        const __m##bits minus1 = _mm##bits##_set1_ps(-1.0f);                                      \
+        const int small = k->lerp_small;                                                          \
+        size_t i;                                                                                 \
+        for (i = 0; i + bits / 32 <= n; i += bits / 32) {                                         \
+            __m##bits pi = _mm##bits##_loadu_ps(p + i), gi = _mm##bits##_loadu_ps(g + i);         \
+            __m##bits s, avg;                                                                     \
+            if (use_wd) gi = FSDP__MADD(bits, fma, pi, wd, gi);                                   \
+            s = FSDP__MADD(bits, fma, FSDP__VMUL(oma, gi), gi,                                    \
+                           FSDP__VMUL(_mm##bits##_loadu_ps(sq + i), alpha));                      \
+            _mm##bits##_storeu_ps(sq + i, s);                                                     \
+            if (centered) {                                                                       \
+                __m##bits a = _mm##bits##_loadu_ps(ga + i), d = FSDP__VSUB(gi, a);                \
+                __m##bits base = small ? a : gi;                                                  \
+                a = fma ? _mm##bits##_fmadd_ps(lw, d, base)                                       \
+                        : (__m##bits)FSDP__VADD(base, fsdp__keep##bits(FSDP__VMUL(lw, d)));       \
+                _mm##bits##_storeu_ps(ga + i, a);                                                 \
+                s = FSDP__MADD(bits, fma, FSDP__VMUL(minus1, a), a, s);                           \
+            }                                                                                     \
+            avg = FSDP__VADD(_mm##bits##_sqrt_ps(s), eps);                                        \
+            if (use_mom) {                                                                        \
+                __m##bits b = FSDP__VADD(fsdp__keep##bits(FSDP__VMUL(_mm##bits##_loadu_ps(buf + i), mom)), \
+                                         _mm##bits##_div_ps(gi, avg));                            \
+                _mm##bits##_storeu_ps(buf + i, b);                                                \
+                pi = FSDP__MADD(bits, fma, b, neg_lr, pi);                                        \
+            } else {                                                                              \
+                pi = FSDP__VADD(pi, _mm##bits##_div_ps(fsdp__keep##bits(FSDP__VMUL(neg_lr, gi)), avg)); \
+            }                                                                                     \
+            _mm##bits##_storeu_ps(p + i, pi);                                                     \
+        }                                                                                         \
+        return i;                                                                                 \
+    }
+
+#define FSDP__ADAGRAD_WIDE(isa, bits, target)                                                     \
+    FSDP__DEF target FSDP__NO_CONTRACT size_t fsdp__adagrad_##isa(                                \
+        float *p, const float *g, float *sum, size_t n, float wd_, float eps_, float neg_clr_,   \
+        int fma, int use_wd)                                                                      \
+    {                                                                                             \
+        FSDP__PRAGMA_NO_CONTRACT                                                                  \
+        const __m##bits wd = _mm##bits##_set1_ps(wd_), eps = _mm##bits##_set1_ps(eps_);          \
+        const __m##bits neg_clr = _mm##bits##_set1_ps(neg_clr_);                                  \
+        size_t i;                                                                                 \
+        for (i = 0; i + bits / 32 <= n; i += bits / 32) {                                         \
+            __m##bits pi = _mm##bits##_loadu_ps(p + i), gi = _mm##bits##_loadu_ps(g + i), s;      \
+            if (use_wd) gi = FSDP__MADD(bits, fma, pi, wd, gi);                                   \
+            s = FSDP__MADD(bits, fma, gi, gi, _mm##bits##_loadu_ps(sum + i));                     \
+            _mm##bits##_storeu_ps(sum + i, s);                                                    \
+            _mm##bits##_storeu_ps(p + i,                                                          \
+                FSDP__VADD(pi, _mm##bits##_div_ps(fsdp__keep##bits(FSDP__VMUL(neg_clr, gi)),      \
+                                                  FSDP__VADD(_mm##bits##_sqrt_ps(s), eps))));     \
+        }                                                                                         \
+        return i;                                                                                 \
+    }
+
+FSDP__RMS_WIDE(avx2, 256, FSDP__AVX2_FMA)
+FSDP__RMS_WIDE(avx512, 512, FSDP__AVX512)
+FSDP__ADAGRAD_WIDE(avx2, 256, FSDP__AVX2_FMA)
+FSDP__ADAGRAD_WIDE(avx512, 512, FSDP__AVX512)
+#endif
+
+FSDP__DEF void fsdp__rms_step(const fsdp_optim_config *c, float *p, const float *g,
+                              const fsdp_optim_state *st, size_t n, int fma, int isa)
+{
+    fsdp__rms_k k;
+    const int use_wd = c->weight_decay != 0.0, centered = c->centered != 0;
+    const int use_mom = c->momentum > 0.0;
+    float *sq = st->exp_avg_sq, *ga = centered ? st->exp_avg : NULL;
+    float *buf = use_mom ? st->momentum_buffer : NULL;
+    size_t done = 0;
+    k.wd = (float)c->weight_decay;
+    k.alpha = (float)c->alpha;
+    k.oma = (float)(1.0 - c->alpha);
+    k.lerp_small = fabsf(k.oma) < 0.5f;
+    k.lerp_w = k.lerp_small ? k.oma : k.oma - 1.0f; /* exact for |w| >= 0.5 */
+    k.eps = (float)c->eps;
+    k.mom = (float)c->momentum;
+    k.neg_lr = (float)(-c->lr);
+    (void)isa;
+#ifdef FSDP__HAVE_AVX2_FMA
+    if (isa >= FSDP__ISA_AVX512)
+        done = fsdp__rms_avx512(&k, p, g, sq, ga, buf, n, fma, use_wd, centered, use_mom);
+    else if (isa >= FSDP__ISA_AVX2)
+        done = fsdp__rms_avx2(&k, p, g, sq, ga, buf, n, fma, use_wd, centered, use_mom);
+#endif
+    fsdp__rms_loop(&k, p + done, g + done, sq + done, ga ? ga + done : NULL,
+                   buf ? buf + done : NULL, n - done, fma, use_wd, centered, use_mom);
+}
+
+FSDP__DEF void fsdp__adagrad_step(const fsdp_optim_config *c, int64_t step, float *p,
+                                  const float *g, const fsdp_optim_state *st, size_t n, int fma,
+                                  int isa)
+{
+    /* torch: clr = lr / (1 + (step - 1) * lr_decay) in Python floats */
+    const double clr = c->lr / (1.0 + ((double)step - 1.0) * c->lr_decay);
+    const float wd = (float)c->weight_decay, eps = (float)c->eps, neg_clr = (float)(-clr);
+    const int use_wd = c->weight_decay != 0.0;
+    float *sum = st->exp_avg_sq;
+    size_t done = 0;
+    (void)isa;
+#ifdef FSDP__HAVE_AVX2_FMA
+    if (isa >= FSDP__ISA_AVX512)
+        done = fsdp__adagrad_avx512(p, g, sum, n, wd, eps, neg_clr, fma, use_wd);
+    else if (isa >= FSDP__ISA_AVX2)
+        done = fsdp__adagrad_avx2(p, g, sum, n, wd, eps, neg_clr, fma, use_wd);
+#endif
+    fsdp__adagrad_loop(p + done, g + done, sum + done, n - done, wd, eps, neg_clr, fma, use_wd);
+}
+
 /* fsdp_optim_step_host's arithmetic at instruction-set level isa (an
    FSDP__ISA_* level the CPU runs), on checked arguments. */
 FSDP__DEF void fsdp__optim_step_isa(const fsdp_optim_config *c, int64_t step, float *param,
@@ -4958,6 +5271,8 @@ FSDP__DEF void fsdp__optim_step_isa(const fsdp_optim_config *c, int64_t step, fl
         st[3] = state->momentum_buffer;
         c->custom(c->custom_user, c, step, param, grad, st, n);
     } else if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, fma, isa);
+    else if (c->kind == FSDP_RMSPROP) fsdp__rms_step(c, param, grad, state, n, fma, isa);
+    else if (c->kind == FSDP_ADAGRAD) fsdp__adagrad_step(c, step, param, grad, state, n, fma, isa);
     else if (fma) fsdp__adam_fma(c, step, param, grad, state, n, lerp, isa);
     else fsdp__adam_plain(c, step, param, grad, state, n, lerp, isa);
 }
@@ -17364,6 +17679,30 @@ FSDP__DEF void fsdp__free_shard(fsdp_ctx *c, void *p, size_t bytes)
     else fsdp_device_free(c->dev, p, bytes);
 }
 
+/* The parameter group of a unit's entry. */
+FSDP__DEF const fsdp_optim_config *fsdp__entry_cfg(const fsdp_ctx *c, const fsdp__cunit *cu,
+                                                   int entry)
+{
+    return &c->groups[cu->groups ? cu->groups[entry] : 0];
+}
+
+/* torch's Adagrad starts `sum` at initial_accumulator_value: the pieces of
+   Adagrad groups in the unit's slot-1 buffer (host memory: the kind runs on
+   the host, fsdp__ctx_validate) get it; the rest stay zero. */
+FSDP__DEF void fsdp__adagrad_fill(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    int p;
+    if (!cu->ostate[1]) return;
+    for (p = 0; p < cu->lay.npieces; p++) {
+        const fsdp_shard_piece *pc = &cu->pieces[p];
+        const fsdp_optim_config *g = fsdp__entry_cfg(c, cu, pc->entry);
+        int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin, k;
+        const float v = (float)g->initial_accumulator_value;
+        if (g->kind != FSDP_ADAGRAD || v == 0.0f || pc->end < pc->start) continue;
+        for (k = 0; k <= pc->end - pc->start; k++) cu->ostate[1][off + k] = v;
+    }
+}
+
 /* Bytes of the unit's unsharded gradient. */
 FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu)
 {
@@ -17812,14 +18151,17 @@ FSDP__DEF fsdp_result fsdp__ctx_validate(const fsdp_ctx *c, const fsdp_ctx_desc 
         else snprintf(field, sizeof field, "optim");
         if (fsdp__optim_check_zeroed(&c->groups[i], field, msg, sizeof msg) != FSDP_SUCCESS)
             return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: %s", msg);
-        /* the engine's rule is host code: it runs where the host reads the
-           shards (the CPU device, or cpu_offload's host copies) */
-        if (c->groups[i].kind == FSDP_OPTIM_CUSTOM && !c->offload && c->dev &&
+        /* the engine's rule is host code, and RMSprop and Adagrad have host
+           kernels only: they run where the host reads the shards (the CPU
+           device, or cpu_offload's host copies) */
+        if (fsdp__optim_host_only(&c->groups[i]) && !c->offload && c->dev &&
             !fsdp_device_host_accessible(c->dev))
             return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: %s: "
-                                     "FSDP_OPTIM_CUSTOM runs on the host, and device '%s' keeps "
+                                     "%s runs on the host, and device '%s' keeps "
                                      "the shards where the host cannot read them; use "
-                                     "cpu_offload", field, fsdp_device_name(c->dev));
+                                     "cpu_offload", field,
+                                     fsdp__optim_kind_name(c->groups[i].kind),
+                                     fsdp_device_name(c->dev));
     }
     if (c->hybrid_size < 1 || c->nranks % c->hybrid_size)
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
@@ -18083,6 +18425,7 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
                                                (void **)&cu->ostate[k],
                                                &got.optimizer_state)) != FSDP_SUCCESS)
                         goto fail;
+            fsdp__adagrad_fill(c, cu);
         }
         if (cu->resident) {
             cu->res_bytes = fsdp__resident_bytes(c, cu);
@@ -20803,8 +21146,8 @@ FSDP_API fsdp_result fsdp_set_optim(fsdp_ctx *c, int group, const fsdp_optim_con
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: %s", group, msg);
     if (fsdp_optim_state_mask(&n) != fsdp_optim_state_mask(o))
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: the change keeps "
-                              "other state (amsgrad or SGD momentum turned %s); the state was "
-                              "planned at create and cannot change mid-run", group,
+                              "other state (amsgrad, momentum or RMSprop's centered turned %s); "
+                              "the state was planned at create and cannot change mid-run", group,
                               fsdp_optim_state_mask(&n) > fsdp_optim_state_mask(o) ? "on" : "off");
     c->groups[group] = n;
     return FSDP_SUCCESS;
@@ -21559,9 +21902,16 @@ FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **ou
         gs = desc->groups;
         ng = desc->ngroups;
     }
-    for (i = 0; i < ng; i++)
+    for (i = 0; i < ng; i++) {
         if ((r = fsdp__zero_check_group(&gs[i], gs[0].kind, i, msg, sizeof msg)) != FSDP_SUCCESS)
             return fsdp__fail_create(dh, r, "fsdp_zero_create: %s", msg);
+        if (fsdp__optim_host_only(&gs[i]) && !fsdp_device_host_accessible(desc->device))
+            return fsdp__fail_create(dh, FSDP_NOT_SUPPORTED, "fsdp_zero_create: group %d: %s "
+                                     "runs on the host, and device '%s' keeps the parameters "
+                                     "where the host cannot read them", i,
+                                     fsdp__optim_kind_name(gs[i].kind),
+                                     fsdp_device_name(desc->device));
+    }
     for (i = 0; i < desc->nparams; i++) {
         int g = desc->params[i].group;
         if (g < 0 || g >= ng)
@@ -21890,6 +22240,13 @@ FSDP__DEF fsdp_result fsdp__zero_alloc_state(fsdp_zero *z, fsdp__zparam *p, floa
         if (!(mask & (1u << b))) continue;
         r = fsdp_device_alloc(z->dev, (size_t)p->numel * 4, (void **)&bufs[b]);
         if (r == FSDP_SUCCESS) r = fsdp_device_memset(z->dev, bufs[b], 0, (size_t)p->numel * 4, NULL);
+        if (r == FSDP_SUCCESS && b == 1 && z->groups[p->group].kind == FSDP_ADAGRAD) {
+            /* torch's sum starts at initial_accumulator_value (host memory:
+               fsdp_zero_create refuses Adagrad elsewhere) */
+            const float v = (float)z->groups[p->group].initial_accumulator_value;
+            int64_t e;
+            for (e = 0; e < p->numel; e++) bufs[b][e] = v;
+        }
         if (r != FSDP_SUCCESS) {
             for (b = 0; b < 4; b++)
                 if (bufs[b]) fsdp_device_free(z->dev, bufs[b], (size_t)p->numel * 4);
@@ -22335,7 +22692,7 @@ FSDP__DEF fsdp_result fsdp__zero_check_sd(fsdp_zero *z, const fsdp_zero_state_di
                 if ((mask & (1u << b)) &&
                     !fsdp__zero_entry_cbuf(en, b)) {
                     snprintf(msg, nmsg, "entry %d: parameter %d '%s' has no %s", e, i, p->name,
-                             fsdp__ostate_names[b]);
+                             fsdp_optim_state_name(&sd->groups[p->group].config, b));
                     return FSDP_CKPT_MISMATCH;
                 }
         }
@@ -22447,7 +22804,8 @@ FSDP_API fsdp_result fsdp_zero_state_to_state_dict(fsdp_zero *z, int to, fsdp_st
         for (b = 0; b < 4 && r == FSDP_SUCCESS && en->numel > 0; b++) {
             const float *buf = fsdp__zero_entry_cbuf(en, b);
             if (!buf) continue;
-            snprintf(key, len, "optim.%s.%s", pname, fsdp__ostate_names[b]);
+            snprintf(key, len, "optim.%s.%s", pname,
+                     fsdp_optim_state_name(&z->groups[z->p[en->index].group], b));
             memset(&t, 0, sizeof t);
             t.name = key;
             t.dtype = FSDP_F32;
@@ -22571,7 +22929,8 @@ FSDP_API fsdp_result fsdp_zero_state_from_state_dict(fsdp_zero *z, const fsdp_st
         memcpy(&en->step, t->data, sizeof en->step);
         for (b = 0; b < 4 && p->numel > 0; b++) {
             if (!(mask & (1u << b))) continue;
-            snprintf(key, len, "optim.%s.%s", p->name, fsdp__ostate_names[b]);
+            snprintf(key, len, "optim.%s.%s", p->name,
+                     fsdp_optim_state_name(&z->groups[p->group], b));
             if (!(t = fsdp__zero_sd_get(sd, key, FSDP_F32, p->numel, msg, sizeof msg))) {
                 r = FSDP_CKPT_MISMATCH;
                 break;
@@ -22819,21 +23178,26 @@ FSDP__DEF int fsdp__entry_has(const fsdp_ctx *c, const fsdp__cunit *cu, int entr
             (what - FSDP__WHAT_EXP_AVG)) & 1u;
 }
 
-/* The key of `what` of parameter fqn: "fqn", "optim.fqn.exp_avg", ...,
-   "optim.fqn.step". */
-FSDP__DEF const char *fsdp__what_key(fsdp__nbuf *b, const char *fqn, int what)
+/* The key of `what` of parameter fqn, whose group is cfg: "fqn",
+   "optim.fqn.exp_avg", ..., "optim.fqn.step"; the state under the name the
+   group's kind gives it (RMSprop's square_avg, Adagrad's sum: cfg NULL
+   means the Adam family's names). */
+FSDP__DEF const char *fsdp__what_key(fsdp__nbuf *b, const char *fqn, int what,
+                                     const fsdp_optim_config *cfg)
 {
+    const char *nm;
     if (what == FSDP__WHAT_PARAM) return fqn;
-    return fsdp__nbuf_fmt(b, "optim.%s.%s", fqn, what == FSDP__WHAT_STEP ? "step"
-                          : fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]);
+    nm = what == FSDP__WHAT_STEP ? "step" : fsdp_optim_state_name(cfg, what - FSDP__WHAT_EXP_AVG);
+    return fsdp__nbuf_fmt(b, "optim.%s.%s", fqn, nm ? nm : "?");
 }
 
-/* The what an "optim.<fqn>.<name>" key names by its last part; -1: none. */
+/* The what an "optim.<fqn>.<name>" key names by its last part, for any
+   kind (the loader then checks the target's kind uses that name); -1:
+   none. */
 FSDP__DEF int fsdp__what_of(const char *name)
 {
-    int w;
-    for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++)
-        if (!strcmp(name, fsdp__ostate_names[w - FSDP__WHAT_EXP_AVG])) return w;
+    int k = fsdp__ostate_slot(name);
+    if (k >= 0) return FSDP__WHAT_EXP_AVG + k;
     return strcmp(name, "step") ? -1 : FSDP__WHAT_STEP;
 }
 
@@ -22870,7 +23234,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     }
     for (j = 0, k = 0; j < np; j++) {
         if (!(pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)) continue;
-        if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), FSDP__WHAT_STEP))) {
+        if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), FSDP__WHAT_STEP, NULL))) {
             r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
             goto done;
         }
@@ -22991,7 +23355,7 @@ FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const f
         for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++) {
             void *blk = blocks[fsdp__bufi(pl[j].unit, w)];
             if (!fsdp__entry_has(c, cu, pl[j].entry, w)) continue;
-            if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), w))) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
+            if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), w, fsdp__entry_cfg(c, cu, pl[j].entry)))) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
             r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
                               blk ? (float *)blk + fe->offset : NULL, mem);
             if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
@@ -23024,7 +23388,8 @@ FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsd
                 fsdp_param_info pi;
                 if (n <= 0 || !fsdp__entry_has(c, cu, pc->entry, w)) continue;
                 fsdp__pinfo(c, fe->param, &pi);
-                if (!(name = fsdp__what_key(&nb, fsdp__pname(c, pl[pi.primary].first), w)))
+                if (!(name = fsdp__what_key(&nb, fsdp__pname(c, pl[pi.primary].first), w,
+                                              fsdp__entry_cfg(c, cu, pc->entry))))
                     return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
                 r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
                                   (float *)blocks[fsdp__bufi(u, w)] +
@@ -23480,6 +23845,13 @@ FSDP__DEF int fsdp__ld_match(const fsdp__ld *L, const fsdp__src *s, int *what, i
         fsdp__nbuf_free(&nb);
     }
     if (t < 0 || !fsdp__unit_has(&c->u[L->t[t].unit], *what)) return FSDP__LD_UNEXPECTED;
+    if (*what != FSDP__WHAT_STEP) {
+        /* the name must be the target's kind's: an Adam checkpoint's
+           exp_avg_sq is not RMSprop's square_avg, though both sit in slot 1 */
+        const char *own = fsdp_optim_state_name(
+            fsdp__entry_cfg(c, &c->u[L->t[t].unit], L->t[t].entry), *what - FSDP__WHAT_EXP_AVG);
+        if (!own || strcmp(own, dot + 1)) return FSDP__LD_UNEXPECTED;
+    }
     return t;
 }
 
@@ -23591,7 +23963,8 @@ FSDP__DEF void fsdp__ld_coverage(fsdp__ld *L, fsdp__ld_keys *keys)
                 snprintf(nm, sizeof nm, "%s%sflat_param", cu->info->fqn,
                          cu->info->fqn[0] ? "." : "");
             } else {
-                key = fsdp__what_key(&nb, fsdp__pname(c, t->first), w);
+                key = fsdp__what_key(&nb, fsdp__pname(c, t->first), w,
+                                     fsdp__entry_cfg(c, cu, t->entry));
                 snprintf(nm, sizeof nm, "%s", key ? key : "?");
             }
             fsdp__nbuf_free(&nb);
@@ -25728,7 +26101,8 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             if (!fsdp__entry_has(c, cu, pl[j].entry, what)) continue;
             if ((w->flags & FSDP_SD_TRAINABLE_ONLY) && !cu->info->requires_grad) continue;
             fe = &cu->info->entries[pl[j].entry];
-            if (!(tname = fsdp__what_key(&nb, fsdp__pname(c, j), what))) goto oom;
+            if (!(tname = fsdp__what_key(&nb, fsdp__pname(c, j), what,
+                                                 fsdp__entry_cfg(c, cu, pl[j].entry)))) goto oom;
             fsdp__sb_str(&b, first ? "\n  {\"name\": " : ",\n  {\"name\": ");
             first = 0;
             fsdp__sb_json(&b, tname);

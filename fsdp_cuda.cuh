@@ -683,7 +683,7 @@ struct fsdp__op_adam {
         *mi_io = mi;
         *vi_io = vi;
         if (o.ams) {
-            if (*vmi_io > vi) vi = *vmi_io;
+            if (*vmi_io > vi || *vmi_io != *vmi_io) vi = *vmi_io; /* torch.maximum: NaN wins */
             *vmi_io = vi;
         }
         t = __fdiv_rn(__fsqrt_rn(vi), o.sbc2);
@@ -1322,6 +1322,10 @@ static fsdp_result fsdp__optim_step__cuda(void *self, const struct fsdp_optim_co
     if (c->kind == FSDP_OPTIM_CUSTOM) /* host code: cpu_offload runs it on host copies */
         return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "cuda optim_step: FSDP_OPTIM_CUSTOM runs "
                               "on the host; use cpu_offload");
+    if (c->kind == FSDP_RMSPROP || c->kind == FSDP_ADAGRAD) /* host kernels only, for now */
+        return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "cuda optim_step: %s has no GPU kernel "
+                              "yet; use cpu_offload (the host's kernel steps the shards)",
+                              c->kind == FSDP_RMSPROP ? "FSDP_RMSPROP" : "FSDP_ADAGRAD");
     if (step < 1 || !st)
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "cuda optim_step: step %lld < 1 or no state",
                               (long long)step);

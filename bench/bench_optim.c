@@ -22,8 +22,13 @@
    advises; torch allocates with 4 KiB pages unless THP_MEM_ALLOC_ENABLE=1,
    which --peers-thp sets for the peers' runs (the like-for-like figure).
 
+   --optim rmsprop|adagrad steps torch's RMSprop or Adagrad (torch's
+   defaults) instead, against torch's own: RMSprop's per-tensor path
+   (foreach=False, torch's CPU default; it has no fused path), Adagrad's
+   fused=True (its fastest CPU path); DeepSpeed's column stays empty.
+
    Usage: bench_optim [--python PY] [--script PATH] [--rounds R] [--reps K] [--elements N]...
-                      [--threads T]... [--levels] [--peers-thp]
+                      [--threads T]... [--levels] [--peers-thp] [--optim adamw|rmsprop|adagrad]
    Defaults: no peers (fsdp.h alone), 4 rounds of 10 steps, 16.8 M and
    67 M elements, 1 and 2 threads. Example with the peers:
        bench_optim --python /work/venv-bench/bin/python                   */
@@ -206,14 +211,15 @@ static double fsdp_round(const fsdp_optim_config *c, bufs *b, int T, int reps)
 
 /* Runs the peers' script once; fills torch / ds with its medians (-1: not
    measured) and prints its skip lines the first time. */
-static void peers_round(const char *py, const char *script, size_t n, int T, int reps,
-                        int thp, double *torch, double *ds, int verbose)
+static void peers_round(const char *py, const char *script, const char *optim, size_t n, int T,
+                        int reps, int thp, double *torch, double *ds, int verbose)
 {
     char cmd[9000], line[512];
     FILE *f;
     *torch = *ds = -1.0;
     snprintf(cmd, sizeof cmd, "%sOMP_NUM_THREADS=%d '%s' '%s' --elements %zu --threads %d "
-             "--reps %d 2>&1", thp ? "THP_MEM_ALLOC_ENABLE=1 " : "", T, py, script, n, T, reps);
+             "--reps %d --optim %s 2>&1", thp ? "THP_MEM_ALLOC_ENABLE=1 " : "", T, py, script,
+             n, T, reps, optim);
     f = popen(cmd, "r");
     if (!f) return;
     while (fgets(line, sizeof line, f)) {
@@ -222,7 +228,7 @@ static void peers_round(const char *py, const char *script, size_t n, int T, int
         int tt;
         double ms;
         if (sscanf(line, "%63s %llu %d %lf", name, &nn, &tt, &ms) == 4) {
-            if (!strcmp(name, "torch_fused")) *torch = ms;
+            if (!strcmp(name, "torch_fused") || !strcmp(name, "torch_single")) *torch = ms;
             else if (!strcmp(name, "deepspeed")) *ds = ms;
         } else if (verbose) {
             printf("  peers: %s", line);
@@ -252,8 +258,18 @@ int main(int argc, char **argv)
     int peers_thp = 0;
     int sizes_set = 0, threads_set = 0, script_set = 0, i, si, ti, r;
     fsdp_optim_config c = fsdp_optim_defaults(FSDP_ADAMW);
+    const char *optim = "adamw";
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--python") && i + 1 < argc) py = argv[++i];
+        else if (!strcmp(argv[i], "--optim") && i + 1 < argc) {
+            optim = argv[++i];
+            if (!strcmp(optim, "rmsprop")) c = fsdp_optim_defaults(FSDP_RMSPROP);
+            else if (!strcmp(optim, "adagrad")) c = fsdp_optim_defaults(FSDP_ADAGRAD);
+            else if (strcmp(optim, "adamw")) {
+                fprintf(stderr, "bench_optim: --optim adamw|rmsprop|adagrad\n");
+                return 2;
+            }
+        }
         else if (!strcmp(argv[i], "--script") && i + 1 < argc) {
             snprintf(script, sizeof script, "%s", argv[++i]);
             script_set = 1;
@@ -270,7 +286,8 @@ int main(int argc, char **argv)
             if (nthreads < 8) threads[nthreads++] = atoi(argv[++i]);
         } else {
             fprintf(stderr, "usage: %s [--python PY] [--script PATH] [--rounds R] [--reps K] [--elements N]... "
-                    "[--threads T]... [--levels] [--peers-thp]\n", argv[0]);
+                    "[--threads T]... [--levels] [--peers-thp] [--optim adamw|rmsprop|adagrad]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -308,12 +325,18 @@ int main(int argc, char **argv)
             return 2;
         }
     }
-    printf("AdamW step (torch defaults, weight_decay 0.01), f32, one flat tensor; medians of "
-           "%d rounds x %d steps, alternating\n", rounds, reps);
-    printf("peers with THP_MEM_ALLOC_ENABLE=1: %s\n", peers_thp ? "yes" : "no");
-    printf("load average at start: %.2f\n\n", bench_loadavg());
-    printf("| parameters | threads | fsdp.h | torch fused AdamW | DeepSpeed CPUAdam | "
-           "fsdp.h / torch | fsdp.h / DeepSpeed | load |\n");
+    {
+        const int rms = c.kind == FSDP_RMSPROP, ada = c.kind == FSDP_ADAGRAD;
+        printf("%s step (torch defaults%s), f32, one flat tensor; medians of "
+               "%d rounds x %d steps, alternating\n", rms ? "RMSprop" : ada ? "Adagrad" : "AdamW",
+               rms || ada ? "" : ", weight_decay 0.01", rounds, reps);
+        printf("peers with THP_MEM_ALLOC_ENABLE=1: %s\n", peers_thp ? "yes" : "no");
+        printf("load average at start: %.2f\n\n", bench_loadavg());
+        printf("| parameters | threads | fsdp.h | %s | DeepSpeed CPUAdam | "
+               "fsdp.h / torch | fsdp.h / DeepSpeed | load |\n",
+               rms ? "torch RMSprop (foreach=False)" : ada ? "torch fused Adagrad"
+                                                         : "torch fused AdamW");
+    }
     printf("|---:|---:|---:|---:|---:|---:|---:|---:|\n");
     for (si = 0; si < nsizes; si++) {
         bufs b;
@@ -333,8 +356,8 @@ int main(int argc, char **argv)
                     return 1;
                 }
                 if (py) {
-                    peers_round(py, script, sizes[si], threads[ti], reps, peers_thp, &tt, &dd,
-                                r == 0 && si == 0 && ti == 0);
+                    peers_round(py, script, optim, sizes[si], threads[ti], reps, peers_thp, &tt,
+                                &dd, r == 0 && si == 0 && ti == 0);
                     if (tt >= 0) tq[nt++] = tt;
                     if (dd >= 0) dq[nd++] = dd;
                 }
@@ -363,7 +386,7 @@ int main(int argc, char **argv)
             char cmd[9000], line[512];
             FILE *f;
             snprintf(cmd, sizeof cmd, "FSDP_ISA=%s '%s' --rounds %d --reps %d --elements %zu "
-                     "--threads 1", names[i], argv[0], rounds, reps, sizes[0]);
+                     "--threads 1 --optim %s", names[i], argv[0], rounds, reps, sizes[0], optim);
             f = popen(cmd, "r");
             if (!f) continue;
             while (fgets(line, sizeof line, f))

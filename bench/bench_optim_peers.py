@@ -7,13 +7,17 @@ bench_optim runs this once per size, thread count and round, alternating
 with its own runs, and reads the lines it prints:
 
     torch_fused N THREADS MEDIAN_MS
+    torch_single N THREADS MEDIAN_MS   (--optim rmsprop: torch's per-tensor path)
     deepspeed N THREADS MEDIAN_MS
     skip NAME REASON
 
 The same hyper-parameters as bench_optim (torch's defaults, weight_decay
 0.01), gradients of the same scale, a warm-up step, then REPS timed steps.
 
-Usage: bench_optim_peers.py --elements N --threads T [--reps R]
+With --optim rmsprop or adagrad: torch's RMSprop (foreach=False; it has no
+fused path) or fused Adagrad, with torch's defaults, and no DeepSpeed.
+
+Usage: bench_optim_peers.py --elements N --threads T [--reps R] [--optim adamw|rmsprop|adagrad]
 Run it with the Python of a virtual environment that has torch (and
 optionally deepspeed), e.g. /work/venv-bench/bin/python; set
 OMP_NUM_THREADS=T too (bench_optim does), DeepSpeed's kernel uses OpenMP.
@@ -47,6 +51,7 @@ def main():
     ap.add_argument("--elements", type=int, required=True)
     ap.add_argument("--threads", type=int, required=True)
     ap.add_argument("--reps", type=int, default=10)
+    ap.add_argument("--optim", default="adamw", choices=["adamw", "rmsprop", "adagrad"])
     a = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", str(a.threads))
     try:
@@ -56,6 +61,19 @@ def main():
         print("skip deepspeed torch does not import")
         return 0
     torch.set_num_threads(a.threads)
+    if a.optim != "adamw":
+        with torch.no_grad():
+            p = make_param(torch, a.elements)
+            try:
+                if a.optim == "rmsprop":
+                    opt, name = torch.optim.RMSprop([p], foreach=False), "torch_single"
+                else:
+                    opt, name = torch.optim.Adagrad([p], fused=True), "torch_fused"
+                ms = timed_steps(opt.step, a.reps)
+                print("%s %d %d %.3f" % (name, a.elements, a.threads, ms))
+            except Exception as e:  # noqa: BLE001
+                print("skip torch %s" % str(e).splitlines()[0])
+        return 0
     with torch.no_grad():
         p = make_param(torch, a.elements)
         try:

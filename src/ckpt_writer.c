@@ -796,7 +796,8 @@ FSDP__DEF fsdp_result fsdp__write_index(fsdp_ckpt_writer *w)
             if (!fsdp__entry_has(c, cu, pl[j].entry, what)) continue;
             if ((w->flags & FSDP_SD_TRAINABLE_ONLY) && !cu->info->requires_grad) continue;
             fe = &cu->info->entries[pl[j].entry];
-            if (!(tname = fsdp__what_key(&nb, fsdp__pname(c, j), what))) goto oom;
+            if (!(tname = fsdp__what_key(&nb, fsdp__pname(c, j), what,
+                                                 fsdp__entry_cfg(c, cu, pl[j].entry)))) goto oom;
             fsdp__sb_str(&b, first ? "\n  {\"name\": " : ",\n  {\"name\": ");
             first = 0;
             fsdp__sb_json(&b, tname);

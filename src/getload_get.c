@@ -202,21 +202,26 @@ FSDP__DEF int fsdp__entry_has(const fsdp_ctx *c, const fsdp__cunit *cu, int entr
             (what - FSDP__WHAT_EXP_AVG)) & 1u;
 }
 
-/* The key of `what` of parameter fqn: "fqn", "optim.fqn.exp_avg", ...,
-   "optim.fqn.step". */
-FSDP__DEF const char *fsdp__what_key(fsdp__nbuf *b, const char *fqn, int what)
+/* The key of `what` of parameter fqn, whose group is cfg: "fqn",
+   "optim.fqn.exp_avg", ..., "optim.fqn.step"; the state under the name the
+   group's kind gives it (RMSprop's square_avg, Adagrad's sum: cfg NULL
+   means the Adam family's names). */
+FSDP__DEF const char *fsdp__what_key(fsdp__nbuf *b, const char *fqn, int what,
+                                     const fsdp_optim_config *cfg)
 {
+    const char *nm;
     if (what == FSDP__WHAT_PARAM) return fqn;
-    return fsdp__nbuf_fmt(b, "optim.%s.%s", fqn, what == FSDP__WHAT_STEP ? "step"
-                          : fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]);
+    nm = what == FSDP__WHAT_STEP ? "step" : fsdp_optim_state_name(cfg, what - FSDP__WHAT_EXP_AVG);
+    return fsdp__nbuf_fmt(b, "optim.%s.%s", fqn, nm ? nm : "?");
 }
 
-/* The what an "optim.<fqn>.<name>" key names by its last part; -1: none. */
+/* The what an "optim.<fqn>.<name>" key names by its last part, for any
+   kind (the loader then checks the target's kind uses that name); -1:
+   none. */
 FSDP__DEF int fsdp__what_of(const char *name)
 {
-    int w;
-    for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++)
-        if (!strcmp(name, fsdp__ostate_names[w - FSDP__WHAT_EXP_AVG])) return w;
+    int k = fsdp__ostate_slot(name);
+    if (k >= 0) return FSDP__WHAT_EXP_AVG + k;
     return strcmp(name, "step") ? -1 : FSDP__WHAT_STEP;
 }
 
@@ -253,7 +258,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     }
     for (j = 0, k = 0; j < np; j++) {
         if (!(pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)) continue;
-        if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), FSDP__WHAT_STEP))) {
+        if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), FSDP__WHAT_STEP, NULL))) {
             r = fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory");
             goto done;
         }
@@ -374,7 +379,7 @@ FSDP__DEF fsdp_result fsdp__build_full(fsdp_ctx *c, fsdp_state_dict *sd, const f
         for (w = FSDP__WHAT_EXP_AVG; w < FSDP__NBUFS; w++) {
             void *blk = blocks[fsdp__bufi(pl[j].unit, w)];
             if (!fsdp__entry_has(c, cu, pl[j].entry, w)) continue;
-            if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), w))) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
+            if (!(name = fsdp__what_key(&nb, fsdp__pname(c, j), w, fsdp__entry_cfg(c, cu, pl[j].entry)))) return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
             r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, 0, fe->numel,
                               blk ? (float *)blk + fe->offset : NULL, mem);
             if (r != FSDP_SUCCESS) return fsdp__nbuf_ret(&nb, r);
@@ -407,7 +412,8 @@ FSDP__DEF fsdp_result fsdp__build_sharded(fsdp_ctx *c, const fsdp__bopts *o, fsd
                 fsdp_param_info pi;
                 if (n <= 0 || !fsdp__entry_has(c, cu, pc->entry, w)) continue;
                 fsdp__pinfo(c, fe->param, &pi);
-                if (!(name = fsdp__what_key(&nb, fsdp__pname(c, pl[pi.primary].first), w)))
+                if (!(name = fsdp__what_key(&nb, fsdp__pname(c, pl[pi.primary].first), w,
+                                              fsdp__entry_cfg(c, cu, pc->entry))))
                     return fsdp__nbuf_ret(&nb, fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "state dict: out of memory"));
                 r = fsdp__sd_push(sd, name, FSDP_F32, fe->ndim, fe->shape, pc->start, n,
                                   (float *)blocks[fsdp__bufi(u, w)] +

@@ -323,6 +323,13 @@ FSDP__DEF int fsdp__ld_match(const fsdp__ld *L, const fsdp__src *s, int *what, i
         fsdp__nbuf_free(&nb);
     }
     if (t < 0 || !fsdp__unit_has(&c->u[L->t[t].unit], *what)) return FSDP__LD_UNEXPECTED;
+    if (*what != FSDP__WHAT_STEP) {
+        /* the name must be the target's kind's: an Adam checkpoint's
+           exp_avg_sq is not RMSprop's square_avg, though both sit in slot 1 */
+        const char *own = fsdp_optim_state_name(
+            fsdp__entry_cfg(c, &c->u[L->t[t].unit], L->t[t].entry), *what - FSDP__WHAT_EXP_AVG);
+        if (!own || strcmp(own, dot + 1)) return FSDP__LD_UNEXPECTED;
+    }
     return t;
 }
 
@@ -434,7 +441,8 @@ FSDP__DEF void fsdp__ld_coverage(fsdp__ld *L, fsdp__ld_keys *keys)
                 snprintf(nm, sizeof nm, "%s%sflat_param", cu->info->fqn,
                          cu->info->fqn[0] ? "." : "");
             } else {
-                key = fsdp__what_key(&nb, fsdp__pname(c, t->first), w);
+                key = fsdp__what_key(&nb, fsdp__pname(c, t->first), w,
+                                     fsdp__entry_cfg(c, cu, t->entry));
                 snprintf(nm, sizeof nm, "%s", key ? key : "?");
             }
             fsdp__nbuf_free(&nb);

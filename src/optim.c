@@ -8,7 +8,14 @@ FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind)
     memset(&c, 0, sizeof c);
     c.kind = kind == FSDP_OPTIM_DEFAULT ? FSDP_ADAMW : kind;
     c.lr = 1e-3;
-    if (c.kind != FSDP_SGD && c.kind != FSDP_OPTIM_CUSTOM) {
+    if (c.kind == FSDP_RMSPROP) {
+        c.lr = 1e-2;
+        c.alpha = 0.99;
+        c.eps = 1e-8;
+    } else if (c.kind == FSDP_ADAGRAD) {
+        c.lr = 1e-2;
+        c.eps = 1e-10;
+    } else if (c.kind != FSDP_SGD && c.kind != FSDP_OPTIM_CUSTOM) {
         c.beta1 = 0.9;
         c.beta2 = 0.999;
         c.eps = 1e-8;
@@ -21,9 +28,10 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
 {
     const char *why = NULL;
     char buf[FSDP_ERROR_MAX];
-    const int adam = c && c->kind != FSDP_SGD && c->kind != FSDP_OPTIM_CUSTOM;
+    const int adam = c && (c->kind == FSDP_OPTIM_DEFAULT || c->kind == FSDP_ADAMW ||
+                           c->kind == FSDP_ADAM);
     if (!c) why = "configuration is NULL";
-    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_OPTIM_CUSTOM)
+    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_ADAGRAD)
         why = "unknown optimizer kind";
     else if (c->kind == FSDP_OPTIM_CUSTOM && !c->custom)
         why = "FSDP_OPTIM_CUSTOM needs its rule (custom is NULL)";
@@ -31,14 +39,24 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
         why = "custom_state must be 0 to 4 (state values per element)";
     else if (c->numerics < FSDP_NUMERICS_DEFAULT || c->numerics > FSDP_TORCH1_13_PLAIN)
         why = "unknown numerics (see fsdp_optim_numerics)";
+    else if ((c->kind == FSDP_RMSPROP || c->kind == FSDP_ADAGRAD) &&
+             (c->numerics == FSDP_TORCH1_13_FMA || c->numerics == FSDP_TORCH1_13_PLAIN))
+        why = "RMSprop and Adagrad reproduce torch 2.x only: numerics must be "
+              "FSDP_TORCH2_FMA (the default) or FSDP_TORCH2_PLAIN";
     else if (!(c->lr >= 0.0)) why = "lr must be >= 0";
     else if (!(c->weight_decay >= 0.0)) why = "weight_decay must be >= 0";
-    else if (adam && !(c->eps >= 0.0)) why = "eps must be >= 0";
+    else if ((adam || c->kind == FSDP_RMSPROP || c->kind == FSDP_ADAGRAD) && !(c->eps >= 0.0))
+        why = "eps must be >= 0";
     else if (adam && !(c->beta1 >= 0.0 && c->beta1 < 1.0))
         why = "beta1 must be in [0, 1)";
     else if (adam && !(c->beta2 >= 0.0 && c->beta2 < 1.0))
         why = "beta2 must be in [0, 1)";
-    else if (c->kind == FSDP_SGD && !(c->momentum >= 0.0)) why = "momentum must be >= 0";
+    else if ((c->kind == FSDP_SGD || c->kind == FSDP_RMSPROP) && !(c->momentum >= 0.0))
+        why = "momentum must be >= 0";
+    else if (c->kind == FSDP_RMSPROP && !(c->alpha >= 0.0)) why = "alpha must be >= 0";
+    else if (c->kind == FSDP_ADAGRAD && !(c->lr_decay >= 0.0)) why = "lr_decay must be >= 0";
+    else if (c->kind == FSDP_ADAGRAD && !(c->initial_accumulator_value >= 0.0))
+        why = "initial_accumulator_value must be >= 0";
     else if (c->kind == FSDP_SGD && c->nesterov && (c->momentum <= 0.0 || c->dampening != 0.0))
         why = "nesterov momentum requires a momentum and zero dampening";
     if (!why) return FSDP_SUCCESS;
@@ -68,6 +86,23 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
                                                char *msg, size_t cap)
 {
     const char *dot = field[0] ? "." : "";
+    if (c->kind == FSDP_RMSPROP) { /* square_avg = g^2: the step is lr * g / |g| */
+        if (c->alpha != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
+        snprintf(msg, cap, "%s%salpha and %s%seps are both 0 (a zeroed fsdp_optim_config with "
+                 "only kind and lr set?), an RMSprop step of lr * g / |g| that is NaN where a "
+                 "gradient is 0; start from fsdp_optim_defaults(FSDP_RMSPROP) for torch's alpha "
+                 "0.99 and eps 1e-8", field, dot, field, dot);
+        return FSDP_INVALID_ARGS;
+    }
+    if (c->kind == FSDP_ADAGRAD) { /* sum = g^2 at the first step: the same */
+        if (c->eps != 0.0 || c->initial_accumulator_value != 0.0) return FSDP_SUCCESS;
+        snprintf(msg, cap, "%s%seps and %s%sinitial_accumulator_value are both 0 (a zeroed "
+                 "fsdp_optim_config with only kind and lr set?), a first Adagrad step of "
+                 "lr * g / |g| that is NaN where a gradient is 0; start from "
+                 "fsdp_optim_defaults(FSDP_ADAGRAD) for torch's eps 1e-10", field, dot, field,
+                 dot);
+        return FSDP_INVALID_ARGS;
+    }
     if (c->kind != FSDP_OPTIM_DEFAULT && c->kind != FSDP_ADAMW && c->kind != FSDP_ADAM)
         return FSDP_SUCCESS;
     if (c->beta1 != 0.0 || c->beta2 != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
@@ -80,14 +115,63 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
 }
 
 /* torch's names of the state buffers, in the bit order of fsdp_optim_state_mask;
-   state dicts, checkpoints and ZeRO all name them from here. */
+   state dicts, checkpoints and ZeRO all name them from here (through
+   fsdp_optim_state_name, which knows RMSprop's and Adagrad's). */
 static const char *const fsdp__ostate_names[4] FSDP__UNUSED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
                                                   "momentum_buffer"};
+
+FSDP_API const char *fsdp_optim_state_name(const fsdp_optim_config *c, int bit)
+{
+    static const char *const rms[4] = {"grad_avg", "square_avg", NULL, "momentum_buffer"};
+    static const char *const ada[4] = {NULL, "sum", NULL, NULL};
+    if (bit < 0 || bit > 3) return NULL;
+    if (c && c->kind == FSDP_RMSPROP) return rms[bit];
+    if (c && c->kind == FSDP_ADAGRAD) return ada[bit];
+    return fsdp__ostate_names[bit];
+}
+
+/* The slot (fsdp_optim_state_mask bit) a state name of any kind means, -1
+   for none: a loader maps a key to its buffer with it, then checks that
+   the target's own kind uses that name (fsdp_optim_state_name). */
+FSDP__DEF int fsdp__ostate_slot(const char *name)
+{
+    int k;
+    for (k = 0; k < 4; k++)
+        if (!strcmp(name, fsdp__ostate_names[k])) return k;
+    if (!strcmp(name, "grad_avg")) return 0;
+    if (!strcmp(name, "square_avg") || !strcmp(name, "sum")) return 1;
+    return -1;
+}
+
+/* The kinds whose step exists for the host only (the engine's rule; RMSprop
+   and Adagrad, which have no device kernels yet). */
+FSDP__DEF int fsdp__optim_host_only(const fsdp_optim_config *c)
+{
+    return c->kind == FSDP_OPTIM_CUSTOM || c->kind == FSDP_RMSPROP || c->kind == FSDP_ADAGRAD;
+}
+
+/* The enumerator's name, for messages. */
+FSDP__DEF const char *fsdp__optim_kind_name(fsdp_optim_kind k)
+{
+    switch (k) {
+    case FSDP_OPTIM_DEFAULT: return "FSDP_OPTIM_DEFAULT";
+    case FSDP_ADAMW: return "FSDP_ADAMW";
+    case FSDP_ADAM: return "FSDP_ADAM";
+    case FSDP_SGD: return "FSDP_SGD";
+    case FSDP_OPTIM_CUSTOM: return "FSDP_OPTIM_CUSTOM";
+    case FSDP_RMSPROP: return "FSDP_RMSPROP";
+    case FSDP_ADAGRAD: return "FSDP_ADAGRAD";
+    }
+    return "an unknown optimizer kind";
+}
 
 FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
 {
     if (!c) return 0;
     if (c->kind == FSDP_SGD) return c->momentum != 0.0 ? 8u : 0u;
+    if (c->kind == FSDP_RMSPROP)
+        return 2u | (c->centered ? 1u : 0u) | (c->momentum > 0.0 ? 8u : 0u);
+    if (c->kind == FSDP_ADAGRAD) return 2u;
     if (c->kind == FSDP_OPTIM_CUSTOM) /* its k values in torch's first k slots */
         return c->custom_state >= 0 && c->custom_state <= 4 ? (1u << c->custom_state) - 1u : 0u;
     return 3u | (c->amsgrad ? 4u : 0u);
@@ -173,7 +257,8 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_loop(const fsdp__adam_k *k,
         m[i] = mi;
         v[i] = vi;
         if (ams) {
-            vi = vm[i] > vi ? vm[i] : vi;
+            /* torch.maximum: a NaN of either operand wins (a loaded NaN too) */
+            vi = vm[i] > vi || vm[i] != vm[i] ? vm[i] : vi;
             vm[i] = vi;
         }
         denom = sqrtf(vi) / sbc2 + eps;
@@ -244,7 +329,10 @@ FSDP__INLINE FSDP__NO_CONTRACT size_t fsdp__adam_plain_sse(const fsdp__adam_k *k
         _mm_storeu_ps(m + i, mi);
         _mm_storeu_ps(v + i, vi);
         if (ams) {
-            vi = _mm_max_ps(_mm_loadu_ps(vm + i), vi); /* vm > v ? vm : v */
+            /* vm > v || vm is NaN ? vm : v (torch.maximum keeps a NaN of either) */
+            __m128 vmo = _mm_loadu_ps(vm + i), nan = _mm_cmpunord_ps(vmo, vmo);
+            vi = _mm_max_ps(vmo, vi);
+            vi = _mm_or_ps(_mm_and_ps(nan, vmo), _mm_andnot_ps(nan, vi));
             _mm_storeu_ps(vm + i, vi);
         }
         denom = FSDP__VADD(_mm_div_ps(_mm_sqrt_ps(vi), sbc2), eps);
@@ -388,6 +476,18 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__keep512(__m512 x)
     return x;
 }
 
+/* a > b || a is NaN ? a : b, 8 and 16 floats: max_ps gives b when either
+   is a NaN, so a NaN a is put back (torch.maximum keeps either NaN) */
+FSDP__INLINE FSDP__AVX2_FMA __m256 fsdp__nanmax256(__m256 a, __m256 b)
+{
+    return _mm256_blendv_ps(_mm256_max_ps(a, b), a, _mm256_cmp_ps(a, a, _CMP_UNORD_Q));
+}
+
+FSDP__INLINE FSDP__AVX512 __m512 fsdp__nanmax512(__m512 a, __m512 b)
+{
+    return _mm512_mask_blend_ps(_mm512_cmp_ps_mask(a, a, _CMP_UNORD_Q), _mm512_max_ps(a, b), a);
+}
+
 /* s * rs in double, rounded back to float: sqrt(v) / sbc2 without the
    division (fsdp__adam_recip), for 8 and 16 floats */
 FSDP__INLINE FSDP__AVX2_FMA __m256 fsdp__rscale256(__m256 s, __m256d rs)
@@ -474,7 +574,9 @@ FSDP__INLINE FSDP__AVX512 __m512 fsdp__rscale512(__m512 s, __m512d rs)
             _mm##bits##_storeu_ps(m + i, mi);                                                     \
             _mm##bits##_storeu_ps(v + i, vi);                                                     \
             if (ams) {                                                                            \
-                vi = _mm##bits##_max_ps(_mm##bits##_loadu_ps(vm + i), vi); /* vm > v ? vm : v */  \
+                /* vm > v || vm is NaN ? vm : v: torch.maximum keeps either NaN */               \
+                __m##bits vmo = _mm##bits##_loadu_ps(vm + i);                                     \
+                vi = fsdp__nanmax##bits(vmo, vi);                                                 \
                 _mm##bits##_storeu_ps(vm + i, vi);                                                \
             }                                                                                     \
             s = _mm##bits##_sqrt_ps(vi);                                                          \
@@ -644,7 +746,7 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__adam_fma(const fsdp_optim_config *c, int6
         m[i] = mi;
         v[i] = vi;
         if (ams) {
-            if (vm[i] > vi) vi = vm[i];
+            if (vm[i] > vi || vm[i] != vm[i]) vi = vm[i]; /* torch.maximum: NaN wins */
             vm[i] = vi;
         }
         t = sqrtf(vi) / sbc2;
@@ -724,6 +826,188 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__sgd_step(const fsdp_optim_config *c, int6
     }
 }
 
+/* RMSprop and Adagrad: torch's per-tensor path (foreach=False, its
+   default on the CPU) element by element, with the IEEE square root where
+   torch calls MKL's (tests/vectors/README.md, optim_rmsprop_adagrad). fma:
+   the multiply-adds torch's AVX2 kernels fuse (add's alpha, addcmul, lerp)
+   are fmaf's one rounding, else a rounded product and a rounded add.
+   addcdiv (x + (v * a) / b) has nothing to fuse. */
+typedef struct fsdp__rms_k {
+    float wd, alpha, oma, lerp_w, eps, mom, neg_lr;
+    int lerp_small; /* torch's lerp_(grad, 1 - alpha): from grad_avg when |w| < 0.5 */
+} fsdp__rms_k;
+
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__rms_loop(const fsdp__rms_k *k, float *p, const float *g,
+                                                   float *sq, float *ga, float *buf, size_t n,
+                                                   int fma, int use_wd, int centered, int use_mom)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float gi = g[i], s, avg, t;
+        if (use_wd) gi = fma ? fmaf(p[i], k->wd, gi) : fsdp__keepf(p[i] * k->wd) + gi;
+        t = fsdp__keepf(sq[i] * k->alpha);
+        s = fma ? fmaf(k->oma * gi, gi, t) : fsdp__keepf(fsdp__keepf(k->oma * gi) * gi) + t;
+        sq[i] = s;
+        if (centered) {
+            float a = ga[i], d = gi - a, base = k->lerp_small ? a : gi;
+            a = fma ? fmaf(k->lerp_w, d, base) : base + fsdp__keepf(k->lerp_w * d);
+            ga[i] = a;
+            /* addcmul(grad_avg, grad_avg, value=-1): (-1 * a) * a, a product (NaN signs) */
+            s = fma ? fmaf(-1.0f * a, a, s) : s + fsdp__keepf(fsdp__keepf(-1.0f * a) * a);
+        }
+        avg = sqrtf(s) + k->eps;
+        if (use_mom) {
+            float b = fsdp__keepf(buf[i] * k->mom) + gi / avg;
+            buf[i] = b;
+            p[i] = fma ? fmaf(b, k->neg_lr, p[i]) : fsdp__keepf(b * k->neg_lr) + p[i];
+        } else {
+            p[i] = p[i] + fsdp__keepf(k->neg_lr * gi) / avg;
+        }
+    }
+}
+
+FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adagrad_loop(float *p, const float *g, float *sum,
+                                                       size_t n, float wd, float eps,
+                                                       float neg_clr, int fma, int use_wd)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float gi = g[i], s, std;
+        if (use_wd) gi = fma ? fmaf(p[i], wd, gi) : fsdp__keepf(p[i] * wd) + gi;
+        s = fma ? fmaf(gi, gi, sum[i]) : fsdp__keepf(gi * gi) + sum[i];
+        sum[i] = s;
+        std = sqrtf(s) + eps;
+        p[i] = p[i] + fsdp__keepf(neg_clr * gi) / std;
+    }
+}
+
+#if defined(FSDP__HAVE_AVX2_FMA)
+/* fsdp__rms_avx2/avx512 and fsdp__adagrad_avx2/avx512: the loops above, 8
+   or 16 elements at a time with the same operations in the same order;
+   they return how many leading elements they stepped. */
+#define FSDP__RMS_WIDE(isa, bits, target)                                                         \
+    FSDP__DEF target FSDP__NO_CONTRACT size_t fsdp__rms_##isa(                                    \
+        const fsdp__rms_k *k, float *p, const float *g, float *sq, float *ga, float *buf,        \
+        size_t n, int fma, int use_wd, int centered, int use_mom)                                 \
+    {                                                                                             \
+        FSDP__PRAGMA_NO_CONTRACT                                                                  \
+        const __m##bits wd = _mm##bits##_set1_ps(k->wd), alpha = _mm##bits##_set1_ps(k->alpha);   \
+        const __m##bits oma = _mm##bits##_set1_ps(k->oma), lw = _mm##bits##_set1_ps(k->lerp_w);   \
+        const __m##bits eps = _mm##bits##_set1_ps(k->eps), mom = _mm##bits##_set1_ps(k->mom);     \
+        const __m##bits neg_lr = _mm##bits##_set1_ps(k->neg_lr);                                  \
+        const __m##bits minus1 = _mm##bits##_set1_ps(-1.0f);                                      \
+        const int small = k->lerp_small;                                                          \
+        size_t i;                                                                                 \
+        for (i = 0; i + bits / 32 <= n; i += bits / 32) {                                         \
+            __m##bits pi = _mm##bits##_loadu_ps(p + i), gi = _mm##bits##_loadu_ps(g + i);         \
+            __m##bits s, avg;                                                                     \
+            if (use_wd) gi = FSDP__MADD(bits, fma, pi, wd, gi);                                   \
+            s = FSDP__MADD(bits, fma, FSDP__VMUL(oma, gi), gi,                                    \
+                           FSDP__VMUL(_mm##bits##_loadu_ps(sq + i), alpha));                      \
+            _mm##bits##_storeu_ps(sq + i, s);                                                     \
+            if (centered) {                                                                       \
+                __m##bits a = _mm##bits##_loadu_ps(ga + i), d = FSDP__VSUB(gi, a);                \
+                __m##bits base = small ? a : gi;                                                  \
+                a = fma ? _mm##bits##_fmadd_ps(lw, d, base)                                       \
+                        : (__m##bits)FSDP__VADD(base, fsdp__keep##bits(FSDP__VMUL(lw, d)));       \
+                _mm##bits##_storeu_ps(ga + i, a);                                                 \
+                s = FSDP__MADD(bits, fma, FSDP__VMUL(minus1, a), a, s);                           \
+            }                                                                                     \
+            avg = FSDP__VADD(_mm##bits##_sqrt_ps(s), eps);                                        \
+            if (use_mom) {                                                                        \
+                __m##bits b = FSDP__VADD(fsdp__keep##bits(FSDP__VMUL(_mm##bits##_loadu_ps(buf + i), mom)), \
+                                         _mm##bits##_div_ps(gi, avg));                            \
+                _mm##bits##_storeu_ps(buf + i, b);                                                \
+                pi = FSDP__MADD(bits, fma, b, neg_lr, pi);                                        \
+            } else {                                                                              \
+                pi = FSDP__VADD(pi, _mm##bits##_div_ps(fsdp__keep##bits(FSDP__VMUL(neg_lr, gi)), avg)); \
+            }                                                                                     \
+            _mm##bits##_storeu_ps(p + i, pi);                                                     \
+        }                                                                                         \
+        return i;                                                                                 \
+    }
+
+#define FSDP__ADAGRAD_WIDE(isa, bits, target)                                                     \
+    FSDP__DEF target FSDP__NO_CONTRACT size_t fsdp__adagrad_##isa(                                \
+        float *p, const float *g, float *sum, size_t n, float wd_, float eps_, float neg_clr_,   \
+        int fma, int use_wd)                                                                      \
+    {                                                                                             \
+        FSDP__PRAGMA_NO_CONTRACT                                                                  \
+        const __m##bits wd = _mm##bits##_set1_ps(wd_), eps = _mm##bits##_set1_ps(eps_);          \
+        const __m##bits neg_clr = _mm##bits##_set1_ps(neg_clr_);                                  \
+        size_t i;                                                                                 \
+        for (i = 0; i + bits / 32 <= n; i += bits / 32) {                                         \
+            __m##bits pi = _mm##bits##_loadu_ps(p + i), gi = _mm##bits##_loadu_ps(g + i), s;      \
+            if (use_wd) gi = FSDP__MADD(bits, fma, pi, wd, gi);                                   \
+            s = FSDP__MADD(bits, fma, gi, gi, _mm##bits##_loadu_ps(sum + i));                     \
+            _mm##bits##_storeu_ps(sum + i, s);                                                    \
+            _mm##bits##_storeu_ps(p + i,                                                          \
+                FSDP__VADD(pi, _mm##bits##_div_ps(fsdp__keep##bits(FSDP__VMUL(neg_clr, gi)),      \
+                                                  FSDP__VADD(_mm##bits##_sqrt_ps(s), eps))));     \
+        }                                                                                         \
+        return i;                                                                                 \
+    }
+
+FSDP__RMS_WIDE(avx2, 256, FSDP__AVX2_FMA)
+FSDP__RMS_WIDE(avx512, 512, FSDP__AVX512)
+FSDP__ADAGRAD_WIDE(avx2, 256, FSDP__AVX2_FMA)
+FSDP__ADAGRAD_WIDE(avx512, 512, FSDP__AVX512)
+#endif
+
+FSDP__DEF void fsdp__rms_step(const fsdp_optim_config *c, float *p, const float *g,
+                              const fsdp_optim_state *st, size_t n, int fma, int isa)
+{
+    fsdp__rms_k k;
+    const int use_wd = c->weight_decay != 0.0, centered = c->centered != 0;
+    const int use_mom = c->momentum > 0.0;
+    float *sq = st->exp_avg_sq, *ga = centered ? st->exp_avg : NULL;
+    float *buf = use_mom ? st->momentum_buffer : NULL;
+    size_t done = 0;
+    k.wd = (float)c->weight_decay;
+    k.alpha = (float)c->alpha;
+    k.oma = (float)(1.0 - c->alpha);
+    k.lerp_small = fabsf(k.oma) < 0.5f;
+    k.lerp_w = k.lerp_small ? k.oma : k.oma - 1.0f; /* exact for |w| >= 0.5 */
+    k.eps = (float)c->eps;
+    k.mom = (float)c->momentum;
+    k.neg_lr = (float)(-c->lr);
+    (void)isa;
+#ifdef FSDP__HAVE_AVX2_FMA
+    if (isa >= FSDP__ISA_AVX512)
+        done = fsdp__rms_avx512(&k, p, g, sq, ga, buf, n, fma, use_wd, centered, use_mom);
+    else if (isa >= FSDP__ISA_AVX2)
+        done = fsdp__rms_avx2(&k, p, g, sq, ga, buf, n, fma, use_wd, centered, use_mom);
+#endif
+    fsdp__rms_loop(&k, p + done, g + done, sq + done, ga ? ga + done : NULL,
+                   buf ? buf + done : NULL, n - done, fma, use_wd, centered, use_mom);
+}
+
+FSDP__DEF void fsdp__adagrad_step(const fsdp_optim_config *c, int64_t step, float *p,
+                                  const float *g, const fsdp_optim_state *st, size_t n, int fma,
+                                  int isa)
+{
+    /* torch: clr = lr / (1 + (step - 1) * lr_decay) in Python floats */
+    const double clr = c->lr / (1.0 + ((double)step - 1.0) * c->lr_decay);
+    const float wd = (float)c->weight_decay, eps = (float)c->eps, neg_clr = (float)(-clr);
+    const int use_wd = c->weight_decay != 0.0;
+    float *sum = st->exp_avg_sq;
+    size_t done = 0;
+    (void)isa;
+#ifdef FSDP__HAVE_AVX2_FMA
+    if (isa >= FSDP__ISA_AVX512)
+        done = fsdp__adagrad_avx512(p, g, sum, n, wd, eps, neg_clr, fma, use_wd);
+    else if (isa >= FSDP__ISA_AVX2)
+        done = fsdp__adagrad_avx2(p, g, sum, n, wd, eps, neg_clr, fma, use_wd);
+#endif
+    fsdp__adagrad_loop(p + done, g + done, sum + done, n - done, wd, eps, neg_clr, fma, use_wd);
+}
+
 /* fsdp_optim_step_host's arithmetic at instruction-set level isa (an
    FSDP__ISA_* level the CPU runs), on checked arguments. */
 FSDP__DEF void fsdp__optim_step_isa(const fsdp_optim_config *c, int64_t step, float *param,
@@ -742,6 +1026,8 @@ FSDP__DEF void fsdp__optim_step_isa(const fsdp_optim_config *c, int64_t step, fl
         st[3] = state->momentum_buffer;
         c->custom(c->custom_user, c, step, param, grad, st, n);
     } else if (c->kind == FSDP_SGD) fsdp__sgd_step(c, step, param, grad, state, n, fma, isa);
+    else if (c->kind == FSDP_RMSPROP) fsdp__rms_step(c, param, grad, state, n, fma, isa);
+    else if (c->kind == FSDP_ADAGRAD) fsdp__adagrad_step(c, step, param, grad, state, n, fma, isa);
     else if (fma) fsdp__adam_fma(c, step, param, grad, state, n, lerp, isa);
     else fsdp__adam_plain(c, step, param, grad, state, n, lerp, isa);
 }

@@ -7,7 +7,9 @@ typedef enum fsdp_optim_kind {
     FSDP_ADAMW = 1,
     FSDP_ADAM = 2,          /* weight_decay is L2 added to the gradient */
     FSDP_SGD = 3,
-    FSDP_OPTIM_CUSTOM = 4   /* the engine's own rule: fsdp_optim_config.custom */
+    FSDP_OPTIM_CUSTOM = 4,  /* the engine's own rule: fsdp_optim_config.custom */
+    FSDP_RMSPROP = 5,       /* torch.optim.RMSprop: alpha, eps, momentum, centered */
+    FSDP_ADAGRAD = 6        /* torch.optim.Adagrad: lr_decay, initial_accumulator_value, eps */
 } fsdp_optim_kind;
 
 struct fsdp_optim_config;
@@ -49,10 +51,14 @@ typedef enum fsdp_optim_numerics {
 /* torch.optim hyper-parameters. Start from fsdp_optim_defaults(kind), which
    gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
    weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
-   everything else 0), and change fields from there. A config left entirely
-   zero means AdamW's defaults where a descriptor takes one; an Adam-family
-   config whose beta1, beta2 and eps are all 0 (a zeroed config with only lr
-   set) is refused by fsdp_ctx_create and fsdp_zero_create. */
+   everything else 0; RMSprop: lr 1e-2, alpha 0.99, eps 1e-8, the rest 0;
+   Adagrad: lr 1e-2, eps 1e-10, the rest 0), and change fields from there.
+   A config left entirely zero means AdamW's defaults where a descriptor
+   takes one. Configs whose step is lr * g / |g| (NaN wherever a gradient
+   is 0), the mark of a zeroed config with only kind and lr set, are
+   refused by fsdp_ctx_create and fsdp_zero_create: Adam-family beta1,
+   beta2 and eps all 0; RMSprop alpha and eps 0; Adagrad eps and
+   initial_accumulator_value 0. */
 typedef struct fsdp_optim_config {
     fsdp_optim_kind kind;
     double lr;
@@ -71,6 +77,17 @@ typedef struct fsdp_optim_config {
     fsdp_optim_fn custom;
     void *custom_user;
     int custom_state;
+    /* RMSprop: the smoothing constant of square_avg, and
+       whether the step divides by the centred variance (square_avg -
+       grad_avg^2, torch's centered=True); momentum, eps and weight_decay
+       are the fields above */
+    double alpha;
+    int centered;
+    /* Adagrad: clr = lr / (1 + (step - 1) * lr_decay), and the
+       value every element of `sum` starts from (at create; a load
+       replaces it); eps and weight_decay are the fields above */
+    double lr_decay;
+    double initial_accumulator_value;
 } fsdp_optim_config;
 
 FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
@@ -82,12 +99,24 @@ FSDP_API fsdp_result fsdp_optim_validate(const fsdp_optim_config *c, fsdp_error 
 /* Deprecated (0.5.0): fsdp_optim_validate, with the reason in msg
    (optional, FSDP_ERROR_MAX bytes). */
 FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg);
-/* Which state buffers a configuration keeps, as torch names them:
-   bit 0 exp_avg, bit 1 exp_avg_sq, bit 2 max_exp_avg_sq, bit 3 momentum_buffer. */
+/* Which state buffers a configuration keeps: bit k is the k-th buffer of
+   fsdp_optim_state (bit 0 exp_avg, bit 1 exp_avg_sq, bit 2 max_exp_avg_sq,
+   bit 3 momentum_buffer). RMSprop and Adagrad keep theirs in the same
+   slots, under torch's names (fsdp_optim_state_name): RMSprop's grad_avg
+   (centered) in bit 0, square_avg in bit 1, momentum_buffer (momentum > 0)
+   in bit 3; Adagrad's sum in bit 1. */
 FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c);
+/* torch's name of state buffer `bit` (0 to 3) of a configuration's kind, as
+   state dicts and checkpoints write it ("optim.<fqn>.<name>"): exp_avg,
+   exp_avg_sq, max_exp_avg_sq, momentum_buffer; RMSprop grad_avg,
+   square_avg, -, momentum_buffer; Adagrad -, sum, -, -. NULL where the kind
+   has no such buffer or bit is out of range. */
+FSDP_API const char *fsdp_optim_state_name(const fsdp_optim_config *c, int bit);
 
 /* The optimizer state of one flat f32 range; NULL buffers the configuration
-   does not use. */
+   does not use. RMSprop keeps grad_avg in exp_avg, square_avg in
+   exp_avg_sq and its momentum_buffer in momentum_buffer; Adagrad keeps sum
+   in exp_avg_sq (fsdp_optim_state_mask). */
 typedef struct fsdp_optim_state {
     float *exp_avg, *exp_avg_sq, *max_exp_avg_sq, *momentum_buffer;
 } fsdp_optim_state;

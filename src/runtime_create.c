@@ -155,14 +155,17 @@ FSDP__DEF fsdp_result fsdp__ctx_validate(const fsdp_ctx *c, const fsdp_ctx_desc 
         else snprintf(field, sizeof field, "optim");
         if (fsdp__optim_check_zeroed(&c->groups[i], field, msg, sizeof msg) != FSDP_SUCCESS)
             return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: %s", msg);
-        /* the engine's rule is host code: it runs where the host reads the
-           shards (the CPU device, or cpu_offload's host copies) */
-        if (c->groups[i].kind == FSDP_OPTIM_CUSTOM && !c->offload && c->dev &&
+        /* the engine's rule is host code, and RMSprop and Adagrad have host
+           kernels only: they run where the host reads the shards (the CPU
+           device, or cpu_offload's host copies) */
+        if (fsdp__optim_host_only(&c->groups[i]) && !c->offload && c->dev &&
             !fsdp_device_host_accessible(c->dev))
             return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: %s: "
-                                     "FSDP_OPTIM_CUSTOM runs on the host, and device '%s' keeps "
+                                     "%s runs on the host, and device '%s' keeps "
                                      "the shards where the host cannot read them; use "
-                                     "cpu_offload", field, fsdp_device_name(c->dev));
+                                     "cpu_offload", field,
+                                     fsdp__optim_kind_name(c->groups[i].kind),
+                                     fsdp_device_name(c->dev));
     }
     if (c->hybrid_size < 1 || c->nranks % c->hybrid_size)
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
@@ -426,6 +429,7 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
                                                (void **)&cu->ostate[k],
                                                &got.optimizer_state)) != FSDP_SUCCESS)
                         goto fail;
+            fsdp__adagrad_fill(c, cu);
         }
         if (cu->resident) {
             cu->res_bytes = fsdp__resident_bytes(c, cu);

@@ -311,6 +311,30 @@ FSDP__DEF void fsdp__free_shard(fsdp_ctx *c, void *p, size_t bytes)
     else fsdp_device_free(c->dev, p, bytes);
 }
 
+/* The parameter group of a unit's entry. */
+FSDP__DEF const fsdp_optim_config *fsdp__entry_cfg(const fsdp_ctx *c, const fsdp__cunit *cu,
+                                                   int entry)
+{
+    return &c->groups[cu->groups ? cu->groups[entry] : 0];
+}
+
+/* torch's Adagrad starts `sum` at initial_accumulator_value: the pieces of
+   Adagrad groups in the unit's slot-1 buffer (host memory: the kind runs on
+   the host, fsdp__ctx_validate) get it; the rest stay zero. */
+FSDP__DEF void fsdp__adagrad_fill(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    int p;
+    if (!cu->ostate[1]) return;
+    for (p = 0; p < cu->lay.npieces; p++) {
+        const fsdp_shard_piece *pc = &cu->pieces[p];
+        const fsdp_optim_config *g = fsdp__entry_cfg(c, cu, pc->entry);
+        int64_t off = cu->info->entries[pc->entry].offset + pc->start - cu->lay.flat_begin, k;
+        const float v = (float)g->initial_accumulator_value;
+        if (g->kind != FSDP_ADAGRAD || v == 0.0f || pc->end < pc->start) continue;
+        for (k = 0; k <= pc->end - pc->start; k++) cu->ostate[1][off + k] = v;
+    }
+}
+
 /* Bytes of the unit's unsharded gradient. */
 FSDP__DEF size_t fsdp__ugrad_bytes(const fsdp__cunit *cu)
 {

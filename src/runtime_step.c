@@ -358,8 +358,8 @@ FSDP_API fsdp_result fsdp_set_optim(fsdp_ctx *c, int group, const fsdp_optim_con
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: %s", group, msg);
     if (fsdp_optim_state_mask(&n) != fsdp_optim_state_mask(o))
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: the change keeps "
-                              "other state (amsgrad or SGD momentum turned %s); the state was "
-                              "planned at create and cannot change mid-run", group,
+                              "other state (amsgrad, momentum or RMSprop's centered turned %s); "
+                              "the state was planned at create and cannot change mid-run", group,
                               fsdp_optim_state_mask(&n) > fsdp_optim_state_mask(o) ? "on" : "off");
     c->groups[group] = n;
     return FSDP_SUCCESS;

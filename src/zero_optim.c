@@ -500,9 +500,16 @@ FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **ou
         gs = desc->groups;
         ng = desc->ngroups;
     }
-    for (i = 0; i < ng; i++)
+    for (i = 0; i < ng; i++) {
         if ((r = fsdp__zero_check_group(&gs[i], gs[0].kind, i, msg, sizeof msg)) != FSDP_SUCCESS)
             return fsdp__fail_create(dh, r, "fsdp_zero_create: %s", msg);
+        if (fsdp__optim_host_only(&gs[i]) && !fsdp_device_host_accessible(desc->device))
+            return fsdp__fail_create(dh, FSDP_NOT_SUPPORTED, "fsdp_zero_create: group %d: %s "
+                                     "runs on the host, and device '%s' keeps the parameters "
+                                     "where the host cannot read them", i,
+                                     fsdp__optim_kind_name(gs[i].kind),
+                                     fsdp_device_name(desc->device));
+    }
     for (i = 0; i < desc->nparams; i++) {
         int g = desc->params[i].group;
         if (g < 0 || g >= ng)
@@ -831,6 +838,13 @@ FSDP__DEF fsdp_result fsdp__zero_alloc_state(fsdp_zero *z, fsdp__zparam *p, floa
         if (!(mask & (1u << b))) continue;
         r = fsdp_device_alloc(z->dev, (size_t)p->numel * 4, (void **)&bufs[b]);
         if (r == FSDP_SUCCESS) r = fsdp_device_memset(z->dev, bufs[b], 0, (size_t)p->numel * 4, NULL);
+        if (r == FSDP_SUCCESS && b == 1 && z->groups[p->group].kind == FSDP_ADAGRAD) {
+            /* torch's sum starts at initial_accumulator_value (host memory:
+               fsdp_zero_create refuses Adagrad elsewhere) */
+            const float v = (float)z->groups[p->group].initial_accumulator_value;
+            int64_t e;
+            for (e = 0; e < p->numel; e++) bufs[b][e] = v;
+        }
         if (r != FSDP_SUCCESS) {
             for (b = 0; b < 4; b++)
                 if (bufs[b]) fsdp_device_free(z->dev, bufs[b], (size_t)p->numel * 4);

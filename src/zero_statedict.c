@@ -338,7 +338,7 @@ FSDP__DEF fsdp_result fsdp__zero_check_sd(fsdp_zero *z, const fsdp_zero_state_di
                 if ((mask & (1u << b)) &&
                     !fsdp__zero_entry_cbuf(en, b)) {
                     snprintf(msg, nmsg, "entry %d: parameter %d '%s' has no %s", e, i, p->name,
-                             fsdp__ostate_names[b]);
+                             fsdp_optim_state_name(&sd->groups[p->group].config, b));
                     return FSDP_CKPT_MISMATCH;
                 }
         }
@@ -450,7 +450,8 @@ FSDP_API fsdp_result fsdp_zero_state_to_state_dict(fsdp_zero *z, int to, fsdp_st
         for (b = 0; b < 4 && r == FSDP_SUCCESS && en->numel > 0; b++) {
             const float *buf = fsdp__zero_entry_cbuf(en, b);
             if (!buf) continue;
-            snprintf(key, len, "optim.%s.%s", pname, fsdp__ostate_names[b]);
+            snprintf(key, len, "optim.%s.%s", pname,
+                     fsdp_optim_state_name(&z->groups[z->p[en->index].group], b));
             memset(&t, 0, sizeof t);
             t.name = key;
             t.dtype = FSDP_F32;
@@ -574,7 +575,8 @@ FSDP_API fsdp_result fsdp_zero_state_from_state_dict(fsdp_zero *z, const fsdp_st
         memcpy(&en->step, t->data, sizeof en->step);
         for (b = 0; b < 4 && p->numel > 0; b++) {
             if (!(mask & (1u << b))) continue;
-            snprintf(key, len, "optim.%s.%s", p->name, fsdp__ostate_names[b]);
+            snprintf(key, len, "optim.%s.%s", p->name,
+                     fsdp_optim_state_name(&z->groups[p->group], b));
             if (!(t = fsdp__zero_sd_get(sd, key, FSDP_F32, p->numel, msg, sizeof msg))) {
                 r = FSDP_CKPT_MISMATCH;
                 break;

@@ -1835,7 +1835,49 @@ typedef struct custom_job {
     int steps, offload;
     float vals[MAXV];
     int nvals;
+    /* RMSprop and Adagrad: a load that must be refused (its message kept),
+       and rank 0's count of state keys by their last part, with the range
+       of the "sum" values */
+    int load_must_fail;
+    char load_msg[FSDP_ERROR_MAX];
+    int nkeys[6]; /* square_avg, grad_avg, momentum_buffer, sum, exp_avg, exp_avg_sq */
+    float sum_min, sum_max;
 } custom_job;
+
+static const char *const state_suffix[6] = {".square_avg", ".grad_avg", ".momentum_buffer",
+                                            ".sum", ".exp_avg", ".exp_avg_sq"};
+
+/* rank 0's state keys (j->nkeys) and the range of the sums */
+static int count_state_keys(fsdp_ctx *ctx, custom_job *j, int rank)
+{
+    fsdp_state_dict *sd = NULL;
+    int i, k;
+    if (fsdp_get_full_state_dict(ctx, FSDP_SD_OPTIM | FSDP_SD_OFFLOAD | FSDP_SD_RANK0_ONLY,
+                                 &sd) != FSDP_SUCCESS)
+        return 0;
+    if (rank == 0 && sd) {
+        j->sum_min = INFINITY;
+        j->sum_max = -INFINITY;
+        for (i = 0; i < fsdp_state_dict_count(sd); i++) {
+            const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+            size_t ln = strlen(t->name);
+            for (k = 0; k < 6; k++) {
+                size_t ls = strlen(state_suffix[k]);
+                if (ln > ls && !strcmp(t->name + ln - ls, state_suffix[k])) j->nkeys[k]++;
+            }
+            if (ln > 4 && !strcmp(t->name + ln - 4, ".sum")) {
+                int64_t e;
+                for (e = 0; e < t->numel; e++) {
+                    float v = ((const float *)t->data)[e];
+                    if (v < j->sum_min) j->sum_min = v;
+                    if (v > j->sum_max) j->sum_max = v;
+                }
+            }
+        }
+    }
+    if (sd) fsdp_state_dict_destroy(sd);
+    return 1;
+}
 
 static int custom_rank(int rank, int nranks, fsdp_local_world *world, void *user)
 {
@@ -1868,7 +1910,13 @@ static int custom_rank(int rank, int nranks, fsdp_local_world *world, void *user
     }
     e.dev = dev;
     e.comm = comm;
-    if (j->load) {
+    if (j->load && j->load_must_fail) {
+        CHECK_RANK(fsdp_ckpt_load(e.ctx, j->load, FSDP_SD_OPTIM) != FSDP_SUCCESS, rank,
+                   "load of %s was refused", j->load);
+        if (rank == 0) snprintf(j->load_msg, sizeof j->load_msg, "%s", fsdp_ctx_last_error(e.ctx));
+        ok = 1;
+        goto done;
+    } else if (j->load) {
         if (fsdp_ckpt_load(e.ctx, j->load, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
             CHECK_RANK(0, rank, "load: %s", fsdp_ctx_last_error(e.ctx));
             goto done;
@@ -1883,6 +1931,7 @@ static int custom_rank(int rank, int nranks, fsdp_local_world *world, void *user
     }
     if (!full_values(e.ctx, j->vals, MAXV, &n, rank)) goto done;
     if (rank == 0) j->nvals = n;
+    if (!count_state_keys(e.ctx, j, rank)) goto done;
     ok = 1;
 done:
     if (e.ctx) fsdp_ctx_destroy(e.ctx);
@@ -1974,6 +2023,99 @@ static void test_custom_optim(void)
     EXPECT_EQ(fsdp_optim_state_mask(&bad), 15u);
 }
 
+/* --- RMSprop and Adagrad built in (issue 45 part 2) --- */
+
+static void rms_ada_groups(custom_job *j)
+{
+    memset(j, 0, sizeof *j);
+    j->ngroups = 2;
+    j->groups[0] = fsdp_optim_defaults(FSDP_RMSPROP);
+    j->groups[0].centered = 1;
+    j->groups[0].momentum = 0.9;
+    j->groups[0].weight_decay = 0.01;
+    j->groups[1] = fsdp_optim_defaults(FSDP_ADAGRAD);
+    j->groups[1].lr = 0.05;
+    j->groups[1].lr_decay = 0.01;
+    j->groups[1].initial_accumulator_value = 0.1;
+    j->groups[1].weight_decay = 0.01;
+}
+
+static void test_rmsprop_adagrad(void)
+{
+    static custom_job a, b, c2, d1, z;
+    char path[1200];
+    int off;
+    for (off = 0; off < 2; off++) {
+        /* 4 steps straight at 2 ranks; at 1 and 3 ranks; 2 saved at 2 and 2
+           resumed at 3: the same bits (the state sharded, saved and
+           resharded under torch's names) */
+        rms_ada_groups(&a);
+        a.steps = 4;
+        a.offload = off;
+        run_ranks(2, custom_rank, &a);
+        d1 = a;
+        d1.nvals = 0;
+        run_ranks(1, custom_rank, &d1);
+        CHECK(a.nvals > 0 && a.nvals == d1.nvals && bits_equal(a.vals, d1.vals, a.nvals),
+              "RMSprop + Adagrad groups%s: 1 rank and 2 ranks give the same bits (%d values)",
+              off ? " with cpu_offload" : "", a.nvals);
+        snprintf(path, sizeof path, "%s/rms_ada_%d", g_tmp, off);
+        b = a;
+        b.steps = 2;
+        b.save = path;
+        run_ranks(2, custom_rank, &b);
+        c2 = a;
+        c2.steps = 2;
+        c2.load = path;
+        run_ranks(3, custom_rank, &c2);
+        CHECK(a.nvals > 0 && a.nvals == c2.nvals && bits_equal(a.vals, c2.vals, a.nvals),
+              "RMSprop + Adagrad%s saved at 2 ranks and resumed at 3: the uninterrupted run's "
+              "bits (%d values)", off ? " with cpu_offload" : "", a.nvals);
+        CHECK(!bits_equal(a.vals, b.vals, a.nvals), "the resume trained on");
+    }
+    /* torch's state names: RMSprop's square_avg, grad_avg (centered) and
+       momentum_buffer on the matrices, Adagrad's sum on the vectors, no
+       Adam names */
+    CHECK(a.nkeys[0] > 0 && a.nkeys[0] == a.nkeys[1] && a.nkeys[0] == a.nkeys[2] &&
+              a.nkeys[3] > 0 && a.nkeys[4] == 0 && a.nkeys[5] == 0,
+          "state keys: %d square_avg, %d grad_avg, %d momentum_buffer, %d sum, %d exp_avg, %d "
+          "exp_avg_sq", a.nkeys[0], a.nkeys[1], a.nkeys[2], a.nkeys[3], a.nkeys[4], a.nkeys[5]);
+    /* Adagrad's sum starts at initial_accumulator_value (torch's full_like):
+       before any step every element holds (float)0.1 */
+    rms_ada_groups(&z);
+    z.steps = 0;
+    run_ranks(3, custom_rank, &z);
+    CHECK(z.nkeys[3] > 0 && z.sum_min == 0.1f && z.sum_max == 0.1f,
+          "Adagrad's sum before the first step: [%a, %a] over %d tensors, expected 0.1f",
+          (double)z.sum_min, (double)z.sum_max, z.nkeys[3]);
+    /* and that value counts: the same run started from 0 differs */
+    b = a;
+    b.groups[1].initial_accumulator_value = 0.0;
+    b.nvals = 0;
+    run_ranks(2, custom_rank, &b);
+    CHECK(b.nvals == a.nvals && !bits_equal(a.vals, b.vals, a.nvals),
+          "initial_accumulator_value changes the trajectory");
+    /* an RMSprop/Adagrad checkpoint does not load into Adam: square_avg is
+       not exp_avg_sq, though both sit in the same slot */
+    memset(&z, 0, sizeof z);
+    z.ngroups = 2;
+    z.groups[0] = fsdp_optim_defaults(FSDP_ADAMW);
+    z.groups[1] = fsdp_optim_defaults(FSDP_ADAMW);
+    z.load = path;
+    z.load_must_fail = 1;
+    run_ranks(2, custom_rank, &z);
+    CHECK(strstr(z.load_msg, "square_avg") || strstr(z.load_msg, "exp_avg"),
+          "the refusal names the state: %s", z.load_msg);
+    /* nor Adagrad's sum into RMSprop (both slot 1) */
+    rms_ada_groups(&z);
+    z.groups[1] = fsdp_optim_defaults(FSDP_RMSPROP);
+    z.load = path;
+    z.load_must_fail = 1;
+    run_ranks(2, custom_rank, &z);
+    CHECK(strstr(z.load_msg, "sum") || strstr(z.load_msg, "square_avg"),
+          "the refusal names the state: %s", z.load_msg);
+}
+
 static const check_case CASES[] = {
     {"reshard", test_reshard},
     {"reshard_strategy", test_reshard_strategy},
@@ -1990,6 +2132,7 @@ static const check_case CASES[] = {
     {"threads", threads_test},
     {"engine_state", test_engine_state},
     {"custom_optim", test_custom_optim},
+    {"rmsprop_adagrad", test_rmsprop_adagrad},
 };
 
 /* --read FILE: prints a file Python wrote */

@@ -142,6 +142,115 @@ static void test_config_checks(void)
     EXPECT(p == 1.0f - 0.5f * 1e-3f || fabsf(p - (1.0f - 0.5e-3f)) < 1e-7f);
 }
 
+/* RMSprop and Adagrad: torch's defaults and checks, their state slots and
+   names, the torch 1.13 numerics refused, and shard invariance (the
+   arithmetic against torch is the conformance family
+   optim_rmsprop_adagrad). */
+static void test_rmsprop_adagrad(void)
+{
+    enum { N = 1003, STEPS = 4 };
+    static float p1[N], p2[N], g[STEPS][N], st1[4][N], st2[4][N];
+    static const size_t cuts[] = {0, 1, 250, 251, 777, N};
+    fsdp_optim_config c, cfgs[4];
+    char msg[FSDP_ERROR_MAX];
+    int k, v, s, q;
+    size_t i;
+    c = fsdp_optim_defaults(FSDP_RMSPROP);
+    EXPECT(c.kind == FSDP_RMSPROP && c.lr == 1e-2 && c.alpha == 0.99 && c.eps == 1e-8 &&
+           c.weight_decay == 0.0 && c.momentum == 0.0 && !c.centered);
+    EXPECT_EQ(fsdp_optim_check(&c, msg), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_optim_state_mask(&c), 2u);
+    EXPECT(!strcmp(fsdp_optim_state_name(&c, 1), "square_avg"));
+    EXPECT(fsdp_optim_state_name(&c, 0) && !strcmp(fsdp_optim_state_name(&c, 0), "grad_avg"));
+    EXPECT(fsdp_optim_state_name(&c, 2) == NULL && fsdp_optim_state_name(&c, 4) == NULL);
+    c.centered = 1;
+    c.momentum = 0.5;
+    EXPECT_EQ(fsdp_optim_state_mask(&c), 11u);
+    c.alpha = -0.1;
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "alpha"));
+    c = fsdp_optim_defaults(FSDP_RMSPROP);
+    c.momentum = -1.0;
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "momentum"));
+    c = fsdp_optim_defaults(FSDP_RMSPROP);
+    c.numerics = FSDP_TORCH1_13_FMA;
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "torch 2.x"));
+    c = fsdp_optim_defaults(FSDP_ADAGRAD);
+    EXPECT(c.kind == FSDP_ADAGRAD && c.lr == 1e-2 && c.eps == 1e-10 && c.lr_decay == 0.0 &&
+           c.initial_accumulator_value == 0.0 && c.weight_decay == 0.0);
+    EXPECT_EQ(fsdp_optim_check(&c, msg), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_optim_state_mask(&c), 2u);
+    EXPECT(!strcmp(fsdp_optim_state_name(&c, 1), "sum") && !fsdp_optim_state_name(&c, 0) &&
+           !fsdp_optim_state_name(&c, 3));
+    c.lr_decay = -1.0;
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "lr_decay"));
+    c = fsdp_optim_defaults(FSDP_ADAGRAD);
+    c.initial_accumulator_value = -1.0;
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS &&
+           strstr(msg, "initial_accumulator_value"));
+    c = fsdp_optim_defaults(FSDP_ADAGRAD);
+    c.eps = -1.0;
+    EXPECT(fsdp_optim_check(&c, msg) == FSDP_INVALID_ARGS && strstr(msg, "eps"));
+    /* the Adam family's names are unchanged */
+    c = fsdp_optim_defaults(FSDP_ADAMW);
+    EXPECT(!strcmp(fsdp_optim_state_name(&c, 1), "exp_avg_sq") &&
+           !strcmp(fsdp_optim_state_name(NULL, 3), "momentum_buffer"));
+    /* a tensor stepped whole or in uneven shards: the same bits, at both
+       numerics; Adagrad's sum starts where the caller put it */
+    cfgs[0] = fsdp_optim_defaults(FSDP_RMSPROP);
+    cfgs[1] = fsdp_optim_defaults(FSDP_RMSPROP);
+    cfgs[1].centered = 1;
+    cfgs[1].momentum = 0.9;
+    cfgs[1].weight_decay = 0.01;
+    cfgs[1].alpha = 0.3;
+    cfgs[2] = fsdp_optim_defaults(FSDP_ADAGRAD);
+    cfgs[3] = fsdp_optim_defaults(FSDP_ADAGRAD);
+    cfgs[3].lr_decay = 0.1;
+    cfgs[3].weight_decay = 0.01;
+    for (v = FSDP_NUMERICS_DEFAULT; v <= FSDP_TORCH2_PLAIN; v++)
+        for (q = 0; q < 4; q++) {
+            fsdp_optim_state a, b;
+            cfgs[q].numerics = (fsdp_optim_numerics)v;
+            sm_state = 7;
+            for (i = 0; i < N; i++) p1[i] = p2[i] = next_f32();
+            for (s = 0; s < STEPS; s++)
+                for (i = 0; i < N; i++) g[s][i] = next_f32();
+            memset(st1, 0, sizeof st1);
+            memset(st2, 0, sizeof st2);
+            a.exp_avg = st1[0];
+            a.exp_avg_sq = st1[1];
+            a.max_exp_avg_sq = NULL;
+            a.momentum_buffer = st1[3];
+            for (s = 0; s < STEPS; s++) {
+                EXPECT(fsdp_optim_step_host(&cfgs[q], s + 1, p1, g[s], &a, N) == FSDP_SUCCESS);
+                for (k = 0; k + 1 < (int)(sizeof cuts / sizeof cuts[0]); k++) {
+                    size_t o = cuts[k];
+                    b.exp_avg = st2[0] + o;
+                    b.exp_avg_sq = st2[1] + o;
+                    b.max_exp_avg_sq = NULL;
+                    b.momentum_buffer = st2[3] + o;
+                    EXPECT(fsdp_optim_step_host(&cfgs[q], s + 1, p2 + o, g[s] + o, &b,
+                                               cuts[k + 1] - o) == FSDP_SUCCESS);
+                }
+            }
+            CHECK(memcmp(p1, p2, sizeof p1) == 0 && memcmp(st1, st2, sizeof st1) == 0,
+                  "config %d numerics %d: whole and sharded give the same bits", q, v);
+            for (i = 0; i < N && p1[i] == p1[i]; i++) {}
+            CHECK(i == N, "config %d numerics %d: no NaN", q, v);
+        }
+    /* a missing state buffer is refused */
+    {
+        fsdp_optim_state none;
+        float p = 1.0f, gr = 0.5f;
+        memset(&none, 0, sizeof none);
+        c = fsdp_optim_defaults(FSDP_ADAGRAD);
+        EXPECT_EQ(fsdp_optim_step_host(&c, 1, &p, &gr, &none, 1), FSDP_INVALID_ARGS);
+        c = fsdp_optim_defaults(FSDP_RMSPROP);
+        c.momentum = 0.9;
+        none.exp_avg_sq = &p;
+        EXPECT_EQ(fsdp_optim_step_host(&c, 1, &p, &gr, &none, 1), FSDP_INVALID_ARGS);
+    }
+}
+
 static const char *g_vectors = "tests/vectors";
 
 static void test_vectors(void)
@@ -158,6 +267,7 @@ static const check_case CASES[] = {
     {"vectors", test_vectors},
     {"shard_invariance", test_shard_invariance},
     {"config_checks", test_config_checks},
+    {"rmsprop_adagrad", test_rmsprop_adagrad},
 };
 
 int main(int argc, char **argv)

@@ -185,7 +185,10 @@ static void ref_step(const fsdp_optim_config *c, int64_t step, float *p, const f
             st->exp_avg[i] = mi;
             st->exp_avg_sq[i] = vi;
             if (c->amsgrad) {
-                if (st->max_exp_avg_sq[i] > vi) vi = st->max_exp_avg_sq[i];
+                /* torch.maximum: a NaN of either operand wins
+                   (tests/vectors/optim_amsgrad_nan.txt) */
+                if (st->max_exp_avg_sq[i] > vi || st->max_exp_avg_sq[i] != st->max_exp_avg_sq[i])
+                    vi = st->max_exp_avg_sq[i];
                 st->max_exp_avg_sq[i] = vi;
             }
             t = sqrtf(vi);

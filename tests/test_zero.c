@@ -85,6 +85,14 @@ static fsdp_optim_config group_config(fsdp_optim_kind kind, int g, int fma)
         c.momentum = 0.9;
         c.weight_decay = g == 1 ? 0.01 : 0.0;
         c.nesterov = g == 2;
+    } else if (kind == FSDP_RMSPROP) {
+        c.centered = g != 1;
+        c.momentum = g == 2 ? 0.0 : 0.9;
+        c.weight_decay = g == 1 ? 0.01 : 0.0;
+    } else if (kind == FSDP_ADAGRAD) {
+        c.initial_accumulator_value = g == 1 ? 0.0 : 0.1;
+        c.lr_decay = g == 2 ? 0.0 : 0.05;
+        c.weight_decay = g == 1 ? 0.01 : 0.0;
     } else {
         c.lr = 0.01;
         c.amsgrad = kind == FSDP_ADAM;
@@ -115,6 +123,9 @@ static void ref_init(refopt *r, fsdp_optim_kind kind, int fma)
         r->grad[i] = (float *)calloc((size_t)n, 4);
         for (b = 0; b < 4; b++) r->st[i][b] = (float *)calloc((size_t)n, 4);
         for (k = 0; k < P_NUMEL[i]; k++) r->data[i][k] = init_value(i, k);
+        if (kind == FSDP_ADAGRAD) /* torch's sum = full_like(p, initial_accumulator_value) */
+            for (k = 0; k < P_NUMEL[i]; k++)
+                r->st[i][1][k] = (float)r->groups[P_GROUP[i]].initial_accumulator_value;
         r->trainable[i] = 1;
     }
     r->np = NP_CREATE;
@@ -503,6 +514,19 @@ static void test_equivalence(void)
                     c.fma = (w + b) % 2;
                     run_cfg(&c);
                 }
+    /* RMSprop and Adagrad: their state slots, Adagrad's initial sum */
+    for (w = 1; w <= 5; w += 2)
+        for (k = 0; k < 2; k++)
+            for (s = 1; s <= 2; s++) {
+                cfg c;
+                c.world = w;
+                c.kind = k ? FSDP_ADAGRAD : FSDP_RMSPROP;
+                c.bucket = s == 1;
+                c.stage = s == 2 ? FSDP_ZERO_STAGE_2 : FSDP_ZERO_STAGE_1;
+                c.chunk = w == 3 ? 17 : 0;
+                c.fma = (w + k) % 2;
+                run_cfg(&c);
+            }
 }
 
 /* ------------------------------------------------------------------------ */

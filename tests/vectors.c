@@ -3,6 +3,7 @@
 
 #include <errno.h>
 #include <limits.h>
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -692,8 +693,9 @@ typedef struct ov_vector {
 
 static int same_bits(float a, float b) { return memcmp(&a, &b, sizeof a) == 0; }
 
-/* The inputs optim.txt and optim_torch2.txt share: vectors, then
-   configurations. 0, or -1 with the reason in t (what was read so far is in
+/* The inputs optim.txt, optim_torch2.txt and optim_rmsprop_adagrad.txt
+   share: vectors, then configurations (Adam's and SGD's fields, or
+   RMSprop's and Adagrad's). 0, or -1 with the reason in t (what was read so far is in
    *vecp and *cfgp, for the caller to free). */
 static int ov_read_inputs(toks *t, ov_vector **vecp, long *nvp, fsdp_optim_config **cfgp,
                           long *ncp)
@@ -737,6 +739,28 @@ static int ov_read_inputs(toks *t, ov_vector **vecp, long *nvp, fsdp_optim_confi
         tk_next(t, "config name");
         kind = tk_next(t, "kind");
         if (t->err) return -1;
+        if (!strcmp(kind, "rmsprop") || !strcmp(kind, "adagrad")) {
+            /* optim_rmsprop_adagrad.txt's configurations */
+            cfg[i].kind = kind[0] == 'r' ? FSDP_RMSPROP : FSDP_ADAGRAD;
+            tk_expect(t, "lr");
+            cfg[i].lr = tk_double(t, "lr");
+            tk_expect(t, "alpha");
+            cfg[i].alpha = tk_double(t, "alpha");
+            tk_expect(t, "eps");
+            cfg[i].eps = tk_double(t, "eps");
+            tk_expect(t, "weight_decay");
+            cfg[i].weight_decay = tk_double(t, "weight_decay");
+            tk_expect(t, "momentum");
+            cfg[i].momentum = tk_double(t, "momentum");
+            tk_expect(t, "centered");
+            cfg[i].centered = (int)tk_int(t, "centered", 0, 1);
+            tk_expect(t, "lr_decay");
+            cfg[i].lr_decay = tk_double(t, "lr_decay");
+            tk_expect(t, "initial_accumulator_value");
+            cfg[i].initial_accumulator_value = tk_double(t, "initial_accumulator_value");
+            if (t->err) return -1;
+            continue;
+        }
         if (!strcmp(kind, "adamw")) cfg[i].kind = FSDP_ADAMW;
         else if (!strcmp(kind, "adam")) cfg[i].kind = FSDP_ADAM;
         else if (!strcmp(kind, "sgd")) cfg[i].kind = FSDP_SGD;
@@ -949,7 +973,15 @@ typedef struct t2_run {
     int ok;
 } t2_run;
 
-static void t2_run_do(t2_run *r, vec_optim_step step, fsdp_optim_config c, const ov_vector *v)
+/* optim_amsgrad_nan.txt's "inject": after step `after`, state slot `slot`
+   is set to NaN at the listed indices (those < n) */
+typedef struct t2_inject {
+    int after, slot, k;
+    long idx[64];
+} t2_inject;
+
+static void t2_run_do(t2_run *r, vec_optim_step step, fsdp_optim_config c, const ov_vector *v,
+                      const t2_inject *inj)
 {
     float *p = (float *)vec_calloc((size_t)v->n, sizeof(float));
     fsdp_optim_state st;
@@ -960,13 +992,25 @@ static void t2_run_do(t2_run *r, vec_optim_step step, fsdp_optim_config c, const
     st.max_exp_avg_sq = r->st[2];
     st.momentum_buffer = r->st[3];
     memcpy(p, v->p0, (size_t)v->n * sizeof(float));
+    if (c.kind == FSDP_ADAGRAD) /* torch: sum = full_like(p, initial_accumulator_value) */
+        for (j = 0; j < (int)v->n; j++) r->st[1][j] = (float)c.initial_accumulator_value;
     r->ok = 1;
     for (s = 0; s < 5; s++) {
         r->ok &= step(&c, s + 1, p, v->grads[s], &st, (size_t)v->n) == FSDP_SUCCESS;
         r->p[s] = (float *)vec_calloc((size_t)v->n, sizeof(float));
         memcpy(r->p[s], p, (size_t)v->n * sizeof(float));
+        if (inj && s + 1 == inj->after)
+            for (j = 0; j < inj->k; j++)
+                if (inj->idx[j] < v->n) r->st[inj->slot][inj->idx[j]] = NAN;
     }
     free(p);
+}
+
+/* equal bits, or NaN for NaN (optim_amsgrad_nan: torch's payloads differ
+   by kernel level) */
+static int same_or_nan(float a, float b, int nan_any)
+{
+    return same_bits(a, b) || (nan_any && a != a && b != b);
 }
 
 static void t2_run_free(t2_run *r)
@@ -976,12 +1020,12 @@ static void t2_run_free(t2_run *r)
     for (j = 0; j < 4; j++) free(r->st[j]);
 }
 
-int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
-                           vec_torch2_diff *diff)
+/* ref: the variants the default numerics and FSDP_TORCH2_PLAIN must equal;
+   info: the two compared without failing (diff) */
+static int t2_check(const char *path, vec_optim_step step, int *checked, vec_torch2_diff *diff,
+                    const char *const ref_names[2], const char *const info_names[2], int nan_any)
 {
-    static const char *const state_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
-                                               "momentum_buffer"};
-    static const char *const info_names[2] = {"single_avx2", "fused_avx2"};
+    t2_inject inj, *injp = NULL;
     toks t;
     ov_vector *vec = NULL;
     fsdp_optim_config *cfg = NULL;
@@ -991,6 +1035,22 @@ int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
     memset(diff, 0, sizeof *diff);
     if (tk_open(&t, path, NULL, 0) != 0) return -1;
     if (ov_read_inputs(&t, &vec, &nv, &cfg, &nc) != 0) goto bad;
+    if (tk_peek(&t) && !strcmp(tk_peek(&t), "inject")) {
+        const char *nm;
+        int j;
+        tk_next(&t, "inject");
+        memset(&inj, 0, sizeof inj);
+        inj.after = (int)tk_int(&t, "inject step", 1, 4);
+        nm = tk_next(&t, "inject state");
+        inj.slot = -1;
+        for (j = 0; nm && j < 4; j++)
+            if (!strcmp(nm, fsdp_optim_state_name(NULL, j))) inj.slot = j;
+        if (inj.slot < 0) tk_fail(&t, "unknown state '%.60s'", nm ? nm : "");
+        inj.k = (int)tk_int(&t, "inject count", 0, 64);
+        for (j = 0; j < inj.k && !t.err; j++) inj.idx[j] = (long)tk_int(&t, "index", 0, LONG_MAX);
+        if (t.err) goto bad;
+        injp = &inj;
+    }
     if (!tk_expect(&t, "nvariants")) goto bad;
     nvar = (long)tk_int(&t, "nvariants", 1, 64);
     for (i = 0; i < nvar && !t.err; i++) tk_next(&t, "variant name");
@@ -1012,7 +1072,7 @@ int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
         for (r = 0; r < 2; r++) {
             fsdp_optim_config c = cfg[ci];
             c.numerics = r ? FSDP_TORCH2_PLAIN : FSDP_NUMERICS_DEFAULT;
-            t2_run_do(&run[r], step, c, &vec[vi]);
+            t2_run_do(&run[r], step, c, &vec[vi], injp);
         }
         for (k = 0; k < nsets; k++) {
             long nnames, j, s, nstate = 0;
@@ -1026,8 +1086,8 @@ int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
             for (j = 0; j < nnames && !t.err; j++) {
                 const char *nm = tk_next(&t, "variant");
                 if (!nm) break;
-                if (!strcmp(nm, "fusedbody_avx2")) is_ref[0] = 1;
-                if (!strcmp(nm, "fusedbody_default")) is_ref[1] = 1;
+                if (!strcmp(nm, ref_names[0])) is_ref[0] = 1;
+                if (!strcmp(nm, ref_names[1])) is_ref[1] = 1;
                 if (!strcmp(nm, info_names[0])) is_info[0] = 1;
                 if (!strcmp(nm, info_names[1])) is_info[1] = 1;
             }
@@ -1051,8 +1111,10 @@ int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
                     if (s - 5 >= nstate) continue;
                     if (!tk_expect(&t, "state")) break;
                     nm = tk_next(&t, "state name");
-                    for (j = 0; nm && j < 4; j++)
-                        if (!strcmp(nm, state_names[j])) w = (int)j;
+                    for (j = 0; nm && j < 4; j++) /* torch's name, by the kind */
+                        if (fsdp_optim_state_name(&cfg[ci], (int)j) &&
+                            !strcmp(nm, fsdp_optim_state_name(&cfg[ci], (int)j)))
+                            w = (int)j;
                     if (w < 0) {
                         tk_fail(&t, "unknown state '%.60s'", nm ? nm : "");
                         break;
@@ -1064,10 +1126,10 @@ int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
                 for (r = 0; r < 2; r++)
                     if (is_ref[r] && !bad_bits[r])
                         for (e = 0; e < n; e++)
-                            if (!same_bits(mine[r][e], got[e])) {
-                                printf("  optim_torch2 result %ld (config %ld, vector %ld) %s "
-                                       "%s%ld element %ld: got %a expected %a\n", i, ci, vi,
-                                       r ? "fusedbody_default" : "fusedbody_avx2",
+                            if (!same_or_nan(mine[r][e], got[e], nan_any)) {
+                                printf("  %s result %ld (config %ld, vector %ld) %s "
+                                       "%s%ld element %ld: got %a expected %a\n", path, i, ci,
+                                       vi, ref_names[r],
                                        s < 5 ? "step " : "state ",
                                        s < 5 ? s + 1 : (long)w, e, (double)mine[r][e],
                                        (double)got[e]);
@@ -1077,7 +1139,8 @@ int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
                 for (r = 0; r < 2; r++)
                     if (is_info[r]) {
                         for (e = 0; e < n; e++) {
-                            long long u = ulp_dist(mine[0][e], got[e]);
+                            long long u =
+                                same_or_nan(mine[0][e], got[e], nan_any) ? 0 : ulp_dist(mine[0][e], got[e]);
                             if (u) diff->differ[r]++;
                             if (u > diff->max_ulp[r]) diff->max_ulp[r] = (long)u;
                         }
@@ -1097,8 +1160,7 @@ int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
            every configuration of this file, so both must be there */
         for (r = 0; r < 2; r++)
             if (!seen[r]) {
-                printf("  optim_torch2 result %ld: no set holds %s\n", i,
-                       r ? "fusedbody_default" : "fusedbody_avx2");
+                printf("  %s result %ld: no set holds %s\n", path, i, ref_names[r]);
                 failed++;
             }
         for (r = 0; r < 2; r++) t2_run_free(&run[r]);
@@ -1111,8 +1173,32 @@ int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
     ov_free(vec, nv, cfg);
     return failed;
 bad:
-    printf("  optim_torch2: malformed file: %s\n", t.err ? t.msg : path);
+    printf("  %s: malformed file: %s\n", path, t.err ? t.msg : path);
     tk_close(&t, NULL, 0);
     ov_free(vec, nv, cfg);
     return -1;
+}
+
+int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
+                           vec_torch2_diff *diff)
+{
+    static const char *const ref[2] = {"fusedbody_avx2", "fusedbody_default"};
+    static const char *const info[2] = {"single_avx2", "fused_avx2"};
+    return t2_check(path, step, checked, diff, ref, info, 0);
+}
+
+int vec_check_optim_amsgrad_nan(const char *path, vec_optim_step step, int *checked,
+                                vec_torch2_diff *diff)
+{
+    static const char *const ref[2] = {"fusedbody_avx2", "fusedbody_default"};
+    static const char *const info[2] = {"single_avx2", "fused_avx2"};
+    return t2_check(path, step, checked, diff, ref, info, 1);
+}
+
+int vec_check_optim_rmsprop_adagrad(const char *path, vec_optim_step step, int *checked,
+                                    vec_torch2_diff *diff)
+{
+    static const char *const ref[2] = {"ieeesqrt_avx2", "ieeesqrt_default"};
+    static const char *const info[2] = {"single_avx2", "fused_avx2"};
+    return t2_check(path, step, checked, diff, ref, info, 0);
 }

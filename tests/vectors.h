@@ -204,5 +204,16 @@ typedef struct vec_torch2_diff {
 } vec_torch2_diff;
 int vec_check_optim_torch2(const char *path, vec_optim_step step, int *checked,
                            vec_torch2_diff *diff);
+/* optim_rmsprop_adagrad.txt (torch 2.x's RMSprop and Adagrad): the same
+   checks with ieeesqrt_avx2 and ieeesqrt_default as the references (torch's
+   per-tensor path with the IEEE square root); diff compares single_avx2
+   (MKL's square root) and fused_avx2 (Adagrad only). */
+int vec_check_optim_rmsprop_adagrad(const char *path, vec_optim_step step, int *checked,
+                                    vec_torch2_diff *diff);
+/* optim_amsgrad_nan.txt (Adam/AdamW amsgrad with NaNs loaded into
+   max_exp_avg_sq after step 1): optim_torch2's checks, a NaN matching any
+   NaN (torch's payloads depend on its kernel level). */
+int vec_check_optim_amsgrad_nan(const char *path, vec_optim_step step, int *checked,
+                                vec_torch2_diff *diff);
 
 #endif

@@ -123,6 +123,8 @@ if [ "$mode" = run ]; then
     [ -n "$python" ] && o="$o --python $python"
     run optim "$o --levels" "$o --levels --elements 4194304 --rounds 2"
     [ -n "$python" ] && run optim_thp "$o --peers-thp" "$o --peers-thp --elements 4194304 --rounds 2"
+    run optim_rmsprop "$o --optim rmsprop --levels" "$o --optim rmsprop --elements 4194304 --rounds 2"
+    run optim_adagrad "$o --optim adagrad --levels" "$o --optim adagrad --elements 4194304 --rounds 2"
     run lora "$B/bench_lora" "$B/bench_lora"
     run mixed "$B/bench_mixed" "$B/bench_mixed --quick"
     run mixed_4 "$B/bench_mixed --max-unsharded 4" "$B/bench_mixed --max-unsharded 4 --quick"
@@ -155,6 +157,8 @@ title() {
     comm_gloo_*) echo "Collectives against raw Gloo, ${1#comm_gloo_} ranks (bench_comm)" ;;
     optim) echo "The CPU AdamW step against torch and DeepSpeed (bench_optim)" ;;
     optim_thp) echo "The same, the peers on huge pages (bench_optim --peers-thp)" ;;
+    optim_rmsprop) echo "The CPU RMSprop step against torch (bench_optim --optim rmsprop)" ;;
+    optim_adagrad) echo "The CPU Adagrad step against torch (bench_optim --optim adagrad)" ;;
     lora) echo "LoRA: the plan of mixed units (bench_lora)" ;;
     mixed) echo "Mixed dtypes: one all-gather per unit against a unit per dtype (bench_mixed)" ;;
     mixed_4) echo "Mixed dtypes, 4 unsharded buffers (bench_mixed --max-unsharded 4)" ;;
@@ -280,7 +284,7 @@ kind == "gpt" && part == 2 && /^ +[0-9]+ / { printf "| %s | %s | %s | **%s** | %
 kind == "comm" && /^bench_comm/ { print $0 "; medians of the rounds, the library's call and the raw call alternating."; print "" }
 kind == "comm" && /^\|/ { print }
 function end_comm() { print ""; print "Targets (checks on, the \"ratio\" columns): <= 1.05 from 64 KiB, <= 1.2 at 4-16 KiB." }
-kind == "optim" && /^AdamW step/ { print $0 "."; print "" }
+kind == "optim" && /^(AdamW|RMSprop|Adagrad) step/ { print $0 "."; print "" }
 kind == "optim" && /^\|/ { print; if ($0 ~ /^\| [0-9]/) { orows++; if ($0 ~ /\| - \| - \| - \| - \|/) nopeer++ } }
 kind == "optim" && /^fsdp.h per FSDP_ISA/ { lv = 1 }
 kind == "optim" && lv && /^  [a-z0-9]+ +\|/ { nl++; lname[nl] = $1; split($0, f, "|"); lms[nl] = trim(f[4]); sub(/ ms/, "", lms[nl]) }

@@ -72,6 +72,8 @@ int check_zero_partition(const char *path, famstats *st, char *err, size_t nerr)
 int check_wrap_policy(const char *path, famstats *st, char *err, size_t nerr);
 int check_optim(const char *path, famstats *st, char *err, size_t nerr);
 int check_optim_torch2(const char *path, famstats *st, char *err, size_t nerr);
+int check_optim_amsgrad_nan(const char *path, famstats *st, char *err, size_t nerr);
+int check_optim_rmsprop_adagrad(const char *path, famstats *st, char *err, size_t nerr);
 int check_fsdp_cpu(const char *path, famstats *st, char *err, size_t nerr);
 int check_state_dict_names(const char *path, famstats *st, char *err, size_t nerr);
 

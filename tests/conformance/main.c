@@ -58,6 +58,11 @@ static void zero_partition(void) { run_family("zero_partition", check_zero_parti
 static void wrap_policy(void) { run_family("wrap_policy", check_wrap_policy); }
 static void optim(void) { run_family("optim", check_optim); }
 static void optim_torch2(void) { run_family("optim_torch2", check_optim_torch2); }
+static void optim_amsgrad_nan(void) { run_family("optim_amsgrad_nan", check_optim_amsgrad_nan); }
+static void optim_rmsprop_adagrad(void)
+{
+    run_family("optim_rmsprop_adagrad", check_optim_rmsprop_adagrad);
+}
 static void fsdp_cpu(void) { run_family("fsdp_cpu", check_fsdp_cpu); }
 static void state_dict_names(void) { run_family("state_dict_names", check_state_dict_names); }
 
@@ -65,7 +70,8 @@ static const check_case CASES[] = {
     {"flat_param_shard", flat_param_shard}, {"zero_partition", zero_partition},
     {"wrap_policy", wrap_policy},           {"optim", optim},
     {"fsdp_cpu", fsdp_cpu},                 {"state_dict_names", state_dict_names},
-    {"optim_torch2", optim_torch2},
+    {"optim_torch2", optim_torch2},         {"optim_rmsprop_adagrad", optim_rmsprop_adagrad},
+    {"optim_amsgrad_nan", optim_amsgrad_nan},
 };
 
 int main(int argc, char **argv)
