@@ -768,6 +768,13 @@ typedef struct fsdp_device_vtable {
        they do. */
     fsdp_result (*launch_inline)(void *self, fsdp_stream *s, fsdp_task_fn fn, void *arg,
                                  int *ran, fsdp_error *err);
+    /* Optional: x /= d, each element divided once in f32 (f64 for f64) and
+       rounded to its dtype, as torch's div_ by a number (d is a small
+       integer or a divide factor, exact in f32). Without it
+       fsdp_device_div runs on the host where the device's memory is host
+       memory, and is refused (FSDP_NOT_SUPPORTED) elsewhere. */
+    fsdp_result (*div)(void *self, void *x, fsdp_dtype dt, double d, size_t n, fsdp_stream *s,
+                       fsdp_error *err);
 } fsdp_device_vtable;
 
 typedef struct fsdp_memory_stats {
@@ -850,6 +857,11 @@ FSDP_API fsdp_result fsdp_device_cast(fsdp_device *dev, void *dst, fsdp_dtype ds
                                       fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_scale(fsdp_device *dev, void *x, fsdp_dtype dt, double alpha,
                                        size_t n, fsdp_stream *s);
+/* x /= d, one correctly rounded division per element (the vtable's div):
+   the gradient's post-divide, as torch divides, where a multiplication by
+   1 / d would round twice. */
+FSDP_API fsdp_result fsdp_device_div(fsdp_device *dev, void *x, fsdp_dtype dt, double d,
+                                     size_t n, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_accumulate(fsdp_device *dev, void *dst, fsdp_dtype dst_dt,
                                             const void *src, fsdp_dtype src_dt, double alpha,
                                             size_t n, fsdp_stream *s);
@@ -5783,6 +5795,51 @@ FSDP_API fsdp_result fsdp_device_scale(fsdp_device *dev, void *x, fsdp_dtype dt,
                              "fsdp_device_scale");
 }
 
+/* x /= d on the host (the CPU device's kernel; a host-memory device
+   without div) */
+FSDP__DEF void fsdp__k_div(void *x, fsdp_dtype dt, double d, size_t n)
+{
+    size_t i;
+    const float f = (float)d;
+    if (dt == FSDP_F32) {
+        float *p = (float *)x;
+        for (i = 0; i < n; i++) p[i] = p[i] / f;
+    } else if (dt == FSDP_F64) {
+        double *p = (double *)x;
+        for (i = 0; i < n; i++) p[i] = p[i] / d;
+    } else if (dt == FSDP_BF16) {
+        uint16_t *p = (uint16_t *)x;
+        for (i = 0; i < n; i++) p[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(p[i]) / f);
+    } else if (dt == FSDP_F16) {
+        uint16_t *p = (uint16_t *)x;
+        for (i = 0; i < n; i++) p[i] = fsdp_f32_to_f16(fsdp_f16_to_f32(p[i]) / f);
+    }
+}
+
+FSDP_API fsdp_result fsdp_device_div(fsdp_device *dev, void *x, fsdp_dtype dt, double d,
+                                     size_t n, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__device_check(dev, "fsdp_device_div", "x", x, dt, n, 1))) return r;
+    if (!(d != 0.0 && d == d))
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_device_div: divisor %g", d);
+    if (!dev->vt.div) { /* after the stream's earlier work, on this thread */
+        if (!dev->vt.host_accessible)
+            return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                              "fsdp_device_div: device '%s' has no div and its memory is not "
+                              "host memory", fsdp_device_name(dev));
+        if (s && (r = fsdp_stream_synchronize(dev, s)) != FSDP_SUCCESS) return r;
+        fsdp__k_div(x, dt, d, n);
+        return FSDP_SUCCESS;
+    }
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.div(dev->self, x, dt, d, n, s, &e), &e,
+                             "fsdp_device_div");
+}
+
 FSDP_API fsdp_result fsdp_device_accumulate(fsdp_device *dev, void *dst, fsdp_dtype dst_dt,
                                             const void *src, fsdp_dtype src_dt, double alpha,
                                             size_t n, fsdp_stream *s)
@@ -5862,7 +5919,8 @@ enum {
     FSDP__K_CAST,
     FSDP__K_SCALE,
     FSDP__K_ACCUMULATE,
-    FSDP__K_SUM_SQUARES
+    FSDP__K_SUM_SQUARES,
+    FSDP__K_DIV
 };
 
 typedef struct fsdp__kernel {
@@ -5966,6 +6024,10 @@ FSDP__DEF fsdp_result fsdp__kernel_run(void *arg, fsdp_error *err)
     case FSDP__K_SCALE:
         if (!fsdp_dtype_is_float(k->dst_dt)) break;
         fsdp__k_scale(k->dst, k->dst_dt, k->alpha, k->n);
+        return FSDP_SUCCESS;
+    case FSDP__K_DIV:
+        if (!fsdp_dtype_is_float(k->dst_dt)) break;
+        fsdp__k_div(k->dst, k->dst_dt, k->alpha, k->n);
         return FSDP_SUCCESS;
     case FSDP__K_ACCUMULATE:
         if (!fsdp_dtype_is_float(k->dst_dt) || !fsdp_dtype_is_float(k->src_dt)) break;
@@ -6603,6 +6665,20 @@ FSDP__DEF fsdp_result fsdp__scale__cpu(void *self, void *x, fsdp_dtype dt, doubl
     return fsdp__submit__cpu(s, &k, err);
 }
 
+FSDP__DEF fsdp_result fsdp__div__cpu(void *self, void *x, fsdp_dtype dt, double d, size_t n,
+                                     fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    (void)self;
+    memset(&k, 0, sizeof k);
+    k.kind = FSDP__K_DIV;
+    k.dst = x;
+    k.dst_dt = dt;
+    k.alpha = d;
+    k.n = n;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
 FSDP__DEF fsdp_result fsdp__accumulate__cpu(void *self, void *dst, fsdp_dtype dst_dt,
                                             const void *src, fsdp_dtype src_dt, double alpha,
                                             size_t n, fsdp_stream *s, fsdp_error *err)
@@ -6747,6 +6823,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     vt.memset = fsdp__memset__cpu;
     vt.cast = fsdp__cast__cpu;
     vt.scale = fsdp__scale__cpu;
+    vt.div = fsdp__div__cpu;
     vt.accumulate = fsdp__accumulate__cpu;
     vt.sum_squares = fsdp__sum_squares__cpu;
     vt.optim_step = fsdp__optim_step__cpu;
@@ -20047,8 +20124,12 @@ FSDP__DEF void fsdp__factors(const fsdp_ctx *c, int world, double *pre, double *
 
 /* Reduces the unit's unsharded gradient into its f32 sharded gradient, on
    the comm stream: cast to the reduce dtype, divide by the pre factor,
-   reduce-scatter (all-reduce for NO_SHARD), divide by the post factor,
-   all-reduce across replicas (HYBRID), accumulate. */
+   reduce-scatter (all-reduce for NO_SHARD), all-reduce across replicas
+   (HYBRID), divide by the post factor, accumulate. HYBRID divides as torch
+   2.x does, once, by the factors of the data-parallel world size (shard
+   group x replicas): averaging in each group rounds twice, which equals
+   torch's single division only when the shard group's size is a power of
+   two. The post-divide is a division (fsdp_device_div), as torch's div_. */
 FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r;
@@ -20089,7 +20170,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
                 return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
             r = fsdp_all_reduce(c->world, in, in, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
             if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, "all-reduce of gradients");
-            if (post != 1.0 && (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / post, S, c->cs)))
+            if (post != 1.0 && (r = fsdp_device_div(c->dev, in, cu->rdt, post, S, c->cs)))
                 return fsdp__ctx_dev(c, r, "post-dividing the gradient");
             direct = 0;
         }
@@ -20102,35 +20183,40 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
         return FSDP_SUCCESS;
     }
     outb = direct ? (void *)cu->grad : c->red_out;
-    if (fsdp__wide(cu->rdt)) {
+    if (fsdp__wide(cu->rdt) && cu->strat == FSDP_HYBRID_SHARD) {
+        /* sums over the shard group and the replicas, one division by the
+           whole data-parallel size: torch's (sum / pre) / post with pre a
+           power of two (exact), so one rounding of the sum */
+        const int dp = cu->W * fsdp_comm_size(c->rep_comm);
+        r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
+        r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+        if (r != FSDP_SUCCESS)
+            return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
+        if (!c->reduce_sum && dp > 1 &&
+            (r = fsdp_device_div(c->dev, outb, cu->rdt, (double)dp, S, c->cs)) != FSDP_SUCCESS)
+            return fsdp__ctx_dev(c, r, "dividing the gradient by the data-parallel size");
+    } else if (fsdp__wide(cu->rdt)) {
         r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, avg, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
-        if (cu->strat == FSDP_HYBRID_SHARD) {
-            r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, avg, c->cs);
-            if (r != FSDP_SUCCESS)
-                return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
-        }
     } else {
-        /* 16-bit sums: PyTorch's pre-divide keeps them from overflowing */
+        /* 16-bit sums: PyTorch's pre-divide keeps them from overflowing;
+           HYBRID's factors are the data-parallel size's, applied once */
+        const int hy = cu->strat == FSDP_HYBRID_SHARD;
         direct = 0;
         outb = c->red_out;
-        fsdp__factors(c, cu->W, &pre, &post);
+        fsdp__factors(c, hy ? cu->W * fsdp_comm_size(c->rep_comm) : cu->W, &pre, &post);
         if (pre != 1.0 && (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, n, c->cs)))
             return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
         r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
-        if (post != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
-            return fsdp__ctx_dev(c, r, "post-dividing the gradient");
-        if (cu->strat == FSDP_HYBRID_SHARD) {
-            fsdp__factors(c, fsdp_comm_size(c->rep_comm), &pre, &post);
-            if (pre != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / pre, S, c->cs)))
-                return fsdp__ctx_dev(c, r, "pre-dividing across replicas");
+        if (hy) {
             r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
             if (r != FSDP_SUCCESS)
                 return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
-            if (post != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
-                return fsdp__ctx_dev(c, r, "post-dividing across replicas");
         }
+        if (post != 1.0 && (r = fsdp_device_div(c->dev, outb, cu->rdt, post, S, c->cs)))
+            return fsdp__ctx_dev(c, r, "post-dividing the gradient");
     }
     if (c->offload) return fsdp__land_grad(c, cu, outb, cu->rdt);
     if (!direct) {

@@ -31,7 +31,7 @@
                          A failing task's error sticks to the stream and
                          fsdp_stream_synchronize returns it
        copy, memset      cudaMemcpyAsync (kind inferred, UVA), cudaMemsetAsync
-       kernels           cast, scale, accumulate, sum_squares, optim_step;
+       kernels           cast, scale, div, accumulate, sum_squares, optim_step;
                          each one pass, 16-byte loads where aligned
    What "the same results as the CPU device" means here:
        cast              bit-identical to fsdp_convert for every input, NaNs
@@ -599,6 +599,31 @@ template <int F> struct fsdp__op_scale {
     }
 };
 
+/* x /= d: one f32 division (f64 for f64), one rounding to the dtype, as
+   torch's div_ */
+template <int F> struct fsdp__op_div {
+    void *x;
+    float d;
+    __device__ void one(size_t i) const { fsdp__st1<F>(x, i, __fdiv_rn(fsdp__ld1<F>(x, i), d)); }
+    __device__ void four(size_t i) const
+    {
+        float v[4];
+        fsdp__ld4<F>(x, i, v);
+        for (int k = 0; k < 4; k++) v[k] = __fdiv_rn(v[k], d);
+        fsdp__st4<F>(x, i, v);
+    }
+};
+
+struct fsdp__op_div64 {
+    double *x;
+    double d;
+    __device__ void one(size_t i) const { x[i] = __ddiv_rn(x[i], d); }
+    __device__ void four(size_t i) const
+    {
+        for (int k = 0; k < 4; k++) one(i + k);
+    }
+};
+
 struct fsdp__op_scale64 {
     double *x;
     double a;
@@ -1153,6 +1178,37 @@ static fsdp_result fsdp__scale__cuda(void *self, void *x, fsdp_dtype dt, double 
     }
 }
 
+static fsdp_result fsdp__div__cuda(void *self, void *x, fsdp_dtype dt, double dv, size_t n,
+                                   fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__cuda *d = (fsdp__cuda *)self;
+    const void *ptrs[1] = {x};
+    size_t es[1] = {fsdp_dtype_size(dt)};
+    float f = (float)dv;
+    if (n == 0) return FSDP_SUCCESS;
+    if (!fsdp_dtype_is_float(dt))
+        return fsdp_error_set(err, FSDP_INVALID_DTYPE, "cuda div: dtype %s is not a float",
+                              fsdp_dtype_name(dt));
+    FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
+    if (fsdp__cuda_need(d, x, "div", "x", err) != FSDP_SUCCESS) return err->code;
+    if (dt == FSDP_F32) {
+        fsdp__op_div<FSDP_F32> op = {x, f};
+        return fsdp__cuda_run(d, op, n, ptrs, es, 1, s, err, "div kernel");
+    }
+    if (dt == FSDP_BF16) {
+        fsdp__op_div<FSDP_BF16> op = {x, f};
+        return fsdp__cuda_run(d, op, n, ptrs, es, 1, s, err, "div kernel");
+    }
+    if (dt == FSDP_F16) {
+        fsdp__op_div<FSDP_F16> op = {x, f};
+        return fsdp__cuda_run(d, op, n, ptrs, es, 1, s, err, "div kernel");
+    }
+    {
+        fsdp__op_div64 op = {(double *)x, dv};
+        return fsdp__cuda_run(d, op, n, NULL, NULL, 0, s, err, "div kernel");
+    }
+}
+
 template <int D, int S>
 static fsdp_result fsdp__cuda_acc_t(fsdp__cuda *d, void *dst, const void *src, float a, size_t n,
                                     fsdp_stream *s, fsdp_error *err)
@@ -1546,6 +1602,7 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
     vt.memset = fsdp__memset__cuda;
     vt.cast = fsdp__cast__cuda;
     vt.scale = fsdp__scale__cuda;
+    vt.div = fsdp__div__cuda;
     vt.accumulate = fsdp__accumulate__cuda;
     vt.sum_squares = fsdp__sum_squares__cuda;
     vt.optim_step = fsdp__optim_step__cuda;

@@ -72,6 +72,13 @@ typedef struct fsdp_device_vtable {
        they do. */
     fsdp_result (*launch_inline)(void *self, fsdp_stream *s, fsdp_task_fn fn, void *arg,
                                  int *ran, fsdp_error *err);
+    /* Optional: x /= d, each element divided once in f32 (f64 for f64) and
+       rounded to its dtype, as torch's div_ by a number (d is a small
+       integer or a divide factor, exact in f32). Without it
+       fsdp_device_div runs on the host where the device's memory is host
+       memory, and is refused (FSDP_NOT_SUPPORTED) elsewhere. */
+    fsdp_result (*div)(void *self, void *x, fsdp_dtype dt, double d, size_t n, fsdp_stream *s,
+                       fsdp_error *err);
 } fsdp_device_vtable;
 
 typedef struct fsdp_memory_stats {
@@ -154,6 +161,11 @@ FSDP_API fsdp_result fsdp_device_cast(fsdp_device *dev, void *dst, fsdp_dtype ds
                                       fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_scale(fsdp_device *dev, void *x, fsdp_dtype dt, double alpha,
                                        size_t n, fsdp_stream *s);
+/* x /= d, one correctly rounded division per element (the vtable's div):
+   the gradient's post-divide, as torch divides, where a multiplication by
+   1 / d would round twice. */
+FSDP_API fsdp_result fsdp_device_div(fsdp_device *dev, void *x, fsdp_dtype dt, double d,
+                                     size_t n, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_accumulate(fsdp_device *dev, void *dst, fsdp_dtype dst_dt,
                                             const void *src, fsdp_dtype src_dt, double alpha,
                                             size_t n, fsdp_stream *s);

@@ -7,7 +7,8 @@ enum {
     FSDP__K_CAST,
     FSDP__K_SCALE,
     FSDP__K_ACCUMULATE,
-    FSDP__K_SUM_SQUARES
+    FSDP__K_SUM_SQUARES,
+    FSDP__K_DIV
 };
 
 typedef struct fsdp__kernel {
@@ -111,6 +112,10 @@ FSDP__DEF fsdp_result fsdp__kernel_run(void *arg, fsdp_error *err)
     case FSDP__K_SCALE:
         if (!fsdp_dtype_is_float(k->dst_dt)) break;
         fsdp__k_scale(k->dst, k->dst_dt, k->alpha, k->n);
+        return FSDP_SUCCESS;
+    case FSDP__K_DIV:
+        if (!fsdp_dtype_is_float(k->dst_dt)) break;
+        fsdp__k_div(k->dst, k->dst_dt, k->alpha, k->n);
         return FSDP_SUCCESS;
     case FSDP__K_ACCUMULATE:
         if (!fsdp_dtype_is_float(k->dst_dt) || !fsdp_dtype_is_float(k->src_dt)) break;
@@ -748,6 +753,20 @@ FSDP__DEF fsdp_result fsdp__scale__cpu(void *self, void *x, fsdp_dtype dt, doubl
     return fsdp__submit__cpu(s, &k, err);
 }
 
+FSDP__DEF fsdp_result fsdp__div__cpu(void *self, void *x, fsdp_dtype dt, double d, size_t n,
+                                     fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    (void)self;
+    memset(&k, 0, sizeof k);
+    k.kind = FSDP__K_DIV;
+    k.dst = x;
+    k.dst_dt = dt;
+    k.alpha = d;
+    k.n = n;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
 FSDP__DEF fsdp_result fsdp__accumulate__cpu(void *self, void *dst, fsdp_dtype dst_dt,
                                             const void *src, fsdp_dtype src_dt, double alpha,
                                             size_t n, fsdp_stream *s, fsdp_error *err)
@@ -892,6 +911,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     vt.memset = fsdp__memset__cpu;
     vt.cast = fsdp__cast__cpu;
     vt.scale = fsdp__scale__cpu;
+    vt.div = fsdp__div__cpu;
     vt.accumulate = fsdp__accumulate__cpu;
     vt.sum_squares = fsdp__sum_squares__cpu;
     vt.optim_step = fsdp__optim_step__cpu;

@@ -476,6 +476,51 @@ FSDP_API fsdp_result fsdp_device_scale(fsdp_device *dev, void *x, fsdp_dtype dt,
                              "fsdp_device_scale");
 }
 
+/* x /= d on the host (the CPU device's kernel; a host-memory device
+   without div) */
+FSDP__DEF void fsdp__k_div(void *x, fsdp_dtype dt, double d, size_t n)
+{
+    size_t i;
+    const float f = (float)d;
+    if (dt == FSDP_F32) {
+        float *p = (float *)x;
+        for (i = 0; i < n; i++) p[i] = p[i] / f;
+    } else if (dt == FSDP_F64) {
+        double *p = (double *)x;
+        for (i = 0; i < n; i++) p[i] = p[i] / d;
+    } else if (dt == FSDP_BF16) {
+        uint16_t *p = (uint16_t *)x;
+        for (i = 0; i < n; i++) p[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(p[i]) / f);
+    } else if (dt == FSDP_F16) {
+        uint16_t *p = (uint16_t *)x;
+        for (i = 0; i < n; i++) p[i] = fsdp_f32_to_f16(fsdp_f16_to_f32(p[i]) / f);
+    }
+}
+
+FSDP_API fsdp_result fsdp_device_div(fsdp_device *dev, void *x, fsdp_dtype dt, double d,
+                                     size_t n, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if ((r = fsdp__device_check(dev, "fsdp_device_div", "x", x, dt, n, 1))) return r;
+    if (!(d != 0.0 && d == d))
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_device_div: divisor %g", d);
+    if (!dev->vt.div) { /* after the stream's earlier work, on this thread */
+        if (!dev->vt.host_accessible)
+            return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                              "fsdp_device_div: device '%s' has no div and its memory is not "
+                              "host memory", fsdp_device_name(dev));
+        if (s && (r = fsdp_stream_synchronize(dev, s)) != FSDP_SUCCESS) return r;
+        fsdp__k_div(x, dt, d, n);
+        return FSDP_SUCCESS;
+    }
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.div(dev->self, x, dt, d, n, s, &e), &e,
+                             "fsdp_device_div");
+}
+
 FSDP_API fsdp_result fsdp_device_accumulate(fsdp_device *dev, void *dst, fsdp_dtype dst_dt,
                                             const void *src, fsdp_dtype src_dt, double alpha,
                                             size_t n, fsdp_stream *s)

@@ -151,8 +151,12 @@ FSDP__DEF void fsdp__factors(const fsdp_ctx *c, int world, double *pre, double *
 
 /* Reduces the unit's unsharded gradient into its f32 sharded gradient, on
    the comm stream: cast to the reduce dtype, divide by the pre factor,
-   reduce-scatter (all-reduce for NO_SHARD), divide by the post factor,
-   all-reduce across replicas (HYBRID), accumulate. */
+   reduce-scatter (all-reduce for NO_SHARD), all-reduce across replicas
+   (HYBRID), divide by the post factor, accumulate. HYBRID divides as torch
+   2.x does, once, by the factors of the data-parallel world size (shard
+   group x replicas): averaging in each group rounds twice, which equals
+   torch's single division only when the shard group's size is a power of
+   two. The post-divide is a division (fsdp_device_div), as torch's div_. */
 FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
 {
     fsdp_result r;
@@ -193,7 +197,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
                 return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
             r = fsdp_all_reduce(c->world, in, in, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
             if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c->world, r, "all-reduce of gradients");
-            if (post != 1.0 && (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / post, S, c->cs)))
+            if (post != 1.0 && (r = fsdp_device_div(c->dev, in, cu->rdt, post, S, c->cs)))
                 return fsdp__ctx_dev(c, r, "post-dividing the gradient");
             direct = 0;
         }
@@ -206,35 +210,40 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
         return FSDP_SUCCESS;
     }
     outb = direct ? (void *)cu->grad : c->red_out;
-    if (fsdp__wide(cu->rdt)) {
+    if (fsdp__wide(cu->rdt) && cu->strat == FSDP_HYBRID_SHARD) {
+        /* sums over the shard group and the replicas, one division by the
+           whole data-parallel size: torch's (sum / pre) / post with pre a
+           power of two (exact), so one rounding of the sum */
+        const int dp = cu->W * fsdp_comm_size(c->rep_comm);
+        r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
+        r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
+        if (r != FSDP_SUCCESS)
+            return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
+        if (!c->reduce_sum && dp > 1 &&
+            (r = fsdp_device_div(c->dev, outb, cu->rdt, (double)dp, S, c->cs)) != FSDP_SUCCESS)
+            return fsdp__ctx_dev(c, r, "dividing the gradient by the data-parallel size");
+    } else if (fsdp__wide(cu->rdt)) {
         r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, avg, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
-        if (cu->strat == FSDP_HYBRID_SHARD) {
-            r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, avg, c->cs);
-            if (r != FSDP_SUCCESS)
-                return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
-        }
     } else {
-        /* 16-bit sums: PyTorch's pre-divide keeps them from overflowing */
+        /* 16-bit sums: PyTorch's pre-divide keeps them from overflowing;
+           HYBRID's factors are the data-parallel size's, applied once */
+        const int hy = cu->strat == FSDP_HYBRID_SHARD;
         direct = 0;
         outb = c->red_out;
-        fsdp__factors(c, cu->W, &pre, &post);
+        fsdp__factors(c, hy ? cu->W * fsdp_comm_size(c->rep_comm) : cu->W, &pre, &post);
         if (pre != 1.0 && (r = fsdp_device_scale(c->dev, in, cu->rdt, 1.0 / pre, n, c->cs)))
             return fsdp__ctx_dev(c, r, "pre-dividing the gradient");
         r = fsdp_reduce_scatter(cu->comm, in, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "reduce-scatter of gradients");
-        if (post != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
-            return fsdp__ctx_dev(c, r, "post-dividing the gradient");
-        if (cu->strat == FSDP_HYBRID_SHARD) {
-            fsdp__factors(c, fsdp_comm_size(c->rep_comm), &pre, &post);
-            if (pre != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / pre, S, c->cs)))
-                return fsdp__ctx_dev(c, r, "pre-dividing across replicas");
+        if (hy) {
             r = fsdp_all_reduce(c->rep_comm, outb, outb, S, cu->rdt, FSDP_REDUCE_SUM, c->cs);
             if (r != FSDP_SUCCESS)
                 return fsdp__ctx_comm(c, c->rep_comm, r, "all-reduce across replicas");
-            if (post != 1.0 && (r = fsdp_device_scale(c->dev, outb, cu->rdt, 1.0 / post, S, c->cs)))
-                return fsdp__ctx_dev(c, r, "post-dividing across replicas");
         }
+        if (post != 1.0 && (r = fsdp_device_div(c->dev, outb, cu->rdt, post, S, c->cs)))
+            return fsdp__ctx_dev(c, r, "post-dividing the gradient");
     }
     if (c->offload) return fsdp__land_grad(c, cu, outb, cu->rdt);
     if (!direct) {

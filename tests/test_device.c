@@ -630,6 +630,9 @@ static void test_custom_backend(void)
     EXPECT_EQ(fsdp_device_cast(dev, y, FSDP_F32, x, FSDP_F32, 4, NULL), FSDP_NOT_SUPPORTED);
     EXPECT(strstr(fsdp_device_last_error(dev), "cast") != NULL);
     EXPECT_EQ(fsdp_device_scale(dev, y, FSDP_F32, 2.0, 4, NULL), FSDP_NOT_SUPPORTED);
+    /* no div, memory the host cannot read: refused, naming it */
+    EXPECT_EQ(fsdp_device_div(dev, y, FSDP_F32, 3.0, 4, NULL), FSDP_NOT_SUPPORTED);
+    EXPECT(strstr(fsdp_device_last_error(dev), "div") != NULL);
     EXPECT_EQ(fsdp_device_accumulate(dev, y, FSDP_F32, x, FSDP_F32, 1.0, 4, NULL), FSDP_NOT_SUPPORTED);
     EXPECT_EQ(fsdp_device_sum_squares(dev, x, FSDP_F32, 4, &d, NULL), FSDP_NOT_SUPPORTED);
     EXPECT_EQ(fsdp_device_copy(dev, y, x, sizeof x, FSDP_COPY_H2H, NULL), FSDP_SUCCESS);
@@ -970,8 +973,49 @@ static void test_isa_env(void)
     EXPECT_EQ(fsdp_optim_step_host(&oc, 1, p, g, &st, 4), FSDP_SUCCESS);
 }
 
+/* fsdp_device_div: one correctly rounded division per element, as torch's
+   div_ (x * (1 / 3) rounds twice and differs); on a stream and now; the
+   divisor checked */
+static void test_div(void)
+{
+    static float a[N], b[N];
+    static double d64[N];
+    static uint16_t h[N], f16[N];
+    fsdp_stream *s = NULL;
+    int i, differ_mul = 0, ok = 1;
+    uint64_t st = 12345;
+    for (i = 0; i < N; i++) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        a[i] = b[i] = (float)((double)(st >> 11) / 9007199254740992.0 - 0.5) * 8.0f;
+        d64[i] = a[i];
+        h[i] = fsdp_f32_to_bf16(a[i]);
+        f16[i] = fsdp_f32_to_f16(a[i]);
+    }
+    EXPECT_EQ(fsdp_stream_create(g_dev, &s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_div(g_dev, a, FSDP_F32, 3.0, N, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_div(g_dev, d64, FSDP_F64, 6.0, N, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_stream_synchronize(g_dev, s), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_div(g_dev, h, FSDP_BF16, 1.5, N, NULL), FSDP_SUCCESS);
+    EXPECT_EQ(fsdp_device_div(g_dev, f16, FSDP_F16, 4.5, N, NULL), FSDP_SUCCESS);
+    for (i = 0; i < N; i++) {
+        volatile float q = b[i] / 3.0f, m = b[i] * (1.0f / 3.0f);
+        ok &= f2u(a[i]) == f2u(q);
+        ok &= d64[i] == (double)b[i] / 6.0;
+        ok &= h[i] == fsdp_f32_to_bf16(fsdp_bf16_to_f32(fsdp_f32_to_bf16(b[i])) / 1.5f);
+        ok &= f16[i] == fsdp_f32_to_f16(fsdp_f16_to_f32(fsdp_f32_to_f16(b[i])) / 4.5f);
+        differ_mul += f2u(q) != f2u(m);
+    }
+    CHECK(ok, "div: each element x / d, rounded once to its dtype");
+    CHECK(differ_mul > 0, "multiplying by 1/3 differs on %d of %d (what div avoids)", differ_mul, N);
+    EXPECT_EQ(fsdp_device_div(g_dev, a, FSDP_F32, 0.0, N, NULL), FSDP_INVALID_ARGS);
+    EXPECT_EQ(fsdp_device_div(g_dev, a, FSDP_I32, 2.0, N, NULL), FSDP_INVALID_DTYPE);
+    EXPECT_EQ(fsdp_device_div(NULL, a, FSDP_F32, 2.0, N, NULL), FSDP_INVALID_ARGS);
+    if (s) fsdp_stream_destroy(g_dev, s);
+}
+
 static const check_case CASES[] = {
     {"memory", test_memory},
+    {"div", test_div},
     {"kernels", test_kernels_now},
     {"kernels_on_stream", test_kernels_on_stream},
     {"streams", test_streams_cpu},
