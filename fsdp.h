@@ -160,7 +160,9 @@
           CHECK(add_linear(model, "fc2", 1, HID), fsdp_model_last_error(model));
 
       Tied weights are shared parameters (fsdp_model_add_shared_param),
-      frozen ones have fsdp_param_desc.frozen = 1, and an engine that keeps
+      frozen ones have fsdp_param_desc.frozen = 1, a unit may hold
+      parameters of several dtypes (bf16 weights beside f32 norms, one
+      all-gather for all: fsdp_units_parts, >>wrap), and an engine that keeps
       one array per tensor kind describes its model with a layout table
       (fsdp_model_add_layout, >>model).
 
@@ -1795,7 +1797,19 @@ typedef struct fsdp_unit_info {
        numel above stay those of the whole unit; gradients, their
        reduction and optimizer state exist for the trainable group only. */
     int mixed;
+    /* mixed dtypes (issue 46): 1 when the unit's parameters have several
+       storage dtypes (bf16 weights beside f32 norms). It is then mixed as
+       well, with one group per (dtype, frozen/trainable): the dtypes in the
+       order of their first parameter, frozen before trainable; each group
+       is a flat parameter of one dtype (its dtype field), laid out and
+       sharded as a unit of those parameters alone would be, and
+       fsdp_units_parts lists them. dtype above is then the unit's first
+       parameter's. */
+    int mixed_dtypes;
 } fsdp_unit_info;
+
+/* The most groups a unit has: one per (dtype, frozen/trainable). */
+#define FSDP_MAX_PARTS 8
 
 /* Shard metadata of one rank, exactly as FlatParamHandle.shard() computes it:
    shard_numel = ceil(numel / world) (0 when numel is 0); rank r holds flat
@@ -1922,7 +1936,9 @@ typedef struct fsdp_wrap_desc {
 /* Applies the policy to the model and builds the units in wrap order
    (post-order, the root last), each with its flat parameter (two for a
    unit mixing frozen and trainable parameters: fsdp_unit_info.mixed).
-   Errors (mixed dtypes in one unit, ...) go to fsdp_model_last_error. */
+   A unit may hold parameters of several dtypes (fsdp_unit_info.mixed_dtypes):
+   each keeps its dtype, and the runtime gathers the unit's groups with one
+   all-gather. Errors go to fsdp_model_last_error. */
 FSDP_API fsdp_result fsdp_wrap(fsdp_model *m, const fsdp_wrap_desc *desc, fsdp_units **out);
 FSDP_API void fsdp_units_destroy(fsdp_units *u);
 FSDP_API int fsdp_units_count(const fsdp_units *u);
@@ -1934,8 +1950,18 @@ FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u);
 /* The flat parameters of unit i: 1 and out[0] = the unit itself, or for a
    mixed unit 2: out[0] its frozen group, out[1] its trainable group (their
    index, fqn, module and options are the unit's; entries, shared, numel and
-   requires_grad their own). 0 when i is out of range. out holds 2. */
+   requires_grad their own). 0 when i is out of range. out holds 2. A unit
+   of several dtypes (fsdp_unit_info.mixed_dtypes) may have more groups:
+   for one with more than 2 this returns 0; use fsdp_units_parts. */
 FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info **out);
+/* Every flat parameter (group) of unit i, for any unit: the count (at most
+   FSDP_MAX_PARTS), writing the first min(count, cap) into out (NULL with
+   cap 0: the count alone). A uniform
+   unit has 1 (the unit); a unit mixing frozen and trainable parameters of
+   one dtype 2 (frozen, trainable); a unit of several dtypes one per
+   (dtype, frozen/trainable) it holds, each with its own dtype, numel and
+   shard layout (fsdp_unit_info.mixed_dtypes). 0 when i is out of range. */
+FSDP_API int fsdp_units_parts(const fsdp_units *u, int i, const fsdp_unit_info **out, int cap);
 /* PyTorch FSDP 1.x names of what named_parameters() lists on the wrapped
    model ("_fsdp_wrapped_module.flat_param", ignored parameters under their
    wrapper path), in its order: for interop with PyTorch's local names. */
@@ -2409,6 +2435,13 @@ FSDP_API void *fsdp_param(fsdp_ctx *ctx, const char *fqn);
    accumulation is on. The engine adds into it. */
 FSDP_API void *fsdp_grad(fsdp_ctx *ctx, const char *fqn);
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *ctx, int unit);
+/* The dtype of one parameter's views (its gradient view's too): the unit's
+   param_dtype when set, else the parameter's own. A unit holding several
+   dtypes (fsdp_unit_info.mixed_dtypes) gathers each parameter in its own,
+   so fsdp_param_dtype refuses it (FSDP_DTYPE_DEFAULT, naming this call)
+   unless a param_dtype makes them one; FSDP_DTYPE_DEFAULT for an unknown
+   name. Collective: no. */
+FSDP_API fsdp_dtype fsdp_param_view_dtype(fsdp_ctx *ctx, const char *fqn);
 /* Views by index, for engines that look names up once: the index of fqn
    (tied names included; stable for the context's life), or -1 (the reason
    in fsdp_ctx_last_error); then fsdp_param_at / fsdp_grad_at behave as
@@ -3238,6 +3271,10 @@ typedef struct fsdp_hf_desc {
        (dtype, shape, offsets) and the loader's records of the
        parameters. */
     size_t staging_bytes;
+    /* save, mixed dtypes (issue 46): 1 writes each tensor in its
+       parameter's own dtype (bf16 weights beside f32 norms stay so), and
+       dtype above is not used; 0: every tensor in dtype */
+    int keep_dtypes;
 } fsdp_hf_desc;
 
 /* Loads a Hugging Face model directory (or PEFT adapters) into the
@@ -13527,10 +13564,12 @@ typedef struct fsdp__unit {
     char **strings;  /* everything the infos point to */
     int nstrings, cap_strings;
     int cap_entries, cap_shared;
-    /* a mixed unit's groups (frozen, trainable): their own entries */
-    fsdp_unit_info group[2];
-    fsdp_flat_entry *gentries[2];
-    fsdp_shared_entry *gshared[2];
+    /* a mixed unit's groups (its parts: one per dtype and kind, frozen
+       before trainable): their own entries */
+    fsdp_unit_info group[FSDP_MAX_PARTS];
+    fsdp_flat_entry *gentries[FSDP_MAX_PARTS];
+    fsdp_shared_entry *gshared[FSDP_MAX_PARTS];
+    int ngroups;
 } fsdp__unit;
 
 struct fsdp_units {
@@ -13847,10 +13886,13 @@ FSDP__DEF const char *fsdp__relative(const char *fqn, const char *unit_fqn)
     return fqn;
 }
 
-/* A mixed unit's groups: group 0 the frozen entries, group 1 the trainable
-   ones, each in the unit's order with offsets as if it were a unit alone
-   (so its padded layout and shard metadata are PyTorch's for it); a tie
-   goes with its primary. Entries' param fields are public indices here. */
+/* A mixed unit's groups, one per (dtype, frozen/trainable) its parameters
+   have: the dtypes in the order of their first parameter, frozen before
+   trainable within a dtype (so a unit of one dtype has group 0 frozen and
+   group 1 trainable). Each holds its entries in the unit's order with
+   offsets as if it were a unit alone (so its padded layout and shard
+   metadata are PyTorch's for it); a tie goes with its primary. Entries'
+   param fields are public indices here. */
 FSDP__DEF int fsdp__param_trains(const fsdp_model *m, int param)
 {
     fsdp_param_info pi;
@@ -13859,30 +13901,64 @@ FSDP__DEF int fsdp__param_trains(const fsdp_model *m, int param)
     return pi.requires_grad != 0;
 }
 
+FSDP__DEF fsdp_dtype fsdp__param_dtype_of(const fsdp_model *m, int param)
+{
+    fsdp_param_info pi;
+    memset(&pi, 0, sizeof pi);
+    if (fsdp_model_param(m, param, &pi) != FSDP_SUCCESS) return FSDP_F32;
+    return pi.dtype;
+}
+
 FSDP__DEF fsdp_result fsdp__make_groups(fsdp_model *m, fsdp_units *u, fsdp__unit *un)
 {
-    int g, k, *gidx;
+    fsdp_dtype dts[FSDP_MAX_PARTS];
+    int ndt = 0, g, k, *gidx;
+    for (k = 0; k < un->info.nentries; k++) {
+        fsdp_dtype dt = fsdp__param_dtype_of(m, un->entries[k].param);
+        int j;
+        for (j = 0; j < ndt && dts[j] != dt; j++) {}
+        if (j == ndt) {
+            if (ndt == FSDP_MAX_PARTS / 2)
+                return fsdp__model_fail(m, FSDP_NOT_SUPPORTED, "fsdp_wrap: unit '%s' holds "
+                                        "parameters of more than %d dtypes", un->info.fqn,
+                                        FSDP_MAX_PARTS / 2);
+            dts[ndt++] = dt;
+        }
+    }
     gidx = (int *)fsdp__alloc(&u->hooks, (size_t)(un->info.nentries + 1) * sizeof(int));
     if (!gidx) return FSDP_OUT_OF_MEMORY;
-    for (g = 0; g < 2; g++) {
-        fsdp_unit_info *gi = &un->group[g];
+    un->ngroups = 0;
+    for (g = 0; g < 2 * ndt; g++) {
+        fsdp_unit_info *gi = &un->group[un->ngroups];
+        fsdp_dtype dt = dts[g / 2];
+        int trains = g % 2;
         int64_t off = 0;
         int ne = 0, ns = 0;
+        for (k = 0; k < un->info.nentries; k++)
+            if (fsdp__param_trains(m, un->entries[k].param) == trains &&
+                fsdp__param_dtype_of(m, un->entries[k].param) == dt)
+                break;
+        if (k == un->info.nentries) continue; /* no parameter of this kind */
         *gi = un->info;
         gi->mixed = 0;
-        gi->requires_grad = g;
+        gi->mixed_dtypes = 0;
+        gi->requires_grad = trains;
+        gi->dtype = dt;
         gi->nentries = gi->nshared = 0;
-        un->gentries[g] = (fsdp_flat_entry *)fsdp__alloc(
+        un->gentries[un->ngroups] = (fsdp_flat_entry *)fsdp__alloc(
             &u->hooks, (size_t)(un->info.nentries + 1) * sizeof(fsdp_flat_entry));
-        un->gshared[g] = (fsdp_shared_entry *)fsdp__alloc(
+        un->gshared[un->ngroups] = (fsdp_shared_entry *)fsdp__alloc(
             &u->hooks, (size_t)(un->info.nshared + 1) * sizeof(fsdp_shared_entry));
-        if (!un->gentries[g] || !un->gshared[g]) {
+        if (!un->gentries[un->ngroups] || !un->gshared[un->ngroups]) {
             fsdp__free(&u->hooks, gidx);
+            un->ngroups++; /* freed with the unit */
             return FSDP_OUT_OF_MEMORY;
         }
         for (k = 0; k < un->info.nentries; k++) {
-            fsdp_flat_entry *fe = &un->gentries[g][ne];
-            if (fsdp__param_trains(m, un->entries[k].param) != g) continue;
+            fsdp_flat_entry *fe = &un->gentries[un->ngroups][ne];
+            if (fsdp__param_trains(m, un->entries[k].param) != trains ||
+                fsdp__param_dtype_of(m, un->entries[k].param) != dt)
+                continue;
             *fe = un->entries[k];
             fe->offset = off;
             off += fe->numel;
@@ -13890,16 +13966,19 @@ FSDP__DEF fsdp_result fsdp__make_groups(fsdp_model *m, fsdp_units *u, fsdp__unit
         }
         for (k = 0; k < un->info.nshared; k++) {
             const fsdp_flat_entry *pe = &un->entries[un->shared[k].entry];
-            if (fsdp__param_trains(m, pe->param) != g) continue;
-            un->gshared[g][ns] = un->shared[k];
-            un->gshared[g][ns].entry = gidx[un->shared[k].entry];
+            if (fsdp__param_trains(m, pe->param) != trains ||
+                fsdp__param_dtype_of(m, pe->param) != dt)
+                continue;
+            un->gshared[un->ngroups][ns] = un->shared[k];
+            un->gshared[un->ngroups][ns].entry = gidx[un->shared[k].entry];
             ns++;
         }
         gi->nentries = ne;
         gi->nshared = ns;
-        gi->entries = un->gentries[g];
-        gi->shared = un->gshared[g];
+        gi->entries = un->gentries[un->ngroups];
+        gi->shared = un->gshared[un->ngroups];
         gi->numel = off;
+        un->ngroups++;
     }
     fsdp__free(&u->hooks, gidx);
     return FSDP_SUCCESS;
@@ -14007,7 +14086,8 @@ FSDP__DEF fsdp_result fsdp__make_unit(fsdp__walk *w, int mod, int by_policy, int
     fsdp__free(&m->hooks, entry_of);
     stack = entry_of = NULL;
     un->info.numel = off;
-    /* shapes, dtype and requires_grad: one dtype and one requires_grad per flat parameter */
+    /* shapes, dtype and requires_grad: one dtype and one requires_grad per
+       flat parameter (a mixed unit's groups) */
     un->shapes = (int64_t *)fsdp__calloc(&u->hooks, (size_t)(un->info.nentries ? un->info.nentries : 1),
                                          FSDP_MAX_DIMS * sizeof(int64_t));
     if (!un->shapes) return FSDP_OUT_OF_MEMORY;
@@ -14017,21 +14097,19 @@ FSDP__DEF fsdp_result fsdp__make_unit(fsdp__walk *w, int mod, int by_policy, int
         const fsdp__param *p0 = &m->params[un->entries[0].param];
         memcpy(un->shapes + (size_t)k * FSDP_MAX_DIMS, p->shape, sizeof p->shape);
         fe->shape = un->shapes + (size_t)k * FSDP_MAX_DIMS;
-        if (p->dtype != p0->dtype)
-            return fsdp__model_fail(m, FSDP_INVALID_MODEL,
-                                    "unit %d %s%s%s: parameters '%s' (%s) and '%s' (%s) have "
-                                    "different dtypes; a flat parameter holds one dtype (wrap "
-                                    "them in different units)", idx, ufqn[0] ? "'" : "",
-                                    ufqn[0] ? ufqn : "(root)", ufqn[0] ? "'" : "", p0->fqn,
-                                    fsdp_dtype_name(p0->dtype), p->fqn,
-                                    fsdp_dtype_name(p->dtype));
+        /* several dtypes make a mixed unit too: a group per (dtype, kind) */
+        if (p->dtype != p0->dtype) un->info.mixed = un->info.mixed_dtypes = 1;
         /* frozen and trainable together make a mixed unit (two groups) */
         if (p->requires_grad != p0->requires_grad) un->info.mixed = 1;
     }
     if (un->info.nentries) {
         un->info.dtype = m->params[un->entries[0].param].dtype;
         un->info.requires_grad = m->params[un->entries[0].param].requires_grad;
-        if (un->info.mixed) un->info.requires_grad = 1;
+        if (un->info.mixed) { /* any trainable parameter */
+            un->info.requires_grad = 0;
+            for (k = 0; k < un->info.nentries; k++)
+                if (m->params[un->entries[k].param].requires_grad) un->info.requires_grad = 1;
+        }
     }
     /* from raw indices to the public (state_dict) ones */
     for (k = 0; k < un->info.nentries; k++) un->entries[k].param = m->params[un->entries[k].param].order;
@@ -14093,7 +14171,7 @@ FSDP_API void fsdp_units_destroy(fsdp_units *u)
         fsdp__free(&h, un->entries);
         fsdp__free(&h, un->shared);
         fsdp__free(&h, un->shapes);
-        for (k = 0; k < 2; k++) {
+        for (k = 0; k < un->ngroups; k++) {
             fsdp__free(&h, un->gentries[k]);
             fsdp__free(&h, un->gshared[k]);
         }
@@ -14327,9 +14405,24 @@ FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info 
         out[0] = &un->info;
         return 1;
     }
+    if (un->ngroups > 2) return 0; /* fsdp_units_parts */
     out[0] = &un->group[0];
     out[1] = &un->group[1];
     return 2;
+}
+
+FSDP_API int fsdp_units_parts(const fsdp_units *u, int i, const fsdp_unit_info **out, int cap)
+{
+    const fsdp__unit *un;
+    int k;
+    if (!u || i < 0 || i >= u->count || (!out && cap > 0)) return 0;
+    un = &u->units[i];
+    if (!un->info.mixed) {
+        if (cap >= 1) out[0] = &un->info;
+        return 1;
+    }
+    for (k = 0; k < un->ngroups && k < cap; k++) out[k] = &un->group[k];
+    return un->ngroups;
 }
 
 FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u)
@@ -17439,6 +17532,12 @@ typedef struct fsdp__cunit {
     int pub;                      /* the fsdp_units index it belongs to */
 } fsdp__cunit;
 
+/* Mixed dtypes (issue 46): a unit's groups are gathered with one all-gather
+   of bytes. Each rank's chunk packs the groups' shards in the unit's group
+   order, each group's bytes starting at a multiple of 64, so the chunk is
+   the same size on every rank (S is) and every dtype stays aligned. */
+#define FSDP__FUSE_ALIGN 64
+
 /* A buffer of the plan lent to a phase outside training (fsdp__lend_open). */
 typedef struct fsdp__lend {
     char *base;
@@ -17518,6 +17617,10 @@ struct fsdp_ctx {
     fsdp_ckpt_options ckpt_opt;                 /* fsdp_ckpt_set_options (>>ckpt) */
     struct fsdp__estate *estate;                /* the engine's state (>>ckpt:state) */
     fsdp_ckpt_stats ckpt_save_st, ckpt_load_st; /* the latest timed save and load */
+    /* mixed dtypes (issue 46): the packed all-gather of a unit's groups */
+    void *ag_stage;      /* the gathered chunks (scratch of the plan) */
+    size_t ag_stage_bytes;
+    int fusing_pub;      /* the unit whose groups are being acquired, or -1 */
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -17724,6 +17827,32 @@ FSDP__DEF size_t fsdp__shard_bytes(const fsdp__cunit *cu, size_t elem)
     return (size_t)cu->S * elem;
 }
 
+/* Mixed dtypes: whether group cu's shared buffer (of slot_bytes) has room
+   for `need` bytes after its own block. The packed all-gather of its unit
+   then stages there, in memory the plan holds anyway: a bf16 layer's norm
+   group has a buffer sized for the layer's weights and uses a sliver of it. */
+FSDP__DEF int fsdp__fused_tail_fits(const fsdp__cunit *cu, size_t slot_bytes, size_t need)
+{
+    size_t b = fsdp__block_bytes(cu);
+    return !cu->resident && slot_bytes >= b && slot_bytes - b >= need;
+}
+
+/* Mixed dtypes: the bytes of one rank's packed chunk of unit pub's groups
+   (those with take[f - first] set, or all when take is NULL), each group's
+   shard in its gathered dtype at a multiple of FSDP__FUSE_ALIGN. */
+FSDP__DEF size_t fsdp__fused_chunk(const fsdp_ctx *c, int pub, const unsigned char *take)
+{
+    size_t b = 0;
+    int f;
+    for (f = c->pub_first[pub]; f < c->pub_first[pub + 1]; f++) {
+        const fsdp__cunit *cu = &c->u[f];
+        if (take && !take[f - c->pub_first[pub]]) continue;
+        b += ((size_t)cu->S * fsdp_dtype_size(cu->pdt) + FSDP__FUSE_ALIGN - 1) &
+             ~(size_t)(FSDP__FUSE_ALIGN - 1);
+    }
+    return b;
+}
+
 /* cpu_offload's optimizer step: every piece of every unit, split evenly
    between host threads by element (the arithmetic is element by element, so
    the split changes no bit). */
@@ -17925,6 +18054,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     }
     fsdp__free_dev(c, c->red_in, c->red_in_bytes);
     fsdp__free_dev(c, c->red_out, c->red_out_bytes);
+    fsdp__free_dev(c, c->ag_stage, c->ag_stage_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
@@ -18050,11 +18180,12 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
         c->rank = fsdp_comm_rank(d->comm);
         c->nranks = fsdp_comm_size(d->comm);
     }
+    c->fusing_pub = -1;
     c->npub = fsdp_units_count(d->units);
     c->nunits = 0;
     for (i = 0; i < c->npub; i++) {
-        const fsdp_unit_info *gs[2];
-        c->nunits += fsdp_units_groups(d->units, i, gs);
+        const fsdp_unit_info *gs[FSDP_MAX_PARTS];
+        c->nunits += fsdp_units_parts(d->units, i, gs, FSDP_MAX_PARTS);
     }
     c->hybrid_size = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
     c->max_unsharded = d->max_unsharded ? d->max_unsharded : 2;
@@ -18145,8 +18276,8 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
     c->pub_first = (int *)fsdp__alloc(&c->hooks, (size_t)(c->npub + 1) * sizeof(int));
     if (!c->u || !c->pub_first) return fsdp__ctx_create_oom(d);
     for (i = k = 0; i < c->npub; i++) {
-        const fsdp_unit_info *gs[2];
-        int g, ng = fsdp_units_groups(d->units, i, gs);
+        const fsdp_unit_info *gs[FSDP_MAX_PARTS];
+        int g, ng = fsdp_units_parts(d->units, i, gs, FSDP_MAX_PARTS);
         c->pub_first[i] = k;
         for (g = 0; g < ng; g++, k++) {
             c->u[k].info = gs[g];
@@ -18170,8 +18301,15 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         if (!cu->qname || !cu->inited || !cu->dbg.sum) return fsdp__ctx_create_oom(d);
         if (ui->fqn[0]) snprintf(cu->qname, strlen(ui->fqn) + 8, "'%s'", ui->fqn);
         else snprintf(cu->qname, 8, "(root)");
-        if (c->pub_first[cu->pub + 1] - c->pub_first[cu->pub] > 1) /* a mixed unit's group */
-            strcat(cu->qname, ui->requires_grad ? " (trainable)" : " (frozen)");
+        if (c->pub_first[cu->pub + 1] - c->pub_first[cu->pub] > 1) { /* a mixed unit's group */
+            if (fsdp_units_get(d->units, cu->pub)->mixed_dtypes) {
+                strcat(cu->qname, " (");
+                strcat(cu->qname, fsdp_dtype_name(ui->dtype));
+                strcat(cu->qname, ui->requires_grad ? " trainable)" : " frozen)");
+            } else {
+                strcat(cu->qname, ui->requires_grad ? " (trainable)" : " (frozen)");
+            }
+        }
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
         if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt))
@@ -18232,6 +18370,15 @@ FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
        (it then runs as NO_SHARD) */
     for (i = 0; i < c->nunits; i++)
         if (c->u[i].info->options.sharding == FSDP_HYBRID_SHARD && hs != c->nranks) hybrid = 1;
+    /* mixed dtypes' packed all-gather is proven on host memory only (the
+       CPU device, MPI, Gloo); a GPU run of it is not yet tested */
+    for (i = 0; i < c->npub; i++)
+        if (fsdp_units_get(c->units, i)->mixed_dtypes && !fsdp_device_host_accessible(c->dev))
+            return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: unit %d %s "
+                                     "holds parameters of several dtypes: not yet supported "
+                                     "on device '%s' (its packed all-gather is tested on "
+                                     "host memory only); wrap each dtype in a unit of its own",
+                                     i, c->u[c->pub_first[i]].qname, fsdp_device_name(c->dev));
     if (hybrid) {
         r = fsdp_comm_split(c->world, c->rank / hs, c->rank, &c->shard_comm);
         if (r == FSDP_SUCCESS) r = fsdp_comm_split(c->world, c->rank % hs, c->rank, &c->rep_comm);
@@ -18260,6 +18407,7 @@ typedef struct fsdp__ctx_sizes {
     unsigned state_mask; /* the optimizer-state buffers of some group */
     int nslots;
     size_t slot_bytes, red_in, red_out, off_f32, hstage;
+    size_t ag_stage; /* mixed dtypes: the packed all-gather's buffer */
 } fsdp__ctx_sizes;
 
 /* A resident unit's own unsharded block. */
@@ -18319,8 +18467,24 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         if (!c->u[i].resident && c->u[i].info != fsdp_units_get(c->units, c->u[i].pub) &&
             z->nslots < 2)
             z->nslots = 2;
+    /* mixed dtypes: all of a unit's groups at once, so a buffer for each of
+       them, and room for the packed buffer their one all-gather moves: the
+       spare end of one group's buffer where it fits, else a staging buffer
+       (the largest unit's: the comm stream runs one gather at a time) */
+    for (i = 0; i < c->npub; i++) {
+        int f, n = 0, fits = 0;
+        size_t all;
+        if (!fsdp_units_get(c->units, i)->mixed_dtypes) continue;
+        for (f = c->pub_first[i]; f < c->pub_first[i + 1]; f++) n += !c->u[f].resident;
+        if (n > z->nslots) z->nslots = n;
+        if (c->u[c->pub_first[i]].strat == FSDP_NO_SHARD) continue;
+        all = fsdp__fused_chunk(c, i, NULL) * (size_t)c->u[c->pub_first[i]].W;
+        for (f = c->pub_first[i]; f < c->pub_first[i + 1]; f++)
+            fits |= fsdp__fused_tail_fits(&c->u[f], z->slot_bytes, all);
+        if (!fits && all > z->ag_stage) z->ag_stage = all;
+    }
     p->pool += (size_t)z->nslots * z->slot_bytes;
-    p->scratch = z->red_in + z->red_out + z->off_f32;
+    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage;
     p->host_staging = z->hstage;
     p->pool_slots = z->nslots;
     shards = p->sharded_params + p->low_precision + p->sharded_grads + p->optimizer_state;
@@ -18392,8 +18556,10 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
     c->off_f32_bytes = z->off_f32;
     if ((r = fsdp__alloc_dev(c, z->red_in, &c->red_in, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->red_out, &c->red_out, &got.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS)
+        (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->ag_stage, &c->ag_stage, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
+    c->ag_stage_bytes = z->ag_stage;
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;
@@ -18718,8 +18884,8 @@ FSDP__DEF int fsdp__one_flat(const fsdp_ctx *c, int unit, const char *fn)
     if (fsdp__bad_unit(c, unit, fn)) return -1;
     if (c->pub_first[unit + 1] - c->pub_first[unit] == 1) return c->pub_first[unit];
     fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
-                   "%s: unit %d %s mixes frozen and trainable parameters, so it has two flat "
-                   "parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
+                   "%s: unit %d %s mixes frozen and trainable parameters, or dtypes, so it has "
+                   "several flat parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
                    fn);
     return -1;
 }
@@ -18754,7 +18920,18 @@ FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
 
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *c, int unit)
 {
+    int f;
     if (fsdp__bad_unit(c, unit, "fsdp_param_dtype")) return FSDP_DTYPE_DEFAULT;
+    /* a unit of several dtypes has no one answer: asked per parameter */
+    for (f = c->pub_first[unit] + 1; f < c->pub_first[unit + 1]; f++)
+        if (c->u[f].pdt != c->u[c->pub_first[unit]].pdt) {
+            fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS, "fsdp_param_dtype: "
+                           "unit %d %s gathers parameters in several dtypes (%s and %s); "
+                           "use fsdp_param_view_dtype(ctx, fqn)", unit,
+                           c->u[f].qname, fsdp_dtype_name(c->u[c->pub_first[unit]].pdt),
+                           fsdp_dtype_name(c->u[f].pdt));
+            return FSDP_DTYPE_DEFAULT;
+        }
     return c->u[c->pub_first[unit]].pdt;
 }
 
@@ -19423,6 +19600,7 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int how)
         fsdp__cunit *o;
         if (c->slots[i].owner < 0) continue; /* debug: free but watched */
         o = &c->u[c->slots[i].owner];
+        if (o->pub == c->fusing_pub) continue; /* a group gathered with this one */
         if (o->state == FSDP_UNIT_IDLE || o->state == FSDP_UNIT_BACKWARD_POST) {
             fsdp__release_slot(c, o); /* an unused prefetch, or a finished reduction */
             pick = i;
@@ -19482,6 +19660,118 @@ FSDP__DEF int fsdp__needs_zero_grad(const fsdp__cunit *cu)
 /* ---- src/runtime_gather.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:gather all-gathers, prefetch, forward --------------------- */
 
+/* The zeroing of a gathered unit's gradient behind its all-gather, and the
+   event that ends the gather (fsdp__gather's tail). */
+FSDP__DEF fsdp_result fsdp__gather_done(fsdp_ctx *c, fsdp__cunit *cu, int bwd)
+{
+    fsdp_result r;
+    /* a small gradient is zeroed where it is used: a queued memset would
+       cost a small unit a hand-off to the stream's worker, more than the
+       zeroing itself */
+    if (bwd && !cu->resident && fsdp__needs_zero_grad(cu) &&
+        fsdp__ugrad_bytes(cu) > FSDP__ZERO_ON_STREAM) {
+        r = fsdp_device_memset(c->dev, cu->ugrad, 0, fsdp__ugrad_bytes(cu), c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "zeroing the unsharded gradient");
+        cu->ag.grad_zeroed = 1;
+    }
+    r = fsdp_event_record(c->dev, cu->ag.ev, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "recording the all-gather");
+    cu->ag.held = 1;
+    cu->summon.f32 = 0;
+    cu->ag.pending = 1;
+    return FSDP_SUCCESS;
+}
+
+/* Mixed dtypes (issue 46): every group of unit pub not yet gathered, with
+   one all-gather of bytes. Each group's shard is copied into this rank's
+   chunk of a staging area (FSDP__FUSE_ALIGN; the spare end of a group's
+   shared buffer, or the plan's staging buffer), the chunks are gathered in
+   place, and each rank's piece of each group is copied to the group's
+   unsharded buffer: the flat layout (and so every view) is the group's
+   own, as in a unit of those parameters alone. Returns FSDP_NOT_FOUND
+   (setting nothing) when fewer than two groups need gathering; the caller
+   then gathers the one alone. */
+FSDP__DEF fsdp_result fsdp__gather_fused(fsdp_ctx *c, int pub, int try_only, int bwd)
+{
+    unsigned char take[FSDP_MAX_PARTS], got[FSDP_MAX_PARTS];
+    int first = c->pub_first[pub], n = c->pub_first[pub + 1] - first, f, k, ntake = 0, q;
+    fsdp__cunit *c0 = &c->u[first];
+    size_t B, off;
+    char *stage, *mine;
+    fsdp_result r = FSDP_SUCCESS;
+    for (k = 0; k < n; k++) {
+        const fsdp__cunit *cu = &c->u[first + k];
+        take[k] = !(cu->ag.held && !cu->summon.f32);
+        got[k] = 0;
+        ntake += take[k];
+    }
+    if (ntake < 2) return FSDP_NOT_FOUND;
+    B = fsdp__fused_chunk(c, pub, take);
+    c->fusing_pub = pub; /* no group of this unit evicts another */
+    for (k = 0; k < n && r == FSDP_SUCCESS; k++) {
+        fsdp__cunit *cu = &c->u[first + k];
+        if (!take[k]) continue;
+        got[k] = !cu->resident && cu->slot < 0;
+        r = fsdp__acquire(c, first + k, (try_only ? FSDP__ACQ_TRY : 0) | (bwd ? FSDP__ACQ_BWD : 0));
+        if (r != FSDP_SUCCESS) got[k] = 0;
+    }
+    c->fusing_pub = -1;
+    /* where the chunks land: the spare end of a group's buffer (every
+       non-resident group holds one now), else the staging buffer; the plan
+       made sure of one (fsdp__ctx_compute_plan) */
+    stage = NULL;
+    for (k = 0; k < n && r == FSDP_SUCCESS && !stage; k++) {
+        const fsdp__cunit *cu = &c->u[first + k];
+        if (cu->slot >= 0 &&
+            fsdp__fused_tail_fits(cu, c->slots[cu->slot].bytes, B * (size_t)c0->W))
+            stage = (char *)c->slots[cu->slot].base + fsdp__block_bytes(cu);
+    }
+    if (!stage && r == FSDP_SUCCESS) {
+        if (B * (size_t)c0->W <= c->ag_stage_bytes) {
+            stage = (char *)c->ag_stage;
+        } else { /* a bug in the plan if ever */
+            r = fsdp__ctx_fail(c, FSDP_ERROR, "unit %d %s: the packed all-gather needs %zu "
+                               "bytes, the plan has %zu", pub, c0->qname,
+                               B * (size_t)c0->W, c->ag_stage_bytes);
+        }
+    }
+    if (r != FSDP_SUCCESS) { /* all or nothing: a prefetch leaves no half */
+        for (k = 0; k < n; k++)
+            if (got[k]) fsdp__release_slot(c, &c->u[first + k]);
+        return r;
+    }
+    mine = stage + (size_t)c0->r * B;
+    for (k = 0, off = 0; k < n; k++) {
+        fsdp__cunit *cu = &c->u[first + k];
+        size_t bytes = (size_t)cu->S * fsdp_dtype_size(cu->pdt);
+        const void *shard = cu->lp ? cu->lp : (const void *)cu->master;
+        if (!take[k]) continue;
+        if (c->debug) cu->dbg.pkept = 0; /* gathered afresh */
+        if (bytes) {
+            r = fsdp_device_copy(c->dev, mine + off, shard, bytes, fsdp__from_shard(c), c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing a shard to gather");
+        }
+        off += (bytes + FSDP__FUSE_ALIGN - 1) & ~(size_t)(FSDP__FUSE_ALIGN - 1);
+    }
+    r = fsdp_all_gather(c0->comm, mine, stage, B, FSDP_U8, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c0->comm, r, "all-gather of parameters");
+    for (k = 0, off = 0; k < n; k++) {
+        fsdp__cunit *cu = &c->u[first + k];
+        size_t bytes = (size_t)cu->S * fsdp_dtype_size(cu->pdt);
+        if (!take[k]) continue;
+        for (q = 0; q < cu->W && bytes; q++) {
+            r = fsdp_device_copy(c->dev, (char *)cu->uparam + (size_t)q * bytes,
+                                 stage + (size_t)q * B + off, bytes, FSDP_COPY_D2D, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "unpacking gathered parameters");
+        }
+        off += (bytes + FSDP__FUSE_ALIGN - 1) & ~(size_t)(FSDP__FUSE_ALIGN - 1);
+    }
+    for (f = first; f < first + n; f++)
+        if (take[f - first] && (r = fsdp__gather_done(c, &c->u[f], bwd)) != FSDP_SUCCESS)
+            return r;
+    return FSDP_SUCCESS;
+}
+
 /* Issues the all-gather of a unit's parameters on the comm stream; for
    backward (bwd) also the zeroing of its unsharded gradient, behind the
    all-gather on the same stream: a prefetch then hides the zeroing with
@@ -19499,6 +19789,10 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only, int bwd)
         return fsdp__acquire(c, unit, try_only);
     }
     if (cu->ag.held && !cu->summon.f32) return FSDP_SUCCESS;
+    if (cu->strat != FSDP_NO_SHARD && fsdp_units_get(c->units, cu->pub)->mixed_dtypes) {
+        r = fsdp__gather_fused(c, cu->pub, try_only, bwd);
+        if (r != FSDP_NOT_FOUND) return r;
+    }
     r = fsdp__acquire(c, unit, (try_only ? FSDP__ACQ_TRY : 0) | (bwd ? FSDP__ACQ_BWD : 0));
     if (r != FSDP_SUCCESS) return r;
     if (c->debug) cu->dbg.pkept = 0; /* gathered afresh */
@@ -19518,21 +19812,7 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only, int bwd)
         r = fsdp_all_gather(cu->comm, shard, cu->uparam, (size_t)cu->S, cu->pdt, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "all-gather of parameters");
     }
-    /* a small gradient is zeroed where it is used: a queued memset would
-       cost a small unit a hand-off to the stream's worker, more than the
-       zeroing itself */
-    if (bwd && !cu->resident && fsdp__needs_zero_grad(cu) &&
-        fsdp__ugrad_bytes(cu) > FSDP__ZERO_ON_STREAM) {
-        r = fsdp_device_memset(c->dev, cu->ugrad, 0, fsdp__ugrad_bytes(cu), c->cs);
-        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "zeroing the unsharded gradient");
-        cu->ag.grad_zeroed = 1;
-    }
-    r = fsdp_event_record(c->dev, cu->ag.ev, c->cs);
-    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "recording the all-gather");
-    cu->ag.held = 1;
-    cu->summon.f32 = 0;
-    cu->ag.pending = 1;
-    return FSDP_SUCCESS;
+    return fsdp__gather_done(c, cu, bwd);
 }
 
 /* Makes the unit's gathered parameters visible to the engine. */
@@ -20160,6 +20440,14 @@ FSDP_API void *fsdp_grad(fsdp_ctx *c, const char *fqn)
     if (!c) return NULL;
     if ((i = fsdp__find_pref(c, fqn, "fsdp_grad")) < 0) return NULL;
     return fsdp__grad_view(c, i, "fsdp_grad");
+}
+
+FSDP_API fsdp_dtype fsdp_param_view_dtype(fsdp_ctx *c, const char *fqn)
+{
+    int i;
+    if (!c) return FSDP_DTYPE_DEFAULT;
+    if ((i = fsdp__find_pref(c, fqn, "fsdp_param_view_dtype")) < 0) return FSDP_DTYPE_DEFAULT;
+    return c->u[c->prefs[i].unit].pdt;
 }
 
 FSDP_API int fsdp_param_index(fsdp_ctx *c, const char *fqn)
@@ -21111,7 +21399,7 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
     if ((flags & FSDP_SUMMON_OFFLOAD) && c->pub_first[unit + 1] - c->pub_first[unit] > 1)
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
                               "fsdp_summon_begin: unit %d %s mixes frozen and trainable "
-                              "parameters: FSDP_SUMMON_OFFLOAD is not supported for it (summon "
+                              "parameters, or dtypes: FSDP_SUMMON_OFFLOAD is not supported for it (summon "
                               "into device views instead)", unit, c->u[c->pub_first[unit]].qname);
     for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
         if ((r = fsdp__summon_begin_flat(c, f, flags, host)) != FSDP_SUCCESS) return r;
@@ -23273,7 +23561,7 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: %s: not supported for a local state "
                               "dict (one flat parameter per unit); use a sharded one", fn,
                               c->nunits != c->npub ? "a unit mixing frozen and trainable "
-                              "parameters" : "FSDP_SD_TRAINABLE_ONLY");
+                              "parameters, or dtypes" : "FSDP_SD_TRAINABLE_ONLY");
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
     if ((r = fsdp__sd_new(&c->hooks, o->kind, c->dev, &sd)) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, r, "%s: out of memory", fn);
@@ -28162,6 +28450,8 @@ typedef struct fsdp__hf_out {
     int64_t numel;
     int file;
     int64_t begin, bytes;  /* in the file's data section */
+    fsdp_dtype dt;         /* in the file: desc.dtype, or with keep_dtypes its own */
+    int64_t eso;           /* its size */
 } fsdp__hf_out;
 
 typedef struct fsdp__hf_ofile {
@@ -28176,7 +28466,7 @@ typedef struct fsdp__hf_save {
     fsdp__hf_ofile *files;
     int nfiles;
     fsdp_dtype dt;
-    size_t eso;
+    size_t eso;         /* the largest of the tensors' element sizes (staging) */
     char *target, *tmp; /* dir without trailing '/', and its temporary twin */
 } fsdp__hf_save;
 
@@ -28240,10 +28530,14 @@ FSDP__DEF fsdp_result fsdp__hf_plan(fsdp__hf *H, fsdp__hf_save *S)
         o->ndim = fe->ndim;
         memcpy(o->shape, fe->shape, (size_t)fe->ndim * sizeof(int64_t));
         o->numel = fe->numel;
-        if (o->numel > INT64_MAX / (int64_t)S->eso)
+        /* keep_dtypes: the parameter's own (its flat parameter's dtype) */
+        o->dt = H->d.keep_dtypes ? c->u[it->unit].info->dtype : S->dt;
+        o->eso = (int64_t)fsdp_dtype_size(o->dt);
+        if ((size_t)o->eso > S->eso) S->eso = (size_t)o->eso;
+        if (o->numel > INT64_MAX / o->eso)
             return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: '%s' is too large", H->where,
                                   it->fqn);
-        o->bytes = o->numel * (int64_t)S->eso;
+        o->bytes = o->numel * o->eso;
     }
     if (!S->nout)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: nothing to save: no parameter of the "
@@ -28284,7 +28578,6 @@ FSDP__DEF fsdp_result fsdp__hf_create(fsdp__hf *H, fsdp__hf_save *S, int k)
     fsdp__sb sb;
     char *path;
     unsigned char len8[8];
-    const char *dn = fsdp__st_dtype_name(S->dt);
     int i, d, fd;
     fsdp_result r = FSDP_SUCCESS;
     memset(&sb, 0, sizeof sb);
@@ -28295,7 +28588,7 @@ FSDP__DEF fsdp_result fsdp__hf_create(fsdp__hf *H, fsdp__hf_save *S, int k)
         if (o->file != k) continue;
         fsdp__sb_str(&sb, ",");
         fsdp__sb_json(&sb, o->name);
-        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", dn);
+        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", fsdp__st_dtype_name(o->dt));
         for (d = 0; d < o->ndim; d++)
             fsdp__sb_printf(&sb, "%s%lld", d ? "," : "",
                             (long long)o->shape[o->it->transpose ? o->ndim - 1 - d : d]);
@@ -28355,7 +28648,7 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
     const fsdp__hf_ofile *f = &S->files[o->file];
     fsdp_copy_kind kind = from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H;
     const float *src = from + o->flat_off;
-    int64_t pos0 = f->data_start + o->begin, eso = (int64_t)S->eso;
+    int64_t pos0 = f->data_start + o->begin, eso = o->eso;
     char *path = fsdp__path_join(&c->hooks, S->tmp, f->name);
     fsdp_result r = FSDP_SUCCESS;
     int fd;
@@ -28379,8 +28672,8 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
                 }
                 data = w->f;
             }
-            if (S->dt != FSDP_F32) {
-                fsdp_convert(w->o, S->dt, data, FSDP_F32, (size_t)m);
+            if (o->dt != FSDP_F32) {
+                fsdp_convert(w->o, o->dt, data, FSDP_F32, (size_t)m);
                 data = w->o;
             }
             r = fsdp__hf_put(H, fd, pos0 + k * eso, data, (size_t)(m * eso), path, o);
@@ -28403,8 +28696,8 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
                     blk = w->f;
                 }
                 fsdp__hf_transpose(w->t, blk, nr, nc, 4); /* nc file rows of nr */
-                if (S->dt != FSDP_F32) {
-                    fsdp_convert(w->o, S->dt, w->t, FSDP_F32, (size_t)(nr * nc));
+                if (o->dt != FSDP_F32) {
+                    fsdp_convert(w->o, o->dt, w->t, FSDP_F32, (size_t)(nr * nc));
                     data = (const char *)w->o;
                 }
                 if (nr == R) /* whole file rows i0..i0+nc-1: one range */

@@ -48,7 +48,19 @@ typedef struct fsdp_unit_info {
        numel above stay those of the whole unit; gradients, their
        reduction and optimizer state exist for the trainable group only. */
     int mixed;
+    /* mixed dtypes (issue 46): 1 when the unit's parameters have several
+       storage dtypes (bf16 weights beside f32 norms). It is then mixed as
+       well, with one group per (dtype, frozen/trainable): the dtypes in the
+       order of their first parameter, frozen before trainable; each group
+       is a flat parameter of one dtype (its dtype field), laid out and
+       sharded as a unit of those parameters alone would be, and
+       fsdp_units_parts lists them. dtype above is then the unit's first
+       parameter's. */
+    int mixed_dtypes;
 } fsdp_unit_info;
+
+/* The most groups a unit has: one per (dtype, frozen/trainable). */
+#define FSDP_MAX_PARTS 8
 
 /* Shard metadata of one rank, exactly as FlatParamHandle.shard() computes it:
    shard_numel = ceil(numel / world) (0 when numel is 0); rank r holds flat

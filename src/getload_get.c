@@ -470,7 +470,7 @@ FSDP__DEF fsdp_result fsdp__build(fsdp_ctx *c, const fsdp__bopts *o, fsdp_state_
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "%s: %s: not supported for a local state "
                               "dict (one flat parameter per unit); use a sharded one", fn,
                               c->nunits != c->npub ? "a unit mixing frozen and trainable "
-                              "parameters" : "FSDP_SD_TRAINABLE_ONLY");
+                              "parameters, or dtypes" : "FSDP_SD_TRAINABLE_ONLY");
     if ((r = fsdp__sync_all(c, fn)) != FSDP_SUCCESS) return r;
     if ((r = fsdp__sd_new(&c->hooks, o->kind, c->dev, &sd)) != FSDP_SUCCESS)
         return fsdp__ctx_fail(c, r, "%s: out of memory", fn);

@@ -136,6 +136,10 @@ typedef struct fsdp_hf_desc {
        (dtype, shape, offsets) and the loader's records of the
        parameters. */
     size_t staging_bytes;
+    /* save, mixed dtypes (issue 46): 1 writes each tensor in its
+       parameter's own dtype (bf16 weights beside f32 norms stay so), and
+       dtype above is not used; 0: every tensor in dtype */
+    int keep_dtypes;
 } fsdp_hf_desc;
 
 /* Loads a Hugging Face model directory (or PEFT adapters) into the

@@ -11,6 +11,8 @@ typedef struct fsdp__hf_out {
     int64_t numel;
     int file;
     int64_t begin, bytes;  /* in the file's data section */
+    fsdp_dtype dt;         /* in the file: desc.dtype, or with keep_dtypes its own */
+    int64_t eso;           /* its size */
 } fsdp__hf_out;
 
 typedef struct fsdp__hf_ofile {
@@ -25,7 +27,7 @@ typedef struct fsdp__hf_save {
     fsdp__hf_ofile *files;
     int nfiles;
     fsdp_dtype dt;
-    size_t eso;
+    size_t eso;         /* the largest of the tensors' element sizes (staging) */
     char *target, *tmp; /* dir without trailing '/', and its temporary twin */
 } fsdp__hf_save;
 
@@ -89,10 +91,14 @@ FSDP__DEF fsdp_result fsdp__hf_plan(fsdp__hf *H, fsdp__hf_save *S)
         o->ndim = fe->ndim;
         memcpy(o->shape, fe->shape, (size_t)fe->ndim * sizeof(int64_t));
         o->numel = fe->numel;
-        if (o->numel > INT64_MAX / (int64_t)S->eso)
+        /* keep_dtypes: the parameter's own (its flat parameter's dtype) */
+        o->dt = H->d.keep_dtypes ? c->u[it->unit].info->dtype : S->dt;
+        o->eso = (int64_t)fsdp_dtype_size(o->dt);
+        if ((size_t)o->eso > S->eso) S->eso = (size_t)o->eso;
+        if (o->numel > INT64_MAX / o->eso)
             return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: '%s' is too large", H->where,
                                   it->fqn);
-        o->bytes = o->numel * (int64_t)S->eso;
+        o->bytes = o->numel * o->eso;
     }
     if (!S->nout)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "%s: nothing to save: no parameter of the "
@@ -133,7 +139,6 @@ FSDP__DEF fsdp_result fsdp__hf_create(fsdp__hf *H, fsdp__hf_save *S, int k)
     fsdp__sb sb;
     char *path;
     unsigned char len8[8];
-    const char *dn = fsdp__st_dtype_name(S->dt);
     int i, d, fd;
     fsdp_result r = FSDP_SUCCESS;
     memset(&sb, 0, sizeof sb);
@@ -144,7 +149,7 @@ FSDP__DEF fsdp_result fsdp__hf_create(fsdp__hf *H, fsdp__hf_save *S, int k)
         if (o->file != k) continue;
         fsdp__sb_str(&sb, ",");
         fsdp__sb_json(&sb, o->name);
-        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", dn);
+        fsdp__sb_printf(&sb, ":{\"dtype\":\"%s\",\"shape\":[", fsdp__st_dtype_name(o->dt));
         for (d = 0; d < o->ndim; d++)
             fsdp__sb_printf(&sb, "%s%lld", d ? "," : "",
                             (long long)o->shape[o->it->transpose ? o->ndim - 1 - d : d]);
@@ -204,7 +209,7 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
     const fsdp__hf_ofile *f = &S->files[o->file];
     fsdp_copy_kind kind = from_host ? FSDP_COPY_H2H : FSDP_COPY_D2H;
     const float *src = from + o->flat_off;
-    int64_t pos0 = f->data_start + o->begin, eso = (int64_t)S->eso;
+    int64_t pos0 = f->data_start + o->begin, eso = o->eso;
     char *path = fsdp__path_join(&c->hooks, S->tmp, f->name);
     fsdp_result r = FSDP_SUCCESS;
     int fd;
@@ -228,8 +233,8 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
                 }
                 data = w->f;
             }
-            if (S->dt != FSDP_F32) {
-                fsdp_convert(w->o, S->dt, data, FSDP_F32, (size_t)m);
+            if (o->dt != FSDP_F32) {
+                fsdp_convert(w->o, o->dt, data, FSDP_F32, (size_t)m);
                 data = w->o;
             }
             r = fsdp__hf_put(H, fd, pos0 + k * eso, data, (size_t)(m * eso), path, o);
@@ -252,8 +257,8 @@ FSDP__DEF fsdp_result fsdp__hf_write(fsdp__hf *H, fsdp__hf_save *S, const fsdp__
                     blk = w->f;
                 }
                 fsdp__hf_transpose(w->t, blk, nr, nc, 4); /* nc file rows of nr */
-                if (S->dt != FSDP_F32) {
-                    fsdp_convert(w->o, S->dt, w->t, FSDP_F32, (size_t)(nr * nc));
+                if (o->dt != FSDP_F32) {
+                    fsdp_convert(w->o, o->dt, w->t, FSDP_F32, (size_t)(nr * nc));
                     data = (const char *)w->o;
                 }
                 if (nr == R) /* whole file rows i0..i0+nc-1: one range */

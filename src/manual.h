@@ -160,7 +160,9 @@
           CHECK(add_linear(model, "fc2", 1, HID), fsdp_model_last_error(model));
 
       Tied weights are shared parameters (fsdp_model_add_shared_param),
-      frozen ones have fsdp_param_desc.frozen = 1, and an engine that keeps
+      frozen ones have fsdp_param_desc.frozen = 1, a unit may hold
+      parameters of several dtypes (bf16 weights beside f32 norms, one
+      all-gather for all: fsdp_units_parts, >>wrap), and an engine that keeps
       one array per tensor kind describes its model with a layout table
       (fsdp_model_add_layout, >>model).
 

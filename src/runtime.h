@@ -289,6 +289,13 @@ FSDP_API void *fsdp_param(fsdp_ctx *ctx, const char *fqn);
    accumulation is on. The engine adds into it. */
 FSDP_API void *fsdp_grad(fsdp_ctx *ctx, const char *fqn);
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *ctx, int unit);
+/* The dtype of one parameter's views (its gradient view's too): the unit's
+   param_dtype when set, else the parameter's own. A unit holding several
+   dtypes (fsdp_unit_info.mixed_dtypes) gathers each parameter in its own,
+   so fsdp_param_dtype refuses it (FSDP_DTYPE_DEFAULT, naming this call)
+   unless a param_dtype makes them one; FSDP_DTYPE_DEFAULT for an unknown
+   name. Collective: no. */
+FSDP_API fsdp_dtype fsdp_param_view_dtype(fsdp_ctx *ctx, const char *fqn);
 /* Views by index, for engines that look names up once: the index of fqn
    (tied names included; stable for the context's life), or -1 (the reason
    in fsdp_ctx_last_error); then fsdp_param_at / fsdp_grad_at behave as

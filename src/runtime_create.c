@@ -91,11 +91,12 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
         c->rank = fsdp_comm_rank(d->comm);
         c->nranks = fsdp_comm_size(d->comm);
     }
+    c->fusing_pub = -1;
     c->npub = fsdp_units_count(d->units);
     c->nunits = 0;
     for (i = 0; i < c->npub; i++) {
-        const fsdp_unit_info *gs[2];
-        c->nunits += fsdp_units_groups(d->units, i, gs);
+        const fsdp_unit_info *gs[FSDP_MAX_PARTS];
+        c->nunits += fsdp_units_parts(d->units, i, gs, FSDP_MAX_PARTS);
     }
     c->hybrid_size = d->hybrid_shard_size ? d->hybrid_shard_size : c->nranks;
     c->max_unsharded = d->max_unsharded ? d->max_unsharded : 2;
@@ -186,8 +187,8 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
     c->pub_first = (int *)fsdp__alloc(&c->hooks, (size_t)(c->npub + 1) * sizeof(int));
     if (!c->u || !c->pub_first) return fsdp__ctx_create_oom(d);
     for (i = k = 0; i < c->npub; i++) {
-        const fsdp_unit_info *gs[2];
-        int g, ng = fsdp_units_groups(d->units, i, gs);
+        const fsdp_unit_info *gs[FSDP_MAX_PARTS];
+        int g, ng = fsdp_units_parts(d->units, i, gs, FSDP_MAX_PARTS);
         c->pub_first[i] = k;
         for (g = 0; g < ng; g++, k++) {
             c->u[k].info = gs[g];
@@ -211,8 +212,15 @@ FSDP__DEF fsdp_result fsdp__ctx_resolve_units(fsdp_ctx *c, const fsdp_ctx_desc *
         if (!cu->qname || !cu->inited || !cu->dbg.sum) return fsdp__ctx_create_oom(d);
         if (ui->fqn[0]) snprintf(cu->qname, strlen(ui->fqn) + 8, "'%s'", ui->fqn);
         else snprintf(cu->qname, 8, "(root)");
-        if (c->pub_first[cu->pub + 1] - c->pub_first[cu->pub] > 1) /* a mixed unit's group */
-            strcat(cu->qname, ui->requires_grad ? " (trainable)" : " (frozen)");
+        if (c->pub_first[cu->pub + 1] - c->pub_first[cu->pub] > 1) { /* a mixed unit's group */
+            if (fsdp_units_get(d->units, cu->pub)->mixed_dtypes) {
+                strcat(cu->qname, " (");
+                strcat(cu->qname, fsdp_dtype_name(ui->dtype));
+                strcat(cu->qname, ui->requires_grad ? " trainable)" : " frozen)");
+            } else {
+                strcat(cu->qname, ui->requires_grad ? " (trainable)" : " (frozen)");
+            }
+        }
         cu->pdt = ui->options.param_dtype ? ui->options.param_dtype : ui->dtype;
         cu->rdt = ui->options.reduce_dtype ? ui->options.reduce_dtype : cu->pdt;
         if (!fsdp_dtype_is_float(cu->pdt) || !fsdp_dtype_is_float(cu->rdt))
@@ -273,6 +281,15 @@ FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
        (it then runs as NO_SHARD) */
     for (i = 0; i < c->nunits; i++)
         if (c->u[i].info->options.sharding == FSDP_HYBRID_SHARD && hs != c->nranks) hybrid = 1;
+    /* mixed dtypes' packed all-gather is proven on host memory only (the
+       CPU device, MPI, Gloo); a GPU run of it is not yet tested */
+    for (i = 0; i < c->npub; i++)
+        if (fsdp_units_get(c->units, i)->mixed_dtypes && !fsdp_device_host_accessible(c->dev))
+            return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: unit %d %s "
+                                     "holds parameters of several dtypes: not yet supported "
+                                     "on device '%s' (its packed all-gather is tested on "
+                                     "host memory only); wrap each dtype in a unit of its own",
+                                     i, c->u[c->pub_first[i]].qname, fsdp_device_name(c->dev));
     if (hybrid) {
         r = fsdp_comm_split(c->world, c->rank / hs, c->rank, &c->shard_comm);
         if (r == FSDP_SUCCESS) r = fsdp_comm_split(c->world, c->rank % hs, c->rank, &c->rep_comm);
@@ -301,6 +318,7 @@ typedef struct fsdp__ctx_sizes {
     unsigned state_mask; /* the optimizer-state buffers of some group */
     int nslots;
     size_t slot_bytes, red_in, red_out, off_f32, hstage;
+    size_t ag_stage; /* mixed dtypes: the packed all-gather's buffer */
 } fsdp__ctx_sizes;
 
 /* A resident unit's own unsharded block. */
@@ -360,8 +378,24 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         if (!c->u[i].resident && c->u[i].info != fsdp_units_get(c->units, c->u[i].pub) &&
             z->nslots < 2)
             z->nslots = 2;
+    /* mixed dtypes: all of a unit's groups at once, so a buffer for each of
+       them, and room for the packed buffer their one all-gather moves: the
+       spare end of one group's buffer where it fits, else a staging buffer
+       (the largest unit's: the comm stream runs one gather at a time) */
+    for (i = 0; i < c->npub; i++) {
+        int f, n = 0, fits = 0;
+        size_t all;
+        if (!fsdp_units_get(c->units, i)->mixed_dtypes) continue;
+        for (f = c->pub_first[i]; f < c->pub_first[i + 1]; f++) n += !c->u[f].resident;
+        if (n > z->nslots) z->nslots = n;
+        if (c->u[c->pub_first[i]].strat == FSDP_NO_SHARD) continue;
+        all = fsdp__fused_chunk(c, i, NULL) * (size_t)c->u[c->pub_first[i]].W;
+        for (f = c->pub_first[i]; f < c->pub_first[i + 1]; f++)
+            fits |= fsdp__fused_tail_fits(&c->u[f], z->slot_bytes, all);
+        if (!fits && all > z->ag_stage) z->ag_stage = all;
+    }
     p->pool += (size_t)z->nslots * z->slot_bytes;
-    p->scratch = z->red_in + z->red_out + z->off_f32;
+    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage;
     p->host_staging = z->hstage;
     p->pool_slots = z->nslots;
     shards = p->sharded_params + p->low_precision + p->sharded_grads + p->optimizer_state;
@@ -433,8 +467,10 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
     c->off_f32_bytes = z->off_f32;
     if ((r = fsdp__alloc_dev(c, z->red_in, &c->red_in, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->red_out, &c->red_out, &got.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS)
+        (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->ag_stage, &c->ag_stage, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
+    c->ag_stage_bytes = z->ag_stage;
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;

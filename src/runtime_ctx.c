@@ -74,6 +74,12 @@ typedef struct fsdp__cunit {
     int pub;                      /* the fsdp_units index it belongs to */
 } fsdp__cunit;
 
+/* Mixed dtypes (issue 46): a unit's groups are gathered with one all-gather
+   of bytes. Each rank's chunk packs the groups' shards in the unit's group
+   order, each group's bytes starting at a multiple of 64, so the chunk is
+   the same size on every rank (S is) and every dtype stays aligned. */
+#define FSDP__FUSE_ALIGN 64
+
 /* A buffer of the plan lent to a phase outside training (fsdp__lend_open). */
 typedef struct fsdp__lend {
     char *base;
@@ -153,6 +159,10 @@ struct fsdp_ctx {
     fsdp_ckpt_options ckpt_opt;                 /* fsdp_ckpt_set_options (>>ckpt) */
     struct fsdp__estate *estate;                /* the engine's state (>>ckpt:state) */
     fsdp_ckpt_stats ckpt_save_st, ckpt_load_st; /* the latest timed save and load */
+    /* mixed dtypes (issue 46): the packed all-gather of a unit's groups */
+    void *ag_stage;      /* the gathered chunks (scratch of the plan) */
+    size_t ag_stage_bytes;
+    int fusing_pub;      /* the unit whose groups are being acquired, or -1 */
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -359,6 +369,32 @@ FSDP__DEF size_t fsdp__shard_bytes(const fsdp__cunit *cu, size_t elem)
     return (size_t)cu->S * elem;
 }
 
+/* Mixed dtypes: whether group cu's shared buffer (of slot_bytes) has room
+   for `need` bytes after its own block. The packed all-gather of its unit
+   then stages there, in memory the plan holds anyway: a bf16 layer's norm
+   group has a buffer sized for the layer's weights and uses a sliver of it. */
+FSDP__DEF int fsdp__fused_tail_fits(const fsdp__cunit *cu, size_t slot_bytes, size_t need)
+{
+    size_t b = fsdp__block_bytes(cu);
+    return !cu->resident && slot_bytes >= b && slot_bytes - b >= need;
+}
+
+/* Mixed dtypes: the bytes of one rank's packed chunk of unit pub's groups
+   (those with take[f - first] set, or all when take is NULL), each group's
+   shard in its gathered dtype at a multiple of FSDP__FUSE_ALIGN. */
+FSDP__DEF size_t fsdp__fused_chunk(const fsdp_ctx *c, int pub, const unsigned char *take)
+{
+    size_t b = 0;
+    int f;
+    for (f = c->pub_first[pub]; f < c->pub_first[pub + 1]; f++) {
+        const fsdp__cunit *cu = &c->u[f];
+        if (take && !take[f - c->pub_first[pub]]) continue;
+        b += ((size_t)cu->S * fsdp_dtype_size(cu->pdt) + FSDP__FUSE_ALIGN - 1) &
+             ~(size_t)(FSDP__FUSE_ALIGN - 1);
+    }
+    return b;
+}
+
 /* cpu_offload's optimizer step: every piece of every unit, split evenly
    between host threads by element (the arithmetic is element by element, so
    the split changes no bit). */
@@ -560,6 +596,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     }
     fsdp__free_dev(c, c->red_in, c->red_in_bytes);
     fsdp__free_dev(c, c->red_out, c->red_out_bytes);
+    fsdp__free_dev(c, c->ag_stage, c->ag_stage_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);

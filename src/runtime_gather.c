@@ -1,5 +1,117 @@
 /* --- >>runtime:gather all-gathers, prefetch, forward --------------------- */
 
+/* The zeroing of a gathered unit's gradient behind its all-gather, and the
+   event that ends the gather (fsdp__gather's tail). */
+FSDP__DEF fsdp_result fsdp__gather_done(fsdp_ctx *c, fsdp__cunit *cu, int bwd)
+{
+    fsdp_result r;
+    /* a small gradient is zeroed where it is used: a queued memset would
+       cost a small unit a hand-off to the stream's worker, more than the
+       zeroing itself */
+    if (bwd && !cu->resident && fsdp__needs_zero_grad(cu) &&
+        fsdp__ugrad_bytes(cu) > FSDP__ZERO_ON_STREAM) {
+        r = fsdp_device_memset(c->dev, cu->ugrad, 0, fsdp__ugrad_bytes(cu), c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "zeroing the unsharded gradient");
+        cu->ag.grad_zeroed = 1;
+    }
+    r = fsdp_event_record(c->dev, cu->ag.ev, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "recording the all-gather");
+    cu->ag.held = 1;
+    cu->summon.f32 = 0;
+    cu->ag.pending = 1;
+    return FSDP_SUCCESS;
+}
+
+/* Mixed dtypes (issue 46): every group of unit pub not yet gathered, with
+   one all-gather of bytes. Each group's shard is copied into this rank's
+   chunk of a staging area (FSDP__FUSE_ALIGN; the spare end of a group's
+   shared buffer, or the plan's staging buffer), the chunks are gathered in
+   place, and each rank's piece of each group is copied to the group's
+   unsharded buffer: the flat layout (and so every view) is the group's
+   own, as in a unit of those parameters alone. Returns FSDP_NOT_FOUND
+   (setting nothing) when fewer than two groups need gathering; the caller
+   then gathers the one alone. */
+FSDP__DEF fsdp_result fsdp__gather_fused(fsdp_ctx *c, int pub, int try_only, int bwd)
+{
+    unsigned char take[FSDP_MAX_PARTS], got[FSDP_MAX_PARTS];
+    int first = c->pub_first[pub], n = c->pub_first[pub + 1] - first, f, k, ntake = 0, q;
+    fsdp__cunit *c0 = &c->u[first];
+    size_t B, off;
+    char *stage, *mine;
+    fsdp_result r = FSDP_SUCCESS;
+    for (k = 0; k < n; k++) {
+        const fsdp__cunit *cu = &c->u[first + k];
+        take[k] = !(cu->ag.held && !cu->summon.f32);
+        got[k] = 0;
+        ntake += take[k];
+    }
+    if (ntake < 2) return FSDP_NOT_FOUND;
+    B = fsdp__fused_chunk(c, pub, take);
+    c->fusing_pub = pub; /* no group of this unit evicts another */
+    for (k = 0; k < n && r == FSDP_SUCCESS; k++) {
+        fsdp__cunit *cu = &c->u[first + k];
+        if (!take[k]) continue;
+        got[k] = !cu->resident && cu->slot < 0;
+        r = fsdp__acquire(c, first + k, (try_only ? FSDP__ACQ_TRY : 0) | (bwd ? FSDP__ACQ_BWD : 0));
+        if (r != FSDP_SUCCESS) got[k] = 0;
+    }
+    c->fusing_pub = -1;
+    /* where the chunks land: the spare end of a group's buffer (every
+       non-resident group holds one now), else the staging buffer; the plan
+       made sure of one (fsdp__ctx_compute_plan) */
+    stage = NULL;
+    for (k = 0; k < n && r == FSDP_SUCCESS && !stage; k++) {
+        const fsdp__cunit *cu = &c->u[first + k];
+        if (cu->slot >= 0 &&
+            fsdp__fused_tail_fits(cu, c->slots[cu->slot].bytes, B * (size_t)c0->W))
+            stage = (char *)c->slots[cu->slot].base + fsdp__block_bytes(cu);
+    }
+    if (!stage && r == FSDP_SUCCESS) {
+        if (B * (size_t)c0->W <= c->ag_stage_bytes) {
+            stage = (char *)c->ag_stage;
+        } else { /* a bug in the plan if ever */
+            r = fsdp__ctx_fail(c, FSDP_ERROR, "unit %d %s: the packed all-gather needs %zu "
+                               "bytes, the plan has %zu", pub, c0->qname,
+                               B * (size_t)c0->W, c->ag_stage_bytes);
+        }
+    }
+    if (r != FSDP_SUCCESS) { /* all or nothing: a prefetch leaves no half */
+        for (k = 0; k < n; k++)
+            if (got[k]) fsdp__release_slot(c, &c->u[first + k]);
+        return r;
+    }
+    mine = stage + (size_t)c0->r * B;
+    for (k = 0, off = 0; k < n; k++) {
+        fsdp__cunit *cu = &c->u[first + k];
+        size_t bytes = (size_t)cu->S * fsdp_dtype_size(cu->pdt);
+        const void *shard = cu->lp ? cu->lp : (const void *)cu->master;
+        if (!take[k]) continue;
+        if (c->debug) cu->dbg.pkept = 0; /* gathered afresh */
+        if (bytes) {
+            r = fsdp_device_copy(c->dev, mine + off, shard, bytes, fsdp__from_shard(c), c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing a shard to gather");
+        }
+        off += (bytes + FSDP__FUSE_ALIGN - 1) & ~(size_t)(FSDP__FUSE_ALIGN - 1);
+    }
+    r = fsdp_all_gather(c0->comm, mine, stage, B, FSDP_U8, c->cs);
+    if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, c0->comm, r, "all-gather of parameters");
+    for (k = 0, off = 0; k < n; k++) {
+        fsdp__cunit *cu = &c->u[first + k];
+        size_t bytes = (size_t)cu->S * fsdp_dtype_size(cu->pdt);
+        if (!take[k]) continue;
+        for (q = 0; q < cu->W && bytes; q++) {
+            r = fsdp_device_copy(c->dev, (char *)cu->uparam + (size_t)q * bytes,
+                                 stage + (size_t)q * B + off, bytes, FSDP_COPY_D2D, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "unpacking gathered parameters");
+        }
+        off += (bytes + FSDP__FUSE_ALIGN - 1) & ~(size_t)(FSDP__FUSE_ALIGN - 1);
+    }
+    for (f = first; f < first + n; f++)
+        if (take[f - first] && (r = fsdp__gather_done(c, &c->u[f], bwd)) != FSDP_SUCCESS)
+            return r;
+    return FSDP_SUCCESS;
+}
+
 /* Issues the all-gather of a unit's parameters on the comm stream; for
    backward (bwd) also the zeroing of its unsharded gradient, behind the
    all-gather on the same stream: a prefetch then hides the zeroing with
@@ -17,6 +129,10 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only, int bwd)
         return fsdp__acquire(c, unit, try_only);
     }
     if (cu->ag.held && !cu->summon.f32) return FSDP_SUCCESS;
+    if (cu->strat != FSDP_NO_SHARD && fsdp_units_get(c->units, cu->pub)->mixed_dtypes) {
+        r = fsdp__gather_fused(c, cu->pub, try_only, bwd);
+        if (r != FSDP_NOT_FOUND) return r;
+    }
     r = fsdp__acquire(c, unit, (try_only ? FSDP__ACQ_TRY : 0) | (bwd ? FSDP__ACQ_BWD : 0));
     if (r != FSDP_SUCCESS) return r;
     if (c->debug) cu->dbg.pkept = 0; /* gathered afresh */
@@ -36,21 +152,7 @@ FSDP__DEF fsdp_result fsdp__gather(fsdp_ctx *c, int unit, int try_only, int bwd)
         r = fsdp_all_gather(cu->comm, shard, cu->uparam, (size_t)cu->S, cu->pdt, c->cs);
         if (r != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, r, "all-gather of parameters");
     }
-    /* a small gradient is zeroed where it is used: a queued memset would
-       cost a small unit a hand-off to the stream's worker, more than the
-       zeroing itself */
-    if (bwd && !cu->resident && fsdp__needs_zero_grad(cu) &&
-        fsdp__ugrad_bytes(cu) > FSDP__ZERO_ON_STREAM) {
-        r = fsdp_device_memset(c->dev, cu->ugrad, 0, fsdp__ugrad_bytes(cu), c->cs);
-        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "zeroing the unsharded gradient");
-        cu->ag.grad_zeroed = 1;
-    }
-    r = fsdp_event_record(c->dev, cu->ag.ev, c->cs);
-    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "recording the all-gather");
-    cu->ag.held = 1;
-    cu->summon.f32 = 0;
-    cu->ag.pending = 1;
-    return FSDP_SUCCESS;
+    return fsdp__gather_done(c, cu, bwd);
 }
 
 /* Makes the unit's gathered parameters visible to the engine. */

@@ -121,6 +121,7 @@ FSDP__DEF fsdp_result fsdp__acquire(fsdp_ctx *c, int unit, int how)
         fsdp__cunit *o;
         if (c->slots[i].owner < 0) continue; /* debug: free but watched */
         o = &c->u[c->slots[i].owner];
+        if (o->pub == c->fusing_pub) continue; /* a group gathered with this one */
         if (o->state == FSDP_UNIT_IDLE || o->state == FSDP_UNIT_BACKWARD_POST) {
             fsdp__release_slot(c, o); /* an unused prefetch, or a finished reduction */
             pick = i;

@@ -22,8 +22,8 @@ FSDP__DEF int fsdp__one_flat(const fsdp_ctx *c, int unit, const char *fn)
     if (fsdp__bad_unit(c, unit, fn)) return -1;
     if (c->pub_first[unit + 1] - c->pub_first[unit] == 1) return c->pub_first[unit];
     fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS,
-                   "%s: unit %d %s mixes frozen and trainable parameters, so it has two flat "
-                   "parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
+                   "%s: unit %d %s mixes frozen and trainable parameters, or dtypes, so it has "
+                   "several flat parameters (groups): use %s_group", fn, unit, c->u[c->pub_first[unit]].qname,
                    fn);
     return -1;
 }
@@ -58,7 +58,18 @@ FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *c, fsdp_memory_plan *out)
 
 FSDP_API fsdp_dtype fsdp_param_dtype(const fsdp_ctx *c, int unit)
 {
+    int f;
     if (fsdp__bad_unit(c, unit, "fsdp_param_dtype")) return FSDP_DTYPE_DEFAULT;
+    /* a unit of several dtypes has no one answer: asked per parameter */
+    for (f = c->pub_first[unit] + 1; f < c->pub_first[unit + 1]; f++)
+        if (c->u[f].pdt != c->u[c->pub_first[unit]].pdt) {
+            fsdp__ctx_fail((fsdp_ctx *)(uintptr_t)c, FSDP_INVALID_ARGS, "fsdp_param_dtype: "
+                           "unit %d %s gathers parameters in several dtypes (%s and %s); "
+                           "use fsdp_param_view_dtype(ctx, fqn)", unit,
+                           c->u[f].qname, fsdp_dtype_name(c->u[c->pub_first[unit]].pdt),
+                           fsdp_dtype_name(c->u[f].pdt));
+            return FSDP_DTYPE_DEFAULT;
+        }
     return c->u[c->pub_first[unit]].pdt;
 }
 

@@ -116,7 +116,7 @@ FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *c, int unit, unsigned flags, fl
     if ((flags & FSDP_SUMMON_OFFLOAD) && c->pub_first[unit + 1] - c->pub_first[unit] > 1)
         return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
                               "fsdp_summon_begin: unit %d %s mixes frozen and trainable "
-                              "parameters: FSDP_SUMMON_OFFLOAD is not supported for it (summon "
+                              "parameters, or dtypes: FSDP_SUMMON_OFFLOAD is not supported for it (summon "
                               "into device views instead)", unit, c->u[c->pub_first[unit]].qname);
     for (f = c->pub_first[unit]; f < c->pub_first[unit + 1]; f++)
         if ((r = fsdp__summon_begin_flat(c, f, flags, host)) != FSDP_SUCCESS) return r;

@@ -71,6 +71,14 @@ FSDP_API void *fsdp_grad(fsdp_ctx *c, const char *fqn)
     return fsdp__grad_view(c, i, "fsdp_grad");
 }
 
+FSDP_API fsdp_dtype fsdp_param_view_dtype(fsdp_ctx *c, const char *fqn)
+{
+    int i;
+    if (!c) return FSDP_DTYPE_DEFAULT;
+    if ((i = fsdp__find_pref(c, fqn, "fsdp_param_view_dtype")) < 0) return FSDP_DTYPE_DEFAULT;
+    return c->u[c->prefs[i].unit].pdt;
+}
+
 FSDP_API int fsdp_param_index(fsdp_ctx *c, const char *fqn)
 {
     return c ? fsdp__find_pref(c, fqn, "fsdp_param_index") : -1;

@@ -11,10 +11,12 @@ typedef struct fsdp__unit {
     char **strings;  /* everything the infos point to */
     int nstrings, cap_strings;
     int cap_entries, cap_shared;
-    /* a mixed unit's groups (frozen, trainable): their own entries */
-    fsdp_unit_info group[2];
-    fsdp_flat_entry *gentries[2];
-    fsdp_shared_entry *gshared[2];
+    /* a mixed unit's groups (its parts: one per dtype and kind, frozen
+       before trainable): their own entries */
+    fsdp_unit_info group[FSDP_MAX_PARTS];
+    fsdp_flat_entry *gentries[FSDP_MAX_PARTS];
+    fsdp_shared_entry *gshared[FSDP_MAX_PARTS];
+    int ngroups;
 } fsdp__unit;
 
 struct fsdp_units {
@@ -331,10 +333,13 @@ FSDP__DEF const char *fsdp__relative(const char *fqn, const char *unit_fqn)
     return fqn;
 }
 
-/* A mixed unit's groups: group 0 the frozen entries, group 1 the trainable
-   ones, each in the unit's order with offsets as if it were a unit alone
-   (so its padded layout and shard metadata are PyTorch's for it); a tie
-   goes with its primary. Entries' param fields are public indices here. */
+/* A mixed unit's groups, one per (dtype, frozen/trainable) its parameters
+   have: the dtypes in the order of their first parameter, frozen before
+   trainable within a dtype (so a unit of one dtype has group 0 frozen and
+   group 1 trainable). Each holds its entries in the unit's order with
+   offsets as if it were a unit alone (so its padded layout and shard
+   metadata are PyTorch's for it); a tie goes with its primary. Entries'
+   param fields are public indices here. */
 FSDP__DEF int fsdp__param_trains(const fsdp_model *m, int param)
 {
     fsdp_param_info pi;
@@ -343,30 +348,64 @@ FSDP__DEF int fsdp__param_trains(const fsdp_model *m, int param)
     return pi.requires_grad != 0;
 }
 
+FSDP__DEF fsdp_dtype fsdp__param_dtype_of(const fsdp_model *m, int param)
+{
+    fsdp_param_info pi;
+    memset(&pi, 0, sizeof pi);
+    if (fsdp_model_param(m, param, &pi) != FSDP_SUCCESS) return FSDP_F32;
+    return pi.dtype;
+}
+
 FSDP__DEF fsdp_result fsdp__make_groups(fsdp_model *m, fsdp_units *u, fsdp__unit *un)
 {
-    int g, k, *gidx;
+    fsdp_dtype dts[FSDP_MAX_PARTS];
+    int ndt = 0, g, k, *gidx;
+    for (k = 0; k < un->info.nentries; k++) {
+        fsdp_dtype dt = fsdp__param_dtype_of(m, un->entries[k].param);
+        int j;
+        for (j = 0; j < ndt && dts[j] != dt; j++) {}
+        if (j == ndt) {
+            if (ndt == FSDP_MAX_PARTS / 2)
+                return fsdp__model_fail(m, FSDP_NOT_SUPPORTED, "fsdp_wrap: unit '%s' holds "
+                                        "parameters of more than %d dtypes", un->info.fqn,
+                                        FSDP_MAX_PARTS / 2);
+            dts[ndt++] = dt;
+        }
+    }
     gidx = (int *)fsdp__alloc(&u->hooks, (size_t)(un->info.nentries + 1) * sizeof(int));
     if (!gidx) return FSDP_OUT_OF_MEMORY;
-    for (g = 0; g < 2; g++) {
-        fsdp_unit_info *gi = &un->group[g];
+    un->ngroups = 0;
+    for (g = 0; g < 2 * ndt; g++) {
+        fsdp_unit_info *gi = &un->group[un->ngroups];
+        fsdp_dtype dt = dts[g / 2];
+        int trains = g % 2;
         int64_t off = 0;
         int ne = 0, ns = 0;
+        for (k = 0; k < un->info.nentries; k++)
+            if (fsdp__param_trains(m, un->entries[k].param) == trains &&
+                fsdp__param_dtype_of(m, un->entries[k].param) == dt)
+                break;
+        if (k == un->info.nentries) continue; /* no parameter of this kind */
         *gi = un->info;
         gi->mixed = 0;
-        gi->requires_grad = g;
+        gi->mixed_dtypes = 0;
+        gi->requires_grad = trains;
+        gi->dtype = dt;
         gi->nentries = gi->nshared = 0;
-        un->gentries[g] = (fsdp_flat_entry *)fsdp__alloc(
+        un->gentries[un->ngroups] = (fsdp_flat_entry *)fsdp__alloc(
             &u->hooks, (size_t)(un->info.nentries + 1) * sizeof(fsdp_flat_entry));
-        un->gshared[g] = (fsdp_shared_entry *)fsdp__alloc(
+        un->gshared[un->ngroups] = (fsdp_shared_entry *)fsdp__alloc(
             &u->hooks, (size_t)(un->info.nshared + 1) * sizeof(fsdp_shared_entry));
-        if (!un->gentries[g] || !un->gshared[g]) {
+        if (!un->gentries[un->ngroups] || !un->gshared[un->ngroups]) {
             fsdp__free(&u->hooks, gidx);
+            un->ngroups++; /* freed with the unit */
             return FSDP_OUT_OF_MEMORY;
         }
         for (k = 0; k < un->info.nentries; k++) {
-            fsdp_flat_entry *fe = &un->gentries[g][ne];
-            if (fsdp__param_trains(m, un->entries[k].param) != g) continue;
+            fsdp_flat_entry *fe = &un->gentries[un->ngroups][ne];
+            if (fsdp__param_trains(m, un->entries[k].param) != trains ||
+                fsdp__param_dtype_of(m, un->entries[k].param) != dt)
+                continue;
             *fe = un->entries[k];
             fe->offset = off;
             off += fe->numel;
@@ -374,16 +413,19 @@ FSDP__DEF fsdp_result fsdp__make_groups(fsdp_model *m, fsdp_units *u, fsdp__unit
         }
         for (k = 0; k < un->info.nshared; k++) {
             const fsdp_flat_entry *pe = &un->entries[un->shared[k].entry];
-            if (fsdp__param_trains(m, pe->param) != g) continue;
-            un->gshared[g][ns] = un->shared[k];
-            un->gshared[g][ns].entry = gidx[un->shared[k].entry];
+            if (fsdp__param_trains(m, pe->param) != trains ||
+                fsdp__param_dtype_of(m, pe->param) != dt)
+                continue;
+            un->gshared[un->ngroups][ns] = un->shared[k];
+            un->gshared[un->ngroups][ns].entry = gidx[un->shared[k].entry];
             ns++;
         }
         gi->nentries = ne;
         gi->nshared = ns;
-        gi->entries = un->gentries[g];
-        gi->shared = un->gshared[g];
+        gi->entries = un->gentries[un->ngroups];
+        gi->shared = un->gshared[un->ngroups];
         gi->numel = off;
+        un->ngroups++;
     }
     fsdp__free(&u->hooks, gidx);
     return FSDP_SUCCESS;
@@ -491,7 +533,8 @@ FSDP__DEF fsdp_result fsdp__make_unit(fsdp__walk *w, int mod, int by_policy, int
     fsdp__free(&m->hooks, entry_of);
     stack = entry_of = NULL;
     un->info.numel = off;
-    /* shapes, dtype and requires_grad: one dtype and one requires_grad per flat parameter */
+    /* shapes, dtype and requires_grad: one dtype and one requires_grad per
+       flat parameter (a mixed unit's groups) */
     un->shapes = (int64_t *)fsdp__calloc(&u->hooks, (size_t)(un->info.nentries ? un->info.nentries : 1),
                                          FSDP_MAX_DIMS * sizeof(int64_t));
     if (!un->shapes) return FSDP_OUT_OF_MEMORY;
@@ -501,21 +544,19 @@ FSDP__DEF fsdp_result fsdp__make_unit(fsdp__walk *w, int mod, int by_policy, int
         const fsdp__param *p0 = &m->params[un->entries[0].param];
         memcpy(un->shapes + (size_t)k * FSDP_MAX_DIMS, p->shape, sizeof p->shape);
         fe->shape = un->shapes + (size_t)k * FSDP_MAX_DIMS;
-        if (p->dtype != p0->dtype)
-            return fsdp__model_fail(m, FSDP_INVALID_MODEL,
-                                    "unit %d %s%s%s: parameters '%s' (%s) and '%s' (%s) have "
-                                    "different dtypes; a flat parameter holds one dtype (wrap "
-                                    "them in different units)", idx, ufqn[0] ? "'" : "",
-                                    ufqn[0] ? ufqn : "(root)", ufqn[0] ? "'" : "", p0->fqn,
-                                    fsdp_dtype_name(p0->dtype), p->fqn,
-                                    fsdp_dtype_name(p->dtype));
+        /* several dtypes make a mixed unit too: a group per (dtype, kind) */
+        if (p->dtype != p0->dtype) un->info.mixed = un->info.mixed_dtypes = 1;
         /* frozen and trainable together make a mixed unit (two groups) */
         if (p->requires_grad != p0->requires_grad) un->info.mixed = 1;
     }
     if (un->info.nentries) {
         un->info.dtype = m->params[un->entries[0].param].dtype;
         un->info.requires_grad = m->params[un->entries[0].param].requires_grad;
-        if (un->info.mixed) un->info.requires_grad = 1;
+        if (un->info.mixed) { /* any trainable parameter */
+            un->info.requires_grad = 0;
+            for (k = 0; k < un->info.nentries; k++)
+                if (m->params[un->entries[k].param].requires_grad) un->info.requires_grad = 1;
+        }
     }
     /* from raw indices to the public (state_dict) ones */
     for (k = 0; k < un->info.nentries; k++) un->entries[k].param = m->params[un->entries[k].param].order;
@@ -577,7 +618,7 @@ FSDP_API void fsdp_units_destroy(fsdp_units *u)
         fsdp__free(&h, un->entries);
         fsdp__free(&h, un->shared);
         fsdp__free(&h, un->shapes);
-        for (k = 0; k < 2; k++) {
+        for (k = 0; k < un->ngroups; k++) {
             fsdp__free(&h, un->gentries[k]);
             fsdp__free(&h, un->gshared[k]);
         }
@@ -811,9 +852,24 @@ FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info 
         out[0] = &un->info;
         return 1;
     }
+    if (un->ngroups > 2) return 0; /* fsdp_units_parts */
     out[0] = &un->group[0];
     out[1] = &un->group[1];
     return 2;
+}
+
+FSDP_API int fsdp_units_parts(const fsdp_units *u, int i, const fsdp_unit_info **out, int cap)
+{
+    const fsdp__unit *un;
+    int k;
+    if (!u || i < 0 || i >= u->count || (!out && cap > 0)) return 0;
+    un = &u->units[i];
+    if (!un->info.mixed) {
+        if (cap >= 1) out[0] = &un->info;
+        return 1;
+    }
+    for (k = 0; k < un->ngroups && k < cap; k++) out[k] = &un->group[k];
+    return un->ngroups;
 }
 
 FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u)

@@ -91,7 +91,9 @@ typedef struct fsdp_wrap_desc {
 /* Applies the policy to the model and builds the units in wrap order
    (post-order, the root last), each with its flat parameter (two for a
    unit mixing frozen and trainable parameters: fsdp_unit_info.mixed).
-   Errors (mixed dtypes in one unit, ...) go to fsdp_model_last_error. */
+   A unit may hold parameters of several dtypes (fsdp_unit_info.mixed_dtypes):
+   each keeps its dtype, and the runtime gathers the unit's groups with one
+   all-gather. Errors go to fsdp_model_last_error. */
 FSDP_API fsdp_result fsdp_wrap(fsdp_model *m, const fsdp_wrap_desc *desc, fsdp_units **out);
 FSDP_API void fsdp_units_destroy(fsdp_units *u);
 FSDP_API int fsdp_units_count(const fsdp_units *u);
@@ -103,8 +105,18 @@ FSDP_API int64_t fsdp_units_total_wrapped(const fsdp_units *u);
 /* The flat parameters of unit i: 1 and out[0] = the unit itself, or for a
    mixed unit 2: out[0] its frozen group, out[1] its trainable group (their
    index, fqn, module and options are the unit's; entries, shared, numel and
-   requires_grad their own). 0 when i is out of range. out holds 2. */
+   requires_grad their own). 0 when i is out of range. out holds 2. A unit
+   of several dtypes (fsdp_unit_info.mixed_dtypes) may have more groups:
+   for one with more than 2 this returns 0; use fsdp_units_parts. */
 FSDP_API int fsdp_units_groups(const fsdp_units *u, int i, const fsdp_unit_info **out);
+/* Every flat parameter (group) of unit i, for any unit: the count (at most
+   FSDP_MAX_PARTS), writing the first min(count, cap) into out (NULL with
+   cap 0: the count alone). A uniform
+   unit has 1 (the unit); a unit mixing frozen and trainable parameters of
+   one dtype 2 (frozen, trainable); a unit of several dtypes one per
+   (dtype, frozen/trainable) it holds, each with its own dtype, numel and
+   shard layout (fsdp_unit_info.mixed_dtypes). 0 when i is out of range. */
+FSDP_API int fsdp_units_parts(const fsdp_units *u, int i, const fsdp_unit_info **out, int cap);
 /* PyTorch FSDP 1.x names of what named_parameters() lists on the wrapped
    model ("_fsdp_wrapped_module.flat_param", ignored parameters under their
    wrapper path), in its order: for interop with PyTorch's local names. */

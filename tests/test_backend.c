@@ -1278,8 +1278,229 @@ static const check_case CASES[] = {
     {"all_gather", NULL}, {"reductions", NULL}, {"broadcast", NULL}, {"on_stream", NULL},
     {"async", NULL},      {"split", NULL},      {"runtime", NULL},   {"zero", NULL},
     {"ckpt", NULL},       {"mismatch", NULL},   {"world_size", NULL}, {"timeout", NULL},
-    {"options", NULL},
+    {"options", NULL},    {"mixed", NULL},
 };
+
+/* ---------------------------------------------------------------------- */
+/* Mixed dtypes in one unit (issue 46)                                     */
+
+/* Two blocks of a bf16 weight beside an f32 norm, and an f32 root
+   parameter. Wrapped as one unit per block (split 0: one packed all-gather
+   of both dtypes) or with the norm as a unit of its own (split 1), trained
+   with AdamW from gathered views in each parameter's dtype; out receives
+   the f32 masters of every parameter (model order). */
+enum { MX_L = 2, MX_D = 5, MX_STEPS = 2, MX_N = MX_L * (2 * MX_D * MX_D + MX_D) + MX_D };
+
+static fsdp_model *mx_model(void)
+{
+    fsdp_model *m = model_new("Net", 0);
+    fsdp_param_desc p;
+    char mod[32];
+    int l, k;
+    if (!m) return NULL;
+    if (fsdp_model_add_module(m, "h", "ModuleList")) goto fail;
+    for (l = 0; l < MX_L; l++) {
+        if (add_module_l(m, "h.%d", l, "Block") || add_module_l(m, "h.%d.fc", l, "Linear") ||
+            add_module_l(m, "h.%d.ln", l, "LayerNorm"))
+            goto fail;
+        for (k = 0; k < 2; k++) {
+            memset(&p, 0, sizeof p);
+            snprintf(mod, sizeof mod, k ? "h.%d.ln" : "h.%d.fc", l);
+            p.module = mod;
+            p.name = "weight";
+            p.ndim = k ? 1 : 2;
+            p.shape[0] = k ? MX_D : 2 * MX_D;
+            p.shape[1] = MX_D;
+            p.dtype = k ? FSDP_F32 : FSDP_BF16;
+            if (fsdp_model_add_param(m, &p)) goto fail;
+        }
+    }
+    memset(&p, 0, sizeof p);
+    p.name = "scale";
+    p.ndim = 1;
+    p.shape[0] = MX_D;
+    if (fsdp_model_add_param(m, &p)) goto fail;
+    return m;
+fail:
+    fsdp_model_destroy(m);
+    return NULL;
+}
+
+static fsdp_units *mx_wrap(fsdp_model *m, int split)
+{
+    static const char *const pre[2][4] = {{"h.0", "h.1", NULL, NULL},
+                                          {"h.0.ln", "h.0", "h.1.ln", "h.1"}};
+    fsdp_unit_spec specs[4];
+    fsdp_units *u = NULL;
+    int k, n = split ? 4 : 2;
+    memset(specs, 0, sizeof specs);
+    for (k = 0; k < n; k++) specs[k].prefix = pre[split][k];
+    return wrap_units(m, specs, n, NULL, &u) == FSDP_SUCCESS ? u : NULL;
+}
+
+static float mx_get(const void *v, fsdp_dtype dt, int i)
+{
+    return dt == FSDP_BF16 ? fsdp_bf16_to_f32(((const uint16_t *)v)[i]) : ((const float *)v)[i];
+}
+
+static void mx_add(void *v, fsdp_dtype dt, int i, float x)
+{
+    if (dt == FSDP_BF16)
+        ((uint16_t *)v)[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(((uint16_t *)v)[i]) + x);
+    else
+        ((float *)v)[i] += x;
+}
+
+static int mx_train(int split, int offload, fsdp_comm *comm, fsdp_device *dev, float *out,
+                    char *msg, size_t cap)
+{
+    int rank = fsdp_comm_rank(comm), i, l, s, k, ok = 0, np;
+    fsdp_model *m = mx_model();
+    fsdp_units *u = m ? mx_wrap(m, split) : NULL;
+    fsdp_ctx_desc d;
+    fsdp_ctx *ctx = NULL;
+    fsdp_error err;
+    fsdp_state_dict *sd = NULL;
+    const char *what = "creating";
+    memset(&d, 0, sizeof d);
+    memset(&err, 0, sizeof err);
+    if (!u) {
+        snprintf(msg, cap, "building the mixed-dtype model failed");
+        fsdp_model_destroy(m);
+        return 0;
+    }
+    d.hooks.error = &err;
+    d.model = m;
+    d.units = u;
+    d.device = dev;
+    d.comm = comm;
+    d.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    d.optim.lr = 0.01;
+    d.cpu_offload = offload;
+    d.max_unsharded = 4;
+    if (fsdp_ctx_create(&d, &ctx) != FSDP_SUCCESS) {
+        snprintf(msg, cap, "fsdp_ctx_create: %s", err.message);
+        goto done;
+    }
+    np = fsdp_model_num_params(m);
+    what = "initialising";
+    for (i = 0; i < np; i++) {
+        fsdp_param_info pi;
+        float buf[2 * MX_D * MX_D];
+        if (fsdp_model_param(m, i, &pi) != FSDP_SUCCESS) goto fail;
+        for (k = 0; k < pi.numel; k++) buf[k] = (float)gen(i, (size_t)k, 77u);
+        if (fsdp_set_full_param(ctx, pi.fqn, buf, FSDP_F32) != FSDP_SUCCESS) goto fail;
+    }
+    what = "training";
+    for (s = 0; s < MX_STEPS; s++) {
+        int nu = fsdp_units_count(u), root = nu - 1;
+        if (fsdp_begin_forward(ctx, root)) goto fail;
+        for (i = 0; i < root; i++)
+            if (fsdp_begin_forward(ctx, i) || fsdp_end_forward(ctx, i)) goto fail;
+        if (fsdp_end_forward(ctx, root) || fsdp_begin_backward(ctx, root)) goto fail;
+        for (l = MX_L - 1; l >= 0; l--) {
+            char fw[32], fl[32];
+            const void *pw, *pl;
+            void *gw, *gl;
+            float acc = 0;
+            snprintf(fw, sizeof fw, "h.%d.fc.weight", l);
+            snprintf(fl, sizeof fl, "h.%d.ln.weight", l);
+            for (i = root - 1; i >= 0; i--) {
+                const char *f = fsdp_units_get(u, i)->fqn;
+                if (f[2] - '0' == l && fsdp_begin_backward(ctx, i)) goto fail;
+            }
+            if (fsdp_param_view_dtype(ctx, fw) != FSDP_BF16 ||
+                fsdp_param_view_dtype(ctx, fl) != FSDP_F32 || !(pw = fsdp_param(ctx, fw)) ||
+                !(pl = fsdp_param(ctx, fl)) || !(gw = fsdp_grad(ctx, fw)) ||
+                !(gl = fsdp_grad(ctx, fl)))
+                goto fail;
+            for (k = 0; k < MX_D; k++) acc += mx_get(pl, FSDP_F32, k);
+            for (k = 0; k < 2 * MX_D * MX_D; k++)
+                mx_add(gw, FSDP_BF16, k, 0.1f * mx_get(pw, FSDP_BF16, k) + 0.01f * acc +
+                                             0.001f * (float)(rank + 1));
+            for (k = 0; k < MX_D; k++)
+                mx_add(gl, FSDP_F32, k, mx_get(pw, FSDP_BF16, k) * (float)(rank + s + 1));
+            for (i = 0; i < root; i++) {
+                const char *f = fsdp_units_get(u, i)->fqn;
+                if (f[2] - '0' == l && fsdp_end_backward(ctx, i)) goto fail;
+            }
+        }
+        {
+            float *g = (float *)fsdp_grad(ctx, "scale");
+            if (!g) goto fail;
+            for (k = 0; k < MX_D; k++) g[k] += (float)(k + rank);
+        }
+        if (fsdp_end_backward(ctx, root) || fsdp_step(ctx)) goto fail;
+    }
+    what = "the full state dict";
+    if (fsdp_get_full_state_dict(ctx, FSDP_SD_OFFLOAD, &sd) != FSDP_SUCCESS) goto fail;
+    for (i = 0, k = 0; i < fsdp_state_dict_count(sd); i++) {
+        const fsdp_tensor *t = fsdp_state_dict_tensor(sd, i);
+        if (t->dtype != FSDP_F32 || k + t->numel > MX_N) goto fail;
+        memcpy(out + k, t->data, (size_t)t->numel * 4);
+        k += (int)t->numel;
+    }
+    ok = k == MX_N;
+fail:
+    if (!ok) snprintf(msg, cap, "%s wrapping%s, %s: %s", split ? "split" : "mixed",
+                      offload ? " with cpu_offload" : "", what, fsdp_ctx_last_error(ctx));
+done:
+    fsdp_state_dict_destroy(sd);
+    fsdp_ctx_destroy(ctx);
+    fsdp_units_destroy(u);
+    fsdp_model_destroy(m);
+    return ok;
+}
+
+typedef struct mx_job {
+    float *out;
+} mx_job;
+
+static int mx_ref_rank(int rank, int nranks, fsdp_local_world *world, void *user)
+{
+    mx_job *job = (mx_job *)user;
+    fsdp_device *dev = NULL;
+    fsdp_comm *comm = NULL;
+    float got[MX_N];
+    char msg[FSDP_ERROR_MAX + 128] = "";
+    int ok = 0;
+    (void)nranks;
+    if (fsdp_device_cpu_create(NULL, &dev) == FSDP_SUCCESS &&
+        fsdp_comm_local_create(world, rank, dev, &comm) == FSDP_SUCCESS)
+        ok = mx_train(1, 0, comm, dev, got, msg, sizeof msg);
+    if (ok && rank == 0) memcpy(job->out, got, sizeof got);
+    if (!ok) fprintf(stderr, "mixed reference run: %s\n", msg);
+    fsdp_comm_destroy(comm);
+    fsdp_device_destroy(dev);
+    return ok ? 0 : 1;
+}
+
+/* On this backend, a unit per block holding bf16 and f32 parameters (one
+   packed all-gather each) with and without cpu_offload ends in the bits
+   of the local backend's run with a unit per dtype at the same rank
+   count. */
+static void test_mixed_units(fsdp_comm *c, fsdp_device *dev)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c), off, bad, first, j, res[64] = {0};
+    float got[MX_N], ref[MX_N];
+    char msg[FSDP_ERROR_MAX + 128] = "";
+    fsdp_local_desc ld;
+    mx_job job;
+    if (n > 64) return;
+    memset(&ld, 0, sizeof ld);
+    ld.nranks = n;
+    job.out = ref;
+    CHECK_RANK(fsdp_local_run(&ld, mx_ref_rank, &job, res) == FSDP_SUCCESS, r,
+               "the local reference run (split wrapping) failed");
+    for (j = 0; j < n; j++) CHECK_RANK(res[j] == 0, r, "local reference rank %d failed", j);
+    for (off = 0; off < 2; off++) {
+        CHECK_RANK(mx_train(0, off, c, dev, got, msg, sizeof msg), r, "%s", msg);
+        bad = count_diff(got, ref, MX_N, &first);
+        CHECK_RANK(bad == 0, r, "mixed-dtype units%s: %d parameters differ (bitwise) from "
+                   "the local backend's unit per dtype, the first at %d",
+                   off ? " with cpu_offload" : "", bad, first);
+    }
+}
 
 static void run_common(fsdp_comm *c, fsdp_device *dev)
 {
@@ -1304,6 +1525,7 @@ static void run_common(fsdp_comm *c, fsdp_device *dev)
     if (check_selected("runtime")) test_runtime(c, dev);
     if (check_selected("zero")) test_zero(c, dev);
     if (check_selected("ckpt")) test_ckpt(c, dev);
+    if (check_selected("mixed")) test_mixed_units(c, dev);
     if (check_selected("mismatch")) test_mismatch(c);
 }
 

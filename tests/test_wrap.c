@@ -1229,40 +1229,85 @@ static void test_mixed(void)
               b ? (int)b->dtype : -1, c ? (int)c->dtype : -1);
         fsdp_units_destroy(u);
     }
+    /* in the root's unit too (issue 46): a unit of two dtypes, one group
+       per dtype in the order of their first parameter, each laid out as a
+       unit of its parameters alone */
     memset(&d, 0, sizeof d);
     d.root = root_opts();
     u = NULL;
     r = fsdp_wrap(m, &d, &u);
     msg = fsdp_model_last_error(m);
-    CHECK(r == FSDP_INVALID_MODEL || r == FSDP_INVALID_DTYPE,
-          "root only with f32 and bf16 parameters returned %d, want an error", (int)r);
-    CHECK(u == NULL, "a failed wrap returned units %p", (void *)u);
-    /* the first bf16 parameter, and one of the f32 ones before it */
-    CHECK(msg && strstr(msg, "blocks.1.fc1.weight") &&
-              (strstr(msg, "embed.weight") || strstr(msg, "blocks.0.")),
-          "mixed dtypes: message '%s' does not name blocks.1.fc1.weight and an f32 parameter",
+    CHECK(r == FSDP_SUCCESS && u, "root only with f32 and bf16 parameters: %d (%s)", (int)r,
           S(msg));
-    if (u) fsdp_units_destroy(u);
+    if (u) {
+        const fsdp_unit_info *a = fsdp_units_get(u, 0), *gs[FSDP_MAX_PARTS];
+        int np = fsdp_units_parts(u, 0, gs, FSDP_MAX_PARTS), g, e;
+        int64_t sum = 0;
+        CHECK(a && a->mixed && a->mixed_dtypes && a->dtype == FSDP_F32,
+              "the root unit is not marked mixed_dtypes (f32 first)");
+        CHECK(np == 2 && gs[0]->dtype == FSDP_F32 && gs[1]->dtype == FSDP_BF16 &&
+                  gs[0]->requires_grad && gs[1]->requires_grad,
+              "parts: %d, want f32 then bf16, both trainable", np);
+        for (g = 0; g < np && g < FSDP_MAX_PARTS; g++) {
+            int64_t off = 0;
+            for (e = 0; e < gs[g]->nentries; e++) {
+                CHECK(gs[g]->entries[e].offset == off, "part %d entry %d offset", g, e);
+                off += gs[g]->entries[e].numel;
+            }
+            CHECK(off == gs[g]->numel, "part %d numel %lld, entries sum %lld", g,
+                  (long long)gs[g]->numel, (long long)off);
+            sum += gs[g]->numel;
+        }
+        CHECK(a && sum == a->numel, "parts hold %lld elements, the unit %lld", (long long)sum,
+              a ? (long long)a->numel : -1LL);
+        CHECK(np == 2 && gs[1]->nentries > 0 && !strcmp(gs[1]->entries[0].fqn,
+                                                        "blocks.1.fc1.weight"),
+              "the bf16 part does not start with blocks.1.fc1.weight");
+        CHECK(fsdp_units_groups(u, 0, gs) == 2, "fsdp_units_groups of a 2-part unit");
+        fsdp_units_destroy(u);
+    }
     /* the model is still usable */
     u = do_wrap(m, &pol, 0, NULL, __LINE__);
     if (u) fsdp_units_destroy(u);
     fsdp_model_destroy(m);
 
-    /* two parameters only: the message names both */
+    /* two dtypes, frozen and trainable: four parts, frozen first per dtype;
+       fsdp_units_groups (room for 2) refuses it */
     m = new_model(NULL);
     if (!m) return;
     OK(fsdp_model_add_module(m, "sub", "Linear"));
     OK(addp(m, "", "alpha", FSDP_F32, 1, 3, 0, 0));
     OK(addp(m, "sub", "beta", FSDP_BF16, 1, 3, 0, 0));
+    OK(addp(m, "sub", "gamma", FSDP_BF16, 1, 2, 0, 1));
+    OK(addp(m, "sub", "delta", FSDP_F32, 1, 5, 0, 1));
+    /* a tie goes with its primary's group */
+    OK(fsdp_model_add_shared_param(m, "", "beta_tied", "sub.beta"));
     u = NULL;
     r = fsdp_wrap(m, &d, &u);
-    msg = fsdp_model_last_error(m);
-    CHECK(r == FSDP_INVALID_MODEL || r == FSDP_INVALID_DTYPE,
-          "root only with f32 alpha and bf16 sub.beta returned %d, want an error", (int)r);
-    CHECK(u == NULL, "a failed wrap returned units %p", (void *)u);
-    CHECK(msg && strstr(msg, "alpha") && strstr(msg, "sub.beta"),
-          "mixed dtypes: message '%s' does not name alpha and sub.beta", S(msg));
-    if (u) fsdp_units_destroy(u);
+    CHECK(r == FSDP_SUCCESS && u, "four parts: %d (%s)", (int)r, S(fsdp_model_last_error(m)));
+    if (u) {
+        const fsdp_unit_info *gs[FSDP_MAX_PARTS];
+        int np = fsdp_units_parts(u, 0, gs, FSDP_MAX_PARTS);
+        CHECK(np == 4, "%d parts, want 4", np);
+        if (np == 4)
+            CHECK(gs[0]->dtype == FSDP_F32 && !gs[0]->requires_grad && gs[0]->numel == 5 &&
+                      gs[1]->dtype == FSDP_F32 && gs[1]->requires_grad && gs[1]->numel == 3 &&
+                      gs[2]->dtype == FSDP_BF16 && !gs[2]->requires_grad &&
+                      gs[2]->numel == 2 && gs[3]->dtype == FSDP_BF16 &&
+                      gs[3]->requires_grad && gs[3]->numel == 3,
+                  "parts: want f32 frozen(5), f32 trainable(3), bf16 frozen(2), bf16 "
+                  "trainable(3)");
+        if (np == 4)
+            /* the root's beta_tied is walked first: it is the entry */
+            CHECK(gs[3]->nshared == 1 && gs[3]->shared[0].entry == 0 &&
+                      !strcmp(gs[3]->shared[0].fqn, "sub.beta") &&
+                      !strcmp(gs[3]->entries[0].fqn, "beta_tied") && gs[0]->nshared == 0 &&
+                      gs[1]->nshared == 0 && gs[2]->nshared == 0,
+                  "the tie of sub.beta is not in the bf16 trainable group");
+        CHECK(fsdp_units_groups(u, 0, gs) == 0, "fsdp_units_groups of a 4-part unit is not 0");
+        CHECK(fsdp_units_parts(u, 1, gs, FSDP_MAX_PARTS) == 0, "parts out of range");
+        fsdp_units_destroy(u);
+    }
     fsdp_model_destroy(m);
 
     /* frozen and trainable parameters in one unit: a mixed unit of two

@@ -47,7 +47,7 @@ if [ "$mode" = run ]; then
     B=$build/bench
     [ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null || exit 1
     targets="bench_step bench_units bench_zero bench_kernels bench_ckpt bench_offload bench_gpt
-             bench_optim bench_lora"
+             bench_optim bench_lora bench_mixed"
     [ -n "$(meson introspect --targets "$build" | tr ',' '\n' | grep '"name": "bench_comm"')" ] &&
         targets="$targets bench_comm"
     [ -n "$(meson introspect --targets "$build" | tr ',' '\n' | grep '"name": "bench_cuda"')" ] &&
@@ -126,6 +126,8 @@ if [ "$mode" = run ]; then
     run optim_rmsprop "$o --optim rmsprop --levels" "$o --optim rmsprop --elements 4194304 --rounds 2"
     run optim_adagrad "$o --optim adagrad --levels" "$o --optim adagrad --elements 4194304 --rounds 2"
     run lora "$B/bench_lora" "$B/bench_lora"
+    run mixed "$B/bench_mixed" "$B/bench_mixed --quick"
+    run mixed_4 "$B/bench_mixed --max-unsharded 4" "$B/bench_mixed --max-unsharded 4 --quick"
     [ -x "$B/bench_cuda" ] && run cuda "$B/bench_cuda" "$B/bench_cuda 16"
     echo "load_after=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null)" >>"$logs/machine.txt"
     echo "bench_report.sh: logs in $logs" >&2
@@ -158,6 +160,8 @@ title() {
     optim_rmsprop) echo "The CPU RMSprop step against torch (bench_optim --optim rmsprop)" ;;
     optim_adagrad) echo "The CPU Adagrad step against torch (bench_optim --optim adagrad)" ;;
     lora) echo "LoRA: the plan of mixed units (bench_lora)" ;;
+    mixed) echo "Mixed dtypes: one all-gather per unit against a unit per dtype (bench_mixed)" ;;
+    mixed_4) echo "Mixed dtypes, 4 unsharded buffers (bench_mixed --max-unsharded 4)" ;;
     cuda) echo "The CUDA kernels (bench_cuda)" ;;
     *) echo "$1" ;;
     esac
@@ -295,6 +299,10 @@ kind == "lora" && /^GPT-2/ { print $0 " (planned by fsdp_ctx_plan_only: exact, n
     print "| ranks | run | units | trainable | total MiB | total / full fine-tuning | reduce-scatter input MiB |"; print "|---:|---|---:|---:|---:|---:|---:|" }
 kind == "lora" && /^[0-9]+ +(full|lora|apart)/ { if ($2 == "full") full[$1] = $9
     printf "| %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $9, ratio($9, full[$1]), $10 }
+kind == "mixed" && /^bench_mixed:/ { print $0 "."; print "" }
+kind == "mixed" && /^\|/ { print }
+kind == "mixed" && /^mixed \/ split/ { r = $0; sub(/^mixed \/ split iteration time: /, "", r); sub(/;.*/, "", r)
+    l = $0; sub(/.*; /, "", l); print ""; print "Iteration time, mixed / split: **" r "** (" l "). The mixed wrapping issues one all-gather per block where the split one issues one per dtype; it copies each gathered chunk into its group's buffer once." }
 kind == "cuda" && /^GPU:/ { print $0 "."; print ""; print "| kernel | GB/s | / device-to-device copy | target |"; print "|---|---:|---:|---|" }
 kind == "cuda" && /ratio/ && /GB\/s/ { k = $0; sub(/: .*/, "", k); g = $0; sub(/^[^:]*: +/, "", g); sub(/ GB\/s.*/, "", g)
     r = $0; sub(/.*ratio /, "", r); t = r; sub(/ .*/, "", r); if (t ~ /target/) { sub(/.*target /, "", t); sub(/\)/, "", t) } else t = ""
@@ -327,7 +335,7 @@ AWK
         wanted "$name" || continue
         case "$name" in
         step_*) kind=step ;; kernels_*) kind=kernels ;; comm_*) kind=comm ;; optim*) kind=optim ;;
-        ckpt*) kind=ckpt ;;
+        ckpt*) kind=ckpt ;; mixed*) kind=mixed ;;
         *) kind=$name ;;
         esac
         section "$name" "$cmd" "$kind"
