@@ -61,7 +61,7 @@ static int so_rank(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_ctx_desc cd;
     fsdp_ctx *ctx = NULL;
     int t, u, k, unit[NU], ok = 0;
-    char name[32];
+    char name[96];
     (void)nranks;
     if (!rank_open(world, rank, j->m, j->u, &dev, &comm, &cd)) return 1;
     cd.optim = j->cfg;
