@@ -35,7 +35,8 @@ run() {
     k=0
     orphans_seen=0
     loss=""
-    while [ $k -lt "$kills" ] && [ -z "$loss" ]; do
+    finished=0
+    while [ $k -lt "$kills" ] && [ $finished = 0 ]; do
         more=""
         [ -f "$dir/index.json" ] && more="--resume $dir"
         # its own process group, so that the kill takes every rank at once
@@ -59,7 +60,11 @@ run() {
             done
             k=$((k + 1))
         elif wait $job; then
-            loss=$(final_loss "$(cat "$log")" | head -n 1) # it finished before the kill
+            # it finished before the kill; a run that resumed from the
+            # last save trained nothing and reports nan: no loss to compare
+            finished=1
+            l=$(final_loss "$(cat "$log")" | head -n 1)
+            [ "$l" != nan ] && loss=$l
         else
             echo "$name: FAIL: a run failed by itself:"
             cat "$log"
