@@ -1,7 +1,7 @@
 /* test_optim_wide: every instruction-set level of the optimizer kernels
    (scalar, SSE, AVX2+FMA, AVX-512F: FSDP_ISA's levels) gives the bits of
    the scalar recipe, for every numerics mode and every branch of AdamW,
-   Adam and SGD.
+   Adam, SGD, RMSprop and Adagrad.
 
    The reference is this file's own scalar loop, written from the recipe of
    tests/vectors/README.md (fmaf where the FMA modes fuse, one rounding per
@@ -19,6 +19,9 @@
      adam       AdamW and Adam, every numerics mode, every level
      sgd        SGD with and without momentum, dampening, nesterov and
                 weight decay, first and later steps
+     rmsprop_adagrad  RMSprop (weight decay, centered, momentum, a large
+                lerp weight) and Adagrad (weight decay, lr_decay), torch
+                2.x's numerics
      recip      sqrt(v) / sbc2 over v of every exponent, many steps and
                 betas: the wide levels against the scalar one
      rounding   with MXCSR rounding toward zero, the wide levels still
@@ -136,6 +139,47 @@ static void ref_step(const fsdp_optim_config *c, int64_t step, float *p, const f
     const int fma = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH1_13_FMA;
     const int lerp = nu == FSDP_TORCH2_FMA || nu == FSDP_TORCH2_PLAIN;
     size_t i;
+    if (c->kind == FSDP_RMSPROP) { /* tests/vectors/README.md, section d3 */
+        const float wd = (float)c->weight_decay, alpha = (float)c->alpha;
+        const float oma = (float)(1.0 - c->alpha), eps = (float)c->eps;
+        const float mom = (float)c->momentum, neg_lr = (float)(-c->lr);
+        const int small = fabsf(oma) < 0.5f;
+        const float lw = small ? oma : oma - 1.0f;
+        for (i = 0; i < n; i++) {
+            float gi = g[i], s, t, avg;
+            if (c->weight_decay != 0.0) gi = fma ? fmaf(p[i], wd, gi) : p[i] * wd + gi;
+            t = st->exp_avg_sq[i] * alpha;
+            s = fma ? fmaf(oma * gi, gi, t) : (oma * gi) * gi + t;
+            st->exp_avg_sq[i] = s;
+            if (c->centered) {
+                float a = st->exp_avg[i], d = gi - a, base = small ? a : gi;
+                a = fma ? fmaf(lw, d, base) : base + lw * d;
+                st->exp_avg[i] = a;
+                s = fma ? fmaf(-1.0f * a, a, s) : s + (-1.0f * a) * a;
+            }
+            avg = sqrtf(s) + eps;
+            if (c->momentum > 0.0) {
+                float b = st->momentum_buffer[i] * mom + gi / avg;
+                st->momentum_buffer[i] = b;
+                p[i] = fma ? fmaf(b, neg_lr, p[i]) : b * neg_lr + p[i];
+            } else {
+                p[i] = p[i] + (neg_lr * gi) / avg;
+            }
+        }
+        return;
+    }
+    if (c->kind == FSDP_ADAGRAD) {
+        const double clr = c->lr / (1.0 + ((double)step - 1.0) * c->lr_decay);
+        const float wd = (float)c->weight_decay, eps = (float)c->eps, neg_clr = (float)(-clr);
+        for (i = 0; i < n; i++) {
+            float gi = g[i], s;
+            if (c->weight_decay != 0.0) gi = fma ? fmaf(p[i], wd, gi) : p[i] * wd + gi;
+            s = fma ? fmaf(gi, gi, st->exp_avg_sq[i]) : gi * gi + st->exp_avg_sq[i];
+            st->exp_avg_sq[i] = s;
+            p[i] = p[i] + (neg_clr * gi) / (sqrtf(s) + eps);
+        }
+        return;
+    }
     if (c->kind == FSDP_SGD) {
         const float wd = (float)c->weight_decay, mom = (float)c->momentum;
         const float omd = (float)(1.0 - c->dampening), neg_lr = (float)(-c->lr);
@@ -313,6 +357,9 @@ static void sweep(const char *what, fsdp_optim_config c, const int64_t *steps, i
     }
     for (nu = 0; nu < (int)CHECK_COUNT(NUMERICS) && bad < 3; nu++) {
         c.numerics = NUMERICS[nu];
+        if ((c.kind == FSDP_RMSPROP || c.kind == FSDP_ADAGRAD) &&
+            (c.numerics == FSDP_TORCH1_13_FMA || c.numerics == FSDP_TORCH1_13_PLAIN))
+            continue; /* torch 2.x only (fsdp_optim_check refuses them) */
         for (s = 0; s < nsteps && bad < 3; s++) {
             snprintf(name, sizeof name, "%s numerics %d", what, (int)NUMERICS[nu]);
             for (n = 0; n <= 64 + CHECK_COUNT(longer) && bad < 3; n++) {
@@ -394,6 +441,27 @@ static void test_sgd(void)
     sweep("sgd nesterov", c, steps, 3);
     c.nesterov = 0;
     sweep("sgd momentum", c, steps, 3);
+}
+
+/* RMSprop (plain, weight decay, centered with momentum, alpha 0.3's large
+   lerp weight) and Adagrad (plain, weight decay with lr_decay) */
+static void test_rmsprop_adagrad(void)
+{
+    static const int64_t steps[] = {1, 2, 7};
+    fsdp_optim_config c = fsdp_optim_defaults(FSDP_RMSPROP);
+    sweep("rmsprop", c, steps, 1);
+    c.weight_decay = 0.01;
+    sweep("rmsprop wd", c, steps, 1);
+    c.centered = 1;
+    c.momentum = 0.9;
+    sweep("rmsprop centered momentum wd", c, steps, 3);
+    c.alpha = 0.3;
+    sweep("rmsprop alpha 0.3 centered momentum wd", c, steps, 2);
+    c = fsdp_optim_defaults(FSDP_ADAGRAD);
+    sweep("adagrad", c, steps, 1);
+    c.weight_decay = 0.01;
+    c.lr_decay = 0.1;
+    sweep("adagrad wd lr_decay", c, steps, 3);
 }
 
 /* sqrt(v) / sbc2 for v of every exponent (and every special), at many
@@ -612,6 +680,7 @@ static void test_crc(void)
 
 static const check_case CASES[] = {
     {"levels", test_levels}, {"adam", test_adam},         {"sgd", test_sgd},
+    {"rmsprop_adagrad", test_rmsprop_adagrad},
     {"recip", test_recip},   {"rounding", test_rounding}, {"reduce", test_reduce},
     {"crc", test_crc},
 };
