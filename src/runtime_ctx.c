@@ -150,6 +150,11 @@ struct fsdp_ctx {
     fsdp_ckpt_options ckpt_opt;                 /* fsdp_ckpt_set_options (>>ckpt) */
     struct fsdp__estate *estate;                /* the engine's state (>>ckpt:state) */
     fsdp_ckpt_stats ckpt_save_st, ckpt_load_st; /* the latest timed save and load */
+    /* Muon (issue 47, >>runtime:muon): some group is FSDP_MUON; the plan's
+       buffer for a gathered unit and one matrix's iteration */
+    int muon;
+    void *muon_buf;
+    size_t muon_bytes;
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -534,6 +539,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free_dev(c, c->red_in, c->red_in_bytes);
     fsdp__free_dev(c, c->red_out, c->red_out_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
+    fsdp__free_dev(c, c->muon_buf, c->muon_bytes);
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
     if (c->cs) fsdp_stream_destroy(c->dev, c->cs);

@@ -151,6 +151,7 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c, int T)
             int grp = cu->groups[pc->entry];
             fsdp__hstep *it = &items[n];
             if (pc->end < pc->start) continue;
+            if (c->groups[grp].kind == FSDP_MUON) continue; /* fsdp__muon_step did it */
             it->cfg = &c->groups[grp];
             it->step = c->group_steps[grp];
             it->p = cu->master + off;
@@ -248,6 +249,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
         if (c->debug) c->u[i].dbg.pkept = 0; /* the step changes them (checked by sync_all) */
     }
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
+    if (c->muon && (r = fsdp__muon_step(c)) != FSDP_SUCCESS) return r;
     /* The built-in CPU device's optimizer kernel is fsdp_optim_step_host on
        its stream, then a memset of the gradients: on that device (the
        reductions are done, its stream idle) the step runs on this thread
@@ -279,7 +281,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
             int64_t n = pc->end - pc->start + 1;
             fsdp_optim_state st;
             int grp = cu->groups[pc->entry];
-            if (n <= 0) continue;
+            if (n <= 0 || c->groups[grp].kind == FSDP_MUON) continue;
             st = fsdp__state_at(cu, off);
             /* on the device's stream: the kernel copies c and st */
             r = fsdp_device_optim_step(c->dev, &c->groups[grp], c->group_steps[grp],
