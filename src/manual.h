@@ -50,7 +50,8 @@
        >>errors       results, last-error messages, allocation and log hooks
        >>dtypes       f32 f64 f16 bf16 and byte types, round-to-nearest-even
        >>optim        AdamW, Adam, SGD with torch.optim's exact arithmetic
-                      on one flat f32 range (the device kernels run it)
+                      on one flat f32 range (the device kernels run it);
+                      Muon's configuration (its step: >>runtime:muon)
        >>device       the device vtable; the built-in CPU device (streams are
                       worker threads, events order them).
                       Inside: >>device:vtable >>device:gemm >>device:cpu
