@@ -5682,9 +5682,25 @@ FSDP__DEF size_t fsdp__gemm_nr(int isa)
     return isa >= FSDP__ISA_AVX512 ? 32 : 16;
 }
 
+/* element i as f32 (bf16 widens exactly: its bits are f32's top half) */
 FSDP__INLINE float fsdp__gemm_ld(const void *p, fsdp_dtype dt, size_t i)
 {
-    return dt == FSDP_F32 ? ((const float *)p)[i] : fsdp_bf16_to_f32(((const uint16_t *)p)[i]);
+    uint32_t u;
+    float f;
+    if (dt == FSDP_F32) return ((const float *)p)[i];
+    u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* fsdp_f32_to_bf16, inlined for the products' output */
+FSDP__INLINE uint16_t fsdp__gemm_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
 }
 
 /* As[p * MR + r] = op(A)[i0 + r][p], zero past m. */
@@ -5796,7 +5812,8 @@ typedef struct fsdp__gemm_job {
     const fsdp_gemm_desc *g;
     int isa;
     size_t s0, s1;
-    float *buf; /* k * nr (Bs), k * MR (As), MR * nr (tile) */
+    const float *apack; /* every row block of op(A), packed once (fsdp__gemm_pack_a) */
+    float *buf;         /* k * nr (Bs), MR * nr (tile) */
 } fsdp__gemm_job;
 
 FSDP__DEF void *fsdp__gemm_job_run(void *arg)
@@ -5807,14 +5824,14 @@ FSDP__DEF void *fsdp__gemm_job_run(void *arg)
     const size_t n = (size_t)g->n, ldc = (size_t)g->ldc;
     const int use_beta = g->beta != 0.0;
     const float alpha = (float)g->alpha, beta = (float)g->beta;
-    float *bs = j->buf, *as = bs + k * nr, *tile = as + k * FSDP__GEMM_MR;
+    float *bs = j->buf, *tile = bs + k * nr;
     size_t s, i0, r, c;
     for (s = j->s0; s < j->s1; s++) {
         const size_t j0 = s * nr, w = j0 + nr <= n ? nr : n - j0;
         fsdp__gemm_pack_b(g, j0, nr, bs);
         for (i0 = 0; i0 < m; i0 += FSDP__GEMM_MR) {
             const size_t h = i0 + FSDP__GEMM_MR <= m ? FSDP__GEMM_MR : m - i0;
-            fsdp__gemm_pack_a(g, i0, as);
+            const float *as = j->apack + i0 * k;
             if (use_beta)
                 for (r = 0; r < h; r++)
                     for (c = 0; c < w; c++)
@@ -5832,7 +5849,7 @@ FSDP__DEF void *fsdp__gemm_job_run(void *arg)
                     memcpy((float *)g->c + (i0 + r) * ldc + j0, tile + r * nr, w * sizeof(float));
                 } else {
                     uint16_t *o = (uint16_t *)g->c + (i0 + r) * ldc + j0;
-                    for (c = 0; c < w; c++) o[c] = fsdp_f32_to_bf16(tile[r * nr + c]);
+                    for (c = 0; c < w; c++) o[c] = fsdp__gemm_bf16(tile[r * nr + c]);
                 }
             }
         }
@@ -5849,21 +5866,26 @@ FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
 {
     const size_t nr = fsdp__gemm_nr(isa), k = (size_t)g->k;
     const size_t strips = ((size_t)g->n + nr - 1) / nr;
-    const size_t per = k * (nr + FSDP__GEMM_MR) + FSDP__GEMM_MR * nr + 16;
+    const size_t per = k * nr + FSDP__GEMM_MR * nr + 16;
+    const size_t nblk = ((size_t)g->m + FSDP__GEMM_MR - 1) / FSDP__GEMM_MR;
     const double work = (double)g->m * (double)g->n * (double)g->k;
     fsdp__gemm_job jobs[64];
     pthread_t th[64];
     int started[64];
-    float *buf;
+    float *buf, *apack;
+    size_t b;
     int T = threads < 1 ? 1 : threads > 64 ? 64 : threads, t;
     if (!g->m || !g->n) return FSDP_SUCCESS;
     if ((size_t)T > strips) T = (int)strips;
     if (work < 2e6 * T) T = (int)(work / 2e6) + 1;
     if (T > 64) T = 64;
-    buf = (float *)fsdp__alloc(h, (size_t)T * per * sizeof(float));
+    buf = (float *)fsdp__alloc(h, ((size_t)T * per + nblk * FSDP__GEMM_MR * k + 1) * sizeof(float));
     if (!buf) return FSDP_OUT_OF_MEMORY;
+    apack = buf + (size_t)T * per;
+    for (b = 0; b < nblk; b++) fsdp__gemm_pack_a(g, b * FSDP__GEMM_MR, apack + b * FSDP__GEMM_MR * k);
     for (t = 0; t < T; t++) {
         jobs[t].g = g;
+        jobs[t].apack = apack;
         jobs[t].isa = isa;
         jobs[t].s0 = strips * (size_t)t / (size_t)T;
         jobs[t].s1 = strips * (size_t)(t + 1) / (size_t)T;
@@ -18093,7 +18115,7 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_momentum(const fsdp_optim_config *o,
 FSDP__INLINE void fsdp__muon_put(void *p, int f32, size_t i, float x)
 {
     if (f32) ((float *)p)[i] = x;
-    else ((uint16_t *)p)[i] = fsdp_f32_to_bf16(x);
+    else ((uint16_t *)p)[i] = fsdp__gemm_bf16(x);
 }
 
 /* Newton-Schulz on the rows x cols f32 matrix u, in place, with the
@@ -18156,7 +18178,7 @@ FSDP__DEF FSDP__NO_CONTRACT fsdp_result fsdp__muon_ns(fsdp_ctx *c, const fsdp_op
     for (i = 0; i < (size_t)rows; i++)
         for (j = 0; j < (size_t)cols; j++) {
             size_t at = tr ? j * n + i : i * n + j;
-            u[i * (size_t)cols + j] = f32 ? ((float *)x)[at] : fsdp_bf16_to_f32(((uint16_t *)x)[at]);
+            u[i * (size_t)cols + j] = fsdp__gemm_ld(x, dt, at);
         }
     return FSDP_SUCCESS;
 }

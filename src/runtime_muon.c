@@ -128,7 +128,7 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_momentum(const fsdp_optim_config *o,
 FSDP__INLINE void fsdp__muon_put(void *p, int f32, size_t i, float x)
 {
     if (f32) ((float *)p)[i] = x;
-    else ((uint16_t *)p)[i] = fsdp_f32_to_bf16(x);
+    else ((uint16_t *)p)[i] = fsdp__gemm_bf16(x);
 }
 
 /* Newton-Schulz on the rows x cols f32 matrix u, in place, with the
@@ -191,7 +191,7 @@ FSDP__DEF FSDP__NO_CONTRACT fsdp_result fsdp__muon_ns(fsdp_ctx *c, const fsdp_op
     for (i = 0; i < (size_t)rows; i++)
         for (j = 0; j < (size_t)cols; j++) {
             size_t at = tr ? j * n + i : i * n + j;
-            u[i * (size_t)cols + j] = f32 ? ((float *)x)[at] : fsdp_bf16_to_f32(((uint16_t *)x)[at]);
+            u[i * (size_t)cols + j] = fsdp__gemm_ld(x, dt, at);
         }
     return FSDP_SUCCESS;
 }
