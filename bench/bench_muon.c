@@ -99,7 +99,7 @@ done:
     return ok ? 0 : 1;
 }
 
-static void bench_gemm(fsdp_device *dev, fsdp_dtype dt, int64_t m, int64_t n, int64_t k, int tb)
+static double bench_gemm(fsdp_device *dev, fsdp_dtype dt, int64_t m, int64_t n, int64_t k, int tb)
 {
     fsdp_gemm_desc g;
     size_t es = dt == FSDP_F32 ? 4 : 2;
@@ -115,23 +115,59 @@ static void bench_gemm(fsdp_device *dev, fsdp_dtype dt, int64_t m, int64_t n, in
         fsdp_device_gemm(dev, &g, NULL);
         t[r] = bench_now_ms() - t0;
     }
-    {
-        double ms = bench_median(t, 7);
-        printf("gemm %s %lldx%lldx%lld%s: %.3f ms, %.1f GFLOP/s\n", fsdp_dtype_name(dt),
-               (long long)m, (long long)n, (long long)k, tb ? " (B^T)" : "", ms,
-               2.0 * (double)m * (double)n * (double)k / ms * 1e-6);
-    }
     free(a), free(b), free(c);
+    return bench_median(t, 7);
 }
 
-int main(void)
+static const struct { fsdp_dtype dt; int64_t m, n, k; int tb; } GEMMS[4] = {
+    {FSDP_F32, 256, 256, 1024, 1}, {FSDP_BF16, 256, 256, 1024, 1},
+    {FSDP_BF16, 256, 256, 256, 0}, {FSDP_BF16, 256, 1024, 256, 0}};
+
+/* The peers' script: beside this source as the compiler named it, else
+   bench/ under the working directory, else two levels above the binary. */
+static int find_script(const char *argv0, char *out, size_t cap)
+{
+    const char *slash;
+    FILE *f;
+    int k;
+    for (k = 0; k < 3; k++) {
+        if (k == 0) {
+            slash = strrchr(__FILE__, '/');
+            snprintf(out, cap, "%.*sbench_muon_peers.py", slash ? (int)(slash + 1 - __FILE__) : 0,
+                     __FILE__);
+        } else if (k == 1) {
+            snprintf(out, cap, "bench/bench_muon_peers.py");
+        } else {
+            slash = strrchr(argv0, '/');
+            snprintf(out, cap, "%.*s../../bench/bench_muon_peers.py",
+                     slash ? (int)(slash + 1 - argv0) : 0, argv0);
+        }
+        if ((f = fopen(out, "r")) != NULL) {
+            fclose(f);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+int main(int argc, char **argv)
 {
     fsdp_model_desc md;
     fsdp_wrap_policy pol;
     fsdp_wrap_desc wd;
     const char *types[1] = {"Block"};
+    const char *py = NULL;
     fsdp_local_desc ld;
-    int b, k, res[2], th;
+    double ours[2][4], peer[4] = {0, 0, 0, 0}, peer_step = 0;
+    char tv[64] = "";
+    int b, k, res[2], th, i;
+    for (i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--python") && i + 1 < argc) py = argv[++i];
+        else {
+            fprintf(stderr, "usage: bench_muon [--python PY]  (PY: a Python with torch >= 2.9)\n");
+            return 2;
+        }
+    }
     memset(&md, 0, sizeof md);
     if (fsdp_model_create(&md, &g_model) != FSDP_SUCCESS) return 1;
     for (b = 0; b < NBLK; b++) {
@@ -160,11 +196,9 @@ int main(void)
         memset(&dd, 0, sizeof dd);
         dd.gemm_threads = th;
         if (fsdp_device_cpu_create(&dd, &dev) != FSDP_SUCCESS) return 1;
-        printf("threads %d\n", th);
-        bench_gemm(dev, FSDP_F32, 256, 256, 1024, 1);
-        bench_gemm(dev, FSDP_BF16, 256, 256, 1024, 1);
-        bench_gemm(dev, FSDP_BF16, 256, 256, 256, 0);
-        bench_gemm(dev, FSDP_BF16, 256, 1024, 256, 0);
+        for (i = 0; i < 4; i++)
+            ours[th - 1][i] = bench_gemm(dev, GEMMS[i].dt, GEMMS[i].m, GEMMS[i].n, GEMMS[i].k,
+                                         GEMMS[i].tb);
         fsdp_device_destroy(dev);
     }
     for (th = 1; th <= 2; th++) {
@@ -179,9 +213,54 @@ int main(void)
     ld.timeout_ms = 120000;
     g_w1_threads = 1;
     if (fsdp_local_run(&ld, rank_fn, NULL, res) != FSDP_SUCCESS || res[0]) return 1;
-    printf("muon step (4 blocks x 4 matrices, bf16 iteration): W 1 (1 GEMM thread) %.1f ms, "
-           "W 1 (2 GEMM threads) %.1f ms, W 2 (1 each) %.1f ms, W2/W1 %.2f\n", g_step_ms[2],
-           g_step_ms[0], g_step_ms[1], g_step_ms[1] / g_step_ms[0]);
+    if (py) { /* the peers in the same run, one thread as this side's 1-thread figures */
+        char script[1024], cmd[2200], line[256];
+        FILE *f;
+        if (!find_script(argv[0], script, sizeof script)) {
+            fprintf(stderr, "bench_muon: bench_muon_peers.py not found\n");
+            return 2;
+        }
+        snprintf(cmd, sizeof cmd, "'%s' '%s' --threads 1", py, script);
+        if ((f = popen(cmd, "r")) != NULL) {
+            int gi = 0;
+            while (fgets(line, sizeof line, f)) {
+                double ms;
+                char dts[16];
+                int m, n, kk, tb;
+                if (sscanf(line, "torch %63s", tv) == 1) continue;
+                if (sscanf(line, "matmul %15s %d %d %d %d %lf", dts, &m, &n, &kk, &tb, &ms) == 6 &&
+                    gi < 4)
+                    peer[gi++] = ms;
+                else if (sscanf(line, "muon_step %lf", &ms) == 1)
+                    peer_step = ms;
+            }
+            pclose(f);
+        }
+    }
+    printf("bench_muon: the CPU device's GEMM on Newton-Schulz shapes (median of 7) and the Muon "
+           "step of 4 blocks x (768x256, 256x256, 1024x256, 256x1024) matrices + AdamW biases, "
+           "bf16 iteration (median of 7 steps after 2)%s%s.\n",
+           peer_step > 0 ? "; the peer: torch " : "; no peer (--python PY)", tv);
+    printf("\n| product | fsdp.h 1 thread ms | 2 threads ms | torch.matmul 1 thread ms | fsdp.h / torch (1 thread) |\n");
+    printf("|---|---:|---:|---:|---:|\n");
+    for (i = 0; i < 4; i++) {
+        char r[32] = "-", pm[32] = "-";
+        if (peer[i] > 0) {
+            snprintf(r, sizeof r, "**%.2f**", ours[0][i] / peer[i]);
+            snprintf(pm, sizeof pm, "%.3f", peer[i]);
+        }
+        printf("| %s %lldx%lldx%lld%s | %.3f | %.3f | %s | %s |\n", fsdp_dtype_name(GEMMS[i].dt),
+               (long long)GEMMS[i].m, (long long)GEMMS[i].n, (long long)GEMMS[i].k,
+               GEMMS[i].tb ? " (B^T)" : "", ours[0][i], ours[1][i], pm, r);
+    }
+    printf("\n| Muon step | ms | ratio |\n|---|---:|---|\n");
+    printf("| fsdp.h W 1, 1 GEMM thread | %.1f | %s |\n", g_step_ms[2], "");
+    if (peer_step > 0)
+        printf("| torch.optim.Muon, 1 thread | %.1f | fsdp.h W 1 / torch **%.2f** (target <= 1.25) |\n",
+               peer_step, g_step_ms[2] / peer_step);
+    printf("| fsdp.h W 1, 2 GEMM threads | %.1f | |\n", g_step_ms[0]);
+    printf("| fsdp.h W 2, 1 GEMM thread each | %.1f | W 2 / W 1 (2 threads) **%.2f** (target < 1) |\n",
+           g_step_ms[1], g_step_ms[1] / g_step_ms[0]);
     fsdp_units_destroy(g_units);
     fsdp_model_destroy(g_model);
     return 0;

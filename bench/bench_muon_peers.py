@@ -31,7 +31,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
-    print("torch %s, %d threads" % (torch.__version__, a.threads))
+    print("torch %s %d" % (torch.__version__, a.threads))
     for dt, (m, n, k, tb) in [(torch.float32, (256, 256, 1024, True)),
                               (torch.bfloat16, (256, 256, 1024, True)),
                               (torch.bfloat16, (256, 256, 256, False)),
@@ -39,9 +39,7 @@ def main():
         A = torch.randn(m, k).to(dt)
         B = (torch.randn(n, k) if tb else torch.randn(k, n)).to(dt)
         ms = timed(lambda: torch.matmul(A, B.T if tb else B))
-        print("torch.matmul %s %dx%dx%d%s: %.3f ms, %.1f GFLOP/s"
-              % (str(dt).replace("torch.", ""), m, n, k, " (B^T)" if tb else "", ms,
-                 2.0 * m * n * k / ms * 1e-6))
+        print("matmul %s %d %d %d %d %.4f" % (str(dt).replace("torch.", ""), m, n, k, int(tb), ms))
     shapes = [(768, 256), (256, 256), (1024, 256), (256, 1024)] * 4
     ps = [torch.nn.Parameter(torch.randn(s) * 0.02) for s in shapes]
     opt = torch.optim.Muon(ps, lr=0.02)
@@ -55,7 +53,7 @@ def main():
 
     for _ in range(2):
         step()
-    print("torch.optim.Muon step (4 blocks x 4 matrices): %.1f ms" % med([step() for _ in range(7)]))
+    print("muon_step %.4f" % med([step() for _ in range(7)]))
 
 
 if __name__ == "__main__":

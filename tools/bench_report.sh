@@ -47,7 +47,7 @@ if [ "$mode" = run ]; then
     B=$build/bench
     [ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null || exit 1
     targets="bench_step bench_units bench_zero bench_kernels bench_ckpt bench_offload bench_gpt
-             bench_optim bench_lora"
+             bench_optim bench_lora bench_muon"
     [ -n "$(meson introspect --targets "$build" | tr ',' '\n' | grep '"name": "bench_comm"')" ] &&
         targets="$targets bench_comm"
     [ -n "$(meson introspect --targets "$build" | tr ',' '\n' | grep '"name": "bench_cuda"')" ] &&
@@ -124,6 +124,9 @@ if [ "$mode" = run ]; then
     run optim "$o --levels" "$o --levels --elements 4194304 --rounds 2"
     [ -n "$python" ] && run optim_thp "$o --peers-thp" "$o --peers-thp --elements 4194304 --rounds 2"
     run lora "$B/bench_lora" "$B/bench_lora"
+    m="$B/bench_muon"
+    [ -n "$python" ] && m="$m --python $python"
+    run muon "$m" "$m"
     [ -x "$B/bench_cuda" ] && run cuda "$B/bench_cuda" "$B/bench_cuda 16"
     echo "load_after=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null)" >>"$logs/machine.txt"
     echo "bench_report.sh: logs in $logs" >&2
@@ -154,6 +157,7 @@ title() {
     optim) echo "The CPU AdamW step against torch and DeepSpeed (bench_optim)" ;;
     optim_thp) echo "The same, the peers on huge pages (bench_optim --peers-thp)" ;;
     lora) echo "LoRA: the plan of mixed units (bench_lora)" ;;
+    muon) echo "Muon: the GEMM and the step against torch (bench_muon)" ;;
     cuda) echo "The CUDA kernels (bench_cuda)" ;;
     *) echo "$1" ;;
     esac
@@ -291,6 +295,9 @@ kind == "lora" && /^GPT-2/ { print $0 " (planned by fsdp_ctx_plan_only: exact, n
     print "| ranks | run | units | trainable | total MiB | total / full fine-tuning | reduce-scatter input MiB |"; print "|---:|---|---:|---:|---:|---:|---:|" }
 kind == "lora" && /^[0-9]+ +(full|lora|apart)/ { if ($2 == "full") full[$1] = $9
     printf "| %s | %s | %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $9, ratio($9, full[$1]), $10 }
+kind == "muon" && /^bench_muon:/ { sub(/^bench_muon: /, ""); print }
+kind == "muon" && /^\|/ { print }
+kind == "muon" && /^$/ && NR > 1 { print }
 kind == "cuda" && /^GPU:/ { print $0 "."; print ""; print "| kernel | GB/s | / device-to-device copy | target |"; print "|---|---:|---:|---|" }
 kind == "cuda" && /ratio/ && /GB\/s/ { k = $0; sub(/: .*/, "", k); g = $0; sub(/^[^:]*: +/, "", g); sub(/ GB\/s.*/, "", g)
     r = $0; sub(/.*ratio /, "", r); t = r; sub(/ .*/, "", r); if (t ~ /target/) { sub(/.*target /, "", t); sub(/\)/, "", t) } else t = ""
