@@ -292,7 +292,7 @@ static void test_config(void)
 /* --- a context: three matrices and a bias, in two units --- */
 
 static fsdp_model *g_model;
-static fsdp_units *g_units;
+static fsdp_units *g_units, *g_units_hybrid;
 static const char *const FQNS[4] = {"l0.m0", "l1.m1", "l1.m2", "l0.b0"};
 static const int64_t SHP[4][2] = {{40, 16}, {16, 24}, {32, 32}, {16, 1}};
 
@@ -308,7 +308,8 @@ static int build_model(void)
         if (add_param_nd(g_model, k == 1 || k == 2 ? "l1" : "l0", FQNS[k] + 3, k == 3 ? 1 : 2,
                          SHP[k][0], SHP[k][1], 0) != FSDP_SUCCESS)
             return 0;
-    return wrap_type(g_model, "Block", FSDP_FULL_SHARD, &g_units) == FSDP_SUCCESS;
+    return wrap_type(g_model, "Block", FSDP_FULL_SHARD, &g_units) == FSDP_SUCCESS &&
+           wrap_type(g_model, "Block", FSDP_HYBRID_SHARD, &g_units_hybrid) == FSDP_SUCCESS;
 }
 
 static int matrices_muon(void *user, const char *fqn, int ndim, const char *module_type)
@@ -321,6 +322,8 @@ typedef struct job {
     fsdp_optim_config muon, adamw;
     int all_muon;      /* one group, every parameter Muon (a refusal with the bias) */
     int steps, threads, offload, no_gemm;
+    int hybrid;        /* HYBRID_SHARD with shard groups of this many ranks */
+    int plan_only_same; /* rank 0: fsdp_ctx_plan_only gave the context's plan */
     int64_t step0;     /* gradients of steps step0 + 1 .. */
     const char *save, *load;
     float out[4096];   /* the four parameters after the steps, in FQNS order */
@@ -366,7 +369,6 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_state_dict *sd = NULL;
     fsdp_memory_stats ms;
     int ok = 0, k, t;
-    (void)nranks;
     memset(&dd, 0, sizeof dd);
     dd.gemm_threads = j->threads;
     if (fsdp_device_cpu_create(&dd, &dev) != FSDP_SUCCESS ||
@@ -374,7 +376,8 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
         goto done;
     if (j->no_gemm) dev->vt.gemm = NULL;
     memset(&d, 0, sizeof d);
-    d.model = g_model, d.units = g_units, d.device = dev, d.comm = comm;
+    d.model = g_model, d.units = j->hybrid ? g_units_hybrid : g_units, d.device = dev, d.comm = comm;
+    d.hybrid_shard_size = j->hybrid;
     d.grad_reduce = FSDP_GRAD_SUM; /* rank 0's gradient, exactly */
     d.cpu_offload = j->offload;
     d.hooks.error = &j->errs[rank];
@@ -391,7 +394,12 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
         ok = 1; /* a refusal the caller checks */
         goto done;
     }
-    if (rank == 0) fsdp_ctx_plan(ctx, &j->plan);
+    if (rank == 0) {
+        fsdp_memory_plan po;
+        fsdp_ctx_plan(ctx, &j->plan);
+        j->plan_only_same = fsdp_ctx_plan_only(&d, nranks, &po) == FSDP_SUCCESS &&
+                            memcmp(&po, &j->plan, sizeof po) == 0;
+    }
     if (j->load) {
         if (fsdp_ckpt_load(ctx, j->load, FSDP_SD_OPTIM) != FSDP_SUCCESS) {
             CHECK_RANK(0, rank, "load: %s", fsdp_ctx_last_error(ctx));
@@ -558,6 +566,7 @@ static void test_ranks(void)
                       th);
                 CHECK(b.peak <= b.plan.total, "W %d: peak %zu within the plan's %zu", W, b.peak,
                       b.plan.total);
+                CHECK(b.plan_only_same, "W %d: fsdp_ctx_plan_only gives the context's plan", W);
                 if (W > 1)
                     CHECK(b.plan.muon_scratch > 0 && b.plan.muon_bytes_per_step > 0 &&
                           b.plan.scratch >= b.plan.muon_scratch,
@@ -565,6 +574,17 @@ static void test_ranks(void)
                           b.plan.muon_scratch, b.plan.muon_bytes_per_step);
             }
     }
+    /* HYBRID_SHARD: 2 replicas of 2-rank shard groups, each group's owners */
+    job_init(&a);
+    a.steps = 12;
+    run_ranks(1, rank_main, &a);
+    job_init(&b);
+    b.steps = 12;
+    b.hybrid = 2;
+    run_ranks(4, rank_main, &b);
+    CHECK(b.nout == a.nout && bits_equal(a.out, b.out, a.nout),
+          "HYBRID_SHARD, 2 x 2 ranks: W 1's bits");
+    CHECK(b.plan_only_same, "HYBRID_SHARD: fsdp_ctx_plan_only gives the context's plan");
     /* the parameters moved, and AdamW's bias too */
     {
         int k, moved = 0;
@@ -638,6 +658,7 @@ int main(int argc, char **argv)
     }
     check_run();
     fsdp_units_destroy(g_units);
+    fsdp_units_destroy(g_units_hybrid);
     fsdp_model_destroy(g_model);
     {
         char cmd[600];
