@@ -77,6 +77,13 @@ typedef struct gpt_config {
     int positions;
     fsdp_dtype hf_dtype;
     int64_t hf_max_shard;
+    /* train_gpt --optim muon (issue 47): FSDP_MUON, torch's defaults but
+       lr muon_lr, for the blocks' matrices ("h.*", 2-D); AdamW (lr, no
+       weight decay) for the embeddings, norms and biases. The schedule
+       scales muon_lr as it scales lr. Not with LoRA (its phase keeps
+       AdamW). */
+    int muon;
+    double muon_lr;
 } gpt_config;
 
 /* The defaults of train_gpt: ~100k parameters, learns 3-digit addition to
@@ -99,6 +106,7 @@ static gpt_config gpt_default_config(void)
     c.weight_decay = 0.1;
     c.clip = 1.0;
     c.seed = 1;
+    c.muon_lr = 0.02;
     return c;
 }
 
@@ -1036,6 +1044,15 @@ static int gpt_group_of(void *user, const char *fqn, int ndim, const char *modul
     return ndim >= 2 && strncmp(fqn, "wte.", 4) != 0 && strncmp(fqn, "wpe.", 4) != 0 ? 0 : 1;
 }
 
+/* --optim muon: group 0 (Muon) the blocks' matrices, group 1 (AdamW) the
+   rest: embeddings (the head is tied to wte), norms, biases. */
+static int gpt_group_of_muon(void *user, const char *fqn, int ndim, const char *module_type)
+{
+    (void)user;
+    (void)module_type;
+    return ndim == 2 && strncmp(fqn, "h.", 2) == 0 ? 0 : 1;
+}
+
 /* nanoGPT's initialisation: normal(0, 0.02) for weights and embeddings,
    0.02/sqrt(2 layers) for the projections into the residual stream, norms
    one (their 1-D weights), biases zero. */
@@ -1688,6 +1705,11 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     cd.groups = groups;
     cd.ngroups = 2;
     cd.group_fn = gpt_group_of;
+    if (cfg->muon && !e.lora) {
+        groups[0] = fsdp_optim_defaults(FSDP_MUON);
+        groups[0].lr = cfg->muon_lr;
+        cd.group_fn = gpt_group_of_muon;
+    }
     cd.cpu_offload = cfg->cpu_offload;
     {
         fsdp_error err;
@@ -1846,7 +1868,9 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         }
         gpt__enter_lib(&e, &wall);
         r = fsdp_clip_grad_norm(e.ctx, cfg->clip, 2.0, &norm);
-        if (r == FSDP_SUCCESS) r = fsdp_set_lr(e.ctx, 0, lr);
+        if (r == FSDP_SUCCESS)
+            r = fsdp_set_lr(e.ctx, 0, !cfg->muon || e.lora ? lr
+                                      : cfg->lr > 0.0 ? lr * (cfg->muon_lr / cfg->lr) : 0.0);
         if (r == FSDP_SUCCESS) r = fsdp_set_lr(e.ctx, 1, lr);
         if (r == FSDP_SUCCESS) r = fsdp_step(e.ctx);
         if (r == FSDP_SUCCESS &&
