@@ -363,6 +363,10 @@ FSDP_API fsdp_result fsdp_set_optim(fsdp_ctx *c, int group, const fsdp_optim_con
                               "other state (amsgrad or SGD momentum turned %s); the state was "
                               "planned at create and cannot change mid-run", group,
                               fsdp_optim_state_mask(&n) > fsdp_optim_state_mask(o) ? "on" : "off");
+    if (n.kind == FSDP_MUON && n.ns_f32 != o->ns_f32)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: ns_f32 %d cannot "
+                              "replace %d mid-run: the Muon buffer was planned for the %s "
+                              "iteration", group, n.ns_f32, o->ns_f32, o->ns_f32 ? "f32" : "bf16");
     c->groups[group] = n;
     return FSDP_SUCCESS;
 }

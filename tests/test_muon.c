@@ -413,6 +413,19 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
             if (fsdp_set_full_param(ctx, FQNS[k], v, FSDP_F32) != FSDP_SUCCESS) goto done;
         }
     }
+    {   /* the planned buffer fixes the iteration's dtype; the rest may change */
+        fsdp_optim_config o = j->muon;
+        o.ns_f32 = !o.ns_f32;
+        if (!j->all_muon && fsdp_set_optim(ctx, 0, &o) != FSDP_INVALID_ARGS) {
+            CHECK_RANK(0, rank, "fsdp_set_optim changed ns_f32 mid-run");
+            goto done;
+        }
+        o.ns_f32 = j->muon.ns_f32;
+        if (!j->all_muon && fsdp_set_optim(ctx, 0, &o) != FSDP_SUCCESS) {
+            CHECK_RANK(0, rank, "fsdp_set_optim with the same config: %s", fsdp_ctx_last_error(ctx));
+            goto done;
+        }
+    }
     fsdp_device_reset_peak(dev);
     for (t = 1; t <= j->steps; t++)
         if (!one_step(ctx, rank, j->step0 + t)) {
