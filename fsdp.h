@@ -894,6 +894,14 @@ FSDP_API fsdp_result fsdp_device_sum_squares(fsdp_device *dev, const void *x, fs
    here (dtypes, sizes, leading dimensions, NULL pointers), then queued on
    s (NULL: now). FSDP_NOT_SUPPORTED where the device has none. */
 FSDP_API fsdp_result fsdp_device_gemm(fsdp_device *dev, const fsdp_gemm_desc *g, fsdp_stream *s);
+/* The CPU device's product on host memory, on the calling thread and up
+   to threads - 1 more (0 or 1: the caller alone): the bits of the CPU
+   device's gemm (every FSDP_ISA level, any thread count), for engines that
+   want its speed for their own matrices. FSDP_INVALID_ARGS (or
+   FSDP_INVALID_DTYPE) for a malformed g, FSDP_OUT_OF_MEMORY without its
+   packing buffers (op(A) as f32, and k x 32 floats per thread, from the
+   default allocator). */
+FSDP_API fsdp_result fsdp_gemm_host(const fsdp_gemm_desc *g, int threads);
 /* The optimizer kernel (see the vtable's optim_step). */
 FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_optim_config *c,
                                             int64_t step, float *param, const float *grad,
@@ -5907,6 +5915,14 @@ FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
 FSDP__DEF fsdp_result fsdp__gemm_host(const fsdp_gemm_desc *g, int threads, const fsdp_hooks *h)
 {
     return fsdp__gemm_host_isa(g, threads, h, fsdp__optim_isa());
+}
+
+FSDP_API fsdp_result fsdp_gemm_host(const fsdp_gemm_desc *g, int threads)
+{
+    if (!g || fsdp__gemm_bad(g)) return g && g->dtype != FSDP_F32 && g->dtype != FSDP_BF16
+                                          ? FSDP_INVALID_DTYPE : FSDP_INVALID_ARGS;
+    if (fsdp__isa_env_unknown()) return FSDP_INVALID_ARGS;
+    return fsdp__gemm_host(g, threads, NULL);
 }
 /* ---- src/device_cpu.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>device:cpu the CPU device ----------------------------------------- */

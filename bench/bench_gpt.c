@@ -109,6 +109,14 @@ static double gemm_gflops(gemm_fn g, int M, int N, int K, int transA, double sec
     return best;
 }
 
+/* fsdp.h's GEMM (fsdp_gemm_host, gpt.h's default "fsdp" kernel) as a
+   gemm_fn; the plain loops where it cannot run the strides */
+static void gemm_fsdp(GPT__GEMM_ARGS)
+{
+    if (!gpt__gemm_fsdp(M, N, K, A, ars, acs, B, ldb, C, ldc))
+        gpt__gemm_plain(M, N, K, A, ars, acs, B, ldb, C, ldc);
+}
+
 int main(int argc, char **argv)
 {
     static gpt_result res;
@@ -117,10 +125,12 @@ int main(int argc, char **argv)
     int i, max_ranks = 8, steps = 60, quick = 0, nisa = 1, isa, r;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double secs;
-    static const char *const isa_names[3] = {"plain (SSE2, mul+add)", "avx2+fma", "avx512"};
+    static const char *const isa_names[4] = {"plain (SSE2, mul+add)", "avx2+fma", "avx512",
+                                             "fsdp_gemm_host"};
     peak_fn peaks[3];
-    gemm_fn gemms[3];
-    double peak[3];
+    gemm_fn gemms[4];
+    double peak[4];
+    int ncol;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
@@ -147,13 +157,26 @@ int main(int argc, char **argv)
     gemms[1] = gpt__gemm_avx2;
     peaks[2] = peak_avx512;
     gemms[2] = gpt__gemm_avx512;
-    nisa = !strcmp(gpt_gemm_isa(), "avx512") ? 3 : !strcmp(gpt_gemm_isa(), "avx2") ? 2 : 1;
+    __builtin_cpu_init();
+    nisa = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
+    if (nisa == 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
+        nisa = 3;
+    if (!strcmp(gpt_gemm_isa(), "avx2") && nisa > 2) nisa = 2;
+    if (!strcmp(gpt_gemm_isa(), "plain")) nisa = 1;
 #endif
+    /* fsdp.h's GEMM, against the widest build's peak (it runs AVX-512 or
+       AVX2+FMA, as FSDP_ISA allows) */
+    gemms[nisa] = gemm_fsdp;
+    ncol = nisa + (nisa > 1);
     printf("bench_gpt: %ld cores; train_gpt uses the %s matmul\n", cores, gpt_gemm_isa());
     printf("\n1. matmul vs single-core peak (GFLOP/s, best of %.1f s each)\n", secs);
     for (isa = 0; isa < nisa; isa++) {
         peak[isa] = best_peak(peaks[isa], secs);
         printf("  %-22s peak %7.1f\n", isa_names[isa], peak[isa]);
+    }
+    if (ncol > nisa) {
+        peak[nisa] = peak[nisa - 1];
+        printf("  %-22s peak %7.1f\n", isa_names[3], peak[nisa]);
     }
     {
         int rows = cfg.batch / 2 * gpt_seq_len(cfg.digits), C = cfg.dim;
@@ -166,11 +189,11 @@ int main(int argc, char **argv)
             {"square    256x256x256", 256, 256, 256, 0},
         };
         printf("  %-22s", "shape (MxNxK)");
-        for (isa = 0; isa < nisa; isa++) printf("  %16s", isa_names[isa]);
+        for (isa = 0; isa < ncol; isa++) printf("  %16s", isa_names[isa < nisa ? isa : 3]);
         printf("\n");
         for (i = 0; i < (int)(sizeof sh / sizeof sh[0]); i++) {
             printf("  %-22s", sh[i].what);
-            for (isa = 0; isa < nisa; isa++) {
+            for (isa = 0; isa < ncol; isa++) {
                 double g = gemm_gflops(gemms[isa], sh[i].M, sh[i].N, sh[i].K, sh[i].tA, secs);
                 printf("  %6.1f (%4.1f%%)", g, 100.0 * g / peak[isa]);
             }

@@ -322,12 +322,15 @@ GPT__T512 static void gpt__gemm_avx512(GPT__GEMM_ARGS)
     GPT__GEMM_BODY(gpt__kernel_avx512, gpt__edge_avx512)
 #endif
 
-/* Which kernel gpt_gemm runs: "avx512", "avx2" or "plain". GPT_GEMM=plain
-   (or avx2) in the environment forces a narrower one. */
+/* Which kernel gpt_gemm runs: "fsdp" (fsdp.h's GEMM, fsdp_gemm_host: packed,
+   register-blocked, AVX-512 or AVX2; the default where the CPU has AVX2
+   and FMA), "avx512", "avx2" (the loops above, compiled for those) or
+   "plain". GPT_GEMM=avx512|avx2|plain in the environment forces one of the
+   loops (GPT_GEMM=fsdp is the default). */
 static const char *gpt_gemm_isa(void)
 {
 #ifdef GPT_HAVE_DISPATCH
-    static const char *const names[3] = {"plain", "avx2", "avx512"};
+    static const char *const names[4] = {"plain", "avx2", "avx512", "fsdp"};
     static int chosen = -1; /* set by gpt_gemm_init, before any thread */
     if (chosen < 0) {
         const char *env = getenv("GPT_GEMM");
@@ -337,7 +340,8 @@ static const char *gpt_gemm_isa(void)
         if (best == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
             best = 2;
         if (env && !strcmp(env, "plain")) best = 0;
-        if (env && !strcmp(env, "avx2") && best > 1) best = 1;
+        else if (env && !strcmp(env, "avx2") && best > 1) best = 1;
+        else if (best >= 1 && !(env && !strcmp(env, "avx512"))) best = 3;
         chosen = best;
     }
     return names[chosen];
@@ -349,15 +353,36 @@ static const char *gpt_gemm_isa(void)
 /* Call once before starting threads (it caches the CPU check). */
 static void gpt_gemm_init(void) { (void)gpt_gemm_isa(); }
 
+/* C += A B through fsdp_gemm_host: A row-major (acs 1) or a transposed
+   view (ars 1); 0 when it cannot (other strides, out of memory). Each C
+   element is then one chain of fused multiply-adds from 0 over p, added
+   to C once (fma(1, acc, C)): other bits than the loops', the same on
+   every rank and at any thread count. */
+static int gpt__gemm_fsdp(GPT__GEMM_ARGS)
+{
+    fsdp_gemm_desc g;
+    if (acs != 1 && ars != 1) return 0;
+    memset(&g, 0, sizeof g);
+    g.m = M, g.n = N, g.k = K, g.dtype = FSDP_F32;
+    g.trans_a = acs != 1;
+    g.a = A, g.lda = acs == 1 ? (ars > K ? ars : K) : acs;
+    g.b = B, g.ldb = ldb, g.c = C, g.ldc = ldc;
+    g.alpha = 1.0, g.beta = 1.0;
+    return fsdp_gemm_host(&g, 1) == FSDP_SUCCESS;
+}
+
 static void gpt_gemm(GPT__GEMM_ARGS)
 {
 #ifdef GPT_HAVE_DISPATCH
     const char *isa = gpt_gemm_isa();
-    if (isa[0] == 'a' && isa[3] == '5') {
-        gpt__gemm_avx512(M, N, K, A, ars, acs, B, ldb, C, ldc);
-        return;
+    if (isa[0] == 'f' && gpt__gemm_fsdp(M, N, K, A, ars, acs, B, ldb, C, ldc)) return;
+    if ((isa[0] == 'a' && isa[3] == '5') || isa[0] == 'f') {
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
+            gpt__gemm_avx512(M, N, K, A, ars, acs, B, ldb, C, ldc);
+            return;
+        }
     }
-    if (isa[0] == 'a') {
+    if (isa[0] == 'a' || isa[0] == 'f') {
         gpt__gemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc);
         return;
     }

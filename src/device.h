@@ -196,6 +196,14 @@ FSDP_API fsdp_result fsdp_device_sum_squares(fsdp_device *dev, const void *x, fs
    here (dtypes, sizes, leading dimensions, NULL pointers), then queued on
    s (NULL: now). FSDP_NOT_SUPPORTED where the device has none. */
 FSDP_API fsdp_result fsdp_device_gemm(fsdp_device *dev, const fsdp_gemm_desc *g, fsdp_stream *s);
+/* The CPU device's product on host memory, on the calling thread and up
+   to threads - 1 more (0 or 1: the caller alone): the bits of the CPU
+   device's gemm (every FSDP_ISA level, any thread count), for engines that
+   want its speed for their own matrices. FSDP_INVALID_ARGS (or
+   FSDP_INVALID_DTYPE) for a malformed g, FSDP_OUT_OF_MEMORY without its
+   packing buffers (op(A) as f32, and k x 32 floats per thread, from the
+   default allocator). */
+FSDP_API fsdp_result fsdp_gemm_host(const fsdp_gemm_desc *g, int threads);
 /* The optimizer kernel (see the vtable's optim_step). */
 FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_optim_config *c,
                                             int64_t step, float *param, const float *grad,

@@ -247,3 +247,11 @@ FSDP__DEF fsdp_result fsdp__gemm_host(const fsdp_gemm_desc *g, int threads, cons
 {
     return fsdp__gemm_host_isa(g, threads, h, fsdp__optim_isa());
 }
+
+FSDP_API fsdp_result fsdp_gemm_host(const fsdp_gemm_desc *g, int threads)
+{
+    if (!g || fsdp__gemm_bad(g)) return g && g->dtype != FSDP_F32 && g->dtype != FSDP_BF16
+                                          ? FSDP_INVALID_DTYPE : FSDP_INVALID_ARGS;
+    if (fsdp__isa_env_unknown()) return FSDP_INVALID_ARGS;
+    return fsdp__gemm_host(g, threads, NULL);
+}

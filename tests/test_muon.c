@@ -6,9 +6,9 @@
                   fmaf chain (f32 and bf16, every transpose, alpha/beta,
                   tails of every tile), and is within (k + 2) u sum|a b| of
                   a double-precision product (plus bf16's output rounding)
-     gemm_device  fsdp_device_gemm on the CPU device, now and on a stream;
-                  its refusals (dtype, sizes, leading dimensions, NULLs, a
-                  device without a gemm)
+     gemm_device  fsdp_device_gemm on the CPU device, now and on a stream,
+                  and fsdp_gemm_host; the refusals (dtype, sizes, leading
+                  dimensions, NULLs, a device without a gemm)
      config       fsdp_optim_defaults(FSDP_MUON) is torch's; validate's
                   refusals; the state is momentum_buffer; the flat-range
                   kernels and ZeRO refuse Muon
@@ -244,6 +244,23 @@ static void test_gemm_device(void)
     g.k = 3;
     EXPECT_EQ(fsdp_device_gemm(dev, NULL, NULL), FSDP_INVALID_ARGS);
     CHECK(memcmp(c, c2, sizeof c) == 0, "refused products wrote nothing");
+    /* fsdp_gemm_host: the device's bits, on host memory, any thread count */
+    {
+        float h[4] = {9, 9, 9, 9};
+        g.c = h;
+        g.alpha = 1.0, g.beta = 0.0;
+        EXPECT_EQ(fsdp_gemm_host(&g, 3), FSDP_SUCCESS);
+        CHECK(h[0] == 4 && h[1] == 5 && h[2] == 10 && h[3] == 11, "fsdp_gemm_host: %g %g %g %g",
+              h[0], h[1], h[2], h[3]);
+        g.dtype = FSDP_F64;
+        EXPECT_EQ(fsdp_gemm_host(&g, 1), FSDP_INVALID_DTYPE);
+        g.dtype = FSDP_F32;
+        g.ldc = 1;
+        EXPECT_EQ(fsdp_gemm_host(&g, 1), FSDP_INVALID_ARGS);
+        g.ldc = 2;
+        EXPECT_EQ(fsdp_gemm_host(NULL, 1), FSDP_INVALID_ARGS);
+        g.c = c;
+    }
     /* a device whose vtable has no gemm */
     dev->vt.gemm = NULL;
     EXPECT_EQ(fsdp_device_gemm(dev, &g, NULL), FSDP_NOT_SUPPORTED);
