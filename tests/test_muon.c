@@ -385,6 +385,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     fsdp_optim_config groups[2];
     fsdp_state_dict *sd = NULL;
     fsdp_memory_stats ms;
+    fsdp_result r;
     int ok = 0, k, t;
     memset(&dd, 0, sizeof dd);
     dd.gemm_threads = j->threads;
@@ -405,9 +406,12 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
         groups[1] = j->adamw;
         d.groups = groups, d.ngroups = 2, d.group_fn = matrices_muon;
     }
-    j->create_r = fsdp_ctx_create(&d, &ctx);
-    if (rank == 0) snprintf(j->create_msg, sizeof j->create_msg, "%s", j->errs[0].message);
-    if (j->create_r != FSDP_SUCCESS) {
+    r = fsdp_ctx_create(&d, &ctx);
+    if (rank == 0) {
+        j->create_r = r;
+        snprintf(j->create_msg, sizeof j->create_msg, "%s", j->errs[0].message);
+    }
+    if (r != FSDP_SUCCESS) {
         ok = 1; /* a refusal the caller checks */
         goto done;
     }
