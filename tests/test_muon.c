@@ -25,6 +25,8 @@
                   gemm, cpu_offload
      ckpt         6 steps straight at W = 2 equal 3 steps, a sharded save,
                   a load at W = 3 (momentum resharded) and 3 more steps
+     digest       prints a digest of Muon runs; tests/check_muon_isa.sh
+                  runs it at every FSDP_ISA level: the same digest
 
    The vectors directory is the first argument. */
 #define _POSIX_C_SOURCE 200809L
@@ -673,11 +675,36 @@ static void test_ckpt(void)
     CHECK(b.nout == a.nout && !bits_equal(a.out, b.out, a.nout), "the resumed run trained on");
 }
 
+/* A digest of 12 steps at W = 1 and W = 3 (bf16 and f32 iterations, 2
+   GEMM threads): tests/check_muon_isa.sh compares it across FSDP_ISA
+   levels, which a process reads once. */
+static void test_digest(void)
+{
+    static job j;
+    uint64_t h = 1469598103934665603ull;
+    int f32, W, k;
+    for (f32 = 0; f32 < 2; f32++)
+        for (W = 1; W <= 3; W += 2) {
+            job_init(&j);
+            j.muon.ns_f32 = f32;
+            j.steps = 12;
+            j.threads = 2;
+            run_ranks(W, rank_main, &j);
+            CHECK(j.nout > 0, "W %d ran", W);
+            for (k = 0; k < j.nout * 4; k++) {
+                h ^= ((const unsigned char *)j.out)[k];
+                h *= 1099511628211ull;
+            }
+        }
+    printf("muon digest %016llx (FSDP_ISA=%s)\n", (unsigned long long)h,
+           getenv("FSDP_ISA") ? getenv("FSDP_ISA") : "");
+}
+
 static const check_case CASES[] = {
     {"gemm_levels", test_gemm_levels}, {"gemm_device", test_gemm_device},
     {"config", test_config},           {"accuracy", test_accuracy},
     {"ranks", test_ranks},             {"refusals", test_refusals},
-    {"ckpt", test_ckpt},
+    {"ckpt", test_ckpt},               {"digest", test_digest},
 };
 
 int main(int argc, char **argv)
