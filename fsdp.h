@@ -18008,7 +18008,9 @@ FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_
    all-gathered into the plan's Muon buffer, each matrix's owner (the
    matrices spread over the unit's ranks by cost, the same way on every
    rank) runs the Newton-Schulz iteration on it with the device's GEMM,
-   and broadcasts the result back; every rank applies it to its pieces.
+   and broadcasts the result back (queued on the comm stream, so that the
+   transfers overlap the owners' next iterations); every rank applies it
+   to its pieces.
    The iteration sees the whole matrix in one fixed order and the GEMM
    gives the same bits on any rank, so the parameters do not depend on the
    world size or on which rank owns a matrix. --- */
@@ -18301,22 +18303,35 @@ FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
             full = cu->grad; /* the whole flat parameter */
             gat = 0;
         }
-        /* every owned matrix first, so that owners work at once; then the
-           results, in entry order */
+        /* in entry order, each owned matrix's iteration, and every
+           matrix's result queued for its broadcast on the comm stream: a
+           rank computes its next matrix while earlier results travel, and
+           owners work at once (a rank never waits on the stream before
+           its own matrices are done) */
         for (k = 0; k < n && r == FSDP_SUCCESS; k++) {
-            if (mats[k].owner != me) continue;
-            r = fsdp__muon_ns(c, &c->groups[cu->groups[mats[k].entry]],
-                              full + es[mats[k].entry].offset, mats[k].rows, mats[k].cols,
-                              (char *)c->muon_buf + gat);
-            if (r != FSDP_SUCCESS)
-                r = fsdp__ctx_fail(c, r, "fsdp_step: Muon on '%s': %s", es[mats[k].entry].fqn,
-                                   fsdp_device_last_error(c->dev));
-        }
-        for (k = 0; k < n && r == FSDP_SUCCESS && cu->W > 1; k++) {
             float *at = full + es[mats[k].entry].offset;
-            r = fsdp_broadcast(cu->comm, at, at, (size_t)es[mats[k].entry].numel, FSDP_F32,
-                               mats[k].owner, NULL);
-            if (r != FSDP_SUCCESS) r = fsdp__ctx_comm(c, cu->comm, r, "fsdp_step (Muon)");
+            if (mats[k].owner == me) {
+                r = fsdp__muon_ns(c, &c->groups[cu->groups[mats[k].entry]], at, mats[k].rows,
+                                  mats[k].cols, (char *)c->muon_buf + gat);
+                if (r != FSDP_SUCCESS) {
+                    r = fsdp__ctx_fail(c, r, "fsdp_step: Muon on '%s': %s", es[mats[k].entry].fqn,
+                                       fsdp_device_last_error(c->dev));
+                    break;
+                }
+            }
+            if (cu->W > 1) {
+                r = fsdp_broadcast(cu->comm, at, at, (size_t)es[mats[k].entry].numel, FSDP_F32,
+                                   mats[k].owner, c->cs);
+                if (r != FSDP_SUCCESS) r = fsdp__ctx_comm(c, cu->comm, r, "fsdp_step (Muon)");
+            }
+        }
+        if (cu->W > 1) {
+            fsdp_result sr = fsdp_stream_synchronize(c->dev, c->cs);
+            if (sr != FSDP_SUCCESS && r == FSDP_SUCCESS) {
+                fsdp_result cr = fsdp_comm_async_error(cu->comm);
+                r = cr != FSDP_SUCCESS ? fsdp__ctx_comm(c, cu->comm, cr, "fsdp_step (Muon)")
+                                       : fsdp__ctx_dev(c, sr, "fsdp_step (Muon)");
+            }
         }
         if (cu->W > 1) fsdp_comm_set_label(cu->comm, NULL);
         if (r != FSDP_SUCCESS) break;
