@@ -361,11 +361,17 @@ static void gpt_gemm_init(void) { (void)gpt_gemm_isa(); }
 static int gpt__gemm_fsdp(GPT__GEMM_ARGS)
 {
     fsdp_gemm_desc g;
-    if (acs != 1 && ars != 1) return 0;
     memset(&g, 0, sizeof g);
+    if (acs == 1 && (ars >= K || M == 1)) { /* a(i, p) = A[i * ars + p] */
+        g.lda = M == 1 || ars < 1 ? (K > 1 ? K : 1) : ars;
+    } else if (ars == 1 && (acs >= M || K == 1)) { /* A^T stored K x M */
+        g.trans_a = 1;
+        g.lda = K == 1 || acs < 1 ? (M > 1 ? M : 1) : acs;
+    } else {
+        return 0;
+    }
     g.m = M, g.n = N, g.k = K, g.dtype = FSDP_F32;
-    g.trans_a = acs != 1;
-    g.a = A, g.lda = acs == 1 ? (ars > K ? ars : K) : acs;
+    g.a = A;
     g.b = B, g.ldb = ldb, g.c = C, g.ldc = ldc;
     g.alpha = 1.0, g.beta = 1.0;
     return fsdp_gemm_host(&g, 1) == FSDP_SUCCESS;
