@@ -17,7 +17,11 @@
    Both are timed by the thread's CPU time (best of many runs), so other
    processes on a shared machine do not count against them.
 
-   Usage: bench_gpt [--steps K] [--max-ranks N] [--quick]                  */
+   3. With --python PY (a Python with torch): train_gpt at one rank on a
+      4 x 256 model against the same model's training step in torch
+      (bench_gpt_peers.py) at 1 and 2 threads, as ratios.
+
+   Usage: bench_gpt [--steps K] [--max-ranks N] [--quick] [--python PY]    */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "examples/gpt.h"
@@ -123,6 +127,7 @@ int main(int argc, char **argv)
     static char err[FSDP_ERROR_MAX + 128];
     gpt_config cfg = gpt_default_config();
     int i, max_ranks = 8, steps = 60, quick = 0, nisa = 1, isa, r;
+    const char *py = NULL;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double secs;
     static const char *const isa_names[4] = {"plain (SSE2, mul+add)", "avx2+fma", "avx512",
@@ -135,8 +140,10 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-ranks") && i + 1 < argc) max_ranks = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--python") && i + 1 < argc) py = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--steps K] [--max-ranks N] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--steps K] [--max-ranks N] [--quick] [--python PY]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -231,5 +238,44 @@ int main(int argc, char **argv)
                ideal, step_ms / ideal, lib, res.peak[0], res.plan[0]);
     }
     printf("  ratio = step ms / ideal ms, ideal = sum of per-rank compute / min(ranks, cores)\n");
+    if (py) { /* 3. one rank against the same model in torch (bench_gpt_peers.py) */
+        char script[1024], cmd[2300], line[256];
+        const char *slash = strrchr(__FILE__, '/');
+        gpt_config big = gpt_default_config();
+        double ours, peer[2] = {0, 0};
+        int th, nsteps = quick ? 6 : 12;
+        FILE *f;
+        snprintf(script, sizeof script, "%.*sbench_gpt_peers.py",
+                 slash ? (int)(slash + 1 - __FILE__) : 0, __FILE__);
+        if (!(f = fopen(script, "r"))) snprintf(script, sizeof script, "bench/bench_gpt_peers.py");
+        else fclose(f);
+        big.layers = 4, big.dim = 256, big.heads = 8, big.ranks = 1, big.steps = nsteps;
+        big.quiet = 1, big.ntest = 16, big.eval_every = 0;
+        memset(&res, 0, sizeof res);
+        if (!gpt_train(&big, &res, err, sizeof err)) {
+            fprintf(stderr, "bench_gpt: %s\n", err);
+            return 1;
+        }
+        ours = res.train_ms / nsteps;
+        for (th = 1; th <= 2; th++) {
+            snprintf(cmd, sizeof cmd, "'%s' '%s' --layers 4 --dim 256 --heads 8 --batch %d --seq %d "
+                     "--threads %d --steps %d", py, script, big.batch, gpt_seq_len(big.digits), th,
+                     nsteps);
+            if ((f = popen(cmd, "r")) != NULL) {
+                while (fgets(line, sizeof line, f)) {
+                    int t;
+                    double ms;
+                    if (sscanf(line, "torch_step %d %lf", &t, &ms) == 2) peer[th - 1] = ms;
+                }
+                pclose(f);
+            }
+        }
+        printf("\n3. one rank against torch: 4 layers x dim 256, 8 heads, batch %d, %d steps "
+               "(train_gpt's %s matmul; torch: bench_gpt_peers.py)\n", big.batch, nsteps,
+               gpt_gemm_isa());
+        printf("  train_gpt 1 rank %.1f ms/step; torch 1 thread %.1f ms (ratio %.2f), 2 threads "
+               "%.1f ms (ratio %.2f)\n", ours, peer[0], peer[0] > 0 ? ours / peer[0] : 0.0,
+               peer[1], peer[1] > 0 ? ours / peer[1] : 0.0);
+    }
     return 0;
 }
