@@ -5721,12 +5721,14 @@ FSDP__DEF void fsdp__gemm_pack_a(const fsdp_gemm_desc *g, size_t i0, float *as)
         if (i >= m) {
             for (p = 0; p < k; p++) as[p * FSDP__GEMM_MR + r] = 0.0f;
         } else if (g->trans_a) {
-            for (p = 0; p < k; p++) as[p * FSDP__GEMM_MR + r] = fsdp__gemm_ld(g->a, g->dtype, p * lda + i);
+            for (p = 0; p < k; p++)
+                as[p * FSDP__GEMM_MR + r] = fsdp__gemm_ld(g->a, g->dtype, p * lda + i);
         } else if (g->dtype == FSDP_F32) {
             const float *a = (const float *)g->a + i * lda;
             for (p = 0; p < k; p++) as[p * FSDP__GEMM_MR + r] = a[p];
         } else {
-            for (p = 0; p < k; p++) as[p * FSDP__GEMM_MR + r] = fsdp__gemm_ld(g->a, g->dtype, i * lda + p);
+            for (p = 0; p < k; p++)
+                as[p * FSDP__GEMM_MR + r] = fsdp__gemm_ld(g->a, g->dtype, i * lda + p);
         }
     }
 }
@@ -5890,7 +5892,8 @@ FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
     buf = (float *)fsdp__alloc(h, ((size_t)T * per + nblk * FSDP__GEMM_MR * k + 1) * sizeof(float));
     if (!buf) return FSDP_OUT_OF_MEMORY;
     apack = buf + (size_t)T * per;
-    for (b = 0; b < nblk; b++) fsdp__gemm_pack_a(g, b * FSDP__GEMM_MR, apack + b * FSDP__GEMM_MR * k);
+    for (b = 0; b < nblk; b++)
+        fsdp__gemm_pack_a(g, b * FSDP__GEMM_MR, apack + b * FSDP__GEMM_MR * k);
     for (t = 0; t < T; t++) {
         jobs[t].g = g;
         jobs[t].apack = apack;
@@ -18070,7 +18073,8 @@ FSDP__DEF fsdp_result fsdp__muon_check(fsdp_ctx *c, const fsdp_ctx_desc *d)
     if (c->dev && !fsdp_device_host_accessible(c->dev))
         return fsdp__fail_create(&d->hooks, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: FSDP_MUON "
                                  "runs its elementwise parts on the host, and device '%s' keeps "
-                                 "the shards where the host cannot read them", fsdp_device_name(c->dev));
+                                 "the shards where the host cannot read them",
+                                 fsdp_device_name(c->dev));
     return FSDP_SUCCESS;
 }
 

@@ -67,7 +67,8 @@ FSDP__DEF fsdp_result fsdp__muon_check(fsdp_ctx *c, const fsdp_ctx_desc *d)
     if (c->dev && !fsdp_device_host_accessible(c->dev))
         return fsdp__fail_create(&d->hooks, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: FSDP_MUON "
                                  "runs its elementwise parts on the host, and device '%s' keeps "
-                                 "the shards where the host cannot read them", fsdp_device_name(c->dev));
+                                 "the shards where the host cannot read them",
+                                 fsdp_device_name(c->dev));
     return FSDP_SUCCESS;
 }
 
