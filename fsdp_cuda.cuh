@@ -1326,6 +1326,9 @@ static fsdp_result fsdp__optim_step__cuda(void *self, const struct fsdp_optim_co
     if (c->kind == FSDP_OPTIM_CUSTOM) /* host code: cpu_offload runs it on host copies */
         return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "cuda optim_step: FSDP_OPTIM_CUSTOM runs "
                               "on the host; use cpu_offload");
+    if (c->kind == FSDP_MUON) /* whole matrices: fsdp_step's Muon part, not a flat range */
+        return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "cuda optim_step: FSDP_MUON needs whole "
+                              "matrices, not a flat range");
     if (step < 1 || !st)
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "cuda optim_step: step %lld < 1 or no state",
                               (long long)step);
