@@ -5739,11 +5739,17 @@ FSDP__DEF void fsdp__gemm_pack_b(const fsdp_gemm_desc *g, size_t j0, size_t nr, 
     const size_t n = (size_t)g->n, k = (size_t)g->k, ldb = (size_t)g->ldb;
     const size_t w = j0 + nr <= n ? nr : n - j0;
     size_t p, c;
+    if (g->trans_b) { /* a column of the strip is a row of B: read rows */
+        for (c = 0; c < w; c++)
+            for (p = 0; p < k; p++)
+                bs[p * nr + c] = fsdp__gemm_ld(g->b, g->dtype, (j0 + c) * ldb + p);
+        for (p = 0; p < k; p++)
+            for (c = w; c < nr; c++) bs[p * nr + c] = 0.0f;
+        return;
+    }
     for (p = 0; p < k; p++) {
         float *row = bs + p * nr;
-        if (g->trans_b) {
-            for (c = 0; c < w; c++) row[c] = fsdp__gemm_ld(g->b, g->dtype, (j0 + c) * ldb + p);
-        } else if (g->dtype == FSDP_F32) {
+        if (g->dtype == FSDP_F32) {
             memcpy(row, (const float *)g->b + p * ldb + j0, w * sizeof(float));
         } else {
             for (c = 0; c < w; c++) row[c] = fsdp__gemm_ld(g->b, g->dtype, p * ldb + j0 + c);
