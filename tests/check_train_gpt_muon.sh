@@ -7,15 +7,19 @@
 # ranks' in their last bits, and the bf16 Newton-Schulz iteration can round
 # such a difference to a whole bf16 step: 2.1e-5 measured, where AdamW's
 # resharded resume stays within 1e-5); cpu_offload is refused, naming it.
-# Usage: check_train_gpt_muon.sh path/to/train_gpt WORK_DIR
+# Usage: check_train_gpt_muon.sh path/to/train_gpt WORK_DIR [quick]
+# (quick, for the sanitizer builds: without the 500-step learning check)
 set -u
 . "$(dirname "$0")/train_check.sh"
 exe=${1:?usage: check_train_gpt_muon.sh path/to/train_gpt WORK_DIR}
 dir=${2:?usage: check_train_gpt_muon.sh path/to/train_gpt WORK_DIR}/train_gpt_muon_ckpt
-log=$(resume_run "$exe" --ranks 2 --steps 500 --optim muon --quiet)
-acc=$(echo "$log" | sed -n 's/^final_loss=[^ ]* accuracy=\([^ ]*\) .*/\1/p')
-echo "muon, 500 steps, 2 ranks: accuracy $acc"
-awk -v a="$acc" 'BEGIN { exit !(a != "" && a + 0 >= 0.9) }' || { echo "$log"; echo "Muon did not learn"; exit 1; }
+if [ "${3:-}" != quick ]; then
+    log=$(resume_run "$exe" --ranks 2 --steps 500 --optim muon --quiet)
+    acc=$(echo "$log" | sed -n 's/^final_loss=[^ ]* accuracy=\([^ ]*\) .*/\1/p')
+    echo "muon, 500 steps, 2 ranks: accuracy $acc"
+    awk -v a="$acc" 'BEGIN { exit !(a != "" && a + 0 >= 0.9) }' || {
+        echo "$log"; echo "Muon did not learn"; exit 1; }
+fi
 RESHARD_TOL=1e-4 check_resume "$dir" 2 3 "$exe" --steps 40 --layers 1 --dim 32 --heads 4 --batch 12 --ntest 32 \
     --eval-every 0 --seed 7 --quiet --optim muon
 out=$("$exe" --ranks 1 --steps 2 --optim muon --cpu-offload --quiet 2>&1) && {
