@@ -50,10 +50,11 @@
        >>errors       results, last-error messages, allocation and log hooks
        >>dtypes       f32 f64 f16 bf16 and byte types, round-to-nearest-even
        >>optim        AdamW, Adam, SGD with torch.optim's exact arithmetic
-                      on one flat f32 range (the device kernels run it)
+                      on one flat f32 range (the device kernels run it);
+                      Muon's configuration (its step: >>runtime:muon)
        >>device       the device vtable; the built-in CPU device (streams are
                       worker threads, events order them).
-                      Inside: >>device:vtable >>device:cpu
+                      Inside: >>device:vtable >>device:gemm >>device:cpu
        >>comm         the collectives vtable; the transport kit (one engine
                       for MPI, Gloo and your own byte transports); the
                       built-in `local` backend (N ranks as N threads,
@@ -84,7 +85,7 @@
                       >>safetensors:file >>safetensors:read
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
                       memory, init, clipping, summon, the sharded step.
-                      Inside: >>runtime:ctx >>runtime:create
+                      Inside: >>runtime:ctx >>runtime:muon >>runtime:create
                       >>runtime:shards >>runtime:debug >>runtime:pool
                       >>runtime:gather >>runtime:reduce >>runtime:views
                       >>runtime:init >>runtime:lend >>runtime:step
@@ -569,8 +570,17 @@ typedef enum fsdp_optim_kind {
     FSDP_SGD = 3,
     FSDP_OPTIM_CUSTOM = 4,  /* the engine's own rule: fsdp_optim_config.custom */
     FSDP_RMSPROP = 5,       /* torch.optim.RMSprop: alpha, eps, momentum, centered */
-    FSDP_ADAGRAD = 6        /* torch.optim.Adagrad: lr_decay, initial_accumulator_value, eps */
+    FSDP_ADAGRAD = 6,       /* torch.optim.Adagrad: lr_decay, initial_accumulator_value, eps */
+    FSDP_MUON = 7           /* torch.optim.Muon, 2-D parameters (the Muon fields below) */
 } fsdp_optim_kind;
+
+/* torch.optim.Muon's adjust_lr_fn: the lr a matrix of A rows and B
+   columns steps with. */
+typedef enum fsdp_muon_lr_adjust {
+    FSDP_MUON_LR_ORIGINAL = 0,         /* lr sqrt(max(1, A / B)) (torch's None) */
+    FSDP_MUON_LR_MATCH_RMS_ADAMW = 1,  /* lr 0.2 sqrt(max(A, B)) */
+    FSDP_MUON_LR_SPECTRAL_UNCLAMPED = 2 /* lr sqrt(A / B) */
+} fsdp_muon_lr_adjust;
 
 struct fsdp_optim_config;
 /* An engine's own update rule (FSDP_OPTIM_CUSTOM): param[i] from grad[i]
@@ -613,13 +623,15 @@ typedef enum fsdp_optim_numerics {
    gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
    weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
    everything else 0; RMSprop: lr 1e-2, alpha 0.99, eps 1e-8, the rest 0;
-   Adagrad: lr 1e-2, eps 1e-10, the rest 0), and change fields from there.
-   A config left entirely zero means AdamW's defaults where a descriptor
-   takes one. Configs whose step is lr * g / |g| (NaN wherever a gradient
-   is 0), the mark of a zeroed config with only kind and lr set, are
-   refused by fsdp_ctx_create and fsdp_zero_create: Adam-family beta1,
-   beta2 and eps all 0; RMSprop alpha and eps 0; Adagrad eps and
-   initial_accumulator_value 0. */
+   Adagrad: lr 1e-2, eps 1e-10, the rest 0; Muon: lr 1e-3, weight_decay
+   0.1, momentum 0.95, nesterov 1, ns_coefficients (3.4445, -4.775,
+   2.0315), eps 1e-7, ns_steps 5, adjust_lr original, bf16 iteration), and
+   change fields from there. A config left entirely zero means AdamW's
+   defaults where a descriptor takes one. Configs whose step is
+   lr * g / |g| (NaN wherever a gradient is 0), the mark of a zeroed config
+   with only kind and lr set, are refused by fsdp_ctx_create and
+   fsdp_zero_create: Adam-family beta1, beta2 and eps all 0; RMSprop alpha
+   and eps 0; Adagrad eps and initial_accumulator_value 0. */
 typedef struct fsdp_optim_config {
     fsdp_optim_kind kind;
     double lr;
@@ -649,6 +661,24 @@ typedef struct fsdp_optim_config {
        replaces it); eps and weight_decay are the fields above */
     double lr_decay;
     double initial_accumulator_value;
+    /* FSDP_MUON (issue 47), with lr, weight_decay (decoupled), momentum,
+       nesterov and eps (1e-7, the norm's floor) above; unused by the other
+       kinds. torch.optim.Muon's step, per 2-D parameter G (momentum_buffer
+       B, zero at first):
+           B = lerp(B, G, 1 - momentum)
+           U = nesterov ? lerp(G, B, momentum) : B
+           X = U (transposed when it has more rows than columns)
+           X = X / max(|X|_F, eps), then ns_steps times
+               A = X X^T;  X = a X + (b A + c A A) X
+           P = P (1 - lr weight_decay) - lr' X     (lr' per adjust_lr)
+       ns_f32 0 runs the iteration as torch does, in bfloat16 (bf16 matrices,
+       products accumulated in f32 and rounded to bf16); 1 keeps it in f32
+       (about a thousand times closer to a float64 iteration). Each matrix
+       is orthogonalized once per step, by one rank (see fsdp_ctx_desc). */
+    double ns_coefficients[3]; /* (a, b, c): (3.4445, -4.775, 2.0315) */
+    int ns_steps;              /* 5; 0 .. 99 as torch allows */
+    fsdp_muon_lr_adjust adjust_lr;
+    int ns_f32;
 } fsdp_optim_config;
 
 FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
@@ -690,7 +720,9 @@ typedef struct fsdp_optim_state {
    the same bits); the environment variable FSDP_ISA=scalar|sse|avx2|avx512,
    read once at the first step, caps that level (tests, bisection, timing);
    any other value is refused (FSDP_INVALID_ARGS, and the devices, contexts
-   and ZeRO optimizers refuse to be created, naming it). */
+   and ZeRO optimizers refuse to be created, naming it). FSDP_MUON needs
+   whole matrices and is refused here (FSDP_NOT_SUPPORTED): contexts run
+   it (fsdp_ctx_create). */
 FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
                                           const float *grad, const fsdp_optim_state *state,
                                           size_t n);
@@ -714,6 +746,32 @@ typedef enum fsdp_copy_kind {
 /* Work queued on a stream. It returns a result; the first failure on a stream
    sticks and fsdp_stream_synchronize returns it with err's message. */
 typedef fsdp_result (*fsdp_task_fn)(void *arg, fsdp_error *err);
+
+/* A matrix product for the optimizers that need whole matrices (Muon's
+   Newton-Schulz iteration), row-major:
+
+       C = alpha * op(A) @ op(B) + beta * C        (m x n, inner size k)
+
+   op(A) is m x k: A itself (lda >= k), or with trans_a A^T of A stored
+   k x m (lda >= m); op(B) likewise k x n (ldb >= n), or B^T of B stored
+   n x k (ldb >= k). A, B and C have one dtype, FSDP_F32 or FSDP_BF16;
+   the products accumulate in f32 and C is rounded once to its dtype (the
+   bf16 matmul of torch's Muon). beta 0: C is not read (BLAS). C must not
+   overlap A or B. The CPU device gives the same bits at every FSDP_ISA
+   level and thread count: each C element is one chain of fused
+   multiply-adds over k in order, from 0, then fma(alpha, acc, beta * C). */
+typedef struct fsdp_gemm_desc {
+    int64_t m, n, k;
+    fsdp_dtype dtype;
+    int trans_a, trans_b;
+    const void *a;
+    int64_t lda;
+    const void *b;
+    int64_t ldb;
+    void *c;
+    int64_t ldc;
+    double alpha, beta;
+} fsdp_gemm_desc;
 
 /* A device backend. Every function receives `self`; stream NULL means "run
    now on the calling thread, synchronously". Kernels work on device memory.
@@ -776,6 +834,9 @@ typedef struct fsdp_device_vtable {
        memory, and is refused (FSDP_NOT_SUPPORTED) elsewhere. */
     fsdp_result (*div)(void *self, void *x, fsdp_dtype dt, double d, size_t n, fsdp_stream *s,
                        fsdp_error *err);
+    /* Optional (Muon, issue 47): fsdp_gemm_desc's product on s; g is
+       copied before the call returns. Without it Muon is refused. */
+    fsdp_result (*gemm)(void *self, const fsdp_gemm_desc *g, fsdp_stream *s, fsdp_error *err);
 } fsdp_device_vtable;
 
 typedef struct fsdp_memory_stats {
@@ -792,6 +853,10 @@ typedef struct fsdp_cpu_device_desc {
     fsdp_hooks hooks;
     size_t capacity; /* device bytes it may hold at once (fsdp_device_set_capacity);
                         0: unlimited */
+    /* Muon (issue 47): threads of fsdp_device_gemm (the caller's is one),
+       started per call for products of some size; 0: 1. The bits do not
+       depend on it. */
+    int gemm_threads;
 } fsdp_cpu_device_desc;
 
 /* The built-in CPU device: memory from the allocator hooks (64-byte aligned),
@@ -868,6 +933,18 @@ FSDP_API fsdp_result fsdp_device_accumulate(fsdp_device *dev, void *dst, fsdp_dt
                                             size_t n, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_sum_squares(fsdp_device *dev, const void *x, fsdp_dtype dt,
                                              size_t n, double *out, fsdp_stream *s);
+/* The matrix product of fsdp_gemm_desc (the vtable's gemm): checked
+   here (dtypes, sizes, leading dimensions, NULL pointers), then queued on
+   s (NULL: now). FSDP_NOT_SUPPORTED where the device has none. */
+FSDP_API fsdp_result fsdp_device_gemm(fsdp_device *dev, const fsdp_gemm_desc *g, fsdp_stream *s);
+/* The CPU device's product on host memory, on the calling thread and up
+   to threads - 1 more (0 or 1: the caller alone): the bits of the CPU
+   device's gemm (every FSDP_ISA level, any thread count), for engines that
+   want its speed for their own matrices. FSDP_INVALID_ARGS (or
+   FSDP_INVALID_DTYPE) for a malformed g, FSDP_OUT_OF_MEMORY without its
+   packing buffers (op(A) as f32, and k x 32 floats per thread, from the
+   default allocator). */
+FSDP_API fsdp_result fsdp_gemm_host(const fsdp_gemm_desc *g, int threads);
 /* The optimizer kernel (see the vtable's optim_step). */
 FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_optim_config *c,
                                             int64_t step, float *param, const float *grad,
@@ -2354,6 +2431,14 @@ typedef struct fsdp_memory_plan {
                                 optimizer state and host staging; else 0 */
     int pool_slots;          /* shared unsharded buffers */
     int resident_units;      /* units with their own unsharded buffers */
+    /* FSDP_MUON (issue 47): the step's buffer, also in scratch and total:
+       the largest Muon unit's gathered gradient (f32, shard x world) and
+       the largest matrix's Newton-Schulz iteration (two m x n and two
+       m x m matrices, m the smaller side, bf16 or f32); and the bytes a
+       rank receives per step for Muon at most (each Muon unit's
+       all-gather and the results of the matrices it does not own). */
+    size_t muon_scratch;
+    size_t muon_bytes_per_step;
 } fsdp_memory_plan;
 FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *ctx, fsdp_memory_plan *out);
 /* Plan-only mode: the plan fsdp_ctx_create would make for desc on a world
@@ -4285,6 +4370,15 @@ FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind)
     } else if (c.kind == FSDP_ADAGRAD) {
         c.lr = 1e-2;
         c.eps = 1e-10;
+    } else if (c.kind == FSDP_MUON) { /* torch.optim.Muon's defaults */
+        c.weight_decay = 0.1;
+        c.momentum = 0.95;
+        c.nesterov = 1;
+        c.eps = 1e-7;
+        c.ns_coefficients[0] = 3.4445;
+        c.ns_coefficients[1] = -4.775;
+        c.ns_coefficients[2] = 2.0315;
+        c.ns_steps = 5;
     } else if (c.kind != FSDP_SGD && c.kind != FSDP_OPTIM_CUSTOM) {
         c.beta1 = 0.9;
         c.beta2 = 0.999;
@@ -4301,8 +4395,21 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
     const int adam = c && (c->kind == FSDP_OPTIM_DEFAULT || c->kind == FSDP_ADAMW ||
                            c->kind == FSDP_ADAM);
     if (!c) why = "configuration is NULL";
-    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_ADAGRAD)
+    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_MUON)
         why = "unknown optimizer kind";
+    else if (c->kind == FSDP_MUON && !(c->momentum >= 0.0)) why = "Muon: momentum must be >= 0";
+    else if (c->kind == FSDP_MUON && !(c->eps >= 0.0)) why = "Muon: eps must be >= 0";
+    else if (c->kind == FSDP_MUON && (c->ns_steps < 0 || c->ns_steps > 99))
+        why = "Muon: ns_steps must be 0 .. 99 (torch refuses 100 and more)";
+    else if (c->kind == FSDP_MUON &&
+             (!isfinite(c->ns_coefficients[0]) || !isfinite(c->ns_coefficients[1]) ||
+              !isfinite(c->ns_coefficients[2])))
+        why = "Muon: ns_coefficients must be finite";
+    else if (c->kind == FSDP_MUON && ((int)c->adjust_lr < (int)FSDP_MUON_LR_ORIGINAL ||
+                                      (int)c->adjust_lr > (int)FSDP_MUON_LR_SPECTRAL_UNCLAMPED))
+        why = "Muon: unknown adjust_lr (see fsdp_muon_lr_adjust)";
+    else if (c->kind == FSDP_MUON && c->ns_f32 != 0 && c->ns_f32 != 1)
+        why = "Muon: ns_f32 must be 0 (bf16 iteration, torch's) or 1 (f32)";
     else if (c->kind == FSDP_OPTIM_CUSTOM && !c->custom)
         why = "FSDP_OPTIM_CUSTOM needs its rule (custom is NULL)";
     else if (c->kind == FSDP_OPTIM_CUSTOM && (c->custom_state < 0 || c->custom_state > 4))
@@ -4373,6 +4480,14 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
                  dot);
         return FSDP_INVALID_ARGS;
     }
+    if (c->kind == FSDP_MUON && c->ns_steps == 0 && c->ns_coefficients[0] == 0.0 &&
+        c->ns_coefficients[1] == 0.0 && c->ns_coefficients[2] == 0.0) {
+        snprintf(msg, cap, "%s%sns_steps and %s%sns_coefficients are all 0 (a zeroed "
+                 "fsdp_optim_config with only the kind set?), a Muon step of the normalized "
+                 "momentum itself; start from fsdp_optim_defaults(FSDP_MUON) for torch's 5 steps "
+                 "of (3.4445, -4.775, 2.0315)", field, dot, field, dot);
+        return FSDP_INVALID_ARGS;
+    }
     if (c->kind != FSDP_OPTIM_DEFAULT && c->kind != FSDP_ADAMW && c->kind != FSDP_ADAM)
         return FSDP_SUCCESS;
     if (c->beta1 != 0.0 || c->beta2 != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
@@ -4431,6 +4546,7 @@ FSDP__DEF const char *fsdp__optim_kind_name(fsdp_optim_kind k)
     case FSDP_OPTIM_CUSTOM: return "FSDP_OPTIM_CUSTOM";
     case FSDP_RMSPROP: return "FSDP_RMSPROP";
     case FSDP_ADAGRAD: return "FSDP_ADAGRAD";
+    case FSDP_MUON: return "FSDP_MUON";
     }
     return "an unknown optimizer kind";
 }
@@ -4442,6 +4558,7 @@ FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
     if (c->kind == FSDP_RMSPROP)
         return 2u | (c->centered ? 1u : 0u) | (c->momentum > 0.0 ? 8u : 0u);
     if (c->kind == FSDP_ADAGRAD) return 2u;
+    if (c->kind == FSDP_MUON) return 8u; /* torch's momentum_buffer */
     if (c->kind == FSDP_OPTIM_CUSTOM) /* its k values in torch's first k slots */
         return c->custom_state >= 0 && c->custom_state <= 4 ? (1u << c->custom_state) - 1u : 0u;
     return 3u | (c->amsgrad ? 4u : 0u);
@@ -5315,6 +5432,7 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
         cc.kind = FSDP_ADAMW;
         c = &cc;
     }
+    if (c->kind == FSDP_MUON) return FSDP_NOT_SUPPORTED; /* whole matrices: fsdp_ctx */
     if (step < 1 || !state) return FSDP_INVALID_ARGS;
     if (n == 0) return FSDP_SUCCESS;
     if (!param || !grad) return FSDP_INVALID_ARGS;
@@ -5909,6 +6027,10 @@ FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_
     if (fsdp_optim_check(c, why) != FSDP_SUCCESS)
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_optim_step: %s",
                           why);
+    if (c->kind == FSDP_MUON)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_device_optim_step: FSDP_MUON needs whole matrices, not a flat "
+                          "range (contexts run it: fsdp_ctx_create)");
     if (step < 1)
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
                           "fsdp_device_optim_step: step %lld must be >= 1 (torch's count after "
@@ -5922,6 +6044,316 @@ FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_
                              &e, "fsdp_device_optim_step");
 }
 
+
+/* Why a product descriptor is malformed, or NULL. */
+FSDP__DEF const char *fsdp__gemm_bad(const fsdp_gemm_desc *g)
+{
+    const int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
+    const int64_t rb = g->trans_b ? g->n : g->k, cb = g->trans_b ? g->k : g->n;
+    if (g->dtype != FSDP_F32 && g->dtype != FSDP_BF16) return "dtype must be f32 or bf16";
+    if (g->m < 0 || g->n < 0 || g->k < 0) return "m, n and k must be >= 0";
+    if (g->m > ((int64_t)1 << 40) || g->n > ((int64_t)1 << 40) || g->k > ((int64_t)1 << 40))
+        return "m, n or k is beyond 2^40";
+    if (g->lda < (ca > 1 ? ca : 1) || g->ldb < (cb > 1 ? cb : 1) || g->ldc < (g->n > 1 ? g->n : 1))
+        return "a leading dimension is below its row's length (lda, ldb, ldc)";
+    if (!g->m || !g->n) return NULL;
+    if (!g->c) return "c is NULL";
+    if (g->k && (!g->a || !g->b)) return !g->a ? "a is NULL" : "b is NULL";
+    if (ra > 0 && (uint64_t)(ra - 1) > (uint64_t)INT64_MAX / (uint64_t)g->lda) return "a overflows";
+    if (rb > 0 && (uint64_t)(rb - 1) > (uint64_t)INT64_MAX / (uint64_t)g->ldb) return "b overflows";
+    if ((uint64_t)(g->m - 1) > (uint64_t)INT64_MAX / (uint64_t)g->ldc) return "c overflows";
+    if (!(g->alpha == g->alpha) || !(g->beta == g->beta)) return "alpha or beta is NaN";
+    return NULL;
+}
+
+FSDP_API fsdp_result fsdp_device_gemm(fsdp_device *dev, const fsdp_gemm_desc *g, fsdp_stream *s)
+{
+    fsdp_error e;
+    const char *why;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!g)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_gemm: g is NULL");
+    if ((why = fsdp__gemm_bad(g)) != NULL)
+        return fsdp__fail(&dev->err, &dev->hooks, g->dtype != FSDP_F32 && g->dtype != FSDP_BF16
+                          ? FSDP_INVALID_DTYPE : FSDP_INVALID_ARGS,
+                          "fsdp_device_gemm: %s (m %lld, n %lld, k %lld, lda %lld, ldb %lld, ldc "
+                          "%lld)", why, (long long)g->m, (long long)g->n, (long long)g->k,
+                          (long long)g->lda, (long long)g->ldb, (long long)g->ldc);
+    if (!dev->vt.gemm)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_device_gemm: device '%s' has no gemm (the vtable's gemm is NULL)",
+                          fsdp_device_name(dev));
+    if (!g->m || !g->n) return FSDP_SUCCESS;
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.gemm(dev->self, g, s, &e), &e, "fsdp_device_gemm");
+}
+/* ---- src/device_gemm.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>device:gemm the CPU device's matrix product (Muon, issue 47) ------- */
+
+/* fsdp_gemm_desc on the host. Every C element is one chain
+       acc = 0; for p = 0 .. k-1: acc = fma(op(A)[i][p], op(B)[p][j], acc)
+       C[i][j] = round(fma(alpha, acc, beta * C[i][j]))      (beta 0: + 0)
+   in f32, whatever the blocking, the vector width or the thread that
+   computes it: the vector kernels hold 6 rows by 2 vectors of columns in
+   registers and walk k in order, so widening a vector or splitting the
+   columns among threads changes which element a lane holds, never an
+   element's operations. Below AVX2 (FSDP_ISA=scalar or sse, or a CPU
+   without FMA) the chain is fmaf's, the same bits (SSE has no fused
+   multiply-add); an FMA is exact products and one rounding per step on
+   every level. bf16 inputs are widened exactly; their products are exact
+   in f32. */
+
+#define FSDP__GEMM_MR 6
+
+/* The strip width (columns of op(B) one kernel call covers) at level isa. */
+FSDP__DEF size_t fsdp__gemm_nr(int isa)
+{
+    return isa >= FSDP__ISA_AVX512 ? 32 : 16;
+}
+
+/* element i as f32 (bf16 widens exactly: its bits are f32's top half) */
+FSDP__INLINE float fsdp__gemm_ld(const void *p, fsdp_dtype dt, size_t i)
+{
+    uint32_t u;
+    float f;
+    if (dt == FSDP_F32) return ((const float *)p)[i];
+    u = (uint32_t)((const uint16_t *)p)[i] << 16;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* fsdp_f32_to_bf16, inlined for the products' output */
+FSDP__INLINE uint16_t fsdp__gemm_bf16(float f)
+{
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+/* As[p * MR + r] = op(A)[i0 + r][p], zero past m. */
+FSDP__DEF void fsdp__gemm_pack_a(const fsdp_gemm_desc *g, size_t i0, float *as)
+{
+    const size_t m = (size_t)g->m, k = (size_t)g->k, lda = (size_t)g->lda;
+    size_t p, r;
+    for (r = 0; r < FSDP__GEMM_MR; r++) {
+        size_t i = i0 + r;
+        if (i >= m) {
+            for (p = 0; p < k; p++) as[p * FSDP__GEMM_MR + r] = 0.0f;
+        } else if (g->trans_a) {
+            for (p = 0; p < k; p++)
+                as[p * FSDP__GEMM_MR + r] = fsdp__gemm_ld(g->a, g->dtype, p * lda + i);
+        } else if (g->dtype == FSDP_F32) {
+            const float *a = (const float *)g->a + i * lda;
+            for (p = 0; p < k; p++) as[p * FSDP__GEMM_MR + r] = a[p];
+        } else {
+            for (p = 0; p < k; p++)
+                as[p * FSDP__GEMM_MR + r] = fsdp__gemm_ld(g->a, g->dtype, i * lda + p);
+        }
+    }
+}
+
+/* Bs[p * nr + c] = op(B)[p][j0 + c], zero past n. */
+FSDP__DEF void fsdp__gemm_pack_b(const fsdp_gemm_desc *g, size_t j0, size_t nr, float *bs)
+{
+    const size_t n = (size_t)g->n, k = (size_t)g->k, ldb = (size_t)g->ldb;
+    const size_t w = j0 + nr <= n ? nr : n - j0;
+    size_t p, c;
+    if (g->trans_b) { /* a column of the strip is a row of B: read rows */
+        for (c = 0; c < w; c++)
+            for (p = 0; p < k; p++)
+                bs[p * nr + c] = fsdp__gemm_ld(g->b, g->dtype, (j0 + c) * ldb + p);
+        for (p = 0; p < k; p++)
+            for (c = w; c < nr; c++) bs[p * nr + c] = 0.0f;
+        return;
+    }
+    for (p = 0; p < k; p++) {
+        float *row = bs + p * nr;
+        if (g->dtype == FSDP_F32) {
+            memcpy(row, (const float *)g->b + p * ldb + j0, w * sizeof(float));
+        } else {
+            for (c = 0; c < w; c++) row[c] = fsdp__gemm_ld(g->b, g->dtype, p * ldb + j0 + c);
+        }
+        for (c = w; c < nr; c++) row[c] = 0.0f;
+    }
+}
+
+/* The scalar kernel: tile (MR x nr) = fma(alpha, As^T Bs, beta * tile). */
+FSDP__DEF void fsdp__gemm_mk_scalar(const float *as, const float *bs, size_t k, size_t nr,
+                                    float *tile, float alpha, float beta, int use_beta)
+{
+    float acc[FSDP__GEMM_MR * 32];
+    size_t p, r, c;
+    for (r = 0; r < FSDP__GEMM_MR * nr; r++) acc[r] = 0.0f;
+    for (p = 0; p < k; p++)
+        for (r = 0; r < FSDP__GEMM_MR; r++) {
+            const float a = as[p * FSDP__GEMM_MR + r];
+            for (c = 0; c < nr; c++) acc[r * nr + c] = fmaf(a, bs[p * nr + c], acc[r * nr + c]);
+        }
+    for (r = 0; r < FSDP__GEMM_MR * nr; r++)
+        tile[r] = fmaf(alpha, acc[r], use_beta ? beta * tile[r] : 0.0f);
+}
+
+#if defined(FSDP__HAVE_AVX2_FMA)
+/* fsdp__gemm_mk_avx2 and fsdp__gemm_mk_avx512: the scalar kernel with 6
+   rows by 2 vectors (16 or 32 columns) in 12 registers. */
+#define FSDP__GEMM_ROW(bits, r, c0, c1)                                                          \
+    av = _mm##bits##_set1_ps(a[r]);                                                               \
+    c0 = _mm##bits##_fmadd_ps(av, b0, c0);                                                        \
+    c1 = _mm##bits##_fmadd_ps(av, b1, c1)
+#define FSDP__GEMM_OUT(bits, r, c0, c1)                                                          \
+    t0 = use_beta ? _mm##bits##_mul_ps(be, _mm##bits##_loadu_ps(tile + (r) * 2 * V))           \
+                  : _mm##bits##_setzero_ps();                                                     \
+    t1 = use_beta ? _mm##bits##_mul_ps(be, _mm##bits##_loadu_ps(tile + (r) * 2 * V + V))       \
+                  : _mm##bits##_setzero_ps();                                                     \
+    _mm##bits##_storeu_ps(tile + (r) * 2 * V, _mm##bits##_fmadd_ps(al, c0, t0));                  \
+    _mm##bits##_storeu_ps(tile + (r) * 2 * V + V, _mm##bits##_fmadd_ps(al, c1, t1))
+#define FSDP__GEMM_WIDE(isa, bits, target)                                                        \
+    FSDP__DEF target void fsdp__gemm_mk_##isa(const float *as, const float *bs, size_t k,        \
+                                              float *tile, float alpha, float beta, int use_beta) \
+    {                                                                                             \
+        enum { V = bits / 32 };                                                                   \
+        __m##bits c00 = _mm##bits##_setzero_ps(), c01 = c00, c10 = c00, c11 = c00, c20 = c00;     \
+        __m##bits c21 = c00, c30 = c00, c31 = c00, c40 = c00, c41 = c00, c50 = c00, c51 = c00;    \
+        __m##bits av, b0, b1, t0, t1;                                                             \
+        const __m##bits al = _mm##bits##_set1_ps(alpha), be = _mm##bits##_set1_ps(beta);          \
+        size_t p;                                                                                 \
+        for (p = 0; p < k; p++) {                                                                 \
+            const float *a = as + p * FSDP__GEMM_MR, *b = bs + p * 2 * V;                         \
+            b0 = _mm##bits##_loadu_ps(b);                                                         \
+            b1 = _mm##bits##_loadu_ps(b + V);                                                     \
+            FSDP__GEMM_ROW(bits, 0, c00, c01);                                                    \
+            FSDP__GEMM_ROW(bits, 1, c10, c11);                                                    \
+            FSDP__GEMM_ROW(bits, 2, c20, c21);                                                    \
+            FSDP__GEMM_ROW(bits, 3, c30, c31);                                                    \
+            FSDP__GEMM_ROW(bits, 4, c40, c41);                                                    \
+            FSDP__GEMM_ROW(bits, 5, c50, c51);                                                    \
+        }                                                                                         \
+        FSDP__GEMM_OUT(bits, 0, c00, c01);                                                        \
+        FSDP__GEMM_OUT(bits, 1, c10, c11);                                                        \
+        FSDP__GEMM_OUT(bits, 2, c20, c21);                                                        \
+        FSDP__GEMM_OUT(bits, 3, c30, c31);                                                        \
+        FSDP__GEMM_OUT(bits, 4, c40, c41);                                                        \
+        FSDP__GEMM_OUT(bits, 5, c50, c51);                                                        \
+    }
+FSDP__GEMM_WIDE(avx2, 256, FSDP__AVX2_FMA)
+FSDP__GEMM_WIDE(avx512, 512, FSDP__AVX512)
+#undef FSDP__GEMM_ROW
+#undef FSDP__GEMM_OUT
+#undef FSDP__GEMM_WIDE
+#endif
+
+/* One thread's share: column strips [s0, s1), every row block of each. */
+typedef struct fsdp__gemm_job {
+    const fsdp_gemm_desc *g;
+    int isa;
+    size_t s0, s1;
+    const float *apack; /* every row block of op(A), packed once (fsdp__gemm_pack_a) */
+    float *buf;         /* k * nr (Bs), MR * nr (tile) */
+} fsdp__gemm_job;
+
+FSDP__DEF void *fsdp__gemm_job_run(void *arg)
+{
+    const fsdp__gemm_job *j = (const fsdp__gemm_job *)arg;
+    const fsdp_gemm_desc *g = j->g;
+    const size_t nr = fsdp__gemm_nr(j->isa), k = (size_t)g->k, m = (size_t)g->m;
+    const size_t n = (size_t)g->n, ldc = (size_t)g->ldc;
+    const int use_beta = g->beta != 0.0;
+    const float alpha = (float)g->alpha, beta = (float)g->beta;
+    float *bs = j->buf, *tile = bs + k * nr;
+    size_t s, i0, r, c;
+    for (s = j->s0; s < j->s1; s++) {
+        const size_t j0 = s * nr, w = j0 + nr <= n ? nr : n - j0;
+        fsdp__gemm_pack_b(g, j0, nr, bs);
+        for (i0 = 0; i0 < m; i0 += FSDP__GEMM_MR) {
+            const size_t h = i0 + FSDP__GEMM_MR <= m ? FSDP__GEMM_MR : m - i0;
+            const float *as = j->apack + i0 * k;
+            if (use_beta)
+                for (r = 0; r < h; r++)
+                    for (c = 0; c < w; c++)
+                        tile[r * nr + c] = fsdp__gemm_ld(g->c, g->dtype, (i0 + r) * ldc + j0 + c);
+#if defined(FSDP__HAVE_AVX2_FMA)
+            if (j->isa >= FSDP__ISA_AVX512)
+                fsdp__gemm_mk_avx512(as, bs, k, tile, alpha, beta, use_beta);
+            else if (j->isa >= FSDP__ISA_AVX2)
+                fsdp__gemm_mk_avx2(as, bs, k, tile, alpha, beta, use_beta);
+            else
+#endif
+                fsdp__gemm_mk_scalar(as, bs, k, nr, tile, alpha, beta, use_beta);
+            for (r = 0; r < h; r++) {
+                if (g->dtype == FSDP_F32) {
+                    memcpy((float *)g->c + (i0 + r) * ldc + j0, tile + r * nr, w * sizeof(float));
+                } else {
+                    uint16_t *o = (uint16_t *)g->c + (i0 + r) * ldc + j0;
+                    for (c = 0; c < w; c++) o[c] = fsdp__gemm_bf16(tile[r * nr + c]);
+                }
+            }
+        }
+    }
+    return NULL;
+}
+
+/* The product at instruction-set level isa (a level the CPU runs) on the
+   calling thread and up to threads - 1 more (started for this call when
+   there is work for them: some million multiply-adds each).
+   FSDP_OUT_OF_MEMORY when the packing buffers cannot be had. */
+FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
+                                          const fsdp_hooks *h, int isa)
+{
+    const size_t nr = fsdp__gemm_nr(isa), k = (size_t)g->k;
+    const size_t strips = ((size_t)g->n + nr - 1) / nr;
+    const size_t per = k * nr + FSDP__GEMM_MR * nr + 16;
+    const size_t nblk = ((size_t)g->m + FSDP__GEMM_MR - 1) / FSDP__GEMM_MR;
+    const double work = (double)g->m * (double)g->n * (double)g->k;
+    fsdp__gemm_job jobs[64];
+    pthread_t th[64];
+    int started[64];
+    float *buf, *apack;
+    size_t b;
+    int T = threads < 1 ? 1 : threads > 64 ? 64 : threads, t;
+    if (!g->m || !g->n) return FSDP_SUCCESS;
+    if ((size_t)T > strips) T = (int)strips;
+    if (work < 2e6 * T) T = (int)(work / 2e6) + 1;
+    if (T > 64) T = 64;
+    buf = (float *)fsdp__alloc(h, ((size_t)T * per + nblk * FSDP__GEMM_MR * k + 1) * sizeof(float));
+    if (!buf) return FSDP_OUT_OF_MEMORY;
+    apack = buf + (size_t)T * per;
+    for (b = 0; b < nblk; b++)
+        fsdp__gemm_pack_a(g, b * FSDP__GEMM_MR, apack + b * FSDP__GEMM_MR * k);
+    for (t = 0; t < T; t++) {
+        jobs[t].g = g;
+        jobs[t].apack = apack;
+        jobs[t].isa = isa;
+        jobs[t].s0 = strips * (size_t)t / (size_t)T;
+        jobs[t].s1 = strips * (size_t)(t + 1) / (size_t)T;
+        jobs[t].buf = buf + (size_t)t * per;
+        started[t] = 0;
+    }
+    for (t = 1; t < T; t++)
+        started[t] = pthread_create(&th[t], NULL, fsdp__gemm_job_run, &jobs[t]) == 0;
+    fsdp__gemm_job_run(&jobs[0]);
+    for (t = 1; t < T; t++) {
+        if (started[t]) pthread_join(th[t], NULL);
+        else fsdp__gemm_job_run(&jobs[t]); /* no thread: the caller does it */
+    }
+    fsdp__free(h, buf);
+    return FSDP_SUCCESS;
+}
+
+/* fsdp__gemm_host_isa at the optimizer kernels' level (FSDP_ISA). */
+FSDP__DEF fsdp_result fsdp__gemm_host(const fsdp_gemm_desc *g, int threads, const fsdp_hooks *h)
+{
+    return fsdp__gemm_host_isa(g, threads, h, fsdp__optim_isa());
+}
+
+FSDP_API fsdp_result fsdp_gemm_host(const fsdp_gemm_desc *g, int threads)
+{
+    if (!g || fsdp__gemm_bad(g)) return g && g->dtype != FSDP_F32 && g->dtype != FSDP_BF16
+                                          ? FSDP_INVALID_DTYPE : FSDP_INVALID_ARGS;
+    if (fsdp__isa_env_unknown()) return FSDP_INVALID_ARGS;
+    return fsdp__gemm_host(g, threads, NULL);
+}
 /* ---- src/device_cpu.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>device:cpu the CPU device ----------------------------------------- */
 
@@ -6060,6 +6492,7 @@ FSDP__DEF fsdp_result fsdp__kernel_run(void *arg, fsdp_error *err)
 
 typedef struct fsdp__cpu {
     fsdp_hooks hooks;
+    int gemm_threads; /* fsdp_cpu_device_desc.gemm_threads, at least 1 */
 } fsdp__cpu;
 
 /* Spin, then park. A hand-off between threads (rank thread to stream worker, worker to the
@@ -6789,6 +7222,49 @@ FSDP__DEF fsdp_result fsdp__optim_step__cpu(void *self, const struct fsdp_optim_
     return r;
 }
 
+/* The product as a queued task: its argument owns a copy of g. */
+typedef struct fsdp__gemm_task {
+    fsdp_hooks hooks;
+    fsdp_gemm_desc g;
+    int threads;
+} fsdp__gemm_task;
+
+FSDP__DEF fsdp_result fsdp__gemm_run__cpu(void *arg, fsdp_error *err)
+{
+    fsdp__gemm_task *t = (fsdp__gemm_task *)arg;
+    fsdp_hooks h = t->hooks;
+    fsdp_result r = fsdp__gemm_host(&t->g, t->threads, &h);
+    if (r != FSDP_SUCCESS)
+        fsdp__fail(err, &h, r, "cpu gemm %lld x %lld x %lld: out of memory for its packing "
+                   "buffers", (long long)t->g.m, (long long)t->g.n, (long long)t->g.k);
+    fsdp__free(&h, t);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__gemm__cpu(void *self, const fsdp_gemm_desc *g, fsdp_stream *s,
+                                      fsdp_error *err)
+{
+    fsdp__cpu *cpu = (fsdp__cpu *)self;
+    fsdp__gemm_task *t;
+    fsdp_result r;
+    if (!s) {
+        r = fsdp__gemm_host(g, cpu->gemm_threads, &cpu->hooks);
+        if (r != FSDP_SUCCESS)
+            return fsdp__fail(err, &cpu->hooks, r, "cpu gemm %lld x %lld x %lld: out of memory "
+                              "for its packing buffers", (long long)g->m, (long long)g->n,
+                              (long long)g->k);
+        return r;
+    }
+    t = (fsdp__gemm_task *)fsdp__calloc(&cpu->hooks, 1, sizeof *t);
+    if (!t) return fsdp__fail(err, &cpu->hooks, FSDP_OUT_OF_MEMORY, "cpu gemm: out of memory");
+    t->hooks = cpu->hooks;
+    t->g = *g;
+    t->threads = cpu->gemm_threads;
+    r = fsdp__launch__cpu(self, s, fsdp__gemm_run__cpu, t, err);
+    if (r != FSDP_SUCCESS) fsdp__free(&cpu->hooks, t);
+    return r;
+}
+
 FSDP__DEF void fsdp__destroy__cpu(void *self)
 {
     fsdp__cpu *cpu = (fsdp__cpu *)self;
@@ -6814,6 +7290,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     cpu = (fsdp__cpu *)fsdp__calloc(&h, 1, sizeof *cpu);
     if (!cpu) return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_device_cpu_create: out of memory");
     cpu->hooks = h;
+    cpu->gemm_threads = desc && desc->gemm_threads > 0 ? desc->gemm_threads : 1;
     memset(&vt, 0, sizeof vt);
     vt.size = (uint32_t)sizeof vt;
     vt.name = "cpu";
@@ -6841,6 +7318,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     vt.sum_squares = fsdp__sum_squares__cpu;
     vt.optim_step = fsdp__optim_step__cpu;
     vt.destroy = fsdp__destroy__cpu;
+    vt.gemm = fsdp__gemm__cpu;
     r = fsdp_device_create(&vt, cpu, hooks, out);
     if (r != FSDP_SUCCESS) fsdp__free(&h, cpu);
     else if (desc) (*out)->capacity = desc->capacity;
@@ -17621,6 +18099,11 @@ struct fsdp_ctx {
     void *ag_stage;      /* the gathered chunks (scratch of the plan) */
     size_t ag_stage_bytes;
     int fusing_pub;      /* the unit whose groups are being acquired, or -1 */
+    /* Muon (issue 47, >>runtime:muon): some group is FSDP_MUON; the plan's
+       buffer for a gathered unit and one matrix's iteration */
+    int muon;
+    void *muon_buf;
+    size_t muon_bytes;
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -18056,6 +18539,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free_dev(c, c->red_out, c->red_out_bytes);
     fsdp__free_dev(c, c->ag_stage, c->ag_stage_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
+    fsdp__free_dev(c, c->muon_buf, c->muon_bytes);
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
     if (c->cs) fsdp_stream_destroy(c->dev, c->cs);
@@ -18086,6 +18570,361 @@ FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_
     return g;
 }
 
+/* ---- src/runtime_muon.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>runtime:muon Muon's step: each matrix orthogonalized once (issue 47)
+   The momentum is elementwise and stays sharded with its unit. At the
+   step each rank turns its pieces of the gradient into Muon's update U
+   (momentum, Nesterov) in place; a unit holding Muon matrices is then
+   all-gathered into the plan's Muon buffer, each matrix's owner (the
+   matrices spread over the unit's ranks by cost, the same way on every
+   rank) runs the Newton-Schulz iteration on it with the device's GEMM,
+   and broadcasts the result back (queued on the comm stream, so that the
+   transfers overlap the owners' next iterations); every rank applies it
+   to its pieces.
+   The iteration sees the whole matrix in one fixed order and the GEMM
+   gives the same bits on any rank, so the parameters do not depend on the
+   world size or on which rank owns a matrix. --- */
+
+/* A Muon matrix of a unit: its entry, shape and the rank that owns it. */
+typedef struct fsdp__muon_mat {
+    int entry;
+    int64_t rows, cols;
+    double cost;
+    int owner;
+} fsdp__muon_mat;
+
+FSDP__DEF int fsdp__is_muon(const fsdp_ctx *c, const fsdp__cunit *cu, int entry)
+{
+    return cu->info->requires_grad && c->groups[cu->groups[entry]].kind == FSDP_MUON &&
+           cu->info->entries[entry].numel > 0;
+}
+
+/* The iteration's buffers for a rows x cols matrix: X and its next value
+   (m x n), A = X X^T and b A + c A A (m x m), m the smaller side. */
+FSDP__DEF size_t fsdp__muon_ns_bytes(int64_t rows, int64_t cols, int f32)
+{
+    const size_t m = (size_t)(rows < cols ? rows : cols), n = (size_t)(rows < cols ? cols : rows);
+    return ((2 * m * n + 2 * m * m) * (f32 ? 4u : 2u) + 63) & ~(size_t)63;
+}
+
+/* Refuses what Muon cannot run: a parameter of a Muon group that is not a
+   matrix (named), a device without a GEMM or whose memory the host cannot
+   read (the elementwise parts run on the host), cpu_offload. */
+FSDP__DEF fsdp_result fsdp__muon_check(fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    int i, k, any = 0;
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        for (k = 0; k < cu->info->nentries; k++) {
+            const fsdp_flat_entry *fe = &cu->info->entries[k];
+            if (c->groups[cu->groups[k]].kind != FSDP_MUON) continue;
+            if (fe->ndim != 2)
+                return fsdp__fail_create(&d->hooks, FSDP_INVALID_ARGS,
+                                         "fsdp_ctx_create: parameter '%s' has %d dimensions, "
+                                         "but its group %d is FSDP_MUON, which takes matrices "
+                                         "(2-D) only: give it a group of another kind (AdamW, "
+                                         "as torch users do for embeddings, norms, biases)",
+                                         fe->fqn, fe->ndim, cu->groups[k]);
+            any = 1;
+        }
+    }
+    c->muon = any;
+    if (!any) return FSDP_SUCCESS;
+    if (c->offload)
+        return fsdp__fail_create(&d->hooks, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: FSDP_MUON "
+                                 "with cpu_offload is not supported");
+    if (c->dev && !c->dev->vt.gemm)
+        return fsdp__fail_create(&d->hooks, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: FSDP_MUON "
+                                 "needs the device's gemm, and device '%s' has none (its "
+                                 "vtable's gemm is NULL)", fsdp_device_name(c->dev));
+    if (c->dev && !fsdp_device_host_accessible(c->dev))
+        return fsdp__fail_create(&d->hooks, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: FSDP_MUON "
+                                 "runs its elementwise parts on the host, and device '%s' keeps "
+                                 "the shards where the host cannot read them",
+                                 fsdp_device_name(c->dev));
+    return FSDP_SUCCESS;
+}
+
+/* The Muon buffer's bytes (the largest gathered unit, then the largest
+   matrix's iteration) and the bytes a rank receives per step at most
+   (each Muon unit's all-gather and the matrices it does not own). */
+FSDP__DEF void fsdp__muon_plan(const fsdp_ctx *c, size_t *buf, size_t *moved)
+{
+    size_t gat = 0, ns = 0;
+    int i, k;
+    *moved = 0;
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        int has = 0;
+        for (k = 0; k < cu->info->nentries; k++) {
+            const fsdp_flat_entry *fe = &cu->info->entries[k];
+            size_t b;
+            if (!fsdp__is_muon(c, cu, k) || fe->ndim != 2) continue;
+            has = 1;
+            b = fsdp__muon_ns_bytes(fe->shape[0], fe->shape[1],
+                                    c->groups[cu->groups[k]].ns_f32);
+            if (b > ns) ns = b;
+            if (cu->W > 1) *moved += (size_t)fe->numel * 4;
+        }
+        if (has && cu->W > 1) {
+            size_t g = ((size_t)cu->S * (size_t)cu->W * 4 + 63) & ~(size_t)63;
+            if (g > gat) gat = g;
+            *moved += (size_t)cu->S * (size_t)(cu->W - 1) * 4;
+        }
+    }
+    *buf = gat + ns;
+}
+
+/* torch 2.x's lerp(a, b, w) (as fsdp__adam_consts): a + w (b - a) when
+   |w| < 0.5, else b - (1 - w) (b - a), fused. */
+FSDP__INLINE float fsdp__lerpf(float a, float b, float w, float wm1, int small)
+{
+    return small ? fmaf(w, b - a, a) : fmaf(wm1, b - a, b);
+}
+
+/* buf = lerp(buf, g, 1 - momentum); g = nesterov ? lerp(g, buf, momentum) : buf */
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_momentum(const fsdp_optim_config *o, float *g,
+                                                     float *buf, size_t n)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const float w1 = (float)(1.0 - o->momentum), w2 = (float)o->momentum;
+    const int s1 = fabsf(w1) < 0.5f, s2 = fabsf(w2) < 0.5f;
+    const float w1m = w1 - 1.0f, w2m = w2 - 1.0f;
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float b = fsdp__lerpf(buf[i], g[i], w1, w1m, s1);
+        buf[i] = b;
+        g[i] = o->nesterov ? fsdp__lerpf(g[i], b, w2, w2m, s2) : b;
+    }
+}
+
+/* A 1-element-per-call store of x into a bf16 or f32 matrix. */
+FSDP__INLINE void fsdp__muon_put(void *p, int f32, size_t i, float x)
+{
+    if (f32) ((float *)p)[i] = x;
+    else ((uint16_t *)p)[i] = fsdp__gemm_bf16(x);
+}
+
+/* Newton-Schulz on the rows x cols f32 matrix u, in place, with the
+   device's GEMM (now, on this thread); ws holds fsdp__muon_ns_bytes. */
+FSDP__DEF FSDP__NO_CONTRACT fsdp_result fsdp__muon_ns(fsdp_ctx *c, const fsdp_optim_config *o,
+                                                      float *u, int64_t rows, int64_t cols,
+                                                      void *ws)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    const int f32 = o->ns_f32, tr = rows > cols;
+    const fsdp_dtype dt = f32 ? FSDP_F32 : FSDP_BF16;
+    const size_t es = f32 ? 4 : 2, m = (size_t)(tr ? cols : rows), n = (size_t)(tr ? rows : cols);
+    char *x = (char *)ws, *x2 = x + m * n * es, *a = x2 + m * n * es, *b = a + m * m * es;
+    double ss = 0.0;
+    float nrm, eps = (float)o->eps;
+    size_t i, j;
+    int s;
+    fsdp_gemm_desc g;
+    fsdp_result r;
+    /* X = U (or U^T) / max(|U|_F, eps): the norm summed in f64 in storage
+       order, each element rounded once to the iteration's dtype (torch
+       rounds U to bf16, then the quotient again) */
+    for (i = 0; i < m * n; i++) ss += (double)u[i] * (double)u[i];
+    nrm = (float)sqrt(ss);
+    if (!(nrm >= eps)) nrm = nrm != nrm ? nrm : eps;
+    for (i = 0; i < (size_t)rows; i++)
+        for (j = 0; j < (size_t)cols; j++)
+            fsdp__muon_put(x, f32, tr ? j * n + i : i * n + j, u[i * (size_t)cols + j] / nrm);
+    memset(&g, 0, sizeof g);
+    g.dtype = dt;
+    for (s = 0; s < o->ns_steps; s++) {
+        char *t;
+        /* A = X X^T */
+        g.m = (int64_t)m, g.n = (int64_t)m, g.k = (int64_t)n;
+        g.a = x, g.lda = (int64_t)n, g.trans_a = 0;
+        g.b = x, g.ldb = (int64_t)n, g.trans_b = 1;
+        g.c = a, g.ldc = (int64_t)m;
+        g.alpha = 1.0, g.beta = 0.0;
+        if ((r = fsdp_device_gemm(c->dev, &g, NULL)) != FSDP_SUCCESS) return r;
+        /* B = b A + c A A */
+        memcpy(b, a, m * m * es);
+        g.k = (int64_t)m;
+        g.a = a, g.lda = (int64_t)m;
+        g.b = a, g.ldb = (int64_t)m, g.trans_b = 0;
+        g.c = b;
+        g.alpha = o->ns_coefficients[2], g.beta = o->ns_coefficients[1];
+        if ((r = fsdp_device_gemm(c->dev, &g, NULL)) != FSDP_SUCCESS) return r;
+        /* X = a X + B X */
+        memcpy(x2, x, m * n * es);
+        g.n = (int64_t)n;
+        g.a = b, g.lda = (int64_t)m;
+        g.b = x, g.ldb = (int64_t)n;
+        g.c = x2, g.ldc = (int64_t)n;
+        g.alpha = 1.0, g.beta = o->ns_coefficients[0];
+        if ((r = fsdp_device_gemm(c->dev, &g, NULL)) != FSDP_SUCCESS) return r;
+        t = x, x = x2, x2 = t;
+    }
+    for (i = 0; i < (size_t)rows; i++)
+        for (j = 0; j < (size_t)cols; j++) {
+            size_t at = tr ? j * n + i : i * n + j;
+            u[i * (size_t)cols + j] = fsdp__gemm_ld(x, dt, at);
+        }
+    return FSDP_SUCCESS;
+}
+
+/* The lr a rows x cols matrix steps with (torch's _adjust_lr). */
+FSDP__DEF double fsdp__muon_lr(const fsdp_optim_config *o, int64_t rows, int64_t cols)
+{
+    const double A = (double)rows, B = (double)cols;
+    switch (o->adjust_lr) {
+    case FSDP_MUON_LR_MATCH_RMS_ADAMW: return o->lr * 0.2 * sqrt(A > B ? A : B);
+    case FSDP_MUON_LR_SPECTRAL_UNCLAMPED: return o->lr * sqrt(A / B);
+    default: return o->lr * sqrt(A / B > 1.0 ? A / B : 1.0);
+    }
+}
+
+/* Owners by cost, the ZeRO partition's way: the costliest matrix first
+   (ties by entry order), each to the rank with the least cost so far
+   (ties to the lowest rank); loads carry across the step's units. */
+FSDP__DEF void fsdp__muon_owners(fsdp__muon_mat *mats, int n, int W, double *loads)
+{
+    int i, j;
+    for (i = 0; i < n; i++) mats[i].owner = -1;
+    for (i = 0; i < n; i++) {
+        int best = -1, r;
+        for (j = 0; j < n; j++) /* the costliest unassigned one */
+            if (mats[j].owner < 0 && (best < 0 || mats[j].cost > mats[best].cost)) best = j;
+        r = 0;
+        for (j = 1; j < W; j++)
+            if (loads[j] < loads[r]) r = j;
+        mats[best].owner = r;
+        loads[r] += mats[best].cost;
+    }
+}
+
+/* P = P (1 - lr wd) - lr' O over n elements (torch's mul_, then add_
+   with alpha, fused as its vector kernels do). */
+FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_apply(float *pm, const float *o, size_t n, float decay,
+                                                  float nlr)
+{
+#ifdef __clang__
+#pragma clang fp contract(off)
+#endif
+    size_t q;
+    for (q = 0; q < n; q++) pm[q] = fmaf(o[q], nlr, pm[q] * decay);
+}
+
+/* Muon's part of fsdp_step, for every unit with Muon matrices, on checked
+   and synchronized state; leaves those gradients zeroed. */
+FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
+{
+    double *loads;
+    fsdp__muon_mat *mats;
+    int i, k, p, maxe = 1;
+    fsdp_result r = FSDP_SUCCESS;
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].info->nentries > maxe) maxe = c->u[i].info->nentries;
+    loads = (double *)fsdp__calloc(&c->hooks, (size_t)c->nranks + 1, sizeof(double));
+    mats = (fsdp__muon_mat *)fsdp__alloc(&c->hooks, (size_t)maxe * sizeof *mats);
+    if (!loads || !mats) {
+        fsdp__free(&c->hooks, loads);
+        fsdp__free(&c->hooks, mats);
+        return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_step: Muon: out of host memory");
+    }
+    for (i = 0; i < c->nunits && r == FSDP_SUCCESS; i++) {
+        fsdp__cunit *cu = &c->u[i];
+        const fsdp_flat_entry *es = cu->info->entries;
+        float *full;
+        size_t gat;
+        int n = 0, me;
+        if (!cu->grad || !cu->step_now) continue; /* sits out (fsdp__mark_stepping) */
+        for (k = 0; k < cu->info->nentries; k++) {
+            if (!fsdp__is_muon(c, cu, k)) continue;
+            mats[n].entry = k;
+            mats[n].rows = es[k].shape[0];
+            mats[n].cols = es[k].shape[1];
+            {
+                double m = (double)(mats[n].rows < mats[n].cols ? mats[n].rows : mats[n].cols);
+                double w = (double)(mats[n].rows < mats[n].cols ? mats[n].cols : mats[n].rows);
+                mats[n].cost = m * m * (2.0 * w + m);
+            }
+            n++;
+        }
+        if (!n) continue;
+        /* U in place of this rank's pieces of the gradients */
+        for (p = 0; p < cu->lay.npieces; p++) {
+            const fsdp_shard_piece *pc = &cu->pieces[p];
+            int64_t off = es[pc->entry].offset + pc->start - cu->lay.flat_begin;
+            if (pc->end < pc->start || !fsdp__is_muon(c, cu, pc->entry)) continue;
+            fsdp__muon_momentum(&c->groups[cu->groups[pc->entry]], cu->grad + off,
+                                cu->ostate[3] + off, (size_t)(pc->end - pc->start + 1));
+        }
+        me = cu->W > 1 ? cu->r : 0;
+        fsdp__muon_owners(mats, n, cu->W, loads);
+        if (cu->W > 1) {
+            full = (float *)c->muon_buf;
+            gat = ((size_t)cu->S * (size_t)cu->W * 4 + 63) & ~(size_t)63;
+            fsdp_comm_set_label(cu->comm, "fsdp_step (Muon)");
+            r = fsdp_all_gather(cu->comm, cu->grad, full, (size_t)cu->S, FSDP_F32, NULL);
+            if (r != FSDP_SUCCESS) {
+                r = fsdp__ctx_comm(c, cu->comm, r, "fsdp_step (Muon)");
+                break;
+            }
+        } else {
+            full = cu->grad; /* the whole flat parameter */
+            gat = 0;
+        }
+        /* in entry order, each owned matrix's iteration, and every
+           matrix's result queued for its broadcast on the comm stream: a
+           rank computes its next matrix while earlier results travel, and
+           owners work at once (a rank never waits on the stream before
+           its own matrices are done) */
+        for (k = 0; k < n && r == FSDP_SUCCESS; k++) {
+            float *at = full + es[mats[k].entry].offset;
+            if (mats[k].owner == me) {
+                r = fsdp__muon_ns(c, &c->groups[cu->groups[mats[k].entry]], at, mats[k].rows,
+                                  mats[k].cols, (char *)c->muon_buf + gat);
+                if (r != FSDP_SUCCESS) {
+                    r = fsdp__ctx_fail(c, r, "fsdp_step: Muon on '%s': %s", es[mats[k].entry].fqn,
+                                       fsdp_device_last_error(c->dev));
+                    break;
+                }
+            }
+            if (cu->W > 1) {
+                r = fsdp_broadcast(cu->comm, at, at, (size_t)es[mats[k].entry].numel, FSDP_F32,
+                                   mats[k].owner, c->cs);
+                if (r != FSDP_SUCCESS) r = fsdp__ctx_comm(c, cu->comm, r, "fsdp_step (Muon)");
+            }
+        }
+        if (cu->W > 1) {
+            fsdp_result sr = fsdp_stream_synchronize(c->dev, c->cs);
+            if (sr != FSDP_SUCCESS && r == FSDP_SUCCESS) {
+                fsdp_result cr = fsdp_comm_async_error(cu->comm);
+                r = cr != FSDP_SUCCESS ? fsdp__ctx_comm(c, cu->comm, cr, "fsdp_step (Muon)")
+                                       : fsdp__ctx_dev(c, sr, "fsdp_step (Muon)");
+            }
+        }
+        if (cu->W > 1) fsdp_comm_set_label(cu->comm, NULL);
+        if (r != FSDP_SUCCESS) break;
+        /* P = P (1 - lr wd) - lr' O on this rank's pieces; their gradients
+           zeroed */
+        for (p = 0; p < cu->lay.npieces; p++) {
+            const fsdp_shard_piece *pc = &cu->pieces[p];
+            const fsdp_flat_entry *fe = &es[pc->entry];
+            const fsdp_optim_config *o = &c->groups[cu->groups[pc->entry]];
+            int64_t off = fe->offset + pc->start - cu->lay.flat_begin, len;
+            if (pc->end < pc->start || !fsdp__is_muon(c, cu, pc->entry)) continue;
+            len = pc->end - pc->start + 1;
+            fsdp__muon_apply(cu->master + off, full + fe->offset + pc->start, (size_t)len,
+                             (float)(1.0 - o->lr * o->weight_decay),
+                             (float)(-fsdp__muon_lr(o, fe->shape[0], fe->shape[1])));
+            memset(cu->grad + off, 0, (size_t)len * 4);
+        }
+    }
+    fsdp__free(&c->hooks, loads);
+    fsdp__free(&c->hooks, mats);
+    return r;
+}
 /* ---- src/runtime_create.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:create fsdp_ctx_create --------------------------------------
    In the steps of a setup: check the descriptor, fill its defaults,
@@ -18405,6 +19244,7 @@ FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
 typedef struct fsdp__ctx_sizes {
     fsdp_memory_plan plan;
     unsigned state_mask; /* the optimizer-state buffers of some group */
+    size_t muon;         /* the Muon buffer (>>runtime:muon) */
     int nslots;
     size_t slot_bytes, red_in, red_out, off_f32, hstage;
     size_t ag_stage; /* mixed dtypes: the packed all-gather's buffer */
@@ -18484,7 +19324,9 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         if (!fits && all > z->ag_stage) z->ag_stage = all;
     }
     p->pool += (size_t)z->nslots * z->slot_bytes;
-    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage;
+    fsdp__muon_plan(c, &z->muon, &p->muon_bytes_per_step);
+    p->muon_scratch = z->muon;
+    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage + z->muon;
     p->host_staging = z->hstage;
     p->pool_slots = z->nslots;
     shards = p->sharded_params + p->low_precision + p->sharded_grads + p->optimizer_state;
@@ -18557,9 +19399,11 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
     if ((r = fsdp__alloc_dev(c, z->red_in, &c->red_in, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->red_out, &c->red_out, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, z->ag_stage, &c->ag_stage, &got.scratch)) != FSDP_SUCCESS)
+        (r = fsdp__alloc_dev(c, z->ag_stage, &c->ag_stage, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->muon, &c->muon_buf, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
     c->ag_stage_bytes = z->ag_stage;
+    c->muon_bytes = z->muon;
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;
@@ -18648,7 +19492,8 @@ FSDP__DEF fsdp_result fsdp__ctx_plan_steps(const fsdp_ctx_desc *d, int world,
     if (mod && mod->max_unsharded > 0) c->max_unsharded = mod->max_unsharded;
     if (mod && mod->offload) c->offload = 1;
     if ((r = fsdp__ctx_validate(c, d)) != FSDP_SUCCESS ||
-        (r = fsdp__ctx_resolve_units(c, d)) != FSDP_SUCCESS)
+        (r = fsdp__ctx_resolve_units(c, d)) != FSDP_SUCCESS ||
+        (r = fsdp__muon_check(c, d)) != FSDP_SUCCESS)
         return r;
     for (i = 0; i < c->nunits; i++) {
         if (mod && mod->reduce_as_param) c->u[i].rdt = c->u[i].pdt;
@@ -18840,6 +19685,7 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
     fsdp__ctx_defaults(c, d);
     if ((r = fsdp__ctx_validate(c, d)) == FSDP_SUCCESS &&
         (r = fsdp__ctx_resolve_units(c, d)) == FSDP_SUCCESS &&
+        (r = fsdp__muon_check(c, d)) == FSDP_SUCCESS &&
         (r = fsdp__ctx_connect(c, d)) == FSDP_SUCCESS) {
         fsdp__ctx_compute_plan(c, &z);
         if ((r = fsdp__ctx_fit(c, d, &z.plan, "fsdp_ctx_create")) == FSDP_SUCCESS &&
@@ -21042,6 +21888,7 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c, int T)
             int grp = cu->groups[pc->entry];
             fsdp__hstep *it = &items[n];
             if (pc->end < pc->start || !cu->step_now) continue;
+            if (c->groups[grp].kind == FSDP_MUON) continue; /* fsdp__muon_step did it */
             it->cfg = &c->groups[grp];
             it->step = cu->steps;
             it->p = cu->master + off;
@@ -21150,6 +21997,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
         if (c->u[i].step_now) c->u[i].steps++;
     }
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
+    if (c->muon && (r = fsdp__muon_step(c)) != FSDP_SUCCESS) return r;
     /* The built-in CPU device's optimizer kernel is fsdp_optim_step_host on
        its stream, then a memset of the gradients: on that device (the
        reductions are done, its stream idle) the step runs on this thread
@@ -21181,7 +22029,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
             int64_t n = pc->end - pc->start + 1;
             fsdp_optim_state st;
             int grp = cu->groups[pc->entry];
-            if (n <= 0) continue;
+            if (n <= 0 || c->groups[grp].kind == FSDP_MUON) continue;
             st = fsdp__state_at(cu, off);
             /* on the device's stream: the kernel copies c and st */
             r = fsdp_device_optim_step(c->dev, &c->groups[grp], cu->steps,
@@ -21263,6 +22111,10 @@ FSDP_API fsdp_result fsdp_set_optim(fsdp_ctx *c, int group, const fsdp_optim_con
                               "other state (amsgrad, momentum or RMSprop's centered turned %s); "
                               "the state was planned at create and cannot change mid-run", group,
                               fsdp_optim_state_mask(&n) > fsdp_optim_state_mask(o) ? "on" : "off");
+    if (n.kind == FSDP_MUON && n.ns_f32 != o->ns_f32)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: ns_f32 %d cannot "
+                              "replace %d mid-run: the Muon buffer was planned for the %s "
+                              "iteration", group, n.ns_f32, o->ns_f32, o->ns_f32 ? "f32" : "bf16");
     c->groups[group] = n;
     return FSDP_SUCCESS;
 }
@@ -21870,9 +22722,10 @@ FSDP__DEF fsdp_result fsdp__zero_check_group(const fsdp_optim_config *c, fsdp_op
         snprintf(msg, nmsg, "group %d: %.400s", g, why);
         return FSDP_INVALID_ARGS;
     }
-    if (c->kind == FSDP_OPTIM_CUSTOM) {
-        snprintf(msg, nmsg, "group %d: FSDP_OPTIM_CUSTOM is not supported by the ZeRO optimizer "
-                 "(fsdp_ctx_create's contexts take it)", g);
+    if (c->kind == FSDP_OPTIM_CUSTOM || c->kind == FSDP_MUON) {
+        snprintf(msg, nmsg, "group %d: %s is not supported by the ZeRO optimizer "
+                 "(fsdp_ctx_create's contexts take it)", g,
+                 c->kind == FSDP_MUON ? "FSDP_MUON" : "FSDP_OPTIM_CUSTOM");
         return FSDP_NOT_SUPPORTED;
     }
     if (kind != FSDP_OPTIM_DEFAULT && c->kind != kind) {

@@ -161,6 +161,9 @@ FSDP_CUDA_API int fsdp__cuda_convert_host(void *dst, fsdp_dtype dst_dt, const vo
 #error "compile fsdp_cuda.cu without --use_fast_math (and with -ftz=false): the kernels reproduce the CPU's results bit for bit, subnormals included"
 #endif
 #include <cuda_runtime.h>
+#ifdef FSDP_CUDA_CUBLAS
+#include <cublas_v2.h>
+#endif
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -198,6 +201,7 @@ struct fsdp__cuda {
     int pageable_ok;          /* the GPU reads pageable host memory (HMM/ATS) */
     int max_blocks;           /* grid size cap for elementwise kernels */
     fsdp__cuda_stream nowst;  /* stream NULL: work runs here and is waited for */
+    void *cublas;             /* FSDP_CUDA_CUBLAS: the gemm's handle, made at its first use */
 };
 
 typedef struct fsdp__cuda_event {
@@ -1382,6 +1386,9 @@ static fsdp_result fsdp__optim_step__cuda(void *self, const struct fsdp_optim_co
         return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "cuda optim_step: %s has no GPU kernel "
                               "yet; use cpu_offload (the host's kernel steps the shards)",
                               c->kind == FSDP_RMSPROP ? "FSDP_RMSPROP" : "FSDP_ADAGRAD");
+    if (c->kind == FSDP_MUON) /* whole matrices: fsdp_step's Muon part, not a flat range */
+        return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "cuda optim_step: FSDP_MUON needs whole "
+                              "matrices, not a flat range");
     if (step < 1 || !st)
         return fsdp_error_set(err, FSDP_INVALID_ARGS, "cuda optim_step: step %lld < 1 or no state",
                               (long long)step);
@@ -1456,11 +1463,79 @@ static fsdp_result fsdp__cuda_probe(fsdp__cuda *d, fsdp_error *err)
     return FSDP_SUCCESS;
 }
 
+#ifdef FSDP_CUDA_CUBLAS
+/* The vtable's gemm (Muon, issue 47) through cuBLAS, built when the .cu
+   file defines FSDP_CUDA_CUBLAS (meson does where it finds cuBLAS; link
+   -lcublas). Row-major C = alpha op(A) op(B) + beta C is cuBLAS's
+   column-major C^T = alpha op(B)^T op(A)^T + beta C^T. Pedantic math (no
+   TF32, no reduced-precision reductions), f32 accumulation
+   (CUBLAS_COMPUTE_32F_PEDANTIC), atomics off (cuBLAS's default): cuBLAS
+   then gives the same bits run to run on one GPU model and toolkit, so
+   every rank's owner computes the same result. They are not the CPU
+   device's bits: cuBLAS sums k in its own order. */
+static fsdp_result fsdp__cublas_check(fsdp_error *err, cublasStatus_t st, const char *what)
+{
+    if (st == CUBLAS_STATUS_SUCCESS) return FSDP_SUCCESS;
+    return fsdp_error_set(err, st == CUBLAS_STATUS_ALLOC_FAILED ? FSDP_OUT_OF_MEMORY
+                                                               : FSDP_DEVICE_ERROR,
+                          "cuda gemm: %s: cuBLAS status %d", what, (int)st);
+}
+
+static fsdp_result fsdp__gemm__cuda(void *self, const fsdp_gemm_desc *g, fsdp_stream *s,
+                                    fsdp_error *err)
+{
+    fsdp__cuda *d = (fsdp__cuda *)self;
+    const cudaDataType_t dt = g->dtype == FSDP_F32 ? CUDA_R_32F : CUDA_R_16BF;
+    const size_t es = g->dtype == FSDP_F32 ? 4 : 2;
+    float alpha = (float)g->alpha, beta = (float)g->beta;
+    cublasHandle_t h;
+    fsdp_result r;
+    FSDP__CUDA_TRY(err, cudaSetDevice(d->device), "cudaSetDevice");
+    if (fsdp__cuda_need(d, g->a, "gemm", "a", err) != FSDP_SUCCESS ||
+        fsdp__cuda_need(d, g->b, "gemm", "b", err) != FSDP_SUCCESS ||
+        fsdp__cuda_need(d, g->c, "gemm", "c", err) != FSDP_SUCCESS)
+        return err->code;
+    if (g->m > INT32_MAX || g->n > INT32_MAX || g->k > INT32_MAX || g->lda > INT32_MAX ||
+        g->ldb > INT32_MAX || g->ldc > INT32_MAX)
+        return fsdp_error_set(err, FSDP_NOT_SUPPORTED, "cuda gemm: a size or leading dimension "
+                              "beyond 2^31 (cuBLAS's int)");
+    (void)es;
+    if (!d->cublas) {
+        if ((r = fsdp__cublas_check(err, cublasCreate(&h), "cublasCreate")) != FSDP_SUCCESS)
+            return r;
+        if ((r = fsdp__cublas_check(err, cublasSetMathMode(h, CUBLAS_PEDANTIC_MATH),
+                                    "cublasSetMathMode")) != FSDP_SUCCESS ||
+            (r = fsdp__cublas_check(err, cublasSetAtomicsMode(h, CUBLAS_ATOMICS_NOT_ALLOWED),
+                                    "cublasSetAtomicsMode")) != FSDP_SUCCESS) {
+            cublasDestroy(h);
+            return r;
+        }
+        d->cublas = (void *)h;
+    }
+    h = (cublasHandle_t)d->cublas;
+    if ((r = fsdp__cublas_check(err, cublasSetStream(h, fsdp__cuda_sh(d, s)), "cublasSetStream")) !=
+        FSDP_SUCCESS)
+        return r;
+    r = fsdp__cublas_check(
+        err,
+        cublasGemmEx(h, g->trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, g->trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                     (int)g->n, (int)g->m, (int)g->k, &alpha, g->b, dt, (int)g->ldb, g->a, dt,
+                     (int)g->lda, &beta, g->c, dt, (int)g->ldc, CUBLAS_COMPUTE_32F_PEDANTIC,
+                     CUBLAS_GEMM_DEFAULT),
+        "cublasGemmEx");
+    if (r != FSDP_SUCCESS) return r;
+    return fsdp__cuda_finish(d, s, err, "gemm");
+}
+#endif
+
 static void fsdp__destroy__cuda(void *self)
 {
     fsdp__cuda *d = (fsdp__cuda *)self;
     fsdp_hooks h = d->hooks;
     cudaSetDevice(d->device);
+#ifdef FSDP_CUDA_CUBLAS
+    if (d->cublas) cublasDestroy((cublasHandle_t)d->cublas);
+#endif
     fsdp__cuda_stream_fini(&d->nowst);
     fsdp_hooks_free(&h, d);
 }
@@ -1607,6 +1682,9 @@ extern "C" FSDP_CUDA_API fsdp_result fsdp_device_cuda_create(const fsdp_cuda_dev
     vt.sum_squares = fsdp__sum_squares__cuda;
     vt.optim_step = fsdp__optim_step__cuda;
     vt.destroy = fsdp__destroy__cuda;
+#ifdef FSDP_CUDA_CUBLAS
+    vt.gemm = fsdp__gemm__cuda;
+#endif
     r = fsdp_device_create(&vt, d, hooks, out);
     if (r != FSDP_SUCCESS) {
         fsdp__cuda_stream_fini(&d->nowst);

@@ -17,7 +17,11 @@
    Both are timed by the thread's CPU time (best of many runs), so other
    processes on a shared machine do not count against them.
 
-   Usage: bench_gpt [--steps K] [--max-ranks N] [--quick]                  */
+   3. With --python PY (a Python with torch): train_gpt at one rank on a
+      4 x 256 model against the same model's training step in torch
+      (bench_gpt_peers.py) at 1 and 2 threads, as ratios.
+
+   Usage: bench_gpt [--steps K] [--max-ranks N] [--quick] [--python PY]    */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "examples/gpt.h"
@@ -109,24 +113,37 @@ static double gemm_gflops(gemm_fn g, int M, int N, int K, int transA, double sec
     return best;
 }
 
+/* fsdp.h's GEMM (fsdp_gemm_host, gpt.h's default "fsdp" kernel) as a
+   gemm_fn; the plain loops where it cannot run the strides */
+static void gemm_fsdp(GPT__GEMM_ARGS)
+{
+    if (!gpt__gemm_fsdp(M, N, K, A, ars, acs, B, ldb, C, ldc))
+        gpt__gemm_plain(M, N, K, A, ars, acs, B, ldb, C, ldc);
+}
+
 int main(int argc, char **argv)
 {
     static gpt_result res;
     static char err[FSDP_ERROR_MAX + 128];
     gpt_config cfg = gpt_default_config();
     int i, max_ranks = 8, steps = 60, quick = 0, nisa = 1, isa, r;
+    const char *py = NULL;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double secs;
-    static const char *const isa_names[3] = {"plain (SSE2, mul+add)", "avx2+fma", "avx512"};
+    static const char *const isa_names[4] = {"plain (SSE2, mul+add)", "avx2+fma", "avx512",
+                                             "fsdp_gemm_host"};
     peak_fn peaks[3];
-    gemm_fn gemms[3];
-    double peak[3];
+    gemm_fn gemms[4];
+    double peak[4];
+    int ncol;
     for (i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-ranks") && i + 1 < argc) max_ranks = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--python") && i + 1 < argc) py = argv[++i];
         else {
-            fprintf(stderr, "usage: %s [--steps K] [--max-ranks N] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--steps K] [--max-ranks N] [--quick] [--python PY]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -147,13 +164,26 @@ int main(int argc, char **argv)
     gemms[1] = gpt__gemm_avx2;
     peaks[2] = peak_avx512;
     gemms[2] = gpt__gemm_avx512;
-    nisa = !strcmp(gpt_gemm_isa(), "avx512") ? 3 : !strcmp(gpt_gemm_isa(), "avx2") ? 2 : 1;
+    __builtin_cpu_init();
+    nisa = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? 2 : 1;
+    if (nisa == 2 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
+        nisa = 3;
+    if (!strcmp(gpt_gemm_isa(), "avx2") && nisa > 2) nisa = 2;
+    if (!strcmp(gpt_gemm_isa(), "plain")) nisa = 1;
 #endif
+    /* fsdp.h's GEMM, against the widest build's peak (it runs AVX-512 or
+       AVX2+FMA, as FSDP_ISA allows) */
+    gemms[nisa] = gemm_fsdp;
+    ncol = nisa + (nisa > 1);
     printf("bench_gpt: %ld cores; train_gpt uses the %s matmul\n", cores, gpt_gemm_isa());
     printf("\n1. matmul vs single-core peak (GFLOP/s, best of %.1f s each)\n", secs);
     for (isa = 0; isa < nisa; isa++) {
         peak[isa] = best_peak(peaks[isa], secs);
         printf("  %-22s peak %7.1f\n", isa_names[isa], peak[isa]);
+    }
+    if (ncol > nisa) {
+        peak[nisa] = peak[nisa - 1];
+        printf("  %-22s peak %7.1f\n", isa_names[3], peak[nisa]);
     }
     {
         int rows = cfg.batch / 2 * gpt_seq_len(cfg.digits), C = cfg.dim;
@@ -166,11 +196,11 @@ int main(int argc, char **argv)
             {"square    256x256x256", 256, 256, 256, 0},
         };
         printf("  %-22s", "shape (MxNxK)");
-        for (isa = 0; isa < nisa; isa++) printf("  %16s", isa_names[isa]);
+        for (isa = 0; isa < ncol; isa++) printf("  %16s", isa_names[isa < nisa ? isa : 3]);
         printf("\n");
         for (i = 0; i < (int)(sizeof sh / sizeof sh[0]); i++) {
             printf("  %-22s", sh[i].what);
-            for (isa = 0; isa < nisa; isa++) {
+            for (isa = 0; isa < ncol; isa++) {
                 double g = gemm_gflops(gemms[isa], sh[i].M, sh[i].N, sh[i].K, sh[i].tA, secs);
                 printf("  %6.1f (%4.1f%%)", g, 100.0 * g / peak[isa]);
             }
@@ -208,5 +238,44 @@ int main(int argc, char **argv)
                ideal, step_ms / ideal, lib, res.peak[0], res.plan[0]);
     }
     printf("  ratio = step ms / ideal ms, ideal = sum of per-rank compute / min(ranks, cores)\n");
+    if (py) { /* 3. one rank against the same model in torch (bench_gpt_peers.py) */
+        char script[1024], cmd[2300], line[256];
+        const char *slash = strrchr(__FILE__, '/');
+        gpt_config big = gpt_default_config();
+        double ours, peer[2] = {0, 0};
+        int th, nsteps = quick ? 6 : 12;
+        FILE *f;
+        snprintf(script, sizeof script, "%.*sbench_gpt_peers.py",
+                 slash ? (int)(slash + 1 - __FILE__) : 0, __FILE__);
+        if (!(f = fopen(script, "r"))) snprintf(script, sizeof script, "bench/bench_gpt_peers.py");
+        else fclose(f);
+        big.layers = 4, big.dim = 256, big.heads = 8, big.ranks = 1, big.steps = nsteps;
+        big.quiet = 1, big.ntest = 16, big.eval_every = 0;
+        memset(&res, 0, sizeof res);
+        if (!gpt_train(&big, &res, err, sizeof err)) {
+            fprintf(stderr, "bench_gpt: %s\n", err);
+            return 1;
+        }
+        ours = res.train_ms / nsteps;
+        for (th = 1; th <= 2; th++) {
+            snprintf(cmd, sizeof cmd, "'%s' '%s' --layers 4 --dim 256 --heads 8 --batch %d --seq %d "
+                     "--threads %d --steps %d", py, script, big.batch, gpt_seq_len(big.digits), th,
+                     nsteps);
+            if ((f = popen(cmd, "r")) != NULL) {
+                while (fgets(line, sizeof line, f)) {
+                    int t;
+                    double ms;
+                    if (sscanf(line, "torch_step %d %lf", &t, &ms) == 2) peer[th - 1] = ms;
+                }
+                pclose(f);
+            }
+        }
+        printf("\n3. one rank against torch: 4 layers x dim 256, 8 heads, batch %d, %d steps "
+               "(train_gpt's %s matmul; torch: bench_gpt_peers.py)\n", big.batch, nsteps,
+               gpt_gemm_isa());
+        printf("  train_gpt 1 rank %.1f ms/step; torch 1 thread %.1f ms (ratio %.2f), 2 threads "
+               "%.1f ms (ratio %.2f)\n", ours, peer[0], peer[0] > 0 ? ours / peer[0] : 0.0,
+               peer[1], peer[1] > 0 ? ours / peer[1] : 0.0);
+    }
     return 0;
 }

@@ -77,6 +77,13 @@ typedef struct gpt_config {
     int positions;
     fsdp_dtype hf_dtype;
     int64_t hf_max_shard;
+    /* train_gpt --optim muon (issue 47): FSDP_MUON, torch's defaults but
+       lr muon_lr, for the blocks' matrices ("h.*", 2-D); AdamW (lr, no
+       weight decay) for the embeddings, norms and biases. The schedule
+       scales muon_lr as it scales lr. Not with LoRA (its phase keeps
+       AdamW). */
+    int muon;
+    double muon_lr;
 } gpt_config;
 
 /* The defaults of train_gpt: ~100k parameters, learns 3-digit addition to
@@ -99,6 +106,7 @@ static gpt_config gpt_default_config(void)
     c.weight_decay = 0.1;
     c.clip = 1.0;
     c.seed = 1;
+    c.muon_lr = 0.02;
     return c;
 }
 
@@ -314,12 +322,15 @@ GPT__T512 static void gpt__gemm_avx512(GPT__GEMM_ARGS)
     GPT__GEMM_BODY(gpt__kernel_avx512, gpt__edge_avx512)
 #endif
 
-/* Which kernel gpt_gemm runs: "avx512", "avx2" or "plain". GPT_GEMM=plain
-   (or avx2) in the environment forces a narrower one. */
+/* Which kernel gpt_gemm runs: "fsdp" (fsdp.h's GEMM, fsdp_gemm_host: packed,
+   register-blocked, AVX-512 or AVX2; the default where the CPU has AVX2
+   and FMA), "avx512", "avx2" (the loops above, compiled for those) or
+   "plain". GPT_GEMM=avx512|avx2|plain in the environment forces one of the
+   loops (GPT_GEMM=fsdp is the default). */
 static const char *gpt_gemm_isa(void)
 {
 #ifdef GPT_HAVE_DISPATCH
-    static const char *const names[3] = {"plain", "avx2", "avx512"};
+    static const char *const names[4] = {"plain", "avx2", "avx512", "fsdp"};
     static int chosen = -1; /* set by gpt_gemm_init, before any thread */
     if (chosen < 0) {
         const char *env = getenv("GPT_GEMM");
@@ -329,7 +340,8 @@ static const char *gpt_gemm_isa(void)
         if (best == 1 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl"))
             best = 2;
         if (env && !strcmp(env, "plain")) best = 0;
-        if (env && !strcmp(env, "avx2") && best > 1) best = 1;
+        else if (env && !strcmp(env, "avx2") && best > 1) best = 1;
+        else if (best >= 1 && !(env && !strcmp(env, "avx512"))) best = 3;
         chosen = best;
     }
     return names[chosen];
@@ -341,15 +353,42 @@ static const char *gpt_gemm_isa(void)
 /* Call once before starting threads (it caches the CPU check). */
 static void gpt_gemm_init(void) { (void)gpt_gemm_isa(); }
 
+/* C += A B through fsdp_gemm_host: A row-major (acs 1) or a transposed
+   view (ars 1); 0 when it cannot (other strides, out of memory). Each C
+   element is then one chain of fused multiply-adds from 0 over p, added
+   to C once (fma(1, acc, C)): other bits than the loops', the same on
+   every rank and at any thread count. */
+static int gpt__gemm_fsdp(GPT__GEMM_ARGS)
+{
+    fsdp_gemm_desc g;
+    memset(&g, 0, sizeof g);
+    if (acs == 1 && (ars >= K || M == 1)) { /* a(i, p) = A[i * ars + p] */
+        g.lda = M == 1 || ars < 1 ? (K > 1 ? K : 1) : ars;
+    } else if (ars == 1 && (acs >= M || K == 1)) { /* A^T stored K x M */
+        g.trans_a = 1;
+        g.lda = K == 1 || acs < 1 ? (M > 1 ? M : 1) : acs;
+    } else {
+        return 0;
+    }
+    g.m = M, g.n = N, g.k = K, g.dtype = FSDP_F32;
+    g.a = A;
+    g.b = B, g.ldb = ldb, g.c = C, g.ldc = ldc;
+    g.alpha = 1.0, g.beta = 1.0;
+    return fsdp_gemm_host(&g, 1) == FSDP_SUCCESS;
+}
+
 static void gpt_gemm(GPT__GEMM_ARGS)
 {
 #ifdef GPT_HAVE_DISPATCH
     const char *isa = gpt_gemm_isa();
-    if (isa[0] == 'a' && isa[3] == '5') {
-        gpt__gemm_avx512(M, N, K, A, ars, acs, B, ldb, C, ldc);
-        return;
+    if (isa[0] == 'f' && gpt__gemm_fsdp(M, N, K, A, ars, acs, B, ldb, C, ldc)) return;
+    if ((isa[0] == 'a' && isa[3] == '5') || isa[0] == 'f') {
+        if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512vl")) {
+            gpt__gemm_avx512(M, N, K, A, ars, acs, B, ldb, C, ldc);
+            return;
+        }
     }
-    if (isa[0] == 'a') {
+    if (isa[0] == 'a' || isa[0] == 'f') {
         gpt__gemm_avx2(M, N, K, A, ars, acs, B, ldb, C, ldc);
         return;
     }
@@ -1036,6 +1075,15 @@ static int gpt_group_of(void *user, const char *fqn, int ndim, const char *modul
     return ndim >= 2 && strncmp(fqn, "wte.", 4) != 0 && strncmp(fqn, "wpe.", 4) != 0 ? 0 : 1;
 }
 
+/* --optim muon: group 0 (Muon) the blocks' matrices, group 1 (AdamW) the
+   rest: embeddings (the head is tied to wte), norms, biases. */
+static int gpt_group_of_muon(void *user, const char *fqn, int ndim, const char *module_type)
+{
+    (void)user;
+    (void)module_type;
+    return ndim == 2 && strncmp(fqn, "h.", 2) == 0 ? 0 : 1;
+}
+
 /* nanoGPT's initialisation: normal(0, 0.02) for weights and embeddings,
    0.02/sqrt(2 layers) for the projections into the residual stream, norms
    one (their 1-D weights), biases zero. */
@@ -1688,6 +1736,11 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     cd.groups = groups;
     cd.ngroups = 2;
     cd.group_fn = gpt_group_of;
+    if (cfg->muon && !e.lora) {
+        groups[0] = fsdp_optim_defaults(FSDP_MUON);
+        groups[0].lr = cfg->muon_lr;
+        cd.group_fn = gpt_group_of_muon;
+    }
     cd.cpu_offload = cfg->cpu_offload;
     {
         fsdp_error err;
@@ -1846,7 +1899,9 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         }
         gpt__enter_lib(&e, &wall);
         r = fsdp_clip_grad_norm(e.ctx, cfg->clip, 2.0, &norm);
-        if (r == FSDP_SUCCESS) r = fsdp_set_lr(e.ctx, 0, lr);
+        if (r == FSDP_SUCCESS)
+            r = fsdp_set_lr(e.ctx, 0, !cfg->muon || e.lora ? lr
+                                      : cfg->lr > 0.0 ? lr * (cfg->muon_lr / cfg->lr) : 0.0);
         if (r == FSDP_SUCCESS) r = fsdp_set_lr(e.ctx, 1, lr);
         if (r == FSDP_SUCCESS) r = fsdp_step(e.ctx);
         if (r == FSDP_SUCCESS &&

@@ -41,7 +41,7 @@
                     [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]
                     [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload] [--quiet]
                     [--save DIR] [--save-every K] [--resume DIR] [--stop-after N] [--clean]
-                    [--metrics FILE]
+                    [--metrics FILE] [--optim adamw|muon [--muon-lr X]]
                     [--capacity BYTES] [--backend local|mpi|gloo]  (mpi: mpirun -np N train_gpt ...;
                     gloo: forks --ranks processes, or runs one rank: --rank R
                     --ranks N, --store-dir DIR or --master HOST:PORT, [--prefix P]
@@ -49,6 +49,10 @@
                     [--timeout SEC]  (mpi, gloo: a silent peer is an error after SEC)
    Under torchrun --no-python, srun or mpirun each process is one rank of the
    launcher's world (examples/example_backend.h, docs/launch.md).
+
+   --optim muon: FSDP_MUON (torch.optim.Muon's defaults, lr --muon-lr X,
+   0.02, on the same warm-up and cosine schedule) for the blocks' matrices,
+   AdamW for the embeddings, norms and biases (docs/muon.md).
 
    Checkpoints: --save DIR writes a sharded checkpoint (parameters, AdamW
    state, step) every --save-every K steps and at the end, asynchronously;
@@ -131,6 +135,8 @@ static void usage(const char *argv0)
             "          [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]\n"
             "          [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload]\n"
             "          [--quiet] [--capacity BYTES]\n"
+            "          [--optim adamw|muon [--muon-lr X]] (muon: FSDP_MUON for the blocks'\n"
+            "           matrices, lr X (0.02) on the same schedule, AdamW for the rest)\n"
             "          [--save DIR] [--save-every K] [--resume DIR] [--stop-after N] [--clean]\n"
             "          [--metrics FILE] (JSON lines: a record per logged step)\n"
             "          [--backend local|mpi|gloo] (mpi: under mpirun, one process per rank;\n"
@@ -291,6 +297,12 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
                 why = "a step count >= 0 (0: no evaluation during training)";
             }
             else if (!strcmp(a, "--lr")) good = parse_double(v, &c->lr);
+            else if (!strcmp(a, "--optim")) {
+                good = !strcmp(v, "adamw") || !strcmp(v, "muon");
+                why = "adamw or muon";
+                c->muon = !strcmp(v, "muon");
+            } else if (!strcmp(a, "--muon-lr"))
+                good = parse_double(v, &c->muon_lr) && c->muon_lr > 0.0;
             else if (!strcmp(a, "--clip")) good = parse_double(v, &c->clip) && c->clip > 0.0;
             else if (!strcmp(a, "--seed")) {
                 unsigned long long seed = 0;

@@ -18,6 +18,32 @@ typedef enum fsdp_copy_kind {
    sticks and fsdp_stream_synchronize returns it with err's message. */
 typedef fsdp_result (*fsdp_task_fn)(void *arg, fsdp_error *err);
 
+/* A matrix product for the optimizers that need whole matrices (Muon's
+   Newton-Schulz iteration), row-major:
+
+       C = alpha * op(A) @ op(B) + beta * C        (m x n, inner size k)
+
+   op(A) is m x k: A itself (lda >= k), or with trans_a A^T of A stored
+   k x m (lda >= m); op(B) likewise k x n (ldb >= n), or B^T of B stored
+   n x k (ldb >= k). A, B and C have one dtype, FSDP_F32 or FSDP_BF16;
+   the products accumulate in f32 and C is rounded once to its dtype (the
+   bf16 matmul of torch's Muon). beta 0: C is not read (BLAS). C must not
+   overlap A or B. The CPU device gives the same bits at every FSDP_ISA
+   level and thread count: each C element is one chain of fused
+   multiply-adds over k in order, from 0, then fma(alpha, acc, beta * C). */
+typedef struct fsdp_gemm_desc {
+    int64_t m, n, k;
+    fsdp_dtype dtype;
+    int trans_a, trans_b;
+    const void *a;
+    int64_t lda;
+    const void *b;
+    int64_t ldb;
+    void *c;
+    int64_t ldc;
+    double alpha, beta;
+} fsdp_gemm_desc;
+
 /* A device backend. Every function receives `self`; stream NULL means "run
    now on the calling thread, synchronously". Kernels work on device memory.
    `size` is sizeof(fsdp_device_vtable) as the backend was compiled, so a
@@ -79,6 +105,9 @@ typedef struct fsdp_device_vtable {
        memory, and is refused (FSDP_NOT_SUPPORTED) elsewhere. */
     fsdp_result (*div)(void *self, void *x, fsdp_dtype dt, double d, size_t n, fsdp_stream *s,
                        fsdp_error *err);
+    /* Optional (Muon, issue 47): fsdp_gemm_desc's product on s; g is
+       copied before the call returns. Without it Muon is refused. */
+    fsdp_result (*gemm)(void *self, const fsdp_gemm_desc *g, fsdp_stream *s, fsdp_error *err);
 } fsdp_device_vtable;
 
 typedef struct fsdp_memory_stats {
@@ -95,6 +124,10 @@ typedef struct fsdp_cpu_device_desc {
     fsdp_hooks hooks;
     size_t capacity; /* device bytes it may hold at once (fsdp_device_set_capacity);
                         0: unlimited */
+    /* Muon (issue 47): threads of fsdp_device_gemm (the caller's is one),
+       started per call for products of some size; 0: 1. The bits do not
+       depend on it. */
+    int gemm_threads;
 } fsdp_cpu_device_desc;
 
 /* The built-in CPU device: memory from the allocator hooks (64-byte aligned),
@@ -171,6 +204,18 @@ FSDP_API fsdp_result fsdp_device_accumulate(fsdp_device *dev, void *dst, fsdp_dt
                                             size_t n, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_device_sum_squares(fsdp_device *dev, const void *x, fsdp_dtype dt,
                                              size_t n, double *out, fsdp_stream *s);
+/* The matrix product of fsdp_gemm_desc (the vtable's gemm): checked
+   here (dtypes, sizes, leading dimensions, NULL pointers), then queued on
+   s (NULL: now). FSDP_NOT_SUPPORTED where the device has none. */
+FSDP_API fsdp_result fsdp_device_gemm(fsdp_device *dev, const fsdp_gemm_desc *g, fsdp_stream *s);
+/* The CPU device's product on host memory, on the calling thread and up
+   to threads - 1 more (0 or 1: the caller alone): the bits of the CPU
+   device's gemm (every FSDP_ISA level, any thread count), for engines that
+   want its speed for their own matrices. FSDP_INVALID_ARGS (or
+   FSDP_INVALID_DTYPE) for a malformed g, FSDP_OUT_OF_MEMORY without its
+   packing buffers (op(A) as f32, and k x 32 floats per thread, from the
+   default allocator). */
+FSDP_API fsdp_result fsdp_gemm_host(const fsdp_gemm_desc *g, int threads);
 /* The optimizer kernel (see the vtable's optim_step). */
 FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_optim_config *c,
                                             int64_t step, float *param, const float *grad,

@@ -135,6 +135,7 @@ FSDP__DEF fsdp_result fsdp__kernel_run(void *arg, fsdp_error *err)
 
 typedef struct fsdp__cpu {
     fsdp_hooks hooks;
+    int gemm_threads; /* fsdp_cpu_device_desc.gemm_threads, at least 1 */
 } fsdp__cpu;
 
 /* Spin, then park. A hand-off between threads (rank thread to stream worker, worker to the
@@ -864,6 +865,49 @@ FSDP__DEF fsdp_result fsdp__optim_step__cpu(void *self, const struct fsdp_optim_
     return r;
 }
 
+/* The product as a queued task: its argument owns a copy of g. */
+typedef struct fsdp__gemm_task {
+    fsdp_hooks hooks;
+    fsdp_gemm_desc g;
+    int threads;
+} fsdp__gemm_task;
+
+FSDP__DEF fsdp_result fsdp__gemm_run__cpu(void *arg, fsdp_error *err)
+{
+    fsdp__gemm_task *t = (fsdp__gemm_task *)arg;
+    fsdp_hooks h = t->hooks;
+    fsdp_result r = fsdp__gemm_host(&t->g, t->threads, &h);
+    if (r != FSDP_SUCCESS)
+        fsdp__fail(err, &h, r, "cpu gemm %lld x %lld x %lld: out of memory for its packing "
+                   "buffers", (long long)t->g.m, (long long)t->g.n, (long long)t->g.k);
+    fsdp__free(&h, t);
+    return r;
+}
+
+FSDP__DEF fsdp_result fsdp__gemm__cpu(void *self, const fsdp_gemm_desc *g, fsdp_stream *s,
+                                      fsdp_error *err)
+{
+    fsdp__cpu *cpu = (fsdp__cpu *)self;
+    fsdp__gemm_task *t;
+    fsdp_result r;
+    if (!s) {
+        r = fsdp__gemm_host(g, cpu->gemm_threads, &cpu->hooks);
+        if (r != FSDP_SUCCESS)
+            return fsdp__fail(err, &cpu->hooks, r, "cpu gemm %lld x %lld x %lld: out of memory "
+                              "for its packing buffers", (long long)g->m, (long long)g->n,
+                              (long long)g->k);
+        return r;
+    }
+    t = (fsdp__gemm_task *)fsdp__calloc(&cpu->hooks, 1, sizeof *t);
+    if (!t) return fsdp__fail(err, &cpu->hooks, FSDP_OUT_OF_MEMORY, "cpu gemm: out of memory");
+    t->hooks = cpu->hooks;
+    t->g = *g;
+    t->threads = cpu->gemm_threads;
+    r = fsdp__launch__cpu(self, s, fsdp__gemm_run__cpu, t, err);
+    if (r != FSDP_SUCCESS) fsdp__free(&cpu->hooks, t);
+    return r;
+}
+
 FSDP__DEF void fsdp__destroy__cpu(void *self)
 {
     fsdp__cpu *cpu = (fsdp__cpu *)self;
@@ -889,6 +933,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     cpu = (fsdp__cpu *)fsdp__calloc(&h, 1, sizeof *cpu);
     if (!cpu) return fsdp__fail_create(hooks, FSDP_OUT_OF_MEMORY, "fsdp_device_cpu_create: out of memory");
     cpu->hooks = h;
+    cpu->gemm_threads = desc && desc->gemm_threads > 0 ? desc->gemm_threads : 1;
     memset(&vt, 0, sizeof vt);
     vt.size = (uint32_t)sizeof vt;
     vt.name = "cpu";
@@ -916,6 +961,7 @@ FSDP_API fsdp_result fsdp_device_cpu_create(const fsdp_cpu_device_desc *desc, fs
     vt.sum_squares = fsdp__sum_squares__cpu;
     vt.optim_step = fsdp__optim_step__cpu;
     vt.destroy = fsdp__destroy__cpu;
+    vt.gemm = fsdp__gemm__cpu;
     r = fsdp_device_create(&vt, cpu, hooks, out);
     if (r != FSDP_SUCCESS) fsdp__free(&h, cpu);
     else if (desc) (*out)->capacity = desc->capacity;

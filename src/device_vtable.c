@@ -577,6 +577,10 @@ FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_
     if (fsdp_optim_check(c, why) != FSDP_SUCCESS)
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_optim_step: %s",
                           why);
+    if (c->kind == FSDP_MUON)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_device_optim_step: FSDP_MUON needs whole matrices, not a flat "
+                          "range (contexts run it: fsdp_ctx_create)");
     if (step < 1)
         return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS,
                           "fsdp_device_optim_step: step %lld must be >= 1 (torch's count after "
@@ -590,3 +594,46 @@ FSDP_API fsdp_result fsdp_device_optim_step(fsdp_device *dev, const struct fsdp_
                              &e, "fsdp_device_optim_step");
 }
 
+
+/* Why a product descriptor is malformed, or NULL. */
+FSDP__DEF const char *fsdp__gemm_bad(const fsdp_gemm_desc *g)
+{
+    const int64_t ra = g->trans_a ? g->k : g->m, ca = g->trans_a ? g->m : g->k;
+    const int64_t rb = g->trans_b ? g->n : g->k, cb = g->trans_b ? g->k : g->n;
+    if (g->dtype != FSDP_F32 && g->dtype != FSDP_BF16) return "dtype must be f32 or bf16";
+    if (g->m < 0 || g->n < 0 || g->k < 0) return "m, n and k must be >= 0";
+    if (g->m > ((int64_t)1 << 40) || g->n > ((int64_t)1 << 40) || g->k > ((int64_t)1 << 40))
+        return "m, n or k is beyond 2^40";
+    if (g->lda < (ca > 1 ? ca : 1) || g->ldb < (cb > 1 ? cb : 1) || g->ldc < (g->n > 1 ? g->n : 1))
+        return "a leading dimension is below its row's length (lda, ldb, ldc)";
+    if (!g->m || !g->n) return NULL;
+    if (!g->c) return "c is NULL";
+    if (g->k && (!g->a || !g->b)) return !g->a ? "a is NULL" : "b is NULL";
+    if (ra > 0 && (uint64_t)(ra - 1) > (uint64_t)INT64_MAX / (uint64_t)g->lda) return "a overflows";
+    if (rb > 0 && (uint64_t)(rb - 1) > (uint64_t)INT64_MAX / (uint64_t)g->ldb) return "b overflows";
+    if ((uint64_t)(g->m - 1) > (uint64_t)INT64_MAX / (uint64_t)g->ldc) return "c overflows";
+    if (!(g->alpha == g->alpha) || !(g->beta == g->beta)) return "alpha or beta is NaN";
+    return NULL;
+}
+
+FSDP_API fsdp_result fsdp_device_gemm(fsdp_device *dev, const fsdp_gemm_desc *g, fsdp_stream *s)
+{
+    fsdp_error e;
+    const char *why;
+    if (!dev) return FSDP_INVALID_ARGS;
+    if (!g)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_INVALID_ARGS, "fsdp_device_gemm: g is NULL");
+    if ((why = fsdp__gemm_bad(g)) != NULL)
+        return fsdp__fail(&dev->err, &dev->hooks, g->dtype != FSDP_F32 && g->dtype != FSDP_BF16
+                          ? FSDP_INVALID_DTYPE : FSDP_INVALID_ARGS,
+                          "fsdp_device_gemm: %s (m %lld, n %lld, k %lld, lda %lld, ldb %lld, ldc "
+                          "%lld)", why, (long long)g->m, (long long)g->n, (long long)g->k,
+                          (long long)g->lda, (long long)g->ldb, (long long)g->ldc);
+    if (!dev->vt.gemm)
+        return fsdp__fail(&dev->err, &dev->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_device_gemm: device '%s' has no gemm (the vtable's gemm is NULL)",
+                          fsdp_device_name(dev));
+    if (!g->m || !g->n) return FSDP_SUCCESS;
+    fsdp__clear(&e);
+    return fsdp__device_done(dev, dev->vt.gemm(dev->self, g, s, &e), &e, "fsdp_device_gemm");
+}

@@ -50,10 +50,11 @@
        >>errors       results, last-error messages, allocation and log hooks
        >>dtypes       f32 f64 f16 bf16 and byte types, round-to-nearest-even
        >>optim        AdamW, Adam, SGD with torch.optim's exact arithmetic
-                      on one flat f32 range (the device kernels run it)
+                      on one flat f32 range (the device kernels run it);
+                      Muon's configuration (its step: >>runtime:muon)
        >>device       the device vtable; the built-in CPU device (streams are
                       worker threads, events order them).
-                      Inside: >>device:vtable >>device:cpu
+                      Inside: >>device:vtable >>device:gemm >>device:cpu
        >>comm         the collectives vtable; the transport kit (one engine
                       for MPI, Gloo and your own byte transports); the
                       built-in `local` backend (N ranks as N threads,
@@ -84,7 +85,7 @@
                       >>safetensors:file >>safetensors:read
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
                       memory, init, clipping, summon, the sharded step.
-                      Inside: >>runtime:ctx >>runtime:create
+                      Inside: >>runtime:ctx >>runtime:muon >>runtime:create
                       >>runtime:shards >>runtime:debug >>runtime:pool
                       >>runtime:gather >>runtime:reduce >>runtime:views
                       >>runtime:init >>runtime:lend >>runtime:step

@@ -15,6 +15,15 @@ FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind)
     } else if (c.kind == FSDP_ADAGRAD) {
         c.lr = 1e-2;
         c.eps = 1e-10;
+    } else if (c.kind == FSDP_MUON) { /* torch.optim.Muon's defaults */
+        c.weight_decay = 0.1;
+        c.momentum = 0.95;
+        c.nesterov = 1;
+        c.eps = 1e-7;
+        c.ns_coefficients[0] = 3.4445;
+        c.ns_coefficients[1] = -4.775;
+        c.ns_coefficients[2] = 2.0315;
+        c.ns_steps = 5;
     } else if (c.kind != FSDP_SGD && c.kind != FSDP_OPTIM_CUSTOM) {
         c.beta1 = 0.9;
         c.beta2 = 0.999;
@@ -31,8 +40,21 @@ FSDP_API fsdp_result fsdp_optim_check(const fsdp_optim_config *c, char *msg)
     const int adam = c && (c->kind == FSDP_OPTIM_DEFAULT || c->kind == FSDP_ADAMW ||
                            c->kind == FSDP_ADAM);
     if (!c) why = "configuration is NULL";
-    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_ADAGRAD)
+    else if (c->kind < FSDP_OPTIM_DEFAULT || c->kind > FSDP_MUON)
         why = "unknown optimizer kind";
+    else if (c->kind == FSDP_MUON && !(c->momentum >= 0.0)) why = "Muon: momentum must be >= 0";
+    else if (c->kind == FSDP_MUON && !(c->eps >= 0.0)) why = "Muon: eps must be >= 0";
+    else if (c->kind == FSDP_MUON && (c->ns_steps < 0 || c->ns_steps > 99))
+        why = "Muon: ns_steps must be 0 .. 99 (torch refuses 100 and more)";
+    else if (c->kind == FSDP_MUON &&
+             (!isfinite(c->ns_coefficients[0]) || !isfinite(c->ns_coefficients[1]) ||
+              !isfinite(c->ns_coefficients[2])))
+        why = "Muon: ns_coefficients must be finite";
+    else if (c->kind == FSDP_MUON && ((int)c->adjust_lr < (int)FSDP_MUON_LR_ORIGINAL ||
+                                      (int)c->adjust_lr > (int)FSDP_MUON_LR_SPECTRAL_UNCLAMPED))
+        why = "Muon: unknown adjust_lr (see fsdp_muon_lr_adjust)";
+    else if (c->kind == FSDP_MUON && c->ns_f32 != 0 && c->ns_f32 != 1)
+        why = "Muon: ns_f32 must be 0 (bf16 iteration, torch's) or 1 (f32)";
     else if (c->kind == FSDP_OPTIM_CUSTOM && !c->custom)
         why = "FSDP_OPTIM_CUSTOM needs its rule (custom is NULL)";
     else if (c->kind == FSDP_OPTIM_CUSTOM && (c->custom_state < 0 || c->custom_state > 4))
@@ -103,6 +125,14 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
                  dot);
         return FSDP_INVALID_ARGS;
     }
+    if (c->kind == FSDP_MUON && c->ns_steps == 0 && c->ns_coefficients[0] == 0.0 &&
+        c->ns_coefficients[1] == 0.0 && c->ns_coefficients[2] == 0.0) {
+        snprintf(msg, cap, "%s%sns_steps and %s%sns_coefficients are all 0 (a zeroed "
+                 "fsdp_optim_config with only the kind set?), a Muon step of the normalized "
+                 "momentum itself; start from fsdp_optim_defaults(FSDP_MUON) for torch's 5 steps "
+                 "of (3.4445, -4.775, 2.0315)", field, dot, field, dot);
+        return FSDP_INVALID_ARGS;
+    }
     if (c->kind != FSDP_OPTIM_DEFAULT && c->kind != FSDP_ADAMW && c->kind != FSDP_ADAM)
         return FSDP_SUCCESS;
     if (c->beta1 != 0.0 || c->beta2 != 0.0 || c->eps != 0.0) return FSDP_SUCCESS;
@@ -161,6 +191,7 @@ FSDP__DEF const char *fsdp__optim_kind_name(fsdp_optim_kind k)
     case FSDP_OPTIM_CUSTOM: return "FSDP_OPTIM_CUSTOM";
     case FSDP_RMSPROP: return "FSDP_RMSPROP";
     case FSDP_ADAGRAD: return "FSDP_ADAGRAD";
+    case FSDP_MUON: return "FSDP_MUON";
     }
     return "an unknown optimizer kind";
 }
@@ -172,6 +203,7 @@ FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
     if (c->kind == FSDP_RMSPROP)
         return 2u | (c->centered ? 1u : 0u) | (c->momentum > 0.0 ? 8u : 0u);
     if (c->kind == FSDP_ADAGRAD) return 2u;
+    if (c->kind == FSDP_MUON) return 8u; /* torch's momentum_buffer */
     if (c->kind == FSDP_OPTIM_CUSTOM) /* its k values in torch's first k slots */
         return c->custom_state >= 0 && c->custom_state <= 4 ? (1u << c->custom_state) - 1u : 0u;
     return 3u | (c->amsgrad ? 4u : 0u);
@@ -1045,6 +1077,7 @@ FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t st
         cc.kind = FSDP_ADAMW;
         c = &cc;
     }
+    if (c->kind == FSDP_MUON) return FSDP_NOT_SUPPORTED; /* whole matrices: fsdp_ctx */
     if (step < 1 || !state) return FSDP_INVALID_ARGS;
     if (n == 0) return FSDP_SUCCESS;
     if (!param || !grad) return FSDP_INVALID_ARGS;

@@ -9,8 +9,17 @@ typedef enum fsdp_optim_kind {
     FSDP_SGD = 3,
     FSDP_OPTIM_CUSTOM = 4,  /* the engine's own rule: fsdp_optim_config.custom */
     FSDP_RMSPROP = 5,       /* torch.optim.RMSprop: alpha, eps, momentum, centered */
-    FSDP_ADAGRAD = 6        /* torch.optim.Adagrad: lr_decay, initial_accumulator_value, eps */
+    FSDP_ADAGRAD = 6,       /* torch.optim.Adagrad: lr_decay, initial_accumulator_value, eps */
+    FSDP_MUON = 7           /* torch.optim.Muon, 2-D parameters (the Muon fields below) */
 } fsdp_optim_kind;
+
+/* torch.optim.Muon's adjust_lr_fn: the lr a matrix of A rows and B
+   columns steps with. */
+typedef enum fsdp_muon_lr_adjust {
+    FSDP_MUON_LR_ORIGINAL = 0,         /* lr sqrt(max(1, A / B)) (torch's None) */
+    FSDP_MUON_LR_MATCH_RMS_ADAMW = 1,  /* lr 0.2 sqrt(max(A, B)) */
+    FSDP_MUON_LR_SPECTRAL_UNCLAMPED = 2 /* lr sqrt(A / B) */
+} fsdp_muon_lr_adjust;
 
 struct fsdp_optim_config;
 /* An engine's own update rule (FSDP_OPTIM_CUSTOM): param[i] from grad[i]
@@ -53,13 +62,15 @@ typedef enum fsdp_optim_numerics {
    gives torch's defaults (AdamW: lr 1e-3, betas (0.9, 0.999), eps 1e-8,
    weight_decay 1e-2; Adam: the same with weight_decay 0; SGD: lr 1e-3,
    everything else 0; RMSprop: lr 1e-2, alpha 0.99, eps 1e-8, the rest 0;
-   Adagrad: lr 1e-2, eps 1e-10, the rest 0), and change fields from there.
-   A config left entirely zero means AdamW's defaults where a descriptor
-   takes one. Configs whose step is lr * g / |g| (NaN wherever a gradient
-   is 0), the mark of a zeroed config with only kind and lr set, are
-   refused by fsdp_ctx_create and fsdp_zero_create: Adam-family beta1,
-   beta2 and eps all 0; RMSprop alpha and eps 0; Adagrad eps and
-   initial_accumulator_value 0. */
+   Adagrad: lr 1e-2, eps 1e-10, the rest 0; Muon: lr 1e-3, weight_decay
+   0.1, momentum 0.95, nesterov 1, ns_coefficients (3.4445, -4.775,
+   2.0315), eps 1e-7, ns_steps 5, adjust_lr original, bf16 iteration), and
+   change fields from there. A config left entirely zero means AdamW's
+   defaults where a descriptor takes one. Configs whose step is
+   lr * g / |g| (NaN wherever a gradient is 0), the mark of a zeroed config
+   with only kind and lr set, are refused by fsdp_ctx_create and
+   fsdp_zero_create: Adam-family beta1, beta2 and eps all 0; RMSprop alpha
+   and eps 0; Adagrad eps and initial_accumulator_value 0. */
 typedef struct fsdp_optim_config {
     fsdp_optim_kind kind;
     double lr;
@@ -89,6 +100,24 @@ typedef struct fsdp_optim_config {
        replaces it); eps and weight_decay are the fields above */
     double lr_decay;
     double initial_accumulator_value;
+    /* FSDP_MUON (issue 47), with lr, weight_decay (decoupled), momentum,
+       nesterov and eps (1e-7, the norm's floor) above; unused by the other
+       kinds. torch.optim.Muon's step, per 2-D parameter G (momentum_buffer
+       B, zero at first):
+           B = lerp(B, G, 1 - momentum)
+           U = nesterov ? lerp(G, B, momentum) : B
+           X = U (transposed when it has more rows than columns)
+           X = X / max(|X|_F, eps), then ns_steps times
+               A = X X^T;  X = a X + (b A + c A A) X
+           P = P (1 - lr weight_decay) - lr' X     (lr' per adjust_lr)
+       ns_f32 0 runs the iteration as torch does, in bfloat16 (bf16 matrices,
+       products accumulated in f32 and rounded to bf16); 1 keeps it in f32
+       (about a thousand times closer to a float64 iteration). Each matrix
+       is orthogonalized once per step, by one rank (see fsdp_ctx_desc). */
+    double ns_coefficients[3]; /* (a, b, c): (3.4445, -4.775, 2.0315) */
+    int ns_steps;              /* 5; 0 .. 99 as torch allows */
+    fsdp_muon_lr_adjust adjust_lr;
+    int ns_f32;
 } fsdp_optim_config;
 
 FSDP_API fsdp_optim_config fsdp_optim_defaults(fsdp_optim_kind kind);
@@ -130,7 +159,9 @@ typedef struct fsdp_optim_state {
    the same bits); the environment variable FSDP_ISA=scalar|sse|avx2|avx512,
    read once at the first step, caps that level (tests, bisection, timing);
    any other value is refused (FSDP_INVALID_ARGS, and the devices, contexts
-   and ZeRO optimizers refuse to be created, naming it). */
+   and ZeRO optimizers refuse to be created, naming it). FSDP_MUON needs
+   whole matrices and is refused here (FSDP_NOT_SUPPORTED): contexts run
+   it (fsdp_ctx_create). */
 FSDP_API fsdp_result fsdp_optim_step_host(const fsdp_optim_config *c, int64_t step, float *param,
                                           const float *grad, const fsdp_optim_state *state,
                                           size_t n);

@@ -208,6 +208,14 @@ typedef struct fsdp_memory_plan {
                                 optimizer state and host staging; else 0 */
     int pool_slots;          /* shared unsharded buffers */
     int resident_units;      /* units with their own unsharded buffers */
+    /* FSDP_MUON (issue 47): the step's buffer, also in scratch and total:
+       the largest Muon unit's gathered gradient (f32, shard x world) and
+       the largest matrix's Newton-Schulz iteration (two m x n and two
+       m x m matrices, m the smaller side, bf16 or f32); and the bytes a
+       rank receives per step for Muon at most (each Muon unit's
+       all-gather and the results of the matrices it does not own). */
+    size_t muon_scratch;
+    size_t muon_bytes_per_step;
 } fsdp_memory_plan;
 FSDP_API fsdp_result fsdp_ctx_plan(const fsdp_ctx *ctx, fsdp_memory_plan *out);
 /* Plan-only mode: the plan fsdp_ctx_create would make for desc on a world

@@ -316,6 +316,7 @@ FSDP__DEF fsdp_result fsdp__ctx_connect(fsdp_ctx *c, const fsdp_ctx_desc *d)
 typedef struct fsdp__ctx_sizes {
     fsdp_memory_plan plan;
     unsigned state_mask; /* the optimizer-state buffers of some group */
+    size_t muon;         /* the Muon buffer (>>runtime:muon) */
     int nslots;
     size_t slot_bytes, red_in, red_out, off_f32, hstage;
     size_t ag_stage; /* mixed dtypes: the packed all-gather's buffer */
@@ -395,7 +396,9 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         if (!fits && all > z->ag_stage) z->ag_stage = all;
     }
     p->pool += (size_t)z->nslots * z->slot_bytes;
-    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage;
+    fsdp__muon_plan(c, &z->muon, &p->muon_bytes_per_step);
+    p->muon_scratch = z->muon;
+    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage + z->muon;
     p->host_staging = z->hstage;
     p->pool_slots = z->nslots;
     shards = p->sharded_params + p->low_precision + p->sharded_grads + p->optimizer_state;
@@ -468,9 +471,11 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
     if ((r = fsdp__alloc_dev(c, z->red_in, &c->red_in, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->red_out, &c->red_out, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, z->ag_stage, &c->ag_stage, &got.scratch)) != FSDP_SUCCESS)
+        (r = fsdp__alloc_dev(c, z->ag_stage, &c->ag_stage, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->muon, &c->muon_buf, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
     c->ag_stage_bytes = z->ag_stage;
+    c->muon_bytes = z->muon;
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;
@@ -559,7 +564,8 @@ FSDP__DEF fsdp_result fsdp__ctx_plan_steps(const fsdp_ctx_desc *d, int world,
     if (mod && mod->max_unsharded > 0) c->max_unsharded = mod->max_unsharded;
     if (mod && mod->offload) c->offload = 1;
     if ((r = fsdp__ctx_validate(c, d)) != FSDP_SUCCESS ||
-        (r = fsdp__ctx_resolve_units(c, d)) != FSDP_SUCCESS)
+        (r = fsdp__ctx_resolve_units(c, d)) != FSDP_SUCCESS ||
+        (r = fsdp__muon_check(c, d)) != FSDP_SUCCESS)
         return r;
     for (i = 0; i < c->nunits; i++) {
         if (mod && mod->reduce_as_param) c->u[i].rdt = c->u[i].pdt;
@@ -751,6 +757,7 @@ FSDP_API fsdp_result fsdp_ctx_create(const fsdp_ctx_desc *d, fsdp_ctx **out)
     fsdp__ctx_defaults(c, d);
     if ((r = fsdp__ctx_validate(c, d)) == FSDP_SUCCESS &&
         (r = fsdp__ctx_resolve_units(c, d)) == FSDP_SUCCESS &&
+        (r = fsdp__muon_check(c, d)) == FSDP_SUCCESS &&
         (r = fsdp__ctx_connect(c, d)) == FSDP_SUCCESS) {
         fsdp__ctx_compute_plan(c, &z);
         if ((r = fsdp__ctx_fit(c, d, &z.plan, "fsdp_ctx_create")) == FSDP_SUCCESS &&

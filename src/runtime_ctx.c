@@ -163,6 +163,11 @@ struct fsdp_ctx {
     void *ag_stage;      /* the gathered chunks (scratch of the plan) */
     size_t ag_stage_bytes;
     int fusing_pub;      /* the unit whose groups are being acquired, or -1 */
+    /* Muon (issue 47, >>runtime:muon): some group is FSDP_MUON; the plan's
+       buffer for a gathered unit and one matrix's iteration */
+    int muon;
+    void *muon_buf;
+    size_t muon_bytes;
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -598,6 +603,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free_dev(c, c->red_out, c->red_out_bytes);
     fsdp__free_dev(c, c->ag_stage, c->ag_stage_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
+    fsdp__free_dev(c, c->muon_buf, c->muon_bytes);
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
     if (c->cs) fsdp_stream_destroy(c->dev, c->cs);

@@ -151,6 +151,7 @@ FSDP__DEF fsdp_result fsdp__host_step(fsdp_ctx *c, int T)
             int grp = cu->groups[pc->entry];
             fsdp__hstep *it = &items[n];
             if (pc->end < pc->start || !cu->step_now) continue;
+            if (c->groups[grp].kind == FSDP_MUON) continue; /* fsdp__muon_step did it */
             it->cfg = &c->groups[grp];
             it->step = cu->steps;
             it->p = cu->master + off;
@@ -259,6 +260,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
         if (c->u[i].step_now) c->u[i].steps++;
     }
     for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
+    if (c->muon && (r = fsdp__muon_step(c)) != FSDP_SUCCESS) return r;
     /* The built-in CPU device's optimizer kernel is fsdp_optim_step_host on
        its stream, then a memset of the gradients: on that device (the
        reductions are done, its stream idle) the step runs on this thread
@@ -290,7 +292,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
             int64_t n = pc->end - pc->start + 1;
             fsdp_optim_state st;
             int grp = cu->groups[pc->entry];
-            if (n <= 0) continue;
+            if (n <= 0 || c->groups[grp].kind == FSDP_MUON) continue;
             st = fsdp__state_at(cu, off);
             /* on the device's stream: the kernel copies c and st */
             r = fsdp_device_optim_step(c->dev, &c->groups[grp], cu->steps,
@@ -372,6 +374,10 @@ FSDP_API fsdp_result fsdp_set_optim(fsdp_ctx *c, int group, const fsdp_optim_con
                               "other state (amsgrad, momentum or RMSprop's centered turned %s); "
                               "the state was planned at create and cannot change mid-run", group,
                               fsdp_optim_state_mask(&n) > fsdp_optim_state_mask(o) ? "on" : "off");
+    if (n.kind == FSDP_MUON && n.ns_f32 != o->ns_f32)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_optim: group %d: ns_f32 %d cannot "
+                              "replace %d mid-run: the Muon buffer was planned for the %s "
+                              "iteration", group, n.ns_f32, o->ns_f32, o->ns_f32 ? "f32" : "bf16");
     c->groups[group] = n;
     return FSDP_SUCCESS;
 }

@@ -353,9 +353,10 @@ FSDP__DEF fsdp_result fsdp__zero_check_group(const fsdp_optim_config *c, fsdp_op
         snprintf(msg, nmsg, "group %d: %.400s", g, why);
         return FSDP_INVALID_ARGS;
     }
-    if (c->kind == FSDP_OPTIM_CUSTOM) {
-        snprintf(msg, nmsg, "group %d: FSDP_OPTIM_CUSTOM is not supported by the ZeRO optimizer "
-                 "(fsdp_ctx_create's contexts take it)", g);
+    if (c->kind == FSDP_OPTIM_CUSTOM || c->kind == FSDP_MUON) {
+        snprintf(msg, nmsg, "group %d: %s is not supported by the ZeRO optimizer "
+                 "(fsdp_ctx_create's contexts take it)", g,
+                 c->kind == FSDP_MUON ? "FSDP_MUON" : "FSDP_OPTIM_CUSTOM");
         return FSDP_NOT_SUPPORTED;
     }
     if (kind != FSDP_OPTIM_DEFAULT && c->kind != kind) {

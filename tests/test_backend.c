@@ -21,7 +21,8 @@
    tiny model (a sharded one with optimizer state resumes bitwise like
    uninterrupted training, a full one loads, and sharded ones reshard both
    ways between the backend and the local backend at another world size),
-   and the error cases (wrong world size; for Gloo a peer that never
+   Muon with AdamW groups (bitwise equal to the local backend's at the same
+   rank count), and the error cases (wrong world size; for Gloo a peer that never
    arrives, a different world size and a peer that exits, each an error
    within the timeout). Exit 0 when every check passed. */
 #define _XOPEN_SOURCE 700
@@ -584,9 +585,18 @@ typedef struct tiny_plan {
     const char *sharded; /* saves a sharded checkpoint with optimizer state */
     const char *full;    /* saves a full checkpoint file with optimizer state */
     int offload;         /* cpu_offload: in-place all-gathers from the copied shard */
+    int muon;            /* 1: FSDP_MUON for the weights (bf16 iteration), AdamW for the
+                            rest; 2: the same with the f32 iteration */
 } tiny_plan;
 
-static const tiny_plan tiny_from_init = {NULL, 0, STEPS, NULL, NULL, 0};
+static const tiny_plan tiny_from_init = {NULL, 0, STEPS, NULL, NULL, 0, 0};
+
+/* Muon's groups: the 2-D weights in group 0, the vectors in group 1 */
+static int tiny_muon_group(void *user, const char *fqn, int ndim, const char *module_type)
+{
+    (void)user, (void)fqn, (void)module_type;
+    return ndim == 2 ? 0 : 1;
+}
 
 /* Trains y = scale * (Wb (Wa x + ba)) on this rank's rows of each step's
    batch with SGD (momentum, so a resume without the optimizer state shows),
@@ -601,6 +611,7 @@ static int tiny_train_plan(const tiny *t, const tiny_plan *plan, fsdp_comm *comm
     fsdp_ctx_desc d;
     fsdp_ctx *ctx = NULL;
     fsdp_error err;
+    fsdp_optim_config groups[2];
     float x[BATCH][IN], h[BATCH][HID], z[BATCH][OUT], dy[BATCH][OUT], dz[BATCH][OUT],
         dh[BATCH][HID];
     memset(&d, 0, sizeof d);
@@ -614,6 +625,15 @@ static int tiny_train_plan(const tiny *t, const tiny_plan *plan, fsdp_comm *comm
     d.optim.lr = 0.05;
     d.optim.momentum = 0.9;
     d.cpu_offload = plan->offload;
+    if (plan->muon) {
+        groups[0] = fsdp_optim_defaults(FSDP_MUON);
+        groups[0].lr = 0.02;
+        groups[0].ns_f32 = plan->muon == 2;
+        groups[1] = fsdp_optim_defaults(FSDP_ADAMW);
+        d.groups = groups;
+        d.ngroups = 2;
+        d.group_fn = tiny_muon_group;
+    }
     if (fsdp_ctx_create(&d, &ctx) != FSDP_SUCCESS) {
         snprintf(msg, cap, "fsdp_ctx_create: %s", err.message);
         return 0;
@@ -799,6 +819,33 @@ static void test_runtime(fsdp_comm *c, fsdp_device *dev)
                    "%d parameters trained with cpu_offload differ (bitwise) from training "
                    "without it",
                    bad);
+    }
+    tiny_free(&t);
+}
+
+/* FSDP_MUON with AdamW groups (issue 47) on this backend: the all-gather
+   and the owners' broadcasts give the local backend's bits at the same
+   world size, with the bf16 and the f32 iteration. */
+static void test_muon_backend(fsdp_comm *c, fsdp_device *dev)
+{
+    int r = fsdp_comm_rank(c), n = fsdp_comm_size(c), i, bad, m;
+    tiny t;
+    char msg[FSDP_ERROR_MAX + 64] = "";
+    if (BATCH % n) return;
+    if (!tiny_build(&t)) {
+        CHECK_RANK(0, r, "cannot build the tiny model");
+        return;
+    }
+    for (m = 1; m <= 2; m++) {
+        tiny_plan pl = tiny_from_init;
+        float got[TINY_N], same_n[TINY_N];
+        pl.muon = m;
+        CHECK_RANK(tiny_train_plan(&t, &pl, c, dev, got, msg, sizeof msg), r, "Muon: %s", msg);
+        CHECK_RANK(tiny_reference_plan(&t, &pl, n, same_n), r,
+                   "the local Muon reference with %d ranks failed", n);
+        for (i = 0, bad = 0; i < TINY_N; i++) bad += memcmp(&got[i], &same_n[i], sizeof(float)) != 0;
+        CHECK_RANK(bad == 0, r, "Muon (%s iteration): %d parameters differ from the local "
+                   "backend's at %d ranks (bitwise)", m == 1 ? "bf16" : "f32", bad, n);
     }
     tiny_free(&t);
 }
@@ -1279,6 +1326,7 @@ static const check_case CASES[] = {
     {"async", NULL},      {"split", NULL},      {"runtime", NULL},   {"zero", NULL},
     {"ckpt", NULL},       {"mismatch", NULL},   {"world_size", NULL}, {"timeout", NULL},
     {"options", NULL},    {"mixed", NULL},
+    {"muon", NULL},
 };
 
 /* ---------------------------------------------------------------------- */
@@ -1523,6 +1571,7 @@ static void run_common(fsdp_comm *c, fsdp_device *dev)
     if (check_selected("async")) test_async(c, dev, &salt);
     if (check_selected("split")) test_split(c);
     if (check_selected("runtime")) test_runtime(c, dev);
+    if (check_selected("muon")) test_muon_backend(c, dev);
     if (check_selected("zero")) test_zero(c, dev);
     if (check_selected("ckpt")) test_ckpt(c, dev);
     if (check_selected("mixed")) test_mixed_units(c, dev);

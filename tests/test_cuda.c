@@ -33,6 +33,8 @@
      size 1 (device memory) load them and train on, bitwise the CPU's;
    - the ZeRO optimizer on the CUDA device (stages 1 and 2, with and
      without bucket views) against the CPU device, bitwise;
+   - the gemm (cuBLAS, FSDP_CUDA_CUBLAS): f32 and bf16, every transpose,
+     within (k + 2) u sum|ab| of the CPU's product, the same bits twice;
    - NCCL collectives at world size 1 (all_gather, reduce_scatter avg,
      all_reduce, broadcast, barrier, split, host buffers staged), and the
      watchdog: a collective stuck behind a host task that sleeps past
@@ -1432,6 +1434,97 @@ static void test_nccl_watchdog(void)
 
 static const char *g_vectors = "tests/vectors";
 
+/* ------------------------------------------------------------------------ */
+/* the gemm (Muon, issue 47): cuBLAS where the build has it                  */
+/* ------------------------------------------------------------------------ */
+
+/* n values in [-1, 1) of dt */
+static void fill_unit(void *p, fsdp_dtype dt, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        float f = (float)((double)(rnd64() >> 11) / 4503599627370496.0 - 1.0);
+        if (dt == FSDP_F32) ((float *)p)[i] = f;
+        else ((uint16_t *)p)[i] = fsdp_f32_to_bf16(f);
+    }
+}
+
+/* f32 and bf16, every transpose, alpha/beta: within (k + 2) u sum|ab| (plus
+   a bf16 rounding) of the CPU's product, and the same bits twice (on a
+   stream and now). Without FSDP_CUDA_CUBLAS the device has no gemm:
+   fsdp_device_gemm is then FSDP_NOT_SUPPORTED, checked as such. */
+static void test_gemm(void)
+{
+    static const int shapes[][3] = {{1, 1, 1}, {13, 33, 17}, {256, 192, 320}, {65, 100, 513}};
+    fsdp_stream *s = NULL;
+    size_t si;
+    int dt, ta, tb;
+    CHECK(fsdp_stream_create(g_dev, &s) == FSDP_SUCCESS, "stream");
+    for (si = 0; si < sizeof shapes / sizeof shapes[0]; si++)
+        for (dt = 0; dt < 2; dt++)
+            for (ta = 0; ta < 2; ta++)
+                for (tb = 0; tb < 2; tb++) {
+                    const int m = shapes[si][0], n = shapes[si][1], k = shapes[si][2];
+                    const fsdp_dtype d = dt ? FSDP_BF16 : FSDP_F32;
+                    const size_t es = dt ? 2 : 4, na = (size_t)m * k, nb = (size_t)k * n;
+                    const size_t nc = (size_t)m * n;
+                    void *a = malloc(na * es), *b = malloc(nb * es), *c0 = malloc(nc * es);
+                    void *want = malloc(nc * es), *g1 = malloc(nc * es), *g2 = malloc(nc * es);
+                    fsdp_gemm_desc g;
+                    dbuf A, B, C;
+                    fsdp_result r;
+                    size_t i;
+                    double worst = 0.0;
+                    memset(&A, 0, sizeof A), memset(&B, 0, sizeof B), memset(&C, 0, sizeof C);
+                    fill_unit(a, d, na), fill_unit(b, d, nb), fill_unit(c0, d, nc);
+                    memset(&g, 0, sizeof g);
+                    g.m = m, g.n = n, g.k = k, g.dtype = d, g.trans_a = ta, g.trans_b = tb;
+                    g.lda = ta ? m : k, g.ldb = tb ? k : n, g.ldc = n;
+                    g.alpha = 0.75, g.beta = ta ? -0.5 : 0.0;
+                    g.a = a, g.b = b, g.c = want;
+                    memcpy(want, c0, nc * es);
+                    fsdp_gemm_host(&g, 1);
+                    if (dput(&A, a, na * es, 0) && dput(&B, b, nb * es, 0) &&
+                        dput(&C, c0, nc * es, 0)) {
+                        g.a = A.p, g.b = B.p, g.c = C.p;
+                        r = fsdp_device_gemm(g_dev, &g, s);
+                        if (r == FSDP_NOT_SUPPORTED) {
+                            CHECK(strstr(fsdp_device_last_error(g_dev), "no gemm") != NULL,
+                                  "a build without cuBLAS says so: %s",
+                                  fsdp_device_last_error(g_dev));
+                            ta = tb = dt = 2, si = sizeof shapes / sizeof shapes[0];
+                        } else {
+                            CHECK(r == FSDP_SUCCESS && fsdp_stream_synchronize(g_dev, s) ==
+                                  FSDP_SUCCESS && dget(g1, &C, nc * es),
+                                  "gemm: %s", fsdp_device_last_error(g_dev));
+                            fsdp_device_copy(g_dev, C.p, c0, nc * es, FSDP_COPY_H2D, NULL);
+                            CHECK(fsdp_device_gemm(g_dev, &g, NULL) == FSDP_SUCCESS &&
+                                  dget(g2, &C, nc * es), "gemm now: %s",
+                                  fsdp_device_last_error(g_dev));
+                            CHECK(memcmp(g1, g2, nc * es) == 0, "gemm %dx%dx%d %s ta %d tb %d: "
+                                  "the same bits twice", m, n, k, fsdp_dtype_name(d), ta, tb);
+                            for (i = 0; i < nc; i++) {
+                                double x = dt ? fsdp_bf16_to_f32(((uint16_t *)g1)[i])
+                                              : ((float *)g1)[i];
+                                double y = dt ? fsdp_bf16_to_f32(((uint16_t *)want)[i])
+                                              : ((float *)want)[i];
+                                /* |a|, |b|, |c| < 1: each side within (k + 2) u
+                                   (0.75 k + 0.5) of the exact value */
+                                double tol = 2.0 * (double)(k + 2) * ldexp(1.0, -24) *
+                                             (0.75 * k + 0.5) + (dt ? fabs(y) * ldexp(1.0, -7) : 0.0);
+                                if (fabs(x - y) / tol > worst) worst = fabs(x - y) / tol;
+                            }
+                            CHECK(worst <= 1.0, "gemm %dx%dx%d %s ta %d tb %d: cuBLAS against "
+                                  "the CPU: %.3g of the bound", m, n, k, fsdp_dtype_name(d), ta,
+                                  tb, worst);
+                        }
+                    }
+                    dfree(&A), dfree(&B), dfree(&C);
+                    free(a), free(b), free(c0), free(want), free(g1), free(g2);
+                }
+    fsdp_stream_destroy(g_dev, s);
+}
+
 static void test_optim_vectors_gpu(void) { test_optim_vectors(g_vectors); }
 
 /* runtime* cases run ranks as threads on the GPU: tools/gpu.sh runs them last */
@@ -1448,6 +1541,7 @@ static const check_case CASES[] = {
     {"runtime_clip", test_clip},
     {"runtime_ckpt", test_ckpt},
     {"runtime", test_runtime},
+    {"gemm", test_gemm},
 };
 
 int main(int argc, char **argv)

@@ -47,7 +47,7 @@ if [ "$mode" = run ]; then
     B=$build/bench
     [ -f "$build/build.ninja" ] || meson setup "$build" >/dev/null || exit 1
     targets="bench_step bench_units bench_zero bench_kernels bench_ckpt bench_offload bench_gpt
-             bench_optim bench_lora bench_mixed"
+             bench_optim bench_lora bench_mixed bench_muon"
     [ -n "$(meson introspect --targets "$build" | tr ',' '\n' | grep '"name": "bench_comm"')" ] &&
         targets="$targets bench_comm"
     [ -n "$(meson introspect --targets "$build" | tr ',' '\n' | grep '"name": "bench_cuda"')" ] &&
@@ -128,6 +128,9 @@ if [ "$mode" = run ]; then
     run lora "$B/bench_lora" "$B/bench_lora"
     run mixed "$B/bench_mixed" "$B/bench_mixed --quick"
     run mixed_4 "$B/bench_mixed --max-unsharded 4" "$B/bench_mixed --max-unsharded 4 --quick"
+    m="$B/bench_muon"
+    [ -n "$python" ] && m="$m --python $python"
+    run muon "$m" "$m"
     [ -x "$B/bench_cuda" ] && run cuda "$B/bench_cuda" "$B/bench_cuda 16"
     echo "load_after=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null)" >>"$logs/machine.txt"
     echo "bench_report.sh: logs in $logs" >&2
@@ -162,6 +165,7 @@ title() {
     lora) echo "LoRA: the plan of mixed units (bench_lora)" ;;
     mixed) echo "Mixed dtypes: one all-gather per unit against a unit per dtype (bench_mixed)" ;;
     mixed_4) echo "Mixed dtypes, 4 unsharded buffers (bench_mixed --max-unsharded 4)" ;;
+    muon) echo "Muon: the GEMM and the step against torch (bench_muon)" ;;
     cuda) echo "The CUDA kernels (bench_cuda)" ;;
     *) echo "$1" ;;
     esac
@@ -303,6 +307,9 @@ kind == "mixed" && /^bench_mixed:/ { print $0 "."; print "" }
 kind == "mixed" && /^\|/ { print }
 kind == "mixed" && /^mixed \/ split/ { r = $0; sub(/^mixed \/ split iteration time: /, "", r); sub(/;.*/, "", r)
     l = $0; sub(/.*; /, "", l); print ""; print "Iteration time, mixed / split: **" r "** (" l "). The mixed wrapping issues one all-gather per block where the split one issues one per dtype; it copies each gathered chunk into its group's buffer once." }
+kind == "muon" && /^bench_muon:/ { sub(/^bench_muon: /, ""); print }
+kind == "muon" && /^\|/ { print }
+kind == "muon" && /^$/ && NR > 1 { print }
 kind == "cuda" && /^GPU:/ { print $0 "."; print ""; print "| kernel | GB/s | / device-to-device copy | target |"; print "|---|---:|---:|---|" }
 kind == "cuda" && /ratio/ && /GB\/s/ { k = $0; sub(/: .*/, "", k); g = $0; sub(/^[^:]*: +/, "", g); sub(/ GB\/s.*/, "", g)
     r = $0; sub(/.*ratio /, "", r); t = r; sub(/ .*/, "", r); if (t ~ /target/) { sub(/.*target /, "", t); sub(/\)/, "", t) } else t = ""

@@ -1,0 +1,84 @@
+"""bench_gpt's peer: the GPT of examples/gpt.h in torch (token and position
+embeddings, pre-LN blocks of causal multi-head attention and a 4x GELU MLP,
+a final LayerNorm, the head tied to wte), one training step (forward,
+cross-entropy, backward, clipping at 1.0, AdamW) on a batch of random
+tokens, median of --steps after 2 warm-up, at --threads.
+    PY bench/bench_gpt_peers.py --layers 4 --dim 256 --heads 8 --batch 64 --seq 11 --threads 1
+prints "torch_step <threads> <ms>".
+"""
+import argparse
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+
+class Block(nn.Module):
+    def __init__(self, C, H):
+        super().__init__()
+        self.H = H
+        self.ln1 = nn.LayerNorm(C)
+        self.qkv = nn.Linear(C, 3 * C)
+        self.proj = nn.Linear(C, C)
+        self.ln2 = nn.LayerNorm(C)
+        self.fc = nn.Linear(C, 4 * C)
+        self.mproj = nn.Linear(4 * C, C)
+
+    def forward(self, x):
+        B, T, C = x.shape
+        q, k, v = self.qkv(self.ln1(x)).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.H, C // self.H).transpose(1, 2) for t in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).reshape(B, T, C))
+        return x + self.mproj(F.gelu(self.fc(self.ln2(x))))
+
+
+class GPT(nn.Module):
+    def __init__(self, V, T, C, H, L):
+        super().__init__()
+        self.wte = nn.Embedding(V, C)
+        self.wpe = nn.Embedding(T, C)
+        self.blocks = nn.ModuleList([Block(C, H) for _ in range(L)])
+        self.lnf = nn.LayerNorm(C)
+
+    def forward(self, idx):
+        x = self.wte(idx) + self.wpe(torch.arange(idx.shape[1]))
+        for b in self.blocks:
+            x = b(x)
+        return self.lnf(x) @ self.wte.weight.T
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    for k, d in [("layers", 4), ("dim", 256), ("heads", 8), ("batch", 64), ("seq", 11),
+                 ("threads", 1), ("steps", 10)]:
+        ap.add_argument("--" + k, type=int, default=d)
+    a = ap.parse_args()
+    torch.set_num_threads(a.threads)
+    torch.manual_seed(0)
+    m = GPT(12, a.seq, a.dim, a.heads, a.layers)
+    decay = [p for n, p in m.named_parameters() if p.ndim >= 2 and not n.startswith(("wte", "wpe"))]
+    rest = [p for n, p in m.named_parameters() if not (p.ndim >= 2 and not n.startswith(("wte", "wpe")))]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}], lr=3e-3, betas=(0.9, 0.99))
+    idx = torch.randint(0, 12, (a.batch, a.seq))
+    tgt = torch.randint(0, 12, (a.batch, a.seq))
+
+    def step():
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(m(idx).reshape(-1, 12), tgt.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        return (time.perf_counter() - t0) * 1e3
+
+    for _ in range(2):
+        step()
+    ts = sorted(step() for _ in range(a.steps))
+    print("torch_step %d %.3f" % (a.threads, ts[len(ts) // 2]))
+
+
+if __name__ == "__main__":
+    main()
