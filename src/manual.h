@@ -84,7 +84,7 @@
                       >>safetensors:file >>safetensors:read
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
                       memory, init, clipping, summon, the sharded step.
-                      Inside: >>runtime:ctx >>runtime:create
+                      Inside: >>runtime:ctx >>runtime:invariant >>runtime:create
                       >>runtime:shards >>runtime:debug >>runtime:pool
                       >>runtime:gather >>runtime:reduce >>runtime:views
                       >>runtime:init >>runtime:lend >>runtime:step

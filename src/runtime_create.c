@@ -106,6 +106,7 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
     c->othreads = d->offload_threads > 0 ? d->offload_threads : 2;
     c->othreads_set = d->offload_threads > 0;
     c->reduce_sum = d->grad_reduce == FSDP_GRAD_SUM;
+    c->inv_M = d->invariant_microbatches > 0 ? d->invariant_microbatches : 0;
     {
         /* like TORCH_DISTRIBUTED_DEBUG: switched on without rebuilding */
         const char *env = getenv("FSDP_DEBUG");
@@ -167,7 +168,7 @@ FSDP__DEF fsdp_result fsdp__ctx_validate(const fsdp_ctx *c, const fsdp_ctx_desc 
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: hybrid_shard_size %d does not divide the "
                                  "world size %d", c->hybrid_size, c->nranks);
-    return FSDP_SUCCESS;
+    return fsdp__inv_validate(c, d);
 }
 
 /* Each unit's dtypes, strategy, shard group size, residency and the
@@ -297,6 +298,7 @@ typedef struct fsdp__ctx_sizes {
     unsigned state_mask; /* the optimizer-state buffers of some group */
     int nslots;
     size_t slot_bytes, red_in, red_out, off_f32, hstage;
+    size_t inv_recv; /* the invariant mode's exchanged gradients */
 } fsdp__ctx_sizes;
 
 /* A resident unit's own unsharded block. */
@@ -344,6 +346,14 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         /* the unsharded gradient cast to the reduce dtype (W is 1 for
            NO_SHARD), and the reduced shard */
         if (cu->rdt != cu->pdt && red * (size_t)cu->W > z->red_in) z->red_in = red * (size_t)cu->W;
+        if (c->inv_M) {
+            /* no reduced shard, nor its f32 widening: the exchanged
+               blocks (and with cpu_offload their host copy) instead */
+            size_t x = fsdp__inv_recv_bytes(c, cu), h = x ? x : (size_t)cu->S * fsdp_dtype_size(cu->rdt);
+            if (x > z->inv_recv) z->inv_recv = x;
+            if (c->offload && cu->info->requires_grad && h > z->hstage) z->hstage = h;
+            continue;
+        }
         if (cu->strat != FSDP_NO_SHARD && red > z->red_out) z->red_out = red;
         if (c->offload && cu->info->requires_grad) {
             if (red > z->hstage) z->hstage = red;
@@ -357,7 +367,7 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
             z->nslots < 2)
             z->nslots = 2;
     p->pool += (size_t)z->nslots * z->slot_bytes;
-    p->scratch = z->red_in + z->red_out + z->off_f32;
+    p->scratch = z->red_in + z->red_out + z->off_f32 + z->inv_recv;
     p->host_staging = z->hstage;
     p->pool_slots = z->nslots;
     shards = p->sharded_params + p->low_precision + p->sharded_grads + p->optimizer_state;
@@ -428,8 +438,10 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
     c->off_f32_bytes = z->off_f32;
     if ((r = fsdp__alloc_dev(c, z->red_in, &c->red_in, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->red_out, &c->red_out, &got.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS)
+        (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->inv_recv, &c->inv_recv, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
+    c->inv_recv_bytes = z->inv_recv;
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;

@@ -70,6 +70,8 @@ typedef struct fsdp__cunit {
     int bwd_since_step;           /* a backward ended since the last step or zero_grad */
     int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
     int pub;                      /* the fsdp_units index it belongs to */
+    /* the invariant mode (issue 44): rounds reduced since the last step */
+    int inv_k;
 } fsdp__cunit;
 
 /* A buffer of the plan lent to a phase outside training (fsdp__lend_open). */
@@ -150,6 +152,11 @@ struct fsdp_ctx {
     fsdp_ckpt_options ckpt_opt;                 /* fsdp_ckpt_set_options (>>ckpt) */
     struct fsdp__estate *estate;                /* the engine's state (>>ckpt:state) */
     fsdp_ckpt_stats ckpt_save_st, ckpt_load_st; /* the latest timed save and load */
+    /* the invariant mode (issue 44): micro-batches per step (0: off), and
+       the exchanged gradients of one unit (plan scratch) */
+    int inv_M;
+    void *inv_recv;
+    size_t inv_recv_bytes;
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -534,6 +541,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free_dev(c, c->red_in, c->red_in_bytes);
     fsdp__free_dev(c, c->red_out, c->red_out_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
+    fsdp__free_dev(c, c->inv_recv, c->inv_recv_bytes);
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
     if (c->cs) fsdp_stream_destroy(c->dev, c->cs);

@@ -1,0 +1,367 @@
+/* --- >>runtime:invariant the world-size-invariant mode (issue 44) ---------
+   fsdp_ctx_desc.invariant_microbatches = M: the step's gradient is the left
+   fold, in micro-batch index order, of the M micro-batch gradients, so it
+   has the same bits at every world size W that divides M. Round k of a
+   rank r runs micro-batch k * W + r (fsdp_invariant_microbatch); each
+   backward of a unit moves its unsharded gradient by an all-to-all (slice s
+   to rank s: the bytes of a reduce-scatter, nothing summed on the way), so
+   rank s holds micro-batches k * W .. k * W + W - 1 of its slice, which are
+   consecutive, and folds them into its f32 shard in that order: the first
+   micro-batch is copied, each later one added, one f32 rounding each. At
+   every W that is ((g0 + g1) + g2) + ... + g(M-1), element by element. */
+
+/* Micro-batches each rank runs per step. */
+FSDP__DEF int fsdp__inv_rounds(const fsdp_ctx *c) { return c->inv_M / c->nranks; }
+
+/* The blocks an invariant reduction of cu folds per round: one per rank of
+   the world (HYBRID_SHARD is refused, so a sharded unit's group is the
+   world). */
+FSDP__DEF int fsdp__inv_blocks(const fsdp_ctx *c) { return c->nranks; }
+
+/* The receive buffer of a unit's exchange, in bytes: every rank's slice
+   (every rank's whole gradient for NO_SHARD); none at one rank, where the
+   fold reads the unit's own gradient. */
+FSDP__DEF size_t fsdp__inv_recv_bytes(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    if (c->nranks == 1 || !cu->info->requires_grad) return 0;
+    return ((size_t)cu->S * (size_t)c->nranks * fsdp_dtype_size(cu->rdt) + 63) & ~(size_t)63;
+}
+
+/* The descriptor checks of the mode (world: the world size). */
+FSDP__DEF fsdp_result fsdp__inv_validate(const fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
+    int i;
+    if (!d->invariant_microbatches) return FSDP_SUCCESS;
+    if (d->invariant_microbatches < 0)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: "
+                                 "invariant_microbatches %d must be >= 0 (0: off)",
+                                 d->invariant_microbatches);
+    if (d->invariant_microbatches % c->nranks)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: "
+                                 "invariant_microbatches %d is not a multiple of the world size "
+                                 "%d: every rank runs the same number of the step's micro-batches "
+                                 "(run at a world size that divides %d)",
+                                 d->invariant_microbatches, c->nranks, d->invariant_microbatches);
+    if (d->plan_no_sync)
+        return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: plan_no_sync is not "
+                                 "supported in the invariant mode (invariant_microbatches %d): "
+                                 "no_sync adds a rank's micro-batches together before the other "
+                                 "ranks' are there, in an order that depends on the world size",
+                                 d->invariant_microbatches);
+    if (d->grad_views_in_place)
+        return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: grad_views_in_place "
+                                 "is not supported in the invariant mode (invariant_microbatches "
+                                 "%d): the engine would add each micro-batch into the f32 "
+                                 "gradient itself, in its own order", d->invariant_microbatches);
+    for (i = 0; i < fsdp_units_count(d->units); i++) {
+        const fsdp_unit_info *ui = fsdp_units_get(d->units, i);
+        if (ui && ui->options.sharding == FSDP_HYBRID_SHARD && c->hybrid_size != c->nranks)
+            return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: unit %d '%s': "
+                                     "HYBRID_SHARD is not supported in the invariant mode "
+                                     "(invariant_microbatches %d); use FULL_SHARD, SHARD_GRAD_OP "
+                                     "or NO_SHARD", i, ui->fqn, d->invariant_microbatches);
+    }
+    if (d->comm && c->nranks > 1 && !d->comm->vt.all_to_all)
+        return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: comm '%s' has no "
+                                 "all_to_all, which the invariant mode (invariant_microbatches "
+                                 "%d) moves gradients with", fsdp_comm_name(d->comm),
+                                 d->invariant_microbatches);
+    return FSDP_SUCCESS;
+}
+
+/* The fold of one round, on the host: blocks[j] is micro-batch k * n + j. */
+FSDP__DEF void fsdp__inv_fold_host(fsdp__cunit *cu, const unsigned char *base, size_t block,
+                                   int n, int k)
+{
+    int j;
+    for (j = 0; j < n; j++) {
+        const void *src = base + (size_t)j * block;
+        if (k == 0 && j == 0) fsdp_convert(cu->grad, FSDP_F32, src, cu->rdt, (size_t)cu->S);
+        else fsdp__k_accumulate(cu->grad, FSDP_F32, src, cu->rdt, 1.0, (size_t)cu->S);
+    }
+}
+
+/* The invariant reduction of one backward of cu (on the comm stream, as
+   fsdp__reduce_chain): cast to the reduce dtype (element by element, so
+   each micro-batch is rounded alone), exchange, fold in index order, and
+   after the step's last round the mean (times 1/M: exact for a
+   power-of-two M, else one more rounding, the same at every W). */
+FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
+{
+    fsdp_result r;
+    size_t S = (size_t)cu->S, es = fsdp_dtype_size(cu->rdt);
+    size_t n = cu->strat == FSDP_NO_SHARD ? S : S * (size_t)cu->W;
+    int nb = c->nranks == 1 ? 1 : fsdp__inv_blocks(c), k = cu->inv_k, j;
+    const unsigned char *base;
+    void *in = cu->ugrad;
+    if (k >= fsdp__inv_rounds(c))
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_end_backward: unit %d %s: backward "
+                              "%d of this step, but the invariant mode takes %d per unit (one "
+                              "per micro-batch)", cu->pub, cu->qname, k + 1, fsdp__inv_rounds(c));
+    if (cu->rdt != cu->pdt) {
+        r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, n, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "casting the gradient");
+        in = c->red_in;
+    }
+    base = (const unsigned char *)in;
+    if (c->nranks > 1) {
+        if (cu->strat == FSDP_NO_SHARD)
+            r = fsdp_all_gather(c->world, in, c->inv_recv, S, cu->rdt, c->cs);
+        else
+            r = fsdp_all_to_all(cu->comm, in, c->inv_recv, S, cu->rdt, c->cs);
+        if (r != FSDP_SUCCESS)
+            return fsdp__ctx_comm(c, cu->strat == FSDP_NO_SHARD ? c->world : cu->comm, r,
+                                  "the invariant exchange of gradients");
+        base = (const unsigned char *)c->inv_recv;
+    }
+    if (c->offload) {
+        /* the shard is in host memory: the blocks come over, then the same
+           kernels as the CPU device's fold them */
+        r = fsdp_device_copy(c->dev, c->hstage, base, (size_t)nb * S * es, FSDP_COPY_D2H, c->cs);
+        if (r == FSDP_SUCCESS) r = fsdp_stream_synchronize(c->dev, c->cs);
+        if (r != FSDP_SUCCESS) {
+            fsdp_result cr = fsdp_comm_async_error(cu->comm);
+            if (cr != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, cr, "gradient exchange");
+            return fsdp__ctx_dev(c, r, "copying the gradients out");
+        }
+        fsdp__inv_fold_host(cu, (const unsigned char *)c->hstage, S * es, nb, k);
+        if (k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum)
+            fsdp__k_scale(cu->grad, FSDP_F32, 1.0 / (double)c->inv_M, S);
+    } else {
+        for (j = 0; j < nb; j++) {
+            const void *src = base + (size_t)j * S * es;
+            if (k == 0 && j == 0)
+                r = fsdp_device_cast(c->dev, cu->grad, FSDP_F32, src, cu->rdt, S, c->cs);
+            else
+                r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, src, cu->rdt, 1.0, S,
+                                           c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "folding the gradient");
+        }
+        if (k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum) {
+            r = fsdp_device_scale(c->dev, cu->grad, FSDP_F32, 1.0 / (double)c->inv_M, S, c->cs);
+            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "averaging the gradient");
+        }
+    }
+    cu->inv_k = k + 1;
+    cu->rs.grad_zero = 0;
+    return FSDP_SUCCESS;
+}
+
+/* Before a step or a clip: every unit had all its rounds, or none (a unit
+   no backward reached keeps a zero gradient at every W). */
+FSDP__DEF fsdp_result fsdp__inv_complete(fsdp_ctx *c, const char *fn)
+{
+    int i;
+    if (!c->inv_M) return FSDP_SUCCESS;
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        if (cu->inv_k && cu->inv_k != fsdp__inv_rounds(c))
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "%s: unit %d %s had %d backward%s of "
+                                  "the %d this rank runs per step in the invariant mode "
+                                  "(invariant_microbatches %d at %d ranks): its gradient is "
+                                  "not the step's yet", fn, cu->pub, cu->qname, cu->inv_k,
+                                  cu->inv_k == 1 ? "" : "s", fsdp__inv_rounds(c), c->inv_M,
+                                  c->nranks);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* --- the exact sum of squares (a Kulisch accumulator) ---
+   A finite f32 g is m * 2^e (m < 2^24, e >= -149), so g^2 = m^2 * 2^(2e):
+   an integer of 48 bits at bit 2e + 298 of a fixed-point number whose bit 0
+   weighs 2^-298. Every square lands below bit 554, and 2^64 of them below
+   bit 618: 20 digits of 32 bits hold any sum exactly. Integer sums do not
+   depend on the order, so neither the shards' boundaries nor the ranks'
+   order change a bit; the total is rounded once, to double. */
+#define FSDP__KUL_DIGITS 20
+typedef struct fsdp__kul {
+    uint64_t d[FSDP__KUL_DIGITS]; /* 32-bit digits, with carries pending */
+    uint64_t nan, inf;            /* seen (0/1) */
+    uint64_t pending;             /* additions since the last carry pass */
+} fsdp__kul;
+
+FSDP__DEF void fsdp__kul_carry(fsdp__kul *k)
+{
+    uint64_t carry = 0;
+    int i;
+    for (i = 0; i < FSDP__KUL_DIGITS; i++) {
+        uint64_t v = k->d[i] + carry;
+        k->d[i] = v & 0xffffffffu;
+        carry = v >> 32;
+    }
+    k->pending = 0;
+}
+
+FSDP__DEF void fsdp__kul_add_squares(fsdp__kul *k, const float *g, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t b;
+        uint32_t ex, fr;
+        uint64_t m, sq, lo, hi;
+        int p, L, s;
+        memcpy(&b, &g[i], 4);
+        ex = (b >> 23) & 0xffu;
+        fr = b & 0x7fffffu;
+        if (ex == 0xffu) {
+            if (fr) k->nan = 1;
+            else k->inf = 1;
+            continue;
+        }
+        if (!ex && !fr) continue;
+        m = ex ? (uint64_t)(fr | 0x800000u) : (uint64_t)fr;
+        p = 2 * (ex ? (int)ex - 150 : -149) + 298;
+        sq = m * m; /* < 2^48 */
+        L = p / 32;
+        s = p % 32;
+        lo = (sq & 0xffffffffu) << s; /* < 2^64 */
+        hi = (sq >> 32) << s;         /* < 2^48 */
+        k->d[L] += lo & 0xffffffffu;
+        k->d[L + 1] += (lo >> 32) + (hi & 0xffffffffu);
+        k->d[L + 2] += hi >> 32;
+        /* each addition adds < 2^33 to a digit: carry long before 2^64 */
+        if (++k->pending == ((uint64_t)1 << 28)) fsdp__kul_carry(k);
+    }
+}
+
+/* The accumulated value, rounded once to double (nearest, ties to even). */
+FSDP__DEF double fsdp__kul_value(fsdp__kul *k)
+{
+    uint64_t a, u, lo, sticky = 0;
+    int t, z, i;
+    fsdp__kul_carry(k);
+    if (k->nan) return NAN;
+    if (k->inf) return INFINITY;
+    for (t = FSDP__KUL_DIGITS - 1; t >= 0 && !k->d[t]; t--) {}
+    if (t < 0) return 0.0;
+    a = (k->d[t] << 32) | (t >= 1 ? k->d[t - 1] : 0);
+    lo = t >= 2 ? k->d[t - 2] : 0;
+    for (i = 0; i < t - 2; i++) sticky |= k->d[i];
+    for (z = 0; !((k->d[t] << z) & 0x80000000u); z++) {}
+    /* the top 64 bits of the 96 from digit t down, the rest as a sticky bit
+       below them, so that the conversion rounds as the exact value would */
+    u = z ? (a << z) | (lo >> (32 - z)) : a;
+    sticky |= z ? lo & ((((uint64_t)1) << (32 - z)) - 1) : lo;
+    u |= sticky ? 1u : 0u;
+    return ldexp((double)u, 32 * (t - 1) - z - 298);
+}
+
+/* The exact 2-norm of the gradients over every rank: each rank's digits
+   all-gathered and added as integers. */
+FSDP__DEF fsdp_result fsdp__inv_norm2(fsdp_ctx *c, int host, double *out)
+{
+    enum { W64 = FSDP__KUL_DIGITS + 2 };
+    fsdp__kul k;
+    uint64_t *all;
+    float *tmp = NULL;
+    size_t tmp_n = (size_t)1 << 16;
+    fsdp_result r;
+    int i, p, j, q;
+    memset(&k, 0, sizeof k);
+    if (!host) {
+        tmp = (float *)fsdp__alloc(&c->hooks, tmp_n * 4);
+        if (!tmp) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_clip_grad_norm: out of memory");
+    }
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        /* a replicated (NO_SHARD) gradient counts once, on rank 0 */
+        if (!cu->grad || (cu->strat == FSDP_NO_SHARD && c->rank != 0)) continue;
+        for (p = 0; p < cu->lay.npieces; p++) {
+            const fsdp_shard_piece *pc = &cu->pieces[p];
+            const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -
+                                         cu->lay.flat_begin);
+            size_t n = pc->end >= pc->start ? (size_t)(pc->end - pc->start + 1) : 0, at;
+            if (host) {
+                fsdp__kul_add_squares(&k, g, n);
+                continue;
+            }
+            for (at = 0; at < n; at += tmp_n) {
+                size_t m = n - at < tmp_n ? n - at : tmp_n;
+                r = fsdp_device_copy(c->dev, tmp, g + at, m * 4, FSDP_COPY_D2H, NULL);
+                if (r != FSDP_SUCCESS) {
+                    fsdp__free(&c->hooks, tmp);
+                    return fsdp__ctx_dev(c, r, "fsdp_clip_grad_norm");
+                }
+                fsdp__kul_add_squares(&k, tmp, m);
+            }
+        }
+    }
+    fsdp__free(&c->hooks, tmp);
+    fsdp__kul_carry(&k);
+    all = (uint64_t *)fsdp__alloc(&c->hooks, (size_t)(c->nranks + 1) * W64 * sizeof(uint64_t));
+    if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_clip_grad_norm: out of memory");
+    memcpy(all + (size_t)c->nranks * W64, k.d, sizeof k.d);
+    all[(size_t)c->nranks * W64 + FSDP__KUL_DIGITS] = k.nan;
+    all[(size_t)c->nranks * W64 + FSDP__KUL_DIGITS + 1] = k.inf;
+    r = fsdp_all_gather(c->world, all + (size_t)c->nranks * W64, all, W64, FSDP_I64, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__free(&c->hooks, all);
+        return fsdp__ctx_comm(c, c->world, r, "fsdp_clip_grad_norm");
+    }
+    memset(&k, 0, sizeof k);
+    for (j = 0; j < c->nranks; j++) {
+        for (q = 0; q < FSDP__KUL_DIGITS; q++) k.d[q] += all[(size_t)j * W64 + q];
+        k.nan |= all[(size_t)j * W64 + FSDP__KUL_DIGITS];
+        k.inf |= all[(size_t)j * W64 + FSDP__KUL_DIGITS + 1];
+    }
+    fsdp__free(&c->hooks, all);
+    *out = sqrt(fsdp__kul_value(&k));
+    return FSDP_SUCCESS;
+}
+
+FSDP_API int fsdp_invariant_microbatch(fsdp_ctx *c, int k)
+{
+    if (!c) return -1;
+    if (!c->inv_M) {
+        fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_invariant_microbatch: the context is not in "
+                       "the invariant mode (fsdp_ctx_desc.invariant_microbatches is 0)");
+        return -1;
+    }
+    if (k < 0 || k >= fsdp__inv_rounds(c)) return -1;
+    return k * c->nranks + c->rank;
+}
+
+FSDP_API fsdp_result fsdp_invariant_sum(fsdp_ctx *c, const double *values, int nvalues,
+                                        double *out)
+{
+    double *all;
+    size_t per;
+    int R, v, m;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!c->inv_M)
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_invariant_sum: the context is not in "
+                              "the invariant mode (fsdp_ctx_desc.invariant_microbatches is 0)");
+    if (nvalues < 1 || !values || !out)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_invariant_sum: %s",
+                              nvalues < 1 ? "nvalues must be >= 1"
+                              : !values  ? "values is NULL"
+                                         : "out is NULL");
+    R = fsdp__inv_rounds(c);
+    per = (size_t)R * (size_t)nvalues;
+    all = (double *)fsdp__alloc(&c->hooks, per * (size_t)(c->nranks + 1) * sizeof(double));
+    if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_invariant_sum: out of memory");
+    memcpy(all + per * (size_t)c->nranks, values, per * sizeof(double));
+    fsdp_comm_set_label(c->world, "invariant_sum");
+    r = fsdp_all_gather(c->world, all + per * (size_t)c->nranks, all, per, FSDP_F64, NULL);
+    fsdp_comm_set_label(c->world, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__free(&c->hooks, all);
+        return fsdp__ctx_comm(c, c->world, r, "fsdp_invariant_sum");
+    }
+    /* micro-batch m = k * W + j is rank j's row k: folded in m's order */
+    for (v = 0; v < nvalues; v++) {
+        double acc = 0.0;
+        for (m = 0; m < c->inv_M; m++) {
+            int k = m / c->nranks, j = m % c->nranks;
+            double x = all[(size_t)j * per + (size_t)k * (size_t)nvalues + (size_t)v];
+            acc = m ? acc + x : x;
+        }
+        out[v] = acc;
+    }
+    fsdp__free(&c->hooks, all);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API int fsdp_invariant_microbatches(const fsdp_ctx *c) { return c ? c->inv_M : 0; }
