@@ -17212,6 +17212,7 @@ struct fsdp_ctx {
     int inv_M;
     void *inv_recv;
     size_t inv_recv_bytes;
+    struct fsdp__inv_job *inv_jobs; /* the folds queued on the comm stream, per unit */
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -17597,6 +17598,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free_dev(c, c->red_out, c->red_out_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
     fsdp__free_dev(c, c->inv_recv, c->inv_recv_bytes);
+    fsdp__free(&c->hooks, c->inv_jobs); /* the stream is idle: no fold runs */
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
     if (c->cs) fsdp_stream_destroy(c->dev, c->cs);
@@ -17700,16 +17702,65 @@ FSDP__DEF fsdp_result fsdp__inv_validate(const fsdp_ctx *c, const fsdp_ctx_desc 
     return FSDP_SUCCESS;
 }
 
-/* The fold of one round, on the host: blocks[j] is micro-batch k * n + j. */
-FSDP__DEF void fsdp__inv_fold_host(fsdp__cunit *cu, const unsigned char *base, size_t block,
-                                   int n, int k)
+/* One round's fold on the host, every element through the round's nb
+   blocks (block j: micro-batch k * nb + j) in one pass: the first block of
+   the step copied (first), each other one added, then times scale (mean).
+   The arithmetic of the device path's kernels (fsdp__k_accumulate with
+   alpha 1, fsdp__k_scale), element by element, so both give the same bits. */
+FSDP__DEF void fsdp__inv_fold(float *acc, const unsigned char *base, size_t block, int nb,
+                              int first, fsdp_dtype dt, size_t S, int mean, double scale)
 {
+    float a = (float)scale;
+    size_t i;
     int j;
-    for (j = 0; j < n; j++) {
-        const void *src = base + (size_t)j * block;
-        if (k == 0 && j == 0) fsdp_convert(cu->grad, FSDP_F32, src, cu->rdt, (size_t)cu->S);
-        else fsdp__k_accumulate(cu->grad, FSDP_F32, src, cu->rdt, 1.0, (size_t)cu->S);
+    if (dt == FSDP_F32) {
+        for (i = 0; i < S; i++) {
+            float v = first ? ((const float *)(const void *)base)[i] : acc[i];
+            for (j = first; j < nb; j++) v = v + ((const float *)(const void *)(base + (size_t)j * block))[i];
+            acc[i] = mean ? v * a : v;
+        }
+        return;
     }
+    for (i = 0; i < S; i++) {
+        float v = first ? fsdp__loadf(base, dt, i) : acc[i];
+        for (j = first; j < nb; j++) v = v + fsdp__loadf(base + (size_t)j * block, dt, i);
+        acc[i] = mean ? v * a : v;
+    }
+}
+
+/* A fold queued on the comm stream (devices whose memory the host reads):
+   one task per round instead of a kernel per block. Each unit has one;
+   done is the seq of the last that ran, so the next of the unit waits
+   for the stream only if that one has not (it rarely can: a whole
+   backward of the other units lies between). */
+typedef struct fsdp__inv_job {
+    float *acc;
+    const unsigned char *base;
+    size_t block, S;
+    int nb, first, mean;
+    fsdp_dtype dt;
+    double scale;
+    uint64_t seq, done;
+} fsdp__inv_job;
+
+FSDP__DEF fsdp_result fsdp__inv_task(void *arg, fsdp_error *err)
+{
+    fsdp__inv_job *jb = (fsdp__inv_job *)arg;
+    (void)err;
+    fsdp__inv_fold(jb->acc, jb->base, jb->block, jb->nb, jb->first, jb->dt, jb->S, jb->mean,
+                   jb->scale);
+    FSDP__STORE_U64(&jb->done, jb->seq);
+    return FSDP_SUCCESS;
+}
+
+/* The jobs, one per unit, when the device's memory is host-readable
+   (else the device's kernels fold); 0 when out of memory. */
+FSDP__DEF int fsdp__inv_jobs_alloc(fsdp_ctx *c)
+{
+    if (!c->inv_M || !fsdp_device_host_accessible(c->dev)) return 1;
+    c->inv_jobs = (struct fsdp__inv_job *)fsdp__calloc(&c->hooks, (size_t)c->nunits + 1,
+                                                      sizeof(fsdp__inv_job));
+    return c->inv_jobs != NULL;
 }
 
 /* The invariant reduction of one backward of cu (on the comm stream, as
@@ -17755,9 +17806,31 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
             if (cr != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, cr, "gradient exchange");
             return fsdp__ctx_dev(c, r, "copying the gradients out");
         }
-        fsdp__inv_fold_host(cu, (const unsigned char *)c->hstage, S * es, nb, k);
-        if (k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum)
-            fsdp__k_scale(cu->grad, FSDP_F32, 1.0 / (double)c->inv_M, S);
+        fsdp__inv_fold(cu->grad, (const unsigned char *)c->hstage, S * es, nb, k == 0, cu->rdt,
+                       S, k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum, 1.0 / (double)c->inv_M);
+    } else if (c->inv_jobs) {
+        fsdp__inv_job *jb = &c->inv_jobs[cu - c->u];
+        if (jb->seq != FSDP__LOAD_U64(&jb->done) &&
+            (r = fsdp_stream_synchronize(c->dev, c->cs)) != FSDP_SUCCESS)
+            return fsdp__ctx_dev(c, r, "waiting for the last fold");
+        jb->acc = cu->grad;
+        jb->base = base;
+        jb->block = S * es;
+        jb->S = S;
+        jb->nb = nb;
+        jb->first = k == 0;
+        jb->mean = k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum;
+        jb->dt = cu->rdt;
+        jb->scale = 1.0 / (double)c->inv_M;
+        jb->seq++;
+        /* as the engine launches collectives: a short one may run here */
+        r = (size_t)nb * S * es <= ((size_t)16 << 10)
+                ? fsdp_device_launch_short(c->dev, c->cs, fsdp__inv_task, jb)
+                : fsdp_device_launch(c->dev, c->cs, fsdp__inv_task, jb);
+        if (r != FSDP_SUCCESS) {
+            jb->seq--;
+            return fsdp__ctx_dev(c, r, "queueing the fold");
+        }
     } else {
         for (j = 0; j < nb; j++) {
             const void *src = base + (size_t)j * S * es;
@@ -18440,6 +18513,7 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
         (r = fsdp__alloc_dev(c, z->inv_recv, &c->inv_recv, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
     c->inv_recv_bytes = z->inv_recv;
+    if (!fsdp__inv_jobs_alloc(c)) return fsdp__ctx_create_oom(d);
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;

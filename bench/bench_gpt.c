@@ -16,12 +16,23 @@
 
    Both are timed by the thread's CPU time (best of many runs), so other
    processes on a shared machine do not count against them.
+   3. With --invariant M, only this: the world-size-invariant mode
+      (fsdp_ctx_desc.invariant_microbatches, train_gpt --invariant M)
+      against the default mode at 2 and 4 ranks, the same global batch:
+      the default with one micro-batch per rank, the default with the
+      invariant mode's micro-batches (--accum M / ranks: the same compute,
+      so the ratio is the library's cost alone), and the mode; wall time
+      per step, the best of 5 runs of each (3 with --quick), interleaved,
+      since on a shared machine only the best run is near the cost; and the
+      process's CPU time per step (every thread: the ranks, the streams),
+      the best run's likewise, which other processes disturb less.
 
-   Usage: bench_gpt [--steps K] [--max-ranks N] [--quick]                  */
+   Usage: bench_gpt [--steps K] [--max-ranks N] [--quick] [--invariant M]  */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "examples/gpt.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* ---- peak: PEAK_W independent accumulators, each advanced by a nested
@@ -109,12 +120,82 @@ static double gemm_gflops(gemm_fn g, int M, int N, int K, int transA, double sec
     return best;
 }
 
+/* Part 3: one configuration's wall time per step (ms) and its plan. */
+static double cpu_ms(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+           (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-3;
+}
+
+static int inv_run(gpt_config *cfg, int ranks, int accum, int inv, int steps, double *ms,
+                   double *cpu, size_t *plan)
+{
+    static gpt_result res;
+    static char err[FSDP_ERROR_MAX + 128];
+    double c0 = cpu_ms(), c;
+    cfg->ranks = ranks;
+    cfg->accum = accum;
+    cfg->invariant = inv;
+    cfg->steps = steps;
+    cfg->quiet = 1;
+    cfg->ntest = 64;
+    cfg->eval_every = 0;
+    memset(&res, 0, sizeof res);
+    if (!gpt_train(cfg, &res, err, sizeof err)) {
+        fprintf(stderr, "bench_gpt: %s\n", err);
+        return 0;
+    }
+    c = (cpu_ms() - c0) / steps;
+    if (res.train_ms / steps < *ms) *ms = res.train_ms / steps;
+    if (c < *cpu) *cpu = c;
+    *plan = res.plan[0];
+    return 1;
+}
+
+static int bench_invariant(gpt_config *cfg, int M, int steps, int reps, long cores)
+{
+    static const int worlds[2] = {2, 4};
+    int w, rep;
+    if (M < 4 || M % 4 || cfg->batch % M) {
+        fprintf(stderr, "bench_gpt: --invariant M must be a multiple of 4 dividing the global "
+                "batch %d\n", cfg->batch);
+        return 2;
+    }
+    printf("bench_gpt: %ld cores; train_gpt uses the %s matmul\n", cores, gpt_gemm_isa());
+    printf("\n3. invariant mode: default model, %d steps, global batch %d, M = %d micro-batches "
+           "of %d rows; wall and CPU ms per step, best of %d interleaved runs\n", steps, cfg->batch, M,
+           cfg->batch / M, reps);
+    printf("  %5s %10s %10s %10s %12s %12s %12s %12s %10s %10s %12s\n", "ranks", "default",
+           "same mb", "invariant", "inv/same mb", "inv/default", "plan default", "plan inv",
+           "cpu same", "cpu inv", "cpu inv/same");
+    for (w = 0; w < 2; w++) {
+        int W = worlds[w];
+        double d = 1e30, s = 1e30, v = 1e30, cd = 1e30, cs = 1e30, cv = 1e30;
+        size_t pd = 0, ps = 0, pv = 0;
+        /* each run first in turn: no configuration always follows another */
+        for (rep = 0; rep < 3 * reps; rep++) {
+            int which = (rep + rep / 3) % 3, ok;
+            if (which == 0) ok = inv_run(cfg, W, 1, 0, steps, &d, &cd, &pd);
+            else if (which == 1) ok = inv_run(cfg, W, M / W, 0, steps, &s, &cs, &ps);
+            else ok = inv_run(cfg, W, 1, M, steps, &v, &cv, &pv);
+            if (!ok) return 1;
+        }
+        printf("  %5d %10.2f %10.2f %10.2f %12.2f %12.2f %12zu %12zu %10.2f %10.2f %12.2f\n", W, d,
+               s, v, v / s, v / d, ps, pv, cs, cv, cv / cs);
+    }
+    printf("  same mb: the default mode with --accum M / ranks (the invariant mode's "
+           "micro-batches); plans are per rank, bytes\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static gpt_result res;
     static char err[FSDP_ERROR_MAX + 128];
     gpt_config cfg = gpt_default_config();
-    int i, max_ranks = 8, steps = 60, quick = 0, nisa = 1, isa, r;
+    int i, max_ranks = 8, steps = 60, quick = 0, nisa = 1, isa, r, inv = 0;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double secs;
     static const char *const isa_names[3] = {"plain (SSE2, mul+add)", "avx2+fma", "avx512"};
@@ -125,8 +206,10 @@ int main(int argc, char **argv)
         if (!strcmp(argv[i], "--quick")) quick = 1;
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-ranks") && i + 1 < argc) max_ranks = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--invariant") && i + 1 < argc) inv = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--steps K] [--max-ranks N] [--quick]\n", argv[0]);
+            fprintf(stderr, "usage: %s [--steps K] [--max-ranks N] [--quick] [--invariant M]\n",
+                    argv[0]);
             return 2;
         }
     }
@@ -140,6 +223,7 @@ int main(int argc, char **argv)
     }
     secs = quick ? 0.2 : 1.0;
     gpt_gemm_init();
+    if (inv) return bench_invariant(&cfg, inv, quick ? 10 : 100, quick ? 3 : 5, cores);
     peaks[0] = peak_plain;
     gemms[0] = gpt__gemm_plain;
 #ifdef GPT_HAVE_DISPATCH

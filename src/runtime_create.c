@@ -442,6 +442,7 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
         (r = fsdp__alloc_dev(c, z->inv_recv, &c->inv_recv, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
     c->inv_recv_bytes = z->inv_recv;
+    if (!fsdp__inv_jobs_alloc(c)) return fsdp__ctx_create_oom(d);
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;

@@ -157,6 +157,7 @@ struct fsdp_ctx {
     int inv_M;
     void *inv_recv;
     size_t inv_recv_bytes;
+    struct fsdp__inv_job *inv_jobs; /* the folds queued on the comm stream, per unit */
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -542,6 +543,7 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free_dev(c, c->red_out, c->red_out_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
     fsdp__free_dev(c, c->inv_recv, c->inv_recv_bytes);
+    fsdp__free(&c->hooks, c->inv_jobs); /* the stream is idle: no fold runs */
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
     if (c->cs) fsdp_stream_destroy(c->dev, c->cs);
