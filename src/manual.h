@@ -367,6 +367,7 @@
 
    FURTHER READING, in docs/: tour.md (every call of the steps above and
    the runtime's features), porting.md, checkpoints.md, memory.md, lora.md,
+   determinism.md (the same model at any world size: the invariant mode),
    backends.md, gpu.md, vendoring.md, pytorch.md (what is reproduced and
    where we differ), examples.md, PERFORMANCE.md (the benchmarks' figures).
 */
