@@ -17717,7 +17717,8 @@ FSDP__DEF void fsdp__inv_fold(float *acc, const unsigned char *base, size_t bloc
     if (dt == FSDP_F32) {
         for (i = 0; i < S; i++) {
             float v = first ? ((const float *)(const void *)base)[i] : acc[i];
-            for (j = first; j < nb; j++) v = v + ((const float *)(const void *)(base + (size_t)j * block))[i];
+            for (j = first; j < nb; j++)
+                v = v + ((const float *)(const void *)(base + (size_t)j * block))[i];
             acc[i] = mean ? v * a : v;
         }
         return;
@@ -17965,7 +17966,8 @@ FSDP__DEF fsdp_result fsdp__inv_norm2(fsdp_ctx *c, int host, double *out)
     memset(&k, 0, sizeof k);
     if (!host) {
         tmp = (float *)fsdp__alloc(&c->hooks, tmp_n * 4);
-        if (!tmp) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_clip_grad_norm: out of memory");
+        if (!tmp)
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_clip_grad_norm: out of memory");
     }
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];
@@ -18421,7 +18423,8 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         if (c->inv_M) {
             /* no reduced shard, nor its f32 widening: the exchanged
                blocks (and with cpu_offload their host copy) instead */
-            size_t x = fsdp__inv_recv_bytes(c, cu), h = x ? x : (size_t)cu->S * fsdp_dtype_size(cu->rdt);
+            size_t x = fsdp__inv_recv_bytes(c, cu);
+            size_t h = x ? x : (size_t)cu->S * fsdp_dtype_size(cu->rdt);
             if (x > z->inv_recv) z->inv_recv = x;
             if (c->offload && cu->info->requires_grad && h > z->hstage) z->hstage = h;
             continue;

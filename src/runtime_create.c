@@ -349,7 +349,8 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         if (c->inv_M) {
             /* no reduced shard, nor its f32 widening: the exchanged
                blocks (and with cpu_offload their host copy) instead */
-            size_t x = fsdp__inv_recv_bytes(c, cu), h = x ? x : (size_t)cu->S * fsdp_dtype_size(cu->rdt);
+            size_t x = fsdp__inv_recv_bytes(c, cu);
+            size_t h = x ? x : (size_t)cu->S * fsdp_dtype_size(cu->rdt);
             if (x > z->inv_recv) z->inv_recv = x;
             if (c->offload && cu->info->requires_grad && h > z->hstage) z->hstage = h;
             continue;

@@ -84,7 +84,8 @@ FSDP__DEF void fsdp__inv_fold(float *acc, const unsigned char *base, size_t bloc
     if (dt == FSDP_F32) {
         for (i = 0; i < S; i++) {
             float v = first ? ((const float *)(const void *)base)[i] : acc[i];
-            for (j = first; j < nb; j++) v = v + ((const float *)(const void *)(base + (size_t)j * block))[i];
+            for (j = first; j < nb; j++)
+                v = v + ((const float *)(const void *)(base + (size_t)j * block))[i];
             acc[i] = mean ? v * a : v;
         }
         return;
@@ -332,7 +333,8 @@ FSDP__DEF fsdp_result fsdp__inv_norm2(fsdp_ctx *c, int host, double *out)
     memset(&k, 0, sizeof k);
     if (!host) {
         tmp = (float *)fsdp__alloc(&c->hooks, tmp_n * 4);
-        if (!tmp) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_clip_grad_norm: out of memory");
+        if (!tmp)
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_clip_grad_norm: out of memory");
     }
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];

@@ -244,7 +244,7 @@ static int train(fsdp_comm *comm, fsdp_device *dev, const cfg *cf, result *out)
         if (!fail && cf->clip && fsdp_clip_grad_norm(ctx, 0.05, 2.0, &norm) != FSDP_SUCCESS)
             fail = 1;
         if (!fail && fsdp_step(ctx) != FSDP_SUCCESS) fail = 1;
-        if (!fail && step < 8) {
+        if (!fail && step < 8 && rank == 0) { /* every rank has the same: rank 0 says */
             out->norms[step] = norm;
             out->losses[step] = sum;
             out->nsteps = (int)step + 1;
