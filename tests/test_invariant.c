@@ -682,6 +682,13 @@ static int no_a2a_rank(int rank, int nranks, fsdp_local_world *w, void *user)
         fsdp_ctx_destroy(ctx);
         fsdp_comm_destroy(outer); /* destroys nothing of inner (no destroy) */
     }
+    /* a rank that calls all_to_all where the others all-gather: every rank
+       is told, in words naming both (the comm is broken afterwards) */
+    if (rank == 0) r = fsdp_all_to_all(inner, send, recv, 2, FSDP_F32, NULL);
+    else r = fsdp_all_gather(inner, send, recv, 2, FSDP_F32, NULL);
+    CHECK_RANK(r == FSDP_COMM_MISMATCH && contains(fsdp_comm_last_error(inner), "all_to_all") &&
+                   contains(fsdp_comm_last_error(inner), "all_gather"),
+               rank, "mismatch: %s: %s", fsdp_result_string(r), fsdp_comm_last_error(inner));
     rank_close(dev, inner);
     fsdp_units_destroy(u);
     fsdp_model_destroy(m);
