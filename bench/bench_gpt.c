@@ -21,11 +21,12 @@
       against the default mode at 2 and 4 ranks, the same global batch:
       the default with one micro-batch per rank, the default with the
       invariant mode's micro-batches (--accum M / ranks: the same compute,
-      so the ratio is the library's cost alone), and the mode; wall time
-      per step, the best of 5 runs of each (3 with --quick), interleaved,
-      since on a shared machine only the best run is near the cost; and the
-      process's CPU time per step (every thread: the ranks, the streams),
-      the best run's likewise, which other processes disturb less.
+      so the ratio is the library's cost alone), and the mode: 11 rounds
+      (3 with --quick) of the three runs, each first in turn, and the
+      medians of the wall time per step and of each round's own ratios
+      (runs seconds apart see about the same load on a shared machine);
+      and likewise the process's CPU time per step (every thread: the
+      ranks, the streams), which other processes disturb less.
 
    Usage: bench_gpt [--steps K] [--max-ranks N] [--quick] [--invariant M]  */
 #define _POSIX_C_SOURCE 200809L
@@ -134,7 +135,7 @@ static int inv_run(gpt_config *cfg, int ranks, int accum, int inv, int steps, do
 {
     static gpt_result res;
     static char err[FSDP_ERROR_MAX + 128];
-    double c0 = cpu_ms(), c;
+    double c0 = cpu_ms();
     cfg->ranks = ranks;
     cfg->accum = accum;
     cfg->invariant = inv;
@@ -147,43 +148,71 @@ static int inv_run(gpt_config *cfg, int ranks, int accum, int inv, int steps, do
         fprintf(stderr, "bench_gpt: %s\n", err);
         return 0;
     }
-    c = (cpu_ms() - c0) / steps;
-    if (res.train_ms / steps < *ms) *ms = res.train_ms / steps;
-    if (c < *cpu) *cpu = c;
+    *cpu = (cpu_ms() - c0) / steps;
+    *ms = res.train_ms / steps;
     *plan = res.plan[0];
     return 1;
 }
 
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define INV_MAX_REPS 64
+
 static int bench_invariant(gpt_config *cfg, int M, int steps, int reps, long cores)
 {
     static const int worlds[2] = {2, 4};
-    int w, rep;
+    int w, rep, k;
     if (M < 4 || M % 4 || cfg->batch % M) {
         fprintf(stderr, "bench_gpt: --invariant M must be a multiple of 4 dividing the global "
                 "batch %d\n", cfg->batch);
         return 2;
     }
+    if (reps > INV_MAX_REPS) reps = INV_MAX_REPS;
     printf("bench_gpt: %ld cores; train_gpt uses the %s matmul\n", cores, gpt_gemm_isa());
     printf("\n3. invariant mode: default model, %d steps, global batch %d, M = %d micro-batches "
-           "of %d rows; wall and CPU ms per step, best of %d interleaved runs\n", steps, cfg->batch, M,
+           "of %d rows; wall and CPU ms per step, medians of %d rounds of the three runs (in "
+           "rotating order), the ratios medians of each round's own\n", steps, cfg->batch, M,
            cfg->batch / M, reps);
     printf("  %5s %10s %10s %10s %12s %12s %12s %12s %10s %10s %12s\n", "ranks", "default",
            "same mb", "invariant", "inv/same mb", "inv/default", "plan default", "plan inv",
            "cpu same", "cpu inv", "cpu inv/same");
     for (w = 0; w < 2; w++) {
         int W = worlds[w];
-        double d = 1e30, s = 1e30, v = 1e30, cd = 1e30, cs = 1e30, cv = 1e30;
-        size_t pd = 0, ps = 0, pv = 0;
-        /* each run first in turn: no configuration always follows another */
-        for (rep = 0; rep < 3 * reps; rep++) {
-            int which = (rep + rep / 3) % 3, ok;
-            if (which == 0) ok = inv_run(cfg, W, 1, 0, steps, &d, &cd, &pd);
-            else if (which == 1) ok = inv_run(cfg, W, M / W, 0, steps, &s, &cs, &ps);
-            else ok = inv_run(cfg, W, 1, M, steps, &v, &cv, &pv);
-            if (!ok) return 1;
+        double ms[3][INV_MAX_REPS], cpu[3][INV_MAX_REPS];
+        double rs[INV_MAX_REPS], rd[INV_MAX_REPS], rc[INV_MAX_REPS];
+        size_t plan[3] = {0, 0, 0};
+        /* a round runs the three configurations, each first in turn, and
+           its ratios compare runs seconds apart: the load of a shared
+           machine drifts less within a round than across the whole run */
+        for (rep = 0; rep < reps; rep++) {
+            for (k = 0; k < 3; k++) {
+                int which = (rep + k) % 3, ok;
+                if (which == 0)
+                    ok = inv_run(cfg, W, 1, 0, steps, &ms[0][rep], &cpu[0][rep], &plan[0]);
+                else if (which == 1)
+                    ok = inv_run(cfg, W, M / W, 0, steps, &ms[1][rep], &cpu[1][rep], &plan[1]);
+                else
+                    ok = inv_run(cfg, W, 1, M, steps, &ms[2][rep], &cpu[2][rep], &plan[2]);
+                if (!ok) return 1;
+            }
+            rs[rep] = ms[2][rep] / ms[1][rep];
+            rd[rep] = ms[2][rep] / ms[0][rep];
+            rc[rep] = cpu[2][rep] / cpu[1][rep];
         }
-        printf("  %5d %10.2f %10.2f %10.2f %12.2f %12.2f %12zu %12zu %10.2f %10.2f %12.2f\n", W, d,
-               s, v, v / s, v / d, ps, pv, cs, cv, cv / cs);
+        printf("  %5d %10.2f %10.2f %10.2f %12.2f %12.2f %12zu %12zu %10.2f %10.2f %12.2f\n", W,
+               median(ms[0], reps), median(ms[1], reps), median(ms[2], reps), median(rs, reps),
+               median(rd, reps), plan[1], plan[2], median(cpu[1], reps), median(cpu[2], reps),
+               median(rc, reps));
     }
     printf("  same mb: the default mode with --accum M / ranks (the invariant mode's "
            "micro-batches); plans are per rank, bytes\n");
@@ -223,7 +252,7 @@ int main(int argc, char **argv)
     }
     secs = quick ? 0.2 : 1.0;
     gpt_gemm_init();
-    if (inv) return bench_invariant(&cfg, inv, quick ? 10 : 100, quick ? 3 : 5, cores);
+    if (inv) return bench_invariant(&cfg, inv, quick ? 10 : 50, quick ? 3 : 11, cores);
     peaks[0] = peak_plain;
     gemms[0] = gpt__gemm_plain;
 #ifdef GPT_HAVE_DISPATCH
