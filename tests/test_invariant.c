@@ -112,6 +112,7 @@ typedef struct cfg {
     int clip;                 /* clip to 0.05 (clips: the norms are larger) */
     fsdp_grad_reduce reduce;
     int invariant;            /* M, or 0: the default mode */
+    int debug;                /* fsdp_ctx_desc.debug */
     int64_t steps;            /* train until fsdp_ctx_steps reaches it */
     const char *save_at_2;    /* save a checkpoint after step 2 */
     const char *load;         /* load this checkpoint first */
@@ -213,6 +214,7 @@ static int train(fsdp_comm *comm, fsdp_device *dev, const cfg *cf, result *out)
     cd.cpu_offload = cf->offload;
     cd.grad_reduce = cf->reduce;
     cd.invariant_microbatches = cf->invariant;
+    cd.debug = cf->debug;
     r = fsdp_ctx_create(&cd, &ctx);
     CHECK_RANK(r == FSDP_SUCCESS, rank, "fsdp_ctx_create: %s", fsdp_result_string(r));
     if (r != FSDP_SUCCESS) goto done;
@@ -414,6 +416,26 @@ static void test_offload(void)
     if (a && b) same(a, b, "cpu_offload vs not", 3);
     free(a);
     free(b);
+}
+
+/* The debug mode changes no bit of a correct run, in this mode too (its
+   checks wait for the exchanges and folds as for the reductions). */
+static void test_debug(void)
+{
+    cfg c = base_cfg();
+    result *ref = run_local(1, &c), *o;
+    int Ws[3] = {1, 3, 4}, w;
+    c.debug = 1;
+    for (w = 0; w < 3; w++) {
+        o = run_local(Ws[w], &c);
+        if (ref && o) same(ref, o, "debug mode", Ws[w]);
+        free(o);
+    }
+    c.strat = FSDP_SHARD_GRAD_OP;
+    o = run_local(2, &c);
+    if (ref && o) same(ref, o, "debug mode, SHARD_GRAD_OP", 2);
+    free(o);
+    free(ref);
 }
 
 /* The data is order-sensitive: the default mode, which sums in another
@@ -728,6 +750,7 @@ static const check_case CASES[] = {
     {"shard_grad_op_bf16", test_shard_grad_op_bf16},
     {"no_shard", test_no_shard},
     {"offload", test_offload},
+    {"debug", test_debug},
     {"default_differs", test_default_differs},
     {"resume", test_resume},
     {"refusals", test_refusals},
