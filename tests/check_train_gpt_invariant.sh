@@ -5,8 +5,9 @@
 # final loss are the same bytes at --ranks 1, 2, 3, 4 and 6 on the local
 # backend; with --bf16 and --cpu-offload at 2 and 3 against 1; on MPI and
 # Gloo at 2 and 3; and a run stopped after step 3 at 4 ranks and resumed at
-# 2 and at 3 ends where the uninterrupted run does. Without --invariant, 1
-# and 2 ranks give other bits (the check could fail).
+# 2 and at 3 ends where the uninterrupted run does; LoRA adapters (mixed
+# units) at 1, 2 and 3 ranks are the same file. Without --invariant, 1 and
+# 2 ranks give other bits (the check could fail).
 # Usage: check_train_gpt_invariant.sh path/to/train_gpt [path/to/mpiexec|''] [gloo|'']
 set -u
 exe=${1:?usage: check_train_gpt_invariant.sh path/to/train_gpt [mpiexec] [gloo]}
@@ -75,6 +76,20 @@ for w in 2 3; do
     loss=$(echo "$log" | sed -n 's/^final_loss=\([^ ]*\) .*/\1/p')
     { echo "final_loss $loss"; python3 "$here/ckpt_tensors.py" "$tmp/resume$w"; } > "$tmp/resume$w.txt"
     same local1 "resume$w"
+done
+# LoRA (mixed units: frozen and trainable groups in one unit): the saved
+# adapters are the same file at 1, 2 and 3 ranks
+for w in 1 2 3; do
+    log=$("$exe" $args --invariant 12 --ranks $w --lora 4 --lora-steps 4 --save-peft "$tmp/peft$w" 2>&1) ||
+        { echo "the LoRA run at $w failed:"; echo "$log"; exit 1; }
+    if [ $w != 1 ]; then
+        if cmp -s "$tmp/peft1/adapter_model.safetensors" "$tmp/peft$w/adapter_model.safetensors"; then
+            echo "  LoRA adapters at $w ranks = at 1"
+        else
+            echo "FAIL: the LoRA adapters at $w ranks differ from 1 rank's"
+            fail=1
+        fi
+    fi
 done
 # the default mode sums in another order at 2 ranks: other bits
 digest default1 "$exe" $args --ranks 1 --accum 1
