@@ -322,9 +322,10 @@ FSDP__DEF size_t fsdp__resident_bytes(const fsdp_ctx *c, const fsdp__cunit *cu)
 FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
 {
     fsdp_memory_plan *p = &z->plan;
-    size_t shards;
+    size_t shards, budget;
     int i, k, nshared = 0;
     memset(z, 0, sizeof *z);
+    budget = c->inv_M ? fsdp__inv_budget(c) : 0;
     for (k = 0; k < c->ngroups; k++) z->state_mask |= fsdp_optim_state_mask(&c->groups[k]);
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];
@@ -349,8 +350,8 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         if (c->inv_M) {
             /* no reduced shard, nor its f32 widening: the exchanged
                blocks (and with cpu_offload their host copy) instead */
-            size_t x = fsdp__inv_recv_bytes(c, cu);
-            size_t h = x ? x : (size_t)cu->S * fsdp_dtype_size(cu->rdt);
+            size_t only, x = fsdp__inv_recv_bytes(c, cu, budget, &only);
+            size_t h = x ? only : (size_t)cu->S * fsdp_dtype_size(cu->rdt);
             if (x > z->inv_recv) z->inv_recv = x;
             if (c->offload && cu->info->requires_grad && h > z->hstage) z->hstage = h;
             continue;
@@ -443,7 +444,7 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
         (r = fsdp__alloc_dev(c, z->inv_recv, &c->inv_recv, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
     c->inv_recv_bytes = z->inv_recv;
-    if (!fsdp__inv_jobs_alloc(c)) return fsdp__ctx_create_oom(d);
+    if (!fsdp__inv_setup(c)) return fsdp__ctx_create_oom(d);
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;

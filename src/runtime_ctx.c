@@ -158,6 +158,7 @@ struct fsdp_ctx {
     void *inv_recv;
     size_t inv_recv_bytes;
     struct fsdp__inv_job *inv_jobs; /* the folds queued on the comm stream, per unit */
+    size_t inv_budget;              /* the bytes the exchanges may add (fsdp__inv_budget) */
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)

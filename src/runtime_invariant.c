@@ -18,13 +18,49 @@ FSDP__DEF int fsdp__inv_rounds(const fsdp_ctx *c) { return c->inv_M / c->nranks;
    world). */
 FSDP__DEF int fsdp__inv_blocks(const fsdp_ctx *c) { return c->nranks; }
 
-/* The receive buffer of a unit's exchange, in bytes: every rank's slice
-   (every rank's whole gradient for NO_SHARD); none at one rank, where the
-   fold reads the unit's own gradient. */
-FSDP__DEF size_t fsdp__inv_recv_bytes(const fsdp_ctx *c, const fsdp__cunit *cu)
+/* The bytes the exchanges may hold beyond the default's reduced shard:
+   one copy of this rank's sharded gradients (f32), and at least 1 MiB. */
+FSDP__DEF size_t fsdp__inv_budget(const fsdp_ctx *c)
 {
+    size_t b = 0;
+    int i;
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].info->requires_grad) b += (size_t)c->u[i].S * 4;
+    return b > ((size_t)1 << 20) ? b : (size_t)1 << 20;
+}
+
+/* Elements of each rank's slice that one exchange of cu moves (the whole
+   slice S when every rank's fits in the budget), and whether blocks are
+   packed first (a chunk of a sharded unit's slices is strided in its
+   gradient; NO_SHARD's chunk of the whole gradient is contiguous). A unit
+   larger than the budget goes in chunks: more, smaller collectives, so
+   that the plan grows by at most the budget. */
+FSDP__DEF size_t fsdp__inv_chunk(const fsdp_ctx *c, const fsdp__cunit *cu, size_t budget,
+                                 int *packed)
+{
+    size_t S = (size_t)cu->S, W = (size_t)c->nranks, es = fsdp_dtype_size(cu->rdt), L;
+    *packed = 0;
+    if (c->nranks == 1 || !S || W * S * es <= budget) return S;
+    *packed = cu->strat != FSDP_NO_SHARD;
+    L = budget / ((*packed ? 2 : 1) * W * es) / 16 * 16;
+    return L < 16 ? 16 : L;
+}
+
+/* The receive buffer of a unit's exchange, in bytes (then the packed
+   blocks, when packed): every rank's slice of the chunk (every rank's
+   whole gradient chunk for NO_SHARD); none at one rank, where the fold
+   reads the unit's own gradient. recv_only: the received part alone. */
+FSDP__DEF size_t fsdp__inv_recv_bytes(const fsdp_ctx *c, const fsdp__cunit *cu, size_t budget,
+                                      size_t *recv_only)
+{
+    int packed;
+    size_t L, r;
+    *recv_only = 0;
     if (c->nranks == 1 || !cu->info->requires_grad) return 0;
-    return ((size_t)cu->S * (size_t)c->nranks * fsdp_dtype_size(cu->rdt) + 63) & ~(size_t)63;
+    L = fsdp__inv_chunk(c, cu, budget, &packed);
+    r = (L * (size_t)c->nranks * fsdp_dtype_size(cu->rdt) + 63) & ~(size_t)63;
+    *recv_only = r;
+    return packed ? 2 * r : r;
 }
 
 /* The descriptor checks of the mode (world: the world size). */
@@ -122,11 +158,13 @@ FSDP__DEF fsdp_result fsdp__inv_task(void *arg, fsdp_error *err)
     return FSDP_SUCCESS;
 }
 
-/* The jobs, one per unit, when the device's memory is host-readable
-   (else the device's kernels fold); 0 when out of memory. */
-FSDP__DEF int fsdp__inv_jobs_alloc(fsdp_ctx *c)
+/* The budget, and the jobs, one per unit, when the device's memory is
+   host-readable (else the device's kernels fold); 0 when out of memory. */
+FSDP__DEF int fsdp__inv_setup(fsdp_ctx *c)
 {
-    if (!c->inv_M || !fsdp_device_host_accessible(c->dev)) return 1;
+    if (!c->inv_M) return 1;
+    c->inv_budget = fsdp__inv_budget(c);
+    if (!fsdp_device_host_accessible(c->dev)) return 1;
     c->inv_jobs = (struct fsdp__inv_job *)fsdp__calloc(&c->hooks, (size_t)c->nunits + 1,
                                                       sizeof(fsdp__inv_job));
     return c->inv_jobs != NULL;
@@ -142,8 +180,10 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
     fsdp_result r;
     size_t S = (size_t)cu->S, es = fsdp_dtype_size(cu->rdt);
     size_t n = cu->strat == FSDP_NO_SHARD ? S : S * (size_t)cu->W;
-    int nb = c->nranks == 1 ? 1 : fsdp__inv_blocks(c), k = cu->inv_k, j;
+    int nb = c->nranks == 1 ? 1 : fsdp__inv_blocks(c), k = cu->inv_k, j, packed;
+    size_t L, o;
     const unsigned char *base;
+    unsigned char *stage;
     void *in = cu->ugrad;
     if (k >= fsdp__inv_rounds(c))
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_end_backward: unit %d %s: backward "
@@ -154,65 +194,88 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
         if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "casting the gradient");
         in = c->red_in;
     }
-    base = (const unsigned char *)in;
-    if (c->nranks > 1) {
-        if (cu->strat == FSDP_NO_SHARD)
-            r = fsdp_all_gather(c->world, in, c->inv_recv, S, cu->rdt, c->cs);
-        else
-            r = fsdp_all_to_all(cu->comm, in, c->inv_recv, S, cu->rdt, c->cs);
-        if (r != FSDP_SUCCESS)
-            return fsdp__ctx_comm(c, cu->strat == FSDP_NO_SHARD ? c->world : cu->comm, r,
-                                  "the invariant exchange of gradients");
-        base = (const unsigned char *)c->inv_recv;
-    }
-    if (c->offload) {
-        /* the shard is in host memory: the blocks come over, then the same
-           kernels as the CPU device's fold them */
-        r = fsdp_device_copy(c->dev, c->hstage, base, (size_t)nb * S * es, FSDP_COPY_D2H, c->cs);
-        if (r == FSDP_SUCCESS) r = fsdp_stream_synchronize(c->dev, c->cs);
-        if (r != FSDP_SUCCESS) {
-            fsdp_result cr = fsdp_comm_async_error(cu->comm);
-            if (cr != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, cr, "gradient exchange");
-            return fsdp__ctx_dev(c, r, "copying the gradients out");
+    L = fsdp__inv_chunk(c, cu, c->inv_budget, &packed);
+    /* the packed blocks follow the received ones */
+    stage = packed ? (unsigned char *)c->inv_recv +
+                         ((L * (size_t)c->nranks * es + 63) & ~(size_t)63)
+                   : NULL;
+    for (o = 0; o < S; o += L) {
+        size_t n1 = S - o < L ? S - o : L, bb = n1 * es;
+        int mean = k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum;
+        base = (const unsigned char *)in + o * es;
+        if (c->nranks > 1) {
+            fsdp_comm *xc = cu->strat == FSDP_NO_SHARD ? c->world : cu->comm;
+            const void *send = in;
+            if (cu->strat == FSDP_NO_SHARD) {
+                r = fsdp_all_gather(xc, base, c->inv_recv, n1, cu->rdt, c->cs);
+            } else {
+                if (packed) { /* slice j's chunk, from every slice: contiguous blocks */
+                    for (j = 0; j < nb; j++) {
+                        r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
+                                             (const unsigned char *)in + ((size_t)j * S + o) * es,
+                                             bb, FSDP_COPY_D2D, c->cs);
+                        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
+                    }
+                    send = stage;
+                }
+                r = fsdp_all_to_all(xc, send, c->inv_recv, n1, cu->rdt, c->cs);
+            }
+            if (r != FSDP_SUCCESS)
+                return fsdp__ctx_comm(c, xc, r, "the invariant exchange of gradients");
+            base = (const unsigned char *)c->inv_recv;
         }
-        fsdp__inv_fold(cu->grad, (const unsigned char *)c->hstage, S * es, nb, k == 0, cu->rdt,
-                       S, k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum, 1.0 / (double)c->inv_M);
-    } else if (c->inv_jobs) {
-        fsdp__inv_job *jb = &c->inv_jobs[cu - c->u];
-        if (jb->seq != FSDP__LOAD_U64(&jb->done) &&
-            (r = fsdp_stream_synchronize(c->dev, c->cs)) != FSDP_SUCCESS)
-            return fsdp__ctx_dev(c, r, "waiting for the last fold");
-        jb->acc = cu->grad;
-        jb->base = base;
-        jb->block = S * es;
-        jb->S = S;
-        jb->nb = nb;
-        jb->first = k == 0;
-        jb->mean = k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum;
-        jb->dt = cu->rdt;
-        jb->scale = 1.0 / (double)c->inv_M;
-        jb->seq++;
-        /* as the engine launches collectives: a short one may run here */
-        r = (size_t)nb * S * es <= ((size_t)16 << 10)
-                ? fsdp_device_launch_short(c->dev, c->cs, fsdp__inv_task, jb)
-                : fsdp_device_launch(c->dev, c->cs, fsdp__inv_task, jb);
-        if (r != FSDP_SUCCESS) {
-            jb->seq--;
-            return fsdp__ctx_dev(c, r, "queueing the fold");
-        }
-    } else {
-        for (j = 0; j < nb; j++) {
-            const void *src = base + (size_t)j * S * es;
-            if (k == 0 && j == 0)
-                r = fsdp_device_cast(c->dev, cu->grad, FSDP_F32, src, cu->rdt, S, c->cs);
-            else
-                r = fsdp_device_accumulate(c->dev, cu->grad, FSDP_F32, src, cu->rdt, 1.0, S,
-                                           c->cs);
-            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "folding the gradient");
-        }
-        if (k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum) {
-            r = fsdp_device_scale(c->dev, cu->grad, FSDP_F32, 1.0 / (double)c->inv_M, S, c->cs);
-            if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "averaging the gradient");
+        if (c->offload) {
+            /* the shard is in host memory: the blocks come over, then the
+               same arithmetic as the CPU device's folds them */
+            r = fsdp_device_copy(c->dev, c->hstage, base, (size_t)nb * bb, FSDP_COPY_D2H, c->cs);
+            if (r == FSDP_SUCCESS) r = fsdp_stream_synchronize(c->dev, c->cs);
+            if (r != FSDP_SUCCESS) {
+                fsdp_result cr = fsdp_comm_async_error(cu->comm);
+                if (cr != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, cr, "gradient exchange");
+                return fsdp__ctx_dev(c, r, "copying the gradients out");
+            }
+            fsdp__inv_fold(cu->grad + o, (const unsigned char *)c->hstage, bb, nb, k == 0,
+                           cu->rdt, n1, mean, 1.0 / (double)c->inv_M);
+        } else if (c->inv_jobs && n1 == S) {
+            fsdp__inv_job *jb = &c->inv_jobs[cu - c->u];
+            if (jb->seq != FSDP__LOAD_U64(&jb->done) &&
+                (r = fsdp_stream_synchronize(c->dev, c->cs)) != FSDP_SUCCESS)
+                return fsdp__ctx_dev(c, r, "waiting for the last fold");
+            jb->acc = cu->grad;
+            jb->base = base;
+            jb->block = bb;
+            jb->S = S;
+            jb->nb = nb;
+            jb->first = k == 0;
+            jb->mean = mean;
+            jb->dt = cu->rdt;
+            jb->scale = 1.0 / (double)c->inv_M;
+            jb->seq++;
+            /* as the engine launches collectives: a short one may run here */
+            r = (size_t)nb * bb <= ((size_t)16 << 10)
+                    ? fsdp_device_launch_short(c->dev, c->cs, fsdp__inv_task, jb)
+                    : fsdp_device_launch(c->dev, c->cs, fsdp__inv_task, jb);
+            if (r != FSDP_SUCCESS) {
+                jb->seq--;
+                return fsdp__ctx_dev(c, r, "queueing the fold");
+            }
+        } else {
+            /* the device's kernels, a block at a time (also a chunked
+               unit's on the CPU device: each chunk's blocks are reused) */
+            for (j = 0; j < nb; j++) {
+                const void *src = base + (size_t)j * bb;
+                if (k == 0 && j == 0)
+                    r = fsdp_device_cast(c->dev, cu->grad + o, FSDP_F32, src, cu->rdt, n1, c->cs);
+                else
+                    r = fsdp_device_accumulate(c->dev, cu->grad + o, FSDP_F32, src, cu->rdt, 1.0,
+                                               n1, c->cs);
+                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "folding the gradient");
+            }
+            if (mean) {
+                r = fsdp_device_scale(c->dev, cu->grad + o, FSDP_F32, 1.0 / (double)c->inv_M, n1,
+                                      c->cs);
+                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "averaging the gradient");
+            }
         }
     }
     cu->inv_k = k + 1;

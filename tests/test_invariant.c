@@ -39,10 +39,13 @@
 /* --- the model: a root parameter and three Linear units of odd sizes, so
    every world size pads the shards differently --- */
 static const char *const PNAMES[] = {"emb", "l0.weight", "l0.bias", "l1.weight", "l1.bias",
-                                     "l2.weight"};
-#define NPARAMS 6
+                                     "l2.weight", "l3.weight"};
+#define NPARAMS 7
 
-static fsdp_model *make_model(void)
+/* big: one more unit, l3, of 300,000 parameters: at 2 ranks and up its
+   exchange (1.2 MB) is more than the budget (1 MiB, above the sharded
+   gradients), so it goes in chunks */
+static fsdp_model *make_model_big(int big)
 {
     fsdp_model *m = model_new("Net", 0);
     if (!m) return NULL;
@@ -55,8 +58,14 @@ static fsdp_model *make_model(void)
     OK(add_param_nd(m, "l1", "weight", 2, 5, 11, 0));
     OK(add_param_nd(m, "l1", "bias", 1, 5, 0, 0));
     OK(add_param_nd(m, "l2", "weight", 2, 3, 5, 0));
+    if (big) {
+        OK(fsdp_model_add_module(m, "l3", "Linear"));
+        OK(add_param_nd(m, "l3", "weight", 2, 600, 500, 0));
+    }
     return m;
 }
+
+static fsdp_model *make_model(void) { return make_model_big(0); }
 
 static fsdp_units *make_units(fsdp_model *m, fsdp_sharding_strategy s, fsdp_dtype pdt,
                               fsdp_dtype rdt)
@@ -113,6 +122,7 @@ typedef struct cfg {
     fsdp_grad_reduce reduce;
     int invariant;            /* M, or 0: the default mode */
     int debug;                /* fsdp_ctx_desc.debug */
+    int big;                  /* make_model_big */
     int64_t steps;            /* train until fsdp_ctx_steps reaches it */
     const char *save_at_2;    /* save a checkpoint after step 2 */
     const char *load;         /* load this checkpoint first */
@@ -120,7 +130,7 @@ typedef struct cfg {
 
 /* What a run gives: rank 0's full state dict (names and bytes), the
    clipping norms and the summed losses, as bits. */
-#define OUT_CAP 65536
+#define OUT_CAP (4 << 20)
 typedef struct result {
     unsigned char bytes[OUT_CAP];
     size_t len;
@@ -192,7 +202,7 @@ static fsdp_init_spec init_choose(void *user, const char *fqn, int ndim, const i
 /* Trains cfg on comm (rank 0 fills out). 0 on success. */
 static int train(fsdp_comm *comm, fsdp_device *dev, const cfg *cf, result *out)
 {
-    fsdp_model *m = make_model();
+    fsdp_model *m = make_model_big(cf->big);
     fsdp_units *u = m ? make_units(m, cf->strat, cf->pdt, cf->rdt) : NULL;
     fsdp_ctx_desc cd;
     fsdp_ctx *ctx = NULL;
@@ -416,6 +426,50 @@ static void test_offload(void)
     if (a && b) same(a, b, "cpu_offload vs not", 3);
     free(a);
     free(b);
+}
+
+/* A unit whose exchange is over the budget goes in chunks (its blocks
+   packed, the device's kernels folding them): the same bits, and the plan
+   within the budget. */
+static void test_chunked(void)
+{
+    cfg c = base_cfg();
+    fsdp_model *m;
+    fsdp_units *u;
+    fsdp_ctx_desc cd;
+    fsdp_memory_plan a, b;
+    int w;
+    c.big = 1;
+    c.steps = 2;
+    sweep("chunked FULL_SHARD f32", &c);
+    c.strat = FSDP_NO_SHARD;
+    c.offload = 1;
+    c.pdt = FSDP_BF16;
+    sweep("chunked NO_SHARD bf16, cpu_offload", &c);
+    c.strat = FSDP_SHARD_GRAD_OP;
+    c.offload = 0;
+    c.rdt = FSDP_BF16;
+    sweep("chunked SHARD_GRAD_OP bf16, bf16 reduce", &c);
+    m = make_model_big(1);
+    u = m ? make_units(m, FSDP_FULL_SHARD, 0, 0) : NULL;
+    if (!u) return;
+    memset(&cd, 0, sizeof cd);
+    cd.model = m;
+    cd.units = u;
+    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    for (w = 2; w <= 8; w *= 2) {
+        size_t budget;
+        cd.invariant_microbatches = 0;
+        OK(fsdp_ctx_plan_only(&cd, w, &a));
+        cd.invariant_microbatches = 8;
+        OK(fsdp_ctx_plan_only(&cd, w, &b));
+        budget = a.sharded_grads > ((size_t)1 << 20) ? a.sharded_grads : (size_t)1 << 20;
+        CHECK(b.total - a.total <= budget && b.total > a.total,
+              "%d ranks: the mode's plan adds %zu bytes, over the budget %zu", w,
+              b.total - a.total, budget);
+    }
+    fsdp_units_destroy(u);
+    fsdp_model_destroy(m);
 }
 
 /* The debug mode changes no bit of a correct run, in this mode too (its
@@ -750,6 +804,7 @@ static const check_case CASES[] = {
     {"shard_grad_op_bf16", test_shard_grad_op_bf16},
     {"no_shard", test_no_shard},
     {"offload", test_offload},
+    {"chunked", test_chunked},
     {"debug", test_debug},
     {"default_differs", test_default_differs},
     {"resume", test_resume},
@@ -762,7 +817,7 @@ static const check_case CASES[] = {
    with a local run of one rank --- */
 static const cfg *transport_cfgs(int *n)
 {
-    static cfg cs[4];
+    static cfg cs[6];
     cs[0] = base_cfg();
     cs[1] = base_cfg();
     cs[1].strat = FSDP_SHARD_GRAD_OP;
@@ -774,7 +829,13 @@ static const cfg *transport_cfgs(int *n)
     cs[3].offload = 1;
     cs[3].pdt = FSDP_BF16;
     cs[3].rdt = FSDP_BF16;
-    *n = 4;
+    cs[4] = base_cfg(); /* a unit exchanged in chunks */
+    cs[4].big = 1;
+    cs[4].steps = 2;
+    cs[5] = cs[4];
+    cs[5].strat = FSDP_NO_SHARD;
+    cs[5].offload = 1;
+    *n = 6;
     return cs;
 }
 
