@@ -2563,6 +2563,13 @@ typedef struct fsdp_zero_desc {
     int grads_already_reduced;  /* stage 1: the engine averaged the gradients
                                    itself; fsdp_zero_step does not reduce */
     int64_t stage2_chunk_numel; /* stage 2 staging per rank, elements; 0: 1<<20 */
+    /* --- the world-size-invariant mode (issue 44) ---
+       Not supported here: any value but 0 is refused with
+       FSDP_NOT_SUPPORTED. The ZeRO optimizer reduces the engine's gradients
+       after its own accumulation over micro-batches, whose order depends
+       on the world size (docs/determinism.md says how it could work). Use
+       fsdp_ctx_desc.invariant_microbatches. */
+    int invariant_microbatches;
 } fsdp_zero_desc;
 
 /* Checks the parameters (f32, one device, unique names, non-decreasing
@@ -21902,6 +21909,12 @@ FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **ou
     if (desc->nparams <= 0 || !desc->params)
         return fsdp__fail_create(dh, FSDP_INVALID_ARGS,
                                  "fsdp_zero_create: the optimizer got an empty parameter list");
+    if (desc->invariant_microbatches)
+        return fsdp__fail_create(dh, FSDP_NOT_SUPPORTED, "fsdp_zero_create: the ZeRO optimizer "
+                                 "is not supported in the invariant mode (invariant_microbatches "
+                                 "%d): it reduces gradients the engine accumulated in its own "
+                                 "order; use fsdp_ctx_desc.invariant_microbatches",
+                                 desc->invariant_microbatches);
     if (desc->stage < FSDP_ZERO_STAGE_DEFAULT || desc->stage > FSDP_ZERO_STAGE_2)
         return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: unknown stage %d",
                                  (int)desc->stage);

@@ -643,6 +643,30 @@ static int refuse_rank(int rank, int nranks, fsdp_local_world *w, void *user)
                    rank, "7th backward: %s", fsdp_ctx_last_error(ctx));
         CHECK_RANK(fsdp_zero_grad(ctx) == FSDP_SUCCESS, rank, "zero_grad");
         break;
+    case 4: { /* the ZeRO optimizer refuses the mode */
+        fsdp_zero_desc zd;
+        fsdp_zero_param zp;
+        fsdp_zero *z = NULL;
+        float pd[4] = {0}, gd[4] = {0};
+        memset(&zd, 0, sizeof zd);
+        memset(&zp, 0, sizeof zp);
+        zp.name = "w";
+        zp.data = pd;
+        zp.grad = gd;
+        zp.numel = 4;
+        zd.hooks.error = &err;
+        zd.comm = comm;
+        zd.device = dev;
+        zd.params = &zp;
+        zd.nparams = 1;
+        zd.invariant_microbatches = 4;
+        r = fsdp_zero_create(&zd, &z);
+        CHECK_RANK(r == FSDP_NOT_SUPPORTED && z == NULL &&
+                       contains(err.message, "not supported in the invariant mode"),
+                   rank, "ZeRO: %s: %s", fsdp_result_string(r), err.message);
+        fsdp_zero_destroy(z);
+        break;
+    }
     case 3: { /* the default mode: the helpers say so */
         cd.invariant_microbatches = 0;
         r = fsdp_ctx_create(&cd, &ctx);
@@ -673,6 +697,8 @@ static void test_refusals(void)
     j.what = 2;
     run_ranks(2, refuse_rank, &j);
     j.what = 3;
+    run_ranks(2, refuse_rank, &j);
+    j.what = 4;
     run_ranks(2, refuse_rank, &j);
 }
 
