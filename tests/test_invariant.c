@@ -123,6 +123,7 @@ typedef struct cfg {
     int invariant;            /* M, or 0: the default mode */
     int debug;                /* fsdp_ctx_desc.debug */
     int big;                  /* make_model_big */
+    int poison;               /* 1: +inf, 2: NaN in micro-batch 5's l0.weight[3] at step 0 */
     int64_t steps;            /* train until fsdp_ctx_steps reaches it */
     const char *save_at_2;    /* save a checkpoint after step 2 */
     const char *load;         /* load this checkpoint first */
@@ -151,6 +152,8 @@ static void put(result *o, const void *p, size_t n)
 
 /* One micro-batch's forward and backward over every unit; units are in
    wrap order, the root last (and outermost). */
+static int g_poison; /* cfg.poison of the run (every rank of one run reads it) */
+
 static int micro_batch(fsdp_ctx *ctx, const fsdp_units *u, int64_t step, int m)
 {
     int n = fsdp_units_count(u), k, e;
@@ -174,6 +177,8 @@ static int micro_batch(fsdp_ctx *ctx, const fsdp_units *u, int64_t step, int m)
             for (i = 0; i < fe->numel; i++) {
                 float w = dt == FSDP_BF16 ? fsdp_bf16_to_f32(((uint16_t *)pv)[i]) : ((float *)pv)[i];
                 float g = grad_of(w, step, m, p, i);
+                if (g_poison && step == 0 && m == 5 && p == 1 && i == 3)
+                    g = g_poison == 1 ? INFINITY : NAN;
                 if (dt == FSDP_BF16) {
                     uint16_t *gb = (uint16_t *)gv;
                     gb[i] = fsdp_f32_to_bf16(fsdp_bf16_to_f32(gb[i]) + g);
@@ -315,6 +320,7 @@ static result *run_local(int W, const cfg *cf)
     result *o = (result *)calloc(1, sizeof *o);
     job j;
     if (!o) return NULL;
+    g_poison = cf->poison;
     j.cf = cf;
     j.out = o;
     run_ranks(W, local_rank, &j);
@@ -470,6 +476,31 @@ static void test_chunked(void)
     }
     fsdp_units_destroy(u);
     fsdp_model_destroy(m);
+}
+
+/* Non-finite gradients: one micro-batch's infinity (or NaN) in one
+   element makes the norm infinite (NaN) at every world size, an OR over
+   the elements, and clipping then gives the same bits everywhere. */
+static void test_nonfinite(void)
+{
+    cfg c = base_cfg();
+    int kind, w;
+    c.steps = 1;
+    for (kind = 1; kind <= 2; kind++) {
+        result *ref;
+        c.poison = kind;
+        ref = run_local(1, &c);
+        if (!ref) continue;
+        CHECK(kind == 1 ? isinf(ref->norms[0]) && ref->norms[0] > 0 : isnan(ref->norms[0]),
+              "a %s gradient gave the norm %g", kind == 1 ? "+inf" : "NaN", ref->norms[0]);
+        for (w = 2; w <= 4; w++) {
+            result *o = run_local(w, &c);
+            if (o) same(ref, o, kind == 1 ? "an infinite gradient" : "a NaN gradient", w);
+            free(o);
+        }
+        free(ref);
+    }
+    g_poison = 0;
 }
 
 /* The debug mode changes no bit of a correct run, in this mode too (its
@@ -831,6 +862,7 @@ static const check_case CASES[] = {
     {"no_shard", test_no_shard},
     {"offload", test_offload},
     {"chunked", test_chunked},
+    {"nonfinite", test_nonfinite},
     {"debug", test_debug},
     {"default_differs", test_default_differs},
     {"resume", test_resume},
