@@ -2265,10 +2265,12 @@ typedef struct fsdp_ctx_desc {
        the reduce dtype (a 16-bit one rounds each micro-batch's gradient
        alone, which no W changes); the plan's scratch holds one unit's
        exchanged gradient (every rank's slice; NO_SHARD: every rank's whole
-       gradient, gathered), or chunks of it when that is more than one copy
-       of the rank's sharded gradients (or 1 MiB). Refused with FSDP_NOT_SUPPORTED: HYBRID_SHARD,
-       plan_no_sync (no_sync), grad_views_in_place, and a comm without
-       all_to_all. 0: off (the default path, bit for bit). */
+       gradient, gathered; HYBRID_SHARD: the shard group's exchange, then
+       every replica's, gathered), or chunks of it when that is more than
+       one copy of the rank's sharded gradients (or 1 MiB). Refused with
+       FSDP_NOT_SUPPORTED: plan_no_sync (no_sync), grad_views_in_place,
+       and a comm without all_to_all. 0: off (the default path, bit for
+       bit). */
     int invariant_microbatches;
 } fsdp_ctx_desc;
 
@@ -17656,8 +17658,8 @@ FSDP__DEF int fsdp__entry_group(fsdp_ctx *c, const fsdp_ctx_desc *d, const fsdp_
 FSDP__DEF int fsdp__inv_rounds(const fsdp_ctx *c) { return c->inv_M / c->nranks; }
 
 /* The blocks an invariant reduction of cu folds per round: one per rank of
-   the world (HYBRID_SHARD is refused, so a sharded unit's group is the
-   world). */
+   the world (a HYBRID_SHARD unit's shard group exchanges, then its
+   replicas gather what each received). */
 FSDP__DEF int fsdp__inv_blocks(const fsdp_ctx *c) { return c->nranks; }
 
 /* The bytes the exchanges may hold beyond the default's reduced shard:
@@ -17709,7 +17711,6 @@ FSDP__DEF size_t fsdp__inv_recv_bytes(const fsdp_ctx *c, const fsdp__cunit *cu, 
 FSDP__DEF fsdp_result fsdp__inv_validate(const fsdp_ctx *c, const fsdp_ctx_desc *d)
 {
     const fsdp_hooks *uh = &d->hooks;
-    int i;
     if (!d->invariant_microbatches) return FSDP_SUCCESS;
     if (d->invariant_microbatches < 0)
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: "
@@ -17732,14 +17733,6 @@ FSDP__DEF fsdp_result fsdp__inv_validate(const fsdp_ctx *c, const fsdp_ctx_desc 
                                  "is not supported in the invariant mode (invariant_microbatches "
                                  "%d): the engine would add each micro-batch into the f32 "
                                  "gradient itself, in its own order", d->invariant_microbatches);
-    for (i = 0; i < fsdp_units_count(d->units); i++) {
-        const fsdp_unit_info *ui = fsdp_units_get(d->units, i);
-        if (ui && ui->options.sharding == FSDP_HYBRID_SHARD && c->hybrid_size != c->nranks)
-            return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: unit %d '%s': "
-                                     "HYBRID_SHARD is not supported in the invariant mode "
-                                     "(invariant_microbatches %d); use FULL_SHARD, SHARD_GRAD_OP "
-                                     "or NO_SHARD", i, ui->fqn, d->invariant_microbatches);
-    }
     if (d->comm && c->nranks > 1 && !d->comm->vt.all_to_all)
         return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: comm '%s' has no "
                                  "all_to_all, which the invariant mode (invariant_microbatches "
@@ -17850,6 +17843,26 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
             const void *send = in;
             if (cu->strat == FSDP_NO_SHARD) {
                 r = fsdp_all_gather(xc, base, c->inv_recv, n1, cu->rdt, c->cs);
+            } else if (cu->strat == FSDP_HYBRID_SHARD) {
+                /* the shard group's exchange lands in this replica's place
+                   of the world's blocks, then the replicas gather in place:
+                   block g * hs + j is world rank g * hs + j's, in order */
+                int hs = cu->W, rr = fsdp_comm_rank(c->rep_comm);
+                unsigned char *mine = (unsigned char *)c->inv_recv + (size_t)rr * hs * bb;
+                if (packed) {
+                    for (j = 0; j < hs; j++) {
+                        r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
+                                             (const unsigned char *)in + ((size_t)j * S + o) * es,
+                                             bb, FSDP_COPY_D2D, c->cs);
+                        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
+                    }
+                    send = stage;
+                }
+                r = fsdp_all_to_all(xc, send, mine, n1, cu->rdt, c->cs);
+                if (r == FSDP_SUCCESS) {
+                    xc = c->rep_comm;
+                    r = fsdp_all_gather(xc, mine, c->inv_recv, (size_t)hs * n1, cu->rdt, c->cs);
+                }
             } else {
                 if (packed) { /* slice j's chunk, from every slice: contiguous blocks */
                     for (j = 0; j < nb; j++) {
@@ -18043,8 +18056,11 @@ FSDP__DEF fsdp_result fsdp__inv_norm2(fsdp_ctx *c, int host, double *out)
     }
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];
-        /* a replicated (NO_SHARD) gradient counts once, on rank 0 */
-        if (!cu->grad || (cu->strat == FSDP_NO_SHARD && c->rank != 0)) continue;
+        /* a replicated gradient counts once: NO_SHARD on rank 0, HYBRID on
+           the first replica */
+        if (!cu->grad || (cu->strat == FSDP_NO_SHARD && c->rank != 0) ||
+            (cu->strat == FSDP_HYBRID_SHARD && fsdp_comm_rank(c->rep_comm) != 0))
+            continue;
         for (p = 0; p < cu->lay.npieces; p++) {
             const fsdp_shard_piece *pc = &cu->pieces[p];
             const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -

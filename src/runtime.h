@@ -173,10 +173,12 @@ typedef struct fsdp_ctx_desc {
        the reduce dtype (a 16-bit one rounds each micro-batch's gradient
        alone, which no W changes); the plan's scratch holds one unit's
        exchanged gradient (every rank's slice; NO_SHARD: every rank's whole
-       gradient, gathered), or chunks of it when that is more than one copy
-       of the rank's sharded gradients (or 1 MiB). Refused with FSDP_NOT_SUPPORTED: HYBRID_SHARD,
-       plan_no_sync (no_sync), grad_views_in_place, and a comm without
-       all_to_all. 0: off (the default path, bit for bit). */
+       gradient, gathered; HYBRID_SHARD: the shard group's exchange, then
+       every replica's, gathered), or chunks of it when that is more than
+       one copy of the rank's sharded gradients (or 1 MiB). Refused with
+       FSDP_NOT_SUPPORTED: plan_no_sync (no_sync), grad_views_in_place,
+       and a comm without all_to_all. 0: off (the default path, bit for
+       bit). */
     int invariant_microbatches;
 } fsdp_ctx_desc;
 

@@ -2,7 +2,8 @@
    fsdp_ctx_desc.invariant_microbatches): a small model trained with M = 12
    micro-batches per step gives byte for byte the same parameters and
    optimizer state at 1, 2, 3, 4 and 6 ranks (FULL_SHARD, SHARD_GRAD_OP,
-   NO_SHARD; f32 and bf16; with and without cpu_offload; clipping on), the
+   NO_SHARD, HYBRID_SHARD; f32 and bf16; with and without cpu_offload; a
+   unit exchanged in chunks; clipping on), the
    same clipping norms and fsdp_invariant_sum results; a checkpoint saved at
    4 ranks resumes at 2 and 3 as the uninterrupted run; the refusals.
 
@@ -124,6 +125,7 @@ typedef struct cfg {
     int debug;                /* fsdp_ctx_desc.debug */
     int big;                  /* make_model_big */
     int poison;               /* 1: +inf, 2: NaN in micro-batch 5's l0.weight[3] at step 0 */
+    int hybrid;               /* HYBRID_SHARD groups of this size where it divides W (<W) */
     int64_t steps;            /* train until fsdp_ctx_steps reaches it */
     const char *save_at_2;    /* save a checkpoint after step 2 */
     const char *load;         /* load this checkpoint first */
@@ -208,7 +210,9 @@ static fsdp_init_spec init_choose(void *user, const char *fqn, int ndim, const i
 static int train(fsdp_comm *comm, fsdp_device *dev, const cfg *cf, result *out)
 {
     fsdp_model *m = make_model_big(cf->big);
-    fsdp_units *u = m ? make_units(m, cf->strat, cf->pdt, cf->rdt) : NULL;
+    int W = fsdp_comm_size(comm), hy = cf->hybrid && W % cf->hybrid == 0 && W > cf->hybrid;
+    fsdp_units *u = m ? make_units(m, hy ? FSDP_HYBRID_SHARD : cf->strat, cf->pdt, cf->rdt)
+                      : NULL;
     fsdp_ctx_desc cd;
     fsdp_ctx *ctx = NULL;
     fsdp_state_dict *sd = NULL;
@@ -230,6 +234,7 @@ static int train(fsdp_comm *comm, fsdp_device *dev, const cfg *cf, result *out)
     cd.grad_reduce = cf->reduce;
     cd.invariant_microbatches = cf->invariant;
     cd.debug = cf->debug;
+    cd.hybrid_shard_size = hy ? cf->hybrid : 0;
     r = fsdp_ctx_create(&cd, &ctx);
     CHECK_RANK(r == FSDP_SUCCESS, rank, "fsdp_ctx_create: %s", fsdp_result_string(r));
     if (r != FSDP_SUCCESS) goto done;
@@ -406,6 +411,24 @@ static void test_shard_grad_op_bf16(void)
     c.strat = FSDP_FULL_SHARD;
     c.rdt = FSDP_BF16;
     sweep("FULL_SHARD bf16 params, bf16 reduce", &c);
+}
+
+/* HYBRID_SHARD: groups of 2 at 4 and 6 ranks, of 3 at 6 (FULL_SHARD at
+   the other world sizes, against which they must agree too) */
+static void test_hybrid(void)
+{
+    cfg c = base_cfg();
+    c.hybrid = 2;
+    sweep("HYBRID_SHARD groups of 2", &c);
+    c.hybrid = 3;
+    c.pdt = FSDP_BF16;
+    c.offload = 1;
+    sweep("HYBRID_SHARD groups of 3, bf16, cpu_offload", &c);
+    c = base_cfg();
+    c.hybrid = 2;
+    c.big = 1;
+    c.steps = 2;
+    sweep("HYBRID_SHARD groups of 2, chunked", &c);
 }
 
 static void test_no_shard(void)
@@ -616,12 +639,11 @@ static int refuse_rank(int rank, int nranks, fsdp_local_world *w, void *user)
         r = fsdp_ctx_create(&cd, &ctx);
         CHECK_RANK(r == FSDP_INVALID_ARGS, rank, "M -1: %s", err.message);
         break;
-    case 1: /* HYBRID_SHARD of 2 at 4 ranks */
+    case 1: /* HYBRID_SHARD of 2 at 4 ranks: supported (test_hybrid trains it) */
         cd.hybrid_shard_size = 2;
         r = fsdp_ctx_create(&cd, &ctx);
-        CHECK_RANK(r == FSDP_NOT_SUPPORTED && contains(err.message, "HYBRID_SHARD") &&
-                       contains(err.message, "not supported in the invariant mode"),
-                   rank, "HYBRID_SHARD: %s: %s", fsdp_result_string(r), err.message);
+        CHECK_RANK(r == FSDP_SUCCESS, rank, "HYBRID_SHARD: %s: %s", fsdp_result_string(r),
+                   err.message);
         break;
     case 2: /* no_sync, grad views in place, then a context to misuse */
         cd.plan_no_sync = 1;
@@ -860,6 +882,7 @@ static const check_case CASES[] = {
     {"full_shard", test_full_shard},
     {"shard_grad_op_bf16", test_shard_grad_op_bf16},
     {"no_shard", test_no_shard},
+    {"hybrid", test_hybrid},
     {"offload", test_offload},
     {"chunked", test_chunked},
     {"nonfinite", test_nonfinite},
