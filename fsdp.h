@@ -85,7 +85,7 @@
                       >>safetensors:file >>safetensors:read
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
                       memory, init, clipping, summon, the sharded step.
-                      Inside: >>runtime:ctx >>runtime:muon >>runtime:create
+                      Inside: >>runtime:ctx >>runtime:muon >>runtime:invariant >>runtime:create
                       >>runtime:shards >>runtime:debug >>runtime:pool
                       >>runtime:gather >>runtime:reduce >>runtime:views
                       >>runtime:init >>runtime:lend >>runtime:step
@@ -370,6 +370,7 @@
 
    FURTHER READING, in docs/: tour.md (every call of the steps above and
    the runtime's features), porting.md, checkpoints.md, memory.md, lora.md,
+   determinism.md (the same model at any world size: the invariant mode),
    backends.md, gpu.md, vendoring.md, pytorch.md (what is reproduced and
    where we differ), examples.md, PERFORMANCE.md (the benchmarks' figures).
 */
@@ -998,6 +999,12 @@ typedef struct fsdp_comm_vtable {
     /* Optional: the label of the calls issued from now on (never NULL,
        at most FSDP_COLL_LABEL_MAX - 1 chars), for messages. */
     void (*set_label)(void *self, const char *label);
+    /* Optional (since 0.8; NULL: fsdp_all_to_all returns FSDP_NOT_SUPPORTED,
+       and the world-size-invariant mode refuses the comm): send and recv
+       hold size * count elements; block j of send goes to rank j, and rank
+       j's block for this rank lands at recv + j * count. Not in place. */
+    fsdp_result (*all_to_all)(void *self, const void *send, void *recv, size_t count,
+                              fsdp_dtype dt, fsdp_stream *s, fsdp_error *err);
 } fsdp_comm_vtable;
 
 /* Wraps a backend; the comm owns `self` from then on (vt->destroy). */
@@ -1024,6 +1031,12 @@ FSDP_API fsdp_result fsdp_all_reduce(fsdp_comm *comm, const void *send, void *re
 FSDP_API fsdp_result fsdp_broadcast(fsdp_comm *comm, const void *send, void *recv,
                                     size_t count, fsdp_dtype dt, int root, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_barrier(fsdp_comm *comm, fsdp_stream *s);
+/* Block j of send (count elements) to rank j; rank j's block for this rank
+   at recv + j * count (send and recv hold size * count, and do not
+   overlap). No arithmetic: every backend moves the bytes as they are.
+   FSDP_NOT_SUPPORTED for a backend without it (vtable all_to_all NULL). */
+FSDP_API fsdp_result fsdp_all_to_all(fsdp_comm *comm, const void *send, void *recv,
+                                     size_t count, fsdp_dtype dt, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_comm_split(fsdp_comm *comm, int color, int key, fsdp_comm **out);
 /* The first failure of an asynchronous collective on this comm (timeout,
    mismatch, ...), with its message in fsdp_comm_last_error. */
@@ -1046,7 +1059,8 @@ typedef enum fsdp_coll_kind {
     FSDP_COLL_ALL_REDUCE,
     FSDP_COLL_BROADCAST,
     FSDP_COLL_BARRIER,
-    FSDP_COLL_SPLIT
+    FSDP_COLL_SPLIT,
+    FSDP_COLL_ALL_TO_ALL /* since 0.8 */
 } fsdp_coll_kind;
 
 #define FSDP_COLL_LABEL_MAX 64
@@ -2390,6 +2404,29 @@ typedef struct fsdp_ctx_desc {
        gradient (weight decay and the moments still move it), torch's
        zero_grad(set_to_none=False), fsdp.h's behaviour before. */
     int step_unreached;
+    /* --- the world-size-invariant mode (issue 44; docs/determinism.md) ---
+       M > 0: every step takes M micro-batches, and the parameters, the
+       optimizer state, fsdp_clip_grad_norm's norm and fsdp_invariant_sum
+       have the same bits at every world size W that divides M (else
+       fsdp_ctx_create refuses). Each rank runs M / W of them per step, one
+       backward of every unit each: in round k (0 .. M/W - 1) rank r must
+       compute micro-batch fsdp_invariant_microbatch(ctx, k) = k * W + r.
+       The step's gradient is the left fold of the M micro-batch gradients
+       in index order, in f32 ((g0 + g1) + g2 ...), times 1/M for
+       FSDP_GRAD_AVG (exact for a power-of-two M; otherwise one rounding
+       more, the same at every W); FSDP_GRAD_SUM keeps the fold. PyTorch's
+       pre- and post-divide factors are not used. Each backward moves the
+       unit's gradient by an all-to-all (the bytes of a reduce-scatter) in
+       the reduce dtype (a 16-bit one rounds each micro-batch's gradient
+       alone, which no W changes); the plan's scratch holds one unit's
+       exchanged gradient (every rank's slice; NO_SHARD: every rank's whole
+       gradient, gathered; HYBRID_SHARD: the shard group's exchange, then
+       every replica's, gathered), or chunks of it when that is more than
+       one copy of the rank's sharded gradients (or 1 MiB). Refused with
+       FSDP_NOT_SUPPORTED: plan_no_sync (no_sync), grad_views_in_place,
+       and a comm without all_to_all. 0: off (the default path, bit for
+       bit). */
+    int invariant_microbatches;
 } fsdp_ctx_desc;
 
 /* Creates the context and allocates everything the plan holds: sharded f32
@@ -2591,6 +2628,24 @@ enum {
 FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *ctx, int unit, unsigned flags, float *host);
 FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *ctx, int unit);
 
+/* The invariant mode (fsdp_ctx_desc.invariant_microbatches):
+   fsdp_invariant_microbatch: the index of the micro-batch this rank must
+   compute in its round k of the step (k * W + rank), or -1 once k is past
+   its last round (M / W), or when the mode is off (the reason then in
+   fsdp_ctx_last_error). A loop over a step's work:
+       for (k = 0; (m = fsdp_invariant_microbatch(ctx, k)) >= 0; k++)
+           forward and backward of micro-batch m
+   fsdp_invariant_sum: an engine's per-micro-batch numbers (the loss, a
+   token count) summed with the same bits at every W: values holds this
+   rank's rows in round order (row k: micro-batch k * W + rank), nvalues
+   doubles each; out[v] is value v of micro-batch 0, plus micro-batch 1's,
+   ... in index order, in double. Divide by M (or the token count) for a
+   mean. Collective: yes. fsdp_invariant_microbatches: M, or 0 when off. */
+FSDP_API int fsdp_invariant_microbatch(fsdp_ctx *ctx, int k);
+FSDP_API fsdp_result fsdp_invariant_sum(fsdp_ctx *ctx, const double *values, int nvalues,
+                                        double *out);
+FSDP_API int fsdp_invariant_microbatches(const fsdp_ctx *ctx);
+
 /* PyTorch's gradient pre- and post-divide factors for a world size
    (DefaultState): pre * post == world. */
 FSDP_API void fsdp_divide_factors(int world, double *pre, double *post);
@@ -2682,6 +2737,13 @@ typedef struct fsdp_zero_desc {
     int grads_already_reduced;  /* stage 1: the engine averaged the gradients
                                    itself; fsdp_zero_step does not reduce */
     int64_t stage2_chunk_numel; /* stage 2 staging per rank, elements; 0: 1<<20 */
+    /* --- the world-size-invariant mode (issue 44) ---
+       Not supported here: any value but 0 is refused with
+       FSDP_NOT_SUPPORTED. The ZeRO optimizer reduces the engine's gradients
+       after its own accumulation over micro-batches, whose order depends
+       on the world size (docs/determinism.md says how it could work). Use
+       fsdp_ctx_desc.invariant_microbatches. */
+    int invariant_microbatches;
 } fsdp_zero_desc;
 
 /* Checks the parameters (f32, one device, unique names, non-decreasing
@@ -7534,6 +7596,28 @@ FSDP_API fsdp_result fsdp_broadcast(fsdp_comm *comm, const void *send, void *rec
                            &e, "fsdp_broadcast");
 }
 
+FSDP_API fsdp_result fsdp_all_to_all(fsdp_comm *comm, const void *send, void *recv,
+                                     size_t count, fsdp_dtype dt, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!comm) return FSDP_INVALID_ARGS;
+    if (!comm->vt.all_to_all)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_all_to_all: comm '%s' has no all_to_all", fsdp_comm_name(comm));
+    r = fsdp__comm_check(comm, "fsdp_all_to_all", send, (size_t)comm->size, recv,
+                         (size_t)comm->size, count, dt, 0, FSDP_REDUCE_SUM);
+    if (r != FSDP_SUCCESS) return r;
+    /* blocks move between ranks: a buffer both read and written would
+       have its blocks overwritten before every peer read them */
+    if (count && send == recv)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_all_to_all: send and recv are the same buffer (not in place)");
+    fsdp__clear(&e);
+    return fsdp__comm_done(comm, comm->vt.all_to_all(comm->self, send, recv, count, dt, s, &e),
+                           &e, "fsdp_all_to_all");
+}
+
 FSDP_API fsdp_result fsdp_barrier(fsdp_comm *comm, fsdp_stream *s)
 {
     fsdp_error e;
@@ -7614,6 +7698,7 @@ FSDP_API const char *fsdp_coll_kind_name(fsdp_coll_kind kind)
     case FSDP_COLL_BROADCAST: return "broadcast";
     case FSDP_COLL_BARRIER: return "barrier";
     case FSDP_COLL_SPLIT: return "split";
+    case FSDP_COLL_ALL_TO_ALL: return "all_to_all";
     default: return "unknown";
     }
 }
@@ -7626,6 +7711,7 @@ FSDP_API void fsdp_coll_describe(char *buf, size_t cap, const fsdp_coll_desc *c)
     if (c->seq) snprintf(seq, sizeof seq, " #%llu ", (unsigned long long)c->seq);
     switch (c->kind) {
     case FSDP_COLL_ALL_GATHER:
+    case FSDP_COLL_ALL_TO_ALL:
         snprintf(buf, cap, "%s%s(count=%zu, dtype=%s)", name, seq, c->count,
                  fsdp_dtype_name(c->dt));
         break;
@@ -9279,6 +9365,9 @@ FSDP__DEF fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp_coll_desc *c, cons
         return xp->all_gather(e->t,
                               send == (unsigned char *)recv + (size_t)e->rank * bytes ? NULL : send,
                               recv, bytes, deadline, err);
+    case FSDP_COLL_ALL_TO_ALL:
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        return xp->all_to_all(e->t, send, recv, bytes, deadline, err);
     case FSDP_COLL_BROADCAST:
         if (!bytes) return xp->barrier(e->t, deadline, err);
         if (e->rank == c->root && send != recv) memmove(recv, send, bytes);
@@ -9555,6 +9644,13 @@ FSDP__DEF fsdp_result fsdp__broadcast__eng(void *self, const void *send, void *r
     return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
 }
 
+FSDP__DEF fsdp_result fsdp__all_to_all__eng(void *self, const void *send, void *recv, size_t count,
+                                            fsdp_dtype dt, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_TO_ALL, count, dt, FSDP_REDUCE_SUM, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
 FSDP__DEF fsdp_result fsdp__barrier__eng(void *self, fsdp_stream *s, fsdp_error *err)
 {
     fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
@@ -9686,6 +9782,7 @@ FSDP__DEF fsdp_result fsdp__eng_comm(fsdp__eng *e, const char *name, const fsdp_
     vt.async_error = fsdp__async_error__eng;
     vt.destroy = fsdp__destroy__eng;
     vt.set_label = fsdp__set_label__eng;
+    vt.all_to_all = fsdp__all_to_all__eng;
     r = fsdp_comm_create(&vt, e, e->rank, e->size, hooks, out);
     if (r != FSDP_SUCCESS) fsdp__eng_destroy(e);
     return r;
@@ -10062,6 +10159,15 @@ FSDP__DEF void fsdp__local_move(const fsdp__eng *e, const fsdp_coll_desc *c, voi
     }
     case FSDP_COLL_BROADCAST:
         if (recv != sends[c->root]) memmove(recv, sends[c->root], bytes);
+        break;
+    case FSDP_COLL_ALL_TO_ALL:
+        /* rank j's block for this rank; own block first, then the peers
+           from the next rank on, so ranks do not all read rank 0 at once */
+        for (i = 0; i < n; i++) {
+            int j = (r + i) % n;
+            memcpy((unsigned char *)recv + (size_t)j * bytes,
+                   (const unsigned char *)sends[j] + (size_t)r * bytes, bytes);
+        }
         break;
     default: FSDP_ASSERT(0 && "unknown collective"); break;
     }
@@ -18008,6 +18114,8 @@ typedef struct fsdp__cunit {
     int step_now;                 /* fsdp_step: steps this time (reached, or step_unreached) */
     int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
     int pub;                      /* the fsdp_units index it belongs to */
+    /* the invariant mode (issue 44): rounds reduced since the last step */
+    int inv_k;
 } fsdp__cunit;
 
 /* Mixed dtypes (issue 46): a unit's groups are gathered with one all-gather
@@ -18104,6 +18212,13 @@ struct fsdp_ctx {
     int muon;
     void *muon_buf;
     size_t muon_bytes;
+    /* the invariant mode (issue 44): micro-batches per step (0: off), and
+       the exchanged gradients of one unit (plan scratch) */
+    int inv_M;
+    void *inv_recv;
+    size_t inv_recv_bytes;
+    struct fsdp__inv_job *inv_jobs; /* the folds queued on the comm stream, per unit */
+    size_t inv_budget;              /* the bytes the exchanges may add (fsdp__inv_budget) */
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -18540,6 +18655,8 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free_dev(c, c->ag_stage, c->ag_stage_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
     fsdp__free_dev(c, c->muon_buf, c->muon_bytes);
+    fsdp__free_dev(c, c->inv_recv, c->inv_recv_bytes);
+    fsdp__free(&c->hooks, c->inv_jobs); /* the stream is idle: no fold runs */
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
     if (c->cs) fsdp_stream_destroy(c->dev, c->cs);
@@ -18925,6 +19042,524 @@ FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
     fsdp__free(&c->hooks, mats);
     return r;
 }
+/* ---- src/runtime_invariant.c (fsdp.h is generated: edit this file) ---- */
+/* --- >>runtime:invariant the world-size-invariant mode (issue 44) ---------
+   fsdp_ctx_desc.invariant_microbatches = M: the step's gradient is the left
+   fold, in micro-batch index order, of the M micro-batch gradients, so it
+   has the same bits at every world size W that divides M. Round k of a
+   rank r runs micro-batch k * W + r (fsdp_invariant_microbatch); each
+   backward of a unit moves its unsharded gradient by an all-to-all (slice s
+   to rank s: the bytes of a reduce-scatter, nothing summed on the way), so
+   rank s holds micro-batches k * W .. k * W + W - 1 of its slice, which are
+   consecutive, and folds them into its f32 shard in that order: the first
+   micro-batch is copied, each later one added, one f32 rounding each. At
+   every W that is ((g0 + g1) + g2) + ... + g(M-1), element by element. */
+
+/* Micro-batches each rank runs per step. */
+FSDP__DEF int fsdp__inv_rounds(const fsdp_ctx *c) { return c->inv_M / c->nranks; }
+
+/* The blocks an invariant reduction of cu folds per round: one per rank of
+   the world (a HYBRID_SHARD unit's shard group exchanges, then its
+   replicas gather what each received). */
+FSDP__DEF int fsdp__inv_blocks(const fsdp_ctx *c) { return c->nranks; }
+
+/* The bytes the exchanges may hold beyond the default's reduced shard:
+   one copy of this rank's sharded gradients (f32), and at least 1 MiB. */
+FSDP__DEF size_t fsdp__inv_budget(const fsdp_ctx *c)
+{
+    size_t b = 0;
+    int i;
+    for (i = 0; i < c->nunits; i++)
+        if (c->u[i].info->requires_grad) b += (size_t)c->u[i].S * 4;
+    return b > ((size_t)1 << 20) ? b : (size_t)1 << 20;
+}
+
+/* Elements of each rank's slice that one exchange of cu moves (the whole
+   slice S when every rank's fits in the budget), and whether blocks are
+   packed first (a chunk of a sharded unit's slices is strided in its
+   gradient; NO_SHARD's chunk of the whole gradient is contiguous). A unit
+   larger than the budget goes in chunks: more, smaller collectives, so
+   that the plan grows by at most the budget. */
+FSDP__DEF size_t fsdp__inv_chunk(const fsdp_ctx *c, const fsdp__cunit *cu, size_t budget,
+                                 int *packed)
+{
+    size_t S = (size_t)cu->S, W = (size_t)c->nranks, es = fsdp_dtype_size(cu->rdt), L;
+    *packed = 0;
+    if (c->nranks == 1 || !S || W * S * es <= budget) return S;
+    *packed = cu->strat != FSDP_NO_SHARD;
+    L = budget / ((*packed ? 2 : 1) * W * es) / 16 * 16;
+    return L < 16 ? 16 : L;
+}
+
+/* The receive buffer of a unit's exchange, in bytes (then the packed
+   blocks, when packed): every rank's slice of the chunk (every rank's
+   whole gradient chunk for NO_SHARD); none at one rank, where the fold
+   reads the unit's own gradient. recv_only: the received part alone. */
+FSDP__DEF size_t fsdp__inv_recv_bytes(const fsdp_ctx *c, const fsdp__cunit *cu, size_t budget,
+                                      size_t *recv_only)
+{
+    int packed;
+    size_t L, r;
+    *recv_only = 0;
+    if (c->nranks == 1 || !cu->info->requires_grad) return 0;
+    L = fsdp__inv_chunk(c, cu, budget, &packed);
+    r = (L * (size_t)c->nranks * fsdp_dtype_size(cu->rdt) + 63) & ~(size_t)63;
+    *recv_only = r;
+    return packed ? 2 * r : r;
+}
+
+/* The descriptor checks of the mode (world: the world size). */
+FSDP__DEF fsdp_result fsdp__inv_validate(const fsdp_ctx *c, const fsdp_ctx_desc *d)
+{
+    const fsdp_hooks *uh = &d->hooks;
+    if (!d->invariant_microbatches) return FSDP_SUCCESS;
+    if (d->invariant_microbatches < 0)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: "
+                                 "invariant_microbatches %d must be >= 0 (0: off)",
+                                 d->invariant_microbatches);
+    if (d->invariant_microbatches % c->nranks)
+        return fsdp__fail_create(uh, FSDP_INVALID_ARGS, "fsdp_ctx_create: "
+                                 "invariant_microbatches %d is not a multiple of the world size "
+                                 "%d: every rank runs the same number of the step's micro-batches "
+                                 "(run at a world size that divides %d)",
+                                 d->invariant_microbatches, c->nranks, d->invariant_microbatches);
+    if (d->plan_no_sync)
+        return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: plan_no_sync is not "
+                                 "supported in the invariant mode (invariant_microbatches %d): "
+                                 "no_sync adds a rank's micro-batches together before the other "
+                                 "ranks' are there, in an order that depends on the world size",
+                                 d->invariant_microbatches);
+    if (d->grad_views_in_place)
+        return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: grad_views_in_place "
+                                 "is not supported in the invariant mode (invariant_microbatches "
+                                 "%d): the engine would add each micro-batch into the f32 "
+                                 "gradient itself, in its own order", d->invariant_microbatches);
+    if (d->comm && c->nranks > 1 && !d->comm->vt.all_to_all)
+        return fsdp__fail_create(uh, FSDP_NOT_SUPPORTED, "fsdp_ctx_create: comm '%s' has no "
+                                 "all_to_all, which the invariant mode (invariant_microbatches "
+                                 "%d) moves gradients with", fsdp_comm_name(d->comm),
+                                 d->invariant_microbatches);
+    return FSDP_SUCCESS;
+}
+
+/* One round's fold on the host, every element through the round's nb
+   blocks (block j: micro-batch k * nb + j) in one pass: the first block of
+   the step copied (first), each other one added, then times scale (mean).
+   The arithmetic of the device path's kernels (fsdp__k_accumulate with
+   alpha 1, fsdp__k_scale), element by element, so both give the same bits. */
+FSDP__DEF void fsdp__inv_fold(float *acc, const unsigned char *base, size_t block, int nb,
+                              int first, fsdp_dtype dt, size_t S, int mean, double scale)
+{
+    float a = (float)scale;
+    size_t i;
+    int j;
+    if (dt == FSDP_F32) {
+        for (i = 0; i < S; i++) {
+            float v = first ? ((const float *)(const void *)base)[i] : acc[i];
+            for (j = first; j < nb; j++)
+                v = v + ((const float *)(const void *)(base + (size_t)j * block))[i];
+            acc[i] = mean ? v * a : v;
+        }
+        return;
+    }
+    for (i = 0; i < S; i++) {
+        float v = first ? fsdp__loadf(base, dt, i) : acc[i];
+        for (j = first; j < nb; j++) v = v + fsdp__loadf(base + (size_t)j * block, dt, i);
+        acc[i] = mean ? v * a : v;
+    }
+}
+
+/* A fold queued on the comm stream (devices whose memory the host reads):
+   one task per round instead of a kernel per block. Each unit has one;
+   done is the seq of the last that ran, so the next of the unit waits
+   for the stream only if that one has not (it rarely can: a whole
+   backward of the other units lies between). */
+typedef struct fsdp__inv_job {
+    float *acc;
+    const unsigned char *base;
+    size_t block, S;
+    int nb, first, mean;
+    fsdp_dtype dt;
+    double scale;
+    uint64_t seq, done;
+} fsdp__inv_job;
+
+FSDP__DEF fsdp_result fsdp__inv_task(void *arg, fsdp_error *err)
+{
+    fsdp__inv_job *jb = (fsdp__inv_job *)arg;
+    (void)err;
+    fsdp__inv_fold(jb->acc, jb->base, jb->block, jb->nb, jb->first, jb->dt, jb->S, jb->mean,
+                   jb->scale);
+    FSDP__STORE_U64(&jb->done, jb->seq);
+    return FSDP_SUCCESS;
+}
+
+/* The budget, and the jobs, one per unit, when the device's memory is
+   host-readable (else the device's kernels fold); 0 when out of memory. */
+FSDP__DEF int fsdp__inv_setup(fsdp_ctx *c)
+{
+    if (!c->inv_M) return 1;
+    c->inv_budget = fsdp__inv_budget(c);
+    if (!fsdp_device_host_accessible(c->dev)) return 1;
+    c->inv_jobs = (struct fsdp__inv_job *)fsdp__calloc(&c->hooks, (size_t)c->nunits + 1,
+                                                      sizeof(fsdp__inv_job));
+    return c->inv_jobs != NULL;
+}
+
+/* The invariant reduction of one backward of cu (on the comm stream, as
+   fsdp__reduce_chain): cast to the reduce dtype (element by element, so
+   each micro-batch is rounded alone), exchange, fold in index order, and
+   after the step's last round the mean (times 1/M: exact for a
+   power-of-two M, else one more rounding, the same at every W). */
+FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
+{
+    fsdp_result r;
+    size_t S = (size_t)cu->S, es = fsdp_dtype_size(cu->rdt);
+    size_t n = cu->strat == FSDP_NO_SHARD ? S : S * (size_t)cu->W;
+    int nb = c->nranks == 1 ? 1 : fsdp__inv_blocks(c), k = cu->inv_k, j, packed;
+    size_t L, o;
+    const unsigned char *base;
+    unsigned char *stage;
+    void *in = cu->ugrad;
+    if (k >= fsdp__inv_rounds(c))
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_end_backward: unit %d %s: backward "
+                              "%d of this step, but the invariant mode takes %d per unit (one "
+                              "per micro-batch)", cu->pub, cu->qname, k + 1, fsdp__inv_rounds(c));
+    if (cu->rdt != cu->pdt) {
+        r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, n, c->cs);
+        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "casting the gradient");
+        in = c->red_in;
+    }
+    L = fsdp__inv_chunk(c, cu, c->inv_budget, &packed);
+    /* the packed blocks follow the received ones */
+    stage = packed ? (unsigned char *)c->inv_recv +
+                         ((L * (size_t)c->nranks * es + 63) & ~(size_t)63)
+                   : NULL;
+    for (o = 0; o < S; o += L) {
+        size_t n1 = S - o < L ? S - o : L, bb = n1 * es;
+        int mean = k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum;
+        base = (const unsigned char *)in + o * es;
+        if (c->nranks > 1) {
+            fsdp_comm *xc = cu->strat == FSDP_NO_SHARD ? c->world : cu->comm;
+            const void *send = in;
+            if (cu->strat == FSDP_NO_SHARD) {
+                r = fsdp_all_gather(xc, base, c->inv_recv, n1, cu->rdt, c->cs);
+            } else if (cu->strat == FSDP_HYBRID_SHARD) {
+                /* the shard group's exchange lands in this replica's place
+                   of the world's blocks, then the replicas gather in place:
+                   block g * hs + j is world rank g * hs + j's, in order */
+                int hs = cu->W, rr = fsdp_comm_rank(c->rep_comm);
+                unsigned char *mine = (unsigned char *)c->inv_recv + (size_t)rr * hs * bb;
+                if (packed) {
+                    for (j = 0; j < hs; j++) {
+                        r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
+                                             (const unsigned char *)in + ((size_t)j * S + o) * es,
+                                             bb, FSDP_COPY_D2D, c->cs);
+                        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
+                    }
+                    send = stage;
+                }
+                r = fsdp_all_to_all(xc, send, mine, n1, cu->rdt, c->cs);
+                if (r == FSDP_SUCCESS) {
+                    xc = c->rep_comm;
+                    r = fsdp_all_gather(xc, mine, c->inv_recv, (size_t)hs * n1, cu->rdt, c->cs);
+                }
+            } else {
+                if (packed) { /* slice j's chunk, from every slice: contiguous blocks */
+                    for (j = 0; j < nb; j++) {
+                        r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
+                                             (const unsigned char *)in + ((size_t)j * S + o) * es,
+                                             bb, FSDP_COPY_D2D, c->cs);
+                        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
+                    }
+                    send = stage;
+                }
+                r = fsdp_all_to_all(xc, send, c->inv_recv, n1, cu->rdt, c->cs);
+            }
+            if (r != FSDP_SUCCESS)
+                return fsdp__ctx_comm(c, xc, r, "the invariant exchange of gradients");
+            base = (const unsigned char *)c->inv_recv;
+        }
+        if (c->offload) {
+            /* the shard is in host memory: the blocks come over, then the
+               same arithmetic as the CPU device's folds them */
+            r = fsdp_device_copy(c->dev, c->hstage, base, (size_t)nb * bb, FSDP_COPY_D2H, c->cs);
+            if (r == FSDP_SUCCESS) r = fsdp_stream_synchronize(c->dev, c->cs);
+            if (r != FSDP_SUCCESS) {
+                fsdp_result cr = fsdp_comm_async_error(cu->comm);
+                if (cr != FSDP_SUCCESS) return fsdp__ctx_comm(c, cu->comm, cr, "gradient exchange");
+                return fsdp__ctx_dev(c, r, "copying the gradients out");
+            }
+            fsdp__inv_fold(cu->grad + o, (const unsigned char *)c->hstage, bb, nb, k == 0,
+                           cu->rdt, n1, mean, 1.0 / (double)c->inv_M);
+        } else if (c->inv_jobs && n1 == S) {
+            fsdp__inv_job *jb = &c->inv_jobs[cu - c->u];
+            if (jb->seq != FSDP__LOAD_U64(&jb->done) &&
+                (r = fsdp_stream_synchronize(c->dev, c->cs)) != FSDP_SUCCESS)
+                return fsdp__ctx_dev(c, r, "waiting for the last fold");
+            jb->acc = cu->grad;
+            jb->base = base;
+            jb->block = bb;
+            jb->S = S;
+            jb->nb = nb;
+            jb->first = k == 0;
+            jb->mean = mean;
+            jb->dt = cu->rdt;
+            jb->scale = 1.0 / (double)c->inv_M;
+            jb->seq++;
+            /* as the engine launches collectives: a short one may run here */
+            r = (size_t)nb * bb <= ((size_t)16 << 10)
+                    ? fsdp_device_launch_short(c->dev, c->cs, fsdp__inv_task, jb)
+                    : fsdp_device_launch(c->dev, c->cs, fsdp__inv_task, jb);
+            if (r != FSDP_SUCCESS) {
+                jb->seq--;
+                return fsdp__ctx_dev(c, r, "queueing the fold");
+            }
+        } else {
+            /* the device's kernels, a block at a time (also a chunked
+               unit's on the CPU device: each chunk's blocks are reused) */
+            for (j = 0; j < nb; j++) {
+                const void *src = base + (size_t)j * bb;
+                if (k == 0 && j == 0)
+                    r = fsdp_device_cast(c->dev, cu->grad + o, FSDP_F32, src, cu->rdt, n1, c->cs);
+                else
+                    r = fsdp_device_accumulate(c->dev, cu->grad + o, FSDP_F32, src, cu->rdt, 1.0,
+                                               n1, c->cs);
+                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "folding the gradient");
+            }
+            if (mean) {
+                r = fsdp_device_scale(c->dev, cu->grad + o, FSDP_F32, 1.0 / (double)c->inv_M, n1,
+                                      c->cs);
+                if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "averaging the gradient");
+            }
+        }
+    }
+    cu->inv_k = k + 1;
+    cu->rs.grad_zero = 0;
+    return FSDP_SUCCESS;
+}
+
+/* Before a step or a clip: every unit had all its rounds, or none (a unit
+   no backward reached keeps a zero gradient at every W). */
+FSDP__DEF fsdp_result fsdp__inv_complete(fsdp_ctx *c, const char *fn)
+{
+    int i;
+    if (!c->inv_M) return FSDP_SUCCESS;
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        if (cu->inv_k && cu->inv_k != fsdp__inv_rounds(c))
+            return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "%s: unit %d %s had %d backward%s of "
+                                  "the %d this rank runs per step in the invariant mode "
+                                  "(invariant_microbatches %d at %d ranks): its gradient is "
+                                  "not the step's yet", fn, cu->pub, cu->qname, cu->inv_k,
+                                  cu->inv_k == 1 ? "" : "s", fsdp__inv_rounds(c), c->inv_M,
+                                  c->nranks);
+    }
+    return FSDP_SUCCESS;
+}
+
+/* --- the exact sum of squares (a Kulisch accumulator) ---
+   A finite f32 g is m * 2^e (m < 2^24, e >= -149), so g^2 = m^2 * 2^(2e):
+   an integer of 48 bits at bit 2e + 298 of a fixed-point number whose bit 0
+   weighs 2^-298. Every square lands below bit 554, and 2^64 of them below
+   bit 618: 20 digits of 32 bits hold any sum exactly. Integer sums do not
+   depend on the order, so neither the shards' boundaries nor the ranks'
+   order change a bit; the total is rounded once, to double. */
+#define FSDP__KUL_DIGITS 20
+typedef struct fsdp__kul {
+    uint64_t d[FSDP__KUL_DIGITS]; /* 32-bit digits, with carries pending */
+    uint64_t nan, inf;            /* seen (0/1) */
+    uint64_t pending;             /* additions since the last carry pass */
+} fsdp__kul;
+
+FSDP__DEF void fsdp__kul_carry(fsdp__kul *k)
+{
+    uint64_t carry = 0;
+    int i;
+    for (i = 0; i < FSDP__KUL_DIGITS; i++) {
+        uint64_t v = k->d[i] + carry;
+        k->d[i] = v & 0xffffffffu;
+        carry = v >> 32;
+    }
+    k->pending = 0;
+}
+
+FSDP__DEF void fsdp__kul_add_squares(fsdp__kul *k, const float *g, size_t n)
+{
+    size_t i;
+    for (i = 0; i < n; i++) {
+        uint32_t b;
+        uint32_t ex, fr;
+        uint64_t m, sq, lo, hi;
+        int p, L, s;
+        memcpy(&b, &g[i], 4);
+        ex = (b >> 23) & 0xffu;
+        fr = b & 0x7fffffu;
+        if (ex == 0xffu) {
+            if (fr) k->nan = 1;
+            else k->inf = 1;
+            continue;
+        }
+        if (!ex && !fr) continue;
+        m = ex ? (uint64_t)(fr | 0x800000u) : (uint64_t)fr;
+        p = 2 * (ex ? (int)ex - 150 : -149) + 298;
+        sq = m * m; /* < 2^48 */
+        L = p / 32;
+        s = p % 32;
+        lo = (sq & 0xffffffffu) << s; /* < 2^64 */
+        hi = (sq >> 32) << s;         /* < 2^48 */
+        k->d[L] += lo & 0xffffffffu;
+        k->d[L + 1] += (lo >> 32) + (hi & 0xffffffffu);
+        k->d[L + 2] += hi >> 32;
+        /* each addition adds < 2^33 to a digit: carry long before 2^64 */
+        if (++k->pending == ((uint64_t)1 << 28)) fsdp__kul_carry(k);
+    }
+}
+
+/* The accumulated value, rounded once to double (nearest, ties to even). */
+FSDP__DEF double fsdp__kul_value(fsdp__kul *k)
+{
+    uint64_t a, u, lo, sticky = 0;
+    int t, z, i;
+    fsdp__kul_carry(k);
+    if (k->nan) return NAN;
+    if (k->inf) return INFINITY;
+    for (t = FSDP__KUL_DIGITS - 1; t >= 0 && !k->d[t]; t--) {}
+    if (t < 0) return 0.0;
+    a = (k->d[t] << 32) | (t >= 1 ? k->d[t - 1] : 0);
+    lo = t >= 2 ? k->d[t - 2] : 0;
+    for (i = 0; i < t - 2; i++) sticky |= k->d[i];
+    for (z = 0; !((k->d[t] << z) & 0x80000000u); z++) {}
+    /* the top 64 bits of the 96 from digit t down, the rest as a sticky bit
+       below them, so that the conversion rounds as the exact value would */
+    u = z ? (a << z) | (lo >> (32 - z)) : a;
+    sticky |= z ? lo & ((((uint64_t)1) << (32 - z)) - 1) : lo;
+    u |= sticky ? 1u : 0u;
+    return ldexp((double)u, 32 * (t - 1) - z - 298);
+}
+
+/* The exact 2-norm of the gradients over every rank: each rank's digits
+   all-gathered and added as integers. */
+FSDP__DEF fsdp_result fsdp__inv_norm2(fsdp_ctx *c, int host, double *out)
+{
+    enum { W64 = FSDP__KUL_DIGITS + 2 };
+    fsdp__kul k;
+    uint64_t *all;
+    float *tmp = NULL;
+    size_t tmp_n = (size_t)1 << 16;
+    fsdp_result r;
+    int i, p, j, q;
+    memset(&k, 0, sizeof k);
+    if (!host) {
+        tmp = (float *)fsdp__alloc(&c->hooks, tmp_n * 4);
+        if (!tmp)
+            return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_clip_grad_norm: out of memory");
+    }
+    for (i = 0; i < c->nunits; i++) {
+        const fsdp__cunit *cu = &c->u[i];
+        /* a replicated gradient counts once: NO_SHARD on rank 0, HYBRID on
+           the first replica */
+        if (!cu->grad || (cu->strat == FSDP_NO_SHARD && c->rank != 0) ||
+            (cu->strat == FSDP_HYBRID_SHARD && fsdp_comm_rank(c->rep_comm) != 0))
+            continue;
+        for (p = 0; p < cu->lay.npieces; p++) {
+            const fsdp_shard_piece *pc = &cu->pieces[p];
+            const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -
+                                         cu->lay.flat_begin);
+            size_t n = pc->end >= pc->start ? (size_t)(pc->end - pc->start + 1) : 0, at;
+            if (host) {
+                fsdp__kul_add_squares(&k, g, n);
+                continue;
+            }
+            for (at = 0; at < n; at += tmp_n) {
+                size_t m = n - at < tmp_n ? n - at : tmp_n;
+                r = fsdp_device_copy(c->dev, tmp, g + at, m * 4, FSDP_COPY_D2H, NULL);
+                if (r != FSDP_SUCCESS) {
+                    fsdp__free(&c->hooks, tmp);
+                    return fsdp__ctx_dev(c, r, "fsdp_clip_grad_norm");
+                }
+                fsdp__kul_add_squares(&k, tmp, m);
+            }
+        }
+    }
+    fsdp__free(&c->hooks, tmp);
+    fsdp__kul_carry(&k);
+    all = (uint64_t *)fsdp__alloc(&c->hooks, (size_t)(c->nranks + 1) * W64 * sizeof(uint64_t));
+    if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_clip_grad_norm: out of memory");
+    memcpy(all + (size_t)c->nranks * W64, k.d, sizeof k.d);
+    all[(size_t)c->nranks * W64 + FSDP__KUL_DIGITS] = k.nan;
+    all[(size_t)c->nranks * W64 + FSDP__KUL_DIGITS + 1] = k.inf;
+    r = fsdp_all_gather(c->world, all + (size_t)c->nranks * W64, all, W64, FSDP_I64, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__free(&c->hooks, all);
+        return fsdp__ctx_comm(c, c->world, r, "fsdp_clip_grad_norm");
+    }
+    memset(&k, 0, sizeof k);
+    for (j = 0; j < c->nranks; j++) {
+        for (q = 0; q < FSDP__KUL_DIGITS; q++) k.d[q] += all[(size_t)j * W64 + q];
+        k.nan |= all[(size_t)j * W64 + FSDP__KUL_DIGITS];
+        k.inf |= all[(size_t)j * W64 + FSDP__KUL_DIGITS + 1];
+    }
+    fsdp__free(&c->hooks, all);
+    *out = sqrt(fsdp__kul_value(&k));
+    return FSDP_SUCCESS;
+}
+
+FSDP_API int fsdp_invariant_microbatch(fsdp_ctx *c, int k)
+{
+    if (!c) return -1;
+    if (!c->inv_M) {
+        fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_invariant_microbatch: the context is not in "
+                       "the invariant mode (fsdp_ctx_desc.invariant_microbatches is 0)");
+        return -1;
+    }
+    if (k < 0 || k >= fsdp__inv_rounds(c)) return -1;
+    return k * c->nranks + c->rank;
+}
+
+FSDP_API fsdp_result fsdp_invariant_sum(fsdp_ctx *c, const double *values, int nvalues,
+                                        double *out)
+{
+    double *all;
+    size_t per;
+    int R, v, m;
+    fsdp_result r;
+    if (!c) return FSDP_INVALID_ARGS;
+    if (!c->inv_M)
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_invariant_sum: the context is not in "
+                              "the invariant mode (fsdp_ctx_desc.invariant_microbatches is 0)");
+    if (nvalues < 1 || !values || !out)
+        return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_invariant_sum: %s",
+                              nvalues < 1 ? "nvalues must be >= 1"
+                              : !values  ? "values is NULL"
+                                         : "out is NULL");
+    R = fsdp__inv_rounds(c);
+    per = (size_t)R * (size_t)nvalues;
+    all = (double *)fsdp__alloc(&c->hooks, per * (size_t)(c->nranks + 1) * sizeof(double));
+    if (!all) return fsdp__ctx_fail(c, FSDP_OUT_OF_MEMORY, "fsdp_invariant_sum: out of memory");
+    memcpy(all + per * (size_t)c->nranks, values, per * sizeof(double));
+    fsdp_comm_set_label(c->world, "invariant_sum");
+    r = fsdp_all_gather(c->world, all + per * (size_t)c->nranks, all, per, FSDP_F64, NULL);
+    fsdp_comm_set_label(c->world, NULL);
+    if (r != FSDP_SUCCESS) {
+        fsdp__free(&c->hooks, all);
+        return fsdp__ctx_comm(c, c->world, r, "fsdp_invariant_sum");
+    }
+    /* micro-batch m = k * W + j is rank j's row k: folded in m's order */
+    for (v = 0; v < nvalues; v++) {
+        double acc = 0.0;
+        for (m = 0; m < c->inv_M; m++) {
+            int k = m / c->nranks, j = m % c->nranks;
+            double x = all[(size_t)j * per + (size_t)k * (size_t)nvalues + (size_t)v];
+            acc = m ? acc + x : x;
+        }
+        out[v] = acc;
+    }
+    fsdp__free(&c->hooks, all);
+    return FSDP_SUCCESS;
+}
+
+FSDP_API int fsdp_invariant_microbatches(const fsdp_ctx *c) { return c ? c->inv_M : 0; }
 /* ---- src/runtime_create.c (fsdp.h is generated: edit this file) ---- */
 /* --- >>runtime:create fsdp_ctx_create --------------------------------------
    In the steps of a setup: check the descriptor, fill its defaults,
@@ -19036,6 +19671,7 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
     c->othreads_set = d->offload_threads > 0;
     c->reduce_sum = d->grad_reduce == FSDP_GRAD_SUM;
     c->step_unreached = d->step_unreached != 0;
+    c->inv_M = d->invariant_microbatches > 0 ? d->invariant_microbatches : 0;
     {
         /* like TORCH_DISTRIBUTED_DEBUG: switched on without rebuilding */
         const char *env = getenv("FSDP_DEBUG");
@@ -19100,7 +19736,7 @@ FSDP__DEF fsdp_result fsdp__ctx_validate(const fsdp_ctx *c, const fsdp_ctx_desc 
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: hybrid_shard_size %d does not divide the "
                                  "world size %d", c->hybrid_size, c->nranks);
-    return FSDP_SUCCESS;
+    return fsdp__inv_validate(c, d);
 }
 
 /* Each unit's dtypes, strategy, shard group size, residency and the
@@ -19248,6 +19884,7 @@ typedef struct fsdp__ctx_sizes {
     int nslots;
     size_t slot_bytes, red_in, red_out, off_f32, hstage;
     size_t ag_stage; /* mixed dtypes: the packed all-gather's buffer */
+    size_t inv_recv; /* the invariant mode's exchanged gradients */
 } fsdp__ctx_sizes;
 
 /* A resident unit's own unsharded block. */
@@ -19271,9 +19908,10 @@ FSDP__DEF size_t fsdp__resident_bytes(const fsdp_ctx *c, const fsdp__cunit *cu)
 FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
 {
     fsdp_memory_plan *p = &z->plan;
-    size_t shards;
+    size_t shards, budget;
     int i, k, nshared = 0;
     memset(z, 0, sizeof *z);
+    budget = c->inv_M ? fsdp__inv_budget(c) : 0;
     for (k = 0; k < c->ngroups; k++) z->state_mask |= fsdp_optim_state_mask(&c->groups[k]);
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];
@@ -19295,6 +19933,15 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         /* the unsharded gradient cast to the reduce dtype (W is 1 for
            NO_SHARD), and the reduced shard */
         if (cu->rdt != cu->pdt && red * (size_t)cu->W > z->red_in) z->red_in = red * (size_t)cu->W;
+        if (c->inv_M) {
+            /* no reduced shard, nor its f32 widening: the exchanged
+               blocks (and with cpu_offload their host copy) instead */
+            size_t only, x = fsdp__inv_recv_bytes(c, cu, budget, &only);
+            size_t h = x ? only : (size_t)cu->S * fsdp_dtype_size(cu->rdt);
+            if (x > z->inv_recv) z->inv_recv = x;
+            if (c->offload && cu->info->requires_grad && h > z->hstage) z->hstage = h;
+            continue;
+        }
         if (cu->strat != FSDP_NO_SHARD && red > z->red_out) z->red_out = red;
         if (c->offload && cu->info->requires_grad) {
             if (red > z->hstage) z->hstage = red;
@@ -19326,7 +19973,7 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
     p->pool += (size_t)z->nslots * z->slot_bytes;
     fsdp__muon_plan(c, &z->muon, &p->muon_bytes_per_step);
     p->muon_scratch = z->muon;
-    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage + z->muon;
+    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage + z->muon + z->inv_recv;
     p->host_staging = z->hstage;
     p->pool_slots = z->nslots;
     shards = p->sharded_params + p->low_precision + p->sharded_grads + p->optimizer_state;
@@ -19400,10 +20047,13 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
         (r = fsdp__alloc_dev(c, z->red_out, &c->red_out, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->ag_stage, &c->ag_stage, &got.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, z->muon, &c->muon_buf, &got.scratch)) != FSDP_SUCCESS)
+        (r = fsdp__alloc_dev(c, z->muon, &c->muon_buf, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->inv_recv, &c->inv_recv, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
     c->ag_stage_bytes = z->ag_stage;
     c->muon_bytes = z->muon;
+    c->inv_recv_bytes = z->inv_recv;
+    if (!fsdp__inv_setup(c)) return fsdp__ctx_create_oom(d);
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;
@@ -20862,6 +21512,14 @@ FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
                               "fsdp_begin_backward: unit %d %s did not run forward in this "
                               "iteration (every backward needs its own begin/end_forward "
                               "since the last fsdp_step)", cu->pub, cu->qname);
+    if (c->inv_M && cu->info->requires_grad && cu->S && cu->inv_k >= fsdp__inv_rounds(c))
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                              "fsdp_begin_backward: unit %d %s: backward %d of this step, but "
+                              "the invariant mode (invariant_microbatches %d at %d ranks) takes "
+                              "%d per unit, one per micro-batch: a unit run more than once per "
+                              "micro-batch (a reused module) is not supported in the invariant "
+                              "mode", cu->pub, cu->qname, cu->inv_k + 1, c->inv_M, c->nranks,
+                              fsdp__inv_rounds(c));
     cu->fwd_runs--;
     if (!cu->info->requires_grad && cu->info->nentries)
         fsdp__log(&c->hooks, FSDP_LOG_DEBUG, "unit %s is frozen: no gradient reduction",
@@ -21010,6 +21668,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
         cu->rs.grad_zero = 0;
         return FSDP_SUCCESS;
     }
+    if (c->inv_M) return fsdp__inv_reduce(c, cu);
     if (cu->rdt != cu->pdt) {
         size_t m = cu->strat == FSDP_NO_SHARD ? S : n;
         r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, m, c->cs);
@@ -21324,6 +21983,11 @@ FSDP_API void *fsdp_grad_at(fsdp_ctx *c, int index)
 FSDP_API fsdp_result fsdp_set_no_sync(fsdp_ctx *c, int on)
 {
     if (!c) return FSDP_INVALID_ARGS;
+    if (on && c->inv_M)
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
+                              "fsdp_set_no_sync: no_sync is not supported in the invariant mode "
+                              "(it would add a rank's micro-batches together, in an order that "
+                              "depends on the world size)");
     if (on && !c->plan_no_sync)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_set_no_sync: the plan has no room for unsharded gradients "
@@ -21633,6 +22297,7 @@ FSDP__DEF fsdp_result fsdp__lend_open(fsdp_ctx *c)
     fsdp__lend_add(c, c->red_in, c->red_in_bytes, -1, -1);
     fsdp__lend_add(c, c->red_out, c->red_out_bytes, -1, -1);
     fsdp__lend_add(c, c->off_f32, c->off_f32_bytes, -1, -1);
+    fsdp__lend_add(c, c->inv_recv, c->inv_recv_bytes, -1, -1);
     for (i = 0; i < c->nunits; i++) /* idle holders of shared buffers (prefetched) */
         if (c->u[i].slot >= 0 && c->u[i].state == FSDP_UNIT_IDLE) fsdp__release_slot(c, &c->u[i]);
     for (i = 0; i < c->nslots; i++) {
@@ -21775,6 +22440,19 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
                               "kernel", fsdp_device_name(c->dev));
     if ((r = fsdp__sync_all(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__no_accum_pending(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
+    if (c->inv_M) {
+        /* the 2-norm exactly (a Kulisch sum: no shard boundary or rank
+           order changes it); the max of the inf-norm is exact anyway */
+        if ((r = fsdp__inv_complete(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
+        if (!inf && norm_type != 2.0)
+            return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "fsdp_clip_grad_norm: norm_type %g is "
+                                  "not supported in the invariant mode (2.0 or INFINITY: their "
+                                  "sums are exact)", norm_type);
+        if (!inf) {
+            if ((r = fsdp__inv_norm2(c, host, &total)) != FSDP_SUCCESS) return r;
+            goto clip;
+        }
+    }
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
         /* replicated gradients count once: NO_SHARD on world rank 0, HYBRID
@@ -21817,6 +22495,7 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
     }
     fsdp__free(&c->hooks, all);
     if (!inf) total = norm_type == 2.0 ? sqrt(total) : pow(total, 1.0 / norm_type);
+clip:
     if (total_norm) *total_norm = total;
     {
         /* torch multiplies by min(coef, 1): a NaN norm makes every
@@ -21975,6 +22654,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__no_accum_pending(c, "fsdp_step")) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__inv_complete(c, "fsdp_step")) != FSDP_SUCCESS) return r;
     /* refused before anything changes: a counter at INT64_MAX (set, not
        loaded: loads stop at FSDP_STEP_MAX) would overflow, which is UB */
     if (c->steps == INT64_MAX)
@@ -21993,6 +22673,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     for (i = 0; i < c->nunits; i++) { /* a new iteration */
         c->u[i].fwd_runs = 0;
         c->u[i].bwd_since_step = 0;
+        c->u[i].inv_k = 0;
         if (c->debug) c->u[i].dbg.pkept = 0; /* the step changes them (checked by sync_all) */
         if (c->u[i].step_now) c->u[i].steps++;
     }
@@ -22068,6 +22749,7 @@ FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *c)
         }
         c->u[i].rs.accum = 0;
         c->u[i].bwd_since_step = 0; /* torch: zero_grad forgets the backward */
+        c->u[i].inv_k = 0;
     }
     c->state = FSDP_CTX_IDLE;
     return FSDP_SUCCESS;
@@ -22842,6 +23524,12 @@ FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **ou
     if (desc->nparams <= 0 || !desc->params)
         return fsdp__fail_create(dh, FSDP_INVALID_ARGS,
                                  "fsdp_zero_create: the optimizer got an empty parameter list");
+    if (desc->invariant_microbatches)
+        return fsdp__fail_create(dh, FSDP_NOT_SUPPORTED, "fsdp_zero_create: the ZeRO optimizer "
+                                 "is not supported in the invariant mode (invariant_microbatches "
+                                 "%d): it reduces gradients the engine accumulated in its own "
+                                 "order; use fsdp_ctx_desc.invariant_microbatches",
+                                 desc->invariant_microbatches);
     if (desc->stage < FSDP_ZERO_STAGE_DEFAULT || desc->stage > FSDP_ZERO_STAGE_2)
         return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: unknown stage %d",
                                  (int)desc->stage);

@@ -15,6 +15,8 @@
                      in NCCL's in-place rules (the same as fsdp.h's);
                      f32 f64 f16 bf16 (native) and the byte types;
                      FSDP_REDUCE_AVG is ncclAvg
+       all_to_all    ncclSend/ncclRecv to and from every peer in one group
+                     (NCCL 2.7+), for the world-size-invariant mode
        barrier       an all-reduce of one element
        split         ncclCommSplit (FSDP_COMM_NO_COLOR: NCCL_SPLIT_NOCOLOR)
        async_error   the first failure seen by the watchdog
@@ -442,13 +444,28 @@ FSDP__NCCL_DEF int fsdp__nccl_dtype(fsdp_dtype dt, ncclDataType_t *out)
     }
 }
 
-enum { FSDP__NCCL_AG, FSDP__NCCL_RS, FSDP__NCCL_AR, FSDP__NCCL_BC };
+enum { FSDP__NCCL_AG, FSDP__NCCL_RS, FSDP__NCCL_AR, FSDP__NCCL_BC, FSDP__NCCL_A2A };
 
 /* One collective, enqueued on h. */
 FSDP__NCCL_DEF ncclResult_t fsdp__nccl_call(fsdp__nccl *n, int op, const void *send, void *recv,
                                             size_t count, ncclDataType_t t, ncclRedOp_t rop,
-                                            int root, cudaStream_t h)
+                                            int root, size_t es, cudaStream_t h)
 {
+    if (op == FSDP__NCCL_A2A) {
+        /* NCCL has no all-to-all collective: one send and one receive per
+           peer, fused into one operation by the group (every rank posts its
+           pairs in rank order, so no pair waits on another) */
+        ncclResult_t g = ncclGroupStart(), x = ncclSuccess;
+        int j;
+        if (g != ncclSuccess) return g;
+        for (j = 0; j < n->nranks && x == ncclSuccess; j++) {
+            x = ncclSend((const char *)send + (size_t)j * count * es, count, t, j, n->comm, h);
+            if (x == ncclSuccess)
+                x = ncclRecv((char *)recv + (size_t)j * count * es, count, t, j, n->comm, h);
+        }
+        g = ncclGroupEnd();
+        return x != ncclSuccess ? x : g;
+    }
     switch (op) {
     case FSDP__NCCL_AG: return ncclAllGather(send, recv, count, t, n->comm, h);
     case FSDP__NCCL_RS: return ncclReduceScatter(send, recv, count, t, rop, n->comm, h);
@@ -470,14 +487,15 @@ FSDP__NCCL_DEF int fsdp__nccl_on_device(const void *p)
 }
 
 static const char *const fsdp__nccl_op_names[] = {"all_gather", "reduce_scatter", "all_reduce",
-                                                  "broadcast"};
+                                                  "broadcast", "all_to_all"};
 
 /* The call's description for the stall diagnosis's ring. */
 FSDP__NCCL_DEF void fsdp__nccl_record(fsdp__nccl *n, int op, int barrier, size_t count,
                                       fsdp_dtype dt, fsdp_reduce_op rop, int root)
 {
     static const fsdp_coll_kind kinds[] = {FSDP_COLL_ALL_GATHER, FSDP_COLL_REDUCE_SCATTER,
-                                           FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST};
+                                           FSDP_COLL_ALL_REDUCE, FSDP_COLL_BROADCAST,
+                                           FSDP_COLL_ALL_TO_ALL};
     fsdp_coll_desc c = barrier ? fsdp_coll_make(FSDP_COLL_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0)
                                : fsdp_coll_make(kinds[op], count, dt,
                                                 op == FSDP__NCCL_RS || op == FSDP__NCCL_AR
@@ -518,8 +536,8 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll_kind(fsdp__nccl *n, int op, int barri
     if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
     if (cudaSetDevice(n->device) != cudaSuccess)
         return fsdp__nccl_cuda(err, cudaGetLastError(), "cudaSetDevice");
-    sbytes = count * es * (op == FSDP__NCCL_RS ? (size_t)n->nranks : 1u);
-    rbytes = count * es * (op == FSDP__NCCL_AG ? (size_t)n->nranks : 1u);
+    sbytes = count * es * (op == FSDP__NCCL_RS || op == FSDP__NCCL_A2A ? (size_t)n->nranks : 1u);
+    rbytes = count * es * (op == FSDP__NCCL_AG || op == FSDP__NCCL_A2A ? (size_t)n->nranks : 1u);
     if (s) {
         h = (cudaStream_t)fsdp_cuda_stream_handle(s);
         if (!h)
@@ -566,7 +584,7 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_coll_kind(fsdp__nccl *n, int op, int barri
     pthread_mutex_unlock(&n->mu);
     if ((r = fsdp__nccl_check_broken(n, err)) != FSDP_SUCCESS) return r;
     if (!fsdp__nccl_enter(n)) return fsdp__nccl_check_broken(n, err);
-    nr = fsdp__nccl_call(n, op, use_send, use_recv, count, t, ro, root, h);
+    nr = fsdp__nccl_call(n, op, use_send, use_recv, count, t, ro, root, es, h);
     fsdp__nccl_leave(n);
     r = fsdp__nccl_settle(n, n->comm, nr, name, err);
     if (r != FSDP_SUCCESS) return r;
@@ -633,6 +651,14 @@ FSDP__NCCL_DEF fsdp_result fsdp__broadcast__nccl(void *self, const void *send, v
 {
     return fsdp__nccl_coll((fsdp__nccl *)self, FSDP__NCCL_BC, send, recv, count, dt,
                            FSDP_REDUCE_SUM, root, s, err);
+}
+
+FSDP__NCCL_DEF fsdp_result fsdp__all_to_all__nccl(void *self, const void *send, void *recv,
+                                                  size_t count, fsdp_dtype dt, fsdp_stream *s,
+                                                  fsdp_error *err)
+{
+    return fsdp__nccl_coll((fsdp__nccl *)self, FSDP__NCCL_A2A, send, recv, count, dt,
+                           FSDP_REDUCE_SUM, 0, s, err);
 }
 
 FSDP__NCCL_DEF fsdp_result fsdp__barrier__nccl(void *self, fsdp_stream *s, fsdp_error *err)
@@ -805,6 +831,7 @@ FSDP__NCCL_DEF fsdp_result fsdp__nccl_wrap(fsdp__nccl *n, fsdp_comm **out, fsdp_
     vt.async_error = fsdp__async_error__nccl;
     vt.destroy = fsdp__destroy__nccl;
     vt.set_label = fsdp__set_label__nccl;
+    vt.all_to_all = fsdp__all_to_all__nccl;
     h.error = err;
     r = fsdp_comm_create(&vt, n, n->rank, n->nranks, &h, out);
     return r;

@@ -16,16 +16,29 @@
 
    Both are timed by the thread's CPU time (best of many runs), so other
    processes on a shared machine do not count against them.
+   3. With --invariant M, only this: the world-size-invariant mode
+      (fsdp_ctx_desc.invariant_microbatches, train_gpt --invariant M)
+      against the default mode at 2 and 4 ranks, the same global batch:
+      the default with one micro-batch per rank, the default with the
+      invariant mode's micro-batches (--accum M / ranks: the same compute,
+      so the ratio is the library's cost alone), and the mode: 11 rounds
+      (3 with --quick) of the three runs, each first in turn, and the
+      medians of the wall time per step and of each round's own ratios
+      (runs seconds apart see about the same load on a shared machine);
+      and likewise the process's CPU time per step (every thread: the
+      ranks, the streams), which other processes disturb less.
 
    3. With --python PY (a Python with torch): train_gpt at one rank on a
       4 x 256 model against the same model's training step in torch
       (bench_gpt_peers.py) at 1 and 2 threads, as ratios.
 
-   Usage: bench_gpt [--steps K] [--max-ranks N] [--quick] [--python PY]    */
+   Usage: bench_gpt [--steps K] [--max-ranks N] [--quick] [--python PY]
+                    [--invariant M]                                          */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "examples/gpt.h"
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 /* ---- peak: PEAK_W independent accumulators, each advanced by a nested
@@ -121,12 +134,110 @@ static void gemm_fsdp(GPT__GEMM_ARGS)
         gpt__gemm_plain(M, N, K, A, ars, acs, B, ldb, C, ldc);
 }
 
+/* Part 3: one configuration's wall time per step (ms) and its plan. */
+static double cpu_ms(void)
+{
+    struct rusage u;
+    getrusage(RUSAGE_SELF, &u);
+    return (double)(u.ru_utime.tv_sec + u.ru_stime.tv_sec) * 1e3 +
+           (double)(u.ru_utime.tv_usec + u.ru_stime.tv_usec) * 1e-3;
+}
+
+static int inv_run(gpt_config *cfg, int ranks, int accum, int inv, int steps, double *ms,
+                   double *cpu, size_t *plan)
+{
+    static gpt_result res;
+    static char err[FSDP_ERROR_MAX + 128];
+    double c0 = cpu_ms();
+    cfg->ranks = ranks;
+    cfg->accum = accum;
+    cfg->invariant = inv;
+    cfg->steps = steps;
+    cfg->quiet = 1;
+    cfg->ntest = 64;
+    cfg->eval_every = 0;
+    memset(&res, 0, sizeof res);
+    if (!gpt_train(cfg, &res, err, sizeof err)) {
+        fprintf(stderr, "bench_gpt: %s\n", err);
+        return 0;
+    }
+    *cpu = (cpu_ms() - c0) / steps;
+    *ms = res.train_ms / steps;
+    *plan = res.plan[0];
+    return 1;
+}
+
+static int cmp_double(const void *a, const void *b)
+{
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
+}
+
+static double median(double *v, int n)
+{
+    qsort(v, (size_t)n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
+}
+
+#define INV_MAX_REPS 64
+
+static int bench_invariant(gpt_config *cfg, int M, int steps, int reps, long cores)
+{
+    static const int worlds[2] = {2, 4};
+    int w, rep, k;
+    if (M < 4 || M % 4 || cfg->batch % M) {
+        fprintf(stderr, "bench_gpt: --invariant M must be a multiple of 4 dividing the global "
+                "batch %d\n", cfg->batch);
+        return 2;
+    }
+    if (reps > INV_MAX_REPS) reps = INV_MAX_REPS;
+    printf("bench_gpt: %ld cores; train_gpt uses the %s matmul\n", cores, gpt_gemm_isa());
+    printf("\n3. invariant mode: default model, %d steps, global batch %d, M = %d micro-batches "
+           "of %d rows; wall and CPU ms per step, medians of %d rounds of the three runs (in "
+           "rotating order), the ratios medians of each round's own\n", steps, cfg->batch, M,
+           cfg->batch / M, reps);
+    printf("  %5s %10s %10s %10s %12s %12s %12s %12s %10s %10s %12s\n", "ranks", "default",
+           "same mb", "invariant", "inv/same mb", "inv/default", "plan default", "plan inv",
+           "cpu same", "cpu inv", "cpu inv/same");
+    for (w = 0; w < 2; w++) {
+        int W = worlds[w];
+        double ms[3][INV_MAX_REPS], cpu[3][INV_MAX_REPS];
+        double rs[INV_MAX_REPS], rd[INV_MAX_REPS], rc[INV_MAX_REPS];
+        size_t plan[3] = {0, 0, 0};
+        /* a round runs the three configurations, each first in turn, and
+           its ratios compare runs seconds apart: the load of a shared
+           machine drifts less within a round than across the whole run */
+        for (rep = 0; rep < reps; rep++) {
+            for (k = 0; k < 3; k++) {
+                int which = (rep + k) % 3, ok;
+                if (which == 0)
+                    ok = inv_run(cfg, W, 1, 0, steps, &ms[0][rep], &cpu[0][rep], &plan[0]);
+                else if (which == 1)
+                    ok = inv_run(cfg, W, M / W, 0, steps, &ms[1][rep], &cpu[1][rep], &plan[1]);
+                else
+                    ok = inv_run(cfg, W, 1, M, steps, &ms[2][rep], &cpu[2][rep], &plan[2]);
+                if (!ok) return 1;
+            }
+            rs[rep] = ms[2][rep] / ms[1][rep];
+            rd[rep] = ms[2][rep] / ms[0][rep];
+            rc[rep] = cpu[2][rep] / cpu[1][rep];
+        }
+        printf("  %5d %10.2f %10.2f %10.2f %12.2f %12.2f %12zu %12zu %10.2f %10.2f %12.2f\n", W,
+               median(ms[0], reps), median(ms[1], reps), median(ms[2], reps), median(rs, reps),
+               median(rd, reps), plan[1], plan[2], median(cpu[1], reps), median(cpu[2], reps),
+               median(rc, reps));
+    }
+    printf("  same mb: the default mode with --accum M / ranks (the invariant mode's "
+           "micro-batches); plans are per rank, bytes\n");
+    return 0;
+}
+
 int main(int argc, char **argv)
 {
     static gpt_result res;
     static char err[FSDP_ERROR_MAX + 128];
     gpt_config cfg = gpt_default_config();
-    int i, max_ranks = 8, steps = 60, quick = 0, nisa = 1, isa, r;
+    int i, max_ranks = 8, steps = 60, quick = 0, nisa = 1, isa, r, inv = 0;
     const char *py = NULL;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double secs;
@@ -141,8 +252,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--max-ranks") && i + 1 < argc) max_ranks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--python") && i + 1 < argc) py = argv[++i];
+        else if (!strcmp(argv[i], "--invariant") && i + 1 < argc) inv = atoi(argv[++i]);
         else {
-            fprintf(stderr, "usage: %s [--steps K] [--max-ranks N] [--quick] [--python PY]\n",
+            fprintf(stderr, "usage: %s [--steps K] [--max-ranks N] [--quick] [--python PY] "
+                    "[--invariant M]\n",
                     argv[0]);
             return 2;
         }
@@ -157,6 +270,7 @@ int main(int argc, char **argv)
     }
     secs = quick ? 0.2 : 1.0;
     gpt_gemm_init();
+    if (inv) return bench_invariant(&cfg, inv, quick ? 10 : 50, quick ? 3 : 11, cores);
     peaks[0] = peak_plain;
     gemms[0] = gpt__gemm_plain;
 #ifdef GPT_HAVE_DISPATCH

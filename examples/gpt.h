@@ -84,6 +84,12 @@ typedef struct gpt_config {
        AdamW). */
     int muon;
     double muon_lr;
+    /* --invariant M (fsdp_ctx_desc.invariant_microbatches): the global
+       batch is M micro-batches of batch / M rows, each rank runs M / ranks
+       of them per step (the micro-batches fsdp_invariant_microbatch names),
+       and the run is bitwise the same at every --ranks dividing M. 0: off
+       (--accum micro-batches per rank). */
+    int invariant;
 } gpt_config;
 
 /* The defaults of train_gpt: ~100k parameters, learns 3-digit addition to
@@ -1670,7 +1676,11 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     fsdp_memory_plan plan;
     fsdp_memory_stats ms;
     fsdp_result r;
-    int K = cfg->accum, mb = cfg->batch / (nranks * K), ok = 0, step, m, i, k;
+    /* --invariant M: K = M / W rounds of micro-batches of B / M rows */
+    int K = cfg->invariant ? cfg->invariant / nranks : cfg->accum;
+    int mb = cfg->invariant ? cfg->batch / cfg->invariant : cfg->batch / (nranks * K);
+    int ok = 0, step, m, i, k;
+    double *mb_loss = NULL; /* --invariant: this rank's micro-batch losses of a step */
     int first_step, last_step;
     uint64_t data_base, data_seed; /* the training stream's first sample and seed */
     float *dump = NULL; /* --dump-logits: rank 0's logits */
@@ -1697,7 +1707,8 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
     row = (size_t)e.d.L + 1;
     e.t = (gpt_tensor *)calloc((size_t)(e.d.layers + 1) * GPT_MAX_NT, sizeof(gpt_tensor));
     tok = (int *)malloc((size_t)chunk * row * sizeof(int));
-    if (!e.t || !tok || !gpt_acts_alloc(&a, &e.d, chunk)) {
+    mb_loss = (double *)calloc((size_t)K + 1, sizeof(double));
+    if (!e.t || !tok || !mb_loss || !gpt_acts_alloc(&a, &e.d, chunk)) {
         snprintf(e.msg, e.msg_cap, "rank %d: out of host memory", rank);
         goto done;
     }
@@ -1742,6 +1753,7 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         cd.group_fn = gpt_group_of_muon;
     }
     cd.cpu_offload = cfg->cpu_offload;
+    cd.invariant_microbatches = cfg->invariant;
     {
         fsdp_error err;
         memset(&err, 0, sizeof err);
@@ -1883,28 +1895,47 @@ static int gpt_rank_train(const gpt_shared *sh, int rank, int nranks, fsdp_comm 
         float loss = 0.0f;
         for (m = 0; m < K; m++) {
             /* micro-batch m: rows [m*B/K, (m+1)*B/K) of the global batch,
-               this rank's slice of them */
+               this rank's slice of them; --invariant: the whole micro-batch
+               fsdp_invariant_microbatch names, rows [j*B/M, (j+1)*B/M) */
+            int j = cfg->invariant ? fsdp_invariant_microbatch(e.ctx, m) : m;
+            uint64_t first = cfg->invariant ? (uint64_t)j * (uint64_t)mb
+                                            : (uint64_t)(m * (cfg->batch / K) + rank * mb);
             for (i = 0; i < mb; i++) {
                 uint64_t idx = data_base + (uint64_t)(step - first_step) * (uint64_t)cfg->batch +
-                               (uint64_t)(m * (cfg->batch / K) + rank * mb + i), x, y;
+                               first + (uint64_t)i, x, y;
                 gpt_problem(cfg->digits, data_seed, 0, idx, &x, &y);
                 gpt_encode_task(cfg->task, cfg->digits, x, y, tok + (size_t)i * row);
             }
             if (!gpt_forward(&e.d, &a, &e.src, tok, mb)) goto done;
-            /* d(this rank's mean loss over the step); FSDP averages ranks */
-            loss += (float)(gpt_loss(&e.d, &a, tok, mb,
-                                     1.0f / (float)(mb * K * (cfg->digits + 1)), NULL) /
-                            ((double)mb * K * (cfg->digits + 1)));
+            if (cfg->invariant) {
+                /* d(the micro-batch's mean loss); the library averages the
+                   M micro-batches in index order */
+                mb_loss[m] = gpt_loss(&e.d, &a, tok, mb, 1.0f / (float)(mb * (cfg->digits + 1)),
+                                      NULL) /
+                             ((double)mb * (cfg->digits + 1));
+            } else {
+                /* d(this rank's mean loss over the step); FSDP averages ranks */
+                loss += (float)(gpt_loss(&e.d, &a, tok, mb,
+                                         1.0f / (float)(mb * K * (cfg->digits + 1)), NULL) /
+                                ((double)mb * K * (cfg->digits + 1)));
+            }
             if (!gpt_backward(&e.d, &a, &e.src, tok, mb)) goto done;
         }
         gpt__enter_lib(&e, &wall);
-        r = fsdp_clip_grad_norm(e.ctx, cfg->clip, 2.0, &norm);
+        r = FSDP_SUCCESS;
+        if (cfg->invariant) {
+            /* the step's mean loss with the same bits at any --ranks */
+            double sum = 0.0;
+            r = fsdp_invariant_sum(e.ctx, mb_loss, 1, &sum);
+            loss = (float)(sum / (double)cfg->invariant);
+        }
+        if (r == FSDP_SUCCESS) r = fsdp_clip_grad_norm(e.ctx, cfg->clip, 2.0, &norm);
         if (r == FSDP_SUCCESS)
             r = fsdp_set_lr(e.ctx, 0, !cfg->muon || e.lora ? lr
                                       : cfg->lr > 0.0 ? lr * (cfg->muon_lr / cfg->lr) : 0.0);
         if (r == FSDP_SUCCESS) r = fsdp_set_lr(e.ctx, 1, lr);
         if (r == FSDP_SUCCESS) r = fsdp_step(e.ctx);
-        if (r == FSDP_SUCCESS &&
+        if (r == FSDP_SUCCESS && !cfg->invariant &&
             fsdp_all_reduce(comm, &loss, &loss, 1, FSDP_F32, FSDP_REDUCE_AVG, NULL) != FSDP_SUCCESS) {
             snprintf(e.msg, e.msg_cap, "rank %d: all_reduce of the loss: %s", rank,
                      fsdp_comm_last_error(comm));
@@ -2034,6 +2065,7 @@ done:
         }
     free(e.t);
     free(tok);
+    free(mb_loss);
     if (!ok && !e.msg[0]) snprintf(e.msg, e.msg_cap, "rank %d failed", rank);
     return ok;
 }
@@ -2065,6 +2097,13 @@ static int gpt_check_config(const gpt_config *c, char *err, size_t cap)
         snprintf(err, cap, "--ranks must be 1..%d", GPT_MAX_RANKS);
     else if (c->steps < 0 || c->batch < 1 || c->accum < 1 || !(c->lr > 0.0) || !(c->lr < 10.0))
         snprintf(err, cap, "--steps must be >= 0, --batch and --accum >= 1 and --lr in (0, 10)");
+    else if (c->invariant < 0 || (c->invariant && c->accum != 1))
+        snprintf(err, cap, "--invariant M must be >= 1, and replaces --accum (each rank runs M / "
+                 "--ranks micro-batches per step)");
+    else if (c->invariant && c->steps > 0 && (c->batch % c->invariant || c->invariant % c->ranks))
+        snprintf(err, cap, "--invariant %d: the global batch %d must split into %d micro-batches, "
+                 "and --ranks %d must divide %d", c->invariant, c->batch, c->invariant, c->ranks,
+                 c->invariant);
     else if (c->steps > 0 && c->batch % (c->ranks * c->accum)) /* none trains at --steps 0 */
         snprintf(err, cap,
                  "the global batch %d does not split into %d micro-batches on each of %d "

@@ -30,7 +30,12 @@
    Each step, every rank takes its slice of one fixed global batch, so
    --ranks changes speed and memory, not the mathematics: the same --seed
    gives the same loss curve at any --ranks (up to float rounding in the
-   gradient reductions). The N ranks are N threads on the built-in `local`
+   gradient reductions). --invariant M removes that rounding too: the
+   global batch is M micro-batches of --batch / M rows, each rank runs M /
+   --ranks of them per step, and the library folds their gradients in
+   micro-batch order (fsdp_ctx_desc.invariant_microbatches), so the
+   parameters, the optimizer state and the reported losses are bitwise the
+   same at every --ranks that divides M (docs/determinism.md). The N ranks are N threads on the built-in `local`
    backend, each with its own CPU device whose allocations are counted:
    progress lines show the measured peak device memory per rank next to the
    context's plan (activations are ordinary host memory). The last line is
@@ -38,7 +43,7 @@
        final_loss=<x> accuracy=<y> peak_bytes=<n> plan_bytes=<n>
 
    Usage: train_gpt [--ranks N] [--steps K] [--layers L] [--dim C] [--heads H]
-                    [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]
+                    [--batch B] [--accum K | --invariant M] [--lr X] [--seed S] [--digits D]
                     [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload] [--quiet]
                     [--save DIR] [--save-every K] [--resume DIR] [--stop-after N] [--clean]
                     [--metrics FILE] [--optim adamw|muon [--muon-lr X]]
@@ -132,7 +137,7 @@ static void usage(const char *argv0)
 {
     fprintf(stderr,
             "usage: %s [--ranks N] [--steps K] [--layers L] [--dim C] [--heads H]\n"
-            "          [--batch B] [--accum K] [--lr X] [--seed S] [--digits D]\n"
+            "          [--batch B] [--accum K | --invariant M] [--lr X] [--seed S] [--digits D]\n"
             "          [--ntest N] [--eval-every K] [--clip X] [--bf16] [--cpu-offload]\n"
             "          [--quiet] [--capacity BYTES]\n"
             "          [--optim adamw|muon [--muon-lr X]] (muon: FSDP_MUON for the blocks'\n"
@@ -290,6 +295,7 @@ static int parse_args(int argc, char **argv, gpt_config *c, backend_opts *b)
             else if (!strcmp(a, "--heads")) good = parse_int(v, &c->heads), heads_given = 1;
             else if (!strcmp(a, "--batch")) good = parse_int(v, &c->batch);
             else if (!strcmp(a, "--accum")) good = parse_int(v, &c->accum);
+            else if (!strcmp(a, "--invariant")) good = parse_int(v, &c->invariant);
             else if (!strcmp(a, "--digits")) good = parse_int(v, &c->digits);
             else if (!strcmp(a, "--ntest")) good = parse_int(v, &c->ntest);
             else if (!strcmp(a, "--eval-every")) {
@@ -341,10 +347,16 @@ static void print_header(const gpt_config *c, const backend_opts *b, const fsdp_
     printf("  GPT: %d layers, dim %d, %d heads, context %d, vocab %d, %lld parameters "
            "(head tied to wte)\n", c->layers, c->dim, c->heads, gpt_seq_len(c->digits), GPT_VOCAB,
            (long long)total);
-    printf("  task: %d-digit addition, answer reversed; global batch %d (%d micro-batch%s of "
-           "%d per rank), %d steps, AdamW lr %g, seed %llu\n", c->digits, c->batch, c->accum,
-           c->accum == 1 ? "" : "es", c->batch / (c->ranks * c->accum), c->steps, c->lr,
-           c->seed);
+    if (c->invariant)
+        printf("  task: %d-digit addition, answer reversed; global batch %d (%d micro-batches of "
+               "%d, %d per rank per step; world-size invariant), %d steps, AdamW lr %g, seed "
+               "%llu\n", c->digits, c->batch, c->invariant, c->batch / c->invariant,
+               c->invariant / c->ranks, c->steps, c->lr, c->seed);
+    else
+        printf("  task: %d-digit addition, answer reversed; global batch %d (%d micro-batch%s of "
+               "%d per rank), %d steps, AdamW lr %g, seed %llu\n", c->digits, c->batch, c->accum,
+               c->accum == 1 ? "" : "es", c->batch / (c->ranks * c->accum), c->steps, c->lr,
+               c->seed);
     fflush(stdout);
 }
 

@@ -44,6 +44,12 @@ typedef struct fsdp_comm_vtable {
     /* Optional: the label of the calls issued from now on (never NULL,
        at most FSDP_COLL_LABEL_MAX - 1 chars), for messages. */
     void (*set_label)(void *self, const char *label);
+    /* Optional (since 0.8; NULL: fsdp_all_to_all returns FSDP_NOT_SUPPORTED,
+       and the world-size-invariant mode refuses the comm): send and recv
+       hold size * count elements; block j of send goes to rank j, and rank
+       j's block for this rank lands at recv + j * count. Not in place. */
+    fsdp_result (*all_to_all)(void *self, const void *send, void *recv, size_t count,
+                              fsdp_dtype dt, fsdp_stream *s, fsdp_error *err);
 } fsdp_comm_vtable;
 
 /* Wraps a backend; the comm owns `self` from then on (vt->destroy). */
@@ -70,6 +76,12 @@ FSDP_API fsdp_result fsdp_all_reduce(fsdp_comm *comm, const void *send, void *re
 FSDP_API fsdp_result fsdp_broadcast(fsdp_comm *comm, const void *send, void *recv,
                                     size_t count, fsdp_dtype dt, int root, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_barrier(fsdp_comm *comm, fsdp_stream *s);
+/* Block j of send (count elements) to rank j; rank j's block for this rank
+   at recv + j * count (send and recv hold size * count, and do not
+   overlap). No arithmetic: every backend moves the bytes as they are.
+   FSDP_NOT_SUPPORTED for a backend without it (vtable all_to_all NULL). */
+FSDP_API fsdp_result fsdp_all_to_all(fsdp_comm *comm, const void *send, void *recv,
+                                     size_t count, fsdp_dtype dt, fsdp_stream *s);
 FSDP_API fsdp_result fsdp_comm_split(fsdp_comm *comm, int color, int key, fsdp_comm **out);
 /* The first failure of an asynchronous collective on this comm (timeout,
    mismatch, ...), with its message in fsdp_comm_last_error. */
@@ -92,7 +104,8 @@ typedef enum fsdp_coll_kind {
     FSDP_COLL_ALL_REDUCE,
     FSDP_COLL_BROADCAST,
     FSDP_COLL_BARRIER,
-    FSDP_COLL_SPLIT
+    FSDP_COLL_SPLIT,
+    FSDP_COLL_ALL_TO_ALL /* since 0.8 */
 } fsdp_coll_kind;
 
 #define FSDP_COLL_LABEL_MAX 64

@@ -489,6 +489,9 @@ FSDP__DEF fsdp_result fsdp__eng_move(fsdp__eng *e, const fsdp_coll_desc *c, cons
         return xp->all_gather(e->t,
                               send == (unsigned char *)recv + (size_t)e->rank * bytes ? NULL : send,
                               recv, bytes, deadline, err);
+    case FSDP_COLL_ALL_TO_ALL:
+        if (!bytes) return xp->barrier(e->t, deadline, err);
+        return xp->all_to_all(e->t, send, recv, bytes, deadline, err);
     case FSDP_COLL_BROADCAST:
         if (!bytes) return xp->barrier(e->t, deadline, err);
         if (e->rank == c->root && send != recv) memmove(recv, send, bytes);
@@ -765,6 +768,13 @@ FSDP__DEF fsdp_result fsdp__broadcast__eng(void *self, const void *send, void *r
     return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
 }
 
+FSDP__DEF fsdp_result fsdp__all_to_all__eng(void *self, const void *send, void *recv, size_t count,
+                                            fsdp_dtype dt, fsdp_stream *s, fsdp_error *err)
+{
+    fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_ALL_TO_ALL, count, dt, FSDP_REDUCE_SUM, 0);
+    return fsdp__eng_issue((fsdp__eng *)self, &c, send, recv, s, err);
+}
+
 FSDP__DEF fsdp_result fsdp__barrier__eng(void *self, fsdp_stream *s, fsdp_error *err)
 {
     fsdp_coll_desc c = fsdp_coll_make(FSDP_COLL_BARRIER, 0, FSDP_U8, FSDP_REDUCE_SUM, 0);
@@ -896,6 +906,7 @@ FSDP__DEF fsdp_result fsdp__eng_comm(fsdp__eng *e, const char *name, const fsdp_
     vt.async_error = fsdp__async_error__eng;
     vt.destroy = fsdp__destroy__eng;
     vt.set_label = fsdp__set_label__eng;
+    vt.all_to_all = fsdp__all_to_all__eng;
     r = fsdp_comm_create(&vt, e, e->rank, e->size, hooks, out);
     if (r != FSDP_SUCCESS) fsdp__eng_destroy(e);
     return r;

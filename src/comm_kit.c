@@ -22,6 +22,7 @@ FSDP_API const char *fsdp_coll_kind_name(fsdp_coll_kind kind)
     case FSDP_COLL_BROADCAST: return "broadcast";
     case FSDP_COLL_BARRIER: return "barrier";
     case FSDP_COLL_SPLIT: return "split";
+    case FSDP_COLL_ALL_TO_ALL: return "all_to_all";
     default: return "unknown";
     }
 }
@@ -34,6 +35,7 @@ FSDP_API void fsdp_coll_describe(char *buf, size_t cap, const fsdp_coll_desc *c)
     if (c->seq) snprintf(seq, sizeof seq, " #%llu ", (unsigned long long)c->seq);
     switch (c->kind) {
     case FSDP_COLL_ALL_GATHER:
+    case FSDP_COLL_ALL_TO_ALL:
         snprintf(buf, cap, "%s%s(count=%zu, dtype=%s)", name, seq, c->count,
                  fsdp_dtype_name(c->dt));
         break;

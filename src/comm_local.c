@@ -269,6 +269,15 @@ FSDP__DEF void fsdp__local_move(const fsdp__eng *e, const fsdp_coll_desc *c, voi
     case FSDP_COLL_BROADCAST:
         if (recv != sends[c->root]) memmove(recv, sends[c->root], bytes);
         break;
+    case FSDP_COLL_ALL_TO_ALL:
+        /* rank j's block for this rank; own block first, then the peers
+           from the next rank on, so ranks do not all read rank 0 at once */
+        for (i = 0; i < n; i++) {
+            int j = (r + i) % n;
+            memcpy((unsigned char *)recv + (size_t)j * bytes,
+                   (const unsigned char *)sends[j] + (size_t)r * bytes, bytes);
+        }
+        break;
     default: FSDP_ASSERT(0 && "unknown collective"); break;
     }
     fsdp__local_step(g);

@@ -183,6 +183,28 @@ FSDP_API fsdp_result fsdp_broadcast(fsdp_comm *comm, const void *send, void *rec
                            &e, "fsdp_broadcast");
 }
 
+FSDP_API fsdp_result fsdp_all_to_all(fsdp_comm *comm, const void *send, void *recv,
+                                     size_t count, fsdp_dtype dt, fsdp_stream *s)
+{
+    fsdp_error e;
+    fsdp_result r;
+    if (!comm) return FSDP_INVALID_ARGS;
+    if (!comm->vt.all_to_all)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_NOT_SUPPORTED,
+                          "fsdp_all_to_all: comm '%s' has no all_to_all", fsdp_comm_name(comm));
+    r = fsdp__comm_check(comm, "fsdp_all_to_all", send, (size_t)comm->size, recv,
+                         (size_t)comm->size, count, dt, 0, FSDP_REDUCE_SUM);
+    if (r != FSDP_SUCCESS) return r;
+    /* blocks move between ranks: a buffer both read and written would
+       have its blocks overwritten before every peer read them */
+    if (count && send == recv)
+        return fsdp__fail(&comm->err, &comm->hooks, FSDP_INVALID_ARGS,
+                          "fsdp_all_to_all: send and recv are the same buffer (not in place)");
+    fsdp__clear(&e);
+    return fsdp__comm_done(comm, comm->vt.all_to_all(comm->self, send, recv, count, dt, s, &e),
+                           &e, "fsdp_all_to_all");
+}
+
 FSDP_API fsdp_result fsdp_barrier(fsdp_comm *comm, fsdp_stream *s)
 {
     fsdp_error e;

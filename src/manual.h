@@ -85,7 +85,7 @@
                       >>safetensors:file >>safetensors:read
        >>runtime      per-rank FSDP context: gather, reduce, prefetch, planned
                       memory, init, clipping, summon, the sharded step.
-                      Inside: >>runtime:ctx >>runtime:muon >>runtime:create
+                      Inside: >>runtime:ctx >>runtime:muon >>runtime:invariant >>runtime:create
                       >>runtime:shards >>runtime:debug >>runtime:pool
                       >>runtime:gather >>runtime:reduce >>runtime:views
                       >>runtime:init >>runtime:lend >>runtime:step
@@ -370,6 +370,7 @@
 
    FURTHER READING, in docs/: tour.md (every call of the steps above and
    the runtime's features), porting.md, checkpoints.md, memory.md, lora.md,
+   determinism.md (the same model at any world size: the invariant mode),
    backends.md, gpu.md, vendoring.md, pytorch.md (what is reproduced and
    where we differ), examples.md, PERFORMANCE.md (the benchmarks' figures).
 */

@@ -167,6 +167,29 @@ typedef struct fsdp_ctx_desc {
        gradient (weight decay and the moments still move it), torch's
        zero_grad(set_to_none=False), fsdp.h's behaviour before. */
     int step_unreached;
+    /* --- the world-size-invariant mode (issue 44; docs/determinism.md) ---
+       M > 0: every step takes M micro-batches, and the parameters, the
+       optimizer state, fsdp_clip_grad_norm's norm and fsdp_invariant_sum
+       have the same bits at every world size W that divides M (else
+       fsdp_ctx_create refuses). Each rank runs M / W of them per step, one
+       backward of every unit each: in round k (0 .. M/W - 1) rank r must
+       compute micro-batch fsdp_invariant_microbatch(ctx, k) = k * W + r.
+       The step's gradient is the left fold of the M micro-batch gradients
+       in index order, in f32 ((g0 + g1) + g2 ...), times 1/M for
+       FSDP_GRAD_AVG (exact for a power-of-two M; otherwise one rounding
+       more, the same at every W); FSDP_GRAD_SUM keeps the fold. PyTorch's
+       pre- and post-divide factors are not used. Each backward moves the
+       unit's gradient by an all-to-all (the bytes of a reduce-scatter) in
+       the reduce dtype (a 16-bit one rounds each micro-batch's gradient
+       alone, which no W changes); the plan's scratch holds one unit's
+       exchanged gradient (every rank's slice; NO_SHARD: every rank's whole
+       gradient, gathered; HYBRID_SHARD: the shard group's exchange, then
+       every replica's, gathered), or chunks of it when that is more than
+       one copy of the rank's sharded gradients (or 1 MiB). Refused with
+       FSDP_NOT_SUPPORTED: plan_no_sync (no_sync), grad_views_in_place,
+       and a comm without all_to_all. 0: off (the default path, bit for
+       bit). */
+    int invariant_microbatches;
 } fsdp_ctx_desc;
 
 /* Creates the context and allocates everything the plan holds: sharded f32
@@ -367,6 +390,24 @@ enum {
    Collective: yes. */
 FSDP_API fsdp_result fsdp_summon_begin(fsdp_ctx *ctx, int unit, unsigned flags, float *host);
 FSDP_API fsdp_result fsdp_summon_end(fsdp_ctx *ctx, int unit);
+
+/* The invariant mode (fsdp_ctx_desc.invariant_microbatches):
+   fsdp_invariant_microbatch: the index of the micro-batch this rank must
+   compute in its round k of the step (k * W + rank), or -1 once k is past
+   its last round (M / W), or when the mode is off (the reason then in
+   fsdp_ctx_last_error). A loop over a step's work:
+       for (k = 0; (m = fsdp_invariant_microbatch(ctx, k)) >= 0; k++)
+           forward and backward of micro-batch m
+   fsdp_invariant_sum: an engine's per-micro-batch numbers (the loss, a
+   token count) summed with the same bits at every W: values holds this
+   rank's rows in round order (row k: micro-batch k * W + rank), nvalues
+   doubles each; out[v] is value v of micro-batch 0, plus micro-batch 1's,
+   ... in index order, in double. Divide by M (or the token count) for a
+   mean. Collective: yes. fsdp_invariant_microbatches: M, or 0 when off. */
+FSDP_API int fsdp_invariant_microbatch(fsdp_ctx *ctx, int k);
+FSDP_API fsdp_result fsdp_invariant_sum(fsdp_ctx *ctx, const double *values, int nvalues,
+                                        double *out);
+FSDP_API int fsdp_invariant_microbatches(const fsdp_ctx *ctx);
 
 /* PyTorch's gradient pre- and post-divide factors for a world size
    (DefaultState): pre * post == world. */

@@ -108,6 +108,7 @@ FSDP__DEF void fsdp__ctx_defaults(fsdp_ctx *c, const fsdp_ctx_desc *d)
     c->othreads_set = d->offload_threads > 0;
     c->reduce_sum = d->grad_reduce == FSDP_GRAD_SUM;
     c->step_unreached = d->step_unreached != 0;
+    c->inv_M = d->invariant_microbatches > 0 ? d->invariant_microbatches : 0;
     {
         /* like TORCH_DISTRIBUTED_DEBUG: switched on without rebuilding */
         const char *env = getenv("FSDP_DEBUG");
@@ -172,7 +173,7 @@ FSDP__DEF fsdp_result fsdp__ctx_validate(const fsdp_ctx *c, const fsdp_ctx_desc 
         return fsdp__fail_create(uh, FSDP_INVALID_ARGS,
                                  "fsdp_ctx_create: hybrid_shard_size %d does not divide the "
                                  "world size %d", c->hybrid_size, c->nranks);
-    return FSDP_SUCCESS;
+    return fsdp__inv_validate(c, d);
 }
 
 /* Each unit's dtypes, strategy, shard group size, residency and the
@@ -320,6 +321,7 @@ typedef struct fsdp__ctx_sizes {
     int nslots;
     size_t slot_bytes, red_in, red_out, off_f32, hstage;
     size_t ag_stage; /* mixed dtypes: the packed all-gather's buffer */
+    size_t inv_recv; /* the invariant mode's exchanged gradients */
 } fsdp__ctx_sizes;
 
 /* A resident unit's own unsharded block. */
@@ -343,9 +345,10 @@ FSDP__DEF size_t fsdp__resident_bytes(const fsdp_ctx *c, const fsdp__cunit *cu)
 FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
 {
     fsdp_memory_plan *p = &z->plan;
-    size_t shards;
+    size_t shards, budget;
     int i, k, nshared = 0;
     memset(z, 0, sizeof *z);
+    budget = c->inv_M ? fsdp__inv_budget(c) : 0;
     for (k = 0; k < c->ngroups; k++) z->state_mask |= fsdp_optim_state_mask(&c->groups[k]);
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];
@@ -367,6 +370,15 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
         /* the unsharded gradient cast to the reduce dtype (W is 1 for
            NO_SHARD), and the reduced shard */
         if (cu->rdt != cu->pdt && red * (size_t)cu->W > z->red_in) z->red_in = red * (size_t)cu->W;
+        if (c->inv_M) {
+            /* no reduced shard, nor its f32 widening: the exchanged
+               blocks (and with cpu_offload their host copy) instead */
+            size_t only, x = fsdp__inv_recv_bytes(c, cu, budget, &only);
+            size_t h = x ? only : (size_t)cu->S * fsdp_dtype_size(cu->rdt);
+            if (x > z->inv_recv) z->inv_recv = x;
+            if (c->offload && cu->info->requires_grad && h > z->hstage) z->hstage = h;
+            continue;
+        }
         if (cu->strat != FSDP_NO_SHARD && red > z->red_out) z->red_out = red;
         if (c->offload && cu->info->requires_grad) {
             if (red > z->hstage) z->hstage = red;
@@ -398,7 +410,7 @@ FSDP__DEF void fsdp__ctx_compute_plan(const fsdp_ctx *c, fsdp__ctx_sizes *z)
     p->pool += (size_t)z->nslots * z->slot_bytes;
     fsdp__muon_plan(c, &z->muon, &p->muon_bytes_per_step);
     p->muon_scratch = z->muon;
-    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage + z->muon;
+    p->scratch = z->red_in + z->red_out + z->off_f32 + z->ag_stage + z->muon + z->inv_recv;
     p->host_staging = z->hstage;
     p->pool_slots = z->nslots;
     shards = p->sharded_params + p->low_precision + p->sharded_grads + p->optimizer_state;
@@ -472,10 +484,13 @@ FSDP__DEF fsdp_result fsdp__ctx_allocate(fsdp_ctx *c, const fsdp_ctx_desc *d,
         (r = fsdp__alloc_dev(c, z->red_out, &c->red_out, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->off_f32, &c->off_f32, &got.scratch)) != FSDP_SUCCESS ||
         (r = fsdp__alloc_dev(c, z->ag_stage, &c->ag_stage, &got.scratch)) != FSDP_SUCCESS ||
-        (r = fsdp__alloc_dev(c, z->muon, &c->muon_buf, &got.scratch)) != FSDP_SUCCESS)
+        (r = fsdp__alloc_dev(c, z->muon, &c->muon_buf, &got.scratch)) != FSDP_SUCCESS ||
+        (r = fsdp__alloc_dev(c, z->inv_recv, &c->inv_recv, &got.scratch)) != FSDP_SUCCESS)
         goto fail;
     c->ag_stage_bytes = z->ag_stage;
     c->muon_bytes = z->muon;
+    c->inv_recv_bytes = z->inv_recv;
+    if (!fsdp__inv_setup(c)) return fsdp__ctx_create_oom(d);
     if (z->hstage) {
         if ((r = fsdp__alloc_shard(c, z->hstage, &c->hstage, &got.host_staging)) != FSDP_SUCCESS)
             goto fail;

@@ -72,6 +72,8 @@ typedef struct fsdp__cunit {
     int step_now;                 /* fsdp_step: steps this time (reached, or step_unreached) */
     int grad_in_place;            /* grad_views_in_place: ugrad is grad itself */
     int pub;                      /* the fsdp_units index it belongs to */
+    /* the invariant mode (issue 44): rounds reduced since the last step */
+    int inv_k;
 } fsdp__cunit;
 
 /* Mixed dtypes (issue 46): a unit's groups are gathered with one all-gather
@@ -168,6 +170,13 @@ struct fsdp_ctx {
     int muon;
     void *muon_buf;
     size_t muon_bytes;
+    /* the invariant mode (issue 44): micro-batches per step (0: off), and
+       the exchanged gradients of one unit (plan scratch) */
+    int inv_M;
+    void *inv_recv;
+    size_t inv_recv_bytes;
+    struct fsdp__inv_job *inv_jobs; /* the folds queued on the comm stream, per unit */
+    size_t inv_budget;              /* the bytes the exchanges may add (fsdp__inv_budget) */
 };
 
 FSDP__DEF void fsdp__ctx_dep_add(fsdp_ctx *c, fsdp__ctx_dep *d)
@@ -604,6 +613,8 @@ FSDP_API void fsdp_ctx_destroy(fsdp_ctx *c)
     fsdp__free_dev(c, c->ag_stage, c->ag_stage_bytes);
     fsdp__free_dev(c, c->off_f32, c->off_f32_bytes);
     fsdp__free_dev(c, c->muon_buf, c->muon_bytes);
+    fsdp__free_dev(c, c->inv_recv, c->inv_recv_bytes);
+    fsdp__free(&c->hooks, c->inv_jobs); /* the stream is idle: no fold runs */
     if (c->hstage) fsdp_device_host_free(c->dev, c->hstage, c->hstage_bytes);
     if (c->compute_ev) fsdp_event_destroy(c->dev, c->compute_ev);
     if (c->cs) fsdp_stream_destroy(c->dev, c->cs);

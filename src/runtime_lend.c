@@ -40,6 +40,7 @@ FSDP__DEF fsdp_result fsdp__lend_open(fsdp_ctx *c)
     fsdp__lend_add(c, c->red_in, c->red_in_bytes, -1, -1);
     fsdp__lend_add(c, c->red_out, c->red_out_bytes, -1, -1);
     fsdp__lend_add(c, c->off_f32, c->off_f32_bytes, -1, -1);
+    fsdp__lend_add(c, c->inv_recv, c->inv_recv_bytes, -1, -1);
     for (i = 0; i < c->nunits; i++) /* idle holders of shared buffers (prefetched) */
         if (c->u[i].slot >= 0 && c->u[i].state == FSDP_UNIT_IDLE) fsdp__release_slot(c, &c->u[i]);
     for (i = 0; i < c->nslots; i++) {

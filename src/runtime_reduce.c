@@ -26,6 +26,14 @@ FSDP__DEF fsdp_result fsdp__begin_backward_flat(fsdp_ctx *c, int unit)
                               "fsdp_begin_backward: unit %d %s did not run forward in this "
                               "iteration (every backward needs its own begin/end_forward "
                               "since the last fsdp_step)", cu->pub, cu->qname);
+    if (c->inv_M && cu->info->requires_grad && cu->S && cu->inv_k >= fsdp__inv_rounds(c))
+        return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
+                              "fsdp_begin_backward: unit %d %s: backward %d of this step, but "
+                              "the invariant mode (invariant_microbatches %d at %d ranks) takes "
+                              "%d per unit, one per micro-batch: a unit run more than once per "
+                              "micro-batch (a reused module) is not supported in the invariant "
+                              "mode", cu->pub, cu->qname, cu->inv_k + 1, c->inv_M, c->nranks,
+                              fsdp__inv_rounds(c));
     cu->fwd_runs--;
     if (!cu->info->requires_grad && cu->info->nentries)
         fsdp__log(&c->hooks, FSDP_LOG_DEBUG, "unit %s is frozen: no gradient reduction",
@@ -174,6 +182,7 @@ FSDP__DEF fsdp_result fsdp__reduce_chain(fsdp_ctx *c, fsdp__cunit *cu)
         cu->rs.grad_zero = 0;
         return FSDP_SUCCESS;
     }
+    if (c->inv_M) return fsdp__inv_reduce(c, cu);
     if (cu->rdt != cu->pdt) {
         size_t m = cu->strat == FSDP_NO_SHARD ? S : n;
         r = fsdp_device_cast(c->dev, c->red_in, cu->rdt, in, cu->pdt, m, c->cs);

@@ -38,6 +38,19 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
                               "kernel", fsdp_device_name(c->dev));
     if ((r = fsdp__sync_all(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__no_accum_pending(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
+    if (c->inv_M) {
+        /* the 2-norm exactly (a Kulisch sum: no shard boundary or rank
+           order changes it); the max of the inf-norm is exact anyway */
+        if ((r = fsdp__inv_complete(c, "fsdp_clip_grad_norm")) != FSDP_SUCCESS) return r;
+        if (!inf && norm_type != 2.0)
+            return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED, "fsdp_clip_grad_norm: norm_type %g is "
+                                  "not supported in the invariant mode (2.0 or INFINITY: their "
+                                  "sums are exact)", norm_type);
+        if (!inf) {
+            if ((r = fsdp__inv_norm2(c, host, &total)) != FSDP_SUCCESS) return r;
+            goto clip;
+        }
+    }
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
         /* replicated gradients count once: NO_SHARD on world rank 0, HYBRID
@@ -80,6 +93,7 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
     }
     fsdp__free(&c->hooks, all);
     if (!inf) total = norm_type == 2.0 ? sqrt(total) : pow(total, 1.0 / norm_type);
+clip:
     if (total_norm) *total_norm = total;
     {
         /* torch multiplies by min(coef, 1): a NaN norm makes every
@@ -238,6 +252,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__no_accum_pending(c, "fsdp_step")) != FSDP_SUCCESS) return r;
+    if ((r = fsdp__inv_complete(c, "fsdp_step")) != FSDP_SUCCESS) return r;
     /* refused before anything changes: a counter at INT64_MAX (set, not
        loaded: loads stop at FSDP_STEP_MAX) would overflow, which is UB */
     if (c->steps == INT64_MAX)
@@ -256,6 +271,7 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     for (i = 0; i < c->nunits; i++) { /* a new iteration */
         c->u[i].fwd_runs = 0;
         c->u[i].bwd_since_step = 0;
+        c->u[i].inv_k = 0;
         if (c->debug) c->u[i].dbg.pkept = 0; /* the step changes them (checked by sync_all) */
         if (c->u[i].step_now) c->u[i].steps++;
     }
@@ -331,6 +347,7 @@ FSDP_API fsdp_result fsdp_zero_grad(fsdp_ctx *c)
         }
         c->u[i].rs.accum = 0;
         c->u[i].bwd_since_step = 0; /* torch: zero_grad forgets the backward */
+        c->u[i].inv_k = 0;
     }
     c->state = FSDP_CTX_IDLE;
     return FSDP_SUCCESS;

@@ -107,6 +107,11 @@ FSDP_API void *fsdp_grad_at(fsdp_ctx *c, int index)
 FSDP_API fsdp_result fsdp_set_no_sync(fsdp_ctx *c, int on)
 {
     if (!c) return FSDP_INVALID_ARGS;
+    if (on && c->inv_M)
+        return fsdp__ctx_fail(c, FSDP_NOT_SUPPORTED,
+                              "fsdp_set_no_sync: no_sync is not supported in the invariant mode "
+                              "(it would add a rank's micro-batches together, in an order that "
+                              "depends on the world size)");
     if (on && !c->plan_no_sync)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE,
                               "fsdp_set_no_sync: the plan has no room for unsharded gradients "

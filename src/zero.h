@@ -69,6 +69,13 @@ typedef struct fsdp_zero_desc {
     int grads_already_reduced;  /* stage 1: the engine averaged the gradients
                                    itself; fsdp_zero_step does not reduce */
     int64_t stage2_chunk_numel; /* stage 2 staging per rank, elements; 0: 1<<20 */
+    /* --- the world-size-invariant mode (issue 44) ---
+       Not supported here: any value but 0 is refused with
+       FSDP_NOT_SUPPORTED. The ZeRO optimizer reduces the engine's gradients
+       after its own accumulation over micro-batches, whose order depends
+       on the world size (docs/determinism.md says how it could work). Use
+       fsdp_ctx_desc.invariant_microbatches. */
+    int invariant_microbatches;
 } fsdp_zero_desc;
 
 /* Checks the parameters (f32, one device, unique names, non-decreasing

@@ -473,6 +473,12 @@ FSDP_API fsdp_result fsdp_zero_create(const fsdp_zero_desc *desc, fsdp_zero **ou
     if (desc->nparams <= 0 || !desc->params)
         return fsdp__fail_create(dh, FSDP_INVALID_ARGS,
                                  "fsdp_zero_create: the optimizer got an empty parameter list");
+    if (desc->invariant_microbatches)
+        return fsdp__fail_create(dh, FSDP_NOT_SUPPORTED, "fsdp_zero_create: the ZeRO optimizer "
+                                 "is not supported in the invariant mode (invariant_microbatches "
+                                 "%d): it reduces gradients the engine accumulated in its own "
+                                 "order; use fsdp_ctx_desc.invariant_microbatches",
+                                 desc->invariant_microbatches);
     if (desc->stage < FSDP_ZERO_STAGE_DEFAULT || desc->stage > FSDP_ZERO_STAGE_2)
         return fsdp__fail_create(dh, FSDP_INVALID_ARGS, "fsdp_zero_create: unknown stage %d",
                                  (int)desc->stage);

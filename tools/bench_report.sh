@@ -111,6 +111,7 @@ if [ "$mode" = run ]; then
     run offload "$B/bench_offload --units 4 --params 4194304 --threads 2" \
         "$B/bench_offload --units 4 --params 1048576 --threads 2 --iters 5"
     run gpt "$B/bench_gpt" "$B/bench_gpt --quick"
+    run gpt_invariant "$B/bench_gpt --invariant 8" "$B/bench_gpt --invariant 8 --quick"
     if [ -x "$B/bench_comm" ]; then
         for n in 2 4; do
             [ -n "$mpirun" ] && run "comm_mpi_$n" "$mpi -np $n $B/bench_comm mpi --rounds 31" \
@@ -156,6 +157,7 @@ title() {
     ckpt_*) n=${1#ckpt_}; echo "Checkpoints, ${n%%rank*} rank(s), ${n##*_}: against dd and safetensors; async and polled saves (bench_ckpt)" ;;
     offload) echo "cpu_offload's optimizer step (bench_offload)" ;;
     gpt) echo "The GPT example (bench_gpt)" ;;
+    gpt_invariant) echo "The world-size-invariant mode against the default (bench_gpt --invariant)" ;;
     comm_mpi_*) echo "Collectives against raw MPI, ${1#comm_mpi_} ranks (bench_comm)" ;;
     comm_gloo_*) echo "Collectives against raw Gloo, ${1#comm_gloo_} ranks (bench_comm)" ;;
     optim) echo "The CPU AdamW step against torch and DeepSpeed (bench_optim)" ;;
@@ -285,6 +287,12 @@ kind == "gpt" && part == 1 && /^  [a-z]+ +(fwd|dX|dW|[0-9])/ && !/peak/ {
 kind == "gpt" && /^2\. communication/ { part = 2; s = $0; sub(/^2\. /, "", s); print ""; print "Training steps of the default model (" s "); the ideal is the per-rank compute summed over min(ranks, cores):"; print ""
     print "| ranks | step ms | ideal ms | step / ideal | in fsdp calls per rank, ms | peak / plan |"; print "|---:|---:|---:|---:|---:|---:|" }
 kind == "gpt" && part == 2 && /^ +[0-9]+ / { printf "| %s | %s | %s | **%s** | %s | %s |\n", $1, $2, $5, $6, $7, ratio($8, $9) }
+kind == "gpt_invariant" && /^bench_gpt:/ { print $0 "."; print "" }
+kind == "gpt_invariant" && /^3\. invariant mode/ { s = $0; sub(/^3\. invariant mode: /, "", s)
+    print "train_gpt's steps (" s "); \"same micro-batches\" is the default mode with --accum M / ranks, the mode's compute, so its ratio is the library's cost alone:"; print ""
+    print "| ranks | wall ms: default | same micro-batches | invariant | invariant / same micro-batches | invariant / default | CPU ms: same micro-batches | invariant | invariant / same micro-batches | plan, invariant / default |"; print "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|" }
+kind == "gpt_invariant" && /^ +[0-9]+ +[0-9.]+ +[0-9.]+ +[0-9.]+ / { printf "| %s | %s | %s | %s | **%s** | **%s** | %s | %s | **%s** | %s |\n", $1, $2, $3, $4, $5, $6, $9, $10, $11, ratio($8, $7) }
+function end_gpt_invariant() { print ""; print "CPU ms: the process's CPU time per step (every thread). Target: invariant / default <= 1.3 at 2 and 4 ranks; the plan grows by one unit's exchanged gradient (docs/determinism.md)." }
 kind == "comm" && /^bench_comm/ { print $0 "; medians of the rounds, the library's call and the raw call alternating."; print "" }
 kind == "comm" && /^\|/ { print }
 function end_comm() { print ""; print "Targets (checks on, the \"ratio\" columns): <= 1.05 from 64 KiB, <= 1.2 at 4-16 KiB." }
@@ -317,7 +325,7 @@ kind == "cuda" && /ratio/ && /GB\/s/ { k = $0; sub(/: .*/, "", k); g = $0; sub(/
 kind == "cuda" && /^AdamW step:|^AdamW vs/ { print ""; print $0 }
 END { if (kind == "step") end_step(); else if (kind == "zero") end_zero(); else if (kind == "kernels") end_kernels()
       else if (kind == "comm") end_comm(); else if (kind == "optim") end_optim()
-      else if (kind == "ckpt") end_ckpt() }
+      else if (kind == "ckpt") end_ckpt(); else if (kind == "gpt_invariant") end_gpt_invariant() }
 AWK
 }
 

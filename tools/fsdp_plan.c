@@ -9,7 +9,7 @@
                     [--param-dtype f32|bf16|f16] [--reduce-dtype f32|bf16|f16]
                     [--strategy full|grad_op|no_shard|hybrid:K] [--offload]
                     [--max-unsharded K] [--optim adamw|sgd] [--capacity BYTES]
-                    [--grad-in-place] [--quiet]
+                    [--grad-in-place] [--invariant M] [--quiet]
 
    Presets: train-gpt (examples/train_gpt's default model, built by
    examples/gpt.h itself), gpt2-124m, gpt2-1.5b, llama2-7b, llama2-13b,
@@ -23,7 +23,9 @@
    root is always one). '#' starts a comment.
 
    --grad-in-place plans fsdp_ctx_desc.grad_views_in_place (at one rank:
-   no unsharded gradient copy). --capacity BYTES gives the device a capacity: a plan beyond it exits
+   no unsharded gradient copy). --invariant M plans the world-size-invariant
+   mode (fsdp_ctx_desc.invariant_microbatches; --ranks must divide M): the
+   scratch holds one unit's exchanged gradient (docs/determinism.md). --capacity BYTES gives the device a capacity: a plan beyond it exits
    with status 1 and fsdp_ctx_create's message (the shortfall, and what
    would fit). The last line is machine-readable:
        plan_bytes=<n> sharded_bytes=<n> pool_bytes=<n> scratch_bytes=<n>
@@ -44,7 +46,7 @@
 
 typedef struct plan_opts {
     const char *preset, *file;
-    int ranks, hybrid, offload, max_unsharded, sgd, quiet, in_place;
+    int ranks, hybrid, offload, max_unsharded, sgd, quiet, in_place, invariant;
     fsdp_sharding_strategy strategy;
     fsdp_dtype pdt, rdt;
     unsigned long long capacity;
@@ -57,7 +59,7 @@ static void usage(void)
             "                 [--param-dtype f32|bf16|f16] [--reduce-dtype f32|bf16|f16]\n"
             "                 [--strategy full|grad_op|no_shard|hybrid:K] [--offload]\n"
             "                 [--max-unsharded K] [--optim adamw|sgd] [--capacity BYTES]\n"
-            "                 [--grad-in-place] [--quiet]\n"
+            "                 [--grad-in-place] [--invariant M] [--quiet]\n"
             "presets: train-gpt gpt2-124m gpt2-1.5b llama2-7b llama2-13b llama2-70b\n");
 }
 
@@ -109,6 +111,8 @@ static int parse_args(int argc, char **argv, plan_opts *o)
         else if (!strcmp(a, "--ranks")) good = parse_pos(val, 1 << 24, &v) && (o->ranks = (int)v);
         else if (!strcmp(a, "--param-dtype")) good = parse_dtype(val, &o->pdt);
         else if (!strcmp(a, "--reduce-dtype")) good = parse_dtype(val, &o->rdt);
+        else if (!strcmp(a, "--invariant"))
+            good = parse_pos(val, 1 << 24, &v) && (o->invariant = (int)v);
         else if (!strcmp(a, "--max-unsharded"))
             good = parse_pos(val, 1 << 20, &v) && (o->max_unsharded = (int)v);
         else if (!strcmp(a, "--capacity"))
@@ -503,6 +507,7 @@ int main(int argc, char **argv)
     cd.max_unsharded = o.max_unsharded;
     cd.cpu_offload = o.offload;
     cd.grad_views_in_place = o.in_place;
+    cd.invariant_microbatches = o.invariant;
     cd.optim = fsdp_optim_defaults(o.sgd ? FSDP_SGD : FSDP_ADAMW);
     if (o.sgd) cd.optim.momentum = 0.9;
     if (is_gpt && !o.sgd) { /* train_gpt's two AdamW groups */
