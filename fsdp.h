@@ -26118,7 +26118,10 @@ FSDP__DEF fsdp_result fsdp__bcast_bytes(fsdp_ctx *c, void *host, size_t bytes, c
     size_t chunk, off;
     fsdp_result r;
     int lent = 0;
-    if (!bytes) return FSDP_SUCCESS;
+    /* one rank: rank 0's bytes are everyone's already, and a buffer for
+       them could be memory beyond the plan (a 16-byte one was, at a 1-rank
+       save's commit, when no plan buffer was idle) */
+    if (!bytes || c->nranks == 1) return FSDP_SUCCESS;
     fsdp__lend_open(c);
     chunk = fsdp__lend_largest(c) & ~(size_t)63;
     if (chunk < 64 || chunk > bytes) chunk = bytes;
