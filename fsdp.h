@@ -7159,32 +7159,32 @@ FSDP__DEF fsdp_result fsdp__cast__cpu(void *self, void *dst, fsdp_dtype dst_dt, 
     return fsdp__submit__cpu(s, &k, err);
 }
 
+/* x op= a on the stream: the in-place kernels of one operand (scale, div) */
+FSDP__DEF fsdp_result fsdp__inplace__cpu(int kind, void *x, fsdp_dtype dt, double a, size_t n,
+                                         fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    memset(&k, 0, sizeof k);
+    k.kind = kind;
+    k.dst = x;
+    k.dst_dt = dt;
+    k.alpha = a;
+    k.n = n;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
 FSDP__DEF fsdp_result fsdp__scale__cpu(void *self, void *x, fsdp_dtype dt, double alpha, size_t n,
                                        fsdp_stream *s, fsdp_error *err)
 {
-    fsdp__kernel k;
     (void)self;
-    memset(&k, 0, sizeof k);
-    k.kind = FSDP__K_SCALE;
-    k.dst = x;
-    k.dst_dt = dt;
-    k.alpha = alpha;
-    k.n = n;
-    return fsdp__submit__cpu(s, &k, err);
+    return fsdp__inplace__cpu(FSDP__K_SCALE, x, dt, alpha, n, s, err);
 }
 
 FSDP__DEF fsdp_result fsdp__div__cpu(void *self, void *x, fsdp_dtype dt, double d, size_t n,
                                      fsdp_stream *s, fsdp_error *err)
 {
-    fsdp__kernel k;
     (void)self;
-    memset(&k, 0, sizeof k);
-    k.kind = FSDP__K_DIV;
-    k.dst = x;
-    k.dst_dt = dt;
-    k.alpha = d;
-    k.n = n;
-    return fsdp__submit__cpu(s, &k, err);
+    return fsdp__inplace__cpu(FSDP__K_DIV, x, dt, d, n, s, err);
 }
 
 FSDP__DEF fsdp_result fsdp__accumulate__cpu(void *self, void *dst, fsdp_dtype dst_dt,
@@ -18177,7 +18177,6 @@ struct fsdp_ctx {
     fsdp_memory_plan plan;
     fsdp_training_state state;
     fsdp_optim_config groups[FSDP__MAX_GROUPS];
-    int64_t group_steps[FSDP__MAX_GROUPS];
     int said_no_bwd; /* fsdp_step logged units it steps without a backward */
     int ngroups;
     int64_t steps;
@@ -22650,7 +22649,7 @@ FSDP__DEF int fsdp__mark_stepping(fsdp_ctx *c)
 FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
 {
     fsdp_result r;
-    int i, p, g;
+    int i, p;
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__no_accum_pending(c, "fsdp_step")) != FSDP_SUCCESS) return r;
@@ -22660,10 +22659,6 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     if (c->steps == INT64_MAX)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: the step counter is at "
                               "INT64_MAX and cannot count another step");
-    for (g = 0; g < c->ngroups; g++)
-        if (c->group_steps[g] == INT64_MAX)
-            return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: parameter group %d's step "
-                                  "counter is at INT64_MAX and cannot count another step", g);
     for (i = 0; i < c->nunits; i++)
         if (c->u[i].steps == INT64_MAX)
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: unit %d %s's step counter "
@@ -22677,7 +22672,6 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
         if (c->debug) c->u[i].dbg.pkept = 0; /* the step changes them (checked by sync_all) */
         if (c->u[i].step_now) c->u[i].steps++;
     }
-    for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     if (c->muon && (r = fsdp__muon_step(c)) != FSDP_SUCCESS) return r;
     /* The built-in CPU device's optimizer kernel is fsdp_optim_step_host on
        its stream, then a memset of the gradients: on that device (the
@@ -22808,7 +22802,6 @@ FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
     if (n < 0)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_steps: %lld must be >= 0",
                               (long long)n);
-    for (g = 0; g < c->ngroups; g++) c->group_steps[g] = n;
     for (g = 0; g < c->nunits; g++) c->u[g].steps = n;
     c->steps = n;
     return FSDP_SUCCESS;
@@ -24876,7 +24869,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     for (j = 0; j < np; j++)
         if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)
             host[k++] = c->u[pl[j].unit].steps; /* the unit's: its parameters' state['step'] */
-    if ((r = fsdp__bblock(c, sd, o, (const void *)c->group_steps, (size_t)n * 8, mem, &blk)) !=
+    if ((r = fsdp__bblock(c, sd, o, (const void *)&c->steps, (size_t)n * 8, mem, &blk)) !=
         FSDP_SUCCESS)
         goto done;
     if (mem == FSDP_MEM_DEVICE) {
@@ -25296,8 +25289,6 @@ typedef struct fsdp__ld {
     int ns, scap;
     int *order; /* sources sorted by (tgt, what, offset) */
     float **stage; /* [fsdp__bufi(unit, what)] */
-    int64_t new_step[FSDP__MAX_GROUPS]; /* the largest step of each group */
-    int step_set[FSDP__MAX_GROUPS];
     int64_t *ustep;          /* per unit: its parameters' step (one value) */
     unsigned char *ustep_set;
     fsdp__st_file *files;
@@ -25890,7 +25881,6 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
     if (s->what == FSDP__WHAT_STEP) {
         unsigned char raw[8];
         int64_t v = 0;
-        int g = c->u[t->unit].groups[t->entry];
         if (mem == FSDP_MEM_DEVICE) {
             r = fsdp_device_copy(c->dev, raw, data, es, FSDP_COPY_D2H, NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
@@ -25937,8 +25927,6 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
                                   (long long)L->ustep[t->unit]);
         L->ustep_set[t->unit] = 1;
         L->ustep[t->unit] = v;
-        if (!L->step_set[g] || v > L->new_step[g]) L->new_step[g] = v;
-        L->step_set[g] = 1;
         return FSDP_SUCCESS;
     }
     {
@@ -26074,12 +26062,11 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
             if (loaded[t]) fsdp__ctx_mark_loaded(c, L->t[t].unit, L->t[t].entry);
         fsdp__free(&c->hooks, loaded);
     }
+    /* each unit's own count; the context's, the largest of them */
     for (g = 0; g < c->nunits; g++)
-        if (L->ustep_set[g]) c->u[g].steps = L->ustep[g];
-    for (g = 0; g < c->ngroups; g++)
-        if (L->step_set[g]) {
-            c->group_steps[g] = L->new_step[g];
-            if (!any || L->new_step[g] > mx) mx = L->new_step[g];
+        if (L->ustep_set[g]) {
+            c->u[g].steps = L->ustep[g];
+            if (!any || L->ustep[g] > mx) mx = L->ustep[g];
             any = 1;
         }
     if (any) c->steps = mx;

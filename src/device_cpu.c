@@ -740,32 +740,32 @@ FSDP__DEF fsdp_result fsdp__cast__cpu(void *self, void *dst, fsdp_dtype dst_dt, 
     return fsdp__submit__cpu(s, &k, err);
 }
 
+/* x op= a on the stream: the in-place kernels of one operand (scale, div) */
+FSDP__DEF fsdp_result fsdp__inplace__cpu(int kind, void *x, fsdp_dtype dt, double a, size_t n,
+                                         fsdp_stream *s, fsdp_error *err)
+{
+    fsdp__kernel k;
+    memset(&k, 0, sizeof k);
+    k.kind = kind;
+    k.dst = x;
+    k.dst_dt = dt;
+    k.alpha = a;
+    k.n = n;
+    return fsdp__submit__cpu(s, &k, err);
+}
+
 FSDP__DEF fsdp_result fsdp__scale__cpu(void *self, void *x, fsdp_dtype dt, double alpha, size_t n,
                                        fsdp_stream *s, fsdp_error *err)
 {
-    fsdp__kernel k;
     (void)self;
-    memset(&k, 0, sizeof k);
-    k.kind = FSDP__K_SCALE;
-    k.dst = x;
-    k.dst_dt = dt;
-    k.alpha = alpha;
-    k.n = n;
-    return fsdp__submit__cpu(s, &k, err);
+    return fsdp__inplace__cpu(FSDP__K_SCALE, x, dt, alpha, n, s, err);
 }
 
 FSDP__DEF fsdp_result fsdp__div__cpu(void *self, void *x, fsdp_dtype dt, double d, size_t n,
                                      fsdp_stream *s, fsdp_error *err)
 {
-    fsdp__kernel k;
     (void)self;
-    memset(&k, 0, sizeof k);
-    k.kind = FSDP__K_DIV;
-    k.dst = x;
-    k.dst_dt = dt;
-    k.alpha = d;
-    k.n = n;
-    return fsdp__submit__cpu(s, &k, err);
+    return fsdp__inplace__cpu(FSDP__K_DIV, x, dt, d, n, s, err);
 }
 
 FSDP__DEF fsdp_result fsdp__accumulate__cpu(void *self, void *dst, fsdp_dtype dst_dt,

@@ -244,7 +244,7 @@ FSDP__DEF fsdp_result fsdp__push_steps(fsdp_ctx *c, fsdp_state_dict *sd, const f
     for (j = 0; j < np; j++)
         if (pl[j].first == j && pl[j].unit >= 0 && c->u[pl[j].unit].grad)
             host[k++] = c->u[pl[j].unit].steps; /* the unit's: its parameters' state['step'] */
-    if ((r = fsdp__bblock(c, sd, o, (const void *)c->group_steps, (size_t)n * 8, mem, &blk)) !=
+    if ((r = fsdp__bblock(c, sd, o, (const void *)&c->steps, (size_t)n * 8, mem, &blk)) !=
         FSDP_SUCCESS)
         goto done;
     if (mem == FSDP_MEM_DEVICE) {

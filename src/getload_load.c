@@ -118,8 +118,6 @@ typedef struct fsdp__ld {
     int ns, scap;
     int *order; /* sources sorted by (tgt, what, offset) */
     float **stage; /* [fsdp__bufi(unit, what)] */
-    int64_t new_step[FSDP__MAX_GROUPS]; /* the largest step of each group */
-    int step_set[FSDP__MAX_GROUPS];
     int64_t *ustep;          /* per unit: its parameters' step (one value) */
     unsigned char *ustep_set;
     fsdp__st_file *files;
@@ -712,7 +710,6 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
     if (s->what == FSDP__WHAT_STEP) {
         unsigned char raw[8];
         int64_t v = 0;
-        int g = c->u[t->unit].groups[t->entry];
         if (mem == FSDP_MEM_DEVICE) {
             r = fsdp_device_copy(c->dev, raw, data, es, FSDP_COPY_D2H, NULL);
             if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, L->where);
@@ -759,8 +756,6 @@ FSDP__DEF fsdp_result fsdp__ld_apply(fsdp__ld *L, const fsdp__src *s, const void
                                   (long long)L->ustep[t->unit]);
         L->ustep_set[t->unit] = 1;
         L->ustep[t->unit] = v;
-        if (!L->step_set[g] || v > L->new_step[g]) L->new_step[g] = v;
-        L->step_set[g] = 1;
         return FSDP_SUCCESS;
     }
     {
@@ -896,12 +891,11 @@ FSDP__DEF fsdp_result fsdp__ld_commit(fsdp__ld *L)
             if (loaded[t]) fsdp__ctx_mark_loaded(c, L->t[t].unit, L->t[t].entry);
         fsdp__free(&c->hooks, loaded);
     }
+    /* each unit's own count; the context's, the largest of them */
     for (g = 0; g < c->nunits; g++)
-        if (L->ustep_set[g]) c->u[g].steps = L->ustep[g];
-    for (g = 0; g < c->ngroups; g++)
-        if (L->step_set[g]) {
-            c->group_steps[g] = L->new_step[g];
-            if (!any || L->new_step[g] > mx) mx = L->new_step[g];
+        if (L->ustep_set[g]) {
+            c->u[g].steps = L->ustep[g];
+            if (!any || L->ustep[g] > mx) mx = L->ustep[g];
             any = 1;
         }
     if (any) c->steps = mx;

@@ -135,7 +135,6 @@ struct fsdp_ctx {
     fsdp_memory_plan plan;
     fsdp_training_state state;
     fsdp_optim_config groups[FSDP__MAX_GROUPS];
-    int64_t group_steps[FSDP__MAX_GROUPS];
     int said_no_bwd; /* fsdp_step logged units it steps without a backward */
     int ngroups;
     int64_t steps;

@@ -248,7 +248,7 @@ FSDP__DEF int fsdp__mark_stepping(fsdp_ctx *c)
 FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
 {
     fsdp_result r;
-    int i, p, g;
+    int i, p;
     if (!c) return FSDP_INVALID_ARGS;
     if ((r = fsdp__sync_all(c, "fsdp_step")) != FSDP_SUCCESS) return r;
     if ((r = fsdp__no_accum_pending(c, "fsdp_step")) != FSDP_SUCCESS) return r;
@@ -258,10 +258,6 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
     if (c->steps == INT64_MAX)
         return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: the step counter is at "
                               "INT64_MAX and cannot count another step");
-    for (g = 0; g < c->ngroups; g++)
-        if (c->group_steps[g] == INT64_MAX)
-            return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: parameter group %d's step "
-                                  "counter is at INT64_MAX and cannot count another step", g);
     for (i = 0; i < c->nunits; i++)
         if (c->u[i].steps == INT64_MAX)
             return fsdp__ctx_fail(c, FSDP_INVALID_STATE, "fsdp_step: unit %d %s's step counter "
@@ -275,7 +271,6 @@ FSDP__DEF fsdp_result fsdp__step(fsdp_ctx *c)
         if (c->debug) c->u[i].dbg.pkept = 0; /* the step changes them (checked by sync_all) */
         if (c->u[i].step_now) c->u[i].steps++;
     }
-    for (g = 0; g < c->ngroups; g++) c->group_steps[g]++;
     if (c->muon && (r = fsdp__muon_step(c)) != FSDP_SUCCESS) return r;
     /* The built-in CPU device's optimizer kernel is fsdp_optim_step_host on
        its stream, then a memset of the gradients: on that device (the
@@ -406,7 +401,6 @@ FSDP_API fsdp_result fsdp_set_steps(fsdp_ctx *c, int64_t n)
     if (n < 0)
         return fsdp__ctx_fail(c, FSDP_INVALID_ARGS, "fsdp_set_steps: %lld must be >= 0",
                               (long long)n);
-    for (g = 0; g < c->ngroups; g++) c->group_steps[g] = n;
     for (g = 0; g < c->nunits; g++) c->u[g].steps = n;
     c->steps = n;
     return FSDP_SUCCESS;

@@ -16,13 +16,14 @@ they part.
 
 Run with torch: python3 make_hybrid_reduce.py > hybrid_reduce.txt
 """
+import os
 import struct
 import sys
 
 import torch
 
-sys.path.insert(0, __import__("os").path.dirname(__import__("os").path.abspath(__file__)))
-from make_optim_rmsprop_adagrad import fmt, splitmix  # noqa: E402
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from make_optim_rmsprop_adagrad import draws, fmt  # noqa: E402
 
 CASES = [(3, 2, 1001), (2, 3, 1001), (3, 3, 997), (5, 2, 64)]  # shard group, replicas, numel
 
@@ -32,12 +33,6 @@ def predivide(world):
     while world % f == 0 and world / f > f:
         f *= 2
     return float(f)
-
-
-def draws(seed, n):
-    g = splitmix(seed)
-    return [struct.unpack("f", struct.pack("f", ((next(g) >> 40) - 8388608) / 8388608.0))[0]
-            for _ in range(n)]
 
 
 def main():

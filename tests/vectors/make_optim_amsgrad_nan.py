@@ -10,12 +10,11 @@ checkpoint holding NaNs would load it, and steps 2 to 5 follow.
 """
 import json
 import os
-import struct
 import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_optim_rmsprop_adagrad import STEPS, VECTORS, fmt, inputs  # noqa: E402
+from make_optim_rmsprop_adagrad import STEPS, VECTORS, inputs, write_results, write_vectors  # noqa: E402,E501
 
 LEVELS = ["avx2", "default"]
 INJECT = [0, 3, 17, 63, 500, 999]
@@ -96,43 +95,14 @@ def main():
 # Format: as optim_torch2.txt, with after the configurations:
 #   inject <after_step> <state name> <k> <k indices>
 """)
-    w("nvectors %d\n" % len(VECTORS))
-    tobits = lambda x: struct.unpack("I", struct.pack("f", x))[0]
-    for vi, (n, seed) in enumerate(VECTORS):
-        p0, grads = inputs(n, seed)
-        w("vector %d n %d seed %d\n" % (vi, n, seed))
-        w("p0 " + " ".join(fmt(tobits(x)) for x in p0) + "\n")
-        for t in range(STEPS):
-            w("grad %d " % (t + 1) + " ".join(fmt(tobits(x)) for x in grads[t]) + "\n")
+    write_vectors(w)
     w("nconfigs %d\n" % len(CONFIGS))
     for ci, (name, kind, lr, b1, b2, eps, wd) in enumerate(CONFIGS):
         w("config %d %s %s lr %r beta1 %r beta2 %r eps %r weight_decay %r amsgrad 1 "
           "momentum 0.0 dampening 0.0 nesterov 0\n" % (ci, name, kind, lr, b1, b2, eps, wd))
     w("inject 1 max_exp_avg_sq %d %s\n" % (len(INJECT), " ".join(map(str, INJECT))))
     w("nvariants %d %s\n" % (len(variants), " ".join(variants)))
-    w("nresults %d\n" % (len(CONFIGS) * len(VECTORS)))
-    for ci in range(len(CONFIGS)):
-        for vi, (n, _) in enumerate(VECTORS):
-            runs = results["%d %d" % (ci, vi)]
-            sets = []
-            for v in sorted(runs):
-                key = json.dumps(runs[v], sort_keys=True)
-                for s in sets:
-                    if s[0] == key:
-                        s[1].append(v)
-                        break
-                else:
-                    sets.append((key, [v]))
-            w("result %d %d n %d nsets %d\n" % (ci, vi, n, len(sets)))
-            for key, names in sets:
-                run = json.loads(key)
-                w("set %d %s\n" % (len(names), " ".join(names)))
-                for t, st in enumerate(run["steps"]):
-                    w("step %d " % (t + 1) + " ".join(fmt(b) for b in st) + "\n")
-                w("nstate %d\n" % len(run["state"]))
-                for name in sorted(run["state"]):
-                    w("state %s " % name + " ".join(fmt(b) for b in run["state"][name]) + "\n")
-
+    write_results(w, results, len(CONFIGS))
 
 if __name__ == "__main__":
     main()

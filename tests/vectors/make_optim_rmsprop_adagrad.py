@@ -47,12 +47,15 @@ def f32(x):
     return struct.unpack("f", struct.pack("f", x))[0]
 
 
-def inputs(n, seed):
+def draws(seed, n):
+    """n floats of optim.txt's generator (exact float32 values in [-1, 1))."""
     g = splitmix(seed)
-    draw = lambda: f32(((next(g) >> 40) - 8388608) / 8388608.0)
-    p0 = [draw() for _ in range(n)]
-    grads = [[draw() for _ in range(n)] for _ in range(STEPS)]
-    return p0, grads
+    return [f32(((next(g) >> 40) - 8388608) / 8388608.0) for _ in range(n)]
+
+
+def inputs(n, seed):
+    d = draws(seed, n * (1 + STEPS))
+    return d[:n], [d[n * (t + 1):n * (t + 2)] for t in range(STEPS)]
 
 
 def worker():
@@ -129,6 +132,44 @@ def fmt(b):
     return mant + "p" + exp
 
 
+def write_vectors(w):
+    """The inputs section: every vector's p0 and gradients."""
+    tobits = lambda x: struct.unpack("I", struct.pack("f", x))[0]
+    w("nvectors %d\n" % len(VECTORS))
+    for vi, (n, seed) in enumerate(VECTORS):
+        p0, grads = inputs(n, seed)
+        w("vector %d n %d seed %d\n" % (vi, n, seed))
+        w("p0 " + " ".join(fmt(tobits(x)) for x in p0) + "\n")
+        for t in range(STEPS):
+            w("grad %d " % (t + 1) + " ".join(fmt(tobits(x)) for x in grads[t]) + "\n")
+
+
+def write_results(w, results, nconfigs):
+    """The results, config-major; variants with identical bits share one set."""
+    w("nresults %d\n" % (nconfigs * len(VECTORS)))
+    for ci in range(nconfigs):
+        for vi, (n, _) in enumerate(VECTORS):
+            runs = results["%d %d" % (ci, vi)]
+            sets = []
+            for v in sorted(runs):
+                key = json.dumps(runs[v], sort_keys=True)
+                for s in sets:
+                    if s[0] == key:
+                        s[1].append(v)
+                        break
+                else:
+                    sets.append((key, [v]))
+            w("result %d %d n %d nsets %d\n" % (ci, vi, n, len(sets)))
+            for key, names in sets:
+                run = json.loads(key)
+                w("set %d %s\n" % (len(names), " ".join(names)))
+                for t, st in enumerate(run["steps"]):
+                    w("step %d " % (t + 1) + " ".join(fmt(b) for b in st) + "\n")
+                w("nstate %d\n" % len(run["state"]))
+                for name in sorted(run["state"]):
+                    w("state %s " % name + " ".join(fmt(b) for b in run["state"][name]) + "\n")
+
+
 def main():
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         worker()
@@ -185,43 +226,14 @@ def main():
 # '#' lines occur only at the top of the file. After them the file is a
 # whitespace-separated token stream (newlines are cosmetic) readable with fscanf.
 """)
-    w("nvectors %d\n" % len(VECTORS))
-    for vi, (n, seed) in enumerate(VECTORS):
-        p0, grads = inputs(n, seed)
-        tobits = lambda x: struct.unpack("I", struct.pack("f", x))[0]
-        w("vector %d n %d seed %d\n" % (vi, n, seed))
-        w("p0 " + " ".join(fmt(tobits(x)) for x in p0) + "\n")
-        for t in range(STEPS):
-            w("grad %d " % (t + 1) + " ".join(fmt(tobits(x)) for x in grads[t]) + "\n")
+    write_vectors(w)
     w("nconfigs %d\n" % len(CONFIGS))
     for ci, (name, kind, lr, alpha, eps, wd, mom, cen, lrd, init) in enumerate(CONFIGS):
         w("config %d %s %s lr %r alpha %r eps %r weight_decay %r momentum %r centered %d "
           "lr_decay %r initial_accumulator_value %r\n"
           % (ci, name, kind, lr, alpha, eps, wd, mom, cen, lrd, init))
     w("nvariants %d %s\n" % (len(variants), " ".join(variants)))
-    w("nresults %d\n" % (len(CONFIGS) * len(VECTORS)))
-    for ci in range(len(CONFIGS)):
-        for vi, (n, _) in enumerate(VECTORS):
-            runs = results["%d %d" % (ci, vi)]
-            sets = []
-            for v in sorted(runs):
-                key = json.dumps(runs[v], sort_keys=True)
-                for s in sets:
-                    if s[0] == key:
-                        s[1].append(v)
-                        break
-                else:
-                    sets.append((key, [v]))
-            w("result %d %d n %d nsets %d\n" % (ci, vi, n, len(sets)))
-            for key, names in sets:
-                run = json.loads(key)
-                w("set %d %s\n" % (len(names), " ".join(names)))
-                for t, st in enumerate(run["steps"]):
-                    w("step %d " % (t + 1) + " ".join(fmt(b) for b in st) + "\n")
-                w("nstate %d\n" % len(run["state"]))
-                for name in sorted(run["state"]):
-                    w("state %s " % name + " ".join(fmt(b) for b in run["state"][name]) + "\n")
-
+    write_results(w, results, len(CONFIGS))
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,7 @@ import subprocess
 import sys
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from make_optim_rmsprop_adagrad import STEPS, fmt, splitmix  # noqa: E402
+from make_optim_rmsprop_adagrad import STEPS, draws, fmt  # noqa: E402
 
 LEVELS = ["avx2", "default"]
 SIZES = [64, 128, 64]  # multiples of 8 and 64: the fused kernel's vector body only
@@ -26,12 +26,6 @@ CONFIGS = [
     ("adam_amsgrad_l2", "adam", 1e-3, 0.9, 0.999, 1e-8, 0.01, 1, 0.0, 0.0, 0),
     ("sgd_momentum_wd", "sgd", 0.1, 0.0, 0.0, 0.0, 0.01, 0, 0.9, 0.0, 0),
 ]
-
-
-def draws(seed, n):
-    g = splitmix(seed)
-    return [struct.unpack("f", struct.pack("f", ((next(g) >> 40) - 8388608) / 8388608.0))[0]
-            for _ in range(n)]
 
 
 def inputs():
