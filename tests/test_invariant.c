@@ -143,6 +143,7 @@ typedef struct cfg {
     int big;                  /* make_model_big */
     int poison;               /* 1: +inf, 2: NaN in micro-batch 5's l0.weight[3] at step 0 */
     int hybrid;               /* HYBRID_SHARD groups of this size where it divides W (<W) */
+    fsdp_optim_kind optim;    /* 0: AdamW; FSDP_MUON: Muon for matrices, AdamW for the rest */
     int64_t steps;            /* train until fsdp_ctx_steps reaches it */
     const char *save_at_2;    /* save a checkpoint after step 2 */
     const char *load;         /* load this checkpoint first */
@@ -223,6 +224,12 @@ static fsdp_init_spec init_choose(void *user, const char *fqn, int ndim, const i
     return s;
 }
 
+static int matrices_first(void *user, const char *fqn, int ndim, const char *module_type)
+{
+    (void)user, (void)fqn, (void)module_type;
+    return ndim == 2 ? 0 : 1;
+}
+
 /* Trains cfg on comm (rank 0 fills out). 0 on success. */
 static int train(fsdp_comm *comm, fsdp_device *dev, const cfg *cf, result *out)
 {
@@ -231,6 +238,7 @@ static int train(fsdp_comm *comm, fsdp_device *dev, const cfg *cf, result *out)
     fsdp_units *u = m ? make_units(m, hy ? FSDP_HYBRID_SHARD : cf->strat, cf->pdt, cf->rdt)
                       : NULL;
     fsdp_ctx_desc cd;
+    fsdp_optim_config groups[2];
     fsdp_ctx *ctx = NULL;
     fsdp_state_dict *sd = NULL;
     fsdp_result r;
@@ -244,9 +252,17 @@ static int train(fsdp_comm *comm, fsdp_device *dev, const cfg *cf, result *out)
     cd.comm = comm;
     cd.model = m;
     cd.units = u;
-    cd.optim = fsdp_optim_defaults(FSDP_ADAMW);
+    cd.optim = fsdp_optim_defaults(cf->optim ? cf->optim : FSDP_ADAMW);
     cd.optim.lr = 1e-2;
     cd.optim.weight_decay = 0.01;
+    if (cf->optim == FSDP_SGD) cd.optim.momentum = 0.9;
+    if (cf->optim == FSDP_RMSPROP) cd.optim.momentum = 0.5, cd.optim.centered = 1;
+    if (cf->optim == FSDP_MUON) {
+        groups[0] = cd.optim;
+        groups[1] = fsdp_optim_defaults(FSDP_ADAMW);
+        groups[1].lr = 1e-2;
+        cd.groups = groups, cd.ngroups = 2, cd.group_fn = matrices_first;
+    }
     cd.cpu_offload = cf->offload;
     cd.grad_reduce = cf->reduce;
     cd.invariant_microbatches = cf->invariant;
@@ -407,6 +423,37 @@ static cfg base_cfg(void)
     c.steps = STEPS;
     c.clip = 1;
     return c;
+}
+
+/* every built-in optimizer but AdamW (every case above), in units of one
+   dtype and of two, sharded and not, with and without cpu_offload: the mode
+   sits below the optimizer, so each gives W 1's bits at every W (Muon, which
+   refuses cpu_offload, runs on the device shards only) */
+static void test_optims(void)
+{
+    static const fsdp_optim_kind kinds[] = {FSDP_SGD, FSDP_ADAM, FSDP_RMSPROP, FSDP_ADAGRAD,
+                                            FSDP_MUON};
+    static const char *const names[] = {"SGD", "Adam", "RMSprop", "Adagrad", "Muon"};
+    size_t k;
+    int mixed, off;
+    for (mixed = 0; mixed < 2; mixed++)
+        for (off = 0; off < 2; off++)
+            for (k = 0; k < sizeof kinds / sizeof kinds[0]; k++) {
+                cfg c = base_cfg();
+                char what[96];
+                if (off && kinds[k] == FSDP_MUON) continue;
+                g_mixed = mixed;
+                c.optim = kinds[k];
+                c.offload = off;
+                snprintf(what, sizeof what, "%s, FULL_SHARD%s%s", names[k],
+                         mixed ? ", bf16 biases" : "", off ? ", cpu_offload" : "");
+                sweep(what, &c);
+                c.strat = FSDP_NO_SHARD;
+                snprintf(what, sizeof what, "%s, NO_SHARD%s%s", names[k],
+                         mixed ? ", bf16 biases" : "", off ? ", cpu_offload" : "");
+                sweep(what, &c);
+            }
+    g_mixed = 0;
 }
 
 static void test_full_shard(void)
@@ -920,6 +967,7 @@ static const check_case CASES[] = {
     {"no_shard", test_no_shard},
     {"hybrid", test_hybrid},
     {"mixed", test_mixed},
+    {"optims", test_optims},
     {"offload", test_offload},
     {"chunked", test_chunked},
     {"nonfinite", test_nonfinite},

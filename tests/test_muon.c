@@ -344,6 +344,9 @@ typedef struct job {
     int hybrid;        /* HYBRID_SHARD with shard groups of this many ranks */
     int plan_only_same; /* rank 0: fsdp_ctx_plan_only gave the context's plan */
     int64_t step0;     /* gradients of steps step0 + 1 .. */
+    int sit_unit;      /* with sit_step: this unit gets no backward at that step */
+    int64_t sit_step;
+    int skip2;         /* the gradients of steps 1, 3, 4, ..: step 2's never come */
     const char *save, *load;
     float out[4096];   /* the four parameters after the steps, in FQNS order */
     int nout;
@@ -354,14 +357,16 @@ typedef struct job {
     size_t peak;
 } job;
 
-static int one_step(fsdp_ctx *ctx, int rank, int64_t t)
+static int one_step(fsdp_ctx *ctx, const job *j, int rank, int64_t t)
 {
     int n = fsdp_units_count(g_units), i, k;
+    if (j->skip2 && t >= 2) t++;
     for (i = n - 1; i >= 0; i--) /* the root first */
         if (fsdp_begin_forward(ctx, i) != FSDP_SUCCESS || fsdp_end_forward(ctx, i) != FSDP_SUCCESS)
             return 0;
     for (i = 0; i < n; i++) {
         const fsdp_unit_info *ui = fsdp_units_get(g_units, i);
+        if (j->sit_step == t && j->sit_unit == i) continue; /* sits out */
         if (fsdp_begin_backward(ctx, i) != FSDP_SUCCESS) return 0;
         for (k = 0; k < ui->nentries && rank == 0; k++) {
             float *g = (float *)fsdp_grad(ctx, ui->entries[k].fqn);
@@ -451,7 +456,7 @@ static int rank_main(int rank, int nranks, fsdp_local_world *world, void *user)
     }
     fsdp_device_reset_peak(dev);
     for (t = 1; t <= j->steps; t++)
-        if (!one_step(ctx, rank, j->step0 + t)) {
+        if (!one_step(ctx, j, rank, j->step0 + t)) {
             CHECK_RANK(0, rank, "step %d: %s", t, fsdp_ctx_last_error(ctx));
             goto done;
         }
@@ -577,6 +582,44 @@ static void test_accuracy(void)
 }
 
 /* --- the same bits at every world size --- */
+
+/* A unit no backward reached at a step sits it out (issue 46's default):
+   its matrices keep their values and momentum, so they end as a run that
+   never saw that step's gradient; the other unit ends as if nothing sat out */
+static void test_sitout(void)
+{
+    static job a, b, s;
+    int W, l1 = -1, i;
+    for (i = 0; i < fsdp_units_count(g_units); i++) {
+        const fsdp_unit_info *ui = fsdp_units_get(g_units, i);
+        if (ui->nentries > 0 && !strcmp(ui->entries[0].fqn, "l1.m1")) l1 = i;
+    }
+    CHECK(l1 >= 0, "the unit of l1.m1");
+    if (l1 < 0) return;
+    job_init(&a);
+    a.steps = 3;
+    run_ranks(1, rank_main, &a);
+    job_init(&b);
+    b.steps = 2;
+    b.skip2 = 1;
+    run_ranks(1, rank_main, &b);
+    /* offsets in out: l0.m0 [0, 640), l1.m1 and l1.m2 [640, 2048), l0.b0 after */
+    CHECK(a.nout == 2064 && b.nout == 2064, "%d and %d values", a.nout, b.nout);
+    CHECK(!bits_equal(a.out + 640, b.out + 640, 1408), "step 2's gradient changes l1");
+    for (W = 1; W <= 3; W++) {
+        job_init(&s);
+        s.steps = 3;
+        s.sit_unit = l1;
+        s.sit_step = 2;
+        run_ranks(W, rank_main, &s);
+        CHECK(s.nout == 2064, "W %d: %d values", W, s.nout);
+        if (s.nout != 2064) continue;
+        CHECK(bits_equal(a.out, s.out, 640) && bits_equal(a.out + 2048, s.out + 2048, 16),
+              "W %d: l0, which every step reached, as in the run where nothing sat out", W);
+        CHECK(bits_equal(b.out + 640, s.out + 640, 1408),
+              "W %d: l1, which sat out step 2, as in the run without step 2's gradient", W);
+    }
+}
 
 static void test_ranks(void)
 {
@@ -705,6 +748,7 @@ static const check_case CASES[] = {
     {"config", test_config},           {"accuracy", test_accuracy},
     {"ranks", test_ranks},             {"refusals", test_refusals},
     {"ckpt", test_ckpt},               {"digest", test_digest},
+    {"sitout", test_sitout},
 };
 
 int main(int argc, char **argv)
