@@ -31,9 +31,16 @@
    3. With --python PY (a Python with torch): train_gpt at one rank on a
       4 x 256 model against the same model's training step in torch
       (bench_gpt_peers.py) at 1 and 2 threads, as ratios.
+   4. With --python PY, then: the same model at 2 ranks, train_gpt on the
+      local backend (threads) and on Gloo (processes), against torch FSDP
+      (fully_shard per block, gloo, 2 processes of 1 thread: bench_gpt_peers
+      .py --ranks 2), global batch 64: --rounds rounds (5; 3 with --quick)
+      of the three runs in rotating order, each run's median step after 2
+      warm-up steps (train_gpt's from its --metrics records), the medians
+      over the rounds and of each round's own ratios.
 
    Usage: bench_gpt [--steps K] [--max-ranks N] [--quick] [--python PY]
-                    [--invariant M]                                          */
+                    [--rounds R] [--invariant M]                                        */
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "examples/gpt.h"
@@ -181,6 +188,60 @@ static double median(double *v, int n)
 
 #define INV_MAX_REPS 64
 
+/* Part 4: train_gpt (the executable: Gloo forks processes) at 2 ranks of
+   the 4 x 256 model; its median step after 2 warm-up steps, from the
+   train_s of its --metrics records (one a step when steps <= 20). */
+static int exec_median_ms(const char *bin, const char *backend, int steps, double *ms)
+{
+    char mpath[64], cmd[1400], line[1024];
+    double t[64], d[64];
+    int n = 0, k, fd;
+    FILE *f;
+    snprintf(mpath, sizeof mpath, "/tmp/bench_gpt_metrics_XXXXXX");
+    if ((fd = mkstemp(mpath)) < 0) return 0;
+    close(fd);
+    snprintf(cmd, sizeof cmd, "'%s' --backend %s --ranks 2 --steps %d --layers 4 --dim 256 "
+             "--heads 8 --eval-every 0 --ntest 16 --quiet --metrics '%s' >/dev/null 2>&1", bin,
+             backend, steps, mpath);
+    if (system(cmd) != 0 || !(f = fopen(mpath, "r"))) {
+        fprintf(stderr, "bench_gpt: '%s' failed\n", cmd);
+        remove(mpath);
+        return 0;
+    }
+    while (n < 64 && fgets(line, sizeof line, f)) {
+        const char *ts = strstr(line, "\"train_s\":");
+        if (ts && sscanf(ts + 10, "%lf", &t[n]) == 1) n++;
+    }
+    fclose(f);
+    remove(mpath);
+    if (n != steps || n < 4) {
+        fprintf(stderr, "bench_gpt: %d step records from '%s', %d expected\n", n, cmd, steps);
+        return 0;
+    }
+    for (k = 2; k < n; k++) d[k - 2] = (t[k] - t[k - 1]) * 1e3;
+    *ms = median(d, n - 2);
+    return 1;
+}
+
+/* bench_gpt_peers.py --ranks 2: torch FSDP's median step */
+static int torch_fsdp_ms(const char *py, const char *script, int steps, double *ms)
+{
+    char cmd[2300], line[256];
+    FILE *f;
+    int got = 0;
+    snprintf(cmd, sizeof cmd, "'%s' '%s' --layers 4 --dim 256 --heads 8 --batch 64 --seq 11 "
+             "--threads 1 --ranks 2 --steps %d --port %d 2>&1", py, script, steps,
+             29500 + (int)(getpid() % 2000));
+    if (!(f = popen(cmd, "r"))) return 0;
+    while (fgets(line, sizeof line, f)) {
+        int r;
+        if (sscanf(line, "torch_fsdp_step %d %lf", &r, ms) == 2) got = 1;
+    }
+    pclose(f);
+    if (!got) fprintf(stderr, "bench_gpt: no step time from '%s'\n", cmd);
+    return got;
+}
+
 static int bench_invariant(gpt_config *cfg, int M, int steps, int reps, long cores)
 {
     static const int worlds[2] = {2, 4};
@@ -232,12 +293,52 @@ static int bench_invariant(gpt_config *cfg, int M, int steps, int reps, long cor
     return 0;
 }
 
+/* Part 4 (see the top): 2 ranks against torch FSDP */
+static int two_ranks(const char *argv0, const char *py, const char *script, int steps, int rounds)
+{
+    char bin[1100];
+    const char *slash = strrchr(argv0, '/');
+    double ms[3][64], rl[64], rg[64];
+    int k, j;
+    FILE *f;
+    snprintf(bin, sizeof bin, "%.*s../examples/train_gpt", slash ? (int)(slash + 1 - argv0) : 0,
+             argv0);
+    if (!(f = fopen(bin, "r"))) {
+        fprintf(stderr, "bench_gpt: no %s beside this program's directory\n", bin);
+        return 0;
+    }
+    fclose(f);
+    for (k = 0; k < rounds; k++)
+        for (j = 0; j < 3; j++) { /* run (k + j) % 3 goes j-th in round k */
+            int w = (k + j) % 3, ok;
+            ok = w == 0 ? exec_median_ms(bin, "local", steps, &ms[0][k])
+               : w == 1 ? exec_median_ms(bin, "gloo", steps, &ms[1][k])
+                        : torch_fsdp_ms(py, script, steps, &ms[2][k]);
+            if (!ok) return 0;
+        }
+    for (k = 0; k < rounds; k++) {
+        rl[k] = ms[0][k] / ms[2][k];
+        rg[k] = ms[1][k] / ms[2][k];
+    }
+    printf("\n4. two ranks against torch FSDP: 4 layers x dim 256, 8 heads, global batch 64, "
+           "%d steps (median step after 2 warm-up), medians of %d rounds (in rotating order); "
+           "torch: fully_shard per block, gloo, 2 processes of 1 thread\n", steps, rounds);
+    printf("  %-10s %12s %10s %10s\n", "train_gpt", "ms/step", "torch ms", "ratio");
+    printf("  %-10s %12.1f %10.1f %10.2f\n", "local", median(ms[0], rounds),
+           median(ms[2], rounds), median(rl, rounds));
+    printf("  %-10s %12.1f %10.1f %10.2f\n", "gloo", median(ms[1], rounds),
+           median(ms[2], rounds), median(rg, rounds));
+    printf("  ratio: train_gpt's step / torch FSDP's in the same round (< 1: train_gpt is "
+           "faster)\n");
+    return 1;
+}
+
 int main(int argc, char **argv)
 {
     static gpt_result res;
     static char err[FSDP_ERROR_MAX + 128];
     gpt_config cfg = gpt_default_config();
-    int i, max_ranks = 8, steps = 60, quick = 0, nisa = 1, isa, r, inv = 0;
+    int i, max_ranks = 8, steps = 60, quick = 0, nisa = 1, isa, r, inv = 0, rounds = 0;
     const char *py = NULL;
     long cores = sysconf(_SC_NPROCESSORS_ONLN);
     double secs;
@@ -253,9 +354,10 @@ int main(int argc, char **argv)
         else if (!strcmp(argv[i], "--max-ranks") && i + 1 < argc) max_ranks = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--python") && i + 1 < argc) py = argv[++i];
         else if (!strcmp(argv[i], "--invariant") && i + 1 < argc) inv = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--rounds") && i + 1 < argc) rounds = atoi(argv[++i]);
         else {
             fprintf(stderr, "usage: %s [--steps K] [--max-ranks N] [--quick] [--python PY] "
-                    "[--invariant M]\n",
+                    "[--rounds R] [--invariant M]\n",
                     argv[0]);
             return 2;
         }
@@ -264,8 +366,11 @@ int main(int argc, char **argv)
         steps = 20;
         max_ranks = max_ranks < 4 ? max_ranks : 4;
     }
-    if (steps < 2 || max_ranks < 1 || max_ranks > GPT_MAX_RANKS) {
-        fprintf(stderr, "bench_gpt: --steps >= 2, --max-ranks 1..%d\n", GPT_MAX_RANKS);
+    if (!rounds) rounds = quick ? 3 : 5;
+    if (steps < 2 || max_ranks < 1 || max_ranks > GPT_MAX_RANKS || rounds < 1 ||
+        rounds > 64) {
+        fprintf(stderr, "bench_gpt: --steps >= 2, --max-ranks 1..%d, --rounds 1..64\n",
+                GPT_MAX_RANKS);
         return 2;
     }
     secs = quick ? 0.2 : 1.0;
@@ -390,6 +495,7 @@ int main(int argc, char **argv)
         printf("  train_gpt 1 rank %.1f ms/step; torch 1 thread %.1f ms (ratio %.2f), 2 threads "
                "%.1f ms (ratio %.2f)\n", ours, peer[0], peer[0] > 0 ? ours / peer[0] : 0.0,
                peer[1], peer[1] > 0 ? ours / peer[1] : 0.0);
+        if (!two_ranks(argv[0], py, script, quick ? 8 : 14, rounds)) return 1;
     }
     return 0;
 }

@@ -5,8 +5,18 @@ cross-entropy, backward, clipping at 1.0, AdamW) on a batch of random
 tokens, median of --steps after 2 warm-up, at --threads.
     PY bench/bench_gpt_peers.py --layers 4 --dim 256 --heads 8 --batch 64 --seq 11 --threads 1
 prints "torch_step <threads> <ms>".
+
+With --ranks N > 1: torch FSDP on N processes (gloo, 127.0.0.1, --port):
+fully_shard (FSDP2; torch 2.x's FSDP1 refuses a machine without an
+accelerator) on each block, then the root, so each block is a unit and the
+root holds the rest, as train_gpt wraps; each rank --threads threads and
+batch / N rows, clip_grad_norm_ over the sharded parameters; the step is
+timed on rank 0 from a barrier to the end of the optimizer step, and it
+prints
+"torch_fsdp_step <ranks> <ms>".
 """
 import argparse
+import os
 import time
 
 import torch
@@ -49,17 +59,66 @@ class GPT(nn.Module):
         return self.lnf(x) @ self.wte.weight.T
 
 
+def groups(m):
+    """AdamW's groups: weight decay on the blocks' matrices only"""
+    def decays(n, p):
+        return p.ndim >= 2 and "wte" not in n and "wpe" not in n
+    return ([p for n, p in m.named_parameters() if decays(n, p)],
+            [p for n, p in m.named_parameters() if not decays(n, p)])
+
+
+def fsdp_rank(rank, a):
+    import torch.distributed as dist
+    from torch.distributed.fsdp import fully_shard
+    torch.set_num_threads(a.threads)
+    dist.init_process_group("gloo", init_method="tcp://127.0.0.1:%d" % a.port, rank=rank,
+                            world_size=a.ranks)
+    torch.manual_seed(0)
+    m = GPT(12, a.seq, a.dim, a.heads, a.layers)
+    for b in m.blocks:
+        fully_shard(b)
+    fully_shard(m)
+    decay, rest = groups(m)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}], lr=3e-3, betas=(0.9, 0.99))
+    g = torch.Generator().manual_seed(rank + 1)
+    rows = a.batch // a.ranks
+    idx = torch.randint(0, 12, (rows, a.seq), generator=g)
+    tgt = torch.randint(0, 12, (rows, a.seq), generator=g)
+
+    def step():
+        dist.barrier()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(m(idx).reshape(-1, 12), tgt.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        return (time.perf_counter() - t0) * 1e3
+
+    for _ in range(2):
+        step()
+    ts = sorted(step() for _ in range(a.steps))
+    if rank == 0:
+        print("torch_fsdp_step %d %.3f" % (a.ranks, ts[len(ts) // 2]), flush=True)
+    dist.destroy_process_group()
+
+
 def main():
     ap = argparse.ArgumentParser()
     for k, d in [("layers", 4), ("dim", 256), ("heads", 8), ("batch", 64), ("seq", 11),
-                 ("threads", 1), ("steps", 10)]:
+                 ("threads", 1), ("steps", 10), ("ranks", 1), ("port", 29531)]:
         ap.add_argument("--" + k, type=int, default=d)
     a = ap.parse_args()
+    if a.ranks > 1:
+        import torch.multiprocessing as mp
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        mp.spawn(fsdp_rank, args=(a,), nprocs=a.ranks, join=True)
+        return
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     m = GPT(12, a.seq, a.dim, a.heads, a.layers)
-    decay = [p for n, p in m.named_parameters() if p.ndim >= 2 and not n.startswith(("wte", "wpe"))]
-    rest = [p for n, p in m.named_parameters() if not (p.ndim >= 2 and not n.startswith(("wte", "wpe")))]
+    decay, rest = groups(m)
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
                              {"params": rest, "weight_decay": 0.0}], lr=3e-3, betas=(0.9, 0.99))
     idx = torch.randint(0, 12, (a.batch, a.seq))

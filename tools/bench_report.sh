@@ -110,7 +110,9 @@ if [ "$mode" = run ]; then
         "$c --ranks 1 --units 4 --params 4000000"
     run offload "$B/bench_offload --units 4 --params 4194304 --threads 2" \
         "$B/bench_offload --units 4 --params 1048576 --threads 2 --iters 5"
-    run gpt "$B/bench_gpt" "$B/bench_gpt --quick"
+    g="$B/bench_gpt"
+    [ -n "$python" ] && g="$g --python $python"
+    run gpt "$g" "$g --quick"
     run gpt_invariant "$B/bench_gpt --invariant 8" "$B/bench_gpt --invariant 8 --quick"
     if [ -x "$B/bench_comm" ]; then
         for n in 2 4; do
@@ -287,6 +289,13 @@ kind == "gpt" && part == 1 && /^  [a-z]+ +(fwd|dX|dW|[0-9])/ && !/peak/ {
 kind == "gpt" && /^2\. communication/ { part = 2; s = $0; sub(/^2\. /, "", s); print ""; print "Training steps of the default model (" s "); the ideal is the per-rank compute summed over min(ranks, cores):"; print ""
     print "| ranks | step ms | ideal ms | step / ideal | in fsdp calls per rank, ms | peak / plan |"; print "|---:|---:|---:|---:|---:|---:|" }
 kind == "gpt" && part == 2 && /^ +[0-9]+ / { printf "| %s | %s | %s | **%s** | %s | %s |\n", $1, $2, $5, $6, $7, ratio($8, $9) }
+kind == "gpt" && /^3\. one rank/ { part = 3; s = $0; sub(/^3\. one rank against torch: /, "", s); print ""; print "One rank against the same model's training step in torch (" s "):"; print ""
+    print "| run | ms/step | train_gpt / it |"; print "|---|---:|---:|" }
+kind == "gpt" && part == 3 && /^  train_gpt 1 rank/ { r1 = $12; gsub(/[),]/, "", r1); r2 = $18; gsub(/[),]/, "", r2)
+    printf "| train_gpt, 1 rank | %s | - |\n| torch, 1 thread | %s | **%s** |\n| torch, 2 threads | %s | **%s** |\n", $4, $9, r1, $15, r2 }
+kind == "gpt" && /^4\. two ranks/ { part = 4; s = $0; sub(/^4\. two ranks against torch FSDP: /, "", s); print ""; print "Two ranks against torch FSDP (" s "):"; print ""
+    print "| train_gpt's backend | train_gpt ms/step | torch FSDP ms/step | train_gpt / torch FSDP |"; print "|---|---:|---:|---:|" }
+kind == "gpt" && part == 4 && /^  (local|gloo) / { printf "| %s | %s | %s | **%s** |\n", $1, $2, $3, $4 }
 kind == "gpt_invariant" && /^bench_gpt:/ { print $0 "."; print "" }
 kind == "gpt_invariant" && /^3\. invariant mode/ { s = $0; sub(/^3\. invariant mode: /, "", s)
     print "train_gpt's steps (" s "); \"same micro-batches\" is the default mode with --accum M / ranks, the mode's compute, so its ratio is the library's cost alone:"; print ""
