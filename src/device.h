@@ -29,8 +29,12 @@ typedef fsdp_result (*fsdp_task_fn)(void *arg, fsdp_error *err);
    the products accumulate in f32 and C is rounded once to its dtype (the
    bf16 matmul of torch's Muon). beta 0: C is not read (BLAS). C must not
    overlap A or B. The CPU device gives the same bits at every FSDP_ISA
-   level and thread count: each C element is one chain of fused
-   multiply-adds over k in order, from 0, then fma(alpha, acc, beta * C). */
+   level and thread count: each f32 C element is one chain of fused
+   multiply-adds over k in order, from 0, then fma(alpha, acc, beta * C);
+   a bf16 one is AVX512_BF16's chain (VDPBF16PS where the CPU has it, the
+   same bits elsewhere): inputs' subnormals as zeros, k padded to even,
+   each pair's odd product then its even one, every step's subnormal
+   result flushed to a zero of its sign, then the same epilogue. */
 typedef struct fsdp_gemm_desc {
     int64_t m, n, k;
     fsdp_dtype dtype;
