@@ -6679,10 +6679,42 @@ FSDP__DEF int fsdp__gemm_path(fsdp_dtype dt, int isa)
     return FSDP__GEMM_SCALAR;
 }
 
+/* 1 when C = alpha op(A) op(B) + beta C is symmetric whatever the values:
+   op(A) = op(B)^T (one matrix, X X^T or X^T X), or one square matrix A that
+   is symmetric bit for bit times itself; and beta 0 or C symmetric. Then
+   C[i][j]'s chain and C[j][i]'s multiply the same pairs of values in the
+   same order (a product commutes), so computing the blocks on and above
+   the diagonal and mirroring them gives the full product's bits, for a
+   little more than half its work: Newton-Schulz's X X^T and A A. */
+/* 1 when the m x m matrix p (leading dimension ld, elements of es bytes)
+   equals its transpose bit for bit */
+FSDP__DEF int fsdp__gemm_is_sym(const void *p, size_t m, size_t ld, size_t es)
+{
+    size_t i, j;
+    for (i = 0; i < m; i++)
+        for (j = i + 1; j < m; j++)
+            if (es == 4 ? ((const uint32_t *)p)[i * ld + j] != ((const uint32_t *)p)[j * ld + i]
+                        : ((const uint16_t *)p)[i * ld + j] != ((const uint16_t *)p)[j * ld + i])
+                return 0;
+    return 1;
+}
+
+FSDP__DEF int fsdp__gemm_symmetric(const fsdp_gemm_desc *g)
+{
+    const size_t m = (size_t)g->m, es = g->dtype == FSDP_F32 ? 4 : 2;
+    if (g->m != g->n || g->a != g->b || g->lda != g->ldb || m < 2 * FSDP__GEMM_MR) return 0;
+    if (g->trans_a == g->trans_b && /* A A: A square and symmetric */
+        (g->k != g->m || !fsdp__gemm_is_sym(g->a, m, (size_t)g->lda, es)))
+        return 0;
+    return g->beta == 0.0 || fsdp__gemm_is_sym(g->c, m, (size_t)g->ldc, es);
+}
+
 /* One thread's share: column strips [s0, s1), every row block of each. */
 typedef struct fsdp__gemm_job {
     const fsdp_gemm_desc *g;
     int path;
+    int sym; /* C is symmetric (fsdp__gemm_symmetric): the row blocks that reach the
+                diagonal or above only */
     size_t s0, s1;
     const float *apack; /* every row block of op(A), packed once for path */
     float *buf;         /* kk * nr (Bs), MR * nr (tile) */
@@ -6702,7 +6734,7 @@ FSDP__DEF void *fsdp__gemm_job_run(void *arg)
         const size_t j0 = s * nr, w = j0 + nr <= n ? nr : n - j0;
         if (j->path == FSDP__GEMM_DOT) fsdp__gemm_pack_b_pairs(g, j0, nr, (uint32_t *)(void *)bs);
         else fsdp__gemm_pack_b(g, j0, nr, bs);
-        for (i0 = 0; i0 < m; i0 += FSDP__GEMM_MR) {
+        for (i0 = 0; i0 < m && (!j->sym || i0 < j0 + w); i0 += FSDP__GEMM_MR) {
             const size_t h = i0 + FSDP__GEMM_MR <= m ? FSDP__GEMM_MR : m - i0;
             const float *as = j->apack + i0 * kk;
             if (use_beta && !raw) /* f32: the kernel's epilogue reads C */
@@ -6741,7 +6773,7 @@ FSDP__DEF void *fsdp__gemm_job_run(void *arg)
 FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
                                           const fsdp_hooks *h, int isa)
 {
-    const int path = fsdp__gemm_path(g->dtype, isa);
+    const int path = fsdp__gemm_path(g->dtype, isa), sym = fsdp__gemm_symmetric(g);
     const size_t nr = fsdp__gemm_path_nr(path), kk = fsdp__gemm_kk(g);
     const size_t strips = ((size_t)g->n + nr - 1) / nr;
     const size_t per = kk * nr + FSDP__GEMM_MR * nr + 16;
@@ -6769,10 +6801,21 @@ FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
         jobs[t].g = g;
         jobs[t].apack = apack;
         jobs[t].path = path;
+        jobs[t].sym = sym;
         jobs[t].s0 = strips * (size_t)t / (size_t)T;
         jobs[t].s1 = strips * (size_t)(t + 1) / (size_t)T;
         jobs[t].buf = buf + (size_t)t * per;
         started[t] = 0;
+    }
+    if (sym && T > 1) { /* strip s has about s + 1 strips' rows: split the triangle evenly */
+        size_t total = strips * (strips + 1) / 2, acc = 0, st = 0;
+        for (t = 0; t < T; t++) {
+            jobs[t].s0 = st;
+            while (st < strips && (acc + st + 1) * (size_t)T <= total * (size_t)(t + 1))
+                acc += ++st;
+            if (t == T - 1) st = strips;
+            jobs[t].s1 = st;
+        }
     }
     for (t = 1; t < T; t++)
         started[t] = pthread_create(&th[t], NULL, fsdp__gemm_job_run, &jobs[t]) == 0;
@@ -6780,6 +6823,17 @@ FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
     for (t = 1; t < T; t++) {
         if (started[t]) pthread_join(th[t], NULL);
         else fsdp__gemm_job_run(&jobs[t]); /* no thread: the caller does it */
+    }
+    if (sym) { /* the lower triangle from the upper one */
+        const size_t ldc = (size_t)g->ldc, m = (size_t)g->m;
+        size_t i, jj;
+        for (i = 1; i < m; i++)
+            for (jj = 0; jj < i; jj++) {
+                if (g->dtype == FSDP_F32)
+                    ((float *)g->c)[i * ldc + jj] = ((const float *)g->c)[jj * ldc + i];
+                else
+                    ((uint16_t *)g->c)[i * ldc + jj] = ((const uint16_t *)g->c)[jj * ldc + i];
+            }
     }
     fsdp__free(h, buf);
     return FSDP_SUCCESS;
@@ -19173,6 +19227,54 @@ FSDP__DEF void fsdp__muon_plan(const fsdp_ctx *c, size_t *buf, size_t *moved)
     *buf = gat + ns;
 }
 
+#if defined(FSDP__HAVE_AVX2_FMA)
+/* fsdp__muon_momentum's, fsdp__muon_apply's and the iteration's scaling
+   loops, 8 (AVX2) or 16 (AVX-512) elements at a time with the very
+   operations of the scalar ones (fused where they call fmaf, IEEE
+   division), so the same bits; each returns how many it did and the
+   caller does the rest. The scalar loops' fmaf is a libm call in a build
+   for the baseline, about as slow as the products. */
+#define FSDP__MUON_WIDE(isa, bits, target)                                                        \
+    FSDP__DEF target size_t fsdp__muon_momentum_##isa(float *g, float *buf, size_t n, float a1,  \
+                                                      int s1, float a2, int s2, int nesterov)     \
+    {                                                                                             \
+        const __m##bits w1 = _mm##bits##_set1_ps(a1), w2 = _mm##bits##_set1_ps(a2);              \
+        size_t i;                                                                                 \
+        for (i = 0; i + bits / 32 <= n; i += bits / 32) {                                         \
+            __m##bits gi = _mm##bits##_loadu_ps(g + i), bo = _mm##bits##_loadu_ps(buf + i), b;   \
+            b = _mm##bits##_fmadd_ps(w1, _mm##bits##_sub_ps(gi, bo), s1 ? bo : gi);              \
+            _mm##bits##_storeu_ps(buf + i, b);                                                    \
+            if (nesterov)                                                                         \
+                b = _mm##bits##_fmadd_ps(w2, _mm##bits##_sub_ps(b, gi), s2 ? gi : b);            \
+            _mm##bits##_storeu_ps(g + i, b);                                                      \
+        }                                                                                         \
+        return i;                                                                                 \
+    }                                                                                             \
+    FSDP__DEF target size_t fsdp__muon_apply_##isa(float *pm, const float *o, size_t n,          \
+                                                   float decay, float nlr)                        \
+    {                                                                                             \
+        const __m##bits d = _mm##bits##_set1_ps(decay), l = _mm##bits##_set1_ps(nlr);           \
+        size_t i;                                                                                 \
+        for (i = 0; i + bits / 32 <= n; i += bits / 32)                                           \
+            _mm##bits##_storeu_ps(pm + i, _mm##bits##_fmadd_ps(_mm##bits##_loadu_ps(o + i), l,  \
+                                                                _mm##bits##_mul_ps(             \
+                                                                    _mm##bits##_loadu_ps(pm + i), \
+                                                                    d)));                         \
+        return i;                                                                                 \
+    }                                                                                             \
+    FSDP__DEF target size_t fsdp__muon_div_##isa(const float *u, float *out, size_t n, float d)  \
+    {                                                                                             \
+        const __m##bits dv = _mm##bits##_set1_ps(d);                                              \
+        size_t i;                                                                                 \
+        for (i = 0; i + bits / 32 <= n; i += bits / 32)                                           \
+            _mm##bits##_storeu_ps(out + i, _mm##bits##_div_ps(_mm##bits##_loadu_ps(u + i), dv)); \
+        return i;                                                                                 \
+    }
+FSDP__MUON_WIDE(avx2, 256, FSDP__AVX2_FMA)
+FSDP__MUON_WIDE(avx512, 512, FSDP__AVX512)
+#undef FSDP__MUON_WIDE
+#endif
+
 /* torch 2.x's lerp(a, b, w) (as fsdp__adam_consts): a + w (b - a) when
    |w| < 0.5, else b - (1 - w) (b - a), fused. */
 FSDP__INLINE float fsdp__lerpf(float a, float b, float w, float wm1, int small)
@@ -19190,8 +19292,15 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_momentum(const fsdp_optim_config *o,
     const float w1 = (float)(1.0 - o->momentum), w2 = (float)o->momentum;
     const int s1 = fabsf(w1) < 0.5f, s2 = fabsf(w2) < 0.5f;
     const float w1m = w1 - 1.0f, w2m = w2 - 1.0f;
-    size_t i;
-    for (i = 0; i < n; i++) {
+    size_t i = 0;
+#if defined(FSDP__HAVE_AVX2_FMA)
+    const int isa = fsdp__optim_isa();
+    if (isa >= FSDP__ISA_AVX512)
+        i = fsdp__muon_momentum_avx512(g, buf, n, s1 ? w1 : w1m, s1, s2 ? w2 : w2m, s2, o->nesterov);
+    else if (isa >= FSDP__ISA_AVX2)
+        i = fsdp__muon_momentum_avx2(g, buf, n, s1 ? w1 : w1m, s1, s2 ? w2 : w2m, s2, o->nesterov);
+#endif
+    for (; i < n; i++) {
         float b = fsdp__lerpf(buf[i], g[i], w1, w1m, s1);
         buf[i] = b;
         g[i] = o->nesterov ? fsdp__lerpf(g[i], b, w2, w2m, s2) : b;
@@ -19217,6 +19326,7 @@ FSDP__DEF FSDP__NO_CONTRACT fsdp_result fsdp__muon_ns(fsdp_ctx *c, const fsdp_op
     const int f32 = o->ns_f32, tr = rows > cols;
     const fsdp_dtype dt = f32 ? FSDP_F32 : FSDP_BF16;
     const size_t es = f32 ? 4 : 2, m = (size_t)(tr ? cols : rows), n = (size_t)(tr ? rows : cols);
+    const int isa = fsdp__optim_isa();
     char *x = (char *)ws, *x2 = x + m * n * es, *a = x2 + m * n * es, *b = a + m * m * es;
     double ss = 0.0;
     float nrm, eps = (float)o->eps;
@@ -19228,11 +19338,22 @@ FSDP__DEF FSDP__NO_CONTRACT fsdp_result fsdp__muon_ns(fsdp_ctx *c, const fsdp_op
        order, each element rounded once to the iteration's dtype (torch
        rounds U to bf16, then the quotient again) */
     for (i = 0; i < m * n; i++) ss += (double)u[i] * (double)u[i];
+    (void)isa; /* unused in a build without the vector kernels */
     nrm = (float)sqrt(ss);
     if (!(nrm >= eps)) nrm = nrm != nrm ? nrm : eps;
-    for (i = 0; i < (size_t)rows; i++)
-        for (j = 0; j < (size_t)cols; j++)
-            fsdp__muon_put(x, f32, tr ? j * n + i : i * n + j, u[i * (size_t)cols + j] / nrm);
+    for (i = 0; i < (size_t)rows; i++) {
+        const float *ur = u + i * (size_t)cols;
+        for (j = 0; j < (size_t)cols;) { /* the quotients 64 at a time, then stored */
+            float qt[64];
+            size_t e = (size_t)cols - j < 64 ? (size_t)cols - j : 64, d = 0, t;
+#if defined(FSDP__HAVE_AVX2_FMA)
+            if (isa >= FSDP__ISA_AVX512) d = fsdp__muon_div_avx512(ur + j, qt, e, nrm);
+            else if (isa >= FSDP__ISA_AVX2) d = fsdp__muon_div_avx2(ur + j, qt, e, nrm);
+#endif
+            for (t = d; t < e; t++) qt[t] = ur[j + t] / nrm;
+            for (t = 0; t < e; t++, j++) fsdp__muon_put(x, f32, tr ? j * n + i : i * n + j, qt[t]);
+        }
+    }
     memset(&g, 0, sizeof g);
     g.dtype = dt;
     for (s = 0; s < o->ns_steps; s++) {
@@ -19308,8 +19429,13 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_apply(float *pm, const float *o, siz
 #ifdef __clang__
 #pragma clang fp contract(off)
 #endif
-    size_t q;
-    for (q = 0; q < n; q++) pm[q] = fmaf(o[q], nlr, pm[q] * decay);
+    size_t q = 0;
+#if defined(FSDP__HAVE_AVX2_FMA)
+    const int isa = fsdp__optim_isa();
+    if (isa >= FSDP__ISA_AVX512) q = fsdp__muon_apply_avx512(pm, o, n, decay, nlr);
+    else if (isa >= FSDP__ISA_AVX2) q = fsdp__muon_apply_avx2(pm, o, n, decay, nlr);
+#endif
+    for (; q < n; q++) pm[q] = fmaf(o[q], nlr, pm[q] * decay);
 }
 
 /* Muon's part of fsdp_step, for every unit with Muon matrices, on checked

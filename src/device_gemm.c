@@ -523,10 +523,42 @@ FSDP__DEF int fsdp__gemm_path(fsdp_dtype dt, int isa)
     return FSDP__GEMM_SCALAR;
 }
 
+/* 1 when C = alpha op(A) op(B) + beta C is symmetric whatever the values:
+   op(A) = op(B)^T (one matrix, X X^T or X^T X), or one square matrix A that
+   is symmetric bit for bit times itself; and beta 0 or C symmetric. Then
+   C[i][j]'s chain and C[j][i]'s multiply the same pairs of values in the
+   same order (a product commutes), so computing the blocks on and above
+   the diagonal and mirroring them gives the full product's bits, for a
+   little more than half its work: Newton-Schulz's X X^T and A A. */
+/* 1 when the m x m matrix p (leading dimension ld, elements of es bytes)
+   equals its transpose bit for bit */
+FSDP__DEF int fsdp__gemm_is_sym(const void *p, size_t m, size_t ld, size_t es)
+{
+    size_t i, j;
+    for (i = 0; i < m; i++)
+        for (j = i + 1; j < m; j++)
+            if (es == 4 ? ((const uint32_t *)p)[i * ld + j] != ((const uint32_t *)p)[j * ld + i]
+                        : ((const uint16_t *)p)[i * ld + j] != ((const uint16_t *)p)[j * ld + i])
+                return 0;
+    return 1;
+}
+
+FSDP__DEF int fsdp__gemm_symmetric(const fsdp_gemm_desc *g)
+{
+    const size_t m = (size_t)g->m, es = g->dtype == FSDP_F32 ? 4 : 2;
+    if (g->m != g->n || g->a != g->b || g->lda != g->ldb || m < 2 * FSDP__GEMM_MR) return 0;
+    if (g->trans_a == g->trans_b && /* A A: A square and symmetric */
+        (g->k != g->m || !fsdp__gemm_is_sym(g->a, m, (size_t)g->lda, es)))
+        return 0;
+    return g->beta == 0.0 || fsdp__gemm_is_sym(g->c, m, (size_t)g->ldc, es);
+}
+
 /* One thread's share: column strips [s0, s1), every row block of each. */
 typedef struct fsdp__gemm_job {
     const fsdp_gemm_desc *g;
     int path;
+    int sym; /* C is symmetric (fsdp__gemm_symmetric): the row blocks that reach the
+                diagonal or above only */
     size_t s0, s1;
     const float *apack; /* every row block of op(A), packed once for path */
     float *buf;         /* kk * nr (Bs), MR * nr (tile) */
@@ -546,7 +578,7 @@ FSDP__DEF void *fsdp__gemm_job_run(void *arg)
         const size_t j0 = s * nr, w = j0 + nr <= n ? nr : n - j0;
         if (j->path == FSDP__GEMM_DOT) fsdp__gemm_pack_b_pairs(g, j0, nr, (uint32_t *)(void *)bs);
         else fsdp__gemm_pack_b(g, j0, nr, bs);
-        for (i0 = 0; i0 < m; i0 += FSDP__GEMM_MR) {
+        for (i0 = 0; i0 < m && (!j->sym || i0 < j0 + w); i0 += FSDP__GEMM_MR) {
             const size_t h = i0 + FSDP__GEMM_MR <= m ? FSDP__GEMM_MR : m - i0;
             const float *as = j->apack + i0 * kk;
             if (use_beta && !raw) /* f32: the kernel's epilogue reads C */
@@ -585,7 +617,7 @@ FSDP__DEF void *fsdp__gemm_job_run(void *arg)
 FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
                                           const fsdp_hooks *h, int isa)
 {
-    const int path = fsdp__gemm_path(g->dtype, isa);
+    const int path = fsdp__gemm_path(g->dtype, isa), sym = fsdp__gemm_symmetric(g);
     const size_t nr = fsdp__gemm_path_nr(path), kk = fsdp__gemm_kk(g);
     const size_t strips = ((size_t)g->n + nr - 1) / nr;
     const size_t per = kk * nr + FSDP__GEMM_MR * nr + 16;
@@ -613,10 +645,21 @@ FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
         jobs[t].g = g;
         jobs[t].apack = apack;
         jobs[t].path = path;
+        jobs[t].sym = sym;
         jobs[t].s0 = strips * (size_t)t / (size_t)T;
         jobs[t].s1 = strips * (size_t)(t + 1) / (size_t)T;
         jobs[t].buf = buf + (size_t)t * per;
         started[t] = 0;
+    }
+    if (sym && T > 1) { /* strip s has about s + 1 strips' rows: split the triangle evenly */
+        size_t total = strips * (strips + 1) / 2, acc = 0, st = 0;
+        for (t = 0; t < T; t++) {
+            jobs[t].s0 = st;
+            while (st < strips && (acc + st + 1) * (size_t)T <= total * (size_t)(t + 1))
+                acc += ++st;
+            if (t == T - 1) st = strips;
+            jobs[t].s1 = st;
+        }
     }
     for (t = 1; t < T; t++)
         started[t] = pthread_create(&th[t], NULL, fsdp__gemm_job_run, &jobs[t]) == 0;
@@ -624,6 +667,17 @@ FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
     for (t = 1; t < T; t++) {
         if (started[t]) pthread_join(th[t], NULL);
         else fsdp__gemm_job_run(&jobs[t]); /* no thread: the caller does it */
+    }
+    if (sym) { /* the lower triangle from the upper one */
+        const size_t ldc = (size_t)g->ldc, m = (size_t)g->m;
+        size_t i, jj;
+        for (i = 1; i < m; i++)
+            for (jj = 0; jj < i; jj++) {
+                if (g->dtype == FSDP_F32)
+                    ((float *)g->c)[i * ldc + jj] = ((const float *)g->c)[jj * ldc + i];
+                else
+                    ((uint16_t *)g->c)[i * ldc + jj] = ((const uint16_t *)g->c)[jj * ldc + i];
+            }
     }
     fsdp__free(h, buf);
     return FSDP_SUCCESS;

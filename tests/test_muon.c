@@ -215,6 +215,59 @@ static void gemm_case(fsdp_dtype dt, int64_t m, int64_t n, int64_t k, int ta, in
     free(a), free(b), free(c0), free(want), free(got);
 }
 
+/* Products that are symmetric whatever the values (X X^T, X^T X, A A with
+   A symmetric, C symmetric under beta): the GEMM computes the upper
+   triangle and mirrors it; every level and thread count must still give
+   the recipe's bits, and an A one element off symmetric the full product. */
+static void gemm_sym_case(fsdp_dtype dt, int64_t m, int64_t k, int square, int skew, double beta)
+{
+    fsdp_gemm_desc g;
+    const size_t es = dt == FSDP_F32 ? 4 : 2;
+    const int64_t ld = (square ? m : k) + 3, ldc = m + 1;
+    void *x = rand_mat(dt, (size_t)((square ? m : m) * ld + k * ld + 1));
+    void *c0 = rand_mat(dt, (size_t)(m * ldc + 1)), *want = malloc((size_t)(m * ldc + 1) * es);
+    void *got = malloc((size_t)(m * ldc + 1) * es);
+    static const int threads[] = {1, 2, 3, 5};
+    int64_t i, j;
+    int isa, t, bad = 0;
+    for (i = 0; i < m; i++) /* C symmetric, and A when square */
+        for (j = 0; j < i; j++) {
+            memcpy((char *)c0 + (size_t)(i * ldc + j) * es, (char *)c0 + (size_t)(j * ldc + i) * es, es);
+            if (square)
+                memcpy((char *)x + (size_t)(i * ld + j) * es, (char *)x + (size_t)(j * ld + i) * es, es);
+        }
+    if (skew) { /* one element off: not symmetric */
+        if (dt == FSDP_F32) ((float *)x)[1 * ld + 0] += 1.0f;
+        else ((uint16_t *)x)[1 * ld + 0] ^= 0x0100;
+    }
+    memset(&g, 0, sizeof g);
+    g.m = m, g.n = m, g.k = square ? m : k, g.dtype = dt;
+    g.trans_a = 0, g.trans_b = !square;
+    g.a = x, g.lda = ld, g.b = x, g.ldb = ld, g.c = c0, g.ldc = ldc;
+    g.alpha = -0.75, g.beta = beta;
+    CHECK(fsdp__gemm_symmetric(&g) == !skew, "%s %lld: symmetric detected %d, skew %d",
+          fsdp_dtype_name(dt), (long long)m, fsdp__gemm_symmetric(&g), skew);
+    memcpy(want, c0, (size_t)(m * ldc) * es);
+    ref_gemm(&g, want);
+    for (isa = FSDP__ISA_SCALAR; isa <= cpu_level() + (cpu_level() == FSDP__ISA_AVX512); isa++)
+        for (t = 0; t < 4; t++) {
+            fsdp_hooks h;
+            const int lv = isa > FSDP__ISA_AVX512 ? FSDP__ISA_AVX512 | FSDP__GEMM_NO_DOT : isa;
+            memset(&h, 0, sizeof h);
+            memcpy(got, c0, (size_t)(m * ldc) * es);
+            g.c = got;
+            EXPECT_EQ(fsdp__gemm_host_isa(&g, threads[t], &h, lv), FSDP_SUCCESS);
+            if (memcmp(got, want, (size_t)(m * ldc) * es) != 0 && !bad) {
+                bad = 1;
+                CHECK(0, "symmetric gemm %s %lld (k %lld, %s, skew %d, beta %g): level %d, %d "
+                      "threads differ from the recipe's bits", fsdp_dtype_name(dt), (long long)m,
+                      (long long)g.k, square ? "A A" : "X X^T", skew, beta, isa, threads[t]);
+            }
+            g.c = c0;
+        }
+    free(x), free(c0), free(want), free(got);
+}
+
 static void test_gemm_levels(void)
 {
     static const int64_t dims[][3] = {{1, 1, 1},   {7, 5, 3},    {6, 32, 16}, {13, 33, 17},
@@ -241,6 +294,15 @@ static void test_gemm_levels(void)
             gemm_case(FSDP_BF16, dims[s][0], dims[s][1], dims[s][2], ta, ta, 0x1p100, 0x1p-100);
         }
     g_tiny = 0;
+    for (dt = 0; dt < 2; dt++) {
+        const fsdp_dtype d = dt ? FSDP_BF16 : FSDP_F32;
+        gemm_sym_case(d, 12, 7, 0, 0, 0.0);
+        gemm_sym_case(d, 70, 33, 0, 0, 0.0);
+        gemm_sym_case(d, 70, 70, 1, 0, 2.0315);
+        gemm_sym_case(d, 45, 45, 1, 0, 0.0);
+        gemm_sym_case(d, 45, 45, 1, 1, 0.5);
+        gemm_sym_case(d, 200, 64, 0, 0, 0.0);
+    }
     /* NaN and infinities: each level's propagation and bf16 rounding */
     g_special = 1;
     for (s = 0; s < sizeof dims / sizeof dims[0]; s++)
