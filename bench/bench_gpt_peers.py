@@ -67,6 +67,30 @@ def groups(m):
             [p for n, p in m.named_parameters() if not decays(n, p)])
 
 
+def median_step(m, idx, tgt, steps, before=None):
+    """the median ms of steps training steps (AdamW's two groups, clipping at
+    1.0) after 2 warm-up ones; before() runs ahead of each, untimed"""
+    decay, rest = groups(m)
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
+                             {"params": rest, "weight_decay": 0.0}], lr=3e-3, betas=(0.9, 0.99))
+
+    def step():
+        if before:
+            before()
+        t0 = time.perf_counter()
+        opt.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(m(idx).reshape(-1, 12), tgt.reshape(-1))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
+        opt.step()
+        return (time.perf_counter() - t0) * 1e3
+
+    for _ in range(2):
+        step()
+    ts = sorted(step() for _ in range(steps))
+    return ts[len(ts) // 2]
+
+
 def fsdp_rank(rank, a):
     import torch.distributed as dist
     from torch.distributed.fsdp import fully_shard
@@ -78,29 +102,13 @@ def fsdp_rank(rank, a):
     for b in m.blocks:
         fully_shard(b)
     fully_shard(m)
-    decay, rest = groups(m)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}], lr=3e-3, betas=(0.9, 0.99))
     g = torch.Generator().manual_seed(rank + 1)
     rows = a.batch // a.ranks
     idx = torch.randint(0, 12, (rows, a.seq), generator=g)
     tgt = torch.randint(0, 12, (rows, a.seq), generator=g)
-
-    def step():
-        dist.barrier()
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(m(idx).reshape(-1, 12), tgt.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        return (time.perf_counter() - t0) * 1e3
-
-    for _ in range(2):
-        step()
-    ts = sorted(step() for _ in range(a.steps))
+    ms = median_step(m, idx, tgt, a.steps, dist.barrier)
     if rank == 0:
-        print("torch_fsdp_step %d %.3f" % (a.ranks, ts[len(ts) // 2]), flush=True)
+        print("torch_fsdp_step %d %.3f" % (a.ranks, ms), flush=True)
     dist.destroy_process_group()
 
 
@@ -118,25 +126,9 @@ def main():
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
     m = GPT(12, a.seq, a.dim, a.heads, a.layers)
-    decay, rest = groups(m)
-    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1},
-                             {"params": rest, "weight_decay": 0.0}], lr=3e-3, betas=(0.9, 0.99))
     idx = torch.randint(0, 12, (a.batch, a.seq))
     tgt = torch.randint(0, 12, (a.batch, a.seq))
-
-    def step():
-        t0 = time.perf_counter()
-        opt.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(m(idx).reshape(-1, 12), tgt.reshape(-1))
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(m.parameters(), 1.0)
-        opt.step()
-        return (time.perf_counter() - t0) * 1e3
-
-    for _ in range(2):
-        step()
-    ts = sorted(step() for _ in range(a.steps))
-    print("torch_step %d %.3f" % (a.threads, ts[len(ts) // 2]))
+    print("torch_step %d %.3f" % (a.threads, median_step(m, idx, tgt, a.steps)))
 
 
 if __name__ == "__main__":

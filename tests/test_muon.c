@@ -146,6 +146,30 @@ static void *rand_mat(fsdp_dtype dt, size_t n)
     return p;
 }
 
+/* g at every level (and at AVX-512 the f32 kernels beside VDPBF16PS) and
+   1, 2, 3 and 5 threads, each from C = c0, against want's bits (bytes of
+   C); 0 when all match, else the level (4: AVX-512 without VDPBF16PS) * 16
+   + the thread count of the first that does not, plus 1. */
+static int levels_differ(fsdp_gemm_desc *g, const void *c0, const void *want, void *got,
+                         size_t bytes)
+{
+    static const int threads[] = {1, 2, 3, 5};
+    void *c = g->c;
+    int isa, t, bad = 0;
+    for (isa = FSDP__ISA_SCALAR; isa <= cpu_level() + (cpu_level() == FSDP__ISA_AVX512); isa++)
+        for (t = 0; t < 4 && !bad; t++) {
+            fsdp_hooks h;
+            const int lv = isa > FSDP__ISA_AVX512 ? FSDP__ISA_AVX512 | FSDP__GEMM_NO_DOT : isa;
+            memset(&h, 0, sizeof h);
+            memcpy(got, c0, bytes);
+            g->c = got;
+            EXPECT_EQ(fsdp__gemm_host_isa(g, threads[t], &h, lv), FSDP_SUCCESS);
+            if (memcmp(got, want, bytes) != 0) bad = isa * 16 + threads[t] + 1;
+        }
+    g->c = c;
+    return bad;
+}
+
 /* One shape: every level and thread count against ref_gemm, and the
    reference against double precision. */
 static void gemm_case(fsdp_dtype dt, int64_t m, int64_t n, int64_t k, int ta, int tb, double alpha,
@@ -157,6 +181,10 @@ static void gemm_case(fsdp_dtype dt, int64_t m, int64_t n, int64_t k, int ta, in
     void *a = rand_mat(dt, (size_t)((ta ? k : m) * lda + 1));
     void *b = rand_mat(dt, (size_t)((tb ? n : k) * ldb + 1));
     void *c0 = rand_mat(dt, (size_t)(m * ldc + 1)), *want = malloc((size_t)(m * ldc + 1) * es);
+    void *got = malloc((size_t)(m * ldc + 1) * es);
+    int64_t i, j, p;
+    int bad;
+    double worst = 0.0;
     if (g_special && dt == FSDP_BF16) { /* one NaN in A, infinities of both signs in B and C */
         ((uint16_t *)a)[(size_t)((ta ? k : m) * lda) / 2] = 0x7fa1;
         ((uint16_t *)b)[(size_t)((tb ? n : k) * ldb) / 3] = 0x7f80;
@@ -164,34 +192,16 @@ static void gemm_case(fsdp_dtype dt, int64_t m, int64_t n, int64_t k, int ta, in
         ((uint16_t *)c0)[(size_t)(m * ldc) / 2] = 0xff80;
         ((uint16_t *)c0)[(size_t)(m * ldc) / 3] = 0x7fc5;
     }
-    void *got = malloc((size_t)(m * ldc + 1) * es);
-    static const int threads[] = {1, 2, 3, 5};
-    int isa, t, bad = 0;
-    int64_t i, j, p;
-    double worst = 0.0;
     memset(&g, 0, sizeof g);
     g.m = m, g.n = n, g.k = k, g.dtype = dt, g.trans_a = ta, g.trans_b = tb;
     g.a = a, g.lda = lda, g.b = b, g.ldb = ldb, g.c = c0, g.ldc = ldc;
     g.alpha = alpha, g.beta = beta;
     memcpy(want, c0, (size_t)(m * ldc) * es);
     ref_gemm(&g, want);
-    /* every level, and at AVX-512 the f32 kernels beside VDPBF16PS */
-    for (isa = FSDP__ISA_SCALAR; isa <= cpu_level() + (cpu_level() == FSDP__ISA_AVX512); isa++)
-        for (t = 0; t < 4; t++) {
-            fsdp_hooks h;
-            const int lv = isa > FSDP__ISA_AVX512 ? FSDP__ISA_AVX512 | FSDP__GEMM_NO_DOT : isa;
-            memset(&h, 0, sizeof h);
-            memcpy(got, c0, (size_t)(m * ldc) * es);
-            g.c = got;
-            EXPECT_EQ(fsdp__gemm_host_isa(&g, threads[t], &h, lv), FSDP_SUCCESS);
-            if (memcmp(got, want, (size_t)(m * ldc) * es) != 0 && !bad) {
-                bad = 1;
-                CHECK(0, "gemm %s %lldx%lldx%lld ta %d tb %d alpha %g beta %g: level %d (path "
-                      "%d), %d threads differ from the recipe's bits", fsdp_dtype_name(dt),
-                      (long long)m, (long long)n, (long long)k, ta, tb, alpha, beta, isa,
-                      fsdp__gemm_path(dt, lv), threads[t]);
-            }
-        }
+    bad = levels_differ(&g, c0, want, got, (size_t)(m * ldc) * es);
+    CHECK(!bad, "gemm %s %lldx%lldx%lld ta %d tb %d alpha %g beta %g: level %d, %d threads "
+          "differ from the recipe's bits", fsdp_dtype_name(dt), (long long)m, (long long)n,
+          (long long)k, ta, tb, alpha, beta, (bad - 1) / 16, (bad - 1) % 16);
     /* against double precision: |fl - exact| <= (k + 2) u (|alpha| sum|ab| + |beta c|),
        plus half a bf16 ulp of the result for bf16 */
     for (i = 0; i < m; i++)
@@ -227,9 +237,8 @@ static void gemm_sym_case(fsdp_dtype dt, int64_t m, int64_t k, int square, int s
     void *x = rand_mat(dt, (size_t)((square ? m : m) * ld + k * ld + 1));
     void *c0 = rand_mat(dt, (size_t)(m * ldc + 1)), *want = malloc((size_t)(m * ldc + 1) * es);
     void *got = malloc((size_t)(m * ldc + 1) * es);
-    static const int threads[] = {1, 2, 3, 5};
     int64_t i, j;
-    int isa, t, bad = 0;
+    int bad;
     for (i = 0; i < m; i++) /* C symmetric, and A when square */
         for (j = 0; j < i; j++) {
             memcpy((char *)c0 + (size_t)(i * ldc + j) * es, (char *)c0 + (size_t)(j * ldc + i) * es, es);
@@ -249,22 +258,10 @@ static void gemm_sym_case(fsdp_dtype dt, int64_t m, int64_t k, int square, int s
           fsdp_dtype_name(dt), (long long)m, fsdp__gemm_symmetric(&g), skew);
     memcpy(want, c0, (size_t)(m * ldc) * es);
     ref_gemm(&g, want);
-    for (isa = FSDP__ISA_SCALAR; isa <= cpu_level() + (cpu_level() == FSDP__ISA_AVX512); isa++)
-        for (t = 0; t < 4; t++) {
-            fsdp_hooks h;
-            const int lv = isa > FSDP__ISA_AVX512 ? FSDP__ISA_AVX512 | FSDP__GEMM_NO_DOT : isa;
-            memset(&h, 0, sizeof h);
-            memcpy(got, c0, (size_t)(m * ldc) * es);
-            g.c = got;
-            EXPECT_EQ(fsdp__gemm_host_isa(&g, threads[t], &h, lv), FSDP_SUCCESS);
-            if (memcmp(got, want, (size_t)(m * ldc) * es) != 0 && !bad) {
-                bad = 1;
-                CHECK(0, "symmetric gemm %s %lld (k %lld, %s, skew %d, beta %g): level %d, %d "
-                      "threads differ from the recipe's bits", fsdp_dtype_name(dt), (long long)m,
-                      (long long)g.k, square ? "A A" : "X X^T", skew, beta, isa, threads[t]);
-            }
-            g.c = c0;
-        }
+    bad = levels_differ(&g, c0, want, got, (size_t)(m * ldc) * es);
+    CHECK(!bad, "symmetric gemm %s %lld (k %lld, %s, skew %d, beta %g): level %d, %d threads "
+          "differ from the recipe's bits", fsdp_dtype_name(dt), (long long)m, (long long)g.k,
+          square ? "A A" : "X X^T", skew, beta, (bad - 1) / 16, (bad - 1) % 16);
     free(x), free(c0), free(want), free(got);
 }
 
