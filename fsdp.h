@@ -3743,9 +3743,18 @@ FSDP__DEF float fsdp__bits_f32(uint32_t u)
     return f;
 }
 
-FSDP_API uint16_t fsdp_f32_to_bf16(float f)
+/* A small function the compiler always inlines (element loops). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__INLINE static inline __attribute__((always_inline))
+#else
+#define FSDP__INLINE static inline
+#endif
+
+/* fsdp_f32_to_bf16 and fsdp_bf16_to_f32 inlined, for element loops */
+FSDP__INLINE uint16_t fsdp__to_bf16(float f)
 {
-    uint32_t u = fsdp__f32_bits(f);
+    uint32_t u;
+    memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and top payload, force quiet */
         return (uint16_t)((u >> 16) | 0x0040u);
     /* round to nearest even: add 0x7fff plus the lowest kept bit; carries
@@ -3754,10 +3763,17 @@ FSDP_API uint16_t fsdp_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-FSDP_API float fsdp_bf16_to_f32(uint16_t h)
+FSDP__INLINE float fsdp__from_bf16(uint16_t h)
 {
-    return fsdp__bits_f32((uint32_t)h << 16);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
+
+FSDP_API uint16_t fsdp_f32_to_bf16(float f) { return fsdp__to_bf16(f); }
+
+FSDP_API float fsdp_bf16_to_f32(uint16_t h) { return fsdp__from_bf16(h); }
 
 FSDP_API uint16_t fsdp_f32_to_f16(float f)
 {
@@ -4568,7 +4584,7 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
 /* torch's names of the state buffers, in the bit order of fsdp_optim_state_mask;
    state dicts, checkpoints and ZeRO all name them from here (through
    fsdp_optim_state_name, which knows RMSprop's and Adagrad's). */
-static const char *const fsdp__ostate_names[4] FSDP__UNUSED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+static const char *const fsdp__ostate_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
                                                   "momentum_buffer"};
 
 FSDP_API const char *fsdp_optim_state_name(const fsdp_optim_config *c, int bit)
@@ -4642,12 +4658,6 @@ FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
                             "vect-cost-model=dynamic")))
 #else
 #define FSDP__NO_CONTRACT
-#endif
-
-#if defined(__GNUC__) || defined(__clang__)
-#define FSDP__INLINE static inline __attribute__((always_inline))
-#else
-#define FSDP__INLINE static inline
 #endif
 
 /* The plain-rounding Adam family, one element at a time; the flags are
@@ -5110,6 +5120,15 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_any(const fsdp__adam_k *k, 
 }
 
 /* The per-step constants torch computes in double and casts once. */
+/* torch 2.x's lerp(a, b, w) weight: a + w (b - a) when |w| < 0.5 (*small),
+   else b - (1 - w) (b - a), whose w - 1 is exact in float there; returns
+   the factor of (b - a), w or w - 1. */
+FSDP__DEF float fsdp__lerp_weight(float w, int *small)
+{
+    *small = fabsf(w) < 0.5f;
+    return *small ? w : w - 1.0f;
+}
+
 FSDP__DEF void fsdp__adam_consts(const fsdp_optim_config *c, int64_t step, fsdp__adam_k *k)
 {
     const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
@@ -5124,8 +5143,7 @@ FSDP__DEF void fsdp__adam_consts(const fsdp_optim_config *c, int64_t step, fsdp_
     k->neg_step = (float)(-(c->lr / bc1));
     /* torch 2.x's lerp_(grad, w): exp_avg + w * (grad - exp_avg) when |w| < 0.5,
        else grad - (1 - w) * (grad - exp_avg); w - 1 is exact in float there */
-    k->lerp_small = fabsf(k->omb1) < 0.5f;
-    k->lerp_w = k->lerp_small ? k->omb1 : k->omb1 - 1.0f;
+    k->lerp_w = fsdp__lerp_weight(k->omb1, &k->lerp_small);
     /* 2^-60 <= sbc2 <= 1: see fsdp__adam_recip */
     k->recip_ok = k->sbc2 >= 0x1p-60f && k->sbc2 <= 1.0f;
     k->rsbc2 = k->recip_ok ? 1.0 / (double)k->sbc2 : 0.0;
@@ -5425,8 +5443,7 @@ FSDP__DEF void fsdp__rms_step(const fsdp_optim_config *c, float *p, const float 
     k.wd = (float)c->weight_decay;
     k.alpha = (float)c->alpha;
     k.oma = (float)(1.0 - c->alpha);
-    k.lerp_small = fabsf(k.oma) < 0.5f;
-    k.lerp_w = k.lerp_small ? k.oma : k.oma - 1.0f; /* exact for |w| >= 0.5 */
+    k.lerp_w = fsdp__lerp_weight(k.oma, &k.lerp_small);
     k.eps = (float)c->eps;
     k.mom = (float)c->momentum;
     k.neg_lr = (float)(-c->lr);
@@ -6183,27 +6200,6 @@ FSDP_API fsdp_result fsdp_device_gemm(fsdp_device *dev, const fsdp_gemm_desc *g,
 
 #define FSDP__GEMM_MR 6
 
-/* element i as f32 (bf16 widens exactly: its bits are f32's top half) */
-FSDP__INLINE float fsdp__gemm_ld(const void *p, fsdp_dtype dt, size_t i)
-{
-    uint32_t u;
-    float f;
-    if (dt == FSDP_F32) return ((const float *)p)[i];
-    u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* fsdp_f32_to_bf16, inlined for the products' output */
-FSDP__INLINE uint16_t fsdp__gemm_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 /* a subnormal f32 as the zero of its sign (DAZ on an input, FTZ on a result) */
 FSDP__INLINE float fsdp__gemm_flush(float f)
 {
@@ -6218,11 +6214,7 @@ FSDP__INLINE float fsdp__gemm_flush(float f)
 /* a bf16 as f32 with its subnormals flushed (DAZ) */
 FSDP__INLINE float fsdp__gemm_widen(uint16_t h)
 {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    if (!(u & 0x7f800000u)) u &= 0x80000000u;
-    memcpy(&f, &u, 4);
-    return f;
+    return fsdp__gemm_flush(fsdp__from_bf16(h));
 }
 
 /* How a product runs (fsdp__gemm_path): */
@@ -6275,7 +6267,7 @@ FSDP__DEF void fsdp__gemm_pack_a(const fsdp_gemm_desc *g, size_t i0, float *as)
             }
         } else if (g->trans_a) {
             for (p = 0; p < k; p++)
-                as[p * FSDP__GEMM_MR + r] = fsdp__gemm_ld(g->a, g->dtype, p * lda + i);
+                as[p * FSDP__GEMM_MR + r] = ((const float *)g->a)[p * lda + i];
         } else {
             const float *a = (const float *)g->a + i * lda;
             for (p = 0; p < k; p++) as[p * FSDP__GEMM_MR + r] = a[p];
@@ -6504,7 +6496,7 @@ FSDP__DEF int fsdp__cpu_avx512bf16(void)
 #if defined(FSDP__HAVE_AVX2_FMA)
 /* The bf16 epilogue of n sums, 8 (AVX2) or 16 (AVX-512) at a time with the
    scalar one's operations: o[c] = bf16(fma(alpha, acc[c], beta * o[c]))
-   (beta 0: + 0), with fsdp__gemm_bf16's rounding and NaN rule; returns how
+   (beta 0: + 0), with fsdp_f32_to_bf16's rounding and NaN rule; returns how
    many it did (the caller does the rest). */
 FSDP__DEF FSDP__AVX2_FMA size_t fsdp__gemm_epi_avx2(const float *acc, uint16_t *o, size_t n,
                                                     float alpha, float beta, int use_beta)
@@ -6687,15 +6679,28 @@ FSDP__DEF int fsdp__gemm_path(fsdp_dtype dt, int isa)
    the diagonal and mirroring them gives the full product's bits, for a
    little more than half its work: Newton-Schulz's X X^T and A A. */
 /* 1 when the m x m matrix p (leading dimension ld, elements of es bytes)
-   equals its transpose bit for bit */
-FSDP__DEF int fsdp__gemm_is_sym(const void *p, size_t m, size_t ld, size_t es)
+   equals its transpose bit for bit; with copy, makes it so instead, the
+   lower triangle from the upper one. In 32 x 32 tiles, so that the
+   transposed side is read a few cache lines at a time. */
+FSDP__DEF int fsdp__gemm_sym_walk(void *p, size_t m, size_t ld, size_t es, int copy)
 {
-    size_t i, j;
-    for (i = 0; i < m; i++)
-        for (j = i + 1; j < m; j++)
-            if (es == 4 ? ((const uint32_t *)p)[i * ld + j] != ((const uint32_t *)p)[j * ld + i]
-                        : ((const uint16_t *)p)[i * ld + j] != ((const uint16_t *)p)[j * ld + i])
-                return 0;
+    size_t i0, j0, i, j;
+    for (i0 = 0; i0 < m; i0 += 32)
+        for (j0 = i0; j0 < m; j0 += 32) {
+            const size_t ie = i0 + 32 < m ? i0 + 32 : m, je = j0 + 32 < m ? j0 + 32 : m;
+            for (i = i0; i < ie; i++)
+                for (j = j0 > i + 1 ? j0 : i + 1; j < je; j++) {
+                    if (es == 4) {
+                        uint32_t *q = (uint32_t *)p;
+                        if (copy) q[j * ld + i] = q[i * ld + j];
+                        else if (q[j * ld + i] != q[i * ld + j]) return 0;
+                    } else {
+                        uint16_t *q = (uint16_t *)p;
+                        if (copy) q[j * ld + i] = q[i * ld + j];
+                        else if (q[j * ld + i] != q[i * ld + j]) return 0;
+                    }
+                }
+        }
     return 1;
 }
 
@@ -6704,9 +6709,9 @@ FSDP__DEF int fsdp__gemm_symmetric(const fsdp_gemm_desc *g)
     const size_t m = (size_t)g->m, es = g->dtype == FSDP_F32 ? 4 : 2;
     if (g->m != g->n || g->a != g->b || g->lda != g->ldb || m < 2 * FSDP__GEMM_MR) return 0;
     if (g->trans_a == g->trans_b && /* A A: A square and symmetric */
-        (g->k != g->m || !fsdp__gemm_is_sym(g->a, m, (size_t)g->lda, es)))
+        (g->k != g->m || !fsdp__gemm_sym_walk((void *)(uintptr_t)g->a, m, (size_t)g->lda, es, 0)))
         return 0;
-    return g->beta == 0.0 || fsdp__gemm_is_sym(g->c, m, (size_t)g->ldc, es);
+    return g->beta == 0.0 || fsdp__gemm_sym_walk(g->c, m, (size_t)g->ldc, es, 0);
 }
 
 /* One thread's share: column strips [s0, s1), every row block of each. */
@@ -6755,8 +6760,8 @@ FSDP__DEF void *fsdp__gemm_job_run(void *arg)
                         c = fsdp__gemm_epi_avx2(tile + r * nr, o, w, alpha, beta, use_beta);
 #endif
                     for (; c < w; c++) {
-                        const float cv = use_beta ? beta * fsdp__gemm_ld(o, FSDP_BF16, c) : 0.0f;
-                        o[c] = fsdp__gemm_bf16(fmaf(alpha, tile[r * nr + c], cv));
+                        const float cv = use_beta ? beta * fsdp__from_bf16(o[c]) : 0.0f;
+                        o[c] = fsdp__to_bf16(fmaf(alpha, tile[r * nr + c], cv));
                     }
                 }
             }
@@ -6824,17 +6829,8 @@ FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
         if (started[t]) pthread_join(th[t], NULL);
         else fsdp__gemm_job_run(&jobs[t]); /* no thread: the caller does it */
     }
-    if (sym) { /* the lower triangle from the upper one */
-        const size_t ldc = (size_t)g->ldc, m = (size_t)g->m;
-        size_t i, jj;
-        for (i = 1; i < m; i++)
-            for (jj = 0; jj < i; jj++) {
-                if (g->dtype == FSDP_F32)
-                    ((float *)g->c)[i * ldc + jj] = ((const float *)g->c)[jj * ldc + i];
-                else
-                    ((uint16_t *)g->c)[i * ldc + jj] = ((const uint16_t *)g->c)[jj * ldc + i];
-            }
-    }
+    if (sym) /* the lower triangle from the upper one */
+        fsdp__gemm_sym_walk(g->c, (size_t)g->m, (size_t)g->ldc, g->dtype == FSDP_F32 ? 4 : 2, 1);
     fsdp__free(h, buf);
     return FSDP_SUCCESS;
 }
@@ -18805,6 +18801,17 @@ FSDP__DEF void fsdp__free_shard(fsdp_ctx *c, void *p, size_t bytes)
     else fsdp_device_free(c->dev, p, bytes);
 }
 
+/* 1 when this rank counts cu's gradient in a cross-rank sum (a norm): a
+   replicated one counts once, NO_SHARD on world rank 0, HYBRID_SHARD on the
+   first replica. */
+FSDP__DEF int fsdp__grad_counted(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    if (!cu->grad) return 0;
+    if (cu->strat == FSDP_NO_SHARD) return c->rank == 0;
+    if (cu->strat == FSDP_HYBRID_SHARD) return fsdp_comm_rank(c->rep_comm) == 0;
+    return 1;
+}
+
 /* The parameter group of a unit's entry. */
 FSDP__DEF const fsdp_optim_config *fsdp__entry_cfg(const fsdp_ctx *c, const fsdp__cunit *cu,
                                                    int entry)
@@ -19147,7 +19154,7 @@ typedef struct fsdp__muon_mat {
 
 FSDP__DEF int fsdp__is_muon(const fsdp_ctx *c, const fsdp__cunit *cu, int entry)
 {
-    return cu->info->requires_grad && c->groups[cu->groups[entry]].kind == FSDP_MUON &&
+    return cu->info->requires_grad && fsdp__entry_cfg(c, cu, entry)->kind == FSDP_MUON &&
            cu->info->entries[entry].numel > 0;
 }
 
@@ -19169,7 +19176,7 @@ FSDP__DEF fsdp_result fsdp__muon_check(fsdp_ctx *c, const fsdp_ctx_desc *d)
         const fsdp__cunit *cu = &c->u[i];
         for (k = 0; k < cu->info->nentries; k++) {
             const fsdp_flat_entry *fe = &cu->info->entries[k];
-            if (c->groups[cu->groups[k]].kind != FSDP_MUON) continue;
+            if (fsdp__entry_cfg(c, cu, k)->kind != FSDP_MUON) continue;
             if (fe->ndim != 2)
                 return fsdp__fail_create(&d->hooks, FSDP_INVALID_ARGS,
                                          "fsdp_ctx_create: parameter '%s' has %d dimensions, "
@@ -19197,6 +19204,12 @@ FSDP__DEF fsdp_result fsdp__muon_check(fsdp_ctx *c, const fsdp_ctx_desc *d)
     return FSDP_SUCCESS;
 }
 
+/* The Muon buffer's part that holds a unit's gathered gradient (W > 1). */
+FSDP__DEF size_t fsdp__muon_gather_bytes(const fsdp__cunit *cu)
+{
+    return ((size_t)cu->S * (size_t)cu->W * 4 + 63) & ~(size_t)63;
+}
+
 /* The Muon buffer's bytes (the largest gathered unit, then the largest
    matrix's iteration) and the bytes a rank receives per step at most
    (each Muon unit's all-gather and the matrices it does not own). */
@@ -19211,15 +19224,14 @@ FSDP__DEF void fsdp__muon_plan(const fsdp_ctx *c, size_t *buf, size_t *moved)
         for (k = 0; k < cu->info->nentries; k++) {
             const fsdp_flat_entry *fe = &cu->info->entries[k];
             size_t b;
-            if (!fsdp__is_muon(c, cu, k) || fe->ndim != 2) continue;
+            if (!fsdp__is_muon(c, cu, k)) continue; /* a matrix: fsdp__muon_check */
             has = 1;
-            b = fsdp__muon_ns_bytes(fe->shape[0], fe->shape[1],
-                                    c->groups[cu->groups[k]].ns_f32);
+            b = fsdp__muon_ns_bytes(fe->shape[0], fe->shape[1], fsdp__entry_cfg(c, cu, k)->ns_f32);
             if (b > ns) ns = b;
             if (cu->W > 1) *moved += (size_t)fe->numel * 4;
         }
         if (has && cu->W > 1) {
-            size_t g = ((size_t)cu->S * (size_t)cu->W * 4 + 63) & ~(size_t)63;
+            size_t g = fsdp__muon_gather_bytes(cu);
             if (g > gat) gat = g;
             *moved += (size_t)cu->S * (size_t)(cu->W - 1) * 4;
         }
@@ -19275,11 +19287,10 @@ FSDP__MUON_WIDE(avx512, 512, FSDP__AVX512)
 #undef FSDP__MUON_WIDE
 #endif
 
-/* torch 2.x's lerp(a, b, w) (as fsdp__adam_consts): a + w (b - a) when
-   |w| < 0.5, else b - (1 - w) (b - a), fused. */
-FSDP__INLINE float fsdp__lerpf(float a, float b, float w, float wm1, int small)
+/* torch 2.x's lerp(a, b, w), fused: lw and small from fsdp__lerp_weight */
+FSDP__INLINE float fsdp__lerpf(float a, float b, float lw, int small)
 {
-    return small ? fmaf(w, b - a, a) : fmaf(wm1, b - a, b);
+    return fmaf(lw, b - a, small ? a : b);
 }
 
 /* buf = lerp(buf, g, 1 - momentum); g = nesterov ? lerp(g, buf, momentum) : buf */
@@ -19289,21 +19300,21 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_momentum(const fsdp_optim_config *o,
 #ifdef __clang__
 #pragma clang fp contract(off)
 #endif
-    const float w1 = (float)(1.0 - o->momentum), w2 = (float)o->momentum;
-    const int s1 = fabsf(w1) < 0.5f, s2 = fabsf(w2) < 0.5f;
-    const float w1m = w1 - 1.0f, w2m = w2 - 1.0f;
+    int s1, s2;
+    const float l1 = fsdp__lerp_weight((float)(1.0 - o->momentum), &s1);
+    const float l2 = fsdp__lerp_weight((float)o->momentum, &s2);
     size_t i = 0;
 #if defined(FSDP__HAVE_AVX2_FMA)
     const int isa = fsdp__optim_isa();
     if (isa >= FSDP__ISA_AVX512)
-        i = fsdp__muon_momentum_avx512(g, buf, n, s1 ? w1 : w1m, s1, s2 ? w2 : w2m, s2, o->nesterov);
+        i = fsdp__muon_momentum_avx512(g, buf, n, l1, s1, l2, s2, o->nesterov);
     else if (isa >= FSDP__ISA_AVX2)
-        i = fsdp__muon_momentum_avx2(g, buf, n, s1 ? w1 : w1m, s1, s2 ? w2 : w2m, s2, o->nesterov);
+        i = fsdp__muon_momentum_avx2(g, buf, n, l1, s1, l2, s2, o->nesterov);
 #endif
     for (; i < n; i++) {
-        float b = fsdp__lerpf(buf[i], g[i], w1, w1m, s1);
+        float b = fsdp__lerpf(buf[i], g[i], l1, s1);
         buf[i] = b;
-        g[i] = o->nesterov ? fsdp__lerpf(g[i], b, w2, w2m, s2) : b;
+        g[i] = o->nesterov ? fsdp__lerpf(g[i], b, l2, s2) : b;
     }
 }
 
@@ -19311,7 +19322,7 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_momentum(const fsdp_optim_config *o,
 FSDP__INLINE void fsdp__muon_put(void *p, int f32, size_t i, float x)
 {
     if (f32) ((float *)p)[i] = x;
-    else ((uint16_t *)p)[i] = fsdp__gemm_bf16(x);
+    else ((uint16_t *)p)[i] = fsdp__to_bf16(x);
 }
 
 /* Newton-Schulz on the rows x cols f32 matrix u, in place, with the
@@ -19386,7 +19397,8 @@ FSDP__DEF FSDP__NO_CONTRACT fsdp_result fsdp__muon_ns(fsdp_ctx *c, const fsdp_op
     for (i = 0; i < (size_t)rows; i++)
         for (j = 0; j < (size_t)cols; j++) {
             size_t at = tr ? j * n + i : i * n + j;
-            u[i * (size_t)cols + j] = fsdp__gemm_ld(x, dt, at);
+            u[i * (size_t)cols + j] =
+                f32 ? ((const float *)x)[at] : fsdp__from_bf16(((const uint16_t *)x)[at]);
         }
     return FSDP_SUCCESS;
 }
@@ -19480,14 +19492,14 @@ FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
             const fsdp_shard_piece *pc = &cu->pieces[p];
             int64_t off = es[pc->entry].offset + pc->start - cu->lay.flat_begin;
             if (pc->end < pc->start || !fsdp__is_muon(c, cu, pc->entry)) continue;
-            fsdp__muon_momentum(&c->groups[cu->groups[pc->entry]], cu->grad + off,
+            fsdp__muon_momentum(fsdp__entry_cfg(c, cu, pc->entry), cu->grad + off,
                                 cu->ostate[3] + off, (size_t)(pc->end - pc->start + 1));
         }
         me = cu->W > 1 ? cu->r : 0;
         fsdp__muon_owners(mats, n, cu->W, loads);
         if (cu->W > 1) {
             full = (float *)c->muon_buf;
-            gat = ((size_t)cu->S * (size_t)cu->W * 4 + 63) & ~(size_t)63;
+            gat = fsdp__muon_gather_bytes(cu);
             fsdp_comm_set_label(cu->comm, "fsdp_step (Muon)");
             r = fsdp_all_gather(cu->comm, cu->grad, full, (size_t)cu->S, FSDP_F32, NULL);
             if (r != FSDP_SUCCESS) {
@@ -19506,7 +19518,7 @@ FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
         for (k = 0; k < n && r == FSDP_SUCCESS; k++) {
             float *at = full + es[mats[k].entry].offset;
             if (mats[k].owner == me) {
-                r = fsdp__muon_ns(c, &c->groups[cu->groups[mats[k].entry]], at, mats[k].rows,
+                r = fsdp__muon_ns(c, fsdp__entry_cfg(c, cu, mats[k].entry), at, mats[k].rows,
                                   mats[k].cols, (char *)c->muon_buf + gat);
                 if (r != FSDP_SUCCESS) {
                     r = fsdp__ctx_fail(c, r, "fsdp_step: Muon on '%s': %s", es[mats[k].entry].fqn,
@@ -19527,15 +19539,15 @@ FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
                 r = cr != FSDP_SUCCESS ? fsdp__ctx_comm(c, cu->comm, cr, "fsdp_step (Muon)")
                                        : fsdp__ctx_dev(c, sr, "fsdp_step (Muon)");
             }
+            fsdp_comm_set_label(cu->comm, NULL);
         }
-        if (cu->W > 1) fsdp_comm_set_label(cu->comm, NULL);
         if (r != FSDP_SUCCESS) break;
         /* P = P (1 - lr wd) - lr' O on this rank's pieces; their gradients
            zeroed */
         for (p = 0; p < cu->lay.npieces; p++) {
             const fsdp_shard_piece *pc = &cu->pieces[p];
             const fsdp_flat_entry *fe = &es[pc->entry];
-            const fsdp_optim_config *o = &c->groups[cu->groups[pc->entry]];
+            const fsdp_optim_config *o = fsdp__entry_cfg(c, cu, pc->entry);
             int64_t off = fe->offset + pc->start - cu->lay.flat_begin, len;
             if (pc->end < pc->start || !fsdp__is_muon(c, cu, pc->entry)) continue;
             len = pc->end - pc->start + 1;
@@ -19565,11 +19577,6 @@ FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
 /* Micro-batches each rank runs per step. */
 FSDP__DEF int fsdp__inv_rounds(const fsdp_ctx *c) { return c->inv_M / c->nranks; }
 
-/* The blocks an invariant reduction of cu folds per round: one per rank of
-   the world (a HYBRID_SHARD unit's shard group exchanges, then its
-   replicas gather what each received). */
-FSDP__DEF int fsdp__inv_blocks(const fsdp_ctx *c) { return c->nranks; }
-
 /* The bytes the exchanges may hold beyond the default's reduced shard:
    one copy of this rank's sharded gradients (f32), and at least 1 MiB. */
 FSDP__DEF size_t fsdp__inv_budget(const fsdp_ctx *c)
@@ -19598,6 +19605,14 @@ FSDP__DEF size_t fsdp__inv_chunk(const fsdp_ctx *c, const fsdp__cunit *cu, size_
     return L < 16 ? 16 : L;
 }
 
+/* The received part of the exchange buffer for chunks of L elements:
+   every rank's slice of the chunk, 64-byte aligned (the packed blocks
+   follow it). */
+FSDP__DEF size_t fsdp__inv_recv_part(const fsdp_ctx *c, const fsdp__cunit *cu, size_t L)
+{
+    return (L * (size_t)c->nranks * fsdp_dtype_size(cu->rdt) + 63) & ~(size_t)63;
+}
+
 /* The receive buffer of a unit's exchange, in bytes (then the packed
    blocks, when packed): every rank's slice of the chunk (every rank's
    whole gradient chunk for NO_SHARD); none at one rank, where the fold
@@ -19610,7 +19625,7 @@ FSDP__DEF size_t fsdp__inv_recv_bytes(const fsdp_ctx *c, const fsdp__cunit *cu, 
     *recv_only = 0;
     if (c->nranks == 1 || !cu->info->requires_grad) return 0;
     L = fsdp__inv_chunk(c, cu, budget, &packed);
-    r = (L * (size_t)c->nranks * fsdp_dtype_size(cu->rdt) + 63) & ~(size_t)63;
+    r = fsdp__inv_recv_part(c, cu, L);
     *recv_only = r;
     return packed ? 2 * r : r;
 }
@@ -19723,7 +19738,7 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
     fsdp_result r;
     size_t S = (size_t)cu->S, es = fsdp_dtype_size(cu->rdt);
     size_t n = cu->strat == FSDP_NO_SHARD ? S : S * (size_t)cu->W;
-    int nb = c->nranks == 1 ? 1 : fsdp__inv_blocks(c), k = cu->inv_k, j, packed;
+    int nb = c->nranks, k = cu->inv_k, j, packed;
     size_t L, o;
     const unsigned char *base;
     unsigned char *stage;
@@ -19739,9 +19754,7 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
     }
     L = fsdp__inv_chunk(c, cu, c->inv_budget, &packed);
     /* the packed blocks follow the received ones */
-    stage = packed ? (unsigned char *)c->inv_recv +
-                         ((L * (size_t)c->nranks * es + 63) & ~(size_t)63)
-                   : NULL;
+    stage = packed ? (unsigned char *)c->inv_recv + fsdp__inv_recv_part(c, cu, L) : NULL;
     for (o = 0; o < S; o += L) {
         size_t n1 = S - o < L ? S - o : L, bb = n1 * es;
         int mean = k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum;
@@ -19749,6 +19762,16 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
         if (c->nranks > 1) {
             fsdp_comm *xc = cu->strat == FSDP_NO_SHARD ? c->world : cu->comm;
             const void *send = in;
+            if (packed) { /* slice j's chunk, from every slice of the shard group: contiguous
+                             blocks (packed is 0 for NO_SHARD) */
+                for (j = 0; j < cu->W; j++) {
+                    r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
+                                         (const unsigned char *)in + ((size_t)j * S + o) * es,
+                                         bb, FSDP_COPY_D2D, c->cs);
+                    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
+                }
+                send = stage;
+            }
             if (cu->strat == FSDP_NO_SHARD) {
                 r = fsdp_all_gather(xc, base, c->inv_recv, n1, cu->rdt, c->cs);
             } else if (cu->strat == FSDP_HYBRID_SHARD) {
@@ -19757,30 +19780,12 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
                    block g * hs + j is world rank g * hs + j's, in order */
                 int hs = cu->W, rr = fsdp_comm_rank(c->rep_comm);
                 unsigned char *mine = (unsigned char *)c->inv_recv + (size_t)rr * hs * bb;
-                if (packed) {
-                    for (j = 0; j < hs; j++) {
-                        r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
-                                             (const unsigned char *)in + ((size_t)j * S + o) * es,
-                                             bb, FSDP_COPY_D2D, c->cs);
-                        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
-                    }
-                    send = stage;
-                }
                 r = fsdp_all_to_all(xc, send, mine, n1, cu->rdt, c->cs);
                 if (r == FSDP_SUCCESS) {
                     xc = c->rep_comm;
                     r = fsdp_all_gather(xc, mine, c->inv_recv, (size_t)hs * n1, cu->rdt, c->cs);
                 }
             } else {
-                if (packed) { /* slice j's chunk, from every slice: contiguous blocks */
-                    for (j = 0; j < nb; j++) {
-                        r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
-                                             (const unsigned char *)in + ((size_t)j * S + o) * es,
-                                             bb, FSDP_COPY_D2D, c->cs);
-                        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
-                    }
-                    send = stage;
-                }
                 r = fsdp_all_to_all(xc, send, c->inv_recv, n1, cu->rdt, c->cs);
             }
             if (r != FSDP_SUCCESS)
@@ -19964,11 +19969,7 @@ FSDP__DEF fsdp_result fsdp__inv_norm2(fsdp_ctx *c, int host, double *out)
     }
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];
-        /* a replicated gradient counts once: NO_SHARD on rank 0, HYBRID on
-           the first replica */
-        if (!cu->grad || (cu->strat == FSDP_NO_SHARD && c->rank != 0) ||
-            (cu->strat == FSDP_HYBRID_SHARD && fsdp_comm_rank(c->rep_comm) != 0))
-            continue;
+        if (!fsdp__grad_counted(c, cu)) continue;
         for (p = 0; p < cu->lay.npieces; p++) {
             const fsdp_shard_piece *pc = &cu->pieces[p];
             const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -
@@ -22962,11 +22963,7 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
     }
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
-        /* replicated gradients count once: NO_SHARD on world rank 0, HYBRID
-           on the first replica */
-        if (!cu->grad) continue;
-        if (cu->strat == FSDP_NO_SHARD && c->rank != 0) continue;
-        if (cu->strat == FSDP_HYBRID_SHARD && fsdp_comm_rank(c->rep_comm) != 0) continue;
+        if (!fsdp__grad_counted(c, cu)) continue;
         for (p = 0; p < cu->lay.npieces; p++) {
             const fsdp_shard_piece *pc = &cu->pieces[p];
             const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -
@@ -25284,7 +25281,7 @@ FSDP__DEF fsdp_result fsdp__bblock(fsdp_ctx *c, fsdp_state_dict *sd, const fsdp_
 
 /* What a state dict holds of one parameter: its values, the optimizer
    state (in fsdp_optim_state_mask's bit order, so the unit's ostate[what -
-   FSDP__WHAT_EXP_AVG] and fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]), and
+   FSDP__WHAT_EXP_AVG], named by fsdp_optim_state_name), and
    the step of its parameter group. All but the step are shard-sized f32
    buffers of the unit: per-unit tables of them (the blocks a state dict is
    built from, the loader's staging) have FSDP__NBUFS slots a unit, at

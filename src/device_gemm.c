@@ -27,27 +27,6 @@
 
 #define FSDP__GEMM_MR 6
 
-/* element i as f32 (bf16 widens exactly: its bits are f32's top half) */
-FSDP__INLINE float fsdp__gemm_ld(const void *p, fsdp_dtype dt, size_t i)
-{
-    uint32_t u;
-    float f;
-    if (dt == FSDP_F32) return ((const float *)p)[i];
-    u = (uint32_t)((const uint16_t *)p)[i] << 16;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
-/* fsdp_f32_to_bf16, inlined for the products' output */
-FSDP__INLINE uint16_t fsdp__gemm_bf16(float f)
-{
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
-
 /* a subnormal f32 as the zero of its sign (DAZ on an input, FTZ on a result) */
 FSDP__INLINE float fsdp__gemm_flush(float f)
 {
@@ -62,11 +41,7 @@ FSDP__INLINE float fsdp__gemm_flush(float f)
 /* a bf16 as f32 with its subnormals flushed (DAZ) */
 FSDP__INLINE float fsdp__gemm_widen(uint16_t h)
 {
-    uint32_t u = (uint32_t)h << 16;
-    float f;
-    if (!(u & 0x7f800000u)) u &= 0x80000000u;
-    memcpy(&f, &u, 4);
-    return f;
+    return fsdp__gemm_flush(fsdp__from_bf16(h));
 }
 
 /* How a product runs (fsdp__gemm_path): */
@@ -119,7 +94,7 @@ FSDP__DEF void fsdp__gemm_pack_a(const fsdp_gemm_desc *g, size_t i0, float *as)
             }
         } else if (g->trans_a) {
             for (p = 0; p < k; p++)
-                as[p * FSDP__GEMM_MR + r] = fsdp__gemm_ld(g->a, g->dtype, p * lda + i);
+                as[p * FSDP__GEMM_MR + r] = ((const float *)g->a)[p * lda + i];
         } else {
             const float *a = (const float *)g->a + i * lda;
             for (p = 0; p < k; p++) as[p * FSDP__GEMM_MR + r] = a[p];
@@ -348,7 +323,7 @@ FSDP__DEF int fsdp__cpu_avx512bf16(void)
 #if defined(FSDP__HAVE_AVX2_FMA)
 /* The bf16 epilogue of n sums, 8 (AVX2) or 16 (AVX-512) at a time with the
    scalar one's operations: o[c] = bf16(fma(alpha, acc[c], beta * o[c]))
-   (beta 0: + 0), with fsdp__gemm_bf16's rounding and NaN rule; returns how
+   (beta 0: + 0), with fsdp_f32_to_bf16's rounding and NaN rule; returns how
    many it did (the caller does the rest). */
 FSDP__DEF FSDP__AVX2_FMA size_t fsdp__gemm_epi_avx2(const float *acc, uint16_t *o, size_t n,
                                                     float alpha, float beta, int use_beta)
@@ -531,15 +506,28 @@ FSDP__DEF int fsdp__gemm_path(fsdp_dtype dt, int isa)
    the diagonal and mirroring them gives the full product's bits, for a
    little more than half its work: Newton-Schulz's X X^T and A A. */
 /* 1 when the m x m matrix p (leading dimension ld, elements of es bytes)
-   equals its transpose bit for bit */
-FSDP__DEF int fsdp__gemm_is_sym(const void *p, size_t m, size_t ld, size_t es)
+   equals its transpose bit for bit; with copy, makes it so instead, the
+   lower triangle from the upper one. In 32 x 32 tiles, so that the
+   transposed side is read a few cache lines at a time. */
+FSDP__DEF int fsdp__gemm_sym_walk(void *p, size_t m, size_t ld, size_t es, int copy)
 {
-    size_t i, j;
-    for (i = 0; i < m; i++)
-        for (j = i + 1; j < m; j++)
-            if (es == 4 ? ((const uint32_t *)p)[i * ld + j] != ((const uint32_t *)p)[j * ld + i]
-                        : ((const uint16_t *)p)[i * ld + j] != ((const uint16_t *)p)[j * ld + i])
-                return 0;
+    size_t i0, j0, i, j;
+    for (i0 = 0; i0 < m; i0 += 32)
+        for (j0 = i0; j0 < m; j0 += 32) {
+            const size_t ie = i0 + 32 < m ? i0 + 32 : m, je = j0 + 32 < m ? j0 + 32 : m;
+            for (i = i0; i < ie; i++)
+                for (j = j0 > i + 1 ? j0 : i + 1; j < je; j++) {
+                    if (es == 4) {
+                        uint32_t *q = (uint32_t *)p;
+                        if (copy) q[j * ld + i] = q[i * ld + j];
+                        else if (q[j * ld + i] != q[i * ld + j]) return 0;
+                    } else {
+                        uint16_t *q = (uint16_t *)p;
+                        if (copy) q[j * ld + i] = q[i * ld + j];
+                        else if (q[j * ld + i] != q[i * ld + j]) return 0;
+                    }
+                }
+        }
     return 1;
 }
 
@@ -548,9 +536,9 @@ FSDP__DEF int fsdp__gemm_symmetric(const fsdp_gemm_desc *g)
     const size_t m = (size_t)g->m, es = g->dtype == FSDP_F32 ? 4 : 2;
     if (g->m != g->n || g->a != g->b || g->lda != g->ldb || m < 2 * FSDP__GEMM_MR) return 0;
     if (g->trans_a == g->trans_b && /* A A: A square and symmetric */
-        (g->k != g->m || !fsdp__gemm_is_sym(g->a, m, (size_t)g->lda, es)))
+        (g->k != g->m || !fsdp__gemm_sym_walk((void *)(uintptr_t)g->a, m, (size_t)g->lda, es, 0)))
         return 0;
-    return g->beta == 0.0 || fsdp__gemm_is_sym(g->c, m, (size_t)g->ldc, es);
+    return g->beta == 0.0 || fsdp__gemm_sym_walk(g->c, m, (size_t)g->ldc, es, 0);
 }
 
 /* One thread's share: column strips [s0, s1), every row block of each. */
@@ -599,8 +587,8 @@ FSDP__DEF void *fsdp__gemm_job_run(void *arg)
                         c = fsdp__gemm_epi_avx2(tile + r * nr, o, w, alpha, beta, use_beta);
 #endif
                     for (; c < w; c++) {
-                        const float cv = use_beta ? beta * fsdp__gemm_ld(o, FSDP_BF16, c) : 0.0f;
-                        o[c] = fsdp__gemm_bf16(fmaf(alpha, tile[r * nr + c], cv));
+                        const float cv = use_beta ? beta * fsdp__from_bf16(o[c]) : 0.0f;
+                        o[c] = fsdp__to_bf16(fmaf(alpha, tile[r * nr + c], cv));
                     }
                 }
             }
@@ -668,17 +656,8 @@ FSDP__DEF fsdp_result fsdp__gemm_host_isa(const fsdp_gemm_desc *g, int threads,
         if (started[t]) pthread_join(th[t], NULL);
         else fsdp__gemm_job_run(&jobs[t]); /* no thread: the caller does it */
     }
-    if (sym) { /* the lower triangle from the upper one */
-        const size_t ldc = (size_t)g->ldc, m = (size_t)g->m;
-        size_t i, jj;
-        for (i = 1; i < m; i++)
-            for (jj = 0; jj < i; jj++) {
-                if (g->dtype == FSDP_F32)
-                    ((float *)g->c)[i * ldc + jj] = ((const float *)g->c)[jj * ldc + i];
-                else
-                    ((uint16_t *)g->c)[i * ldc + jj] = ((const uint16_t *)g->c)[jj * ldc + i];
-            }
-    }
+    if (sym) /* the lower triangle from the upper one */
+        fsdp__gemm_sym_walk(g->c, (size_t)g->m, (size_t)g->ldc, g->dtype == FSDP_F32 ? 4 : 2, 1);
     fsdp__free(h, buf);
     return FSDP_SUCCESS;
 }

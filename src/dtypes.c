@@ -47,9 +47,18 @@ FSDP__DEF float fsdp__bits_f32(uint32_t u)
     return f;
 }
 
-FSDP_API uint16_t fsdp_f32_to_bf16(float f)
+/* A small function the compiler always inlines (element loops). */
+#if defined(__GNUC__) || defined(__clang__)
+#define FSDP__INLINE static inline __attribute__((always_inline))
+#else
+#define FSDP__INLINE static inline
+#endif
+
+/* fsdp_f32_to_bf16 and fsdp_bf16_to_f32 inlined, for element loops */
+FSDP__INLINE uint16_t fsdp__to_bf16(float f)
 {
-    uint32_t u = fsdp__f32_bits(f);
+    uint32_t u;
+    memcpy(&u, &f, 4);
     if ((u & 0x7fffffffu) > 0x7f800000u) /* NaN: keep sign and top payload, force quiet */
         return (uint16_t)((u >> 16) | 0x0040u);
     /* round to nearest even: add 0x7fff plus the lowest kept bit; carries
@@ -58,10 +67,17 @@ FSDP_API uint16_t fsdp_f32_to_bf16(float f)
     return (uint16_t)(u >> 16);
 }
 
-FSDP_API float fsdp_bf16_to_f32(uint16_t h)
+FSDP__INLINE float fsdp__from_bf16(uint16_t h)
 {
-    return fsdp__bits_f32((uint32_t)h << 16);
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
 }
+
+FSDP_API uint16_t fsdp_f32_to_bf16(float f) { return fsdp__to_bf16(f); }
+
+FSDP_API float fsdp_bf16_to_f32(uint16_t h) { return fsdp__from_bf16(h); }
 
 FSDP_API uint16_t fsdp_f32_to_f16(float f)
 {

@@ -151,7 +151,7 @@ FSDP__DEF fsdp_result fsdp__bblock(fsdp_ctx *c, fsdp_state_dict *sd, const fsdp_
 
 /* What a state dict holds of one parameter: its values, the optimizer
    state (in fsdp_optim_state_mask's bit order, so the unit's ostate[what -
-   FSDP__WHAT_EXP_AVG] and fsdp__ostate_names[what - FSDP__WHAT_EXP_AVG]), and
+   FSDP__WHAT_EXP_AVG], named by fsdp_optim_state_name), and
    the step of its parameter group. All but the step are shard-sized f32
    buffers of the unit: per-unit tables of them (the blocks a state dict is
    built from, the loader's staging) have FSDP__NBUFS slots a unit, at

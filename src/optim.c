@@ -147,7 +147,7 @@ FSDP__DEF fsdp_result fsdp__optim_check_zeroed(const fsdp_optim_config *c, const
 /* torch's names of the state buffers, in the bit order of fsdp_optim_state_mask;
    state dicts, checkpoints and ZeRO all name them from here (through
    fsdp_optim_state_name, which knows RMSprop's and Adagrad's). */
-static const char *const fsdp__ostate_names[4] FSDP__UNUSED = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
+static const char *const fsdp__ostate_names[4] = {"exp_avg", "exp_avg_sq", "max_exp_avg_sq",
                                                   "momentum_buffer"};
 
 FSDP_API const char *fsdp_optim_state_name(const fsdp_optim_config *c, int bit)
@@ -221,12 +221,6 @@ FSDP_API unsigned fsdp_optim_state_mask(const fsdp_optim_config *c)
                             "vect-cost-model=dynamic")))
 #else
 #define FSDP__NO_CONTRACT
-#endif
-
-#if defined(__GNUC__) || defined(__clang__)
-#define FSDP__INLINE static inline __attribute__((always_inline))
-#else
-#define FSDP__INLINE static inline
 #endif
 
 /* The plain-rounding Adam family, one element at a time; the flags are
@@ -689,6 +683,15 @@ FSDP__INLINE FSDP__NO_CONTRACT void fsdp__adam_plain_any(const fsdp__adam_k *k, 
 }
 
 /* The per-step constants torch computes in double and casts once. */
+/* torch 2.x's lerp(a, b, w) weight: a + w (b - a) when |w| < 0.5 (*small),
+   else b - (1 - w) (b - a), whose w - 1 is exact in float there; returns
+   the factor of (b - a), w or w - 1. */
+FSDP__DEF float fsdp__lerp_weight(float w, int *small)
+{
+    *small = fabsf(w) < 0.5f;
+    return *small ? w : w - 1.0f;
+}
+
 FSDP__DEF void fsdp__adam_consts(const fsdp_optim_config *c, int64_t step, fsdp__adam_k *k)
 {
     const double bc1 = 1.0 - pow(c->beta1, (double)step), bc2 = 1.0 - pow(c->beta2, (double)step);
@@ -703,8 +706,7 @@ FSDP__DEF void fsdp__adam_consts(const fsdp_optim_config *c, int64_t step, fsdp_
     k->neg_step = (float)(-(c->lr / bc1));
     /* torch 2.x's lerp_(grad, w): exp_avg + w * (grad - exp_avg) when |w| < 0.5,
        else grad - (1 - w) * (grad - exp_avg); w - 1 is exact in float there */
-    k->lerp_small = fabsf(k->omb1) < 0.5f;
-    k->lerp_w = k->lerp_small ? k->omb1 : k->omb1 - 1.0f;
+    k->lerp_w = fsdp__lerp_weight(k->omb1, &k->lerp_small);
     /* 2^-60 <= sbc2 <= 1: see fsdp__adam_recip */
     k->recip_ok = k->sbc2 >= 0x1p-60f && k->sbc2 <= 1.0f;
     k->rsbc2 = k->recip_ok ? 1.0 / (double)k->sbc2 : 0.0;
@@ -1004,8 +1006,7 @@ FSDP__DEF void fsdp__rms_step(const fsdp_optim_config *c, float *p, const float 
     k.wd = (float)c->weight_decay;
     k.alpha = (float)c->alpha;
     k.oma = (float)(1.0 - c->alpha);
-    k.lerp_small = fabsf(k.oma) < 0.5f;
-    k.lerp_w = k.lerp_small ? k.oma : k.oma - 1.0f; /* exact for |w| >= 0.5 */
+    k.lerp_w = fsdp__lerp_weight(k.oma, &k.lerp_small);
     k.eps = (float)c->eps;
     k.mom = (float)c->momentum;
     k.neg_lr = (float)(-c->lr);

@@ -327,6 +327,17 @@ FSDP__DEF void fsdp__free_shard(fsdp_ctx *c, void *p, size_t bytes)
     else fsdp_device_free(c->dev, p, bytes);
 }
 
+/* 1 when this rank counts cu's gradient in a cross-rank sum (a norm): a
+   replicated one counts once, NO_SHARD on world rank 0, HYBRID_SHARD on the
+   first replica. */
+FSDP__DEF int fsdp__grad_counted(const fsdp_ctx *c, const fsdp__cunit *cu)
+{
+    if (!cu->grad) return 0;
+    if (cu->strat == FSDP_NO_SHARD) return c->rank == 0;
+    if (cu->strat == FSDP_HYBRID_SHARD) return fsdp_comm_rank(c->rep_comm) == 0;
+    return 1;
+}
+
 /* The parameter group of a unit's entry. */
 FSDP__DEF const fsdp_optim_config *fsdp__entry_cfg(const fsdp_ctx *c, const fsdp__cunit *cu,
                                                    int entry)

@@ -13,11 +13,6 @@
 /* Micro-batches each rank runs per step. */
 FSDP__DEF int fsdp__inv_rounds(const fsdp_ctx *c) { return c->inv_M / c->nranks; }
 
-/* The blocks an invariant reduction of cu folds per round: one per rank of
-   the world (a HYBRID_SHARD unit's shard group exchanges, then its
-   replicas gather what each received). */
-FSDP__DEF int fsdp__inv_blocks(const fsdp_ctx *c) { return c->nranks; }
-
 /* The bytes the exchanges may hold beyond the default's reduced shard:
    one copy of this rank's sharded gradients (f32), and at least 1 MiB. */
 FSDP__DEF size_t fsdp__inv_budget(const fsdp_ctx *c)
@@ -46,6 +41,14 @@ FSDP__DEF size_t fsdp__inv_chunk(const fsdp_ctx *c, const fsdp__cunit *cu, size_
     return L < 16 ? 16 : L;
 }
 
+/* The received part of the exchange buffer for chunks of L elements:
+   every rank's slice of the chunk, 64-byte aligned (the packed blocks
+   follow it). */
+FSDP__DEF size_t fsdp__inv_recv_part(const fsdp_ctx *c, const fsdp__cunit *cu, size_t L)
+{
+    return (L * (size_t)c->nranks * fsdp_dtype_size(cu->rdt) + 63) & ~(size_t)63;
+}
+
 /* The receive buffer of a unit's exchange, in bytes (then the packed
    blocks, when packed): every rank's slice of the chunk (every rank's
    whole gradient chunk for NO_SHARD); none at one rank, where the fold
@@ -58,7 +61,7 @@ FSDP__DEF size_t fsdp__inv_recv_bytes(const fsdp_ctx *c, const fsdp__cunit *cu, 
     *recv_only = 0;
     if (c->nranks == 1 || !cu->info->requires_grad) return 0;
     L = fsdp__inv_chunk(c, cu, budget, &packed);
-    r = (L * (size_t)c->nranks * fsdp_dtype_size(cu->rdt) + 63) & ~(size_t)63;
+    r = fsdp__inv_recv_part(c, cu, L);
     *recv_only = r;
     return packed ? 2 * r : r;
 }
@@ -171,7 +174,7 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
     fsdp_result r;
     size_t S = (size_t)cu->S, es = fsdp_dtype_size(cu->rdt);
     size_t n = cu->strat == FSDP_NO_SHARD ? S : S * (size_t)cu->W;
-    int nb = c->nranks == 1 ? 1 : fsdp__inv_blocks(c), k = cu->inv_k, j, packed;
+    int nb = c->nranks, k = cu->inv_k, j, packed;
     size_t L, o;
     const unsigned char *base;
     unsigned char *stage;
@@ -187,9 +190,7 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
     }
     L = fsdp__inv_chunk(c, cu, c->inv_budget, &packed);
     /* the packed blocks follow the received ones */
-    stage = packed ? (unsigned char *)c->inv_recv +
-                         ((L * (size_t)c->nranks * es + 63) & ~(size_t)63)
-                   : NULL;
+    stage = packed ? (unsigned char *)c->inv_recv + fsdp__inv_recv_part(c, cu, L) : NULL;
     for (o = 0; o < S; o += L) {
         size_t n1 = S - o < L ? S - o : L, bb = n1 * es;
         int mean = k + 1 == fsdp__inv_rounds(c) && !c->reduce_sum;
@@ -197,6 +198,16 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
         if (c->nranks > 1) {
             fsdp_comm *xc = cu->strat == FSDP_NO_SHARD ? c->world : cu->comm;
             const void *send = in;
+            if (packed) { /* slice j's chunk, from every slice of the shard group: contiguous
+                             blocks (packed is 0 for NO_SHARD) */
+                for (j = 0; j < cu->W; j++) {
+                    r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
+                                         (const unsigned char *)in + ((size_t)j * S + o) * es,
+                                         bb, FSDP_COPY_D2D, c->cs);
+                    if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
+                }
+                send = stage;
+            }
             if (cu->strat == FSDP_NO_SHARD) {
                 r = fsdp_all_gather(xc, base, c->inv_recv, n1, cu->rdt, c->cs);
             } else if (cu->strat == FSDP_HYBRID_SHARD) {
@@ -205,30 +216,12 @@ FSDP__DEF fsdp_result fsdp__inv_reduce(fsdp_ctx *c, fsdp__cunit *cu)
                    block g * hs + j is world rank g * hs + j's, in order */
                 int hs = cu->W, rr = fsdp_comm_rank(c->rep_comm);
                 unsigned char *mine = (unsigned char *)c->inv_recv + (size_t)rr * hs * bb;
-                if (packed) {
-                    for (j = 0; j < hs; j++) {
-                        r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
-                                             (const unsigned char *)in + ((size_t)j * S + o) * es,
-                                             bb, FSDP_COPY_D2D, c->cs);
-                        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
-                    }
-                    send = stage;
-                }
                 r = fsdp_all_to_all(xc, send, mine, n1, cu->rdt, c->cs);
                 if (r == FSDP_SUCCESS) {
                     xc = c->rep_comm;
                     r = fsdp_all_gather(xc, mine, c->inv_recv, (size_t)hs * n1, cu->rdt, c->cs);
                 }
             } else {
-                if (packed) { /* slice j's chunk, from every slice: contiguous blocks */
-                    for (j = 0; j < nb; j++) {
-                        r = fsdp_device_copy(c->dev, stage + (size_t)j * bb,
-                                             (const unsigned char *)in + ((size_t)j * S + o) * es,
-                                             bb, FSDP_COPY_D2D, c->cs);
-                        if (r != FSDP_SUCCESS) return fsdp__ctx_dev(c, r, "packing the gradient");
-                    }
-                    send = stage;
-                }
                 r = fsdp_all_to_all(xc, send, c->inv_recv, n1, cu->rdt, c->cs);
             }
             if (r != FSDP_SUCCESS)
@@ -412,11 +405,7 @@ FSDP__DEF fsdp_result fsdp__inv_norm2(fsdp_ctx *c, int host, double *out)
     }
     for (i = 0; i < c->nunits; i++) {
         const fsdp__cunit *cu = &c->u[i];
-        /* a replicated gradient counts once: NO_SHARD on rank 0, HYBRID on
-           the first replica */
-        if (!cu->grad || (cu->strat == FSDP_NO_SHARD && c->rank != 0) ||
-            (cu->strat == FSDP_HYBRID_SHARD && fsdp_comm_rank(c->rep_comm) != 0))
-            continue;
+        if (!fsdp__grad_counted(c, cu)) continue;
         for (p = 0; p < cu->lay.npieces; p++) {
             const fsdp_shard_piece *pc = &cu->pieces[p];
             const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -

@@ -22,7 +22,7 @@ typedef struct fsdp__muon_mat {
 
 FSDP__DEF int fsdp__is_muon(const fsdp_ctx *c, const fsdp__cunit *cu, int entry)
 {
-    return cu->info->requires_grad && c->groups[cu->groups[entry]].kind == FSDP_MUON &&
+    return cu->info->requires_grad && fsdp__entry_cfg(c, cu, entry)->kind == FSDP_MUON &&
            cu->info->entries[entry].numel > 0;
 }
 
@@ -44,7 +44,7 @@ FSDP__DEF fsdp_result fsdp__muon_check(fsdp_ctx *c, const fsdp_ctx_desc *d)
         const fsdp__cunit *cu = &c->u[i];
         for (k = 0; k < cu->info->nentries; k++) {
             const fsdp_flat_entry *fe = &cu->info->entries[k];
-            if (c->groups[cu->groups[k]].kind != FSDP_MUON) continue;
+            if (fsdp__entry_cfg(c, cu, k)->kind != FSDP_MUON) continue;
             if (fe->ndim != 2)
                 return fsdp__fail_create(&d->hooks, FSDP_INVALID_ARGS,
                                          "fsdp_ctx_create: parameter '%s' has %d dimensions, "
@@ -72,6 +72,12 @@ FSDP__DEF fsdp_result fsdp__muon_check(fsdp_ctx *c, const fsdp_ctx_desc *d)
     return FSDP_SUCCESS;
 }
 
+/* The Muon buffer's part that holds a unit's gathered gradient (W > 1). */
+FSDP__DEF size_t fsdp__muon_gather_bytes(const fsdp__cunit *cu)
+{
+    return ((size_t)cu->S * (size_t)cu->W * 4 + 63) & ~(size_t)63;
+}
+
 /* The Muon buffer's bytes (the largest gathered unit, then the largest
    matrix's iteration) and the bytes a rank receives per step at most
    (each Muon unit's all-gather and the matrices it does not own). */
@@ -86,15 +92,14 @@ FSDP__DEF void fsdp__muon_plan(const fsdp_ctx *c, size_t *buf, size_t *moved)
         for (k = 0; k < cu->info->nentries; k++) {
             const fsdp_flat_entry *fe = &cu->info->entries[k];
             size_t b;
-            if (!fsdp__is_muon(c, cu, k) || fe->ndim != 2) continue;
+            if (!fsdp__is_muon(c, cu, k)) continue; /* a matrix: fsdp__muon_check */
             has = 1;
-            b = fsdp__muon_ns_bytes(fe->shape[0], fe->shape[1],
-                                    c->groups[cu->groups[k]].ns_f32);
+            b = fsdp__muon_ns_bytes(fe->shape[0], fe->shape[1], fsdp__entry_cfg(c, cu, k)->ns_f32);
             if (b > ns) ns = b;
             if (cu->W > 1) *moved += (size_t)fe->numel * 4;
         }
         if (has && cu->W > 1) {
-            size_t g = ((size_t)cu->S * (size_t)cu->W * 4 + 63) & ~(size_t)63;
+            size_t g = fsdp__muon_gather_bytes(cu);
             if (g > gat) gat = g;
             *moved += (size_t)cu->S * (size_t)(cu->W - 1) * 4;
         }
@@ -150,11 +155,10 @@ FSDP__MUON_WIDE(avx512, 512, FSDP__AVX512)
 #undef FSDP__MUON_WIDE
 #endif
 
-/* torch 2.x's lerp(a, b, w) (as fsdp__adam_consts): a + w (b - a) when
-   |w| < 0.5, else b - (1 - w) (b - a), fused. */
-FSDP__INLINE float fsdp__lerpf(float a, float b, float w, float wm1, int small)
+/* torch 2.x's lerp(a, b, w), fused: lw and small from fsdp__lerp_weight */
+FSDP__INLINE float fsdp__lerpf(float a, float b, float lw, int small)
 {
-    return small ? fmaf(w, b - a, a) : fmaf(wm1, b - a, b);
+    return fmaf(lw, b - a, small ? a : b);
 }
 
 /* buf = lerp(buf, g, 1 - momentum); g = nesterov ? lerp(g, buf, momentum) : buf */
@@ -164,21 +168,21 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_momentum(const fsdp_optim_config *o,
 #ifdef __clang__
 #pragma clang fp contract(off)
 #endif
-    const float w1 = (float)(1.0 - o->momentum), w2 = (float)o->momentum;
-    const int s1 = fabsf(w1) < 0.5f, s2 = fabsf(w2) < 0.5f;
-    const float w1m = w1 - 1.0f, w2m = w2 - 1.0f;
+    int s1, s2;
+    const float l1 = fsdp__lerp_weight((float)(1.0 - o->momentum), &s1);
+    const float l2 = fsdp__lerp_weight((float)o->momentum, &s2);
     size_t i = 0;
 #if defined(FSDP__HAVE_AVX2_FMA)
     const int isa = fsdp__optim_isa();
     if (isa >= FSDP__ISA_AVX512)
-        i = fsdp__muon_momentum_avx512(g, buf, n, s1 ? w1 : w1m, s1, s2 ? w2 : w2m, s2, o->nesterov);
+        i = fsdp__muon_momentum_avx512(g, buf, n, l1, s1, l2, s2, o->nesterov);
     else if (isa >= FSDP__ISA_AVX2)
-        i = fsdp__muon_momentum_avx2(g, buf, n, s1 ? w1 : w1m, s1, s2 ? w2 : w2m, s2, o->nesterov);
+        i = fsdp__muon_momentum_avx2(g, buf, n, l1, s1, l2, s2, o->nesterov);
 #endif
     for (; i < n; i++) {
-        float b = fsdp__lerpf(buf[i], g[i], w1, w1m, s1);
+        float b = fsdp__lerpf(buf[i], g[i], l1, s1);
         buf[i] = b;
-        g[i] = o->nesterov ? fsdp__lerpf(g[i], b, w2, w2m, s2) : b;
+        g[i] = o->nesterov ? fsdp__lerpf(g[i], b, l2, s2) : b;
     }
 }
 
@@ -186,7 +190,7 @@ FSDP__DEF FSDP__NO_CONTRACT void fsdp__muon_momentum(const fsdp_optim_config *o,
 FSDP__INLINE void fsdp__muon_put(void *p, int f32, size_t i, float x)
 {
     if (f32) ((float *)p)[i] = x;
-    else ((uint16_t *)p)[i] = fsdp__gemm_bf16(x);
+    else ((uint16_t *)p)[i] = fsdp__to_bf16(x);
 }
 
 /* Newton-Schulz on the rows x cols f32 matrix u, in place, with the
@@ -261,7 +265,8 @@ FSDP__DEF FSDP__NO_CONTRACT fsdp_result fsdp__muon_ns(fsdp_ctx *c, const fsdp_op
     for (i = 0; i < (size_t)rows; i++)
         for (j = 0; j < (size_t)cols; j++) {
             size_t at = tr ? j * n + i : i * n + j;
-            u[i * (size_t)cols + j] = fsdp__gemm_ld(x, dt, at);
+            u[i * (size_t)cols + j] =
+                f32 ? ((const float *)x)[at] : fsdp__from_bf16(((const uint16_t *)x)[at]);
         }
     return FSDP_SUCCESS;
 }
@@ -355,14 +360,14 @@ FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
             const fsdp_shard_piece *pc = &cu->pieces[p];
             int64_t off = es[pc->entry].offset + pc->start - cu->lay.flat_begin;
             if (pc->end < pc->start || !fsdp__is_muon(c, cu, pc->entry)) continue;
-            fsdp__muon_momentum(&c->groups[cu->groups[pc->entry]], cu->grad + off,
+            fsdp__muon_momentum(fsdp__entry_cfg(c, cu, pc->entry), cu->grad + off,
                                 cu->ostate[3] + off, (size_t)(pc->end - pc->start + 1));
         }
         me = cu->W > 1 ? cu->r : 0;
         fsdp__muon_owners(mats, n, cu->W, loads);
         if (cu->W > 1) {
             full = (float *)c->muon_buf;
-            gat = ((size_t)cu->S * (size_t)cu->W * 4 + 63) & ~(size_t)63;
+            gat = fsdp__muon_gather_bytes(cu);
             fsdp_comm_set_label(cu->comm, "fsdp_step (Muon)");
             r = fsdp_all_gather(cu->comm, cu->grad, full, (size_t)cu->S, FSDP_F32, NULL);
             if (r != FSDP_SUCCESS) {
@@ -381,7 +386,7 @@ FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
         for (k = 0; k < n && r == FSDP_SUCCESS; k++) {
             float *at = full + es[mats[k].entry].offset;
             if (mats[k].owner == me) {
-                r = fsdp__muon_ns(c, &c->groups[cu->groups[mats[k].entry]], at, mats[k].rows,
+                r = fsdp__muon_ns(c, fsdp__entry_cfg(c, cu, mats[k].entry), at, mats[k].rows,
                                   mats[k].cols, (char *)c->muon_buf + gat);
                 if (r != FSDP_SUCCESS) {
                     r = fsdp__ctx_fail(c, r, "fsdp_step: Muon on '%s': %s", es[mats[k].entry].fqn,
@@ -402,15 +407,15 @@ FSDP__DEF fsdp_result fsdp__muon_step(fsdp_ctx *c)
                 r = cr != FSDP_SUCCESS ? fsdp__ctx_comm(c, cu->comm, cr, "fsdp_step (Muon)")
                                        : fsdp__ctx_dev(c, sr, "fsdp_step (Muon)");
             }
+            fsdp_comm_set_label(cu->comm, NULL);
         }
-        if (cu->W > 1) fsdp_comm_set_label(cu->comm, NULL);
         if (r != FSDP_SUCCESS) break;
         /* P = P (1 - lr wd) - lr' O on this rank's pieces; their gradients
            zeroed */
         for (p = 0; p < cu->lay.npieces; p++) {
             const fsdp_shard_piece *pc = &cu->pieces[p];
             const fsdp_flat_entry *fe = &es[pc->entry];
-            const fsdp_optim_config *o = &c->groups[cu->groups[pc->entry]];
+            const fsdp_optim_config *o = fsdp__entry_cfg(c, cu, pc->entry);
             int64_t off = fe->offset + pc->start - cu->lay.flat_begin, len;
             if (pc->end < pc->start || !fsdp__is_muon(c, cu, pc->entry)) continue;
             len = pc->end - pc->start + 1;

@@ -53,11 +53,7 @@ FSDP_API fsdp_result fsdp_clip_grad_norm(fsdp_ctx *c, double max_norm, double no
     }
     for (i = 0; i < c->nunits; i++) {
         fsdp__cunit *cu = &c->u[i];
-        /* replicated gradients count once: NO_SHARD on world rank 0, HYBRID
-           on the first replica */
-        if (!cu->grad) continue;
-        if (cu->strat == FSDP_NO_SHARD && c->rank != 0) continue;
-        if (cu->strat == FSDP_HYBRID_SHARD && fsdp_comm_rank(c->rep_comm) != 0) continue;
+        if (!fsdp__grad_counted(c, cu)) continue;
         for (p = 0; p < cu->lay.npieces; p++) {
             const fsdp_shard_piece *pc = &cu->pieces[p];
             const float *g = cu->grad + (cu->info->entries[pc->entry].offset + pc->start -
