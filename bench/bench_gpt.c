@@ -44,6 +44,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "examples/gpt.h"
+#include "bench_util.h"
 
 #include <sys/resource.h>
 #include <unistd.h>
@@ -174,17 +175,6 @@ static int inv_run(gpt_config *cfg, int ranks, int accum, int inv, int steps, do
     return 1;
 }
 
-static int cmp_double(const void *a, const void *b)
-{
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n)
-{
-    qsort(v, (size_t)n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 #define INV_MAX_REPS 64
 
@@ -219,7 +209,7 @@ static int exec_median_ms(const char *bin, const char *backend, int steps, doubl
         return 0;
     }
     for (k = 2; k < n; k++) d[k - 2] = (t[k] - t[k - 1]) * 1e3;
-    *ms = median(d, n - 2);
+    *ms = bench_median(d, n - 2);
     return 1;
 }
 
@@ -284,9 +274,9 @@ static int bench_invariant(gpt_config *cfg, int M, int steps, int reps, long cor
             rc[rep] = cpu[2][rep] / cpu[1][rep];
         }
         printf("  %5d %10.2f %10.2f %10.2f %12.2f %12.2f %12zu %12zu %10.2f %10.2f %12.2f\n", W,
-               median(ms[0], reps), median(ms[1], reps), median(ms[2], reps), median(rs, reps),
-               median(rd, reps), plan[1], plan[2], median(cpu[1], reps), median(cpu[2], reps),
-               median(rc, reps));
+               bench_median(ms[0], reps), bench_median(ms[1], reps), bench_median(ms[2], reps), bench_median(rs, reps),
+               bench_median(rd, reps), plan[1], plan[2], bench_median(cpu[1], reps), bench_median(cpu[2], reps),
+               bench_median(rc, reps));
     }
     printf("  same mb: the default mode with --accum M / ranks (the invariant mode's "
            "micro-batches); plans are per rank, bytes\n");
@@ -324,10 +314,10 @@ static int two_ranks(const char *argv0, const char *py, const char *script, int 
            "%d steps (median step after 2 warm-up), medians of %d rounds (in rotating order); "
            "torch: fully_shard per block, gloo, 2 processes of 1 thread\n", steps, rounds);
     printf("  %-10s %12s %10s %10s\n", "train_gpt", "ms/step", "torch ms", "ratio");
-    printf("  %-10s %12.1f %10.1f %10.2f\n", "local", median(ms[0], rounds),
-           median(ms[2], rounds), median(rl, rounds));
-    printf("  %-10s %12.1f %10.1f %10.2f\n", "gloo", median(ms[1], rounds),
-           median(ms[2], rounds), median(rg, rounds));
+    printf("  %-10s %12.1f %10.1f %10.2f\n", "local", bench_median(ms[0], rounds),
+           bench_median(ms[2], rounds), bench_median(rl, rounds));
+    printf("  %-10s %12.1f %10.1f %10.2f\n", "gloo", bench_median(ms[1], rounds),
+           bench_median(ms[2], rounds), bench_median(rg, rounds));
     printf("  ratio: train_gpt's step / torch FSDP's in the same round (< 1: train_gpt is "
            "faster)\n");
     return 1;
@@ -459,15 +449,14 @@ int main(int argc, char **argv)
     printf("  ratio = step ms / ideal ms, ideal = sum of per-rank compute / min(ranks, cores)\n");
     if (py) { /* 3. one rank against the same model in torch (bench_gpt_peers.py) */
         char script[1024], cmd[2300], line[256];
-        const char *slash = strrchr(__FILE__, '/');
         gpt_config big = gpt_default_config();
         double ours, peer[2] = {0, 0};
         int th, nsteps = quick ? 6 : 12;
         FILE *f;
-        snprintf(script, sizeof script, "%.*sbench_gpt_peers.py",
-                 slash ? (int)(slash + 1 - __FILE__) : 0, __FILE__);
-        if (!(f = fopen(script, "r"))) snprintf(script, sizeof script, "bench/bench_gpt_peers.py");
-        else fclose(f);
+        if (!bench_find_script(argv[0], "bench_gpt_peers.py", script, sizeof script)) {
+            fprintf(stderr, "bench_gpt: bench_gpt_peers.py not found\n");
+            return 2;
+        }
         big.layers = 4, big.dim = 256, big.heads = 8, big.ranks = 1, big.steps = nsteps;
         big.quiet = 1, big.ntest = 16, big.eval_every = 0;
         memset(&res, 0, sizeof res);

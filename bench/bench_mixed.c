@@ -24,6 +24,7 @@
 #define _POSIX_C_SOURCE 200809L
 #include "fsdp.h"
 #include "bench_util.h"
+#include <math.h>
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -388,8 +389,7 @@ int main(int argc, char **argv)
         double worst = 1.0;
         for (i = 0; i < fsdp_units_count(u[w]); i++) nf += fsdp_units_parts(u[w], i, NULL, 0);
         for (r = 0; r < cfg.ranks; r++)
-            if (sh[w].peak_over_plan[r] - 1.0 > worst - 1.0 ||
-                1.0 - sh[w].peak_over_plan[r] > 1.0 - worst)
+            if (fabs(sh[w].peak_over_plan[r] - 1.0) > fabs(worst - 1.0))
                 worst = sh[w].peak_over_plan[r];
         med[w] = bench_median(all[w], nall[w]);
         printf("| %s | %d (%d) | %ld | %ld | %.2f | %.1f | %.3f |\n",

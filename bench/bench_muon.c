@@ -123,33 +123,6 @@ static const struct { fsdp_dtype dt; int64_t m, n, k; int tb; } GEMMS[4] = {
     {FSDP_F32, 256, 256, 1024, 1}, {FSDP_BF16, 256, 256, 1024, 1},
     {FSDP_BF16, 256, 256, 256, 0}, {FSDP_BF16, 256, 1024, 256, 0}};
 
-/* The peers' script: beside this source as the compiler named it, else
-   bench/ under the working directory, else two levels above the binary. */
-static int find_script(const char *argv0, char *out, size_t cap)
-{
-    const char *slash;
-    FILE *f;
-    int k;
-    for (k = 0; k < 3; k++) {
-        if (k == 0) {
-            slash = strrchr(__FILE__, '/');
-            snprintf(out, cap, "%.*sbench_muon_peers.py", slash ? (int)(slash + 1 - __FILE__) : 0,
-                     __FILE__);
-        } else if (k == 1) {
-            snprintf(out, cap, "bench/bench_muon_peers.py");
-        } else {
-            slash = strrchr(argv0, '/');
-            snprintf(out, cap, "%.*s../../bench/bench_muon_peers.py",
-                     slash ? (int)(slash + 1 - argv0) : 0, argv0);
-        }
-        if ((f = fopen(out, "r")) != NULL) {
-            fclose(f);
-            return 1;
-        }
-    }
-    return 0;
-}
-
 int main(int argc, char **argv)
 {
     fsdp_model_desc md;
@@ -216,7 +189,7 @@ int main(int argc, char **argv)
     if (py) { /* the peers in the same run, one thread as this side's 1-thread figures */
         char script[1024], cmd[2200], line[256];
         FILE *f;
-        if (!find_script(argv[0], script, sizeof script)) {
+        if (!bench_find_script(argv[0], "bench_muon_peers.py", script, sizeof script)) {
             fprintf(stderr, "bench_muon: bench_muon_peers.py not found\n");
             return 2;
         }

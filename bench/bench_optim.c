@@ -300,26 +300,9 @@ int main(int argc, char **argv)
             fprintf(stderr, "bench_optim: --threads 1..64\n");
             return 2;
         }
-    /* the peers' script: --script, else bench/ under the working directory,
-       else beside this source file as the compiler named it, else two
-       levels above the binary (meson's build/bench/) */
+    /* the peers' script: --script, else bench_find_script's */
     if (py && !script_set) {
-        const char *slash;
-        FILE *f;
-        int k, found = 0;
-        for (k = 0; k < 3 && !found; k++) {
-            if (k == 0) snprintf(script, sizeof script, "bench/bench_optim_peers.py");
-            else if (k == 1) {
-                slash = strrchr(__FILE__, '/');
-                snprintf(script, sizeof script, "%.*sbench_optim_peers.py",
-                         slash ? (int)(slash + 1 - __FILE__) : 0, __FILE__);
-            } else {
-                slash = strrchr(argv[0], '/');
-                snprintf(script, sizeof script, "%.*s../../bench/bench_optim_peers.py",
-                         slash ? (int)(slash + 1 - argv[0]) : 0, argv[0]);
-            }
-            if ((f = fopen(script, "r")) != NULL) found = 1, fclose(f);
-        }
+        const int found = bench_find_script(argv[0], "bench_optim_peers.py", script, sizeof script);
         if (!found) {
             fprintf(stderr, "bench_optim: bench_optim_peers.py not found; give --script PATH\n");
             return 2;

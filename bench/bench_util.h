@@ -11,6 +11,7 @@
 
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
 static inline double bench_now_ms(void) { return fsdp_clock_ms(); }
 static inline double bench_now_s(void) { return fsdp_clock_ms() * 1e-3; }
@@ -38,6 +39,34 @@ static inline double bench_median_upper(double *v, int n)
 {
     qsort(v, (size_t)n, sizeof *v, bench_cmp_double);
     return v[n / 2];
+}
+
+/* A peer script of bench/ (name, e.g. "bench_gpt_peers.py") into out:
+   beside this header as the compiler named it, else bench/ under the
+   working directory, else two levels above the program (meson's
+   build/bench/). 0 when none is there. */
+static inline int bench_find_script(const char *argv0, const char *name, char *out, size_t cap)
+{
+    const char *slash;
+    FILE *f;
+    int k;
+    for (k = 0; k < 3; k++) {
+        if (k == 0) {
+            slash = strrchr(__FILE__, '/');
+            snprintf(out, cap, "%.*s%s", slash ? (int)(slash + 1 - __FILE__) : 0, __FILE__, name);
+        } else if (k == 1) {
+            snprintf(out, cap, "bench/%s", name);
+        } else {
+            slash = strrchr(argv0, '/');
+            snprintf(out, cap, "%.*s../../bench/%s", slash ? (int)(slash + 1 - argv0) : 0, argv0,
+                     name);
+        }
+        if ((f = fopen(out, "r")) != NULL) {
+            fclose(f);
+            return 1;
+        }
+    }
+    return 0;
 }
 
 /* The 1-minute load average, or -1 where /proc/loadavg cannot be read */

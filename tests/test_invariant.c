@@ -477,8 +477,6 @@ static void test_shard_grad_op_bf16(void)
     sweep("FULL_SHARD bf16 params, bf16 reduce", &c);
 }
 
-/* HYBRID_SHARD: groups of 2 at 4 and 6 ranks, of 3 at 6 (FULL_SHARD at
-   the other world sizes, against which they must agree too) */
 /* a unit of two dtypes (bf16 biases beside f32 weights, issue 46): the
    exchange and fold run per dtype group, the same bits at every W */
 static void test_mixed(void)
@@ -498,6 +496,8 @@ static void test_mixed(void)
     g_mixed = 0;
 }
 
+/* HYBRID_SHARD: groups of 2 at 4 and 6 ranks, of 3 at 6 (FULL_SHARD at
+   the other world sizes, against which they must agree too) */
 static void test_hybrid(void)
 {
     cfg c = base_cfg();

@@ -34,6 +34,7 @@
 #include "fsdp.h"
 #include "check.h"
 #include "fixtures.h"
+#include "fixtures_files.h"
 #include "vectors.h"
 
 #include <float.h>
@@ -889,10 +890,6 @@ int main(int argc, char **argv)
     fsdp_units_destroy(g_units);
     fsdp_units_destroy(g_units_hybrid);
     fsdp_model_destroy(g_model);
-    {
-        char cmd[600];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
-    }
+    rm_rf(g_tmp);
     return check_finish();
 }

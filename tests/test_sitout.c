@@ -12,6 +12,7 @@
 #include "fsdp.h"
 #include "check.h"
 #include "fixtures.h"
+#include "fixtures_files.h"
 #include "vectors.h"
 
 #include <stdio.h>
@@ -312,10 +313,6 @@ int main(int argc, char **argv)
     if (!mkdtemp(g_tmp)) g_tmp[0] = 0;
     check_run();
     rc = check_finish();
-    if (g_tmp[0]) {
-        char cmd[300];
-        snprintf(cmd, sizeof cmd, "rm -rf '%s'", g_tmp);
-        if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", g_tmp);
-    }
+    if (g_tmp[0]) rm_rf(g_tmp);
     return rc;
 }
